@@ -1,0 +1,18 @@
+# Two entry points (README): `make demo` trains a tiny GPT on 4 CPU ranks, `make test` runs the
+# suite. Both create .venv first (scripts/setup_env.sh, idempotent).
+PY := .venv/bin/python
+TORCHRUN := .venv/bin/torchrun
+
+.PHONY: env demo test test-fast bench
+
+env:
+	@bash scripts/setup_env.sh
+
+demo: env
+	@bash scripts/demo.sh
+
+test: env
+	$(PY) -m pytest -q tests
+
+bench: env
+	$(PY) tools/benchmark_schedulers.py --out results/scheduling

@@ -1,0 +1,258 @@
+"""Megatron-compatible command line: flag names as in Megatron-LM for everything supported.
+
+``parse_args(argv)`` parses and validates; every user error leaves as one line
+(``pretrain_gpt.py: error: ...``) naming the flag, the value and the limit, with exit code 2.
+The flag set is pinned by tests/unit_tests/training/test_arguments.py: a new flag is a reviewed
+diff there. Groups mirror Megatron-LM's ``_add_*_args`` functions; the packing and dynamic-CP
+flags of this fork live in :mod:`megatron.training.varlen_arguments`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from megatron.training import varlen_arguments
+
+ERROR_EXIT_CODE = 2
+
+
+class ArgumentValidationError(ValueError):
+    """A bad flag or flag combination; the message is one line naming the flag."""
+
+
+class MegatronArgumentParser(argparse.ArgumentParser):
+    """argparse with Megatron's flag style and a one-line error instead of usage + error."""
+
+    def error(self, message: str):  # noqa: D401 - argparse override
+        raise ArgumentValidationError(message)
+
+
+def _add_network_size_args(parser):
+    group = parser.add_argument_group("network size")
+    group.add_argument("--num-layers", type=int, required=True)
+    group.add_argument("--hidden-size", type=int, required=True)
+    group.add_argument("--ffn-hidden-size", type=int, default=None,
+                       help="Default: 4 * hidden size (8/3 * hidden size with --swiglu).")
+    group.add_argument("--num-attention-heads", type=int, required=True)
+    group.add_argument("--group-query-attention", action="store_true")
+    group.add_argument("--num-query-groups", type=int, default=None)
+    group.add_argument("--seq-length", type=int, required=True)
+    group.add_argument("--max-position-embeddings", type=int, default=None)
+    group.add_argument("--position-embedding-type", default="learned_absolute",
+                       choices=["learned_absolute", "rope", "none"])
+    group.add_argument("--rotary-base", type=int, default=10000)
+    group.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    group.add_argument("--swiglu", action="store_true")
+    group.add_argument("--disable-bias-linear", action="store_true")
+    group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    group.add_argument("--init-method-std", type=float, default=0.02)
+    group.add_argument("--hidden-dropout", type=float, default=0.1)
+    group.add_argument("--attention-dropout", type=float, default=0.1)
+
+
+def _add_training_args(parser):
+    group = parser.add_argument_group("training")
+    group.add_argument("--micro-batch-size", type=int, default=1)
+    group.add_argument("--global-batch-size", type=int, default=None,
+                       help="Default: micro batch size * data-parallel size.")
+    group.add_argument("--train-iters", type=int, required=True)
+    group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--calculate-per-token-loss", action="store_true",
+                       help="Normalise the loss by the number of loss tokens in the global batch.")
+    group.add_argument("--bf16", action="store_true")
+    group.add_argument("--fp16", action="store_true")
+    group.add_argument("--use-distributed-optimizer", action="store_true")
+    group.add_argument("--clip-grad", type=float, default=1.0)
+    group.add_argument("--weight-decay", type=float, default=0.01)
+    group.add_argument("--adam-beta1", type=float, default=0.9)
+    group.add_argument("--adam-beta2", type=float, default=0.999)
+    group.add_argument("--adam-eps", type=float, default=1e-8)
+
+
+def _add_learning_rate_args(parser):
+    group = parser.add_argument_group("learning rate")
+    group.add_argument("--lr", type=float, required=True)
+    group.add_argument("--min-lr", type=float, default=0.0)
+    group.add_argument("--lr-decay-style", default="linear",
+                       choices=["constant", "linear", "cosine", "inverse-square-root"])
+    group.add_argument("--lr-decay-iters", type=int, default=None,
+                       help="Default: --train-iters.")
+    group.add_argument("--lr-warmup-iters", type=int, default=0)
+
+
+def _add_parallel_args(parser):
+    group = parser.add_argument_group("distributed")
+    group.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    group.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    group.add_argument("--context-parallel-size", type=int, default=1)
+    group.add_argument("--sequence-parallel", action="store_true")
+
+
+def _add_data_args(parser):
+    group = parser.add_argument_group("data and tokenizer")
+    group.add_argument("--mock-data", action="store_true")
+    group.add_argument("--data-path", nargs="+", default=None)
+    group.add_argument("--tokenizer-type", default="NullTokenizer",
+                       choices=["NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer"])
+    group.add_argument("--tokenizer-model", default=None)
+    group.add_argument("--vocab-size", type=int, default=None)
+
+
+def _add_logging_checkpoint_args(parser):
+    group = parser.add_argument_group("logging, evaluation and checkpointing")
+    group.add_argument("--log-interval", type=int, default=100)
+    group.add_argument("--log-metrics-jsonl", default=None,
+                       help="Write one JSON object per iteration to this path.")
+    group.add_argument("--eval-interval", type=int, default=1000)
+    group.add_argument("--eval-iters", type=int, default=100)
+    group.add_argument("--save", default=None)
+    group.add_argument("--load", default=None)
+    group.add_argument("--save-interval", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full CLI of pretrain_gpt.py."""
+    parser = MegatronArgumentParser(
+        prog="pretrain_gpt.py", description="Megatron GPT training (varlen fork)",
+        allow_abbrev=False,
+    )
+    _add_network_size_args(parser)
+    _add_training_args(parser)
+    _add_learning_rate_args(parser)
+    _add_parallel_args(parser)
+    _add_data_args(parser)
+    _add_logging_checkpoint_args(parser)
+    varlen_arguments.add_varlen_args(parser)
+    return parser
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ArgumentValidationError(message)
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _validate_parallel_sizes(args) -> None:
+    model_parallel = (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+                      * args.context_parallel_size)
+    _require(
+        args.world_size % model_parallel == 0,
+        f"world size {args.world_size} is not divisible by --tensor-model-parallel-size "
+        f"{args.tensor_model_parallel_size} x --pipeline-model-parallel-size "
+        f"{args.pipeline_model_parallel_size} x --context-parallel-size "
+        f"{args.context_parallel_size} = {model_parallel}",
+    )
+    args.data_parallel_size = args.world_size // model_parallel
+    _require(args.num_attention_heads % args.tensor_model_parallel_size == 0,
+             f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+             f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
+    _require(args.num_layers % args.pipeline_model_parallel_size == 0,
+             f"--num-layers {args.num_layers} is not divisible by "
+             f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}")
+    _require(not args.sequence_parallel or args.tensor_model_parallel_size > 1,
+             "--sequence-parallel needs --tensor-model-parallel-size > 1")
+
+
+def _validate_virtual_pipeline(args) -> None:
+    args.virtual_pipeline_model_parallel_size = None
+    per_stage = args.num_layers_per_virtual_pipeline_stage
+    if per_stage is None:
+        return
+    pp = args.pipeline_model_parallel_size
+    _require(pp > 1, "--num-layers-per-virtual-pipeline-stage needs "
+                     "--pipeline-model-parallel-size > 1")
+    layers_per_stage = args.num_layers // pp
+    _require(layers_per_stage % per_stage == 0,
+             f"--num-layers-per-virtual-pipeline-stage {per_stage} does not divide the "
+             f"{layers_per_stage} layers of each pipeline stage (--num-layers {args.num_layers})")
+    args.virtual_pipeline_model_parallel_size = layers_per_stage // per_stage
+
+
+def _validate_sequence_length(args) -> None:
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    _require(args.seq_length <= args.max_position_embeddings,
+             f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+             f"{args.max_position_embeddings}")
+    divisor = sequence_divisor(args.context_parallel_size, args.tensor_model_parallel_size,
+                               args.sequence_parallel)
+    _require(args.seq_length % divisor == 0,
+             f"--seq-length {args.seq_length} is not divisible by {divisor}, which "
+             f"--context-parallel-size {args.context_parallel_size} (2 x cp chunks) and "
+             f"--sequence-parallel need")
+
+
+def sequence_divisor(cp_size: int, tp_size: int, sequence_parallel: bool) -> int:
+    """Tokens of one sequence must be a multiple of this: 2*cp chunks for CP, tp for SP."""
+    divisor = 2 * cp_size if cp_size > 1 else 1
+    return divisor * tp_size if sequence_parallel else divisor
+
+
+def _validate_batch(args) -> None:
+    micro_times_dp = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size is None:
+        args.global_batch_size = micro_times_dp
+    _require(args.global_batch_size % micro_times_dp == 0,
+             f"--global-batch-size {args.global_batch_size} is not divisible by "
+             f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+             f"{args.data_parallel_size}")
+    args.num_microbatches = args.global_batch_size // micro_times_dp
+
+
+def _validate_precision_and_data(args) -> None:
+    import torch
+
+    _require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
+    _require(not (args.fp16 and not torch.cuda.is_available()),
+             "--fp16 needs a GPU (its loss scaler is CUDA-only); use --bf16 on CPU")
+    if args.tokenizer_type == "NullTokenizer":
+        _require(args.vocab_size is not None and args.vocab_size > 1,
+                 f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
+    _require(args.mock_data or args.data_path,
+             "no training data: pass --mock-data or --data-path")
+    _require(args.load is None or os.path.isdir(args.load),
+             f"--load directory {args.load!r} does not exist")
+    _require(args.save_interval is None or args.save_interval > 0,
+             f"--save-interval must be positive (got {args.save_interval})")
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
+                                else 4 * args.hidden_size)
+    if args.num_query_groups is None or not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+
+
+def validate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Checks flag combinations and fills derived fields (data_parallel_size, ...)."""
+    args.world_size = getattr(args, "world_size", None) or _world_size()
+    _validate_parallel_sizes(args)
+    _validate_virtual_pipeline(args)
+    _validate_sequence_length(args)
+    _validate_batch(args)
+    _validate_precision_and_data(args)
+    varlen_arguments.validate_varlen_args(args, _require)
+    return args
+
+
+def parse_args(argv: list[str] | None = None, world_size: int | None = None):
+    """Parses and validates; raises ArgumentValidationError with a one-line message."""
+    args = build_parser().parse_args(argv)
+    args.world_size = world_size
+    return validate_args(args)
+
+
+def parse_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
+    """For entry points: a user error prints one line and exits with code 2 (never a hang)."""
+    try:
+        return parse_args(argv)
+    except ArgumentValidationError as err:
+        print(f"pretrain_gpt.py: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(ERROR_EXIT_CODE)

@@ -1,0 +1,93 @@
+"""Global-batch sampling and the unpacked (padded [b, s]) micro-batch path.
+
+Sample ``i`` of the dataset is read by index, so every rank that needs a micro-batch (all TP
+ranks and PP stages of one DP replica) reads the same samples deterministically. The packed
+path (:mod:`megatron.varlen.data_schedule`) plugs in behind the same ``StepBatches`` interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.varlen.cp_split import split_sbhd_for_cp
+from megatron.varlen.cpu_device import get_device
+
+_BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+_SEQ_DIM = 1  # batches are [b, s]
+
+
+@dataclass
+class StepBatches:
+    """The micro-batches one rank runs in one training step, and the step's global counts."""
+
+    microbatches: list[dict]
+    num_microbatches: int
+    # Exact integers over the whole global batch, real (unpadded) lengths: FLOPs, tokens/s.
+    seqlen_sum: int
+    seqlen_squared_sum: int
+    stats: dict = field(default_factory=dict)
+
+
+def global_batch_indices(iteration: int, global_batch_size: int) -> range:
+    """Dataset indices of global batch ``iteration`` (0-based), in order."""
+    start = iteration * global_batch_size
+    return range(start, start + global_batch_size)
+
+
+def dp_microbatch_indices(indices: range, micro_batch_size: int, dp_size: int, dp_rank: int):
+    """Megatron's split: each chunk of mbs*dp samples gives DP rank r its slice r."""
+    step = micro_batch_size * dp_size
+    return [
+        list(indices[start + dp_rank * micro_batch_size: start + (dp_rank + 1) * micro_batch_size])
+        for start in range(0, len(indices), step)
+    ]
+
+
+def _stack(samples: list[dict]) -> dict:
+    lengths = {s["padded_length"] for s in samples}
+    assert len(lengths) == 1, f"unpacked micro-batch mixes padded lengths {sorted(lengths)}"
+    return {key: torch.stack([s[key] for s in samples]) for key in _BATCH_KEYS}
+
+
+def _slice_for_context_parallel(batch: dict) -> dict:
+    cp_size = parallel_state.get_context_parallel_world_size()
+    if cp_size == 1:
+        return batch
+    cp_rank = parallel_state.get_context_parallel_rank()
+    return {key: split_sbhd_for_cp(value, cp_size, cp_rank, seq_dim=_SEQ_DIM)
+            for key, value in batch.items()}
+
+
+def _to_device(batch: dict) -> dict:
+    device = get_device()
+    return {key: value.to(device) for key, value in batch.items()}
+
+
+class UnpackedBatchProvider:
+    """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank."""
+
+    def __init__(self, dataset, args):
+        self.dataset = dataset
+        self.args = args
+
+    def step_batches(self, iteration: int) -> StepBatches:
+        args = self.args
+        indices = global_batch_indices(iteration, args.global_batch_size)
+        per_rank = dp_microbatch_indices(
+            indices, args.micro_batch_size, parallel_state.get_data_parallel_world_size(),
+            parallel_state.get_data_parallel_rank())
+        microbatches = [
+            _to_device(_slice_for_context_parallel(_stack([self.dataset[i] for i in mb])))
+            for mb in per_rank
+        ]
+        lengths = [self.dataset[i]["length"] for i in indices]
+        return StepBatches(
+            microbatches=microbatches,
+            num_microbatches=len(microbatches),
+            seqlen_sum=sum(lengths),
+            seqlen_squared_sum=sum(length * length for length in lengths),
+            stats={"padded_tokens": len(indices) * args.seq_length},
+        )

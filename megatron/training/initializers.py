@@ -1,0 +1,93 @@
+"""Layout-invariant weight initialisation.
+
+Megatron draws each rank's shard from that rank's RNG stream, so a TP=2 run and a TP=1 run with
+the same ``--seed`` start from different weights. To compare layouts as independent launches,
+every parameter is instead drawn as a FULL tensor from a generator keyed by ``(seed, canonical
+name)`` and each rank keeps its shard. The canonical name does not depend on the layout:
+pipeline-local layer indices become global layer numbers, and a tied output layer on the last
+pipeline stage is drawn as the word embedding it mirrors.
+
+Rules (Megatron's defaults): matrices ~ N(0, std), output projections of each layer
+(``linear_proj``, ``linear_fc2``) ~ N(0, std / sqrt(2 * num_layers)); norm weights 1; biases 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+import torch
+
+from megatron.core import parallel_state
+
+_LAYER_INDEX = re.compile(r"(^|\.)layers\.(\d+)\.")
+_SCALED_OUTPUT_PROJECTIONS = ("linear_proj.weight", "linear_fc2.weight")
+_NORM_MARKERS = ("layernorm", "norm.weight", "norm.bias")
+_WORD_EMBEDDING = "embedding.word_embeddings.weight"
+_TIED_OUTPUT = "output_layer.weight"
+_SEED_BYTES = 8
+
+
+def _name_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:_SEED_BYTES], "little") & ((1 << 63) - 1)
+
+
+def canonical_parameter_name(module: torch.nn.Module, name: str, tied_output: bool) -> str:
+    """The layout-free name of a parameter of a GPTModel chunk."""
+    if tied_output and name == _TIED_OUTPUT:
+        return _WORD_EMBEDDING
+    match = _LAYER_INDEX.search(name)
+    if match is None:
+        return name
+    owner = module
+    for part in name[: match.end() - 1].split("."):
+        owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
+    global_index = owner.layer_number - 1  # megatron's layer_number is global and 1-based
+    return name[: match.start(2)] + str(global_index) + name[match.end(2):]
+
+
+def _full_shape(param: torch.Tensor, tp_size: int) -> tuple[list[int], int | None]:
+    shape = list(param.shape)
+    if not getattr(param, "tensor_model_parallel", False) or tp_size == 1:
+        return shape, None
+    dim = param.partition_dim
+    shape[dim] *= tp_size
+    return shape, dim
+
+
+def _draw(name: str, shape: list[int], seed: int, std: float, num_layers: int) -> torch.Tensor:
+    if name.endswith(".bias") or name.endswith("_bias"):
+        return torch.zeros(shape)
+    if any(marker in name for marker in _NORM_MARKERS) and len(shape) == 1:
+        return torch.ones(shape)
+    if name.endswith(_SCALED_OUTPUT_PROJECTIONS):
+        std = std / math.sqrt(2.0 * num_layers)
+    generator = torch.Generator().manual_seed(_name_seed(seed, name))
+    return torch.randn(shape, generator=generator, dtype=torch.float64).mul_(std).float()
+
+
+def _shard(full: torch.Tensor, dim: int | None, tp_size: int, tp_rank: int, gated: bool):
+    if dim is None:
+        return full
+    if gated:
+        # Gated MLP (SwiGLU) fc1 keeps [gate_r; up_r] on each rank, not a contiguous slice.
+        gate, up = full.chunk(2, dim=dim)
+        return torch.cat([gate.chunk(tp_size, dim)[tp_rank], up.chunk(tp_size, dim)[tp_rank]], dim)
+    return full.chunk(tp_size, dim=dim)[tp_rank]
+
+
+@torch.no_grad()
+def initialize_layout_invariant(chunks: list[torch.nn.Module], seed: int, std: float,
+                                num_layers: int, tied_output: bool, gated_mlp: bool) -> None:
+    """Overwrites every parameter of the (unwrapped) model chunks in place."""
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            canonical = canonical_parameter_name(chunk, name, tied_output)
+            shape, dim = _full_shape(param, tp_size)
+            full = _draw(canonical, shape, seed, std, num_layers)
+            gated = gated_mlp and "linear_fc1" in canonical
+            param.copy_(_shard(full, dim, tp_size, tp_rank, gated).to(param.dtype))

@@ -1,0 +1,104 @@
+"""Per-iteration log line (Megatron's shape) and the JSONL metrics stream (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+TERA = 1e12
+
+
+@dataclass
+class IterationMetrics:
+    """What one training iteration reports; None fields are left out of the log line."""
+
+    iteration: int
+    train_iters: int
+    consumed_samples: int
+    step_time_s: float
+    learning_rate: float
+    global_batch_size: int
+    lm_loss: float
+    grad_norm: float | None
+    num_microbatches: int
+    tokens: int  # real (unpadded) tokens in the global batch
+    seqlen_sum: int
+    seqlen_squared_sum: int
+    flops: int
+    world_size: int
+    extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+    @property
+    def tflops_per_device(self) -> float:
+        if self.step_time_s <= 0:
+            return 0.0
+        return self.flops / (self.step_time_s * self.world_size * TERA)
+
+
+def format_log_line(m: IterationMetrics) -> str:
+    """``iteration N/ M | consumed samples: ... | lm loss: X.XXXXXXE+00 | ...``"""
+    parts = [
+        f" iteration {m.iteration:8d}/{m.train_iters:8d}",
+        f"consumed samples: {m.consumed_samples:12d}",
+        f"elapsed time per iteration (ms): {m.step_time_s * 1000.0:.1f}",
+        f"throughput per GPU (TFLOP/s/GPU): {m.tflops_per_device:.4f}",
+        f"tokens per second: {m.tokens_per_s:.1f}",
+        f"learning rate: {m.learning_rate:.6E}",
+        f"global batch size: {m.global_batch_size:5d}",
+        f"lm loss: {m.lm_loss:.6E}",
+    ]
+    if m.grad_norm is not None:
+        parts.append(f"grad norm: {m.grad_norm:.3f}")
+    parts.append(f"number of microbatches: {m.num_microbatches}")
+    for key, value in m.extra.items():
+        parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
+                     else f"{key.replace('_', ' ')}: {value}")
+    return " | ".join(parts) + " |"
+
+
+def to_json_record(m: IterationMetrics) -> dict:
+    """The JSONL record: one object per iteration."""
+    record = {
+        "iteration": m.iteration,
+        "lm_loss": m.lm_loss,
+        "grad_norm": m.grad_norm,
+        "lr": m.learning_rate,
+        "consumed_samples": m.consumed_samples,
+        "global_batch_size": m.global_batch_size,
+        "num_microbatches": m.num_microbatches,
+        "tokens": m.tokens,
+        "seqlen_sum": m.seqlen_sum,
+        "seqlen_squared_sum": m.seqlen_squared_sum,
+        "step_time_s": m.step_time_s,
+        "tokens_per_s": m.tokens_per_s,
+        "tflops_per_device": m.tflops_per_device,
+    }
+    record.update(m.extra)
+    return record
+
+
+class MetricsLogger:
+    """Prints the log line every ``log_interval`` iterations and appends JSONL every iteration.
+
+    Only the rank that owns the loss (the last pipeline stage's last rank) is given one.
+    """
+
+    def __init__(self, log_interval: int, jsonl_path: str | None):
+        self.log_interval = log_interval
+        self._jsonl = open(jsonl_path, "a", encoding="utf-8") if jsonl_path else None
+
+    def log(self, metrics: IterationMetrics) -> None:
+        if metrics.iteration % self.log_interval == 0:
+            print(format_log_line(metrics), flush=True)
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(to_json_record(metrics)) + "\n")
+            self._jsonl.flush()
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None

@@ -1,0 +1,107 @@
+"""Builds the GPT model chunks (one per virtual pipeline stage), initialised and DDP-wrapped."""
+
+from __future__ import annotations
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer import TransformerConfig
+from megatron.training.initializers import initialize_layout_invariant
+from megatron.varlen.cpu_device import use_cpu
+from megatron.varlen.spec import get_varlen_gpt_layer_spec
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
+    """Megatron's rule: pad the vocabulary to a multiple of divisible_by * tp."""
+    multiple = divisible_by * tp_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def params_dtype(args) -> torch.dtype:
+    if args.bf16:
+        return torch.bfloat16
+    return torch.float16 if args.fp16 else torch.float32
+
+
+def build_transformer_config(args) -> TransformerConfig:
+    """Maps the parsed flags to megatron-core's TransformerConfig."""
+    dtype = params_dtype(args)
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        init_method_std=args.init_method_std,
+        normalization=args.normalization,
+        gated_linear_unit=args.swiglu,
+        activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
+        add_bias_linear=not args.disable_bias_linear,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        calculate_per_token_loss=args.calculate_per_token_loss,
+        use_cpu_initialization=True,
+        # gloo: batched isend/irecv gave silently wrong gradients with VPP (DESIGN.md §3).
+        batch_p2p_comm=not use_cpu(),
+        variable_seq_lengths=getattr(args, "variable_seq_lengths", False),
+        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        mtp_num_layers=getattr(args, "mtp_num_layers", None),
+    )
+
+
+def _build_chunk(args, config, vp_stage: int | None) -> GPTModel:
+    kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_varlen_gpt_layer_spec(normalization=args.normalization),
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(**kwargs),
+        post_process=parallel_state.is_pipeline_last_stage(**kwargs),
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_base=args.rotary_base,
+        vp_stage=vp_stage,
+    )
+
+
+def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel]:
+    """GPT chunks for this rank (several with VPP), layout-invariantly initialised, in DDP."""
+    args.padded_vocab_size = padded_vocab_size(
+        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    stages = args.virtual_pipeline_model_parallel_size
+    chunks = [_build_chunk(args, config, vp) for vp in (range(stages) if stages else [None])]
+    initialize_layout_invariant(
+        chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,
+        tied_output=not args.untie_embeddings_and_output_weights, gated_mlp=args.swiglu)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        overlap_grad_reduce=False,
+    )
+    return [
+        DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0)
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def unwrap(model_chunk: torch.nn.Module) -> GPTModel:
+    """The GPTModel inside a DDP wrapper."""
+    while hasattr(model_chunk, "module"):
+        model_chunk = model_chunk.module
+    return model_chunk

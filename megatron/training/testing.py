@@ -1,0 +1,44 @@
+"""Helpers for tests that run the real training path inside run_distributed ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.training.arguments import parse_args
+from megatron.training.initialize import initialize_model_parallel, set_random_seeds
+from megatron.training.pretrain import pretrain
+
+TINY_GPT_ARGS = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+    "--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+    "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--log-interval", "1", "--eval-iters", "0", "--seed", "7",
+]
+
+
+def train_on_this_rank(argv: list[str]) -> dict:
+    """Runs pretrain_gpt's path on an already-initialised process group.
+
+    Returns this rank's history plus where it sits, so tests can pick the loss-owning rank.
+    """
+    args = parse_args(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(args)
+    set_random_seeds(args.seed)
+    try:
+        history = pretrain(args)
+        return {
+            "history": history,
+            "rank": torch.distributed.get_rank(),
+            "owns_loss": history[0]["lm_loss"] is not None if history else False,
+        }
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def loss_owner_history(results: list[dict]) -> list[dict]:
+    """The history of the last rank that owns the loss (all loss owners agree)."""
+    owners = [r for r in results if r["owns_loss"]]
+    assert owners, "no rank reported a loss"
+    return owners[-1]["history"]

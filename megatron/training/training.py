@@ -1,0 +1,222 @@
+"""The training loop: build, then iterate train_step / log / evaluate / save.
+
+The loss follows megatron-core's per-token conventions: ``loss_func`` returns the micro-batch's
+SUM of token losses and its token count. With ``--calculate-per-token-loss`` megatron-core divides
+the gradients by the global token count (all-reduced over DP x CP in finalize_model_grads), so the
+gradient is that of the global per-token mean whatever the packing or layout. Without it, each
+micro-batch's mean is averaged (Megatron's classic behaviour). The REPORTED lm loss is always
+the global per-token mean: sum of token losses / loss tokens over the whole global batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.training import checkpointing
+from megatron.training.flops import num_floating_point_operations
+from megatron.training.metrics import IterationMetrics, MetricsLogger
+from megatron.training.model import build_model, build_transformer_config
+from megatron.varlen.cpu_device import get_device
+
+LOSS_KEY = "lm loss"
+
+
+@dataclass
+class TrainState:
+    """Everything the loop carries between iterations."""
+
+    model: list
+    optimizer: object
+    scheduler: OptimizerParamScheduler
+    config: object
+    iteration: int = 0
+
+
+def build_optimizer(args, model):
+    config = OptimizerConfig(
+        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
+        params_dtype=torch.bfloat16 if args.bf16 else torch.float32,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+    )
+    return get_megatron_optimizer(config, model)
+
+
+def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
+    """LR schedule counted in samples, as Megatron does."""
+    gbs = args.global_batch_size
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
+        wd_incr_style="constant",
+    )
+
+
+def setup_model_and_optimizer(args) -> TrainState:
+    config = build_transformer_config(args)
+    model = build_model(args, config)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    config.no_sync_func = [chunk.no_sync for chunk in model]
+    if len(model) == 1:
+        config.no_sync_func = config.no_sync_func[0]
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
+    if args.load:
+        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler)
+    return state
+
+
+def loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
+    """megatron-core's 3-value convention: (sum of masked token losses, token count, report).
+
+    With --calculate-per-token-loss the schedule keeps the sum and finalize_model_grads divides
+    by the global token count; otherwise the schedule divides each micro-batch by its own count
+    (clamped at 1: an all-masked micro-batch contributes 0, never NaN) and by the number of
+    micro-batches. Either way the local CP slice's sum is correct under CP: DDP averages
+    over DP x CP.
+    """
+    losses = output.float().reshape(-1)
+    mask = loss_mask.float().reshape(-1)
+    loss_sum = torch.sum(losses * mask)
+    num_tokens = mask.sum().to(torch.int)
+    report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
+    return loss_sum, num_tokens, {LOSS_KEY: report}
+
+
+def forward_step(data_iterator, model):
+    """One micro-batch through one model chunk (megatron-core's forward_step_func)."""
+    batch = next(data_iterator)
+    output = model(
+        batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+        packed_seq_params=batch.get("packed_seq_params"),
+    )
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def _reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
+    """Global per-token mean over micro-batches and DP x CP; None off the last PP stage."""
+    if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    total = torch.zeros(2, dtype=torch.float64, device=get_device())
+    for item in losses_reduced:
+        total += item[LOSS_KEY].to(torch.float64)
+    torch.distributed.all_reduce(
+        total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    return (total[0] / total[1].clamp(min=1)).item()
+
+
+def run_forward_backward(args, state: TrainState, step, forward_only: bool) -> list[dict]:
+    iterators = [iter(step.microbatches) for _ in state.model]
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iterators if len(iterators) > 1 else iterators[0],
+        model=state.model if len(state.model) > 1 else state.model[0],
+        num_microbatches=step.num_microbatches,
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        forward_only=forward_only,
+    )
+
+
+def train_step(args, state: TrainState, step) -> tuple[float | None, float | None]:
+    """One optimizer step over one global batch; returns (reported loss, grad norm)."""
+    for chunk in state.model:
+        chunk.zero_grad_buffer()
+    state.optimizer.zero_grad()
+    losses = run_forward_backward(args, state, step, forward_only=False)
+    _, grad_norm, _ = state.optimizer.step()
+    state.scheduler.step(increment=args.global_batch_size)
+    return _reduce_reported_loss(losses), grad_norm
+
+
+@torch.no_grad()
+def evaluate(args, state: TrainState, provider, first_index: int) -> float | None:
+    """Mean validation loss over --eval-iters global batches (global per-token mean)."""
+    for chunk in state.model:
+        chunk.eval()
+    losses = []
+    for offset in range(args.eval_iters):
+        step = provider.step_batches(first_index + offset)
+        losses.append(
+            _reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
+    for chunk in state.model:
+        chunk.train()
+    if not losses or losses[0] is None:
+        return None
+    return sum(losses) / len(losses)
+
+
+def _is_logging_rank() -> bool:
+    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+
+
+def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> IterationMetrics:
+    return IterationMetrics(
+        iteration=state.iteration, train_iters=args.train_iters,
+        consumed_samples=state.iteration * args.global_batch_size, step_time_s=step_time,
+        learning_rate=state.optimizer.param_groups[0]["lr"],
+        global_batch_size=args.global_batch_size, lm_loss=loss, grad_norm=grad_norm,
+        num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
+        seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
+        flops=num_floating_point_operations(args, step.seqlen_sum, step.seqlen_squared_sum),
+        world_size=torch.distributed.get_world_size(), extra=dict(step.stats),
+    )
+
+
+def _maybe_evaluate(args, state, valid_provider) -> None:
+    if valid_provider is None or args.eval_iters <= 0:
+        return
+    if state.iteration % args.eval_interval != 0 and state.iteration != args.train_iters:
+        return
+    first = (state.iteration // args.eval_interval) * args.eval_iters
+    loss = evaluate(args, state, valid_provider, first)
+    if _is_logging_rank() and loss is not None:
+        print(f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} |",
+              flush=True)
+
+
+def _maybe_save(args, state) -> None:
+    if args.save and args.save_interval and state.iteration % args.save_interval == 0:
+        checkpointing.save_checkpoint(
+            args.save, state.iteration, state.model, state.optimizer, state.scheduler)
+
+
+def train(args, state: TrainState, train_provider, valid_provider=None) -> list[dict]:
+    """Runs until --train-iters; returns {"lm_loss", "grad_norm"} per iteration run.
+
+    ``lm_loss`` is None off the last pipeline stage (only that stage has the loss).
+    """
+    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if _is_logging_rank() \
+        else None
+    history = []
+    while state.iteration < args.train_iters:
+        start = time.perf_counter()
+        step = train_provider.step_batches(state.iteration)
+        loss, grad_norm = train_step(args, state, step)
+        state.iteration += 1
+        history.append({"lm_loss": loss, "grad_norm": grad_norm})
+        if logger is not None:
+            logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
+                                          time.perf_counter() - start))
+        _maybe_evaluate(args, state, valid_provider)
+        _maybe_save(args, state)
+    if args.save and (not args.save_interval or state.iteration % args.save_interval):
+        checkpointing.save_checkpoint(
+            args.save, state.iteration, state.model, state.optimizer, state.scheduler)
+    if logger is not None:
+        logger.close()
+    return history

@@ -1,0 +1,204 @@
+"""CPU device layer: lets megatron-core's CUDA-minded machinery run on CPU with gloo.
+
+megatron-core 0.16.1 hard-codes CUDA in places no config flag reaches (tensor allocations with
+``device=torch.cuda.current_device()``, ``.cuda()`` calls in the pipeline schedules and p2p
+buffers, CUDA RNG states, ``param.type()`` string checks in grad clipping). When CUDA is absent,
+:func:`activate` installs the smallest set of redirects that makes that code run unchanged:
+
+1. ``_CudaToCpuMode`` -- a ``TorchFunctionMode`` that rewrites CUDA device arguments to CPU and
+   turns ``Tensor.cuda()`` / ``Tensor.pin_memory()`` into no-ops on CPU tensors.
+2. ``torch.cuda`` helpers that would raise without a driver (``current_device``,
+   ``synchronize``, ``device_count``...) answer as a single CPU "device".
+3. ``CpuRNGStatesTracker`` -- megatron's RNG tracker API on the CPU generator, so dropout in
+   TP regions stays reproducible and TP ranks draw from their own named streams.
+4. ``Tensor.type()`` (no argument) reports CPU tensors under their CUDA type name: the
+   optimizers and grad clipping dispatch on strings like ``'torch.cuda.FloatTensor'``.
+
+Everything is a no-op when CUDA is available: on GPU the same code runs on the real device.
+Each redirect is named below and covered by tests/unit_tests/varlen/test_cpu_device.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_ACTIVE_MODE: "_CudaToCpuMode | None" = None
+_PATCHED: dict[tuple[Any, str], Any] = {}
+
+# Tensor methods whose device argument is positional (tensor.to("cuda"), tensor.cuda(0)...).
+_DEVICE_KWARG = "device"
+_PIN_MEMORY_KWARG = "pin_memory"
+_CPU_TYPE_PREFIX = "torch."
+_CUDA_TYPE_PREFIX = "torch.cuda."
+
+
+def use_cpu() -> bool:
+    """True when training must run on CPU (no CUDA device visible)."""
+    return not torch.cuda.is_available()
+
+
+def get_device() -> torch.device:
+    """The device the training path puts tensors on: the current CUDA device, else CPU."""
+    if use_cpu():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def get_backend() -> str:
+    """The torch.distributed backend matching :func:`get_device`."""
+    return "gloo" if use_cpu() else "nccl"
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    # A bare int is a CUDA ordinal in torch's conventions (torch.empty(3, device=0)).
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+def _redirect(device: Any) -> Any:
+    return torch.device("cpu") if _is_cuda_device(device) else device
+
+
+def _cuda_type_name(tensor: torch.Tensor) -> str:
+    with torch._C.DisableTorchFunction():
+        name = tensor.type()
+    if tensor.device.type == "cpu" and name.startswith(_CPU_TYPE_PREFIX):
+        return _CUDA_TYPE_PREFIX + name[len(_CPU_TYPE_PREFIX):]
+    return name
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Maps every CUDA placement request to CPU.
+
+    Covers factory functions (``torch.empty(..., device="cuda")``), ``Tensor.to(...)`` with a
+    CUDA device given positionally or by keyword, ``Tensor.cuda()`` and ``Tensor.pin_memory()``
+    and ``pin_memory=True`` factory arguments (pinned host memory needs a CUDA driver; on CPU it
+    is just the tensor), and the type-string
+    query ``Tensor.type()``.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _cuda_type_name(args[0])
+        if _DEVICE_KWARG in kwargs:
+            kwargs[_DEVICE_KWARG] = _redirect(kwargs[_DEVICE_KWARG])
+        if kwargs.get(_PIN_MEMORY_KWARG):
+            kwargs[_PIN_MEMORY_KWARG] = False  # e.g. torch.tensor(..., pin_memory=True) in RoPE
+        if func is torch.Tensor.to and len(args) > 1:
+            args = (args[0], _redirect(args[1])) + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+class CpuRNGStatesTracker:
+    """megatron's ``CudaRNGStatesTracker`` API backed by the CPU generator.
+
+    ``add(name, seed)`` records a named generator state; ``fork(name)`` swaps it in for the
+    duration of a block (e.g. dropout inside a TP region) and stores the advanced state when the
+    block ends, exactly like the CUDA tracker does for CUDA states.
+    """
+
+    def __init__(self, *args, **kwargs):
+        del args, kwargs  # accepts the CUDA tracker's constructor arguments and ignores them
+        self.reset()
+
+    def is_initialized(self) -> bool:
+        return self._is_initialized
+
+    def reset(self) -> None:
+        self._is_initialized = False
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return dict(self.states_)
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self._is_initialized = True
+        self.states_ = dict(states)
+
+    def add(self, name: str, seed: int) -> None:
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise ValueError(f"RNG seed {seed} is already used by another tracked state")
+        if name in self.states_:
+            raise ValueError(f"RNG state {name!r} already exists")
+        self.seeds_.add(seed)
+        generator = torch.Generator().manual_seed(seed)
+        self.states_[name] = generator.get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng"):
+        if name not in self.states_:
+            raise KeyError(f"RNG state {name!r} was never added to the tracker")
+        outer_state = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer_state)
+
+
+def _patch(owner: Any, attr: str, value: Any) -> None:
+    key = (owner, attr)
+    if key not in _PATCHED:
+        _PATCHED[key] = getattr(owner, attr)
+    setattr(owner, attr, value)
+
+
+def _patch_torch_cuda() -> None:
+    """torch.cuda queries that raise without a driver answer as one CPU device."""
+    _patch(torch.cuda, "current_device", lambda: 0)
+    _patch(torch.cuda, "device_count", lambda: 1)
+    _patch(torch.cuda, "synchronize", lambda *a, **k: None)
+    _patch(torch.cuda, "set_device", lambda *a, **k: None)
+    _patch(torch.cuda, "empty_cache", lambda *a, **k: None)
+    _patch(torch.cuda, "manual_seed", lambda seed: None)
+    _patch(torch.cuda, "manual_seed_all", lambda seed: None)
+
+
+def _patch_rng_tracker() -> None:
+    """Megatron's RNG tracker becomes the CPU tracker (both the class and the live instance)."""
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    _patch(mcore_random, "CudaRNGStatesTracker", CpuRNGStatesTracker)
+    _patch(mcore_random, "_CUDA_RNG_STATE_TRACKER", CpuRNGStatesTracker())
+    _patch(mcore_random, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True)
+    _patch(mcore_random, "initialize_rng_tracker", lambda *a, **k: None)
+
+
+def activate() -> bool:
+    """Installs the CPU redirects once per process; returns True if they are active.
+
+    Safe to call repeatedly. Does nothing (and returns False) when CUDA is available.
+    """
+    global _ACTIVE_MODE
+    if not use_cpu():
+        return False
+    if _ACTIVE_MODE is None:
+        _patch_torch_cuda()
+        _patch_rng_tracker()
+        _ACTIVE_MODE = _CudaToCpuMode()
+        _ACTIVE_MODE.__enter__()
+    return True
+
+
+def deactivate() -> None:
+    """Removes every redirect (used by tests of this module)."""
+    global _ACTIVE_MODE
+    if _ACTIVE_MODE is not None:
+        _ACTIVE_MODE.__exit__(None, None, None)
+        _ACTIVE_MODE = None
+    for (owner, attr), value in reversed(list(_PATCHED.items())):
+        setattr(owner, attr, value)
+    _PATCHED.clear()

@@ -1,0 +1,168 @@
+"""Run a function on N gloo ranks from pytest (or any script), with a deadline.
+
+    results = run_distributed(my_rank_fn, world_size=4, args=(cfg,), timeout_s=120)
+
+``my_rank_fn`` must be importable by name (defined at module level). Each rank runs in its own
+process with ``torch.distributed`` initialised (gloo, loopback, a fresh free port), the CPU
+device layer active, one intra-op thread, and RANK/WORLD_SIZE/LOCAL_RANK set. The call returns
+the per-rank return values in rank order, or raises :class:`DistributedTestError` carrying the
+first failing rank's traceback. Children are always reaped: on failure or timeout every rank is
+killed, and a rank whose launcher disappears exits by itself (no orphans holding ports).
+
+Processes come from a ``forkserver`` that preloads torch and megatron-core once, so a launch
+costs a fork instead of a full interpreter start (start-up dominates on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_module
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+DEFAULT_TIMEOUT_S = 180.0
+# After the first rank fails, the others are usually stuck in a collective: give them this long
+# to report their own error before they are killed.
+FAILURE_GRACE_S = 3.0
+ORPHAN_POLL_S = 1.0
+POLL_S = 0.05
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "megatron.core.parallel_state",
+    "megatron.core.models.gpt.gpt_model",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.optimizer",
+    "megatron.core.distributed",
+]
+_CONTEXT = None
+
+
+class DistributedTestError(RuntimeError):
+    """A rank raised, died, or the run exceeded its deadline."""
+
+
+def _get_context():
+    global _CONTEXT
+    if _CONTEXT is None:
+        # Children must find the same modules as the launcher (tests are imported by path).
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in [*sys.path, os.environ.get("PYTHONPATH", "")] if p
+        )
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(_PRELOAD)
+    return _CONTEXT
+
+
+def find_free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _exit_when_orphaned(launcher_pid: int) -> None:
+    while True:
+        time.sleep(ORPHAN_POLL_S)
+        if os.getppid() != launcher_pid:
+            os._exit(1)
+
+
+def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s):
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    import torch
+
+    from megatron.varlen import cpu_device
+
+    torch.set_num_threads(1)
+    cpu_device.activate()
+    try:
+        torch.distributed.init_process_group(
+            backend=cpu_device.get_backend(), init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
+        )
+        results.put((rank, True, fn(*args, **kwargs)))
+    except BaseException:  # report everything, including SystemExit from argparse
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        results.close()
+        results.join_thread()
+        os._exit(0)  # skip atexit handlers that may wait on peers that are gone
+
+
+def _collect(procs, results, world_size, timeout_s) -> dict[int, tuple[bool, Any]]:
+    deadline = time.monotonic() + timeout_s
+    collected: dict[int, tuple[bool, Any]] = {}
+    failed_at = None
+    while len(collected) < world_size:
+        now = time.monotonic()
+        if now > deadline or (failed_at is not None and now - failed_at > FAILURE_GRACE_S):
+            break
+        try:
+            rank, ok, payload = results.get(timeout=POLL_S)
+            collected[rank] = (ok, payload)
+            if not ok and failed_at is None:
+                failed_at = time.monotonic()
+        except queue_module.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead and failed_at is None and not any(r in collected for r in dead):
+                failed_at = time.monotonic()
+    return collected
+
+
+def _reap(procs) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    for proc in procs:
+        proc.join(timeout=10)
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Any]:
+    """Runs ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks and returns their results.
+
+    Raises:
+        DistributedTestError: a rank raised (its traceback is in the message), a rank died
+            without reporting, or the deadline passed (all ranks are killed in every case).
+    """
+    ctx = _get_context()
+    results = ctx.Queue()
+    port = find_free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, args, kwargs or {},
+                                             results, timeout_s))
+        for rank in range(world_size)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        collected = _collect(procs, results, world_size, timeout_s)
+    finally:
+        _reap(procs)
+    failures = [(r, payload) for r, (ok, payload) in sorted(collected.items()) if not ok]
+    if failures:
+        rank, tb = failures[0]
+        raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{tb}")
+    missing = sorted(set(range(world_size)) - set(collected))
+    if missing:
+        raise DistributedTestError(
+            f"ranks {missing} of {world_size} did not finish within {timeout_s:.0f} s "
+            f"(killed; exit codes {[procs[r].exitcode for r in missing]})"
+        )
+    return [collected[rank][1] for rank in range(world_size)]

@@ -1,0 +1,23 @@
+"""Pretrain (or fine-tune) a GPT model with Megatron's flags, on GPU/NCCL or CPU/gloo.
+
+    torchrun --nproc-per-node 4 pretrain_gpt.py --num-layers 2 --hidden-size 64 ... --mock-data
+
+Thin on purpose: parse, initialise, train, tear down. See megatron/training/ for the pieces.
+"""
+
+from megatron.training.arguments import parse_args_or_exit
+from megatron.training.initialize import initialize_megatron, shutdown
+from megatron.training.pretrain import pretrain
+
+
+def main(argv=None) -> None:
+    args = parse_args_or_exit(argv)
+    initialize_megatron(args)
+    try:
+        pretrain(args)
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":  # dist_checkpointing spawns processes: keep the guard
+    main()
