@@ -1,0 +1,128 @@
+"""Which keys a config may hold: sections, facade-only keys, and the CLI keys of pretrain_gpt.py.
+
+CLI keys are the argparse `dest` names of the training layer's parser (`--num-layers` ->
+`num_layers`); they are not listed here but read from the parser, so the parser stays the one
+source of truth for their defaults and validation. Facade-only keys are the few settings that
+only `MegatronWrap` reads; they are declared below with defaults and allowed values.
+"""
+
+import argparse
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from megatron.wrap.config.errors import ConfigError, did_you_mean
+
+SECTIONS = (
+    "model",
+    "parallel",
+    "optimizer",
+    "training",
+    "data",
+    "checkpoint",
+    "logging",
+    "flow",
+    "wrap",
+)
+"""Top-level keys of a config. Any CLI key may sit in any section; each only once."""
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+METRIC_WRITER_KINDS = ("console", "tensorboard", "wandb", "jsonl")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class FacadeKey:
+    """A key only the facade reads (never passed to pretrain_gpt.py's parser).
+
+    Attributes:
+        name: The key, unique across all sections and CLI keys.
+        section: The only section it may sit in.
+        default: Its value when no config sets it.
+        doc: One line for docs and `--help`-like listings.
+        choices: Allowed values (for a list: allowed elements), or None for any.
+    """
+
+    name: str
+    section: str
+    default: Any
+    doc: str
+    choices: tuple[str, ...] | None = None
+
+
+FACADE_KEYS = {
+    key.name: key
+    for key in (
+        FacadeKey("flow_name", "flow", None, "Name of the flow that collates and scores batches."),
+        FacadeKey("flow_args", "flow", {}, "Keyword arguments passed to the flow."),
+        FacadeKey("log_level", "logging", "INFO", "Level of the rank-aware logger.", LOG_LEVELS),
+        FacadeKey(
+            "metric_writers",
+            "logging",
+            ["console"],
+            "Where the last rank writes metrics.",
+            METRIC_WRITER_KINDS,
+        ),
+        FacadeKey("metrics_jsonl_path", "logging", None, "File for the 'jsonl' metric writer."),
+        FacadeKey("wandb_mode", "logging", "auto", "auto: offline if no API key.", WANDB_MODES),
+        FacadeKey("progress_bar", "logging", True, "Print a progress line on rank 0."),
+        FacadeKey("capture_print", "logging", False, "Route print() through the logger."),
+        FacadeKey("capture_warnings", "logging", False, "Route warnings through the logger."),
+        FacadeKey("device", "wrap", "auto", "auto: cuda if available, else cpu.", DEVICES),
+    )
+}
+"""Every facade-only key, by name."""
+
+FACADE_SECTIONS = tuple(sorted({key.section for key in FACADE_KEYS.values()}))
+
+
+def facade_defaults() -> dict[str, Any]:
+    """Returns a fresh dict of every facade-only key and its default."""
+    return {name: copy.deepcopy(key.default) for name, key in FACADE_KEYS.items()}
+
+
+def check_facade_value(name: str, value: Any, source: str) -> None:
+    """Checks a facade-only value against the type of its default and its choices.
+
+    Raises:
+        ConfigError: The value has the wrong kind (bool, list, mapping) or is not a choice.
+    """
+    spec = FACADE_KEYS[name]
+    if value is None:
+        return
+    for kind in (bool, list, dict):
+        if isinstance(spec.default, kind) and not isinstance(value, kind):
+            raise ConfigError(
+                f"'{name}' (from {source}) must be a {kind.__name__}, got {value!r}"
+            )
+    choices = spec.choices
+    if choices is None:
+        return
+    for item in value if isinstance(value, list) else [value]:
+        if item not in choices:
+            raise ConfigError(
+                f"invalid value {item!r} for '{name}' (from {source}); "
+                f"choose from {', '.join(choices)}{did_you_mean(str(item), choices)}"
+            )
+
+
+def known_keys_from_parser(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Returns `{dest: default}` for every optional argument of `parser` (not help/version).
+
+    When several flags share a dest (e.g. `--foo` and `--no-foo`), the first one's default wins,
+    as in argparse itself.
+    """
+    known: dict[str, Any] = {}
+    for action in parser._actions:  # argparse has no public accessor for its actions
+        if action.option_strings and action.default is not argparse.SUPPRESS:
+            known.setdefault(action.dest, action.default)
+    return known
+
+
+def default_known_keys() -> Mapping[str, Any]:
+    """Returns the CLI keys of the training layer's parser (`megatron.training.arguments`)."""
+    from megatron.training.arguments import build_parser  # the parser is owned by training/
+
+    return known_keys_from_parser(build_parser())
