@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron.core import parallel_state
+from megatron.training.datasets import collate_padded
 from megatron.varlen.cp_split import split_sbhd_for_cp
 from megatron.varlen.cpu_device import get_device
 
-_BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 _SEQ_DIM = 1  # batches are [b, s]
 
 
@@ -46,12 +46,6 @@ def dp_microbatch_indices(indices: range, micro_batch_size: int, dp_size: int, d
     ]
 
 
-def _stack(samples: list[dict]) -> dict:
-    lengths = {s["padded_length"] for s in samples}
-    assert len(lengths) == 1, f"unpacked micro-batch mixes padded lengths {sorted(lengths)}"
-    return {key: torch.stack([s[key] for s in samples]) for key in _BATCH_KEYS}
-
-
 def _slice_for_context_parallel(batch: dict) -> dict:
     cp_size = parallel_state.get_context_parallel_world_size()
     if cp_size == 1:
@@ -80,7 +74,7 @@ class UnpackedBatchProvider:
             indices, args.micro_batch_size, parallel_state.get_data_parallel_world_size(),
             parallel_state.get_data_parallel_rank())
         microbatches = [
-            _to_device(_slice_for_context_parallel(_stack([self.dataset[i] for i in mb])))
+            _to_device(_slice_for_context_parallel(collate_padded([self.dataset[i] for i in mb])))
             for mb in per_rank
         ]
         lengths = [self.dataset[i]["length"] for i in indices]
