@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 
 from megatron.core import parallel_state
 from megatron.training.datasets import collate_padded
