@@ -10,7 +10,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 from megatron.training.initializers import initialize_layout_invariant
 from megatron.varlen.cpu_device import use_cpu
-from megatron.varlen.spec import get_varlen_gpt_layer_spec
+from megatron.varlen.spec import get_varlen_decoder_block_spec
+from megatron.varlen.spec_loading import load_layer_spec
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
@@ -68,7 +69,8 @@ def _build_chunk(args, config, vp_stage: int | None) -> GPTModel:
     kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_varlen_gpt_layer_spec(normalization=args.normalization),
+        transformer_layer_spec=get_varlen_decoder_block_spec(
+            config, load_layer_spec(args.spec, args.normalization), vp_stage),
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(**kwargs),
