@@ -47,6 +47,8 @@ def _add_network_size_args(parser):
     group.add_argument("--swiglu", action="store_true")
     group.add_argument("--disable-bias-linear", action="store_true")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    group.add_argument("--mtp-num-layers", type=int, default=None,
+                       help="Multi-token prediction layers (predict further tokens).")
     group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     group.add_argument("--init-method-std", type=float, default=0.02)
     group.add_argument("--hidden-dropout", type=float, default=0.1)

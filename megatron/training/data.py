@@ -2,32 +2,21 @@
 
 Sample ``i`` of the dataset is read by index, so every rank that needs a micro-batch (all TP
 ranks and PP stages of one DP replica) reads the same samples deterministically. The packed
-path (:mod:`megatron.varlen.data_schedule`) plugs in behind the same ``StepBatches`` interface.
+path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.data_schedule`) returns the same
+``StepBatches``.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 
 from megatron.core import parallel_state
 from megatron.training.datasets import collate_padded
 from megatron.varlen.cp_split import split_sbhd_for_cp
 from megatron.varlen.cpu_device import get_device
+from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper, PackingConfig, StepBatches
+from megatron.varlen.scheduling.cost_model import CostModel
 
 _SEQ_DIM = 1  # batches are [b, s]
-
-
-@dataclass
-class StepBatches:
-    """The micro-batches one rank runs in one training step, and the step's global counts."""
-
-    microbatches: list[dict]
-    num_microbatches: int
-    # Exact integers over the whole global batch, real (unpadded) lengths: FLOPs, tokens/s.
-    seqlen_sum: int
-    seqlen_squared_sum: int
-    stats: dict = field(default_factory=dict)
 
 
 def global_batch_indices(iteration: int, global_batch_size: int) -> range:
@@ -84,3 +73,39 @@ class UnpackedBatchProvider:
             seqlen_squared_sum=sum(length * length for length in lengths),
             stats={"padded_tokens": len(indices) * args.seq_length},
         )
+
+
+def replica_sample_indices(indices: range, dp_size: int, dp_rank: int) -> range:
+    """Packing: DP replica r loads the r-th contiguous block of the global batch."""
+    per_replica = len(indices) // dp_size
+    return indices[dp_rank * per_replica: (dp_rank + 1) * per_replica]
+
+
+def build_packing_config(args, pad_id: int) -> PackingConfig:
+    """The packing path's settings from the parsed flags."""
+    pp = args.pipeline_model_parallel_size
+    return PackingConfig(
+        scheduler=args.sequence_packing_scheduler,
+        max_seqlen_per_rank=args.max_seqlen_per_dp_cp_rank,
+        pad_id=pad_id,
+        sp_factor=args.tensor_model_parallel_size if args.sequence_parallel else 1,
+        min_cp_size=args.min_dynamic_context_parallel_size,
+        vpp_group_size=pp if args.virtual_pipeline_model_parallel_size else 1,
+        min_num_microbatches=pp,
+        cost=CostModel.for_model(args.hidden_size),
+    )
+
+
+class PackedBatchProvider:
+    """Variable-length samples packed into THD micro-batches by the varlen data path."""
+
+    def __init__(self, dataset, args, config: PackingConfig, group_lookup=None):
+        self.dataset = dataset
+        self.args = args
+        self.wrapper = HybridCPDataLoaderWrapper(None, config, group_lookup=group_lookup)
+
+    def step_batches(self, iteration: int) -> StepBatches:
+        indices = global_batch_indices(iteration, self.args.global_batch_size)
+        mine = replica_sample_indices(indices, parallel_state.get_data_parallel_world_size(),
+                                      parallel_state.get_data_parallel_rank())
+        return self.wrapper.pack_global_batch([self.dataset[i] for i in mine])

@@ -12,6 +12,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.varlen import cpu_device
+from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
@@ -64,6 +65,7 @@ def initialize_megatron(args) -> None:
 
 def shutdown() -> None:
     """Tears down parallel state and the process group (tests launch many runs per process)."""
+    destroy_dynamic_cp_groups()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():

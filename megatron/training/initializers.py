@@ -26,6 +26,7 @@ _SCALED_OUTPUT_PROJECTIONS = ("linear_proj.weight", "linear_fc2.weight")
 _NORM_MARKERS = ("layernorm", "norm.weight", "norm.bias")
 _WORD_EMBEDDING = "embedding.word_embeddings.weight"
 _TIED_OUTPUT = "output_layer.weight"
+_MTP_PREFIX = "mtp."
 _SEED_BYTES = 8
 
 
@@ -38,6 +39,8 @@ def canonical_parameter_name(module: torch.nn.Module, name: str, tied_output: bo
     """The layout-free name of a parameter of a GPTModel chunk."""
     if tied_output and name == _TIED_OUTPUT:
         return _WORD_EMBEDDING
+    if name.startswith(_MTP_PREFIX):  # MTP layers live on the last stage, never renumbered
+        return name
     match = _LAYER_INDEX.search(name)
     if match is None:
         return name

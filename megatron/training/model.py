@@ -6,11 +6,11 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 from megatron.training.initializers import initialize_layout_invariant
 from megatron.varlen.cpu_device import use_cpu
-from megatron.varlen.spec import get_varlen_decoder_block_spec
+from megatron.varlen.mtp import VarlenGPTModel
+from megatron.varlen.spec import get_varlen_decoder_block_spec, get_varlen_mtp_block_spec
 from megatron.varlen.spec_loading import load_layer_spec
 
 
@@ -56,6 +56,9 @@ def build_transformer_config(args) -> TransformerConfig:
         # gloo: batched isend/irecv gave silently wrong gradients with VPP (DESIGN.md §3).
         batch_p2p_comm=not use_cpu(),
         variable_seq_lengths=getattr(args, "variable_seq_lengths", False),
+        # Unused by dense models, but megatron-core rejects its default ("allgather") together
+        # with variable_seq_lengths even when there are no experts.
+        moe_token_dispatcher_type="alltoall",
         gradient_accumulation_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
@@ -65,12 +68,15 @@ def build_transformer_config(args) -> TransformerConfig:
     )
 
 
-def _build_chunk(args, config, vp_stage: int | None) -> GPTModel:
+def _build_chunk(args, config, vp_stage: int | None) -> VarlenGPTModel:
     kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
-    return GPTModel(
+    layer_spec = load_layer_spec(args.spec, args.normalization)
+    mtp_spec = (get_varlen_mtp_block_spec(config, layer_spec, vp_stage=vp_stage)
+                if config.mtp_num_layers else None)
+    return VarlenGPTModel(
         config=config,
-        transformer_layer_spec=get_varlen_decoder_block_spec(
-            config, load_layer_spec(args.spec, args.normalization), vp_stage),
+        transformer_layer_spec=get_varlen_decoder_block_spec(config, layer_spec, vp_stage),
+        mtp_block_spec=mtp_spec,
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(**kwargs),
@@ -102,7 +108,7 @@ def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel
     ]
 
 
-def unwrap(model_chunk: torch.nn.Module) -> GPTModel:
+def unwrap(model_chunk: torch.nn.Module) -> VarlenGPTModel:
     """The GPTModel inside a DDP wrapper."""
     while hasattr(model_chunk, "module"):
         model_chunk = model_chunk.module

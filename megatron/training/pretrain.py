@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from megatron.training.data import UnpackedBatchProvider
+import torch
+
+from megatron.training.data import (
+    PackedBatchProvider, UnpackedBatchProvider, build_packing_config,
+)
 from megatron.training.datasets.builder import build_datasets
 from megatron.training.tokenizer import build_tokenizer
 from megatron.training.training import setup_model_and_optimizer, train
+from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
+from megatron.varlen.scheduling.groups import build_group_layout
 
 
 def _set_sample_counts(args) -> None:
@@ -15,6 +21,21 @@ def _set_sample_counts(args) -> None:
     args.eval_samples = num_evals * max(args.eval_iters, 0) * args.global_batch_size
 
 
+def create_dynamic_cp_groups(args):
+    """Dynamic CP: create every group the scheduler may pick; returns their lookup (or None)."""
+    if not args.dynamic_context_parallel:
+        return None
+    num_ranks = args.data_parallel_size * args.context_parallel_size
+    layout = build_group_layout(num_ranks, args.min_dynamic_context_parallel_size,
+                                args.context_parallel_size)
+    registry = initialize_dynamic_cp_groups(layout)
+    if torch.distributed.get_rank() == 0:
+        print(f"> dynamic context parallel: {num_ranks} DP x CP ranks, CP group sizes "
+              f"{list(layout.sequence_sizes)}, {registry.groups_per_rank()} process groups per "
+              f"rank ({len(layout.groups)} blocks per DP x CP group)", flush=True)
+    return registry.lookup
+
+
 def build_data_providers(args):
     """Tokenizer-aware datasets wrapped in the step-batch provider the loop consumes."""
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size, args.tokenizer_model)
@@ -22,8 +43,13 @@ def build_data_providers(args):
         args.vocab_size = tokenizer.vocab_size
     _set_sample_counts(args)
     train_ds, valid_ds = build_datasets(args, tokenizer)
-    valid = UnpackedBatchProvider(valid_ds, args) if valid_ds is not None else None
-    return UnpackedBatchProvider(train_ds, args), valid
+    if args.sequence_packing:
+        config = build_packing_config(args, tokenizer.pad)
+        lookup = create_dynamic_cp_groups(args)
+        make = lambda ds: PackedBatchProvider(ds, args, config, lookup)  # noqa: E731
+    else:
+        make = lambda ds: UnpackedBatchProvider(ds, args)  # noqa: E731
+    return make(train_ds), (make(valid_ds) if valid_ds is not None else None)
 
 
 def pretrain(args) -> list[dict]:

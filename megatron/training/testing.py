@@ -8,6 +8,7 @@ from megatron.core import parallel_state
 from megatron.training.arguments import parse_args
 from megatron.training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.training.pretrain import pretrain
+from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 TINY_GPT_ARGS = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -34,6 +35,7 @@ def train_on_this_rank(argv: list[str]) -> dict:
             "owns_loss": history[0]["lm_loss"] is not None if history else False,
         }
     finally:
+        destroy_dynamic_cp_groups()
         parallel_state.destroy_model_parallel()
 
 

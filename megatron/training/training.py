@@ -102,7 +102,7 @@ def forward_step(data_iterator, model):
     batch = next(data_iterator)
     output = model(
         batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
-        packed_seq_params=batch.get("packed_seq_params"),
+        packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
     )
     return output, partial(loss_func, batch["loss_mask"])
 

@@ -6,6 +6,9 @@ Megatron-LM's CLI is visible in one place.
 
 from __future__ import annotations
 
+from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
+
 
 def add_varlen_args(parser) -> None:
     """Registers the fork's flags on ``parser``."""
@@ -13,6 +16,27 @@ def add_varlen_args(parser) -> None:
     group.add_argument("--sequence-packing", action="store_true",
                        help="Pack variable-length samples into THD micro-batches balanced across "
                             "DP x CP ranks (implies per-token loss).")
+    group.add_argument("--sequence-packing-scheduler", default=None,
+                       choices=["default", "dp_balanced", "empty", "default_dynamic_cp"],
+                       help="How packed sequences are assigned to micro-batches and ranks: "
+                            "dp_balanced (alias default) balances estimated work across DP; "
+                            "empty only packs what each DP rank already holds; "
+                            "default_dynamic_cp (set by --dynamic-context-parallel) also picks "
+                            "each sequence's CP group size.")
+    group.add_argument("--dynamic-context-parallel", action="store_true",
+                       help="Give every sequence its own CP group size, micro-batch by "
+                            "micro-batch, across all DP x CP ranks (implies --sequence-packing).")
+    group.add_argument("--hybrid-context-parallel", action="store_true",
+                       help="Deprecated alias of --dynamic-context-parallel.")
+    group.add_argument("--min-dynamic-context-parallel-size", type=int, default=1,
+                       help="Smallest CP group a sequence may get under dynamic CP.")
+    group.add_argument("--max-seqlen-per-dp-cp-rank", type=int, default=None,
+                       help="Token budget of one DP x CP rank in one packed micro-batch. "
+                            "Default: --seq-length / --context-parallel-size, rounded up to "
+                            "the CP/SP divisor.")
+    group.add_argument("--spec", nargs=2, default=None, metavar=("MODULE", "FUNCTION"),
+                       help="Layer spec function to build the decoder with (Megatron's flag); "
+                            "default megatron.varlen.spec get_varlen_gpt_layer_spec.")
     group.add_argument("--sft", action="store_true",
                        help="Supervised fine-tuning data: one variable-length sample per sequence "
                             "(--mock-data --sft gives the mock SFT dataset).")
@@ -25,3 +49,69 @@ def validate_varlen_args(args, require) -> None:
     """Checks the fork's flags; ``require(cond, message)`` raises the one-line error."""
     require(args.sft_mock_dataset_config_json is None or args.sft,
             "--sft-mock-dataset-config-json needs --sft (with --mock-data)")
+    if args.sft_mock_dataset_config_json is not None:
+        try:  # fail at start-up, in one line, not inside the first data read
+            parse_length_config(args.sft_mock_dataset_config_json, args.seq_length)
+        except ValueError as err:
+            require(False, str(err))
+    _resolve_dynamic_context_parallel(args, require)
+    args.variable_seq_lengths = bool(args.sequence_packing)
+    if not args.sequence_packing:
+        require(args.max_seqlen_per_dp_cp_rank is None,
+                "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
+        return
+    _validate_packing(args, require)
+
+
+def _resolve_dynamic_context_parallel(args, require) -> None:
+    """One resolved field: the deprecated alias is folded in here and then removed."""
+    if args.hybrid_context_parallel:
+        print("WARNING: --hybrid-context-parallel is deprecated; use --dynamic-context-parallel",
+              flush=True)
+        args.dynamic_context_parallel = True
+    del args.hybrid_context_parallel
+    if not args.dynamic_context_parallel:
+        require(args.sequence_packing_scheduler != "default_dynamic_cp",
+                "--sequence-packing-scheduler default_dynamic_cp needs --dynamic-context-parallel")
+        require(args.min_dynamic_context_parallel_size == 1,
+                "--min-dynamic-context-parallel-size needs --dynamic-context-parallel")
+        return
+    require(args.max_seqlen_per_dp_cp_rank is not None,
+            "--dynamic-context-parallel requires --max-seqlen-per-dp-cp-rank (the per-rank "
+            "token budget that sizes each sequence's CP group)")
+    require(args.sequence_packing_scheduler in (None, "default_dynamic_cp"),
+            f"--dynamic-context-parallel uses the default_dynamic_cp scheduler, not "
+            f"--sequence-packing-scheduler {args.sequence_packing_scheduler}")
+    dp_cp = args.data_parallel_size * args.context_parallel_size
+    require(1 <= args.min_dynamic_context_parallel_size <= dp_cp,
+            f"--min-dynamic-context-parallel-size {args.min_dynamic_context_parallel_size} "
+            f"must be between 1 and DP x CP = {dp_cp}")
+    args.sequence_packing = True
+    args.sequence_packing_scheduler = "default_dynamic_cp"
+
+
+def _default_budget(args) -> int:
+    divisor = 2 * args.context_parallel_size if args.context_parallel_size > 1 else 1
+    if args.sequence_parallel:
+        divisor *= args.tensor_model_parallel_size
+    per_rank = -(-args.seq_length // args.context_parallel_size)
+    return -(-per_rank // divisor) * divisor
+
+
+def _validate_packing(args, require) -> None:
+    require(args.micro_batch_size == 1,
+            f"--sequence-packing builds each micro-batch as one pack of up to "
+            f"--max-seqlen-per-dp-cp-rank tokens per rank: --micro-batch-size must be 1 "
+            f"(got {args.micro_batch_size})")
+    if args.sequence_packing_scheduler in (None, "default"):
+        args.sequence_packing_scheduler = "dp_balanced"
+    if args.max_seqlen_per_dp_cp_rank is None:
+        args.max_seqlen_per_dp_cp_rank = _default_budget(args)
+    require(args.max_seqlen_per_dp_cp_rank > 0,
+            f"--max-seqlen-per-dp-cp-rank must be positive (got {args.max_seqlen_per_dp_cp_rank})")
+    # Only the global per-token mean is invariant to packing (RESEARCH.md §C).
+    args.calculate_per_token_loss = True
+    try:
+        check_takes_thd(load_layer_spec(args.spec, args.normalization), args.spec)
+    except ValueError as err:
+        require(False, str(err))

@@ -8,7 +8,8 @@ buffers, CUDA RNG states, ``param.type()`` string checks in grad clipping). When
 1. ``_CudaToCpuMode`` -- a ``TorchFunctionMode`` that rewrites CUDA device arguments to CPU and
    turns ``Tensor.cuda()`` / ``Tensor.pin_memory()`` into no-ops on CPU tensors.
 2. ``torch.cuda`` helpers that would raise without a driver (``current_device``,
-   ``synchronize``, ``device_count``...) answer as a single CPU "device".
+   ``synchronize``, ``device_count``...) answer as a single CPU "device"; ``current_device()``
+   is the CPU device itself, because autograd backward runs without torch function modes.
 3. ``CpuRNGStatesTracker`` -- megatron's RNG tracker API on the CPU generator, so dropout in
    TP regions stays reproducible and TP ranks draw from their own named streams.
 4. ``Tensor.type()`` (no argument) reports CPU tensors under their CUDA type name: the
@@ -32,6 +33,7 @@ _PATCHED: dict[tuple[Any, str], Any] = {}
 # Tensor methods whose device argument is positional (tensor.to("cuda"), tensor.cuda(0)...).
 _DEVICE_KWARG = "device"
 _PIN_MEMORY_KWARG = "pin_memory"
+_CPU = torch.device("cpu")
 _CPU_TYPE_PREFIX = "torch."
 _CUDA_TYPE_PREFIX = "torch.cuda."
 
@@ -157,8 +159,14 @@ def _patch(owner: Any, attr: str, value: Any) -> None:
 
 
 def _patch_torch_cuda() -> None:
-    """torch.cuda queries that raise without a driver answer as one CPU device."""
-    _patch(torch.cuda, "current_device", lambda: 0)
+    """torch.cuda queries that raise without a driver answer as one CPU device.
+
+    ``current_device()`` returns the CPU device itself rather than ordinal 0: megatron-core
+    passes it straight to ``device=`` and ``.to()``, also inside ``autograd.Function.backward``
+    (sequence-parallel reduce-scatter buffers), where torch function modes are NOT active, so
+    only an answer that is already CPU works there.
+    """
+    _patch(torch.cuda, "current_device", lambda: _CPU)
     _patch(torch.cuda, "device_count", lambda: 1)
     _patch(torch.cuda, "synchronize", lambda *a, **k: None)
     _patch(torch.cuda, "set_device", lambda *a, **k: None)

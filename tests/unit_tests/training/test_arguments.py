@@ -23,7 +23,9 @@ EXPECTED_FLAGS = frozenset("""
 --seed --seq-length --sequence-parallel --sft --sft-mock-dataset-config-json --swiglu
 --tensor-model-parallel-size --tokenizer-model --tokenizer-type --train-iters
 --untie-embeddings-and-output-weights --use-distributed-optimizer --vocab-size --weight-decay
---context-parallel-size --sequence-packing
+--context-parallel-size --sequence-packing --sequence-packing-scheduler
+--max-seqlen-per-dp-cp-rank --spec --dynamic-context-parallel --hybrid-context-parallel
+--min-dynamic-context-parallel-size --mtp-num-layers
 """.split())
 
 

@@ -38,7 +38,7 @@ def test_type_string_reports_cuda_names(active):
 
 
 def test_cuda_queries_answer_as_one_device(active):
-    assert torch.cuda.current_device() == 0
+    assert torch.cuda.current_device() == torch.device("cpu")
     assert torch.cuda.device_count() == 1
     torch.cuda.synchronize()  # must not raise
 
@@ -72,3 +72,21 @@ def test_deactivate_restores_everything():
     cpu_device.deactivate()
     assert torch.cuda.current_device is original
     assert torch.zeros(1).type() == "torch.FloatTensor"
+
+
+def test_allocations_inside_autograd_backward_land_on_cpu(active):
+    # Function modes are off inside autograd.Function.backward; megatron's sequence-parallel
+    # backward allocates with device=torch.cuda.current_device() there.
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            buffer = torch.empty(grad.shape, device=torch.cuda.current_device())
+            return buffer.copy_(grad * 2)
+
+    x = torch.ones(3, requires_grad=True)
+    Double.apply(x).sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]

@@ -1,0 +1,114 @@
+"""THD packing of one micro-batch, and the per-rank view of it (CP split + PackedSeqParams).
+
+A *pack* concatenates whole sequences: each sequence contributes its real tokens followed by
+padding up to the length the schedule gave it (a multiple of 2*c*tp_sp for its CP group size
+c). Nothing in a sample is modified: every tensor here is new.
+
+Shape legend (one micro-batch on one rank):
+    n   = sequences in the pack
+    T   = tokens of the whole pack, padded (= cu_seqlens_padded[-1])
+    T_r = tokens this rank keeps after the CP split (= T / c)
+Model inputs are [1, T_r] (batch dimension 1, as megatron-core's THD path expects).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.varlen.cp_split import split_thd_for_cp
+
+THD_FORMAT = "thd"
+_TOKEN_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+# A rank with no sequence in a micro-batch still runs forward/backward (DDP and the pipeline
+# need every rank to take part): it gets one pad-only sequence of this many tokens per
+# sequence-parallel factor, with loss_mask 0.
+DUMMY_SEQUENCE_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class PackedMicroBatch:
+    """A whole (not yet CP-split) THD pack, identical on every rank of its CP group."""
+
+    tokens: torch.Tensor        # [T] int64
+    labels: torch.Tensor        # [T] int64
+    loss_mask: torch.Tensor     # [T] float32
+    position_ids: torch.Tensor  # [T] int64, 0..P_i-1 per sequence
+    cu_seqlens: torch.Tensor         # [n+1] int32, real lengths
+    cu_seqlens_padded: torch.Tensor  # [n+1] int32, padded lengths
+    max_seqlen: int             # longest PADDED sequence (RoPE tables are built to this)
+    local_cp_size: int
+    sample_ids: tuple[int, ...]
+    real_tokens: int
+
+
+def _cumulative(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def _pad_to(values: torch.Tensor, length: int, fill) -> torch.Tensor:
+    out = torch.full((length,), fill, dtype=values.dtype)
+    out[: values.numel()] = values
+    return out
+
+
+def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_size: int,
+                   pad_id: int, sample_ids: tuple[int, ...] = ()) -> PackedMicroBatch:
+    """Concatenates sequences (dicts with REAL ``tokens``/``labels``/``loss_mask`` of length L)
+    each padded to its entry of ``padded_lengths``."""
+    assert len(sequences) == len(padded_lengths) > 0, "a pack needs at least one sequence"
+    parts = {key: [] for key in _TOKEN_KEYS}
+    real = []
+    for seq, padded in zip(sequences, padded_lengths):
+        length = int(seq["tokens"].numel())
+        assert length <= padded, f"sequence of {length} tokens cannot be padded to {padded}"
+        parts["tokens"].append(_pad_to(seq["tokens"].long(), padded, pad_id))
+        parts["labels"].append(_pad_to(seq["labels"].long(), padded, pad_id))
+        parts["loss_mask"].append(_pad_to(seq["loss_mask"].float(), padded, 0.0))
+        parts["position_ids"].append(torch.arange(padded, dtype=torch.int64))
+        real.append(length)
+    return PackedMicroBatch(
+        **{key: torch.cat(values) for key, values in parts.items()},
+        cu_seqlens=_cumulative(real),
+        cu_seqlens_padded=_cumulative(list(padded_lengths)),
+        max_seqlen=max(padded_lengths),
+        local_cp_size=local_cp_size,
+        sample_ids=tuple(sample_ids),
+        real_tokens=sum(real),
+    )
+
+
+def dummy_pack(pad_id: int, sp_factor: int) -> PackedMicroBatch:
+    """A pad-only pack for a rank the schedule left idle in a micro-batch (loss_mask 0)."""
+    tokens = DUMMY_SEQUENCE_TOKENS * sp_factor
+    filler = {"tokens": torch.full((tokens,), pad_id), "labels": torch.full((tokens,), pad_id),
+              "loss_mask": torch.zeros(tokens)}
+    pack = pack_sequences([filler], [tokens], local_cp_size=1, pad_id=pad_id)
+    return PackedMicroBatch(**{**pack.__dict__, "real_tokens": 0})
+
+
+def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device) -> dict:
+    """This rank's [1, T_r] slice of ``pack`` and the PackedSeqParams the model needs.
+
+    ``cp_group`` is the process group of size ``pack.local_cp_size`` this rank shares the pack
+    with (None when the size is 1: no CP collective at all for this micro-batch).
+    """
+    size = pack.local_cp_size
+    inputs = {}
+    for key in _TOKEN_KEYS:
+        local = getattr(pack, key)
+        if size > 1:
+            local = split_thd_for_cp(local, pack.cu_seqlens_padded, size, cp_rank, seq_dim=0)
+        inputs[key] = local.unsqueeze(0).to(device)
+    cu_real = pack.cu_seqlens.to(device)
+    cu_padded = pack.cu_seqlens_padded.to(device)
+    inputs["packed_seq_params"] = PackedSeqParams(
+        qkv_format=THD_FORMAT, cu_seqlens_q=cu_real, cu_seqlens_kv=cu_real,
+        cu_seqlens_q_padded=cu_padded, cu_seqlens_kv_padded=cu_padded,
+        max_seqlen_q=pack.max_seqlen, max_seqlen_kv=pack.max_seqlen,
+        local_cp_size=size, cp_group=cp_group if size > 1 else None,
+    )
+    inputs["sample_ids"] = pack.sample_ids  # bookkeeping for checks; the model ignores it
+    return inputs

@@ -1,0 +1,158 @@
+"""Cost model: estimated per-rank time of a sequence on a context-parallel group.
+
+Per-rank time of one sequence of padded length L on a CP group of size c::
+
+    t(L, c) = (a*L^2 + b*L) / c  +  [c > 1] * g * L * (c - 1) / c
+
+and, once per micro-batch, every rank of a group of size c > 1 pays ``d * (c - 1)`` (the fixed
+latency of the group's ring steps, shared by every sequence packed into that group).
+
+Units (see docs/SCHEDULING.md): one unit is the time of the attention work of one token pair in
+one layer, fwd+bwd, i.e. ``12*h`` FLOPs at the attention FLOP rate (the ``b = 6h`` convention
+counts attention as 12*h*L^2 and the dense linear layers as 72*h^2*L FLOPs per layer). With that
+unit ``a = 1``, ``b = 6*h``, ``g = F_attn / BW`` (FLOP per byte: a ring moves 12*h_kv bytes per
+token per layer fwd+bwd) and ``d = latency * F_attn / (12*h)``. Every layer scales all four terms
+alike, so the per-layer unit gives the same schedules as a whole-model one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Attention FLOPs per token pair per layer (fwd+bwd) per unit of hidden size, under the
+# convention that makes b/a = 6*h: linear 72*h^2*L FLOPs vs attention 12*h*L^2 FLOPs.
+ATTENTION_FLOPS_PER_PAIR_PER_HIDDEN = 12.0
+LINEAR_TO_ATTENTION_RATIO = 6.0
+# A ring step moves K and V forward, then K, V and dK, dV backward: 3 * 2 tensors of h_kv
+# bf16 (2 bytes) values per token per layer.
+RING_BYTES_PER_TOKEN_PER_KV_HIDDEN = 12.0
+DEFAULT_HIDDEN_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Achieved (not peak) rates of one GPU and its CP interconnect.
+
+    Attributes:
+        name: Profile name used by ``CostModel.for_model``.
+        attention_flops_per_s: Achieved fwd+bwd attention FLOP rate of one GPU.
+        p2p_bytes_per_s: Achieved one-direction point-to-point bandwidth per GPU in a ring.
+        p2p_latency_s: Fixed latency of one ring step (fwd and bwd rounds) of one layer.
+        source: Where the numbers come from.
+    """
+
+    name: str
+    attention_flops_per_s: float
+    p2p_bytes_per_s: float
+    p2p_latency_s: float
+    source: str
+
+
+# H100 SXM5: 989 TFLOP/s dense BF16 peak (NVIDIA H100 datasheet); FlashAttention-3 reports
+# 600-750 TFLOP/s forward, backward is slower, so 500 TFLOP/s fwd+bwd is a conservative achieved
+# rate. NVLink 4: 900 GB/s bidirectional = 450 GB/s per direction per GPU; NCCL send/recv reaches
+# about 350 GB/s. Small-message NCCL p2p latency within a node is about 10 us per round, two
+# rounds (fwd, bwd) per ring step per layer.
+H100_NVLINK = HardwareProfile(
+    name="h100_nvlink",
+    attention_flops_per_s=500e12,
+    p2p_bytes_per_s=350e9,
+    p2p_latency_s=20e-6,
+    source="H100 SXM5 datasheet, FlashAttention-3 paper, NVLink 4 spec (see SCHEDULING.md)",
+)
+# Same GPU, CP ring across nodes: 400 Gb/s NDR InfiniBand per GPU = 50 GB/s, ~40 GB/s achieved;
+# inter-node p2p latency about 20 us per round.
+H100_INFINIBAND = HardwareProfile(
+    name="h100_infiniband",
+    attention_flops_per_s=500e12,
+    p2p_bytes_per_s=40e9,
+    p2p_latency_s=40e-6,
+    source="H100 SXM5 datasheet, ConnectX-7 NDR 400 Gb/s (see SCHEDULING.md)",
+)
+PROFILES = {profile.name: profile for profile in (H100_NVLINK, H100_INFINIBAND)}
+
+
+def _comm_coefficient(profile: HardwareProfile, kv_fraction: float) -> float:
+    """g in time units per token: (12*h_kv/BW) / (12*h/F) = kv_fraction * F / BW."""
+    ratio = RING_BYTES_PER_TOKEN_PER_KV_HIDDEN / ATTENTION_FLOPS_PER_PAIR_PER_HIDDEN
+    return kv_fraction * ratio * profile.attention_flops_per_s / profile.p2p_bytes_per_s
+
+
+def _latency_coefficient(profile: HardwareProfile, hidden_size: int) -> float:
+    """d in time units: latency / (12*h / F)."""
+    unit_seconds = ATTENTION_FLOPS_PER_PAIR_PER_HIDDEN * hidden_size / profile.attention_flops_per_s
+    return profile.p2p_latency_s / unit_seconds
+
+
+_DEFAULT_G = _comm_coefficient(H100_NVLINK, 1.0)
+_DEFAULT_D = _latency_coefficient(H100_NVLINK, DEFAULT_HIDDEN_SIZE)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Coefficients of the cost model; defaults: a 4096-hidden dense model on H100 NVLink.
+
+    Attributes:
+        a: Quadratic (attention) coefficient; 1 by definition of the unit.
+        b: Linear (dense layers) coefficient; 6*hidden_size unless measured.
+        g: Per-token ring communication cost, paid on (c-1)/c of the tokens.
+        d: Fixed per-micro-batch latency per ring step of a CP group.
+    """
+
+    a: float = 1.0
+    b: float = LINEAR_TO_ATTENTION_RATIO * DEFAULT_HIDDEN_SIZE
+    g: float = _DEFAULT_G
+    d: float = _DEFAULT_D
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b", "g", "d"):
+            value = getattr(self, name)
+            if not value >= 0.0:  # also rejects NaN
+                raise ValueError(f"cost coefficient {name}={value} must be >= 0 (check --cost-{name})")
+        if self.a == 0.0 and self.b == 0.0:
+            raise ValueError("cost coefficients a and b are both 0: every sequence would be free "
+                             "(check --cost-a/--cost-b)")
+
+    @classmethod
+    def for_model(cls, hidden_size: int, profile: str | HardwareProfile = "h100_nvlink",
+                  kv_fraction: float = 1.0, **overrides: float) -> "CostModel":
+        """Builds the default cost model of a dense decoder on a hardware profile.
+
+        Args:
+            hidden_size: The model's hidden size h (b = 6*h).
+            profile: A profile name from ``PROFILES`` or a HardwareProfile.
+            kv_fraction: num_query_groups / num_attention_heads (GQA shrinks ring traffic).
+            **overrides: Any of a, b, g, d to replace (e.g. from a measured profile).
+        """
+        if hidden_size <= 0:
+            raise ValueError(f"hidden_size={hidden_size} must be positive (check --hidden-size)")
+        if isinstance(profile, str):
+            if profile not in PROFILES:
+                raise ValueError(f"unknown hardware profile {profile!r}; known: {sorted(PROFILES)}")
+            profile = PROFILES[profile]
+        values = {
+            "a": 1.0,
+            "b": LINEAR_TO_ATTENTION_RATIO * hidden_size,
+            "g": _comm_coefficient(profile, kv_fraction),
+            "d": _latency_coefficient(profile, hidden_size),
+        }
+        unknown = set(overrides) - set(values)
+        if unknown:
+            raise ValueError(f"unknown cost overrides {sorted(unknown)}; expected a, b, g, d")
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    def seq_time(self, length: int, cp_size: int) -> float:
+        """Per-rank time of one sequence of padded length ``length`` on ``cp_size`` ranks."""
+        compute = (self.a * length * length + self.b * length) / cp_size
+        if cp_size == 1:
+            return compute
+        return compute + self.g * length * (cp_size - 1) / cp_size
+
+    def group_latency(self, cp_size: int) -> float:
+        """Per-micro-batch fixed latency every rank of a group of ``cp_size`` pays."""
+        return self.d * (cp_size - 1)
+
+    def as_dict(self) -> dict[str, float]:
+        """The coefficients as a plain dict (for JSON output)."""
+        return {"a": self.a, "b": self.b, "g": self.g, "d": self.d}

@@ -1,0 +1,68 @@
+"""``default_dynamic_cp``: a CP group size per sequence, balanced over all DPxCP ranks.
+
+Each sequence gets at least the smallest group of the layout (groups.py) whose per-rank padded
+tokens fit the budget, and at least --min-dynamic-context-parallel-size. Level packing
+(packing.py) then fills micro-batches so every rank's estimated time is alike, growing groups
+of long sequences where that shortens a micro-batch, and covers every rank of every non-empty
+micro-batch (cover.py). Finally the static dp_balanced schedule is built too and kept instead if
+its critical path is shorter, so dynamic CP is never worse than dp_balanced at the same budget.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from megatron.varlen.scheduling.counts import enforce_microbatch_count
+from megatron.varlen.scheduling.cover import cover_free_ranks
+from megatron.varlen.scheduling.dp_balanced import build_static_drafts
+from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
+from megatron.varlen.scheduling.packing import pack_sequences
+from megatron.varlen.scheduling.pricing import ItemPricing, price_items
+from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK, Schedule, ScheduleProblem
+
+DYNAMIC_FLAG_HINT = " or lower --min-dynamic-context-parallel-size"
+
+
+def _critical_path(drafts: list[MicrobatchDraft]) -> float:
+    return sum(draft.level for draft in drafts)
+
+
+def _static_lower_bound(problem: ScheduleProblem) -> float:
+    """Simple lower bound of any schedule that keeps every sequence on cp_size ranks."""
+    cp = problem.cp_size
+    lengths = np.asarray(problem.lengths, dtype=np.float64)
+    multiple = CHUNKS_PER_CP_RANK * cp * problem.sp_factor if cp > 1 else problem.sp_factor
+    padded = np.ceil(lengths / multiple) * multiple
+    cost = problem.cost
+    time = (cost.a * padded * padded + cost.b * padded) / cp
+    if cp > 1:
+        time += cost.g * padded * (cp - 1) / cp
+    return float(max(time.sum() * cp / problem.num_ranks, time.max(initial=0.0)))
+
+
+def _static_fallback(problem: ScheduleProblem, pricing: ItemPricing,
+                     dynamic_path: float) -> list[MicrobatchDraft] | None:
+    """dp_balanced drafts with idle ranks covered, or None if static groups are not allowed
+    or cannot beat ``dynamic_path`` (its lower bound already does not)."""
+    if problem.cp_size not in pricing.sizes or _static_lower_bound(problem) >= dynamic_path:
+        return None
+    try:
+        drafts = build_static_drafts(problem)
+    except ValueError:
+        return None  # some sequence does not fit its static CP group
+    for draft in drafts:
+        if draft.free_ranks and draft.sizes:
+            cover_free_ranks(draft, pricing)
+    return drafts
+
+
+def default_dynamic_cp(problem: ScheduleProblem) -> Schedule:
+    """Schedules ``problem`` with a per-sequence CP size over all DPxCP ranks."""
+    pricing = price_items(problem, problem.layout.sequence_sizes, DYNAMIC_FLAG_HINT)
+    drafts = pack_sequences(pricing, allow_growth=True)
+    drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
+                                      problem.vpp_group_size)
+    fallback = _static_fallback(problem, pricing, _critical_path(drafts))
+    if fallback is not None and _critical_path(fallback) < _critical_path(drafts):
+        drafts = fallback
+    return drafts_to_schedule(problem, drafts)

@@ -1,0 +1,275 @@
+"""Level packing: the micro-batch builder shared by dp_balanced and default_dynamic_cp.
+
+Sequences are taken in ``pricing.order`` (longest first). Each micro-batch is built in phases:
+
+1. *Front*: take sequences from the front of the queue. Each opens a block of its CP size while
+   free ranks remain, then goes to the block (of a size >= its minimum) where its per-rank time
+   ends lowest (LPT). The phase stops at the first sequence no such block can take within the
+   token budget: sorted order keeps micro-batches homogeneous, so ranks fill evenly.
+2. *Holes*: top up blocks that are below the micro-batch's level with the longest queued
+   sequence that fits (best fit, from anywhere in the queue), never raising the level: idle
+   time becomes useful work.
+3. *Cover*: if the queue ran dry with ranks left over, blocks grow (cover.py) so every rank works.
+
+For the few micro-batches whose ranks sit idle because the token budget stops short sequences
+from matching a long one, *growth variants* rebuild the micro-batch with larger groups for the
+long sequences and keep the variant with the smallest excess (level minus the work it absorbs
+per rank): the critical path is total work / N plus the sum of these excesses.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heapreplace
+
+from megatron.varlen.scheduling.cover import cover_free_ranks
+from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.pricing import ItemPricing
+from megatron.varlen.scheduling.seq_queue import SequenceQueue
+
+# Try growth variants only when more than this fraction of a micro-batch's rank-time is idle.
+GROWTH_IDLE_TRIGGER = 0.03
+# Candidates tried past the bisection point when padding makes the longest one overflow.
+BEST_FIT_PROBES = 3
+
+
+def _size_under_cap(pricing: ItemPricing, seq: int, cap: float | None) -> int:
+    """Smallest allowed size >= the sequence's minimum whose block time stays <= cap."""
+    size = pricing.min_size[seq]
+    if cap is None or pricing.min_time[seq] + pricing.latency(size) <= cap:
+        return size
+    for candidate in pricing.sizes:
+        if candidate > size:
+            size = candidate
+            time, _ = pricing.time_tokens(seq, size)
+            if time + pricing.latency(size) <= cap:
+                break
+    return size
+
+
+def _best_block(draft: MicrobatchDraft, pricing: ItemPricing, heaps: dict[int, list],
+                seq: int, min_size: int) -> tuple[float, int, float, int] | None:
+    """Among the least-loaded block of each size >= min_size that has token room, the one
+    where ``seq`` would end lowest: (end time, block, seq time, seq tokens), or None."""
+    best = None
+    for size, heap in heaps.items():
+        if size < min_size:
+            continue
+        top_time, block = heap[0]
+        time, tokens = pricing.time_tokens(seq, size)
+        if draft.tokens[block] + tokens > pricing.budget:
+            continue
+        candidate = (top_time + time, block, time, tokens)
+        if best is None or candidate < best:
+            best = candidate
+    return best
+
+
+def _raises_level_past_full_block(draft: MicrobatchDraft, heaps: dict[int, list],
+                                  best: tuple[float, int, float, int]) -> bool:
+    """True if the chosen block is not the least-loaded one (that one has no token room) and
+    the placement would raise the level: the micro-batch is full for balancing purposes, and
+    going on would only make its budget-capped blocks idle longer."""
+    end_time, block = best[0], best[1]
+    least_loaded = min(heap[0][0] for heap in heaps.values())
+    return draft.times[block] > least_loaded and end_time > draft.level
+
+
+def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+                cap: float | None) -> None:
+    """Phase 1: opens blocks while ranks are free, then LPT, until the front sequence fits no
+    block. The single-size LPT case (most micro-batches) runs in a tight loop."""
+    heaps: dict[int, list] = {}
+    pos = _open_blocks(draft, pricing, queue, cap, heaps)
+    while pos < queue.end:
+        if cap is None and len(heaps) == 1:
+            pos = _lpt_single_size(draft, pricing, queue, heaps, pos)
+            if pos >= queue.end or pricing.min_size[pricing.order[pos]] == draft.sizes[0]:
+                return  # stopped on the budget, not on a smaller sequence
+        seq = pricing.order[pos]
+        size = _size_under_cap(pricing, seq, cap)
+        best = _best_block(draft, pricing, heaps, seq, size)
+        if best is None or _raises_level_past_full_block(draft, heaps, best):
+            return
+        _, block, time, tokens = best
+        draft.add(block, seq, time, tokens)
+        draft.absorbed_work += pricing.min_work[seq]
+        heapreplace(heaps[draft.sizes[block]], (draft.times[block], block))
+        queue.take(pos)
+        pos = queue.first(pos + 1)
+
+
+def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+                 cap: float | None, heaps: dict[int, list]) -> int:
+    """Each front sequence opens its own block while enough ranks are free; returns the
+    position of the first sequence that did not. Block bookkeeping is inlined (hot loop)."""
+    order, min_size, min_work, d = pricing.order, pricing.min_size, pricing.min_work, pricing.d
+    sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
+    end, free, absorbed = queue.end, draft.free_ranks, 0.0
+    pos = queue.first()
+    while pos < end:
+        seq = order[pos]
+        size = min_size[seq] if cap is None else _size_under_cap(pricing, seq, cap)
+        if free < size:
+            break
+        time, seq_tokens = pricing.time_tokens(seq, size)
+        time += d * (size - 1)
+        heap = heaps.get(size)
+        if heap is None:
+            heaps[size] = heap = []
+        heap.append((time, len(sizes)))  # heapified below
+        sizes.append(size)
+        times.append(time)
+        tokens.append(seq_tokens)
+        members.append([seq])
+        free -= size
+        absorbed += min_work[seq]
+        queue.take(pos)
+        pos = queue.first(pos + 1)
+    draft.free_ranks, draft.absorbed_work = free, draft.absorbed_work + absorbed
+    for heap in heaps.values():
+        heapify(heap)
+    return pos
+
+
+def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+                     heaps: dict[int, list], pos: int) -> int:
+    """LPT onto blocks of one size for sequences whose minimum size is that size (inlined
+    prices and queue steps: this loop handles most sequences). Returns the stop position."""
+    (size, heap), = heaps.items()
+    order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
+    min_tokens, min_work, budget = pricing.min_tokens, pricing.min_work, pricing.budget
+    times, tokens, members = draft.times, draft.tokens, draft.members
+    available, end = queue.next_available, queue.end
+    absorbed, taken = 0.0, 0
+    while pos < end:
+        seq = order[pos]
+        top_time, block = heap[0]
+        if min_size[seq] != size or tokens[block] + min_tokens[seq] > budget:
+            break
+        new_time = top_time + min_time[seq]
+        times[block] = new_time
+        tokens[block] += min_tokens[seq]
+        members[block].append(seq)
+        heapreplace(heap, (new_time, block))
+        absorbed += min_work[seq]
+        available[pos] = pos + 1
+        taken += 1
+        pos += 1
+        if available[pos] != pos:
+            pos = queue.first(pos)
+    draft.absorbed_work += absorbed
+    queue.remaining -= taken
+    return pos
+
+
+def _best_fit(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue, block: int,
+              time_room: float) -> tuple[int, int, float, int] | None:
+    """Longest queued sequence that fits ``block`` within ``time_room`` and the budget:
+    (position, sequence, time, tokens), or None."""
+    size = draft.sizes[block]
+    token_room = pricing.budget - draft.tokens[block]
+    max_length = pricing.max_fitting_length(size, time_room, token_room)
+    if max_length < 1:
+        return None
+    pos = queue.fit_position(max_length)
+    for _ in range(BEST_FIT_PROBES):  # padding can push the longest candidates over
+        if pos >= queue.end:
+            return None
+        seq = queue.order[pos]
+        if pricing.min_size[seq] <= size:
+            time, tokens = pricing.time_tokens(seq, size)
+            if time <= time_room and tokens <= token_room:
+                return pos, seq, time, tokens
+        pos = queue.first(pos + 1)
+    return None
+
+
+def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue) -> None:
+    """Phase 2: best fit from the whole queue into blocks below the level, least loaded first.
+    A block that fits nothing now never will (rooms only shrink), so it leaves the heap; once
+    the largest room is below the cheapest sequence's time, no block can take anything."""
+    level = draft.level
+    heap = sorted((time, block) for block, time in enumerate(draft.times))
+    floor = min(pricing.shortest_time(size) for size in set(draft.sizes)) if heap else 0.0
+    while heap and queue.remaining:
+        top_time, block = heap[0]
+        if level - top_time < floor:
+            return
+        found = _best_fit(draft, pricing, queue, block, level - top_time)
+        if found is None:
+            heappop(heap)
+            continue
+        pos, seq, time, tokens = found
+        draft.add(block, seq, time, tokens)
+        draft.absorbed_work += pricing.min_work[seq]
+        queue.take(pos)
+        heapreplace(heap, (draft.times[block], block))
+
+
+def build_microbatch(pricing: ItemPricing, queue: SequenceQueue,
+                     cap: float | None = None) -> MicrobatchDraft:
+    """Builds one micro-batch, taking its sequences out of ``queue``.
+
+    Args:
+        pricing: Prices and packing order.
+        queue: Unscheduled sequences (mutated).
+        cap: If set, front sequences get the smallest group whose time stays under it.
+    """
+    draft = MicrobatchDraft(free_ranks=pricing.num_ranks)
+    before = queue.remaining
+    _fill_front(draft, pricing, queue, cap)
+    assert queue.remaining < before, (
+        f"no progress with {before} sequences queued: the next one fits no empty micro-batch")
+    _fill_holes(draft, pricing, queue)
+    if draft.free_ranks:
+        cover_free_ranks(draft, pricing)
+    return draft
+
+
+def _excess(draft: MicrobatchDraft, pricing: ItemPricing) -> float:
+    """Level minus the minimum work the micro-batch takes off the queue, per rank."""
+    return draft.level - draft.absorbed_work / pricing.num_ranks
+
+
+def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
+    level = draft.level
+    idle = pricing.num_ranks * level - draft.busy_rank_time()
+    return idle > GROWTH_IDLE_TRIGGER * pricing.num_ranks * level
+
+
+def _build_with_growth(pricing: ItemPricing,
+                       queue: SequenceQueue) -> tuple[MicrobatchDraft, SequenceQueue]:
+    """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
+    variants (larger groups for the long sequences); keeps the one with the smallest excess."""
+    first = pricing.order[queue.first()]
+    if not 1 < pricing.min_size[first] < pricing.sizes[-1]:
+        return build_microbatch(pricing, queue), queue
+    start = queue.copy()
+    best = build_microbatch(pricing, queue)
+    if not _needs_growth(best, pricing):
+        return best, queue
+    best_queue, best_excess = queue, _excess(best, pricing)
+    for size in pricing.sizes:
+        if size <= pricing.min_size[first]:
+            continue
+        time, _ = pricing.time_tokens(first, size)
+        trial_queue = start.copy()
+        variant = build_microbatch(pricing, trial_queue, cap=time + pricing.latency(size))
+        excess = _excess(variant, pricing)
+        if excess >= best_excess:
+            break  # larger groups only add communication from here on
+        best, best_queue, best_excess = variant, trial_queue, excess
+    return best, best_queue
+
+
+def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchDraft]:
+    """Packs every sequence of ``pricing.order`` into micro-batches."""
+    queue = SequenceQueue(pricing.order, pricing.lengths)
+    drafts = []
+    while queue.remaining:
+        if allow_growth:
+            draft, queue = _build_with_growth(pricing, queue)
+        else:
+            draft = build_microbatch(pricing, queue)
+        drafts.append(draft)
+    return drafts

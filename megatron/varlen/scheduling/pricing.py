@@ -1,0 +1,133 @@
+"""Per-sequence prices (time, tokens, work) under a set of allowed CP sizes.
+
+Vectorised with numpy once per global batch, then handed to the packing loops as plain lists
+(scalar list indexing is several times faster than numpy scalar indexing in a Python loop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from megatron.varlen.scheduling.problem import (
+    BUDGET_FLAG,
+    CHUNKS_PER_CP_RANK,
+    ScheduleProblem,
+    padded_length,
+)
+
+
+@dataclass
+class ItemPricing:
+    """Prices of every sequence of one problem.
+
+    Attributes:
+        lengths: Real lengths by id.
+        sizes: Ascending CP sizes a sequence may get.
+        min_size: Smallest feasible size per id.
+        min_time: Per-rank time at min_size per id (without group latency).
+        min_tokens: Per-rank padded tokens at min_size per id.
+        min_work: min_size * min_time per id: the least rank-time the sequence can cost.
+        order: Ids sorted by length descending, then id ascending (the packing order).
+    """
+
+    lengths: list[int]
+    sizes: tuple[int, ...]
+    min_size: list[int]
+    min_time: list[float]
+    min_tokens: list[int]
+    min_work: list[float]
+    order: list[int]
+    budget: int
+    num_ranks: int
+    sp_factor: int
+    a: float
+    b: float
+    g: float
+    d: float
+
+    def time_tokens(self, seq: int, size: int) -> tuple[float, int]:
+        """Per-rank (time, padded tokens) of ``seq`` on a group of ``size`` ranks."""
+        if size == self.min_size[seq]:
+            return self.min_time[seq], self.min_tokens[seq]
+        length = self.lengths[seq]
+        multiple = CHUNKS_PER_CP_RANK * size * self.sp_factor if size > 1 else self.sp_factor
+        padded = -(-length // multiple) * multiple
+        time = (self.a * padded * padded + self.b * padded) / size
+        if size > 1:
+            time += self.g * padded * (size - 1) / size
+        return time, padded // size
+
+    def shortest_time(self, size: int) -> float:
+        """Per-rank time of the shortest sequence of the batch on ``size`` ranks: no sequence
+        fits a hole with less time room (``order`` is sorted longest first)."""
+        return self.time_tokens(self.order[-1], size)[0]
+
+    def latency(self, size: int) -> float:
+        """Per-micro-batch latency of a group of ``size`` ranks."""
+        return self.d * (size - 1)
+
+    def next_size(self, size: int) -> int | None:
+        """The next larger allowed size, or None at the top."""
+        for candidate in self.sizes:
+            if candidate > size:
+                return candidate
+        return None
+
+    def max_fitting_length(self, size: int, time_room: float, token_room: int) -> int:
+        """Upper bound on the length of a sequence whose per-rank time on ``size`` ranks is at
+        most ``time_room`` and whose per-rank tokens are at most ``token_room``."""
+        linear = self.b + (self.g * (size - 1) if size > 1 else 0.0)
+        scaled = size * time_room
+        if self.a > 0.0:
+            by_time = (-linear + math.sqrt(linear * linear + 4.0 * self.a * scaled)) / (2.0 * self.a)
+        else:
+            by_time = scaled / linear
+        multiple = CHUNKS_PER_CP_RANK * size * self.sp_factor if size > 1 else self.sp_factor
+        # A real length fits iff its padded length does: round the bound down to the multiple.
+        return int(min(by_time, token_room * size)) // multiple * multiple
+
+
+def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str) -> ItemPricing:
+    """Prices every sequence for the allowed ``sizes``.
+
+    Raises:
+        ValueError: if a sequence fits no allowed size within the budget.
+    """
+    lengths = np.asarray(problem.lengths, dtype=np.int64)
+    min_size = np.zeros(len(lengths), dtype=np.int64)
+    for size in sizes:
+        multiple = CHUNKS_PER_CP_RANK * size * problem.sp_factor if size > 1 else problem.sp_factor
+        tokens = -(-lengths // multiple) * multiple // size
+        min_size[(min_size == 0) & (tokens <= problem.max_seqlen_per_rank)] = size
+    if len(lengths) and min_size.min() == 0:
+        _raise_infeasible(problem, lengths[min_size == 0].max(), sizes, flag_hint)
+    padded = _padded_array(lengths, min_size, problem.sp_factor)
+    cost = problem.cost
+    time = (cost.a * padded.astype(np.float64) ** 2 + cost.b * padded) / min_size
+    time += np.where(min_size > 1, cost.g * padded * (min_size - 1) / min_size, 0.0)
+    order = np.argsort(-lengths, kind="stable")  # stable: ties stay in id order
+    return ItemPricing(
+        lengths=lengths.tolist(), sizes=tuple(sizes), min_size=min_size.tolist(),
+        min_time=time.tolist(), min_tokens=(padded // min_size).tolist(),
+        min_work=(time * min_size).tolist(), order=order.tolist(),
+        budget=problem.max_seqlen_per_rank,
+        num_ranks=problem.num_ranks, sp_factor=problem.sp_factor,
+        a=cost.a, b=cost.b, g=cost.g, d=cost.d)
+
+
+def _padded_array(lengths: np.ndarray, sizes: np.ndarray, sp_factor: int) -> np.ndarray:
+    multiple = np.where(sizes > 1, CHUNKS_PER_CP_RANK * sizes * sp_factor, sp_factor)
+    return -(-lengths // multiple) * multiple
+
+
+def _raise_infeasible(problem: ScheduleProblem, length: int, sizes: tuple[int, ...],
+                      flag_hint: str) -> None:
+    largest = sizes[-1]
+    need = padded_length(int(length), largest, problem.sp_factor) // largest
+    raise ValueError(
+        f"sequence of length {int(length)} needs {need} tokens per rank on the largest allowed "
+        f"CP group ({largest} ranks), above the budget {problem.max_seqlen_per_rank} "
+        f"(raise {BUDGET_FLAG}{flag_hint})")

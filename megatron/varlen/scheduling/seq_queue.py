@@ -1,0 +1,53 @@
+"""The queue of unscheduled sequences, in packing order (longest first).
+
+Sequences leave from the front (the next longest) and from anywhere (best fit for a hole), so
+the queue is a sorted array plus a "next available position" union-find with path halving:
+``first(pos)`` and ``take(pos)`` are amortised near O(1), ``fit_position`` is a bisection.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+
+class SequenceQueue:
+    """Available positions of ``order`` (sequence ids sorted by length descending)."""
+
+    def __init__(self, order: list[int], lengths: list[int]) -> None:
+        self.order = order
+        # Negated lengths ascend along the order, which bisect needs.
+        self._negated = [-lengths[seq] for seq in order]
+        # next_available[p] == p iff position p is available; otherwise it points further right
+        # (the union-find parent). Hot loops may read it directly to skip a call.
+        self.next_available = list(range(len(order) + 1))  # len(order) is the sentinel
+        self.remaining = len(order)
+
+    def copy(self) -> "SequenceQueue":
+        """An independent copy (for trying alternative micro-batches)."""
+        clone = SequenceQueue.__new__(SequenceQueue)
+        clone.order, clone._negated = self.order, self._negated
+        clone.next_available, clone.remaining = list(self.next_available), self.remaining
+        return clone
+
+    @property
+    def end(self) -> int:
+        """Sentinel position returned when nothing is available."""
+        return len(self.order)
+
+    def first(self, pos: int = 0) -> int:
+        """Smallest available position >= pos (``end`` if none)."""
+        nxt = self.next_available
+        while nxt[pos] != pos:
+            nxt[pos] = nxt[nxt[pos]]
+            pos = nxt[pos]
+        return pos
+
+    def take(self, pos: int) -> None:
+        """Removes position ``pos`` (must be available)."""
+        assert self.next_available[pos] == pos < len(self.order), f"position {pos} already taken"
+        self.next_available[pos] = pos + 1
+        self.remaining -= 1
+
+    def fit_position(self, max_length: int) -> int:
+        """First available position whose sequence is at most ``max_length`` long."""
+        return self.first(bisect_left(self._negated, -max_length))

@@ -1,0 +1,69 @@
+"""Packing and dynamic-CP flags: defaults, the resolved config, and one-line errors."""
+
+import pytest
+
+from megatron.training.arguments import ArgumentValidationError, parse_args
+from megatron.training.testing import TINY_GPT_ARGS
+
+BASE = TINY_GPT_ARGS + ["--train-iters", "1", "--micro-batch-size", "1", "--sft"]
+
+
+def _parse(extra, world=4):
+    return parse_args(BASE + extra, world_size=world)
+
+
+def test_packing_defaults_and_per_token_loss():
+    args = _parse(["--sequence-packing", "--context-parallel-size", "2"])
+    assert args.sequence_packing_scheduler == "dp_balanced"
+    assert args.max_seqlen_per_dp_cp_rank == 16  # seq 32 / cp 2, a multiple of 2*cp
+    assert args.calculate_per_token_loss  # only the global per-token mean is packing-invariant
+    assert args.variable_seq_lengths
+
+
+def test_default_scheduler_alias():
+    assert _parse(["--sequence-packing", "--sequence-packing-scheduler", "default"]) \
+        .sequence_packing_scheduler == "dp_balanced"
+
+
+def test_dynamic_cp_resolves_one_config():
+    args = _parse(["--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "16"])
+    assert args.dynamic_context_parallel and args.sequence_packing
+    assert args.sequence_packing_scheduler == "default_dynamic_cp"
+    assert not hasattr(args, "hybrid_context_parallel"), "the alias must not survive parsing"
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--dynamic-context-parallel"], "requires --max-seqlen-per-dp-cp-rank"),
+    (["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "16",
+      "--min-dynamic-context-parallel-size", "8"],
+     "--min-dynamic-context-parallel-size 8 must be between 1 and DP x CP = 4"),
+    (["--min-dynamic-context-parallel-size", "2"], "needs --dynamic-context-parallel"),
+    (["--sequence-packing", "--micro-batch-size", "2", "--global-batch-size", "8"],
+     "--micro-batch-size must be 1 (got 2)"),
+    (["--sequence-packing", "--spec", "megatron.core.models.gpt.gpt_layer_specs",
+      "get_gpt_layer_local_spec"], "needs a core attention that takes packed THD input"),
+    (["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "16", "--spec",
+      "megatron.core.models.gpt.gpt_layer_specs", "get_gpt_layer_local_spec"],
+     "DotProductAttention"),
+    (["--sequence-packing", "--sequence-packing-scheduler", "default_dynamic_cp"],
+     "needs --dynamic-context-parallel"),
+    (["--max-seqlen-per-dp-cp-rank", "16"], "needs --sequence-packing"),
+    (["--sft-mock-dataset-config-json", "{not json"], "--sft-mock-dataset-config-json"),
+    (["--sft-mock-dataset-config-json", '{"mode": "file", "path": "/nonexistent/l.csv"}'],
+     "/nonexistent/l.csv"),
+    (["--sft-mock-dataset-config-json", '{"mode": "histogram"}'], "histogram"),
+    (["--sft-mock-dataset-config-json", '{"mode": "distribution", "type": "zipf"}'], "zipf"),
+])
+def test_bad_flags_are_one_line_errors(extra, needle):
+    with pytest.raises(ArgumentValidationError) as err:
+        _parse(extra)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_non_positive_lengths_in_file_are_rejected(tmp_path):
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("length\n12\n0\n7\n")
+    config = f'{{"mode": "file", "path": "{lengths}"}}'
+    with pytest.raises(ArgumentValidationError) as err:
+        _parse(["--sft-mock-dataset-config-json", config])
+    assert "0" in str(err.value) and "\n" not in str(err.value), str(err.value)
