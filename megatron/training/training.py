@@ -119,6 +119,17 @@ def _reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
     return (total[0] / total[1].clamp(min=1)).item()
 
 
+def _p2p_seq_length(args) -> int:
+    """Full sequence length megatron-core derives fixed p2p shapes from (it divides by CP/SP).
+
+    Fixed-shape packs hold --max-seqlen-per-dp-cp-rank tokens per rank; with variable shapes
+    the value is not used.
+    """
+    if args.sequence_packing:
+        return args.max_seqlen_per_dp_cp_rank * args.context_parallel_size
+    return args.seq_length
+
+
 def run_forward_backward(args, state: TrainState, step, forward_only: bool) -> list[dict]:
     iterators = [iter(step.microbatches) for _ in state.model]
     return get_forward_backward_func()(
@@ -126,7 +137,7 @@ def run_forward_backward(args, state: TrainState, step, forward_only: bool) -> l
         data_iterator=iterators if len(iterators) > 1 else iterators[0],
         model=state.model if len(state.model) > 1 else state.model[0],
         num_microbatches=step.num_microbatches,
-        seq_length=args.seq_length,
+        seq_length=_p2p_seq_length(args),
         micro_batch_size=args.micro_batch_size,
         forward_only=forward_only,
     )

@@ -55,7 +55,10 @@ def validate_varlen_args(args, require) -> None:
         except ValueError as err:
             require(False, str(err))
     _resolve_dynamic_context_parallel(args, require)
-    args.variable_seq_lengths = bool(args.sequence_packing)
+    # Packs vary in length; with VPP they are padded to the budget instead (fixed p2p shapes,
+    # see PackingConfig.fixed_tokens_per_rank).
+    args.variable_seq_lengths = bool(args.sequence_packing
+                                     and not args.virtual_pipeline_model_parallel_size)
     if not args.sequence_packing:
         require(args.max_seqlen_per_dp_cp_rank is None,
                 "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
@@ -109,6 +112,12 @@ def _validate_packing(args, require) -> None:
         args.max_seqlen_per_dp_cp_rank = _default_budget(args)
     require(args.max_seqlen_per_dp_cp_rank > 0,
             f"--max-seqlen-per-dp-cp-rank must be positive (got {args.max_seqlen_per_dp_cp_rank})")
+    sp_factor = args.tensor_model_parallel_size if args.sequence_parallel else 1
+    if args.virtual_pipeline_model_parallel_size:
+        require(args.max_seqlen_per_dp_cp_rank % (2 * sp_factor) == 0,
+                f"with virtual pipeline stages every pack is padded to "
+                f"--max-seqlen-per-dp-cp-rank tokens per rank, which must then be a multiple of "
+                f"{2 * sp_factor} (got {args.max_seqlen_per_dp_cp_rank})")
     # Only the global per-token mean is invariant to packing (RESEARCH.md §C).
     args.calculate_per_token_loss = True
     try:

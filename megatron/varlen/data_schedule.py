@@ -43,6 +43,11 @@ class PackingConfig:
     min_cp_size: int = 1          # --min-dynamic-context-parallel-size
     vpp_group_size: int = 1       # micro-batch count must be a multiple of this (VPP)
     min_num_microbatches: int = 1  # PP size: fewer micro-batches than stages wastes the pipeline
+    # Pad every rank's share of every micro-batch to exactly this many tokens (a masked filler
+    # sequence), so activations have one shape. Needed with VPP: megatron-core then exchanges
+    # shapes over p2p, and at PP=2 (next stage == previous stage) gloo pairs shape and tensor
+    # messages wrongly. None = variable shapes (fine without VPP).
+    fixed_tokens_per_rank: int | None = None
     cost: CostModel = field(default_factory=CostModel)
 
 
@@ -165,13 +170,15 @@ class HybridCPDataLoaderWrapper:
 
     def _microbatch_inputs(self, schedule, microbatch: int, mine: dict) -> dict:
         ids = schedule.microbatches[microbatch][self.rank]
+        fixed = self.config.fixed_tokens_per_rank
         if not ids:
-            pack = packing.dummy_pack(self.config.pad_id, self.config.sp_factor)
+            pack = packing.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed)
             return packing.build_model_inputs(pack, 0, None, self.device)
         group_ranks = schedule.group_ranks(microbatch, self.rank)
         pack = packing.pack_sequences(
             [mine[sid] for sid in ids], [schedule.padded_lengths[sid] for sid in ids],
-            local_cp_size=len(group_ranks), pad_id=self.config.pad_id, sample_ids=tuple(ids))
+            local_cp_size=len(group_ranks), pad_id=self.config.pad_id, sample_ids=tuple(ids),
+            total_tokens=fixed * len(group_ranks) if fixed else None)
         return packing.build_model_inputs(
             pack, group_ranks.index(self.rank), self._process_group(group_ranks), self.device)
 
@@ -192,7 +199,8 @@ def schedule_stats(problem, schedule, config: PackingConfig) -> dict:
     real = sum(problem.lengths)
     slots = sum(schedule.padded_lengths)
     idle = sum(1 for mb in schedule.microbatches for ids in mb if not ids)
-    slots += idle * packing.DUMMY_SEQUENCE_TOKENS * config.sp_factor
+    slots += idle * (config.fixed_tokens_per_rank
+                     or packing.DUMMY_SEQUENCE_TOKENS * config.sp_factor)
     times = rank_times(problem, schedule)
     mean_total = sum(sum(row) for row in times) / problem.num_ranks
     return {

@@ -54,11 +54,30 @@ def _pad_to(values: torch.Tensor, length: int, fill) -> torch.Tensor:
     return out
 
 
+def _filler(length: int, pad_id: int) -> dict:
+    """A pad-only sequence that is attended like a real one (no fully masked rows) but has
+    loss_mask 0, so it changes no number."""
+    return {"tokens": torch.full((length,), pad_id), "labels": torch.full((length,), pad_id),
+            "loss_mask": torch.zeros(length)}
+
+
 def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_size: int,
-                   pad_id: int, sample_ids: tuple[int, ...] = ()) -> PackedMicroBatch:
+                   pad_id: int, sample_ids: tuple[int, ...] = (),
+                   total_tokens: int | None = None) -> PackedMicroBatch:
     """Concatenates sequences (dicts with REAL ``tokens``/``labels``/``loss_mask`` of length L)
-    each padded to its entry of ``padded_lengths``."""
+    each padded to its entry of ``padded_lengths``.
+
+    ``total_tokens`` (optional) fixes the pack's length by appending a filler sequence: used
+    when the pipeline needs the same activation shape for every micro-batch (see
+    :class:`~megatron.varlen.data_schedule.PackingConfig.fixed_tokens_per_rank`).
+    """
     assert len(sequences) == len(padded_lengths) > 0, "a pack needs at least one sequence"
+    used = sum(padded_lengths)
+    if total_tokens is not None and total_tokens > used:
+        sequences = [*sequences, _filler(total_tokens - used, pad_id)]
+        padded_lengths = [*padded_lengths, total_tokens - used]
+    assert total_tokens is None or sum(padded_lengths) == total_tokens, (
+        f"pack of {used} tokens exceeds the fixed pack length {total_tokens}")
     parts = {key: [] for key in _TOKEN_KEYS}
     real = []
     for seq, padded in zip(sequences, padded_lengths):
@@ -69,6 +88,7 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         parts["loss_mask"].append(_pad_to(seq["loss_mask"].float(), padded, 0.0))
         parts["position_ids"].append(torch.arange(padded, dtype=torch.int64))
         real.append(length)
+    filler_tokens = sum(padded_lengths[len(sample_ids):]) if sample_ids else 0
     return PackedMicroBatch(
         **{key: torch.cat(values) for key, values in parts.items()},
         cu_seqlens=_cumulative(real),
@@ -76,16 +96,14 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         max_seqlen=max(padded_lengths),
         local_cp_size=local_cp_size,
         sample_ids=tuple(sample_ids),
-        real_tokens=sum(real),
+        real_tokens=sum(real) - filler_tokens,
     )
 
 
-def dummy_pack(pad_id: int, sp_factor: int) -> PackedMicroBatch:
+def dummy_pack(pad_id: int, sp_factor: int, total_tokens: int | None = None) -> PackedMicroBatch:
     """A pad-only pack for a rank the schedule left idle in a micro-batch (loss_mask 0)."""
-    tokens = DUMMY_SEQUENCE_TOKENS * sp_factor
-    filler = {"tokens": torch.full((tokens,), pad_id), "labels": torch.full((tokens,), pad_id),
-              "loss_mask": torch.zeros(tokens)}
-    pack = pack_sequences([filler], [tokens], local_cp_size=1, pad_id=pad_id)
+    tokens = total_tokens or DUMMY_SEQUENCE_TOKENS * sp_factor
+    pack = pack_sequences([_filler(tokens, pad_id)], [tokens], local_cp_size=1, pad_id=pad_id)
     return PackedMicroBatch(**{**pack.__dict__, "real_tokens": 0})
 
 

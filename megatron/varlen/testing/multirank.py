@@ -157,8 +157,15 @@ def run_distributed(
         _reap(procs)
     failures = [(r, payload) for r, (ok, payload) in sorted(collected.items()) if not ok]
     if failures:
-        rank, tb = failures[0]
-        raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{tb}")
+        # Every failing rank: the first to fail is often only a peer of the real culprit
+        # (e.g. gloo "connection reset" after another rank raised).
+        report = "\n".join(f"--- rank {rank} of {world_size} failed:\n{tb}"
+                           for rank, tb in failures)
+        silent = sorted(set(range(world_size)) - set(collected))
+        if silent:
+            report += (f"\n--- ranks {silent} never reported (exit codes "
+                       f"{[procs[r].exitcode for r in silent]}; negative = killed by signal)")
+        raise DistributedTestError(f"{len(failures)} of {world_size} ranks failed\n{report}")
     missing = sorted(set(range(world_size)) - set(collected))
     if missing:
         raise DistributedTestError(
