@@ -97,3 +97,65 @@ def test_sequence_longer_than_capacity_is_a_one_line_error():
         run_distributed(_rank_fn, 2, args=(1, 2, 16, "dp_balanced"), timeout_s=120)
     message = str(err.value)
     assert "--max-seqlen-per-dp-cp-rank" in message and "60" in message, message
+
+
+def _dynamic_rank_fn(dp: int, cp: int, budget: int, min_size: int):
+    from megatron.core import parallel_state as ps
+    from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+    from megatron.varlen.dynamic_cp_groups import (
+        destroy_dynamic_cp_groups, initialize_dynamic_cp_groups,
+    )
+    from megatron.varlen.scheduling.groups import build_group_layout
+
+    ps.initialize_model_parallel(context_parallel_size=cp)
+    try:
+        registry = initialize_dynamic_cp_groups(build_group_layout(dp * cp, min_size, cp))
+        per_replica = len(LENGTHS) // dp
+        first = ps.get_data_parallel_rank() * per_replica
+        samples = [_sample(first + i, LENGTHS[first + i]) for i in range(per_replica)]
+        config = PackingConfig(scheduler="default_dynamic_cp", max_seqlen_per_rank=budget,
+                               pad_id=PAD, min_cp_size=min_size)
+        step = HybridCPDataLoaderWrapper(iter([samples]), config,
+                                         group_lookup=registry.lookup).__next__()
+        dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
+        dp_cp_global = torch.distributed.get_process_group_ranks(dp_cp)
+        out = []
+        for mb in step.microbatches:
+            params = mb["packed_seq_params"]
+            group = params.cp_group
+            members = (torch.distributed.get_process_group_ranks(group) if group is not None
+                       else [torch.distributed.get_rank()])
+            out.append({"ids": mb["sample_ids"], "tokens": mb["tokens"][0].tolist(),
+                        "cu_padded": params.cu_seqlens_q_padded.tolist(),
+                        "cp": params.local_cp_size,
+                        "members": [dp_cp_global.index(g) for g in members],
+                        "groups_per_rank": registry.groups_per_rank()})
+        return {"rank": torch.distributed.get_rank(dp_cp), "microbatches": out,
+                "num_microbatches": step.num_microbatches, "seqlen_sum": step.seqlen_sum}
+    finally:
+        destroy_dynamic_cp_groups()
+        ps.destroy_model_parallel()
+
+
+@pytest.mark.parametrize("dp, cp, min_size", [(2, 2, 1), (1, 4, 1), (3, 2, 1), (6, 1, 2)])
+def test_dynamic_groups_are_created_groups_of_the_right_size(dp, cp, min_size):
+    budget = 16
+    results = run_distributed(_dynamic_rank_fn, dp * cp, args=(dp, cp, budget, min_size),
+                              timeout_s=120)
+    seen = _reassemble(results, cp)
+    loaded = (len(LENGTHS) // dp) * dp  # each replica loads an equal block
+    assert sorted(seen) == list(range(loaded)), "every sample exactly once"
+    for sid, tokens in seen.items():
+        assert tokens[:LENGTHS[sid]].tolist() == _sample(sid, LENGTHS[sid])["tokens"].tolist()
+    for r in results:
+        for m, mb in enumerate(r["microbatches"]):
+            assert len(mb["tokens"]) <= budget, f"rank {r['rank']} mb {m}: {len(mb['tokens'])}"
+            # The ranks holding this pack form exactly the process group it carries.
+            holders = sorted(o["rank"] for o in results
+                             if o["microbatches"][m]["ids"] == mb["ids"])
+            if mb["ids"]:
+                assert holders == sorted(mb["members"]), (m, mb["ids"], holders, mb["members"])
+                assert mb["cp"] == len(holders)
+                assert mb["cp"] == 1 or mb["cp"] >= min_size
+    used = {mb["cp"] for r in results for mb in r["microbatches"]}
+    assert max(used) > 1, f"no sequence needed CP (sizes used {used}): test would be vacuous"
