@@ -107,7 +107,7 @@ def forward_step(data_iterator, model):
     return output, partial(loss_func, batch["loss_mask"])
 
 
-def _reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
+def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
     """Global per-token mean over micro-batches and DP x CP; None off the last PP stage."""
     if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         return None
@@ -130,10 +130,12 @@ def _p2p_seq_length(args) -> int:
     return args.seq_length
 
 
-def run_forward_backward(args, state: TrainState, step, forward_only: bool) -> list[dict]:
+def run_forward_backward(args, state: TrainState, step, forward_only: bool,
+                         forward_step_func=forward_step) -> list[dict]:
+    """megatron-core's pipeline schedule over ``step``'s micro-batches (one iterator per chunk)."""
     iterators = [iter(step.microbatches) for _ in state.model]
     return get_forward_backward_func()(
-        forward_step_func=forward_step,
+        forward_step_func=forward_step_func,
         data_iterator=iterators if len(iterators) > 1 else iterators[0],
         model=state.model if len(state.model) > 1 else state.model[0],
         num_microbatches=step.num_microbatches,
@@ -143,15 +145,21 @@ def run_forward_backward(args, state: TrainState, step, forward_only: bool) -> l
     )
 
 
-def train_step(args, state: TrainState, step) -> tuple[float | None, float | None]:
-    """One optimizer step over one global batch; returns (reported loss, grad norm)."""
+def train_step(args, state: TrainState, step,
+               forward_step_func=forward_step) -> tuple[float | None, float | None]:
+    """One optimizer step over one global batch; returns (reported loss, grad norm).
+
+    ``forward_step_func`` lets callers (megatron.wrap flows) bring their own inputs and loss;
+    it must follow megatron-core's contract and report ``{"lm loss": [sum, tokens]}``.
+    """
     for chunk in state.model:
         chunk.zero_grad_buffer()
     state.optimizer.zero_grad()
-    losses = run_forward_backward(args, state, step, forward_only=False)
+    losses = run_forward_backward(args, state, step, forward_only=False,
+                                  forward_step_func=forward_step_func)
     _, grad_norm, _ = state.optimizer.step()
     state.scheduler.step(increment=args.global_batch_size)
-    return _reduce_reported_loss(losses), grad_norm
+    return reduce_reported_loss(losses), grad_norm
 
 
 @torch.no_grad()
@@ -163,7 +171,7 @@ def evaluate(args, state: TrainState, provider, first_index: int) -> float | Non
     for offset in range(args.eval_iters):
         step = provider.step_batches(first_index + offset)
         losses.append(
-            _reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
+            reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
     for chunk in state.model:
         chunk.train()
     if not losses or losses[0] is None:

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-NUM_THETA_QUANTILES = 48
+NUM_THETA_QUANTILES = 32
+NUM_TOP_THRESHOLDS = 32
+JUST_BELOW = 1e-9
 BISECTION_STEPS = 60
 RELATIVE_TOLERANCE = 1e-9
 
@@ -106,11 +108,22 @@ def _work_value(area: np.ndarray, k_values: np.ndarray, theta: float,
     return np.interp(num_ranks * area - mandatory_work, *work_curve)
 
 
+def _theta_grid(time: np.ndarray) -> np.ndarray:
+    """Thresholds to try: quantiles of every price, quantiles of each sequence's fastest time,
+    and just below the largest fastest times (where the mandatory set changes for the long
+    sequences, which is where the bound bites)."""
+    finite = time[np.isfinite(time)]
+    fastest = np.unique(time.min(axis=1))
+    candidates = [np.quantile(finite, np.linspace(0.0, 1.0, NUM_THETA_QUANTILES)),
+                  np.quantile(fastest, np.linspace(0.0, 1.0, NUM_THETA_QUANTILES)),
+                  fastest[-NUM_TOP_THRESHOLDS:] * (1.0 - JUST_BELOW)]
+    return np.unique(np.concatenate(candidates))
+
+
 def budget_aware_bound(tokens: np.ndarray, time: np.ndarray, work: np.ndarray,
                        num_ranks: int, budget: int) -> float:
     """Max over a theta grid of the per-theta bound; arrays are sequences x sizes."""
-    finite = time[np.isfinite(time)]
-    grid = np.unique(np.quantile(finite, np.linspace(0.0, 1.0, NUM_THETA_QUANTILES)))
+    grid = _theta_grid(time)
     best = 0.0
     for theta in grid.tolist():
         best = max(best, _theta_bound(tokens, time, work, theta, num_ranks, budget))

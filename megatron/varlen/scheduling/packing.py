@@ -28,6 +28,9 @@ from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
 # Try growth variants only when more than this fraction of a micro-batch's rank-time is idle.
 GROWTH_IDLE_TRIGGER = 0.03
+# Work a sequence may add (relative) by riding on a larger group than it needs while that
+# raises the level; beyond it the ring traffic costs more than the balance it buys.
+STACKING_WORK_SLACK = 0.05
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -64,14 +67,21 @@ def _best_block(draft: MicrobatchDraft, pricing: ItemPricing, heaps: dict[int, l
     return best
 
 
-def _raises_level_past_full_block(draft: MicrobatchDraft, heaps: dict[int, list],
-                                  best: tuple[float, int, float, int]) -> bool:
-    """True if the chosen block is not the least-loaded one (that one has no token room) and
-    the placement would raise the level: the micro-batch is full for balancing purposes, and
-    going on would only make its budget-capped blocks idle longer."""
-    end_time, block = best[0], best[1]
+def _should_stop_front(draft: MicrobatchDraft, pricing: ItemPricing, heaps: dict[int, list],
+                       seq: int, best: tuple[float, int, float, int]) -> bool:
+    """True if the best placement would raise the level although it is not plain LPT: either
+    the least-loaded block has no token room (the micro-batch is full for balancing, going on
+    would leave its budget-capped blocks idle longer) or the block is larger than the
+    sequence needs and the extra ring traffic costs more than STACKING_WORK_SLACK of its work
+    (such traffic is only worth paying inside idle time)."""
+    end_time, block, time = best[0], best[1], best[2]
+    if end_time <= draft.level:
+        return False
     least_loaded = min(heap[0][0] for heap in heaps.values())
-    return draft.times[block] > least_loaded and end_time > draft.level
+    if draft.times[block] > least_loaded:
+        return True
+    extra_work = draft.sizes[block] * time - pricing.min_work[seq]
+    return extra_work > STACKING_WORK_SLACK * pricing.min_work[seq]
 
 
 def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
@@ -88,7 +98,7 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
         seq = pricing.order[pos]
         size = _size_under_cap(pricing, seq, cap)
         best = _best_block(draft, pricing, heaps, seq, size)
-        if best is None or _raises_level_past_full_block(draft, heaps, best):
+        if best is None or _should_stop_front(draft, pricing, heaps, seq, best):
             return
         _, block, time, tokens = best
         draft.add(block, seq, time, tokens)
