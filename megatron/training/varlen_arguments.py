@@ -93,6 +93,20 @@ def _resolve_dynamic_context_parallel(args, require) -> None:
     args.sequence_packing_scheduler = "default_dynamic_cp"
 
 
+def _validate_capacity(args, require) -> None:
+    """Samples are at most --seq-length tokens: the largest CP group must be able to hold one."""
+    if args.dynamic_context_parallel:
+        ranks, what = args.data_parallel_size * args.context_parallel_size, "DP x CP"
+    else:
+        ranks, what = args.context_parallel_size, "CP"
+    capacity = ranks * args.max_seqlen_per_dp_cp_rank
+    require(args.seq_length <= capacity,
+            f"--seq-length {args.seq_length} exceeds what one sequence can occupy: {what} = "
+            f"{ranks} ranks x --max-seqlen-per-dp-cp-rank {args.max_seqlen_per_dp_cp_rank} = "
+            f"{capacity} tokens (raise --max-seqlen-per-dp-cp-rank"
+            f"{'' if args.dynamic_context_parallel else ' or --context-parallel-size'})")
+
+
 def _default_budget(args) -> int:
     divisor = 2 * args.context_parallel_size if args.context_parallel_size > 1 else 1
     if args.sequence_parallel:
@@ -112,6 +126,7 @@ def _validate_packing(args, require) -> None:
         args.max_seqlen_per_dp_cp_rank = _default_budget(args)
     require(args.max_seqlen_per_dp_cp_rank > 0,
             f"--max-seqlen-per-dp-cp-rank must be positive (got {args.max_seqlen_per_dp_cp_rank})")
+    _validate_capacity(args, require)
     sp_factor = args.tensor_model_parallel_size if args.sequence_parallel else 1
     if args.virtual_pipeline_model_parallel_size:
         require(args.max_seqlen_per_dp_cp_rank % (2 * sp_factor) == 0,

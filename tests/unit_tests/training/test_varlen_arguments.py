@@ -48,6 +48,11 @@ def test_dynamic_cp_resolves_one_config():
     (["--sequence-packing", "--sequence-packing-scheduler", "default_dynamic_cp"],
      "needs --dynamic-context-parallel"),
     (["--max-seqlen-per-dp-cp-rank", "16"], "needs --sequence-packing"),
+    (["--sequence-packing", "--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank", "8"],
+     "--seq-length 32 exceeds what one sequence can occupy: CP = 2 ranks x "
+     "--max-seqlen-per-dp-cp-rank 8 = 16 tokens"),
+    (["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "4"],
+     "DP x CP = 4 ranks x --max-seqlen-per-dp-cp-rank 4 = 16 tokens"),
     (["--sft-mock-dataset-config-json", "{not json"], "--sft-mock-dataset-config-json"),
     (["--sft-mock-dataset-config-json", '{"mode": "file", "path": "/nonexistent/l.csv"}'],
      "/nonexistent/l.csv"),

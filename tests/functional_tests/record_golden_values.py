@@ -1,0 +1,20 @@
+"""Re-record golden values: run each named case (default: all) and write golden_values.json."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.functional_tests.cases import case_names, load_case, run_case, write_golden  # noqa: E402
+
+
+def main(names: list[str]) -> None:
+    for name in names or case_names():
+        case = load_case(name)
+        losses = run_case(case.argv, case.nproc)
+        write_golden(case, losses)
+        print(f"{name}: {losses}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
