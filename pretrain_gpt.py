@@ -5,9 +5,13 @@
 Thin on purpose: parse, initialise, train, tear down. See megatron/training/ for the pieces.
 """
 
-from megatron.training.arguments import parse_args_or_exit
-from megatron.training.initialize import initialize_megatron, shutdown
-from megatron.training.pretrain import pretrain
+from megatron.training.warning_filters import silence_known_warnings
+
+silence_known_warnings()  # before megatron.core is imported (it warns at import time)
+
+from megatron.training.arguments import parse_args_or_exit  # noqa: E402
+from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
+from megatron.training.pretrain import pretrain  # noqa: E402
 
 
 def main(argv=None) -> None:

@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# The main job: a tiny GPT trained on 4 CPU ranks with TP=2 x PP=2 (gloo), then the same data
-# packed (THD) -- see README.md. Loss must fall; each run prints Megatron's log lines.
+# The main job (README): tiny GPTs trained on 4 CPU ranks (gloo), each printing Megatron's log
+# lines; the loss falls in both.
+#   1. TP=2 x PP=2 on fixed-length mock data (the foundation).
+#   2. Sequence packing + dynamic context parallelism on real SFT text (examples/data), with
+#      the byte-level tokenizer: DP=2 x CP=2, every sequence on a CP group sized for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TORCHRUN=.venv/bin/torchrun
-COMMON=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128
-        --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-3
-        --lr-warmup-iters 2 --lr-decay-style cosine --mock-data
-        --tokenizer-type NullTokenizer --vocab-size 128 --log-interval 5 --eval-iters 0
-        --position-embedding-type rope)
-echo "== TP=2 x PP=2, fixed-length mock data =="
-$TORCHRUN --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}" pretrain_gpt.py "${COMMON[@]}" \
+TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}")
+TINY=(--hidden-size 64 --num-attention-heads 4 --lr 3e-3 --lr-warmup-iters 3
+      --lr-decay-style cosine --log-interval 5 --eval-iters 0 --position-embedding-type rope)
+
+echo "== 1. TP=2 x PP=2, fixed-length mock data =="
+"${TORCHRUN[@]}" pretrain_gpt.py "${TINY[@]}" --num-layers 4 --seq-length 128 \
+  --micro-batch-size 2 --global-batch-size 8 --train-iters 20 \
+  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 \
   --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+
+echo "== 2. Packed SFT with dynamic CP (DP=2 x CP=2), examples/data/sft_tiny.jsonl =="
+"${TORCHRUN[@]}" pretrain_gpt.py "${TINY[@]}" --num-layers 2 --seq-length 512 \
+  --micro-batch-size 1 --global-batch-size 16 --train-iters 30 \
+  --sft --data-path examples/data/sft_tiny.jsonl --tokenizer-type ByteLevelTokenizer \
+  --hidden-dropout 0 --attention-dropout 0 \
+  --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
+  --max-seqlen-per-dp-cp-rank 128
