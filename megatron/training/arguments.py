@@ -31,89 +31,137 @@ class MegatronArgumentParser(argparse.ArgumentParser):
 
 def _add_network_size_args(parser):
     group = parser.add_argument_group("network size")
-    group.add_argument("--num-layers", type=int, required=True)
-    group.add_argument("--hidden-size", type=int, required=True)
+    group.add_argument("--num-layers", type=int, required=True,
+                       help="Transformer layers.")
+    group.add_argument("--hidden-size", type=int, required=True,
+                       help="Transformer hidden size.")
     group.add_argument("--ffn-hidden-size", type=int, default=None,
                        help="Default: 4 * hidden size (8/3 * hidden size with --swiglu).")
-    group.add_argument("--num-attention-heads", type=int, required=True)
-    group.add_argument("--group-query-attention", action="store_true")
-    group.add_argument("--num-query-groups", type=int, default=None)
-    group.add_argument("--seq-length", type=int, required=True)
-    group.add_argument("--max-position-embeddings", type=int, default=None)
+    group.add_argument("--num-attention-heads", type=int, required=True,
+                       help="Attention heads.")
+    group.add_argument("--group-query-attention", action="store_true",
+                       help="Grouped-query attention (with --num-query-groups).")
+    group.add_argument("--num-query-groups", type=int, default=None,
+                       help="Key/value head groups under --group-query-attention.")
+    group.add_argument("--seq-length", type=int, required=True,
+                       help="Maximum tokens of one sample (longer samples are clipped/truncated).")
+    group.add_argument("--max-position-embeddings", type=int, default=None,
+                       help="Position table size. Default: --seq-length.")
     group.add_argument("--position-embedding-type", default="learned_absolute",
-                       choices=["learned_absolute", "rope", "none"])
-    group.add_argument("--rotary-base", type=int, default=10000)
-    group.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
-    group.add_argument("--swiglu", action="store_true")
-    group.add_argument("--disable-bias-linear", action="store_true")
-    group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+                       choices=["learned_absolute", "rope", "none"], help="Position encoding.")
+    group.add_argument("--rotary-base", type=int, default=10000,
+                       help="RoPE base.")
+    group.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"],
+                       help="Norm layer.")
+    group.add_argument("--swiglu", action="store_true",
+                       help="SwiGLU MLP (gated, SiLU).")
+    group.add_argument("--disable-bias-linear", action="store_true",
+                       help="No biases in linear layers.")
+    group.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                       help="Separate output layer instead of the tied word embedding.")
     group.add_argument("--mtp-num-layers", type=int, default=None,
                        help="Multi-token prediction layers (predict further tokens).")
-    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    group.add_argument("--init-method-std", type=float, default=0.02)
-    group.add_argument("--hidden-dropout", type=float, default=0.1)
-    group.add_argument("--attention-dropout", type=float, default=0.1)
+    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                       help="Pad the vocabulary to a multiple of this x TP size.")
+    group.add_argument("--init-method-std", type=float, default=0.02,
+                       help="Std of the normal initialiser (output projections: std / sqrt(2 x layers)).")
+    group.add_argument("--hidden-dropout", type=float, default=0.1,
+                       help="Dropout after attention and MLP.")
+    group.add_argument("--attention-dropout", type=float, default=0.1,
+                       help="Dropout on attention probabilities.")
 
 
 def _add_training_args(parser):
     group = parser.add_argument_group("training")
-    group.add_argument("--micro-batch-size", type=int, default=1)
+    group.add_argument("--micro-batch-size", type=int, default=1,
+                       help="Samples per micro-batch (1 with --sequence-packing: one pack).")
     group.add_argument("--global-batch-size", type=int, default=None,
                        help="Default: micro batch size * data-parallel size.")
-    group.add_argument("--train-iters", type=int, required=True)
-    group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--train-iters", type=int, required=True,
+                       help="Training iterations (optimizer steps).")
+    group.add_argument("--seed", type=int, default=1234,
+                       help="Random seed; weights depend on it, not on the parallel layout.")
     group.add_argument("--calculate-per-token-loss", action="store_true",
                        help="Normalise the loss by the number of loss tokens in the global batch.")
-    group.add_argument("--bf16", action="store_true")
-    group.add_argument("--fp16", action="store_true")
-    group.add_argument("--use-distributed-optimizer", action="store_true")
-    group.add_argument("--clip-grad", type=float, default=1.0)
-    group.add_argument("--weight-decay", type=float, default=0.01)
-    group.add_argument("--adam-beta1", type=float, default=0.9)
-    group.add_argument("--adam-beta2", type=float, default=0.999)
-    group.add_argument("--adam-eps", type=float, default=1e-8)
+    group.add_argument("--bf16", action="store_true",
+                       help="bfloat16 parameters and compute.")
+    group.add_argument("--fp16", action="store_true",
+                       help="float16 parameters and compute (GPU only: the loss scaler needs CUDA).")
+    group.add_argument("--use-distributed-optimizer", action="store_true",
+                       help="Shard optimizer state across data-parallel ranks.")
+    group.add_argument("--clip-grad", type=float, default=1.0,
+                       help="Gradient-norm clip (0 disables).")
+    group.add_argument("--weight-decay", type=float, default=0.01,
+                       help="Adam weight decay.")
+    group.add_argument("--adam-beta1", type=float, default=0.9,
+                       help="Adam beta1.")
+    group.add_argument("--adam-beta2", type=float, default=0.999,
+                       help="Adam beta2.")
+    group.add_argument("--adam-eps", type=float, default=1e-8,
+                       help="Adam epsilon.")
 
 
 def _add_learning_rate_args(parser):
     group = parser.add_argument_group("learning rate")
-    group.add_argument("--lr", type=float, required=True)
-    group.add_argument("--min-lr", type=float, default=0.0)
+    group.add_argument("--lr", type=float, required=True,
+                       help="Peak learning rate.")
+    group.add_argument("--min-lr", type=float, default=0.0,
+                       help="Learning rate at the end of decay.")
     group.add_argument("--lr-decay-style", default="linear",
-                       choices=["constant", "linear", "cosine", "inverse-square-root"])
+                       choices=["constant", "linear", "cosine", "inverse-square-root"],
+                       help="Learning-rate decay after warm-up.")
     group.add_argument("--lr-decay-iters", type=int, default=None,
                        help="Default: --train-iters.")
-    group.add_argument("--lr-warmup-iters", type=int, default=0)
+    group.add_argument("--lr-warmup-iters", type=int, default=0,
+                       help="Linear warm-up iterations.")
 
 
 def _add_parallel_args(parser):
     group = parser.add_argument_group("distributed")
-    group.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    group.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
-    group.add_argument("--context-parallel-size", type=int, default=1)
-    group.add_argument("--sequence-parallel", action="store_true")
+    group.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                       help="TP size.")
+    group.add_argument("--pipeline-model-parallel-size", type=int, default=1,
+                       help="PP size.")
+    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                       help="Layers per virtual stage (interleaved 1F1B, VPP).")
+    group.add_argument("--context-parallel-size", type=int, default=1,
+                       help="Static CP size (sequences split into 2 x CP chunks).")
+    group.add_argument("--sequence-parallel", action="store_true",
+                       help="Sequence parallelism inside TP regions (needs TP > 1).")
 
 
 def _add_data_args(parser):
     group = parser.add_argument_group("data and tokenizer")
-    group.add_argument("--mock-data", action="store_true")
-    group.add_argument("--data-path", nargs="+", default=None)
+    group.add_argument("--mock-data", action="store_true",
+                       help="Synthetic data (fixed length; with --sft, variable-length SFT mock).")
+    group.add_argument("--data-path", nargs="+", default=None,
+                       help="Training data; with --sft a JSONL of conversations or prompt/response.")
     group.add_argument("--tokenizer-type", default="NullTokenizer",
-                       choices=["NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer"])
-    group.add_argument("--tokenizer-model", default=None)
-    group.add_argument("--vocab-size", type=int, default=None)
+                       choices=["NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer"],
+                       help="NullTokenizer (ids as text), ByteLevelTokenizer (UTF-8 bytes, no "
+                            "download) or a local HuggingFace tokenizer.")
+    group.add_argument("--tokenizer-model", default=None,
+                       help="Local tokenizer directory (HuggingFaceTokenizer).")
+    group.add_argument("--vocab-size", type=int, default=None,
+                       help="Vocabulary size (NullTokenizer); other tokenizers know their own.")
 
 
 def _add_logging_checkpoint_args(parser):
     group = parser.add_argument_group("logging, evaluation and checkpointing")
-    group.add_argument("--log-interval", type=int, default=100)
+    group.add_argument("--log-interval", type=int, default=100,
+                       help="Print the iteration log line every N iterations.")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
-    group.add_argument("--eval-interval", type=int, default=1000)
-    group.add_argument("--eval-iters", type=int, default=100)
-    group.add_argument("--save", default=None)
-    group.add_argument("--load", default=None)
-    group.add_argument("--save-interval", type=int, default=None)
+    group.add_argument("--eval-interval", type=int, default=1000,
+                       help="Evaluate every N iterations (and at the end).")
+    group.add_argument("--eval-iters", type=int, default=100,
+                       help="Validation global batches per evaluation (0 = none).")
+    group.add_argument("--save", default=None,
+                       help="Checkpoint directory to write (dist_checkpointing, torch_dist).")
+    group.add_argument("--load", default=None,
+                       help="Checkpoint directory to resume from (must exist).")
+    group.add_argument("--save-interval", type=int, default=None,
+                       help="Save every N iterations (and at the end).")
 
 
 def build_parser() -> argparse.ArgumentParser:

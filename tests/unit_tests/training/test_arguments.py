@@ -78,3 +78,9 @@ def test_entry_point_exits_with_one_line(extra, env_world, needle):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_flag_reference_doc_is_current():
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "flag_reference.py"), "--check"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,68 @@
+"""Writes docs/FLAGS.md from pretrain_gpt.py's parser (the one source of truth).
+
+    python tools/flag_reference.py            # rewrite docs/FLAGS.md
+    python tools/flag_reference.py --check    # exit 1 if docs/FLAGS.md is stale (used by a test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from megatron.training.arguments import build_parser  # noqa: E402
+
+OUTPUT = REPO / "docs" / "FLAGS.md"
+HEADER = """# pretrain_gpt.py flag reference
+
+Generated from `megatron/training/arguments.py` by `python tools/flag_reference.py`; a test
+fails when this file is stale. Flag names follow Megatron-LM; the group
+"variable-length data (this fork)" holds the flags this fork adds.
+"""
+
+
+def _default(action: argparse.Action) -> str:
+    if isinstance(action, argparse._StoreTrueAction):
+        return "off"
+    if action.required:
+        return "required"
+    return "" if action.default is None else f"`{action.default}`"
+
+
+def _row(action: argparse.Action) -> str:
+    flag = ", ".join(f"`{opt}`" for opt in action.option_strings)
+    if action.nargs not in (None, 0):
+        flag += f" {' '.join(action.metavar) if isinstance(action.metavar, tuple) else '…'}"
+    choices = f" Choices: {', '.join(map(str, action.choices))}." if action.choices else ""
+    text = (action.help or "").replace("|", "\\|") + choices
+    return f"| {flag} | {_default(action)} | {text.strip()} |"
+
+
+def render() -> str:
+    parser = build_parser()
+    lines = [HEADER]
+    for group in parser._action_groups:  # argparse has no public API for its groups
+        actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+        if not actions:
+            continue
+        lines += [f"\n## {group.title}\n", "| flag | default | meaning |", "|---|---|---|"]
+        lines += [_row(action) for action in actions]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not OUTPUT.exists() or OUTPUT.read_text() != text:
+            print(f"{OUTPUT} is stale: run python tools/flag_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
