@@ -64,7 +64,7 @@ def _add_network_size_args(parser):
     group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                        help="Pad the vocabulary to a multiple of this x TP size.")
     group.add_argument("--init-method-std", type=float, default=0.02,
-                       help="Std of the normal initialiser (output projections: std / sqrt(2 x layers)).")
+                       help="Init std (output projections: std / sqrt(2 x layers)).")
     group.add_argument("--hidden-dropout", type=float, default=0.1,
                        help="Dropout after attention and MLP.")
     group.add_argument("--attention-dropout", type=float, default=0.1,
@@ -86,7 +86,7 @@ def _add_training_args(parser):
     group.add_argument("--bf16", action="store_true",
                        help="bfloat16 parameters and compute.")
     group.add_argument("--fp16", action="store_true",
-                       help="float16 parameters and compute (GPU only: the loss scaler needs CUDA).")
+                       help="float16 (GPU only: its loss scaler needs CUDA).")
     group.add_argument("--use-distributed-optimizer", action="store_true",
                        help="Shard optimizer state across data-parallel ranks.")
     group.add_argument("--clip-grad", type=float, default=1.0,
@@ -135,7 +135,7 @@ def _add_data_args(parser):
     group.add_argument("--mock-data", action="store_true",
                        help="Synthetic data (fixed length; with --sft, variable-length SFT mock).")
     group.add_argument("--data-path", nargs="+", default=None,
-                       help="Training data; with --sft a JSONL of conversations or prompt/response.")
+                       help="Training data; with --sft a JSONL of chats or prompt/response.")
     group.add_argument("--tokenizer-type", default="NullTokenizer",
                        choices=["NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer"],
                        help="NullTokenizer (ids as text), ByteLevelTokenizer (UTF-8 bytes, no "

@@ -8,6 +8,7 @@ path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.data_schedule`) re
 
 from __future__ import annotations
 
+from typing import Sequence
 
 from megatron.core import parallel_state
 from megatron.training.datasets import collate_padded
@@ -81,6 +82,19 @@ def replica_sample_indices(indices: range, dp_size: int, dp_rank: int) -> range:
     return indices[dp_rank * per_replica: (dp_rank + 1) * per_replica]
 
 
+def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
+    """DP replica r's share of a global batch: its r-th contiguous block, in order.
+
+    Used by the packed path (:class:`PackedBatchProvider`) and by ``megatron.wrap``, so the same
+    samples give the same schedule either way. When ``dp_size`` does not divide the batch (a
+    runtime batch of any size), the first ``len(items) % dp_size`` replicas take one more item;
+    a replica may get none (the packing path gathers lengths over DP and handles that).
+    """
+    base, extra = divmod(len(items), dp_size)
+    start = dp_rank * base + min(dp_rank, extra)
+    return items[start: start + base + (1 if dp_rank < extra else 0)]
+
+
 def build_packing_config(args, pad_id: int) -> PackingConfig:
     """The packing path's settings from the parsed flags."""
     pp = args.pipeline_model_parallel_size
@@ -107,6 +121,6 @@ class PackedBatchProvider:
 
     def step_batches(self, iteration: int) -> StepBatches:
         indices = global_batch_indices(iteration, self.args.global_batch_size)
-        mine = replica_sample_indices(indices, parallel_state.get_data_parallel_world_size(),
-                                      parallel_state.get_data_parallel_rank())
+        mine = replica_block(indices, parallel_state.get_data_parallel_world_size(),
+                             parallel_state.get_data_parallel_rank())
         return self.wrapper.pack_global_batch([self.dataset[i] for i in mine])

@@ -108,7 +108,8 @@ class CostModel:
         for name in ("a", "b", "g", "d"):
             value = getattr(self, name)
             if not value >= 0.0:  # also rejects NaN
-                raise ValueError(f"cost coefficient {name}={value} must be >= 0 (check --cost-{name})")
+                raise ValueError(f"cost coefficient {name}={value} must be >= 0 "
+                                 f"(check --cost-{name})")
         if self.a == 0.0 and self.b == 0.0:
             raise ValueError("cost coefficients a and b are both 0: every sequence would be free "
                              "(check --cost-a/--cost-b)")

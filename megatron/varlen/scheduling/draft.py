@@ -82,23 +82,30 @@ class MicrobatchDraft:
 def drafts_to_schedule(problem: ScheduleProblem,
                        drafts: list[MicrobatchDraft]) -> Schedule:
     """Lays blocks out largest first from rank 0 and builds the Schedule."""
-    num_ranks = problem.num_ranks
     cp_sizes = [0] * problem.num_sequences
-    microbatches = []
-    for draft in drafts:
-        ranks: list[tuple[int, ...]] = [()] * num_ranks  # immutable entries: sharing is safe
-        start = 0
-        for negative_size, block in sorted((-size, index) for index, size in enumerate(draft.sizes)):
-            size, ids = -negative_size, tuple(draft.members[block])
-            assert start % size == 0, f"block of {size} ranks would start unaligned at {start}"
-            ranks[start:start + size] = [ids] * size
-            for seq in ids:
-                cp_sizes[seq] = size
-            start += size
-        assert start <= num_ranks, f"blocks cover {start} ranks, only {num_ranks} exist"
-        microbatches.append(tuple(ranks))
+    microbatches = [_lay_out(draft, problem.num_ranks, cp_sizes) for draft in drafts]
     return Schedule(microbatches=tuple(microbatches), cp_sizes=tuple(cp_sizes),
                     padded_lengths=padded_lengths(problem, cp_sizes))
+
+
+def _lay_out(draft: MicrobatchDraft, num_ranks: int,
+             cp_sizes: list[int]) -> tuple[tuple[int, ...], ...]:
+    """Per-rank id tuples of one draft; records each sequence's CP size in ``cp_sizes``."""
+    ranks: list[tuple[int, ...]] = [()] * num_ranks  # immutable entries: sharing is safe
+    sizes, start = draft.sizes, 0
+    # Stable sort, so equal sizes keep their block order: deterministic.
+    for block in sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True):
+        size, ids = sizes[block], tuple(draft.members[block])
+        assert start % size == 0, f"block of {size} ranks would start unaligned at {start}"
+        if size == 1:
+            ranks[start] = ids
+        else:
+            ranks[start:start + size] = [ids] * size
+        for seq in ids:
+            cp_sizes[seq] = size
+        start += size
+    assert start <= num_ranks, f"blocks cover {start} ranks, only {num_ranks} exist"
+    return tuple(ranks)
 
 
 def padded_lengths(problem: ScheduleProblem, cp_sizes: list[int]) -> tuple[int, ...]:

@@ -52,7 +52,8 @@ def schedule_summary(problem: ScheduleProblem, schedule: Schedule) -> dict[str, 
     return {
         "num_microbatches": len(schedule.microbatches),
         "critical_path": path,
-        "mean_rank_time": float(times.sum(axis=1).mean() / problem.num_ranks) if times.size else 0.0,
+        "mean_rank_time": (float(times.sum(axis=1).mean() / problem.num_ranks)
+                           if times.size else 0.0),
         "efficiency": float(times.sum() / (problem.num_ranks * path)) if path else 1.0,
         "imbalance_max_over_mean": float((nonempty.max(axis=1) / nonempty.mean(axis=1)).mean())
         if nonempty.size else 1.0,

@@ -111,17 +111,23 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
 def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
                  cap: float | None, heaps: dict[int, list]) -> int:
     """Each front sequence opens its own block while enough ranks are free; returns the
-    position of the first sequence that did not. Block bookkeeping is inlined (hot loop)."""
-    order, min_size, min_work, d = pricing.order, pricing.min_size, pricing.min_work, pricing.d
+    position of the first sequence that did not. Prices, block bookkeeping and queue steps are
+    inlined: this loop runs once per rank per micro-batch."""
+    order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
+    min_tokens, min_work, d = pricing.min_tokens, pricing.min_work, pricing.d
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
-    end, free, absorbed = queue.end, draft.free_ranks, 0.0
+    available, end = queue.next_available, queue.end
+    free, absorbed, taken = draft.free_ranks, 0.0, 0
     pos = queue.first()
     while pos < end:
         seq = order[pos]
         size = min_size[seq] if cap is None else _size_under_cap(pricing, seq, cap)
         if free < size:
             break
-        time, seq_tokens = pricing.time_tokens(seq, size)
+        if size == min_size[seq]:
+            time, seq_tokens = min_time[seq], min_tokens[seq]
+        else:
+            time, seq_tokens = pricing.time_tokens(seq, size)
         time += d * (size - 1)
         heap = heaps.get(size)
         if heap is None:
@@ -133,9 +139,13 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
         members.append([seq])
         free -= size
         absorbed += min_work[seq]
-        queue.take(pos)
-        pos = queue.first(pos + 1)
+        available[pos] = pos + 1
+        taken += 1
+        pos += 1
+        if available[pos] != pos:
+            pos = queue.first(pos)
     draft.free_ranks, draft.absorbed_work = free, draft.absorbed_work + absorbed
+    queue.remaining -= taken
     for heap in heaps.values():
         heapify(heap)
     return pos
@@ -178,6 +188,8 @@ def _best_fit(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
     (position, sequence, time, tokens), or None."""
     size = draft.sizes[block]
     token_room = pricing.budget - draft.tokens[block]
+    if token_room * size < pricing.lengths[queue.order[-1]]:
+        return None  # not even the batch's shortest sequence fits the tokens left
     max_length = pricing.max_fitting_length(size, time_room, token_room)
     if max_length < 1:
         return None

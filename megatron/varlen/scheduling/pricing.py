@@ -82,7 +82,8 @@ class ItemPricing:
         linear = self.b + (self.g * (size - 1) if size > 1 else 0.0)
         scaled = size * time_room
         if self.a > 0.0:
-            by_time = (-linear + math.sqrt(linear * linear + 4.0 * self.a * scaled)) / (2.0 * self.a)
+            root = math.sqrt(linear * linear + 4.0 * self.a * scaled)
+            by_time = (root - linear) / (2.0 * self.a)
         else:
             by_time = scaled / linear
         multiple = CHUNKS_PER_CP_RANK * size * self.sp_factor if size > 1 else self.sp_factor

@@ -119,7 +119,8 @@ def summarize_run(records: list[dict]) -> dict:
     out = {
         "num_global_batches": len(records),
         "total_critical_path": float(sum(paths)),
-        "mean_scheduler_ms": float(np.mean([r["scheduler_ms"] for r in records])) if records else 0.0,
+        "mean_scheduler_ms": (float(np.mean([r["scheduler_ms"] for r in records]))
+                              if records else 0.0),
         "max_scheduler_ms": float(max((r["scheduler_ms"] for r in records), default=0.0)),
         "mean_efficiency": float(np.mean([r["summary"]["efficiency"] for r in records]))
         if records else 0.0,

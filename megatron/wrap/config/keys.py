@@ -31,6 +31,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 METRIC_WRITER_KINDS = ("console", "tensorboard", "wandb", "jsonl")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 DEVICES = ("auto", "cpu", "cuda")
+BATCH_SOURCES = ("all_ranks", "rank0")
+DEFAULT_FLOW = "gpt_sft"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +57,8 @@ class FacadeKey:
 FACADE_KEYS = {
     key.name: key
     for key in (
-        FacadeKey("flow_name", "flow", None, "Name of the flow that collates and scores batches."),
+        FacadeKey("flow_name", "flow", DEFAULT_FLOW,
+                  "Registered flow that turns samples into model inputs and a loss."),
         FacadeKey("flow_args", "flow", {}, "Keyword arguments passed to the flow."),
         FacadeKey("log_level", "logging", "INFO", "Level of the rank-aware logger.", LOG_LEVELS),
         FacadeKey(
@@ -66,11 +69,18 @@ FACADE_KEYS = {
             METRIC_WRITER_KINDS,
         ),
         FacadeKey("metrics_jsonl_path", "logging", None, "File for the 'jsonl' metric writer."),
+        FacadeKey("tensorboard_dir", "logging", None, "Folder of the 'tensorboard' writer."),
+        FacadeKey("wandb_project", "logging", None, "Project of the 'wandb' writer."),
+        FacadeKey("wandb_exp_name", "logging", None, "Run name of the 'wandb' writer."),
+        FacadeKey("wandb_save_dir", "logging", None, "Where the 'wandb' writer keeps its files."),
         FacadeKey("wandb_mode", "logging", "auto", "auto: offline if no API key.", WANDB_MODES),
         FacadeKey("progress_bar", "logging", True, "Print a progress line on rank 0."),
         FacadeKey("capture_print", "logging", False, "Route print() through the logger."),
         FacadeKey("capture_warnings", "logging", False, "Route warnings through the logger."),
         FacadeKey("device", "wrap", "auto", "auto: cuda if available, else cpu.", DEVICES),
+        FacadeKey("batch_source", "wrap", "all_ranks",
+                  "Where train()/evaluate() batches are given: on every rank, or on rank 0 only "
+                  "(broadcast to the others).", BATCH_SOURCES),
     )
 }
 """Every facade-only key, by name."""

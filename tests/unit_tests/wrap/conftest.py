@@ -29,7 +29,6 @@ FLOAT_KEYS = (
 )
 STR_KEYS = (
     "tokenizer_model", "save", "load", "log_metrics_jsonl", "sft_mock_dataset_config_json",
-    "tensorboard_dir", "wandb_project", "wandb_exp_name", "wandb_save_dir",
 )
 CHOICE_KEYS = {
     "position_embedding_type": ("learned_absolute", "rope", "none"),

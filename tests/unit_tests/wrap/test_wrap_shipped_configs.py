@@ -76,7 +76,7 @@ def test_dynamic_cp_layout_has_what_dynamic_cp_requires(known_keys):
 
 def test_examples_use_the_shipped_sections(known_keys):
     sft = build_config(config_path("sft_tiny_cpu"), known_keys=known_keys)
-    assert sft.facade["flow_name"] == "sft" and sft.flat["sft"] and sft.flat["mock_data"]
+    assert sft.facade["flow_name"] == "gpt_sft" and sft.flat["sft"] and sft.flat["mock_data"]
     rl = build_config(config_path("rl_runtime_cpu"), known_keys=known_keys)
     assert rl.flat["swiglu"] and rl.flat["lr"] == 1e-5 and rl.flat["lr_decay_style"] == "constant"
     assert rl.sources["lr"] == "rl_runtime_cpu.yaml (__override__)"

@@ -82,3 +82,14 @@ def test_static_layout():
     layout = build_static_layout(dp_size=3, cp_size=2)
     assert layout.sequence_sizes == (2,)
     assert layout.group_of(2, 5) == (4, 5)
+
+
+def test_package_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import megatron.varlen.scheduling, "
+            "megatron.varlen.scheduling.simulate; print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.strip() == "False"

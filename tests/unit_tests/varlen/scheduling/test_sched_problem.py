@@ -69,6 +69,7 @@ def test_schedule_accessors():
 
 
 def test_unknown_scheduler():
-    with pytest.raises(ValueError, match="unknown scheduler 'fastest'.*--sequence-packing-scheduler"):
+    with pytest.raises(ValueError,
+                       match="unknown scheduler 'fastest'.*--sequence-packing-scheduler"):
         get_scheduler("fastest")
     assert get_scheduler("default") is get_scheduler("dp_balanced")
