@@ -67,12 +67,13 @@ class UnpackedBatchProvider:
             for mb in per_rank
         ]
         lengths = [self.dataset[i]["length"] for i in indices]
+        slots = len(indices) * args.seq_length
         return StepBatches(
             microbatches=microbatches,
             num_microbatches=len(microbatches),
             seqlen_sum=sum(lengths),
             seqlen_squared_sum=sum(length * length for length in lengths),
-            stats={"padded_tokens": len(indices) * args.seq_length},
+            stats={"real_tokens": sum(lengths), "padding_ratio": 1.0 - sum(lengths) / slots},
         )
 
 
