@@ -10,6 +10,7 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -28,6 +29,7 @@ from megatron.training.model import build_model, build_transformer_config
 from megatron.varlen.cpu_device import get_device
 
 LOSS_KEY = "lm loss"
+MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
 
 
 @dataclass
@@ -204,8 +206,8 @@ def _maybe_evaluate(args, state, valid_provider) -> None:
     first = (state.iteration // args.eval_interval) * args.eval_iters
     loss = evaluate(args, state, valid_provider, first)
     if _is_logging_rank() and loss is not None:
-        print(f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} |",
-              flush=True)
+        print(f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} | "
+              f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |", flush=True)
 
 
 def _maybe_save(args, state) -> None:
