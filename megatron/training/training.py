@@ -198,16 +198,18 @@ def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> Iterati
     )
 
 
-def _maybe_evaluate(args, state, valid_provider) -> None:
+def _maybe_evaluate(args, state, valid_provider) -> float | None:
+    """Validation at every --eval-interval and at the end; the loss on the loss-owning ranks."""
     if valid_provider is None or args.eval_iters <= 0:
-        return
+        return None
     if state.iteration % args.eval_interval != 0 and state.iteration != args.train_iters:
-        return
+        return None
     first = (state.iteration // args.eval_interval) * args.eval_iters
     loss = evaluate(args, state, valid_provider, first)
     if _is_logging_rank() and loss is not None:
         print(f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} | "
               f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |", flush=True)
+    return loss
 
 
 def _maybe_save(args, state) -> None:
@@ -217,9 +219,11 @@ def _maybe_save(args, state) -> None:
 
 
 def train(args, state: TrainState, train_provider, valid_provider=None) -> list[dict]:
-    """Runs until --train-iters; returns {"lm_loss", "grad_norm"} per iteration run.
+    """Runs until --train-iters; returns {"lm_loss", "grad_norm", "validation_loss"} per
+    iteration run.
 
-    ``lm_loss`` is None off the last pipeline stage (only that stage has the loss).
+    Losses are None off the last pipeline stage (only that stage has them); validation_loss is
+    None at iterations without evaluation.
     """
     logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if _is_logging_rank() \
         else None
@@ -233,7 +237,7 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
         if logger is not None:
             logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
                                           time.perf_counter() - start))
-        _maybe_evaluate(args, state, valid_provider)
+        history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
         _maybe_save(args, state)
     if args.save and (not args.save_interval or state.iteration % args.save_interval):
         checkpointing.save_checkpoint(

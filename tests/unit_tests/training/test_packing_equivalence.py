@@ -59,3 +59,17 @@ def test_packed_matches_unpacked(unpacked, layout):
 
 def test_losses_move(unpacked):
     assert len(set(unpacked)) == NUM_ITERS, unpacked  # a frozen run would compare trivially
+
+
+def test_validation_loss_packed_matches_unpacked():
+    evaluation = ["--eval-iters", "2", "--eval-interval", "2", "--train-iters", "2"]
+
+    def validation(argv, world):
+        results = run_distributed(train_on_this_rank, world, args=(argv + evaluation,),
+                                  timeout_s=300)
+        return loss_owner_history(results)[-1]["validation_loss"]
+
+    unpacked = validation(UNPACKED, 2)
+    packed = validation(PACKED + ["--dynamic-context-parallel", "--context-parallel-size", "2",
+                                  "--max-seqlen-per-dp-cp-rank", "16"], 4)
+    assert unpacked is not None and abs(packed - unpacked) <= RTOL * unpacked, (packed, unpacked)
