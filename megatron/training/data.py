@@ -8,7 +8,7 @@ path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.data_schedule`) re
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from megatron.core import parallel_state
 from megatron.training.datasets import collate_padded
@@ -75,12 +75,6 @@ class UnpackedBatchProvider:
             seqlen_squared_sum=sum(length * length for length in lengths),
             stats={"real_tokens": sum(lengths), "padding_ratio": 1.0 - sum(lengths) / slots},
         )
-
-
-def replica_sample_indices(indices: range, dp_size: int, dp_rank: int) -> range:
-    """Packing: DP replica r loads the r-th contiguous block of the global batch."""
-    per_replica = len(indices) // dp_size
-    return indices[dp_rank * per_replica: (dp_rank + 1) * per_replica]
 
 
 def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:

@@ -7,6 +7,7 @@ Megatron-LM's CLI is visible in one place.
 from __future__ import annotations
 
 from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.scheduling.problem import padded_length
 from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
 
 
@@ -94,16 +95,18 @@ def _resolve_dynamic_context_parallel(args, require) -> None:
 
 
 def _validate_capacity(args, require) -> None:
-    """Samples are at most --seq-length tokens: the largest CP group must be able to hold one."""
+    """Samples are at most --seq-length tokens: the largest CP group must be able to hold one,
+    padded as its group needs (2 x CP chunks, x TP with sequence parallel)."""
     if args.dynamic_context_parallel:
         ranks, what = args.data_parallel_size * args.context_parallel_size, "DP x CP"
     else:
         ranks, what = args.context_parallel_size, "CP"
-    capacity = ranks * args.max_seqlen_per_dp_cp_rank
-    require(args.seq_length <= capacity,
-            f"--seq-length {args.seq_length} exceeds what one sequence can occupy: {what} = "
-            f"{ranks} ranks x --max-seqlen-per-dp-cp-rank {args.max_seqlen_per_dp_cp_rank} = "
-            f"{capacity} tokens (raise --max-seqlen-per-dp-cp-rank"
+    sp_factor = args.tensor_model_parallel_size if args.sequence_parallel else 1
+    per_rank = padded_length(args.seq_length, ranks, sp_factor) // ranks
+    require(per_rank <= args.max_seqlen_per_dp_cp_rank,
+            f"--seq-length {args.seq_length} (padded for {what} = {ranks} ranks: {per_rank} "
+            f"tokens per rank) exceeds --max-seqlen-per-dp-cp-rank "
+            f"{args.max_seqlen_per_dp_cp_rank} (raise --max-seqlen-per-dp-cp-rank"
             f"{'' if args.dynamic_context_parallel else ' or --context-parallel-size'})")
 
 

@@ -1,0 +1,37 @@
+"""``megatron.wrap``: the HuggingFace-easy facade over this fork's training path.
+
+    from megatron.wrap import MegatronWrap, register_flow, GPTFlow
+
+See docs/WRAP.md (facade, flows) and docs/WRAP_CONFIG.md (config tree, logging). Names are
+imported on first use (PEP 562): building a config (``megatron.wrap.config``) never imports
+torch.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "MegatronWrap": "megatron.wrap.facade",
+    "Flow": "megatron.wrap.flows",
+    "FlowContext": "megatron.wrap.flows",
+    "GPTFlow": "megatron.wrap.flows",
+    "GPTSFTFlow": "megatron.wrap.flows",
+    "MockFlow": "megatron.wrap.flows",
+    "PER_SAMPLE": "megatron.wrap.flows",
+    "register_flow": "megatron.wrap.flows",
+    "registered_flows": "megatron.wrap.flows",
+    "get_flow_class": "megatron.wrap.flows",
+    "build_config": "megatron.wrap.config",
+    "config_path": "megatron.wrap.config",
+    "ConfigError": "megatron.wrap.config",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

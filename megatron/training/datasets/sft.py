@@ -32,7 +32,7 @@ TRAINED_ROLE = "assistant"
 MIN_DOCUMENT_IDS = 2  # one input token plus its label
 
 
-def _parse_turns(record) -> list[tuple[str, str]]:
+def parse_turns(record) -> list[tuple[str, str]]:
     """Returns ``[(role, content), ...]`` of one JSON record; ValueError names the problem."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
@@ -57,7 +57,7 @@ def _parse_turns(record) -> list[tuple[str, str]]:
     return turns
 
 
-def _encode_turns(turns: list[tuple[str, str]], tokenizer: Tokenizer):
+def encode_turns(turns: list[tuple[str, str]], tokenizer: Tokenizer):
     """Applies the template; returns ``(ids, is_target)`` numpy arrays of equal length."""
     ids: list[int] = []
     is_target: list[bool] = []
@@ -91,7 +91,7 @@ def _encode_line(path: str, line_number: int, line: str, tokenizer: Tokenizer):
     except json.JSONDecodeError as err:
         raise ValueError(f"{where}: invalid JSON: {err.msg} (column {err.colno})") from err
     try:
-        ids, is_target = _encode_turns(_parse_turns(record), tokenizer)
+        ids, is_target = encode_turns(parse_turns(record), tokenizer)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from err
     if len(ids) < MIN_DOCUMENT_IDS:

@@ -49,10 +49,11 @@ def test_dynamic_cp_resolves_one_config():
      "needs --dynamic-context-parallel"),
     (["--max-seqlen-per-dp-cp-rank", "16"], "needs --sequence-packing"),
     (["--sequence-packing", "--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank", "8"],
-     "--seq-length 32 exceeds what one sequence can occupy: CP = 2 ranks x "
-     "--max-seqlen-per-dp-cp-rank 8 = 16 tokens"),
+     "--seq-length 32 (padded for CP = 2 ranks: 16 tokens per rank) exceeds "
+     "--max-seqlen-per-dp-cp-rank 8"),
     (["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "4"],
-     "DP x CP = 4 ranks x --max-seqlen-per-dp-cp-rank 4 = 16 tokens"),
+     "(padded for DP x CP = 4 ranks: 8 tokens per rank) exceeds --max-seqlen-per-dp-cp-rank 4"),
+
     (["--sft-mock-dataset-config-json", "{not json"], "--sft-mock-dataset-config-json"),
     (["--sft-mock-dataset-config-json", '{"mode": "file", "path": "/nonexistent/l.csv"}'],
      "/nonexistent/l.csv"),
@@ -72,3 +73,12 @@ def test_non_positive_lengths_in_file_are_rejected(tmp_path):
     with pytest.raises(ArgumentValidationError) as err:
         _parse(["--sft-mock-dataset-config-json", config])
     assert "0" in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_capacity_check_counts_cp_padding():
+    # On 2 DP x CP ranks a 34-token sample pads to 36 (2 x 2 chunks): 18 tokens per rank > 17.
+    extra = ["--seq-length", "34", "--max-position-embeddings", "34",
+             "--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "17"]
+    with pytest.raises(ArgumentValidationError, match="18 tokens per rank"):
+        _parse(extra, world=2)
+    _parse(extra[:-1] + ["18"], world=2)  # exactly enough

@@ -1,0 +1,95 @@
+"""The user's global batch -> checked data-path samples, identical on every rank.
+
+Two ways to hand over a batch (config key ``wrap.batch_source`` or ``train(..., source=)``):
+
+- ``"all_ranks"`` (default): every rank passes the same global batch and converts it itself.
+  No communication; conversion (tokenization) is repeated on every rank.
+- ``"rank0"``: only global rank 0 passes the batch (other ranks pass anything, e.g. None).
+  Rank 0 converts and checks it, then one ``broadcast_object_list`` over the world sends the
+  converted samples, or the error, to every rank: a pickled copy of the whole batch travels to
+  each of the ``world - 1`` other ranks (about 8 bytes per token per int64 field) every step.
+  Use it when only one process produces the data (e.g. a rollout server).
+
+Either way every rank ends up with the whole global batch (each DP replica then takes its own
+block, and the flow's extra fields are packed from it), and every check runs before the first
+collective of the step, so a bad sample raises the same one-line ValueError on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from megatron.wrap.config.keys import BATCH_SOURCES
+from megatron.wrap.flows import fields
+
+SEQ_LENGTH_KEY = "seq_length"
+_OK, _USER_ERROR, _CRASH = "ok", "user error", "crash"
+
+
+def length_limit(args) -> tuple[int, str]:
+    """Longest real sample length this run can take, and the config key that sets it.
+
+    That is ``--seq-length``: argument validation already guarantees that a sample of that
+    length, padded for the largest CP group it may get, fits the per-rank token budget.
+    """
+    return args.seq_length, SEQ_LENGTH_KEY
+
+
+def check_batch(batch: Any, what: str) -> None:
+    """A non-empty list of samples, or a one-line ValueError."""
+    if batch is None or (isinstance(batch, Sequence) and not isinstance(batch, (str, bytes))
+                         and len(batch) == 0):
+        raise ValueError(f"empty batch: {what}() needs a non-empty list of samples (got "
+                         f"{'None' if batch is None else 0})")
+    if not isinstance(batch, (list, tuple)):
+        raise ValueError(f"{what}() takes a list of samples (dicts), got {type(batch).__name__}")
+
+
+def check_lengths(samples: list[dict], limit: int, key: str) -> None:
+    """Every sample fits the run (see :func:`length_limit`), or a one-line ValueError."""
+    for index, sample in enumerate(samples):
+        if sample["length"] > limit:
+            raise fields.sample_error(
+                index, "tokens", f"length {sample['length']} exceeds the limit {limit} of this "
+                                 f"run (config key {key!r}); shorten the sample or raise {key}")
+
+
+def _convert(batch, flow, what: str) -> list[dict]:
+    check_batch(batch, what)
+    samples = flow.build_samples(batch)
+    check_lengths(samples, flow.context.max_length, flow.context.max_length_key)
+    return samples
+
+
+def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
+    """The checked data-path samples of the global batch, on every rank (module docstring).
+
+    Raises:
+        ValueError: Bad ``source``, or a bad batch/sample (the same message on every rank).
+    """
+    if source not in BATCH_SOURCES:
+        raise ValueError(f"batch source {source!r} (config key 'wrap.batch_source'): choose "
+                         f"from {', '.join(BATCH_SOURCES)}")
+    if source == "all_ranks" or dist.get_world_size() == 1:
+        return _convert(batch, flow, what)
+    payload = [None]
+    error = None
+    if dist.get_rank() == 0:
+        try:
+            payload = [(_OK, _convert(batch, flow, what))]
+        except ValueError as err:
+            payload = [(_USER_ERROR, str(err))]
+        except Exception as err:  # other ranks must not wait forever for a crashed rank 0
+            payload, error = [(_CRASH, f"{type(err).__name__}: {err}")], err
+    dist.broadcast_object_list(payload, src=0)
+    status, value = payload[0]
+    if error is not None:
+        raise error
+    if status == _USER_ERROR:
+        raise ValueError(value)
+    if status == _CRASH:
+        raise RuntimeError(f"rank 0 failed to build the batch: {value}")
+    return value

@@ -1,0 +1,285 @@
+"""``MegatronWrap``: train a Megatron GPT on lists of variable-length samples, packing built in.
+
+    wrap = MegatronWrap("megatron/wrap/configs/sft_tiny_cpu.yaml")
+    wrap.initialize()                       # torchrun env, or an initialised process group
+    wrap.setup_model_and_optimizer()
+    for batch in batches:                   # batch: the GLOBAL batch, a list of sample dicts
+        metrics = wrap.train(batch)         # same metrics on every rank
+        wrap.log_last_metrics()
+    wrap.save()
+
+Every step runs ``pretrain_gpt.py``'s code: the flow converts samples to data-path samples,
+DP replica r takes block r of the batch, ``HybridCPDataLoaderWrapper.pack_global_batch``
+packs them (THD, static or dynamic CP, micro-batches) and ``training.train_step`` runs the
+optimizer step with the flow's forward step. Packing is always on. See docs/WRAP.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.training import checkpointing
+from megatron.training.data import build_packing_config
+from megatron.training.initialize import (
+    initialize_distributed,
+    initialize_model_parallel,
+    set_random_seeds,
+    shutdown,
+)
+from megatron.training.pretrain import create_dynamic_cp_groups
+from megatron.training.tokenizer import build_tokenizer
+from megatron.training.training import (
+    TrainState,
+    reduce_reported_loss,
+    run_forward_backward,
+    setup_model_and_optimizer,
+    train_step,
+)
+from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper
+from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+from megatron.wrap import batch as batching
+from megatron.wrap import logging as wrap_logging
+from megatron.wrap import runtime
+from megatron.wrap.config import WrapConfig, build_config
+from megatron.wrap.flows import Flow, FlowContext, build_flow
+from megatron.wrap.forward import FlowForwardStep
+from megatron.wrap.microbatches import pack_step
+from megatron.wrap.parallel import ParallelStateMixin
+from megatron.wrap.step_metrics import LOSS, reduce_across_stages, train_metrics
+
+CONFIG_FILENAME = "wrap_config.yaml"  # the resolved config, stored with each checkpoint
+
+
+class MegatronWrap(ParallelStateMixin):
+    """The facade (module docstring). Call the methods in the order they are listed.
+
+    Args:
+        config: A YAML path or a config dict (docs/WRAP_CONFIG.md), or a built WrapConfig.
+        overrides: ``["section.key=value", ...]`` or a dict, applied last.
+        configs_root: Folder(s) that ``__select__`` searches (default: the shipped library).
+    """
+
+    def __init__(self, config: str | Path | Mapping | WrapConfig, overrides=None,
+                 configs_root=None):
+        self.config = config if isinstance(config, WrapConfig) else \
+            build_config(config, overrides, configs_root)
+        self.args = None
+        self.tokenizer = None
+        self.flow: Flow | None = None
+        self.state: TrainState | None = None
+        self._packer = None
+        self._forward_step = None
+        self._writers: list = []
+        self._progress = None
+        self._last_metrics: dict | None = None
+        self._exit_stack = contextlib.ExitStack()
+        self._owns_process_group = False
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def initialize(self) -> MegatronWrap:
+        """Process group (torchrun env, or the one already initialised), parallel state,
+        seeds, tokenizer, packer, flow and logging."""
+        facade = self.config.facade
+        wrap_logging.set_log_level(facade["log_level"])
+        runtime.check_device(facade["device"])
+        self._owns_process_group = not dist.is_initialized()
+        initialize_distributed()
+        args = self.args = runtime.parse_training_args(self.config)
+        self.tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size,
+                                         args.tokenizer_model)
+        if args.vocab_size is None:
+            args.vocab_size = self.tokenizer.vocab_size
+        initialize_model_parallel(args)
+        set_random_seeds(args.seed)
+        self._packer = HybridCPDataLoaderWrapper(
+            None, build_packing_config(args, self.tokenizer.pad),
+            group_lookup=create_dynamic_cp_groups(args))
+        limit, key = batching.length_limit(args)
+        self.flow = build_flow(facade["flow_name"],
+                               FlowContext(args, self.tokenizer, limit, key), facade["flow_args"])
+        self._forward_step = FlowForwardStep(self.flow)
+        self._setup_logging(facade)
+        wrap_logging.info_rank_0("%s | flow %r | longest sample %d tokens (%s)",
+                                 self.parallel_summary(), self.flow.name, limit, key)
+        return self
+
+    def _setup_logging(self, facade: dict) -> None:
+        wrap_logging.set_coordinates_provider(self.coordinates)
+        if facade["capture_print"]:
+            self._exit_stack.enter_context(wrap_logging.capture_print())
+        if facade["capture_warnings"]:
+            self._exit_stack.enter_context(wrap_logging.capture_warnings())
+        self._writers = runtime.build_writers(facade, dict(self.config.flat))
+        if facade["progress_bar"] and self.args.train_iters > 0:
+            self._progress = wrap_logging.ProgressBar(self.args.train_iters)
+
+    def setup_model_and_optimizer(self) -> MegatronWrap:
+        """Model chunks, optimizer and LR schedule (``training.setup_model_and_optimizer``);
+        loads the config's ``load`` checkpoint if it names one."""
+        self._require(self.args, "initialize()")
+        self.state = setup_model_and_optimizer(self.args)
+        return self
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def train(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
+        """One optimizer step on the global batch ``batch``; returns its metrics on every rank.
+
+        Args:
+            batch: The global batch: a list of sample dicts in a form the flow reads.
+            source: ``"all_ranks"`` (every rank passes the same batch) or ``"rank0"`` (only
+                rank 0 does); default the config's ``wrap.batch_source``.
+
+        Returns:
+            ``iteration`` (completed; the number ``save()`` puts in the path), ``loss`` (global
+            per-token mean), the flow's metrics, ``grad_norm``, ``lr``, ``samples``,
+            ``tokens``, ``num_microbatches``, ``step_time_s``, ``tokens_per_s``,
+            ``tflops_per_device``, ``padding_ratio``, ``packing_efficiency``,
+            ``schedule_imbalance``.
+
+        Raises:
+            ValueError: Empty batch or a bad sample (one line, the same on every rank).
+        """
+        self._require(self.state, "setup_model_and_optimizer()")
+        start = time.perf_counter()
+        samples = self._global_batch(batch, source, "train")
+        step = pack_step(self._packer, samples, self.flow.extra_fields())
+        self._forward_step.reset()
+        loss, grad_norm = train_step(self.args, self.state, step,
+                                     forward_step_func=self._forward_step)
+        self.state.iteration += 1
+        reduced = reduce_across_stages(loss, self._forward_step.records, self.flow.metric_names)
+        self._last_metrics = train_metrics(self.args, self.state, step, reduced, grad_norm,
+                                           len(samples), time.perf_counter() - start)
+        self._maybe_save()
+        return dict(self._last_metrics)
+
+    @torch.no_grad()
+    def evaluate(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
+        """Forward only on ``batch``: ``loss``, the flow's metrics, ``samples``, ``tokens``,
+        ``num_microbatches`` (every rank; nothing is updated)."""
+        self._require(self.state, "setup_model_and_optimizer()")
+        samples = self._global_batch(batch, source, "evaluate")
+        step = pack_step(self._packer, samples, self.flow.extra_fields())
+        self._forward_step.reset()
+        for chunk in self.state.model:
+            chunk.eval()
+        try:
+            losses = run_forward_backward(self.args, self.state, step, forward_only=True,
+                                          forward_step_func=self._forward_step)
+        finally:
+            for chunk in self.state.model:
+                chunk.train()
+        reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
+                                       self.flow.metric_names)
+        return {**reduced, "samples": len(samples), "tokens": step.seqlen_sum,
+                "num_microbatches": step.num_microbatches}
+
+    def _global_batch(self, batch, source: str | None, what: str) -> list[dict]:
+        source = source or self.config.facade["batch_source"]
+        samples = batching.global_batch(batch, self.flow, source, what)
+        if not any(bool(sample["loss_mask"].any()) for sample in samples):
+            wrap_logging.warning_rank_0("%s(): no sample has a token to train on (loss_mask all "
+                                        "0): the loss is reported as 0", what)
+        return samples
+
+    # --- logging --------------------------------------------------------------------------
+
+    @property
+    def last_metrics(self) -> dict | None:
+        """The metrics of the last ``train()`` step (None before the first)."""
+        return None if self._last_metrics is None else dict(self._last_metrics)
+
+    @property
+    def iteration(self) -> int:
+        """Iterations completed (restored by ``load``)."""
+        self._require(self.state, "setup_model_and_optimizer()")
+        return self.state.iteration
+
+    def log_last_metrics(self) -> None:
+        """Writes the last step's metrics (last rank: console/JSONL/TensorBoard/wandb, as
+        ``logging.metric_writers`` says) and advances the progress line (rank 0)."""
+        metrics = self._last_metrics
+        if metrics is None:
+            wrap_logging.warning_rank_0("log_last_metrics(): no train() step yet")
+            return
+        for writer in self._writers:
+            writer.write(metrics["iteration"], metrics)
+        if self._progress is not None:
+            self._progress.update(metrics["iteration"], {LOSS: metrics[LOSS]})
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def save(self, path: str | None = None) -> str:
+        """Saves model, optimizer, LR schedule and iteration; returns the checkpoint folder.
+
+        The folder is ``<root>/iter_<N>`` with N the iterations completed, the ``iteration``
+        of the last ``train()`` metrics. ``root`` is ``path`` or the config's ``save``.
+        """
+        self._require(self.state, "setup_model_and_optimizer()")
+        root = path or self.args.save
+        if root is None:
+            raise ValueError("save() needs a path, or the config key 'save'")
+        state = self.state
+        folder = checkpointing.save_checkpoint(root, state.iteration, state.model,
+                                               state.optimizer, state.scheduler)
+        if dist.get_rank() == 0:
+            Path(folder, CONFIG_FILENAME).write_text(self.config.to_yaml(), encoding="utf-8")
+        wrap_logging.info_rank_0("saved iteration %d to %s", state.iteration, folder)
+        return folder
+
+    def load(self, path: str | None = None) -> int:
+        """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its
+        iteration. ``path``: a checkpoint root or its latest ``iter_*`` folder; default the
+        config's ``load``, else ``save``."""
+        self._require(self.state, "setup_model_and_optimizer()")
+        path = path or self.args.load or self.args.save
+        if path is None:
+            raise ValueError("load() needs a path, or the config key 'load'")
+        state = self.state
+        state.iteration = checkpointing.load_checkpoint(
+            runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler)
+        wrap_logging.info_rank_0("loaded iteration %d from %s", state.iteration, path)
+        return state.iteration
+
+    def _maybe_save(self) -> None:
+        args = self.args
+        if args.save and args.save_interval and self.state.iteration % args.save_interval == 0:
+            self.save()
+
+    # --- teardown -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the metric writers, restores print/warnings and tears down the parallel
+        state (and the process group if ``initialize()`` created it)."""
+        for writer in self._writers:
+            writer.close()
+        self._writers = []
+        self._exit_stack.close()
+        wrap_logging.set_coordinates_provider(None)
+        if self._owns_process_group:
+            shutdown()
+        else:
+            destroy_dynamic_cp_groups()
+            if parallel_state.model_parallel_is_initialized():
+                parallel_state.destroy_model_parallel()
+
+    def __enter__(self) -> MegatronWrap:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @staticmethod
+    def _require(value, step: str) -> None:
+        if value is None:
+            raise RuntimeError(f"call MegatronWrap.{step} first")

@@ -1,0 +1,150 @@
+"""The flow protocol: how user samples become model inputs and a loss.
+
+A flow has four jobs, called by :class:`megatron.wrap.MegatronWrap` in this order:
+
+1. :meth:`Flow.build_samples` turns the user's batch into *data-path samples*
+   (``{"tokens", "labels", "loss_mask", "length"}`` plus the flow's extra fields), the format
+   the packing path of ``pretrain_gpt.py`` consumes. Field checks raise one-line errors.
+2. The facade (not the flow) splits the batch over DP, packs it into THD micro-batches,
+   splits sequences for context parallelism and packs the flow's extra fields the same way
+   (:meth:`Flow.fields_and_seq_dims` says which fields exist and where their sequence is).
+3. :meth:`Flow.collate_micro_batch` turns one packed micro-batch into
+   ``(model inputs, loss inputs)``; the model is called as ``model(**model_inputs)``.
+4. :meth:`Flow.loss` returns megatron-core's 3 values ``(loss_sum, num_tokens, metrics)``: the
+   SUM of this micro-batch's token losses and its token count, so that the global per-token
+   mean is exact whatever the packing, DP and CP layout (the facade and megatron-core divide
+   by the global count). ``metrics`` maps each name of :attr:`Flow.metric_names` to a
+   ``tensor([sum, count])``; the facade reports ``sum / count`` over the global batch. The
+   name ``"lm loss"`` is required: it is the loss the training path reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron.training.training import LOSS_KEY
+from megatron.wrap.flows import fields
+
+# Fields the packing path itself moves, packs and CP-splits (sequence dim 0 of a sample).
+CORE_FIELDS = {"tokens": 0, "labels": 0, "loss_mask": 0}
+PER_SAMPLE = None  # the "sequence dim" of a field that holds one value per sample
+
+
+@dataclass(frozen=True)
+class FlowContext:
+    """What a flow may read about the run.
+
+    Attributes:
+        args: The validated training arguments (``megatron.training.arguments``).
+        tokenizer: The run's tokenizer (``megatron.training.tokenizer``).
+        max_length: Longest real sample length the run can take (tokens).
+        max_length_key: The config key that sets ``max_length`` (named in errors).
+    """
+
+    args: argparse.Namespace
+    tokenizer: Any
+    max_length: int
+    max_length_key: str
+
+
+class Flow:
+    """Base class of flows; see the module docstring for the protocol.
+
+    Subclasses set :attr:`name` through :func:`megatron.wrap.register_flow`, implement
+    :meth:`collate_micro_batch` and :meth:`loss`, and may extend :meth:`fields_and_seq_dims`
+    and :meth:`build_sample`. Keyword arguments of ``__init__`` after ``context`` are the
+    config's ``flow.flow_args``.
+
+    Args:
+        context: The run (:class:`FlowContext`).
+    """
+
+    name: str = ""
+    metric_names: tuple[str, ...] = (LOSS_KEY,)
+
+    def __init__(self, context: FlowContext):
+        self.context = context
+
+    def fields_and_seq_dims(self) -> dict[str, int | None]:
+        """Fields of a data-path sample and their sequence dim (None: one value per sample).
+
+        ``tokens``, ``labels`` and ``loss_mask`` travel through the packing path; any other
+        per-token field (dim 0, float values) is packed and CP-split like ``loss_mask`` and a
+        per-sample field (None) is given per micro-batch as a ``[n]`` tensor in pack order.
+        """
+        return dict(CORE_FIELDS)
+
+    def extra_fields(self) -> dict[str, int | None]:
+        """The fields of :meth:`fields_and_seq_dims` that the facade packs itself."""
+        extra = {k: v for k, v in self.fields_and_seq_dims().items() if k not in CORE_FIELDS}
+        for field, dim in extra.items():
+            if dim not in (0, PER_SAMPLE):
+                raise ValueError(f"flow {self.name!r}: field {field!r} has sequence dim {dim}; "
+                                 f"samples are 1-D per token (dim 0) or one value (None)")
+        return extra
+
+    def build_samples(self, batch: Sequence[Mapping]) -> list[dict]:
+        """Converts the user's batch; sample ``i`` is built by ``build_sample(batch[i], i)``."""
+        samples = []
+        for index, raw in enumerate(batch):
+            if not isinstance(raw, Mapping):
+                raise fields.sample_error(index, None, f"expected a dict of fields, got "
+                                                       f"{type(raw).__name__}")
+            samples.append(self.build_sample(raw, index))
+        return samples
+
+    def build_sample(self, raw: Mapping, index: int) -> dict:
+        """One data-path sample from a dict in the same format (what the datasets yield).
+
+        Reads ``tokens`` and ``labels`` (ids), optional ``loss_mask`` (default all 1) and
+        ``length`` (default ``len(tokens)``; only the first ``length`` entries are used), plus
+        the extra fields of :meth:`fields_and_seq_dims`.
+        """
+        reads = "tokens, labels, optional loss_mask and length"
+        vocab = self.context.args.vocab_size
+        tokens = fields.as_token_ids(fields.require_field(raw, index, "tokens", reads),
+                                     index, "tokens", vocab)
+        length = fields.as_length(raw.get("length", tokens.numel()), index, tokens.numel())
+        labels = fields.as_token_ids(fields.require_field(raw, index, "labels", reads),
+                                     index, "labels", vocab)
+        mask = raw.get("loss_mask")
+        mask = torch.ones(length) if mask is None else \
+            fields.as_per_token_values(mask, index, "loss_mask")
+        sample = {
+            "tokens": tokens[:length],
+            "labels": fields.require_entries(labels, length, index, "labels"),
+            "loss_mask": fields.require_entries(mask, length, index, "loss_mask"),
+            "length": length,
+        }
+        sample.update(self.build_extra_fields(raw, index, length))
+        return sample
+
+    def build_extra_fields(self, raw: Mapping, index: int, length: int) -> dict:
+        """The extra fields (see :meth:`extra_fields`) of one sample, checked."""
+        out = {}
+        for field, dim in self.extra_fields().items():
+            value = fields.require_field(raw, index, field, ", ".join(self.fields_and_seq_dims()))
+            if dim is PER_SAMPLE:
+                out[field] = fields.as_scalar(value, index, field)
+            else:
+                values = fields.as_per_token_values(value, index, field)
+                out[field] = fields.require_entries(values, length, index, field)
+        return out
+
+    def collate_micro_batch(self, micro_batch: dict) -> tuple[dict, dict]:
+        """``(model inputs, loss inputs)`` of one packed micro-batch.
+
+        ``micro_batch`` holds ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` (each
+        ``[1, T_r]``: this rank's CP share of the pack), ``packed_seq_params``, ``sample_ids``
+        (indices into the global batch, in pack order) and the flow's extra fields.
+        """
+        raise NotImplementedError
+
+    def loss(self, output: torch.Tensor, loss_inputs: dict):
+        """``(loss_sum, num_tokens, metrics)`` of one micro-batch (module docstring)."""
+        raise NotImplementedError

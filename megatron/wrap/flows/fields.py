@@ -1,0 +1,137 @@
+"""Checks and conversions of the fields of user samples, with one-line errors.
+
+Every error is a ``ValueError`` that names the sample index, the field, the bad value and the
+limit, e.g. ``sample 3, field 'tokens': id 130 at position 5 is not below the vocabulary size
+128 (config key 'vocab_size')``. The checks are pure functions of the sample, so every rank
+that checks the same batch raises the same error (no rank is left waiting in a collective).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+import torch
+
+VOCAB_KEY = "vocab_size"
+
+
+def sample_error(index: int, field: str | None, problem: str) -> ValueError:
+    """The one-line error about ``field`` of sample ``index`` (``field`` None: the sample)."""
+    where = f"sample {index}" if field is None else f"sample {index}, field {field!r}"
+    return ValueError(f"{where}: {problem}")
+
+
+def require_field(raw: Mapping, index: int, field: str, reads: str) -> Any:
+    """``raw[field]``, or an error naming what the flow reads (``reads``)."""
+    if field not in raw:
+        raise sample_error(index, None, f"missing field {field!r} (this flow reads {reads}; "
+                                        f"got {', '.join(map(repr, raw)) or 'no fields'})")
+    return raw[field]
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _as_int_tensor(value: Any, index: int, field: str) -> torch.Tensor:
+    """A 1-D int64 CPU tensor from a list of ints, a 1-D integer numpy array or tensor."""
+    expected = "a list of ints or a 1-D integer tensor"
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        tensor = torch.as_tensor(value)
+        if tensor.dim() != 1 or tensor.is_floating_point() or tensor.is_complex() \
+                or tensor.dtype == torch.bool:
+            raise sample_error(index, field, f"expected {expected}, got a {tensor.dim()}-D "
+                                             f"{tensor.dtype} tensor")
+        return tensor.detach().to("cpu", torch.long)
+    if not isinstance(value, (list, tuple)):
+        raise sample_error(index, field, f"expected {expected}, got {type(value).__name__} "
+                                         f"{_describe(value)}")
+    for position, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, Integral):
+            raise sample_error(index, field, f"expected {expected}, but item {position} is "
+                                             f"{type(item).__name__} {_describe(item)}")
+    return torch.tensor([int(item) for item in value], dtype=torch.long)
+
+
+def as_token_ids(value: Any, index: int, field: str, vocab_size: int) -> torch.Tensor:
+    """Token ids as a 1-D int64 tensor, every id in ``[0, vocab_size)``.
+
+    Args:
+        value: A list/tuple of ints, or a 1-D integer numpy array or torch tensor.
+        index: The sample's index in the batch (for the error).
+        field: The field name (for the error).
+        vocab_size: The tokenizer's vocabulary size (config key ``vocab_size``).
+
+    Raises:
+        ValueError: Wrong type, or an id outside the vocabulary.
+    """
+    ids = _as_int_tensor(value, index, field)
+    bad = torch.nonzero((ids < 0) | (ids >= vocab_size)).flatten()
+    if bad.numel():
+        position = int(bad[0])
+        raise sample_error(index, field, f"id {int(ids[position])} at position {position} is "
+                                         f"outside [0, {vocab_size}) (the vocabulary size, "
+                                         f"config key {VOCAB_KEY!r})")
+    return ids
+
+
+def as_per_token_values(value: Any, index: int, field: str) -> torch.Tensor:
+    """Per-token numbers (a mask, weights, advantages) as a 1-D float32 tensor, all finite.
+
+    Raises:
+        ValueError: Not a flat list of numbers / 1-D real tensor, or a NaN/inf entry.
+    """
+    expected = "a list of numbers or a 1-D tensor"
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        tensor = torch.as_tensor(value)
+        if tensor.dim() != 1 or tensor.is_complex():
+            raise sample_error(index, field, f"expected {expected}, got a {tensor.dim()}-D "
+                                             f"{tensor.dtype} tensor")
+        values = tensor.detach().to("cpu", torch.float32)
+    elif isinstance(value, (list, tuple)):
+        for position, item in enumerate(value):
+            if not isinstance(item, Real):
+                raise sample_error(index, field, f"expected {expected}, but item {position} "
+                                                 f"is {type(item).__name__} {_describe(item)}")
+        values = torch.tensor([float(item) for item in value], dtype=torch.float32)
+    else:
+        raise sample_error(index, field, f"expected {expected}, got {type(value).__name__} "
+                                         f"{_describe(value)}")
+    bad = torch.nonzero(~torch.isfinite(values)).flatten()
+    if bad.numel():
+        position = int(bad[0])
+        raise sample_error(index, field, f"value {float(values[position])} at position "
+                                         f"{position} is not finite")
+    return values
+
+
+def as_scalar(value: Any, index: int, field: str) -> float:
+    """A per-sample number (e.g. a reward) as a finite float."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and np.size(value) == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise sample_error(index, field, f"expected a finite number, got {_describe(value)}")
+    return float(value)
+
+
+def as_length(value: Any, index: int, available: int) -> int:
+    """The real length ``L`` of a sample whose tensors hold ``available`` entries."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise sample_error(index, "length", f"expected an int, got {_describe(value)}")
+    if not 1 <= value <= available:
+        raise sample_error(index, "length", f"{int(value)} is outside [1, {available}] (the "
+                                            f"number of entries in 'tokens')")
+    return int(value)
+
+
+def require_entries(values: torch.Tensor, length: int, index: int, field: str) -> torch.Tensor:
+    """The first ``length`` entries of ``values``; an error if it has fewer."""
+    if values.numel() < length:
+        raise sample_error(index, field, f"has {values.numel()} entries but the sample has "
+                                         f"{length} tokens")
+    return values[:length]

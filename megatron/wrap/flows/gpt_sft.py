@@ -1,0 +1,134 @@
+"""``gpt_sft``: supervised fine-tuning samples in four forms, with prompt masking and truncation.
+
+A sample is one of (first match wins):
+
+- ``{"tokens", "labels", "loss_mask"?, "length"?}``: a data-path sample, as the datasets
+  yield it (labels already shifted; see :meth:`Flow.build_sample`);
+- ``{"prompt_ids": [...], "response_ids": [...]}``: token ids; only response ids are trained on
+  as labels (prompt masking);
+- ``{"input_ids": [...]}``: token ids, every label trained on;
+- ``{"prompt": str, "response": str}`` or ``{"messages": [{"role", "content"}, ...]}``: text,
+  tokenized with the chat template of the JSONL SFT dataset (``datasets/sft.py``): only
+  assistant content and its closing eod are trained on.
+
+A document of ``n`` ids is a sample of ``n - 1`` tokens (token t predicts id t + 1). Samples
+longer than the run can take are cut to the limit and counted (``num_truncated``; a warning
+the first time; set ``flow_args: {truncate: false}`` to get an error instead). Fully masked
+samples (nothing to train on) are kept; they add nothing to the loss and never give a NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from megatron.training.datasets.sample import make_sample
+
+# The chat template of the JSONL SFT dataset, reused so both paths tokenize text identically.
+from megatron.training.datasets.sft import encode_turns, parse_turns
+from megatron.wrap.flows import fields
+from megatron.wrap.flows.gpt import GPTFlow
+from megatron.wrap.flows.registry import register_flow
+from megatron.wrap.logging import warning_rank_0
+
+MIN_DOCUMENT_IDS = 2  # one input token and its label
+_TEXT_KEYS = ("messages", "prompt")
+_FORMS = "tokens+labels, prompt_ids+response_ids, input_ids, prompt+response or messages"
+
+
+@register_flow("gpt_sft")
+class GPTSFTFlow(GPTFlow):
+    """GPT SFT on prompt/response samples (module docstring).
+
+    Args:
+        context: The run.
+        truncate: Cut over-long samples to the limit (counted, warned about once); False
+            raises a ValueError naming the sample instead.
+    """
+
+    def __init__(self, context, truncate: bool = True):
+        super().__init__(context)
+        self.truncate = bool(truncate)
+        # Running counts over every batch this flow converted (on rank 0 only with "rank0").
+        self.num_samples = self.num_truncated = self.num_fully_masked = 0
+
+    def build_samples(self, batch: Sequence[Mapping]) -> list[dict]:
+        samples = super().build_samples(batch)
+        self._warn_counts(samples)
+        return samples
+
+    def build_sample(self, raw: Mapping, index: int) -> dict:
+        if "tokens" in raw:
+            sample = super().build_sample(raw, index)
+        else:
+            sample = self._sample_from_document(raw, index)
+        return self._truncated(sample) if self.truncate else sample
+
+    def _sample_from_document(self, raw: Mapping, index: int) -> dict:
+        ids, is_target = self._document(raw, index)
+        if ids.size < MIN_DOCUMENT_IDS:
+            raise fields.sample_error(index, None, f"has {ids.size} token id(s); at least "
+                                                   f"{MIN_DOCUMENT_IDS} are needed (a token "
+                                                   f"and its label)")
+        made = make_sample(ids, is_target, index, self.context.tokenizer.pad)
+        length = made["length"]
+        sample = {key: made[key][:length] for key in ("tokens", "labels", "loss_mask")}
+        sample["length"] = length
+        sample.update(self.build_extra_fields(raw, index, length))
+        return sample
+
+    def _document(self, raw: Mapping, index: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(ids, is_target)`` of a document form; is_target None trains on every label."""
+        vocab = self.context.args.vocab_size
+        if "prompt_ids" in raw or "response_ids" in raw:
+            prompt, response = (
+                fields.as_token_ids(fields.require_field(raw, index, key, _FORMS), index, key,
+                                    vocab).numpy()
+                for key in ("prompt_ids", "response_ids"))
+            is_target = np.concatenate([np.zeros(prompt.size, bool), np.ones(response.size, bool)])
+            return np.concatenate([prompt, response]), is_target
+        if "input_ids" in raw:
+            return fields.as_token_ids(raw["input_ids"], index, "input_ids", vocab).numpy(), None
+        if any(key in raw for key in _TEXT_KEYS):
+            return self._encode_text(raw, index)
+        raise fields.sample_error(index, None, f"has fields {', '.join(map(repr, raw))}; "
+                                               f"flow 'gpt_sft' reads one of: {_FORMS}")
+
+    def _encode_text(self, raw: Mapping, index: int) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            ids, is_target = encode_turns(parse_turns(dict(raw)), self.context.tokenizer)
+        except ValueError as err:  # the dataset's message, located in the batch
+            raise fields.sample_error(index, None, str(err)) from None
+        fields.as_token_ids(ids, index, "text (tokenized)", self.context.args.vocab_size)
+        return ids, is_target
+
+    def _truncated(self, sample: dict) -> dict:
+        limit = self.context.max_length
+        if sample["length"] <= limit:
+            return sample
+        cut = {key: value[:limit] if hasattr(value, "shape") and value.dim() else value
+               for key, value in sample.items()}
+        cut["length"] = limit
+        cut["truncated_from"] = sample["length"]
+        return cut
+
+    def _warn_counts(self, samples: list[dict]) -> None:
+        """Counts truncated and fully masked samples; warns on the first batch that has any
+        (later ones only add to the counters, so long runs are not flooded)."""
+        truncated = [s.pop("truncated_from") for s in samples if "truncated_from" in s]
+        masked = sum(1 for s in samples if not bool(s["loss_mask"].any()))
+        if truncated and not self.num_truncated:
+            warning_rank_0(
+                "gpt_sft: %d of %d samples were longer than %d tokens (config key %r) and were "
+                "truncated (longest %d); set flow.flow_args.truncate: false to get an error. "
+                "Later truncations are only counted (flow.num_truncated)",
+                len(truncated), len(samples), self.context.max_length,
+                self.context.max_length_key, max(truncated))
+        if masked and not self.num_fully_masked:
+            warning_rank_0("gpt_sft: %d of %d samples have no token to train on (loss_mask all "
+                           "0); they add nothing to the loss. Later ones are only counted "
+                           "(flow.num_fully_masked)", masked, len(samples))
+        self.num_samples += len(samples)
+        self.num_truncated += len(truncated)
+        self.num_fully_masked += masked

@@ -1,0 +1,78 @@
+"""Flows by name: the built-in ones and those users register (config key ``flow.flow_name``)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from megatron.wrap.config.errors import did_you_mean
+from megatron.wrap.flows.base import Flow, FlowContext
+
+FLOW_NAME_KEY = "flow.flow_name"
+FLOW_ARGS_KEY = "flow.flow_args"
+
+_FLOWS: dict[str, type[Flow]] = {}
+
+
+def register_flow(name: str, flow_class: type[Flow] | None = None, *, replace: bool = False):
+    """Registers ``flow_class`` under ``name``; also usable as a class decorator.
+
+        @register_flow("reinforce")
+        class ReinforceFlow(GPTFlow): ...
+
+    Args:
+        name: The value of ``flow.flow_name`` that selects the flow.
+        flow_class: A :class:`Flow` subclass (omit to use as a decorator).
+        replace: Allow replacing a flow already registered under ``name``.
+
+    Raises:
+        ValueError: ``name`` is taken (and ``replace`` is False) or the class is not a Flow.
+    """
+
+    def register(cls: type[Flow]) -> type[Flow]:
+        if not (isinstance(cls, type) and issubclass(cls, Flow)):
+            raise ValueError(f"register_flow({name!r}): {cls!r} is not a Flow subclass")
+        if name in _FLOWS and _FLOWS[name] is not cls and not replace:
+            raise ValueError(f"a flow named {name!r} is already registered "
+                             f"({_FLOWS[name].__qualname__}); pass replace=True to replace it")
+        cls.name = name
+        _FLOWS[name] = cls
+        return cls
+
+    return register if flow_class is None else register(flow_class)
+
+
+def registered_flows() -> tuple[str, ...]:
+    """Names of every registered flow, sorted."""
+    return tuple(sorted(_FLOWS))
+
+
+def get_flow_class(name: str) -> type[Flow]:
+    """The flow class registered as ``name``.
+
+    Raises:
+        ValueError: No such flow; names the registered ones and the closest.
+    """
+    if name not in _FLOWS:
+        raise ValueError(f"unknown flow {name!r} (config key {FLOW_NAME_KEY!r}); registered: "
+                         f"{', '.join(registered_flows())}{did_you_mean(str(name), _FLOWS)}"
+                         f" (register your own with megatron.wrap.register_flow)")
+    return _FLOWS[name]
+
+
+def build_flow(name: str, context: FlowContext, flow_args: Mapping[str, Any] | None) -> Flow:
+    """Instantiates flow ``name`` with ``flow.flow_args``, checking them against ``__init__``.
+
+    Raises:
+        ValueError: Unknown flow, or flow_args its ``__init__`` does not accept.
+    """
+    flow_class = get_flow_class(name)
+    kwargs = dict(flow_args or {})
+    try:
+        inspect.signature(flow_class).bind(context, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"flow {name!r}: {FLOW_ARGS_KEY} {sorted(kwargs)} do not fit "
+                         f"{flow_class.__qualname__}{inspect.signature(flow_class)}: {err}"
+                         ) from None
+    return flow_class(context, **kwargs)
