@@ -4,6 +4,7 @@
 #   1. TP=2 x PP=2 on fixed-length mock data (the foundation).
 #   2. Sequence packing + dynamic context parallelism on real SFT text (examples/data), with
 #      the byte-level tokenizer: DP=2 x CP=2, every sequence on a CP group sized for it.
+#   3./4. The megatron.wrap facade fed batches at run time (examples/wrap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}")
@@ -23,3 +24,11 @@ echo "== 2. Packed SFT with dynamic CP (DP=2 x CP=2), examples/data/sft_tiny.jso
   --hidden-dropout 0 --attention-dropout 0 \
   --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
   --max-seqlen-per-dp-cp-rank 128
+
+echo "== 3. megatron.wrap: SFT on runtime batches from the JSONL (2 ranks) =="
+.venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
+  examples/wrap/sft_jsonl.py
+
+echo "== 4. megatron.wrap: RL-style runtime batches of varying size and length (2 ranks) =="
+.venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
+  examples/wrap/rl_runtime_loop.py --steps 20

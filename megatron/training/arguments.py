@@ -273,6 +273,9 @@ def _validate_precision_and_data(args) -> None:
              f"--save-interval must be positive (got {args.save_interval})")
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.train_iters
+    _require(args.lr_warmup_iters == 0 or args.lr_warmup_iters < args.lr_decay_iters,
+             f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay length "
+             f"{args.lr_decay_iters} (--lr-decay-iters, default --train-iters)")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
                                 else 4 * args.hidden_size)

@@ -56,6 +56,7 @@ def test_derived_fields():
     (["--num-layers-per-virtual-pipeline-stage", "1"], 1, "--pipeline-model-parallel-size > 1"),
     (["--sequence-parallel"], 1, "--sequence-parallel needs"),
     (["--no-such-flag"], 1, "unrecognized arguments: --no-such-flag"),
+    (["--lr-warmup-iters", "3"], 1, "--lr-warmup-iters 3 must be smaller than the decay length 3"),
 ])
 def test_bad_combinations_raise_one_line(extra, world, needle):
     with pytest.raises(ArgumentValidationError) as err:
