@@ -5,9 +5,11 @@
 ``my_rank_fn`` must be importable by name (defined at module level). Each rank runs in its own
 process with ``torch.distributed`` initialised (gloo, loopback, a fresh free port), the CPU
 device layer active, one intra-op thread, and RANK/WORLD_SIZE/LOCAL_RANK set. The call returns
-the per-rank return values in rank order, or raises :class:`DistributedTestError` carrying the
-first failing rank's traceback. Children are always reaped: on failure or timeout every rank is
-killed, and a rank whose launcher disappears exits by itself (no orphans holding ports).
+the per-rank return values in rank order, or raises :class:`DistributedTestError` carrying
+every failing rank's traceback. Children are always reaped: each rank leads its own process
+group and the launcher kills every group when the run ends (so helpers a rank started, such as
+dist_checkpointing's writer processes, go too), and a rank whose launcher disappears exits by
+itself (no orphans holding ports or memory).
 
 Processes come from a ``forkserver`` that preloads torch and megatron-core once, so a launch
 costs a fork instead of a full interpreter start (start-up dominates on a 2-core machine).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_module
+import signal
 import socket
 import sys
 import threading
@@ -31,6 +34,7 @@ DEFAULT_TIMEOUT_S = 180.0
 # to report their own error before they are killed.
 FAILURE_GRACE_S = 3.0
 ORPHAN_POLL_S = 1.0
+CHILD_JOIN_S = 5.0
 POLL_S = 0.05
 _PRELOAD = [
     "torch",
@@ -74,7 +78,18 @@ def _exit_when_orphaned(launcher_pid: int) -> None:
             os._exit(1)
 
 
+def _stop_own_children() -> None:
+    """Ends helpers a rank started (e.g. dist_checkpointing's spawn Manager for async writes):
+    os._exit below skips the finalizers that would stop them."""
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(timeout=CHILD_JOIN_S)
+
+
 def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s):
+    # Lead a process group of our own: the launcher kills the whole group when it reaps us, so
+    # no grandchild survives a failed or timed-out run.
+    os.setpgid(0, 0)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -97,6 +112,7 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s):
     finally:
         results.close()
         results.join_thread()
+        _stop_own_children()
         os._exit(0)  # skip atexit handlers that may wait on peers that are gone
 
 
@@ -121,9 +137,14 @@ def _collect(procs, results, world_size, timeout_s) -> dict[int, tuple[bool, Any
 
 
 def _reap(procs) -> None:
+    """Kills every rank's process group (the rank and anything it started), then joins."""
     for proc in procs:
-        if proc.is_alive():
-            proc.kill()
+        if proc.pid is None:
+            continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the rank and all its children are already gone
     for proc in procs:
         proc.join(timeout=10)
 

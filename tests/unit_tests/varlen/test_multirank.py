@@ -1,0 +1,65 @@
+"""The multi-rank harness: results, errors, deadlines, and no process outliving a run."""
+
+import multiprocessing
+import os
+import time
+
+import pytest
+import torch
+
+from megatron.varlen.testing.multirank import DistributedTestError, run_distributed
+
+
+def _sum_of_ranks():
+    value = torch.tensor([torch.distributed.get_rank() + 1])
+    torch.distributed.all_reduce(value)
+    return int(value)
+
+
+def _sleep_forever():
+    time.sleep(3600)
+
+
+def _start_helper_then(behaviour: str, pid_dir: str):
+    """Starts a long-lived helper process (as dist_checkpointing does), then ends as told."""
+    helper = multiprocessing.get_context("spawn").Process(target=_sleep_forever)
+    helper.start()
+    with open(os.path.join(pid_dir, f"{torch.distributed.get_rank()}.pid"), "w") as out:
+        out.write(str(helper.pid))
+    if behaviour == "raise" and torch.distributed.get_rank() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    if behaviour == "hang":
+        time.sleep(3600)
+    return "ok"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, merely not yet waited for
+        return stat.read().split()[2] != "Z"
+
+
+def test_results_come_back_in_rank_order():
+    assert run_distributed(_sum_of_ranks, 3, timeout_s=60) == [6, 6, 6]
+
+
+@pytest.mark.parametrize("behaviour", ["return", "raise", "hang"])
+def test_no_process_outlives_the_run(tmp_path, behaviour):
+    if behaviour == "return":
+        assert run_distributed(_start_helper_then, 2, args=(behaviour, str(tmp_path)),
+                               timeout_s=60) == ["ok", "ok"]
+    else:
+        with pytest.raises(DistributedTestError) as err:
+            run_distributed(_start_helper_then, 2, args=(behaviour, str(tmp_path)),
+                            timeout_s=20)
+        assert ("rank 1 fails on purpose" if behaviour == "raise" else "did not finish") \
+            in str(err.value)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert pids, "the helpers never started: the test would prove nothing"
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), f"orphaned helper processes {pids}"
