@@ -69,13 +69,49 @@ def read_latest_iteration(root: str) -> int:
         return int(handle.read().strip())
 
 
+def _materialize_optimizer_state(optimizer) -> None:
+    """Gives a fresh optimizer the state entries a checkpoint will fill.
+
+    megatron-core's DistributedOptimizer builds its loading template from its current state,
+    and without Apex/TE it expects torch Adam's ``step`` entry in it; a fresh optimizer has no
+    state at all, and ``init_state_fn`` creates the moments but not ``step``. The values
+    written here are placeholders: the load overwrites every one of them.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if getattr(opt, "init_state_fn", None) is None or opt.optimizer is None:
+            continue
+        opt.init_state_fn(opt.optimizer, opt.config)
+        for state in opt.optimizer.state.values():
+            state.setdefault("step", torch.zeros((), dtype=torch.float32))
+
+
+def _restore_adam_steps(optimizer) -> None:
+    """Per-parameter Adam ``step`` from the restored param groups, one tensor per parameter.
+
+    Without Apex/TE, megatron-core's DistributedOptimizer restores the iteration count into its
+    param groups (``group["step"]``) but not into the per-parameter state torch Adam reads, and
+    where it does set per-parameter steps it shares ONE tensor among them, which torch Adam
+    increments in place once per parameter. Both skew bias correction after a resume.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        for group in (inner.param_groups if inner is not None else ()):
+            if "step" not in group:
+                continue
+            for param in group["params"]:
+                inner.state[param]["step"] = torch.tensor(float(group["step"]))
+
+
 def load_checkpoint(root: str, model, optimizer, scheduler) -> int:
     """Restores model, optimizer and LR scheduler; returns the iteration to continue from."""
     iteration = read_latest_iteration(root)
+    _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True)
     state = dist_checkpointing.load(template, checkpoint_dir(root, iteration))
     for key, chunk in zip(_model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
-    optimizer.load_state_dict(state["optimizer"])
+    with torch.no_grad():  # megatron-core copies into main-param views of leaves needing grad
+        optimizer.load_state_dict(state["optimizer"])
+    _restore_adam_steps(optimizer)
     scheduler.load_state_dict(state["opt_param_scheduler"])
     return int(state["iteration"])

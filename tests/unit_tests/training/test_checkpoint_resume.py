@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from megatron.training.checkpointing import TRACKER_FILENAME, checkpoint_dir
 from megatron.training.testing import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 from megatron.varlen.testing.multirank import run_distributed
@@ -16,12 +18,14 @@ def _history(extra):
         run_distributed(train_on_this_rank, WORLD, args=(BASE + extra,), timeout_s=240))
 
 
-def test_resume_continues_identically(tmp_path):
-    straight = _history(["--train-iters", "6"])
-    first = _history(["--train-iters", "3", "--save", str(tmp_path)])
+@pytest.mark.parametrize("optimizer", [[], ["--use-distributed-optimizer"]],
+                         ids=["adam", "distributed_optimizer"])
+def test_resume_continues_identically(tmp_path, optimizer):
+    straight = _history(["--train-iters", "6"] + optimizer)
+    first = _history(["--train-iters", "3", "--save", str(tmp_path)] + optimizer)
     assert (tmp_path / TRACKER_FILENAME).read_text() == "3"
     assert os.path.isdir(checkpoint_dir(str(tmp_path), 3))
-    resumed = _history(["--train-iters", "6", "--load", str(tmp_path)])
+    resumed = _history(["--train-iters", "6", "--load", str(tmp_path)] + optimizer)
     assert len(resumed) == 3, "resume must continue from iteration 3, not restart"
     got = [h["lm_loss"] for h in first + resumed]
     want = [h["lm_loss"] for h in straight]
