@@ -14,5 +14,8 @@ demo: env
 test: env
 	$(PY) -m pytest -q tests
 
+# Scheduler quality/latency report, CPU training ratios, then the README table from both.
 bench: env
 	$(PY) tools/benchmark_schedulers.py --out results/scheduling
+	$(PY) tools/benchmark_training.py --out results/training
+	$(PY) tools/update_readme_tables.py

@@ -65,8 +65,9 @@ def measure(rounds: int, iters: int) -> dict[str, dict]:
     pooled = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(rounds):
-            for name, flags in CONFIGS.items():
-                path = Path(tmp) / f"{round_index}-{len(pooled[name])}.jsonl"
+            for config_index, (name, flags) in enumerate(CONFIGS.items()):
+                # One file per run: the metrics logger appends, a shared path would mix runs.
+                path = Path(tmp) / f"round{round_index}-config{config_index}.jsonl"
                 pooled[name] += _run(flags, iters, path)
                 print(f"round {round_index + 1}: {name} done", flush=True)
     return {name: _summarise(records) for name, records in pooled.items()}

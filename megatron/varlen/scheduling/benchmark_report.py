@@ -6,6 +6,7 @@ from megatron.varlen.scheduling.benchmark import WORKLOADS
 
 RATIO_TARGET = 1.05
 UPSTREAM_GAIN_TARGET = 0.15
+UPSTREAM_QUOTED_RATIO = (1.32, 1.38)  # issue 4: upstream default_dynamic_cp vs the bound
 LATENCY_TARGETS_MS = {64: 10.0, 1024: 200.0}
 PART_B_MARKER = "<!-- PART-B: CPU training ratios (filled in by the lead) -->"
 
@@ -14,12 +15,20 @@ def _gain(ours: float, theirs: float) -> str:
     return f"{100.0 * (theirs - ours) / theirs:+.1f}%"
 
 
+def _row_order(key: str) -> tuple[int, int]:
+    """Workloads in benchmark order, then ranks ascending (JSON round trips sort keys)."""
+    names = [workload.name for workload in WORKLOADS]
+    workload, ranks = key.split("/")
+    return names.index(workload), int(ranks)
+
+
 def _grid_table(grid: dict) -> list[str]:
     lines = ["| workload | ranks | LB2/LB1 | dynamic CP /LB1 | /LB2 | dp_balanced /LB2 | "
              "upstream DCP /LB2 | upstream dp_bal. /LB2 | DCP vs upstream DCP | "
-             "DCP vs dp_balanced | DCP CPU ms |",
+             "DCP vs dp_balanced | DCP 1st-run CPU ms |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for key, value in grid.items():
+    for key in sorted(grid, key=_row_order):
+        value = grid[key]
         workload, ranks = key.split("/")
         runs = value["schedulers"]
         ours = runs["default_dynamic_cp"]
@@ -57,15 +66,31 @@ def _target_lines(results: dict) -> list[str]:
              f"{100 * sorted(gains)[len(gains) // 2]:.1f}% shorter, range "
              f"{100 * min(gains):.1f}% .. {100 * max(gains):.1f}%; "
              f"{sum(gain >= UPSTREAM_GAIN_TARGET for gain in gains)} of {len(gains)} "
-             f"configurations reach the {100 * UPSTREAM_GAIN_TARGET:.0f}% target."]
+             f"configurations reach the {100 * UPSTREAM_GAIN_TARGET:.0f}% target. The "
+             f"re-implementation is far stronger than upstream's quoted "
+             f"{UPSTREAM_QUOTED_RATIO[0]}-{UPSTREAM_QUOTED_RATIO[1]}x the bound; against "
+             f"that quote our worst ratio is {_gain(max(ratios), UPSTREAM_QUOTED_RATIO[0])} "
+             f"and our median {_gain(sorted(ratios)[len(ratios) // 2], UPSTREAM_QUOTED_RATIO[0])}"
+             f" shorter (same bound, different batches: indicative only)."]
     for ranks, target in LATENCY_TARGETS_MS.items():
-        measured = results["latency"].get(ranks, results["latency"].get(str(ranks)))
-        if measured:
-            value = measured["default_dynamic_cp"]
-            wall = measured["default_dynamic_cp (wall)"]
-            lines.append(f"- Latency at {ranks} ranks ({measured['num_sequences']} sequences): "
-                         f"{value:.1f} ms CPU, {wall:.1f} ms wall (target {target:.0f} ms: "
-                         f"{'met' if value <= target else 'MISSED'} on CPU time).")
+        rows = [value for key, value in results.get("target_latency", {}).items()
+                if key.endswith(f"/{ranks}")]
+        if rows:
+            worst = max(row["cpu_ms"] for row in rows)
+            lines.append(f"- Latency at {ranks} ranks ({rows[0]['num_sequences']} sequences), "
+                         f"worst workload: {worst:.1f} ms CPU (target {target:.0f} ms: "
+                         f"{'met' if worst <= target else 'MISSED'}); per workload below.")
+    return lines
+
+
+def _target_latency_table(target_latency: dict) -> list[str]:
+    if not target_latency:
+        return []
+    lines = ["| workload / ranks | sequences | CPU ms | wall ms |", "|---|---:|---:|---:|"]
+    for key in sorted(target_latency, key=_row_order):
+        value = target_latency[key]
+        lines.append(f"| {key} | {value['num_sequences']} | {value['cpu_ms']:.1f} | "
+                     f"{value['wall_ms']:.1f} |")
     return lines
 
 
@@ -87,7 +112,8 @@ def _latency_table(latency: dict) -> list[str]:
 def _pipeline_table(pipeline: dict) -> list[str]:
     lines = ["| workload / seqs per rank | micro-batches | textbook (p-1)/(m+p-1) | "
              "bubble as scheduled | bubble ordered |", "|---|---:|---:|---:|---:|"]
-    for key, value in pipeline.items():
+    for key in sorted(pipeline, key=_row_order):
+        value = pipeline[key]
         lines.append(f"| {key} | {value['num_microbatches']} | "
                      f"{value['scheduled']['uniform_fraction']:.3f} | "
                      f"{value['scheduled']['bubble_fraction']:.3f} | "
@@ -124,6 +150,10 @@ def render_report(results: dict, command: str) -> str:
         "## Scheduler latency (upstream_bench workload, best of several runs, CPU time; "
         "wall time in the '(wall)' columns -- the machine is shared)",
         *_latency_table(results["latency"]), "", "![latency](latency.png)", "",
+        "default_dynamic_cp on every workload at the target scales (best of 9-20 runs):",
+        *_target_latency_table(results.get("target_latency", {})), "",
+        "The grid's '1st-run' column is one cold run per batch (first call, caches cold, "
+        "shared machine); the latency numbers above are best of several runs.", "",
         "Complexity: O(n log n) for the sort plus O(n log N) heap steps for packing; "
         "bounds O(n S log n) per threshold (S = group sizes); see docs/SCHEDULING.md.", "",
         "## Pipeline bubbles (PP=4, 1F1B simulation, 64 ranks, default_dynamic_cp)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from megatron.varlen.scheduling.counts import enforce_microbatch_count
 from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
+from megatron.varlen.scheduling.gc_pause import gc_paused
 from megatron.varlen.scheduling.packing import pack_sequences
 from megatron.varlen.scheduling.pricing import price_items
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
@@ -27,4 +28,5 @@ def build_static_drafts(problem: ScheduleProblem) -> list[MicrobatchDraft]:
 
 def dp_balanced(problem: ScheduleProblem) -> Schedule:
     """Schedules ``problem`` on the static CP groups, balancing cost across DP ranks."""
-    return drafts_to_schedule(problem, build_static_drafts(problem))
+    with gc_paused():
+        return drafts_to_schedule(problem, build_static_drafts(problem))

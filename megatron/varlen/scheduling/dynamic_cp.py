@@ -16,6 +16,7 @@ from megatron.varlen.scheduling.counts import enforce_microbatch_count
 from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.dp_balanced import build_static_drafts
 from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
+from megatron.varlen.scheduling.gc_pause import gc_paused
 from megatron.varlen.scheduling.packing import pack_sequences
 from megatron.varlen.scheduling.pricing import ItemPricing, price_items
 from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK, Schedule, ScheduleProblem
@@ -58,11 +59,12 @@ def _static_fallback(problem: ScheduleProblem, pricing: ItemPricing,
 
 def default_dynamic_cp(problem: ScheduleProblem) -> Schedule:
     """Schedules ``problem`` with a per-sequence CP size over all DPxCP ranks."""
-    pricing = price_items(problem, problem.layout.sequence_sizes, DYNAMIC_FLAG_HINT)
-    drafts = pack_sequences(pricing, allow_growth=True)
-    drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
-                                      problem.vpp_group_size)
-    fallback = _static_fallback(problem, pricing, _critical_path(drafts))
-    if fallback is not None and _critical_path(fallback) < _critical_path(drafts):
-        drafts = fallback
-    return drafts_to_schedule(problem, drafts)
+    with gc_paused():
+        pricing = price_items(problem, problem.layout.sequence_sizes, DYNAMIC_FLAG_HINT)
+        drafts = pack_sequences(pricing, allow_growth=True)
+        drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
+                                          problem.vpp_group_size)
+        fallback = _static_fallback(problem, pricing, _critical_path(drafts))
+        if fallback is not None and _critical_path(fallback) < _critical_path(drafts):
+            drafts = fallback
+        return drafts_to_schedule(problem, drafts)

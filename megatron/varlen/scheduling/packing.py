@@ -5,11 +5,13 @@ Sequences are taken in ``pricing.order`` (longest first). Each micro-batch is bu
 1. *Front*: take sequences from the front of the queue. Each opens a block of its CP size while
    free ranks remain, then goes to the block (of a size >= its minimum) where its per-rank time
    ends lowest (LPT). The phase stops at the first sequence no such block can take within the
-   token budget: sorted order keeps micro-batches homogeneous, so ranks fill evenly.
+   token budget, or that would raise the level other than by plain LPT (_should_stop_front).
+   Sorted order keeps micro-batches homogeneous, so ranks fill evenly.
 2. *Holes*: top up blocks that are below the micro-batch's level with the longest queued
    sequence that fits (best fit, from anywhere in the queue), never raising the level: idle
    time becomes useful work.
-3. *Cover*: if the queue ran dry with ranks left over, blocks grow (cover.py) so every rank works.
+3. *Cover*: if the queue ran dry with ranks left over, blocks grow (cover.py) so ranks work
+   wherever that does not raise the level.
 
 For the few micro-batches whose ranks sit idle because the token budget stops short sequences
 from matching a long one, *growth variants* rebuild the micro-batch with larger groups for the
@@ -68,14 +70,14 @@ def _best_block(draft: MicrobatchDraft, pricing: ItemPricing, heaps: dict[int, l
 
 
 def _should_stop_front(draft: MicrobatchDraft, pricing: ItemPricing, heaps: dict[int, list],
-                       seq: int, best: tuple[float, int, float, int]) -> bool:
+                       seq: int, best: tuple[float, int, float, int], level: float) -> bool:
     """True if the best placement would raise the level although it is not plain LPT: either
     the least-loaded block has no token room (the micro-batch is full for balancing, going on
     would leave its budget-capped blocks idle longer) or the block is larger than the
     sequence needs and the extra ring traffic costs more than STACKING_WORK_SLACK of its work
     (such traffic is only worth paying inside idle time)."""
     end_time, block, time = best[0], best[1], best[2]
-    if end_time <= draft.level:
+    if end_time <= level:
         return False
     least_loaded = min(heap[0][0] for heap in heaps.values())
     if draft.times[block] > least_loaded:
@@ -90,17 +92,20 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     block. The single-size LPT case (most micro-batches) runs in a tight loop."""
     heaps: dict[int, list] = {}
     pos = _open_blocks(draft, pricing, queue, cap, heaps)
+    level = draft.level  # kept up to date below: max() per sequence would cost O(N)
     while pos < queue.end:
         if cap is None and len(heaps) == 1:
             pos = _lpt_single_size(draft, pricing, queue, heaps, pos)
             if pos >= queue.end or pricing.min_size[pricing.order[pos]] == draft.sizes[0]:
                 return  # stopped on the budget, not on a smaller sequence
+            level = draft.level
         seq = pricing.order[pos]
         size = _size_under_cap(pricing, seq, cap)
         best = _best_block(draft, pricing, heaps, seq, size)
-        if best is None or _should_stop_front(draft, pricing, heaps, seq, best):
+        if best is None or _should_stop_front(draft, pricing, heaps, seq, best, level):
             return
-        _, block, time, tokens = best
+        end_time, block, time, tokens = best
+        level = max(level, end_time)
         draft.add(block, seq, time, tokens)
         draft.absorbed_work += pricing.min_work[seq]
         heapreplace(heaps[draft.sizes[block]], (draft.times[block], block))
@@ -121,14 +126,16 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     pos = queue.first()
     while pos < end:
         seq = order[pos]
-        size = min_size[seq] if cap is None else _size_under_cap(pricing, seq, cap)
-        if free < size:
-            break
-        if size == min_size[seq]:
+        size = min_size[seq]
+        if cap is None or size == _size_under_cap(pricing, seq, cap):
             time, seq_tokens = min_time[seq], min_tokens[seq]
         else:
+            size = _size_under_cap(pricing, seq, cap)
             time, seq_tokens = pricing.time_tokens(seq, size)
-        time += d * (size - 1)
+        if free < size:
+            break
+        if size > 1:
+            time += d * (size - 1)
         heap = heaps.get(size)
         if heap is None:
             heaps[size] = heap = []
@@ -164,11 +171,12 @@ def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequen
     while pos < end:
         seq = order[pos]
         top_time, block = heap[0]
-        if min_size[seq] != size or tokens[block] + min_tokens[seq] > budget:
+        new_tokens = tokens[block] + min_tokens[seq]
+        if min_size[seq] != size or new_tokens > budget:
             break
         new_time = top_time + min_time[seq]
         times[block] = new_time
-        tokens[block] += min_tokens[seq]
+        tokens[block] = new_tokens
         members[block].append(seq)
         heapreplace(heap, (new_time, block))
         absorbed += min_work[seq]
@@ -211,7 +219,8 @@ def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     A block that fits nothing now never will (rooms only shrink), so it leaves the heap; once
     the largest room is below the cheapest sequence's time, no block can take anything."""
     level = draft.level
-    heap = sorted((time, block) for block, time in enumerate(draft.times))
+    heap = [(time, block) for block, time in enumerate(draft.times)]
+    heapify(heap)
     floor = min(pricing.shortest_time(size) for size in set(draft.sizes)) if heap else 0.0
     while heap and queue.remaining:
         top_time, block = heap[0]

@@ -97,12 +97,9 @@ def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str
     Raises:
         ValueError: if a sequence fits no allowed size within the budget.
     """
-    lengths = np.asarray(problem.lengths, dtype=np.int64)
-    min_size = np.zeros(len(lengths), dtype=np.int64)
-    for size in sizes:
-        multiple = CHUNKS_PER_CP_RANK * size * problem.sp_factor if size > 1 else problem.sp_factor
-        tokens = -(-lengths // multiple) * multiple // size
-        min_size[(min_size == 0) & (tokens <= problem.max_seqlen_per_rank)] = size
+    lengths = np.fromiter(problem.lengths, dtype=np.int64, count=problem.num_sequences)
+    min_size = _min_feasible_sizes(lengths, sizes, problem.max_seqlen_per_rank,
+                                   problem.sp_factor)
     if len(lengths) and min_size.min() == 0:
         _raise_infeasible(problem, lengths[min_size == 0].max(), sizes, flag_hint)
     padded = _padded_array(lengths, min_size, problem.sp_factor)
@@ -111,12 +108,29 @@ def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str
     time += np.where(min_size > 1, cost.g * padded * (min_size - 1) / min_size, 0.0)
     order = np.argsort(-lengths, kind="stable")  # stable: ties stay in id order
     return ItemPricing(
-        lengths=lengths.tolist(), sizes=tuple(sizes), min_size=min_size.tolist(),
+        lengths=list(problem.lengths), sizes=tuple(sizes), min_size=min_size.tolist(),
         min_time=time.tolist(), min_tokens=(padded // min_size).tolist(),
         min_work=(time * min_size).tolist(), order=order.tolist(),
         budget=problem.max_seqlen_per_rank,
         num_ranks=problem.num_ranks, sp_factor=problem.sp_factor,
         a=cost.a, b=cost.b, g=cost.g, d=cost.d)
+
+
+def _min_feasible_sizes(lengths: np.ndarray, sizes: tuple[int, ...], budget: int,
+                        sp_factor: int) -> np.ndarray:
+    """Smallest size in ``sizes`` whose per-rank padded tokens fit ``budget`` (0 if none).
+
+    On c > 1 ranks the per-rank tokens are 2*sp*ceil(L / (2*c*sp)), which fits iff
+    L <= 2*c*sp*floor(budget / (2*sp)): a threshold per size, so one searchsorted does it."""
+    chunk = CHUNKS_PER_CP_RANK * sp_factor
+    limits = np.asarray([budget // sp_factor * sp_factor if size == 1
+                         else chunk * size * (budget // chunk) for size in sizes], dtype=np.int64)
+    # Limits grow with the size (a larger group never holds fewer tokens), except that size 1
+    # may allow more than size 2 when the budget is not a multiple of 2*sp: keep it monotone.
+    limits = np.maximum.accumulate(limits)
+    index = np.searchsorted(limits, lengths, side="left")
+    padded_sizes = np.asarray(sizes + (0,), dtype=np.int64)
+    return padded_sizes[index]
 
 
 def _padded_array(lengths: np.ndarray, sizes: np.ndarray, sp_factor: int) -> np.ndarray:

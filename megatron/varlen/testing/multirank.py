@@ -189,8 +189,9 @@ def run_distributed(
         raise DistributedTestError(f"{len(failures)} of {world_size} ranks failed\n{report}")
     missing = sorted(set(range(world_size)) - set(collected))
     if missing:
-        raise DistributedTestError(
-            f"ranks {missing} of {world_size} did not finish within {timeout_s:.0f} s "
-            f"(killed; exit codes {[procs[r].exitcode for r in missing]})"
-        )
+        codes = [procs[r].exitcode for r in missing]
+        how = (f"exited without reporting (exit codes {codes}; negative = killed by signal)"
+               if all(code not in (None, -signal.SIGKILL) for code in codes)
+               else f"did not finish within {timeout_s:.0f} s (killed; exit codes {codes})")
+        raise DistributedTestError(f"ranks {missing} of {world_size} {how}")
     return [collected[rank][1] for rank in range(world_size)]

@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Benchmark the sequence-packing schedulers against each other and the lower bounds.
+
+    python tools/benchmark_schedulers.py --out results/scheduling
+
+Writes results.json, PNG plots and REPORT.md into --out. Part (a): simulator core over the
+reference distributions and scales; part (c): the report. Part (b) (CPU training ratios) is a
+marked placeholder section in the report, to be filled by the training benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron.varlen.scheduling.benchmark import (  # noqa: E402
+    OUR_SCHEDULERS,
+    UPSTREAM_SCHEDULERS,
+    WORKLOADS,
+    evaluate_batch,
+    make_problem,
+    per_rank_work,
+    pipeline_study,
+    sample_batches,
+    timed_schedule,
+)
+from megatron.varlen.scheduling.benchmark_report import render_report  # noqa: E402
+from megatron.varlen.scheduling.cost_model import CostModel  # noqa: E402
+
+SCALES = (8, 64, 256, 1024)
+SEQUENCES_PER_RANK = 64
+SMALL_BATCH_SEQUENCES_PER_RANK = 8
+BATCHES_AT_SCALE = {8: 3, 64: 3, 256: 1, 1024: 1}
+UPSTREAM_MAX_RANKS = 256  # our O(n*N) re-implementation of upstream takes >20 s at 1,024 ranks
+LATENCY_REPEATS = {8: 20, 64: 20, 256: 9, 1024: 9}
+TARGET_SCALES = (64, 1024)
+PIPELINE_STAGES = 4
+ATTENTION_ONLY = CostModel(a=1.0, b=0.0, g=0.0, d=0.0)  # upstream's L^2/c cost model
+
+
+def _aggregate(rows: list[dict]) -> dict:
+    """Sums over batches: critical path of each scheduler and both bounds, ratios."""
+    simple = sum(row["simple_bound"] for row in rows)
+    budget = sum(row["budget_aware_bound"] for row in rows)
+    out = {"simple_bound": simple, "budget_aware_bound": budget, "schedulers": {}}
+    for name in rows[0]["schedulers"]:
+        path = sum(row["schedulers"][name]["critical_path"] for row in rows)
+        out["schedulers"][name] = {
+            "critical_path": path, "ratio_simple": path / simple, "ratio_budget": path / budget,
+            "max_ms": max(row["schedulers"][name]["ms"] for row in rows),
+            "num_microbatches": sum(row["schedulers"][name]["num_microbatches"] for row in rows)
+            / len(rows)}
+    return out
+
+
+def run_grid(cost: CostModel, scales: tuple[int, ...], per_rank: int, seed: int,
+             log: callable) -> dict:
+    """Every workload x scale: aggregated numbers of every scheduler."""
+    results = {}
+    for workload in WORKLOADS:
+        for num_ranks in scales:
+            schedulers = OUR_SCHEDULERS + (UPSTREAM_SCHEDULERS if num_ranks <= UPSTREAM_MAX_RANKS
+                                           else ())
+            batches = sample_batches(workload, per_rank * num_ranks,
+                                     BATCHES_AT_SCALE[num_ranks], seed)
+            rows = [evaluate_batch(make_problem(workload, batch, num_ranks, cost), schedulers)
+                    for batch in batches]
+            results[f"{workload.name}/{num_ranks}"] = _aggregate(rows)
+            log(f"{workload.name:>15} N={num_ranks:<5} " + " ".join(
+                f"{name}={value['ratio_simple']:.3f}"
+                for name, value in results[f"{workload.name}/{num_ranks}"]["schedulers"].items()))
+    return results
+
+
+def run_latency(seed: int, log: callable) -> dict:
+    """Best-of-k wall time per scheduler and scale on the upstream benchmark workload."""
+    workload, out = WORKLOADS[0], {}
+    for num_ranks in SCALES:
+        (batch,) = sample_batches(workload, SEQUENCES_PER_RANK * num_ranks, 1, seed)
+        problem = make_problem(workload, batch, num_ranks, CostModel())
+        names = OUR_SCHEDULERS + (UPSTREAM_SCHEDULERS if num_ranks <= UPSTREAM_MAX_RANKS else ())
+        out[num_ranks] = {"num_sequences": len(batch)}
+        for name in names:
+            _, wall, cpu = timed_schedule(problem, name, LATENCY_REPEATS[num_ranks])
+            out[num_ranks][name] = cpu
+            out[num_ranks][f"{name} (wall)"] = wall
+        log(f"latency N={num_ranks}: " + ", ".join(f"{k}={v:.1f}"
+                                                   for k, v in out[num_ranks].items()))
+    return out
+
+
+def run_target_latency(seed: int, log: callable) -> dict:
+    """default_dynamic_cp CPU time on every workload at the two target scales."""
+    out = {}
+    for num_ranks in TARGET_SCALES:
+        for workload in WORKLOADS:
+            (batch,) = sample_batches(workload, SEQUENCES_PER_RANK * num_ranks, 1, seed)
+            problem = make_problem(workload, batch, num_ranks, CostModel())
+            _, wall, cpu = timed_schedule(problem, "default_dynamic_cp",
+                                          LATENCY_REPEATS[num_ranks])
+            out[f"{workload.name}/{num_ranks}"] = {"cpu_ms": cpu, "wall_ms": wall,
+                                                   "num_sequences": len(batch)}
+            log(f"target latency {workload.name} N={num_ranks}: {cpu:.1f} ms CPU")
+    return out
+
+
+def run_pipeline(seed: int) -> dict:
+    """Bubble of scheduled vs pipeline-ordered micro-batches, PP=4, small and large batches."""
+    out = {}
+    for workload in WORKLOADS:
+        for per_rank in (SMALL_BATCH_SEQUENCES_PER_RANK, SEQUENCES_PER_RANK):
+            (batch,) = sample_batches(workload, per_rank * 64, 1, seed)
+            problem = make_problem(workload, batch, 64, CostModel(), pp_size=PIPELINE_STAGES)
+            out[f"{workload.name}/{per_rank}"] = pipeline_study(problem, PIPELINE_STAGES)
+    return out
+
+
+def _plot_rank_work(plt, work: dict, out_dir: str) -> None:
+    """Per-rank estimated time in every micro-batch, one panel per scheduler."""
+    figure, axes = plt.subplots(1, len(work), figsize=(5 * len(work), 4), sharey=True)
+    for axis, (name, times) in zip(axes, work.items()):
+        image = axis.imshow(times, aspect="auto", cmap="viridis", interpolation="nearest")
+        axis.set_title(f"{name}\ncritical path {times.max(axis=1).sum():.3g}")
+        axis.set_xlabel("DPxCP rank")
+        axis.set_ylabel("micro-batch")
+        figure.colorbar(image, ax=axis, label="estimated time")
+    figure.suptitle("Per-rank work per micro-batch (upstream_bench, 64 ranks, 512 sequences)")
+    figure.tight_layout()
+    figure.savefig(os.path.join(out_dir, "rank_work.png"), dpi=110)
+    plt.close(figure)
+
+
+def _plot_ratios(plt, grid: dict, out_dir: str, num_ranks: int) -> None:
+    """Critical path / budget-aware bound per workload and scheduler at one scale."""
+    keys = [key for key in grid if key.endswith(f"/{num_ranks}")]
+    names = list(grid[keys[0]]["schedulers"])
+    figure, axis = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(names)
+    for offset, name in enumerate(names):
+        values = [grid[key]["schedulers"][name]["ratio_budget"] for key in keys]
+        axis.bar([index + offset * width for index in range(len(keys))], values, width,
+                 label=name)
+    axis.axhline(1.05, color="red", linestyle="--", linewidth=1, label="1.05 x bound")
+    axis.set_xticks([index + 0.4 - width / 2 for index in range(len(keys))])
+    axis.set_xticklabels([key.split("/")[0] for key in keys])
+    axis.set_ylabel("critical path / budget-aware bound")
+    axis.set_ylim(0.9, max(2.0, axis.get_ylim()[1]))
+    axis.legend(fontsize=8)
+    axis.set_title(f"Critical path over the lower bound, {num_ranks} ranks")
+    figure.tight_layout()
+    figure.savefig(os.path.join(out_dir, f"ratio_to_bound_{num_ranks}.png"), dpi=110)
+    plt.close(figure)
+
+
+def _plot_latency(plt, latency: dict, out_dir: str) -> None:
+    """Scheduler wall time vs number of ranks (64 sequences per rank)."""
+    figure, axis = plt.subplots(figsize=(6, 4))
+    scales = sorted(latency, key=int)
+    for name in OUR_SCHEDULERS + UPSTREAM_SCHEDULERS:
+        points = [(int(scale), latency[scale][name]) for scale in scales if name in latency[scale]]
+        if not points:
+            continue
+        axis.plot(*zip(*points), marker="o", label=name)
+    axis.plot([64], [10], "r*", markersize=12, label="target 10 ms (4,096 seqs)")
+    axis.plot([1024], [200], "r^", markersize=10, label="target 200 ms (65,536 seqs)")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("DPxCP ranks (64 sequences per rank)")
+    axis.set_ylabel("scheduler CPU time [ms]")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(os.path.join(out_dir, "latency.png"), dpi=110)
+    plt.close(figure)
+
+
+def write_plots(results: dict, work: dict, out_dir: str) -> None:
+    """All PNGs of the report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _plot_rank_work(plt, work, out_dir)
+    for num_ranks in (8, 64):
+        _plot_ratios(plt, results["grid"], out_dir, num_ranks)
+    if results["latency"]:
+        _plot_latency(plt, results["latency"], out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/scheduling")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="8 and 64 ranks only (smoke run)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    started = time.time()
+    log = print
+    scales = SCALES[:2] if args.quick else SCALES
+    results = {
+        "default_cost": CostModel().as_dict(),
+        "grid": run_grid(CostModel(), scales, SEQUENCES_PER_RANK, args.seed, log),
+        "small_batches": run_grid(CostModel(), (64,), SMALL_BATCH_SEQUENCES_PER_RANK,
+                                  args.seed, log),
+        "attention_only": run_grid(ATTENTION_ONLY, (64,), SEQUENCES_PER_RANK, args.seed, log),
+        "latency": run_latency(args.seed, log) if not args.quick else {},
+        "target_latency": run_target_latency(args.seed, log) if not args.quick else {},
+        "pipeline": run_pipeline(args.seed),
+    }
+    workload = WORKLOADS[0]
+    (batch,) = sample_batches(workload, SMALL_BATCH_SEQUENCES_PER_RANK * 64, 1, args.seed)
+    problem = make_problem(workload, batch, 64, CostModel())
+    work = {name: per_rank_work(problem, name)
+            for name in ("dp_balanced", "default_dynamic_cp", "upstream_dynamic_cp")}
+    results["runtime_s"] = time.time() - started
+    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=1, sort_keys=True)
+    write_plots(results, work, args.out)
+    with open(os.path.join(args.out, "REPORT.md"), "w", encoding="utf-8") as handle:
+        handle.write(render_report(results, " ".join(["python", *sys.argv])))
+    log(f"done in {time.time() - started:.0f} s; report: {os.path.join(args.out, 'REPORT.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
