@@ -95,7 +95,8 @@ def render(results: dict[str, dict], command: str) -> str:
                      f"{r['num_microbatches']:.1f} | {r['padding_ratio']:.3f} |")
     lines += ["", "| ratio | value |", "|---|---|"]
     for label, top, bottom in RATIOS:
-        lines.append(f"| {label} | {results[top]['tokens_per_s'] / results[bottom]['tokens_per_s']:.2f}x |")
+        ratio = results[top]["tokens_per_s"] / results[bottom]["tokens_per_s"]
+        lines.append(f"| {label} | {ratio:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tools.benchmark_training import RATIOS  # noqa: E402  (the ratios the benchmark defines)
+
 README = REPO / "README.md"
 SCHED_RESULTS = REPO / "results" / "scheduling" / "results.json"
 SCHED_REPORT = REPO / "results" / "scheduling" / "REPORT.md"
@@ -27,9 +32,6 @@ RANKS = 64
 SCHEDULERS = [("default_dynamic_cp", "dynamic CP (ours)"), ("dp_balanced", "dp_balanced (ours)"),
               ("upstream_dynamic_cp", "upstream dynamic CP*"),
               ("upstream_dp_balanced", "upstream dp_balanced*")]
-RATIOS = [("packed / padded", "packed dp_balanced (DP4)", "padded (DP4)"),
-          ("dynamic CP / static CP", "packed dynamic CP (DP2xCP2)",
-           "packed static CP2 (DP2xCP2)")]
 
 
 def scheduling_table(results: dict) -> list[str]:
