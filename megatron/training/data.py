@@ -101,6 +101,7 @@ def build_packing_config(args, pad_id: int) -> PackingConfig:
         min_cp_size=args.min_dynamic_context_parallel_size,
         vpp_group_size=pp if args.virtual_pipeline_model_parallel_size else 1,
         min_num_microbatches=pp,
+        pipeline_stages=pp,
         cost=CostModel.for_model(args.hidden_size),
         fixed_tokens_per_rank=None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank,
     )

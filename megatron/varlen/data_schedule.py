@@ -26,6 +26,7 @@ from megatron.varlen import packing, reroute
 from megatron.varlen.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.metrics import critical_path, rank_times
+from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
 from megatron.varlen.scheduling.problem import ScheduleProblem
 from megatron.varlen.scheduling.registry import get_scheduler
 
@@ -43,6 +44,7 @@ class PackingConfig:
     min_cp_size: int = 1          # --min-dynamic-context-parallel-size
     vpp_group_size: int = 1       # micro-batch count must be a multiple of this (VPP)
     min_num_microbatches: int = 1  # PP size: fewer micro-batches than stages wastes the pipeline
+    pipeline_stages: int = 1      # PP size: micro-batches are ordered to shrink the bubbles
     # Pad every rank's share of every micro-batch to exactly this many tokens (a masked filler
     # sequence), so activations have one shape. Needed with VPP: megatron-core then exchanges
     # shapes over p2p, and at PP=2 (next stage == previous stage) gloo pairs shape and tensor
@@ -136,7 +138,9 @@ class HybridCPDataLoaderWrapper:
             min_num_microbatches=cfg.min_num_microbatches, owners=tuple(self._owners),
             cost=cfg.cost,
         )
-        return problem, get_scheduler(cfg.scheduler)(problem)
+        schedule = get_scheduler(cfg.scheduler)(problem)
+        # Order only (contents unchanged): small micro-batches where the pipeline fills/drains.
+        return problem, order_for_pipeline(schedule, problem, cfg.pipeline_stages)
 
     def reroute_samples_to_hdp_ranks(self, samples: list[dict], schedule, lengths) -> dict:
         """{global id: real tokens/labels/loss_mask} for every sample this rank runs."""
