@@ -73,10 +73,11 @@ def _reassemble(results, cp):
     return seen
 
 
-@pytest.mark.parametrize("dp, cp", [(2, 1), (2, 2), (1, 4)])
-def test_every_sample_once_with_intact_tokens(dp, cp):
+@pytest.mark.parametrize("dp, cp, scheduler", [(2, 1, "dp_balanced"), (2, 2, "dp_balanced"),
+                                               (1, 4, "dp_balanced"), (2, 2, "empty")])
+def test_every_sample_once_with_intact_tokens(dp, cp, scheduler):
     budget = CP_CAPACITY // cp  # a CP group of cp ranks can hold the 60-token sample
-    results = run_distributed(_rank_fn, dp * cp, args=(dp, cp, budget, "dp_balanced"),
+    results = run_distributed(_rank_fn, dp * cp, args=(dp, cp, budget, scheduler),
                               timeout_s=120)
     seen = _reassemble(results, cp)
     assert sorted(seen) == list(range(len(LENGTHS))), "every sample exactly once"
