@@ -281,6 +281,13 @@ def _validate_precision_and_data(args) -> None:
                                 else 4 * args.hidden_size)
     if args.num_query_groups is None or not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
+    tp = args.tensor_model_parallel_size
+    _require(args.ffn_hidden_size % tp == 0,
+             f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
+             f"--tensor-model-parallel-size {tp} (set --ffn-hidden-size explicitly)")
+    _require(args.num_query_groups % tp == 0,
+             f"--num-query-groups {args.num_query_groups} is not divisible by "
+             f"--tensor-model-parallel-size {tp}")
 
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:

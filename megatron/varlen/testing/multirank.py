@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import queue as queue_module
 import signal
 import socket
@@ -106,7 +107,9 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s):
             backend=cpu_device.get_backend(), init_method=f"tcp://127.0.0.1:{port}",
             rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
         )
-        results.put((rank, True, fn(*args, **kwargs)))
+        # Plain pickle bytes: torch's multiprocessing reducer would pass tensors as shared
+        # memory that must outlive this process, and the rank exits right after reporting.
+        results.put((rank, True, pickle.dumps(fn(*args, **kwargs))))
     except BaseException:  # report everything, including SystemExit from argparse
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -126,7 +129,7 @@ def _collect(procs, results, world_size, timeout_s) -> dict[int, tuple[bool, Any
             break
         try:
             rank, ok, payload = results.get(timeout=POLL_S)
-            collected[rank] = (ok, payload)
+            collected[rank] = (ok, pickle.loads(payload) if ok else payload)
             if not ok and failed_at is None:
                 failed_at = time.monotonic()
         except queue_module.Empty:

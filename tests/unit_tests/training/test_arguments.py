@@ -57,6 +57,10 @@ def test_derived_fields():
     (["--sequence-parallel"], 1, "--sequence-parallel needs"),
     (["--no-such-flag"], 1, "unrecognized arguments: --no-such-flag"),
     (["--lr-warmup-iters", "3"], 1, "--lr-warmup-iters 3 must be smaller than the decay length 3"),
+    (["--swiglu", "--tensor-model-parallel-size", "2"], 2,
+     "--ffn-hidden-size 85 is not divisible by --tensor-model-parallel-size 2"),
+    (["--group-query-attention", "--num-query-groups", "1", "--tensor-model-parallel-size", "2"],
+     2, "--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"),
 ])
 def test_bad_combinations_raise_one_line(extra, world, needle):
     with pytest.raises(ArgumentValidationError) as err:

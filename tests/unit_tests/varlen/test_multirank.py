@@ -63,3 +63,12 @@ def test_no_process_outlives_the_run(tmp_path, behaviour):
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids), f"orphaned helper processes {pids}"
+
+
+def _return_a_tensor():
+    return torch.full((1000,), float(torch.distributed.get_rank()))
+
+
+def test_tensors_survive_the_rank_exiting():
+    first, second = run_distributed(_return_a_tensor, 2, timeout_s=60)
+    assert torch.equal(first, torch.zeros(1000)) and torch.equal(second, torch.ones(1000))
