@@ -160,3 +160,49 @@ def test_dynamic_groups_are_created_groups_of_the_right_size(dp, cp, min_size):
                 assert mb["cp"] == 1 or mb["cp"] >= min_size
     used = {mb["cp"] for r in results for mb in r["microbatches"]}
     assert max(used) > 1, f"no sequence needed CP (sizes used {used}): test would be vacuous"
+
+
+def _seed_api_rank_fn():
+    """Each step of the seed-002 API on its own, on DP=2 x CP=1."""
+    from megatron.core import parallel_state as ps
+    from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+
+    ps.initialize_model_parallel()
+    try:
+        dp_rank = ps.get_data_parallel_rank()
+        # Uneven replicas: rank 0 holds 3 samples, rank 1 holds 2 (runtime batches may be).
+        mine = [0, 1, 2] if dp_rank == 0 else [3, 4]
+        samples = [_sample(i, LENGTHS[i]) for i in mine]
+        config = PackingConfig(scheduler="dp_balanced", max_seqlen_per_rank=64, pad_id=PAD)
+        wrapper = HybridCPDataLoaderWrapper(iter([samples, samples]), config)
+        id_lengths = wrapper.get_global_id_seqlens(samples)
+        lengths = wrapper.get_global_seqlens(samples)
+        _, schedule = wrapper.schedule(lengths)
+        routed = wrapper.reroute_samples_to_hdp_ranks(samples, schedule, lengths)
+        mine_now = {sid for mb in schedule.microbatches for sid in mb[wrapper.rank]}
+        batch = {"tokens": torch.stack([torch.arange(4), torch.arange(4) + 10]),
+                 "labels": torch.zeros(2, 4, dtype=torch.long), "loss_mask": torch.ones(2, 4),
+                 "length": torch.tensor([3, 1])}
+        unpacked = HybridCPDataLoaderWrapper.unpack_batch(batch)
+        steps = list(zip(range(2), wrapper))  # __iter__/__next__: one StepBatches per batch
+        return {"id_lengths": id_lengths, "lengths": lengths, "routed": sorted(routed),
+                "routed_tokens": {k: v["tokens"].tolist() for k, v in routed.items()},
+                "assigned": sorted(mine_now), "unpacked": [u["tokens"].tolist() for u in unpacked],
+                "unpacked_lengths": [u["length"] for u in unpacked],
+                "steps": [s.num_microbatches for _, s in steps]}
+    finally:
+        ps.destroy_model_parallel()
+
+
+def test_seed_api_methods():
+    results = run_distributed(_seed_api_rank_fn, 2, timeout_s=120)
+    expected_lengths = LENGTHS[:5]
+    for r in results:
+        assert r["lengths"] == expected_lengths
+        assert r["id_lengths"] == list(enumerate(expected_lengths))
+        assert r["routed"] == r["assigned"], "a rank receives exactly what it was scheduled"
+        for sid, tokens in r["routed_tokens"].items():
+            assert tokens == _sample(sid, LENGTHS[sid])["tokens"].tolist()
+        assert r["unpacked"] == [[0, 1, 2], [10]] and r["unpacked_lengths"] == [3, 1]
+        assert len(r["steps"]) == 2 and all(n >= 1 for n in r["steps"])
+    assert sorted(results[0]["routed"] + results[1]["routed"]) == list(range(5))
