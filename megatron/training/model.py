@@ -7,6 +7,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
 from megatron.training.initializers import initialize_layout_invariant
 from megatron.varlen.cpu_device import use_cpu
 from megatron.varlen.mtp import VarlenGPTModel
@@ -97,6 +98,10 @@ def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,
         tied_output=not args.untie_embeddings_and_output_weights, gated_mlp=args.swiglu)
+    if args.bf16 or args.fp16:
+        # As Megatron-LM: cast every module (our plain-torch norms too) to the half dtype and
+        # convert inputs/outputs at the model boundary.
+        chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=args.use_distributed_optimizer,
