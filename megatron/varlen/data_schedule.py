@@ -224,7 +224,7 @@ def _verify_model_parallel_agreement(schedule, group) -> None:
     if dist.get_world_size(group) == 1:
         return
     value = _fingerprint(schedule)
-    extremes = torch.tensor([value, -value], dtype=torch.int64)
+    extremes = torch.tensor([value, -value], dtype=torch.int64, device=get_device())  # NCCL
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
     assert extremes[0] == value and -extremes[1] == value, (
         "TP/PP ranks computed different packing schedules for the same global batch "
