@@ -206,3 +206,27 @@ def test_seed_api_methods():
         assert r["unpacked"] == [[0, 1, 2], [10]] and r["unpacked_lengths"] == [3, 1]
         assert len(r["steps"]) == 2 and all(n >= 1 for n in r["steps"])
     assert sorted(results[0]["routed"] + results[1]["routed"]) == list(range(5))
+
+
+def _disagreeing_schedules_rank_fn(disagree: bool):
+    from megatron.core import parallel_state as ps
+    from megatron.varlen.data_schedule import _verify_model_parallel_agreement
+    from megatron.varlen.scheduling.problem import Schedule
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    try:
+        rank = torch.distributed.get_rank()
+        last_id = 1 if (disagree and rank == 1) else 0
+        schedule = Schedule(microbatches=(((last_id,),),), cp_sizes=(1, 1), padded_lengths=(4, 4))
+        _verify_model_parallel_agreement(schedule, ps.get_model_parallel_group())
+        return "agreed"
+    finally:
+        ps.destroy_model_parallel()
+
+
+def test_model_parallel_ranks_must_agree_on_the_schedule():
+    from megatron.varlen.testing.multirank import DistributedTestError
+
+    assert run_distributed(_disagreeing_schedules_rank_fn, 2, args=(False,)) == ["agreed"] * 2
+    with pytest.raises(DistributedTestError, match="computed different packing schedules"):
+        run_distributed(_disagreeing_schedules_rank_fn, 2, args=(True,), timeout_s=60)
