@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from megatron.core import parallel_state
 from megatron.training.datasets import collate_padded
 from megatron.varlen.cp_split import split_sbhd_for_cp
@@ -62,19 +64,31 @@ class UnpackedBatchProvider:
         per_rank = dp_microbatch_indices(
             indices, args.micro_batch_size, parallel_state.get_data_parallel_world_size(),
             parallel_state.get_data_parallel_rank())
-        microbatches = [
-            _to_device(_slice_for_context_parallel(collate_padded([self.dataset[i] for i in mb])))
-            for mb in per_rank
-        ]
-        lengths = [self.dataset[i]["length"] for i in indices]
+        samples = [[self.dataset[i] for i in mb] for mb in per_rank]
+        microbatches = [_to_device(_slice_for_context_parallel(collate_padded(mb)))
+                        for mb in samples]
+        seqlen_sum, seqlen_squared_sum = _global_length_sums(
+            [sample["length"] for mb in samples for sample in mb])
         slots = len(indices) * args.seq_length
         return StepBatches(
             microbatches=microbatches,
             num_microbatches=len(microbatches),
-            seqlen_sum=sum(lengths),
-            seqlen_squared_sum=sum(length * length for length in lengths),
-            stats={"real_tokens": sum(lengths), "padding_ratio": 1.0 - sum(lengths) / slots},
+            seqlen_sum=seqlen_sum,
+            seqlen_squared_sum=seqlen_squared_sum,
+            stats={"real_tokens": seqlen_sum, "padding_ratio": 1.0 - seqlen_sum / slots},
         )
+
+
+def _global_length_sums(local_lengths: list[int]) -> tuple[int, int]:
+    """Exact sum(L) and sum(L^2) over the global batch from each DP replica's own samples.
+
+    int64 all-reduce over DP (CP ranks of a replica hold the same samples): exact, unlike the
+    float32 sums upstream broadcasts, and no rank reads samples it does not train on.
+    """
+    sums = torch.tensor([sum(local_lengths), sum(n * n for n in local_lengths)],
+                        dtype=torch.int64, device=get_device())
+    torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+    return int(sums[0]), int(sums[1])
 
 
 def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
