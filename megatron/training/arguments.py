@@ -14,6 +14,7 @@ import os
 import sys
 
 from megatron.training import varlen_arguments
+from megatron.varlen.scheduling.problem import pad_multiple
 
 ERROR_EXIT_CODE = 2
 
@@ -231,18 +232,12 @@ def _validate_sequence_length(args) -> None:
     _require(args.seq_length <= args.max_position_embeddings,
              f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
              f"{args.max_position_embeddings}")
-    divisor = sequence_divisor(args.context_parallel_size, args.tensor_model_parallel_size,
-                               args.sequence_parallel)
+    divisor = pad_multiple(args.context_parallel_size,
+                           args.tensor_model_parallel_size if args.sequence_parallel else 1)
     _require(args.seq_length % divisor == 0,
              f"--seq-length {args.seq_length} is not divisible by {divisor}, which "
              f"--context-parallel-size {args.context_parallel_size} (2 x cp chunks) and "
              f"--sequence-parallel need")
-
-
-def sequence_divisor(cp_size: int, tp_size: int, sequence_parallel: bool) -> int:
-    """Tokens of one sequence must be a multiple of this: 2*cp chunks for CP, tp for SP."""
-    divisor = 2 * cp_size if cp_size > 1 else 1
-    return divisor * tp_size if sequence_parallel else divisor
 
 
 def _validate_batch(args) -> None:

@@ -111,11 +111,9 @@ def _validate_capacity(args, require) -> None:
 
 
 def _default_budget(args) -> int:
-    divisor = 2 * args.context_parallel_size if args.context_parallel_size > 1 else 1
-    if args.sequence_parallel:
-        divisor *= args.tensor_model_parallel_size
+    sp_factor = args.tensor_model_parallel_size if args.sequence_parallel else 1
     per_rank = -(-args.seq_length // args.context_parallel_size)
-    return -(-per_rank // divisor) * divisor
+    return padded_length(per_rank, args.context_parallel_size, sp_factor)
 
 
 def _validate_packing(args, require) -> None:

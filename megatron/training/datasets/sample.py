@@ -24,6 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from megatron.varlen.scheduling.problem import pad_multiple
+
 COLLATED_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 SAMPLE_KEYS = COLLATED_KEYS + (
     "length",
@@ -31,8 +33,6 @@ SAMPLE_KEYS = COLLATED_KEYS + (
     "sample_id",
     "num_loss_tokens",
 )
-# Each sequence is cut into 2 * cp chunks for context parallelism (load-balanced causal split).
-CP_CHUNKS_PER_RANK = 2
 
 
 def roundup(value: int, multiple: int) -> int:
@@ -65,9 +65,7 @@ def get_pad_multiple(cp_size: int, tp_size: int, sequence_parallel: bool) -> int
             f"--context-parallel-size {cp_size} and --tensor-model-parallel-size {tp_size} "
             "must be >= 1"
         )
-    tp_factor = tp_size if sequence_parallel else 1
-    cp_factor = CP_CHUNKS_PER_RANK * cp_size if cp_size > 1 else 1
-    return cp_factor * tp_factor
+    return pad_multiple(cp_size, tp_size if sequence_parallel else 1)
 
 
 def make_sample(

@@ -23,13 +23,19 @@ BUDGET_FLAG = "--max-seqlen-per-dp-cp-rank"
 CHUNKS_PER_CP_RANK = 2
 
 
-def padded_length(length: int, cp_size: int, sp_factor: int = 1) -> int:
-    """Padded length of a sequence given ``cp_size`` ranks.
+def pad_multiple(cp_size: int, sp_factor: int = 1) -> int:
+    """What a sequence's token count must be a multiple of on ``cp_size`` ranks.
 
-    roundup(length, 2*cp_size*sp_factor) if cp_size > 1 else roundup(length, sp_factor);
-    sp_factor is the TP size when sequence parallelism is on, else 1.
+    2*cp_size*sp_factor if cp_size > 1 else sp_factor; sp_factor is the TP size when sequence
+    parallelism is on, else 1. The one definition of this rule (datasets, argument checks and
+    schedulers all use it).
     """
-    multiple = CHUNKS_PER_CP_RANK * cp_size * sp_factor if cp_size > 1 else sp_factor
+    return CHUNKS_PER_CP_RANK * cp_size * sp_factor if cp_size > 1 else sp_factor
+
+
+def padded_length(length: int, cp_size: int, sp_factor: int = 1) -> int:
+    """Padded length of a sequence given ``cp_size`` ranks: roundup to :func:`pad_multiple`."""
+    multiple = pad_multiple(cp_size, sp_factor)
     return -(-length // multiple) * multiple
 
 
