@@ -89,11 +89,6 @@ def initialize_dynamic_cp_groups(layout: GroupLayout) -> DynamicCPGroups:
     return _REGISTRY
 
 
-def get_dynamic_cp_groups() -> DynamicCPGroups:
-    assert _REGISTRY is not None, "dynamic CP groups are not initialised"
-    return _REGISTRY
-
-
 def destroy_dynamic_cp_groups() -> None:
     global _REGISTRY
     if _REGISTRY is not None:
