@@ -9,7 +9,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.training.initializers import initialize_layout_invariant
-from megatron.varlen.cpu_device import use_cpu
+from megatron.varlen.cpu_device import get_device, use_cpu
 from megatron.varlen.mtp import VarlenGPTModel
 from megatron.varlen.spec import get_varlen_decoder_block_spec, get_varlen_mtp_block_spec
 from megatron.varlen.spec_loading import load_layer_spec
@@ -98,6 +98,9 @@ def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,
         tied_output=not args.untie_embeddings_and_output_weights, gated_mlp=args.swiglu)
+    # Built and initialised on the host (use_cpu_initialization: the same weights on any
+    # device), then moved once to where training runs; DDP buffers and optimizer state follow.
+    chunks = [chunk.to(get_device()) for chunk in chunks]
     if args.bf16 or args.fp16:
         # As Megatron-LM: cast every module (our plain-torch norms too) to the half dtype and
         # convert inputs/outputs at the model boundary.

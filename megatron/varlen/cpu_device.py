@@ -15,7 +15,10 @@ buffers, CUDA RNG states, ``param.type()`` string checks in grad clipping). When
 4. ``Tensor.type()`` (no argument) reports CPU tensors under their CUDA type name: the
    optimizers and grad clipping dispatch on strings like ``'torch.cuda.FloatTensor'``.
 
-Everything is a no-op when CUDA is available: on GPU the same code runs on the real device.
+Everything is a no-op when CUDA is available: on GPU the same code runs on the real device,
+unless the process chose CPU explicitly with :func:`force_cpu` (what the multi-rank test
+harness does for CPU-designed tests on a machine with a GPU): then the redirects are installed
+anyway and ``torch.cuda.is_available()`` answers False, so no code path initialises CUDA.
 Each redirect is named below and covered by tests/unit_tests/varlen/test_cpu_device.py.
 """
 
@@ -28,6 +31,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _ACTIVE_MODE: "_CudaToCpuMode | None" = None
+# Set by force_cpu(): this process runs on CPU whatever CUDA devices are visible.
+_FORCED_CPU = False
 _PATCHED: dict[tuple[Any, str], Any] = {}
 
 # Tensor methods whose device argument is positional (tensor.to("cuda"), tensor.cuda(0)...).
@@ -38,9 +43,24 @@ _CPU_TYPE_PREFIX = "torch."
 _CUDA_TYPE_PREFIX = "torch.cuda."
 
 
+def _cuda_visible() -> bool:
+    """CUDA availability as torch reports it, even while is_available() is redirected."""
+    return _PATCHED.get((torch.cuda, "is_available"), torch.cuda.is_available)()
+
+
+def force_cpu() -> None:
+    """Choose CPU for this process even when CUDA is visible (call before :func:`activate`).
+
+    The multi-rank harness calls it for CPU-designed tests: the device is then an explicit
+    choice, not an accident of what the machine has.
+    """
+    global _FORCED_CPU
+    _FORCED_CPU = True
+
+
 def use_cpu() -> bool:
-    """True when training must run on CPU (no CUDA device visible)."""
-    return not torch.cuda.is_available()
+    """True when training must run on CPU: no CUDA device visible, or CPU forced."""
+    return _FORCED_CPU or not _cuda_visible()
 
 
 def get_device() -> torch.device:
@@ -173,6 +193,8 @@ def _patch_torch_cuda() -> None:
     _patch(torch.cuda, "empty_cache", lambda *a, **k: None)
     _patch(torch.cuda, "manual_seed", lambda seed: None)
     _patch(torch.cuda, "manual_seed_all", lambda seed: None)
+    if _FORCED_CPU:  # a GPU is visible but not ours: everything that asks must hear "no CUDA"
+        _patch(torch.cuda, "is_available", lambda: False)
 
 
 def _patch_rng_tracker() -> None:
@@ -188,7 +210,8 @@ def _patch_rng_tracker() -> None:
 def activate() -> bool:
     """Installs the CPU redirects once per process; returns True if they are active.
 
-    Safe to call repeatedly. Does nothing (and returns False) when CUDA is available.
+    Safe to call repeatedly. Does nothing (and returns False) when CUDA is available and CPU
+    was not forced (:func:`force_cpu`).
     """
     global _ACTIVE_MODE
     if not use_cpu():
@@ -202,8 +225,9 @@ def activate() -> bool:
 
 
 def deactivate() -> None:
-    """Removes every redirect (used by tests of this module)."""
-    global _ACTIVE_MODE
+    """Removes every redirect and the forced-CPU choice (used by tests of this module)."""
+    global _ACTIVE_MODE, _FORCED_CPU
+    _FORCED_CPU = False
     if _ACTIVE_MODE is not None:
         _ACTIVE_MODE.__exit__(None, None, None)
         _ACTIVE_MODE = None

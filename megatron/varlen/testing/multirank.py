@@ -3,8 +3,14 @@
     results = run_distributed(my_rank_fn, world_size=4, args=(cfg,), timeout_s=120)
 
 ``my_rank_fn`` must be importable by name (defined at module level). Each rank runs in its own
-process with ``torch.distributed`` initialised (gloo, loopback, a fresh free port), the CPU
-device layer active, one intra-op thread, and RANK/WORLD_SIZE/LOCAL_RANK set. The call returns
+process with ``torch.distributed`` initialised (gloo, loopback, a fresh free port), one
+intra-op thread, and RANK/WORLD_SIZE/LOCAL_RANK set.
+
+The device is an explicit argument, never an accident of the machine: ``device="cpu"`` (the
+default) runs CPU ranks with the CPU device layer forced on, even when a GPU is visible (CUDA
+is never initialised, GPUs are hidden from the ranks' own children); ``device="cuda"`` runs
+the ranks on the visible GPUs (round-robin, so several ranks may share one GPU) over gloo with
+CUDA tensors, from freshly spawned interpreters (a CUDA context cannot cross a fork). The call returns
 the per-rank return values in rank order, or raises :class:`DistributedTestError` carrying
 every failing rank's traceback. Children are always reaped: each rank leads its own process
 group and the launcher kills every group when the run ends (so helpers a rank started, such as
@@ -47,6 +53,11 @@ _PRELOAD = [
     "megatron.core.distributed",
 ]
 _CONTEXT = None
+CPU, CUDA = "cpu", "cuda"
+# Ranks exchange tensors over gloo on either device: NCCL needs one GPU per rank, and gloo
+# carries CUDA tensors for the collectives the training path uses (not send/recv).
+RANK_BACKEND = "gloo"
+_HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 class DistributedTestError(RuntimeError):
@@ -63,6 +74,42 @@ def _get_context():
         _CONTEXT = multiprocessing.get_context("forkserver")
         _CONTEXT.set_forkserver_preload(_PRELOAD)
     return _CONTEXT
+
+
+def _spawn_context():
+    _get_context()  # the same PYTHONPATH hand-over
+    return multiprocessing.get_context("spawn")
+
+
+def check_device(device: str) -> None:
+    """Raises ValueError for a device the harness cannot run ranks on."""
+    if device not in (CPU, CUDA):
+        raise ValueError(f"run_distributed device must be {CPU!r} or {CUDA!r}, got {device!r}")
+    if device == CUDA:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("run_distributed(device='cuda') needs a visible CUDA device")
+
+
+def prepare_rank_device(device: str, rank: int) -> str:
+    """Makes this rank's device choice effective; returns the process-group backend.
+
+    CPU: forces the CPU device layer (CUDA is then never initialised here, even when visible)
+    and hides GPUs from anything this rank starts. CUDA: binds the rank to GPU
+    ``rank % device_count``.
+    """
+    import torch
+
+    from megatron.varlen import cpu_device
+
+    if device == CPU:
+        os.environ.update(_HIDE_GPUS)
+        cpu_device.force_cpu()
+        cpu_device.activate()
+    else:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    return RANK_BACKEND
 
 
 def find_free_port() -> int:
@@ -87,7 +134,7 @@ def _stop_own_children() -> None:
         child.join(timeout=CHILD_JOIN_S)
 
 
-def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s):
+def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s, device=CPU):
     # Lead a process group of our own: the launcher kills the whole group when it reaps us, so
     # no grandchild survives a failed or timed-out run.
     os.setpgid(0, 0)
@@ -98,13 +145,11 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s):
     )
     import torch
 
-    from megatron.varlen import cpu_device
-
     torch.set_num_threads(1)
-    cpu_device.activate()
     try:
+        backend = prepare_rank_device(device, rank)
         torch.distributed.init_process_group(
-            backend=cpu_device.get_backend(), init_method=f"tcp://127.0.0.1:{port}",
+            backend=backend, init_method=f"tcp://127.0.0.1:{port}",
             rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
         )
         # Plain pickle bytes: torch's multiprocessing reducer would pass tensors as shared
@@ -158,19 +203,24 @@ def run_distributed(
     args: tuple = (),
     kwargs: dict | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    device: str = CPU,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks and returns their results.
+
+    ``device`` is ``"cpu"`` (CPU ranks, also where a GPU is visible) or ``"cuda"`` (ranks
+    sharing the visible GPUs, CUDA tensors over gloo).
 
     Raises:
         DistributedTestError: a rank raised (its traceback is in the message), a rank died
             without reporting, or the deadline passed (all ranks are killed in every case).
     """
-    ctx = _get_context()
+    check_device(device)
+    ctx = _get_context() if device == CPU else _spawn_context()
     results = ctx.Queue()
     port = find_free_port()
     procs = [
         ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, args, kwargs or {},
-                                             results, timeout_s))
+                                             results, timeout_s, device))
         for rank in range(world_size)
     ]
     try:

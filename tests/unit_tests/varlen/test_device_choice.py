@@ -1,0 +1,87 @@
+"""The device is an explicit choice: CPU-designed runs stay on CPU even where CUDA is visible.
+
+On this CPU-only CI machine CUDA visibility is faked with monkeypatch; on a GPU machine the
+harness tests below check the real thing (ranks on CPU, CUDA never initialised).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatron.varlen import cpu_device
+from megatron.varlen.testing import multirank
+from megatron.varlen.testing.multirank import run_distributed
+
+
+@pytest.fixture
+def cuda_visible(monkeypatch):
+    """torch says a GPU is there (it is not: nothing may actually touch CUDA)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    yield
+    cpu_device.deactivate()
+
+
+def test_cuda_visible_and_not_forced_means_gpu(cuda_visible):
+    assert not cpu_device.use_cpu()
+    assert cpu_device.get_backend() == "nccl"
+    assert cpu_device.activate() is False  # no redirects on a real GPU run
+
+
+def test_forced_cpu_wins_over_a_visible_gpu(cuda_visible):
+    cpu_device.force_cpu()
+    assert cpu_device.activate() is True
+    assert cpu_device.use_cpu() and cpu_device.get_backend() == "gloo"
+    assert cpu_device.get_device() == torch.device("cpu")
+    # Everything that asks (megatron-core, our spec, the TE adapter) must hear "no CUDA".
+    assert torch.cuda.is_available() is False
+    assert torch.empty(2, device="cuda").device.type == "cpu"
+    cpu_device.deactivate()
+    assert torch.cuda.is_available() is True and not cpu_device.use_cpu()
+
+
+def test_cpu_rank_setup_hides_gpus_and_uses_gloo(cuda_visible, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert multirank.prepare_rank_device("cpu", rank=1) == "gloo"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert cpu_device.use_cpu() and torch.cuda.is_available() is False
+
+
+def test_bad_device_is_refused():
+    with pytest.raises(ValueError, match="'tpu'"):
+        multirank.check_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check")
+def test_cuda_ranks_need_a_gpu():
+    with pytest.raises(ValueError, match="needs a visible CUDA device"):
+        run_distributed(_what_the_rank_sees, 2, device="cuda")
+
+
+def _what_the_rank_sees():
+    return {
+        "use_cpu": cpu_device.use_cpu(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_initialized": torch.cuda.is_initialized(),
+        "backend": torch.distributed.get_backend(),
+        "hidden": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def test_default_ranks_run_on_cpu_whatever_the_machine_has():
+    for seen in run_distributed(_what_the_rank_sees, 2, timeout_s=60):
+        assert seen == {"use_cpu": True, "cuda_available": False, "cuda_initialized": False,
+                        "backend": "gloo", "hidden": ""}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="meaningful only with CUDA visible")
+def test_forkserver_preload_does_not_initialise_cuda():
+    # A CUDA context in the forkserver would break every forked rank ("Cannot re-initialize
+    # CUDA in forked subprocess").
+    code = ("import importlib, torch; from megatron.varlen.testing import multirank; "
+            "[importlib.import_module(m) for m in multirank._PRELOAD]; "
+            "print(torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
