@@ -1,0 +1,238 @@
+"""The per-micro-batch attention plan: which local query rows attend which key ranges.
+
+Pure host-side code. From the pack's boundaries (``cu_seqlens`` real, ``cu_seqlens_padded``
+padded, both of the WHOLE pack) and the CP size and rank, it lays out ONE variable-length
+kernel call (:mod:`megatron.varlen.attention.varlen_kernel`) that computes exactly what the
+reference attention computes:
+
+* The zigzag layout (:mod:`megatron.varlen.cp_split`): every padded sequence of length P is cut
+  into 2c chunks of ``P/2c`` tokens; CP rank r holds chunks r and 2c-1-r, in that order.
+* A query chunk covering positions [a, b) of its sequence (real length L) becomes one kernel
+  segment: its REAL rows [a, e), e = min(b, L), against the key PREFIX [0, e) of the same
+  sequence (causal) or all real keys [0, L) (full attention). The kernel's causal mask is
+  bottom-right aligned, so row j of the segment sees keys 0 .. a + j: exactly the causal mask
+  at global positions. A chunk with no real row (a >= L) is no segment: its rows stay zero,
+  as the reference returns for padding rows.
+* Keys come from the all-gathered K/V of the CP group (rank-ordered shards), picked with one
+  index (``key_index``) into that concatenation; queries are picked from the local shard with
+  ``query_index`` and the kernel's output is scattered back to those rows.
+
+Built ONCE per micro-batch (and CP group) from host values the schedule already has, then
+reused by every layer: no device->host copy in the forward or backward pass.
+
+Shape legend:
+    T   = tokens of the whole padded pack; T_r = T / c tokens on this rank
+    T_q = real query rows of this rank (kernel rows); T_k = gathered key rows (kernel keys)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from megatron.varlen.cp_split import CHUNKS_PER_RANK
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """One kernel call for one rank's tokens of one micro-batch (host ints + index tensors)."""
+
+    cp_size: int
+    cp_rank: int
+    causal: bool
+    local_tokens: int                  # T_r: rows of the local q/k/v shard
+    query_index: Optional[torch.Tensor]  # [T_q] local rows given to the kernel; None = all
+    key_index: Optional[torch.Tensor]    # [T_k] rows of the rank-ordered gathered K/V; None = all
+    cu_seq_q: torch.Tensor             # [m+1] int32 kernel query boundaries
+    cu_seq_k: torch.Tensor             # [m+1] int32 kernel key boundaries
+    max_q: int
+    max_k: int
+    num_segments: int
+
+    def to(self, device: torch.device) -> "AttentionPlan":
+        """The same plan with its tensors on ``device`` (pinned, asynchronous copies on CUDA)."""
+        move = lambda t: None if t is None else _to_device(t, device)
+        return AttentionPlan(
+            cp_size=self.cp_size, cp_rank=self.cp_rank, causal=self.causal,
+            local_tokens=self.local_tokens, query_index=move(self.query_index),
+            key_index=move(self.key_index), cu_seq_q=move(self.cu_seq_q),
+            cu_seq_k=move(self.cu_seq_k), max_q=self.max_q, max_k=self.max_k,
+            num_segments=self.num_segments)
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda":  # pinned source: a truly asynchronous host->device copy
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def _ranges(starts: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
+    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised, int64."""
+    starts_t = torch.tensor(list(starts), dtype=torch.int64)
+    lengths_t = torch.tensor(list(lengths), dtype=torch.int64)
+    total = int(lengths_t.sum()) if lengths_t.numel() else 0
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    offsets = torch.cumsum(lengths_t, 0) - lengths_t
+    within = torch.arange(total) - torch.repeat_interleave(offsets, lengths_t)
+    return torch.repeat_interleave(starts_t, lengths_t) + within
+
+
+def _cumulative(lengths: Sequence[int]) -> torch.Tensor:
+    return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def local_chunks(padded_len: int, cp_size: int, cp_rank: int) -> list[tuple[int, int]]:
+    """[start, end) positions, within a sequence, of the chunks ``cp_rank`` holds (in order)."""
+    if cp_size == 1:
+        return [(0, padded_len)]
+    chunk = padded_len // (CHUNKS_PER_RANK * cp_size)
+    mirrored = CHUNKS_PER_RANK * cp_size - 1 - cp_rank
+    return [(cp_rank * chunk, (cp_rank + 1) * chunk), (mirrored * chunk, (mirrored + 1) * chunk)]
+
+
+def gathered_row(stream_pos: int, padded_starts: Sequence[int], padded_lens: Sequence[int],
+                 seq: int, cp_size: int) -> int:
+    """Row of stream position ``stream_pos`` (inside sequence ``seq``) in the rank-ordered
+    concatenation of every CP rank's shard."""
+    within = stream_pos - padded_starts[seq]
+    if cp_size == 1:
+        return stream_pos
+    chunk = padded_lens[seq] // (CHUNKS_PER_RANK * cp_size)
+    index, offset = divmod(within, chunk)
+    owner = min(index, CHUNKS_PER_RANK * cp_size - 1 - index)
+    second = index != owner  # the owner's mirrored (second) chunk
+    shard_len = padded_starts[-1] // cp_size  # padded_starts carries T as its last entry
+    local_start = padded_starts[seq] // cp_size
+    return owner * shard_len + local_start + (chunk if second else 0) + offset
+
+
+def _key_rows(start_pos: int, count: int, padded_starts, padded_lens, seq, cp_size):
+    """(starts, lengths) runs of gathered rows for stream positions [start_pos, +count)."""
+    if cp_size == 1:
+        return [start_pos], [count]
+    chunk = padded_lens[seq] // (CHUNKS_PER_RANK * cp_size)
+    starts, lengths = [], []
+    pos, end = start_pos, start_pos + count
+    while pos < end:  # one run per chunk crossed: chunks are contiguous within a shard
+        within = pos - padded_starts[seq]
+        run = min(end - pos, chunk - within % chunk)
+        starts.append(gathered_row(pos, padded_starts, padded_lens, seq, cp_size))
+        lengths.append(run)
+        pos += run
+    return starts, lengths
+
+
+def build_attention_plan(
+    cu_seqlens: Sequence[int], cu_seqlens_padded: Sequence[int], cp_size: int, cp_rank: int,
+    causal: bool = True,
+) -> AttentionPlan:
+    """The kernel call for ``cp_rank``'s tokens (see the module docstring). Host only.
+
+    Args:
+        cu_seqlens: [n+1] cumulative REAL lengths of the whole pack (ints or a host tensor).
+        cu_seqlens_padded: [n+1] cumulative PADDED lengths of the whole pack.
+        cp_size, cp_rank: the micro-batch's CP group size and this rank's place in it.
+        causal: causal within each sequence (else full attention over its real tokens).
+
+    Raises:
+        ValueError: malformed boundaries (a padded length below its real length, or not
+            divisible by 2*cp_size when cp_size > 1).
+    """
+    real = [int(x) for x in cu_seqlens]
+    padded = [int(x) for x in cu_seqlens_padded]
+    if len(real) != len(padded) or len(padded) < 1:
+        raise ValueError("cu_seqlens and cu_seqlens_padded need the same n+1 entries")
+    divisor = CHUNKS_PER_RANK * cp_size if cp_size > 1 else 1
+    padded_lens = [b - a for a, b in zip(padded, padded[1:])]
+    real_lens = [b - a for a, b in zip(real, real[1:])]
+    for i, (p, r) in enumerate(zip(padded_lens, real_lens)):
+        if r < 0 or p < r:
+            raise ValueError(f"sequence {i}: real length {r} must be in [0, padded {p}]")
+        if p % divisor:
+            raise ValueError(f"sequence {i} has padded length {p}, not divisible by 2*cp_size "
+                             f"= {divisor}")
+    q_starts, q_lens, k_starts, k_lens, seg_q, seg_k = [], [], [], [], [], []
+    local_offset = 0
+    for seq, (p, length) in enumerate(zip(padded_lens, real_lens)):
+        for slot, (a, b) in enumerate(local_chunks(p, cp_size, cp_rank)):
+            end = min(b, length)
+            if end > a:
+                key_len = end if causal else length
+                q_starts.append(local_offset + slot * (b - a))  # chunks sit back to back
+                q_lens.append(end - a)
+                starts, lengths = _key_rows(padded[seq], key_len, padded, padded_lens, seq,
+                                            cp_size)
+                k_starts += starts
+                k_lens += lengths
+                seg_q.append(end - a)
+                seg_k.append(key_len)
+        local_offset += p // cp_size
+    local_tokens = padded[-1] // cp_size
+    query_index = _ranges(q_starts, q_lens)
+    key_index = _ranges(k_starts, k_lens)
+    return AttentionPlan(
+        cp_size=cp_size, cp_rank=cp_rank, causal=causal, local_tokens=local_tokens,
+        query_index=None if _is_identity(query_index, local_tokens) else query_index,
+        key_index=None if _is_identity(key_index, padded[-1]) else key_index,
+        cu_seq_q=_cumulative(seg_q), cu_seq_k=_cumulative(seg_k),
+        max_q=max(seg_q, default=0), max_k=max(seg_k, default=0), num_segments=len(seg_q))
+
+
+def _is_identity(index: torch.Tensor, size: int) -> bool:
+    return index.numel() == size and bool(torch.equal(index, torch.arange(size)))
+
+
+# --- the plan's home: host boundaries attached to a micro-batch's PackedSeqParams -------------
+
+# Attribute set on a PackedSeqParams instance (megatron-core's dataclass is not frozen): copies
+# made with dataclasses.replace / copy.copy share it, so every layer finds the same plans.
+HOST_BOUNDARIES_ATTR = "varlen_host_boundaries"
+
+
+@dataclass
+class HostBoundaries:
+    """Host copies of a micro-batch's boundaries and the plans built from them (per CP group
+    size/rank, mask type and device)."""
+
+    cu_seqlens: torch.Tensor         # [n+1] int32, CPU
+    cu_seqlens_padded: torch.Tensor  # [n+1] int32, CPU
+    plans: dict
+
+    def plan(self, cp_size: int, cp_rank: int, causal: bool,
+             device: torch.device) -> AttentionPlan:
+        """The plan for one CP place and device, built on first use and then reused."""
+        key = (cp_size, cp_rank, causal, str(device))
+        if key not in self.plans:
+            host = build_attention_plan(self.cu_seqlens.tolist(), self.cu_seqlens_padded.tolist(),
+                                        cp_size, cp_rank, causal)
+            self.plans[key] = host.to(device)
+        return self.plans[key]
+
+
+def attach_host_boundaries(params, cu_seqlens: torch.Tensor,
+                           cu_seqlens_padded: torch.Tensor) -> HostBoundaries:
+    """Gives ``params`` (a PackedSeqParams) host copies of its boundaries; returns them.
+
+    The data path calls this where the boundaries are still on the host (the schedule made
+    them), so that no layer has to read them back from the device.
+    """
+    host = HostBoundaries(cu_seqlens.detach().to("cpu", torch.int32),
+                          cu_seqlens_padded.detach().to("cpu", torch.int32), plans={})
+    setattr(params, HOST_BOUNDARIES_ATTR, host)
+    return host
+
+
+def host_boundaries(params) -> HostBoundaries:
+    """``params``' host boundaries; when the caller attached none, read them back ONCE (one
+    device->host copy per micro-batch, not per layer) and attach them."""
+    host = getattr(params, HOST_BOUNDARIES_ATTR, None)
+    if host is None:
+        padded = params.cu_seqlens_q_padded
+        host = attach_host_boundaries(
+            params, params.cu_seqlens_q, params.cu_seqlens_q if padded is None else padded)
+    return host
