@@ -9,6 +9,8 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.training.initializers import initialize_layout_invariant
+from megatron.training.varlen_arguments import attention_backend
+from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
 from megatron.varlen.cpu_device import get_device, use_cpu
 from megatron.varlen.mtp import VarlenGPTModel
 from megatron.varlen.spec import get_varlen_decoder_block_spec, get_varlen_mtp_block_spec
@@ -61,7 +63,8 @@ def build_transformer_config(args) -> TransformerConfig:
         # with variable_seq_lengths even when there are no experts.
         moe_token_dispatcher_type="alltoall",
         gradient_accumulation_fusion=False,
-        bias_dropout_fusion=False,
+        # CUDA only, and only where the compiled kernel gives the unfused numbers (probed).
+        bias_dropout_fusion=bias_dropout_add_fusion_keeps_numbers(),
         apply_rope_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -71,7 +74,7 @@ def build_transformer_config(args) -> TransformerConfig:
 
 def _build_chunk(args, config, vp_stage: int | None) -> VarlenGPTModel:
     kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
-    layer_spec = load_layer_spec(args.spec, args.normalization)
+    layer_spec = load_layer_spec(args.spec, args.normalization, attention_backend(args))
     mtp_spec = (get_varlen_mtp_block_spec(config, layer_spec, vp_stage=vp_stage)
                 if config.mtp_num_layers else None)
     return VarlenGPTModel(
@@ -94,6 +97,9 @@ def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel
     args.padded_vocab_size = padded_vocab_size(
         args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     stages = args.virtual_pipeline_model_parallel_size
+    if torch.distributed.get_rank() == 0:
+        print(f"> attention backend: {attention_backend(args)} (--attention-backend "
+              f"{args.attention_backend}) on {get_device().type}", flush=True)
     chunks = [_build_chunk(args, config, vp) for vp in (range(stages) if stages else [None])]
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,

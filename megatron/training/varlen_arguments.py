@@ -6,7 +6,10 @@ Megatron-LM's CLI is visible in one place.
 
 from __future__ import annotations
 
+import torch
+
 from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.accelerator import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
 from megatron.varlen.scheduling.problem import padded_length
 from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
 
@@ -38,6 +41,12 @@ def add_varlen_args(parser) -> None:
     group.add_argument("--spec", nargs=2, default=None, metavar=("MODULE", "FUNCTION"),
                        help="Layer spec function to build the decoder with (Megatron's flag); "
                             "default megatron.varlen.spec get_varlen_gpt_layer_spec.")
+    group.add_argument("--attention-backend", default=AUTO, choices=ATTENTION_BACKENDS,
+                       help="Core attention (Megatron-LM's flag): local = plain-torch reference; "
+                            "flash = torch's FlashAttention varlen kernel (CUDA, bf16/fp16, no "
+                            "attention dropout; on CPU its plain-torch twin); te = Transformer "
+                            "Engine; auto = te if it imports, else flash on CUDA for bf16/fp16 "
+                            "without attention dropout, else local.")
     group.add_argument("--sft", action="store_true",
                        help="Supervised fine-tuning data: one variable-length sample per sequence "
                             "(--mock-data --sft gives the mock SFT dataset).")
@@ -46,8 +55,22 @@ def add_varlen_args(parser) -> None:
                             "file, e.g. '{\"mode\":\"file\",\"path\":\"lengths.csv\"}'.")
 
 
+def attention_backend(args) -> str:
+    """The core attention a run uses: --attention-backend resolved for its dtype and dropout.
+
+    Raises:
+        ValueError: one line, when the requested backend cannot run this configuration.
+    """
+    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    return resolve_attention_backend(args.attention_backend, dtype, args.attention_dropout)
+
+
 def validate_varlen_args(args, require) -> None:
     """Checks the fork's flags; ``require(cond, message)`` raises the one-line error."""
+    try:
+        attention_backend(args)
+    except ValueError as err:
+        require(False, str(err))
     require(args.sft_mock_dataset_config_json is None or args.sft,
             "--sft-mock-dataset-config-json needs --sft (with --mock-data)")
     if args.sft_mock_dataset_config_json is not None:
@@ -137,6 +160,7 @@ def _validate_packing(args, require) -> None:
     # Only the global per-token mean is invariant to packing (RESEARCH.md §C).
     args.calculate_per_token_loss = True
     try:
-        check_takes_thd(load_layer_spec(args.spec, args.normalization), args.spec)
+        check_takes_thd(load_layer_spec(args.spec, args.normalization, attention_backend(args)),
+                        args.spec)
     except ValueError as err:
         require(False, str(err))

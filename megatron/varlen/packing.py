@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.varlen.attention.attention_plan import attach_host_boundaries
 from megatron.varlen.cp_split import split_thd_for_cp
 
 THD_FORMAT = "thd"
@@ -128,5 +129,7 @@ def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device) -
         max_seqlen_q=pack.max_seqlen, max_seqlen_kv=pack.max_seqlen,
         local_cp_size=size, cp_group=cp_group if size > 1 else None,
     )
+    # Host copies for the attention plan and RoPE: no layer reads boundaries off the device.
+    attach_host_boundaries(inputs["packed_seq_params"], pack.cu_seqlens, pack.cu_seqlens_padded)
     inputs["sample_ids"] = pack.sample_ids  # bookkeeping for checks; the model ignores it
     return inputs

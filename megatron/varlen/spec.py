@@ -1,8 +1,8 @@
 """Layer specs for variable-length training: megatron-core's GPT specs with two swaps.
 
 Only ``self_attention.module`` (-> :class:`CPSwitchingSelfAttention`) and
-``self_attention.submodules.core_attention`` (-> :class:`VarlenCoreAttention` on CPU, TE's
-``TEDotProductAttention`` on GPU with Transformer Engine) change; every other slot is exactly
+``self_attention.submodules.core_attention`` (-> :class:`VarlenCoreAttention`, the flash
+backend's :class:`FlashVarlenCoreAttention`, or TE's ``TEDotProductAttention``) change; every other slot is exactly
 what megatron-core's own spec function returns. Loadable with Megatron's
 ``--spec megatron.varlen.spec get_varlen_gpt_layer_spec``.
 """
@@ -27,7 +27,9 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
+from megatron.varlen.attention.flash_attention import FlashVarlenCoreAttention
 from megatron.varlen.attention.te_adapter import get_te_core_attention
+from megatron.varlen import accelerator
 from megatron.varlen.norms import VarlenNorm
 
 # Norm slots of a local-spec layer: megatron-core's torch norm there refuses sequence parallel.
@@ -68,6 +70,7 @@ def get_varlen_gpt_layer_spec(
     qk_layernorm: bool = False,
     normalization: Optional[str] = None,
     use_te: Optional[bool] = None,
+    attention_backend: Optional[str] = None,
 ) -> ModuleSpec:
     """GPT decoder layer spec with THD/CP core attention and per-micro-batch CP switching.
 
@@ -77,11 +80,18 @@ def get_varlen_gpt_layer_spec(
         normalization: "LayerNorm" or "RMSNorm" for the local spec (the TE spec reads
             ``config.normalization`` at build time instead).
         use_te: None picks TE when it imports and CUDA is available; False forces the local
-            (plain torch) spec; True requires TE.
+            (plain torch) spec; True requires TE. Ignored when ``attention_backend`` is given.
+        attention_backend: "local", "flash", "te" or "auto" (TE if available, else flash on
+            CUDA, else local; an fp32 run on CUDA must ask for "local": FlashAttention takes
+            half precision). The training path passes the backend it resolved with
+            :func:`megatron.varlen.accelerator.resolve_attention_backend`.
 
     Raises:
-        ValueError: ``use_te=True`` without Transformer Engine and CUDA.
+        ValueError: ``use_te=True`` or ``attention_backend="te"`` without Transformer Engine
+            and CUDA.
     """
+    if attention_backend is not None:
+        return _spec_for_backend(attention_backend, num_experts, qk_layernorm, normalization)
     te_attention = get_te_core_attention() if use_te is not False else None
     if use_te and te_attention is None:
         raise ValueError(
@@ -98,6 +108,27 @@ def get_varlen_gpt_layer_spec(
     return _with_sp_capable_norms(_with_varlen_attention(base, VarlenCoreAttention))
 
 
+def _spec_for_backend(backend, num_experts, qk_layernorm, normalization) -> ModuleSpec:
+    if backend == accelerator.AUTO:
+        backend = (accelerator.TE if accelerator.te_available() else
+                   accelerator.FLASH if accelerator.flash_varlen_available() else accelerator.LOCAL)
+    if backend == accelerator.TE:
+        return get_varlen_gpt_layer_spec(num_experts, qk_layernorm, normalization, use_te=True)
+    if backend not in (accelerator.FLASH, accelerator.LOCAL):
+        raise ValueError(f"attention_backend {backend!r}: choose from "
+                         f"{accelerator.ATTENTION_BACKENDS}")
+    core = FlashVarlenCoreAttention if backend == accelerator.FLASH else VarlenCoreAttention
+    base = get_gpt_layer_local_spec(
+        num_experts=num_experts, qk_layernorm=qk_layernorm, normalization=normalization
+    )
+    return _with_sp_capable_norms(_with_varlen_attention(base, core))
+
+
+def _is_plain_torch_attention(core_attention) -> bool:
+    """Our reference or flash core attention (local spec), as opposed to TE's."""
+    return isinstance(core_attention, type) and issubclass(core_attention, VarlenCoreAttention)
+
+
 def get_varlen_decoder_block_spec(config: TransformerConfig, layer_spec: ModuleSpec,
                                   vp_stage: Optional[int] = None):
     """The decoder block for this pipeline stage: ``layer_spec`` layers + a final norm.
@@ -107,7 +138,7 @@ def get_varlen_decoder_block_spec(config: TransformerConfig, layer_spec: ModuleS
     :class:`VarlenNorm`. A TE layer spec is returned unchanged (TE norms handle SP).
     """
     core_attention = layer_spec.submodules.self_attention.submodules.core_attention
-    if core_attention is not VarlenCoreAttention:
+    if not _is_plain_torch_attention(core_attention):
         return layer_spec
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer_spec] * num_layers,
@@ -128,7 +159,7 @@ def get_varlen_mtp_block_spec(
     static ``cp_group`` of the MTP modules (see docs/ATTENTION.md).
     """
     core_attention = layer_spec.submodules.self_attention.submodules.core_attention
-    uses_te = core_attention is not VarlenCoreAttention
+    uses_te = not _is_plain_torch_attention(core_attention)
     return get_gpt_mtp_block_spec(
         config, layer_spec, use_transformer_engine=uses_te, vp_stage=vp_stage, pp_rank=pp_rank
     )

@@ -14,18 +14,23 @@ DEFAULT_SPEC = ("megatron.varlen.spec", "get_varlen_gpt_layer_spec")
 # Core attentions (by qualified class name) that take packed THD input with cu_seqlens.
 THD_CAPABLE_CORE_ATTENTION = frozenset({
     "megatron.varlen.attention.core_attention.VarlenCoreAttention",
+    "megatron.varlen.attention.flash_attention.FlashVarlenCoreAttention",
     "megatron.core.extensions.transformer_engine.TEDotProductAttention",
 })
 
 
-def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str):
-    """The decoder layer ModuleSpec: ours by default, else the user's spec function."""
+def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str,
+                    attention_backend: str | None = None):
+    """The decoder layer ModuleSpec: ours by default (with ``attention_backend``, a resolved
+    --attention-backend), else the user's spec function."""
     module_name, function_name = spec or DEFAULT_SPEC
     try:
         function = getattr(import_module(module_name), function_name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--spec {module_name} {function_name}: cannot import it ({err})") from err
-    return function(normalization=normalization) if spec is None else function()
+    if spec is not None:
+        return function()
+    return function(normalization=normalization, attention_backend=attention_backend)
 
 
 def core_attention_name(layer_spec) -> str:

@@ -27,6 +27,7 @@ Shape legend:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -202,6 +203,7 @@ class HostBoundaries:
     cu_seqlens: torch.Tensor         # [n+1] int32, CPU
     cu_seqlens_padded: torch.Tensor  # [n+1] int32, CPU
     plans: dict
+    host_view: object = None  # the PackedSeqParams copy with host boundaries (see below)
 
     def plan(self, cp_size: int, cp_rank: int, causal: bool,
              device: torch.device) -> AttentionPlan:
@@ -236,3 +238,26 @@ def host_boundaries(params) -> HostBoundaries:
         host = attach_host_boundaries(
             params, params.cu_seqlens_q, params.cu_seqlens_q if padded is None else padded)
     return host
+
+
+def with_host_boundaries(params):
+    """A copy of ``params`` whose ``cu_seqlens*`` fields are the attached host copies (the same
+    copy for every layer), or ``params`` itself when none are attached.
+
+    megatron-core's THD RoPE reads the boundaries with ``.tolist()`` in every layer; handed host
+    tensors, that is no device->host copy. Only for our plain-torch core attentions: TE's needs
+    the device tensors.
+    """
+    host = getattr(params, HOST_BOUNDARIES_ATTR, None)
+    if host is None:
+        return params
+    if host.host_view is None:
+        host.host_view = dataclasses.replace(
+            params, cu_seqlens_q=host.cu_seqlens, cu_seqlens_kv=host.cu_seqlens,
+            cu_seqlens_q_padded=host.cu_seqlens_padded,
+            cu_seqlens_kv_padded=host.cu_seqlens_padded)
+        setattr(host.host_view, HOST_BOUNDARIES_ATTR, host)
+    view = host.host_view
+    # The CP group travels with the micro-batch and may be changed by the caller afterwards.
+    view.cp_group, view.local_cp_size = params.cp_group, params.local_cp_size
+    return view

@@ -26,6 +26,7 @@ from typing import Any
 
 from megatron.core.transformer.attention import SelfAttention
 
+from megatron.varlen.attention.attention_plan import with_host_boundaries
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_group import carries_cp_group, resolve_cp_group, use_cp_group
 
@@ -65,8 +66,22 @@ class CPSwitchingSelfAttention(SelfAttention):
         """Context manager: this layer's CP consumers use ``group`` inside the block."""
         return use_cp_group(self.cp_consumers(), group)
 
+    def _with_host_boundaries(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """For our core attentions: the call with ``packed_seq_params`` swapped for its view
+        with host boundaries (RoPE then reads no boundary back from the device)."""
+        packed_seq_params = _packed_seq_params_of(self, args, kwargs)
+        if packed_seq_params is None or not isinstance(self.core_attention, VarlenCoreAttention):
+            return args, kwargs
+        host_view = with_host_boundaries(packed_seq_params)
+        if host_view is packed_seq_params:
+            return args, kwargs
+        bound = _FORWARD_SIGNATURE.bind_partial(self, *args, **kwargs)
+        bound.arguments[_PACKED_SEQ_PARAMS] = host_view
+        return bound.args[1:], bound.kwargs
+
     def forward(self, *args, **kwargs):
         """``SelfAttention.forward`` on the micro-batch's CP group (restored afterwards)."""
+        args, kwargs = self._with_host_boundaries(args, kwargs)
         packed_seq_params = _packed_seq_params_of(self, args, kwargs)
         if not carries_cp_group(packed_seq_params):
             return super().forward(*args, **kwargs)

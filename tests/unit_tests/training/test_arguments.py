@@ -25,7 +25,7 @@ EXPECTED_FLAGS = frozenset("""
 --untie-embeddings-and-output-weights --use-distributed-optimizer --vocab-size --weight-decay
 --context-parallel-size --sequence-packing --sequence-packing-scheduler
 --max-seqlen-per-dp-cp-rank --spec --dynamic-context-parallel --hybrid-context-parallel
---min-dynamic-context-parallel-size --mtp-num-layers
+--min-dynamic-context-parallel-size --mtp-num-layers --attention-backend
 """.split())
 
 
@@ -56,6 +56,9 @@ def test_derived_fields():
     (["--num-layers-per-virtual-pipeline-stage", "1"], 1, "--pipeline-model-parallel-size > 1"),
     (["--sequence-parallel"], 1, "--sequence-parallel needs"),
     (["--no-such-flag"], 1, "unrecognized arguments: --no-such-flag"),
+    (["--attention-backend", "flash", "--attention-dropout", "0.1"], 1,
+     "--attention-backend flash has no attention dropout (got --attention-dropout 0.1)"),
+    (["--attention-backend", "te"], 1, "--attention-backend te needs Transformer Engine"),
     (["--lr-warmup-iters", "3"], 1, "--lr-warmup-iters 3 must be smaller than the decay length 3"),
     (["--swiglu", "--tensor-model-parallel-size", "2"], 2,
      "--ffn-hidden-size 85 is not divisible by --tensor-model-parallel-size 2"),

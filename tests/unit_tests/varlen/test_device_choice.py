@@ -85,3 +85,46 @@ def test_forkserver_preload_does_not_initialise_cuda():
             "print(torch.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+# --- --attention-backend resolution (accelerator) -----------------------------------------------
+
+from megatron.varlen import accelerator  # noqa: E402
+
+
+@pytest.fixture
+def gpu_with_flash(cuda_visible, monkeypatch):
+    monkeypatch.setattr(accelerator, "flash_varlen_available", lambda: True)
+    monkeypatch.setattr(accelerator, "te_available", lambda: False)
+
+
+@pytest.mark.parametrize("dtype, dropout, expected", [
+    (torch.bfloat16, 0.0, "flash"), (torch.float16, 0.0, "flash"),
+    (torch.float32, 0.0, "local"),   # FlashAttention takes half precision only
+    (torch.bfloat16, 0.1, "local"),  # and has no dropout: auto keeps the exact reference
+])
+def test_auto_on_cuda_without_te(gpu_with_flash, dtype, dropout, expected):
+    assert accelerator.resolve_attention_backend("auto", dtype, dropout) == expected
+
+
+def test_auto_prefers_te_then_falls_back_to_local_on_cpu(gpu_with_flash, monkeypatch):
+    monkeypatch.setattr(accelerator, "te_available", lambda: True)
+    assert accelerator.resolve_attention_backend("auto", torch.float32, 0.1) == "te"
+    cpu_device.force_cpu()
+    cpu_device.activate()
+    monkeypatch.setattr(accelerator, "te_available", lambda: False)
+    monkeypatch.setattr(accelerator, "flash_varlen_available", lambda: False)
+    assert accelerator.resolve_attention_backend("auto", torch.bfloat16, 0.0) == "local"
+
+
+def test_explicit_flash_errors_name_the_flag(gpu_with_flash):
+    with pytest.raises(ValueError, match="--attention-backend flash on CUDA needs --bf16"):
+        accelerator.resolve_attention_backend("flash", torch.float32, 0.0)
+    with pytest.raises(ValueError, match="--attention-dropout 0.1"):
+        accelerator.resolve_attention_backend("flash", torch.bfloat16, 0.1)
+
+
+def test_flash_on_cpu_runs_the_kernel_twin_in_any_dtype():
+    # On CPU "flash" is allowed (tests, debugging): its kernel is the plain-torch twin.
+    assert accelerator.resolve_attention_backend("flash", torch.float32, 0.0) == "flash"
+    assert not accelerator.flash_varlen_available() or torch.cuda.is_available()

@@ -184,3 +184,96 @@ def _rank_flash_cp_equals_reference():
 
 def test_flash_cp2_over_gloo_equals_reference_on_the_slice():
     assert max(run_distributed(_rank_flash_cp_equals_reference, 2, timeout_s=120)) < TOLERANCE
+
+
+# --- no device->host reads in the step: host boundaries, plans built once ---------------------
+
+# Calls that copy a (device) tensor to the host and so synchronise on CUDA.
+_HOST_READS = {
+    torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.numpy,
+    torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+    torch.equal, torch.nonzero, torch.Tensor.nonzero, torch.masked_select,
+    torch.repeat_interleave, torch.Tensor.repeat_interleave,
+}
+
+
+class _CountHostReads(torch.overrides.TorchFunctionMode):
+    """Counts host reads outside the kernel (the kernel's CPU twin reads boundaries, the CUDA
+    kernel does not)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads, self.in_kernel = [], False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_READS and not self.in_kernel:
+            self.reads.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def _thd_params():
+    from megatron.varlen.attention.attention_plan import attach_host_boundaries
+
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu(REAL), cu_seqlens_kv=cu(REAL),
+                             cu_seqlens_q_padded=cu(PADDED), cu_seqlens_kv_padded=cu(PADDED),
+                             max_seqlen_q=max(PADDED), max_seqlen_kv=max(PADDED))
+    attach_host_boundaries(params, cu(REAL), cu(PADDED))
+    return params
+
+
+def test_forward_and_backward_read_nothing_back_from_the_device():
+    _, flash = _flash()
+    counter = _CountHostReads()
+
+    def kernel(*args, enable_gqa=False, **kwargs):
+        counter.in_kernel = True
+        try:
+            return emulated_varlen_attn(*args, enable_gqa=enable_gqa, **kwargs)
+        finally:
+            counter.in_kernel = False
+
+    flash.kernel = kernel
+    params = _thd_params()
+    q, k, v, weight = (x.requires_grad_() if i < 3 else x for i, x in enumerate(_inputs(seed=4)))
+    flash(q, k, v, None, packed_seq_params=params)  # the micro-batch's first layer builds the plan
+    with counter:
+        for _layer in range(3):
+            out = flash(q, k, v, None, packed_seq_params=params)
+            (out * weight.reshape(out.shape)).sum().backward()
+    assert counter.reads == [], counter.reads
+    # The check itself works: the reference attention does read boundaries back.
+    reference = build()
+    with counter:
+        reference(q, k, v, None, packed_seq_params=params)
+    assert counter.reads
+
+
+def test_plan_is_built_once_per_micro_batch_not_per_layer(monkeypatch):
+    from megatron.varlen.attention import attention_plan
+
+    built = []
+    original = attention_plan.build_attention_plan
+    monkeypatch.setattr(attention_plan, "build_attention_plan",
+                        lambda *a, **kw: built.append(a) or original(*a, **kw))
+    _, flash = _flash()
+    q, k, v, _ = _inputs(seed=4)
+    for _micro_batch in range(2):
+        params = _thd_params()
+        for _layer in range(4):
+            flash(q, k, v, None, packed_seq_params=params)
+    assert len(built) == 2
+
+
+def test_rope_and_core_attention_see_host_boundaries():
+    from megatron.varlen.attention.attention_plan import HOST_BOUNDARIES_ATTR
+    from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
+
+    params = _thd_params()
+    host = getattr(params, HOST_BOUNDARIES_ATTR)
+    layer = type("Layer", (), {"core_attention": build()})()
+    args, kwargs = CPSwitchingSelfAttention._with_host_boundaries(
+        layer, (torch.zeros(1), None), {"packed_seq_params": params})
+    view = kwargs.get("packed_seq_params") or args[-1]
+    assert view is not params and view.cu_seqlens_q_padded is host.cu_seqlens_padded
+    assert view.cu_seqlens_q is host.cu_seqlens
+    assert getattr(view, HOST_BOUNDARIES_ATTR) is host  # plans shared across layers

@@ -1,0 +1,117 @@
+"""What this process can run on, and which attention backend it uses.
+
+Small, explicit answers reused by every kernel choice (attention here; a Mamba mixer adapter
+can ask the same questions): is CUDA ours (not forced off by :func:`cpu_device.force_cpu`)?
+does Transformer Engine import? does torch have FlashAttention's ``varlen_attn``?
+
+``--attention-backend {auto,flash,te,local}`` (Megatron-LM's flag name):
+
+* ``local``: the plain-torch reference (:class:`VarlenCoreAttention`), any device and dtype;
+* ``flash``: :class:`FlashVarlenCoreAttention`, torch's FlashAttention on CUDA (fp16/bf16, no
+  attention dropout); on CPU the kernel's plain-torch twin (for tests: slow);
+* ``te``: Transformer Engine's attention (needs TE and CUDA);
+* ``auto``: TE when it imports (and CUDA is ours), else flash on CUDA when the run is fp16/bf16
+  without attention dropout, else local.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from megatron.varlen import cpu_device
+
+AUTO, FLASH, TE, LOCAL = "auto", "flash", "te", "local"
+ATTENTION_BACKENDS = (AUTO, FLASH, TE, LOCAL)
+_TE_PACKAGE = "transformer_engine"
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def cuda_available() -> bool:
+    """CUDA is visible and this process did not choose CPU."""
+    return not cpu_device.use_cpu()
+
+
+@functools.lru_cache(maxsize=1)
+def _te_imports() -> bool:
+    if importlib.util.find_spec(_TE_PACKAGE) is None:
+        return False
+    try:
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention  # noqa
+    except ImportError:
+        return False
+    return True
+
+
+def te_available() -> bool:
+    """Transformer Engine's attention can run here (TE imports and CUDA is ours)."""
+    return cuda_available() and _te_imports()
+
+
+def flash_varlen_available() -> bool:
+    """torch's FlashAttention varlen kernel can run here (torch has it and CUDA is ours)."""
+    from megatron.varlen.attention.varlen_kernel import torch_varlen_attn
+
+    return cuda_available() and torch_varlen_attn() is not None
+
+
+def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
+                              attention_dropout: float) -> str:
+    """The backend a run uses ("flash", "te" or "local") for the requested one.
+
+    Raises:
+        ValueError: one line naming the value and the flag, when the requested backend cannot
+            run this configuration.
+    """
+    if requested not in ATTENTION_BACKENDS:
+        raise ValueError(f"--attention-backend {requested!r}: choose from {ATTENTION_BACKENDS}")
+    half = params_dtype in _HALF_DTYPES
+    if requested == AUTO:
+        if te_available():
+            return TE
+        if flash_varlen_available() and half and attention_dropout == 0:
+            return FLASH
+        return LOCAL
+    if requested == TE and not te_available():
+        raise ValueError("--attention-backend te needs Transformer Engine and a CUDA device "
+                         "(use --attention-backend flash or local)")
+    if requested == FLASH:
+        if attention_dropout > 0:
+            raise ValueError(f"--attention-backend flash has no attention dropout (got "
+                             f"--attention-dropout {attention_dropout}); set it to 0 or use "
+                             f"--attention-backend local")
+        if cuda_available() and not half:
+            raise ValueError(f"--attention-backend flash on CUDA needs --bf16 or --fp16 "
+                             f"(FlashAttention takes half precision; params are {params_dtype});"
+                             f" use --attention-backend local for fp32")
+        if cuda_available() and not flash_varlen_available():
+            raise ValueError(f"--attention-backend flash needs torch.nn.attention.varlen."
+                             f"varlen_attn (torch >= 2.10; this is {torch.__version__})")
+    return requested
+
+
+@functools.lru_cache(maxsize=1)
+def bias_dropout_add_fusion_keeps_numbers() -> bool:
+    """megatron-core's fused bias-dropout-add (compiled by torch) runs on this GPU and gives
+    bit-identical results to the unfused one (dropout 0); False on CPU or if it fails.
+
+    Probed once per process on a small tensor, so a GPU machine without a working compiler
+    tool chain falls back to the unfused code instead of failing in the first step.
+    """
+    if not cuda_available():
+        return False
+    try:
+        from megatron.core.fusions.fused_bias_dropout import (
+            bias_dropout_add_fused_train, bias_dropout_add_unfused,
+        )
+
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x, residual = (torch.randn(8, 2, 64, device="cuda", generator=gen) for _ in range(2))
+        bias = torch.randn(64, device="cuda", generator=gen)
+        fused = bias_dropout_add_fused_train((x, bias), residual, 0.0)
+        plain = bias_dropout_add_unfused(True)((x, bias), residual, 0.0)
+        return bool(torch.equal(fused, plain))
+    except Exception:  # noqa: BLE001 -- any failure means: do not fuse
+        return False
