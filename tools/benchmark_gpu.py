@@ -1,0 +1,461 @@
+#!/usr/bin/env python3
+"""GPU training throughput, side by side: our packed path, our padded path, a plain-PyTorch GPT.
+
+    python tools/benchmark_gpu.py                 # the issue's shape on the visible GPU
+    python tools/benchmark_gpu.py --device cpu --tiny --iters 2 --warmup 1   # smoke run, CPU
+
+One process per configuration (a fresh CUDA context and allocator each), the same GPU, the same
+sample lengths (mock SFT, lognormal 128-4096, mean 1024, sigma 1.1, seed 1234) and the same
+token budget per micro-batch:
+
+* ``packed``: ``pretrain_gpt.py``'s path with ``--sequence-packing`` (THD micro-batches of up to
+  ``--max-seqlen-per-dp-cp-rank`` tokens), ``--attention-backend auto``;
+* ``padded``: the same model, every sample padded to ``--seq-length`` (micro-batches of
+  budget / seq-length samples);
+* ``reference``: a small plain-PyTorch GPT of the same shape written below (RoPE, FlashAttention
+  through ``torch.nn.attention.varlen.varlen_attn``, bf16 autocast, fused AdamW), fed the same
+  lengths packed greedily into the same budget.
+
+Reported per configuration: real tokens/s, TFLOP/s per GPU and MFU against the device's dense
+bf16 peak (FLOPs from the REAL lengths, one formula for all three: megatron/training/flops.py),
+synchronising device->host copies per step (torch.profiler, forward/backward alone and the
+whole step), and peak memory. Writes ``results/gpu/REPORT.md`` and ``results/gpu/results.json``
+(with the device name). Needs only torch, megatron-core and this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = ("packed", "padded", "reference")
+DEFAULT_OUT = REPO / "results" / "gpu"
+WORKER_TIMEOUT_S = 900
+# Dense bf16 tensor-core peaks (TFLOP/s) by device-name fragment, most specific first.
+BF16_PEAK_TFLOPS = (
+    ("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("GH200", 989.0),
+    ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0), ("L4", 121.0),
+)
+# Profiler event names that mean "the host waited for the device".
+SYNC_EVENT_FRAGMENTS = ("Memcpy DtoH", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                        "cudaEventSynchronize")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The benchmarked model and data (defaults: the issue's shape)."""
+
+    num_layers: int = 12
+    hidden_size: int = 1024
+    num_heads: int = 16
+    vocab_size: int = 32000
+    seq_length: int = 4096           # longest sample
+    tokens_per_micro_batch: int = 8192
+    global_batch_size: int = 32
+    min_len: int = 128
+    mean_len: int = 1024
+    sigma: float = 1.1
+    seed: int = 1234
+    bf16: bool = True
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        return 4 * self.hidden_size
+
+    def length_config(self) -> str:
+        return json.dumps({"mode": "distribution", "type": "lognormal",
+                           "min_seq_len": self.min_len, "max_seq_len": self.seq_length,
+                           "mean_seq_len": self.mean_len, "lognormal_sigma": self.sigma})
+
+
+TINY = Shape(num_layers=2, hidden_size=64, num_heads=4, vocab_size=256, seq_length=128,
+             tokens_per_micro_batch=256, global_batch_size=8, min_len=8, mean_len=32, bf16=False)
+
+
+def megatron_argv(shape: Shape, config: str, iters: int, device: str) -> list[str]:
+    """Our training flags for ``config`` ("packed" or "padded")."""
+    argv = [
+        "--num-layers", str(shape.num_layers), "--hidden-size", str(shape.hidden_size),
+        "--num-attention-heads", str(shape.num_heads), "--ffn-hidden-size",
+        str(shape.ffn_hidden_size), "--seq-length", str(shape.seq_length),
+        "--max-position-embeddings", str(shape.seq_length),
+        "--global-batch-size", str(shape.global_batch_size), "--train-iters", str(iters),
+        "--lr", "1e-4", "--mock-data", "--sft", "--sft-mock-dataset-config-json",
+        shape.length_config(), "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", str(shape.vocab_size), "--make-vocab-size-divisible-by", "128",
+        "--position-embedding-type", "rope", "--disable-bias-linear",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", str(shape.seed),
+        "--log-interval", "1000000", "--eval-iters", "0", "--calculate-per-token-loss",
+        "--attention-backend", "auto" if device == "cuda" else "local",
+    ]
+    if shape.bf16:
+        argv.append("--bf16")
+    if config == "packed":
+        return argv + ["--micro-batch-size", "1", "--sequence-packing",
+                       "--max-seqlen-per-dp-cp-rank", str(shape.tokens_per_micro_batch)]
+    if config == "padded":
+        per_micro_batch = max(1, shape.tokens_per_micro_batch // shape.seq_length)
+        return argv + ["--micro-batch-size", str(per_micro_batch)]
+    raise ValueError(f"no megatron argv for configuration {config!r}")
+
+
+# --- pure arithmetic and reporting (CPU-tested) ---------------------------------------------
+
+def bf16_peak_tflops(device_name: str) -> float | None:
+    """The device's dense bf16 peak in TFLOP/s, None when the name is not in the table."""
+    for fragment, peak in BF16_PEAK_TFLOPS:
+        if fragment.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def count_sync_events(event_names) -> int:
+    """Profiler events that make the host wait for the device (D2H copies, synchronize calls)."""
+    return sum(1 for name in event_names if any(f in name for f in SYNC_EVENT_FRAGMENTS))
+
+
+def summarise(step_times: list[float], step_tokens: list[int], step_flops: list[int],
+              peak_tflops: float | None) -> dict:
+    """Throughput over the measured steps: totals over totals (not a mean of ratios)."""
+    seconds = sum(step_times)
+    tflops = sum(step_flops) / seconds / 1e12
+    return {
+        "steps": len(step_times),
+        "tokens_per_s": sum(step_tokens) / seconds,
+        "tflops_per_gpu": tflops,
+        "mfu": None if peak_tflops is None else tflops / peak_tflops,
+        "step_time_s": seconds / len(step_times),
+    }
+
+
+def _fmt(value, pattern: str) -> str:
+    return "n/a" if value is None else pattern.format(value)
+
+
+def render_report(device: str, shape: Shape, results: dict[str, dict], command: str) -> str:
+    """REPORT.md: one row per configuration plus the ratios the issue asks for."""
+    lines = [
+        "# GPU training benchmark", "",
+        f"Device: **{device}**. Command: `{command}`.", "",
+        f"Shape: {shape.num_layers} layers, hidden {shape.hidden_size}, {shape.num_heads} heads, "
+        f"vocab {shape.vocab_size}, RoPE, {'bf16' if shape.bf16 else 'fp32'}; mock SFT lengths "
+        f"lognormal {shape.min_len}-{shape.seq_length}, mean {shape.mean_len}, sigma "
+        f"{shape.sigma}; global batch {shape.global_batch_size}; "
+        f"{shape.tokens_per_micro_batch} tokens per micro-batch.", "",
+        "| configuration | tokens/s | TFLOP/s/GPU | MFU | sync copies per step (fwd+bwd / whole "
+        "step) | peak memory (GiB) | status |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name in CONFIGS:
+        r = results.get(name)
+        if r is None:
+            continue
+        if r.get("error"):
+            lines.append(f"| {name} | | | | | | {r['error']} |")
+            continue
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.1f} | "
+            f"{_fmt(r['mfu'], '{:.1%}')} | {_fmt(r['syncs_forward_backward'], '{}')} / "
+            f"{_fmt(r['syncs_step'], '{}')} | "
+            f"{r['peak_memory_gib']:.1f} | ok |")
+    ok = lambda n: n in results and not results[n].get("error")  # noqa: E731
+    lines += ["", "| ratio (tokens/s) | value |", "|---|---:|"]
+    if ok("packed") and ok("reference"):
+        ratio = results["packed"]["tokens_per_s"] / results["reference"]["tokens_per_s"]
+        lines.append(f"| packed / plain-PyTorch reference | {ratio:.2f}x |")
+    if ok("packed") and ok("padded"):
+        ratio = results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"]
+        lines.append(f"| packed / padded | {ratio:.2f}x |")
+    lines += ["", "FLOPs from real lengths for every configuration (same formula); MFU against "
+              "the dense bf16 peak of the device.", ""]
+    return "\n".join(lines)
+
+
+# --- the plain-PyTorch reference GPT -----------------------------------------------------------
+
+def build_reference_gpt(shape: Shape, device):
+    """A ~60-line GPT of the same shape: pre-LN blocks, RoPE, varlen attention, GELU MLP, tied
+    embeddings, no biases. Returns the module (fp32 weights; run under bf16 autocast)."""
+    import torch
+    from torch import nn
+
+    from megatron.varlen.attention.varlen_kernel import call_varlen_kernel, kernel_for
+
+    head_dim = shape.hidden_size // shape.num_heads
+    kernel = kernel_for(torch.device(device))
+
+    def rope(x, positions):  # x [T, H, D], rotate-half convention
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, device=x.device) / head_dim)
+        angles = positions[:, None].float() * inv_freq[None, :]
+        cos, sin = (torch.cat([f, f], -1)[:, None, :] for f in (angles.cos(), angles.sin()))
+        x1, x2 = x.float().chunk(2, -1)
+        return (x.float() * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h = shape.hidden_size
+            self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.qkv, self.proj = nn.Linear(h, 3 * h, bias=False), nn.Linear(h, h, bias=False)
+            self.fc1 = nn.Linear(h, shape.ffn_hidden_size, bias=False)
+            self.fc2 = nn.Linear(shape.ffn_hidden_size, h, bias=False)
+
+        def forward(self, x, positions, cu, max_len):
+            q, k, v = self.qkv(self.ln1(x)).view(x.size(0), 3, shape.num_heads,
+                                                 head_dim).unbind(1)
+            q, k = rope(q, positions), rope(k, positions)
+            a = call_varlen_kernel(kernel, q, k, v, cu, cu, max_len, max_len,
+                                   head_dim ** -0.5, causal=True)
+            x = x + self.proj(a.reshape(x.size(0), -1))
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(shape.vocab_size, shape.hidden_size)
+            self.blocks = nn.ModuleList(Block() for _ in range(shape.num_layers))
+            self.ln_f = nn.LayerNorm(shape.hidden_size)
+
+        def forward(self, tokens, positions, cu, max_len, labels):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x, positions, cu, max_len)
+            logits = self.ln_f(x) @ self.embed.weight.t()
+            return nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+
+    return GPT().to(device)
+
+
+def greedy_packs(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive samples packed while they fit the token budget (the reference's packer)."""
+    packs, current, used = [], [], 0
+    for length in lengths:
+        if current and used + length > budget:
+            packs.append(current)
+            current, used = [], 0
+        current.append(length)
+        used += length
+    if current:
+        packs.append(current)
+    return packs
+
+
+# --- workers (one process per configuration) ---------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _profile_syncs(fn, device: str) -> int | None:
+    """Synchronising events while ``fn`` runs (None on CPU: there is nothing to wait for)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if device != "cuda":
+        fn()
+        return None
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return count_sync_events(event.name for event in prof.events())
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_memory_gib(device: str) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
+
+
+def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: str) -> dict:
+    from megatron.training.arguments import parse_args
+    from megatron.training.flops import num_floating_point_operations
+    from megatron.training.initialize import initialize_megatron
+    from megatron.training.pretrain import build_data_providers
+    from megatron.training.training import run_forward_backward, setup_model_and_optimizer, \
+        train_step
+
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    args = parse_args(megatron_argv(shape, config, warmup + iters + 2, device), world_size=1)
+    initialize_megatron(args)
+    provider, _ = build_data_providers(args)
+    state = setup_model_and_optimizer(args)
+    times, tokens, flops = [], [], []
+    for it in range(warmup + iters):
+        step = provider.step_batches(it)
+        _synchronize(device)
+        start = time.perf_counter()
+        train_step(args, state, step)
+        _synchronize(device)
+        if it >= warmup:
+            times.append(time.perf_counter() - start)
+            tokens.append(step.seqlen_sum)
+            flops.append(num_floating_point_operations(args, step.seqlen_sum,
+                                                       step.seqlen_squared_sum))
+    step = provider.step_batches(warmup + iters)
+    fwd_bwd = _profile_syncs(lambda: run_forward_backward(args, state, step, False), device)
+    whole = _profile_syncs(lambda: train_step(args, state, provider.step_batches(
+        warmup + iters + 1)), device)
+    return {"times": times, "tokens": tokens, "flops": flops, "syncs_forward_backward": fwd_bwd,
+            "syncs_step": whole}
+
+
+def _reference_batches(shape: Shape, steps: int) -> list[list[list[int]]]:
+    """The lengths our mock SFT dataset gives, per global batch, packed into the budget."""
+    from megatron.training.arguments import parse_args
+    from megatron.training.datasets.builder import build_datasets
+    from megatron.training.tokenizer import build_tokenizer
+
+    args = parse_args(megatron_argv(shape, "packed", steps, "cpu"), world_size=1)
+    args.train_samples, args.eval_samples = steps * shape.global_batch_size, 0
+    dataset, _ = build_datasets(args, build_tokenizer("NullTokenizer", shape.vocab_size))
+    gbs = shape.global_batch_size
+    return [greedy_packs([int(dataset[i]["length"]) for i in range(s * gbs, (s + 1) * gbs)],
+                         shape.tokens_per_micro_batch) for s in range(steps)]
+
+
+def _run_reference(shape: Shape, iters: int, warmup: int, device: str) -> dict:
+    import torch
+
+    from megatron.training.arguments import parse_args
+    from megatron.training.flops import num_floating_point_operations
+
+    torch.manual_seed(shape.seed)
+    model = build_reference_gpt(shape, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    batches = _reference_batches(shape, warmup + iters + 2)
+    flops_args = parse_args(megatron_argv(shape, "packed", 1, "cpu"), world_size=1)
+    flops_args.padded_vocab_size = shape.vocab_size
+    gen = torch.Generator().manual_seed(shape.seed)
+
+    def micro_batch(lengths):  # host-built, copied once: no sync inside the step
+        tokens = torch.randint(0, shape.vocab_size, (sum(lengths) + 1,), generator=gen)
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return (move(tokens[:-1]), move(positions), move(cu), max(lengths), move(tokens[1:]))
+
+    def fwd_bwd(packs):
+        for lengths in packs:
+            tokens, positions, cu, max_len, labels = micro_batch(lengths)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=shape.bf16):
+                loss = model(tokens, positions, cu, max_len, labels)
+            loss.backward()
+
+    def step(packs):
+        fwd_bwd(packs)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times, tokens, flops = [], [], []
+    for it in range(warmup + iters):
+        _synchronize(device)
+        start = time.perf_counter()
+        step(batches[it])
+        _synchronize(device)
+        if it >= warmup:
+            lengths = [n for pack in batches[it] for n in pack]
+            times.append(time.perf_counter() - start)
+            tokens.append(sum(lengths))
+            flops.append(num_floating_point_operations(flops_args, sum(lengths),
+                                                       sum(n * n for n in lengths)))
+    fwd_bwd_syncs = _profile_syncs(lambda: fwd_bwd(batches[warmup + iters]), device)
+    whole = _profile_syncs(lambda: step(batches[warmup + iters + 1]), device)
+    return {"times": times, "tokens": tokens, "flops": flops,
+            "syncs_forward_backward": fwd_bwd_syncs, "syncs_step": whole}
+
+
+def run_worker(config: str, shape: Shape, iters: int, warmup: int, device: str) -> dict:
+    """Runs one configuration in this process; returns its JSON-able result."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("benchmark_gpu.py: no CUDA device visible (use --device cpu for the "
+                         "smoke run)")
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    if config == "reference":
+        raw = _run_reference(shape, iters, warmup, device)
+    else:
+        raw = _run_megatron(config, shape, iters, warmup, device)
+    result = summarise(raw["times"], raw["tokens"], raw["flops"], bf16_peak_tflops(name)
+                       if device == "cuda" else None)
+    result.update(device=name, syncs_forward_backward=raw["syncs_forward_backward"],
+                  syncs_step=raw["syncs_step"], peak_memory_gib=_peak_memory_gib(device))
+    return result
+
+
+# --- the launcher ---------------------------------------------------------------------------------
+
+def _launch(config: str, cli: argparse.Namespace, result_path: Path) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", config,
+           "--result", str(result_path), "--iters", str(cli.iters), "--warmup", str(cli.warmup),
+           "--device", cli.device] + (["--tiny"] if cli.tiny else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)}
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=cli.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {cli.timeout} s"}
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail[:200]}"}
+    return json.loads(result_path.read_text())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--iters", type=int, default=10, help="measured steps per configuration")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke runs)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--timeout", type=int, default=WORKER_TIMEOUT_S,
+                        help="seconds per configuration")
+    parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    cli = parser.parse_args(argv)
+    shape = TINY if cli.tiny else Shape()
+    if cli.worker:
+        result = run_worker(cli.worker, shape, cli.iters, cli.warmup, cli.device)
+        cli.result.write_text(json.dumps(result))
+        return 0
+    configs = [c for c in cli.configs.split(",") if c]
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown:
+        parser.error(f"--configs {','.join(unknown)}: choose from {','.join(CONFIGS)}")
+    cli.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for config in configs:
+        results[config] = _launch(config, cli, cli.out / f".{config}.json")
+        print(f"{config}: {results[config]}", flush=True)
+    device = next((r["device"] for r in results.values() if "device" in r), cli.device)
+    command = "python tools/benchmark_gpu.py " + " ".join(argv if argv is not None
+                                                          else sys.argv[1:])
+    (cli.out / "results.json").write_text(json.dumps(
+        {"device": device, "shape": dataclasses.asdict(shape), "results": results}, indent=2))
+    (cli.out / "REPORT.md").write_text(render_report(device, shape, results, command.strip()))
+    for config in configs:
+        (cli.out / f".{config}.json").unlink(missing_ok=True)
+    return 0 if all(not r.get("error") for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
