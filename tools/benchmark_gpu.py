@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import socket
@@ -44,6 +45,9 @@ BF16_PEAK_TFLOPS = (
     ("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("GH200", 989.0),
     ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0), ("L4", 121.0),
 )
+# What the workers import besides torch (megatron-core is installed from its wheel on machines
+# without network: see README "GPU").
+REQUIRED_MODULES = ("numpy", "megatron.core")
 # Profiler event names that mean "the host waited for the device".
 SYNC_EVENT_FRAGMENTS = ("Memcpy DtoH", "cudaStreamSynchronize", "cudaDeviceSynchronize",
                         "cudaEventSynchronize")
@@ -381,6 +385,19 @@ def _run_reference(shape: Shape, iters: int, warmup: int, device: str) -> dict:
             "syncs_forward_backward": fwd_bwd_syncs, "syncs_step": whole}
 
 
+def missing_modules(names=REQUIRED_MODULES) -> list[str]:
+    """The required modules this interpreter cannot import."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
 def run_worker(config: str, shape: Shape, iters: int, warmup: int, device: str) -> dict:
     """Runs one configuration in this process; returns its JSON-able result."""
     import torch
@@ -432,6 +449,10 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     cli = parser.parse_args(argv)
+    missing = missing_modules()
+    if missing:
+        parser.error(f"cannot import {', '.join(missing)}: install numpy and megatron-core==0.16.1 "
+                     f"(without network: the wheel recipe in README.md, section GPU)")
     shape = TINY if cli.tiny else Shape()
     if cli.worker:
         result = run_worker(cli.worker, shape, cli.iters, cli.warmup, cli.device)

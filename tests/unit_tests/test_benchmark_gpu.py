@@ -76,3 +76,9 @@ def test_reference_gpt_trains_on_cpu_with_the_kernel_twin():
     changed = tokens.clone()
     changed[10] = (changed[10] + 1) % shape.vocab_size
     assert torch.allclose(per_token(tokens)[:6], per_token(changed)[:6])
+
+
+def test_missing_dependencies_are_named():
+    assert bench.missing_modules() == []
+    assert bench.missing_modules(("numpy", "no_such_module_xyz", "no_such_pkg.sub")) == [
+        "no_such_module_xyz", "no_such_pkg.sub"]

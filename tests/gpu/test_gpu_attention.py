@@ -1,0 +1,93 @@
+"""Flash backend on a real GPU: torch's varlen_attn laid out by the attention plan == the
+reference attention (outputs and gradients, bf16 tolerance), and no synchronising copy.
+
+Run with `pytest -m gpu tests/gpu` on a CUDA machine; skipped elsewhere. CP is emulated on one
+GPU exactly as in tests/unit_tests/varlen/attention/test_flash_attention.py (there with the
+kernel's CPU twin): every rank's plan on its shard, K/V in the all-gather's rank order.
+"""
+
+import math
+
+import pytest
+import torch
+
+from megatron.varlen.attention import LOCAL_ONLY_CP_GROUP, varlen_attention
+from megatron.varlen.attention.attention_plan import build_attention_plan
+from megatron.varlen.attention.flash_attention import attend_planned
+from megatron.varlen.attention.varlen_kernel import torch_varlen_attn
+from megatron.varlen.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch_varlen_attn() is None,
+    reason="needs CUDA and torch.nn.attention.varlen.varlen_attn")]
+
+REAL = [7, 16, 33, 1, 2, 3, 200]
+PADDED = [8, 16, 40, 8, 8, 24, 200]
+HEADS, HEAD_DIM = 8, 64
+SCALE = 1.0 / math.sqrt(HEAD_DIM)
+# bf16 kernel vs fp32 reference on unit-variance inputs (bf16 has 8 mantissa bits).
+ATOL = 3e-2
+
+
+def _cu(lengths):
+    return torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+
+
+def _inputs(groups, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(PADDED)
+    make = lambda h: torch.randn(total, h, HEAD_DIM, device="cuda", generator=gen)  # noqa
+    return make(HEADS), make(groups), make(groups), make(HEADS)
+
+
+def _grads(fn, q, k, v, weight, dtype):
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+    (out.float() * weight).sum().backward()
+    return [t.float() for t in (out.detach(), q.grad, k.grad, v.grad)]
+
+
+def _flash_cp(cp):
+    padded = _cu(PADDED)
+
+    def run(q, k, v):
+        split = lambda x, r: split_thd_for_cp(x, padded, cp, r, seq_dim=0)  # noqa: E731
+        k_rows = torch.cat([split(k, r) for r in range(cp)])
+        v_rows = torch.cat([split(v, r) for r in range(cp)])
+        shards = [attend_planned(split(q, r), k_rows, v_rows,
+                                 build_attention_plan(_cu(REAL), padded, cp, r).to(q.device),
+                                 SCALE) for r in range(cp)]
+        return restore_thd_from_cp_shards(shards, padded, seq_dim=0)
+
+    return run
+
+
+@pytest.mark.parametrize("groups", [2, HEADS], ids=["gqa", "mha"])
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_flash_equals_reference_attention(cp, groups):
+    q, k, v, weight = _inputs(groups, seed=cp)
+    reference = lambda q, k, v: varlen_attention(  # noqa: E731
+        q, k, v, _cu(PADDED), _cu(REAL), LOCAL_ONLY_CP_GROUP, True, SCALE)
+    expected = _grads(reference, q, k, v, weight, torch.float32)
+    got = _grads(_flash_cp(cp), q, k, v, weight, torch.bfloat16)
+    for name, g, e in zip(["out", "dq", "dk", "dv"], got, expected):
+        error = float((g - e).abs().max())
+        assert error < ATOL * max(1.0, float(e.abs().max())), (name, cp, groups, error)
+
+
+def test_flash_forward_backward_makes_no_synchronising_copy():
+    from torch.profiler import ProfilerActivity, profile
+
+    from tools.benchmark_gpu import count_sync_events
+
+    q, k, v, weight = _inputs(2, seed=9)
+    plan = build_attention_plan(_cu(REAL), _cu(PADDED), 1, 0).to(torch.device("cuda"))
+    q, k, v = (x.to(torch.bfloat16).requires_grad_() for x in (q, k, v))
+    attend_planned(q, k, v, plan, SCALE).float().sum().backward()  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        out = attend_planned(q, k, v, plan, SCALE)
+        (out.float() * weight).sum().backward()
+    torch.cuda.synchronize()
+    names = [event.name for event in prof.events()]
+    assert count_sync_events(names) == 0, [n for n in names if "DtoH" in n or "Synchron" in n]

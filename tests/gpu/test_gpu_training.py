@@ -1,0 +1,82 @@
+"""Training on a real GPU equals training on CPU.
+
+* single GPU, fp32: the losses of the CPU run (1e-5), with the same layout-invariant weights;
+* packed == unpacked on the GPU;
+* DP2 packed and DP2 x CP2 dynamic CP with ranks SHARING one GPU over gloo with CUDA tensors
+  (the harness's device="cuda"): the CPU run's losses. fp32 with the local attention (tight),
+  and bf16 with the flash backend against the fp32 CPU run (bf16 tolerance). PP stays
+  CPU-verified: gloo has no send/recv for CUDA tensors.
+
+Run with `pytest -m gpu tests/gpu`; skipped without CUDA.
+"""
+
+import pytest
+import torch
+
+from megatron.training.testing import loss_owner_history, train_on_this_rank
+from megatron.varlen.testing.multirank import run_distributed
+from tests.unit_tests.training.test_packing_equivalence import PACKED, RTOL, UNPACKED
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+LOCAL = ["--attention-backend", "local"]
+DYNAMIC_DP2_CP2 = PACKED + ["--dynamic-context-parallel", "--context-parallel-size", "2",
+                            "--max-seqlen-per-dp-cp-rank", "16"]
+BF16_RTOL = 2e-2
+
+
+def _losses(argv, world, device):
+    results = run_distributed(train_on_this_rank, world, args=(argv,), timeout_s=400,
+                              device=device)
+    return [h["lm_loss"] for h in loss_owner_history(results)]
+
+
+def _assert_close(got, expected, rtol, what):
+    assert len(got) == len(expected) > 0
+    for it, (g, e) in enumerate(zip(got, expected), start=1):
+        assert abs(g - e) <= rtol * abs(e), f"{what} iteration {it}: {g!r} vs {e!r}"
+
+
+def _weights_and_devices(argv):
+    from megatron.core import parallel_state as ps
+    from megatron.training.arguments import parse_args
+    from megatron.training.initialize import initialize_model_parallel, set_random_seeds
+    from megatron.training.model import build_model, build_transformer_config, unwrap
+
+    args = parse_args(argv, world_size=1)
+    initialize_model_parallel(args)
+    set_random_seeds(args.seed)
+    try:
+        module = unwrap(build_model(args, build_transformer_config(args))[0])
+        return {name: (str(p.device.type), p.detach().cpu()) for name, p in
+                module.named_parameters()}
+    finally:
+        ps.destroy_model_parallel()
+
+
+def test_weights_live_on_the_gpu_and_equal_the_cpu_initialisation():
+    gpu = run_distributed(_weights_and_devices, 1, args=(UNPACKED,), device="cuda")[0]
+    cpu = run_distributed(_weights_and_devices, 1, args=(UNPACKED,), device="cpu")[0]
+    assert {d for d, _ in gpu.values()} == {"cuda"}
+    for name, (_, tensor) in cpu.items():
+        assert torch.equal(gpu[name][1], tensor), name
+
+
+def test_single_gpu_fp32_losses_equal_cpu():
+    _assert_close(_losses(UNPACKED + LOCAL, 1, "cuda"), _losses(UNPACKED + LOCAL, 1, "cpu"),
+                  RTOL, "single GPU vs CPU")
+
+
+def test_packed_equals_unpacked_on_gpu():
+    _assert_close(_losses(PACKED + LOCAL, 1, "cuda"), _losses(UNPACKED + LOCAL, 1, "cuda"),
+                  RTOL, "packed vs unpacked (GPU)")
+
+
+@pytest.mark.parametrize("argv, world", [(PACKED, 2), (DYNAMIC_DP2_CP2, 4)],
+                         ids=["dp2_packed", "dp2_cp2_dynamic"])
+def test_ranks_sharing_one_gpu_equal_the_cpu_run(argv, world):
+    cpu = _losses(UNPACKED + LOCAL, 2, "cpu")
+    _assert_close(_losses(argv + LOCAL, world, "cuda"), cpu, RTOL, "GPU fp32 local vs CPU")
+    flash = argv + ["--attention-backend", "flash", "--bf16"]
+    _assert_close(_losses(flash, world, "cuda"), cpu, BF16_RTOL, "GPU bf16 flash vs CPU fp32")
