@@ -72,7 +72,7 @@ def attend_planned(
     q = q_TrND if plan.query_index is None else q_TrND.index_select(0, plan.query_index)
     out = call_varlen_kernel(kernel, q.contiguous(), k_rows.contiguous(), v_rows.contiguous(),
                              plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, scale,
-                             plan.causal)
+                             plan.causal, bottom_right=plan.cp_size > 1)
     if plan.query_index is None:
         return out
     return out.new_zeros(plan.local_tokens, num_heads, value_dim).index_copy(

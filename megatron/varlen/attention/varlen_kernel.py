@@ -16,6 +16,7 @@ required for that; which one applies is read from the signature.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable, Optional
 
@@ -90,23 +91,59 @@ def emulated_varlen_attn(
     return torch.cat(pieces)
 
 
+@functools.lru_cache(maxsize=8)
+def _keywords(kernel: VarlenKernel) -> frozenset:
+    try:
+        return frozenset(inspect.signature(kernel).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
 def takes_enable_gqa(kernel: VarlenKernel) -> bool:
     """Whether ``kernel`` has the ``enable_gqa`` keyword (torch >= 2.12's varlen_attn does)."""
-    try:
-        return _GQA_KWARG in inspect.signature(kernel).parameters
-    except (TypeError, ValueError):
-        return False
+    return _GQA_KWARG in _keywords(kernel)
+
+
+def kernel_keywords(kernel: VarlenKernel, scale: float, head_dim: int, causal: bool,
+                    bottom_right: bool, gqa: bool) -> dict:
+    """The keyword arguments this ``kernel``'s signature takes for one call.
+
+    torch 2.9/2.10's ``varlen_attn`` had ``is_causal`` and no ``scale``/``window_size``; the
+    plan's non-square causal segments (CP > 1) need the bottom-right ``window_size`` form, and
+    a non-default scale needs ``scale``: refused in one line where the kernel lacks them.
+    """
+    names = _keywords(kernel)
+    kwargs = {}
+    if "window_size" in names:
+        kwargs["window_size"] = CAUSAL_WINDOW if causal else FULL_WINDOW
+    elif "is_causal" in names and not (causal and bottom_right):
+        kwargs["is_causal"] = causal
+    elif causal:
+        raise RuntimeError(f"this torch's varlen_attn ({torch.__version__}) has no window_size: "
+                           f"causal context parallelism needs torch >= 2.11 "
+                           f"(or --attention-backend local)")
+    if "scale" in names:
+        kwargs["scale"] = scale
+    elif abs(scale - head_dim ** -0.5) > 1e-12 * scale:
+        raise RuntimeError(f"this torch's varlen_attn ({torch.__version__}) takes no scale; "
+                           f"softmax scale {scale} needs torch >= 2.11")
+    if gqa and takes_enable_gqa(kernel):
+        kwargs[_GQA_KWARG] = True
+    return kwargs
 
 
 def call_varlen_kernel(
     kernel: VarlenKernel, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, max_q: int, max_k: int,
-    scale: float, causal: bool,
+    scale: float, causal: bool, bottom_right: bool = True,
 ) -> torch.Tensor:
-    """One kernel call with the keywords this torch's ``varlen_attn`` wants."""
-    kwargs = {"scale": scale, "window_size": CAUSAL_WINDOW if causal else FULL_WINDOW}
-    if key.size(1) != query.size(1) and takes_enable_gqa(kernel):
-        kwargs[_GQA_KWARG] = True
+    """One kernel call with the keywords this torch's ``varlen_attn`` wants.
+
+    ``bottom_right``: some segment has fewer query rows than keys and relies on the bottom-right
+    causal alignment (False when every segment is square, as with CP 1).
+    """
+    kwargs = kernel_keywords(kernel, scale, query.size(-1), causal, bottom_right,
+                             gqa=key.size(1) != query.size(1))
     return kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs)
 
 

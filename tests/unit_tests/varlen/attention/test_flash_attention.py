@@ -9,6 +9,7 @@ gloo run at the end checks the real collective.
 Shape legend: T = packed padded tokens, N = query heads, G = kv groups, D = head dim.
 """
 
+import functools
 import math
 
 import pytest
@@ -134,6 +135,24 @@ def test_gqa_keyword_follows_the_kernel_signature():
     assert seen == ["no keyword", True]
 
 
+def test_older_kernel_signatures_are_adapted_or_refused_in_one_line():
+    from megatron.varlen.attention.varlen_kernel import kernel_keywords
+
+    def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None):
+        return q
+
+    default = 8 ** -0.5
+    assert kernel_keywords(torch_2_10, default, 8, causal=True, bottom_right=False,
+                           gqa=False) == {"is_causal": True}
+    with pytest.raises(RuntimeError, match="causal context parallelism needs torch >= 2.11"):
+        kernel_keywords(torch_2_10, default, 8, causal=True, bottom_right=True, gqa=False)
+    with pytest.raises(RuntimeError, match="takes no scale"):
+        kernel_keywords(torch_2_10, 0.5, 8, causal=False, bottom_right=False, gqa=False)
+    assert kernel_keywords(emulated_varlen_attn, 0.5, 8, causal=True, bottom_right=True,
+                           gqa=True) == {"window_size": (-1, 0), "scale": 0.5,
+                                         "enable_gqa": True}
+
+
 def _flash(**kwargs):
     reference = build(**kwargs)
     module = FlashVarlenCoreAttention(reference.config, 1, reference.attn_mask_type,
@@ -225,10 +244,11 @@ def test_forward_and_backward_read_nothing_back_from_the_device():
     _, flash = _flash()
     counter = _CountHostReads()
 
-    def kernel(*args, enable_gqa=False, **kwargs):
+    @functools.wraps(emulated_varlen_attn)  # the same signature: the same keywords reach it
+    def kernel(*args, **kwargs):
         counter.in_kernel = True
         try:
-            return emulated_varlen_attn(*args, enable_gqa=enable_gqa, **kwargs)
+            return emulated_varlen_attn(*args, **kwargs)
         finally:
             counter.in_kernel = False
 
