@@ -268,9 +268,9 @@ def _profile_syncs(fn, device: str) -> int | None:
     if device != "cuda":
         fn()
         return None
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+        fn()  # no synchronize in here: it would count itself (the profiler waits on exit)
     return count_sync_events(event.name for event in prof.events())
 
 
