@@ -2,8 +2,8 @@
 
 Only ``self_attention.module`` (-> :class:`CPSwitchingSelfAttention`) and
 ``self_attention.submodules.core_attention`` (-> :class:`VarlenCoreAttention`, the flash
-backend's :class:`FlashVarlenCoreAttention`, or TE's ``TEDotProductAttention``) change; every other slot is exactly
-what megatron-core's own spec function returns. Loadable with Megatron's
+backend's :class:`FlashVarlenCoreAttention`, or TE's ``TEDotProductAttention``) change; every
+other slot is exactly what megatron-core's own spec function returns. Loadable with Megatron's
 ``--spec megatron.varlen.spec get_varlen_gpt_layer_spec``.
 """
 

@@ -68,7 +68,8 @@ def attend_planned(
     if plan.num_segments == 0:  # nothing but padding here: zeros, still part of the graph
         return q_TrND[..., :value_dim] * 0
     if plan.key_index is not None:
-        k_rows, v_rows = k_rows.index_select(0, plan.key_index), v_rows.index_select(0, plan.key_index)
+        k_rows = k_rows.index_select(0, plan.key_index)
+        v_rows = v_rows.index_select(0, plan.key_index)
     q = q_TrND if plan.query_index is None else q_TrND.index_select(0, plan.query_index)
     out = call_varlen_kernel(kernel, q.contiguous(), k_rows.contiguous(), v_rows.contiguous(),
                              plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, scale,

@@ -10,9 +10,10 @@ The device is an explicit argument, never an accident of the machine: ``device="
 default) runs CPU ranks with the CPU device layer forced on, even when a GPU is visible (CUDA
 is never initialised, GPUs are hidden from the ranks' own children); ``device="cuda"`` runs
 the ranks on the visible GPUs (round-robin, so several ranks may share one GPU) over gloo with
-CUDA tensors, from freshly spawned interpreters (a CUDA context cannot cross a fork). The call returns
-the per-rank return values in rank order, or raises :class:`DistributedTestError` carrying
-every failing rank's traceback. Children are always reaped: each rank leads its own process
+CUDA tensors, from freshly spawned interpreters (a CUDA context cannot cross a fork).
+
+The call returns the per-rank return values in rank order, or raises
+:class:`DistributedTestError` carrying every failing rank's traceback. Children are always reaped: each rank leads its own process
 group and the launcher kills every group when the run ends (so helpers a rank started, such as
 dist_checkpointing's writer processes, go too), and a rank whose launcher disappears exits by
 itself (no orphans holding ports or memory).
