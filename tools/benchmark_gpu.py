@@ -453,7 +453,8 @@ def main(argv=None) -> int:
     if missing:
         parser.error(f"cannot import {', '.join(missing)}: install numpy and megatron-core==0.16.1 "
                      f"(without network: the wheel recipe in README.md, section GPU)")
-    shape = TINY if cli.tiny else Shape()
+    # FlashAttention needs half precision: the tiny shape is bf16 on CUDA, fp32 on CPU.
+    shape = dataclasses.replace(TINY, bf16=cli.device == "cuda") if cli.tiny else Shape()
     if cli.worker:
         result = run_worker(cli.worker, shape, cli.iters, cli.warmup, cli.device)
         cli.result.write_text(json.dumps(result))
