@@ -25,11 +25,11 @@ from megatron.core.transformer.transformer_block import (
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.varlen import accelerator
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
 from megatron.varlen.attention.flash_attention import FlashVarlenCoreAttention
 from megatron.varlen.attention.te_adapter import get_te_core_attention
-from megatron.varlen import accelerator
 from megatron.varlen.norms import VarlenNorm
 
 # Norm slots of a local-spec layer: megatron-core's torch norm there refuses sequence parallel.
