@@ -1,5 +1,11 @@
-"""THD/SBHD core attention with context parallelism and per-micro-batch CP-group switching."""
+"""THD/SBHD core attention with context parallelism and per-micro-batch CP-group switching.
 
+Backends: :class:`VarlenCoreAttention` (plain-torch reference), :class:`FlashVarlenCoreAttention`
+(torch's FlashAttention varlen kernel, laid out by an :class:`AttentionPlan`), TE's attention
+(:func:`get_te_core_attention`).
+"""
+
+from megatron.varlen.attention.attention_plan import AttentionPlan, build_attention_plan
 from megatron.varlen.attention.core_attention import VarlenCoreAttention, varlen_attention
 from megatron.varlen.attention.cp_group import (
     LOCAL_ONLY_CP_GROUP,
@@ -9,13 +15,17 @@ from megatron.varlen.attention.cp_group import (
     use_cp_group,
 )
 from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
+from megatron.varlen.attention.flash_attention import FlashVarlenCoreAttention
 from megatron.varlen.attention.te_adapter import get_te_core_attention
 
 __all__ = [
+    "AttentionPlan",
+    "FlashVarlenCoreAttention",
     "LOCAL_ONLY_CP_GROUP",
     "CPSwitchingSelfAttention",
     "LocalOnlyCPGroup",
     "VarlenCoreAttention",
+    "build_attention_plan",
     "get_te_core_attention",
     "resolve_cp_group",
     "swap_attributes",
