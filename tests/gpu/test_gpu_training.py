@@ -17,7 +17,8 @@ from megatron.training.testing import loss_owner_history, train_on_this_rank
 from megatron.varlen.testing.multirank import run_distributed
 from tests.unit_tests.training.test_packing_equivalence import PACKED, RTOL, UNPACKED
 
-pytestmark = [pytest.mark.gpu,
+# Several multi-rank launches per test (spawned ranks, each compiling its fused kernels once).
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 LOCAL = ["--attention-backend", "local"]
