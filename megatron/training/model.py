@@ -9,7 +9,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.training.initializers import initialize_layout_invariant
-from megatron.training.varlen_arguments import attention_backend
+from megatron.training.varlen_arguments import attention_backend, attention_backend_line
 from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
 from megatron.varlen.cpu_device import get_device, use_cpu
 from megatron.varlen.mtp import VarlenGPTModel
@@ -98,8 +98,8 @@ def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel
         args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     stages = args.virtual_pipeline_model_parallel_size
     if torch.distributed.get_rank() == 0:
-        print(f"> attention backend: {attention_backend(args)} (--attention-backend "
-              f"{args.attention_backend}) on {get_device().type}", flush=True)
+        print(f"> attention backend: {attention_backend_line(args)}; on {get_device().type}",
+              flush=True)
     chunks = [_build_chunk(args, config, vp) for vp in (range(stages) if stages else [None])]
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 from megatron.training.datasets.length_config import parse_length_config
-from megatron.varlen.accelerator import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
+from megatron.varlen.accelerator import (
+    ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
+)
 from megatron.varlen.scheduling.problem import padded_length
 from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
 
@@ -55,14 +57,24 @@ def add_varlen_args(parser) -> None:
                             "file, e.g. '{\"mode\":\"file\",\"path\":\"lengths.csv\"}'.")
 
 
+def _params_dtype(args) -> torch.dtype:
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+
+
 def attention_backend(args) -> str:
     """The core attention a run uses: --attention-backend resolved for its dtype and dropout.
 
     Raises:
         ValueError: one line, when the requested backend cannot run this configuration.
     """
-    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    return resolve_attention_backend(args.attention_backend, dtype, args.attention_dropout)
+    return resolve_attention_backend(args.attention_backend, _params_dtype(args),
+                                     args.attention_dropout)
+
+
+def attention_backend_line(args) -> str:
+    """Start-up log text: the backend, the flag, and (auto) why flash was passed over."""
+    return describe_attention_backend(args.attention_backend, _params_dtype(args),
+                                      args.attention_dropout)
 
 
 def validate_varlen_args(args, require) -> None:

@@ -92,6 +92,27 @@ def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
     return requested
 
 
+def why_not_flash(params_dtype: torch.dtype, attention_dropout: float) -> str | None:
+    """Why ``auto`` passes over the flash backend on this run (None when it does not)."""
+    if not flash_varlen_available():
+        return "no CUDA varlen_attn here"
+    if params_dtype not in _HALF_DTYPES:
+        return f"params are {params_dtype} (flash needs --bf16 or --fp16)"
+    if attention_dropout > 0:
+        return f"--attention-dropout {attention_dropout} > 0 (flash has no dropout)"
+    return None
+
+
+def describe_attention_backend(requested: str, params_dtype: torch.dtype,
+                               attention_dropout: float) -> str:
+    """The start-up line's text: the backend used, what was asked, and why auto chose it."""
+    chosen = resolve_attention_backend(requested, params_dtype, attention_dropout)
+    text = f"{chosen} (--attention-backend {requested})"
+    if requested == AUTO and chosen == LOCAL:
+        text += f"; not flash: {why_not_flash(params_dtype, attention_dropout)}"
+    return text
+
+
 @functools.lru_cache(maxsize=1)
 def bias_dropout_add_fusion_keeps_numbers() -> bool:
     """megatron-core's fused bias-dropout-add (compiled by torch) runs on this GPU and gives

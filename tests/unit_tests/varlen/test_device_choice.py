@@ -117,6 +117,14 @@ def test_auto_prefers_te_then_falls_back_to_local_on_cpu(gpu_with_flash, monkeyp
     assert accelerator.resolve_attention_backend("auto", torch.bfloat16, 0.0) == "local"
 
 
+def test_startup_line_says_why_auto_passed_over_flash(gpu_with_flash):
+    line = accelerator.describe_attention_backend("auto", torch.bfloat16, 0.1)
+    assert line == ("local (--attention-backend auto); not flash: --attention-dropout 0.1 > 0 "
+                    "(flash has no dropout)")
+    assert accelerator.describe_attention_backend("auto", torch.bfloat16, 0.0) == \
+        "flash (--attention-backend auto)"
+
+
 def test_explicit_flash_errors_name_the_flag(gpu_with_flash):
     with pytest.raises(ValueError, match="--attention-backend flash on CUDA needs --bf16"):
         accelerator.resolve_attention_backend("flash", torch.float32, 0.0)
