@@ -1,5 +1,7 @@
 """The GPU benchmark tool runs end to end on CUDA (tiny shape; the real run is the command in
-README.md). Run with `pytest -m gpu tests/gpu`; skipped without CUDA."""
+README.md), and the forward/backward of every configuration makes no synchronising copy (the
+issue's target; the whole step may: loss and grad-norm reports). Run with
+`pytest -m gpu tests/gpu`; skipped without CUDA."""
 
 import json
 import subprocess
@@ -27,5 +29,5 @@ def test_tiny_benchmark_runs_all_three_configurations(tmp_path):
     for name in ("packed", "padded", "reference"):
         result = report["results"][name]
         assert result["tokens_per_s"] > 0 and result["peak_memory_gib"] > 0, result
-        assert result["syncs_forward_backward"] is not None
+        assert result["syncs_forward_backward"] == 0, (name, result)
     assert (tmp_path / "REPORT.md").read_text().startswith("# GPU training benchmark")
