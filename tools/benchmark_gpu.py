@@ -69,6 +69,7 @@ class Shape:
     sigma: float = 1.1
     seed: int = 1234
     bf16: bool = True
+    attention_backend: str = "auto"  # ours on CUDA (CPU smoke runs use local)
 
     @property
     def ffn_hidden_size(self) -> int:
@@ -98,7 +99,7 @@ def megatron_argv(shape: Shape, config: str, iters: int, device: str) -> list[st
         "--position-embedding-type", "rope", "--disable-bias-linear",
         "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", str(shape.seed),
         "--log-interval", "1000000", "--eval-iters", "0", "--calculate-per-token-loss",
-        "--attention-backend", "auto" if device == "cuda" else "local",
+        "--attention-backend", shape.attention_backend if device == "cuda" else "local",
     ]
     if shape.bf16:
         argv.append("--bf16")
@@ -153,7 +154,8 @@ def render_report(device: str, shape: Shape, results: dict[str, dict], command: 
         f"vocab {shape.vocab_size}, RoPE, {'bf16' if shape.bf16 else 'fp32'}; mock SFT lengths "
         f"lognormal {shape.min_len}-{shape.seq_length}, mean {shape.mean_len}, sigma "
         f"{shape.sigma}; global batch {shape.global_batch_size}; "
-        f"{shape.tokens_per_micro_batch} tokens per micro-batch.", "",
+        f"{shape.tokens_per_micro_batch} tokens per micro-batch; ours with --attention-backend "
+        f"{shape.attention_backend}.", "",
         "| configuration | tokens/s | TFLOP/s/GPU | MFU | sync copies per step (fwd+bwd / whole "
         "step) | peak memory (GiB) | status |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -422,7 +424,8 @@ def run_worker(config: str, shape: Shape, iters: int, warmup: int, device: str) 
 def _launch(config: str, cli: argparse.Namespace, result_path: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", config,
            "--result", str(result_path), "--iters", str(cli.iters), "--warmup", str(cli.warmup),
-           "--device", cli.device] + (["--tiny"] if cli.tiny else [])
+           "--device", cli.device, "--attention-backend", cli.attention_backend] + (
+               ["--tiny"] if cli.tiny else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)}
     try:
@@ -443,6 +446,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (smoke runs)")
+    parser.add_argument("--attention-backend", default="auto",
+                        choices=("auto", "flash", "te", "local"),
+                        help="our configurations' --attention-backend (ablations)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--timeout", type=int, default=WORKER_TIMEOUT_S,
                         help="seconds per configuration")
@@ -455,6 +461,8 @@ def main(argv=None) -> int:
                      f"(without network: the wheel recipe in README.md, section GPU)")
     # FlashAttention needs half precision: the tiny shape is bf16 on CUDA, fp32 on CPU.
     shape = dataclasses.replace(TINY, bf16=cli.device == "cuda") if cli.tiny else Shape()
+    shape = dataclasses.replace(  # the CPU smoke run uses the reference attention
+        shape, attention_backend=cli.attention_backend if cli.device == "cuda" else "local")
     if cli.worker:
         result = run_worker(cli.worker, shape, cli.iters, cli.warmup, cli.device)
         cli.result.write_text(json.dumps(result))
