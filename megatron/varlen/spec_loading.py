@@ -18,14 +18,17 @@ THD_CAPABLE_CORE_ATTENTION = frozenset({
 })
 
 
-def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str):
+def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str,
+                    qk_layernorm: bool = False):
     """The decoder layer ModuleSpec: ours by default, else the user's spec function."""
     module_name, function_name = spec or DEFAULT_SPEC
     try:
         function = getattr(import_module(module_name), function_name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--spec {module_name} {function_name}: cannot import it ({err})") from err
-    return function(normalization=normalization) if spec is None else function()
+    if spec is not None:
+        return function()
+    return function(normalization=normalization, qk_layernorm=qk_layernorm)
 
 
 def core_attention_name(layer_spec) -> str:

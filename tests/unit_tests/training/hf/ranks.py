@@ -1,0 +1,65 @@
+"""Functions the hf tests run on multirank ranks (importable by name)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from megatron.core import parallel_state as ps
+from megatron.training.arguments import parse_args
+from megatron.training.initialize import initialize_model_parallel, set_random_seeds
+from megatron.training.model import build_model, build_transformer_config, unwrap
+from megatron.training.training import run_forward_backward
+
+
+def _gather_tp_last_dim(tensor: torch.Tensor) -> torch.Tensor:
+    size = ps.get_tensor_model_parallel_world_size()
+    if size == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    torch.distributed.all_gather(parts, tensor.contiguous(),
+                                 group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=-1)
+
+
+def forward_logits(args, model, tokens: torch.Tensor) -> torch.Tensor | None:
+    """Full-vocabulary logits [b, s, V_padded] through the pipeline schedule (last stage)."""
+    positions = torch.arange(tokens.shape[1]).expand(args.micro_batch_size, -1)
+    microbatches = [{"tokens": t, "position_ids": positions}
+                    for t in tokens.split(args.micro_batch_size)]
+    captured = []
+
+    def step_func(data_iterator, chunk):
+        batch = next(data_iterator)
+        output = chunk(batch["tokens"], batch["position_ids"], None)
+
+        def loss(output_tensor):
+            captured.append(_gather_tp_last_dim(output_tensor.detach()))
+            return output_tensor.sum() * 0, {}
+        return output, loss
+
+    step = SimpleNamespace(microbatches=microbatches, num_microbatches=len(microbatches))
+    run_forward_backward(args, SimpleNamespace(model=model), step, forward_only=True,
+                         forward_step_func=step_func)
+    if not ps.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    return torch.cat(captured)
+
+
+def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
+    """For each named argv: logits of the model initialised from its --hf-checkpoint, and the
+    RoPE inverse frequencies (None off the last stage)."""
+    out = {}
+    for name, argv in runs.items():
+        args = parse_args(argv, world_size=torch.distributed.get_world_size())
+        initialize_model_parallel(args)
+        set_random_seeds(args.seed)
+        try:
+            model = build_model(args, build_transformer_config(args))
+            logits = forward_logits(args, model, tokens)
+            inv_freq = unwrap(model[0]).rotary_pos_emb.inv_freq.clone()
+            out[name] = None if logits is None else {"logits": logits, "inv_freq": inv_freq}
+        finally:
+            ps.destroy_model_parallel()
+    return out
