@@ -8,6 +8,7 @@ shard index (with PP > 1) and ``generation_config.json``. No rank holds more tha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -15,11 +16,14 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.training.hf import weights
-from megatron.training.hf.config import HFModelConfig, to_config_json
+from megatron.training.hf.config import (
+    HFModelConfig, config_from_args, load_hf_config, to_config_json,
+)
 from megatron.training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
 )
 from megatron.training.initializers import canonical_parameter_name
+from megatron.training.model import unwrap
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -121,3 +125,24 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
             os.remove(os.path.join(out_dir, INDEX_FILE))  # a stale index from an earlier export
     torch.distributed.barrier()
     return out_dir
+
+
+def export_config(args) -> HFModelConfig:
+    """The architecture to export for a run's flags, with the token ids of the checkpoint it
+    started from (``--hf-checkpoint``), if any."""
+    config = config_from_args(args)
+    if args.hf_checkpoint:
+        source = load_hf_config(args.hf_checkpoint)
+        config = dataclasses.replace(config, bos_token_id=source.bos_token_id,
+                                     eos_token_id=source.eos_token_id)
+    return config
+
+
+def save_hf(args, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
+    """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf)."""
+    out_dir = out_dir or args.save_hf
+    path = export_hf([unwrap(chunk) for chunk in model], out_dir, export_config(args))
+    if torch.distributed.get_rank() == 0:
+        print(f"> saved Hugging Face checkpoint ({export_config(args).architecture}) to "
+              f"{path}", flush=True)
+    return path

@@ -7,7 +7,7 @@ global layer numbers, a tied output layer named as the word embedding). Each nam
 - ``replicated``: norms; every rank holds the whole HF tensor.
 - ``vocab``: embedding / output layer, rows split over TP; megatron's padded rows (beyond the
   HF vocabulary) are zero on import and dropped on export.
-- ``column`` / ``row``: a linear layer split by output rows / input columns.
+- ``row``: a row-parallel linear layer (o_proj, down_proj), split by input columns.
 - ``qkv``: megatron fuses q, k, v per query group, ``[q heads of group g..., k_g, v_g]`` for each
   group g, and TP ranks hold whole groups (megatron-core's ``get_query_key_value_tensors``).
 - ``gated``: the SwiGLU fc1 holds ``[gate_r; up_r]`` on TP rank r (each half split over TP).
@@ -85,11 +85,6 @@ def match(canonical_name: str) -> tuple[Rule, list[str]]:
         "layers map)")
 
 
-def _span(total: int, tp_size: int, tp_rank: int) -> tuple[int, int]:
-    per = total // tp_size
-    return tp_rank * per, (tp_rank + 1) * per
-
-
 def _qkv_shard(read: Reader, names: list[str], config: HFModelConfig, tp_size: int,
                tp_rank: int) -> torch.Tensor:
     d = config.kv_channels
@@ -117,8 +112,6 @@ def local_shard(rule: Rule, names: list[str], read: Reader, shape: tuple[int, ..
         if stop > start:  # padded rows (beyond the HF vocabulary) stay zero
             out[: stop - start] = read(names[0], (start, stop), None)
         return out
-    if rule.kind == "column":
-        return read(names[0], (tp_rank * shape[0], (tp_rank + 1) * shape[0]), None)
     if rule.kind == "row":
         return read(names[0], None, (tp_rank * shape[1], (tp_rank + 1) * shape[1]))
     if rule.kind == "gated":
@@ -137,8 +130,6 @@ def hf_tensors(rule: Rule, names: list[str], shards: list[torch.Tensor],
         return {names[0]: shards[0]}
     if rule.kind == "vocab":
         return {names[0]: torch.cat(shards)[: config.vocab_size]}
-    if rule.kind == "column":
-        return {names[0]: torch.cat(shards)}
     if rule.kind == "row":
         return {names[0]: torch.cat(shards, dim=1)}
     if rule.kind == "gated":

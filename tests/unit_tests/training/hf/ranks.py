@@ -63,3 +63,44 @@ def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
         finally:
             ps.destroy_model_parallel()
     return out
+
+
+def _local_params(model) -> dict:
+    from megatron.training.initializers import canonical_parameter_name
+
+    out = {}
+    for chunk in model:
+        module = unwrap(chunk)
+        for name, param in module.named_parameters():
+            key = canonical_parameter_name(module, name, tied_output=False) + f"@{name}"
+            out[key] = param.detach().clone()
+    return out
+
+
+def rank_train_export(runs: dict, tokens: torch.Tensor) -> dict:
+    """For each named (argv, reimport argv): train through pretrain's path (which ends with
+    --save-hf), then return our logits and whether re-importing the export gives the trained
+    weights bit for bit."""
+    from megatron.training.pretrain import build_data_providers
+    from megatron.training.training import setup_model_and_optimizer, train
+
+    out = {}
+    world = torch.distributed.get_world_size()
+    for name, (argv, reimport_argv) in runs.items():
+        args = parse_args(argv, world_size=world)
+        initialize_model_parallel(args)
+        set_random_seeds(args.seed)
+        try:
+            provider, _ = build_data_providers(args)
+            state = setup_model_and_optimizer(args)
+            history = train(args, state, provider)
+            logits = forward_logits(args, state.model, tokens)
+            trained = _local_params(state.model)
+            again = parse_args(reimport_argv, world_size=world)
+            reimported = _local_params(build_model(again, build_transformer_config(again)))
+            differ = sorted(k for k in trained if not torch.equal(trained[k], reimported[k]))
+            out[name] = {"logits": logits, "differ": differ, "history": history,
+                         "num_params": len(trained)}
+        finally:
+            ps.destroy_model_parallel()
+    return out
