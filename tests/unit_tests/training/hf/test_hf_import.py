@@ -11,10 +11,11 @@ import torch
 from megatron.varlen.testing.multirank import run_distributed
 from tests.unit_tests.training.hf.ranks import rank_import_logits
 from tests.unit_tests.training.hf.tiny_models import (
-    FAMILIES, VOCAB, hf_logits, model_argv, sample_tokens, save_hf_model,
+    FAMILIES, hf_logits, model_argv, sample_tokens, save_hf_model,
 )
 
 RTOL = 1e-5
+PADDED_CASE_VOCAB = 250
 LAYOUTS_2_RANKS = {
     "tp2": ["--tensor-model-parallel-size", "2"],
     "pp2": ["--pipeline-model-parallel-size", "2"],
@@ -30,14 +31,28 @@ def checkpoints(tmp_path_factory):
     return paths, tokens, {family: hf_logits(path, tokens) for family, path in paths.items()}
 
 
+def test_padded_vocabulary_rows_are_zero_and_excluded(tmp_path):
+    # 250 ids, TP2 x --make-vocab-size-divisible-by 8: the model holds 256 rows, 6 padded.
+    path = save_hf_model("llama", tmp_path / "v250", vocab_size=PADDED_CASE_VOCAB)
+    tokens = sample_tokens() % PADDED_CASE_VOCAB
+    runs = {"padded": model_argv(path, "--tensor-model-parallel-size", "2",
+                                 "--make-vocab-size-divisible-by", "8")}
+    got = _owner(run_distributed(rank_import_logits, 2, args=(runs, tokens), timeout_s=240),
+                 "padded")
+    assert got["logits"].shape[-1] == 256
+    reference = hf_logits(path, tokens)
+    _assert_logits_match(got["logits"][..., :PADDED_CASE_VOCAB], reference, "padded vocabulary")
+    assert torch.count_nonzero(got["logits"][..., PADDED_CASE_VOCAB:]) == 0
+
+
 def _owner(results: list[dict], name: str) -> dict:
-    owners = [r[name] for r in results if r[name] is not None]
+    owners = [r[name] for r in results if r[name]["logits"] is not None]
     assert owners, f"{name}: no rank returned logits"
     return owners[-1]
 
 
 def _assert_logits_match(ours: torch.Tensor, reference: torch.Tensor, what: str) -> None:
-    ours = ours[..., :VOCAB]  # padded vocabulary rows are not part of the model
+    ours = ours[..., :reference.shape[-1]]  # padded vocabulary rows are not part of the model
     scale = reference.abs().max().item()
     diff = (ours - reference).abs().max().item()
     assert diff <= RTOL * scale, f"{what}: max |ours - transformers| {diff:.3e} > {RTOL} x {scale:.3f}"
@@ -69,3 +84,7 @@ def test_parallel_layouts_match_transformers(checkpoints):
     for family, layout in runs:
         got = _owner(results, (family, layout))
         _assert_logits_match(got["logits"], reference[family], f"{family} {layout}")
+        # Sliced reads: each rank read exactly the elements it holds (its TP/PP/VPP slices;
+        # padded vocabulary rows are zero-filled, never read), never the whole model.
+        for rank, result in enumerate(results):
+            assert result[(family, layout)]["read"] == result[(family, layout)]["held"], rank
