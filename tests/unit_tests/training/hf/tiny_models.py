@@ -74,3 +74,43 @@ def model_argv(hf_dir: str, *extra: str) -> list[str]:
             "--global-batch-size", "4", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
             "--tokenizer-type", "NullTokenizer", "--log-interval", "1", "--eval-iters", "0",
             "--seed", "7", *extra]
+
+
+# Two chat-template styles, written for these tests in the shape of the real ones.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+    "'<|end_header_id|>\\n\\n' + (m['content'] | trim) + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% endif %}")
+# style: (template, special tokens, named special tokens)
+TOKENIZER_STYLES = {
+    "chatml": (CHATML_TEMPLATE, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+               dict(eos_token="<|im_end|>", pad_token="<|endoftext|>")),
+    "llama3": (LLAMA3_TEMPLATE, ["<|begin_of_text|>", "<|start_header_id|>",
+                                 "<|end_header_id|>", "<|eot_id|>"],
+               dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")),
+}
+TOKENIZER_VOCAB = 320
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello, how are you today?",
+          "Packing puts many short samples into one sequence.", "user assistant system"] * 4
+
+
+def save_tokenizer(style: str, path: str, vocab_size: int = TOKENIZER_VOCAB) -> str:
+    """A byte-level BPE tokenizer trained here on a few sentences, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    template, specials, named = TOKENIZER_STYLES[style]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=template, **named)
+    fast.save_pretrained(path)
+    return str(path)
