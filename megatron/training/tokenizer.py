@@ -180,6 +180,15 @@ class HuggingFaceTokenizer(Tokenizer):
         return encode_chat(self._hf, turns)
 
 
+def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
+    """Every id the tokenizer returns must have a row in the model's vocabulary."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
+            f"{vocab_size} (--vocab-size, or the --hf-checkpoint's vocab_size): use a matching "
+            "--tokenizer-model")
+
+
 def build_tokenizer(
     tokenizer_type: str, vocab_size: int | None = None, tokenizer_model: str | None = None
 ) -> Tokenizer:

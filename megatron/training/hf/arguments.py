@@ -14,6 +14,7 @@ import argparse
 from megatron.training.hf.config import (
     HFConfigError, config_from_args, flag_values, load_hf_config, overridable_defaults,
 )
+from megatron.training.hf.safetensors_io import CheckpointFileError, SafetensorsReader
 
 HF_CHECKPOINT_FLAG = "--hf-checkpoint"
 
@@ -93,6 +94,11 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
         require(not args.mtp_num_layers,
                 "--hf-checkpoint/--save-hf do not support --mtp-num-layers (no Llama/Qwen "
                 "checkpoint has MTP layers)")
+    if args.hf_checkpoint:
+        try:  # the index names only existing shards (a missing one fails here, not mid-load)
+            SafetensorsReader(args.hf_checkpoint)
+        except (CheckpointFileError, ImportError) as err:
+            require(False, f"--hf-checkpoint: {err}")
     if args.save_hf:
         try:
             config_from_args(args)
