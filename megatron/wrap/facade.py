@@ -54,7 +54,7 @@ from megatron.wrap.flows import Flow, FlowContext, build_flow
 from megatron.wrap.forward import FlowForwardStep
 from megatron.wrap.microbatches import pack_step
 from megatron.wrap.parallel import ParallelStateMixin
-from megatron.wrap.pretrained import pretrained_config, save_tokenizer
+from megatron.wrap.pretrained import pretrained_config
 from megatron.wrap.step_metrics import LOSS, reduce_across_stages, train_metrics
 
 CONFIG_FILENAME = "wrap_config.yaml"  # the resolved config, stored with each checkpoint
@@ -252,14 +252,10 @@ class MegatronWrap(ParallelStateMixin):
 
     def save_pretrained(self, out_dir: str | Path) -> str:
         """Writes the model as a Hugging Face checkpoint (config.json, safetensors) that
-        ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer if it
-        is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
+        ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
+        if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        out_dir = save_hf(self.args, self.state.model, str(out_dir))
-        if dist.get_rank() == 0:
-            save_tokenizer(self.tokenizer, out_dir)
-        dist.barrier()
-        return out_dir
+        return save_hf(self.args, self.state.model, str(out_dir))
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its

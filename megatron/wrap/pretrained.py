@@ -30,9 +30,3 @@ def pretrained_config(config: WrapConfig, hf_dir: str) -> WrapConfig:
         sources.update(tokenizer_type="from_pretrained()", tokenizer_model="from_pretrained()")
     return dataclasses.replace(config, flat=flat, sources=sources)
 
-
-def save_tokenizer(tokenizer, out_dir: str) -> None:
-    """Writes a Hugging Face tokenizer next to an exported model (others have no files)."""
-    hf_tokenizer = getattr(tokenizer, "_hf", None)
-    if hf_tokenizer is not None and hasattr(hf_tokenizer, "save_pretrained"):
-        hf_tokenizer.save_pretrained(out_dir)

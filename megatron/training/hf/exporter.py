@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import torch
 
@@ -26,6 +27,9 @@ from megatron.training.initializers import canonical_parameter_name
 from megatron.training.model import unwrap
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
+# A Hugging Face tokenizer directory's files (fast and slow tokenizers, chat template).
+TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _TIED_OUTPUT = "output_layer.weight"
 
@@ -138,10 +142,25 @@ def export_config(args) -> HFModelConfig:
     return config
 
 
+def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
+    """Copies a Hugging Face tokenizer's files next to the exported model; their names."""
+    copied = []
+    for name in sorted(os.listdir(tokenizer_dir)):
+        is_tokenizer_file = name.startswith(TOKENIZER_FILE_PREFIXES) or name in TOKENIZER_FILES
+        if is_tokenizer_file and os.path.isfile(os.path.join(tokenizer_dir, name)):
+            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
+            copied.append(name)
+    return copied
+
+
 def save_hf(args, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
-    """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf)."""
+    """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
+    with the run's Hugging Face tokenizer files (``--tokenizer-model``) if it has one."""
     out_dir = out_dir or args.save_hf
     path = export_hf([unwrap(chunk) for chunk in model], out_dir, export_config(args))
+    if torch.distributed.get_rank() == 0 and args.tokenizer_type == "HuggingFaceTokenizer":
+        copy_tokenizer_files(args.tokenizer_model, out_dir)
+    torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print(f"> saved Hugging Face checkpoint ({export_config(args).architecture}) to "
               f"{path}", flush=True)
