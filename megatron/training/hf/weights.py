@@ -66,6 +66,12 @@ RULES = (
     _rule(_LAYER + r"mlp\.linear_fc1\.weight", "gated",
           _HF_LAYER + "mlp.gate_proj.weight", _HF_LAYER + "mlp.up_proj.weight"),
     _rule(_LAYER + r"mlp\.linear_fc2\.weight", "row", _HF_LAYER + "mlp.down_proj.weight"),
+    # Transformer Engine layer specs (GPU) fuse the pre-attention/pre-MLP norms into the next
+    # linear layer; same HF tensors. Untested here: no GPU was available to this project.
+    _rule(_LAYER + r"self_attention\.linear_qkv\.layer_norm_weight", "replicated",
+          _HF_LAYER + "input_layernorm.weight"),
+    _rule(_LAYER + r"mlp\.linear_fc1\.layer_norm_weight", "replicated",
+          _HF_LAYER + "post_attention_layernorm.weight"),
 )
 
 
