@@ -1,19 +1,18 @@
-"""Bad Hugging Face input: each a one-line error naming the problem, at start-up (exit code 2)."""
+"""Bad Hugging Face input: each a one-line error naming the problem, at start-up.
+
+ArgumentValidationError is what pretrain_gpt.py prints as one line with exit code 2.
+"""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from megatron.training.arguments import ArgumentValidationError, parse_args
 from megatron.training.hf.safetensors_io import INDEX_FILE
-from megatron.training.tokenizer import check_tokenizer_fits, NullTokenizer
+from megatron.training.tokenizer import NullTokenizer, check_tokenizer_fits
 from tests.unit_tests.training.hf.tiny_models import model_argv, save_hf_model
-
-REPO = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +95,10 @@ def test_tp_that_does_not_divide_heads_or_kv_groups(llama, tp, needle):
     assert needle in _error(model_argv(llama, "--tensor-model-parallel-size", tp), world=int(tp))
 
 
+
+
+def test_save_hf_needs_an_exportable_architecture():
+    from megatron.training.testing import TINY_GPT_ARGS
+
+    message = _error(TINY_GPT_ARGS + ["--train-iters", "1", "--save-hf", "/tmp/unused"])
+    assert "--save-hf: export to Hugging Face needs --normalization RMSNorm" in message
