@@ -178,3 +178,16 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
 
         destroy_dynamic_cp_groups()
         ps.destroy_model_parallel()
+
+
+def rank_import_export(argv: list[str], out_dir: str) -> None:
+    """Builds the model from --hf-checkpoint and exports it untouched to ``out_dir``."""
+    from megatron.training.hf.exporter import save_hf
+
+    args = parse_args(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(args)
+    set_random_seeds(args.seed)
+    try:
+        save_hf(args, build_model(args, build_transformer_config(args)), out_dir)
+    finally:
+        ps.destroy_model_parallel()

@@ -89,3 +89,23 @@ def test_export_tool_from_megatron_checkpoint(exported, tmp_path):
     assert sorted(mine) == sorted(trained)
     for key in trained:
         assert torch.equal(mine[key], trained[key]), key
+
+
+def test_bf16_import_then_export_is_the_bf16_cast(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from tests.unit_tests.training.hf.ranks import rank_import_export
+
+    original = save_hf_model("qwen3", tmp_path / "original")
+    out = tmp_path / "bf16_export"
+    run_distributed(rank_import_export, 1, args=(model_argv(original, "--bf16"), str(out)),
+                    timeout_s=120)
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    exported, source = load_file(out / "model.safetensors"), load_file(
+        Path(original) / "model.safetensors")
+    assert sorted(exported) == sorted(source)
+    for key, tensor in source.items():
+        assert exported[key].dtype == torch.bfloat16
+        assert torch.equal(exported[key], tensor.to(torch.bfloat16)), key
