@@ -14,7 +14,6 @@ import argparse
 from megatron.training.hf.config import (
     HFConfigError, config_from_args, flag_values, load_hf_config, overridable_defaults,
 )
-from megatron.training.hf.safetensors_io import CheckpointFileError, SafetensorsReader
 
 HF_CHECKPOINT_FLAG = "--hf-checkpoint"
 
@@ -95,6 +94,9 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
                 "--hf-checkpoint/--save-hf do not support --mtp-num-layers (no Llama/Qwen "
                 "checkpoint has MTP layers)")
     if args.hf_checkpoint:
+        # Imported here: the parser itself stays free of torch (wrap configs build without it).
+        from megatron.training.hf.safetensors_io import CheckpointFileError, SafetensorsReader
+
         try:  # the index names only existing shards (a missing one fails here, not mid-load)
             SafetensorsReader(args.hf_checkpoint)
         except (CheckpointFileError, ImportError) as err:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 TRAINED_ROLE = "assistant"
+Span = tuple[int, int]  # [start, stop) characters of the rendered text
 
 
 class ChatTemplateError(ValueError):
@@ -38,7 +39,7 @@ def _extend(text: str, longer: str, what: str) -> str:
     return longer
 
 
-def assistant_spans(hf_tokenizer, turns: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(hf_tokenizer, turns: list[tuple[str, str]]) -> tuple[str, list[Span]]:
     """The rendered conversation and the [start, stop) character spans of assistant turns
     (what each adds after the template's assistant header, end-of-turn marker included)."""
     messages = [{"role": role, "content": content} for role, content in turns]

@@ -51,7 +51,8 @@ def _transformers_loss(hf_dir: str, records: list[dict]) -> float:
 
 
 def test_from_pretrained_finetune_save_pretrained(tmp_path):
-    results = run_distributed(rank_example, 2, args=(str(tmp_path / "out"), str(tmp_path / "tiny")), timeout_s=240)
+    results = run_distributed(rank_example, 2, timeout_s=240,
+                              args=(str(tmp_path / "out"), str(tmp_path / "tiny")))
     first = results[0]
     assert [r["before"] for r in results] == [first["before"]] * 2
     assert all(math.isfinite(m["loss"]) for m in first["history"])

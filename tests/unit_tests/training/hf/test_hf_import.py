@@ -55,7 +55,8 @@ def _assert_logits_match(ours: torch.Tensor, reference: torch.Tensor, what: str)
     ours = ours[..., :reference.shape[-1]]  # padded vocabulary rows are not part of the model
     scale = reference.abs().max().item()
     diff = (ours - reference).abs().max().item()
-    assert diff <= RTOL * scale, f"{what}: max |ours - transformers| {diff:.3e} > {RTOL} x {scale:.3f}"
+    assert diff <= RTOL * scale, (
+        f"{what}: max |ours - transformers| {diff:.3e} > {RTOL} x {scale:.3f}")
 
 
 def _hf_inv_freq(path) -> torch.Tensor:
