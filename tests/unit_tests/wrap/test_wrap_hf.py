@@ -63,3 +63,27 @@ def test_from_pretrained_finetune_save_pretrained(tmp_path):
     assert abs(first["after"] - after) <= RTOL * after, (first["after"], after)
     assert abs(after - before) > 1e-4, "training changed nothing"
     assert (Path(first["out"]) / "tokenizer.json").is_file()
+
+
+def test_pretrained_config_takes_model_and_tokenizer_from_the_directory(tmp_path):
+    import pytest
+
+    from megatron.training.arguments import ArgumentValidationError, build_parser, parse_args
+    from megatron.wrap.config import build_config, config_path
+    from megatron.wrap.pretrained import pretrained_config
+    from tests.unit_tests.training.hf.tiny_models import save_hf_model, save_tokenizer
+
+    hf_dir = save_hf_model("llama", tmp_path / "llama")
+    save_tokenizer("chatml", hf_dir)
+    training_only = {"__select__": {"parallel": "single", "optimizer": "adam_cosine"},
+                     "model": {"seq_length": 64}, "training": {"train_iters": 10},
+                     "flow": {"flow_name": "gpt_sft"}}
+    config = pretrained_config(build_config(training_only), hf_dir)
+    assert (config.flat["tokenizer_type"], config.flat["tokenizer_model"]) == (
+        "HuggingFaceTokenizer", hf_dir)
+    args = parse_args(config.to_argv(build_parser()) + ["--mock-data"], world_size=1)
+    assert (args.num_layers, args.hidden_size, args.num_query_groups) == (4, 64, 2)
+    # A config that also names a model (tiny_gpt: 2 layers) disagrees with the checkpoint.
+    with_model = pretrained_config(build_config(config_path("sft_tiny_cpu")), hf_dir)
+    with pytest.raises(ArgumentValidationError, match="--num-layers 2 conflicts"):
+        parse_args(with_model.to_argv(build_parser()), world_size=1)
