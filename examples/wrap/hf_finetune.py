@@ -4,6 +4,8 @@ dynamic context parallelism, and hand back a Hugging Face checkpoint.
     python examples/wrap/hf_finetune.py --steps 5 --out /tmp/hf_finetuned
     torchrun --nproc-per-node 2 examples/wrap/hf_finetune.py --hf-dir MY_QWEN2_DIR --out OUT
 
+``--hf-dir`` is a local Llama/Qwen2/Qwen3 checkpoint with its tokenizer files (chat template).
+
 Without ``--hf-dir`` the script first creates a tiny random Qwen2-style model and a byte-level
 BPE tokenizer with a ChatML chat template (trained on the JSONL's own text), with
 ``transformers`` and ``tokenizers``: nothing is downloaded. Conversations are rendered with the
