@@ -15,15 +15,27 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 CONFIG_FILENAME = "config.json"
 
-# Architecture name -> (model_type, QKV bias, QK layernorm).
+
+
+class Family(NamedTuple):
+    model_type: str
+    qkv_bias: bool
+    qk_layernorm: bool
+
+
 ARCHITECTURES = {
-    "LlamaForCausalLM": ("llama", False, False),
-    "Qwen2ForCausalLM": ("qwen2", True, False),
-    "Qwen3ForCausalLM": ("qwen3", False, True),
+    "LlamaForCausalLM": Family("llama", qkv_bias=False, qk_layernorm=False),
+    "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True, qk_layernorm=False),
+    "Qwen3ForCausalLM": Family("qwen3", qkv_bias=False, qk_layernorm=True),
 }
+# Values transformers assumes when config.json omits the key (LlamaConfig's defaults).
+HF_DEFAULT_MAX_POSITIONS = 2048
+HF_DEFAULT_RMS_NORM_EPS = 1e-6
+HF_DEFAULT_ROPE_THETA = 10000.0
 SUPPORTED_ACTIVATION = "silu"
 LLAMA3_ROPE_TYPE = "llama3"
 DEFAULT_ROPE_TYPE = "default"
@@ -83,11 +95,11 @@ class HFModelConfig:
 
     @property
     def qkv_bias(self) -> bool:
-        return ARCHITECTURES[self.architecture][1]
+        return ARCHITECTURES[self.architecture].qkv_bias
 
     @property
     def qk_layernorm(self) -> bool:
-        return ARCHITECTURES[self.architecture][2]
+        return ARCHITECTURES[self.architecture].qk_layernorm
 
 
 def read_config_json(hf_dir: str) -> dict:
@@ -109,7 +121,7 @@ def _architecture(raw: dict, where: str) -> str:
     if len(names) != 1 or names[0] not in ARCHITECTURES:
         raise HFConfigError(f"{where}: unsupported architecture {names!r}; supported: "
                             f"{', '.join(ARCHITECTURES)}")
-    expected_type = ARCHITECTURES[names[0]][0]
+    expected_type = ARCHITECTURES[names[0]].model_type
     if raw.get("model_type", expected_type) != expected_type:
         raise HFConfigError(f"{where}: model_type {raw['model_type']!r} does not match "
                             f"architecture {names[0]} (expected {expected_type!r})")
@@ -127,7 +139,7 @@ def _check_keys(raw: dict, where: str, architecture: str) -> None:
     # QKV bias is implied by the architecture; an explicit attention_bias must agree with it
     # (Llama's attention_bias would also put a bias on o_proj, which megatron cannot hold).
     bias = raw.get("attention_bias")
-    if bias is not None and bias != ARCHITECTURES[architecture][1]:
+    if bias is not None and bias != ARCHITECTURES[architecture].qkv_bias:
         raise HFConfigError(f"{where}: unsupported value attention_bias={bias!r} for "
                             f"{architecture}")
     layer_types = raw.get("layer_types") or []
@@ -142,7 +154,7 @@ def _rope(raw: dict, where: str) -> tuple[int, float | None]:
     scaling = raw.get("rope_scaling") or {}
     if scaling:
         params.update(scaling)
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    theta = params.get("rope_theta", raw.get("rope_theta", HF_DEFAULT_ROPE_THETA))
     if float(theta) != int(theta):
         raise HFConfigError(f"{where}: unsupported value rope_theta={theta!r} (must be an "
                             "integer for --rotary-base)")
@@ -178,8 +190,8 @@ def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
         num_query_groups=raw.get("num_key_value_heads") or heads,
         kv_channels=raw.get("head_dim") or raw["hidden_size"] // heads,
         vocab_size=raw["vocab_size"],
-        max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        norm_epsilon=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=raw.get("max_position_embeddings", HF_DEFAULT_MAX_POSITIONS),
+        norm_epsilon=float(raw.get("rms_norm_eps", HF_DEFAULT_RMS_NORM_EPS)),
         rotary_base=rotary_base,
         rope_scaling_factor=factor,
         tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -265,7 +277,7 @@ def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
     if config.rope_scaling_factor is not None:
         rope.update(rope_type=LLAMA3_ROPE_TYPE, factor=config.rope_scaling_factor,
                     **MCORE_LLAMA3_ROPE_CONSTANTS)
-    model_type = ARCHITECTURES[config.architecture][0]
+    model_type = ARCHITECTURES[config.architecture].model_type
     raw = {
         "architectures": [config.architecture], "model_type": model_type,
         "num_hidden_layers": config.num_layers, "hidden_size": config.hidden_size,
