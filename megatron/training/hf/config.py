@@ -20,8 +20,9 @@ from typing import NamedTuple
 CONFIG_FILENAME = "config.json"
 
 
-
 class Family(NamedTuple):
+    """What an architecture adds to the Llama layer."""
+
     model_type: str
     qkv_bias: bool
     qk_layernorm: bool
