@@ -5,6 +5,7 @@
 #   2. Sequence packing + dynamic context parallelism on real SFT text (examples/data), with
 #      the byte-level tokenizer: DP=2 x CP=2, every sequence on a CP group sized for it.
 #   3./4. The megatron.wrap facade fed batches at run time (examples/wrap).
+#   5. A Hugging Face checkpoint fine-tuned through the facade and saved back (no download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}")
@@ -32,3 +33,9 @@ echo "== 3. megatron.wrap: SFT on runtime batches from the JSONL (2 ranks) =="
 echo "== 4. megatron.wrap: RL-style runtime batches of varying size and length (2 ranks) =="
 .venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
   examples/wrap/rl_runtime_loop.py --steps 20
+
+echo "== 5. Hugging Face in and out: a tiny local Qwen2-style model fine-tuned with its chat template (2 ranks) =="
+HF_OUT=$(mktemp -d)
+HF_HUB_OFFLINE=1 .venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
+  examples/wrap/hf_finetune.py --steps 10 --out "$HF_OUT/finetuned" --tiny-dir "$HF_OUT/tiny"
+rm -rf "$HF_OUT"

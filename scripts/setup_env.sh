@@ -16,5 +16,5 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install --quiet -e ".[test,plots]"
+"$VENV/bin/python" -m pip install --quiet -e ".[test,plots,hf]"
 echo "$want" > "$STAMP"

@@ -14,6 +14,7 @@ import os
 import sys
 
 from megatron.training import varlen_arguments
+from megatron.training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling.problem import pad_multiple
 
 ERROR_EXIT_CODE = 2
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_args(parser)
     _add_logging_checkpoint_args(parser)
     varlen_arguments.add_varlen_args(parser)
+    hf_arguments.add_hf_args(parser)
     return parser
 
 
@@ -294,12 +296,20 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     _validate_batch(args)
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, _require)
+    hf_arguments.validate_hf_args(args, _require)
     return args
 
 
 def parse_args(argv: list[str] | None = None, world_size: int | None = None):
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    try:  # --hf-checkpoint: the checkpoint's architecture as defaults, checked for conflicts
+        fixed = hf_arguments.apply_checkpoint_defaults(parser, argv)
+        args = parser.parse_args(argv)
+        hf_arguments.check_conflicts(parser, args, fixed)
+    except ValueError as err:  # HFConfigError: one line, like every argument error
+        raise ArgumentValidationError(str(err)) from err
     args.world_size = world_size
     return validate_args(args)
 

@@ -8,6 +8,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
+from megatron.training.hf.importer import load_hf_weights
 from megatron.training.initializers import initialize_layout_invariant
 from megatron.training.varlen_arguments import attention_backend, attention_backend_line
 from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
@@ -38,6 +39,10 @@ def build_transformer_config(args) -> TransformerConfig:
         ffn_hidden_size=args.ffn_hidden_size,
         num_attention_heads=args.num_attention_heads,
         num_query_groups=args.num_query_groups,
+        kv_channels=args.kv_channels,
+        layernorm_epsilon=args.norm_epsilon,
+        add_qkv_bias=args.add_qkv_bias,
+        qk_layernorm=args.qk_layernorm,
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std,
@@ -74,7 +79,8 @@ def build_transformer_config(args) -> TransformerConfig:
 
 def _build_chunk(args, config, vp_stage: int | None) -> VarlenGPTModel:
     kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
-    layer_spec = load_layer_spec(args.spec, args.normalization, attention_backend(args))
+    layer_spec = load_layer_spec(args.spec, args.normalization, attention_backend(args),
+                                 qk_layernorm=args.qk_layernorm)
     mtp_spec = (get_varlen_mtp_block_spec(config, layer_spec, vp_stage=vp_stage)
                 if config.mtp_num_layers else None)
     return VarlenGPTModel(
@@ -88,6 +94,8 @@ def _build_chunk(args, config, vp_stage: int | None) -> VarlenGPTModel:
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type,
         rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
         vp_stage=vp_stage,
     )
 
@@ -104,6 +112,9 @@ def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,
         tied_output=not args.untie_embeddings_and_output_weights, gated_mlp=args.swiglu)
+    if args.hf_checkpoint:
+        load_hf_weights(chunks, args.hf_checkpoint,
+                        tied_output=not args.untie_embeddings_and_output_weights)
     # Built and initialised on the host (use_cpu_initialization: the same weights on any
     # device), then moved once to where training runs; DDP buffers and optimizer state follow.
     chunks = [chunk.to(get_device()) for chunk in chunks]

@@ -8,7 +8,7 @@ from megatron.training.data import (
     PackedBatchProvider, UnpackedBatchProvider, build_packing_config,
 )
 from megatron.training.datasets.builder import build_datasets
-from megatron.training.tokenizer import build_tokenizer
+from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.training.training import setup_model_and_optimizer, train
 from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
 from megatron.varlen.scheduling.groups import build_group_layout
@@ -41,6 +41,7 @@ def build_data_providers(args):
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size, args.tokenizer_model)
     if args.vocab_size is None:
         args.vocab_size = tokenizer.vocab_size
+    check_tokenizer_fits(tokenizer, args.vocab_size)
     _set_sample_counts(args)
     train_ds, valid_ds = build_datasets(args, tokenizer)
     if args.sequence_packing:

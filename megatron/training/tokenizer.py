@@ -11,7 +11,9 @@ Every tokenizer offers the same small interface (:class:`Tokenizer`): ``vocab_si
 - ``ByteLevelTokenizer``: UTF-8 bytes 0..255 plus five special ids (eod, pad, system, user,
   assistant); needs no download.
 - ``HuggingFaceTokenizer`` (``--tokenizer-model PATH``): a local ``transformers`` tokenizer
-  directory, loaded offline.
+  directory, loaded offline. With a chat template, SFT conversations are rendered by it
+  (``encode_chat``, see ``megatron/training/hf/chat_template.py``); without one, turns open
+  with ``<|role|>\n`` as text.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class Tokenizer:
     def role_marker(self, role: str) -> list[int]:
         """Returns the ids that open a chat turn of ``role`` (empty: no marker)."""
         return []
+
+    def encode_chat(self, turns: list[tuple[str, str]]):
+        """``(ids, is_target)`` of a conversation rendered by the tokenizer's own chat
+        template, or None when it has none (the SFT dataset then uses role markers)."""
+        return None
 
 
 class NullTokenizer(Tokenizer):
@@ -164,6 +171,22 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def role_marker(self, role: str) -> list[int]:
         return self.tokenize(HF_ROLE_MARKER_FORMAT.format(role=role))
+
+    def encode_chat(self, turns: list[tuple[str, str]]):
+        if getattr(self._hf, "chat_template", None) is None:
+            return None
+        from megatron.training.hf.chat_template import encode_chat
+
+        return encode_chat(self._hf, turns)
+
+
+def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
+    """Every id the tokenizer returns must have a row in the model's vocabulary."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
+            f"{vocab_size} (--vocab-size, or the --hf-checkpoint's vocab_size): use a matching "
+            "--tokenizer-model")
 
 
 def build_tokenizer(

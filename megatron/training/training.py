@@ -24,6 +24,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.training import checkpointing
 from megatron.training.flops import num_floating_point_operations
+from megatron.training.hf.exporter import save_hf
 from megatron.training.metrics import IterationMetrics, MetricsLogger
 from megatron.training.model import build_model, build_transformer_config
 from megatron.varlen.cpu_device import get_device
@@ -242,6 +243,8 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
     if args.save and (not args.save_interval or state.iteration % args.save_interval):
         checkpointing.save_checkpoint(
             args.save, state.iteration, state.model, state.optimizer, state.scheduler)
+    if args.save_hf:
+        save_hf(args, state.model)
     if logger is not None:
         logger.close()
     return history

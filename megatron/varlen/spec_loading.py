@@ -20,9 +20,9 @@ THD_CAPABLE_CORE_ATTENTION = frozenset({
 
 
 def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str,
-                    attention_backend: str | None = None):
+                    attention_backend: str | None = None, qk_layernorm: bool = False):
     """The decoder layer ModuleSpec: ours by default (with ``attention_backend``, a resolved
-    --attention-backend), else the user's spec function."""
+    --attention-backend, and ``qk_layernorm``), else the user's spec function."""
     module_name, function_name = spec or DEFAULT_SPEC
     try:
         function = getattr(import_module(module_name), function_name)
@@ -30,7 +30,8 @@ def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str
         raise ValueError(f"--spec {module_name} {function_name}: cannot import it ({err})") from err
     if spec is not None:
         return function()
-    return function(normalization=normalization, attention_backend=attention_backend)
+    return function(normalization=normalization, attention_backend=attention_backend,
+                    qk_layernorm=qk_layernorm)
 
 
 def core_attention_name(layer_spec) -> str:

@@ -35,7 +35,8 @@ from megatron.training.initialize import (
     shutdown,
 )
 from megatron.training.pretrain import create_dynamic_cp_groups
-from megatron.training.tokenizer import build_tokenizer
+from megatron.training.hf.exporter import save_hf
+from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.training.training import (
     TrainState,
     reduce_reported_loss,
@@ -53,6 +54,7 @@ from megatron.wrap.flows import Flow, FlowContext, build_flow
 from megatron.wrap.forward import FlowForwardStep
 from megatron.wrap.microbatches import pack_step
 from megatron.wrap.parallel import ParallelStateMixin
+from megatron.wrap.pretrained import pretrained_config
 from megatron.wrap.step_metrics import LOSS, reduce_across_stages, train_metrics
 
 CONFIG_FILENAME = "wrap_config.yaml"  # the resolved config, stored with each checkpoint
@@ -83,6 +85,16 @@ class MegatronWrap(ParallelStateMixin):
         self._exit_stack = contextlib.ExitStack()
         self._owns_process_group = False
 
+    @classmethod
+    def from_pretrained(cls, hf_dir: str | Path, config: str | Path | Mapping | WrapConfig,
+                        overrides=None, configs_root=None) -> MegatronWrap:
+        """A facade whose model starts from the local Hugging Face checkpoint ``hf_dir``
+        (Llama, Qwen2, Qwen3); ``config`` holds the training settings (megatron/wrap/pretrained.py).
+        """
+        built = config if isinstance(config, WrapConfig) else \
+            build_config(config, overrides, configs_root)
+        return cls(pretrained_config(built, hf_dir))
+
     # --- set-up ---------------------------------------------------------------------------
 
     def initialize(self) -> MegatronWrap:
@@ -98,6 +110,7 @@ class MegatronWrap(ParallelStateMixin):
                                          args.tokenizer_model)
         if args.vocab_size is None:
             args.vocab_size = self.tokenizer.vocab_size
+        check_tokenizer_fits(self.tokenizer, args.vocab_size)
         initialize_model_parallel(args)
         set_random_seeds(args.seed)
         self._packer = HybridCPDataLoaderWrapper(
@@ -236,6 +249,13 @@ class MegatronWrap(ParallelStateMixin):
             Path(folder, CONFIG_FILENAME).write_text(self.config.to_yaml(), encoding="utf-8")
         wrap_logging.info_rank_0("saved iteration %d to %s", state.iteration, folder)
         return folder
+
+    def save_pretrained(self, out_dir: str | Path) -> str:
+        """Writes the model as a Hugging Face checkpoint (config.json, safetensors) that
+        ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
+        if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
+        self._require(self.state, "setup_model_and_optimizer()")
+        return save_hf(self.args, self.state.model, str(out_dir))
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its

@@ -5,7 +5,9 @@ Each non-blank line is one sample, either a conversation or a prompt/response pa
     {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
     {"prompt": "...", "response": "..."}
 
-A pair is the conversation ``[user: prompt, assistant: response]``. Template: every turn is
+A pair is the conversation ``[user: prompt, assistant: response]``. A HuggingFaceTokenizer with
+a chat template renders the conversation with it (loss on the assistant turns' tokens, found in
+the rendered text). Otherwise the template: every turn is
 ``role_marker(role) + tokenize(content) + [eod]`` and the document is the concatenation of the
 turns. Only the content and closing eod of assistant turns are trained on: ``loss_mask[i]`` is 1
 exactly when ``labels[i]`` is one of those ids, so system/user text and all role markers are
@@ -58,7 +60,14 @@ def parse_turns(record) -> list[tuple[str, str]]:
 
 
 def encode_turns(turns: list[tuple[str, str]], tokenizer: Tokenizer):
-    """Applies the template; returns ``(ids, is_target)`` numpy arrays of equal length."""
+    """Applies the template; returns ``(ids, is_target)`` numpy arrays of equal length.
+
+    A tokenizer with its own chat template (HuggingFaceTokenizer) renders the conversation
+    itself and marks the assistant tokens (``Tokenizer.encode_chat``).
+    """
+    rendered = tokenizer.encode_chat(turns)
+    if rendered is not None:
+        return rendered
     ids: list[int] = []
     is_target: list[bool] = []
     for role, content in turns:

@@ -26,6 +26,8 @@ EXPECTED_FLAGS = frozenset("""
 --context-parallel-size --sequence-packing --sequence-packing-scheduler
 --max-seqlen-per-dp-cp-rank --spec --dynamic-context-parallel --hybrid-context-parallel
 --min-dynamic-context-parallel-size --mtp-num-layers --attention-backend
+--hf-checkpoint --save-hf --kv-channels --norm-epsilon --add-qkv-bias --qk-layernorm
+--use-rope-scaling --rope-scaling-factor
 """.split())
 
 

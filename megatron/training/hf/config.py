@@ -1,0 +1,300 @@
+"""A Hugging Face ``config.json`` <-> our model flags, in one place.
+
+Supported: ``LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE with optional Llama-3 scaling, GQA, tied or
+untied embeddings), ``Qwen2ForCausalLM`` (+ QKV bias) and ``Qwen3ForCausalLM`` (+ QK RMSNorm, an
+explicit ``head_dim``). Every key of ``config.json`` is either mapped onto a flag, known to have
+no effect on the forward pass, or pinned to the one value we support; anything else is refused
+with one line naming the key, so a checkpoint is never silently loaded into the wrong model.
+
+Both the ``transformers`` 4.x keys (``rope_theta``, ``rope_scaling``) and the 5.x key
+(``rope_parameters``) are read; the export writes both forms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+CONFIG_FILENAME = "config.json"
+
+
+class Family(NamedTuple):
+    """What an architecture adds to the Llama layer."""
+
+    model_type: str
+    qkv_bias: bool
+    qk_layernorm: bool
+
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": Family("llama", qkv_bias=False, qk_layernorm=False),
+    "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True, qk_layernorm=False),
+    "Qwen3ForCausalLM": Family("qwen3", qkv_bias=False, qk_layernorm=True),
+}
+# Values transformers assumes when config.json omits the key (LlamaConfig's defaults).
+HF_DEFAULT_MAX_POSITIONS = 2048
+HF_DEFAULT_RMS_NORM_EPS = 1e-6
+HF_DEFAULT_ROPE_THETA = 10000.0
+SUPPORTED_ACTIVATION = "silu"
+LLAMA3_ROPE_TYPE = "llama3"
+DEFAULT_ROPE_TYPE = "default"
+# megatron-core 0.16.1's RotaryEmbedding applies Llama-3 scaling with these constants fixed;
+# only the factor is a parameter. A checkpoint with other values is refused.
+MCORE_LLAMA3_ROPE_CONSTANTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192}
+
+# Keys that do not change the forward pass (metadata, generation and runtime settings).
+_IGNORED_KEYS = frozenset({
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "_name_or_path",
+    "max_window_layers", "output_attentions", "output_hidden_states", "return_dict",
+    "tokenizer_class", "sep_token_id", "decoder_start_token_id", "id2label", "label2id",
+    "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder",
+})
+# Keys whose only supported value is given (None = the key may be absent or null).
+_PINNED_VALUES = {
+    "hidden_act": SUPPORTED_ACTIVATION,
+    "pretraining_tp": 1,
+    "mlp_bias": False,
+    "use_sliding_window": False,
+    "attention_dropout": 0.0,
+}
+_MAPPED_KEYS = frozenset({
+    "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+    "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias",
+    "sliding_window", "layer_types",  # sliding_window is read only with use_sliding_window
+})
+_FULL_ATTENTION = "full_attention"
+
+
+class HFConfigError(ValueError):
+    """A checkpoint directory or config we cannot use; the message is one line."""
+
+
+@dataclass(frozen=True)
+class HFModelConfig:
+    """The architecture of a supported Hugging Face causal LM, as explicit values."""
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    vocab_size: int
+    max_position_embeddings: int
+    norm_epsilon: float
+    rotary_base: int
+    rope_scaling_factor: float | None  # Llama-3 scaling factor, None without scaling
+    tied_embeddings: bool
+    bos_token_id: int | None = None
+    eos_token_id: int | list | None = None
+
+    @property
+    def qkv_bias(self) -> bool:
+        return ARCHITECTURES[self.architecture].qkv_bias
+
+    @property
+    def qk_layernorm(self) -> bool:
+        return ARCHITECTURES[self.architecture].qk_layernorm
+
+
+def read_config_json(hf_dir: str) -> dict:
+    """The parsed ``config.json`` of ``hf_dir``; HFConfigError when it is missing or bad."""
+    path = os.path.join(hf_dir, CONFIG_FILENAME)
+    if not os.path.isdir(hf_dir):
+        raise HFConfigError(f"Hugging Face checkpoint {hf_dir!r} is not a directory")
+    if not os.path.isfile(path):
+        raise HFConfigError(f"Hugging Face checkpoint {hf_dir!r} has no {CONFIG_FILENAME}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as err:
+        raise HFConfigError(f"{path}: invalid JSON ({err.msg}, line {err.lineno})") from err
+
+
+def _architecture(raw: dict, where: str) -> str:
+    names = raw.get("architectures") or []
+    if len(names) != 1 or names[0] not in ARCHITECTURES:
+        raise HFConfigError(f"{where}: unsupported architecture {names!r}; supported: "
+                            f"{', '.join(ARCHITECTURES)}")
+    expected_type = ARCHITECTURES[names[0]].model_type
+    if raw.get("model_type", expected_type) != expected_type:
+        raise HFConfigError(f"{where}: model_type {raw['model_type']!r} does not match "
+                            f"architecture {names[0]} (expected {expected_type!r})")
+    return names[0]
+
+
+def _check_keys(raw: dict, where: str, architecture: str) -> None:
+    for key, value in raw.items():
+        if key in _PINNED_VALUES:
+            if value is not None and value != _PINNED_VALUES[key]:
+                raise HFConfigError(f"{where}: unsupported value {key}={value!r} (supported: "
+                                    f"{_PINNED_VALUES[key]!r})")
+        elif key not in _IGNORED_KEYS and key not in _MAPPED_KEYS:
+            raise HFConfigError(f"{where}: unsupported config field {key!r}={value!r}")
+    # QKV bias is implied by the architecture; an explicit attention_bias must agree with it
+    # (Llama's attention_bias would also put a bias on o_proj, which megatron cannot hold).
+    bias = raw.get("attention_bias")
+    if bias is not None and bias != ARCHITECTURES[architecture].qkv_bias:
+        raise HFConfigError(f"{where}: unsupported value attention_bias={bias!r} for "
+                            f"{architecture}")
+    layer_types = raw.get("layer_types") or []
+    if any(kind != _FULL_ATTENTION for kind in layer_types):
+        raise HFConfigError(f"{where}: unsupported layer_types {sorted(set(layer_types))} "
+                            f"(only {_FULL_ATTENTION!r})")
+
+
+def _rope(raw: dict, where: str) -> tuple[int, float | None]:
+    """(rotary base, Llama-3 scaling factor or None) from the 4.x or 5.x keys."""
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = raw.get("rope_scaling") or {}
+    if scaling:
+        params.update(scaling)
+    theta = params.get("rope_theta", raw.get("rope_theta", HF_DEFAULT_ROPE_THETA))
+    if float(theta) != int(theta):
+        raise HFConfigError(f"{where}: unsupported value rope_theta={theta!r} (must be an "
+                            "integer for --rotary-base)")
+    rope_type = params.get("rope_type", params.get("type", DEFAULT_ROPE_TYPE))
+    if rope_type == DEFAULT_ROPE_TYPE:
+        return int(theta), None
+    if rope_type != LLAMA3_ROPE_TYPE:
+        raise HFConfigError(f"{where}: unsupported rope scaling type {rope_type!r} (supported: "
+                            f"{DEFAULT_ROPE_TYPE!r}, {LLAMA3_ROPE_TYPE!r})")
+    for key, value in MCORE_LLAMA3_ROPE_CONSTANTS.items():
+        if key in params and float(params[key]) != float(value):
+            raise HFConfigError(f"{where}: unsupported value rope_scaling {key}={params[key]!r} "
+                                f"(megatron-core fixes it at {value})")
+    return int(theta), float(params["factor"])
+
+
+def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
+    """Validates a ``config.json`` dict and returns its architecture as explicit values."""
+    architecture = _architecture(raw, where)
+    _check_keys(raw, where, architecture)
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                "num_attention_heads", "vocab_size"):
+        if not isinstance(raw.get(key), int):
+            raise HFConfigError(f"{where}: missing or non-integer {key!r}")
+    heads = raw["num_attention_heads"]
+    rotary_base, factor = _rope(raw, where)
+    return HFModelConfig(
+        architecture=architecture,
+        num_layers=raw["num_hidden_layers"],
+        hidden_size=raw["hidden_size"],
+        ffn_hidden_size=raw["intermediate_size"],
+        num_attention_heads=heads,
+        num_query_groups=raw.get("num_key_value_heads") or heads,
+        kv_channels=raw.get("head_dim") or raw["hidden_size"] // heads,
+        vocab_size=raw["vocab_size"],
+        max_position_embeddings=raw.get("max_position_embeddings", HF_DEFAULT_MAX_POSITIONS),
+        norm_epsilon=float(raw.get("rms_norm_eps", HF_DEFAULT_RMS_NORM_EPS)),
+        rotary_base=rotary_base,
+        rope_scaling_factor=factor,
+        tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_id=raw.get("eos_token_id"),
+    )
+
+
+def load_hf_config(hf_dir: str) -> HFModelConfig:
+    """Reads and validates ``hf_dir/config.json``."""
+    return parse_hf_config(read_config_json(hf_dir), os.path.join(hf_dir, CONFIG_FILENAME))
+
+
+def flag_values(config: HFModelConfig) -> dict:
+    """Our flags (argparse dests) that this architecture fixes: name -> value."""
+    return {
+        "num_layers": config.num_layers,
+        "hidden_size": config.hidden_size,
+        "ffn_hidden_size": config.ffn_hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "group_query_attention": config.num_query_groups != config.num_attention_heads,
+        "num_query_groups": config.num_query_groups,
+        "kv_channels": config.kv_channels,
+        "vocab_size": config.vocab_size,
+        "norm_epsilon": config.norm_epsilon,
+        "normalization": "RMSNorm",
+        "swiglu": True,
+        "disable_bias_linear": True,
+        "add_qkv_bias": config.qkv_bias,
+        "qk_layernorm": config.qk_layernorm,
+        "position_embedding_type": "rope",
+        "rotary_base": config.rotary_base,
+        "use_rope_scaling": config.rope_scaling_factor is not None,
+        "rope_scaling_factor": config.rope_scaling_factor,
+        "untie_embeddings_and_output_weights": not config.tied_embeddings,
+    }
+
+
+# Defaults that follow the checkpoint but that a fine-tuning run may change freely.
+def overridable_defaults(config: HFModelConfig) -> dict:
+    return {
+        "max_position_embeddings": config.max_position_embeddings,
+        "hidden_dropout": 0.0,      # Llama/Qwen have no hidden dropout
+        "attention_dropout": 0.0,   # pinned to 0 in the config (see _PINNED_VALUES)
+        # Megatron pads the vocabulary to a multiple of 128 x TP; padded rows add logits of 0
+        # to the softmax. Padding only to TP keeps the loss identical to transformers' whenever
+        # TP divides the vocabulary (true for Llama/Qwen vocabularies and usual TP sizes).
+        "make_vocab_size_divisible_by": 1,
+    }
+
+
+def config_from_args(args) -> HFModelConfig:
+    """The Hugging Face architecture our flags describe (for export); HFConfigError if none."""
+    needed = {"normalization": "RMSNorm", "swiglu": True, "disable_bias_linear": True,
+              "position_embedding_type": "rope"}
+    for dest, value in needed.items():
+        if getattr(args, dest) != value:
+            flag = "--" + dest.replace("_", "-")
+            raise HFConfigError(f"export to Hugging Face needs {flag} {value} (got "
+                                f"{getattr(args, dest)!r}); only Llama/Qwen2/Qwen3 models export")
+    if getattr(args, "mtp_num_layers", None):
+        raise HFConfigError("export to Hugging Face does not support --mtp-num-layers")
+    if args.add_qkv_bias and args.qk_layernorm:
+        raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
+                            "and --qk-layernorm")
+    architecture = ("Qwen2ForCausalLM" if args.add_qkv_bias else
+                    "Qwen3ForCausalLM" if args.qk_layernorm else "LlamaForCausalLM")
+    return HFModelConfig(
+        architecture=architecture, num_layers=args.num_layers, hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size, num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        kv_channels=args.kv_channels or args.hidden_size // args.num_attention_heads,
+        vocab_size=args.vocab_size, max_position_embeddings=args.max_position_embeddings,
+        norm_epsilon=args.norm_epsilon, rotary_base=args.rotary_base,
+        rope_scaling_factor=args.rope_scaling_factor if args.use_rope_scaling else None,
+        tied_embeddings=not args.untie_embeddings_and_output_weights,
+    )
+
+
+def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
+    """A ``config.json`` dict that ``transformers`` 4.x and 5.x both read."""
+    rope = {"rope_type": DEFAULT_ROPE_TYPE, "rope_theta": float(config.rotary_base)}
+    if config.rope_scaling_factor is not None:
+        rope.update(rope_type=LLAMA3_ROPE_TYPE, factor=config.rope_scaling_factor,
+                    **MCORE_LLAMA3_ROPE_CONSTANTS)
+    model_type = ARCHITECTURES[config.architecture].model_type
+    raw = {
+        "architectures": [config.architecture], "model_type": model_type,
+        "num_hidden_layers": config.num_layers, "hidden_size": config.hidden_size,
+        "intermediate_size": config.ffn_hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_query_groups, "head_dim": config.kv_channels,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.norm_epsilon, "hidden_act": SUPPORTED_ACTIVATION,
+        "rope_theta": float(config.rotary_base), "rope_parameters": rope,
+        "rope_scaling": rope if config.rope_scaling_factor is not None else None,
+        "tie_word_embeddings": config.tied_embeddings, "torch_dtype": torch_dtype,
+        "attention_bias": config.qkv_bias, "attention_dropout": 0.0, "use_cache": True,
+    }
+    if config.bos_token_id is not None:
+        raw["bos_token_id"] = config.bos_token_id
+    if config.eos_token_id is not None:
+        raw["eos_token_id"] = config.eos_token_id
+    return raw

@@ -1,0 +1,54 @@
+"""Megatron checkpoint (``--save`` directory) -> Hugging Face checkpoint directory.
+
+    python tools/export_hf.py --load CKPT_ROOT --save-hf OUT_DIR --hf-checkpoint ORIGINAL_HF_DIR
+    python tools/export_hf.py --load CKPT_ROOT --save-hf OUT_DIR <the model flags of the run>
+
+Takes pretrain_gpt.py's flags (the architecture from ``--hf-checkpoint`` or from the model
+flags; training-only flags may be left out). Runs as one process, or under torchrun in any
+TP/PP layout: dist_checkpointing reshards the weights on load. Only the model weights are read.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from megatron.core import dist_checkpointing
+from megatron.training.arguments import ERROR_EXIT_CODE, parse_args_or_exit
+from megatron.training.checkpointing import checkpoint_dir, read_latest_iteration
+from megatron.training.hf.exporter import save_hf
+from megatron.training.initialize import initialize_megatron, shutdown
+from megatron.training.model import build_model, build_transformer_config, unwrap
+
+# Flags the parser requires that an export does not use; the caller's own values win.
+_UNUSED_REQUIRED_FLAGS = ["--train-iters", "1", "--lr", "0", "--mock-data", "--seq-length", "2"]
+
+
+def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
+    """Loads only the model weights of the newest checkpoint under ``root``; its iteration."""
+    iteration = read_latest_iteration(root)
+    keys = ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+    template = {key: unwrap(chunk).sharded_state_dict() for key, chunk in zip(keys, model)}
+    state = dist_checkpointing.load(template, checkpoint_dir(root, iteration))
+    for key, chunk in zip(keys, model):
+        unwrap(chunk).load_state_dict(state[key])
+    return iteration
+
+
+def main(argv: list[str] | None = None) -> str:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args_or_exit(_UNUSED_REQUIRED_FLAGS + argv)
+    if not args.load or not args.save_hf:
+        print("export_hf.py: error: needs --load CKPT_ROOT and --save-hf OUT_DIR",
+              file=sys.stderr, flush=True)
+        sys.exit(ERROR_EXIT_CODE)
+    initialize_megatron(args)
+    try:
+        model = build_model(args, build_transformer_config(args))
+        iteration = load_model_weights(args.load, model)
+        if torch.distributed.get_rank() == 0:
+            print(f"> loaded iteration {iteration} from {args.load}", flush=True)
+        return save_hf(args, model)
+    finally:
+        shutdown()
