@@ -34,15 +34,22 @@ def _mlp_linear(args) -> int:
     return args.hidden_size * args.ffn_hidden_size * gate + args.ffn_hidden_size * args.hidden_size
 
 
-def mamba_macs_per_token(args) -> int:
-    """Multiply-adds of one Mamba layer per token (forward)."""
+def mamba_layer_macs(args) -> dict[str, int]:
+    """Multiply-adds of one Mamba layer per token (forward), by part."""
     h, n = args.hidden_size, args.mamba_state_dim
     d_inner = args.mamba_num_heads_resolved * args.mamba_head_dim
     bc = 2 * args.mamba_num_groups * n
-    in_proj = h * (2 * d_inner + bc + args.mamba_num_heads_resolved)
-    conv = (d_inner + bc) * MAMBA_CONV_WIDTH
-    scan = SCAN_MACS_PER_STATE_ENTRY * d_inner * n
-    return in_proj + conv + scan + d_inner * h
+    return {
+        "in_proj": h * (2 * d_inner + bc + args.mamba_num_heads_resolved),  # z, x, B, C, dt
+        "conv": (d_inner + bc) * MAMBA_CONV_WIDTH,
+        "scan": SCAN_MACS_PER_STATE_ENTRY * d_inner * n,
+        "out_proj": d_inner * h,
+    }
+
+
+def mamba_macs_per_token(args) -> int:
+    """Multiply-adds of one Mamba layer per token (forward)."""
+    return sum(mamba_layer_macs(args).values())
 
 
 def hybrid_floating_point_operations(args, seqlen_sum: int, seqlen_squared_sum: int) -> int:
