@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from megatron.core import parallel_state
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 
@@ -57,5 +58,6 @@ class GatedRMSNorm(torch.nn.Module):
         state_dict = self.state_dict(prefix="", keep_vars=True)
         return make_sharded_tensors_for_checkpoint(
             state_dict, prefix, {"weight": 0}, sharded_offsets,
+            tp_group=parallel_state.get_tensor_model_parallel_group(),
             dp_cp_group=(metadata or {}).get("dp_cp_group"),
         )
