@@ -88,27 +88,16 @@ def _error(a, b):
     return float((a - b).abs().max())
 
 
-def rank_packing_invariance():
-    parallel_state.initialize_model_parallel()
-    try:
-        mixer = build_mixer()
-        hidden, params, weight = packed_inputs()
-        out, grad, _ = run(mixer, hidden, params, weight)
-        errors = []
-        starts = params.cu_seqlens_q_padded.tolist()
-        for start, real in zip(starts, REAL_LENGTHS):
-            rows = slice(start, start + real)
-            alone_out, alone_grad, _ = run(mixer, hidden[rows], None, weight[rows])
-            errors.append(max(_error(out[rows], alone_out), _error(grad[rows], alone_grad)))
-        return errors
-    finally:
-        parallel_state.destroy_model_parallel()
-
-
-def test_packed_sequence_output_is_independent_of_its_neighbours():
-    (errors,) = run_distributed(rank_packing_invariance, world_size=1, timeout_s=60)
-    assert len(errors) == len(REAL_LENGTHS)
-    assert max(errors) < TOLERANCE, errors
+def packing_errors(mixer):
+    """Per sequence: max difference of packed vs alone (output and input grad, real tokens)."""
+    hidden, params, weight = packed_inputs()
+    out, grad, _ = run(mixer, hidden, params, weight)
+    errors = []
+    for start, real in zip(params.cu_seqlens_q_padded.tolist(), REAL_LENGTHS):
+        rows = slice(start, start + real)
+        alone_out, alone_grad, _ = run(mixer, hidden[rows], None, weight[rows])
+        errors.append(max(_error(out[rows], alone_out), _error(grad[rows], alone_grad)))
+    return errors
 
 
 def _compare_cp(mixer, group, params, full, hidden, weight, split):
@@ -120,8 +109,9 @@ def _compare_cp(mixer, group, params, full, hidden, weight, split):
                max(_error(grads[n], full_grads[n]) for n in full_grads))
 
 
-def rank_cp_equivalence():
-    """Single-rank reference, then static CP (world) and micro-batch groups of 2 and 4."""
+def rank_mixer_checks():
+    """One launch: packing invariance and the single-rank reference at CP 1, micro-batch groups
+    of 2 and 4, static CP = world, then the switching guarantees (collectives forbidden last)."""
     hidden, params, weight = packed_inputs()
     sbhd_hidden, sbhd_weight = hidden[:16].repeat(1, 2, 1), weight[:16].repeat(1, 2, 1)
     parallel_state.initialize_model_parallel()  # CP 1: the reference and the dynamic cases
@@ -129,6 +119,7 @@ def rank_cp_equivalence():
     errors = {}
     try:
         mixer = build_mixer()
+        errors["packing"] = packing_errors(mixer)
         full = run(mixer, hidden, params, weight)
         full_sbhd = run(mixer, sbhd_hidden, None, sbhd_weight)
         for group in (pair, dist.group.WORLD):
@@ -155,6 +146,7 @@ def rank_cp_equivalence():
         split = lambda x: split_sbhd_for_cp(x, cp, rank, 0)  # noqa: E731
         errors[f"sbhd-static-cp{cp}"] = _compare_cp(mixer, group, None, full_sbhd, sbhd_hidden,
                                                     sbhd_weight, split)
+        errors["switching"] = switching_guarantees(mixer, cp)
     finally:
         parallel_state.destroy_model_parallel()
     return errors
@@ -162,7 +154,13 @@ def rank_cp_equivalence():
 
 @pytest.fixture(scope="module")
 def cp_errors():
-    return run_distributed(rank_cp_equivalence, world_size=4, timeout_s=120)
+    return run_distributed(rank_mixer_checks, world_size=4, timeout_s=120)
+
+
+def test_packed_sequence_output_is_independent_of_its_neighbours(cp_errors):
+    errors = cp_errors[0]["packing"]
+    assert len(errors) == len(REAL_LENGTHS)
+    assert max(errors) < TOLERANCE, errors
 
 
 @pytest.mark.parametrize("case", ["thd-dynamic-cp2", "thd-dynamic-cp4", "sbhd-dynamic-cp2",
@@ -183,36 +181,31 @@ def _forbid_collectives(calls):
         setattr(dist, name, make(name))
 
 
-def rank_switching_guarantees():
-    """Static CP = world (2); micro-batches bring local_cp_size 1 or an exception."""
-    parallel_state.initialize_model_parallel(context_parallel_size=dist.get_world_size())
+def switching_guarantees(mixer, static_size):
+    """Static CP = ``static_size``; micro-batches bring local_cp_size 1 or an exception."""
+    static = mixer.cp
+    hidden, params, weight = packed_inputs()
+    params.local_cp_size = 1  # CP off for this micro-batch: the whole pack on this rank
+
+    def boom(*args, **kwargs):
+        assert mixer.cp is not static and mixer.cp.cp_size == 1
+        raise RuntimeError("boom")
+    mixer._ssm_training = boom
     try:
-        mixer = build_mixer()
-        static = mixer.cp
-        hidden, params, weight = packed_inputs()
-        params.local_cp_size = 1  # CP off for this micro-batch: the whole pack on this rank
-
-        def boom(*args, **kwargs):
-            assert mixer.cp is not static and mixer.cp.cp_size == 1
-            raise RuntimeError("boom")
-        mixer._ssm_training = boom
-        try:
-            mixer(hidden, packed_seq_params=params)
-            raised = False
-        except RuntimeError:
-            raised = True
-        restored = mixer.cp is static and mixer.cp.cp_size == dist.get_world_size()
-        del mixer._ssm_training
-        calls = []
-        _forbid_collectives(calls)
-        out, _, _ = run(mixer, hidden, params, weight)
-        return raised, restored, calls, bool(torch.isfinite(out).all())
-    finally:
-        parallel_state.destroy_model_parallel()
+        mixer(hidden, packed_seq_params=params)
+        raised = False
+    except RuntimeError:
+        raised = True
+    restored = mixer.cp is static and mixer.cp.cp_size == static_size
+    del mixer._ssm_training
+    calls = []
+    _forbid_collectives(calls)
+    out, _, _ = run(mixer, hidden, params, weight)
+    return raised, restored, calls, bool(torch.isfinite(out).all())
 
 
-def test_exception_restores_static_group_and_size_one_group_is_silent():
-    for raised, restored, calls, finite in run_distributed(rank_switching_guarantees, 2,
-                                                           timeout_s=60):
+def test_exception_restores_static_group_and_size_one_group_is_silent(cp_errors):
+    for rank_errors in cp_errors:
+        raised, restored, calls, finite = rank_errors["switching"]
         assert raised and restored
         assert calls == [] and finite
