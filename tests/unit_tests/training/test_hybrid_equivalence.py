@@ -11,15 +11,8 @@ heads split over every CP size the dynamic layouts use (1, 2, 4, 6) and over TP=
 import json
 
 import pytest
-import torch
 
-from megatron.core import parallel_state
-from megatron.training.hybrid_arguments import parse_hybrid_args
-from megatron.training.hybrid_model import hybrid_model_provider
-from megatron.training.initialize import initialize_model_parallel, set_random_seeds
-from megatron.training.pretrain import pretrain
-from megatron.training.testing import loss_owner_history
-from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+from megatron.training.testing import loss_owner_history, train_hybrid_on_this_rank
 from megatron.varlen.testing.multirank import run_distributed
 
 RTOL = 1e-5
@@ -53,20 +46,6 @@ LAYOUTS = {
     "dynamic_pp2_dp2": (DYNAMIC + ["--pipeline-model-parallel-size", "2",
                                    "--max-seqlen-per-dp-cp-rank", "32"], 4),
 }
-
-
-def train_hybrid_on_this_rank(argv: list[str]) -> dict:
-    """pretrain_mamba.py's path on an already-initialised process group."""
-    args = parse_hybrid_args(argv, world_size=torch.distributed.get_world_size())
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
-    try:
-        history = pretrain(args, model_provider=hybrid_model_provider)
-        return {"history": history, "rank": torch.distributed.get_rank(),
-                "owns_loss": history[0]["lm_loss"] is not None}
-    finally:
-        destroy_dynamic_cp_groups()
-        parallel_state.destroy_model_parallel()
 
 
 def _losses(argv, world):
