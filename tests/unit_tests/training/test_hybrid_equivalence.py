@@ -3,7 +3,7 @@
 Reference: ONE single-rank unpacked launch (padded [b, s] micro-batches, per-sample causal
 attention and scan, no parallelism at all). Every other launch must give its lm loss at
 iterations 1-3 within 1e-5 relative: packed DP=2 and DP2 x CP2 (static CP), dynamic CP on
-DP x CP = 4 and 6, with TP=2 and with PP=2 -- so packed == unpacked and every layout == single
+DP x CP = 4 and 6, with TP=2 (also with sequence parallel) and with PP=2 -- so packed == unpacked and every layout == single
 rank in one comparison each. The pattern "M*M-" puts a Mamba layer on each PP stage; 12 Mamba
 heads split over every CP size the dynamic layouts use (1, 2, 4, 6) and over TP=2.
 """
@@ -43,6 +43,9 @@ LAYOUTS = {
     "dynamic_tp2_cp2": (DYNAMIC + ["--tensor-model-parallel-size", "2",
                                    "--context-parallel-size", "2",
                                    "--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "dynamic_tp2_sp_cp2": (DYNAMIC + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                      "--context-parallel-size", "2",
+                                      "--max-seqlen-per-dp-cp-rank", "32"], 4),
     "dynamic_pp2_dp2": (DYNAMIC + ["--pipeline-model-parallel-size", "2",
                                    "--max-seqlen-per-dp-cp-rank", "32"], 4),
 }
