@@ -77,3 +77,19 @@ def test_entry_point_prints_one_line_and_exits_2():
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("pretrain_mamba.py: error:"), proc.stderr
+
+
+def test_scheduler_weighs_attention_by_its_layer_fraction():
+    from megatron.training.arguments import parse_args
+    from megatron.training.data import build_packing_config
+
+    packed = ["--sequence-packing", "--micro-batch-size", "1"]
+    hybrid = parse_hybrid_args(BASE + packed + ["--num-layers", "4",
+                                                "--hybrid-override-pattern", "M*MM"], world_size=1)
+    mamba_only = parse_hybrid_args(BASE + packed + ["--hybrid-override-pattern", "MMM"],
+                                   world_size=1)
+    gpt = parse_args(BASE[:6] + BASE[12:] + packed, world_size=1)
+    assert build_packing_config(hybrid, pad_id=0).cost.a == 0.25
+    assert build_packing_config(mamba_only, pad_id=0).cost.a == 0.0
+    assert build_packing_config(gpt, pad_id=0).cost.a == 1.0
+    assert build_packing_config(hybrid, pad_id=0).cost.b == build_packing_config(gpt, 0).cost.b
