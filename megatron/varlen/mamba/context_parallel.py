@@ -28,9 +28,9 @@ from megatron.varlen.mamba import triton_stand_in
 
 triton_stand_in.install()  # before megatron.core.ssm (see triton_stand_in.py)
 
-from megatron.core.ssm.mamba_context_parallel import (
+from megatron.core.ssm.mamba_context_parallel import (  # noqa: E402
     MambaContextParallel, _all_to_all_cp2hp, _all_to_all_hp2cp,
-)  # noqa: E402
+)
 from megatron.varlen.cp_split import get_thd_partition_indices  # noqa: E402
 
 
