@@ -2,10 +2,11 @@
 
 Reference: ONE single-rank unpacked launch (padded [b, s] micro-batches, per-sample causal
 attention and scan, no parallelism at all). Every other launch must give its lm loss at
-iterations 1-3 within 1e-5 relative: packed DP=2 and DP2 x CP2 (static CP), dynamic CP on
-DP x CP = 4 and 6, with TP=2 (also with sequence parallel) and with PP=2 -- so packed == unpacked and every layout == single
-rank in one comparison each. The pattern "M*M-" puts a Mamba layer on each PP stage; 12 Mamba
-heads split over every CP size the dynamic layouts use (1, 2, 4, 6) and over TP=2.
+iterations 1-3 within 1e-5 relative: unpacked DP2 x CP2 (SBHD CP), packed DP=2 and DP2 x CP2
+(static CP), dynamic CP on DP x CP = 4 and 6, with TP=2 (also with sequence parallel) and with
+PP=2 -- so packed == unpacked and every layout == single rank in one comparison each. The
+pattern "M*M-" puts a Mamba layer on each PP stage; 12 Mamba heads split over every CP size the
+dynamic layouts use (1, 2, 4, 6) and over TP=2.
 """
 
 import json
@@ -34,6 +35,7 @@ PACKED = HYBRID + ["--micro-batch-size", "1", "--sequence-packing"]
 DYNAMIC = PACKED + ["--dynamic-context-parallel"]
 # name: (argv, world size)
 LAYOUTS = {
+    "unpacked_dp2_cp2": (UNPACKED + ["--context-parallel-size", "2"], 4),  # SBHD static CP
     "packed_dp2": (PACKED, 2),
     "packed_dp2_cp2": (PACKED + ["--context-parallel-size", "2"], 4),
     "dynamic_dp2_cp2": (DYNAMIC + ["--context-parallel-size", "2",
