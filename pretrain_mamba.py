@@ -11,7 +11,11 @@ from megatron.training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
-from megatron.training.hybrid_arguments import parse_hybrid_args_or_exit  # noqa: E402
+import torch  # noqa: E402
+
+from megatron.training.hybrid_arguments import (  # noqa: E402
+    describe_hybrid_model, parse_hybrid_args_or_exit,
+)
 from megatron.training.hybrid_model import hybrid_model_provider  # noqa: E402
 from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
 from megatron.training.pretrain import pretrain  # noqa: E402
@@ -20,6 +24,8 @@ from megatron.training.pretrain import pretrain  # noqa: E402
 def main(argv=None) -> None:
     args = parse_hybrid_args_or_exit(argv)
     initialize_megatron(args)
+    if torch.distributed.get_rank() == 0:
+        print(describe_hybrid_model(args), flush=True)
     try:
         pretrain(args, model_provider=hybrid_model_provider)
     finally:

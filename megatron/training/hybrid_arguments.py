@@ -143,6 +143,15 @@ def validate_hybrid_args(args) -> None:
     args.hybrid_attention_fraction = pattern.count(ATTENTION) / len(pattern)
 
 
+def describe_hybrid_model(args) -> str:
+    """The start-up line pretrain_mamba.py prints (rank 0): layer pattern and Mamba sizes."""
+    pattern = args.hybrid_layer_pattern
+    return (f"> hybrid layer pattern {pattern}: {pattern.count(MAMBA)} Mamba, "
+            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP layers; "
+            f"{args.mamba_num_heads_resolved} Mamba heads of dim {args.mamba_head_dim}, state "
+            f"{args.mamba_state_dim}, {args.mamba_num_groups} groups")
+
+
 def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = None):
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
     args = build_hybrid_parser().parse_args(argv)

@@ -5,7 +5,7 @@ import pytest
 
 from megatron.training.arguments import ArgumentValidationError, build_parser
 from megatron.training.hybrid_arguments import (
-    build_hybrid_parser, parse_hybrid_args, parse_hybrid_args_or_exit,
+    build_hybrid_parser, describe_hybrid_model, parse_hybrid_args, parse_hybrid_args_or_exit,
 )
 
 BASE = ["--num-layers", "3", "--hidden-size", "24", "--num-attention-heads", "4",
@@ -57,6 +57,8 @@ def test_ratios_fill_the_pattern_and_cost_weight():
     assert args.hybrid_layer_pattern.count("*") == 1 and len(args.hybrid_layer_pattern) == 4
     assert args.hybrid_attention_fraction == 0.25
     assert args.mamba_num_heads_resolved == 12  # 2 * 24 / 4
+    assert describe_hybrid_model(args).startswith(
+        f"> hybrid layer pattern {args.hybrid_layer_pattern}: 3 Mamba, 1 attention, 0 MLP")
 
 
 def test_gpt_cli_has_no_hybrid_flags():
