@@ -207,3 +207,41 @@ def test_inference_options_are_refused():
 def test_cpu_selects_the_twins():
     assert select_kernels().source == TORCH_KERNELS
     assert select_kernels(TORCH_KERNELS).mamba_chunk_scan_combined is mamba_chunk_scan_combined
+
+
+def _fake_kernel_modules(monkeypatch):
+    """Stand-ins for causal_conv1d and mamba_ssm's ssd_combined (absent on this machine)."""
+    import sys
+    import types
+
+    fakes = {}
+    for name in ("causal_conv1d", "mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton",
+                 "mamba_ssm.ops.triton.ssd_combined"):
+        fakes[name] = types.ModuleType(name)
+        monkeypatch.setitem(sys.modules, name, fakes[name])
+    fakes["causal_conv1d"].causal_conv1d_fn = lambda *a, **k: "conv"
+    ssd = fakes["mamba_ssm.ops.triton.ssd_combined"]
+    ssd.mamba_chunk_scan_combined = lambda *a, **k: "scan"
+    ssd.mamba_split_conv1d_scan_combined = lambda *a, **k: "split"
+    return fakes
+
+
+def test_adapter_uses_real_kernels_when_they_import(monkeypatch):
+    from megatron.varlen.mamba import kernels
+
+    select_kernels.cache_clear()
+    with pytest.raises(ImportError):
+        kernels.cuda_kernels()  # not installed here
+    fakes = _fake_kernel_modules(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    try:
+        chosen = select_kernels()
+        assert chosen.source == kernels.CUDA_KERNELS
+        assert chosen.causal_conv1d_fn is fakes["causal_conv1d"].causal_conv1d_fn
+        select_kernels.cache_clear()
+        monkeypatch.setenv(kernels.KERNELS_ENV, TORCH_KERNELS)  # the override wins
+        assert select_kernels().source == TORCH_KERNELS
+        with pytest.raises(ValueError, match="expected"):
+            select_kernels("triton")
+    finally:
+        select_kernels.cache_clear()
