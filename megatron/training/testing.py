@@ -8,6 +8,7 @@ from megatron.core import parallel_state
 from megatron.training.arguments import parse_args
 from megatron.training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.training.pretrain import pretrain
+from megatron.training.training import gpt_model_provider
 from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 TINY_GPT_ARGS = [
@@ -36,11 +37,11 @@ def train_hybrid_on_this_rank(argv: list[str]) -> dict:
     return _train(args, hybrid_model_provider)
 
 
-def _train(args, model_provider=None) -> dict:
+def _train(args, model_provider=gpt_model_provider) -> dict:
     initialize_model_parallel(args)
     set_random_seeds(args.seed)
     try:
-        history = pretrain(args) if model_provider is None else pretrain(args, model_provider)
+        history = pretrain(args, model_provider)
         return {
             "history": history,
             "rank": torch.distributed.get_rank(),
