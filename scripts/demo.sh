@@ -6,6 +6,8 @@
 #      the byte-level tokenizer: DP=2 x CP=2, every sequence on a CP group sized for it.
 #   3./4. The megatron.wrap facade fed batches at run time (examples/wrap).
 #   5. A Hugging Face checkpoint fine-tuned through the facade and saved back (no download).
+#   6. A hybrid Mamba-Transformer (pretrain_mamba.py, pattern M*M-) on the same packed SFT data
+#      with dynamic CP: the Mamba mixer switches CP group per micro-batch like attention.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}")
@@ -39,3 +41,12 @@ HF_OUT=$(mktemp -d)
 HF_HUB_OFFLINE=1 .venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
   examples/wrap/hf_finetune.py --steps 10 --out "$HF_OUT/finetuned" --tiny-dir "$HF_OUT/tiny"
 rm -rf "$HF_OUT"
+
+echo "== 6. Hybrid Mamba-Transformer (M*M-), packed SFT with dynamic CP (DP=2 x CP=2) =="
+"${TORCHRUN[@]}" pretrain_mamba.py "${TINY[@]}" --num-layers 4 --hybrid-override-pattern 'M*M-' \
+  --mamba-head-dim 16 --mamba-num-groups 2 --mamba-state-dim 16 --seq-length 512 \
+  --micro-batch-size 1 --global-batch-size 16 --train-iters 20 \
+  --sft --data-path examples/data/sft_tiny.jsonl --tokenizer-type ByteLevelTokenizer \
+  --hidden-dropout 0 --attention-dropout 0 \
+  --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
+  --max-seqlen-per-dp-cp-rank 128

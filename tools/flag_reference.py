@@ -14,13 +14,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from megatron.training.arguments import build_parser  # noqa: E402
+from megatron.training.hybrid_arguments import build_hybrid_parser  # noqa: E402
 
 OUTPUT = REPO / "docs" / "FLAGS.md"
 HEADER = """# pretrain_gpt.py flag reference
 
 Generated from `megatron/training/arguments.py` by `python tools/flag_reference.py`; a test
 fails when this file is stale. Flag names follow Megatron-LM; the group
-"variable-length data (this fork)" holds the flags this fork adds.
+"variable-length data (this fork)" holds the flags this fork adds. `pretrain_mamba.py` takes
+every flag below plus the group "hybrid Mamba model" at the end.
 """
 
 
@@ -41,15 +43,22 @@ def _row(action: argparse.Action) -> str:
     return f"| {flag} | {_default(action)} | {text.strip()} |"
 
 
-def render() -> str:
-    parser = build_parser()
-    lines = [HEADER]
+def _groups(parser: argparse.ArgumentParser, skip_titles=()) -> list[str]:
+    lines = []
     for group in parser._action_groups:  # argparse has no public API for its groups
         actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
-        if not actions:
+        if not actions or group.title in skip_titles:
             continue
         lines += [f"\n## {group.title}\n", "| flag | default | meaning |", "|---|---|---|"]
         lines += [_row(action) for action in actions]
+    return lines
+
+
+def render() -> str:
+    parser = build_parser()
+    gpt_titles = {group.title for group in parser._action_groups}
+    lines = [HEADER] + _groups(parser)
+    lines += _groups(build_hybrid_parser(), skip_titles=gpt_titles)  # pretrain_mamba.py only
     return "\n".join(lines) + "\n"
 
 

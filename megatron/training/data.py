@@ -116,7 +116,9 @@ def build_packing_config(args, pad_id: int) -> PackingConfig:
         vpp_group_size=pp if args.virtual_pipeline_model_parallel_size else 1,
         min_num_microbatches=pp,
         pipeline_stages=pp,
-        cost=CostModel.for_model(args.hidden_size),
+        # Hybrid models: only attention layers are quadratic (a = their fraction of layers).
+        cost=CostModel.for_model(args.hidden_size, a=getattr(args, "hybrid_attention_fraction",
+                                                             None)),
         fixed_tokens_per_rank=None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank,
     )
 

@@ -20,6 +20,7 @@ import re
 import torch
 
 from megatron.core import parallel_state
+from megatron.varlen.mamba.init import mamba_parameter_shard
 
 _LAYER_INDEX = re.compile(r"(^|\.)layers\.(\d+)\.")
 _SCALED_OUTPUT_PROJECTIONS = ("linear_proj.weight", "linear_fc2.weight")
@@ -90,6 +91,12 @@ def initialize_layout_invariant(chunks: list[torch.nn.Module], seed: int, std: f
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             canonical = canonical_parameter_name(chunk, name, tied_output)
+            mamba = mamba_parameter_shard(chunk, name, canonical, param,
+                                          lambda key: _name_seed(seed, key), std, num_layers,
+                                          tp_size, tp_rank)
+            if mamba is not None:  # Mamba mixer: its own rules and sectioned TP shards
+                param.copy_(mamba.to(param.dtype))
+                continue
             shape, dim = _full_shape(param, tp_size)
             full = _draw(canonical, shape, seed, std, num_layers)
             gated = gated_mlp and "linear_fc1" in canonical

@@ -100,15 +100,21 @@ def _build_chunk(args, config, vp_stage: int | None) -> VarlenGPTModel:
     )
 
 
-def build_model(args, config: TransformerConfig) -> list[DistributedDataParallel]:
-    """GPT chunks for this rank (several with VPP), layout-invariantly initialised, in DDP."""
+def build_model(args, config: TransformerConfig,
+                build_chunk=None) -> list[DistributedDataParallel]:
+    """GPT chunks for this rank (several with VPP), layout-invariantly initialised, in DDP.
+
+    ``build_chunk(args, config, vp_stage)`` builds one chunk (default: a GPT chunk; the hybrid
+    entry point passes its own).
+    """
+    build_chunk = build_chunk or _build_chunk
     args.padded_vocab_size = padded_vocab_size(
         args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     stages = args.virtual_pipeline_model_parallel_size
     if torch.distributed.get_rank() == 0:
         print(f"> attention backend: {attention_backend_line(args)}; on {get_device().type}",
               flush=True)
-    chunks = [_build_chunk(args, config, vp) for vp in (range(stages) if stages else [None])]
+    chunks = [build_chunk(args, config, vp) for vp in (range(stages) if stages else [None])]
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,
         tied_output=not args.untie_embeddings_and_output_weights, gated_mlp=args.swiglu)

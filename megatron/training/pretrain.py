@@ -9,7 +9,7 @@ from megatron.training.data import (
 )
 from megatron.training.datasets.builder import build_datasets
 from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
-from megatron.training.training import setup_model_and_optimizer, train
+from megatron.training.training import gpt_model_provider, setup_model_and_optimizer, train
 from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
 from megatron.varlen.scheduling.groups import build_group_layout
 
@@ -53,8 +53,9 @@ def build_data_providers(args):
     return make(train_ds), (make(valid_ds) if valid_ds is not None else None)
 
 
-def pretrain(args) -> list[dict]:
-    """Trains a GPT as the flags say; returns {"lm_loss", "grad_norm"} per iteration."""
+def pretrain(args, model_provider=gpt_model_provider) -> list[dict]:
+    """Trains the model ``model_provider`` builds (GPT unless told) as the flags say; returns
+    {"lm_loss", "grad_norm"} per iteration."""
     train_provider, valid_provider = build_data_providers(args)
-    state = setup_model_and_optimizer(args)
+    state = setup_model_and_optimizer(args, model_provider)
     return train(args, state, train_provider, valid_provider)

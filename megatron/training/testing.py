@@ -8,6 +8,7 @@ from megatron.core import parallel_state
 from megatron.training.arguments import parse_args
 from megatron.training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.training.pretrain import pretrain
+from megatron.training.training import gpt_model_provider
 from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 TINY_GPT_ARGS = [
@@ -24,11 +25,23 @@ def train_on_this_rank(argv: list[str]) -> dict:
 
     Returns this rank's history plus where it sits, so tests can pick the loss-owning rank.
     """
-    args = parse_args(argv, world_size=torch.distributed.get_world_size())
+    return _train(parse_args(argv, world_size=torch.distributed.get_world_size()))
+
+
+def train_hybrid_on_this_rank(argv: list[str]) -> dict:
+    """pretrain_mamba.py's path (hybrid flags and model) on an initialised process group."""
+    from megatron.training.hybrid_arguments import parse_hybrid_args
+    from megatron.training.hybrid_model import hybrid_model_provider
+
+    args = parse_hybrid_args(argv, world_size=torch.distributed.get_world_size())
+    return _train(args, hybrid_model_provider)
+
+
+def _train(args, model_provider=gpt_model_provider) -> dict:
     initialize_model_parallel(args)
     set_random_seeds(args.seed)
     try:
-        history = pretrain(args)
+        history = pretrain(args, model_provider)
         return {
             "history": history,
             "rank": torch.distributed.get_rank(),

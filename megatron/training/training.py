@@ -67,9 +67,15 @@ def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
     )
 
 
-def setup_model_and_optimizer(args) -> TrainState:
+def gpt_model_provider(args):
+    """(config, DDP-wrapped GPT chunks): the default model provider."""
     config = build_transformer_config(args)
-    model = build_model(args, config)
+    return config, build_model(args, config)
+
+
+def setup_model_and_optimizer(args, model_provider=gpt_model_provider) -> TrainState:
+    """``model_provider(args) -> (config, chunks)`` builds the model (GPT unless told)."""
+    config, model = model_provider(args)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
     config.finalize_model_grads_func = finalize_model_grads

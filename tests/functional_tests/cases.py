@@ -8,10 +8,17 @@ from pathlib import Path
 
 import yaml
 
-from megatron.training.testing import loss_owner_history, train_on_this_rank
+from megatron.training.testing import (
+    loss_owner_history, train_hybrid_on_this_rank, train_on_this_rank,
+)
 from megatron.varlen.testing.multirank import run_distributed
 
-CASES_DIR = Path(__file__).parent / "test_cases" / "gpt"
+CASES_ROOT = Path(__file__).parent / "test_cases"  # one folder per model family (gpt, hybrid)
+ENTRY_POINTS = {"pretrain_gpt.py": train_on_this_rank,
+                "pretrain_mamba.py": train_hybrid_on_this_rank}
+# Flags (and how many values follow) that only a packed run has: dropped for the unpacked twin.
+PACKING_ONLY_FLAGS = {"--sequence-packing": 0, "--dynamic-context-parallel": 0,
+                      "--max-seqlen-per-dp-cp-rank": 1}
 GOLDEN_FILE = "golden_values.json"
 LOSS_KEY = "lm loss"
 RUN_TIMEOUT_S = 600
@@ -24,10 +31,11 @@ class Case:
     tolerance: float
     argv: tuple[str, ...]
     unpacked_twin: bool
+    entry_point: str = "pretrain_gpt.py"
 
     @property
     def golden_path(self) -> Path:
-        return CASES_DIR / self.name / GOLDEN_FILE
+        return _case_dir(self.name) / GOLDEN_FILE
 
 
 def _to_argv(model_args: dict) -> list[str]:
@@ -40,26 +48,41 @@ def _to_argv(model_args: dict) -> list[str]:
     return argv
 
 
+def _case_dir(name: str) -> Path:
+    (folder,) = [p for p in CASES_ROOT.glob(f"*/{name}") if (p / "model_config.yaml").exists()]
+    return folder
+
+
 def load_case(name: str) -> Case:
-    config = yaml.safe_load((CASES_DIR / name / "model_config.yaml").read_text())
+    config = yaml.safe_load((_case_dir(name) / "model_config.yaml").read_text())
+    entry_point = config.get("ENTRY_POINT", "pretrain_gpt.py")
+    assert entry_point in ENTRY_POINTS, f"{name}: unknown ENTRY_POINT {entry_point}"
     return Case(name=name, nproc=int(config["NPROC"]), tolerance=float(config["TOLERANCE"]),
                 argv=tuple(_to_argv(config["MODEL_ARGS"])),
-                unpacked_twin=bool(config.get("UNPACKED_TWIN", False)))
+                unpacked_twin=bool(config.get("UNPACKED_TWIN", False)),
+                entry_point=entry_point)
 
 
 def case_names() -> list[str]:
-    return sorted(p.name for p in CASES_DIR.iterdir() if (p / "model_config.yaml").exists())
+    return sorted(p.parent.name for p in CASES_ROOT.glob("*/*/model_config.yaml"))
 
 
-def run_case(argv, nproc: int) -> list[float]:
-    results = run_distributed(train_on_this_rank, nproc, args=(list(argv),),
+def run_case(argv, nproc: int, entry_point: str = "pretrain_gpt.py") -> list[float]:
+    results = run_distributed(ENTRY_POINTS[entry_point], nproc, args=(list(argv),),
                               timeout_s=RUN_TIMEOUT_S)
     return [h["lm_loss"] for h in loss_owner_history(results)]
 
 
 def unpacked_twin_argv(case: Case) -> list[str]:
     """The same run without packing: every sample padded to --seq-length, 2 per micro-batch."""
-    argv = [a for a in case.argv if a != "--sequence-packing"]
+    argv, skip = [], 0
+    for arg in case.argv:
+        if skip:
+            skip -= 1
+        elif arg in PACKING_ONLY_FLAGS:
+            skip = PACKING_ONLY_FLAGS[arg]
+        else:
+            argv.append(arg)
     index = argv.index("--micro-batch-size")
     argv[index + 1] = "2"
     return argv + ["--calculate-per-token-loss"]

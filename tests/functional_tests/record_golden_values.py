@@ -11,7 +11,7 @@ from tests.functional_tests.cases import case_names, load_case, run_case, write_
 def main(names: list[str]) -> None:
     for name in names or case_names():
         case = load_case(name)
-        losses = run_case(case.argv, case.nproc)
+        losses = run_case(case.argv, case.nproc, case.entry_point)
         write_golden(case, losses)
         print(f"{name}: {losses}", flush=True)
 

@@ -1,0 +1,1 @@
+"""Mamba-2 for variable-length training: kernel twins, the mixer with CP switching, hybrid specs."""

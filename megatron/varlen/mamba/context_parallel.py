@@ -1,0 +1,119 @@
+"""Mamba's all-to-all context parallelism on any CP group, in this fork's zigzag THD layout.
+
+megatron-core's ``MambaContextParallel`` turns a CP rank's slice of the sequence (all heads)
+into the whole sequence (``heads / cp`` heads) with an all-to-all over its CP group, runs the
+convolution and the scan, and turns it back. Two things need changing for this fork:
+
+* **The group is per micro-batch.** megatron-core builds one instance in the mixer's
+  constructor over the static CP group. :func:`context_parallel_for` builds one for the group a
+  micro-batch carries (head split over that group's size, all-to-all over that group); the mixer
+  uses it for the one forward call. Construction only does arithmetic (no collective, no
+  parameters of its own: the parameters are sliced per call from the CP-size-1 tensors).
+* **The THD reorder.** After the all-to-all the sequence dim is the concatenation of the CP
+  ranks' shards in rank order; the scan needs each packed sequence in token order. megatron-core
+  computes the permutation with Transformer Engine's ``thd_get_partitioned_indices`` (CUDA);
+  this fork's ``cp_split`` uses the same rule (per sequence, 2*cp chunks of the PADDED span, rank
+  r keeps chunks r and 2*cp-1-r), so the permutation comes from ``cp_split`` in plain torch, for
+  THD (``cu_seqlens_q_padded``) and, as one sequence, for SBHD.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.varlen.mamba import triton_stand_in
+
+triton_stand_in.install()  # before megatron.core.ssm (see triton_stand_in.py)
+
+from megatron.core.ssm.mamba_context_parallel import (  # noqa: E402
+    MambaContextParallel, _all_to_all_cp2hp, _all_to_all_hp2cp,
+)
+from megatron.varlen.cp_split import get_thd_partition_indices  # noqa: E402
+
+
+def _padded_boundaries(packed_seq_params: Optional[PackedSeqParams], total_tokens: int,
+                       device: torch.device) -> torch.Tensor:
+    """[n+1] padded boundaries of what the sequence dim holds (one sequence when not packed)."""
+    if packed_seq_params is None:
+        return torch.tensor([0, total_tokens], dtype=torch.long, device=device)
+    cu = packed_seq_params.cu_seqlens_q_padded
+    if cu is None:
+        cu = packed_seq_params.cu_seqlens_q
+    cu = cu.to(device=device, dtype=torch.long)
+    if int(cu[-1]) != total_tokens:
+        raise ValueError(f"the CP-gathered sequence has {total_tokens} tokens but "
+                         f"cu_seqlens_q_padded ends at {int(cu[-1])}")
+    return cu
+
+
+def rank_order_indices(cu_seqlens_padded: torch.Tensor, cp_size: int) -> torch.Tensor:
+    """Stream positions of the rank-ordered concatenation of every CP rank's shard.
+
+    ``gathered = full.index_select(0, indices)`` (what the all-to-all delivers) and
+    ``full = gathered.index_select(0, argsort(indices))``.
+    """
+    return torch.cat([get_thd_partition_indices(cu_seqlens_padded, cp_size, rank)
+                      for rank in range(cp_size)])
+
+
+class VarlenMambaContextParallel(MambaContextParallel):
+    """``MambaContextParallel`` with the THD/SBHD reorder computed from ``cp_split``."""
+
+    def pre_conv_ssm(self, input_: torch.Tensor,
+                     packed_seq_params: Optional[PackedSeqParams] = None) -> torch.Tensor:
+        """[T/cp, b, all features] -> [T, b, features of heads/cp], sequences in token order."""
+        if self.cp_size == 1:
+            return input_
+        z, x, B, C, dt = torch.split(input_, [
+            self.d_inner_local_tp, self.d_inner_local_tp, self.ngroups_local_tp * self.d_state,
+            self.ngroups_local_tp * self.d_state, self.nheads_local_tp], dim=-1)
+        # Each group's B/C is repeated so that every CP rank receives the group of its heads
+        # (megatron-core's rule: replicas of one group land on consecutive CP ranks).
+        B, C = (self._repeat_groups(t) for t in (B, C))
+        parts = [_all_to_all_cp2hp(t, self.cp_group) for t in (z, x, B, C, dt)]
+        gathered = torch.cat(parts, dim=-1)
+        order = rank_order_indices(
+            _padded_boundaries(packed_seq_params, gathered.size(0), gathered.device),
+            self.cp_size)
+        return gathered.index_select(0, torch.argsort(order))
+
+    def post_conv_ssm(self, input_: torch.Tensor,
+                      packed_seq_params: Optional[PackedSeqParams] = None) -> torch.Tensor:
+        """Inverse of :meth:`pre_conv_ssm` for the scan output: back to this rank's shard."""
+        if self.cp_size == 1:
+            return input_
+        order = rank_order_indices(
+            _padded_boundaries(packed_seq_params, input_.size(0), input_.device), self.cp_size)
+        return _all_to_all_hp2cp(input_.index_select(0, order), self.cp_group)
+
+    def _repeat_groups(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.group_repeat_count == 1:
+            return tensor
+        length, batch, _ = tensor.shape
+        grouped = tensor.reshape(length, batch, self.ngroups_local_tp, 1, self.d_state)
+        repeated = grouped.expand(-1, -1, -1, self.group_repeat_count, -1)
+        return repeated.reshape(length, batch, -1)
+
+
+def context_parallel_for(mixer: Any, cp_group: Any) -> VarlenMambaContextParallel:
+    """The mixer's context-parallel helper over ``cp_group`` (any object with size()/rank()).
+
+    Raises:
+        AssertionError: (from megatron-core) the mixer's heads or groups on this TP rank do not
+            split over the group's size; start-up validation rejects such layouts first.
+    """
+    return VarlenMambaContextParallel(
+        cp_group=cp_group,
+        d_inner_local_tp=mixer.d_inner_local_tp,
+        nheads_local_tp=mixer.nheads_local_tp,
+        ngroups_local_tp=mixer.ngroups_local_tp,
+        d_state=mixer.d_state,
+        conv1d_cp1=mixer.conv1d,
+        dt_bias_cp1=mixer.dt_bias,
+        A_log_cp1=mixer.A_log,
+        D_cp1=mixer.D,
+        D_has_hdim=mixer.D_has_hdim,
+    )

@@ -1,0 +1,36 @@
+"""Pretrain (or fine-tune) a hybrid Mamba-Transformer with Megatron's flags, GPU/NCCL or CPU/gloo.
+
+    torchrun --nproc-per-node 4 pretrain_mamba.py --num-layers 6 --hybrid-override-pattern M*-M*- \
+        --hidden-size 64 --num-attention-heads 4 --mamba-head-dim 16 --mamba-num-groups 2 ...
+
+The same loop, data path, packing, schedulers, checkpointing and metrics as pretrain_gpt.py;
+only the model provider differs (megatron/training/hybrid_model.py).
+"""
+
+from megatron.training.warning_filters import silence_known_warnings
+
+silence_known_warnings()  # before megatron.core is imported (it warns at import time)
+
+import torch  # noqa: E402
+
+from megatron.training.hybrid_arguments import (  # noqa: E402
+    describe_hybrid_model, parse_hybrid_args_or_exit,
+)
+from megatron.training.hybrid_model import hybrid_model_provider  # noqa: E402
+from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
+from megatron.training.pretrain import pretrain  # noqa: E402
+
+
+def main(argv=None) -> None:
+    args = parse_hybrid_args_or_exit(argv)
+    initialize_megatron(args)
+    if torch.distributed.get_rank() == 0:
+        print(describe_hybrid_model(args), flush=True)
+    try:
+        pretrain(args, model_provider=hybrid_model_provider)
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":  # dist_checkpointing spawns processes: keep the guard
+    main()
