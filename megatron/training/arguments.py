@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from megatron.training import varlen_arguments
+from megatron.training import reliability_arguments, varlen_arguments
 from megatron.varlen.scheduling.problem import pad_multiple
 
 ERROR_EXIT_CODE = 2
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_args(parser)
     _add_logging_checkpoint_args(parser)
     varlen_arguments.add_varlen_args(parser)
+    reliability_arguments.add_reliability_args(parser)
     return parser
 
 
@@ -288,12 +289,14 @@ def _validate_precision_and_data(args) -> None:
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Checks flag combinations and fills derived fields (data_parallel_size, ...)."""
     args.world_size = getattr(args, "world_size", None) or _world_size()
+    reliability_arguments.validate_positive_sizes(args, _require)
     _validate_parallel_sizes(args)
     _validate_virtual_pipeline(args)
     _validate_sequence_length(args)
     _validate_batch(args)
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, _require)
+    reliability_arguments.validate_reliability_args(args, _require)
     return args
 
 
@@ -309,5 +312,6 @@ def parse_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         return parse_args(argv)
     except ArgumentValidationError as err:
-        print(f"pretrain_gpt.py: error: {err}", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails: print once
+            print(f"pretrain_gpt.py: error: {err}", file=sys.stderr, flush=True)
         sys.exit(ERROR_EXIT_CODE)

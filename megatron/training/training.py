@@ -26,6 +26,7 @@ from megatron.training import checkpointing
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.metrics import IterationMetrics, MetricsLogger
 from megatron.training.model import build_model, build_transformer_config
+from megatron.training.nonfinite import check_finite
 from megatron.varlen.cpu_device import get_device
 
 LOSS_KEY = "lm loss"
@@ -237,6 +238,8 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
         if logger is not None:
             logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
                                           time.perf_counter() - start))
+        if args.check_for_nan_in_loss_and_grad:
+            check_finite(state.iteration, loss, grad_norm)
         history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
         _maybe_save(args, state)
     if args.save and (not args.save_interval or state.iteration % args.save_interval):

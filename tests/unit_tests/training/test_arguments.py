@@ -26,6 +26,8 @@ EXPECTED_FLAGS = frozenset("""
 --context-parallel-size --sequence-packing --sequence-packing-scheduler
 --max-seqlen-per-dp-cp-rank --spec --dynamic-context-parallel --hybrid-context-parallel
 --min-dynamic-context-parallel-size --mtp-num-layers
+--check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad
+--override-opt_param-scheduler --use-checkpoint-opt_param-scheduler
 """.split())
 
 
