@@ -27,7 +27,7 @@ class UserInputError(ValueError):
     exit_code = USAGE_EXIT_CODE
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ValueError):
     """A checkpoint is missing, partial, corrupted, unsafe, or does not match the run."""
 
     exit_code = USAGE_EXIT_CODE

@@ -64,6 +64,9 @@ def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
         end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
         wd_incr_style="constant",
+        # Mismatches were already refused in one line (resume_consistency.check_scheduler).
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
     )
 
 
@@ -79,7 +82,8 @@ def setup_model_and_optimizer(args) -> TrainState:
         config.no_sync_func = config.no_sync_func[0]
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
     if args.load:
-        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler)
+        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler,
+                                                        args)
     return state
 
 
@@ -216,7 +220,7 @@ def _maybe_evaluate(args, state, valid_provider) -> float | None:
 def _maybe_save(args, state) -> None:
     if args.save and args.save_interval and state.iteration % args.save_interval == 0:
         checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler)
+            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
 
 
 def train(args, state: TrainState, train_provider, valid_provider=None) -> list[dict]:
@@ -244,7 +248,7 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
         _maybe_save(args, state)
     if args.save and (not args.save_interval or state.iteration % args.save_interval):
         checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler)
+            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
     if logger is not None:
         logger.close()
     return history

@@ -231,7 +231,7 @@ class MegatronWrap(ParallelStateMixin):
             raise ValueError("save() needs a path, or the config key 'save'")
         state = self.state
         folder = checkpointing.save_checkpoint(root, state.iteration, state.model,
-                                               state.optimizer, state.scheduler)
+                                               state.optimizer, state.scheduler, self.args)
         if dist.get_rank() == 0:
             Path(folder, CONFIG_FILENAME).write_text(self.config.to_yaml(), encoding="utf-8")
         wrap_logging.info_rank_0("saved iteration %d to %s", state.iteration, folder)
@@ -247,7 +247,8 @@ class MegatronWrap(ParallelStateMixin):
             raise ValueError("load() needs a path, or the config key 'load'")
         state = self.state
         state.iteration = checkpointing.load_checkpoint(
-            runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler)
+            runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler,
+            self.args)
         wrap_logging.info_rank_0("loaded iteration %d from %s", state.iteration, path)
         return state.iteration
 
