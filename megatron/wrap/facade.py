@@ -28,6 +28,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.training import checkpointing
 from megatron.training.data import build_packing_config
+from megatron.training.nonfinite import check_finite
 from megatron.training.initialize import (
     initialize_distributed,
     initialize_model_parallel,
@@ -157,6 +158,8 @@ class MegatronWrap(ParallelStateMixin):
         loss, grad_norm = train_step(self.args, self.state, step,
                                      forward_step_func=self._forward_step)
         self.state.iteration += 1
+        if self.args.check_for_nan_in_loss_and_grad:  # before anything can save it
+            check_finite(self.state.iteration, loss, grad_norm)
         reduced = reduce_across_stages(loss, self._forward_step.records, self.flow.metric_names)
         self._last_metrics = train_metrics(self.args, self.state, step, reduced, grad_norm,
                                            len(samples), time.perf_counter() - start)
