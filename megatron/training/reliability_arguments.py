@@ -5,6 +5,7 @@
 - ``--override-opt_param-scheduler`` / ``--use-checkpoint-opt_param-scheduler`` (Megatron-LM's
   names): which side wins when a resumed run's LR/WD schedule differs from the checkpoint's
   (see :mod:`megatron.training.resume_consistency`).
+- ``--distributed-timeout-minutes`` (Megatron-LM's name): the collective timeout.
 - Sizes, counts and intervals must be positive, and ``--save`` writable, before any work.
 """
 
@@ -35,6 +36,9 @@ def add_reliability_args(parser) -> None:
     group.add_argument("--no-check-for-nan-in-loss-and-grad",
                        dest="check_for_nan_in_loss_and_grad", action="store_false",
                        help="Keep training through NaN/Inf losses (not recommended).")
+    group.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
+                       help="How long a collective waits for an unresponsive peer before the "
+                            "run fails (a peer that died is reported at once).")
     group.add_argument("--override-opt_param-scheduler", action="store_true",
                        help="On --load, use this run's LR/WD schedule flags instead of the "
                             "checkpoint's (the schedule's progress is kept).")
@@ -69,6 +73,8 @@ def _save_dir_problem(path: str) -> str | None:
 
 
 def validate_reliability_args(args, require) -> None:
+    require(args.distributed_timeout_minutes > 0,
+            f"--distributed-timeout-minutes must be > 0 (got {args.distributed_timeout_minutes})")
     require(not (args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler),
             "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are "
             "mutually exclusive")

@@ -27,7 +27,7 @@ EXPECTED_FLAGS = frozenset("""
 --max-seqlen-per-dp-cp-rank --spec --dynamic-context-parallel --hybrid-context-parallel
 --min-dynamic-context-parallel-size --mtp-num-layers
 --check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad
---override-opt_param-scheduler --use-checkpoint-opt_param-scheduler
+--override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
 """.split())
 
 
