@@ -40,6 +40,11 @@ class NonFiniteLossError(RuntimeError):
 
 
 ONE_LINE_ERRORS = (UserInputError, CheckpointError, NonFiniteLossError)
+# How gloo/NCCL report a peer process that died (killed, crashed) inside a collective. Such an
+# error is the echo of another rank's failure: one line per surviving rank, not a traceback.
+PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                     "NCCL communicator was aborted")
+PEER_LOST_DETAIL_CHARS = 120
 
 
 def _rank() -> int:
@@ -60,6 +65,14 @@ def exit_on_user_errors(prog: str):
         if _rank() == 0:
             print(f"{prog}: error: {one_line(err)}", file=sys.stderr, flush=True)
         sys.exit(err.exit_code)
+    except RuntimeError as err:
+        if not any(marker in str(err) for marker in PEER_LOST_MARKERS):
+            raise
+        detail = one_line(err)[:PEER_LOST_DETAIL_CHARS]
+        print(f"{prog}: error: rank {_rank()} lost a peer rank, which failed or was killed (see "
+              f"its log); resume with --load from the latest checkpoint ({detail})",
+              file=sys.stderr, flush=True)  # every survivor: rank 0 may be the one that died
+        sys.exit(TRAINING_FAILED_EXIT_CODE)
 
 
 def agree_on_errors(step, *args, **kwargs):
