@@ -1,9 +1,20 @@
 """Issue 10, observations 7 and 9: with batch_source 'all_ranks' the ranks must hold the same
 batch, and loss_mask entries must be 0 or 1 -- one-line ValueErrors on every rank, after which
-training goes on (no rank left waiting in a collective)."""
+training goes on (no rank left waiting in a collective). The facade's train() also stops at a
+NaN loss (--check-for-nan-in-loss-and-grad) on every rank."""
 
+from megatron.training.errors import NonFiniteLossError
 from megatron.varlen.testing.multirank import run_distributed
-from megatron.wrap import MegatronWrap
+from megatron.wrap import GPTSFTFlow, MegatronWrap, register_flow
+
+
+@register_flow("test_nan_loss", replace=True)
+class NaNLossFlow(GPTSFTFlow):
+    """The default flow with its loss (not its report) multiplied by NaN: NaN gradients."""
+
+    def loss(self, output, loss_inputs):
+        loss_sum, num_tokens, metrics = super().loss(output, loss_inputs)
+        return loss_sum * float("nan"), num_tokens, metrics
 
 CONFIG = {
     "model": {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "seq_length": 32,
@@ -40,8 +51,15 @@ def rank_checks() -> dict:
         negative = _message(wrap, [_sample(3, [1, -5, 1]), _sample(3)])
         fractional = _message(wrap, [_sample(3), _sample(3, [1, 0.5, 1])])
         good = wrap.train([_sample(5), _sample(7)], source="all_ranks")
+    with MegatronWrap(CONFIG, overrides={"flow.flow_name": "test_nan_loss"}) as wrap:
+        wrap.initialize().setup_model_and_optimizer()
+        try:
+            wrap.train([_sample(5), _sample(7)])
+            nan = None
+        except NonFiniteLossError as err:
+            nan = str(err)
     return {"count": other_count, "tokens": other_tokens, "negative": negative,
-            "fractional": fractional, "iteration": good["iteration"]}
+            "fractional": fractional, "iteration": good["iteration"], "nan": nan}
 
 
 def test_batch_checks_are_one_line_on_every_rank():
@@ -58,3 +76,5 @@ def test_batch_checks_are_one_line_on_every_rank():
         "sample 0, field 'loss_mask': entry 1 is -5; entries must be 0 or 1")
     assert first["fractional"].endswith("entry 1 is 0.5; entries must be 0 or 1")
     assert first["iteration"] == second["iteration"] == 1
+    assert first["nan"] == second["nan"] and first["nan"].startswith(
+        "iteration 1: grad norm is NaN/Inf"), first["nan"]  # the report is kept finite
