@@ -77,9 +77,11 @@ def _digest_own_files(folder: str) -> dict[str, dict]:
     return {name: entry for part in gathered for name, entry in part.items()}
 
 
-def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args=None) -> str:
+def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args=None,
+                    extra_files: dict[str, str] | None = None) -> str:
     """Writes iteration ``iteration`` under ``root``, publishes it atomically and updates the
-    tracker file (module docstring). ``args``: the run's arguments, recorded for resume checks.
+    tracker file (module docstring). ``args``: the run's arguments, recorded for resume checks;
+    ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest).
     """
     path = checkpoint_dir(root, iteration)
     staging = integrity.staging_dir(path)
@@ -90,8 +92,11 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args
     state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
     dist_checkpointing.save(state, staging)
     rng_state.save(staging)
-    if args is not None and torch.distributed.get_rank() == 0:
-        resume_consistency.save_run_args(staging, args)
+    if torch.distributed.get_rank() == 0:
+        if args is not None:
+            resume_consistency.save_run_args(staging, args)
+        for name, text in (extra_files or {}).items():
+            integrity.atomic_write_text(os.path.join(staging, name), text)
     _barrier()
     entries = _digest_own_files(staging)
     if torch.distributed.get_rank() == 0:

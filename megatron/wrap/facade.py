@@ -233,10 +233,9 @@ class MegatronWrap(ParallelStateMixin):
         if root is None:
             raise ValueError("save() needs a path, or the config key 'save'")
         state = self.state
-        folder = checkpointing.save_checkpoint(root, state.iteration, state.model,
-                                               state.optimizer, state.scheduler, self.args)
-        if dist.get_rank() == 0:
-            Path(folder, CONFIG_FILENAME).write_text(self.config.to_yaml(), encoding="utf-8")
+        folder = checkpointing.save_checkpoint(
+            root, state.iteration, state.model, state.optimizer, state.scheduler, self.args,
+            extra_files={CONFIG_FILENAME: self.config.to_yaml()})
         wrap_logging.info_rank_0("saved iteration %d to %s", state.iteration, folder)
         return folder
 

@@ -92,3 +92,15 @@ def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(tmp_path):
         proc.stderr.count("exitcode: 2") >= 2, proc.stderr
     # No frame of ours (torchrun itself ends with its own ChildFailedError summary).
     assert 'pretrain_gpt.py", line' not in proc.stderr and "megatron/" not in proc.stderr
+
+
+@pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])
+def test_flag_error_is_printed_by_rank_0_only(rank, printed):
+    """Under torchrun every rank parses the same flags: one line in all, exit 2 on each."""
+    code = ("from megatron.training.arguments import parse_args_or_exit; "
+            "parse_args_or_exit(['--num-layers', '0'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={"PATH": "/usr/bin:/bin", "RANK": rank,
+                                                      "WORLD_SIZE": "2"})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == printed, proc.stderr
