@@ -3,7 +3,7 @@
 Every checkpoint holds ``run_args.json``: the settings that shape the model, the data order and
 the LR/WD schedule. On ``--load``:
 
-- model shape (layers, sizes, heads, vocabulary *after padding*, ...) must match: a change
+- model shape (layers, sizes, heads, vocabulary and tokenizer, padded vocabulary, ...) must match: a change
   would load weights into a different model. The parallel layout may change (dist_checkpointing
   reshards), except where it changes the model: the padded vocabulary depends on
   ``--make-vocab-size-divisible-by`` x TP.
@@ -30,11 +30,11 @@ MODEL_KEYS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
     "swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights", "mtp_num_layers",
-    "padded_vocab_size", "bf16", "fp16",
+    "padded_vocab_size", "vocab_size", "tokenizer_type", "bf16", "fp16",
 )
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "data_path", "sft_mock_dataset_config_json")
 # Context shown next to a padded-vocabulary mismatch (it is derived, not a flag).
-_VOCAB_CONTEXT = ("vocab_size", "make_vocab_size_divisible_by", "tensor_model_parallel_size")
+_VOCAB_CONTEXT = ("make_vocab_size_divisible_by", "tensor_model_parallel_size")
 # megatron-core scheduler state key -> (this run's flag, scheduler attribute, samples per unit)
 SCHEDULER_KEYS = {
     "max_lr": ("--lr", "max_lr", False),
