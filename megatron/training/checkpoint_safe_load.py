@@ -8,9 +8,12 @@ torch.distributed.checkpoint's metadata/planner dataclasses and enums, ``torch.S
 and the layout decoder). Anything else is refused without being called, so once this check has
 passed, torch's own unpickling of the same bytes can only build those harmless objects.
 
-The other pickles of a checkpoint are read with ``torch.load(weights_only=True)`` (tensors and
-plain containers only): megatron-core's ``common.pt`` (torch's default since 2.6) and our own
-per-rank RNG files. Trust model (README "Reliability"): a checkpoint is data, not code; files
+The other pickles of a checkpoint are tensors and plain containers: :func:`check_common_is_safe`
+reads megatron-core's ``common.pt`` with ``torch.load(weights_only=True)`` first (megatron-core
+then loads it with torch's default, which is ``weights_only=True`` only since torch 2.6), and our
+per-rank RNG files are read with ``weights_only=True``. Objects megatron-core stores inside the
+``.distcp`` files (e.g. ``_extra_state`` bytes) are unpickled by megatron-core with torch's
+default: use torch >= 2.6 (this repo pins 2.13) for those to be restricted as well. Trust model (README "Reliability"): a checkpoint is data, not code; files
 are checked against the manifest for corruption, not for forgery (someone who can write the
 checkpoint can write its manifest), and nothing in a checkpoint is executed.
 """
@@ -22,9 +25,10 @@ import pickle
 
 import torch
 
-from megatron.training.errors import CheckpointError
+from megatron.training.errors import CheckpointError, one_line
 
 METADATA_FILENAME = ".metadata"
+COMMON_FILENAME = "common.pt"
 _DCP = "torch.distributed.checkpoint"
 ALLOWED_GLOBALS = frozenset({
     ("torch", "Size"),
@@ -75,3 +79,15 @@ def check_metadata_is_safe(folder: str) -> None:
     except Exception as err:  # any malformed pickle: one line, never a traceback wall
         raise CheckpointError(f"checkpoint metadata {path!r} is unreadable "
                               f"({type(err).__name__}: {err})") from err
+
+
+def check_common_is_safe(folder: str) -> None:
+    """Reads ``folder/common.pt`` with ``weights_only=True`` (tensors and plain containers)."""
+    path = os.path.join(folder, COMMON_FILENAME)
+    if not os.path.isfile(path):
+        return  # megatron-core reports a missing common.pt itself; the manifest lists it
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # an UnpicklingError names the refused global
+        raise CheckpointError(f"refusing to load {path!r}: it holds more than tensors and plain "
+                              f"containers ({type(err).__name__}: {one_line(err)[:200]})") from err

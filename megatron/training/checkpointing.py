@@ -27,7 +27,7 @@ import torch
 from megatron.core import dist_checkpointing
 from megatron.training import checkpoint_integrity as integrity
 from megatron.training import resume_consistency, rng_state
-from megatron.training.checkpoint_safe_load import check_metadata_is_safe
+from megatron.training.checkpoint_safe_load import check_common_is_safe, check_metadata_is_safe
 from megatron.training.errors import CheckpointError, agree_on_errors
 from megatron.training.model import unwrap
 
@@ -138,6 +138,7 @@ def check_checkpoint(root: str) -> tuple[int, str]:
                               f"{folder!r} is missing")
     agree_on_errors(_verify_share, folder)
     agree_on_errors(check_metadata_is_safe, folder)
+    agree_on_errors(check_common_is_safe, folder)
     return iteration, folder
 
 

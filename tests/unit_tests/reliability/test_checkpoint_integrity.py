@@ -108,15 +108,23 @@ class _Exploit:
         return os.system, (f"touch {self.marker}",)
 
 
-def test_crafted_metadata_does_not_run(ckpt, tmp_path):
+def _forge(folder, name, payload: bytes) -> None:
+    """Replaces ``name`` and fixes the manifest, as a forger would."""
+    (folder / name).write_bytes(payload)
+    manifest = json.loads((folder / MANIFEST_FILENAME).read_text())
+    manifest["files"][name] = file_digest(str(folder / name))
+    (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name, needle", [
+    (".metadata", "': it names posix.system"),
+    ("common.pt", "': it holds more than tensors and plain containers"),
+])
+def test_crafted_pickle_does_not_run(ckpt, tmp_path, name, needle):
     marker = tmp_path / "pwned"
     folder = ckpt / "iter_0000002"
-    (folder / ".metadata").write_bytes(pickle.dumps(_Exploit(marker)))
-    manifest = json.loads((folder / MANIFEST_FILENAME).read_text())  # a forger fixes it too
-    manifest["files"][".metadata"] = file_digest(str(folder / ".metadata"))
-    (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    _forge(folder, name, pickle.dumps(_Exploit(marker)))
     message = _resume(ckpt)
     assert not marker.exists(), "the crafted checkpoint ran code"
-    assert message.startswith(f"refusing to load '{folder / '.metadata'}': it names "
-                              f"posix.system"), message
+    assert message.startswith(f"refusing to load '{folder / name}{needle}"), message
     assert "\n" not in message
