@@ -93,7 +93,7 @@ class MegatronWrap(ParallelStateMixin):
         wrap_logging.set_log_level(facade["log_level"])
         runtime.check_device(facade["device"])
         self._owns_process_group = not dist.is_initialized()
-        initialize_distributed()
+        initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
         args = self.args = runtime.parse_training_args(self.config)
         self.tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size,
                                          args.tokenizer_model)
