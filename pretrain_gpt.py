@@ -10,6 +10,7 @@ from megatron.training.warning_filters import silence_known_warnings
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
 from megatron.training.arguments import parse_args_or_exit  # noqa: E402
+from megatron.training.errors import exit_on_user_errors  # noqa: E402
 from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
 from megatron.training.pretrain import pretrain  # noqa: E402
 
@@ -18,7 +19,8 @@ def main(argv=None) -> None:
     args = parse_args_or_exit(argv)
     initialize_megatron(args)
     try:
-        pretrain(args)
+        with exit_on_user_errors("pretrain_gpt.py"):  # bad data, checkpoint, NaN: one line
+            pretrain(args)
     finally:
         shutdown()
 

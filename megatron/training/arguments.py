@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from megatron.training import varlen_arguments
+from megatron.training import reliability_arguments, varlen_arguments
 from megatron.training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling.problem import pad_multiple
 
@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_checkpoint_args(parser)
     varlen_arguments.add_varlen_args(parser)
     hf_arguments.add_hf_args(parser)
+    reliability_arguments.add_reliability_args(parser)
     return parser
 
 
@@ -290,6 +291,7 @@ def _validate_precision_and_data(args) -> None:
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Checks flag combinations and fills derived fields (data_parallel_size, ...)."""
     args.world_size = getattr(args, "world_size", None) or _world_size()
+    reliability_arguments.validate_positive_sizes(args, _require)
     _validate_parallel_sizes(args)
     _validate_virtual_pipeline(args)
     _validate_sequence_length(args)
@@ -297,6 +299,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, _require)
     hf_arguments.validate_hf_args(args, _require)
+    reliability_arguments.validate_reliability_args(args, _require)
     return args
 
 
@@ -319,5 +322,6 @@ def parse_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         return parse_args(argv)
     except ArgumentValidationError as err:
-        print(f"pretrain_gpt.py: error: {err}", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails: print once
+            print(f"pretrain_gpt.py: error: {err}", file=sys.stderr, flush=True)
         sys.exit(ERROR_EXIT_CODE)

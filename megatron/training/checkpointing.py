@@ -4,19 +4,37 @@ Layout (Megatron-LM's): ``<dir>/iter_0000003/`` holds one checkpoint and
 ``<dir>/latest_checkpointed_iteration.txt`` names the newest. The iteration in the directory
 name is the number of iterations completed, i.e. the one the last log line printed.
 Optimizer state uses the ``dp_reshardable`` distributed-optimizer format (DESIGN.md §3).
+
+Besides megatron-core's files, each checkpoint holds ``manifest.json`` (size and SHA-256 of
+every file), ``run_args.json`` (what shapes the model, data order and schedule) and
+``rng/rank_NNNNN.pt`` (each rank's generator states). Saving writes a hidden staging folder and
+publishes it with one rename, then replaces the tracker atomically
+(:mod:`~megatron.training.checkpoint_integrity`). Loading checks, before megatron-core reads
+anything: the tracker, the folder, every file against the manifest, that ``.metadata`` holds
+only checkpoint-metadata classes (:mod:`~megatron.training.checkpoint_safe_load`) and that the
+run continues the saved one (:mod:`~megatron.training.resume_consistency`). Every problem is a
+one-line :class:`~megatron.training.errors.CheckpointError`.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 
 import torch
 
 from megatron.core import dist_checkpointing
+from megatron.training import checkpoint_integrity as integrity
+from megatron.training import resume_consistency, rng_state
+from megatron.training.checkpoint_safe_load import check_common_is_safe, check_metadata_is_safe
+from megatron.training.errors import CheckpointError, agree_on_errors
 from megatron.training.model import unwrap
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+_SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
+_RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
 
 
 def checkpoint_dir(root: str, iteration: int) -> str:
@@ -44,29 +62,84 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler) -> str:
-    """Writes iteration ``iteration`` under ``root`` and updates the tracker file."""
+def _writer_rank(name: str) -> int:
+    """The rank that wrote (and hashes) checkpoint file ``name``; shared files are rank 0's."""
+    match = _SHARD_FILE.search(name) or _RNG_FILE.search(name)
+    return int(match.group(1)) if match else 0
+
+
+def _digest_own_files(folder: str) -> dict[str, dict]:
+    """Hashes, on every rank in parallel, the files this rank wrote; rank 0 gets them all."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    names = [n for n in integrity.relative_files(folder) if _writer_rank(n) % world == rank]
+    gathered = [None] * world
+    torch.distributed.all_gather_object(gathered, integrity.digest_files(folder, names))
+    return {name: entry for part in gathered for name, entry in part.items()}
+
+
+def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args=None,
+                    extra_files: dict[str, str] | None = None) -> str:
+    """Writes iteration ``iteration`` under ``root``, publishes it atomically and updates the
+    tracker file (module docstring). ``args``: the run's arguments, recorded for resume checks;
+    ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest).
+    """
     path = checkpoint_dir(root, iteration)
+    staging = integrity.staging_dir(path)
     if torch.distributed.get_rank() == 0:
-        os.makedirs(path, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # left by a save that crashed
+        os.makedirs(staging)
     _barrier()
     state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
-    dist_checkpointing.save(state, path)
-    _barrier()
+    dist_checkpointing.save(state, staging)
+    rng_state.save(staging)
     if torch.distributed.get_rank() == 0:
-        with open(os.path.join(root, TRACKER_FILENAME), "w", encoding="utf-8") as tracker:
-            tracker.write(str(iteration))
+        if args is not None:
+            resume_consistency.save_run_args(staging, args)
+        for name, text in (extra_files or {}).items():
+            integrity.atomic_write_text(os.path.join(staging, name), text)
+    _barrier()
+    entries = _digest_own_files(staging)
+    if torch.distributed.get_rank() == 0:
+        integrity.write_manifest(staging, entries)
+        integrity.publish(staging, path)
+        integrity.atomic_write_text(os.path.join(root, TRACKER_FILENAME), str(iteration))
     _barrier()
     return path
 
 
 def read_latest_iteration(root: str) -> int:
-    """The iteration named by the tracker file; a clear error if there is no checkpoint."""
+    """The iteration named by the tracker file; a one-line CheckpointError if it is unusable."""
     tracker = os.path.join(root, TRACKER_FILENAME)
     if not os.path.isfile(tracker):
-        raise ValueError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is missing)")
-    with open(tracker, encoding="utf-8") as handle:
-        return int(handle.read().strip())
+        raise CheckpointError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is "
+                              f"missing)")
+    with open(tracker, encoding="utf-8", errors="replace") as handle:
+        text = handle.read().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"tracker file {tracker!r} is {'empty' if not text else 'garbled'} "
+                              f"(got {text[:40]!r}); it should hold the latest iteration number")
+    return int(text)
+
+
+def _verify_share(folder: str) -> None:
+    """Checks this rank's 1/world share of the manifest (all ranks together check every file)."""
+    entries = integrity.read_manifest(folder)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    integrity.verify_files(folder, entries, sorted(entries)[rank::world])
+
+
+def check_checkpoint(root: str) -> tuple[int, str]:
+    """The latest iteration and its folder, verified and safe to read, or a CheckpointError
+    raised on every rank."""
+    iteration = agree_on_errors(read_latest_iteration, root)
+    folder = checkpoint_dir(root, iteration)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{TRACKER_FILENAME} in {root!r} names iteration {iteration} but "
+                              f"{folder!r} is missing")
+    agree_on_errors(_verify_share, folder)
+    agree_on_errors(check_metadata_is_safe, folder)
+    agree_on_errors(check_common_is_safe, folder)
+    return iteration, folder
 
 
 def _materialize_optimizer_state(optimizer) -> None:
@@ -102,16 +175,25 @@ def _restore_adam_steps(optimizer) -> None:
                 inner.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
-def load_checkpoint(root: str, model, optimizer, scheduler) -> int:
-    """Restores model, optimizer and LR scheduler; returns the iteration to continue from."""
-    iteration = read_latest_iteration(root)
+def load_checkpoint(root: str, model, optimizer, scheduler, args=None) -> int:
+    """Restores model, optimizer, LR scheduler and RNG states; returns the iteration to continue
+    from. With ``args``, refuses a run that would not continue the saved one."""
+    iteration, folder = check_checkpoint(root)
+    if args is not None:
+        resume_consistency.check_run_args(folder, args)
     _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True)
-    state = dist_checkpointing.load(template, checkpoint_dir(root, iteration))
+    state = dist_checkpointing.load(template, folder)
+    if args is not None:
+        resume_consistency.check_scheduler(state["opt_param_scheduler"], scheduler, args)
     for key, chunk in zip(_model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     with torch.no_grad():  # megatron-core copies into main-param views of leaves needing grad
         optimizer.load_state_dict(state["optimizer"])
     _restore_adam_steps(optimizer)
     scheduler.load_state_dict(state["opt_param_scheduler"])
+    restored = rng_state.load(folder)
+    if not restored and torch.distributed.get_rank() == 0:
+        print(f" > {folder}: random states not restored (saved on another parallel layout): "
+              f"dropout will differ from an uninterrupted run", flush=True)
     return int(state["iteration"])

@@ -18,8 +18,13 @@ from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
 
 
-def initialize_distributed() -> None:
-    """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU."""
+def initialize_distributed(timeout_minutes: float | None = None) -> None:
+    """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU.
+
+    ``timeout_minutes`` (``--distributed-timeout-minutes``) bounds how long a collective waits
+    for a peer that neither answers nor closes its connection (a killed peer is reported at
+    once); default :data:`DISTRIBUTED_TIMEOUT`.
+    """
     cpu_device.activate()
     if torch.distributed.is_initialized():
         return
@@ -29,7 +34,9 @@ def initialize_distributed() -> None:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
     torch.distributed.init_process_group(
-        backend=cpu_device.get_backend(), timeout=DISTRIBUTED_TIMEOUT)
+        backend=cpu_device.get_backend(),
+        timeout=DISTRIBUTED_TIMEOUT if timeout_minutes is None else
+        timedelta(minutes=timeout_minutes))
 
 
 def initialize_model_parallel(args) -> None:
@@ -58,7 +65,7 @@ def set_random_seeds(seed: int) -> None:
 
 def initialize_megatron(args) -> None:
     """Everything a training process needs before the model is built."""
-    initialize_distributed()
+    initialize_distributed(args.distributed_timeout_minutes)
     initialize_model_parallel(args)
     set_random_seeds(args.seed)
 

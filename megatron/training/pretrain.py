@@ -8,6 +8,7 @@ from megatron.training.data import (
     PackedBatchProvider, UnpackedBatchProvider, build_packing_config,
 )
 from megatron.training.datasets.builder import build_datasets
+from megatron.training.errors import agree_on_errors
 from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.training.training import gpt_model_provider, setup_model_and_optimizer, train
 from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
@@ -38,12 +39,14 @@ def create_dynamic_cp_groups(args):
 
 def build_data_providers(args):
     """Tokenizer-aware datasets wrapped in the step-batch provider the loop consumes."""
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size, args.tokenizer_model)
+    # Data errors (bad file, line, bytes) are one line on every rank, never a traceback wall.
+    tokenizer = agree_on_errors(build_tokenizer, args.tokenizer_type, args.vocab_size,
+                                args.tokenizer_model)
     if args.vocab_size is None:
         args.vocab_size = tokenizer.vocab_size
     check_tokenizer_fits(tokenizer, args.vocab_size)
     _set_sample_counts(args)
-    train_ds, valid_ds = build_datasets(args, tokenizer)
+    train_ds, valid_ds = agree_on_errors(build_datasets, args, tokenizer)
     if args.sequence_packing:
         config = build_packing_config(args, tokenizer.pad)
         lookup = create_dynamic_cp_groups(args)

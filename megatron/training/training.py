@@ -27,6 +27,7 @@ from megatron.training.flops import num_floating_point_operations
 from megatron.training.hf.exporter import save_hf
 from megatron.training.metrics import IterationMetrics, MetricsLogger
 from megatron.training.model import build_model, build_transformer_config
+from megatron.training.nonfinite import check_finite
 from megatron.varlen.cpu_device import get_device
 
 LOSS_KEY = "lm loss"
@@ -64,6 +65,9 @@ def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
         end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
         wd_incr_style="constant",
+        # Mismatches were already refused in one line (resume_consistency.check_scheduler).
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
     )
 
 
@@ -85,7 +89,8 @@ def setup_model_and_optimizer(args, model_provider=gpt_model_provider) -> TrainS
         config.no_sync_func = config.no_sync_func[0]
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
     if args.load:
-        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler)
+        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler,
+                                                        args)
     return state
 
 
@@ -222,7 +227,7 @@ def _maybe_evaluate(args, state, valid_provider) -> float | None:
 def _maybe_save(args, state) -> None:
     if args.save and args.save_interval and state.iteration % args.save_interval == 0:
         checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler)
+            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
 
 
 def train(args, state: TrainState, train_provider, valid_provider=None) -> list[dict]:
@@ -244,11 +249,13 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
         if logger is not None:
             logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
                                           time.perf_counter() - start))
+        if args.check_for_nan_in_loss_and_grad:
+            check_finite(state.iteration, loss, grad_norm)
         history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
         _maybe_save(args, state)
     if args.save and (not args.save_interval or state.iteration % args.save_interval):
         checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler)
+            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
     if args.save_hf:
         save_hf(args, state.model)
     if logger is not None:

@@ -10,6 +10,11 @@ Two ways to hand over a batch (config key ``wrap.batch_source`` or ``train(..., 
   each of the ``world - 1`` other ranks (about 8 bytes per token per int64 field) every step.
   Use it when only one process produces the data (e.g. a rollout server).
 
+With ``"all_ranks"`` on more than one rank, the ranks compare a fingerprint of their converted
+batch (sample count, lengths and a BLAKE2b hash of every sample's tokens, labels and loss mask:
+one small ``all_gather_object`` per step) and all raise the same one-line ValueError naming the
+ranks that disagree with rank 0, instead of training each replica on another batch.
+
 Either way every rank ends up with the whole global batch (each DP replica then takes its own
 block, and the flow's extra fields are packed from it), and every check runs before the first
 collective of the step, so a bad sample raises the same one-line ValueError on every rank.
@@ -17,6 +22,7 @@ collective of the step, so a bad sample raises the same one-line ValueError on e
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +32,8 @@ from megatron.wrap.config.keys import BATCH_SOURCES
 from megatron.wrap.flows import fields
 
 SEQ_LENGTH_KEY = "seq_length"
+_HASHED_FIELDS = ("tokens", "labels", "loss_mask")
+_DIGEST_BYTES = 8  # a 64-bit content hash: an accidental match is not a concern
 _OK, _USER_ERROR, _CRASH = "ok", "user error", "crash"
 
 
@@ -73,8 +81,10 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     if source not in BATCH_SOURCES:
         raise ValueError(f"batch source {source!r} (config key 'wrap.batch_source'): choose "
                          f"from {', '.join(BATCH_SOURCES)}")
-    if source == "all_ranks" or dist.get_world_size() == 1:
+    if dist.get_world_size() == 1:
         return _convert(batch, flow, what)
+    if source == "all_ranks":
+        return _agreed_batch(batch, flow, what)
     payload = [None]
     error = None
     if dist.get_rank() == 0:
@@ -93,3 +103,43 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     if status == _CRASH:
         raise RuntimeError(f"rank 0 failed to build the batch: {value}")
     return value
+
+
+def fingerprint(samples: list[dict]) -> tuple[int, int, str]:
+    """``(count, total length, hash of lengths and contents)`` of converted samples."""
+    digest = hashlib.blake2b(digest_size=_DIGEST_BYTES)
+    for sample in samples:
+        digest.update(int(sample["length"]).to_bytes(8, "little"))
+        for field in _HASHED_FIELDS:
+            digest.update(sample[field].detach().cpu().contiguous().numpy().tobytes())
+    return len(samples), sum(int(s["length"]) for s in samples), digest.hexdigest()
+
+
+def _agreed_batch(batch, flow, what: str) -> list[dict]:
+    """Converts this rank's copy of the batch; every rank raises if any rank's copy was bad or
+    differs from rank 0's (module docstring)."""
+    samples, error, mine = None, None, None
+    try:
+        samples = _convert(batch, flow, what)
+        mine = (_OK, fingerprint(samples))
+    except ValueError as err:
+        error, mine = err, (_USER_ERROR, str(err))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if error is not None:
+        raise error
+    failed = [rank for rank, (status, _) in enumerate(gathered) if status != _OK]
+    if failed:
+        raise ValueError(f"rank {failed[0]} rejected its batch: {gathered[failed[0]][1]}")
+    reference = gathered[0][1]
+    differ = [rank for rank, (_, value) in enumerate(gathered) if value != reference]
+    if differ:
+        def describe(rank):
+            count, tokens, _ = gathered[rank][1]
+            return f"rank {rank}: {count} samples, {tokens} tokens"
+        raise ValueError(
+            f"{what}(): the batch differs across ranks with batch_source 'all_ranks' (ranks "
+            f"{differ} differ from rank 0; {describe(0)}; {describe(differ[0])}): pass the same "
+            f"global batch on every rank, or use batch_source 'rank0' (config key "
+            f"'wrap.batch_source')")
+    return samples

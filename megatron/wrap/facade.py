@@ -28,6 +28,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.training import checkpointing
 from megatron.training.data import build_packing_config
+from megatron.training.nonfinite import check_finite
 from megatron.training.initialize import (
     initialize_distributed,
     initialize_model_parallel,
@@ -104,7 +105,7 @@ class MegatronWrap(ParallelStateMixin):
         wrap_logging.set_log_level(facade["log_level"])
         runtime.check_device(facade["device"])
         self._owns_process_group = not dist.is_initialized()
-        initialize_distributed()
+        initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
         args = self.args = runtime.parse_training_args(self.config)
         self.tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size,
                                          args.tokenizer_model)
@@ -170,6 +171,8 @@ class MegatronWrap(ParallelStateMixin):
         loss, grad_norm = train_step(self.args, self.state, step,
                                      forward_step_func=self._forward_step)
         self.state.iteration += 1
+        if self.args.check_for_nan_in_loss_and_grad:  # before anything can save it
+            check_finite(self.state.iteration, loss, grad_norm)
         reduced = reduce_across_stages(loss, self._forward_step.records, self.flow.metric_names)
         self._last_metrics = train_metrics(self.args, self.state, step, reduced, grad_norm,
                                            len(samples), time.perf_counter() - start)
@@ -243,10 +246,9 @@ class MegatronWrap(ParallelStateMixin):
         if root is None:
             raise ValueError("save() needs a path, or the config key 'save'")
         state = self.state
-        folder = checkpointing.save_checkpoint(root, state.iteration, state.model,
-                                               state.optimizer, state.scheduler)
-        if dist.get_rank() == 0:
-            Path(folder, CONFIG_FILENAME).write_text(self.config.to_yaml(), encoding="utf-8")
+        folder = checkpointing.save_checkpoint(
+            root, state.iteration, state.model, state.optimizer, state.scheduler, self.args,
+            extra_files={CONFIG_FILENAME: self.config.to_yaml()})
         wrap_logging.info_rank_0("saved iteration %d to %s", state.iteration, folder)
         return folder
 
@@ -267,7 +269,8 @@ class MegatronWrap(ParallelStateMixin):
             raise ValueError("load() needs a path, or the config key 'load'")
         state = self.state
         state.iteration = checkpointing.load_checkpoint(
-            runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler)
+            runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler,
+            self.args)
         wrap_logging.info_rank_0("loaded iteration %d from %s", state.iteration, path)
         return state.iteration
 

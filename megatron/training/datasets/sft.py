@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import operator
+import os
 
 import numpy as np
 import torch
@@ -81,16 +82,29 @@ def encode_turns(turns: list[tuple[str, str]], tokenizer: Tokenizer):
 def _load_documents(path: str, tokenizer: Tokenizer):
     """Reads and encodes every non-blank line of ``path``; returns a list of (ids, is_target)."""
     documents = []
+    if os.path.isdir(path):
+        raise ValueError(f"--data-path {path!r} is a directory; --sft needs a JSONL file")
     try:
-        with open(path, encoding="utf-8") as f:
-            for line_number, line in enumerate(f, start=1):
+        with open(path, "rb") as f:  # bytes: a bad byte is reported with its line number
+            for line_number, raw in enumerate(f, start=1):
+                line = _decode_line(path, line_number, raw)
                 if line.strip():
                     documents.append(_encode_line(path, line_number, line, tokenizer))
     except FileNotFoundError as err:
         raise ValueError(f"SFT data file {path!r} does not exist (--data-path)") from err
+    except PermissionError as err:
+        raise ValueError(f"SFT data file {path!r} is not readable (--data-path)") from err
     if not documents:
         raise ValueError(f"SFT data file {path!r} has no samples (--data-path)")
     return documents
+
+
+def _decode_line(path: str, line_number: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}:{line_number}: not valid UTF-8 (byte 0x{raw[err.start]:02x} "
+                         f"at byte offset {err.start} of the line)") from err
 
 
 def _encode_line(path: str, line_number: int, line: str, tokenizer: Tokenizer):

@@ -114,7 +114,8 @@ class Flow:
                                      index, "labels", vocab)
         mask = raw.get("loss_mask")
         mask = torch.ones(length) if mask is None else \
-            fields.as_per_token_values(mask, index, "loss_mask")
+            fields.require_binary(fields.as_per_token_values(mask, index, "loss_mask"), index,
+                                  "loss_mask")
         sample = {
             "tokens": tokens[:length],
             "labels": fields.require_entries(labels, length, index, "labels"),

@@ -129,6 +129,17 @@ def as_length(value: Any, index: int, available: int) -> int:
     return int(value)
 
 
+def require_binary(values: torch.Tensor, index: int, field: str) -> torch.Tensor:
+    """``values`` if every entry is 0 or 1: the loss normalises by the count of 1s, so other
+    values (negative, fractional) would train on a silently wrong loss."""
+    bad = ((values != 0) & (values != 1)).nonzero()
+    if bad.numel():
+        position = int(bad[0, 0])
+        raise sample_error(index, field, f"entry {position} is {float(values[position]):g}; "
+                                         f"entries must be 0 or 1")
+    return values
+
+
 def require_entries(values: torch.Tensor, length: int, index: int, field: str) -> torch.Tensor:
     """The first ``length`` entries of ``values``; an error if it has fewer."""
     if values.numel() < length:

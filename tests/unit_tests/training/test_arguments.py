@@ -28,6 +28,8 @@ EXPECTED_FLAGS = frozenset("""
 --min-dynamic-context-parallel-size --mtp-num-layers --attention-backend
 --hf-checkpoint --save-hf --kv-channels --norm-epsilon --add-qkv-bias --qk-layernorm
 --use-rope-scaling --rope-scaling-factor
+--check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad
+--override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
 """.split())
 
 

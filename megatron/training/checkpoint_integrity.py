@@ -1,0 +1,147 @@
+"""Checkpoints that are published atomically and verified before they are trusted.
+
+Publishing: a checkpoint is written into ``<root>/.iter_NNNNNNN.partial``, every file and the
+folder are fsynced, and only then is the folder renamed to ``iter_NNNNNNN``; the tracker file
+is replaced the same way (write a temporary file, fsync, ``os.replace``, fsync the folder). A
+crash at any moment leaves either the previous checkpoint as latest or the new one complete,
+never a half-written ``iter_*`` folder or an empty tracker.
+
+Verification: ``manifest.json`` in each checkpoint lists every file with its size and SHA-256
+(streamed in 1 MiB blocks; shared across ranks: each rank hashes the files it wrote at save and
+a 1/world share at load). SHA-256 was the fastest of hashlib's hashes on the development CPU
+(SHA-NI: ~0.45 GB/s per core hashing from memory, ~0.2 GB/s reading from disk on a loaded
+2-core machine, vs ~0.2 GB/s for BLAKE2b), so the cost is about (checkpoint bytes per rank) /
+(0.2-0.5 GB/s) at save and again at load. A missing, truncated or altered file is a
+one-line :class:`CheckpointError` naming it, before any of its bytes are used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+from megatron.training.errors import CheckpointError
+
+MANIFEST_FILENAME = "manifest.json"
+MANIFEST_VERSION = 1
+HASH_ALGORITHM = "sha256"
+_READ_BLOCK = 1 << 20  # bytes hashed per read: streams files of any size in constant memory
+
+
+def staging_dir(final_dir: str) -> str:
+    """Where a checkpoint is written before it is published as ``final_dir``."""
+    parent, name = os.path.split(os.path.normpath(final_dir))
+    return os.path.join(parent, f".{name}.partial")
+
+
+def file_digest(path: str) -> dict:
+    """``{"size", "sha256"}`` of one file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_READ_BLOCK):
+            digest.update(block)
+    return {"size": os.path.getsize(path), HASH_ALGORITHM: digest.hexdigest()}
+
+
+def fsync_file(path: str) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(path: str) -> None:
+    """Makes a rename or a new entry in ``path`` durable (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def relative_files(folder: str) -> list[str]:
+    """Every file under ``folder``, as sorted paths relative to it."""
+    found = []
+    for parent, _, names in os.walk(folder):
+        found += [os.path.relpath(os.path.join(parent, n), folder) for n in names]
+    return sorted(found)
+
+
+def digest_files(folder: str, names: list[str]) -> dict[str, dict]:
+    """Fsyncs and hashes ``names`` (relative to ``folder``)."""
+    entries = {}
+    for name in names:
+        path = os.path.join(folder, name)
+        fsync_file(path)
+        entries[name] = file_digest(path)
+    return entries
+
+
+def write_manifest(folder: str, entries: dict[str, dict]) -> None:
+    manifest = {"version": MANIFEST_VERSION, "algorithm": HASH_ALGORITHM,
+                "files": dict(sorted(entries.items()))}
+    atomic_write_text(os.path.join(folder, MANIFEST_FILENAME),
+                      json.dumps(manifest, indent=1) + "\n")
+
+
+def read_manifest(folder: str) -> dict[str, dict]:
+    """The manifest's file entries, or a CheckpointError saying why the checkpoint is unusable."""
+    path = os.path.join(folder, MANIFEST_FILENAME)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {folder!r} has no {MANIFEST_FILENAME}: it was not "
+                              f"completely written (or predates checksums); load another one")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        files = manifest["files"]
+        assert manifest["algorithm"] == HASH_ALGORITHM and isinstance(files, dict)
+    except (ValueError, KeyError, TypeError, AssertionError) as err:
+        raise CheckpointError(f"checkpoint manifest {path!r} is unreadable "
+                              f"({type(err).__name__})") from err
+    return files
+
+
+def verify_files(folder: str, entries: dict[str, dict], names: list[str]) -> None:
+    """Checks ``names`` against their manifest entries; the first mismatch raises."""
+    for name in names:
+        path = os.path.join(folder, name)
+        want = entries[name]
+        if not os.path.isfile(path):
+            raise CheckpointError(f"checkpoint file {path!r} is missing (listed in "
+                                  f"{MANIFEST_FILENAME})")
+        size = os.path.getsize(path)
+        if size != want["size"]:
+            raise CheckpointError(f"checkpoint file {path!r} is truncated or altered: {size} "
+                                  f"bytes, {want['size']} were written")
+        if file_digest(path)[HASH_ALGORITHM] != want[HASH_ALGORITHM]:
+            raise CheckpointError(f"checkpoint file {path!r} is corrupted: its {HASH_ALGORITHM} "
+                                  f"differs from the one recorded at save")
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Writes ``path`` so that readers see the old content or the new, never a partial file."""
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def publish(staging: str, final_dir: str) -> None:
+    """Renames a complete ``staging`` folder to ``final_dir`` (replacing an older copy)."""
+    fsync_dir(staging)
+    parent = os.path.dirname(os.path.abspath(final_dir))
+    if os.path.exists(final_dir):  # the same iteration saved again: swap, then drop the old one
+        retired = f"{staging}.old"
+        shutil.rmtree(retired, ignore_errors=True)
+        os.replace(final_dir, retired)
+        os.replace(staging, final_dir)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(staging, final_dir)
+    fsync_dir(parent)

@@ -1,0 +1,93 @@
+"""Loading a checkpoint must not run code from it.
+
+torch's distributed-checkpoint reader unpickles ``iter_*/.metadata`` with plain ``pickle``,
+which calls whatever a crafted file names (``os.system`` via ``__reduce__``). Before megatron-core
+reads a checkpoint, :func:`check_metadata_is_safe` unpickles ``.metadata`` with an allow-list of
+the classes torch's checkpoint metadata is made of (listed from checkpoints this code saved:
+torch.distributed.checkpoint's metadata/planner dataclasses and enums, ``torch.Size``, dtypes
+and the layout decoder). Anything else is refused without being called, so once this check has
+passed, torch's own unpickling of the same bytes can only build those harmless objects.
+
+The other pickles of a checkpoint are tensors and plain containers: :func:`check_common_is_safe`
+reads megatron-core's ``common.pt`` with ``torch.load(weights_only=True)`` first (megatron-core
+then loads it with torch's default, which is ``weights_only=True`` only since torch 2.6), and our
+per-rank RNG files are read with ``weights_only=True``. Objects megatron-core stores inside the
+``.distcp`` files (e.g. ``_extra_state`` bytes) are unpickled by megatron-core with torch's
+default: use torch >= 2.6 (this repo pins 2.13) for those to be restricted as well. Trust model (README "Reliability"): a checkpoint is data, not code; files
+are checked against the manifest for corruption, not for forgery (someone who can write the
+checkpoint can write its manifest), and nothing in a checkpoint is executed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import torch
+
+from megatron.training.errors import CheckpointError, one_line
+
+METADATA_FILENAME = ".metadata"
+COMMON_FILENAME = "common.pt"
+_DCP = "torch.distributed.checkpoint"
+ALLOWED_GLOBALS = frozenset({
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # maps a layout name to torch.strided & co.
+    (f"{_DCP}.filesystem", "_StorageInfo"),
+    *((f"{_DCP}.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "ChunkStorageMetadata",
+        "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
+        "_MEM_FORMAT_ENCODING")),
+    *((f"{_DCP}.planner", name) for name in (
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "LoadPlan", "ReadItem",
+        "LoadItemType")),
+    ("collections", "OrderedDict"),
+})
+
+
+def _is_dtype(module: str, name: str) -> bool:
+    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only :data:`ALLOWED_GLOBALS` and torch dtypes."""
+
+    def __init__(self, file, source: str):
+        super().__init__(file)
+        self._source = source
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in ALLOWED_GLOBALS or _is_dtype(module, name):
+            return super().find_class(module, name)
+        raise CheckpointError(
+            f"refusing to load {self._source!r}: it names {module}.{name}, which checkpoint "
+            f"metadata never contains (a crafted or foreign file; load only checkpoints you "
+            f"trust)")
+
+
+def check_metadata_is_safe(folder: str) -> None:
+    """Unpickles ``folder/.metadata`` with :class:`RestrictedUnpickler` (nothing else is run)."""
+    path = os.path.join(folder, METADATA_FILENAME)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {folder!r} has no {METADATA_FILENAME} (not a "
+                              f"torch_dist checkpoint, or a partial one)")
+    try:
+        with open(path, "rb") as handle:
+            RestrictedUnpickler(handle, path).load()
+    except CheckpointError:
+        raise
+    except Exception as err:  # any malformed pickle: one line, never a traceback wall
+        raise CheckpointError(f"checkpoint metadata {path!r} is unreadable "
+                              f"({type(err).__name__}: {err})") from err
+
+
+def check_common_is_safe(folder: str) -> None:
+    """Reads ``folder/common.pt`` with ``weights_only=True`` (tensors and plain containers)."""
+    path = os.path.join(folder, COMMON_FILENAME)
+    if not os.path.isfile(path):
+        return  # megatron-core reports a missing common.pt itself; the manifest lists it
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # an UnpicklingError names the refused global
+        raise CheckpointError(f"refusing to load {path!r}: it holds more than tensors and plain "
+                              f"containers ({type(err).__name__}: {one_line(err)[:200]})") from err

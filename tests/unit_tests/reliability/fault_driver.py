@@ -1,0 +1,57 @@
+"""pretrain_gpt.py with one fault injected: ``python fault_driver.py KIND RANK ITER -- ARGS``.
+
+KIND ``step``: rank RANK SIGKILLs itself at the start of iteration ITER (mid-run, while its
+peers are inside that step's collectives). KIND ``save``: rank RANK SIGKILLs itself inside the
+save of iteration ITER, after megatron-core wrote its files but before the checkpoint is
+published. Used by test_fault_injection.py only.
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+import pretrain_gpt  # noqa: E402  (silences warnings before megatron.core is imported)
+from megatron.training import checkpointing, training  # noqa: E402
+
+
+def _die() -> None:
+    print(f"fault_driver: rank {os.environ['RANK']} killed", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    kind, rank, iteration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    argv = sys.argv[sys.argv.index("--") + 1:]
+    mine = int(os.environ["RANK"]) == rank
+    if kind == "step" and mine:
+        real_step = training.train_step
+
+        def train_step(args, state, step, **kwargs):
+            if state.iteration + 1 == iteration:
+                _die()
+            return real_step(args, state, step, **kwargs)
+
+        training.train_step = train_step
+    if kind == "save" and mine:
+        real_save = checkpointing.dist_checkpointing.save
+
+        class _Saver:
+            @staticmethod
+            def save(state, path):
+                real_save(state, path)
+                if state["iteration"] == iteration:
+                    _die()
+
+            def __getattr__(self, name):
+                return getattr(real_save_module, name)
+
+        real_save_module = checkpointing.dist_checkpointing
+        checkpointing.dist_checkpointing = _Saver()
+    pretrain_gpt.main(argv)
+
+
+if __name__ == "__main__":
+    main()

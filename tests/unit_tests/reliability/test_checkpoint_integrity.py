@@ -1,0 +1,130 @@
+"""Issue 10, observations 4 and 5: corrupted, truncated, partial or crafted checkpoints are
+refused in one line before anything in them is used (or run); saves publish atomically."""
+
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+
+from megatron.training.checkpoint_integrity import MANIFEST_FILENAME, file_digest
+from megatron.training.checkpointing import TRACKER_FILENAME, checkpoint_dir
+from megatron.training.errors import CheckpointError
+from megatron.training.testing import TINY_GPT_ARGS, train_on_this_rank
+from megatron.varlen.testing.multirank import run_distributed
+
+ARGS = TINY_GPT_ARGS + ["--lr-decay-iters", "4"]
+CORRUPT_BYTES = 4096
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    run_distributed(train_on_this_rank, 1, args=(ARGS + ["--train-iters", "2", "--save",
+                                                         str(root)],), timeout_s=120)
+    return root
+
+
+@pytest.fixture
+def ckpt(saved, tmp_path):
+    root = tmp_path / "ckpt"
+    shutil.copytree(saved, root)
+    return root
+
+
+def _load_error(argv):
+    """Resumes; returns the one-line CheckpointError message, or None if the load worked."""
+    try:
+        train_on_this_rank(argv)
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
+def _resume(root) -> str | None:
+    return run_distributed(_load_error, 1, args=(ARGS + ["--train-iters", "3", "--load",
+                                                         str(root)],), timeout_s=120)[0]
+
+
+def _shard(root):
+    folder = checkpoint_dir(str(root), 2)
+    return os.path.join(folder, sorted(n for n in os.listdir(folder) if n.endswith(".distcp"))[0])
+
+
+def test_save_publishes_a_complete_verified_folder(ckpt):
+    assert (ckpt / TRACKER_FILENAME).read_text() == "2"
+    assert sorted(os.listdir(ckpt)) == ["iter_0000002", TRACKER_FILENAME]  # no staging left
+    folder = ckpt / "iter_0000002"
+    files = json.loads((folder / MANIFEST_FILENAME).read_text())["files"]
+    on_disk = {os.path.relpath(os.path.join(d, n), folder) for d, _, ns in os.walk(folder)
+               for n in ns} - {MANIFEST_FILENAME}
+    assert set(files) == on_disk and {".metadata", "common.pt", "run_args.json",
+                                      "rng/rank_00000.pt"} <= on_disk
+    assert _resume(ckpt) is None
+
+
+def test_corrupted_shard_is_refused(ckpt):
+    shard = _shard(ckpt)
+    with open(shard, "r+b") as handle:
+        handle.seek(os.path.getsize(shard) // 2)
+        handle.write(os.urandom(CORRUPT_BYTES))
+    message = _resume(ckpt)
+    assert message == (f"checkpoint file {shard!r} is corrupted: its sha256 differs from the "
+                       "one recorded at save")
+
+
+def test_truncated_shard_is_refused(ckpt):
+    shard = _shard(ckpt)
+    size = os.path.getsize(shard)
+    os.truncate(shard, size // 2)
+    assert _resume(ckpt) == (f"checkpoint file {shard!r} is truncated or altered: {size // 2} "
+                             f"bytes, {size} were written")
+
+
+@pytest.mark.parametrize("text, word", [("", "empty"), ("3\x00garbage", "garbled")])
+def test_bad_tracker_is_refused(ckpt, text, word):
+    (ckpt / TRACKER_FILENAME).write_text(text)
+    message = _resume(ckpt)
+    assert message.startswith(f"tracker file '{ckpt / TRACKER_FILENAME}' is {word}"), message
+
+
+def test_missing_iteration_folder_is_refused(ckpt):
+    shutil.rmtree(ckpt / "iter_0000002")
+    assert _resume(ckpt) == (f"{TRACKER_FILENAME} in '{ckpt}' names iteration 2 but "
+                             f"'{ckpt / 'iter_0000002'}' is missing")
+
+
+def test_partial_folder_without_manifest_is_refused(ckpt):
+    os.remove(ckpt / "iter_0000002" / MANIFEST_FILENAME)
+    assert "has no manifest.json: it was not completely written" in _resume(ckpt)
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _forge(folder, name, payload: bytes) -> None:
+    """Replaces ``name`` and fixes the manifest, as a forger would."""
+    (folder / name).write_bytes(payload)
+    manifest = json.loads((folder / MANIFEST_FILENAME).read_text())
+    manifest["files"][name] = file_digest(str(folder / name))
+    (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name, needle", [
+    (".metadata", "': it names posix.system"),
+    ("common.pt", "': it holds more than tensors and plain containers"),
+])
+def test_crafted_pickle_does_not_run(ckpt, tmp_path, name, needle):
+    marker = tmp_path / "pwned"
+    folder = ckpt / "iter_0000002"
+    _forge(folder, name, pickle.dumps(_Exploit(marker)))
+    message = _resume(ckpt)
+    assert not marker.exists(), "the crafted checkpoint ran code"
+    assert message.startswith(f"refusing to load '{folder / name}{needle}"), message
+    assert "\n" not in message

@@ -1,0 +1,106 @@
+"""Issue 10, observation 8: bad flags and bad data are one line (exit code 2), never a
+traceback wall, a ZeroDivisionError, or a failure found only after training."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.training.arguments import ArgumentValidationError, parse_args
+from megatron.training.datasets.builder import build_datasets
+from megatron.training.errors import UserInputError, agree_on_errors
+from megatron.training.pretrain import _set_sample_counts
+from megatron.training.testing import TINY_GPT_ARGS
+from megatron.training.tokenizer import build_tokenizer
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--tensor-model-parallel-size", "0"], "--tensor-model-parallel-size must be >= 1 (got 0)"),
+    (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1 (got 0)"),
+    (["--log-interval", "0"], "--log-interval must be >= 1 (got 0)"),
+    (["--eval-interval", "0"], "--eval-interval must be >= 1 (got 0)"),
+    (["--num-layers", "0"], "--num-layers must be >= 1 (got 0)"),
+    (["--train-iters", "0"], "--train-iters must be >= 1 (got 0)"),
+    (["--context-parallel-size", "-1"], "--context-parallel-size must be >= 1 (got -1)"),
+])
+def test_non_positive_sizes_are_one_line(extra, needle):
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(TINY_GPT_ARGS + ["--train-iters", "3"] + extra, world_size=1)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unwritable_save_is_refused_at_start_up(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")  # a path below a file cannot be created, even by root
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(TINY_GPT_ARGS + ["--train-iters", "3", "--save", str(blocker / "ckpt")],
+                   world_size=1)
+    assert f"--save directory '{blocker / 'ckpt'}' is not writable" in str(err.value)
+
+
+def _sft_args(path):
+    args = parse_args(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+                       "--seq-length", "32", "--lr", "1e-3", "--train-iters", "2",
+                       "--eval-iters", "0", "--sft", "--data-path", str(path),
+                       "--tokenizer-type", "ByteLevelTokenizer"], world_size=1)
+    _set_sample_counts(args)
+    return args
+
+
+GOOD = b'{"prompt": "hi", "response": "there"}\n'
+
+
+@pytest.mark.parametrize("content, needle", [
+    (GOOD + b'{"prompt": oops\n', "bad.jsonl:2: invalid JSON"),
+    (b"\n\n", "has no samples"),
+    (GOOD + GOOD + b'{"prompt": "caf\xe9", "response": "x"}\n',
+     "bad.jsonl:3: not valid UTF-8 (byte 0xe9"),
+    (None, "is a directory"),
+])
+def test_bad_sft_data_is_one_line(tmp_path, content, needle):
+    path = tmp_path / "bad.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    args = _sft_args(path)
+    tokenizer = build_tokenizer(args.tokenizer_type)
+    with pytest.raises(UserInputError) as err:
+        agree_on_errors(build_datasets, args, tokenizer)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(GOOD + b'{"prompt": oops\n')
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2",
+         "pretrain_gpt.py", "--num-layers", "1", "--hidden-size", "16",
+         "--num-attention-heads", "2", "--seq-length", "32", "--lr", "1e-3", "--train-iters",
+         "2", "--eval-iters", "0", "--sft", "--data-path", str(path),
+         "--tokenizer-type", "ByteLevelTokenizer"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("pretrain_gpt.py: error")]
+    assert ours == [f"pretrain_gpt.py: error: {path}:2: invalid JSON: Expecting value "
+                    "(column 12)"], proc.stderr
+    # torchrun's own failure summary lists each rank's exit code (2 = our usage error).
+    assert proc.returncode != 0 and proc.stderr.count("exitcode  : 2") + \
+        proc.stderr.count("exitcode: 2") >= 2, proc.stderr
+    # No frame of ours (torchrun itself ends with its own ChildFailedError summary).
+    assert 'pretrain_gpt.py", line' not in proc.stderr and "megatron/" not in proc.stderr
+
+
+@pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])
+def test_flag_error_is_printed_by_rank_0_only(rank, printed):
+    """Under torchrun every rank parses the same flags: one line in all, exit 2 on each."""
+    code = ("from megatron.training.arguments import parse_args_or_exit; "
+            "parse_args_or_exit(['--num-layers', '0'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={"PATH": "/usr/bin:/bin", "RANK": rank,
+                                                      "WORLD_SIZE": "2"})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == printed, proc.stderr
