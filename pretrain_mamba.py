@@ -13,6 +13,7 @@ silence_known_warnings()  # before megatron.core is imported (it warns at import
 
 import torch  # noqa: E402
 
+from megatron.training.errors import exit_on_user_errors  # noqa: E402
 from megatron.training.hybrid_arguments import (  # noqa: E402
     describe_hybrid_model, parse_hybrid_args_or_exit,
 )
@@ -27,7 +28,8 @@ def main(argv=None) -> None:
     if torch.distributed.get_rank() == 0:
         print(describe_hybrid_model(args), flush=True)
     try:
-        pretrain(args, model_provider=hybrid_model_provider)
+        with exit_on_user_errors("pretrain_mamba.py"):  # bad data, checkpoint, NaN: one line
+            pretrain(args, model_provider=hybrid_model_provider)
     finally:
         shutdown()
 

@@ -31,6 +31,11 @@ MODEL_KEYS = (
     "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
     "swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights", "mtp_num_layers",
     "padded_vocab_size", "vocab_size", "tokenizer_type", "bf16", "fp16",
+    # Hugging Face families (--hf-checkpoint) and hybrid models (pretrain_mamba.py): absent
+    # flags read as None on both sides, so a GPT checkpoint never matches a hybrid run.
+    "kv_channels", "norm_epsilon", "add_qkv_bias", "qk_layernorm", "use_rope_scaling",
+    "rope_scaling_factor", "hybrid_override_pattern", "hybrid_attention_ratio",
+    "hybrid_mlp_ratio", "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
 )
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "data_path", "sft_mock_dataset_config_json")
 # Context shown next to a padded-vocabulary mismatch (it is derived, not a flag).

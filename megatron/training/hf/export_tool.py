@@ -16,7 +16,8 @@ import torch
 
 from megatron.core import dist_checkpointing
 from megatron.training.arguments import ERROR_EXIT_CODE, parse_args_or_exit
-from megatron.training.checkpointing import checkpoint_dir, read_latest_iteration
+from megatron.training.checkpointing import check_checkpoint
+from megatron.training.errors import exit_on_user_errors
 from megatron.training.hf.exporter import save_hf
 from megatron.training.initialize import initialize_megatron, shutdown
 from megatron.training.model import build_model, build_transformer_config, unwrap
@@ -27,10 +28,11 @@ _UNUSED_REQUIRED_FLAGS = ["--train-iters", "1", "--lr", "0", "--mock-data", "--s
 
 def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
     """Loads only the model weights of the newest checkpoint under ``root``; its iteration."""
-    iteration = read_latest_iteration(root)
+    # Verified (manifest) and vetted (restricted unpickling) exactly as --load does.
+    iteration, folder = check_checkpoint(root)
     keys = ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
     template = {key: unwrap(chunk).sharded_state_dict() for key, chunk in zip(keys, model)}
-    state = dist_checkpointing.load(template, checkpoint_dir(root, iteration))
+    state = dist_checkpointing.load(template, folder)
     for key, chunk in zip(keys, model):
         unwrap(chunk).load_state_dict(state[key])
     return iteration
@@ -45,10 +47,11 @@ def main(argv: list[str] | None = None) -> str:
         sys.exit(ERROR_EXIT_CODE)
     initialize_megatron(args)
     try:
-        model = build_model(args, build_transformer_config(args))
-        iteration = load_model_weights(args.load, model)
-        if torch.distributed.get_rank() == 0:
-            print(f"> loaded iteration {iteration} from {args.load}", flush=True)
-        return save_hf(args, model)
+        with exit_on_user_errors("export_hf.py"):  # a bad or unsafe checkpoint: one line
+            model = build_model(args, build_transformer_config(args))
+            iteration = load_model_weights(args.load, model)
+            if torch.distributed.get_rank() == 0:
+                print(f"> loaded iteration {iteration} from {args.load}", flush=True)
+            return save_hf(args, model)
     finally:
         shutdown()
