@@ -48,10 +48,11 @@ def _microbatch_level(problem: ScheduleProblem, members: list[int], config: tupl
                for time, size, flag in zip(times, config, used) if flag)
 
 
-def brute_force_optimum(problem: ScheduleProblem) -> float:
-    """Minimum critical path over every schedule (tiny instances only)."""
+def brute_force_optimum(problem: ScheduleProblem, sizes: tuple[int, ...] | None = None) -> float:
+    """Minimum critical path over every schedule using ``sizes`` (default: every size any
+    scheduler may use) (tiny instances only)."""
     num = problem.num_sequences
-    configs = _block_configs(bound_sizes(problem), problem.num_ranks)
+    configs = _block_configs(sizes or bound_sizes(problem), problem.num_ranks)
     best_single = {}
     for mask in range(1, 1 << num):
         members = [seq for seq in range(num) if mask >> seq & 1]
