@@ -273,7 +273,7 @@ def _build_with_growth(pricing: ItemPricing,
     """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
     variants (larger groups for the long sequences); keeps the one with the smallest excess."""
     first = pricing.order[queue.first()]
-    if not 1 < pricing.min_size[first] < pricing.sizes[-1]:
+    if pricing.min_size[first] >= pricing.sizes[-1]:
         return build_microbatch(pricing, queue), queue
     start = queue.copy()
     best = build_microbatch(pricing, queue)
@@ -287,9 +287,10 @@ def _build_with_growth(pricing: ItemPricing,
         trial_queue = start.copy()
         variant = build_microbatch(pricing, trial_queue, cap=time + pricing.latency(size))
         excess = _excess(variant, pricing)
-        if excess >= best_excess:
-            break  # larger groups only add communication from here on
-        best, best_queue, best_excess = variant, trial_queue, excess
+        # No early stop: padding and the chain's step sizes make the excess non-monotone in
+        # the size (a 2-rank group may tie the plain build while 4 or 8 ranks win).
+        if excess < best_excess:
+            best, best_queue, best_excess = variant, trial_queue, excess
     return best, best_queue
 
 
