@@ -15,7 +15,9 @@ Two moves, tried on the lightest micro-batches first:
   micro-batch's level rises least; accepted if the rises sum to less than j's level;
 * *evict* j's slowest block: the same for that block's sequences only; accepted if the rises
   sum to less than the drop of j's level (to its next slowest block), after which j's freed
-  ranks are covered again (cover.py) where that lowers it further.
+  ranks are covered again (cover.py) where that lowers it further; failing that, evict only
+  the block's longest sequence (a long sequence that should ride a longer one's group, while
+  its short companions stay).
 
 Both strictly shorten the critical path. A move is planned on a tentative copy of the touched
 blocks and applied only if accepted. The pass is bounded: at most MAX_TRIES plans, each moving at
@@ -25,52 +27,64 @@ batches, whose light tail is a negligible part of their critical path).
 
 from __future__ import annotations
 
+from megatron.varlen.scheduling.counts import pricing_for_subset
 from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.packing import pack_sequences
 from megatron.varlen.scheduling.pricing import ItemPricing
 
 MAX_SEQUENCES = 16
-MAX_TRIES = 16
-MAX_BLOCKS = 4096
+MAX_TRIES = 12
+MAX_BLOCKS = 512
 # A move must save more than this fraction of the victim's level (float noise guard).
 MIN_RELATIVE_GAIN = 1e-9
 
 
-def _place(drafts: list[MicrobatchDraft], pricing: ItemPricing, skip: int, seq: int,
-           times: dict, tokens: dict, levels: list[float]) -> tuple[float, int, int] | None:
-    """Cheapest (level rise, micro-batch, block) for ``seq`` outside micro-batch ``skip``,
-    given the tentative block ``times``/``tokens`` and ``levels``; None if nothing fits."""
+def _place(drafts: list[MicrobatchDraft], pricing: ItemPricing, skip: tuple[int, int | None],
+           seq: int, times: dict, tokens: dict,
+           levels: list[float]) -> tuple[float, int, int] | None:
+    """Cheapest (level rise, micro-batch, block) for ``seq`` outside ``skip`` (a micro-batch
+    and one of its blocks, or None for all of them), given the tentative block
+    ``times``/``tokens`` and ``levels``; None if nothing fits."""
     best = None
-    min_size, budget = pricing.min_size[seq], pricing.budget
+    prices = {size: pricing.time_tokens(seq, size)
+              for size in pricing.sizes if size >= pricing.min_size[seq]}
+    budget = pricing.budget
     for index, draft in enumerate(drafts):
-        if index == skip:
+        if index == skip[0] and skip[1] is None:
             continue
         level = levels[index]
         for block, size in enumerate(draft.sizes):
-            if size < min_size:
+            price = prices.get(size)
+            if price is None or (index, block) == skip:
                 continue
-            time, seq_tokens = pricing.time_tokens(seq, size)
             key = (index, block)
-            if tokens.get(key, draft.tokens[block]) + seq_tokens > budget:
+            if tokens.get(key, draft.tokens[block]) + price[1] > budget:
                 continue
-            end = times.get(key, draft.times[block]) + time
-            candidate = (max(0.0, end - level), index, block)
+            candidate = (max(0.0, times.get(key, draft.times[block]) + price[0] - level),
+                         index, block)
             if best is None or candidate < best:
                 best = candidate
     return best
 
 
-def _plan(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int, seqs: list[int],
-          saving: float) -> list[tuple[int, int, int]] | None:
-    """(sequence, micro-batch, block) moves of ``seqs`` out of ``victim`` whose level rises sum
-    to less than ``saving``, or None."""
+def _plan(drafts: list[MicrobatchDraft], pricing: ItemPricing, skip: tuple[int, int | None],
+          seqs: list[int], baseline: float) -> list[tuple[int, int, int]] | None:
+    """(sequence, micro-batch, block) moves of ``seqs`` out of ``skip`` (a micro-batch and its
+    block, or None for the whole micro-batch) that shorten the critical path, or None.
+
+    ``baseline`` is the victim micro-batch's level once ``seqs`` have left (0 if it empties).
+    Moves may land in the victim's other blocks; every level rise above the baselines counts,
+    and their sum must stay below the saving ``level - baseline``."""
+    victim = skip[0]
     levels = [draft.level for draft in drafts]
-    allowance = saving - MIN_RELATIVE_GAIN * drafts[victim].level
+    allowance = levels[victim] - baseline - MIN_RELATIVE_GAIN * levels[victim]
+    levels[victim] = baseline
     times: dict = {}
     tokens: dict = {}
     moves, rise = [], 0.0
     for seq in sorted(seqs, key=lambda seq: (-pricing.lengths[seq], seq)):
-        found = _place(drafts, pricing, victim, seq, times, tokens, levels)
+        found = _place(drafts, pricing, skip, seq, times, tokens, levels)
         if found is None:
             return None
         increase, index, block = found
@@ -104,41 +118,92 @@ def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int
     """Dissolves or, failing that, evicts the slowest block of ``drafts[victim]``."""
     draft = drafts[victim]
     if draft.num_items <= MAX_SEQUENCES:
-        moves = _plan(drafts, pricing, victim, draft.item_ids(), draft.level)
+        moves = _plan(drafts, pricing, (victim, None), draft.item_ids(), 0.0)
         if moves is not None:
             _apply(drafts, pricing, moves)
             del drafts[victim]
             return True
-    if len(draft.sizes) < 2:
-        return False
     slowest = max(range(len(draft.sizes)), key=lambda block: (draft.times[block], -block))
-    if len(draft.members[slowest]) > MAX_SEQUENCES:
+    members = draft.members[slowest]
+    rest = max((time for block, time in enumerate(draft.times) if block != slowest),
+               default=0.0)
+    if len(draft.sizes) > 1 and len(members) <= MAX_SEQUENCES:
+        moves = _plan(drafts, pricing, (victim, slowest), list(members), rest)
+        if moves is not None:
+            _apply(drafts, pricing, moves)
+            _remove_block(draft, slowest)
+            cover_free_ranks(draft, pricing)
+            return True
+    if len(members) < 2 and draft.num_items > len(members):
+        return _evict_longest_and_rebuild(drafts, pricing, victim, members[0])
+    if len(members) < 2:
         return False
-    rest = max(time for block, time in enumerate(draft.times) if block != slowest)
-    moves = _plan(drafts, pricing, victim, list(draft.members[slowest]), draft.level - rest)
+    return _evict_longest(drafts, pricing, victim, slowest, rest)
+
+
+def _evict_longest(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int,
+                   slowest: int, rest: float) -> bool:
+    """Moves the longest sequence of the victim's slowest block out; the block stays."""
+    draft = drafts[victim]
+    members = draft.members[slowest]
+    longest = min(members, key=lambda seq: (-pricing.lengths[seq], seq))
+    time, seq_tokens = pricing.time_tokens(longest, draft.sizes[slowest])
+    if draft.num_items <= MAX_SEQUENCES and _evict_longest_and_rebuild(drafts, pricing, victim,
+                                                                      longest):
+        return True
+    moves = _plan(drafts, pricing, (victim, slowest), [longest],
+                  max(rest, draft.times[slowest] - time))
     if moves is None:
         return False
     _apply(drafts, pricing, moves)
-    _remove_block(draft, slowest)
-    cover_free_ranks(draft, pricing)
+    members.remove(longest)
+    draft.times[slowest] -= time
+    draft.tokens[slowest] -= seq_tokens
+    return True
+
+
+def _evict_longest_and_rebuild(drafts: list[MicrobatchDraft], pricing: ItemPricing,
+                               victim: int, seq: int) -> bool:
+    """Moves ``seq`` out of the victim and packs the victim's other sequences afresh (their
+    groups may change completely once the long one is gone)."""
+    others = [other for other in drafts[victim].item_ids() if other != seq]
+    # Cheap necessary condition first: the rebuilt rest takes at least its slowest sequence's
+    # fastest time, which must leave room for seq's rise elsewhere.
+    floor = max(min(pricing.time_tokens(other, size)[0] for size in pricing.sizes
+                    if size >= pricing.min_size[other]) for other in others)
+    if _plan(drafts, pricing, (victim, None), [seq], floor) is None:
+        return False
+    rebuilt = pack_sequences(pricing_for_subset(pricing, others), allow_growth=True)
+    moves = _plan(drafts, pricing, (victim, None), [seq],
+                  sum(draft.level for draft in rebuilt))
+    if moves is None:
+        return False
+    _apply(drafts, pricing, moves)
+    drafts[victim:victim + 1] = rebuilt
     return True
 
 
 def move_out_of_light_microbatches(drafts: list[MicrobatchDraft],
                                    pricing: ItemPricing) -> list[MicrobatchDraft]:
-    """Applies dissolve/evict moves (module docstring) while they shorten the critical path."""
+    """Applies dissolve/evict moves (module docstring) while they shorten the critical path.
+
+    Victims are tried lightest first; after a success the order is recomputed (levels moved),
+    after a failure the next lightest is tried. MAX_TRIES attempts in all."""
     if len(drafts) < 2 or sum(len(draft.sizes) for draft in drafts) > MAX_BLOCKS:
         return drafts
     drafts = list(drafts)
-    refused: list[MicrobatchDraft] = []  # failed victims, retried only after a success
-    for _ in range(MAX_TRIES):
-        candidates = [index for index, draft in enumerate(drafts)
-                      if draft.num_items and not any(draft is other for other in refused)]
-        if len(drafts) < 2 or not candidates:
+    tries, position, order = 0, 0, None
+    while tries < MAX_TRIES and len(drafts) > 1:
+        if order is None:
+            order = sorted((draft.level, index) for index, draft in enumerate(drafts)
+                           if draft.sizes)
+            position = 0
+        if position >= len(order):
             break
-        victim = min(candidates, key=lambda index: (drafts[index].level, index))
+        victim = order[position][1]
+        tries += 1
         if _try_victim(drafts, pricing, victim):
-            refused.clear()
+            order = None
         else:
-            refused.append(drafts[victim])
+            position += 1
     return drafts

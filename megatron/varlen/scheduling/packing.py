@@ -33,6 +33,10 @@ GROWTH_IDLE_TRIGGER = 0.03
 # Work a sequence may add (relative) by riding on a larger group than it needs while that
 # raises the level; beyond it the ring traffic costs more than the balance it buys.
 STACKING_WORK_SLACK = 0.05
+# Try every larger group size for a micro-batch's first sequence when at most this many
+# sequences per rank are left to schedule (see _build_with_growth).
+FULL_GROWTH_SEARCH_PER_RANK = 2
+FULL_GROWTH_SEARCH_MIN = 32
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -273,7 +277,15 @@ def _build_with_growth(pricing: ItemPricing,
     """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
     variants (larger groups for the long sequences); keeps the one with the smallest excess."""
     first = pricing.order[queue.first()]
-    if pricing.min_size[first] >= pricing.sizes[-1]:
+    # Padding and the chain's steps make the excess non-monotone in the size (2 ranks may tie
+    # the plain build while 4 or 8 win). Where few sequences are left (the tail, or a small
+    # batch) every size is tried, also for a first sequence that fits one rank (attention-heavy
+    # costs want it spread). Elsewhere only first sequences that need CP grow, and the loop
+    # stops at the first size that does not improve: large batches keep their latency budget.
+    every_size = queue.remaining <= max(FULL_GROWTH_SEARCH_PER_RANK * pricing.num_ranks,
+                                        FULL_GROWTH_SEARCH_MIN)
+    lowest = 1 if every_size else 2
+    if not lowest <= pricing.min_size[first] < pricing.sizes[-1]:
         return build_microbatch(pricing, queue), queue
     start = queue.copy()
     best = build_microbatch(pricing, queue)
@@ -281,16 +293,18 @@ def _build_with_growth(pricing: ItemPricing,
         return best, queue
     best_queue, best_excess = queue, _excess(best, pricing)
     for size in pricing.sizes:
-        if size <= pricing.min_size[first]:
+        # In the tail the first sequence's own size is a cap too: the others then grow to
+        # match its time instead of setting a higher level on their minimum groups.
+        if size < pricing.min_size[first] or (size == pricing.min_size[first] and not every_size):
             continue
         time, _ = pricing.time_tokens(first, size)
         trial_queue = start.copy()
         variant = build_microbatch(pricing, trial_queue, cap=time + pricing.latency(size))
         excess = _excess(variant, pricing)
-        # No early stop: padding and the chain's step sizes make the excess non-monotone in
-        # the size (a 2-rank group may tie the plain build while 4 or 8 ranks win).
         if excess < best_excess:
             best, best_queue, best_excess = variant, trial_queue, excess
+        elif not every_size:
+            break  # larger groups mostly add communication from here on
     return best, best_queue
 
 
