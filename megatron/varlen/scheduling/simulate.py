@@ -26,10 +26,12 @@ from megatron.varlen.scheduling.registry import get_scheduler
 from megatron.varlen.scheduling.upstream_reference import upstream_dp_balanced, upstream_dynamic_cp
 from megatron.varlen.scheduling.validate import validate_schedule
 
-# Baselines the benchmark may run besides the registry (not usable for training).
+# Baselines besides the registry (not usable for training): our re-implementations of
+# upstream's algorithms from their prose description -- not upstream's code, hence the names.
+# Upstream's real schedulers: tools/benchmark_schedulers.py --upstream-megatron PATH.
 REFERENCE_SCHEDULERS: dict[str, Callable[[ScheduleProblem], Schedule]] = {
-    "upstream_dp_balanced": upstream_dp_balanced,
-    "upstream_dynamic_cp": upstream_dynamic_cp,
+    "reimpl_upstream_dp_balanced": upstream_dp_balanced,
+    "reimpl_upstream_dynamic_cp": upstream_dynamic_cp,
 }
 
 
