@@ -107,7 +107,18 @@ def _upstream_lines(results: dict, grid: dict) -> list[str]:
                  f"{max(ratios):.3f}x over {len(ratios)} configurations")
     if errors:
         line += f"; upstream raised an error in {errors} configurations"
-    return [line + "."]
+    budgets = {workload.name: workload.budget for workload in WORKLOADS}
+    over = [(key, run["max_rank_tokens"] / budgets[key.split("/")[0]])
+            for key, value in grid.items() for name, run in value["schedulers"].items()
+            if name.startswith("upstream") and run.get("max_rank_tokens", 0)
+            > budgets[key.split("/")[0]]]
+    budget_line = ("- Upstream's schedules, padded with our rule, stay within the per-rank token "
+                   "budget in every configuration." if not over else
+                   f"- Upstream's schedules, padded with our rule, exceed the per-rank token "
+                   f"budget in {len(over)} scheduler-configurations (at most "
+                   f"{max(ratio for _, ratio in over):.3f}x the budget): its packing counts "
+                   "unpadded tokens, so its critical paths are slightly optimistic.")
+    return [line + ".", budget_line]
 
 
 def _target_latency_table(target_latency: dict) -> list[str]:

@@ -134,7 +134,7 @@ def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int
             _remove_block(draft, slowest)
             cover_free_ranks(draft, pricing)
             return True
-    if len(members) < 2 and draft.num_items > len(members):
+    if len(members) < 2 and 1 < draft.num_items <= MAX_SEQUENCES:
         return _evict_longest_and_rebuild(drafts, pricing, victim, members[0])
     if len(members) < 2:
         return False

@@ -33,8 +33,8 @@ GROWTH_IDLE_TRIGGER = 0.03
 # Work a sequence may add (relative) by riding on a larger group than it needs while that
 # raises the level; beyond it the ring traffic costs more than the balance it buys.
 STACKING_WORK_SLACK = 0.05
-# Try every larger group size for a micro-batch's first sequence when at most this many
-# sequences per rank are left to schedule (see _build_with_growth).
+# The tail, where packing also tries every group size for a micro-batch's first sequence
+# (pack_sequences): at most this many sequences per rank, or FULL_GROWTH_SEARCH_MIN, left.
 FULL_GROWTH_SEARCH_PER_RANK = 2
 FULL_GROWTH_SEARCH_MIN = 32
 # Candidates tried past the bisection point when padding makes the longest one overflow.
@@ -272,18 +272,16 @@ def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     return idle > GROWTH_IDLE_TRIGGER * pricing.num_ranks * level
 
 
-def _build_with_growth(pricing: ItemPricing,
-                       queue: SequenceQueue) -> tuple[MicrobatchDraft, SequenceQueue]:
+def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
+                       every_size: bool) -> tuple[MicrobatchDraft, SequenceQueue]:
     """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
-    variants (larger groups for the long sequences); keeps the one with the smallest excess."""
+    variants (larger groups for the long sequences); keeps the one with the smallest excess.
+
+    Padding and the chain's steps make the excess non-monotone in the size (2 ranks may tie the
+    plain build while 4 or 8 win). With ``every_size`` every size is tried, also for a first
+    sequence that fits one rank (attention-heavy costs want it spread). Otherwise only first
+    sequences that need CP grow, and the loop stops at the first size that does not improve."""
     first = pricing.order[queue.first()]
-    # Padding and the chain's steps make the excess non-monotone in the size (2 ranks may tie
-    # the plain build while 4 or 8 win). Where few sequences are left (the tail, or a small
-    # batch) every size is tried, also for a first sequence that fits one rank (attention-heavy
-    # costs want it spread). Elsewhere only first sequences that need CP grow, and the loop
-    # stops at the first size that does not improve: large batches keep their latency budget.
-    every_size = queue.remaining <= max(FULL_GROWTH_SEARCH_PER_RANK * pricing.num_ranks,
-                                        FULL_GROWTH_SEARCH_MIN)
     lowest = 1 if every_size else 2
     if not lowest <= pricing.min_size[first] < pricing.sizes[-1]:
         return build_microbatch(pricing, queue), queue
@@ -308,14 +306,34 @@ def _build_with_growth(pricing: ItemPricing,
     return best, best_queue
 
 
-def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchDraft]:
-    """Packs every sequence of ``pricing.order`` into micro-batches."""
-    queue = SequenceQueue(pricing.order, pricing.lengths)
+def _pack_all(pricing: ItemPricing, queue: SequenceQueue, every_size: bool,
+              stop_at: int = 0) -> tuple[list[MicrobatchDraft], SequenceQueue]:
+    """Micro-batches with growth until at most ``stop_at`` sequences are queued."""
     drafts = []
-    while queue.remaining:
-        if allow_growth:
-            draft, queue = _build_with_growth(pricing, queue)
-        else:
-            draft = build_microbatch(pricing, queue)
+    while queue.remaining > stop_at:
+        draft, queue = _build_with_growth(pricing, queue, every_size)
         drafts.append(draft)
-    return drafts
+    return drafts, queue
+
+
+def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchDraft]:
+    """Packs every sequence of ``pricing.order`` into micro-batches.
+
+    With growth, the *tail* (the last max(2N, 32) sequences: the end of a batch, or all of a
+    small one) is packed twice, with the fast growth policy and with the full search over
+    every size, and the one with the shorter critical path is kept: the full search fixes the
+    attention-heavy and few-sequence cases (issue 12), while the greedy excess rule it relies
+    on can lose a little elsewhere, so neither policy is ever worse than the other here."""
+    queue = SequenceQueue(pricing.order, pricing.lengths)
+    if not allow_growth:
+        drafts = []
+        while queue.remaining:
+            drafts.append(build_microbatch(pricing, queue))
+        return drafts
+    tail = max(FULL_GROWTH_SEARCH_PER_RANK * pricing.num_ranks, FULL_GROWTH_SEARCH_MIN)
+    drafts, queue = _pack_all(pricing, queue, every_size=False, stop_at=tail)
+    fast, _ = _pack_all(pricing, queue.copy(), every_size=False)
+    full, _ = _pack_all(pricing, queue, every_size=True)
+    if sum(draft.level for draft in full) < sum(draft.level for draft in fast):
+        return drafts + full
+    return drafts + fast
