@@ -34,9 +34,10 @@ GROWTH_IDLE_TRIGGER = 0.03
 # raises the level; beyond it the ring traffic costs more than the balance it buys.
 STACKING_WORK_SLACK = 0.05
 # The tail, where packing also tries every group size for a micro-batch's first sequence
-# (pack_sequences): at most this many sequences per rank, or FULL_GROWTH_SEARCH_MIN, left.
+# (pack_sequences): this many sequences per rank left, clamped to [MIN, MAX].
 FULL_GROWTH_SEARCH_PER_RANK = 2
 FULL_GROWTH_SEARCH_MIN = 32
+FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ranks
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -319,8 +320,8 @@ def _pack_all(pricing: ItemPricing, queue: SequenceQueue, every_size: bool,
 def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchDraft]:
     """Packs every sequence of ``pricing.order`` into micro-batches.
 
-    With growth, the *tail* (the last max(2N, 32) sequences: the end of a batch, or all of a
-    small one) is packed twice, with the fast growth policy and with the full search over
+    With growth, the *tail* (the last max(min(2N, 256), 32) sequences: the end of a batch, or
+    all of a small one) is packed twice, with the fast growth policy and with the full search over
     every size, and the one with the shorter critical path is kept: the full search fixes the
     attention-heavy and few-sequence cases (issue 12), while the greedy excess rule it relies
     on can lose a little elsewhere, so neither policy is ever worse than the other here."""
@@ -330,7 +331,8 @@ def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchD
         while queue.remaining:
             drafts.append(build_microbatch(pricing, queue))
         return drafts
-    tail = max(FULL_GROWTH_SEARCH_PER_RANK * pricing.num_ranks, FULL_GROWTH_SEARCH_MIN)
+    tail = max(min(FULL_GROWTH_SEARCH_PER_RANK * pricing.num_ranks, FULL_GROWTH_SEARCH_MAX),
+               FULL_GROWTH_SEARCH_MIN)
     drafts, queue = _pack_all(pricing, queue, every_size=False, stop_at=tail)
     fast, _ = _pack_all(pricing, queue.copy(), every_size=False)
     full, _ = _pack_all(pricing, queue, every_size=True)
