@@ -32,7 +32,8 @@ def test_oracle_equals_brute_force(seed):
     lengths = tuple(rng.randint(1, budget * dp_size * cp_size) for _ in range(rng.randint(1, 4)))
     min_cp = rng.choice([1, 1, 2])
     problem = ScheduleProblem(lengths=lengths, dp_size=dp_size, cp_size=cp_size,
-                              max_seqlen_per_rank=budget, min_cp_size=min(min_cp, dp_size * cp_size),
+                              max_seqlen_per_rank=budget,
+                              min_cp_size=min(min_cp, dp_size * cp_size),
                               cost=rng.choice(COSTS + (REFERENCE_COST,)))
     expected = brute_force_optimum(problem, problem.layout.sequence_sizes)
     assert _check_result(problem) == pytest.approx(expected, rel=TOLERANCE)
