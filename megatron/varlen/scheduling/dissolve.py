@@ -35,7 +35,7 @@ from megatron.varlen.scheduling.pricing import ItemPricing
 
 MAX_SEQUENCES = 16
 MAX_TRIES = 12
-MAX_BLOCKS = 512
+MAX_BLOCKS = 128  # tiny and small batches; a 512-sequence batch on 8 ranks has ~500
 # A move must save more than this fraction of the victim's level (float noise guard).
 MIN_RELATIVE_GAIN = 1e-9
 
