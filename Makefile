@@ -16,6 +16,7 @@ test: env
 
 # Scheduler quality/latency report, CPU training ratios, then the README table from both.
 bench: env
-	$(PY) tools/benchmark_schedulers.py --out results/scheduling
+	$(PY) tools/benchmark_schedulers.py --out results/scheduling \
+		$(if $(UPSTREAM_MEGATRON),--upstream-megatron $(UPSTREAM_MEGATRON))
 	$(PY) tools/benchmark_training.py --out results/training
 	$(PY) tools/update_readme_tables.py

@@ -6,6 +6,14 @@
 Writes results.json, PNG plots and REPORT.md into --out. Part (a): simulator core over the
 reference distributions and scales; part (c): the report. Part (b) (CPU training ratios) is a
 marked placeholder section in the report, to be filled by the training benchmark.
+
+    python tools/benchmark_schedulers.py --out results/scheduling \
+        --upstream-megatron /path/to/Megatron-LM     # also run upstream's own schedulers
+
+With --upstream-megatron, upstream's dp_balanced and default_dynamic_cp are imported from that
+checkout (tools/upstream_schedulers.py: a worker process, documented import stubs, nothing
+copied) and run on the same batches at up to UPSTREAM_MAX_RANKS ranks; their schedules are
+evaluated with our cost model. Without it the report has no upstream columns.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.varlen.scheduling.benchmark import (  # noqa: E402
     OUR_SCHEDULERS,
-    UPSTREAM_SCHEDULERS,
+    UPSTREAM_NAMES,
     WORKLOADS,
     evaluate_batch,
     make_problem,
@@ -31,12 +39,18 @@ from megatron.varlen.scheduling.benchmark import (  # noqa: E402
 )
 from megatron.varlen.scheduling.benchmark_report import render_report  # noqa: E402
 from megatron.varlen.scheduling.cost_model import CostModel  # noqa: E402
+from tools.upstream_schedulers import (  # noqa: E402
+    check_checkout,
+    evaluate_upstream,
+    run_upstream,
+    upstream_commit,
+)
 
 SCALES = (8, 64, 256, 1024)
 SEQUENCES_PER_RANK = 64
 SMALL_BATCH_SEQUENCES_PER_RANK = 8
 BATCHES_AT_SCALE = {8: 3, 64: 3, 256: 1, 1024: 1}
-UPSTREAM_MAX_RANKS = 256  # our O(n*N) re-implementation of upstream takes >20 s at 1,024 ranks
+UPSTREAM_MAX_RANKS = 64  # upstream's pure-Python scheduler takes seconds per batch at 64 ranks
 LATENCY_REPEATS = {8: 20, 64: 20, 256: 9, 1024: 9}
 TARGET_SCALES = (64, 1024)
 PIPELINE_STAGES = 4
@@ -44,51 +58,90 @@ ATTENTION_ONLY = CostModel(a=1.0, b=0.0, g=0.0, d=0.0)  # upstream's L^2/c cost 
 
 
 def _aggregate(rows: list[dict]) -> dict:
-    """Sums over batches: critical path of each scheduler and both bounds, ratios."""
+    """Sums over batches: critical path of each scheduler and the bounds, ratios."""
     simple = sum(row["simple_bound"] for row in rows)
     budget = sum(row["budget_aware_bound"] for row in rows)
-    out = {"simple_bound": simple, "budget_aware_bound": budget, "schedulers": {}}
+    latency = sum(row["latency_aware_bound"] for row in rows)
+    out = {"simple_bound": simple, "budget_aware_bound": budget, "latency_aware_bound": latency,
+           "schedulers": {}}
     for name in rows[0]["schedulers"]:
-        path = sum(row["schedulers"][name]["critical_path"] for row in rows)
+        runs = [row["schedulers"][name] for row in rows]
+        if any("error" in run for run in runs):
+            out["schedulers"][name] = {"error": next(run["error"] for run in runs
+                                                     if "error" in run)}
+            continue
+        path = sum(run["critical_path"] for run in runs)
         out["schedulers"][name] = {
             "critical_path": path, "ratio_simple": path / simple, "ratio_budget": path / budget,
-            "max_ms": max(row["schedulers"][name]["ms"] for row in rows),
-            "num_microbatches": sum(row["schedulers"][name]["num_microbatches"] for row in rows)
-            / len(rows)}
+            "ratio_latency": path / latency, "max_ms": max(run["ms"] for run in runs),
+            "num_microbatches": sum(run["num_microbatches"] for run in runs) / len(rows)}
+        if "max_rank_tokens" in runs[0]:
+            out["schedulers"][name]["max_rank_tokens"] = max(run["max_rank_tokens"]
+                                                             for run in runs)
     return out
 
 
+def upstream_rows(upstream: str | None, problems: list, repeats: int = 1) -> list[dict]:
+    """Upstream's two schedulers on ``problems`` (one worker process): per problem, name ->
+    {"critical_path", "ms", "num_microbatches", "max_rank_tokens"} or {"error"}."""
+    if upstream is None:
+        return [{} for _ in problems]
+    jobs = [{"scheduler": kind, "lengths": list(problem.lengths), "dp_size": problem.dp_size,
+             "cp_size": problem.cp_size, "budget": problem.max_seqlen_per_rank,
+             "min_cp_size": problem.min_cp_size, "repeats": repeats}
+            for problem in problems for kind in UPSTREAM_NAMES]
+    results = iter(run_upstream(upstream, jobs))
+    rows = []
+    for problem in problems:
+        row = {}
+        for kind, name in UPSTREAM_NAMES.items():
+            result = next(results)
+            if "error" in result:
+                row[name] = {"error": result["error"]}
+                continue
+            row[name] = {"ms": result["ms"], **evaluate_upstream(
+                result["microbatches"], list(problem.lengths), problem.cost, problem.sp_factor)}
+        rows.append(row)
+    return rows
+
+
 def run_grid(cost: CostModel, scales: tuple[int, ...], per_rank: int, seed: int,
-             log: callable) -> dict:
+             log: callable, upstream: str | None = None) -> dict:
     """Every workload x scale: aggregated numbers of every scheduler."""
     results = {}
     for workload in WORKLOADS:
         for num_ranks in scales:
-            schedulers = OUR_SCHEDULERS + (UPSTREAM_SCHEDULERS if num_ranks <= UPSTREAM_MAX_RANKS
-                                           else ())
             batches = sample_batches(workload, per_rank * num_ranks,
                                      BATCHES_AT_SCALE[num_ranks], seed)
-            rows = [evaluate_batch(make_problem(workload, batch, num_ranks, cost), schedulers)
-                    for batch in batches]
+            problems = [make_problem(workload, batch, num_ranks, cost) for batch in batches]
+            rows = [evaluate_batch(problem, OUR_SCHEDULERS) for problem in problems]
+            theirs = upstream_rows(upstream if num_ranks <= UPSTREAM_MAX_RANKS else None,
+                                   problems)
+            for row, extra in zip(rows, theirs):
+                row["schedulers"].update(extra)
             results[f"{workload.name}/{num_ranks}"] = _aggregate(rows)
             log(f"{workload.name:>15} N={num_ranks:<5} " + " ".join(
-                f"{name}={value['ratio_simple']:.3f}"
+                f"{name}={value.get('ratio_latency', float('nan')):.3f}"
                 for name, value in results[f"{workload.name}/{num_ranks}"]["schedulers"].items()))
     return results
 
 
-def run_latency(seed: int, log: callable) -> dict:
-    """Best-of-k wall time per scheduler and scale on the upstream benchmark workload."""
+def run_latency(seed: int, log: callable, upstream: str | None = None) -> dict:
+    """Best-of-k CPU time per scheduler and scale on the upstream benchmark workload (upstream's
+    schedulers: best-of-3 wall time in their worker process, up to UPSTREAM_MAX_RANKS)."""
     workload, out = WORKLOADS[0], {}
     for num_ranks in SCALES:
         (batch,) = sample_batches(workload, SEQUENCES_PER_RANK * num_ranks, 1, seed)
         problem = make_problem(workload, batch, num_ranks, CostModel())
-        names = OUR_SCHEDULERS + (UPSTREAM_SCHEDULERS if num_ranks <= UPSTREAM_MAX_RANKS else ())
         out[num_ranks] = {"num_sequences": len(batch)}
-        for name in names:
+        for name in OUR_SCHEDULERS:
             _, wall, cpu = timed_schedule(problem, name, LATENCY_REPEATS[num_ranks])
             out[num_ranks][name] = cpu
             out[num_ranks][f"{name} (wall)"] = wall
+        if num_ranks <= UPSTREAM_MAX_RANKS:
+            for name, run in upstream_rows(upstream, [problem], repeats=3)[0].items():
+                if "ms" in run:
+                    out[num_ranks][f"{name} (wall)"] = run["ms"]
         log(f"latency N={num_ranks}: " + ", ".join(f"{k}={v:.1f}"
                                                    for k, v in out[num_ranks].items()))
     return out
@@ -136,19 +189,20 @@ def _plot_rank_work(plt, work: dict, out_dir: str) -> None:
 
 
 def _plot_ratios(plt, grid: dict, out_dir: str, num_ranks: int) -> None:
-    """Critical path / budget-aware bound per workload and scheduler at one scale."""
+    """Critical path / latency-aware bound per workload and scheduler at one scale."""
     keys = [key for key in grid if key.endswith(f"/{num_ranks}")]
-    names = list(grid[keys[0]]["schedulers"])
+    names = [name for name, run in grid[keys[0]]["schedulers"].items() if "error" not in run]
     figure, axis = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(names)
     for offset, name in enumerate(names):
-        values = [grid[key]["schedulers"][name]["ratio_budget"] for key in keys]
+        values = [grid[key]["schedulers"][name].get("ratio_latency", float("nan"))
+                  for key in keys]
         axis.bar([index + offset * width for index in range(len(keys))], values, width,
                  label=name)
     axis.axhline(1.05, color="red", linestyle="--", linewidth=1, label="1.05 x bound")
     axis.set_xticks([index + 0.4 - width / 2 for index in range(len(keys))])
     axis.set_xticklabels([key.split("/")[0] for key in keys])
-    axis.set_ylabel("critical path / budget-aware bound")
+    axis.set_ylabel("critical path / latency-aware bound")
     axis.set_ylim(0.9, max(2.0, axis.get_ylim()[1]))
     axis.legend(fontsize=8)
     axis.set_title(f"Critical path over the lower bound, {num_ranks} ranks")
@@ -161,7 +215,9 @@ def _plot_latency(plt, latency: dict, out_dir: str) -> None:
     """Scheduler wall time vs number of ranks (64 sequences per rank)."""
     figure, axis = plt.subplots(figsize=(6, 4))
     scales = sorted(latency, key=int)
-    for name in OUR_SCHEDULERS + UPSTREAM_SCHEDULERS:
+    names = [name for name in next(iter(latency.values())) if name != "num_sequences"
+             and (not name.endswith("(wall)") or name.startswith("upstream"))]
+    for name in names:
         points = [(int(scale), latency[scale][name]) for scale in scales if name in latency[scale]]
         if not points:
             continue
@@ -171,7 +227,7 @@ def _plot_latency(plt, latency: dict, out_dir: str) -> None:
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("DPxCP ranks (64 sequences per rank)")
-    axis.set_ylabel("scheduler CPU time [ms]")
+    axis.set_ylabel("scheduler time [ms] (ours: CPU; upstream: wall)")
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(os.path.join(out_dir, "latency.png"), dpi=110)
@@ -197,26 +253,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/scheduling")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="8 and 64 ranks only (smoke run)")
+    parser.add_argument("--upstream-megatron", default=None, metavar="PATH",
+                        help="a local Megatron-LM checkout: also run upstream's own schedulers")
     args = parser.parse_args(argv)
+    upstream = args.upstream_megatron
+    if upstream is not None:
+        try:
+            check_checkout(upstream)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
     log = print
     scales = SCALES[:2] if args.quick else SCALES
     results = {
         "default_cost": CostModel().as_dict(),
-        "grid": run_grid(CostModel(), scales, SEQUENCES_PER_RANK, args.seed, log),
+        "upstream": ({"path": os.path.abspath(upstream), "commit": upstream_commit(upstream)}
+                     if upstream else None),
+        "grid": run_grid(CostModel(), scales, SEQUENCES_PER_RANK, args.seed, log, upstream),
         "small_batches": run_grid(CostModel(), (64,), SMALL_BATCH_SEQUENCES_PER_RANK,
-                                  args.seed, log),
-        "attention_only": run_grid(ATTENTION_ONLY, (64,), SEQUENCES_PER_RANK, args.seed, log),
-        "latency": run_latency(args.seed, log) if not args.quick else {},
+                                  args.seed, log, upstream),
+        "attention_only": run_grid(ATTENTION_ONLY, (64,), SEQUENCES_PER_RANK, args.seed, log,
+                                   upstream),
+        "latency": run_latency(args.seed, log, upstream) if not args.quick else {},
         "target_latency": run_target_latency(args.seed, log) if not args.quick else {},
         "pipeline": run_pipeline(args.seed),
     }
     workload = WORKLOADS[0]
     (batch,) = sample_batches(workload, SMALL_BATCH_SEQUENCES_PER_RANK * 64, 1, args.seed)
     problem = make_problem(workload, batch, 64, CostModel())
-    work = {name: per_rank_work(problem, name)
-            for name in ("dp_balanced", "default_dynamic_cp", "upstream_dynamic_cp")}
+    work = {name: per_rank_work(problem, name) for name in ("dp_balanced", "default_dynamic_cp")}
     results["runtime_s"] = time.time() - started
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=1, sort_keys=True)

@@ -104,15 +104,17 @@ def print_table(result: dict) -> None:
     print(f"scheduler {result['scheduler']}  DP {result['dp_size']} x CP {result['cp_size']}  "
           f"budget {result['max_seqlen_per_dp_cp_rank']} tokens/rank  cost {result['cost']}")
     header = f"{'batch':>5} {'seqs':>6} {'mbs':>4} {'critical path':>14} {'/simple':>8} " \
-             f"{'/budget':>8} {'effic.':>7} {'idle':>5} {'ms':>8}"
+             f"{'/budget':>8} {'/latency':>8} {'effic.':>7} {'idle':>5} {'ms':>8}"
     print(header)
     for index, record in enumerate(result["global_batches"]):
         summary = record["summary"]
         simple = record.get("simple_bound")
         budget = record.get("budget_aware_bound")
+        latency = record.get("latency_aware_bound")
         path = record["critical_path"]
         print(f"{index:>5} {len(record['lengths']):>6} {summary['num_microbatches']:>4} "
               f"{path:>14.4e} {_ratio(path, simple)} {_ratio(path, budget)} "
+              f"{_ratio(path, latency)} "
               f"{summary['efficiency']:>7.3f} {summary['idle_rank_slots']:>5} "
               f"{record['scheduler_ms']:>8.2f}")
     print("totals:", json.dumps(result["summary"], sort_keys=True))

@@ -29,24 +29,40 @@ README_BLOCK = re.compile(r"(<!-- scheduling-table:start -->\n).*?(<!-- scheduli
                           re.S)
 PART_B_BLOCK = re.compile(r"(<!-- PART-B:[^\n]*-->\n).*?(\n## Notes)", re.S)
 RANKS = 64
-SCHEDULERS = [("default_dynamic_cp", "dynamic CP (ours)"), ("dp_balanced", "dp_balanced (ours)"),
-              ("upstream_dynamic_cp", "upstream dynamic CP*"),
-              ("upstream_dp_balanced", "upstream dp_balanced*")]
+OURS = [("default_dynamic_cp", "dynamic CP (ours)"), ("dp_balanced", "dp_balanced (ours)")]
+UPSTREAM = [("upstream_dynamic_cp", "upstream default_dynamic_cp"),
+            ("upstream_dp_balanced", "upstream dp_balanced")]
+
+
+def _cell(runs: dict, name: str) -> str:
+    run = runs.get(name)
+    if run is None:
+        return "n/a"
+    return "error" if "error" in run else f"{run['ratio_latency']:.3f}"
 
 
 def scheduling_table(results: dict) -> list[str]:
+    """Ours always; upstream's columns only if the benchmark ran upstream's own code."""
     grid = {key: row for key, row in results["grid"].items() if key.endswith(f"/{RANKS}")}
-    lines = [f"Critical path / budget-aware lower bound, {RANKS} ranks, 64 sequences per rank "
+    upstream = results.get("upstream")
+    columns = OURS + (UPSTREAM if upstream else [])
+    lines = [f"Critical path / latency-aware lower bound, {RANKS} ranks, 64 sequences per rank "
              "(lower is better; 1.00 is optimal):", "",
-             "| distribution | " + " | ".join(label for _, label in SCHEDULERS) + " |",
-             "|---|" + "---:|" * len(SCHEDULERS)]
+             "| distribution | " + " | ".join(label for _, label in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
     for key in sorted(grid):
-        cells = [f"{grid[key]['schedulers'][name]['ratio_budget']:.3f}"
-                 if name in grid[key]["schedulers"] else "n/a" for name, _ in SCHEDULERS]
+        cells = [_cell(grid[key]["schedulers"], name) for name, _ in columns]
         lines.append(f"| {key.split('/')[0]} | " + " | ".join(cells) + " |")
-    lines += ["", "\\* our re-implementations of upstream's algorithms from their description "
-              "(no upstream code); stronger than upstream's published 1.32-1.38x. Full report, "
-              "latencies and plots: [results/scheduling/REPORT.md](results/scheduling/REPORT.md)."]
+    lines.append("")
+    if upstream:
+        lines.append(f"Upstream columns: upstream's own schedulers, run unmodified from a "
+                     f"Megatron-LM checkout (commit `{upstream['commit'][:12]}`) on the same "
+                     "batches via `--upstream-megatron`, evaluated with our cost model.")
+    else:
+        lines.append("No upstream columns: the benchmark ran without a Megatron-LM checkout "
+                     "(`--upstream-megatron PATH`).")
+    lines.append("Full report, latencies and plots: "
+                 "[results/scheduling/REPORT.md](results/scheduling/REPORT.md).")
     return lines
 
 

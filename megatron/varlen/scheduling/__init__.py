@@ -7,11 +7,16 @@ Public API (see docs/SCHEDULING.md):
 * groups: :class:`GroupLayout`, :func:`build_group_layout`, :func:`build_static_layout`;
 * schedulers: :func:`get_scheduler` ("dp_balanced"/"default", "empty", "default_dynamic_cp");
 * checks and numbers: :func:`validate_schedule`, :func:`rank_times`, :func:`critical_path`,
-  :func:`simple_lower_bound`, :func:`budget_aware_lower_bound`;
+  :func:`simple_lower_bound`, :func:`budget_aware_lower_bound`,
+  :func:`latency_aware_lower_bound`;
 * pipeline: :func:`order_for_pipeline`, :func:`pipeline_bubble_estimate`.
 """
 
-from megatron.varlen.scheduling.bounds import budget_aware_lower_bound, simple_lower_bound
+from megatron.varlen.scheduling.bounds import (
+    budget_aware_lower_bound,
+    latency_aware_lower_bound,
+    simple_lower_bound,
+)
 from megatron.varlen.scheduling.cost_model import PROFILES, CostModel, HardwareProfile
 from megatron.varlen.scheduling.groups import GroupLayout, build_group_layout, build_static_layout
 from megatron.varlen.scheduling.metrics import critical_path, rank_times, schedule_summary
@@ -38,6 +43,7 @@ __all__ = [
     "critical_path",
     "get_scheduler",
     "idle_rank_slots",
+    "latency_aware_lower_bound",
     "order_for_pipeline",
     "padded_length",
     "pipeline_bubble_estimate",

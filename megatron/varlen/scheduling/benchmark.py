@@ -13,7 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from megatron.training.datasets.length_config import parse_length_config
-from megatron.varlen.scheduling.bounds import budget_aware_lower_bound, simple_lower_bound
+from megatron.varlen.scheduling.bounds import (
+    budget_aware_lower_bound,
+    latency_aware_lower_bound,
+    simple_lower_bound,
+)
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.metrics import microbatch_levels, rank_times
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
@@ -58,7 +62,8 @@ WORKLOADS = (
 )
 
 OUR_SCHEDULERS = ("dp_balanced", "default_dynamic_cp")
-UPSTREAM_SCHEDULERS = ("upstream_dp_balanced", "upstream_dynamic_cp")
+# Upstream's own schedulers, run from a checkout (tools/upstream_schedulers.py), keyed like ours.
+UPSTREAM_NAMES = {"dynamic": "upstream_dynamic_cp", "dp_balanced": "upstream_dp_balanced"}
 
 
 def sample_batches(workload: Workload, num_sequences: int, num_batches: int,
@@ -95,11 +100,11 @@ def timed_schedule(problem: ScheduleProblem, scheduler: str, repeats: int = 1):
 def evaluate_batch(problem: ScheduleProblem, schedulers: tuple[str, ...]) -> dict:
     """Bounds plus critical path and latency of each scheduler on one batch."""
     row = {"simple_bound": simple_lower_bound(problem),
-           "budget_aware_bound": budget_aware_lower_bound(problem), "schedulers": {}}
+           "budget_aware_bound": budget_aware_lower_bound(problem),
+           "latency_aware_bound": latency_aware_lower_bound(problem), "schedulers": {}}
     for name in schedulers:
         schedule, _, elapsed = timed_schedule(problem, name)
-        if not name.startswith("upstream"):
-            validate_schedule(problem, schedule)
+        validate_schedule(problem, schedule)
         levels = microbatch_levels(problem, schedule)
         row["schedulers"][name] = {"critical_path": float(sum(levels)), "ms": elapsed,
                                    "num_microbatches": len(levels)}

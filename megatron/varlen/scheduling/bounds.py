@@ -2,12 +2,16 @@
 
 Both bounds hold for every scheduler in the registry: a sequence may use any size of the
 dynamic layout that is >= its minimum (``problem.layout.sequence_sizes``) or the static cp_size,
-as long as its padded tokens per rank fit the budget. Group latency d is left out (>= 0).
+as long as its padded tokens per rank fit the budget. The first two leave group latency d out;
+the third charges it.
 
 * ``simple_lower_bound``: max(sum_i min_c w_i(c) / N, max_i min_c t_i(c)), w = c * t.
 * ``budget_aware_lower_bound``: also uses the token budget: a micro-batch holds at most N*M
   padded tokens, so a long sequence's micro-batch can be kept busy only by other sequences that
   fit in the remaining tokens; see bounds_budget.py for the derivation.
+* ``latency_aware_lower_bound``: both bounds on prices that include the group latency: a
+  sequence on c > 1 ranks makes its micro-batch last at least t + d (c - 1), and costs at least
+  its token share P / (c M) of its group's latency rank-time c d (c - 1).
 """
 
 from __future__ import annotations
@@ -61,6 +65,30 @@ def simple_lower_bound(problem: ScheduleProblem) -> float:
     work_bound = table.work.min(axis=1).sum() / problem.num_ranks
     sequence_bound = table.time.min(axis=1).max()
     return float(max(work_bound, sequence_bound))
+
+
+def latency_price_table(problem: ScheduleProblem) -> PriceTable:
+    """``price_table`` with the group latency charged (docs/SCHEDULING.md, latency-aware
+    bound): time + d (c - 1), the least level of a micro-batch holding the sequence on c ranks,
+    and work + P d (c - 1) / M, its least share of its group's latency rank-time (a group's
+    sequences hold at most M of its c ranks' tokens each, so P / (c M) of it at least)."""
+    table = price_table(problem)
+    latency = problem.cost.d * (table.sizes - 1).astype(np.float64)
+    padded = np.where(np.isfinite(table.time), table.tokens, 0).astype(np.float64)
+    share = padded * latency / problem.max_seqlen_per_rank
+    return PriceTable(sizes=table.sizes, tokens=table.tokens, time=table.time + latency,
+                      work=table.work + share)
+
+
+def latency_aware_lower_bound(problem: ScheduleProblem) -> float:
+    """Both bounds on latency-charged prices (>= budget_aware_lower_bound)."""
+    if not problem.lengths:
+        return 0.0
+    table = latency_price_table(problem)
+    simple = max(table.work.min(axis=1).sum() / problem.num_ranks, table.time.min(axis=1).max())
+    budget_bound = budget_aware_bound(table.tokens, table.time, table.work,
+                                      problem.num_ranks, problem.max_seqlen_per_rank)
+    return float(max(simple, budget_bound, budget_aware_lower_bound(problem)))
 
 
 def budget_aware_lower_bound(problem: ScheduleProblem) -> float:

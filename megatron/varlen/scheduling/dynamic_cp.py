@@ -14,6 +14,7 @@ import numpy as np
 
 from megatron.varlen.scheduling.counts import enforce_microbatch_count
 from megatron.varlen.scheduling.cover import cover_free_ranks
+from megatron.varlen.scheduling.dissolve import move_out_of_light_microbatches
 from megatron.varlen.scheduling.dp_balanced import build_static_drafts
 from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
 from megatron.varlen.scheduling.gc_pause import gc_paused
@@ -61,7 +62,8 @@ def default_dynamic_cp(problem: ScheduleProblem) -> Schedule:
     """Schedules ``problem`` with a per-sequence CP size over all DPxCP ranks."""
     with gc_paused():
         pricing = price_items(problem, problem.layout.sequence_sizes, DYNAMIC_FLAG_HINT)
-        drafts = pack_sequences(pricing, allow_growth=True)
+        drafts = move_out_of_light_microbatches(pack_sequences(pricing, allow_growth=True),
+                                                pricing)
         drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
                                           problem.vpp_group_size)
         fallback = _static_fallback(problem, pricing, _critical_path(drafts))

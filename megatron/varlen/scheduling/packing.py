@@ -33,6 +33,11 @@ GROWTH_IDLE_TRIGGER = 0.03
 # Work a sequence may add (relative) by riding on a larger group than it needs while that
 # raises the level; beyond it the ring traffic costs more than the balance it buys.
 STACKING_WORK_SLACK = 0.05
+# The tail, where packing also tries every group size for a micro-batch's first sequence
+# (pack_sequences): this many sequences per rank left, clamped to [MIN, MAX].
+FULL_GROWTH_SEARCH_PER_RANK = 2
+FULL_GROWTH_SEARCH_MIN = 32
+FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ranks
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -268,12 +273,18 @@ def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     return idle > GROWTH_IDLE_TRIGGER * pricing.num_ranks * level
 
 
-def _build_with_growth(pricing: ItemPricing,
-                       queue: SequenceQueue) -> tuple[MicrobatchDraft, SequenceQueue]:
+def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
+                       every_size: bool) -> tuple[MicrobatchDraft, SequenceQueue]:
     """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
-    variants (larger groups for the long sequences); keeps the one with the smallest excess."""
+    variants (larger groups for the long sequences); keeps the one with the smallest excess.
+
+    Padding and the chain's steps make the excess non-monotone in the size (2 ranks may tie the
+    plain build while 4 or 8 win). With ``every_size`` every size is tried, also for a first
+    sequence that fits one rank (attention-heavy costs want it spread). Otherwise only first
+    sequences that need CP grow, and the loop stops at the first size that does not improve."""
     first = pricing.order[queue.first()]
-    if not 1 < pricing.min_size[first] < pricing.sizes[-1]:
+    lowest = 1 if every_size else 2
+    if not lowest <= pricing.min_size[first] < pricing.sizes[-1]:
         return build_microbatch(pricing, queue), queue
     start = queue.copy()
     best = build_microbatch(pricing, queue)
@@ -281,26 +292,50 @@ def _build_with_growth(pricing: ItemPricing,
         return best, queue
     best_queue, best_excess = queue, _excess(best, pricing)
     for size in pricing.sizes:
-        if size <= pricing.min_size[first]:
+        # In the tail the first sequence's own size is a cap too: the others then grow to
+        # match its time instead of setting a higher level on their minimum groups.
+        if size < pricing.min_size[first] or (size == pricing.min_size[first] and not every_size):
             continue
         time, _ = pricing.time_tokens(first, size)
         trial_queue = start.copy()
         variant = build_microbatch(pricing, trial_queue, cap=time + pricing.latency(size))
         excess = _excess(variant, pricing)
-        if excess >= best_excess:
-            break  # larger groups only add communication from here on
-        best, best_queue, best_excess = variant, trial_queue, excess
+        if excess < best_excess:
+            best, best_queue, best_excess = variant, trial_queue, excess
+        elif not every_size:
+            break  # larger groups mostly add communication from here on
     return best, best_queue
 
 
-def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchDraft]:
-    """Packs every sequence of ``pricing.order`` into micro-batches."""
-    queue = SequenceQueue(pricing.order, pricing.lengths)
+def _pack_all(pricing: ItemPricing, queue: SequenceQueue, every_size: bool,
+              stop_at: int = 0) -> tuple[list[MicrobatchDraft], SequenceQueue]:
+    """Micro-batches with growth until at most ``stop_at`` sequences are queued."""
     drafts = []
-    while queue.remaining:
-        if allow_growth:
-            draft, queue = _build_with_growth(pricing, queue)
-        else:
-            draft = build_microbatch(pricing, queue)
+    while queue.remaining > stop_at:
+        draft, queue = _build_with_growth(pricing, queue, every_size)
         drafts.append(draft)
-    return drafts
+    return drafts, queue
+
+
+def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchDraft]:
+    """Packs every sequence of ``pricing.order`` into micro-batches.
+
+    With growth, the *tail* (the last max(min(2N, 256), 32) sequences: the end of a batch, or
+    all of a small one) is packed twice, with the fast growth policy and with the full search over
+    every size, and the one with the shorter critical path is kept: the full search fixes the
+    attention-heavy and few-sequence cases (issue 12), while the greedy excess rule it relies
+    on can lose a little elsewhere, so neither policy is ever worse than the other here."""
+    queue = SequenceQueue(pricing.order, pricing.lengths)
+    if not allow_growth:
+        drafts = []
+        while queue.remaining:
+            drafts.append(build_microbatch(pricing, queue))
+        return drafts
+    tail = max(min(FULL_GROWTH_SEARCH_PER_RANK * pricing.num_ranks, FULL_GROWTH_SEARCH_MAX),
+               FULL_GROWTH_SEARCH_MIN)
+    drafts, queue = _pack_all(pricing, queue, every_size=False, stop_at=tail)
+    fast, _ = _pack_all(pricing, queue.copy(), every_size=False)
+    full, _ = _pack_all(pricing, queue, every_size=True)
+    if sum(draft.level for draft in full) < sum(draft.level for draft in fast):
+        return drafts + full
+    return drafts + fast

@@ -13,7 +13,11 @@ from typing import Callable
 
 import numpy as np
 
-from megatron.varlen.scheduling.bounds import budget_aware_lower_bound, simple_lower_bound
+from megatron.varlen.scheduling.bounds import (
+    budget_aware_lower_bound,
+    latency_aware_lower_bound,
+    simple_lower_bound,
+)
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.metrics import microbatch_levels, schedule_summary
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
@@ -22,10 +26,12 @@ from megatron.varlen.scheduling.registry import get_scheduler
 from megatron.varlen.scheduling.upstream_reference import upstream_dp_balanced, upstream_dynamic_cp
 from megatron.varlen.scheduling.validate import validate_schedule
 
-# Baselines the benchmark may run besides the registry (not usable for training).
+# Baselines besides the registry (not usable for training): our re-implementations of
+# upstream's algorithms from their prose description -- not upstream's code, hence the names.
+# Upstream's real schedulers: tools/benchmark_schedulers.py --upstream-megatron PATH.
 REFERENCE_SCHEDULERS: dict[str, Callable[[ScheduleProblem], Schedule]] = {
-    "upstream_dp_balanced": upstream_dp_balanced,
-    "upstream_dynamic_cp": upstream_dynamic_cp,
+    "reimpl_upstream_dp_balanced": upstream_dp_balanced,
+    "reimpl_upstream_dynamic_cp": upstream_dynamic_cp,
 }
 
 
@@ -107,6 +113,7 @@ def run_batch(problem: ScheduleProblem, scheduler: str, with_bounds: bool = True
     if with_bounds:
         record["simple_bound"] = simple_lower_bound(problem)
         record["budget_aware_bound"] = budget_aware_lower_bound(problem)
+        record["latency_aware_bound"] = latency_aware_lower_bound(problem)
     if pp_size > 1:
         levels = microbatch_levels(problem, schedule)
         record["pipeline"] = vars(pipeline_bubble_estimate(levels, pp_size))
@@ -130,10 +137,13 @@ def summarize_run(records: list[dict]) -> dict:
     if records and "simple_bound" in records[0]:
         simple = sum(record["simple_bound"] for record in records)
         budget = sum(record["budget_aware_bound"] for record in records)
+        latency = sum(record["latency_aware_bound"] for record in records)
         out["total_simple_bound"] = float(simple)
         out["total_budget_aware_bound"] = float(budget)
+        out["total_latency_aware_bound"] = float(latency)
         out["ratio_to_simple_bound"] = float(sum(paths) / simple) if simple else 1.0
         out["ratio_to_budget_aware_bound"] = float(sum(paths) / budget) if budget else 1.0
+        out["ratio_to_latency_aware_bound"] = float(sum(paths) / latency) if latency else 1.0
     return out
 
 

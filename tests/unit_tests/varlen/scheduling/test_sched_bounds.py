@@ -12,10 +12,12 @@ from megatron.varlen.scheduling import (
     budget_aware_lower_bound,
     critical_path,
     get_scheduler,
+    latency_aware_lower_bound,
     simple_lower_bound,
 )
 from megatron.varlen.scheduling.bounds import bound_sizes
 from megatron.varlen.scheduling.problem import padded_length
+from tools.schedule_oracle import REFERENCE_COST, REGIMES, generate_instances, solve_exactly
 
 TOLERANCE = 1e-9
 COSTS = (CostModel(), CostModel(a=1.0, b=0.0, g=0.0, d=0.0), CostModel(a=1.0, b=50.0, g=30.0,
@@ -48,10 +50,11 @@ def _microbatch_level(problem: ScheduleProblem, members: list[int], config: tupl
                for time, size, flag in zip(times, config, used) if flag)
 
 
-def brute_force_optimum(problem: ScheduleProblem) -> float:
-    """Minimum critical path over every schedule (tiny instances only)."""
+def brute_force_optimum(problem: ScheduleProblem, sizes: tuple[int, ...] | None = None) -> float:
+    """Minimum critical path over every schedule using ``sizes`` (default: every size any
+    scheduler may use) (tiny instances only)."""
     num = problem.num_sequences
-    configs = _block_configs(bound_sizes(problem), problem.num_ranks)
+    configs = _block_configs(sizes or bound_sizes(problem), problem.num_ranks)
     best_single = {}
     for mask in range(1, 1 << num):
         members = [seq for seq in range(num) if mask >> seq & 1]
@@ -82,10 +85,12 @@ def test_bounds_below_brute_force_optimum_below_achieved(seed):
     problem = ScheduleProblem(lengths=lengths, dp_size=dp_size, cp_size=cp_size,
                               max_seqlen_per_rank=budget, cost=rng.choice(COSTS))
     simple, budget_aware = simple_lower_bound(problem), budget_aware_lower_bound(problem)
+    latency_aware = latency_aware_lower_bound(problem)
     optimum = brute_force_optimum(problem)
     achieved = critical_path(problem, get_scheduler("default_dynamic_cp")(problem))
     assert simple <= budget_aware * (1 + TOLERANCE)
-    assert budget_aware <= optimum * (1 + TOLERANCE), (lengths, budget_aware, optimum)
+    assert budget_aware <= latency_aware * (1 + TOLERANCE)
+    assert latency_aware <= optimum * (1 + TOLERANCE), (lengths, latency_aware, optimum)
     assert optimum <= achieved * (1 + TOLERANCE)
 
 
@@ -112,7 +117,26 @@ def test_bounds_hold_for_every_scheduler_on_random_batches():
         lengths = tuple(rng.randint(1, budget * cp_size) for _ in range(rng.randint(1, 200)))
         problem = ScheduleProblem(lengths=lengths, dp_size=rng.randint(1, 4), cp_size=cp_size,
                                   max_seqlen_per_rank=budget, cost=rng.choice(COSTS))
-        bound = budget_aware_lower_bound(problem)
+        bound = latency_aware_lower_bound(problem)
         for name in ("dp_balanced", "empty", "default_dynamic_cp"):
             achieved = critical_path(problem, get_scheduler(name)(problem))
             assert bound <= achieved * (1 + TOLERANCE), (name, lengths)
+
+
+@pytest.mark.parametrize("regime", sorted(REGIMES))
+def test_latency_aware_bound_below_exact_optimum(regime):
+    """On the oracle's generated instances of every cost regime (incl. large d)."""
+    for problem in generate_instances(regime, 8, seed=2):
+        optimum = solve_exactly(problem).critical_path
+        assert latency_aware_lower_bound(problem) <= optimum * (1 + TOLERANCE), problem
+
+
+def test_latency_aware_bound_sees_group_latency():
+    """Issue 12's example: 704 tokens need all 8 ranks, so every schedule pays 7 d once; the
+    latency-free bounds miss it (d dominates here), the latency-aware bound is near the
+    optimum."""
+    problem = ScheduleProblem(lengths=(32, 275, 704), dp_size=4, cp_size=2,
+                              max_seqlen_per_rank=128, cost=REFERENCE_COST)
+    optimum = solve_exactly(problem).critical_path
+    assert budget_aware_lower_bound(problem) < 0.2 * optimum
+    assert 0.95 * optimum <= latency_aware_lower_bound(problem) <= optimum * (1 + TOLERANCE)

@@ -38,6 +38,10 @@ def _check_document(document: dict, dp: int, cp: int, budget: int) -> None:
                             padded_lengths=tuple(batch["padded_lengths"]))
         validate_schedule(problem, schedule)
         assert batch["scheduler_ms"] >= 0.0
+        if "simple_bound" in batch:
+            assert (batch["simple_bound"] <= batch["budget_aware_bound"] * (1 + 1e-9)
+                    <= batch["latency_aware_bound"] * (1 + 2e-9)
+                    <= batch["critical_path"] * (1 + 3e-9))
         for seq, length in enumerate(batch["lengths"]):
             assert batch["padded_lengths"][seq] == padded_length(length, cp_sizes[seq])
 
@@ -69,7 +73,7 @@ def test_distribution_json(scheduler):
 def test_table_output_and_bad_input():
     table = _run("--distribution", LOGNORMAL, "--dp-size", "4", "--max-seqlen-per-dp-cp-rank",
                  "4096", "--global-batch-size", "16", "--num-global-batches", "1")
-    assert table.returncode == 0 and "critical path" in table.stdout
+    assert table.returncode == 0 and "critical path" in table.stdout and "/latency" in table.stdout
     bad = _run("--distribution", LOGNORMAL, "--dp-size", "4", "--max-seqlen-per-dp-cp-rank",
                "100", "--global-batch-size", "16")
     assert bad.returncode == 2

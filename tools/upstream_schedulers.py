@@ -1,0 +1,199 @@
+"""Run upstream Megatron-LM's own packing schedulers from a local checkout (benchmark only).
+
+    from tools.upstream_schedulers import run_upstream
+    results = run_upstream("/path/to/Megatron-LM", jobs)
+
+Nothing of upstream is copied here: a worker subprocess (this file with ``--worker``) imports
+upstream's pure scheduling classes straight from the checkout's files and runs them on our
+inputs, unmodified:
+
+* ``DefaultDynamicCPScheduler.get_groups_and_subsamples`` (megatron/core/datasets/
+  data_schedule.py, with ``next_hdp_group_packing_aware`` from data_schedule_utils.py):
+  upstream's ``default_dynamic_cp``;
+* ``DpBalancedScheduler.get_groups_and_subsamples`` (same file): upstream's ``dp_balanced``.
+
+Import handling (documented stubs, nothing else): the worker runs in its own process so that
+``megatron`` means upstream's package there, not ours or the installed megatron-core. The two
+files import torch (real, CPU) and, at module level, names the scheduling functions never use
+(``parallel_state``, Transformer Engine's ``get_thd_partitioned_indices``, ``RerunDataIterator``,
+the packed-sequence helpers, ``BalancedCPScheduler``, ``ProcessGroupCollection``,
+``mtp_on_this_rank``); the worker registers placeholder modules for exactly those (any public
+attribute is a dummy class) and loads the two files by path, so neither upstream's package
+``__init__`` files nor Transformer Engine / CUDA are needed.
+
+Schedules come back as upstream returns them (per micro-batch, per DPxCP rank, sample ids) and
+are evaluated by ``evaluate_upstream`` with our cost model and padding rule: a sample's CP size
+is the number of ranks that hold it in its micro-batch, a rank's time is the sum of its samples'
+``t(padded L, c)`` plus its group latency ``d (c - 1)``; every sample must appear in exactly one
+micro-batch. Upstream pads dynamic-CP samples to a multiple of 2 * DP * CP, which would only make
+it slower: our rule is the kinder choice.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+
+UTILS_FILE = os.path.join("megatron", "core", "datasets", "data_schedule_utils.py")
+SCHEDULE_FILE = os.path.join("megatron", "core", "datasets", "data_schedule.py")
+STUBBED_MODULES = ("megatron.core.parallel_state", "megatron.core.extensions.transformer_engine",
+                   "megatron.core.rerun_state_machine", "megatron.core.packed_seq_params",
+                   "megatron.core.pipeline_parallel.hybrid_cp_schedule",
+                   "megatron.core.process_groups_config",
+                   "megatron.core.transformer.multi_token_prediction")
+PACKAGES = ("megatron", "megatron.core", "megatron.core.datasets", "megatron.core.extensions",
+            "megatron.core.pipeline_parallel", "megatron.core.transformer")
+WORKER_TIMEOUT_S = 3600
+
+
+# --- parent side ---------------------------------------------------------------------------
+
+def upstream_commit(path: str) -> str:
+    """The checkout's commit hash (or 'unknown' if it is not a git work tree)."""
+    try:
+        return subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def check_checkout(path: str) -> None:
+    """Raises ValueError naming the missing file if ``path`` is not a usable checkout."""
+    for relative in (UTILS_FILE, SCHEDULE_FILE):
+        if not os.path.isfile(os.path.join(path, relative)):
+            raise ValueError(f"{os.path.join(path, relative)} not found: --upstream-megatron "
+                             "must point at a Megatron-LM checkout that has it")
+
+
+def run_upstream(path: str, jobs: list[dict]) -> list[dict]:
+    """Runs ``jobs`` in one worker process. A job: {"scheduler": "dynamic"|"dp_balanced",
+    "lengths", "dp_size", "cp_size", "budget", "repeats"}. Returns per job {"microbatches":
+    [[[ids] per rank] per micro-batch], "ms": best wall ms} or {"error": message}."""
+    check_checkout(path)
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", path],
+                            input=json.dumps(jobs), capture_output=True, text=True,
+                            timeout=WORKER_TIMEOUT_S)
+    if result.returncode != 0:
+        tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"upstream worker failed (exit {result.returncode}): {tail[0]}")
+    return json.loads(result.stdout)
+
+
+def evaluate_upstream(microbatches: list, lengths: list[int], cost, sp_factor: int = 1) -> dict:
+    """Critical path of an upstream schedule under our cost model (module docstring) and the
+    most padded tokens any rank holds in a micro-batch (to compare with the budget)."""
+    from megatron.varlen.scheduling.problem import padded_length
+
+    seen = [0] * len(lengths)
+    path, max_tokens = 0.0, 0
+    for ranks in microbatches:
+        holders: dict[int, int] = {}
+        for ids in ranks:
+            for seq in set(ids):
+                holders[seq] = holders.get(seq, 0) + 1
+        for seq in holders:
+            seen[seq] += 1
+        level = 0.0
+        for ids in ranks:
+            if not ids:
+                continue
+            sizes = [holders[seq] for seq in ids]
+            max_tokens = max(max_tokens, sum(padded_length(lengths[seq], size, sp_factor) // size
+                                             for seq, size in zip(ids, sizes)))
+            time_ = sum(cost.seq_time(padded_length(lengths[seq], size, sp_factor), size)
+                        for seq, size in zip(ids, sizes))
+            level = max(level, time_ + cost.group_latency(max(sizes)))
+        path += level
+    missing = [seq for seq, count in enumerate(seen) if count != 1]
+    if missing:
+        raise AssertionError(f"upstream schedule holds sample {missing[0]} "
+                             f"{seen[missing[0]]} times")
+    return {"critical_path": path, "num_microbatches": len(microbatches),
+            "max_rank_tokens": max_tokens}
+
+
+# --- worker side ---------------------------------------------------------------------------
+
+class _Placeholder:
+    """Stands in for any upstream name the scheduling functions do not use."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+
+def _placeholder_module(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+
+    def attribute(key: str) -> type:  # PEP 562: any public name imports as a placeholder
+        if key.startswith("__"):
+            raise AttributeError(key)  # dunders stay absent (inspect, pickle look for them)
+        return _Placeholder
+
+    module.__getattr__ = attribute
+    return module
+
+
+def _load(name: str, path: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _import_upstream(checkout: str) -> tuple[type, type]:
+    """(DefaultDynamicCPScheduler, DpBalancedScheduler) loaded from the checkout's files."""
+    for name in PACKAGES:
+        package = types.ModuleType(name)
+        package.__path__ = []  # a package, but nothing is imported through it by path
+        sys.modules[name] = package
+    for name in STUBBED_MODULES:
+        sys.modules[name] = _placeholder_module(name)
+    sys.modules["megatron.core"].parallel_state = sys.modules["megatron.core.parallel_state"]
+    _load("megatron.core.datasets.data_schedule_utils", os.path.join(checkout, UTILS_FILE))
+    schedule = _load("megatron.core.datasets.data_schedule", os.path.join(checkout, SCHEDULE_FILE))
+    return schedule.DefaultDynamicCPScheduler, schedule.DpBalancedScheduler
+
+
+def _run_job(job: dict, classes: tuple[type, type]) -> dict:
+    dynamic_class, static_class = classes
+    pairs = list(enumerate(job["lengths"]))
+    num_ranks = job["dp_size"] * job["cp_size"]
+    args = (job["budget"], job["cp_size"], job["dp_size"], None)
+    best, microbatches = float("inf"), None
+    for _ in range(job.get("repeats", 1)):
+        start = time.perf_counter()
+        if job["scheduler"] == "dynamic":
+            scheduler = dynamic_class(*args, min_cp_size=job.get("min_cp_size", 1))
+        else:
+            scheduler = static_class(*args)
+        groups = scheduler.get_groups_and_subsamples(list(pairs))
+        best = min(best, 1000.0 * (time.perf_counter() - start))
+        microbatches = [[[int(seq) for seq in ids] for ids in ranks]
+                        + [[]] * (num_ranks - len(ranks)) for ranks in groups]
+    return {"microbatches": microbatches, "ms": best}
+
+
+def _worker(checkout: str) -> int:
+    sys.path = [entry for entry in sys.path if entry not in ("", os.getcwd())]
+    classes = _import_upstream(checkout)
+    out = []
+    for job in json.load(sys.stdin):
+        try:
+            out.append(_run_job(job, classes))
+        except Exception as error:  # upstream's own asserts: report, do not stop the run
+            out.append({"error": f"{type(error).__name__}: {error}"})
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(_worker(sys.argv[2]))
+    sys.exit("usage: upstream_schedulers.py --worker MEGATRON_LM_CHECKOUT (used by "
+             "tools/benchmark_schedulers.py --upstream-megatron)")
