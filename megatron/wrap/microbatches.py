@@ -2,7 +2,7 @@
 
 The facade does what ``pretrain_gpt.py`` does (``PackedBatchProvider``): DP replica r takes
 block r of the global batch (:func:`megatron.training.data.replica_block`) and
-``HybridCPDataLoaderWrapper.pack_global_batch`` schedules, reroutes, packs (THD) and CP-splits
+``GlobalBatchPacker.pack_global_batch`` schedules, reroutes, packs (THD) and CP-splits
 it. The only addition is the flow's extra fields: the packer moves ``tokens``, ``labels`` and
 ``loss_mask``; every other per-token field is laid out like ``loss_mask`` (each sequence
 padded to its packed length, filler and idle packs 0) and CP-split with the same function,
@@ -26,7 +26,7 @@ def pack_step(packer, samples: list[dict], extra_fields: dict) -> StepBatches:
     """This rank's micro-batches of the global batch ``samples`` (checked data-path samples).
 
     Args:
-        packer: The run's ``HybridCPDataLoaderWrapper``.
+        packer: The run's ``GlobalBatchPacker``.
         samples: The whole global batch, identical on every rank.
         extra_fields: ``Flow.extra_fields()``: field -> 0 (per token) or None (per sample).
     """
