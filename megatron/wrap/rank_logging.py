@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 # The JSONL writer is the training layer's: one schema for both entry points (no torch either).
-from megatron.training.metrics import JsonlMetricWriter
+from megatron.training.metrics import ITERATION_KEY, JsonlMetricWriter
 
 LOGGER_NAME = "megatron.wrap"
 RANK_ENV_VAR = "RANK"
@@ -285,7 +285,8 @@ class ConsoleMetricWriter:
     """Logs `iteration 3 | lm_loss 4.12 | lr 0.001` (on the calling rank, the last one)."""
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        fields = [f"iteration {step}", *(f"{k} {_format_metric(v)}" for k, v in metrics.items())]
+        fields = [f"iteration {step}", *(f"{k} {_format_metric(v)}" for k, v in metrics.items()
+                                         if k != ITERATION_KEY)]
         info_all_ranks(" | ".join(fields))
 
     def close(self) -> None:
