@@ -12,16 +12,11 @@ from megatron.training.hf.importer import load_hf_weights
 from megatron.training.initializers import initialize_layout_invariant
 from megatron.training.varlen_arguments import attention_backend, attention_backend_line
 from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
+from megatron.training.run_description import padded_vocab_size  # noqa: F401 (public here)
 from megatron.varlen.cpu_device import get_device, use_cpu
 from megatron.varlen.mtp import VarlenGPTModel
 from megatron.varlen.spec import get_varlen_decoder_block_spec, get_varlen_mtp_block_spec
 from megatron.varlen.spec_loading import load_layer_spec
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
-    """Megatron's rule: pad the vocabulary to a multiple of divisible_by * tp."""
-    multiple = divisible_by * tp_size
-    return -(-vocab_size // multiple) * multiple
 
 
 def params_dtype(args) -> torch.dtype:
@@ -108,8 +103,7 @@ def build_model(args, config: TransformerConfig,
     entry point passes its own).
     """
     build_chunk = build_chunk or _build_chunk
-    args.padded_vocab_size = padded_vocab_size(
-        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    # args.padded_vocab_size was derived once, at validation (run_description.py).
     stages = args.virtual_pipeline_model_parallel_size
     if torch.distributed.get_rank() == 0:
         print(f"> attention backend: {attention_backend_line(args)}; on {get_device().type}",

@@ -37,6 +37,7 @@ from megatron.training.initialize import (
     teardown_parallel_state,
 )
 from megatron.training.pretrain import create_dynamic_cp_groups
+from megatron.training.run_description import describe_run
 from megatron.training.hf.exporter import save_hf
 from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.training.training import (
@@ -107,11 +108,10 @@ class MegatronWrap(ParallelStateMixin):
         runtime.check_device(facade["device"])
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
-        args = self.args = runtime.parse_training_args(self.config)
-        self.tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size,
-                                         args.tokenizer_model)
-        if args.vocab_size is None:
-            args.vocab_size = self.tokenizer.vocab_size
+        parsed = runtime.parse_training_args(self.config)
+        self.tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_size,
+                                         parsed.tokenizer_model)
+        args = self.args = describe_run(parsed, self.tokenizer.vocab_size)  # read-only now
         check_tokenizer_fits(self.tokenizer, args.vocab_size)
         initialize_model_parallel(args)
         set_random_seeds(args.seed)
