@@ -54,6 +54,9 @@ class PackingConfig:
     # messages wrongly. None = variable shapes (fine without VPP).
     fixed_tokens_per_rank: int | None = None
     cost: CostModel = field(default_factory=CostModel)
+    # Per-token fields beyond tokens/labels/loss_mask the caller's samples carry (e.g. a facade
+    # flow's advantages): rerouted, packed and CP-split exactly like loss_mask, as float32.
+    extra_token_fields: tuple[str, ...] = ()
 
 
 @dataclass
@@ -150,11 +153,12 @@ class GlobalBatchPacker:
         return problem, order_for_pipeline(schedule, problem, cfg.pipeline_stages)
 
     def reroute(self, samples: list[dict], schedule, gathered: GatheredLengths) -> dict:
-        """{global id: real tokens/labels/loss_mask} for every sample this rank runs."""
+        """{global id: real tokens/labels/loss_mask (+ extra token fields)} for every sample
+        this rank runs."""
         local = {gathered.first_id + i: sample for i, sample in enumerate(samples)}
         return reroute.reroute_samples(local, schedule.microbatches, gathered.owners,
                                        gathered.lengths, self.cp_size, self.groups.dp_cp,
-                                       self.device)
+                                       self.device, self.config.extra_token_fields)
 
     def pack_global_batch(self, samples: list[dict]) -> StepBatches:
         """The whole data path for one global batch (see the module docstring)."""
@@ -175,13 +179,15 @@ class GlobalBatchPacker:
         ids = schedule.microbatches[microbatch][self.rank]
         fixed = self.config.fixed_tokens_per_rank
         if not ids:
-            pack = packing.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed)
+            pack = packing.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed,
+                                      self.config.extra_token_fields)
             return packing.build_model_inputs(pack, 0, None, self.device)
         group_ranks = schedule.group_ranks(microbatch, self.rank)
         pack = packing.pack_sequences(
             [mine[sid] for sid in ids], [schedule.padded_lengths[sid] for sid in ids],
             local_cp_size=len(group_ranks), pad_id=self.config.pad_id, sample_ids=tuple(ids),
-            total_tokens=fixed * len(group_ranks) if fixed else None)
+            total_tokens=fixed * len(group_ranks) if fixed else None,
+            extra_fields=self.config.extra_token_fields)
         return packing.build_model_inputs(
             pack, group_ranks.index(self.rank), self._process_group(group_ranks), self.device)
 

@@ -17,6 +17,7 @@ optimizer step with the flow's forward step. Packing is always on. See docs/WRAP
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,7 +55,7 @@ from megatron.wrap import runtime
 from megatron.wrap.config import WrapConfig, build_config
 from megatron.wrap.flows import Flow, FlowContext, build_flow
 from megatron.wrap.forward import FlowForwardStep
-from megatron.wrap.microbatches import pack_step
+from megatron.wrap.microbatches import pack_step, per_token_fields
 from megatron.wrap.parallel import ParallelStateMixin
 from megatron.wrap.pretrained import pretrained_config
 from megatron.wrap.step_metrics import LOSS, reduce_across_stages, train_metrics
@@ -115,12 +116,15 @@ class MegatronWrap(ParallelStateMixin):
         check_tokenizer_fits(self.tokenizer, args.vocab_size)
         initialize_model_parallel(args)
         set_random_seeds(args.seed)
-        self._packer = GlobalBatchPacker(
-            build_packing_config(args, self.tokenizer.pad),
-            group_lookup=create_dynamic_cp_groups(args))
         limit, key = batching.length_limit(args)
         self.flow = build_flow(facade["flow_name"],
                                FlowContext(args, self.tokenizer, limit, key), facade["flow_args"])
+        # The packer carries the flow's per-token fields like loss_mask (no re-layout here).
+        packing_config = dataclasses.replace(
+            build_packing_config(args, self.tokenizer.pad),
+            extra_token_fields=per_token_fields(self.flow.extra_fields()))
+        self._packer = GlobalBatchPacker(packing_config,
+                                         group_lookup=create_dynamic_cp_groups(args))
         self._forward_step = FlowForwardStep(self.flow)
         self._setup_logging(facade)
         wrap_logging.info_rank_0("%s | flow %r | longest sample %d tokens (%s)",
