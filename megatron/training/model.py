@@ -56,7 +56,8 @@ def build_transformer_config(args) -> TransformerConfig:
         fp16=args.fp16,
         calculate_per_token_loss=args.calculate_per_token_loss,
         use_cpu_initialization=True,
-        # gloo: batched isend/irecv gave silently wrong gradients with VPP (DESIGN.md §3).
+        # gloo: batched isend/irecv gave silently wrong gradients with VPP (found while
+        # building the VPP path), so CPU runs send p2p messages one at a time.
         batch_p2p_comm=not use_cpu(),
         variable_seq_lengths=getattr(args, "variable_seq_lengths", False),
         # Unused by dense models, but megatron-core rejects its default ("allgather") together

@@ -1,4 +1,4 @@
-"""One global batch -> the packed THD micro-batches this rank runs (DESIGN.md §4).
+"""One global batch -> the packed THD micro-batches this rank runs (docs/ARCHITECTURE.md).
 
     packer = GlobalBatchPacker(config)
     step = packer.pack_global_batch(samples)   # StepBatches: micro-batches + global counts
