@@ -54,7 +54,7 @@ def initialize_model_parallel(args) -> None:
 def set_random_seeds(seed: int) -> None:
     """Python, numpy, torch and megatron's tracked RNG streams (CPU tracker on CPU).
 
-    Weights do not depend on these streams (see initializers.py); dropout does, and the tracked
+    Weights do not depend on these streams (see layout_invariant_init.py); dropout does, and the tracked
     streams keep it reproducible and distinct across TP ranks as Megatron intends.
     """
     random.seed(seed)

@@ -9,7 +9,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.training.hf.importer import load_hf_weights
-from megatron.training.initializers import initialize_layout_invariant
+from megatron.training.layout_invariant_init import initialize_layout_invariant
 from megatron.training.varlen_arguments import attention_backend, attention_backend_line
 from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
 from megatron.training.run_description import padded_vocab_size  # noqa: F401 (public here)
