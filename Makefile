@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 
-.PHONY: env demo test test-fast bench
+.PHONY: env demo test bench
 
 env:
 	@bash scripts/setup_env.sh

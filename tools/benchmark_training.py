@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from megatron.training.testing import train_on_this_rank
+from megatron.varlen.testing.multirank import run_distributed
 
-from megatron.training.testing import train_on_this_rank  # noqa: E402
-from megatron.varlen.testing.multirank import run_distributed  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 WORLD = 4
 WARMUP_ITERS = 2

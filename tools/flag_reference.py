@@ -10,11 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from megatron.training.arguments import build_parser
+from megatron.training.hybrid_arguments import build_hybrid_parser
 
-from megatron.training.arguments import build_parser  # noqa: E402
-from megatron.training.hybrid_arguments import build_hybrid_parser  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUTPUT = REPO / "docs" / "FLAGS.md"
 HEADER = """# pretrain_gpt.py flag reference

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from megatron.training import reliability_arguments, varlen_arguments
+from megatron.training import reliability_arguments, run_description, varlen_arguments
 from megatron.training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling.problem import pad_multiple
 
@@ -300,6 +300,8 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     varlen_arguments.validate_varlen_args(args, _require)
     hf_arguments.validate_hf_args(args, _require)
     reliability_arguments.validate_reliability_args(args, _require)
+    # Derived once here (vocabulary from a tokenizer: run_description.describe_run).
+    vars(args).update(run_description.derive_run_values(args, args.vocab_size))
     return args
 
 

@@ -3,7 +3,7 @@
 Layout (Megatron-LM's): ``<dir>/iter_0000003/`` holds one checkpoint and
 ``<dir>/latest_checkpointed_iteration.txt`` names the newest. The iteration in the directory
 name is the number of iterations completed, i.e. the one the last log line printed.
-Optimizer state uses the ``dp_reshardable`` distributed-optimizer format (DESIGN.md §3).
+Optimizer state uses megatron-core's ``dp_reshardable`` distributed-optimizer format.
 
 Besides megatron-core's files, each checkpoint holds ``manifest.json`` (size and SHA-256 of
 every file), ``run_args.json`` (what shapes the model, data order and schedule) and

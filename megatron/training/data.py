@@ -16,7 +16,7 @@ from megatron.core import parallel_state
 from megatron.training.datasets import collate_padded
 from megatron.varlen.cp_split import split_sbhd_for_cp
 from megatron.varlen.cpu_device import get_device
-from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper, PackingConfig, StepBatches
+from megatron.varlen.data_schedule import GlobalBatchPacker, PackingConfig, StepBatches
 from megatron.varlen.scheduling.cost_model import CostModel
 
 _SEQ_DIM = 1  # batches are [b, s]
@@ -129,10 +129,10 @@ class PackedBatchProvider:
     def __init__(self, dataset, args, config: PackingConfig, group_lookup=None):
         self.dataset = dataset
         self.args = args
-        self.wrapper = HybridCPDataLoaderWrapper(None, config, group_lookup=group_lookup)
+        self.packer = GlobalBatchPacker(config, group_lookup=group_lookup)
 
     def step_batches(self, iteration: int) -> StepBatches:
         indices = global_batch_indices(iteration, self.args.global_batch_size)
         mine = replica_block(indices, parallel_state.get_data_parallel_world_size(),
                              parallel_state.get_data_parallel_rank())
-        return self.wrapper.pack_global_batch([self.dataset[i] for i in mine])
+        return self.packer.pack_global_batch([self.dataset[i] for i in mine])

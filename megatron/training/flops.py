@@ -1,7 +1,8 @@
 """Model FLOPs of one training step from the REAL sequence lengths of the global batch.
 
 Token-linear work scales with sum(L); causal core attention with sum(L^2). Counting from padded
-lengths (upstream's bug, RESEARCH.md §B.3) overstates throughput; sums are exact Python ints.
+lengths (as upstream Megatron-LM does with packed sequences) overstates throughput; sums are
+exact Python ints.
 
 Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), output projection
 2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h. Per sequence of length L, causal attention forward:

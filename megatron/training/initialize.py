@@ -54,7 +54,7 @@ def initialize_model_parallel(args) -> None:
 def set_random_seeds(seed: int) -> None:
     """Python, numpy, torch and megatron's tracked RNG streams (CPU tracker on CPU).
 
-    Weights do not depend on these streams (see initializers.py); dropout does, and the tracked
+    Weights do not depend on these streams (see layout_invariant_init.py); dropout does, and the tracked
     streams keep it reproducible and distinct across TP ranks as Megatron intends.
     """
     random.seed(seed)
@@ -70,10 +70,16 @@ def initialize_megatron(args) -> None:
     set_random_seeds(args.seed)
 
 
-def shutdown() -> None:
-    """Tears down parallel state and the process group (tests launch many runs per process)."""
+def teardown_parallel_state() -> None:
+    """Destroys the dynamic CP groups and megatron-core's parallel state (the process group,
+    which the caller may own, stays)."""
     destroy_dynamic_cp_groups()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+
+
+def shutdown() -> None:
+    """Tears down parallel state and the process group (tests launch many runs per process)."""
+    teardown_parallel_state()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

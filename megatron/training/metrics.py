@@ -1,11 +1,21 @@
-"""Per-iteration log line (Megatron's shape) and the JSONL metrics stream (DESIGN.md §6)."""
+"""Per-iteration log line (Megatron's shape) and the ONE JSONL metrics schema.
+
+Both entry points write the same JSONL records (:func:`to_json_record`, one object per
+iteration, keyed by ``"iteration"``) through :class:`JsonlMetricWriter`: ``pretrain_gpt.py``'s
+loop via :class:`MetricsLogger`, ``MegatronWrap`` via its ``jsonl`` metric writer (a facade flow
+appends its own metrics after the shared keys).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 TERA = 1e12
+ITERATION_KEY = "iteration"  # the first key of every JSONL record
 
 
 @dataclass
@@ -60,10 +70,11 @@ def format_log_line(m: IterationMetrics) -> str:
     return " | ".join(parts) + " |"
 
 
-def to_json_record(m: IterationMetrics) -> dict:
-    """The JSONL record: one object per iteration."""
+def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | None = None) -> dict:
+    """The JSONL record: one object per iteration; ``extra_metrics`` (a facade flow's own
+    metrics) follow the shared keys."""
     record = {
-        "iteration": m.iteration,
+        ITERATION_KEY: m.iteration,
         "lm_loss": m.lm_loss,
         "grad_norm": m.grad_norm,
         "lr": m.learning_rate,
@@ -78,7 +89,33 @@ def to_json_record(m: IterationMetrics) -> dict:
         "tflops_per_device": m.tflops_per_device,
     }
     record.update(m.extra)
+    record.update(extra_metrics or {})
     return record
+
+
+def _to_python(value: Any) -> Any:
+    """Turns 0-d tensors and numpy scalars into Python numbers; other values pass through."""
+    return value.item() if hasattr(value, "item") else value
+
+
+class JsonlMetricWriter:
+    """Appends one JSON object per iteration, ``{"iteration": 3, "lm_loss": 4.12, ...}``.
+
+    Args:
+        path: The file; missing parent folders are created.
+    """
+
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, iteration: int, metrics: Mapping[str, Any]) -> None:
+        record = {ITERATION_KEY: iteration, **{k: _to_python(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class MetricsLogger:
@@ -89,14 +126,13 @@ class MetricsLogger:
 
     def __init__(self, log_interval: int, jsonl_path: str | None):
         self.log_interval = log_interval
-        self._jsonl = open(jsonl_path, "a", encoding="utf-8") if jsonl_path else None
+        self._jsonl = JsonlMetricWriter(jsonl_path) if jsonl_path else None
 
     def log(self, metrics: IterationMetrics) -> None:
         if metrics.iteration % self.log_interval == 0:
             print(format_log_line(metrics), flush=True)
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(to_json_record(metrics)) + "\n")
-            self._jsonl.flush()
+            self._jsonl.write(metrics.iteration, to_json_record(metrics))
 
     def close(self) -> None:
         if self._jsonl is not None:

@@ -9,19 +9,14 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.training.hf.importer import load_hf_weights
-from megatron.training.initializers import initialize_layout_invariant
+from megatron.training.layout_invariant_init import initialize_layout_invariant
 from megatron.training.varlen_arguments import attention_backend, attention_backend_line
 from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
+from megatron.training.run_description import padded_vocab_size  # noqa: F401 (public here)
 from megatron.varlen.cpu_device import get_device, use_cpu
 from megatron.varlen.mtp import VarlenGPTModel
 from megatron.varlen.spec import get_varlen_decoder_block_spec, get_varlen_mtp_block_spec
 from megatron.varlen.spec_loading import load_layer_spec
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
-    """Megatron's rule: pad the vocabulary to a multiple of divisible_by * tp."""
-    multiple = divisible_by * tp_size
-    return -(-vocab_size // multiple) * multiple
 
 
 def params_dtype(args) -> torch.dtype:
@@ -61,7 +56,8 @@ def build_transformer_config(args) -> TransformerConfig:
         fp16=args.fp16,
         calculate_per_token_loss=args.calculate_per_token_loss,
         use_cpu_initialization=True,
-        # gloo: batched isend/irecv gave silently wrong gradients with VPP (DESIGN.md §3).
+        # gloo: batched isend/irecv gave silently wrong gradients with VPP (found while
+        # building the VPP path), so CPU runs send p2p messages one at a time.
         batch_p2p_comm=not use_cpu(),
         variable_seq_lengths=getattr(args, "variable_seq_lengths", False),
         # Unused by dense models, but megatron-core rejects its default ("allgather") together
@@ -108,8 +104,7 @@ def build_model(args, config: TransformerConfig,
     entry point passes its own).
     """
     build_chunk = build_chunk or _build_chunk
-    args.padded_vocab_size = padded_vocab_size(
-        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    # args.padded_vocab_size was derived once, at validation (run_description.py).
     stages = args.virtual_pipeline_model_parallel_size
     if torch.distributed.get_rank() == 0:
         print(f"> attention backend: {attention_backend_line(args)}; on {get_device().type}",

@@ -9,17 +9,11 @@ from megatron.training.data import (
 )
 from megatron.training.datasets.builder import build_datasets
 from megatron.training.errors import agree_on_errors
+from megatron.training.run_description import describe_run
 from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.training.training import gpt_model_provider, setup_model_and_optimizer, train
 from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
 from megatron.varlen.scheduling.groups import build_group_layout
-
-
-def _set_sample_counts(args) -> None:
-    """How many samples the datasets must provide (train, and eval at every eval point)."""
-    args.train_samples = args.train_iters * args.global_batch_size
-    num_evals = args.train_iters // max(args.eval_interval, 1) + 1
-    args.eval_samples = num_evals * max(args.eval_iters, 0) * args.global_batch_size
 
 
 def create_dynamic_cp_groups(args):
@@ -37,15 +31,21 @@ def create_dynamic_cp_groups(args):
     return registry.lookup
 
 
-def build_data_providers(args):
-    """Tokenizer-aware datasets wrapped in the step-batch provider the loop consumes."""
+def build_tokenizer_and_describe_run(args):
+    """(tokenizer, the read-only run description): what everything after this reads."""
     # Data errors (bad file, line, bytes) are one line on every rank, never a traceback wall.
     tokenizer = agree_on_errors(build_tokenizer, args.tokenizer_type, args.vocab_size,
                                 args.tokenizer_model)
-    if args.vocab_size is None:
-        args.vocab_size = tokenizer.vocab_size
-    check_tokenizer_fits(tokenizer, args.vocab_size)
-    _set_sample_counts(args)
+    run = describe_run(args, tokenizer.vocab_size)
+    check_tokenizer_fits(tokenizer, run.vocab_size)
+    return tokenizer, run
+
+
+def build_data_providers(args, tokenizer=None):
+    """Tokenizer-aware datasets wrapped in the step-batch provider the loop consumes
+    (``args``: the run description; without ``tokenizer`` both are built here)."""
+    if tokenizer is None:
+        tokenizer, args = build_tokenizer_and_describe_run(args)
     train_ds, valid_ds = agree_on_errors(build_datasets, args, tokenizer)
     if args.sequence_packing:
         config = build_packing_config(args, tokenizer.pad)
@@ -59,6 +59,7 @@ def build_data_providers(args):
 def pretrain(args, model_provider=gpt_model_provider) -> list[dict]:
     """Trains the model ``model_provider`` builds (GPT unless told) as the flags say; returns
     {"lm_loss", "grad_norm"} per iteration."""
-    train_provider, valid_provider = build_data_providers(args)
-    state = setup_model_and_optimizer(args, model_provider)
-    return train(args, state, train_provider, valid_provider)
+    tokenizer, run = build_tokenizer_and_describe_run(args)
+    train_provider, valid_provider = build_data_providers(run, tokenizer)
+    state = setup_model_and_optimizer(run, model_provider)
+    return train(run, state, train_provider, valid_provider)

@@ -25,6 +25,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.training import checkpointing
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.hf.exporter import save_hf
+from megatron.training.loop_steps import eval_mode, final_save_due, periodic_save_due
 from megatron.training.metrics import IterationMetrics, MetricsLogger
 from megatron.training.model import build_model, build_transformer_config
 from megatron.training.nonfinite import check_finite
@@ -179,15 +180,12 @@ def train_step(args, state: TrainState, step,
 @torch.no_grad()
 def evaluate(args, state: TrainState, provider, first_index: int) -> float | None:
     """Mean validation loss over --eval-iters global batches (global per-token mean)."""
-    for chunk in state.model:
-        chunk.eval()
     losses = []
-    for offset in range(args.eval_iters):
-        step = provider.step_batches(first_index + offset)
-        losses.append(
-            reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
-    for chunk in state.model:
-        chunk.train()
+    with eval_mode(state.model):
+        for offset in range(args.eval_iters):
+            step = provider.step_batches(first_index + offset)
+            losses.append(
+                reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
     if not losses or losses[0] is None:
         return None
     return sum(losses) / len(losses)
@@ -225,7 +223,7 @@ def _maybe_evaluate(args, state, valid_provider) -> float | None:
 
 
 def _maybe_save(args, state) -> None:
-    if args.save and args.save_interval and state.iteration % args.save_interval == 0:
+    if periodic_save_due(args, state.iteration):
         checkpointing.save_checkpoint(
             args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
 
@@ -253,7 +251,7 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
             check_finite(state.iteration, loss, grad_norm)
         history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
         _maybe_save(args, state)
-    if args.save and (not args.save_interval or state.iteration % args.save_interval):
+    if final_save_due(args, state.iteration):
         checkpointing.save_checkpoint(
             args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
     if args.save_hf:

@@ -169,7 +169,8 @@ def _validate_packing(args, require) -> None:
                 f"with virtual pipeline stages every pack is padded to "
                 f"--max-seqlen-per-dp-cp-rank tokens per rank, which must then be a multiple of "
                 f"{2 * sp_factor} (got {args.max_seqlen_per_dp_cp_rank})")
-    # Only the global per-token mean is invariant to packing (RESEARCH.md §C).
+    # Only the global per-token mean is invariant to packing: a per-micro-batch mean weighs
+    # tokens by how the samples happened to be packed.
     args.calculate_per_token_loss = True
     try:
         check_takes_thd(load_layer_spec(args.spec, args.normalization, attention_backend(args)),

@@ -1,7 +1,10 @@
-"""One global batch -> the packed THD micro-batches this rank runs (DESIGN.md §4).
+"""One global batch -> the packed THD micro-batches this rank runs (docs/ARCHITECTURE.md).
 
-    wrapper = HybridCPDataLoaderWrapper(data_iterator, config)
-    step = next(wrapper)          # StepBatches: micro-batches + exact global counts
+    packer = GlobalBatchPacker(config)
+    step = packer.pack_global_batch(samples)   # StepBatches: micro-batches + global counts
+
+    wrapper = HybridCPDataLoaderWrapper(data_iterator, config)   # Megatron-LM's seed API
+    step = next(wrapper)
 
 ``data_iterator`` yields, per global batch, the list of samples THIS DP replica loaded
 (dataset sample dicts). Per global batch: gather real lengths over DP (every sample gets a
@@ -51,6 +54,9 @@ class PackingConfig:
     # messages wrongly. None = variable shapes (fine without VPP).
     fixed_tokens_per_rank: int | None = None
     cost: CostModel = field(default_factory=CostModel)
+    # Per-token fields beyond tokens/labels/loss_mask the caller's samples carry (e.g. a facade
+    # flow's advantages): rerouted, packed and CP-split exactly like loss_mask, as float32.
+    extra_token_fields: tuple[str, ...] = ()
 
 
 @dataclass
@@ -84,20 +90,34 @@ class ProcessGroups:
         )
 
 
-class HybridCPDataLoaderWrapper:
-    """Iterator over packed global batches; each method is one step of the data path.
+@dataclass(frozen=True)
+class GatheredLengths:
+    """What the length gather learns about one global batch, passed on to schedule and reroute.
+
+    ``lengths[i]`` is the real length of the sample with global id ``i`` (DP-rank-major order),
+    ``owners[i]`` the DP replica that loaded it, ``first_id`` the global id of this replica's
+    first sample.
+    """
+
+    lengths: tuple[int, ...]
+    owners: tuple[int, ...]
+    first_id: int
+
+
+class GlobalBatchPacker:
+    """The packing service: one global batch -> this rank's :class:`StepBatches`.
+
+    Each method is one step of the data path; values flow from one to the next explicitly
+    (gather -> :class:`GatheredLengths` -> schedule -> reroute -> pack).
 
     Args:
-        data_iterator: yields, per global batch, the list of samples this DP replica holds.
         config: :class:`PackingConfig`.
         pg_collection: :class:`ProcessGroups` (default: from megatron parallel_state).
         group_lookup: ``(ranks tuple) -> process group`` for CP groups other than the static
             one (dynamic CP); None allows only the static CP group and size 1.
     """
 
-    def __init__(self, data_iterator, config: PackingConfig, pg_collection=None,
-                 group_lookup=None):
-        self.data_iterator = data_iterator
+    def __init__(self, config: PackingConfig, pg_collection=None, group_lookup=None):
         self.config = config
         self.groups = pg_collection or ProcessGroups.from_parallel_state()
         self.group_lookup = group_lookup
@@ -106,66 +126,49 @@ class HybridCPDataLoaderWrapper:
         self.rank = dist.get_rank(self.groups.dp_cp)  # = dp_rank * cp + cp_rank
         self.device = get_device()
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> StepBatches:
-        return self.pack_global_batch(next(self.data_iterator))
-
-    def get_global_seqlens(self, samples: list[dict]) -> list[int]:
-        """Real lengths of the whole global batch, DP-rank-major (index = global id)."""
-        return [length for _, length in self.get_global_id_seqlens(samples)]
-
-    def get_global_id_seqlens(self, samples: list[dict]) -> list[tuple[int, int]]:
-        """(global id, real length) for every sample of the global batch, in id order."""
+    def gather_lengths(self, samples: list[dict]) -> GatheredLengths:
+        """Real lengths of the whole global batch and which replica holds each sample."""
         gathered = [None] * self.dp_size
         dist.all_gather_object(gathered, [int(s["length"]) for s in samples], group=self.groups.dp)
-        lengths = [length for replica in gathered for length in replica]
-        self._owners = [d for d, replica in enumerate(gathered) for _ in replica]
-        self._first_id = sum(len(replica) for replica in gathered[: self._dp_rank()])
-        return list(enumerate(lengths))
+        dp_rank = dist.get_rank(self.groups.dp)
+        return GatheredLengths(
+            lengths=tuple(length for replica in gathered for length in replica),
+            owners=tuple(d for d, replica in enumerate(gathered) for _ in replica),
+            first_id=sum(len(replica) for replica in gathered[:dp_rank]),
+        )
 
-    def _dp_rank(self) -> int:
-        return dist.get_rank(self.groups.dp)
-
-    def schedule(self, lengths: list[int]):
-        """The pure scheduler's answer for these real lengths (identical on every rank)."""
+    def schedule(self, gathered: GatheredLengths):
+        """(problem, schedule): the pure scheduler's answer (identical on every rank), with the
+        micro-batches already in pipeline order."""
         cfg = self.config
         problem = ScheduleProblem(
-            lengths=tuple(lengths), dp_size=self.dp_size, cp_size=self.cp_size,
+            lengths=gathered.lengths, dp_size=self.dp_size, cp_size=self.cp_size,
             max_seqlen_per_rank=cfg.max_seqlen_per_rank, min_cp_size=cfg.min_cp_size,
             sp_factor=cfg.sp_factor, vpp_group_size=cfg.vpp_group_size,
-            min_num_microbatches=cfg.min_num_microbatches, owners=tuple(self._owners),
+            min_num_microbatches=cfg.min_num_microbatches, owners=gathered.owners,
             cost=cfg.cost,
         )
         schedule = get_scheduler(cfg.scheduler)(problem)
         # Order only (contents unchanged): small micro-batches where the pipeline fills/drains.
         return problem, order_for_pipeline(schedule, problem, cfg.pipeline_stages)
 
-    def reroute_samples_to_hdp_ranks(self, samples: list[dict], schedule, lengths) -> dict:
-        """{global id: real tokens/labels/loss_mask} for every sample this rank runs."""
-        local = {self._first_id + i: sample for i, sample in enumerate(samples)}
-        return reroute.reroute_samples(local, schedule.microbatches, self._owners, lengths,
-                                       self.cp_size, self.groups.dp_cp, self.device)
-
-    @staticmethod
-    def unpack_batch(batch: dict) -> list[dict]:
-        """A padded [b, s] batch with per-row ``length`` -> one real-length sample per row."""
-        rows = batch["tokens"].shape[0]
-        return [
-            {key: batch[key][row, : int(batch["length"][row])].clone()
-             for key in ("tokens", "labels", "loss_mask")} | {"length": int(batch["length"][row])}
-            for row in range(rows)
-        ]
+    def reroute(self, samples: list[dict], schedule, gathered: GatheredLengths) -> dict:
+        """{global id: real tokens/labels/loss_mask (+ extra token fields)} for every sample
+        this rank runs."""
+        local = {gathered.first_id + i: sample for i, sample in enumerate(samples)}
+        return reroute.reroute_samples(local, schedule.microbatches, gathered.owners,
+                                       gathered.lengths, self.cp_size, self.groups.dp_cp,
+                                       self.device, self.config.extra_token_fields)
 
     def pack_global_batch(self, samples: list[dict]) -> StepBatches:
         """The whole data path for one global batch (see the module docstring)."""
-        lengths = self.get_global_seqlens(samples)
-        problem, schedule = self.schedule(lengths)
-        mine = self.reroute_samples_to_hdp_ranks(samples, schedule, lengths)
+        gathered = self.gather_lengths(samples)
+        problem, schedule = self.schedule(gathered)
+        mine = self.reroute(samples, schedule, gathered)
         microbatches = [self._microbatch_inputs(schedule, m, mine)
                         for m in range(schedule.num_microbatches())]
         _verify_model_parallel_agreement(schedule, self.groups.model_parallel)
+        lengths = gathered.lengths
         return StepBatches(
             microbatches=microbatches, num_microbatches=schedule.num_microbatches(),
             seqlen_sum=sum(lengths), seqlen_squared_sum=sum(n * n for n in lengths),
@@ -176,13 +179,15 @@ class HybridCPDataLoaderWrapper:
         ids = schedule.microbatches[microbatch][self.rank]
         fixed = self.config.fixed_tokens_per_rank
         if not ids:
-            pack = packing.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed)
+            pack = packing.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed,
+                                      self.config.extra_token_fields)
             return packing.build_model_inputs(pack, 0, None, self.device)
         group_ranks = schedule.group_ranks(microbatch, self.rank)
         pack = packing.pack_sequences(
             [mine[sid] for sid in ids], [schedule.padded_lengths[sid] for sid in ids],
             local_cp_size=len(group_ranks), pad_id=self.config.pad_id, sample_ids=tuple(ids),
-            total_tokens=fixed * len(group_ranks) if fixed else None)
+            total_tokens=fixed * len(group_ranks) if fixed else None,
+            extra_fields=self.config.extra_token_fields)
         return packing.build_model_inputs(
             pack, group_ranks.index(self.rank), self._process_group(group_ranks), self.device)
 
@@ -196,6 +201,67 @@ class HybridCPDataLoaderWrapper:
             f"schedule uses CP group {group_ranks} but only the static CP group of size "
             f"{self.cp_size} exists (dynamic CP groups were not created)")
         return self.group_lookup(group_ranks)
+
+
+class HybridCPDataLoaderWrapper:
+    """Megatron-LM's seed API: an iterator over packed global batches (a thin wrapper over
+    :class:`GlobalBatchPacker`, which production code uses directly).
+
+    The seed API's step methods take plain lengths, so ``schedule(lengths)`` and
+    ``reroute_samples_to_hdp_ranks(..., lengths)`` use the owners of the gather that produced
+    those lengths; this wrapper keeps that one gather and checks the lengths match it.
+    """
+
+    def __init__(self, data_iterator, config: PackingConfig, pg_collection=None,
+                 group_lookup=None):
+        self.data_iterator = data_iterator
+        self.packer = GlobalBatchPacker(config, pg_collection, group_lookup)
+        self.config = config
+        self.rank = self.packer.rank
+        self._gathered: GatheredLengths | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> StepBatches:
+        return self.packer.pack_global_batch(next(self.data_iterator))
+
+    def pack_global_batch(self, samples: list[dict]) -> StepBatches:
+        return self.packer.pack_global_batch(samples)
+
+    def get_global_seqlens(self, samples: list[dict]) -> list[int]:
+        """Real lengths of the whole global batch, DP-rank-major (index = global id)."""
+        return [length for _, length in self.get_global_id_seqlens(samples)]
+
+    def get_global_id_seqlens(self, samples: list[dict]) -> list[tuple[int, int]]:
+        """(global id, real length) for every sample of the global batch, in id order."""
+        self._gathered = self.packer.gather_lengths(samples)
+        return list(enumerate(self._gathered.lengths))
+
+    def schedule(self, lengths: list[int]):
+        """The pure scheduler's answer for these real lengths (identical on every rank)."""
+        return self.packer.schedule(self._gathered_for(lengths))
+
+    def reroute_samples_to_hdp_ranks(self, samples: list[dict], schedule, lengths) -> dict:
+        """{global id: real tokens/labels/loss_mask} for every sample this rank runs
+        (Megatron-LM's name; "hdp" = its hybrid data x context parallel ranks)."""
+        return self.packer.reroute(samples, schedule, self._gathered_for(lengths))
+
+    def _gathered_for(self, lengths) -> GatheredLengths:
+        if self._gathered is None or tuple(lengths) != self._gathered.lengths:
+            raise ValueError("schedule()/reroute_samples_to_hdp_ranks() need the lengths returned "
+                             "by this wrapper's last get_global_seqlens() call")
+        return self._gathered
+
+    @staticmethod
+    def unpack_batch(batch: dict) -> list[dict]:
+        """A padded [b, s] batch with per-row ``length`` -> one real-length sample per row."""
+        rows = batch["tokens"].shape[0]
+        return [
+            {key: batch[key][row, : int(batch["length"][row])].clone()
+             for key in ("tokens", "labels", "loss_mask")} | {"length": int(batch["length"][row])}
+            for row in range(rows)
+        ]
 
 
 def schedule_stats(problem, schedule, config: PackingConfig) -> dict:

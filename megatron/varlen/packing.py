@@ -13,7 +13,7 @@ Model inputs are [1, T_r] (batch dimension 1, as megatron-core's THD path expect
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +43,9 @@ class PackedMicroBatch:
     local_cp_size: int
     sample_ids: tuple[int, ...]
     real_tokens: int
+    # Per-token fields the caller declared ([T] float32, padding and filler 0), laid out and
+    # CP-split exactly like loss_mask.
+    extra: dict = field(default_factory=dict)
 
 
 def _cumulative(lengths: list[int]) -> torch.Tensor:
@@ -55,31 +58,34 @@ def _pad_to(values: torch.Tensor, length: int, fill) -> torch.Tensor:
     return out
 
 
-def _filler(length: int, pad_id: int) -> dict:
+def _filler(length: int, pad_id: int, extra_fields=()) -> dict:
     """A pad-only sequence that is attended like a real one (no fully masked rows) but has
-    loss_mask 0, so it changes no number."""
+    loss_mask 0 (and every extra field 0), so it changes no number."""
     return {"tokens": torch.full((length,), pad_id), "labels": torch.full((length,), pad_id),
-            "loss_mask": torch.zeros(length)}
+            "loss_mask": torch.zeros(length), **{key: torch.zeros(length) for key in extra_fields}}
 
 
 def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_size: int,
                    pad_id: int, sample_ids: tuple[int, ...] = (),
-                   total_tokens: int | None = None) -> PackedMicroBatch:
+                   total_tokens: int | None = None,
+                   extra_fields: tuple[str, ...] = ()) -> PackedMicroBatch:
     """Concatenates sequences (dicts with REAL ``tokens``/``labels``/``loss_mask`` of length L)
     each padded to its entry of ``padded_lengths``.
 
     ``total_tokens`` (optional) fixes the pack's length by appending a filler sequence: used
     when the pipeline needs the same activation shape for every micro-batch (see
     :class:`~megatron.varlen.data_schedule.PackingConfig.fixed_tokens_per_rank`).
+    ``extra_fields``: further per-token fields of each sequence, padded with 0 like loss_mask.
     """
     assert len(sequences) == len(padded_lengths) > 0, "a pack needs at least one sequence"
     used = sum(padded_lengths)
     if total_tokens is not None and total_tokens > used:
-        sequences = [*sequences, _filler(total_tokens - used, pad_id)]
+        sequences = [*sequences, _filler(total_tokens - used, pad_id, extra_fields)]
         padded_lengths = [*padded_lengths, total_tokens - used]
     assert total_tokens is None or sum(padded_lengths) == total_tokens, (
         f"pack of {used} tokens exceeds the fixed pack length {total_tokens}")
     parts = {key: [] for key in _TOKEN_KEYS}
+    extra = {key: [] for key in extra_fields}
     real = []
     for seq, padded in zip(sequences, padded_lengths):
         length = int(seq["tokens"].numel())
@@ -88,6 +94,8 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         parts["labels"].append(_pad_to(seq["labels"].long(), padded, pad_id))
         parts["loss_mask"].append(_pad_to(seq["loss_mask"].float(), padded, 0.0))
         parts["position_ids"].append(torch.arange(padded, dtype=torch.int64))
+        for key in extra_fields:
+            extra[key].append(_pad_to(seq[key].float(), padded, 0.0))
         real.append(length)
     filler_tokens = sum(padded_lengths[len(sample_ids):]) if sample_ids else 0
     return PackedMicroBatch(
@@ -98,13 +106,16 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         local_cp_size=local_cp_size,
         sample_ids=tuple(sample_ids),
         real_tokens=sum(real) - filler_tokens,
+        extra={key: torch.cat(values) for key, values in extra.items()},
     )
 
 
-def dummy_pack(pad_id: int, sp_factor: int, total_tokens: int | None = None) -> PackedMicroBatch:
+def dummy_pack(pad_id: int, sp_factor: int, total_tokens: int | None = None,
+               extra_fields: tuple[str, ...] = ()) -> PackedMicroBatch:
     """A pad-only pack for a rank the schedule left idle in a micro-batch (loss_mask 0)."""
     tokens = total_tokens or DUMMY_SEQUENCE_TOKENS * sp_factor
-    pack = pack_sequences([_filler(tokens, pad_id)], [tokens], local_cp_size=1, pad_id=pad_id)
+    pack = pack_sequences([_filler(tokens, pad_id, extra_fields)], [tokens], local_cp_size=1,
+                          pad_id=pad_id, extra_fields=extra_fields)
     return PackedMicroBatch(**{**pack.__dict__, "real_tokens": 0})
 
 
@@ -116,8 +127,8 @@ def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device) -
     """
     size = pack.local_cp_size
     inputs = {}
-    for key in _TOKEN_KEYS:
-        local = getattr(pack, key)
+    fields = {**{key: getattr(pack, key) for key in _TOKEN_KEYS}, **pack.extra}
+    for key, local in fields.items():
         if size > 1:
             local = split_thd_for_cp(local, pack.cu_seqlens_padded, size, cp_rank, seq_dim=0)
         inputs[key] = local.unsqueeze(0).to(device)

@@ -69,8 +69,10 @@ def _unpack(buffer: torch.Tensor, recv_lists, lengths, fields, into: dict) -> No
 
 
 def reroute_samples(local_samples: Mapping[int, dict], microbatches, owners: Sequence[int],
-                    lengths: Sequence[int], cp_size: int, group, device) -> dict[int, dict]:
-    """Returns {sample id: {"tokens", "labels", "loss_mask"}} (real tokens) for this rank.
+                    lengths: Sequence[int], cp_size: int, group, device,
+                    extra_token_fields: Sequence[str] = ()) -> dict[int, dict]:
+    """Returns {sample id: {"tokens", "labels", "loss_mask", *extra_token_fields}} (real
+    tokens) for this rank.
 
     Args:
         local_samples: the samples this rank's DP replica loaded, by global id (not modified).
@@ -79,12 +81,15 @@ def reroute_samples(local_samples: Mapping[int, dict], microbatches, owners: Seq
         lengths: real length of each global id.
         cp_size: static CP size (ranks per DP replica in the DP x CP group).
         group: the DP x CP process group (rank index = dp_rank * cp + cp_rank).
+        extra_token_fields: further per-token fields the caller declared (sent as float32,
+            with ``loss_mask``).
     """
     num_ranks = dist.get_world_size(group)
     me = dist.get_rank(group)
     send, recv = _transfer_lists(microbatches, owners, cp_size, num_ranks, me)
     received: dict[int, dict] = {}
-    for fields, dtype in ((_INT_FIELDS, torch.int64), (_FLOAT_FIELDS, torch.float32)):
+    float_fields = (*_FLOAT_FIELDS, *extra_token_fields)
+    for fields, dtype in ((_INT_FIELDS, torch.int64), (float_fields, torch.float32)):
         buffer = _exchange(send, recv, local_samples, lengths, fields, dtype, group, device)
         _unpack(buffer, recv, lengths, fields, received)
     return received

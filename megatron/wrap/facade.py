@@ -9,7 +9,7 @@
     wrap.save()
 
 Every step runs ``pretrain_gpt.py``'s code: the flow converts samples to data-path samples,
-DP replica r takes block r of the batch, ``HybridCPDataLoaderWrapper.pack_global_batch``
+DP replica r takes block r of the batch, ``GlobalBatchPacker.pack_global_batch``
 packs them (THD, static or dynamic CP, micro-batches) and ``training.train_step`` runs the
 optimizer step with the flow's forward step. Packing is always on. See docs/WRAP.md.
 """
@@ -17,6 +17,7 @@ optimizer step with the flow's forward step. Packing is always on. See docs/WRAP
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,17 +26,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron.core import parallel_state
 from megatron.training import checkpointing
 from megatron.training.data import build_packing_config
 from megatron.training.nonfinite import check_finite
+from megatron.training.loop_steps import eval_mode, periodic_save_due
 from megatron.training.initialize import (
     initialize_distributed,
     initialize_model_parallel,
     set_random_seeds,
     shutdown,
+    teardown_parallel_state,
 )
 from megatron.training.pretrain import create_dynamic_cp_groups
+from megatron.training.run_description import describe_run
 from megatron.training.hf.exporter import save_hf
 from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.training.training import (
@@ -45,15 +48,14 @@ from megatron.training.training import (
     setup_model_and_optimizer,
     train_step,
 )
-from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper
-from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+from megatron.varlen.data_schedule import GlobalBatchPacker
 from megatron.wrap import batch as batching
-from megatron.wrap import logging as wrap_logging
+from megatron.wrap import rank_logging as wrap_logging
 from megatron.wrap import runtime
 from megatron.wrap.config import WrapConfig, build_config
 from megatron.wrap.flows import Flow, FlowContext, build_flow
 from megatron.wrap.forward import FlowForwardStep
-from megatron.wrap.microbatches import pack_step
+from megatron.wrap.microbatches import pack_step, per_token_fields
 from megatron.wrap.parallel import ParallelStateMixin
 from megatron.wrap.pretrained import pretrained_config
 from megatron.wrap.step_metrics import LOSS, reduce_across_stages, train_metrics
@@ -83,6 +85,7 @@ class MegatronWrap(ParallelStateMixin):
         self._writers: list = []
         self._progress = None
         self._last_metrics: dict | None = None
+        self._last_record: dict | None = None  # the same step in the shared JSONL schema
         self._exit_stack = contextlib.ExitStack()
         self._owns_process_group = False
 
@@ -106,20 +109,22 @@ class MegatronWrap(ParallelStateMixin):
         runtime.check_device(facade["device"])
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
-        args = self.args = runtime.parse_training_args(self.config)
-        self.tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_size,
-                                         args.tokenizer_model)
-        if args.vocab_size is None:
-            args.vocab_size = self.tokenizer.vocab_size
+        parsed = runtime.parse_training_args(self.config)
+        self.tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_size,
+                                         parsed.tokenizer_model)
+        args = self.args = describe_run(parsed, self.tokenizer.vocab_size)  # read-only now
         check_tokenizer_fits(self.tokenizer, args.vocab_size)
         initialize_model_parallel(args)
         set_random_seeds(args.seed)
-        self._packer = HybridCPDataLoaderWrapper(
-            None, build_packing_config(args, self.tokenizer.pad),
-            group_lookup=create_dynamic_cp_groups(args))
         limit, key = batching.length_limit(args)
         self.flow = build_flow(facade["flow_name"],
                                FlowContext(args, self.tokenizer, limit, key), facade["flow_args"])
+        # The packer carries the flow's per-token fields like loss_mask (no re-layout here).
+        packing_config = dataclasses.replace(
+            build_packing_config(args, self.tokenizer.pad),
+            extra_token_fields=per_token_fields(self.flow.extra_fields()))
+        self._packer = GlobalBatchPacker(packing_config,
+                                         group_lookup=create_dynamic_cp_groups(args))
         self._forward_step = FlowForwardStep(self.flow)
         self._setup_logging(facade)
         wrap_logging.info_rank_0("%s | flow %r | longest sample %d tokens (%s)",
@@ -174,8 +179,9 @@ class MegatronWrap(ParallelStateMixin):
         if self.args.check_for_nan_in_loss_and_grad:  # before anything can save it
             check_finite(self.state.iteration, loss, grad_norm)
         reduced = reduce_across_stages(loss, self._forward_step.records, self.flow.metric_names)
-        self._last_metrics = train_metrics(self.args, self.state, step, reduced, grad_norm,
-                                           len(samples), time.perf_counter() - start)
+        self._last_metrics, self._last_record = train_metrics(
+            self.args, self.state, step, reduced, grad_norm, len(samples),
+            time.perf_counter() - start)
         self._maybe_save()
         return dict(self._last_metrics)
 
@@ -187,14 +193,9 @@ class MegatronWrap(ParallelStateMixin):
         samples = self._global_batch(batch, source, "evaluate")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
         self._forward_step.reset()
-        for chunk in self.state.model:
-            chunk.eval()
-        try:
+        with eval_mode(self.state.model):
             losses = run_forward_backward(self.args, self.state, step, forward_only=True,
                                           forward_step_func=self._forward_step)
-        finally:
-            for chunk in self.state.model:
-                chunk.train()
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
         return {**reduced, "samples": len(samples), "tokens": step.seqlen_sum,
@@ -229,7 +230,7 @@ class MegatronWrap(ParallelStateMixin):
             wrap_logging.warning_rank_0("log_last_metrics(): no train() step yet")
             return
         for writer in self._writers:
-            writer.write(metrics["iteration"], metrics)
+            writer.write(metrics["iteration"], self._last_record)
         if self._progress is not None:
             self._progress.update(metrics["iteration"], {LOSS: metrics[LOSS]})
 
@@ -275,8 +276,7 @@ class MegatronWrap(ParallelStateMixin):
         return state.iteration
 
     def _maybe_save(self) -> None:
-        args = self.args
-        if args.save and args.save_interval and self.state.iteration % args.save_interval == 0:
+        if periodic_save_due(self.args, self.state.iteration):
             self.save()
 
     # --- teardown -------------------------------------------------------------------------
@@ -292,9 +292,7 @@ class MegatronWrap(ParallelStateMixin):
         if self._owns_process_group:
             shutdown()
         else:
-            destroy_dynamic_cp_groups()
-            if parallel_state.model_parallel_is_initialized():
-                parallel_state.destroy_model_parallel()
+            teardown_parallel_state()
 
     def __enter__(self) -> MegatronWrap:
         return self

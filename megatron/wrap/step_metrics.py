@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.training.flops import num_floating_point_operations
-from megatron.training.metrics import IterationMetrics
+from megatron.training.metrics import IterationMetrics, to_json_record
 from megatron.training.training import LOSS_KEY
 from megatron.varlen.cpu_device import get_device
 
@@ -58,8 +58,9 @@ def _sum_over_dp_cp(records: list[dict], names: list[str], like: torch.Tensor) -
 
 
 def train_metrics(args, state, step, reduced: dict, grad_norm, num_samples: int,
-                  step_time_s: float) -> dict:
-    """The dict ``train()`` returns (see docs/WRAP.md for each key)."""
+                  step_time_s: float) -> tuple[dict, dict]:
+    """(the dict ``train()`` returns (see docs/WRAP.md for each key), the metric writers'
+    record: ``pretrain_gpt.py``'s JSONL schema plus the flow's own metrics)."""
     lr = state.optimizer.param_groups[0]["lr"]
     measured = IterationMetrics(
         iteration=state.iteration, train_iters=args.train_iters,
@@ -71,7 +72,7 @@ def train_metrics(args, state, step, reduced: dict, grad_norm, num_samples: int,
         world_size=dist.get_world_size(), extra=dict(step.stats),
     )
     padding = step.stats.get("padding_ratio", 0.0)
-    return {
+    returned = {
         "iteration": state.iteration,
         **reduced,
         "grad_norm": None if grad_norm is None else float(grad_norm),
@@ -86,3 +87,9 @@ def train_metrics(args, state, step, reduced: dict, grad_norm, num_samples: int,
         "packing_efficiency": 1.0 - padding,
         "schedule_imbalance": step.stats.get("schedule_imbalance", 1.0),
     }
+    return returned, writer_record(measured, reduced)
+
+
+def writer_record(measured: IterationMetrics, reduced: dict) -> dict:
+    """The shared JSONL schema (``to_json_record``) plus the flow's metrics other than loss."""
+    return to_json_record(measured, {k: v for k, v in reduced.items() if k != LOSS})

@@ -23,7 +23,7 @@ from megatron.training.hf.config import (
 from megatron.training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
 )
-from megatron.training.initializers import canonical_parameter_name
+from megatron.training.layout_invariant_init import canonical_parameter_name
 from megatron.training.model import unwrap
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"

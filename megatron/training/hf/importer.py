@@ -14,7 +14,7 @@ from megatron.core import parallel_state
 from megatron.training.hf import weights
 from megatron.training.hf.config import HFConfigError, HFModelConfig, load_hf_config
 from megatron.training.hf.safetensors_io import SafetensorsReader
-from megatron.training.initializers import canonical_parameter_name
+from megatron.training.layout_invariant_init import canonical_parameter_name
 
 
 def _check_shapes(reader: SafetensorsReader, names: list[str], rule: weights.Rule,

@@ -30,7 +30,7 @@ from megatron.training.datasets.sft import encode_turns, parse_turns
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow
-from megatron.wrap.logging import warning_rank_0
+from megatron.wrap.rank_logging import warning_rank_0
 
 MIN_DOCUMENT_IDS = 2  # one input token and its label
 _TEXT_KEYS = ("messages", "prompt")

@@ -10,7 +10,6 @@ import pytest
 from megatron.training.arguments import ArgumentValidationError, parse_args
 from megatron.training.datasets.builder import build_datasets
 from megatron.training.errors import UserInputError, agree_on_errors
-from megatron.training.pretrain import _set_sample_counts
 from megatron.training.testing import TINY_GPT_ARGS
 from megatron.training.tokenizer import build_tokenizer
 
@@ -46,7 +45,7 @@ def _sft_args(path):
                        "--seq-length", "32", "--lr", "1e-3", "--train-iters", "2",
                        "--eval-iters", "0", "--sft", "--data-path", str(path),
                        "--tokenizer-type", "ByteLevelTokenizer"], world_size=1)
-    _set_sample_counts(args)
+    # train_samples / eval_samples: derived during validation (run_description.py)
     return args
 
 

@@ -20,7 +20,7 @@ def _shards(argv):
     from megatron.core import parallel_state as ps
     from megatron.training.arguments import parse_args
     from megatron.training.initialize import initialize_model_parallel, set_random_seeds
-    from megatron.training.initializers import canonical_parameter_name
+    from megatron.training.layout_invariant_init import canonical_parameter_name
     from megatron.training.model import build_model, build_transformer_config, unwrap
 
     args = parse_args(argv, world_size=torch.distributed.get_world_size())

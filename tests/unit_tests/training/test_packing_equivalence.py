@@ -82,7 +82,6 @@ def test_token_counts_agree_with_the_dataset(tmp_path):
 
     from megatron.training.arguments import parse_args
     from megatron.training.datasets.builder import build_datasets
-    from megatron.training.pretrain import _set_sample_counts
     from megatron.training.tokenizer import build_tokenizer
 
     def sums(argv, world, name):
@@ -93,7 +92,7 @@ def test_token_counts_agree_with_the_dataset(tmp_path):
                 for r in map(json.loads, path.read_text().splitlines())]
 
     args = parse_args(UNPACKED, world_size=1)
-    _set_sample_counts(args)
+    # train_samples / eval_samples: derived during validation (run_description.py)
     dataset, _ = build_datasets(args, build_tokenizer(args.tokenizer_type, args.vocab_size))
     gbs = args.global_batch_size
     expected = []

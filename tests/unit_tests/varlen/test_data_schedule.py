@@ -184,12 +184,22 @@ def _seed_api_rank_fn():
                  "labels": torch.zeros(2, 4, dtype=torch.long), "loss_mask": torch.ones(2, 4),
                  "length": torch.tensor([3, 1])}
         unpacked = HybridCPDataLoaderWrapper.unpack_batch(batch)
+        # The service takes the gather's value explicitly; the seed API refuses foreign lengths.
+        gathered = wrapper.packer.gather_lengths(samples)
+        _, explicit = wrapper.packer.schedule(gathered)
+        try:
+            wrapper.schedule(list(reversed(lengths)))
+            foreign_refused = False
+        except ValueError:
+            foreign_refused = True
         steps = list(zip(range(2), wrapper))  # __iter__/__next__: one StepBatches per batch
         return {"id_lengths": id_lengths, "lengths": lengths, "routed": sorted(routed),
                 "routed_tokens": {k: v["tokens"].tolist() for k, v in routed.items()},
                 "assigned": sorted(mine_now), "unpacked": [u["tokens"].tolist() for u in unpacked],
                 "unpacked_lengths": [u["length"] for u in unpacked],
-                "steps": [s.num_microbatches for _, s in steps]}
+                "steps": [s.num_microbatches for _, s in steps],
+                "owners": gathered.owners, "first_id": gathered.first_id, "dp_rank": dp_rank,
+                "explicit_same": explicit == schedule, "foreign_refused": foreign_refused}
     finally:
         ps.destroy_model_parallel()
 
@@ -205,6 +215,8 @@ def test_seed_api_methods():
             assert tokens == _sample(sid, LENGTHS[sid])["tokens"].tolist()
         assert r["unpacked"] == [[0, 1, 2], [10]] and r["unpacked_lengths"] == [3, 1]
         assert len(r["steps"]) == 2 and all(n >= 1 for n in r["steps"])
+        assert r["owners"] == (0, 0, 0, 1, 1) and r["first_id"] == 3 * r["dp_rank"]
+        assert r["explicit_same"] and r["foreign_refused"]
     assert sorted(results[0]["routed"] + results[1]["routed"]) == list(range(5))
 
 

@@ -91,7 +91,7 @@ def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
 
 
 def _local_params(model) -> dict:
-    from megatron.training.initializers import canonical_parameter_name
+    from megatron.training.layout_invariant_init import canonical_parameter_name
 
     out = {}
     for chunk in model:

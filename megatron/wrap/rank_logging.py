@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+# The JSONL writer is the training layer's: one schema for both entry points (no torch either).
+from megatron.training.metrics import ITERATION_KEY, JsonlMetricWriter
+
 LOGGER_NAME = "megatron.wrap"
 RANK_ENV_VAR = "RANK"
 WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
@@ -279,34 +282,15 @@ class MetricWriter(Protocol):
 
 
 class ConsoleMetricWriter:
-    """Logs `step 3 | loss 4.12 | lr 0.001` (on the calling rank, which is the last one)."""
+    """Logs `iteration 3 | lm_loss 4.12 | lr 0.001` (on the calling rank, the last one)."""
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        fields = [f"step {step}", *(f"{k} {_format_metric(v)}" for k, v in metrics.items())]
+        fields = [f"iteration {step}", *(f"{k} {_format_metric(v)}" for k, v in metrics.items()
+                                         if k != ITERATION_KEY)]
         info_all_ranks(" | ".join(fields))
 
     def close(self) -> None:
         pass
-
-
-class JsonlMetricWriter:
-    """Appends one JSON object per step, `{"step": 3, "loss": 4.12, ...}`, to a file.
-
-    Args:
-        path: The file; missing parent folders are created.
-    """
-
-    def __init__(self, path: str | Path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8")
-
-    def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        record = {"step": step, **{k: _to_python(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
 
 
 class TensorBoardMetricWriter:

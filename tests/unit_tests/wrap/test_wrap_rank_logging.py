@@ -8,8 +8,8 @@ import warnings
 
 import pytest
 
-from megatron.wrap import logging as wrap_logging
-from megatron.wrap.logging import (
+from megatron.wrap import rank_logging as wrap_logging
+from megatron.wrap.rank_logging import (
     JsonlMetricWriter,
     ProgressBar,
     build_metric_writers,
@@ -123,7 +123,7 @@ def test_capture_warnings_routes_and_restores(capsys):
         assert warnings.showwarning is original
     out = capsys.readouterr().out
     assert out.startswith("[rank 0] WARNING DeprecationWarning: old flag (")
-    assert "test_wrap_logging.py:" in out
+    assert "test_wrap_rank_logging.py:" in out
 
 
 def test_progress_bar_renders_and_prints_on_rank_0_only(capsys):
@@ -159,14 +159,15 @@ def test_jsonl_writer_appends_one_object_per_step(tmp_path):
     writer.write(2, {"loss": 1.5})
     writer.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert records == [{"step": 1, "loss": 2.0, "grad_norm": 0.25}, {"step": 2, "loss": 1.5}]
+    assert records == [{"iteration": 1, "loss": 2.0, "grad_norm": 0.25},
+                       {"iteration": 2, "loss": 1.5}]
 
 
 def test_console_writer_logs_on_the_calling_rank(capsys):
     use_rank(3)
     (writer,) = build_metric_writers(["console"])
     writer.write(5, {"loss": 4.0, "lr": 0.001})
-    assert capsys.readouterr().out == "[rank 3] INFO step 5 | loss 4 | lr 0.001\n"
+    assert capsys.readouterr().out == "[rank 3] INFO iteration 5 | loss 4 | lr 0.001\n"
 
 
 @pytest.mark.parametrize(
