@@ -105,8 +105,18 @@ def get_thd_restore_order(cu_seqlens_padded: torch.Tensor, cp_size: int) -> torc
     Returns:
         LongTensor [T].
     """
-    kept = [get_thd_partition_indices(cu_seqlens_padded, cp_size, r) for r in range(cp_size)]
-    return torch.argsort(torch.cat(kept))
+    return torch.argsort(get_thd_rank_order(cu_seqlens_padded, cp_size))
+
+
+def get_thd_rank_order(cu_seqlens_padded: torch.Tensor, cp_size: int) -> torch.Tensor:
+    """Stream positions of the rank-ordered concatenation of all CP shards (the inverse of
+    :func:`get_thd_restore_order`): ``torch.cat(shards) == full.index_select(0, order)``.
+
+    Returns:
+        LongTensor [T].
+    """
+    return torch.cat([get_thd_partition_indices(cu_seqlens_padded, cp_size, r)
+                      for r in range(cp_size)])
 
 
 def _check_seq_dim(tensor: torch.Tensor, seq_dim: int, expected: int, what: str) -> None:

@@ -31,7 +31,7 @@ triton_stand_in.install()  # before megatron.core.ssm (see triton_stand_in.py)
 from megatron.core.ssm.mamba_context_parallel import (  # noqa: E402
     MambaContextParallel, _all_to_all_cp2hp, _all_to_all_hp2cp,
 )
-from megatron.varlen.cp_split import get_thd_partition_indices  # noqa: E402
+from megatron.varlen.cp_split import get_thd_rank_order, get_thd_restore_order  # noqa: E402
 
 
 def _padded_boundaries(packed_seq_params: Optional[PackedSeqParams], total_tokens: int,
@@ -47,16 +47,6 @@ def _padded_boundaries(packed_seq_params: Optional[PackedSeqParams], total_token
         raise ValueError(f"the CP-gathered sequence has {total_tokens} tokens but "
                          f"cu_seqlens_q_padded ends at {int(cu[-1])}")
     return cu
-
-
-def rank_order_indices(cu_seqlens_padded: torch.Tensor, cp_size: int) -> torch.Tensor:
-    """Stream positions of the rank-ordered concatenation of every CP rank's shard.
-
-    ``gathered = full.index_select(0, indices)`` (what the all-to-all delivers) and
-    ``full = gathered.index_select(0, argsort(indices))``.
-    """
-    return torch.cat([get_thd_partition_indices(cu_seqlens_padded, cp_size, rank)
-                      for rank in range(cp_size)])
 
 
 class VarlenMambaContextParallel(MambaContextParallel):
@@ -75,17 +65,17 @@ class VarlenMambaContextParallel(MambaContextParallel):
         B, C = (self._repeat_groups(t) for t in (B, C))
         parts = [_all_to_all_cp2hp(t, self.cp_group) for t in (z, x, B, C, dt)]
         gathered = torch.cat(parts, dim=-1)
-        order = rank_order_indices(
+        restore = get_thd_restore_order(
             _padded_boundaries(packed_seq_params, gathered.size(0), gathered.device),
             self.cp_size)
-        return gathered.index_select(0, torch.argsort(order))
+        return gathered.index_select(0, restore)
 
     def post_conv_ssm(self, input_: torch.Tensor,
                       packed_seq_params: Optional[PackedSeqParams] = None) -> torch.Tensor:
         """Inverse of :meth:`pre_conv_ssm` for the scan output: back to this rank's shard."""
         if self.cp_size == 1:
             return input_
-        order = rank_order_indices(
+        order = get_thd_rank_order(
             _padded_boundaries(packed_seq_params, input_.size(0), input_.device), self.cp_size)
         return _all_to_all_hp2cp(input_.index_select(0, order), self.cp_group)
 
