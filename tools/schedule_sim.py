@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.training.datasets.length_config import (  # noqa: E402
+from megatron.varlen.length_distributions import (  # noqa: E402
     parse_length_config,
     read_lengths_file,
 )

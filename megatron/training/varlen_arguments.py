@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.length_distributions import parse_length_config
 from megatron.varlen.accelerator import (
     ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
 )

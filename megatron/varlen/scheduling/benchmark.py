@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.length_distributions import parse_length_config
 from megatron.varlen.scheduling.bounds import (
     budget_aware_lower_bound,
     latency_aware_lower_bound,
