@@ -17,4 +17,9 @@ fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "$TORCH_SPEC"
 "$VENV/bin/python" -m pip install --quiet -e ".[test,plots,hf]"
+# The repository's own dev packages (tools/, tests/: the scheduling tool code and the multi-rank
+# harness) are importable in this environment, so `python tools/X.py` needs no sys.path edit;
+# they are never part of the installed library (pyproject lists only megatron.*).
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+pwd > "$SITE/megatron_varlen_repo_root.pth"
 echo "$want" > "$STAMP"
