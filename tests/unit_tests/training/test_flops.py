@@ -12,8 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.training.arguments import parse_args
 from megatron.training.flops import FORWARD_AND_BACKWARD, num_floating_point_operations
-from megatron.training.testing import TINY_GPT_ARGS
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS
 
 LENGTHS = (16, 32)
 

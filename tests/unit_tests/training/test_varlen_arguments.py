@@ -3,7 +3,7 @@
 import pytest
 
 from megatron.training.arguments import ArgumentValidationError, parse_args
-from megatron.training.testing import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS
 
 BASE = TINY_GPT_ARGS + ["--train-iters", "1", "--micro-batch-size", "1", "--sft"]
 

@@ -4,8 +4,8 @@ Guards DESIGN.md §3's measured pitfall: batched p2p on gloo gave silently wrong
 VPP; the CPU path must keep batch_p2p_comm off.
 """
 
-from megatron.training.testing import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 RTOL = 1e-5
 BASE = TINY_GPT_ARGS + ["--num-layers", "4", "--train-iters", "3", "--global-batch-size", "8"]
