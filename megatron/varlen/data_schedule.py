@@ -28,10 +28,10 @@ from megatron.core import parallel_state
 from megatron.varlen import reroute, thd_microbatch
 from megatron.varlen.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.metrics import critical_path, rank_times
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
 from megatron.varlen.scheduling.problem import ScheduleProblem
 from megatron.varlen.scheduling.registry import get_scheduler
+from megatron.varlen.scheduling.schedule_evaluation import critical_path, rank_times
 
 _FINGERPRINT_BYTES = 7  # fits an int64 all-reduce without overflow
 

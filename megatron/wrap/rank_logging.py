@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 # The JSONL writer is the training layer's: one schema for both entry points (no torch either).
-from megatron.training.metrics import ITERATION_KEY, JsonlMetricWriter
+from megatron.training.iteration_metrics import ITERATION_KEY, JsonlMetricWriter
 
 LOGGER_NAME = "megatron.wrap"
 RANK_ENV_VAR = "RANK"

@@ -21,11 +21,11 @@ from megatron.varlen.scheduling.bounds import (
     simple_lower_bound,
 )
 from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.metrics import microbatch_levels, rank_times
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
 from megatron.varlen.scheduling.problem import ScheduleProblem
-from tools.scheduling.simulate import resolve_scheduler
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, rank_times
 from megatron.varlen.scheduling.validate import validate_schedule
+from tools.scheduling.simulate import resolve_scheduler
 
 
 @dataclass(frozen=True)

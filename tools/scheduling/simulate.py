@@ -19,10 +19,10 @@ from megatron.varlen.scheduling.bounds import (
     simple_lower_bound,
 )
 from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.metrics import microbatch_levels, schedule_summary
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 from megatron.varlen.scheduling.registry import get_scheduler
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, schedule_summary
 from megatron.varlen.scheduling.validate import validate_schedule
 from tools.scheduling.upstream_reimplementation import (
     reimpl_upstream_dp_balanced,

@@ -19,7 +19,6 @@ from megatron.varlen.scheduling.bounds import (
 )
 from megatron.varlen.scheduling.cost_model import PROFILES, CostModel, HardwareProfile
 from megatron.varlen.scheduling.groups import GroupLayout, build_group_layout, build_static_layout
-from megatron.varlen.scheduling.metrics import critical_path, rank_times, schedule_summary
 from megatron.varlen.scheduling.pipeline_order import (
     BubbleEstimate,
     order_for_pipeline,
@@ -27,6 +26,11 @@ from megatron.varlen.scheduling.pipeline_order import (
 )
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem, padded_length
 from megatron.varlen.scheduling.registry import get_scheduler, scheduler_names
+from megatron.varlen.scheduling.schedule_evaluation import (
+    critical_path,
+    rank_times,
+    schedule_summary,
+)
 from megatron.varlen.scheduling.validate import idle_rank_slots, validate_schedule
 
 __all__ = [
