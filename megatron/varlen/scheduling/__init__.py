@@ -5,7 +5,8 @@ Public API (see docs/SCHEDULING.md):
 * problem and result: :class:`ScheduleProblem`, :class:`Schedule`, :func:`padded_length`;
 * cost model: :class:`CostModel`, :class:`HardwareProfile`, ``PROFILES``;
 * groups: :class:`GroupLayout`, :func:`build_group_layout`, :func:`build_static_layout`;
-* schedulers: :func:`get_scheduler` ("dp_balanced"/"default", "empty", "default_dynamic_cp");
+* schedulers: :func:`get_scheduler` ("dp_balanced", "empty", "default_dynamic_cp"; "default" is
+  an alias of "dp_balanced", see registry.py);
 * checks and numbers: :func:`validate_schedule`, :func:`rank_times`, :func:`critical_path`,
   :func:`simple_lower_bound`, :func:`budget_aware_lower_bound`,
   :func:`latency_aware_lower_bound`;
