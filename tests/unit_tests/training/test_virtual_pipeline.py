@@ -1,6 +1,6 @@
 """PP=2 with virtual stages (interleaved 1F1B) matches a single rank.
 
-Guards DESIGN.md §3's measured pitfall: batched p2p on gloo gave silently wrong gradients with
+Guards a measured pitfall: batched p2p on gloo gave silently wrong gradients with PP=2 and
 VPP; the CPU path must keep batch_p2p_comm off.
 """
 
