@@ -1,35 +1,29 @@
 """The per-layer GPU path reads nothing back from the device: local attention and Mamba (CP).
 
-Checked on CPU by counting calls (see host_reads.py), for every layer after the micro-batch's
-first (which builds the per-micro-batch index tensors from the HOST boundaries), forward and
-backward; and, for the first layer too, by marking the micro-batch's device boundaries
-``device_only`` (any read of them raises) while the host copies that the data path attaches
-(``attach_host_boundaries``) stay readable. The index tensors are built once per micro-batch.
+Checked on CPU by counting calls (see host_reads.py), forward and backward, and by marking the
+micro-batch's device-side boundaries ``device_only`` (any read of them raises) while the host
+copies that the data path attaches (``attach_host_boundaries``) stay readable:
 
 * local attention (``--attention-backend local``, what ``auto`` falls back to on a GPU when
-  attention dropout > 0): THD with dropout, SBHD, and dynamic CP 2 over gloo;
-* the Mamba mixer on a micro-batch's CP group (dynamic CP 2 over gloo; static CP 1): the
-  all-to-all reorder and megatron-core's ``seq_idx``.
+  attention dropout > 0), one process: THD with dropout and SBHD read nothing in the layers
+  after the micro-batch's first (which builds the index layout from the host copies only);
+* the whole hybrid model (M*M-: Mamba, local attention with RoPE, Mamba, MLP) through
+  pretrain_mamba.py's path with dynamic CP on 2 ranks: micro-batches on 1 rank and split over
+  2, every forward and backward counted; the per-micro-batch builds (attention layout, Mamba
+  CP reorder and ``seq_idx``) happen once per micro-batch.
 
 That the numbers stay right is proven by the equivalence tests (attention/, mamba/,
 training/test_hybrid_equivalence.py), which run the same code.
 """
 
-import dataclasses
-
 import torch
-import torch.distributed as dist
-from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as tp_random
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from megatron.varlen.attention.attention_plan import attach_host_boundaries
-from megatron.varlen.cp_split import split_thd_for_cp
-from megatron.varlen.mamba import packed_indices
 from megatron.varlen.testing.multirank import run_distributed
+from tests.unit_tests.training import test_hybrid_equivalence as hybrid_case
 from tests.unit_tests.varlen.attention._reference import build, make_config, packed_inputs
 from tests.unit_tests.varlen.host_reads import CountHostReads, device_only
-from tests.unit_tests.varlen.mamba import test_mixer as mamba_case
 
 LAYERS = 3  # layers run after the micro-batch's first
 CP = 2
@@ -126,66 +120,94 @@ def test_counter_sees_a_read_back():
     assert "cpu" in counter.reads and "equal" in counter.reads, counter.reads
 
 
-# --- dynamic CP 2 over gloo: local attention and the Mamba mixer -----------------------------
+# --- the whole hybrid model (M*M-) through pretrain_mamba.py's path, dynamic CP --------------
 
-def _count_builds(monkeypatch_targets):
-    """Wraps builder functions to count their calls; returns the counts dict."""
-    counts = {}
-    for module, name in monkeypatch_targets:
-        original = getattr(module, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            counts[_name] = counts.get(_name, 0) + 1
-            return _original(*args, **kwargs)
-
-        setattr(module, name, counted)
-    return counts
+def _hybrid_dynamic_cp_argv():
+    argv = list(hybrid_case.DYNAMIC) + ["--context-parallel-size", "2",
+                                        "--max-seqlen-per-dp-cp-rank", "32"]
+    argv[argv.index("--train-iters") + 1] = "1"
+    return argv
 
 
-def _rank_attention(group):
-    cp, rank = group.size(), group.rank()
-    inputs, params, weight = _attention_inputs(seed=4)
-    padded = params.cu_seqlens_q_padded
-    split = lambda x: split_thd_for_cp(x, padded, cp, rank, seq_dim=0)  # noqa: E731
-    inputs = [split(x.detach()).requires_grad_() for x in inputs]
-    params = _with_host_boundaries(dataclasses.replace(params, cp_group=group,
-                                                       local_cp_size=cp), poison=True)
-    model_parallel_cuda_manual_seed(7)  # the dropout's TP-region RNG stream
-    reads, _ = reads_after_first_layer(_local_attention(dropout=0.1), inputs, params,
-                                       split(weight))
-    return reads
+def _patch(owner, name, make):
+    setattr(owner, name, make(getattr(owner, name)))
 
 
-def _rank_mamba(group):
-    cp, rank = group.size(), group.rank()
-    counts = _count_builds([(packed_indices, "_build_reorder"), (packed_indices, "_build_seq_idx")])
-    mixer = mamba_case.build_mixer()  # static CP 1: the micro-batch brings the group
-    hidden, params, weight = mamba_case.packed_inputs()
-    padded = params.cu_seqlens_q_padded
-    split = lambda x: split_thd_for_cp(x, padded, cp, rank, 0)  # noqa: E731
-    params.cp_group, params.local_cp_size = group, cp
-    params = _with_host_boundaries(params, poison=True)
-    reads, _ = reads_after_first_layer(mixer, [split(hidden).requires_grad_()], params,
-                                       split(weight))
-    # Static CP 1 path (seq_idx only) on the whole pack, a new micro-batch.
-    hidden, params, weight = mamba_case.packed_inputs()
-    params = _with_host_boundaries(params, poison=True)
-    static_reads, _ = reads_after_first_layer(mixer, [hidden.requires_grad_()], params, weight)
-    return {"reads": reads, "static_reads": static_reads, "builds": counts}
+def _poisoned_boundaries(params):
+    """Swaps ``params``' device-side boundaries for device_only ones; returns the originals."""
+    fields = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+    originals = {name: getattr(params, name) for name in fields}
+    for name, value in originals.items():
+        if value is not None:
+            setattr(params, name, device_only(value))
+    return originals
 
 
-def rank_host_reads():
-    parallel_state.initialize_model_parallel()  # static CP 1
-    try:
-        group = dist.group.WORLD
-        return {"attention": _rank_attention(group), **_rank_mamba(group)}
-    finally:
-        parallel_state.destroy_model_parallel()
+def rank_hybrid_model_reads(argv):
+    """One training iteration of the hybrid model on the real data path (build_model_inputs
+    attaches the host copies); every model forward and backward is counted. Not counted: the
+    per-micro-batch builds, megatron-core's RoPE reading the boundaries it is handed (the host
+    copies: the device ones are poisoned, so a read of them raises anyway) and RoPE's one-time
+    move of its frequency table to the device."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.transformer import attention as mcore_attention
+    from megatron.training.testing import train_hybrid_on_this_rank
+    from megatron.varlen.attention.attention_plan import HostBoundaries
+    from megatron.varlen.mamba.model import VarlenMambaModel
+
+    counter = CountHostReads()
+    calls = {"forward": [], "built": []}  # forward: the CP size of every micro-batch  # built: (kind, CP size) of every per-micro-batch build
+
+    def uncounted(original, key=None):
+        def run(*args, **kwargs):
+            if key:
+                calls["built"].append(key[:2])
+            with counter.exempt():
+                return original(*args, **kwargs)
+        return run
+
+    _patch(HostBoundaries, "cached", lambda original: lambda self, key, build: original(
+        self, key, uncounted(build, key)))
+    _patch(mcore_attention, "apply_rotary_pos_emb", uncounted)
+    _patch(RotaryEmbedding, "get_emb", uncounted)
+
+    def counted_forward(original):
+        def forward(self, *args, packed_seq_params=None, **kwargs):
+            calls["forward"].append(packed_seq_params.local_cp_size)
+            originals = _poisoned_boundaries(packed_seq_params)
+            try:
+                with counter:
+                    return original(self, *args, packed_seq_params=packed_seq_params, **kwargs)
+            finally:
+                for name, value in originals.items():
+                    setattr(packed_seq_params, name, value)
+        return forward
+
+    _patch(VarlenMambaModel, "forward", counted_forward)
+
+    def counted_backward(original):
+        def backward_step(*args, **kwargs):
+            with counter:
+                return original(*args, **kwargs)
+        return backward_step
+
+    _patch(schedules, "backward_step", counted_backward)
+    train_hybrid_on_this_rank(argv)
+    return {"reads": counter.reads, **calls}
 
 
-def test_dynamic_cp_local_attention_and_mamba_read_nothing_per_layer():
-    for rank in run_distributed(rank_host_reads, world_size=CP, timeout_s=120):
-        assert rank["attention"] == [], rank
-        assert rank["reads"] == [] and rank["static_reads"] == [], rank
-        # Once per micro-batch: one reorder (CP 2 micro-batch), one seq_idx per micro-batch.
-        assert rank["builds"] == {"_build_reorder": 1, "_build_seq_idx": 2}, rank
+def test_hybrid_model_dynamic_cp_step_reads_nothing_back():
+    ranks = run_distributed(rank_hybrid_model_reads, world_size=CP,
+                            args=(_hybrid_dynamic_cp_argv(),), timeout_s=240)
+    for rank in ranks:
+        assert rank["reads"] == [], rank
+        # Once per micro-batch (2 Mamba layers, 1 attention layer each): one seq_idx, one
+        # attention layout for its CP size, one Mamba reorder when it is split.
+        sizes, built = rank["forward"], rank["built"]
+        assert sum(kind == "mamba-seq-idx" for kind, _ in built) == len(sizes), rank
+        for size in (1, CP):
+            assert built.count(("local-attention-layout", size)) == sizes.count(size), rank
+        assert built.count(("mamba-cp-reorder", CP)) == sizes.count(CP), rank
+    # Both kinds of micro-batch ran: whole sequences on one rank and sequences split over 2.
+    assert {size for rank in ranks for size in rank["forward"]} == {1, CP}
