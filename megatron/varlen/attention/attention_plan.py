@@ -233,10 +233,16 @@ def attach_host_boundaries(params, cu_seqlens: torch.Tensor,
     The data path calls this where the boundaries are still on the host (the schedule made
     them), so that no layer has to read them back from the device.
     """
-    host = HostBoundaries(cu_seqlens.detach().to("cpu", torch.int32),
-                          cu_seqlens_padded.detach().to("cpu", torch.int32), plans={})
+    host = HostBoundaries(_on_host(cu_seqlens), _on_host(cu_seqlens_padded), plans={})
     setattr(params, HOST_BOUNDARIES_ATTR, host)
     return host
+
+
+def _on_host(cu: torch.Tensor) -> torch.Tensor:
+    """``cu`` as a host int32 tensor (itself when it already is one: no copy)."""
+    if cu.device.type == "cpu" and cu.dtype == torch.int32 and not cu.requires_grad:
+        return cu
+    return cu.detach().to("cpu", torch.int32)
 
 
 def host_boundaries(params) -> HostBoundaries:
