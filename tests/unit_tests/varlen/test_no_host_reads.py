@@ -21,6 +21,7 @@ from megatron.core.tensor_parallel import random as tp_random
 
 from megatron.varlen.attention.attention_plan import attach_host_boundaries
 from megatron.varlen.testing.multirank import run_distributed
+from tests.unit_tests.training import test_dynamic_cp_equivalence as gpt_case
 from tests.unit_tests.training import test_hybrid_equivalence as hybrid_case
 from tests.unit_tests.varlen.attention._reference import build, make_config, packed_inputs
 from tests.unit_tests.varlen.host_reads import CountHostReads, device_only
@@ -120,13 +121,21 @@ def test_counter_sees_a_read_back():
     assert "cpu" in counter.reads and "equal" in counter.reads, counter.reads
 
 
-# --- the whole hybrid model (M*M-) through pretrain_mamba.py's path, dynamic CP --------------
+# --- whole models through the training path, dynamic CP on 2 ranks --------------------------
 
-def _hybrid_dynamic_cp_argv():
-    argv = list(hybrid_case.DYNAMIC) + ["--context-parallel-size", "2",
-                                        "--max-seqlen-per-dp-cp-rank", "32"]
+def _dynamic_cp_argv(base, extra=()):
+    argv = list(base) + list(extra) + ["--context-parallel-size", str(CP),
+                                       "--max-seqlen-per-dp-cp-rank", "32"]
     argv[argv.index("--train-iters") + 1] = "1"
     return argv
+
+
+# name: (entry point's training function in megatron.training.testing, argv, attention layouts
+# per micro-batch: the MTP layer attends with the padded boundaries as real ones, a second one)
+MODEL_CASES = {
+    "hybrid": ("train_hybrid_on_this_rank", _dynamic_cp_argv(hybrid_case.DYNAMIC), 1),
+    "gpt_mtp": ("train_on_this_rank", _dynamic_cp_argv(gpt_case.DYNAMIC, gpt_case.MTP), 2),
+}
 
 
 def _patch(owner, name, make):
@@ -143,71 +152,84 @@ def _poisoned_boundaries(params):
     return originals
 
 
-def rank_hybrid_model_reads(argv):
-    """One training iteration of the hybrid model on the real data path (build_model_inputs
-    attaches the host copies); every model forward and backward is counted. Not counted: the
-    per-micro-batch builds, megatron-core's RoPE reading the boundaries it is handed (the host
-    copies: the device ones are poisoned, so a read of them raises anyway) and RoPE's one-time
-    move of its frequency table to the device."""
+def _count_model_steps(case):
+    """Counts every model forward (device boundaries poisoned) and backward into
+    ``case["counter"]``; records the per-micro-batch builds, which are not counted, as
+    (kind, CP size) in ``case["built"]``, and each micro-batch's CP size in ``case["forward"]``.
+    ``case`` is read at call time: patch once, then swap its entries per run."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer import attention as mcore_attention
-    from megatron.training.testing import train_hybrid_on_this_rank
     from megatron.varlen.attention.attention_plan import HostBoundaries
     from megatron.varlen.mamba.model import VarlenMambaModel
-
-    counter = CountHostReads()
-    calls = {"forward": [], "built": []}  # forward: the CP size of every micro-batch  # built: (kind, CP size) of every per-micro-batch build
+    from megatron.varlen.mtp import VarlenGPTModel
 
     def uncounted(original, key=None):
         def run(*args, **kwargs):
             if key:
-                calls["built"].append(key[:2])
-            with counter.exempt():
+                case["built"].append(key[:2])
+            with case["counter"].exempt():
                 return original(*args, **kwargs)
         return run
 
-    _patch(HostBoundaries, "cached", lambda original: lambda self, key, build: original(
-        self, key, uncounted(build, key)))
-    _patch(mcore_attention, "apply_rotary_pos_emb", uncounted)
-    _patch(RotaryEmbedding, "get_emb", uncounted)
+    def counted(original):
+        def run(*args, **kwargs):
+            with case["counter"]:
+                return original(*args, **kwargs)
+        return run
 
     def counted_forward(original):
         def forward(self, *args, packed_seq_params=None, **kwargs):
-            calls["forward"].append(packed_seq_params.local_cp_size)
+            case["forward"].append(packed_seq_params.local_cp_size)
             originals = _poisoned_boundaries(packed_seq_params)
             try:
-                with counter:
+                with case["counter"]:
                     return original(self, *args, packed_seq_params=packed_seq_params, **kwargs)
             finally:
                 for name, value in originals.items():
                     setattr(packed_seq_params, name, value)
         return forward
 
+    _patch(HostBoundaries, "cached", lambda original: lambda self, key, build: original(
+        self, key, uncounted(build, key)))
+    _patch(mcore_attention, "apply_rotary_pos_emb", uncounted)
+    _patch(RotaryEmbedding, "get_emb", uncounted)
     _patch(VarlenMambaModel, "forward", counted_forward)
-
-    def counted_backward(original):
-        def backward_step(*args, **kwargs):
-            with counter:
-                return original(*args, **kwargs)
-        return backward_step
-
-    _patch(schedules, "backward_step", counted_backward)
-    train_hybrid_on_this_rank(argv)
-    return {"reads": counter.reads, **calls}
+    _patch(VarlenGPTModel, "forward", counted_forward)
+    _patch(schedules, "backward_step", counted)
 
 
-def test_hybrid_model_dynamic_cp_step_reads_nothing_back():
-    ranks = run_distributed(rank_hybrid_model_reads, world_size=CP,
-                            args=(_hybrid_dynamic_cp_argv(),), timeout_s=240)
-    for rank in ranks:
-        assert rank["reads"] == [], rank
-        # Once per micro-batch (2 Mamba layers, 1 attention layer each): one seq_idx, one
-        # attention layout for its CP size, one Mamba reorder when it is split.
-        sizes, built = rank["forward"], rank["built"]
-        assert sum(kind == "mamba-seq-idx" for kind, _ in built) == len(sizes), rank
-        for size in (1, CP):
-            assert built.count(("local-attention-layout", size)) == sizes.count(size), rank
-        assert built.count(("mamba-cp-reorder", CP)) == sizes.count(CP), rank
-    # Both kinds of micro-batch ran: whole sequences on one rank and sequences split over 2.
-    assert {size for rank in ranks for size in rank["forward"]} == {1, CP}
+def rank_model_reads():
+    """One training iteration per case on the real data path (build_model_inputs attaches the
+    host copies). Not counted: the per-micro-batch builds, megatron-core's RoPE reading the
+    boundaries it is handed (the host copies: the device ones are poisoned, so a read of them
+    raises anyway) and RoPE's one-time move of its frequency table to the device."""
+    from megatron.training import testing
+
+    case, results = {}, {}
+    _count_model_steps(case)
+    for name, (train, argv, _) in MODEL_CASES.items():
+        case.update(counter=CountHostReads(), forward=[], built=[])
+        getattr(testing, train)(argv)
+        results[name] = {"reads": case["counter"].reads, "forward": case["forward"],
+                         "built": case["built"]}
+    return results
+
+
+def test_models_with_dynamic_cp_read_nothing_back():
+    ranks = run_distributed(rank_model_reads, world_size=CP, timeout_s=300)
+    for name, (_, _, layouts) in MODEL_CASES.items():
+        for rank in ranks:
+            result = rank[name]
+            assert result["reads"] == [], (name, result)
+            # Once per micro-batch: the attention layouts for its CP size, and in the hybrid
+            # model one seq_idx and, when the micro-batch is split, one Mamba reorder.
+            sizes, built = result["forward"], result["built"]
+            for size in (1, CP):
+                assert built.count(("local-attention-layout", size)) == \
+                    layouts * sizes.count(size), result
+            if name == "hybrid":
+                assert sum(kind == "mamba-seq-idx" for kind, _ in built) == len(sizes), result
+                assert built.count(("mamba-cp-reorder", CP)) == sizes.count(CP), result
+        # Both kinds of micro-batch ran: whole sequences on one rank and sequences split over 2.
+        assert {size for rank in ranks for size in rank[name]["forward"]} == {1, CP}, name
