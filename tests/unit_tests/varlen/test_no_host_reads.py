@@ -50,14 +50,13 @@ def _layer_step(layer, inputs, params, weight):
 
 
 def reads_after_first_layer(layer, inputs, params, weight):
-    """Host reads of LAYERS forward+backward passes after a first one on the same micro-batch;
-    also the first pass's output (for the poisoned comparison)."""
-    first = _layer_step(layer, inputs, params, weight)
+    """Host reads of LAYERS forward+backward passes after a first one on the same micro-batch."""
+    _layer_step(layer, inputs, params, weight)
     counter = CountHostReads()
     with counter:
         for _layer in range(LAYERS):
             _layer_step(layer, inputs, params, weight)
-    return counter.reads, first
+    return counter.reads
 
 
 def _attention_inputs(seed=0):
@@ -87,8 +86,8 @@ class _PlainRngTracker:
 def test_local_attention_thd_with_dropout_reads_nothing_per_layer(monkeypatch):
     monkeypatch.setattr(tp_random, "get_cuda_rng_tracker", lambda *a, **k: _PlainRngTracker())
     inputs, params, weight = _attention_inputs()
-    reads, _ = reads_after_first_layer(_local_attention(dropout=0.1), inputs,
-                                       _with_host_boundaries(params), weight)
+    reads = reads_after_first_layer(_local_attention(dropout=0.1), inputs,
+                                    _with_host_boundaries(params), weight)
     assert reads == [], reads
 
 
@@ -99,7 +98,7 @@ def test_local_attention_sbhd_reads_nothing_per_layer():
     k, v = k[:, :, :2], v[:, :, :2]  # GQA: 2 kv groups for 4 heads
     layer = _local_attention()
     inputs = [x.requires_grad_() for x in (q, k, v)]
-    reads, _ = reads_after_first_layer(layer, inputs, None, weight)
+    reads = reads_after_first_layer(layer, inputs, None, weight)
     assert reads == [], reads
 
 
