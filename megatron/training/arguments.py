@@ -184,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _require(condition: bool, message: str) -> None:
+def require(condition: bool, message: str) -> None:
+    """Raises the one-line ArgumentValidationError ``message`` unless ``condition``; the check
+    every validator of a command line (this one, pretrain_mamba.py's, the flag groups') uses."""
     if not condition:
         raise ArgumentValidationError(message)
 
@@ -196,7 +198,7 @@ def _world_size() -> int:
 def _validate_parallel_sizes(args) -> None:
     model_parallel = (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
                       * args.context_parallel_size)
-    _require(
+    require(
         args.world_size % model_parallel == 0,
         f"world size {args.world_size} is not divisible by --tensor-model-parallel-size "
         f"{args.tensor_model_parallel_size} x --pipeline-model-parallel-size "
@@ -204,14 +206,14 @@ def _validate_parallel_sizes(args) -> None:
         f"{args.context_parallel_size} = {model_parallel}",
     )
     args.data_parallel_size = args.world_size // model_parallel
-    _require(args.num_attention_heads % args.tensor_model_parallel_size == 0,
-             f"--num-attention-heads {args.num_attention_heads} is not divisible by "
-             f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
-    _require(args.num_layers % args.pipeline_model_parallel_size == 0,
-             f"--num-layers {args.num_layers} is not divisible by "
-             f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}")
-    _require(not args.sequence_parallel or args.tensor_model_parallel_size > 1,
-             "--sequence-parallel needs --tensor-model-parallel-size > 1")
+    require(args.num_attention_heads % args.tensor_model_parallel_size == 0,
+            f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+            f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
+    require(args.num_layers % args.pipeline_model_parallel_size == 0,
+            f"--num-layers {args.num_layers} is not divisible by "
+            f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}")
+    require(not args.sequence_parallel or args.tensor_model_parallel_size > 1,
+            "--sequence-parallel needs --tensor-model-parallel-size > 1")
 
 
 def _validate_virtual_pipeline(args) -> None:
@@ -220,86 +222,86 @@ def _validate_virtual_pipeline(args) -> None:
     if per_stage is None:
         return
     pp = args.pipeline_model_parallel_size
-    _require(pp > 1, "--num-layers-per-virtual-pipeline-stage needs "
-                     "--pipeline-model-parallel-size > 1")
+    require(pp > 1, "--num-layers-per-virtual-pipeline-stage needs "
+                    "--pipeline-model-parallel-size > 1")
     layers_per_stage = args.num_layers // pp
-    _require(layers_per_stage % per_stage == 0,
-             f"--num-layers-per-virtual-pipeline-stage {per_stage} does not divide the "
-             f"{layers_per_stage} layers of each pipeline stage (--num-layers {args.num_layers})")
+    require(layers_per_stage % per_stage == 0,
+            f"--num-layers-per-virtual-pipeline-stage {per_stage} does not divide the "
+            f"{layers_per_stage} layers of each pipeline stage (--num-layers {args.num_layers})")
     args.virtual_pipeline_model_parallel_size = layers_per_stage // per_stage
 
 
 def _validate_sequence_length(args) -> None:
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
-    _require(args.seq_length <= args.max_position_embeddings,
-             f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
-             f"{args.max_position_embeddings}")
+    require(args.seq_length <= args.max_position_embeddings,
+            f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+            f"{args.max_position_embeddings}")
     divisor = pad_multiple(args.context_parallel_size,
                            args.tensor_model_parallel_size if args.sequence_parallel else 1)
-    _require(args.seq_length % divisor == 0,
-             f"--seq-length {args.seq_length} is not divisible by {divisor}, which "
-             f"--context-parallel-size {args.context_parallel_size} (2 x cp chunks) and "
-             f"--sequence-parallel need")
+    require(args.seq_length % divisor == 0,
+            f"--seq-length {args.seq_length} is not divisible by {divisor}, which "
+            f"--context-parallel-size {args.context_parallel_size} (2 x cp chunks) and "
+            f"--sequence-parallel need")
 
 
 def _validate_batch(args) -> None:
     micro_times_dp = args.micro_batch_size * args.data_parallel_size
     if args.global_batch_size is None:
         args.global_batch_size = micro_times_dp
-    _require(args.global_batch_size % micro_times_dp == 0,
-             f"--global-batch-size {args.global_batch_size} is not divisible by "
-             f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
-             f"{args.data_parallel_size}")
+    require(args.global_batch_size % micro_times_dp == 0,
+            f"--global-batch-size {args.global_batch_size} is not divisible by "
+            f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+            f"{args.data_parallel_size}")
     args.num_microbatches = args.global_batch_size // micro_times_dp
 
 
 def _validate_precision_and_data(args) -> None:
     import torch
 
-    _require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
-    _require(not (args.fp16 and not torch.cuda.is_available()),
-             "--fp16 needs a GPU (its loss scaler is CUDA-only); use --bf16 on CPU")
+    require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
+    require(not (args.fp16 and not torch.cuda.is_available()),
+            "--fp16 needs a GPU (its loss scaler is CUDA-only); use --bf16 on CPU")
     if args.tokenizer_type == "NullTokenizer":
-        _require(args.vocab_size is not None and args.vocab_size > 1,
-                 f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
-    _require(args.mock_data or args.data_path,
-             "no training data: pass --mock-data or --data-path")
-    _require(args.load is None or os.path.isdir(args.load),
-             f"--load directory {args.load!r} does not exist")
-    _require(args.save_interval is None or args.save_interval > 0,
-             f"--save-interval must be positive (got {args.save_interval})")
+        require(args.vocab_size is not None and args.vocab_size > 1,
+                f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
+    require(args.mock_data or args.data_path,
+            "no training data: pass --mock-data or --data-path")
+    require(args.load is None or os.path.isdir(args.load),
+            f"--load directory {args.load!r} does not exist")
+    require(args.save_interval is None or args.save_interval > 0,
+            f"--save-interval must be positive (got {args.save_interval})")
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.train_iters
-    _require(args.lr_warmup_iters == 0 or args.lr_warmup_iters < args.lr_decay_iters,
-             f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay length "
-             f"{args.lr_decay_iters} (--lr-decay-iters, default --train-iters)")
+    require(args.lr_warmup_iters == 0 or args.lr_warmup_iters < args.lr_decay_iters,
+            f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay length "
+            f"{args.lr_decay_iters} (--lr-decay-iters, default --train-iters)")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
                                 else 4 * args.hidden_size)
     if args.num_query_groups is None or not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
     tp = args.tensor_model_parallel_size
-    _require(args.ffn_hidden_size % tp == 0,
-             f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
-             f"--tensor-model-parallel-size {tp} (set --ffn-hidden-size explicitly)")
-    _require(args.num_query_groups % tp == 0,
-             f"--num-query-groups {args.num_query_groups} is not divisible by "
-             f"--tensor-model-parallel-size {tp}")
+    require(args.ffn_hidden_size % tp == 0,
+            f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
+            f"--tensor-model-parallel-size {tp} (set --ffn-hidden-size explicitly)")
+    require(args.num_query_groups % tp == 0,
+            f"--num-query-groups {args.num_query_groups} is not divisible by "
+            f"--tensor-model-parallel-size {tp}")
 
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Checks flag combinations and fills derived fields (data_parallel_size, ...)."""
     args.world_size = getattr(args, "world_size", None) or _world_size()
-    reliability_arguments.validate_positive_sizes(args, _require)
+    reliability_arguments.validate_positive_sizes(args, require)
     _validate_parallel_sizes(args)
     _validate_virtual_pipeline(args)
     _validate_sequence_length(args)
     _validate_batch(args)
     _validate_precision_and_data(args)
-    varlen_arguments.validate_varlen_args(args, _require)
-    hf_arguments.validate_hf_args(args, _require)
-    reliability_arguments.validate_reliability_args(args, _require)
+    varlen_arguments.validate_varlen_args(args, require)
+    hf_arguments.validate_hf_args(args, require)
+    reliability_arguments.validate_reliability_args(args, require)
     # Derived once here (vocabulary from a tokenizer: run_description.describe_run).
     vars(args).update(run_description.derive_run_values(args, args.vocab_size))
     return args

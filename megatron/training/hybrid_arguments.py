@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from megatron.training.arguments import (
-    ERROR_EXIT_CODE, ArgumentValidationError, _require, build_parser, validate_args,
+    ERROR_EXIT_CODE, ArgumentValidationError, build_parser, require, validate_args,
 )
 from megatron.varlen.scheduling.groups import build_group_layout
 
@@ -61,19 +61,19 @@ def _layer_pattern(args) -> str:
     pattern = args.hybrid_override_pattern
     if pattern is not None:
         unknown = sorted(set(pattern) - set(SUPPORTED_SYMBOLS))
-        _require(not unknown,
-                 f"--hybrid-override-pattern {pattern!r} has symbol(s) {unknown}; allowed: "
-                 f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP; {MOE} MoE is "
-                 f"not supported here)")
-        _require(len(pattern) == args.num_layers,
-                 f"--hybrid-override-pattern {pattern!r} has {len(pattern)} layers but "
-                 f"--num-layers is {args.num_layers} (make them equal)")
+        require(not unknown,
+                f"--hybrid-override-pattern {pattern!r} has symbol(s) {unknown}; allowed: "
+                f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP; {MOE} MoE is "
+                f"not supported here)")
+        require(len(pattern) == args.num_layers,
+                f"--hybrid-override-pattern {pattern!r} has {len(pattern)} layers but "
+                f"--num-layers is {args.num_layers} (make them equal)")
     for flag, ratio in (("--hybrid-attention-ratio", args.hybrid_attention_ratio),
                         ("--hybrid-mlp-ratio", args.hybrid_mlp_ratio)):
-        _require(0.0 <= ratio <= 1.0, f"{flag} {ratio} must be between 0 and 1")
-    _require(args.hybrid_attention_ratio + args.hybrid_mlp_ratio <= 1.0,
-             f"--hybrid-attention-ratio {args.hybrid_attention_ratio} + --hybrid-mlp-ratio "
-             f"{args.hybrid_mlp_ratio} exceeds 1")
+        require(0.0 <= ratio <= 1.0, f"{flag} {ratio} must be between 0 and 1")
+    require(args.hybrid_attention_ratio + args.hybrid_mlp_ratio <= 1.0,
+            f"--hybrid-attention-ratio {args.hybrid_attention_ratio} + --hybrid-mlp-ratio "
+            f"{args.hybrid_mlp_ratio} exceeds 1")
     from megatron.varlen.mamba import triton_stand_in
 
     triton_stand_in.install()
@@ -83,7 +83,7 @@ def _layer_pattern(args) -> str:
         return "".join(allocate_layers(args.num_layers, args.hybrid_attention_ratio,
                                        args.hybrid_mlp_ratio, pattern))
     except ValueError as err:  # megatron-core: pattern counts disagree with the ratios
-        _require(False, f"--hybrid-override-pattern {pattern!r}: {err}")
+        require(False, f"--hybrid-override-pattern {pattern!r}: {err}")
 
 
 def possible_cp_sizes(args) -> list[int]:
@@ -100,40 +100,40 @@ def _mamba_heads(args) -> int:
     d_inner = MAMBA_EXPAND * args.hidden_size
     if args.mamba_num_heads is not None:
         return args.mamba_num_heads
-    _require(d_inner % args.mamba_head_dim == 0,
-             f"2 x --hidden-size = {d_inner} is not divisible by --mamba-head-dim "
-             f"{args.mamba_head_dim} (or set --mamba-num-heads)")
+    require(d_inner % args.mamba_head_dim == 0,
+            f"2 x --hidden-size = {d_inner} is not divisible by --mamba-head-dim "
+            f"{args.mamba_head_dim} (or set --mamba-num-heads)")
     return d_inner // args.mamba_head_dim
 
 
 def _validate_mamba_split(args, heads: int) -> None:
     """Heads and groups split over TP, then over every possible CP group size."""
     tp, groups = args.tensor_model_parallel_size, args.mamba_num_groups
-    _require(heads % groups == 0,
-             f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups}")
-    _require(heads % tp == 0 and groups % tp == 0,
-             f"Mamba heads {heads} and --mamba-num-groups {groups} must both be divisible by "
-             f"--tensor-model-parallel-size {tp}")
+    require(heads % groups == 0,
+            f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups}")
+    require(heads % tp == 0 and groups % tp == 0,
+            f"Mamba heads {heads} and --mamba-num-groups {groups} must both be divisible by "
+            f"--tensor-model-parallel-size {tp}")
     heads_tp, groups_tp = heads // tp, groups // tp
     for cp in possible_cp_sizes(args):
         where = (f"CP group size {cp} (sizes dynamic CP may pick: {possible_cp_sizes(args)})"
                  if args.dynamic_context_parallel else f"--context-parallel-size {cp}")
-        _require(heads_tp % cp == 0,
-                 f"Mamba heads {heads} / --tensor-model-parallel-size {tp} = {heads_tp} per TP "
-                 f"rank are not divisible by {where}; TP x CP must divide the heads (change "
-                 f"--mamba-num-heads/--mamba-head-dim or the parallel sizes)")
-        _require(groups_tp % cp == 0 or cp % groups_tp == 0,
-                 f"--mamba-num-groups {groups} / TP {tp} = {groups_tp} per TP rank and {where} "
-                 f"must divide one another")
+        require(heads_tp % cp == 0,
+                f"Mamba heads {heads} / --tensor-model-parallel-size {tp} = {heads_tp} per TP "
+                f"rank are not divisible by {where}; TP x CP must divide the heads (change "
+                f"--mamba-num-heads/--mamba-head-dim or the parallel sizes)")
+        require(groups_tp % cp == 0 or cp % groups_tp == 0,
+                f"--mamba-num-groups {groups} / TP {tp} = {groups_tp} per TP rank and {where} "
+                f"must divide one another")
 
 
 def validate_hybrid_args(args) -> None:
     """Checks the hybrid flags after the GPT ones; fills the derived hybrid fields."""
-    _require(args.virtual_pipeline_model_parallel_size is None,
-             "--num-layers-per-virtual-pipeline-stage: megatron-core's hybrid stack has no "
-             "virtual pipeline stages")
-    _require(not args.mtp_num_layers, "--mtp-num-layers is not supported by pretrain_mamba.py")
-    _require(args.spec is None, "--spec: pretrain_mamba.py builds its own hybrid stack spec")
+    require(args.virtual_pipeline_model_parallel_size is None,
+            "--num-layers-per-virtual-pipeline-stage: megatron-core's hybrid stack has no "
+            "virtual pipeline stages")
+    require(not args.mtp_num_layers, "--mtp-num-layers is not supported by pretrain_mamba.py")
+    require(args.spec is None, "--spec: pretrain_mamba.py builds its own hybrid stack spec")
     pattern = _layer_pattern(args)
     heads = _mamba_heads(args)
     if MAMBA in pattern:

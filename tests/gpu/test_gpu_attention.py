@@ -91,3 +91,29 @@ def test_flash_forward_backward_makes_no_synchronising_copy():
     torch.cuda.synchronize()
     names = [event.name for event in prof.events()]
     assert count_sync_events(names) == 0, [n for n in names if "DtoH" in n or "Synchron" in n]
+
+
+def test_local_backend_forward_backward_makes_no_synchronising_copy():
+    """--attention-backend local (what auto picks with attention dropout > 0): its layout is
+    built once from host boundaries; the forward and backward, dropout included, read nothing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from megatron.varlen.attention.core_attention import attend_with_layout, build_local_layout
+    from tools.benchmark_gpu import count_sync_events
+
+    q, k, v, weight = _inputs(2, seed=10)
+    layout = build_local_layout(_cu(PADDED), _cu(REAL), 1, 0, torch.device("cuda"))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    dropout = torch.nn.Dropout(0.1)
+
+    def step():
+        out = attend_with_layout(q, k, v, layout, LOCAL_ONLY_CP_GROUP, True, SCALE, dropout)
+        (out * weight).sum().backward()
+
+    step()  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+    torch.cuda.synchronize()
+    names = [event.name for event in prof.events()]
+    assert count_sync_events(names) == 0, [n for n in names if "DtoH" in n or "Synchron" in n]

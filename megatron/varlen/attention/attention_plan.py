@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -54,7 +54,7 @@ class AttentionPlan:
 
     def to(self, device: torch.device) -> "AttentionPlan":
         """The same plan with its tensors on ``device`` (pinned, asynchronous copies on CUDA)."""
-        move = lambda t: None if t is None else _to_device(t, device)
+        move = lambda t: None if t is None else host_to_device(t, device)
         return AttentionPlan(
             cp_size=self.cp_size, cp_rank=self.cp_rank, causal=self.causal,
             local_tokens=self.local_tokens, query_index=move(self.query_index),
@@ -63,7 +63,8 @@ class AttentionPlan:
             num_segments=self.num_segments)
 
 
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (host) on ``device`` without making the host wait for the device."""
     if tensor.device == device:
         return tensor
     if device.type == "cuda":  # pinned source: a truly asynchronous host->device copy
@@ -191,29 +192,38 @@ def _is_identity(index: torch.Tensor, size: int) -> bool:
 # --- the plan's home: host boundaries attached to a micro-batch's PackedSeqParams -------------
 
 # Attribute set on a PackedSeqParams instance (megatron-core's dataclass is not frozen): copies
-# made with dataclasses.replace / copy.copy share it, so every layer finds the same plans.
+# made with copy.copy share it (dataclasses.replace does NOT carry it: such a copy is read back
+# once by host_boundaries), so every layer finds the same plans.
 HOST_BOUNDARIES_ATTR = "varlen_host_boundaries"
+_ATTENTION_PLAN = "attention-plan"  # kind of a cached entry (see HostBoundaries.cached)
 
 
 @dataclass
 class HostBoundaries:
-    """Host copies of a micro-batch's boundaries and the plans built from them (per CP group
-    size/rank, mask type and device)."""
+    """Host copies of a micro-batch's boundaries and what the layers derive from them: the
+    attention plans, Mamba's CP permutations, ... (per CP size/rank, device, ...), each built
+    on first use in the micro-batch and then reused by every layer."""
 
     cu_seqlens: torch.Tensor         # [n+1] int32, CPU
     cu_seqlens_padded: torch.Tensor  # [n+1] int32, CPU
     plans: dict
     host_view: object = None  # the PackedSeqParams copy with host boundaries (see below)
 
+    def cached(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """``build()`` for ``key`` (whose first entry names the kind), built once per
+        micro-batch. ``build`` must read only host values (these boundaries)."""
+        if key not in self.plans:
+            self.plans[key] = build()
+        return self.plans[key]
+
     def plan(self, cp_size: int, cp_rank: int, causal: bool,
              device: torch.device) -> AttentionPlan:
         """The plan for one CP place and device, built on first use and then reused."""
-        key = (cp_size, cp_rank, causal, str(device))
-        if key not in self.plans:
-            host = build_attention_plan(self.cu_seqlens.tolist(), self.cu_seqlens_padded.tolist(),
-                                        cp_size, cp_rank, causal)
-            self.plans[key] = host.to(device)
-        return self.plans[key]
+        return self.cached(
+            (_ATTENTION_PLAN, cp_size, cp_rank, causal, str(device)),
+            lambda: build_attention_plan(self.cu_seqlens.tolist(),
+                                         self.cu_seqlens_padded.tolist(), cp_size, cp_rank,
+                                         causal).to(device))
 
 
 def attach_host_boundaries(params, cu_seqlens: torch.Tensor,
@@ -223,10 +233,16 @@ def attach_host_boundaries(params, cu_seqlens: torch.Tensor,
     The data path calls this where the boundaries are still on the host (the schedule made
     them), so that no layer has to read them back from the device.
     """
-    host = HostBoundaries(cu_seqlens.detach().to("cpu", torch.int32),
-                          cu_seqlens_padded.detach().to("cpu", torch.int32), plans={})
+    host = HostBoundaries(_on_host(cu_seqlens), _on_host(cu_seqlens_padded), plans={})
     setattr(params, HOST_BOUNDARIES_ATTR, host)
     return host
+
+
+def _on_host(cu: torch.Tensor) -> torch.Tensor:
+    """``cu`` as a host int32 tensor (itself when it already is one: no copy)."""
+    if cu.device.type == "cpu" and cu.dtype == torch.int32 and not cu.requires_grad:
+        return cu
+    return cu.detach().to("cpu", torch.int32)
 
 
 def host_boundaries(params) -> HostBoundaries:

@@ -7,6 +7,8 @@ attention across packed sequences, and CP: each rank holds, per sequence, chunks
 over the CP group with a differentiable collective and local queries attend at their GLOBAL
 positions. A reference implementation: it materialises one [heads, sq, sk] score matrix per
 sequence, which is fine for tests and CPU runs, not for long-context GPU training (use TE there).
+Its index layout (:class:`LocalLayout`) comes from the host boundaries the data path attaches,
+built once per micro-batch: like the flash backend, no layer reads anything back from the device.
 
 Shape legend:
     n    = sequences in the pack
@@ -20,7 +22,9 @@ Shape legend:
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -31,6 +35,9 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.varlen.attention.attention_plan import (
+    HOST_BOUNDARIES_ATTR, attach_host_boundaries, host_boundaries, host_to_device,
+)
 from megatron.varlen.attention.collectives import all_gather_dim0
 from megatron.varlen.attention.cp_group import resolve_cp_group
 from megatron.varlen.cp_split import get_thd_partition_indices, get_thd_restore_order
@@ -43,6 +50,9 @@ FULL_MASK_TYPES = (AttnMaskType.no_mask, AttnMaskType.padding)
 THD_FORMAT = "thd"
 SBHD_FORMAT = "sbhd"
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_LOCAL_LAYOUT = "local-attention-layout"  # kind of the entry cached on HostBoundaries
+# Distinct SBHD shapes whose layouts are kept (a run has one or two).
+_SBHD_LAYOUT_CACHE_SIZE = 16
 
 DropoutFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -76,14 +86,53 @@ def _attend_one_sequence(
     return torch.einsum("nqk,knd->qnd", probs_Nqk.to(v_kND.dtype), v_kND)
 
 
+@dataclass(frozen=True)
+class LocalLayout:
+    """Where this CP rank's rows sit in the pack, for :func:`attend_with_layout`.
+
+    Host ints for the per-sequence loop and index tensors already on the compute device, built
+    once per micro-batch (and CP place) from host boundaries: the forward and backward then read
+    nothing back from the device.
+    """
+
+    cp_size: int
+    local_tokens: int                  # T_r
+    real_lens: tuple[int, ...]         # [n] real length of each sequence
+    starts: tuple[int, ...]            # [n+1] padded boundaries of the whole pack
+    local_bounds: tuple[int, ...]      # [n+1] padded boundaries of this rank's shard
+    q_pos: torch.Tensor                # [T_r] each local row's position within its sequence
+    restore: Optional[torch.Tensor]    # [T] gathered rank-ordered rows -> pack order (CP > 1)
+
+
+def build_local_layout(cu_seqlens_padded: torch.Tensor, cu_seqlens: torch.Tensor, cp_size: int,
+                       cp_rank: int, device: torch.device) -> LocalLayout:
+    """The layout of ``cp_rank``'s rows from HOST boundaries of the whole pack (see
+    :func:`varlen_attention` for the arguments); index tensors moved to ``device``.
+
+    Raises:
+        ValueError: malformed boundaries (from :mod:`megatron.varlen.cp_split`).
+    """
+    cu_padded, cu_real = cu_seqlens_padded.long(), cu_seqlens.long()
+    q_index = get_thd_partition_indices(cu_padded, cp_size, cp_rank)
+    starts, local_bounds = cu_padded.tolist(), (cu_padded // cp_size).tolist()
+    # The sequence start of every local row: local rows [lo, hi) belong to sequence i.
+    local_lens = torch.tensor(local_bounds).diff()
+    q_pos = q_index - torch.repeat_interleave(cu_padded[:-1], local_lens)
+    restore = get_thd_restore_order(cu_padded, cp_size) if cp_size > 1 else None
+    return LocalLayout(
+        cp_size=cp_size, local_tokens=local_bounds[-1], real_lens=tuple(cu_real.diff().tolist()),
+        starts=tuple(starts), local_bounds=tuple(local_bounds),
+        q_pos=host_to_device(q_pos, device),
+        restore=None if restore is None else host_to_device(restore, device))
+
+
 def _gather_full_kv(
-    k_TrGD: torch.Tensor, v_TrGD: torch.Tensor, cu_seqlens_padded: torch.Tensor, group
+    k_TrGD: torch.Tensor, v_TrGD: torch.Tensor, restore_T: torch.Tensor, group
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """All-gathers K and V (one collective) and restores the whole pack's order [T, G, D]."""
     head_dim = k_TrGD.size(-1)
     kv_TGD = all_gather_dim0(torch.cat([k_TrGD, v_TrGD], dim=-1), group)
-    order = get_thd_restore_order(cu_seqlens_padded.cpu(), group.size()).to(kv_TGD.device)
-    kv_TGD = kv_TGD.index_select(0, order)
+    kv_TGD = kv_TGD.index_select(0, restore_T)
     return kv_TGD[..., :head_dim], kv_TGD[..., head_dim:]
 
 
@@ -94,6 +143,9 @@ def varlen_attention(
 ) -> torch.Tensor:
     """Packed attention of this CP rank's tokens; returns [T_r, N, D].
 
+    A standalone call: it reads the boundaries to the host (use :func:`attend_with_layout`
+    with a layout built once to avoid that per call).
+
     Args:
         q_TrND, k_TrGD, v_TrGD: this rank's CP shard of the packed padded stream.
         cu_seqlens_padded: [n+1] padded boundaries of the WHOLE pack (before the CP split).
@@ -103,29 +155,36 @@ def varlen_attention(
         scale: softmax scale.
         dropout: applied to the attention probabilities when given.
     """
-    cp_size, cp_rank = cp_group.size(), cp_group.rank()
-    cu_padded = cu_seqlens_padded.detach().cpu().long()
-    real_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    if q_TrND.size(0) * cp_size != int(cu_padded[-1]):
+    layout = build_local_layout(cu_seqlens_padded.detach().cpu(), cu_seqlens.detach().cpu(),
+                                cp_group.size(), cp_group.rank(), q_TrND.device)
+    return attend_with_layout(q_TrND, k_TrGD, v_TrGD, layout, cp_group, causal, scale, dropout)
+
+
+def attend_with_layout(
+    q_TrND: torch.Tensor, k_TrGD: torch.Tensor, v_TrGD: torch.Tensor, layout: LocalLayout,
+    cp_group, causal: bool, scale: float, dropout: Optional[DropoutFn] = None,
+) -> torch.Tensor:
+    """:func:`varlen_attention` with a prebuilt ``layout`` (for ``cp_group``'s size and rank
+    and the tensors' device): no device->host read."""
+    if q_TrND.size(0) != layout.local_tokens or cp_group.size() != layout.cp_size:
         raise ValueError(
-            f"query holds {q_TrND.size(0)} tokens on a CP group of {cp_size}, but "
-            f"cu_seqlens_padded describes {int(cu_padded[-1])}: pass the boundaries of the "
+            f"query holds {q_TrND.size(0)} tokens on a CP group of {cp_group.size()}, but "
+            f"cu_seqlens_padded describes {layout.starts[-1]}: pass the boundaries of the "
             f"whole pack (before the CP split)"
         )
-    q_index = get_thd_partition_indices(cu_padded, cp_size, cp_rank).to(q_TrND.device)
-    if cp_size > 1:
-        k_TrGD, v_TrGD = _gather_full_kv(k_TrGD, v_TrGD, cu_padded, cp_group)
+    if layout.cp_size > 1:
+        k_TrGD, v_TrGD = _gather_full_kv(k_TrGD, v_TrGD, layout.restore, cp_group)
     k_TND = _expand_kv_heads(k_TrGD, q_TrND.size(1))
     v_TND = _expand_kv_heads(v_TrGD, q_TrND.size(1))
-    starts, local_bounds = cu_padded.tolist(), (cu_padded // cp_size).tolist()
+    starts, local_bounds = layout.starts, layout.local_bounds
     outputs = []
-    for i, real_len in enumerate(real_lens):
+    for i, real_len in enumerate(layout.real_lens):
         lo, hi = local_bounds[i], local_bounds[i + 1]
         if hi == lo:
             continue
         start, end = starts[i], starts[i + 1]
         outputs.append(_attend_one_sequence(
-            q_TrND[lo:hi], k_TND[start:end], v_TND[start:end], q_index[lo:hi] - start,
+            q_TrND[lo:hi], k_TND[start:end], v_TND[start:end], layout.q_pos[lo:hi],
             real_len, causal, scale, dropout,
         ))
     if not outputs:
@@ -134,7 +193,7 @@ def varlen_attention(
 
 
 def _thd_boundaries(params: PackedSeqParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cu_seqlens_padded, cu_seqlens) of a THD self-attention micro-batch."""
+    """(cu_seqlens_padded, cu_seqlens) of a THD self-attention micro-batch, read to the host."""
     if params.cu_seqlens_q is None:
         raise ValueError("THD attention needs packed_seq_params.cu_seqlens_q")
     for q_name, kv_name in (("cu_seqlens_q", "cu_seqlens_kv"),
@@ -147,11 +206,39 @@ def _thd_boundaries(params: PackedSeqParams) -> tuple[torch.Tensor, torch.Tensor
     cu_real = params.cu_seqlens_q.detach().cpu().long()
     padded = params.cu_seqlens_q_padded
     cu_padded = cu_real if padded is None else padded.detach().cpu().long()
+    return cu_padded, cu_real
+
+
+def _check_host_boundaries(cu_padded: torch.Tensor, cu_real: torch.Tensor) -> None:
     if cu_padded.shape != cu_real.shape:
         raise ValueError("cu_seqlens_q_padded and cu_seqlens_q must have one entry per sequence")
     if bool((cu_padded.diff() < cu_real.diff()).any()):
         raise ValueError("every padded length must be >= its real length")
-    return cu_padded, cu_real
+
+
+def thd_layout(params: PackedSeqParams, cp_size: int, cp_rank: int,
+               device: torch.device) -> LocalLayout:
+    """The micro-batch's layout for one CP place, built once per micro-batch from the host
+    boundaries the data path attached (read back once, and checked, when it attached none)."""
+    if getattr(params, HOST_BOUNDARIES_ATTR, None) is None:
+        cu_padded, cu_real = _thd_boundaries(params)
+        attach_host_boundaries(params, cu_real, cu_padded)
+    host = host_boundaries(params)
+
+    def build() -> LocalLayout:
+        _check_host_boundaries(host.cu_seqlens_padded, host.cu_seqlens)
+        return build_local_layout(host.cu_seqlens_padded, host.cu_seqlens, cp_size, cp_rank,
+                                  device)
+
+    return host.cached((_LOCAL_LAYOUT, cp_size, cp_rank, str(device)), build)
+
+
+@functools.lru_cache(maxsize=_SBHD_LAYOUT_CACHE_SIZE)
+def _sbhd_layout(batch: int, seq_len: int, cp_size: int, cp_rank: int,
+                 device: str) -> LocalLayout:
+    """Each batch row is one sequence of (global) length ``seq_len``, no padding."""
+    cu = torch.arange(batch + 1, dtype=torch.long) * seq_len
+    return build_local_layout(cu, cu, cp_size, cp_rank, torch.device(device))
 
 
 class VarlenCoreAttention(MegatronModule):
@@ -259,9 +346,9 @@ class VarlenCoreAttention(MegatronModule):
         has_batch_dim = query.dim() == 4  # [T_r, 1, N, D] instead of [T_r, N, D]
         if has_batch_dim:
             query, key, value = (x.squeeze(1) for x in (query, key, value))
-        cu_padded, cu_real = _thd_boundaries(params)
-        out_TrND = varlen_attention(query, key, value, cu_padded, cu_real, cp_group, causal,
-                                    self.softmax_scale, self._dropout_fn())
+        layout = thd_layout(params, cp_group.size(), cp_group.rank(), query.device)
+        out_TrND = attend_with_layout(query, key, value, layout, cp_group, causal,
+                                      self.softmax_scale, self._dropout_fn())
         out = out_TrND.reshape(out_TrND.size(0), -1)
         return out.unsqueeze(1) if has_batch_dim else out
 
@@ -269,7 +356,8 @@ class VarlenCoreAttention(MegatronModule):
         s, b = query.shape[:2]
         # Each batch row is one sequence of global length S = s * cp, split by the same rule.
         to_packed = lambda x: x.transpose(0, 1).reshape(b * s, *x.shape[2:])
-        cu = torch.arange(b + 1, dtype=torch.long) * (s * cp_group.size())
-        out_TND = varlen_attention(to_packed(query), to_packed(key), to_packed(value), cu, cu,
-                                   cp_group, causal, self.softmax_scale, self._dropout_fn())
+        layout = _sbhd_layout(b, s * cp_group.size(), cp_group.size(), cp_group.rank(),
+                              str(query.device))
+        out_TND = attend_with_layout(to_packed(query), to_packed(key), to_packed(value), layout,
+                                     cp_group, causal, self.softmax_scale, self._dropout_fn())
         return out_TND.reshape(b, s, -1).transpose(0, 1).contiguous()

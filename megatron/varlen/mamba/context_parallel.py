@@ -14,7 +14,9 @@ convolution and the scan, and turns it back. Two things need changing for this f
   computes the permutation with Transformer Engine's ``thd_get_partitioned_indices`` (CUDA);
   this fork's ``cp_split`` uses the same rule (per sequence, 2*cp chunks of the PADDED span, rank
   r keeps chunks r and 2*cp-1-r), so the permutation comes from ``cp_split`` in plain torch, for
-  THD (``cu_seqlens_q_padded``) and, as one sequence, for SBHD.
+  THD (``cu_seqlens_q_padded``) and, as one sequence, for SBHD. It is built on the host, once
+  per micro-batch (:mod:`megatron.varlen.mamba.packed_indices`): no layer reads the boundaries
+  back from the device.
 """
 
 from __future__ import annotations
@@ -31,22 +33,7 @@ triton_stand_in.install()  # before megatron.core.ssm (see triton_stand_in.py)
 from megatron.core.ssm.mamba_context_parallel import (  # noqa: E402
     MambaContextParallel, _all_to_all_cp2hp, _all_to_all_hp2cp,
 )
-from megatron.varlen.cp_split import get_thd_rank_order, get_thd_restore_order  # noqa: E402
-
-
-def _padded_boundaries(packed_seq_params: Optional[PackedSeqParams], total_tokens: int,
-                       device: torch.device) -> torch.Tensor:
-    """[n+1] padded boundaries of what the sequence dim holds (one sequence when not packed)."""
-    if packed_seq_params is None:
-        return torch.tensor([0, total_tokens], dtype=torch.long, device=device)
-    cu = packed_seq_params.cu_seqlens_q_padded
-    if cu is None:
-        cu = packed_seq_params.cu_seqlens_q
-    cu = cu.to(device=device, dtype=torch.long)
-    if int(cu[-1]) != total_tokens:
-        raise ValueError(f"the CP-gathered sequence has {total_tokens} tokens but "
-                         f"cu_seqlens_q_padded ends at {int(cu[-1])}")
-    return cu
+from megatron.varlen.mamba.packed_indices import cp_reorder  # noqa: E402
 
 
 class VarlenMambaContextParallel(MambaContextParallel):
@@ -65,19 +52,16 @@ class VarlenMambaContextParallel(MambaContextParallel):
         B, C = (self._repeat_groups(t) for t in (B, C))
         parts = [_all_to_all_cp2hp(t, self.cp_group) for t in (z, x, B, C, dt)]
         gathered = torch.cat(parts, dim=-1)
-        restore = get_thd_restore_order(
-            _padded_boundaries(packed_seq_params, gathered.size(0), gathered.device),
-            self.cp_size)
-        return gathered.index_select(0, restore)
+        reorder = cp_reorder(packed_seq_params, self.cp_size, gathered.size(0), gathered.device)
+        return gathered.index_select(0, reorder.restore)
 
     def post_conv_ssm(self, input_: torch.Tensor,
                       packed_seq_params: Optional[PackedSeqParams] = None) -> torch.Tensor:
         """Inverse of :meth:`pre_conv_ssm` for the scan output: back to this rank's shard."""
         if self.cp_size == 1:
             return input_
-        order = get_thd_rank_order(
-            _padded_boundaries(packed_seq_params, input_.size(0), input_.device), self.cp_size)
-        return _all_to_all_hp2cp(input_.index_select(0, order), self.cp_group)
+        reorder = cp_reorder(packed_seq_params, self.cp_size, input_.size(0), input_.device)
+        return _all_to_all_hp2cp(input_.index_select(0, reorder.rank_order), self.cp_group)
 
     def _repeat_groups(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.group_repeat_count == 1:

@@ -18,6 +18,9 @@ an edit of the installed package. What it changes, and why:
   the static one, runs the call with ``self.cp`` replaced by a helper over that group (heads
   split over its size, all-to-all over it); the static helper is restored in a ``finally``. A
   group of size 1 takes megatron-core's no-communication branch: no collective at all.
+* **No device->host read per layer.** megatron-core derives ``seq_idx`` (and the CP reorder)
+  from the device boundaries in every layer, which synchronises; here both come from the host
+  boundaries, built once per micro-batch (:mod:`megatron.varlen.mamba.packed_indices`).
 * **TP metadata.** The CP-size-1 parameters megatron-core marks ``tensor_model_parallel`` get
   ``partition_dim = 0`` (they are split along dim 0), which the layout-invariant initialiser
   and the checkpoint code read.
@@ -41,6 +44,7 @@ from megatron.varlen.attention.cp_group import resolve_cp_group, swap_attributes
 from megatron.varlen.mamba.context_parallel import context_parallel_for  # noqa: E402
 from megatron.varlen.mamba.gated_norm import GatedRMSNorm  # noqa: E402
 from megatron.varlen.mamba.kernels import TORCH_KERNELS, select_kernels  # noqa: E402
+from megatron.varlen.mamba.packed_indices import packed_seq_idx  # noqa: E402
 
 _TP_SPLIT_DIM = 0
 
@@ -87,6 +91,12 @@ class VarlenMambaMixer(MambaMixer):
             return super().forward(hidden_states, inference_context,
                                    inference_params=inference_params,
                                    packed_seq_params=_thd_only(packed_seq_params))
+
+    def _create_packed_seq_idx(self, packed_seq_params: PackedSeqParams,
+                               total_tokens: int) -> torch.Tensor:
+        """megatron-core's [1, total_tokens] sequence index, built once per micro-batch on the
+        host (see :func:`packed_seq_idx`)."""
+        return packed_seq_idx(packed_seq_params, total_tokens)
 
     def _ssm_training(self, zxBCdt: torch.Tensor,
                       packed_seq_params: Optional[PackedSeqParams] = None) -> torch.Tensor:

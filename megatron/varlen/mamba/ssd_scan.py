@@ -32,6 +32,9 @@ import torch
 import torch.nn.functional as F
 
 _NO_DT_LIMIT = (0.0, math.inf)
+# seq_idx of the chunk-padding tokens: their own sequence, above every real index (indices count
+# sequences), known without reading seq_idx back from the device.
+_PAD_SEQ_ID = torch.iinfo(torch.int64).max
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -174,10 +177,9 @@ def mamba_chunk_scan_combined(
     if seq_idx is None:
         seq_idx = torch.zeros(b, length, dtype=torch.long, device=x.device)
     seq_idx = seq_idx.to(torch.long)
-    # Padding tokens form their own sequence (max + 1) and carry x = dt = 0.
-    pad_id = int(seq_idx.max()) + 1
+    # Padding tokens form their own sequence and carry x = dt = 0.
     padded = [_pad_to_chunks(t, chunk_size) for t in (x.to(work), dt, log_decay, Bh, Ch)]
-    seq_padded = _pad_to_chunks(seq_idx, chunk_size, value=pad_id)
+    seq_padded = _pad_to_chunks(seq_idx, chunk_size, value=_PAD_SEQ_ID)
     y = _chunk_scan(*padded, seq_padded, chunk_size)[:, :length]
     xw = x.to(work)
     if D is not None:

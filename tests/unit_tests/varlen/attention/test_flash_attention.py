@@ -19,7 +19,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 
 from megatron.varlen.attention import LOCAL_ONLY_CP_GROUP, varlen_attention
-from megatron.varlen.attention.attention_plan import build_attention_plan
+from megatron.varlen.attention.attention_plan import HOST_BOUNDARIES_ATTR, build_attention_plan
 from megatron.varlen.attention.flash_attention import (
     FlashVarlenCoreAttention, attend_planned, flash_varlen_attention,
 )
@@ -31,6 +31,7 @@ from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM, NUM_GROUPS, NUM_HEADS, build, cu, make_config, reference_attention,
 )
+from tests.unit_tests.varlen.host_reads import CountHostReads
 
 TOLERANCE = 1e-10
 # Odd lengths, a length-1 sequence, one sequence padded far beyond its real tokens (whole CP
@@ -207,29 +208,6 @@ def test_flash_cp2_over_gloo_equals_reference_on_the_slice():
 
 # --- no device->host reads in the step: host boundaries, plans built once ---------------------
 
-# Calls that copy a (device) tensor to the host and so synchronise on CUDA.
-_HOST_READS = {
-    torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.numpy,
-    torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
-    torch.equal, torch.nonzero, torch.Tensor.nonzero, torch.masked_select,
-    torch.repeat_interleave, torch.Tensor.repeat_interleave,
-}
-
-
-class _CountHostReads(torch.overrides.TorchFunctionMode):
-    """Counts host reads outside the kernel (the kernel's CPU twin reads boundaries, the CUDA
-    kernel does not)."""
-
-    def __init__(self):
-        super().__init__()
-        self.reads, self.in_kernel = [], False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _HOST_READS and not self.in_kernel:
-            self.reads.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
 def _thd_params():
     from megatron.varlen.attention.attention_plan import attach_host_boundaries
 
@@ -242,15 +220,12 @@ def _thd_params():
 
 def test_forward_and_backward_read_nothing_back_from_the_device():
     _, flash = _flash()
-    counter = _CountHostReads()
+    counter = CountHostReads()
 
     @functools.wraps(emulated_varlen_attn)  # the same signature: the same keywords reach it
     def kernel(*args, **kwargs):
-        counter.in_kernel = True
-        try:
+        with counter.exempt():  # the CPU twin reads what the CUDA kernel keeps on the device
             return emulated_varlen_attn(*args, **kwargs)
-        finally:
-            counter.in_kernel = False
 
     flash.kernel = kernel
     params = _thd_params()
@@ -261,10 +236,11 @@ def test_forward_and_backward_read_nothing_back_from_the_device():
             out = flash(q, k, v, None, packed_seq_params=params)
             (out * weight.reshape(out.shape)).sum().backward()
     assert counter.reads == [], counter.reads
-    # The check itself works: the reference attention does read boundaries back.
-    reference = build()
+    # The check itself works: boundaries without host copies are read back (once).
+    params = _thd_params()
+    delattr(params, HOST_BOUNDARIES_ATTR)
     with counter:
-        reference(q, k, v, None, packed_seq_params=params)
+        flash(q, k, v, None, packed_seq_params=params)
     assert counter.reads
 
 
