@@ -10,7 +10,6 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -25,14 +24,16 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.training import checkpointing
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.hf.exporter import save_hf
-from megatron.training.loop_steps import eval_mode, final_save_due, periodic_save_due
+from megatron.training.log import is_last_rank
+from megatron.training.loop_steps import (
+    eval_mode, final_save_due, log_validation_loss, periodic_save_due,
+)
 from megatron.training.metrics import IterationMetrics, MetricsLogger
 from megatron.training.model import build_model, build_transformer_config
 from megatron.training.nonfinite import check_finite
 from megatron.varlen.cpu_device import get_device
 
 LOSS_KEY = "lm loss"
-MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
 
 
 @dataclass
@@ -191,10 +192,6 @@ def evaluate(args, state: TrainState, provider, first_index: int) -> float | Non
     return sum(losses) / len(losses)
 
 
-def _is_logging_rank() -> bool:
-    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
-
-
 def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> IterationMetrics:
     return IterationMetrics(
         iteration=state.iteration, train_iters=args.train_iters,
@@ -216,9 +213,7 @@ def _maybe_evaluate(args, state, valid_provider) -> float | None:
         return None
     first = (state.iteration // args.eval_interval) * args.eval_iters
     loss = evaluate(args, state, valid_provider, first)
-    if _is_logging_rank() and loss is not None:
-        print(f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} | "
-              f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |", flush=True)
+    log_validation_loss(state.iteration, loss)
     return loss
 
 
@@ -235,7 +230,7 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
     None at iterations without evaluation.
     """
-    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if _is_logging_rank() \
+    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if is_last_rank() \
         else None
     history = []
     while state.iteration < args.train_iters:
