@@ -1,11 +1,13 @@
 """The one logging style (megatron/training/log.py): the rank prefix, which rank speaks,
 levels, the logger hierarchy, print/warning capture."""
 
+import ast
 import builtins
 import logging
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -184,3 +186,43 @@ def test_megatrons_line_content_follows_the_level_unchanged(capsys):
     info_all_ranks(" iteration        2/       3 | lm loss: 4.0E+00 |")
     assert capsys.readouterr().out == \
         "[rank 0] INFO  iteration        2/       3 | lm loss: 4.0E+00 |\n"
+
+
+# --- the whole package logs through this module (static) -----------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[3] / "megatron"
+# The logging module itself, and the printer of one-line user errors (stderr, argparse's form).
+MAY_PRINT = {"training/log.py", "training/errors.py"}
+MAY_CONFIGURE_LOGGERS = {"training/log.py"}
+
+
+def _calls(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Call):
+            yield node.lineno, ast.unparse(node.func)
+
+
+def _modules():
+    modules = sorted(PACKAGE.rglob("*.py"))
+    assert len(modules) > 50, f"found only {len(modules)} modules under {PACKAGE}"
+    return [(path.relative_to(PACKAGE).as_posix(), path) for path in modules]
+
+
+def test_no_module_under_megatron_prints_or_builds_its_own_logger():
+    offenders = []
+    for name, path in _modules():
+        for lineno, func in _calls(path):
+            prints = func in {"print", "builtins.print"} or func.startswith("sys.std")
+            own_logger = func in {"logging.getLogger", "getLogger", "logging.basicConfig"}
+            if (prints and name not in MAY_PRINT) or \
+                    (own_logger and name not in MAY_CONFIGURE_LOGGERS):
+                offenders.append(f"megatron/{name}:{lineno}: {func}()")
+    assert not offenders, "log through megatron.training.log instead:\n" + "\n".join(offenders)
+
+
+def test_the_static_check_sees_a_bare_print(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import sys, logging\n\ndef f():\n    print('x')\n"
+                      "    sys.stdout.write('y')\n    logging.getLogger(__name__)\n")
+    assert [func for _, func in _calls(module)] == \
+        ["print", "sys.stdout.write", "logging.getLogger"]
