@@ -327,3 +327,19 @@ def parse_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
     except ArgumentValidationError as err:
         print_error_line("pretrain_gpt.py", err)  # under torchrun every rank fails: rank 0
         sys.exit(ERROR_EXIT_CODE)
+
+
+ARGUMENTS_DOTS_COLUMN = 48  # Megatron-LM's arguments dump pads each name with dots to here
+
+
+def format_arguments(args) -> str:
+    """Megatron-LM's arguments dump (every flag's value, sorted by name), as its start-up shows::
+
+        ------------------------ arguments ------------------------
+          seq_length ...................................... 512
+        -------------------- end of arguments ---------------------
+    """
+    lines = [f"  {name} {'.' * (ARGUMENTS_DOTS_COLUMN - len(name))} {value}"
+             for name, value in sorted(vars(args).items())]
+    return "\n".join(["------------------------ arguments ------------------------", *lines,
+                      "-------------------- end of arguments ---------------------"])

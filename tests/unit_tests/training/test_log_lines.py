@@ -4,13 +4,15 @@
 prints carries the rank prefix and a level, their iteration and validation lines match ONE
 pattern (Megatron-LM's line content after the prefix) and carry the loss the run returned, and
 only the last rank prints them: with DP=2 rank 0 owns the same loss and must stay quiet.
+Rank 0 prints Megatron-LM's arguments dump at start-up, once.
 """
 
 import contextlib
 import io
 import re
 
-from megatron.training.arguments import build_parser
+from megatron.training.arguments import build_parser, parse_args
+from megatron.training.initialize import initialize_megatron
 from megatron.training.testing import train_on_this_rank
 from megatron.varlen.testing.multirank import run_distributed
 from megatron.wrap import MegatronWrap
@@ -41,6 +43,9 @@ ITERATION = re.compile(
     rf"learning rate: {FLOAT} \| global batch size: +(?P<gbs>\d+) \| "
     rf"lm loss: (?P<loss>{FLOAT}) \| grad norm: [\d.]+ \| number of microbatches: \d+ \|"
     rf"(?P<extra>( [a-z ]+: [\d.]+ \|)*)$")
+ARGUMENTS = ["------------------------ arguments ------------------------",
+             "-------------------- end of arguments ---------------------"]
+ARGUMENT = re.compile(r"^  [a-z0-9_]+ \.+ \S.*$")
 VALIDATION = re.compile(
     rf"^ validation loss at iteration (?P<iteration>\d+) \| lm loss value: (?P<loss>{FLOAT}) \| "
     rf"lm loss PPL: {FLOAT} \|$")
@@ -55,6 +60,7 @@ def _captured(run) -> tuple[str, object]:
 
 def _pretrain() -> dict:
     argv = build_config(CONFIG).to_argv(build_parser()) + EVAL_FLAGS
+    initialize_megatron(parse_args(argv, world_size=WORLD))  # the start-up: arguments dump
     return train_on_this_rank(argv)
 
 
@@ -117,3 +123,15 @@ def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses():
         extras[entry] = [re.findall(r" ([a-z ]+):", m["extra"]) for m in iterations]
     assert extras["pretrain"] == extras["facade"], "the schedule's stats differ between entries"
     assert extras["pretrain"][0], "the packed run's stats (padding ratio, ...) are in the line"
+    _check_arguments_dump([line["message"] for line in _parse(results[0]["pretrain"][0])])
+
+
+def _check_arguments_dump(messages: list[str]) -> None:
+    """Megatron-LM's dump, once, on rank 0: header, one ``  name ..... value`` line per flag."""
+    start, end = (messages.index(marker) for marker in ARGUMENTS)
+    assert messages.count(ARGUMENTS[0]) == 1
+    dumped = messages[start + 1: end]
+    assert all(ARGUMENT.match(line) for line in dumped), dumped
+    names = [line.split()[0] for line in dumped]
+    assert names == sorted(names) and {"seq_length", "global_batch_size"} <= set(names)
+    assert "  seq_length ...................................... 32" in dumped
