@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from megatron.training import log
+from megatron.training.errors import print_error_line
 from megatron.training.log import (
     capture_print,
     capture_warnings,
@@ -186,6 +187,24 @@ def test_megatrons_line_content_follows_the_level_unchanged(capsys):
     info_all_ranks(" iteration        2/       3 | lm loss: 4.0E+00 |")
     assert capsys.readouterr().out == \
         "[rank 0] INFO  iteration        2/       3 | lm loss: 4.0E+00 |\n"
+
+
+def test_megatron_core_chatter_stays_out_but_its_warnings_get_the_prefix(capsys):
+    engine = logging.getLogger("megatron.core.distributed.example")
+    engine.info("Setting up DistributedDataParallel with config ...")
+    engine.warning("bucket too small")
+    assert capsys.readouterr().out == "[rank 0] WARNING bucket too small\n"
+
+
+def test_one_line_errors_print_once_on_rank_0_to_stderr(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    print_error_line("pretrain_gpt.py", "bad\n  value")
+    assert capsys.readouterr() == ("", "")
+    print_error_line("pretrain_gpt.py", "lost a peer", every_rank=True)
+    assert capsys.readouterr() == ("", "pretrain_gpt.py: error: lost a peer\n")
+    monkeypatch.setenv("RANK", "0")
+    print_error_line("pretrain_gpt.py", "bad\n  value")
+    assert capsys.readouterr() == ("", "pretrain_gpt.py: error: bad value\n")
 
 
 # --- the whole package logs through this module (static) -----------------------------------
