@@ -21,13 +21,10 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.training import checkpointing
+from megatron.training import checkpointing, log, loop_steps
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.hf.exporter import save_hf
-from megatron.training.log import is_last_rank
-from megatron.training.loop_steps import (
-    eval_mode, final_save_due, log_validation_loss, periodic_save_due,
-)
+from megatron.training.loop_steps import eval_mode, final_save_due, periodic_save_due
 from megatron.training.metrics import IterationMetrics, MetricsLogger
 from megatron.training.model import build_model, build_transformer_config
 from megatron.training.nonfinite import check_finite
@@ -213,7 +210,7 @@ def _maybe_evaluate(args, state, valid_provider) -> float | None:
         return None
     first = (state.iteration // args.eval_interval) * args.eval_iters
     loss = evaluate(args, state, valid_provider, first)
-    log_validation_loss(state.iteration, loss)
+    loop_steps.log_validation_loss(state.iteration, loss)
     return loss
 
 
@@ -230,7 +227,7 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
     None at iterations without evaluation.
     """
-    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if is_last_rank() \
+    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if log.is_last_rank() \
         else None
     history = []
     while state.iteration < args.train_iters:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import torch
 
 from megatron.training.datasets.length_config import parse_length_config
-from megatron.training.log import warning_rank_0
 from megatron.varlen.accelerator import (
     ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
 )
 from megatron.varlen.scheduling.problem import padded_length
 from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
+
+from megatron.training.log import warning_rank_0  # (after megatron.varlen: keeps merges apart)
 
 
 def add_varlen_args(parser) -> None:
