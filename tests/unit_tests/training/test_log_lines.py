@@ -106,19 +106,20 @@ def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses():
     extras = {}
     for entry in ("pretrain", "facade"):
         first, last = (_parse(r[entry][0]) for r in results)
+        said = f"{entry}, rank 0:\n{results[0][entry][0]}\nrank 1:\n{results[-1][entry][0]}"
         assert all(int(line["rank"]) == 0 for line in first)
         assert all(int(line["rank"]) == WORLD - 1 for line in last)
         # Rank 0 owns the same loss (DP=2) but prints only its start-up facts.
-        assert _loss_lines(first) == ([], []), entry
+        assert _loss_lines(first) == ([], []), said
         iterations, validations = _loss_lines(last)
-        assert len(iterations) + len(validations) == len(last), f"{entry}: rank 1 said more"
+        assert len(iterations) + len(validations) == len(last), said
         _, losses, validation_loss = results[-1][entry]
-        assert [int(m["iteration"]) for m in iterations] == list(range(1, STEPS + 1)), entry
+        assert [int(m["iteration"]) for m in iterations] == list(range(1, STEPS + 1)), said
         assert all(int(m["train_iters"]) == STEPS and int(m["gbs"]) == 4 for m in iterations)
-        assert all(_close(m["loss"], loss) for m, loss in zip(iterations, losses)), entry
+        assert all(_close(m["loss"], loss) for m, loss in zip(iterations, losses)), (said, losses)
         (validation,) = validations
         assert int(validation["iteration"]) == STEPS
-        assert _close(validation["loss"], validation_loss), entry
+        assert _close(validation["loss"], validation_loss), (said, validation_loss)
         assert all(line["coords"] and line["level"] == "INFO" for line in last)
         extras[entry] = [re.findall(r" ([a-z ]+):", m["extra"]) for m in iterations]
     assert extras["pretrain"] == extras["facade"], "the schedule's stats differ between entries"
