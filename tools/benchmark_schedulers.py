@@ -24,9 +24,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.varlen.scheduling.benchmark import (  # noqa: E402
+from megatron.varlen.scheduling.cost_model import CostModel
+from tools.scheduling.benchmark import (
     OUR_SCHEDULERS,
     UPSTREAM_NAMES,
     WORKLOADS,
@@ -37,9 +36,8 @@ from megatron.varlen.scheduling.benchmark import (  # noqa: E402
     sample_batches,
     timed_schedule,
 )
-from megatron.varlen.scheduling.benchmark_report import render_report  # noqa: E402
-from megatron.varlen.scheduling.cost_model import CostModel  # noqa: E402
-from tools.upstream_schedulers import (  # noqa: E402
+from tools.scheduling.benchmark_report import render_report
+from tools.upstream_schedulers import (
     check_checkout,
     evaluate_upstream,
     run_upstream,

@@ -17,9 +17,6 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from megatron.training.testing import train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
-
 REPO = Path(__file__).resolve().parents[1]
 
 WORLD = 4
@@ -52,6 +49,11 @@ RATIOS = [
 
 
 def _run(flags: list[str], iters: int, jsonl: Path) -> list[dict]:
+    # Imported here: the harness pulls in torch and megatron-core, which --help and
+    # tools/update_readme_tables.py (it reads RATIOS) do not need.
+    from tests.harness.multirank import run_distributed
+    from tests.harness.training_runs import train_on_this_rank
+
     argv = COMMON + flags + ["--train-iters", str(iters), "--log-metrics-jsonl", str(jsonl)]
     run_distributed(train_on_this_rank, WORLD, args=(argv,), timeout_s=900)
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]

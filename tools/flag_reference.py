@@ -62,8 +62,12 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if docs/FLAGS.md is stale instead of rewriting it")
+    check = parser.parse_args(argv).check
     text = render()
-    if "--check" in argv:
+    if check:
         if not OUTPUT.exists() or OUTPUT.read_text() != text:
             print(f"{OUTPUT} is stale: run python tools/flag_reference.py", file=sys.stderr)
             return 1

@@ -19,15 +19,13 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.training.datasets.length_config import (  # noqa: E402
+from megatron.varlen.length_distributions import (
     parse_length_config,
     read_lengths_file,
 )
-from megatron.varlen.scheduling.cost_model import DEFAULT_HIDDEN_SIZE, PROFILES, CostModel  # noqa: E402
-from megatron.varlen.scheduling.registry import scheduler_names  # noqa: E402
-from megatron.varlen.scheduling.simulate import (  # noqa: E402
+from megatron.varlen.scheduling.cost_model import DEFAULT_HIDDEN_SIZE, PROFILES, CostModel
+from megatron.varlen.scheduling.registry import scheduler_names
+from tools.scheduling.simulate import (
     REFERENCE_SCHEDULERS,
     SimConfig,
     simulate,

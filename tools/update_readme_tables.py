@@ -10,16 +10,14 @@ results/scheduling/REPORT.md. Numbers are only ever copied from those result fil
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
+from tools.benchmark_training import RATIOS  # the ratios the benchmark defines
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tools.benchmark_training import RATIOS  # noqa: E402  (the ratios the benchmark defines)
-
 README = REPO / "README.md"
 SCHED_RESULTS = REPO / "results" / "scheduling" / "results.json"
 SCHED_REPORT = REPO / "results" / "scheduling" / "REPORT.md"
@@ -77,7 +75,8 @@ def training_table(results: dict, report_link: str) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     sched = json.loads(SCHED_RESULTS.read_text())
     train = json.loads(TRAIN_RESULTS.read_text())
     block = "\n".join(scheduling_table(sched) + [""]

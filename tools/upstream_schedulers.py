@@ -180,7 +180,9 @@ def _run_job(job: dict, classes: tuple[type, type]) -> dict:
 
 
 def _worker(checkout: str) -> int:
-    sys.path = [entry for entry in sys.path if entry not in ("", os.getcwd())]
+    # No sys.path handling: every ``megatron.*`` name the two files import resolves through the
+    # packages and stubs _import_upstream registers in sys.modules first, so neither our
+    # package nor the installed megatron-core can stand in for upstream's.
     classes = _import_upstream(checkout)
     out = []
     for job in json.load(sys.stdin):
@@ -192,8 +194,14 @@ def _worker(checkout: str) -> int:
     return 0
 
 
+USAGE = ("usage: upstream_schedulers.py --worker MEGATRON_LM_CHECKOUT (started by "
+         "tools/benchmark_schedulers.py --upstream-megatron; jobs as JSON on stdin)")
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(_worker(sys.argv[2]))
-    sys.exit("usage: upstream_schedulers.py --worker MEGATRON_LM_CHECKOUT (used by "
-             "tools/benchmark_schedulers.py --upstream-megatron)")
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(USAGE)
+        sys.exit(0)
+    print(USAGE, file=sys.stderr)
+    sys.exit(2)

@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 from megatron.training.log import print_rank_last
-from megatron.training.metrics import format_validation_line
+from megatron.training.iteration_metrics import format_validation_line
 
 
 @contextlib.contextmanager

@@ -24,8 +24,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.training import checkpointing, log, loop_steps
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.hf.exporter import save_hf
+from megatron.training.iteration_metrics import IterationMetrics, MetricsLogger
 from megatron.training.loop_steps import eval_mode, final_save_due, periodic_save_due
-from megatron.training.metrics import IterationMetrics, MetricsLogger
 from megatron.training.model import build_model, build_transformer_config
 from megatron.training.nonfinite import check_finite
 from megatron.varlen.cpu_device import get_device

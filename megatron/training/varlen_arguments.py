@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.length_distributions import parse_length_config
 from megatron.varlen.accelerator import (
     ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
 )
 from megatron.varlen.scheduling.problem import padded_length
+from megatron.varlen.scheduling.registry import (
+    DP_BALANCED, DYNAMIC_CP, canonical_name, scheduler_help, scheduler_names,
+)
 from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
 
 from megatron.training.log import warning_rank_0  # (after megatron.varlen: keeps merges apart)
@@ -25,12 +28,7 @@ def add_varlen_args(parser) -> None:
                        help="Pack variable-length samples into THD micro-batches balanced across "
                             "DP x CP ranks (implies per-token loss).")
     group.add_argument("--sequence-packing-scheduler", default=None,
-                       choices=["default", "dp_balanced", "empty", "default_dynamic_cp"],
-                       help="How packed sequences are assigned to micro-batches and ranks: "
-                            "dp_balanced (alias default) balances estimated work across DP; "
-                            "empty only packs what each DP rank already holds; "
-                            "default_dynamic_cp (set by --dynamic-context-parallel) also picks "
-                            "each sequence's CP group size.")
+                       choices=scheduler_names(), help=scheduler_help())
     group.add_argument("--dynamic-context-parallel", action="store_true",
                        help="Give every sequence its own CP group size, micro-batch by "
                             "micro-batch, across all DP x CP ranks (implies --sequence-packing).")
@@ -111,7 +109,7 @@ def _resolve_dynamic_context_parallel(args, require) -> None:
         args.dynamic_context_parallel = True
     del args.hybrid_context_parallel
     if not args.dynamic_context_parallel:
-        require(args.sequence_packing_scheduler != "default_dynamic_cp",
+        require(args.sequence_packing_scheduler != DYNAMIC_CP,
                 "--sequence-packing-scheduler default_dynamic_cp needs --dynamic-context-parallel")
         require(args.min_dynamic_context_parallel_size == 1,
                 "--min-dynamic-context-parallel-size needs --dynamic-context-parallel")
@@ -119,7 +117,7 @@ def _resolve_dynamic_context_parallel(args, require) -> None:
     require(args.max_seqlen_per_dp_cp_rank is not None,
             "--dynamic-context-parallel requires --max-seqlen-per-dp-cp-rank (the per-rank "
             "token budget that sizes each sequence's CP group)")
-    require(args.sequence_packing_scheduler in (None, "default_dynamic_cp"),
+    require(args.sequence_packing_scheduler in (None, DYNAMIC_CP),
             f"--dynamic-context-parallel uses the default_dynamic_cp scheduler, not "
             f"--sequence-packing-scheduler {args.sequence_packing_scheduler}")
     dp_cp = args.data_parallel_size * args.context_parallel_size
@@ -127,7 +125,7 @@ def _resolve_dynamic_context_parallel(args, require) -> None:
             f"--min-dynamic-context-parallel-size {args.min_dynamic_context_parallel_size} "
             f"must be between 1 and DP x CP = {dp_cp}")
     args.sequence_packing = True
-    args.sequence_packing_scheduler = "default_dynamic_cp"
+    args.sequence_packing_scheduler = DYNAMIC_CP
 
 
 def _validate_capacity(args, require) -> None:
@@ -157,8 +155,8 @@ def _validate_packing(args, require) -> None:
             f"--sequence-packing builds each micro-batch as one pack of up to "
             f"--max-seqlen-per-dp-cp-rank tokens per rank: --micro-batch-size must be 1 "
             f"(got {args.micro_batch_size})")
-    if args.sequence_packing_scheduler in (None, "default"):
-        args.sequence_packing_scheduler = "dp_balanced"
+    args.sequence_packing_scheduler = canonical_name(args.sequence_packing_scheduler
+                                                     or DP_BALANCED)
     if args.max_seqlen_per_dp_cp_rank is None:
         args.max_seqlen_per_dp_cp_rank = _default_budget(args)
     require(args.max_seqlen_per_dp_cp_rank > 0,

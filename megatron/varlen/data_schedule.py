@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.varlen import packing, reroute
+from megatron.varlen import reroute, thd_microbatch
 from megatron.varlen.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.metrics import critical_path, rank_times
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
 from megatron.varlen.scheduling.problem import ScheduleProblem
 from megatron.varlen.scheduling.registry import get_scheduler
+from megatron.varlen.scheduling.schedule_evaluation import critical_path, rank_times
 
 _FINGERPRINT_BYTES = 7  # fits an int64 all-reduce without overflow
 
@@ -179,16 +179,16 @@ class GlobalBatchPacker:
         ids = schedule.microbatches[microbatch][self.rank]
         fixed = self.config.fixed_tokens_per_rank
         if not ids:
-            pack = packing.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed,
-                                      self.config.extra_token_fields)
-            return packing.build_model_inputs(pack, 0, None, self.device)
+            pack = thd_microbatch.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed,
+                                             self.config.extra_token_fields)
+            return thd_microbatch.build_model_inputs(pack, 0, None, self.device)
         group_ranks = schedule.group_ranks(microbatch, self.rank)
-        pack = packing.pack_sequences(
+        pack = thd_microbatch.pack_sequences(
             [mine[sid] for sid in ids], [schedule.padded_lengths[sid] for sid in ids],
             local_cp_size=len(group_ranks), pad_id=self.config.pad_id, sample_ids=tuple(ids),
             total_tokens=fixed * len(group_ranks) if fixed else None,
             extra_fields=self.config.extra_token_fields)
-        return packing.build_model_inputs(
+        return thd_microbatch.build_model_inputs(
             pack, group_ranks.index(self.rank), self._process_group(group_ranks), self.device)
 
     def _process_group(self, group_ranks: tuple[int, ...]):
@@ -270,7 +270,7 @@ def schedule_stats(problem, schedule, config: PackingConfig) -> dict:
     slots = sum(schedule.padded_lengths)
     idle = sum(1 for mb in schedule.microbatches for ids in mb if not ids)
     slots += idle * (config.fixed_tokens_per_rank
-                     or packing.DUMMY_SEQUENCE_TOKENS * config.sp_factor)
+                     or thd_microbatch.DUMMY_SEQUENCE_TOKENS * config.sp_factor)
     times = rank_times(problem, schedule)
     mean_total = sum(sum(row) for row in times) / problem.num_ranks
     return {

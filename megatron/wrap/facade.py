@@ -59,7 +59,7 @@ from megatron.wrap.forward import FlowForwardStep
 from megatron.wrap.microbatches import pack_step, per_token_fields
 from megatron.wrap.parallel import ParallelStateMixin
 from megatron.wrap.pretrained import pretrained_config
-from megatron.wrap.step_metrics import LOSS, reduce_across_stages, train_metrics
+from megatron.wrap.step_results import LOSS, reduce_across_stages, train_metrics
 
 CONFIG_FILENAME = "wrap_config.yaml"  # the resolved config, stored with each checkpoint
 

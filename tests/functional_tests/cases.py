@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from megatron.training.testing import (
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import (
     loss_owner_history, train_hybrid_on_this_rank, train_on_this_rank,
 )
-from megatron.varlen.testing.multirank import run_distributed
 
 CASES_ROOT = Path(__file__).parent / "test_cases"  # one folder per model family (gpt, hybrid)
 ENTRY_POINTS = {"pretrain_gpt.py": train_on_this_rank,

@@ -1,11 +1,8 @@
 """Re-record golden values: run each named case (default: all) and write golden_values.json."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tests.functional_tests.cases import case_names, load_case, run_case, write_golden  # noqa: E402
+from tests.functional_tests.cases import case_names, load_case, run_case, write_golden
 
 
 def main(names: list[str]) -> None:

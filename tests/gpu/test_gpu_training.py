@@ -13,8 +13,8 @@ Run with `pytest -m gpu tests/gpu`; skipped without CUDA.
 import pytest
 import torch
 
-from megatron.training.testing import loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import loss_owner_history, train_on_this_rank
 from tests.unit_tests.training.test_packing_equivalence import PACKED, RTOL, UNPACKED
 
 # Several multi-rank launches per test (spawned ranks, each compiling its fused kernels once).

@@ -20,7 +20,7 @@ import operator
 import numpy as np
 import torch
 
-from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.length_distributions import parse_length_config
 from megatron.training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.training.datasets.sample import get_pad_multiple
 from megatron.training.datasets.sft import SFTDataset

@@ -5,7 +5,8 @@ Public API (see docs/SCHEDULING.md):
 * problem and result: :class:`ScheduleProblem`, :class:`Schedule`, :func:`padded_length`;
 * cost model: :class:`CostModel`, :class:`HardwareProfile`, ``PROFILES``;
 * groups: :class:`GroupLayout`, :func:`build_group_layout`, :func:`build_static_layout`;
-* schedulers: :func:`get_scheduler` ("dp_balanced"/"default", "empty", "default_dynamic_cp");
+* schedulers: :func:`get_scheduler` ("dp_balanced", "empty", "default_dynamic_cp"; "default" is
+  an alias of "dp_balanced", see registry.py);
 * checks and numbers: :func:`validate_schedule`, :func:`rank_times`, :func:`critical_path`,
   :func:`simple_lower_bound`, :func:`budget_aware_lower_bound`,
   :func:`latency_aware_lower_bound`;
@@ -19,7 +20,6 @@ from megatron.varlen.scheduling.bounds import (
 )
 from megatron.varlen.scheduling.cost_model import PROFILES, CostModel, HardwareProfile
 from megatron.varlen.scheduling.groups import GroupLayout, build_group_layout, build_static_layout
-from megatron.varlen.scheduling.metrics import critical_path, rank_times, schedule_summary
 from megatron.varlen.scheduling.pipeline_order import (
     BubbleEstimate,
     order_for_pipeline,
@@ -27,6 +27,11 @@ from megatron.varlen.scheduling.pipeline_order import (
 )
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem, padded_length
 from megatron.varlen.scheduling.registry import get_scheduler, scheduler_names
+from megatron.varlen.scheduling.schedule_evaluation import (
+    critical_path,
+    rank_times,
+    schedule_summary,
+)
 from megatron.varlen.scheduling.validate import idle_rank_slots, validate_schedule
 
 __all__ = [

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.varlen.scheduling.metrics import microbatch_levels
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
 
 FORWARD_SHARE = 1.0 / 3.0  # backward is about twice the forward
 

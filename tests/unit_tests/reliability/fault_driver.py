@@ -9,12 +9,9 @@ published. Used by test_fault_injection.py only.
 import os
 import signal
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-
-import pretrain_gpt  # noqa: E402  (silences warnings before megatron.core is imported)
-from megatron.training import checkpointing, training  # noqa: E402
+import pretrain_gpt  # first: it silences warnings before megatron.core is imported
+from megatron.training import checkpointing, training
 
 
 def _die() -> None:

@@ -11,8 +11,8 @@ import pytest
 from megatron.training.checkpoint_integrity import MANIFEST_FILENAME, file_digest
 from megatron.training.checkpointing import TRACKER_FILENAME, checkpoint_dir
 from megatron.training.errors import CheckpointError
-from megatron.training.testing import TINY_GPT_ARGS, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
 ARGS = TINY_GPT_ARGS + ["--lr-decay-iters", "4"]
 CORRUPT_BYTES = 4096

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from megatron.training.checkpointing import TRACKER_FILENAME
-from megatron.training.testing import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import find_free_port, run_distributed
+from tests.harness.multirank import find_free_port, run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("fault_driver.py")

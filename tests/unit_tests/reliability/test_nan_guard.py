@@ -7,8 +7,8 @@ import torch
 from megatron.training.checkpointing import TRACKER_FILENAME
 from megatron.training.errors import NonFiniteLossError
 from megatron.training.nonfinite import check_finite
-from megatron.training.testing import TINY_GPT_ARGS, train_on_this_rank
-from megatron.varlen.testing.multirank import DistributedTestError, run_distributed
+from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
 DIVERGING = TINY_GPT_ARGS + ["--lr", "1e4", "--clip-grad", "0", "--train-iters", "6",
                              "--save-interval", "2"]

@@ -10,8 +10,8 @@ import pytest
 from megatron.training.arguments import ArgumentValidationError, parse_args
 from megatron.training.datasets.builder import build_datasets
 from megatron.training.errors import UserInputError, agree_on_errors
-from megatron.training.testing import TINY_GPT_ARGS
 from megatron.training.tokenizer import build_tokenizer
+from tests.harness.training_runs import TINY_GPT_ARGS
 
 REPO = Path(__file__).resolve().parents[3]
 

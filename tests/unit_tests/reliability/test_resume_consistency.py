@@ -7,8 +7,8 @@ import json
 import pytest
 
 from megatron.training.errors import CheckpointError
-from megatron.training.testing import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 
 def _run(argv, world=1):

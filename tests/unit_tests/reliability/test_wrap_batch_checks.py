@@ -4,8 +4,8 @@ training goes on (no rank left waiting in a collective). The facade's train() al
 NaN loss (--check-for-nan-in-loss-and-grad) on every rank."""
 
 from megatron.training.errors import NonFiniteLossError
-from megatron.varlen.testing.multirank import run_distributed
 from megatron.wrap import GPTSFTFlow, MegatronWrap, register_flow
+from tests.harness.multirank import run_distributed
 
 
 @register_flow("test_nan_loss", replace=True)

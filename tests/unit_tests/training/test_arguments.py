@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from megatron.training.arguments import ArgumentValidationError, build_parser, parse_args
-from megatron.training.testing import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS
 
 REPO = Path(__file__).resolve().parents[3]
 # Pinned flag set (torchtitan's test_no_new_cli_options): adding a flag is a reviewed diff here.

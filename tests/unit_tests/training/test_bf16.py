@@ -6,8 +6,8 @@ where exactness is proven.
 
 import math
 
-from megatron.training.testing import loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import loss_owner_history, train_on_this_rank
 from tests.unit_tests.training.test_packing_equivalence import PACKED
 
 BF16_RTOL = 1e-2

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from megatron.training.checkpointing import TRACKER_FILENAME, checkpoint_dir
-from megatron.training.testing import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 # The LR schedule must not depend on where the run stops: fix the decay horizon.
 BASE = TINY_GPT_ARGS + ["--lr-decay-iters", "6", "--lr-warmup-iters", "1"]

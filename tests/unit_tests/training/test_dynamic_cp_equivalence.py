@@ -8,8 +8,8 @@ test_packing_equivalence.py; each case here compares with an unpacked launch of 
 
 import pytest
 
-from megatron.training.testing import loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import loss_owner_history, train_on_this_rank
 from tests.unit_tests.training.test_packing_equivalence import NUM_ITERS, PACKED, RTOL, UNPACKED
 
 DYNAMIC = PACKED + ["--dynamic-context-parallel"]

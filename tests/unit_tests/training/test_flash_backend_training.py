@@ -7,8 +7,8 @@ micro-batch, reused by every layer. The unpacked (SBHD) path with flash gives th
 too (what the GPU benchmark's padded configuration runs).
 """
 
-from megatron.training.testing import train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import train_on_this_rank
 from tests.unit_tests.training.test_packing_equivalence import (
     NUM_ITERS, PACKED, RTOL, UNPACKED,
 )

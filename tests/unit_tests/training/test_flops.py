@@ -12,8 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.training.arguments import parse_args
 from megatron.training.flops import FORWARD_AND_BACKWARD, num_floating_point_operations
-from megatron.training.testing import TINY_GPT_ARGS
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS
 
 LENGTHS = (16, 32)
 
@@ -56,5 +56,5 @@ def test_formula_matches_counted_matmuls(swiglu):
 def test_sums_are_exact_integers():
     args = parse_args(TINY_GPT_ARGS + ["--train-iters", "1"], world_size=1)
     args.padded_vocab_size = 128
-    big = 2 ** 40 + 1  # float32 would round this (RESEARCH.md §B.3)
+    big = 2 ** 40 + 1  # float32 would round this (exact above 2^24 only as an integer)
     assert isinstance(num_floating_point_operations(args, big, big * big), int)

@@ -5,8 +5,8 @@ and 4) == loading the iteration-2 checkpoint and running 2 more, exactly."""
 import os
 
 from megatron.training.checkpointing import TRACKER_FILENAME, checkpoint_dir
-from megatron.training.testing import loss_owner_history, train_hybrid_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import loss_owner_history, train_hybrid_on_this_rank
 from tests.unit_tests.training.test_hybrid_equivalence import PACKED
 
 # The LR schedule must not depend on where the run stops: fix the decay horizon.

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from megatron.training.testing import loss_owner_history, train_hybrid_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import loss_owner_history, train_hybrid_on_this_rank
 
 RTOL = 1e-5
 NUM_ITERS = 3

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from megatron.core import parallel_state
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.hybrid_flops import mamba_layer_macs
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.mamba import test_mixer
 
 

@@ -7,8 +7,8 @@ loss of iterations 1-3 and the grad norm of iteration 1 must agree within 1e-5 r
 
 import pytest
 
-from megatron.training.testing import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 RTOL = 1e-5
 NUM_ITERS = 3

@@ -8,8 +8,8 @@ single-rank model's, parameter by parameter.
 import pytest
 import torch
 
-from megatron.training.testing import TINY_GPT_ARGS
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS
 
 ARGV = TINY_GPT_ARGS + ["--train-iters", "1", "--num-layers", "4", "--swiglu",
                         "--ffn-hidden-size", "64",

@@ -13,8 +13,8 @@ import re
 
 from megatron.training.arguments import build_parser, parse_args
 from megatron.training.initialize import initialize_megatron
-from megatron.training.testing import train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.training_runs import train_on_this_rank
+from tests.harness.multirank import run_distributed
 from megatron.wrap import MegatronWrap
 from megatron.wrap.config import build_config
 

@@ -5,10 +5,10 @@ tiny packed run on one rank."""
 import json
 
 from megatron.training.arguments import build_parser
-from megatron.training.testing import train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
 from megatron.wrap import MegatronWrap
 from megatron.wrap.config import build_config
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import train_on_this_rank
 
 STEPS = 2
 CONFIG = {

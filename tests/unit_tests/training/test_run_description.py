@@ -6,8 +6,8 @@ import pytest
 
 from megatron.training.arguments import parse_args
 from megatron.training.run_description import FrozenRunError, RunDescription, describe_run
-from megatron.training.testing import TINY_GPT_ARGS, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
 
 def test_derived_values_are_set_during_validation_and_the_description_is_read_only():
@@ -26,7 +26,7 @@ def test_derived_values_are_set_during_validation_and_the_description_is_read_on
 
 
 def _frozen_training(argv):
-    import megatron.training.testing as testing
+    import tests.harness.training_runs as testing
 
     # Freeze right after validation: any later write (a builder leaving a value in args for a
     # later reader) raises FrozenRunError and fails the run.

@@ -3,7 +3,7 @@
 import pytest
 
 from megatron.training.arguments import ArgumentValidationError, parse_args
-from megatron.training.testing import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS
 
 BASE = TINY_GPT_ARGS + ["--train-iters", "1", "--micro-batch-size", "1", "--sft"]
 
@@ -82,3 +82,21 @@ def test_capacity_check_counts_cp_padding():
     with pytest.raises(ArgumentValidationError, match="18 tokens per rank"):
         _parse(extra, world=2)
     _parse(extra[:-1] + ["18"], world=2)  # exactly enough
+
+
+def test_scheduler_flag_values_come_from_the_registry_and_say_what_they_mean():
+    from megatron.training.arguments import build_parser
+    from megatron.varlen.scheduling import get_scheduler
+    from megatron.varlen.scheduling.dp_balanced import dp_balanced
+    from megatron.varlen.scheduling.dynamic_cp import default_dynamic_cp
+    from megatron.varlen.scheduling.empty import empty
+
+    action = next(a for a in build_parser()._actions
+                  if a.dest == "sequence_packing_scheduler")
+    # Megatron-LM's names, the fork's `empty`, and the early alias `default`: all still accepted.
+    expected = {"dp_balanced": dp_balanced, "default_dynamic_cp": default_dynamic_cp,
+                "empty": empty, "default": dp_balanced}
+    assert sorted(action.choices) == sorted(expected)
+    assert {name: get_scheduler(name) for name in action.choices} == expected
+    assert "default: alias of dp_balanced" in action.help
+    assert "not related to default_dynamic_cp" in action.help

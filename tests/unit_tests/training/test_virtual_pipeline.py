@@ -1,11 +1,11 @@
 """PP=2 with virtual stages (interleaved 1F1B) matches a single rank.
 
-Guards DESIGN.md §3's measured pitfall: batched p2p on gloo gave silently wrong gradients with
+Guards a measured pitfall: batched p2p on gloo gave silently wrong gradients with PP=2 and
 VPP; the CPU path must keep batch_p2p_comm off.
 """
 
-from megatron.training.testing import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 RTOL = 1e-5
 BASE = TINY_GPT_ARGS + ["--num-layers", "4", "--train-iters", "3", "--global-batch-size", "8"]

@@ -7,7 +7,7 @@ the pieces the DP x CP ranks hold must reassemble into exactly the original samp
 import pytest
 import torch
 
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 
 PAD = 0
 # Odd lengths, length 1, lengths not divisible by 2*cp, one near the CP capacity.
@@ -92,7 +92,7 @@ def test_every_sample_once_with_intact_tokens(dp, cp, scheduler):
 
 
 def test_sequence_longer_than_capacity_is_a_one_line_error():
-    from megatron.varlen.testing.multirank import DistributedTestError
+    from tests.harness.multirank import DistributedTestError
 
     with pytest.raises(DistributedTestError) as err:
         run_distributed(_rank_fn, 2, args=(1, 2, 16, "dp_balanced"), timeout_s=120)
@@ -237,7 +237,7 @@ def _disagreeing_schedules_rank_fn(disagree: bool):
 
 
 def test_model_parallel_ranks_must_agree_on_the_schedule():
-    from megatron.varlen.testing.multirank import DistributedTestError
+    from tests.harness.multirank import DistributedTestError
 
     assert run_distributed(_disagreeing_schedules_rank_fn, 2, args=(False,)) == ["agreed"] * 2
     with pytest.raises(DistributedTestError, match="computed different packing schedules"):

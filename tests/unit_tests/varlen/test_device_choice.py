@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from megatron.varlen import cpu_device
-from megatron.varlen.testing import multirank
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness import multirank
+from tests.harness.multirank import run_distributed
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_default_ranks_run_on_cpu_whatever_the_machine_has():
 def test_forkserver_preload_does_not_initialise_cuda():
     # A CUDA context in the forkserver would break every forked rank ("Cannot re-initialize
     # CUDA in forked subprocess").
-    code = ("import importlib, torch; from megatron.varlen.testing import multirank; "
+    code = ("import importlib, torch; from tests.harness import multirank; "
             "[importlib.import_module(m) for m in multirank._PRELOAD]; "
             "print(torch.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from megatron.varlen.testing.multirank import DistributedTestError, run_distributed
+from tests.harness.multirank import DistributedTestError, run_distributed
 
 
 def _sum_of_ranks():

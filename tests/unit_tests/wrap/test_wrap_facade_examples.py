@@ -4,7 +4,7 @@ import importlib.util
 import math
 from pathlib import Path
 
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "wrap"
 TINY = ["model.hidden_size=32", "model.ffn_hidden_size=64", "model.seq_length=64",

@@ -14,9 +14,9 @@ import re
 
 import torch
 
-from megatron.varlen.testing.multirank import run_distributed
 from megatron.wrap import MegatronWrap, MockFlow, register_flow
 from megatron.wrap.flows.base import LOSS_KEY
+from tests.harness.multirank import run_distributed
 
 WORLD = 2
 LENGTHS = {"mode": "distribution", "type": "lognormal", "min_seq_len": 4, "max_seq_len": 64,

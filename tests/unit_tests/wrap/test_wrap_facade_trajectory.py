@@ -13,11 +13,11 @@ import torch
 
 from megatron.training.arguments import build_parser, parse_args
 from megatron.training.datasets.builder import build_datasets
-from megatron.training.testing import loss_owner_history, train_on_this_rank
 from megatron.training.tokenizer import build_tokenizer
-from megatron.varlen.testing.multirank import run_distributed
 from megatron.wrap import GPTFlow, MegatronWrap, register_flow
 from megatron.wrap.config import build_config
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import loss_owner_history, train_on_this_rank
 
 RTOL = 1e-5
 NUM_STEPS = 3

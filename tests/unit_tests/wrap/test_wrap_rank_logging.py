@@ -8,7 +8,7 @@ import types
 import pytest
 
 from megatron.training.log import set_coordinates_provider, set_log_level
-from megatron.training.metrics import IterationMetrics, to_json_record
+from megatron.training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.wrap.rank_logging import (
     JsonlMetricWriter,
     ProgressBar,

@@ -98,7 +98,7 @@ def test_tp_that_does_not_divide_heads_or_kv_groups(llama, tp, needle):
 
 
 def test_save_hf_needs_an_exportable_architecture():
-    from megatron.training.testing import TINY_GPT_ARGS
+    from tests.harness.training_runs import TINY_GPT_ARGS
 
     message = _error(TINY_GPT_ARGS + ["--train-iters", "1", "--save-hf", "/tmp/unused"])
     assert "--save-hf: export to Hugging Face needs --normalization RMSNorm" in message

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.training.hf.ranks import rank_train_export
 from tests.unit_tests.training.hf.test_hf_import import _assert_logits_match
 from tests.unit_tests.training.hf.tiny_models import (

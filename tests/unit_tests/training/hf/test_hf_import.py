@@ -8,7 +8,7 @@ slice by slice), in every layout: TP1, TP2, PP2 and PP2 with VPP.
 import pytest
 import torch
 
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.training.hf.ranks import rank_import_logits
 from tests.unit_tests.training.hf.tiny_models import (
     FAMILIES, hf_logits, model_argv, sample_tokens, save_hf_model,

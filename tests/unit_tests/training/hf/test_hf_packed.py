@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.training.hf.ranks import rank_packed_token_losses
 from tests.unit_tests.training.hf.tiny_models import model_argv, save_hf_model
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from megatron.varlen.cp_split import split_sbhd_for_cp, split_thd_for_cp
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM,
     NUM_GROUPS,

@@ -27,7 +27,7 @@ from megatron.varlen.attention.varlen_kernel import (
     call_varlen_kernel, emulated_varlen_attn, takes_enable_gqa,
 )
 from megatron.varlen.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM, NUM_GROUPS, NUM_HEADS, build, cu, make_config, reference_attention,
 )

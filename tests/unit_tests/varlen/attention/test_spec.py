@@ -25,7 +25,7 @@ from megatron.varlen.attention import (
 from megatron.varlen.cp_split import split_thd_for_cp
 from megatron.varlen.norms import VarlenNorm
 from megatron.varlen.spec import get_varlen_gpt_layer_spec, get_varlen_mtp_block_spec
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM,
     NUM_HEADS,

@@ -16,7 +16,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.varlen.cp_split import gather_thd_from_cp, split_thd_for_cp
 from megatron.varlen.spec import get_varlen_gpt_layer_spec
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 
 REAL_LENGTHS = [7, 16, 33, 1]
 PAD_MULTIPLE = 4  # 2 * cp for cp 2

@@ -22,7 +22,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.varlen.cp_split import split_sbhd_for_cp, split_thd_for_cp
 from megatron.varlen.mamba.mixer import MambaMixerSubmodules, VarlenMambaMixer
-from megatron.varlen.testing.multirank import run_distributed
+from tests.harness.multirank import run_distributed
 
 HIDDEN, HEAD_DIM, STATE, GROUPS, CHUNK = 16, 4, 3, 2, 4  # d_inner 32 -> 8 heads
 REAL_LENGTHS = [1, 7, 4, 3]

@@ -11,7 +11,7 @@ from megatron.varlen.scheduling import (
     pipeline_bubble_estimate,
     validate_schedule,
 )
-from megatron.varlen.scheduling.metrics import microbatch_levels
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
 
 
 @pytest.mark.parametrize("stages, count", [(1, 4), (2, 2), (4, 8), (4, 3), (8, 32)])

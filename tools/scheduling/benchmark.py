@@ -1,8 +1,10 @@
 """Reference workloads and measurement loops for tools/benchmark_schedulers.py (torch-free).
 
 Each reference distribution comes with the per-rank budget and static CP size it is benchmarked
-at (RESEARCH.md section E). Global batches hold ``sequences_per_rank * N`` sequences, so the
-64-rank case is 4,096 sequences and the 1,024-rank case 65,536 (the latency targets).
+at (the anchor workloads: upstream's DCP benchmark and CI distributions, RL rollouts with a
+spike at the length cap, Llama-3-like SFT, a Pareto tail). Global batches hold
+``sequences_per_rank * N`` sequences, so the 64-rank case is 4,096 sequences and the 1,024-rank
+case 65,536 (the latency targets).
 """
 
 from __future__ import annotations
@@ -12,18 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron.training.datasets.length_config import parse_length_config
+from megatron.varlen.length_distributions import parse_length_config
 from megatron.varlen.scheduling.bounds import (
     budget_aware_lower_bound,
     latency_aware_lower_bound,
     simple_lower_bound,
 )
 from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.metrics import microbatch_levels, rank_times
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
 from megatron.varlen.scheduling.problem import ScheduleProblem
-from megatron.varlen.scheduling.simulate import resolve_scheduler
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, rank_times
 from megatron.varlen.scheduling.validate import validate_schedule
+from tools.scheduling.simulate import resolve_scheduler
 
 
 @dataclass(frozen=True)

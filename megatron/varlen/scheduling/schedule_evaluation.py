@@ -40,7 +40,9 @@ def critical_path(problem: ScheduleProblem, schedule: Schedule) -> float:
 
 
 def schedule_summary(problem: ScheduleProblem, schedule: Schedule) -> dict[str, float]:
-    """Headline numbers of one scheduled global batch (RESEARCH.md section D)."""
+    """Headline numbers of one scheduled global batch: critical path, efficiency (mean rank
+    time / critical path), imbalance (max / mean rank time), packing efficiency (real tokens /
+    token slots), the length sums the FLOPs use, and the length percentiles."""
     times = np.asarray(rank_times(problem, schedule), dtype=np.float64).reshape(
         len(schedule.microbatches), problem.num_ranks)
     levels = times.max(axis=1) if times.size else np.zeros(0)

@@ -1,18 +1,22 @@
-"""Our own re-implementation of upstream's two schedulers, as the benchmark baseline only.
+"""Our own re-implementation of upstream's two schedulers (a reference baseline, not upstream).
 
-Written from the prose description in shared/RESEARCH.md section A (no upstream code was read or
-copied); where the prose is silent the choice is noted. Not registered for training.
+Written only from a prose description of upstream Megatron-LM's algorithms, summarised in the
+two items below (no upstream code was read or copied); where that description is silent the
+choice is noted. Not registered for training; tools/schedule_sim.py offers these as
+``--scheduler reimpl_upstream_dp_balanced`` / ``reimpl_upstream_dynamic_cp``. The benchmark's
+upstream columns come from upstream's own code instead (tools/upstream_schedulers.py).
 
-* ``upstream_dp_balanced``: next-fit in arrival order, up to budget * cp padded tokens per bin
-  (one bin = one DP rank's CP group in one micro-batch); bin j goes to micro-batch j // dp on DP
-  rank j % dp; the bin count is padded with empty bins to a multiple of dp * VPP group size. Blind
-  to the L^2 term.
-* ``upstream_dynamic_cp``: sequences sorted longest first; one micro-batch at a time; minimal CP
-  size = smallest power of two with L/c <= budget (clamped to the minimum size); a new group may
-  be doubled while that lowers the slowest rank's work; per-rank work cap 1.05 * longest L *
-  budget; what does not fit is deferred to the next micro-batch; empty ranks are filled by
-  doubling the most loaded group that fits. Work = L^2 / c (upstream's cost model). Our choices:
-  a sequence prefers a new group while ranks are free, else joins the least-loaded group it fits.
+* ``reimpl_upstream_dp_balanced``: next-fit in arrival order, up to budget * cp padded tokens
+  per bin (one bin = one DP rank's CP group in one micro-batch); bin j goes to micro-batch
+  j // dp on DP rank j % dp; the bin count is padded with empty bins to a multiple of
+  dp * VPP group size. Blind to the L^2 term.
+* ``reimpl_upstream_dynamic_cp``: sequences sorted longest first; one micro-batch at a time;
+  minimal CP size = smallest power of two with L/c <= budget (clamped to the minimum size); a
+  new group may be doubled while that lowers the slowest rank's work; per-rank work cap
+  1.05 * longest L * budget; what does not fit is deferred to the next micro-batch; empty ranks
+  are filled by doubling the most loaded group that fits. Work = L^2 / c (upstream's cost
+  model). Our choices: a sequence prefers a new group while ranks are free, else joins the
+  least-loaded group it fits.
 
 Padding follows our rule (roundup to 2*c*sp); upstream pads to 2*N under dynamic CP, which would
 only make its schedules slower, so the comparison is generous to upstream.
@@ -26,7 +30,7 @@ from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem, padded
 WORK_CAP_FACTOR = 1.05
 
 
-def upstream_dp_balanced(problem: ScheduleProblem) -> Schedule:
+def reimpl_upstream_dp_balanced(problem: ScheduleProblem) -> Schedule:
     """Upstream-style dp_balanced (next-fit, token-only)."""
     cp, dp = problem.cp_size, problem.dp_size
     capacity = problem.max_seqlen_per_rank * cp
@@ -137,7 +141,7 @@ class _UpstreamMicrobatch:
             self.groups[index] = grown
 
 
-def upstream_dynamic_cp(problem: ScheduleProblem) -> Schedule:
+def reimpl_upstream_dynamic_cp(problem: ScheduleProblem) -> Schedule:
     """Upstream-style default_dynamic_cp (power-of-two groups, L^2 work, 1.05 cap)."""
     num_ranks = problem.num_ranks
     if num_ranks & (num_ranks - 1):

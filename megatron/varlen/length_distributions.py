@@ -1,8 +1,9 @@
-"""Sequence-length configuration for the mock SFT dataset, the simulator and the benchmark.
+"""Sequence-length distributions for the mock SFT dataset, the simulator and the benchmark.
 
 Parses the value of ``--sft-mock-dataset-config-json`` (inline JSON, a path to a JSON file, a
 dict, or None) into a :class:`LengthConfig` whose ``sample(num_samples, seed)`` returns int64
-lengths. Torch-free on purpose: the scheduling tools import it without torch.
+lengths. Torch-free on purpose, and below the scheduler in the layering (it imports nothing
+of megatron): the training datasets and the scheduling tools both import it from here.
 
 Schemas (every key not listed is rejected, so typos fail loudly):
 

@@ -19,19 +19,22 @@ from megatron.varlen.scheduling.bounds import (
     simple_lower_bound,
 )
 from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.metrics import microbatch_levels, schedule_summary
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 from megatron.varlen.scheduling.registry import get_scheduler
-from megatron.varlen.scheduling.upstream_reference import upstream_dp_balanced, upstream_dynamic_cp
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, schedule_summary
 from megatron.varlen.scheduling.validate import validate_schedule
+from tools.scheduling.upstream_reimplementation import (
+    reimpl_upstream_dp_balanced,
+    reimpl_upstream_dynamic_cp,
+)
 
 # Baselines besides the registry (not usable for training): our re-implementations of
 # upstream's algorithms from their prose description -- not upstream's code, hence the names.
 # Upstream's real schedulers: tools/benchmark_schedulers.py --upstream-megatron PATH.
 REFERENCE_SCHEDULERS: dict[str, Callable[[ScheduleProblem], Schedule]] = {
-    "reimpl_upstream_dp_balanced": upstream_dp_balanced,
-    "reimpl_upstream_dynamic_cp": upstream_dynamic_cp,
+    "reimpl_upstream_dp_balanced": reimpl_upstream_dp_balanced,
+    "reimpl_upstream_dynamic_cp": reimpl_upstream_dynamic_cp,
 }
 
 

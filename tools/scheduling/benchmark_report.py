@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megatron.varlen.scheduling.benchmark import WORKLOADS
+from tools.scheduling.benchmark import WORKLOADS
 
 RATIO_TARGET = 1.05
 LATENCY_TARGETS_MS = {64: 10.0, 1024: 200.0}
@@ -204,7 +204,8 @@ def render_report(results: dict, command: str) -> str:
         "- Upstream columns appear only when the benchmark ran upstream's own code "
         "(`--upstream-megatron PATH`, tools/upstream_schedulers.py); its schedules are "
         "evaluated with our cost model and our padding rule (upstream pads dynamic-CP samples "
-        "to 2 x DP x CP, which would only slow it). `upstream_reference.py` (our "
+        "to 2 x DP x CP, which would only slow it). "
+        "`tools/scheduling/upstream_reimplementation.py` (our "
         "re-implementation from prose, `reimpl_upstream_*` in tools/schedule_sim.py) is not "
         "reported as upstream.", ""]
     return "\n".join(parts)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.training.flops import num_floating_point_operations
-from megatron.training.metrics import IterationMetrics, to_json_record
+from megatron.training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.training.training import LOSS_KEY
 from megatron.varlen.cpu_device import get_device
 
