@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron.training.log import warning_rank_0
 from megatron.varlen.length_distributions import parse_length_config
 from megatron.varlen.accelerator import (
     ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
@@ -17,8 +18,6 @@ from megatron.varlen.scheduling.registry import (
     DP_BALANCED, DYNAMIC_CP, canonical_name, scheduler_help, scheduler_names,
 )
 from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
-
-from megatron.training.log import warning_rank_0  # (after megatron.varlen: keeps merges apart)
 
 
 def add_varlen_args(parser) -> None:
