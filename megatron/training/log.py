@@ -195,7 +195,7 @@ def print_rank_last(message: object, *args: object) -> None:
     _log(logging.INFO, message, args, is_last_rank)
 
 
-info_rank_0 = print_rank_0
+info_rank_0 = print_rank_0  # the name megatron.wrap and its examples used: the same function
 
 
 def debug_rank_0(message: object, *args: object) -> None:
