@@ -12,9 +12,11 @@ silence_known_warnings()  # before megatron.core is imported (it warns at import
 from megatron.training.arguments import parse_args_or_exit  # noqa: E402
 from megatron.training.errors import exit_on_user_errors  # noqa: E402
 from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
+from megatron.training.log import capture_warnings  # noqa: E402
 from megatron.training.pretrain import pretrain  # noqa: E402
 
 
+@capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
     args = parse_args_or_exit(argv)
     initialize_megatron(args)

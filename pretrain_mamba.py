@@ -11,22 +11,21 @@ from megatron.training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
-import torch  # noqa: E402
-
 from megatron.training.errors import exit_on_user_errors  # noqa: E402
 from megatron.training.hybrid_arguments import (  # noqa: E402
     describe_hybrid_model, parse_hybrid_args_or_exit,
 )
 from megatron.training.hybrid_model import hybrid_model_provider  # noqa: E402
 from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
+from megatron.training.log import capture_warnings, print_rank_0  # noqa: E402
 from megatron.training.pretrain import pretrain  # noqa: E402
 
 
+@capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
     args = parse_hybrid_args_or_exit(argv)
     initialize_megatron(args)
-    if torch.distributed.get_rank() == 0:
-        print(describe_hybrid_model(args), flush=True)
+    print_rank_0(describe_hybrid_model(args))
     try:
         with exit_on_user_errors("pretrain_mamba.py"):  # bad data, checkpoint, NaN: one line
             pretrain(args, model_provider=hybrid_model_provider)

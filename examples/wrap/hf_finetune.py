@@ -25,7 +25,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from megatron.wrap import MegatronWrap
-from megatron.wrap.rank_logging import info_rank_0
+from megatron.training.log import print_rank_0
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sft_tiny.jsonl"
 NUM_HELD_OUT = 4  # the last records of the file are evaluated on, never trained on
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
             history.append(wrap.train(next(batches)))
             wrap.log_last_metrics()
         after = wrap.evaluate(held_out)["loss"]
-        info_rank_0("held-out loss %.4f -> %.4f", before, after)
+        print_rank_0("held-out loss %.4f -> %.4f", before, after)
         out = wrap.save_pretrained(cli.out) if cli.out else None
     return {"before": before, "after": after, "history": history, "hf_dir": hf_dir,
             "out": out, "held_out": held_out}

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from megatron.wrap import MegatronWrap, config_path
-from megatron.wrap.rank_logging import info_rank_0
+from megatron.training.log import print_rank_0
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sft_tiny.jsonl"
 NUM_HELD_OUT = 4  # the last records of the file are evaluated on, never trained on
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for _ in range(steps):
             history.append(wrap.train(next(batches)))
             wrap.log_last_metrics()
-        info_rank_0("held-out loss %.4f", wrap.evaluate(held_out)["loss"])
+        print_rank_0("held-out loss %.4f", wrap.evaluate(held_out)["loss"])
         if cli.save:
             wrap.save(cli.save)
     return history

@@ -14,6 +14,7 @@ import os
 import sys
 
 from megatron.training import reliability_arguments, run_description, varlen_arguments
+from megatron.training.errors import print_error_line
 from megatron.training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling.problem import pad_multiple
 
@@ -326,6 +327,21 @@ def parse_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         return parse_args(argv)
     except ArgumentValidationError as err:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails: print once
-            print(f"pretrain_gpt.py: error: {err}", file=sys.stderr, flush=True)
+        print_error_line("pretrain_gpt.py", err)  # under torchrun every rank fails: rank 0
         sys.exit(ERROR_EXIT_CODE)
+
+
+ARGUMENTS_DOTS_COLUMN = 48  # Megatron-LM's arguments dump pads each name with dots to here
+
+
+def format_arguments(args) -> str:
+    """Megatron-LM's arguments dump (every flag's value, sorted by name), as its start-up shows::
+
+        ------------------------ arguments ------------------------
+          seq_length ...................................... 512
+        -------------------- end of arguments ---------------------
+    """
+    lines = [f"  {name} {'.' * (ARGUMENTS_DOTS_COLUMN - len(name))} {value}"
+             for name, value in sorted(vars(args).items())]
+    return "\n".join(["------------------------ arguments ------------------------", *lines,
+                      "-------------------- end of arguments ---------------------"])

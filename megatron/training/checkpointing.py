@@ -29,6 +29,7 @@ from megatron.training import checkpoint_integrity as integrity
 from megatron.training import resume_consistency, rng_state
 from megatron.training.checkpoint_safe_load import check_common_is_safe, check_metadata_is_safe
 from megatron.training.errors import CheckpointError, agree_on_errors
+from megatron.training.log import print_rank_0
 from megatron.training.model import unwrap
 
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
@@ -193,7 +194,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, args=None) -> int:
     _restore_adam_steps(optimizer)
     scheduler.load_state_dict(state["opt_param_scheduler"])
     restored = rng_state.load(folder)
-    if not restored and torch.distributed.get_rank() == 0:
-        print(f" > {folder}: random states not restored (saved on another parallel layout): "
-              f"dropout will differ from an uninterrupted run", flush=True)
+    if not restored:
+        print_rank_0(f" > {folder}: random states not restored (saved on another parallel "
+                     f"layout): dropout will differ from an uninterrupted run")
     return int(state["iteration"])

@@ -17,6 +17,8 @@ import sys
 
 import torch
 
+from megatron.training.log import get_rank
+
 USAGE_EXIT_CODE = 2  # bad flags or data (argparse's convention)
 TRAINING_FAILED_EXIT_CODE = 1  # the run itself went wrong (non-finite loss, bad checkpoint)
 
@@ -47,13 +49,20 @@ PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "B
 PEER_LOST_DETAIL_CHARS = 120
 
 
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
 def one_line(message: str) -> str:
     """``message`` on one line (a wrapped upstream message must not break the contract)."""
     return " ".join(str(message).split())
+
+
+def print_error_line(prog: str, message: object, every_rank: bool = False) -> None:
+    """``<prog>: error: <message>`` on stderr, one line, on global rank 0 (every rank fails
+    alike: printed once) or, with ``every_rank``, on each rank that calls it.
+
+    The only place besides megatron/training/log.py that prints: a user error is not a log
+    record (no rank prefix, no level), it is argparse's one line.
+    """
+    if every_rank or get_rank() == 0:
+        print(f"{prog}: error: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -62,16 +71,15 @@ def exit_on_user_errors(prog: str):
     try:
         yield
     except ONE_LINE_ERRORS as err:
-        if _rank() == 0:
-            print(f"{prog}: error: {one_line(err)}", file=sys.stderr, flush=True)
+        print_error_line(prog, err)
         sys.exit(err.exit_code)
     except RuntimeError as err:
         if not any(marker in str(err) for marker in PEER_LOST_MARKERS):
             raise
         detail = one_line(err)[:PEER_LOST_DETAIL_CHARS]
-        print(f"{prog}: error: rank {_rank()} lost a peer rank, which failed or was killed (see "
-              f"its log); resume with --load from the latest checkpoint ({detail})",
-              file=sys.stderr, flush=True)  # every survivor: rank 0 may be the one that died
+        print_error_line(prog, f"rank {get_rank()} lost a peer rank, which failed or was killed "
+                         f"(see its log); resume with --load from the latest checkpoint "
+                         f"({detail})", every_rank=True)  # rank 0 may be the one that died
         sys.exit(TRAINING_FAILED_EXIT_CODE)
 
 

@@ -21,6 +21,7 @@ import sys
 from megatron.training.arguments import (
     ERROR_EXIT_CODE, ArgumentValidationError, build_parser, require, validate_args,
 )
+from megatron.training.errors import print_error_line
 from megatron.varlen.scheduling.groups import build_group_layout
 
 PROG = "pretrain_mamba.py"
@@ -166,5 +167,5 @@ def parse_hybrid_args_or_exit(argv: list[str] | None = None) -> argparse.Namespa
     try:
         return parse_hybrid_args(argv)
     except ArgumentValidationError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr, flush=True)
+        print_error_line(PROG, err)
         sys.exit(ERROR_EXIT_CODE)

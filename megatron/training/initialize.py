@@ -11,6 +11,8 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.training.arguments import format_arguments
+from megatron.training.log import print_rank_0
 from megatron.varlen import cpu_device
 from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
@@ -68,6 +70,7 @@ def initialize_megatron(args) -> None:
     initialize_distributed(args.distributed_timeout_minutes)
     initialize_model_parallel(args)
     set_random_seeds(args.seed)
+    print_rank_0(format_arguments(args))  # Megatron-LM's start-up dump, once
 
 
 def teardown_parallel_state() -> None:

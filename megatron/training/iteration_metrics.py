@@ -9,13 +9,21 @@ appends its own metrics after the shared keys).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megatron.training.log import print_rank_last
+
 TERA = 1e12
 ITERATION_KEY = "iteration"  # the first key of every JSONL record
+SHARED_KEYS = (ITERATION_KEY, "lm_loss", "grad_norm", "lr", "consumed_samples",
+               "global_batch_size", "num_microbatches", "tokens", "seqlen_sum",
+               "seqlen_squared_sum", "step_time_s", "tokens_per_s", "tflops_per_device")
+"""The keys every record starts with, in this order (:func:`to_json_record`)."""
+MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
 
 
 @dataclass
@@ -49,25 +57,39 @@ class IterationMetrics:
         return self.flops / (self.step_time_s * self.world_size * TERA)
 
 
-def format_log_line(m: IterationMetrics) -> str:
-    """``iteration N/ M | consumed samples: ... | lm loss: X.XXXXXXE+00 | ...``"""
+def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
+    """Megatron-LM's iteration line from a JSONL record (:func:`to_json_record`), so both entry
+    points print the same line from the same numbers::
+
+         iteration        3/      10 | consumed samples:           48 | ... | lm loss: 4.1E+00 |
+
+    Keys beyond the shared schema (the schedule's stats, a facade flow's metrics) follow in
+    record order, ``padding_ratio`` as ``padding ratio: 0.0085``.
+    """
     parts = [
-        f" iteration {m.iteration:8d}/{m.train_iters:8d}",
-        f"consumed samples: {m.consumed_samples:12d}",
-        f"elapsed time per iteration (ms): {m.step_time_s * 1000.0:.1f}",
-        f"throughput per GPU (TFLOP/s/GPU): {m.tflops_per_device:.4f}",
-        f"tokens per second: {m.tokens_per_s:.1f}",
-        f"learning rate: {m.learning_rate:.6E}",
-        f"global batch size: {m.global_batch_size:5d}",
-        f"lm loss: {m.lm_loss:.6E}",
+        f" iteration {record[ITERATION_KEY]:8d}/{train_iters:8d}",
+        f"consumed samples: {record['consumed_samples']:12d}",
+        f"elapsed time per iteration (ms): {record['step_time_s'] * 1000.0:.1f}",
+        f"throughput per GPU (TFLOP/s/GPU): {record['tflops_per_device']:.4f}",
+        f"tokens per second: {record['tokens_per_s']:.1f}",
+        f"learning rate: {record['lr']:.6E}",
+        f"global batch size: {record['global_batch_size']:5d}",
+        f"lm loss: {record['lm_loss']:.6E}",
     ]
-    if m.grad_norm is not None:
-        parts.append(f"grad norm: {m.grad_norm:.3f}")
-    parts.append(f"number of microbatches: {m.num_microbatches}")
-    for key, value in m.extra.items():
-        parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
-                     else f"{key.replace('_', ' ')}: {value}")
+    if record["grad_norm"] is not None:
+        parts.append(f"grad norm: {record['grad_norm']:.3f}")
+    parts.append(f"number of microbatches: {record['num_microbatches']}")
+    for key, value in record.items():
+        if key not in SHARED_KEYS:
+            parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
+                         else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
+
+
+def format_validation_line(iteration: int, loss: float) -> str:
+    """Megatron-LM's validation line: `` validation loss at iteration 4 | lm loss value: ...``"""
+    return (f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+            f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |")
 
 
 def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | None = None) -> dict:
@@ -129,10 +151,11 @@ class MetricsLogger:
         self._jsonl = JsonlMetricWriter(jsonl_path) if jsonl_path else None
 
     def log(self, metrics: IterationMetrics) -> None:
+        record = to_json_record(metrics)
         if metrics.iteration % self.log_interval == 0:
-            print(format_log_line(metrics), flush=True)
+            print_rank_last(format_log_line(record, metrics.train_iters))
         if self._jsonl is not None:
-            self._jsonl.write(metrics.iteration, to_json_record(metrics))
+            self._jsonl.write(metrics.iteration, record)
 
     def close(self) -> None:
         if self._jsonl is not None:

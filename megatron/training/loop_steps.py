@@ -1,13 +1,16 @@
 """The loop steps both entry points share: ``pretrain_gpt.py``'s loop (``training.train``) and
-``MegatronWrap`` (``megatron.wrap.facade``) evaluate, save and tear down through these, so the
-two cannot drift apart (e.g. one restoring train mode after an evaluation error and the other
-not).
+``MegatronWrap`` (``megatron.wrap.facade``) evaluate, log, save and tear down through these, so
+the two cannot drift apart (e.g. one restoring train mode after an evaluation error and the
+other not).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+
+from megatron.training.log import print_rank_last
+from megatron.training.iteration_metrics import format_validation_line
 
 
 @contextlib.contextmanager
@@ -30,3 +33,9 @@ def periodic_save_due(args, iteration: int) -> bool:
 def final_save_due(args, iteration: int) -> bool:
     """At the end of ``pretrain_gpt.py``'s loop: save unless the periodic save just did."""
     return bool(args.save) and not periodic_save_due(args, iteration)
+
+
+def log_validation_loss(iteration: int, loss: float | None) -> None:
+    """Megatron-LM's validation line, on the last rank (it owns the loss; None: no line)."""
+    if loss is not None:
+        print_rank_last(format_validation_line(iteration, loss))

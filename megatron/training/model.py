@@ -10,6 +10,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.training.hf.importer import load_hf_weights
 from megatron.training.layout_invariant_init import initialize_layout_invariant
+from megatron.training.log import print_rank_0
 from megatron.training.varlen_arguments import attention_backend, attention_backend_line
 from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
 from megatron.training.run_description import padded_vocab_size  # noqa: F401 (public here)
@@ -106,9 +107,7 @@ def build_model(args, config: TransformerConfig,
     build_chunk = build_chunk or _build_chunk
     # args.padded_vocab_size was derived once, at validation (run_description.py).
     stages = args.virtual_pipeline_model_parallel_size
-    if torch.distributed.get_rank() == 0:
-        print(f"> attention backend: {attention_backend_line(args)}; on {get_device().type}",
-              flush=True)
+    print_rank_0(f"> attention backend: {attention_backend_line(args)}; on {get_device().type}")
     chunks = [build_chunk(args, config, vp) for vp in (range(stages) if stages else [None])]
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,

@@ -9,6 +9,7 @@ from megatron.training.data import (
 )
 from megatron.training.datasets.builder import build_datasets
 from megatron.training.errors import agree_on_errors
+from megatron.training.log import print_rank_0
 from megatron.training.run_description import describe_run
 from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.training.training import gpt_model_provider, setup_model_and_optimizer, train
@@ -24,10 +25,9 @@ def create_dynamic_cp_groups(args):
     layout = build_group_layout(num_ranks, args.min_dynamic_context_parallel_size,
                                 args.context_parallel_size)
     registry = initialize_dynamic_cp_groups(layout)
-    if torch.distributed.get_rank() == 0:
-        print(f"> dynamic context parallel: {num_ranks} DP x CP ranks, CP group sizes "
-              f"{list(layout.sequence_sizes)}, {registry.groups_per_rank()} process groups per "
-              f"rank ({len(layout.groups)} blocks per DP x CP group)", flush=True)
+    print_rank_0(f"> dynamic context parallel: {num_ranks} DP x CP ranks, CP group sizes "
+                 f"{list(layout.sequence_sizes)}, {registry.groups_per_rank()} process groups per "
+                 f"rank ({len(layout.groups)} blocks per DP x CP group)")
     return registry.lookup
 
 

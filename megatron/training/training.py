@@ -10,7 +10,6 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -22,7 +21,7 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.training import checkpointing
+from megatron.training import checkpointing, log, loop_steps
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.hf.exporter import save_hf
 from megatron.training.iteration_metrics import IterationMetrics, MetricsLogger
@@ -32,7 +31,6 @@ from megatron.training.nonfinite import check_finite
 from megatron.varlen.cpu_device import get_device
 
 LOSS_KEY = "lm loss"
-MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
 
 
 @dataclass
@@ -191,10 +189,6 @@ def evaluate(args, state: TrainState, provider, first_index: int) -> float | Non
     return sum(losses) / len(losses)
 
 
-def _is_logging_rank() -> bool:
-    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
-
-
 def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> IterationMetrics:
     return IterationMetrics(
         iteration=state.iteration, train_iters=args.train_iters,
@@ -216,9 +210,7 @@ def _maybe_evaluate(args, state, valid_provider) -> float | None:
         return None
     first = (state.iteration // args.eval_interval) * args.eval_iters
     loss = evaluate(args, state, valid_provider, first)
-    if _is_logging_rank() and loss is not None:
-        print(f" validation loss at iteration {state.iteration} | lm loss value: {loss:.6E} | "
-              f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |", flush=True)
+    loop_steps.log_validation_loss(state.iteration, loss)
     return loss
 
 
@@ -235,7 +227,7 @@ def train(args, state: TrainState, train_provider, valid_provider=None) -> list[
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
     None at iterations without evaluation.
     """
-    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if _is_logging_rank() \
+    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if log.is_last_rank() \
         else None
     history = []
     while state.iteration < args.train_iters:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron.training.log import warning_rank_0
 from megatron.varlen.length_distributions import parse_length_config
 from megatron.varlen.accelerator import (
     ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
@@ -103,8 +104,7 @@ def validate_varlen_args(args, require) -> None:
 def _resolve_dynamic_context_parallel(args, require) -> None:
     """One resolved field: the deprecated alias is folded in here and then removed."""
     if args.hybrid_context_parallel:
-        print("WARNING: --hybrid-context-parallel is deprecated; use --dynamic-context-parallel",
-              flush=True)
+        warning_rank_0("--hybrid-context-parallel is deprecated; use --dynamic-context-parallel")
         args.dynamic_context_parallel = True
     del args.hybrid_context_parallel
     if not args.dynamic_context_parallel:

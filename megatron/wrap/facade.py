@@ -29,7 +29,8 @@ import torch.distributed as dist
 from megatron.training import checkpointing
 from megatron.training.data import build_packing_config
 from megatron.training.nonfinite import check_finite
-from megatron.training.loop_steps import eval_mode, periodic_save_due
+from megatron.training import log
+from megatron.training.loop_steps import eval_mode, log_validation_loss, periodic_save_due
 from megatron.training.initialize import (
     initialize_distributed,
     initialize_model_parallel,
@@ -105,7 +106,7 @@ class MegatronWrap(ParallelStateMixin):
         """Process group (torchrun env, or the one already initialised), parallel state,
         seeds, tokenizer, packer, flow and logging."""
         facade = self.config.facade
-        wrap_logging.set_log_level(facade["log_level"])
+        log.set_log_level(facade["log_level"])
         runtime.check_device(facade["device"])
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
@@ -127,17 +128,18 @@ class MegatronWrap(ParallelStateMixin):
                                          group_lookup=create_dynamic_cp_groups(args))
         self._forward_step = FlowForwardStep(self.flow)
         self._setup_logging(facade)
-        wrap_logging.info_rank_0("%s | flow %r | longest sample %d tokens (%s)",
-                                 self.parallel_summary(), self.flow.name, limit, key)
+        log.print_rank_0("%s | flow %r | longest sample %d tokens (%s)",
+                         self.parallel_summary(), self.flow.name, limit, key)
         return self
 
     def _setup_logging(self, facade: dict) -> None:
-        wrap_logging.set_coordinates_provider(self.coordinates)
+        # The line prefix reads megatron-core's parallel state, as pretrain_gpt.py's lines do.
         if facade["capture_print"]:
-            self._exit_stack.enter_context(wrap_logging.capture_print())
+            self._exit_stack.enter_context(log.capture_print())
         if facade["capture_warnings"]:
-            self._exit_stack.enter_context(wrap_logging.capture_warnings())
-        self._writers = runtime.build_writers(facade, dict(self.config.flat))
+            self._exit_stack.enter_context(log.capture_warnings())
+        self._writers = runtime.build_writers(facade, dict(self.config.flat),
+                                              self.args.train_iters)
         if facade["progress_bar"] and self.args.train_iters > 0:
             self._progress = wrap_logging.ProgressBar(self.args.train_iters)
 
@@ -198,6 +200,7 @@ class MegatronWrap(ParallelStateMixin):
                                           forward_step_func=self._forward_step)
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
+        log_validation_loss(self.state.iteration, reduced[LOSS])  # as pretrain_gpt.py's loop
         return {**reduced, "samples": len(samples), "tokens": step.seqlen_sum,
                 "num_microbatches": step.num_microbatches}
 
@@ -205,8 +208,8 @@ class MegatronWrap(ParallelStateMixin):
         source = source or self.config.facade["batch_source"]
         samples = batching.global_batch(batch, self.flow, source, what)
         if not any(bool(sample["loss_mask"].any()) for sample in samples):
-            wrap_logging.warning_rank_0("%s(): no sample has a token to train on (loss_mask all "
-                                        "0): the loss is reported as 0", what)
+            log.warning_rank_0("%s(): no sample has a token to train on (loss_mask all 0): the "
+                               "loss is reported as 0", what)
         return samples
 
     # --- logging --------------------------------------------------------------------------
@@ -227,7 +230,7 @@ class MegatronWrap(ParallelStateMixin):
         ``logging.metric_writers`` says) and advances the progress line (rank 0)."""
         metrics = self._last_metrics
         if metrics is None:
-            wrap_logging.warning_rank_0("log_last_metrics(): no train() step yet")
+            log.warning_rank_0("log_last_metrics(): no train() step yet")
             return
         for writer in self._writers:
             writer.write(metrics["iteration"], self._last_record)
@@ -250,7 +253,7 @@ class MegatronWrap(ParallelStateMixin):
         folder = checkpointing.save_checkpoint(
             root, state.iteration, state.model, state.optimizer, state.scheduler, self.args,
             extra_files={CONFIG_FILENAME: self.config.to_yaml()})
-        wrap_logging.info_rank_0("saved iteration %d to %s", state.iteration, folder)
+        log.print_rank_0("saved iteration %d to %s", state.iteration, folder)
         return folder
 
     def save_pretrained(self, out_dir: str | Path) -> str:
@@ -272,7 +275,7 @@ class MegatronWrap(ParallelStateMixin):
         state.iteration = checkpointing.load_checkpoint(
             runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler,
             self.args)
-        wrap_logging.info_rank_0("loaded iteration %d from %s", state.iteration, path)
+        log.print_rank_0("loaded iteration %d from %s", state.iteration, path)
         return state.iteration
 
     def _maybe_save(self) -> None:
@@ -288,7 +291,6 @@ class MegatronWrap(ParallelStateMixin):
             writer.close()
         self._writers = []
         self._exit_stack.close()
-        wrap_logging.set_coordinates_provider(None)
         if self._owns_process_group:
             shutdown()
         else:

@@ -73,7 +73,7 @@ class ParallelStateMixin:
         return parallel_state.is_pipeline_last_stage(ignore_virtual=True)
 
     def coordinates(self) -> dict[str, int]:
-        """``{"rank", "tp", "pp", "dp", "cp"}`` of this process (the log-line prefix)."""
+        """``{"rank", "tp", "pp", "dp", "cp"}`` of this process (what the log-line prefix shows)."""
         return {"rank": self.rank, "tp": self.tp_rank, "pp": self.pp_rank,
                 "dp": self.dp_rank, "cp": self.cp_rank}
 

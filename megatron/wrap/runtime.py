@@ -44,7 +44,7 @@ def check_device(device: str) -> None:
                          "CUDA_VISIBLE_DEVICES= to run on CPU, or use 'auto'")
 
 
-def build_writers(facade: dict, run_config: dict) -> list:
+def build_writers(facade: dict, run_config: dict, train_iters: int) -> list:
     """The metric writers on the last rank ([] elsewhere); a failure raises on EVERY rank.
 
     Only the last rank builds writers, so one broadcast tells the others whether it failed
@@ -55,7 +55,8 @@ def build_writers(facade: dict, run_config: dict) -> list:
     if dist.get_rank() == last:
         try:
             writers = build_metric_writers(
-                facade["metric_writers"], tensorboard_dir=facade["tensorboard_dir"],
+                facade["metric_writers"], train_iters=train_iters,
+                tensorboard_dir=facade["tensorboard_dir"],
                 wandb_project=facade["wandb_project"], wandb_exp_name=facade["wandb_exp_name"],
                 wandb_save_dir=facade["wandb_save_dir"], wandb_mode=facade["wandb_mode"],
                 jsonl_path=facade["metrics_jsonl_path"], run_config=run_config)

@@ -15,7 +15,6 @@ over the held-out tail in file order. Without ``--sequence-packing`` every sampl
 from __future__ import annotations
 
 import argparse
-import logging
 import operator
 
 import numpy as np
@@ -25,9 +24,9 @@ from megatron.varlen.length_distributions import parse_length_config
 from megatron.training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.training.datasets.sample import get_pad_multiple
 from megatron.training.datasets.sft import SFTDataset
+from megatron.training.log import warning_rank_0
 from megatron.training.tokenizer import NullTokenizer, Tokenizer
 
-logger = logging.getLogger(__name__)
 
 VALID_SEED_OFFSET = 1_000_003  # mock validation seed = --seed + this
 VALID_FRACTION = 0.05  # share of a real SFT file held out for validation
@@ -168,7 +167,7 @@ def _build_sft(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: boo
     if not args.data_path:
         raise ValueError("--sft without --mock-data needs --data-path FILE.jsonl")
     if len(args.data_path) > 1:
-        logger.warning("--sft reads only the first --data-path entry %r", args.data_path[0])
+        warning_rank_0("--sft reads only the first --data-path entry %r", args.data_path[0])
     full = SFTDataset(args.data_path[0], tokenizer, args.seq_length, multiple, pad_to_seq_length)
     num_docs = len(full)
     num_valid = max(1, round(VALID_FRACTION * num_docs)) if args.eval_samples else 0

@@ -9,15 +9,14 @@ are ``< vocab_size`` (upstream's mock generator could exceed it).
 
 from __future__ import annotations
 
-import logging
 import operator
 
 import numpy as np
 import torch
 
 from megatron.training.datasets.sample import make_sample
+from megatron.training.log import warning_rank_0
 
-logger = logging.getLogger(__name__)
 
 MIN_MOCK_VOCAB_SIZE = 2  # one content id plus eod
 
@@ -152,7 +151,7 @@ class MockSFTDataset(_RandomDocumentDataset):
         lengths = np.clip(drawn, 1, seq_length)
         self.num_clipped = int(np.count_nonzero(lengths != drawn))
         if self.num_clipped:
-            logger.warning(
+            warning_rank_0(
                 "MockSFTDataset: %d of %d sampled lengths were outside [1, --seq-length %d] "
                 "and were clipped",
                 self.num_clipped,

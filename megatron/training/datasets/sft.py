@@ -19,7 +19,6 @@ length ``seq_length``); a sample left without any trained label is kept, with
 from __future__ import annotations
 
 import json
-import logging
 import operator
 import os
 
@@ -27,9 +26,9 @@ import numpy as np
 import torch
 
 from megatron.training.datasets.sample import make_sample
+from megatron.training.log import warning_rank_0
 from megatron.training.tokenizer import CHAT_ROLES, Tokenizer
 
-logger = logging.getLogger(__name__)
 
 TRAINED_ROLE = "assistant"
 MIN_DOCUMENT_IDS = 2  # one input token plus its label
@@ -162,7 +161,7 @@ class SFTDataset(torch.utils.data.Dataset):
 
     def _log_counts(self, path: str, seq_length: int):
         if self.num_truncated:
-            logger.warning(
+            warning_rank_0(
                 "SFTDataset: %d of %d samples in %s are longer than --seq-length %d and were "
                 "truncated",
                 self.num_truncated,
@@ -171,7 +170,7 @@ class SFTDataset(torch.utils.data.Dataset):
                 seq_length,
             )
         if self.num_fully_masked:
-            logger.warning(
+            warning_rank_0(
                 "SFTDataset: %d of %d samples in %s have no assistant/response token to train on "
                 "(loss_mask all 0)",
                 self.num_fully_masked,

@@ -17,9 +17,10 @@ import torch
 from megatron.core import dist_checkpointing
 from megatron.training.arguments import ERROR_EXIT_CODE, parse_args_or_exit
 from megatron.training.checkpointing import check_checkpoint
-from megatron.training.errors import exit_on_user_errors
+from megatron.training.errors import exit_on_user_errors, print_error_line
 from megatron.training.hf.exporter import save_hf
 from megatron.training.initialize import initialize_megatron, shutdown
+from megatron.training.log import print_rank_0
 from megatron.training.model import build_model, build_transformer_config, unwrap
 
 # Flags the parser requires that an export does not use; the caller's own values win.
@@ -42,16 +43,14 @@ def main(argv: list[str] | None = None) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args_or_exit(_UNUSED_REQUIRED_FLAGS + argv)
     if not args.load or not args.save_hf:
-        print("export_hf.py: error: needs --load CKPT_ROOT and --save-hf OUT_DIR",
-              file=sys.stderr, flush=True)
+        print_error_line("export_hf.py", "needs --load CKPT_ROOT and --save-hf OUT_DIR")
         sys.exit(ERROR_EXIT_CODE)
     initialize_megatron(args)
     try:
         with exit_on_user_errors("export_hf.py"):  # a bad or unsafe checkpoint: one line
             model = build_model(args, build_transformer_config(args))
             iteration = load_model_weights(args.load, model)
-            if torch.distributed.get_rank() == 0:
-                print(f"> loaded iteration {iteration} from {args.load}", flush=True)
+            print_rank_0(f"> loaded iteration {iteration} from {args.load}")
             return save_hf(args, model)
     finally:
         shutdown()

@@ -24,6 +24,7 @@ from megatron.training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
 )
 from megatron.training.layout_invariant_init import canonical_parameter_name
+from megatron.training.log import print_rank_0
 from megatron.training.model import unwrap
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
@@ -161,7 +162,6 @@ def save_hf(args, model: list[torch.nn.Module], out_dir: str | None = None) -> s
     if torch.distributed.get_rank() == 0 and args.tokenizer_type == "HuggingFaceTokenizer":
         copy_tokenizer_files(args.tokenizer_model, out_dir)
     torch.distributed.barrier()
-    if torch.distributed.get_rank() == 0:
-        print(f"> saved Hugging Face checkpoint ({export_config(args).architecture}) to "
-              f"{path}", flush=True)
+    print_rank_0(f"> saved Hugging Face checkpoint ({export_config(args).architecture}) to "
+                 f"{path}")
     return path

@@ -27,10 +27,10 @@ from megatron.training.datasets.sample import make_sample
 
 # The chat template of the JSONL SFT dataset, reused so both paths tokenize text identically.
 from megatron.training.datasets.sft import encode_turns, parse_turns
+from megatron.training.log import warning_rank_0
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow
-from megatron.wrap.rank_logging import warning_rank_0
 
 MIN_DOCUMENT_IDS = 2  # one input token and its label
 _TEXT_KEYS = ("messages", "prompt")

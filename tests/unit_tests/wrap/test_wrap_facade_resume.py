@@ -31,7 +31,7 @@ BASE = {
              "tokenizer_type": "NullTokenizer"},
     "logging": {"metric_writers": ["console"], "progress_bar": False},
 }
-STEP_LINE = re.compile(r"INFO iteration (\d+) \| lm_loss ")
+STEP_LINE = re.compile(r"INFO  iteration +(\d+)/ +\d+ \| consumed samples: ")  # pretrain_gpt's
 
 
 @register_flow("test_mock_nll", replace=True)

@@ -1,32 +1,20 @@
-"""Rank-aware logging: prefixes, rank-0 filtering, capture/restore, progress, metric writers."""
+"""The facade's progress line and metric writers (megatron/wrap/rank_logging.py); the log
+lines themselves are megatron/training/log.py's (tests/unit_tests/training/test_log.py)."""
 
-import builtins
 import json
 import sys
 import types
-import warnings
 
 import pytest
 
-from megatron.wrap import rank_logging as wrap_logging
+from megatron.training.log import set_coordinates_provider, set_log_level
+from megatron.training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.wrap.rank_logging import (
     JsonlMetricWriter,
     ProgressBar,
     build_metric_writers,
-    capture_print,
-    capture_warnings,
-    debug_rank_0,
-    error_all_ranks,
-    format_prefix,
-    info_all_ranks,
-    info_rank_0,
-    set_coordinates_provider,
-    set_log_level,
-    warning_all_ranks,
-    warning_rank_0,
 )
 
-RANK_3 = {"rank": 3, "tp": 1, "pp": 0, "dp": 1, "cp": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -41,89 +29,6 @@ def _reset_logging(monkeypatch):
 
 def use_rank(rank: int, **coordinates: int) -> None:
     set_coordinates_provider(lambda: {"rank": rank, **coordinates})
-
-
-def test_prefix_format():
-    assert format_prefix(RANK_3) == "[rank 3 | tp 1 pp 0 dp 1 cp 0]"
-    assert format_prefix({"rank": 0}) == "[rank 0]"
-    assert format_prefix({"cp": 2, "rank": 1, "tp": 0, "ep": 1}) == "[rank 1 | tp 0 cp 2 ep 1]"
-
-
-def test_lines_carry_provider_coordinates(capsys):
-    use_rank(**RANK_3)
-    info_all_ranks("loaded %d samples", 12)
-    assert capsys.readouterr().out == "[rank 3 | tp 1 pp 0 dp 1 cp 0] INFO loaded 12 samples\n"
-
-
-def test_default_rank_comes_from_the_environment(capsys, monkeypatch):
-    monkeypatch.setenv("RANK", "2")
-    warning_all_ranks("careful")
-    assert capsys.readouterr().out == "[rank 2] WARNING careful\n"
-
-
-def test_every_line_of_a_message_is_prefixed(capsys):
-    use_rank(1)
-    error_all_ranks("first\nsecond")
-    assert capsys.readouterr().out == "[rank 1] ERROR first\n[rank 1] ERROR second\n"
-
-
-def test_rank_0_functions_are_silent_on_other_ranks(capsys):
-    use_rank(1)
-    info_rank_0("a")
-    warning_rank_0("b")
-    debug_rank_0("c")
-    info_all_ranks("d")
-    assert capsys.readouterr().out == "[rank 1] INFO d\n"
-    use_rank(0)
-    info_rank_0("a")
-    warning_rank_0("b")
-    assert capsys.readouterr().out == "[rank 0] INFO a\n[rank 0] WARNING b\n"
-
-
-def test_debug_follows_the_log_level(capsys):
-    debug_rank_0("hidden")
-    set_log_level("DEBUG")
-    debug_rank_0("shown")
-    assert capsys.readouterr().out == "[rank 0] DEBUG shown\n"
-
-
-def test_messages_with_percent_and_no_args_are_kept(capsys):
-    info_all_ranks("100% done")
-    assert capsys.readouterr().out == "[rank 0] INFO 100% done\n"
-
-
-def test_capture_print_routes_and_restores(capsys):
-    original = builtins.print
-    use_rank(2, tp=0)
-    with capture_print():
-        print("loss", 1.5)
-        print("to stderr", file=sys.stderr)
-    assert builtins.print is original
-    captured = capsys.readouterr()
-    assert captured.out == "[rank 2 | tp 0] INFO loss 1.5\n"
-    assert captured.err == "to stderr\n"
-
-
-def test_capture_print_rank_0_only_and_restores_on_error(capsys):
-    original = builtins.print
-    use_rank(1)
-    with pytest.raises(RuntimeError), capture_print(rank_0_only=True):
-        print("dropped")
-        raise RuntimeError
-    assert builtins.print is original
-    assert capsys.readouterr().out == ""
-
-
-def test_capture_warnings_routes_and_restores(capsys):
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        original = warnings.showwarning
-        with capture_warnings():
-            warnings.warn("old flag", DeprecationWarning)
-        assert warnings.showwarning is original
-    out = capsys.readouterr().out
-    assert out.startswith("[rank 0] WARNING DeprecationWarning: old flag (")
-    assert "test_wrap_rank_logging.py:" in out
 
 
 def test_progress_bar_renders_and_prints_on_rank_0_only(capsys):
@@ -163,11 +68,21 @@ def test_jsonl_writer_appends_one_object_per_step(tmp_path):
                        {"iteration": 2, "loss": 1.5}]
 
 
-def test_console_writer_logs_on_the_calling_rank(capsys):
+def test_console_writer_prints_pretrain_gpts_iteration_line_on_the_calling_rank(capsys):
     use_rank(3)
-    (writer,) = build_metric_writers(["console"])
-    writer.write(5, {"loss": 4.0, "lr": 0.001})
-    assert capsys.readouterr().out == "[rank 3] INFO iteration 5 | loss 4 | lr 0.001\n"
+    (writer,) = build_metric_writers(["console"], train_iters=10)
+    measured = IterationMetrics(
+        iteration=5, train_iters=10, consumed_samples=20, step_time_s=0.5, learning_rate=1e-3,
+        global_batch_size=4, lm_loss=4.0, grad_norm=1.5, num_microbatches=2, tokens=100,
+        seqlen_sum=100, seqlen_squared_sum=5000, flops=10**12, world_size=1,
+        extra={"padding_ratio": 0.25})
+    writer.write(5, to_json_record(measured, {"nll": _Scalar()}))  # a flow metric, a tensor
+    assert capsys.readouterr().out == (
+        "[rank 3] INFO  iteration        5/      10 | consumed samples:           20 | "
+        "elapsed time per iteration (ms): 500.0 | throughput per GPU (TFLOP/s/GPU): 2.0000 | "
+        "tokens per second: 200.0 | learning rate: 1.000000E-03 | global batch size:     4 | "
+        "lm loss: 4.000000E+00 | grad norm: 1.500 | number of microbatches: 2 | "
+        "padding ratio: 0.2500 | nll: 0.2500 |\n")
 
 
 @pytest.mark.parametrize(
@@ -187,7 +102,7 @@ def test_writer_errors_name_the_config_key(monkeypatch, kinds, settings, error, 
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # None in sys.modules: not importable
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(error, match=message):
-        build_metric_writers(kinds, **settings)
+        build_metric_writers(kinds, train_iters=1, **settings)
 
 
 class _FakeRun:
@@ -209,7 +124,7 @@ def test_wandb_writer_is_offline_without_api_key(monkeypatch, api_key, mode):
     monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
     if api_key:
         monkeypatch.setenv("WANDB_API_KEY", api_key)
-    (writer,) = build_metric_writers(["wandb"], wandb_project="proj", wandb_exp_name="run1")
+    (writer,) = build_metric_writers(["wandb"], train_iters=1, wandb_project="proj", wandb_exp_name="run1")
     writer.write(3, {"loss": _Scalar()})
     writer.close()
     (run,) = runs
@@ -234,25 +149,8 @@ def test_tensorboard_writer_uses_summary_writer(monkeypatch, tmp_path):
     fake_module.SummaryWriter = FakeSummaryWriter
     monkeypatch.setitem(sys.modules, "tensorboard", types.ModuleType("tensorboard"))
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake_module)
-    (writer,) = build_metric_writers(["tensorboard"], tensorboard_dir=str(tmp_path))
+    (writer,) = build_metric_writers(["tensorboard"], train_iters=1,
+                                     tensorboard_dir=str(tmp_path))
     writer.write(7, {"loss": 1.0})
     writer.close()
     assert calls == [("init", str(tmp_path)), ("loss", 1.0, 7), ("close",)]
-
-
-def test_logging_does_not_need_torch_distributed():
-    # Default coordinates work whether or not torch is imported, without a process group.
-    assert wrap_logging.get_coordinates()["rank"] == 0
-
-
-def test_default_coordinates_come_from_megatron_parallel_state(monkeypatch, capsys):
-    fake_state = types.ModuleType("megatron.core.parallel_state")
-    fake_state.model_parallel_is_initialized = lambda: True
-    fake_state.get_tensor_model_parallel_rank = lambda: 1
-    fake_state.get_pipeline_model_parallel_rank = lambda: 0
-    fake_state.get_data_parallel_rank = lambda: 1
-    fake_state.get_context_parallel_rank = lambda: 0
-    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", fake_state)
-    monkeypatch.setenv("RANK", "3")
-    info_all_ranks("hi")
-    assert capsys.readouterr().out == "[rank 3 | tp 1 pp 0 dp 1 cp 0] INFO hi\n"

@@ -5,7 +5,6 @@ the ByteLevelTokenizer ids: eod 256, system 258, user 259, assistant 260.
 """
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -71,24 +70,25 @@ def test_padding_to_multiple_and_to_seq_length(tmp_path):
     assert s["position_ids"].tolist() == list(range(20))
 
 
-def test_truncation_count_and_warning(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING):
-        ds = SFTDataset(_two_lines(tmp_path), ByteLevelTokenizer(), seq_length=10)
+def test_truncation_count_and_warning(tmp_path, capsys):
+    ds = SFTDataset(_two_lines(tmp_path), ByteLevelTokenizer(), seq_length=10)
     assert ds.num_truncated == 1 and ds.lengths.tolist() == [7, 10]
     s = ds[1]
     assert s["tokens"].tolist() == TOKENS_2[:10] and s["labels"].tolist() == LABELS_2[:10]
     assert s["loss_mask"].tolist() == MASK_2[:10]
-    warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "truncated" in line]
     assert len(warnings) == 1 and "1 of 2" in warnings[0] and "--seq-length 10" in warnings[0]
+    assert "WARNING" in warnings[0]
 
 
-def test_truncation_can_leave_a_fully_masked_sample(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING):
-        ds = SFTDataset(_two_lines(tmp_path), ByteLevelTokenizer(), seq_length=5)
+def test_truncation_can_leave_a_fully_masked_sample(tmp_path, capsys):
+    ds = SFTDataset(_two_lines(tmp_path), ByteLevelTokenizer(), seq_length=5)
     assert (ds.num_truncated, ds.num_fully_masked) == (2, 1)
     assert ds[0]["loss_mask"].tolist() == MASK_1[:5]
     assert ds[1]["loss_mask"].tolist() == [0] * 5 and ds[1]["num_loss_tokens"] == 0
-    assert sum("no assistant/response token" in r.getMessage() for r in caplog.records) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("WARNING" in line and "no assistant/response token" in line
+               for line in lines) == 1
 
 
 def test_fully_masked_sample_is_valid(tmp_path):
