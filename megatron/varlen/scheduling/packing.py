@@ -132,10 +132,11 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     while pos < end:
         seq = order[pos]
         size = min_size[seq]
-        if cap is None or size == _size_under_cap(pricing, seq, cap):
+        if cap is not None:
+            size = _size_under_cap(pricing, seq, cap)
+        if size == min_size[seq]:
             time, seq_tokens = min_time[seq], min_tokens[seq]
         else:
-            size = _size_under_cap(pricing, seq, cap)
             time, seq_tokens = pricing.time_tokens(seq, size)
         if free < size:
             break
@@ -290,15 +291,22 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
     best = build_microbatch(pricing, queue)
     if not _needs_growth(best, pricing):
         return best, queue
-    best_queue, best_excess = queue, _excess(best, pricing)
+    best_queue, best_excess, plain_level = queue, _excess(best, pricing), best.level
     for size in pricing.sizes:
         # In the tail the first sequence's own size is a cap too: the others then grow to
         # match its time instead of setting a higher level on their minimum groups.
         if size < pricing.min_size[first] or (size == pricing.min_size[first] and not every_size):
             continue
         time, _ = pricing.time_tokens(first, size)
+        cap = time + pricing.latency(size)
+        if cap >= plain_level:
+            # Every sequence of the plain build already ends under this cap, so the variant
+            # grows none of them: it cannot lower the level, only add communication.
+            if every_size:
+                continue
+            break
         trial_queue = start.copy()
-        variant = build_microbatch(pricing, trial_queue, cap=time + pricing.latency(size))
+        variant = build_microbatch(pricing, trial_queue, cap=cap)
         excess = _excess(variant, pricing)
         if excess < best_excess:
             best, best_queue, best_excess = variant, trial_queue, excess
