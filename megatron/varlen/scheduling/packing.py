@@ -22,6 +22,7 @@ per rank): the critical path is total work / N plus the sum of these excesses.
 from __future__ import annotations
 
 from heapq import heapify, heappop, heapreplace
+from typing import Callable
 
 from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.draft import MicrobatchDraft
@@ -54,6 +55,21 @@ def _size_under_cap(pricing: ItemPricing, seq: int, cap: float | None) -> int:
             if time + pricing.latency(size) <= cap:
                 break
     return size
+
+
+def _capped_sizer(pricing: ItemPricing, cap: float | None) -> Callable[[int], int] | None:
+    """``_size_under_cap`` for one build, memoised by length (the size depends on nothing
+    else; tails of a batch repeat lengths a lot), or None without a cap."""
+    if cap is None:
+        return None
+    lengths, memo = pricing.lengths, {}
+
+    def size_of(seq: int) -> int:
+        size = memo.get(lengths[seq])
+        if size is None:
+            size = memo[lengths[seq]] = _size_under_cap(pricing, seq, cap)
+        return size
+    return size_of
 
 
 def _best_block(draft: MicrobatchDraft, pricing: ItemPricing, heaps: dict[int, list],
@@ -96,7 +112,8 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     """Phase 1: opens blocks while ranks are free, then LPT, until the front sequence fits no
     block. The single-size LPT case (most micro-batches) runs in a tight loop."""
     heaps: dict[int, list] = {}
-    pos = _open_blocks(draft, pricing, queue, cap, heaps)
+    size_of = _capped_sizer(pricing, cap)
+    pos = _open_blocks(draft, pricing, queue, size_of, heaps)
     level = draft.level  # kept up to date below: max() per sequence would cost O(N)
     while pos < queue.end:
         if cap is None and len(heaps) == 1:
@@ -105,7 +122,7 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
                 return  # stopped on the budget, not on a smaller sequence
             level = draft.level
         seq = pricing.order[pos]
-        size = _size_under_cap(pricing, seq, cap)
+        size = pricing.min_size[seq] if size_of is None else size_of(seq)
         best = _best_block(draft, pricing, heaps, seq, size)
         if best is None or _should_stop_front(draft, pricing, heaps, seq, best, level):
             return
@@ -119,7 +136,7 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
 
 
 def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
-                 cap: float | None, heaps: dict[int, list]) -> int:
+                 size_of: Callable[[int], int] | None, heaps: dict[int, list]) -> int:
     """Each front sequence opens its own block while enough ranks are free; returns the
     position of the first sequence that did not. Prices, block bookkeeping and queue steps are
     inlined: this loop runs once per rank per micro-batch."""
@@ -132,8 +149,8 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     while pos < end:
         seq = order[pos]
         size = min_size[seq]
-        if cap is not None:
-            size = _size_under_cap(pricing, seq, cap)
+        if size_of is not None:
+            size = size_of(seq)
         if size == min_size[seq]:
             time, seq_tokens = min_time[seq], min_tokens[seq]
         else:
@@ -274,6 +291,18 @@ def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     return idle > GROWTH_IDLE_TRIGGER * pricing.num_ranks * level
 
 
+def _no_growth_cap(pricing: ItemPricing, queue: SequenceQueue) -> float:
+    """Largest time + group latency of a queued sequence on its minimum group: no cap at or
+    above it grows any sequence (``_size_under_cap``)."""
+    order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
+    worst, pos = 0.0, queue.first()
+    while pos < queue.end:
+        seq = order[pos]
+        worst = max(worst, min_time[seq] + pricing.latency(min_size[seq]))
+        pos = queue.first(pos + 1)
+    return worst
+
+
 def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
                        every_size: bool) -> tuple[MicrobatchDraft, SequenceQueue]:
     """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
@@ -291,7 +320,10 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
     best = build_microbatch(pricing, queue)
     if not _needs_growth(best, pricing):
         return best, queue
-    best_queue, best_excess, plain_level = queue, _excess(best, pricing), best.level
+    best_queue, best_excess = queue, _excess(best, pricing)
+    # At or above this cap a variant grows no sequence, so it is the plain build again (the
+    # capped front phase then places exactly as the plain one); the tail queue is short.
+    no_growth = _no_growth_cap(pricing, start) if every_size else best.level
     for size in pricing.sizes:
         # In the tail the first sequence's own size is a cap too: the others then grow to
         # match its time instead of setting a higher level on their minimum groups.
@@ -299,9 +331,9 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
             continue
         time, _ = pricing.time_tokens(first, size)
         cap = time + pricing.latency(size)
-        if cap >= plain_level:
-            # Every sequence of the plain build already ends under this cap, so the variant
-            # grows none of them: it cannot lower the level, only add communication.
+        if cap >= no_growth or cap >= best.level:
+            # No queued sequence grows (the plain build again), or none of those the plain
+            # build holds does (it cannot lower the level, only add communication).
             if every_size:
                 continue
             break
