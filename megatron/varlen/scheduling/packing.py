@@ -21,6 +21,7 @@ per rank): the critical path is total work / N plus the sum of these excesses.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from heapq import heapify, heappop, heapreplace
 from typing import Callable
 
@@ -291,16 +292,24 @@ def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     return idle > GROWTH_IDLE_TRIGGER * pricing.num_ranks * level
 
 
-def _no_growth_cap(pricing: ItemPricing, queue: SequenceQueue) -> float:
-    """Largest time + group latency of a queued sequence on its minimum group: no cap at or
-    above it grows any sequence (``_size_under_cap``)."""
-    order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
-    worst, pos = 0.0, queue.first()
+def _cap_thresholds(pricing: ItemPricing, queue: SequenceQueue) -> tuple[list[float], float]:
+    """Where the tail's capped sizes change: the sorted block times (sequence time + group
+    latency) of every queued length on every size >= its minimum, and the largest such time
+    on a minimum group. ``_size_under_cap`` of every queued sequence depends only on how many
+    thresholds the cap reaches, and no sequence grows at or above the second value."""
+    order, lengths, min_size = pricing.order, pricing.lengths, pricing.min_size
+    thresholds, seen, no_growth, pos = [], set(), 0.0, queue.first()
     while pos < queue.end:
         seq = order[pos]
-        worst = max(worst, min_time[seq] + pricing.latency(min_size[seq]))
+        if lengths[seq] not in seen:
+            seen.add(lengths[seq])
+            for size in pricing.sizes:
+                if size >= min_size[seq]:
+                    thresholds.append(pricing.time_tokens(seq, size)[0] + pricing.latency(size))
+            no_growth = max(no_growth, pricing.min_time[seq] + pricing.latency(min_size[seq]))
         pos = queue.first(pos + 1)
-    return worst
+    thresholds.sort()
+    return thresholds, no_growth
 
 
 def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
@@ -321,9 +330,12 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
     if not _needs_growth(best, pricing):
         return best, queue
     best_queue, best_excess = queue, _excess(best, pricing)
-    # At or above this cap a variant grows no sequence, so it is the plain build again (the
-    # capped front phase then places exactly as the plain one); the tail queue is short.
-    no_growth = _no_growth_cap(pricing, start) if every_size else best.level
+    # A variant is a function of its sizes: caps that reach the same thresholds build the
+    # same variant, and one at or above no_growth grows nothing, so it is the plain build
+    # again (the capped front phase then places exactly as the plain one). Only the tail
+    # (a short queue) searches every size, so only there are the thresholds worth listing.
+    thresholds, no_growth = _cap_thresholds(pricing, start) if every_size else ([], best.level)
+    tried = set()
     for size in pricing.sizes:
         # In the tail the first sequence's own size is a cap too: the others then grow to
         # match its time instead of setting a higher level on their minimum groups.
@@ -337,6 +349,11 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
             if every_size:
                 continue
             break
+        if every_size:
+            reached = bisect_right(thresholds, cap)
+            if reached in tried:
+                continue  # the same sizes as a variant already built
+            tried.add(reached)
         trial_queue = start.copy()
         variant = build_microbatch(pricing, trial_queue, cap=cap)
         excess = _excess(variant, pricing)
