@@ -27,6 +27,7 @@ from typing import Callable
 
 from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.lpt_rounds import lpt_in_rounds
 from megatron.varlen.scheduling.pricing import ItemPricing
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
@@ -40,6 +41,9 @@ STACKING_WORK_SLACK = 0.05
 FULL_GROWTH_SEARCH_PER_RANK = 2
 FULL_GROWTH_SEARCH_MIN = 32
 FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ranks
+# From this many blocks on, LPT places sequences in numpy rounds (lpt_rounds.py); below, the
+# per-round numpy overhead costs more than the heap steps it replaces.
+LPT_ROUNDS_MIN_BLOCKS = 1024  # measured break-even: about 512 blocks
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -187,11 +191,18 @@ def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequen
     """LPT onto blocks of one size for sequences whose minimum size is that size (inlined
     prices and queue steps: this loop handles most sequences). Returns the stop position."""
     (size, heap), = heaps.items()
+    absorbed, taken = 0.0, 0
+    if len(heap) >= LPT_ROUNDS_MIN_BLOCKS:
+        pos, finished, absorbed, taken = lpt_in_rounds(draft, pricing, queue, heap, size, pos,
+                                                       absorbed)
+        if finished:
+            draft.absorbed_work += absorbed
+            queue.remaining -= taken
+            return pos
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, budget = pricing.min_tokens, pricing.min_work, pricing.budget
     times, tokens, members = draft.times, draft.tokens, draft.members
     available, end = queue.next_available, queue.end
-    absorbed, taken = 0.0, 0
     while pos < end:
         seq = order[pos]
         top_time, block = heap[0]
