@@ -62,18 +62,21 @@ def _size_under_cap(pricing: ItemPricing, seq: int, cap: float | None) -> int:
     return size
 
 
-def _capped_sizer(pricing: ItemPricing, cap: float | None) -> Callable[[int], int] | None:
-    """``_size_under_cap`` for one build, memoised by length (the size depends on nothing
-    else; tails of a batch repeat lengths a lot), or None without a cap."""
+def _capped_sizer(pricing: ItemPricing,
+                  cap: float | None) -> Callable[[int], tuple[int, float, int]] | None:
+    """Per sequence: (``_size_under_cap``, per-rank time and tokens on that size) for one
+    build, memoised by length (they depend on nothing else; tails of a batch repeat lengths a
+    lot), or None without a cap."""
     if cap is None:
         return None
     lengths, memo = pricing.lengths, {}
 
-    def size_of(seq: int) -> int:
-        size = memo.get(lengths[seq])
-        if size is None:
-            size = memo[lengths[seq]] = _size_under_cap(pricing, seq, cap)
-        return size
+    def size_of(seq: int) -> tuple[int, float, int]:
+        priced = memo.get(lengths[seq])
+        if priced is None:
+            size = _size_under_cap(pricing, seq, cap)
+            priced = memo[lengths[seq]] = (size, *pricing.time_tokens(seq, size))
+        return priced
     return size_of
 
 
@@ -127,7 +130,7 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
                 return  # stopped on the budget, not on a smaller sequence
             level = draft.level
         seq = pricing.order[pos]
-        size = pricing.min_size[seq] if size_of is None else size_of(seq)
+        size = pricing.min_size[seq] if size_of is None else size_of(seq)[0]
         best = _best_block(draft, pricing, heaps, seq, size)
         if best is None or _should_stop_front(draft, pricing, heaps, seq, best, level):
             return
@@ -141,7 +144,8 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
 
 
 def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
-                 size_of: Callable[[int], int] | None, heaps: dict[int, list]) -> int:
+                 size_of: Callable[[int], tuple[int, float, int]] | None,
+                 heaps: dict[int, list]) -> int:
     """Each front sequence opens its own block while enough ranks are free; returns the
     position of the first sequence that did not. Prices, block bookkeeping and queue steps are
     inlined: this loop runs once per rank per micro-batch."""
@@ -153,13 +157,10 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     pos = queue.first()
     while pos < end:
         seq = order[pos]
-        size = min_size[seq]
-        if size_of is not None:
-            size = size_of(seq)
-        if size == min_size[seq]:
-            time, seq_tokens = min_time[seq], min_tokens[seq]
+        if size_of is None:
+            size, time, seq_tokens = min_size[seq], min_time[seq], min_tokens[seq]
         else:
-            time, seq_tokens = pricing.time_tokens(seq, size)
+            size, time, seq_tokens = size_of(seq)
         if free < size:
             break
         if size > 1:
