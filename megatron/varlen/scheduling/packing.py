@@ -346,7 +346,8 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
     # same variant, and one at or above no_growth grows nothing, so it is the plain build
     # again (the capped front phase then places exactly as the plain one). Only the tail
     # (a short queue) searches every size, so only there are the thresholds worth listing.
-    thresholds, no_growth = _cap_thresholds(pricing, start) if every_size else ([], best.level)
+    plain_level = best.level
+    thresholds, no_growth = _cap_thresholds(pricing, start) if every_size else ([], plain_level)
     tried = set()
     for size in pricing.sizes:
         # In the tail the first sequence's own size is a cap too: the others then grow to
@@ -355,7 +356,7 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
             continue
         time, _ = pricing.time_tokens(first, size)
         cap = time + pricing.latency(size)
-        if cap >= no_growth or cap >= best.level:
+        if cap >= no_growth or cap >= plain_level:
             # No queued sequence grows (the plain build again), or none of those the plain
             # build holds does (it cannot lower the level, only add communication).
             if every_size:
