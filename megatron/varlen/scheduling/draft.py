@@ -91,8 +91,14 @@ def drafts_to_schedule(problem: ScheduleProblem,
 def _lay_out(draft: MicrobatchDraft, num_ranks: int,
              cp_sizes: list[int]) -> tuple[tuple[int, ...], ...]:
     """Per-rank id tuples of one draft; records each sequence's CP size in ``cp_sizes``."""
-    ranks: list[tuple[int, ...]] = [()] * num_ranks  # immutable entries: sharing is safe
     sizes, start = draft.sizes, 0
+    if sizes and max(sizes) == 1:  # the bulk of short-sequence micro-batches: block order
+        assert len(sizes) <= num_ranks, f"{len(sizes)} blocks on {num_ranks} ranks"
+        for ids in draft.members:
+            for seq in ids:
+                cp_sizes[seq] = 1
+        return tuple([tuple(ids) for ids in draft.members] + [()] * (num_ranks - len(sizes)))
+    ranks: list[tuple[int, ...]] = [()] * num_ranks  # immutable entries: sharing is safe
     # Stable sort, so equal sizes keep their block order: deterministic.
     for block in sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True):
         size, ids = sizes[block], tuple(draft.members[block])

@@ -21,10 +21,13 @@ per rank): the critical path is total work / N plus the sum of these excesses.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from heapq import heapify, heappop, heapreplace
+from typing import Callable
 
 from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.lpt_rounds import lpt_in_rounds
 from megatron.varlen.scheduling.pricing import ItemPricing
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
@@ -38,6 +41,9 @@ STACKING_WORK_SLACK = 0.05
 FULL_GROWTH_SEARCH_PER_RANK = 2
 FULL_GROWTH_SEARCH_MIN = 32
 FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ranks
+# From this many blocks on, LPT places sequences in numpy rounds (lpt_rounds.py); below, the
+# per-round numpy overhead costs more than the heap steps it replaces.
+LPT_ROUNDS_MIN_BLOCKS = 1024  # measured break-even: about 512 blocks
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -54,6 +60,24 @@ def _size_under_cap(pricing: ItemPricing, seq: int, cap: float | None) -> int:
             if time + pricing.latency(size) <= cap:
                 break
     return size
+
+
+def _capped_sizer(pricing: ItemPricing,
+                  cap: float | None) -> Callable[[int], tuple[int, float, int]] | None:
+    """Per sequence: (``_size_under_cap``, per-rank time and tokens on that size) for one
+    build, memoised by length (they depend on nothing else; tails of a batch repeat lengths a
+    lot), or None without a cap."""
+    if cap is None:
+        return None
+    lengths, memo = pricing.lengths, {}
+
+    def size_of(seq: int) -> tuple[int, float, int]:
+        priced = memo.get(lengths[seq])
+        if priced is None:
+            size = _size_under_cap(pricing, seq, cap)
+            priced = memo[lengths[seq]] = (size, *pricing.time_tokens(seq, size))
+        return priced
+    return size_of
 
 
 def _best_block(draft: MicrobatchDraft, pricing: ItemPricing, heaps: dict[int, list],
@@ -96,7 +120,8 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     """Phase 1: opens blocks while ranks are free, then LPT, until the front sequence fits no
     block. The single-size LPT case (most micro-batches) runs in a tight loop."""
     heaps: dict[int, list] = {}
-    pos = _open_blocks(draft, pricing, queue, cap, heaps)
+    size_of = _capped_sizer(pricing, cap)
+    pos = _open_blocks(draft, pricing, queue, size_of, heaps)
     level = draft.level  # kept up to date below: max() per sequence would cost O(N)
     while pos < queue.end:
         if cap is None and len(heaps) == 1:
@@ -105,7 +130,7 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
                 return  # stopped on the budget, not on a smaller sequence
             level = draft.level
         seq = pricing.order[pos]
-        size = _size_under_cap(pricing, seq, cap)
+        size = pricing.min_size[seq] if size_of is None else size_of(seq)[0]
         best = _best_block(draft, pricing, heaps, seq, size)
         if best is None or _should_stop_front(draft, pricing, heaps, seq, best, level):
             return
@@ -119,7 +144,8 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
 
 
 def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
-                 cap: float | None, heaps: dict[int, list]) -> int:
+                 size_of: Callable[[int], tuple[int, float, int]] | None,
+                 heaps: dict[int, list]) -> int:
     """Each front sequence opens its own block while enough ranks are free; returns the
     position of the first sequence that did not. Prices, block bookkeeping and queue steps are
     inlined: this loop runs once per rank per micro-batch."""
@@ -131,12 +157,10 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     pos = queue.first()
     while pos < end:
         seq = order[pos]
-        size = min_size[seq]
-        if cap is None or size == _size_under_cap(pricing, seq, cap):
-            time, seq_tokens = min_time[seq], min_tokens[seq]
+        if size_of is None:
+            size, time, seq_tokens = min_size[seq], min_time[seq], min_tokens[seq]
         else:
-            size = _size_under_cap(pricing, seq, cap)
-            time, seq_tokens = pricing.time_tokens(seq, size)
+            size, time, seq_tokens = size_of(seq)
         if free < size:
             break
         if size > 1:
@@ -168,11 +192,18 @@ def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequen
     """LPT onto blocks of one size for sequences whose minimum size is that size (inlined
     prices and queue steps: this loop handles most sequences). Returns the stop position."""
     (size, heap), = heaps.items()
+    absorbed, taken = 0.0, 0
+    if len(heap) >= LPT_ROUNDS_MIN_BLOCKS:
+        pos, finished, absorbed, taken = lpt_in_rounds(draft, pricing, queue, heap, size, pos,
+                                                       absorbed)
+        if finished:
+            draft.absorbed_work += absorbed
+            queue.remaining -= taken
+            return pos
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, budget = pricing.min_tokens, pricing.min_work, pricing.budget
     times, tokens, members = draft.times, draft.tokens, draft.members
     available, end = queue.next_available, queue.end
-    absorbed, taken = 0.0, 0
     while pos < end:
         seq = order[pos]
         top_time, block = heap[0]
@@ -273,6 +304,26 @@ def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     return idle > GROWTH_IDLE_TRIGGER * pricing.num_ranks * level
 
 
+def _cap_thresholds(pricing: ItemPricing, queue: SequenceQueue) -> tuple[list[float], float]:
+    """Where the tail's capped sizes change: the sorted block times (sequence time + group
+    latency) of every queued length on every size >= its minimum, and the largest such time
+    on a minimum group. ``_size_under_cap`` of every queued sequence depends only on how many
+    thresholds the cap reaches, and no sequence grows at or above the second value."""
+    order, lengths, min_size = pricing.order, pricing.lengths, pricing.min_size
+    thresholds, seen, no_growth, pos = [], set(), 0.0, queue.first()
+    while pos < queue.end:
+        seq = order[pos]
+        if lengths[seq] not in seen:
+            seen.add(lengths[seq])
+            for size in pricing.sizes:
+                if size >= min_size[seq]:
+                    thresholds.append(pricing.time_tokens(seq, size)[0] + pricing.latency(size))
+            no_growth = max(no_growth, pricing.min_time[seq] + pricing.latency(min_size[seq]))
+        pos = queue.first(pos + 1)
+    thresholds.sort()
+    return thresholds, no_growth
+
+
 def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
                        every_size: bool) -> tuple[MicrobatchDraft, SequenceQueue]:
     """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
@@ -291,14 +342,33 @@ def _build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
     if not _needs_growth(best, pricing):
         return best, queue
     best_queue, best_excess = queue, _excess(best, pricing)
+    # A variant is a function of its sizes: caps that reach the same thresholds build the
+    # same variant, and one at or above no_growth grows nothing, so it is the plain build
+    # again (the capped front phase then places exactly as the plain one). Only the tail
+    # (a short queue) searches every size, so only there are the thresholds worth listing.
+    plain_level = best.level
+    thresholds, no_growth = _cap_thresholds(pricing, start) if every_size else ([], plain_level)
+    tried = set()
     for size in pricing.sizes:
         # In the tail the first sequence's own size is a cap too: the others then grow to
         # match its time instead of setting a higher level on their minimum groups.
         if size < pricing.min_size[first] or (size == pricing.min_size[first] and not every_size):
             continue
         time, _ = pricing.time_tokens(first, size)
+        cap = time + pricing.latency(size)
+        if cap >= no_growth or cap >= plain_level:
+            # No queued sequence grows (the plain build again), or none of those the plain
+            # build holds does (it cannot lower the level, only add communication).
+            if every_size:
+                continue
+            break
+        if every_size:
+            reached = bisect_right(thresholds, cap)
+            if reached in tried:
+                continue  # the same sizes as a variant already built
+            tried.add(reached)
         trial_queue = start.copy()
-        variant = build_microbatch(pricing, trial_queue, cap=time + pricing.latency(size))
+        variant = build_microbatch(pricing, trial_queue, cap=cap)
         excess = _excess(variant, pricing)
         if excess < best_excess:
             best, best_queue, best_excess = variant, trial_queue, excess

@@ -1,7 +1,7 @@
 """The queue of unscheduled sequences, in packing order (longest first).
 
 Sequences leave from the front (the next longest) and from anywhere (best fit for a hole), so
-the queue is a sorted array plus a "next available position" union-find with path halving:
+the queue is a sorted array plus a "next available position" union-find with path compression:
 ``first(pos)`` and ``take(pos)`` are amortised near O(1), ``fit_position`` is a bisection.
 """
 
@@ -35,12 +35,19 @@ class SequenceQueue:
         return len(self.order)
 
     def first(self, pos: int = 0) -> int:
-        """Smallest available position >= pos (``end`` if none)."""
+        """Smallest available position >= pos (``end`` if none).
+
+        Full path compression (every position walked then points at the answer), not path
+        halving: the hot loops take runs of front positions one link at a time, and packing
+        copies the queue to try variants, so a chain left half-compressed would be walked
+        again by every copy."""
         nxt = self.next_available
-        while nxt[pos] != pos:
-            nxt[pos] = nxt[nxt[pos]]
-            pos = nxt[pos]
-        return pos
+        root = pos
+        while nxt[root] != root:
+            root = nxt[root]
+        while nxt[pos] != root:
+            nxt[pos], pos = root, nxt[pos]
+        return root
 
     def take(self, pos: int) -> None:
         """Removes position ``pos`` (must be available)."""

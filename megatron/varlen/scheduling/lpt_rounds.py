@@ -1,0 +1,120 @@
+"""LPT onto many equal-size blocks in numpy rounds: the same placements as one heap step per
+sequence (packing._lpt_single_size), for micro-batches of packing.LPT_ROUNDS_MIN_BLOCKS
+blocks or more (1,024 ranks), where the heap steps are the largest single cost.
+
+Sequences come longest first, so their times never grow. Sort the blocks by (time, index),
+the heap's order, and give the next k sequences to the k least-loaded blocks in that order:
+sequence j goes where the heap would put it as long as that block still comes before every
+block already raised in this round, i.e. (time_j, block_j) < (time_i + x_i, block_i) for all
+i < j. The round stops at the first j where that fails (a tie counts as a failure: the next
+round re-sorts and settles it by index, as the heap does), at the first sequence whose
+minimum group is another size, or at the first whose block has no token room (where the
+heap loop stops too). A round gathers no more sequences than there are blocks below the
+least-loaded block raised by its first sequence (no later one can go further). Float sums are the same additions as the heap loop's, so the result is
+bit-identical; a test compares both on many batches.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify
+
+import numpy as np
+
+from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.pricing import ItemPricing
+from megatron.varlen.scheduling.seq_queue import SequenceQueue
+
+# When a round places fewer sequences than this, numpy's per-round overhead costs more than
+# the heap steps it replaces: the caller's heap loop finishes the micro-batch instead.
+MIN_ROUND = 48
+
+
+def _gather(pricing: ItemPricing, queue: SequenceQueue, pos: int, size: int,
+            count: int) -> tuple[list[int], list[int]]:
+    """Up to ``count`` available positions from ``pos`` whose sequences' minimum group is
+    ``size`` (stops at the first that is not), and their sequences."""
+    order, min_size = pricing.order, pricing.min_size
+    available, end = queue.next_available, queue.end
+    positions, seqs = [], []
+    while pos < end and len(seqs) < count:
+        seq = order[pos]
+        if min_size[seq] != size:
+            break
+        positions.append(pos)
+        seqs.append(seq)
+        pos += 1
+        if available[pos] != pos:
+            pos = queue.first(pos)
+    return positions, seqs
+
+
+def _round_length(loads: np.ndarray, raised: np.ndarray, tokens_after: np.ndarray,
+                  budget: int) -> tuple[int, bool]:
+    """(sequences the heap would place exactly as this round does, whether it then stops on
+    the token budget)."""
+    # Sequence j (>= 1) keeps its block while that block's load is strictly below every
+    # block raised before it in the round (a tie is settled by index in the next round).
+    keeps = loads[1:] < np.minimum.accumulate(raised)[:-1]
+    stop = len(raised) if keeps.all() else int(np.argmin(keeps)) + 1
+    over = tokens_after[:stop] > budget
+    if over.any():
+        return int(np.argmax(over)), True
+    return stop, False
+
+
+def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+                  heap: list, size: int, pos: int,
+                  absorbed: float) -> tuple[int, bool, float, int]:
+    """Places sequences from ``pos`` as the heap loop would. ``heap`` must hold every block of
+    the draft (all of size ``size``); it is rebuilt on return. ``absorbed`` is the caller's
+    running sum of the placed sequences' minimum work (continued here in the same order, so
+    the total is the heap loop's to the bit).
+
+    Returns:
+        (position reached, finished, absorbed, sequences taken): finished means placement
+        stopped as the heap loop's would (token budget, another size, the queue's end);
+        otherwise a round placed fewer than MIN_ROUND and the heap loop should go on.
+    """
+    times, tokens, members = draft.times, draft.tokens, draft.members
+    min_time, min_tokens, min_work = pricing.min_time, pricing.min_tokens, pricing.min_work
+    order, min_size, budget = pricing.order, pricing.min_size, pricing.budget
+    available, num_blocks = queue.next_available, len(times)
+    index = np.arange(num_blocks)
+    finished, taken = False, 0
+    while True:
+        if pos >= queue.end or min_size[order[pos]] != size:
+            finished = True
+            break
+        loads, block_tokens = np.asarray(times), np.asarray(tokens)
+        by_load = np.lexsort((index, loads))
+        first = int(by_load[0])
+        if tokens[first] + min_tokens[order[pos]] > budget:
+            finished = True  # the heap loop stops here too
+            break
+        # Only blocks below the least-loaded one raised by the next sequence can take a
+        # sequence of this round: gather no more sequences than that.
+        count = max(1, int(np.searchsorted(loads[by_load], times[first] + min_time[order[pos]])))
+        positions, seqs = _gather(pricing, queue, pos, size, count)
+        by_load = by_load[:len(seqs)]
+        chosen_loads = loads[by_load]
+        raised = chosen_loads + np.asarray([min_time[seq] for seq in seqs])
+        tokens_after = block_tokens[by_load] + np.asarray([min_tokens[seq] for seq in seqs])
+        placed, on_budget = _round_length(chosen_loads, raised, tokens_after, budget)
+        loads[by_load[:placed]] = raised[:placed]
+        block_tokens[by_load[:placed]] = tokens_after[:placed]
+        times[:] = loads.tolist()
+        tokens[:] = block_tokens.tolist()
+        for block, seq, at in zip(by_load[:placed].tolist(), seqs, positions):
+            members[block].append(seq)
+            absorbed += min_work[seq]
+            available[at] = at + 1
+        taken += placed
+        pos = positions[placed] if placed < len(positions) else queue.first(positions[-1] + 1)
+        if on_budget:
+            finished = True
+            break
+        if placed < MIN_ROUND:
+            break
+    heap[:] = [(time, block) for block, time in enumerate(times)]
+    heapify(heap)
+    return pos, finished, absorbed, taken
