@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.log_state import clean_log_state, use_rank  # noqa: F401 (a fixture)
 from megatron.training import log
 from megatron.training.errors import print_error_line
 from megatron.training.log import (
@@ -24,7 +25,6 @@ from megatron.training.log import (
     info_rank_0,
     print_rank_0,
     print_rank_last,
-    set_coordinates_provider,
     set_log_level,
     warning_all_ranks,
     warning_rank_0,
@@ -33,18 +33,7 @@ from megatron.training.log import (
 RANK_3 = {"rank": 3, "tp": 1, "pp": 0, "dp": 1, "cp": 0}
 
 
-@pytest.fixture(autouse=True)
-def _reset_logging(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    set_log_level("INFO")
-    yield
-    set_coordinates_provider(None)
-    set_log_level("INFO")
-
-
-def use_rank(rank: int, **coordinates: int) -> None:
-    set_coordinates_provider(lambda: {"rank": rank, **coordinates})
+pytestmark = pytest.mark.usefixtures("clean_log_state")
 
 
 

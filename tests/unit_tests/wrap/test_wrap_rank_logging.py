@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from megatron.training.log import set_coordinates_provider, set_log_level
+from tests.harness.log_state import clean_log_state, use_rank  # noqa: F401 (a fixture)
 from megatron.training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.wrap.rank_logging import (
     JsonlMetricWriter,
@@ -17,18 +17,7 @@ from megatron.wrap.rank_logging import (
 
 
 
-@pytest.fixture(autouse=True)
-def _reset_logging(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    set_log_level("INFO")
-    yield
-    set_coordinates_provider(None)
-    set_log_level("INFO")
-
-
-def use_rank(rank: int, **coordinates: int) -> None:
-    set_coordinates_provider(lambda: {"rank": rank, **coordinates})
+pytestmark = pytest.mark.usefixtures("clean_log_state")
 
 
 def test_progress_bar_renders_and_prints_on_rank_0_only(capsys):
