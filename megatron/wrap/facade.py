@@ -51,7 +51,7 @@ from megatron.training.training import (
 )
 from megatron.varlen.data_schedule import GlobalBatchPacker
 from megatron.wrap import batch as batching
-from megatron.wrap import rank_logging as wrap_logging
+from megatron.wrap.metric_writers import ProgressBar
 from megatron.wrap import runtime
 from megatron.wrap.config import WrapConfig, build_config
 from megatron.wrap.flows import Flow, FlowContext, build_flow
@@ -141,7 +141,7 @@ class MegatronWrap(ParallelStateMixin):
         self._writers = runtime.build_writers(facade, dict(self.config.flat),
                                               self.args.train_iters)
         if facade["progress_bar"] and self.args.train_iters > 0:
-            self._progress = wrap_logging.ProgressBar(self.args.train_iters)
+            self._progress = ProgressBar(self.args.train_iters)
 
     def setup_model_and_optimizer(self) -> MegatronWrap:
         """Model chunks, optimizer and LR schedule (``training.setup_model_and_optimizer``);

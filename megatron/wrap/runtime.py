@@ -11,7 +11,7 @@ import torch.distributed as dist
 from megatron.training import checkpointing
 from megatron.training.arguments import build_parser, parse_args
 from megatron.wrap.config import flat_config_to_argv
-from megatron.wrap.rank_logging import build_metric_writers
+from megatron.wrap.metric_writers import build_metric_writers
 
 _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
 

@@ -1,4 +1,4 @@
-"""The facade's progress line and metric writers (megatron/wrap/rank_logging.py); the log
+"""The facade's progress line and metric writers (megatron/wrap/metric_writers.py); the log
 lines themselves are megatron/training/log.py's (tests/unit_tests/training/test_log.py)."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from tests.harness.log_state import clean_log_state, use_rank  # noqa: F401 (a fixture)
 from megatron.training.iteration_metrics import IterationMetrics, to_json_record
-from megatron.wrap.rank_logging import (
+from megatron.wrap.metric_writers import (
     JsonlMetricWriter,
     ProgressBar,
     build_metric_writers,
