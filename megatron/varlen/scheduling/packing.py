@@ -253,11 +253,17 @@ def _best_fit(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
 def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue) -> None:
     """Phase 2: best fit from the whole queue into blocks below the level, least loaded first.
     A block that fits nothing now never will (rooms only shrink), so it leaves the heap; once
-    the largest room is below the cheapest sequence's time, no block can take anything."""
+    the largest room is below the time of the shortest queued sequence (on any block size:
+    a sequence's time grows with its length, and the shortest queued one only gets longer as
+    the queue shrinks), no block can take anything."""
+    if not queue.remaining:
+        return
     level = draft.level
     heap = [(time, block) for block, time in enumerate(draft.times)]
     heapify(heap)
-    floor = min(pricing.shortest_time(size) for size in set(draft.sizes)) if heap else 0.0
+    shortest = queue.order[queue.last()]
+    floor = min((pricing.time_tokens(shortest, size)[0] for size in set(draft.sizes)),
+                default=0.0)
     while heap and queue.remaining:
         top_time, block = heap[0]
         if level - top_time < floor:

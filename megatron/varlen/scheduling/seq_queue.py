@@ -21,12 +21,16 @@ class SequenceQueue:
         # (the union-find parent). Hot loops may read it directly to skip a call.
         self.next_available = list(range(len(order) + 1))  # len(order) is the sentinel
         self.remaining = len(order)
+        # Every position after this one is taken (positions are never given back): where
+        # ``last`` starts its backward scan, so the scans cost O(len(order)) in all.
+        self._last_hint = len(order) - 1
 
     def copy(self) -> "SequenceQueue":
         """An independent copy (for trying alternative micro-batches)."""
         clone = SequenceQueue.__new__(SequenceQueue)
         clone.order, clone._negated = self.order, self._negated
         clone.next_available, clone.remaining = list(self.next_available), self.remaining
+        clone._last_hint = self._last_hint
         return clone
 
     @property
@@ -48,6 +52,14 @@ class SequenceQueue:
         while nxt[pos] != root:
             nxt[pos], pos = root, nxt[pos]
         return root
+
+    def last(self) -> int:
+        """Largest available position (-1 if none): the shortest queued sequence's."""
+        nxt, pos = self.next_available, self._last_hint
+        while pos >= 0 and nxt[pos] != pos:
+            pos -= 1
+        self._last_hint = pos
+        return pos
 
     def take(self, pos: int) -> None:
         """Removes position ``pos`` (must be available)."""
