@@ -1,6 +1,10 @@
-"""The hole-filling phase stops once no block has time room for the shortest *queued*
-sequence (packing._fill_holes, SequenceQueue.last): schedules are the same as with the plain
-loop that asks best fit for every block until the heap is empty."""
+"""Latency shortcuts of the packing loops change no schedule:
+
+* the hole-filling phase stops once no block has time room for the shortest *queued*
+  sequence (packing._fill_holes, SequenceQueue.last): the same schedules as the plain loop that
+  asks best fit for every block until the heap is empty;
+* the front loops link their taken runs in one hop (SequenceQueue.skip_taken): the same
+  schedules as without, and ``first`` gives the same answers."""
 
 import random
 
@@ -67,3 +71,26 @@ def test_last_is_the_largest_available_position():
         copy.take(max(still)) if still else None
         still.discard(max(still, default=None))
         assert copy.last() == max(still, default=-1)
+
+
+def test_one_hop_links_change_no_schedule(monkeypatch):
+    scheduler = get_scheduler("default_dynamic_cp")
+    problems = list(_problems())
+    fast = [scheduler(problem) for problem in problems]
+    monkeypatch.setattr(SequenceQueue, "skip_taken", lambda self, start, stop: None)
+    assert [scheduler(problem) for problem in problems] == fast
+
+
+def test_skip_taken_keeps_first_answers():
+    rng = random.Random(5)
+    queue = SequenceQueue(list(range(40)), [40 - seq for seq in range(40)])
+    available = set(range(40))
+    for start in range(0, 36, 6):
+        stop = start + rng.randint(1, 5)
+        for pos in range(start, stop):
+            if pos in available:
+                queue.take(pos)
+                available.discard(pos)
+        queue.skip_taken(start, stop)
+        for pos in range(41):
+            assert queue.first(pos) == min((p for p in available if p >= pos), default=40)
