@@ -61,12 +61,19 @@ def _static_fallback(problem: ScheduleProblem, pricing: ItemPricing,
 def default_dynamic_cp(problem: ScheduleProblem) -> Schedule:
     """Schedules ``problem`` with a per-sequence CP size over all DPxCP ranks."""
     with gc_paused():
-        pricing = price_items(problem, problem.layout.sequence_sizes, DYNAMIC_FLAG_HINT)
-        drafts = move_out_of_light_microbatches(pack_sequences(pricing, allow_growth=True),
-                                                pricing)
-        drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
-                                          problem.vpp_group_size)
-        fallback = _static_fallback(problem, pricing, _critical_path(drafts))
-        if fallback is not None and _critical_path(fallback) < _critical_path(drafts):
-            drafts = fallback
-        return drafts_to_schedule(problem, drafts)
+        # The working state (prices, queues, drafts) dies with _schedule's frame, while the
+        # collector is still paused: re-enabled, it then only sees the Schedule's objects
+        # (otherwise its first collection walks every draft and price list once, for nothing).
+        return _schedule(problem)
+
+
+def _schedule(problem: ScheduleProblem) -> Schedule:
+    pricing = price_items(problem, problem.layout.sequence_sizes, DYNAMIC_FLAG_HINT)
+    drafts = move_out_of_light_microbatches(pack_sequences(pricing, allow_growth=True),
+                                            pricing)
+    drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
+                                      problem.vpp_group_size)
+    fallback = _static_fallback(problem, pricing, _critical_path(drafts))
+    if fallback is not None and _critical_path(fallback) < _critical_path(drafts):
+        drafts = fallback
+    return drafts_to_schedule(problem, drafts)

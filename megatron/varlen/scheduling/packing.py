@@ -154,7 +154,7 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
     available, end = queue.next_available, queue.end
     free, absorbed, taken = draft.free_ranks, 0.0, 0
-    pos = queue.first()
+    pos = start = queue.first()
     while pos < end:
         seq = order[pos]
         if size_of is None:
@@ -182,6 +182,7 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
             pos = queue.first(pos)
     draft.free_ranks, draft.absorbed_work = free, draft.absorbed_work + absorbed
     queue.remaining -= taken
+    queue.skip_taken(start, pos)  # everything before pos is taken now
     for heap in heaps.values():
         heapify(heap)
     return pos
@@ -192,13 +193,14 @@ def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequen
     """LPT onto blocks of one size for sequences whose minimum size is that size (inlined
     prices and queue steps: this loop handles most sequences). Returns the stop position."""
     (size, heap), = heaps.items()
-    absorbed, taken = 0.0, 0
+    absorbed, taken, start = 0.0, 0, pos
     if len(heap) >= LPT_ROUNDS_MIN_BLOCKS:
         pos, finished, absorbed, taken = lpt_in_rounds(draft, pricing, queue, heap, size, pos,
                                                        absorbed)
         if finished:
             draft.absorbed_work += absorbed
             queue.remaining -= taken
+            queue.skip_taken(start, pos)
             return pos
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, budget = pricing.min_tokens, pricing.min_work, pricing.budget
@@ -223,6 +225,7 @@ def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequen
             pos = queue.first(pos)
     draft.absorbed_work += absorbed
     queue.remaining -= taken
+    queue.skip_taken(start, pos)  # everything before pos is taken now
     return pos
 
 
@@ -253,11 +256,17 @@ def _best_fit(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
 def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue) -> None:
     """Phase 2: best fit from the whole queue into blocks below the level, least loaded first.
     A block that fits nothing now never will (rooms only shrink), so it leaves the heap; once
-    the largest room is below the cheapest sequence's time, no block can take anything."""
+    the largest room is below the time of the shortest queued sequence (on any block size:
+    a sequence's time grows with its length, and the shortest queued one only gets longer as
+    the queue shrinks), no block can take anything."""
+    if not queue.remaining:
+        return
     level = draft.level
     heap = [(time, block) for block, time in enumerate(draft.times)]
     heapify(heap)
-    floor = min(pricing.shortest_time(size) for size in set(draft.sizes)) if heap else 0.0
+    shortest = queue.order[queue.last()]
+    floor = min((pricing.time_tokens(shortest, size)[0] for size in set(draft.sizes)),
+                default=0.0)
     while heap and queue.remaining:
         top_time, block = heap[0]
         if level - top_time < floor:

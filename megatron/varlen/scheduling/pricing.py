@@ -60,11 +60,6 @@ class ItemPricing:
             time += self.g * padded * (size - 1) / size
         return time, padded // size
 
-    def shortest_time(self, size: int) -> float:
-        """Per-rank time of the shortest sequence of the batch on ``size`` ranks: no sequence
-        fits a hole with less time room (``order`` is sorted longest first)."""
-        return self.time_tokens(self.order[-1], size)[0]
-
     def latency(self, size: int) -> float:
         """Per-micro-batch latency of a group of ``size`` ranks."""
         return self.d * (size - 1)

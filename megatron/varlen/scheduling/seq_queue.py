@@ -21,12 +21,16 @@ class SequenceQueue:
         # (the union-find parent). Hot loops may read it directly to skip a call.
         self.next_available = list(range(len(order) + 1))  # len(order) is the sentinel
         self.remaining = len(order)
+        # Every position after this one is taken (positions are never given back): where
+        # ``last`` starts its backward scan, so the scans cost O(len(order)) in all.
+        self._last_hint = len(order) - 1
 
     def copy(self) -> "SequenceQueue":
         """An independent copy (for trying alternative micro-batches)."""
         clone = SequenceQueue.__new__(SequenceQueue)
         clone.order, clone._negated = self.order, self._negated
         clone.next_available, clone.remaining = list(self.next_available), self.remaining
+        clone._last_hint = self._last_hint
         return clone
 
     @property
@@ -48,6 +52,23 @@ class SequenceQueue:
         while nxt[pos] != root:
             nxt[pos], pos = root, nxt[pos]
         return root
+
+    def last(self) -> int:
+        """Largest available position (-1 if none): the shortest queued sequence's."""
+        nxt, pos = self.next_available, self._last_hint
+        while pos >= 0 and nxt[pos] != pos:
+            pos -= 1
+        self._last_hint = pos
+        return pos
+
+    def skip_taken(self, start: int, stop: int) -> None:
+        """Links every position of ``start..stop-1`` (all taken) straight to ``stop``.
+
+        The hot loops take a run of front positions one link at a time (p -> p + 1); the
+        next ``first`` would walk that chain. One slice store instead makes it a single hop
+        (same answers: only the links change)."""
+        if stop > start:
+            self.next_available[start:stop] = [stop] * (stop - start)
 
     def take(self, pos: int) -> None:
         """Removes position ``pos`` (must be available)."""

@@ -1,0 +1,96 @@
+"""Latency shortcuts of the packing loops change no schedule:
+
+* the hole-filling phase stops once no block has time room for the shortest *queued*
+  sequence (packing._fill_holes, SequenceQueue.last): the same schedules as the plain loop that
+  asks best fit for every block until the heap is empty;
+* the front loops link their taken runs in one hop (SequenceQueue.skip_taken): the same
+  schedules as without, and ``first`` gives the same answers."""
+
+import random
+
+from heapq import heapify, heappop, heapreplace
+
+from megatron.varlen.scheduling import CostModel, ScheduleProblem, get_scheduler
+from megatron.varlen.scheduling import packing
+from megatron.varlen.scheduling.seq_queue import SequenceQueue
+
+
+def _plain_fill_holes(draft, pricing, queue):
+    """The un-optimised phase: no early stop, every block is tried until it fits nothing."""
+    level = draft.level
+    heap = [(time, block) for block, time in enumerate(draft.times)]
+    heapify(heap)
+    while heap and queue.remaining:
+        top_time, block = heap[0]
+        found = packing._best_fit(draft, pricing, queue, block, level - top_time)
+        if found is None:
+            heappop(heap)
+            continue
+        pos, seq, time, tokens = found
+        draft.add(block, seq, time, tokens)
+        draft.absorbed_work += pricing.min_work[seq]
+        queue.take(pos)
+        heapreplace(heap, (draft.times[block], block))
+
+
+def _problems():
+    rng = random.Random(11)
+    costs = (CostModel(), CostModel(a=1.0, b=0.0, g=0.0, d=0.0),
+             CostModel(a=1.0, b=192.0, g=50.0, d=6e4))
+    for index in range(60):
+        num_ranks, cp_size = rng.choice([(4, 2), (8, 2), (16, 4), (64, 8)])
+        budget = rng.choice([512, 2048, 8192])
+        # Mixtures of short and long lengths leave holes that only the short ones fill.
+        lengths = tuple(rng.choice([rng.randint(16, 256), rng.randint(1, budget * cp_size)])
+                        for _ in range(rng.randint(num_ranks, 12 * num_ranks)))
+        yield ScheduleProblem(lengths=lengths, dp_size=num_ranks // cp_size, cp_size=cp_size,
+                              max_seqlen_per_rank=budget, cost=costs[index % len(costs)])
+
+
+def test_early_stop_changes_no_schedule(monkeypatch):
+    scheduler = get_scheduler("default_dynamic_cp")
+    problems = list(_problems())
+    fast = [scheduler(problem) for problem in problems]
+    monkeypatch.setattr(packing, "_fill_holes", _plain_fill_holes)
+    assert [scheduler(problem) for problem in problems] == fast
+
+
+def test_last_is_the_largest_available_position():
+    rng = random.Random(3)
+    queue = SequenceQueue(list(range(50)), [50 - seq for seq in range(50)])
+    available = set(range(50))
+    copies = []
+    while available:
+        pos = rng.choice(sorted(available)) if rng.random() < 0.5 else max(available)
+        queue.take(pos)
+        available.discard(pos)
+        assert queue.last() == max(available, default=-1)
+        if rng.random() < 0.2:
+            copies.append((queue.copy(), set(available)))
+    for copy, still in copies:  # a copy scans on from where its original was
+        copy.take(max(still)) if still else None
+        still.discard(max(still, default=None))
+        assert copy.last() == max(still, default=-1)
+
+
+def test_one_hop_links_change_no_schedule(monkeypatch):
+    scheduler = get_scheduler("default_dynamic_cp")
+    problems = list(_problems())
+    fast = [scheduler(problem) for problem in problems]
+    monkeypatch.setattr(SequenceQueue, "skip_taken", lambda self, start, stop: None)
+    assert [scheduler(problem) for problem in problems] == fast
+
+
+def test_skip_taken_keeps_first_answers():
+    rng = random.Random(5)
+    queue = SequenceQueue(list(range(40)), [40 - seq for seq in range(40)])
+    available = set(range(40))
+    for start in range(0, 36, 6):
+        stop = start + rng.randint(1, 5)
+        for pos in range(start, stop):
+            if pos in available:
+                queue.take(pos)
+                available.discard(pos)
+        queue.skip_taken(start, stop)
+        for pos in range(41):
+            assert queue.first(pos) == min((p for p in available if p >= pos), default=40)
