@@ -167,10 +167,11 @@ def _add_logging_checkpoint_args(parser):
                        help="Save every N iterations (and at the end).")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full CLI of pretrain_gpt.py."""
+def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
+    """The full CLI of pretrain_gpt.py (``prog``: the program name usage lines and errors show,
+    for other entry points that take the same flags)."""
     parser = MegatronArgumentParser(
-        prog="pretrain_gpt.py", description="Megatron GPT training (varlen fork)",
+        prog=prog, description="Megatron GPT training (varlen fork)",
         allow_abbrev=False,
     )
     _add_network_size_args(parser)
@@ -308,9 +309,10 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def parse_args(argv: list[str] | None = None, world_size: int | None = None):
+def parse_args(argv: list[str] | None = None, world_size: int | None = None,
+               prog: str = "pretrain_gpt.py"):
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
-    parser = build_parser()
+    parser = build_parser(prog)
     argv = sys.argv[1:] if argv is None else argv
     try:  # --hf-checkpoint: the checkpoint's architecture as defaults, checked for conflicts
         fixed = hf_arguments.apply_checkpoint_defaults(parser, argv)
@@ -322,12 +324,13 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None):
     return validate_args(args)
 
 
-def parse_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args_or_exit(argv: list[str] | None = None,
+                       prog: str = "pretrain_gpt.py") -> argparse.Namespace:
     """For entry points: a user error prints one line and exits with code 2 (never a hang)."""
     try:
-        return parse_args(argv)
+        return parse_args(argv, prog=prog)
     except ArgumentValidationError as err:
-        print_error_line("pretrain_gpt.py", err)  # under torchrun every rank fails: rank 0
+        print_error_line(prog, err)  # under torchrun every rank fails: rank 0
         sys.exit(ERROR_EXIT_CODE)
 
 

@@ -23,6 +23,8 @@ from megatron.training.initialize import initialize_megatron, shutdown
 from megatron.training.log import print_rank_0
 from megatron.training.model import build_model, build_transformer_config, unwrap
 
+EXPORT_PROG = "export_hf.py"  # what usage lines and errors call this tool
+
 # Flags the parser requires that an export does not use; the caller's own values win.
 _UNUSED_REQUIRED_FLAGS = ["--train-iters", "1", "--lr", "0", "--mock-data", "--seq-length", "2"]
 
@@ -41,7 +43,7 @@ def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
 
 def main(argv: list[str] | None = None) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args_or_exit(_UNUSED_REQUIRED_FLAGS + argv)
+    args = parse_args_or_exit(_UNUSED_REQUIRED_FLAGS + argv, prog=EXPORT_PROG)
     if not args.load or not args.save_hf:
         print_error_line("export_hf.py", "needs --load CKPT_ROOT and --save-hf OUT_DIR")
         sys.exit(ERROR_EXIT_CODE)
