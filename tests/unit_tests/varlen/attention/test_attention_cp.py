@@ -12,6 +12,7 @@ import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from megatron.varlen.cp_split import split_sbhd_for_cp, split_thd_for_cp
+from tests.harness.collectives import forbid_collectives
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM,
@@ -24,8 +25,6 @@ from tests.unit_tests.varlen.attention._reference import (
 CP_PAD_MULTIPLE = 8  # 2 * cp for cp 4 (and a multiple of 4 for cp 2)
 SBHD_SEQ, SBHD_BATCH = 16, 2
 TOLERANCE = 1e-10
-_COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "reduce_scatter_tensor",
-                "broadcast", "send", "recv", "isend", "irecv")
 
 
 def _run(module, inputs, weight, params):
@@ -86,22 +85,11 @@ def rank_cp_equivalence():
     return errors
 
 
-def _forbid_collectives(calls):
-    def make(name):
-        def forbidden(*args, **kwargs):
-            calls.append(name)
-            raise RuntimeError(f"collective {name} called for a single-rank CP group")
-        return forbidden
-
-    for name in _COLLECTIVES:
-        setattr(dist, name, make(name))
-
-
 def rank_single_rank_groups_make_no_collective():
     """local_cp_size 1 (a real size-1 group, or no group at all) on a static CP=world module."""
     size_one_group, _ = dist.new_subgroups(group_size=1)
     calls = []
-    _forbid_collectives(calls)
+    forbid_collectives(calls)
     q, k, v, params, _ = packed_inputs(seed=8)
     weight = torch.ones(q.size(0), NUM_HEADS * HEAD_DIM, dtype=torch.float64)
     expected = _run(build(), (q, k, v), weight, params)

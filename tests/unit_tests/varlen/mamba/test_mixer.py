@@ -22,6 +22,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.varlen.cp_split import split_sbhd_for_cp, split_thd_for_cp
 from megatron.varlen.mamba.mixer import MambaMixerSubmodules, VarlenMambaMixer
+from tests.harness.collectives import forbid_collectives
 from tests.harness.multirank import run_distributed
 
 HIDDEN, HEAD_DIM, STATE, GROUPS, CHUNK = 16, 4, 3, 2, 4  # d_inner 32 -> 8 heads
@@ -29,8 +30,6 @@ REAL_LENGTHS = [1, 7, 4, 3]
 PAD_MULTIPLE = 8  # 2 * cp for cp 4
 TRAILING_PAD = 8  # a pad-only segment after the last sequence (as packs filled to a budget)
 TOLERANCE = 1e-10
-_COLLECTIVES = ("all_to_all_single", "all_to_all", "all_gather", "all_gather_into_tensor",
-                "all_reduce", "reduce_scatter_tensor", "broadcast", "send", "recv")
 
 
 def _cu(lengths):
@@ -170,17 +169,6 @@ def test_cp_matches_single_rank(cp_errors, case):
         assert rank_errors[case] < TOLERANCE, (case, rank_errors[case])
 
 
-def _forbid_collectives(calls):
-    def make(name):
-        def forbidden(*args, **kwargs):
-            calls.append(name)
-            raise RuntimeError(f"collective {name} called for a single-rank CP group")
-        return forbidden
-
-    for name in _COLLECTIVES:
-        setattr(dist, name, make(name))
-
-
 def switching_guarantees(mixer, static_size):
     """Static CP = ``static_size``; micro-batches bring local_cp_size 1 or an exception."""
     static = mixer.cp
@@ -199,7 +187,7 @@ def switching_guarantees(mixer, static_size):
     restored = mixer.cp is static and mixer.cp.cp_size == static_size
     del mixer._ssm_training
     calls = []
-    _forbid_collectives(calls)
+    forbid_collectives(calls)
     out, _, _ = run(mixer, hidden, params, weight)
     return raised, restored, calls, bool(torch.isfinite(out).all())
 
