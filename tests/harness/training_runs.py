@@ -20,6 +20,20 @@ TINY_GPT_ARGS = [
 ]
 
 
+def tiny_packed_config(global_batch_size: int, train_iters: int) -> dict:
+    """A MegatronWrap config tree (``build_config(...).to_argv`` gives pretrain_gpt.py's flags)
+    for a one-layer packed SFT run on mock data: both entry points can train it."""
+    return {
+        "model": {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
+                  "seq_length": 32, "vocab_size": 64, "make_vocab_size_divisible_by": 32},
+        "training": {"micro_batch_size": 1, "global_batch_size": global_batch_size,
+                     "train_iters": train_iters, "lr": 1e-3, "seed": 3, "eval_iters": 0,
+                     "log_interval": 1},
+        "data": {"mock_data": True, "sft": True, "tokenizer_type": "NullTokenizer"},
+        "parallel": {"sequence_packing": True},
+    }
+
+
 def train_on_this_rank(argv: list[str]) -> dict:
     """Runs pretrain_gpt's path on an already-initialised process group.
 

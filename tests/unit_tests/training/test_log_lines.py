@@ -13,21 +13,14 @@ import re
 
 from megatron.training.arguments import build_parser, parse_args
 from megatron.training.initialize import initialize_megatron
-from tests.harness.training_runs import train_on_this_rank
+from tests.harness.training_runs import tiny_packed_config, train_on_this_rank
 from tests.harness.multirank import run_distributed
 from megatron.wrap import MegatronWrap
 from megatron.wrap.config import build_config
 
 WORLD = 2
 STEPS = 2
-CONFIG = {
-    "model": {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "seq_length": 32,
-              "vocab_size": 64, "make_vocab_size_divisible_by": 32},
-    "training": {"micro_batch_size": 1, "global_batch_size": 4, "train_iters": STEPS,
-                 "lr": 1e-3, "seed": 3, "eval_iters": 0, "log_interval": 1},
-    "data": {"mock_data": True, "sft": True, "tokenizer_type": "NullTokenizer"},
-    "parallel": {"sequence_packing": True},
-}
+CONFIG = tiny_packed_config(global_batch_size=4, train_iters=STEPS)
 # pretrain_gpt.py validates once, at the end (iteration STEPS).
 EVAL_FLAGS = ["--eval-iters", "1", "--eval-interval", str(STEPS)]
 BATCH = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 12, 3)]

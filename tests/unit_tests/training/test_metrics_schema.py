@@ -8,17 +8,10 @@ from megatron.training.arguments import build_parser
 from megatron.wrap import MegatronWrap
 from megatron.wrap.config import build_config
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import train_on_this_rank
+from tests.harness.training_runs import tiny_packed_config, train_on_this_rank
 
 STEPS = 2
-CONFIG = {
-    "model": {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "seq_length": 32,
-              "vocab_size": 64, "make_vocab_size_divisible_by": 32},
-    "training": {"micro_batch_size": 1, "global_batch_size": 2, "train_iters": STEPS,
-                 "lr": 1e-3, "seed": 3, "eval_iters": 0, "log_interval": 1},
-    "data": {"mock_data": True, "sft": True, "tokenizer_type": "NullTokenizer"},
-    "parallel": {"sequence_packing": True},
-}
+CONFIG = tiny_packed_config(global_batch_size=2, train_iters=STEPS)
 
 
 def _both_entry_points(tmp: str) -> dict:
