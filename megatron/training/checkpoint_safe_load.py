@@ -20,6 +20,7 @@ checkpoint can write its manifest), and nothing in a checkpoint is executed.
 
 from __future__ import annotations
 
+import enum
 import os
 import pickle
 
@@ -45,6 +46,22 @@ ALLOWED_GLOBALS = frozenset({
 })
 
 
+ENUM_MEMBER_GLOBAL = ("builtins", "getattr")
+"""How newer Pythons (3.11.2 and 3.12+, e.g. the GPU image's) pickle an enum member:
+``getattr(EnumClass, "NAME")``. torch's metadata holds enum members (``_MEM_FORMAT_ENCODING``,
+``WriteItemType``), so the name must resolve -- but never to the real ``getattr``, which would
+reach any attribute of an allowed class (and from there anything): see :func:`_enum_member`."""
+
+
+def _enum_member(cls, name: str):
+    """``getattr`` restricted to what an enum-member pickle needs: a member of an Enum class
+    (the class itself was already resolved through the allow-list)."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__):
+        raise CheckpointError(f"refusing checkpoint metadata: it asks for attribute {name!r} of "
+                              f"{cls!r}, which is not an enum member (a crafted or foreign file)")
+    return cls[name]
+
+
 def _is_dtype(module: str, name: str) -> bool:
     return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
 
@@ -59,6 +76,8 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in ALLOWED_GLOBALS or _is_dtype(module, name):
             return super().find_class(module, name)
+        if (module, name) == ENUM_MEMBER_GLOBAL:
+            return _enum_member
         raise CheckpointError(
             f"refusing to load {self._source!r}: it names {module}.{name}, which checkpoint "
             f"metadata never contains (a crafted or foreign file; load only checkpoints you "

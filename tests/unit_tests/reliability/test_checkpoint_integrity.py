@@ -7,8 +7,16 @@ import pickle
 import shutil
 
 import pytest
+import torch
+from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+from torch.distributed.checkpoint.planner import WriteItemType
 
 from megatron.training.checkpoint_integrity import MANIFEST_FILENAME, file_digest
+from megatron.training.checkpoint_safe_load import (
+    METADATA_FILENAME,
+    RestrictedUnpickler,
+    check_metadata_is_safe,
+)
 from megatron.training.checkpointing import TRACKER_FILENAME, checkpoint_dir
 from megatron.training.errors import CheckpointError
 from tests.harness.multirank import run_distributed
@@ -128,3 +136,38 @@ def test_crafted_pickle_does_not_run(ckpt, tmp_path, name, needle):
     assert not marker.exists(), "the crafted checkpoint ran code"
     assert message.startswith(f"refusing to load '{folder / name}{needle}"), message
     assert "\n" not in message
+
+
+class _PickledAs:
+    """Pickles as ``function(*args)``: writes the reduce form another Python would write."""
+
+    def __init__(self, function, *args):
+        self.function, self.args = function, args
+
+    def __reduce__(self):
+        return self.function, self.args
+
+
+def _restricted_load(tmp_path, obj):
+    (tmp_path / METADATA_FILENAME).write_bytes(pickle.dumps(obj))
+    check_metadata_is_safe(str(tmp_path))  # raises CheckpointError if refused
+    with open(tmp_path / METADATA_FILENAME, "rb") as handle:
+        return RestrictedUnpickler(handle, "test").load()
+
+
+def test_enum_members_pickled_through_getattr_are_accepted(tmp_path):
+    """Python 3.11.2 and 3.12+ (the GPU image) pickle enum members as getattr(Enum, "NAME");
+    torch's checkpoint metadata holds such members, so those checkpoints must load."""
+    members = [_MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT, WriteItemType.TENSOR]
+    loaded = _restricted_load(tmp_path, [_PickledAs(getattr, type(m), m.name) for m in members])
+    assert loaded == members
+
+
+@pytest.mark.parametrize("cls, name", [
+    (torch.Size, "__class__"),  # a way out of the allow-list: type -> object -> subclasses
+    (WriteItemType, "__init__"),  # an enum class, but not a member
+    (WriteItemType, "__class__"),
+])
+def test_getattr_reaches_nothing_but_enum_members(tmp_path, cls, name):
+    with pytest.raises(CheckpointError, match=f"attribute {name!r}"):
+        _restricted_load(tmp_path, _PickledAs(getattr, cls, name))
