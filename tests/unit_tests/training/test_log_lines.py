@@ -4,12 +4,18 @@
 prints carries the rank prefix and a level, their iteration and validation lines match ONE
 pattern (Megatron-LM's line content after the prefix) and carry the loss the run returned, and
 only the last rank prints them: with DP=2 rank 0 owns the same loss and must stay quiet.
-Rank 0 prints Megatron-LM's arguments dump at start-up, once.
+Rank 0 prints Megatron-LM's arguments dump at start-up, once. The same runs also write their
+metrics as JSONL (``--log-metrics-jsonl`` and the facade's ``jsonl`` writer): ONE schema, the
+same keys in the same order for both entry points.
 """
 
 import contextlib
 import io
+import json
 import re
+
+import pytest
+import torch
 
 from megatron.training.arguments import build_parser, parse_args
 from megatron.training.initialize import initialize_megatron
@@ -51,14 +57,20 @@ def _captured(run) -> tuple[str, object]:
     return out.getvalue(), result
 
 
-def _pretrain() -> dict:
+def _read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def _pretrain(jsonl_path: str) -> dict:
     argv = build_config(CONFIG).to_argv(build_parser()) + EVAL_FLAGS
     initialize_megatron(parse_args(argv, world_size=WORLD))  # the start-up: arguments dump
-    return train_on_this_rank(argv)
+    return train_on_this_rank(argv + ["--log-metrics-jsonl", jsonl_path])
 
 
-def _facade() -> dict:
-    logging = {"metric_writers": ["console"], "progress_bar": False}
+def _facade(jsonl_path: str) -> dict:
+    logging = {"metric_writers": ["console", "jsonl"], "metrics_jsonl_path": jsonl_path,
+               "progress_bar": False}
     with MegatronWrap({**CONFIG, "logging": logging}) as wrap:
         wrap.initialize().setup_model_and_optimizer()
         losses = []
@@ -68,14 +80,25 @@ def _facade() -> dict:
         return {"losses": losses, "validation": wrap.evaluate(BATCH)["loss"]}
 
 
-def rank_both_entry_points() -> dict:
-    pretrain_out, pretrain = _captured(_pretrain)
-    facade_out, facade = _captured(_facade)
+def rank_both_entry_points(tmp: str) -> dict:
+    pretrain_jsonl, facade_jsonl = f"{tmp}/pretrain.jsonl", f"{tmp}/facade.jsonl"
+    pretrain_out, pretrain = _captured(lambda: _pretrain(pretrain_jsonl))
+    facade_out, facade = _captured(lambda: _facade(facade_jsonl))
     history = pretrain["history"]
+    last = torch.distributed.get_rank() == WORLD - 1  # the rank that writes the metrics
     return {
         "pretrain": (pretrain_out, [h["lm_loss"] for h in history], history[-1]["validation_loss"]),
         "facade": (facade_out, facade["losses"], facade["validation"]),
+        "jsonl": ({"pretrain": _read_jsonl(pretrain_jsonl), "facade": _read_jsonl(facade_jsonl)}
+                  if last else None),
     }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Both entry points on WORLD ranks, run once for every test of this module."""
+    tmp = str(tmp_path_factory.mktemp("log_lines"))
+    return run_distributed(rank_both_entry_points, WORLD, args=(tmp,), timeout_s=240)
 
 
 def _parse(text: str) -> list[re.Match]:
@@ -94,8 +117,7 @@ def _close(logged: str, value: float) -> bool:
     return abs(float(logged) - value) <= 1e-6 * abs(value)  # the line prints 7 digits
 
 
-def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses():
-    results = run_distributed(rank_both_entry_points, WORLD, timeout_s=240)
+def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses(results):
     extras = {}
     for entry in ("pretrain", "facade"):
         first, last = (_parse(r[entry][0]) for r in results)
@@ -129,3 +151,12 @@ def _check_arguments_dump(messages: list[str]) -> None:
     names = [line.split()[0] for line in dumped]
     assert names == sorted(names) and {"seq_length", "global_batch_size"} <= set(names)
     assert "  seq_length ...................................... 32" in dumped
+
+
+def test_both_entry_points_write_one_jsonl_schema(results):
+    assert results[0]["jsonl"] is None  # only the last rank writes metrics
+    pretrain, facade = results[-1]["jsonl"]["pretrain"], results[-1]["jsonl"]["facade"]
+    assert [r["iteration"] for r in pretrain] == [r["iteration"] for r in facade] == [1, 2]
+    for ours, theirs in zip(pretrain, facade):
+        assert list(ours) == list(theirs), sorted(set(ours) ^ set(theirs))
+    assert {"lm_loss", "grad_norm", "lr", "consumed_samples", "tokens_per_s"} <= set(pretrain[0])
