@@ -153,6 +153,10 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s, dev
             backend=backend, init_method=f"tcp://127.0.0.1:{port}",
             rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
         )
+        # Every rank has joined before any runs fn: a rank that finishes fast and exits takes
+        # the TCP store down with it (rank 0 hosts it), under a peer still joining (gloo's
+        # "Connection closed by peer", seen under heavy load).
+        torch.distributed.barrier()
         # Plain pickle bytes: torch's multiprocessing reducer would pass tensors as shared
         # memory that must outlive this process, and the rank exits right after reporting.
         results.put((rank, True, pickle.dumps(fn(*args, **kwargs))))
