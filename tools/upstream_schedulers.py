@@ -49,6 +49,8 @@ STUBBED_MODULES = ("megatron.core.parallel_state", "megatron.core.extensions.tra
 PACKAGES = ("megatron", "megatron.core", "megatron.core.datasets", "megatron.core.extensions",
             "megatron.core.pipeline_parallel", "megatron.core.transformer")
 WORKER_TIMEOUT_S = 3600
+SCHEDULER_CLASSES = ("DefaultDynamicCPScheduler", "DpBalancedScheduler")
+KNOWN_GOOD_COMMIT = "d48bd6be0a85"  # the dev commit results/scheduling/REPORT.md ran
 
 
 # --- parent side ---------------------------------------------------------------------------
@@ -63,11 +65,20 @@ def upstream_commit(path: str) -> str:
 
 
 def check_checkout(path: str) -> None:
-    """Raises ValueError naming the missing file if ``path`` is not a usable checkout."""
+    """Raises ValueError naming the missing file or class if ``path`` is not a usable
+    checkout (newer Megatron-LM dev removed DefaultDynamicCPScheduler, so a checkout must be
+    from when it existed)."""
     for relative in (UTILS_FILE, SCHEDULE_FILE):
         if not os.path.isfile(os.path.join(path, relative)):
             raise ValueError(f"{os.path.join(path, relative)} not found: --upstream-megatron "
                              "must point at a Megatron-LM checkout that has it")
+    with open(os.path.join(path, SCHEDULE_FILE), encoding="utf-8") as handle:
+        source = handle.read()
+    for name in SCHEDULER_CLASSES:
+        if f"class {name}" not in source:
+            raise ValueError(f"{os.path.join(path, SCHEDULE_FILE)} has no class {name}: "
+                             f"--upstream-megatron needs a Megatron-LM checkout that has it "
+                             f"(e.g. commit {KNOWN_GOOD_COMMIT})")
 
 
 def run_upstream(path: str, jobs: list[dict]) -> list[dict]:

@@ -81,6 +81,20 @@ def test_missing_checkout_is_a_one_line_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_checkout_without_the_schedulers_is_a_one_line_error(fake_checkout, tmp_path):
+    """Newer Megatron-LM dev has data_schedule.py without DefaultDynamicCPScheduler."""
+    schedule = tmp_path / "megatron" / "core" / "datasets" / "data_schedule.py"
+    schedule.write_text(FAKE_SCHEDULE.split("class DefaultDynamicCPScheduler")[0])
+    with pytest.raises(ValueError, match="has no class DefaultDynamicCPScheduler"):
+        check_checkout(fake_checkout)
+    result = subprocess.run([sys.executable, "tools/benchmark_schedulers.py", "--quick",
+                             "--out", str(tmp_path / "out"), "--upstream-megatron",
+                             fake_checkout], capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "DefaultDynamicCPScheduler" in lines[0] and "--upstream-megatron" in lines[0]
+
+
 def test_evaluation_matches_our_critical_path():
     """The evaluator recomputes the critical path from ranks' sample lists alone; on our own
     schedules it must agree with metrics.critical_path."""
