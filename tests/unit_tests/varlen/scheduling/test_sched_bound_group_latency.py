@@ -110,3 +110,18 @@ def test_hand_solved_instance_is_strictly_tighter():
 def test_empty_problem_has_zero_bound():
     problem = ScheduleProblem(lengths=(), dp_size=2, cp_size=1, max_seqlen_per_rank=64)
     assert group_latency_bound(problem) == 0.0
+
+
+def test_bag_full_in_time_and_tokens_is_charged_its_latency_once():
+    """2 ranks, only size 2 (min CP 2), attention only, d = 100, budget 16, lengths 16, 4, 4,
+    4, 4. By hand the optimum is one bag of all five: 256 / 2 + 4 * 16 / 2 + 100 = 260 with 8 +
+    4 * 2 = 16 tokens per rank (two micro-batches pay 2 d = 200 of latency alone). The group is
+    full in tokens and, at C = 260, in time: f(C) = (320 + 200 * 160 / (C - 100)) / 2 has its
+    fixed point at exactly 260. The shares must add up linearly: charging each sequence the
+    larger of its time share and its token share (16's 0.8 by time, each 4's 0.125 by tokens)
+    would charge this group 1.3 times its latency, above the optimum."""
+    problem = ScheduleProblem(lengths=(16, 4, 4, 4, 4), dp_size=1, cp_size=2, min_cp_size=2,
+                              max_seqlen_per_rank=16, cost=CostModel(a=1.0, b=0.0, g=0.0, d=100.0))
+    assert solve_exactly(problem).critical_path == pytest.approx(260.0)
+    assert group_latency_bound(problem) == pytest.approx(260.0, rel=1e-8)
+    assert group_latency_bound(problem) <= 260.0 * (1 + TOLERANCE)
