@@ -21,7 +21,8 @@ per rank): the critical path is total work / N plus the sum of these excesses.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import math
+from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heapreplace
 from typing import Callable
 
@@ -29,6 +30,7 @@ from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.draft import MicrobatchDraft
 from megatron.varlen.scheduling.lpt_rounds import lpt_in_rounds
 from megatron.varlen.scheduling.pricing import ItemPricing
+from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
 # Try growth variants only when more than this fraction of a micro-batch's rank-time is idle.
@@ -229,28 +231,57 @@ def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequen
     return pos
 
 
-def _best_fit(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue, block: int,
-              time_room: float) -> tuple[int, int, float, int] | None:
-    """Longest queued sequence that fits ``block`` within ``time_room`` and the budget:
-    (position, sequence, time, tokens), or None."""
-    size = draft.sizes[block]
-    token_room = pricing.budget - draft.tokens[block]
-    if token_room * size < pricing.lengths[queue.order[-1]]:
-        return None  # not even the batch's shortest sequence fits the tokens left
-    max_length = pricing.max_fitting_length(size, time_room, token_room)
-    if max_length < 1:
-        return None
-    pos = queue.fit_position(max_length)
-    for _ in range(BEST_FIT_PROBES):  # padding can push the longest candidates over
-        if pos >= queue.end:
+def _hole_search(pricing: ItemPricing,
+                 queue: SequenceQueue) -> Callable[[int, float, int], tuple | None]:
+    """Best fit for phase 2: ``fit(size, time_room, token_room)`` is the longest queued
+    sequence that fits a block of ``size`` ranks within ``time_room`` and ``token_room``, as
+    (position, sequence, time, tokens), or None.
+
+    The longest length whose time fits is the root of the cost's quadratic, rounded down to
+    the size's padding multiple (a real length fits iff its padded length does); a bisection
+    finds it in the queue, and padding may push the first few candidates over. Prices, the
+    root and the queue steps are bound as closure locals and inlined: this runs once per hole
+    (hundreds per call), where nested calls cost more than the search itself."""
+    order, lengths, min_size = pricing.order, pricing.lengths, pricing.min_size
+    min_time, min_tokens, time_tokens = pricing.min_time, pricing.min_tokens, pricing.time_tokens
+    a, b, g, sp_factor = pricing.a, pricing.b, pricing.g, pricing.sp_factor
+    four_a, two_a = 4.0 * a, 2.0 * a
+    negated, first, end = queue.negated_lengths, queue.first, queue.end
+    shortest = lengths[order[-1]]
+    per_size: dict[int, tuple[float, float, int]] = {}
+
+    def fit(size: int, time_room: float, token_room: int) -> tuple[int, int, float, int] | None:
+        if token_room * size < shortest:
+            return None  # not even the batch's shortest sequence fits the tokens left
+        constants = per_size.get(size)
+        if constants is None:
+            linear = b + (g * (size - 1) if size > 1 else 0.0)
+            multiple = CHUNKS_PER_CP_RANK * size * sp_factor if size > 1 else sp_factor
+            constants = per_size[size] = (linear, linear * linear, multiple)
+        linear, linear_squared, multiple = constants
+        scaled = size * time_room
+        if a > 0.0:
+            by_time = (math.sqrt(linear_squared + four_a * scaled) - linear) / two_a
+        else:
+            by_time = scaled / linear
+        max_length = int(min(by_time, token_room * size)) // multiple * multiple
+        if max_length < 1:
             return None
-        seq = queue.order[pos]
-        if pricing.min_size[seq] <= size:
-            time, tokens = pricing.time_tokens(seq, size)
-            if time <= time_room and tokens <= token_room:
-                return pos, seq, time, tokens
-        pos = queue.first(pos + 1)
-    return None
+        pos = first(bisect_left(negated, -max_length))
+        for _ in range(BEST_FIT_PROBES):
+            if pos >= end:
+                return None
+            seq = order[pos]
+            if min_size[seq] <= size:
+                if min_size[seq] == size:
+                    time, tokens = min_time[seq], min_tokens[seq]
+                else:
+                    time, tokens = time_tokens(seq, size)
+                if time <= time_room and tokens <= token_room:
+                    return pos, seq, time, tokens
+            pos = first(pos + 1)
+        return None
+    return fit
 
 
 def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue) -> None:
@@ -258,7 +289,8 @@ def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     A block that fits nothing now never will (rooms only shrink), so it leaves the heap; once
     the largest room is below the time of the shortest queued sequence (on any block size:
     a sequence's time grows with its length, and the shortest queued one only gets longer as
-    the queue shrinks), no block can take anything."""
+    the queue shrinks), no block can take anything. Block and queue updates are inlined
+    (``draft.add``, ``queue.take``): this loop runs once per hole."""
     if not queue.remaining:
         return
     level = draft.level
@@ -267,19 +299,26 @@ def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     shortest = queue.order[queue.last()]
     floor = min((pricing.time_tokens(shortest, size)[0] for size in set(draft.sizes)),
                 default=0.0)
-    while heap and queue.remaining:
+    fit, budget, min_work = _hole_search(pricing, queue), pricing.budget, pricing.min_work
+    sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
+    available, remaining, absorbed = queue.next_available, queue.remaining, draft.absorbed_work
+    while heap and remaining:
         top_time, block = heap[0]
         if level - top_time < floor:
-            return
-        found = _best_fit(draft, pricing, queue, block, level - top_time)
+            break
+        found = fit(sizes[block], level - top_time, budget - tokens[block])
         if found is None:
             heappop(heap)
             continue
-        pos, seq, time, tokens = found
-        draft.add(block, seq, time, tokens)
-        draft.absorbed_work += pricing.min_work[seq]
-        queue.take(pos)
-        heapreplace(heap, (draft.times[block], block))
+        pos, seq, time, seq_tokens = found
+        times[block] += time
+        tokens[block] += seq_tokens
+        members[block].append(seq)
+        absorbed += min_work[seq]
+        available[pos] = pos + 1  # queue.take(pos): fit returned an available position
+        remaining -= 1
+        heapreplace(heap, (times[block], block))
+    queue.remaining, draft.absorbed_work = remaining, absorbed
 
 
 def build_microbatch(pricing: ItemPricing, queue: SequenceQueue,

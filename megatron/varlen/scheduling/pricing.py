@@ -6,7 +6,6 @@ Vectorised with numpy once per global batch, then handed to the packing loops as
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,20 +69,6 @@ class ItemPricing:
             if candidate > size:
                 return candidate
         return None
-
-    def max_fitting_length(self, size: int, time_room: float, token_room: int) -> int:
-        """Upper bound on the length of a sequence whose per-rank time on ``size`` ranks is at
-        most ``time_room`` and whose per-rank tokens are at most ``token_room``."""
-        linear = self.b + (self.g * (size - 1) if size > 1 else 0.0)
-        scaled = size * time_room
-        if self.a > 0.0:
-            root = math.sqrt(linear * linear + 4.0 * self.a * scaled)
-            by_time = (root - linear) / (2.0 * self.a)
-        else:
-            by_time = scaled / linear
-        multiple = CHUNKS_PER_CP_RANK * size * self.sp_factor if size > 1 else self.sp_factor
-        # A real length fits iff its padded length does: round the bound down to the multiple.
-        return int(min(by_time, token_room * size)) // multiple * multiple
 
 
 def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str) -> ItemPricing:

@@ -2,12 +2,10 @@
 
 Sequences leave from the front (the next longest) and from anywhere (best fit for a hole), so
 the queue is a sorted array plus a "next available position" union-find with path compression:
-``first(pos)`` and ``take(pos)`` are amortised near O(1), ``fit_position`` is a bisection.
+``first(pos)`` and ``take(pos)`` are amortised near O(1); best fit bisects ``negated_lengths``.
 """
 
 from __future__ import annotations
-
-from bisect import bisect_left
 
 
 class SequenceQueue:
@@ -15,8 +13,9 @@ class SequenceQueue:
 
     def __init__(self, order: list[int], lengths: list[int]) -> None:
         self.order = order
-        # Negated lengths ascend along the order, which bisect needs.
-        self._negated = [-lengths[seq] for seq in order]
+        # Negated lengths ascend along the order, which bisect needs (the hole search
+        # bisects it directly to skip a call).
+        self.negated_lengths = [-lengths[seq] for seq in order]
         # next_available[p] == p iff position p is available; otherwise it points further right
         # (the union-find parent). Hot loops may read it directly to skip a call.
         self.next_available = list(range(len(order) + 1))  # len(order) is the sentinel
@@ -28,7 +27,7 @@ class SequenceQueue:
     def copy(self) -> "SequenceQueue":
         """An independent copy (for trying alternative micro-batches)."""
         clone = SequenceQueue.__new__(SequenceQueue)
-        clone.order, clone._negated = self.order, self._negated
+        clone.order, clone.negated_lengths = self.order, self.negated_lengths
         clone.next_available, clone.remaining = list(self.next_available), self.remaining
         clone._last_hint = self._last_hint
         return clone
@@ -75,7 +74,3 @@ class SequenceQueue:
         assert self.next_available[pos] == pos < len(self.order), f"position {pos} already taken"
         self.next_available[pos] = pos + 1
         self.remaining -= 1
-
-    def fit_position(self, max_length: int) -> int:
-        """First available position whose sequence is at most ``max_length`` long."""
-        return self.first(bisect_left(self._negated, -max_length))
