@@ -46,6 +46,8 @@ FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ran
 # From this many blocks on, LPT places sequences in numpy rounds (lpt_rounds.py); below, the
 # per-round numpy overhead costs more than the heap steps it replaces.
 LPT_ROUNDS_MIN_BLOCKS = 1024  # measured break-even: about 512 blocks
+# Above every (time, block) entry: the least raised entry of a round before any is raised.
+_ABOVE_ALL = (math.inf, -1)
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -124,15 +126,19 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     heaps: dict[int, list] = {}
     size_of = _capped_sizer(pricing, cap)
     pos = _open_blocks(draft, pricing, queue, size_of, heaps)
+    order, min_size = pricing.order, pricing.min_size
+    if cap is None and len(heaps) == 1 and pos < queue.end:
+        (size,) = heaps
+        if min_size[order[pos]] == size:
+            pos = _lpt_single_size(draft, pricing, queue, heaps, pos)
+            if pos >= queue.end or min_size[order[pos]] == size:
+                return  # stopped on the budget, not on a smaller sequence
+    for heap in heaps.values():
+        heapify(heap)
     level = draft.level  # kept up to date below: max() per sequence would cost O(N)
     while pos < queue.end:
-        if cap is None and len(heaps) == 1:
-            pos = _lpt_single_size(draft, pricing, queue, heaps, pos)
-            if pos >= queue.end or pricing.min_size[pricing.order[pos]] == draft.sizes[0]:
-                return  # stopped on the budget, not on a smaller sequence
-            level = draft.level
-        seq = pricing.order[pos]
-        size = pricing.min_size[seq] if size_of is None else size_of(seq)[0]
+        seq = order[pos]
+        size = min_size[seq] if size_of is None else size_of(seq)[0]
         best = _best_block(draft, pricing, heaps, seq, size)
         if best is None or _should_stop_front(draft, pricing, heaps, seq, best, level):
             return
@@ -149,7 +155,8 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
                  size_of: Callable[[int], tuple[int, float, int]] | None,
                  heaps: dict[int, list]) -> int:
     """Each front sequence opens its own block while enough ranks are free; returns the
-    position of the first sequence that did not. Prices, block bookkeeping and queue steps are
+    position of the first sequence that did not. ``heaps`` gets the (time, block) entries of
+    each size in block order, not yet heapified. Prices, block bookkeeping and queue steps are
     inlined: this loop runs once per rank per micro-batch."""
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, d = pricing.min_tokens, pricing.min_work, pricing.d
@@ -160,6 +167,10 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     while pos < end:
         seq = order[pos]
         if size_of is None:
+            if min_size[seq] == 1:  # so are all that follow (sizes fall with the length)
+                pos, free, absorbed, taken = _open_one_rank_blocks(
+                    draft, pricing, queue, heaps, pos, free, absorbed, taken)
+                break
             size, time, seq_tokens = min_size[seq], min_time[seq], min_tokens[seq]
         else:
             size, time, seq_tokens = size_of(seq)
@@ -170,65 +181,128 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
         heap = heaps.get(size)
         if heap is None:
             heaps[size] = heap = []
-        heap.append((time, len(sizes)))  # heapified below
+        heap.append((time, len(sizes)))
         sizes.append(size)
         times.append(time)
         tokens.append(seq_tokens)
         members.append([seq])
         free -= size
         absorbed += min_work[seq]
-        available[pos] = pos + 1
         taken += 1
         pos += 1
         if available[pos] != pos:
             pos = queue.first(pos)
     draft.free_ranks, draft.absorbed_work = free, draft.absorbed_work + absorbed
     queue.remaining -= taken
-    queue.skip_taken(start, pos)  # everything before pos is taken now
-    for heap in heaps.values():
-        heapify(heap)
+    queue.skip_taken(start, pos)  # everything before pos is taken now (and not yet linked)
     return pos
+
+
+def _open_one_rank_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+                          heaps: dict[int, list], pos: int, free: int, absorbed: float,
+                          taken: int) -> tuple[int, int, float, int]:
+    """``_open_blocks`` for front sequences whose minimum group is one rank: the next ``free``
+    queued sequences each open a one-rank block. Per run of available queue positions (holes
+    filled from the queue leave gaps), one slice and a comprehension per list instead of a
+    loop step per sequence: most blocks of most micro-batches are opened here. Returns the
+    loop's (position, free ranks, absorbed work, taken) as it would have left them."""
+    order, available, end = pricing.order, queue.next_available, queue.end
+    min_time, min_tokens, min_work = pricing.min_time, pricing.min_tokens, pricing.min_work
+    sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
+    if not free:
+        return pos, free, absorbed, taken
+    entries = heaps.setdefault(1, [])  # pos is available: at least one block opens
+    while free and pos < end:
+        stop = min(pos + free, end)
+        if available[pos:stop] != list(range(pos, stop)):  # a gap: the run ends before it
+            limit, stop = stop, pos + 1
+            while stop < limit and available[stop] == stop:
+                stop += 1
+        seqs = order[pos:stop]
+        seq_times = [min_time[seq] for seq in seqs]
+        entries += zip(seq_times, range(len(sizes), len(sizes) + len(seqs)))
+        sizes += [1] * len(seqs)
+        times += seq_times
+        tokens += [min_tokens[seq] for seq in seqs]
+        members += [[seq] for seq in seqs]
+        for seq in seqs:  # one by one in order, as the loop would (the same sum to the bit)
+            absorbed += min_work[seq]
+        free, taken = free - len(seqs), taken + len(seqs)
+        pos = queue.first(stop)
+    return pos, free, absorbed, taken
 
 
 def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
                      heaps: dict[int, list], pos: int) -> int:
-    """LPT onto blocks of one size for sequences whose minimum size is that size (inlined
-    prices and queue steps: this loop handles most sequences). Returns the stop position."""
-    (size, heap), = heaps.items()
+    """LPT onto blocks of one size for sequences whose minimum size is that size. ``heaps``
+    holds the blocks' (time, block) entries in block order on entry, a heap on return.
+    Returns the stop position (the token budget, or a smaller sequence)."""
+    (size, entries), = heaps.items()
     absorbed, taken, start = 0.0, 0, pos
-    if len(heap) >= LPT_ROUNDS_MIN_BLOCKS:
-        pos, finished, absorbed, taken = lpt_in_rounds(draft, pricing, queue, heap, size, pos,
+    if len(entries) >= LPT_ROUNDS_MIN_BLOCKS:
+        pos, finished, absorbed, taken = lpt_in_rounds(draft, pricing, queue, entries, size, pos,
                                                        absorbed)
-        if finished:
-            draft.absorbed_work += absorbed
-            queue.remaining -= taken
-            queue.skip_taken(start, pos)
-            return pos
+        loads = None if finished else sorted(entries)
+    else:
+        # Opened longest first, so times do not grow along the block order: reversed, the
+        # entries are nearly sorted and the sort is about one pass.
+        loads = sorted(reversed(entries))
+    if loads is not None:
+        pos, absorbed, taken = _lpt_sorted_rounds(draft, pricing, queue, loads, size, pos,
+                                                  absorbed, taken)
+        entries[:] = loads
+        heapify(entries)
+    draft.absorbed_work += absorbed
+    queue.remaining -= taken
+    queue.skip_taken(start, pos)  # everything before pos is taken now (and not yet linked)
+    return pos
+
+
+def _lpt_sorted_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+                       loads: list, size: int, pos: int, absorbed: float,
+                       taken: int) -> tuple[int, float, int]:
+    """The placements of a heap of ``loads`` (one (time, block) per block, sorted; the blocks
+    left as they end up): each sequence to the least (time, block), without a heap step.
+
+    The next unraised entry of the sorted list is the least of all unless a block raised in
+    this round has come below it (exact tuple comparison: the heap's own order, ties to the
+    lower block); then the raised entries are merged back in one sort of two runs. Sequences
+    come longest first, so a raised block mostly moves behind the rest and rounds are long:
+    a comparison per sequence instead of a dozen in a heap step. Prices, block bookkeeping
+    and queue steps are inlined (this loop places most sequences). Returns (position,
+    absorbed, taken); the caller links the taken positions (``queue.skip_taken``)."""
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, budget = pricing.min_tokens, pricing.min_work, pricing.budget
     times, tokens, members = draft.times, draft.tokens, draft.members
     available, end = queue.next_available, queue.end
+    nxt, raised, lowest, count = 0, [], _ABOVE_ALL, len(loads)
     while pos < end:
         seq = order[pos]
-        top_time, block = heap[0]
+        if min_size[seq] != size:
+            break
+        if nxt == count or lowest < loads[nxt]:  # a raised block is the least: merge
+            loads[:] = sorted(loads[nxt:] + raised)
+            nxt, raised, lowest = 0, [], _ABOVE_ALL
+        top_time, block = loads[nxt]
         new_tokens = tokens[block] + min_tokens[seq]
-        if min_size[seq] != size or new_tokens > budget:
+        if new_tokens > budget:
             break
         new_time = top_time + min_time[seq]
         times[block] = new_time
         tokens[block] = new_tokens
         members[block].append(seq)
-        heapreplace(heap, (new_time, block))
+        entry = (new_time, block)
+        if entry < lowest:
+            lowest = entry
+        raised.append(entry)
+        nxt += 1
         absorbed += min_work[seq]
-        available[pos] = pos + 1
         taken += 1
-        pos += 1
+        pos += 1  # the taken positions are linked by the caller, not one by one
         if available[pos] != pos:
             pos = queue.first(pos)
-    draft.absorbed_work += absorbed
-    queue.remaining -= taken
-    queue.skip_taken(start, pos)  # everything before pos is taken now
-    return pos
+    loads[:] = loads[nxt:] + raised
+    return pos, absorbed, taken
 
 
 def _hole_search(pricing: ItemPricing,

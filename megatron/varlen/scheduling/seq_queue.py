@@ -63,9 +63,9 @@ class SequenceQueue:
     def skip_taken(self, start: int, stop: int) -> None:
         """Links every position of ``start..stop-1`` (all taken) straight to ``stop``.
 
-        The hot loops take a run of front positions one link at a time (p -> p + 1); the
-        next ``first`` would walk that chain. One slice store instead makes it a single hop
-        (same answers: only the links change)."""
+        The front loops take runs of front positions without linking them one by one (a
+        store per sequence); this one slice store links the run in a single hop, so the
+        next ``first`` does not walk it either."""
         if stop > start:
             self.next_available[start:stop] = [stop] * (stop - start)
 

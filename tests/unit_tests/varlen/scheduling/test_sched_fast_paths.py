@@ -4,15 +4,19 @@
   tuples repeated per size run) and the plain per-block, per-sequence layout, on generated
   drafts: every mix of block sizes of a doubling chain, idle ranks, empty micro-batches,
   sequence-parallel padding;
+* LPT in sorted rounds (packing._lpt_sorted_rounds) and one-rank blocks opened per run
+  (packing._open_one_rank_blocks) and a plain heap step and a plain loop step per sequence,
+  on generated batches full of ties, holes, budget stops and mixed group sizes;
 * price_items' packing order (one sort of packed keys) and per-rank tokens (no division)
   and a stable argsort and padded_length // size, on generated batches full of ties."""
 
 import random
+from heapq import heapify, heapreplace
 
 import numpy as np
 
-from megatron.varlen.scheduling import CostModel, ScheduleProblem
-from megatron.varlen.scheduling import pricing
+from megatron.varlen.scheduling import CostModel, ScheduleProblem, get_scheduler
+from megatron.varlen.scheduling import packing, pricing
 from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
 from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK, Schedule, padded_length
 
@@ -90,3 +94,63 @@ def test_packing_order_falls_back_to_argsort_for_huge_lengths():
     lengths = np.asarray([5, 1 << 55, 5, 1 << 55, 7], dtype=np.int64)
     assert pricing._packing_order(lengths) == [1, 3, 4, 0, 2]
     assert pricing._packing_order(np.asarray([], dtype=np.int64)) == []
+
+
+def _plain_lpt(draft, prices, queue, loads, size, pos, absorbed, taken):
+    """One heap step per sequence onto the least (time, block); same contract as
+    packing._lpt_sorted_rounds (``loads`` left holding every block's entry)."""
+    heapify(loads)
+    while pos < queue.end:
+        seq = prices.order[pos]
+        top_time, block = loads[0]
+        new_tokens = draft.tokens[block] + prices.min_tokens[seq]
+        if prices.min_size[seq] != size or new_tokens > prices.budget:
+            break
+        draft.times[block] = top_time + prices.min_time[seq]
+        draft.tokens[block] = new_tokens
+        draft.members[block].append(seq)
+        heapreplace(loads, (draft.times[block], block))
+        absorbed += prices.min_work[seq]
+        taken += 1
+        pos = queue.first(pos + 1)
+    return pos, absorbed, taken
+
+
+def _plain_open_one_rank_blocks(draft, prices, queue, heaps, pos, free, absorbed, taken):
+    """One loop step per one-rank block."""
+    while free and pos < queue.end:
+        seq = prices.order[pos]
+        heaps.setdefault(1, []).append((prices.min_time[seq], len(draft.sizes)))
+        draft.sizes.append(1)
+        draft.times.append(prices.min_time[seq])
+        draft.tokens.append(prices.min_tokens[seq])
+        draft.members.append([seq])
+        absorbed += prices.min_work[seq]
+        free, taken = free - 1, taken + 1
+        queue.next_available[pos] = pos + 1
+        pos = queue.first(pos + 1)
+    return pos, free, absorbed, taken
+
+
+def _lpt_problems():
+    rng = random.Random(17)
+    costs = (CostModel(), CostModel(a=1.0, b=0.0, g=0.0, d=0.0),
+             CostModel(a=0.0, b=1.0, g=0.0, d=0.0))
+    for index in range(30):
+        num_ranks, cp_size = rng.choice([(8, 1), (16, 2), (32, 4), (64, 2)])
+        budget = rng.choice([512, 1024, 4096])
+        # Few distinct lengths: equal loads, so ties between blocks are everywhere.
+        distinct = [rng.randint(16, budget * cp_size) for _ in range(rng.randint(2, 6))]
+        lengths = tuple(rng.choice(distinct) if rng.random() < 0.9 else rng.randint(1, 64)
+                        for _ in range(rng.randint(num_ranks, 20 * num_ranks)))
+        yield ScheduleProblem(lengths=lengths, dp_size=num_ranks // cp_size, cp_size=cp_size,
+                              max_seqlen_per_rank=budget, cost=costs[index % len(costs)])
+
+
+def test_sorted_rounds_and_run_opening_match_plain_steps(monkeypatch):
+    problems = list(_lpt_problems())
+    schedulers = [get_scheduler(name) for name in ("default_dynamic_cp", "dp_balanced")]
+    fast = [scheduler(problem) for problem in problems for scheduler in schedulers]
+    monkeypatch.setattr(packing, "_lpt_sorted_rounds", _plain_lpt)
+    monkeypatch.setattr(packing, "_open_one_rank_blocks", _plain_open_one_rank_blocks)
+    assert [scheduler(problem) for problem in problems for scheduler in schedulers] == fast
