@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import mul
 
 import numpy as np
 
@@ -44,11 +45,11 @@ class MicrobatchDraft:
     @property
     def num_items(self) -> int:
         """Number of sequences in the micro-batch."""
-        return sum(len(block) for block in self.members)
+        return sum(map(len, self.members))
 
     def busy_rank_time(self) -> float:
         """Sum over ranks of their time (idle ranks contribute 0)."""
-        return sum(size * time for size, time in zip(self.sizes, self.times))
+        return sum(map(mul, self.sizes, self.times))  # in C: the same additions, in order
 
     def item_ids(self) -> list[int]:
         """All sequence ids in the micro-batch."""

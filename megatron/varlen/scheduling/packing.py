@@ -368,11 +368,13 @@ def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     if not queue.remaining:
         return
     level = draft.level
-    heap = [(time, block) for block, time in enumerate(draft.times)]
-    heapify(heap)
     shortest = queue.order[queue.last()]
     floor = min((pricing.time_tokens(shortest, size)[0] for size in set(draft.sizes)),
                 default=0.0)
+    if level - min(draft.times, default=level) < floor:
+        return  # the loop's first check would stop: most micro-batches have no hole
+    heap = [(time, block) for block, time in enumerate(draft.times)]
+    heapify(heap)
     fit, budget, min_work = _hole_search(pricing, queue), pricing.budget, pricing.min_work
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
     available, remaining, absorbed = queue.next_available, queue.remaining, draft.absorbed_work
