@@ -156,8 +156,9 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
                  heaps: dict[int, list]) -> int:
     """Each front sequence opens its own block while enough ranks are free; returns the
     position of the first sequence that did not. ``heaps`` gets the (time, block) entries of
-    each size in block order, not yet heapified. Prices, block bookkeeping and queue steps are
-    inlined: this loop runs once per rank per micro-batch."""
+    each size in block order, not yet heapified. Runs of sequences on their minimum group go
+    to ``_open_run``; capped sizes above one rank take a step each here, with prices, block
+    bookkeeping and queue steps inlined."""
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, d = pricing.min_tokens, pricing.min_work, pricing.d
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
@@ -167,15 +168,15 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     while pos < end:
         seq = order[pos]
         if size_of is None:
-            if min_size[seq] == 1:  # so are all that follow (sizes fall with the length)
-                pos, free, absorbed, taken = _open_one_rank_blocks(
-                    draft, pricing, queue, heaps, pos, free, absorbed, taken)
-                break
             size, time, seq_tokens = min_size[seq], min_time[seq], min_tokens[seq]
         else:
             size, time, seq_tokens = size_of(seq)
         if free < size:
             break
+        if size_of is None or size == 1:  # sizes fall with the length, capped or not
+            pos, free, absorbed, taken = _open_run(draft, pricing, queue, heaps, pos, free,
+                                                   absorbed, taken, size)
+            continue
         if size > 1:
             time += d * (size - 1)
         heap = heaps.get(size)
@@ -198,36 +199,45 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
     return pos
 
 
-def _open_one_rank_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
-                          heaps: dict[int, list], pos: int, free: int, absorbed: float,
-                          taken: int) -> tuple[int, int, float, int]:
-    """``_open_blocks`` for front sequences whose minimum group is one rank: the next ``free``
-    queued sequences each open a one-rank block. Per run of available queue positions (holes
-    filled from the queue leave gaps), one slice and a comprehension per list instead of a
-    loop step per sequence: most blocks of most micro-batches are opened here. Returns the
-    loop's (position, free ranks, absorbed work, taken) as it would have left them."""
+def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+              heaps: dict[int, list], pos: int, free: int, absorbed: float, taken: int,
+              size: int) -> tuple[int, int, float, int]:
+    """``_open_blocks`` for a run of front sequences on their minimum group of ``size`` ranks
+    (one rank also under a cap: then it is their minimum): each opens a block while ``size``
+    ranks are free. Per stretch of available queue positions (filled holes leave gaps), one
+    slice and a comprehension per list instead of a loop step per sequence: most blocks of
+    most micro-batches are opened here. Returns the loop's (position, free ranks, absorbed
+    work, taken) as it would have left them."""
     order, available, end = pricing.order, queue.next_available, queue.end
-    min_time, min_tokens, min_work = pricing.min_time, pricing.min_tokens, pricing.min_work
+    min_size, min_time = pricing.min_size, pricing.min_time
+    min_tokens, min_work = pricing.min_tokens, pricing.min_work
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
-    if not free:
-        return pos, free, absorbed, taken
-    entries = heaps.setdefault(1, [])  # pos is available: at least one block opens
-    while free and pos < end:
-        stop = min(pos + free, end)
-        if available[pos:stop] != list(range(pos, stop)):  # a gap: the run ends before it
+    latency = pricing.d * (size - 1)
+    entries = heaps.setdefault(size, [])
+    while free >= size and pos < end and min_size[order[pos]] == size:
+        stop = min(pos + free // size, end)
+        if available[pos:stop] != list(range(pos, stop)):  # a gap: the stretch ends there
             limit, stop = stop, pos + 1
             while stop < limit and available[stop] == stop:
                 stop += 1
         seqs = order[pos:stop]
-        seq_times = [min_time[seq] for seq in seqs]
+        if min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
+            stop = pos + 1
+            while min_size[order[stop]] == size:
+                stop += 1
+            seqs = order[pos:stop]
+        if size > 1:
+            seq_times = [min_time[seq] + latency for seq in seqs]
+        else:
+            seq_times = [min_time[seq] for seq in seqs]
         entries += zip(seq_times, range(len(sizes), len(sizes) + len(seqs)))
-        sizes += [1] * len(seqs)
+        sizes += [size] * len(seqs)
         times += seq_times
         tokens += [min_tokens[seq] for seq in seqs]
         members += [[seq] for seq in seqs]
         for seq in seqs:  # one by one in order, as the loop would (the same sum to the bit)
             absorbed += min_work[seq]
-        free, taken = free - len(seqs), taken + len(seqs)
+        free, taken = free - size * len(seqs), taken + len(seqs)
         pos = queue.first(stop)
     return pos, free, absorbed, taken
 

@@ -4,8 +4,8 @@
   tuples repeated per size run) and the plain per-block, per-sequence layout, on generated
   drafts: every mix of block sizes of a doubling chain, idle ranks, empty micro-batches,
   sequence-parallel padding;
-* LPT in sorted rounds (packing._lpt_sorted_rounds) and one-rank blocks opened per run
-  (packing._open_one_rank_blocks) and a plain heap step and a plain loop step per sequence,
+* LPT in sorted rounds (packing._lpt_sorted_rounds) and blocks opened per run of equal sizes
+  (packing._open_run) and a plain heap step and a plain loop step per sequence,
   on generated batches full of ties, holes, budget stops and mixed group sizes;
 * price_items' packing order (one sort of packed keys) and per-rank tokens (no division)
   and a stable argsort and padded_length // size, on generated batches full of ties."""
@@ -116,17 +116,18 @@ def _plain_lpt(draft, prices, queue, loads, size, pos, absorbed, taken):
     return pos, absorbed, taken
 
 
-def _plain_open_one_rank_blocks(draft, prices, queue, heaps, pos, free, absorbed, taken):
-    """One loop step per one-rank block."""
-    while free and pos < queue.end:
+def _plain_open_run(draft, prices, queue, heaps, pos, free, absorbed, taken, size):
+    """One loop step per block."""
+    while free >= size and pos < queue.end and prices.min_size[prices.order[pos]] == size:
         seq = prices.order[pos]
-        heaps.setdefault(1, []).append((prices.min_time[seq], len(draft.sizes)))
-        draft.sizes.append(1)
-        draft.times.append(prices.min_time[seq])
+        time = prices.min_time[seq] + (prices.d * (size - 1) if size > 1 else 0.0)
+        heaps.setdefault(size, []).append((time, len(draft.sizes)))
+        draft.sizes.append(size)
+        draft.times.append(time)
         draft.tokens.append(prices.min_tokens[seq])
         draft.members.append([seq])
         absorbed += prices.min_work[seq]
-        free, taken = free - 1, taken + 1
+        free, taken = free - size, taken + 1
         queue.next_available[pos] = pos + 1
         pos = queue.first(pos + 1)
     return pos, free, absorbed, taken
@@ -147,10 +148,24 @@ def _lpt_problems():
                               max_seqlen_per_rank=budget, cost=costs[index % len(costs)])
 
 
+def _packed(problems):
+    """Every draft's blocks (sizes, times, tokens, members) and absorbed work, as packed."""
+    result = []
+    for problem in problems:
+        for sizes in (problem.layout.sequence_sizes, (problem.cp_size,)):
+            prices = pricing.price_items(problem, sizes, "")
+            result.append([(draft.sizes, draft.times, draft.tokens, draft.members,
+                            draft.absorbed_work)
+                           for draft in packing.pack_sequences(prices, allow_growth=True)])
+    return result
+
+
 def test_sorted_rounds_and_run_opening_match_plain_steps(monkeypatch):
     problems = list(_lpt_problems())
     schedulers = [get_scheduler(name) for name in ("default_dynamic_cp", "dp_balanced")]
     fast = [scheduler(problem) for problem in problems for scheduler in schedulers]
+    fast_drafts = _packed(problems)
     monkeypatch.setattr(packing, "_lpt_sorted_rounds", _plain_lpt)
-    monkeypatch.setattr(packing, "_open_one_rank_blocks", _plain_open_one_rank_blocks)
+    monkeypatch.setattr(packing, "_open_run", _plain_open_run)
     assert [scheduler(problem) for problem in problems for scheduler in schedulers] == fast
+    assert _packed(problems) == fast_drafts
