@@ -204,28 +204,21 @@ def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
               size: int) -> tuple[int, int, float, int]:
     """``_open_blocks`` for a run of front sequences on their minimum group of ``size`` ranks
     (one rank also under a cap: then it is their minimum): each opens a block while ``size``
-    ranks are free. Per stretch of available queue positions (filled holes leave gaps), one
-    slice and a comprehension per list instead of a loop step per sequence: most blocks of
-    most micro-batches are opened here. Returns the loop's (position, free ranks, absorbed
-    work, taken) as it would have left them."""
-    order, available, end = pricing.order, queue.next_available, queue.end
-    min_size, min_time = pricing.min_size, pricing.min_time
-    min_tokens, min_work = pricing.min_tokens, pricing.min_work
+    ranks are free. A comprehension per list instead of a loop step per sequence: most
+    blocks of most micro-batches are opened here. Returns the loop's (position, free ranks,
+    absorbed work, taken) as it would have left them."""
+    order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
+    min_tokens, min_work, end = pricing.min_tokens, pricing.min_work, queue.end
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
     latency = pricing.d * (size - 1)
     entries = heaps.setdefault(size, [])
     while free >= size and pos < end and min_size[order[pos]] == size:
-        stop = min(pos + free // size, end)
-        if available[pos:stop] != list(range(pos, stop)):  # a gap: the stretch ends there
-            limit, stop = stop, pos + 1
-            while stop < limit and available[stop] == stop:
-                stop += 1
-        seqs = order[pos:stop]
+        seqs, positions = _next_available(pricing, queue, pos, free // size)
         if min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
-            stop = pos + 1
-            while min_size[order[stop]] == size:
-                stop += 1
-            seqs = order[pos:stop]
+            cut = 1
+            while min_size[seqs[cut]] == size:
+                cut += 1
+            seqs, positions = seqs[:cut], positions[:cut + 1]
         if size > 1:
             seq_times = [min_time[seq] + latency for seq in seqs]
         else:
@@ -238,8 +231,27 @@ def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
         for seq in seqs:  # one by one in order, as the loop would (the same sum to the bit)
             absorbed += min_work[seq]
         free, taken = free - size * len(seqs), taken + len(seqs)
-        pos = queue.first(stop)
+        pos = queue.first(positions[len(seqs)] if len(positions) > len(seqs) else
+                          positions[-1] + 1)
     return pos, free, absorbed, taken
+
+
+def _next_available(pricing: ItemPricing, queue: SequenceQueue, pos: int,
+                    most: int) -> tuple[list[int], range | list[int]]:
+    """The sequences of the next ``most`` available queue positions from ``pos`` (available)
+    and those positions. Filled holes leave taken positions among them; usually there are
+    none, and one slice comparison proves it and one slice takes them."""
+    available, end = queue.next_available, queue.end
+    stop = min(pos + most, end)
+    if available[pos:stop] == list(range(pos, stop)):
+        return pricing.order[pos:stop], range(pos, stop)
+    positions: list[int] = []
+    while len(positions) < most and pos < end:  # gaps: skip the taken positions
+        stop = min(pos + most - len(positions), end)
+        positions += [at for at in range(pos, stop) if available[at] == at]
+        pos = stop
+    order = pricing.order
+    return [order[at] for at in positions], positions
 
 
 def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
