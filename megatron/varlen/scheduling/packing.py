@@ -46,8 +46,9 @@ FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ran
 # From this many blocks on, LPT places sequences in numpy rounds (lpt_rounds.py); below, the
 # per-round numpy overhead costs more than the heap steps it replaces.
 LPT_ROUNDS_MIN_BLOCKS = 1024  # measured break-even: about 512 blocks
-# Above every (time, block) entry: the least raised entry of a round before any is raised.
-_ABOVE_ALL = (math.inf, -1)
+# After every (time, block) entry, ending the sorted list: reached only when every block has
+# been raised in the round, it then comes after the least raised one, so they are merged.
+_PAST_ALL = (math.inf, math.inf)
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -297,15 +298,22 @@ def _lpt_sorted_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequ
     min_tokens, min_work, budget = pricing.min_tokens, pricing.min_work, pricing.budget
     times, tokens, members = draft.times, draft.tokens, draft.members
     available, end = queue.next_available, queue.end
-    nxt, raised, lowest, count = 0, [], _ABOVE_ALL, len(loads)
+    count = len(loads)
+    loads.append(_PAST_ALL)  # so the check below needs no bound test
+    # The least raised (time, block) of this round, as two scalars: comparing floats is
+    # several times cheaper than comparing tuples.
+    nxt, raised, low_time, low_block = 0, [], math.inf, -1
     while pos < end:
         seq = order[pos]
         if min_size[seq] != size:
             break
-        if nxt == count or lowest < loads[nxt]:  # a raised block is the least: merge
-            loads[:] = sorted(loads[nxt:] + raised)
-            nxt, raised, lowest = 0, [], _ABOVE_ALL
         top_time, block = loads[nxt]
+        if low_time < top_time or (low_time == top_time and low_block < block):
+            # A raised block is the least (or all are raised): merge.
+            loads[:] = sorted(loads[nxt:count] + raised)
+            loads.append(_PAST_ALL)
+            nxt, raised, low_time, low_block = 0, [], math.inf, -1
+            top_time, block = loads[0]
         new_tokens = tokens[block] + min_tokens[seq]
         if new_tokens > budget:
             break
@@ -313,17 +321,16 @@ def _lpt_sorted_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequ
         times[block] = new_time
         tokens[block] = new_tokens
         members[block].append(seq)
-        entry = (new_time, block)
-        if entry < lowest:
-            lowest = entry
-        raised.append(entry)
+        if new_time < low_time or (new_time == low_time and block < low_block):
+            low_time, low_block = new_time, block
+        raised.append((new_time, block))
         nxt += 1
         absorbed += min_work[seq]
         taken += 1
         pos += 1  # the taken positions are linked by the caller, not one by one
         if available[pos] != pos:
             pos = queue.first(pos)
-    loads[:] = loads[nxt:] + raised
+    loads[:] = loads[nxt:count] + raised
     return pos, absorbed, taken
 
 

@@ -169,3 +169,31 @@ def test_sorted_rounds_and_run_opening_match_plain_steps(monkeypatch):
     monkeypatch.setattr(packing, "_open_run", _plain_open_run)
     assert [scheduler(problem) for problem in problems for scheduler in schedulers] == fast
     assert _packed(problems) == fast_drafts
+
+
+def test_sorted_rounds_match_heap_steps_on_tied_loads():
+    """Direct comparison on blocks whose loads tie a lot (small integer times, linear cost):
+    the tie rule (the lower block first) decides most placements here."""
+    from megatron.varlen.scheduling.draft import MicrobatchDraft
+    from megatron.varlen.scheduling.seq_queue import SequenceQueue
+
+    rng = random.Random(4)
+    for _ in range(200):
+        num_blocks = rng.randint(1, 12)
+        lengths = tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 60)))
+        problem = ScheduleProblem(lengths=lengths, dp_size=num_blocks, cp_size=1,
+                                  max_seqlen_per_rank=rng.randint(3, 30),
+                                  cost=CostModel(a=0.0, b=1.0, g=0.0, d=0.0))
+        prices = pricing.price_items(problem, (1,), "")
+        start = [float(rng.randint(0, 4)) for _ in range(num_blocks)]
+        results = []
+        for lpt in (packing._lpt_sorted_rounds, _plain_lpt):
+            draft = MicrobatchDraft(free_ranks=0, sizes=[1] * num_blocks, times=list(start),
+                                    tokens=[int(time) for time in start],
+                                    members=[[] for _ in range(num_blocks)])
+            queue = SequenceQueue(prices.order, prices.lengths)
+            loads = sorted((time, block) for block, time in enumerate(start))
+            pos, absorbed, taken = lpt(draft, prices, queue, loads, 1, 0, 0.0, 0)
+            results.append((pos, absorbed, taken, draft.times, draft.tokens, draft.members,
+                            sorted(loads)))
+        assert results[0] == results[1]
