@@ -548,7 +548,7 @@ def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchD
     every size, and the one with the shorter critical path is kept: the full search fixes the
     attention-heavy and few-sequence cases (issue 12), while the greedy excess rule it relies
     on can lose a little elsewhere, so neither policy is ever worse than the other here."""
-    queue = SequenceQueue(pricing.order, pricing.lengths)
+    queue = SequenceQueue(pricing.order, pricing.lengths, pricing.order_negated_lengths)
     if not allow_growth:
         drafts = []
         while queue.remaining:

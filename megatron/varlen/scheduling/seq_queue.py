@@ -11,11 +11,14 @@ from __future__ import annotations
 class SequenceQueue:
     """Available positions of ``order`` (sequence ids sorted by length descending)."""
 
-    def __init__(self, order: list[int], lengths: list[int]) -> None:
+    def __init__(self, order: list[int], lengths: list[int],
+                 negated_lengths: list[int] | None = None) -> None:
         self.order = order
         # Negated lengths ascend along the order, which bisect needs (the hole search
-        # bisects it directly to skip a call).
-        self.negated_lengths = [-lengths[seq] for seq in order]
+        # bisects it directly to skip a call). Pricing's sort gives them for free.
+        if negated_lengths is None:
+            negated_lengths = [-lengths[seq] for seq in order]
+        self.negated_lengths = negated_lengths
         # next_available[p] == p iff position p is available; otherwise it points further right
         # (the union-find parent). Hot loops may read it directly to skip a call.
         self.next_available = list(range(len(order) + 1))  # len(order) is the sentinel

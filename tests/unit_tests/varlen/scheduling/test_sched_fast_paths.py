@@ -85,6 +85,7 @@ def test_pricing_order_and_tokens_match_the_plain_computation():
                                   sp_factor=sp_factor, cost=CostModel())
         prices = pricing.price_items(problem, problem.layout.sequence_sizes, "")
         assert prices.order == sorted(range(len(lengths)), key=lambda seq: -lengths[seq])
+        assert prices.order_negated_lengths == [-lengths[seq] for seq in prices.order]
         assert prices.min_tokens == [
             padded_length(length, size, sp_factor) // size
             for length, size in zip(lengths, prices.min_size)]
@@ -92,8 +93,8 @@ def test_pricing_order_and_tokens_match_the_plain_computation():
 
 def test_packing_order_falls_back_to_argsort_for_huge_lengths():
     lengths = np.asarray([5, 1 << 55, 5, 1 << 55, 7], dtype=np.int64)
-    assert pricing._packing_order(lengths) == [1, 3, 4, 0, 2]
-    assert pricing._packing_order(np.asarray([], dtype=np.int64)) == []
+    assert pricing._packing_order(lengths) == ([1, 3, 4, 0, 2], [-(1 << 55)] * 2 + [-7, -5, -5])
+    assert pricing._packing_order(np.asarray([], dtype=np.int64)) == ([], [])
 
 
 def _plain_lpt(draft, prices, queue, loads, size, pos, absorbed, taken):
