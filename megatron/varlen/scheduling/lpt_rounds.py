@@ -30,21 +30,16 @@ MIN_ROUND = 48
 
 
 def _gather(pricing: ItemPricing, queue: SequenceQueue, pos: int, size: int,
-            count: int) -> tuple[list[int], list[int]]:
+            count: int) -> tuple[range | list[int], list[int]]:
     """Up to ``count`` available positions from ``pos`` whose sequences' minimum group is
     ``size`` (stops at the first that is not), and their sequences."""
-    order, min_size = pricing.order, pricing.min_size
-    available, end = queue.next_available, queue.end
-    positions, seqs = [], []
-    while pos < end and len(seqs) < count:
-        seq = order[pos]
-        if min_size[seq] != size:
-            break
-        positions.append(pos)
-        seqs.append(seq)
-        pos += 1
-        if available[pos] != pos:
-            pos = queue.first(pos)
+    seqs, positions = queue.upcoming(pos, count)
+    min_size = pricing.min_size
+    if seqs and min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
+        cut = 0
+        while min_size[seqs[cut]] == size:
+            cut += 1
+        seqs, positions = seqs[:cut], positions[:cut]
     return positions, seqs
 
 
@@ -78,7 +73,7 @@ def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQ
     times, tokens, members = draft.times, draft.tokens, draft.members
     min_time, min_tokens, min_work = pricing.min_time, pricing.min_tokens, pricing.min_work
     order, min_size, budget = pricing.order, pricing.min_size, pricing.budget
-    available, num_blocks = queue.next_available, len(times)
+    num_blocks = len(times)
     index = np.arange(num_blocks)
     finished, taken = False, 0
     while True:
@@ -104,10 +99,9 @@ def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQ
         block_tokens[by_load[:placed]] = tokens_after[:placed]
         times[:] = loads.tolist()
         tokens[:] = block_tokens.tolist()
-        for block, seq, at in zip(by_load[:placed].tolist(), seqs, positions):
+        for block, seq in zip(by_load[:placed].tolist(), seqs):
             members[block].append(seq)
             absorbed += min_work[seq]
-            available[at] = at + 1
         taken += placed
         pos = positions[placed] if placed < len(positions) else queue.first(positions[-1] + 1)
         if on_budget:

@@ -214,7 +214,7 @@ def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
     latency = pricing.d * (size - 1)
     entries = heaps.setdefault(size, [])
     while free >= size and pos < end and min_size[order[pos]] == size:
-        seqs, positions = _next_available(pricing, queue, pos, free // size)
+        seqs, positions = queue.upcoming(pos, free // size)
         if min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
             cut = 1
             while min_size[seqs[cut]] == size:
@@ -235,24 +235,6 @@ def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
         pos = queue.first(positions[len(seqs)] if len(positions) > len(seqs) else
                           positions[-1] + 1)
     return pos, free, absorbed, taken
-
-
-def _next_available(pricing: ItemPricing, queue: SequenceQueue, pos: int,
-                    most: int) -> tuple[list[int], range | list[int]]:
-    """The sequences of the next ``most`` available queue positions from ``pos`` (available)
-    and those positions. Filled holes leave taken positions among them; usually there are
-    none, and one slice comparison proves it and one slice takes them."""
-    available, end = queue.next_available, queue.end
-    stop = min(pos + most, end)
-    if available[pos:stop] == list(range(pos, stop)):
-        return pricing.order[pos:stop], range(pos, stop)
-    positions: list[int] = []
-    while len(positions) < most and pos < end:  # gaps: skip the taken positions
-        stop = min(pos + most - len(positions), end)
-        positions += [at for at in range(pos, stop) if available[at] == at]
-        pos = stop
-    order = pricing.order
-    return [order[at] for at in positions], positions
 
 
 def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,

@@ -72,6 +72,22 @@ class SequenceQueue:
         if stop > start:
             self.next_available[start:stop] = [stop] * (stop - start)
 
+    def upcoming(self, pos: int, most: int) -> tuple[list[int], range | list[int]]:
+        """The sequences of the next ``most`` available positions from ``pos`` (available),
+        and those positions. Filled holes leave taken positions among them; usually there
+        are none, and one slice comparison proves it and one slice takes them."""
+        available, end = self.next_available, len(self.order)
+        stop = min(pos + most, end)
+        if available[pos:stop] == list(range(pos, stop)):
+            return self.order[pos:stop], range(pos, stop)
+        positions: list[int] = []
+        while len(positions) < most and pos < end:  # gaps: skip the taken positions
+            stop = min(pos + most - len(positions), end)
+            positions += [at for at in range(pos, stop) if available[at] == at]
+            pos = stop
+        order = self.order
+        return [order[at] for at in positions], positions
+
     def take(self, pos: int) -> None:
         """Removes position ``pos`` (must be available)."""
         assert self.next_available[pos] == pos < len(self.order), f"position {pos} already taken"
