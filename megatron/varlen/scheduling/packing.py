@@ -240,8 +240,9 @@ def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
 def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
                      heaps: dict[int, list], pos: int) -> int:
     """LPT onto blocks of one size for sequences whose minimum size is that size. ``heaps``
-    holds the blocks' (time, block) entries in block order on entry, a heap on return.
-    Returns the stop position (the token budget, or a smaller sequence)."""
+    holds the blocks' (time, block) entries in block order on entry and every block's entry
+    on return (not heapified: _fill_front does that if it goes on). Returns the stop position
+    (the token budget, or a smaller sequence)."""
     (size, entries), = heaps.items()
     absorbed, taken, start = 0.0, 0, pos
     if len(entries) >= LPT_ROUNDS_MIN_BLOCKS:
@@ -256,7 +257,6 @@ def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequen
         pos, absorbed, taken = _lpt_sorted_rounds(draft, pricing, queue, loads, size, pos,
                                                   absorbed, taken)
         entries[:] = loads
-        heapify(entries)
     draft.absorbed_work += absorbed
     queue.remaining -= taken
     queue.skip_taken(start, pos)  # everything before pos is taken now (and not yet linked)
