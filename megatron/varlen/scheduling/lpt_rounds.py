@@ -16,8 +16,6 @@ bit-identical; a test compares both on many batches.
 
 from __future__ import annotations
 
-from heapq import heapify
-
 import numpy as np
 
 from megatron.varlen.scheduling.draft import MicrobatchDraft
@@ -57,11 +55,20 @@ def _round_length(loads: np.ndarray, raised: np.ndarray, tokens_after: np.ndarra
     return stop, False
 
 
+def _prices(array: np.ndarray | None, values: list, seqs: list[int]) -> np.ndarray:
+    """``values[seq]`` for each of ``seqs`` as an array: a numpy gather from pricing's array
+    when it has one (no Python step per sequence), else from the list."""
+    if array is not None:
+        return array[np.asarray(seqs)]
+    return np.asarray([values[seq] for seq in seqs])
+
+
 def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
                   heap: list, size: int, pos: int,
                   absorbed: float) -> tuple[int, bool, float, int]:
     """Places sequences from ``pos`` as the heap loop would. ``heap`` must hold every block of
-    the draft (all of size ``size``); it is rebuilt on return. ``absorbed`` is the caller's
+    the draft (all of size ``size``); it gets every block's (time, block) back, in block
+    order (not heapified). ``absorbed`` is the caller's
     running sum of the placed sequences' minimum work (continued here in the same order, so
     the total is the heap loop's to the bit).
 
@@ -73,32 +80,33 @@ def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQ
     times, tokens, members = draft.times, draft.tokens, draft.members
     min_time, min_tokens, min_work = pricing.min_time, pricing.min_tokens, pricing.min_work
     order, min_size, budget = pricing.order, pricing.min_size, pricing.budget
-    num_blocks = len(times)
-    index = np.arange(num_blocks)
+    # The blocks' loads and tokens live in arrays for the whole call (written back once at
+    # the end): a round only changes the blocks it raises.
+    loads, block_tokens = np.asarray(times), np.asarray(tokens)
+    index = np.arange(len(times))
     finished, taken = False, 0
     while True:
         if pos >= queue.end or min_size[order[pos]] != size:
             finished = True
             break
-        loads, block_tokens = np.asarray(times), np.asarray(tokens)
         by_load = np.lexsort((index, loads))
         first = int(by_load[0])
-        if tokens[first] + min_tokens[order[pos]] > budget:
+        if int(block_tokens[first]) + min_tokens[order[pos]] > budget:
             finished = True  # the heap loop stops here too
             break
         # Only blocks below the least-loaded one raised by the next sequence can take a
         # sequence of this round: gather no more sequences than that.
-        count = max(1, int(np.searchsorted(loads[by_load], times[first] + min_time[order[pos]])))
+        count = max(1, int(np.searchsorted(loads[by_load],
+                                           float(loads[first]) + min_time[order[pos]])))
         positions, seqs = _gather(pricing, queue, pos, size, count)
         by_load = by_load[:len(seqs)]
         chosen_loads = loads[by_load]
-        raised = chosen_loads + np.asarray([min_time[seq] for seq in seqs])
-        tokens_after = block_tokens[by_load] + np.asarray([min_tokens[seq] for seq in seqs])
+        raised = chosen_loads + _prices(pricing.min_time_array, min_time, seqs)
+        tokens_after = block_tokens[by_load] + _prices(pricing.min_tokens_array, min_tokens,
+                                                       seqs)
         placed, on_budget = _round_length(chosen_loads, raised, tokens_after, budget)
         loads[by_load[:placed]] = raised[:placed]
         block_tokens[by_load[:placed]] = tokens_after[:placed]
-        times[:] = loads.tolist()
-        tokens[:] = block_tokens.tolist()
         for block, seq in zip(by_load[:placed].tolist(), seqs):
             members[block].append(seq)
             absorbed += min_work[seq]
@@ -109,6 +117,7 @@ def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQ
             break
         if placed < MIN_ROUND:
             break
-    heap[:] = [(time, block) for block, time in enumerate(times)]
-    heapify(heap)
+    times[:] = loads.tolist()
+    tokens[:] = block_tokens.tolist()
+    heap[:] = zip(times, range(len(times)))  # block order; the caller heapifies if it needs
     return pos, finished, absorbed, taken

@@ -31,6 +31,8 @@ class ItemPricing:
         min_work: min_size * min_time per id: the least rank-time the sequence can cost.
         order: Ids sorted by length descending, then id ascending (the packing order).
         length_array: ``lengths`` as an int64 array (for numpy passes over the batch).
+        min_time_array, min_tokens_array: ``min_time`` and ``min_tokens`` as arrays (the
+            numpy LPT rounds gather from them).
         order_negated_lengths: ``-lengths[seq]`` for each ``seq`` of ``order`` (from the sort;
             the sequence queue bisects it), or None when not computed.
     """
@@ -50,6 +52,8 @@ class ItemPricing:
     g: float
     d: float
     length_array: np.ndarray | None = field(default=None, compare=False, repr=False)
+    min_time_array: np.ndarray | None = field(default=None, compare=False, repr=False)
+    min_tokens_array: np.ndarray | None = field(default=None, compare=False, repr=False)
     # Not an init field, so a copy with another order (dataclasses.replace) drops it.
     order_negated_lengths: list[int] | None = field(default=None, init=False, compare=False,
                                                     repr=False)
@@ -105,7 +109,8 @@ def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str
         min_work=(time * min_size).tolist(), order=order,
         budget=problem.max_seqlen_per_rank,
         num_ranks=problem.num_ranks, sp_factor=sp_factor,
-        a=cost.a, b=cost.b, g=cost.g, d=cost.d, length_array=lengths)
+        a=cost.a, b=cost.b, g=cost.g, d=cost.d, length_array=lengths, min_time_array=time,
+        min_tokens_array=tokens)
     pricing.order_negated_lengths = negated
     return pricing
 
