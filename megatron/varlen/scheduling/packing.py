@@ -384,7 +384,7 @@ def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
                 default=0.0)
     if level - min(draft.times, default=level) < floor:
         return  # the loop's first check would stop: most micro-batches have no hole
-    heap = [(time, block) for block, time in enumerate(draft.times)]
+    heap = list(zip(draft.times, range(len(draft.times))))  # (time, block), built in C
     heapify(heap)
     fit, budget, min_work = _hole_search(pricing, queue), pricing.budget, pricing.min_work
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
