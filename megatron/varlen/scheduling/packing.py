@@ -285,16 +285,17 @@ def _lpt_sorted_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequ
     # The least raised (time, block) of this round, as two scalars: comparing floats is
     # several times cheaper than comparing tuples.
     nxt, raised, low_time, low_block = 0, [], math.inf, -1
+    done = taken  # placed before this round: done + nxt in all
+    if size > 1:  # sizes fall with the length: the run of this size ends at one position
+        end = bisect_left(order, True, pos, end, key=lambda seq: min_size[seq] < size)
     while pos < end:
         seq = order[pos]
-        if min_size[seq] != size:
-            break
         top_time, block = loads[nxt]
         if low_time < top_time or (low_time == top_time and low_block < block):
             # A raised block is the least (or all are raised): merge.
             loads[:] = sorted(loads[nxt:count] + raised)
             loads.append(_PAST_ALL)
-            nxt, raised, low_time, low_block = 0, [], math.inf, -1
+            done, nxt, raised, low_time, low_block = done + nxt, 0, [], math.inf, -1
             top_time, block = loads[0]
         new_tokens = tokens[block] + min_tokens[seq]
         if new_tokens > budget:
@@ -308,12 +309,11 @@ def _lpt_sorted_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequ
         raised.append((new_time, block))
         nxt += 1
         absorbed += min_work[seq]
-        taken += 1
         pos += 1  # the taken positions are linked by the caller, not one by one
         if available[pos] != pos:
             pos = queue.first(pos)
     loads[:] = loads[nxt:count] + raised
-    return pos, absorbed, taken
+    return pos, absorbed, done + nxt
 
 
 def _hole_search(pricing: ItemPricing,

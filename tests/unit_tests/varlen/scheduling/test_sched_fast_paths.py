@@ -179,22 +179,26 @@ def test_sorted_rounds_match_heap_steps_on_tied_loads():
     from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
     rng = random.Random(4)
-    for _ in range(200):
-        num_blocks = rng.randint(1, 12)
-        lengths = tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 60)))
-        problem = ScheduleProblem(lengths=lengths, dp_size=num_blocks, cp_size=1,
-                                  max_seqlen_per_rank=rng.randint(3, 30),
+    for _ in range(300):
+        num_blocks, size = rng.randint(1, 12), rng.choice([1, 2])
+        budget = 2 * rng.randint(6, 15)
+        # With two-rank blocks, lengths above the budget need them and the rest (shorter,
+        # so later in the queue) end the run: LPT must stop there.
+        choices = [1, 2, 3] if size == 1 else [budget + 2, budget + 4, 2, 4]
+        lengths = tuple(rng.choice(choices) for _ in range(rng.randint(1, 60)))
+        problem = ScheduleProblem(lengths=lengths, dp_size=num_blocks, cp_size=size,
+                                  max_seqlen_per_rank=budget,
                                   cost=CostModel(a=0.0, b=1.0, g=0.0, d=0.0))
-        prices = pricing.price_items(problem, (1,), "")
+        prices = pricing.price_items(problem, (1, size) if size > 1 else (1,), "")
         start = [float(rng.randint(0, 4)) for _ in range(num_blocks)]
         results = []
         for lpt in (packing._lpt_sorted_rounds, _plain_lpt):
-            draft = MicrobatchDraft(free_ranks=0, sizes=[1] * num_blocks, times=list(start),
+            draft = MicrobatchDraft(free_ranks=0, sizes=[size] * num_blocks, times=list(start),
                                     tokens=[int(time) for time in start],
                                     members=[[] for _ in range(num_blocks)])
             queue = SequenceQueue(prices.order, prices.lengths)
             loads = sorted((time, block) for block, time in enumerate(start))
-            pos, absorbed, taken = lpt(draft, prices, queue, loads, 1, 0, 0.0, 0)
+            pos, absorbed, taken = lpt(draft, prices, queue, loads, size, 0, 0.0, 0)
             results.append((pos, absorbed, taken, draft.times, draft.tokens, draft.members,
                             sorted(loads)))
         assert results[0] == results[1]
