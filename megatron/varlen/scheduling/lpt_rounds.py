@@ -1,6 +1,7 @@
 """LPT onto many equal-size blocks in numpy rounds: the same placements as one heap step per
-sequence (packing._lpt_single_size), for micro-batches of packing.LPT_ROUNDS_MIN_BLOCKS
-blocks or more (1,024 ranks), where the heap steps are the largest single cost.
+sequence (and as packing._lpt_sorted_rounds, the Python rounds below that size), for
+micro-batches of packing.LPT_ROUNDS_MIN_BLOCKS blocks or more (1,024 ranks), where LPT is
+the largest single cost.
 
 Sequences come longest first, so their times never grow. Sort the blocks by (time, index),
 the heap's order, and give the next k sequences to the k least-loaded blocks in that order:

@@ -44,8 +44,8 @@ FULL_GROWTH_SEARCH_PER_RANK = 2
 FULL_GROWTH_SEARCH_MIN = 32
 FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ranks
 # From this many blocks on, LPT places sequences in numpy rounds (lpt_rounds.py); below, the
-# per-round numpy overhead costs more than the heap steps it replaces.
-LPT_ROUNDS_MIN_BLOCKS = 1024  # measured break-even: about 512 blocks
+# per-round numpy overhead costs more than the Python rounds (_lpt_sorted_rounds).
+LPT_ROUNDS_MIN_BLOCKS = 1024  # break-even measured against a heap loop: about 512 blocks
 # After every (time, block) entry, ending the sorted list: reached only when every block has
 # been raised in the round, it then comes after the least raised one, so they are merged.
 _PAST_ALL = (math.inf, math.inf)
