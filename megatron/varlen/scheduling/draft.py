@@ -93,7 +93,8 @@ def drafts_to_schedule(problem: ScheduleProblem,
     microbatches = tuple([_lay_out(draft, problem.num_ranks, groups) for draft in drafts])
     placed = sum(sum(map(len, draft.members)) for draft in drafts)
     assert placed == problem.num_sequences, (
-        f"{placed} sequences placed, {problem.num_sequences} in the batch: each must be placed once")
+        f"{placed} sequences placed, {problem.num_sequences} in the batch: "
+        f"each must be placed once")
     cp_sizes, padded = [1] * problem.num_sequences, _one_rank_padded_lengths(problem)
     lengths, sp_factor = problem.lengths, problem.sp_factor
     for size, seqs in groups:

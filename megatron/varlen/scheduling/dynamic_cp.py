@@ -46,7 +46,8 @@ def _static_fallback(problem: ScheduleProblem, pricing: ItemPricing,
                      dynamic_path: float) -> list[MicrobatchDraft] | None:
     """dp_balanced drafts with idle ranks covered, or None if static groups are not allowed
     or cannot beat ``dynamic_path`` (its lower bound already does not)."""
-    if problem.cp_size not in pricing.sizes or _static_lower_bound(problem, pricing) >= dynamic_path:
+    if (problem.cp_size not in pricing.sizes
+            or _static_lower_bound(problem, pricing) >= dynamic_path):
         return None
     try:
         drafts = build_static_drafts(problem)
