@@ -8,6 +8,8 @@ of sequences; every rank of the block holds all of them, split ``size`` ways.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import mul
 
 import numpy as np
 
@@ -43,11 +45,11 @@ class MicrobatchDraft:
     @property
     def num_items(self) -> int:
         """Number of sequences in the micro-batch."""
-        return sum(len(block) for block in self.members)
+        return sum(map(len, self.members))
 
     def busy_rank_time(self) -> float:
         """Sum over ranks of their time (idle ranks contribute 0)."""
-        return sum(size * time for size, time in zip(self.sizes, self.times))
+        return sum(map(mul, self.sizes, self.times))  # in C: the same additions, in order
 
     def item_ids(self) -> list[int]:
         """All sequence ids in the micro-batch."""
@@ -81,37 +83,62 @@ class MicrobatchDraft:
 
 def drafts_to_schedule(problem: ScheduleProblem,
                        drafts: list[MicrobatchDraft]) -> Schedule:
-    """Lays blocks out largest first from rank 0 and builds the Schedule."""
-    cp_sizes = [0] * problem.num_sequences
-    microbatches = [_lay_out(draft, problem.num_ranks, cp_sizes) for draft in drafts]
-    return Schedule(microbatches=tuple(microbatches), cp_sizes=tuple(cp_sizes),
-                    padded_lengths=padded_lengths(problem, cp_sizes))
+    """Lays blocks out largest first from rank 0 and builds the Schedule.
+
+    The schedulers place every sequence in exactly one draft (checked below), so CP sizes
+    start at 1 and only the sequences of larger groups are written, padded lengths with them:
+    most sequences of a batch run on one rank, and a pass over all of them (or a numpy round
+    trip) cost as much as the layout itself."""
+    groups: list[tuple[int, list[int]]] = []  # (size, sequences) of groups of > 1 rank
+    microbatches = tuple([_lay_out(draft, problem.num_ranks, groups) for draft in drafts])
+    placed = sum(sum(map(len, draft.members)) for draft in drafts)
+    assert placed == problem.num_sequences, (
+        f"{placed} sequences placed, {problem.num_sequences} in the batch: "
+        f"each must be placed once")
+    cp_sizes, padded = [1] * problem.num_sequences, _one_rank_padded_lengths(problem)
+    lengths, sp_factor = problem.lengths, problem.sp_factor
+    for size, seqs in groups:
+        multiple = CHUNKS_PER_CP_RANK * size * sp_factor
+        for seq in seqs:
+            cp_sizes[seq] = size
+            padded[seq] = -(-lengths[seq] // multiple) * multiple
+    return Schedule(microbatches=microbatches, cp_sizes=tuple(cp_sizes),
+                    padded_lengths=tuple(padded))
+
+
+def _one_rank_padded_lengths(problem: ScheduleProblem) -> list[int]:
+    """Every sequence's padded length on one rank (a multiple of the SP factor)."""
+    sp_factor = problem.sp_factor
+    if sp_factor == 1:
+        return list(problem.lengths)
+    return [-(-length // sp_factor) * sp_factor for length in problem.lengths]
 
 
 def _lay_out(draft: MicrobatchDraft, num_ranks: int,
-             cp_sizes: list[int]) -> tuple[tuple[int, ...], ...]:
-    """Per-rank id tuples of one draft; records each sequence's CP size in ``cp_sizes``."""
-    sizes, start = draft.sizes, 0
-    if sizes and max(sizes) == 1:  # the bulk of short-sequence micro-batches: block order
-        assert len(sizes) <= num_ranks, f"{len(sizes)} blocks on {num_ranks} ranks"
-        for ids in draft.members:
-            for seq in ids:
-                cp_sizes[seq] = 1
-        return tuple([tuple(ids) for ids in draft.members] + [()] * (num_ranks - len(sizes)))
-    ranks: list[tuple[int, ...]] = [()] * num_ranks  # immutable entries: sharing is safe
-    # Stable sort, so equal sizes keep their block order: deterministic.
-    for block in sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True):
-        size, ids = sizes[block], tuple(draft.members[block])
-        assert start % size == 0, f"block of {size} ranks would start unaligned at {start}"
-        if size == 1:
-            ranks[start] = ids
-        else:
-            ranks[start:start + size] = [ids] * size
-        for seq in ids:
-            cp_sizes[seq] = size
-        start += size
-    assert start <= num_ranks, f"blocks cover {start} ranks, only {num_ranks} exist"
-    return tuple(ranks)
+             groups: list[tuple[int, list[int]]]) -> tuple[tuple[int, ...], ...]:
+    """Per-rank id tuples of one draft, blocks largest first from rank 0 (a stable sort: equal
+    sizes keep their block order, deterministic); appends (size, sequences) of its blocks of
+    each size > 1 to ``groups``. Per size, not per block: tuples are repeated onto ranks in C
+    (a micro-batch has up to N blocks, and a Python step per block cost more than the rest)."""
+    sizes, members = draft.sizes, draft.members
+    covered = sum(sizes)
+    assert covered <= num_ranks, f"blocks cover {covered} ranks, only {num_ranks} exist"
+    idle = ((),) * (num_ranks - covered)
+    if not sizes or max(sizes) == 1:  # the bulk of short-sequence micro-batches: block order
+        return (*map(tuple, members), *idle)
+    by_size = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
+    ranks: list[tuple[int, ...]] = []
+    for size in sorted(set(sizes), reverse=True):
+        assert len(ranks) % size == 0, (
+            f"blocks of {size} ranks would start unaligned at {len(ranks)}")
+        run = [members[block] for block in by_size[:sizes.count(size)]]
+        del by_size[:len(run)]
+        # zip of the run's tuples with itself gives each tuple ``size`` times in a row: the
+        # same object on every rank of its block (immutable, so sharing is safe).
+        ranks += chain.from_iterable(zip(*[list(map(tuple, run))] * size))
+        if size > 1:
+            groups.append((size, list(chain.from_iterable(run))))
+    return (*ranks, *idle)
 
 
 def padded_lengths(problem: ScheduleProblem, cp_sizes: list[int]) -> tuple[int, ...]:

@@ -29,10 +29,10 @@ def _critical_path(drafts: list[MicrobatchDraft]) -> float:
     return sum(draft.level for draft in drafts)
 
 
-def _static_lower_bound(problem: ScheduleProblem) -> float:
+def _static_lower_bound(problem: ScheduleProblem, pricing: ItemPricing) -> float:
     """Simple lower bound of any schedule that keeps every sequence on cp_size ranks."""
     cp = problem.cp_size
-    lengths = np.asarray(problem.lengths, dtype=np.float64)
+    lengths = pricing.length_array.astype(np.float64)  # problem.lengths, already an array
     multiple = CHUNKS_PER_CP_RANK * cp * problem.sp_factor if cp > 1 else problem.sp_factor
     padded = np.ceil(lengths / multiple) * multiple
     cost = problem.cost
@@ -46,7 +46,8 @@ def _static_fallback(problem: ScheduleProblem, pricing: ItemPricing,
                      dynamic_path: float) -> list[MicrobatchDraft] | None:
     """dp_balanced drafts with idle ranks covered, or None if static groups are not allowed
     or cannot beat ``dynamic_path`` (its lower bound already does not)."""
-    if problem.cp_size not in pricing.sizes or _static_lower_bound(problem) >= dynamic_path:
+    if (problem.cp_size not in pricing.sizes
+            or _static_lower_bound(problem, pricing) >= dynamic_path):
         return None
     try:
         drafts = build_static_drafts(problem)

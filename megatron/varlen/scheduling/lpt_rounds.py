@@ -1,6 +1,7 @@
 """LPT onto many equal-size blocks in numpy rounds: the same placements as one heap step per
-sequence (packing._lpt_single_size), for micro-batches of packing.LPT_ROUNDS_MIN_BLOCKS
-blocks or more (1,024 ranks), where the heap steps are the largest single cost.
+sequence (and as packing._lpt_sorted_rounds, the Python rounds below that size), for
+micro-batches of packing.LPT_ROUNDS_MIN_BLOCKS blocks or more (1,024 ranks), where LPT is
+the largest single cost.
 
 Sequences come longest first, so their times never grow. Sort the blocks by (time, index),
 the heap's order, and give the next k sequences to the k least-loaded blocks in that order:
@@ -16,8 +17,6 @@ bit-identical; a test compares both on many batches.
 
 from __future__ import annotations
 
-from heapq import heapify
-
 import numpy as np
 
 from megatron.varlen.scheduling.draft import MicrobatchDraft
@@ -30,21 +29,16 @@ MIN_ROUND = 48
 
 
 def _gather(pricing: ItemPricing, queue: SequenceQueue, pos: int, size: int,
-            count: int) -> tuple[list[int], list[int]]:
+            count: int) -> tuple[range | list[int], list[int]]:
     """Up to ``count`` available positions from ``pos`` whose sequences' minimum group is
     ``size`` (stops at the first that is not), and their sequences."""
-    order, min_size = pricing.order, pricing.min_size
-    available, end = queue.next_available, queue.end
-    positions, seqs = [], []
-    while pos < end and len(seqs) < count:
-        seq = order[pos]
-        if min_size[seq] != size:
-            break
-        positions.append(pos)
-        seqs.append(seq)
-        pos += 1
-        if available[pos] != pos:
-            pos = queue.first(pos)
+    seqs, positions = queue.upcoming(pos, count)
+    min_size = pricing.min_size
+    if seqs and min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
+        cut = 0
+        while min_size[seqs[cut]] == size:
+            cut += 1
+        seqs, positions = seqs[:cut], positions[:cut]
     return positions, seqs
 
 
@@ -62,11 +56,20 @@ def _round_length(loads: np.ndarray, raised: np.ndarray, tokens_after: np.ndarra
     return stop, False
 
 
+def _prices(array: np.ndarray | None, values: list, seqs: list[int]) -> np.ndarray:
+    """``values[seq]`` for each of ``seqs`` as an array: a numpy gather from pricing's array
+    when it has one (no Python step per sequence), else from the list."""
+    if array is not None:
+        return array[np.asarray(seqs)]
+    return np.asarray([values[seq] for seq in seqs])
+
+
 def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
                   heap: list, size: int, pos: int,
                   absorbed: float) -> tuple[int, bool, float, int]:
     """Places sequences from ``pos`` as the heap loop would. ``heap`` must hold every block of
-    the draft (all of size ``size``); it is rebuilt on return. ``absorbed`` is the caller's
+    the draft (all of size ``size``); it gets every block's (time, block) back, in block
+    order (not heapified). ``absorbed`` is the caller's
     running sum of the placed sequences' minimum work (continued here in the same order, so
     the total is the heap loop's to the bit).
 
@@ -78,36 +81,36 @@ def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQ
     times, tokens, members = draft.times, draft.tokens, draft.members
     min_time, min_tokens, min_work = pricing.min_time, pricing.min_tokens, pricing.min_work
     order, min_size, budget = pricing.order, pricing.min_size, pricing.budget
-    available, num_blocks = queue.next_available, len(times)
-    index = np.arange(num_blocks)
+    # The blocks' loads and tokens live in arrays for the whole call (written back once at
+    # the end): a round only changes the blocks it raises.
+    loads, block_tokens = np.asarray(times), np.asarray(tokens)
+    index = np.arange(len(times))
     finished, taken = False, 0
     while True:
         if pos >= queue.end or min_size[order[pos]] != size:
             finished = True
             break
-        loads, block_tokens = np.asarray(times), np.asarray(tokens)
         by_load = np.lexsort((index, loads))
         first = int(by_load[0])
-        if tokens[first] + min_tokens[order[pos]] > budget:
+        if int(block_tokens[first]) + min_tokens[order[pos]] > budget:
             finished = True  # the heap loop stops here too
             break
         # Only blocks below the least-loaded one raised by the next sequence can take a
         # sequence of this round: gather no more sequences than that.
-        count = max(1, int(np.searchsorted(loads[by_load], times[first] + min_time[order[pos]])))
+        count = max(1, int(np.searchsorted(loads[by_load],
+                                           float(loads[first]) + min_time[order[pos]])))
         positions, seqs = _gather(pricing, queue, pos, size, count)
         by_load = by_load[:len(seqs)]
         chosen_loads = loads[by_load]
-        raised = chosen_loads + np.asarray([min_time[seq] for seq in seqs])
-        tokens_after = block_tokens[by_load] + np.asarray([min_tokens[seq] for seq in seqs])
+        raised = chosen_loads + _prices(pricing.min_time_array, min_time, seqs)
+        tokens_after = block_tokens[by_load] + _prices(pricing.min_tokens_array, min_tokens,
+                                                       seqs)
         placed, on_budget = _round_length(chosen_loads, raised, tokens_after, budget)
         loads[by_load[:placed]] = raised[:placed]
         block_tokens[by_load[:placed]] = tokens_after[:placed]
-        times[:] = loads.tolist()
-        tokens[:] = block_tokens.tolist()
-        for block, seq, at in zip(by_load[:placed].tolist(), seqs, positions):
+        for block, seq in zip(by_load[:placed].tolist(), seqs):
             members[block].append(seq)
             absorbed += min_work[seq]
-            available[at] = at + 1
         taken += placed
         pos = positions[placed] if placed < len(positions) else queue.first(positions[-1] + 1)
         if on_budget:
@@ -115,6 +118,7 @@ def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQ
             break
         if placed < MIN_ROUND:
             break
-    heap[:] = [(time, block) for block, time in enumerate(times)]
-    heapify(heap)
+    times[:] = loads.tolist()
+    tokens[:] = block_tokens.tolist()
+    heap[:] = zip(times, range(len(times)))  # block order; the caller heapifies if it needs
     return pos, finished, absorbed, taken

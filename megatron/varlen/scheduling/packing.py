@@ -21,7 +21,8 @@ per rank): the critical path is total work / N plus the sum of these excesses.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import math
+from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heapreplace
 from typing import Callable
 
@@ -29,6 +30,7 @@ from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.draft import MicrobatchDraft
 from megatron.varlen.scheduling.lpt_rounds import lpt_in_rounds
 from megatron.varlen.scheduling.pricing import ItemPricing
+from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
 # Try growth variants only when more than this fraction of a micro-batch's rank-time is idle.
@@ -42,8 +44,11 @@ FULL_GROWTH_SEARCH_PER_RANK = 2
 FULL_GROWTH_SEARCH_MIN = 32
 FULL_GROWTH_SEARCH_MAX = 256  # keeps the second tail packing cheap at 1,024 ranks
 # From this many blocks on, LPT places sequences in numpy rounds (lpt_rounds.py); below, the
-# per-round numpy overhead costs more than the heap steps it replaces.
-LPT_ROUNDS_MIN_BLOCKS = 1024  # measured break-even: about 512 blocks
+# per-round numpy overhead costs more than the Python rounds (_lpt_sorted_rounds).
+LPT_ROUNDS_MIN_BLOCKS = 1024  # break-even measured against a heap loop: about 512 blocks
+# After every (time, block) entry, ending the sorted list: reached only when every block has
+# been raised in the round, it then comes after the least raised one, so they are merged.
+_PAST_ALL = (math.inf, math.inf)
 # Candidates tried past the bisection point when padding makes the longest one overflow.
 BEST_FIT_PROBES = 3
 
@@ -122,15 +127,19 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     heaps: dict[int, list] = {}
     size_of = _capped_sizer(pricing, cap)
     pos = _open_blocks(draft, pricing, queue, size_of, heaps)
+    order, min_size = pricing.order, pricing.min_size
+    if cap is None and len(heaps) == 1 and pos < queue.end:
+        (size,) = heaps
+        if min_size[order[pos]] == size:
+            pos = _lpt_single_size(draft, pricing, queue, heaps, pos)
+            if pos >= queue.end or min_size[order[pos]] == size:
+                return  # stopped on the budget, not on a smaller sequence
+    for heap in heaps.values():
+        heapify(heap)
     level = draft.level  # kept up to date below: max() per sequence would cost O(N)
     while pos < queue.end:
-        if cap is None and len(heaps) == 1:
-            pos = _lpt_single_size(draft, pricing, queue, heaps, pos)
-            if pos >= queue.end or pricing.min_size[pricing.order[pos]] == draft.sizes[0]:
-                return  # stopped on the budget, not on a smaller sequence
-            level = draft.level
-        seq = pricing.order[pos]
-        size = pricing.min_size[seq] if size_of is None else size_of(seq)[0]
+        seq = order[pos]
+        size = min_size[seq] if size_of is None else size_of(seq)[0]
         best = _best_block(draft, pricing, heaps, seq, size)
         if best is None or _should_stop_front(draft, pricing, heaps, seq, best, level):
             return
@@ -147,8 +156,10 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
                  size_of: Callable[[int], tuple[int, float, int]] | None,
                  heaps: dict[int, list]) -> int:
     """Each front sequence opens its own block while enough ranks are free; returns the
-    position of the first sequence that did not. Prices, block bookkeeping and queue steps are
-    inlined: this loop runs once per rank per micro-batch."""
+    position of the first sequence that did not. ``heaps`` gets the (time, block) entries of
+    each size in block order, not yet heapified. Runs of sequences on their minimum group go
+    to ``_open_run``; capped sizes above one rank take a step each here, with prices, block
+    bookkeeping and queue steps inlined."""
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, d = pricing.min_tokens, pricing.min_work, pricing.d
     sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
@@ -163,94 +174,199 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
             size, time, seq_tokens = size_of(seq)
         if free < size:
             break
+        if size_of is None or size == 1:  # sizes fall with the length, capped or not
+            pos, free, absorbed, taken = _open_run(draft, pricing, queue, heaps, pos, free,
+                                                   absorbed, taken, size)
+            continue
         if size > 1:
             time += d * (size - 1)
         heap = heaps.get(size)
         if heap is None:
             heaps[size] = heap = []
-        heap.append((time, len(sizes)))  # heapified below
+        heap.append((time, len(sizes)))
         sizes.append(size)
         times.append(time)
         tokens.append(seq_tokens)
         members.append([seq])
         free -= size
         absorbed += min_work[seq]
-        available[pos] = pos + 1
         taken += 1
         pos += 1
         if available[pos] != pos:
             pos = queue.first(pos)
     draft.free_ranks, draft.absorbed_work = free, draft.absorbed_work + absorbed
     queue.remaining -= taken
-    queue.skip_taken(start, pos)  # everything before pos is taken now
-    for heap in heaps.values():
-        heapify(heap)
+    queue.skip_taken(start, pos)  # everything before pos is taken now (and not yet linked)
     return pos
+
+
+def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+              heaps: dict[int, list], pos: int, free: int, absorbed: float, taken: int,
+              size: int) -> tuple[int, int, float, int]:
+    """``_open_blocks`` for a run of front sequences on their minimum group of ``size`` ranks
+    (one rank also under a cap: then it is their minimum): each opens a block while ``size``
+    ranks are free. A comprehension per list instead of a loop step per sequence: most
+    blocks of most micro-batches are opened here. Returns the loop's (position, free ranks,
+    absorbed work, taken) as it would have left them."""
+    order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
+    min_tokens, min_work, end = pricing.min_tokens, pricing.min_work, queue.end
+    sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
+    latency = pricing.d * (size - 1)
+    entries = heaps.setdefault(size, [])
+    while free >= size and pos < end and min_size[order[pos]] == size:
+        seqs, positions = queue.upcoming(pos, free // size)
+        if min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
+            cut = 1
+            while min_size[seqs[cut]] == size:
+                cut += 1
+            seqs, positions = seqs[:cut], positions[:cut + 1]
+        if size > 1:
+            seq_times = [min_time[seq] + latency for seq in seqs]
+        else:
+            seq_times = [min_time[seq] for seq in seqs]
+        entries += zip(seq_times, range(len(sizes), len(sizes) + len(seqs)))
+        sizes += [size] * len(seqs)
+        times += seq_times
+        tokens += [min_tokens[seq] for seq in seqs]
+        members += [[seq] for seq in seqs]
+        for seq in seqs:  # one by one in order, as the loop would (the same sum to the bit)
+            absorbed += min_work[seq]
+        free, taken = free - size * len(seqs), taken + len(seqs)
+        pos = queue.first(positions[len(seqs)] if len(positions) > len(seqs) else
+                          positions[-1] + 1)
+    return pos, free, absorbed, taken
 
 
 def _lpt_single_size(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
                      heaps: dict[int, list], pos: int) -> int:
-    """LPT onto blocks of one size for sequences whose minimum size is that size (inlined
-    prices and queue steps: this loop handles most sequences). Returns the stop position."""
-    (size, heap), = heaps.items()
+    """LPT onto blocks of one size for sequences whose minimum size is that size. ``heaps``
+    holds the blocks' (time, block) entries in block order on entry and every block's entry
+    on return (not heapified: _fill_front does that if it goes on). Returns the stop position
+    (the token budget, or a smaller sequence)."""
+    (size, entries), = heaps.items()
     absorbed, taken, start = 0.0, 0, pos
-    if len(heap) >= LPT_ROUNDS_MIN_BLOCKS:
-        pos, finished, absorbed, taken = lpt_in_rounds(draft, pricing, queue, heap, size, pos,
+    if len(entries) >= LPT_ROUNDS_MIN_BLOCKS:
+        pos, finished, absorbed, taken = lpt_in_rounds(draft, pricing, queue, entries, size, pos,
                                                        absorbed)
-        if finished:
-            draft.absorbed_work += absorbed
-            queue.remaining -= taken
-            queue.skip_taken(start, pos)
-            return pos
+        loads = None if finished else sorted(entries)
+    else:
+        # Opened longest first, so times do not grow along the block order: reversed, the
+        # entries are nearly sorted and the sort is about one pass.
+        loads = sorted(reversed(entries))
+    if loads is not None:
+        pos, absorbed, taken = _lpt_sorted_rounds(draft, pricing, queue, loads, size, pos,
+                                                  absorbed, taken)
+        entries[:] = loads
+    draft.absorbed_work += absorbed
+    queue.remaining -= taken
+    queue.skip_taken(start, pos)  # everything before pos is taken now (and not yet linked)
+    return pos
+
+
+def _lpt_sorted_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue,
+                       loads: list, size: int, pos: int, absorbed: float,
+                       taken: int) -> tuple[int, float, int]:
+    """The placements of a heap of ``loads`` (one (time, block) per block, sorted; the blocks
+    left as they end up): each sequence to the least (time, block), without a heap step.
+
+    The next unraised entry of the sorted list is the least of all unless a block raised in
+    this round has come below it (exact tuple comparison: the heap's own order, ties to the
+    lower block); then the raised entries are merged back in one sort of two runs. Sequences
+    come longest first, so a raised block mostly moves behind the rest and rounds are long:
+    a comparison per sequence instead of a dozen in a heap step. Prices, block bookkeeping
+    and queue steps are inlined (this loop places most sequences). Returns (position,
+    absorbed, taken); the caller links the taken positions (``queue.skip_taken``)."""
     order, min_size, min_time = pricing.order, pricing.min_size, pricing.min_time
     min_tokens, min_work, budget = pricing.min_tokens, pricing.min_work, pricing.budget
     times, tokens, members = draft.times, draft.tokens, draft.members
     available, end = queue.next_available, queue.end
+    count = len(loads)
+    loads.append(_PAST_ALL)  # so the check below needs no bound test
+    # The least raised (time, block) of this round, as two scalars: comparing floats is
+    # several times cheaper than comparing tuples.
+    nxt, raised, low_time, low_block = 0, [], math.inf, -1
+    done = taken  # placed before this round: done + nxt in all
+    if size > 1:  # sizes fall with the length: the run of this size ends at one position
+        end = bisect_left(order, True, pos, end, key=lambda seq: min_size[seq] < size)
     while pos < end:
         seq = order[pos]
-        top_time, block = heap[0]
+        top_time, block = loads[nxt]
+        if low_time < top_time or (low_time == top_time and low_block < block):
+            # A raised block is the least (or all are raised): merge.
+            loads[:] = sorted(loads[nxt:count] + raised)
+            loads.append(_PAST_ALL)
+            done, nxt, raised, low_time, low_block = done + nxt, 0, [], math.inf, -1
+            top_time, block = loads[0]
         new_tokens = tokens[block] + min_tokens[seq]
-        if min_size[seq] != size or new_tokens > budget:
+        if new_tokens > budget:
             break
         new_time = top_time + min_time[seq]
         times[block] = new_time
         tokens[block] = new_tokens
         members[block].append(seq)
-        heapreplace(heap, (new_time, block))
+        if new_time < low_time or (new_time == low_time and block < low_block):
+            low_time, low_block = new_time, block
+        raised.append((new_time, block))
+        nxt += 1
         absorbed += min_work[seq]
-        available[pos] = pos + 1
-        taken += 1
-        pos += 1
+        pos += 1  # the taken positions are linked by the caller, not one by one
         if available[pos] != pos:
             pos = queue.first(pos)
-    draft.absorbed_work += absorbed
-    queue.remaining -= taken
-    queue.skip_taken(start, pos)  # everything before pos is taken now
-    return pos
+    loads[:] = loads[nxt:count] + raised
+    return pos, absorbed, done + nxt
 
 
-def _best_fit(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue, block: int,
-              time_room: float) -> tuple[int, int, float, int] | None:
-    """Longest queued sequence that fits ``block`` within ``time_room`` and the budget:
-    (position, sequence, time, tokens), or None."""
-    size = draft.sizes[block]
-    token_room = pricing.budget - draft.tokens[block]
-    if token_room * size < pricing.lengths[queue.order[-1]]:
-        return None  # not even the batch's shortest sequence fits the tokens left
-    max_length = pricing.max_fitting_length(size, time_room, token_room)
-    if max_length < 1:
-        return None
-    pos = queue.fit_position(max_length)
-    for _ in range(BEST_FIT_PROBES):  # padding can push the longest candidates over
-        if pos >= queue.end:
+def _hole_search(pricing: ItemPricing,
+                 queue: SequenceQueue) -> Callable[[int, float, int], tuple | None]:
+    """Best fit for phase 2: ``fit(size, time_room, token_room)`` is the longest queued
+    sequence that fits a block of ``size`` ranks within ``time_room`` and ``token_room``, as
+    (position, sequence, time, tokens), or None.
+
+    The longest length whose time fits is the root of the cost's quadratic, rounded down to
+    the size's padding multiple (a real length fits iff its padded length does); a bisection
+    finds it in the queue, and padding may push the first few candidates over. Prices, the
+    root and the queue steps are bound as closure locals and inlined: this runs once per hole
+    (hundreds per call), where nested calls cost more than the search itself."""
+    order, lengths, min_size = pricing.order, pricing.lengths, pricing.min_size
+    min_time, min_tokens, time_tokens = pricing.min_time, pricing.min_tokens, pricing.time_tokens
+    a, b, g, sp_factor = pricing.a, pricing.b, pricing.g, pricing.sp_factor
+    four_a, two_a = 4.0 * a, 2.0 * a
+    negated, first, end = queue.negated_lengths, queue.first, queue.end
+    shortest = lengths[order[-1]]
+    per_size: dict[int, tuple[float, float, int]] = {}
+
+    def fit(size: int, time_room: float, token_room: int) -> tuple[int, int, float, int] | None:
+        if token_room * size < shortest:
+            return None  # not even the batch's shortest sequence fits the tokens left
+        constants = per_size.get(size)
+        if constants is None:
+            linear = b + (g * (size - 1) if size > 1 else 0.0)
+            multiple = CHUNKS_PER_CP_RANK * size * sp_factor if size > 1 else sp_factor
+            constants = per_size[size] = (linear, linear * linear, multiple)
+        linear, linear_squared, multiple = constants
+        scaled = size * time_room
+        if a > 0.0:
+            by_time = (math.sqrt(linear_squared + four_a * scaled) - linear) / two_a
+        else:
+            by_time = scaled / linear
+        max_length = int(min(by_time, token_room * size)) // multiple * multiple
+        if max_length < 1:
             return None
-        seq = queue.order[pos]
-        if pricing.min_size[seq] <= size:
-            time, tokens = pricing.time_tokens(seq, size)
-            if time <= time_room and tokens <= token_room:
-                return pos, seq, time, tokens
-        pos = queue.first(pos + 1)
-    return None
+        pos = first(bisect_left(negated, -max_length))
+        for _ in range(BEST_FIT_PROBES):
+            if pos >= end:
+                return None
+            seq = order[pos]
+            if min_size[seq] <= size:
+                if min_size[seq] == size:
+                    time, tokens = min_time[seq], min_tokens[seq]
+                else:
+                    time, tokens = time_tokens(seq, size)
+                if time <= time_room and tokens <= token_room:
+                    return pos, seq, time, tokens
+            pos = first(pos + 1)
+        return None
+    return fit
 
 
 def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue) -> None:
@@ -258,28 +374,38 @@ def _fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
     A block that fits nothing now never will (rooms only shrink), so it leaves the heap; once
     the largest room is below the time of the shortest queued sequence (on any block size:
     a sequence's time grows with its length, and the shortest queued one only gets longer as
-    the queue shrinks), no block can take anything."""
+    the queue shrinks), no block can take anything. Block and queue updates are inlined
+    (``draft.add``, ``queue.take``): this loop runs once per hole."""
     if not queue.remaining:
         return
     level = draft.level
-    heap = [(time, block) for block, time in enumerate(draft.times)]
-    heapify(heap)
     shortest = queue.order[queue.last()]
     floor = min((pricing.time_tokens(shortest, size)[0] for size in set(draft.sizes)),
                 default=0.0)
-    while heap and queue.remaining:
+    if level - min(draft.times, default=level) < floor:
+        return  # the loop's first check would stop: most micro-batches have no hole
+    heap = list(zip(draft.times, range(len(draft.times))))  # (time, block), built in C
+    heapify(heap)
+    fit, budget, min_work = _hole_search(pricing, queue), pricing.budget, pricing.min_work
+    sizes, times, tokens, members = draft.sizes, draft.times, draft.tokens, draft.members
+    available, remaining, absorbed = queue.next_available, queue.remaining, draft.absorbed_work
+    while heap and remaining:
         top_time, block = heap[0]
         if level - top_time < floor:
-            return
-        found = _best_fit(draft, pricing, queue, block, level - top_time)
+            break
+        found = fit(sizes[block], level - top_time, budget - tokens[block])
         if found is None:
             heappop(heap)
             continue
-        pos, seq, time, tokens = found
-        draft.add(block, seq, time, tokens)
-        draft.absorbed_work += pricing.min_work[seq]
-        queue.take(pos)
-        heapreplace(heap, (draft.times[block], block))
+        pos, seq, time, seq_tokens = found
+        times[block] += time
+        tokens[block] += seq_tokens
+        members[block].append(seq)
+        absorbed += min_work[seq]
+        available[pos] = pos + 1  # queue.take(pos): fit returned an available position
+        remaining -= 1
+        heapreplace(heap, (times[block], block))
+    queue.remaining, draft.absorbed_work = remaining, absorbed
 
 
 def build_microbatch(pricing: ItemPricing, queue: SequenceQueue,
@@ -404,7 +530,7 @@ def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchD
     every size, and the one with the shorter critical path is kept: the full search fixes the
     attention-heavy and few-sequence cases (issue 12), while the greedy excess rule it relies
     on can lose a little elsewhere, so neither policy is ever worse than the other here."""
-    queue = SequenceQueue(pricing.order, pricing.lengths)
+    queue = SequenceQueue(pricing.order, pricing.lengths, pricing.order_negated_lengths)
     if not allow_growth:
         drafts = []
         while queue.remaining:

@@ -6,8 +6,7 @@ Vectorised with numpy once per global batch, then handed to the packing loops as
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +30,11 @@ class ItemPricing:
         min_tokens: Per-rank padded tokens at min_size per id.
         min_work: min_size * min_time per id: the least rank-time the sequence can cost.
         order: Ids sorted by length descending, then id ascending (the packing order).
+        length_array: ``lengths`` as an int64 array (for numpy passes over the batch).
+        min_time_array, min_tokens_array: ``min_time`` and ``min_tokens`` as arrays (the
+            numpy LPT rounds gather from them).
+        order_negated_lengths: ``-lengths[seq]`` for each ``seq`` of ``order`` (from the sort;
+            the sequence queue bisects it), or None when not computed.
     """
 
     lengths: list[int]
@@ -47,6 +51,12 @@ class ItemPricing:
     b: float
     g: float
     d: float
+    length_array: np.ndarray | None = field(default=None, compare=False, repr=False)
+    min_time_array: np.ndarray | None = field(default=None, compare=False, repr=False)
+    min_tokens_array: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # Not an init field, so a copy with another order (dataclasses.replace) drops it.
+    order_negated_lengths: list[int] | None = field(default=None, init=False, compare=False,
+                                                    repr=False)
 
     def time_tokens(self, seq: int, size: int) -> tuple[float, int]:
         """Per-rank (time, padded tokens) of ``seq`` on a group of ``size`` ranks."""
@@ -71,20 +81,6 @@ class ItemPricing:
                 return candidate
         return None
 
-    def max_fitting_length(self, size: int, time_room: float, token_room: int) -> int:
-        """Upper bound on the length of a sequence whose per-rank time on ``size`` ranks is at
-        most ``time_room`` and whose per-rank tokens are at most ``token_room``."""
-        linear = self.b + (self.g * (size - 1) if size > 1 else 0.0)
-        scaled = size * time_room
-        if self.a > 0.0:
-            root = math.sqrt(linear * linear + 4.0 * self.a * scaled)
-            by_time = (root - linear) / (2.0 * self.a)
-        else:
-            by_time = scaled / linear
-        multiple = CHUNKS_PER_CP_RANK * size * self.sp_factor if size > 1 else self.sp_factor
-        # A real length fits iff its padded length does: round the bound down to the multiple.
-        return int(min(by_time, token_room * size)) // multiple * multiple
-
 
 def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str) -> ItemPricing:
     """Prices every sequence for the allowed ``sizes``.
@@ -97,18 +93,41 @@ def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str
                                    problem.sp_factor)
     if len(lengths) and min_size.min() == 0:
         _raise_infeasible(problem, lengths[min_size == 0].max(), sizes, flag_hint)
-    padded = _padded_array(lengths, min_size, problem.sp_factor)
-    cost = problem.cost
+    sp_factor, cost = problem.sp_factor, problem.cost
+    multiple = np.where(min_size > 1, CHUNKS_PER_CP_RANK * min_size * sp_factor, sp_factor)
+    chunks = -(-lengths // multiple)
+    padded = chunks * multiple
+    # Per-rank tokens padded // min_size, as the chunks times the multiple's per-rank share
+    # (numpy's integer division is slow).
+    tokens = chunks * np.where(min_size > 1, CHUNKS_PER_CP_RANK * sp_factor, sp_factor)
     time = (cost.a * padded.astype(np.float64) ** 2 + cost.b * padded) / min_size
     time += np.where(min_size > 1, cost.g * padded * (min_size - 1) / min_size, 0.0)
-    order = np.argsort(-lengths, kind="stable")  # stable: ties stay in id order
-    return ItemPricing(
+    order, negated = _packing_order(lengths)
+    pricing = ItemPricing(
         lengths=list(problem.lengths), sizes=tuple(sizes), min_size=min_size.tolist(),
-        min_time=time.tolist(), min_tokens=(padded // min_size).tolist(),
-        min_work=(time * min_size).tolist(), order=order.tolist(),
+        min_time=time.tolist(), min_tokens=tokens.tolist(),
+        min_work=(time * min_size).tolist(), order=order,
         budget=problem.max_seqlen_per_rank,
-        num_ranks=problem.num_ranks, sp_factor=problem.sp_factor,
-        a=cost.a, b=cost.b, g=cost.g, d=cost.d)
+        num_ranks=problem.num_ranks, sp_factor=sp_factor,
+        a=cost.a, b=cost.b, g=cost.g, d=cost.d, length_array=lengths, min_time_array=time,
+        min_tokens_array=tokens)
+    pricing.order_negated_lengths = negated
+    return pricing
+
+
+def _packing_order(lengths: np.ndarray) -> tuple[list[int], list[int]]:
+    """Ids by length descending, then id ascending, and their negated lengths in that order.
+    The pair (-length, id) is packed into one int64 (unique keys, so any sort gives this
+    order) and sorted without an argsort: about 3x faster than a stable argsort of -lengths,
+    which gives the same order."""
+    count = len(lengths)
+    shift = max(count - 1, 1).bit_length()
+    if count == 0 or int(lengths.max()) >= 1 << (62 - shift):  # keys would overflow
+        order = np.argsort(-lengths, kind="stable")
+        return order.tolist(), (-lengths[order]).tolist()
+    keys = np.sort((-lengths << shift) | np.arange(count, dtype=np.int64))
+    # -length << shift has zero low bits: the low bits are the id, the high ones -length.
+    return (keys & ((1 << shift) - 1)).tolist(), (keys >> shift).tolist()
 
 
 def _min_feasible_sizes(lengths: np.ndarray, sizes: tuple[int, ...], budget: int,
@@ -126,11 +145,6 @@ def _min_feasible_sizes(lengths: np.ndarray, sizes: tuple[int, ...], budget: int
     index = np.searchsorted(limits, lengths, side="left")
     padded_sizes = np.asarray(sizes + (0,), dtype=np.int64)
     return padded_sizes[index]
-
-
-def _padded_array(lengths: np.ndarray, sizes: np.ndarray, sp_factor: int) -> np.ndarray:
-    multiple = np.where(sizes > 1, CHUNKS_PER_CP_RANK * sizes * sp_factor, sp_factor)
-    return -(-lengths // multiple) * multiple
 
 
 def _raise_infeasible(problem: ScheduleProblem, length: int, sizes: tuple[int, ...],

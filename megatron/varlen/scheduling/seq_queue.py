@@ -2,21 +2,23 @@
 
 Sequences leave from the front (the next longest) and from anywhere (best fit for a hole), so
 the queue is a sorted array plus a "next available position" union-find with path compression:
-``first(pos)`` and ``take(pos)`` are amortised near O(1), ``fit_position`` is a bisection.
+``first(pos)`` and ``take(pos)`` are amortised near O(1); best fit bisects ``negated_lengths``.
 """
 
 from __future__ import annotations
-
-from bisect import bisect_left
 
 
 class SequenceQueue:
     """Available positions of ``order`` (sequence ids sorted by length descending)."""
 
-    def __init__(self, order: list[int], lengths: list[int]) -> None:
+    def __init__(self, order: list[int], lengths: list[int],
+                 negated_lengths: list[int] | None = None) -> None:
         self.order = order
-        # Negated lengths ascend along the order, which bisect needs.
-        self._negated = [-lengths[seq] for seq in order]
+        # Negated lengths ascend along the order, which bisect needs (the hole search
+        # bisects it directly to skip a call). Pricing's sort gives them for free.
+        if negated_lengths is None:
+            negated_lengths = [-lengths[seq] for seq in order]
+        self.negated_lengths = negated_lengths
         # next_available[p] == p iff position p is available; otherwise it points further right
         # (the union-find parent). Hot loops may read it directly to skip a call.
         self.next_available = list(range(len(order) + 1))  # len(order) is the sentinel
@@ -28,7 +30,7 @@ class SequenceQueue:
     def copy(self) -> "SequenceQueue":
         """An independent copy (for trying alternative micro-batches)."""
         clone = SequenceQueue.__new__(SequenceQueue)
-        clone.order, clone._negated = self.order, self._negated
+        clone.order, clone.negated_lengths = self.order, self.negated_lengths
         clone.next_available, clone.remaining = list(self.next_available), self.remaining
         clone._last_hint = self._last_hint
         return clone
@@ -64,18 +66,30 @@ class SequenceQueue:
     def skip_taken(self, start: int, stop: int) -> None:
         """Links every position of ``start..stop-1`` (all taken) straight to ``stop``.
 
-        The hot loops take a run of front positions one link at a time (p -> p + 1); the
-        next ``first`` would walk that chain. One slice store instead makes it a single hop
-        (same answers: only the links change)."""
+        The front loops take runs of front positions without linking them one by one (a
+        store per sequence); this one slice store links the run in a single hop, so the
+        next ``first`` does not walk it either."""
         if stop > start:
             self.next_available[start:stop] = [stop] * (stop - start)
+
+    def upcoming(self, pos: int, most: int) -> tuple[list[int], range | list[int]]:
+        """The sequences of the next ``most`` available positions from ``pos`` (available),
+        and those positions. Filled holes leave taken positions among them; usually there
+        are none, and one slice comparison proves it and one slice takes them."""
+        available, end = self.next_available, len(self.order)
+        stop = min(pos + most, end)
+        if available[pos:stop] == list(range(pos, stop)):
+            return self.order[pos:stop], range(pos, stop)
+        positions: list[int] = []
+        while len(positions) < most and pos < end:  # gaps: skip the taken positions
+            stop = min(pos + most - len(positions), end)
+            positions += [at for at in range(pos, stop) if available[at] == at]
+            pos = stop
+        order = self.order
+        return [order[at] for at in positions], positions
 
     def take(self, pos: int) -> None:
         """Removes position ``pos`` (must be available)."""
         assert self.next_available[pos] == pos < len(self.order), f"position {pos} already taken"
         self.next_available[pos] = pos + 1
         self.remaining -= 1
-
-    def fit_position(self, max_length: int) -> int:
-        """First available position whose sequence is at most ``max_length`` long."""
-        return self.first(bisect_left(self._negated, -max_length))

@@ -1,28 +1,70 @@
 """Latency shortcuts of the packing loops change no schedule:
 
+* the hole search (packing._hole_search: closure locals, the root of the cost's quadratic
+  computed inline) finds the same sequence as the plain best fit written out below;
 * the hole-filling phase stops once no block has time room for the shortest *queued*
   sequence (packing._fill_holes, SequenceQueue.last): the same schedules as the plain loop that
   asks best fit for every block until the heap is empty;
-* the front loops link their taken runs in one hop (SequenceQueue.skip_taken): the same
-  schedules as without, and ``first`` gives the same answers."""
+* the front loops link their taken runs in one hop (SequenceQueue.skip_taken) instead of one
+  link per position: the same schedules as with the plain links, and ``first`` gives the same
+  answers."""
 
+import math
 import random
-
+from bisect import bisect_left
 from heapq import heapify, heappop, heapreplace
 
 from megatron.varlen.scheduling import CostModel, ScheduleProblem, get_scheduler
 from megatron.varlen.scheduling import packing
+from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
 
+def _max_fitting_length(pricing, size, time_room, token_room):
+    """Longest length whose per-rank time on ``size`` ranks is at most ``time_room`` and whose
+    per-rank tokens are at most ``token_room``, rounded down to the padding multiple."""
+    linear = pricing.b + (pricing.g * (size - 1) if size > 1 else 0.0)
+    scaled = size * time_room
+    if pricing.a > 0.0:
+        root = math.sqrt(linear * linear + 4.0 * pricing.a * scaled)
+        by_time = (root - linear) / (2.0 * pricing.a)
+    else:
+        by_time = scaled / linear
+    multiple = CHUNKS_PER_CP_RANK * size * pricing.sp_factor if size > 1 else pricing.sp_factor
+    return int(min(by_time, token_room * size)) // multiple * multiple
+
+
+def _plain_best_fit(draft, pricing, queue, block, time_room):
+    """Longest queued sequence that fits ``block`` (position, sequence, time, tokens)."""
+    size = draft.sizes[block]
+    token_room = pricing.budget - draft.tokens[block]
+    if token_room * size < pricing.lengths[queue.order[-1]]:
+        return None
+    max_length = _max_fitting_length(pricing, size, time_room, token_room)
+    if max_length < 1:
+        return None
+    pos = queue.first(bisect_left([-pricing.lengths[seq] for seq in queue.order], -max_length))
+    for _ in range(packing.BEST_FIT_PROBES):
+        if pos >= queue.end:
+            return None
+        seq = queue.order[pos]
+        if pricing.min_size[seq] <= size:
+            time, tokens = pricing.time_tokens(seq, size)
+            if time <= time_room and tokens <= token_room:
+                return pos, seq, time, tokens
+        pos = queue.first(pos + 1)
+    return None
+
+
 def _plain_fill_holes(draft, pricing, queue):
-    """The un-optimised phase: no early stop, every block is tried until it fits nothing."""
+    """The un-optimised phase: no early stop, every block is tried until it fits nothing,
+    block and queue updates through their methods."""
     level = draft.level
     heap = [(time, block) for block, time in enumerate(draft.times)]
     heapify(heap)
     while heap and queue.remaining:
         top_time, block = heap[0]
-        found = packing._best_fit(draft, pricing, queue, block, level - top_time)
+        found = _plain_best_fit(draft, pricing, queue, block, level - top_time)
         if found is None:
             heappop(heap)
             continue
@@ -77,7 +119,10 @@ def test_one_hop_links_change_no_schedule(monkeypatch):
     scheduler = get_scheduler("default_dynamic_cp")
     problems = list(_problems())
     fast = [scheduler(problem) for problem in problems]
-    monkeypatch.setattr(SequenceQueue, "skip_taken", lambda self, start, stop: None)
+    def one_link_per_position(queue, start, stop):
+        queue.next_available[start:stop] = range(start + 1, stop + 1)
+
+    monkeypatch.setattr(SequenceQueue, "skip_taken", one_link_per_position)
     assert [scheduler(problem) for problem in problems] == fast
 
 
