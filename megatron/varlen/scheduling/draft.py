@@ -14,7 +14,12 @@ from operator import mul
 import numpy as np
 
 from megatron.varlen.scheduling.pricing import ItemPricing
-from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK, Schedule, ScheduleProblem
+from megatron.varlen.scheduling.problem import (
+    CHUNKS_PER_CP_RANK,
+    Schedule,
+    ScheduleProblem,
+    padded_length,
+)
 
 
 @dataclass
@@ -98,10 +103,9 @@ def drafts_to_schedule(problem: ScheduleProblem,
     cp_sizes, padded = [1] * problem.num_sequences, _one_rank_padded_lengths(problem)
     lengths, sp_factor = problem.lengths, problem.sp_factor
     for size, seqs in groups:
-        multiple = CHUNKS_PER_CP_RANK * size * sp_factor
         for seq in seqs:
             cp_sizes[seq] = size
-            padded[seq] = -(-lengths[seq] // multiple) * multiple
+            padded[seq] = padded_length(lengths[seq], size, sp_factor)
     return Schedule(microbatches=microbatches, cp_sizes=tuple(cp_sizes),
                     padded_lengths=tuple(padded))
 

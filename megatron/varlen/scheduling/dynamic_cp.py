@@ -20,7 +20,7 @@ from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
 from megatron.varlen.scheduling.gc_pause import gc_paused
 from megatron.varlen.scheduling.packing import pack_sequences
 from megatron.varlen.scheduling.pricing import ItemPricing, price_items
-from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK, Schedule, ScheduleProblem
+from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem, pad_multiple
 
 DYNAMIC_FLAG_HINT = " or lower --min-dynamic-context-parallel-size"
 
@@ -33,7 +33,7 @@ def _static_lower_bound(problem: ScheduleProblem, pricing: ItemPricing) -> float
     """Simple lower bound of any schedule that keeps every sequence on cp_size ranks."""
     cp = problem.cp_size
     lengths = pricing.length_array.astype(np.float64)  # problem.lengths, already an array
-    multiple = CHUNKS_PER_CP_RANK * cp * problem.sp_factor if cp > 1 else problem.sp_factor
+    multiple = pad_multiple(cp, problem.sp_factor)
     padded = np.ceil(lengths / multiple) * multiple
     cost = problem.cost
     time = (cost.a * padded * padded + cost.b * padded) / cp

@@ -30,7 +30,7 @@ from megatron.varlen.scheduling.cover import cover_free_ranks
 from megatron.varlen.scheduling.draft import MicrobatchDraft
 from megatron.varlen.scheduling.lpt_rounds import lpt_in_rounds
 from megatron.varlen.scheduling.pricing import ItemPricing
-from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK
+from megatron.varlen.scheduling.problem import pad_multiple
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
 # Try growth variants only when more than this fraction of a micro-batch's rank-time is idle.
@@ -341,7 +341,7 @@ def _hole_search(pricing: ItemPricing,
         constants = per_size.get(size)
         if constants is None:
             linear = b + (g * (size - 1) if size > 1 else 0.0)
-            multiple = CHUNKS_PER_CP_RANK * size * sp_factor if size > 1 else sp_factor
+            multiple = pad_multiple(size, sp_factor)
             constants = per_size[size] = (linear, linear * linear, multiple)
         linear, linear_squared, multiple = constants
         scaled = size * time_room

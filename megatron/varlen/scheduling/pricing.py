@@ -62,9 +62,7 @@ class ItemPricing:
         """Per-rank (time, padded tokens) of ``seq`` on a group of ``size`` ranks."""
         if size == self.min_size[seq]:
             return self.min_time[seq], self.min_tokens[seq]
-        length = self.lengths[seq]
-        multiple = CHUNKS_PER_CP_RANK * size * self.sp_factor if size > 1 else self.sp_factor
-        padded = -(-length // multiple) * multiple
+        padded = padded_length(self.lengths[seq], size, self.sp_factor)
         time = (self.a * padded * padded + self.b * padded) / size
         if size > 1:
             time += self.g * padded * (size - 1) / size
