@@ -28,20 +28,6 @@ from megatron.varlen.scheduling.seq_queue import SequenceQueue
 MIN_ROUND = 48
 
 
-def _gather(pricing: ItemPricing, queue: SequenceQueue, pos: int, size: int,
-            count: int) -> tuple[range | list[int], list[int]]:
-    """Up to ``count`` available positions from ``pos`` whose sequences' minimum group is
-    ``size`` (stops at the first that is not), and their sequences."""
-    seqs, positions = queue.upcoming(pos, count)
-    min_size = pricing.min_size
-    if seqs and min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
-        cut = 0
-        while min_size[seqs[cut]] == size:
-            cut += 1
-        seqs, positions = seqs[:cut], positions[:cut]
-    return positions, seqs
-
-
 def _round_length(loads: np.ndarray, raised: np.ndarray, tokens_after: np.ndarray,
                   budget: int) -> tuple[int, bool]:
     """(sequences the heap would place exactly as this round does, whether it then stops on
@@ -99,7 +85,7 @@ def lpt_in_rounds(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQ
         # sequence of this round: gather no more sequences than that.
         count = max(1, int(np.searchsorted(loads[by_load],
                                            float(loads[first]) + min_time[order[pos]])))
-        positions, seqs = _gather(pricing, queue, pos, size, count)
+        positions, seqs = queue.upcoming_run(pos, count, min_size, size)
         by_load = by_load[:len(seqs)]
         chosen_loads = loads[by_load]
         raised = chosen_loads + _prices(pricing.min_time_array, min_time, seqs)

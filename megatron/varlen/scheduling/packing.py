@@ -178,8 +178,7 @@ def _open_blocks(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQu
             pos, free, absorbed, taken = _open_run(draft, pricing, queue, heaps, pos, free,
                                                    absorbed, taken, size)
             continue
-        if size > 1:
-            time += d * (size - 1)
+        time += d * (size - 1)  # only capped sizes above one rank get here
         heap = heaps.get(size)
         if heap is None:
             heaps[size] = heap = []
@@ -214,12 +213,7 @@ def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
     latency = pricing.d * (size - 1)
     entries = heaps.setdefault(size, [])
     while free >= size and pos < end and min_size[order[pos]] == size:
-        seqs, positions = queue.upcoming(pos, free // size)
-        if min_size[seqs[-1]] != size:  # sizes fall with the length: keep the prefix
-            cut = 1
-            while min_size[seqs[cut]] == size:
-                cut += 1
-            seqs, positions = seqs[:cut], positions[:cut + 1]
+        positions, seqs = queue.upcoming_run(pos, free // size, min_size, size)
         if size > 1:
             seq_times = [min_time[seq] + latency for seq in seqs]
         else:
@@ -232,8 +226,7 @@ def _open_run(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue
         for seq in seqs:  # one by one in order, as the loop would (the same sum to the bit)
             absorbed += min_work[seq]
         free, taken = free - size * len(seqs), taken + len(seqs)
-        pos = queue.first(positions[len(seqs)] if len(positions) > len(seqs) else
-                          positions[-1] + 1)
+        pos = queue.first(positions[-1] + 1)
     return pos, free, absorbed, taken
 
 

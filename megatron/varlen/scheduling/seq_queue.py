@@ -88,6 +88,19 @@ class SequenceQueue:
         order = self.order
         return [order[at] for at in positions], positions
 
+    def upcoming_run(self, pos: int, most: int, min_size: list[int],
+                     size: int) -> tuple[range | list[int], list[int]]:
+        """``upcoming`` cut to the run of sequences whose minimum group (``min_size[seq]``)
+        is ``size``, as (positions, sequences): it stops at the first that is not. Minimum
+        sizes fall with the length, so once one differs every later one does too."""
+        seqs, positions = self.upcoming(pos, most)
+        if seqs and min_size[seqs[-1]] != size:
+            cut = 0
+            while min_size[seqs[cut]] == size:
+                cut += 1
+            seqs, positions = seqs[:cut], positions[:cut]
+        return positions, seqs
+
     def take(self, pos: int) -> None:
         """Removes position ``pos`` (must be available)."""
         assert self.next_available[pos] == pos < len(self.order), f"position {pos} already taken"
