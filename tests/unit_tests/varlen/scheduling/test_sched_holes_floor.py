@@ -14,6 +14,8 @@ import random
 from bisect import bisect_left
 from heapq import heapify, heappop, heapreplace
 
+import pytest
+
 from megatron.varlen.scheduling import CostModel, ScheduleProblem, get_scheduler
 from megatron.varlen.scheduling import packing
 from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK
@@ -89,12 +91,23 @@ def _problems():
                               max_seqlen_per_rank=budget, cost=costs[index % len(costs)])
 
 
-def test_early_stop_changes_no_schedule(monkeypatch):
-    scheduler = get_scheduler("default_dynamic_cp")
+@pytest.fixture(scope="module")
+def fast_schedules():
+    """The generated problems and their schedules with every shortcut on (computed once for
+    the tests below, which each turn one shortcut off and reschedule)."""
     problems = list(_problems())
-    fast = [scheduler(problem) for problem in problems]
+    return problems, _schedule_all(problems)
+
+
+def _schedule_all(problems):
+    scheduler = get_scheduler("default_dynamic_cp")
+    return [scheduler(problem) for problem in problems]
+
+
+def test_early_stop_changes_no_schedule(monkeypatch, fast_schedules):
+    problems, fast = fast_schedules
     monkeypatch.setattr(packing, "_fill_holes", _plain_fill_holes)
-    assert [scheduler(problem) for problem in problems] == fast
+    assert _schedule_all(problems) == fast
 
 
 def test_last_is_the_largest_available_position():
@@ -115,15 +128,14 @@ def test_last_is_the_largest_available_position():
         assert copy.last() == max(still, default=-1)
 
 
-def test_one_hop_links_change_no_schedule(monkeypatch):
-    scheduler = get_scheduler("default_dynamic_cp")
-    problems = list(_problems())
-    fast = [scheduler(problem) for problem in problems]
+def test_one_hop_links_change_no_schedule(monkeypatch, fast_schedules):
+    problems, fast = fast_schedules
+
     def one_link_per_position(queue, start, stop):
         queue.next_available[start:stop] = range(start + 1, stop + 1)
 
     monkeypatch.setattr(SequenceQueue, "skip_taken", one_link_per_position)
-    assert [scheduler(problem) for problem in problems] == fast
+    assert _schedule_all(problems) == fast
 
 
 def test_skip_taken_keeps_first_answers():
