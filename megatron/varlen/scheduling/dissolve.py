@@ -68,8 +68,9 @@ def _place(drafts: list[MicrobatchDraft], pricing: ItemPricing, skip: tuple[int,
     return best
 
 
-def _plan(drafts: list[MicrobatchDraft], pricing: ItemPricing, skip: tuple[int, int | None],
-          seqs: list[int], baseline: float) -> list[tuple[int, int, int]] | None:
+def plan_moves(drafts: list[MicrobatchDraft], pricing: ItemPricing,
+               skip: tuple[int, int | None], seqs: list[int],
+               baseline: float) -> list[tuple[int, int, int]] | None:
     """(sequence, micro-batch, block) moves of ``seqs`` out of ``skip`` (a micro-batch and its
     block, or None for the whole micro-batch) that shorten the critical path, or None.
 
@@ -100,8 +101,10 @@ def _plan(drafts: list[MicrobatchDraft], pricing: ItemPricing, skip: tuple[int, 
     return moves
 
 
-def _apply(drafts: list[MicrobatchDraft], pricing: ItemPricing,
-           moves: list[tuple[int, int, int]]) -> None:
+def apply_moves(drafts: list[MicrobatchDraft], pricing: ItemPricing,
+                moves: list[tuple[int, int, int]]) -> None:
+    """Adds each planned (sequence, micro-batch, block) move's sequence to its block (the
+    caller takes the sequences out of their old blocks)."""
     for seq, index, block in moves:
         time, seq_tokens = pricing.time_tokens(seq, drafts[index].sizes[block])
         drafts[index].add(block, seq, time, seq_tokens)
@@ -118,9 +121,9 @@ def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int
     """Dissolves or, failing that, evicts the slowest block of ``drafts[victim]``."""
     draft = drafts[victim]
     if draft.num_items <= MAX_SEQUENCES:
-        moves = _plan(drafts, pricing, (victim, None), draft.item_ids(), 0.0)
+        moves = plan_moves(drafts, pricing, (victim, None), draft.item_ids(), 0.0)
         if moves is not None:
-            _apply(drafts, pricing, moves)
+            apply_moves(drafts, pricing, moves)
             del drafts[victim]
             return True
     slowest = max(range(len(draft.sizes)), key=lambda block: (draft.times[block], -block))
@@ -128,9 +131,9 @@ def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int
     rest = max((time for block, time in enumerate(draft.times) if block != slowest),
                default=0.0)
     if len(draft.sizes) > 1 and len(members) <= MAX_SEQUENCES:
-        moves = _plan(drafts, pricing, (victim, slowest), list(members), rest)
+        moves = plan_moves(drafts, pricing, (victim, slowest), list(members), rest)
         if moves is not None:
-            _apply(drafts, pricing, moves)
+            apply_moves(drafts, pricing, moves)
             _remove_block(draft, slowest)
             cover_free_ranks(draft, pricing)
             return True
@@ -151,11 +154,11 @@ def _evict_longest(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: 
     if draft.num_items <= MAX_SEQUENCES and _evict_longest_and_rebuild(drafts, pricing, victim,
                                                                       longest):
         return True
-    moves = _plan(drafts, pricing, (victim, slowest), [longest],
-                  max(rest, draft.times[slowest] - time))
+    moves = plan_moves(drafts, pricing, (victim, slowest), [longest],
+                       max(rest, draft.times[slowest] - time))
     if moves is None:
         return False
-    _apply(drafts, pricing, moves)
+    apply_moves(drafts, pricing, moves)
     members.remove(longest)
     draft.times[slowest] -= time
     draft.tokens[slowest] -= seq_tokens
@@ -171,14 +174,14 @@ def _evict_longest_and_rebuild(drafts: list[MicrobatchDraft], pricing: ItemPrici
     # fastest time, which must leave room for seq's rise elsewhere.
     floor = max(min(pricing.time_tokens(other, size)[0] for size in pricing.sizes
                     if size >= pricing.min_size[other]) for other in others)
-    if _plan(drafts, pricing, (victim, None), [seq], floor) is None:
+    if plan_moves(drafts, pricing, (victim, None), [seq], floor) is None:
         return False
     rebuilt = pack_sequences(pricing_for_subset(pricing, others), allow_growth=True)
-    moves = _plan(drafts, pricing, (victim, None), [seq],
-                  sum(draft.level for draft in rebuilt))
+    moves = plan_moves(drafts, pricing, (victim, None), [seq],
+                       sum(draft.level for draft in rebuilt))
     if moves is None:
         return False
-    _apply(drafts, pricing, moves)
+    apply_moves(drafts, pricing, moves)
     drafts[victim:victim + 1] = rebuilt
     return True
 

@@ -19,6 +19,7 @@ from megatron.varlen.scheduling.dp_balanced import build_static_drafts
 from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
 from megatron.varlen.scheduling.gc_pause import gc_paused
 from megatron.varlen.scheduling.packing import pack_sequences
+from megatron.varlen.scheduling.polish import polish_small_batch
 from megatron.varlen.scheduling.pricing import ItemPricing, price_items
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem, pad_multiple
 
@@ -74,6 +75,7 @@ def _schedule(problem: ScheduleProblem) -> Schedule:
                                             pricing)
     drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
                                       problem.vpp_group_size)
+    drafts = polish_small_batch(drafts, pricing)
     fallback = _static_fallback(problem, pricing, _critical_path(drafts))
     if fallback is not None and _critical_path(fallback) < _critical_path(drafts):
         drafts = fallback
