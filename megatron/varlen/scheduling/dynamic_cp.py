@@ -6,6 +6,8 @@ tokens fit the budget, and at least --min-dynamic-context-parallel-size. Level p
 of long sequences where that shortens a micro-batch, and covers every rank of every non-empty
 micro-batch (cover.py). Finally the static dp_balanced schedule is built too and kept instead if
 its critical path is shorter, so dynamic CP is never worse than dp_balanced at the same budget.
+Before that, small batches are polished (polish.py: exchanges and trims that even out each
+micro-batch's blocks).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ applied only when the critical path strictly falls:
   (dissolve.plan_moves); accepted if the rises sum to less than the cut.
 
 The order is exchange, trim, exchange (trims leave new blocks on top). On the benchmark's small
-batches (8 sequences per rank) this removes 0.2-2.5% of the critical path.
+batches (8 sequences per rank) this removes 0.03-2.4% of the critical path.
 
 Cost and where it runs: an exchange looks at block pairs (slowest, another), least loaded
 first, at most PAIRS_PER_BLOCK per block of the micro-batch; a trim plans at most TRIM_CUTS
