@@ -56,7 +56,7 @@ def polish_small_batch(drafts: list[MicrobatchDraft],
     """Exchanges, trims, exchanges (module docstring) on a small batch, in place; returns
     ``drafts``. Every move keeps the blocks, their sizes, the budget and the micro-batch
     count, and strictly shortens the critical path."""
-    num_sequences = sum(draft.num_items for draft in drafts)
+    num_sequences = len(pricing.lengths)  # every sequence is in drafts; O(1) for large batches
     if num_sequences > min(POLISH_MAX_SEQUENCES_PER_RANK * pricing.num_ranks,
                            POLISH_MAX_SEQUENCES):
         return drafts
