@@ -30,6 +30,8 @@ tail is a small part of the critical path, and they must keep their latency budg
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from megatron.varlen.scheduling.dissolve import apply_moves, plan_moves
 from megatron.varlen.scheduling.draft import MicrobatchDraft
 from megatron.varlen.scheduling.pricing import ItemPricing
@@ -85,7 +87,7 @@ class _PriceCache(dict):
         return value
 
 
-def _exchange(drafts: list[MicrobatchDraft], indices, pricing: ItemPricing,
+def _exchange(drafts: list[MicrobatchDraft], indices: Iterable[int], pricing: ItemPricing,
               prices: _PriceCache) -> None:
     """Exchange moves in ``drafts[index]`` for each of ``indices``."""
     for index in indices:
