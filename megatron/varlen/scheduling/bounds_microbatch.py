@@ -37,11 +37,11 @@ from megatron.varlen.scheduling.problem import ScheduleProblem
 MAX_TOKEN_MICROBATCHES = 8
 MAX_DISTINCT_LENGTHS = 1024
 MAX_STRETCHES = 256  # more breakpoints are merged into coarser stretches (still valid)
-UNIFORM_THETAS = np.linspace(0.0, 1.0, 5)  # theta_c tried alike for every size, per stretch
-REFINED_THETAS = np.linspace(0.0, 1.0, 11)  # per-size coordinate search values
-REFINED_STRETCHES = 12  # stretches (largest ratio first) whose theta gets the search
-THETA_SWEEPS = 1
-COARSE_PRICE_CAPS = 6  # level caps tried first for the prices, then a local search
+UNIFORM_THETAS = (0.0, 0.5, 1.0)  # theta_c tried alike for every size, on every stretch
+REFINED_THETAS = np.linspace(0.0, 1.0, 6)  # per-size coordinate search values
+REFINED_BATCH = 4  # stretches searched at a time (largest ratio first)
+MAX_REFINED_BATCHES = 4
+COARSE_PRICE_CAPS = 5  # level caps tried first for the prices, then a local search
 
 
 @dataclass(frozen=True)
@@ -138,22 +138,26 @@ def _knapsack(prices: np.ndarray, multiplicity: np.ndarray, shares: np.ndarray,
     return gained[rows, whole] + spare * next_ratio
 
 
-def _best_theta(stretches: _Stretches, prices: np.ndarray, refine: bool = True) -> np.ndarray:
-    """Per stretch, the least U_a / G_a found over theta: uniform thetas for all stretches,
-    then (``refine``) a per-size coordinate search on the REFINED_STRETCHES largest. Each value
+def _best_theta(stretches: _Stretches, prices: np.ndarray) -> np.ndarray:
+    """Per stretch, the least U_a / G_a found over theta: UNIFORM_THETAS for every stretch,
+    then a per-size coordinate search on the stretch with the largest ratio, repeated (in
+    batches of REFINED_BATCH) until the largest ratio belongs to a searched stretch. Each value
     is a valid upper bound of its stretch's ratio, whatever theta it came from."""
     num, num_sizes = len(stretches.starts), len(stretches.options.latency)
-    every = np.arange(num)
     best_theta = np.zeros((num, num_sizes))
     best = np.full(num, np.inf)
     for value in UNIFORM_THETAS:
-        theta = np.full((num, num_sizes), value)
-        ratio = stretches.ratios(prices, theta, every)
+        ratio = stretches.ratios(prices, np.full((num, num_sizes), value), np.arange(num))
         better = ratio < best
         best[better], best_theta[better] = ratio[better], value
-    rows = np.argsort(-best, kind="stable")[:REFINED_STRETCHES if refine else 0]
-    for _ in range(THETA_SWEEPS):
-        for size in range(num_sizes if len(rows) else 0):
+    searched = np.zeros(num, dtype=bool)
+    for _ in range(MAX_REFINED_BATCHES):
+        order = np.argsort(-best, kind="stable")
+        if searched[order[0]]:
+            break
+        rows = order[~searched[order]][:REFINED_BATCH]
+        searched[rows] = True
+        for size in range(num_sizes):
             for value in REFINED_THETAS:
                 theta = best_theta[rows].copy()
                 theta[:, size] = value
@@ -164,7 +168,7 @@ def _best_theta(stretches: _Stretches, prices: np.ndarray, refine: bool = True) 
     return best
 
 
-def price_ratio(options: _Options, prices: np.ndarray, refine: bool = True) -> float:
+def price_ratio(options: _Options, prices: np.ndarray) -> float:
     """lambda: an upper bound on price held / level over every micro-batch of every schedule.
 
     Stretches [G_a, G_{a+1}) for every breakpoint G_a; the last one ends at R = sum y /
@@ -172,12 +176,12 @@ def price_ratio(options: _Options, prices: np.ndarray, refine: bool = True) -> f
     that is not above its start, at infinity (latency dropped there: still valid)."""
     starts = _stretch_starts(options)
     ends = np.append(starts[1:], np.inf)
-    inner = _best_theta(_Stretches(options, starts, ends), prices, refine)
+    inner = _best_theta(_Stretches(options, starts, ends), prices)
     total = float(prices @ options.multiplicity)
     lam_inner = float(inner[:-1].max()) if len(inner) > 1 else 0.0
     if lam_inner > 0.0 and total / lam_inner > starts[-1]:
         last = _Stretches(options, starts[-1:], np.array([total / lam_inner]))
-        inner[-1] = min(inner[-1], _best_theta(last, prices, refine)[0])
+        inner[-1] = min(inner[-1], _best_theta(last, prices)[0])
     return float(inner.max())
 
 
