@@ -42,6 +42,10 @@ REFINED_THETAS = np.linspace(0.0, 1.0, 6)  # per-size coordinate search values
 REFINED_BATCH = 4  # stretches searched at a time (largest ratio first)
 MAX_REFINED_BATCHES = 4
 COARSE_PRICE_CAPS = 5  # level caps tried first for the prices, then a local search
+ASCENT_STEPS = 40  # then multiplicative steps on the prices (log-gradient of sum y / lambda)
+ASCENT_RATE = 0.05  # largest change of a log price in the first step (decays linearly)
+SOFTMAX_WIDTH = 1e-3  # stretches within about this relative gap of lambda share the gradient
+THETA_REFRESH = 10  # steps between theta searches (theta is held fixed in between)
 
 
 @dataclass(frozen=True)
@@ -109,36 +113,50 @@ class _Stretches:
                                            self.allowed.shape)
 
     def ratios(self, prices: np.ndarray, theta: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """U_a / G_a for the stretches ``rows`` with weights theta[rows] (rows x sizes)."""
+        """U_a / G_a for the stretches ``rows`` with weights theta (rows x sizes)."""
+        return self.ratios_and_takes(prices, theta, rows)[0]
+
+    def ratios_and_takes(self, prices: np.ndarray, theta: np.ndarray,
+                         rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``ratios`` and the knapsacks' takes zeta (rows x length groups)."""
         weight = theta[:, self.options.size_index]
         share = weight * self.time_share[rows] + (1.0 - weight) * self.token_share[rows]
         share = _group_min(np.where(self.allowed[rows], share, np.inf), self.options.group)
-        held = _knapsack(prices, self.options.multiplicity, share, self.options.num_ranks)
-        return held / self.starts[rows]
+        held, zeta = _knapsack(prices, self.options.multiplicity, share,
+                               self.options.num_ranks)
+        return held / self.starts[rows], zeta
 
 
 def _knapsack(prices: np.ndarray, multiplicity: np.ndarray, shares: np.ndarray,
-              capacity: float) -> np.ndarray:
+              capacity: float) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``shares``: max sum prices * zeta over 0 <= zeta <= multiplicity with
     sum shares * zeta <= capacity (fractional knapsack: best price per share first; an
-    infinite share is an item that may not be taken)."""
+    infinite share is an item that may not be taken). Returns (values, zeta)."""
     allowed = np.isfinite(shares)
     ratio = np.where(allowed, prices / np.where(allowed, shares, 1.0), 0.0)
     order = np.argsort(-ratio, axis=1, kind="stable")
     ratio = np.take_along_axis(ratio, order, 1)
-    weight = np.take_along_axis(np.where(allowed, shares * multiplicity, np.inf), order, 1)
+    sorted_shares = np.take_along_axis(np.where(allowed, shares, np.inf), order, 1)
+    weight = sorted_shares * multiplicity[order]
     value = np.take_along_axis(np.where(allowed, prices * multiplicity, 0.0), order, 1)
     used = np.concatenate([np.zeros((len(shares), 1)), np.cumsum(weight, axis=1)], axis=1)
     gained = np.concatenate([np.zeros((len(shares), 1)), np.cumsum(value, axis=1)], axis=1)
     whole = (used[:, 1:] <= capacity).sum(axis=1)  # items taken whole (a prefix)
     rows = np.arange(len(shares))
     spare = capacity - used[rows, whole]
-    next_ratio = np.where(whole < shares.shape[1],
-                          ratio[rows, np.minimum(whole, shares.shape[1] - 1)], 0.0)
-    return gained[rows, whole] + spare * next_ratio
+    last = np.minimum(whole, shares.shape[1] - 1)
+    partial = whole < shares.shape[1]
+    next_ratio = np.where(partial, ratio[rows, last], 0.0)
+    take = np.where(np.arange(shares.shape[1])[None, :] < whole[:, None], multiplicity[order],
+                    0.0)
+    fraction = np.where(partial & (next_ratio > 0.0), spare / sorted_shares[rows, last], 0.0)
+    take[rows, last] += np.where(partial, fraction, 0.0)
+    zeta = np.empty_like(take)
+    np.put_along_axis(zeta, order, take, 1)
+    return gained[rows, whole] + spare * next_ratio, zeta
 
 
-def _best_theta(stretches: _Stretches, prices: np.ndarray) -> np.ndarray:
+def _best_theta(stretches: _Stretches, prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per stretch, the least U_a / G_a found over theta: UNIFORM_THETAS for every stretch,
     then a per-size coordinate search on the stretch with the largest ratio, repeated (in
     batches of REFINED_BATCH) until the largest ratio belongs to a searched stretch. Each value
@@ -165,7 +183,7 @@ def _best_theta(stretches: _Stretches, prices: np.ndarray) -> np.ndarray:
                 better = ratio < best[rows]
                 best[rows[better]] = ratio[better]
                 best_theta[rows[better]] = theta[better]
-    return best
+    return best, best_theta
 
 
 def price_ratio(options: _Options, prices: np.ndarray) -> float:
@@ -176,12 +194,12 @@ def price_ratio(options: _Options, prices: np.ndarray) -> float:
     that is not above its start, at infinity (latency dropped there: still valid)."""
     starts = _stretch_starts(options)
     ends = np.append(starts[1:], np.inf)
-    inner = _best_theta(_Stretches(options, starts, ends), prices)
+    inner = _best_theta(_Stretches(options, starts, ends), prices)[0]
     total = float(prices @ options.multiplicity)
     lam_inner = float(inner[:-1].max()) if len(inner) > 1 else 0.0
     if lam_inner > 0.0 and total / lam_inner > starts[-1]:
         last = _Stretches(options, starts[-1:], np.array([total / lam_inner]))
-        inner[-1] = min(inner[-1], _best_theta(last, prices)[0])
+        inner[-1] = min(inner[-1], _best_theta(last, prices)[0][0])
     return float(inner.max())
 
 
@@ -213,6 +231,38 @@ def applies(problem: ScheduleProblem) -> bool:
     return least_tokens <= MAX_TOKEN_MICROBATCHES * capacity
 
 
+def _bound(options: _Options, prices: np.ndarray) -> float:
+    """sum y / lambda: valid for any prices."""
+    return float(prices @ options.multiplicity) / price_ratio(options, prices)
+
+
+def _ascend(options: _Options, prices: np.ndarray) -> tuple[float, np.ndarray]:
+    """Multiplicative ascent of log(sum y / lambda): a length's log price grows with its share
+    of the total price and shrinks with its share of what the stretches that set lambda hold
+    (soft-max weights). Each step's sum y / lambda (theta held, last stretch to infinity) is a
+    valid bound; returns the best and its prices."""
+    starts = _stretch_starts(options)
+    stretches = _Stretches(options, starts, np.append(starts[1:], np.inf))
+    every = np.arange(len(starts))
+    best_value, best_prices = 0.0, prices
+    for step in range(ASCENT_STEPS):
+        if step % THETA_REFRESH == 0:
+            theta = _best_theta(stretches, prices)[1]
+        ratio, zeta = stretches.ratios_and_takes(prices, theta, every)
+        lam, total = float(ratio.max()), float(prices @ options.multiplicity)
+        if total / lam > best_value:
+            best_value, best_prices = total / lam, prices
+        weight = np.exp((ratio - lam) / (SOFTMAX_WIDTH * lam))
+        held = ratio * starts
+        knapsack_share = zeta * prices / np.where(held > 0.0, held, 1.0)[:, None]
+        gradient = prices * options.multiplicity / total - weight @ knapsack_share / weight.sum()
+        scale = float(np.abs(gradient).max())
+        if scale == 0.0:
+            break
+        prices = prices * np.exp(ASCENT_RATE * (1.0 - step / ASCENT_STEPS) * gradient / scale)
+    return best_value, best_prices
+
+
 def microbatch_price_bound(problem: ScheduleProblem) -> float:
     """sum y / lambda for the capped prices of the best level cap found (a coarse scan of the
     candidate caps, then a local search with halving steps; 0 where ``applies`` is False).
@@ -225,8 +275,7 @@ def microbatch_price_bound(problem: ScheduleProblem) -> float:
 
     def value(index: int) -> float:
         if index not in values:
-            prices = _capped_prices(options, float(caps[index]))
-            values[index] = float(prices @ options.multiplicity) / price_ratio(options, prices)
+            values[index] = _bound(options, _capped_prices(options, float(caps[index])))
         return values[index]
 
     coarse = np.unique(np.linspace(0, len(caps) - 1, COARSE_PRICE_CAPS).astype(np.int64))
@@ -239,4 +288,5 @@ def microbatch_price_bound(problem: ScheduleProblem) -> float:
             best = moved
         else:
             step //= 2
-    return value(best)
+    ascended, prices = _ascend(options, _capped_prices(options, float(caps[best])))
+    return max(value(best), ascended, _bound(options, prices))
