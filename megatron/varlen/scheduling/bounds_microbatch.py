@@ -43,8 +43,8 @@ REFINED_BATCH = 4  # stretches searched at a time (largest ratio first)
 MAX_REFINED_BATCHES = 4
 COARSE_PRICE_CAPS = 5  # level caps tried first for the prices, then a local search
 ASCENT_STEPS = 40  # then multiplicative steps on the prices (log-gradient of sum y / lambda)
-ASCENT_RATE = 0.05  # largest change of a log price in the first step (decays linearly)
-SOFTMAX_WIDTH = 1e-3  # stretches within about this relative gap of lambda share the gradient
+ASCENT_RATE = 0.02  # largest change of a log price in the first step (decays linearly)
+SOFTMAX_WIDTH = 3e-4  # stretches within about this relative gap of lambda share the gradient
 THETA_REFRESH = 10  # steps between theta searches (theta is held fixed in between)
 
 

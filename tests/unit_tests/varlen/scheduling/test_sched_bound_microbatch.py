@@ -60,12 +60,12 @@ def test_microbatch_bound_below_optimum_on_shrunk_benchmark_batches():
 def test_tighter_than_previous_bound_on_the_pareto_tail_small_batch():
     """The benchmark's small-batch pareto_tail row (64 ranks, 512 sequences, seed 1), first
     batch: the previous LB3 pools two micro-batches' tokens; the micro-batch price bound is
-    1.1% higher (2.911e8 vs 2.881e8; an LP solver's optimal prices reach 2.951e8)."""
+    2.4% higher (2.9505e8 vs 2.8810e8; an LP solver's optimal prices give 2.9510e8)."""
     workload = next(item for item in WORKLOADS if item.name == "pareto_tail")
     (lengths,) = sample_batches(workload, 8 * 64, 1, seed=1)
     problem = make_problem(workload, lengths, 64, CostModel())
     bound = bounds_microbatch.microbatch_price_bound(problem)
-    assert bound > 1.008 * _previous_bound(problem)
+    assert bound > 1.02 * _previous_bound(problem)
     assert latency_aware_lower_bound(problem) == pytest.approx(bound, rel=1e-12)
 
 
