@@ -17,8 +17,10 @@ U_a / G_a``, so every schedule has ``C >= sum_i y_i / lambda``.
 
 Validity never depends on how ``y`` and ``theta`` were chosen, only on ``lambda`` covering
 every stretch: the prices come from a deterministic heuristic (each sequence's least
-latency-charged work over the sizes that meet a level cap, the best cap of a scan) and
-``theta`` from a short coordinate search on the stretches that set ``lambda``.
+latency-charged work over the sizes that meet a level cap, the best cap of a search, then a
+multiplicative ascent on log(sum y / lambda)) and ``theta`` from a short coordinate search on
+the stretches that set ``lambda``. With the best theta, U_a is the value of the LP over
+fractional micro-batches with n_c ranks per size (its dual is this knapsack over theta).
 """
 
 from __future__ import annotations
