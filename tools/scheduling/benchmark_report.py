@@ -175,7 +175,8 @@ def render_report(results: dict, command: str) -> str:
         "Cost model (default everywhere): a=1, b=6h with h=4096, H100 NVLink profile: "
         + ", ".join(f"{key}={value:.4g}" for key, value in cost.items())
         + ". LB1 = simple bound, LB2 = budget-aware bound (>= LB1), LB3 = latency-aware bound "
-        "(>= LB2: charges the group latency d, see docs/SCHEDULING.md). Ratios are summed "
+        "(>= LB2: charges the group latency d and, on small batches, keeps each micro-batch's "
+        "tokens with its own level; see docs/SCHEDULING.md). Ratios are summed "
         "critical path over summed bound across the batches of a row.", "",
         "Workloads:", *_workload_lines(), "",
         "## Headline", *_target_lines(results), "",

@@ -13,7 +13,9 @@ the third charges it.
   sequence on c > 1 ranks makes its micro-batch last at least t + d (c - 1), and costs at least
   its token share P / (c M) of its group's latency rank-time c d (c - 1); and the larger
   ``group_latency_bound``, which also charges a time share t / (C - d (c - 1)) of it, C being
-  the critical path itself (a fixed point).
+  the critical path itself (a fixed point); and, on small batches, the micro-batch price bound
+  of bounds_microbatch.py (prices that no one micro-batch can hold more of than lambda x its
+  level).
 """
 
 from __future__ import annotations
@@ -83,16 +85,19 @@ def latency_price_table(problem: ScheduleProblem) -> PriceTable:
 
 
 def latency_aware_lower_bound(problem: ScheduleProblem) -> float:
-    """Both bounds on latency-charged prices and the group latency bound (>=
-    budget_aware_lower_bound)."""
+    """Both bounds on latency-charged prices, the group latency bound and the micro-batch
+    price bound (bounds_microbatch.py; small batches only) (>= budget_aware_lower_bound)."""
     if not problem.lengths:
         return 0.0
     table = latency_price_table(problem)
     simple = max(table.work.min(axis=1).sum() / problem.num_ranks, table.time.min(axis=1).max())
     budget_bound = budget_aware_bound(table.tokens, table.time, table.work,
                                       problem.num_ranks, problem.max_seqlen_per_rank)
+    # imported here: bounds_microbatch builds on price_table above
+    from megatron.varlen.scheduling.bounds_microbatch import microbatch_price_bound
+
     return float(max(simple, budget_bound, budget_aware_lower_bound(problem),
-                     group_latency_bound(problem)))
+                     group_latency_bound(problem), microbatch_price_bound(problem)))
 
 
 # Weights alpha of the time share in a sequence's share of its group's latency (1 - alpha:
