@@ -321,10 +321,11 @@ def _hole_search(pricing: ItemPricing,
     root and the queue steps are bound as closure locals and inlined: this runs once per hole
     (hundreds per call), where nested calls cost more than the search itself."""
     order, lengths, min_size = pricing.order, pricing.lengths, pricing.min_size
-    min_time, min_tokens, time_tokens = pricing.min_time, pricing.min_tokens, pricing.time_tokens
+    min_time, min_tokens = pricing.min_time, pricing.min_tokens
     a, b, g, sp_factor = pricing.a, pricing.b, pricing.g, pricing.sp_factor
     four_a, two_a = 4.0 * a, 2.0 * a
     negated, first, end = queue.negated_lengths, queue.first, queue.end
+    available = queue.next_available
     shortest = lengths[order[-1]]
     per_size: dict[int, tuple[float, float, int]] = {}
 
@@ -345,18 +346,27 @@ def _hole_search(pricing: ItemPricing,
         max_length = int(min(by_time, token_room * size)) // multiple * multiple
         if max_length < 1:
             return None
-        pos = first(bisect_left(negated, -max_length))
+        pos = bisect_left(negated, -max_length)
+        if available[pos] != pos:  # queue.first(pos), inlined for the common case
+            pos = first(pos)
         for _ in range(BEST_FIT_PROBES):
             if pos >= end:
                 return None
             seq = order[pos]
-            if min_size[seq] <= size:
-                if min_size[seq] == size:
-                    time, tokens = min_time[seq], min_tokens[seq]
-                else:
-                    time, tokens = time_tokens(seq, size)
-                if time <= time_room and tokens <= token_room:
-                    return pos, seq, time, tokens
+            seq_size = min_size[seq]
+            if seq_size == size:
+                time, tokens = min_time[seq], min_tokens[seq]
+            elif seq_size < size:  # pricing.time_tokens(seq, size), inlined (most holes)
+                padded = -(-lengths[seq] // multiple) * multiple
+                time = (a * padded * padded + b * padded) / size
+                if size > 1:
+                    time += g * padded * (size - 1) / size
+                tokens = padded // size
+            else:
+                pos = first(pos + 1)
+                continue
+            if time <= time_room and tokens <= token_room:
+                return pos, seq, time, tokens
             pos = first(pos + 1)
         return None
     return fit
