@@ -144,7 +144,8 @@ def _fill_front(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQue
         if best is None or _should_stop_front(draft, pricing, heaps, seq, best, level):
             return
         end_time, block, time, tokens = best
-        level = max(level, end_time)
+        if end_time > level:
+            level = end_time
         draft.add(block, seq, time, tokens)
         draft.absorbed_work += pricing.min_work[seq]
         heapreplace(heaps[draft.sizes[block]], (draft.times[block], block))
@@ -343,7 +344,9 @@ def _hole_search(pricing: ItemPricing,
             by_time = (math.sqrt(linear_squared + four_a * scaled) - linear) / two_a
         else:
             by_time = scaled / linear
-        max_length = int(min(by_time, token_room * size)) // multiple * multiple
+        by_tokens = token_room * size
+        # min(by_time, by_tokens) without the builtin's call (a third of this search's time)
+        max_length = int(by_tokens if by_tokens < by_time else by_time) // multiple * multiple
         if max_length < 1:
             return None
         pos = bisect_left(negated, -max_length)
