@@ -234,3 +234,21 @@ def test_upcoming_matches_a_plain_scan_across_gaps():
         plain = [at for at in range(pos, count) if queue.next_available[at] == at][:most]
         seqs, positions = queue.upcoming(pos, most)
         assert (list(positions), seqs) == (plain, [order[at] for at in plain])
+
+
+def test_front_loop_keeps_the_true_level(monkeypatch):
+    """The generic front loop tracks the micro-batch's level as it places sequences instead
+    of taking max() over every block per sequence: the level it passes on must be that max."""
+    checked = []
+    should_stop = packing._should_stop_front
+
+    def checking(draft, prices, heaps, seq, best, level):
+        assert level == draft.level
+        checked.append(level)
+        return should_stop(draft, prices, heaps, seq, best, level)
+
+    monkeypatch.setattr(packing, "_should_stop_front", checking)
+    scheduler = get_scheduler("default_dynamic_cp")
+    for problem in _lpt_problems():
+        scheduler(problem)
+    assert len(checked) > 100, "the generic front loop was not exercised"
