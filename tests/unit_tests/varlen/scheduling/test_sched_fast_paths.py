@@ -12,8 +12,10 @@
   stable argsort, padded_length // size and numpy's product, on generated batches full of
   ties;
 * the queue's next positions across gaps (``SequenceQueue.upcoming``: a slice when there
-  are none) and a plain scan, on queues with random taken positions; LPT in sorted rounds also on such
-  queues."""
+  are none) and a plain scan, on queues with random taken positions; LPT in sorted rounds
+  also on such queues;
+* the generic front loop's running level (a comparison per sequence) and the max over the
+  draft's blocks."""
 
 import random
 from heapq import heapify, heapreplace
