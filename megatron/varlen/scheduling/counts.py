@@ -50,6 +50,8 @@ def _split(draft: MicrobatchDraft, pricing: ItemPricing) -> list[MicrobatchDraft
 def enforce_microbatch_count(drafts: list[MicrobatchDraft], pricing: ItemPricing,
                              pipeline_stages: int, vpp_group_size: int) -> list[MicrobatchDraft]:
     """Splits (then, if it must, pads with empty micro-batches) to reach the target count."""
+    if len(drafts) >= pipeline_stages and len(drafts) % vpp_group_size == 0:
+        return list(drafts)  # already the target (so no count of the sequences is needed)
     num_sequences = sum(draft.num_items for draft in drafts)
     drafts = list(drafts)
     target = target_microbatch_count(len(drafts), num_sequences, pipeline_stages, vpp_group_size)

@@ -18,7 +18,7 @@ from megatron.varlen.scheduling.problem import (
     CHUNKS_PER_CP_RANK,
     Schedule,
     ScheduleProblem,
-    padded_length,
+    pad_multiple,
 )
 
 
@@ -103,9 +103,10 @@ def drafts_to_schedule(problem: ScheduleProblem,
     cp_sizes, padded = [1] * problem.num_sequences, _one_rank_padded_lengths(problem)
     lengths, sp_factor = problem.lengths, problem.sp_factor
     for size, seqs in groups:
+        multiple = pad_multiple(size, sp_factor)  # padded_length, with the rule's one lookup
         for seq in seqs:
             cp_sizes[seq] = size
-            padded[seq] = padded_length(lengths[seq], size, sp_factor)
+            padded[seq] = -(-lengths[seq] // multiple) * multiple
     return Schedule(microbatches=microbatches, cp_sizes=tuple(cp_sizes),
                     padded_lengths=tuple(padded))
 

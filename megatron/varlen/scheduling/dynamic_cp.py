@@ -78,7 +78,8 @@ def _schedule(problem: ScheduleProblem) -> Schedule:
     drafts = enforce_microbatch_count(drafts, pricing, problem.min_num_microbatches,
                                       problem.vpp_group_size)
     drafts = polish_small_batch(drafts, pricing)
-    fallback = _static_fallback(problem, pricing, _critical_path(drafts))
-    if fallback is not None and _critical_path(fallback) < _critical_path(drafts):
+    dynamic_path = _critical_path(drafts)
+    fallback = _static_fallback(problem, pricing, dynamic_path)
+    if fallback is not None and _critical_path(fallback) < dynamic_path:
         drafts = fallback
     return drafts_to_schedule(problem, drafts)

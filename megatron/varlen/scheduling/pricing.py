@@ -101,16 +101,28 @@ def price_items(problem: ScheduleProblem, sizes: tuple[int, ...], flag_hint: str
     time = (cost.a * padded.astype(np.float64) ** 2 + cost.b * padded) / min_size
     time += np.where(min_size > 1, cost.g * padded * (min_size - 1) / min_size, 0.0)
     order, negated = _packing_order(lengths)
+    min_time, min_size_list = time.tolist(), min_size.tolist()
     pricing = ItemPricing(
-        lengths=list(problem.lengths), sizes=tuple(sizes), min_size=min_size.tolist(),
-        min_time=time.tolist(), min_tokens=tokens.tolist(),
-        min_work=(time * min_size).tolist(), order=order,
+        lengths=list(problem.lengths), sizes=tuple(sizes), min_size=min_size_list,
+        min_time=min_time, min_tokens=tokens.tolist(),
+        min_work=_min_work(min_time, min_size_list, min_size), order=order,
         budget=problem.max_seqlen_per_rank,
         num_ranks=problem.num_ranks, sp_factor=sp_factor,
         a=cost.a, b=cost.b, g=cost.g, d=cost.d, length_array=lengths, min_time_array=time,
         min_tokens_array=tokens)
     pricing.order_negated_lengths = negated
     return pricing
+
+
+def _min_work(min_time: list[float], min_size: list[int], sizes: np.ndarray) -> list[float]:
+    """``min_time[seq] * min_size[seq]`` for every sequence. Most sequences need one rank,
+    where the product is the time itself (x * 1 == x), so the time list is copied and only
+    the sequences on larger groups are multiplied (a float times an int in Python is the
+    product numpy gives): cheaper than a numpy product and one more list of new floats."""
+    work = list(min_time)
+    for seq in np.flatnonzero(sizes > 1).tolist():
+        work[seq] = min_time[seq] * min_size[seq]
+    return work
 
 
 def _packing_order(lengths: np.ndarray) -> tuple[list[int], list[int]]:

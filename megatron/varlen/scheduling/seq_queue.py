@@ -21,7 +21,10 @@ class SequenceQueue:
         self.negated_lengths = negated_lengths
         # next_available[p] == p iff position p is available; otherwise it points further right
         # (the union-find parent). Hot loops may read it directly to skip a call.
-        self.next_available = list(range(len(order) + 1))  # len(order) is the sentinel
+        # ``_positions`` (never changed, shared by copies) holds the very int objects an
+        # available position keeps, so ``upcoming`` compares slices by identity.
+        self._positions = list(range(len(order) + 1))  # len(order) is the sentinel
+        self.next_available = list(self._positions)
         self.remaining = len(order)
         # Every position after this one is taken (positions are never given back): where
         # ``last`` starts its backward scan, so the scans cost O(len(order)) in all.
@@ -31,6 +34,7 @@ class SequenceQueue:
         """An independent copy (for trying alternative micro-batches)."""
         clone = SequenceQueue.__new__(SequenceQueue)
         clone.order, clone.negated_lengths = self.order, self.negated_lengths
+        clone._positions = self._positions
         clone.next_available, clone.remaining = list(self.next_available), self.remaining
         clone._last_hint = self._last_hint
         return clone
@@ -75,10 +79,11 @@ class SequenceQueue:
     def upcoming(self, pos: int, most: int) -> tuple[list[int], range | list[int]]:
         """The sequences of the next ``most`` available positions from ``pos`` (available),
         and those positions. Filled holes leave taken positions among them; usually there
-        are none, and one slice comparison proves it and one slice takes them."""
+        are none, and one slice comparison proves it (by identity of the int objects, see
+        ``__init__``) and one slice takes them."""
         available, end = self.next_available, len(self.order)
         stop = min(pos + most, end)
-        if available[pos:stop] == list(range(pos, stop)):
+        if available[pos:stop] == self._positions[pos:stop]:
             return self.order[pos:stop], range(pos, stop)
         positions: list[int] = []
         while len(positions) < most and pos < end:  # gaps: skip the taken positions

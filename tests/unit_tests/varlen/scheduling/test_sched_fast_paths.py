@@ -7,8 +7,15 @@
 * LPT in sorted rounds (packing._lpt_sorted_rounds) and blocks opened per run of equal sizes
   (packing._open_run) and a plain heap step and a plain loop step per sequence,
   on generated batches full of ties, holes, budget stops and mixed group sizes;
-* price_items' packing order (one sort of packed keys) and per-rank tokens (no division)
-  and a stable argsort and padded_length // size, on generated batches full of ties."""
+* price_items' packing order (one sort of packed keys), per-rank tokens (no division) and
+  minimum work (the time list copied, only sequences on larger groups multiplied) and a
+  stable argsort, padded_length // size and numpy's product, on generated batches full of
+  ties;
+* the queue's next positions across gaps (``SequenceQueue.upcoming``: a slice when there
+  are none) and a plain scan, on queues with random taken positions; LPT in sorted rounds
+  also on such queues;
+* the generic front loop's running level (a comparison per sequence) and the max over the
+  draft's blocks."""
 
 import random
 from heapq import heapify, heapreplace
@@ -89,6 +96,10 @@ def test_pricing_order_and_tokens_match_the_plain_computation():
         assert prices.min_tokens == [
             padded_length(length, size, sp_factor) // size
             for length, size in zip(lengths, prices.min_size)]
+        # Work as numpy's product of the arrays, bit for bit (not only approximately).
+        work = prices.min_time_array * np.asarray(prices.min_size, dtype=np.int64)
+        assert [value.hex() for value in prices.min_work] == [value.hex() for value in
+                                                              work.tolist()]
 
 
 def test_packing_order_falls_back_to_argsort_for_huge_lengths():
@@ -191,14 +202,55 @@ def test_sorted_rounds_match_heap_steps_on_tied_loads():
                                   cost=CostModel(a=0.0, b=1.0, g=0.0, d=0.0))
         prices = pricing.price_items(problem, (1, size) if size > 1 else (1,), "")
         start = [float(rng.randint(0, 4)) for _ in range(num_blocks)]
+        # Positions taken before (holes filled by earlier micro-batches) leave gaps.
+        gaps = [pos for pos in range(1, len(lengths)) if rng.random() < 0.15]
         results = []
         for lpt in (packing._lpt_sorted_rounds, _plain_lpt):
             draft = MicrobatchDraft(free_ranks=0, sizes=[size] * num_blocks, times=list(start),
                                     tokens=[int(time) for time in start],
                                     members=[[] for _ in range(num_blocks)])
             queue = SequenceQueue(prices.order, prices.lengths)
+            for pos in gaps:
+                queue.take(pos)
             loads = sorted((time, block) for block, time in enumerate(start))
             pos, absorbed, taken = lpt(draft, prices, queue, loads, size, 0, 0.0, 0)
             results.append((pos, absorbed, taken, draft.times, draft.tokens, draft.members,
                             sorted(loads)))
         assert results[0] == results[1]
+
+
+def test_upcoming_matches_a_plain_scan_across_gaps():
+    from megatron.varlen.scheduling.seq_queue import SequenceQueue
+
+    rng = random.Random(5)
+    for _ in range(200):
+        count = rng.randint(1, 80)
+        order = rng.sample(range(count), count)
+        queue = SequenceQueue(order, [1] * count)
+        for pos in range(count):
+            if rng.random() < rng.choice([0.0, 0.1, 0.5]):
+                queue.take(pos)
+        pos, most = queue.first(rng.randint(0, count - 1)), rng.randint(1, 40)
+        if pos == queue.end:
+            continue
+        plain = [at for at in range(pos, count) if queue.next_available[at] == at][:most]
+        seqs, positions = queue.upcoming(pos, most)
+        assert (list(positions), seqs) == (plain, [order[at] for at in plain])
+
+
+def test_front_loop_keeps_the_true_level(monkeypatch):
+    """The generic front loop tracks the micro-batch's level as it places sequences instead
+    of taking max() over every block per sequence: the level it passes on must be that max."""
+    checked = []
+    should_stop = packing._should_stop_front
+
+    def checking(draft, prices, heaps, seq, best, level):
+        assert level == draft.level
+        checked.append(level)
+        return should_stop(draft, prices, heaps, seq, best, level)
+
+    monkeypatch.setattr(packing, "_should_stop_front", checking)
+    scheduler = get_scheduler("default_dynamic_cp")
+    for problem in _lpt_problems():
+        scheduler(problem)
+    assert len(checked) > 100, "the generic front loop was not exercised"
