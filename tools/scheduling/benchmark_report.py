@@ -139,7 +139,7 @@ def _latency_table(latency: dict) -> list[str]:
                     if name != "num_sequences"})
     lines = ["| ranks | sequences | " + " | ".join(f"{name} [ms]" for name in names) + " |",
              "|---:|---:|" + "---:|" * len(names)]
-    # CPU time of the scheduling process; "(wall)" columns include other users' load.
+    # CPU time of the scheduling thread; "(wall)" columns include other users' load.
     for ranks in sorted(latency, key=int):
         values = latency[ranks]
         cells = [str(ranks), str(values["num_sequences"])]
