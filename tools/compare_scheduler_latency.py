@@ -5,8 +5,9 @@ alternating round by round so machine load hits both alike; each round times ``-
 and keeps the best (CPU time by the tree's own ``timed_schedule``: thread time since
 ``c1af4b3``, process time before, which agree here since the worker makes no BLAS call), and
 the report gives the median over rounds, the best over all rounds (the least disturbed by
-other users of a shared machine) and the ratios old / new (> 1: this tree is faster). Each version runs in its own subprocess with
-PYTHONPATH set to its tree, so nothing is imported across trees.
+other users of a shared machine) and the ratios old / new (> 1: this tree is faster). Each
+version runs in its own subprocess with PYTHONPATH set to its tree, so nothing is imported
+across trees.
 
     mkdir -p /tmp/oldsched /tmp/newsched
     git archive b6e34e8 megatron | tar -x -C /tmp/oldsched
