@@ -85,19 +85,27 @@ def latency_price_table(problem: ScheduleProblem) -> PriceTable:
 
 
 def latency_aware_lower_bound(problem: ScheduleProblem) -> float:
-    """Both bounds on latency-charged prices, the group latency bound and the micro-batch
-    price bound (bounds_microbatch.py; small batches only) (>= budget_aware_lower_bound)."""
+    """The pooled latency-aware bounds and the micro-batch price bound (bounds_microbatch.py;
+    small batches only) (>= budget_aware_lower_bound)."""
+    if not problem.lengths:
+        return 0.0
+    # imported here: bounds_microbatch builds on price_table above
+    from megatron.varlen.scheduling.bounds_microbatch import microbatch_price_bound
+
+    return max(pooled_latency_bound(problem), microbatch_price_bound(problem))
+
+
+def pooled_latency_bound(problem: ScheduleProblem) -> float:
+    """Both bounds on latency-charged prices and the group latency bound: the latency-aware
+    bounds that pool every micro-batch's tokens and rank-time (>= budget_aware_lower_bound)."""
     if not problem.lengths:
         return 0.0
     table = latency_price_table(problem)
     simple = max(table.work.min(axis=1).sum() / problem.num_ranks, table.time.min(axis=1).max())
     budget_bound = budget_aware_bound(table.tokens, table.time, table.work,
                                       problem.num_ranks, problem.max_seqlen_per_rank)
-    # imported here: bounds_microbatch builds on price_table above
-    from megatron.varlen.scheduling.bounds_microbatch import microbatch_price_bound
-
     return float(max(simple, budget_bound, budget_aware_lower_bound(problem),
-                     group_latency_bound(problem), microbatch_price_bound(problem)))
+                     group_latency_bound(problem)))
 
 
 # Weights alpha of the time share in a sequence's share of its group's latency (1 - alpha:

@@ -6,29 +6,14 @@ the previous latency-aware bound on some, and its exact lambda checked by hand."
 import numpy as np
 import pytest
 
-from megatron.varlen.scheduling import CostModel, ScheduleProblem, budget_aware_lower_bound
+from megatron.varlen.scheduling import CostModel, ScheduleProblem
 from megatron.varlen.scheduling import bounds_microbatch
-from megatron.varlen.scheduling.bounds import (
-    group_latency_bound,
-    latency_aware_lower_bound,
-    latency_price_table,
-)
-from megatron.varlen.scheduling.bounds_budget import budget_aware_bound
+from megatron.varlen.scheduling.bounds import latency_aware_lower_bound, pooled_latency_bound
 from tools.schedule_oracle import REGIMES, generate_instances, solve_exactly
 from tools.scheduling.benchmark import WORKLOADS, make_problem, sample_batches
 
 TOLERANCE = 1e-9
 INSTANCES_PER_REGIME = 24
-
-
-def _previous_bound(problem: ScheduleProblem) -> float:
-    """The latency-aware bound without the micro-batch price bound (token-share bounds and the
-    group latency bound)."""
-    table = latency_price_table(problem)
-    simple = max(table.work.min(axis=1).sum() / problem.num_ranks, table.time.min(axis=1).max())
-    budget = budget_aware_bound(table.tokens, table.time, table.work, problem.num_ranks,
-                                problem.max_seqlen_per_rank)
-    return max(simple, budget, budget_aware_lower_bound(problem), group_latency_bound(problem))
 
 
 def _check_below_optimum(problems: list[ScheduleProblem]) -> None:
@@ -64,7 +49,7 @@ def test_tighter_than_previous_bound_on_the_pareto_tail_small_batch():
     workload = next(item for item in WORKLOADS if item.name == "pareto_tail")
     (lengths,) = sample_batches(workload, 8 * 64, 1, seed=1)
     problem = make_problem(workload, lengths, 64, CostModel())
-    assert latency_aware_lower_bound(problem) > 1.02 * _previous_bound(problem)
+    assert latency_aware_lower_bound(problem) > 1.02 * pooled_latency_bound(problem)
 
 
 def test_exact_lambda_by_hand():
