@@ -12,7 +12,7 @@ from megatron.training.hf.importer import load_hf_weights
 from megatron.training.layout_invariant_init import initialize_layout_invariant
 from megatron.training.log import print_rank_0
 from megatron.training.varlen_arguments import attention_backend, attention_backend_line
-from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
+from megatron.varlen.accelerator import use_bias_dropout_add_fusion
 from megatron.training.run_description import padded_vocab_size  # noqa: F401 (public here)
 from megatron.varlen.cpu_device import get_device, use_cpu
 from megatron.varlen.mtp import VarlenGPTModel
@@ -65,8 +65,10 @@ def build_transformer_config(args) -> TransformerConfig:
         # with variable_seq_lengths even when there are no experts.
         moe_token_dispatcher_type="alltoall",
         gradient_accumulation_fusion=False,
-        # CUDA only, and only where the compiled kernel gives the unfused numbers (probed).
-        bias_dropout_fusion=bias_dropout_add_fusion_keeps_numbers(),
+        # CUDA only, only where there is something to fuse, and only where the compiled kernel
+        # gives the unfused numbers (probed).
+        bias_dropout_fusion=use_bias_dropout_add_fusion(args.hidden_dropout,
+                                                        not args.disable_bias_linear),
         apply_rope_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,

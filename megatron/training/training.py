@@ -17,17 +17,18 @@ from functools import partial
 import torch
 
 from megatron.core import parallel_state
-from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.training import checkpointing, log, loop_steps
+from megatron.training import checkpointing, log, loop_steps, optimizer_kernels
 from megatron.training.flops import num_floating_point_operations
+from megatron.training.grad_finalize import finalize_model_grads_on_device
 from megatron.training.hf.exporter import save_hf
 from megatron.training.iteration_metrics import IterationMetrics, MetricsLogger
 from megatron.training.loop_steps import eval_mode, final_save_due, periodic_save_due
 from megatron.training.model import build_model, build_transformer_config
 from megatron.training.nonfinite import check_finite
+from megatron.varlen import gloo_cuda
 from megatron.varlen.cpu_device import get_device
 
 LOSS_KEY = "lm loss"
@@ -45,6 +46,9 @@ class TrainState:
 
 
 def build_optimizer(args, model):
+    """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
+    and, on CUDA, torch's fused AdamW."""
+    optimizer_kernels.install()
     config = OptimizerConfig(
         optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
@@ -52,7 +56,9 @@ def build_optimizer(args, model):
         params_dtype=torch.bfloat16 if args.bf16 else torch.float32,
         use_distributed_optimizer=args.use_distributed_optimizer,
     )
-    return get_megatron_optimizer(config, model)
+    optimizer = get_megatron_optimizer(config, model)
+    optimizer_kernels.use_fused_adam(optimizer)
+    return optimizer
 
 
 def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
@@ -79,9 +85,10 @@ def gpt_model_provider(args):
 def setup_model_and_optimizer(args, model_provider=gpt_model_provider) -> TrainState:
     """``model_provider(args) -> (config, chunks)`` builds the model (GPT unless told)."""
     config, model = model_provider(args)
+    gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
-    config.finalize_model_grads_func = finalize_model_grads
+    config.finalize_model_grads_func = finalize_model_grads_on_device
     config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = [chunk.no_sync for chunk in model]
     if len(model) == 1:
@@ -90,6 +97,7 @@ def setup_model_and_optimizer(args, model_provider=gpt_model_provider) -> TrainS
     if args.load:
         state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler,
                                                         args)
+        optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
 
 
