@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from megatron.varlen.scheduling.cost_model import CostModel
+from megatron.varlen.scheduling.cost_model import DEFAULT_HIDDEN_SIZE, CostModel
 from tools.scheduling.benchmark import (
     OUR_SCHEDULERS,
     UPSTREAM_NAMES,
@@ -124,13 +124,13 @@ def run_grid(cost: CostModel, scales: tuple[int, ...], per_rank: int, seed: int,
     return results
 
 
-def run_latency(seed: int, log: callable, upstream: str | None = None) -> dict:
+def run_latency(cost: CostModel, seed: int, log: callable, upstream: str | None = None) -> dict:
     """Best-of-k CPU time per scheduler and scale on the upstream benchmark workload (upstream's
     schedulers: best-of-3 wall time in their worker process, up to UPSTREAM_MAX_RANKS)."""
     workload, out = WORKLOADS[0], {}
     for num_ranks in SCALES:
         (batch,) = sample_batches(workload, SEQUENCES_PER_RANK * num_ranks, 1, seed)
-        problem = make_problem(workload, batch, num_ranks, CostModel())
+        problem = make_problem(workload, batch, num_ranks, cost)
         out[num_ranks] = {"num_sequences": len(batch)}
         for name in OUR_SCHEDULERS:
             _, wall, cpu = timed_schedule(problem, name, LATENCY_REPEATS[num_ranks])
@@ -145,13 +145,13 @@ def run_latency(seed: int, log: callable, upstream: str | None = None) -> dict:
     return out
 
 
-def run_target_latency(seed: int, log: callable) -> dict:
+def run_target_latency(cost: CostModel, seed: int, log: callable) -> dict:
     """default_dynamic_cp CPU time on every workload at the two target scales."""
     out = {}
     for num_ranks in TARGET_SCALES:
         for workload in WORKLOADS:
             (batch,) = sample_batches(workload, SEQUENCES_PER_RANK * num_ranks, 1, seed)
-            problem = make_problem(workload, batch, num_ranks, CostModel())
+            problem = make_problem(workload, batch, num_ranks, cost)
             _, wall, cpu = timed_schedule(problem, "default_dynamic_cp",
                                           LATENCY_REPEATS[num_ranks])
             out[f"{workload.name}/{num_ranks}"] = {"cpu_ms": cpu, "wall_ms": wall,
@@ -160,13 +160,13 @@ def run_target_latency(seed: int, log: callable) -> dict:
     return out
 
 
-def run_pipeline(seed: int) -> dict:
+def run_pipeline(cost: CostModel, seed: int) -> dict:
     """Bubble of scheduled vs pipeline-ordered micro-batches, PP=4, small and large batches."""
     out = {}
     for workload in WORKLOADS:
         for per_rank in (SMALL_BATCH_SEQUENCES_PER_RANK, SEQUENCES_PER_RANK):
             (batch,) = sample_batches(workload, per_rank * 64, 1, seed)
-            problem = make_problem(workload, batch, 64, CostModel(), pp_size=PIPELINE_STAGES)
+            problem = make_problem(workload, batch, 64, cost, pp_size=PIPELINE_STAGES)
             out[f"{workload.name}/{per_rank}"] = pipeline_study(problem, PIPELINE_STAGES)
     return out
 
@@ -253,7 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 and 64 ranks only (smoke run)")
     parser.add_argument("--upstream-megatron", default=None, metavar="PATH",
                         help="a local Megatron-LM checkout: also run upstream's own schedulers")
+    parser.add_argument("--hardware-profile", default="h100_nvlink", metavar="NAME|PATH",
+                        help="the cost model's rates: a profile name or a JSON profile measured "
+                             "by tools/measure_cost_model.py (default: the analytic h100_nvlink)")
     args = parser.parse_args(argv)
+    try:
+        cost = CostModel.for_model(DEFAULT_HIDDEN_SIZE, args.hardware_profile)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     upstream = args.upstream_megatron
     if upstream is not None:
         try:
@@ -266,21 +274,22 @@ def main(argv: list[str] | None = None) -> int:
     log = print
     scales = SCALES[:2] if args.quick else SCALES
     results = {
-        "default_cost": CostModel().as_dict(),
+        "default_cost": cost.as_dict(),
+        "hardware_profile": args.hardware_profile,
         "upstream": ({"path": os.path.abspath(upstream), "commit": upstream_commit(upstream)}
                      if upstream else None),
-        "grid": run_grid(CostModel(), scales, SEQUENCES_PER_RANK, args.seed, log, upstream),
-        "small_batches": run_grid(CostModel(), (64,), SMALL_BATCH_SEQUENCES_PER_RANK,
+        "grid": run_grid(cost, scales, SEQUENCES_PER_RANK, args.seed, log, upstream),
+        "small_batches": run_grid(cost, (64,), SMALL_BATCH_SEQUENCES_PER_RANK,
                                   args.seed, log, upstream),
         "attention_only": run_grid(ATTENTION_ONLY, (64,), SEQUENCES_PER_RANK, args.seed, log,
                                    upstream),
-        "latency": run_latency(args.seed, log, upstream) if not args.quick else {},
-        "target_latency": run_target_latency(args.seed, log) if not args.quick else {},
-        "pipeline": run_pipeline(args.seed),
+        "latency": run_latency(cost, args.seed, log, upstream) if not args.quick else {},
+        "target_latency": run_target_latency(cost, args.seed, log) if not args.quick else {},
+        "pipeline": run_pipeline(cost, args.seed),
     }
     workload = WORKLOADS[0]
     (batch,) = sample_batches(workload, SMALL_BATCH_SEQUENCES_PER_RANK * 64, 1, args.seed)
-    problem = make_problem(workload, batch, 64, CostModel())
+    problem = make_problem(workload, batch, 64, cost)
     work = {name: per_rank_work(problem, name) for name in ("dp_balanced", "default_dynamic_cp")}
     results["runtime_s"] = time.time() - started
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:

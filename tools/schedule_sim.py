@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-seq-len", type=int, default=None,
                         help="clip lengths to this (default: no clipping)")
     parser.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE)
-    parser.add_argument("--hardware-profile", default="h100_nvlink", choices=sorted(PROFILES))
+    parser.add_argument("--hardware-profile", default="h100_nvlink", metavar="NAME|PATH",
+                        help=f"{', '.join(sorted(PROFILES))}, or a JSON profile written by "
+                             f"tools/measure_cost_model.py")
     for name in "abgd":
         parser.add_argument(f"--cost-{name}", type=float, default=None,
                             help=f"override cost coefficient {name}")

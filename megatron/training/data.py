@@ -14,6 +14,7 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.training.datasets import collate_padded
+from megatron.varlen.attention.attention_plan import host_to_device
 from megatron.varlen.cp_split import split_sbhd_for_cp
 from megatron.varlen.cpu_device import get_device
 from megatron.varlen.data_schedule import GlobalBatchPacker, PackingConfig, StepBatches
@@ -47,8 +48,8 @@ def _slice_for_context_parallel(batch: dict) -> dict:
 
 
 def _to_device(batch: dict) -> dict:
-    device = get_device()
-    return {key: value.to(device) for key, value in batch.items()}
+    device = get_device()  # pinned, asynchronous copies on CUDA: the host does not wait
+    return {key: host_to_device(value, device) for key, value in batch.items()}
 
 
 class UnpackedBatchProvider:
@@ -117,8 +118,8 @@ def build_packing_config(args, pad_id: int) -> PackingConfig:
         min_num_microbatches=pp,
         pipeline_stages=pp,
         # Hybrid models: only attention layers are quadratic (a = their fraction of layers).
-        cost=CostModel.for_model(args.hidden_size, a=getattr(args, "hybrid_attention_fraction",
-                                                             None)),
+        cost=CostModel.for_model(args.hidden_size, args.hardware_profile,
+                                 a=getattr(args, "hybrid_attention_fraction", None)),
         fixed_tokens_per_rank=None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank,
     )
 

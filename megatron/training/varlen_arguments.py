@@ -13,11 +13,15 @@ from megatron.varlen.length_distributions import parse_length_config
 from megatron.varlen.accelerator import (
     ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
 )
+from megatron.varlen.scheduling.cost_model import PROFILES, resolve_hardware_profile
 from megatron.varlen.scheduling.problem import padded_length
 from megatron.varlen.scheduling.registry import (
     DP_BALANCED, DYNAMIC_CP, canonical_name, scheduler_help, scheduler_names,
 )
 from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
+
+
+DEFAULT_PROFILE = "h100_nvlink"
 
 
 def add_varlen_args(parser) -> None:
@@ -39,6 +43,10 @@ def add_varlen_args(parser) -> None:
                        help="Token budget of one DP x CP rank in one packed micro-batch. "
                             "Default: --seq-length / --context-parallel-size, rounded up to "
                             "the CP/SP divisor.")
+    group.add_argument("--hardware-profile", default=DEFAULT_PROFILE, metavar="NAME|PATH",
+                       help=f"Rates the packing scheduler's cost model is built from: "
+                            f"{', '.join(sorted(PROFILES))} (analytic), or a JSON profile "
+                            f"measured on your GPU by tools/measure_cost_model.py.")
     group.add_argument("--spec", nargs=2, default=None, metavar=("MODULE", "FUNCTION"),
                        help="Layer spec function to build the decoder with (Megatron's flag); "
                             "default megatron.varlen.spec get_varlen_gpt_layer_spec.")
@@ -80,6 +88,10 @@ def validate_varlen_args(args, require) -> None:
     """Checks the fork's flags; ``require(cond, message)`` raises the one-line error."""
     try:
         attention_backend(args)
+    except ValueError as err:
+        require(False, str(err))
+    try:  # a profile file is read (and refused in one line) at start-up
+        resolve_hardware_profile(args.hardware_profile)
     except ValueError as err:
         require(False, str(err))
     require(args.sft_mock_dataset_config_json is None or args.sft,

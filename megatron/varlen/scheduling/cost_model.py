@@ -17,6 +17,8 @@ alike, so the per-layer unit gives the same schedules as a whole-model one.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 # Attention FLOPs per token pair per layer (fwd+bwd) per unit of hidden size, under the
@@ -39,6 +41,9 @@ class HardwareProfile:
         p2p_bytes_per_s: Achieved one-direction point-to-point bandwidth per GPU in a ring.
         p2p_latency_s: Fixed latency of one ring step (fwd and bwd rounds) of one layer.
         source: Where the numbers come from.
+        linear_to_attention_ratio: b / (a * hidden_size): how much a token's dense layers cost
+            against one token pair's attention. 6 by the FLOP convention above; a measured
+            profile (tools/measure_cost_model.py) brings the ratio of achieved times.
     """
 
     name: str
@@ -46,6 +51,7 @@ class HardwareProfile:
     p2p_bytes_per_s: float
     p2p_latency_s: float
     source: str
+    linear_to_attention_ratio: float = LINEAR_TO_ATTENTION_RATIO
 
 
 # H100 SXM5: 989 TFLOP/s dense BF16 peak (NVIDIA H100 datasheet); FlashAttention-3 reports
@@ -70,6 +76,49 @@ H100_INFINIBAND = HardwareProfile(
     source="H100 SXM5 datasheet, ConnectX-7 NDR 400 Gb/s (see SCHEDULING.md)",
 )
 PROFILES = {profile.name: profile for profile in (H100_NVLINK, H100_INFINIBAND)}
+# The fields a hardware-profile JSON file must give (tools/measure_cost_model.py writes them).
+PROFILE_RATES = ("attention_flops_per_s", "p2p_bytes_per_s", "p2p_latency_s",
+                 "linear_to_attention_ratio")
+
+
+def load_hardware_profile(path: str) -> HardwareProfile:
+    """A hardware profile from a JSON file (``--hardware-profile PATH``).
+
+    Raises:
+        ValueError: one line naming the file and what is wrong with it.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--hardware-profile {path}: cannot read a JSON profile "
+                         f"({type(error).__name__}: {error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--hardware-profile {path}: expected a JSON object")
+    missing = [key for key in PROFILE_RATES if key not in data]
+    if missing:
+        raise ValueError(f"--hardware-profile {path}: missing {', '.join(missing)} (write it "
+                         f"with tools/measure_cost_model.py)")
+    for key in PROFILE_RATES:
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0 or (value == 0 and key != "p2p_latency_s"):
+            raise ValueError(f"--hardware-profile {path}: {key}={value!r} must be a positive "
+                             f"number")
+    return HardwareProfile(name=str(data.get("name", path)), source=str(data.get("source", path)),
+                           **{key: float(data[key]) for key in PROFILE_RATES})
+
+
+def resolve_hardware_profile(profile: "str | HardwareProfile") -> HardwareProfile:
+    """A profile from its name in :data:`PROFILES`, a JSON file's path, or itself."""
+    if isinstance(profile, HardwareProfile):
+        return profile
+    if profile in PROFILES:
+        return PROFILES[profile]
+    if profile.endswith(".json"):
+        return load_hardware_profile(profile)
+    raise ValueError(f"unknown hardware profile {profile!r}; known: {sorted(PROFILES)} or a "
+                     f"JSON file (check --hardware-profile)")
 
 
 def _comm_coefficient(profile: HardwareProfile, kv_fraction: float) -> float:
@@ -120,20 +169,19 @@ class CostModel:
         """Builds the default cost model of a dense decoder on a hardware profile.
 
         Args:
-            hidden_size: The model's hidden size h (b = 6*h).
-            profile: A profile name from ``PROFILES`` or a HardwareProfile.
+            hidden_size: The model's hidden size h (b = 6*h, or the profile's measured ratio
+                times h).
+            profile: A profile name from ``PROFILES``, a JSON profile's path or a
+                HardwareProfile.
             kv_fraction: num_query_groups / num_attention_heads (GQA shrinks ring traffic).
             **overrides: Any of a, b, g, d to replace (e.g. from a measured profile).
         """
         if hidden_size <= 0:
             raise ValueError(f"hidden_size={hidden_size} must be positive (check --hidden-size)")
-        if isinstance(profile, str):
-            if profile not in PROFILES:
-                raise ValueError(f"unknown hardware profile {profile!r}; known: {sorted(PROFILES)}")
-            profile = PROFILES[profile]
+        profile = resolve_hardware_profile(profile)
         values = {
             "a": 1.0,
-            "b": LINEAR_TO_ATTENTION_RATIO * hidden_size,
+            "b": profile.linear_to_attention_ratio * hidden_size,
             "g": _comm_coefficient(profile, kv_fraction),
             "d": _latency_coefficient(profile, hidden_size),
         }

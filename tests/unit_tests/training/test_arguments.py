@@ -25,7 +25,7 @@ EXPECTED_FLAGS = frozenset("""
 --untie-embeddings-and-output-weights --use-distributed-optimizer --vocab-size --weight-decay
 --context-parallel-size --sequence-packing --sequence-packing-scheduler
 --max-seqlen-per-dp-cp-rank --spec --dynamic-context-parallel --hybrid-context-parallel
---min-dynamic-context-parallel-size --mtp-num-layers --attention-backend
+--min-dynamic-context-parallel-size --mtp-num-layers --attention-backend --hardware-profile
 --hf-checkpoint --save-hf --kv-channels --norm-epsilon --add-qkv-bias --qk-layernorm
 --use-rope-scaling --rope-scaling-factor
 --check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad
