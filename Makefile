@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 
-.PHONY: env demo test bench
+.PHONY: env demo test bench gpu-check
 
 env:
 	@bash scripts/setup_env.sh
@@ -15,8 +15,16 @@ test: env
 	$(PY) -m pytest -q tests
 
 # Scheduler quality/latency report, CPU training ratios, then the README table from both.
+# HARDWARE_PROFILE=results/gpu/hardware_profile.json: the cost model measured on a GPU.
 bench: env
 	$(PY) tools/benchmark_schedulers.py --out results/scheduling \
-		$(if $(UPSTREAM_MEGATRON),--upstream-megatron $(UPSTREAM_MEGATRON))
+		$(if $(UPSTREAM_MEGATRON),--upstream-megatron $(UPSTREAM_MEGATRON)) \
+		$(if $(HARDWARE_PROFILE),--hardware-profile $(HARDWARE_PROFILE))
 	$(PY) tools/benchmark_training.py --out results/training
 	$(PY) tools/update_readme_tables.py
+
+# The GPU check (tools/gpu_check.py, README "GPU"): run on a GPU machine with its own CUDA torch
+# (no .venv; the megatron-core wheel in .whl/ is installed when missing). GPU_CHECK_ARGS passes
+# options, e.g. GPU_CHECK_ARGS="--parts benchmark --sizes 1.3b,2.8b".
+gpu-check:
+	python3 tools/gpu_check.py $(GPU_CHECK_ARGS)

@@ -1,32 +1,40 @@
 #!/usr/bin/env python3
 """GPU training throughput, side by side: our packed path, our padded path, a plain-PyTorch GPT.
 
-    python tools/benchmark_gpu.py                 # the issue's shape on the visible GPU
+    python tools/benchmark_gpu.py                       # 184M (12 layers, hidden 1024) on the GPU
+    python tools/benchmark_gpu.py --sizes 184m,1.3b,2.8b
     python tools/benchmark_gpu.py --device cpu --tiny --iters 2 --warmup 1   # smoke run, CPU
 
-One process per configuration (a fresh CUDA context and allocator each), the same GPU, the same
-sample lengths (mock SFT, lognormal 128-4096, mean 1024, sigma 1.1, seed 1234) and the same
-token budget per micro-batch:
+One process per configuration and size (a fresh CUDA context and allocator each), the same GPU,
+the same sample lengths (mock SFT, lognormal 128-4096, mean 1024, sigma 1.1, seed 1234) and the
+same token budget per micro-batch:
 
 * ``packed``: ``pretrain_gpt.py``'s path with ``--sequence-packing`` (THD micro-batches of up to
   ``--max-seqlen-per-dp-cp-rank`` tokens), ``--attention-backend auto``;
 * ``padded``: the same model, every sample padded to ``--seq-length`` (micro-batches of
   budget / seq-length samples);
 * ``reference``: a small plain-PyTorch GPT of the same shape written below (RoPE, FlashAttention
-  through ``torch.nn.attention.varlen.varlen_attn``, bf16 autocast, fused AdamW), fed the same
-  lengths packed greedily into the same budget.
+  through ``torch.nn.attention.varlen.varlen_attn``, bf16 autocast), fed the same lengths packed
+  greedily into the same budget.
+
+Both sides take the same optimizer step -- AdamW (torch's fused kernel: ours through
+megatron.training.optimizer_kernels), lr 1e-4, weight decay 0.01, gradients clipped at norm 1.0
+-- read the loss and the grad norm back once per step (what a training loop logs), and time
+the same region: building the step's micro-batches, forward, backward, optimizer step.
 
 Reported per configuration: real tokens/s, TFLOP/s per GPU and MFU against the device's dense
 bf16 peak (FLOPs from the REAL lengths, one formula for all three: megatron/training/flops.py),
-synchronising device->host copies per step (torch.profiler, forward/backward alone and the
-whole step), and peak memory. Writes ``results/gpu/REPORT.md`` and ``results/gpu/results.json``
-(with the device name). Needs only torch, megatron-core and this repository.
+synchronising calls per step (profiler events beyond an empty region's, forward+backward alone
+and the whole step, with the ``file:line`` of each: tools/sync_probe.py), and peak memory.
+Writes ``REPORT.md`` and ``results.json`` (device, torch version, date) to ``--out``
+(default results/gpu). Needs only torch, megatron-core and this repository.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import importlib.util
 import json
 import os
@@ -36,10 +44,16 @@ import sys
 import time
 from pathlib import Path
 
+from tools.sync_probe import count_sync_events, profiled_sync_events, sync_sites
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ("packed", "padded", "reference")
 DEFAULT_OUT = REPO / "results" / "gpu"
-WORKER_TIMEOUT_S = 900
+# One configuration of one size must fit one GPU command (10 minutes) with the others.
+WORKER_TIMEOUT_S = 300
+LEARNING_RATE = 1e-4
+WEIGHT_DECAY = 0.01
+CLIP_GRAD = 1.0
 # Dense bf16 tensor-core peaks (TFLOP/s) by device-name fragment, most specific first.
 BF16_PEAK_TFLOPS = (
     ("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("GH200", 989.0),
@@ -48,9 +62,6 @@ BF16_PEAK_TFLOPS = (
 # What the workers import besides torch (megatron-core is installed from its wheel on machines
 # without network: see README "GPU").
 REQUIRED_MODULES = ("numpy", "megatron.core")
-# Profiler event names that mean "the host waited for the device".
-SYNC_EVENT_FRAGMENTS = ("Memcpy DtoH", "cudaStreamSynchronize", "cudaDeviceSynchronize",
-                        "cudaEventSynchronize")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +92,20 @@ class Shape:
                            "mean_seq_len": self.mean_len, "lognormal_sigma": self.sigma})
 
 
+    @property
+    def params(self) -> int:
+        """Parameters (tied embeddings, no biases, LayerNorm weights and biases)."""
+        h = self.hidden_size
+        per_layer = 4 * h * h + 2 * h * self.ffn_hidden_size + 4 * h
+        return self.num_layers * per_layer + self.vocab_size * h + 2 * h
+
+
+# The issue's three sizes: 184M, 1.27B-class and 2.8B-class (head dim 64 / 128 / 128).
+SIZES = {
+    "184m": Shape(),
+    "1.3b": Shape(num_layers=24, hidden_size=2048, num_heads=16),
+    "2.8b": Shape(num_layers=32, hidden_size=2560, num_heads=20),
+}
 TINY = Shape(num_layers=2, hidden_size=64, num_heads=4, vocab_size=256, seq_length=128,
              tokens_per_micro_batch=256, global_batch_size=8, min_len=8, mean_len=32, bf16=False)
 
@@ -93,7 +118,8 @@ def megatron_argv(shape: Shape, config: str, iters: int, device: str) -> list[st
         str(shape.ffn_hidden_size), "--seq-length", str(shape.seq_length),
         "--max-position-embeddings", str(shape.seq_length),
         "--global-batch-size", str(shape.global_batch_size), "--train-iters", str(iters),
-        "--lr", "1e-4", "--mock-data", "--sft", "--sft-mock-dataset-config-json",
+        "--lr", str(LEARNING_RATE), "--weight-decay", str(WEIGHT_DECAY),
+        "--clip-grad", str(CLIP_GRAD), "--mock-data", "--sft", "--sft-mock-dataset-config-json",
         shape.length_config(), "--tokenizer-type", "NullTokenizer",
         "--vocab-size", str(shape.vocab_size), "--make-vocab-size-divisible-by", "128",
         "--position-embedding-type", "rope", "--disable-bias-linear",
@@ -122,11 +148,6 @@ def bf16_peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def count_sync_events(event_names) -> int:
-    """Profiler events that make the host wait for the device (D2H copies, synchronize calls)."""
-    return sum(1 for name in event_names if any(f in name for f in SYNC_EVENT_FRAGMENTS))
-
-
 def summarise(step_times: list[float], step_tokens: list[int], step_flops: list[int],
               peak_tflops: float | None) -> dict:
     """Throughput over the measured steps: totals over totals (not a mean of ratios)."""
@@ -145,43 +166,66 @@ def _fmt(value, pattern: str) -> str:
     return "n/a" if value is None else pattern.format(value)
 
 
-def render_report(device: str, shape: Shape, results: dict[str, dict], command: str) -> str:
-    """REPORT.md: one row per configuration plus the ratios the issue asks for."""
-    lines = [
-        "# GPU training benchmark", "",
-        f"Device: **{device}**. Command: `{command}`.", "",
-        f"Shape: {shape.num_layers} layers, hidden {shape.hidden_size}, {shape.num_heads} heads, "
-        f"vocab {shape.vocab_size}, RoPE, {'bf16' if shape.bf16 else 'fp32'}; mock SFT lengths "
-        f"lognormal {shape.min_len}-{shape.seq_length}, mean {shape.mean_len}, sigma "
-        f"{shape.sigma}; global batch {shape.global_batch_size}; "
-        f"{shape.tokens_per_micro_batch} tokens per micro-batch; ours with --attention-backend "
-        f"{shape.attention_backend}.", "",
-        "| configuration | tokens/s | TFLOP/s/GPU | MFU | sync copies per step (fwd+bwd / whole "
-        "step) | peak memory (GiB) | status |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for name in CONFIGS:
-        r = results.get(name)
+def describe_shape(shape: Shape) -> str:
+    """One line: the model and the data of a benchmarked size."""
+    return (f"{shape.params / 1e9:.2f}B parameters: {shape.num_layers} layers, hidden "
+            f"{shape.hidden_size}, {shape.num_heads} heads, vocab {shape.vocab_size}, RoPE, "
+            f"{'bf16' if shape.bf16 else 'fp32'}; mock SFT lengths lognormal {shape.min_len}-"
+            f"{shape.seq_length}, mean {shape.mean_len}, sigma {shape.sigma}; global batch "
+            f"{shape.global_batch_size}; {shape.tokens_per_micro_batch} tokens per micro-batch; "
+            f"ours with --attention-backend {shape.attention_backend}")
+
+
+def _ratio_rows(results: dict[str, dict]) -> list[str]:
+    ok = lambda n: n in results and not results[n].get("error")  # noqa: E731
+    rows = []
+    for top, bottom, label in (("packed", "reference", "packed / plain-PyTorch reference"),
+                               ("packed", "padded", "packed / padded")):
+        if ok(top) and ok(bottom):
+            ratio = results[top]["tokens_per_s"] / results[bottom]["tokens_per_s"]
+            rows.append(f"| {label} | {ratio:.2f}x |")
+    return rows
+
+
+def render_size(name: str, shape: Shape, results: dict[str, dict]) -> list[str]:
+    """One size's section: a row per configuration, then the ratios."""
+    lines = [f"## {name}", "", describe_shape(shape) + ".", "",
+             "| configuration | tokens/s | TFLOP/s/GPU | MFU | syncs per step (fwd+bwd / whole "
+             "step) | peak memory (GiB) | status |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for config in CONFIGS:
+        r = results.get(config)
         if r is None:
             continue
         if r.get("error"):
-            lines.append(f"| {name} | | | | | | {r['error']} |")
+            lines.append(f"| {config} | | | | | | {r['error']} |")
             continue
         lines.append(
-            f"| {name} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.1f} | "
+            f"| {config} | {r['tokens_per_s']:,.0f} | {r['tflops_per_gpu']:.1f} | "
             f"{_fmt(r['mfu'], '{:.1%}')} | {_fmt(r['syncs_forward_backward'], '{}')} / "
-            f"{_fmt(r['syncs_step'], '{}')} | "
-            f"{r['peak_memory_gib']:.1f} | ok |")
-    ok = lambda n: n in results and not results[n].get("error")  # noqa: E731
-    lines += ["", "| ratio (tokens/s) | value |", "|---|---:|"]
-    if ok("packed") and ok("reference"):
-        ratio = results["packed"]["tokens_per_s"] / results["reference"]["tokens_per_s"]
-        lines.append(f"| packed / plain-PyTorch reference | {ratio:.2f}x |")
-    if ok("packed") and ok("padded"):
-        ratio = results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"]
-        lines.append(f"| packed / padded | {ratio:.2f}x |")
-    lines += ["", "FLOPs from real lengths for every configuration (same formula); MFU against "
-              "the dense bf16 peak of the device.", ""]
+            f"{_fmt(r['syncs_step'], '{}')} | {r['peak_memory_gib']:.1f} | ok |")
+    ratios = _ratio_rows(results)
+    if ratios:
+        lines += ["", "| ratio (tokens/s) | value |", "|---|---:|", *ratios]
+    sites = {config: r.get("sync_sites") for config, r in results.items() if r.get("sync_sites")}
+    if sites:
+        lines += ["", "Synchronising calls of one whole step, by site (`file:line` x count):", ""]
+        lines += [f"- {config}: " + ", ".join(f"`{site}` x{count}" for site, count in found)
+                  for config, found in sites.items()]
+    return lines + [""]
+
+
+def render_report(meta: dict, sizes: dict[str, tuple[Shape, dict]], command: str) -> str:
+    """REPORT.md: the run's device and versions, then one section per size."""
+    lines = ["# GPU training benchmark", "",
+             f"Device: **{meta['device']}**; torch {meta.get('torch', '?')}; "
+             f"{meta.get('date', '?')}. Command: `{command}`.", "",
+             "Same optimizer step on every side (AdamW, fused kernel, clip 1.0), loss and grad "
+             "norm read once per step, batch building inside the timed region. FLOPs from real "
+             "lengths for every configuration (same formula); MFU against the dense bf16 peak "
+             "of the device. Syncs: profiler events beyond an empty profiled region's.", ""]
+    for name, (shape, results) in sizes.items():
+        lines += render_size(name, shape, results)
     return "\n".join(lines)
 
 
@@ -256,24 +300,11 @@ def greedy_packs(lengths: list[int], budget: int) -> list[list[int]]:
 
 # --- workers (one process per configuration) ---------------------------------------------------
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (for MASTER_PORT)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _profile_syncs(fn, device: str) -> int | None:
-    """Synchronising events while ``fn`` runs (None on CPU: there is nothing to wait for)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    if device != "cuda":
-        fn()
-        return None
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()  # no synchronize in here: it would count itself (the profiler waits on exit)
-    return count_sync_events(event.name for event in prof.events())
 
 
 def _synchronize(device: str) -> None:
@@ -289,37 +320,83 @@ def _peak_memory_gib(device: str) -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
 
 
-def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: str) -> dict:
-    from megatron.training.arguments import parse_args
-    from megatron.training.flops import num_floating_point_operations
-    from megatron.training.initialize import initialize_megatron
-    from megatron.training.pretrain import build_data_providers
-    from megatron.training.training import run_forward_backward, setup_model_and_optimizer, \
-        train_step
-
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    args = parse_args(megatron_argv(shape, config, warmup + iters + 2, device), world_size=1)
-    initialize_megatron(args)
-    provider, _ = build_data_providers(args)
-    state = setup_model_and_optimizer(args)
-    times, tokens, flops = [], [], []
+def _timed_steps(step, warmup: int, iters: int, device: str) -> list[float]:
+    """Seconds of each measured call ``step(iteration)`` after ``warmup`` unmeasured ones."""
+    times = []
     for it in range(warmup + iters):
-        step = provider.step_batches(it)
         _synchronize(device)
         start = time.perf_counter()
-        train_step(args, state, step)
+        step(it)
         _synchronize(device)
         if it >= warmup:
             times.append(time.perf_counter() - start)
-            tokens.append(step.seqlen_sum)
-            flops.append(num_floating_point_operations(args, step.seqlen_sum,
-                                                       step.seqlen_squared_sum))
-    step = provider.step_batches(warmup + iters)
-    fwd_bwd = _profile_syncs(lambda: run_forward_backward(args, state, step, False), device)
-    whole = _profile_syncs(lambda: train_step(args, state, provider.step_batches(
-        warmup + iters + 1)), device)
-    return {"times": times, "tokens": tokens, "flops": flops, "syncs_forward_backward": fwd_bwd,
-            "syncs_step": whole}
+    return times
+
+
+def _sync_counts(fwd_bwd, whole_step, device: str) -> dict:
+    """Sync events of a forward+backward and of a whole step, and the whole step's sites
+    (None on CPU: there is nothing to wait for)."""
+    if device != "cuda":
+        fwd_bwd()
+        whole_step()
+        return {"syncs_forward_backward": None, "syncs_step": None, "sync_sites": None}
+    return {"syncs_forward_backward": profiled_sync_events(fwd_bwd)["events"],
+            "syncs_step": profiled_sync_events(whole_step)["events"],
+            "sync_sites": sync_sites(whole_step)}
+
+
+def use_device(device: str) -> None:
+    """Makes ``--device`` binding in this process: CPU means CPU even where a GPU is visible
+    (the CPU smoke runs on a GPU machine), so our training path never picks CUDA by itself."""
+    if device == "cpu":
+        from megatron.varlen import cpu_device
+
+        cpu_device.force_cpu()
+        cpu_device.activate()
+
+
+def megatron_training(config: str, shape: Shape, steps: int, device: str):
+    """Our training path for ``config`` in this process: ``(step, args, state, provider)``;
+    ``step(iteration)`` does what the training loop does per iteration (build the batches,
+    train, read loss and grad norm back) and returns (sum L, sum L^2, loss, grad norm)."""
+    from megatron.training.arguments import parse_args
+    from megatron.training.initialize import initialize_megatron
+    from megatron.training.pretrain import build_data_providers
+    from megatron.training.training import setup_model_and_optimizer, train_step
+
+    use_device(device)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    args = parse_args(megatron_argv(shape, config, steps, device), world_size=1)
+    initialize_megatron(args)
+    provider, _ = build_data_providers(args)
+    state = setup_model_and_optimizer(args)
+
+    def step(it):
+        batches = provider.step_batches(it)
+        loss, grad_norm = train_step(args, state, batches)
+        return batches.seqlen_sum, batches.seqlen_squared_sum, loss, grad_norm
+
+    return step, args, state, provider
+
+
+def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: str) -> dict:
+    from megatron.training.flops import num_floating_point_operations
+    from megatron.training.optimizer_kernels import torch_adam_optimizers
+    from megatron.training.training import run_forward_backward
+
+    step, args, state, provider = megatron_training(config, shape, warmup + iters + 5, device)
+    steps = []
+    times = _timed_steps(lambda it: steps.append(step(it)), warmup, iters, device)
+    measured = steps[warmup:]
+    fwd_bwd_batches = provider.step_batches(warmup + iters)
+    syncs = _sync_counts(lambda: run_forward_backward(args, state, fwd_bwd_batches, False),
+                         lambda: step(warmup + iters + 1), device)
+    fused = [group["fused"] for adam in torch_adam_optimizers(state.optimizer)
+             for group in adam.param_groups]
+    return {"times": times, "tokens": [s[0] for s in measured],
+            "flops": [num_floating_point_operations(args, s[0], s[1]) for s in measured],
+            "losses": [s[2] for s in measured], "fused_adam": bool(fused) and all(fused),
+            **syncs}
 
 
 def _reference_batches(shape: Shape, steps: int) -> list[list[list[int]]]:
@@ -336,55 +413,62 @@ def _reference_batches(shape: Shape, steps: int) -> list[list[list[int]]]:
                          shape.tokens_per_micro_batch) for s in range(steps)]
 
 
-def _run_reference(shape: Shape, iters: int, warmup: int, device: str) -> dict:
+def reference_training(shape: Shape, steps: int, device: str):
+    """The plain-PyTorch reference in this process: ``(step, fwd_bwd, batches)``; ``step(packs)``
+    trains on one global batch (lists of packed lengths) and returns (loss, grad norm)."""
     import torch
-
-    from megatron.training.arguments import parse_args
-    from megatron.training.flops import num_floating_point_operations
 
     torch.manual_seed(shape.seed)
     model = build_reference_gpt(shape, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
-    batches = _reference_batches(shape, warmup + iters + 2)
-    flops_args = parse_args(megatron_argv(shape, "packed", 1, "cpu"), world_size=1)
-    flops_args.padded_vocab_size = shape.vocab_size
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE,
+                                  weight_decay=WEIGHT_DECAY, fused=device == "cuda")
+    batches = _reference_batches(shape, steps)
     gen = torch.Generator().manual_seed(shape.seed)
 
     def micro_batch(lengths):  # host-built, copied once: no sync inside the step
         tokens = torch.randint(0, shape.vocab_size, (sum(lengths) + 1,), generator=gen)
         positions = torch.cat([torch.arange(n) for n in lengths])
         cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
-        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731 -- the plain way
         return (move(tokens[:-1]), move(positions), move(cu), max(lengths), move(tokens[1:]))
 
-    def fwd_bwd(packs):
+    def fwd_bwd(packs):  # the global per-token mean, as ours with --calculate-per-token-loss
+        total = sum(n for pack in packs for n in pack)
+        loss_sum = 0.0
         for lengths in packs:
             tokens, positions, cu, max_len, labels = micro_batch(lengths)
             with torch.autocast(device, dtype=torch.bfloat16, enabled=shape.bf16):
-                loss = model(tokens, positions, cu, max_len, labels)
+                loss = model(tokens, positions, cu, max_len, labels) / total
             loss.backward()
+            loss_sum = loss_sum + loss.detach()
+        return loss_sum
 
     def step(packs):
-        fwd_bwd(packs)
+        loss = fwd_bwd(packs)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_GRAD, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return float(loss), float(grad_norm)  # read back once per step, as ours
 
-    times, tokens, flops = [], [], []
-    for it in range(warmup + iters):
-        _synchronize(device)
-        start = time.perf_counter()
-        step(batches[it])
-        _synchronize(device)
-        if it >= warmup:
-            lengths = [n for pack in batches[it] for n in pack]
-            times.append(time.perf_counter() - start)
-            tokens.append(sum(lengths))
-            flops.append(num_floating_point_operations(flops_args, sum(lengths),
-                                                       sum(n * n for n in lengths)))
-    fwd_bwd_syncs = _profile_syncs(lambda: fwd_bwd(batches[warmup + iters]), device)
-    whole = _profile_syncs(lambda: step(batches[warmup + iters + 1]), device)
-    return {"times": times, "tokens": tokens, "flops": flops,
-            "syncs_forward_backward": fwd_bwd_syncs, "syncs_step": whole}
+    return step, fwd_bwd, batches
+
+
+def _run_reference(shape: Shape, iters: int, warmup: int, device: str) -> dict:
+    from megatron.training.arguments import parse_args
+    from megatron.training.flops import num_floating_point_operations
+
+    step, fwd_bwd, batches = reference_training(shape, warmup + iters + 2, device)
+    flops_args = parse_args(megatron_argv(shape, "packed", 1, "cpu"), world_size=1)
+    flops_args.padded_vocab_size = shape.vocab_size
+    losses = []
+    times = _timed_steps(lambda it: losses.append(step(batches[it])[0]), warmup, iters, device)
+    lengths = [[n for pack in batches[it] for n in pack] for it in range(warmup, warmup + iters)]
+    syncs = _sync_counts(lambda: fwd_bwd(batches[warmup + iters]),
+                         lambda: step(batches[warmup + iters + 1]), device)
+    return {"times": times, "tokens": [sum(ls) for ls in lengths],
+            "flops": [num_floating_point_operations(flops_args, sum(ls), sum(n * n for n in ls))
+                      for ls in lengths], "losses": losses[warmup:],
+            "fused_adam": device == "cuda", **syncs}
 
 
 def missing_modules(names=REQUIRED_MODULES) -> list[str]:
@@ -414,20 +498,21 @@ def run_worker(config: str, shape: Shape, iters: int, warmup: int, device: str) 
         raw = _run_megatron(config, shape, iters, warmup, device)
     result = summarise(raw["times"], raw["tokens"], raw["flops"], bf16_peak_tflops(name)
                        if device == "cuda" else None)
-    result.update(device=name, syncs_forward_backward=raw["syncs_forward_backward"],
-                  syncs_step=raw["syncs_step"], peak_memory_gib=_peak_memory_gib(device))
+    result.update(device=name, peak_memory_gib=_peak_memory_gib(device),
+                  losses=raw["losses"], **{key: raw[key] for key in (
+                      "syncs_forward_backward", "syncs_step", "sync_sites", "fused_adam")})
     return result
 
 
 # --- the launcher ---------------------------------------------------------------------------------
 
-def _launch(config: str, cli: argparse.Namespace, result_path: Path) -> dict:
+def _launch(config: str, size: str, cli: argparse.Namespace, result_path: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", config,
-           "--result", str(result_path), "--iters", str(cli.iters), "--warmup", str(cli.warmup),
-           "--device", cli.device, "--attention-backend", cli.attention_backend] + (
-               ["--tiny"] if cli.tiny else [])
+           *(["--tiny"] if cli.tiny else ["--sizes", size]), "--result", str(result_path), "--iters", str(cli.iters), "--warmup", str(cli.warmup),
+           "--device", cli.device, "--attention-backend", cli.attention_backend]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)}
+    started = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                               timeout=cli.timeout)
@@ -436,12 +521,23 @@ def _launch(config: str, cli: argparse.Namespace, result_path: Path) -> dict:
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         return {"error": f"exit {proc.returncode}: {tail[:200]}"}
-    return json.loads(result_path.read_text())
+    result = json.loads(result_path.read_text())
+    result["process_s"] = round(time.perf_counter() - started, 1)
+    return result
 
 
-def main(argv=None) -> int:
+def _shape(cli: argparse.Namespace, size: str) -> Shape:
+    # FlashAttention needs half precision: the tiny shape is bf16 on CUDA, fp32 on CPU.
+    shape = dataclasses.replace(TINY, bf16=cli.device == "cuda") if cli.tiny else SIZES[size]
+    return dataclasses.replace(  # the CPU smoke run uses the reference attention
+        shape, attention_backend=cli.attention_backend if cli.device == "cuda" else "local")
+
+
+def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--sizes", default="184m",
+                        help=f"comma-separated, from {','.join(SIZES)} (ignored with --tiny)")
     parser.add_argument("--iters", type=int, default=10, help="measured steps per configuration")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -451,7 +547,7 @@ def main(argv=None) -> int:
                         help="our configurations' --attention-backend (ablations)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--timeout", type=int, default=WORKER_TIMEOUT_S,
-                        help="seconds per configuration")
+                        help="seconds per configuration and size")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     cli = parser.parse_args(argv)
@@ -459,32 +555,46 @@ def main(argv=None) -> int:
     if missing:
         parser.error(f"cannot import {', '.join(missing)}: install numpy and megatron-core==0.16.1 "
                      f"(without network: the wheel recipe in README.md, section GPU)")
-    # FlashAttention needs half precision: the tiny shape is bf16 on CUDA, fp32 on CPU.
-    shape = dataclasses.replace(TINY, bf16=cli.device == "cuda") if cli.tiny else Shape()
-    shape = dataclasses.replace(  # the CPU smoke run uses the reference attention
-        shape, attention_backend=cli.attention_backend if cli.device == "cuda" else "local")
+    for option, chosen, known in (("--configs", cli.configs, CONFIGS),
+                                  ("--sizes", cli.sizes, SIZES)):
+        unknown = sorted(set(x for x in chosen.split(",") if x) - set(known))
+        if unknown:
+            parser.error(f"{option} {','.join(unknown)}: choose from {','.join(known)}")
+    return cli
+
+
+def main(argv=None) -> int:
+    import torch
+
+    cli = _parse(argv)
+    sizes = ["tiny"] if cli.tiny else [s for s in cli.sizes.split(",") if s]
     if cli.worker:
-        result = run_worker(cli.worker, shape, cli.iters, cli.warmup, cli.device)
+        result = run_worker(cli.worker, _shape(cli, sizes[0]), cli.iters, cli.warmup, cli.device)
         cli.result.write_text(json.dumps(result))
         return 0
     configs = [c for c in cli.configs.split(",") if c]
-    unknown = sorted(set(configs) - set(CONFIGS))
-    if unknown:
-        parser.error(f"--configs {','.join(unknown)}: choose from {','.join(CONFIGS)}")
     cli.out.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for config in configs:
-        results[config] = _launch(config, cli, cli.out / f".{config}.json")
-        print(f"{config}: {results[config]}", flush=True)
-    device = next((r["device"] for r in results.values() if "device" in r), cli.device)
+    report, ok = {}, True
+    for size in sizes:
+        results = {}
+        for config in configs:
+            results[config] = _launch(config, size, cli, cli.out / f".{config}.json")
+            (cli.out / f".{config}.json").unlink(missing_ok=True)
+            ok = ok and not results[config].get("error")
+            print(f"{size} {config}: {json.dumps(results[config])}", flush=True)
+        report[size] = (_shape(cli, size), results)
+    device = next((r["device"] for _, rs in report.values() for r in rs.values()
+                   if "device" in r), cli.device)
+    meta = {"device": device, "torch": torch.__version__,
+            "date": datetime.date.today().isoformat()}
     command = "python tools/benchmark_gpu.py " + " ".join(argv if argv is not None
                                                           else sys.argv[1:])
     (cli.out / "results.json").write_text(json.dumps(
-        {"device": device, "shape": dataclasses.asdict(shape), "results": results}, indent=2))
-    (cli.out / "REPORT.md").write_text(render_report(device, shape, results, command.strip()))
-    for config in configs:
-        (cli.out / f".{config}.json").unlink(missing_ok=True)
-    return 0 if all(not r.get("error") for r in results.values()) else 1
+        {**meta, "command": command.strip(),
+         "sizes": {size: {"shape": dataclasses.asdict(shape), "results": results}
+                   for size, (shape, results) in report.items()}}, indent=2))
+    (cli.out / "REPORT.md").write_text(render_report(meta, report, command.strip()))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

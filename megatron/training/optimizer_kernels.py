@@ -62,7 +62,8 @@ def install() -> bool:
     return replaced
 
 
-def _torch_optimizers(megatron_optimizer):
+def torch_adam_optimizers(megatron_optimizer):
+    """The torch Adam/AdamW instances inside a megatron-core optimizer (chained or not)."""
     for opt in getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer]):
         inner = getattr(opt, "optimizer", None)
         if isinstance(inner, _ADAM_CLASSES):
@@ -78,7 +79,7 @@ def use_fused_adam(megatron_optimizer) -> int:
     the parameter's device, where the fused kernel reads them.
     """
     switched = 0
-    for inner in _torch_optimizers(megatron_optimizer):
+    for inner in torch_adam_optimizers(megatron_optimizer):
         params = [p for group in inner.param_groups for p in group["params"]]
         if not params or any(p.device.type != "cuda" for p in params):
             continue

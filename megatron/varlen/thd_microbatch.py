@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.varlen.attention.attention_plan import attach_host_boundaries
+from megatron.varlen.attention.attention_plan import attach_host_boundaries, host_to_device
 from megatron.varlen.cp_split import split_thd_for_cp
 
 THD_FORMAT = "thd"
@@ -128,14 +128,16 @@ def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device) -
     with (None when the size is 1: no CP collective at all for this micro-batch).
     """
     size = pack.local_cp_size
+    device = torch.device(device)
     inputs = {}
     fields = {**{key: getattr(pack, key) for key in _TOKEN_KEYS}, **pack.extra}
     for key, local in fields.items():
         if size > 1:
             local = split_thd_for_cp(local, pack.cu_seqlens_padded, size, cp_rank, seq_dim=0)
-        inputs[key] = local.unsqueeze(0).to(device)
-    cu_real = pack.cu_seqlens.to(device)
-    cu_padded = pack.cu_seqlens_padded.to(device)
+        # Pinned, asynchronous copies on CUDA: building a step's batches never waits for the GPU.
+        inputs[key] = host_to_device(local.unsqueeze(0), device)
+    cu_real = host_to_device(pack.cu_seqlens, device)
+    cu_padded = host_to_device(pack.cu_seqlens_padded, device)
     inputs["packed_seq_params"] = PackedSeqParams(
         qkv_format=THD_FORMAT, cu_seqlens_q=cu_real, cu_seqlens_kv=cu_real,
         cu_seqlens_q_padded=cu_padded, cu_seqlens_kv_padded=cu_padded,

@@ -1,5 +1,6 @@
 """Flash backend on a real GPU: torch's varlen_attn laid out by the attention plan == the
-reference attention (outputs and gradients, bf16 tolerance), and no synchronising copy.
+reference attention (outputs and gradients, bf16 tolerance), and no synchronising call (profiler
+events beyond an empty region's, and torch's sync debug mode: tools/sync_probe.py).
 
 Run with `pytest -m gpu tests/gpu` on a CUDA machine; skipped elsewhere. CP is emulated on one
 GPU exactly as in tests/unit_tests/varlen/attention/test_flash_attention.py (there with the
@@ -76,30 +77,27 @@ def test_flash_equals_reference_attention(cp, groups):
 
 
 def test_flash_forward_backward_makes_no_synchronising_copy():
-    from torch.profiler import ProfilerActivity, profile
-
-    from tools.benchmark_gpu import count_sync_events
+    from tools.sync_probe import profiled_sync_events, sync_sites
 
     q, k, v, weight = _inputs(2, seed=9)
     plan = build_attention_plan(_cu(REAL), _cu(PADDED), 1, 0).to(torch.device("cuda"))
     q, k, v = (x.to(torch.bfloat16).requires_grad_() for x in (q, k, v))
-    attend_planned(q, k, v, plan, SCALE).float().sum().backward()  # warm-up
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+
+    def step():
         out = attend_planned(q, k, v, plan, SCALE)
         (out.float() * weight).sum().backward()
-    torch.cuda.synchronize()
-    names = [event.name for event in prof.events()]
-    assert count_sync_events(names) == 0, [n for n in names if "DtoH" in n or "Synchron" in n]
+
+    step()  # warm-up
+    syncs = profiled_sync_events(step)
+    assert syncs["events"] == 0, syncs
+    assert sync_sites(step) == []
 
 
 def test_local_backend_forward_backward_makes_no_synchronising_copy():
     """--attention-backend local (what auto picks with attention dropout > 0): its layout is
     built once from host boundaries; the forward and backward, dropout included, read nothing."""
-    from torch.profiler import ProfilerActivity, profile
-
     from megatron.varlen.attention.core_attention import attend_with_layout, build_local_layout
-    from tools.benchmark_gpu import count_sync_events
+    from tools.sync_probe import profiled_sync_events, sync_sites
 
     q, k, v, weight = _inputs(2, seed=10)
     layout = build_local_layout(_cu(PADDED), _cu(REAL), 1, 0, torch.device("cuda"))
@@ -111,9 +109,6 @@ def test_local_backend_forward_backward_makes_no_synchronising_copy():
         (out * weight).sum().backward()
 
     step()  # warm-up
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-    torch.cuda.synchronize()
-    names = [event.name for event in prof.events()]
-    assert count_sync_events(names) == 0, [n for n in names if "DtoH" in n or "Synchron" in n]
+    syncs = profiled_sync_events(step)
+    assert syncs["events"] == 0, syncs
+    assert sync_sites(step) == []

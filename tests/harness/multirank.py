@@ -55,8 +55,10 @@ _PRELOAD = [
 ]
 _CONTEXT = None
 CPU, CUDA = "cpu", "cuda"
-# Ranks exchange tensors over gloo on either device: NCCL needs one GPU per rank, and gloo
-# carries CUDA tensors for the collectives the training path uses (not send/recv).
+# Ranks exchange tensors over gloo on either device: NCCL needs one GPU per rank. gloo carries
+# CUDA tensors for single collectives (all-reduce, all-gather, broadcast) but not for the
+# coalesced ones megatron-core's DDP issues, so CUDA ranks over gloo reduce gradients one bucket
+# at a time (megatron/varlen/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP here).
 RANK_BACKEND = "gloo"
 _HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
 

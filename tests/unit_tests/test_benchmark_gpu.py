@@ -9,6 +9,7 @@ import torch
 
 from megatron.training.arguments import parse_args
 from tools import benchmark_gpu as bench
+from tools.sync_probe import count_sync_events
 
 
 @pytest.mark.parametrize("config", ["packed", "padded"])
@@ -37,19 +38,32 @@ def test_peak_table_and_mfu_arithmetic():
 def test_sync_events_are_device_to_host_copies_and_synchronize_calls():
     names = ["Memcpy DtoH (Device -> Pageable)", "Memcpy HtoD (Pinned -> Device)",
              "cudaStreamSynchronize", "aten::mm", "cudaMemcpyAsync", "cudaDeviceSynchronize"]
-    assert bench.count_sync_events(names) == 3
+    assert count_sync_events(names) == 3
 
 
-def test_report_has_rows_ratios_and_errors():
+def test_report_has_rows_ratios_sites_and_errors():
     ok = {"tokens_per_s": 200000.0, "tflops_per_gpu": 250.0, "mfu": 0.25,
-          "syncs_forward_backward": 0, "syncs_step": 4, "peak_memory_gib": 30.0}
+          "syncs_forward_backward": 0, "syncs_step": 4, "peak_memory_gib": 30.0,
+          "sync_sites": [["megatron/core/optimizer/clip_grads.py:133", 1]]}
     results = {"packed": ok, "padded": {**ok, "tokens_per_s": 40000.0},
                "reference": {"error": "timed out after 900 s"}}
-    report = bench.render_report("NVIDIA H100", bench.Shape(), results, "python tools/x.py")
+    meta = {"device": "NVIDIA H100", "torch": "2.11.0+cu130", "date": "2026-11-26"}
+    report = bench.render_report(meta, {"184m": (bench.Shape(), results),
+                                        "1.3b": (bench.SIZES["1.3b"], {"packed": ok})},
+                                 "python tools/x.py")
+    assert "torch 2.11.0+cu130" in report and "## 184m" in report and "## 1.3b" in report
     assert "| packed | 200,000 | 250.0 | 25.0% | 0 / 4 | 30.0 | ok |" in report
     assert "| packed / padded | 5.00x |" in report
     assert "timed out after 900 s" in report and "reference |" in report
     assert "packed / plain-PyTorch reference" not in report  # no ratio against a failed run
+    assert "`megatron/core/optimizer/clip_grads.py:133` x1" in report
+
+
+def test_sizes_are_the_issue_classes():
+    billions = {name: shape.params / 1e9 for name, shape in bench.SIZES.items()}
+    assert billions["184m"] == pytest.approx(0.184, abs=0.01)
+    assert billions["1.3b"] == pytest.approx(1.27, abs=0.03)
+    assert 2.5 <= billions["2.8b"] <= 2.9
 
 
 def test_greedy_packs_respect_the_budget_and_keep_order():

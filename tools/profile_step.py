@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Where one training step's time goes, ours against the plain-PyTorch reference.
+
+    python tools/profile_step.py --size 184m                  # on a GPU: packed and reference
+    python tools/profile_step.py --device cpu --tiny --configs packed   # smoke run
+
+For each configuration (tools/benchmark_gpu.py's packed / padded / reference, same shapes and
+data), after warm-up steps, ``--steps`` steps run under torch.profiler. Printed per
+configuration: wall time per step; GPU kernel time per step and the GPU's busy share of the
+wall time (far below 1: the host, not the GPU, sets the pace); kernel launches per step; the
+kernels and the host-side operators that take the most time. This is the instrument for
+closing the gap to the reference: which kernels we run that it does not, and how much host
+time each step spends launching them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from tools.benchmark_gpu import (
+    CONFIGS, SIZES, TINY, megatron_training, reference_training,
+)
+
+WARMUP_STEPS = 3
+TOP_ROWS = 18
+
+
+def _step_function(config: str, shape, steps: int, device: str):
+    if config == "reference":
+        step, _, batches = reference_training(shape, steps, device)
+        return lambda it: step(batches[it])
+    step, *_ = megatron_training(config, shape, steps, device)
+    return step
+
+
+def _kernel_events(prof):
+    from torch.autograd import DeviceType
+
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def profile_config(config: str, shape, steps: int, device: str) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step = _step_function(config, shape, WARMUP_STEPS + steps, device)
+    for it in range(WARMUP_STEPS):
+        step(it)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for it in range(WARMUP_STEPS, WARMUP_STEPS + steps):
+            step(it)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / steps
+    kernels = _kernel_events(prof)
+    busy = sum(_device_us(e) for e in kernels) / 1e6 / steps
+    print(f"=== {config}: {wall * 1e3:.1f} ms per step (profiled); GPU kernels "
+          f"{busy * 1e3:.1f} ms per step ({busy / wall:.0%} busy); {len(kernels) / steps:.0f} "
+          f"kernel launches per step", flush=True)
+    table = prof.key_averages()
+    if device == "cuda":
+        print(_table(table, ("self_device_time_total", "self_cuda_time_total")))
+    print(_table(table, ("self_cpu_time_total",)), flush=True)
+
+
+def _device_us(event) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total", "device_time"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+def _table(averages, sort_keys) -> str:
+    for key in sort_keys:  # the key's name changed across torch versions
+        try:
+            return averages.table(sort_by=key, row_limit=TOP_ROWS, max_name_column_width=60)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return "(no table: unknown sort keys)"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="184m", choices=sorted(SIZES))
+    parser.add_argument("--configs", default="packed,reference")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true")
+    cli = parser.parse_args(argv)
+    unknown = sorted(set(cli.configs.split(",")) - set(CONFIGS))
+    if unknown:
+        parser.error(f"--configs {','.join(unknown)}: choose from {','.join(CONFIGS)}")
+    shape = dataclasses.replace(TINY, bf16=cli.device == "cuda") if cli.tiny else SIZES[cli.size]
+    if cli.device != "cuda":
+        shape = dataclasses.replace(shape, attention_backend="local")
+    for config in cli.configs.split(","):  # ours first: one process, one megatron set-up
+        profile_config(config, shape, cli.steps, cli.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
