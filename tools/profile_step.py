@@ -10,15 +10,19 @@ configuration: wall time per step; GPU kernel time per step and the GPU's busy s
 wall time (far below 1: the host, not the GPU, sets the pace); kernel launches per step; the
 kernels and the host-side operators that take the most time. This is the instrument for
 closing the gap to the reference: which kernels we run that it does not, and how much host
-time each step spends launching them.
+time each step spends launching them. Last, for one more step, the torch calls made from Python
+counted by call site (``file:line`` of the innermost frame outside torch): where the host's
+operator calls come from.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from tools.benchmark_gpu import (
@@ -27,6 +31,8 @@ from tools.benchmark_gpu import (
 
 WARMUP_STEPS = 3
 TOP_ROWS = 18
+# Frames of these files are the library's, not a call site (tools.sync_probe uses the same rule).
+_LIBRARY_FRAGMENTS = ("/torch/", "/contextlib.py", "profile_step.py")
 
 
 def _step_function(config: str, shape, steps: int, device: str):
@@ -47,7 +53,7 @@ def profile_config(config: str, shape, steps: int, device: str) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    step = _step_function(config, shape, WARMUP_STEPS + steps, device)
+    step = _step_function(config, shape, WARMUP_STEPS + steps + 1, device)
     for it in range(WARMUP_STEPS):
         step(it)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -69,6 +75,37 @@ def profile_config(config: str, shape, steps: int, device: str) -> None:
     if device == "cuda":
         print(_table(table, ("self_device_time_total", "self_cuda_time_total")))
     print(_table(table, ("self_cpu_time_total",)), flush=True)
+    counts = call_sites(step, WARMUP_STEPS + steps)
+    print(f"--- {config}: {sum(counts.values())} torch calls from Python in one step; the most "
+          f"frequent call sites:")
+    for (name, where), count in counts.most_common(TOP_ROWS):
+        print(f"{count:>8}  {name:<28} {where}")
+
+
+def call_sites(step, iteration: int) -> collections.Counter:
+    """Torch function calls ``step(iteration)`` makes from Python, by (function, call site)."""
+    import torch
+
+    counts: collections.Counter = collections.Counter()
+
+    class Counting(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if not any(part in f.filename for part in _LIBRARY_FRAGMENTS)]
+            where = f"{_short(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+            counts[(getattr(func, "__name__", str(func)), where)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        step(iteration)
+    return counts
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "/megatron/", "/tools/"):
+        if marker in path:
+            return path[path.index(marker) + (len(marker) if marker == "site-packages/" else 1):]
+    return path
 
 
 def _device_us(event) -> float:
