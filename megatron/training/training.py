@@ -10,6 +10,7 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +23,7 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.training import checkpointing, log, loop_steps, optimizer_kernels
+from megatron.training.exit_conditions import ExitConditions
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.grad_finalize import finalize_model_grads_on_device
 from megatron.training.hf.exporter import save_hf
@@ -287,32 +289,57 @@ def _maybe_save(args, state) -> None:
             args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
 
 
-def train(args, state: TrainState, train_provider, valid_provider=None) -> list[dict]:
-    """Runs until --train-iters; returns {"lm_loss", "grad_norm", "validation_loss"} per
-    iteration run.
+def _save_at_end(args, state) -> str | None:
+    """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
+    if not final_save_due(args, state.iteration):
+        return checkpointing.checkpoint_dir(args.save, state.iteration) if args.save else None
+    return checkpointing.save_checkpoint(
+        args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
+
+
+def _exit_early(args, state, reason: str) -> None:
+    """Saves (with --save) and says in one line why the run stops before --train-iters."""
+    folder = _save_at_end(args, state)
+    saved = f"checkpoint {folder}; resume with --load {args.save}" if folder else \
+        "nothing saved (no --save)"
+    log.print_rank_0(f"exiting after iteration {state.iteration} of {args.train_iters}: "
+                     f"{reason}; {saved}")
+
+
+def train(args, state: TrainState, train_provider, valid_provider=None,
+          exit_conditions: ExitConditions | None = None) -> list[dict]:
+    """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
+    --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
+    {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
 
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
-    None at iterations without evaluation.
+    None at iterations without evaluation. ``exit_conditions``: the run's, already entered
+    (``pretrain`` starts its clock and signal handling before set-up); default one from now.
     """
     logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if log.is_last_rank() \
         else None
     history = []
-    while state.iteration < args.train_iters:
-        start = time.perf_counter()
-        step = train_provider.step_batches(state.iteration)
-        loss, grad_norm = train_step(args, state, step)
-        state.iteration += 1
-        history.append({"lm_loss": loss, "grad_norm": grad_norm})
-        if logger is not None:
-            logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
-                                          time.perf_counter() - start))
-        history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
-        _maybe_save(args, state)
-    if final_save_due(args, state.iteration):
-        checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
-    if args.save_hf:
-        save_hf(args, state.model)
+    with contextlib.ExitStack() as stack:
+        exits = exit_conditions or stack.enter_context(ExitConditions(args))
+        stop = None
+        while state.iteration < args.train_iters and stop is None:
+            start = time.perf_counter()
+            step = train_provider.step_batches(state.iteration)
+            loss, grad_norm = train_step(args, state, step)
+            state.iteration += 1
+            history.append({"lm_loss": loss, "grad_norm": grad_norm})
+            if logger is not None:
+                logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
+                                              time.perf_counter() - start))
+            history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
+            _maybe_save(args, state)
+            stop = exits.reason(state.iteration)  # every rank, every iteration: it agrees
+        if stop is not None and state.iteration < args.train_iters:
+            _exit_early(args, state, stop)  # a resumed run finishes the schedule, and exports
+        else:
+            _save_at_end(args, state)
+            if args.save_hf:
+                save_hf(args, state.model)
     if logger is not None:
         logger.close()
     return history
