@@ -9,6 +9,7 @@ from megatron.training.data import (
 )
 from megatron.training.datasets.builder import build_datasets
 from megatron.training.errors import agree_on_errors
+from megatron.training.exit_conditions import ExitConditions
 from megatron.training.log import print_rank_0
 from megatron.training.run_description import describe_run
 from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
@@ -58,8 +59,14 @@ def build_data_providers(args, tokenizer=None):
 
 def pretrain(args, model_provider=gpt_model_provider) -> list[dict]:
     """Trains the model ``model_provider`` builds (GPT unless told) as the flags say; returns
-    {"lm_loss", "grad_norm"} per iteration."""
-    tokenizer, run = build_tokenizer_and_describe_run(args)
-    train_provider, valid_provider = build_data_providers(run, tokenizer)
-    state = setup_model_and_optimizer(run, model_provider)
-    return train(run, state, train_provider, valid_provider)
+    {"lm_loss", "grad_norm"} per iteration.
+
+    The clock of --exit-duration-in-mins and the signal handling of --exit-signal-handler start
+    here, before set-up: a job's wall-clock limit counts set-up too, and a SIGTERM during it
+    then stops the run after its first iteration, saved, instead of killing it.
+    """
+    with ExitConditions(args) as exits:
+        tokenizer, run = build_tokenizer_and_describe_run(args)
+        train_provider, valid_provider = build_data_providers(run, tokenizer)
+        state = setup_model_and_optimizer(run, model_provider)
+        return train(run, state, train_provider, valid_provider, exits)

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import tempfile
 
@@ -45,6 +47,48 @@ def add_reliability_args(parser) -> None:
     group.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
                        help="On --load, keep the checkpoint's LR/WD schedule even where this "
                             "run's flags differ.")
+    add_exit_condition_args(parser)
+
+
+# --- exit conditions (megatron/training/exit_conditions.py) ---------------------------------
+# Megatron-LM's names. Checked by their argparse types, so a bad value is the parser's one line.
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
+
+
+def _positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected minutes > 0, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be > 0 minutes (got {text})")
+    return value
+
+
+def add_exit_condition_args(parser) -> None:
+    group = parser.add_argument_group("exit conditions")
+    group.add_argument("--exit-signal-handler", action="store_true",
+                       help="On SIGTERM or SIGINT (on any rank), finish the current iteration, "
+                            "save a checkpoint (with --save) and exit with code 0; a second "
+                            "signal ends the process at once.")
+    group.add_argument("--exit-interval", type=_positive_int, default=None,
+                       help="Save (with --save) and exit with code 0 after the first "
+                            "iteration that is a multiple of this number.")
+    group.add_argument("--exit-duration-in-mins", type=_positive_minutes, default=None,
+                       help="Save (with --save) and exit with code 0 after the first "
+                            "iteration that ends this many minutes after the run started.")
+
+
+# --- end of exit conditions ---------------------------------------------------------------
 
 
 def _flag(dest: str) -> str:

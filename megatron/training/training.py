@@ -10,6 +10,7 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -18,9 +19,11 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.training import checkpointing, log, loop_steps, optimizer_kernels
+from megatron.training.exit_conditions import ExitConditions
 from megatron.training.flops import num_floating_point_operations
 from megatron.training.grad_finalize import finalize_model_grads_on_device
 from megatron.training.hf.exporter import save_hf
@@ -172,15 +175,73 @@ def train_step(args, state: TrainState, step,
 
     ``forward_step_func`` lets callers (megatron.wrap flows) bring their own inputs and loss;
     it must follow megatron-core's contract and report ``{"lm loss": [sum, tokens]}``.
+
+    Raises:
+        NonFiniteLossError: With --check-for-nan-in-loss-and-grad, on every rank when the loss
+            or the grad norm is NaN/Inf; raised BEFORE the update, so weights, optimizer state
+            (Adam moments, step counters) and the LR schedule are those of the last good step.
     """
     for chunk in state.model:
         chunk.zero_grad_buffer()
     state.optimizer.zero_grad()
     losses = run_forward_backward(args, state, step, forward_only=False,
                                   forward_step_func=forward_step_func)
-    _, grad_norm, _ = state.optimizer.step()
+    loss = reduce_reported_loss(losses)
+    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(args, state, loss, norm))
     state.scheduler.step(increment=args.global_batch_size)
-    return reduce_reported_loss(losses), grad_norm
+    return loss, grad_norm
+
+
+def _guard(args, state: TrainState, loss: float | None, grad_norm: float | None) -> None:
+    """The non-finite guard of the step about to become iteration ``state.iteration + 1``."""
+    if args.check_for_nan_in_loss_and_grad:
+        check_finite(state.iteration + 1, loss, grad_norm)
+
+
+def _chained(optimizer) -> list:
+    """The optimizers inside a megatron-core ChainedOptimizer (or the optimizer itself)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _clip_grads(optimizer, grad_norm: float) -> None:
+    """Clips each inner optimizer's main grads by the total norm, as ChainedOptimizer.step does
+    (each with its own --clip-grad; stub optimizers and ones without parameters skipped)."""
+    for inner in _chained(optimizer):
+        if getattr(inner, "is_stub_optimizer", False) or inner.config.clip_grad <= 0.0:
+            continue
+        params = inner.get_parameters()
+        if params:
+            clip_grad_by_total_norm_fp32(
+                params, max_norm=inner.config.clip_grad, total_norm=grad_norm,
+                use_decoupled_grad=inner.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+
+
+@torch.no_grad()  # as megatron-core's step: clipping scales the grads in place
+def optimizer_step(optimizer, check=None) -> float | None:
+    """megatron-core's ``optimizer.step()`` in its own order, with a decision point between the
+    grad norm and the update; returns the grad norm.
+
+    The order is ChainedOptimizer.step's (what get_megatron_optimizer returns here): main grads
+    made ready (``prepare_grads``: copies, fp16 unscaling), the total grad norm, clipping by it,
+    then ``step_with_ready_grads`` (the inner Adam step, the main->model param copy and the
+    distributed optimizer's param all-gather). ``check(grad_norm)`` runs after the norm and
+    before anything is written: if it raises, no weight, Adam moment, step counter or main
+    param has changed. The zero count of ``--log-num-zeros-in-grad`` is not computed (no such
+    flag here).
+
+    An fp16 loss-scale overflow (``prepare_grads`` finds Inf/NaN in the scaled grads) skips the
+    update as megatron-core does (its loss scaler backs off); the grad norm is then None.
+    """
+    if optimizer.prepare_grads():
+        if check is not None:
+            check(None)  # every rank still joins the guard's all-reduce
+        return None
+    grad_norm = optimizer.get_grad_norm()
+    if check is not None:
+        check(grad_norm)
+    _clip_grads(optimizer, grad_norm)
+    optimizer.step_with_ready_grads()
+    return grad_norm
 
 
 @torch.no_grad()
@@ -228,34 +289,57 @@ def _maybe_save(args, state) -> None:
             args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
 
 
-def train(args, state: TrainState, train_provider, valid_provider=None) -> list[dict]:
-    """Runs until --train-iters; returns {"lm_loss", "grad_norm", "validation_loss"} per
-    iteration run.
+def _save_at_end(args, state) -> str | None:
+    """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
+    if not final_save_due(args, state.iteration):
+        return checkpointing.checkpoint_dir(args.save, state.iteration) if args.save else None
+    return checkpointing.save_checkpoint(
+        args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
+
+
+def _exit_early(args, state, reason: str) -> None:
+    """Saves (with --save) and says in one line why the run stops before --train-iters."""
+    folder = _save_at_end(args, state)
+    saved = f"checkpoint {folder}; resume with --load {args.save}" if folder else \
+        "nothing saved (no --save)"
+    log.print_rank_0(f"exiting after iteration {state.iteration} of {args.train_iters}: "
+                     f"{reason}; {saved}")
+
+
+def train(args, state: TrainState, train_provider, valid_provider=None,
+          exit_conditions: ExitConditions | None = None) -> list[dict]:
+    """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
+    --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
+    {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
 
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
-    None at iterations without evaluation.
+    None at iterations without evaluation. ``exit_conditions``: the run's, already entered
+    (``pretrain`` starts its clock and signal handling before set-up); default one from now.
     """
     logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if log.is_last_rank() \
         else None
     history = []
-    while state.iteration < args.train_iters:
-        start = time.perf_counter()
-        step = train_provider.step_batches(state.iteration)
-        loss, grad_norm = train_step(args, state, step)
-        state.iteration += 1
-        history.append({"lm_loss": loss, "grad_norm": grad_norm})
-        if logger is not None:
-            logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
-                                          time.perf_counter() - start))
-        if args.check_for_nan_in_loss_and_grad:
-            check_finite(state.iteration, loss, grad_norm)
-        history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
-        _maybe_save(args, state)
-    if final_save_due(args, state.iteration):
-        checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
-    if args.save_hf:
-        save_hf(args, state.model)
+    with contextlib.ExitStack() as stack:
+        exits = exit_conditions or stack.enter_context(ExitConditions(args))
+        stop = None
+        while state.iteration < args.train_iters and stop is None:
+            start = time.perf_counter()
+            step = train_provider.step_batches(state.iteration)
+            loss, grad_norm = train_step(args, state, step)
+            state.iteration += 1
+            history.append({"lm_loss": loss, "grad_norm": grad_norm})
+            if logger is not None:
+                logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
+                                              time.perf_counter() - start))
+            history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
+            _maybe_save(args, state)
+            stop = exits.reason(state.iteration)  # every rank, every iteration: it agrees
+        if stop is not None and state.iteration < args.train_iters:
+            _exit_early(args, state, stop)  # a resumed run finishes the schedule, and exports
+        else:
+            _save_at_end(args, state)
+            if args.save_hf:
+                save_hf(args, state.model)
     if logger is not None:
         logger.close()
     return history

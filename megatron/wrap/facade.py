@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 from megatron.training import checkpointing
 from megatron.training.data import build_packing_config
-from megatron.training.nonfinite import check_finite
 from megatron.training import log
 from megatron.training.loop_steps import eval_mode, log_validation_loss, periodic_save_due
 from megatron.training.initialize import (
@@ -177,9 +176,7 @@ class MegatronWrap(ParallelStateMixin):
         self._forward_step.reset()
         loss, grad_norm = train_step(self.args, self.state, step,
                                      forward_step_func=self._forward_step)
-        self.state.iteration += 1
-        if self.args.check_for_nan_in_loss_and_grad:  # before anything can save it
-            check_finite(self.state.iteration, loss, grad_norm)
+        self.state.iteration += 1  # train_step raised before this on a NaN/Inf step
         reduced = reduce_across_stages(loss, self._forward_step.records, self.flow.metric_names)
         self._last_metrics, self._last_record = train_metrics(
             self.args, self.state, step, reduced, grad_norm, len(samples),

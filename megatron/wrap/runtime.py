@@ -10,10 +10,13 @@ import torch.distributed as dist
 
 from megatron.training import checkpointing
 from megatron.training.arguments import build_parser, parse_args
-from megatron.wrap.config import flat_config_to_argv
+from megatron.wrap.config import ConfigError, flat_config_to_argv
 from megatron.wrap.metric_writers import build_metric_writers
 
 _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
+# pretrain_gpt.py's flags for when ITS loop stops. The facade has no loop (the caller's loop
+# calls train()), so a config setting one would be ignored without a word: it is refused.
+LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins")
 
 
 def parse_training_args(config):
@@ -27,11 +30,22 @@ def parse_training_args(config):
         ArgumentValidationError: A bad flag or combination (a one-line ValueError).
     """
     flat = dict(config.flat)
+    refuse_loop_exit_keys(flat)
     flat["sequence_packing"] = True
     if not flat.get("mock_data") and not flat.get("data_path"):
         flat["mock_data"] = True
     return parse_args(flat_config_to_argv(flat, build_parser()),
                       world_size=dist.get_world_size())
+
+
+def refuse_loop_exit_keys(flat: dict) -> None:
+    """A config key of :data:`LOOP_EXIT_KEYS` set (not None/False), or a one-line ConfigError."""
+    for key in LOOP_EXIT_KEYS:
+        if flat.get(key) not in (None, False):
+            raise ConfigError(
+                f"config key {key!r} ({flat[key]!r}) is pretrain_gpt.py's loop flag and has no "
+                f"effect in megatron.wrap, whose loop is yours: remove it, and stop your loop "
+                f"(then call save()) where the run should stop")
 
 
 def check_device(device: str) -> None:

@@ -103,7 +103,8 @@ class Flow:
 
         Reads ``tokens`` and ``labels`` (ids), optional ``loss_mask`` (default all 1) and
         ``length`` (default ``len(tokens)``; only the first ``length`` entries are used), plus
-        the extra fields of :meth:`fields_and_seq_dims`.
+        the extra fields of :meth:`fields_and_seq_dims`. Every per-token field has one entry
+        per token: ``length`` entries, or as many as ``tokens`` (padded alike).
         """
         reads = "tokens, labels, optional loss_mask and length"
         vocab = self.context.args.vocab_size
@@ -116,17 +117,21 @@ class Flow:
         mask = torch.ones(length) if mask is None else \
             fields.require_binary(fields.as_per_token_values(mask, index, "loss_mask"), index,
                                   "loss_mask")
+        padded = tokens.numel()  # per-token fields may carry the same padding as tokens
         sample = {
             "tokens": tokens[:length],
-            "labels": fields.require_entries(labels, length, index, "labels"),
-            "loss_mask": fields.require_entries(mask, length, index, "loss_mask"),
+            "labels": fields.require_entries(labels, length, index, "labels", padded),
+            "loss_mask": fields.require_entries(mask, length, index, "loss_mask", padded),
             "length": length,
         }
-        sample.update(self.build_extra_fields(raw, index, length))
+        sample.update(self.build_extra_fields(raw, index, length, padded))
         return sample
 
-    def build_extra_fields(self, raw: Mapping, index: int, length: int) -> dict:
-        """The extra fields (see :meth:`extra_fields`) of one sample, checked."""
+    def build_extra_fields(self, raw: Mapping, index: int, length: int,
+                           padded_length: int | None = None) -> dict:
+        """The extra fields (see :meth:`extra_fields`) of one sample, checked: a per-token
+        field has exactly ``length`` entries (or ``padded_length``, the padded size of
+        ``tokens`` in the data-path form)."""
         out = {}
         for field, dim in self.extra_fields().items():
             value = fields.require_field(raw, index, field, ", ".join(self.fields_and_seq_dims()))
@@ -134,7 +139,7 @@ class Flow:
                 out[field] = fields.as_scalar(value, index, field)
             else:
                 values = fields.as_per_token_values(value, index, field)
-                out[field] = fields.require_entries(values, length, index, field)
+                out[field] = fields.require_entries(values, length, index, field, padded_length)
         return out
 
     def collate_micro_batch(self, micro_batch: dict) -> tuple[dict, dict]:

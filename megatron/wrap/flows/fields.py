@@ -140,9 +140,24 @@ def require_binary(values: torch.Tensor, index: int, field: str) -> torch.Tensor
     return values
 
 
-def require_entries(values: torch.Tensor, length: int, index: int, field: str) -> torch.Tensor:
-    """The first ``length`` entries of ``values``; an error if it has fewer."""
-    if values.numel() < length:
+def require_entries(values: torch.Tensor, length: int, index: int, field: str,
+                    padded_length: int | None = None) -> torch.Tensor:
+    """The first ``length`` entries of ``values``, which must hold exactly one entry per token.
+
+    ``values`` must have exactly ``length`` entries or, in the padded data-path form (a sample
+    whose ``tokens`` hold ``padded_length`` entries of which the first ``length`` are real),
+    exactly ``padded_length``. Any other count means the field is not aligned with the tokens
+    (e.g. advantages computed for another tokenization): cutting a longer one to length would
+    train on the wrong values without a word, so it is refused like a shorter one.
+
+    Raises:
+        ValueError: One line naming the sample, the field and both lengths.
+    """
+    allowed = {length} if padded_length is None else {length, padded_length}
+    if values.numel() not in allowed:
+        padded = "" if padded_length in (None, length) else \
+            f" ({padded_length} entries with the padding of 'tokens')"
         raise sample_error(index, field, f"has {values.numel()} entries but the sample has "
-                                         f"{length} tokens")
+                                         f"{length} tokens{padded}; give exactly one entry "
+                                         f"per token")
     return values[:length]

@@ -1,12 +1,16 @@
 """Issue 10, observation 1: a NaN loss stops the run (every rank, same iteration) before it is
-saved; the last good checkpoint stays the latest."""
+saved; the last good checkpoint stays the latest. Issue 21, observation 1: the guard decides
+BEFORE the optimizer applies the step, so a NaN step changes no weight, optimizer state, LR
+schedule or iteration counter."""
 
 import pytest
 import torch
 
+from megatron.training import training
 from megatron.training.checkpointing import TRACKER_FILENAME
 from megatron.training.errors import NonFiniteLossError
 from megatron.training.nonfinite import check_finite
+from megatron.training.optimizer_kernels import torch_adam_optimizers
 from tests.harness.multirank import DistributedTestError, run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
@@ -46,3 +50,67 @@ def test_rank_local_nan_stops_every_rank():
     messages = run_distributed(_nan_on_rank_1_only, 2, timeout_s=60)
     assert all(m is not None and m.startswith("iteration 7: lm loss is NaN/Inf")
                for m in messages), messages
+
+
+def snapshot_training_state(state) -> dict:
+    """Copies of everything an optimizer step changes: the model's weights, the optimizer's
+    main params and Adam state (both moments and the step counters), the LR schedule's state
+    and the iteration counter."""
+    inner = list(torch_adam_optimizers(state.optimizer))
+    return {
+        "weights": [p.detach().clone() for chunk in state.model for p in chunk.parameters()],
+        "main params": [p.detach().clone() for opt in inner for group in opt.param_groups
+                        for p in group["params"]],
+        "adam state": [(key, torch.as_tensor(value).clone()) for opt in inner
+                       for entry in opt.state.values() for key, value in sorted(entry.items())],
+        "lr schedule": state.scheduler.state_dict(),
+        "iteration": state.iteration,
+    }
+
+
+def changed_parts(before: dict, after: dict) -> list[str]:
+    """The parts of two snapshots that differ (a NaN never equals anything: it counts)."""
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return a.shape == b.shape and torch.equal(a, b)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b
+    return [part for part in before if not same(before[part], after[part])]
+
+
+def _watch_the_nan_step(argv) -> dict:
+    """The real loop (pretrain -> training.train) with every train_step call watched: a
+    snapshot before each, and one after the step that raised."""
+    snapshots, seen = [], {}
+    real_step = training.train_step
+
+    def watched(args, state, step, **kwargs):
+        seen["state"] = state
+        snapshots.append(snapshot_training_state(state))
+        return real_step(args, state, step, **kwargs)
+
+    training.train_step = watched
+    try:
+        train_on_this_rank(argv)
+    except NonFiniteLossError as err:
+        after = snapshot_training_state(seen["state"])
+        return {"message": str(err), "steps": len(snapshots),
+                "good step changed": changed_parts(snapshots[-2], snapshots[-1]),
+                "nan step changed": changed_parts(snapshots[-1], after)}
+    finally:
+        training.train_step = real_step
+    return {"message": None}
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "distributed"])
+def test_nan_step_changes_no_state(optimizer):
+    argv = DIVERGING + (["--use-distributed-optimizer"] if optimizer == "distributed" else [])
+    for rank in run_distributed(_watch_the_nan_step, 2, args=(argv,), timeout_s=240):
+        assert rank["message"] is not None, "the run did not go NaN"
+        assert rank["message"].startswith(f"iteration {rank['steps']}: "), rank["message"]
+        # The comparison sees a step: every part changes in a good one ...
+        assert rank["good step changed"] == ["weights", "main params", "adam state",
+                                             "lr schedule", "iteration"], rank
+        # ... and none in the NaN one.
+        assert rank["nan step changed"] == [], rank

@@ -108,6 +108,11 @@ BAD_BATCHES = {  # name: (batch, part of the message)
                    "got a 2-D torch.int64 tensor"),
     "short labels": ([{"tokens": [1, 2, 3], "labels": [2, 3]}],
                      "sample 0, field 'labels': has 2 entries but the sample has 3 tokens"),
+    "long labels": ([{"tokens": [1, 2, 3], "labels": [2, 3, 4, 5]}],
+                    "sample 0, field 'labels': has 4 entries but the sample has 3 tokens; give "
+                    "exactly one entry per token"),
+    "long loss_mask": ([{"tokens": [1, 2], "labels": [2, 3], "loss_mask": [1, 1, 0]}],
+                       "sample 0, field 'loss_mask': has 3 entries but the sample has 2 tokens"),
     "nan mask": ([{"tokens": [1, 2], "labels": [2, 3], "loss_mask": [1.0, float("nan")]}],
                  "sample 0, field 'loss_mask': value nan at position 1 is not finite"),
     "no form": ([{"text": "hi"}], "sample 0: has fields 'text'; flow 'gpt_sft' reads one of"),

@@ -132,6 +132,42 @@ def test_data_path_form_uses_the_first_length_entries():
         flow.build_sample({**raw, "length": 5}, 0)
 
 
+class _AdvantageFlow(GPTSFTFlow):
+    def fields_and_seq_dims(self):
+        return {**super().fields_and_seq_dims(), "advantages": 0}
+
+
+def _entries_error(flow, raw) -> str:
+    with pytest.raises(ValueError) as err:
+        flow.build_sample(raw, 3)
+    return str(err.value)
+
+
+def test_per_token_fields_need_one_entry_per_token():
+    """Issue 21, observation 3: a field longer than the sample was cut to length silently."""
+    flow = _AdvantageFlow(_context())
+    document = {"prompt_ids": [5, 6], "response_ids": [7, 8]}  # 4 ids: 3 tokens
+    assert flow.build_sample({**document, "advantages": [1, 2, 3]}, 0)["advantages"].tolist() \
+        == [1.0, 2.0, 3.0]
+    for entries in (2, 4):
+        assert _entries_error(flow, {**document, "advantages": [0.5] * entries}) == (
+            f"sample 3, field 'advantages': has {entries} entries but the sample has 3 tokens; "
+            f"give exactly one entry per token")
+    data_path = {"tokens": [1, 2, 3], "labels": [2, 3, 4], "advantages": [1, 1, 1]}
+    for field, value in (("labels", [2, 3, 4, 5]), ("loss_mask", [1, 1, 1, 0]),
+                         ("advantages", [1, 1, 1, 1])):
+        assert _entries_error(flow, {**data_path, field: value}) == (
+            f"sample 3, field {field!r}: has 4 entries but the sample has 3 tokens; give "
+            f"exactly one entry per token")
+    # The padded data-path form (length < len(tokens)): padded like tokens, or exactly length.
+    padded = {"tokens": [1, 2, 3, 0], "labels": [2, 3, 4, 0], "length": 3}
+    for advantages in ([1, 1, 1], [1, 1, 1, 0]):
+        assert flow.build_sample({**padded, "advantages": advantages}, 0)["length"] == 3
+    assert _entries_error(flow, {**padded, "advantages": [1] * 5}) == (
+        "sample 3, field 'advantages': has 5 entries but the sample has 3 tokens (4 entries "
+        "with the padding of 'tokens'); give exactly one entry per token")
+
+
 def test_gpt_sft_prompt_masking_and_input_ids():
     flow = GPTSFTFlow(_context())
     sample = flow.build_sample({"prompt_ids": [5, 6, 7], "response_ids": [8, 9]}, 0)
