@@ -50,6 +50,7 @@ def _sft_args(path):
 
 
 GOOD = b'{"prompt": "hi", "response": "there"}\n'
+DEEP = 100_000  # issue 21: json recursed until RecursionError, a traceback on every rank
 
 
 @pytest.mark.parametrize("content, needle", [
@@ -58,6 +59,11 @@ GOOD = b'{"prompt": "hi", "response": "there"}\n'
     (GOOD + GOOD + b'{"prompt": "caf\xe9", "response": "x"}\n',
      "bad.jsonl:3: not valid UTF-8 (byte 0xe9"),
     (None, "is a directory"),
+    (GOOD + b'{"prompt": ' + b"[" * DEEP + b"]" * DEEP + b', "response": "x"}\n',
+     "bad.jsonl:2: JSON nested too deeply to read"),
+    # json raises a plain ValueError (not JSONDecodeError) for an integer over Python's limit
+    (GOOD + b'{"prompt": ' + b"7" * 5000 + b', "response": "x"}\n',
+     "bad.jsonl:2: invalid JSON: Exceeds the limit (4300 digits)"),
 ])
 def test_bad_sft_data_is_one_line(tmp_path, content, needle):
     path = tmp_path / "bad.jsonl"
