@@ -6,26 +6,14 @@
   names): which side wins when a resumed run's LR/WD schedule differs from the checkpoint's
   (see :mod:`megatron.training.resume_consistency`).
 - ``--distributed-timeout-minutes`` (Megatron-LM's name): the collective timeout.
-- Sizes, counts and intervals must be positive, and ``--save`` writable, before any work.
+- ``--save`` must be writable before any work. Every numeric flag's range (sizes, counts and
+  intervals >= 1, the timeout, ...) is checked in :mod:`megatron.training.flag_ranges`.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-
-# Flags whose value is a size, count or interval: 0 or less would divide by zero (or silently
-# do nothing) later. Optional ones (default None) are checked only when given.
-POSITIVE_INT_FLAGS = (
-    "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
-    "global_batch_size", "train_iters", "tensor_model_parallel_size",
-    "pipeline_model_parallel_size", "context_parallel_size", "log_interval", "eval_interval",
-    "save_interval", "num_layers_per_virtual_pipeline_stage", "ffn_hidden_size",
-    "num_query_groups", "max_position_embeddings", "make_vocab_size_divisible_by",
-    "lr_decay_iters",
-)
-NON_NEGATIVE_INT_FLAGS = ("eval_iters", "lr_warmup_iters")
-
 
 def add_reliability_args(parser) -> None:
     group = parser.add_argument_group("reliability")
@@ -47,20 +35,6 @@ def add_reliability_args(parser) -> None:
                             "run's flags differ.")
 
 
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def validate_positive_sizes(args, require) -> None:
-    """Runs first: later checks divide by these values."""
-    for dest in POSITIVE_INT_FLAGS:
-        value = getattr(args, dest, None)
-        require(value is None or value >= 1, f"{_flag(dest)} must be >= 1 (got {value})")
-    for dest in NON_NEGATIVE_INT_FLAGS:
-        value = getattr(args, dest, None)
-        require(value is None or value >= 0, f"{_flag(dest)} must be >= 0 (got {value})")
-
-
 def _save_dir_problem(path: str) -> str | None:
     """Why ``path`` cannot take checkpoints, or None (creates it, as the first save would)."""
     try:
@@ -73,8 +47,6 @@ def _save_dir_problem(path: str) -> str | None:
 
 
 def validate_reliability_args(args, require) -> None:
-    require(args.distributed_timeout_minutes > 0,
-            f"--distributed-timeout-minutes must be > 0 (got {args.distributed_timeout_minutes})")
     require(not (args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler),
             "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are "
             "mutually exclusive")
