@@ -51,7 +51,9 @@ def _add_network_size_args(parser):
     group.add_argument("--seq-length", type=int, required=True,
                        help="Maximum tokens of one sample (longer samples are clipped/truncated).")
     group.add_argument("--max-position-embeddings", type=int, default=None,
-                       help="Position table size. Default: --seq-length.")
+                       help="Position table size. Default: --seq-length. With packing and "
+                            "learned_absolute positions it must hold every padded sequence "
+                            "(start-up names the size needed).")
     group.add_argument("--position-embedding-type", default="learned_absolute",
                        choices=["learned_absolute", "rope", "none"], help="Position encoding.")
     group.add_argument("--rotary-base", type=int, default=10000,

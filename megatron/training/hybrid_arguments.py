@@ -23,7 +23,7 @@ from megatron.training.arguments import (
     ERROR_EXIT_CODE, ArgumentValidationError, build_parser, require, validate_args,
 )
 from megatron.training.errors import print_error_line
-from megatron.varlen.scheduling.groups import build_group_layout
+from megatron.training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
 MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"
@@ -83,16 +83,6 @@ def _layer_pattern(args) -> str:
                                        args.hybrid_mlp_ratio, pattern))
     except ValueError as err:  # megatron-core: pattern counts disagree with the ratios
         require(False, f"--hybrid-override-pattern {pattern!r}: {err}")
-
-
-def possible_cp_sizes(args) -> list[int]:
-    """Every CP group size a micro-batch can run on (static, or the dynamic layout's sizes)."""
-    if not args.dynamic_context_parallel:
-        return [args.context_parallel_size]
-    layout = build_group_layout(args.data_parallel_size * args.context_parallel_size,
-                                args.min_dynamic_context_parallel_size,
-                                args.context_parallel_size)
-    return sorted(layout.sequence_sizes)
 
 
 def _mamba_heads(args) -> int:
