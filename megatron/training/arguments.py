@@ -13,7 +13,9 @@ import argparse
 import os
 import sys
 
-from megatron.training import reliability_arguments, run_description, varlen_arguments
+from megatron.training import (
+    flag_ranges, reliability_arguments, run_description, varlen_arguments,
+)
 from megatron.training.errors import print_error_line
 from megatron.training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling.problem import pad_multiple
@@ -49,7 +51,9 @@ def _add_network_size_args(parser):
     group.add_argument("--seq-length", type=int, required=True,
                        help="Maximum tokens of one sample (longer samples are clipped/truncated).")
     group.add_argument("--max-position-embeddings", type=int, default=None,
-                       help="Position table size. Default: --seq-length.")
+                       help="Position table size. Default: --seq-length. With packing and "
+                            "learned_absolute positions it must hold every padded sequence "
+                            "(start-up names the size needed).")
     group.add_argument("--position-embedding-type", default="learned_absolute",
                        choices=["learned_absolute", "rope", "none"], help="Position encoding.")
     group.add_argument("--rotary-base", type=int, default=10000,
@@ -271,8 +275,6 @@ def _validate_precision_and_data(args) -> None:
             "no training data: pass --mock-data or --data-path")
     require(args.load is None or os.path.isdir(args.load),
             f"--load directory {args.load!r} does not exist")
-    require(args.save_interval is None or args.save_interval > 0,
-            f"--save-interval must be positive (got {args.save_interval})")
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.train_iters
     require(args.lr_warmup_iters == 0 or args.lr_warmup_iters < args.lr_decay_iters,
@@ -292,10 +294,15 @@ def _validate_precision_and_data(args) -> None:
             f"--tensor-model-parallel-size {tp}")
 
 
-def validate_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Checks flag combinations and fills derived fields (data_parallel_size, ...)."""
+def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argparse.Namespace:
+    """Checks flag combinations and fills derived fields (data_parallel_size, ...).
+
+    ``check_memory``: refuse a GPT model that cannot fit this machine
+    (:func:`flag_ranges.validate_memory`); pretrain_mamba.py checks its hybrid stack instead.
+    """
     args.world_size = getattr(args, "world_size", None) or _world_size()
-    reliability_arguments.validate_positive_sizes(args, require)
+    flag_ranges.validate_ranges(args, require)  # first: later checks divide by these
+    flag_ranges.validate_relations(args, require)
     _validate_parallel_sizes(args)
     _validate_virtual_pipeline(args)
     _validate_sequence_length(args)
@@ -304,8 +311,12 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     varlen_arguments.validate_varlen_args(args, require)
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
+    flag_ranges.validate_metrics_path(args, require)
     # Derived once here (vocabulary from a tokenizer: run_description.describe_run).
     vars(args).update(run_description.derive_run_values(args, args.vocab_size))
+    if check_memory:
+        flag_ranges.validate_memory(args, require,
+                                    args.num_layers * flag_ranges.gpt_layer_parameters(args))
     return args
 
 

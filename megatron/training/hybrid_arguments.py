@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megatron.training import flag_ranges
 from megatron.training.arguments import (
     ERROR_EXIT_CODE, ArgumentValidationError, build_parser, require, validate_args,
 )
 from megatron.training.errors import print_error_line
-from megatron.varlen.scheduling.groups import build_group_layout
+from megatron.training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
 MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"
@@ -69,9 +70,6 @@ def _layer_pattern(args) -> str:
         require(len(pattern) == args.num_layers,
                 f"--hybrid-override-pattern {pattern!r} has {len(pattern)} layers but "
                 f"--num-layers is {args.num_layers} (make them equal)")
-    for flag, ratio in (("--hybrid-attention-ratio", args.hybrid_attention_ratio),
-                        ("--hybrid-mlp-ratio", args.hybrid_mlp_ratio)):
-        require(0.0 <= ratio <= 1.0, f"{flag} {ratio} must be between 0 and 1")
     require(args.hybrid_attention_ratio + args.hybrid_mlp_ratio <= 1.0,
             f"--hybrid-attention-ratio {args.hybrid_attention_ratio} + --hybrid-mlp-ratio "
             f"{args.hybrid_mlp_ratio} exceeds 1")
@@ -85,16 +83,6 @@ def _layer_pattern(args) -> str:
                                        args.hybrid_mlp_ratio, pattern))
     except ValueError as err:  # megatron-core: pattern counts disagree with the ratios
         require(False, f"--hybrid-override-pattern {pattern!r}: {err}")
-
-
-def possible_cp_sizes(args) -> list[int]:
-    """Every CP group size a micro-batch can run on (static, or the dynamic layout's sizes)."""
-    if not args.dynamic_context_parallel:
-        return [args.context_parallel_size]
-    layout = build_group_layout(args.data_parallel_size * args.context_parallel_size,
-                                args.min_dynamic_context_parallel_size,
-                                args.context_parallel_size)
-    return sorted(layout.sequence_sizes)
 
 
 def _mamba_heads(args) -> int:
@@ -142,6 +130,29 @@ def validate_hybrid_args(args) -> None:
     args.hybrid_layer_pattern = pattern
     args.mamba_num_heads_resolved = heads
     args.hybrid_attention_fraction = pattern.count(ATTENTION) / len(pattern)
+    flag_ranges.validate_memory(args, require, hybrid_stack_parameters(args))
+
+
+def mamba_layer_parameters(hidden: int, heads: int, head_dim: int, groups: int,
+                           state_dim: int) -> int:
+    """Weights of one Mamba-2 mixer: the input projection (x and z of d_inner channels, B and C
+    of groups x state, dt per head) and the output projection."""
+    d_inner = heads * head_dim
+    return hidden * (2 * d_inner + 2 * groups * state_dim + heads) + d_inner * hidden
+
+
+def hybrid_stack_parameters(args) -> int:
+    """Weights of the whole hybrid stack, layer by layer of the resolved pattern."""
+    kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
+    per_layer = {
+        MAMBA: mamba_layer_parameters(args.hidden_size, args.mamba_num_heads_resolved,
+                                      args.mamba_head_dim, args.mamba_num_groups,
+                                      args.mamba_state_dim),
+        ATTENTION: flag_ranges.attention_parameters(args.hidden_size, args.num_attention_heads,
+                                                    args.num_query_groups, kv_channels),
+        MLP: flag_ranges.mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu),
+    }
+    return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)
 
 
 def describe_hybrid_model(args) -> str:
@@ -157,7 +168,7 @@ def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = No
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
     args = build_hybrid_parser().parse_args(argv)
     args.world_size = world_size
-    validate_args(args)
+    validate_args(args, check_memory=False)  # checked below, for the hybrid stack
     validate_hybrid_args(args)
     return args
 

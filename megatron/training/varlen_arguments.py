@@ -6,6 +6,9 @@ Megatron-LM's CLI is visible in one place.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from megatron.training.log import warning_rank_0
@@ -14,7 +17,8 @@ from megatron.varlen.accelerator import (
     ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
 )
 from megatron.varlen.scheduling.cost_model import PROFILES, resolve_hardware_profile
-from megatron.varlen.scheduling.problem import padded_length
+from megatron.varlen.scheduling.groups import build_group_layout
+from megatron.varlen.scheduling.problem import pad_multiple, padded_length
 from megatron.varlen.scheduling.registry import (
     DP_BALANCED, DYNAMIC_CP, canonical_name, scheduler_help, scheduler_names,
 )
@@ -64,6 +68,20 @@ def add_varlen_args(parser) -> None:
                             "file, e.g. '{\"mode\":\"file\",\"path\":\"lengths.csv\"}'.")
 
 
+def possible_cp_sizes(args) -> list[int]:
+    """Every CP group size a micro-batch can run on (static, or the dynamic layout's sizes)."""
+    if not args.dynamic_context_parallel:
+        return [args.context_parallel_size]
+    layout = build_group_layout(args.data_parallel_size * args.context_parallel_size,
+                                args.min_dynamic_context_parallel_size,
+                                args.context_parallel_size)
+    return sorted(layout.sequence_sizes)
+
+
+def _sp_factor(args) -> int:
+    return args.tensor_model_parallel_size if args.sequence_parallel else 1
+
+
 def _params_dtype(args) -> torch.dtype:
     return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
 
@@ -111,6 +129,7 @@ def validate_varlen_args(args, require) -> None:
                 "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
         return
     _validate_packing(args, require)
+    _validate_position_table(args, require)
 
 
 def _resolve_dynamic_context_parallel(args, require) -> None:
@@ -146,8 +165,7 @@ def _validate_capacity(args, require) -> None:
         ranks, what = args.data_parallel_size * args.context_parallel_size, "DP x CP"
     else:
         ranks, what = args.context_parallel_size, "CP"
-    sp_factor = args.tensor_model_parallel_size if args.sequence_parallel else 1
-    per_rank = padded_length(args.seq_length, ranks, sp_factor) // ranks
+    per_rank = padded_length(args.seq_length, ranks, _sp_factor(args)) // ranks
     require(per_rank <= args.max_seqlen_per_dp_cp_rank,
             f"--seq-length {args.seq_length} (padded for {what} = {ranks} ranks: {per_rank} "
             f"tokens per rank) exceeds --max-seqlen-per-dp-cp-rank "
@@ -156,9 +174,8 @@ def _validate_capacity(args, require) -> None:
 
 
 def _default_budget(args) -> int:
-    sp_factor = args.tensor_model_parallel_size if args.sequence_parallel else 1
     per_rank = -(-args.seq_length // args.context_parallel_size)
-    return padded_length(per_rank, args.context_parallel_size, sp_factor)
+    return padded_length(per_rank, args.context_parallel_size, _sp_factor(args))
 
 
 def _validate_packing(args, require) -> None:
@@ -170,10 +187,8 @@ def _validate_packing(args, require) -> None:
                                                      or DP_BALANCED)
     if args.max_seqlen_per_dp_cp_rank is None:
         args.max_seqlen_per_dp_cp_rank = _default_budget(args)
-    require(args.max_seqlen_per_dp_cp_rank > 0,
-            f"--max-seqlen-per-dp-cp-rank must be positive (got {args.max_seqlen_per_dp_cp_rank})")
     _validate_capacity(args, require)
-    sp_factor = args.tensor_model_parallel_size if args.sequence_parallel else 1
+    sp_factor = _sp_factor(args)
     if args.virtual_pipeline_model_parallel_size:
         require(args.max_seqlen_per_dp_cp_rank % (2 * sp_factor) == 0,
                 f"with virtual pipeline stages every pack is padded to "
@@ -187,3 +202,75 @@ def _validate_packing(args, require) -> None:
                         args.spec)
     except ValueError as err:
         require(False, str(err))
+
+
+@dataclass(frozen=True)
+class PositionRun:
+    """A packed segment whose tokens get position ids 0..length-1, and what makes it."""
+
+    length: int
+    cause: str
+    from_sequence: bool  # a padded sample (a --seq-length the padding divides avoids it)
+
+
+def _sample_runs(seq_length: int, cp_sizes: list[int], sp_factor: int) -> list[PositionRun]:
+    """A --seq-length sample on a CP group of c ranks is padded to a multiple of
+    2 x c x sp_factor (the padding rule of scheduling/problem.py)."""
+    runs = []
+    for size in cp_sizes:
+        padded = padded_length(seq_length, size, sp_factor)
+        runs.append(PositionRun(padded, f"a --seq-length {seq_length} sample is padded to "
+                                f"{padded} tokens on a CP group of {size} rank(s) (to a multiple "
+                                f"of {pad_multiple(size, sp_factor)})", True))
+    return runs
+
+
+def _filler_runs(budget: int, cp_sizes: list[int], sp_factor: int) -> list[PositionRun]:
+    """With fixed pack lengths (VPP) a pack on c ranks is topped up to budget x c tokens by one
+    pad-only filler, after at least one sequence of at least one padding multiple
+    (thd_microbatch.pack_sequences)."""
+    runs = []
+    for size in cp_sizes:
+        filler = budget * size - pad_multiple(size, sp_factor)
+        runs.append(PositionRun(filler, f"with virtual pipeline stages a pack on {size} rank(s) "
+                                f"is filled to --max-seqlen-per-dp-cp-rank {budget} x {size} "
+                                f"tokens by a pad-only filler of up to {filler} tokens", False))
+    return runs
+
+
+def longest_position_run(seq_length: int, cp_sizes: list[int], sp_factor: int,
+                         fixed_tokens_per_rank: int | None) -> PositionRun:
+    """The longest run of position ids any pack can hold, given the CP group sizes a sequence
+    may get: padded samples, an idle rank's pad-only sequence, and (fixed pack lengths) the
+    filler that tops a pack up."""
+    # Imported here: it loads megatron.core, whose import-time warnings a parser must not print
+    # before the entry point silences them (a flag error is one line).
+    from megatron.varlen.thd_microbatch import DUMMY_SEQUENCE_TOKENS
+
+    idle = fixed_tokens_per_rank or DUMMY_SEQUENCE_TOKENS * sp_factor
+    runs = [*_sample_runs(seq_length, cp_sizes, sp_factor),
+            PositionRun(idle, f"an idle rank's pad-only sequence has {idle} tokens", False)]
+    if fixed_tokens_per_rank:
+        runs += _filler_runs(fixed_tokens_per_rank, cp_sizes, sp_factor)
+    return max(runs, key=lambda run: run.length)
+
+
+def _validate_position_table(args, require) -> None:
+    """Learned absolute positions are a table of --max-position-embeddings rows: every packed
+    segment must fit it, or the lookup fails at whatever iteration first draws a long sample.
+    RoPE computes its angles for each batch's longest segment (and "none" has no positions),
+    so neither needs a check."""
+    if args.position_embedding_type != "learned_absolute":
+        return
+    sizes, sp_factor = possible_cp_sizes(args), _sp_factor(args)
+    fixed = None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank
+    run = longest_position_run(args.seq_length, sizes, sp_factor, fixed)
+    if run.length <= args.max_position_embeddings:
+        return
+    divisor = math.lcm(*(pad_multiple(size, sp_factor) for size in sizes))
+    shorter = f", a --seq-length that is a multiple of {divisor}" if run.from_sequence else ""
+    which = f" (dynamic CP group sizes {sizes})" if args.dynamic_context_parallel else ""
+    require(False,
+            f"{run.cause}, beyond the learned position table of --max-position-embeddings "
+            f"{args.max_position_embeddings}{which}: pass --max-position-embeddings "
+            f"{run.length} or more{shorter}, or --position-embedding-type rope")

@@ -24,12 +24,15 @@ from megatron.varlen.length_distributions import parse_length_config
 from megatron.training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.training.datasets.sample import get_pad_multiple
 from megatron.training.datasets.sft import SFTDataset
+from megatron.training.flag_ranges import GIB, host_memory_bytes
 from megatron.training.log import warning_rank_0
 from megatron.training.tokenizer import NullTokenizer, Tokenizer
 
 
 VALID_SEED_OFFSET = 1_000_003  # mock validation seed = --seed + this
 VALID_FRACTION = 0.05  # share of a real SFT file held out for validation
+# Mock datasets keep (at least) one int64 length per sample they provide.
+MOCK_BYTES_PER_SAMPLE = 8
 
 
 class EpochDataset(torch.utils.data.Dataset):
@@ -158,7 +161,24 @@ def _build_mock_sft(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length
     return _train_and_valid(args, build)
 
 
+def check_mock_sample_count(train_samples: int, eval_samples: int) -> None:
+    """Mock datasets materialise a length per sample: refuse counts whose arrays cannot fit this
+    machine's memory (a huge --train-iters would otherwise fail in numpy with a traceback).
+
+    Raises:
+        ValueError: one line naming the sample counts and the flags that make them.
+    """
+    need, limit = (train_samples + eval_samples) * MOCK_BYTES_PER_SAMPLE, host_memory_bytes()
+    if need > limit:
+        raise ValueError(
+            f"--mock-data keeps one length per sample: {train_samples} training samples "
+            f"(--train-iters x --global-batch-size) and {eval_samples} validation samples "
+            f"(--eval-iters, every --eval-interval) take {need / GIB:.1f} GiB, above this "
+            f"machine's {limit / GIB:.1f} GiB of memory (lower --train-iters or --eval-iters)")
+
+
 def _train_and_valid(args, build):
+    check_mock_sample_count(args.train_samples, args.eval_samples)
     valid = build(args.eval_samples, args.seed + VALID_SEED_OFFSET) if args.eval_samples else None
     return build(args.train_samples, args.seed), valid
 

@@ -112,6 +112,11 @@ def _encode_line(path: str, line_number: int, line: str, tokenizer: Tokenizer):
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise ValueError(f"{where}: invalid JSON: {err.msg} (column {err.colno})") from err
+    except RecursionError as err:  # json's parser recurses once per nested array/object
+        raise ValueError(f"{where}: JSON nested too deeply to read (a chat sample needs 3 "
+                         f"levels)") from err
+    except ValueError as err:  # e.g. an integer over Python's digit limit
+        raise ValueError(f"{where}: invalid JSON: {err}") from err
     try:
         ids, is_target = encode_turns(parse_turns(record), tokenizer)
     except ValueError as err:

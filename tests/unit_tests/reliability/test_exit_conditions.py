@@ -194,11 +194,11 @@ def test_second_signal_is_not_swallowed():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--exit-interval", "0", "argument --exit-interval: must be >= 1 (got 0)"),
-    ("--exit-interval", "2.5", "argument --exit-interval: expected an integer >= 1, got '2.5'"),
-    ("--exit-duration-in-mins", "-1", "argument --exit-duration-in-mins: must be > 0 minutes "
-                                      "(got -1)"),
+@pytest.mark.parametrize("flag, value, message", [  # ranges: flag_ranges.py, with every flag
+    ("--exit-interval", "0", "--exit-interval must be >= 1 (got 0)"),
+    ("--exit-interval", "2.5", "argument --exit-interval: invalid int value: '2.5'"),
+    ("--exit-duration-in-mins", "-1", "--exit-duration-in-mins must be a finite number > 0 "
+                                      "(got -1.0)"),
 ])
 def test_bad_exit_flags_are_one_line(flag, value, message):
     with pytest.raises(ArgumentValidationError) as err:

@@ -50,6 +50,7 @@ def _sft_args(path):
 
 
 GOOD = b'{"prompt": "hi", "response": "there"}\n'
+DEEP = 100_000  # issue 21: json recursed until RecursionError, a traceback on every rank
 
 
 @pytest.mark.parametrize("content, needle", [
@@ -58,6 +59,11 @@ GOOD = b'{"prompt": "hi", "response": "there"}\n'
     (GOOD + GOOD + b'{"prompt": "caf\xe9", "response": "x"}\n',
      "bad.jsonl:3: not valid UTF-8 (byte 0xe9"),
     (None, "is a directory"),
+    (GOOD + b'{"prompt": ' + b"[" * DEEP + b"]" * DEEP + b', "response": "x"}\n',
+     "bad.jsonl:2: JSON nested too deeply to read"),
+    # json raises a plain ValueError (not JSONDecodeError) for an integer over Python's limit
+    (GOOD + b'{"prompt": ' + b"7" * 5000 + b', "response": "x"}\n',
+     "bad.jsonl:2: invalid JSON: Exceeds the limit (4300 digits)"),
 ])
 def test_bad_sft_data_is_one_line(tmp_path, content, needle):
     path = tmp_path / "bad.jsonl"
@@ -101,5 +107,36 @@ def test_flag_error_is_printed_by_rank_0_only(rank, printed):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=REPO, env={"PATH": "/usr/bin:/bin", "RANK": rank,
                                                       "WORLD_SIZE": "2"})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == printed, proc.stderr
+
+
+
+def _metrics_dir_run(command: list[str], tmp_path, env_extra=None):
+    return subprocess.run(
+        [*command, "pretrain_gpt.py", *TINY_GPT_ARGS, "--train-iters", "2",
+         "--log-metrics-jsonl", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+             **(env_extra or {})})
+
+
+def test_metrics_path_naming_a_directory_is_one_line_under_torchrun(tmp_path):
+    """Issue 21: --log-metrics-jsonl naming a directory failed on the last rank only, when it
+    opened the file after the first step (a traceback, and the other rank blamed "a lost
+    peer"). Now it is refused while parsing: one line, exit code 2."""
+    proc = _metrics_dir_run([str(Path(sys.executable).parent / "torchrun"),
+                             "--nproc-per-node", "2"], tmp_path)
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("pretrain_gpt.py: error")]
+    assert ours == [f"pretrain_gpt.py: error: --log-metrics-jsonl {str(tmp_path)!r} is a "
+                    "directory; name a file in it"], proc.stderr
+    assert "exitcode  : 2" in proc.stderr or "exitcode: 2" in proc.stderr, proc.stderr
+    assert "lost a peer" not in proc.stderr and "megatron/" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])
+def test_metrics_path_is_checked_on_every_rank(tmp_path, rank, printed):
+    """Not only the rank that writes the file: each rank exits 2 before any collective."""
+    proc = _metrics_dir_run([sys.executable], tmp_path, {"RANK": rank, "WORLD_SIZE": "2"})
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == printed, proc.stderr

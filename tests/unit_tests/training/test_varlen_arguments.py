@@ -77,7 +77,8 @@ def test_non_positive_lengths_in_file_are_rejected(tmp_path):
 
 def test_capacity_check_counts_cp_padding():
     # On 2 DP x CP ranks a 34-token sample pads to 36 (2 x 2 chunks): 18 tokens per rank > 17.
-    extra = ["--seq-length", "34", "--max-position-embeddings", "34",
+    # (36 learned positions: the padded sample needs them, see reliability/test_position_table.py.)
+    extra = ["--seq-length", "34", "--max-position-embeddings", "36",
              "--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "17"]
     with pytest.raises(ArgumentValidationError, match="18 tokens per rank"):
         _parse(extra, world=2)

@@ -1,0 +1,325 @@
+"""Every numeric flag's valid range, and the checks between numeric flags: the one place.
+
+:data:`FLAG_RANGES` names a :class:`FlagRange` for every ``type=int``/``type=float`` flag of
+pretrain_gpt.py and pretrain_mamba.py (tests/unit_tests/reliability/test_flag_ranges.py fails for
+a numeric flag missing here). :func:`validate_ranges` runs first in argument validation, so
+later checks may divide by sizes and compare numbers without meeting 0, NaN or infinity.
+:func:`validate_relations` checks what one flag alone cannot say (``--min-lr <= --lr``, heads
+dividing the hidden size, ...). :func:`validate_memory` refuses sizes whose weights or batches
+can never fit the machine (a 10^9-token vocabulary), and :func:`validate_metrics_path` the
+``--log-metrics-jsonl`` path. All run on every rank, so every rank fails alike, in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+# Token counts of one sequence live in int32 cu_seqlens (megatron-core's and FlashAttention's
+# THD format), so no sequence, position table or per-rank budget can be longer than this.
+MAX_TOKENS = 2**31 - 1
+# np.random.seed (initialize.set_random_seeds) takes 0 <= seed < 2**32.
+MAX_SEED = 2**32 - 1
+# A collective that waits a year for a peer is a hang; the bound also keeps the timeout inside
+# what datetime.timedelta (torch.distributed's timeout type) can hold.
+MAX_TIMEOUT_MINUTES = 365 * 24 * 60
+# The smallest useful vocabulary: one content id plus the end-of-document id.
+MIN_VOCAB_SIZE = 2
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class FlagRange:
+    """The values a numeric flag may take: ``low``/``high`` (None: unbounded), each inclusive
+    unless ``*_open``; floats must also be finite. ``why`` ends the error message."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def contains(self, value) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        """``>= 1``, ``> 0``, ``in [0, 1)``, ``<= 5``."""
+        if self.low is not None and self.high is not None:
+            return (f"in {'(' if self.low_open else '['}{_number(self.low)}, "
+                    f"{_number(self.high)}{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
+        return f"{'<' if self.high_open else '<='} {_number(self.high)}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+# Sizes, counts and intervals: 0 or less would divide by zero later or silently do nothing.
+COUNT = FlagRange(1)
+# Token lengths: also bounded by the int32 sequence boundaries.
+TOKENS = FlagRange(1, MAX_TOKENS, why="sequence boundaries are int32")
+NON_NEGATIVE_COUNT = FlagRange(0)
+# Dropout probabilities: p = 1 zeroes every activation it touches (torch returns zeros), which
+# trains nothing; Megatron-LM's dropout flags are probabilities of dropping, in [0, 1).
+PROBABILITY = FlagRange(0.0, 1.0, high_open=True, why="a dropout probability; 1 drops everything")
+# Adam's betas are moment decay rates: torch.optim.Adam requires 0 <= beta < 1.
+ADAM_BETA = FlagRange(0.0, 1.0, high_open=True, why="an Adam moment decay rate")
+NON_NEGATIVE_FLOAT = FlagRange(0.0)
+POSITIVE_FLOAT = FlagRange(0.0, low_open=True)
+FRACTION = FlagRange(0.0, 1.0, why="a fraction of the layers")
+
+# Every numeric flag (argparse dest) of both entry points, with its range.
+FLAG_RANGES: dict[str, FlagRange] = {
+    # network size
+    "num_layers": COUNT,
+    "hidden_size": COUNT,
+    "ffn_hidden_size": COUNT,
+    "num_attention_heads": COUNT,
+    "num_query_groups": COUNT,
+    "seq_length": TOKENS,
+    "max_position_embeddings": TOKENS,
+    # base**(-2i/d) must fall with i for positions to be told apart; base 1 gives every
+    # dimension the same frequency, base 0 infinite ones.
+    "rotary_base": FlagRange(2, why="RoPE frequencies base**(-2i/d) must decrease"),
+    "mtp_num_layers": FlagRange(1, why="leave the flag out for no multi-token prediction"),
+    "make_vocab_size_divisible_by": COUNT,
+    "init_method_std": FlagRange(0.0, low_open=True, why="std 0 starts every weight at 0"),
+    "hidden_dropout": PROBABILITY,
+    "attention_dropout": PROBABILITY,
+    # training
+    "micro_batch_size": COUNT,
+    "global_batch_size": COUNT,
+    "train_iters": COUNT,
+    "seed": FlagRange(0, MAX_SEED, why="numpy's seed range"),
+    "clip_grad": FlagRange(0.0, why="0 disables clipping"),
+    "weight_decay": NON_NEGATIVE_FLOAT,
+    "adam_beta1": ADAM_BETA,
+    "adam_beta2": ADAM_BETA,
+    # Adam divides by sqrt(v) + eps: eps 0 divides 0 by 0 for a parameter whose gradient is 0.
+    "adam_eps": FlagRange(0.0, low_open=True, why="Adam divides by sqrt(v) + eps"),
+    # learning rate
+    "lr": NON_NEGATIVE_FLOAT,
+    "min_lr": NON_NEGATIVE_FLOAT,
+    "lr_decay_iters": COUNT,
+    "lr_warmup_iters": NON_NEGATIVE_COUNT,
+    # distributed
+    "tensor_model_parallel_size": COUNT,
+    "pipeline_model_parallel_size": COUNT,
+    "num_layers_per_virtual_pipeline_stage": COUNT,
+    "context_parallel_size": COUNT,
+    # data, logging, checkpointing
+    "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
+    "log_interval": COUNT,
+    "eval_interval": COUNT,
+    "eval_iters": NON_NEGATIVE_COUNT,
+    "save_interval": COUNT,
+    # packing and dynamic CP (varlen_arguments.py)
+    "min_dynamic_context_parallel_size": COUNT,
+    "max_seqlen_per_dp_cp_rank": TOKENS,
+    # Hugging Face model features (hf/arguments.py)
+    "kv_channels": COUNT,
+    # A norm divides by sqrt(variance + eps): 0 divides by zero on a constant vector.
+    "norm_epsilon": FlagRange(0.0, low_open=True, why="norms divide by sqrt(var + eps)"),
+    # Llama-3 RoPE scaling stretches the context by this factor (transformers requires >= 1).
+    "rope_scaling_factor": FlagRange(1.0, why="a context stretch factor"),
+    # reliability (reliability_arguments.py)
+    "distributed_timeout_minutes": FlagRange(0.0, MAX_TIMEOUT_MINUTES, low_open=True,
+                                             why="a longer wait is a hang"),
+    # exit conditions (reliability_arguments.py): an interval never reached or a duration
+    # never spent just trains to --train-iters.
+    "exit_interval": COUNT,
+    "exit_duration_in_mins": POSITIVE_FLOAT,
+    # hybrid Mamba models (hybrid_arguments.py, pretrain_mamba.py only)
+    "hybrid_attention_ratio": FRACTION,
+    "hybrid_mlp_ratio": FRACTION,
+    "mamba_state_dim": COUNT,
+    "mamba_head_dim": COUNT,
+    "mamba_num_groups": COUNT,
+    "mamba_num_heads": COUNT,
+}
+
+
+def flag_name(dest: str) -> str:
+    """``--dest-with-dashes``: the flag of an argparse dest (every numeric flag is spelt so)."""
+    return "--" + dest.replace("_", "-")
+
+
+def range_problem(dest: str, value) -> str | None:
+    """The one-line complaint about ``value`` for flag ``dest``, or None if it is in range."""
+    allowed = FLAG_RANGES[dest]
+    if value is None or allowed.contains(value):
+        return None
+    finite = "a finite number " if isinstance(value, float) else ""
+    why = f" ({allowed.why})" if allowed.why else ""
+    return f"{flag_name(dest)} must be {finite}{allowed.describe()} (got {value}){why}"
+
+
+def validate_ranges(args, require) -> None:
+    """Every numeric flag ``args`` has (pretrain_mamba.py's are a superset) is in its range;
+    optional flags left at None are not checked."""
+    for dest in FLAG_RANGES:
+        if hasattr(args, dest):
+            problem = range_problem(dest, getattr(args, dest))
+            require(problem is None, problem)
+
+
+def validate_relations(args, require) -> None:
+    """Numeric flags that constrain one another (after :func:`validate_ranges`)."""
+    require(args.min_lr <= args.lr,
+            f"--min-lr {args.min_lr} exceeds --lr {args.lr} (the schedule decays from --lr "
+            f"down to --min-lr; lower --min-lr or raise --lr)")
+    # As Megatron-LM: without --kv-channels each head gets hidden / heads channels.
+    require(args.kv_channels is not None or args.hidden_size % args.num_attention_heads == 0,
+            f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
+            f"{args.num_attention_heads} (each head gets hidden size / heads channels; change "
+            f"one of them or set --kv-channels)")
+    groups = args.num_query_groups
+    if groups is None:
+        return
+    if not args.group_query_attention:
+        require(groups == args.num_attention_heads,
+                f"--num-query-groups {groups} has no effect without --group-query-attention "
+                f"(add --group-query-attention or drop --num-query-groups)")
+    require(args.num_attention_heads % groups == 0,
+            f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+            f"--num-query-groups {groups} (every key/value group serves the same number of "
+            f"query heads)")
+
+
+# --- memory -----------------------------------------------------------------------------------
+# Bytes one token takes in a batch on the host: tokens, labels and position ids (int64) and the
+# float32 loss mask. Every step materialises its replica's samples this way before packing.
+BATCH_BYTES_PER_TOKEN = 3 * 8 + 4
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory (the limit :func:`validate_memory` checks against)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class MemoryPart:
+    """A lower bound of bytes one rank must hold, with the flags that size it."""
+
+    what: str
+    nbytes: int
+    sized_by: str  # the flags and values that size it
+    advice: str    # what to change
+
+
+def attention_parameters(hidden: int, heads: int, query_groups: int, kv_channels: int) -> int:
+    """Weights of one attention block: Q and output projections, K and V per group."""
+    return hidden * kv_channels * (2 * heads + 2 * query_groups)
+
+
+def mlp_parameters(hidden: int, ffn_hidden: int, gated: bool) -> int:
+    """Weights of one MLP: up (twice when gated) and down projections."""
+    return hidden * ffn_hidden * (3 if gated else 2)
+
+
+def gpt_layer_parameters(args) -> int:
+    """Weights of one GPT transformer layer (attention + MLP), whole (before TP splits it)."""
+    kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
+    return (attention_parameters(args.hidden_size, args.num_attention_heads,
+                                 args.num_query_groups, kv_channels)
+            + mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu))
+
+
+def stage_memory_parts(args, layer_parameters: int) -> list[list[MemoryPart]]:
+    """Lower bounds of the weights on a rank of the first and of the last pipeline stage (one
+    list when there is one stage). ``layer_parameters``: the whole stack's, before TP/PP split
+    it. Only weights, in their own dtype: gradients and optimizer state need more, so a model
+    refused here can never train on this machine."""
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    hidden, size = args.hidden_size, (2 if (args.bf16 or args.fp16) else 4)  # weight bytes
+    layers = MemoryPart("the layers of one pipeline stage", layer_parameters // pp // tp * size,
+                        f"--num-layers {args.num_layers} x --hidden-size {hidden}",
+                        "lower --num-layers or the layer widths, or split them with "
+                        "--tensor-model-parallel-size/--pipeline-model-parallel-size")
+    first, last = [layers], [layers]
+    if args.padded_vocab_size is not None:
+        embedding = MemoryPart(
+            "the word embedding", args.padded_vocab_size // tp * hidden * size,
+            f"--vocab-size {args.vocab_size} (padded to {args.padded_vocab_size}) x "
+            f"--hidden-size {hidden}", "lower --vocab-size or --make-vocab-size-divisible-by, "
+            "or shard it with --tensor-model-parallel-size")
+        first.append(embedding)
+        if pp > 1 or args.untie_embeddings_and_output_weights:  # the output layer's copy
+            last.append(embedding)
+    if args.position_embedding_type == "learned_absolute":
+        first.append(MemoryPart(
+            "the learned position table", args.max_position_embeddings * hidden * size,
+            f"--max-position-embeddings {args.max_position_embeddings} x --hidden-size {hidden}",
+            "lower --max-position-embeddings, or use --position-embedding-type rope"))
+    if args.mtp_num_layers:
+        last.append(MemoryPart(
+            "the multi-token prediction layers",
+            args.mtp_num_layers * gpt_layer_parameters(args) // tp * size,
+            f"--mtp-num-layers {args.mtp_num_layers}", "lower --mtp-num-layers"))
+    return [first + last[1:]] if pp == 1 else [first, last]
+
+
+def batch_memory_part(args) -> MemoryPart:
+    """A step's samples on one data-parallel replica: the global batch's share, each sample at
+    least one token (exactly --seq-length when every sample is that long: unpacked runs pad to
+    it, and plain mock data is made of it)."""
+    per_replica = args.global_batch_size // args.data_parallel_size
+    every_sample_full = not args.sequence_packing or (args.mock_data and not args.sft)
+    tokens = args.seq_length if every_sample_full else 1
+    sized_by = f"--global-batch-size {args.global_batch_size}" + (
+        f" x --seq-length {args.seq_length}" if every_sample_full else "")
+    return MemoryPart("one step's samples", per_replica * tokens * BATCH_BYTES_PER_TOKEN,
+                      sized_by, "lower --global-batch-size, or add data-parallel ranks")
+
+
+def validate_memory(args, require, layer_parameters: int) -> None:
+    """Refuses sizes whose weights (see :func:`stage_memory_parts`) or batches cannot fit this
+    machine's memory, the named limit: the model is built and initialised on the host
+    (use_cpu_initialization) and batches are assembled there, so what exceeds physical host
+    memory fails whatever the device. Not a memory planner: the device's own limit is left to
+    torch's out-of-memory error at model build."""
+    limit = host_memory_bytes()
+    for parts in stage_memory_parts(args, layer_parameters):
+        parts = parts + [batch_memory_part(args)]
+        need = sum(part.nbytes for part in parts)
+        largest = max(parts, key=lambda part: part.nbytes)
+        require(need <= limit,
+                f"{largest.sized_by}: {largest.what} take(s) at least "
+                f"{largest.nbytes / GIB:.1f} GiB on one rank ({need / GIB:.1f} GiB with the "
+                f"rest), above this machine's {limit / GIB:.1f} GiB of memory ({largest.advice})")
+
+
+# --- paths ------------------------------------------------------------------------------------
+
+
+def metrics_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot take the per-iteration JSONL (appended; missing parent folders are
+    created, as the writer does), or None. Checks without creating anything."""
+    if os.path.isdir(path):
+        return "is a directory; name a file in it"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else "is not writable"
+    ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return f"cannot be created: {ancestor!r} is a file, not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot be created: directory {ancestor!r} is not writable"
+    return None
+
+
+def validate_metrics_path(args, require) -> None:
+    """``--log-metrics-jsonl`` names a writable file; checked on every rank at start-up (only
+    the last rank writes it, hours later if it failed only then)."""
+    if args.log_metrics_jsonl is None:
+        return
+    problem = metrics_path_problem(args.log_metrics_jsonl)
+    require(problem is None, f"--log-metrics-jsonl {args.log_metrics_jsonl!r} {problem}")

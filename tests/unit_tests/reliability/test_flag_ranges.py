@@ -1,0 +1,280 @@
+"""Issue 21 (5): every numeric flag refuses 0, -1, NaN, infinity and a huge value in one line
+(exit code 2) unless the value is valid for it -- on pretrain_gpt.py, pretrain_mamba.py and the
+MegatronWrap facade. The flags are enumerated from the parsers themselves, so a new numeric
+flag fails test_every_numeric_flag_is_classified until someone writes down its valid probes."""
+
+import copy
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.training import flag_ranges
+from megatron.training.arguments import ArgumentValidationError, build_parser, parse_args
+from megatron.training.datasets.builder import build_datasets
+from megatron.training.errors import UserInputError, agree_on_errors
+from megatron.training.hybrid_arguments import build_hybrid_parser, parse_hybrid_args
+from megatron.wrap import runtime
+from megatron.wrap.config import build_config
+from tests.harness.training_runs import TINY_GPT_ARGS, tiny_packed_config
+
+REPO = Path(__file__).resolve().parents[3]
+HUGE_INT = 10**12
+HUGE_FLOAT = 1e30
+PROBES = ("0", "-1", "nan", "inf", "huge")
+ZERO, HUGE = frozenset({"0"}), frozenset({"huge"})
+ZERO_OR_HUGE = ZERO | HUGE
+NONE = frozenset()
+
+# Flag dest -> the probes it accepts (on every base command below); every other probe must be
+# a one-line error. NaN and infinity are never valid (an int flag refuses them as text). A huge
+# value is valid only where it is legitimately usable: a rate, a decay, an interval that is
+# never reached. Sizes refuse it (memory, int32 sequence boundaries, divisibility).
+VALID = {
+    "num_layers": NONE,
+    "hidden_size": NONE,
+    "ffn_hidden_size": NONE,
+    "num_attention_heads": NONE,
+    "num_query_groups": NONE,
+    "seq_length": NONE,
+    "max_position_embeddings": NONE,
+    "rotary_base": HUGE,
+    "mtp_num_layers": NONE,
+    "make_vocab_size_divisible_by": NONE,
+    "init_method_std": HUGE,
+    "hidden_dropout": ZERO,
+    "attention_dropout": ZERO,
+    "micro_batch_size": NONE,
+    "global_batch_size": NONE,
+    "train_iters": HUGE,  # mock data then refuses it where its sample index is built
+    "seed": ZERO,
+    "clip_grad": ZERO_OR_HUGE,
+    "weight_decay": ZERO_OR_HUGE,
+    "adam_beta1": ZERO,
+    "adam_beta2": ZERO,
+    "adam_eps": HUGE,
+    "lr": ZERO_OR_HUGE,
+    "min_lr": ZERO,
+    "lr_decay_iters": HUGE,
+    "lr_warmup_iters": ZERO,
+    "tensor_model_parallel_size": NONE,
+    "pipeline_model_parallel_size": NONE,
+    "num_layers_per_virtual_pipeline_stage": NONE,
+    "context_parallel_size": NONE,
+    "vocab_size": NONE,
+    "log_interval": HUGE,
+    "eval_interval": HUGE,
+    "eval_iters": ZERO_OR_HUGE,  # as train_iters
+    "save_interval": HUGE,
+    "min_dynamic_context_parallel_size": NONE,
+    "max_seqlen_per_dp_cp_rank": NONE,
+    "kv_channels": NONE,
+    "norm_epsilon": HUGE,
+    "rope_scaling_factor": HUGE,
+    "distributed_timeout_minutes": NONE,
+    "exit_interval": HUGE,
+    "exit_duration_in_mins": HUGE,
+    "hybrid_attention_ratio": ZERO,
+    "hybrid_mlp_ratio": ZERO,
+    "mamba_state_dim": NONE,
+    "mamba_head_dim": NONE,
+    "mamba_num_groups": NONE,
+    "mamba_num_heads": NONE,
+}
+
+GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]
+MAMBA_BASE = TINY_GPT_ARGS + ["--train-iters", "3", "--num-layers", "3",
+                              "--hybrid-override-pattern", "M*-", "--mamba-head-dim", "8",
+                              "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
+
+
+def _numeric_dests(parser) -> dict:
+    return {action.dest: action.type for action in parser._actions
+            if action.type in (int, float)}
+
+
+GPT_FLAGS = _numeric_dests(build_parser())
+MAMBA_FLAGS = _numeric_dests(build_hybrid_parser())
+
+
+def _value(kind, probe: str):
+    return {"0": 0, "-1": -1, "nan": math.nan, "inf": math.inf,
+            "huge": HUGE_INT if kind is int else HUGE_FLOAT}[probe]
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _cli_outcome(parse, base: list[str], dest: str, value):
+    """(accepted args or None, the one-line error or None)."""
+    try:
+        return parse(base + [f"{_flag(dest)}={value}"], world_size=1), None
+    except ArgumentValidationError as err:
+        return None, str(err)
+
+
+def _check(dest: str, probe: str, args, error: str | None) -> None:
+    if probe in VALID[dest]:
+        assert error is None, f"{_flag(dest)} {probe} was refused: {error}"
+    else:
+        assert args is None, f"{_flag(dest)} {probe} was accepted"
+        assert error and "\n" not in error, error
+
+
+def test_every_numeric_flag_is_classified():
+    """A new int/float flag must get a range and a row in VALID (a reviewed decision)."""
+    numeric = set(GPT_FLAGS) | set(MAMBA_FLAGS)
+    assert sorted(numeric - set(VALID)) == [], "numeric flags missing from VALID"
+    assert sorted(numeric - set(flag_ranges.FLAG_RANGES)) == [], "missing from FLAG_RANGES"
+    assert sorted(set(VALID) - numeric) == [] and sorted(
+        set(flag_ranges.FLAG_RANGES) - numeric) == [], "stale entries"
+
+
+def _accepted_then_data_is_one_line_or_builds(args) -> None:
+    """An accepted value must not fail later in a traceback: the datasets (mock data's sample
+    index is sized by the flags) build or refuse in one line."""
+    try:
+        agree_on_errors(build_datasets, args, None)
+    except UserInputError as err:
+        assert "\n" not in str(err)
+
+
+@pytest.mark.parametrize("dest", sorted(GPT_FLAGS))
+def test_pretrain_gpt_numeric_flags(dest):
+    for probe in PROBES:
+        args, error = _cli_outcome(parse_args, GPT_BASE, dest, _value(GPT_FLAGS[dest], probe))
+        _check(dest, probe, args, error)
+        if args is not None:
+            _accepted_then_data_is_one_line_or_builds(args)
+
+
+@pytest.mark.parametrize("dest", sorted(MAMBA_FLAGS))
+def test_pretrain_mamba_numeric_flags(dest):
+    for probe in PROBES:
+        args, error = _cli_outcome(parse_hybrid_args, MAMBA_BASE, dest,
+                                   _value(MAMBA_FLAGS[dest], probe))
+        _check(dest, probe, args, error)
+
+
+def _facade_config(dest: str, value) -> dict:
+    config = copy.deepcopy(tiny_packed_config(global_batch_size=4, train_iters=3))
+    section = next((name for name, keys in config.items() if dest in keys), "training")
+    config.setdefault(section, {})[dest] = value
+    return config
+
+
+# pretrain_gpt.py's loop flags: the facade's loop is the caller's, so it refuses them in one line
+# (tests/unit_tests/reliability/test_exit_conditions.py).
+FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins"})
+
+
+@pytest.mark.parametrize("dest", sorted(set(GPT_FLAGS) - FACADE_REFUSED))
+def test_facade_numeric_flags(dest, monkeypatch):
+    """MegatronWrap builds its flags from the config tree and parses them with the same
+    parser: the same table holds (its base always packs)."""
+    monkeypatch.setattr(runtime.dist, "get_world_size", lambda *a, **k: 1)
+    for probe in PROBES:
+        config = build_config(_facade_config(dest, _value(GPT_FLAGS[dest], probe)))
+        try:
+            args, error = runtime.parse_training_args(config), None
+        except ArgumentValidationError as err:
+            args, error = None, str(err)
+        _check(dest, probe, args, error)
+
+
+# --- the observations of issue 21 (5), each named -------------------------------------------
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--min-lr", "0.1", "--lr", "0.01"], "--min-lr 0.1 exceeds --lr 0.01"),
+    (["--adam-beta1", "1.5"], "--adam-beta1 must be a finite number in [0, 1) (got 1.5)"),
+    (["--hidden-dropout", "1.5"], "--hidden-dropout must be a finite number in [0, 1) (got 1.5)"),
+    (["--attention-dropout", "1.0"], "--attention-dropout must be a finite number in [0, 1)"),
+    (["--lr", "nan"], "--lr must be a finite number >= 0 (got nan)"),
+    (["--hidden-size", "64", "--num-attention-heads", "3"],
+     "--hidden-size 64 is not divisible by --num-attention-heads 3"),
+    (["--group-query-attention", "--num-query-groups", "3"],
+     "--num-attention-heads 4 is not divisible by --num-query-groups 3"),
+])
+def test_observed_bad_values_are_one_line(extra, needle):
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(GPT_BASE + extra, world_size=1)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_kv_channels_lifts_the_head_divisibility_rule():
+    """As Megatron-LM: with an explicit head dimension, heads need not divide the hidden size."""
+    args = parse_args(GPT_BASE + ["--hidden-size", "64", "--num-attention-heads", "3",
+                                  "--kv-channels", "16"], world_size=1)
+    assert args.kv_channels == 16
+
+
+def test_huge_vocabulary_is_refused_by_the_memory_limit(monkeypatch):
+    monkeypatch.setattr(flag_ranges, "host_memory_bytes", lambda: 64 * flag_ranges.GIB)
+    _, error = _cli_outcome(parse_args, GPT_BASE + ["--hidden-size", "64"], "vocab_size",
+                            10**9)
+    assert error.startswith("--vocab-size 1000000000 (padded to 1000000000) x --hidden-size 64: "
+                            "the word embedding take(s) at least 238.4 GiB on one rank"), error
+    assert "above this machine's 64.0 GiB of memory" in error
+    # TP shards the embedding: 4 ranks hold a quarter each (59.6 GiB), which fits.
+    args = parse_args(GPT_BASE + ["--hidden-size", "64", "--vocab-size", str(10**9),
+                                  "--tensor-model-parallel-size", "4"], world_size=4)
+    assert args.padded_vocab_size == 10**9
+
+
+@pytest.mark.parametrize("make_path, needle", [
+    (lambda tmp: tmp, "is a directory; name a file in it"),
+    (lambda tmp: _file(tmp) / "metrics.jsonl", "is a file, not a directory"),
+])
+def test_unusable_metrics_jsonl_is_one_line(tmp_path, make_path, needle):
+    path = make_path(tmp_path)
+    _, error = _cli_outcome(parse_args, GPT_BASE, "log_metrics_jsonl", path)
+    assert error.startswith(f"--log-metrics-jsonl {str(path)!r} ") and needle in error, error
+
+
+def test_metrics_jsonl_in_a_new_folder_is_accepted(tmp_path):
+    """The writer creates missing parent folders; nothing is created at start-up."""
+    path = tmp_path / "new" / "metrics.jsonl"
+    parse_args(GPT_BASE + ["--log-metrics-jsonl", str(path)], world_size=1)
+    assert not path.parent.exists()
+
+
+def _file(tmp_path: Path) -> Path:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    return blocker
+
+
+def test_huge_mock_sample_count_is_one_line():
+    args = parse_args(GPT_BASE + ["--train-iters", str(HUGE_INT)], world_size=1)
+    with pytest.raises(UserInputError) as err:
+        agree_on_errors(build_datasets, args, None)
+    assert "--mock-data keeps one length per sample" in str(err.value)
+
+
+# --- end to end: real processes, exit code 2, one line -------------------------------------
+
+
+def _run(script: str, argv: list[str], env_extra=None):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+           "WORLD_SIZE": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, str(REPO / script), *argv], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=REPO)
+
+
+@pytest.mark.parametrize("script, base, extra, needle", [
+    ("pretrain_gpt.py", GPT_BASE, ["--min-lr", "0.1", "--lr", "0.01"], "--min-lr 0.1 exceeds"),
+    ("pretrain_gpt.py", GPT_BASE, ["--adam-beta1", "1.5"], "--adam-beta1 must be"),
+    ("pretrain_gpt.py", GPT_BASE, ["--lr", "nan"], "--lr must be a finite number"),
+    ("pretrain_gpt.py", GPT_BASE, ["--vocab-size", str(HUGE_INT)], "the word embedding"),
+    ("pretrain_mamba.py", MAMBA_BASE, ["--hidden-dropout", "1.5"], "--hidden-dropout must be"),
+])
+def test_entry_points_exit_2_with_one_line(script, base, extra, needle):
+    proc = _run(script, base + extra)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: ") and needle in lines[0], \
+        proc.stderr

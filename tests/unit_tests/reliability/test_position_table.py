@@ -1,0 +1,211 @@
+"""Issue 21 (4): learned absolute positions and packing. A sequence is padded to a multiple of
+2 x its CP group size (x TP with sequence parallelism), which can exceed
+--max-position-embeddings; the embedding lookup then failed with IndexError at whatever
+iteration first drew such a sample. Start-up now derives the longest position run any pack can
+hold and refuses, in one line naming the --max-position-embeddings needed, what would not fit.
+
+The fuzz runs length distributions through the real scheduler and the real pack builder for
+many layouts and asserts every position id fits the table whenever start-up accepted the flags;
+the multi-rank runs show the same end to end (refused at start-up, never mid-run)."""
+
+import itertools
+import random
+import re
+
+import pytest
+import torch
+
+from megatron.training.arguments import ArgumentValidationError, parse_args
+from megatron.training.data import build_packing_config
+from megatron.varlen import thd_microbatch
+from megatron.varlen.scheduling import ScheduleProblem, get_scheduler
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import train_on_this_rank
+
+PAD_ID = 0
+NEEDED = re.compile(r"pass --max-position-embeddings (\d+) or more")
+POSITION_REASON = "beyond the learned position table"
+# Lengths the padding rules (multiples of 2, 4, 6, 8, 10, ...) mostly do not divide.
+SEQ_LENGTHS = (30, 37, 50, 64, 97, 126, 250, 256)
+WIDER_CASES = 200  # layouts with a static CP size > 1 (seq lengths must divide its padding)
+BATCHES_PER_CASE = 2
+
+
+def _argv(seq, world_cp, tp_sp, vpp, dynamic, budget, position, max_pos=None) -> list[str]:
+    cp, dp = world_cp
+    tp, sp = tp_sp
+    layers = 4 if vpp else 2
+    argv = ["--num-layers", str(layers), "--hidden-size", "32", "--num-attention-heads", "4",
+            "--seq-length", str(seq), "--lr", "1e-3", "--train-iters", "1", "--mock-data",
+            "--sft", "--vocab-size", "128", "--make-vocab-size-divisible-by", "32",
+            "--micro-batch-size", "1", "--global-batch-size", str(dp * 4),
+            "--sequence-packing", "--context-parallel-size", str(cp), "--eval-iters", "0",
+            "--position-embedding-type", position, "--tensor-model-parallel-size", str(tp)]
+    argv += ["--sequence-parallel"] if sp else []
+    argv += ["--pipeline-model-parallel-size", "2",
+             "--num-layers-per-virtual-pipeline-stage", "1"] if vpp else []
+    argv += ["--dynamic-context-parallel"] if dynamic else []
+    argv += ["--max-seqlen-per-dp-cp-rank", str(budget)] if budget else []
+    argv += ["--max-position-embeddings", str(max_pos)] if max_pos else []
+    return argv
+
+
+def _cases():
+    """Layouts over DP x CP sizes 1-8 (every one with static CP size 1, where dynamic CP runs;
+    a seeded sample of the others), TP 1/2 with sequence parallelism on/off, VPP on/off,
+    static/dynamic CP, both position types, and a seeded budget from the smallest that holds a
+    --seq-length sample on all ranks up to --seq-length."""
+    variants = list(itertools.product([(1, False), (2, False), (2, True)], [False, True],
+                                      [False, True], ["learned_absolute", "rope"]))
+    rng = random.Random(21)
+    cp1 = [(seq, (1, n), *variant) for seq in SEQ_LENGTHS for n in range(1, 9)
+           for variant in variants]
+    wider = [(seq, (cp, n // cp), *variant) for seq in SEQ_LENGTHS for n in range(2, 9)
+             for cp in range(2, n + 1) if n % cp == 0 for variant in variants]
+    cases = []
+    for seq, (cp, dp), tp_sp, vpp, dynamic, position in cp1 + rng.sample(wider, WIDER_CASES):
+        holders, even = (cp * dp if dynamic else cp), 2 * tp_sp[0]  # VPP needs even budgets
+        budgets = [-(-seq // holders) + even, -(-seq // 2), seq]
+        budget = -(-rng.choice(budgets) // even) * even
+        cases.append((seq, (cp, dp), tp_sp, vpp, dynamic,
+                      rng.choice([budget, None]) if not dynamic else budget, position))
+    return cases
+
+
+def _batch_lengths(rng, seq: int, count: int) -> list[int]:
+    """A global batch with the longest sample, near-longest ones, and short ones."""
+    pool = [seq, seq - 1, max(1, seq - 3), max(1, seq // 2 + 1), 1, 2, 3]
+    return [seq] + [rng.choice(pool) if rng.random() < 0.5 else rng.randint(1, seq)
+                    for _ in range(count - 1)]
+
+
+def _sample(length: int) -> dict:
+    return {"tokens": torch.ones(length, dtype=torch.long), "labels": torch.ones(length),
+            "loss_mask": torch.ones(length)}
+
+
+def _longest_position_run(args, lengths: list[int]) -> int:
+    """max(position id) + 1 over every pack every rank builds for this global batch, through
+    the real scheduler and thd_microbatch (as GlobalBatchPacker does)."""
+    config = build_packing_config(args, PAD_ID)
+    dp, cp = args.data_parallel_size, args.context_parallel_size
+    problem = ScheduleProblem(
+        lengths=lengths, dp_size=dp, cp_size=cp, max_seqlen_per_rank=config.max_seqlen_per_rank,
+        min_cp_size=config.min_cp_size, sp_factor=config.sp_factor,
+        vpp_group_size=config.vpp_group_size, min_num_microbatches=config.min_num_microbatches,
+        owners=tuple(i * dp // len(lengths) for i in range(len(lengths))), cost=config.cost)
+    schedule = get_scheduler(config.scheduler)(problem)
+    fixed = config.fixed_tokens_per_rank
+    packs = {(): thd_microbatch.dummy_pack(PAD_ID, config.sp_factor, fixed)}  # idle ranks
+    for m, ranks in enumerate(schedule.microbatches):
+        for rank, ids in enumerate(ranks):
+            if ids in packs:
+                continue  # every rank of a CP group builds the same pack
+            size = len(schedule.group_ranks(m, rank))
+            packs[ids] = thd_microbatch.pack_sequences(
+                [_sample(lengths[i]) for i in ids], [schedule.padded_lengths[i] for i in ids],
+                local_cp_size=size, pad_id=PAD_ID, sample_ids=tuple(ids),
+                total_tokens=fixed * size if fixed else None)
+    return max(int(pack.position_ids.max()) + 1 for pack in packs.values())
+
+
+def _parse(argv, world):
+    try:
+        return parse_args(argv, world_size=world), None
+    except ArgumentValidationError as err:
+        return None, str(err)
+
+
+def _assert_fits(args, rng, seq: int) -> int:
+    longest = 0
+    for _ in range(BATCHES_PER_CASE):
+        longest = max(longest, _longest_position_run(
+            args, _batch_lengths(rng, seq, args.global_batch_size)))
+    if args.position_embedding_type == "learned_absolute":
+        assert longest <= args.max_position_embeddings, (
+            f"start-up accepted --max-position-embeddings {args.max_position_embeddings} but a "
+            f"pack holds positions 0..{longest - 1}")
+    return longest
+
+
+def test_every_accepted_layout_fits_its_position_table():
+    rng = random.Random(4)
+    outcomes = {"accepted": 0, "refused_for_positions": 0, "overflow_with_rope": 0}
+    for seq, (cp, dp), (tp, sp), vpp, dynamic, budget, position in _cases():
+        world = cp * dp * tp * (2 if vpp else 1)
+        argv = _argv(seq, (cp, dp), (tp, sp), vpp, dynamic, budget, position)
+        args, error = _parse(argv, world)
+        if args is not None:
+            outcomes["accepted"] += 1
+            if _assert_fits(args, rng, seq) > args.max_position_embeddings:
+                outcomes["overflow_with_rope"] += 1  # fine: RoPE has no table
+            continue
+        if POSITION_REASON not in error:
+            continue  # refused for another reason (divisibility, budget, ...)
+        assert position == "learned_absolute", error
+        outcomes["refused_for_positions"] += 1
+        # The advice works: with the named table size the same layout starts and fits.
+        needed = int(NEEDED.search(error).group(1))
+        args, error = _parse(argv + ["--max-position-embeddings", str(needed)], world)
+        assert error is None, error
+        _assert_fits(args, rng, seq)
+    # Not vacuous: each side of the rule was exercised.
+    assert min(outcomes.values()) > 0, outcomes
+
+
+@pytest.mark.parametrize("world, seq, budget, needed", [
+    (3, 256, 96, 258),   # issue 21 (4): a 256-token sample on a CP group of 3 pads to 258
+    (2, 250, 128, 252),  # ... and a 250-token one on 2 ranks to 252
+])
+def test_observed_layouts_are_refused_at_start_up(world, seq, budget, needed):
+    args, error = _parse(_argv(seq, (1, world), (1, False), False, True, budget,
+                               "learned_absolute"), world)
+    assert args is None and f"pass --max-position-embeddings {needed} or more" in error, error
+    assert "\n" not in error
+    args, error = _parse(_argv(seq, (1, world), (1, False), False, True, budget, "rope"), world)
+    assert error is None, error  # RoPE needs no table
+
+
+# --- real training runs: refused at start-up, or trained; never an error mid-run --------------
+
+
+def _train_or_refuse(argv: list[str]) -> dict:
+    try:
+        history = train_on_this_rank(argv)["history"]
+    except ArgumentValidationError as err:
+        return {"refused": str(err)}
+    return {"refused": None, "losses": [h["lm_loss"] for h in history]}
+
+
+def _training_argv(tmp_path, seq: int, budget: int, ranks: int, max_pos=None) -> list[str]:
+    lengths = tmp_path / "lengths.csv"  # every global batch holds --seq-length samples
+    lengths.write_text("length\n" + "\n".join(str(n) for n in [seq, 40, seq - 1, 7] * 4) + "\n")
+    config = f'{{"mode": "file", "path": "{lengths}"}}'
+    argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+            "--seq-length", str(seq), "--lr", "1e-3", "--train-iters", "2", "--mock-data",
+            "--sft", "--sft-mock-dataset-config-json", config, "--vocab-size", "128",
+            "--make-vocab-size-divisible-by", "32", "--micro-batch-size", "1",
+            "--global-batch-size", str(ranks), "--hidden-dropout", "0", "--attention-dropout",
+            "0", "--eval-iters", "0", "--log-interval", "1", "--dynamic-context-parallel",
+            "--max-seqlen-per-dp-cp-rank", str(budget), "--position-embedding-type",
+            "learned_absolute"]
+    return argv + (["--max-position-embeddings", str(max_pos)] if max_pos else [])
+
+
+@pytest.mark.parametrize("ranks, seq, budget, needed", [(3, 256, 96, 258), (5, 256, 64, 260)])
+def test_learned_positions_refuse_at_start_up_on_every_rank(tmp_path, ranks, seq, budget,
+                                                            needed):
+    results = run_distributed(_train_or_refuse, ranks,
+                              args=(_training_argv(tmp_path, seq, budget, ranks),), timeout_s=240)
+    messages = {result["refused"] for result in results}
+    assert len(messages) == 1 and None not in messages, results  # every rank, the same line
+    assert f"pass --max-position-embeddings {needed} or more" in messages.pop()
+
+
+def test_learned_positions_train_with_the_table_start_up_names(tmp_path):
+    results = run_distributed(_train_or_refuse, 3,
+                              args=(_training_argv(tmp_path, 256, 96, 3, max_pos=258),),
+                              timeout_s=240)
+    assert all(result["refused"] is None for result in results), results
+    losses = [loss for result in results for loss in result["losses"] if loss is not None]
+    assert losses and all(loss == loss and loss < 100 for loss in losses), results
