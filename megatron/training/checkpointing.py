@@ -10,10 +10,12 @@ every file), ``run_args.json`` (what shapes the model, data order and schedule) 
 ``rng/rank_NNNNN.pt`` (each rank's generator states). Saving writes a hidden staging folder and
 publishes it with one rename, then replaces the tracker atomically
 (:mod:`~megatron.training.checkpoint_integrity`). Loading checks, before megatron-core reads
-anything: the tracker, the folder, every file against the manifest, that ``.metadata`` holds
-only checkpoint-metadata classes (:mod:`~megatron.training.checkpoint_safe_load`) and that the
-run continues the saved one (:mod:`~megatron.training.resume_consistency`). Every problem is a
-one-line :class:`~megatron.training.errors.CheckpointError`.
+anything: the tracker, the folder, that the manifest lists every file in it and every file the
+format needs, every file against the manifest, that ``.metadata`` holds only
+checkpoint-metadata classes and that the small files are well-formed
+(:mod:`~megatron.training.checkpoint_safe_load`), and that the run continues the saved one
+(:mod:`~megatron.training.resume_consistency`). Every problem is a one-line
+:class:`~megatron.training.errors.CheckpointError`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ import torch
 from megatron.core import dist_checkpointing
 from megatron.training import checkpoint_integrity as integrity
 from megatron.training import resume_consistency, rng_state
-from megatron.training.checkpoint_safe_load import check_common_is_safe, check_metadata_is_safe
+from megatron.training.checkpoint_safe_load import (
+    COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
+    check_metadata_is_safe, shard_files,
+)
 from megatron.training.errors import CheckpointError, agree_on_errors
 from megatron.training.log import print_rank_0
 from megatron.training.model import unwrap
@@ -101,7 +106,7 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args
     _barrier()
     entries = _digest_own_files(staging)
     if torch.distributed.get_rank() == 0:
-        integrity.write_manifest(staging, entries)
+        integrity.write_manifest(staging, entries, torch.distributed.get_world_size())
         integrity.publish(staging, path)
         integrity.atomic_write_text(os.path.join(root, TRACKER_FILENAME), str(iteration))
     _barrier()
@@ -122,11 +127,36 @@ def read_latest_iteration(root: str) -> int:
     return int(text)
 
 
+def _required_files(entries: dict[str, dict], world_size: int | None) -> dict[str, str]:
+    """The files (name -> why) every checkpoint of this format has, besides the shards
+    ``.metadata`` names: megatron-core's and ours, and one RNG file per saving rank."""
+    required = {name: "every checkpoint has one" for name in (
+        METADATA_FILENAME, CONFIG_FILENAME, COMMON_FILENAME, resume_consistency.RUN_ARGS_FILENAME)}
+    if world_size is None:  # manifests written before the world size: the RNG files listed
+        world_size = sum(1 for name in entries if name.startswith(rng_state.RNG_SUBDIR + "/"))
+    required.update({rng_state.rng_filename(rank): f"the random states of rank {rank} of "
+                     f"{world_size}" for rank in range(max(world_size, 1))})
+    return required
+
+
 def _verify_share(folder: str) -> None:
-    """Checks this rank's 1/world share of the manifest (all ranks together check every file)."""
-    entries = integrity.read_manifest(folder)
+    """Checks that the manifest covers the checkpoint, then this rank's 1/world share of its
+    files (all ranks together check every file)."""
+    entries, world_size = integrity.read_manifest(folder)
+    integrity.check_complete(folder, entries, _required_files(entries, world_size))
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     integrity.verify_files(folder, entries, sorted(entries)[rank::world])
+
+
+def _check_format_files(folder: str) -> None:
+    """What megatron-core reads first, once verified: ``.metadata`` unpickles safely and names
+    only listed shards, ``metadata.json`` is well-formed, ``common.pt`` holds plain data."""
+    shards = shard_files(folder, check_metadata_is_safe(folder))
+    entries, _ = integrity.read_manifest(folder)
+    integrity.check_complete(folder, entries, {name: f"named by {METADATA_FILENAME}"
+                                               for name in shards})
+    check_config(folder)
+    check_common_is_safe(folder)
 
 
 def check_checkpoint(root: str) -> tuple[int, str]:
@@ -137,10 +167,18 @@ def check_checkpoint(root: str) -> tuple[int, str]:
     if not os.path.isdir(folder):
         raise CheckpointError(f"{TRACKER_FILENAME} in {root!r} names iteration {iteration} but "
                               f"{folder!r} is missing")
-    agree_on_errors(_verify_share, folder)
-    agree_on_errors(check_metadata_is_safe, folder)
-    agree_on_errors(check_common_is_safe, folder)
+    agree_on_errors(_verify_share, folder)  # every file verified before any is parsed
+    agree_on_errors(_check_format_files, folder)
     return iteration, folder
+
+
+def _check_run_args(folder: str, args) -> None:
+    """Refuses a run that would not continue the saved one, on every rank; rank 0 alone reads
+    the data files for their fingerprints."""
+    note = agree_on_errors(resume_consistency.check_run_args, folder, args,
+                           torch.distributed.get_rank() == 0)
+    if note is not None:
+        print_rank_0(f" > {note}")
 
 
 def _materialize_optimizer_state(optimizer) -> None:
@@ -181,7 +219,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, args=None) -> int:
     from. With ``args``, refuses a run that would not continue the saved one."""
     iteration, folder = check_checkpoint(root)
     if args is not None:
-        resume_consistency.check_run_args(folder, args)
+        _check_run_args(folder, args)
     _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True)
     state = dist_checkpointing.load(template, folder)
@@ -193,7 +231,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, args=None) -> int:
         optimizer.load_state_dict(state["optimizer"])
     _restore_adam_steps(optimizer)
     scheduler.load_state_dict(state["opt_param_scheduler"])
-    restored = rng_state.load(folder)
+    restored = agree_on_errors(rng_state.load, folder)  # a bad file on one rank stops all
     if not restored:
         print_rank_0(f" > {folder}: random states not restored (saved on another parallel "
                      f"layout): dropout will differ from an uninterrupted run")
