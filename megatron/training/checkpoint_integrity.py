@@ -37,6 +37,9 @@ MANIFEST_VERSION = 1
 HASH_ALGORITHM = "sha256"
 _READ_BLOCK = 1 << 20  # bytes hashed per read: streams files of any size in constant memory
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+# Staging folders a save leaves behind when it is killed (``.iter_NNNNNNN.partial``, and the
+# ``.old`` copy publish() swaps out): removed at the next save, never loaded.
+STALE_STAGING = re.compile(r"\.iter_\d{7}\.partial(\.old)?")
 
 
 def staging_dir(final_dir: str) -> str:
@@ -180,6 +183,16 @@ def atomic_write_text(path: str, text: str) -> None:
         os.fsync(handle.fileno())
     os.replace(temporary, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def remove_stale_staging(root: str) -> list[str]:
+    """Removes the staging folders saves that were killed left in ``root``; returns their
+    names. Only the saving process may call it: it would remove a concurrent save's staging."""
+    stale = sorted(n for n in os.listdir(root) if STALE_STAGING.fullmatch(n)) \
+        if os.path.isdir(root) else []
+    for name in stale:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return stale
 
 
 def publish(staging: str, final_dir: str) -> None:
