@@ -13,6 +13,13 @@ a 1/world share at load). SHA-256 was the fastest of hashlib's hashes on the dev
 2-core machine, vs ~0.2 GB/s for BLAKE2b), so the cost is about (checkpoint bytes per rank) /
 (0.2-0.5 GB/s) at save and again at load. A missing, truncated or altered file is a
 one-line :class:`CheckpointError` naming it, before any of its bytes are used.
+
+Completeness: the manifest covers the whole checkpoint. Every file in the folder must be listed
+(a file the manifest does not list was never verified: an emptied or edited manifest must not
+let a corrupted shard through), and every file the checkpoint format needs must be listed
+(:func:`check_complete`; the caller names them: megatron-core's fixed files, the shards
+``.metadata`` names, one RNG file per saving rank). The manifest records the saving world size
+for the latter. Malformed entries are refused before any is used.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 
 from megatron.training.errors import CheckpointError
@@ -28,6 +36,10 @@ MANIFEST_FILENAME = "manifest.json"
 MANIFEST_VERSION = 1
 HASH_ALGORITHM = "sha256"
 _READ_BLOCK = 1 << 20  # bytes hashed per read: streams files of any size in constant memory
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+# Staging folders a save leaves behind when it is killed (``.iter_NNNNNNN.partial``, and the
+# ``.old`` copy publish() swaps out): removed at the next save, never loaded.
+STALE_STAGING = re.compile(r"\.iter_\d{7}\.partial(\.old)?")
 
 
 def staging_dir(final_dir: str) -> str:
@@ -63,10 +75,12 @@ def fsync_dir(path: str) -> None:
 
 
 def relative_files(folder: str) -> list[str]:
-    """Every file under ``folder``, as sorted paths relative to it."""
+    """Every file under ``folder`` (and every link to a folder, which os.walk does not enter),
+    as sorted paths relative to it."""
     found = []
-    for parent, _, names in os.walk(folder):
-        found += [os.path.relpath(os.path.join(parent, n), folder) for n in names]
+    for parent, dirs, names in os.walk(folder):
+        links = [d for d in dirs if os.path.islink(os.path.join(parent, d))]
+        found += [os.path.relpath(os.path.join(parent, n), folder) for n in names + links]
     return sorted(found)
 
 
@@ -80,15 +94,30 @@ def digest_files(folder: str, names: list[str]) -> dict[str, dict]:
     return entries
 
 
-def write_manifest(folder: str, entries: dict[str, dict]) -> None:
+def write_manifest(folder: str, entries: dict[str, dict], world_size: int) -> None:
+    """``world_size``: the ranks that saved (each wrote its own RNG file)."""
     manifest = {"version": MANIFEST_VERSION, "algorithm": HASH_ALGORITHM,
-                "files": dict(sorted(entries.items()))}
+                "world_size": world_size, "files": dict(sorted(entries.items()))}
     atomic_write_text(os.path.join(folder, MANIFEST_FILENAME),
                       json.dumps(manifest, indent=1) + "\n")
 
 
-def read_manifest(folder: str) -> dict[str, dict]:
-    """The manifest's file entries, or a CheckpointError saying why the checkpoint is unusable."""
+def _entry_problem(name: object, entry: object) -> str | None:
+    """Why one manifest entry cannot be trusted, or None."""
+    if not isinstance(name, str) or os.path.isabs(name) or ".." in name.split("/") \
+            or os.path.normpath(name) != name:
+        return "which is not a plain path inside the checkpoint folder"
+    if not (isinstance(entry, dict) and type(entry.get("size")) is int and entry["size"] >= 0
+            and isinstance(entry.get(HASH_ALGORITHM), str)
+            and _HEX_DIGEST.fullmatch(entry[HASH_ALGORITHM])):
+        return (f'whose entry is not {{"size": bytes, "{HASH_ALGORITHM}": hex digest}} '
+                f"(got {str(entry)[:60]})")
+    return None
+
+
+def read_manifest(folder: str) -> tuple[dict[str, dict], int | None]:
+    """The manifest's file entries and saving world size (None in manifests that predate it),
+    or a CheckpointError saying why the checkpoint is unusable."""
     path = os.path.join(folder, MANIFEST_FILENAME)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {folder!r} has no {MANIFEST_FILENAME}: it was not "
@@ -97,11 +126,35 @@ def read_manifest(folder: str) -> dict[str, dict]:
         with open(path, encoding="utf-8") as handle:
             manifest = json.load(handle)
         files = manifest["files"]
+        world_size = manifest.get("world_size")
         assert manifest["algorithm"] == HASH_ALGORITHM and isinstance(files, dict)
-    except (ValueError, KeyError, TypeError, AssertionError) as err:
+        assert world_size is None or (type(world_size) is int and world_size >= 1)
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError) as err:
         raise CheckpointError(f"checkpoint manifest {path!r} is unreadable "
                               f"({type(err).__name__})") from err
-    return files
+    for name, entry in files.items():
+        problem = _entry_problem(name, entry)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint manifest {path!r} lists {name!r}, {problem}; "
+                                  f"load another checkpoint")
+    return files, world_size
+
+
+def check_complete(folder: str, entries: dict[str, dict], required: dict[str, str]) -> None:
+    """Every file in ``folder`` is listed in ``entries`` and every ``required`` name (name ->
+    why it is needed) is listed; the first gap is a CheckpointError naming the file."""
+    for name in relative_files(folder):
+        if name != MANIFEST_FILENAME and name not in entries:
+            raise CheckpointError(
+                f"checkpoint file {os.path.join(folder, name)!r} is not listed in "
+                f"{MANIFEST_FILENAME}: the manifest does not cover the whole checkpoint (edited, "
+                f"or a file was added after the save); load another checkpoint")
+    for name, why in sorted(required.items()):
+        if name not in entries:
+            raise CheckpointError(
+                f"checkpoint file {os.path.join(folder, name)!r} is missing and not listed in "
+                f"{MANIFEST_FILENAME} ({why}): the checkpoint is incomplete; load another "
+                f"checkpoint")
 
 
 def verify_files(folder: str, entries: dict[str, dict], names: list[str]) -> None:
@@ -130,6 +183,16 @@ def atomic_write_text(path: str, text: str) -> None:
         os.fsync(handle.fileno())
     os.replace(temporary, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def remove_stale_staging(root: str) -> list[str]:
+    """Removes the staging folders saves that were killed left in ``root``; returns their
+    names. Only the saving process may call it: it would remove a concurrent save's staging."""
+    stale = sorted(n for n in os.listdir(root) if STALE_STAGING.fullmatch(n)) \
+        if os.path.isdir(root) else []
+    for name in stale:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return stale
 
 
 def publish(staging: str, final_dir: str) -> None:

@@ -13,7 +13,14 @@ reads megatron-core's ``common.pt`` with ``torch.load(weights_only=True)`` first
 then loads it with torch's default, which is ``weights_only=True`` only since torch 2.6), and our
 per-rank RNG files are read with ``weights_only=True``. Objects megatron-core stores inside the
 ``.distcp`` files (e.g. ``_extra_state`` bytes) are unpickled by megatron-core with torch's
-default: use torch >= 2.6 (this repo pins 2.13) for those to be restricted as well. Trust model (README "Reliability"): a checkpoint is data, not code; files
+default: use torch >= 2.6 (this repo pins 2.13) for those to be restricted as well.
+
+The small files megatron-core reads besides are checked for form first, so a garbled one is a
+one-line error naming it rather than a traceback from deep inside megatron-core:
+``metadata.json`` (:func:`check_config`) must be a JSON object naming the ``torch_dist`` backend,
+and ``.metadata`` must name its shards (:func:`shard_files`).
+
+Trust model (README "Reliability"): a checkpoint is data, not code; files
 are checked against the manifest for corruption, not for forgery (someone who can write the
 checkpoint can write its manifest), and nothing in a checkpoint is executed.
 """
@@ -21,6 +28,7 @@ checkpoint can write its manifest), and nothing in a checkpoint is executed.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import pickle
 
@@ -30,6 +38,11 @@ from megatron.training.errors import CheckpointError, one_line
 
 METADATA_FILENAME = ".metadata"
 COMMON_FILENAME = "common.pt"
+CONFIG_FILENAME = "metadata.json"  # megatron-core's CheckpointingConfig
+# What megatron-core's CheckpointingConfig accepts, and the only backend this code saves.
+CONFIG_KEYS = frozenset({"sharded_backend", "sharded_backend_version", "common_backend",
+                         "common_backend_version"})
+SHARDED_BACKEND = "torch_dist"
 _DCP = "torch.distributed.checkpoint"
 ALLOWED_GLOBALS = frozenset({
     ("torch", "Size"),
@@ -84,15 +97,16 @@ class RestrictedUnpickler(pickle.Unpickler):
             f"trust)")
 
 
-def check_metadata_is_safe(folder: str) -> None:
-    """Unpickles ``folder/.metadata`` with :class:`RestrictedUnpickler` (nothing else is run)."""
+def check_metadata_is_safe(folder: str):
+    """Unpickles ``folder/.metadata`` with :class:`RestrictedUnpickler` (nothing else is run);
+    returns what it holds (torch's checkpoint ``Metadata``)."""
     path = os.path.join(folder, METADATA_FILENAME)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {folder!r} has no {METADATA_FILENAME} (not a "
                               f"torch_dist checkpoint, or a partial one)")
     try:
         with open(path, "rb") as handle:
-            RestrictedUnpickler(handle, path).load()
+            return RestrictedUnpickler(handle, path).load()
     except CheckpointError:
         raise
     except Exception as err:  # any malformed pickle: one line, never a traceback wall
@@ -110,3 +124,35 @@ def check_common_is_safe(folder: str) -> None:
     except Exception as err:  # an UnpicklingError names the refused global
         raise CheckpointError(f"refusing to load {path!r}: it holds more than tensors and plain "
                               f"containers ({type(err).__name__}: {one_line(err)[:200]})") from err
+
+
+def shard_files(folder: str, metadata) -> set[str]:
+    """The data files (``__R_I.distcp``) that ``metadata``, read from ``folder/.metadata``,
+    stores tensors in: every one must be part of the checkpoint."""
+    try:
+        names = {info.relative_path for info in metadata.storage_data.values()}
+        assert all(isinstance(name, str) for name in names)
+    except (AttributeError, TypeError, AssertionError) as err:
+        path = os.path.join(folder, METADATA_FILENAME)
+        raise CheckpointError(f"checkpoint file {path!r} is unreadable: it does not name the "
+                              f"checkpoint's data files ({type(err).__name__})") from err
+    return names
+
+
+def check_config(folder: str) -> None:
+    """``folder/metadata.json`` is the JSON object megatron-core wrote for a torch_dist save."""
+    path = os.path.join(folder, CONFIG_FILENAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+        problem = None if isinstance(config, dict) else "not a JSON object"
+        if problem is None and not set(config) <= CONFIG_KEYS:
+            problem = f"unknown keys {sorted(set(config) - CONFIG_KEYS)}"
+        if problem is None and config.get("sharded_backend") != SHARDED_BACKEND:
+            problem = (f"sharded_backend {config.get('sharded_backend')!r}, expected "
+                       f"{SHARDED_BACKEND!r}")
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or bad UTF-8
+        problem = f"{type(err).__name__}: {one_line(err)[:120]}"
+    if problem is not None:
+        raise CheckpointError(f"checkpoint file {path!r} is unreadable ({problem}); load "
+                              f"another checkpoint")

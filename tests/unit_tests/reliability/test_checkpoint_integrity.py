@@ -171,3 +171,110 @@ def test_enum_members_pickled_through_getattr_are_accepted(tmp_path):
 def test_getattr_reaches_nothing_but_enum_members(tmp_path, cls, name):
     with pytest.raises(CheckpointError, match=f"attribute {name!r}"):
         _restricted_load(tmp_path, _PickledAs(getattr, cls, name))
+
+
+# --- Issue 21, observation 2: the manifest covers the whole checkpoint ---------------------
+
+
+def _edit_manifest(folder, edit) -> None:
+    manifest = json.loads((folder / MANIFEST_FILENAME).read_text())
+    edit(manifest["files"])
+    (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest))
+
+
+def _corrupt(path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(os.path.getsize(path) // 2)
+        handle.write(os.urandom(CORRUPT_BYTES))
+
+
+def test_emptied_manifest_does_not_hide_a_corrupted_shard(ckpt):
+    shard = _shard(ckpt)
+    _corrupt(shard)
+    folder = ckpt / "iter_0000002"
+    _edit_manifest(folder, dict.clear)
+    message = _resume(ckpt)
+    assert message == (f"checkpoint file '{folder / '.metadata'}' is not listed in manifest.json:"
+                       " the manifest does not cover the whole checkpoint (edited, or a file was"
+                       " added after the save); load another checkpoint"), message
+
+
+def test_unlisted_shard_is_refused(ckpt):
+    shard = _shard(ckpt)
+    _corrupt(shard)
+    _edit_manifest(ckpt / "iter_0000002", lambda files: files.pop(os.path.basename(shard)))
+    message = _resume(ckpt)
+    assert message.startswith(f"checkpoint file '{shard}' is not listed in manifest.json"), message
+
+
+def test_file_added_after_the_save_is_refused(ckpt):
+    extra = ckpt / "iter_0000002" / "notes.txt"
+    extra.write_text("hello")
+    assert _resume(ckpt).startswith(f"checkpoint file '{extra}' is not listed in manifest.json")
+
+
+@pytest.mark.parametrize("name, why", [
+    ("__0_1.distcp", "named by .metadata"),
+    ("rng/rank_00000.pt", "the random states of rank 0 of 1"),
+    ("run_args.json", "every checkpoint has one"),
+    ("common.pt", "every checkpoint has one"),
+    ("metadata.json", "every checkpoint has one"),
+])
+def test_required_file_removed_with_its_entry_is_refused(ckpt, name, why):
+    folder = ckpt / "iter_0000002"
+    os.remove(folder / name)
+    _edit_manifest(folder, lambda files: files.pop(name))
+    assert _resume(ckpt) == (f"checkpoint file '{folder / name}' is missing and not listed in "
+                             f"manifest.json ({why}): the checkpoint is incomplete; load another "
+                             f"checkpoint")
+
+
+@pytest.mark.parametrize("entry, name", [
+    (5, "common.pt"),
+    ({"size": 12}, "common.pt"),
+    ({"size": "12", "sha256": "0" * 64}, "common.pt"),
+    ({"size": 12, "sha256": "0" * 64}, "../outside.txt"),
+    ({"size": 12, "sha256": "0" * 64}, "/etc/hostname"),
+])
+def test_malformed_manifest_entry_is_one_line(ckpt, entry, name):
+    folder = ckpt / "iter_0000002"
+    _edit_manifest(folder, lambda files: files.update({name: entry}))
+    message = _resume(ckpt)
+    assert message.startswith(f"checkpoint manifest '{folder / MANIFEST_FILENAME}' "), message
+    assert repr(name) in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("text", ["[]", '{"files": []}', "{not json"])
+def test_garbled_manifest_is_one_line(ckpt, text):
+    folder = ckpt / "iter_0000002"
+    (folder / MANIFEST_FILENAME).write_text(text)
+    message = _resume(ckpt)
+    assert message.startswith(f"checkpoint manifest '{folder / MANIFEST_FILENAME}' is "
+                              "unreadable"), message
+
+
+# --- Issue 21, observation 5: malformed small files are one line naming the file -----------
+
+
+@pytest.mark.parametrize("name, payload, needle", [
+    ("rng/rank_00000.pt", pickle.dumps(_Exploit("/nonexistent/pwned")), "is unreadable"),
+    ("rng/rank_00000.pt", b"\x00garbage", "is unreadable"),
+    ("rng/rank_00000.pt", None, "holds no valid random states"),  # a dict of the wrong shape
+    ("run_args.json", b"{garbled", "is unreadable"),
+    ("run_args.json", b"[1, 2]", "is unreadable"),
+    ("metadata.json", b"{garbled", "is unreadable"),
+    ("metadata.json", b'{"sharded_backend": "zarr"}', "is unreadable"),
+    ("metadata.json", b"[]", "is unreadable"),
+], ids=["rng-exploit", "rng-garbage", "rng-wrong-shape", "run-args-garbled", "run-args-list",
+        "config-garbled", "config-backend", "config-list"])
+def test_malformed_small_file_is_one_line(ckpt, tmp_path, name, payload, needle):
+    if payload is None:
+        buffer = tmp_path / "forged.pt"
+        torch.save({"layout": [1, 1, 1, 1], "python": "x"}, buffer)
+        payload = buffer.read_bytes()
+    folder = ckpt / "iter_0000002"
+    _forge(folder, name, payload)
+    message = _resume(ckpt)
+    assert message is not None and message.startswith(f"checkpoint file '{folder / name}' "), \
+        message
+    assert needle in message and "\n" not in message, message

@@ -116,3 +116,99 @@ def test_resume_with_dropout_is_bit_exact(tmp_path):
     got = [h["lm_loss"] for h in first + resumed]
     want = [h["lm_loss"] for h in straight]
     assert got == want, f"resumed {got} != straight {want}"
+
+
+# --- Issue 21, observation 5: optimizer-state layout changes are refused in one line -------
+
+
+@pytest.mark.parametrize("saved_with, resumed_with, remedy", [
+    ([], ["--use-distributed-optimizer"], "remove"),
+    (["--use-distributed-optimizer"], [], "add"),
+])
+def test_distributed_optimizer_toggle_is_refused(tmp_path, saved_with, resumed_with, remedy):
+    args = TINY_GPT_ARGS + ["--lr-decay-iters", "4"]
+    _run(args + saved_with + ["--train-iters", "2", "--save", str(tmp_path)])
+    message = _refusals(args + resumed_with + ["--train-iters", "3", "--load", str(tmp_path)])[0]
+    with_, without = ("with --use-distributed-optimizer (state sharded over data-parallel ranks)",
+                      "without --use-distributed-optimizer (state per parameter)")
+    saved, mine = (with_, without) if saved_with else (without, with_)
+    assert message == (f"--load: the checkpoint's optimizer state was saved {saved}, this run is "
+                       f"{mine}: the two layouts are not converted; {remedy} "
+                       f"--use-distributed-optimizer to resume")
+
+
+# --- Issue 21, observation 7: data identity is content, not spelling -----------------------
+
+SFT_SAMPLES = 24
+
+
+def _sft_args(data_path, *extra):
+    args = [a for a in TINY_GPT_ARGS if a != "--mock-data"]
+    at = args.index("--tokenizer-type")
+    del args[at:at + 4]  # --tokenizer-type NullTokenizer --vocab-size 128
+    return args + ["--sft", "--data-path", str(data_path), "--tokenizer-type",
+                   "ByteLevelTokenizer", "--lr-decay-iters", "4", *extra]
+
+
+@pytest.fixture
+def sft_data(tmp_path, monkeypatch):
+    """A JSONL data file and a checkpoint trained on it (2 iterations), the working directory
+    being the data's folder so that relative spellings resolve to it."""
+    data = tmp_path / "data" / "train.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"prompt": f"question {i}", "response": f"answer {i}"})
+                            + "\n" for i in range(SFT_SAMPLES)))
+    monkeypatch.chdir(data.parent)
+    root = tmp_path / "ckpt"
+    _run(_sft_args(data, "--train-iters", "2", "--save", str(root)))
+    return data, root
+
+
+@pytest.mark.parametrize("spelling", ["train.jsonl", "./train.jsonl", "../data/./train.jsonl",
+                                      "link.jsonl"])
+def test_respelled_data_path_resumes(sft_data, spelling):
+    data, root = sft_data
+    (data.parent / "link.jsonl").symlink_to(data)
+    resumed = _run(_sft_args(spelling, "--train-iters", "3", "--load", str(root)))
+    assert len(resumed) == 1
+
+
+def test_changed_data_file_is_refused_unless_overridden(sft_data):
+    data, root = sft_data
+    data.write_text(data.read_text().replace("answer 3", "answer 4"))  # same size, other bytes
+    message = _refusals(_sft_args("./train.jsonl", "--train-iters", "3", "--load", str(root)))[0]
+    assert message.startswith(f"--load: --data-path entry 1 is './train.jsonl' ({data}: "), \
+        message
+    assert (f"the checkpoint was trained on '{data}' ({data}: {data.stat().st_size} bytes, "
+            "sha256 ") in message, message
+    assert message.endswith("other data would change the samples the resumed run reads; "
+                            "restore the checkpoint's data, or pass --override-data-fingerprint "
+                            "to train on this data deliberately"), message
+    resumed = _run(_sft_args(data, "--train-iters", "3", "--load", str(root),
+                             "--override-data-fingerprint"))
+    assert len(resumed) == 1
+
+
+# --- Issue 21, observation 8: the refusal names the flag the user changed ------------------
+
+
+def _with_value(argv, flag, value):
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+def test_seq_length_change_names_seq_length(four_iters):
+    argv = _with_value(TINY_GPT_ARGS, "--seq-length", "64")
+    message = _refusals(argv + ["--train-iters", "4", "--load", str(four_iters)])[0]
+    assert message == ("--load: the checkpoint was trained with --seq-length 32, this run has "
+                       "64: that would change the model (its position table has --seq-length "
+                       "entries); use the checkpoint's value")
+
+
+def test_max_position_embeddings_change_still_names_it(four_iters):
+    message = _refusals(TINY_GPT_ARGS + ["--train-iters", "4", "--load", str(four_iters),
+                                         "--max-position-embeddings", "64"])[0]
+    assert message == ("--load: the checkpoint was trained with --max-position-embeddings 32, "
+                       "this run has 64: that would change the model; use the checkpoint's "
+                       "value")

@@ -31,6 +31,7 @@ EXPECTED_FLAGS = frozenset("""
 --check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad
 --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
 --exit-signal-handler --exit-interval --exit-duration-in-mins
+--override-data-fingerprint
 """.split())
 
 
