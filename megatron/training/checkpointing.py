@@ -49,7 +49,8 @@ from megatron.training.checkpoint_safe_load import (
     check_metadata_is_safe, shard_files,
 )
 from megatron.training.errors import (
-    PEER_LOST_MARKERS, TRAINING_FAILED_EXIT_CODE, CheckpointError, agree_on_errors, one_line,
+    INTERRUPTED_EXIT_CODE, PEER_LOST_MARKERS, TRAINING_FAILED_EXIT_CODE, CheckpointError,
+    agree_on_errors, one_line,
 )
 from megatron.training.log import print_rank_0
 from megatron.training.model import unwrap
@@ -58,7 +59,6 @@ TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
 _RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: how shells report a command stopped by Ctrl-C
 # torch.save to a path reports a failed write (disk full) as a RuntimeError from its C++ zip
 # writer, without the OSError; megatron-core writes common.pt that way.
 _TORCH_WRITER_FAILURE = "inline_container.cc"

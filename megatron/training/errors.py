@@ -21,6 +21,7 @@ from megatron.training.log import get_rank
 
 USAGE_EXIT_CODE = 2  # bad flags or data (argparse's convention)
 TRAINING_FAILED_EXIT_CODE = 1  # the run itself went wrong (non-finite loss, bad checkpoint)
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: how shells report a command stopped by Ctrl-C
 
 
 class UserInputError(ValueError):
@@ -67,12 +68,18 @@ def print_error_line(prog: str, message: object, every_rank: bool = False) -> No
 
 @contextlib.contextmanager
 def exit_on_user_errors(prog: str):
-    """Prints a :data:`ONE_LINE_ERRORS` error once (global rank 0) and exits with its code."""
+    """Prints a :data:`ONE_LINE_ERRORS` error once (global rank 0) and exits with its code; a
+    Ctrl-C (outside a save, which reports its own) ends in one line and exit code 130."""
     try:
         yield
     except ONE_LINE_ERRORS as err:
         print_error_line(prog, err)
         sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print_error_line(prog, "interrupted by Ctrl-C (SIGINT) during training: the iteration "
+                         "in progress is lost, the latest checkpoint is intact (resume with "
+                         "--load); --exit-signal-handler finishes the iteration and saves first")
+        sys.exit(INTERRUPTED_EXIT_CODE)
     except RuntimeError as err:
         if not any(marker in str(err) for marker in PEER_LOST_MARKERS):
             raise

@@ -21,6 +21,7 @@ import pytest
 
 from megatron.training.arguments import ArgumentValidationError, parse_args
 from megatron.training.checkpointing import TRACKER_FILENAME
+from megatron.training.errors import INTERRUPTED_EXIT_CODE
 from megatron.training.exit_conditions import SignalCatcher
 from megatron.training import training
 from megatron.wrap.config import ConfigError, build_config
@@ -214,3 +215,31 @@ def test_facade_refuses_the_loop_exit_keys():
                                           r"megatron.wrap"):
         refuse_loop_exit_keys(dict(config.flat))
     refuse_loop_exit_keys(dict(build_config({"training": {"exit_signal_handler": False}}).flat))
+
+
+# --- Ctrl-C without --exit-signal-handler -----------------------------------------------------
+
+
+def test_ctrl_c_mid_run_is_one_line_exit_130(tmp_path):
+    """Without --exit-signal-handler a Ctrl-C stops the run where it is: one line (no
+    KeyboardInterrupt traceback from either rank), exit code 130 on every rank."""
+    procs = _launch(ARGS + ["--train-iters", str(LONG_RUN_ITERS)], tmp_path)
+    last_log = tmp_path / f"rank{WORLD - 1}.log"
+    try:
+        training_now = _wait_for(
+            lambda: _iterations_logged(last_log) >= SIGNAL_AFTER_ITERATION, LAUNCH_DEADLINE_S,
+            give_up=lambda: any(p.poll() is not None for p in procs))
+        assert training_now, last_log.read_text()[-3000:]
+        for proc in procs:  # a terminal's Ctrl-C reaches every process of the job
+            os.killpg(proc.pid, signal.SIGINT)
+        exited = _wait_for(lambda: all(p.poll() is not None for p in procs), EXIT_DEADLINE_S)
+    finally:
+        _reap(procs)
+    logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(WORLD)]
+    assert exited, [log[-2000:] for log in logs]
+    assert [p.returncode for p in procs] == [INTERRUPTED_EXIT_CODE] * WORLD, \
+        [log[-2000:] for log in logs]
+    assert not any("Traceback" in log for log in logs), [log[-2000:] for log in logs]
+    errors = [line for log in logs for line in log.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "interrupted by Ctrl-C (SIGINT) during training" in errors[0], \
+        errors
