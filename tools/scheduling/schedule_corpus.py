@@ -10,8 +10,8 @@ It uses only the library's public API and the benchmark workloads, so it runs ag
 tree of this repository, e.g. the last release::
 
     git worktree add /tmp/base 09db11f
-    python tools/scheduling/schedule_corpus.py --compare /tmp/base            # full corpus
-    python tools/scheduling/schedule_corpus.py --record FILE --corpus suite   # fingerprints
+    python -m tools.scheduling.schedule_corpus --compare /tmp/base            # full corpus
+    python -m tools.scheduling.schedule_corpus --record FILE --corpus suite   # fingerprints
 
 ``--compare TREE`` fingerprints the corpus in TREE (a subprocess with PYTHONPATH=TREE) and in
 this tree and lists every problem whose schedule differs. The test suite checks the ``suite``
@@ -31,13 +31,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-if __name__ == "__main__" and __package__ in (None, ""):
-    # Run by path (e.g. in another tree): the repository root, not this folder, on sys.path.
-    sys.path[0] = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(
-        Path(__file__).resolve().parents[2])
-
-from megatron.varlen.scheduling import CostModel, ScheduleProblem, get_scheduler  # noqa: E402
-from tools.scheduling.benchmark import WORKLOADS, make_problem, sample_batches  # noqa: E402
+from megatron.varlen.scheduling import CostModel, ScheduleProblem, get_scheduler
+from tools.scheduling.benchmark import WORKLOADS, make_problem, sample_batches
 
 SCHEDULERS = ("default_dynamic_cp", "dp_balanced", "empty")
 # Cost models of different shapes: the default, attention only, linear only (exact integer

@@ -7,6 +7,10 @@ Per-rank time of one sequence of padded length L on a CP group of size c::
 and, once per micro-batch, every rank of a group of size c > 1 pays ``d * (c - 1)`` (the fixed
 latency of the group's ring steps, shared by every sequence packed into that group).
 
+:class:`CostModel` is the only place that knows this formula: the schedulers, the bounds and
+the tools ask it for ``time``, ``tokens``, ``group_latency`` and, for best fit, the inverse
+``longest_fitting``. Another cost model is a class with the same four methods.
+
 Units (see docs/SCHEDULING.md): one unit is the time of the attention work of one token pair in
 one layer, fwd+bwd, i.e. ``12*h`` FLOPs at the attention FLOP rate (the ``b = 6h`` convention
 counts attention as 12*h*L^2 and the dense linear layers as 72*h^2*L FLOPs per layer). With that
@@ -156,8 +160,8 @@ class CostModel:
     def __post_init__(self) -> None:
         for name in ("a", "b", "g", "d"):
             value = getattr(self, name)
-            if not value >= 0.0:  # also rejects NaN
-                raise ValueError(f"cost coefficient {name}={value} must be >= 0 "
+            if not 0.0 <= value < math.inf:  # also rejects NaN
+                raise ValueError(f"cost coefficient {name}={value} must be >= 0 and finite "
                                  f"(check --cost-{name})")
         if self.a == 0.0 and self.b == 0.0:
             raise ValueError("cost coefficients a and b are both 0: every sequence would be free "
@@ -191,16 +195,37 @@ class CostModel:
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
 
-    def seq_time(self, length: int, cp_size: int) -> float:
-        """Per-rank time of one sequence of padded length ``length`` on ``cp_size`` ranks."""
-        compute = (self.a * length * length + self.b * length) / cp_size
-        if cp_size == 1:
-            return compute
-        return compute + self.g * length * (cp_size - 1) / cp_size
+    def time(self, padded, cp_size):
+        """Per-rank time t(P, c) of a sequence of padded length ``padded`` on ``cp_size`` ranks
+        (without the group latency). Python numbers or numpy arrays (broadcast alike).
 
-    def group_latency(self, cp_size: int) -> float:
+        On one rank the ring term is g * P * 0 / 1 = 0.0 exactly, so one expression serves
+        every size; the square is taken on the integer P (exact), then scaled by a."""
+        return ((self.a * (padded * padded) + self.b * padded) / cp_size
+                + self.g * padded * (cp_size - 1) / cp_size)
+
+    @staticmethod
+    def tokens(padded, cp_size):
+        """Per-rank tokens of a sequence of padded length ``padded`` on ``cp_size`` ranks (the
+        budget counts these). Python integers or numpy integer arrays."""
+        return padded // cp_size
+
+    def group_latency(self, cp_size):
         """Per-micro-batch fixed latency every rank of a group of ``cp_size`` pays."""
         return self.d * (cp_size - 1)
+
+    def longest_fitting(self, time_room: float, token_room: int, cp_size: int) -> float:
+        """The largest padded length P (a multiple of ``cp_size``) with ``time(P, c) <=
+        time_room`` and ``tokens(P, c) <= token_room``, as a real number: best fit rounds it
+        down to the padding multiple. t(P, c) = (a P^2 + (b + g (c - 1)) P) / c, so the time
+        limit is the positive root of that quadratic (a line's root when a = 0)."""
+        linear = self.b + self.g * (cp_size - 1)
+        scaled = cp_size * time_room
+        if self.a > 0.0:
+            by_time = (math.sqrt(linear * linear + 4.0 * self.a * scaled) - linear) / (2.0 * self.a)
+        else:
+            by_time = scaled / linear
+        return min(by_time, token_room * cp_size)
 
     def as_dict(self) -> dict[str, float]:
         """The coefficients as a plain dict (for JSON output)."""

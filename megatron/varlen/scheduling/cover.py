@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 
-from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.draft import MicrobatchDraft, price_bag
 from megatron.varlen.scheduling.pricing import ItemPricing
 
 
@@ -33,8 +33,7 @@ def _try_grow(draft: MicrobatchDraft, pricing: ItemPricing, block: int, level: f
     time, tokens = draft.reprice_block(block, larger, pricing)
     if tokens > pricing.budget or time > level:
         return False
-    draft.free_ranks -= larger - size
-    draft.sizes[block], draft.times[block], draft.tokens[block] = larger, time, tokens
+    draft.resize_block(block, larger, time, tokens)
     return True
 
 
@@ -66,18 +65,11 @@ def _try_merge(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
         f"chain invariant broken: {len(candidates)} blocks of size {smallest} and "
         f"{draft.free_ranks} free ranks cannot fill a block of {larger}")
     chosen = {index for _, index in candidates[:needed]}
-    merged = MicrobatchDraft(free_ranks=0, sizes=[larger], times=[0.0], tokens=[0],
-                             members=[[seq for index in sorted(chosen)
-                                       for seq in draft.members[index]]])
-    time, tokens = merged.reprice_block(0, larger, pricing)
+    time, tokens = price_bag([seq for index in sorted(chosen) for seq in draft.members[index]],
+                             larger, pricing)
     if tokens > pricing.budget or time > draft.level:
         return False
-    keep = [index for index in range(len(draft.sizes)) if index not in chosen]
-    draft.sizes = [draft.sizes[index] for index in keep] + [larger]
-    draft.times = [draft.times[index] for index in keep] + [time]
-    draft.tokens = [draft.tokens[index] for index in keep] + [tokens]
-    draft.members = [draft.members[index] for index in keep] + merged.members
-    draft.free_ranks -= larger - needed * smallest
+    draft.merge_blocks(chosen, larger, time, tokens)
     return True
 
 

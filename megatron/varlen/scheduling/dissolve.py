@@ -110,13 +110,6 @@ def apply_moves(drafts: list[MicrobatchDraft], pricing: ItemPricing,
         drafts[index].add(block, seq, time, seq_tokens)
 
 
-def _remove_block(draft: MicrobatchDraft, block: int) -> None:
-    """Drops ``block`` from ``draft``; its ranks become free."""
-    draft.free_ranks += draft.sizes[block]
-    for column in (draft.sizes, draft.times, draft.tokens, draft.members):
-        del column[block]
-
-
 def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int) -> bool:
     """Dissolves or, failing that, evicts the slowest block of ``drafts[victim]``."""
     draft = drafts[victim]
@@ -134,7 +127,7 @@ def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int
         moves = plan_moves(drafts, pricing, (victim, slowest), list(members), rest)
         if moves is not None:
             apply_moves(drafts, pricing, moves)
-            _remove_block(draft, slowest)
+            draft.remove_block(slowest)
             cover_free_ranks(draft, pricing)
             return True
     if len(members) < 2 and 1 < draft.num_items <= MAX_SEQUENCES:
@@ -159,9 +152,7 @@ def _evict_longest(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: 
     if moves is None:
         return False
     apply_moves(drafts, pricing, moves)
-    members.remove(longest)
-    draft.times[slowest] -= time
-    draft.tokens[slowest] -= seq_tokens
+    draft.remove(slowest, longest, time, seq_tokens)
     return True
 
 

@@ -14,7 +14,7 @@ def rank_times(problem: ScheduleProblem, schedule: Schedule) -> list[list[float]
     d*(c-1) (once per micro-batch); a rank holding nothing has time 0.
     """
     cost = problem.cost
-    seq_time = [cost.seq_time(padded, size)
+    seq_time = [cost.time(padded, size)
                 for padded, size in zip(schedule.padded_lengths, schedule.cp_sizes)]
     times = []
     for ranks in schedule.microbatches:

@@ -97,4 +97,4 @@ def test_large_batches_are_skipped():
     small = ScheduleProblem(lengths=(budget,) * 4, dp_size=2, cp_size=1, max_seqlen_per_rank=budget)
     assert bounds_microbatch.applies(small)
     assert bounds_microbatch.microbatch_price_bound(small) == pytest.approx(
-        2 * CostModel().seq_time(budget, 1))
+        2 * CostModel().time(budget, 1))

@@ -41,7 +41,7 @@ def _microbatch_level(problem: ScheduleProblem, members: list[int], config: tupl
     for seq, block in zip(members, assignment):
         size = config[block]
         padded = padded_length(problem.lengths[seq], size, problem.sp_factor)
-        times[block] += cost.seq_time(padded, size)
+        times[block] += cost.time(padded, size)
         tokens[block] += padded // size
         used[block] = True
     if any(count > problem.max_seqlen_per_rank for count in tokens):

@@ -1,0 +1,137 @@
+"""One micro-batch, plain or with growth variants (packing.py).
+
+``build_microbatch`` runs the phases: front (front.py), holes (holes.py), and, if the queue ran
+dry with ranks left over, cover (cover.py: blocks grow where that does not raise the level).
+
+For the few micro-batches whose ranks sit idle because the token budget stops short sequences
+from matching a long one, *growth variants* rebuild the micro-batch under a cap (front
+sequences get the smallest group whose time stays under it, so the long ones grow) and the
+variant with the smallest excess is kept (level minus the work it absorbs per rank): the
+critical path is total work / N plus the sum of these excesses.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Iterator
+
+from megatron.varlen.scheduling.cover import cover_free_ranks
+from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.front import fill_front
+from megatron.varlen.scheduling.holes import fill_holes
+from megatron.varlen.scheduling.pricing import ItemPricing
+from megatron.varlen.scheduling.seq_queue import SequenceQueue
+
+# Try growth variants only when more than this fraction of a micro-batch's rank-time is idle.
+GROWTH_IDLE_TRIGGER = 0.03
+
+
+def build_microbatch(pricing: ItemPricing, queue: SequenceQueue,
+                     cap: float | None = None) -> MicrobatchDraft:
+    """Builds one micro-batch, taking its sequences out of ``queue``.
+
+    Args:
+        pricing: Prices and packing order.
+        queue: Unscheduled sequences (mutated).
+        cap: If set, front sequences get the smallest group whose time stays under it.
+    """
+    draft = MicrobatchDraft(free_ranks=pricing.num_ranks)
+    before = queue.remaining
+    fill_front(draft, pricing, queue, cap)
+    assert queue.remaining < before, (
+        f"no progress with {before} sequences queued: the next one fits no empty micro-batch")
+    fill_holes(draft, pricing, queue)
+    if draft.free_ranks:
+        cover_free_ranks(draft, pricing)
+    return draft
+
+
+def _excess(draft: MicrobatchDraft, pricing: ItemPricing) -> float:
+    """Level minus the minimum work the micro-batch takes off the queue, per rank."""
+    return draft.level - draft.absorbed_work / pricing.num_ranks
+
+
+def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
+    level = draft.level
+    idle = pricing.num_ranks * level - draft.busy_rank_time()
+    return idle > GROWTH_IDLE_TRIGGER * pricing.num_ranks * level
+
+
+def cap_thresholds(pricing: ItemPricing, queue: SequenceQueue) -> tuple[list[float], float]:
+    """Where capped sizes change: the sorted block times (sequence time + group latency) of
+    every queued length on every size >= its minimum, and the largest such time on a minimum
+    group. ``front.size_under_cap`` of every queued sequence depends only on how many
+    thresholds the cap reaches, and no sequence grows at or above the second value."""
+    thresholds, seen, no_growth, pos = [], set(), 0.0, queue.first()
+    while pos < queue.end:
+        seq = pricing.order[pos]
+        if pricing.lengths[seq] not in seen:
+            seen.add(pricing.lengths[seq])
+            for size in pricing.sizes:
+                if size >= pricing.min_size[seq]:
+                    thresholds.append(pricing.time_tokens(seq, size)[0] + pricing.latency(size))
+            no_growth = max(no_growth, pricing.min_time[seq]
+                            + pricing.latency(pricing.min_size[seq]))
+        pos = queue.first(pos + 1)
+    thresholds.sort()
+    return thresholds, no_growth
+
+
+def growth_caps(pricing: ItemPricing, queue: SequenceQueue, plain_level: float,
+                every_size: bool) -> Iterator[float]:
+    """The caps of the variants worth building, in order: the block time of the queue's first
+    sequence on each size from its minimum (excluded unless ``every_size``) up.
+
+    A cap at or above the plain build's level cannot lower it. A variant is a function of its
+    sizes, so under ``every_size`` a cap that reaches the same thresholds as an earlier one
+    would repeat that build, and one at or above the no-growth value grows nothing (the plain
+    build again): both are skipped. Only the tail (a short queue) searches every size, so only
+    there are the thresholds worth listing; otherwise the caps stop at the first such one."""
+    first = pricing.order[queue.first()]
+    thresholds, no_growth = cap_thresholds(pricing, queue) if every_size else ([], plain_level)
+    reached_before = set()
+    for size in pricing.sizes:
+        if size < pricing.min_size[first] or (size == pricing.min_size[first] and not every_size):
+            continue
+        cap = pricing.time_tokens(first, size)[0] + pricing.latency(size)
+        if cap >= no_growth or cap >= plain_level:
+            if every_size:
+                continue
+            return
+        if every_size:
+            reached = bisect_right(thresholds, cap)
+            if reached in reached_before:
+                continue
+            reached_before.add(reached)
+        yield cap
+
+
+def build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
+                      every_size: bool) -> tuple[MicrobatchDraft, SequenceQueue]:
+    """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
+    variants; keeps the one with the smallest excess, and returns it with its queue.
+
+    Padding and the chain's steps make the excess non-monotone in the size (2 ranks may tie the
+    plain build while 4 or 8 win). With ``every_size`` every size is tried, also for a first
+    sequence that fits one rank (attention-heavy costs want it spread), and in the tail the
+    first sequence's own size is a cap too: the others then grow to match its time instead of
+    setting a higher level on their minimum groups. Otherwise only first sequences that need CP
+    grow, and the search stops at the first size that does not improve."""
+    first = pricing.order[queue.first()]
+    lowest = 1 if every_size else 2
+    if not lowest <= pricing.min_size[first] < pricing.sizes[-1]:
+        return build_microbatch(pricing, queue), queue
+    start = queue.copy()
+    best = build_microbatch(pricing, queue)
+    if not _needs_growth(best, pricing):
+        return best, queue
+    best_queue, best_excess = queue, _excess(best, pricing)
+    for cap in growth_caps(pricing, start, best.level, every_size):
+        trial_queue = start.copy()
+        variant = build_microbatch(pricing, trial_queue, cap=cap)
+        excess = _excess(variant, pricing)
+        if excess < best_excess:
+            best, best_queue, best_excess = variant, trial_queue, excess
+        elif not every_size:
+            break  # larger groups mostly add communication from here on
+    return best, best_queue
