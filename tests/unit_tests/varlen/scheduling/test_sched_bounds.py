@@ -6,18 +6,15 @@ import random
 
 import pytest
 
-from megatron.varlen.scheduling import (
-    CostModel,
-    ScheduleProblem,
+from megatron.varlen.scheduling import CostModel, ScheduleProblem, critical_path, get_scheduler
+from megatron.varlen.scheduling.problem import padded_length
+from tools.schedule_oracle import REFERENCE_COST, REGIMES, generate_instances, solve_exactly
+from tools.scheduling.bound_prices import bound_sizes
+from tools.scheduling.bounds import (
     budget_aware_lower_bound,
-    critical_path,
-    get_scheduler,
     latency_aware_lower_bound,
     simple_lower_bound,
 )
-from megatron.varlen.scheduling.bounds import bound_sizes
-from megatron.varlen.scheduling.problem import padded_length
-from tools.schedule_oracle import REFERENCE_COST, REGIMES, generate_instances, solve_exactly
 
 TOLERANCE = 1e-9
 COSTS = (CostModel(), CostModel(a=1.0, b=0.0, g=0.0, d=0.0), CostModel(a=1.0, b=50.0, g=30.0,
