@@ -80,15 +80,18 @@ def _candidate_orders(levels: list[float]) -> list[list[int]]:
     return [list(range(len(levels))), both_ends, cheapest_first]
 
 
-def order_for_pipeline(schedule: Schedule, problem: ScheduleProblem, pp_size: int) -> Schedule:
+def order_for_pipeline(schedule: Schedule, problem: ScheduleProblem, pp_size: int,
+                       levels: list[float] | None = None) -> Schedule:
     """Reorders micro-batches to shorten the simulated 1F1B makespan over ``pp_size`` stages.
 
     Contents of micro-batches are unchanged; only their order moves, so the count stays a
     multiple of the VPP group size. With pp_size 1 the schedule is returned unchanged.
+    ``levels``: the micro-batches' levels when the caller has them (else evaluated here).
     """
     if pp_size <= 1 or schedule.num_microbatches() <= 1:
         return schedule
-    levels = microbatch_levels(problem, schedule)
+    if levels is None:
+        levels = microbatch_levels(problem, schedule)
     best_order, best_time = None, None
     for order in _candidate_orders(levels):
         makespan = simulate_1f1b([levels[index] for index in order], pp_size)

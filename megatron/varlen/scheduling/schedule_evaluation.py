@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 
 
@@ -35,3 +37,23 @@ def microbatch_levels(problem: ScheduleProblem, schedule: Schedule) -> list[floa
 def critical_path(problem: ScheduleProblem, schedule: Schedule) -> float:
     """Sum over micro-batches of the slowest rank's time."""
     return float(sum(microbatch_levels(problem, schedule)))
+
+
+@dataclass(frozen=True)
+class ScheduleCosts:
+    """A schedule's numbers from one pass of ``rank_times``, for whoever needs several of
+    them (the training step orders micro-batches by the levels and logs the imbalance)."""
+
+    levels: tuple[float, ...]  # per micro-batch, in schedule order
+    busy_rank_time: float  # sum of every rank's time over every micro-batch
+
+    @property
+    def critical_path(self) -> float:
+        return float(sum(self.levels))
+
+
+def schedule_costs(problem: ScheduleProblem, schedule: Schedule) -> ScheduleCosts:
+    """Levels and busy rank-time of ``schedule`` (one evaluation)."""
+    times = rank_times(problem, schedule)
+    return ScheduleCosts(levels=tuple(max(row, default=0.0) for row in times),
+                         busy_rank_time=sum(sum(row) for row in times))
