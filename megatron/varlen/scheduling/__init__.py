@@ -23,20 +23,8 @@ from megatron.varlen.scheduling.schedule_evaluation import critical_path, rank_t
 from megatron.varlen.scheduling.validate import idle_rank_slots, validate_schedule
 
 __all__ = [
-    "PROFILES",
-    "CostModel",
-    "GroupLayout",
-    "HardwareProfile",
-    "Schedule",
-    "ScheduleProblem",
-    "build_group_layout",
-    "build_static_layout",
-    "critical_path",
-    "get_scheduler",
-    "idle_rank_slots",
-    "order_for_pipeline",
-    "padded_length",
-    "rank_times",
-    "scheduler_names",
+    "PROFILES", "CostModel", "GroupLayout", "HardwareProfile", "Schedule", "ScheduleProblem",
+    "build_group_layout", "build_static_layout", "critical_path", "get_scheduler",
+    "idle_rank_slots", "order_for_pipeline", "padded_length", "rank_times", "scheduler_names",
     "validate_schedule",
 ]

@@ -7,9 +7,8 @@ Per-rank time of one sequence of padded length L on a CP group of size c::
 and, once per micro-batch, every rank of a group of size c > 1 pays ``d * (c - 1)`` (the fixed
 latency of the group's ring steps, shared by every sequence packed into that group).
 
-:class:`CostModel` is the only place that knows this formula: the schedulers, the bounds and
-the tools ask it for ``time``, ``tokens``, ``group_latency`` and, for best fit, the inverse
-``longest_fitting``. Another cost model is a class with the same four methods.
+Only :class:`CostModel` knows this formula: everything else asks it for ``time``, ``tokens``,
+``group_latency`` and best fit's inverse ``longest_fitting`` (another model: the same methods).
 
 Units (see docs/SCHEDULING.md): one unit is the time of the attention work of one token pair in
 one layer, fwd+bwd, i.e. ``12*h`` FLOPs at the attention FLOP rate (the ``b = 6h`` convention
@@ -196,18 +195,15 @@ class CostModel:
         return cls(**values)
 
     def time(self, padded, cp_size):
-        """Per-rank time t(P, c) of a sequence of padded length ``padded`` on ``cp_size`` ranks
-        (without the group latency). Python numbers or numpy arrays (broadcast alike).
-
-        On one rank the ring term is g * P * 0 / 1 = 0.0 exactly, so one expression serves
-        every size; the square is taken on the integer P (exact), then scaled by a."""
+        """Per-rank time t(P, c) of padded length P on c ranks (without the group latency), for
+        numbers or numpy arrays. On one rank the ring term is exactly 0.0, so one expression
+        serves every size; P is squared as an integer (exact), then scaled by a."""
         return ((self.a * (padded * padded) + self.b * padded) / cp_size
                 + self.g * padded * (cp_size - 1) / cp_size)
 
     @staticmethod
     def tokens(padded, cp_size):
-        """Per-rank tokens of a sequence of padded length ``padded`` on ``cp_size`` ranks (the
-        budget counts these). Python integers or numpy integer arrays."""
+        """Per-rank tokens (what the budget counts) of padded length P on c ranks."""
         return padded // cp_size
 
     def group_latency(self, cp_size):
@@ -215,10 +211,9 @@ class CostModel:
         return self.d * (cp_size - 1)
 
     def longest_fitting(self, time_room: float, token_room: int, cp_size: int) -> float:
-        """The largest padded length P (a multiple of ``cp_size``) with ``time(P, c) <=
-        time_room`` and ``tokens(P, c) <= token_room``, as a real number: best fit rounds it
-        down to the padding multiple. t(P, c) = (a P^2 + (b + g (c - 1)) P) / c, so the time
-        limit is the positive root of that quadratic (a line's root when a = 0)."""
+        """The largest padded length P (a multiple of c) with time(P, c) <= time_room and
+        tokens(P, c) <= token_room, as a real number (best fit rounds it down to the padding
+        multiple): the positive root of c t = a P^2 + (b + g (c - 1)) P, or a line's."""
         linear = self.b + self.g * (cp_size - 1)
         scaled = cp_size * time_room
         if self.a > 0.0:

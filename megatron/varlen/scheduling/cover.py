@@ -10,10 +10,9 @@ made by splitting for the pipeline). Moves, slowest block first:
   again only if that block stays within the level. With a divisor chain, k such blocks always
   exist: the smallest-size blocks plus the free ranks fill whole blocks of the next size.
 
-A move is refused if it would raise the level or break the token budget: spreading a short
-sequence over many ranks costs ring latency d*(c-1) and padding that can exceed its compute, and
-an idle rank costs nothing on the critical path (it feeds a dummy sequence and waits), so ranks
-then stay idle. Levels only fall and free ranks only shrink, so a refused block is never retried.
+A move is refused if it would raise the level or break the budget (ring latency and padding can
+exceed a short sequence's compute, while an idle rank costs the critical path nothing). Levels
+only fall and free ranks only shrink, so a refused block is never retried.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Move sequences out of light micro-batches into the groups of others when that shortens
-the batch (run after packing, before the micro-batch count rules).
+the batch (after packing, before the micro-batch count rules).
 
-Packing builds one micro-batch at a time, so it cannot see that sequences left for a later,
-light micro-batch would cost less riding in an earlier micro-batch's group: every micro-batch
-pays its group latency d (c - 1), and when its few sequences cannot fill the ranks, its level is
-far above their work / N. Example (issue 12): DP4xCP2, budget 128, lengths 704, 275, 32: 704
-needs all 8 ranks, and 275 and 32 fit in its bag (88 + 36 + 4 = 128 tokens per rank), which
-saves a second micro-batch and its 3 d.
+Packing builds one micro-batch at a time, so it cannot see that sequences left for a light
+later one would cost less riding in an earlier one's group: every micro-batch pays its group
+latency, and few sequences cannot fill its ranks. Example (issue 12): DP4xCP2, budget 128,
+lengths 704, 275, 32: 275 and 32 fit in 704's 8-rank bag (88 + 36 + 4 = 128 tokens per rank).
 
 Two moves, tried on the lightest micro-batches first:
 
@@ -19,10 +17,9 @@ Two moves, tried on the lightest micro-batches first:
   the block's longest sequence (a long sequence that should ride a longer one's group, while
   its short companions stay).
 
-Both strictly shorten the critical path. A move is planned on a tentative copy of the touched
-blocks and applied only if accepted. The pass is bounded: at most MAX_TRIES plans, each moving at
-most MAX_SEQUENCES sequences over all blocks, and skipped above MAX_BLOCKS blocks in total (large
-batches, whose light tail is a negligible part of their critical path).
+Both strictly shorten the critical path; a move is planned on tentative block prices and
+applied only if accepted. At most MAX_TRIES plans of at most MAX_SEQUENCES sequences each; none
+above MAX_BLOCKS blocks (large batches, whose light tail is a negligible part of their path).
 """
 
 from __future__ import annotations

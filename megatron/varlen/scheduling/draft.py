@@ -1,9 +1,8 @@
-"""Working state of a micro-batch under construction and its conversion to a Schedule.
+"""A micro-batch under construction and its conversion to a Schedule.
 
-A draft is a list of *blocks*: CP groups given only by size (positions follow at the end, see
-groups.py: blocks placed largest first from rank 0 are always aligned). Each block holds a bag
-of sequences; every rank of the block holds all of them, split ``size`` ways. Every change of
-a block goes through a method here, so sizes, times, tokens and members always agree.
+A draft is a list of *blocks*: CP groups given only by size (positions follow at the end: blocks
+placed largest first from rank 0 are aligned, see groups.py), each holding a bag of sequences
+split ``size`` ways. Blocks change only through the methods here, so their columns agree.
 """
 
 from __future__ import annotations
@@ -11,15 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from operator import mul
 
-import numpy as np
-
 from megatron.varlen.scheduling.pricing import ItemPricing, padded_lengths_array
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 
 
 def price_bag(seqs: list[int], size: int, pricing: ItemPricing) -> tuple[float, int]:
-    """Per-rank (time, tokens) of a block of ``size`` ranks holding ``seqs``: the group
-    latency plus each sequence's time (added in order), and the sequences' tokens."""
+    """Per-rank (time with the group latency, tokens) of a block of ``size`` ranks holding
+    ``seqs`` (times added in order)."""
     time, tokens = pricing.latency(size), 0
     for seq in seqs:
         seq_time, seq_tokens = pricing.time_tokens(seq, size)
@@ -30,16 +27,9 @@ def price_bag(seqs: list[int], size: int, pricing: ItemPricing) -> tuple[float, 
 
 @dataclass
 class MicrobatchDraft:
-    """One micro-batch being built.
-
-    Attributes:
-        free_ranks: Ranks not yet in any block.
-        sizes: Block sizes.
-        times: Per-rank time of each block (sequences plus group latency).
-        tokens: Per-rank padded tokens of each block.
-        members: Sequence ids of each block, in placement order.
-        absorbed_work: Sum of the members' minimum work (what they take off the queue).
-    """
+    """One micro-batch being built: ranks in no block yet, and per block its size, per-rank
+    time (sequences plus group latency), per-rank padded tokens and members (in placement
+    order); absorbed_work sums the members' minimum work (what they take off the queue)."""
 
     free_ranks: int
     absorbed_work: float = 0.0
@@ -84,8 +74,7 @@ class MicrobatchDraft:
         self.members[block].append(seq)
 
     def remove(self, block: int, seq: int, time: float, tokens: int) -> None:
-        """Takes ``seq`` (with its per-rank time and tokens at this block's size) out of
-        ``block``."""
+        """Takes ``seq`` (priced at this block's size) out of ``block``."""
         self.members[block].remove(seq)
         self.times[block] -= time
         self.tokens[block] -= tokens
@@ -95,8 +84,7 @@ class MicrobatchDraft:
         return price_bag(self.members[block], size, pricing)
 
     def resize_block(self, block: int, size: int, time: float, tokens: int) -> None:
-        """Moves ``block`` onto ``size`` ranks (more come from, fewer go to the free ranks)
-        with its repriced per-rank ``time`` and ``tokens``."""
+        """Moves ``block`` onto ``size`` ranks (the difference from or to the free ranks)."""
         assert size - self.sizes[block] <= self.free_ranks, "not enough free ranks to grow"
         self.free_ranks -= size - self.sizes[block]
         self.sizes[block], self.times[block], self.tokens[block] = size, time, tokens
@@ -127,8 +115,9 @@ def drafts_to_schedule(problem: ScheduleProblem, drafts: list[MicrobatchDraft]) 
     placed = sum(draft.num_items for draft in drafts)
     assert placed == problem.num_sequences and 0 not in cp_sizes, (
         f"{placed} placements for {problem.num_sequences} sequences: each must be placed once")
+    padded = padded_lengths_array(problem.lengths, cp_sizes, problem.sp_factor)
     return Schedule(microbatches=tuple(_lay_out(draft, problem.num_ranks) for draft in drafts),
-                    cp_sizes=tuple(cp_sizes), padded_lengths=padded_lengths(problem, cp_sizes))
+                    cp_sizes=tuple(cp_sizes), padded_lengths=tuple(padded.tolist()))
 
 
 def _lay_out(draft: MicrobatchDraft, num_ranks: int) -> tuple[tuple[int, ...], ...]:
@@ -140,9 +129,3 @@ def _lay_out(draft: MicrobatchDraft, num_ranks: int) -> tuple[tuple[int, ...], .
     assert len(ranks) <= num_ranks, f"blocks cover {len(ranks)} ranks, only {num_ranks} exist"
     return (*ranks, *[()] * (num_ranks - len(ranks)))
 
-
-def padded_lengths(problem: ScheduleProblem, cp_sizes: list[int]) -> tuple[int, ...]:
-    """``padded_length`` of every sequence for its CP size (0 = unscheduled: one rank)."""
-    lengths = np.asarray(problem.lengths, dtype=np.int64)
-    sizes = np.maximum(np.asarray(cp_sizes, dtype=np.int64), 1)
-    return tuple(padded_lengths_array(lengths, sizes, problem.sp_factor).tolist())

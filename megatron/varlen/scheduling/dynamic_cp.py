@@ -1,18 +1,14 @@
 """``default_dynamic_cp``: a CP group size per sequence, balanced over all DPxCP ranks.
 
 Each sequence gets at least the smallest group of the layout (groups.py) whose per-rank padded
-tokens fit the budget, and at least --min-dynamic-context-parallel-size. Level packing
-(packing.py) then fills micro-batches so every rank's estimated time is alike, growing groups
-of long sequences where that shortens a micro-batch, and covers every rank of every non-empty
-micro-batch (cover.py). Finally the static dp_balanced schedule is built too and kept instead if
-its critical path is shorter, so dynamic CP is never worse than dp_balanced at the same budget.
-Before that, small batches are polished (polish.py: exchanges and trims that even out each
-micro-batch's blocks).
+tokens fit the budget (and --min-dynamic-context-parallel-size). Level packing (packing.py)
+evens out every rank's estimated time, growing long sequences' groups where that shortens a
+micro-batch; light micro-batches dissolve into others (dissolve.py), the count rules apply
+(counts.py) and small batches are polished (polish.py). The static dp_balanced schedule is kept
+instead if shorter, so dynamic CP is never worse than dp_balanced at the same budget.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from megatron.varlen.scheduling.counts import enforce_microbatch_count
 from megatron.varlen.scheduling.cover import cover_free_ranks
@@ -36,8 +32,7 @@ def _static_lower_bound(problem: ScheduleProblem) -> float:
     """Simple lower bound of any schedule that keeps every sequence on cp_size ranks: the
     longest sequence, or the total work spread over every rank."""
     cp = problem.cp_size
-    lengths = np.asarray(problem.lengths, dtype=np.int64)
-    time = problem.cost.time(padded_lengths_array(lengths, cp, problem.sp_factor), cp)
+    time = problem.cost.time(padded_lengths_array(problem.lengths, cp, problem.sp_factor), cp)
     return float(max(time.sum() * cp / problem.num_ranks, time.max(initial=0.0)))
 
 

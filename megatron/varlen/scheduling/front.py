@@ -1,13 +1,9 @@
-"""Phase 1 of a micro-batch: its blocks and LPT from the front of the queue (packing.py).
+"""Phase 1 of a micro-batch: blocks, then LPT, from the front of the queue (longest first).
 
-Sequences come longest first. Each opens a block of its CP size while enough ranks are free;
-after that each goes to the block (of a size >= its own) where it ends lowest: LPT. The phase
-stops at the first sequence no block can take within the token budget, or that would raise
-the level other than by plain LPT (``_should_stop``). Sorted order keeps micro-batches
-homogeneous, so ranks fill evenly.
-
-A sequence's size is its minimum size, or under a growth *cap* (growth.py) the smallest allowed
-size whose block time stays at or below the cap.
+Each sequence opens a block of its size while enough ranks are free; then each goes to the
+block (of a size >= its own) where it ends lowest: LPT. The phase stops at the first sequence
+no block can take within the token budget, or that would raise the level other than by plain
+LPT (``_should_stop``). Sorted order keeps micro-batches homogeneous, so ranks fill evenly.
 """
 
 from __future__ import annotations
@@ -23,8 +19,8 @@ STACKING_WORK_SLACK = 0.05
 
 
 def size_under_cap(pricing: ItemPricing, seq: int, cap: float | None) -> int:
-    """Smallest allowed size >= the sequence's minimum whose block time (its time plus the
-    group latency) stays <= cap; the largest size if none does, the minimum without a cap."""
+    """A sequence's size: its minimum, or under a growth cap (growth.py) the smallest allowed
+    size whose block time (with the group latency) stays <= cap (the largest if none does)."""
     size = pricing.min_size[seq]
     if cap is None:
         return size
@@ -100,11 +96,10 @@ def _best_block(draft: MicrobatchDraft, pricing: ItemPricing, loads: dict[int, L
 
 def _should_stop(draft: MicrobatchDraft, pricing: ItemPricing, loads: dict[int, LeastLoaded],
                  seq: int, best: tuple[float, int, float, int]) -> bool:
-    """For a placement that raises the level: True if it is not plain LPT, either
-    the least-loaded block has no token room (the micro-batch is full for balancing, going on
-    would leave its budget-capped blocks idle longer) or the block is larger than the
-    sequence needs and the extra ring traffic costs more than STACKING_WORK_SLACK of its work
-    (such traffic is only worth paying inside idle time)."""
+    """For a placement that raises the level, True if it is not plain LPT: the least-loaded
+    block has no token room (going on would leave the budget-capped blocks idle longer), or the
+    block is larger than the sequence needs and the extra ring traffic costs more than
+    STACKING_WORK_SLACK of its work (such traffic is only worth paying inside idle time)."""
     block, time = best[1], best[2]
     least_loaded = min(load.least()[0] for load in loads.values())
     if draft.times[block] > least_loaded:

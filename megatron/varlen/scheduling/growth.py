@@ -1,13 +1,9 @@
-"""One micro-batch, plain or with growth variants (packing.py).
+"""One micro-batch: its phases (front, holes, cover), plain or with growth variants.
 
-``build_microbatch`` runs the phases: front (front.py), holes (holes.py), and, if the queue ran
-dry with ranks left over, cover (cover.py: blocks grow where that does not raise the level).
-
-For the few micro-batches whose ranks sit idle because the token budget stops short sequences
-from matching a long one, *growth variants* rebuild the micro-batch under a cap (front
-sequences get the smallest group whose time stays under it, so the long ones grow) and the
-variant with the smallest excess is kept (level minus the work it absorbs per rank): the
-critical path is total work / N plus the sum of these excesses.
+Where the token budget stops short sequences from matching a long one, ranks sit idle; *growth
+variants* rebuild such a micro-batch under a cap (front sequences get the smallest group whose
+time stays under it, so the long ones grow) and the variant with the smallest excess (level
+minus absorbed work per rank) is kept: the critical path is total work / N plus the excesses.
 """
 
 from __future__ import annotations
@@ -28,13 +24,9 @@ GROWTH_IDLE_TRIGGER = 0.03
 
 def build_microbatch(pricing: ItemPricing, queue: SequenceQueue,
                      cap: float | None = None) -> MicrobatchDraft:
-    """Builds one micro-batch, taking its sequences out of ``queue``.
-
-    Args:
-        pricing: Prices and packing order.
-        queue: Unscheduled sequences (mutated).
-        cap: If set, front sequences get the smallest group whose time stays under it.
-    """
+    """Builds one micro-batch, taking its sequences out of ``queue``; under a ``cap`` front
+    sequences get the smallest group whose time stays under it. Idle ranks left when the queue
+    runs dry join blocks where that does not raise the level (cover.py)."""
     draft = MicrobatchDraft(free_ranks=pricing.num_ranks)
     before = queue.remaining
     fill_front(draft, pricing, queue, cap)
@@ -58,10 +50,9 @@ def _needs_growth(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
 
 
 def cap_thresholds(pricing: ItemPricing, queue: SequenceQueue) -> tuple[list[float], float]:
-    """Where capped sizes change: the sorted block times (sequence time + group latency) of
-    every queued length on every size >= its minimum, and the largest such time on a minimum
-    group. ``front.size_under_cap`` of every queued sequence depends only on how many
-    thresholds the cap reaches, and no sequence grows at or above the second value."""
+    """Where capped sizes change: the sorted block times of every queued length on every size
+    >= its minimum (``size_under_cap`` depends only on how many the cap reaches), and the
+    largest on a minimum group (at or above it, nothing grows)."""
     thresholds, seen, no_growth, pos = [], set(), 0.0, queue.first()
     while pos < queue.end:
         seq = pricing.order[pos]
@@ -79,14 +70,11 @@ def cap_thresholds(pricing: ItemPricing, queue: SequenceQueue) -> tuple[list[flo
 
 def growth_caps(pricing: ItemPricing, queue: SequenceQueue, plain_level: float,
                 every_size: bool) -> Iterator[float]:
-    """The caps of the variants worth building, in order: the block time of the queue's first
-    sequence on each size from its minimum (excluded unless ``every_size``) up.
-
-    A cap at or above the plain build's level cannot lower it. A variant is a function of its
-    sizes, so under ``every_size`` a cap that reaches the same thresholds as an earlier one
-    would repeat that build, and one at or above the no-growth value grows nothing (the plain
-    build again): both are skipped. Only the tail (a short queue) searches every size, so only
-    there are the thresholds worth listing; otherwise the caps stop at the first such one."""
+    """Caps of the variants worth building: the block time of the queue's first sequence on
+    each size from its minimum (excluded unless ``every_size``) up, below the plain level.
+    A variant is a function of its sizes, so under ``every_size`` (the tail: a short queue,
+    where listing thresholds is cheap) a cap reaching the same thresholds as an earlier one,
+    or growing nothing, would repeat a build and is skipped; otherwise the caps stop there."""
     first = pricing.order[queue.first()]
     thresholds, no_growth = cap_thresholds(pricing, queue) if every_size else ([], plain_level)
     reached_before = set()
@@ -108,15 +96,12 @@ def growth_caps(pricing: ItemPricing, queue: SequenceQueue, plain_level: float,
 
 def build_with_growth(pricing: ItemPricing, queue: SequenceQueue,
                       every_size: bool) -> tuple[MicrobatchDraft, SequenceQueue]:
-    """Builds the plain micro-batch and, if a long first sequence leaves ranks idle, the growth
-    variants; keeps the one with the smallest excess, and returns it with its queue.
+    """The plain micro-batch or, if its ranks idle, its best growth variant, and its queue.
 
-    Padding and the chain's steps make the excess non-monotone in the size (2 ranks may tie the
-    plain build while 4 or 8 win). With ``every_size`` every size is tried, also for a first
-    sequence that fits one rank (attention-heavy costs want it spread), and in the tail the
-    first sequence's own size is a cap too: the others then grow to match its time instead of
-    setting a higher level on their minimum groups. Otherwise only first sequences that need CP
-    grow, and the search stops at the first size that does not improve."""
+    Padding and the chain's steps make the excess non-monotone in the size. With
+    ``every_size`` every size is tried, also for a first sequence that fits one rank
+    (attention-heavy costs want it spread) and its own size (the others then grow to match its
+    time); otherwise only first sequences that need CP grow, until a size does not improve."""
     first = pricing.order[queue.first()]
     lowest = 1 if every_size else 2
     if not lowest <= pricing.min_size[first] < pricing.sizes[-1]:

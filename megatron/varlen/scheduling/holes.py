@@ -1,8 +1,6 @@
-"""Phase 2 of a micro-batch: fill the holes below its level by best fit (packing.py).
-
-After the front phase some blocks end below the micro-batch's level. Least loaded first, each
-gets the longest queued sequence (from anywhere in the queue) that fits its time room and
-token room, never raising the level: idle time becomes useful work.
+"""Phase 2 of a micro-batch: blocks below its level, least loaded first, get the longest
+queued sequence (from anywhere in the queue) that fits their time and token room (best fit):
+idle time becomes useful work, and the level never rises.
 """
 
 from __future__ import annotations
@@ -21,11 +19,9 @@ BEST_FIT_PROBES = 3
 def best_fit(pricing: ItemPricing, queue: SequenceQueue, size: int, time_room: float,
              token_room: int) -> tuple[int, int, float, int] | None:
     """The longest queued sequence that fits a block of ``size`` ranks within ``time_room``
-    and ``token_room``, as (position, sequence, time, tokens), or None.
-
-    A real length fits iff its padded length does, so the longest candidate is the cost
-    model's longest fitting padded length rounded down to the size's padding multiple; the
-    queue finds the first sequence that long or shorter, and the next few are tried too."""
+    and ``token_room``, as (position, sequence, time, tokens), or None. A length fits iff its
+    padded length does: the cost model's longest fitting length, rounded down to the padding
+    multiple, is where the queue starts looking."""
     multiple = pad_multiple(size, pricing.sp_factor)
     longest = int(pricing.cost.longest_fitting(time_room, token_room, size))
     longest = longest // multiple * multiple
@@ -54,8 +50,7 @@ def _shortest_time(draft: MicrobatchDraft, pricing: ItemPricing, queue: Sequence
 
 def fill_holes(draft: MicrobatchDraft, pricing: ItemPricing, queue: SequenceQueue) -> None:
     """Phase 2 (module docstring). A block that fits nothing now never will (rooms only
-    shrink), so it leaves the queue of blocks; the phase ends when the least-loaded block's
-    room is below ``_shortest_time``."""
+    shrink); the phase ends when the most room is below ``_shortest_time``."""
     if not queue.remaining or not draft.sizes:
         return
     level, floor = draft.level, _shortest_time(draft, pricing, queue)

@@ -1,13 +1,12 @@
 """Blocks by load, least first: the priority queue of LPT (longest processing time first).
 
-Packing gives each sequence, longest first, to the least-loaded block (front phase) and fills
-the least-loaded block's hole first (hole phase). Both take the least (time, block) entry and
-put it back raised, and a raised block mostly moves behind all the others, because sequences
-come longest first. So the entries are kept in *sorted rounds*: a sorted list read from the
-front, and the entries raised in this round aside, with their least tracked. The least entry is
-the next unread one unless a raised one has come below it; only then are the two runs merged by
-one sort. Mostly one comparison per placement instead of a heap's dozen. Entries are unique
-(one per block), so the least is the heap's least: ties go to the lower block.
+Packing gives each sequence, longest first, to the least-loaded block (front.py) and fills the
+least-loaded hole first (holes.py): both take the least (time, block) and put it back raised,
+and a raised block mostly moves behind all others. So entries are kept in *sorted rounds*: a
+sorted list read from the front, and this round's raised entries aside with their least
+tracked; only when a raised one comes below the next unread one are both merged by one sort.
+Mostly one comparison per placement instead of a heap's dozen. Entries are unique (one per
+block), so the least is the heap's least: ties go to the lower block.
 """
 
 from __future__ import annotations

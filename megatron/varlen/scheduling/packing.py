@@ -1,10 +1,5 @@
-"""Level packing: the micro-batch builder shared by dp_balanced and default_dynamic_cp.
-
-Sequences are taken in ``pricing.order`` (longest first), one micro-batch at a time, each built
-in phases (docs/SCHEDULING.md): the front (front.py: blocks, then LPT), the holes (holes.py:
-best fit below the level), the cover (cover.py: idle ranks join blocks), and for micro-batches
-that leave ranks idle the growth variants (growth.py). The *tail* of the batch is packed twice,
-with two growth policies, and the shorter is kept (``pack_sequences``).
+"""Level packing, shared by dp_balanced and default_dynamic_cp: sequences longest first, one
+micro-batch at a time (growth.py: front, holes, cover, growth variants; docs/SCHEDULING.md).
 """
 
 from __future__ import annotations

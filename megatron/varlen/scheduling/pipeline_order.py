@@ -1,16 +1,13 @@
-"""Micro-batch order that shrinks pipeline bubbles (its 1F1B simulation also gives the tools'
-bubble estimate, tools/scheduling/pipeline_bubbles.py).
+"""Micro-batch order that shrinks pipeline bubbles (tools/scheduling/pipeline_bubbles.py
+estimates the bubble with the same 1F1B simulation).
 
 With p stages, 1F1B runs p-1 warm-up forwards before the first backward and p-1 cool-down
 backwards after the last forward; while they run, other stages wait. With micro-batches of
 unequal cost the wait is set by the micro-batches at the two ends, so cheap ones belong there
-(verl does the same). ``order_for_pipeline`` builds a few candidate orders (as scheduled; cheap
-at both ends with the costliest in the middle; cheapest first then costliest first) and keeps the
-one whose simulated 1F1B makespan is shortest: never worse than the scheduled order.
-
-Simulation model: a micro-batch of level T costs T/p per stage, split forward:backward = 1:2;
-p2p time is ignored. Interleaved (VPP) schedules are not simulated; their bubble is roughly the
-non-interleaved one divided by the number of model chunks.
+(verl does the same). Of a few candidate orders (as scheduled; cheap at both ends; cheapest
+first then costliest first) the one whose simulated 1F1B makespan is shortest is kept: a
+micro-batch of level T costs T/p per stage, forward:backward = 1:2, p2p ignored (VPP is not
+simulated; its bubble is roughly this one over the number of model chunks).
 """
 
 from __future__ import annotations

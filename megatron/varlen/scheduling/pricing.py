@@ -20,30 +20,20 @@ from megatron.varlen.scheduling.problem import (
 )
 
 
-def padded_lengths_array(lengths: np.ndarray, cp_sizes, sp_factor: int) -> np.ndarray:
+def padded_lengths_array(lengths, cp_sizes, sp_factor: int) -> np.ndarray:
     """``padded_length`` of every length for its CP size (an array or one size for all)."""
-    multiple = np.where(np.asarray(cp_sizes) > 1, CHUNKS_PER_CP_RANK * np.asarray(cp_sizes)
-                        * sp_factor, sp_factor)
+    lengths, cp_sizes = np.asarray(lengths, dtype=np.int64), np.asarray(cp_sizes)
+    multiple = np.where(cp_sizes > 1, CHUNKS_PER_CP_RANK * cp_sizes * sp_factor, sp_factor)
     return -(-lengths // multiple) * multiple
 
 
 @dataclass
 class ItemPricing:
-    """Prices of every sequence of one problem.
-
-    Attributes:
-        lengths: Real lengths by id.
-        sizes: Ascending CP sizes a sequence may get.
-        min_size: Smallest feasible size per id.
-        min_time: Per-rank time at min_size per id (without group latency).
-        min_tokens: Per-rank padded tokens at min_size per id.
-        min_work: min_size * min_time per id: the least rank-time the sequence can cost.
-        order: Ids sorted by length descending, then id ascending (the packing order).
-        budget: Per-rank token budget of a micro-batch.
-        num_ranks: N = DP x CP.
-        sp_factor: Padding factor of sequence parallelism.
-        cost: The cost model every price comes from.
-    """
+    """Prices of every sequence of one problem, by id: real length, smallest feasible size
+    among the ascending allowed ``sizes``, per-rank time (without group latency) and tokens at
+    it, and min_work = min_size * min_time (the least rank-time the sequence can cost); the
+    packing ``order`` (length descending, then id); the problem's budget, ranks, SP factor and
+    the cost model every price comes from."""
 
     lengths: list[int]
     sizes: tuple[int, ...]

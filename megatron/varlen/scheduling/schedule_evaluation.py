@@ -16,27 +16,18 @@ def rank_times(problem: ScheduleProblem, schedule: Schedule) -> list[list[float]
     cost = problem.cost
     seq_time = [cost.time(padded, size)
                 for padded, size in zip(schedule.padded_lengths, schedule.cp_sizes)]
-    times = []
-    for ranks in schedule.microbatches:
-        row = []
-        for ids in ranks:
-            if ids:
-                row.append(sum(seq_time[seq] for seq in ids)
-                           + cost.group_latency(schedule.cp_sizes[ids[0]]))
-            else:
-                row.append(0.0)
-        times.append(row)
-    return times
+    return [[sum(seq_time[seq] for seq in ids) + cost.group_latency(schedule.cp_sizes[ids[0]])
+             if ids else 0.0 for ids in ranks] for ranks in schedule.microbatches]
 
 
 def microbatch_levels(problem: ScheduleProblem, schedule: Schedule) -> list[float]:
     """Slowest rank's time of every micro-batch."""
-    return [max(row, default=0.0) for row in rank_times(problem, schedule)]
+    return list(schedule_costs(problem, schedule).levels)
 
 
 def critical_path(problem: ScheduleProblem, schedule: Schedule) -> float:
     """Sum over micro-batches of the slowest rank's time."""
-    return float(sum(microbatch_levels(problem, schedule)))
+    return schedule_costs(problem, schedule).critical_path
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,8 @@ class SequenceQueue:
         return len(self.order)
 
     def first(self, pos: int = 0) -> int:
-        """Smallest available position >= pos (``end`` if none).
-
-        Full path compression (every position walked then points at the answer): packing
-        copies the queue to try variants, and a chain left half-compressed would be walked
-        again by every copy."""
+        """Smallest available position >= pos (``end`` if none). Full path compression: packing
+        copies the queue to try variants, and every copy would walk a chain left uncompressed."""
         nxt = self._next
         root = pos
         while nxt[root] != root:
