@@ -1,8 +1,8 @@
 """Best fit (holes.py) and the cost model's inverse it relies on.
 
 * ``CostModel.longest_fitting`` against a brute-force scan of padded lengths;
-* ``best_fit`` against a scan of the whole queue: what it returns fits, and no longer queued
-  sequence does;
+* ``best_fit`` against a brute-force scan (the longest padded length that fits, then the
+  queue's first few sequences at most that long);
 * ``fill_holes`` (least-loaded block first, ending once no block has room for the shortest
   queued sequence) leaves every draft and queue as the plain loop written here, which asks
   best fit for every block until none fits; the ``SequenceQueue`` answers (``first``,
@@ -16,8 +16,9 @@ import pytest
 from megatron.varlen.scheduling import CostModel, ScheduleProblem
 from megatron.varlen.scheduling.draft import MicrobatchDraft
 from megatron.varlen.scheduling.front import fill_front
-from megatron.varlen.scheduling.holes import best_fit, fill_holes
+from megatron.varlen.scheduling.holes import BEST_FIT_PROBES, best_fit, fill_holes
 from megatron.varlen.scheduling.pricing import price_items
+from megatron.varlen.scheduling.problem import pad_multiple
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
 COSTS = (CostModel(), CostModel(a=1.0, b=0.0, g=0.0, d=0.0), CostModel(a=0.0, b=1.0, g=0.0, d=0.0),
@@ -53,6 +54,20 @@ def _problems():
                               cost=COSTS[index % len(COSTS)])
 
 
+def _expected_fit(pricing, queue, size, time_room, token_room):
+    """Best fit by brute force: the longest padded length R (a multiple of the padding) that
+    fits both rooms; every queued sequence at most R long fits (its padded length is <= R),
+    none longer does; of the first BEST_FIT_PROBES such, the first allowed on ``size`` ranks."""
+    multiple = pad_multiple(size, pricing.sp_factor)
+    padded = np.arange(0, max(pricing.lengths) + 2 * multiple, multiple)
+    fits = (pricing.cost.time(padded, size) <= time_room) & (
+        pricing.cost.tokens(padded, size) <= token_room)
+    longest = padded[fits].max()
+    candidates = [pos for pos in range(queue.end) if queue.first(pos) == pos
+                  and pricing.lengths[pricing.order[pos]] <= longest][:BEST_FIT_PROBES]
+    return next((pos for pos in candidates if pricing.min_size[pricing.order[pos]] <= size), None)
+
+
 def test_best_fit_takes_the_longest_that_fits():
     rng = random.Random(4)
     found = 0
@@ -65,18 +80,15 @@ def test_best_fit_takes_the_longest_that_fits():
         for size in pricing.sizes:
             time_room = rng.uniform(0.0, 2.0) * max(pricing.min_time)
             token_room = rng.randint(0, pricing.budget)
-            fits = [pos for pos in range(queue.end) if queue.first(pos) == pos
-                    and pricing.min_size[pricing.order[pos]] <= size
-                    and pricing.time_tokens(pricing.order[pos], size)[0] <= time_room
-                    and pricing.time_tokens(pricing.order[pos], size)[1] <= token_room]
             result = best_fit(pricing, queue, size, time_room, token_room)
-            if result is None:
-                continue
-            pos, seq, time, tokens = result
-            assert (seq, time, tokens) == (pricing.order[pos], *pricing.time_tokens(seq, size))
-            assert pos in fits
-            assert pricing.lengths[seq] == pricing.lengths[pricing.order[fits[0]]]
-            found += 1
+            expected = _expected_fit(pricing, queue, size, time_room, token_room)
+            assert (result and result[0]) == expected, (problem, size, time_room, token_room)
+            if result is not None:
+                pos, seq, time, tokens = result
+                assert (seq, time, tokens) == (pricing.order[pos],
+                                               *pricing.time_tokens(seq, size))
+                assert time <= time_room and tokens <= token_room
+                found += 1
     assert found > 200, found
 
 
