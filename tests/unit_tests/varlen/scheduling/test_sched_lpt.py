@@ -45,8 +45,8 @@ def test_least_loaded_answers_as_a_heap():
 def _plain_front(draft, pricing, queue, cap):
     """Blocks while ranks are free, then one heap step per sequence onto the least (time,
     block) of each size that can take it (the front phase as first written)."""
-    pos = queue.first()
-    while pos < queue.end:
+    available = [pos for pos in range(queue.end) if queue.first(pos) == pos]
+    for pos in available:
         seq = pricing.order[pos]
         size = size_under_cap(pricing, seq, cap)
         if size > draft.free_ranks:
@@ -55,7 +55,7 @@ def _plain_front(draft, pricing, queue, cap):
         draft.open_block(seq, size, time + pricing.cost.group_latency(size), tokens)
         draft.absorbed_work += pricing.min_work[seq]
         queue.take(pos)
-        pos = queue.first(pos + 1)
+    pos = queue.first()
     heaps = {}
     for block, (size, time) in enumerate(zip(draft.sizes, draft.times)):
         heaps.setdefault(size, []).append((time, block))
