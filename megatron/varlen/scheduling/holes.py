@@ -11,8 +11,8 @@ from megatron.varlen.scheduling.pricing import ItemPricing
 from megatron.varlen.scheduling.problem import pad_multiple
 from megatron.varlen.scheduling.seq_queue import SequenceQueue
 
-# Candidates tried from the longest length that fits by the cost model: padding to a
-# sequence's own multiple can push the first few over the rooms.
+# Candidates tried from the longest length that fits by the cost model: its root is a float, so
+# rounding may let the first few exceed a room by a hair.
 BEST_FIT_PROBES = 3
 
 
