@@ -18,6 +18,8 @@ Extract both trees the same way: in A/A runs (the same code twice) this reposito
 tree measured 3-7% slower than an identical extracted copy, two copies under /tmp within +-3%.
 
 Also prints each version's critical path per batch, so a speed-up cannot hide a worse schedule.
+With ``--gate`` it exits 1 when this tree's best time misses a target or a critical path is
+longer than the other tree's: the side-by-side gate a scheduler fast path must pass.
 
 With ``--instructions`` it counts instead of timing: each (tree, workload, scale) runs under
 valgrind's cachegrind twice, with ``--reps`` calls and with none, and the difference divided by
@@ -59,8 +61,8 @@ else:
     from megatron.varlen.scheduling.benchmark import WORKLOADS, make_problem, sample_batches
     from megatron.varlen.scheduling.benchmark import timed_schedule
     from megatron.varlen.scheduling.metrics import microbatch_levels
-import megatron.varlen.scheduling.packing as packing
-assert packing.__file__.startswith(spec["tree"]), f"imported {packing.__file__}, not {spec['tree']}"
+import megatron.varlen.scheduling.dynamic_cp as dynamic_cp
+assert dynamic_cp.__file__.startswith(spec["tree"]), f"imported {dynamic_cp.__file__}"
 out = {}
 for name in spec["workloads"]:
     workload = next(w for w in WORKLOADS if w.name == name)
@@ -151,6 +153,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per call under valgrind instead of timing")
+    parser.add_argument("--gate", action="store_true",
+                        help="exit 1 if this tree's best time misses a target or a critical "
+                             "path is longer than the other tree's")
     return parser.parse_args()
 
 
@@ -178,6 +183,7 @@ def main() -> None:
     print("| workload/ranks | old ms (median) | new ms (median) | old/new (median) | "
           "old/new (best) | new best vs target | new CP / old CP |")
     print("|---|---:|---:|---:|---:|---|---:|")
+    failed = []
     for key in runs["new"][0]:
         old = statistics.median(run[key]["cpu_ms"] for run in runs["old"])
         new = statistics.median(run[key]["cpu_ms"] for run in runs["new"])
@@ -189,6 +195,10 @@ def main() -> None:
             f"{new_best:.1f} ms: {'met' if new_best <= target else 'MISSED'} ({target:g} ms)")
         print(f"| {key} | {old:.1f} | {new:.1f} | {old / new:.2f}x | {old_best / new_best:.2f}x "
               f"| {verdict} | {quality:.4f} |")
+        if (target is not None and new_best > target) or quality > 1.0:
+            failed.append(key)
+    if args.gate and failed:
+        sys.exit(f"gate: target missed or critical path longer on {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from tools.scheduling.benchmark import WORKLOADS, sample_batches
-from megatron.varlen.scheduling.bounds import latency_aware_lower_bound
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.dynamic_cp import default_dynamic_cp
-from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
 from megatron.varlen.scheduling.problem import ScheduleProblem
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
 from tools.schedule_oracle import solve_exactly
+from tools.scheduling.benchmark import WORKLOADS, sample_batches
+from tools.scheduling.bounds import latency_aware_lower_bound
 
 MAX_ORACLE_SEQUENCES = 10  # the oracle is O(3^n): about a second per instance at n = 10
 

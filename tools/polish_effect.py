@@ -20,12 +20,12 @@ import argparse
 from contextlib import contextmanager
 
 from megatron.varlen.scheduling import polish
-from megatron.varlen.scheduling.bounds import latency_aware_lower_bound
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.dynamic_cp import default_dynamic_cp
 from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
 from megatron.varlen.scheduling.validate import validate_schedule
 from tools.scheduling.benchmark import WORKLOADS, make_problem, sample_batches, timed_schedule
+from tools.scheduling.bounds import latency_aware_lower_bound
 
 BENCHMARK_SEED = 1  # tools/benchmark_schedulers.py's default --seed
 

@@ -50,7 +50,7 @@ def _bag_times(problem: ScheduleProblem, sizes: tuple[int, ...]) -> dict[int, li
     out = {}
     for size in sizes:
         padded = [padded_length(length, size, problem.sp_factor) for length in problem.lengths]
-        times = [cost.seq_time(value, size) for value in padded]
+        times = [cost.time(value, size) for value in padded]
         tokens = [value // size for value in padded]
         bag_time, bag_tokens = [0.0] * (1 << num), [0] * (1 << num)
         for mask in range(1, 1 << num):

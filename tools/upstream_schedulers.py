@@ -116,7 +116,7 @@ def evaluate_upstream(microbatches: list, lengths: list[int], cost, sp_factor: i
             sizes = [holders[seq] for seq in ids]
             max_tokens = max(max_tokens, sum(padded_length(lengths[seq], size, sp_factor) // size
                                              for seq, size in zip(ids, sizes)))
-            time_ = sum(cost.seq_time(padded_length(lengths[seq], size, sp_factor), size)
+            time_ = sum(cost.time(padded_length(lengths[seq], size, sp_factor), size)
                         for seq, size in zip(ids, sizes))
             level = max(level, time_ + cost.group_latency(max(sizes)))
         path += level

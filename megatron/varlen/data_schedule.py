@@ -29,9 +29,9 @@ from megatron.varlen import reroute, thd_microbatch
 from megatron.varlen.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
-from megatron.varlen.scheduling.problem import ScheduleProblem
+from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 from megatron.varlen.scheduling.registry import get_scheduler
-from megatron.varlen.scheduling.schedule_evaluation import critical_path, rank_times
+from megatron.varlen.scheduling.schedule_evaluation import ScheduleCosts, schedule_costs
 
 _FINGERPRINT_BYTES = 7  # fits an int64 all-reduce without overflow
 
@@ -69,6 +69,16 @@ class StepBatches:
     seqlen_sum: int
     seqlen_squared_sum: int
     stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A global batch's problem, its schedule (in pipeline order) and the schedule's statistics
+    for the step's log line."""
+
+    problem: ScheduleProblem
+    schedule: Schedule
+    stats: dict
 
 
 @dataclass
@@ -140,6 +150,12 @@ class GlobalBatchPacker:
     def schedule(self, gathered: GatheredLengths):
         """(problem, schedule): the pure scheduler's answer (identical on every rank), with the
         micro-batches already in pipeline order."""
+        planned = self.plan(gathered)
+        return planned.problem, planned.schedule
+
+    def plan(self, gathered: GatheredLengths) -> "PlannedBatch":
+        """The schedule in pipeline order and its statistics, both from one evaluation of the
+        schedule under the cost model, made when the schedule is."""
         cfg = self.config
         problem = ScheduleProblem(
             lengths=gathered.lengths, dp_size=self.dp_size, cp_size=self.cp_size,
@@ -149,8 +165,10 @@ class GlobalBatchPacker:
             cost=cfg.cost,
         )
         schedule = get_scheduler(cfg.scheduler)(problem)
+        costs = schedule_costs(problem, schedule)
         # Order only (contents unchanged): small micro-batches where the pipeline fills/drains.
-        return problem, order_for_pipeline(schedule, problem, cfg.pipeline_stages)
+        ordered = order_for_pipeline(schedule, problem, cfg.pipeline_stages, list(costs.levels))
+        return PlannedBatch(problem, ordered, schedule_stats(problem, ordered, cfg, costs))
 
     def reroute(self, samples: list[dict], schedule, gathered: GatheredLengths) -> dict:
         """{global id: real tokens/labels/loss_mask (+ extra token fields)} for every sample
@@ -163,7 +181,8 @@ class GlobalBatchPacker:
     def pack_global_batch(self, samples: list[dict]) -> StepBatches:
         """The whole data path for one global batch (see the module docstring)."""
         gathered = self.gather_lengths(samples)
-        problem, schedule = self.schedule(gathered)
+        planned = self.plan(gathered)
+        schedule = planned.schedule
         mine = self.reroute(samples, schedule, gathered)
         microbatches = [self._microbatch_inputs(schedule, m, mine)
                         for m in range(schedule.num_microbatches())]
@@ -172,7 +191,7 @@ class GlobalBatchPacker:
         return StepBatches(
             microbatches=microbatches, num_microbatches=schedule.num_microbatches(),
             seqlen_sum=sum(lengths), seqlen_squared_sum=sum(n * n for n in lengths),
-            stats=schedule_stats(problem, schedule, self.config),
+            stats=dict(planned.stats),
         )
 
     def _microbatch_inputs(self, schedule, microbatch: int, mine: dict) -> dict:
@@ -264,19 +283,19 @@ class HybridCPDataLoaderWrapper:
         ]
 
 
-def schedule_stats(problem, schedule, config: PackingConfig) -> dict:
-    """Padding ratio and schedule imbalance (critical path / perfectly balanced time)."""
+def schedule_stats(problem, schedule, config: PackingConfig, costs: ScheduleCosts) -> dict:
+    """Padding ratio and schedule imbalance (critical path / perfectly balanced time), from
+    the schedule's ``costs`` (evaluated once, when the schedule was made)."""
     real = sum(problem.lengths)
     slots = sum(schedule.padded_lengths)
     idle = sum(1 for mb in schedule.microbatches for ids in mb if not ids)
     slots += idle * (config.fixed_tokens_per_rank
                      or thd_microbatch.DUMMY_SEQUENCE_TOKENS * config.sp_factor)
-    times = rank_times(problem, schedule)
-    mean_total = sum(sum(row) for row in times) / problem.num_ranks
+    mean_total = costs.busy_rank_time / problem.num_ranks
     return {
         "real_tokens": real,
         "padding_ratio": 1.0 - real / slots if slots else 0.0,
-        "schedule_imbalance": critical_path(problem, schedule) / mean_total if mean_total else 1.0,
+        "schedule_imbalance": costs.critical_path / mean_total if mean_total else 1.0,
     }
 
 

@@ -15,16 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from megatron.varlen.length_distributions import parse_length_config
-from megatron.varlen.scheduling.bounds import (
+from megatron.varlen.scheduling.cost_model import CostModel
+from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
+from megatron.varlen.scheduling.problem import ScheduleProblem
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, rank_times
+from megatron.varlen.scheduling.validate import validate_schedule
+from tools.scheduling.bounds import (
     budget_aware_lower_bound,
     latency_aware_lower_bound,
     simple_lower_bound,
 )
-from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
-from megatron.varlen.scheduling.problem import ScheduleProblem
-from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, rank_times
-from megatron.varlen.scheduling.validate import validate_schedule
+from tools.scheduling.pipeline_bubbles import pipeline_bubble_estimate
 from tools.scheduling.simulate import resolve_scheduler
 
 

@@ -13,17 +13,19 @@ from typing import Callable
 
 import numpy as np
 
-from megatron.varlen.scheduling.bounds import (
+from megatron.varlen.scheduling.cost_model import CostModel
+from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
+from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
+from megatron.varlen.scheduling.registry import get_scheduler
+from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
+from megatron.varlen.scheduling.validate import validate_schedule
+from tools.scheduling.bounds import (
     budget_aware_lower_bound,
     latency_aware_lower_bound,
     simple_lower_bound,
 )
-from megatron.varlen.scheduling.cost_model import CostModel
-from megatron.varlen.scheduling.pipeline_order import order_for_pipeline, pipeline_bubble_estimate
-from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
-from megatron.varlen.scheduling.registry import get_scheduler
-from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, schedule_summary
-from megatron.varlen.scheduling.validate import validate_schedule
+from tools.scheduling.pipeline_bubbles import pipeline_bubble_estimate
+from tools.scheduling.schedule_summary import schedule_summary
 from tools.scheduling.upstream_reimplementation import (
     reimpl_upstream_dp_balanced,
     reimpl_upstream_dynamic_cp,

@@ -24,10 +24,15 @@ only make its schedules slower, so the comparison is generous to upstream.
 
 from __future__ import annotations
 
-from megatron.varlen.scheduling.draft import padded_lengths
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem, padded_length
 
 WORK_CAP_FACTOR = 1.05
+
+
+def padded_lengths(problem: ScheduleProblem, cp_sizes: list[int]) -> tuple[int, ...]:
+    """Every sequence's padded length for its CP size (0: unscheduled, padded for one rank)."""
+    return tuple(padded_length(length, max(size, 1), problem.sp_factor)
+                 for length, size in zip(problem.lengths, cp_sizes))
 
 
 def reimpl_upstream_dp_balanced(problem: ScheduleProblem) -> Schedule:

@@ -7,6 +7,9 @@ Per-rank time of one sequence of padded length L on a CP group of size c::
 and, once per micro-batch, every rank of a group of size c > 1 pays ``d * (c - 1)`` (the fixed
 latency of the group's ring steps, shared by every sequence packed into that group).
 
+Only :class:`CostModel` knows this formula: everything else asks it for ``time``, ``tokens``,
+``group_latency`` and best fit's inverse ``longest_fitting`` (another model: the same methods).
+
 Units (see docs/SCHEDULING.md): one unit is the time of the attention work of one token pair in
 one layer, fwd+bwd, i.e. ``12*h`` FLOPs at the attention FLOP rate (the ``b = 6h`` convention
 counts attention as 12*h*L^2 and the dense linear layers as 72*h^2*L FLOPs per layer). With that
@@ -156,8 +159,8 @@ class CostModel:
     def __post_init__(self) -> None:
         for name in ("a", "b", "g", "d"):
             value = getattr(self, name)
-            if not value >= 0.0:  # also rejects NaN
-                raise ValueError(f"cost coefficient {name}={value} must be >= 0 "
+            if not 0.0 <= value < math.inf:  # also rejects NaN
+                raise ValueError(f"cost coefficient {name}={value} must be >= 0 and finite "
                                  f"(check --cost-{name})")
         if self.a == 0.0 and self.b == 0.0:
             raise ValueError("cost coefficients a and b are both 0: every sequence would be free "
@@ -191,16 +194,33 @@ class CostModel:
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
 
-    def seq_time(self, length: int, cp_size: int) -> float:
-        """Per-rank time of one sequence of padded length ``length`` on ``cp_size`` ranks."""
-        compute = (self.a * length * length + self.b * length) / cp_size
-        if cp_size == 1:
-            return compute
-        return compute + self.g * length * (cp_size - 1) / cp_size
+    def time(self, padded, cp_size):
+        """Per-rank time t(P, c) of padded length P on c ranks (without the group latency), for
+        numbers or numpy arrays. On one rank the ring term is exactly 0.0, so one expression
+        serves every size; P is squared as an integer (exact), then scaled by a."""
+        return ((self.a * (padded * padded) + self.b * padded) / cp_size
+                + self.g * padded * (cp_size - 1) / cp_size)
 
-    def group_latency(self, cp_size: int) -> float:
+    @staticmethod
+    def tokens(padded, cp_size):
+        """Per-rank tokens (what the budget counts) of padded length P on c ranks."""
+        return padded // cp_size
+
+    def group_latency(self, cp_size):
         """Per-micro-batch fixed latency every rank of a group of ``cp_size`` pays."""
         return self.d * (cp_size - 1)
+
+    def longest_fitting(self, time_room: float, token_room: int, cp_size: int) -> float:
+        """The largest padded length P (a multiple of c) with time(P, c) <= time_room and
+        tokens(P, c) <= token_room, as a real number (best fit rounds it down to the padding
+        multiple): the positive root of c t = a P^2 + (b + g (c - 1)) P, or a line's."""
+        linear = self.b + self.g * (cp_size - 1)
+        scaled = cp_size * time_room
+        if self.a > 0.0:
+            by_time = (math.sqrt(linear * linear + 4.0 * self.a * scaled) - linear) / (2.0 * self.a)
+        else:
+            by_time = scaled / linear
+        return min(by_time, token_room * cp_size)
 
     def as_dict(self) -> dict[str, float]:
         """The coefficients as a plain dict (for JSON output)."""

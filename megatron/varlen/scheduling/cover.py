@@ -10,17 +10,16 @@ made by splitting for the pipeline). Moves, slowest block first:
   again only if that block stays within the level. With a divisor chain, k such blocks always
   exist: the smallest-size blocks plus the free ranks fill whole blocks of the next size.
 
-A move is refused if it would raise the level or break the token budget: spreading a short
-sequence over many ranks costs ring latency d*(c-1) and padding that can exceed its compute, and
-an idle rank costs nothing on the critical path (it feeds a dummy sequence and waits), so ranks
-then stay idle. Levels only fall and free ranks only shrink, so a refused block is never retried.
+A move is refused if it would raise the level or break the budget (ring latency and padding can
+exceed a short sequence's compute, while an idle rank costs the critical path nothing). Levels
+only fall and free ranks only shrink, so a refused block is never retried.
 """
 
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 
-from megatron.varlen.scheduling.draft import MicrobatchDraft
+from megatron.varlen.scheduling.draft import MicrobatchDraft, price_bag
 from megatron.varlen.scheduling.pricing import ItemPricing
 
 
@@ -33,8 +32,7 @@ def _try_grow(draft: MicrobatchDraft, pricing: ItemPricing, block: int, level: f
     time, tokens = draft.reprice_block(block, larger, pricing)
     if tokens > pricing.budget or time > level:
         return False
-    draft.free_ranks -= larger - size
-    draft.sizes[block], draft.times[block], draft.tokens[block] = larger, time, tokens
+    draft.resize_block(block, larger, time, tokens)
     return True
 
 
@@ -66,18 +64,11 @@ def _try_merge(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
         f"chain invariant broken: {len(candidates)} blocks of size {smallest} and "
         f"{draft.free_ranks} free ranks cannot fill a block of {larger}")
     chosen = {index for _, index in candidates[:needed]}
-    merged = MicrobatchDraft(free_ranks=0, sizes=[larger], times=[0.0], tokens=[0],
-                             members=[[seq for index in sorted(chosen)
-                                       for seq in draft.members[index]]])
-    time, tokens = merged.reprice_block(0, larger, pricing)
+    time, tokens = price_bag([seq for index in sorted(chosen) for seq in draft.members[index]],
+                             larger, pricing)
     if tokens > pricing.budget or time > draft.level:
         return False
-    keep = [index for index in range(len(draft.sizes)) if index not in chosen]
-    draft.sizes = [draft.sizes[index] for index in keep] + [larger]
-    draft.times = [draft.times[index] for index in keep] + [time]
-    draft.tokens = [draft.tokens[index] for index in keep] + [tokens]
-    draft.members = [draft.members[index] for index in keep] + merged.members
-    draft.free_ranks -= larger - needed * smallest
+    draft.merge_blocks(chosen, larger, time, tokens)
     return True
 
 

@@ -1,12 +1,10 @@
 """Move sequences out of light micro-batches into the groups of others when that shortens
-the batch (run after packing, before the micro-batch count rules).
+the batch (after packing, before the micro-batch count rules).
 
-Packing builds one micro-batch at a time, so it cannot see that sequences left for a later,
-light micro-batch would cost less riding in an earlier micro-batch's group: every micro-batch
-pays its group latency d (c - 1), and when its few sequences cannot fill the ranks, its level is
-far above their work / N. Example (issue 12): DP4xCP2, budget 128, lengths 704, 275, 32: 704
-needs all 8 ranks, and 275 and 32 fit in its bag (88 + 36 + 4 = 128 tokens per rank), which
-saves a second micro-batch and its 3 d.
+Packing builds one micro-batch at a time, so it cannot see that sequences left for a light
+later one would cost less riding in an earlier one's group: every micro-batch pays its group
+latency, and few sequences cannot fill its ranks. Example (issue 12): DP4xCP2, budget 128,
+lengths 704, 275, 32: 275 and 32 fit in 704's 8-rank bag (88 + 36 + 4 = 128 tokens per rank).
 
 Two moves, tried on the lightest micro-batches first:
 
@@ -19,10 +17,9 @@ Two moves, tried on the lightest micro-batches first:
   the block's longest sequence (a long sequence that should ride a longer one's group, while
   its short companions stay).
 
-Both strictly shorten the critical path. A move is planned on a tentative copy of the touched
-blocks and applied only if accepted. The pass is bounded: at most MAX_TRIES plans, each moving at
-most MAX_SEQUENCES sequences over all blocks, and skipped above MAX_BLOCKS blocks in total (large
-batches, whose light tail is a negligible part of their critical path).
+Both strictly shorten the critical path; a move is planned on tentative block prices and
+applied only if accepted. At most MAX_TRIES plans of at most MAX_SEQUENCES sequences each; none
+above MAX_BLOCKS blocks (large batches, whose light tail is a negligible part of their path).
 """
 
 from __future__ import annotations
@@ -110,13 +107,6 @@ def apply_moves(drafts: list[MicrobatchDraft], pricing: ItemPricing,
         drafts[index].add(block, seq, time, seq_tokens)
 
 
-def _remove_block(draft: MicrobatchDraft, block: int) -> None:
-    """Drops ``block`` from ``draft``; its ranks become free."""
-    draft.free_ranks += draft.sizes[block]
-    for column in (draft.sizes, draft.times, draft.tokens, draft.members):
-        del column[block]
-
-
 def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int) -> bool:
     """Dissolves or, failing that, evicts the slowest block of ``drafts[victim]``."""
     draft = drafts[victim]
@@ -134,7 +124,7 @@ def _try_victim(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: int
         moves = plan_moves(drafts, pricing, (victim, slowest), list(members), rest)
         if moves is not None:
             apply_moves(drafts, pricing, moves)
-            _remove_block(draft, slowest)
+            draft.remove_block(slowest)
             cover_free_ranks(draft, pricing)
             return True
     if len(members) < 2 and 1 < draft.num_items <= MAX_SEQUENCES:
@@ -159,9 +149,7 @@ def _evict_longest(drafts: list[MicrobatchDraft], pricing: ItemPricing, victim: 
     if moves is None:
         return False
     apply_moves(drafts, pricing, moves)
-    members.remove(longest)
-    draft.times[slowest] -= time
-    draft.tokens[slowest] -= seq_tokens
+    draft.remove(slowest, longest, time, seq_tokens)
     return True
 
 

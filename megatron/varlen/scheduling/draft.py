@@ -1,39 +1,35 @@
-"""Working state of a micro-batch under construction and its conversion to a Schedule.
+"""A micro-batch under construction and its conversion to a Schedule.
 
-A draft is a list of *blocks*: CP groups given only by size (positions follow at the end, see
-groups.py: blocks placed largest first from rank 0 are always aligned). Each block holds a bag
-of sequences; every rank of the block holds all of them, split ``size`` ways.
+A draft is a list of *blocks*: CP groups given only by size (positions follow at the end: blocks
+placed largest first from rank 0 are aligned, see groups.py), each holding a bag of sequences
+split ``size`` ways. Blocks change only through the methods here, so their columns agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain
 from operator import mul
 
-import numpy as np
+from megatron.varlen.scheduling.pricing import ItemPricing, padded_lengths_array
+from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 
-from megatron.varlen.scheduling.pricing import ItemPricing
-from megatron.varlen.scheduling.problem import (
-    CHUNKS_PER_CP_RANK,
-    Schedule,
-    ScheduleProblem,
-    pad_multiple,
-)
+
+def price_bag(seqs: list[int], size: int, pricing: ItemPricing) -> tuple[float, int]:
+    """Per-rank (time with the group latency, tokens) of a block of ``size`` ranks holding
+    ``seqs`` (times added in order)."""
+    time, tokens = pricing.latency(size), 0
+    for seq in seqs:
+        seq_time, seq_tokens = pricing.time_tokens(seq, size)
+        time += seq_time
+        tokens += seq_tokens
+    return time, tokens
 
 
 @dataclass
 class MicrobatchDraft:
-    """One micro-batch being built.
-
-    Attributes:
-        free_ranks: Ranks not yet in any block.
-        sizes: Block sizes.
-        times: Per-rank time of each block (sequences plus group latency).
-        tokens: Per-rank padded tokens of each block.
-        members: Sequence ids of each block, in placement order.
-        absorbed_work: Sum of the members' minimum work (what they take off the queue).
-    """
+    """One micro-batch being built: ranks in no block yet, and per block its size, per-rank
+    time (sequences plus group latency), per-rank padded tokens and members (in placement
+    order); absorbed_work sums the members' minimum work (what they take off the queue)."""
 
     free_ranks: int
     absorbed_work: float = 0.0
@@ -54,14 +50,15 @@ class MicrobatchDraft:
 
     def busy_rank_time(self) -> float:
         """Sum over ranks of their time (idle ranks contribute 0)."""
-        return sum(map(mul, self.sizes, self.times))  # in C: the same additions, in order
+        return sum(map(mul, self.sizes, self.times))
 
     def item_ids(self) -> list[int]:
         """All sequence ids in the micro-batch."""
         return [seq for block in self.members for seq in block]
 
     def open_block(self, seq: int, size: int, time: float, tokens: int) -> int:
-        """Opens a block of ``size`` free ranks holding ``seq``; returns its index."""
+        """Opens a block of ``size`` free ranks holding ``seq`` (``time`` includes the group
+        latency); returns its index."""
         assert size <= self.free_ranks, f"block of {size} ranks but only {self.free_ranks} free"
         self.free_ranks -= size
         self.sizes.append(size)
@@ -76,80 +73,59 @@ class MicrobatchDraft:
         self.tokens[block] += tokens
         self.members[block].append(seq)
 
+    def remove(self, block: int, seq: int, time: float, tokens: int) -> None:
+        """Takes ``seq`` (priced at this block's size) out of ``block``."""
+        self.members[block].remove(seq)
+        self.times[block] -= time
+        self.tokens[block] -= tokens
+
     def reprice_block(self, block: int, size: int, pricing: ItemPricing) -> tuple[float, int]:
         """Per-rank (time, tokens) the block's sequences would have on ``size`` ranks."""
-        time, tokens = pricing.latency(size), 0
-        for seq in self.members[block]:
-            seq_time, seq_tokens = pricing.time_tokens(seq, size)
-            time += seq_time
-            tokens += seq_tokens
-        return time, tokens
+        return price_bag(self.members[block], size, pricing)
+
+    def resize_block(self, block: int, size: int, time: float, tokens: int) -> None:
+        """Moves ``block`` onto ``size`` ranks (the difference from or to the free ranks)."""
+        assert size - self.sizes[block] <= self.free_ranks, "not enough free ranks to grow"
+        self.free_ranks -= size - self.sizes[block]
+        self.sizes[block], self.times[block], self.tokens[block] = size, time, tokens
+
+    def merge_blocks(self, blocks: set[int], size: int, time: float, tokens: int) -> None:
+        """Replaces ``blocks`` by one block of ``size`` ranks (the last one) holding their
+        sequences in block order, priced ``time`` and ``tokens``."""
+        merged = [seq for block in sorted(blocks) for seq in self.members[block]]
+        for block in sorted(blocks, reverse=True):
+            self.remove_block(block)
+        self.open_block(merged[0], size, time, tokens)
+        self.members[-1] = merged
+
+    def remove_block(self, block: int) -> None:
+        """Drops ``block`` and its sequences; its ranks become free."""
+        self.free_ranks += self.sizes[block]
+        for column in (self.sizes, self.times, self.tokens, self.members):
+            del column[block]
 
 
-def drafts_to_schedule(problem: ScheduleProblem,
-                       drafts: list[MicrobatchDraft]) -> Schedule:
-    """Lays blocks out largest first from rank 0 and builds the Schedule.
-
-    The schedulers place every sequence in exactly one draft (checked below), so CP sizes
-    start at 1 and only the sequences of larger groups are written, padded lengths with them:
-    most sequences of a batch run on one rank, and a pass over all of them (or a numpy round
-    trip) cost as much as the layout itself."""
-    groups: list[tuple[int, list[int]]] = []  # (size, sequences) of groups of > 1 rank
-    microbatches = tuple([_lay_out(draft, problem.num_ranks, groups) for draft in drafts])
-    placed = sum(sum(map(len, draft.members)) for draft in drafts)
-    assert placed == problem.num_sequences, (
-        f"{placed} sequences placed, {problem.num_sequences} in the batch: "
-        f"each must be placed once")
-    cp_sizes, padded = [1] * problem.num_sequences, _one_rank_padded_lengths(problem)
-    lengths, sp_factor = problem.lengths, problem.sp_factor
-    for size, seqs in groups:
-        multiple = pad_multiple(size, sp_factor)  # padded_length, with the rule's one lookup
-        for seq in seqs:
-            cp_sizes[seq] = size
-            padded[seq] = -(-lengths[seq] // multiple) * multiple
-    return Schedule(microbatches=microbatches, cp_sizes=tuple(cp_sizes),
-                    padded_lengths=tuple(padded))
+def drafts_to_schedule(problem: ScheduleProblem, drafts: list[MicrobatchDraft]) -> Schedule:
+    """Lays each draft's blocks out largest first from rank 0 and builds the Schedule."""
+    cp_sizes = [0] * problem.num_sequences
+    for draft in drafts:
+        for size, members in zip(draft.sizes, draft.members):
+            for seq in members:
+                cp_sizes[seq] = size
+    placed = sum(draft.num_items for draft in drafts)
+    assert placed == problem.num_sequences and 0 not in cp_sizes, (
+        f"{placed} placements for {problem.num_sequences} sequences: each must be placed once")
+    padded = padded_lengths_array(problem.lengths, cp_sizes, problem.sp_factor)
+    return Schedule(microbatches=tuple(_lay_out(draft, problem.num_ranks) for draft in drafts),
+                    cp_sizes=tuple(cp_sizes), padded_lengths=tuple(padded.tolist()))
 
 
-def _one_rank_padded_lengths(problem: ScheduleProblem) -> list[int]:
-    """Every sequence's padded length on one rank (a multiple of the SP factor)."""
-    sp_factor = problem.sp_factor
-    if sp_factor == 1:
-        return list(problem.lengths)
-    return [-(-length // sp_factor) * sp_factor for length in problem.lengths]
-
-
-def _lay_out(draft: MicrobatchDraft, num_ranks: int,
-             groups: list[tuple[int, list[int]]]) -> tuple[tuple[int, ...], ...]:
-    """Per-rank id tuples of one draft, blocks largest first from rank 0 (a stable sort: equal
-    sizes keep their block order, deterministic); appends (size, sequences) of its blocks of
-    each size > 1 to ``groups``. Per size, not per block: tuples are repeated onto ranks in C
-    (a micro-batch has up to N blocks, and a Python step per block cost more than the rest)."""
-    sizes, members = draft.sizes, draft.members
-    covered = sum(sizes)
-    assert covered <= num_ranks, f"blocks cover {covered} ranks, only {num_ranks} exist"
-    idle = ((),) * (num_ranks - covered)
-    if not sizes or max(sizes) == 1:  # the bulk of short-sequence micro-batches: block order
-        return (*map(tuple, members), *idle)
-    by_size = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
+def _lay_out(draft: MicrobatchDraft, num_ranks: int) -> tuple[tuple[int, ...], ...]:
+    """Per-rank id tuples of one draft: blocks largest first from rank 0 (a stable sort, so
+    blocks of one size keep their order), then idle ranks."""
     ranks: list[tuple[int, ...]] = []
-    for size in sorted(set(sizes), reverse=True):
-        assert len(ranks) % size == 0, (
-            f"blocks of {size} ranks would start unaligned at {len(ranks)}")
-        run = [members[block] for block in by_size[:sizes.count(size)]]
-        del by_size[:len(run)]
-        # zip of the run's tuples with itself gives each tuple ``size`` times in a row: the
-        # same object on every rank of its block (immutable, so sharing is safe).
-        ranks += chain.from_iterable(zip(*[list(map(tuple, run))] * size))
-        if size > 1:
-            groups.append((size, list(chain.from_iterable(run))))
-    return (*ranks, *idle)
+    for block in sorted(range(len(draft.sizes)), key=draft.sizes.__getitem__, reverse=True):
+        ranks += [tuple(draft.members[block])] * draft.sizes[block]
+    assert len(ranks) <= num_ranks, f"blocks cover {len(ranks)} ranks, only {num_ranks} exist"
+    return (*ranks, *[()] * (num_ranks - len(ranks)))
 
-
-def padded_lengths(problem: ScheduleProblem, cp_sizes: list[int]) -> tuple[int, ...]:
-    """Vectorised ``padded_length`` of every sequence for its CP size (0 = unscheduled)."""
-    lengths = np.asarray(problem.lengths, dtype=np.int64)
-    sizes = np.maximum(np.asarray(cp_sizes, dtype=np.int64), 1)
-    multiple = np.where(sizes > 1, CHUNKS_PER_CP_RANK * sizes * problem.sp_factor,
-                        problem.sp_factor)
-    return tuple((-(-lengths // multiple) * multiple).tolist())

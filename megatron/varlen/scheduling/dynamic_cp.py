@@ -1,18 +1,14 @@
 """``default_dynamic_cp``: a CP group size per sequence, balanced over all DPxCP ranks.
 
 Each sequence gets at least the smallest group of the layout (groups.py) whose per-rank padded
-tokens fit the budget, and at least --min-dynamic-context-parallel-size. Level packing
-(packing.py) then fills micro-batches so every rank's estimated time is alike, growing groups
-of long sequences where that shortens a micro-batch, and covers every rank of every non-empty
-micro-batch (cover.py). Finally the static dp_balanced schedule is built too and kept instead if
-its critical path is shorter, so dynamic CP is never worse than dp_balanced at the same budget.
-Before that, small batches are polished (polish.py: exchanges and trims that even out each
-micro-batch's blocks).
+tokens fit the budget (and --min-dynamic-context-parallel-size). Level packing (packing.py)
+evens out every rank's estimated time, growing long sequences' groups where that shortens a
+micro-batch; light micro-batches dissolve into others (dissolve.py), the count rules apply
+(counts.py) and small batches are polished (polish.py). The static dp_balanced schedule is kept
+instead if shorter, so dynamic CP is never worse than dp_balanced at the same budget.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from megatron.varlen.scheduling.counts import enforce_microbatch_count
 from megatron.varlen.scheduling.cover import cover_free_ranks
@@ -22,8 +18,8 @@ from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule
 from megatron.varlen.scheduling.gc_pause import gc_paused
 from megatron.varlen.scheduling.packing import pack_sequences
 from megatron.varlen.scheduling.polish import polish_small_batch
-from megatron.varlen.scheduling.pricing import ItemPricing, price_items
-from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem, pad_multiple
+from megatron.varlen.scheduling.pricing import ItemPricing, padded_lengths_array, price_items
+from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 
 DYNAMIC_FLAG_HINT = " or lower --min-dynamic-context-parallel-size"
 
@@ -32,16 +28,11 @@ def _critical_path(drafts: list[MicrobatchDraft]) -> float:
     return sum(draft.level for draft in drafts)
 
 
-def _static_lower_bound(problem: ScheduleProblem, pricing: ItemPricing) -> float:
-    """Simple lower bound of any schedule that keeps every sequence on cp_size ranks."""
+def _static_lower_bound(problem: ScheduleProblem) -> float:
+    """Simple lower bound of any schedule that keeps every sequence on cp_size ranks: the
+    longest sequence, or the total work spread over every rank."""
     cp = problem.cp_size
-    lengths = pricing.length_array.astype(np.float64)  # problem.lengths, already an array
-    multiple = pad_multiple(cp, problem.sp_factor)
-    padded = np.ceil(lengths / multiple) * multiple
-    cost = problem.cost
-    time = (cost.a * padded * padded + cost.b * padded) / cp
-    if cp > 1:
-        time += cost.g * padded * (cp - 1) / cp
+    time = problem.cost.time(padded_lengths_array(problem.lengths, cp, problem.sp_factor), cp)
     return float(max(time.sum() * cp / problem.num_ranks, time.max(initial=0.0)))
 
 
@@ -50,7 +41,7 @@ def _static_fallback(problem: ScheduleProblem, pricing: ItemPricing,
     """dp_balanced drafts with idle ranks covered, or None if static groups are not allowed
     or cannot beat ``dynamic_path`` (its lower bound already does not)."""
     if (problem.cp_size not in pricing.sizes
-            or _static_lower_bound(problem, pricing) >= dynamic_path):
+            or _static_lower_bound(problem) >= dynamic_path):
         return None
     try:
         drafts = build_static_drafts(problem)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from megatron.varlen.scheduling.counts import target_microbatch_count
 from megatron.varlen.scheduling.dp_balanced import STATIC_FLAG_HINT
-from megatron.varlen.scheduling.draft import padded_lengths
-from megatron.varlen.scheduling.pricing import price_items
+from megatron.varlen.scheduling.pricing import padded_lengths_array, price_items
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 
 
@@ -80,6 +79,6 @@ def empty(problem: ScheduleProblem) -> Schedule:
         for members in bins:
             layout[slot % count][owner * cp:(owner + 1) * cp] = [tuple(members)] * cp
             slot += 1
-    cp_sizes = [cp] * problem.num_sequences
+    padded = padded_lengths_array(problem.lengths, cp, problem.sp_factor)
     return Schedule(microbatches=tuple(tuple(ranks) for ranks in layout),
-                    cp_sizes=tuple(cp_sizes), padded_lengths=padded_lengths(problem, cp_sizes))
+                    cp_sizes=(cp,) * problem.num_sequences, padded_lengths=tuple(padded.tolist()))

@@ -1,42 +1,21 @@
-"""Micro-batch order that shrinks pipeline bubbles, and a 1F1B bubble estimate.
+"""Micro-batch order that shrinks pipeline bubbles (tools/scheduling/pipeline_bubbles.py
+estimates the bubble with the same 1F1B simulation).
 
 With p stages, 1F1B runs p-1 warm-up forwards before the first backward and p-1 cool-down
 backwards after the last forward; while they run, other stages wait. With micro-batches of
 unequal cost the wait is set by the micro-batches at the two ends, so cheap ones belong there
-(verl does the same). ``order_for_pipeline`` builds a few candidate orders (as scheduled; cheap
-at both ends with the costliest in the middle; cheapest first then costliest first) and keeps the
-one whose simulated 1F1B makespan is shortest: never worse than the scheduled order.
-
-Simulation model: a micro-batch of level T costs T/p per stage, split forward:backward = 1:2;
-p2p time is ignored. Interleaved (VPP) schedules are not simulated; their bubble is roughly the
-non-interleaved one divided by the number of model chunks.
+(verl does the same). Of a few candidate orders (as scheduled; cheap at both ends; cheapest
+first then costliest first) the one whose simulated 1F1B makespan is shortest is kept: a
+micro-batch of level T costs T/p per stage, forward:backward = 1:2, p2p ignored (VPP is not
+simulated; its bubble is roughly this one over the number of model chunks).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
 
 FORWARD_SHARE = 1.0 / 3.0  # backward is about twice the forward
-
-
-@dataclass(frozen=True)
-class BubbleEstimate:
-    """Result of simulating one global batch through a 1F1B pipeline.
-
-    Attributes:
-        makespan: Simulated time of the step.
-        ideal: Busy time of one stage (sum of levels / p): the makespan without bubbles.
-        bubble_fraction: (makespan - ideal) / makespan.
-        uniform_fraction: (p-1)/(m+p-1), the textbook bubble for equal micro-batches.
-    """
-
-    makespan: float
-    ideal: float
-    bubble_fraction: float
-    uniform_fraction: float
 
 
 def _stage_ops(stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
@@ -50,7 +29,7 @@ def _stage_ops(stage: int, num_stages: int, num_microbatches: int) -> list[tuple
     return ops
 
 
-def _simulate_1f1b(levels: list[float], num_stages: int) -> float:
+def simulate_1f1b(levels: list[float], num_stages: int) -> float:
     """Makespan of 1F1B with per-stage op costs level/p split 1:2."""
     num = len(levels)
     ops = [_stage_ops(stage, num_stages, num) for stage in range(num_stages)]
@@ -89,19 +68,6 @@ def _dependency_done(done: dict, kind: str, index: int, stage: int,
     return done.get(key)
 
 
-def pipeline_bubble_estimate(levels: list[float], pp_size: int) -> BubbleEstimate:
-    """Simulates one global batch with micro-batch ``levels`` through ``pp_size`` stages."""
-    if pp_size < 1:
-        raise ValueError(f"pp_size={pp_size} must be >= 1 (check --pipeline-model-parallel-size)")
-    num = len(levels)
-    ideal = sum(levels) / pp_size
-    makespan = _simulate_1f1b(list(levels), pp_size) if num else 0.0
-    bubble = (makespan - ideal) / makespan if makespan > 0 else 0.0
-    uniform = (pp_size - 1) / (num + pp_size - 1) if num else 0.0
-    return BubbleEstimate(makespan=makespan, ideal=ideal, bubble_fraction=bubble,
-                          uniform_fraction=uniform)
-
-
 def _candidate_orders(levels: list[float]) -> list[list[int]]:
     """As scheduled; cheap at both ends (costliest in the middle); cheapest then costliest."""
     ascending = [index for _, index in sorted((level, index) for index, level in enumerate(levels))]
@@ -111,18 +77,21 @@ def _candidate_orders(levels: list[float]) -> list[list[int]]:
     return [list(range(len(levels))), both_ends, cheapest_first]
 
 
-def order_for_pipeline(schedule: Schedule, problem: ScheduleProblem, pp_size: int) -> Schedule:
+def order_for_pipeline(schedule: Schedule, problem: ScheduleProblem, pp_size: int,
+                       levels: list[float] | None = None) -> Schedule:
     """Reorders micro-batches to shorten the simulated 1F1B makespan over ``pp_size`` stages.
 
     Contents of micro-batches are unchanged; only their order moves, so the count stays a
     multiple of the VPP group size. With pp_size 1 the schedule is returned unchanged.
+    ``levels``: the micro-batches' levels when the caller has them (else evaluated here).
     """
     if pp_size <= 1 or schedule.num_microbatches() <= 1:
         return schedule
-    levels = microbatch_levels(problem, schedule)
+    if levels is None:
+        levels = microbatch_levels(problem, schedule)
     best_order, best_time = None, None
     for order in _candidate_orders(levels):
-        makespan = _simulate_1f1b([levels[index] for index in order], pp_size)
+        makespan = simulate_1f1b([levels[index] for index in order], pp_size)
         if best_time is None or makespan < best_time:
             best_order, best_time = order, makespan
     return Schedule(microbatches=tuple(schedule.microbatches[index] for index in best_order),

@@ -15,17 +15,12 @@ applied only when the critical path strictly falls:
   and rides in another micro-batch's block where that micro-batch's level rises least
   (dissolve.plan_moves); accepted if the rises sum to less than the cut.
 
-The order is exchange, trim, exchange (trims leave new blocks on top). On the benchmark's small
-batches (8 sequences per rank) this removes 0.03-2.4% of the critical path.
-
-Cost and where it runs: an exchange looks at block pairs (slowest, another), least loaded
-first, at most PAIRS_PER_BLOCK per block of the micro-batch; a trim plans at most TRIM_CUTS
-cuts of at most TRIM_MAX_BLOCKS blocks, TRIM_ROUNDS times per micro-batch, each placement a
-scan of all blocks. The polish runs only on batches of at most POLISH_MAX_SEQUENCES_PER_RANK
-sequences per rank and POLISH_MAX_SEQUENCES in all: larger batches balance well already (a
-micro-batch's imbalance telescopes to about one sequence over many micro-batches), their
-tail is a small part of the critical path, and they must keep their latency budget
-(4,096 sequences on 64 ranks, 64 per rank, never enter).
+The order is exchange, trim, exchange (trims leave new blocks on top): 0.1-1.9% off the critical
+path of the benchmark's small batches (8 sequences per rank). It runs only on batches of at most
+POLISH_MAX_SEQUENCES_PER_RANK per rank and POLISH_MAX_SEQUENCES in all: larger ones balance well
+already (a micro-batch's imbalance telescopes to about one sequence over many micro-batches) and
+must keep their latency budget (4,096 sequences on 64 ranks never enter); the limits below bound
+the pairs and cuts each micro-batch examines.
 """
 
 from __future__ import annotations
@@ -53,14 +48,17 @@ TRIM_ROUNDS = 4
 MIN_RELATIVE_GAIN = 1e-9
 
 
+def polish_applies(num_sequences: int, num_ranks: int) -> bool:
+    """Whether a batch is small enough for the polish (module docstring)."""
+    return num_sequences <= min(POLISH_MAX_SEQUENCES_PER_RANK * num_ranks, POLISH_MAX_SEQUENCES)
+
+
 def polish_small_batch(drafts: list[MicrobatchDraft],
                        pricing: ItemPricing) -> list[MicrobatchDraft]:
     """Exchanges, trims, exchanges (module docstring) on a small batch, in place; returns
     ``drafts``. Every move keeps the blocks, their sizes, the budget and the micro-batch
     count, and strictly shortens the critical path."""
-    num_sequences = len(pricing.lengths)  # every sequence is in drafts; O(1) for large batches
-    if num_sequences > min(POLISH_MAX_SEQUENCES_PER_RANK * pricing.num_ranks,
-                           POLISH_MAX_SEQUENCES):
+    if not polish_applies(len(pricing.lengths), pricing.num_ranks):
         return drafts
     prices = _PriceCache(pricing)
     _exchange(drafts, range(len(drafts)), pricing, prices)
@@ -92,28 +90,16 @@ def _exchange(drafts: list[MicrobatchDraft], indices: Iterable[int], pricing: It
     """Exchange moves in ``drafts[index]`` for each of ``indices``."""
     for index in indices:
         draft = drafts[index]
-        rows: dict[int, list[tuple[int, float, int]]] = {}
         budget = PAIRS_PER_BLOCK * len(draft.sizes)
         while budget > 0:  # each move strictly lowers the level and spends at least one pair
-            moved, examined = _exchange_once(draft, pricing, prices, rows, budget)
+            moved, examined = _exchange_once(draft, pricing, prices, budget)
             budget -= examined
             if not moved:
                 break
 
 
-def _rows_of(draft: MicrobatchDraft, prices: _PriceCache, rows: dict,
-             block: int) -> list[tuple[int, float, int]]:
-    """(sequence, per-rank time, tokens) of ``block``'s members at its size, cached in
-    ``rows`` until a move changes the block."""
-    found = rows.get(block)
-    if found is None:
-        size = draft.sizes[block]
-        found = rows[block] = [(seq, *prices[seq, size]) for seq in draft.members[block]]
-    return found
-
-
 def _exchange_once(draft: MicrobatchDraft, pricing: ItemPricing, prices: _PriceCache,
-                   rows: dict, budget: int) -> tuple[bool, int]:
+                   budget: int) -> tuple[bool, int]:
     """Applies the move out of the slowest block that leaves the level lowest among the first
     ``budget`` block pairs examined; returns (whether a move lowered the level, pairs
     examined). No move when the level is shared by two blocks: no single move can lower it."""
@@ -137,12 +123,7 @@ def _exchange_once(draft: MicrobatchDraft, pricing: ItemPricing, prices: _PriceC
         if rest >= best_level or (same_size and (level + times[other]) / 2 >= best_level):
             continue
         examined += 1
-        if same_size:
-            found = _best_swap_same_size(
-                draft, pricing.budget, _rows_of(draft, prices, rows, slowest),
-                _rows_of(draft, prices, rows, other), slowest, other, rest, best_level)
-        else:
-            found = _best_pair_move(draft, pricing, prices, slowest, other, rest, best_level)
+        found = _best_pair_move(draft, pricing, prices, slowest, other, rest, best_level)
         if found is not None:
             best_level, best_move = found
             if best_level <= second:
@@ -153,38 +134,7 @@ def _exchange_once(draft: MicrobatchDraft, pricing: ItemPricing, prices: _PriceC
     _move(draft, prices, seq, slowest, target)
     if partner is not None:
         _move(draft, prices, partner, target, slowest)
-    rows.pop(slowest, None)
-    rows.pop(target, None)
     return True, examined
-
-
-def _best_swap_same_size(draft: MicrobatchDraft, budget: int, source_rows: list,
-                         target_rows: list, source: int, target: int, rest: float,
-                         bound: float) -> tuple[float, tuple[int, int, int | None]] | None:
-    """``_best_pair_move`` for two blocks of one size (the common case: most blocks are single
-    ranks), where a sequence costs the same time and tokens in either block."""
-    source_time, source_tokens = draft.times[source], draft.tokens[source]
-    target_time, target_tokens = draft.times[target], draft.tokens[target]
-    can_relocate = len(source_rows) > 1  # blocks never empty
-    best = None
-    for seq, time, tokens in source_rows:
-        left_time, left_tokens = source_time - time, source_tokens - tokens
-        joined_time, joined_tokens = target_time + time, target_tokens + tokens
-        if can_relocate and joined_tokens <= budget:
-            new_level = left_time if left_time > joined_time else joined_time
-            if new_level < rest:
-                new_level = rest
-            if new_level < bound:
-                bound, best = new_level, (new_level, (target, seq, None))
-        for partner, partner_time, partner_tokens in target_rows:
-            new_source, new_target = left_time + partner_time, joined_time - partner_time
-            new_level = new_source if new_source > new_target else new_target
-            if new_level < rest:
-                new_level = rest
-            if (new_level < bound and joined_tokens - partner_tokens <= budget
-                    and left_tokens + partner_tokens <= budget):
-                bound, best = new_level, (new_level, (target, seq, partner))
-    return best
 
 
 def _best_pair_move(draft: MicrobatchDraft, pricing: ItemPricing, prices: _PriceCache,
@@ -232,10 +182,7 @@ def _move(draft: MicrobatchDraft, prices: _PriceCache, seq: int, source: int,
 
 
 def _take_out(draft: MicrobatchDraft, prices: _PriceCache, seq: int, block: int) -> None:
-    time, tokens = prices[seq, draft.sizes[block]]
-    draft.members[block].remove(seq)
-    draft.times[block] -= time
-    draft.tokens[block] -= tokens
+    draft.remove(block, seq, *prices[seq, draft.sizes[block]])
 
 
 def _trim(drafts: list[MicrobatchDraft], pricing: ItemPricing, prices: _PriceCache,

@@ -1,8 +1,8 @@
-"""Evaluate a schedule under the cost model: per-rank times, critical path, summary numbers."""
+"""Evaluate a schedule under the cost model: per-rank times, levels, critical path."""
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
 
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
 
@@ -14,65 +14,37 @@ def rank_times(problem: ScheduleProblem, schedule: Schedule) -> list[list[float]
     d*(c-1) (once per micro-batch); a rank holding nothing has time 0.
     """
     cost = problem.cost
-    seq_time = [cost.seq_time(padded, size)
+    seq_time = [cost.time(padded, size)
                 for padded, size in zip(schedule.padded_lengths, schedule.cp_sizes)]
-    times = []
-    for ranks in schedule.microbatches:
-        row = []
-        for ids in ranks:
-            if ids:
-                row.append(sum(seq_time[seq] for seq in ids)
-                           + cost.group_latency(schedule.cp_sizes[ids[0]]))
-            else:
-                row.append(0.0)
-        times.append(row)
-    return times
+    return [[sum(seq_time[seq] for seq in ids) + cost.group_latency(schedule.cp_sizes[ids[0]])
+             if ids else 0.0 for ids in ranks] for ranks in schedule.microbatches]
 
 
 def microbatch_levels(problem: ScheduleProblem, schedule: Schedule) -> list[float]:
     """Slowest rank's time of every micro-batch."""
-    return [max(row, default=0.0) for row in rank_times(problem, schedule)]
+    return list(schedule_costs(problem, schedule).levels)
 
 
 def critical_path(problem: ScheduleProblem, schedule: Schedule) -> float:
     """Sum over micro-batches of the slowest rank's time."""
-    return float(sum(microbatch_levels(problem, schedule)))
+    return schedule_costs(problem, schedule).critical_path
 
 
-def schedule_summary(problem: ScheduleProblem, schedule: Schedule) -> dict[str, float]:
-    """Headline numbers of one scheduled global batch: critical path, efficiency (mean rank
-    time / critical path), imbalance (max / mean rank time), packing efficiency (real tokens /
-    token slots), the length sums the FLOPs use, and the length percentiles."""
-    times = np.asarray(rank_times(problem, schedule), dtype=np.float64).reshape(
-        len(schedule.microbatches), problem.num_ranks)
-    levels = times.max(axis=1) if times.size else np.zeros(0)
-    tokens = _rank_tokens(problem, schedule)
-    path = float(levels.sum())
-    slots = len(schedule.microbatches) * problem.num_ranks * problem.max_seqlen_per_rank
-    lengths = np.asarray(problem.lengths, dtype=np.int64)
-    nonempty = times[levels > 0] if times.size else times
-    return {
-        "num_microbatches": len(schedule.microbatches),
-        "critical_path": path,
-        "mean_rank_time": (float(times.sum(axis=1).mean() / problem.num_ranks)
-                           if times.size else 0.0),
-        "efficiency": float(times.sum() / (problem.num_ranks * path)) if path else 1.0,
-        "imbalance_max_over_mean": float((nonempty.max(axis=1) / nonempty.mean(axis=1)).mean())
-        if nonempty.size else 1.0,
-        "idle_rank_slots": int((nonempty == 0).sum()) if nonempty.size else 0,
-        "packing_efficiency": float(lengths.sum() / slots) if slots else 0.0,
-        "max_rank_tokens": int(tokens.max()) if tokens.size else 0,
-        "sum_lengths": int(lengths.sum()),
-        "sum_squared_lengths": int((lengths * lengths).sum()),
-        "p50_length": float(np.percentile(lengths, 50)) if lengths.size else 0.0,
-        "p90_length": float(np.percentile(lengths, 90)) if lengths.size else 0.0,
-        "p99_length": float(np.percentile(lengths, 99)) if lengths.size else 0.0,
-        "max_length": int(lengths.max()) if lengths.size else 0,
-    }
+@dataclass(frozen=True)
+class ScheduleCosts:
+    """A schedule's numbers from one pass of ``rank_times``, for whoever needs several of
+    them (the training step orders micro-batches by the levels and logs the imbalance)."""
+
+    levels: tuple[float, ...]  # per micro-batch, in schedule order
+    busy_rank_time: float  # sum of every rank's time over every micro-batch
+
+    @property
+    def critical_path(self) -> float:
+        return float(sum(self.levels))
 
 
-def _rank_tokens(problem: ScheduleProblem, schedule: Schedule) -> np.ndarray:
-    """Per micro-batch, per rank padded tokens held."""
-    per_seq = [padded // size for padded, size in zip(schedule.padded_lengths, schedule.cp_sizes)]
-    return np.asarray([[sum(per_seq[seq] for seq in ids) for ids in ranks]
-                       for ranks in schedule.microbatches], dtype=np.int64)
+def schedule_costs(problem: ScheduleProblem, schedule: Schedule) -> ScheduleCosts:
+    """Levels and busy rank-time of ``schedule`` (one evaluation)."""
+    times = rank_times(problem, schedule)
+    return ScheduleCosts(levels=tuple(max(row, default=0.0) for row in times),
+                         busy_rank_time=sum(sum(row) for row in times))

@@ -7,16 +7,16 @@ import math
 
 import pytest
 
-from megatron.varlen.scheduling import (
-    CostModel,
-    ScheduleProblem,
-    budget_aware_lower_bound,
-    latency_aware_lower_bound,
-)
-from megatron.varlen.scheduling.bounds import group_latency_bound, latency_price_table
-from megatron.varlen.scheduling.bounds_budget import budget_aware_bound
+from megatron.varlen.scheduling import CostModel, ScheduleProblem
 from tools.schedule_oracle import REGIMES, generate_instances, solve_exactly
 from tools.scheduling.benchmark import WORKLOADS, sample_batches
+from tools.scheduling.bound_prices import latency_price_table
+from tools.scheduling.bounds import (
+    budget_aware_lower_bound,
+    group_latency_bound,
+    latency_aware_lower_bound,
+)
+from tools.scheduling.bounds_budget import budget_aware_bound
 
 TOLERANCE = 1e-9
 INSTANCES_PER_REGIME = 40

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from megatron.varlen.scheduling import CostModel, ScheduleProblem
-from megatron.varlen.scheduling import bounds_microbatch
-from megatron.varlen.scheduling.bounds import latency_aware_lower_bound, pooled_latency_bound
 from tools.schedule_oracle import REGIMES, generate_instances, solve_exactly
+from tools.scheduling import bounds_microbatch
 from tools.scheduling.benchmark import WORKLOADS, make_problem, sample_batches
+from tools.scheduling.bounds import latency_aware_lower_bound, pooled_latency_bound
 
 TOLERANCE = 1e-9
 INSTANCES_PER_REGIME = 24
@@ -63,10 +63,10 @@ def test_exact_lambda_by_hand():
     of level 4 or two of level 2; bound 3 / 1 = 3 = the least work / N)."""
     problem = ScheduleProblem(lengths=(4, 2), dp_size=1, cp_size=2, max_seqlen_per_rank=4,
                               cost=CostModel(a=0.0, b=1.0, g=0.0, d=0.0))
-    options = bounds_microbatch._options(problem)  # lengths sorted: 2, then 4
+    options = bounds_microbatch.length_options(problem)  # lengths sorted: 2, then 4
     prices = np.array([1.0, 2.0])
     assert bounds_microbatch.price_ratio(options, prices) == pytest.approx(1.0, rel=1e-12)
-    token_only = bounds_microbatch._Stretches(options, np.array([2.0]), np.array([4.0]))
+    token_only = bounds_microbatch.Stretches(options, np.array([2.0]), np.array([4.0]))
     assert token_only.ratios(prices, np.zeros((1, 2)), np.array([0]))[0] == pytest.approx(1.5)
     assert solve_exactly(problem).critical_path == pytest.approx(4.0)
 
@@ -79,7 +79,7 @@ def test_latency_narrows_the_room_of_a_group():
     (lambda 1.5): the test below pins the room."""
     problem = ScheduleProblem(lengths=(4,), dp_size=1, cp_size=2, min_cp_size=2,
                               max_seqlen_per_rank=8, cost=CostModel(a=0.0, b=1.0, g=0.0, d=1.0))
-    options = bounds_microbatch._options(problem)
+    options = bounds_microbatch.length_options(problem)
     assert bounds_microbatch.price_ratio(options, np.array([3.0])) == pytest.approx(1.0)
     assert bounds_microbatch.microbatch_price_bound(problem) == pytest.approx(3.0)
     assert solve_exactly(problem).critical_path == pytest.approx(3.0)
@@ -97,4 +97,4 @@ def test_large_batches_are_skipped():
     small = ScheduleProblem(lengths=(budget,) * 4, dp_size=2, cp_size=1, max_seqlen_per_rank=budget)
     assert bounds_microbatch.applies(small)
     assert bounds_microbatch.microbatch_price_bound(small) == pytest.approx(
-        2 * CostModel().seq_time(budget, 1))
+        2 * CostModel().time(budget, 1))

@@ -6,18 +6,15 @@ import random
 
 import pytest
 
-from megatron.varlen.scheduling import (
-    CostModel,
-    ScheduleProblem,
+from megatron.varlen.scheduling import CostModel, ScheduleProblem, critical_path, get_scheduler
+from megatron.varlen.scheduling.problem import padded_length
+from tools.schedule_oracle import REFERENCE_COST, REGIMES, generate_instances, solve_exactly
+from tools.scheduling.bound_prices import bound_sizes
+from tools.scheduling.bounds import (
     budget_aware_lower_bound,
-    critical_path,
-    get_scheduler,
     latency_aware_lower_bound,
     simple_lower_bound,
 )
-from megatron.varlen.scheduling.bounds import bound_sizes
-from megatron.varlen.scheduling.problem import padded_length
-from tools.schedule_oracle import REFERENCE_COST, REGIMES, generate_instances, solve_exactly
 
 TOLERANCE = 1e-9
 COSTS = (CostModel(), CostModel(a=1.0, b=0.0, g=0.0, d=0.0), CostModel(a=1.0, b=50.0, g=30.0,
@@ -41,7 +38,7 @@ def _microbatch_level(problem: ScheduleProblem, members: list[int], config: tupl
     for seq, block in zip(members, assignment):
         size = config[block]
         padded = padded_length(problem.lengths[seq], size, problem.sp_factor)
-        times[block] += cost.seq_time(padded, size)
+        times[block] += cost.time(padded, size)
         tokens[block] += padded // size
         used[block] = True
     if any(count > problem.max_seqlen_per_rank for count in tokens):

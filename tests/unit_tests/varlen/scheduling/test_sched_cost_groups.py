@@ -6,10 +6,10 @@ from megatron.varlen.scheduling import CostModel, build_group_layout, build_stat
 from megatron.varlen.scheduling.cost_model import H100_NVLINK
 
 
-def test_seq_time_matches_formula():
+def test_time_matches_formula():
     cost = CostModel(a=2.0, b=3.0, g=5.0, d=7.0)
-    assert cost.seq_time(10, 1) == 2 * 100 + 3 * 10
-    assert cost.seq_time(12, 4) == pytest.approx((2 * 144 + 3 * 12) / 4 + 5 * 12 * 3 / 4)
+    assert cost.time(10, 1) == 2 * 100 + 3 * 10
+    assert cost.time(12, 4) == pytest.approx((2 * 144 + 3 * 12) / 4 + 5 * 12 * 3 / 4)
     assert cost.group_latency(1) == 0.0
     assert cost.group_latency(4) == 21.0
 

@@ -62,7 +62,7 @@ def test_issue_latency_case_shares_one_group():
     problem = ScheduleProblem(lengths=lengths, dp_size=4, cp_size=2, max_seqlen_per_rank=128,
                               cost=REFERENCE_COST)
     cost = REFERENCE_COST
-    expected = sum(cost.seq_time(padded_length(n, 8), 8) for n in lengths) + 7 * cost.d
+    expected = sum(cost.time(padded_length(n, 8), 8) for n in lengths) + 7 * cost.d
     assert _check_result(problem) == pytest.approx(expected)
 
 

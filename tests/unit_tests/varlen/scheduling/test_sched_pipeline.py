@@ -8,10 +8,10 @@ from megatron.varlen.scheduling import (
     ScheduleProblem,
     get_scheduler,
     order_for_pipeline,
-    pipeline_bubble_estimate,
     validate_schedule,
 )
 from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels
+from tools.scheduling.pipeline_bubbles import pipeline_bubble_estimate
 
 
 @pytest.mark.parametrize("stages, count", [(1, 4), (2, 2), (4, 8), (4, 3), (8, 32)])

@@ -99,31 +99,6 @@ def test_exchange_keeps_the_budget_and_only_lowers_the_level():
     assert reached >= 140, reached  # a local search: most (148 of 150), not all
 
 
-def test_same_size_fast_path_finds_the_general_search_s_best_level():
-    # Between blocks of one size a sequence costs the same in either block, so the exchange
-    # uses a leaner copy of the general move search; both must find the same lowest level.
-    rng = random.Random(5)
-    found = 0
-    for _ in range(200):
-        lengths, budget, draft = _random_microbatch(rng)
-        pricing = _pricing(lengths, len(draft.sizes), budget)
-        prices, rows = polish._PriceCache(pricing), {}
-        for source, target in itertools.permutations(range(len(draft.sizes)), 2):
-            rest = max([draft.times[block] for block in range(len(draft.sizes))
-                        if block not in (source, target)], default=0.0)
-            general = polish._best_pair_move(draft, pricing, prices, source, target, rest,
-                                             float("inf"))
-            fast = polish._best_swap_same_size(
-                draft, pricing.budget, polish._rows_of(draft, prices, rows, source),
-                polish._rows_of(draft, prices, rows, target), source, target, rest,
-                float("inf"))
-            assert (fast is None) == (general is None)
-            if general is not None:
-                assert fast[0] == general[0], (lengths, budget, draft.members, source, target)
-                found += 1
-    assert found > 300, found
-
-
 def test_trim_moves_one_sequence_per_top_block_into_another_microbatch():
     # Micro-batch 1: four ranks, two holding three 10-token sequences (300), two holding two
     # (200): the top is shared, no single move lowers it. Micro-batch 0 has a 2-rank block
@@ -200,12 +175,8 @@ def test_polish_never_lengthens_a_schedule_and_shortens_some(monkeypatch):
     assert shorter >= len(problems) // 4, shorter
 
 
-@pytest.mark.parametrize("per_rank, runs", [(8, True), (9, False)])
-def test_polish_runs_only_on_small_batches(monkeypatch, per_rank, runs):
-    calls = []
-    monkeypatch.setattr(polish, "_exchange", lambda *args: calls.append(args))
-    (batch,) = sample_batches(WORKLOADS[0], per_rank * 8, 1, seed=0)
-    get_scheduler("default_dynamic_cp")(make_problem(WORKLOADS[0], batch, 8, CostModel()))
-    assert bool(calls) == runs
+def test_polish_runs_only_on_small_batches():
+    assert polish.polish_applies(8 * 64, 64) and not polish.polish_applies(8 * 64 + 1, 64)
+    assert not polish.polish_applies(polish.POLISH_MAX_SEQUENCES + 1, 1024)
     # The benchmark's latency targets (64 sequences per rank) never enter.
-    assert polish.POLISH_MAX_SEQUENCES_PER_RANK < 64
+    assert not polish.polish_applies(64 * 64, 64)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron.varlen.scheduling.bounds import price_table
 from megatron.varlen.scheduling.problem import ScheduleProblem
+from tools.scheduling.bound_prices import price_table
 
 # The bound is skipped (0) on batches that need more than MAX_TOKEN_MICROBATCHES micro-batches
 # by tokens alone or have more than MAX_DISTINCT_LENGTHS distinct lengths: it bites where a few
@@ -51,7 +51,7 @@ THETA_REFRESH = 10  # steps between theta searches (theta is held fixed in betwe
 
 
 @dataclass(frozen=True)
-class _Options:
+class LengthOptions:
     """Every (distinct length, allowed size) pair, sorted by length group: group, size index,
     size c, per-rank time t, padded tokens P, least level e = t + d (c - 1)."""
 
@@ -67,16 +67,16 @@ class _Options:
     budget: int
 
 
-def _options(problem: ScheduleProblem) -> _Options:
+def length_options(problem: ScheduleProblem) -> LengthOptions:
     """The options of the distinct lengths (equal lengths have equal options)."""
     table = price_table(problem)
     lengths = np.asarray(problem.lengths, dtype=np.int64)
     _, first, counts = np.unique(lengths, return_index=True, return_counts=True)
     time = table.time[first]
     group, size_index = np.nonzero(np.isfinite(time))  # row-major: sorted by group
-    latency = problem.cost.d * (table.sizes - 1).astype(np.float64)
+    latency = problem.cost.group_latency(table.sizes).astype(np.float64)
     option_time = time[group, size_index]
-    return _Options(group=group, size_index=size_index,
+    return LengthOptions(group=group, size_index=size_index,
                     size=table.sizes[size_index].astype(np.float64), time=option_time,
                     tokens=table.tokens[first][group, size_index].astype(np.float64),
                     level=option_time + latency[size_index],
@@ -84,7 +84,7 @@ def _options(problem: ScheduleProblem) -> _Options:
                     num_ranks=problem.num_ranks, budget=problem.max_seqlen_per_rank)
 
 
-def _stretch_starts(options: _Options) -> np.ndarray:
+def _stretch_starts(options: LengthOptions) -> np.ndarray:
     """Left ends G_a: every breakpoint (distinct least level), or at most MAX_STRETCHES of them
     (the largest quarter kept, the rest evenly spread). Merging is valid: a stretch allows every
     option whose least level lies below its right end."""
@@ -102,10 +102,10 @@ def _group_min(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     return np.minimum.reduceat(values, starts, axis=1)
 
 
-class _Stretches:
+class Stretches:
     """Stretches [starts[a], ends[a]) and the two parts of every option's rank share there."""
 
-    def __init__(self, options: _Options, starts: np.ndarray, ends: np.ndarray):
+    def __init__(self, options: LengthOptions, starts: np.ndarray, ends: np.ndarray):
         self.options, self.starts, self.ends = options, starts, ends
         self.allowed = options.level[None, :] < ends[:, None]
         room = 1.0 - options.latency[options.size_index][None, :] / ends[:, None]
@@ -158,7 +158,7 @@ def _knapsack(prices: np.ndarray, multiplicity: np.ndarray, shares: np.ndarray,
     return gained[rows, whole] + spare * next_ratio, zeta
 
 
-def _best_theta(stretches: _Stretches, prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _best_theta(stretches: Stretches, prices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per stretch, the least U_a / G_a found over theta: UNIFORM_THETAS for every stretch,
     then a per-size coordinate search on the stretch with the largest ratio, repeated (in
     batches of REFINED_BATCH) until the largest ratio belongs to a searched stretch. Each value
@@ -188,7 +188,7 @@ def _best_theta(stretches: _Stretches, prices: np.ndarray) -> tuple[np.ndarray, 
     return best, best_theta
 
 
-def price_ratio(options: _Options, prices: np.ndarray) -> float:
+def price_ratio(options: LengthOptions, prices: np.ndarray) -> float:
     """lambda: an upper bound on price held / level over every micro-batch of every schedule.
 
     Stretches [G_a, G_{a+1}) for every breakpoint G_a; the last one ends at R = sum y /
@@ -196,16 +196,16 @@ def price_ratio(options: _Options, prices: np.ndarray) -> float:
     that is not above its start, at infinity (latency dropped there: still valid)."""
     starts = _stretch_starts(options)
     ends = np.append(starts[1:], np.inf)
-    inner = _best_theta(_Stretches(options, starts, ends), prices)[0]
+    inner = _best_theta(Stretches(options, starts, ends), prices)[0]
     total = float(prices @ options.multiplicity)
     lam_inner = float(inner[:-1].max()) if len(inner) > 1 else 0.0
     if lam_inner > 0.0 and total / lam_inner > starts[-1]:
-        last = _Stretches(options, starts[-1:], np.array([total / lam_inner]))
+        last = Stretches(options, starts[-1:], np.array([total / lam_inner]))
         inner[-1] = min(inner[-1], _best_theta(last, prices)[0][0])
     return float(inner.max())
 
 
-def _capped_prices(options: _Options, cap: float) -> np.ndarray:
+def _capped_prices(options: LengthOptions, cap: float) -> np.ndarray:
     """Each length's least latency-charged work / N over its sizes with least level <= cap
     (all sizes if none meets it)."""
     work = options.size * options.time + options.tokens * options.latency[
@@ -217,7 +217,7 @@ def _capped_prices(options: _Options, cap: float) -> np.ndarray:
         options.num_ranks
 
 
-def _price_caps(options: _Options) -> np.ndarray:
+def _price_caps(options: LengthOptions) -> np.ndarray:
     """Candidate level caps: the breakpoints from the slowest length's least level up (below
     it some length meets no cap); the capped prices only change there."""
     slowest = _group_min(options.level[None, :], options.group)[0].max()
@@ -233,18 +233,18 @@ def applies(problem: ScheduleProblem) -> bool:
     return least_tokens <= MAX_TOKEN_MICROBATCHES * capacity
 
 
-def _bound(options: _Options, prices: np.ndarray) -> float:
+def _bound(options: LengthOptions, prices: np.ndarray) -> float:
     """sum y / lambda: valid for any prices."""
     return float(prices @ options.multiplicity) / price_ratio(options, prices)
 
 
-def _ascend(options: _Options, prices: np.ndarray) -> tuple[float, np.ndarray]:
+def _ascend(options: LengthOptions, prices: np.ndarray) -> tuple[float, np.ndarray]:
     """Multiplicative ascent of log(sum y / lambda): a length's log price grows with its share
     of the total price and shrinks with its share of what the stretches that set lambda hold
     (soft-max weights). Each step's sum y / lambda (theta held, last stretch to infinity) is a
     valid bound; returns the best and its prices."""
     starts = _stretch_starts(options)
-    stretches = _Stretches(options, starts, np.append(starts[1:], np.inf))
+    stretches = Stretches(options, starts, np.append(starts[1:], np.inf))
     every = np.arange(len(starts))
     best_value, best_prices = 0.0, prices
     for step in range(ASCENT_STEPS):
@@ -271,7 +271,7 @@ def microbatch_price_bound(problem: ScheduleProblem) -> float:
     Any cap gives a valid bound."""
     if not applies(problem):
         return 0.0
-    options = _options(problem)
+    options = length_options(problem)
     caps = _price_caps(options)
     values: dict[int, float] = {}
 

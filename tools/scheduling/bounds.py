@@ -20,45 +20,12 @@ the third charges it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from megatron.varlen.scheduling.bounds_budget import budget_aware_bound
-from megatron.varlen.scheduling.problem import CHUNKS_PER_CP_RANK, ScheduleProblem
-
-
-@dataclass(frozen=True)
-class PriceTable:
-    """Per sequence x allowed size: total tokens, per-rank time, total work (inf if the size
-    breaks the budget). Rows are sequences, columns ``sizes``."""
-
-    sizes: np.ndarray
-    tokens: np.ndarray
-    time: np.ndarray
-    work: np.ndarray
-
-
-def bound_sizes(problem: ScheduleProblem) -> tuple[int, ...]:
-    """Sizes any registered scheduler may give a sequence."""
-    return tuple(sorted(set(problem.layout.sequence_sizes) | {problem.cp_size}))
-
-
-def price_table(problem: ScheduleProblem) -> PriceTable:
-    """Vectorised prices of every sequence at every size of ``bound_sizes``."""
-    sizes = np.asarray(bound_sizes(problem), dtype=np.int64)
-    lengths = np.asarray(problem.lengths, dtype=np.int64)[:, None]
-    multiple = np.where(sizes > 1, CHUNKS_PER_CP_RANK * sizes * problem.sp_factor,
-                        problem.sp_factor)[None, :]
-    padded = -(-lengths // multiple) * multiple
-    cost = problem.cost
-    padded_f = padded.astype(np.float64)
-    time = (cost.a * padded_f ** 2 + cost.b * padded_f) / sizes
-    time += np.where(sizes > 1, cost.g * padded_f * (sizes - 1) / sizes, 0.0)
-    feasible = padded // sizes <= problem.max_seqlen_per_rank
-    time = np.where(feasible, time, np.inf)
-    return PriceTable(sizes=sizes, tokens=np.where(feasible, padded, np.iinfo(np.int64).max),
-                      time=time, work=time * sizes)
+from megatron.varlen.scheduling.problem import ScheduleProblem
+from tools.scheduling.bound_prices import latency_price_table, price_table
+from tools.scheduling.bounds_budget import budget_aware_bound
+from tools.scheduling.bounds_microbatch import microbatch_price_bound
 
 
 def simple_lower_bound(problem: ScheduleProblem) -> float:
@@ -71,27 +38,11 @@ def simple_lower_bound(problem: ScheduleProblem) -> float:
     return float(max(work_bound, sequence_bound))
 
 
-def latency_price_table(problem: ScheduleProblem) -> PriceTable:
-    """``price_table`` with the group latency charged (docs/SCHEDULING.md, latency-aware
-    bound): time + d (c - 1), the least level of a micro-batch holding the sequence on c ranks,
-    and work + P d (c - 1) / M, its least share of its group's latency rank-time (a group's
-    sequences hold at most M of its c ranks' tokens each, so P / (c M) of it at least)."""
-    table = price_table(problem)
-    latency = problem.cost.d * (table.sizes - 1).astype(np.float64)
-    padded = np.where(np.isfinite(table.time), table.tokens, 0).astype(np.float64)
-    share = padded * latency / problem.max_seqlen_per_rank
-    return PriceTable(sizes=table.sizes, tokens=table.tokens, time=table.time + latency,
-                      work=table.work + share)
-
-
 def latency_aware_lower_bound(problem: ScheduleProblem) -> float:
     """The pooled latency-aware bounds and the micro-batch price bound (bounds_microbatch.py;
     small batches only) (>= budget_aware_lower_bound)."""
     if not problem.lengths:
         return 0.0
-    # imported here: bounds_microbatch builds on price_table above
-    from megatron.varlen.scheduling.bounds_microbatch import microbatch_price_bound
-
     return max(pooled_latency_bound(problem), microbatch_price_bound(problem))
 
 
@@ -123,7 +74,7 @@ class _GroupLatencyWork:
     def __init__(self, problem: ScheduleProblem):
         table = price_table(problem)
         self.time, self.work = table.time, table.work
-        self.latency = problem.cost.d * (table.sizes - 1).astype(np.float64)
+        self.latency = problem.cost.group_latency(table.sizes).astype(np.float64)
         self.group_latency = table.sizes * self.latency  # rank-time c d (c - 1)
         padded = np.where(np.isfinite(table.time), table.tokens, 0).astype(np.float64)
         self.token_share = padded / (table.sizes * problem.max_seqlen_per_rank)
