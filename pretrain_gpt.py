@@ -2,18 +2,18 @@
 
     torchrun --nproc-per-node 4 pretrain_gpt.py --num-layers 2 --hidden-size 64 ... --mock-data
 
-Thin on purpose: parse, initialise, train, tear down. See megatron/training/ for the pieces.
+Thin on purpose: parse, initialise, train, tear down. See megatron/varlen_training/ for the pieces.
 """
 
-from megatron.training.warning_filters import silence_known_warnings
+from megatron.varlen_training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
-from megatron.training.arguments import parse_args_or_exit  # noqa: E402
-from megatron.training.errors import exit_on_user_errors  # noqa: E402
-from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
-from megatron.training.log import capture_warnings  # noqa: E402
-from megatron.training.pretrain import pretrain  # noqa: E402
+from megatron.varlen_training.arguments import parse_args_or_exit  # noqa: E402
+from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
+from megatron.varlen_training.initialize import initialize_megatron, shutdown  # noqa: E402
+from megatron.varlen_training.log import capture_warnings  # noqa: E402
+from megatron.varlen_training.pretrain import pretrain  # noqa: E402
 
 
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line

@@ -4,21 +4,21 @@
         --hidden-size 64 --num-attention-heads 4 --mamba-head-dim 16 --mamba-num-groups 2 ...
 
 The same loop, data path, packing, schedulers, checkpointing and metrics as pretrain_gpt.py;
-only the model provider differs (megatron/training/hybrid_model.py).
+only the model provider differs (megatron/varlen_training/hybrid_model.py).
 """
 
-from megatron.training.warning_filters import silence_known_warnings
+from megatron.varlen_training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
-from megatron.training.errors import exit_on_user_errors  # noqa: E402
-from megatron.training.hybrid_arguments import (  # noqa: E402
+from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
+from megatron.varlen_training.hybrid_arguments import (  # noqa: E402
     describe_hybrid_model, parse_hybrid_args_or_exit,
 )
-from megatron.training.hybrid_model import hybrid_model_provider  # noqa: E402
-from megatron.training.initialize import initialize_megatron, shutdown  # noqa: E402
-from megatron.training.log import capture_warnings, print_rank_0  # noqa: E402
-from megatron.training.pretrain import pretrain  # noqa: E402
+from megatron.varlen_training.hybrid_model import hybrid_model_provider  # noqa: E402
+from megatron.varlen_training.initialize import initialize_megatron, shutdown  # noqa: E402
+from megatron.varlen_training.log import capture_warnings, print_rank_0  # noqa: E402
+from megatron.varlen_training.pretrain import pretrain  # noqa: E402
 
 
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line

@@ -18,12 +18,12 @@ same token budget per micro-batch:
   greedily into the same budget.
 
 Both sides take the same optimizer step -- AdamW (torch's fused kernel: ours through
-megatron.training.optimizer_kernels), lr 1e-4, weight decay 0.01, gradients clipped at norm 1.0
+megatron.varlen_training.optimizer_kernels), lr 1e-4, weight decay 0.01, gradients clipped at norm 1.0
 -- read the loss and the grad norm back once per step (what a training loop logs), and time
 the same region: building the step's micro-batches, forward, backward, optimizer step.
 
 Reported per configuration: real tokens/s, TFLOP/s per GPU and MFU against the device's dense
-bf16 peak (FLOPs from the REAL lengths, one formula for all three: megatron/training/flops.py),
+bf16 peak (FLOPs from the REAL lengths, one formula for all three: megatron/varlen_training/flops.py),
 synchronising calls per step (profiler events beyond an empty region's, forward+backward alone
 and the whole step, with the ``file:line`` of each: tools/sync_probe.py), and peak memory.
 Writes ``REPORT.md`` and ``results.json`` (device, torch version, date) to ``--out``
@@ -359,10 +359,10 @@ def megatron_training(config: str, shape: Shape, steps: int, device: str):
     """Our training path for ``config`` in this process: ``(step, args, state, provider)``;
     ``step(iteration)`` does what the training loop does per iteration (build the batches,
     train, read loss and grad norm back) and returns (sum L, sum L^2, loss, grad norm)."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_megatron
-    from megatron.training.pretrain import build_data_providers
-    from megatron.training.training import setup_model_and_optimizer, train_step
+    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.initialize import initialize_megatron
+    from megatron.varlen_training.pretrain import build_data_providers
+    from megatron.varlen_training.training import setup_model_and_optimizer, train_step
 
     use_device(device)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -380,9 +380,9 @@ def megatron_training(config: str, shape: Shape, steps: int, device: str):
 
 
 def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: str) -> dict:
-    from megatron.training.flops import num_floating_point_operations
-    from megatron.training.optimizer_kernels import torch_adam_optimizers
-    from megatron.training.training import run_forward_backward
+    from megatron.varlen_training.flops import num_floating_point_operations
+    from megatron.varlen_training.optimizer_kernels import torch_adam_optimizers
+    from megatron.varlen_training.training import run_forward_backward
 
     step, args, state, provider = megatron_training(config, shape, warmup + iters + 5, device)
     steps = []
@@ -401,9 +401,9 @@ def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: st
 
 def _reference_batches(shape: Shape, steps: int) -> list[list[list[int]]]:
     """The lengths our mock SFT dataset gives, per global batch, packed into the budget."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.datasets.builder import build_datasets
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.datasets.builder import build_datasets
+    from megatron.varlen_training.tokenizer import build_tokenizer
 
     args = parse_args(megatron_argv(shape, "packed", steps, "cpu"), world_size=1)
     args.train_samples, args.eval_samples = steps * shape.global_batch_size, 0
@@ -454,8 +454,8 @@ def reference_training(shape: Shape, steps: int, device: str):
 
 
 def _run_reference(shape: Shape, iters: int, warmup: int, device: str) -> dict:
-    from megatron.training.arguments import parse_args
-    from megatron.training.flops import num_floating_point_operations
+    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.flops import num_floating_point_operations
 
     step, fwd_bwd, batches = reference_training(shape, warmup + iters + 2, device)
     flops_args = parse_args(megatron_argv(shape, "packed", 1, "cpu"), world_size=1)

@@ -10,15 +10,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from megatron.training.arguments import build_parser
-from megatron.training.hybrid_arguments import build_hybrid_parser
+from megatron.varlen_training.arguments import build_parser
+from megatron.varlen_training.hybrid_arguments import build_hybrid_parser
 
 REPO = Path(__file__).resolve().parents[1]
 
 OUTPUT = REPO / "docs" / "FLAGS.md"
 HEADER = """# pretrain_gpt.py flag reference
 
-Generated from `megatron/training/arguments.py` by `python tools/flag_reference.py`; a test
+Generated from `megatron/varlen_training/arguments.py` by `python tools/flag_reference.py`; a test
 fails when this file is stale. Flag names follow Megatron-LM; the group
 "variable-length data (this fork)" holds the flags this fork adds. `pretrain_mamba.py` takes
 every flag below plus the group "hybrid Mamba model" at the end.

@@ -51,12 +51,12 @@ CUDA_SENSITIVE_TESTS = (
     "tests/unit_tests/varlen/test_device_choice.py", "tests/unit_tests/varlen/test_cpu_device.py",
     "tests/unit_tests/varlen/test_multirank.py", "tests/unit_tests/varlen/attention",
     "tests/unit_tests/varlen/test_no_host_reads.py",
-    "tests/unit_tests/training/test_flash_backend_training.py",
-    "tests/unit_tests/training/test_optimizer_kernels.py",
-    "tests/unit_tests/training/test_step_host_reads.py",
-    "tests/unit_tests/training/test_grad_reduction.py",
-    "tests/unit_tests/training/test_packing_equivalence.py",
-    "tests/unit_tests/training/test_bf16.py", "tests/unit_tests/test_benchmark_gpu.py",
+    "tests/unit_tests/varlen_training/test_flash_backend_training.py",
+    "tests/unit_tests/varlen_training/test_optimizer_kernels.py",
+    "tests/unit_tests/varlen_training/test_step_host_reads.py",
+    "tests/unit_tests/varlen_training/test_grad_reduction.py",
+    "tests/unit_tests/varlen_training/test_packing_equivalence.py",
+    "tests/unit_tests/varlen_training/test_bf16.py", "tests/unit_tests/test_benchmark_gpu.py",
     "tests/unit_tests/tools/test_measure_cost_model.py", "tests/unit_tests/tools/test_sync_probe.py",
 )
 DRY_RUN_TESTS = ("tests/unit_tests/test_benchmark_gpu.py",)

@@ -163,9 +163,9 @@ def _median_seconds(fn, reps: int, device: str) -> float:
 
 def measure(shape: Shape, shapes: list[list[int]], reps: int, device: str) -> list:
     """[(lengths, median forward+backward seconds)] of our GPT on each pack."""
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_megatron
-    from megatron.training.training import run_forward_backward, setup_model_and_optimizer
+    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.initialize import initialize_megatron
+    from megatron.varlen_training.training import run_forward_backward, setup_model_and_optimizer
 
     budget = max(sum(pack) for pack in shapes)
     shape = dataclasses.replace(shape, tokens_per_micro_batch=budget,

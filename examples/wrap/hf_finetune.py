@@ -25,7 +25,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from megatron.wrap import MegatronWrap
-from megatron.training.log import print_rank_0
+from megatron.varlen_training.log import print_rank_0
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sft_tiny.jsonl"
 NUM_HELD_OUT = 4  # the last records of the file are evaluated on, never trained on
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     records = read_records(Path(cli.data))
     train_records, held_out = records[:-NUM_HELD_OUT], records[-NUM_HELD_OUT:]
     if not dist.is_initialized():
-        from megatron.training.initialize import initialize_distributed
+        from megatron.varlen_training.initialize import initialize_distributed
 
         initialize_distributed()
     hf_dir = cli.hf_dir or _shared_tiny_model(records, cli.tiny_dir)

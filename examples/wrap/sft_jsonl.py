@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from megatron.wrap import MegatronWrap, config_path
-from megatron.training.log import print_rank_0
+from megatron.varlen_training.log import print_rank_0
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sft_tiny.jsonl"
 NUM_HELD_OUT = 4  # the last records of the file are evaluated on, never trained on

@@ -9,7 +9,7 @@ torch.
 
 import importlib
 
-from megatron.training.warning_filters import silence_known_warnings
+from megatron.varlen_training.warning_filters import silence_known_warnings
 
 # As pretrain_gpt.py: megatron-core's expected start-up warnings (no Apex/TE on CPU, ...) would
 # bury the log; set before the facade's first use imports megatron.core.

@@ -26,22 +26,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron.training import checkpointing
-from megatron.training.data import build_packing_config
-from megatron.training import log
-from megatron.training.loop_steps import eval_mode, log_validation_loss, periodic_save_due
-from megatron.training.initialize import (
+from megatron.varlen_training import checkpointing
+from megatron.varlen_training.data import build_packing_config
+from megatron.varlen_training import log
+from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss, periodic_save_due
+from megatron.varlen_training.initialize import (
     initialize_distributed,
     initialize_model_parallel,
     set_random_seeds,
     shutdown,
     teardown_parallel_state,
 )
-from megatron.training.pretrain import create_dynamic_cp_groups
-from megatron.training.run_description import describe_run
-from megatron.training.hf.exporter import save_hf
-from megatron.training.tokenizer import build_tokenizer, check_tokenizer_fits
-from megatron.training.training import (
+from megatron.varlen_training.pretrain import create_dynamic_cp_groups
+from megatron.varlen_training.run_description import describe_run
+from megatron.varlen_training.hf.exporter import save_hf
+from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
+from megatron.varlen_training.training import (
     TrainState,
     reduce_reported_loss,
     run_forward_backward,

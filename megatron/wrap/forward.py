@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from megatron.training.training import LOSS_KEY
+from megatron.varlen_training.training import LOSS_KEY
 
 
 class FlowForwardStep:

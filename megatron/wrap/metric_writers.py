@@ -1,9 +1,9 @@
 """The facade's metric writers (console, JSONL, TensorBoard, wandb) and its rank-0 progress line.
 
 The log lines themselves, their rank prefix, levels and print/warning capture are the training
-layer's (``megatron.training.log``): the facade logs exactly like ``pretrain_gpt.py``. The
+layer's (``megatron.varlen_training.log``): the facade logs exactly like ``pretrain_gpt.py``. The
 console writer prints ``pretrain_gpt.py``'s iteration line from the shared JSONL record
-(``megatron.training.iteration_metrics``). Nothing here imports torch.
+(``megatron.varlen_training.iteration_metrics``). Nothing here imports torch.
 """
 
 import importlib
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 # One schema, one line for both entry points (no torch either).
-from megatron.training.log import info_all_ranks, print_rank_0
-from megatron.training.iteration_metrics import ITERATION_KEY, JsonlMetricWriter, format_log_line
+from megatron.varlen_training.log import info_all_ranks, print_rank_0
+from megatron.varlen_training.iteration_metrics import ITERATION_KEY, JsonlMetricWriter, format_log_line
 
 WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
 PROGRESS_BAR_WIDTH = 20

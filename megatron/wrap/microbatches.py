@@ -1,7 +1,7 @@
 """One global batch -> this rank's packed micro-batches, through the training path's packer.
 
 The facade does what ``pretrain_gpt.py`` does (``PackedBatchProvider``): DP replica r takes
-block r of the global batch (:func:`megatron.training.data.replica_block`) and
+block r of the global batch (:func:`megatron.varlen_training.data.replica_block`) and
 ``GlobalBatchPacker.pack_global_batch`` schedules, reroutes, packs (THD) and CP-splits it. The
 flow's extra per-token fields are declared to the packer (``PackingConfig.extra_token_fields``),
 which carries them exactly like ``loss_mask``. Per-sample fields are looked up by sample id:
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from megatron.core import parallel_state
-from megatron.training.data import replica_block
+from megatron.varlen_training.data import replica_block
 from megatron.varlen.data_schedule import StepBatches
 from megatron.wrap.flows.base import PER_SAMPLE
 

@@ -8,8 +8,8 @@ import re
 import torch
 import torch.distributed as dist
 
-from megatron.training import checkpointing
-from megatron.training.arguments import build_parser, parse_args
+from megatron.varlen_training import checkpointing
+from megatron.varlen_training.arguments import build_parser, parse_args
 from megatron.wrap.config import ConfigError, flat_config_to_argv
 from megatron.wrap.metric_writers import build_metric_writers
 

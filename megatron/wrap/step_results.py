@@ -4,7 +4,7 @@ Only the last pipeline stage computes losses. Its flow metrics (``[sum, count]``
 micro-batch) are summed and all-reduced over DP x CP, exactly like the reported loss, and one
 broadcast over the pipeline group then gives every stage the loss and the metrics (with
 PP > 1 the loss is no longer lost on the first stages). Throughput comes from the REAL lengths
-of the global batch (``megatron.training.flops``), as in ``pretrain_gpt.py``'s log line.
+of the global batch (``megatron.varlen_training.flops``), as in ``pretrain_gpt.py``'s log line.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.training.flops import num_floating_point_operations
-from megatron.training.iteration_metrics import IterationMetrics, to_json_record
-from megatron.training.training import LOSS_KEY
+from megatron.varlen_training.flops import num_floating_point_operations
+from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
+from megatron.varlen_training.training import LOSS_KEY
 from megatron.varlen.cpu_device import get_device
 
 LOSS = "loss"

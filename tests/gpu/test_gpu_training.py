@@ -18,7 +18,7 @@ import torch
 
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import loss_owner_history, train_on_this_rank
-from tests.unit_tests.training.test_packing_equivalence import PACKED, RTOL, UNPACKED
+from tests.unit_tests.varlen_training.test_packing_equivalence import PACKED, RTOL, UNPACKED
 
 # A few multi-rank launches per test (spawned ranks import torch and megatron-core afresh).
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
@@ -58,9 +58,9 @@ def _assert_close(got, expected, rtol, what):
 
 def _weights_and_devices(argv):
     from megatron.core import parallel_state as ps
-    from megatron.training.arguments import parse_args
-    from megatron.training.initialize import initialize_model_parallel, set_random_seeds
-    from megatron.training.model import build_model, build_transformer_config, unwrap
+    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
+    from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
 
     args = parse_args(argv, world_size=1)
     initialize_model_parallel(args)

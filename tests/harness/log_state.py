@@ -1,10 +1,10 @@
-"""Log state for tests of megatron/training/log.py and the facade's writers: a clean slate per
+"""Log state for tests of megatron/varlen_training/log.py and the facade's writers: a clean slate per
 test (no rank from the environment, INFO level, the default coordinates provider afterwards) and
 a way to pose as any rank without a process group."""
 
 import pytest
 
-from megatron.training.log import set_coordinates_provider, set_log_level
+from megatron.varlen_training.log import set_coordinates_provider, set_log_level
 
 RANK_ENV_VARS = ("RANK", "WORLD_SIZE", "WANDB_API_KEY")
 

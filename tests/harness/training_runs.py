@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from megatron.core import parallel_state
-from megatron.training.arguments import parse_args
-from megatron.training.initialize import initialize_model_parallel, set_random_seeds
-from megatron.training.pretrain import pretrain
-from megatron.training.training import gpt_model_provider
+from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
+from megatron.varlen_training.pretrain import pretrain
+from megatron.varlen_training.training import gpt_model_provider
 from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 TINY_GPT_ARGS = [
@@ -44,8 +44,8 @@ def train_on_this_rank(argv: list[str]) -> dict:
 
 def train_hybrid_on_this_rank(argv: list[str]) -> dict:
     """pretrain_mamba.py's path (hybrid flags and model) on an initialised process group."""
-    from megatron.training.hybrid_arguments import parse_hybrid_args
-    from megatron.training.hybrid_model import hybrid_model_provider
+    from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
+    from megatron.varlen_training.hybrid_model import hybrid_model_provider
 
     args = parse_hybrid_args(argv, world_size=torch.distributed.get_world_size())
     return _train(args, hybrid_model_provider)

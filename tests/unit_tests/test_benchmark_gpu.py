@@ -7,7 +7,7 @@ the whole tool is `python tools/benchmark_gpu.py --device cpu --tiny --iters 2 -
 import pytest
 import torch
 
-from megatron.training.arguments import parse_args
+from megatron.varlen_training.arguments import parse_args
 from tools import benchmark_gpu as bench
 from tools.sync_probe import count_sync_events
 

@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
 MAPPED_ROOTS = ("megatron", "tools", "tests/harness")
-LIBRARY_PACKAGES = ("megatron/training", "megatron/varlen", "megatron/wrap")
+LIBRARY_PACKAGES = ("megatron/varlen_training", "megatron/varlen", "megatron/wrap")
 OUTSIDE_THE_LIBRARY = ("tools", "tests")
 MODULE_MAP = re.compile(r"^## Module map\n(.*?)(?=^## )", re.S | re.M)
 LISTED_MODULE = re.compile(r"^\| `([\w/]+\.py)` \|", re.M)  # first column of a row

@@ -1,7 +1,7 @@
 """Scheduler registry: the one list of ``--sequence-packing-scheduler`` values and what each
 means; name -> pure function ``(ScheduleProblem) -> Schedule``.
 
-The flag's choices and help text (megatron/training/varlen_arguments.py) and the tools' choices
+The flag's choices and help text (megatron/varlen_training/varlen_arguments.py) and the tools' choices
 are built from here.
 """
 

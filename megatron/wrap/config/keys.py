@@ -132,7 +132,7 @@ def known_keys_from_parser(parser: argparse.ArgumentParser) -> dict[str, Any]:
 
 
 def default_known_keys() -> Mapping[str, Any]:
-    """Returns the CLI keys of the training layer's parser (`megatron.training.arguments`)."""
-    from megatron.training.arguments import build_parser  # the parser is owned by training/
+    """Returns the CLI keys of the training layer's parser (`megatron.varlen_training.arguments`)."""
+    from megatron.varlen_training.arguments import build_parser  # the parser is owned by training/
 
     return known_keys_from_parser(build_parser())

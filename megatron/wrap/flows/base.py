@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from megatron.training.training import LOSS_KEY
+from megatron.varlen_training.training import LOSS_KEY
 from megatron.wrap.flows import fields
 
 # Fields the packing path itself moves, packs and CP-splits (sequence dim 0 of a sample).
@@ -40,8 +40,8 @@ class FlowContext:
     """What a flow may read about the run.
 
     Attributes:
-        args: The validated training arguments (``megatron.training.arguments``).
-        tokenizer: The run's tokenizer (``megatron.training.tokenizer``).
+        args: The validated training arguments (``megatron.varlen_training.arguments``).
+        tokenizer: The run's tokenizer (``megatron.varlen_training.tokenizer``).
         max_length: Longest real sample length the run can take (tokens).
         max_length_key: The config key that sets ``max_length`` (named in errors).
     """

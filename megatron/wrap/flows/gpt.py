@@ -1,7 +1,7 @@
 """GPT next-token flows: the model call and loss of ``pretrain_gpt.py``, by calling its code.
 
 :class:`GPTFlow` feeds the packed micro-batch to the GPT model exactly as
-``megatron.training.training.forward_step`` does and scores it with that module's
+``megatron.varlen_training.training.forward_step`` does and scores it with that module's
 ``loss_func`` (sum of masked token losses and their count), so a flow built on it trains the
 same trajectory as ``pretrain_gpt.py`` on the same samples.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.training.training import loss_func
+from megatron.varlen_training.training import loss_func
 from megatron.wrap.flows.base import Flow
 
 

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from megatron.training.datasets.sample import make_sample
+from megatron.varlen_training.datasets.sample import make_sample
 
 # The chat template of the JSONL SFT dataset, reused so both paths tokenize text identically.
-from megatron.training.datasets.sft import encode_turns, parse_turns
-from megatron.training.log import warning_rank_0
+from megatron.varlen_training.datasets.sft import encode_turns, parse_turns
+from megatron.varlen_training.log import warning_rank_0
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow

@@ -11,7 +11,7 @@ import signal
 import sys
 
 import pretrain_gpt  # first: it silences warnings before megatron.core is imported
-from megatron.training import checkpointing, training
+from megatron.varlen_training import checkpointing, training
 
 
 def _die() -> None:

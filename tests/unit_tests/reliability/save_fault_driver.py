@@ -19,7 +19,7 @@ import time
 
 import pretrain_gpt  # first: it silences warnings before megatron.core is imported
 from megatron.core.dist_checkpointing.strategies import filesystem_async
-from megatron.training import checkpoint_integrity, checkpointing
+from megatron.varlen_training import checkpoint_integrity, checkpointing
 
 WRITE_MODES = set("wax+")
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training.arguments import ArgumentValidationError, parse_args
-from megatron.training.checkpointing import TRACKER_FILENAME
-from megatron.training.errors import INTERRUPTED_EXIT_CODE
-from megatron.training.exit_conditions import SignalCatcher
-from megatron.training import training
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.errors import INTERRUPTED_EXIT_CODE
+from megatron.varlen_training.exit_conditions import SignalCatcher
+from megatron.varlen_training import training
 from megatron.wrap.config import ConfigError, build_config
 from megatron.wrap.runtime import refuse_loop_exit_keys
 from tests.harness.multirank import find_free_port, run_distributed

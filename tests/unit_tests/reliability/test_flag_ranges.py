@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training import flag_ranges
-from megatron.training.arguments import ArgumentValidationError, build_parser, parse_args
-from megatron.training.datasets.builder import build_datasets
-from megatron.training.errors import UserInputError, agree_on_errors
-from megatron.training.hybrid_arguments import build_hybrid_parser, parse_hybrid_args
+from megatron.varlen_training import flag_ranges
+from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
+from megatron.varlen_training.datasets.builder import build_datasets
+from megatron.varlen_training.errors import UserInputError, agree_on_errors
+from megatron.varlen_training.hybrid_arguments import build_hybrid_parser, parse_hybrid_args
 from megatron.wrap import runtime
 from megatron.wrap.config import build_config
 from tests.harness.training_runs import TINY_GPT_ARGS, tiny_packed_config

@@ -6,11 +6,11 @@ schedule or iteration counter."""
 import pytest
 import torch
 
-from megatron.training import training
-from megatron.training.checkpointing import TRACKER_FILENAME
-from megatron.training.errors import NonFiniteLossError
-from megatron.training.nonfinite import check_finite
-from megatron.training.optimizer_kernels import torch_adam_optimizers
+from megatron.varlen_training import training
+from megatron.varlen_training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.errors import NonFiniteLossError
+from megatron.varlen_training.nonfinite import check_finite
+from megatron.varlen_training.optimizer_kernels import torch_adam_optimizers
 from tests.harness.multirank import DistributedTestError, run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training.arguments import ArgumentValidationError, parse_args
-from megatron.training.datasets.builder import build_datasets
-from megatron.training.errors import UserInputError, agree_on_errors
-from megatron.training.tokenizer import build_tokenizer
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.datasets.builder import build_datasets
+from megatron.varlen_training.errors import UserInputError, agree_on_errors
+from megatron.varlen_training.tokenizer import build_tokenizer
 from tests.harness.training_runs import TINY_GPT_ARGS
 
 REPO = Path(__file__).resolve().parents[3]
@@ -102,7 +102,7 @@ def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(tmp_path):
 @pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])
 def test_flag_error_is_printed_by_rank_0_only(rank, printed):
     """Under torchrun every rank parses the same flags: one line in all, exit 2 on each."""
-    code = ("from megatron.training.arguments import parse_args_or_exit; "
+    code = ("from megatron.varlen_training.arguments import parse_args_or_exit; "
             "parse_args_or_exit(['--num-layers', '0'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=REPO, env={"PATH": "/usr/bin:/bin", "RANK": rank,

@@ -15,8 +15,8 @@ import re
 import pytest
 import torch
 
-from megatron.training.arguments import ArgumentValidationError, parse_args
-from megatron.training.data import build_packing_config
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.data import build_packing_config
 from megatron.varlen import thd_microbatch
 from megatron.varlen.scheduling import ScheduleProblem, get_scheduler
 from tests.harness.multirank import run_distributed

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.checkpointing import TRACKER_FILENAME
 from tests.harness.multirank import find_free_port, run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 

@@ -3,7 +3,7 @@ batch, and loss_mask entries must be 0 or 1 -- one-line ValueErrors on every ran
 training goes on (no rank left waiting in a collective). The facade's train() also stops at a
 NaN loss (--check-for-nan-in-loss-and-grad) on every rank."""
 
-from megatron.training.errors import NonFiniteLossError
+from megatron.varlen_training.errors import NonFiniteLossError
 from megatron.wrap import GPTSFTFlow, MegatronWrap, register_flow
 from tests.harness.multirank import run_distributed
 

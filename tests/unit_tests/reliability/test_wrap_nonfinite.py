@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from megatron.training.checkpointing import TRACKER_FILENAME
-from megatron.training.errors import NonFiniteLossError
+from megatron.varlen_training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.errors import NonFiniteLossError
 from megatron.wrap import GPTSFTFlow, MegatronWrap, register_flow
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.reliability.test_nan_guard import changed_parts, snapshot_training_state

@@ -21,8 +21,8 @@ from megatron.core.tensor_parallel import random as tp_random
 
 from megatron.varlen.attention.attention_plan import attach_host_boundaries
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.training import test_dynamic_cp_equivalence as gpt_case
-from tests.unit_tests.training import test_hybrid_equivalence as hybrid_case
+from tests.unit_tests.varlen_training import test_dynamic_cp_equivalence as gpt_case
+from tests.unit_tests.varlen_training import test_hybrid_equivalence as hybrid_case
 from tests.unit_tests.varlen.attention._reference import build, make_config, packed_inputs
 from tests.unit_tests.varlen.host_reads import CountHostReads, device_only
 

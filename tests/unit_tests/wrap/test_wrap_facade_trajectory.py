@@ -11,9 +11,9 @@ per-token field is packed and CP-split exactly like the loss mask.
 import pytest
 import torch
 
-from megatron.training.arguments import build_parser, parse_args
-from megatron.training.datasets.builder import build_datasets
-from megatron.training.tokenizer import build_tokenizer
+from megatron.varlen_training.arguments import build_parser, parse_args
+from megatron.varlen_training.datasets.builder import build_datasets
+from megatron.varlen_training.tokenizer import build_tokenizer
 from megatron.wrap import GPTFlow, MegatronWrap, register_flow
 from megatron.wrap.config import build_config
 from tests.harness.multirank import run_distributed

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.training.arguments import parse_args
-from megatron.training.data import replica_block
-from megatron.training.datasets.builder import build_datasets
-from megatron.training.datasets.sft import SFTDataset
-from megatron.training.tokenizer import build_tokenizer
+from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.data import replica_block
+from megatron.varlen_training.datasets.builder import build_datasets
+from megatron.varlen_training.datasets.sft import SFTDataset
+from megatron.varlen_training.tokenizer import build_tokenizer
 from megatron.wrap import (
     Flow,
     FlowContext,

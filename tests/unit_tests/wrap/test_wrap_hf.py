@@ -33,8 +33,8 @@ def _transformers_loss(hf_dir: str, records: list[dict]) -> float:
     """Per-token mean loss over the assistant tokens, with transformers' forward."""
     import transformers
 
-    from megatron.training.datasets.sft import encode_turns, parse_turns
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.varlen_training.datasets.sft import encode_turns, parse_turns
+    from megatron.varlen_training.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=hf_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
@@ -68,10 +68,10 @@ def test_from_pretrained_finetune_save_pretrained(tmp_path):
 def test_pretrained_config_takes_model_and_tokenizer_from_the_directory(tmp_path):
     import pytest
 
-    from megatron.training.arguments import ArgumentValidationError, build_parser, parse_args
+    from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
     from megatron.wrap.config import build_config, config_path
     from megatron.wrap.pretrained import pretrained_config
-    from tests.unit_tests.training.hf.tiny_models import save_hf_model, save_tokenizer
+    from tests.unit_tests.varlen_training.hf.tiny_models import save_hf_model, save_tokenizer
 
     hf_dir = save_hf_model("llama", tmp_path / "llama")
     save_tokenizer("chatml", hf_dir)

@@ -1,5 +1,5 @@
 """The facade's progress line and metric writers (megatron/wrap/metric_writers.py); the log
-lines themselves are megatron/training/log.py's (tests/unit_tests/training/test_log.py)."""
+lines themselves are megatron/varlen_training/log.py's (tests/unit_tests/varlen_training/test_log.py)."""
 
 import json
 import sys
@@ -8,7 +8,7 @@ import types
 import pytest
 
 from tests.harness.log_state import clean_log_state, use_rank  # noqa: F401 (a fixture)
-from megatron.training.iteration_metrics import IterationMetrics, to_json_record
+from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.wrap.metric_writers import (
     JsonlMetricWriter,
     ProgressBar,

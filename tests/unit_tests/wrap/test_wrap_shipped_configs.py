@@ -92,12 +92,12 @@ LAYOUT_WORLD_SIZES = {"single": 1, "tp2": 2, "pp2": 2, "cp2": 2, "tp2_dp2": 4}
 
 
 def parse_with_training_parser(source, known_keys, world_size=1):
-    """The one validation path: the flags go through megatron.training.arguments.parse_args.
+    """The one validation path: the flags go through megatron.varlen_training.arguments.parse_args.
 
     Keys the training parser does not define yet are left out (the fake parser above still
     checks them), so this pins types and validation rules, not the flag set.
     """
-    arguments = pytest.importorskip("megatron.training.arguments")
+    arguments = pytest.importorskip("megatron.varlen_training.arguments")
     parser = arguments.build_parser()
     real_keys = known_keys_from_parser(parser)
     config = build_config(source, known_keys={**known_keys, **real_keys})

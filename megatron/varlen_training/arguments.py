@@ -1,0 +1,361 @@
+"""Megatron-compatible command line: flag names as in Megatron-LM for everything supported.
+
+``parse_args(argv)`` parses and validates; every user error leaves as one line
+(``pretrain_gpt.py: error: ...``) naming the flag, the value and the limit, with exit code 2.
+The flag set is pinned by tests/unit_tests/varlen_training/test_arguments.py: a new flag is a reviewed
+diff there. Groups mirror Megatron-LM's ``_add_*_args`` functions; the packing and dynamic-CP
+flags of this fork live in :mod:`megatron.varlen_training.varlen_arguments`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from megatron.varlen_training import (
+    flag_ranges, reliability_arguments, run_description, varlen_arguments,
+)
+from megatron.varlen_training.errors import print_error_line
+from megatron.varlen_training.hf import arguments as hf_arguments
+from megatron.varlen.scheduling.problem import pad_multiple
+
+ERROR_EXIT_CODE = 2
+
+
+class ArgumentValidationError(ValueError):
+    """A bad flag or flag combination; the message is one line naming the flag."""
+
+
+class MegatronArgumentParser(argparse.ArgumentParser):
+    """argparse with Megatron's flag style and a one-line error instead of usage + error."""
+
+    def error(self, message: str):  # noqa: D401 - argparse override
+        raise ArgumentValidationError(message)
+
+
+def _add_network_size_args(parser):
+    group = parser.add_argument_group("network size")
+    group.add_argument("--num-layers", type=int, required=True,
+                       help="Transformer layers.")
+    group.add_argument("--hidden-size", type=int, required=True,
+                       help="Transformer hidden size.")
+    group.add_argument("--ffn-hidden-size", type=int, default=None,
+                       help="Default: 4 * hidden size (8/3 * hidden size with --swiglu).")
+    group.add_argument("--num-attention-heads", type=int, required=True,
+                       help="Attention heads.")
+    group.add_argument("--group-query-attention", action="store_true",
+                       help="Grouped-query attention (with --num-query-groups).")
+    group.add_argument("--num-query-groups", type=int, default=None,
+                       help="Key/value head groups under --group-query-attention.")
+    group.add_argument("--seq-length", type=int, required=True,
+                       help="Maximum tokens of one sample (longer samples are clipped/truncated).")
+    group.add_argument("--max-position-embeddings", type=int, default=None,
+                       help="Position table size. Default: --seq-length. With packing and "
+                            "learned_absolute positions it must hold every padded sequence "
+                            "(start-up names the size needed).")
+    group.add_argument("--position-embedding-type", default="learned_absolute",
+                       choices=["learned_absolute", "rope", "none"], help="Position encoding.")
+    group.add_argument("--rotary-base", type=int, default=10000,
+                       help="RoPE base.")
+    group.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"],
+                       help="Norm layer.")
+    group.add_argument("--swiglu", action="store_true",
+                       help="SwiGLU MLP (gated, SiLU).")
+    group.add_argument("--disable-bias-linear", action="store_true",
+                       help="No biases in linear layers.")
+    group.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                       help="Separate output layer instead of the tied word embedding.")
+    group.add_argument("--mtp-num-layers", type=int, default=None,
+                       help="Multi-token prediction layers (predict further tokens).")
+    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                       help="Pad the vocabulary to a multiple of this x TP size.")
+    group.add_argument("--init-method-std", type=float, default=0.02,
+                       help="Init std (output projections: std / sqrt(2 x layers)).")
+    group.add_argument("--hidden-dropout", type=float, default=0.1,
+                       help="Dropout after attention and MLP.")
+    group.add_argument("--attention-dropout", type=float, default=0.1,
+                       help="Dropout on attention probabilities.")
+
+
+def _add_training_args(parser):
+    group = parser.add_argument_group("training")
+    group.add_argument("--micro-batch-size", type=int, default=1,
+                       help="Samples per micro-batch (1 with --sequence-packing: one pack).")
+    group.add_argument("--global-batch-size", type=int, default=None,
+                       help="Default: micro batch size * data-parallel size.")
+    group.add_argument("--train-iters", type=int, required=True,
+                       help="Training iterations (optimizer steps).")
+    group.add_argument("--seed", type=int, default=1234,
+                       help="Random seed; weights depend on it, not on the parallel layout.")
+    group.add_argument("--calculate-per-token-loss", action="store_true",
+                       help="Normalise the loss by the number of loss tokens in the global batch.")
+    group.add_argument("--bf16", action="store_true",
+                       help="bfloat16 parameters and compute.")
+    group.add_argument("--fp16", action="store_true",
+                       help="float16 (GPU only: its loss scaler needs CUDA).")
+    group.add_argument("--use-distributed-optimizer", action="store_true",
+                       help="Shard optimizer state across data-parallel ranks.")
+    group.add_argument("--clip-grad", type=float, default=1.0,
+                       help="Gradient-norm clip (0 disables).")
+    group.add_argument("--weight-decay", type=float, default=0.01,
+                       help="Adam weight decay.")
+    group.add_argument("--adam-beta1", type=float, default=0.9,
+                       help="Adam beta1.")
+    group.add_argument("--adam-beta2", type=float, default=0.999,
+                       help="Adam beta2.")
+    group.add_argument("--adam-eps", type=float, default=1e-8,
+                       help="Adam epsilon.")
+
+
+def _add_learning_rate_args(parser):
+    group = parser.add_argument_group("learning rate")
+    group.add_argument("--lr", type=float, required=True,
+                       help="Peak learning rate.")
+    group.add_argument("--min-lr", type=float, default=0.0,
+                       help="Learning rate at the end of decay.")
+    group.add_argument("--lr-decay-style", default="linear",
+                       choices=["constant", "linear", "cosine", "inverse-square-root"],
+                       help="Learning-rate decay after warm-up.")
+    group.add_argument("--lr-decay-iters", type=int, default=None,
+                       help="Default: --train-iters.")
+    group.add_argument("--lr-warmup-iters", type=int, default=0,
+                       help="Linear warm-up iterations.")
+
+
+def _add_parallel_args(parser):
+    group = parser.add_argument_group("distributed")
+    group.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                       help="TP size.")
+    group.add_argument("--pipeline-model-parallel-size", type=int, default=1,
+                       help="PP size.")
+    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                       help="Layers per virtual stage (interleaved 1F1B, VPP).")
+    group.add_argument("--context-parallel-size", type=int, default=1,
+                       help="Static CP size (sequences split into 2 x CP chunks).")
+    group.add_argument("--sequence-parallel", action="store_true",
+                       help="Sequence parallelism inside TP regions (needs TP > 1).")
+
+
+def _add_data_args(parser):
+    group = parser.add_argument_group("data and tokenizer")
+    group.add_argument("--mock-data", action="store_true",
+                       help="Synthetic data (fixed length; with --sft, variable-length SFT mock).")
+    group.add_argument("--data-path", nargs="+", default=None,
+                       help="Training data; with --sft a JSONL of chats or prompt/response.")
+    group.add_argument("--tokenizer-type", default="NullTokenizer",
+                       choices=["NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer"],
+                       help="NullTokenizer (ids as text), ByteLevelTokenizer (UTF-8 bytes, no "
+                            "download) or a local HuggingFace tokenizer.")
+    group.add_argument("--tokenizer-model", default=None,
+                       help="Local tokenizer directory (HuggingFaceTokenizer).")
+    group.add_argument("--vocab-size", type=int, default=None,
+                       help="Vocabulary size (NullTokenizer); other tokenizers know their own.")
+
+
+def _add_logging_checkpoint_args(parser):
+    group = parser.add_argument_group("logging, evaluation and checkpointing")
+    group.add_argument("--log-interval", type=int, default=100,
+                       help="Print the iteration log line every N iterations.")
+    group.add_argument("--log-metrics-jsonl", default=None,
+                       help="Write one JSON object per iteration to this path.")
+    group.add_argument("--eval-interval", type=int, default=1000,
+                       help="Evaluate every N iterations (and at the end).")
+    group.add_argument("--eval-iters", type=int, default=100,
+                       help="Validation global batches per evaluation (0 = none).")
+    group.add_argument("--save", default=None,
+                       help="Checkpoint directory to write (dist_checkpointing, torch_dist).")
+    group.add_argument("--load", default=None,
+                       help="Checkpoint directory to resume from (must exist).")
+    group.add_argument("--save-interval", type=int, default=None,
+                       help="Save every N iterations (and at the end).")
+
+
+def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
+    """The full CLI of pretrain_gpt.py (``prog``: the program name usage lines and errors show,
+    for other entry points that take the same flags)."""
+    parser = MegatronArgumentParser(
+        prog=prog, description="Megatron GPT training (varlen fork)",
+        allow_abbrev=False,
+    )
+    _add_network_size_args(parser)
+    _add_training_args(parser)
+    _add_learning_rate_args(parser)
+    _add_parallel_args(parser)
+    _add_data_args(parser)
+    _add_logging_checkpoint_args(parser)
+    varlen_arguments.add_varlen_args(parser)
+    hf_arguments.add_hf_args(parser)
+    reliability_arguments.add_reliability_args(parser)
+    return parser
+
+
+def require(condition: bool, message: str) -> None:
+    """Raises the one-line ArgumentValidationError ``message`` unless ``condition``; the check
+    every validator of a command line (this one, pretrain_mamba.py's, the flag groups') uses."""
+    if not condition:
+        raise ArgumentValidationError(message)
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _validate_parallel_sizes(args) -> None:
+    model_parallel = (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+                      * args.context_parallel_size)
+    require(
+        args.world_size % model_parallel == 0,
+        f"world size {args.world_size} is not divisible by --tensor-model-parallel-size "
+        f"{args.tensor_model_parallel_size} x --pipeline-model-parallel-size "
+        f"{args.pipeline_model_parallel_size} x --context-parallel-size "
+        f"{args.context_parallel_size} = {model_parallel}",
+    )
+    args.data_parallel_size = args.world_size // model_parallel
+    require(args.num_attention_heads % args.tensor_model_parallel_size == 0,
+            f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+            f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
+    require(args.num_layers % args.pipeline_model_parallel_size == 0,
+            f"--num-layers {args.num_layers} is not divisible by "
+            f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}")
+    require(not args.sequence_parallel or args.tensor_model_parallel_size > 1,
+            "--sequence-parallel needs --tensor-model-parallel-size > 1")
+
+
+def _validate_virtual_pipeline(args) -> None:
+    args.virtual_pipeline_model_parallel_size = None
+    per_stage = args.num_layers_per_virtual_pipeline_stage
+    if per_stage is None:
+        return
+    pp = args.pipeline_model_parallel_size
+    require(pp > 1, "--num-layers-per-virtual-pipeline-stage needs "
+                    "--pipeline-model-parallel-size > 1")
+    layers_per_stage = args.num_layers // pp
+    require(layers_per_stage % per_stage == 0,
+            f"--num-layers-per-virtual-pipeline-stage {per_stage} does not divide the "
+            f"{layers_per_stage} layers of each pipeline stage (--num-layers {args.num_layers})")
+    args.virtual_pipeline_model_parallel_size = layers_per_stage // per_stage
+
+
+def _validate_sequence_length(args) -> None:
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    require(args.seq_length <= args.max_position_embeddings,
+            f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+            f"{args.max_position_embeddings}")
+    divisor = pad_multiple(args.context_parallel_size,
+                           args.tensor_model_parallel_size if args.sequence_parallel else 1)
+    require(args.seq_length % divisor == 0,
+            f"--seq-length {args.seq_length} is not divisible by {divisor}, which "
+            f"--context-parallel-size {args.context_parallel_size} (2 x cp chunks) and "
+            f"--sequence-parallel need")
+
+
+def _validate_batch(args) -> None:
+    micro_times_dp = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size is None:
+        args.global_batch_size = micro_times_dp
+    require(args.global_batch_size % micro_times_dp == 0,
+            f"--global-batch-size {args.global_batch_size} is not divisible by "
+            f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+            f"{args.data_parallel_size}")
+    args.num_microbatches = args.global_batch_size // micro_times_dp
+
+
+def _validate_precision_and_data(args) -> None:
+    import torch
+
+    require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
+    require(not (args.fp16 and not torch.cuda.is_available()),
+            "--fp16 needs a GPU (its loss scaler is CUDA-only); use --bf16 on CPU")
+    if args.tokenizer_type == "NullTokenizer":
+        require(args.vocab_size is not None and args.vocab_size > 1,
+                f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
+    require(args.mock_data or args.data_path,
+            "no training data: pass --mock-data or --data-path")
+    require(args.load is None or os.path.isdir(args.load),
+            f"--load directory {args.load!r} does not exist")
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    require(args.lr_warmup_iters == 0 or args.lr_warmup_iters < args.lr_decay_iters,
+            f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay length "
+            f"{args.lr_decay_iters} (--lr-decay-iters, default --train-iters)")
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
+                                else 4 * args.hidden_size)
+    if args.num_query_groups is None or not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+    tp = args.tensor_model_parallel_size
+    require(args.ffn_hidden_size % tp == 0,
+            f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
+            f"--tensor-model-parallel-size {tp} (set --ffn-hidden-size explicitly)")
+    require(args.num_query_groups % tp == 0,
+            f"--num-query-groups {args.num_query_groups} is not divisible by "
+            f"--tensor-model-parallel-size {tp}")
+
+
+def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argparse.Namespace:
+    """Checks flag combinations and fills derived fields (data_parallel_size, ...).
+
+    ``check_memory``: refuse a GPT model that cannot fit this machine
+    (:func:`flag_ranges.validate_memory`); pretrain_mamba.py checks its hybrid stack instead.
+    """
+    args.world_size = getattr(args, "world_size", None) or _world_size()
+    flag_ranges.validate_ranges(args, require)  # first: later checks divide by these
+    flag_ranges.validate_relations(args, require)
+    _validate_parallel_sizes(args)
+    _validate_virtual_pipeline(args)
+    _validate_sequence_length(args)
+    _validate_batch(args)
+    _validate_precision_and_data(args)
+    varlen_arguments.validate_varlen_args(args, require)
+    hf_arguments.validate_hf_args(args, require)
+    reliability_arguments.validate_reliability_args(args, require)
+    flag_ranges.validate_metrics_path(args, require)
+    # Derived once here (vocabulary from a tokenizer: run_description.describe_run).
+    vars(args).update(run_description.derive_run_values(args, args.vocab_size))
+    if check_memory:
+        flag_ranges.validate_memory(args, require,
+                                    args.num_layers * flag_ranges.gpt_layer_parameters(args))
+    return args
+
+
+def parse_args(argv: list[str] | None = None, world_size: int | None = None,
+               prog: str = "pretrain_gpt.py"):
+    """Parses and validates; raises ArgumentValidationError with a one-line message."""
+    parser = build_parser(prog)
+    argv = sys.argv[1:] if argv is None else argv
+    try:  # --hf-checkpoint: the checkpoint's architecture as defaults, checked for conflicts
+        fixed = hf_arguments.apply_checkpoint_defaults(parser, argv)
+        args = parser.parse_args(argv)
+        hf_arguments.check_conflicts(parser, args, fixed)
+    except ValueError as err:  # HFConfigError: one line, like every argument error
+        raise ArgumentValidationError(str(err)) from err
+    args.world_size = world_size
+    return validate_args(args)
+
+
+def parse_args_or_exit(argv: list[str] | None = None,
+                       prog: str = "pretrain_gpt.py") -> argparse.Namespace:
+    """For entry points: a user error prints one line and exits with code 2 (never a hang)."""
+    try:
+        return parse_args(argv, prog=prog)
+    except ArgumentValidationError as err:
+        print_error_line(prog, err)  # under torchrun every rank fails: rank 0
+        sys.exit(ERROR_EXIT_CODE)
+
+
+ARGUMENTS_DOTS_COLUMN = 48  # Megatron-LM's arguments dump pads each name with dots to here
+
+
+def format_arguments(args) -> str:
+    """Megatron-LM's arguments dump (every flag's value, sorted by name), as its start-up shows::
+
+        ------------------------ arguments ------------------------
+          seq_length ...................................... 512
+        -------------------- end of arguments ---------------------
+    """
+    lines = [f"  {name} {'.' * (ARGUMENTS_DOTS_COLUMN - len(name))} {value}"
+             for name, value in sorted(vars(args).items())]
+    return "\n".join(["------------------------ arguments ------------------------", *lines,
+                      "-------------------- end of arguments ---------------------"])

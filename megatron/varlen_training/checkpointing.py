@@ -1,0 +1,447 @@
+"""Save and resume with megatron-core dist_checkpointing (torch_dist format).
+
+Layout (Megatron-LM's): ``<dir>/iter_0000003/`` holds one checkpoint and
+``<dir>/latest_checkpointed_iteration.txt`` names the newest. The iteration in the directory
+name is the number of iterations completed, i.e. the one the last log line printed.
+Optimizer state uses megatron-core's ``dp_reshardable`` distributed-optimizer format.
+
+Besides megatron-core's files, each checkpoint holds ``manifest.json`` (size and SHA-256 of
+every file), ``run_args.json`` (what shapes the model, data order and schedule) and
+``rng/rank_NNNNN.pt`` (each rank's generator states). Saving writes a hidden staging folder and
+publishes it with one rename, then replaces the tracker atomically
+(:mod:`~megatron.varlen_training.checkpoint_integrity`). Loading checks, before megatron-core reads
+anything: the tracker, the folder, that the manifest lists every file in it and every file the
+format needs, every file against the manifest, that ``.metadata`` holds only
+checkpoint-metadata classes and that the small files are well-formed
+(:mod:`~megatron.varlen_training.checkpoint_safe_load`), and that the run continues the saved one
+(:mod:`~megatron.varlen_training.resume_consistency`). Every problem is a one-line
+:class:`~megatron.varlen_training.errors.CheckpointError`.
+
+A save that fails for an operational reason stops the run with one line and leaves the previous
+checkpoint as the latest (its staging folder is removed; staging folders left by killed saves
+are removed at the next save): disk full, unwritable or I/O errors on any rank are
+:class:`CheckpointSaveError` (exit code 1, like other failures of the run itself); Ctrl-C
+(SIGINT) is :class:`CheckpointSaveInterrupted`, exit code 130 (128 + SIGINT, what a shell
+reports for an interrupted command). A Ctrl-C reaches the whole process group: megatron-core's
+writer processes ignore it, and the main process reports it once and ends them. A Ctrl-C while
+the checkpoint is renamed into place and the tracker replaced is held until both are done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import threading
+
+import torch
+from torch.distributed.checkpoint import CheckpointException
+
+from megatron.core import dist_checkpointing
+from megatron.varlen_training import checkpoint_integrity as integrity
+from megatron.varlen_training import resume_consistency, rng_state
+from megatron.varlen_training.checkpoint_safe_load import (
+    COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
+    check_metadata_is_safe, shard_files,
+)
+from megatron.varlen_training.errors import (
+    INTERRUPTED_EXIT_CODE, PEER_LOST_MARKERS, TRAINING_FAILED_EXIT_CODE, CheckpointError,
+    agree_on_errors, one_line,
+)
+from megatron.varlen_training.log import print_rank_0
+from megatron.varlen_training.model import unwrap
+
+TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+_SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
+_RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
+# torch.save to a path reports a failed write (disk full) as a RuntimeError from its C++ zip
+# writer, without the OSError; megatron-core writes common.pt that way.
+_TORCH_WRITER_FAILURE = "inline_container.cc"
+# How an OSError reads once a wrapper's text is all that is left of it: megatron-core wraps
+# a writer's OSError in a RuntimeError, and the cause does not survive the pickling that
+# brings another rank's failure to rank 0.
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ([^\n]+)")
+_REMEDY = {errno.ENOSPC: "free space where --save points", errno.EDQUOT: "raise the quota",
+           errno.EACCES: "make --save writable", errno.EROFS: "make --save writable",
+           errno.EPERM: "make --save writable"}
+_DETAIL_CHARS = 160
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed for an operational reason (disk full, unwritable folder, I/O error); the
+    run itself failed (exit code 1), not its input."""
+
+    exit_code = TRAINING_FAILED_EXIT_CODE
+
+
+class CheckpointSaveInterrupted(CheckpointError):
+    """Ctrl-C (SIGINT) during a save."""
+
+    exit_code = INTERRUPTED_EXIT_CODE
+
+
+class _IOFailure(Exception):
+    """An I/O failure inside a save, as one line (the save turns it into CheckpointSaveError)."""
+
+
+_save_in_progress = False
+_HELPER_EXIT_S = 10.0  # how long a terminated writer process may take to go
+
+
+def _writer_ignores_sigint() -> None:
+    """Runs in each child forked during a save (megatron-core's file writers). Ctrl-C reaches
+    the whole process group; the main process reports it once and stops the writers
+    (:func:`_stop_writers`) instead of each printing its own KeyboardInterrupt traceback."""
+    if _save_in_progress:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+os.register_at_fork(after_in_child=_writer_ignores_sigint)
+
+
+def _stop_writers(before: set) -> None:
+    """Ends the writer processes a save started (those not in ``before``): an interrupted save
+    is discarded, and a writer left running could keep the process from exiting."""
+    for child in set(multiprocessing.active_children()) - before:
+        child.terminate()
+        child.join(timeout=_HELPER_EXIT_S)
+
+
+def checkpoint_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def _model_keys(model) -> list[str]:
+    return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+
+
+def _sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading: bool) -> dict:
+    state = {key: unwrap(chunk).sharded_state_dict()
+             for key, chunk in zip(_model_keys(model), model)}
+    model_state = state["model"] if len(model) == 1 else {
+        k: v for key in _model_keys(model) for k, v in state[key].items()}
+    state["optimizer"] = optimizer.sharded_state_dict(
+        model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
+    state["opt_param_scheduler"] = scheduler.state_dict()
+    state["iteration"] = iteration
+    return state
+
+
+def _writer_rank(name: str) -> int:
+    """The rank that wrote (and hashes) checkpoint file ``name``; shared files are rank 0's."""
+    match = _SHARD_FILE.search(name) or _RNG_FILE.search(name)
+    return int(match.group(1)) if match else 0
+
+
+def _os_error_in(err: BaseException) -> tuple[OSError | None, int | None]:
+    """The OSError behind ``err`` (its causes, contexts, and the per-rank failures megatron-core
+    gathers into a CheckpointException) and the rank it happened on, if known."""
+    pending, seen = [(err, None)], set()
+    while pending:
+        current, rank = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return current, rank
+        if isinstance(current, CheckpointException):
+            pending += [(failure[0], failed_rank)
+                        for failed_rank, failure in current.failures.items()]
+        elif match := _ERRNO_TEXT.search(str(current)):
+            return OSError(int(match.group(1)), match.group(2).strip()), rank
+        pending += [(current.__cause__, rank), (current.__context__, rank)]
+    return None, None
+
+
+def _io_failure(err: BaseException) -> str | None:
+    """``err``, raised on this rank, as one line if it is an I/O failure (disk full,
+    unwritable, ...), else None (a bug, or a lost peer rank: they keep their own reporting)."""
+    if any(marker in str(err) for marker in PEER_LOST_MARKERS):
+        return None  # another rank died: exit_on_user_errors reports that
+    os_error, rank = _os_error_in(err)
+    where = f"on rank {torch.distributed.get_rank() if rank is None else rank}"
+    if os_error is not None:
+        name = errno.errorcode.get(os_error.errno, "")
+        what = os_error.strerror or one_line(os_error)[:_DETAIL_CHARS]
+        file = f" writing {os_error.filename}" if os_error.filename else ""
+        remedy = _REMEDY.get(os_error.errno, "fix the cause")
+        return f"{what}{f' [{name}]' if name else ''}{file} {where} ({remedy})"
+    if isinstance(err, CheckpointException) and not err.failures:
+        return "a write failed on another rank (rank 0 names it)"  # failures go to rank 0
+    if isinstance(err, RuntimeError) and _TORCH_WRITER_FAILURE in str(err):
+        return (f"torch.save could not write a file {where}: {one_line(err)[:_DETAIL_CHARS]} "
+                f"(check free space and permissions where --save points)")
+    return None
+
+
+def _agree_on_save(step, *args) -> list:
+    """Runs ``step(*args)`` on every rank and gathers the results (rank order); if any rank
+    hit an I/O failure, raises it on every rank, so none waits for a peer that gave up."""
+    result, failure = None, None
+    try:
+        result = step(*args)
+    except (OSError, RuntimeError) as err:
+        failure = _io_failure(err)
+        if failure is None:
+            raise
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, (result, failure))
+    failures = [failure for _, failure in gathered if failure is not None]
+    if failures:
+        raise _IOFailure(failures[0])
+    return [result for result, _ in gathered]
+
+
+def _on_rank_0(step, *args):
+    return step(*args) if torch.distributed.get_rank() == 0 else None
+
+
+def _prepare_staging(root: str, staging: str) -> None:
+    stale = integrity.remove_stale_staging(root)
+    if stale:
+        print_rank_0(f" > removed {', '.join(stale)} from {root}: left by a save that did not "
+                     f"finish")
+    os.makedirs(staging)
+
+
+def _write_own_files(staging: str, args, extra_files: dict[str, str] | None) -> None:
+    """This rank's RNG states; rank 0 also the run description and the caller's files."""
+    rng_state.save(staging)
+    if torch.distributed.get_rank() == 0:
+        resume_consistency.save_run_args(staging, args)
+        for name, text in (extra_files or {}).items():
+            integrity.atomic_write_text(os.path.join(staging, name), text)
+
+
+def _digest_own_files(folder: str) -> dict[str, dict]:
+    """Hashes, on every rank in parallel, the files this rank wrote; all ranks get them all."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    names = [n for n in integrity.relative_files(folder) if _writer_rank(n) % world == rank]
+    parts = _agree_on_save(integrity.digest_files, folder, names)
+    return {name: entry for part in parts for name, entry in part.items()}
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """Holds a Ctrl-C back until the block is done: between publish()'s two renames (the same
+    iteration saved again) an interrupt would leave neither copy of that iteration."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        signal.raise_signal(signal.SIGINT)  # now handled as it would have been
+
+
+def _publish(root: str, iteration: int, staging: str, path: str, entries: dict) -> None:
+    integrity.write_manifest(staging, entries, torch.distributed.get_world_size())
+    with _sigint_held():
+        integrity.publish(staging, path)
+        integrity.atomic_write_text(os.path.join(root, TRACKER_FILENAME), str(iteration))
+
+
+def _write_and_publish(root: str, iteration: int, staging: str, path: str, model, optimizer,
+                       scheduler, args, extra_files) -> None:
+    _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
+    state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
+    # megatron-core gathers its writers' failures and raises them on every rank.
+    dist_checkpointing.save(state, staging)
+    _agree_on_save(_write_own_files, staging, args, extra_files)
+    entries = _digest_own_files(staging)
+    _agree_on_save(_on_rank_0, _publish, root, iteration, staging, path, entries)
+
+
+def _latest_or_none(root: str) -> int | None:
+    try:
+        return read_latest_iteration(root)
+    except (CheckpointError, OSError):
+        return None
+
+
+def _failed_save_message(root: str, iteration: int, why: str) -> str:
+    latest = _latest_or_none(root)
+    if latest == iteration:  # the failure came after the tracker named it
+        return (f"{why} after checkpoint iteration {iteration} was saved to {root!r}: it is the "
+                f"latest checkpoint; resume with --load {root}")
+    still = (f"the latest checkpoint is still iteration {latest}" if latest is not None
+             else "there is no complete checkpoint there yet")
+    return (f"checkpoint iteration {iteration} was not saved to {root!r}: {why}; {still}; "
+            f"resume with --load {root}")
+
+
+def _discard(staging: str) -> None:
+    """Removes a failed save's staging folder (on a full disk, its space is needed)."""
+    if torch.distributed.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args,
+                    extra_files: dict[str, str] | None = None) -> str:
+    """Writes iteration ``iteration`` under ``root``, publishes it atomically and updates the
+    tracker file (module docstring). ``args``: the run's arguments, recorded for resume checks;
+    ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest).
+
+    Raises:
+        CheckpointSaveError: disk full, unwritable or an I/O error on any rank (every rank).
+        CheckpointSaveInterrupted: Ctrl-C during the save.
+    """
+    global _save_in_progress
+    path = checkpoint_dir(root, iteration)
+    staging = integrity.staging_dir(path)
+    helpers_before = set(multiprocessing.active_children())
+    _save_in_progress = True
+    try:
+        _write_and_publish(root, iteration, staging, path, model, optimizer, scheduler, args,
+                           extra_files)
+    except KeyboardInterrupt:
+        _stop_writers(helpers_before)
+        _discard(staging)
+        raise CheckpointSaveInterrupted(_failed_save_message(
+            root, iteration, "interrupted by Ctrl-C (SIGINT)")) from None
+    except _IOFailure as failure:
+        _discard(staging)
+        raise CheckpointSaveError(_failed_save_message(root, iteration, str(failure))) from None
+    except (OSError, RuntimeError, CheckpointException) as err:
+        reason = _io_failure(err)
+        if reason is None:
+            raise
+        _discard(staging)
+        raise CheckpointSaveError(_failed_save_message(root, iteration, reason)) from None
+    finally:
+        _save_in_progress = False
+    return path
+
+
+def read_latest_iteration(root: str) -> int:
+    """The iteration named by the tracker file; a one-line CheckpointError if it is unusable."""
+    tracker = os.path.join(root, TRACKER_FILENAME)
+    if not os.path.isfile(tracker):
+        raise CheckpointError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is "
+                              f"missing)")
+    with open(tracker, encoding="utf-8", errors="replace") as handle:
+        text = handle.read().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"tracker file {tracker!r} is {'empty' if not text else 'garbled'} "
+                              f"(got {text[:40]!r}); it should hold the latest iteration number")
+    return int(text)
+
+
+def _required_files(entries: dict[str, dict], world_size: int | None) -> dict[str, str]:
+    """The files (name -> why) every checkpoint of this format has, besides the shards
+    ``.metadata`` names: megatron-core's and ours, and one RNG file per saving rank."""
+    required = {name: "every checkpoint has one" for name in (
+        METADATA_FILENAME, CONFIG_FILENAME, COMMON_FILENAME, resume_consistency.RUN_ARGS_FILENAME)}
+    if world_size is None:  # manifests written before the world size: the RNG files listed
+        world_size = sum(1 for name in entries if name.startswith(rng_state.RNG_SUBDIR + "/"))
+    required.update({rng_state.rng_filename(rank): f"the random states of rank {rank} of "
+                     f"{world_size}" for rank in range(max(world_size, 1))})
+    return required
+
+
+def _verify_share(folder: str) -> None:
+    """Checks that the manifest covers the checkpoint, then this rank's 1/world share of its
+    files (all ranks together check every file)."""
+    entries, world_size = integrity.read_manifest(folder)
+    integrity.check_complete(folder, entries, _required_files(entries, world_size))
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    integrity.verify_files(folder, entries, sorted(entries)[rank::world])
+
+
+def _check_format_files(folder: str) -> None:
+    """What megatron-core reads first, once verified: ``.metadata`` unpickles safely and names
+    only listed shards, ``metadata.json`` is well-formed, ``common.pt`` holds plain data."""
+    shards = shard_files(folder, check_metadata_is_safe(folder))
+    entries, _ = integrity.read_manifest(folder)
+    integrity.check_complete(folder, entries, {name: f"named by {METADATA_FILENAME}"
+                                               for name in shards})
+    check_config(folder)
+    check_common_is_safe(folder)
+
+
+def check_checkpoint(root: str) -> tuple[int, str]:
+    """The latest iteration and its folder, verified and safe to read, or a CheckpointError
+    raised on every rank."""
+    iteration = agree_on_errors(read_latest_iteration, root)
+    folder = checkpoint_dir(root, iteration)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{TRACKER_FILENAME} in {root!r} names iteration {iteration} but "
+                              f"{folder!r} is missing")
+    agree_on_errors(_verify_share, folder)  # every file verified before any is parsed
+    agree_on_errors(_check_format_files, folder)
+    return iteration, folder
+
+
+def _check_run_args(folder: str, args) -> None:
+    """Refuses a run that would not continue the saved one, on every rank; rank 0 alone reads
+    the data files for their fingerprints."""
+    note = agree_on_errors(resume_consistency.check_run_args, folder, args,
+                           torch.distributed.get_rank() == 0)
+    if note is not None:
+        print_rank_0(f" > {note}")
+
+
+def _materialize_optimizer_state(optimizer) -> None:
+    """Gives a fresh optimizer the state entries a checkpoint will fill.
+
+    megatron-core's DistributedOptimizer builds its loading template from its current state,
+    and without Apex/TE it expects torch Adam's ``step`` entry in it; a fresh optimizer has no
+    state at all, and ``init_state_fn`` creates the moments but not ``step``. The values
+    written here are placeholders: the load overwrites every one of them.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if getattr(opt, "init_state_fn", None) is None or opt.optimizer is None:
+            continue
+        opt.init_state_fn(opt.optimizer, opt.config)
+        for state in opt.optimizer.state.values():
+            state.setdefault("step", torch.zeros((), dtype=torch.float32))
+
+
+def _restore_adam_steps(optimizer) -> None:
+    """Per-parameter Adam ``step`` from the restored param groups, one tensor per parameter.
+
+    Without Apex/TE, megatron-core's DistributedOptimizer restores the iteration count into its
+    param groups (``group["step"]``) but not into the per-parameter state torch Adam reads, and
+    where it does set per-parameter steps it shares ONE tensor among them, which torch Adam
+    increments in place once per parameter. Both skew bias correction after a resume.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        for group in (inner.param_groups if inner is not None else ()):
+            if "step" not in group:
+                continue
+            for param in group["params"]:
+                inner.state[param]["step"] = torch.tensor(float(group["step"]))
+
+
+def load_checkpoint(root: str, model, optimizer, scheduler, args=None) -> int:
+    """Restores model, optimizer, LR scheduler and RNG states; returns the iteration to continue
+    from. With ``args``, refuses a run that would not continue the saved one."""
+    iteration, folder = check_checkpoint(root)
+    if args is not None:
+        _check_run_args(folder, args)
+    _materialize_optimizer_state(optimizer)
+    template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True)
+    state = dist_checkpointing.load(template, folder)
+    if args is not None:
+        resume_consistency.check_scheduler(state["opt_param_scheduler"], scheduler, args)
+    for key, chunk in zip(_model_keys(model), model):
+        unwrap(chunk).load_state_dict(state[key])
+    with torch.no_grad():  # megatron-core copies into main-param views of leaves needing grad
+        optimizer.load_state_dict(state["optimizer"])
+    _restore_adam_steps(optimizer)
+    scheduler.load_state_dict(state["opt_param_scheduler"])
+    restored = agree_on_errors(rng_state.load, folder)  # a bad file on one rank stops all
+    if not restored:
+        print_rank_0(f" > {folder}: random states not restored (saved on another parallel "
+                     f"layout): dropout will differ from an uninterrupted run")
+    return int(state["iteration"])

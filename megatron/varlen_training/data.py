@@ -1,0 +1,139 @@
+"""Global-batch sampling and the unpacked (padded [b, s]) micro-batch path.
+
+Sample ``i`` of the dataset is read by index, so every rank that needs a micro-batch (all TP
+ranks and PP stages of one DP replica) reads the same samples deterministically. The packed
+path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.data_schedule`) returns the same
+``StepBatches``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.varlen_training.datasets import collate_padded
+from megatron.varlen.attention.attention_plan import host_to_device
+from megatron.varlen.cp_split import split_sbhd_for_cp
+from megatron.varlen.cpu_device import get_device
+from megatron.varlen.data_schedule import GlobalBatchPacker, PackingConfig, StepBatches
+from megatron.varlen.scheduling.cost_model import CostModel
+
+_SEQ_DIM = 1  # batches are [b, s]
+
+
+def global_batch_indices(iteration: int, global_batch_size: int) -> range:
+    """Dataset indices of global batch ``iteration`` (0-based), in order."""
+    start = iteration * global_batch_size
+    return range(start, start + global_batch_size)
+
+
+def dp_microbatch_indices(indices: range, micro_batch_size: int, dp_size: int, dp_rank: int):
+    """Megatron's split: each chunk of mbs*dp samples gives DP rank r its slice r."""
+    step = micro_batch_size * dp_size
+    return [
+        list(indices[start + dp_rank * micro_batch_size: start + (dp_rank + 1) * micro_batch_size])
+        for start in range(0, len(indices), step)
+    ]
+
+
+def _slice_for_context_parallel(batch: dict) -> dict:
+    cp_size = parallel_state.get_context_parallel_world_size()
+    if cp_size == 1:
+        return batch
+    cp_rank = parallel_state.get_context_parallel_rank()
+    return {key: split_sbhd_for_cp(value, cp_size, cp_rank, seq_dim=_SEQ_DIM)
+            for key, value in batch.items()}
+
+
+def _to_device(batch: dict) -> dict:
+    device = get_device()  # pinned, asynchronous copies on CUDA: the host does not wait
+    return {key: host_to_device(value, device) for key, value in batch.items()}
+
+
+class UnpackedBatchProvider:
+    """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank."""
+
+    def __init__(self, dataset, args):
+        self.dataset = dataset
+        self.args = args
+
+    def step_batches(self, iteration: int) -> StepBatches:
+        args = self.args
+        indices = global_batch_indices(iteration, args.global_batch_size)
+        per_rank = dp_microbatch_indices(
+            indices, args.micro_batch_size, parallel_state.get_data_parallel_world_size(),
+            parallel_state.get_data_parallel_rank())
+        samples = [[self.dataset[i] for i in mb] for mb in per_rank]
+        microbatches = [_to_device(_slice_for_context_parallel(collate_padded(mb)))
+                        for mb in samples]
+        seqlen_sum, seqlen_squared_sum = _global_length_sums(
+            [sample["length"] for mb in samples for sample in mb])
+        slots = len(indices) * args.seq_length
+        return StepBatches(
+            microbatches=microbatches,
+            num_microbatches=len(microbatches),
+            seqlen_sum=seqlen_sum,
+            seqlen_squared_sum=seqlen_squared_sum,
+            stats={"real_tokens": seqlen_sum, "padding_ratio": 1.0 - seqlen_sum / slots},
+        )
+
+
+def _global_length_sums(local_lengths: list[int]) -> tuple[int, int]:
+    """Exact sum(L) and sum(L^2) over the global batch from each DP replica's own samples.
+
+    int64 all-reduce over DP (CP ranks of a replica hold the same samples): exact, unlike the
+    float32 sums upstream broadcasts, and no rank reads samples it does not train on.
+    """
+    sums = torch.tensor([sum(local_lengths), sum(n * n for n in local_lengths)],
+                        dtype=torch.int64, device=get_device())
+    torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+    return int(sums[0]), int(sums[1])
+
+
+def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
+    """DP replica r's share of a global batch: its r-th contiguous block, in order.
+
+    Used by the packed path (:class:`PackedBatchProvider`) and by ``megatron.wrap``, so the same
+    samples give the same schedule either way. When ``dp_size`` does not divide the batch (a
+    runtime batch of any size), the first ``len(items) % dp_size`` replicas take one more item;
+    a replica may get none (the packing path gathers lengths over DP and handles that).
+    """
+    base, extra = divmod(len(items), dp_size)
+    start = dp_rank * base + min(dp_rank, extra)
+    return items[start: start + base + (1 if dp_rank < extra else 0)]
+
+
+def build_packing_config(args, pad_id: int) -> PackingConfig:
+    """The packing path's settings from the parsed flags."""
+    pp = args.pipeline_model_parallel_size
+    return PackingConfig(
+        scheduler=args.sequence_packing_scheduler,
+        max_seqlen_per_rank=args.max_seqlen_per_dp_cp_rank,
+        pad_id=pad_id,
+        sp_factor=args.tensor_model_parallel_size if args.sequence_parallel else 1,
+        min_cp_size=args.min_dynamic_context_parallel_size,
+        vpp_group_size=pp if args.virtual_pipeline_model_parallel_size else 1,
+        min_num_microbatches=pp,
+        pipeline_stages=pp,
+        # Hybrid models: only attention layers are quadratic (a = their fraction of layers).
+        cost=CostModel.for_model(args.hidden_size, args.hardware_profile,
+                                 a=getattr(args, "hybrid_attention_fraction", None)),
+        fixed_tokens_per_rank=None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank,
+    )
+
+
+class PackedBatchProvider:
+    """Variable-length samples packed into THD micro-batches by the varlen data path."""
+
+    def __init__(self, dataset, args, config: PackingConfig, group_lookup=None):
+        self.dataset = dataset
+        self.args = args
+        self.packer = GlobalBatchPacker(config, group_lookup=group_lookup)
+
+    def step_batches(self, iteration: int) -> StepBatches:
+        indices = global_batch_indices(iteration, self.args.global_batch_size)
+        mine = replica_block(indices, parallel_state.get_data_parallel_world_size(),
+                             parallel_state.get_data_parallel_rank())
+        return self.packer.pack_global_batch([self.dataset[i] for i in mine])

@@ -1,0 +1,204 @@
+"""Builds the train and validation datasets from the parsed command line.
+
+- ``--mock-data``: :class:`MockGPTDataset` (every sample ``--seq-length`` long).
+- ``--mock-data --sft``: :class:`MockSFTDataset`, lengths from ``--sft-mock-dataset-config-json``.
+- ``--sft --data-path FILE``: :class:`SFTDataset` over a JSONL file.
+
+Mock validation sets are the same kind of dataset with the seed ``--seed + VALID_SEED_OFFSET``.
+A real SFT file is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
+held out for validation (none when no eval samples are requested); training reads the rest, one
+seeded permutation per epoch, for as many epochs as ``train_samples`` needs; validation cycles
+over the held-out tail in file order. Without ``--sequence-packing`` every sample is padded to
+``--seq-length`` (the unpacked baseline); with it, to a multiple of :func:`get_pad_multiple`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import operator
+
+import numpy as np
+import torch
+
+from megatron.varlen.length_distributions import parse_length_config
+from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
+from megatron.varlen_training.datasets.sample import get_pad_multiple
+from megatron.varlen_training.datasets.sft import SFTDataset
+from megatron.varlen_training.flag_ranges import GIB, host_memory_bytes
+from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.tokenizer import NullTokenizer, Tokenizer
+
+
+VALID_SEED_OFFSET = 1_000_003  # mock validation seed = --seed + this
+VALID_FRACTION = 0.05  # share of a real SFT file held out for validation
+# Mock datasets keep (at least) one int64 length per sample they provide.
+MOCK_BYTES_PER_SAMPLE = 8
+
+
+class EpochDataset(torch.utils.data.Dataset):
+    """``num_samples`` reads over ``doc_ids`` of ``dataset``, epoch after epoch.
+
+    Read ``idx`` returns ``dataset[doc_ids[order_e[idx % n]]]`` with ``e = idx // n``, where
+    ``order_e`` is a permutation seeded by ``(seed, e)`` when ``shuffle`` is set, else the
+    identity; its ``sample_id`` is ``idx``.
+
+    Args:
+        dataset: Dataset to read from.
+        doc_ids: Indices of ``dataset`` to use (non-empty).
+        num_samples: Number of reads this dataset provides.
+        seed: Seed of the per-epoch permutations, non-negative.
+        shuffle: Permute each epoch.
+    """
+
+    def __init__(self, dataset, doc_ids: np.ndarray, num_samples: int, seed: int, shuffle: bool):
+        assert len(doc_ids) > 0, "EpochDataset needs at least one document"
+        self._dataset = dataset
+        self._doc_ids = np.asarray(doc_ids, dtype=np.int64)
+        self._num_samples = num_samples
+        self._seed = seed
+        self._shuffle = shuffle
+        self._cached_epoch = -1
+        self._cached_order = self._doc_ids
+
+    def __len__(self) -> int:
+        return self._num_samples
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if not self._shuffle:
+            return self._doc_ids
+        if epoch != self._cached_epoch:
+            rng = np.random.default_rng([self._seed, epoch])
+            self._cached_order = rng.permutation(self._doc_ids)
+            self._cached_epoch = epoch
+        return self._cached_order
+
+    def __getitem__(self, idx: int) -> dict:
+        idx = operator.index(idx)
+        if not 0 <= idx < len(self):
+            raise IndexError(f"sample {idx} out of range [0, {len(self)})")
+        epoch, position = divmod(idx, len(self._doc_ids))
+        sample = self._dataset[int(self._epoch_order(epoch)[position])]
+        sample["sample_id"] = idx
+        return sample
+
+
+def build_datasets(
+    args: argparse.Namespace, tokenizer: Tokenizer | None, *, pad_to_multiple_of: int | None = None
+):
+    """Builds ``(train_ds, valid_ds)`` as described in the module docstring.
+
+    Args:
+        args: Reads ``mock_data, sft, data_path, seq_length, seed, train_samples, eval_samples,
+            sft_mock_dataset_config_json, context_parallel_size, tensor_model_parallel_size,
+            sequence_parallel, sequence_packing, vocab_size``.
+        tokenizer: Supplies vocab size, eod and pad; ``None`` with mock data means
+            ``NullTokenizer(args.vocab_size)``.
+        pad_to_multiple_of: Overrides :func:`get_pad_multiple` of the parallel sizes (e.g. for
+            dynamic CP, whose largest CP group exceeds ``--context-parallel-size``).
+
+    Returns:
+        ``(train_ds, valid_ds)``; ``valid_ds`` is ``None`` when ``args.eval_samples`` is 0.
+
+    Raises:
+        ValueError: Missing ``--data-path``, unsupported data flags, or sizes that do not fit.
+    """
+    multiple = pad_to_multiple_of or get_pad_multiple(
+        args.context_parallel_size, args.tensor_model_parallel_size, args.sequence_parallel
+    )
+    pad_to_seq_length = not args.sequence_packing
+    if pad_to_seq_length and args.seq_length % multiple:
+        raise ValueError(
+            f"--seq-length {args.seq_length} must be a multiple of {multiple} (2 x context "
+            "parallel x tensor parallel with sequence parallel) without --sequence-packing"
+        )
+    if tokenizer is None:
+        tokenizer = NullTokenizer(args.vocab_size)
+    if args.vocab_size is not None and args.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"--vocab-size {args.vocab_size} is smaller than the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size})"
+        )
+    if args.mock_data:
+        build = _build_mock_sft if args.sft else _build_mock_gpt
+    elif args.sft:
+        build = _build_sft
+    else:
+        raise ValueError("only --mock-data or --sft with a JSONL --data-path is supported")
+    return build(args, tokenizer, multiple, pad_to_seq_length)
+
+
+def _build_mock_gpt(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
+    def build(num_samples: int, seed: int) -> MockGPTDataset:
+        return MockGPTDataset(
+            num_samples,
+            args.seq_length,
+            tokenizer.vocab_size,
+            seed,
+            tokenizer.eod,
+            pad=tokenizer.pad,
+            pad_to_multiple_of=multiple,
+        )
+
+    return _train_and_valid(args, build)
+
+
+def _build_mock_sft(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
+    length_config = parse_length_config(args.sft_mock_dataset_config_json, args.seq_length)
+
+    def build(num_samples: int, seed: int) -> MockSFTDataset:
+        return MockSFTDataset(
+            num_samples,
+            args.seq_length,
+            tokenizer.vocab_size,
+            seed,
+            tokenizer.eod,
+            length_config,
+            multiple,
+            pad_to_seq_length,
+            pad=tokenizer.pad,
+        )
+
+    return _train_and_valid(args, build)
+
+
+def check_mock_sample_count(train_samples: int, eval_samples: int) -> None:
+    """Mock datasets materialise a length per sample: refuse counts whose arrays cannot fit this
+    machine's memory (a huge --train-iters would otherwise fail in numpy with a traceback).
+
+    Raises:
+        ValueError: one line naming the sample counts and the flags that make them.
+    """
+    need, limit = (train_samples + eval_samples) * MOCK_BYTES_PER_SAMPLE, host_memory_bytes()
+    if need > limit:
+        raise ValueError(
+            f"--mock-data keeps one length per sample: {train_samples} training samples "
+            f"(--train-iters x --global-batch-size) and {eval_samples} validation samples "
+            f"(--eval-iters, every --eval-interval) take {need / GIB:.1f} GiB, above this "
+            f"machine's {limit / GIB:.1f} GiB of memory (lower --train-iters or --eval-iters)")
+
+
+def _train_and_valid(args, build):
+    check_mock_sample_count(args.train_samples, args.eval_samples)
+    valid = build(args.eval_samples, args.seed + VALID_SEED_OFFSET) if args.eval_samples else None
+    return build(args.train_samples, args.seed), valid
+
+
+def _build_sft(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
+    if not args.data_path:
+        raise ValueError("--sft without --mock-data needs --data-path FILE.jsonl")
+    if len(args.data_path) > 1:
+        warning_rank_0("--sft reads only the first --data-path entry %r", args.data_path[0])
+    full = SFTDataset(args.data_path[0], tokenizer, args.seq_length, multiple, pad_to_seq_length)
+    num_docs = len(full)
+    num_valid = max(1, round(VALID_FRACTION * num_docs)) if args.eval_samples else 0
+    if num_valid >= num_docs:
+        raise ValueError(
+            f"--data-path {args.data_path[0]!r} has {num_docs} sample(s): too few to hold out "
+            "a validation tail (set --eval-iters 0 or add samples)"
+        )
+    doc_ids = np.arange(num_docs)
+    train = EpochDataset(full, doc_ids[: num_docs - num_valid], args.train_samples, args.seed, True)
+    valid = None
+    if num_valid:
+        valid = EpochDataset(full, doc_ids[num_docs - num_valid :], args.eval_samples, 0, False)
+    return train, valid

@@ -1,0 +1,38 @@
+"""Model FLOPs of one training step from the REAL sequence lengths of the global batch.
+
+Token-linear work scales with sum(L); causal core attention with sum(L^2). Counting from padded
+lengths (as upstream Megatron-LM does with packed sequences) overstates throughput; sums are
+exact Python ints.
+
+Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), output projection
+2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h. Per sequence of length L, causal attention forward:
+QK^T and AV over the lower triangle, 2 * 2*q*L^2/2 = 2*q*L^2. Logits: 2*h*V per token.
+Training = forward + backward = 3x forward.
+"""
+
+from __future__ import annotations
+
+FORWARD_AND_BACKWARD = 3
+MULTIPLY_ADD = 2
+
+
+def _linear_flops_per_token(args) -> int:
+    head_dim = args.hidden_size // args.num_attention_heads
+    q_dim = args.num_attention_heads * head_dim
+    kv_dim = args.num_query_groups * head_dim
+    h, f = args.hidden_size, args.ffn_hidden_size
+    gate = 2 if args.swiglu else 1
+    per_layer = h * (q_dim + 2 * kv_dim) + q_dim * h + h * f * gate + f * h
+    logits = h * args.padded_vocab_size
+    return MULTIPLY_ADD * (args.num_layers * per_layer + logits)
+
+
+def num_floating_point_operations(args, seqlen_sum: int, seqlen_squared_sum: int) -> int:
+    """Training FLOPs of one global batch with the given sum(L) and sum(L^2)."""
+    if getattr(args, "hybrid_layer_pattern", None):  # pretrain_mamba.py: per layer type
+        from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
+        return hybrid_floating_point_operations(args, seqlen_sum, seqlen_squared_sum)
+    q_dim = args.num_attention_heads * (args.hidden_size // args.num_attention_heads)
+    attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * args.num_layers
+    linear = _linear_flops_per_token(args) * seqlen_sum
+    return FORWARD_AND_BACKWARD * (linear + attention)

@@ -1,0 +1,108 @@
+"""Flags for Hugging Face checkpoints and the Llama/Qwen model features they need.
+
+``--hf-checkpoint DIR`` is resolved while the command line is parsed, before anything reads the
+arguments: the checkpoint's ``config.json`` supplies the defaults of the architecture flags
+(:func:`megatron.varlen_training.hf.config.flag_values`), so those flags become optional, and a flag
+given with a different value than the checkpoint's is a one-line error naming both values.
+Nothing is written into ``args`` afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from megatron.varlen_training.hf.config import (
+    HFConfigError, config_from_args, flag_values, load_hf_config, overridable_defaults,
+)
+
+HF_CHECKPOINT_FLAG = "--hf-checkpoint"
+
+
+def add_hf_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Hugging Face checkpoints and Llama/Qwen model features")
+    group.add_argument(HF_CHECKPOINT_FLAG, default=None, metavar="DIR",
+                       help="Initialise from this local Hugging Face checkpoint (Llama, Qwen2, "
+                            "Qwen3); its config.json supplies the architecture flags.")
+    group.add_argument("--save-hf", default=None, metavar="DIR",
+                       help="Write the trained model as a Hugging Face checkpoint at the end.")
+    group.add_argument("--kv-channels", type=int, default=None,
+                       help="Attention head dimension. Default: hidden size / attention heads.")
+    group.add_argument("--norm-epsilon", type=float, default=1e-5,
+                       help="Epsilon of the layer norms.")
+    group.add_argument("--add-qkv-bias", action="store_true",
+                       help="Bias on the query/key/value projection only (Qwen2).")
+    group.add_argument("--qk-layernorm", action="store_true",
+                       help="Normalise queries and keys per head before RoPE (Qwen3).")
+    group.add_argument("--use-rope-scaling", action="store_true",
+                       help="Llama-3 RoPE frequency scaling (with --rope-scaling-factor).")
+    group.add_argument("--rope-scaling-factor", type=float, default=8.0,
+                       help="Llama-3 RoPE scaling factor.")
+
+
+def _checkpoint_dir(argv: list[str]) -> str | None:
+    peek = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    peek.add_argument(HF_CHECKPOINT_FLAG, default=None)
+    known, _ = peek.parse_known_args(argv)
+    return known.hf_checkpoint
+
+
+def apply_checkpoint_defaults(parser: argparse.ArgumentParser, argv: list[str]) -> dict:
+    """With ``--hf-checkpoint`` in ``argv``: the checkpoint's architecture becomes the parser's
+    defaults (required flags become optional). Returns the architecture flags ({} without).
+
+    Raises:
+        HFConfigError: No config.json, or an unsupported architecture or field (one line).
+    """
+    hf_dir = _checkpoint_dir(argv)
+    if hf_dir is None:
+        return {}
+    config = load_hf_config(hf_dir)
+    fixed = flag_values(config)
+    defaults = {**overridable_defaults(config), **fixed}
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public API for this
+        if action.dest in defaults:
+            action.required = False
+    parser.set_defaults(**defaults)
+    return fixed
+
+
+def _flag(parser: argparse.ArgumentParser, dest: str) -> str:
+    for action in parser._actions:  # noqa: SLF001
+        if action.dest == dest and action.option_strings:
+            return action.option_strings[0]
+    return dest
+
+
+def check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                    fixed: dict) -> None:
+    """A flag that disagrees with the checkpoint's architecture is an error naming both."""
+    for dest, value in fixed.items():
+        given = getattr(args, dest)
+        if given != value:
+            raise HFConfigError(
+                f"{_flag(parser, dest)} {given} conflicts with the {HF_CHECKPOINT_FLAG} "
+                f"{args.hf_checkpoint} config.json value {value} (drop the flag or change it "
+                f"to match)")
+
+
+def validate_hf_args(args: argparse.Namespace, require) -> None:
+    """Checks the Hugging Face flags after the others (``require(cond, message)``)."""
+    require(args.kv_channels is None or args.kv_channels > 0,
+            f"--kv-channels must be positive (got {args.kv_channels})")
+    if args.hf_checkpoint or args.save_hf:
+        require(not args.mtp_num_layers,
+                "--hf-checkpoint/--save-hf do not support --mtp-num-layers (no Llama/Qwen "
+                "checkpoint has MTP layers)")
+    if args.hf_checkpoint:
+        # Imported here: the parser itself stays free of torch (wrap configs build without it).
+        from megatron.varlen_training.hf.safetensors_io import CheckpointFileError, SafetensorsReader
+
+        try:  # the index names only existing shards (a missing one fails here, not mid-load)
+            SafetensorsReader(args.hf_checkpoint)
+        except (CheckpointFileError, ImportError) as err:
+            require(False, f"--hf-checkpoint: {err}")
+    if args.save_hf:
+        try:
+            config_from_args(args)
+        except HFConfigError as err:
+            require(False, f"--save-hf: {err}")

@@ -1,0 +1,58 @@
+"""Megatron checkpoint (``--save`` directory) -> Hugging Face checkpoint directory.
+
+    python tools/export_hf.py --load CKPT_ROOT --save-hf OUT_DIR --hf-checkpoint ORIGINAL_HF_DIR
+    python tools/export_hf.py --load CKPT_ROOT --save-hf OUT_DIR <the model flags of the run>
+
+Takes pretrain_gpt.py's flags (the architecture from ``--hf-checkpoint`` or from the model
+flags; training-only flags may be left out). Runs as one process, or under torchrun in any
+TP/PP layout: dist_checkpointing reshards the weights on load. Only the model weights are read.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from megatron.core import dist_checkpointing
+from megatron.varlen_training.arguments import ERROR_EXIT_CODE, parse_args_or_exit
+from megatron.varlen_training.checkpointing import check_checkpoint
+from megatron.varlen_training.errors import exit_on_user_errors, print_error_line
+from megatron.varlen_training.hf.exporter import save_hf
+from megatron.varlen_training.initialize import initialize_megatron, shutdown
+from megatron.varlen_training.log import print_rank_0
+from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
+
+EXPORT_PROG = "export_hf.py"  # what usage lines and errors call this tool
+
+# Flags the parser requires that an export does not use; the caller's own values win.
+_UNUSED_REQUIRED_FLAGS = ["--train-iters", "1", "--lr", "0", "--mock-data", "--seq-length", "2"]
+
+
+def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
+    """Loads only the model weights of the newest checkpoint under ``root``; its iteration."""
+    # Verified (manifest) and vetted (restricted unpickling) exactly as --load does.
+    iteration, folder = check_checkpoint(root)
+    keys = ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+    template = {key: unwrap(chunk).sharded_state_dict() for key, chunk in zip(keys, model)}
+    state = dist_checkpointing.load(template, folder)
+    for key, chunk in zip(keys, model):
+        unwrap(chunk).load_state_dict(state[key])
+    return iteration
+
+
+def main(argv: list[str] | None = None) -> str:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args_or_exit(_UNUSED_REQUIRED_FLAGS + argv, prog=EXPORT_PROG)
+    if not args.load or not args.save_hf:
+        print_error_line("export_hf.py", "needs --load CKPT_ROOT and --save-hf OUT_DIR")
+        sys.exit(ERROR_EXIT_CODE)
+    initialize_megatron(args)
+    try:
+        with exit_on_user_errors("export_hf.py"):  # a bad or unsafe checkpoint: one line
+            model = build_model(args, build_transformer_config(args))
+            iteration = load_model_weights(args.load, model)
+            print_rank_0(f"> loaded iteration {iteration} from {args.load}")
+            return save_hf(args, model)
+    finally:
+        shutdown()

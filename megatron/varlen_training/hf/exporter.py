@@ -1,0 +1,167 @@
+"""Write our GPT model as a Hugging Face checkpoint directory that ``transformers`` loads.
+
+Each pipeline stage writes its own safetensors shard: the stage's TP ranks gather each
+parameter over TP (only the first data/context-parallel replica takes part), TP rank 0 converts
+the full tensors to HF names and writes them. Global rank 0 then writes ``config.json``, the
+shard index (with PP > 1) and ``generation_config.json``. No rank holds more than one stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.varlen_training.hf import weights
+from megatron.varlen_training.hf.config import (
+    HFModelConfig, config_from_args, load_hf_config, to_config_json,
+)
+from megatron.varlen_training.hf.safetensors_io import (
+    INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
+)
+from megatron.varlen_training.layout_invariant_init import canonical_parameter_name
+from megatron.varlen_training.log import print_rank_0
+from megatron.varlen_training.model import unwrap
+
+GENERATION_CONFIG_FILENAME = "generation_config.json"
+# A Hugging Face tokenizer directory's files (fast and slow tokenizers, chat template).
+TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json")
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_TIED_OUTPUT = "output_layer.weight"
+
+
+def expected_hf_names(config: HFModelConfig) -> set[str]:
+    """Every tensor name a checkpoint of this architecture holds."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config.tied_embeddings:
+        names.add("lm_head.weight")
+    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight",
+                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                 "mlp.down_proj.weight"]
+    per_layer += [f"self_attn.{p}_proj.weight" for p in "qkv"]
+    if config.qkv_bias:
+        per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
+    if config.qk_layernorm:
+        per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    for layer in range(config.num_layers):
+        names.update(f"model.layers.{layer}.{suffix}" for suffix in per_layer)
+    return names
+
+
+def _gather_tp(tensor: torch.Tensor) -> list[torch.Tensor]:
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    if tp_size == 1:
+        return [tensor]
+    shards = [torch.empty_like(tensor) for _ in range(tp_size)]
+    torch.distributed.all_gather(shards, tensor.contiguous(),
+                                 group=parallel_state.get_tensor_model_parallel_group())
+    return shards
+
+
+@torch.no_grad()
+def stage_tensors(chunks: list[torch.nn.Module], config: HFModelConfig) -> dict[str, torch.Tensor]:
+    """This stage's parameters as full HF tensors (on every TP rank of the stage)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            if config.tied_embeddings and name == _TIED_OUTPUT:
+                continue  # the first stage writes the word embedding it mirrors
+            rule, names = weights.match(canonical_parameter_name(
+                chunk, name, config.tied_embeddings))
+            shards = [s.detach().cpu() for s in _gather_tp(param.detach())]
+            tensors.update(weights.hf_tensors(rule, names, shards, config))
+    return tensors
+
+
+def _is_first_replica() -> bool:
+    return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
+
+
+def _write_metadata(out_dir: str, config: HFModelConfig, weight_map: dict[str, str],
+                    total_bytes: int, dtype: torch.dtype) -> None:
+    missing = expected_hf_names(config) - set(weight_map)
+    if missing:
+        raise RuntimeError(f"export wrote no tensor {sorted(missing)[0]!r} "
+                           f"({len(missing)} missing)")
+    if len(set(weight_map.values())) > 1:
+        write_index(out_dir, weight_map, total_bytes)
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
+        json.dump(to_config_json(config, _DTYPE_NAMES[dtype]), handle, indent=2)
+    generation = {k: v for k, v in (("bos_token_id", config.bos_token_id),
+                                    ("eos_token_id", config.eos_token_id)) if v is not None}
+    if generation:
+        with open(os.path.join(out_dir, GENERATION_CONFIG_FILENAME), "w",
+                  encoding="utf-8") as handle:
+            json.dump(generation, handle, indent=2)
+
+
+def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig) -> str:
+    """Writes the model (this rank's unwrapped chunks, all ranks calling) to ``out_dir``.
+
+    Returns:
+        ``out_dir``.
+    """
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    filename = SINGLE_FILE if pp_size == 1 else SHARD_FORMAT.format(pp_rank + 1, pp_size)
+    part: dict[str, str] = {}
+    total_bytes = 0
+    dtype = next(chunks[0].parameters()).dtype
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(out_dir, exist_ok=True)
+    torch.distributed.barrier()
+    if _is_first_replica():
+        tensors = stage_tensors(chunks, config)
+        if parallel_state.get_tensor_model_parallel_rank() == 0:
+            write_shard(os.path.join(out_dir, filename), tensors)
+            part = {name: filename for name in tensors}
+            total_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, (part, total_bytes))
+    if torch.distributed.get_rank() == 0:
+        weight_map = {name: f for names, _ in parts for name, f in names.items()}
+        _write_metadata(out_dir, config, weight_map, sum(b for _, b in parts), dtype)
+        if pp_size == 1 and os.path.exists(os.path.join(out_dir, INDEX_FILE)):
+            os.remove(os.path.join(out_dir, INDEX_FILE))  # a stale index from an earlier export
+    torch.distributed.barrier()
+    return out_dir
+
+
+def export_config(args) -> HFModelConfig:
+    """The architecture to export for a run's flags, with the token ids of the checkpoint it
+    started from (``--hf-checkpoint``), if any."""
+    config = config_from_args(args)
+    if args.hf_checkpoint:
+        source = load_hf_config(args.hf_checkpoint)
+        config = dataclasses.replace(config, bos_token_id=source.bos_token_id,
+                                     eos_token_id=source.eos_token_id)
+    return config
+
+
+def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
+    """Copies a Hugging Face tokenizer's files next to the exported model; their names."""
+    copied = []
+    for name in sorted(os.listdir(tokenizer_dir)):
+        is_tokenizer_file = name.startswith(TOKENIZER_FILE_PREFIXES) or name in TOKENIZER_FILES
+        if is_tokenizer_file and os.path.isfile(os.path.join(tokenizer_dir, name)):
+            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
+            copied.append(name)
+    return copied
+
+
+def save_hf(args, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
+    """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
+    with the run's Hugging Face tokenizer files (``--tokenizer-model``) if it has one."""
+    out_dir = out_dir or args.save_hf
+    path = export_hf([unwrap(chunk) for chunk in model], out_dir, export_config(args))
+    if torch.distributed.get_rank() == 0 and args.tokenizer_type == "HuggingFaceTokenizer":
+        copy_tokenizer_files(args.tokenizer_model, out_dir)
+    torch.distributed.barrier()
+    print_rank_0(f"> saved Hugging Face checkpoint ({export_config(args).architecture}) to "
+                 f"{path}")
+    return path

@@ -1,0 +1,182 @@
+"""pretrain_mamba.py's command line: every pretrain_gpt.py flag plus Megatron-LM's hybrid flags.
+
+The hybrid group (``--hybrid-override-pattern``, ``--hybrid-attention-ratio``,
+``--hybrid-mlp-ratio``, ``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``,
+``--mamba-num-heads``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
+CLI is unchanged. Validation fills three derived fields, once, before anything reads them:
+``hybrid_layer_pattern`` (the layer symbols, from the pattern or the ratios),
+``mamba_num_heads_resolved`` and ``hybrid_attention_fraction`` (the scheduler's cost weight).
+
+Mamba heads must split over every CP group size a micro-batch can get (the static
+``--context-parallel-size`` and, under dynamic CP, every size of the group layout): start-up
+rejects head counts that a possible size does not divide, in one line. The scheduler itself is
+not told about heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from megatron.varlen_training import flag_ranges
+from megatron.varlen_training.arguments import (
+    ERROR_EXIT_CODE, ArgumentValidationError, build_parser, require, validate_args,
+)
+from megatron.varlen_training.errors import print_error_line
+from megatron.varlen_training.varlen_arguments import possible_cp_sizes
+
+PROG = "pretrain_mamba.py"
+MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"
+SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP)
+MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden size
+
+
+def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's hybrid-model flags (same names and defaults)."""
+    group = parser.add_argument_group("hybrid Mamba model")
+    group.add_argument("--hybrid-override-pattern", default=None,
+                       help="One symbol per layer: M Mamba, * attention, - MLP (e.g. M*-M*-).")
+    group.add_argument("--hybrid-attention-ratio", type=float, default=0.0,
+                       help="Fraction of attention layers when no pattern is given.")
+    group.add_argument("--hybrid-mlp-ratio", type=float, default=0.0,
+                       help="Fraction of MLP layers when no pattern is given.")
+    group.add_argument("--mamba-state-dim", type=int, default=128,
+                       help="SSM state size per head (d_state).")
+    group.add_argument("--mamba-head-dim", type=int, default=64,
+                       help="Channels per Mamba head.")
+    group.add_argument("--mamba-num-groups", type=int, default=8,
+                       help="B/C groups (heads of a group share B and C).")
+    group.add_argument("--mamba-num-heads", type=int, default=None,
+                       help="Mamba heads. Default: 2 x hidden size / --mamba-head-dim.")
+
+
+def build_hybrid_parser() -> argparse.ArgumentParser:
+    """pretrain_gpt.py's parser plus the hybrid group, named pretrain_mamba.py."""
+    parser = build_parser()
+    parser.prog = PROG
+    parser.description = "Megatron hybrid Mamba-Transformer training (varlen fork)"
+    add_hybrid_args(parser)
+    return parser
+
+
+def _layer_pattern(args) -> str:
+    pattern = args.hybrid_override_pattern
+    if pattern is not None:
+        unknown = sorted(set(pattern) - set(SUPPORTED_SYMBOLS))
+        require(not unknown,
+                f"--hybrid-override-pattern {pattern!r} has symbol(s) {unknown}; allowed: "
+                f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP; {MOE} MoE is "
+                f"not supported here)")
+        require(len(pattern) == args.num_layers,
+                f"--hybrid-override-pattern {pattern!r} has {len(pattern)} layers but "
+                f"--num-layers is {args.num_layers} (make them equal)")
+    require(args.hybrid_attention_ratio + args.hybrid_mlp_ratio <= 1.0,
+            f"--hybrid-attention-ratio {args.hybrid_attention_ratio} + --hybrid-mlp-ratio "
+            f"{args.hybrid_mlp_ratio} exceeds 1")
+    from megatron.varlen.mamba import triton_stand_in
+
+    triton_stand_in.install()
+    from megatron.core.ssm.mamba_hybrid_layer_allocation import allocate_layers
+
+    try:
+        return "".join(allocate_layers(args.num_layers, args.hybrid_attention_ratio,
+                                       args.hybrid_mlp_ratio, pattern))
+    except ValueError as err:  # megatron-core: pattern counts disagree with the ratios
+        require(False, f"--hybrid-override-pattern {pattern!r}: {err}")
+
+
+def _mamba_heads(args) -> int:
+    d_inner = MAMBA_EXPAND * args.hidden_size
+    if args.mamba_num_heads is not None:
+        return args.mamba_num_heads
+    require(d_inner % args.mamba_head_dim == 0,
+            f"2 x --hidden-size = {d_inner} is not divisible by --mamba-head-dim "
+            f"{args.mamba_head_dim} (or set --mamba-num-heads)")
+    return d_inner // args.mamba_head_dim
+
+
+def _validate_mamba_split(args, heads: int) -> None:
+    """Heads and groups split over TP, then over every possible CP group size."""
+    tp, groups = args.tensor_model_parallel_size, args.mamba_num_groups
+    require(heads % groups == 0,
+            f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups}")
+    require(heads % tp == 0 and groups % tp == 0,
+            f"Mamba heads {heads} and --mamba-num-groups {groups} must both be divisible by "
+            f"--tensor-model-parallel-size {tp}")
+    heads_tp, groups_tp = heads // tp, groups // tp
+    for cp in possible_cp_sizes(args):
+        where = (f"CP group size {cp} (sizes dynamic CP may pick: {possible_cp_sizes(args)})"
+                 if args.dynamic_context_parallel else f"--context-parallel-size {cp}")
+        require(heads_tp % cp == 0,
+                f"Mamba heads {heads} / --tensor-model-parallel-size {tp} = {heads_tp} per TP "
+                f"rank are not divisible by {where}; TP x CP must divide the heads (change "
+                f"--mamba-num-heads/--mamba-head-dim or the parallel sizes)")
+        require(groups_tp % cp == 0 or cp % groups_tp == 0,
+                f"--mamba-num-groups {groups} / TP {tp} = {groups_tp} per TP rank and {where} "
+                f"must divide one another")
+
+
+def validate_hybrid_args(args) -> None:
+    """Checks the hybrid flags after the GPT ones; fills the derived hybrid fields."""
+    require(args.virtual_pipeline_model_parallel_size is None,
+            "--num-layers-per-virtual-pipeline-stage: megatron-core's hybrid stack has no "
+            "virtual pipeline stages")
+    require(not args.mtp_num_layers, "--mtp-num-layers is not supported by pretrain_mamba.py")
+    require(args.spec is None, "--spec: pretrain_mamba.py builds its own hybrid stack spec")
+    pattern = _layer_pattern(args)
+    heads = _mamba_heads(args)
+    if MAMBA in pattern:
+        _validate_mamba_split(args, heads)
+    args.hybrid_layer_pattern = pattern
+    args.mamba_num_heads_resolved = heads
+    args.hybrid_attention_fraction = pattern.count(ATTENTION) / len(pattern)
+    flag_ranges.validate_memory(args, require, hybrid_stack_parameters(args))
+
+
+def mamba_layer_parameters(hidden: int, heads: int, head_dim: int, groups: int,
+                           state_dim: int) -> int:
+    """Weights of one Mamba-2 mixer: the input projection (x and z of d_inner channels, B and C
+    of groups x state, dt per head) and the output projection."""
+    d_inner = heads * head_dim
+    return hidden * (2 * d_inner + 2 * groups * state_dim + heads) + d_inner * hidden
+
+
+def hybrid_stack_parameters(args) -> int:
+    """Weights of the whole hybrid stack, layer by layer of the resolved pattern."""
+    kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
+    per_layer = {
+        MAMBA: mamba_layer_parameters(args.hidden_size, args.mamba_num_heads_resolved,
+                                      args.mamba_head_dim, args.mamba_num_groups,
+                                      args.mamba_state_dim),
+        ATTENTION: flag_ranges.attention_parameters(args.hidden_size, args.num_attention_heads,
+                                                    args.num_query_groups, kv_channels),
+        MLP: flag_ranges.mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu),
+    }
+    return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)
+
+
+def describe_hybrid_model(args) -> str:
+    """The start-up line pretrain_mamba.py prints (rank 0): layer pattern and Mamba sizes."""
+    pattern = args.hybrid_layer_pattern
+    return (f"> hybrid layer pattern {pattern}: {pattern.count(MAMBA)} Mamba, "
+            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP layers; "
+            f"{args.mamba_num_heads_resolved} Mamba heads of dim {args.mamba_head_dim}, state "
+            f"{args.mamba_state_dim}, {args.mamba_num_groups} groups")
+
+
+def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = None):
+    """Parses and validates; raises ArgumentValidationError with a one-line message."""
+    args = build_hybrid_parser().parse_args(argv)
+    args.world_size = world_size
+    validate_args(args, check_memory=False)  # checked below, for the hybrid stack
+    validate_hybrid_args(args)
+    return args
+
+
+def parse_hybrid_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
+    """For pretrain_mamba.py: a user error prints one line and exits with code 2."""
+    try:
+        return parse_hybrid_args(argv)
+    except ArgumentValidationError as err:
+        print_error_line(PROG, err)
+        sys.exit(ERROR_EXIT_CODE)

@@ -1,0 +1,65 @@
+"""Model FLOPs of one training step of a hybrid Mamba-Transformer, from REAL lengths.
+
+Per layer and token (forward, multiply-add = 2 FLOPs), by pattern symbol:
+
+* ``*`` attention: QKV 2*h*(q + 2*kv) + output projection 2*q*h, plus causal attention
+  2*q*L^2 per sequence of length L (the only quadratic term, as in flops.py);
+* ``-`` MLP: 2*h*f*(2 if gated else 1) + 2*f*h;
+* ``M`` Mamba-2: in-projection 2*h*(2*d_inner + 2*g*n + H), depthwise causal conv
+  2*(d_inner + 2*g*n)*w, the scan 3 * 2*d_inner*n (state decay, state update dt*x B^T, output
+  S C: each one multiply-add per state entry per token -- LINEAR in L, whatever the chunking),
+  out-projection 2*d_inner*h.
+
+Plus the logits 2*h*V per token; training = 3 x forward. Elementwise work (norms, gates,
+softplus, D skip) is not counted, as in flops.py.
+"""
+
+from __future__ import annotations
+
+from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, MULTIPLY_ADD
+from megatron.varlen_training.hybrid_arguments import ATTENTION, MAMBA, MLP
+
+MAMBA_CONV_WIDTH = 4  # megatron-core's MambaMixer d_conv default
+SCAN_MACS_PER_STATE_ENTRY = 3  # decay, update, readout
+
+
+def _attention_linear(args) -> int:
+    head_dim = args.hidden_size // args.num_attention_heads
+    q_dim, kv_dim = args.num_attention_heads * head_dim, args.num_query_groups * head_dim
+    return args.hidden_size * (q_dim + 2 * kv_dim) + q_dim * args.hidden_size
+
+
+def _mlp_linear(args) -> int:
+    gate = 2 if args.swiglu else 1
+    return args.hidden_size * args.ffn_hidden_size * gate + args.ffn_hidden_size * args.hidden_size
+
+
+def mamba_layer_macs(args) -> dict[str, int]:
+    """Multiply-adds of one Mamba layer per token (forward), by part."""
+    h, n = args.hidden_size, args.mamba_state_dim
+    d_inner = args.mamba_num_heads_resolved * args.mamba_head_dim
+    bc = 2 * args.mamba_num_groups * n
+    return {
+        "in_proj": h * (2 * d_inner + bc + args.mamba_num_heads_resolved),  # z, x, B, C, dt
+        "conv": (d_inner + bc) * MAMBA_CONV_WIDTH,
+        "scan": SCAN_MACS_PER_STATE_ENTRY * d_inner * n,
+        "out_proj": d_inner * h,
+    }
+
+
+def mamba_macs_per_token(args) -> int:
+    """Multiply-adds of one Mamba layer per token (forward)."""
+    return sum(mamba_layer_macs(args).values())
+
+
+def hybrid_floating_point_operations(args, seqlen_sum: int, seqlen_squared_sum: int) -> int:
+    """Training FLOPs of one global batch of a hybrid model with the given sum(L), sum(L^2)."""
+    pattern = args.hybrid_layer_pattern
+    per_token = {ATTENTION: _attention_linear(args), MLP: _mlp_linear(args),
+                 MAMBA: mamba_macs_per_token(args)}
+    linear = sum(per_token[symbol] for symbol in pattern) + args.hidden_size * args.padded_vocab_size
+    q_dim = args.num_attention_heads * (args.hidden_size // args.num_attention_heads)
+    attention = q_dim * seqlen_squared_sum * pattern.count(ATTENTION)
+    return FORWARD_AND_BACKWARD * MULTIPLY_ADD * (linear * seqlen_sum + attention)
+
+

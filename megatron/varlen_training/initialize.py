@@ -1,0 +1,88 @@
+"""Process-level set-up: device layer, torch.distributed, megatron parallel state, seeds."""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+
+import numpy as np
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.varlen_training.arguments import format_arguments
+from megatron.varlen_training.log import print_rank_0
+from megatron.varlen import cpu_device
+from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+
+# A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
+DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
+
+
+def initialize_distributed(timeout_minutes: float | None = None) -> None:
+    """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU.
+
+    ``timeout_minutes`` (``--distributed-timeout-minutes``) bounds how long a collective waits
+    for a peer that neither answers nor closes its connection (a killed peer is reported at
+    once); default :data:`DISTRIBUTED_TIMEOUT`.
+    """
+    cpu_device.activate()
+    if torch.distributed.is_initialized():
+        return
+    if not cpu_device.use_cpu():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "RANK" not in os.environ:  # a plain `python pretrain_gpt.py` is a 1-rank job
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
+    torch.distributed.init_process_group(
+        backend=cpu_device.get_backend(),
+        timeout=DISTRIBUTED_TIMEOUT if timeout_minutes is None else
+        timedelta(minutes=timeout_minutes))
+
+
+def initialize_model_parallel(args) -> None:
+    """Creates megatron-core's TP/PP/CP/DP groups for the flags in ``args``."""
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+    )
+
+
+def set_random_seeds(seed: int) -> None:
+    """Python, numpy, torch and megatron's tracked RNG streams (CPU tracker on CPU).
+
+    Weights do not depend on these streams (see layout_invariant_init.py); dropout does, and the tracked
+    streams keep it reproducible and distinct across TP ranks as Megatron intends.
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def initialize_megatron(args) -> None:
+    """Everything a training process needs before the model is built."""
+    initialize_distributed(args.distributed_timeout_minutes)
+    initialize_model_parallel(args)
+    set_random_seeds(args.seed)
+    print_rank_0(format_arguments(args))  # Megatron-LM's start-up dump, once
+
+
+def teardown_parallel_state() -> None:
+    """Destroys the dynamic CP groups and megatron-core's parallel state (the process group,
+    which the caller may own, stays)."""
+    destroy_dynamic_cp_groups()
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+
+
+def shutdown() -> None:
+    """Tears down parallel state and the process group (tests launch many runs per process)."""
+    teardown_parallel_state()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

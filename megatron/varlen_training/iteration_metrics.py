@@ -1,0 +1,163 @@
+"""Per-iteration log line (Megatron's shape) and the ONE JSONL metrics schema.
+
+Both entry points write the same JSONL records (:func:`to_json_record`, one object per
+iteration, keyed by ``"iteration"``) through :class:`JsonlMetricWriter`: ``pretrain_gpt.py``'s
+loop via :class:`MetricsLogger`, ``MegatronWrap`` via its ``jsonl`` metric writer (a facade flow
+appends its own metrics after the shared keys).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron.varlen_training.log import print_rank_last
+
+TERA = 1e12
+ITERATION_KEY = "iteration"  # the first key of every JSONL record
+SHARED_KEYS = (ITERATION_KEY, "lm_loss", "grad_norm", "lr", "consumed_samples",
+               "global_batch_size", "num_microbatches", "tokens", "seqlen_sum",
+               "seqlen_squared_sum", "step_time_s", "tokens_per_s", "tflops_per_device")
+"""The keys every record starts with, in this order (:func:`to_json_record`)."""
+MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
+
+
+@dataclass
+class IterationMetrics:
+    """What one training iteration reports; None fields are left out of the log line."""
+
+    iteration: int
+    train_iters: int
+    consumed_samples: int
+    step_time_s: float
+    learning_rate: float
+    global_batch_size: int
+    lm_loss: float
+    grad_norm: float | None
+    num_microbatches: int
+    tokens: int  # real (unpadded) tokens in the global batch
+    seqlen_sum: int
+    seqlen_squared_sum: int
+    flops: int
+    world_size: int
+    extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+    @property
+    def tflops_per_device(self) -> float:
+        if self.step_time_s <= 0:
+            return 0.0
+        return self.flops / (self.step_time_s * self.world_size * TERA)
+
+
+def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
+    """Megatron-LM's iteration line from a JSONL record (:func:`to_json_record`), so both entry
+    points print the same line from the same numbers::
+
+         iteration        3/      10 | consumed samples:           48 | ... | lm loss: 4.1E+00 |
+
+    Keys beyond the shared schema (the schedule's stats, a facade flow's metrics) follow in
+    record order, ``padding_ratio`` as ``padding ratio: 0.0085``.
+    """
+    parts = [
+        f" iteration {record[ITERATION_KEY]:8d}/{train_iters:8d}",
+        f"consumed samples: {record['consumed_samples']:12d}",
+        f"elapsed time per iteration (ms): {record['step_time_s'] * 1000.0:.1f}",
+        f"throughput per GPU (TFLOP/s/GPU): {record['tflops_per_device']:.4f}",
+        f"tokens per second: {record['tokens_per_s']:.1f}",
+        f"learning rate: {record['lr']:.6E}",
+        f"global batch size: {record['global_batch_size']:5d}",
+        f"lm loss: {record['lm_loss']:.6E}",
+    ]
+    if record["grad_norm"] is not None:
+        parts.append(f"grad norm: {record['grad_norm']:.3f}")
+    parts.append(f"number of microbatches: {record['num_microbatches']}")
+    for key, value in record.items():
+        if key not in SHARED_KEYS:
+            parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
+                         else f"{key.replace('_', ' ')}: {value}")
+    return " | ".join(parts) + " |"
+
+
+def format_validation_line(iteration: int, loss: float) -> str:
+    """Megatron-LM's validation line: `` validation loss at iteration 4 | lm loss value: ...``"""
+    return (f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+            f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |")
+
+
+def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | None = None) -> dict:
+    """The JSONL record: one object per iteration; ``extra_metrics`` (a facade flow's own
+    metrics) follow the shared keys."""
+    record = {
+        ITERATION_KEY: m.iteration,
+        "lm_loss": m.lm_loss,
+        "grad_norm": m.grad_norm,
+        "lr": m.learning_rate,
+        "consumed_samples": m.consumed_samples,
+        "global_batch_size": m.global_batch_size,
+        "num_microbatches": m.num_microbatches,
+        "tokens": m.tokens,
+        "seqlen_sum": m.seqlen_sum,
+        "seqlen_squared_sum": m.seqlen_squared_sum,
+        "step_time_s": m.step_time_s,
+        "tokens_per_s": m.tokens_per_s,
+        "tflops_per_device": m.tflops_per_device,
+    }
+    record.update(m.extra)
+    record.update(extra_metrics or {})
+    return record
+
+
+def _to_python(value: Any) -> Any:
+    """Turns 0-d tensors and numpy scalars into Python numbers; other values pass through."""
+    return value.item() if hasattr(value, "item") else value
+
+
+class JsonlMetricWriter:
+    """Appends one JSON object per iteration, ``{"iteration": 3, "lm_loss": 4.12, ...}``.
+
+    Args:
+        path: The file; missing parent folders are created.
+    """
+
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, iteration: int, metrics: Mapping[str, Any]) -> None:
+        record = {ITERATION_KEY: iteration, **{k: _to_python(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class MetricsLogger:
+    """Prints the log line every ``log_interval`` iterations and appends JSONL every iteration.
+
+    Only the rank that owns the loss (the last pipeline stage's last rank) is given one.
+    """
+
+    def __init__(self, log_interval: int, jsonl_path: str | None):
+        self.log_interval = log_interval
+        self._jsonl = JsonlMetricWriter(jsonl_path) if jsonl_path else None
+
+    def log(self, metrics: IterationMetrics) -> None:
+        record = to_json_record(metrics)
+        if metrics.iteration % self.log_interval == 0:
+            print_rank_last(format_log_line(record, metrics.train_iters))
+        if self._jsonl is not None:
+            self._jsonl.write(metrics.iteration, record)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None

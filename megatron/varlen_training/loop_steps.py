@@ -1,0 +1,41 @@
+"""The loop steps both entry points share: ``pretrain_gpt.py``'s loop (``training.train``) and
+``MegatronWrap`` (``megatron.wrap.facade``) evaluate, log, save and tear down through these, so
+the two cannot drift apart (e.g. one restoring train mode after an evaluation error and the
+other not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from megatron.varlen_training.log import print_rank_last
+from megatron.varlen_training.iteration_metrics import format_validation_line
+
+
+@contextlib.contextmanager
+def eval_mode(model_chunks: Sequence) -> Iterator[None]:
+    """Model chunks in eval mode for the block; train mode is restored even if it raises."""
+    for chunk in model_chunks:
+        chunk.eval()
+    try:
+        yield
+    finally:
+        for chunk in model_chunks:
+            chunk.train()
+
+
+def periodic_save_due(args, iteration: int) -> bool:
+    """--save with --save-interval: save after every ``save_interval``-th iteration."""
+    return bool(args.save and args.save_interval and iteration % args.save_interval == 0)
+
+
+def final_save_due(args, iteration: int) -> bool:
+    """At the end of ``pretrain_gpt.py``'s loop: save unless the periodic save just did."""
+    return bool(args.save) and not periodic_save_due(args, iteration)
+
+
+def log_validation_loss(iteration: int, loss: float | None) -> None:
+    """Megatron-LM's validation line, on the last rank (it owns the loss; None: no line)."""
+    if loss is not None:
+        print_rank_last(format_validation_line(iteration, loss))

@@ -1,0 +1,242 @@
+"""A resumed run continues the run it resumes, or says in one line why it cannot.
+
+Every checkpoint holds ``run_args.json``: the settings that shape the model, the data order and
+the LR/WD schedule. On ``--load``:
+
+- model shape (layers, sizes, heads, vocabulary and tokenizer, padded vocabulary, ...) must match: a change
+  would load weights into a different model. The parallel layout may change (dist_checkpointing
+  reshards), except where it changes the model: the padded vocabulary depends on
+  ``--make-vocab-size-divisible-by`` x TP.
+- data order (``--seed``, ``--global-batch-size``, the mock length config) must match: the
+  resumed run would otherwise read other samples than the run it continues.
+- data content: each ``--data-path`` file is identified by its content, a fingerprint of size
+  and SHA-256 (streamed; computed once per run by rank 0, at the first save and at ``--load``),
+  not by how its path is spelled: ``./x``, ``x`` and ``/abs/x`` (or a copy elsewhere) resume,
+  a changed file at the same path is refused unless ``--override-data-fingerprint`` says to
+  train on it deliberately (the resumed run then reads the new content from the saved
+  position). Cost: one read of each data file, which the SFT reader loads whole anyway.
+- optimizer layout: the state of ``--use-distributed-optimizer`` (sharded over data-parallel
+  ranks) and of the plain optimizer (per parameter) are stored differently and not converted:
+  toggling the flag on resume is refused.
+- the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
+  checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
+  flags win; the number of samples already consumed is kept) or
+  ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's schedule wins) says which side wins.
+
+Every refusal is a one-line :class:`CheckpointError` naming the flag and both values; a
+garbled ``run_args.json`` is one too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text, file_digest
+from megatron.varlen_training.errors import CheckpointError, one_line
+
+RUN_ARGS_FILENAME = "run_args.json"
+MODEL_KEYS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
+    "swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights", "mtp_num_layers",
+    "padded_vocab_size", "vocab_size", "tokenizer_type", "bf16", "fp16",
+    # Hugging Face families (--hf-checkpoint) and hybrid models (pretrain_mamba.py): absent
+    # flags read as None on both sides, so a GPT checkpoint never matches a hybrid run.
+    "kv_channels", "norm_epsilon", "add_qkv_bias", "qk_layernorm", "use_rope_scaling",
+    "rope_scaling_factor", "hybrid_override_pattern", "hybrid_attention_ratio",
+    "hybrid_mlp_ratio", "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+)
+DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json")
+OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
+DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
+# Recorded for messages, not compared: the padded vocabulary's inputs (it is derived, not a
+# flag), --seq-length (which --max-position-embeddings follows unless given) and --data-path
+# as spelled (the fingerprints are compared).
+_CONTEXT_KEYS = ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "seq_length",
+                 "data_path")
+_SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
+# Fingerprints this process computed: (resolved path, size, mtime) -> fingerprint. A file is
+# hashed once per run, not at every save; a change of size or mtime hashes it again.
+_FINGERPRINTS: dict[tuple, dict] = {}
+# megatron-core scheduler state key -> (this run's flag, scheduler attribute, samples per unit)
+SCHEDULER_KEYS = {
+    "max_lr": ("--lr", "max_lr", False),
+    "min_lr": ("--min-lr", "min_lr", False),
+    "lr_warmup_steps": ("--lr-warmup-iters", "lr_warmup_steps", True),
+    "lr_decay_steps": ("--lr-decay-iters (default --train-iters)", "lr_decay_steps", True),
+    "lr_decay_style": ("--lr-decay-style", "lr_decay_style", False),
+    "start_wd": ("--weight-decay", "start_wd", False),
+    "end_wd": ("--weight-decay", "end_wd", False),
+}
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def data_fingerprint(entry: str) -> dict:
+    """``{"path": resolved path, "size", "sha256"}`` of a ``--data-path`` file; ``{"path":
+    entry}`` for an entry that is not a file (compared as spelled)."""
+    if not os.path.isfile(entry):
+        return {"path": entry}
+    real = os.path.realpath(entry)
+    stat = os.stat(real)
+    key = (real, stat.st_size, stat.st_mtime_ns)
+    if key not in _FINGERPRINTS:
+        _FINGERPRINTS[key] = {"path": real, **file_digest(real)}
+    return dict(_FINGERPRINTS[key])
+
+
+def snapshot(args, with_data: bool = True) -> dict:
+    """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
+    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY,) + DATA_ORDER_KEYS + _CONTEXT_KEYS
+    recorded = {key: getattr(args, key, None) for key in keys}
+    if with_data and recorded["data_path"] is not None:
+        recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry) for entry in args.data_path]
+    return recorded
+
+
+def save_run_args(folder: str, args) -> str:
+    atomic_write_text(os.path.join(folder, RUN_ARGS_FILENAME),
+                      json.dumps(snapshot(args), indent=1, sort_keys=True) + "\n")
+    return RUN_ARGS_FILENAME
+
+
+def _normalise(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def read_run_args(folder: str) -> dict:
+    """The checkpoint's ``run_args.json``, or a one-line CheckpointError naming it."""
+    path = os.path.join(folder, RUN_ARGS_FILENAME)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {folder!r} has no {RUN_ARGS_FILENAME}: cannot check "
+                              f"that this run continues it")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or bad UTF-8
+        problem = f"{type(err).__name__}: {one_line(err)[:120]}"
+    else:
+        sources = saved.get(DATA_SOURCES_KEY) if isinstance(saved, dict) else None
+        problem = ("not a JSON object" if not isinstance(saved, dict) else
+                   f"{DATA_SOURCES_KEY} is not a list of objects"
+                   if sources is not None and not (isinstance(sources, list) and all(
+                       isinstance(source, dict) for source in sources)) else None)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint file {path!r} is unreadable ({problem}); load "
+                              f"another checkpoint")
+    return saved
+
+
+def check_run_args(folder: str, args, check_data: bool = True) -> str | None:
+    """Refuses a model-shape, optimizer-layout, data-order or data-content change (module
+    docstring). ``check_data``: compare the data files' fingerprints (reads every file: one
+    rank does it). Returns a note to print when a flag accepted a difference."""
+    saved = read_run_args(folder)
+    mine = snapshot(args, with_data=False)
+    for key in MODEL_KEYS + DATA_ORDER_KEYS:
+        if _normalise(saved.get(key)) != _normalise(mine[key]):
+            raise CheckpointError(_mismatch(key, saved, mine))
+    saved_layout = saved.get(OPTIMIZER_LAYOUT_KEY)
+    if saved_layout is not None and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
+        raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
+    if check_data and mine["data_path"] is not None:  # None: megatron.wrap brings its batches
+        return check_data_sources(saved, args)
+    return None
+
+
+def _optimizer_layout_mismatch(saved_distributed: bool) -> str:
+    def setting(distributed: bool) -> str:
+        return ("with --use-distributed-optimizer (state sharded over data-parallel ranks)"
+                if distributed else "without --use-distributed-optimizer (state per parameter)")
+    return (f"--load: the checkpoint's optimizer state was saved {setting(saved_distributed)}, "
+            f"this run is {setting(not saved_distributed)}: the two layouts are not converted; "
+            f"{'add' if saved_distributed else 'remove'} --use-distributed-optimizer to resume")
+
+
+def _describe_source(spelled: str, source: dict) -> str:
+    if HASH_ALGORITHM not in source:
+        return repr(spelled)
+    return (f"{spelled!r} ({source['path']}: {source.get('size')} bytes, {HASH_ALGORITHM} "
+            f"{str(source[HASH_ALGORITHM])[:_SHORT_HASH]}...)")
+
+
+def _same_source(saved: dict, mine: dict) -> bool:
+    """Files: the same content wherever it lies; other entries: the same spelling."""
+    if HASH_ALGORITHM in saved and HASH_ALGORITHM in mine:
+        return (saved.get("size"), saved[HASH_ALGORITHM]) == (mine["size"],
+                                                               mine[HASH_ALGORITHM])
+    return saved.get("path") == mine.get("path")
+
+
+def check_data_sources(saved: dict, args) -> str | None:
+    """Refuses ``--data-path`` files whose content differs from the checkpoint's, unless
+    ``--override-data-fingerprint`` (then returns a note saying what was accepted)."""
+    spelled_saved = saved.get("data_path") or []
+    saved_sources = saved.get(DATA_SOURCES_KEY)
+    if saved_sources is None:  # saved before fingerprints: compare the resolved paths
+        saved_sources = [{"path": os.path.realpath(entry)} for entry in spelled_saved]
+        mine = [{"path": os.path.realpath(entry)} for entry in args.data_path]
+    else:
+        mine = [data_fingerprint(entry) for entry in args.data_path]
+    if len(saved_sources) == len(mine) and all(map(_same_source, saved_sources, mine)):
+        return None
+    index = next((i for i, (a, b) in enumerate(zip(saved_sources, mine)) if not _same_source(a, b)),
+                 min(len(saved_sources), len(mine)))
+    theirs = (_describe_source(spelled_saved[index] if index < len(spelled_saved) else "?",
+                               saved_sources[index]) if index < len(saved_sources) else "nothing")
+    ours = (_describe_source(args.data_path[index], mine[index]) if index < len(mine)
+            else "nothing")
+    difference = f"--data-path entry {index + 1} is {ours}, the checkpoint was trained on {theirs}"
+    if getattr(args, "override_data_fingerprint", False):
+        return f"--override-data-fingerprint: resuming on other data ({difference})"
+    raise CheckpointError(
+        f"--load: {difference}: other data would change the samples the resumed run reads; "
+        f"restore the checkpoint's data, or pass --override-data-fingerprint to train on this "
+        f"data deliberately")
+
+
+def _mismatch(key: str, saved: dict, mine: dict) -> str:
+    if key == "padded_vocab_size":
+        def why(side):
+            return (f"{side['padded_vocab_size']} (vocab {side['vocab_size']} padded to "
+                    f"--make-vocab-size-divisible-by {side['make_vocab_size_divisible_by']} x TP "
+                    f"{side['tensor_model_parallel_size']})")
+        return (f"--load: the checkpoint's padded vocabulary is {why(saved)}, this run's is "
+                f"{why(mine)}: that would change the model; choose "
+                f"--make-vocab-size-divisible-by so that both give the same size")
+    if key == "max_position_embeddings" and _follows_seq_length(saved) \
+            and _follows_seq_length(mine):
+        # Neither run set --max-position-embeddings (or both set it to --seq-length): the user
+        # changed --seq-length, so that is the flag to name (issue 21, observation 8).
+        return (f"--load: the checkpoint was trained with --seq-length {saved['seq_length']}, "
+                f"this run has {mine['seq_length']}: that would change the model (its position "
+                f"table has --seq-length entries); use the checkpoint's value")
+    what = "the model" if key in MODEL_KEYS else "the data order"
+    return (f"--load: the checkpoint was trained with {_flag(key)} {saved.get(key)}, this run "
+            f"has {mine[key]}: that would change {what}; use the checkpoint's value")
+
+
+def _follows_seq_length(side: dict) -> bool:
+    """Whether the position table of this side is --seq-length long (the default)."""
+    return side.get("seq_length") is not None and \
+        side.get("max_position_embeddings") == side["seq_length"]
+
+
+def check_scheduler(state: dict, scheduler, args) -> None:
+    """Refuses a schedule difference unless a flag says which side wins (module docstring)."""
+    if args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler:
+        return
+    samples_per_iter = args.global_batch_size
+    for key, (flag, attribute, in_samples) in SCHEDULER_KEYS.items():
+        saved, mine = state.get(key), getattr(scheduler, attribute)
+        if saved is None or saved == mine:
+            continue
+        if in_samples:  # megatron-core counts in samples; users set iterations
+            saved, mine = f"{saved / samples_per_iter:g}", f"{mine / samples_per_iter:g}"
+        raise CheckpointError(
+            f"--load: the checkpoint's schedule has {flag} {saved}, this run has {mine}; pass "
+            f"--override-opt_param-scheduler to use this run's value or "
+            f"--use-checkpoint-opt_param-scheduler to keep the checkpoint's")

@@ -1,0 +1,216 @@
+"""Tokenizers for the training layer, selected by ``--tokenizer-type``.
+
+Every tokenizer offers the same small interface (:class:`Tokenizer`): ``vocab_size``, ``eod``,
+``pad``, ``tokenize(text) -> list[int]``, ``detokenize(ids) -> str`` and
+``role_marker(role) -> list[int]`` (the ids that open a chat turn in the SFT template, see
+``megatron/varlen_training/datasets/sft.py``). Every id a tokenizer returns, including ``eod`` and
+``pad``, is ``< vocab_size``.
+
+- ``NullTokenizer`` (``--vocab-size V``): text is whitespace-separated integer ids; ``eod = pad =
+  V - 1``. No chat markers.
+- ``ByteLevelTokenizer``: UTF-8 bytes 0..255 plus five special ids (eod, pad, system, user,
+  assistant); needs no download.
+- ``HuggingFaceTokenizer`` (``--tokenizer-model PATH``): a local ``transformers`` tokenizer
+  directory, loaded offline. With a chat template, SFT conversations are rendered by it
+  (``encode_chat``, see ``megatron/varlen_training/hf/chat_template.py``); without one, turns open
+  with ``<|role|>\n`` as text.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer")
+CHAT_ROLES = ("system", "user", "assistant")
+
+# ByteLevelTokenizer layout: ids 0..255 are raw bytes, the special ids follow.
+NUM_BYTES = 256
+BYTE_EOD = NUM_BYTES
+BYTE_PAD = NUM_BYTES + 1
+BYTE_ROLE_IDS = {"system": NUM_BYTES + 2, "user": NUM_BYTES + 3, "assistant": NUM_BYTES + 4}
+BYTE_VOCAB_SIZE = NUM_BYTES + 5
+_BYTE_SPECIAL_NAMES = {BYTE_EOD: "eod", BYTE_PAD: "pad", **{v: k for k, v in BYTE_ROLE_IDS.items()}}
+
+# Text that opens a chat turn for tokenizers without dedicated role ids (HuggingFace).
+HF_ROLE_MARKER_FORMAT = "<|{role}|>\n"
+
+
+class Tokenizer:
+    """Interface shared by all tokenizers; subclasses set ``vocab_size``, ``eod`` and ``pad``."""
+
+    vocab_size: int
+    eod: int
+    pad: int
+
+    def tokenize(self, text: str) -> list[int]:
+        """Returns the ids of ``text`` (no special ids added)."""
+        raise NotImplementedError
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Returns the text of ``ids``."""
+        raise NotImplementedError
+
+    def role_marker(self, role: str) -> list[int]:
+        """Returns the ids that open a chat turn of ``role`` (empty: no marker)."""
+        return []
+
+    def encode_chat(self, turns: list[tuple[str, str]]):
+        """``(ids, is_target)`` of a conversation rendered by the tokenizer's own chat
+        template, or None when it has none (the SFT dataset then uses role markers)."""
+        return None
+
+
+class NullTokenizer(Tokenizer):
+    """Ids written as text: ``"5 17 3"`` <-> ``[5, 17, 3]``; ``eod = pad = vocab_size - 1``.
+
+    Args:
+        vocab_size: Number of ids, at least 2 (one content id plus eod).
+    """
+
+    def __init__(self, vocab_size: int | None):
+        if vocab_size is None or vocab_size < 2:
+            raise ValueError(f"NullTokenizer needs --vocab-size >= 2, got {vocab_size}")
+        self.vocab_size = int(vocab_size)
+        self.eod = self.vocab_size - 1
+        self.pad = self.eod
+
+    def tokenize(self, text: str) -> list[int]:
+        ids = []
+        for word in text.split():
+            if not (word.isascii() and word.isdigit()) or int(word) >= self.vocab_size:
+                raise ValueError(
+                    f"NullTokenizer: {word!r} is not an id in [0, {self.vocab_size}) "
+                    "(--vocab-size)"
+                )
+            ids.append(int(word))
+        return ids
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+class ByteLevelTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0..255, then eod, pad and the three chat role ids."""
+
+    def __init__(self):
+        self.vocab_size = BYTE_VOCAB_SIZE
+        self.eod = BYTE_EOD
+        self.pad = BYTE_PAD
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Decodes bytes; special ids are rendered as ``<|name|>``; bad UTF-8 as U+FFFD."""
+        parts: list[str] = []
+        pending = bytearray()
+        for raw in ids:
+            i = int(raw)
+            if 0 <= i < NUM_BYTES:
+                pending.append(i)
+                continue
+            if i not in _BYTE_SPECIAL_NAMES:
+                raise ValueError(f"ByteLevelTokenizer: id {i} is not in [0, {self.vocab_size})")
+            parts.append(pending.decode("utf-8", errors="replace"))
+            pending.clear()
+            parts.append(f"<|{_BYTE_SPECIAL_NAMES[i]}|>")
+        parts.append(pending.decode("utf-8", errors="replace"))
+        return "".join(parts)
+
+    def role_marker(self, role: str) -> list[int]:
+        return [BYTE_ROLE_IDS[role]]
+
+
+class HuggingFaceTokenizer(Tokenizer):
+    """Adapter around a ``transformers`` tokenizer object.
+
+    ``eod`` is the tokenizer's eos id; ``pad`` its pad id, or eod when it has none;
+    ``vocab_size`` is ``len(tokenizer)`` (base vocabulary plus added tokens). A chat turn opens
+    with the text ``<|role|>\\n`` tokenized as ordinary text.
+
+    Args:
+        hf_tokenizer: Object with ``encode``, ``decode``, ``__len__``, ``eos_token_id`` and
+            ``pad_token_id`` (a ``PreTrainedTokenizer`` or a test double).
+    """
+
+    def __init__(self, hf_tokenizer):
+        if hf_tokenizer.eos_token_id is None:
+            raise ValueError(
+                "HuggingFaceTokenizer: the --tokenizer-model tokenizer has no eos token"
+            )
+        self._hf = hf_tokenizer
+        self.vocab_size = len(hf_tokenizer)
+        self.eod = int(hf_tokenizer.eos_token_id)
+        pad = hf_tokenizer.pad_token_id
+        self.pad = self.eod if pad is None else int(pad)
+        assert self.eod < self.vocab_size and self.pad < self.vocab_size
+
+    @classmethod
+    def from_pretrained(cls, path: str | None) -> "HuggingFaceTokenizer":
+        """Loads the local tokenizer directory ``path`` offline (no download)."""
+        if path is None or not os.path.isdir(path):
+            raise ValueError(
+                f"HuggingFaceTokenizer: --tokenizer-model {path!r} is not a local tokenizer "
+                "directory"
+            )
+        try:
+            import transformers  # heavy and optional: only this tokenizer needs it
+        except ImportError as err:
+            raise ValueError(
+                f"HuggingFaceTokenizer needs the transformers package to load "
+                f"--tokenizer-model {path!r}: pip install transformers"
+            ) from err
+        return cls(transformers.AutoTokenizer.from_pretrained(path, local_files_only=True))
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._hf.encode(text, add_special_tokens=False))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._hf.decode(list(ids))
+
+    def role_marker(self, role: str) -> list[int]:
+        return self.tokenize(HF_ROLE_MARKER_FORMAT.format(role=role))
+
+    def encode_chat(self, turns: list[tuple[str, str]]):
+        if getattr(self._hf, "chat_template", None) is None:
+            return None
+        from megatron.varlen_training.hf.chat_template import encode_chat
+
+        return encode_chat(self._hf, turns)
+
+
+def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
+    """Every id the tokenizer returns must have a row in the model's vocabulary."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
+            f"{vocab_size} (--vocab-size, or the --hf-checkpoint's vocab_size): use a matching "
+            "--tokenizer-model")
+
+
+def build_tokenizer(
+    tokenizer_type: str, vocab_size: int | None = None, tokenizer_model: str | None = None
+) -> Tokenizer:
+    """Builds the tokenizer named by ``--tokenizer-type``.
+
+    Args:
+        tokenizer_type: One of :data:`TOKENIZER_TYPES`.
+        vocab_size: ``--vocab-size``; required by ``NullTokenizer``, ignored otherwise.
+        tokenizer_model: ``--tokenizer-model``; the local directory for ``HuggingFaceTokenizer``.
+
+    Returns:
+        The tokenizer.
+
+    Raises:
+        ValueError: Unknown type, or a missing/invalid argument for the chosen type.
+    """
+    if tokenizer_type == "NullTokenizer":
+        return NullTokenizer(vocab_size)
+    if tokenizer_type == "ByteLevelTokenizer":
+        return ByteLevelTokenizer()
+    if tokenizer_type == "HuggingFaceTokenizer":
+        return HuggingFaceTokenizer.from_pretrained(tokenizer_model)
+    raise ValueError(
+        f"unknown --tokenizer-type {tokenizer_type!r}; choose one of {', '.join(TOKENIZER_TYPES)}"
+    )

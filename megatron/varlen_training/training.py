@@ -1,0 +1,345 @@
+"""The training loop: build, then iterate train_step / log / evaluate / save.
+
+The loss follows megatron-core's per-token conventions: ``loss_func`` returns the micro-batch's
+SUM of token losses and its token count. With ``--calculate-per-token-loss`` megatron-core divides
+the gradients by the global token count (all-reduced over DP x CP in finalize_model_grads), so the
+gradient is that of the global per-token mean whatever the packing or layout. Without it, each
+micro-batch's mean is averaged (Megatron's classic behaviour). The REPORTED lm loss is always
+the global per-token mean: sum of token losses / loss tokens over the whole global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.varlen_training import checkpointing, log, loop_steps, optimizer_kernels
+from megatron.varlen_training.exit_conditions import ExitConditions
+from megatron.varlen_training.flops import num_floating_point_operations
+from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
+from megatron.varlen_training.hf.exporter import save_hf
+from megatron.varlen_training.iteration_metrics import IterationMetrics, MetricsLogger
+from megatron.varlen_training.loop_steps import eval_mode, final_save_due, periodic_save_due
+from megatron.varlen_training.model import build_model, build_transformer_config
+from megatron.varlen_training.nonfinite import check_finite
+from megatron.varlen import gloo_cuda
+from megatron.varlen.cpu_device import get_device
+
+LOSS_KEY = "lm loss"
+
+
+@dataclass
+class TrainState:
+    """Everything the loop carries between iterations."""
+
+    model: list
+    optimizer: object
+    scheduler: OptimizerParamScheduler
+    config: object
+    iteration: int = 0
+
+
+def build_optimizer(args, model):
+    """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
+    and, on CUDA, torch's fused AdamW."""
+    optimizer_kernels.install()
+    config = OptimizerConfig(
+        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
+        params_dtype=torch.bfloat16 if args.bf16 else torch.float32,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+    )
+    optimizer = get_megatron_optimizer(config, model)
+    optimizer_kernels.use_fused_adam(optimizer)
+    return optimizer
+
+
+def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
+    """LR schedule counted in samples, as Megatron does."""
+    gbs = args.global_batch_size
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
+        wd_incr_style="constant",
+        # Mismatches were already refused in one line (resume_consistency.check_scheduler).
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
+    )
+
+
+def gpt_model_provider(args):
+    """(config, DDP-wrapped GPT chunks): the default model provider."""
+    config = build_transformer_config(args)
+    return config, build_model(args, config)
+
+
+def setup_model_and_optimizer(args, model_provider=gpt_model_provider) -> TrainState:
+    """``model_provider(args) -> (config, chunks)`` builds the model (GPT unless told)."""
+    config, model = model_provider(args)
+    gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer)
+    config.finalize_model_grads_func = finalize_model_grads_on_device
+    config.grad_scale_func = optimizer.scale_loss
+    config.no_sync_func = [chunk.no_sync for chunk in model]
+    if len(model) == 1:
+        config.no_sync_func = config.no_sync_func[0]
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
+    if args.load:
+        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler,
+                                                        args)
+        optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
+    return state
+
+
+def loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
+    """megatron-core's 3-value convention: (sum of masked token losses, token count, report).
+
+    With --calculate-per-token-loss the schedule keeps the sum and finalize_model_grads divides
+    by the global token count; otherwise the schedule divides each micro-batch by its own count
+    (clamped at 1: an all-masked micro-batch contributes 0, never NaN) and by the number of
+    micro-batches. Either way the local CP slice's sum is correct under CP: DDP averages
+    over DP x CP.
+    """
+    losses = output.float().reshape(-1)
+    mask = loss_mask.float().reshape(-1)
+    loss_sum = torch.sum(losses * mask)
+    num_tokens = mask.sum().to(torch.int)
+    report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
+    return loss_sum, num_tokens, {LOSS_KEY: report}
+
+
+def forward_step(data_iterator, model):
+    """One micro-batch through one model chunk (megatron-core's forward_step_func)."""
+    batch = next(data_iterator)
+    output = model(
+        batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+        packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
+    )
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
+    """Global per-token mean over micro-batches and DP x CP; None off the last PP stage."""
+    if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    total = torch.zeros(2, dtype=torch.float64, device=get_device())
+    for item in losses_reduced:
+        total += item[LOSS_KEY].to(torch.float64)
+    torch.distributed.all_reduce(
+        total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    return (total[0] / total[1].clamp(min=1)).item()
+
+
+def _p2p_seq_length(args) -> int:
+    """Full sequence length megatron-core derives fixed p2p shapes from (it divides by CP/SP).
+
+    Fixed-shape packs hold --max-seqlen-per-dp-cp-rank tokens per rank; with variable shapes
+    the value is not used.
+    """
+    if args.sequence_packing:
+        return args.max_seqlen_per_dp_cp_rank * args.context_parallel_size
+    return args.seq_length
+
+
+def run_forward_backward(args, state: TrainState, step, forward_only: bool,
+                         forward_step_func=forward_step) -> list[dict]:
+    """megatron-core's pipeline schedule over ``step``'s micro-batches (one iterator per chunk)."""
+    iterators = [iter(step.microbatches) for _ in state.model]
+    return get_forward_backward_func()(
+        forward_step_func=forward_step_func,
+        data_iterator=iterators if len(iterators) > 1 else iterators[0],
+        model=state.model if len(state.model) > 1 else state.model[0],
+        num_microbatches=step.num_microbatches,
+        seq_length=_p2p_seq_length(args),
+        micro_batch_size=args.micro_batch_size,
+        forward_only=forward_only,
+    )
+
+
+def train_step(args, state: TrainState, step,
+               forward_step_func=forward_step) -> tuple[float | None, float | None]:
+    """One optimizer step over one global batch; returns (reported loss, grad norm).
+
+    ``forward_step_func`` lets callers (megatron.wrap flows) bring their own inputs and loss;
+    it must follow megatron-core's contract and report ``{"lm loss": [sum, tokens]}``.
+
+    Raises:
+        NonFiniteLossError: With --check-for-nan-in-loss-and-grad, on every rank when the loss
+            or the grad norm is NaN/Inf; raised BEFORE the update, so weights, optimizer state
+            (Adam moments, step counters) and the LR schedule are those of the last good step.
+    """
+    for chunk in state.model:
+        chunk.zero_grad_buffer()
+    state.optimizer.zero_grad()
+    losses = run_forward_backward(args, state, step, forward_only=False,
+                                  forward_step_func=forward_step_func)
+    loss = reduce_reported_loss(losses)
+    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(args, state, loss, norm))
+    state.scheduler.step(increment=args.global_batch_size)
+    return loss, grad_norm
+
+
+def _guard(args, state: TrainState, loss: float | None, grad_norm: float | None) -> None:
+    """The non-finite guard of the step about to become iteration ``state.iteration + 1``."""
+    if args.check_for_nan_in_loss_and_grad:
+        check_finite(state.iteration + 1, loss, grad_norm)
+
+
+def _chained(optimizer) -> list:
+    """The optimizers inside a megatron-core ChainedOptimizer (or the optimizer itself)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _clip_grads(optimizer, grad_norm: float) -> None:
+    """Clips each inner optimizer's main grads by the total norm, as ChainedOptimizer.step does
+    (each with its own --clip-grad; stub optimizers and ones without parameters skipped)."""
+    for inner in _chained(optimizer):
+        if getattr(inner, "is_stub_optimizer", False) or inner.config.clip_grad <= 0.0:
+            continue
+        params = inner.get_parameters()
+        if params:
+            clip_grad_by_total_norm_fp32(
+                params, max_norm=inner.config.clip_grad, total_norm=grad_norm,
+                use_decoupled_grad=inner.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+
+
+@torch.no_grad()  # as megatron-core's step: clipping scales the grads in place
+def optimizer_step(optimizer, check=None) -> float | None:
+    """megatron-core's ``optimizer.step()`` in its own order, with a decision point between the
+    grad norm and the update; returns the grad norm.
+
+    The order is ChainedOptimizer.step's (what get_megatron_optimizer returns here): main grads
+    made ready (``prepare_grads``: copies, fp16 unscaling), the total grad norm, clipping by it,
+    then ``step_with_ready_grads`` (the inner Adam step, the main->model param copy and the
+    distributed optimizer's param all-gather). ``check(grad_norm)`` runs after the norm and
+    before anything is written: if it raises, no weight, Adam moment, step counter or main
+    param has changed. The zero count of ``--log-num-zeros-in-grad`` is not computed (no such
+    flag here).
+
+    An fp16 loss-scale overflow (``prepare_grads`` finds Inf/NaN in the scaled grads) skips the
+    update as megatron-core does (its loss scaler backs off); the grad norm is then None.
+    """
+    if optimizer.prepare_grads():
+        if check is not None:
+            check(None)  # every rank still joins the guard's all-reduce
+        return None
+    grad_norm = optimizer.get_grad_norm()
+    if check is not None:
+        check(grad_norm)
+    _clip_grads(optimizer, grad_norm)
+    optimizer.step_with_ready_grads()
+    return grad_norm
+
+
+@torch.no_grad()
+def evaluate(args, state: TrainState, provider, first_index: int) -> float | None:
+    """Mean validation loss over --eval-iters global batches (global per-token mean)."""
+    losses = []
+    with eval_mode(state.model):
+        for offset in range(args.eval_iters):
+            step = provider.step_batches(first_index + offset)
+            losses.append(
+                reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
+    if not losses or losses[0] is None:
+        return None
+    return sum(losses) / len(losses)
+
+
+def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> IterationMetrics:
+    return IterationMetrics(
+        iteration=state.iteration, train_iters=args.train_iters,
+        consumed_samples=state.iteration * args.global_batch_size, step_time_s=step_time,
+        learning_rate=state.optimizer.param_groups[0]["lr"],
+        global_batch_size=args.global_batch_size, lm_loss=loss, grad_norm=grad_norm,
+        num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
+        seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
+        flops=num_floating_point_operations(args, step.seqlen_sum, step.seqlen_squared_sum),
+        world_size=torch.distributed.get_world_size(), extra=dict(step.stats),
+    )
+
+
+def _maybe_evaluate(args, state, valid_provider) -> float | None:
+    """Validation at every --eval-interval and at the end; the loss on the loss-owning ranks."""
+    if valid_provider is None or args.eval_iters <= 0:
+        return None
+    if state.iteration % args.eval_interval != 0 and state.iteration != args.train_iters:
+        return None
+    first = (state.iteration // args.eval_interval) * args.eval_iters
+    loss = evaluate(args, state, valid_provider, first)
+    loop_steps.log_validation_loss(state.iteration, loss)
+    return loss
+
+
+def _maybe_save(args, state) -> None:
+    if periodic_save_due(args, state.iteration):
+        checkpointing.save_checkpoint(
+            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
+
+
+def _save_at_end(args, state) -> str | None:
+    """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
+    if not final_save_due(args, state.iteration):
+        return checkpointing.checkpoint_dir(args.save, state.iteration) if args.save else None
+    return checkpointing.save_checkpoint(
+        args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
+
+
+def _exit_early(args, state, reason: str) -> None:
+    """Saves (with --save) and says in one line why the run stops before --train-iters."""
+    folder = _save_at_end(args, state)
+    saved = f"checkpoint {folder}; resume with --load {args.save}" if folder else \
+        "nothing saved (no --save)"
+    log.print_rank_0(f"exiting after iteration {state.iteration} of {args.train_iters}: "
+                     f"{reason}; {saved}")
+
+
+def train(args, state: TrainState, train_provider, valid_provider=None,
+          exit_conditions: ExitConditions | None = None) -> list[dict]:
+    """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
+    --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
+    {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
+
+    Losses are None off the last pipeline stage (only that stage has them); validation_loss is
+    None at iterations without evaluation. ``exit_conditions``: the run's, already entered
+    (``pretrain`` starts its clock and signal handling before set-up); default one from now.
+    """
+    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if log.is_last_rank() \
+        else None
+    history = []
+    with contextlib.ExitStack() as stack:
+        exits = exit_conditions or stack.enter_context(ExitConditions(args))
+        stop = None
+        while state.iteration < args.train_iters and stop is None:
+            start = time.perf_counter()
+            step = train_provider.step_batches(state.iteration)
+            loss, grad_norm = train_step(args, state, step)
+            state.iteration += 1
+            history.append({"lm_loss": loss, "grad_norm": grad_norm})
+            if logger is not None:
+                logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
+                                              time.perf_counter() - start))
+            history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
+            _maybe_save(args, state)
+            stop = exits.reason(state.iteration)  # every rank, every iteration: it agrees
+        if stop is not None and state.iteration < args.train_iters:
+            _exit_early(args, state, stop)  # a resumed run finishes the schedule, and exports
+        else:
+            _save_at_end(args, state)
+            if args.save_hf:
+                save_hf(args, state.model)
+    if logger is not None:
+        logger.close()
+    return history

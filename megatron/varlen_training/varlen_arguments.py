@@ -1,0 +1,276 @@
+"""This fork's own flags (sequence packing, SFT data): one small group, mapped 1:1 to fields.
+
+Kept apart from :mod:`megatron.varlen_training.arguments` so that every flag the fork adds to
+Megatron-LM's CLI is visible in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen.length_distributions import parse_length_config
+from megatron.varlen.accelerator import (
+    ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
+)
+from megatron.varlen.scheduling.cost_model import PROFILES, resolve_hardware_profile
+from megatron.varlen.scheduling.groups import build_group_layout
+from megatron.varlen.scheduling.problem import pad_multiple, padded_length
+from megatron.varlen.scheduling.registry import (
+    DP_BALANCED, DYNAMIC_CP, canonical_name, scheduler_help, scheduler_names,
+)
+from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
+
+
+DEFAULT_PROFILE = "h100_nvlink"
+
+
+def add_varlen_args(parser) -> None:
+    """Registers the fork's flags on ``parser``."""
+    group = parser.add_argument_group("variable-length data (this fork)")
+    group.add_argument("--sequence-packing", action="store_true",
+                       help="Pack variable-length samples into THD micro-batches balanced across "
+                            "DP x CP ranks (implies per-token loss).")
+    group.add_argument("--sequence-packing-scheduler", default=None,
+                       choices=scheduler_names(), help=scheduler_help())
+    group.add_argument("--dynamic-context-parallel", action="store_true",
+                       help="Give every sequence its own CP group size, micro-batch by "
+                            "micro-batch, across all DP x CP ranks (implies --sequence-packing).")
+    group.add_argument("--hybrid-context-parallel", action="store_true",
+                       help="Deprecated alias of --dynamic-context-parallel.")
+    group.add_argument("--min-dynamic-context-parallel-size", type=int, default=1,
+                       help="Smallest CP group a sequence may get under dynamic CP.")
+    group.add_argument("--max-seqlen-per-dp-cp-rank", type=int, default=None,
+                       help="Token budget of one DP x CP rank in one packed micro-batch. "
+                            "Default: --seq-length / --context-parallel-size, rounded up to "
+                            "the CP/SP divisor.")
+    group.add_argument("--hardware-profile", default=DEFAULT_PROFILE, metavar="NAME|PATH",
+                       help=f"Rates the packing scheduler's cost model is built from: "
+                            f"{', '.join(sorted(PROFILES))} (analytic), or a JSON profile "
+                            f"measured on your GPU by tools/measure_cost_model.py.")
+    group.add_argument("--spec", nargs=2, default=None, metavar=("MODULE", "FUNCTION"),
+                       help="Layer spec function to build the decoder with (Megatron's flag); "
+                            "default megatron.varlen.spec get_varlen_gpt_layer_spec.")
+    group.add_argument("--attention-backend", default=AUTO, choices=ATTENTION_BACKENDS,
+                       help="Core attention (Megatron-LM's flag): local = plain-torch reference; "
+                            "flash = torch's FlashAttention varlen kernel (CUDA, bf16/fp16, no "
+                            "attention dropout; on CPU its plain-torch twin); te = Transformer "
+                            "Engine; auto = te if it imports, else flash on CUDA for bf16/fp16 "
+                            "without attention dropout, else local.")
+    group.add_argument("--sft", action="store_true",
+                       help="Supervised fine-tuning data: one variable-length sample per sequence "
+                            "(--mock-data --sft gives the mock SFT dataset).")
+    group.add_argument("--sft-mock-dataset-config-json", default=None,
+                       help="Lengths of the mock SFT dataset: inline JSON or a path to a JSON "
+                            "file, e.g. '{\"mode\":\"file\",\"path\":\"lengths.csv\"}'.")
+
+
+def possible_cp_sizes(args) -> list[int]:
+    """Every CP group size a micro-batch can run on (static, or the dynamic layout's sizes)."""
+    if not args.dynamic_context_parallel:
+        return [args.context_parallel_size]
+    layout = build_group_layout(args.data_parallel_size * args.context_parallel_size,
+                                args.min_dynamic_context_parallel_size,
+                                args.context_parallel_size)
+    return sorted(layout.sequence_sizes)
+
+
+def _sp_factor(args) -> int:
+    return args.tensor_model_parallel_size if args.sequence_parallel else 1
+
+
+def _params_dtype(args) -> torch.dtype:
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+
+
+def attention_backend(args) -> str:
+    """The core attention a run uses: --attention-backend resolved for its dtype and dropout.
+
+    Raises:
+        ValueError: one line, when the requested backend cannot run this configuration.
+    """
+    return resolve_attention_backend(args.attention_backend, _params_dtype(args),
+                                     args.attention_dropout)
+
+
+def attention_backend_line(args) -> str:
+    """Start-up log text: the backend, the flag, and (auto) why flash was passed over."""
+    return describe_attention_backend(args.attention_backend, _params_dtype(args),
+                                      args.attention_dropout)
+
+
+def validate_varlen_args(args, require) -> None:
+    """Checks the fork's flags; ``require(cond, message)`` raises the one-line error."""
+    try:
+        attention_backend(args)
+    except ValueError as err:
+        require(False, str(err))
+    try:  # a profile file is read (and refused in one line) at start-up
+        resolve_hardware_profile(args.hardware_profile)
+    except ValueError as err:
+        require(False, str(err))
+    require(args.sft_mock_dataset_config_json is None or args.sft,
+            "--sft-mock-dataset-config-json needs --sft (with --mock-data)")
+    if args.sft_mock_dataset_config_json is not None:
+        try:  # fail at start-up, in one line, not inside the first data read
+            parse_length_config(args.sft_mock_dataset_config_json, args.seq_length)
+        except ValueError as err:
+            require(False, str(err))
+    _resolve_dynamic_context_parallel(args, require)
+    # Packs vary in length; with VPP they are padded to the budget instead (fixed p2p shapes,
+    # see PackingConfig.fixed_tokens_per_rank).
+    args.variable_seq_lengths = bool(args.sequence_packing
+                                     and not args.virtual_pipeline_model_parallel_size)
+    if not args.sequence_packing:
+        require(args.max_seqlen_per_dp_cp_rank is None,
+                "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
+        return
+    _validate_packing(args, require)
+    _validate_position_table(args, require)
+
+
+def _resolve_dynamic_context_parallel(args, require) -> None:
+    """One resolved field: the deprecated alias is folded in here and then removed."""
+    if args.hybrid_context_parallel:
+        warning_rank_0("--hybrid-context-parallel is deprecated; use --dynamic-context-parallel")
+        args.dynamic_context_parallel = True
+    del args.hybrid_context_parallel
+    if not args.dynamic_context_parallel:
+        require(args.sequence_packing_scheduler != DYNAMIC_CP,
+                "--sequence-packing-scheduler default_dynamic_cp needs --dynamic-context-parallel")
+        require(args.min_dynamic_context_parallel_size == 1,
+                "--min-dynamic-context-parallel-size needs --dynamic-context-parallel")
+        return
+    require(args.max_seqlen_per_dp_cp_rank is not None,
+            "--dynamic-context-parallel requires --max-seqlen-per-dp-cp-rank (the per-rank "
+            "token budget that sizes each sequence's CP group)")
+    require(args.sequence_packing_scheduler in (None, DYNAMIC_CP),
+            f"--dynamic-context-parallel uses the default_dynamic_cp scheduler, not "
+            f"--sequence-packing-scheduler {args.sequence_packing_scheduler}")
+    dp_cp = args.data_parallel_size * args.context_parallel_size
+    require(1 <= args.min_dynamic_context_parallel_size <= dp_cp,
+            f"--min-dynamic-context-parallel-size {args.min_dynamic_context_parallel_size} "
+            f"must be between 1 and DP x CP = {dp_cp}")
+    args.sequence_packing = True
+    args.sequence_packing_scheduler = DYNAMIC_CP
+
+
+def _validate_capacity(args, require) -> None:
+    """Samples are at most --seq-length tokens: the largest CP group must be able to hold one,
+    padded as its group needs (2 x CP chunks, x TP with sequence parallel)."""
+    if args.dynamic_context_parallel:
+        ranks, what = args.data_parallel_size * args.context_parallel_size, "DP x CP"
+    else:
+        ranks, what = args.context_parallel_size, "CP"
+    per_rank = padded_length(args.seq_length, ranks, _sp_factor(args)) // ranks
+    require(per_rank <= args.max_seqlen_per_dp_cp_rank,
+            f"--seq-length {args.seq_length} (padded for {what} = {ranks} ranks: {per_rank} "
+            f"tokens per rank) exceeds --max-seqlen-per-dp-cp-rank "
+            f"{args.max_seqlen_per_dp_cp_rank} (raise --max-seqlen-per-dp-cp-rank"
+            f"{'' if args.dynamic_context_parallel else ' or --context-parallel-size'})")
+
+
+def _default_budget(args) -> int:
+    per_rank = -(-args.seq_length // args.context_parallel_size)
+    return padded_length(per_rank, args.context_parallel_size, _sp_factor(args))
+
+
+def _validate_packing(args, require) -> None:
+    require(args.micro_batch_size == 1,
+            f"--sequence-packing builds each micro-batch as one pack of up to "
+            f"--max-seqlen-per-dp-cp-rank tokens per rank: --micro-batch-size must be 1 "
+            f"(got {args.micro_batch_size})")
+    args.sequence_packing_scheduler = canonical_name(args.sequence_packing_scheduler
+                                                     or DP_BALANCED)
+    if args.max_seqlen_per_dp_cp_rank is None:
+        args.max_seqlen_per_dp_cp_rank = _default_budget(args)
+    _validate_capacity(args, require)
+    sp_factor = _sp_factor(args)
+    if args.virtual_pipeline_model_parallel_size:
+        require(args.max_seqlen_per_dp_cp_rank % (2 * sp_factor) == 0,
+                f"with virtual pipeline stages every pack is padded to "
+                f"--max-seqlen-per-dp-cp-rank tokens per rank, which must then be a multiple of "
+                f"{2 * sp_factor} (got {args.max_seqlen_per_dp_cp_rank})")
+    # Only the global per-token mean is invariant to packing: a per-micro-batch mean weighs
+    # tokens by how the samples happened to be packed.
+    args.calculate_per_token_loss = True
+    try:
+        check_takes_thd(load_layer_spec(args.spec, args.normalization, attention_backend(args)),
+                        args.spec)
+    except ValueError as err:
+        require(False, str(err))
+
+
+@dataclass(frozen=True)
+class PositionRun:
+    """A packed segment whose tokens get position ids 0..length-1, and what makes it."""
+
+    length: int
+    cause: str
+    from_sequence: bool  # a padded sample (a --seq-length the padding divides avoids it)
+
+
+def _sample_runs(seq_length: int, cp_sizes: list[int], sp_factor: int) -> list[PositionRun]:
+    """A --seq-length sample on a CP group of c ranks is padded to a multiple of
+    2 x c x sp_factor (the padding rule of scheduling/problem.py)."""
+    runs = []
+    for size in cp_sizes:
+        padded = padded_length(seq_length, size, sp_factor)
+        runs.append(PositionRun(padded, f"a --seq-length {seq_length} sample is padded to "
+                                f"{padded} tokens on a CP group of {size} rank(s) (to a multiple "
+                                f"of {pad_multiple(size, sp_factor)})", True))
+    return runs
+
+
+def _filler_runs(budget: int, cp_sizes: list[int], sp_factor: int) -> list[PositionRun]:
+    """With fixed pack lengths (VPP) a pack on c ranks is topped up to budget x c tokens by one
+    pad-only filler, after at least one sequence of at least one padding multiple
+    (thd_microbatch.pack_sequences)."""
+    runs = []
+    for size in cp_sizes:
+        filler = budget * size - pad_multiple(size, sp_factor)
+        runs.append(PositionRun(filler, f"with virtual pipeline stages a pack on {size} rank(s) "
+                                f"is filled to --max-seqlen-per-dp-cp-rank {budget} x {size} "
+                                f"tokens by a pad-only filler of up to {filler} tokens", False))
+    return runs
+
+
+def longest_position_run(seq_length: int, cp_sizes: list[int], sp_factor: int,
+                         fixed_tokens_per_rank: int | None) -> PositionRun:
+    """The longest run of position ids any pack can hold, given the CP group sizes a sequence
+    may get: padded samples, an idle rank's pad-only sequence, and (fixed pack lengths) the
+    filler that tops a pack up."""
+    # Imported here: it loads megatron.core, whose import-time warnings a parser must not print
+    # before the entry point silences them (a flag error is one line).
+    from megatron.varlen.thd_microbatch import DUMMY_SEQUENCE_TOKENS
+
+    idle = fixed_tokens_per_rank or DUMMY_SEQUENCE_TOKENS * sp_factor
+    runs = [*_sample_runs(seq_length, cp_sizes, sp_factor),
+            PositionRun(idle, f"an idle rank's pad-only sequence has {idle} tokens", False)]
+    if fixed_tokens_per_rank:
+        runs += _filler_runs(fixed_tokens_per_rank, cp_sizes, sp_factor)
+    return max(runs, key=lambda run: run.length)
+
+
+def _validate_position_table(args, require) -> None:
+    """Learned absolute positions are a table of --max-position-embeddings rows: every packed
+    segment must fit it, or the lookup fails at whatever iteration first draws a long sample.
+    RoPE computes its angles for each batch's longest segment (and "none" has no positions),
+    so neither needs a check."""
+    if args.position_embedding_type != "learned_absolute":
+        return
+    sizes, sp_factor = possible_cp_sizes(args), _sp_factor(args)
+    fixed = None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank
+    run = longest_position_run(args.seq_length, sizes, sp_factor, fixed)
+    if run.length <= args.max_position_embeddings:
+        return
+    divisor = math.lcm(*(pad_multiple(size, sp_factor) for size in sizes))
+    shorter = f", a --seq-length that is a multiple of {divisor}" if run.from_sequence else ""
+    which = f" (dynamic CP group sizes {sizes})" if args.dynamic_context_parallel else ""
+    require(False,
+            f"{run.cause}, beyond the learned position table of --max-position-embeddings "
+            f"{args.max_position_embeddings}{which}: pass --max-position-embeddings "
+            f"{run.length} or more{shorter}, or --position-embedding-type rope")

@@ -1,0 +1,155 @@
+"""Tests for megatron/varlen_training/datasets/builder.py."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.varlen_training.datasets import (
+    MockGPTDataset,
+    MockSFTDataset,
+    SFTDataset,
+    build_datasets,
+    get_pad_multiple,
+)
+from megatron.varlen_training.datasets.builder import VALID_FRACTION
+from megatron.varlen_training.tokenizer import ByteLevelTokenizer, NullTokenizer
+
+
+def roundup(value, multiple):
+    return -(-value // multiple) * multiple
+
+
+def _args(**overrides):
+    values = dict(
+        mock_data=True,
+        sft=False,
+        data_path=None,
+        seq_length=32,
+        seed=1234,
+        train_samples=24,
+        eval_samples=6,
+        sft_mock_dataset_config_json=None,
+        context_parallel_size=1,
+        tensor_model_parallel_size=1,
+        sequence_parallel=False,
+        sequence_packing=True,
+        vocab_size=64,
+    )
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def _sft_file(tmp_path, num_docs):
+    path = tmp_path / "sft.jsonl"
+    lines = [json.dumps({"prompt": f"p{i}", "response": "r" * (i % 5)}) for i in range(num_docs)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_mock_gpt_train_and_valid():
+    train, valid = build_datasets(_args(), NullTokenizer(64))
+    assert isinstance(train, MockGPTDataset) and isinstance(valid, MockGPTDataset)
+    assert (len(train), len(valid)) == (24, 6)
+    assert train[0]["padded_length"] == 32 and train[0]["tokens"].max() < 64
+    assert not torch.equal(train[0]["tokens"], valid[0]["tokens"])
+    _, no_valid = build_datasets(_args(eval_samples=0), NullTokenizer(64))
+    assert no_valid is None
+
+
+def test_mock_without_tokenizer_uses_vocab_size():
+    train, _ = build_datasets(_args(vocab_size=8), None)
+    assert max(train[i]["tokens"].max().item() for i in range(len(train))) < 8
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_mock_sft_padding(packing):
+    args = _args(
+        sft=True,
+        vocab_size=None,
+        sequence_packing=packing,
+        context_parallel_size=2,
+        tensor_model_parallel_size=2,
+        sequence_parallel=True,
+        sft_mock_dataset_config_json=json.dumps(
+            {"mode": "distribution", "type": "lognormal", "min_seq_len": 3, "max_seq_len": 32,
+             "mean_seq_len": 12, "lognormal_sigma": 1.0}
+        ),
+    )
+    train, valid = build_datasets(args, ByteLevelTokenizer())
+    assert isinstance(train, MockSFTDataset) and isinstance(valid, MockSFTDataset)
+    multiple = get_pad_multiple(2, 2, True)
+    for i in range(len(train)):
+        s = train[i]
+        assert s["padded_length"] == (roundup(s["length"], multiple) if packing else 32)
+        assert s["tokens"].max() < ByteLevelTokenizer().vocab_size
+    assert len(set(train.lengths.tolist())) > 1
+
+
+def test_mock_sft_default_lengths_and_clipping(capsys):
+    train, _ = build_datasets(_args(sft=True), NullTokenizer(64))  # default: [16, 32]
+    assert 16 <= train.lengths.min() and train.lengths.max() <= 32 and train.num_clipped == 0
+    too_long = {"mode": "distribution", "type": "uniform", "min_seq_len": 20, "max_seq_len": 64}
+    capsys.readouterr()
+    train, _ = build_datasets(
+        _args(sft=True, sft_mock_dataset_config_json=json.dumps(too_long)), NullTokenizer(64)
+    )
+    assert train.num_clipped > 0 and train.lengths.max() == 32
+    lines = capsys.readouterr().out.splitlines()  # megatron log lines on stdout
+    assert sum("WARNING" in line and "clipped" in line for line in lines) == 2  # train, valid
+
+
+def test_explicit_pad_multiple_overrides_parallel_sizes():
+    train, _ = build_datasets(_args(seq_length=30), NullTokenizer(64), pad_to_multiple_of=8)
+    assert train[0]["padded_length"] == 32 and train[0]["length"] == 30
+
+
+def test_unpacked_seq_length_must_fit_the_multiple():
+    args = _args(sequence_packing=False, context_parallel_size=2, seq_length=30)
+    with pytest.raises(ValueError, match="--seq-length 30 must be a multiple of 4"):
+        build_datasets(args, NullTokenizer(64))
+
+
+def test_flag_errors(tmp_path):
+    with pytest.raises(ValueError, match="--data-path"):
+        build_datasets(_args(mock_data=False, sft=True, vocab_size=None), ByteLevelTokenizer())
+    with pytest.raises(ValueError, match="--mock-data or --sft"):
+        build_datasets(_args(mock_data=False, data_path=["x"]), NullTokenizer(64))
+    with pytest.raises(ValueError, match=r"--vocab-size 64 is smaller than .* \(261\)"):
+        build_datasets(_args(), ByteLevelTokenizer())
+
+
+def test_sft_split_epochs_and_sample_ids(tmp_path):
+    num_docs = 40
+    args = _args(mock_data=False, sft=True, data_path=[_sft_file(tmp_path, num_docs)],
+                 vocab_size=None, train_samples=100, eval_samples=5)
+    tok = ByteLevelTokenizer()
+    train, valid = build_datasets(args, tok)
+    full = SFTDataset(args.data_path[0], tok, args.seq_length)
+    num_valid = round(VALID_FRACTION * num_docs)
+    doc_of = {tuple(full[i]["tokens"].tolist()): i for i in range(num_docs)}
+    train_docs = [doc_of[tuple(train[i]["tokens"].tolist())] for i in range(len(train))]
+    valid_docs = [doc_of[tuple(valid[i]["tokens"].tolist())] for i in range(len(valid))]
+    num_train = num_docs - num_valid
+    assert len(train_docs) == 100 and valid_docs == [38, 39, 38, 39, 38]
+    for epoch_start in (0, num_train):  # every full epoch is a permutation of the train docs
+        assert sorted(train_docs[epoch_start : epoch_start + num_train]) == list(range(num_train))
+    assert train_docs[:num_train] != train_docs[num_train : 2 * num_train]
+    assert train_docs[:num_train] != list(range(num_train))  # shuffled
+    assert [train[i]["sample_id"] for i in (0, 57, 99)] == [0, 57, 99]
+    again, _ = build_datasets(args, tok)
+    reread = [doc_of[tuple(again[i]["tokens"].tolist())] for i in reversed(range(100))]
+    assert reread[::-1] == train_docs
+    with pytest.raises(IndexError):
+        train[100]
+
+
+def test_sft_too_small_for_a_valid_tail(tmp_path):
+    args = _args(mock_data=False, sft=True, data_path=[_sft_file(tmp_path, 1)], vocab_size=None)
+    with pytest.raises(ValueError, match="1 sample.*--eval-iters 0"):
+        build_datasets(args, ByteLevelTokenizer())
+    train, valid = build_datasets(_args(**{**vars(args), "eval_samples": 0}), ByteLevelTokenizer())
+    assert valid is None and len(train) == args.train_samples
+    assert np.all([train[i]["sample_id"] == i for i in range(len(train))])

@@ -1,0 +1,193 @@
+"""Functions the hf tests run on multirank ranks (importable by name)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from megatron.core import parallel_state as ps
+from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
+from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
+from megatron.varlen_training.training import run_forward_backward
+
+
+def _gather_tp_last_dim(tensor: torch.Tensor) -> torch.Tensor:
+    size = ps.get_tensor_model_parallel_world_size()
+    if size == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    torch.distributed.all_gather(parts, tensor.contiguous(),
+                                 group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=-1)
+
+
+def forward_logits(args, model, tokens: torch.Tensor) -> torch.Tensor | None:
+    """Full-vocabulary logits [b, s, V_padded] through the pipeline schedule (last stage)."""
+    positions = torch.arange(tokens.shape[1]).expand(args.micro_batch_size, -1)
+    microbatches = [{"tokens": t, "position_ids": positions}
+                    for t in tokens.split(args.micro_batch_size)]
+    captured = []
+
+    def step_func(data_iterator, chunk):
+        batch = next(data_iterator)
+        output = chunk(batch["tokens"], batch["position_ids"], None)
+
+        def loss(output_tensor):
+            captured.append(_gather_tp_last_dim(output_tensor.detach()))
+            return output_tensor.sum() * 0, {}
+        return output, loss
+
+    step = SimpleNamespace(microbatches=microbatches, num_microbatches=len(microbatches))
+    run_forward_backward(args, SimpleNamespace(model=model), step, forward_only=True,
+                         forward_step_func=step_func)
+    if not ps.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    return torch.cat(captured)
+
+
+class _CountingReads:
+    """Counts the elements every SafetensorsReader.read returns on this rank."""
+
+    def __init__(self):
+        from megatron.varlen_training.hf.safetensors_io import SafetensorsReader
+
+        self.elements = 0
+        self._cls, self._original = SafetensorsReader, SafetensorsReader.read
+
+        def counted(reader, name, rows=None, cols=None):
+            tensor = self._original(reader, name, rows, cols)
+            self.elements += tensor.numel()
+            return tensor
+        SafetensorsReader.read = counted
+
+    def close(self):
+        self._cls.read = self._original
+
+
+def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
+    """For each named argv: logits of the model initialised from its --hf-checkpoint, the RoPE
+    inverse frequencies (None off the last stage), and the elements this rank read from the
+    checkpoint next to the elements its parameters hold."""
+    out = {}
+    for name, argv in runs.items():
+        reads = _CountingReads()
+        args = parse_args(argv, world_size=torch.distributed.get_world_size())
+        initialize_model_parallel(args)
+        set_random_seeds(args.seed)
+        try:
+            model = build_model(args, build_transformer_config(args))
+            reads.close()
+            held = sum(p.numel() for chunk in model for p in unwrap(chunk).parameters())
+            logits = forward_logits(args, model, tokens)
+            inv_freq = unwrap(model[0]).rotary_pos_emb.inv_freq.clone()
+            out[name] = {"logits": logits, "inv_freq": inv_freq, "read": reads.elements,
+                         "held": held}
+        finally:
+            reads.close()
+            ps.destroy_model_parallel()
+    return out
+
+
+def _local_params(model) -> dict:
+    from megatron.varlen_training.layout_invariant_init import canonical_parameter_name
+
+    out = {}
+    for chunk in model:
+        module = unwrap(chunk)
+        for name, param in module.named_parameters():
+            key = canonical_parameter_name(module, name, tied_output=False) + f"@{name}"
+            out[key] = param.detach().clone()
+    return out
+
+
+def rank_train_export(runs: dict, tokens: torch.Tensor) -> dict:
+    """For each named (argv, reimport argv): train through pretrain's path (which ends with
+    --save-hf), then return our logits and whether re-importing the export gives the trained
+    weights bit for bit."""
+    from megatron.varlen_training.pretrain import build_data_providers
+    from megatron.varlen_training.training import setup_model_and_optimizer, train
+
+    out = {}
+    world = torch.distributed.get_world_size()
+    for name, (argv, reimport_argv) in runs.items():
+        args = parse_args(argv, world_size=world)
+        initialize_model_parallel(args)
+        set_random_seeds(args.seed)
+        try:
+            provider, _ = build_data_providers(args)
+            state = setup_model_and_optimizer(args)
+            history = train(args, state, provider)
+            logits = forward_logits(args, state.model, tokens)
+            trained = _local_params(state.model)
+            again = parse_args(reimport_argv, world_size=world)
+            reimported = _local_params(build_model(again, build_transformer_config(again)))
+            differ = sorted(k for k in trained if not torch.equal(trained[k], reimported[k]))
+            out[name] = {"logits": logits, "differ": differ, "history": history,
+                         "num_params": len(trained)}
+        finally:
+            ps.destroy_model_parallel()
+    return out
+
+
+def rank_packed_token_losses(argv: list[str]) -> dict:
+    """Per-token losses of the first global batch through the packed (dynamic CP) data path,
+    forward only, keyed by what each token is: (position, token, label) and its loss; plus
+    the batch's samples (rank 0) and the largest CP group a micro-batch used."""
+    from megatron.varlen_training.datasets.builder import build_datasets
+    from megatron.varlen_training.pretrain import build_data_providers
+    from megatron.varlen_training.tokenizer import build_tokenizer
+
+    args = parse_args(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(args)
+    set_random_seeds(args.seed)
+    try:
+        provider, _ = build_data_providers(args)
+        step = provider.step_batches(0)
+        model = build_model(args, build_transformer_config(args))
+        records, cp_sizes = [], []
+
+        def step_func(data_iterator, chunk):
+            batch = next(data_iterator)
+            params = batch["packed_seq_params"]
+            cp_sizes.append(getattr(params, "local_cp_size", None) or 1)
+            losses = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+                           packed_seq_params=params)
+
+            def loss(output):
+                keep = batch["loss_mask"].reshape(-1) > 0
+                records.append(torch.stack([batch["position_ids"].reshape(-1)[keep].double(),
+                                            batch["tokens"].reshape(-1)[keep].double(),
+                                            batch["labels"].reshape(-1)[keep].double(),
+                                            output.detach().reshape(-1)[keep].double()], dim=1))
+                return output.sum() * 0, {}
+            return losses, loss
+
+        run_forward_backward(args, SimpleNamespace(model=model), step, forward_only=True,
+                             forward_step_func=step_func)
+        samples = None
+        if torch.distributed.get_rank() == 0:
+            train_ds, _ = build_datasets(args, build_tokenizer(
+                args.tokenizer_type, args.vocab_size, args.tokenizer_model))
+            samples = [train_ds[i] for i in range(args.global_batch_size)]
+        return {"records": torch.cat(records) if records else torch.zeros(0, 4),
+                "samples": samples, "max_cp": max(cp_sizes)}
+    finally:
+        from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+
+        destroy_dynamic_cp_groups()
+        ps.destroy_model_parallel()
+
+
+def rank_import_export(argv: list[str], out_dir: str) -> None:
+    """Builds the model from --hf-checkpoint and exports it untouched to ``out_dir``."""
+    from megatron.varlen_training.hf.exporter import save_hf
+
+    args = parse_args(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(args)
+    set_random_seeds(args.seed)
+    try:
+        save_hf(args, build_model(args, build_transformer_config(args)), out_dir)
+    finally:
+        ps.destroy_model_parallel()

@@ -1,0 +1,103 @@
+"""Chat-template SFT: the loss mask covers exactly the assistant tokens of the rendered template.
+
+Two template styles (ChatML/Qwen-like and Llama-3-like) on tokenizers built here. The expected
+assistant tokens come from an independent rendering: each assistant turn's text written out by
+hand for the style (content plus its end-of-turn marker), tokenized on its own.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron.varlen_training.datasets.sft import SFTDataset, encode_turns, parse_turns
+from megatron.varlen_training.hf.chat_template import ChatTemplateError, encode_chat
+from megatron.varlen_training.tokenizer import build_tokenizer
+from tests.unit_tests.varlen_training.hf.tiny_models import save_tokenizer
+
+REPO = Path(__file__).resolve().parents[4]
+SHIPPED = REPO / "examples" / "data" / "sft_tiny.jsonl"
+# The assistant turn as each style writes it, by hand.
+ASSISTANT_TEXT = {
+    "chatml": lambda content: content + "<|im_end|>\n",
+    "llama3": lambda content: content.strip() + "<|eot_id|>",
+}
+CONVERSATIONS = [
+    [("user", "Hello, how are you?"), ("assistant", "Fine, thanks!")],
+    [("system", "Be brief."), ("user", "The fox?"), ("assistant", " It jumps over the dog. "),
+     ("user", "And then?"), ("assistant", "Packing.")],
+    [("user", "no answer here")],
+]
+
+
+@pytest.fixture(scope="module", params=sorted(ASSISTANT_TEXT))
+def style_tokenizer(request, tmp_path_factory):
+    path = save_tokenizer(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, build_tokenizer("HuggingFaceTokenizer", tokenizer_model=path)
+
+
+def _target_runs(ids: np.ndarray, is_target: np.ndarray) -> list[list[int]]:
+    runs, current = [], []
+    for token, target in zip(ids.tolist(), is_target.tolist()):
+        if target:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    return runs + ([current] if current else [])
+
+
+def _expected_runs(style, tokenizer, turns) -> list[list[int]]:
+    return [tokenizer.tokenize(ASSISTANT_TEXT[style](content))
+            for role, content in turns if role == "assistant"]
+
+
+def _shipped_conversations():
+    with open(SHIPPED, encoding="utf-8") as handle:
+        return [parse_turns(json.loads(line)) for line in handle if line.strip()]
+
+
+def test_mask_covers_exactly_the_assistant_turns(style_tokenizer):
+    style, tokenizer = style_tokenizer
+    for turns in CONVERSATIONS + _shipped_conversations():
+        ids, is_target = encode_turns(turns, tokenizer)
+        hf = tokenizer._hf
+        rendered = hf.apply_chat_template([{"role": r, "content": c} for r, c in turns],
+                                          tokenize=False)
+        assert ids.tolist() == tokenizer.tokenize(rendered), "not the template's rendering"
+        assert _target_runs(ids, is_target) == _expected_runs(style, tokenizer, turns), turns
+
+
+def test_sft_dataset_trains_on_assistant_labels_and_counts_truncation(style_tokenizer, tmp_path,
+                                                                      capsys):
+    style, tokenizer = style_tokenizer
+    path = tmp_path / "chats.jsonl"
+    records = [{"messages": [{"role": r, "content": c} for r, c in turns]}
+               for turns in CONVERSATIONS[:2]]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+    dataset = SFTDataset(str(path), tokenizer, seq_length=512)
+    for index, turns in enumerate(CONVERSATIONS[:2]):
+        sample = dataset[index]
+        trained = sample["labels"][sample["loss_mask"] > 0].tolist()
+        assert trained == sum(_expected_runs(style, tokenizer, turns), [])
+    short = SFTDataset(str(path), tokenizer, seq_length=8)
+    assert short.num_truncated == 2 and int(short.lengths.max()) == 8
+    out = capsys.readouterr().out  # the warning is a megatron log line on stdout
+    assert "WARNING SFTDataset: 2 of 2 samples" in out and "truncated" in out
+
+
+def test_template_that_rewrites_earlier_turns_is_refused(style_tokenizer):
+    _, tokenizer = style_tokenizer
+    hf = tokenizer._hf
+    original = hf.chat_template
+    # Drops the content of every assistant turn but the last one (as reasoning-strip templates do).
+    hf.chat_template = ("{% for m in messages %}{{ m['role'] + ': ' }}{% if m['role'] != "
+                        "'assistant' or loop.last %}{{ m['content'] }}{% endif %}{{ '\\n' }}"
+                        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    try:
+        with pytest.raises(ChatTemplateError) as err:
+            encode_chat(hf, CONVERSATIONS[1])
+        assert "\n" not in str(err.value) and "turn 3" in str(err.value)
+    finally:
+        hf.chat_template = original

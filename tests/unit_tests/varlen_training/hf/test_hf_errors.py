@@ -1,0 +1,104 @@
+"""Bad Hugging Face input: each a one-line error naming the problem, at start-up.
+
+ArgumentValidationError is what pretrain_gpt.py prints as one line with exit code 2.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.hf.safetensors_io import INDEX_FILE
+from megatron.varlen_training.tokenizer import NullTokenizer, check_tokenizer_fits
+from tests.unit_tests.varlen_training.hf.tiny_models import model_argv, save_hf_model
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return Path(save_hf_model("llama", tmp_path_factory.mktemp("hf") / "llama"))
+
+
+def _edited_config(tmp_path, source: Path, **changes) -> Path:
+    target = tmp_path / "edited"
+    target.mkdir()
+    for name in os.listdir(source):
+        os.symlink(source / name, target / name)
+    config = json.loads((source / "config.json").read_text())
+    config.update(changes)
+    os.remove(target / "config.json")
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def _error(argv, world=1) -> str:
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(argv, world_size=world)
+    message = str(err.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_directory_without_config_json(tmp_path):
+    assert "has no config.json" in _error(model_argv(tmp_path))
+
+
+def test_missing_shard(tmp_path, llama):
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_text((llama / "config.json").read_text())
+    os.symlink(llama / "model.safetensors", sharded / "model-00001-of-00002.safetensors")
+    weight_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                  "lm_head.weight": "model-00002-of-00002.safetensors"}
+    (sharded / INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    message = _error(model_argv(sharded))
+    assert "'model-00002-of-00002.safetensors', which is missing" in message
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"architectures": ["MixtralForCausalLM"]}, "unsupported architecture ['MixtralForCausalLM']"),
+    ({"hidden_act": "gelu"}, "unsupported value hidden_act='gelu'"),
+    ({"num_experts": 8}, "unsupported config field 'num_experts'=8"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+     "unsupported rope scaling type 'yarn'"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+                          "rope_theta": 5e5}}, "low_freq_factor=2.0"),
+    ({"attention_bias": True}, "unsupported value attention_bias=True for LlamaForCausalLM"),
+])
+def test_unsupported_architecture_or_field(tmp_path, llama, changes, needle):
+    assert needle in _error(model_argv(_edited_config(tmp_path, llama, **changes)))
+
+
+def test_vocabulary_larger_than_the_flags_allow(llama):
+    message = _error(model_argv(llama, "--vocab-size", "128"))
+    assert "--vocab-size 128 conflicts with the --hf-checkpoint" in message
+    assert "value 256" in message
+    with pytest.raises(ValueError, match="the tokenizer has 300 ids but the model's vocabulary"):
+        check_tokenizer_fits(NullTokenizer(300), 256)
+
+
+def test_conflicting_architecture_flag_names_both_values(llama):
+    message = _error(model_argv(llama, "--num-layers", "2"))
+    assert "--num-layers 2 conflicts" in message and "config.json value 4" in message
+    # The same value is not a conflict; the architecture flags are optional.
+    args = parse_args(model_argv(llama, "--num-layers", "4"), world_size=1)
+    assert (args.num_layers, args.num_query_groups, args.swiglu) == (4, 2, True)
+
+
+@pytest.mark.parametrize("tp, needle", [
+    ("8", "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 8"),
+    ("4", "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"),
+])
+def test_tp_that_does_not_divide_heads_or_kv_groups(llama, tp, needle):
+    assert needle in _error(model_argv(llama, "--tensor-model-parallel-size", tp), world=int(tp))
+
+
+
+
+def test_save_hf_needs_an_exportable_architecture():
+    from tests.harness.training_runs import TINY_GPT_ARGS
+
+    message = _error(TINY_GPT_ARGS + ["--train-iters", "1", "--save-hf", "/tmp/unused"])
+    assert "--save-hf: export to Hugging Face needs --normalization RMSNorm" in message

@@ -1,0 +1,100 @@
+"""The CLI contract: Megatron's flag names, derived fields, and one-line errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+REPO = Path(__file__).resolve().parents[3]
+# Pinned flag set (torchtitan's test_no_new_cli_options): adding a flag is a reviewed diff here.
+EXPECTED_FLAGS = frozenset("""
+--adam-beta1 --adam-beta2 --adam-eps --attention-dropout --bf16 --calculate-per-token-loss
+--clip-grad --context-parallel-size --data-path --disable-bias-linear --eval-interval
+--eval-iters --ffn-hidden-size --fp16 --global-batch-size --group-query-attention --hidden-dropout
+--hidden-size --init-method-std --load --log-interval --log-metrics-jsonl --lr
+--lr-decay-iters --lr-decay-style --lr-warmup-iters --make-vocab-size-divisible-by
+--max-position-embeddings --micro-batch-size --min-lr --mock-data --normalization
+--num-attention-heads --num-layers --num-layers-per-virtual-pipeline-stage --num-query-groups
+--pipeline-model-parallel-size --position-embedding-type --rotary-base --save --save-interval
+--seed --seq-length --sequence-parallel --sft --sft-mock-dataset-config-json --swiglu
+--tensor-model-parallel-size --tokenizer-model --tokenizer-type --train-iters
+--untie-embeddings-and-output-weights --use-distributed-optimizer --vocab-size --weight-decay
+--context-parallel-size --sequence-packing --sequence-packing-scheduler
+--max-seqlen-per-dp-cp-rank --spec --dynamic-context-parallel --hybrid-context-parallel
+--min-dynamic-context-parallel-size --mtp-num-layers --attention-backend --hardware-profile
+--hf-checkpoint --save-hf --kv-channels --norm-epsilon --add-qkv-bias --qk-layernorm
+--use-rope-scaling --rope-scaling-factor
+--check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad
+--override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
+--exit-signal-handler --exit-interval --exit-duration-in-mins
+--override-data-fingerprint
+""".split())
+
+
+def _flags():
+    return {opt for action in build_parser()._actions for opt in action.option_strings
+            if opt.startswith("--") and opt != "--help"}
+
+
+def test_flag_set_is_pinned():
+    assert _flags() == EXPECTED_FLAGS, (
+        f"new: {sorted(_flags() - EXPECTED_FLAGS)}, missing: {sorted(EXPECTED_FLAGS - _flags())}")
+
+
+def test_derived_fields():
+    args = parse_args(TINY_GPT_ARGS + ["--train-iters", "3", "--tensor-model-parallel-size", "2",
+                                       "--global-batch-size", "16"], world_size=8)
+    assert args.data_parallel_size == 4
+    assert args.num_microbatches == 2  # 16 samples / (micro batch 2 x 4 DP ranks)
+    assert args.max_position_embeddings == args.seq_length
+    assert args.lr_decay_iters == 3
+
+
+@pytest.mark.parametrize("extra, world, needle", [
+    (["--tensor-model-parallel-size", "3"], 4, "world size 4 is not divisible"),
+    (["--context-parallel-size", "2", "--seq-length", "30"], 2, "--seq-length 30"),
+    (["--global-batch-size", "3"], 2, "--global-batch-size 3"),
+    (["--load", "/nonexistent/ckpt"], 1, "--load directory '/nonexistent/ckpt'"),
+    (["--num-layers-per-virtual-pipeline-stage", "1"], 1, "--pipeline-model-parallel-size > 1"),
+    (["--sequence-parallel"], 1, "--sequence-parallel needs"),
+    (["--no-such-flag"], 1, "unrecognized arguments: --no-such-flag"),
+    (["--attention-backend", "flash", "--attention-dropout", "0.1"], 1,
+     "--attention-backend flash has no attention dropout (got --attention-dropout 0.1)"),
+    (["--attention-backend", "te"], 1, "--attention-backend te needs Transformer Engine"),
+    (["--lr-warmup-iters", "3"], 1, "--lr-warmup-iters 3 must be smaller than the decay length 3"),
+    (["--swiglu", "--tensor-model-parallel-size", "2"], 2,
+     "--ffn-hidden-size 85 is not divisible by --tensor-model-parallel-size 2"),
+    (["--group-query-attention", "--num-query-groups", "1", "--tensor-model-parallel-size", "2"],
+     2, "--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"),
+])
+def test_bad_combinations_raise_one_line(extra, world, needle):
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(TINY_GPT_ARGS + ["--train-iters", "3"] + extra, world_size=world)
+    message = str(err.value)
+    assert needle in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("extra, env_world, needle", [
+    (["--tensor-model-parallel-size", "2"], "3", "world size 3 is not divisible"),
+    (["--load", "/nonexistent/ckpt"], "1", "/nonexistent/ckpt"),
+    (["--bogus"], "1", "unrecognized arguments: --bogus"),
+    (["--context-parallel-size", "2", "--seq-length", "30"], "2", "--seq-length 30"),
+])
+def test_entry_point_exits_with_one_line(extra, env_world, needle):
+    env = {"WORLD_SIZE": env_world, "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "pretrain_gpt.py"), *TINY_GPT_ARGS, "--train-iters", "1",
+         *extra], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_flag_reference_doc_is_current():
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "flag_reference.py"), "--check"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,94 @@
+"""pretrain_mamba.py's flags: bad input fails at start-up in one line naming value, limit, flag;
+the derived hybrid fields; pretrain_gpt.py's CLI does not change."""
+
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, build_parser
+from megatron.varlen_training.hybrid_arguments import (
+    build_hybrid_parser, describe_hybrid_model, parse_hybrid_args, parse_hybrid_args_or_exit,
+)
+
+BASE = ["--num-layers", "3", "--hidden-size", "24", "--num-attention-heads", "4",
+        "--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8",
+        "--seq-length", "64", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
+        "--vocab-size", "128"]
+
+
+def _error(argv, world_size=1):
+    with pytest.raises(ArgumentValidationError) as info:
+        parse_hybrid_args(BASE + argv, world_size=world_size)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_pattern_symbol():
+    message = _error(["--hybrid-override-pattern", "MXM"])
+    assert "'X'" in message and "--hybrid-override-pattern" in message and "M * -" in message
+
+
+def test_moe_symbol_is_refused():
+    assert "MoE" in _error(["--hybrid-override-pattern", "ME*"])
+
+
+def test_pattern_length_must_match_num_layers():
+    message = _error(["--hybrid-override-pattern", "M*-M"])
+    assert "4 layers" in message and "--num-layers is 3" in message
+
+
+def test_heads_must_divide_over_tp_times_cp():
+    # 12 heads / TP 2 = 6 per TP rank; CP 4 does not divide 6.
+    message = _error(["--hybrid-override-pattern", "M*-", "--tensor-model-parallel-size", "2",
+                      "--context-parallel-size", "4"], world_size=8)
+    assert "6 per TP rank" in message and "--context-parallel-size 4" in message
+
+
+def test_dynamic_cp_checks_every_group_size_it_may_pick():
+    # 12 heads; DP x CP = 8 gives group sizes up to 8, which does not divide 12.
+    message = _error(["--hybrid-override-pattern", "M*-", "--context-parallel-size", "2",
+                      "--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "32",
+                      "--micro-batch-size", "1"], world_size=8)
+    assert "CP group size 8" in message and "[1, 2, 4, 8]" in message
+
+
+def test_ratios_fill_the_pattern_and_cost_weight():
+    args = parse_hybrid_args(BASE + ["--num-layers", "4", "--hybrid-attention-ratio", "0.25"],
+                             world_size=1)
+    assert args.hybrid_layer_pattern.count("*") == 1 and len(args.hybrid_layer_pattern) == 4
+    assert args.hybrid_attention_fraction == 0.25
+    assert args.mamba_num_heads_resolved == 12  # 2 * 24 / 4
+    assert describe_hybrid_model(args).startswith(
+        f"> hybrid layer pattern {args.hybrid_layer_pattern}: 3 Mamba, 1 attention, 0 MLP")
+
+
+def test_gpt_cli_has_no_hybrid_flags():
+    gpt = {opt for action in build_parser()._actions for opt in action.option_strings}
+    hybrid = {opt for action in build_hybrid_parser()._actions for opt in action.option_strings}
+    added = hybrid - gpt
+    assert gpt < hybrid and "--hybrid-override-pattern" in added and "--mamba-state-dim" in added
+    assert all(flag.startswith(("--hybrid-", "--mamba-")) for flag in added), added
+
+
+def test_entry_point_prints_one_line_and_exits_2(capsys):
+    # pretrain_mamba.py's main() starts with this call (in-process: no interpreter start-up).
+    with pytest.raises(SystemExit) as info:
+        parse_hybrid_args_or_exit(BASE + ["--hybrid-override-pattern", "M?-"])
+    assert info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pretrain_mamba.py: error:"), lines
+
+
+def test_scheduler_weighs_attention_by_its_layer_fraction():
+    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.data import build_packing_config
+
+    packed = ["--sequence-packing", "--micro-batch-size", "1"]
+    hybrid = parse_hybrid_args(BASE + packed + ["--num-layers", "4",
+                                                "--hybrid-override-pattern", "M*MM"], world_size=1)
+    mamba_only = parse_hybrid_args(BASE + packed + ["--hybrid-override-pattern", "MMM"],
+                                   world_size=1)
+    gpt = parse_args(BASE[:6] + BASE[12:] + packed, world_size=1)
+    assert build_packing_config(hybrid, pad_id=0).cost.a == 0.25
+    assert build_packing_config(mamba_only, pad_id=0).cost.a == 0.0
+    assert build_packing_config(gpt, pad_id=0).cost.a == 1.0
+    assert build_packing_config(hybrid, pad_id=0).cost.b == build_packing_config(gpt, 0).cost.b

@@ -1,0 +1,162 @@
+"""One logging style for both entry points, from a tiny 2-rank (DP=2) run of each.
+
+``pretrain_gpt.py``'s loop and ``MegatronWrap`` train the same packed config; every line either
+prints carries the rank prefix and a level, their iteration and validation lines match ONE
+pattern (Megatron-LM's line content after the prefix) and carry the loss the run returned, and
+only the last rank prints them: with DP=2 rank 0 owns the same loss and must stay quiet.
+Rank 0 prints Megatron-LM's arguments dump at start-up, once. The same runs also write their
+metrics as JSONL (``--log-metrics-jsonl`` and the facade's ``jsonl`` writer): ONE schema, the
+same keys in the same order for both entry points.
+"""
+
+import contextlib
+import io
+import json
+import re
+
+import pytest
+import torch
+
+from megatron.varlen_training.arguments import build_parser, parse_args
+from megatron.varlen_training.initialize import initialize_megatron
+from tests.harness.training_runs import tiny_packed_config, train_on_this_rank
+from tests.harness.multirank import run_distributed
+from megatron.wrap import MegatronWrap
+from megatron.wrap.config import build_config
+
+WORLD = 2
+STEPS = 2
+CONFIG = tiny_packed_config(global_batch_size=4, train_iters=STEPS)
+# pretrain_gpt.py validates once, at the end (iteration STEPS).
+EVAL_FLAGS = ["--eval-iters", "1", "--eval-interval", str(STEPS)]
+BATCH = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 12, 3)]
+
+# Written from Megatron-LM's line format, not from our formatter.
+LINE = re.compile(r"^\[rank (?P<rank>\d+)(?P<coords> \| tp \d+ pp \d+ dp \d+ cp \d+)?\] "
+                  r"(?P<level>DEBUG|INFO|WARNING|ERROR) (?P<message>.*)$")
+FLOAT = r"\d\.\d{6}E[+-]\d{2}"
+ITERATION = re.compile(
+    rf"^ iteration +(?P<iteration>\d+)/ +(?P<train_iters>\d+) \| "
+    rf"consumed samples: +(?P<consumed>\d+) \| elapsed time per iteration \(ms\): [\d.]+ \| "
+    rf"throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| tokens per second: [\d.]+ \| "
+    rf"learning rate: {FLOAT} \| global batch size: +(?P<gbs>\d+) \| "
+    rf"lm loss: (?P<loss>{FLOAT}) \| grad norm: [\d.]+ \| number of microbatches: \d+ \|"
+    rf"(?P<extra>( [a-z ]+: [\d.]+ \|)*)$")
+ARGUMENTS = ["------------------------ arguments ------------------------",
+             "-------------------- end of arguments ---------------------"]
+ARGUMENT = re.compile(r"^  [a-z0-9_]+ \.+ \S.*$")
+VALIDATION = re.compile(
+    rf"^ validation loss at iteration (?P<iteration>\d+) \| lm loss value: (?P<loss>{FLOAT}) \| "
+    rf"lm loss PPL: {FLOAT} \|$")
+
+
+def _captured(run) -> tuple[str, object]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = run()
+    return out.getvalue(), result
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def _pretrain(jsonl_path: str) -> dict:
+    argv = build_config(CONFIG).to_argv(build_parser()) + EVAL_FLAGS
+    initialize_megatron(parse_args(argv, world_size=WORLD))  # the start-up: arguments dump
+    return train_on_this_rank(argv + ["--log-metrics-jsonl", jsonl_path])
+
+
+def _facade(jsonl_path: str) -> dict:
+    logging = {"metric_writers": ["console", "jsonl"], "metrics_jsonl_path": jsonl_path,
+               "progress_bar": False}
+    with MegatronWrap({**CONFIG, "logging": logging}) as wrap:
+        wrap.initialize().setup_model_and_optimizer()
+        losses = []
+        for _ in range(STEPS):
+            losses.append(wrap.train(BATCH)["loss"])
+            wrap.log_last_metrics()
+        return {"losses": losses, "validation": wrap.evaluate(BATCH)["loss"]}
+
+
+def rank_both_entry_points(tmp: str) -> dict:
+    pretrain_jsonl, facade_jsonl = f"{tmp}/pretrain.jsonl", f"{tmp}/facade.jsonl"
+    pretrain_out, pretrain = _captured(lambda: _pretrain(pretrain_jsonl))
+    facade_out, facade = _captured(lambda: _facade(facade_jsonl))
+    history = pretrain["history"]
+    last = torch.distributed.get_rank() == WORLD - 1  # the rank that writes the metrics
+    return {
+        "pretrain": (pretrain_out, [h["lm_loss"] for h in history], history[-1]["validation_loss"]),
+        "facade": (facade_out, facade["losses"], facade["validation"]),
+        "jsonl": ({"pretrain": _read_jsonl(pretrain_jsonl), "facade": _read_jsonl(facade_jsonl)}
+                  if last else None),
+    }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Both entry points on WORLD ranks, run once for every test of this module."""
+    tmp = str(tmp_path_factory.mktemp("log_lines"))
+    return run_distributed(rank_both_entry_points, WORLD, args=(tmp,), timeout_s=240)
+
+
+def _parse(text: str) -> list[re.Match]:
+    lines = [LINE.match(line) for line in text.splitlines()]
+    assert all(lines), f"a line without the rank prefix and level:\n{text}"
+    return lines
+
+
+def _loss_lines(lines: list[re.Match]) -> tuple[list[re.Match], list[re.Match]]:
+    messages = [line["message"] for line in lines]
+    return ([m for m in map(ITERATION.match, messages) if m],
+            [m for m in map(VALIDATION.match, messages) if m])
+
+
+def _close(logged: str, value: float) -> bool:
+    return abs(float(logged) - value) <= 1e-6 * abs(value)  # the line prints 7 digits
+
+
+def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses(results):
+    extras = {}
+    for entry in ("pretrain", "facade"):
+        first, last = (_parse(r[entry][0]) for r in results)
+        said = f"{entry}, rank 0:\n{results[0][entry][0]}\nrank 1:\n{results[-1][entry][0]}"
+        assert all(int(line["rank"]) == 0 for line in first)
+        assert all(int(line["rank"]) == WORLD - 1 for line in last)
+        # Rank 0 owns the same loss (DP=2) but prints only its start-up facts.
+        assert _loss_lines(first) == ([], []), said
+        iterations, validations = _loss_lines(last)
+        assert len(iterations) + len(validations) == len(last), said
+        _, losses, validation_loss = results[-1][entry]
+        assert [int(m["iteration"]) for m in iterations] == list(range(1, STEPS + 1)), said
+        assert all(int(m["train_iters"]) == STEPS and int(m["gbs"]) == 4 for m in iterations)
+        assert all(_close(m["loss"], loss) for m, loss in zip(iterations, losses)), (said, losses)
+        (validation,) = validations
+        assert int(validation["iteration"]) == STEPS
+        assert _close(validation["loss"], validation_loss), (said, validation_loss)
+        assert all(line["coords"] and line["level"] == "INFO" for line in last)
+        extras[entry] = [re.findall(r" ([a-z ]+):", m["extra"]) for m in iterations]
+    assert extras["pretrain"] == extras["facade"], "the schedule's stats differ between entries"
+    assert extras["pretrain"][0], "the packed run's stats (padding ratio, ...) are in the line"
+    _check_arguments_dump([line["message"] for line in _parse(results[0]["pretrain"][0])])
+
+
+def _check_arguments_dump(messages: list[str]) -> None:
+    """Megatron-LM's dump, once, on rank 0: header, one ``  name ..... value`` line per flag."""
+    start, end = (messages.index(marker) for marker in ARGUMENTS)
+    assert messages.count(ARGUMENTS[0]) == 1
+    dumped = messages[start + 1: end]
+    assert all(ARGUMENT.match(line) for line in dumped), dumped
+    names = [line.split()[0] for line in dumped]
+    assert names == sorted(names) and {"seq_length", "global_batch_size"} <= set(names)
+    assert "  seq_length ...................................... 32" in dumped
+
+
+def test_both_entry_points_write_one_jsonl_schema(results):
+    assert results[0]["jsonl"] is None  # only the last rank writes metrics
+    pretrain, facade = results[-1]["jsonl"]["pretrain"], results[-1]["jsonl"]["facade"]
+    assert [r["iteration"] for r in pretrain] == [r["iteration"] for r in facade] == [1, 2]
+    for ours, theirs in zip(pretrain, facade):
+        assert list(ours) == list(theirs), sorted(set(ours) ^ set(theirs))
+    assert {"lm_loss", "grad_norm", "lr", "consumed_samples", "tokens_per_s"} <= set(pretrain[0])
