@@ -4,7 +4,7 @@
         --hidden-size 64 --num-attention-heads 4 --mamba-head-dim 16 --mamba-num-groups 2 ...
 
 The same loop, data path, packing, schedulers, checkpointing and metrics as pretrain_gpt.py;
-only the model provider differs (megatron/varlen_training/hybrid_model.py).
+only the model family differs (``HYBRID``, megatron/varlen_training/hybrid_model.py).
 """
 
 from megatron.varlen_training.warning_filters import silence_known_warnings
@@ -15,7 +15,7 @@ from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
 from megatron.varlen_training.hybrid_arguments import (  # noqa: E402
     describe_hybrid_model, parse_hybrid_args_or_exit,
 )
-from megatron.varlen_training.hybrid_model import hybrid_model_provider  # noqa: E402
+from megatron.varlen_training.hybrid_model import HYBRID  # noqa: E402
 from megatron.varlen_training.initialize import initialize_megatron, shutdown  # noqa: E402
 from megatron.varlen_training.log import capture_warnings, print_rank_0  # noqa: E402
 from megatron.varlen_training.pretrain import pretrain  # noqa: E402
@@ -28,7 +28,7 @@ def main(argv=None) -> None:
     print_rank_0(describe_hybrid_model(args))
     try:
         with exit_on_user_errors("pretrain_mamba.py"):  # bad data, checkpoint, NaN: one line
-            pretrain(args, model_provider=hybrid_model_provider)
+            pretrain(args, family=HYBRID)
     finally:
         shutdown()
 

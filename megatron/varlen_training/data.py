@@ -105,8 +105,10 @@ def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
     return items[start: start + base + (1 if dp_rank < extra else 0)]
 
 
-def build_packing_config(args, pad_id: int) -> PackingConfig:
-    """The packing path's settings from the parsed flags."""
+def build_packing_config(args, pad_id: int, attention_fraction: float | None = None
+                         ) -> PackingConfig:
+    """The packing path's settings from the parsed flags; ``attention_fraction``: the share of
+    layers that are quadratic (the model family's; None: all of them)."""
     pp = args.pipeline_model_parallel_size
     return PackingConfig(
         scheduler=args.sequence_packing_scheduler,
@@ -117,9 +119,7 @@ def build_packing_config(args, pad_id: int) -> PackingConfig:
         vpp_group_size=pp if args.virtual_pipeline_model_parallel_size else 1,
         min_num_microbatches=pp,
         pipeline_stages=pp,
-        # Hybrid models: only attention layers are quadratic (a = their fraction of layers).
-        cost=CostModel.for_model(args.hidden_size, args.hardware_profile,
-                                 a=getattr(args, "hybrid_attention_fraction", None)),
+        cost=CostModel.for_model(args.hidden_size, args.hardware_profile, a=attention_fraction),
         fixed_tokens_per_rank=None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank,
     )
 

@@ -28,10 +28,8 @@ def _linear_flops_per_token(args) -> int:
 
 
 def num_floating_point_operations(args, seqlen_sum: int, seqlen_squared_sum: int) -> int:
-    """Training FLOPs of one global batch with the given sum(L) and sum(L^2)."""
-    if getattr(args, "hybrid_layer_pattern", None):  # pretrain_mamba.py: per layer type
-        from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
-        return hybrid_floating_point_operations(args, seqlen_sum, seqlen_squared_sum)
+    """Training FLOPs of one global batch of a GPT model with the given sum(L) and sum(L^2)
+    (hybrid models: hybrid_flops.py; the model family picks, model_family.py)."""
     q_dim = args.num_attention_heads * (args.hidden_size // args.num_attention_heads)
     attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * args.num_layers
     linear = _linear_flops_per_token(args) * seqlen_sum

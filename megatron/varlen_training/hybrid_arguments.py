@@ -116,6 +116,14 @@ def _validate_mamba_split(args, heads: int) -> None:
                 f"must divide one another")
 
 
+def refuse_hugging_face_flags(args) -> None:
+    """The hybrid family has no Hugging Face adapter (model_family.py): checked before the GPT
+    flags, whose checks would read the checkpoint first."""
+    for flag, value in (("--hf-checkpoint", args.hf_checkpoint), ("--save-hf", args.save_hf)):
+        require(value is None, f"{flag}: hybrid Mamba models have no Hugging Face checkpoint "
+                               f"format here (Llama/Qwen2/Qwen3 only, with pretrain_gpt.py)")
+
+
 def validate_hybrid_args(args) -> None:
     """Checks the hybrid flags after the GPT ones; fills the derived hybrid fields."""
     require(args.virtual_pipeline_model_parallel_size is None,
@@ -168,6 +176,7 @@ def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = No
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
     args = build_hybrid_parser().parse_args(argv)
     args.world_size = world_size
+    refuse_hugging_face_flags(args)
     validate_args(args, check_memory=False)  # checked below, for the hybrid stack
     validate_hybrid_args(args)
     return args

@@ -1,4 +1,4 @@
-"""Builds hybrid Mamba-Transformer chunks for pretrain_mamba.py (the model-provider hook).
+"""The hybrid Mamba-Transformer model family of pretrain_mamba.py: its chunks and ``HYBRID``.
 
 Everything but the chunk itself is GPT's: ``build_model`` pads the vocabulary, initialises the
 weights layout-invariantly (Mamba mixer rules in ``varlen/mamba/init.py``), wraps in
@@ -11,7 +11,9 @@ import dataclasses
 
 from megatron.core import parallel_state
 from megatron.core.transformer import TransformerConfig
+from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
 from megatron.varlen_training.model import build_model, build_transformer_config
+from megatron.varlen_training.model_family import ModelFamily
 from megatron.varlen.mamba.model import VarlenMambaModel
 from megatron.varlen.mamba.spec import get_varlen_hybrid_stack_spec
 
@@ -45,6 +47,13 @@ def build_hybrid_chunk(args, config: TransformerConfig, vp_stage) -> VarlenMamba
 
 
 def hybrid_model_provider(args):
-    """(config, DDP-wrapped chunks): the model provider pretrain_mamba.py hands to pretrain()."""
+    """(config, DDP-wrapped chunks): the model provider of the hybrid family."""
     config = build_hybrid_config(args)
     return config, build_model(args, config, build_chunk=build_hybrid_chunk)
+
+
+# No Hugging Face adapter: pretrain_mamba.py refuses --hf-checkpoint and --save-hf.
+# Only the attention layers are quadratic: the cost model weighs them by their share.
+HYBRID = ModelFamily(name="hybrid Mamba-Transformer", model_provider=hybrid_model_provider,
+                     flops=hybrid_floating_point_operations,
+                     attention_fraction=lambda args: args.hybrid_attention_fraction)

@@ -8,7 +8,6 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
-from megatron.varlen_training.hf.importer import load_hf_weights
 from megatron.varlen_training.layout_invariant_init import initialize_layout_invariant
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.varlen_arguments import attention_backend, attention_backend_line
@@ -99,12 +98,13 @@ def _build_chunk(args, config, vp_stage: int | None) -> VarlenGPTModel:
     )
 
 
-def build_model(args, config: TransformerConfig,
-                build_chunk=None) -> list[DistributedDataParallel]:
+def build_model(args, config: TransformerConfig, build_chunk=None,
+                import_weights=None) -> list[DistributedDataParallel]:
     """GPT chunks for this rank (several with VPP), layout-invariantly initialised, in DDP.
 
     ``build_chunk(args, config, vp_stage)`` builds one chunk (default: a GPT chunk; the hybrid
-    entry point passes its own).
+    model family passes its own). ``import_weights(chunks)`` overwrites the initial weights
+    before the chunks move to the device (a Hugging Face checkpoint: model_family.py).
     """
     build_chunk = build_chunk or _build_chunk
     # args.padded_vocab_size was derived once, at validation (run_description.py).
@@ -114,9 +114,8 @@ def build_model(args, config: TransformerConfig,
     initialize_layout_invariant(
         chunks, seed=args.seed, std=args.init_method_std, num_layers=args.num_layers,
         tied_output=not args.untie_embeddings_and_output_weights, gated_mlp=args.swiglu)
-    if args.hf_checkpoint:
-        load_hf_weights(chunks, args.hf_checkpoint,
-                        tied_output=not args.untie_embeddings_and_output_weights)
+    if import_weights is not None:
+        import_weights(chunks)
     # Built and initialised on the host (use_cpu_initialization: the same weights on any
     # device), then moved once to where training runs; DDP buffers and optimizer state follow.
     chunks = [chunk.to(get_device()) for chunk in chunks]

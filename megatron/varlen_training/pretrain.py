@@ -13,7 +13,8 @@ from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.run_description import describe_run
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
-from megatron.varlen_training.training import gpt_model_provider, setup_model_and_optimizer, train
+from megatron.varlen_training.model_family import GPT, ModelFamily
+from megatron.varlen_training.training import setup_model_and_optimizer, train
 from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
 from megatron.varlen.scheduling.groups import build_group_layout
 
@@ -42,14 +43,14 @@ def build_tokenizer_and_describe_run(args):
     return tokenizer, run
 
 
-def build_data_providers(args, tokenizer=None):
+def build_data_providers(args, tokenizer=None, family: ModelFamily = GPT):
     """Tokenizer-aware datasets wrapped in the step-batch provider the loop consumes
     (``args``: the run description; without ``tokenizer`` both are built here)."""
     if tokenizer is None:
         tokenizer, args = build_tokenizer_and_describe_run(args)
     train_ds, valid_ds = agree_on_errors(build_datasets, args, tokenizer)
     if args.sequence_packing:
-        config = build_packing_config(args, tokenizer.pad)
+        config = build_packing_config(args, tokenizer.pad, family.attention_fraction(args))
         lookup = create_dynamic_cp_groups(args)
         make = lambda ds: PackedBatchProvider(ds, args, config, lookup)  # noqa: E731
     else:
@@ -57,8 +58,8 @@ def build_data_providers(args, tokenizer=None):
     return make(train_ds), (make(valid_ds) if valid_ds is not None else None)
 
 
-def pretrain(args, model_provider=gpt_model_provider) -> list[dict]:
-    """Trains the model ``model_provider`` builds (GPT unless told) as the flags say; returns
+def pretrain(args, family: ModelFamily = GPT) -> list[dict]:
+    """Trains a model of ``family`` (GPT unless told) as the flags say; returns
     {"lm_loss", "grad_norm"} per iteration.
 
     The clock of --exit-duration-in-mins and the signal handling of --exit-signal-handler start
@@ -67,6 +68,6 @@ def pretrain(args, model_provider=gpt_model_provider) -> list[dict]:
     """
     with ExitConditions(args) as exits:
         tokenizer, run = build_tokenizer_and_describe_run(args)
-        train_provider, valid_provider = build_data_providers(run, tokenizer)
-        state = setup_model_and_optimizer(run, model_provider)
-        return train(run, state, train_provider, valid_provider, exits)
+        train_provider, valid_provider = build_data_providers(run, tokenizer, family)
+        state = setup_model_and_optimizer(run, family)
+        return train(run, state, train_provider, valid_provider, exits, family)

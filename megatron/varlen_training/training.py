@@ -24,12 +24,10 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.varlen_training import checkpointing, log, loop_steps, optimizer_kernels
 from megatron.varlen_training.exit_conditions import ExitConditions
-from megatron.varlen_training.flops import num_floating_point_operations
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
-from megatron.varlen_training.hf.exporter import save_hf
 from megatron.varlen_training.iteration_metrics import IterationMetrics, MetricsLogger
 from megatron.varlen_training.loop_steps import eval_mode, final_save_due, periodic_save_due
-from megatron.varlen_training.model import build_model, build_transformer_config
+from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen import gloo_cuda
 from megatron.varlen.cpu_device import get_device
@@ -79,15 +77,10 @@ def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
     )
 
 
-def gpt_model_provider(args):
-    """(config, DDP-wrapped GPT chunks): the default model provider."""
-    config = build_transformer_config(args)
-    return config, build_model(args, config)
-
-
-def setup_model_and_optimizer(args, model_provider=gpt_model_provider) -> TrainState:
-    """``model_provider(args) -> (config, chunks)`` builds the model (GPT unless told)."""
-    config, model = model_provider(args)
+def setup_model_and_optimizer(args, family: ModelFamily = GPT) -> TrainState:
+    """The model of ``family`` (its provider builds the chunks), optimizer and LR schedule;
+    resumes from ``--load``."""
+    config, model = family.model_provider(args)
     gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
@@ -258,7 +251,8 @@ def evaluate(args, state: TrainState, provider, first_index: int) -> float | Non
     return sum(losses) / len(losses)
 
 
-def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> IterationMetrics:
+def _iteration_metrics(args, family, state, step, loss, grad_norm, step_time
+                       ) -> IterationMetrics:
     return IterationMetrics(
         iteration=state.iteration, train_iters=args.train_iters,
         consumed_samples=state.iteration * args.global_batch_size, step_time_s=step_time,
@@ -266,7 +260,7 @@ def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> Iterati
         global_batch_size=args.global_batch_size, lm_loss=loss, grad_norm=grad_norm,
         num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
         seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
-        flops=num_floating_point_operations(args, step.seqlen_sum, step.seqlen_squared_sum),
+        flops=family.flops(args, step.seqlen_sum, step.seqlen_squared_sum),
         world_size=torch.distributed.get_world_size(), extra=dict(step.stats),
     )
 
@@ -307,7 +301,8 @@ def _exit_early(args, state, reason: str) -> None:
 
 
 def train(args, state: TrainState, train_provider, valid_provider=None,
-          exit_conditions: ExitConditions | None = None) -> list[dict]:
+          exit_conditions: ExitConditions | None = None, family: ModelFamily = GPT
+          ) -> list[dict]:
     """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
     --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
     {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
@@ -329,7 +324,7 @@ def train(args, state: TrainState, train_provider, valid_provider=None,
             state.iteration += 1
             history.append({"lm_loss": loss, "grad_norm": grad_norm})
             if logger is not None:
-                logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
+                logger.log(_iteration_metrics(args, family, state, step, loss, grad_norm,
                                               time.perf_counter() - start))
             history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
             _maybe_save(args, state)
@@ -338,8 +333,8 @@ def train(args, state: TrainState, train_provider, valid_provider=None,
             _exit_early(args, state, stop)  # a resumed run finishes the schedule, and exports
         else:
             _save_at_end(args, state)
-            if args.save_hf:
-                save_hf(args, state.model)
+            if args.save_hf:  # validation refused it for a family without an HF adapter
+                family.hf.save(args, state.model)
     if logger is not None:
         logger.close()
     return history

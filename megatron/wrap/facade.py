@@ -39,7 +39,7 @@ from megatron.varlen_training.initialize import (
 )
 from megatron.varlen_training.pretrain import create_dynamic_cp_groups
 from megatron.varlen_training.run_description import describe_run
-from megatron.varlen_training.hf.exporter import save_hf
+from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.varlen_training.training import (
     TrainState,
@@ -258,7 +258,7 @@ class MegatronWrap(ParallelStateMixin):
         ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
         if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        return save_hf(self.args, self.state.model, str(out_dir))
+        return GPT.hf.save(self.args, self.state.model, str(out_dir))
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its

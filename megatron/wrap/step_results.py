@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.varlen_training.flops import num_floating_point_operations
+from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.varlen_training.training import LOSS_KEY
 from megatron.varlen.cpu_device import get_device
@@ -68,7 +68,7 @@ def train_metrics(args, state, step, reduced: dict, grad_norm, num_samples: int,
         learning_rate=lr, global_batch_size=args.global_batch_size, lm_loss=reduced[LOSS],
         grad_norm=grad_norm, num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
         seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
-        flops=num_floating_point_operations(args, step.seqlen_sum, step.seqlen_squared_sum),
+        flops=GPT.flops(args, step.seqlen_sum, step.seqlen_squared_sum),
         world_size=dist.get_world_size(), extra=dict(step.stats),
     )
     padding = step.stats.get("padding_ratio", 0.0)

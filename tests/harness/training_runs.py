@@ -8,7 +8,7 @@ from megatron.core import parallel_state
 from megatron.varlen_training.arguments import parse_args
 from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.varlen_training.pretrain import pretrain
-from megatron.varlen_training.training import gpt_model_provider
+from megatron.varlen_training.model_family import GPT
 from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 TINY_GPT_ARGS = [
@@ -45,17 +45,17 @@ def train_on_this_rank(argv: list[str]) -> dict:
 def train_hybrid_on_this_rank(argv: list[str]) -> dict:
     """pretrain_mamba.py's path (hybrid flags and model) on an initialised process group."""
     from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
-    from megatron.varlen_training.hybrid_model import hybrid_model_provider
+    from megatron.varlen_training.hybrid_model import HYBRID
 
     args = parse_hybrid_args(argv, world_size=torch.distributed.get_world_size())
-    return _train(args, hybrid_model_provider)
+    return _train(args, HYBRID)
 
 
-def _train(args, model_provider=gpt_model_provider) -> dict:
+def _train(args, family=GPT) -> dict:
     initialize_model_parallel(args)
     set_random_seeds(args.seed)
     try:
-        history = pretrain(args, model_provider)
+        history = pretrain(args, family)
         return {
             "history": history,
             "rank": torch.distributed.get_rank(),

@@ -1,5 +1,6 @@
 """The code layout docs/ARCHITECTURE.md describes holds: every module is in its module map
-exactly once, and the installed library never imports the repository's tools or tests."""
+exactly once, the installed library never imports the repository's tools or tests, and no
+import cycle joins its modules (imports inside functions included)."""
 
 import ast
 import re
@@ -63,3 +64,77 @@ def test_the_import_scan_sees_each_import_form():
             "importlib.import_module('tests.x')\nfrom . import sibling\n")
     assert _imported_modules(ast.parse(code)) == ["tests.harness", "tools.scheduling",
                                                   "tests.x"]
+
+
+# --- import cycles --------------------------------------------------------------------------
+
+
+def _library_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module and package under megatron/ in this repository."""
+    found = {}
+    for path in (REPO / "megatron").rglob("*.py"):
+        if "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(REPO).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports_of(name: str, path: Path, known) -> set[str]:
+    """The library modules ``name`` imports anywhere in its file: ``from pkg import sub`` names
+    the submodule when there is one, else the package; relative imports are resolved."""
+    found = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                      for alias in node.names}
+        elif isinstance(node, (ast.Import, ast.Call)):  # import x; importlib.import_module("x")
+            found |= set(_imported_modules(node))
+    return {module for module in found if module in known and module != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycle_in_the_library():
+    known = _library_modules()
+    graph = {name: _imports_of(name, path, known) for name, path in known.items()}
+    assert graph["megatron.varlen_training.training"], "the scan found the loop's imports"
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_scan_sees_a_lazy_cycle(tmp_path):
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    module = tmp_path / "x.py"
+    module.write_text("def f():\n    from megatron.varlen_training import flops\n")
+    known = {"megatron.varlen_training", "megatron.varlen_training.flops"}
+    assert _imports_of("x", module, known) == {"megatron.varlen_training.flops"}

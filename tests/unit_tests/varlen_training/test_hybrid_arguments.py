@@ -81,6 +81,11 @@ def test_entry_point_prints_one_line_and_exits_2(capsys):
 def test_scheduler_weighs_attention_by_its_layer_fraction():
     from megatron.varlen_training.arguments import parse_args
     from megatron.varlen_training.data import build_packing_config
+    from megatron.varlen_training.hybrid_model import HYBRID
+    from megatron.varlen_training.model_family import GPT
+
+    def cost(args, family):
+        return build_packing_config(args, 0, family.attention_fraction(args)).cost
 
     packed = ["--sequence-packing", "--micro-batch-size", "1"]
     hybrid = parse_hybrid_args(BASE + packed + ["--num-layers", "4",
@@ -88,7 +93,20 @@ def test_scheduler_weighs_attention_by_its_layer_fraction():
     mamba_only = parse_hybrid_args(BASE + packed + ["--hybrid-override-pattern", "MMM"],
                                    world_size=1)
     gpt = parse_args(BASE[:6] + BASE[12:] + packed, world_size=1)
-    assert build_packing_config(hybrid, pad_id=0).cost.a == 0.25
-    assert build_packing_config(mamba_only, pad_id=0).cost.a == 0.0
-    assert build_packing_config(gpt, pad_id=0).cost.a == 1.0
-    assert build_packing_config(hybrid, pad_id=0).cost.b == build_packing_config(gpt, 0).cost.b
+    assert cost(hybrid, HYBRID).a == 0.25
+    assert cost(mamba_only, HYBRID).a == 0.0
+    assert cost(gpt, GPT).a == 1.0
+    assert cost(hybrid, HYBRID).b == cost(gpt, GPT).b
+
+
+@pytest.mark.parametrize("flag", ["--hf-checkpoint", "--save-hf"])
+def test_hugging_face_flags_are_refused(flag, tmp_path):
+    message = _error(["--hybrid-override-pattern", "M*-", flag, str(tmp_path)])
+    assert message.startswith(f"{flag}: hybrid Mamba models have no Hugging Face") and \
+        "pretrain_gpt.py" in message
+
+    from megatron.varlen_training.hybrid_model import HYBRID
+    from megatron.varlen_training.model_family import GPT
+
+    assert HYBRID.hf is None and GPT.hf is not None  # the adapter the flags stand for
+

@@ -9,7 +9,8 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.varlen_training.arguments import parse_args
 from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
-from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
+from megatron.varlen_training.model import unwrap
+from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.training import run_forward_backward
 
 
@@ -77,7 +78,7 @@ def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
         initialize_model_parallel(args)
         set_random_seeds(args.seed)
         try:
-            model = build_model(args, build_transformer_config(args))
+            model = GPT.model_provider(args)[1]
             reads.close()
             held = sum(p.numel() for chunk in model for p in unwrap(chunk).parameters())
             logits = forward_logits(args, model, tokens)
@@ -122,7 +123,7 @@ def rank_train_export(runs: dict, tokens: torch.Tensor) -> dict:
             logits = forward_logits(args, state.model, tokens)
             trained = _local_params(state.model)
             again = parse_args(reimport_argv, world_size=world)
-            reimported = _local_params(build_model(again, build_transformer_config(again)))
+            reimported = _local_params(GPT.model_provider(again)[1])
             differ = sorted(k for k in trained if not torch.equal(trained[k], reimported[k]))
             out[name] = {"logits": logits, "differ": differ, "history": history,
                          "num_params": len(trained)}
@@ -145,7 +146,7 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
     try:
         provider, _ = build_data_providers(args)
         step = provider.step_batches(0)
-        model = build_model(args, build_transformer_config(args))
+        model = GPT.model_provider(args)[1]
         records, cp_sizes = [], []
 
         def step_func(data_iterator, chunk):
@@ -188,6 +189,6 @@ def rank_import_export(argv: list[str], out_dir: str) -> None:
     initialize_model_parallel(args)
     set_random_seeds(args.seed)
     try:
-        save_hf(args, build_model(args, build_transformer_config(args)), out_dir)
+        save_hf(args, GPT.model_provider(args)[1], out_dir)
     finally:
         ps.destroy_model_parallel()
