@@ -9,7 +9,7 @@ from megatron.varlen_training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
-from megatron.varlen_training.arguments import parse_args_or_exit  # noqa: E402
+from megatron.varlen_training.config.from_flags import parse_run_config_or_exit  # noqa: E402
 from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
 from megatron.varlen_training.initialize import initialize_megatron, shutdown  # noqa: E402
 from megatron.varlen_training.log import capture_warnings  # noqa: E402
@@ -18,11 +18,11 @@ from megatron.varlen_training.pretrain import pretrain  # noqa: E402
 
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
-    args = parse_args_or_exit(argv)
-    initialize_megatron(args)
+    run = parse_run_config_or_exit(argv)
+    initialize_megatron(run)
     try:
         with exit_on_user_errors("pretrain_gpt.py"):  # bad data, checkpoint, NaN: one line
-            pretrain(args)
+            pretrain(run)
     finally:
         shutdown()
 

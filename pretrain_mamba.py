@@ -12,9 +12,10 @@ from megatron.varlen_training.warning_filters import silence_known_warnings
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
 from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
-from megatron.varlen_training.hybrid_arguments import (  # noqa: E402
-    describe_hybrid_model, parse_hybrid_args_or_exit,
+from megatron.varlen_training.config.from_flags import (  # noqa: E402
+    parse_hybrid_run_config_or_exit,
 )
+from megatron.varlen_training.hybrid_arguments import describe_hybrid_model  # noqa: E402
 from megatron.varlen_training.hybrid_model import HYBRID  # noqa: E402
 from megatron.varlen_training.initialize import initialize_megatron, shutdown  # noqa: E402
 from megatron.varlen_training.log import capture_warnings, print_rank_0  # noqa: E402
@@ -23,12 +24,12 @@ from megatron.varlen_training.pretrain import pretrain  # noqa: E402
 
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
-    args = parse_hybrid_args_or_exit(argv)
-    initialize_megatron(args)
-    print_rank_0(describe_hybrid_model(args))
+    run = parse_hybrid_run_config_or_exit(argv)
+    initialize_megatron(run)
+    print_rank_0(describe_hybrid_model(run.model.hybrid))
     try:
         with exit_on_user_errors("pretrain_mamba.py"):  # bad data, checkpoint, NaN: one line
-            pretrain(args, family=HYBRID)
+            pretrain(run, family=HYBRID)
     finally:
         shutdown()
 

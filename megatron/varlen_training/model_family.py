@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.flops import num_floating_point_operations
 from megatron.varlen_training.hf.exporter import save_hf
 from megatron.varlen_training.hf.importer import load_hf_weights
@@ -38,9 +39,9 @@ class ModelFamily:
     Attributes:
         name: How messages name the family.
         model_provider: ``(run) -> (TransformerConfig, DDP-wrapped chunks of this rank)``.
-        flops: ``(run, sum L, sum L^2) -> training FLOPs`` of one global batch.
-        attention_fraction: ``(run) -> share of layers whose cost is quadratic`` for the
-            packing scheduler's cost model (None: every layer is an attention layer).
+        flops: ``(model config, sum L, sum L^2) -> training FLOPs`` of one global batch.
+        attention_fraction: ``(model config) -> share of layers whose cost is quadratic`` for
+            the packing scheduler's cost model (None: every layer is an attention layer).
         hf: Its Hugging Face checkpoint adapter, or None (no such checkpoints).
     """
 
@@ -54,16 +55,16 @@ class ModelFamily:
 GPT_HF = HFAdapter(load_weights=load_hf_weights, save=save_hf)
 
 
-def gpt_model_provider(args):
+def gpt_model_provider(run: RunConfig):
     """(config, DDP-wrapped GPT chunks), initialised from ``--hf-checkpoint`` if it is set."""
-    config = build_transformer_config(args)
+    config = build_transformer_config(run)
     import_weights = None
-    if args.hf_checkpoint:
-        import_weights = partial(GPT_HF.load_weights, hf_dir=args.hf_checkpoint,
-                                 tied_output=not args.untie_embeddings_and_output_weights)
-    return config, build_model(args, config, import_weights=import_weights)
+    if run.checkpoint.hf_checkpoint:
+        import_weights = partial(GPT_HF.load_weights, hf_dir=run.checkpoint.hf_checkpoint,
+                                 tied_output=run.model.tied_output)
+    return config, build_model(run, config, import_weights=import_weights)
 
 
 GPT = ModelFamily(name="GPT", model_provider=gpt_model_provider,
                   flops=num_floating_point_operations,
-                  attention_fraction=lambda args: None, hf=GPT_HF)
+                  attention_fraction=lambda model: None, hf=GPT_HF)

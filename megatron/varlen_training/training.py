@@ -18,11 +18,13 @@ from functools import partial
 import torch
 
 from megatron.core import parallel_state
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig as CoreOptimizerConfig
+from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.varlen_training import checkpointing, log, loop_steps, optimizer_kernels
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.iteration_metrics import IterationMetrics, MetricsLogger
@@ -46,53 +48,55 @@ class TrainState:
     iteration: int = 0
 
 
-def build_optimizer(args, model):
+def build_optimizer(run: RunConfig, model):
     """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
     and, on CUDA, torch's fused AdamW."""
     optimizer_kernels.install()
-    config = OptimizerConfig(
-        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-        clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
-        params_dtype=torch.bfloat16 if args.bf16 else torch.float32,
-        use_distributed_optimizer=args.use_distributed_optimizer,
+    adam, precision = run.optimizer, run.model
+    config = CoreOptimizerConfig(
+        optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
+        adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
+        clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
+        params_dtype=torch.bfloat16 if precision.bf16 else torch.float32,
+        use_distributed_optimizer=adam.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(config, model)
     optimizer_kernels.use_fused_adam(optimizer)
     return optimizer
 
 
-def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
+def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     """LR schedule counted in samples, as Megatron does."""
-    gbs = args.global_batch_size
+    schedule, gbs = run.optimizer, run.training.global_batch_size
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
-        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
-        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
+        optimizer, init_lr=0.0, max_lr=schedule.lr, min_lr=schedule.min_lr,
+        lr_warmup_steps=schedule.lr_warmup_iters * gbs,
+        lr_decay_steps=schedule.lr_decay_iters * gbs,
+        lr_decay_style=schedule.lr_decay_style, start_wd=schedule.weight_decay,
+        end_wd=schedule.weight_decay, wd_incr_steps=run.training.train_iters * gbs,
         wd_incr_style="constant",
         # Mismatches were already refused in one line (resume_consistency.check_scheduler).
-        override_opt_param_scheduler=args.override_opt_param_scheduler,
-        use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
+        override_opt_param_scheduler=schedule.override_opt_param_scheduler,
+        use_checkpoint_opt_param_scheduler=not schedule.override_opt_param_scheduler,
     )
 
 
-def setup_model_and_optimizer(args, family: ModelFamily = GPT) -> TrainState:
+def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> TrainState:
     """The model of ``family`` (its provider builds the chunks), optimizer and LR schedule;
     resumes from ``--load``."""
-    config, model = family.model_provider(args)
+    config, model = family.model_provider(run)
     gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
-    optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer)
+    optimizer = build_optimizer(run, model)
+    scheduler = build_scheduler(run, optimizer)
     config.finalize_model_grads_func = finalize_model_grads_on_device
     config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = [chunk.no_sync for chunk in model]
     if len(model) == 1:
         config.no_sync_func = config.no_sync_func[0]
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
-    if args.load:
-        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler,
-                                                        args)
+    if run.checkpoint.load:
+        state.iteration = checkpointing.load_checkpoint(run.checkpoint.load, model, optimizer,
+                                                        scheduler, run)
         optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
 
@@ -136,18 +140,18 @@ def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
     return (total[0] / total[1].clamp(min=1)).item()
 
 
-def _p2p_seq_length(args) -> int:
+def _p2p_seq_length(run: RunConfig) -> int:
     """Full sequence length megatron-core derives fixed p2p shapes from (it divides by CP/SP).
 
     Fixed-shape packs hold --max-seqlen-per-dp-cp-rank tokens per rank; with variable shapes
     the value is not used.
     """
-    if args.sequence_packing:
-        return args.max_seqlen_per_dp_cp_rank * args.context_parallel_size
-    return args.seq_length
+    if run.packing.sequence_packing:
+        return run.packing.max_seqlen_per_dp_cp_rank * run.parallel.context_parallel_size
+    return run.model.seq_length
 
 
-def run_forward_backward(args, state: TrainState, step, forward_only: bool,
+def run_forward_backward(run: RunConfig, state: TrainState, step, forward_only: bool,
                          forward_step_func=forward_step) -> list[dict]:
     """megatron-core's pipeline schedule over ``step``'s micro-batches (one iterator per chunk)."""
     iterators = [iter(step.microbatches) for _ in state.model]
@@ -156,13 +160,13 @@ def run_forward_backward(args, state: TrainState, step, forward_only: bool,
         data_iterator=iterators if len(iterators) > 1 else iterators[0],
         model=state.model if len(state.model) > 1 else state.model[0],
         num_microbatches=step.num_microbatches,
-        seq_length=_p2p_seq_length(args),
-        micro_batch_size=args.micro_batch_size,
+        seq_length=_p2p_seq_length(run),
+        micro_batch_size=run.training.micro_batch_size,
         forward_only=forward_only,
     )
 
 
-def train_step(args, state: TrainState, step,
+def train_step(run: RunConfig, state: TrainState, step,
                forward_step_func=forward_step) -> tuple[float | None, float | None]:
     """One optimizer step over one global batch; returns (reported loss, grad norm).
 
@@ -177,17 +181,19 @@ def train_step(args, state: TrainState, step,
     for chunk in state.model:
         chunk.zero_grad_buffer()
     state.optimizer.zero_grad()
-    losses = run_forward_backward(args, state, step, forward_only=False,
+    losses = run_forward_backward(run, state, step, forward_only=False,
                                   forward_step_func=forward_step_func)
     loss = reduce_reported_loss(losses)
-    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(args, state, loss, norm))
-    state.scheduler.step(increment=args.global_batch_size)
+    guard = run.training.check_for_nan_in_loss_and_grad
+    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(guard, state, loss, norm))
+    state.scheduler.step(increment=run.training.global_batch_size)
     return loss, grad_norm
 
 
-def _guard(args, state: TrainState, loss: float | None, grad_norm: float | None) -> None:
+def _guard(enabled: bool, state: TrainState, loss: float | None,
+           grad_norm: float | None) -> None:
     """The non-finite guard of the step about to become iteration ``state.iteration + 1``."""
-    if args.check_for_nan_in_loss_and_grad:
+    if enabled:
         check_finite(state.iteration + 1, loss, grad_norm)
 
 
@@ -238,69 +244,75 @@ def optimizer_step(optimizer, check=None) -> float | None:
 
 
 @torch.no_grad()
-def evaluate(args, state: TrainState, provider, first_index: int) -> float | None:
+def evaluate(run: RunConfig, state: TrainState, provider, first_index: int) -> float | None:
     """Mean validation loss over --eval-iters global batches (global per-token mean)."""
     losses = []
     with eval_mode(state.model):
-        for offset in range(args.eval_iters):
+        for offset in range(run.training.eval_iters):
             step = provider.step_batches(first_index + offset)
             losses.append(
-                reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
+                reduce_reported_loss(run_forward_backward(run, state, step, forward_only=True)))
     if not losses or losses[0] is None:
         return None
     return sum(losses) / len(losses)
 
 
-def _iteration_metrics(args, family, state, step, loss, grad_norm, step_time
+def _iteration_metrics(run: RunConfig, family, state, step, loss, grad_norm, step_time
                        ) -> IterationMetrics:
+    gbs = run.training.global_batch_size
     return IterationMetrics(
-        iteration=state.iteration, train_iters=args.train_iters,
-        consumed_samples=state.iteration * args.global_batch_size, step_time_s=step_time,
+        iteration=state.iteration, train_iters=run.training.train_iters,
+        consumed_samples=state.iteration * gbs, step_time_s=step_time,
         learning_rate=state.optimizer.param_groups[0]["lr"],
-        global_batch_size=args.global_batch_size, lm_loss=loss, grad_norm=grad_norm,
+        global_batch_size=gbs, lm_loss=loss, grad_norm=grad_norm,
         num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
         seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
-        flops=family.flops(args, step.seqlen_sum, step.seqlen_squared_sum),
+        flops=family.flops(run.model, step.seqlen_sum, step.seqlen_squared_sum),
         world_size=torch.distributed.get_world_size(), extra=dict(step.stats),
     )
 
 
-def _maybe_evaluate(args, state, valid_provider) -> float | None:
+def _maybe_evaluate(run: RunConfig, state, valid_provider) -> float | None:
     """Validation at every --eval-interval and at the end; the loss on the loss-owning ranks."""
-    if valid_provider is None or args.eval_iters <= 0:
+    training = run.training
+    if valid_provider is None or training.eval_iters <= 0:
         return None
-    if state.iteration % args.eval_interval != 0 and state.iteration != args.train_iters:
+    if state.iteration % training.eval_interval != 0 and state.iteration != training.train_iters:
         return None
-    first = (state.iteration // args.eval_interval) * args.eval_iters
-    loss = evaluate(args, state, valid_provider, first)
+    first = (state.iteration // training.eval_interval) * training.eval_iters
+    loss = evaluate(run, state, valid_provider, first)
     loop_steps.log_validation_loss(state.iteration, loss)
     return loss
 
 
-def _maybe_save(args, state) -> None:
-    if periodic_save_due(args, state.iteration):
-        checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
+def _save(run: RunConfig, state) -> str:
+    return checkpointing.save_checkpoint(run.checkpoint.save, state.iteration, state.model,
+                                         state.optimizer, state.scheduler, run)
 
 
-def _save_at_end(args, state) -> str | None:
+def _maybe_save(run: RunConfig, state) -> None:
+    if periodic_save_due(run.checkpoint, state.iteration):
+        _save(run, state)
+
+
+def _save_at_end(run: RunConfig, state) -> str | None:
     """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
-    if not final_save_due(args, state.iteration):
-        return checkpointing.checkpoint_dir(args.save, state.iteration) if args.save else None
-    return checkpointing.save_checkpoint(
-        args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
+    root = run.checkpoint.save
+    if not final_save_due(run.checkpoint, state.iteration):
+        return checkpointing.checkpoint_dir(root, state.iteration) if root else None
+    return _save(run, state)
 
 
-def _exit_early(args, state, reason: str) -> None:
+def _exit_early(run: RunConfig, state, reason: str) -> None:
     """Saves (with --save) and says in one line why the run stops before --train-iters."""
-    folder = _save_at_end(args, state)
-    saved = f"checkpoint {folder}; resume with --load {args.save}" if folder else \
+    folder = _save_at_end(run, state)
+    saved = f"checkpoint {folder}; resume with --load {run.checkpoint.save}" if folder else \
         "nothing saved (no --save)"
-    log.print_rank_0(f"exiting after iteration {state.iteration} of {args.train_iters}: "
+    log.print_rank_0(f"exiting after iteration {state.iteration} of {run.training.train_iters}: "
                      f"{reason}; {saved}")
 
 
-def train(args, state: TrainState, train_provider, valid_provider=None,
+def train(run: RunConfig, state: TrainState, train_provider, valid_provider=None,
           exit_conditions: ExitConditions | None = None, family: ModelFamily = GPT
           ) -> list[dict]:
     """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
@@ -311,30 +323,30 @@ def train(args, state: TrainState, train_provider, valid_provider=None,
     None at iterations without evaluation. ``exit_conditions``: the run's, already entered
     (``pretrain`` starts its clock and signal handling before set-up); default one from now.
     """
-    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if log.is_last_rank() \
-        else None
-    history = []
+    logger = MetricsLogger(run.logging.log_interval, run.logging.log_metrics_jsonl) \
+        if log.is_last_rank() else None
+    history, train_iters = [], run.training.train_iters
     with contextlib.ExitStack() as stack:
-        exits = exit_conditions or stack.enter_context(ExitConditions(args))
+        exits = exit_conditions or stack.enter_context(ExitConditions.of(run.training))
         stop = None
-        while state.iteration < args.train_iters and stop is None:
+        while state.iteration < train_iters and stop is None:
             start = time.perf_counter()
             step = train_provider.step_batches(state.iteration)
-            loss, grad_norm = train_step(args, state, step)
+            loss, grad_norm = train_step(run, state, step)
             state.iteration += 1
             history.append({"lm_loss": loss, "grad_norm": grad_norm})
             if logger is not None:
-                logger.log(_iteration_metrics(args, family, state, step, loss, grad_norm,
+                logger.log(_iteration_metrics(run, family, state, step, loss, grad_norm,
                                               time.perf_counter() - start))
-            history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
-            _maybe_save(args, state)
+            history[-1]["validation_loss"] = _maybe_evaluate(run, state, valid_provider)
+            _maybe_save(run, state)
             stop = exits.reason(state.iteration)  # every rank, every iteration: it agrees
-        if stop is not None and state.iteration < args.train_iters:
-            _exit_early(args, state, stop)  # a resumed run finishes the schedule, and exports
+        if stop is not None and state.iteration < train_iters:
+            _exit_early(run, state, stop)  # a resumed run finishes the schedule, and exports
         else:
-            _save_at_end(args, state)
-            if args.save_hf:  # validation refused it for a family without an HF adapter
-                family.hf.save(args, state.model)
+            _save_at_end(run, state)
+            if run.checkpoint.save_hf:  # validation refused it for a family without an adapter
+                family.hf.save(run, state.model)
     if logger is not None:
         logger.close()
     return history

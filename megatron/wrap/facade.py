@@ -17,7 +17,6 @@ optimizer step with the flow's forward step. Packing is always on. See docs/WRAP
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ from megatron.varlen_training.initialize import (
     teardown_parallel_state,
 )
 from megatron.varlen_training.pretrain import create_dynamic_cp_groups
-from megatron.varlen_training.run_description import describe_run
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.varlen_training.training import (
@@ -76,7 +75,7 @@ class MegatronWrap(ParallelStateMixin):
                  configs_root=None):
         self.config = config if isinstance(config, WrapConfig) else \
             build_config(config, overrides, configs_root)
-        self.args = None
+        self.run: RunConfig | None = None
         self.tokenizer = None
         self.flow: Flow | None = None
         self.state: TrainState | None = None
@@ -110,21 +109,20 @@ class MegatronWrap(ParallelStateMixin):
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
         parsed = runtime.parse_training_args(self.config)
-        self.tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_size,
-                                         parsed.tokenizer_model)
-        args = self.args = describe_run(parsed, self.tokenizer.vocab_size)  # read-only now
-        check_tokenizer_fits(self.tokenizer, args.vocab_size)
-        initialize_model_parallel(args)
-        set_random_seeds(args.seed)
-        limit, key = batching.length_limit(args)
+        self.tokenizer = build_tokenizer(parsed.data.tokenizer_type, parsed.model.vocab_size,
+                                         parsed.data.tokenizer_model)
+        run = self.run = parsed.with_vocabulary(self.tokenizer.vocab_size)
+        check_tokenizer_fits(self.tokenizer, run.model.vocab_size)
+        initialize_model_parallel(run.parallel)
+        set_random_seeds(run.training.seed)
+        limit, key = batching.length_limit(run)
         self.flow = build_flow(facade["flow_name"],
-                               FlowContext(args, self.tokenizer, limit, key), facade["flow_args"])
+                               FlowContext(run, self.tokenizer, limit, key), facade["flow_args"])
         # The packer carries the flow's per-token fields like loss_mask (no re-layout here).
-        packing_config = dataclasses.replace(
-            build_packing_config(args, self.tokenizer.pad),
-            extra_token_fields=per_token_fields(self.flow.extra_fields()))
+        packing_config = build_packing_config(
+            run, self.tokenizer.pad, extra_token_fields=per_token_fields(self.flow.extra_fields()))
         self._packer = GlobalBatchPacker(packing_config,
-                                         group_lookup=create_dynamic_cp_groups(args))
+                                         group_lookup=create_dynamic_cp_groups(run))
         self._forward_step = FlowForwardStep(self.flow)
         self._setup_logging(facade)
         log.print_rank_0("%s | flow %r | longest sample %d tokens (%s)",
@@ -137,16 +135,16 @@ class MegatronWrap(ParallelStateMixin):
             self._exit_stack.enter_context(log.capture_print())
         if facade["capture_warnings"]:
             self._exit_stack.enter_context(log.capture_warnings())
-        self._writers = runtime.build_writers(facade, dict(self.config.flat),
-                                              self.args.train_iters)
-        if facade["progress_bar"] and self.args.train_iters > 0:
-            self._progress = ProgressBar(self.args.train_iters)
+        train_iters = self.run.training.train_iters
+        self._writers = runtime.build_writers(facade, dict(self.config.flat), train_iters)
+        if facade["progress_bar"] and train_iters > 0:
+            self._progress = ProgressBar(train_iters)
 
     def setup_model_and_optimizer(self) -> MegatronWrap:
         """Model chunks, optimizer and LR schedule (``training.setup_model_and_optimizer``);
         loads the config's ``load`` checkpoint if it names one."""
-        self._require(self.args, "initialize()")
-        self.state = setup_model_and_optimizer(self.args)
+        self._require(self.run, "initialize()")
+        self.state = setup_model_and_optimizer(self.run)
         return self
 
     # --- steps ----------------------------------------------------------------------------
@@ -174,12 +172,12 @@ class MegatronWrap(ParallelStateMixin):
         samples = self._global_batch(batch, source, "train")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
         self._forward_step.reset()
-        loss, grad_norm = train_step(self.args, self.state, step,
+        loss, grad_norm = train_step(self.run, self.state, step,
                                      forward_step_func=self._forward_step)
         self.state.iteration += 1  # train_step raised before this on a NaN/Inf step
         reduced = reduce_across_stages(loss, self._forward_step.records, self.flow.metric_names)
         self._last_metrics, self._last_record = train_metrics(
-            self.args, self.state, step, reduced, grad_norm, len(samples),
+            self.run, self.state, step, reduced, grad_norm, len(samples),
             time.perf_counter() - start)
         self._maybe_save()
         return dict(self._last_metrics)
@@ -193,7 +191,7 @@ class MegatronWrap(ParallelStateMixin):
         step = pack_step(self._packer, samples, self.flow.extra_fields())
         self._forward_step.reset()
         with eval_mode(self.state.model):
-            losses = run_forward_backward(self.args, self.state, step, forward_only=True,
+            losses = run_forward_backward(self.run, self.state, step, forward_only=True,
                                           forward_step_func=self._forward_step)
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
@@ -243,12 +241,12 @@ class MegatronWrap(ParallelStateMixin):
         of the last ``train()`` metrics. ``root`` is ``path`` or the config's ``save``.
         """
         self._require(self.state, "setup_model_and_optimizer()")
-        root = path or self.args.save
+        root = path or self.run.checkpoint.save
         if root is None:
             raise ValueError("save() needs a path, or the config key 'save'")
         state = self.state
         folder = checkpointing.save_checkpoint(
-            root, state.iteration, state.model, state.optimizer, state.scheduler, self.args,
+            root, state.iteration, state.model, state.optimizer, state.scheduler, self.run,
             extra_files={CONFIG_FILENAME: self.config.to_yaml()})
         log.print_rank_0("saved iteration %d to %s", state.iteration, folder)
         return folder
@@ -258,25 +256,25 @@ class MegatronWrap(ParallelStateMixin):
         ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
         if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        return GPT.hf.save(self.args, self.state.model, str(out_dir))
+        return GPT.hf.save(self.run, self.state.model, str(out_dir))
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its
         iteration. ``path``: a checkpoint root or its latest ``iter_*`` folder; default the
         config's ``load``, else ``save``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        path = path or self.args.load or self.args.save
+        path = path or self.run.checkpoint.load or self.run.checkpoint.save
         if path is None:
             raise ValueError("load() needs a path, or the config key 'load'")
         state = self.state
         state.iteration = checkpointing.load_checkpoint(
             runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler,
-            self.args)
+            self.run)
         log.print_rank_0("loaded iteration %d from %s", state.iteration, path)
         return state.iteration
 
     def _maybe_save(self) -> None:
-        if periodic_save_due(self.args, self.state.iteration):
+        if periodic_save_due(self.run.checkpoint, self.state.iteration):
             self.save()
 
     # --- teardown -------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import torch.distributed as dist
 
 from megatron.varlen_training import checkpointing
 from megatron.varlen_training.arguments import build_parser, parse_args
+from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.config.from_flags import run_config
 from megatron.wrap.config import ConfigError, flat_config_to_argv
 from megatron.wrap.metric_writers import build_metric_writers
 
@@ -19,8 +21,8 @@ _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
 LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins")
 
 
-def parse_training_args(config):
-    """The validated training arguments of a :class:`WrapConfig` (pretrain_gpt.py's parser).
+def parse_training_args(config) -> RunConfig:
+    """The run of a :class:`WrapConfig`, validated by pretrain_gpt.py's parser.
 
     The facade always packs (``sequence_packing``; the per-token loss comes with it). The
     parser insists on a data source; the facade feeds the caller's samples, so when the config
@@ -34,8 +36,8 @@ def parse_training_args(config):
     flat["sequence_packing"] = True
     if not flat.get("mock_data") and not flat.get("data_path"):
         flat["mock_data"] = True
-    return parse_args(flat_config_to_argv(flat, build_parser()),
-                      world_size=dist.get_world_size())
+    return run_config(parse_args(flat_config_to_argv(flat, build_parser()),
+                                 world_size=dist.get_world_size()))
 
 
 def refuse_loop_exit_keys(flat: dict) -> None:

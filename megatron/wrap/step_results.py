@@ -57,18 +57,19 @@ def _sum_over_dp_cp(records: list[dict], names: list[str], like: torch.Tensor) -
     return pairs
 
 
-def train_metrics(args, state, step, reduced: dict, grad_norm, num_samples: int,
+def train_metrics(run, state, step, reduced: dict, grad_norm, num_samples: int,
                   step_time_s: float) -> tuple[dict, dict]:
     """(the dict ``train()`` returns (see docs/WRAP.md for each key), the metric writers'
     record: ``pretrain_gpt.py``'s JSONL schema plus the flow's own metrics)."""
     lr = state.optimizer.param_groups[0]["lr"]
+    gbs = run.training.global_batch_size
     measured = IterationMetrics(
-        iteration=state.iteration, train_iters=args.train_iters,
-        consumed_samples=state.iteration * args.global_batch_size, step_time_s=step_time_s,
-        learning_rate=lr, global_batch_size=args.global_batch_size, lm_loss=reduced[LOSS],
+        iteration=state.iteration, train_iters=run.training.train_iters,
+        consumed_samples=state.iteration * gbs, step_time_s=step_time_s,
+        learning_rate=lr, global_batch_size=gbs, lm_loss=reduced[LOSS],
         grad_norm=grad_norm, num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
         seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
-        flops=GPT.flops(args, step.seqlen_sum, step.seqlen_squared_sum),
+        flops=GPT.flops(run.model, step.seqlen_sum, step.seqlen_squared_sum),
         world_size=dist.get_world_size(), extra=dict(step.stats),
     )
     padding = step.stats.get("padding_ratio", 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from megatron.core import parallel_state
-from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.config.from_flags import parse_hybrid_run_config, parse_run_config
 from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.varlen_training.pretrain import pretrain
 from megatron.varlen_training.model_family import GPT
@@ -39,23 +39,22 @@ def train_on_this_rank(argv: list[str]) -> dict:
 
     Returns this rank's history plus where it sits, so tests can pick the loss-owning rank.
     """
-    return _train(parse_args(argv, world_size=torch.distributed.get_world_size()))
+    return _train(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
 
 
 def train_hybrid_on_this_rank(argv: list[str]) -> dict:
     """pretrain_mamba.py's path (hybrid flags and model) on an initialised process group."""
-    from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
     from megatron.varlen_training.hybrid_model import HYBRID
 
-    args = parse_hybrid_args(argv, world_size=torch.distributed.get_world_size())
-    return _train(args, HYBRID)
+    run = parse_hybrid_run_config(argv, world_size=torch.distributed.get_world_size())
+    return _train(run, HYBRID)
 
 
-def _train(args, family=GPT) -> dict:
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
+def _train(run, family=GPT) -> dict:
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
     try:
-        history = pretrain(args, family)
+        history = pretrain(run, family)
         return {
             "history": history,
             "rank": torch.distributed.get_rank(),

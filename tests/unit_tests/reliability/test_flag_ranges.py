@@ -13,6 +13,7 @@ import pytest
 
 from megatron.varlen_training import flag_ranges
 from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
+from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
 from megatron.varlen_training.hybrid_arguments import build_hybrid_parser, parse_hybrid_args
@@ -137,7 +138,7 @@ def _accepted_then_data_is_one_line_or_builds(args) -> None:
     """An accepted value must not fail later in a traceback: the datasets (mock data's sample
     index is sized by the flags) build or refuse in one line."""
     try:
-        agree_on_errors(build_datasets, args, None)
+        agree_on_errors(build_datasets, run_config(args), None)
     except UserInputError as err:
         assert "\n" not in str(err)
 
@@ -251,7 +252,7 @@ def _file(tmp_path: Path) -> Path:
 def test_huge_mock_sample_count_is_one_line():
     args = parse_args(GPT_BASE + ["--train-iters", str(HUGE_INT)], world_size=1)
     with pytest.raises(UserInputError) as err:
-        agree_on_errors(build_datasets, args, None)
+        agree_on_errors(build_datasets, run_config(args), None)
     assert "--mock-data keeps one length per sample" in str(err.value)
 
 

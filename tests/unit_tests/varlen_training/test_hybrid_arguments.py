@@ -4,6 +4,7 @@ the derived hybrid fields; pretrain_gpt.py's CLI does not change."""
 import pytest
 
 from megatron.varlen_training.arguments import ArgumentValidationError, build_parser
+from megatron.varlen_training.config.from_flags import hybrid_run_config, run_config
 from megatron.varlen_training.hybrid_arguments import (
     build_hybrid_parser, describe_hybrid_model, parse_hybrid_args, parse_hybrid_args_or_exit,
 )
@@ -55,9 +56,10 @@ def test_ratios_fill_the_pattern_and_cost_weight():
     args = parse_hybrid_args(BASE + ["--num-layers", "4", "--hybrid-attention-ratio", "0.25"],
                              world_size=1)
     assert args.hybrid_layer_pattern.count("*") == 1 and len(args.hybrid_layer_pattern) == 4
-    assert args.hybrid_attention_fraction == 0.25
     assert args.mamba_num_heads_resolved == 12  # 2 * 24 / 4
-    assert describe_hybrid_model(args).startswith(
+    hybrid = hybrid_run_config(args).model.hybrid
+    assert hybrid.attention_fraction == 0.25
+    assert describe_hybrid_model(hybrid).startswith(
         f"> hybrid layer pattern {args.hybrid_layer_pattern}: 3 Mamba, 1 attention, 0 MLP")
 
 
@@ -85,7 +87,8 @@ def test_scheduler_weighs_attention_by_its_layer_fraction():
     from megatron.varlen_training.model_family import GPT
 
     def cost(args, family):
-        return build_packing_config(args, 0, family.attention_fraction(args)).cost
+        run = hybrid_run_config(args) if family is HYBRID else run_config(args)
+        return build_packing_config(run, 0, family.attention_fraction(run.model)).cost
 
     packed = ["--sequence-packing", "--micro-batch-size", "1"]
     hybrid = parse_hybrid_args(BASE + packed + ["--num-layers", "4",

@@ -19,13 +19,21 @@ from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.mamba import test_mixer
 
 
+HYBRID_FIELDS = ("hybrid_layer_pattern", "mamba_state_dim", "mamba_head_dim",
+                 "mamba_num_groups", "mamba_num_heads_resolved")
+
+
 def _args(pattern, **overrides):
+    """A stand-in model config (the fields the FLOPs formulas read); hybrid_layer_pattern=None:
+    a GPT model."""
     values = dict(hidden_size=24, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
                   swiglu=False, padded_vocab_size=128, num_layers=len(pattern),
                   hybrid_layer_pattern=pattern, mamba_state_dim=8, mamba_head_dim=4,
                   mamba_num_groups=2, mamba_num_heads_resolved=12)
     values.update(overrides)
-    return SimpleNamespace(**values)
+    hybrid = {name: values.pop(name) for name in HYBRID_FIELDS}
+    return SimpleNamespace(**values, hybrid=SimpleNamespace(**hybrid)
+                           if hybrid["hybrid_layer_pattern"] else None)
 
 
 def test_attention_plus_mlp_equals_one_gpt_layer():

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from megatron.varlen_training.arguments import build_parser, parse_args
+from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.initialize import initialize_megatron
 from tests.harness.training_runs import tiny_packed_config, train_on_this_rank
 from tests.harness.multirank import run_distributed
@@ -64,7 +65,7 @@ def _read_jsonl(path: str) -> list[dict]:
 
 def _pretrain(jsonl_path: str) -> dict:
     argv = build_config(CONFIG).to_argv(build_parser()) + EVAL_FLAGS
-    initialize_megatron(parse_args(argv, world_size=WORLD))  # the start-up: arguments dump
+    initialize_megatron(run_config(parse_args(argv, world_size=WORLD)))  # the arguments dump
     return train_on_this_rank(argv + ["--log-metrics-jsonl", jsonl_path])
 
 
