@@ -360,16 +360,16 @@ def megatron_training(config: str, shape: Shape, steps: int, device: str):
     ``step(iteration)`` does what the training loop does per iteration (build the batches,
     train, read loss and grad norm back) and returns (sum L, sum L^2, loss, grad norm)."""
     from megatron.varlen_training.config.from_flags import parse_run_config
-    from megatron.varlen_training.initialize import initialize_megatron
     from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.training import setup_model_and_optimizer, train_step
+    from megatron.varlen_training.trainer import Trainer
+    from megatron.varlen_training.training import train_step
 
     use_device(device)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    run = parse_run_config(megatron_argv(shape, config, steps, device), world_size=1)
-    initialize_megatron(run)
-    provider, _ = build_data_providers(run)
-    state = setup_model_and_optimizer(run)
+    trainer = Trainer(parse_run_config(megatron_argv(shape, config, steps, device), world_size=1))
+    run = trainer.start().run
+    provider, _ = build_data_providers(trainer)
+    state = trainer.setup_model_and_optimizer()
 
     def step(it):
         batches = provider.step_batches(it)

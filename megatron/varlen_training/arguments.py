@@ -185,6 +185,17 @@ def _add_logging_checkpoint_args(parser):
                        help="Print the iteration log line every N iterations.")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
+    group.add_argument("--tensorboard-dir", default=None,
+                       help="Write every iteration's metrics as TensorBoard scalars here (needs "
+                            "the tensorboard package: the [metrics] extra).")
+    group.add_argument("--wandb-project", default=None,
+                       help="Log every iteration's metrics to this wandb project (needs the "
+                            "wandb package: the [metrics] extra); offline unless $WANDB_MODE "
+                            "or $WANDB_API_KEY says otherwise.")
+    group.add_argument("--wandb-exp-name", default=None,
+                       help="The wandb run's name (with --wandb-project).")
+    group.add_argument("--wandb-save-dir", default=None,
+                       help="Where wandb keeps its files (with --wandb-project).")
     group.add_argument("--eval-interval", type=int, default=1000,
                        help="Evaluate every N iterations (and at the end).")
     group.add_argument("--eval-iters", type=int, default=100,
@@ -331,6 +342,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
+    flag_ranges.validate_metric_writers(args, require)
     # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).
     vars(args).update(run_description.derive_run_values(args, args.vocab_size))
     if check_memory:

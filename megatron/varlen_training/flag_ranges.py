@@ -6,14 +6,16 @@ a numeric flag missing here). :func:`validate_ranges` runs first in argument val
 later checks may divide by sizes and compare numbers without meeting 0, NaN or infinity.
 :func:`validate_relations` checks what one flag alone cannot say (``--min-lr <= --lr``, heads
 dividing the hidden size, ...). :func:`validate_memory` refuses sizes whose weights or batches
-can never fit the machine (a 10^9-token vocabulary), and :func:`validate_metrics_path` the
-``--log-metrics-jsonl`` path. All run on every rank, so every rank fails alike, in one line.
+can never fit the machine (a 10^9-token vocabulary), :func:`validate_metrics_path` the
+``--log-metrics-jsonl`` path and :func:`validate_metric_writers` the TensorBoard/wandb flags. All run on every rank, so every rank fails alike, in one line.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 # Token counts of one sequence live in int32 cu_seqlens (megatron-core's and FlashAttention's
@@ -351,3 +353,33 @@ def validate_metrics_path(args, require) -> None:
         return
     problem = metrics_path_problem(args.log_metrics_jsonl)
     require(problem is None, f"--log-metrics-jsonl {args.log_metrics_jsonl!r} {problem}")
+
+
+# The metric writers' optional packages (metric_writers.py imports them when it builds one).
+WRITER_PACKAGES = {"--tensorboard-dir": "tensorboard", "--wandb-project": "wandb"}
+
+
+def is_importable(package: str) -> bool:
+    """Whether ``package`` can be imported, without importing it (a None entry in sys.modules
+    counts as missing; a module already there as present)."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def validate_metric_writers(args, require) -> None:
+    """``--tensorboard-dir``/``--wandb-project`` find their package, and wandb's other flags
+    come with ``--wandb-project``; checked at start-up on every rank (only the last rank writes,
+    maybe after set-up that took long)."""
+    for flag, value in (("--wandb-exp-name", args.wandb_exp_name),
+                        ("--wandb-save-dir", args.wandb_save_dir)):
+        require(value is None or args.wandb_project is not None,
+                f"{flag} {value!r} needs --wandb-project (the wandb project to log to)")
+    given = {"--tensorboard-dir": args.tensorboard_dir, "--wandb-project": args.wandb_project}
+    for flag, package in WRITER_PACKAGES.items():
+        require(given[flag] is None or is_importable(package),
+                f"{flag} needs the {package!r} package: pip install {package} (or the "
+                f"[metrics] extra), or drop {flag}")

@@ -22,7 +22,7 @@ from megatron.varlen_training import flag_ranges
 from megatron.varlen_training.arguments import (
     build_parser, exit_on_flag_errors, require, validate_args,
 )
-from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, HybridConfig
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
 from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
@@ -160,15 +160,6 @@ def hybrid_stack_parameters(args) -> int:
         MLP: flag_ranges.mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu),
     }
     return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)
-
-
-def describe_hybrid_model(hybrid: HybridConfig) -> str:
-    """The start-up line pretrain_mamba.py prints (rank 0): layer pattern and Mamba sizes."""
-    pattern = hybrid.hybrid_layer_pattern
-    return (f"> hybrid layer pattern {pattern}: {pattern.count(MAMBA)} Mamba, "
-            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP layers; "
-            f"{hybrid.mamba_num_heads_resolved} Mamba heads of dim {hybrid.mamba_head_dim}, state "
-            f"{hybrid.mamba_state_dim}, {hybrid.mamba_num_groups} groups")
 
 
 def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = None):

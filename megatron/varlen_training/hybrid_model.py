@@ -11,7 +11,8 @@ import dataclasses
 
 from megatron.core import parallel_state
 from megatron.core.transformer import TransformerConfig
-from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.config import HybridConfig, RunConfig
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
 from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
 from megatron.varlen_training.model import build_model, build_transformer_config
 from megatron.varlen_training.model_family import ModelFamily
@@ -49,6 +50,15 @@ def build_hybrid_chunk(run: RunConfig, config: TransformerConfig, vp_stage) -> V
     )
 
 
+def describe_hybrid_model(hybrid: HybridConfig) -> str:
+    """The start-up line pretrain_mamba.py prints (rank 0): layer pattern and Mamba sizes."""
+    pattern = hybrid.hybrid_layer_pattern
+    return (f"> hybrid layer pattern {pattern}: {pattern.count(MAMBA)} Mamba, "
+            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP layers; "
+            f"{hybrid.mamba_num_heads_resolved} Mamba heads of dim {hybrid.mamba_head_dim}, state "
+            f"{hybrid.mamba_state_dim}, {hybrid.mamba_num_groups} groups")
+
+
 def hybrid_model_provider(run: RunConfig):
     """(config, DDP-wrapped chunks): the model provider of the hybrid family."""
     config = build_hybrid_config(run)
@@ -59,4 +69,5 @@ def hybrid_model_provider(run: RunConfig):
 # Only the attention layers are quadratic: the cost model weighs them by their share.
 HYBRID = ModelFamily(name="hybrid Mamba-Transformer", model_provider=hybrid_model_provider,
                      flops=hybrid_floating_point_operations,
-                     attention_fraction=lambda model: model.hybrid.attention_fraction)
+                     attention_fraction=lambda model: model.hybrid.attention_fraction,
+                     describe=lambda model: describe_hybrid_model(model.hybrid))

@@ -43,6 +43,7 @@ class ModelFamily:
         attention_fraction: ``(model config) -> share of layers whose cost is quadratic`` for
             the packing scheduler's cost model (None: every layer is an attention layer).
         hf: Its Hugging Face checkpoint adapter, or None (no such checkpoints).
+        describe: ``(model config) -> the start-up line`` naming the model, or None for none.
     """
 
     name: str
@@ -50,6 +51,7 @@ class ModelFamily:
     flops: Callable
     attention_fraction: Callable
     hf: HFAdapter | None = None
+    describe: Callable | None = None
 
 
 GPT_HF = HFAdapter(load_weights=load_hf_weights, save=save_hf)

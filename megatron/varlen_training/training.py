@@ -1,4 +1,6 @@
-"""The training loop: build, then iterate train_step / log / evaluate / save.
+"""One training step and its parts: model and optimizer set-up, the pipeline schedule over a
+step's micro-batches, the loss, the optimizer step with its non-finite guard, evaluation.
+The loop around them is the Trainer's (trainer.py) and the entry points' (pretrain.py).
 
 The loss follows megatron-core's per-token conventions: ``loss_func`` returns the micro-batch's
 SUM of token losses and its token count. With ``--calculate-per-token-loss`` megatron-core divides
@@ -10,8 +12,6 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,12 +23,10 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.varlen_training import checkpointing, log, loop_steps, optimizer_kernels
+from megatron.varlen_training import checkpointing, optimizer_kernels
 from megatron.varlen_training.config import RunConfig
-from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
-from megatron.varlen_training.iteration_metrics import IterationMetrics, MetricsLogger
-from megatron.varlen_training.loop_steps import eval_mode, final_save_due, periodic_save_due
+from megatron.varlen_training.loop_steps import eval_mode
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen import gloo_cuda
@@ -255,98 +253,3 @@ def evaluate(run: RunConfig, state: TrainState, provider, first_index: int) -> f
     if not losses or losses[0] is None:
         return None
     return sum(losses) / len(losses)
-
-
-def _iteration_metrics(run: RunConfig, family, state, step, loss, grad_norm, step_time
-                       ) -> IterationMetrics:
-    gbs = run.training.global_batch_size
-    return IterationMetrics(
-        iteration=state.iteration, train_iters=run.training.train_iters,
-        consumed_samples=state.iteration * gbs, step_time_s=step_time,
-        learning_rate=state.optimizer.param_groups[0]["lr"],
-        global_batch_size=gbs, lm_loss=loss, grad_norm=grad_norm,
-        num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
-        seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
-        flops=family.flops(run.model, step.seqlen_sum, step.seqlen_squared_sum),
-        world_size=torch.distributed.get_world_size(), extra=dict(step.stats),
-    )
-
-
-def _maybe_evaluate(run: RunConfig, state, valid_provider) -> float | None:
-    """Validation at every --eval-interval and at the end; the loss on the loss-owning ranks."""
-    training = run.training
-    if valid_provider is None or training.eval_iters <= 0:
-        return None
-    if state.iteration % training.eval_interval != 0 and state.iteration != training.train_iters:
-        return None
-    first = (state.iteration // training.eval_interval) * training.eval_iters
-    loss = evaluate(run, state, valid_provider, first)
-    loop_steps.log_validation_loss(state.iteration, loss)
-    return loss
-
-
-def _save(run: RunConfig, state) -> str:
-    return checkpointing.save_checkpoint(run.checkpoint.save, state.iteration, state.model,
-                                         state.optimizer, state.scheduler, run)
-
-
-def _maybe_save(run: RunConfig, state) -> None:
-    if periodic_save_due(run.checkpoint, state.iteration):
-        _save(run, state)
-
-
-def _save_at_end(run: RunConfig, state) -> str | None:
-    """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
-    root = run.checkpoint.save
-    if not final_save_due(run.checkpoint, state.iteration):
-        return checkpointing.checkpoint_dir(root, state.iteration) if root else None
-    return _save(run, state)
-
-
-def _exit_early(run: RunConfig, state, reason: str) -> None:
-    """Saves (with --save) and says in one line why the run stops before --train-iters."""
-    folder = _save_at_end(run, state)
-    saved = f"checkpoint {folder}; resume with --load {run.checkpoint.save}" if folder else \
-        "nothing saved (no --save)"
-    log.print_rank_0(f"exiting after iteration {state.iteration} of {run.training.train_iters}: "
-                     f"{reason}; {saved}")
-
-
-def train(run: RunConfig, state: TrainState, train_provider, valid_provider=None,
-          exit_conditions: ExitConditions | None = None, family: ModelFamily = GPT
-          ) -> list[dict]:
-    """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
-    --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
-    {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
-
-    Losses are None off the last pipeline stage (only that stage has them); validation_loss is
-    None at iterations without evaluation. ``exit_conditions``: the run's, already entered
-    (``pretrain`` starts its clock and signal handling before set-up); default one from now.
-    """
-    logger = MetricsLogger(run.logging.log_interval, run.logging.log_metrics_jsonl) \
-        if log.is_last_rank() else None
-    history, train_iters = [], run.training.train_iters
-    with contextlib.ExitStack() as stack:
-        exits = exit_conditions or stack.enter_context(ExitConditions.of(run.training))
-        stop = None
-        while state.iteration < train_iters and stop is None:
-            start = time.perf_counter()
-            step = train_provider.step_batches(state.iteration)
-            loss, grad_norm = train_step(run, state, step)
-            state.iteration += 1
-            history.append({"lm_loss": loss, "grad_norm": grad_norm})
-            if logger is not None:
-                logger.log(_iteration_metrics(run, family, state, step, loss, grad_norm,
-                                              time.perf_counter() - start))
-            history[-1]["validation_loss"] = _maybe_evaluate(run, state, valid_provider)
-            _maybe_save(run, state)
-            stop = exits.reason(state.iteration)  # every rank, every iteration: it agrees
-        if stop is not None and state.iteration < train_iters:
-            _exit_early(run, state, stop)  # a resumed run finishes the schedule, and exports
-        else:
-            _save_at_end(run, state)
-            if run.checkpoint.save_hf:  # validation refused it for a family without an adapter
-                family.hf.save(run, state.model)
-    if logger is not None:
-        logger.close()
-    return history

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from megatron.core import parallel_state
 from megatron.varlen_training.config.from_flags import parse_hybrid_run_config, parse_run_config
-from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.varlen_training.pretrain import pretrain
+from megatron.varlen_training.trainer import Trainer
 from megatron.varlen_training.model_family import GPT
-from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 TINY_GPT_ARGS = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -51,18 +49,17 @@ def train_hybrid_on_this_rank(argv: list[str]) -> dict:
 
 
 def _train(run, family=GPT) -> dict:
-    initialize_model_parallel(run.parallel)
-    set_random_seeds(run.training.seed)
+    """pretrain() through a Trainer on this rank's process group (which stays)."""
+    trainer = Trainer(run, family)
     try:
-        history = pretrain(run, family)
+        history = pretrain(trainer)
         return {
             "history": history,
             "rank": torch.distributed.get_rank(),
             "owns_loss": history[0]["lm_loss"] is not None if history else False,
         }
     finally:
-        destroy_dynamic_cp_groups()
-        parallel_state.destroy_model_parallel()
+        trainer.close()  # parallel state and dynamic CP groups; not the process group
 
 
 def loss_owner_history(results: list[dict]) -> list[dict]:

@@ -25,9 +25,11 @@ from megatron.varlen_training.hf.config import HFConfigError, config_from_model
 from megatron.varlen_training.hybrid_arguments import PROG as HYBRID_PROG, parse_hybrid_args
 
 
-def _values(args, cls) -> dict:
-    """The namespace's values of every field of the dataclass ``cls`` (named as the flags)."""
-    return {name: getattr(args, name) for name in cls.__dataclass_fields__}
+def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
+    """The namespace's values of the fields of the dataclass ``cls`` (named as the flags),
+    but ``not_flags`` (fields no flag sets: they keep their defaults)."""
+    return {name: getattr(args, name) for name in cls.__dataclass_fields__
+            if name not in not_flags}
 
 
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
@@ -54,12 +56,6 @@ def data_config(args) -> DataConfig:
     return DataConfig(**values)
 
 
-def logging_config(args) -> LoggingConfig:
-    return LoggingConfig(log_interval=args.log_interval, log_metrics_jsonl=args.log_metrics_jsonl,
-                         tensorboard_dir=None, wandb_project=None, wandb_exp_name=None,
-                         wandb_save_dir=None)
-
-
 def run_config(args, hybrid: HybridConfig | None = None) -> RunConfig:
     """The run pretrain_gpt.py's validated flags describe (``hybrid``: pretrain_mamba.py's)."""
     return RunConfig(
@@ -68,7 +64,8 @@ def run_config(args, hybrid: HybridConfig | None = None) -> RunConfig:
         packing=SequencePackingConfig(**_values(args, SequencePackingConfig)),
         optimizer=OptimizerConfig(**_values(args, OptimizerConfig)),
         checkpoint=CheckpointConfig(**_values(args, CheckpointConfig)),
-        logging=logging_config(args),
+        # wandb's mode is $WANDB_MODE's (Megatron-LM has no flag for it): "auto".
+        logging=LoggingConfig(**_values(args, LoggingConfig, not_flags=("wandb_mode",))),
         data=data_config(args),
         training=TrainingConfig(**_values(args, TrainingConfig)),
         flags=MappingProxyType(dict(vars(args))),

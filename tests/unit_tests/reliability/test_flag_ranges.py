@@ -92,7 +92,7 @@ MAMBA_BASE = TINY_GPT_ARGS + ["--train-iters", "3", "--num-layers", "3",
 
 
 def _numeric_dests(parser) -> dict:
-    return {action.dest: action.type for action in parser._actions
+    return {action.dest: action.type for action in parser.flag_actions
             if action.type in (int, float)}
 
 
@@ -173,14 +173,13 @@ FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins"})
 
 
 @pytest.mark.parametrize("dest", sorted(set(GPT_FLAGS) - FACADE_REFUSED))
-def test_facade_numeric_flags(dest, monkeypatch):
-    """MegatronWrap builds its flags from the config tree and parses them with the same
-    parser: the same table holds (its base always packs)."""
-    monkeypatch.setattr(runtime.dist, "get_world_size", lambda *a, **k: 1)
+def test_facade_numeric_flags(dest):
+    """MegatronWrap builds its run from the config tree with the same flag checks and
+    validation: the same table holds (its base always packs)."""
     for probe in PROBES:
         config = build_config(_facade_config(dest, _value(GPT_FLAGS[dest], probe)))
         try:
-            args, error = runtime.parse_training_args(config), None
+            args, error = runtime.run_config_of(config, world_size=1), None
         except ArgumentValidationError as err:
             args, error = None, str(err)
         _check(dest, probe, args, error)

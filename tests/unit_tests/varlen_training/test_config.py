@@ -28,8 +28,8 @@ FLAG_LAYER_MODULES = {
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
-        "_values", "model_config", "hybrid_config", "data_config", "logging_config",
-        "run_config", "hybrid_run_config"},
+        "_values", "model_config", "hybrid_config", "data_config", "run_config",
+        "hybrid_run_config"},
 }
 
 

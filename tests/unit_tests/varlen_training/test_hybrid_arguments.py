@@ -6,8 +6,9 @@ import pytest
 from megatron.varlen_training.arguments import ArgumentValidationError, build_parser
 from megatron.varlen_training.config.from_flags import hybrid_run_config, run_config
 from megatron.varlen_training.hybrid_arguments import (
-    build_hybrid_parser, describe_hybrid_model, parse_hybrid_args, parse_hybrid_args_or_exit,
+    build_hybrid_parser, parse_hybrid_args, parse_hybrid_args_or_exit,
 )
+from megatron.varlen_training.hybrid_model import describe_hybrid_model
 
 BASE = ["--num-layers", "3", "--hidden-size", "24", "--num-attention-heads", "4",
         "--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8",
@@ -64,8 +65,8 @@ def test_ratios_fill_the_pattern_and_cost_weight():
 
 
 def test_gpt_cli_has_no_hybrid_flags():
-    gpt = {opt for action in build_parser()._actions for opt in action.option_strings}
-    hybrid = {opt for action in build_hybrid_parser()._actions for opt in action.option_strings}
+    gpt = {opt for action in build_parser().flag_actions for opt in action.option_strings}
+    hybrid = {opt for action in build_hybrid_parser().flag_actions for opt in action.option_strings}
     added = hybrid - gpt
     assert gpt < hybrid and "--hybrid-override-pattern" in added and "--mamba-state-dim" in added
     assert all(flag.startswith(("--hybrid-", "--mamba-")) for flag in added), added

@@ -72,17 +72,17 @@ def _use_stock_megatron_core(state) -> None:
 
 def rank_reads(argv):
     from megatron.varlen_training.config.from_flags import parse_run_config
-    from megatron.varlen_training.initialize import initialize_megatron, teardown_parallel_state
     from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.training import setup_model_and_optimizer, train_step
+    from megatron.varlen_training.trainer import Trainer
+    from megatron.varlen_training.training import train_step
 
     import torch
 
-    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
-    initialize_megatron(run)
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
-        provider, _ = build_data_providers(run)
-        state = setup_model_and_optimizer(run)
+        run = trainer.start().run
+        provider, _ = build_data_providers(trainer)
+        state = trainer.setup_model_and_optimizer()
         train_step(run, state, provider.step_batches(0))  # warm-up: state, buffers, layouts
         ours = _step_reads(run, state, provider, 1)
         _use_stock_megatron_core(state)
@@ -91,7 +91,7 @@ def rank_reads(argv):
         from megatron.core.optimizer import clip_grads
 
         clip_grads.l2_norm_impl = device_l2_norm
-        teardown_parallel_state()
+        trainer.close()
 
 
 def test_packed_step_reads_only_the_grad_norm():

@@ -11,6 +11,7 @@ from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.varlen_training.model import unwrap
 from megatron.varlen_training.model_family import GPT
+from megatron.varlen_training.trainer import Trainer
 from megatron.varlen_training.training import run_forward_backward
 
 
@@ -107,28 +108,23 @@ def rank_train_export(runs: dict, tokens: torch.Tensor) -> dict:
     """For each named (argv, reimport argv): train through pretrain's path (which ends with
     --save-hf), then return our logits and whether re-importing the export gives the trained
     weights bit for bit."""
-    from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.training import setup_model_and_optimizer, train
+    from megatron.varlen_training.pretrain import pretrain
 
     out = {}
     world = torch.distributed.get_world_size()
     for name, (argv, reimport_argv) in runs.items():
-        run = parse_run_config(argv, world_size=world)
-        initialize_model_parallel(run.parallel)
-        set_random_seeds(run.training.seed)
+        trainer = Trainer(parse_run_config(argv, world_size=world))
         try:
-            provider, _ = build_data_providers(run)
-            state = setup_model_and_optimizer(run)
-            history = train(run, state, provider)
-            logits = forward_logits(run, state.model, tokens)
-            trained = _local_params(state.model)
+            history = pretrain(trainer)
+            logits = forward_logits(trainer.run, trainer.state.model, tokens)
+            trained = _local_params(trainer.state.model)
             again = parse_run_config(reimport_argv, world_size=world)
             reimported = _local_params(GPT.model_provider(again)[1])
             differ = sorted(k for k in trained if not torch.equal(trained[k], reimported[k]))
             out[name] = {"logits": logits, "differ": differ, "history": history,
                          "num_params": len(trained)}
         finally:
-            ps.destroy_model_parallel()
+            trainer.close()
     return out
 
 
@@ -140,11 +136,10 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
     from megatron.varlen_training.pretrain import build_data_providers
     from megatron.varlen_training.tokenizer import build_tokenizer
 
-    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
-    initialize_model_parallel(run.parallel)
-    set_random_seeds(run.training.seed)
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
-        provider, _ = build_data_providers(run)
+        run = trainer.start().run
+        provider, _ = build_data_providers(trainer)
         step = provider.step_batches(0)
         model = GPT.model_provider(run)[1]
         records, cp_sizes = [], []
@@ -175,10 +170,7 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
         return {"records": torch.cat(records) if records else torch.zeros(0, 4),
                 "samples": samples, "max_cp": max(cp_sizes)}
     finally:
-        from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
-
-        destroy_dynamic_cp_groups()
-        ps.destroy_model_parallel()
+        trainer.close()
 
 
 def rank_import_export(argv: list[str], out_dir: str) -> None:
