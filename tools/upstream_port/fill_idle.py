@@ -1,0 +1,102 @@
+"""Every rank of every micro-batch gets work: for data paths that cannot run an idle rank.
+
+Our scheduler leaves a rank idle where any work there would slow its micro-batch (cover.py);
+our data path runs a dummy on it. Megatron-LM's data path packs the samples a rank holds and
+has no dummy, so the upstream patch (sample_id_groups.py) fills idle ranks first, one step at a
+time, each the step after which the micro-batch's slowest block is fastest:
+
+* grow: a block moves one step up the size chain when the free ranks allow it;
+* merge: when no block can grow (a chain step larger than the free ranks, e.g. 4 -> 12), the
+  least-loaded blocks of the smallest size join the free ranks as one block of the next size
+  (with a divisor chain such blocks always exist, see cover.py).
+
+A step may raise the level (that is the price of a busy rank) but never breaks the budget. A
+micro-batch without any sequence cannot be filled: that is an error of the caller's counts.
+"""
+
+from __future__ import annotations
+
+from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule, price_bag
+from megatron.varlen.scheduling.pricing import ItemPricing, price_items
+from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
+
+
+def _draft_of(ranks: tuple[tuple[int, ...], ...], schedule: Schedule,
+              pricing: ItemPricing) -> MicrobatchDraft:
+    """The blocks of one laid-out micro-batch, in rank order (largest first, as laid out)."""
+    draft = MicrobatchDraft(free_ranks=len(ranks))
+    rank = 0
+    while rank < len(ranks):
+        ids = ranks[rank]
+        if not ids:
+            rank += 1
+            continue
+        size = schedule.cp_sizes[ids[0]]
+        time, tokens = price_bag(list(ids), size, pricing)
+        draft.open_block(ids[0], size, time, tokens)
+        draft.members[-1] = list(ids)
+        rank += size
+    return draft
+
+
+def _grow_lowest(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
+    """Grows one block one chain step, the one after which the micro-batch ends lowest (then
+    the one whose new time is least); False if no block can grow within the budget."""
+    best = None
+    for block, size in enumerate(draft.sizes):
+        larger = pricing.next_size(size)
+        if larger is None or larger - size > draft.free_ranks:
+            continue
+        time, tokens = draft.reprice_block(block, larger, pricing)
+        others = max((other for index, other in enumerate(draft.times) if index != block),
+                     default=0.0)
+        if tokens <= pricing.budget and (best is None or (max(time, others), time) < best[0]):
+            best = ((max(time, others), time), block, larger, tokens)
+    if best is None:
+        return False
+    (_, time), block, larger, tokens = best
+    draft.resize_block(block, larger, time, tokens)
+    return True
+
+
+def _merge_smallest(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
+    """Merges the least-loaded smallest blocks and free ranks into one block of the next size."""
+    smallest = min(draft.sizes)
+    larger = pricing.next_size(smallest)
+    if larger is None:
+        return False
+    needed = max(1, -(-(larger - draft.free_ranks) // smallest))
+    candidates = sorted((time, block) for block, time in enumerate(draft.times)
+                        if draft.sizes[block] == smallest)[:needed]
+    chosen = {block for _, block in candidates}
+    time, tokens = price_bag([seq for block in sorted(chosen) for seq in draft.members[block]],
+                             larger, pricing)
+    if len(chosen) < needed or tokens > pricing.budget:
+        return False
+    draft.merge_blocks(chosen, larger, time, tokens)
+    return True
+
+
+def _fill(draft: MicrobatchDraft, pricing: ItemPricing, index: int) -> None:
+    if not draft.sizes:
+        raise ValueError(f"micro-batch {index} holds no sequence, so no rank of it can work "
+                         "(fewer sequences than the micro-batch count needs)")
+    while draft.free_ranks > 0:
+        if not (_grow_lowest(draft, pricing) or _merge_smallest(draft, pricing)):
+            raise ValueError(f"micro-batch {index}: {draft.free_ranks} idle ranks cannot get "
+                             f"work without a rank exceeding the budget {pricing.budget}")
+
+
+def fill_idle_ranks(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
+    """``schedule`` with no idle rank; micro-batches without one are returned unchanged.
+
+    Raises:
+        ValueError: a micro-batch without sequences, or idle ranks only the budget forbids.
+    """
+    if all(ids for ranks in schedule.microbatches for ids in ranks):
+        return schedule
+    pricing = price_items(problem, problem.layout.sequence_sizes, "")
+    drafts = [_draft_of(ranks, schedule, pricing) for ranks in schedule.microbatches]
+    for index, draft in enumerate(drafts):
+        _fill(draft, pricing, index)
+    return drafts_to_schedule(problem, drafts)
