@@ -2,16 +2,21 @@
 
 Our scheduler leaves a rank idle where any work there would slow its micro-batch (cover.py);
 our data path runs a dummy on it. Megatron-LM's data path packs the samples a rank holds and
-has no dummy, so the upstream patch (sample_id_groups.py) fills idle ranks first, one step at a
-time, each the step after which the micro-batch's slowest block is fastest:
+has no dummy, so the upstream patch (sample_id_groups.py) fills idle ranks first:
+
+* borrow: sequences of other micro-batches move onto the free ranks where that changes no
+  micro-batch's level (each from a block of two or more that is not its micro-batch's slowest,
+  onto the largest group on which it stays within this micro-batch's level);
+
+then, one step at a time, each the step after which the micro-batch's slowest block is fastest:
 
 * grow: a block moves one step up the size chain when the free ranks allow it;
 * merge: when no block can grow (a chain step larger than the free ranks, e.g. 4 -> 12), the
   least-loaded blocks of the smallest size join the free ranks as one block of the next size
   (with a divisor chain such blocks always exist, see cover.py).
 
-A step may raise the level (that is the price of a busy rank) but never breaks the budget. A
-micro-batch without any sequence cannot be filled: that is an error of the caller's counts.
+Borrowing keeps every level; a step may raise it (the price of a busy rank). Neither breaks the
+budget. A micro-batch without any sequence cannot be filled: an error of the caller's counts.
 """
 
 from __future__ import annotations
@@ -77,6 +82,36 @@ def _merge_smallest(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     return True
 
 
+def _borrow_size(pricing: ItemPricing, seq: int, free_ranks: int, level: float):
+    """The largest group (size, time, tokens) of at most ``free_ranks`` on which ``seq`` alone
+    stays within ``level`` and the budget, or None."""
+    for size in reversed(pricing.sizes):
+        if pricing.min_size[seq] <= size <= free_ranks:
+            time, tokens = pricing.time_tokens(seq, size)
+            time += pricing.latency(size)
+            if time <= level and tokens <= pricing.budget:
+                return size, time, tokens
+    return None
+
+
+def _borrow(drafts: list[MicrobatchDraft], pricing: ItemPricing, target: int) -> None:
+    """Moves sequences of other micro-batches onto the free ranks of ``target``, each on the
+    largest group it fits without raising ``target``'s level; only the last-placed sequence of
+    a block of two or more that is not its micro-batch's slowest, so no level changes."""
+    draft, level = drafts[target], drafts[target].level
+    for source in (drafts[index] for index in range(len(drafts)) if index != target):
+        for block, members in enumerate(source.members):
+            while draft.free_ranks and len(members) > 1 and source.times[block] < source.level:
+                seq = members[-1]
+                group = _borrow_size(pricing, seq, draft.free_ranks, level)
+                if group is None:
+                    break
+                source.remove(block, seq, *pricing.time_tokens(seq, source.sizes[block]))
+                draft.open_block(seq, *group)
+            if not draft.free_ranks:
+                return
+
+
 def _fill(draft: MicrobatchDraft, pricing: ItemPricing, index: int) -> None:
     if not draft.sizes:
         raise ValueError(f"micro-batch {index} holds no sequence, so no rank of it can work "
@@ -97,6 +132,9 @@ def fill_idle_ranks(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
         return schedule
     pricing = price_items(problem, problem.layout.sequence_sizes, "")
     drafts = [_draft_of(ranks, schedule, pricing) for ranks in schedule.microbatches]
+    for index, draft in enumerate(drafts):
+        if draft.free_ranks and draft.sizes:
+            _borrow(drafts, pricing, index)
     for index, draft in enumerate(drafts):
         _fill(draft, pricing, index)
     return drafts_to_schedule(problem, drafts)

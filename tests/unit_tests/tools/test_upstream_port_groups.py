@@ -61,6 +61,21 @@ def test_fill_grows_the_block_after_which_the_microbatch_ends_lowest():
     assert critical_path(problem, filled) < critical_path(problem, schedule)
 
 
+def test_fill_borrows_from_other_microbatches_without_changing_their_levels():
+    # Micro-batch 0's block of two short sequences is not its slowest: one of them can move
+    # onto micro-batch 1's idle ranks, where it stays below that micro-batch's level.
+    problem = ScheduleProblem(lengths=(3000, 100, 100, 2000, 2000, 1500), dp_size=4, cp_size=1,
+                              max_seqlen_per_rank=8192)
+    schedule = Schedule(microbatches=(((0,), (1, 2), (3,), (4,)), ((5,), (), (), ())),
+                        cp_sizes=(1,) * 6, padded_lengths=problem.lengths)
+    before = critical_path(problem, schedule)
+    filled = fill_idle_ranks(problem, schedule)
+    validate_schedule(problem, filled)
+    assert filled.microbatches[0] == ((0,), (1,), (3,), (4,))
+    assert filled.microbatches[1] == ((5,), (5,), (2,), (2,))
+    assert critical_path(problem, filled) < before  # the grown block got faster
+
+
 def test_fill_merges_when_no_block_can_grow():
     # 12 ranks, sizes 1, 2, 4, 12: two 4-blocks and 4 free ranks cannot grow (4 -> 12 needs 8).
     problem = ScheduleProblem(lengths=(8000, 8000), dp_size=6, cp_size=2, max_seqlen_per_rank=2048)
