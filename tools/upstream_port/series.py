@@ -168,7 +168,8 @@ def build_series(checkout: Path, work: Path, out: Path, results: dict,
     for stale in out.glob("*.patch"):
         stale.unlink()
     names = git(tree, "format-patch", "--cover-letter", "--no-signature",
-                f"--base={base}", "-o", str(out), f"{base}..HEAD").splitlines()
+                f"--base={base}", "-o", str(out), f"{base}..HEAD",
+                env=source.git_env()).splitlines()  # the cover letter's date too
     letter = out / COVER_LETTER
     letter.write_text(letter.read_text(encoding="utf-8")
                       .replace("*** SUBJECT HERE ***", SUBJECT)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.upstream_port.sample_id_groups import SCHEDULER_NAME
-from tools.upstream_port.vendor import PACKAGE, TEMPLATES
+from tools.upstream_port.vendor import LINE_LIMIT, PACKAGE, TEMPLATES
 
 CLASS_NAME = "LptDynamicCPScheduler"
 UPSTREAM_DYNAMIC = "default_dynamic_cp"  # upstream's dynamic-CP scheduler, kept as it is
@@ -24,7 +24,6 @@ CONFIG_FILE = "megatron/core/model_parallel_config.py"
 TRANSFORMER_CONFIG_FILE = "megatron/core/transformer/transformer_config.py"
 ARGUMENTS_FILE = "megatron/training/arguments.py"
 FIELD_DOC = f"{SCHEDULER_NAME}: Dynamic-CP scheduler balancing an estimated per-rank time."
-LINE_LIMIT = 100  # upstream's black and pylint line length
 
 
 class UpstreamLayoutError(ValueError):

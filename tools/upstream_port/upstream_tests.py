@@ -21,6 +21,8 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.upstream_port.vendor import REPO
+
 UPSTREAM_TEST_NAMES = re.compile(r"data_schedule|sequence_packing_scheduler|"
                                  r"dynamic_context_parallel|default_dynamic_cp|"
                                  r"model_parallel_config")
@@ -96,6 +98,12 @@ def parse_junit(path: Path, files: list[str]) -> dict[str, Outcome]:
     return outcomes
 
 
+def _foreign_paths() -> list[str]:
+    """The caller's PYTHONPATH without this repository (whose ``megatron`` is not upstream's)."""
+    entries = (os.environ.get("PYTHONPATH") or "").split(os.pathsep)
+    return [entry for entry in entries if entry and Path(entry).resolve() != REPO]
+
+
 def run_pytest(tree: Path, files: list[str], report: Path, shim: Path,
                deselect: tuple[str, ...] = (), python: str = sys.executable) -> dict[str, Outcome]:
     """Runs ``files`` in ``tree``; node id -> outcome (empty if pytest could not start; its
@@ -104,7 +112,7 @@ def run_pytest(tree: Path, files: list[str], report: Path, shim: Path,
         return {}
     shim.mkdir(parents=True, exist_ok=True)
     (shim / "sitecustomize.py").write_text(TYPING_SHIM, encoding="utf-8")
-    path = os.pathsep.join(filter(None, [str(tree), str(shim), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join([str(tree), str(shim), *_foreign_paths()])
     command = [python, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
                f"--junitxml={report}", *files, *(f"--deselect={test}" for test in deselect)]
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from pathlib import Path
 
 PACKAGE = "megatron.core.datasets.lpt_dynamic_cp"
@@ -18,6 +19,7 @@ OUR_PACKAGES = ("megatron.varlen.scheduling", "tools.upstream_port")
 ROOTS = ("tools.upstream_port.sample_id_groups", "megatron.varlen.scheduling.dp_balanced",
          "megatron.varlen.scheduling.schedule_evaluation", "megatron.varlen.scheduling.validate")
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+LINE_LIMIT = 100  # upstream's black and pylint line length
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -66,16 +68,26 @@ def carried_modules() -> list[str]:
     return sorted(seen)
 
 
+def _exploded(indent: str, module: str, node: ast.ImportFrom) -> str:
+    """``from module import (`` one name a line, the way black and isort split an import."""
+    names = [alias.name + (f" as {alias.asname}" if alias.asname else "") for alias in node.names]
+    return (f"{indent}from {module} import (\n"
+            + "".join(f"{indent}    {name},\n" for name in names) + f"{indent})\n")
+
+
 def rewrite_imports(module: str) -> str:
-    """``module``'s text with its imports of our packages pointing into ``PACKAGE``."""
+    """``module``'s text with its imports of our packages pointing into ``PACKAGE``; a
+    one-line import that the longer path pushes past the line limit is split."""
     lines = _source_path(module).read_text(encoding="utf-8").splitlines(keepends=True)
     for node in _our_imports(module):
-        leaf = node.module.rsplit(".", 1)[1]
+        target = f"{PACKAGE}.{node.module.rsplit('.', 1)[1]}"
         index = node.lineno - 1
         old = f"from {node.module} import"
         if old not in lines[index]:
             raise VendorError(f"{module}:{node.lineno}: expected '{old}' on one line")
-        lines[index] = lines[index].replace(old, f"from {PACKAGE}.{leaf} import", 1)
+        lines[index] = lines[index].replace(old, f"from {target} import", 1)
+        if node.end_lineno == node.lineno and len(lines[index].rstrip("\n")) > LINE_LIMIT:
+            lines[index] = _exploded(" " * node.col_offset, target, node)
     return "".join(lines)
 
 
@@ -95,8 +107,8 @@ def package_files(header: str, source: str) -> dict[str, str]:
     """Relative path -> text of every file of the carried package (``source`` names the
     commit it is generated from)."""
     modules = carried_modules()
-    index = "\n".join(f"* ``{module.rsplit('.', 1)[1]}``: {_summary(module)}"
-                      for module in modules)
+    index = "\n".join(textwrap.fill(f"* ``{module.rsplit('.', 1)[1]}``: {_summary(module)}",
+                                     LINE_LIMIT, subsequent_indent="  ") for module in modules)
     init = (TEMPLATES / "package_init.py.tmpl").read_text(encoding="utf-8")
     files = {f"{package_dir()}/__init__.py":
              header + init.replace("@SOURCE@", source).replace("@MODULES@", index)}
