@@ -29,8 +29,14 @@ from tools.upstream_port.report import Outcome, render_report, render_test_table
 from tools.upstream_port.reproduce import reproduce
 from tools.upstream_port.series import TESTS, SeriesError, build_series, git, scratch_clone
 from tools.upstream_port.upstream_edits import UpstreamLayoutError
-from tools.upstream_port.upstream_tests import compare, run_pytest, upstream_test_files
+from tools.upstream_port.upstream_tests import (
+    compare,
+    foreign_paths,
+    run_pytest,
+    upstream_test_files,
+)
 from tools.upstream_port.vendor import VendorError
+from tools.upstream_schedulers import KNOWN_GOOD_COMMIT
 
 PROG = "upstream_patch.py"
 DEFAULT_OUT = "build/upstream_patch"
@@ -95,11 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         base, patches = build_series(checkout, work, Path(args.out).resolve(), results)
         print(f"{PROG}: wrote {len(patches)} files to {args.out} (against {base[:12]})")
         outcome = Outcome(" ".join(["python tools/upstream_patch.py", *(argv or sys.argv[1:])]),
-                          str(checkout), base, sys.executable, patches)
+                          str(checkout), base, sys.executable, patches, foreign_paths())
         if args.no_test:
             return 0
         _test(checkout, work, outcome, results)
-    except (SeriesError, UpstreamLayoutError, VendorError, ValueError) as error:
+    except UpstreamLayoutError as error:
+        print(f"{PROG}: error: {error} (--megatron needs a Megatron-LM dev checkout with "
+              f"default_dynamic_cp, e.g. {KNOWN_GOOD_COMMIT})", file=sys.stderr)
+        return 2
+    except (SeriesError, VendorError, ValueError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     finally:

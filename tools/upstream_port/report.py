@@ -23,6 +23,7 @@ class Outcome:
     base: str
     python: str
     patches: list[Path]
+    extra_paths: list[str] = field(default_factory=list)
     applied: str = "not tried"
     tests: list[TestRow] = field(default_factory=list)
     reproductions: list[Reproduction] = field(default_factory=list)
@@ -77,7 +78,9 @@ def render_report(outcome: Outcome) -> str:
     parts = ["# Upstream patch: applied and tested on a Megatron-LM checkout", "",
              f"Command: `{outcome.command}`", "",
              f"Checkout: `{outcome.checkout}` at `{outcome.base}`; tests run with "
-             f"`{outcome.python}` (CPU).", "", "## Summary", *_summary_lines(outcome), "",
+             f"`{outcome.python}` (CPU), PYTHONPATH extras: "
+             f"{', '.join(f'`{path}`' for path in outcome.extra_paths) or 'none'}.", "",
+             "## Summary", *_summary_lines(outcome), "",
              "## Series", *[f"- `{patch.name}`" for patch in outcome.patches], "",
              "## Upstream's tests, per file", *_files_table([row for row in outcome.tests
                                                             if not row.new]), "",

@@ -98,7 +98,7 @@ def parse_junit(path: Path, files: list[str]) -> dict[str, Outcome]:
     return outcomes
 
 
-def _foreign_paths() -> list[str]:
+def foreign_paths() -> list[str]:
     """The caller's PYTHONPATH without this repository (whose ``megatron`` is not upstream's)."""
     entries = (os.environ.get("PYTHONPATH") or "").split(os.pathsep)
     return [entry for entry in entries if entry and Path(entry).resolve() != REPO]
@@ -112,7 +112,7 @@ def run_pytest(tree: Path, files: list[str], report: Path, shim: Path,
         return {}
     shim.mkdir(parents=True, exist_ok=True)
     (shim / "sitecustomize.py").write_text(TYPING_SHIM, encoding="utf-8")
-    path = os.pathsep.join([str(tree), str(shim), *_foreign_paths()])
+    path = os.pathsep.join([str(tree), str(shim), *foreign_paths()])
     command = [python, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
                f"--junitxml={report}", *files, *(f"--deselect={test}" for test in deselect)]
     try:
