@@ -13,7 +13,7 @@ then, one step at a time, each the step after which the micro-batch's slowest bl
 * grow: a block moves one step up the size chain when the free ranks allow it;
 * merge: when no block can grow (a chain step larger than the free ranks, e.g. 4 -> 12), the
   least-loaded blocks of the smallest size join the free ranks as one block of the next size
-  (with a divisor chain such blocks always exist, see cover.py).
+  (cover.py's merge, without its level limit).
 
 Borrowing keeps every level; a step may raise it (the price of a busy rank). Neither breaks the
 budget. A micro-batch without any sequence cannot be filled: an error of the caller's counts.
@@ -21,6 +21,9 @@ budget. A micro-batch without any sequence cannot be filled: an error of the cal
 
 from __future__ import annotations
 
+import math
+
+from megatron.varlen.scheduling.cover import merge_smallest
 from megatron.varlen.scheduling.draft import MicrobatchDraft, drafts_to_schedule, price_bag
 from megatron.varlen.scheduling.pricing import ItemPricing, price_items
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
@@ -64,24 +67,6 @@ def _grow_lowest(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     return True
 
 
-def _merge_smallest(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
-    """Merges the least-loaded smallest blocks and free ranks into one block of the next size."""
-    smallest = min(draft.sizes)
-    larger = pricing.next_size(smallest)
-    if larger is None:
-        return False
-    needed = max(1, -(-(larger - draft.free_ranks) // smallest))
-    candidates = sorted((time, block) for block, time in enumerate(draft.times)
-                        if draft.sizes[block] == smallest)[:needed]
-    chosen = {block for _, block in candidates}
-    time, tokens = price_bag([seq for block in sorted(chosen) for seq in draft.members[block]],
-                             larger, pricing)
-    if len(chosen) < needed or tokens > pricing.budget:
-        return False
-    draft.merge_blocks(chosen, larger, time, tokens)
-    return True
-
-
 def _borrow_size(pricing: ItemPricing, seq: int, free_ranks: int, level: float):
     """The largest group (size, time, tokens) of at most ``free_ranks`` on which ``seq`` alone
     stays within ``level`` and the budget, or None."""
@@ -117,7 +102,7 @@ def _fill(draft: MicrobatchDraft, pricing: ItemPricing, index: int) -> None:
         raise ValueError(f"micro-batch {index} holds no sequence, so no rank of it can work "
                          "(fewer sequences than the micro-batch count needs)")
     while draft.free_ranks > 0:
-        if not (_grow_lowest(draft, pricing) or _merge_smallest(draft, pricing)):
+        if not (_grow_lowest(draft, pricing) or merge_smallest(draft, pricing, math.inf)):
             raise ValueError(f"micro-batch {index}: {draft.free_ranks} idle ranks cannot get "
                              f"work without a rank exceeding the budget {pricing.budget}")
 
