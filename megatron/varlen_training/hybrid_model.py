@@ -12,8 +12,7 @@ import dataclasses
 from megatron.core import parallel_state
 from megatron.core.transformer import TransformerConfig
 from megatron.varlen_training.model import build_model, build_transformer_config
-from megatron.varlen.mamba.model import VarlenMambaModel
-from megatron.varlen.mamba.spec import get_varlen_hybrid_stack_spec
+from megatron.varlen.mamba import VarlenMambaModel, get_varlen_hybrid_stack_spec
 
 
 def build_hybrid_config(args) -> TransformerConfig:

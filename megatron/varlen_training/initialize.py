@@ -13,8 +13,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.varlen_training.arguments import format_arguments
 from megatron.varlen_training.log import print_rank_0
-from megatron.varlen import cpu_device
-from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)

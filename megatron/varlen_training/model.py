@@ -12,12 +12,11 @@ from megatron.varlen_training.hf.importer import load_hf_weights
 from megatron.varlen_training.layout_invariant_init import initialize_layout_invariant
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.varlen_arguments import attention_backend, attention_backend_line
-from megatron.varlen.accelerator import use_bias_dropout_add_fusion
+from megatron.varlen.platform import get_device, use_bias_dropout_add_fusion, use_cpu
 from megatron.varlen_training.run_description import padded_vocab_size  # noqa: F401 (public here)
-from megatron.varlen.cpu_device import get_device, use_cpu
-from megatron.varlen.mtp import VarlenGPTModel
-from megatron.varlen.spec import get_varlen_decoder_block_spec, get_varlen_mtp_block_spec
-from megatron.varlen.spec_loading import load_layer_spec
+from megatron.varlen.model import (
+    VarlenGPTModel, get_varlen_decoder_block_spec, get_varlen_mtp_block_spec, load_layer_spec,
+)
 
 
 def params_dtype(args) -> torch.dtype:

@@ -14,8 +14,8 @@ from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.run_description import describe_run
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.varlen_training.training import gpt_model_provider, setup_model_and_optimizer, train
-from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
-from megatron.varlen.scheduling.groups import build_group_layout
+from megatron.varlen.platform import initialize_dynamic_cp_groups
+from megatron.varlen.scheduling import build_group_layout
 
 
 def create_dynamic_cp_groups(args):

@@ -31,8 +31,7 @@ from megatron.varlen_training.iteration_metrics import IterationMetrics, Metrics
 from megatron.varlen_training.loop_steps import eval_mode, final_save_due, periodic_save_due
 from megatron.varlen_training.model import build_model, build_transformer_config
 from megatron.varlen_training.nonfinite import check_finite
-from megatron.varlen import gloo_cuda
-from megatron.varlen.cpu_device import get_device
+from megatron.varlen.platform import get_device, gloo_cuda
 
 LOSS_KEY = "lm loss"
 

@@ -48,7 +48,7 @@ from megatron.varlen_training.training import (
     setup_model_and_optimizer,
     train_step,
 )
-from megatron.varlen.data_schedule import GlobalBatchPacker
+from megatron.varlen.packing import GlobalBatchPacker
 from megatron.wrap import batch as batching
 from megatron.wrap.metric_writers import ProgressBar
 from megatron.wrap import runtime

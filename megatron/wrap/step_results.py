@@ -18,7 +18,7 @@ from megatron.core import parallel_state
 from megatron.varlen_training.flops import num_floating_point_operations
 from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.varlen_training.training import LOSS_KEY
-from megatron.varlen.cpu_device import get_device
+from megatron.varlen.platform import get_device
 
 LOSS = "loss"
 

@@ -9,7 +9,7 @@ from megatron.varlen_training.arguments import parse_args
 from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
 from megatron.varlen_training.pretrain import pretrain
 from megatron.varlen_training.training import gpt_model_provider
-from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+from megatron.varlen.platform.dynamic_cp_groups import destroy_dynamic_cp_groups
 
 TINY_GPT_ARGS = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",

@@ -63,3 +63,80 @@ def test_the_import_scan_sees_each_import_form():
             "importlib.import_module('tests.x')\nfrom . import sibling\n")
     assert _imported_modules(ast.parse(code)) == ["tests.harness", "tools.scheduling",
                                                   "tests.x"]
+
+
+# megatron.varlen's public API: its subpackages' __init__ (issue 22). The training layer, the
+# facade and the entry points import from these, never from a module inside them.
+VARLEN_SUBPACKAGES = ("attention", "mamba", "model", "packing", "platform", "scheduling")
+VARLEN_CLIENTS = ("megatron/varlen_training", "megatron/wrap", "pretrain_gpt.py",
+                  "pretrain_mamba.py")
+
+
+def _varlen_import_problem(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[:2] != ["megatron", "varlen"]:
+        return None
+    if len(parts) != 3 or parts[2] not in VARLEN_SUBPACKAGES:
+        return f"{name} is not a megatron.varlen subpackage ({', '.join(VARLEN_SUBPACKAGES)})"
+    return None
+
+
+def test_varlen_is_imported_through_its_subpackages():
+    offenders = []
+    for client in VARLEN_CLIENTS:
+        root = REPO / client
+        paths = [root] if root.is_file() else sorted(root.rglob("*.py"))
+        for path in paths:
+            for name in _imported_modules(ast.parse(path.read_text())):
+                problem = _varlen_import_problem(name)
+                if problem:
+                    offenders.append(f"{path.relative_to(REPO)}: {problem}")
+    assert offenders == []
+
+
+def test_the_varlen_import_rule_can_fail():
+    assert _varlen_import_problem("megatron.varlen.packing") is None
+    assert _varlen_import_problem("megatron.varlen.packing.data_schedule")
+    assert _varlen_import_problem("megatron.varlen.cpu_device")
+    assert _varlen_import_problem("megatron.core.packed_seq_params") is None
+
+
+def _subpackage_graph() -> dict[str, set[str]]:
+    """Which megatron.varlen subpackage imports which, lazy (in-function) imports included."""
+    graph = {sub: set() for sub in VARLEN_SUBPACKAGES}
+    for sub in VARLEN_SUBPACKAGES:
+        for path in sorted((REPO / "megatron" / "varlen" / sub).rglob("*.py")):
+            for name in _imported_modules(ast.parse(path.read_text())):
+                parts = name.split(".")
+                if parts[:2] == ["megatron", "varlen"] and len(parts) > 2 and parts[2] != sub:
+                    graph[sub].add(parts[2])
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as a path, or None (depth-first search with colours)."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_varlen_subpackages_depend_one_way():
+    graph = _subpackage_graph()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+    assert graph["scheduling"] == set()  # pure: imports nothing of ours
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

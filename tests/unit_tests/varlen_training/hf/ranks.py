@@ -174,7 +174,7 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
         return {"records": torch.cat(records) if records else torch.zeros(0, 4),
                 "samples": samples, "max_cp": max(cp_sizes)}
     finally:
-        from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+        from megatron.varlen.platform.dynamic_cp_groups import destroy_dynamic_cp_groups
 
         destroy_dynamic_cp_groups()
         ps.destroy_model_parallel()
