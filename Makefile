@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCHRUN := .venv/bin/torchrun
 
-.PHONY: env demo test bench gpu-check
+.PHONY: env demo test bench upstream-patch gpu-check
 
 env:
 	@bash scripts/setup_env.sh
@@ -22,6 +22,11 @@ bench: env
 		$(if $(HARDWARE_PROFILE),--hardware-profile $(HARDWARE_PROFILE))
 	$(PY) tools/benchmark_training.py --out results/training
 	$(PY) tools/update_readme_tables.py
+
+# Our scheduler as a patch series for a Megatron-LM dev checkout, applied and tested in scratch
+# clones (README "Our scheduler in Megatron-LM"); the checkout itself is only read.
+upstream-patch: env
+	$(PY) tools/upstream_patch.py --megatron $(UPSTREAM_MEGATRON) --report results/upstream_patch
 
 # The GPU check (tools/gpu_check.py, README "GPU"): run on a GPU machine with its own CUDA torch
 # (no .venv; the megatron-core wheel in .whl/ is installed when missing). GPU_CHECK_ARGS passes

@@ -349,7 +349,7 @@ def use_device(device: str) -> None:
     """Makes ``--device`` binding in this process: CPU means CPU even where a GPU is visible
     (the CPU smoke runs on a GPU machine), so our training path never picks CUDA by itself."""
     if device == "cpu":
-        from megatron.varlen import cpu_device
+        from megatron.varlen.platform import cpu_device
 
         cpu_device.force_cpu()
         cpu_device.activate()

@@ -18,7 +18,7 @@ checks. The checks:
 * ``bias_dropout_add``: megatron-core's compiled bias-dropout-add gives the unfused numbers;
 * ``gloo``: which gloo collectives work on this device's tensors with 2 ranks on one GPU,
   among them torch's coalesced all-reduce (megatron-core's DDP) and our replacement for it
-  (megatron/varlen/gloo_cuda.py).
+  (megatron/varlen/platform/gloo_cuda.py).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _version(module: str) -> str:
 def check_env(device: str) -> str:
     import torch
 
-    from megatron.varlen.attention.varlen_kernel import torch_varlen_attn
+    from megatron.varlen.platform.accelerator import torch_varlen_attn
 
     kernel = torch_varlen_attn()
     facts = [f"torch {torch.__version__} (CUDA {torch.version.cuda})",
@@ -87,7 +87,7 @@ def check_kernel(device: str) -> str:
     from megatron.varlen.attention.attention_plan import build_attention_plan
     from megatron.varlen.attention.flash_attention import attend_planned
     from megatron.varlen.attention.varlen_kernel import emulated_varlen_attn
-    from megatron.varlen.cp_split import split_thd_for_cp
+    from megatron.varlen.packing.cp_split import split_thd_for_cp
 
     if device != "cuda":
         raise Skip("the real kernel runs on CUDA only (CPU tests use its twin)")
@@ -142,7 +142,7 @@ def check_sync_baseline(device: str) -> str:
 
 
 def check_bias_dropout_add(device: str) -> str:
-    from megatron.varlen.accelerator import bias_dropout_add_fusion_keeps_numbers
+    from megatron.varlen.platform.accelerator import bias_dropout_add_fusion_keeps_numbers
 
     if device != "cuda":
         raise Skip("the fusion is CUDA only")
@@ -154,7 +154,7 @@ def gloo_collectives(device: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from megatron.varlen import gloo_cuda
+    from megatron.varlen.platform import gloo_cuda
 
     rank = dist.get_rank()
     x = torch.full((4,), float(rank + 1), device=device)

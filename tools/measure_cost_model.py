@@ -131,8 +131,8 @@ def profile_document(shape: Shape, device_name: str, torch_version: str,
 def _pack_step(lengths: list[int], vocab: int, pad_id: int, device, seed: int):
     import torch
 
-    from megatron.varlen.data_schedule import StepBatches
-    from megatron.varlen.thd_microbatch import build_model_inputs, pack_sequences
+    from megatron.varlen.packing.data_schedule import StepBatches
+    from megatron.varlen.packing.thd_microbatch import build_model_inputs, pack_sequences
 
     gen = torch.Generator().manual_seed(seed)
     sequences = [{"tokens": torch.randint(0, vocab, (n,), generator=gen),

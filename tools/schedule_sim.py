@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from megatron.varlen.length_distributions import (
+from megatron.varlen.packing.length_distributions import (
     parse_length_config,
     read_lengths_file,
 )

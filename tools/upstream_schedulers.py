@@ -10,7 +10,9 @@ inputs, unmodified:
 * ``DefaultDynamicCPScheduler.get_groups_and_subsamples`` (megatron/core/datasets/
   data_schedule.py, with ``next_hdp_group_packing_aware`` from data_schedule_utils.py):
   upstream's ``default_dynamic_cp``;
-* ``DpBalancedScheduler.get_groups_and_subsamples`` (same file): upstream's ``dp_balanced``.
+* ``DpBalancedScheduler.get_groups_and_subsamples`` (same file): upstream's ``dp_balanced``;
+* ``LptDynamicCPScheduler.get_groups_and_subsamples`` (same file, in a checkout patched by
+  tools/upstream_patch.py): our scheduler as the series carries it, for the reproduction.
 
 Import handling (documented stubs, nothing else): the worker runs in its own process so that
 ``megatron`` means upstream's package there, not ours or the installed megatron-core. The two
@@ -50,6 +52,9 @@ PACKAGES = ("megatron", "megatron.core", "megatron.core.datasets", "megatron.cor
             "megatron.core.pipeline_parallel", "megatron.core.transformer")
 WORKER_TIMEOUT_S = 3600
 SCHEDULER_CLASSES = ("DefaultDynamicCPScheduler", "DpBalancedScheduler")
+# Job kind -> class of data_schedule.py ("lpt": only in a checkout the upstream patch patched).
+JOB_CLASSES = {"dynamic": "DefaultDynamicCPScheduler", "dp_balanced": "DpBalancedScheduler",
+               "lpt": "LptDynamicCPScheduler"}
 KNOWN_GOOD_COMMIT = "d48bd6be0a85"  # the dev commit results/scheduling/REPORT.md ran
 
 
@@ -82,8 +87,9 @@ def check_checkout(path: str) -> None:
 
 
 def run_upstream(path: str, jobs: list[dict]) -> list[dict]:
-    """Runs ``jobs`` in one worker process. A job: {"scheduler": "dynamic"|"dp_balanced",
-    "lengths", "dp_size", "cp_size", "budget", "repeats"}. Returns per job {"microbatches":
+    """Runs ``jobs`` in one worker process. A job: {"scheduler": "dynamic"|"dp_balanced"|"lpt",
+    "lengths", "dp_size", "cp_size", "budget", "repeats"} (and for "lpt" the cost model's
+    "cost" coefficients). Returns per job {"microbatches":
     [[[ids] per rank] per micro-batch], "ms": best wall ms} or {"error": message}."""
     check_checkout(path)
     result = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", path],
@@ -157,32 +163,37 @@ def _load(name: str, path: str) -> types.ModuleType:
     return module
 
 
-def _import_upstream(checkout: str) -> tuple[type, type]:
-    """(DefaultDynamicCPScheduler, DpBalancedScheduler) loaded from the checkout's files."""
+def _import_upstream(checkout: str) -> types.ModuleType:
+    """data_schedule.py loaded from the checkout's files (its scheduler classes)."""
     for name in PACKAGES:
         package = types.ModuleType(name)
         package.__path__ = []  # a package, but nothing is imported through it by path
         sys.modules[name] = package
+    # Subpackages of megatron/core/datasets (the patched tree's lpt_dynamic_cp) import from the
+    # checkout's files; its own __init__.py still does not run.
+    sys.modules["megatron.core.datasets"].__path__ = [os.path.dirname(
+        os.path.join(checkout, SCHEDULE_FILE))]
     for name in STUBBED_MODULES:
         sys.modules[name] = _placeholder_module(name)
     sys.modules["megatron.core"].parallel_state = sys.modules["megatron.core.parallel_state"]
     _load("megatron.core.datasets.data_schedule_utils", os.path.join(checkout, UTILS_FILE))
-    schedule = _load("megatron.core.datasets.data_schedule", os.path.join(checkout, SCHEDULE_FILE))
-    return schedule.DefaultDynamicCPScheduler, schedule.DpBalancedScheduler
+    return _load("megatron.core.datasets.data_schedule", os.path.join(checkout, SCHEDULE_FILE))
 
 
-def _run_job(job: dict, classes: tuple[type, type]) -> dict:
-    dynamic_class, static_class = classes
+def _run_job(job: dict, schedule: types.ModuleType) -> dict:
+    scheduler_class = getattr(schedule, JOB_CLASSES[job["scheduler"]])
     pairs = list(enumerate(job["lengths"]))
     num_ranks = job["dp_size"] * job["cp_size"]
     args = (job["budget"], job["cp_size"], job["dp_size"], None)
+    kwargs = {}
+    if job["scheduler"] != "dp_balanced":
+        kwargs["min_cp_size"] = job.get("min_cp_size", 1)
+    if job["scheduler"] == "lpt":
+        kwargs["cost_coefficients"] = job["cost"]
     best, microbatches = float("inf"), None
     for _ in range(job.get("repeats", 1)):
         start = time.perf_counter()
-        if job["scheduler"] == "dynamic":
-            scheduler = dynamic_class(*args, min_cp_size=job.get("min_cp_size", 1))
-        else:
-            scheduler = static_class(*args)
+        scheduler = scheduler_class(*args, **kwargs)
         groups = scheduler.get_groups_and_subsamples(list(pairs))
         best = min(best, 1000.0 * (time.perf_counter() - start))
         microbatches = [[[int(seq) for seq in ids] for ids in ranks]
@@ -194,11 +205,11 @@ def _worker(checkout: str) -> int:
     # No sys.path handling: every ``megatron.*`` name the two files import resolves through the
     # packages and stubs _import_upstream registers in sys.modules first, so neither our
     # package nor the installed megatron-core can stand in for upstream's.
-    classes = _import_upstream(checkout)
+    schedule = _import_upstream(checkout)
     out = []
     for job in json.load(sys.stdin):
         try:
-            out.append(_run_job(job, classes))
+            out.append(_run_job(job, schedule))
         except Exception as error:  # upstream's own asserts: report, do not stop the run
             out.append({"error": f"{type(error).__name__}: {error}"})
     json.dump(out, sys.stdout)

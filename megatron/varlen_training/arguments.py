@@ -22,7 +22,7 @@ from megatron.varlen_training import (
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
 from megatron.varlen_training.hf import arguments as hf_arguments
-from megatron.varlen.scheduling.problem import pad_multiple
+from megatron.varlen.scheduling import pad_multiple
 
 ERROR_EXIT_CODE = 2
 

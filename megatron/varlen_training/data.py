@@ -2,7 +2,7 @@
 
 Sample ``i`` of the dataset is read by index, so every rank that needs a micro-batch (all TP
 ranks and PP stages of one DP replica) reads the same samples deterministically. The packed
-path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.data_schedule`) returns the same
+path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.packing.data_schedule`) returns the same
 ``StepBatches``.
 """
 
@@ -15,11 +15,11 @@ import torch
 from megatron.core import parallel_state
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
-from megatron.varlen.attention.attention_plan import host_to_device
-from megatron.varlen.cp_split import split_sbhd_for_cp
-from megatron.varlen.cpu_device import get_device
-from megatron.varlen.data_schedule import GlobalBatchPacker, PackingConfig, StepBatches
-from megatron.varlen.scheduling.cost_model import CostModel
+from megatron.varlen.packing import (
+    GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
+)
+from megatron.varlen.platform import get_device
+from megatron.varlen.scheduling import CostModel
 
 _SEQ_DIM = 1  # batches are [b, s]
 

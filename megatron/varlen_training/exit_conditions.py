@@ -28,7 +28,7 @@ import torch
 
 from megatron.varlen_training.config import TrainingConfig
 from megatron.varlen_training.errors import UserInputError
-from megatron.varlen.cpu_device import get_device
+from megatron.varlen.platform import get_device
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SECONDS_PER_MINUTE = 60.0

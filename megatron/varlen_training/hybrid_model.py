@@ -16,8 +16,7 @@ from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
 from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
 from megatron.varlen_training.model import build_model, build_transformer_config
 from megatron.varlen_training.model_family import ModelFamily
-from megatron.varlen.mamba.model import VarlenMambaModel
-from megatron.varlen.mamba.spec import get_varlen_hybrid_stack_spec
+from megatron.varlen.mamba import VarlenMambaModel, get_varlen_hybrid_stack_spec
 
 
 def build_hybrid_config(run: RunConfig) -> TransformerConfig:

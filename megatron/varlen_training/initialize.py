@@ -14,8 +14,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.varlen_training.arguments import format_arguments
 from megatron.varlen_training.config import ParallelConfig, RunConfig
 from megatron.varlen_training.log import print_rank_0
-from megatron.varlen import cpu_device
-from megatron.varlen.dynamic_cp_groups import destroy_dynamic_cp_groups
+from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
@@ -71,7 +70,7 @@ def initialize_megatron(run: RunConfig) -> None:
     initialize_distributed(run.parallel.distributed_timeout_minutes)
     initialize_model_parallel(run.parallel)
     set_random_seeds(run.training.seed)
-    print_rank_0(format_arguments(run.flags))  # Megatron-LM's start-up dump, once
+    print_rank_0(format_arguments(run.flag_values))  # Megatron-LM's start-up dump, once
 
 
 def teardown_parallel_state() -> None:

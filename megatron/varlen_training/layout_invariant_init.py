@@ -20,7 +20,7 @@ import re
 import torch
 
 from megatron.core import parallel_state
-from megatron.varlen.mamba.init import mamba_parameter_shard
+from megatron.varlen.mamba import mamba_parameter_shard
 
 _LAYER_INDEX = re.compile(r"(^|\.)layers\.(\d+)\.")
 _SCALED_OUTPUT_PROJECTIONS = ("linear_proj.weight", "linear_fc2.weight")

@@ -12,13 +12,13 @@ from megatron.varlen_training.config import ModelConfig, RunConfig
 from megatron.varlen_training.layout_invariant_init import initialize_layout_invariant
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.varlen_arguments import precision_dtype
-from megatron.varlen.accelerator import (
-    describe_attention_backend, resolve_attention_backend, use_bias_dropout_add_fusion,
+from megatron.varlen.model import (
+    VarlenGPTModel, get_varlen_decoder_block_spec, get_varlen_mtp_block_spec, load_layer_spec,
 )
-from megatron.varlen.cpu_device import get_device, use_cpu
-from megatron.varlen.mtp import VarlenGPTModel
-from megatron.varlen.spec import get_varlen_decoder_block_spec, get_varlen_mtp_block_spec
-from megatron.varlen.spec_loading import load_layer_spec
+from megatron.varlen.platform import (
+    describe_attention_backend, get_device, resolve_attention_backend, use_bias_dropout_add_fusion,
+    use_cpu,
+)
 
 
 def params_dtype(model: ModelConfig) -> torch.dtype:

@@ -17,7 +17,7 @@ import math
 import torch
 
 from megatron.varlen_training.errors import NonFiniteLossError
-from megatron.varlen.cpu_device import get_device
+from megatron.varlen.platform import get_device
 
 _LOSS, _GRAD = 0, 1
 

@@ -34,9 +34,9 @@ from megatron.varlen_training.loop_steps import periodic_save_due
 from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
-from megatron.varlen.data_schedule import GlobalBatchPacker, StepBatches
-from megatron.varlen.dynamic_cp_groups import initialize_dynamic_cp_groups
-from megatron.varlen.scheduling.groups import build_group_layout
+from megatron.varlen.packing import GlobalBatchPacker, StepBatches
+from megatron.varlen.platform import initialize_dynamic_cp_groups
+from megatron.varlen.scheduling import build_group_layout
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _last_rank_writers(run: RunConfig, console: bool) -> list:
         if not log.is_last_rank():
             return []
         try:
-            return build_metric_writers(run.logging, run.training.train_iters, run.flags,
+            return build_metric_writers(run.logging, run.training.train_iters, run.flag_values,
                                         console=console)
         except ImportError as err:  # start-up checked the packages; a broken install is left
             raise UserInputError(f"a metric writer cannot start: {err}") from err

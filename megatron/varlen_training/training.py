@@ -29,8 +29,7 @@ from megatron.varlen_training.grad_finalize import finalize_model_grads_on_devic
 from megatron.varlen_training.loop_steps import eval_mode
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
-from megatron.varlen import gloo_cuda
-from megatron.varlen.cpu_device import get_device
+from megatron.varlen.platform import get_device, gloo_cuda
 
 LOSS_KEY = "lm loss"
 

@@ -12,15 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from megatron.varlen_training.log import warning_rank_0
-from megatron.varlen.length_distributions import parse_length_config
-from megatron.varlen.accelerator import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
-from megatron.varlen.scheduling.cost_model import PROFILES, resolve_hardware_profile
-from megatron.varlen.scheduling.groups import build_group_layout
-from megatron.varlen.scheduling.problem import pad_multiple, padded_length
-from megatron.varlen.scheduling.registry import (
-    DP_BALANCED, DYNAMIC_CP, canonical_name, scheduler_help, scheduler_names,
+from megatron.varlen.packing import parse_length_config
+from megatron.varlen.platform import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
+from megatron.varlen.scheduling import (
+    DP_BALANCED, DYNAMIC_CP, PROFILES, build_group_layout, canonical_name, pad_multiple,
+    padded_length, resolve_hardware_profile, scheduler_help, scheduler_names,
 )
-from megatron.varlen.spec_loading import check_takes_thd, load_layer_spec
+from megatron.varlen.model import check_takes_thd, load_layer_spec
 
 
 DEFAULT_PROFILE = "h100_nvlink"
@@ -51,7 +49,7 @@ def add_varlen_args(parser) -> None:
                             f"measured on your GPU by tools/measure_cost_model.py.")
     group.add_argument("--spec", nargs=2, default=None, metavar=("MODULE", "FUNCTION"),
                        help="Layer spec function to build the decoder with (Megatron's flag); "
-                            "default megatron.varlen.spec get_varlen_gpt_layer_spec.")
+                            "default megatron.varlen.model.spec get_varlen_gpt_layer_spec.")
     group.add_argument("--attention-backend", default=AUTO, choices=ATTENTION_BACKENDS,
                        help="Core attention (Megatron-LM's flag): local = plain-torch reference; "
                             "flash = torch's FlashAttention varlen kernel (CUDA, bf16/fp16, no "
@@ -239,7 +237,7 @@ def longest_position_run(seq_length: int, cp_sizes: list[int], sp_factor: int,
     filler that tops a pack up."""
     # Imported here: it loads megatron.core, whose import-time warnings a parser must not print
     # before the entry point silences them (a flag error is one line).
-    from megatron.varlen.thd_microbatch import DUMMY_SEQUENCE_TOKENS
+    from megatron.varlen.packing import DUMMY_SEQUENCE_TOKENS
 
     idle = fixed_tokens_per_rank or DUMMY_SEQUENCE_TOKENS * sp_factor
     runs = [*_sample_runs(seq_length, cp_sizes, sp_factor),

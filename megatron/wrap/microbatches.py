@@ -15,7 +15,7 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.varlen_training.data import replica_block
-from megatron.varlen.data_schedule import StepBatches
+from megatron.varlen.packing import StepBatches
 from megatron.wrap.flows.base import PER_SAMPLE
 
 

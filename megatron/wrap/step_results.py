@@ -17,7 +17,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.varlen_training.trainer import StepReport
 from megatron.varlen_training.training import LOSS_KEY
-from megatron.varlen.cpu_device import get_device
+from megatron.varlen.platform import get_device
 
 LOSS = "loss"
 

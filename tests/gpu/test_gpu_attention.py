@@ -15,8 +15,8 @@ import torch
 from megatron.varlen.attention import LOCAL_ONLY_CP_GROUP, varlen_attention
 from megatron.varlen.attention.attention_plan import build_attention_plan
 from megatron.varlen.attention.flash_attention import attend_planned
-from megatron.varlen.attention.varlen_kernel import torch_varlen_attn
-from megatron.varlen.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
+from megatron.varlen.platform.accelerator import torch_varlen_attn
+from megatron.varlen.packing.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch_varlen_attn() is None,

@@ -58,7 +58,7 @@ CPU, CUDA = "cpu", "cuda"
 # Ranks exchange tensors over gloo on either device: NCCL needs one GPU per rank. gloo carries
 # CUDA tensors for single collectives (all-reduce, all-gather, broadcast) but not for the
 # coalesced ones megatron-core's DDP issues, so CUDA ranks over gloo reduce gradients one bucket
-# at a time (megatron/varlen/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP here).
+# at a time (megatron/varlen/platform/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP here).
 RANK_BACKEND = "gloo"
 _HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
 
@@ -104,7 +104,7 @@ def prepare_rank_device(device: str, rank: int) -> str:
     """
     import torch
 
-    from megatron.varlen import cpu_device
+    from megatron.varlen.platform import cpu_device
 
     if device == CPU:
         os.environ.update(_HIDE_GPUS)

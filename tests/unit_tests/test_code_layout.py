@@ -66,6 +66,83 @@ def test_the_import_scan_sees_each_import_form():
                                                   "tests.x"]
 
 
+# megatron.varlen's public API: its subpackages' __init__ (issue 22). The training layer, the
+# facade and the entry points import from these, never from a module inside them.
+VARLEN_SUBPACKAGES = ("attention", "mamba", "model", "packing", "platform", "scheduling")
+VARLEN_CLIENTS = ("megatron/varlen_training", "megatron/wrap", "pretrain_gpt.py",
+                  "pretrain_mamba.py")
+
+
+def _varlen_import_problem(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[:2] != ["megatron", "varlen"]:
+        return None
+    if len(parts) != 3 or parts[2] not in VARLEN_SUBPACKAGES:
+        return f"{name} is not a megatron.varlen subpackage ({', '.join(VARLEN_SUBPACKAGES)})"
+    return None
+
+
+def test_varlen_is_imported_through_its_subpackages():
+    offenders = []
+    for client in VARLEN_CLIENTS:
+        root = REPO / client
+        paths = [root] if root.is_file() else sorted(root.rglob("*.py"))
+        for path in paths:
+            for name in _imported_modules(ast.parse(path.read_text())):
+                problem = _varlen_import_problem(name)
+                if problem:
+                    offenders.append(f"{path.relative_to(REPO)}: {problem}")
+    assert offenders == []
+
+
+def test_the_varlen_import_rule_can_fail():
+    assert _varlen_import_problem("megatron.varlen.packing") is None
+    assert _varlen_import_problem("megatron.varlen.packing.data_schedule")
+    assert _varlen_import_problem("megatron.varlen.cpu_device")
+    assert _varlen_import_problem("megatron.core.packed_seq_params") is None
+
+
+def _subpackage_graph() -> dict[str, set[str]]:
+    """Which megatron.varlen subpackage imports which, lazy (in-function) imports included."""
+    graph = {sub: set() for sub in VARLEN_SUBPACKAGES}
+    for sub in VARLEN_SUBPACKAGES:
+        for path in sorted((REPO / "megatron" / "varlen" / sub).rglob("*.py")):
+            for name in _imported_modules(ast.parse(path.read_text())):
+                parts = name.split(".")
+                if parts[:2] == ["megatron", "varlen"] and len(parts) > 2 and parts[2] != sub:
+                    graph[sub].add(parts[2])
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as a path, or None (depth-first search with colours)."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_varlen_subpackages_depend_one_way():
+    graph = _subpackage_graph()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+    assert graph["scheduling"] == set()  # pure: imports nothing of ours
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
 # --- import cycles --------------------------------------------------------------------------
 
 
@@ -82,11 +159,15 @@ def _library_modules() -> dict[str, Path]:
 
 def _imports_of(name: str, path: Path, known) -> set[str]:
     """The library modules ``name`` imports anywhere in its file: ``from pkg import sub`` names
-    the submodule when there is one, else the package; relative imports are resolved."""
+    the submodule when there is one, else the package; relative imports are resolved. A package
+    ``__init__`` that exports names lazily (lazy_exports.py) imports every module it names."""
     found = set()
-    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    is_package = path.name == "__init__.py"
+    package = name.split(".") if is_package else name.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
+        if is_package and isinstance(node, ast.Constant) and node.value in known:
+            found.add(node.value)  # a lazily exported module
+        elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
@@ -97,44 +178,20 @@ def _imports_of(name: str, path: Path, known) -> set[str]:
     return {module for module in found if module in known and module != name}
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan's algorithm)."""
-    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
-
-    def visit(module: str) -> None:
-        index[module] = low[module] = len(index)
-        stack.append(module)
-        on_stack.add(module)
-        for target in sorted(graph[module]):
-            if target not in index:
-                visit(target)
-                low[module] = min(low[module], low[target])
-            elif target in on_stack:
-                low[module] = min(low[module], index[target])
-        if low[module] == index[module]:
-            component = []
-            while not component or component[-1] != module:
-                component.append(stack.pop())
-                on_stack.discard(component[-1])
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for module in sorted(graph):
-        if module not in index:
-            visit(module)
-    return cycles
-
-
 def test_no_import_cycle_in_the_library():
     known = _library_modules()
     graph = {name: _imports_of(name, path, known) for name, path in known.items()}
     assert graph["megatron.varlen_training.training"], "the scan found the loop's imports"
-    assert _cycles(graph) == []
+    assert "megatron.varlen.packing.data_schedule" in graph["megatron.varlen.packing"]
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
 
 
-def test_the_cycle_scan_sees_a_lazy_cycle(tmp_path):
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+def test_the_module_scan_sees_lazy_imports_and_lazy_exports(tmp_path):
     module = tmp_path / "x.py"
     module.write_text("def f():\n    from megatron.varlen_training import flops\n")
     known = {"megatron.varlen_training", "megatron.varlen_training.flops"}
     assert _imports_of("x", module, known) == {"megatron.varlen_training.flops"}
+    package = tmp_path / "__init__.py"
+    package.write_text('_EXPORTS = {"flops": "megatron.varlen_training.flops"}\n')
+    assert _imports_of("p", package, known) == {"megatron.varlen_training.flops"}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron.varlen.length_distributions import parse_length_config
+from megatron.varlen.packing.length_distributions import parse_length_config
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
 from megatron.varlen.scheduling.problem import ScheduleProblem

@@ -5,7 +5,7 @@ padded, both of the WHOLE pack) and the CP size and rank, it lays out ONE variab
 kernel call (:mod:`megatron.varlen.attention.varlen_kernel`) that computes exactly what the
 reference attention computes:
 
-* The zigzag layout (:mod:`megatron.varlen.cp_split`): every padded sequence of length P is cut
+* The zigzag layout (:mod:`megatron.varlen.packing.cp_split`): every padded sequence of length P is cut
   into 2c chunks of ``P/2c`` tokens; CP rank r holds chunks r and 2c-1-r, in that order.
 * A query chunk covering positions [a, b) of its sequence (real length L) becomes one kernel
   segment: its REAL rows [a, e), e = min(b, L), against the key PREFIX [0, e) of the same
@@ -27,13 +27,13 @@ Shape legend:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from megatron.varlen.cp_split import CHUNKS_PER_RANK
+from megatron.varlen.packing.cp_split import CHUNKS_PER_RANK
+from megatron.varlen.packing.packed_seq import host_boundaries, host_to_device
 
 
 @dataclass(frozen=True)
@@ -61,15 +61,6 @@ class AttentionPlan:
             key_index=move(self.key_index), cu_seq_q=move(self.cu_seq_q),
             cu_seq_k=move(self.cu_seq_k), max_q=self.max_q, max_k=self.max_k,
             num_segments=self.num_segments)
-
-
-def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` (host) on ``device`` without making the host wait for the device."""
-    if tensor.device == device:
-        return tensor
-    if device.type == "cuda":  # pinned source: a truly asynchronous host->device copy
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def _ranges(starts: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
@@ -189,91 +180,16 @@ def _is_identity(index: torch.Tensor, size: int) -> bool:
     return index.numel() == size and bool(torch.equal(index, torch.arange(size)))
 
 
-# --- the plan's home: host boundaries attached to a micro-batch's PackedSeqParams -------------
-
-# Attribute set on a PackedSeqParams instance (megatron-core's dataclass is not frozen): copies
-# made with copy.copy share it (dataclasses.replace does NOT carry it: such a copy is read back
-# once by host_boundaries), so every layer finds the same plans.
-HOST_BOUNDARIES_ATTR = "varlen_host_boundaries"
-_ATTENTION_PLAN = "attention-plan"  # kind of a cached entry (see HostBoundaries.cached)
+_ATTENTION_PLAN = "attention-plan"  # kind of the micro-batch cache's entry
 
 
-@dataclass
-class HostBoundaries:
-    """Host copies of a micro-batch's boundaries and what the layers derive from them: the
-    attention plans, Mamba's CP permutations, ... (per CP size/rank, device, ...), each built
-    on first use in the micro-batch and then reused by every layer."""
-
-    cu_seqlens: torch.Tensor         # [n+1] int32, CPU
-    cu_seqlens_padded: torch.Tensor  # [n+1] int32, CPU
-    plans: dict
-    host_view: object = None  # the PackedSeqParams copy with host boundaries (see below)
-
-    def cached(self, key: tuple, build: Callable[[], Any]) -> Any:
-        """``build()`` for ``key`` (whose first entry names the kind), built once per
-        micro-batch. ``build`` must read only host values (these boundaries)."""
-        if key not in self.plans:
-            self.plans[key] = build()
-        return self.plans[key]
-
-    def plan(self, cp_size: int, cp_rank: int, causal: bool,
-             device: torch.device) -> AttentionPlan:
-        """The plan for one CP place and device, built on first use and then reused."""
-        return self.cached(
-            (_ATTENTION_PLAN, cp_size, cp_rank, causal, str(device)),
-            lambda: build_attention_plan(self.cu_seqlens.tolist(),
-                                         self.cu_seqlens_padded.tolist(), cp_size, cp_rank,
-                                         causal).to(device))
-
-
-def attach_host_boundaries(params, cu_seqlens: torch.Tensor,
-                           cu_seqlens_padded: torch.Tensor) -> HostBoundaries:
-    """Gives ``params`` (a PackedSeqParams) host copies of its boundaries; returns them.
-
-    The data path calls this where the boundaries are still on the host (the schedule made
-    them), so that no layer has to read them back from the device.
-    """
-    host = HostBoundaries(_on_host(cu_seqlens), _on_host(cu_seqlens_padded), plans={})
-    setattr(params, HOST_BOUNDARIES_ATTR, host)
-    return host
-
-
-def _on_host(cu: torch.Tensor) -> torch.Tensor:
-    """``cu`` as a host int32 tensor (itself when it already is one: no copy)."""
-    if cu.device.type == "cpu" and cu.dtype == torch.int32 and not cu.requires_grad:
-        return cu
-    return cu.detach().to("cpu", torch.int32)
-
-
-def host_boundaries(params) -> HostBoundaries:
-    """``params``' host boundaries; when the caller attached none, read them back ONCE (one
-    device->host copy per micro-batch, not per layer) and attach them."""
-    host = getattr(params, HOST_BOUNDARIES_ATTR, None)
-    if host is None:
-        padded = params.cu_seqlens_q_padded
-        host = attach_host_boundaries(
-            params, params.cu_seqlens_q, params.cu_seqlens_q if padded is None else padded)
-    return host
-
-
-def with_host_boundaries(params):
-    """A copy of ``params`` whose ``cu_seqlens*`` fields are the attached host copies (the same
-    copy for every layer), or ``params`` itself when none are attached.
-
-    megatron-core's THD RoPE reads the boundaries with ``.tolist()`` in every layer; handed host
-    tensors, that is no device->host copy. Only for our plain-torch core attentions: TE's needs
-    the device tensors.
-    """
-    host = getattr(params, HOST_BOUNDARIES_ATTR, None)
-    if host is None:
-        return params
-    if host.host_view is None:
-        host.host_view = dataclasses.replace(
-            params, cu_seqlens_q=host.cu_seqlens, cu_seqlens_kv=host.cu_seqlens,
-            cu_seqlens_q_padded=host.cu_seqlens_padded,
-            cu_seqlens_kv_padded=host.cu_seqlens_padded)
-        setattr(host.host_view, HOST_BOUNDARIES_ATTR, host)
-    view = host.host_view
-    # The CP group travels with the micro-batch and may be changed by the caller afterwards.
-    view.cp_group, view.local_cp_size = params.cp_group, params.local_cp_size
-    return view
+def attention_plan(params, cp_size: int, cp_rank: int, causal: bool,
+                   device: torch.device) -> AttentionPlan:
+    """The plan of ``params``' micro-batch for one CP place and device: built from its host
+    boundaries on first use, then reused by every layer (the micro-batch cache,
+    :class:`~megatron.varlen.packing.packed_seq.MicroBatchCache`)."""
+    host = host_boundaries(params)
+    return host.cache.get(
+        (_ATTENTION_PLAN, cp_size, cp_rank, causal, str(device)),
+        lambda: build_attention_plan(host.cu_seqlens.tolist(), host.cu_seqlens_padded.tolist(),
+                                     cp_size, cp_rank, causal).to(device))

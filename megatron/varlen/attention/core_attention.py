@@ -3,7 +3,7 @@
 Used as the ``core_attention`` of megatron-core's ``SelfAttention`` on CPU (and anywhere
 Transformer Engine is absent). Causal (or full) attention, GQA, padding slots masked, no
 attention across packed sequences, and CP: each rank holds, per sequence, chunks r and
-2cp-1-r of the padded sequence (see :mod:`megatron.varlen.cp_split`); K and V are all-gathered
+2cp-1-r of the padded sequence (see :mod:`megatron.varlen.packing.cp_split`); K and V are all-gathered
 over the CP group with a differentiable collective and local queries attend at their GLOBAL
 positions. A reference implementation: it materialises one [heads, sq, sk] score matrix per
 sequence, which is fine for tests and CPU runs, not for long-context GPU training (use TE there).
@@ -35,12 +35,12 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.varlen.attention.attention_plan import (
-    HOST_BOUNDARIES_ATTR, attach_host_boundaries, host_boundaries, host_to_device,
-)
 from megatron.varlen.attention.collectives import all_gather_dim0
 from megatron.varlen.attention.cp_group import resolve_cp_group
-from megatron.varlen.cp_split import get_thd_partition_indices, get_thd_restore_order
+from megatron.varlen.packing.cp_split import get_thd_partition_indices, get_thd_restore_order
+from megatron.varlen.packing.packed_seq import (
+    HostBoundaries, MicroBatchCache, has_host_boundaries, host_boundaries, host_to_device, on_host,
+)
 
 # Self-attention has sq == sk per sequence, so bottom-right causal is plain causal.
 CAUSAL_MASK_TYPES = (
@@ -50,7 +50,7 @@ FULL_MASK_TYPES = (AttnMaskType.no_mask, AttnMaskType.padding)
 THD_FORMAT = "thd"
 SBHD_FORMAT = "sbhd"
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-_LOCAL_LAYOUT = "local-attention-layout"  # kind of the entry cached on HostBoundaries
+_LOCAL_LAYOUT = "local-attention-layout"  # kind of the micro-batch cache's entry
 # Distinct SBHD shapes whose layouts are kept (a run has one or two).
 _SBHD_LAYOUT_CACHE_SIZE = 16
 
@@ -110,7 +110,7 @@ def build_local_layout(cu_seqlens_padded: torch.Tensor, cu_seqlens: torch.Tensor
     :func:`varlen_attention` for the arguments); index tensors moved to ``device``.
 
     Raises:
-        ValueError: malformed boundaries (from :mod:`megatron.varlen.cp_split`).
+        ValueError: malformed boundaries (from :mod:`megatron.varlen.packing.cp_split`).
     """
     cu_padded, cu_real = cu_seqlens_padded.long(), cu_seqlens.long()
     q_index = get_thd_partition_indices(cu_padded, cp_size, cp_rank)
@@ -219,18 +219,20 @@ def _check_host_boundaries(cu_padded: torch.Tensor, cu_real: torch.Tensor) -> No
 def thd_layout(params: PackedSeqParams, cp_size: int, cp_rank: int,
                device: torch.device) -> LocalLayout:
     """The micro-batch's layout for one CP place, built once per micro-batch from the host
-    boundaries the data path attached (read back once, and checked, when it attached none)."""
-    if getattr(params, HOST_BOUNDARIES_ATTR, None) is None:
+    boundaries the data path made (read back, and checked, when params carry none: then per
+    call, as nothing can be cached on a plain ``PackedSeqParams``)."""
+    if has_host_boundaries(params):
+        host = host_boundaries(params)
+    else:
         cu_padded, cu_real = _thd_boundaries(params)
-        attach_host_boundaries(params, cu_real, cu_padded)
-    host = host_boundaries(params)
+        host = HostBoundaries(on_host(cu_real), on_host(cu_padded), MicroBatchCache())
 
     def build() -> LocalLayout:
         _check_host_boundaries(host.cu_seqlens_padded, host.cu_seqlens)
         return build_local_layout(host.cu_seqlens_padded, host.cu_seqlens, cp_size, cp_rank,
                                   device)
 
-    return host.cached((_LOCAL_LAYOUT, cp_size, cp_rank, str(device)), build)
+    return host.cache.get((_LOCAL_LAYOUT, cp_size, cp_rank, str(device)), build)
 
 
 @functools.lru_cache(maxsize=_SBHD_LAYOUT_CACHE_SIZE)

@@ -26,9 +26,9 @@ from typing import Any
 
 from megatron.core.transformer.attention import SelfAttention
 
-from megatron.varlen.attention.attention_plan import with_host_boundaries
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_group import carries_cp_group, resolve_cp_group, use_cp_group
+from megatron.varlen.packing.packed_seq import with_host_boundaries
 
 _PACKED_SEQ_PARAMS = "packed_seq_params"
 _FORWARD_SIGNATURE = inspect.signature(SelfAttention.forward)

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from megatron.varlen.attention.attention_plan import (
-    AttentionPlan, build_attention_plan, host_boundaries,
+    AttentionPlan, attention_plan, build_attention_plan,
 )
 from megatron.varlen.attention.collectives import all_gather_dim0
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
@@ -115,8 +115,7 @@ class FlashVarlenCoreAttention(VarlenCoreAttention):
         has_batch_dim = query.dim() == 4  # [T_r, 1, N, D] instead of [T_r, N, D]
         if has_batch_dim:
             query, key, value = (x.squeeze(1) for x in (query, key, value))
-        plan = host_boundaries(params).plan(cp_group.size(), cp_group.rank(), causal,
-                                            query.device)
+        plan = attention_plan(params, cp_group.size(), cp_group.rank(), causal, query.device)
         out_TrND = flash_varlen_attention(query, key, value, plan, cp_group,
                                           self.softmax_scale, self.kernel)
         out = out_TrND.reshape(out_TrND.size(0), -1)

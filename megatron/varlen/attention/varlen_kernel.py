@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
+from megatron.varlen.platform.accelerator import torch_varlen_attn
+
 # varlen_attn's window for causal attention (left unbounded, no keys to the right).
 CAUSAL_WINDOW = (-1, 0)
 FULL_WINDOW = (-1, -1)
@@ -29,15 +31,6 @@ _GQA_KWARG = "enable_gqa"
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 VarlenKernel = Callable[..., torch.Tensor]
-
-
-def torch_varlen_attn() -> Optional[VarlenKernel]:
-    """torch's ``varlen_attn`` if this torch has it (it runs on CUDA only), else None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
 
 
 def emulated_varlen_attn(

@@ -1,14 +1,14 @@
 """Mamba's per-micro-batch index tensors, built on the host once and reused by every layer.
 
 A Mamba layer under CP needs two permutations of the gathered sequence dim (rank-ordered CP
-shards <-> token order, :mod:`megatron.varlen.cp_split`'s zigzag rule) and, for a packed
+shards <-> token order, :mod:`megatron.varlen.packing.cp_split`'s zigzag rule) and, for a packed
 micro-batch, megatron-core's per-token sequence index ``seq_idx`` (which stops the convolution
 and the scan at sequence boundaries). All three follow from the pack's padded boundaries alone.
 
 Computed on the device from the device boundaries (megatron-core's way), every Mamba layer would
 read the boundaries back to the host (``nonzero``/``repeat_interleave`` sizes, ``int(cu[-1])``):
 a device synchronisation per layer. Here they are computed from the host copies the data path
-attaches to ``PackedSeqParams`` (:func:`~megatron.varlen.attention.attention_plan.host_boundaries`),
+attaches to ``PackedSeqParams`` (:func:`~megatron.varlen.packing.packed_seq.host_boundaries`),
 cached on that per-micro-batch object and moved to the device with an asynchronous copy: the
 forward and backward read nothing back. An SBHD micro-batch (one sequence per batch row) needs
 only the permutations, which depend on its shape alone and are cached per shape.
@@ -23,10 +23,10 @@ from typing import Optional
 import torch
 
 from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.varlen.attention.attention_plan import host_boundaries, host_to_device
-from megatron.varlen.cp_split import get_thd_rank_order
+from megatron.varlen.packing.packed_seq import host_boundaries, host_to_device
+from megatron.varlen.packing.cp_split import get_thd_rank_order
 
-_CP_REORDER = "mamba-cp-reorder"  # kinds of the entries cached on HostBoundaries
+_CP_REORDER = "mamba-cp-reorder"  # kinds of the micro-batch cache's entries
 _SEQ_IDX = "mamba-seq-idx"
 # Distinct SBHD shapes whose permutations are kept (a run has one or two).
 _SBHD_CACHE_SIZE = 16
@@ -66,8 +66,8 @@ def cp_reorder(packed_seq_params: Optional[PackedSeqParams], cp_size: int, total
     if packed_seq_params is None:
         return _sbhd_reorder(total_tokens, cp_size, str(device))
     host = host_boundaries(packed_seq_params)
-    reorder = host.cached((_CP_REORDER, cp_size, str(device)),
-                          lambda: _build_reorder(host.cu_seqlens_padded, cp_size, device))
+    reorder = host.cache.get((_CP_REORDER, cp_size, str(device)),
+                             lambda: _build_reorder(host.cu_seqlens_padded, cp_size, device))
     if reorder.total_tokens != total_tokens:
         raise ValueError(f"the CP-gathered sequence has {total_tokens} tokens but "
                          f"cu_seqlens_q_padded ends at {reorder.total_tokens}")
@@ -94,5 +94,5 @@ def packed_seq_idx(packed_seq_params: PackedSeqParams, total_tokens: int) -> tor
     padded = packed_seq_params.cu_seqlens_q_padded
     device = (packed_seq_params.cu_seqlens_q if padded is None else padded).device
     host = host_boundaries(packed_seq_params)
-    return host.cached((_SEQ_IDX, total_tokens, str(device)),
-                       lambda: _build_seq_idx(host.cu_seqlens_padded, total_tokens, device))
+    return host.cache.get((_SEQ_IDX, total_tokens, str(device)),
+                          lambda: _build_seq_idx(host.cu_seqlens_padded, total_tokens, device))

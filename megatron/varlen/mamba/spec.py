@@ -30,8 +30,8 @@ from megatron.core.ssm.mamba_block import MambaStack, MambaStackSubmodules  # no
 from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules  # noqa: E402
 from megatron.core.ssm.mlp_layer import MLPLayer  # noqa: E402
 from megatron.varlen.mamba.mixer import MambaMixerSubmodules, VarlenMambaMixer  # noqa: E402
-from megatron.varlen.norms import VarlenNorm  # noqa: E402
-from megatron.varlen.spec import get_varlen_gpt_layer_spec  # noqa: E402
+from megatron.varlen.model.norms import VarlenNorm  # noqa: E402
+from megatron.varlen.model.spec import get_varlen_gpt_layer_spec  # noqa: E402
 
 
 class VarlenMambaStack(MambaStack):

@@ -50,9 +50,9 @@ def _grow_blocks(draft: MicrobatchDraft, pricing: ItemPricing) -> None:
             refused_max = max(refused_max, -negative_time)
 
 
-def _try_merge(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
+def merge_smallest(draft: MicrobatchDraft, pricing: ItemPricing, cap: float | None = None) -> bool:
     """Merges the least-loaded smallest blocks with the free ranks into one block of the next
-    size, if it stays within the level and budget."""
+    size, if it stays within ``cap`` (default: the level) and the budget."""
     smallest = min(draft.sizes)
     larger = pricing.next_size(smallest)
     if larger is None:
@@ -66,7 +66,7 @@ def _try_merge(draft: MicrobatchDraft, pricing: ItemPricing) -> bool:
     chosen = {index for _, index in candidates[:needed]}
     time, tokens = price_bag([seq for index in sorted(chosen) for seq in draft.members[index]],
                              larger, pricing)
-    if tokens > pricing.budget or time > draft.level:
+    if tokens > pricing.budget or time > (draft.level if cap is None else cap):
         return False
     draft.merge_blocks(chosen, larger, time, tokens)
     return True
@@ -76,5 +76,5 @@ def cover_free_ranks(draft: MicrobatchDraft, pricing: ItemPricing) -> None:
     """Gives free ranks of ``draft`` work where that does not slow it (module docstring)."""
     while draft.free_ranks > 0 and draft.sizes:
         _grow_blocks(draft, pricing)
-        if draft.free_ranks == 0 or not _try_merge(draft, pricing):
+        if draft.free_ranks == 0 or not merge_smallest(draft, pricing):
             return

@@ -8,8 +8,6 @@ derived value by now; the builders copy, and each component checks its own range
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 from megatron.varlen_training.arguments import exit_on_flag_errors, parse_args
 from megatron.varlen_training.config.checkpoint import CheckpointConfig
 from megatron.varlen_training.config.data import DataConfig
@@ -33,9 +31,8 @@ def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
 
 
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
-    fields = [name for name in ModelConfig.__dataclass_fields__ if name not in ("spec", "hybrid")]
     spec = tuple(args.spec) if args.spec is not None else None
-    model = ModelConfig(**{name: getattr(args, name) for name in fields}, spec=spec,
+    model = ModelConfig(**_values(args, ModelConfig, not_flags=("spec", "hybrid")), spec=spec,
                         hybrid=hybrid)
     if args.save_hf:  # fail at start-up, not after training, if the model has no HF form
         try:
@@ -68,7 +65,7 @@ def run_config(args, hybrid: HybridConfig | None = None) -> RunConfig:
         logging=LoggingConfig(**_values(args, LoggingConfig, not_flags=("wandb_mode",))),
         data=data_config(args),
         training=TrainingConfig(**_values(args, TrainingConfig)),
-        flags=MappingProxyType(dict(vars(args))),
+        flags=tuple(vars(args).items()),
     )
 
 

@@ -9,7 +9,6 @@ later, the tokenizer's vocabulary size, gives a new RunConfig (:meth:`with_vocab
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +28,10 @@ class RunConfig:
     """The run, component by component.
 
     Attributes:
-        flags: The validated flag values it was built from (argparse dest -> value, read-only),
-            for what reports them as given: Megatron-LM's arguments dump at start-up and the
-            wandb run's config. Code reads the typed components, never these.
+        flags: The validated flag values it was built from, ``(argparse dest, value)`` pairs
+            (immutable, picklable), for what reports them as given: Megatron-LM's arguments
+            dump at start-up and the wandb run's config (:attr:`flag_values`). Code reads the
+            typed components, never these.
     """
 
     model: ModelConfig
@@ -42,8 +42,13 @@ class RunConfig:
     logging: LoggingConfig
     data: DataConfig
     training: TrainingConfig
-    flags: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False,
-                                                 repr=False)
+    flags: tuple[tuple[str, Any], ...] = dataclasses.field(default=(), compare=False,
+                                                            repr=False)
+
+    @property
+    def flag_values(self) -> dict[str, Any]:
+        """:attr:`flags` as a dict (a copy)."""
+        return dict(self.flags)
 
     def with_vocabulary(self, tokenizer_vocab_size: int) -> RunConfig:
         """The run once its tokenizer is known: ``--vocab-size`` wins over the tokenizer's

@@ -2,7 +2,7 @@
 
 Every dataset returns samples in the format documented in :mod:`.sample`;
 :func:`build_datasets` picks the datasets from the command line. The mock SFT dataset's length
-distributions live below the scheduler, in :mod:`megatron.varlen.length_distributions`.
+distributions live below the scheduler, in :mod:`megatron.varlen.packing.length_distributions`.
 """
 
 from megatron.varlen_training.datasets.builder import EpochDataset, build_datasets

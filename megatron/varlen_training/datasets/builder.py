@@ -19,7 +19,7 @@ import operator
 import numpy as np
 import torch
 
-from megatron.varlen.length_distributions import parse_length_config
+from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple

@@ -126,7 +126,7 @@ class MockSFTDataset(_RandomDocumentDataset):
         seed: Base seed (``--seed``), non-negative; also seeds the length draw.
         eod: End-of-document id; ends every document and never appears elsewhere.
         length_config: Object with ``sample(num_samples, seed) -> int64 array`` (a
-            ``megatron.varlen.length_distributions.LengthConfig``).
+            ``megatron.varlen.packing.length_distributions.LengthConfig``).
         pad_to_multiple_of: The padded length is the real length rounded up to this.
         pad_to_seq_length: Pad every sample to exactly ``seq_length`` instead (unpacked runs).
         pad: Padding id; defaults to ``eod``.

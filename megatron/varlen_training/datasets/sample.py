@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from megatron.varlen.scheduling.problem import pad_multiple
+from megatron.varlen.scheduling import pad_multiple
 
 COLLATED_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 SAMPLE_KEYS = COLLATED_KEYS + (

@@ -9,7 +9,7 @@ is :class:`GPTFlow`'s.
 
 from __future__ import annotations
 
-from megatron.varlen.length_distributions import parse_length_config
+from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.datasets.mock import MockSFTDataset
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow

@@ -18,7 +18,7 @@ import torch
 from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
 from megatron.varlen_training.data import build_packing_config
-from megatron.varlen import thd_microbatch
+from megatron.varlen.packing import thd_microbatch
 from megatron.varlen.scheduling import ScheduleProblem, get_scheduler
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron.varlen import cpu_device
+from megatron.varlen.platform import cpu_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU layer is off on GPU")
 

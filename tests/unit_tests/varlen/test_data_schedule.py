@@ -23,7 +23,7 @@ def _sample(sid: int, length: int) -> dict:
 
 def _rank_fn(dp: int, cp: int, budget: int, scheduler: str):
     from megatron.core import parallel_state as ps
-    from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+    from megatron.varlen.packing.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
 
     ps.initialize_model_parallel(context_parallel_size=cp)
     try:
@@ -50,7 +50,7 @@ def _rank_fn(dp: int, cp: int, budget: int, scheduler: str):
 
 
 def _reassemble(results, cp):
-    from megatron.varlen.cp_split import restore_thd_from_cp_shards
+    from megatron.varlen.packing.cp_split import restore_thd_from_cp_shards
 
     seen = {}
     num_mb = results[0]["num_microbatches"]
@@ -102,8 +102,8 @@ def test_sequence_longer_than_capacity_is_a_one_line_error():
 
 def _dynamic_rank_fn(dp: int, cp: int, budget: int, min_size: int):
     from megatron.core import parallel_state as ps
-    from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
-    from megatron.varlen.dynamic_cp_groups import (
+    from megatron.varlen.packing.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+    from megatron.varlen.platform.dynamic_cp_groups import (
         destroy_dynamic_cp_groups, initialize_dynamic_cp_groups,
     )
     from megatron.varlen.scheduling.groups import build_group_layout
@@ -165,7 +165,7 @@ def test_dynamic_groups_are_created_groups_of_the_right_size(dp, cp, min_size):
 def _seed_api_rank_fn():
     """Each step of the seed-002 API on its own, on DP=2 x CP=1."""
     from megatron.core import parallel_state as ps
-    from megatron.varlen.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+    from megatron.varlen.packing.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
 
     ps.initialize_model_parallel()
     try:
@@ -222,7 +222,7 @@ def test_seed_api_methods():
 
 def _disagreeing_schedules_rank_fn(disagree: bool):
     from megatron.core import parallel_state as ps
-    from megatron.varlen.data_schedule import _verify_model_parallel_agreement
+    from megatron.varlen.packing.data_schedule import _verify_model_parallel_agreement
     from megatron.varlen.scheduling.problem import Schedule
 
     ps.initialize_model_parallel(tensor_model_parallel_size=2)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from megatron.varlen import cpu_device
+from megatron.varlen.platform import cpu_device
 from tests.harness import multirank
 from tests.harness.multirank import run_distributed
 
@@ -89,7 +89,7 @@ def test_forkserver_preload_does_not_initialise_cuda():
 
 # --- --attention-backend resolution (accelerator) -----------------------------------------------
 
-from megatron.varlen import accelerator  # noqa: E402
+from megatron.varlen.platform import accelerator  # noqa: E402
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from megatron.varlen.length_distributions import parse_length_config, read_lengths_file
+from megatron.varlen.packing.length_distributions import parse_length_config, read_lengths_file
 
 FLAG = "--sft-mock-dataset-config-json"
 LOGNORMAL = {"mode": "distribution", "type": "lognormal", "min_seq_len": 128,
@@ -102,7 +102,7 @@ def test_malformed_json_file(tmp_path):
 
 
 def test_importing_does_not_import_torch():
-    code = ("import sys; import megatron.varlen.length_distributions; "
+    code = ("import sys; import megatron.varlen.packing.length_distributions; "
             "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)

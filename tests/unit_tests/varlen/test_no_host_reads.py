@@ -19,7 +19,7 @@ training/test_hybrid_equivalence.py), which run the same code.
 import torch
 from megatron.core.tensor_parallel import random as tp_random
 
-from megatron.varlen.attention.attention_plan import attach_host_boundaries
+from megatron.varlen.packing.packed_seq import as_varlen
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training import test_dynamic_cp_equivalence as gpt_case
 from tests.unit_tests.varlen_training import test_hybrid_equivalence as hybrid_case
@@ -31,9 +31,9 @@ CP = 2
 
 
 def _with_host_boundaries(params, poison=False):
-    """``params`` with host copies attached, as the data path makes them; ``poison``: its own
+    """``params`` with host copies, as the data path makes them; ``poison``: its own
     (device-side) boundaries raise on any host read."""
-    attach_host_boundaries(params, params.cu_seqlens_q, params.cu_seqlens_q_padded)
+    params = as_varlen(params)
     if poison:
         fields = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
         for name in fields:
@@ -159,9 +159,9 @@ def _count_model_steps(case):
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer import attention as mcore_attention
-    from megatron.varlen.attention.attention_plan import HostBoundaries
     from megatron.varlen.mamba.model import VarlenMambaModel
-    from megatron.varlen.mtp import VarlenGPTModel
+    from megatron.varlen.model.mtp import VarlenGPTModel
+    from megatron.varlen.packing.packed_seq import MicroBatchCache
 
     def uncounted(original, key=None):
         def run(*args, **kwargs):
@@ -189,7 +189,7 @@ def _count_model_steps(case):
                     setattr(packed_seq_params, name, value)
         return forward
 
-    _patch(HostBoundaries, "cached", lambda original: lambda self, key, build: original(
+    _patch(MicroBatchCache, "get", lambda original: lambda self, key, build: original(
         self, key, uncounted(build, key)))
     _patch(mcore_attention, "apply_rotary_pos_emb", uncounted)
     _patch(RotaryEmbedding, "get_emb", uncounted)

@@ -2,7 +2,7 @@
 
 import torch
 
-from megatron.varlen.thd_microbatch import build_model_inputs, dummy_pack, pack_sequences
+from megatron.varlen.packing.thd_microbatch import build_model_inputs, dummy_pack, pack_sequences
 
 PAD = 99
 

@@ -4,6 +4,7 @@ namespace (an AST scan with an explicit allow-list)."""
 
 import ast
 import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,9 @@ def test_derived_values_come_from_validation_and_the_config_is_frozen():
         run.model, vocab_size=None, padded_vocab_size=None))
     described = unknown.with_vocabulary(100).model
     assert (described.vocab_size, described.padded_vocab_size) == (100, 128)
-    assert run.flags["seq_length"] == 32 and isinstance(run, RunConfig)
+    assert run.flag_values["seq_length"] == 32 and isinstance(run, RunConfig)
+    assert dataclasses.asdict(run)["model"]["hidden_size"] == 32  # plain data: copies, pickles
+    assert pickle.loads(pickle.dumps(run)) == run
 
 
 @pytest.mark.parametrize("config, field, value, needle", [

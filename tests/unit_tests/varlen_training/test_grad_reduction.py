@@ -9,7 +9,7 @@ tests/gpu/test_gpu_training.py runs the uncoalesced path for real (ranks sharing
 import pytest
 import torch
 
-from megatron.varlen import gloo_cuda
+from megatron.varlen.platform import gloo_cuda
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import loss_owner_history, train_on_this_rank
 from tests.unit_tests.varlen_training.test_packing_equivalence import PACKED

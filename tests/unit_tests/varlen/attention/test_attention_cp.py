@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from megatron.varlen.cp_split import split_sbhd_for_cp, split_thd_for_cp
+from megatron.varlen.packing.cp_split import split_sbhd_for_cp, split_thd_for_cp
 from tests.harness.collectives import forbid_collectives
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron.varlen.cp_split import (
+from megatron.varlen.packing.cp_split import (
     get_thd_partition_indices,
     get_thd_restore_order,
     restore_sbhd_from_cp_shards,

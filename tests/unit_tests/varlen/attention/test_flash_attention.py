@@ -19,14 +19,14 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 
 from megatron.varlen.attention import LOCAL_ONLY_CP_GROUP, varlen_attention
-from megatron.varlen.attention.attention_plan import HOST_BOUNDARIES_ATTR, build_attention_plan
+from megatron.varlen.attention.attention_plan import build_attention_plan
 from megatron.varlen.attention.flash_attention import (
     FlashVarlenCoreAttention, attend_planned, flash_varlen_attention,
 )
 from megatron.varlen.attention.varlen_kernel import (
     call_varlen_kernel, emulated_varlen_attn, takes_enable_gqa,
 )
-from megatron.varlen.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
+from megatron.varlen.packing.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM, NUM_GROUPS, NUM_HEADS, build, cu, make_config, reference_attention,
@@ -208,14 +208,16 @@ def test_flash_cp2_over_gloo_equals_reference_on_the_slice():
 
 # --- no device->host reads in the step: host boundaries, plans built once ---------------------
 
-def _thd_params():
-    from megatron.varlen.attention.attention_plan import attach_host_boundaries
+def _thd_params(with_host_copies=True):
+    """The packing layer's params (host copies declared), or megatron-core's plain ones."""
+    from megatron.varlen.packing.packed_seq import varlen_packed_seq_params
 
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu(REAL), cu_seqlens_kv=cu(REAL),
-                             cu_seqlens_q_padded=cu(PADDED), cu_seqlens_kv_padded=cu(PADDED),
-                             max_seqlen_q=max(PADDED), max_seqlen_kv=max(PADDED))
-    attach_host_boundaries(params, cu(REAL), cu(PADDED))
-    return params
+    if with_host_copies:
+        return varlen_packed_seq_params(cu(REAL), cu(PADDED), cu(REAL), cu(PADDED), max(PADDED),
+                                        local_cp_size=1)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu(REAL), cu_seqlens_kv=cu(REAL),
+                           cu_seqlens_q_padded=cu(PADDED), cu_seqlens_kv_padded=cu(PADDED),
+                           max_seqlen_q=max(PADDED), max_seqlen_kv=max(PADDED))
 
 
 def test_forward_and_backward_read_nothing_back_from_the_device():
@@ -236,9 +238,8 @@ def test_forward_and_backward_read_nothing_back_from_the_device():
             out = flash(q, k, v, None, packed_seq_params=params)
             (out * weight.reshape(out.shape)).sum().backward()
     assert counter.reads == [], counter.reads
-    # The check itself works: boundaries without host copies are read back (once).
-    params = _thd_params()
-    delattr(params, HOST_BOUNDARIES_ATTR)
+    # The check itself works: boundaries without host copies are read back.
+    params = _thd_params(with_host_copies=False)
     with counter:
         flash(q, k, v, None, packed_seq_params=params)
     assert counter.reads
@@ -261,15 +262,18 @@ def test_plan_is_built_once_per_micro_batch_not_per_layer(monkeypatch):
 
 
 def test_rope_and_core_attention_see_host_boundaries():
-    from megatron.varlen.attention.attention_plan import HOST_BOUNDARIES_ATTR
     from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
 
     params = _thd_params()
-    host = getattr(params, HOST_BOUNDARIES_ATTR)
     layer = type("Layer", (), {"core_attention": build()})()
-    args, kwargs = CPSwitchingSelfAttention._with_host_boundaries(
-        layer, (torch.zeros(1), None), {"packed_seq_params": params})
-    view = kwargs.get("packed_seq_params") or args[-1]
-    assert view is not params and view.cu_seqlens_q_padded is host.cu_seqlens_padded
-    assert view.cu_seqlens_q is host.cu_seqlens
-    assert getattr(view, HOST_BOUNDARIES_ATTR) is host  # plans shared across layers
+
+    def view_of(p):
+        args, kwargs = CPSwitchingSelfAttention._with_host_boundaries(
+            layer, (torch.zeros(1), None), {"packed_seq_params": p})
+        return kwargs.get("packed_seq_params") or args[-1]
+
+    view = view_of(params)
+    assert view is not params and view.cu_seqlens_q_padded is params.host_cu_seqlens_padded
+    assert view.cu_seqlens_q is params.host_cu_seqlens
+    assert view.derived is params.derived  # plans shared across layers
+    assert view_of(params) is view  # one view per micro-batch and CP group, not one per layer

@@ -22,9 +22,9 @@ from megatron.varlen.attention import (
     resolve_cp_group,
     swap_attributes,
 )
-from megatron.varlen.cp_split import split_thd_for_cp
-from megatron.varlen.norms import VarlenNorm
-from megatron.varlen.spec import get_varlen_gpt_layer_spec, get_varlen_mtp_block_spec
+from megatron.varlen.packing.cp_split import split_thd_for_cp
+from megatron.varlen.model.norms import VarlenNorm
+from megatron.varlen.model.spec import get_varlen_gpt_layer_spec, get_varlen_mtp_block_spec
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM,

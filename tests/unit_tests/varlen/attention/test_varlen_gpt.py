@@ -14,8 +14,8 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.varlen.cp_split import gather_thd_from_cp, split_thd_for_cp
-from megatron.varlen.spec import get_varlen_gpt_layer_spec
+from megatron.varlen.packing.cp_split import gather_thd_from_cp, split_thd_for_cp
+from megatron.varlen.model.spec import get_varlen_gpt_layer_spec
 from tests.harness.multirank import run_distributed
 
 REAL_LENGTHS = [7, 16, 33, 1]

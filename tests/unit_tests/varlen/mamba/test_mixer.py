@@ -20,7 +20,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.varlen.cp_split import split_sbhd_for_cp, split_thd_for_cp
+from megatron.varlen.packing.cp_split import split_sbhd_for_cp, split_thd_for_cp
 from megatron.varlen.mamba.mixer import MambaMixerSubmodules, VarlenMambaMixer
 from tests.harness.collectives import forbid_collectives
 from tests.harness.multirank import run_distributed

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from megatron.varlen.data_schedule import PackingConfig, schedule_stats
+from megatron.varlen.packing.data_schedule import PackingConfig, schedule_stats
 from megatron.varlen.scheduling import (
     ScheduleProblem,
     critical_path,
@@ -15,7 +15,7 @@ from megatron.varlen.scheduling import (
     rank_times,
 )
 from megatron.varlen.scheduling.schedule_evaluation import microbatch_levels, schedule_costs
-from megatron.varlen.thd_microbatch import DUMMY_SEQUENCE_TOKENS
+from megatron.varlen.packing.thd_microbatch import DUMMY_SEQUENCE_TOKENS
 
 
 def _schedules():

@@ -4,7 +4,7 @@ Only ``self_attention.module`` (-> :class:`CPSwitchingSelfAttention`) and
 ``self_attention.submodules.core_attention`` (-> :class:`VarlenCoreAttention`, the flash
 backend's :class:`FlashVarlenCoreAttention`, or TE's ``TEDotProductAttention``) change; every
 other slot is exactly what megatron-core's own spec function returns. Loadable with Megatron's
-``--spec megatron.varlen.spec get_varlen_gpt_layer_spec``.
+``--spec megatron.varlen.model.spec get_varlen_gpt_layer_spec``.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from megatron.core.transformer.transformer_block import (
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.varlen import accelerator
+from megatron.varlen.platform import accelerator
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
 from megatron.varlen.attention.flash_attention import FlashVarlenCoreAttention
 from megatron.varlen.attention.te_adapter import get_te_core_attention
-from megatron.varlen.norms import VarlenNorm
+from megatron.varlen.model.norms import VarlenNorm
 
 # Norm slots of a local-spec layer: megatron-core's torch norm there refuses sequence parallel.
 _LAYER_NORM_SLOTS = ("input_layernorm", "pre_mlp_layernorm")
@@ -84,7 +84,7 @@ def get_varlen_gpt_layer_spec(
         attention_backend: "local", "flash", "te" or "auto" (TE if available, else flash on
             CUDA, else local; an fp32 run on CUDA must ask for "local": FlashAttention takes
             half precision). The training path passes the backend it resolved with
-            :func:`megatron.varlen.accelerator.resolve_attention_backend`.
+            :func:`megatron.varlen.platform.accelerator.resolve_attention_backend`.
 
     Raises:
         ValueError: ``use_te=True`` or ``attention_backend="te"`` without Transformer Engine

@@ -20,7 +20,7 @@ import contextlib
 
 import torch.distributed as dist
 
-from megatron.varlen import cpu_device
+from megatron.varlen.platform import cpu_device
 
 _GLOO = "gloo"
 

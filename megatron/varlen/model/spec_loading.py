@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-DEFAULT_SPEC = ("megatron.varlen.spec", "get_varlen_gpt_layer_spec")
+DEFAULT_SPEC = ("megatron.varlen.model.spec", "get_varlen_gpt_layer_spec")
 # Core attentions (by qualified class name) that take packed THD input with cu_seqlens.
 THD_CAPABLE_CORE_ATTENTION = frozenset({
     "megatron.varlen.attention.core_attention.VarlenCoreAttention",

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.varlen import reroute, thd_microbatch
-from megatron.varlen.cpu_device import get_device
+from megatron.varlen.packing import reroute, thd_microbatch
+from megatron.varlen.platform.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem

@@ -1,5 +1,5 @@
 """One THD micro-batch: the pack of a rank's sequences, and its per-rank model inputs (CP split +
-PackedSeqParams). Not to be confused with ``scheduling/packing.py``, the scheduler's bin packer
+VarlenPackedSeqParams). Not to be confused with ``scheduling/packing.py``, the scheduler's bin packer
 that decides which sequences share a micro-batch.
 
 A *pack* concatenates whole sequences: each sequence contributes its real tokens followed by
@@ -19,11 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.varlen.attention.attention_plan import attach_host_boundaries, host_to_device
-from megatron.varlen.cp_split import split_thd_for_cp
+from megatron.varlen.packing.cp_split import split_thd_for_cp
+from megatron.varlen.packing.packed_seq import host_to_device, varlen_packed_seq_params
 
-THD_FORMAT = "thd"
 _TOKEN_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 # A rank with no sequence in a micro-batch still runs forward/backward (DDP and the pipeline
 # need every rank to take part): it gets one pad-only sequence of this many tokens per
@@ -76,7 +74,7 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
 
     ``total_tokens`` (optional) fixes the pack's length by appending a filler sequence: used
     when the pipeline needs the same activation shape for every micro-batch (see
-    :class:`~megatron.varlen.data_schedule.PackingConfig.fixed_tokens_per_rank`).
+    :class:`~megatron.varlen.packing.data_schedule.PackingConfig.fixed_tokens_per_rank`).
     ``extra_fields``: further per-token fields of each sequence, padded with 0 like loss_mask.
     """
     assert len(sequences) == len(padded_lengths) > 0, "a pack needs at least one sequence"
@@ -122,7 +120,7 @@ def dummy_pack(pad_id: int, sp_factor: int, total_tokens: int | None = None,
 
 
 def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device) -> dict:
-    """This rank's [1, T_r] slice of ``pack`` and the PackedSeqParams the model needs.
+    """This rank's [1, T_r] slice of ``pack`` and the VarlenPackedSeqParams the model needs.
 
     ``cp_group`` is the process group of size ``pack.local_cp_size`` this rank shares the pack
     with (None when the size is 1: no CP collective at all for this micro-batch).
@@ -138,13 +136,9 @@ def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device) -
         inputs[key] = host_to_device(local.unsqueeze(0), device)
     cu_real = host_to_device(pack.cu_seqlens, device)
     cu_padded = host_to_device(pack.cu_seqlens_padded, device)
-    inputs["packed_seq_params"] = PackedSeqParams(
-        qkv_format=THD_FORMAT, cu_seqlens_q=cu_real, cu_seqlens_kv=cu_real,
-        cu_seqlens_q_padded=cu_padded, cu_seqlens_kv_padded=cu_padded,
-        max_seqlen_q=pack.max_seqlen, max_seqlen_kv=pack.max_seqlen,
-        local_cp_size=size, cp_group=cp_group if size > 1 else None,
-    )
-    # Host copies for the attention plan and RoPE: no layer reads boundaries off the device.
-    attach_host_boundaries(inputs["packed_seq_params"], pack.cu_seqlens, pack.cu_seqlens_padded)
+    # With the host copies for the attention plan and RoPE: no layer reads boundaries back.
+    inputs["packed_seq_params"] = varlen_packed_seq_params(
+        cu_real, cu_padded, pack.cu_seqlens, pack.cu_seqlens_padded, pack.max_seqlen, size,
+        cp_group=cp_group if size > 1 else None)
     inputs["sample_ids"] = pack.sample_ids  # bookkeeping for checks; the model ignores it
     return inputs

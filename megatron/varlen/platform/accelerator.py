@@ -21,7 +21,7 @@ import importlib.util
 
 import torch
 
-from megatron.varlen import cpu_device
+from megatron.varlen.platform import cpu_device
 
 AUTO, FLASH, TE, LOCAL = "auto", "flash", "te", "local"
 ATTENTION_BACKENDS = (AUTO, FLASH, TE, LOCAL)
@@ -50,10 +50,17 @@ def te_available() -> bool:
     return cuda_available() and _te_imports()
 
 
+def torch_varlen_attn():
+    """torch's ``varlen_attn`` if this torch has it (it runs on CUDA only), else None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
 def flash_varlen_available() -> bool:
     """torch's FlashAttention varlen kernel can run here (torch has it and CUDA is ours)."""
-    from megatron.varlen.attention.varlen_kernel import torch_varlen_attn
-
     return cuda_available() and torch_varlen_attn() is not None
 
 

@@ -16,34 +16,10 @@ real token ever sees a padding key, and the rolled loss mask keeps padding out o
 
 from __future__ import annotations
 
-import dataclasses
-
 from megatron.core.models.gpt import GPTModel
-from megatron.varlen.attention.attention_plan import HOST_BOUNDARIES_ATTR, attach_host_boundaries
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_group import resolve_cp_group, use_cp_group
-
-
-def padded_boundaries(packed_seq_params, on_host: bool = False):
-    """A copy whose real boundaries are the padded ones (what the MTP roll must walk).
-
-    The copy carries the host copies of its boundaries when the original does (so the MTP
-    layers' attention and RoPE read nothing back). With ``on_host`` its ``cu_seqlens_q``/``kv``
-    ARE those host copies: megatron-core's roll slices with every boundary, which on device
-    tensors is a device->host read per sequence. Only for our core attentions: TE's reads the
-    fields on the device.
-    """
-    if packed_seq_params is None or packed_seq_params.cu_seqlens_q_padded is None:
-        return packed_seq_params
-    host = getattr(packed_seq_params, HOST_BOUNDARIES_ATTR, None)
-    padded_q = packed_seq_params.cu_seqlens_q_padded
-    padded_kv = packed_seq_params.cu_seqlens_kv_padded
-    if on_host and host is not None:
-        padded_q = padded_kv = host.cu_seqlens_padded
-    copy = dataclasses.replace(packed_seq_params, cu_seqlens_q=padded_q, cu_seqlens_kv=padded_kv)
-    if host is not None:
-        attach_host_boundaries(copy, host.cu_seqlens_padded, host.cu_seqlens_padded)
-    return copy
+from megatron.varlen.packing.packed_seq import with_padded_as_real
 
 
 class VarlenGPTModel(GPTModel):
@@ -66,6 +42,10 @@ class VarlenGPTModel(GPTModel):
             return super()._postprocess(*args, packed_seq_params=packed_seq_params, **kwargs)
         group = resolve_cp_group(packed_seq_params, self.cp_group)
         with use_cp_group(self._mtp_modules(), group):
+            # The copy carries host boundaries of its own (so the MTP layers' attention and
+            # RoPE read nothing back); with our attentions its cu_seqlens ARE those host copies:
+            # megatron-core's roll slices at every boundary, a device->host read per sequence on
+            # device tensors. TE's attention reads the fields on the device.
             return super()._postprocess(
-                *args, packed_seq_params=padded_boundaries(
-                    packed_seq_params, on_host=self._mtp_attention_is_ours()), **kwargs)
+                *args, packed_seq_params=with_padded_as_real(
+                    packed_seq_params, on_host_fields=self._mtp_attention_is_ours()), **kwargs)
