@@ -4,13 +4,13 @@
     step = packer.pack_global_batch(samples)   # StepBatches: micro-batches + global counts
 
     wrapper = HybridCPDataLoaderWrapper(data_iterator, config)   # Megatron-LM's seed API
-    step = next(wrapper)
+    samples_by_id, sample_id_groups = next(wrapper)
 
-``data_iterator`` yields, per global batch, the list of samples THIS DP replica loaded
-(dataset sample dicts). Per global batch: gather real lengths over DP (every sample gets a
-global id: DP-rank-major order), run the pure scheduler (same answer on every rank), reroute
-real tokens to the DP x CP ranks that run them, pack each micro-batch (THD), split it for its
-CP group and build PackedSeqParams. Every TP rank and PP stage runs the same deterministic
+``samples`` is the list of samples THIS DP replica loaded (dataset sample dicts; the seed
+API's iterator yields packed samples instead, see its class). Per global batch: gather real
+lengths over DP (every sample gets a global id: DP-rank-major order), run the pure scheduler
+(same answer on every rank), reroute real tokens to the DP x CP ranks that run them, pack each
+micro-batch (THD), split it for its CP group and build PackedSeqParams. Every TP rank and PP stage runs the same deterministic
 steps, so all stages agree on num_microbatches and every micro-batch's metadata by construction;
 :func:`_verify_model_parallel_agreement` checks that with one tiny all-reduce per step.
 Samples are never modified.
@@ -18,8 +18,9 @@ Samples are never modified.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,7 @@ from megatron.varlen.platform.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
-from megatron.varlen.scheduling.registry import get_scheduler
+from megatron.varlen.scheduling.registry import DYNAMIC_CP, get_scheduler
 from megatron.varlen.scheduling.schedule_evaluation import ScheduleCosts, schedule_costs
 
 _FINGERPRINT_BYTES = 7  # fits an int64 all-reduce without overflow
@@ -114,6 +115,36 @@ class GatheredLengths:
     first_id: int
 
 
+def gather_lengths(local_lengths: list[int], dp_group) -> GatheredLengths:
+    """Every replica's real lengths, in DP-rank order (one ``all_gather_object`` over DP)."""
+    gathered = [None] * dist.get_world_size(dp_group)
+    dist.all_gather_object(gathered, [int(n) for n in local_lengths], group=dp_group)
+    dp_rank = dist.get_rank(dp_group)
+    return GatheredLengths(
+        lengths=tuple(length for replica in gathered for length in replica),
+        owners=tuple(d for d, replica in enumerate(gathered) for _ in replica),
+        first_id=sum(len(replica) for replica in gathered[:dp_rank]),
+    )
+
+
+def plan_batch(gathered: GatheredLengths, dp_size: int, cp_size: int,
+               config: PackingConfig) -> PlannedBatch:
+    """The schedule of one global batch in pipeline order and its statistics, both from one
+    evaluation of the schedule under the cost model, made when the schedule is."""
+    problem = ScheduleProblem(
+        lengths=gathered.lengths, dp_size=dp_size, cp_size=cp_size,
+        max_seqlen_per_rank=config.max_seqlen_per_rank, min_cp_size=config.min_cp_size,
+        sp_factor=config.sp_factor, vpp_group_size=config.vpp_group_size,
+        min_num_microbatches=config.min_num_microbatches, owners=gathered.owners,
+        cost=config.cost,
+    )
+    schedule = get_scheduler(config.scheduler)(problem)
+    costs = schedule_costs(problem, schedule)
+    # Order only (contents unchanged): small micro-batches where the pipeline fills/drains.
+    ordered = order_for_pipeline(schedule, problem, config.pipeline_stages, list(costs.levels))
+    return PlannedBatch(problem, ordered, schedule_stats(problem, ordered, config, costs))
+
+
 class GlobalBatchPacker:
     """The packing service: one global batch -> this rank's :class:`StepBatches`.
 
@@ -138,14 +169,7 @@ class GlobalBatchPacker:
 
     def gather_lengths(self, samples: list[dict]) -> GatheredLengths:
         """Real lengths of the whole global batch and which replica holds each sample."""
-        gathered = [None] * self.dp_size
-        dist.all_gather_object(gathered, [int(s["length"]) for s in samples], group=self.groups.dp)
-        dp_rank = dist.get_rank(self.groups.dp)
-        return GatheredLengths(
-            lengths=tuple(length for replica in gathered for length in replica),
-            owners=tuple(d for d, replica in enumerate(gathered) for _ in replica),
-            first_id=sum(len(replica) for replica in gathered[:dp_rank]),
-        )
+        return gather_lengths([int(s["length"]) for s in samples], self.groups.dp)
 
     def schedule(self, gathered: GatheredLengths):
         """(problem, schedule): the pure scheduler's answer (identical on every rank), with the
@@ -153,26 +177,14 @@ class GlobalBatchPacker:
         planned = self.plan(gathered)
         return planned.problem, planned.schedule
 
-    def plan(self, gathered: GatheredLengths) -> "PlannedBatch":
-        """The schedule in pipeline order and its statistics, both from one evaluation of the
-        schedule under the cost model, made when the schedule is."""
-        cfg = self.config
-        problem = ScheduleProblem(
-            lengths=gathered.lengths, dp_size=self.dp_size, cp_size=self.cp_size,
-            max_seqlen_per_rank=cfg.max_seqlen_per_rank, min_cp_size=cfg.min_cp_size,
-            sp_factor=cfg.sp_factor, vpp_group_size=cfg.vpp_group_size,
-            min_num_microbatches=cfg.min_num_microbatches, owners=gathered.owners,
-            cost=cfg.cost,
-        )
-        schedule = get_scheduler(cfg.scheduler)(problem)
-        costs = schedule_costs(problem, schedule)
-        # Order only (contents unchanged): small micro-batches where the pipeline fills/drains.
-        ordered = order_for_pipeline(schedule, problem, cfg.pipeline_stages, list(costs.levels))
-        return PlannedBatch(problem, ordered, schedule_stats(problem, ordered, cfg, costs))
+    def plan(self, gathered: GatheredLengths) -> PlannedBatch:
+        """The schedule in pipeline order and its statistics (:func:`plan_batch`)."""
+        return plan_batch(gathered, self.dp_size, self.cp_size, self.config)
 
     def reroute(self, samples: list[dict], schedule, gathered: GatheredLengths) -> dict:
         """{global id: real tokens/labels/loss_mask (+ extra token fields)} for every sample
-        this rank runs."""
+        this rank runs. A per-token field of the samples that is neither carried nor declared
+        in ``extra_token_fields`` is refused in one line (never silently dropped)."""
         local = {gathered.first_id + i: sample for i, sample in enumerate(samples)}
         return reroute.reroute_samples(local, schedule.microbatches, gathered.owners,
                                        gathered.lengths, self.cp_size, self.groups.dp_cp,
@@ -222,65 +234,168 @@ class GlobalBatchPacker:
         return self.group_lookup(group_ranks)
 
 
-class HybridCPDataLoaderWrapper:
-    """Megatron-LM's seed API: an iterator over packed global batches (a thin wrapper over
-    :class:`GlobalBatchPacker`, which production code uses directly).
+# The one field Megatron-LM's seed API reads from its config (e.g. a TransformerConfig).
+SEED_BUDGET_FIELD = "max_seqlen_per_dp_cp_rank"
+# Fields of a packed sample that describe its sub-samples' boundaries, not tokens.
+_BOUNDARY_KEYS = frozenset({"cu_seqlens", "cu_seqlens_padded", "max_seqlen", "batch_idx"})
+# PackingConfig fields a seed-API config may carry; the budget is read from SEED_BUDGET_FIELD.
+_OPTIONAL_FIELDS = tuple(f.name for f in fields(PackingConfig) if f.name != "max_seqlen_per_rank")
+_SEED_DEFAULTS = {"scheduler": DYNAMIC_CP, "pad_id": 0}
 
-    The seed API's step methods take plain lengths, so ``schedule(lengths)`` and
-    ``reroute_samples_to_hdp_ranks(..., lengths)`` use the owners of the gather that produced
-    those lengths; this wrapper keeps that one gather and checks the lengths match it.
+
+def packing_config_from(config) -> PackingConfig:
+    """Our :class:`PackingConfig` for a seed-API ``config``: its ``max_seqlen_per_dp_cp_rank``
+    is the budget, any :class:`PackingConfig` field it carries is taken, the rest are our
+    defaults (scheduler ``default_dynamic_cp``). A :class:`PackingConfig` is used as it is."""
+    if isinstance(config, PackingConfig):
+        return config
+    budget = getattr(config, SEED_BUDGET_FIELD, None)
+    if budget is None:
+        raise ValueError(
+            f"config {type(config).__name__} has no {SEED_BUDGET_FIELD} (the tokens one DP x CP "
+            "rank holds per micro-batch): set it, e.g. on megatron-core's TransformerConfig")
+    given = {name: getattr(config, name) for name in _OPTIONAL_FIELDS
+             if getattr(config, name, None) is not None}
+    return PackingConfig(max_seqlen_per_rank=budget, **{**_SEED_DEFAULTS, **given})
+
+
+class DynamicCPScheduler:
+    """Megatron-LM's scheduler interface (``get_groups_and_subsamples``) over our registry's
+    scheduler: ``default_dynamic_cp`` unless the config names another."""
+
+    def __init__(self, config: PackingConfig, dp_size: int, cp_size: int):
+        self.config = config
+        self.dp_size = dp_size
+        self.cp_size = cp_size
+
+    def get_groups_and_subsamples(self, sample_id_seqlens, config=None, owners=None):
+        """``(groups, sample_id_groups)`` for ``[(global id, length)]``: per group (a
+        micro-batch), per DP x CP rank, the lengths and the ids it runs. The ranks listing an id
+        in a group are its CP group. ``config`` is accepted for Megatron-LM's signature (the
+        budget is the constructor's); ``owners`` (replica of each id, in the same order) is
+        needed only by the ``empty`` scheduler."""
+        ids = [int(sid) for sid, _ in sample_id_seqlens]
+        lengths = tuple(int(length) for _, length in sample_id_seqlens)
+        gathered = GatheredLengths(lengths, tuple(owners) if owners is not None else None, 0)
+        schedule = plan_batch(gathered, self.dp_size, self.cp_size, self.config).schedule
+        groups = [[[lengths[k] for k in ranks_ids] for ranks_ids in mb]
+                  for mb in schedule.microbatches]
+        sample_id_groups = [[[ids[k] for k in ranks_ids] for ranks_ids in mb]
+                            for mb in schedule.microbatches]
+        return groups, sample_id_groups
+
+
+def _subsample_spans(sample: dict) -> list[tuple[int, int]]:
+    """(start, real length) of each non-empty sub-sample of a packed sample: lengths from
+    ``cu_seqlens``, starts from ``cu_seqlens_padded`` when the stream is padded per sequence."""
+    real = [int(v) for v in sample["cu_seqlens"].tolist()]
+    starts = [int(v) for v in sample.get("cu_seqlens_padded", sample["cu_seqlens"]).tolist()]
+    return [(starts[k], real[k + 1] - real[k]) for k in range(len(real) - 1)
+            if real[k + 1] > real[k]]
+
+
+def _replica_of(gid: int, offsets) -> int:
+    """The DP replica whose block of global ids (starting at ``offsets[d]``) holds ``gid``."""
+    return bisect.bisect_right([int(o) for o in offsets], int(gid)) - 1
+
+
+class HybridCPDataLoaderWrapper:
+    """Megatron-LM's seed API (megatron-core 0.16.1's ``HybridCPDataLoaderWrapper``): its
+    signatures and return values, our scheduler behind them, on CUDA or CPU ranks.
+
+    ``data_iterator`` yields, per global batch, this DP replica's list of packed samples (dicts
+    with ``cu_seqlens`` and per-token fields); ``next()`` returns ``(sub-samples this rank runs
+    by global id, sample_id_groups)``. Production code uses :class:`GlobalBatchPacker`, which
+    also packs, CP-splits and builds PackedSeqParams (docs/PACKING.md, docs/MIGRATING.md).
+
+    Args:
+        data_iterator: as above; None (a rank that does not read data) makes ``next()`` return
+            ``(None, None)``.
+        config: any object with ``max_seqlen_per_dp_cp_rank`` (see :func:`packing_config_from`).
+        pg_collection: groups with ``dp`` and ``dp_cp`` (e.g. megatron-core's
+            ProcessGroupCollection); default: megatron parallel_state's.
     """
 
-    def __init__(self, data_iterator, config: PackingConfig, pg_collection=None,
-                 group_lookup=None):
+    def __init__(self, data_iterator, config, pg_collection=None):
         self.data_iterator = data_iterator
-        self.packer = GlobalBatchPacker(config, pg_collection, group_lookup)
         self.config = config
-        self.rank = self.packer.rank
-        self._gathered: GatheredLengths | None = None
+        self.packing_config = packing_config_from(config)
+        if pg_collection is None:
+            self.dp_group = parallel_state.get_data_parallel_group()
+            self.dp_cp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        else:
+            self.dp_group, self.dp_cp_group = pg_collection.dp, pg_collection.dp_cp
+        self.dp_size = dist.get_world_size(self.dp_group)
+        self.total_hdp_gpus = dist.get_world_size(self.dp_cp_group)
+        self.cp_size = self.total_hdp_gpus // self.dp_size
+        self.device = get_device()
+        self.cp_balancing_scheduler = DynamicCPScheduler(self.packing_config, self.dp_size,
+                                                         self.cp_size)
 
     def __iter__(self):
         return self
 
-    def __next__(self) -> StepBatches:
-        return self.packer.pack_global_batch(next(self.data_iterator))
+    def get_global_seqlens(self, subsample_seqlens) -> tuple[list[int], torch.Tensor]:
+        """``(lengths of every sub-sample of the global batch, DP-rank-major; offsets)``:
+        ``offsets[d]`` (int32, CPU) is the global id of replica d's first sub-sample."""
+        local = [int(n) for n in torch.as_tensor(subsample_seqlens).reshape(-1).tolist()]
+        gathered = gather_lengths(local, self.dp_group)
+        counts = [gathered.owners.count(d) for d in range(self.dp_size)]
+        starts = [sum(counts[:d]) for d in range(self.dp_size)]
+        return list(gathered.lengths), torch.tensor(starts, dtype=torch.int32)
 
-    def pack_global_batch(self, samples: list[dict]) -> StepBatches:
-        return self.packer.pack_global_batch(samples)
+    def get_global_id_seqlens(self, num_local_subsamples: int, offsets, seqlens_gathered):
+        """``([(global id, length)], global ids of this replica's sub-samples)``, the ids an
+        int32 tensor on this rank's device."""
+        first = int(offsets[dist.get_rank(self.dp_group)])
+        ids = torch.arange(first, first + int(num_local_subsamples), dtype=torch.int32,
+                           device=self.device)
+        return [(gid, int(length)) for gid, length in enumerate(seqlens_gathered)], ids
 
-    def get_global_seqlens(self, samples: list[dict]) -> list[int]:
-        """Real lengths of the whole global batch, DP-rank-major (index = global id)."""
-        return [length for _, length in self.get_global_id_seqlens(samples)]
+    def _gid_to_src_rank(self, gid: int, offsets) -> int:
+        """The DP x CP rank that sends sub-sample ``gid`` to this rank: the owning replica's
+        rank in this rank's CP lane."""
+        return reroute.lane_rank(_replica_of(gid, offsets), dist.get_rank(self.dp_cp_group),
+                                 self.cp_size)
 
-    def get_global_id_seqlens(self, samples: list[dict]) -> list[tuple[int, int]]:
-        """(global id, real length) for every sample of the global batch, in id order."""
-        self._gathered = self.packer.gather_lengths(samples)
-        return list(enumerate(self._gathered.lengths))
+    def reroute_samples_to_hdp_ranks(self, batch, global_ids_this_rank, global_id_seqlens,
+                                     sample_id_groups, offsets) -> dict:
+        """{global id: {field: tensor}} of every sub-sample this rank runs (in any group), in id
+        order, on this rank's device. ``batch``: this replica's sub-samples, in id order. A field
+        neither Megatron-LM's nor declared in the config's ``extra_token_fields`` is refused in
+        one line ("hdp": Megatron-LM's hybrid data x context parallel ranks)."""
+        ids = [int(gid) for gid in torch.as_tensor(global_ids_this_rank).tolist()]
+        if len(ids) != len(batch):
+            raise ValueError(f"{len(batch)} sub-samples but {len(ids)} global ids on this rank: "
+                             "pass the ids get_global_id_seqlens() returned for this batch")
+        lengths = dict(global_id_seqlens)
+        owners = {gid: _replica_of(gid, offsets) for gid in lengths}
+        return reroute.reroute_subsamples(
+            dict(zip(ids, batch)), sample_id_groups, owners, lengths, self.cp_size,
+            self.dp_cp_group, self.device, self.packing_config.extra_token_fields)
 
-    def schedule(self, lengths: list[int]):
-        """The pure scheduler's answer for these real lengths (identical on every rank)."""
-        return self.packer.schedule(self._gathered_for(lengths))
+    def unpack_batch(self, batch: list[dict]) -> list[dict]:
+        """Packed samples -> their non-empty sub-samples (views), boundary fields dropped."""
+        return [{key: value[start: start + length] if reroute.is_per_token(value) else value
+                 for key, value in sample.items() if key not in _BOUNDARY_KEYS}
+                for sample in batch for start, length in _subsample_spans(sample)]
 
-    def reroute_samples_to_hdp_ranks(self, samples: list[dict], schedule, lengths) -> dict:
-        """{global id: real tokens/labels/loss_mask} for every sample this rank runs
-        (Megatron-LM's name; "hdp" = its hybrid data x context parallel ranks)."""
-        return self.packer.reroute(samples, schedule, self._gathered_for(lengths))
+    def __next__(self):
+        """``(sub-samples this rank runs by global id, sample_id_groups)`` of the next global
+        batch: gather lengths, schedule, unpack, reroute."""
+        if self.data_iterator is None:
+            return None, None
+        batch = next(self.data_iterator)
+        local = [length for sample in batch for _, length in _subsample_spans(sample)]
+        lengths, offsets = self.get_global_seqlens(local)
+        id_seqlens, ids_here = self.get_global_id_seqlens(len(local), offsets, lengths)
+        owners = [_replica_of(gid, offsets) for gid, _ in id_seqlens]
+        _, sample_id_groups = self.cp_balancing_scheduler.get_groups_and_subsamples(
+            id_seqlens, self.config, owners)
+        samples = self.reroute_samples_to_hdp_ranks(self.unpack_batch(batch), ids_here,
+                                                    id_seqlens, sample_id_groups, offsets)
+        return samples, sample_id_groups
 
-    def _gathered_for(self, lengths) -> GatheredLengths:
-        if self._gathered is None or tuple(lengths) != self._gathered.lengths:
-            raise ValueError("schedule()/reroute_samples_to_hdp_ranks() need the lengths returned "
-                             "by this wrapper's last get_global_seqlens() call")
-        return self._gathered
-
-    @staticmethod
-    def unpack_batch(batch: dict) -> list[dict]:
-        """A padded [b, s] batch with per-row ``length`` -> one real-length sample per row."""
-        rows = batch["tokens"].shape[0]
-        return [
-            {key: batch[key][row, : int(batch["length"][row])].clone()
-             for key in ("tokens", "labels", "loss_mask")} | {"length": int(batch["length"][row])}
-            for row in range(rows)
-        ]
 
 
 def schedule_stats(problem, schedule, config: PackingConfig, costs: ScheduleCosts) -> dict:

@@ -24,10 +24,17 @@ Schemas (every key not listed is rejected, so typos fail loudly):
 
   Samples are rounded to integers and clipped to [min_seq_len, max_seq_len]; the same seed
   gives the same lengths (numpy PCG64).
+
+Either mode may also carry Megatron-LM's ``"format"``: ``"thd"`` (packed sequences) or
+``"sbhd"`` (each sample padded to --seq-length), kept as :attr:`LengthConfig.format`. Here the
+layout follows --sequence-packing (packed: thd, else sbhd); both give the same losses, since
+padding is masked. Megatron-LM's ``"mode": "verification"`` (real tokens from an indexed
+dataset) is refused in one line: the mock dataset makes random tokens (docs/MIGRATING.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -50,6 +57,11 @@ _TYPE_KEYS = {
     "mixture": frozenset({"components"}),
 }
 _MIXTURE_KEYS = frozenset({"mode", "type", "components"})
+# Megatron-LM's sample layout key (top level, any mode): thd = packed, sbhd = padded.
+FORMAT_KEY = "format"
+FORMATS = ("thd", "sbhd")
+# Megatron-LM's mode whose tokens come from an indexed dataset at "data_path".
+VERIFICATION_MODE = "verification"
 
 
 def _fail(message: str) -> ValueError:
@@ -65,12 +77,14 @@ class LengthConfig:
         spec: The validated distribution dict (distribution mode), else None.
         file_lengths: The file's lengths (file mode), else None.
         source: Where the config came from (for messages).
+        format: Megatron-LM's ``"format"`` as given ("thd" or "sbhd"), None when not given.
     """
 
     mode: str
     spec: dict | None = None
     file_lengths: tuple[int, ...] | None = None
     source: str = "<inline>"
+    format: str | None = None
 
     def sample(self, num_samples: int, seed: int) -> np.ndarray:
         """Returns ``num_samples`` lengths (int64); deterministic in ``seed``."""
@@ -135,13 +149,30 @@ def parse_length_config(value: str | dict | None, seq_length: int) -> LengthConf
         raise _fail(f"config must be JSON text, a path or a dict, got {type(value).__name__}")
     if not isinstance(config, dict):
         raise _fail(f"config {source} must be a JSON object, got {type(config).__name__}")
+    layout = _parse_format(config, source)
+    config = {key: value for key, value in config.items() if key != FORMAT_KEY}
     mode = config.get("mode")
     if mode == "file":
-        return _parse_file_mode(config, base_dir, source)
-    if mode == "distribution":
-        return LengthConfig(mode="distribution", spec=_validate_distribution(config, source),
-                            source=source)
-    raise _fail(f"unknown mode {mode!r} in {source}; expected 'file' or 'distribution'")
+        parsed = _parse_file_mode(config, base_dir, source)
+    elif mode == "distribution":
+        parsed = LengthConfig(mode="distribution", spec=_validate_distribution(config, source),
+                              source=source)
+    elif mode == VERIFICATION_MODE:
+        raise _fail(f"mode {mode!r} in {source} (Megatron-LM's real tokens from 'data_path') "
+                    "is not supported: the mock dataset makes random tokens; use mode "
+                    "'distribution' with the same lengths, or real data with --data-path")
+    else:
+        raise _fail(f"unknown mode {mode!r} in {source}; expected 'file' or 'distribution'")
+    return dataclasses.replace(parsed, format=layout)
+
+
+def _parse_format(config: dict, source: str) -> str | None:
+    """Megatron-LM's top-level ``"format"`` (None when absent)."""
+    layout = config.get(FORMAT_KEY)
+    if layout is not None and layout not in FORMATS:
+        raise _fail(f"format={layout!r} in {source} must be one of {list(FORMATS)} "
+                    "(thd: packed sequences, sbhd: samples padded to --seq-length)")
+    return layout
 
 
 def _load_json_text(value: str) -> tuple[object, str, str]:

@@ -23,6 +23,12 @@ from megatron.varlen.packing.cp_split import split_thd_for_cp
 from megatron.varlen.packing.packed_seq import host_to_device, varlen_packed_seq_params
 
 _TOKEN_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+# Position id of every padding token and of every token of a filler sequence. Real tokens count
+# 0..L-1; padding and fillers never index a position table beyond a real sequence's last
+# position (a learned absolute table of --seq-length rows suffices), as in Megatron-LM.
+PAD_POSITION = 0
+# Marks the pad-only filler sequences this module makes (their tokens are all padding).
+_FILLER = "is_filler"
 # A rank with no sequence in a micro-batch still runs forward/backward (DDP and the pipeline
 # need every rank to take part): it gets one pad-only sequence of this many tokens per
 # sequence-parallel factor, with loss_mask 0.
@@ -36,7 +42,7 @@ class PackedMicroBatch:
     tokens: torch.Tensor        # [T] int64
     labels: torch.Tensor        # [T] int64
     loss_mask: torch.Tensor     # [T] float32
-    position_ids: torch.Tensor  # [T] int64, 0..P_i-1 per sequence
+    position_ids: torch.Tensor  # [T] int64, 0..L_i-1 per sequence, 0 on padding and fillers
     cu_seqlens: torch.Tensor         # [n+1] int32, real lengths
     cu_seqlens_padded: torch.Tensor  # [n+1] int32, padded lengths
     max_seqlen: int             # longest PADDED sequence (RoPE tables are built to this)
@@ -62,7 +68,13 @@ def _filler(length: int, pad_id: int, extra_fields=()) -> dict:
     """A pad-only sequence that is attended like a real one (no fully masked rows) but has
     loss_mask 0 (and every extra field 0), so it changes no number."""
     return {"tokens": torch.full((length,), pad_id), "labels": torch.full((length,), pad_id),
-            "loss_mask": torch.zeros(length), **{key: torch.zeros(length) for key in extra_fields}}
+            "loss_mask": torch.zeros(length), **{key: torch.zeros(length) for key in extra_fields},
+            _FILLER: True}
+
+
+def _positions(real_length: int, padded: int) -> torch.Tensor:
+    """0..real_length-1, then :data:`PAD_POSITION` up to ``padded``."""
+    return _pad_to(torch.arange(real_length, dtype=torch.int64), padded, PAD_POSITION)
 
 
 def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_size: int,
@@ -93,7 +105,7 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         parts["tokens"].append(_pad_to(seq["tokens"].long(), padded, pad_id))
         parts["labels"].append(_pad_to(seq["labels"].long(), padded, pad_id))
         parts["loss_mask"].append(_pad_to(seq["loss_mask"].float(), padded, 0.0))
-        parts["position_ids"].append(torch.arange(padded, dtype=torch.int64))
+        parts["position_ids"].append(_positions(0 if seq.get(_FILLER) else length, padded))
         for key in extra_fields:
             extra[key].append(_pad_to(seq[key].float(), padded, 0.0))
         real.append(length)

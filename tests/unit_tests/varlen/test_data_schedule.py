@@ -21,9 +21,9 @@ def _sample(sid: int, length: int) -> dict:
             "length": length, "padded_length": length}
 
 
-def _rank_fn(dp: int, cp: int, budget: int, scheduler: str):
+def _rank_fn(dp: int, cp: int, budget: int, scheduler: str, fixed: bool = False):
     from megatron.core import parallel_state as ps
-    from megatron.varlen.packing.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+    from megatron.varlen.packing.data_schedule import GlobalBatchPacker, PackingConfig
 
     ps.initialize_model_parallel(context_parallel_size=cp)
     try:
@@ -32,8 +32,9 @@ def _rank_fn(dp: int, cp: int, budget: int, scheduler: str):
         samples = [_sample(first + i, LENGTHS[first + i]) for i in range(per_replica)]
         before = [{k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
                   for s in samples]
-        config = PackingConfig(scheduler=scheduler, max_seqlen_per_rank=budget, pad_id=PAD)
-        step = HybridCPDataLoaderWrapper(iter([samples]), config).__next__()
+        config = PackingConfig(scheduler=scheduler, max_seqlen_per_rank=budget, pad_id=PAD,
+                               fixed_tokens_per_rank=budget if fixed else None)
+        step = GlobalBatchPacker(config).pack_global_batch(samples)
         for s, b in zip(samples, before):
             assert all(torch.equal(s[k], b[k]) if torch.is_tensor(b[k]) else s[k] == b[k]
                        for k in b), "samples must not be modified"
@@ -43,13 +44,15 @@ def _rank_fn(dp: int, cp: int, budget: int, scheduler: str):
                 "microbatches": [
                     {"ids": mb["sample_ids"], "tokens": mb["tokens"][0].tolist(),
                      "cu_padded": mb["packed_seq_params"].cu_seqlens_q_padded.tolist(),
-                     "cp": mb["packed_seq_params"].local_cp_size}
+                     "cp": mb["packed_seq_params"].local_cp_size,
+                     "positions": mb["position_ids"][0].tolist()}
                     for mb in step.microbatches]}
     finally:
         ps.destroy_model_parallel()
 
 
-def _reassemble(results, cp):
+def _reassemble(results, cp, field="tokens"):
+    """{sample id: its padded span of ``field``}, restored from every rank's CP shard."""
     from megatron.varlen.packing.cp_split import restore_thd_from_cp_shards
 
     seen = {}
@@ -65,19 +68,22 @@ def _reassemble(results, cp):
             size = shards[0]["cp"]
             assert len(shards) == size, f"ids {ids}: {len(shards)} holders, local_cp_size {size}"
             cu = torch.tensor(shards[0]["cu_padded"])
-            full = restore_thd_from_cp_shards([torch.tensor(s["tokens"]) for s in shards], cu, 0) \
-                if size > 1 else torch.tensor(shards[0]["tokens"])
+            full = restore_thd_from_cp_shards([torch.tensor(s[field]) for s in shards], cu, 0) \
+                if size > 1 else torch.tensor(shards[0][field])
             for k, sid in enumerate(ids):
                 assert sid not in seen, f"sample {sid} scheduled twice"
                 seen[sid] = full[cu[k]: cu[k + 1]]
     return seen
 
 
-@pytest.mark.parametrize("dp, cp, scheduler", [(2, 1, "dp_balanced"), (2, 2, "dp_balanced"),
-                                               (1, 4, "dp_balanced"), (2, 2, "empty")])
-def test_every_sample_once_with_intact_tokens(dp, cp, scheduler):
+@pytest.mark.parametrize("dp, cp, scheduler, fixed", [
+    (2, 1, "dp_balanced", False), (2, 2, "dp_balanced", False), (1, 4, "dp_balanced", False),
+    (2, 2, "empty", False),
+    (2, 2, "dp_balanced", True),  # VPP's fixed shapes: every pack topped up by a filler
+])
+def test_every_sample_once_with_intact_tokens(dp, cp, scheduler, fixed):
     budget = CP_CAPACITY // cp  # a CP group of cp ranks can hold the 60-token sample
-    results = run_distributed(_rank_fn, dp * cp, args=(dp, cp, budget, scheduler),
+    results = run_distributed(_rank_fn, dp * cp, args=(dp, cp, budget, scheduler, fixed),
                               timeout_s=120)
     seen = _reassemble(results, cp)
     assert sorted(seen) == list(range(len(LENGTHS))), "every sample exactly once"
@@ -85,10 +91,25 @@ def test_every_sample_once_with_intact_tokens(dp, cp, scheduler):
         length = LENGTHS[sid]
         assert tokens[:length].tolist() == _sample(sid, length)["tokens"].tolist()
         assert (tokens[length:] == PAD).all()
+    _check_positions(results, cp)
     for r in results:
         assert r["seqlen_sum"] == sum(LENGTHS)
         for mb in r["microbatches"]:
             assert len(mb["tokens"]) <= budget, f"rank {r['rank']} holds {len(mb['tokens'])}"
+            assert not fixed or len(mb["tokens"]) == budget
+
+
+def _check_positions(results, cp):
+    """Real tokens count 0..L-1; no position id (padding, fillers, idle ranks) exceeds the real
+    length - 1 (a learned position table of --seq-length rows is never overrun)."""
+    for sid, positions in _reassemble(results, cp, "positions").items():
+        length = LENGTHS[sid]
+        assert positions[:length].tolist() == list(range(length)), sid
+        assert int(positions.max()) <= length - 1, (sid, positions.tolist())
+    for r in results:
+        for mb in r["microbatches"]:
+            if not mb["ids"]:
+                assert set(mb["positions"]) == {0}, "an idle rank's filler counts no positions"
 
 
 def test_sequence_longer_than_capacity_is_a_one_line_error():
@@ -102,7 +123,7 @@ def test_sequence_longer_than_capacity_is_a_one_line_error():
 
 def _dynamic_rank_fn(dp: int, cp: int, budget: int, min_size: int):
     from megatron.core import parallel_state as ps
-    from megatron.varlen.packing.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+    from megatron.varlen.packing.data_schedule import GlobalBatchPacker, PackingConfig
     from megatron.varlen.platform.dynamic_cp_groups import (
         destroy_dynamic_cp_groups, initialize_dynamic_cp_groups,
     )
@@ -116,8 +137,7 @@ def _dynamic_rank_fn(dp: int, cp: int, budget: int, min_size: int):
         samples = [_sample(first + i, LENGTHS[first + i]) for i in range(per_replica)]
         config = PackingConfig(scheduler="default_dynamic_cp", max_seqlen_per_rank=budget,
                                pad_id=PAD, min_cp_size=min_size)
-        step = HybridCPDataLoaderWrapper(iter([samples]), config,
-                                         group_lookup=registry.lookup).__next__()
+        step = GlobalBatchPacker(config, group_lookup=registry.lookup).pack_global_batch(samples)
         dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
         dp_cp_global = torch.distributed.get_process_group_ranks(dp_cp)
         out = []
@@ -127,6 +147,7 @@ def _dynamic_rank_fn(dp: int, cp: int, budget: int, min_size: int):
             members = (torch.distributed.get_process_group_ranks(group) if group is not None
                        else [torch.distributed.get_rank()])
             out.append({"ids": mb["sample_ids"], "tokens": mb["tokens"][0].tolist(),
+                        "positions": mb["position_ids"][0].tolist(),
                         "cu_padded": params.cu_seqlens_q_padded.tolist(),
                         "cp": params.local_cp_size,
                         "members": [dp_cp_global.index(g) for g in members],
@@ -144,6 +165,7 @@ def test_dynamic_groups_are_created_groups_of_the_right_size(dp, cp, min_size):
     results = run_distributed(_dynamic_rank_fn, dp * cp, args=(dp, cp, budget, min_size),
                               timeout_s=120)
     seen = _reassemble(results, cp)
+    _check_positions(results, cp)
     loaded = (len(LENGTHS) // dp) * dp  # each replica loads an equal block
     assert sorted(seen) == list(range(loaded)), "every sample exactly once"
     for sid, tokens in seen.items():
@@ -162,10 +184,10 @@ def test_dynamic_groups_are_created_groups_of_the_right_size(dp, cp, min_size):
     assert max(used) > 1, f"no sequence needed CP (sizes used {used}): test would be vacuous"
 
 
-def _seed_api_rank_fn():
-    """Each step of the seed-002 API on its own, on DP=2 x CP=1."""
+def _step_methods_rank_fn():
+    """Each step of GlobalBatchPacker on its own, on DP=2 x CP=1."""
     from megatron.core import parallel_state as ps
-    from megatron.varlen.packing.data_schedule import HybridCPDataLoaderWrapper, PackingConfig
+    from megatron.varlen.packing.data_schedule import GlobalBatchPacker, PackingConfig
 
     ps.initialize_model_parallel()
     try:
@@ -174,50 +196,87 @@ def _seed_api_rank_fn():
         mine = [0, 1, 2] if dp_rank == 0 else [3, 4]
         samples = [_sample(i, LENGTHS[i]) for i in mine]
         config = PackingConfig(scheduler="dp_balanced", max_seqlen_per_rank=64, pad_id=PAD)
-        wrapper = HybridCPDataLoaderWrapper(iter([samples, samples]), config)
-        id_lengths = wrapper.get_global_id_seqlens(samples)
-        lengths = wrapper.get_global_seqlens(samples)
-        _, schedule = wrapper.schedule(lengths)
-        routed = wrapper.reroute_samples_to_hdp_ranks(samples, schedule, lengths)
-        mine_now = {sid for mb in schedule.microbatches for sid in mb[wrapper.rank]}
-        batch = {"tokens": torch.stack([torch.arange(4), torch.arange(4) + 10]),
-                 "labels": torch.zeros(2, 4, dtype=torch.long), "loss_mask": torch.ones(2, 4),
-                 "length": torch.tensor([3, 1])}
-        unpacked = HybridCPDataLoaderWrapper.unpack_batch(batch)
-        # The service takes the gather's value explicitly; the seed API refuses foreign lengths.
-        gathered = wrapper.packer.gather_lengths(samples)
-        _, explicit = wrapper.packer.schedule(gathered)
-        try:
-            wrapper.schedule(list(reversed(lengths)))
-            foreign_refused = False
-        except ValueError:
-            foreign_refused = True
-        steps = list(zip(range(2), wrapper))  # __iter__/__next__: one StepBatches per batch
-        return {"id_lengths": id_lengths, "lengths": lengths, "routed": sorted(routed),
+        packer = GlobalBatchPacker(config)
+        gathered = packer.gather_lengths(samples)
+        _, schedule = packer.schedule(gathered)
+        routed = packer.reroute(samples, schedule, gathered)
+        assigned = {sid for mb in schedule.microbatches for sid in mb[packer.rank]}
+        return {"lengths": gathered.lengths, "routed": sorted(routed),
                 "routed_tokens": {k: v["tokens"].tolist() for k, v in routed.items()},
-                "assigned": sorted(mine_now), "unpacked": [u["tokens"].tolist() for u in unpacked],
-                "unpacked_lengths": [u["length"] for u in unpacked],
-                "steps": [s.num_microbatches for _, s in steps],
-                "owners": gathered.owners, "first_id": gathered.first_id, "dp_rank": dp_rank,
-                "explicit_same": explicit == schedule, "foreign_refused": foreign_refused}
+                "assigned": sorted(assigned), "owners": gathered.owners,
+                "first_id": gathered.first_id, "dp_rank": dp_rank,
+                "steps": packer.pack_global_batch(samples).num_microbatches}
     finally:
         ps.destroy_model_parallel()
 
 
-def test_seed_api_methods():
-    results = run_distributed(_seed_api_rank_fn, 2, timeout_s=120)
-    expected_lengths = LENGTHS[:5]
+def test_packer_step_methods():
+    results = run_distributed(_step_methods_rank_fn, 2, timeout_s=120)
     for r in results:
-        assert r["lengths"] == expected_lengths
-        assert r["id_lengths"] == list(enumerate(expected_lengths))
+        assert r["lengths"] == tuple(LENGTHS[:5])
         assert r["routed"] == r["assigned"], "a rank receives exactly what it was scheduled"
         for sid, tokens in r["routed_tokens"].items():
             assert tokens == _sample(sid, LENGTHS[sid])["tokens"].tolist()
-        assert r["unpacked"] == [[0, 1, 2], [10]] and r["unpacked_lengths"] == [3, 1]
-        assert len(r["steps"]) == 2 and all(n >= 1 for n in r["steps"])
         assert r["owners"] == (0, 0, 0, 1, 1) and r["first_id"] == 3 * r["dp_rank"]
-        assert r["explicit_same"] and r["foreign_refused"]
+        assert r["steps"] >= 1
     assert sorted(results[0]["routed"] + results[1]["routed"]) == list(range(5))
+
+
+def _extra_field_rank_fn(declare: bool, per_sample_value: bool):
+    """A per-token ``custom_weights`` field (and, optionally, a per-sample number) through the
+    packer on DP=2 x CP=1: carried when declared, refused in one line when not."""
+    from megatron.core import parallel_state as ps
+    from megatron.varlen.packing.data_schedule import GlobalBatchPacker, PackingConfig
+
+    ps.initialize_model_parallel()
+    try:
+        first = 4 * ps.get_data_parallel_rank()
+        samples = []
+        for sid in range(first, first + 4):
+            sample = _sample(sid, LENGTHS[sid])
+            sample["custom_weights"] = torch.full((LENGTHS[sid],), float(sid))
+            if per_sample_value:
+                sample["reward"] = 0.5  # per-sample: the caller keeps it, looked up by id
+            samples.append(sample)
+        config = PackingConfig(scheduler="dp_balanced", max_seqlen_per_rank=64, pad_id=PAD,
+                               extra_token_fields=("custom_weights",) if declare else ())
+        step = GlobalBatchPacker(config).pack_global_batch(samples)
+        return [{"ids": mb["sample_ids"], "weights": mb["custom_weights"][0].tolist(),
+                 "cu_padded": mb["packed_seq_params"].cu_seqlens_q_padded.tolist()}
+                for mb in step.microbatches]
+    finally:
+        ps.destroy_model_parallel()
+
+
+def test_declared_per_token_field_is_carried():
+    for micro_batches in run_distributed(_extra_field_rank_fn, 2, args=(True, True)):
+        for mb in micro_batches:
+            for k, sid in enumerate(mb["ids"]):
+                span = mb["weights"][mb["cu_padded"][k]: mb["cu_padded"][k + 1]]
+                assert span[:LENGTHS[sid]] == [float(sid)] * LENGTHS[sid]
+                assert set(span[LENGTHS[sid]:]) <= {0.0}, "padding carries 0"
+
+
+def test_undeclared_per_token_field_is_a_one_line_error():
+    from tests.harness.multirank import DistributedTestError
+
+    with pytest.raises(DistributedTestError) as err:
+        run_distributed(_extra_field_rank_fn, 2, args=(False, False), timeout_s=60)
+    line = next(line for line in str(err.value).splitlines() if line.startswith("ValueError"))
+    assert "'custom_weights'" in line and "PackingConfig.extra_token_fields" in line, line
+
+
+def test_field_check_names_the_key_and_the_declaration():
+    from megatron.varlen.packing.reroute import check_sample_fields
+
+    sample = {**_sample(0, 3), "custom_weights": torch.ones(3), "reward": 1.0,
+              "position_ids": torch.arange(4), "sample_id": 0}
+    with pytest.raises(ValueError, match="sample 7 has per-token field 'custom_weights'") as err:
+        check_sample_fields({7: sample}, ())
+    assert "\n" not in str(err.value)
+    check_sample_fields({7: sample}, ("custom_weights",))  # declared: carried
+    with pytest.raises(ValueError, match=r"lacks the declared per-token field\(s\) \['adv'\]"):
+        check_sample_fields({7: sample}, ("custom_weights", "adv"))
 
 
 def _disagreeing_schedules_rank_fn(disagree: bool):

@@ -86,12 +86,40 @@ def test_bad_lengths_files(tmp_path, content, match):
     ({**LOGNORMAL, "cap_fraction": 2}, "cap_fraction=2"),
     ({**LOGNORMAL, "sigma": 1}, "unknown keys \\['sigma'\\]"),
     ({"mode": "distribution", "type": "mixture", "components": []}, "non-empty 'components'"),
+    ({**LOGNORMAL, "format": "bshd"}, "format='bshd' .* must be one of \\['thd', 'sbhd'\\]"),
+    ({"mode": "verification", "data_path": "/data/tokens"}, "mode 'verification' .* not supported"),
+    ({"mode": "distribution", "type": "mixture",  # format is a top-level key only
+      "components": [{**LOGNORMAL, "weight": 1, "format": "thd"}]}, "unknown keys \\['format'\\]"),
     (["mode"], "must be JSON text, a path or a dict"),
 ])
 def test_bad_configs_name_value_and_flag(value, match):
     with pytest.raises(ValueError, match=match) as error:
         parse_length_config(value, 1)
     assert FLAG in str(error.value) and "\n" not in str(error.value)
+
+
+# Megatron-LM's documented SFT mock config (its dataset-config test), verbatim.
+UPSTREAM_CONFIG = ('{"mode":"distribution","type":"lognormal","format":"thd",'
+                   '"min_seq_len":128,"max_seq_len":2048,"mean_seq_len":512,'
+                   '"lognormal_sigma":1.2}')
+
+
+@pytest.mark.parametrize("layout", ["thd", "sbhd"])
+def test_upstream_schema_with_format_is_accepted(layout, tmp_path):
+    config = parse_length_config(UPSTREAM_CONFIG.replace('"thd"', f'"{layout}"'), 1)
+    assert config.format == layout and config.mode == "distribution"
+    assert config.spec["mean_seq_len"] == 512 and config.spec["lognormal_sigma"] == 1.2
+    lengths = config.sample(10_000, seed=0)
+    assert lengths.min() >= 128 and lengths.max() <= 2048
+    # The format changes no length, and file mode takes it too.
+    plain = json.loads(UPSTREAM_CONFIG)
+    del plain["format"]
+    assert np.array_equal(lengths, parse_length_config(plain, 1).sample(10_000, seed=0))
+    assert parse_length_config(plain, 1).format is None
+    (tmp_path / "lengths.csv").write_text("length\n7\n")
+    from_file = parse_length_config({"mode": "file", "path": str(tmp_path / "lengths.csv"),
+                                     "format": layout}, 1)
+    assert from_file.format == layout and from_file.sample(2, 0).tolist() == [7, 7]
 
 
 def test_malformed_json_file(tmp_path):
