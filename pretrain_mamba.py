@@ -3,34 +3,34 @@
     torchrun --nproc-per-node 4 pretrain_mamba.py --num-layers 6 --hybrid-override-pattern M*-M*- \
         --hidden-size 64 --num-attention-heads 4 --mamba-head-dim 16 --mamba-num-groups 2 ...
 
-The same loop, data path, packing, schedulers, checkpointing and metrics as pretrain_gpt.py;
-only the model provider differs (megatron/varlen_training/hybrid_model.py).
+The same Trainer, loop, data path, packing, schedulers, checkpointing and metrics as
+pretrain_gpt.py; only the model family differs (``HYBRID``, megatron/varlen_training/hybrid_model.py).
 """
 
 from megatron.varlen_training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
 
-from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
-from megatron.varlen_training.hybrid_arguments import (  # noqa: E402
-    describe_hybrid_model, parse_hybrid_args_or_exit,
+from megatron.varlen_training.config.from_flags import (  # noqa: E402
+    parse_hybrid_run_config_or_exit,
 )
-from megatron.varlen_training.hybrid_model import hybrid_model_provider  # noqa: E402
-from megatron.varlen_training.initialize import initialize_megatron, shutdown  # noqa: E402
-from megatron.varlen_training.log import capture_warnings, print_rank_0  # noqa: E402
+from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
+from megatron.varlen_training.hybrid_model import HYBRID  # noqa: E402
+from megatron.varlen_training.log import capture_warnings  # noqa: E402
 from megatron.varlen_training.pretrain import pretrain  # noqa: E402
+from megatron.varlen_training.trainer import Trainer  # noqa: E402
+
+PROG = "pretrain_mamba.py"
 
 
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
-    args = parse_hybrid_args_or_exit(argv)
-    initialize_megatron(args)
-    print_rank_0(describe_hybrid_model(args))
+    trainer = Trainer(parse_hybrid_run_config_or_exit(argv), HYBRID)
     try:
-        with exit_on_user_errors("pretrain_mamba.py"):  # bad data, checkpoint, NaN: one line
-            pretrain(args, model_provider=hybrid_model_provider)
+        with exit_on_user_errors(PROG):  # bad data, checkpoint, NaN: one line
+            pretrain(trainer)
     finally:
-        shutdown()
+        trainer.close()  # after the error line: a peer that died must not hide it
 
 
 if __name__ == "__main__":  # dist_checkpointing spawns processes: keep the guard

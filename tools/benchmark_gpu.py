@@ -356,27 +356,27 @@ def use_device(device: str) -> None:
 
 
 def megatron_training(config: str, shape: Shape, steps: int, device: str):
-    """Our training path for ``config`` in this process: ``(step, args, state, provider)``;
+    """Our training path for ``config`` in this process: ``(step, run, state, provider)``;
     ``step(iteration)`` does what the training loop does per iteration (build the batches,
     train, read loss and grad norm back) and returns (sum L, sum L^2, loss, grad norm)."""
-    from megatron.varlen_training.arguments import parse_args
-    from megatron.varlen_training.initialize import initialize_megatron
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.training import setup_model_and_optimizer, train_step
+    from megatron.varlen_training.trainer import Trainer
+    from megatron.varlen_training.training import train_step
 
     use_device(device)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    args = parse_args(megatron_argv(shape, config, steps, device), world_size=1)
-    initialize_megatron(args)
-    provider, _ = build_data_providers(args)
-    state = setup_model_and_optimizer(args)
+    trainer = Trainer(parse_run_config(megatron_argv(shape, config, steps, device), world_size=1))
+    run = trainer.start().run
+    provider, _ = build_data_providers(trainer)
+    state = trainer.setup_model_and_optimizer()
 
     def step(it):
         batches = provider.step_batches(it)
-        loss, grad_norm = train_step(args, state, batches)
+        loss, grad_norm = train_step(run, state, batches)
         return batches.seqlen_sum, batches.seqlen_squared_sum, loss, grad_norm
 
-    return step, args, state, provider
+    return step, run, state, provider
 
 
 def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: str) -> dict:
@@ -384,30 +384,31 @@ def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: st
     from megatron.varlen_training.optimizer_kernels import torch_adam_optimizers
     from megatron.varlen_training.training import run_forward_backward
 
-    step, args, state, provider = megatron_training(config, shape, warmup + iters + 5, device)
+    step, run, state, provider = megatron_training(config, shape, warmup + iters + 5, device)
     steps = []
     times = _timed_steps(lambda it: steps.append(step(it)), warmup, iters, device)
     measured = steps[warmup:]
     fwd_bwd_batches = provider.step_batches(warmup + iters)
-    syncs = _sync_counts(lambda: run_forward_backward(args, state, fwd_bwd_batches, False),
+    syncs = _sync_counts(lambda: run_forward_backward(run, state, fwd_bwd_batches, False),
                          lambda: step(warmup + iters + 1), device)
     fused = [group["fused"] for adam in torch_adam_optimizers(state.optimizer)
              for group in adam.param_groups]
     return {"times": times, "tokens": [s[0] for s in measured],
-            "flops": [num_floating_point_operations(args, s[0], s[1]) for s in measured],
+            "flops": [num_floating_point_operations(run.model, s[0], s[1]) for s in measured],
             "losses": [s[2] for s in measured], "fused_adam": bool(fused) and all(fused),
             **syncs}
 
 
 def _reference_batches(shape: Shape, steps: int) -> list[list[list[int]]]:
     """The lengths our mock SFT dataset gives, per global batch, packed into the budget."""
-    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.datasets.builder import build_datasets
     from megatron.varlen_training.tokenizer import build_tokenizer
 
-    args = parse_args(megatron_argv(shape, "packed", steps, "cpu"), world_size=1)
-    args.train_samples, args.eval_samples = steps * shape.global_batch_size, 0
-    dataset, _ = build_datasets(args, build_tokenizer("NullTokenizer", shape.vocab_size))
+    run = parse_run_config(megatron_argv(shape, "packed", steps, "cpu"), world_size=1)
+    run = dataclasses.replace(run, data=dataclasses.replace(
+        run.data, train_samples=steps * shape.global_batch_size, eval_samples=0))
+    dataset, _ = build_datasets(run, build_tokenizer("NullTokenizer", shape.vocab_size))
     gbs = shape.global_batch_size
     return [greedy_packs([int(dataset[i]["length"]) for i in range(s * gbs, (s + 1) * gbs)],
                          shape.tokens_per_micro_batch) for s in range(steps)]
@@ -454,19 +455,19 @@ def reference_training(shape: Shape, steps: int, device: str):
 
 
 def _run_reference(shape: Shape, iters: int, warmup: int, device: str) -> dict:
-    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.flops import num_floating_point_operations
 
     step, fwd_bwd, batches = reference_training(shape, warmup + iters + 2, device)
-    flops_args = parse_args(megatron_argv(shape, "packed", 1, "cpu"), world_size=1)
-    flops_args.padded_vocab_size = shape.vocab_size
+    model = parse_run_config(megatron_argv(shape, "packed", 1, "cpu"), world_size=1).model
+    flops_model = dataclasses.replace(model, padded_vocab_size=shape.vocab_size)
     losses = []
     times = _timed_steps(lambda it: losses.append(step(batches[it])[0]), warmup, iters, device)
     lengths = [[n for pack in batches[it] for n in pack] for it in range(warmup, warmup + iters)]
     syncs = _sync_counts(lambda: fwd_bwd(batches[warmup + iters]),
                          lambda: step(batches[warmup + iters + 1]), device)
     return {"times": times, "tokens": [sum(ls) for ls in lengths],
-            "flops": [num_floating_point_operations(flops_args, sum(ls), sum(n * n for n in ls))
+            "flops": [num_floating_point_operations(flops_model, sum(ls), sum(n * n for n in ls))
                       for ls in lengths], "losses": losses[warmup:],
             "fused_adam": device == "cuda", **syncs}
 

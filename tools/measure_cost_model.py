@@ -163,7 +163,7 @@ def _median_seconds(fn, reps: int, device: str) -> float:
 
 def measure(shape: Shape, shapes: list[list[int]], reps: int, device: str) -> list:
     """[(lengths, median forward+backward seconds)] of our GPT on each pack."""
-    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.initialize import initialize_megatron
     from megatron.varlen_training.training import run_forward_backward, setup_model_and_optimizer
 
@@ -172,14 +172,14 @@ def measure(shape: Shape, shapes: list[list[int]], reps: int, device: str) -> li
                                 seq_length=max(shape.seq_length, max(max(p) for p in shapes)))
     use_device(device)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    args = parse_args(megatron_argv(shape, "packed", 1, device), world_size=1)
-    initialize_megatron(args)
-    state = setup_model_and_optimizer(args)
+    run = parse_run_config(megatron_argv(shape, "packed", 1, device), world_size=1)
+    initialize_megatron(run)
+    state = setup_model_and_optimizer(run)
     torch_device = __import__("torch").device(device)
     points = []
     for index, lengths in enumerate(shapes):
         step = _pack_step(lengths, shape.vocab_size, 0, torch_device, seed=index)
-        seconds = _median_seconds(lambda: run_forward_backward(args, state, step, False), reps,
+        seconds = _median_seconds(lambda: run_forward_backward(run, state, step, False), reps,
                                   device)
         points.append((lengths, seconds))
         print(f"  {len(lengths):>3} sequences, {sum(lengths):>6} tokens, "

@@ -132,9 +132,10 @@ def main(argv: list[str] | None = None) -> dict:
     with MegatronWrap.from_pretrained(hf_dir, CONFIG, overrides=[budget, *cli.override]) as wrap:
         wrap.initialize().setup_model_and_optimizer()
         before = wrap.evaluate(held_out)["loss"]
-        batches = epoch_batches(train_records, wrap.args.global_batch_size, wrap.args.seed)
+        training = wrap.run.training
+        batches = epoch_batches(train_records, training.global_batch_size, training.seed)
         history = []
-        for _ in range(cli.steps or wrap.args.train_iters):
+        for _ in range(cli.steps or training.train_iters):
             history.append(wrap.train(next(batches)))
             wrap.log_last_metrics()
         after = wrap.evaluate(held_out)["loss"]

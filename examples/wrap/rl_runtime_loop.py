@@ -88,11 +88,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     overrides = [f"flow.flow_name={FLOW_NAME}", *cli.override]
     with MegatronWrap(cli.config, overrides=overrides) as wrap:
         wrap.initialize().setup_model_and_optimizer()
-        rng = random.Random(wrap.args.seed)
-        gbs, history = wrap.args.global_batch_size, []
+        rng = random.Random(wrap.run.training.seed)
+        gbs, history = wrap.run.training.global_batch_size, []
         for _ in range(cli.steps):
             # Runtime batch sizes vary; only rank 0 builds the batch, the facade broadcasts it.
-            batch = make_rollouts(rng, rng.randint(gbs, 2 * gbs), wrap.args.vocab_size) \
+            batch = make_rollouts(rng, rng.randint(gbs, 2 * gbs), wrap.run.model.vocab_size) \
                 if wrap.rank == 0 else None
             history.append(wrap.train(batch, source="rank0"))
             wrap.log_last_metrics()

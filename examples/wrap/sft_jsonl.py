@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     train_records, held_out = records[:-NUM_HELD_OUT], records[-NUM_HELD_OUT:]
     with MegatronWrap(cli.config, overrides=TEXT_OVERRIDES + cli.override) as wrap:
         wrap.initialize().setup_model_and_optimizer()
-        steps = cli.steps or wrap.args.train_iters
-        batches = epoch_batches(train_records, wrap.args.global_batch_size, wrap.args.seed)
+        training = wrap.run.training
+        steps = cli.steps or training.train_iters
+        batches = epoch_batches(train_records, training.global_batch_size, training.seed)
         history = []
         for _ in range(steps):
             history.append(wrap.train(next(batches)))

@@ -10,25 +10,51 @@ flags of this fork live in :mod:`megatron.varlen_training.varlen_arguments`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from megatron.varlen_training import (
     flag_ranges, reliability_arguments, run_description, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
+from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
 from megatron.varlen_training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling import pad_multiple
 
 ERROR_EXIT_CODE = 2
 
 
-class ArgumentValidationError(ValueError):
-    """A bad flag or flag combination; the message is one line naming the flag."""
-
-
 class MegatronArgumentParser(argparse.ArgumentParser):
-    """argparse with Megatron's flag style and a one-line error instead of usage + error."""
+    """argparse with Megatron's flag style and a one-line error instead of usage + error.
+
+    ``flag_actions`` lists every flag's action in the order added, its own or its argument
+    groups' (argparse keeps them private): what reads the flag set (the facade's config path,
+    the flag reference, ``--hf-checkpoint``'s defaults) reads it here.
+    """
+
+    def __init__(self, *args, **kwargs):
+        self.flag_actions: list[argparse.Action] = []  # before __init__, which adds --help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flag_actions.append(action)
+        return action
+
+    def add_argument_group(self, *args, **kwargs):
+        group = super().add_argument_group(*args, **kwargs)
+        add_to_group = group.add_argument
+
+        def add_argument(*flags, **options) -> argparse.Action:
+            action = add_to_group(*flags, **options)
+            self.flag_actions.append(action)
+            return action
+
+        group.add_argument = add_argument  # the group's flags are recorded like the parser's
+        return group
 
     def error(self, message: str):  # noqa: D401 - argparse override
         raise ArgumentValidationError(message)
@@ -159,6 +185,17 @@ def _add_logging_checkpoint_args(parser):
                        help="Print the iteration log line every N iterations.")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
+    group.add_argument("--tensorboard-dir", default=None,
+                       help="Write every iteration's metrics as TensorBoard scalars here (needs "
+                            "the tensorboard package: the [metrics] extra).")
+    group.add_argument("--wandb-project", default=None,
+                       help="Log every iteration's metrics to this wandb project (needs the "
+                            "wandb package: the [metrics] extra); offline unless $WANDB_MODE "
+                            "or $WANDB_API_KEY says otherwise.")
+    group.add_argument("--wandb-exp-name", default=None,
+                       help="The wandb run's name (with --wandb-project).")
+    group.add_argument("--wandb-save-dir", default=None,
+                       help="Where wandb keeps its files (with --wandb-project).")
     group.add_argument("--eval-interval", type=int, default=1000,
                        help="Evaluate every N iterations (and at the end).")
     group.add_argument("--eval-iters", type=int, default=100,
@@ -188,13 +225,6 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     hf_arguments.add_hf_args(parser)
     reliability_arguments.add_reliability_args(parser)
     return parser
-
-
-def require(condition: bool, message: str) -> None:
-    """Raises the one-line ArgumentValidationError ``message`` unless ``condition``; the check
-    every validator of a command line (this one, pretrain_mamba.py's, the flag groups') uses."""
-    if not condition:
-        raise ArgumentValidationError(message)
 
 
 def _world_size() -> int:
@@ -312,7 +342,8 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
-    # Derived once here (vocabulary from a tokenizer: run_description.describe_run).
+    flag_ranges.validate_metric_writers(args, require)
+    # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).
     vars(args).update(run_description.derive_run_values(args, args.vocab_size))
     if check_memory:
         flag_ranges.validate_memory(args, require,
@@ -326,7 +357,7 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None,
     parser = build_parser(prog)
     argv = sys.argv[1:] if argv is None else argv
     try:  # --hf-checkpoint: the checkpoint's architecture as defaults, checked for conflicts
-        fixed = hf_arguments.apply_checkpoint_defaults(parser, argv)
+        fixed = hf_arguments.apply_checkpoint_defaults(parser, hf_arguments.checkpoint_dir(argv))
         args = parser.parse_args(argv)
         hf_arguments.check_conflicts(parser, args, fixed)
     except ValueError as err:  # HFConfigError: one line, like every argument error
@@ -335,20 +366,27 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None,
     return validate_args(args)
 
 
-def parse_args_or_exit(argv: list[str] | None = None,
-                       prog: str = "pretrain_gpt.py") -> argparse.Namespace:
-    """For entry points: a user error prints one line and exits with code 2 (never a hang)."""
+@contextlib.contextmanager
+def exit_on_flag_errors(prog: str):
+    """For entry points: a bad flag prints one line and exits with code 2 (never a hang)."""
     try:
-        return parse_args(argv, prog=prog)
+        yield
     except ArgumentValidationError as err:
         print_error_line(prog, err)  # under torchrun every rank fails: rank 0
         sys.exit(ERROR_EXIT_CODE)
 
 
+def parse_args_or_exit(argv: list[str] | None = None,
+                       prog: str = "pretrain_gpt.py") -> argparse.Namespace:
+    """:func:`parse_args`; a user error prints one line and exits with code 2."""
+    with exit_on_flag_errors(prog):
+        return parse_args(argv, prog=prog)
+
+
 ARGUMENTS_DOTS_COLUMN = 48  # Megatron-LM's arguments dump pads each name with dots to here
 
 
-def format_arguments(args) -> str:
+def format_arguments(flags: Mapping[str, Any]) -> str:
     """Megatron-LM's arguments dump (every flag's value, sorted by name), as its start-up shows::
 
         ------------------------ arguments ------------------------
@@ -356,6 +394,6 @@ def format_arguments(args) -> str:
         -------------------- end of arguments ---------------------
     """
     lines = [f"  {name} {'.' * (ARGUMENTS_DOTS_COLUMN - len(name))} {value}"
-             for name, value in sorted(vars(args).items())]
+             for name, value in sorted(flags.items())]
     return "\n".join(["------------------------ arguments ------------------------", *lines,
                       "-------------------- end of arguments ---------------------"])

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint import CheckpointException
 from megatron.core import dist_checkpointing
 from megatron.varlen_training import checkpoint_integrity as integrity
 from megatron.varlen_training import resume_consistency, rng_state
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.checkpoint_safe_load import (
     COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
     check_metadata_is_safe, shard_files,
@@ -209,11 +210,11 @@ def _prepare_staging(root: str, staging: str) -> None:
     os.makedirs(staging)
 
 
-def _write_own_files(staging: str, args, extra_files: dict[str, str] | None) -> None:
+def _write_own_files(staging: str, run: RunConfig, extra_files: dict[str, str] | None) -> None:
     """This rank's RNG states; rank 0 also the run description and the caller's files."""
     rng_state.save(staging)
     if torch.distributed.get_rank() == 0:
-        resume_consistency.save_run_args(staging, args)
+        resume_consistency.save_run_args(staging, run)
         for name, text in (extra_files or {}).items():
             integrity.atomic_write_text(os.path.join(staging, name), text)
 
@@ -251,12 +252,12 @@ def _publish(root: str, iteration: int, staging: str, path: str, entries: dict) 
 
 
 def _write_and_publish(root: str, iteration: int, staging: str, path: str, model, optimizer,
-                       scheduler, args, extra_files) -> None:
+                       scheduler, run: RunConfig, extra_files) -> None:
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
     state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
     # megatron-core gathers its writers' failures and raises them on every rank.
     dist_checkpointing.save(state, staging)
-    _agree_on_save(_write_own_files, staging, args, extra_files)
+    _agree_on_save(_write_own_files, staging, run, extra_files)
     entries = _digest_own_files(staging)
     _agree_on_save(_on_rank_0, _publish, root, iteration, staging, path, entries)
 
@@ -285,10 +286,10 @@ def _discard(staging: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args,
+def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run: RunConfig,
                     extra_files: dict[str, str] | None = None) -> str:
     """Writes iteration ``iteration`` under ``root``, publishes it atomically and updates the
-    tracker file (module docstring). ``args``: the run's arguments, recorded for resume checks;
+    tracker file (module docstring). ``run``: the run, recorded for resume checks;
     ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest).
 
     Raises:
@@ -301,7 +302,7 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, args
     helpers_before = set(multiprocessing.active_children())
     _save_in_progress = True
     try:
-        _write_and_publish(root, iteration, staging, path, model, optimizer, scheduler, args,
+        _write_and_publish(root, iteration, staging, path, model, optimizer, scheduler, run,
                            extra_files)
     except KeyboardInterrupt:
         _stop_writers(helpers_before)
@@ -381,10 +382,10 @@ def check_checkpoint(root: str) -> tuple[int, str]:
     return iteration, folder
 
 
-def _check_run_args(folder: str, args) -> None:
+def _check_run_args(folder: str, run: RunConfig) -> None:
     """Refuses a run that would not continue the saved one, on every rank; rank 0 alone reads
     the data files for their fingerprints."""
-    note = agree_on_errors(resume_consistency.check_run_args, folder, args,
+    note = agree_on_errors(resume_consistency.check_run_args, folder, run,
                            torch.distributed.get_rank() == 0)
     if note is not None:
         print_rank_0(f" > {note}")
@@ -423,17 +424,17 @@ def _restore_adam_steps(optimizer) -> None:
                 inner.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
-def load_checkpoint(root: str, model, optimizer, scheduler, args=None) -> int:
+def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None) -> int:
     """Restores model, optimizer, LR scheduler and RNG states; returns the iteration to continue
-    from. With ``args``, refuses a run that would not continue the saved one."""
+    from. With ``run``, refuses a run that would not continue the saved one."""
     iteration, folder = check_checkpoint(root)
-    if args is not None:
-        _check_run_args(folder, args)
+    if run is not None:
+        _check_run_args(folder, run)
     _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True)
     state = dist_checkpointing.load(template, folder)
-    if args is not None:
-        resume_consistency.check_scheduler(state["opt_param_scheduler"], scheduler, args)
+    if run is not None:
+        resume_consistency.check_scheduler(state["opt_param_scheduler"], scheduler, run)
     for key, chunk in zip(_model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     with torch.no_grad():  # megatron-core copies into main-param views of leaves needing grad

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from megatron.core import parallel_state
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
 from megatron.varlen.packing import (
     GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
@@ -55,22 +56,23 @@ def _to_device(batch: dict) -> dict:
 class UnpackedBatchProvider:
     """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank."""
 
-    def __init__(self, dataset, args):
+    def __init__(self, dataset, global_batch_size: int, micro_batch_size: int, seq_length: int):
         self.dataset = dataset
-        self.args = args
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.seq_length = seq_length
 
     def step_batches(self, iteration: int) -> StepBatches:
-        args = self.args
-        indices = global_batch_indices(iteration, args.global_batch_size)
+        indices = global_batch_indices(iteration, self.global_batch_size)
         per_rank = dp_microbatch_indices(
-            indices, args.micro_batch_size, parallel_state.get_data_parallel_world_size(),
+            indices, self.micro_batch_size, parallel_state.get_data_parallel_world_size(),
             parallel_state.get_data_parallel_rank())
         samples = [[self.dataset[i] for i in mb] for mb in per_rank]
         microbatches = [_to_device(_slice_for_context_parallel(collate_padded(mb)))
                         for mb in samples]
         seqlen_sum, seqlen_squared_sum = _global_length_sums(
             [sample["length"] for mb in samples for sample in mb])
-        slots = len(indices) * args.seq_length
+        slots = len(indices) * self.seq_length
         return StepBatches(
             microbatches=microbatches,
             num_microbatches=len(microbatches),
@@ -105,35 +107,40 @@ def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
     return items[start: start + base + (1 if dp_rank < extra else 0)]
 
 
-def build_packing_config(args, pad_id: int) -> PackingConfig:
-    """The packing path's settings from the parsed flags."""
-    pp = args.pipeline_model_parallel_size
+def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float | None = None,
+                         extra_token_fields: tuple[str, ...] = ()) -> PackingConfig:
+    """The packing path's settings for a run; ``attention_fraction``: the share of layers that
+    are quadratic (the model family's; None: all of them); ``extra_token_fields``: per-token
+    fields packed like ``loss_mask`` (a facade flow's)."""
+    packing, parallel = run.packing, run.parallel
+    pp = parallel.pipeline_model_parallel_size
+    budget = packing.max_seqlen_per_dp_cp_rank
     return PackingConfig(
-        scheduler=args.sequence_packing_scheduler,
-        max_seqlen_per_rank=args.max_seqlen_per_dp_cp_rank,
+        scheduler=packing.sequence_packing_scheduler,
+        max_seqlen_per_rank=budget,
         pad_id=pad_id,
-        sp_factor=args.tensor_model_parallel_size if args.sequence_parallel else 1,
-        min_cp_size=args.min_dynamic_context_parallel_size,
-        vpp_group_size=pp if args.virtual_pipeline_model_parallel_size else 1,
+        sp_factor=parallel.sp_factor,
+        min_cp_size=packing.min_dynamic_context_parallel_size,
+        vpp_group_size=pp if parallel.virtual_pipeline_model_parallel_size else 1,
         min_num_microbatches=pp,
         pipeline_stages=pp,
-        # Hybrid models: only attention layers are quadratic (a = their fraction of layers).
-        cost=CostModel.for_model(args.hidden_size, args.hardware_profile,
-                                 a=getattr(args, "hybrid_attention_fraction", None)),
-        fixed_tokens_per_rank=None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank,
+        cost=CostModel.for_model(run.model.hidden_size, packing.hardware_profile,
+                                 a=attention_fraction),
+        fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
+        extra_token_fields=tuple(extra_token_fields),
     )
 
 
 class PackedBatchProvider:
     """Variable-length samples packed into THD micro-batches by the varlen data path."""
 
-    def __init__(self, dataset, args, config: PackingConfig, group_lookup=None):
+    def __init__(self, dataset, global_batch_size: int, packer: GlobalBatchPacker):
         self.dataset = dataset
-        self.args = args
-        self.packer = GlobalBatchPacker(config, group_lookup=group_lookup)
+        self.global_batch_size = global_batch_size
+        self.packer = packer
 
     def step_batches(self, iteration: int) -> StepBatches:
-        indices = global_batch_indices(iteration, self.args.global_batch_size)
+        indices = global_batch_indices(iteration, self.global_batch_size)
         mine = replica_block(indices, parallel_state.get_data_parallel_world_size(),
                              parallel_state.get_data_parallel_rank())
         return self.packer.pack_global_batch([self.dataset[i] for i in mine])

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from megatron.varlen_training.config import TrainingConfig
 from megatron.varlen_training.errors import UserInputError
 from megatron.varlen.platform import get_device
 
@@ -82,16 +83,24 @@ class ExitConditions:
     on exit; the duration counts from construction.
 
     Args:
-        args: The run's arguments (``exit_signal_handler``, ``exit_interval``,
-            ``exit_duration_in_mins``; absent ones count as unset).
+        interval: ``--exit-interval`` (None: unset).
+        duration_mins: ``--exit-duration-in-mins`` (None: unset).
+        signal_handler: ``--exit-signal-handler``.
         started_at: ``time.monotonic()`` when the run started (default: now).
     """
 
-    def __init__(self, args, started_at: float | None = None):
+    def __init__(self, interval: int | None = None, duration_mins: float | None = None,
+                 signal_handler: bool = False, started_at: float | None = None):
         self.started_at = time.monotonic() if started_at is None else started_at
-        self.interval = getattr(args, "exit_interval", None)
-        self.duration_mins = getattr(args, "exit_duration_in_mins", None)
-        self.catcher = SignalCatcher() if getattr(args, "exit_signal_handler", False) else None
+        self.interval = interval
+        self.duration_mins = duration_mins
+        self.catcher = SignalCatcher() if signal_handler else None
+
+    @classmethod
+    def of(cls, training: TrainingConfig) -> ExitConditions:
+        """The exit conditions a run's training config sets, its clock starting now."""
+        return cls(training.exit_interval, training.exit_duration_in_mins,
+                   training.exit_signal_handler)
 
     def __enter__(self) -> ExitConditions:
         if self.catcher is not None:

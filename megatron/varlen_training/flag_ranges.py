@@ -6,14 +6,16 @@ a numeric flag missing here). :func:`validate_ranges` runs first in argument val
 later checks may divide by sizes and compare numbers without meeting 0, NaN or infinity.
 :func:`validate_relations` checks what one flag alone cannot say (``--min-lr <= --lr``, heads
 dividing the hidden size, ...). :func:`validate_memory` refuses sizes whose weights or batches
-can never fit the machine (a 10^9-token vocabulary), and :func:`validate_metrics_path` the
-``--log-metrics-jsonl`` path. All run on every rank, so every rank fails alike, in one line.
+can never fit the machine (a 10^9-token vocabulary), :func:`validate_metrics_path` the
+``--log-metrics-jsonl`` path and :func:`validate_metric_writers` the TensorBoard/wandb flags. All run on every rank, so every rank fails alike, in one line.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 # Token counts of one sequence live in int32 cu_seqlens (megatron-core's and FlashAttention's
@@ -161,36 +163,64 @@ def range_problem(dest: str, value) -> str | None:
     return f"{flag_name(dest)} must be {finite}{allowed.describe()} (got {value}){why}"
 
 
+def range_problems(values: dict) -> list[str]:
+    """The complaints about every numeric flag in ``values`` (dest -> value) out of its range;
+    other entries, and optional flags left at None, are not checked."""
+    problems = (range_problem(dest, value) for dest, value in values.items()
+                if dest in FLAG_RANGES)
+    return [problem for problem in problems if problem is not None]
+
+
 def validate_ranges(args, require) -> None:
     """Every numeric flag ``args`` has (pretrain_mamba.py's are a superset) is in its range;
     optional flags left at None are not checked."""
-    for dest in FLAG_RANGES:
-        if hasattr(args, dest):
-            problem = range_problem(dest, getattr(args, dest))
-            require(problem is None, problem)
+    for problem in range_problems({dest: getattr(args, dest) for dest in FLAG_RANGES
+                                   if hasattr(args, dest)}):
+        require(False, problem)
+
+
+def learning_rate_problem(lr: float, min_lr: float) -> str | None:
+    """Why ``--min-lr``/``--lr`` do not make a decaying schedule, or None."""
+    if min_lr <= lr:
+        return None
+    return (f"--min-lr {min_lr} exceeds --lr {lr} (the schedule decays from --lr down to "
+            f"--min-lr; lower --min-lr or raise --lr)")
+
+
+def head_split_problem(hidden_size: int, num_attention_heads: int,
+                       kv_channels: int | None) -> str | None:
+    """As Megatron-LM: without --kv-channels each head gets hidden / heads channels."""
+    if kv_channels is not None or hidden_size % num_attention_heads == 0:
+        return None
+    return (f"--hidden-size {hidden_size} is not divisible by --num-attention-heads "
+            f"{num_attention_heads} (each head gets hidden size / heads channels; change one of "
+            f"them or set --kv-channels)")
+
+
+def query_group_problem(num_attention_heads: int, num_query_groups: int | None,
+                        group_query_attention: bool) -> str | None:
+    """Why the key/value groups cannot serve the query heads, or None (None groups: unset)."""
+    if num_query_groups is None:
+        return None
+    if not group_query_attention and num_query_groups != num_attention_heads:
+        return (f"--num-query-groups {num_query_groups} has no effect without "
+                f"--group-query-attention (add --group-query-attention or drop "
+                f"--num-query-groups)")
+    if num_attention_heads % num_query_groups:
+        return (f"--num-attention-heads {num_attention_heads} is not divisible by "
+                f"--num-query-groups {num_query_groups} (every key/value group serves the same "
+                f"number of query heads)")
+    return None
 
 
 def validate_relations(args, require) -> None:
     """Numeric flags that constrain one another (after :func:`validate_ranges`)."""
-    require(args.min_lr <= args.lr,
-            f"--min-lr {args.min_lr} exceeds --lr {args.lr} (the schedule decays from --lr "
-            f"down to --min-lr; lower --min-lr or raise --lr)")
-    # As Megatron-LM: without --kv-channels each head gets hidden / heads channels.
-    require(args.kv_channels is not None or args.hidden_size % args.num_attention_heads == 0,
-            f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
-            f"{args.num_attention_heads} (each head gets hidden size / heads channels; change "
-            f"one of them or set --kv-channels)")
-    groups = args.num_query_groups
-    if groups is None:
-        return
-    if not args.group_query_attention:
-        require(groups == args.num_attention_heads,
-                f"--num-query-groups {groups} has no effect without --group-query-attention "
-                f"(add --group-query-attention or drop --num-query-groups)")
-    require(args.num_attention_heads % groups == 0,
-            f"--num-attention-heads {args.num_attention_heads} is not divisible by "
-            f"--num-query-groups {groups} (every key/value group serves the same number of "
-            f"query heads)")
+    for problem in (learning_rate_problem(args.lr, args.min_lr),
+                    head_split_problem(args.hidden_size, args.num_attention_heads,
+                                       args.kv_channels),
+                    query_group_problem(args.num_attention_heads, args.num_query_groups,
+                                        args.group_query_attention)):
+        require(problem is None, problem)
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -323,3 +353,33 @@ def validate_metrics_path(args, require) -> None:
         return
     problem = metrics_path_problem(args.log_metrics_jsonl)
     require(problem is None, f"--log-metrics-jsonl {args.log_metrics_jsonl!r} {problem}")
+
+
+# The metric writers' optional packages (metric_writers.py imports them when it builds one).
+WRITER_PACKAGES = {"--tensorboard-dir": "tensorboard", "--wandb-project": "wandb"}
+
+
+def is_importable(package: str) -> bool:
+    """Whether ``package`` can be imported, without importing it (a None entry in sys.modules
+    counts as missing; a module already there as present)."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def validate_metric_writers(args, require) -> None:
+    """``--tensorboard-dir``/``--wandb-project`` find their package, and wandb's other flags
+    come with ``--wandb-project``; checked at start-up on every rank (only the last rank writes,
+    maybe after set-up that took long)."""
+    for flag, value in (("--wandb-exp-name", args.wandb_exp_name),
+                        ("--wandb-save-dir", args.wandb_save_dir)):
+        require(value is None or args.wandb_project is not None,
+                f"{flag} {value!r} needs --wandb-project (the wandb project to log to)")
+    given = {"--tensorboard-dir": args.tensorboard_dir, "--wandb-project": args.wandb_project}
+    for flag, package in WRITER_PACKAGES.items():
+        require(given[flag] is None or is_importable(package),
+                f"{flag} needs the {package!r} package: pip install {package} (or the "
+                f"[metrics] extra), or drop {flag}")

@@ -12,27 +12,28 @@ Training = forward + backward = 3x forward.
 
 from __future__ import annotations
 
+from megatron.varlen_training.config import ModelConfig
+
 FORWARD_AND_BACKWARD = 3
 MULTIPLY_ADD = 2
 
 
-def _linear_flops_per_token(args) -> int:
-    head_dim = args.hidden_size // args.num_attention_heads
-    q_dim = args.num_attention_heads * head_dim
-    kv_dim = args.num_query_groups * head_dim
-    h, f = args.hidden_size, args.ffn_hidden_size
-    gate = 2 if args.swiglu else 1
+def _linear_flops_per_token(model: ModelConfig) -> int:
+    head_dim = model.hidden_size // model.num_attention_heads
+    q_dim = model.num_attention_heads * head_dim
+    kv_dim = model.num_query_groups * head_dim
+    h, f = model.hidden_size, model.ffn_hidden_size
+    gate = 2 if model.swiglu else 1
     per_layer = h * (q_dim + 2 * kv_dim) + q_dim * h + h * f * gate + f * h
-    logits = h * args.padded_vocab_size
-    return MULTIPLY_ADD * (args.num_layers * per_layer + logits)
+    logits = h * model.padded_vocab_size
+    return MULTIPLY_ADD * (model.num_layers * per_layer + logits)
 
 
-def num_floating_point_operations(args, seqlen_sum: int, seqlen_squared_sum: int) -> int:
-    """Training FLOPs of one global batch with the given sum(L) and sum(L^2)."""
-    if getattr(args, "hybrid_layer_pattern", None):  # pretrain_mamba.py: per layer type
-        from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
-        return hybrid_floating_point_operations(args, seqlen_sum, seqlen_squared_sum)
-    q_dim = args.num_attention_heads * (args.hidden_size // args.num_attention_heads)
-    attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * args.num_layers
-    linear = _linear_flops_per_token(args) * seqlen_sum
+def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,
+                                  seqlen_squared_sum: int) -> int:
+    """Training FLOPs of one global batch of a GPT model with the given sum(L) and sum(L^2)
+    (hybrid models: hybrid_flops.py; the model family picks, model_family.py)."""
+    q_dim = model.num_attention_heads * (model.hidden_size // model.num_attention_heads)
+    attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * model.num_layers
+    linear = _linear_flops_per_token(model) * seqlen_sum
     return FORWARD_AND_BACKWARD * (linear + attention)

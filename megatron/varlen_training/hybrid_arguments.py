@@ -3,9 +3,10 @@
 The hybrid group (``--hybrid-override-pattern``, ``--hybrid-attention-ratio``,
 ``--hybrid-mlp-ratio``, ``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``,
 ``--mamba-num-heads``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
-CLI is unchanged. Validation fills three derived fields, once, before anything reads them:
-``hybrid_layer_pattern`` (the layer symbols, from the pattern or the ratios),
-``mamba_num_heads_resolved`` and ``hybrid_attention_fraction`` (the scheduler's cost weight).
+CLI is unchanged. Validation fills two derived fields, once, before anything reads them:
+``hybrid_layer_pattern`` (the layer symbols, from the pattern or the ratios) and
+``mamba_num_heads_resolved``; the config builders turn them into the run's ``HybridConfig``
+(whose ``attention_fraction`` is the scheduler's cost weight).
 
 Mamba heads must split over every CP group size a micro-batch can get (the static
 ``--context-parallel-size`` and, under dynamic CP, every size of the group layout): start-up
@@ -16,17 +17,16 @@ not told about heads.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from megatron.varlen_training import flag_ranges
 from megatron.varlen_training.arguments import (
-    ERROR_EXIT_CODE, ArgumentValidationError, build_parser, require, validate_args,
+    build_parser, exit_on_flag_errors, require, validate_args,
 )
-from megatron.varlen_training.errors import print_error_line
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
 from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
-MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"
+MOE = "E"  # megatron-core's MoE layer symbol: not supported here
 SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP)
 MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden size
 
@@ -116,6 +116,14 @@ def _validate_mamba_split(args, heads: int) -> None:
                 f"must divide one another")
 
 
+def refuse_hugging_face_flags(args) -> None:
+    """The hybrid family has no Hugging Face adapter (model_family.py): checked before the GPT
+    flags, whose checks would read the checkpoint first."""
+    for flag, value in (("--hf-checkpoint", args.hf_checkpoint), ("--save-hf", args.save_hf)):
+        require(value is None, f"{flag}: hybrid Mamba models have no Hugging Face checkpoint "
+                               f"format here (Llama/Qwen2/Qwen3 only, with pretrain_gpt.py)")
+
+
 def validate_hybrid_args(args) -> None:
     """Checks the hybrid flags after the GPT ones; fills the derived hybrid fields."""
     require(args.virtual_pipeline_model_parallel_size is None,
@@ -129,7 +137,6 @@ def validate_hybrid_args(args) -> None:
         _validate_mamba_split(args, heads)
     args.hybrid_layer_pattern = pattern
     args.mamba_num_heads_resolved = heads
-    args.hybrid_attention_fraction = pattern.count(ATTENTION) / len(pattern)
     flag_ranges.validate_memory(args, require, hybrid_stack_parameters(args))
 
 
@@ -155,19 +162,11 @@ def hybrid_stack_parameters(args) -> int:
     return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)
 
 
-def describe_hybrid_model(args) -> str:
-    """The start-up line pretrain_mamba.py prints (rank 0): layer pattern and Mamba sizes."""
-    pattern = args.hybrid_layer_pattern
-    return (f"> hybrid layer pattern {pattern}: {pattern.count(MAMBA)} Mamba, "
-            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP layers; "
-            f"{args.mamba_num_heads_resolved} Mamba heads of dim {args.mamba_head_dim}, state "
-            f"{args.mamba_state_dim}, {args.mamba_num_groups} groups")
-
-
 def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = None):
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
     args = build_hybrid_parser().parse_args(argv)
     args.world_size = world_size
+    refuse_hugging_face_flags(args)
     validate_args(args, check_memory=False)  # checked below, for the hybrid stack
     validate_hybrid_args(args)
     return args
@@ -175,8 +174,5 @@ def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = No
 
 def parse_hybrid_args_or_exit(argv: list[str] | None = None) -> argparse.Namespace:
     """For pretrain_mamba.py: a user error prints one line and exits with code 2."""
-    try:
+    with exit_on_flag_errors(PROG):
         return parse_hybrid_args(argv)
-    except ArgumentValidationError as err:
-        print_error_line(PROG, err)
-        sys.exit(ERROR_EXIT_CODE)

@@ -16,50 +16,52 @@ softplus, D skip) is not counted, as in flops.py.
 
 from __future__ import annotations
 
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, ModelConfig
 from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, MULTIPLY_ADD
-from megatron.varlen_training.hybrid_arguments import ATTENTION, MAMBA, MLP
 
 MAMBA_CONV_WIDTH = 4  # megatron-core's MambaMixer d_conv default
 SCAN_MACS_PER_STATE_ENTRY = 3  # decay, update, readout
 
 
-def _attention_linear(args) -> int:
-    head_dim = args.hidden_size // args.num_attention_heads
-    q_dim, kv_dim = args.num_attention_heads * head_dim, args.num_query_groups * head_dim
-    return args.hidden_size * (q_dim + 2 * kv_dim) + q_dim * args.hidden_size
+def _attention_linear(model: ModelConfig) -> int:
+    head_dim = model.hidden_size // model.num_attention_heads
+    q_dim, kv_dim = model.num_attention_heads * head_dim, model.num_query_groups * head_dim
+    return model.hidden_size * (q_dim + 2 * kv_dim) + q_dim * model.hidden_size
 
 
-def _mlp_linear(args) -> int:
-    gate = 2 if args.swiglu else 1
-    return args.hidden_size * args.ffn_hidden_size * gate + args.ffn_hidden_size * args.hidden_size
+def _mlp_linear(model: ModelConfig) -> int:
+    gate = 2 if model.swiglu else 1
+    return (model.hidden_size * model.ffn_hidden_size * gate
+            + model.ffn_hidden_size * model.hidden_size)
 
 
-def mamba_layer_macs(args) -> dict[str, int]:
+def mamba_layer_macs(model: ModelConfig) -> dict[str, int]:
     """Multiply-adds of one Mamba layer per token (forward), by part."""
-    h, n = args.hidden_size, args.mamba_state_dim
-    d_inner = args.mamba_num_heads_resolved * args.mamba_head_dim
-    bc = 2 * args.mamba_num_groups * n
+    hybrid = model.hybrid
+    h, n = model.hidden_size, hybrid.mamba_state_dim
+    d_inner = hybrid.mamba_num_heads_resolved * hybrid.mamba_head_dim
+    bc = 2 * hybrid.mamba_num_groups * n
     return {
-        "in_proj": h * (2 * d_inner + bc + args.mamba_num_heads_resolved),  # z, x, B, C, dt
+        "in_proj": h * (2 * d_inner + bc + hybrid.mamba_num_heads_resolved),  # z, x, B, C, dt
         "conv": (d_inner + bc) * MAMBA_CONV_WIDTH,
         "scan": SCAN_MACS_PER_STATE_ENTRY * d_inner * n,
         "out_proj": d_inner * h,
     }
 
 
-def mamba_macs_per_token(args) -> int:
+def mamba_macs_per_token(model: ModelConfig) -> int:
     """Multiply-adds of one Mamba layer per token (forward)."""
-    return sum(mamba_layer_macs(args).values())
+    return sum(mamba_layer_macs(model).values())
 
 
-def hybrid_floating_point_operations(args, seqlen_sum: int, seqlen_squared_sum: int) -> int:
+def hybrid_floating_point_operations(model: ModelConfig, seqlen_sum: int,
+                                     seqlen_squared_sum: int) -> int:
     """Training FLOPs of one global batch of a hybrid model with the given sum(L), sum(L^2)."""
-    pattern = args.hybrid_layer_pattern
-    per_token = {ATTENTION: _attention_linear(args), MLP: _mlp_linear(args),
-                 MAMBA: mamba_macs_per_token(args)}
-    linear = sum(per_token[symbol] for symbol in pattern) + args.hidden_size * args.padded_vocab_size
-    q_dim = args.num_attention_heads * (args.hidden_size // args.num_attention_heads)
+    pattern = model.hybrid.hybrid_layer_pattern
+    per_token = {ATTENTION: _attention_linear(model), MLP: _mlp_linear(model),
+                 MAMBA: mamba_macs_per_token(model)}
+    linear = (sum(per_token[symbol] for symbol in pattern)
+              + model.hidden_size * model.padded_vocab_size)
+    q_dim = model.num_attention_heads * (model.hidden_size // model.num_attention_heads)
     attention = q_dim * seqlen_squared_sum * pattern.count(ATTENTION)
     return FORWARD_AND_BACKWARD * MULTIPLY_ADD * (linear * seqlen_sum + attention)
-
-

@@ -1,4 +1,4 @@
-"""Builds hybrid Mamba-Transformer chunks for pretrain_mamba.py (the model-provider hook).
+"""The hybrid Mamba-Transformer model family of pretrain_mamba.py: its chunks and ``HYBRID``.
 
 Everything but the chunk itself is GPT's: ``build_model`` pads the vocabulary, initialises the
 weights layout-invariantly (Mamba mixer rules in ``varlen/mamba/init.py``), wraps in
@@ -11,39 +11,62 @@ import dataclasses
 
 from megatron.core import parallel_state
 from megatron.core.transformer import TransformerConfig
+from megatron.varlen_training.config import HybridConfig, RunConfig
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
+from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
 from megatron.varlen_training.model import build_model, build_transformer_config
+from megatron.varlen_training.model_family import ModelFamily
 from megatron.varlen.mamba import VarlenMambaModel, get_varlen_hybrid_stack_spec
 
 
-def build_hybrid_config(args) -> TransformerConfig:
+def build_hybrid_config(run: RunConfig) -> TransformerConfig:
     """GPT's TransformerConfig with the Mamba dimensions set."""
+    hybrid = run.model.hybrid
     return dataclasses.replace(
-        build_transformer_config(args),
-        mamba_state_dim=args.mamba_state_dim,
-        mamba_head_dim=args.mamba_head_dim,
-        mamba_num_groups=args.mamba_num_groups,
-        mamba_num_heads=args.mamba_num_heads_resolved,
+        build_transformer_config(run),
+        mamba_state_dim=hybrid.mamba_state_dim,
+        mamba_head_dim=hybrid.mamba_head_dim,
+        mamba_num_groups=hybrid.mamba_num_groups,
+        mamba_num_heads=hybrid.mamba_num_heads_resolved,
     )
 
 
-def build_hybrid_chunk(args, config: TransformerConfig, vp_stage) -> VarlenMambaModel:
+def build_hybrid_chunk(run: RunConfig, config: TransformerConfig, vp_stage) -> VarlenMambaModel:
     """One hybrid model chunk for this pipeline stage (no virtual stages: validation refuses)."""
     assert vp_stage is None, "the hybrid stack has no virtual pipeline stages"
+    model = run.model
     return VarlenMambaModel(
         config=config,
         mamba_stack_spec=get_varlen_hybrid_stack_spec(),
-        vocab_size=args.padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
+        vocab_size=model.padded_vocab_size,
+        max_sequence_length=model.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        hybrid_override_pattern=args.hybrid_layer_pattern,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
-        rotary_base=args.rotary_base,
+        hybrid_override_pattern=model.hybrid.hybrid_layer_pattern,
+        share_embeddings_and_output_weights=model.tied_output,
+        position_embedding_type=model.position_embedding_type,
+        rotary_base=model.rotary_base,
     )
 
 
-def hybrid_model_provider(args):
-    """(config, DDP-wrapped chunks): the model provider pretrain_mamba.py hands to pretrain()."""
-    config = build_hybrid_config(args)
-    return config, build_model(args, config, build_chunk=build_hybrid_chunk)
+def describe_hybrid_model(hybrid: HybridConfig) -> str:
+    """The start-up line pretrain_mamba.py prints (rank 0): layer pattern and Mamba sizes."""
+    pattern = hybrid.hybrid_layer_pattern
+    return (f"> hybrid layer pattern {pattern}: {pattern.count(MAMBA)} Mamba, "
+            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP layers; "
+            f"{hybrid.mamba_num_heads_resolved} Mamba heads of dim {hybrid.mamba_head_dim}, state "
+            f"{hybrid.mamba_state_dim}, {hybrid.mamba_num_groups} groups")
+
+
+def hybrid_model_provider(run: RunConfig):
+    """(config, DDP-wrapped chunks): the model provider of the hybrid family."""
+    config = build_hybrid_config(run)
+    return config, build_model(run, config, build_chunk=build_hybrid_chunk)
+
+
+# No Hugging Face adapter: pretrain_mamba.py refuses --hf-checkpoint and --save-hf.
+# Only the attention layers are quadratic: the cost model weighs them by their share.
+HYBRID = ModelFamily(name="hybrid Mamba-Transformer", model_provider=hybrid_model_provider,
+                     flops=hybrid_floating_point_operations,
+                     attention_fraction=lambda model: model.hybrid.attention_fraction,
+                     describe=lambda model: describe_hybrid_model(model.hybrid))

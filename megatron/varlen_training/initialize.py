@@ -12,6 +12,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.varlen_training.arguments import format_arguments
+from megatron.varlen_training.config import ParallelConfig, RunConfig
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups
 
@@ -40,15 +41,15 @@ def initialize_distributed(timeout_minutes: float | None = None) -> None:
         timedelta(minutes=timeout_minutes))
 
 
-def initialize_model_parallel(args) -> None:
-    """Creates megatron-core's TP/PP/CP/DP groups for the flags in ``args``."""
+def initialize_model_parallel(parallel: ParallelConfig) -> None:
+    """Creates megatron-core's TP/PP/CP/DP groups for the run's parallel sizes."""
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        context_parallel_size=args.context_parallel_size,
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        context_parallel_size=parallel.context_parallel_size,
     )
 
 
@@ -64,12 +65,12 @@ def set_random_seeds(seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def initialize_megatron(args) -> None:
+def initialize_megatron(run: RunConfig) -> None:
     """Everything a training process needs before the model is built."""
-    initialize_distributed(args.distributed_timeout_minutes)
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
-    print_rank_0(format_arguments(args))  # Megatron-LM's start-up dump, once
+    initialize_distributed(run.parallel.distributed_timeout_minutes)
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
+    print_rank_0(format_arguments(run.flag_values))  # Megatron-LM's start-up dump, once
 
 
 def teardown_parallel_state() -> None:

@@ -1,21 +1,16 @@
 """Per-iteration log line (Megatron's shape) and the ONE JSONL metrics schema.
 
-Both entry points write the same JSONL records (:func:`to_json_record`, one object per
-iteration, keyed by ``"iteration"``) through :class:`JsonlMetricWriter`: ``pretrain_gpt.py``'s
-loop via :class:`MetricsLogger`, ``MegatronWrap`` via its ``jsonl`` metric writer (a facade flow
-appends its own metrics after the shared keys).
+Both entry points build the same record of an iteration (:func:`to_json_record`, keyed by
+``"iteration"``; a facade flow appends its own metrics after the shared keys) in the Trainer
+and hand it to the same metric writers (metric_writers.py): console, JSONL, TensorBoard, wandb.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from megatron.varlen_training.log import print_rank_last
 
 TERA = 1e12
 ITERATION_KEY = "iteration"  # the first key of every JSONL record
@@ -113,51 +108,3 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
     record.update(m.extra)
     record.update(extra_metrics or {})
     return record
-
-
-def _to_python(value: Any) -> Any:
-    """Turns 0-d tensors and numpy scalars into Python numbers; other values pass through."""
-    return value.item() if hasattr(value, "item") else value
-
-
-class JsonlMetricWriter:
-    """Appends one JSON object per iteration, ``{"iteration": 3, "lm_loss": 4.12, ...}``.
-
-    Args:
-        path: The file; missing parent folders are created.
-    """
-
-    def __init__(self, path: str | Path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8")
-
-    def write(self, iteration: int, metrics: Mapping[str, Any]) -> None:
-        record = {ITERATION_KEY: iteration, **{k: _to_python(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class MetricsLogger:
-    """Prints the log line every ``log_interval`` iterations and appends JSONL every iteration.
-
-    Only the rank that owns the loss (the last pipeline stage's last rank) is given one.
-    """
-
-    def __init__(self, log_interval: int, jsonl_path: str | None):
-        self.log_interval = log_interval
-        self._jsonl = JsonlMetricWriter(jsonl_path) if jsonl_path else None
-
-    def log(self, metrics: IterationMetrics) -> None:
-        record = to_json_record(metrics)
-        if metrics.iteration % self.log_interval == 0:
-            print_rank_last(format_log_line(record, metrics.train_iters))
-        if self._jsonl is not None:
-            self._jsonl.write(metrics.iteration, record)
-
-    def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None

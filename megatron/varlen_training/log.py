@@ -169,13 +169,14 @@ def set_log_level(level: str | int) -> None:
     get_logger().setLevel(level.upper() if isinstance(level, str) else level)
 
 
-def _log(level: int, message: object, args: tuple, only_rank: Callable[[], bool] | None) -> None:
-    """Logs ``message % args`` (args as the stdlib does) if ``only_rank`` allows this rank."""
+def _log(level: int, message: object, values: tuple,
+         only_rank: Callable[[], bool] | None) -> None:
+    """Logs ``message % values`` (as the stdlib does) if ``only_rank`` allows this rank."""
     if only_rank is not None and not only_rank():
         return
-    if not args:  # taken as it is: "100% done" is not a format string
-        message, args = "%s", (message,)
-    get_logger().log(level, message, *args)
+    if not values:  # taken as it is: "100% done" is not a format string
+        message, values = "%s", (message,)
+    get_logger().log(level, message, *values)
 
 
 def _is_rank_0() -> bool:

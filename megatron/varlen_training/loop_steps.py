@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
+from megatron.varlen_training.config import CheckpointConfig
 from megatron.varlen_training.log import print_rank_last
 from megatron.varlen_training.iteration_metrics import format_validation_line
 
@@ -25,14 +26,15 @@ def eval_mode(model_chunks: Sequence) -> Iterator[None]:
             chunk.train()
 
 
-def periodic_save_due(args, iteration: int) -> bool:
+def periodic_save_due(checkpoint: CheckpointConfig, iteration: int) -> bool:
     """--save with --save-interval: save after every ``save_interval``-th iteration."""
-    return bool(args.save and args.save_interval and iteration % args.save_interval == 0)
+    return bool(checkpoint.save and checkpoint.save_interval
+                and iteration % checkpoint.save_interval == 0)
 
 
-def final_save_due(args, iteration: int) -> bool:
+def final_save_due(checkpoint: CheckpointConfig, iteration: int) -> bool:
     """At the end of ``pretrain_gpt.py``'s loop: save unless the periodic save just did."""
-    return bool(args.save) and not periodic_save_due(args, iteration)
+    return bool(checkpoint.save) and not periodic_save_due(checkpoint, iteration)
 
 
 def log_validation_loss(iteration: int, loss: float | None) -> None:

@@ -1,72 +1,100 @@
-"""``pretrain(args)``: tokenizer, datasets, model, loop -- what pretrain_gpt.py runs."""
+"""``pretrain(trainer)``: what pretrain_gpt.py and pretrain_mamba.py run -- the datasets, then
+the loop of :class:`Trainer` steps with evaluation, periodic saves and the exit conditions."""
 
 from __future__ import annotations
 
-import torch
+import time
 
-from megatron.varlen_training.data import (
-    PackedBatchProvider, UnpackedBatchProvider, build_packing_config,
-)
+from megatron.varlen_training import checkpointing, log, loop_steps, training
+from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
-from megatron.varlen_training.log import print_rank_0
-from megatron.varlen_training.run_description import describe_run
-from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
-from megatron.varlen_training.training import gpt_model_provider, setup_model_and_optimizer, train
-from megatron.varlen.platform import initialize_dynamic_cp_groups
-from megatron.varlen.scheduling import build_group_layout
+from megatron.varlen_training.trainer import Trainer
 
 
-def create_dynamic_cp_groups(args):
-    """Dynamic CP: create every group the scheduler may pick; returns their lookup (or None)."""
-    if not args.dynamic_context_parallel:
-        return None
-    num_ranks = args.data_parallel_size * args.context_parallel_size
-    layout = build_group_layout(num_ranks, args.min_dynamic_context_parallel_size,
-                                args.context_parallel_size)
-    registry = initialize_dynamic_cp_groups(layout)
-    print_rank_0(f"> dynamic context parallel: {num_ranks} DP x CP ranks, CP group sizes "
-                 f"{list(layout.sequence_sizes)}, {registry.groups_per_rank()} process groups per "
-                 f"rank ({len(layout.groups)} blocks per DP x CP group)")
-    return registry.lookup
-
-
-def build_tokenizer_and_describe_run(args):
-    """(tokenizer, the read-only run description): what everything after this reads."""
-    # Data errors (bad file, line, bytes) are one line on every rank, never a traceback wall.
-    tokenizer = agree_on_errors(build_tokenizer, args.tokenizer_type, args.vocab_size,
-                                args.tokenizer_model)
-    run = describe_run(args, tokenizer.vocab_size)
-    check_tokenizer_fits(tokenizer, run.vocab_size)
-    return tokenizer, run
-
-
-def build_data_providers(args, tokenizer=None):
-    """Tokenizer-aware datasets wrapped in the step-batch provider the loop consumes
-    (``args``: the run description; without ``tokenizer`` both are built here)."""
-    if tokenizer is None:
-        tokenizer, args = build_tokenizer_and_describe_run(args)
-    train_ds, valid_ds = agree_on_errors(build_datasets, args, tokenizer)
-    if args.sequence_packing:
-        config = build_packing_config(args, tokenizer.pad)
-        lookup = create_dynamic_cp_groups(args)
-        make = lambda ds: PackedBatchProvider(ds, args, config, lookup)  # noqa: E731
+def build_data_providers(trainer: Trainer):
+    """The run's datasets in the step-batch providers the loop consumes: (train, validation
+    or None). The trainer must have started (tokenizer, dynamic CP groups)."""
+    run = trainer.run
+    train_ds, valid_ds = agree_on_errors(build_datasets, run, trainer.tokenizer)
+    gbs = run.training.global_batch_size
+    if run.packing.sequence_packing:
+        make = lambda ds: PackedBatchProvider(ds, gbs, trainer.packer())  # noqa: E731
     else:
-        make = lambda ds: UnpackedBatchProvider(ds, args)  # noqa: E731
+        make = lambda ds: UnpackedBatchProvider(  # noqa: E731
+            ds, gbs, run.training.micro_batch_size, run.model.seq_length)
     return make(train_ds), (make(valid_ds) if valid_ds is not None else None)
 
 
-def pretrain(args, model_provider=gpt_model_provider) -> list[dict]:
-    """Trains the model ``model_provider`` builds (GPT unless told) as the flags say; returns
-    {"lm_loss", "grad_norm"} per iteration.
+def _maybe_evaluate(trainer: Trainer, valid_provider) -> float | None:
+    """Validation at every --eval-interval and at the end; the loss on the loss-owning ranks."""
+    schedule, iteration = trainer.run.training, trainer.state.iteration
+    if valid_provider is None or schedule.eval_iters <= 0:
+        return None
+    if iteration % schedule.eval_interval != 0 and iteration != schedule.train_iters:
+        return None
+    first = (iteration // schedule.eval_interval) * schedule.eval_iters
+    loss = training.evaluate(trainer.run, trainer.state, valid_provider, first)
+    loop_steps.log_validation_loss(iteration, loss)
+    return loss
+
+
+def _save_at_end(trainer: Trainer) -> str | None:
+    """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
+    root, iteration = trainer.run.checkpoint.save, trainer.state.iteration
+    if not loop_steps.final_save_due(trainer.run.checkpoint, iteration):
+        return checkpointing.checkpoint_dir(root, iteration) if root else None
+    return trainer.save()
+
+
+def _exit_early(trainer: Trainer, reason: str) -> None:
+    """Saves (with --save) and says in one line why the run stops before --train-iters."""
+    folder = _save_at_end(trainer)
+    saved = f"checkpoint {folder}; resume with --load {trainer.run.checkpoint.save}" if folder \
+        else "nothing saved (no --save)"
+    log.print_rank_0(f"exiting after iteration {trainer.state.iteration} of "
+                     f"{trainer.run.training.train_iters}: {reason}; {saved}")
+
+
+def train(trainer: Trainer, train_provider, valid_provider, exits: ExitConditions
+          ) -> list[dict]:
+    """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
+    --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
+    {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
+
+    Losses are None off the last pipeline stage (only that stage has them); validation_loss is
+    None at iterations without evaluation.
+    """
+    history, train_iters, stop = [], trainer.run.training.train_iters, None
+    while trainer.state.iteration < train_iters and stop is None:
+        start = time.perf_counter()
+        report = trainer.step(train_provider.step_batches(trainer.state.iteration),
+                              started_at=start)
+        trainer.write_metrics(trainer.record(report))
+        history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
+                        "validation_loss": _maybe_evaluate(trainer, valid_provider)})
+        trainer.save_if_due()
+        stop = exits.reason(trainer.state.iteration)  # every rank, every iteration: it agrees
+    if stop is not None and trainer.state.iteration < train_iters:
+        _exit_early(trainer, stop)  # a resumed run finishes the schedule, and exports
+    else:
+        _save_at_end(trainer)
+        if trainer.run.checkpoint.save_hf:  # validation refused it for a family without one
+            trainer.family.hf.save(trainer.run, trainer.state.model)
+    return history
+
+
+def pretrain(trainer: Trainer) -> list[dict]:
+    """Starts ``trainer`` and trains as its run says; returns {"lm_loss", "grad_norm",
+    "validation_loss"} per iteration. The caller closes the trainer (after reporting an error).
 
     The clock of --exit-duration-in-mins and the signal handling of --exit-signal-handler start
     here, before set-up: a job's wall-clock limit counts set-up too, and a SIGTERM during it
     then stops the run after its first iteration, saved, instead of killing it.
     """
-    with ExitConditions(args) as exits:
-        tokenizer, run = build_tokenizer_and_describe_run(args)
-        train_provider, valid_provider = build_data_providers(run, tokenizer)
-        state = setup_model_and_optimizer(run, model_provider)
-        return train(run, state, train_provider, valid_provider, exits)
+    with ExitConditions.of(trainer.run.training) as exits:
+        trainer.start()
+        train_provider, valid_provider = build_data_providers(trainer)
+        trainer.setup_model_and_optimizer()
+        return train(trainer, train_provider, valid_provider, exits)

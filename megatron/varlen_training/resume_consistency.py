@@ -33,19 +33,22 @@ import json
 import os
 
 from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text, file_digest
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, one_line
 
 RUN_ARGS_FILENAME = "run_args.json"
+# Keys are the flags' dests, which are also the names of the config fields recorded.
+_HYBRID_KEYS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
+                "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
 MODEL_KEYS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
     "swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights", "mtp_num_layers",
     "padded_vocab_size", "vocab_size", "tokenizer_type", "bf16", "fp16",
-    # Hugging Face families (--hf-checkpoint) and hybrid models (pretrain_mamba.py): absent
-    # flags read as None on both sides, so a GPT checkpoint never matches a hybrid run.
+    # Hugging Face families (--hf-checkpoint) and hybrid models (pretrain_mamba.py): a GPT run
+    # records None for the hybrid keys, so a GPT checkpoint never matches a hybrid run.
     "kv_channels", "norm_epsilon", "add_qkv_bias", "qk_layernorm", "use_rope_scaling",
-    "rope_scaling_factor", "hybrid_override_pattern", "hybrid_attention_ratio",
-    "hybrid_mlp_ratio", "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+    "rope_scaling_factor", *_HYBRID_KEYS,
 )
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json")
 OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
@@ -88,18 +91,38 @@ def data_fingerprint(entry: str) -> dict:
     return dict(_FINGERPRINTS[key])
 
 
-def snapshot(args, with_data: bool = True) -> dict:
+def _recorded_values(run: RunConfig) -> dict:
+    """The run's value of every key ``run_args.json`` records, from the config holding it."""
+    model, hybrid, data = run.model, run.model.hybrid, run.data
+    values = {key: getattr(model, key) for key in MODEL_KEYS
+              if key not in _HYBRID_KEYS and key != "tokenizer_type"}
+    values.update({key: getattr(hybrid, key) if hybrid is not None else None
+                   for key in _HYBRID_KEYS})
+    values.update(
+        tokenizer_type=data.tokenizer_type,
+        use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
+        seed=run.training.seed, global_batch_size=run.training.global_batch_size,
+        sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
+        make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
+        tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
+        seq_length=model.seq_length,
+        data_path=list(data.data_path) if data.data_path is not None else None)
+    return values
+
+
+def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
+    values = _recorded_values(run)
     keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY,) + DATA_ORDER_KEYS + _CONTEXT_KEYS
-    recorded = {key: getattr(args, key, None) for key in keys}
+    recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_path"] is not None:
-        recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry) for entry in args.data_path]
+        recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry) for entry in recorded["data_path"]]
     return recorded
 
 
-def save_run_args(folder: str, args) -> str:
+def save_run_args(folder: str, run: RunConfig) -> str:
     atomic_write_text(os.path.join(folder, RUN_ARGS_FILENAME),
-                      json.dumps(snapshot(args), indent=1, sort_keys=True) + "\n")
+                      json.dumps(snapshot(run), indent=1, sort_keys=True) + "\n")
     return RUN_ARGS_FILENAME
 
 
@@ -130,12 +153,12 @@ def read_run_args(folder: str) -> dict:
     return saved
 
 
-def check_run_args(folder: str, args, check_data: bool = True) -> str | None:
+def check_run_args(folder: str, run: RunConfig, check_data: bool = True) -> str | None:
     """Refuses a model-shape, optimizer-layout, data-order or data-content change (module
     docstring). ``check_data``: compare the data files' fingerprints (reads every file: one
     rank does it). Returns a note to print when a flag accepted a difference."""
     saved = read_run_args(folder)
-    mine = snapshot(args, with_data=False)
+    mine = snapshot(run, with_data=False)
     for key in MODEL_KEYS + DATA_ORDER_KEYS:
         if _normalise(saved.get(key)) != _normalise(mine[key]):
             raise CheckpointError(_mismatch(key, saved, mine))
@@ -143,7 +166,7 @@ def check_run_args(folder: str, args, check_data: bool = True) -> str | None:
     if saved_layout is not None and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
     if check_data and mine["data_path"] is not None:  # None: megatron.wrap brings its batches
-        return check_data_sources(saved, args)
+        return check_data_sources(saved, run)
     return None
 
 
@@ -171,26 +194,27 @@ def _same_source(saved: dict, mine: dict) -> bool:
     return saved.get("path") == mine.get("path")
 
 
-def check_data_sources(saved: dict, args) -> str | None:
+def check_data_sources(saved: dict, run: RunConfig) -> str | None:
     """Refuses ``--data-path`` files whose content differs from the checkpoint's, unless
     ``--override-data-fingerprint`` (then returns a note saying what was accepted)."""
+    data_path = run.data.data_path
     spelled_saved = saved.get("data_path") or []
     saved_sources = saved.get(DATA_SOURCES_KEY)
     if saved_sources is None:  # saved before fingerprints: compare the resolved paths
         saved_sources = [{"path": os.path.realpath(entry)} for entry in spelled_saved]
-        mine = [{"path": os.path.realpath(entry)} for entry in args.data_path]
+        mine = [{"path": os.path.realpath(entry)} for entry in data_path]
     else:
-        mine = [data_fingerprint(entry) for entry in args.data_path]
+        mine = [data_fingerprint(entry) for entry in data_path]
     if len(saved_sources) == len(mine) and all(map(_same_source, saved_sources, mine)):
         return None
     index = next((i for i, (a, b) in enumerate(zip(saved_sources, mine)) if not _same_source(a, b)),
                  min(len(saved_sources), len(mine)))
     theirs = (_describe_source(spelled_saved[index] if index < len(spelled_saved) else "?",
                                saved_sources[index]) if index < len(saved_sources) else "nothing")
-    ours = (_describe_source(args.data_path[index], mine[index]) if index < len(mine)
+    ours = (_describe_source(data_path[index], mine[index]) if index < len(mine)
             else "nothing")
     difference = f"--data-path entry {index + 1} is {ours}, the checkpoint was trained on {theirs}"
-    if getattr(args, "override_data_fingerprint", False):
+    if run.checkpoint.override_data_fingerprint:
         return f"--override-data-fingerprint: resuming on other data ({difference})"
     raise CheckpointError(
         f"--load: {difference}: other data would change the samples the resumed run reads; "
@@ -225,11 +249,12 @@ def _follows_seq_length(side: dict) -> bool:
         side.get("max_position_embeddings") == side["seq_length"]
 
 
-def check_scheduler(state: dict, scheduler, args) -> None:
+def check_scheduler(state: dict, scheduler, run: RunConfig) -> None:
     """Refuses a schedule difference unless a flag says which side wins (module docstring)."""
-    if args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler:
+    optimizer = run.optimizer
+    if optimizer.override_opt_param_scheduler or optimizer.use_checkpoint_opt_param_scheduler:
         return
-    samples_per_iter = args.global_batch_size
+    samples_per_iter = run.training.global_batch_size
     for key, (flag, attribute, in_samples) in SCHEDULER_KEYS.items():
         saved, mine = state.get(key), getattr(scheduler, attribute)
         if saved is None or saved == mine:

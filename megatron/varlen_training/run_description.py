@@ -1,36 +1,13 @@
-"""The run description: the validated flags plus the values derived from them, read-only.
+"""Values derived once from the validated flags: the padded vocabulary and the sample counts.
 
-Values that several parts of a run read (the padded vocabulary for the model and the FLOPs
-count, the sample counts for the datasets, the vocabulary size a tokenizer may supply) are
-derived ONCE: during argument validation (:func:`derive_run_values`) where the flags suffice,
-and by :func:`describe_run` where the tokenizer has to say the vocabulary size. Everything after
-that reads the :class:`RunDescription`, which refuses writes, so no builder can leave a value in
-``args`` for a later reader to depend on.
+Several parts of a run read them (the padded vocabulary: the model and the FLOPs count; the
+sample counts: the datasets), so they are derived in one place: during argument validation
+(:func:`derive_run_values`) where the flags suffice, and by
+:meth:`megatron.varlen_training.config.RunConfig.with_vocabulary` once a tokenizer says the
+vocabulary size. Everything after validation reads them from the frozen run config.
 """
 
 from __future__ import annotations
-
-import argparse
-
-
-class FrozenRunError(AttributeError):
-    """A write to the run description after validation."""
-
-
-class RunDescription(argparse.Namespace):
-    """``args`` after validation plus derived values; attributes cannot be set or deleted."""
-
-    def __init__(self, args: argparse.Namespace, **derived):  # pylint: disable=super-init-not-called
-        self.__dict__.update(vars(args))
-        self.__dict__.update(derived)
-
-    def __setattr__(self, name, value):
-        raise FrozenRunError(
-            f"args.{name} written after validation: derive it in "
-            "megatron/varlen_training/run_description.py instead")
-
-    def __delattr__(self, name):
-        raise FrozenRunError(f"args.{name} deleted after validation")
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
@@ -53,9 +30,3 @@ def derive_run_values(args, vocab_size: int | None) -> dict:
         vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     return {"vocab_size": vocab_size, "padded_vocab_size": padded,
             "train_samples": train_samples, "eval_samples": eval_samples}
-
-
-def describe_run(args, tokenizer_vocab_size: int) -> RunDescription:
-    """The read-only description of the run; ``--vocab-size`` wins over the tokenizer's."""
-    vocab_size = args.vocab_size if args.vocab_size is not None else tokenizer_vocab_size
-    return RunDescription(args, **derive_run_values(args, vocab_size))

@@ -1,4 +1,6 @@
-"""The training loop: build, then iterate train_step / log / evaluate / save.
+"""One training step and its parts: model and optimizer set-up, the pipeline schedule over a
+step's micro-batches, the loss, the optimizer step with its non-finite guard, evaluation.
+The loop around them is the Trainer's (trainer.py) and the entry points' (pretrain.py).
 
 The loss follows megatron-core's per-token conventions: ``loss_func`` returns the micro-batch's
 SUM of token losses and its token count. With ``--calculate-per-token-loss`` megatron-core divides
@@ -10,26 +12,22 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from megatron.core import parallel_state
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig as CoreOptimizerConfig
+from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.varlen_training import checkpointing, log, loop_steps, optimizer_kernels
-from megatron.varlen_training.exit_conditions import ExitConditions
-from megatron.varlen_training.flops import num_floating_point_operations
+from megatron.varlen_training import checkpointing, optimizer_kernels
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
-from megatron.varlen_training.hf.exporter import save_hf
-from megatron.varlen_training.iteration_metrics import IterationMetrics, MetricsLogger
-from megatron.varlen_training.loop_steps import eval_mode, final_save_due, periodic_save_due
-from megatron.varlen_training.model import build_model, build_transformer_config
+from megatron.varlen_training.loop_steps import eval_mode
+from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen.platform import get_device, gloo_cuda
 
@@ -47,58 +45,55 @@ class TrainState:
     iteration: int = 0
 
 
-def build_optimizer(args, model):
+def build_optimizer(run: RunConfig, model):
     """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
     and, on CUDA, torch's fused AdamW."""
     optimizer_kernels.install()
-    config = OptimizerConfig(
-        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-        clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
-        params_dtype=torch.bfloat16 if args.bf16 else torch.float32,
-        use_distributed_optimizer=args.use_distributed_optimizer,
+    adam, precision = run.optimizer, run.model
+    config = CoreOptimizerConfig(
+        optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
+        adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
+        clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
+        params_dtype=torch.bfloat16 if precision.bf16 else torch.float32,
+        use_distributed_optimizer=adam.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(config, model)
     optimizer_kernels.use_fused_adam(optimizer)
     return optimizer
 
 
-def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
+def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     """LR schedule counted in samples, as Megatron does."""
-    gbs = args.global_batch_size
+    schedule, gbs = run.optimizer, run.training.global_batch_size
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
-        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
-        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
+        optimizer, init_lr=0.0, max_lr=schedule.lr, min_lr=schedule.min_lr,
+        lr_warmup_steps=schedule.lr_warmup_iters * gbs,
+        lr_decay_steps=schedule.lr_decay_iters * gbs,
+        lr_decay_style=schedule.lr_decay_style, start_wd=schedule.weight_decay,
+        end_wd=schedule.weight_decay, wd_incr_steps=run.training.train_iters * gbs,
         wd_incr_style="constant",
         # Mismatches were already refused in one line (resume_consistency.check_scheduler).
-        override_opt_param_scheduler=args.override_opt_param_scheduler,
-        use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
+        override_opt_param_scheduler=schedule.override_opt_param_scheduler,
+        use_checkpoint_opt_param_scheduler=not schedule.override_opt_param_scheduler,
     )
 
 
-def gpt_model_provider(args):
-    """(config, DDP-wrapped GPT chunks): the default model provider."""
-    config = build_transformer_config(args)
-    return config, build_model(args, config)
-
-
-def setup_model_and_optimizer(args, model_provider=gpt_model_provider) -> TrainState:
-    """``model_provider(args) -> (config, chunks)`` builds the model (GPT unless told)."""
-    config, model = model_provider(args)
+def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> TrainState:
+    """The model of ``family`` (its provider builds the chunks), optimizer and LR schedule;
+    resumes from ``--load``."""
+    config, model = family.model_provider(run)
     gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
-    optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer)
+    optimizer = build_optimizer(run, model)
+    scheduler = build_scheduler(run, optimizer)
     config.finalize_model_grads_func = finalize_model_grads_on_device
     config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = [chunk.no_sync for chunk in model]
     if len(model) == 1:
         config.no_sync_func = config.no_sync_func[0]
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
-    if args.load:
-        state.iteration = checkpointing.load_checkpoint(args.load, model, optimizer, scheduler,
-                                                        args)
+    if run.checkpoint.load:
+        state.iteration = checkpointing.load_checkpoint(run.checkpoint.load, model, optimizer,
+                                                        scheduler, run)
         optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
 
@@ -142,18 +137,18 @@ def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
     return (total[0] / total[1].clamp(min=1)).item()
 
 
-def _p2p_seq_length(args) -> int:
+def _p2p_seq_length(run: RunConfig) -> int:
     """Full sequence length megatron-core derives fixed p2p shapes from (it divides by CP/SP).
 
     Fixed-shape packs hold --max-seqlen-per-dp-cp-rank tokens per rank; with variable shapes
     the value is not used.
     """
-    if args.sequence_packing:
-        return args.max_seqlen_per_dp_cp_rank * args.context_parallel_size
-    return args.seq_length
+    if run.packing.sequence_packing:
+        return run.packing.max_seqlen_per_dp_cp_rank * run.parallel.context_parallel_size
+    return run.model.seq_length
 
 
-def run_forward_backward(args, state: TrainState, step, forward_only: bool,
+def run_forward_backward(run: RunConfig, state: TrainState, step, forward_only: bool,
                          forward_step_func=forward_step) -> list[dict]:
     """megatron-core's pipeline schedule over ``step``'s micro-batches (one iterator per chunk)."""
     iterators = [iter(step.microbatches) for _ in state.model]
@@ -162,13 +157,13 @@ def run_forward_backward(args, state: TrainState, step, forward_only: bool,
         data_iterator=iterators if len(iterators) > 1 else iterators[0],
         model=state.model if len(state.model) > 1 else state.model[0],
         num_microbatches=step.num_microbatches,
-        seq_length=_p2p_seq_length(args),
-        micro_batch_size=args.micro_batch_size,
+        seq_length=_p2p_seq_length(run),
+        micro_batch_size=run.training.micro_batch_size,
         forward_only=forward_only,
     )
 
 
-def train_step(args, state: TrainState, step,
+def train_step(run: RunConfig, state: TrainState, step,
                forward_step_func=forward_step) -> tuple[float | None, float | None]:
     """One optimizer step over one global batch; returns (reported loss, grad norm).
 
@@ -183,17 +178,19 @@ def train_step(args, state: TrainState, step,
     for chunk in state.model:
         chunk.zero_grad_buffer()
     state.optimizer.zero_grad()
-    losses = run_forward_backward(args, state, step, forward_only=False,
+    losses = run_forward_backward(run, state, step, forward_only=False,
                                   forward_step_func=forward_step_func)
     loss = reduce_reported_loss(losses)
-    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(args, state, loss, norm))
-    state.scheduler.step(increment=args.global_batch_size)
+    guard = run.training.check_for_nan_in_loss_and_grad
+    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(guard, state, loss, norm))
+    state.scheduler.step(increment=run.training.global_batch_size)
     return loss, grad_norm
 
 
-def _guard(args, state: TrainState, loss: float | None, grad_norm: float | None) -> None:
+def _guard(enabled: bool, state: TrainState, loss: float | None,
+           grad_norm: float | None) -> None:
     """The non-finite guard of the step about to become iteration ``state.iteration + 1``."""
-    if args.check_for_nan_in_loss_and_grad:
+    if enabled:
         check_finite(state.iteration + 1, loss, grad_norm)
 
 
@@ -244,101 +241,14 @@ def optimizer_step(optimizer, check=None) -> float | None:
 
 
 @torch.no_grad()
-def evaluate(args, state: TrainState, provider, first_index: int) -> float | None:
+def evaluate(run: RunConfig, state: TrainState, provider, first_index: int) -> float | None:
     """Mean validation loss over --eval-iters global batches (global per-token mean)."""
     losses = []
     with eval_mode(state.model):
-        for offset in range(args.eval_iters):
+        for offset in range(run.training.eval_iters):
             step = provider.step_batches(first_index + offset)
             losses.append(
-                reduce_reported_loss(run_forward_backward(args, state, step, forward_only=True)))
+                reduce_reported_loss(run_forward_backward(run, state, step, forward_only=True)))
     if not losses or losses[0] is None:
         return None
     return sum(losses) / len(losses)
-
-
-def _iteration_metrics(args, state, step, loss, grad_norm, step_time) -> IterationMetrics:
-    return IterationMetrics(
-        iteration=state.iteration, train_iters=args.train_iters,
-        consumed_samples=state.iteration * args.global_batch_size, step_time_s=step_time,
-        learning_rate=state.optimizer.param_groups[0]["lr"],
-        global_batch_size=args.global_batch_size, lm_loss=loss, grad_norm=grad_norm,
-        num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
-        seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
-        flops=num_floating_point_operations(args, step.seqlen_sum, step.seqlen_squared_sum),
-        world_size=torch.distributed.get_world_size(), extra=dict(step.stats),
-    )
-
-
-def _maybe_evaluate(args, state, valid_provider) -> float | None:
-    """Validation at every --eval-interval and at the end; the loss on the loss-owning ranks."""
-    if valid_provider is None or args.eval_iters <= 0:
-        return None
-    if state.iteration % args.eval_interval != 0 and state.iteration != args.train_iters:
-        return None
-    first = (state.iteration // args.eval_interval) * args.eval_iters
-    loss = evaluate(args, state, valid_provider, first)
-    loop_steps.log_validation_loss(state.iteration, loss)
-    return loss
-
-
-def _maybe_save(args, state) -> None:
-    if periodic_save_due(args, state.iteration):
-        checkpointing.save_checkpoint(
-            args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
-
-
-def _save_at_end(args, state) -> str | None:
-    """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
-    if not final_save_due(args, state.iteration):
-        return checkpointing.checkpoint_dir(args.save, state.iteration) if args.save else None
-    return checkpointing.save_checkpoint(
-        args.save, state.iteration, state.model, state.optimizer, state.scheduler, args)
-
-
-def _exit_early(args, state, reason: str) -> None:
-    """Saves (with --save) and says in one line why the run stops before --train-iters."""
-    folder = _save_at_end(args, state)
-    saved = f"checkpoint {folder}; resume with --load {args.save}" if folder else \
-        "nothing saved (no --save)"
-    log.print_rank_0(f"exiting after iteration {state.iteration} of {args.train_iters}: "
-                     f"{reason}; {saved}")
-
-
-def train(args, state: TrainState, train_provider, valid_provider=None,
-          exit_conditions: ExitConditions | None = None) -> list[dict]:
-    """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
-    --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
-    {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
-
-    Losses are None off the last pipeline stage (only that stage has them); validation_loss is
-    None at iterations without evaluation. ``exit_conditions``: the run's, already entered
-    (``pretrain`` starts its clock and signal handling before set-up); default one from now.
-    """
-    logger = MetricsLogger(args.log_interval, args.log_metrics_jsonl) if log.is_last_rank() \
-        else None
-    history = []
-    with contextlib.ExitStack() as stack:
-        exits = exit_conditions or stack.enter_context(ExitConditions(args))
-        stop = None
-        while state.iteration < args.train_iters and stop is None:
-            start = time.perf_counter()
-            step = train_provider.step_batches(state.iteration)
-            loss, grad_norm = train_step(args, state, step)
-            state.iteration += 1
-            history.append({"lm_loss": loss, "grad_norm": grad_norm})
-            if logger is not None:
-                logger.log(_iteration_metrics(args, state, step, loss, grad_norm,
-                                              time.perf_counter() - start))
-            history[-1]["validation_loss"] = _maybe_evaluate(args, state, valid_provider)
-            _maybe_save(args, state)
-            stop = exits.reason(state.iteration)  # every rank, every iteration: it agrees
-        if stop is not None and state.iteration < args.train_iters:
-            _exit_early(args, state, stop)  # a resumed run finishes the schedule, and exports
-        else:
-            _save_at_end(args, state)
-            if args.save_hf:
-                save_hf(args, state.model)
-    if logger is not None:
-        logger.close()
-    return history

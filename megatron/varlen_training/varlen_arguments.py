@@ -13,9 +13,7 @@ import torch
 
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen.packing import parse_length_config
-from megatron.varlen.platform import (
-    ATTENTION_BACKENDS, AUTO, describe_attention_backend, resolve_attention_backend,
-)
+from megatron.varlen.platform import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
 from megatron.varlen.scheduling import (
     DP_BALANCED, DYNAMIC_CP, PROFILES, build_group_layout, canonical_name, pad_multiple,
     padded_length, resolve_hardware_profile, scheduler_help, scheduler_names,
@@ -80,24 +78,20 @@ def _sp_factor(args) -> int:
     return args.tensor_model_parallel_size if args.sequence_parallel else 1
 
 
-def _params_dtype(args) -> torch.dtype:
-    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+def precision_dtype(bf16: bool, fp16: bool) -> torch.dtype:
+    """The parameters' dtype of ``--bf16``/``--fp16`` (float32 without either)."""
+    return torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
 
 
 def attention_backend(args) -> str:
-    """The core attention a run uses: --attention-backend resolved for its dtype and dropout.
+    """The core attention the flags ask for: --attention-backend resolved for their dtype and
+    dropout (model.py resolves the run's the same way).
 
     Raises:
         ValueError: one line, when the requested backend cannot run this configuration.
     """
-    return resolve_attention_backend(args.attention_backend, _params_dtype(args),
-                                     args.attention_dropout)
-
-
-def attention_backend_line(args) -> str:
-    """Start-up log text: the backend, the flag, and (auto) why flash was passed over."""
-    return describe_attention_backend(args.attention_backend, _params_dtype(args),
-                                      args.attention_dropout)
+    return resolve_attention_backend(args.attention_backend,
+                                     precision_dtype(args.bf16, args.fp16), args.attention_dropout)
 
 
 def validate_varlen_args(args, require) -> None:

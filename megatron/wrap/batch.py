@@ -28,6 +28,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from megatron.varlen_training.config import RunConfig
 from megatron.wrap.config.keys import BATCH_SOURCES
 from megatron.wrap.flows import fields
 
@@ -37,13 +38,13 @@ _DIGEST_BYTES = 8  # a 64-bit content hash: an accidental match is not a concern
 _OK, _USER_ERROR, _CRASH = "ok", "user error", "crash"
 
 
-def length_limit(args) -> tuple[int, str]:
+def length_limit(run: RunConfig) -> tuple[int, str]:
     """Longest real sample length this run can take, and the config key that sets it.
 
     That is ``--seq-length``: argument validation already guarantees that a sample of that
     length, padded for the largest CP group it may get, fits the per-rank token budget.
     """
-    return args.seq_length, SEQ_LENGTH_KEY
+    return run.model.seq_length, SEQ_LENGTH_KEY
 
 
 def check_batch(batch: Any, what: str) -> None:

@@ -8,16 +8,16 @@
         wrap.log_last_metrics()
     wrap.save()
 
-Every step runs ``pretrain_gpt.py``'s code: the flow converts samples to data-path samples,
-DP replica r takes block r of the batch, ``GlobalBatchPacker.pack_global_batch``
-packs them (THD, static or dynamic CP, micro-batches) and ``training.train_step`` runs the
-optimizer step with the flow's forward step. Packing is always on. See docs/WRAP.md.
+Every step runs ``pretrain_gpt.py``'s code through the same ``Trainer``: the flow converts
+samples to data-path samples, DP replica r takes block r of the batch, the trainer's
+``GlobalBatchPacker`` packs them (THD, static or dynamic CP, micro-batches) and
+``Trainer.step`` runs the optimizer step with the flow's forward step. Packing is always on.
+See docs/WRAP.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,39 +26,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron.varlen_training import checkpointing
-from megatron.varlen_training.data import build_packing_config
 from megatron.varlen_training import log
-from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss, periodic_save_due
-from megatron.varlen_training.initialize import (
-    initialize_distributed,
-    initialize_model_parallel,
-    set_random_seeds,
-    shutdown,
-    teardown_parallel_state,
-)
-from megatron.varlen_training.pretrain import create_dynamic_cp_groups
-from megatron.varlen_training.run_description import describe_run
-from megatron.varlen_training.hf.exporter import save_hf
-from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
-from megatron.varlen_training.training import (
-    TrainState,
-    reduce_reported_loss,
-    run_forward_backward,
-    setup_model_and_optimizer,
-    train_step,
-)
-from megatron.varlen.packing import GlobalBatchPacker
+from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.initialize import initialize_distributed
+from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
+from megatron.varlen_training.model_family import GPT
+from megatron.varlen_training.trainer import Trainer
+from megatron.varlen_training.training import TrainState, reduce_reported_loss, run_forward_backward
 from megatron.wrap import batch as batching
-from megatron.wrap.metric_writers import ProgressBar
 from megatron.wrap import runtime
 from megatron.wrap.config import WrapConfig, build_config
 from megatron.wrap.flows import Flow, FlowContext, build_flow
 from megatron.wrap.forward import FlowForwardStep
+from megatron.wrap.metric_writers import ProgressBar
 from megatron.wrap.microbatches import pack_step, per_token_fields
 from megatron.wrap.parallel import ParallelStateMixin
 from megatron.wrap.pretrained import pretrained_config
-from megatron.wrap.step_results import LOSS, reduce_across_stages, train_metrics
+from megatron.wrap.step_results import LOSS, flow_metrics, reduce_across_stages, train_metrics
 
 CONFIG_FILENAME = "wrap_config.yaml"  # the resolved config, stored with each checkpoint
 
@@ -76,13 +60,10 @@ class MegatronWrap(ParallelStateMixin):
                  configs_root=None):
         self.config = config if isinstance(config, WrapConfig) else \
             build_config(config, overrides, configs_root)
-        self.args = None
-        self.tokenizer = None
+        self.trainer: Trainer | None = None
         self.flow: Flow | None = None
-        self.state: TrainState | None = None
         self._packer = None
         self._forward_step = None
-        self._writers: list = []
         self._progress = None
         self._last_metrics: dict | None = None
         self._last_record: dict | None = None  # the same step in the shared JSONL schema
@@ -99,32 +80,42 @@ class MegatronWrap(ParallelStateMixin):
             build_config(config, overrides, configs_root)
         return cls(pretrained_config(built, hf_dir))
 
+    @property
+    def run(self) -> RunConfig | None:
+        """The run's configuration (None before ``initialize()``)."""
+        return None if self.trainer is None else self.trainer.run
+
+    @property
+    def tokenizer(self):
+        """The run's tokenizer (None before ``initialize()``)."""
+        return None if self.trainer is None else self.trainer.tokenizer
+
+    @property
+    def state(self) -> TrainState | None:
+        """Model chunks, optimizer, LR schedule and iteration (after the model is set up)."""
+        return None if self.trainer is None else self.trainer.state
+
     # --- set-up ---------------------------------------------------------------------------
 
     def initialize(self) -> MegatronWrap:
-        """Process group (torchrun env, or the one already initialised), parallel state,
-        seeds, tokenizer, packer, flow and logging."""
+        """Process group (torchrun env, or the one already initialised), then the Trainer's
+        start (parallel state, seeds, tokenizer, dynamic CP groups, metric writers), the flow,
+        its packer and the logging."""
         facade = self.config.facade
         log.set_log_level(facade["log_level"])
         runtime.check_device(facade["device"])
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
-        parsed = runtime.parse_training_args(self.config)
-        self.tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_size,
-                                         parsed.tokenizer_model)
-        args = self.args = describe_run(parsed, self.tokenizer.vocab_size)  # read-only now
-        check_tokenizer_fits(self.tokenizer, args.vocab_size)
-        initialize_model_parallel(args)
-        set_random_seeds(args.seed)
-        limit, key = batching.length_limit(args)
+        run, console = runtime.run_config_of(self.config, dist.get_world_size())
+        self.trainer = Trainer(run, GPT, checkpoint_files={CONFIG_FILENAME: self.config.to_yaml()},
+                               console=console)
+        self.trainer.start()  # close() tears down what it set up, even if it fails midway
+        limit, key = batching.length_limit(self.run)
         self.flow = build_flow(facade["flow_name"],
-                               FlowContext(args, self.tokenizer, limit, key), facade["flow_args"])
+                               FlowContext(self.run, self.tokenizer, limit, key),
+                               facade["flow_args"])
         # The packer carries the flow's per-token fields like loss_mask (no re-layout here).
-        packing_config = dataclasses.replace(
-            build_packing_config(args, self.tokenizer.pad),
-            extra_token_fields=per_token_fields(self.flow.extra_fields()))
-        self._packer = GlobalBatchPacker(packing_config,
-                                         group_lookup=create_dynamic_cp_groups(args))
+        self._packer = self.trainer.packer(per_token_fields(self.flow.extra_fields()))
         self._forward_step = FlowForwardStep(self.flow)
         self._setup_logging(facade)
         log.print_rank_0("%s | flow %r | longest sample %d tokens (%s)",
@@ -137,16 +128,15 @@ class MegatronWrap(ParallelStateMixin):
             self._exit_stack.enter_context(log.capture_print())
         if facade["capture_warnings"]:
             self._exit_stack.enter_context(log.capture_warnings())
-        self._writers = runtime.build_writers(facade, dict(self.config.flat),
-                                              self.args.train_iters)
-        if facade["progress_bar"] and self.args.train_iters > 0:
-            self._progress = ProgressBar(self.args.train_iters)
+        train_iters = self.run.training.train_iters
+        if facade["progress_bar"] and train_iters > 0:
+            self._progress = ProgressBar(train_iters)
 
     def setup_model_and_optimizer(self) -> MegatronWrap:
-        """Model chunks, optimizer and LR schedule (``training.setup_model_and_optimizer``);
+        """Model chunks, optimizer and LR schedule (``Trainer.setup_model_and_optimizer``);
         loads the config's ``load`` checkpoint if it names one."""
-        self._require(self.args, "initialize()")
-        self.state = setup_model_and_optimizer(self.args)
+        self._require(self.trainer, "initialize()")
+        self.trainer.setup_model_and_optimizer()
         return self
 
     # --- steps ----------------------------------------------------------------------------
@@ -168,20 +158,21 @@ class MegatronWrap(ParallelStateMixin):
 
         Raises:
             ValueError: Empty batch or a bad sample (one line, the same on every rank).
+            NonFiniteLossError: A NaN/Inf loss or grad norm; the step was not applied.
         """
         self._require(self.state, "setup_model_and_optimizer()")
         start = time.perf_counter()
         samples = self._global_batch(batch, source, "train")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
         self._forward_step.reset()
-        loss, grad_norm = train_step(self.args, self.state, step,
-                                     forward_step_func=self._forward_step)
-        self.state.iteration += 1  # train_step raised before this on a NaN/Inf step
-        reduced = reduce_across_stages(loss, self._forward_step.records, self.flow.metric_names)
-        self._last_metrics, self._last_record = train_metrics(
-            self.args, self.state, step, reduced, grad_norm, len(samples),
-            time.perf_counter() - start)
-        self._maybe_save()
+        report = self.trainer.step(step, forward_step_func=self._forward_step, started_at=start)
+        reduced = reduce_across_stages(report.loss, self._forward_step.records,
+                                       self.flow.metric_names)
+        self._last_metrics = train_metrics(report, reduced, len(samples))
+        self._last_record = self.trainer.record(report, flow_metrics(reduced))
+        folder = self.trainer.save_if_due()
+        if folder is not None:
+            log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return dict(self._last_metrics)
 
     @torch.no_grad()
@@ -193,7 +184,7 @@ class MegatronWrap(ParallelStateMixin):
         step = pack_step(self._packer, samples, self.flow.extra_fields())
         self._forward_step.reset()
         with eval_mode(self.state.model):
-            losses = run_forward_backward(self.args, self.state, step, forward_only=True,
+            losses = run_forward_backward(self.run, self.state, step, forward_only=True,
                                           forward_step_func=self._forward_step)
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
@@ -223,14 +214,14 @@ class MegatronWrap(ParallelStateMixin):
         return self.state.iteration
 
     def log_last_metrics(self) -> None:
-        """Writes the last step's metrics (last rank: console/JSONL/TensorBoard/wandb, as
-        ``logging.metric_writers`` says) and advances the progress line (rank 0)."""
+        """Writes the last step's metrics through the Trainer's metric writers (last rank:
+        console/JSONL/TensorBoard/wandb, as ``logging.metric_writers`` says) and advances the
+        progress line (rank 0)."""
         metrics = self._last_metrics
         if metrics is None:
             log.warning_rank_0("log_last_metrics(): no train() step yet")
             return
-        for writer in self._writers:
-            writer.write(metrics["iteration"], self._last_record)
+        self.trainer.write_metrics(self._last_record)
         if self._progress is not None:
             self._progress.update(metrics["iteration"], {LOSS: metrics[LOSS]})
 
@@ -243,14 +234,11 @@ class MegatronWrap(ParallelStateMixin):
         of the last ``train()`` metrics. ``root`` is ``path`` or the config's ``save``.
         """
         self._require(self.state, "setup_model_and_optimizer()")
-        root = path or self.args.save
+        root = path or self.run.checkpoint.save
         if root is None:
             raise ValueError("save() needs a path, or the config key 'save'")
-        state = self.state
-        folder = checkpointing.save_checkpoint(
-            root, state.iteration, state.model, state.optimizer, state.scheduler, self.args,
-            extra_files={CONFIG_FILENAME: self.config.to_yaml()})
-        log.print_rank_0("saved iteration %d to %s", state.iteration, folder)
+        folder = self.trainer.save(root)
+        log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return folder
 
     def save_pretrained(self, out_dir: str | Path) -> str:
@@ -258,40 +246,31 @@ class MegatronWrap(ParallelStateMixin):
         ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
         if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        return save_hf(self.args, self.state.model, str(out_dir))
+        return self.trainer.family.hf.save(self.run, self.state.model, str(out_dir))
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its
         iteration. ``path``: a checkpoint root or its latest ``iter_*`` folder; default the
         config's ``load``, else ``save``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        path = path or self.args.load or self.args.save
+        path = path or self.run.checkpoint.load or self.run.checkpoint.save
         if path is None:
             raise ValueError("load() needs a path, or the config key 'load'")
-        state = self.state
-        state.iteration = checkpointing.load_checkpoint(
-            runtime.checkpoint_root(path), state.model, state.optimizer, state.scheduler,
-            self.args)
-        log.print_rank_0("loaded iteration %d from %s", state.iteration, path)
-        return state.iteration
-
-    def _maybe_save(self) -> None:
-        if periodic_save_due(self.args, self.state.iteration):
-            self.save()
+        iteration = self.trainer.load(runtime.checkpoint_root(path))
+        log.print_rank_0("loaded iteration %d from %s", iteration, path)
+        return iteration
 
     # --- teardown -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Closes the metric writers, restores print/warnings and tears down the parallel
         state (and the process group if ``initialize()`` created it)."""
-        for writer in self._writers:
-            writer.close()
-        self._writers = []
+        if self.trainer is not None:
+            self.trainer.close()  # the process group is ours, not the trainer's
         self._exit_stack.close()
-        if self._owns_process_group:
-            shutdown()
-        else:
-            teardown_parallel_state()
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_process_group = False
 
     def __enter__(self) -> MegatronWrap:
         return self

@@ -1,6 +1,6 @@
 """The forward step megatron-core's schedule calls, built from a flow.
 
-``train_step(args, state, step, forward_step_func=FlowForwardStep(flow))`` runs the training
+``Trainer.step(batches, forward_step_func=FlowForwardStep(flow))`` runs the training
 path's one optimizer step with the flow's model inputs and loss. The loss closure also keeps
 each micro-batch's metrics, so the facade can reduce the flow's extra metrics like the loss.
 """

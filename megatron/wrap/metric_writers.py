@@ -1,24 +1,23 @@
-"""The facade's metric writers (console, JSONL, TensorBoard, wandb) and its rank-0 progress line.
+"""The facade's choice of metric writers (``logging.metric_writers``) and its rank-0 progress line.
 
-The log lines themselves, their rank prefix, levels and print/warning capture are the training
-layer's (``megatron.varlen_training.log``): the facade logs exactly like ``pretrain_gpt.py``. The
-console writer prints ``pretrain_gpt.py``'s iteration line from the shared JSONL record
-(``megatron.varlen_training.iteration_metrics``). Nothing here imports torch.
+The writers themselves are the training layer's (``megatron.varlen_training.metric_writers``),
+built by the Trainer for ``pretrain_gpt.py`` and the facade alike from a ``LoggingConfig``;
+here the facade's config keys become that config. The log lines, their rank prefix, levels and
+print/warning capture are ``megatron.varlen_training.log``'s. Nothing here imports torch.
 """
 
-import importlib
-import importlib.util
-import os
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-# One schema, one line for both entry points (no torch either).
-from megatron.varlen_training.log import info_all_ranks, print_rank_0
-from megatron.varlen_training.iteration_metrics import ITERATION_KEY, JsonlMetricWriter, format_log_line
+from megatron.varlen_training.config.logging import LoggingConfig
+from megatron.varlen_training.log import print_rank_0
+from megatron.varlen_training.metric_writers import (  # noqa: F401 (the facade's writers)
+    ConsoleMetricWriter, JsonlMetricWriter, MetricWriter, TensorBoardMetricWriter,
+    WandbMetricWriter, missing_packages, to_python,
+)
+from megatron.varlen_training.metric_writers import build_metric_writers as build_writers
+from megatron.wrap.config.keys import METRIC_WRITER_KINDS
 
-WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
 PROGRESS_BAR_WIDTH = 20
 METRIC_WRITERS_KEY = "logging.metric_writers"
 """The config key that lists metric writers, named in errors."""
@@ -59,157 +58,63 @@ class ProgressBar:
 
 
 def _format_metric(value: Any) -> str:
-    value = _to_python(value)
+    value = to_python(value)
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _to_python(value: Any) -> Any:
-    """Turns 0-d tensors and numpy scalars into Python numbers; other values pass through."""
-    return value.item() if hasattr(value, "item") else value
+# --- metric writers: the training layer's, chosen by logging.metric_writers ------------------
 
 
-# --- metric writers --------------------------------------------------------------------------
-
-
-class MetricWriter(Protocol):
-    """Receives one dict of scalar metrics per step; used on the last rank only."""
-
-    def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Records `metrics` for `step`."""
-
-    def close(self) -> None:
-        """Flushes and releases the backend."""
-
-
-class ConsoleMetricWriter:
-    """Logs ``pretrain_gpt.py``'s iteration line (on the calling rank, the last one).
-
-    Args:
-        train_iters: The ``M`` of ``iteration N/ M``.
-    """
-
-    def __init__(self, train_iters: int):
-        self.train_iters = train_iters
-
-    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """``metrics``: a record of the shared JSONL schema (``metrics.to_json_record``)."""
-        record = {ITERATION_KEY: step, **{k: _to_python(v) for k, v in metrics.items()}}
-        info_all_ranks(format_log_line(record, self.train_iters))
-
-    def close(self) -> None:
-        pass
-
-
-class TensorBoardMetricWriter:
-    """Writes each metric as a scalar of a `torch.utils.tensorboard.SummaryWriter`."""
-
-    def __init__(self, log_dir: str | Path):
-        _require_package("tensorboard", "tensorboard")
-        summary_writer_class = importlib.import_module("torch.utils.tensorboard").SummaryWriter
-        self._writer = summary_writer_class(log_dir=str(log_dir))
-
-    def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        for name, value in metrics.items():
-            self._writer.add_scalar(name, _to_python(value), step)
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-class WandbMetricWriter:
-    """Logs metrics to a wandb run; offline unless WANDB_API_KEY is set (mode "auto").
-
-    Args:
-        project: The wandb project.
-        name: The run name.
-        save_dir: Where wandb keeps its files.
-        mode: "auto", "online", "offline" or "disabled".
-        config: Stored with the run (e.g. `WrapConfig.flat`).
-    """
-
-    def __init__(self, project: str, name: str | None = None, save_dir: str | None = None,
-                 mode: str = "auto", config: Mapping[str, Any] | None = None):
-        _require_package("wandb", "wandb")
-        if mode == "auto":
-            mode = "online" if os.environ.get(WANDB_API_KEY_ENV_VAR) else "offline"
-        wandb = importlib.import_module("wandb")
-        self._run = wandb.init(project=project, name=name, dir=save_dir, mode=mode,
-                               config=dict(config or {}))
-
-    def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._run.log({k: _to_python(v) for k, v in metrics.items()}, step=step)
-
-    def close(self) -> None:
-        self._run.finish()
-
-
-def build_metric_writers(
-    kinds: Sequence[str],
-    *,
-    train_iters: int,
-    tensorboard_dir: str | None = None,
-    wandb_project: str | None = None,
-    wandb_exp_name: str | None = None,
-    wandb_save_dir: str | None = None,
-    wandb_mode: str = "auto",
-    jsonl_path: str | None = None,
-    run_config: Mapping[str, Any] | None = None,
-) -> list[MetricWriter]:
-    """Builds the metric writers named in `logging.metric_writers` (call on the last rank).
-
-    Args:
-        kinds: Any of "console", "jsonl", "tensorboard", "wandb".
-        train_iters: The run's length, shown by "console" (``iteration N/ M``).
-        tensorboard_dir: Needed by "tensorboard" (config key `logging.tensorboard_dir`).
-        wandb_project: Needed by "wandb" (config key `logging.wandb_project`).
-        wandb_exp_name: The wandb run name.
-        wandb_save_dir: Where wandb keeps its files.
-        wandb_mode: "auto" (offline without WANDB_API_KEY), "online", "offline", "disabled".
-        jsonl_path: Needed by "jsonl" (config key `logging.metrics_jsonl_path`).
-        run_config: Stored with the wandb run.
+def logging_config(kinds: Sequence[str], *, tensorboard_dir: str | None = None,
+                   wandb_project: str | None = None, wandb_exp_name: str | None = None,
+                   wandb_save_dir: str | None = None, wandb_mode: str = "auto",
+                   jsonl_path: str | None = None) -> tuple[LoggingConfig, bool]:
+    """``(the run's LoggingConfig, whether the console writer is on)`` for the writers named in
+    ``logging.metric_writers``: each writer's setting is kept only when it is named, and the
+    console line is written at every ``log_last_metrics()`` call (interval 1).
 
     Raises:
         ValueError: An unknown kind, or a writer without its required setting.
         ImportError: The tensorboard or wandb package is not installed.
     """
-    builders = {
-        "console": lambda: ConsoleMetricWriter(train_iters),
-        "jsonl": lambda: JsonlMetricWriter(_required(jsonl_path, "jsonl", "metrics_jsonl_path")),
-        "tensorboard": lambda: TensorBoardMetricWriter(
-            _required(tensorboard_dir, "tensorboard", "tensorboard_dir")
-        ),
-        "wandb": lambda: WandbMetricWriter(
-            _required(wandb_project, "wandb", "wandb_project"),
-            wandb_exp_name, wandb_save_dir, wandb_mode, run_config,
-        ),
-    }
     for kind in kinds:
-        if kind not in builders:
-            raise ValueError(
-                f"unknown metric writer '{kind}' in {METRIC_WRITERS_KEY}; "
-                f"choose from {', '.join(builders)}"
-            )
-    return [builders[kind]() for kind in kinds]
+        if kind not in METRIC_WRITER_KINDS:
+            raise ValueError(f"unknown metric writer '{kind}' in {METRIC_WRITERS_KEY}; "
+                             f"choose from {', '.join(METRIC_WRITER_KINDS)}")
+    settings = {"jsonl": ("metrics_jsonl_path", jsonl_path),
+                "tensorboard": ("tensorboard_dir", tensorboard_dir),
+                "wandb": ("wandb_project", wandb_project)}
+    for kind, (key, value) in settings.items():
+        if kind in kinds and value is None:
+            raise ValueError(f"metric writer '{kind}' needs logging.{key} to be set")
+    config = LoggingConfig(
+        log_interval=1, log_metrics_jsonl=jsonl_path if "jsonl" in kinds else None,
+        tensorboard_dir=tensorboard_dir if "tensorboard" in kinds else None,
+        wandb_project=wandb_project if "wandb" in kinds else None,
+        wandb_exp_name=wandb_exp_name, wandb_save_dir=wandb_save_dir, wandb_mode=wandb_mode)
+    for package in missing_packages(config):
+        raise ImportError(f"metric writer '{package}' needs the '{package}' package: pip install "
+                          f"{package}, or remove '{package}' from {METRIC_WRITERS_KEY}")
+    return config, "console" in kinds
 
 
-def _required(value: Any, kind: str, key: str) -> Any:
-    if value is None:
-        raise ValueError(f"metric writer '{kind}' needs logging.{key} to be set")
-    return value
+def facade_logging_config(facade: Mapping[str, Any]) -> tuple[LoggingConfig, bool]:
+    """:func:`logging_config` from a WrapConfig's facade keys."""
+    return logging_config(
+        facade["metric_writers"], tensorboard_dir=facade["tensorboard_dir"],
+        wandb_project=facade["wandb_project"], wandb_exp_name=facade["wandb_exp_name"],
+        wandb_save_dir=facade["wandb_save_dir"], wandb_mode=facade["wandb_mode"],
+        jsonl_path=facade["metrics_jsonl_path"])
 
 
-def _require_package(package: str, kind: str) -> None:
-    if not _is_importable(package):
-        raise ImportError(
-            f"metric writer '{kind}' needs the '{package}' package: pip install {package}, "
-            f"or remove '{kind}' from {METRIC_WRITERS_KEY}"
-        )
+def build_metric_writers(kinds: Sequence[str], *, train_iters: int,
+                         run_config: Mapping[str, Any] | None = None,
+                         **settings: Any) -> list[MetricWriter]:
+    """The writers named in ``logging.metric_writers`` (``settings``: :func:`logging_config`'s),
+    built as the Trainer builds them (call on the last rank).
 
-
-def _is_importable(name: str) -> bool:
-    if name in sys.modules:
-        return sys.modules[name] is not None
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+    Raises:
+        ValueError, ImportError: As :func:`logging_config`.
+    """
+    config, console = logging_config(kinds, **settings)
+    return build_writers(config, train_iters, run_config, console=console)

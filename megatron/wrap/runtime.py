@@ -1,17 +1,19 @@
-"""Set-up helpers of the facade: flags, device check, metric writers, checkpoint paths."""
+"""Set-up helpers of the facade: its run from the config tree, device check, checkpoint paths."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
 import torch
-import torch.distributed as dist
 
 from megatron.varlen_training import checkpointing
-from megatron.varlen_training.arguments import build_parser, parse_args
-from megatron.wrap.config import ConfigError, flat_config_to_argv
-from megatron.wrap.metric_writers import build_metric_writers
+from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.config.from_flags import run_config as run_config_from_flags
+from megatron.varlen_training.flag_values import parse_values
+from megatron.wrap.config import ConfigError, WrapConfig
+from megatron.wrap.metric_writers import facade_logging_config
 
 _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
 # pretrain_gpt.py's flags for when ITS loop stops. The facade has no loop (the caller's loop
@@ -19,23 +21,28 @@ _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
 LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins")
 
 
-def parse_training_args(config):
-    """The validated training arguments of a :class:`WrapConfig` (pretrain_gpt.py's parser).
+def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]:
+    """``(the run, whether the console metric writer is on)`` a :class:`WrapConfig` describes,
+    built from its values directly (``flag_values.parse_values``: pretrain_gpt.py's flags,
+    their checks and validation, without a command line) and its facade logging keys.
 
     The facade always packs (``sequence_packing``; the per-token loss comes with it). The
-    parser insists on a data source; the facade feeds the caller's samples, so when the config
-    names none it passes ``--mock-data``, which nothing then reads.
+    validation insists on a data source; the facade feeds the caller's samples, so when the
+    config names none ``mock_data`` is set, which nothing then reads.
 
     Raises:
-        ArgumentValidationError: A bad flag or combination (a one-line ValueError).
+        ArgumentValidationError: A bad flag value or combination (a one-line ValueError).
+        ConfigError: A loop-exit key (see :data:`LOOP_EXIT_KEYS`).
+        ValueError, ImportError: A metric writer without its setting or package.
     """
     flat = dict(config.flat)
     refuse_loop_exit_keys(flat)
     flat["sequence_packing"] = True
     if not flat.get("mock_data") and not flat.get("data_path"):
         flat["mock_data"] = True
-    return parse_args(flat_config_to_argv(flat, build_parser()),
-                      world_size=dist.get_world_size())
+    logging, console = facade_logging_config(config.facade)
+    run = run_config_from_flags(parse_values(flat, world_size=world_size))
+    return dataclasses.replace(run, logging=logging), console
 
 
 def refuse_loop_exit_keys(flat: dict) -> None:
@@ -56,32 +63,6 @@ def check_device(device: str) -> None:
     if device == "cpu" and has_cuda:
         raise ValueError("config key 'wrap.device' is 'cpu' but CUDA is visible: set "
                          "CUDA_VISIBLE_DEVICES= to run on CPU, or use 'auto'")
-
-
-def build_writers(facade: dict, run_config: dict, train_iters: int) -> list:
-    """The metric writers on the last rank ([] elsewhere); a failure raises on EVERY rank.
-
-    Only the last rank builds writers, so one broadcast tells the others whether it failed
-    (a missing setting or package) instead of leaving them waiting in the next collective.
-    """
-    last = dist.get_world_size() - 1
-    writers, error, message = [], None, [None]
-    if dist.get_rank() == last:
-        try:
-            writers = build_metric_writers(
-                facade["metric_writers"], train_iters=train_iters,
-                tensorboard_dir=facade["tensorboard_dir"],
-                wandb_project=facade["wandb_project"], wandb_exp_name=facade["wandb_exp_name"],
-                wandb_save_dir=facade["wandb_save_dir"], wandb_mode=facade["wandb_mode"],
-                jsonl_path=facade["metrics_jsonl_path"], run_config=run_config)
-        except (ValueError, ImportError) as err:
-            error, message = err, [f"{type(err).__name__}: {err}"]
-    dist.broadcast_object_list(message, src=last)
-    if error is not None:
-        raise error
-    if message[0] is not None:
-        raise ValueError(f"rank {last} could not build the metric writers: {message[0]}")
-    return writers
 
 
 def checkpoint_root(path: str) -> str:

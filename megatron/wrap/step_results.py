@@ -4,7 +4,7 @@ Only the last pipeline stage computes losses. Its flow metrics (``[sum, count]``
 micro-batch) are summed and all-reduced over DP x CP, exactly like the reported loss, and one
 broadcast over the pipeline group then gives every stage the loss and the metrics (with
 PP > 1 the loss is no longer lost on the first stages). Throughput comes from the REAL lengths
-of the global batch (``megatron.varlen_training.flops``), as in ``pretrain_gpt.py``'s log line.
+of the global batch (the Trainer's step report), as in ``pretrain_gpt.py``'s log line.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.varlen_training.flops import num_floating_point_operations
-from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
+from megatron.varlen_training.trainer import StepReport
 from megatron.varlen_training.training import LOSS_KEY
 from megatron.varlen.platform import get_device
 
@@ -57,39 +56,29 @@ def _sum_over_dp_cp(records: list[dict], names: list[str], like: torch.Tensor) -
     return pairs
 
 
-def train_metrics(args, state, step, reduced: dict, grad_norm, num_samples: int,
-                  step_time_s: float) -> tuple[dict, dict]:
-    """(the dict ``train()`` returns (see docs/WRAP.md for each key), the metric writers'
-    record: ``pretrain_gpt.py``'s JSONL schema plus the flow's own metrics)."""
-    lr = state.optimizer.param_groups[0]["lr"]
-    measured = IterationMetrics(
-        iteration=state.iteration, train_iters=args.train_iters,
-        consumed_samples=state.iteration * args.global_batch_size, step_time_s=step_time_s,
-        learning_rate=lr, global_batch_size=args.global_batch_size, lm_loss=reduced[LOSS],
-        grad_norm=grad_norm, num_microbatches=step.num_microbatches, tokens=step.seqlen_sum,
-        seqlen_sum=step.seqlen_sum, seqlen_squared_sum=step.seqlen_squared_sum,
-        flops=num_floating_point_operations(args, step.seqlen_sum, step.seqlen_squared_sum),
-        world_size=dist.get_world_size(), extra=dict(step.stats),
-    )
-    padding = step.stats.get("padding_ratio", 0.0)
-    returned = {
-        "iteration": state.iteration,
+def train_metrics(report: StepReport, reduced: dict, num_samples: int) -> dict:
+    """The dict ``train()`` returns (see docs/WRAP.md for each key), from the Trainer's step
+    report and the loss and flow metrics reduced over every rank."""
+    measured = report.metrics
+    padding = measured.extra.get("padding_ratio", 0.0)
+    return {
+        "iteration": measured.iteration,
         **reduced,
-        "grad_norm": None if grad_norm is None else float(grad_norm),
-        "lr": lr,
+        "grad_norm": None if report.grad_norm is None else float(report.grad_norm),
+        "lr": measured.learning_rate,
         "samples": num_samples,
-        "tokens": step.seqlen_sum,
-        "num_microbatches": step.num_microbatches,
-        "step_time_s": step_time_s,
+        "tokens": measured.tokens,
+        "num_microbatches": measured.num_microbatches,
+        "step_time_s": measured.step_time_s,
         "tokens_per_s": measured.tokens_per_s,
         "tflops_per_device": measured.tflops_per_device,
         "padding_ratio": padding,
         "packing_efficiency": 1.0 - padding,
-        "schedule_imbalance": step.stats.get("schedule_imbalance", 1.0),
+        "schedule_imbalance": measured.extra.get("schedule_imbalance", 1.0),
     }
-    return returned, writer_record(measured, reduced)
 
 
-def writer_record(measured: IterationMetrics, reduced: dict) -> dict:
-    """The shared JSONL schema (``to_json_record``) plus the flow's metrics other than loss."""
-    return to_json_record(measured, {k: v for k, v in reduced.items() if k != LOSS})
+def flow_metrics(reduced: dict) -> dict:
+    """The flow's own metrics (all but the loss): what the metric writers' record adds to the
+    shared JSONL schema."""
+    return {name: value for name, value in reduced.items() if name != LOSS}

@@ -58,15 +58,15 @@ def _assert_close(got, expected, rtol, what):
 
 def _weights_and_devices(argv):
     from megatron.core import parallel_state as ps
-    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
     from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
 
-    args = parse_args(argv, world_size=1)
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
+    run = parse_run_config(argv, world_size=1)
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
     try:
-        module = unwrap(build_model(args, build_transformer_config(args))[0])
+        module = unwrap(build_model(run, build_transformer_config(run))[0])
         return {name: (str(p.device.type), p.detach().cpu()) for name, p in
                 module.named_parameters()}
     finally:

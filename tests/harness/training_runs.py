@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from megatron.core import parallel_state
-from megatron.varlen_training.arguments import parse_args
-from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
+from megatron.varlen_training.config.from_flags import parse_hybrid_run_config, parse_run_config
 from megatron.varlen_training.pretrain import pretrain
-from megatron.varlen_training.training import gpt_model_provider
-from megatron.varlen.platform.dynamic_cp_groups import destroy_dynamic_cp_groups
+from megatron.varlen_training.trainer import Trainer
+from megatron.varlen_training.model_family import GPT
 
 TINY_GPT_ARGS = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -39,31 +37,29 @@ def train_on_this_rank(argv: list[str]) -> dict:
 
     Returns this rank's history plus where it sits, so tests can pick the loss-owning rank.
     """
-    return _train(parse_args(argv, world_size=torch.distributed.get_world_size()))
+    return _train(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
 
 
 def train_hybrid_on_this_rank(argv: list[str]) -> dict:
     """pretrain_mamba.py's path (hybrid flags and model) on an initialised process group."""
-    from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
-    from megatron.varlen_training.hybrid_model import hybrid_model_provider
+    from megatron.varlen_training.hybrid_model import HYBRID
 
-    args = parse_hybrid_args(argv, world_size=torch.distributed.get_world_size())
-    return _train(args, hybrid_model_provider)
+    run = parse_hybrid_run_config(argv, world_size=torch.distributed.get_world_size())
+    return _train(run, HYBRID)
 
 
-def _train(args, model_provider=gpt_model_provider) -> dict:
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
+def _train(run, family=GPT) -> dict:
+    """pretrain() through a Trainer on this rank's process group (which stays)."""
+    trainer = Trainer(run, family)
     try:
-        history = pretrain(args, model_provider)
+        history = pretrain(trainer)
         return {
             "history": history,
             "rank": torch.distributed.get_rank(),
             "owns_loss": history[0]["lm_loss"] is not None if history else False,
         }
     finally:
-        destroy_dynamic_cp_groups()
-        parallel_state.destroy_model_parallel()
+        trainer.close()  # parallel state and dynamic CP groups; not the process group
 
 
 def loss_owner_history(results: list[dict]) -> list[dict]:

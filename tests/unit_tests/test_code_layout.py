@@ -1,5 +1,6 @@
 """The code layout docs/ARCHITECTURE.md describes holds: every module is in its module map
-exactly once, and the installed library never imports the repository's tools or tests."""
+exactly once, the installed library never imports the repository's tools or tests, and no
+import cycle joins its modules (imports inside functions included)."""
 
 import ast
 import re
@@ -140,3 +141,57 @@ def test_varlen_subpackages_depend_one_way():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
     assert graph["scheduling"] == set()  # pure: imports nothing of ours
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+# --- import cycles --------------------------------------------------------------------------
+
+
+def _library_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module and package under megatron/ in this repository."""
+    found = {}
+    for path in (REPO / "megatron").rglob("*.py"):
+        if "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(REPO).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports_of(name: str, path: Path, known) -> set[str]:
+    """The library modules ``name`` imports anywhere in its file: ``from pkg import sub`` names
+    the submodule when there is one, else the package; relative imports are resolved. A package
+    ``__init__`` that exports names lazily (lazy_exports.py) imports every module it names."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if is_package and isinstance(node, ast.Constant) and node.value in known:
+            found.add(node.value)  # a lazily exported module
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                      for alias in node.names}
+        elif isinstance(node, (ast.Import, ast.Call)):  # import x; importlib.import_module("x")
+            found |= set(_imported_modules(node))
+    return {module for module in found if module in known and module != name}
+
+
+def test_no_import_cycle_in_the_library():
+    known = _library_modules()
+    graph = {name: _imports_of(name, path, known) for name, path in known.items()}
+    assert graph["megatron.varlen_training.training"], "the scan found the loop's imports"
+    assert "megatron.varlen.packing.data_schedule" in graph["megatron.varlen.packing"]
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_module_scan_sees_lazy_imports_and_lazy_exports(tmp_path):
+    module = tmp_path / "x.py"
+    module.write_text("def f():\n    from megatron.varlen_training import flops\n")
+    known = {"megatron.varlen_training", "megatron.varlen_training.flops"}
+    assert _imports_of("x", module, known) == {"megatron.varlen_training.flops"}
+    package = tmp_path / "__init__.py"
+    package.write_text('_EXPORTS = {"flops": "megatron.varlen_training.flops"}\n')
+    assert _imports_of("p", package, known) == {"megatron.varlen_training.flops"}

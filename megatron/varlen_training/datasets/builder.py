@@ -14,13 +14,13 @@ over the held-out tail in file order. Without ``--sequence-packing`` every sampl
 
 from __future__ import annotations
 
-import argparse
 import operator
 
 import numpy as np
 import torch
 
 from megatron.varlen.packing import parse_length_config
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset
@@ -82,56 +82,57 @@ class EpochDataset(torch.utils.data.Dataset):
         return sample
 
 
-def build_datasets(
-    args: argparse.Namespace, tokenizer: Tokenizer | None, *, pad_to_multiple_of: int | None = None
-):
+def build_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
+                   pad_to_multiple_of: int | None = None):
     """Builds ``(train_ds, valid_ds)`` as described in the module docstring.
 
     Args:
-        args: Reads ``mock_data, sft, data_path, seq_length, seed, train_samples, eval_samples,
-            sft_mock_dataset_config_json, context_parallel_size, tensor_model_parallel_size,
-            sequence_parallel, sequence_packing, vocab_size``.
+        run: Reads the data config (sources, sample counts), ``seq_length`` and ``vocab_size``,
+            ``seed``, the parallel sizes and whether samples are packed.
         tokenizer: Supplies vocab size, eod and pad; ``None`` with mock data means
-            ``NullTokenizer(args.vocab_size)``.
+            ``NullTokenizer(run.model.vocab_size)``.
         pad_to_multiple_of: Overrides :func:`get_pad_multiple` of the parallel sizes (e.g. for
             dynamic CP, whose largest CP group exceeds ``--context-parallel-size``).
 
     Returns:
-        ``(train_ds, valid_ds)``; ``valid_ds`` is ``None`` when ``args.eval_samples`` is 0.
+        ``(train_ds, valid_ds)``; ``valid_ds`` is ``None`` when ``run.data.eval_samples`` is 0.
 
     Raises:
         ValueError: Missing ``--data-path``, unsupported data flags, or sizes that do not fit.
     """
+    parallel, model, data = run.parallel, run.model, run.data
     multiple = pad_to_multiple_of or get_pad_multiple(
-        args.context_parallel_size, args.tensor_model_parallel_size, args.sequence_parallel
+        parallel.context_parallel_size, parallel.tensor_model_parallel_size,
+        parallel.sequence_parallel
     )
-    pad_to_seq_length = not args.sequence_packing
-    if pad_to_seq_length and args.seq_length % multiple:
+    pad_to_seq_length = not run.packing.sequence_packing
+    if pad_to_seq_length and model.seq_length % multiple:
         raise ValueError(
-            f"--seq-length {args.seq_length} must be a multiple of {multiple} (2 x context "
+            f"--seq-length {model.seq_length} must be a multiple of {multiple} (2 x context "
             "parallel x tensor parallel with sequence parallel) without --sequence-packing"
         )
     if tokenizer is None:
-        tokenizer = NullTokenizer(args.vocab_size)
-    if args.vocab_size is not None and args.vocab_size < tokenizer.vocab_size:
+        tokenizer = NullTokenizer(model.vocab_size)
+    if model.vocab_size is not None and model.vocab_size < tokenizer.vocab_size:
         raise ValueError(
-            f"--vocab-size {args.vocab_size} is smaller than the tokenizer's vocabulary "
+            f"--vocab-size {model.vocab_size} is smaller than the tokenizer's vocabulary "
             f"({tokenizer.vocab_size})"
         )
-    if args.mock_data:
-        build = _build_mock_sft if args.sft else _build_mock_gpt
-    elif args.sft:
+    if data.mock_data:
+        build = _build_mock_sft if data.sft else _build_mock_gpt
+    elif data.sft:
         build = _build_sft
     else:
         raise ValueError("only --mock-data or --sft with a JSONL --data-path is supported")
-    return build(args, tokenizer, multiple, pad_to_seq_length)
+    return build(run, tokenizer, multiple, pad_to_seq_length)
 
 
-def _build_mock_gpt(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
+def _build_mock_gpt(run: RunConfig, tokenizer: Tokenizer, multiple: int,
+                    pad_to_seq_length: bool):
     def build(num_samples: int, seed: int) -> MockGPTDataset:
         return MockGPTDataset(
             num_samples,
-            args.seq_length,
+            run.model.seq_length,
             tokenizer.vocab_size,
             seed,
             tokenizer.eod,
@@ -139,16 +140,18 @@ def _build_mock_gpt(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length
             pad_to_multiple_of=multiple,
         )
 
-    return _train_and_valid(args, build)
+    return _train_and_valid(run, build)
 
 
-def _build_mock_sft(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
-    length_config = parse_length_config(args.sft_mock_dataset_config_json, args.seq_length)
+def _build_mock_sft(run: RunConfig, tokenizer: Tokenizer, multiple: int,
+                    pad_to_seq_length: bool):
+    length_config = parse_length_config(run.data.sft_mock_dataset_config_json,
+                                        run.model.seq_length)
 
     def build(num_samples: int, seed: int) -> MockSFTDataset:
         return MockSFTDataset(
             num_samples,
-            args.seq_length,
+            run.model.seq_length,
             tokenizer.vocab_size,
             seed,
             tokenizer.eod,
@@ -158,7 +161,7 @@ def _build_mock_sft(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length
             pad=tokenizer.pad,
         )
 
-    return _train_and_valid(args, build)
+    return _train_and_valid(run, build)
 
 
 def check_mock_sample_count(train_samples: int, eval_samples: int) -> None:
@@ -177,28 +180,32 @@ def check_mock_sample_count(train_samples: int, eval_samples: int) -> None:
             f"machine's {limit / GIB:.1f} GiB of memory (lower --train-iters or --eval-iters)")
 
 
-def _train_and_valid(args, build):
-    check_mock_sample_count(args.train_samples, args.eval_samples)
-    valid = build(args.eval_samples, args.seed + VALID_SEED_OFFSET) if args.eval_samples else None
-    return build(args.train_samples, args.seed), valid
+def _train_and_valid(run: RunConfig, build):
+    data, seed = run.data, run.training.seed
+    check_mock_sample_count(data.train_samples, data.eval_samples)
+    valid = build(data.eval_samples, seed + VALID_SEED_OFFSET) if data.eval_samples else None
+    return build(data.train_samples, seed), valid
 
 
-def _build_sft(args, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
-    if not args.data_path:
+def _build_sft(run: RunConfig, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
+    data = run.data
+    if not data.data_path:
         raise ValueError("--sft without --mock-data needs --data-path FILE.jsonl")
-    if len(args.data_path) > 1:
-        warning_rank_0("--sft reads only the first --data-path entry %r", args.data_path[0])
-    full = SFTDataset(args.data_path[0], tokenizer, args.seq_length, multiple, pad_to_seq_length)
+    if len(data.data_path) > 1:
+        warning_rank_0("--sft reads only the first --data-path entry %r", data.data_path[0])
+    full = SFTDataset(data.data_path[0], tokenizer, run.model.seq_length, multiple,
+                      pad_to_seq_length)
     num_docs = len(full)
-    num_valid = max(1, round(VALID_FRACTION * num_docs)) if args.eval_samples else 0
+    num_valid = max(1, round(VALID_FRACTION * num_docs)) if data.eval_samples else 0
     if num_valid >= num_docs:
         raise ValueError(
-            f"--data-path {args.data_path[0]!r} has {num_docs} sample(s): too few to hold out "
+            f"--data-path {data.data_path[0]!r} has {num_docs} sample(s): too few to hold out "
             "a validation tail (set --eval-iters 0 or add samples)"
         )
     doc_ids = np.arange(num_docs)
-    train = EpochDataset(full, doc_ids[: num_docs - num_valid], args.train_samples, args.seed, True)
+    train = EpochDataset(full, doc_ids[: num_docs - num_valid], data.train_samples,
+                         run.training.seed, True)
     valid = None
     if num_valid:
-        valid = EpochDataset(full, doc_ids[num_docs - num_valid :], args.eval_samples, 0, False)
+        valid = EpochDataset(full, doc_ids[num_docs - num_valid :], data.eval_samples, 0, False)
     return train, valid

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.hf.config import (
-    HFConfigError, config_from_args, flag_values, load_hf_config, overridable_defaults,
+    HFConfigError, flag_values, load_hf_config, overridable_defaults,
 )
 
 HF_CHECKPOINT_FLAG = "--hf-checkpoint"
@@ -39,42 +39,42 @@ def add_hf_args(parser: argparse.ArgumentParser) -> None:
                        help="Llama-3 RoPE scaling factor.")
 
 
-def _checkpoint_dir(argv: list[str]) -> str | None:
+def checkpoint_dir(argv: list[str]) -> str | None:
+    """The ``--hf-checkpoint`` of a command line (None without), read before it is parsed."""
     peek = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     peek.add_argument(HF_CHECKPOINT_FLAG, default=None)
     known, _ = peek.parse_known_args(argv)
     return known.hf_checkpoint
 
 
-def apply_checkpoint_defaults(parser: argparse.ArgumentParser, argv: list[str]) -> dict:
-    """With ``--hf-checkpoint`` in ``argv``: the checkpoint's architecture becomes the parser's
-    defaults (required flags become optional). Returns the architecture flags ({} without).
+def apply_checkpoint_defaults(parser, hf_dir: str | None) -> dict:
+    """With an ``--hf-checkpoint`` directory: the checkpoint's architecture becomes the
+    parser's defaults (required flags become optional). Returns the architecture flags ({}
+    without). ``parser``: a MegatronArgumentParser (its ``flag_actions``).
 
     Raises:
         HFConfigError: No config.json, or an unsupported architecture or field (one line).
     """
-    hf_dir = _checkpoint_dir(argv)
     if hf_dir is None:
         return {}
     config = load_hf_config(hf_dir)
     fixed = flag_values(config)
     defaults = {**overridable_defaults(config), **fixed}
-    for action in parser._actions:  # noqa: SLF001 - argparse has no public API for this
+    for action in parser.flag_actions:
         if action.dest in defaults:
             action.required = False
     parser.set_defaults(**defaults)
     return fixed
 
 
-def _flag(parser: argparse.ArgumentParser, dest: str) -> str:
-    for action in parser._actions:  # noqa: SLF001
+def _flag(parser, dest: str) -> str:
+    for action in parser.flag_actions:
         if action.dest == dest and action.option_strings:
             return action.option_strings[0]
     return dest
 
 
-def check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                    fixed: dict) -> None:
+def check_conflicts(parser, args: argparse.Namespace, fixed: dict) -> None:
     """A flag that disagrees with the checkpoint's architecture is an error naming both."""
     for dest, value in fixed.items():
         given = getattr(args, dest)
@@ -101,8 +101,4 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
             SafetensorsReader(args.hf_checkpoint)
         except (CheckpointFileError, ImportError) as err:
             require(False, f"--hf-checkpoint: {err}")
-    if args.save_hf:
-        try:
-            config_from_args(args)
-        except HFConfigError as err:
-            require(False, f"--save-hf: {err}")
+    # --save-hf's architecture is checked on the run's model config (config/from_flags.py).

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from megatron.varlen_training.config import ModelConfig
+
 CONFIG_FILENAME = "config.json"
 
 
@@ -244,31 +246,31 @@ def overridable_defaults(config: HFModelConfig) -> dict:
     }
 
 
-def config_from_args(args) -> HFModelConfig:
-    """The Hugging Face architecture our flags describe (for export); HFConfigError if none."""
+def config_from_model(model: ModelConfig) -> HFModelConfig:
+    """The Hugging Face architecture a run's model is (for export); HFConfigError if none."""
     needed = {"normalization": "RMSNorm", "swiglu": True, "disable_bias_linear": True,
               "position_embedding_type": "rope"}
     for dest, value in needed.items():
-        if getattr(args, dest) != value:
+        if getattr(model, dest) != value:
             flag = "--" + dest.replace("_", "-")
             raise HFConfigError(f"export to Hugging Face needs {flag} {value} (got "
-                                f"{getattr(args, dest)!r}); only Llama/Qwen2/Qwen3 models export")
-    if getattr(args, "mtp_num_layers", None):
+                                f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3 models "
+                                f"export")
+    if model.mtp_num_layers:
         raise HFConfigError("export to Hugging Face does not support --mtp-num-layers")
-    if args.add_qkv_bias and args.qk_layernorm:
+    if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
-    architecture = ("Qwen2ForCausalLM" if args.add_qkv_bias else
-                    "Qwen3ForCausalLM" if args.qk_layernorm else "LlamaForCausalLM")
+    architecture = ("Qwen2ForCausalLM" if model.add_qkv_bias else
+                    "Qwen3ForCausalLM" if model.qk_layernorm else "LlamaForCausalLM")
     return HFModelConfig(
-        architecture=architecture, num_layers=args.num_layers, hidden_size=args.hidden_size,
-        ffn_hidden_size=args.ffn_hidden_size, num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups,
-        kv_channels=args.kv_channels or args.hidden_size // args.num_attention_heads,
-        vocab_size=args.vocab_size, max_position_embeddings=args.max_position_embeddings,
-        norm_epsilon=args.norm_epsilon, rotary_base=args.rotary_base,
-        rope_scaling_factor=args.rope_scaling_factor if args.use_rope_scaling else None,
-        tied_embeddings=not args.untie_embeddings_and_output_weights,
+        architecture=architecture, num_layers=model.num_layers, hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size, num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups, kv_channels=model.head_dim,
+        vocab_size=model.vocab_size, max_position_embeddings=model.max_position_embeddings,
+        norm_epsilon=model.norm_epsilon, rotary_base=model.rotary_base,
+        rope_scaling_factor=model.rope_scaling_factor if model.use_rope_scaling else None,
+        tied_embeddings=model.tied_output,
     )
 
 

@@ -15,7 +15,8 @@ import sys
 import torch
 
 from megatron.core import dist_checkpointing
-from megatron.varlen_training.arguments import ERROR_EXIT_CODE, parse_args_or_exit
+from megatron.varlen_training.arguments import ERROR_EXIT_CODE
+from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
 from megatron.varlen_training.checkpointing import check_checkpoint
 from megatron.varlen_training.errors import exit_on_user_errors, print_error_line
 from megatron.varlen_training.hf.exporter import save_hf
@@ -43,16 +44,17 @@ def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
 
 def main(argv: list[str] | None = None) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args_or_exit(_UNUSED_REQUIRED_FLAGS + argv, prog=EXPORT_PROG)
-    if not args.load or not args.save_hf:
+    run = parse_run_config_or_exit(_UNUSED_REQUIRED_FLAGS + argv, prog=EXPORT_PROG)
+    checkpoint = run.checkpoint
+    if not checkpoint.load or not checkpoint.save_hf:
         print_error_line("export_hf.py", "needs --load CKPT_ROOT and --save-hf OUT_DIR")
         sys.exit(ERROR_EXIT_CODE)
-    initialize_megatron(args)
+    initialize_megatron(run)
     try:
         with exit_on_user_errors("export_hf.py"):  # a bad or unsafe checkpoint: one line
-            model = build_model(args, build_transformer_config(args))
-            iteration = load_model_weights(args.load, model)
-            print_rank_0(f"> loaded iteration {iteration} from {args.load}")
-            return save_hf(args, model)
+            model = build_model(run, build_transformer_config(run))
+            iteration = load_model_weights(checkpoint.load, model)
+            print_rank_0(f"> loaded iteration {iteration} from {checkpoint.load}")
+            return save_hf(run, model)
     finally:
         shutdown()

@@ -16,9 +16,10 @@ import shutil
 import torch
 
 from megatron.core import parallel_state
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import (
-    HFModelConfig, config_from_args, load_hf_config, to_config_json,
+    HFModelConfig, config_from_model, load_hf_config, to_config_json,
 )
 from megatron.varlen_training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
@@ -132,12 +133,12 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
     return out_dir
 
 
-def export_config(args) -> HFModelConfig:
-    """The architecture to export for a run's flags, with the token ids of the checkpoint it
-    started from (``--hf-checkpoint``), if any."""
-    config = config_from_args(args)
-    if args.hf_checkpoint:
-        source = load_hf_config(args.hf_checkpoint)
+def export_config(run: RunConfig) -> HFModelConfig:
+    """The architecture to export for a run, with the token ids of the checkpoint it started
+    from (``--hf-checkpoint``), if any."""
+    config = config_from_model(run.model)
+    if run.checkpoint.hf_checkpoint:
+        source = load_hf_config(run.checkpoint.hf_checkpoint)
         config = dataclasses.replace(config, bos_token_id=source.bos_token_id,
                                      eos_token_id=source.eos_token_id)
     return config
@@ -154,14 +155,15 @@ def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
     return copied
 
 
-def save_hf(args, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
+def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
     """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
     with the run's Hugging Face tokenizer files (``--tokenizer-model``) if it has one."""
-    out_dir = out_dir or args.save_hf
-    path = export_hf([unwrap(chunk) for chunk in model], out_dir, export_config(args))
-    if torch.distributed.get_rank() == 0 and args.tokenizer_type == "HuggingFaceTokenizer":
-        copy_tokenizer_files(args.tokenizer_model, out_dir)
+    out_dir = out_dir or run.checkpoint.save_hf
+    config = export_config(run)
+    path = export_hf([unwrap(chunk) for chunk in model], out_dir, config)
+    data = run.data
+    if torch.distributed.get_rank() == 0 and data.tokenizer_type == "HuggingFaceTokenizer":
+        copy_tokenizer_files(data.tokenizer_model, out_dir)
     torch.distributed.barrier()
-    print_rank_0(f"> saved Hugging Face checkpoint ({export_config(args).architecture}) to "
-                 f"{path}")
+    print_rank_0(f"> saved Hugging Face checkpoint ({config.architecture}) to {path}")
     return path

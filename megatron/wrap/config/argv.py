@@ -1,7 +1,9 @@
-"""Turning a flat config into command-line flags, so the training layer's parser validates it.
+"""Turning a flat config into command-line flags: the pretrain_gpt.py command line that runs the
+same configuration (tests compare the two entry points on it; a user can launch it).
 
-`flat_config_to_argv(config.flat, build_parser())` gives flags that `parse_args(argv)` accepts:
-the facade reuses pretrain_gpt.py's one parsing and validation path instead of a second one.
+`flat_config_to_argv(config.flat, build_parser())` gives flags that `parse_args(argv)` accepts.
+The facade itself does not go through a command line: it builds its run from the values
+(`megatron.varlen_training.flag_values`), with the same checks and validation.
 """
 
 import argparse

@@ -118,21 +118,27 @@ def check_facade_value(name: str, value: Any, source: str) -> None:
             )
 
 
-def known_keys_from_parser(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """Returns `{dest: default}` for every optional argument of `parser` (not help/version).
+def known_keys_of(actions: list[argparse.Action]) -> dict[str, Any]:
+    """Returns `{dest: default}` for every optional argument among `actions` (not help).
 
     When several flags share a dest (e.g. `--foo` and `--no-foo`), the first one's default wins,
     as in argparse itself.
     """
     known: dict[str, Any] = {}
-    for action in parser._actions:  # argparse has no public accessor for its actions
+    for action in actions:
         if action.option_strings and action.default is not argparse.SUPPRESS:
             known.setdefault(action.dest, action.default)
     return known
 
 
+def known_keys_from_parser(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Returns `{dest: default}` of any argparse parser (a test's stand-in, a user's own)."""
+    return known_keys_of(parser._actions)  # argparse has no public accessor for its actions
+
+
 def default_known_keys() -> Mapping[str, Any]:
-    """Returns the CLI keys of the training layer's parser (`megatron.varlen_training.arguments`)."""
+    """Returns the CLI keys of the training layer's parser (`megatron.varlen_training.arguments`),
+    from its public record of its flags."""
     from megatron.varlen_training.arguments import build_parser  # the parser is owned by training/
 
-    return known_keys_from_parser(build_parser())
+    return known_keys_of(build_parser().flag_actions)

@@ -20,13 +20,13 @@ A flow has four jobs, called by :class:`megatron.wrap.MegatronWrap` in this orde
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.training import LOSS_KEY
 from megatron.wrap.flows import fields
 
@@ -40,13 +40,13 @@ class FlowContext:
     """What a flow may read about the run.
 
     Attributes:
-        args: The validated training arguments (``megatron.varlen_training.arguments``).
+        run: The run's configuration (``megatron.varlen_training.config.RunConfig``).
         tokenizer: The run's tokenizer (``megatron.varlen_training.tokenizer``).
         max_length: Longest real sample length the run can take (tokens).
         max_length_key: The config key that sets ``max_length`` (named in errors).
     """
 
-    args: argparse.Namespace
+    run: RunConfig
     tokenizer: Any
     max_length: int
     max_length_key: str
@@ -107,7 +107,7 @@ class Flow:
         per token: ``length`` entries, or as many as ``tokens`` (padded alike).
         """
         reads = "tokens, labels, optional loss_mask and length"
-        vocab = self.context.args.vocab_size
+        vocab = self.context.run.model.vocab_size
         tokens = fields.as_token_ids(fields.require_field(raw, index, "tokens", reads),
                                      index, "tokens", vocab)
         length = fields.as_length(raw.get("length", tokens.numel()), index, tokens.numel())

@@ -80,7 +80,7 @@ class GPTSFTFlow(GPTFlow):
 
     def _document(self, raw: Mapping, index: int) -> tuple[np.ndarray, np.ndarray | None]:
         """``(ids, is_target)`` of a document form; is_target None trains on every label."""
-        vocab = self.context.args.vocab_size
+        vocab = self.context.run.model.vocab_size
         if "prompt_ids" in raw or "response_ids" in raw:
             prompt, response = (
                 fields.as_token_ids(fields.require_field(raw, index, key, _FORMS), index, key,
@@ -100,7 +100,7 @@ class GPTSFTFlow(GPTFlow):
             ids, is_target = encode_turns(parse_turns(dict(raw)), self.context.tokenizer)
         except ValueError as err:  # the dataset's message, located in the batch
             raise fields.sample_error(index, None, str(err)) from None
-        fields.as_token_ids(ids, index, "text (tokenized)", self.context.args.vocab_size)
+        fields.as_token_ids(ids, index, "text (tokenized)", self.context.run.model.vocab_size)
         return ids, is_target
 
     def _truncated(self, sample: dict) -> dict:

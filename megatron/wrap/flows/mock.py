@@ -31,14 +31,15 @@ class MockFlow(GPTFlow):
     def __init__(self, context, lengths=None, seed: int | None = None,
                  num_batches: int | None = None):
         super().__init__(context)
-        args, tokenizer = context.args, context.tokenizer
-        self.batch_size = args.global_batch_size
-        self.num_batches = num_batches or args.train_iters
-        config = lengths if lengths is not None else args.sft_mock_dataset_config_json
+        run, tokenizer = context.run, context.tokenizer
+        self.batch_size = run.training.global_batch_size
+        self.num_batches = num_batches or run.training.train_iters
+        config = lengths if lengths is not None else run.data.sft_mock_dataset_config_json
+        seq_length = run.model.seq_length
         self._dataset = MockSFTDataset(
-            self.num_batches * self.batch_size, args.seq_length, tokenizer.vocab_size,
-            args.seed if seed is None else seed, tokenizer.eod,
-            parse_length_config(config, args.seq_length), pad=tokenizer.pad)
+            self.num_batches * self.batch_size, seq_length, tokenizer.vocab_size,
+            run.training.seed if seed is None else seed, tokenizer.eod,
+            parse_length_config(config, seq_length), pad=tokenizer.pad)
 
     def make_batch(self, step: int) -> list[dict]:
         """Global batch ``step`` (0-based): dataset samples ``step * gbs .. step * gbs + gbs - 1``.

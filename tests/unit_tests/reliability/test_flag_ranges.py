@@ -13,6 +13,7 @@ import pytest
 
 from megatron.varlen_training import flag_ranges
 from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
+from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
 from megatron.varlen_training.hybrid_arguments import build_hybrid_parser, parse_hybrid_args
@@ -91,7 +92,7 @@ MAMBA_BASE = TINY_GPT_ARGS + ["--train-iters", "3", "--num-layers", "3",
 
 
 def _numeric_dests(parser) -> dict:
-    return {action.dest: action.type for action in parser._actions
+    return {action.dest: action.type for action in parser.flag_actions
             if action.type in (int, float)}
 
 
@@ -137,7 +138,7 @@ def _accepted_then_data_is_one_line_or_builds(args) -> None:
     """An accepted value must not fail later in a traceback: the datasets (mock data's sample
     index is sized by the flags) build or refuse in one line."""
     try:
-        agree_on_errors(build_datasets, args, None)
+        agree_on_errors(build_datasets, run_config(args), None)
     except UserInputError as err:
         assert "\n" not in str(err)
 
@@ -172,14 +173,13 @@ FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins"})
 
 
 @pytest.mark.parametrize("dest", sorted(set(GPT_FLAGS) - FACADE_REFUSED))
-def test_facade_numeric_flags(dest, monkeypatch):
-    """MegatronWrap builds its flags from the config tree and parses them with the same
-    parser: the same table holds (its base always packs)."""
-    monkeypatch.setattr(runtime.dist, "get_world_size", lambda *a, **k: 1)
+def test_facade_numeric_flags(dest):
+    """MegatronWrap builds its run from the config tree with the same flag checks and
+    validation: the same table holds (its base always packs)."""
     for probe in PROBES:
         config = build_config(_facade_config(dest, _value(GPT_FLAGS[dest], probe)))
         try:
-            args, error = runtime.parse_training_args(config), None
+            args, error = runtime.run_config_of(config, world_size=1), None
         except ArgumentValidationError as err:
             args, error = None, str(err)
         _check(dest, probe, args, error)
@@ -251,7 +251,7 @@ def _file(tmp_path: Path) -> Path:
 def test_huge_mock_sample_count_is_one_line():
     args = parse_args(GPT_BASE + ["--train-iters", str(HUGE_INT)], world_size=1)
     with pytest.raises(UserInputError) as err:
-        agree_on_errors(build_datasets, args, None)
+        agree_on_errors(build_datasets, run_config(args), None)
     assert "--mock-data keeps one length per sample" in str(err.value)
 
 

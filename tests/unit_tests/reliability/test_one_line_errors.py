@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
@@ -41,12 +42,12 @@ def test_unwritable_save_is_refused_at_start_up(tmp_path):
 
 
 def _sft_args(path):
-    args = parse_args(["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
-                       "--seq-length", "32", "--lr", "1e-3", "--train-iters", "2",
-                       "--eval-iters", "0", "--sft", "--data-path", str(path),
-                       "--tokenizer-type", "ByteLevelTokenizer"], world_size=1)
+    run = parse_run_config(["--num-layers", "1", "--hidden-size", "16",
+                            "--num-attention-heads", "2", "--seq-length", "32", "--lr", "1e-3",
+                            "--train-iters", "2", "--eval-iters", "0", "--sft", "--data-path",
+                            str(path), "--tokenizer-type", "ByteLevelTokenizer"], world_size=1)
     # train_samples / eval_samples: derived during validation (run_description.py)
-    return args
+    return run
 
 
 GOOD = b'{"prompt": "hi", "response": "there"}\n'
@@ -71,10 +72,10 @@ def test_bad_sft_data_is_one_line(tmp_path, content, needle):
         path.mkdir()
     else:
         path.write_bytes(content)
-    args = _sft_args(path)
-    tokenizer = build_tokenizer(args.tokenizer_type)
+    run = _sft_args(path)
+    tokenizer = build_tokenizer(run.data.tokenizer_type)
     with pytest.raises(UserInputError) as err:
-        agree_on_errors(build_datasets, args, tokenizer)
+        agree_on_errors(build_datasets, run, tokenizer)
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 

@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 
+from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
 from megatron.varlen_training.data import build_packing_config
 from megatron.varlen.packing import thd_microbatch
@@ -87,7 +88,7 @@ def _sample(length: int) -> dict:
 def _longest_position_run(args, lengths: list[int]) -> int:
     """max(position id) + 1 over every pack every rank builds for this global batch, through
     the real scheduler and thd_microbatch (as GlobalBatchPacker does)."""
-    config = build_packing_config(args, PAD_ID)
+    config = build_packing_config(run_config(args), PAD_ID)
     dp, cp = args.data_parallel_size, args.context_parallel_size
     problem = ScheduleProblem(
         lengths=lengths, dp_size=dp, cp_size=cp, max_seqlen_per_rank=config.max_seqlen_per_rank,

@@ -32,11 +32,12 @@ EXPECTED_FLAGS = frozenset("""
 --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
+--tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
 """.split())
 
 
 def _flags():
-    return {opt for action in build_parser()._actions for opt in action.option_strings
+    return {opt for action in build_parser().flag_actions for opt in action.option_strings
             if opt.startswith("--") and opt != "--help"}
 
 

@@ -6,11 +6,13 @@ work the formula charges, so the reference is compared with the formula's forwar
 the attention term doubled. Two lengths pin both the sum(L) and the sum(L^2) coefficients.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, num_floating_point_operations
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS
@@ -23,17 +25,17 @@ def _forward_flops(argv, length):
     from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
     from megatron.varlen_training.model import build_model, build_transformer_config
 
-    args = parse_args(argv, world_size=1)
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
+    run = parse_run_config(argv, world_size=1)
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
     try:
-        model = build_model(args, build_transformer_config(args))[0]
+        model = build_model(run, build_transformer_config(run))[0]
         tokens = torch.zeros(1, length, dtype=torch.long)
         positions = torch.arange(length).unsqueeze(0)
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             model(tokens, positions, None, labels=tokens)
-        return counter.get_total_flops(), args.padded_vocab_size
+        return counter.get_total_flops(), run.model.padded_vocab_size
     finally:
         parallel_state.destroy_model_parallel()
 
@@ -45,16 +47,16 @@ def test_formula_matches_counted_matmuls(swiglu):
     for length in LENGTHS:
         counted, padded_vocab = run_distributed(_forward_flops, 1, args=(argv, length),
                                                 timeout_s=120)[0]
-        args = parse_args(argv, world_size=1)
-        args.padded_vocab_size = padded_vocab
-        train = num_floating_point_operations(args, length, length * length)
-        causal_attention = num_floating_point_operations(args, 0, length * length)
+        model = parse_run_config(argv, world_size=1).model
+        model = dataclasses.replace(model, padded_vocab_size=padded_vocab)
+        train = num_floating_point_operations(model, length, length * length)
+        causal_attention = num_floating_point_operations(model, 0, length * length)
         expected_forward = (train + causal_attention) / FORWARD_AND_BACKWARD
         assert counted == pytest.approx(expected_forward, rel=1e-9), (length, counted)
 
 
 def test_sums_are_exact_integers():
-    args = parse_args(TINY_GPT_ARGS + ["--train-iters", "1"], world_size=1)
-    args.padded_vocab_size = 128
+    model = parse_run_config(TINY_GPT_ARGS + ["--train-iters", "1"], world_size=1).model
+    assert model.padded_vocab_size == 128
     big = 2 ** 40 + 1  # float32 would round this (exact above 2^24 only as an integer)
-    assert isinstance(num_floating_point_operations(args, big, big * big), int)
+    assert isinstance(num_floating_point_operations(model, big, big * big), int)

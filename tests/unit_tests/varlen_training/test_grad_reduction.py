@@ -31,17 +31,17 @@ def rank_finalize_results(argv):
     with the real token count and with none."""
     from megatron.core.distributed import finalize_model_grads
 
-    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
-    from megatron.varlen_training.initialize import initialize_megatron, teardown_parallel_state
     from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.training import run_forward_backward, setup_model_and_optimizer
+    from megatron.varlen_training.trainer import Trainer
+    from megatron.varlen_training.training import run_forward_backward
 
-    args = parse_args(argv, world_size=torch.distributed.get_world_size())
-    initialize_megatron(args)
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
-        provider, _ = build_data_providers(args)
-        state = setup_model_and_optimizer(args)
+        run = trainer.start().run
+        provider, _ = build_data_providers(trainer)
+        state = trainer.setup_model_and_optimizer()
         captured = {}
 
         def capture(model, num_tokens=None, **kwargs):
@@ -49,7 +49,7 @@ def rank_finalize_results(argv):
                             kwargs=kwargs)
 
         state.config.finalize_model_grads_func = capture
-        run_forward_backward(args, state, provider.step_batches(0), False)
+        run_forward_backward(run, state, provider.step_batches(0), False)
         results = {}
         for tokens in (captured["tokens"], torch.zeros_like(captured["tokens"])):
             for name, finalize in (("ours", finalize_model_grads_on_device),
@@ -59,7 +59,7 @@ def rank_finalize_results(argv):
                 results[(name, int(tokens))] = _main_grads(captured["model"])
         return {"tokens": int(captured["tokens"]), "results": results}
     finally:
-        teardown_parallel_state()
+        trainer.close()
 
 
 def test_device_side_token_division_equals_megatron_core():

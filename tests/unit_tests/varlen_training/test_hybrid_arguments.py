@@ -4,9 +4,11 @@ the derived hybrid fields; pretrain_gpt.py's CLI does not change."""
 import pytest
 
 from megatron.varlen_training.arguments import ArgumentValidationError, build_parser
+from megatron.varlen_training.config.from_flags import hybrid_run_config, run_config
 from megatron.varlen_training.hybrid_arguments import (
-    build_hybrid_parser, describe_hybrid_model, parse_hybrid_args, parse_hybrid_args_or_exit,
+    build_hybrid_parser, parse_hybrid_args, parse_hybrid_args_or_exit,
 )
+from megatron.varlen_training.hybrid_model import describe_hybrid_model
 
 BASE = ["--num-layers", "3", "--hidden-size", "24", "--num-attention-heads", "4",
         "--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8",
@@ -55,15 +57,16 @@ def test_ratios_fill_the_pattern_and_cost_weight():
     args = parse_hybrid_args(BASE + ["--num-layers", "4", "--hybrid-attention-ratio", "0.25"],
                              world_size=1)
     assert args.hybrid_layer_pattern.count("*") == 1 and len(args.hybrid_layer_pattern) == 4
-    assert args.hybrid_attention_fraction == 0.25
     assert args.mamba_num_heads_resolved == 12  # 2 * 24 / 4
-    assert describe_hybrid_model(args).startswith(
+    hybrid = hybrid_run_config(args).model.hybrid
+    assert hybrid.attention_fraction == 0.25
+    assert describe_hybrid_model(hybrid).startswith(
         f"> hybrid layer pattern {args.hybrid_layer_pattern}: 3 Mamba, 1 attention, 0 MLP")
 
 
 def test_gpt_cli_has_no_hybrid_flags():
-    gpt = {opt for action in build_parser()._actions for opt in action.option_strings}
-    hybrid = {opt for action in build_hybrid_parser()._actions for opt in action.option_strings}
+    gpt = {opt for action in build_parser().flag_actions for opt in action.option_strings}
+    hybrid = {opt for action in build_hybrid_parser().flag_actions for opt in action.option_strings}
     added = hybrid - gpt
     assert gpt < hybrid and "--hybrid-override-pattern" in added and "--mamba-state-dim" in added
     assert all(flag.startswith(("--hybrid-", "--mamba-")) for flag in added), added
@@ -81,6 +84,12 @@ def test_entry_point_prints_one_line_and_exits_2(capsys):
 def test_scheduler_weighs_attention_by_its_layer_fraction():
     from megatron.varlen_training.arguments import parse_args
     from megatron.varlen_training.data import build_packing_config
+    from megatron.varlen_training.hybrid_model import HYBRID
+    from megatron.varlen_training.model_family import GPT
+
+    def cost(args, family):
+        run = hybrid_run_config(args) if family is HYBRID else run_config(args)
+        return build_packing_config(run, 0, family.attention_fraction(run.model)).cost
 
     packed = ["--sequence-packing", "--micro-batch-size", "1"]
     hybrid = parse_hybrid_args(BASE + packed + ["--num-layers", "4",
@@ -88,7 +97,20 @@ def test_scheduler_weighs_attention_by_its_layer_fraction():
     mamba_only = parse_hybrid_args(BASE + packed + ["--hybrid-override-pattern", "MMM"],
                                    world_size=1)
     gpt = parse_args(BASE[:6] + BASE[12:] + packed, world_size=1)
-    assert build_packing_config(hybrid, pad_id=0).cost.a == 0.25
-    assert build_packing_config(mamba_only, pad_id=0).cost.a == 0.0
-    assert build_packing_config(gpt, pad_id=0).cost.a == 1.0
-    assert build_packing_config(hybrid, pad_id=0).cost.b == build_packing_config(gpt, 0).cost.b
+    assert cost(hybrid, HYBRID).a == 0.25
+    assert cost(mamba_only, HYBRID).a == 0.0
+    assert cost(gpt, GPT).a == 1.0
+    assert cost(hybrid, HYBRID).b == cost(gpt, GPT).b
+
+
+@pytest.mark.parametrize("flag", ["--hf-checkpoint", "--save-hf"])
+def test_hugging_face_flags_are_refused(flag, tmp_path):
+    message = _error(["--hybrid-override-pattern", "M*-", flag, str(tmp_path)])
+    assert message.startswith(f"{flag}: hybrid Mamba models have no Hugging Face") and \
+        "pretrain_gpt.py" in message
+
+    from megatron.varlen_training.hybrid_model import HYBRID
+    from megatron.varlen_training.model_family import GPT
+
+    assert HYBRID.hf is None and GPT.hf is not None  # the adapter the flags stand for
+

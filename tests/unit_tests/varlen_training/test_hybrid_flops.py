@@ -12,35 +12,43 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.core import parallel_state
-from megatron.varlen_training.flops import num_floating_point_operations
+from megatron.varlen_training.flops import num_floating_point_operations as gpt_flops
 from megatron.varlen_training.hybrid_flops import mamba_layer_macs
+from megatron.varlen_training.hybrid_model import HYBRID
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.mamba import test_mixer
 
 
+HYBRID_FIELDS = ("hybrid_layer_pattern", "mamba_state_dim", "mamba_head_dim",
+                 "mamba_num_groups", "mamba_num_heads_resolved")
+
+
 def _args(pattern, **overrides):
+    """A stand-in model config (the fields the FLOPs formulas read); hybrid_layer_pattern=None:
+    a GPT model."""
     values = dict(hidden_size=24, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
                   swiglu=False, padded_vocab_size=128, num_layers=len(pattern),
                   hybrid_layer_pattern=pattern, mamba_state_dim=8, mamba_head_dim=4,
                   mamba_num_groups=2, mamba_num_heads_resolved=12)
     values.update(overrides)
-    return SimpleNamespace(**values)
+    hybrid = {name: values.pop(name) for name in HYBRID_FIELDS}
+    return SimpleNamespace(**values, hybrid=SimpleNamespace(**hybrid)
+                           if hybrid["hybrid_layer_pattern"] else None)
 
 
 def test_attention_plus_mlp_equals_one_gpt_layer():
     hybrid = _args("*-")
     gpt = _args("*-", num_layers=1, hybrid_layer_pattern=None)
     for sums in [(100, 2000), (37, 37), (1000, 250000)]:
-        assert num_floating_point_operations(hybrid, *sums) == \
-            num_floating_point_operations(gpt, *sums)
+        assert HYBRID.flops(hybrid, *sums) == gpt_flops(gpt, *sums)
 
 
 def test_mamba_only_model_is_linear_in_length():
     args = _args("MM")
-    assert num_floating_point_operations(args, 100, 100) == \
-        num_floating_point_operations(args, 100, 10_000)
-    assert num_floating_point_operations(args, 200, 1) == \
-        2 * num_floating_point_operations(args, 100, 1)
+    assert HYBRID.flops(args, 100, 100) == \
+        HYBRID.flops(args, 100, 10_000)
+    assert HYBRID.flops(args, 200, 1) == \
+        2 * HYBRID.flops(args, 100, 1)
 
 
 def test_conv_and_scan_hand_count():
@@ -51,7 +59,7 @@ def test_conv_and_scan_hand_count():
     assert macs["scan"] == 3 * 48 * 8
     # Training total: 3 x 2 x (Mamba layer + logits) x sum(L).
     total = sum(macs.values()) + 24 * 128
-    assert num_floating_point_operations(_args("M"), 10, 1) == 3 * 2 * total * 10
+    assert HYBRID.flops(_args("M"), 10, 1) == 3 * 2 * total * 10
 
 
 def rank_measured_projection_flops():

@@ -18,17 +18,17 @@ ARGV = TINY_GPT_ARGS + ["--train-iters", "1", "--num-layers", "4", "--swiglu",
 
 def _shards(argv):
     from megatron.core import parallel_state as ps
-    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
     from megatron.varlen_training.layout_invariant_init import canonical_parameter_name
     from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
 
-    args = parse_args(argv, world_size=torch.distributed.get_world_size())
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
     try:
         out = {}
-        for chunk in build_model(args, build_transformer_config(args)):
+        for chunk in build_model(run, build_transformer_config(run)):
             module = unwrap(chunk)
             for name, param in module.named_parameters():
                 key = canonical_parameter_name(module, name, tied_output=True)

@@ -4,7 +4,8 @@
 prints carries the rank prefix and a level, their iteration and validation lines match ONE
 pattern (Megatron-LM's line content after the prefix) and carry the loss the run returned, and
 only the last rank prints them: with DP=2 rank 0 owns the same loss and must stay quiet.
-Rank 0 prints Megatron-LM's arguments dump at start-up, once. The same runs also write their
+Rank 0 prints Megatron-LM's arguments dump at start-up, once (both: the Trainer starts them
+alike). The same runs also write their
 metrics as JSONL (``--log-metrics-jsonl`` and the facade's ``jsonl`` writer): ONE schema, the
 same keys in the same order for both entry points.
 """
@@ -17,8 +18,7 @@ import re
 import pytest
 import torch
 
-from megatron.varlen_training.arguments import build_parser, parse_args
-from megatron.varlen_training.initialize import initialize_megatron
+from megatron.varlen_training.arguments import build_parser
 from tests.harness.training_runs import tiny_packed_config, train_on_this_rank
 from tests.harness.multirank import run_distributed
 from megatron.wrap import MegatronWrap
@@ -64,8 +64,7 @@ def _read_jsonl(path: str) -> list[dict]:
 
 def _pretrain(jsonl_path: str) -> dict:
     argv = build_config(CONFIG).to_argv(build_parser()) + EVAL_FLAGS
-    initialize_megatron(parse_args(argv, world_size=WORLD))  # the start-up: arguments dump
-    return train_on_this_rank(argv + ["--log-metrics-jsonl", jsonl_path])
+    return train_on_this_rank(argv + ["--log-metrics-jsonl", jsonl_path])  # the dump included
 
 
 def _facade(jsonl_path: str) -> dict:
@@ -139,7 +138,8 @@ def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses(re
         extras[entry] = [re.findall(r" ([a-z ]+):", m["extra"]) for m in iterations]
     assert extras["pretrain"] == extras["facade"], "the schedule's stats differ between entries"
     assert extras["pretrain"][0], "the packed run's stats (padding ratio, ...) are in the line"
-    _check_arguments_dump([line["message"] for line in _parse(results[0]["pretrain"][0])])
+    for entry in ("pretrain", "facade"):
+        _check_arguments_dump([line["message"] for line in _parse(results[0][entry][0])])
 
 
 def _check_arguments_dump(messages: list[str]) -> None:

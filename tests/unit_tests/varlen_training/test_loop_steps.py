@@ -1,10 +1,10 @@
 """The loop steps both entry points share (megatron/varlen_training/loop_steps.py)."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from megatron.varlen_training.config import CheckpointConfig
 from megatron.varlen_training.loop_steps import eval_mode, final_save_due, periodic_save_due
 
 
@@ -26,6 +26,8 @@ def test_eval_mode_restores_train_mode_even_when_evaluation_raises():
     ("ckpt", None, 3, False, True),  # no interval: only the final save
 ])
 def test_save_rules(save, interval, iteration, periodic, final):
-    args = SimpleNamespace(save=save, save_interval=interval)
-    assert periodic_save_due(args, iteration) is periodic
-    assert final_save_due(args, iteration) is final
+    checkpoint = CheckpointConfig(save=save, load=None, save_interval=interval,
+                                  hf_checkpoint=None, save_hf=None,
+                                  override_data_fingerprint=False)
+    assert periodic_save_due(checkpoint, iteration) is periodic
+    assert final_save_due(checkpoint, iteration) is final

@@ -80,7 +80,7 @@ def test_token_counts_agree_with_the_dataset(tmp_path):
     and a direct read of the dataset in this process must all agree, exactly."""
     import json
 
-    from megatron.varlen_training.arguments import parse_args
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.datasets.builder import build_datasets
     from megatron.varlen_training.tokenizer import build_tokenizer
 
@@ -91,10 +91,11 @@ def test_token_counts_agree_with_the_dataset(tmp_path):
         return [(r["seqlen_sum"], r["seqlen_squared_sum"])
                 for r in map(json.loads, path.read_text().splitlines())]
 
-    args = parse_args(UNPACKED, world_size=1)
+    run = parse_run_config(UNPACKED, world_size=1)
     # train_samples / eval_samples: derived during validation (run_description.py)
-    dataset, _ = build_datasets(args, build_tokenizer(args.tokenizer_type, args.vocab_size))
-    gbs = args.global_batch_size
+    dataset, _ = build_datasets(run, build_tokenizer(run.data.tokenizer_type,
+                                                     run.model.vocab_size))
+    gbs = run.training.global_batch_size
     expected = []
     for it in range(NUM_ITERS):
         lengths = [dataset[i]["length"] for i in range(it * gbs, (it + 1) * gbs)]

@@ -31,7 +31,7 @@ def _counted(fn):
     return counter.reads
 
 
-def _step_reads(args, state, provider, iteration):
+def _step_reads(run, state, provider, iteration):
     """Host reads in the gradient finalisation and in the grad-norm computation of one step.
 
     Only these two are counted: the model's forward and backward are test_no_host_reads.py's
@@ -52,7 +52,7 @@ def _step_reads(args, state, provider, iteration):
         for chunk in state.model:
             chunk.zero_grad_buffer()
         state.optimizer.zero_grad()
-        run_forward_backward(args, state, provider.step_batches(iteration), False)
+        run_forward_backward(run, state, provider.step_batches(iteration), False)
     finally:
         state.config.finalize_model_grads_func = finalize
     # What optimizer.step() does before the update: main grads in place, then their norm.
@@ -71,27 +71,27 @@ def _use_stock_megatron_core(state) -> None:
 
 
 def rank_reads(argv):
-    from megatron.varlen_training.arguments import parse_args
-    from megatron.varlen_training.initialize import initialize_megatron, teardown_parallel_state
+    from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.training import setup_model_and_optimizer, train_step
+    from megatron.varlen_training.trainer import Trainer
+    from megatron.varlen_training.training import train_step
 
     import torch
 
-    args = parse_args(argv, world_size=torch.distributed.get_world_size())
-    initialize_megatron(args)
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
-        provider, _ = build_data_providers(args)
-        state = setup_model_and_optimizer(args)
-        train_step(args, state, provider.step_batches(0))  # warm-up: state, buffers, layouts
-        ours = _step_reads(args, state, provider, 1)
+        run = trainer.start().run
+        provider, _ = build_data_providers(trainer)
+        state = trainer.setup_model_and_optimizer()
+        train_step(run, state, provider.step_batches(0))  # warm-up: state, buffers, layouts
+        ours = _step_reads(run, state, provider, 1)
         _use_stock_megatron_core(state)
-        return {"ours": ours, "stock": _step_reads(args, state, provider, 2)}
+        return {"ours": ours, "stock": _step_reads(run, state, provider, 2)}
     finally:
         from megatron.core.optimizer import clip_grads
 
         clip_grads.l2_norm_impl = device_l2_norm
-        teardown_parallel_state()
+        trainer.close()
 
 
 def test_packed_step_reads_only_the_grad_norm():

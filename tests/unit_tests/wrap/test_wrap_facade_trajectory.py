@@ -8,10 +8,13 @@ launch also feeds the batch on rank 0 only; the CP launch also checks that a flo
 per-token field is packed and CP-split exactly like the loss mask.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
-from megatron.varlen_training.arguments import build_parser, parse_args
+from megatron.varlen_training.arguments import build_parser
+from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.tokenizer import build_tokenizer
 from megatron.wrap import GPTFlow, MegatronWrap, register_flow
@@ -70,9 +73,11 @@ def _config(parallel: dict) -> dict:
 
 def _dataset_batches(argv: list[str]) -> list[list[dict]]:
     """The samples pretrain_gpt.py reads: global batch s = dataset[s * gbs + j]."""
-    args = parse_args(argv, world_size=torch.distributed.get_world_size())
-    args.train_samples, args.eval_samples = NUM_STEPS * GLOBAL_BATCH, 0
-    train_ds, _ = build_datasets(args, build_tokenizer(args.tokenizer_type, args.vocab_size))
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    run = dataclasses.replace(run, data=dataclasses.replace(
+        run.data, train_samples=NUM_STEPS * GLOBAL_BATCH, eval_samples=0))
+    train_ds, _ = build_datasets(run, build_tokenizer(run.data.tokenizer_type,
+                                                      run.model.vocab_size))
     return [[train_ds[s * GLOBAL_BATCH + j] for j in range(GLOBAL_BATCH)]
             for s in range(NUM_STEPS)]
 

@@ -2,6 +2,7 @@
 flows (forms, prompt masking, truncation, mock batches) and the flow registry."""
 
 import contextlib
+import dataclasses
 import io
 import json
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.data import replica_block
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.datasets.sft import SFTDataset
@@ -40,16 +41,15 @@ def _args(extra=(), world_size=1, tokenizer="NullTokenizer"):
         argv[argv.index("NullTokenizer")] = tokenizer
         cut = argv.index("--vocab-size")
         del argv[cut: cut + 2]
-    args = parse_args(argv, world_size=world_size)
-    tok = build_tokenizer(args.tokenizer_type, args.vocab_size)
-    args.vocab_size = args.vocab_size or tok.vocab_size
-    return args, tok
+    run = parse_run_config(argv, world_size=world_size)
+    tok = build_tokenizer(run.data.tokenizer_type, run.model.vocab_size)
+    return run.with_vocabulary(tok.vocab_size), tok
 
 
 def _context(extra=(), tokenizer="NullTokenizer") -> FlowContext:
-    args, tok = _args(extra, tokenizer=tokenizer)
-    limit, key = length_limit(args)
-    return FlowContext(args, tok, limit, key)
+    run, tok = _args(extra, tokenizer=tokenizer)
+    limit, key = length_limit(run)
+    return FlowContext(run, tok, limit, key)
 
 
 # --- replica blocks and limits -----------------------------------------------------------
@@ -74,8 +74,7 @@ def test_replica_blocks_cover_the_batch_in_order(dp_size):
     (["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "32"], 2, (64, "seq_length")),
 ])
 def test_length_limit(extra, world, expected):
-    args = parse_args(BASE_ARGV + extra, world_size=world)
-    assert length_limit(args) == expected
+    assert length_limit(parse_run_config(BASE_ARGV + extra, world_size=world)) == expected
 
 
 def test_batch_checks():
@@ -187,7 +186,7 @@ def test_gpt_sft_text_matches_the_jsonl_dataset(tmp_path):
     path = tmp_path / "sft.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     context = _context(tokenizer="ByteLevelTokenizer")
-    dataset = SFTDataset(str(path), context.tokenizer, context.args.seq_length)
+    dataset = SFTDataset(str(path), context.tokenizer, context.run.model.seq_length)
     for index, record in enumerate(records):
         got, want = GPTSFTFlow(context).build_sample(record, index), dataset[index]
         for key in ("tokens", "labels", "loss_mask"):
@@ -220,13 +219,15 @@ def test_gpt_sft_truncates_with_a_counted_warning_and_keeps_masked_samples():
 
 def test_mock_flow_batches_are_pretrain_gpts_samples():
     context = _context()
-    args = context.args
-    args.train_samples, args.eval_samples = args.train_iters * args.global_batch_size, 0
-    dataset, _ = build_datasets(args, context.tokenizer)
+    training = context.run.training
+    run = dataclasses.replace(context.run, data=dataclasses.replace(
+        context.run.data, train_samples=training.train_iters * training.global_batch_size,
+        eval_samples=0))
+    dataset, _ = build_datasets(run, context.tokenizer)
     flow = MockFlow(context)
-    for step in range(args.train_iters):
+    for step in range(training.train_iters):
         for j, sample in enumerate(flow.make_batch(step)):
-            want = dataset[step * args.global_batch_size + j]
+            want = dataset[step * training.global_batch_size + j]
             length = want["length"]
             assert sample["length"] == length
             assert torch.equal(sample["tokens"][:length], want["tokens"][:length])

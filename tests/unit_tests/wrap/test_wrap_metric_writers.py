@@ -3,11 +3,11 @@ lines themselves are megatron/varlen_training/log.py's (tests/unit_tests/varlen_
 
 import json
 import sys
-import types
 
 import pytest
 
 from tests.harness.log_state import clean_log_state, use_rank  # noqa: F401 (a fixture)
+from tests.harness.metric_fakes import fake_metric_modules
 from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.wrap.metric_writers import (
     JsonlMetricWriter,
@@ -94,27 +94,21 @@ def test_writer_errors_name_the_config_key(monkeypatch, kinds, settings, error, 
         build_metric_writers(kinds, train_iters=1, **settings)
 
 
-class _FakeRun:
-    def __init__(self, **kwargs):
-        self.init_kwargs, self.logged, self.finished = kwargs, [], False
-
-    def log(self, metrics, step):
-        self.logged.append((step, metrics))
-
-    def finish(self):
-        self.finished = True
-
-
-@pytest.mark.parametrize("api_key, mode", [(None, "offline"), ("secret", "online")])
-def test_wandb_writer_is_offline_without_api_key(monkeypatch, api_key, mode):
+@pytest.mark.parametrize("api_key, wandb_mode, mode", [
+    (None, None, "offline"), ("secret", None, "online"), ("secret", "offline", "offline")])
+def test_wandb_writer_is_offline_without_api_key(monkeypatch, api_key, wandb_mode, mode):
     runs = []
-    fake_wandb = types.ModuleType("wandb")
-    fake_wandb.init = lambda **kwargs: runs.append(_FakeRun(**kwargs)) or runs[-1]
-    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    for name, module in fake_metric_modules([], runs).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     if api_key:
         monkeypatch.setenv("WANDB_API_KEY", api_key)
-    (writer,) = build_metric_writers(["wandb"], train_iters=1, wandb_project="proj", wandb_exp_name="run1")
-    writer.write(3, {"loss": _Scalar()})
+    if wandb_mode:  # wandb's own setting wins over the key
+        monkeypatch.setenv("WANDB_MODE", wandb_mode)
+    (writer,) = build_metric_writers(["wandb"], train_iters=1, wandb_project="proj",
+                                     wandb_exp_name="run1")
+    writer.write(3, {"loss": _Scalar(), "grad_norm": None})  # None (a skipped step): left out
     writer.close()
     (run,) = runs
     assert run.init_kwargs["mode"] == mode and run.init_kwargs["project"] == "proj"
@@ -123,23 +117,10 @@ def test_wandb_writer_is_offline_without_api_key(monkeypatch, api_key, mode):
 
 def test_tensorboard_writer_uses_summary_writer(monkeypatch, tmp_path):
     calls = []
-
-    class FakeSummaryWriter:
-        def __init__(self, log_dir):
-            calls.append(("init", log_dir))
-
-        def add_scalar(self, name, value, step):
-            calls.append((name, value, step))
-
-        def close(self):
-            calls.append(("close",))
-
-    fake_module = types.ModuleType("torch.utils.tensorboard")
-    fake_module.SummaryWriter = FakeSummaryWriter
-    monkeypatch.setitem(sys.modules, "tensorboard", types.ModuleType("tensorboard"))
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake_module)
+    for name, module in fake_metric_modules(calls, []).items():
+        monkeypatch.setitem(sys.modules, name, module)
     (writer,) = build_metric_writers(["tensorboard"], train_iters=1,
                                      tensorboard_dir=str(tmp_path))
-    writer.write(7, {"loss": 1.0})
+    writer.write(7, {"iteration": 7, "loss": 1.0})  # the iteration is the step, not a scalar
     writer.close()
     assert calls == [("init", str(tmp_path)), ("loss", 1.0, 7), ("close",)]

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from megatron.varlen_training.flag_values import parse_values
 from megatron.wrap.config import (
     DEFAULT_CONFIGS_ROOT,
     build_config,
@@ -92,7 +93,8 @@ LAYOUT_WORLD_SIZES = {"single": 1, "tp2": 2, "pp2": 2, "cp2": 2, "tp2_dp2": 4}
 
 
 def parse_with_training_parser(source, known_keys, world_size=1):
-    """The one validation path: the flags go through megatron.varlen_training.arguments.parse_args.
+    """The one validation path: the flags go through megatron.varlen_training.arguments.parse_args,
+    and the facade's values through flag_values.parse_values to the same namespace.
 
     Keys the training parser does not define yet are left out (the fake parser above still
     checks them), so this pins types and validation rules, not the flag set.
@@ -102,7 +104,10 @@ def parse_with_training_parser(source, known_keys, world_size=1):
     real_keys = known_keys_from_parser(parser)
     config = build_config(source, known_keys={**known_keys, **real_keys})
     flat = {key: value for key, value in config.flat.items() if key in real_keys}
-    arguments.parse_args(flat_config_to_argv(flat, parser), world_size=world_size)
+    parsed = arguments.parse_args(flat_config_to_argv(flat, parser), world_size=world_size)
+    # The facade's path (no command line) gives the same values.
+    direct = parse_values(flat, world_size=world_size)
+    assert vars(direct) == vars(parsed)
 
 
 @pytest.mark.parametrize("name", TOP_LEVEL_CONFIGS)

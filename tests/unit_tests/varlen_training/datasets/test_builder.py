@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -42,6 +43,23 @@ def _args(**overrides):
     return argparse.Namespace(**values)
 
 
+def _build(args, tokenizer, **kwargs):
+    """build_datasets on the run config these flat values describe (a stand-in with the
+    fields build_datasets reads)."""
+    run = SimpleNamespace(
+        model=SimpleNamespace(seq_length=args.seq_length, vocab_size=args.vocab_size),
+        data=SimpleNamespace(
+            mock_data=args.mock_data, sft=args.sft, data_path=args.data_path,
+            sft_mock_dataset_config_json=args.sft_mock_dataset_config_json,
+            train_samples=args.train_samples, eval_samples=args.eval_samples),
+        training=SimpleNamespace(seed=args.seed),
+        parallel=SimpleNamespace(context_parallel_size=args.context_parallel_size,
+                                 tensor_model_parallel_size=args.tensor_model_parallel_size,
+                                 sequence_parallel=args.sequence_parallel),
+        packing=SimpleNamespace(sequence_packing=args.sequence_packing))
+    return build_datasets(run, tokenizer, **kwargs)
+
+
 def _sft_file(tmp_path, num_docs):
     path = tmp_path / "sft.jsonl"
     lines = [json.dumps({"prompt": f"p{i}", "response": "r" * (i % 5)}) for i in range(num_docs)]
@@ -50,17 +68,17 @@ def _sft_file(tmp_path, num_docs):
 
 
 def test_mock_gpt_train_and_valid():
-    train, valid = build_datasets(_args(), NullTokenizer(64))
+    train, valid = _build(_args(), NullTokenizer(64))
     assert isinstance(train, MockGPTDataset) and isinstance(valid, MockGPTDataset)
     assert (len(train), len(valid)) == (24, 6)
     assert train[0]["padded_length"] == 32 and train[0]["tokens"].max() < 64
     assert not torch.equal(train[0]["tokens"], valid[0]["tokens"])
-    _, no_valid = build_datasets(_args(eval_samples=0), NullTokenizer(64))
+    _, no_valid = _build(_args(eval_samples=0), NullTokenizer(64))
     assert no_valid is None
 
 
 def test_mock_without_tokenizer_uses_vocab_size():
-    train, _ = build_datasets(_args(vocab_size=8), None)
+    train, _ = _build(_args(vocab_size=8), None)
     assert max(train[i]["tokens"].max().item() for i in range(len(train))) < 8
 
 
@@ -78,7 +96,7 @@ def test_mock_sft_padding(packing):
              "mean_seq_len": 12, "lognormal_sigma": 1.0}
         ),
     )
-    train, valid = build_datasets(args, ByteLevelTokenizer())
+    train, valid = _build(args, ByteLevelTokenizer())
     assert isinstance(train, MockSFTDataset) and isinstance(valid, MockSFTDataset)
     multiple = get_pad_multiple(2, 2, True)
     for i in range(len(train)):
@@ -89,11 +107,11 @@ def test_mock_sft_padding(packing):
 
 
 def test_mock_sft_default_lengths_and_clipping(capsys):
-    train, _ = build_datasets(_args(sft=True), NullTokenizer(64))  # default: [16, 32]
+    train, _ = _build(_args(sft=True), NullTokenizer(64))  # default: [16, 32]
     assert 16 <= train.lengths.min() and train.lengths.max() <= 32 and train.num_clipped == 0
     too_long = {"mode": "distribution", "type": "uniform", "min_seq_len": 20, "max_seq_len": 64}
     capsys.readouterr()
-    train, _ = build_datasets(
+    train, _ = _build(
         _args(sft=True, sft_mock_dataset_config_json=json.dumps(too_long)), NullTokenizer(64)
     )
     assert train.num_clipped > 0 and train.lengths.max() == 32
@@ -102,23 +120,23 @@ def test_mock_sft_default_lengths_and_clipping(capsys):
 
 
 def test_explicit_pad_multiple_overrides_parallel_sizes():
-    train, _ = build_datasets(_args(seq_length=30), NullTokenizer(64), pad_to_multiple_of=8)
+    train, _ = _build(_args(seq_length=30), NullTokenizer(64), pad_to_multiple_of=8)
     assert train[0]["padded_length"] == 32 and train[0]["length"] == 30
 
 
 def test_unpacked_seq_length_must_fit_the_multiple():
     args = _args(sequence_packing=False, context_parallel_size=2, seq_length=30)
     with pytest.raises(ValueError, match="--seq-length 30 must be a multiple of 4"):
-        build_datasets(args, NullTokenizer(64))
+        _build(args, NullTokenizer(64))
 
 
 def test_flag_errors(tmp_path):
     with pytest.raises(ValueError, match="--data-path"):
-        build_datasets(_args(mock_data=False, sft=True, vocab_size=None), ByteLevelTokenizer())
+        _build(_args(mock_data=False, sft=True, vocab_size=None), ByteLevelTokenizer())
     with pytest.raises(ValueError, match="--mock-data or --sft"):
-        build_datasets(_args(mock_data=False, data_path=["x"]), NullTokenizer(64))
+        _build(_args(mock_data=False, data_path=["x"]), NullTokenizer(64))
     with pytest.raises(ValueError, match=r"--vocab-size 64 is smaller than .* \(261\)"):
-        build_datasets(_args(), ByteLevelTokenizer())
+        _build(_args(), ByteLevelTokenizer())
 
 
 def test_sft_split_epochs_and_sample_ids(tmp_path):
@@ -126,7 +144,7 @@ def test_sft_split_epochs_and_sample_ids(tmp_path):
     args = _args(mock_data=False, sft=True, data_path=[_sft_file(tmp_path, num_docs)],
                  vocab_size=None, train_samples=100, eval_samples=5)
     tok = ByteLevelTokenizer()
-    train, valid = build_datasets(args, tok)
+    train, valid = _build(args, tok)
     full = SFTDataset(args.data_path[0], tok, args.seq_length)
     num_valid = round(VALID_FRACTION * num_docs)
     doc_of = {tuple(full[i]["tokens"].tolist()): i for i in range(num_docs)}
@@ -139,7 +157,7 @@ def test_sft_split_epochs_and_sample_ids(tmp_path):
     assert train_docs[:num_train] != train_docs[num_train : 2 * num_train]
     assert train_docs[:num_train] != list(range(num_train))  # shuffled
     assert [train[i]["sample_id"] for i in (0, 57, 99)] == [0, 57, 99]
-    again, _ = build_datasets(args, tok)
+    again, _ = _build(args, tok)
     reread = [doc_of[tuple(again[i]["tokens"].tolist())] for i in reversed(range(100))]
     assert reread[::-1] == train_docs
     with pytest.raises(IndexError):
@@ -149,7 +167,7 @@ def test_sft_split_epochs_and_sample_ids(tmp_path):
 def test_sft_too_small_for_a_valid_tail(tmp_path):
     args = _args(mock_data=False, sft=True, data_path=[_sft_file(tmp_path, 1)], vocab_size=None)
     with pytest.raises(ValueError, match="1 sample.*--eval-iters 0"):
-        build_datasets(args, ByteLevelTokenizer())
-    train, valid = build_datasets(_args(**{**vars(args), "eval_samples": 0}), ByteLevelTokenizer())
+        _build(args, ByteLevelTokenizer())
+    train, valid = _build(_args(**{**vars(args), "eval_samples": 0}), ByteLevelTokenizer())
     assert valid is None and len(train) == args.train_samples
     assert np.all([train[i]["sample_id"] == i for i in range(len(train))])

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 import torch
 
 from megatron.core import parallel_state as ps
-from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
-from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
+from megatron.varlen_training.model import unwrap
+from megatron.varlen_training.model_family import GPT
+from megatron.varlen_training.trainer import Trainer
 from megatron.varlen_training.training import run_forward_backward
 
 
@@ -23,11 +25,11 @@ def _gather_tp_last_dim(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def forward_logits(args, model, tokens: torch.Tensor) -> torch.Tensor | None:
+def forward_logits(run, model, tokens: torch.Tensor) -> torch.Tensor | None:
     """Full-vocabulary logits [b, s, V_padded] through the pipeline schedule (last stage)."""
-    positions = torch.arange(tokens.shape[1]).expand(args.micro_batch_size, -1)
+    positions = torch.arange(tokens.shape[1]).expand(run.training.micro_batch_size, -1)
     microbatches = [{"tokens": t, "position_ids": positions}
-                    for t in tokens.split(args.micro_batch_size)]
+                    for t in tokens.split(run.training.micro_batch_size)]
     captured = []
 
     def step_func(data_iterator, chunk):
@@ -40,7 +42,7 @@ def forward_logits(args, model, tokens: torch.Tensor) -> torch.Tensor | None:
         return output, loss
 
     step = SimpleNamespace(microbatches=microbatches, num_microbatches=len(microbatches))
-    run_forward_backward(args, SimpleNamespace(model=model), step, forward_only=True,
+    run_forward_backward(run, SimpleNamespace(model=model), step, forward_only=True,
                          forward_step_func=step_func)
     if not ps.is_pipeline_last_stage(ignore_virtual=True):
         return None
@@ -73,14 +75,14 @@ def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
     out = {}
     for name, argv in runs.items():
         reads = _CountingReads()
-        args = parse_args(argv, world_size=torch.distributed.get_world_size())
-        initialize_model_parallel(args)
-        set_random_seeds(args.seed)
+        run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+        initialize_model_parallel(run.parallel)
+        set_random_seeds(run.training.seed)
         try:
-            model = build_model(args, build_transformer_config(args))
+            model = GPT.model_provider(run)[1]
             reads.close()
             held = sum(p.numel() for chunk in model for p in unwrap(chunk).parameters())
-            logits = forward_logits(args, model, tokens)
+            logits = forward_logits(run, model, tokens)
             inv_freq = unwrap(model[0]).rotary_pos_emb.inv_freq.clone()
             out[name] = {"logits": logits, "inv_freq": inv_freq, "read": reads.elements,
                          "held": held}
@@ -106,28 +108,23 @@ def rank_train_export(runs: dict, tokens: torch.Tensor) -> dict:
     """For each named (argv, reimport argv): train through pretrain's path (which ends with
     --save-hf), then return our logits and whether re-importing the export gives the trained
     weights bit for bit."""
-    from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.training import setup_model_and_optimizer, train
+    from megatron.varlen_training.pretrain import pretrain
 
     out = {}
     world = torch.distributed.get_world_size()
     for name, (argv, reimport_argv) in runs.items():
-        args = parse_args(argv, world_size=world)
-        initialize_model_parallel(args)
-        set_random_seeds(args.seed)
+        trainer = Trainer(parse_run_config(argv, world_size=world))
         try:
-            provider, _ = build_data_providers(args)
-            state = setup_model_and_optimizer(args)
-            history = train(args, state, provider)
-            logits = forward_logits(args, state.model, tokens)
-            trained = _local_params(state.model)
-            again = parse_args(reimport_argv, world_size=world)
-            reimported = _local_params(build_model(again, build_transformer_config(again)))
+            history = pretrain(trainer)
+            logits = forward_logits(trainer.run, trainer.state.model, tokens)
+            trained = _local_params(trainer.state.model)
+            again = parse_run_config(reimport_argv, world_size=world)
+            reimported = _local_params(GPT.model_provider(again)[1])
             differ = sorted(k for k in trained if not torch.equal(trained[k], reimported[k]))
             out[name] = {"logits": logits, "differ": differ, "history": history,
                          "num_params": len(trained)}
         finally:
-            ps.destroy_model_parallel()
+            trainer.close()
     return out
 
 
@@ -139,13 +136,12 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
     from megatron.varlen_training.pretrain import build_data_providers
     from megatron.varlen_training.tokenizer import build_tokenizer
 
-    args = parse_args(argv, world_size=torch.distributed.get_world_size())
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
-        provider, _ = build_data_providers(args)
+        run = trainer.start().run
+        provider, _ = build_data_providers(trainer)
         step = provider.step_batches(0)
-        model = build_model(args, build_transformer_config(args))
+        model = GPT.model_provider(run)[1]
         records, cp_sizes = [], []
 
         def step_func(data_iterator, chunk):
@@ -164,30 +160,27 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
                 return output.sum() * 0, {}
             return losses, loss
 
-        run_forward_backward(args, SimpleNamespace(model=model), step, forward_only=True,
+        run_forward_backward(run, SimpleNamespace(model=model), step, forward_only=True,
                              forward_step_func=step_func)
         samples = None
         if torch.distributed.get_rank() == 0:
-            train_ds, _ = build_datasets(args, build_tokenizer(
-                args.tokenizer_type, args.vocab_size, args.tokenizer_model))
-            samples = [train_ds[i] for i in range(args.global_batch_size)]
+            train_ds, _ = build_datasets(run, build_tokenizer(
+                run.data.tokenizer_type, run.model.vocab_size, run.data.tokenizer_model))
+            samples = [train_ds[i] for i in range(run.training.global_batch_size)]
         return {"records": torch.cat(records) if records else torch.zeros(0, 4),
                 "samples": samples, "max_cp": max(cp_sizes)}
     finally:
-        from megatron.varlen.platform.dynamic_cp_groups import destroy_dynamic_cp_groups
-
-        destroy_dynamic_cp_groups()
-        ps.destroy_model_parallel()
+        trainer.close()
 
 
 def rank_import_export(argv: list[str], out_dir: str) -> None:
     """Builds the model from --hf-checkpoint and exports it untouched to ``out_dir``."""
     from megatron.varlen_training.hf.exporter import save_hf
 
-    args = parse_args(argv, world_size=torch.distributed.get_world_size())
-    initialize_model_parallel(args)
-    set_random_seeds(args.seed)
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
     try:
-        save_hf(args, build_model(args, build_transformer_config(args)), out_dir)
+        save_hf(run, GPT.model_provider(run)[1], out_dir)
     finally:
         ps.destroy_model_parallel()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.arguments import ArgumentValidationError
+from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.hf.safetensors_io import INDEX_FILE
 from megatron.varlen_training.tokenizer import NullTokenizer, check_tokenizer_fits
 from tests.unit_tests.varlen_training.hf.tiny_models import model_argv, save_hf_model
@@ -34,7 +35,7 @@ def _edited_config(tmp_path, source: Path, **changes) -> Path:
 
 def _error(argv, world=1) -> str:
     with pytest.raises(ArgumentValidationError) as err:
-        parse_args(argv, world_size=world)
+        parse_run_config(argv, world_size=world)
     message = str(err.value)
     assert "\n" not in message, message
     return message
@@ -83,8 +84,8 @@ def test_conflicting_architecture_flag_names_both_values(llama):
     message = _error(model_argv(llama, "--num-layers", "2"))
     assert "--num-layers 2 conflicts" in message and "config.json value 4" in message
     # The same value is not a conflict; the architecture flags are optional.
-    args = parse_args(model_argv(llama, "--num-layers", "4"), world_size=1)
-    assert (args.num_layers, args.num_query_groups, args.swiglu) == (4, 2, True)
+    model = parse_run_config(model_argv(llama, "--num-layers", "4"), world_size=1).model
+    assert (model.num_layers, model.num_query_groups, model.swiglu) == (4, 2, True)
 
 
 @pytest.mark.parametrize("tp, needle", [

@@ -1,0 +1,24 @@
+"""``CheckpointConfig``: where checkpoints go and come from, Megatron's and Hugging Face's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.varlen_training.config.validation import check_ranges
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Fields named as their flags' dests: ``--save``/``--load``/``--save-interval``, the
+    Hugging Face checkpoint to start from and to export to, and whether a resume may train on
+    data files whose content changed."""
+
+    save: str | None
+    load: str | None
+    save_interval: int | None
+    hf_checkpoint: str | None
+    save_hf: str | None
+    override_data_fingerprint: bool
+
+    def __post_init__(self):
+        check_ranges(self)

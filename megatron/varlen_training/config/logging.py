@@ -1,0 +1,30 @@
+"""``LoggingConfig``: the iteration line and the metric writers (JSONL, TensorBoard, wandb)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.varlen_training.flag_errors import require
+from megatron.varlen_training.config.validation import check_ranges
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Which metric writers a run has (a writer is on when its setting is set) and how often
+    the console line is printed. ``wandb_mode`` ``auto``: ``$WANDB_MODE`` if set, else online
+    with ``$WANDB_API_KEY`` and offline without."""
+
+    log_interval: int
+    log_metrics_jsonl: str | None
+    tensorboard_dir: str | None
+    wandb_project: str | None
+    wandb_exp_name: str | None
+    wandb_save_dir: str | None
+    wandb_mode: str = "auto"
+
+    def __post_init__(self):
+        check_ranges(self)
+        require(self.wandb_mode in WANDB_MODES,
+                f"wandb mode {self.wandb_mode!r}: choose from {', '.join(WANDB_MODES)}")

@@ -1,0 +1,97 @@
+"""``ModelConfig``: the architecture, precision and vocabulary of the model; ``HybridConfig``: the
+hybrid Mamba-Transformer's layer pattern and Mamba sizes (pretrain_mamba.py only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.varlen_training import flag_ranges
+from megatron.varlen_training.config.validation import check_problems, check_ranges
+
+MAMBA, ATTENTION, MLP = "M", "*", "-"  # the layer symbols of a hybrid pattern
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """The hybrid stack: flags as given (recorded with checkpoints) and what validation
+    resolved (``hybrid_layer_pattern``, ``mamba_num_heads_resolved``)."""
+
+    hybrid_override_pattern: str | None
+    hybrid_attention_ratio: float
+    hybrid_mlp_ratio: float
+    hybrid_layer_pattern: str
+    mamba_state_dim: int
+    mamba_head_dim: int
+    mamba_num_groups: int
+    mamba_num_heads: int | None
+    mamba_num_heads_resolved: int
+
+    def __post_init__(self):
+        check_ranges(self)
+
+    @property
+    def attention_fraction(self) -> float:
+        """Share of attention layers: the scheduler's weight of the quadratic term."""
+        return self.hybrid_layer_pattern.count(ATTENTION) / len(self.hybrid_layer_pattern)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model's shape, precision and vocabulary; fields are named as their flags' dests.
+
+    ``ffn_hidden_size``, ``num_query_groups`` and ``max_position_embeddings`` hold the values
+    validation resolved from their defaults. ``vocab_size`` is ``--vocab-size`` until the
+    tokenizer is known, then the run's (:meth:`RunConfig.with_vocabulary`), and
+    ``padded_vocab_size`` follows it.
+    """
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    group_query_attention: bool
+    num_query_groups: int
+    kv_channels: int | None
+    seq_length: int
+    max_position_embeddings: int
+    position_embedding_type: str
+    rotary_base: int
+    normalization: str
+    swiglu: bool
+    disable_bias_linear: bool
+    untie_embeddings_and_output_weights: bool
+    mtp_num_layers: int | None
+    make_vocab_size_divisible_by: int
+    init_method_std: float
+    hidden_dropout: float
+    attention_dropout: float
+    norm_epsilon: float
+    add_qkv_bias: bool
+    qk_layernorm: bool
+    use_rope_scaling: bool
+    rope_scaling_factor: float
+    bf16: bool
+    fp16: bool
+    spec: tuple[str, str] | None
+    attention_backend: str
+    vocab_size: int | None
+    padded_vocab_size: int | None
+    hybrid: HybridConfig | None = None
+
+    def __post_init__(self):
+        check_ranges(self)
+        check_problems(
+            flag_ranges.head_split_problem(self.hidden_size, self.num_attention_heads,
+                                           self.kv_channels),
+            flag_ranges.query_group_problem(self.num_attention_heads, self.num_query_groups,
+                                            self.group_query_attention))
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per attention head (``--kv-channels``, else hidden size / heads)."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def tied_output(self) -> bool:
+        """Whether the output layer shares the word embedding's weight."""
+        return not self.untie_embeddings_and_output_weights

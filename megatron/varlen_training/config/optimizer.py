@@ -1,0 +1,33 @@
+"""``OptimizerConfig``: Adam, gradient clipping and the learning-rate/weight-decay schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.varlen_training import flag_ranges
+from megatron.varlen_training.config.validation import check_problems, check_ranges
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Fields named as their flags' dests; ``lr_decay_iters`` as resolved (default
+    ``--train-iters``). The last two say which side wins when a resumed run's schedule
+    differs from the checkpoint's."""
+
+    lr: float
+    min_lr: float
+    lr_decay_style: str
+    lr_decay_iters: int
+    lr_warmup_iters: int
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    clip_grad: float
+    use_distributed_optimizer: bool
+    override_opt_param_scheduler: bool
+    use_checkpoint_opt_param_scheduler: bool
+
+    def __post_init__(self):
+        check_ranges(self)
+        check_problems(flag_ranges.learning_rate_problem(self.lr, self.min_lr))

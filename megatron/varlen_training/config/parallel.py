@@ -1,0 +1,36 @@
+"""``ParallelConfig``: how the run's ranks split the model and the data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.varlen_training.config.validation import check_ranges
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Parallel sizes (fields named as their flags' dests) and what follows from the world
+    size: ``data_parallel_size`` and the virtual pipeline size (None without VPP)."""
+
+    world_size: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    num_layers_per_virtual_pipeline_stage: int | None
+    virtual_pipeline_model_parallel_size: int | None
+    context_parallel_size: int
+    data_parallel_size: int
+    sequence_parallel: bool
+    distributed_timeout_minutes: float
+
+    def __post_init__(self):
+        check_ranges(self)
+
+    @property
+    def sp_factor(self) -> int:
+        """What sequence parallelism multiplies the padding divisor by (TP, or 1 without)."""
+        return self.tensor_model_parallel_size if self.sequence_parallel else 1
+
+    @property
+    def dp_cp_size(self) -> int:
+        """Ranks that share a global batch's sequences (data x context parallel)."""
+        return self.data_parallel_size * self.context_parallel_size

@@ -1,0 +1,29 @@
+"""``TrainingConfig``: the loop: iterations, batch sizes, evaluation, loss and stop rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.varlen_training.config.validation import check_ranges
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Fields named as their flags' dests; ``global_batch_size`` and ``num_microbatches`` as
+    validation resolved them (packing implies ``calculate_per_token_loss``)."""
+
+    train_iters: int
+    global_batch_size: int
+    micro_batch_size: int
+    num_microbatches: int
+    seed: int
+    calculate_per_token_loss: bool
+    eval_interval: int
+    eval_iters: int
+    check_for_nan_in_loss_and_grad: bool
+    exit_signal_handler: bool
+    exit_interval: int | None
+    exit_duration_in_mins: float | None
+
+    def __post_init__(self):
+        check_ranges(self)

@@ -1,0 +1,171 @@
+"""Where an iteration's metrics go: one protocol, four writers, one builder for both entry points.
+
+Every writer takes the iteration's record in the one JSONL schema
+(:func:`megatron.varlen_training.iteration_metrics.to_json_record`) on the last rank, the rank
+that owns the loss: the console (Megatron-LM's iteration line every ``log_interval``), a JSONL
+file (``--log-metrics-jsonl``), TensorBoard (``--tensorboard-dir``) and wandb
+(``--wandb-project``; offline unless ``$WANDB_MODE`` or an API key says otherwise).
+:func:`build_metric_writers` turns a :class:`LoggingConfig` into the run's writers;
+``pretrain_gpt.py``/``pretrain_mamba.py`` and ``MegatronWrap`` build theirs with it, so the same
+run writes the same records through the same writers. TensorBoard and wandb are optional
+packages (the ``[metrics]`` extra), imported only when their writer is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from megatron.varlen_training.config.logging import LoggingConfig
+from megatron.varlen_training.flag_ranges import is_importable
+from megatron.varlen_training.iteration_metrics import ITERATION_KEY, format_log_line
+from megatron.varlen_training.log import info_all_ranks
+
+WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
+WANDB_MODE_ENV_VAR = "WANDB_MODE"  # wandb's own setting: offline, online, disabled
+# The package each optional writer imports (the [metrics] extra).
+TENSORBOARD_PACKAGE, WANDB_PACKAGE = "tensorboard", "wandb"
+
+
+class MetricWriter(Protocol):
+    """Receives one record of scalar metrics per iteration; used on the last rank only."""
+
+    def write(self, iteration: int, record: Mapping[str, Any]) -> None:
+        """Records ``record`` (the JSONL schema) for ``iteration``."""
+
+    def close(self) -> None:
+        """Flushes and releases the backend."""
+
+
+def to_python(value: Any) -> Any:
+    """Turns 0-d tensors and numpy scalars into Python numbers; other values pass through."""
+    return value.item() if hasattr(value, "item") else value
+
+
+class ConsoleMetricWriter:
+    """Logs Megatron-LM's iteration line every ``interval`` iterations (on the calling rank).
+
+    Args:
+        train_iters: The ``M`` of ``iteration N/ M``.
+        interval: Print iterations that are multiples of this (``--log-interval``).
+    """
+
+    def __init__(self, train_iters: int, interval: int = 1):
+        self.train_iters = train_iters
+        self.interval = interval
+
+    def write(self, iteration: int, record: Mapping[str, Any]) -> None:
+        if iteration % self.interval == 0:
+            line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
+            info_all_ranks(format_log_line(line, self.train_iters))
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlMetricWriter:
+    """Appends one JSON object per iteration, ``{"iteration": 3, "lm_loss": 4.12, ...}``.
+
+    Args:
+        path: The file; missing parent folders are created.
+    """
+
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, iteration: int, record: Mapping[str, Any]) -> None:
+        line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _numbers(record: Mapping[str, Any]) -> dict[str, float]:
+    """The record's numeric entries but the iteration (the step they are logged at); a grad
+    norm the fp16 scaler skipped is None: left out."""
+    values = {key: to_python(value) for key, value in record.items() if key != ITERATION_KEY}
+    return {key: value for key, value in values.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+class TensorBoardMetricWriter:
+    """Writes each metric as a scalar of a ``torch.utils.tensorboard.SummaryWriter``."""
+
+    def __init__(self, log_dir: str | Path):
+        summary_writer_class = importlib.import_module("torch.utils.tensorboard").SummaryWriter
+        self._writer = summary_writer_class(log_dir=str(log_dir))
+
+    def write(self, iteration: int, record: Mapping[str, Any]) -> None:
+        for name, value in _numbers(record).items():
+            self._writer.add_scalar(name, value, iteration)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    """``auto``: ``$WANDB_MODE`` if set, else online with ``$WANDB_API_KEY``, else offline (a
+    run without network or account never blocks on a login); other modes as given."""
+    if mode != "auto":
+        return mode
+    if os.environ.get(WANDB_MODE_ENV_VAR):
+        return os.environ[WANDB_MODE_ENV_VAR]
+    return "online" if os.environ.get(WANDB_API_KEY_ENV_VAR) else "offline"
+
+
+class WandbMetricWriter:
+    """Logs metrics to a wandb run.
+
+    Args:
+        project: The wandb project.
+        name: The run name.
+        save_dir: Where wandb keeps its files.
+        mode: ``auto`` (:func:`resolve_wandb_mode`), ``online``, ``offline`` or ``disabled``.
+        config: Stored with the run (the run's flag values).
+    """
+
+    def __init__(self, project: str, name: str | None = None, save_dir: str | None = None,
+                 mode: str = "auto", config: Mapping[str, Any] | None = None):
+        wandb = importlib.import_module(WANDB_PACKAGE)
+        if save_dir is not None:
+            os.makedirs(save_dir, exist_ok=True)  # wandb writes below it, and wants it there
+        self._run = wandb.init(project=project, name=name, dir=save_dir,
+                               mode=resolve_wandb_mode(mode), config=dict(config or {}))
+
+    def write(self, iteration: int, record: Mapping[str, Any]) -> None:
+        self._run.log(_numbers(record), step=iteration)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def missing_packages(logging: LoggingConfig) -> list[str]:
+    """The optional packages the configured writers need that are not installed."""
+    needed = [TENSORBOARD_PACKAGE] if logging.tensorboard_dir else []
+    needed += [WANDB_PACKAGE] if logging.wandb_project else []
+    return [package for package in needed if not is_importable(package)]
+
+
+def build_metric_writers(logging: LoggingConfig, train_iters: int,
+                         run_flags: Mapping[str, Any] | None = None,
+                         console: bool = True) -> list[MetricWriter]:
+    """The writers ``logging`` turns on, in a fixed order: console (unless ``console`` is
+    False), JSONL, TensorBoard, wandb (with ``run_flags`` as its run's config)."""
+    writers: list[MetricWriter] = []
+    if console:
+        writers.append(ConsoleMetricWriter(train_iters, logging.log_interval))
+    if logging.log_metrics_jsonl:
+        writers.append(JsonlMetricWriter(logging.log_metrics_jsonl))
+    if logging.tensorboard_dir:
+        writers.append(TensorBoardMetricWriter(logging.tensorboard_dir))
+    if logging.wandb_project:
+        writers.append(WandbMetricWriter(logging.wandb_project, logging.wandb_exp_name,
+                                         logging.wandb_save_dir, logging.wandb_mode, run_flags))
+    return writers

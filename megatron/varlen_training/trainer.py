@@ -1,0 +1,211 @@
+"""``Trainer``: one run's orchestration, shared by pretrain_gpt.py, pretrain_mamba.py and
+``MegatronWrap``.
+
+    trainer = Trainer(run, family).start()   # device, groups, parallel state, seeds, tokenizer,
+                                             #   dynamic CP groups, metric writers
+    trainer.setup_model_and_optimizer()      # the family's model, optimizer, LR schedule, --load
+    report = trainer.step(batches)           # train step (non-finite guard), metrics
+    trainer.write_metrics(trainer.record(report))
+    trainer.save_if_due()
+    trainer.close()
+
+The entry points' loop (``pretrain.py``) adds data, evaluation and exit conditions around
+:meth:`Trainer.step`; the facade feeds it the caller's batches with a flow's forward step. Both
+build their metric writers here, from the run's :class:`LoggingConfig`, and write the same
+records (:func:`iteration_metrics.to_json_record`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from megatron.varlen_training import checkpointing, log, training
+from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.data import build_packing_config
+from megatron.varlen_training.errors import UserInputError, agree_on_errors
+from megatron.varlen_training.initialize import (
+    initialize_megatron, shutdown, teardown_parallel_state,
+)
+from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
+from megatron.varlen_training.loop_steps import periodic_save_due
+from megatron.varlen_training.metric_writers import build_metric_writers
+from megatron.varlen_training.model_family import GPT, ModelFamily
+from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
+from megatron.varlen.packing import GlobalBatchPacker, StepBatches
+from megatron.varlen.platform import initialize_dynamic_cp_groups
+from megatron.varlen.scheduling import build_group_layout
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One optimizer step: the reported loss (None off the last pipeline stage), the grad norm
+    (None when the fp16 scaler skipped the step) and the iteration's metrics."""
+
+    loss: float | None
+    grad_norm: float | None
+    metrics: IterationMetrics
+
+
+def create_dynamic_cp_groups(run: RunConfig):
+    """Dynamic CP: create every group the scheduler may pick; returns their lookup (or None)."""
+    if not run.packing.dynamic_context_parallel:
+        return None
+    parallel = run.parallel
+    layout = build_group_layout(parallel.dp_cp_size, run.packing.min_dynamic_context_parallel_size,
+                                parallel.context_parallel_size)
+    registry = initialize_dynamic_cp_groups(layout)
+    log.print_rank_0(f"> dynamic context parallel: {parallel.dp_cp_size} DP x CP ranks, CP group "
+                     f"sizes {list(layout.sequence_sizes)}, {registry.groups_per_rank()} process "
+                     f"groups per rank ({len(layout.groups)} blocks per DP x CP group)")
+    return registry.lookup
+
+
+def _last_rank_writers(run: RunConfig, console: bool) -> list:
+    """The metric writers on the last rank (the loss owner), [] elsewhere; a writer that cannot
+    be built fails on every rank, in one line."""
+    def build():
+        if not log.is_last_rank():
+            return []
+        try:
+            return build_metric_writers(run.logging, run.training.train_iters, run.flag_values,
+                                        console=console)
+        except ImportError as err:  # start-up checked the packages; a broken install is left
+            raise UserInputError(f"a metric writer cannot start: {err}") from err
+    return agree_on_errors(build)
+
+
+class Trainer:
+    """A run of a model of ``family`` as ``run`` says (module docstring).
+
+    Args:
+        run: The run's configuration.
+        family: The model family (GPT unless told).
+        checkpoint_files: ``{name: text}`` written into every checkpoint it saves.
+        console: Print Megatron-LM's iteration line through the console writer.
+    """
+
+    def __init__(self, run: RunConfig, family: ModelFamily = GPT,
+                 checkpoint_files: dict[str, str] | None = None, console: bool = True):
+        self.run = run
+        self.family = family
+        self.checkpoint_files = dict(checkpoint_files or {})
+        self.console = console
+        self.tokenizer = None
+        self.state: training.TrainState | None = None
+        self.cp_group_lookup = None
+        self.writers: list = []
+        self._owns_process_group = False
+
+    # --- start ------------------------------------------------------------------------------
+
+    def start(self) -> Trainer:
+        """Device, process group, parallel state, seeds (and the arguments dump), tokenizer and
+        the run's vocabulary, dynamic CP groups, metric writers."""
+        self._owns_process_group = not torch.distributed.is_initialized()
+        initialize_megatron(self.run)
+        if self.family.describe is not None:
+            log.print_rank_0(self.family.describe(self.run.model))
+        # Data errors (bad file, line, bytes) are one line on every rank, never a traceback.
+        data = self.run.data
+        self.tokenizer = agree_on_errors(build_tokenizer, data.tokenizer_type,
+                                         self.run.model.vocab_size, data.tokenizer_model)
+        self.run = self.run.with_vocabulary(self.tokenizer.vocab_size)
+        check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size)
+        self.cp_group_lookup = create_dynamic_cp_groups(self.run)
+        self.writers = _last_rank_writers(self.run, self.console)
+        return self
+
+    def packer(self, extra_token_fields: tuple[str, ...] = ()) -> GlobalBatchPacker:
+        """The packing service for this run's global batches; ``extra_token_fields`` travel
+        like ``loss_mask`` (a facade flow's per-token fields)."""
+        config = build_packing_config(self.run, self.tokenizer.pad,
+                                      self.family.attention_fraction(self.run.model),
+                                      extra_token_fields)
+        return GlobalBatchPacker(config, group_lookup=self.cp_group_lookup)
+
+    def setup_model_and_optimizer(self) -> training.TrainState:
+        """The family's model, the optimizer and LR schedule; resumes from ``--load``."""
+        self.state = training.setup_model_and_optimizer(self.run, self.family)
+        return self.state
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def step(self, batches: StepBatches, forward_step_func=training.forward_step,
+             started_at: float | None = None) -> StepReport:
+        """One optimizer step on this rank's micro-batches of a global batch.
+
+        ``started_at`` (``time.perf_counter()``): when the step's work began (its data
+        included); default now.
+
+        Raises:
+            NonFiniteLossError: With --check-for-nan-in-loss-and-grad, before the update, on
+                every rank; the state stays the last good step's.
+        """
+        started_at = time.perf_counter() if started_at is None else started_at
+        loss, grad_norm = training.train_step(self.run, self.state, batches,
+                                              forward_step_func=forward_step_func)
+        self.state.iteration += 1
+        return StepReport(loss, grad_norm, self._metrics(batches, loss, grad_norm,
+                                                         time.perf_counter() - started_at))
+
+    def _metrics(self, batches: StepBatches, loss, grad_norm, step_time: float
+                 ) -> IterationMetrics:
+        run, state = self.run, self.state
+        gbs = run.training.global_batch_size
+        return IterationMetrics(
+            iteration=state.iteration, train_iters=run.training.train_iters,
+            consumed_samples=state.iteration * gbs, step_time_s=step_time,
+            learning_rate=state.optimizer.param_groups[0]["lr"], global_batch_size=gbs,
+            lm_loss=loss, grad_norm=grad_norm, num_microbatches=batches.num_microbatches,
+            tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
+            seqlen_squared_sum=batches.seqlen_squared_sum,
+            flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
+            world_size=torch.distributed.get_world_size(), extra=dict(batches.stats))
+
+    @staticmethod
+    def record(report: StepReport, extra_metrics: dict | None = None) -> dict:
+        """The step in the one JSONL schema; ``extra_metrics`` (a flow's) follow its keys."""
+        return to_json_record(report.metrics, extra_metrics)
+
+    def write_metrics(self, record: dict) -> None:
+        """Hands ``record`` to the metric writers (they exist on the last rank only)."""
+        for writer in self.writers:
+            writer.write(record["iteration"], record)
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def save(self, root: str | None = None) -> str:
+        """Saves the state under ``root`` (default ``--save``); returns the checkpoint folder."""
+        state = self.state
+        return checkpointing.save_checkpoint(
+            root or self.run.checkpoint.save, state.iteration, state.model, state.optimizer,
+            state.scheduler, self.run, extra_files=self.checkpoint_files)
+
+    def save_if_due(self) -> str | None:
+        """``--save-interval``: saves after every multiple; the folder, or None."""
+        if periodic_save_due(self.run.checkpoint, self.state.iteration):
+            return self.save()
+        return None
+
+    def load(self, root: str) -> int:
+        """Restores the checkpoint under ``root`` (checked against this run); its iteration."""
+        state = self.state
+        state.iteration = checkpointing.load_checkpoint(root, state.model, state.optimizer,
+                                                        state.scheduler, self.run)
+        return state.iteration
+
+    # --- close ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the metric writers and tears down the parallel state (and the process group
+        if :meth:`start` created it)."""
+        for writer in self.writers:
+            writer.close()
+        self.writers = []
+        if self._owns_process_group:
+            shutdown()
+        else:
+            teardown_parallel_state()
