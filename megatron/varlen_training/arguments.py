@@ -77,9 +77,8 @@ def _add_network_size_args(parser):
     group.add_argument("--seq-length", type=int, required=True,
                        help="Maximum tokens of one sample (longer samples are clipped/truncated).")
     group.add_argument("--max-position-embeddings", type=int, default=None,
-                       help="Position table size. Default: --seq-length. With packing and "
-                            "learned_absolute positions it must hold every padded sequence "
-                            "(start-up names the size needed).")
+                       help="Position table size. Default: --seq-length; must be at least "
+                            "--seq-length (padding slots of packed sequences use position 0).")
     group.add_argument("--position-embedding-type", default="learned_absolute",
                        choices=["learned_absolute", "rope", "none"], help="Position encoding.")
     group.add_argument("--rotary-base", type=int, default=10000,
@@ -270,9 +269,11 @@ def _validate_virtual_pipeline(args) -> None:
 def _validate_sequence_length(args) -> None:
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
+    # The position table covers every real token: packing puts padding at position 0
+    # (megatron/varlen/packing/thd_microbatch.py), so no padded length needs a row of its own.
     require(args.seq_length <= args.max_position_embeddings,
             f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
-            f"{args.max_position_embeddings}")
+            f"{args.max_position_embeddings} (raise --max-position-embeddings)")
     divisor = pad_multiple(args.context_parallel_size,
                            args.tensor_model_parallel_size if args.sequence_parallel else 1)
     require(args.seq_length % divisor == 0,

@@ -6,8 +6,6 @@ Megatron-LM's CLI is visible in one place.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 
 import torch
 
@@ -15,7 +13,7 @@ from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen.platform import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
 from megatron.varlen.scheduling import (
-    DP_BALANCED, DYNAMIC_CP, PROFILES, build_group_layout, canonical_name, pad_multiple,
+    DP_BALANCED, DYNAMIC_CP, PROFILES, build_group_layout, canonical_name,
     padded_length, resolve_hardware_profile, scheduler_help, scheduler_names,
 )
 from megatron.varlen.model import check_takes_thd, load_layer_spec
@@ -121,7 +119,6 @@ def validate_varlen_args(args, require) -> None:
                 "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
         return
     _validate_packing(args, require)
-    _validate_position_table(args, require)
 
 
 def _resolve_dynamic_context_parallel(args, require) -> None:
@@ -194,75 +191,3 @@ def _validate_packing(args, require) -> None:
                         args.spec)
     except ValueError as err:
         require(False, str(err))
-
-
-@dataclass(frozen=True)
-class PositionRun:
-    """A packed segment whose tokens get position ids 0..length-1, and what makes it."""
-
-    length: int
-    cause: str
-    from_sequence: bool  # a padded sample (a --seq-length the padding divides avoids it)
-
-
-def _sample_runs(seq_length: int, cp_sizes: list[int], sp_factor: int) -> list[PositionRun]:
-    """A --seq-length sample on a CP group of c ranks is padded to a multiple of
-    2 x c x sp_factor (the padding rule of scheduling/problem.py)."""
-    runs = []
-    for size in cp_sizes:
-        padded = padded_length(seq_length, size, sp_factor)
-        runs.append(PositionRun(padded, f"a --seq-length {seq_length} sample is padded to "
-                                f"{padded} tokens on a CP group of {size} rank(s) (to a multiple "
-                                f"of {pad_multiple(size, sp_factor)})", True))
-    return runs
-
-
-def _filler_runs(budget: int, cp_sizes: list[int], sp_factor: int) -> list[PositionRun]:
-    """With fixed pack lengths (VPP) a pack on c ranks is topped up to budget x c tokens by one
-    pad-only filler, after at least one sequence of at least one padding multiple
-    (thd_microbatch.pack_sequences)."""
-    runs = []
-    for size in cp_sizes:
-        filler = budget * size - pad_multiple(size, sp_factor)
-        runs.append(PositionRun(filler, f"with virtual pipeline stages a pack on {size} rank(s) "
-                                f"is filled to --max-seqlen-per-dp-cp-rank {budget} x {size} "
-                                f"tokens by a pad-only filler of up to {filler} tokens", False))
-    return runs
-
-
-def longest_position_run(seq_length: int, cp_sizes: list[int], sp_factor: int,
-                         fixed_tokens_per_rank: int | None) -> PositionRun:
-    """The longest run of position ids any pack can hold, given the CP group sizes a sequence
-    may get: padded samples, an idle rank's pad-only sequence, and (fixed pack lengths) the
-    filler that tops a pack up."""
-    # Imported here: it loads megatron.core, whose import-time warnings a parser must not print
-    # before the entry point silences them (a flag error is one line).
-    from megatron.varlen.packing import DUMMY_SEQUENCE_TOKENS
-
-    idle = fixed_tokens_per_rank or DUMMY_SEQUENCE_TOKENS * sp_factor
-    runs = [*_sample_runs(seq_length, cp_sizes, sp_factor),
-            PositionRun(idle, f"an idle rank's pad-only sequence has {idle} tokens", False)]
-    if fixed_tokens_per_rank:
-        runs += _filler_runs(fixed_tokens_per_rank, cp_sizes, sp_factor)
-    return max(runs, key=lambda run: run.length)
-
-
-def _validate_position_table(args, require) -> None:
-    """Learned absolute positions are a table of --max-position-embeddings rows: every packed
-    segment must fit it, or the lookup fails at whatever iteration first draws a long sample.
-    RoPE computes its angles for each batch's longest segment (and "none" has no positions),
-    so neither needs a check."""
-    if args.position_embedding_type != "learned_absolute":
-        return
-    sizes, sp_factor = possible_cp_sizes(args), _sp_factor(args)
-    fixed = None if args.variable_seq_lengths else args.max_seqlen_per_dp_cp_rank
-    run = longest_position_run(args.seq_length, sizes, sp_factor, fixed)
-    if run.length <= args.max_position_embeddings:
-        return
-    divisor = math.lcm(*(pad_multiple(size, sp_factor) for size in sizes))
-    shorter = f", a --seq-length that is a multiple of {divisor}" if run.from_sequence else ""
-    which = f" (dynamic CP group sizes {sizes})" if args.dynamic_context_parallel else ""
-    require(False,
-            f"{run.cause}, beyond the learned position table of --max-position-embeddings "
-            f"{args.max_position_embeddings}{which}: pass --max-position-embeddings "
-            f"{run.length} or more{shorter}, or --position-embedding-type rope")

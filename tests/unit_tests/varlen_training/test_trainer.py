@@ -3,10 +3,14 @@ packed run through ``Trainer.step`` and write the same JSONL records through the
 ``pretrain_gpt.py``'s TensorBoard and wandb writers (``--tensorboard-dir``, ``--wandb-*``) get
 the same numbers, wandb offline by ``$WANDB_MODE``.
 
-tensorboard and wandb are optional packages (the ``[metrics]`` extra) and not installed here:
-the rank injects stand-in modules into ``sys.modules`` that record what the writers call.
+tensorboard and wandb are optional packages (the ``[metrics]`` extra). One test injects
+stand-in modules into ``sys.modules`` that record every call the writers make; where the real
+packages are installed (scripts/setup_env.sh installs the extra), another runs them for real:
+TensorBoard's event files read back with its own EventAccumulator, and an offline wandb run.
 """
 
+import glob
+import importlib.util
 import json
 import os
 import sys
@@ -153,3 +157,46 @@ def test_writer_flags_are_checked_at_start_up(monkeypatch, extra, needle):
     with pytest.raises(ArgumentValidationError) as err:
         parse_args(argv + extra, world_size=1)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+# --- the real packages ------------------------------------------------------------------------
+
+REAL_METRIC_PACKAGES = all(importlib.util.find_spec(name) for name in ("tensorboard", "wandb"))
+
+
+def rank_pretrain_gpt_with_real_writers(tmp: str) -> dict:
+    import pretrain_gpt
+
+    os.environ["WANDB_MODE"] = "offline"
+    argv = build_config(CONFIG).to_argv(build_parser()) + [
+        "--log-metrics-jsonl", f"{tmp}/metrics.jsonl", "--tensorboard-dir", f"{tmp}/tb",
+        "--wandb-project", "varlen", "--wandb-exp-name", "tiny", "--wandb-save-dir",
+        f"{tmp}/wandb"]
+    pretrain_gpt.main(argv)
+    if torch.distributed.get_rank() != WORLD - 1:
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(f"{tmp}/tb")
+    events.Reload()
+    scalars = {tag: [(event.step, event.value) for event in events.Scalars(tag)]
+               for tag in events.Tags()["scalars"]}
+    runs = glob.glob(f"{tmp}/wandb/wandb/offline-run-*/run-*.wandb")
+    return {"records": _read_jsonl(f"{tmp}/metrics.jsonl"), "scalars": scalars,
+            "wandb_bytes": [os.path.getsize(path) for path in runs]}
+
+
+@pytest.mark.skipif(not REAL_METRIC_PACKAGES, reason="tensorboard and wandb not installed")
+def test_real_tensorboard_events_and_offline_wandb_run(tmp_path):
+    last = run_distributed(rank_pretrain_gpt_with_real_writers, WORLD, args=(str(tmp_path),),
+                           timeout_s=300)[-1]
+    records, scalars = last["records"], last["scalars"]
+    assert len(records) == STEPS and "lm_loss" in scalars, scalars.keys()
+    for key in ("lm_loss", "grad_norm", "lr", "tokens_per_s"):  # each record's key, one tag
+        got = scalars[key]
+        expected = [(r["iteration"], r[key]) for r in records]
+        assert [step for step, _ in got] == [step for step, _ in expected], key
+        # TensorBoard stores float32.
+        assert all(abs(g - e) <= 1e-6 * max(1.0, abs(e)) for (_, g), (_, e) in
+                   zip(got, expected)), (key, got, expected)
+    assert len(last["wandb_bytes"]) == 1 and last["wandb_bytes"][0] > 0, last["wandb_bytes"]
