@@ -128,6 +128,7 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
                                  a=attention_fraction),
         fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
         extra_token_fields=tuple(extra_token_fields),
+        validate_schedules=packing.validate_packing_schedules,
     )
 
 

@@ -45,6 +45,11 @@ def add_varlen_args(parser) -> None:
                        help=f"Rates the packing scheduler's cost model is built from: "
                             f"{', '.join(sorted(PROFILES))} (analytic), or a JSON profile "
                             f"measured on your GPU by tools/measure_cost_model.py.")
+    group.add_argument("--validate-packing-schedules", action="store_true",
+                       help="Debug: check every step's packing schedule against all of its "
+                            "invariants (each sequence once, budgets, CP groups of the layout) "
+                            "before it runs; an invalid one stops the run naming the broken "
+                            "invariant. Costs a few ms per step.")
     group.add_argument("--spec", nargs=2, default=None, metavar=("MODULE", "FUNCTION"),
                        help="Layer spec function to build the decoder with (Megatron's flag); "
                             "default megatron.varlen.model.spec get_varlen_gpt_layer_spec.")

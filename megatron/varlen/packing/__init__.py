@@ -20,6 +20,7 @@ _EXPORTS = {
     "MicroBatchCache": _PACKED_SEQ, "VarlenPackedSeqParams": _PACKED_SEQ,
     "host_to_device": _PACKED_SEQ, "varlen_packed_seq_params": _PACKED_SEQ,
     "DUMMY_SEQUENCE_TOKENS": _THD, "build_model_inputs": _THD,
+    "InvalidScheduleError": "megatron.varlen.packing.schedule_check",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.varlen.packing import reroute, thd_microbatch
+from megatron.varlen.packing.schedule_check import check_schedule
 from megatron.varlen.platform.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
@@ -58,6 +59,9 @@ class PackingConfig:
     # Per-token fields beyond tokens/labels/loss_mask the caller's samples carry (e.g. a facade
     # flow's advantages): rerouted, packed and CP-split exactly like loss_mask, as float32.
     extra_token_fields: tuple[str, ...] = ()
+    # --validate-packing-schedules: every schedule checked against all its invariants before it
+    # runs (a debug aid; the suite checks the schedulers themselves offline).
+    validate_schedules: bool = False
 
 
 @dataclass
@@ -139,6 +143,8 @@ def plan_batch(gathered: GatheredLengths, dp_size: int, cp_size: int,
         cost=config.cost,
     )
     schedule = get_scheduler(config.scheduler)(problem)
+    if config.validate_schedules:
+        check_schedule(problem, schedule, config.scheduler)
     costs = schedule_costs(problem, schedule)
     # Order only (contents unchanged): small micro-batches where the pipeline fills/drains.
     ordered = order_for_pipeline(schedule, problem, config.pipeline_stages, list(costs.levels))

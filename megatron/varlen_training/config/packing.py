@@ -21,6 +21,7 @@ class SequencePackingConfig:
     min_dynamic_context_parallel_size: int
     hardware_profile: str
     variable_seq_lengths: bool
+    validate_packing_schedules: bool = False
 
     def __post_init__(self):
         check_ranges(self)
