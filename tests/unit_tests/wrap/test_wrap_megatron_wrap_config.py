@@ -1,0 +1,101 @@
+"""megatron-wrap's config format (issue 25 item 9): a view over a nest, its two sections, its
+logger keys, both `__select__` forms, Megatron-LM keys sorted into supported / inert /
+unsupported (one error naming all), checked against the training layer's real parser."""
+
+import pytest
+
+from megatron.wrap.config import ConfigError, build_config
+from megatron.wrap.config.nest_keys import ACCEPTED, megatron_lm_defaults
+from tests.unit_tests.wrap.megatron_wrap_format import VIEW, write_nest
+
+
+def test_view_loads_with_nest_beside_it(tmp_path):
+    config = build_config(write_nest(tmp_path))
+    flat = config.flat
+    # __select__ inside the folder's key, with the chosen file's __inherit__ chain
+    assert (flat["num_layers"], flat["hidden_size"], flat["vocab_size"]) == (2, 32, 96)
+    assert flat["normalization"] == "RMSNorm" and flat["swiglu"] is True
+    # "all" folders load every file; the view's inline keys replace the file's
+    assert flat["global_batch_size"] == 4 and flat["seq_length"] == 32 and flat["seed"] == 1234
+    assert flat["lr"] == 1.0e-3 and flat["lr_decay_style"] == "constant"
+    # a manifest's default selection (dtype: fp32) is loaded without a choice in the view
+    assert flat["bf16"] is False
+    # Megatron-LM aliases this parser spells differently
+    assert flat["position_embedding_type"] == "rope" and flat["disable_bias_linear"] is True
+    # megatron_wrap keys become facade keys
+    assert config.facade["flow_name"] == "gpt_sft" and config.facade["memory_metrics"] is True
+    # inert keys are dropped with a reason, never silently
+    assert config.ignored["dino_local_img_size"] == "unset or at Megatron-LM's default"
+    assert config.ignored["no_save_optim"] == ACCEPTED["no_save_optim"]
+    assert "rank" in config.ignored and "fp8_margin" in config.ignored
+    assert "megatron_wrap.init.megatron_lm_project_path" in config.ignored
+
+
+def test_override_reaches_into_the_view(tmp_path):
+    config = build_config(write_nest(tmp_path),
+                          overrides=["megatron_lm.model.arch.hidden_size=64",
+                                     "megatron_lm.train.dtype.bf16=true"])
+    assert config.flat["hidden_size"] == 64 and config.flat["bf16"] is True
+
+
+def test_select_in_view_picks_another_file(tmp_path):
+    view = VIEW.replace("  train:\n", "  train:\n    dtype:\n      __select__: bf16\n")
+    assert build_config(write_nest(tmp_path, view)).flat["bf16"] is True
+
+
+def test_logger_keys_map_to_the_wandb_writer(tmp_path):
+    view = VIEW.replace("    patch_print: false\n",
+                        "    patch_print: true\n    enable_wandb: true\n"
+                        "    wandb_project: proj\n    wandb_name: run1\n    wandb_dir: /tmp/w\n"
+                        "    wandb_entity: team\n")
+    facade = build_config(write_nest(tmp_path, view)).facade
+    assert facade["metric_writers"] == ["console", "wandb"]
+    assert (facade["wandb_project"], facade["wandb_exp_name"], facade["wandb_save_dir"],
+            facade["wandb_entity"], facade["capture_print"]) == ("proj", "run1", "/tmp/w",
+                                                                  "team", True)
+
+
+def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
+    files = {"megatron_lm/misc/extra.yaml": "dino_head_hidden_size: 999\nlr_warmup_fractoin: 0.1\n"
+             "retro_encoder_layers: 4\n"}
+    with pytest.raises(ConfigError) as error:
+        build_config(write_nest(tmp_path, files=files))
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("3 Megatron-LM config key(s)")
+    assert "dino_head_hidden_size=999" in message and "retro_encoder_layers=4" in message
+    assert "lr_warmup_fractoin=0.1 (nearest supported: lr_warmup_" in message
+    assert "megatron_lm/misc/extra.yaml" in message
+
+
+def test_unsupported_wrap_value_and_unknown_view_key(tmp_path):
+    with pytest.raises(ConfigError, match="compatiable_model_type' is 'BERT'.*only 'GPT'"):
+        build_config(write_nest(tmp_path, files={"megatron_wrap/flow/gpt_sft.yaml":
+                                                 "flow_key: gpt_sft\ncompatiable_model_type: BERT\n"}))
+    view = VIEW.replace("    common:\n", "    comon:\n")
+    with pytest.raises(ConfigError, match="'comon'.*names no file or folder.*did you mean 'common'"):
+        build_config(write_nest(tmp_path / "b", view))
+
+
+def test_missing_choice_is_one_line(tmp_path):
+    view = VIEW.replace("    arch:\n      __select__: tiny-llama\n", "")
+    with pytest.raises(ConfigError, match=r"nest folder 'megatron_lm/model/arch' .*needs a choice"):
+        build_config(write_nest(tmp_path, view))
+
+
+def test_defaults_table_matches_the_training_parser_where_both_have_a_flag():
+    # The table is Megatron-LM's; our parser follows Megatron-LM's defaults for shared flags.
+    from megatron.varlen_training.arguments import build_parser
+    from megatron.wrap.config.keys import known_keys_of
+
+    ours = known_keys_of(build_parser().flag_actions)
+    table = megatron_lm_defaults()
+    for key in ("seq_length", "lr", "adam_beta1", "clip_grad", "seed"):
+        assert ours[key] in table[key], key
+
+
+def test_string_select_in_native_format(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "small.yaml").write_text("num_layers: 3\n")
+    config = build_config({"model": {"__select__": "small", "hidden_size": 8}},
+                          configs_root=tmp_path)
+    assert config.flat == {"num_layers": 3, "hidden_size": 8}
