@@ -57,12 +57,12 @@ def test_logger_keys_map_to_the_wandb_writer(tmp_path):
 
 def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
     files = {"megatron_lm/misc/extra.yaml": "dino_head_hidden_size: 999\nlr_warmup_fractoin: 0.1\n"
-             "retro_encoder_layers: 4\n"}
+             "img_h: 512\n"}
     with pytest.raises(ConfigError) as error:
         build_config(write_nest(tmp_path, files=files))
     message = str(error.value)
     assert "\n" not in message and message.startswith("3 Megatron-LM config key(s)")
-    assert "dino_head_hidden_size=999" in message and "retro_encoder_layers=4" in message
+    assert "dino_head_hidden_size=999" in message and "img_h=512" in message
     assert "lr_warmup_fractoin=0.1 (nearest supported: lr_warmup_" in message
     assert "megatron_lm/misc/extra.yaml" in message
 
