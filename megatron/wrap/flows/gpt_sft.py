@@ -6,6 +6,8 @@ A sample is one of (first match wins):
   yield it (labels already shifted; see :meth:`Flow.build_sample`);
 - ``{"prompt_ids": [...], "response_ids": [...]}``: token ids; only response ids are trained on
   as labels (prompt masking);
+- ``{"input_ids": [...], "context_token_length": k}`` (megatron-wrap's SFT form): the first
+  ``k`` ids are the prompt, only the ids after them are trained on as labels;
 - ``{"input_ids": [...]}``: token ids, every label trained on;
 - ``{"prompt": str, "response": str}`` or ``{"messages": [{"role", "content"}, ...]}``: text,
   tokenized with the chat template of the JSONL SFT dataset (``datasets/sft.py``): only
@@ -20,6 +22,7 @@ samples (nothing to train on) are kept; they add nothing to the loss and never g
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 
 import numpy as np
 
@@ -34,7 +37,9 @@ from megatron.wrap.flows.registry import register_flow
 
 MIN_DOCUMENT_IDS = 2  # one input token and its label
 _TEXT_KEYS = ("messages", "prompt")
-_FORMS = "tokens+labels, prompt_ids+response_ids, input_ids, prompt+response or messages"
+_FORMS = ("tokens+labels, prompt_ids+response_ids, input_ids(+context_token_length), "
+          "prompt+response or messages")
+CONTEXT_LENGTH_KEY = "context_token_length"  # megatron-wrap's name for the prompt's length
 
 
 @register_flow("gpt_sft")
@@ -89,7 +94,11 @@ class GPTSFTFlow(GPTFlow):
             is_target = np.concatenate([np.zeros(prompt.size, bool), np.ones(response.size, bool)])
             return np.concatenate([prompt, response]), is_target
         if "input_ids" in raw:
-            return fields.as_token_ids(raw["input_ids"], index, "input_ids", vocab).numpy(), None
+            ids = fields.as_token_ids(raw["input_ids"], index, "input_ids", vocab).numpy()
+            if raw.get(CONTEXT_LENGTH_KEY) is None:
+                return ids, None
+            prompt = _context_length(raw[CONTEXT_LENGTH_KEY], ids.size, index)
+            return ids, np.arange(ids.size) >= prompt
         if any(key in raw for key in _TEXT_KEYS):
             return self._encode_text(raw, index)
         raise fields.sample_error(index, None, f"has fields {', '.join(map(repr, raw))}; "
@@ -132,3 +141,12 @@ class GPTSFTFlow(GPTFlow):
         self.num_samples += len(samples)
         self.num_truncated += len(truncated)
         self.num_fully_masked += masked
+
+
+def _context_length(value, num_ids: int, index: int) -> int:
+    """``context_token_length`` checked: an int in ``[0, len(input_ids)]``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= value <= num_ids:
+        raise fields.sample_error(index, CONTEXT_LENGTH_KEY,
+                                  f"{value!r} must be an int in [0, {num_ids}] (the number of "
+                                  f"input_ids that are prompt)")
+    return value
