@@ -66,6 +66,8 @@ class Flow:
 
     name: str = ""
     metric_names: tuple[str, ...] = (LOSS_KEY,)
+    computed_fields: tuple[str, ...] = ()
+    """Extra fields the flow fills in itself (in ``build_samples``), not read from samples."""
 
     def __init__(self, context: FlowContext):
         self.context = context
@@ -134,6 +136,8 @@ class Flow:
         ``tokens`` in the data-path form)."""
         out = {}
         for field, dim in self.extra_fields().items():
+            if field in self.computed_fields:
+                continue
             value = fields.require_field(raw, index, field, ", ".join(self.fields_and_seq_dims()))
             if dim is PER_SAMPLE:
                 out[field] = fields.as_scalar(value, index, field)

@@ -13,6 +13,13 @@ A sample is one of (first match wins):
   tokenized with the chat template of the JSONL SFT dataset (``datasets/sft.py``): only
   assistant content and its closing eod are trained on.
 
+The loss is the global per-token mean (``pretrain_gpt.py``'s). ``flow_args:
+{loss_normalization: sample}`` makes it the mean over samples of each sample's per-token mean
+(megatron-wrap's SFT loss): each trained token gets the weight ``N / (S * n_s)`` (``N`` trained
+tokens and ``S`` samples with any in the global batch, ``n_s`` in its sample), packed like
+``loss_mask``, so megatron-core's division by ``N`` leaves exactly that mean, whatever the
+packing and layout.
+
 A document of ``n`` ids is a sample of ``n - 1`` tokens (token t predicts id t + 1). Samples
 longer than the run can take are cut to the limit and counted (``num_truncated``; a warning
 the first time; set ``flow_args: {truncate: false}`` to get an error instead). Fully masked
@@ -25,12 +32,14 @@ from collections.abc import Mapping, Sequence
 from numbers import Integral
 
 import numpy as np
+import torch
 
 from megatron.varlen_training.datasets.sample import make_sample
 
 # The chat template of the JSONL SFT dataset, reused so both paths tokenize text identically.
 from megatron.varlen_training.datasets.sft import encode_turns, parse_turns
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.training import LOSS_KEY
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow
@@ -40,6 +49,8 @@ _TEXT_KEYS = ("messages", "prompt")
 _FORMS = ("tokens+labels, prompt_ids+response_ids, input_ids(+context_token_length), "
           "prompt+response or messages")
 CONTEXT_LENGTH_KEY = "context_token_length"  # megatron-wrap's name for the prompt's length
+LOSS_WEIGHT = "loss_weight"  # per-token weight of the per-sample normalisation
+NORMALIZATIONS = ("token", "sample")
 
 
 @register_flow("gpt_sft")
@@ -50,18 +61,48 @@ class GPTSFTFlow(GPTFlow):
         context: The run.
         truncate: Cut over-long samples to the limit (counted, warned about once); False
             raises a ValueError naming the sample instead.
+        loss_normalization: ``token`` (the global per-token mean) or ``sample`` (the mean of
+            the samples' per-token means; module docstring).
     """
 
-    def __init__(self, context, truncate: bool = True):
+    def __init__(self, context, truncate: bool = True, loss_normalization: str = "token"):
         super().__init__(context)
+        if loss_normalization not in NORMALIZATIONS:
+            raise ValueError(f"flow 'gpt_sft': flow.flow_args.loss_normalization "
+                             f"{loss_normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+        self.per_sample = loss_normalization == "sample"
+        self.computed_fields = (LOSS_WEIGHT,) if self.per_sample else ()
         self.truncate = bool(truncate)
         # Running counts over every batch this flow converted (on rank 0 only with "rank0").
         self.num_samples = self.num_truncated = self.num_fully_masked = 0
 
+    def fields_and_seq_dims(self) -> dict[str, int | None]:
+        fields_ = super().fields_and_seq_dims()
+        return {**fields_, LOSS_WEIGHT: 0} if self.per_sample else fields_
+
     def build_samples(self, batch: Sequence[Mapping]) -> list[dict]:
         samples = super().build_samples(batch)
         self._warn_counts(samples)
+        if self.per_sample:
+            add_sample_weights(samples)
         return samples
+
+    def collate_micro_batch(self, micro_batch: dict) -> tuple[dict, dict]:
+        model_inputs, loss_inputs = super().collate_micro_batch(micro_batch)
+        if self.per_sample:
+            loss_inputs[LOSS_WEIGHT] = micro_batch[LOSS_WEIGHT]
+        return model_inputs, loss_inputs
+
+    def loss(self, output: torch.Tensor, loss_inputs: dict):
+        """Per token: ``GPTFlow.loss``. Per sample: the weighted sum, with the token count kept
+        an integer (megatron-core sums the counts as ints and divides the gradients by them)."""
+        if not self.per_sample:
+            return super().loss(output, loss_inputs)
+        weights = loss_inputs[LOSS_WEIGHT].float().reshape(-1)
+        loss_sum = torch.sum(output.float().reshape(-1) * weights)
+        num_tokens = loss_inputs["loss_mask"].float().sum().to(torch.int)
+        report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
+        return loss_sum, num_tokens, {LOSS_KEY: report}
 
     def build_sample(self, raw: Mapping, index: int) -> dict:
         if "tokens" in raw:
@@ -150,3 +191,13 @@ def _context_length(value, num_ids: int, index: int) -> int:
                                   f"{value!r} must be an int in [0, {num_ids}] (the number of "
                                   f"input_ids that are prompt)")
     return value
+
+
+def add_sample_weights(samples: list[dict]) -> None:
+    """Gives every sample its ``loss_weight``: ``N / (S * n_s)`` on trained tokens, else 0."""
+    counts = [float(sample["loss_mask"].sum()) for sample in samples]
+    trained = sum(counts)
+    num_samples = sum(1 for count in counts if count > 0)
+    for sample, count in zip(samples, counts):
+        scale = trained / (num_samples * count) if count > 0 else 0.0
+        sample[LOSS_WEIGHT] = sample["loss_mask"].to(torch.float64).mul(scale).float()

@@ -2,6 +2,7 @@
 under torchrun (2 CPU ranks) instead of hanging in megatron-core's checkpoint writer, whose
 'spawn' helper process would re-run the script."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from tests.harness.multirank import find_free_port
 REPO = Path(__file__).resolve().parents[3]
 SAVE_LIMIT_S = 30  # the issue's bound for save() (start-up on a busy 2-core machine is extra)
 RUN_LIMIT_S = 150  # the whole torchrun, start-up of 2 interpreters included
+KILL_WAIT_S = 30
 
 SCRIPT = textwrap.dedent("""\
     import sys, time
@@ -40,14 +42,13 @@ def test_script_without_main_guard_saves_under_torchrun(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-port", str(find_free_port()), str(script), str(tmp_path / "ckpt")]
     started = time.perf_counter()
-    # start_new_session: a hang is killed with its helpers (the process group), no orphans
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        output, _ = proc.communicate()
+        _kill_tree(proc.pid)
+        output, _ = proc.communicate(timeout=KILL_WAIT_S)
         raise AssertionError(f"torchrun hung for {RUN_LIMIT_S} s; tail:\n{output[-3000:]}")
     assert proc.returncode == 0, output[-3000:]
     line = next(line for line in output.splitlines() if "SAVED" in line)
@@ -55,3 +56,16 @@ def test_script_without_main_guard_saves_under_torchrun(tmp_path):
     assert seconds < SAVE_LIMIT_S, line
     assert (tmp_path / "ckpt" / "iter_0000001").is_dir()
     print(f"torchrun total {time.perf_counter() - started:.1f} s; {line}")
+
+
+def _kill_tree(pid: int) -> None:
+    """Kills torchrun, its workers (each in its own session) and what they started (a hung
+    run's 'spawn' helper): all descendants, collected before any of them dies."""
+    import psutil  # a dependency of this package (megatron-core's checkpoint writer needs it)
+
+    root = psutil.Process(pid)
+    victims = [*root.children(recursive=True), root]
+    for process in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(victims, timeout=KILL_WAIT_S)
