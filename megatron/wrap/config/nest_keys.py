@@ -103,6 +103,9 @@ WRAP_KEYS: dict[tuple[str, ...], tuple[str, str]] = {
 """megatron_wrap key path -> (facade section, facade key). `logger.enable_wandb` adds 'wandb'
 to `logging.metric_writers`."""
 
+FLOW_FOLDER = "flow"
+"""Other keys of megatron_wrap.flow become the flow's `flow_args` (its __init__ checks them)."""
+
 WRAP_IGNORED: dict[tuple[str, ...], str] = {
     **dict.fromkeys((("init", "megatron_lm_project_path"), ("init", "skip_compile_dependencies"),
                      ("init", "allow_no_cuda"), ("init", "skip_set_jit_fusion")),
@@ -229,13 +232,14 @@ def unsupported_keys_message(keys: list[str], flat: Mapping[str, Leaf],
             f"Megatron-LM's default, or remove them (docs/WRAP_CONFIG.md section 7)")
 
 
-def _wrap_keys(node: Mapping, ignored: dict[str, str]) -> dict[tuple[str, str], Leaf]:
-    """Facade `(section, key) -> Leaf` of the megatron_wrap subtree."""
-    out: dict[tuple[str, str], Leaf] = {}
+def _wrap_keys(node: Mapping, ignored: dict[str, str]) -> dict[tuple[str, str], Any]:
+    """Facade `(section, key) -> Leaf` (a mapping of them for `flow_args`) of megatron_wrap."""
+    out: dict[tuple[str, str], Any] = {}
     leaves = _leaf_paths(node, ())
     enable_wandb = leaves.pop(("logger", "enable_wandb"), None)
     if enable_wandb is not None and enable_wandb.value:
         out[("logging", "metric_writers")] = Leaf(["console", "wandb"], enable_wandb.source)
+    flow_args: dict[str, Any] = {}
     for path, leaf in leaves.items():
         name = ".".join((WRAP_SECTION, *path))
         if path in WRAP_KEYS:
@@ -246,11 +250,15 @@ def _wrap_keys(node: Mapping, ignored: dict[str, str]) -> dict[tuple[str, str], 
             if leaf.value != WRAP_REQUIRED[path]:
                 raise ConfigError(f"config key '{name}' is {leaf.value!r} (from {leaf.source}); "
                                   f"megatron.wrap supports only {WRAP_REQUIRED[path]!r}")
+        elif len(path) == 2 and path[0] == FLOW_FOLDER:
+            flow_args[path[1]] = leaf  # megatron-wrap hands its flow config to the flow
         else:
             known = [".".join(p) for p in (*WRAP_KEYS, *WRAP_IGNORED, *WRAP_REQUIRED)]
             match = closest(".".join(path), known)
             hint = f"; did you mean '{WRAP_SECTION}.{match}'?" if match else ""
             raise ConfigError(f"unknown config key '{name}' (from {leaf.source}){hint}")
+    if flow_args:
+        out[("flow", "flow_args")] = {key: leaf for key, leaf in flow_args.items()}
     return out
 
 
