@@ -17,8 +17,8 @@ See docs/WRAP.md.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -153,6 +153,10 @@ class MegatronWrap(ParallelStateMixin):
             self._exit_stack.enter_context(log.capture_print())
         if facade["capture_warnings"]:
             self._exit_stack.enter_context(log.capture_warnings())
+        if facade["capture_print"] or facade["capture_warnings"]:
+            # A script that never calls close() (megatron-wrap's example) must get print and
+            # warnings back before interpreter teardown, not during it.
+            atexit.register(self._exit_stack.close)
         train_iters = self.run.training.train_iters
         if facade["progress_bar"] and train_iters > 0:
             self._progress = ProgressBar(train_iters)

@@ -57,6 +57,9 @@ ACCEPTED: dict[str, str] = {
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),
     **dict.fromkeys(("no_save_optim", "no_save_rng"), _CKPT_ALL),
     "exit_on_missing_checkpoint": "this fork always stops when `load` holds no checkpoint",
+    **dict.fromkeys(("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file"),
+                    "megatron-wrap never builds Megatron-LM's tokenizer (the script tokenizes; "
+                    "the model's vocabulary is vocab_size)"),
 }
 """Megatron-LM keys accepted with any value, and why the value changes nothing here."""
 
@@ -177,8 +180,9 @@ def _sort_megatron_lm_keys(flat: dict[str, Leaf], known_keys: Mapping[str, Any],
                            ignored: dict[str, str]) -> dict[str, Leaf]:
     cli: dict[str, Leaf] = {}
     unsupported: list[str] = []
+    _sequence_parallel_off_without_tp(flat, ignored)
     for key, leaf in flat.items():
-        if key in known_keys:
+        if key in known_keys and key not in ACCEPTED:
             cli[key] = leaf
         elif key in ALIASES:
             for our_key, value in ALIASES[key](leaf.value).items():
@@ -190,6 +194,20 @@ def _sort_megatron_lm_keys(flat: dict[str, Leaf], known_keys: Mapping[str, Any],
     if unsupported:
         raise ConfigError(unsupported_keys_message(unsupported, flat, known_keys))
     return cli
+
+
+SEQUENCE_PARALLEL_WITHOUT_TP = "Megatron-LM turns sequence parallelism off when " \
+                               "tensor_model_parallel_size is 1"
+
+
+def _sequence_parallel_off_without_tp(flat: dict[str, Leaf], ignored: dict[str, str]) -> None:
+    """Megatron-LM's rule (a warning, then off), which megatron-wrap's nest relies on: its
+    parallel file sets sequence_parallel: true for any TP size. This fork's parser refuses the
+    combination, so the key is dropped here, where Megatron-LM's rule applies."""
+    tp = getattr(flat.get("tensor_model_parallel_size"), "value", None)
+    if tp in (None, 1) and getattr(flat.get("sequence_parallel"), "value", None):
+        del flat["sequence_parallel"]
+        ignored["sequence_parallel"] = SEQUENCE_PARALLEL_WITHOUT_TP
 
 
 def _set_alias(cli: dict[str, Leaf], flat: dict[str, Leaf], key: str, leaf: Leaf) -> None:

@@ -26,7 +26,7 @@ NEST_FILES = {
     "megatron_lm/model/parallel/__confignest_manifest__": "selection_mode: one\n",
     "megatron_lm/model/parallel/plain.yaml": (
         "tensor_model_parallel_size: 1\npipeline_model_parallel_size: 1\n"
-        "context_parallel_size: 1\nrank: 0\nworld_size: null\n"
+        "context_parallel_size: 1\nrank: 0\nworld_size: null\nsequence_parallel: true\n"
     ),
     "megatron_lm/train/common.yaml": (
         "micro_batch_size: null\nglobal_batch_size: null\nseq_length: null\n"
@@ -41,6 +41,7 @@ NEST_FILES = {
     "megatron_lm/train/dtype/bf16.yaml": "fp16: false\nbf16: true\n",
     "megatron_lm/misc/log.yaml": (
         "log_interval: 1\nlog_throughput: true\nwandb_project: null\n"
+        "tokenizer_type: GPTSentencePieceTokenizer\ntokenizer_model: null\n"
         "log_interval: 1\n"  # a repeated key with the same value, as megatron-wrap's nest has
     ),
     "megatron_wrap/flow/__confignest_manifest__": "selection_mode: one\n",

@@ -29,6 +29,22 @@ def test_view_loads_with_nest_beside_it(tmp_path):
     assert config.ignored["no_save_optim"] == ACCEPTED["no_save_optim"]
     assert "rank" in config.ignored and "fp8_margin" in config.ignored
     assert "megatron_wrap.init.megatron_lm_project_path" in config.ignored
+    # megatron-wrap never builds Megatron-LM's tokenizer; Megatron-LM drops SP when TP is 1
+    assert "tokenizer_type" not in flat and "tokenizer_type" in config.ignored
+    assert "sequence_parallel" not in flat and "sequence_parallel" in config.ignored
+
+
+def test_sequence_parallel_is_kept_with_tensor_parallelism(tmp_path):
+    config = build_config(write_nest(tmp_path), overrides=[
+        "megatron_lm.model.parallel.tensor_model_parallel_size=2"])
+    assert config.flat["sequence_parallel"] is True
+
+
+def test_other_flow_keys_become_flow_args(tmp_path):
+    view = VIEW.replace("    __select__: gpt_sft\n", "    __select__: gpt_sft\n    __override__:\n"
+                                                    "      loss_normalization: sample\n")
+    assert build_config(write_nest(tmp_path, view)).facade["flow_args"] == {
+        "loss_normalization": "sample"}
 
 
 def test_override_reaches_into_the_view(tmp_path):
