@@ -115,3 +115,30 @@ def test_string_select_in_native_format(tmp_path):
     config = build_config({"model": {"__select__": "small", "hidden_size": 8}},
                           configs_root=tmp_path)
     assert config.flat == {"num_layers": 3, "hidden_size": 8}
+
+
+def test_lr_below_min_lr_is_one_line_before_megatron_core(tmp_path):
+    # The bare AssertionError from megatron-core's scheduler: now the flag layer's line.
+    from megatron.varlen_training.flag_errors import ArgumentValidationError
+    from megatron.wrap.runtime import run_config_of
+
+    view = VIEW.replace("      lr: 1.0e-3\n", "      lr: 1.0e-5\n      min_lr: 1.0e-4\n")
+    with pytest.raises(ArgumentValidationError, match=r"^--min-lr 0\.0001 exceeds --lr 1e-05"):
+        run_config_of(build_config(write_nest(tmp_path, view)), world_size=1)
+
+
+def test_view_builds_a_valid_run(tmp_path):
+    from megatron.wrap.runtime import run_config_of
+
+    run, _ = run_config_of(build_config(write_nest(tmp_path)), world_size=2)
+    assert run.model.num_layers == 2 and run.training.global_batch_size == 4
+    assert run.packing.max_seqlen_per_dp_cp_rank == 2 * 32  # micro_batch_size 2
+
+
+def test_native_config_names_all_unknown_keys_at_once():
+    with pytest.raises(ConfigError) as error:
+        build_config({"model": {"hidden_sise": 8, "num_layer": 2}, "training": {"lr": 1e-3}})
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("2 unknown config keys")
+    assert "'model.hidden_sise'" in message and "did you mean 'hidden_size'" in message
+    assert "'model.num_layer'" in message and "did you mean 'num_layers'" in message
