@@ -185,14 +185,17 @@ def _sort_megatron_lm_keys(flat: dict[str, Leaf], known_keys: Mapping[str, Any],
         if key in known_keys and key not in ACCEPTED:
             cli[key] = leaf
         elif key in ALIASES:
-            for our_key, value in ALIASES[key](leaf.value).items():
-                _set_alias(cli, flat, our_key, Leaf(value, f"{leaf.source} ({key})"))
+            continue  # after every direct key, which an alias may replace
         elif _inert(key, leaf.value, flat):
             ignored[key] = ACCEPTED.get(key, "unset or at Megatron-LM's default")
         else:
             unsupported.append(key)
     if unsupported:
         raise ConfigError(unsupported_keys_message(unsupported, flat, known_keys))
+    for key in ALIASES:
+        if key in flat and flat[key].value is not None:
+            for our_key, value in ALIASES[key](flat[key].value).items():
+                _set_alias(cli, flat, our_key, Leaf(value, f"{flat[key].source} ({key})"))
     return cli
 
 

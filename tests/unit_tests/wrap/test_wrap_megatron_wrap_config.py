@@ -142,3 +142,17 @@ def test_native_config_names_all_unknown_keys_at_once():
     assert "\n" not in message and message.startswith("2 unknown config keys")
     assert "'model.hidden_sise'" in message and "did you mean 'hidden_size'" in message
     assert "'model.num_layer'" in message and "did you mean 'num_layers'" in message
+
+
+@pytest.mark.parametrize("first", ["alias", "direct"])
+def test_alias_replaces_a_direct_key_at_its_default_in_any_order(tmp_path, first):
+    lines = ["use_rotary_position_embeddings: true\n", "position_embedding_type: learned_absolute\n"]
+    text = "".join(lines if first == "alias" else lines[::-1])
+    config = build_config(write_nest(tmp_path, files={"megatron_lm/misc/pos.yaml": text}))
+    assert config.flat["position_embedding_type"] == "rope"
+
+
+def test_alias_that_contradicts_an_explicit_key_is_one_line(tmp_path):
+    files = {"megatron_lm/misc/pos.yaml": "position_embedding_type: none\n"}
+    with pytest.raises(ConfigError, match="'position_embedding_type' is 'none'.*asks for 'rope'"):
+        build_config(write_nest(tmp_path, files=files))
