@@ -147,3 +147,53 @@ def test_micro_batch_size_with_an_explicit_budget_is_one_line():
     with pytest.raises(ConfigError, match=r"'micro_batch_size' \(4\) and "
                                           r"'max_seqlen_per_dp_cp_rank' \(64\) both size"):
         micro_batch_as_budget({"micro_batch_size": 4, "max_seqlen_per_dp_cp_rank": 64})
+
+
+def _unguarded_main(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    script = tmp_path / "script.py"
+    script.write_text("wrap = 1\n")
+    fake_main = types.ModuleType("__main__")
+    fake_main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", fake_main)
+    return script
+
+
+def test_unguarded_script_gets_a_fork_context_writer_queue(tmp_path, monkeypatch):
+    import multiprocessing
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.wrap import main_guard
+
+    _unguarded_main(tmp_path, monkeypatch)
+    monkeypatch.setattr(filesystem_async, "_results_queue", None)
+    methods = []
+
+    class FakeContext:
+        def Manager(self):  # noqa: N802 (multiprocessing's name)
+            return self
+
+        def Queue(self):  # noqa: N802
+            return "queue"
+
+    def get_context(method):
+        methods.append(method)
+        return FakeContext()
+
+    monkeypatch.setattr(multiprocessing, "get_context", get_context)
+    main_guard.protect_unguarded_script()
+    assert methods == ["fork"] and filesystem_async._results_queue == "queue"
+
+
+def test_unguarded_script_without_the_queue_fails_in_one_line(tmp_path, monkeypatch):
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.wrap import main_guard
+
+    script = _unguarded_main(tmp_path, monkeypatch)
+    monkeypatch.delattr(filesystem_async, "_results_queue")
+    with pytest.raises(main_guard.MissingMainGuardError) as error:
+        main_guard.protect_unguarded_script()
+    assert str(error.value).startswith(f"{script} has no main guard")
+    assert "\n" not in str(error.value) and 'if __name__ == "__main__":' in str(error.value)
