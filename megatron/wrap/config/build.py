@@ -38,7 +38,9 @@ class WrapConfig:
         flat: pretrain_gpt.py argument (argparse dest) -> value; None means "parser default".
         facade: Facade-only key -> value, every key present (defaults filled in).
         sources: Key of `flat` or `facade` -> the file or override that set it.
-        tree: The resolved nested config as plain data (what `to_yaml` writes).
+        tree: The resolved nested config as plain data (what `to_yaml` writes); for a
+            megatron-wrap config its native form (the kept keys, sections `megatron`, `flow`,
+            `logging`), which builds again without the nest.
         ignored: Keys of a megatron-wrap config that change nothing here -> why (nest_keys.py).
     """
 
@@ -111,8 +113,9 @@ def _build_from_view(view: Mapping, source: PathLike | Mapping, overrides: Overr
     apply_overrides(tree, overrides)
     native, ignored = native_tree(tree, known_keys)
     flat = flatten_tree(native, known_keys)
+    # The native tree: what to_yaml() stores builds again, without the nest, to the same run.
     return WrapConfig(flat=flat.flat, facade=flat.facade, sources=flat.sources,
-                      tree=untag(tree), ignored=ignored)
+                      tree=untag(native), ignored=ignored)
 
 
 def config_path(name: str, configs_root: PathLike | Sequence[PathLike] | None = None) -> Path:

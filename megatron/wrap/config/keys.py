@@ -24,10 +24,10 @@ SECTIONS = (
     "logging",
     "flow",
     "wrap",
-    "megatron_lm",
+    "megatron",
 )
 """Top-level keys of a config. Any CLI key may sit in any section; each only once.
-`megatron_lm` is where a megatron-wrap config's Megatron-LM keys land (config/nest_keys.py)."""
+`megatron` is where a megatron-wrap config's Megatron-LM keys land (config/nest_keys.py)."""
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 METRIC_WRITER_KINDS = ("console", "tensorboard", "wandb", "jsonl")

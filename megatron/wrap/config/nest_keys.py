@@ -30,6 +30,9 @@ from megatron.wrap.config.tree import Leaf, Tree
 
 DEFAULTS_FILE = Path(__file__).with_name("megatron_lm_defaults.json")
 MEGATRON_LM_SECTION = "megatron_lm"
+NATIVE_SECTION = "megatron"
+"""Where a view's supported Megatron-LM keys land in the native tree: not `megatron_lm`, so the
+native tree (`WrapConfig.tree`, stored with checkpoints) builds again as a native config."""
 WRAP_SECTION = "megatron_wrap"
 
 _KERNEL = "kernel choice: this fork picks its attention and fusion kernels itself " \
@@ -142,7 +145,7 @@ def megatron_lm_defaults() -> dict[str, tuple]:
 
 
 def native_tree(tree: Tree, known_keys: Mapping[str, Any]) -> tuple[Tree, dict[str, str]]:
-    """A resolved megatron-wrap view as a native tree: `{"megatron_lm": {key: Leaf}, "flow":
+    """A resolved megatron-wrap view as a native tree: `{"megatron": {key: Leaf}, "flow":
     {...}, "logging": {...}}`, and the dropped keys with the reason for each.
 
     Raises:
@@ -153,7 +156,7 @@ def native_tree(tree: Tree, known_keys: Mapping[str, Any]) -> tuple[Tree, dict[s
     flat = _flatten_leaves(tree.get(MEGATRON_LM_SECTION) or {}, {})
     facade = {key: flat.pop(key) for key in list(flat) if key in FACADE_KEYS}
     cli = _sort_megatron_lm_keys(flat, known_keys, ignored)
-    native: Tree = {MEGATRON_LM_SECTION: cli}
+    native: Tree = {NATIVE_SECTION: cli}
     for key, leaf in facade.items():  # Megatron-LM's --wandb-project etc. are facade keys here
         if leaf.value is not None:
             native.setdefault(FACADE_KEYS[key].section, {})[key] = leaf

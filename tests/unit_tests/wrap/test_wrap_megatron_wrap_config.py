@@ -156,3 +156,11 @@ def test_alias_that_contradicts_an_explicit_key_is_one_line(tmp_path):
     files = {"megatron_lm/misc/pos.yaml": "position_embedding_type: none\n"}
     with pytest.raises(ConfigError, match="'position_embedding_type' is 'none'.*asks for 'rope'"):
         build_config(write_nest(tmp_path, files=files))
+
+
+def test_stored_yaml_of_a_view_builds_again_without_the_nest(tmp_path):
+    config = build_config(write_nest(tmp_path / "run"))
+    stored = tmp_path / "wrap_config.yaml"  # as the facade stores it with each checkpoint
+    stored.write_text(config.to_yaml())
+    again = build_config(stored)
+    assert again.flat == config.flat and again.facade == config.facade
