@@ -2,6 +2,8 @@
 form masks the prompt, its flow method names fail at construction in one line, its logger
 calls, the main-guard detection and micro_batch_size as a packing budget."""
 
+import os
+
 import pytest
 
 from megatron.wrap import Flow, GPTSFTFlow, logger, register_flow
@@ -197,3 +199,16 @@ def test_unguarded_script_without_the_queue_fails_in_one_line(tmp_path, monkeypa
         main_guard.protect_unguarded_script()
     assert str(error.value).startswith(f"{script} has no main guard")
     assert "\n" not in str(error.value) and 'if __name__ == "__main__":' in str(error.value)
+
+
+def test_wandb_entity_reaches_wandb_through_its_environment(monkeypatch):
+    from megatron.wrap.runtime import WANDB_ENTITY_ENV, apply_wandb_entity
+
+    monkeypatch.setenv(WANDB_ENTITY_ENV, "placeholder")  # records the original for undo
+    monkeypatch.delenv(WANDB_ENTITY_ENV)
+    apply_wandb_entity({"wandb_entity": None})
+    assert WANDB_ENTITY_ENV not in os.environ
+    apply_wandb_entity({"wandb_entity": "team"})
+    assert os.environ[WANDB_ENTITY_ENV] == "team"
+    apply_wandb_entity({"wandb_entity": "other"})  # the user's own setting wins
+    assert os.environ[WANDB_ENTITY_ENV] == "team"
