@@ -219,5 +219,6 @@ def _manifest(folder: Path) -> Manifest:
     fields = {f.name for f in dataclasses.fields(Manifest)}
     unknown = sorted(set(raw) - fields)
     if unknown:
-        raise ConfigError(f"unknown key '{unknown[0]}' in {path}; known: {', '.join(sorted(fields))}")
+        raise ConfigError(f"unknown key '{unknown[0]}' in {path}; known: "
+                          f"{', '.join(sorted(fields))}")
     return Manifest(**raw)

@@ -84,11 +84,12 @@ def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
 
 
 def test_unsupported_wrap_value_and_unknown_view_key(tmp_path):
+    bert = {"megatron_wrap/flow/gpt_sft.yaml": "flow_key: gpt_sft\ncompatiable_model_type: BERT\n"}
     with pytest.raises(ConfigError, match="compatiable_model_type' is 'BERT'.*only 'GPT'"):
-        build_config(write_nest(tmp_path, files={"megatron_wrap/flow/gpt_sft.yaml":
-                                                 "flow_key: gpt_sft\ncompatiable_model_type: BERT\n"}))
+        build_config(write_nest(tmp_path, files=bert))
     view = VIEW.replace("    common:\n", "    comon:\n")
-    with pytest.raises(ConfigError, match="'comon'.*names no file or folder.*did you mean 'common'"):
+    with pytest.raises(ConfigError,
+                       match="'comon'.*names no file or folder.*did you mean 'common'"):
         build_config(write_nest(tmp_path / "b", view))
 
 
@@ -146,7 +147,8 @@ def test_native_config_names_all_unknown_keys_at_once():
 
 @pytest.mark.parametrize("first", ["alias", "direct"])
 def test_alias_replaces_a_direct_key_at_its_default_in_any_order(tmp_path, first):
-    lines = ["use_rotary_position_embeddings: true\n", "position_embedding_type: learned_absolute\n"]
+    lines = ["use_rotary_position_embeddings: true\n",
+             "position_embedding_type: learned_absolute\n"]
     text = "".join(lines if first == "alias" else lines[::-1])
     config = build_config(write_nest(tmp_path, files={"megatron_lm/misc/pos.yaml": text}))
     assert config.flat["position_embedding_type"] == "rope"
