@@ -110,7 +110,7 @@ def _build_from_view(view: Mapping, source: PathLike | Mapping, overrides: Overr
     view_file = None if isinstance(source, Mapping) else Path(source).resolve()
     nest = NestResolver(nest_root_of(view_file, roots, explicit_root))
     tree = nest.resolve_view(view, DICT_SOURCE if view_file is None else str(view_file))
-    apply_overrides(tree, overrides)
+    apply_overrides(tree, overrides, nested=True)
     native, ignored = native_tree(tree, known_keys)
     flat = flatten_tree(native, known_keys)
     # The native tree: what to_yaml() stores builds again, without the nest, to the same run.

@@ -166,3 +166,10 @@ def test_stored_yaml_of_a_view_builds_again_without_the_nest(tmp_path):
     stored.write_text(config.to_yaml())
     again = build_config(stored)
     assert again.flat == config.flat and again.facade == config.facade
+
+
+def test_bare_override_finds_the_one_place_in_the_view(tmp_path):
+    config = build_config(write_nest(tmp_path), overrides=["hidden_size=48", "bf16=true"])
+    assert config.flat["hidden_size"] == 48 and config.flat["bf16"] is True
+    with pytest.raises(ConfigError, match=r"override 'nope=1' names no place and nothing holds"):
+        build_config(write_nest(tmp_path / "b"), overrides=["nope=1"])
