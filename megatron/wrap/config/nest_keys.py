@@ -29,6 +29,9 @@ from megatron.wrap.config.keys import FACADE_KEYS
 from megatron.wrap.config.tree import Leaf, Tree
 
 DEFAULTS_FILE = Path(__file__).with_name("megatron_lm_defaults.json")
+"""Facts about Megatron-LM's flags: `{dest: [defaults]}` read off the `add_argument` calls of
+its `megatron/training/arguments.py` at tags core_v0.8.0 and core_v0.16.1 (literal defaults;
+store_true False, store_false True; None where the default is computed)."""
 MEGATRON_LM_SECTION = "megatron_lm"
 NATIVE_SECTION = "megatron"
 """Where a view's supported Megatron-LM keys land in the native tree: not `megatron_lm`, so the
