@@ -120,6 +120,7 @@ def checkpoint_root(path: str) -> str:
 
 
 WANDB_ENTITY_ENV = "WANDB_ENTITY"  # wandb.init reads the entity (team) from it
+IGNORED_KEYS_LISTED = 12  # longer groups of dropped keys are logged as a count, not a wall
 
 
 def apply_wandb_entity(facade: dict) -> None:
@@ -141,6 +142,3 @@ def log_ignored_keys(ignored: dict[str, str]) -> None:
                              "lists them", len(keys), reason)
         else:
             log.print_rank_0("megatron-wrap config: dropped %s (%s)", ", ".join(keys), reason)
-
-
-IGNORED_KEYS_LISTED = 12  # longer groups are logged as a count, not a wall of names
