@@ -100,6 +100,42 @@ def test_without_shape_flags_nothing_changes():
     assert inputs["padding_mask"][0].tolist() == [False] * 3 + [True] + [False] * 5 + [True]
 
 
+# --- Megatron-LM's own expectations (tests/unit_tests/test_sequence_packing.py), reproduced ---
+
+
+def test_upstream_cap_reserves_one_slot_only_for_a_dummy_tail():
+    assert ThdShape(tokens_per_rank=8, max_packed_sequences=32).max_real_sequences() == 31
+    assert ThdShape(tokens_per_rank=8, max_packed_sequences=32,
+                    tail_policy=EXTEND_LAST).max_real_sequences() == 32
+    assert ThdShape(max_packed_sequences=32).max_real_sequences() == 32
+
+
+def test_upstream_padding_mask_from_cu_seqlens():
+    """Real [0, 3, 5], padded [0, 4, 8] -> [F, F, F, T, F, F, T, T]."""
+    pack = pack_sequences([_seq(3), _seq(2)], [4, 4], local_cp_size=1, pad_id=PAD,
+                          sample_ids=(0, 1))
+    assert pack.cu_seqlens.tolist() == [0, 3, 5]
+    assert pack.padding_mask.tolist() == [False] * 3 + [True] + [False] * 2 + [True] * 2
+
+
+def test_upstream_extend_last_zigzag_layout():
+    """CP 2, alignment 4, sequences of 4 and 8 tokens (1..12): the tail extends the last
+    sequence to [0, 4, 16] before the zigzag split; rank 0 holds [1, 4, 5, 6, 7, 0, 0, 0]."""
+    shape = ThdShape(alignment=4, tail_policy=EXTEND_LAST)
+    tokens = torch.arange(1, 13)
+    seqs = [{"tokens": t, "labels": t + 100, "loss_mask": torch.ones(len(t))}
+            for t in (tokens[:4], tokens[4:])]
+    pack = pack_sequences(seqs, [4, 8], local_cp_size=2, pad_id=PAD, sample_ids=(0, 1),
+                          total_tokens=shape.rank_tokens(12 // 2) * 2, tail_policy=EXTEND_LAST)
+    inputs = build_model_inputs(pack, 0, None, "cpu")
+    assert inputs["tokens"][0].tolist() == [1, 4, 5, 6, 7, 0, 0, 0]
+    assert inputs["padding_mask"][0].tolist() == [False] * 5 + [True] * 3
+    params = inputs["packed_seq_params"]
+    assert params.cu_seqlens_q.tolist() == [0, 4, 12]
+    assert params.cu_seqlens_q_padded.tolist() == [0, 4, 16]
+    assert params.max_seqlen_q == 12
+
+
 # --- the cap on every scheduler's schedule ----------------------------------------------------
 
 
