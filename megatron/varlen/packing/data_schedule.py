@@ -68,6 +68,9 @@ class PackingConfig:
     thd_max_packed_sequences: int | None = None
     thd_tail_padding_policy: str | None = None
 
+    def __post_init__(self):
+        self.thd_shape  # noqa: B018 - builds (so checks) the fixed-shape fields once, up front
+
     @property
     def thd_shape(self) -> ThdShape:
         """How every rank's pack is shaped (fixed p2p shapes with VPP count as ``max``)."""

@@ -163,6 +163,29 @@ def test_cap_holds_on_every_rank_and_keeps_the_schedule_valid(scheduler, cap):
         assert cap_sequences_per_rank(schedule, problem, None) is schedule
 
 
+def test_seed_api_scheduler_holds_a_cap_its_config_carries():
+    """Megatron-LM's config objects carry thd_max_packed_sequences: the seed API's scheduler
+    (get_groups_and_subsamples) then holds it too, with the dummy slot kept."""
+    from types import SimpleNamespace
+
+    from megatron.varlen.packing.data_schedule import DynamicCPScheduler, packing_config_from
+
+    config = packing_config_from(SimpleNamespace(
+        max_seqlen_per_dp_cp_rank=64, thd_max_packed_sequences=3,
+        pad_packed_seq_alignment="max"))
+    lengths = [(sid, n) for sid, n in enumerate([1, 2, 3, 4, 5, 6, 7, 8] * 4)]
+    uncapped = DynamicCPScheduler(packing_config_from(SimpleNamespace(
+        max_seqlen_per_dp_cp_rank=64)), 2, 1).get_groups_and_subsamples(lengths)[1]
+    capped = DynamicCPScheduler(config, 2, 1).get_groups_and_subsamples(lengths)[1]
+    assert max(len(ids) for mb in uncapped for ids in mb) > 2  # the cap has work to do
+    assert max(len(ids) for mb in capped for ids in mb) <= 2
+    assert sorted(sid for mb in capped for ids in mb for sid in ids) == list(range(32))
+    with pytest.raises(ValueError, match="no slot for a real sequence"):
+        packing_config_from(SimpleNamespace(max_seqlen_per_dp_cp_rank=64,
+                                            thd_max_packed_sequences=1,
+                                            pad_packed_seq_alignment=8))
+
+
 # --- the whole data path on gloo ranks ------------------------------------------------------
 
 BUDGET = 16

@@ -3,9 +3,11 @@
 the unpacked run, loss and grad norm of iterations 1-5 (fp32, dropout 0, same mock SFT data).
 
 The cap of 2-3 sequences per rank splits micro-batches (more of them than without the cap), the
-tails are dummy sequences or padding of the last sequence, and cu_seqlens carry trailing
-zero-length entries: none of it may move a number.
+tails are dummy sequences or padding of the last sequence, and the device cu_seqlens carry
+trailing zero-length entries (MTP, TP + SP too): none of it may move a number.
 """
+
+import json
 
 import pytest
 
@@ -17,16 +19,29 @@ from tests.unit_tests.varlen_training.test_packing_equivalence import (
 
 DYNAMIC_CP = ["--dynamic-context-parallel", "--context-parallel-size", "2",
               "--max-seqlen-per-dp-cp-rank", "32"]
+MTP = ["--mtp-num-layers", "1"]
+# name: (flags of every run, flags of the packed runs, fixed-shape flags, world size)
 SHAPES = {
     # every rank padded to the 32-token budget, a dummy tail sequence, <= 3 sequences a pack
-    "max_dummy_dynamic_cp": (DYNAMIC_CP + ["--pad-packed-seq-alignment", "max",
-                                           "--thd-max-packed-sequences", "3"], 4),
+    "max_dummy_dynamic_cp": ([], DYNAMIC_CP, ["--pad-packed-seq-alignment", "max",
+                                              "--thd-max-packed-sequences", "3"], 4),
     # ranks rounded up to a multiple of 8, the tail as padding of the last sequence, <= 2
-    "aligned_extend_last_cp2": (["--context-parallel-size", "2",
-                                 "--pad-packed-seq-alignment", "8",
+    "aligned_extend_last_cp2": ([], ["--context-parallel-size", "2"],
+                                ["--pad-packed-seq-alignment", "8",
                                  "--thd-tail-padding-policy", "extend_last",
                                  "--thd-max-packed-sequences", "2"], 4),
+    # MTP's roll over extended last sequences (padded boundaries), under dynamic CP
+    "mtp_extend_last_dynamic_cp": (MTP, DYNAMIC_CP,
+                                   ["--pad-packed-seq-alignment", "max",
+                                    "--thd-tail-padding-policy", "extend_last",
+                                    "--thd-max-packed-sequences", "2"], 4),
+    # padding_mask scattered for sequence parallelism; alignment a multiple of 2 x SP
+    "tp2_sp_aligned_dynamic_cp": ([], ["--tensor-model-parallel-size", "2",
+                                       "--sequence-parallel", *DYNAMIC_CP],
+                                  ["--pad-packed-seq-alignment", "4",
+                                   "--thd-max-packed-sequences", "3"], 4),
 }
+_UNPACKED = {}
 
 
 def _history(argv, world):
@@ -42,28 +57,27 @@ def _assert_close(got, ref, what):
                 f"{what} iteration {it} {key}: {g[key]!r} vs {r[key]!r}")
 
 
-@pytest.fixture(scope="module")
-def unpacked():
-    return _history(UNPACKED, 2)
+def _unpacked(shared):
+    if tuple(shared) not in _UNPACKED:
+        _UNPACKED[tuple(shared)] = _history(UNPACKED + shared, 2)
+    return _UNPACKED[tuple(shared)]
 
 
-@pytest.mark.parametrize("case", sorted(SHAPES))
-def test_fixed_shapes_match_packed_and_unpacked(unpacked, case):
-    extra, world = SHAPES[case]
-    shaped = _history(PACKED + extra, world)
-    plain = _history(PACKED + _without_shape_flags(extra), world)
+def _microbatch_counts(path):
+    return [json.loads(line)["num_microbatches"] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("case", list(SHAPES))
+def test_fixed_shapes_match_packed_and_unpacked(case, tmp_path):
+    shared, packed, shape_flags, world = SHAPES[case]
+    metrics = {name: ["--log-metrics-jsonl", str(tmp_path / f"{name}.jsonl")]
+               for name in ("shaped", "plain")}
+    shaped = _history(PACKED + shared + packed + shape_flags + metrics["shaped"], world)
+    plain = _history(PACKED + shared + packed + metrics["plain"], world)
     _assert_close(shaped, plain, f"{case} vs packed without fixed shapes")
-    _assert_close(shaped, unpacked, f"{case} vs unpacked")
+    _assert_close(shaped, _unpacked(shared), f"{case} vs unpacked")
     assert len({h["lm_loss"] for h in shaped}) == NUM_ITERS  # the run trains
-
-
-def _without_shape_flags(argv):
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg.startswith(("--pad-packed", "--thd-")):
-            skip = True
-        else:
-            out.append(arg)
-    return out
+    # The sequence cap was active: it split micro-batches the plain run packed together.
+    counts = zip(_microbatch_counts(tmp_path / "shaped.jsonl"),
+                 _microbatch_counts(tmp_path / "plain.jsonl"))
+    assert any(capped > plain for capped, plain in counts), case
