@@ -112,7 +112,20 @@ def _validate_max_sequences(args, require) -> None:
             f"dummy padding sequence); lower it")
 
 
-def validate_thd_shape_args(args, require, possible_cp_sizes: list[int]) -> None:
+def _validate_mtp_with_te(args, require, possible_cp_sizes: list[int],
+                          attention_backend: str) -> None:
+    """Our attentions hand MTP the host boundaries (one entry per sequence); with TE's, MTP's
+    roll reads the fixed-size device cu_seqlens, and megatron-core's roll cannot split their
+    zero-length entries for CP."""
+    require(not (args.thd_max_packed_sequences is not None and args.mtp_num_layers
+                 and attention_backend == TE and max(possible_cp_sizes) > 1),
+            f"{MAX_SEQUENCES_FLAG} with --mtp-num-layers under context parallelism needs "
+            f"--attention-backend local or flash (with te, megatron-core's MTP roll reads the "
+            f"fixed-size cu_seqlens, whose zero-length entries it cannot split for CP)")
+
+
+def validate_thd_shape_args(args, require, possible_cp_sizes: list[int],
+                            attention_backend: str) -> None:
     """Checks the fixed-THD-shape flags once the packing flags are resolved (the budget set)."""
     given = [flag for flag, dest in ((ALIGNMENT_FLAG, "pad_packed_seq_alignment"),
                                      (MAX_SEQUENCES_FLAG, "thd_max_packed_sequences"),
@@ -125,6 +138,7 @@ def validate_thd_shape_args(args, require, possible_cp_sizes: list[int]) -> None
     require(args.thd_tail_padding_policy is None or _pads_tail(args),
             f"{TAIL_POLICY_FLAG} needs {ALIGNMENT_FLAG} (it lays out that padding)")
     _validate_max_sequences(args, require)
+    _validate_mtp_with_te(args, require, possible_cp_sizes, attention_backend)
 
 
 def validate_cp_comm_type(args, require, attention_backend: str) -> None:

@@ -123,7 +123,7 @@ def validate_varlen_args(args, require) -> None:
                 "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
     else:
         _validate_packing(args, require)
-    validate_thd_shape_args(args, require, possible_cp_sizes(args))
+    validate_thd_shape_args(args, require, possible_cp_sizes(args), attention_backend(args))
 
 
 def _resolve_dynamic_context_parallel(args, require) -> None:

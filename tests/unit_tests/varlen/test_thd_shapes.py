@@ -163,6 +163,20 @@ def test_cap_holds_on_every_rank_and_keeps_the_schedule_valid(scheduler, cap):
         assert cap_sequences_per_rank(schedule, problem, None) is schedule
 
 
+def test_padding_ratio_counts_the_tail_padding():
+    """With alignment max every rank of every micro-batch runs exactly budget token slots."""
+    from megatron.varlen.packing.data_schedule import PackingConfig, plan_batch
+    from megatron.varlen.packing.data_schedule import GatheredLengths
+
+    lengths = (1, 2, 3, 5, 8, 13, 21, 34, 3, 3)
+    config = PackingConfig(scheduler="dp_balanced", max_seqlen_per_rank=64, pad_id=PAD,
+                           pad_packed_seq_alignment="max", thd_max_packed_sequences=3)
+    planned = plan_batch(GatheredLengths(lengths, (0,) * 5 + (1,) * 5, 0), 2, 1, config)
+    slots = planned.schedule.num_microbatches() * 2 * 64
+    assert planned.stats["padding_ratio"] == pytest.approx(1 - sum(lengths) / slots)
+    assert max(len(ids) for mb in planned.schedule.microbatches for ids in mb) <= 2
+
+
 def test_seed_api_scheduler_holds_a_cap_its_config_carries():
     """Megatron-LM's config objects carry thd_max_packed_sequences: the seed API's scheduler
     (get_groups_and_subsamples) then holds it too, with the dummy slot kept."""

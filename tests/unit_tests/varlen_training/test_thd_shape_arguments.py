@@ -101,6 +101,42 @@ def test_virtual_pipeline_packs_already_fill_the_budget():
     assert args.thd_tail_padding_policy == "extend_last"
 
 
+def _refusal(check, args, *extra):
+    """The one-line message ``check`` raises for ``args`` (None: accepted)."""
+    from megatron.varlen_training.flag_errors import require
+
+    try:
+        check(args, require, *extra)
+    except ArgumentValidationError as err:
+        return str(err)
+    return None
+
+
+def test_transformer_engine_attention_is_refused_where_its_paths_differ():
+    """With --attention-backend te (needs TE and CUDA: checked at function level here), TE runs
+    its own CP exchange, and MTP's roll would read the fixed-size device cu_seqlens."""
+    from types import SimpleNamespace
+
+    from megatron.varlen_training.thd_shape_arguments import (
+        validate_cp_comm_type, validate_thd_shape_args,
+    )
+
+    comm = SimpleNamespace(cp_comm_type=["all_gather"], num_layers=2)
+    assert "Transformer Engine runs its own CP exchange" in _refusal(
+        validate_cp_comm_type, comm, "te")
+    assert _refusal(validate_cp_comm_type, comm, "flash") is None
+    shapes = SimpleNamespace(
+        sequence_packing=True, pad_packed_seq_alignment=None, thd_max_packed_sequences=4,
+        thd_tail_padding_policy=None, virtual_pipeline_model_parallel_size=None,
+        max_seqlen_per_dp_cp_rank=16, mtp_num_layers=1, tensor_model_parallel_size=1,
+        sequence_parallel=False)
+    message = _refusal(validate_thd_shape_args, shapes, [1, 2], "te")
+    assert "with --mtp-num-layers under context parallelism needs --attention-backend local " \
+        "or flash" in message and "\n" not in message
+    assert _refusal(validate_thd_shape_args, shapes, [1, 2], "local") is None
+    assert _refusal(validate_thd_shape_args, shapes, [1], "te") is None  # no CP: no split
+
+
 def test_core_attention_refuses_exchanges_it_does_not_implement():
     """A TransformerConfig with cp_comm_type="p2p" (the facade, a user spec) reaches our core
     attention through megatron-core's layer: refused in one line, never run as an all-gather."""
