@@ -81,3 +81,29 @@ def test_fixed_shapes_match_packed_and_unpacked(case, tmp_path):
     counts = zip(_microbatch_counts(tmp_path / "shaped.jsonl"),
                  _microbatch_counts(tmp_path / "plain.jsonl"))
     assert any(capped > plain for capped, plain in counts), case
+
+
+def test_hybrid_mamba_fixed_shapes_match_packed():
+    """pretrain_mamba.py: Mamba's scan and conv over dummy tail sequences, extended last
+    sequences and capped packs give the numbers of the same run without fixed shapes (which
+    test_hybrid_equivalence.py proves equal to the single-rank unpacked run)."""
+    from tests.harness.training_runs import train_hybrid_on_this_rank
+    from tests.unit_tests.varlen_training.test_hybrid_equivalence import DYNAMIC
+
+    layout = ["--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank", "16"]
+
+    def history(extra):
+        return loss_owner_history(run_distributed(train_hybrid_on_this_rank, 4,
+                                                  args=(DYNAMIC + layout + extra,),
+                                                  timeout_s=300))
+
+    plain = history([])
+    for shape_flags in (["--pad-packed-seq-alignment", "max", "--thd-max-packed-sequences", "3"],
+                        ["--pad-packed-seq-alignment", "4", "--thd-tail-padding-policy",
+                         "extend_last", "--thd-max-packed-sequences", "2"]):
+        shaped = history(shape_flags)
+        assert len(shaped) == len(plain) > 0
+        for it, (got, ref) in enumerate(zip(shaped, plain), start=1):
+            for key in ("lm_loss", "grad_norm"):
+                assert abs(got[key] - ref[key]) <= RTOL * abs(ref[key]), (
+                    shape_flags, it, key, got[key], ref[key])
