@@ -132,7 +132,8 @@ def validate_thd_shape_args(args, require, possible_cp_sizes: list[int],
                                      (TAIL_POLICY_FLAG, "thd_tail_padding_policy"))
              if getattr(args, dest) is not None]
     if not args.sequence_packing:
-        require(not given, f"{given[0] if given else ''} needs --sequence-packing")
+        for flag in given[:1]:
+            require(False, f"{flag} needs --sequence-packing")
         return
     _validate_alignment(args, require, possible_cp_sizes)
     require(args.thd_tail_padding_policy is None or _pads_tail(args),
