@@ -107,3 +107,27 @@ def test_hybrid_mamba_fixed_shapes_match_packed():
             for key in ("lm_loss", "grad_norm"):
                 assert abs(got[key] - ref[key]) <= RTOL * abs(ref[key]), (
                     shape_flags, it, key, got[key], ref[key])
+
+
+def test_the_padding_mask_reaches_the_model():
+    """pretrain_gpt.py's forward step and the facade's GPT flow hand the micro-batch's
+    padding_mask to the model (megatron-core's GPTModel/MambaModel take it for MoE routing)."""
+    import torch
+
+    from megatron.varlen_training.training import forward_step
+    from megatron.wrap.flows.gpt import GPTFlow
+
+    mask = torch.tensor([[False, True]])
+    batch = {"tokens": torch.zeros(1, 2, dtype=torch.long), "labels": torch.zeros(1, 2),
+             "position_ids": torch.zeros(1, 2, dtype=torch.long), "loss_mask": torch.ones(1, 2),
+             "padding_mask": mask}
+    seen = {}
+
+    def model(*args, **kwargs):
+        seen.update(kwargs)
+        return torch.zeros(1, 2)
+
+    forward_step(iter([batch]), model)
+    assert seen["padding_mask"] is mask
+    inputs, _ = GPTFlow.collate_micro_batch(None, batch)
+    assert inputs["padding_mask"] is mask
