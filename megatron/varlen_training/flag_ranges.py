@@ -125,6 +125,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # packing and dynamic CP (varlen_arguments.py)
     "min_dynamic_context_parallel_size": COUNT,
     "max_seqlen_per_dp_cp_rank": TOKENS,
+    "thd_max_packed_sequences": COUNT,
     # Hugging Face model features (hf/arguments.py)
     "kv_channels": COUNT,
     # A norm divides by sqrt(variance + eps): 0 divides by zero on a constant vector.

@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.thd_shape_arguments import (
+    add_thd_shape_args, validate_cp_comm_type, validate_thd_shape_args,
+)
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen.platform import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
 from megatron.varlen.scheduling import (
@@ -65,6 +68,7 @@ def add_varlen_args(parser) -> None:
     group.add_argument("--sft-mock-dataset-config-json", default=None,
                        help="Lengths of the mock SFT dataset: inline JSON or a path to a JSON "
                             "file, e.g. '{\"mode\":\"file\",\"path\":\"lengths.csv\"}'.")
+    add_thd_shape_args(parser)
 
 
 def possible_cp_sizes(args) -> list[int]:
@@ -100,7 +104,7 @@ def attention_backend(args) -> str:
 def validate_varlen_args(args, require) -> None:
     """Checks the fork's flags; ``require(cond, message)`` raises the one-line error."""
     try:
-        attention_backend(args)
+        validate_cp_comm_type(args, require, attention_backend(args))
     except ValueError as err:
         require(False, str(err))
     try:  # a profile file is read (and refused in one line) at start-up
@@ -122,8 +126,9 @@ def validate_varlen_args(args, require) -> None:
     if not args.sequence_packing:
         require(args.max_seqlen_per_dp_cp_rank is None,
                 "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
-        return
-    _validate_packing(args, require)
+    else:
+        _validate_packing(args, require)
+    validate_thd_shape_args(args, require, possible_cp_sizes(args), attention_backend(args))
 
 
 def _resolve_dynamic_context_parallel(args, require) -> None:

@@ -22,6 +22,10 @@ class SequencePackingConfig:
     hardware_profile: str
     variable_seq_lengths: bool
     validate_packing_schedules: bool = False
+    # Megatron-LM's fixed THD shapes (docs/PACKING.md): "max" or N; K; the tail's layout.
+    pad_packed_seq_alignment: int | str | None = None
+    thd_max_packed_sequences: int | None = None
+    thd_tail_padding_policy: str | None = None
 
     def __post_init__(self):
         check_ranges(self)

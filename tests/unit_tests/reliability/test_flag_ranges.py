@@ -71,6 +71,7 @@ VALID = {
     "save_interval": HUGE,
     "min_dynamic_context_parallel_size": NONE,
     "max_seqlen_per_dp_cp_rank": NONE,
+    "thd_max_packed_sequences": NONE,  # huge: above what a pack can hold (and needs packing)
     "kv_channels": NONE,
     "norm_epsilon": HUGE,
     "rope_scaling_factor": HUGE,

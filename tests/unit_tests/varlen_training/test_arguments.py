@@ -33,6 +33,8 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
+--validate-packing-schedules
 """.split())
 
 
