@@ -33,6 +33,7 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
 """.split())
 
 
