@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    flag_ranges, reliability_arguments, run_description, schedule_arguments, varlen_arguments,
+    flag_ranges, reliability_arguments, run_description, schedule_arguments, sft_arguments,
+    varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -220,6 +221,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     schedule_arguments.add_schedule_args(parser)
     _add_parallel_args(parser)
     _add_data_args(parser)
+    sft_arguments.add_sft_data_args(parser)
     _add_logging_checkpoint_args(parser)
     varlen_arguments.add_varlen_args(parser)
     hf_arguments.add_hf_args(parser)
@@ -337,6 +339,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_batch(args)
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, require)
+    sft_arguments.validate_sft_data_args(args, require)
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     flag_ranges.validate_metrics_path(args, require)

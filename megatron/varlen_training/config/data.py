@@ -16,6 +16,9 @@ class DataConfig:
     data_path: tuple[str, ...] | None
     sft_mock_dataset_config_json: str | None
     tokenizer_type: str
+    sft_messages_key: str
+    sft_prompt_key: str
+    sft_response_key: str
     tokenizer_model: str | None
     train_samples: int
     eval_samples: int

@@ -34,6 +34,7 @@ EXPECTED_FLAGS = frozenset("""
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
 --train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
+--sft-messages-key --sft-prompt-key --sft-response-key
 """.split())
 
 
