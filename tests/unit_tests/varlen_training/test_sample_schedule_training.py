@@ -1,7 +1,8 @@
 """Sample-based training with packing on: a --train-samples run ends at the same consumed-sample
 count, with the same LR sequence and the same losses, as its --train-iters equivalent, while the
 packer makes a different number of micro-batches per step; the LR follows the hand-computed
-curve of the samples consumed (not of the micro-batches run).
+curve of the samples consumed (not of the micro-batches run); a resumed sample-based run
+continues the straight run's schedule.
 
 Two DP ranks, packed mock SFT data whose lengths vary, so the packer makes one or more
 micro-batches of a step's samples. Per-iteration numbers come from --log-metrics-jsonl.
@@ -11,8 +12,9 @@ import json
 
 import pytest
 
+from megatron.varlen_training.errors import CheckpointError
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import train_on_this_rank
+from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
 GBS = 8
 LR = 2e-3
@@ -71,3 +73,42 @@ def test_sample_based_run_equals_its_iteration_equivalent(records, name):
 def test_lr_follows_the_samples_consumed(records):
     lrs = [r["lr"] for r in records["samples"]]
     assert lrs == pytest.approx(EXPECTED_LR, rel=1e-9, abs=1e-15)
+
+
+# --- resuming a sample-based run (one rank, unpacked mock data) ------------------------------
+
+RESUMABLE = TINY_GPT_ARGS + ["--train-samples", "32", "--lr-warmup-samples", "6"]  # 8 steps
+
+
+def _single_rank(argv: list[str]) -> None:
+    run_distributed(train_on_this_rank, 1, args=(argv,), timeout_s=240)
+
+
+def _refusal(argv: list[str]) -> str | None:
+    try:
+        train_on_this_rank(argv)
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
+def test_resumed_sample_based_run_continues_the_schedule(tmp_path):
+    """4 + 4 == 8: the scheduler's sample count comes back with the checkpoint, so the resumed
+    half has the straight run's learning rates, losses and consumed samples."""
+    straight, resumed, root = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl", tmp_path
+    _single_rank(RESUMABLE + ["--log-metrics-jsonl", str(straight)])
+    _single_rank(RESUMABLE + ["--save", str(root / "ckpt"), "--exit-interval", "4"])
+    _single_rank(RESUMABLE + ["--load", str(root / "ckpt"), "--log-metrics-jsonl", str(resumed)])
+    keys = ("iteration", "consumed_samples", "lr", "lm_loss")
+    want = [{key: r[key] for key in keys} for r in _read(straight)[4:]]
+    assert [{key: r[key] for key in keys} for r in _read(resumed)] == want
+    assert want[-1]["consumed_samples"] == 32
+
+    changed = RESUMABLE + ["--lr-decay-samples", "20", "--load", str(root / "ckpt")]
+    (message,) = run_distributed(_refusal, 1, args=(changed,), timeout_s=240)
+    assert message.startswith("--load: the checkpoint's schedule has --lr-decay-samples "
+                              "(default --train-samples) 32, this run has 20;"), message
+
+
+def _read(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
