@@ -192,8 +192,9 @@ def _train_and_valid(run: RunConfig, build):
 
 def open_sft_data(path: str, tokenizer: Tokenizer, run: RunConfig, multiple: int,
                   pad_to_seq_length: bool):
-    """``--sft --data-path path``: Parquet/Arrow (a ``.parquet`` file, a folder of shards, a
-    ``datasets.save_to_disk`` folder) or a JSONL file; the same keys, template and samples."""
+    """``--sft --data-path path``: Parquet/Arrow (a ``.parquet`` or ``.arrow`` file, a folder
+    of shards, a ``datasets.save_to_disk`` folder) or a JSONL file; the same keys, template and
+    samples."""
     data = run.data
     keys = SFTKeys(data.sft_messages_key, data.sft_prompt_key, data.sft_response_key)
     kind = ArrowSFTDataset if is_arrow_source(path) else SFTDataset

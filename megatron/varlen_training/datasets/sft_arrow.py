@@ -1,16 +1,17 @@
 """SFT conversations from Parquet or Arrow (``--sft --data-path``), read lazily.
 
 ``--data-path`` names a ``.parquet`` file, a folder of ``.parquet`` shards (read in name
-order), or a folder written by ``datasets.Dataset.save_to_disk``; all local. Hugging Face
-``datasets`` reads them (the optional ``[data]`` extra: ``datasets`` and ``pyarrow``):
-``load_from_disk`` memory-maps the saved Arrow files; Parquet is converted once into
+order), a folder written by ``datasets.Dataset.save_to_disk`` or one ``.arrow`` file of such a
+folder; all local. Hugging Face ``datasets`` reads them (the optional ``[data]`` extra:
+``datasets`` and ``pyarrow``): Arrow files are memory-mapped; Parquet is converted once into
 ``datasets``' Arrow cache (``$HF_DATASETS_CACHE``, reused by later runs and by the other ranks)
 and memory-mapped from there. Only the conversation's columns are read.
 
 Rows are the records of the JSONL format (:mod:`megatron.varlen_training.datasets.sft`), with
 the same keys (``--sft-messages-key``, or ``--sft-prompt-key`` and ``--sft-response-key``), the
 same template, masking and truncation, so the same conversations give the same samples. A row is
-tokenized when it is read, never the whole dataset at once. Because reads happen during
+tokenized when it is read, never the whole dataset at once (so, unlike the JSONL reader's
+counts, only the first truncated row is reported). Because reads happen during
 training, every row is checked at start-up instead, batch by batch with Arrow compute (columns
 and their types, empty or null conversations, roles, null texts), and a problem is one line
 naming the row and the flag.
@@ -32,6 +33,7 @@ from megatron.varlen_training.log import warning_all_ranks
 from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
 
 PARQUET_SUFFIX = ".parquet"
+ARROW_SUFFIX = ".arrow"  # the files inside a save_to_disk folder
 SAVE_TO_DISK_MARKER = "state.json"  # written by Dataset.save_to_disk
 DATASET_DICT_MARKER = "dataset_dict.json"  # written by DatasetDict.save_to_disk
 CHECK_BATCH_ROWS = 65_536  # rows per Arrow compute batch of the start-up check
@@ -39,9 +41,9 @@ EXTRA_HINT = "pip install -e '.[data]' (the datasets and pyarrow packages)"
 
 
 def is_arrow_source(path: str) -> bool:
-    """Whether ``--sft --data-path path`` is Parquet/Arrow (else JSONL): a ``.parquet`` file
-    or a folder (a folder is never JSONL)."""
-    return os.path.isdir(path) or path.endswith(PARQUET_SUFFIX)
+    """Whether ``--sft --data-path path`` is Parquet/Arrow (else JSONL): a ``.parquet`` or
+    ``.arrow`` file, or a folder (a folder is never JSONL)."""
+    return os.path.isdir(path) or path.endswith((PARQUET_SUFFIX, ARROW_SUFFIX))
 
 
 def _import_datasets():
@@ -93,13 +95,26 @@ def load_arrow_table(path: str, keys: SFTKeys):
     datasets = _import_datasets()
     _check_folder(path)
     with _quiet(datasets):
-        if os.path.isfile(os.path.join(path, SAVE_TO_DISK_MARKER)):
-            dataset = datasets.load_from_disk(path)
+        saved = os.path.isfile(os.path.join(path, SAVE_TO_DISK_MARKER))
+        if saved or path.endswith(ARROW_SUFFIX):
+            dataset = _open_arrow(datasets, path)
             columns = _conversation_columns(path, dataset.features.arrow_schema, keys)
             return dataset.select_columns(columns)
         files = _parquet_files(path)
         columns = _check_parquet_footers(path, files, keys)
         return datasets.Dataset.from_parquet(files, columns=columns)
+
+
+def _open_arrow(datasets, path: str):
+    """A save_to_disk folder or one of its ``.arrow`` files, memory-mapped."""
+    import pyarrow as pa
+
+    if os.path.isdir(path):
+        return datasets.load_from_disk(path)
+    try:
+        return datasets.Dataset.from_file(path)
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"--data-path: {path} is not a readable Arrow file ({err})") from err
 
 
 def _check_parquet_footers(path: str, files: list[str], keys: SFTKeys) -> list[str]:

@@ -1,9 +1,10 @@
-"""SFT from Parquet/Arrow (``--sft --data-path`` a .parquet file, a folder of shards or a
-datasets.save_to_disk folder) gives the datasets JSONL gives for the same conversations, sample
+"""SFT from Parquet/Arrow (``--sft --data-path`` a .parquet file, a folder of shards, a
+datasets.save_to_disk folder or one of its .arrow files) gives the datasets JSONL gives for the same conversations, sample
 for sample; rows are tokenized only when read; bad columns and rows are one line naming the
 row or column and the flag. The training runs are in test_sft_arrow_training.py."""
 
 import builtins
+from pathlib import Path
 
 import datasets
 import pyarrow as pa
@@ -56,6 +57,14 @@ def _assert_same_samples(got, want) -> None:
 @pytest.fixture(scope="module")
 def forms(tmp_path_factory):
     return write_all_forms(conversations(NUM_CHATS), tmp_path_factory.mktemp("forms"))
+
+
+def test_one_arrow_file_of_a_saved_dataset(forms):
+    """A save_to_disk folder's .arrow file alone is read like the folder."""
+    (arrow_file,) = sorted(Path(forms["save_to_disk"]).glob("*.arrow"))
+    want, _ = _datasets(forms["jsonl"], "--sequence-packing")
+    got, _ = _datasets(str(arrow_file), "--sequence-packing")
+    _assert_same_samples(got, want)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -158,6 +167,9 @@ def test_empty_folder_dataset_dict_no_rows_and_no_parquet_are_one_line(tmp_path)
     (tmp_path / "text.parquet").write_text("not parquet")
     assert "text.parquet is not a readable Parquet file" in _one_line_error(
         str(tmp_path / "text.parquet"))
+    (tmp_path / "text.arrow").write_text("not arrow")
+    assert "text.arrow is not a readable Arrow file" in _one_line_error(
+        str(tmp_path / "text.arrow"))
 
 
 def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
