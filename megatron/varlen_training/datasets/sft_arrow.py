@@ -29,6 +29,7 @@ import torch
 
 from megatron.varlen_training.datasets.sample import make_sample
 from megatron.varlen_training.datasets.sft import SFTKeys, encode_record, parse_turns, truncate
+from megatron.varlen_training.errors import one_line
 from megatron.varlen_training.log import warning_all_ranks
 from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
 
@@ -80,7 +81,7 @@ def _parquet_files(path: str) -> list[str]:
     return files
 
 
-def _check_folder(path: str) -> None:
+def _check_path(path: str) -> None:
     if not os.path.exists(path):
         raise ValueError(f"SFT data {path!r} does not exist (--data-path)")
     if os.path.isfile(os.path.join(path, DATASET_DICT_MARKER)):
@@ -93,7 +94,7 @@ def load_arrow_table(path: str, keys: SFTKeys):
     """The ``datasets.Dataset`` of ``path`` with only the conversation's columns, which are
     checked for names and types; ValueError names the column and the flag."""
     datasets = _import_datasets()
-    _check_folder(path)
+    _check_path(path)
     with _quiet(datasets):
         saved = os.path.isfile(os.path.join(path, SAVE_TO_DISK_MARKER))
         if saved or path.endswith(ARROW_SUFFIX):
@@ -102,7 +103,11 @@ def load_arrow_table(path: str, keys: SFTKeys):
             return dataset.select_columns(columns)
         files = _parquet_files(path)
         columns = _check_parquet_footers(path, files, keys)
-        return datasets.Dataset.from_parquet(files, columns=columns)
+        try:
+            return datasets.Dataset.from_parquet(files, columns=columns)
+        except datasets.exceptions.DatasetGenerationError as err:  # e.g. shards that disagree
+            raise ValueError(f"--data-path {path!r}: datasets cannot read the Parquet shards "
+                             f"as one table ({one_line(err.__cause__ or err)})") from err
 
 
 def _open_arrow(datasets, path: str):

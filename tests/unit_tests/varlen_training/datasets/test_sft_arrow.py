@@ -172,6 +172,15 @@ def test_empty_folder_dataset_dict_no_rows_and_no_parquet_are_one_line(tmp_path)
         str(tmp_path / "text.arrow"))
 
 
+def test_shards_that_disagree_are_one_line(tmp_path):
+    (tmp_path / "shards").mkdir()
+    write_parquet([GOOD], tmp_path / "shards" / "a.parquet")
+    named = {"messages": [{"role": "user", "content": "q", "name": "n"}]}
+    write_parquet([named], tmp_path / "shards" / "b.parquet")
+    assert "datasets cannot read the Parquet shards as one table (Couldn't cast" in \
+        _one_line_error(str(tmp_path / "shards"))
+
+
 def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
     path = write_parquet([GOOD], tmp_path / "chats.parquet")
     real_import = builtins.__import__
