@@ -8,8 +8,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class DataConfig:
     """Fields named as their flags' dests (``data_path`` as a tuple), plus the sample counts
-    derived from the training schedule: ``train_samples`` for every iteration and
-    ``eval_samples`` for every evaluation point."""
+    derived from the training schedule: ``train_samples`` for every iteration (or
+    ``--train-samples`` as given) and ``eval_samples`` for every evaluation point."""
 
     mock_data: bool
     sft: bool

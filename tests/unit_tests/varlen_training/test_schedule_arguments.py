@@ -35,7 +35,7 @@ def _lr_curve(run, num_steps: int) -> list[float]:
 def test_iterations_are_whole_global_batches_of_the_samples(train_samples, iters):
     run = _run("--train-samples", str(train_samples))
     assert run.training.train_iters == iters
-    assert run.data.train_samples == iters * GBS  # what the datasets provide
+    assert run.data.train_samples == train_samples  # the datasets' size, as Megatron-LM's
     assert run.optimizer.lr_decay_steps == train_samples  # Megatron-LM: decay over all of them
 
 
