@@ -23,7 +23,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.varlen_training import checkpointing, optimizer_kernels
+from megatron.varlen_training import checkpointing, log, optimizer_kernels
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.loop_steps import eval_mode
@@ -67,6 +67,8 @@ def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     samples by schedule_arguments.py); :func:`train_step` advances it by the samples a step
     consumed."""
     schedule = run.optimizer
+    if schedule.lr_decay_iters is None:  # sample-based: Megatron-LM's line, from its scheduler
+        log.print_rank_0(f"setting training iterations to {run.training.train_iters}")
     return OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=schedule.lr, min_lr=schedule.min_lr,
         lr_warmup_steps=schedule.lr_warmup_steps, lr_decay_steps=schedule.lr_decay_steps,

@@ -39,6 +39,13 @@ def test_iterations_are_whole_global_batches_of_the_samples(train_samples, iters
     assert run.optimizer.lr_decay_steps == train_samples  # Megatron-LM: decay over all of them
 
 
+def test_sample_based_run_says_its_iterations_as_megatron_lm(capsys):
+    _lr_curve(_run("--train-samples", "13"), 0)
+    assert "setting training iterations to 3" in capsys.readouterr().out
+    _lr_curve(_run("--train-iters", "3"), 0)
+    assert "setting training iterations" not in capsys.readouterr().out
+
+
 def test_sample_flags_equal_their_iteration_equivalent():
     by_iters = _run("--train-iters", "5", "--lr-warmup-iters", "2", "--lr-decay-iters", "4")
     by_samples = _run("--train-samples", "20", "--lr-warmup-samples", "8",
