@@ -111,6 +111,13 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "min_lr": NON_NEGATIVE_FLOAT,
     "lr_decay_iters": COUNT,
     "lr_warmup_iters": NON_NEGATIVE_COUNT,
+    # sample-based schedule (schedule_arguments.py)
+    "train_samples": COUNT,
+    "lr_decay_samples": COUNT,
+    "lr_warmup_samples": NON_NEGATIVE_COUNT,
+    # megatron-core's scheduler requires the warm-up to end before the decay does.
+    "lr_warmup_fraction": FlagRange(0.0, 1.0, high_open=True,
+                                    why="a share of the decay length; warm-up ends before it"),
     # distributed
     "tensor_model_parallel_size": COUNT,
     "pipeline_model_parallel_size": COUNT,

@@ -60,6 +60,12 @@ VALID = {
     "min_lr": ZERO,
     "lr_decay_iters": HUGE,
     "lr_warmup_iters": ZERO,
+    # The bases are iteration-based: the sample-based flags are refused there (one kind of
+    # schedule), but for their defaults; a warm-up fraction must stay below 1.
+    "train_samples": NONE,
+    "lr_decay_samples": NONE,
+    "lr_warmup_samples": ZERO,
+    "lr_warmup_fraction": ZERO,
     "tensor_model_parallel_size": NONE,
     "pipeline_model_parallel_size": NONE,
     "num_layers_per_virtual_pipeline_stage": NONE,

@@ -35,6 +35,8 @@ EXPECTED_FLAGS = frozenset("""
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
 --pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
 --validate-packing-schedules
+--train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
+--sft-messages-key --sft-prompt-key --sft-response-key
 """.split())
 
 

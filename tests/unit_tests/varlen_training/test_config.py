@@ -27,6 +27,8 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/thd_shape_arguments.py",
     "megatron/varlen_training/hf/arguments.py", "megatron/varlen_training/flag_ranges.py",
     "megatron/varlen_training/run_description.py",
+    "megatron/varlen_training/schedule_arguments.py",
+    "megatron/varlen_training/sft_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
