@@ -33,6 +33,8 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--split --train-data-path --valid-data-path --test-data-path --data-cache-path
+--mmap-bin-files --no-mmap-bin-files
 """.split())
 
 
