@@ -117,8 +117,6 @@ def validate_indexed_data_args(args, require) -> None:
         require(args.split is None,
                 f"--split {args.split!r} splits --data-path; with --train-data-path/"
                 "--valid-data-path/--test-data-path each split has its own datasets")
-        require(per_split[0] is not None,
-                "--valid-data-path/--test-data-path need --train-data-path (the training data)")
         for flag, paths in zip(PER_SPLIT_FLAGS, per_split):
             if paths is not None:
                 _check_blend(paths, flag, require)
