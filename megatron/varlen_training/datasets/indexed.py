@@ -144,6 +144,21 @@ def _sources(config: GPTDatasetConfig, data: DataConfig, sizes: list[int]):
     return sources
 
 
+def check_enough_samples(core, needed: int, split: Split, data: DataConfig) -> None:
+    """megatron-core builds a blend without weights from one epoch of each dataset, whatever
+    the run needs: refuse a split that cannot supply the run's samples, in one line."""
+    if core is None or not needed or len(core) >= needed:
+        return
+    flag = "--data-path" if data.data_path else PER_SPLIT_FLAGS[split.value]
+    what = "training samples (--train-iters x --global-batch-size)" if split == Split.train \
+        else "validation samples (--eval-iters x --global-batch-size per evaluation)"
+    raise ValueError(
+        f"{flag} lists its datasets without weights: megatron-core then reads one epoch of "
+        f"each, {len(core)} {split.name} samples, fewer than the run's {needed} {what}; give "
+        f"each dataset a weight ('{flag} 0.5 PREFIX_A 0.5 PREFIX_B': as many epochs as "
+        f"needed) or read fewer samples")
+
+
 class IndexedGPTSamples(torch.utils.data.Dataset):
     """The first ``num_samples`` samples of a megatron-core GPT dataset (a ``GPTDataset`` or
     a ``BlendedDataset`` of them) in this fork's sample format (module docstring).
@@ -213,6 +228,8 @@ def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokeniz
     print_rank_0("> building train, validation, and test datasets for GPT ...")
     train, valid, _ = build_core_datasets(config, sizes)
     print_rank_0("> finished creating GPT datasets ...")
+    for split, core in ((Split.train, train), (Split.valid, valid)):
+        check_enough_samples(core, sizes[split.value], split, data)
     if data.eval_samples and valid is None:
         warning_rank_0("no validation data (--valid-data-path): --eval-iters evaluates nothing")
     padded_length = seq_length if pad_to_seq_length else None

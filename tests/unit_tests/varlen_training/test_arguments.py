@@ -34,7 +34,7 @@ EXPECTED_FLAGS = frozenset("""
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path
---mmap-bin-files --no-mmap-bin-files
+--mmap-bin-files --no-mmap-bin-files --num-workers
 """.split())
 
 
