@@ -14,6 +14,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.varlen_training.config import DataConfig
 from megatron.varlen_training.datasets.indexed import build_indexed_datasets
 from megatron.varlen_training.tokenizer import BYTE_EOD, ByteLevelTokenizer
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 
 SEQ_LENGTH = 32
@@ -145,9 +146,16 @@ def test_unweighted_blend_too_small_for_the_run_is_one_line(corpora):
     assert "fewer than the run's 5000 training samples" in str(err.value)
 
 
+def build_tiny_default_split(prefix: str) -> tuple:
+    train, valid = _ours(_data([prefix], split="969, 30, 1", train=12, valid=0))
+    return valid is None, len(train), train[11]["length"]
+
+
 def test_unread_empty_splits_are_not_built(tmp_path):
     """10 documents under the default split leave validation and test without a document:
-    megatron-core would search them forever for a first sample; unread, they are not built."""
+    megatron-core would search them forever for a first sample (so the build runs under the
+    harness's deadline: a hang fails); unread, they are not built."""
     write_corpus(str(tmp_path / "tiny"), 10, seed=5)
-    train, valid = _ours(_data([str(tmp_path / "tiny")], split="969, 30, 1", train=12, valid=0))
-    assert valid is None and len(train) == 12 and train[11]["length"] == SEQ_LENGTH
+    [result] = run_distributed(build_tiny_default_split, 1, args=(str(tmp_path / "tiny"),),
+                               timeout_s=120)
+    assert result == (True, 12, SEQ_LENGTH)
