@@ -137,10 +137,11 @@ def _sources(config: GPTDatasetConfig, data: DataConfig, sizes: list[int]):
                     f"split no share, but --eval-iters asks for validation: give it a share "
                     f"({indexed_checks.SPLIT_HINT}) or set --eval-iters 0")
         return [(prefix, "--data-path", needed) for prefix in config.blend[0]]
-    sources = []
+    sources = []  # every named dataset's files are checked, read or not (a typo is not ignored)
     for split, blend in enumerate(config.blend_per_split):
-        if blend is not None and sizes[split]:
-            sources += [(prefix, PER_SPLIT_FLAGS[split], [split]) for prefix in blend[0]]
+        if blend is not None:
+            needed = [split] if sizes[split] else []
+            sources += [(prefix, PER_SPLIT_FLAGS[split], needed) for prefix in blend[0]]
     return sources
 
 
@@ -222,6 +223,9 @@ def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokeniz
     config = gpt_dataset_config(data, seq_length, seed, tokenizer)
     sizes = split_sizes(data)
     agree_on_errors(check_indexed_data, config, data, sizes)
+    if data.test_data_path:
+        warning_rank_0("--test-data-path: checked but not read (this fork evaluates on the "
+                       "validation split only)")
     skip_unread_splits(config, sizes)
     print_rank_0(" > datasets target sizes (minimum size):\n    train:      %d\n    "
                  "validation: %d\n    test:       %d (not read)", *sizes)

@@ -159,3 +159,19 @@ def test_unread_empty_splits_are_not_built(tmp_path):
     [result] = run_distributed(build_tiny_default_split, 1, args=(str(tmp_path / "tiny"),),
                                timeout_s=120)
     assert result == (True, 12, SEQ_LENGTH)
+
+
+def test_file_reads_give_the_memory_mapped_stream(corpora):
+    a, _ = corpora
+    mapped, _ = _ours(_data([a], valid=0))
+    read, _ = _ours(_data([a], valid=0, mmap_bin_files=False))  # --no-mmap-bin-files
+    assert not read.core.dataset.mmap
+    for i in range(len(mapped)):
+        assert torch.equal(mapped[i]["tokens"], read[i]["tokens"])
+
+
+def test_unread_per_split_datasets_are_still_checked(corpora, tmp_path):
+    a, _ = corpora
+    with pytest.raises(ValueError, match="--test-data-path: indexed dataset .*typo"):
+        _ours(_data(None, split=None, train=8, valid=0, train_data_path=(a,),
+                    test_data_path=(str(tmp_path / "typo"),)))
