@@ -132,10 +132,13 @@ def _sources(config: GPTDatasetConfig, data: DataConfig, sizes: list[int]):
         needed = [split.value for split in Split if sizes[split.value]]
         for split in needed:
             if config.split_matrix[split] is None:
+                reader = ("--eval-iters asks for validation" if split == Split.valid.value
+                          else "training reads it")
+                fix = " or set --eval-iters 0" if split == Split.valid.value else ""
                 raise ValueError(
                     f"--split {data.split!r} gives the {indexed_checks.SPLIT_NAMES[split]} "
-                    f"split no share, but --eval-iters asks for validation: give it a share "
-                    f"({indexed_checks.SPLIT_HINT}) or set --eval-iters 0")
+                    f"split no share, but {reader}: give it a share "
+                    f"({indexed_checks.SPLIT_HINT}){fix}")
         return [(prefix, "--data-path", needed) for prefix in config.blend[0]]
     sources = []  # every named dataset's files are checked, read or not (a typo is not ignored)
     for split, blend in enumerate(config.blend_per_split):
