@@ -5,8 +5,8 @@ Each rank records which samples of the indexed dataset it trained on (the ``samp
 sample its reader returned, whether read in the rank or by --num-workers worker processes); the
 reads of the DP replicas must partition the global batches of the run:
 sample ``iteration x global batch + k``, every one read by exactly one replica. The losses then
-agree within float32 rounding (1 rank unpacked and without workers, DP2 unpacked and DP2 packed
-with Megatron-LM's default of 2 workers), and a run stopped
+agree within float32 rounding (1 rank unpacked and without workers; DP2 unpacked, DP2 packed and
+dynamic CP on 4 ranks with Megatron-LM's default of 2 workers), and a run stopped
 after 4 of 8 iterations and resumed gives the 8 losses of the straight run, bit for bit.
 """
 
@@ -32,6 +32,14 @@ COMMON = [
 ]
 UNPACKED = ["--micro-batch-size", "2"]
 PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
+LAYOUTS = {  # name: (flags, ranks)
+    "dp2_unpacked": (UNPACKED, 2),
+    "dp2_packed": (PACKED, 2),
+    # every 32-token sample needs a CP group of 2 under a 16-token budget, on 4 DP x CP ranks
+    "dynamic_cp_4_ranks": (["--micro-batch-size", "1", "--dynamic-context-parallel",
+                            "--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank",
+                            "16"], 4),
+}
 
 
 def train_recording_reads(argv: list[str]) -> dict:
@@ -80,12 +88,12 @@ def single_rank(corpus):
                 1)
 
 
-@pytest.mark.parametrize("layout", ["dp2_unpacked", "dp2_packed"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_every_layout_reads_the_same_stream(corpus, single_rank, layout):
     reference, reference_results = single_rank
     _assert_replicas_partition_the_batches(reference_results, ITERS * GLOBAL_BATCH)
-    extra = UNPACKED if layout == "dp2_unpacked" else PACKED
-    losses, results = _run(COMMON + corpus + extra + ["--train-iters", str(ITERS)], 2)
+    extra, world = LAYOUTS[layout]
+    losses, results = _run(COMMON + corpus + extra + ["--train-iters", str(ITERS)], world)
     _assert_replicas_partition_the_batches(results, ITERS * GLOBAL_BATCH)
     assert len(losses) == ITERS
     for it, (got, ref) in enumerate(zip(losses, reference), start=1):
