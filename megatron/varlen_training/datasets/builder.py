@@ -5,6 +5,8 @@
 - ``--sft --data-path FILE``: :class:`SFTDataset` over a JSONL file, or
   :class:`ArrowSFTDataset` over Parquet/Arrow (a ``.parquet`` file, a folder of shards, a
   ``datasets.save_to_disk`` folder); :func:`open_sft_data` tells them apart.
+- ``--data-path [WEIGHT] PREFIX ...`` (or ``--train-data-path`` ...): Megatron indexed datasets
+  through megatron-core's builder (:mod:`.indexed`, which says what a sample is there).
 
 Mock validation sets are the same kind of dataset with the seed ``--seed + VALID_SEED_OFFSET``.
 Real SFT data is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
@@ -23,6 +25,7 @@ import torch
 
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.datasets.indexed import build_indexed_datasets
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset, SFTKeys
@@ -125,9 +128,17 @@ def build_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
         build = _build_mock_sft if data.sft else _build_mock_gpt
     elif data.sft:
         build = _build_sft
+    elif data.indexed:
+        build = _build_indexed
     else:
-        raise ValueError("only --mock-data or --sft with a JSONL --data-path is supported")
+        raise ValueError("no training data: pass --mock-data, --data-path or --train-data-path")
     return build(run, tokenizer, multiple, pad_to_seq_length)
+
+
+def _build_indexed(run: RunConfig, tokenizer: Tokenizer, multiple: int,
+                   pad_to_seq_length: bool):
+    return build_indexed_datasets(run.data, run.model.seq_length, run.training.seed, tokenizer,
+                                  multiple, pad_to_seq_length)
 
 
 def _build_mock_gpt(run: RunConfig, tokenizer: Tokenizer, multiple: int,

@@ -75,6 +75,7 @@ VALID = {
     "eval_interval": HUGE,
     "eval_iters": ZERO_OR_HUGE,  # as train_iters
     "save_interval": HUGE,
+    "num_workers": ZERO,  # reads in the training process; a huge count would fork a host away
     "min_dynamic_context_parallel_size": NONE,
     "max_seqlen_per_dp_cp_rank": NONE,
     "thd_max_packed_sequences": NONE,  # huge: above what a pack can hold (and needs packing)

@@ -37,6 +37,8 @@ EXPECTED_FLAGS = frozenset("""
 --validate-packing-schedules
 --train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
 --sft-messages-key --sft-prompt-key --sft-response-key
+--split --train-data-path --valid-data-path --test-data-path --data-cache-path
+--mmap-bin-files --no-mmap-bin-files --num-workers
 """.split())
 
 

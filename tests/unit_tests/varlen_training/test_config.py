@@ -25,6 +25,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/hybrid_arguments.py",
     "megatron/varlen_training/reliability_arguments.py",
     "megatron/varlen_training/thd_shape_arguments.py",
+    "megatron/varlen_training/data_arguments.py",
     "megatron/varlen_training/hf/arguments.py", "megatron/varlen_training/flag_ranges.py",
     "megatron/varlen_training/run_description.py",
     "megatron/varlen_training/schedule_arguments.py",
