@@ -86,6 +86,10 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         mtp_num_layers=model.mtp_num_layers,
+        recompute_granularity=model.recompute_granularity,
+        recompute_method=model.recompute_method,
+        recompute_num_layers=model.recompute_num_layers,
+        recompute_modules=list(model.recompute_modules),
     )
 
 
@@ -141,7 +145,11 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=run.parallel.overlap_grad_reduce,
+        overlap_param_gather=run.parallel.overlap_param_gather,
+        # Megatron-LM aligns the all-gathers across pipeline stages under VPP only
+        # (training.aligned_param_gather; the schedule then starts them).
+        align_param_gather=run.parallel.virtual_pipeline_model_parallel_size is not None,
     )
     return [
         DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0)

@@ -33,6 +33,10 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--recompute-granularity --recompute-method --recompute-num-layers --recompute-modules
+--recompute-activations
+--finetune --no-load-optim --no-load-rng --pretrained-checkpoint
+--overlap-grad-reduce --overlap-param-gather
 """.split())
 
 

@@ -1,0 +1,92 @@
+"""--overlap-grad-reduce / --overlap-param-gather (megatron-core's DDP and distributed optimizer)
+never change the numbers: packed, on 2 gloo ranks, the losses, grad norms, validation losses and
+saved weights equal the run without overlap, bit for bit.
+
+The runs share one launch (the trainers run one after another on the same process group). With
+overlapped gathers the weights are current only after the next forward: evaluation and the final
+save must gather them first (training.params_gathered), which the validation losses and the
+saved checkpoint's weights check.
+"""
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.hf.export_tool import load_model_weights
+from megatron.varlen_training.pretrain import pretrain
+from megatron.varlen_training.trainer import Trainer
+from tests.harness.multirank import run_distributed
+
+WORLD = 2
+PACKED = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "8",
+    "--train-iters", "3", "--lr", "2e-3", "--mock-data", "--sft", "--tokenizer-type",
+    "NullTokenizer", "--vocab-size", "128", "--make-vocab-size-divisible-by", "32",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--log-interval", "1",
+    "--eval-iters", "1", "--eval-interval", "1", "--seed", "5", "--sequence-packing",
+    "--use-distributed-optimizer",
+]
+VARIANTS = {
+    "off": [],
+    "overlap_grad_reduce": ["--overlap-grad-reduce"],
+    "overlap_both": ["--overlap-grad-reduce", "--overlap-param-gather"],
+}
+
+
+def _saved_weights_digest(root: str, model) -> str:
+    """The model weights of the checkpoint saved under ``root`` (loaded into ``model``)."""
+    load_model_weights(root, model)
+    digest = hashlib.sha256()
+    for chunk in model:
+        for param in chunk.parameters():
+            digest.update(param.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _train_variants(root: str) -> dict:
+    results = {}
+    for name, extra in VARIANTS.items():
+        save = os.path.join(root, name)
+        run = parse_run_config(PACKED + extra + ["--save", save],
+                               world_size=torch.distributed.get_world_size())
+        trainer = Trainer(run)
+        try:
+            history = pretrain(trainer)
+            model = trainer.state.model
+            hooked = [getattr(chunk, "use_forward_hook", False) for chunk in model]
+            grad_sync = trainer.state.config.grad_sync_func is not None
+            saved = _saved_weights_digest(save, model)
+        finally:
+            trainer.close()
+        results[name] = {"history": history, "forward_hooks": hooked, "grad_sync": grad_sync,
+                         "saved": saved}
+    return results
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("overlap"))
+    return run_distributed(_train_variants, WORLD, args=(root,), timeout_s=600)
+
+
+@pytest.mark.parametrize("variant", ["overlap_grad_reduce", "overlap_both"])
+def test_overlap_matches_no_overlap(results, variant):
+    for rank in results:
+        assert rank[variant]["history"] == rank["off"]["history"], variant
+        assert rank[variant]["saved"] == rank["off"]["saved"], variant
+
+
+def test_overlap_is_on(results):
+    for rank in results:
+        assert rank["overlap_grad_reduce"]["grad_sync"] and not rank["off"]["grad_sync"]
+        assert all(rank["overlap_both"]["forward_hooks"])
+        assert not any(rank["overlap_grad_reduce"]["forward_hooks"])
+    history = results[-1]["off"]["history"]
+    assert len({h["lm_loss"] for h in history}) == len(history), "losses must move"
+    assert all(h["validation_loss"] is not None for h in history)
+
+
