@@ -3,9 +3,9 @@ never change the numbers: packed, on 2 gloo ranks, the losses, grad norms, valid
 saved weights equal the run without overlap, bit for bit.
 
 The runs share one launch (the trainers run one after another on the same process group). With
-overlapped gathers the weights are current only after the next forward: evaluation and the final
-save must gather them first (training.params_gathered), which the validation losses and the
-saved checkpoint's weights check.
+overlapped gathers the weights are current only after the next forward: the final save must
+gather them first (training.params_gathered), which the saved checkpoint's weights check (runs
+without evaluation, whose forward would gather them); evaluation is checked by its losses.
 """
 
 import hashlib
@@ -27,13 +27,18 @@ PACKED = [
     "--train-iters", "3", "--lr", "2e-3", "--mock-data", "--sft", "--tokenizer-type",
     "NullTokenizer", "--vocab-size", "128", "--make-vocab-size-divisible-by", "32",
     "--hidden-dropout", "0", "--attention-dropout", "0", "--log-interval", "1",
-    "--eval-iters", "1", "--eval-interval", "1", "--seed", "5", "--sequence-packing",
-    "--use-distributed-optimizer",
+    "--eval-iters", "0", "--seed", "5", "--sequence-packing", "--use-distributed-optimizer",
 ]
+OVERLAP_BOTH = ["--overlap-grad-reduce", "--overlap-param-gather"]
+# Without evaluation the final save follows the last update directly: no forward has gathered
+# the weights (an evaluation's forward would, through DDP's hooks).
+EVALUATE = ["--eval-iters", "1", "--eval-interval", "1"]
 VARIANTS = {
     "off": [],
     "overlap_grad_reduce": ["--overlap-grad-reduce"],
-    "overlap_both": ["--overlap-grad-reduce", "--overlap-param-gather"],
+    "overlap_both": OVERLAP_BOTH,
+    "off_evaluated": EVALUATE,
+    "overlap_both_evaluated": OVERLAP_BOTH + EVALUATE,
 }
 
 
@@ -73,11 +78,13 @@ def results(tmp_path_factory):
     return run_distributed(_train_variants, WORLD, args=(root,), timeout_s=600)
 
 
-@pytest.mark.parametrize("variant", ["overlap_grad_reduce", "overlap_both"])
-def test_overlap_matches_no_overlap(results, variant):
+@pytest.mark.parametrize("variant,reference", [
+    ("overlap_grad_reduce", "off"), ("overlap_both", "off"),
+    ("overlap_both_evaluated", "off_evaluated")])
+def test_overlap_matches_no_overlap(results, variant, reference):
     for rank in results:
-        assert rank[variant]["history"] == rank["off"]["history"], variant
-        assert rank[variant]["saved"] == rank["off"]["saved"], variant
+        assert rank[variant]["history"] == rank[reference]["history"], variant
+        assert rank[variant]["saved"] == rank[reference]["saved"], variant
 
 
 def test_overlap_is_on(results):
@@ -87,6 +94,7 @@ def test_overlap_is_on(results):
         assert not any(rank["overlap_grad_reduce"]["forward_hooks"])
     history = results[-1]["off"]["history"]
     assert len({h["lm_loss"] for h in history}) == len(history), "losses must move"
-    assert all(h["validation_loss"] is not None for h in history)
+    assert all(h["validation_loss"] is not None
+               for h in results[-1]["off_evaluated"]["history"])
 
 

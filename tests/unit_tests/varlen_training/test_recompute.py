@@ -56,7 +56,8 @@ CASES = {
                                     {"selective_mlp": SELECTIVE_MLP}),
     "gpt_dynamic_pp2_dp2": (GPT, DYNAMIC_PP2, 4, False,
                             {"full_block": full("block", 1), "selective": SELECTIVE}),
-    "hybrid_dynamic_dp2_cp2": (HYBRID, DYNAMIC_CP2, 4, True, {"full_uniform2": full("uniform", 2)}),
+    "hybrid_dynamic_dp2_cp2": (HYBRID, DYNAMIC_CP2, 4, True,
+                               {"full_uniform2": full("uniform", 2), "selective": SELECTIVE}),
     "hybrid_dynamic_pp2_dp2": (HYBRID, DYNAMIC_PP2, 4, True, {"full_block": full("block", 1)}),
 }
 # The machine running the suite may be busy: a launch of 4 ranks gets this long.
