@@ -52,11 +52,11 @@ def _saved_weights_digest(root: str, model) -> str:
     return digest.hexdigest()
 
 
-def _train_variants(root: str) -> dict:
+def _train_variants(root: str, variants: dict = VARIANTS, base: list[str] = PACKED) -> dict:
     results = {}
-    for name, extra in VARIANTS.items():
+    for name, extra in variants.items():
         save = os.path.join(root, name)
-        run = parse_run_config(PACKED + extra + ["--save", save],
+        run = parse_run_config(base + extra + ["--save", save],
                                world_size=torch.distributed.get_world_size())
         trainer = Trainer(run)
         try:
@@ -98,3 +98,19 @@ def test_overlap_is_on(results):
                for h in results[-1]["off_evaluated"]["history"])
 
 
+
+
+# PP2 x DP2 with virtual stages: the schedule starts each chunk's parameter all-gather
+# (param_sync_func, aligned gathers) and each chunk's gradient reduction (grad_sync_func).
+VPP = PACKED + ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                "--num-layers-per-virtual-pipeline-stage", "1", "--max-seqlen-per-dp-cp-rank",
+                "64"]
+
+
+def test_overlap_with_virtual_pipeline(tmp_path):
+    ranks = run_distributed(_train_variants, 4, timeout_s=900, args=(
+        str(tmp_path), {"off": [], "overlap_both": OVERLAP_BOTH}, VPP))
+    for rank in ranks:
+        assert rank["overlap_both"]["history"] == rank["off"]["history"]
+        assert rank["overlap_both"]["saved"] == rank["off"]["saved"]
+        assert rank["overlap_both"]["grad_sync"] and all(rank["overlap_both"]["forward_hooks"])
