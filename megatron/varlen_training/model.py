@@ -93,6 +93,12 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
     )
 
 
+def aligned_param_gather(run: RunConfig) -> bool:
+    """Megatron-LM aligns the distributed optimizer's parameter all-gathers across pipeline
+    stages under VPP only (the schedule then starts them; 1F1B without VPP cannot)."""
+    return run.parallel.virtual_pipeline_model_parallel_size is not None
+
+
 def _build_chunk(run: RunConfig, config, vp_stage: int | None) -> VarlenGPTModel:
     model = run.model
     kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
@@ -147,9 +153,7 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
         overlap_grad_reduce=run.parallel.overlap_grad_reduce,
         overlap_param_gather=run.parallel.overlap_param_gather,
-        # Megatron-LM aligns the all-gathers across pipeline stages under VPP only
-        # (training.aligned_param_gather; the schedule then starts them).
-        align_param_gather=run.parallel.virtual_pipeline_model_parallel_size is not None,
+        align_param_gather=aligned_param_gather(run),
     )
     return [
         DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0)

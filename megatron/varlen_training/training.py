@@ -29,6 +29,7 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.load_options import checkpoint_source
 from megatron.varlen_training.loop_steps import eval_mode
+from megatron.varlen_training.model import aligned_param_gather
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen.platform import get_device, gloo_cuda
@@ -118,12 +119,6 @@ def set_overlap_hooks(run: RunConfig, config, model) -> None:
         config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in model])
     if parallel.overlap_param_gather and aligned_param_gather(run):
         config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])
-
-
-def aligned_param_gather(run: RunConfig) -> bool:
-    """Megatron-LM aligns the parameter all-gathers across pipeline stages under VPP only (the
-    1F1B schedule without VPP cannot)."""
-    return run.parallel.virtual_pipeline_model_parallel_size is not None
 
 
 @contextmanager
