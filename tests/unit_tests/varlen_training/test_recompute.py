@@ -4,7 +4,8 @@ Losses, grad norms and every rank's gradient buffers of the last step are compar
 ``torch.equal`` (fp32), with dropout on (hidden and attention: the recomputed forward must draw
 the same masks), through packing and dynamic CP -- where each micro-batch carries its own CP
 group -- and through PP2 with several micro-batches in flight (1F1B runs the backward, so the
-recomputation, of micro-batch k after the forward of micro-batch k+1 has switched groups).
+recomputation, of micro-batch k after the forward of micro-batch k+1 has switched groups), and
+with MTP.
 GPT (megatron-core's TransformerBlock recomputation; selective = core attention and MLP) and
 the hybrid Mamba-Transformer stack (our full recomputation, layer_recompute.py). Every "on" run
 must actually call ``tensor_parallel.checkpoint`` and every "off" run must not.
@@ -54,6 +55,10 @@ CASES = {
     "gpt_dynamic_dp2_cp2": (GPT, DYNAMIC_CP2, 4, False, {"full_uniform2": full("uniform", 2)}),
     "gpt_no_bias_dynamic_dp2_cp2": (GPT_NO_BIAS, DYNAMIC_CP2, 4, False,
                                     {"selective_mlp": SELECTIVE_MLP}),
+    # MTP's layer recomputes its core attention (selective); "block" leaves MTP layers alone
+    # (megatron-core), and "uniform" with packing is refused (recompute_arguments.py).
+    "gpt_mtp_dynamic_dp2_cp2": (GPT + ["--mtp-num-layers", "1"], DYNAMIC_CP2, 4, False,
+                                {"full_block": full("block", 2), "selective": SELECTIVE}),
     "gpt_dynamic_pp2_dp2": (GPT, DYNAMIC_PP2, 4, False,
                             {"full_block": full("block", 1), "selective": SELECTIVE}),
     "hybrid_dynamic_dp2_cp2": (HYBRID, DYNAMIC_CP2, 4, True,
