@@ -1,6 +1,6 @@
 """Activation recomputation's memory saving, side by side: peak host RSS (CPU) per rank.
 
-    python tools/recompute_memory.py --out results/training
+    python tools/recompute_memory.py --out results/training [--device cuda]
 
 The same tiny long-sequence GPT trains the same packed mock SFT batches with dynamic CP on 2 gloo
 ranks through the real pretrain_gpt.py path, with recomputation off, full (uniform, 1 layer) and
@@ -10,8 +10,9 @@ each rank resets its peak-RSS mark (``/proc/self/clear_refs``) before the run an
 configurations run in interleaved rounds; a rank's peak is the largest over rounds. The losses of
 every configuration must agree bit for bit (recomputation never changes them), which the tool
 checks. This is CPU RSS: allocator caching and the Python heap count too, so the saving is a
-lower bound of what the activations alone would show; the GPU equivalent is
-``torch.cuda.max_memory_allocated`` (not measured here).
+lower bound of what the activations alone would show. ``--device cuda`` runs the ranks on the
+visible GPU(s) and adds each rank's ``torch.cuda.max_memory_allocated`` (not run yet: no GPU
+was lent to this measurement).
 """
 
 from __future__ import annotations
@@ -62,12 +63,17 @@ def _status_kib(field: str) -> int:
 
 
 def train_measuring_rss(argv: list[str]) -> dict:
-    """One rank: reset the peak RSS, train, report the peak (bytes) and the history."""
+    """One rank: reset the peak marks, train, report the peaks (bytes) and the history: host
+    RSS always, and on CUDA ranks the peak GPU memory torch's allocator handed out."""
+    import torch
+
     Path("/proc/self/clear_refs").write_text(_CLEAR_PEAK_RSS)
-    start = _status_kib("VmRSS") * _KIB
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     result = train_on_this_rank(argv)
-    result["start_rss"] = start
     result["peak_rss"] = _status_kib("VmHWM") * _KIB
+    result["peak_gpu"] = torch.cuda.max_memory_allocated() if on_gpu else None
     return result
 
 
@@ -85,19 +91,26 @@ def _check_losses(losses: dict, group: dict) -> list[float]:
     return reference
 
 
-def measure(rounds: int, timeout_s: float) -> dict:
+def _higher(old: list, ranks: list[dict], key: str) -> list:
+    return [None if rank[key] is None else max(previous or 0, rank[key])
+            for previous, rank in zip(old, ranks)]
+
+
+def measure(rounds: int, timeout_s: float, device: str = "cpu") -> dict:
     every = {name: extra for group in GROUPS for name, extra in group.items()}
     peaks = {name: [0] * WORLD for name in every}
+    gpu_peaks = {name: [None] * WORLD for name in every}
     losses = {}
     for _ in range(rounds):
         for name, extra in every.items():
             ranks = run_distributed(train_measuring_rss, WORLD, args=(COMMON + extra,),
-                                    timeout_s=timeout_s)
-            peaks[name] = [max(old, rank["peak_rss"]) for old, rank in zip(peaks[name], ranks)]
+                                    timeout_s=timeout_s, device=device)
+            peaks[name] = _higher(peaks[name], ranks, "peak_rss")
+            gpu_peaks[name] = _higher(gpu_peaks[name], ranks, "peak_gpu")
             losses[name] = [h["lm_loss"] for h in loss_owner_history(ranks)]
-    return {"world": WORLD, "seq_length": SEQ_LENGTH, "rounds": rounds, "argv": COMMON,
-            "configs": every, "groups": [list(group) for group in GROUPS],
-            "peak_rss_bytes": peaks,
+    return {"world": WORLD, "seq_length": SEQ_LENGTH, "rounds": rounds, "device": device,
+            "argv": COMMON, "configs": every, "groups": [list(group) for group in GROUPS],
+            "peak_rss_bytes": peaks, "peak_gpu_bytes": gpu_peaks,
             "losses": [_check_losses(losses, group) for group in GROUPS]}
 
 
@@ -112,13 +125,25 @@ def report(results: dict) -> str:
              f"Within each group the losses are equal bit for bit: {results['losses']}.", "",
              "| recomputation | peak RSS, max over ranks (MiB) | vs its baseline |",
              "|---|---:|---:|"]
-    for names in results["groups"]:
+    lines += _rows(peaks, results["groups"])
+    gpu = results.get("peak_gpu_bytes") or {}
+    if any(value is not None for values in gpu.values() for value in values):
+        lines += ["", f"Peak GPU memory allocated (`torch.cuda.max_memory_allocated`, "
+                      f"device {results['device']}):", "",
+                  "| recomputation | peak GPU memory, max over ranks (MiB) | vs its baseline |",
+                  "|---|---:|---:|", *_rows(gpu, results["groups"])]
+    return "\n".join(lines) + "\n"
+
+
+def _rows(peaks: dict, groups: list[list[str]]) -> list[str]:
+    rows = []
+    for names in groups:
         base = max(peaks[names[0]])
         for name in names:
             peak = max(peaks[name])
-            lines.append(f"| {name} | {peak / MIB:.0f} | {(peak - base) / MIB:+.0f} MiB "
-                         f"({peak / base:.2f}x) |")
-    return "\n".join(lines) + "\n"
+            rows.append(f"| {name} | {peak / MIB:.0f} | {(peak - base) / MIB:+.0f} MiB "
+                        f"({peak / base:.2f}x) |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,8 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="results/training", help="Folder for the report.")
     parser.add_argument("--rounds", type=int, default=1, help="Interleaved rounds.")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="Per launch.")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: ranks share the visible GPU(s) over gloo and the report "
+                             "adds their peak GPU memory.")
     args = parser.parse_args(argv)
-    results = measure(args.rounds, args.timeout_s)
+    results = measure(args.rounds, args.timeout_s, args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recompute_memory.json").write_text(json.dumps(results, indent=1) + "\n")
