@@ -35,6 +35,7 @@ SAVED_ITERS = 3
 BASE = TINY_GPT_ARGS + ["--hidden-dropout", "0.1", "--train-iters", "5", "--lr-decay-iters", "5"]
 OTHER_LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 2,
                             "max_seq_len": 32, "mean_seq_len": 9, "lognormal_sigma": 0.5})
+BF16 = ["--bf16"]
 OTHER_DATA = ["--seed", "99", "--global-batch-size", "8", "--sft",
               "--sft-mock-dataset-config-json", OTHER_LENGTHS]
 
@@ -42,7 +43,8 @@ OTHER_DATA = ["--seed", "99", "--global-batch-size", "8", "--sft",
 def _digest(tensors) -> str:
     digest = hashlib.sha256()
     for tensor in tensors:
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # bf16 too
+        digest.update(raw.numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -60,6 +62,7 @@ def _inspect(argv: list[str]) -> dict:
                                                   [state.optimizer])]
         adam = [s for opt in inner for s in opt.state.values()]
         return {
+            "main_params_follow_weights": _main_params_follow_weights(state.optimizer),
             "iteration": state.iteration,
             "weights": _digest(p for chunk in state.model for p in chunk.parameters()),
             "adam_states": sum(1 for s in adam if "exp_avg" in s),
@@ -69,6 +72,18 @@ def _inspect(argv: list[str]) -> dict:
         }
     finally:
         trainer.close()
+
+
+def _main_params_follow_weights(optimizer) -> bool | None:
+    """bf16: whether the optimizer's fp32 main copy holds the model's (loaded) weights; None
+    for an fp32 optimizer (no separate copy)."""
+    pairs = [(model, main) for opt in getattr(optimizer, "chained_optimizers", [optimizer])
+             for models, mains in zip(getattr(opt, "float16_groups", []),
+                                      getattr(opt, "fp32_from_float16_groups", []))
+             for model, main in zip(models, mains)]
+    if not pairs:
+        return None
+    return all(torch.equal(main.to(model.dtype), model) for model, main in pairs)
 
 
 def _inspect_all(argvs: dict) -> dict:
@@ -84,7 +99,15 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def states(checkpoint, tmp_path_factory):
+def bf16_checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrained_bf16")
+    run_distributed(train_on_this_rank, WORLD, timeout_s=600, args=(
+        BASE + BF16 + ["--train-iters", str(SAVED_ITERS), "--save", str(root)],))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def states(checkpoint, bf16_checkpoint, tmp_path_factory):
     empty = str(tmp_path_factory.mktemp("empty_load"))
     load = ["--load", checkpoint]
     argvs = {
@@ -103,6 +126,9 @@ def states(checkpoint, tmp_path_factory):
         "no_load_optim_other_optimizer_layout": BASE + load + ["--no-load-optim",
                                                                "--use-distributed-optimizer"],
         "finetune_other_model": BASE + load + ["--finetune", "--hidden-size", "64"],
+        "bf16_fresh": BASE + BF16,
+        "bf16_finetune": BASE + BF16 + ["--load", bf16_checkpoint, "--finetune"],
+        "bf16_resume": BASE + BF16 + ["--load", bf16_checkpoint],
     }
     ranks = run_distributed(_inspect_all, WORLD, args=(argvs,), timeout_s=600)
     return ranks[0]  # rank 1 holds the same facts (its own weights shard and RNG)
@@ -150,3 +176,14 @@ def test_finetune_is_not_a_resume(states):
     assert "--seed" in states["resume_other_data"]["error"]
     assert "--use-distributed-optimizer" in states["resume_other_optimizer_layout"]["error"]
     assert "--hidden-size" in states["finetune_other_model"]["error"]
+
+
+def test_half_precision_main_params_follow_the_loaded_weights(states):
+    """Without the optimizer state, the fp32 main copy of bf16 weights is rebuilt from the
+    loaded weights (Megatron-LM's reload_model_params); else the first step would start from
+    the freshly initialised copy."""
+    assert states["fresh"]["main_params_follow_weights"] is None  # fp32: no separate copy
+    assert states["bf16_finetune"]["weights"] == states["bf16_resume"]["weights"]
+    assert states["bf16_finetune"]["weights"] != states["bf16_fresh"]["weights"]
+    assert states["bf16_finetune"]["main_params_follow_weights"] is True
+    assert states["bf16_resume"]["main_params_follow_weights"] is True
