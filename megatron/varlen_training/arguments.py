@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    data_arguments, flag_ranges, reliability_arguments, run_description, schedule_arguments,
-    sft_arguments, varlen_arguments,
+    data_arguments, flag_ranges, recipe_arguments, recompute_arguments, reliability_arguments,
+    run_description, schedule_arguments, sft_arguments, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -229,6 +229,8 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     varlen_arguments.add_varlen_args(parser)
     hf_arguments.add_hf_args(parser)
     reliability_arguments.add_reliability_args(parser)
+    recompute_arguments.add_recompute_args(parser)
+    recipe_arguments.add_recipe_args(parser)
     return parser
 
 
@@ -310,8 +312,8 @@ def _validate_precision_and_data(args) -> None:
                 f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
     require(args.mock_data or args.data_path or args.train_data_path,
             "no training data: pass --mock-data, --data-path or --train-data-path")
-    require(args.load is None or os.path.isdir(args.load),
-            f"--load directory {args.load!r} does not exist")
+    load_problem = recipe_arguments.load_dir_problem(args.load, args.pretrained_checkpoint)
+    require(load_problem is None, load_problem)
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
@@ -346,6 +348,8 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     data_arguments.validate_indexed_data_args(args, require)
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
+    recompute_arguments.validate_recompute_args(args, require)
+    recipe_arguments.validate_recipe_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).

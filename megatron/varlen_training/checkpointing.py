@@ -43,7 +43,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 from megatron.core import dist_checkpointing
 from megatron.varlen_training import checkpoint_integrity as integrity
-from megatron.varlen_training import resume_consistency, rng_state
+from megatron.varlen_training import load_options, resume_consistency, rng_state
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.checkpoint_safe_load import (
     COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
@@ -56,7 +56,7 @@ from megatron.varlen_training.errors import (
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
 
-TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+TRACKER_FILENAME = load_options.TRACKER_FILENAME  # latest_checkpointed_iteration.txt
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
 _RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
@@ -121,14 +121,18 @@ def _model_keys(model) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
-def _sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading: bool) -> dict:
+def _sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading: bool,
+                        with_optimizer: bool = True) -> dict:
+    """The model chunks' state, the iteration and (``with_optimizer``) the optimizer state and
+    LR/WD schedule, as dist_checkpointing saves them or fills them on load."""
     state = {key: unwrap(chunk).sharded_state_dict()
              for key, chunk in zip(_model_keys(model), model)}
-    model_state = state["model"] if len(model) == 1 else {
-        k: v for key in _model_keys(model) for k, v in state[key].items()}
-    state["optimizer"] = optimizer.sharded_state_dict(
-        model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
-    state["opt_param_scheduler"] = scheduler.state_dict()
+    if with_optimizer:
+        model_state = state["model"] if len(model) == 1 else {
+            k: v for key in _model_keys(model) for k, v in state[key].items()}
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
+        state["opt_param_scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
     return state
 
@@ -384,15 +388,17 @@ def check_checkpoint(root: str) -> tuple[int, str]:
     return iteration, folder
 
 
-def _check_run_args(folder: str, iteration: int, run: RunConfig) -> None:
-    """Refuses a run that would not continue the saved one, on every rank; rank 0 alone reads
-    the data files for their fingerprints."""
+def _check_run_args(folder: str, iteration: int, run: RunConfig,
+                    parts: load_options.LoadParts) -> None:
+    """Refuses a run that would not continue the saved one (``--finetune``: a model of another
+    shape), on every rank; rank 0 alone reads the data files for their fingerprints."""
     note = agree_on_errors(resume_consistency.check_run_args, folder, run,
-                           torch.distributed.get_rank() == 0)
+                           torch.distributed.get_rank() == 0, parts)
     if note is not None:
         print_rank_0(f" > {note}")
-    position = agree_on_errors(resume_consistency.data_position_note, folder, iteration, run)
-    print_rank_0(f" > {position}")
+    if not parts.finetune:  # a fine-tuning run starts its own data stream at sample 0
+        position = agree_on_errors(resume_consistency.data_position_note, folder, iteration, run)
+        print_rank_0(f" > {position}")
 
 
 def _materialize_optimizer_state(optimizer) -> None:
@@ -428,25 +434,47 @@ def _restore_adam_steps(optimizer) -> None:
                 inner.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
-def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None) -> int:
-    """Restores model, optimizer, LR scheduler and RNG states; returns the iteration to continue
-    from. With ``run``, refuses a run that would not continue the saved one."""
-    iteration, folder = check_checkpoint(root)
-    if run is not None:
-        _check_run_args(folder, iteration, run)
-    _materialize_optimizer_state(optimizer)
-    template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True)
-    state = dist_checkpointing.load(template, folder)
+def _restore_optimizer(state: dict, optimizer, scheduler, run: RunConfig | None) -> None:
+    """The loaded optimizer state and LR/WD schedule into ``optimizer`` and ``scheduler``."""
     if run is not None:
         resume_consistency.check_scheduler(state["opt_param_scheduler"], scheduler, run)
-    for key, chunk in zip(_model_keys(model), model):
-        unwrap(chunk).load_state_dict(state[key])
     with torch.no_grad():  # megatron-core copies into main-param views of leaves needing grad
         optimizer.load_state_dict(state["optimizer"])
     _restore_adam_steps(optimizer)
     scheduler.load_state_dict(state["opt_param_scheduler"])
-    restored = agree_on_errors(rng_state.load, folder)  # a bad file on one rank stops all
-    if not restored:
+
+
+def _restore_rng(folder: str, parts: load_options.LoadParts) -> None:
+    if not parts.rng:
+        print_rank_0(f" > {folder}: random states not loaded (--no-load-rng or --finetune)")
+        return
+    if not agree_on_errors(rng_state.load, folder):  # a bad file on one rank stops all
         print_rank_0(f" > {folder}: random states not restored (saved on another parallel "
                      f"layout): dropout will differ from an uninterrupted run")
+
+
+def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None,
+                    parts: load_options.LoadParts = load_options.RESUME) -> int:
+    """Restores the model and, as ``parts`` says (Megatron-LM's ``--finetune``,
+    ``--no-load-optim``, ``--no-load-rng``), the optimizer and LR scheduler and the RNG states;
+    returns the iteration to continue from (0 for ``--finetune``). With ``run``, refuses a run
+    that would not continue the saved one (``--finetune``: a model of another shape)."""
+    iteration, folder = check_checkpoint(root)
+    if run is not None:
+        _check_run_args(folder, iteration, run, parts)
+    if parts.optimizer:
+        _materialize_optimizer_state(optimizer)
+    template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
+                                   with_optimizer=parts.optimizer)
+    state = dist_checkpointing.load(template, folder)
+    for key, chunk in zip(_model_keys(model), model):
+        unwrap(chunk).load_state_dict(state[key])
+    if parts.optimizer:
+        _restore_optimizer(state, optimizer, scheduler, run)
+    else:  # the optimizer's fp32 main copy of half-precision weights follows the loaded weights
+        optimizer.reload_model_params()
+    _restore_rng(folder, parts)
+    if parts.finetune:
+        print_rank_0(f" > fine-tuning from {folder}: model weights only, starting at iteration 0")
+        return 0
     return int(state["iteration"])

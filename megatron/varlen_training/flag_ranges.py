@@ -150,6 +150,8 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # never spent just trains to --train-iters.
     "exit_interval": COUNT,
     "exit_duration_in_mins": POSITIVE_FLOAT,
+    # activation recomputation (recompute_arguments.py; the chunk's layer count is checked there)
+    "recompute_num_layers": COUNT,
     # hybrid Mamba models (hybrid_arguments.py, pretrain_mamba.py only)
     "hybrid_attention_ratio": FRACTION,
     "hybrid_mlp_ratio": FRACTION,

@@ -86,7 +86,17 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         mtp_num_layers=model.mtp_num_layers,
+        recompute_granularity=model.recompute_granularity,
+        recompute_method=model.recompute_method,
+        recompute_num_layers=model.recompute_num_layers,
+        recompute_modules=list(model.recompute_modules),
     )
+
+
+def aligned_param_gather(run: RunConfig) -> bool:
+    """Megatron-LM aligns the distributed optimizer's parameter all-gathers across pipeline
+    stages under VPP only (the schedule then starts them; 1F1B without VPP cannot)."""
+    return run.parallel.virtual_pipeline_model_parallel_size is not None
 
 
 def _build_chunk(run: RunConfig, config, vp_stage: int | None) -> VarlenGPTModel:
@@ -141,7 +151,9 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=run.parallel.overlap_grad_reduce,
+        overlap_param_gather=run.parallel.overlap_param_gather,
+        align_param_gather=aligned_param_gather(run),
     )
     return [
         DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0)

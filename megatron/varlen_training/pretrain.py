@@ -84,7 +84,8 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
     else:
         _save_at_end(trainer)
         if trainer.run.checkpoint.save_hf:  # validation refused it for a family without one
-            trainer.family.hf.save(trainer.run, trainer.state.model)
+            with training.params_gathered(trainer.state.model):
+                trainer.family.hf.save(trainer.run, trainer.state.model)
     return history
 
 

@@ -32,6 +32,11 @@ the LR/WD schedule. On ``--load``:
   flags win; the number of samples already consumed is kept) or
   ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's schedule wins) says which side wins.
 
+``--finetune`` starts a new run from the weights: only the model shape is compared (the
+position-table size only with learned absolute positions), so fine-tuning on other data, with
+another batch size, seed, schedule or optimizer layout is not refused. Without the optimizer
+state (``--no-load-optim``) the optimizer layout may change.
+
 Every refusal is a one-line :class:`CheckpointError` naming the flag and both values; a
 garbled ``run_args.json`` is one too.
 """
@@ -44,8 +49,10 @@ import os
 from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text, file_digest
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, one_line
+from megatron.varlen_training.load_options import RESUME, LoadParts
 
 RUN_ARGS_FILENAME = "run_args.json"
+LEARNED_POSITIONS = "learned_absolute"  # the one position encoding with a table of weights
 # Keys are the flags' dests, which are also the names of the config fields recorded.
 _HYBRID_KEYS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
                 "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
@@ -213,14 +220,29 @@ def read_run_args(folder: str) -> dict:
     return saved
 
 
-def check_run_args(folder: str, run: RunConfig, check_data: bool = True) -> str | None:
+def _compared_keys(saved: dict, mine: dict, parts: LoadParts) -> tuple[str, ...]:
+    """The keys that must match. A resume: model shape and data order. ``--finetune`` (a new
+    run from the weights): the model shape only, and the position-table size only where both
+    have a table (learned absolute positions): RoPE fine-tunes at any --seq-length."""
+    if not parts.finetune:
+        return MODEL_KEYS + DATA_ORDER_KEYS
+    tables = {side.get("position_embedding_type") for side in (saved, mine)}
+    if tables == {LEARNED_POSITIONS}:
+        return MODEL_KEYS
+    return tuple(key for key in MODEL_KEYS if key != "max_position_embeddings")
+
+
+def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
+                   parts: LoadParts = RESUME) -> str | None:
     """Refuses a model-shape, optimizer-layout, data-order or data-content change (module
-    docstring). ``check_data``: compare the data files' fingerprints (reads every file: one
-    rank does it). Returns a note to print when a flag accepted a difference."""
+    docstring); ``parts``: what the load restores (``--finetune``: the model shape only; no
+    optimizer state: its layout may differ). ``check_data``: compare the data files'
+    fingerprints (reads every file: one rank does it). Returns a note to print when a flag
+    accepted a difference."""
     saved = read_run_args(folder)
     mine = snapshot(run, with_data=False)
     note = None
-    for key in MODEL_KEYS + DATA_ORDER_KEYS:
+    for key in _compared_keys(saved, mine, parts):
         if _normalise(saved.get(key)) == _normalise(mine[key]):
             continue
         if key == INDEXED_SAMPLES_KEY and None not in (saved.get(key), mine[key]) \
@@ -229,10 +251,11 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True) -> str 
             continue
         raise CheckpointError(_mismatch(key, saved, mine))
     saved_layout = saved.get(OPTIMIZER_LAYOUT_KEY)
-    if saved_layout is not None and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
+    if parts.optimizer and saved_layout is not None \
+            and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
-    if check_data and mine["data_entries"] is not None:  # None: megatron.wrap brings batches
-        return check_data_sources(saved, run) or note
+    if check_data and not parts.finetune and mine["data_entries"] is not None:
+        return check_data_sources(saved, run) or note  # None: megatron.wrap's own batches
     return note
 
 

@@ -30,6 +30,7 @@ from megatron.varlen_training.initialize import (
     initialize_megatron, shutdown, teardown_parallel_state,
 )
 from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
+from megatron.varlen_training.load_options import load_parts
 from megatron.varlen_training.loop_steps import periodic_save_due
 from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
@@ -180,9 +181,10 @@ class Trainer:
     def save(self, root: str | None = None) -> str:
         """Saves the state under ``root`` (default ``--save``); returns the checkpoint folder."""
         state = self.state
-        return checkpointing.save_checkpoint(
-            root or self.run.checkpoint.save, state.iteration, state.model, state.optimizer,
-            state.scheduler, self.run, extra_files=self.checkpoint_files)
+        with training.params_gathered(state.model):  # --overlap-param-gather: current weights
+            return checkpointing.save_checkpoint(
+                root or self.run.checkpoint.save, state.iteration, state.model, state.optimizer,
+                state.scheduler, self.run, extra_files=self.checkpoint_files)
 
     def save_if_due(self) -> str | None:
         """``--save-interval``: saves after every multiple; the folder, or None."""
@@ -193,8 +195,9 @@ class Trainer:
     def load(self, root: str) -> int:
         """Restores the checkpoint under ``root`` (checked against this run); its iteration."""
         state = self.state
-        state.iteration = checkpointing.load_checkpoint(root, state.model, state.optimizer,
-                                                        state.scheduler, self.run)
+        state.iteration = checkpointing.load_checkpoint(
+            root, state.model, state.optimizer, state.scheduler, self.run,
+            load_parts(self.run.checkpoint))  # --finetune, --no-load-optim, --no-load-rng
         return state.iteration
 
     # --- close ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ the global per-token mean: sum of token losses / loss tokens over the whole glob
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -26,7 +27,9 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.varlen_training import checkpointing, log, optimizer_kernels
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
+from megatron.varlen_training.load_options import checkpoint_source
 from megatron.varlen_training.loop_steps import eval_mode
+from megatron.varlen_training.model import aligned_param_gather
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen.platform import get_device, gloo_cuda
@@ -90,15 +93,51 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> Trai
     scheduler = build_scheduler(run, optimizer)
     config.finalize_model_grads_func = finalize_model_grads_on_device
     config.grad_scale_func = optimizer.scale_loss
-    config.no_sync_func = [chunk.no_sync for chunk in model]
-    if len(model) == 1:
-        config.no_sync_func = config.no_sync_func[0]
+    config.no_sync_func = _per_chunk([chunk.no_sync for chunk in model])
+    set_overlap_hooks(run, config, model)
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
-    if run.checkpoint.load:
-        state.iteration = checkpointing.load_checkpoint(run.checkpoint.load, model, optimizer,
-                                                        scheduler, run)
+    source = checkpoint_source(run.checkpoint)
+    if source is not None:
+        root, parts = source
+        state.iteration = checkpointing.load_checkpoint(root, model, optimizer, scheduler, run,
+                                                        parts)
         optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
+
+
+def _per_chunk(functions: list):
+    """megatron-core's schedules take one function per model chunk, or one without VPP."""
+    return functions[0] if len(functions) == 1 else functions
+
+
+def set_overlap_hooks(run: RunConfig, config, model) -> None:
+    """The schedule's hooks for ``--overlap-grad-reduce`` / ``--overlap-param-gather``, set as
+    Megatron-LM sets them: with overlapped reduction the pipeline schedules start each chunk's
+    gradient reduction when its last backward is done (``grad_sync_func``); with overlapped
+    gathers under VPP they start each chunk's parameter all-gather before its first forward
+    (``param_sync_func``, aligned across stages). Without VPP DDP's forward pre-hooks gather on
+    demand. Without overlap every reduction runs in ``finalize_model_grads``."""
+    parallel = run.parallel
+    if parallel.overlap_grad_reduce:
+        config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in model])
+    if parallel.overlap_param_gather and aligned_param_gather(run):
+        config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])
+
+
+@contextmanager
+def params_gathered(model):
+    """With ``--overlap-param-gather`` the weights of a rank are current only once its next
+    forward has gathered them: for a save, an evaluation or an export, gather them now (DDP's
+    forward pre-hooks off, a synchronous all-gather), and turn the hooks back on afterwards, as
+    Megatron-LM does around its saves and evaluations."""
+    hooked = [chunk for chunk in model if getattr(chunk, "use_forward_hook", False)]
+    for chunk in hooked:
+        chunk.disable_forward_pre_hook(param_sync=True)
+    try:
+        yield
+    finally:
+        for chunk in hooked:
+            chunk.enable_forward_pre_hook()
 
 
 def loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
@@ -250,7 +289,7 @@ def optimizer_step(optimizer, check=None) -> float | None:
 def evaluate(run: RunConfig, state: TrainState, provider, first_index: int) -> float | None:
     """Mean validation loss over --eval-iters global batches (global per-token mean)."""
     losses = []
-    with eval_mode(state.model):
+    with params_gathered(state.model), eval_mode(state.model):
         for offset in range(run.training.eval_iters):
             step = provider.step_batches(first_index + offset)
             losses.append(

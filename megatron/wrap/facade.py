@@ -34,7 +34,9 @@ from megatron.varlen_training.initialize import initialize_distributed
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.trainer import Trainer
-from megatron.varlen_training.training import TrainState, reduce_reported_loss, run_forward_backward
+from megatron.varlen_training.training import (
+    TrainState, params_gathered, reduce_reported_loss, run_forward_backward,
+)
 from megatron.wrap import batch as batching
 from megatron.wrap import runtime
 from megatron.wrap.config import WrapConfig, build_config
@@ -277,7 +279,8 @@ class MegatronWrap(ParallelStateMixin):
         ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
         if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        return self.trainer.family.hf.save(self.run, self.state.model, str(out_dir))
+        with params_gathered(self.state.model):  # --overlap-param-gather: current weights
+            return self.trainer.family.hf.save(self.run, self.state.model, str(out_dir))
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its

@@ -67,3 +67,37 @@ def loss_owner_history(results: list[dict]) -> list[dict]:
     owners = [r for r in results if r["owns_loss"]]
     assert owners, "no rank reported a loss"
     return owners[-1]["history"]
+
+
+def _grad_buffers(model) -> list[torch.Tensor]:
+    """Every chunk's DDP gradient buffers (the last step's main grads), flattened, copied."""
+    return [buffer.grad_data.detach().clone() for chunk in model for buffer in chunk.buffers]
+
+
+def train_with_grads_on_this_rank(argv: list[str], hybrid: bool = False) -> dict:
+    """:func:`train_on_this_rank` (or the hybrid path) that also returns this rank's last-step
+    gradient buffers and how many times ``tensor_parallel.checkpoint`` ran (activation
+    recomputation actually on, or off)."""
+    from megatron.core import tensor_parallel
+
+    from megatron.varlen_training.hybrid_model import HYBRID
+
+    parse = parse_hybrid_run_config if hybrid else parse_run_config
+    run = parse(argv, world_size=torch.distributed.get_world_size())
+    calls = []
+    original = tensor_parallel.checkpoint
+
+    def counting_checkpoint(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    tensor_parallel.checkpoint = counting_checkpoint
+    trainer = Trainer(run, HYBRID if hybrid else GPT)
+    try:
+        history = pretrain(trainer)
+        return {"history": history, "rank": torch.distributed.get_rank(),
+                "owns_loss": history[0]["lm_loss"] is not None if history else False,
+                "grads": _grad_buffers(trainer.state.model), "checkpoint_calls": len(calls)}
+    finally:
+        tensor_parallel.checkpoint = original
+        trainer.close()

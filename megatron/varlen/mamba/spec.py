@@ -10,7 +10,10 @@ attention, ``TENorm`` final norm). This spec has the same structure with local m
   THD/CP core attention, ``VarlenNorm``), MLP slots empty;
 * ``-``: the MLP half of that spec in megatron-core's ``MLPLayer``;
 * final norm: :class:`VarlenMambaStack` builds a ``VarlenNorm`` (SP-capable) instead of
-  megatron-core's ``TENorm``.
+  megatron-core's ``TENorm``;
+* full activation recomputation: :class:`VarlenMambaStack` runs its layers through
+  ``layer_recompute.py`` when ``recompute_granularity == "full"`` (megatron-core's stack has no
+  recomputation; selective core-attention recomputation lives in the attention layers).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.utils import WrappedTensor, make_viewless_tensor
 
 from megatron.varlen.mamba import triton_stand_in
 
@@ -29,6 +33,7 @@ triton_stand_in.install()  # before megatron.core.ssm (see triton_stand_in.py)
 from megatron.core.ssm.mamba_block import MambaStack, MambaStackSubmodules  # noqa: E402
 from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules  # noqa: E402
 from megatron.core.ssm.mlp_layer import MLPLayer  # noqa: E402
+from megatron.varlen.mamba.layer_recompute import FULL, checkpointed_forward  # noqa: E402
 from megatron.varlen.mamba.mixer import MambaMixerSubmodules, VarlenMambaMixer  # noqa: E402
 from megatron.varlen.model.norms import VarlenNorm  # noqa: E402
 from megatron.varlen.model.spec import get_varlen_gpt_layer_spec  # noqa: E402
@@ -43,6 +48,29 @@ class VarlenMambaStack(MambaStack):
         if self.post_process and post_layer_norm:
             self.final_norm = VarlenNorm(config, config.hidden_size,
                                          eps=config.layernorm_epsilon)
+
+    def forward(self, hidden_states, attention_mask, inference_context=None, rotary_pos_emb=None,
+                *, inference_params=None, packed_seq_params=None, padding_mask=None):
+        """megatron-core's forward, or in training with ``recompute_granularity == "full"`` the
+        same layers under full recomputation (``layer_recompute.py``; megatron-core's stack has
+        none)."""
+        recompute = (self.training and self.config.recompute_granularity == FULL
+                     and inference_context is None and inference_params is None)
+        if not recompute:
+            return super().forward(hidden_states, attention_mask, inference_context,
+                                   rotary_pos_emb, inference_params=inference_params,
+                                   packed_seq_params=packed_seq_params, padding_mask=padding_mask)
+        if not self.pre_process:
+            hidden_states = self.input_tensor  # set_input_tensor: the previous stage's output
+        if isinstance(hidden_states, WrappedTensor):
+            hidden_states = hidden_states.unwrap()
+        hidden_states = checkpointed_forward(self.layers, self.config, hidden_states,
+                                             attention_mask, rotary_pos_emb, packed_seq_params)
+        if self.post_process and self.post_layer_norm:
+            hidden_states = self.final_norm(hidden_states)
+        # The pipeline schedule frees a stage's output in place: it must not be a view.
+        return make_viewless_tensor(inp=hidden_states, requires_grad=hidden_states.requires_grad,
+                                    keep_graph=True)
 
 
 def _mamba_layer_spec() -> ModuleSpec:

@@ -11,7 +11,8 @@ buffers, CUDA RNG states, ``param.type()`` string checks in grad clipping). When
    ``synchronize``, ``device_count``...) answer as a single CPU "device"; ``current_device()``
    is the CPU device itself, because autograd backward runs without torch function modes.
 3. ``CpuRNGStatesTracker`` -- megatron's RNG tracker API on the CPU generator, so dropout in
-   TP regions stays reproducible and TP ranks draw from their own named streams.
+   TP regions stays reproducible and TP ranks draw from their own named streams; activation
+   recomputation (``tensor_parallel.checkpoint``) saves and restores the CPU generator only.
 4. ``Tensor.type()`` (no argument) reports CPU tensors under their CUDA type name: the
    optimizers and grad clipping dispatch on strings like ``'torch.cuda.FloatTensor'``.
 
@@ -41,6 +42,7 @@ _PIN_MEMORY_KWARG = "pin_memory"
 _CPU = torch.device("cpu")
 _CPU_TYPE_PREFIX = "torch."
 _CUDA_TYPE_PREFIX = "torch.cuda."
+_NO_CUDA_RNG_STATE = torch.empty(0, dtype=torch.uint8)
 
 
 def _cuda_visible() -> bool:
@@ -205,6 +207,11 @@ def _patch_rng_tracker() -> None:
     _patch(mcore_random, "_CUDA_RNG_STATE_TRACKER", CpuRNGStatesTracker())
     _patch(mcore_random, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True)
     _patch(mcore_random, "initialize_rng_tracker", lambda *a, **k: None)
+    # Activation recomputation (tensor_parallel.checkpoint) saves and restores the "CUDA"
+    # generator beside the CPU one; on CPU there is only the CPU generator, which it restores
+    # anyway, so the CUDA state is an empty placeholder and setting it does nothing.
+    _patch(mcore_random, "_get_cuda_rng_state", lambda *a, **k: _NO_CUDA_RNG_STATE)
+    _patch(mcore_random, "_set_cuda_rng_state", lambda *a, **k: None)
 
 
 def activate() -> bool:

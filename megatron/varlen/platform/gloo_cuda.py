@@ -46,9 +46,10 @@ def grad_reduce_coalescing(group=None, device=None, async_ops: bool = False):
     """Drop-in for ``torch.distributed._coalescing_manager`` in megatron-core's DDP.
 
     Raises:
-        RuntimeError: asynchronous collectives asked for on CUDA over gloo (megatron-core's
-            ``overlap_grad_reduce``/``overlap_param_gather``, which this repository never sets):
-            their handles could not be waited on.
+        RuntimeError: asynchronous collectives asked for on CUDA over gloo
+            (``--overlap-grad-reduce``/``--overlap-param-gather``, megatron-core's
+            ``overlap_grad_reduce``/``overlap_param_gather``): their handles could not be waited
+            on. CPU ranks over gloo and NCCL groups overlap.
     """
     if not runs_uncoalesced(group):
         with _torch_coalescing_manager()(group, device=device, async_ops=async_ops) as manager:

@@ -19,6 +19,11 @@ class CheckpointConfig:
     hf_checkpoint: str | None
     save_hf: str | None
     override_data_fingerprint: bool
+    # What a load restores (recipe_arguments.py; load_options.py reads them).
+    finetune: bool = False
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    pretrained_checkpoint: str | None = None
 
     def __post_init__(self):
         check_ranges(self)

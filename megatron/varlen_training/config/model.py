@@ -77,6 +77,11 @@ class ModelConfig:
     vocab_size: int | None
     padded_vocab_size: int | None
     hybrid: HybridConfig | None = None
+    # Activation recomputation (recompute_arguments.py: resolved and checked there).
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ("core_attn",)
 
     def __post_init__(self):
         check_ranges(self)

@@ -21,6 +21,9 @@ class ParallelConfig:
     data_parallel_size: int
     sequence_parallel: bool
     distributed_timeout_minutes: float
+    # megatron-core's DDP / distributed optimizer overlap (recipe_arguments.py).
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -39,6 +39,10 @@ EXPECTED_FLAGS = frozenset("""
 --sft-messages-key --sft-prompt-key --sft-response-key
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path
 --mmap-bin-files --no-mmap-bin-files --num-workers
+--recompute-granularity --recompute-method --recompute-num-layers --recompute-modules
+--recompute-activations
+--finetune --no-load-optim --no-load-rng --pretrained-checkpoint
+--overlap-grad-reduce --overlap-param-gather
 """.split())
 
 

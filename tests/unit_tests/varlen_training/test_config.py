@@ -30,6 +30,8 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/run_description.py",
     "megatron/varlen_training/schedule_arguments.py",
     "megatron/varlen_training/sft_arguments.py",
+    "megatron/varlen_training/recompute_arguments.py",
+    "megatron/varlen_training/recipe_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {

@@ -1,0 +1,65 @@
+"""What a ``--load`` restores, and from where: Megatron-LM's fine-tuning flags as data.
+
+``--finetune`` loads the model weights only and starts at iteration 0; ``--no-load-optim``
+skips the optimizer state and the LR/WD schedule; ``--no-load-rng`` skips the random states;
+``--pretrained-checkpoint`` is the fallback source, loaded as ``--finetune``, while ``--load``
+holds no checkpoint (Megatron-LM's ``load_checkpoint``). recipe_arguments.py has the flags.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from megatron.varlen_training.config.checkpoint import CheckpointConfig
+
+# The file whose presence makes a directory hold a checkpoint (checkpointing.py's tracker).
+TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+
+
+@dataclass(frozen=True)
+class LoadParts:
+    """The parts of a checkpoint a load restores (model weights always)."""
+
+    optimizer: bool = True
+    """Optimizer state and the LR/WD schedule."""
+    rng: bool = True
+    """Every rank's random states."""
+    iteration: bool = True
+    """The iteration (and so the samples consumed); False: start at 0 (``--finetune``)."""
+
+    @property
+    def finetune(self) -> bool:
+        """Weights only, a new run: the resume checks of data and schedule do not apply."""
+        return not self.iteration
+
+
+RESUME = LoadParts()
+FINETUNE = LoadParts(optimizer=False, rng=False, iteration=False)
+
+
+def load_parts(checkpoint: CheckpointConfig) -> LoadParts:
+    """The parts ``--finetune``/``--no-load-optim``/``--no-load-rng`` leave to load."""
+    if checkpoint.finetune:
+        return FINETUNE
+    return LoadParts(optimizer=not checkpoint.no_load_optim, rng=not checkpoint.no_load_rng)
+
+
+def holds_checkpoint(root: str | None) -> bool:
+    """Whether ``root`` holds a checkpoint (its tracker file), as Megatron-LM decides it."""
+    return root is not None and os.path.isfile(os.path.join(root, TRACKER_FILENAME))
+
+
+def checkpoint_source(checkpoint: CheckpointConfig) -> tuple[str, LoadParts] | None:
+    """Where the run starts from and what it loads there; None: from scratch.
+
+    ``--load`` when it holds a checkpoint (or no ``--pretrained-checkpoint`` is given: a
+    missing checkpoint is then an error at load), else ``--pretrained-checkpoint`` as
+    ``--finetune``.
+    """
+    pretrained = checkpoint.pretrained_checkpoint
+    if pretrained is not None and not holds_checkpoint(checkpoint.load):
+        return pretrained, FINETUNE
+    if checkpoint.load is not None:
+        return checkpoint.load, load_parts(checkpoint)
+    return None

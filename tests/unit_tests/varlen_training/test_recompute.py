@@ -1,0 +1,104 @@
+"""Activation recomputation never changes the numbers: recompute on == off, bit for bit.
+
+Losses, grad norms and every rank's gradient buffers of the last step are compared with
+``torch.equal`` (fp32), with dropout on (hidden and attention: the recomputed forward must draw
+the same masks), through packing and dynamic CP -- where each micro-batch carries its own CP
+group -- and through PP2 with several micro-batches in flight (1F1B runs the backward, so the
+recomputation, of micro-batch k after the forward of micro-batch k+1 has switched groups), and
+with MTP.
+GPT (megatron-core's TransformerBlock recomputation; selective = core attention and MLP) and
+the hybrid Mamba-Transformer stack (our full recomputation, layer_recompute.py). Every "on" run
+must actually call ``tensor_parallel.checkpoint`` and every "off" run must not.
+"""
+
+import json
+
+import pytest
+import torch
+
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import train_with_grads_on_this_rank
+
+LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
+                      "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
+SHARED = [
+    "--seq-length", "64", "--global-batch-size", "8", "--train-iters", "2", "--lr", "2e-3",
+    "--mock-data", "--sft", "--sft-mock-dataset-config-json", LENGTHS,
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+    "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0.1",
+    "--attention-dropout", "0.1", "--position-embedding-type", "rope", "--log-interval", "1",
+    "--eval-iters", "0", "--seed", "13", "--micro-batch-size", "1", "--sequence-packing",
+]
+GPT = SHARED + ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"]
+HYBRID = SHARED + [
+    "--num-layers", "4", "--hybrid-override-pattern", "M*M-", "--hidden-size", "24",
+    "--num-attention-heads", "4", "--mamba-head-dim", "4", "--mamba-num-groups", "2",
+    "--mamba-state-dim", "8",
+]
+DYNAMIC_CP2 = ["--dynamic-context-parallel", "--context-parallel-size", "2",
+               "--max-seqlen-per-dp-cp-rank", "16"]
+DYNAMIC_PP2 = ["--dynamic-context-parallel", "--pipeline-model-parallel-size", "2",
+               "--max-seqlen-per-dp-cp-rank", "32"]
+
+
+def full(method: str, layers: int) -> list[str]:
+    return ["--recompute-granularity", "full", "--recompute-method", method,
+            "--recompute-num-layers", str(layers)]
+
+
+SELECTIVE = ["--recompute-granularity", "selective"]
+SELECTIVE_MLP = SELECTIVE + ["--recompute-modules", "core_attn", "mlp"]
+# megatron-core checkpoints the MLP's bias output too, which only works without biases.
+GPT_NO_BIAS = GPT + ["--disable-bias-linear"]
+# name: (model flags, layout flags, world size, hybrid, {variant name: recompute flags})
+CASES = {
+    "gpt_dynamic_dp2_cp2": (GPT, DYNAMIC_CP2, 4, False, {"full_uniform2": full("uniform", 2)}),
+    "gpt_no_bias_dynamic_dp2_cp2": (GPT_NO_BIAS, DYNAMIC_CP2, 4, False,
+                                    {"selective_mlp": SELECTIVE_MLP}),
+    # MTP's layer recomputes its core attention (selective); "block" leaves MTP layers alone
+    # (megatron-core), and "uniform" with packing is refused (recompute_arguments.py).
+    "gpt_mtp_dynamic_dp2_cp2": (GPT + ["--mtp-num-layers", "1"], DYNAMIC_CP2, 4, False,
+                                {"full_block": full("block", 2), "selective": SELECTIVE}),
+    "gpt_dynamic_pp2_dp2": (GPT, DYNAMIC_PP2, 4, False,
+                            {"full_block": full("block", 1), "selective": SELECTIVE}),
+    "hybrid_dynamic_dp2_cp2": (HYBRID, DYNAMIC_CP2, 4, True,
+                               {"full_uniform2": full("uniform", 2), "selective": SELECTIVE}),
+    "hybrid_dynamic_pp2_dp2": (HYBRID, DYNAMIC_PP2, 4, True, {"full_block": full("block", 1)}),
+}
+# The machine running the suite may be busy: a launch of 4 ranks gets this long.
+TIMEOUT_S = 600
+_RUNS = {}
+
+
+def _run(argv: list[str], world: int, hybrid: bool) -> list[dict]:
+    key = (tuple(argv), world, hybrid)
+    if key not in _RUNS:
+        _RUNS[key] = run_distributed(train_with_grads_on_this_rank, world, args=(argv, hybrid),
+                                     timeout_s=TIMEOUT_S)
+    return _RUNS[key]
+
+
+def _assert_identical(case: str, off: list[dict], on: list[dict]) -> None:
+    for rank_off, rank_on in zip(off, on):
+        assert rank_on["history"] == rank_off["history"], (
+            f"{case}: rank {rank_off['rank']} losses/grad norms differ with recomputation:\n"
+            f"off {rank_off['history']}\non  {rank_on['history']}")
+        assert len(rank_on["grads"]) == len(rank_off["grads"])
+        for index, (g_off, g_on) in enumerate(zip(rank_off["grads"], rank_on["grads"])):
+            assert torch.equal(g_off, g_on), (
+                f"{case}: rank {rank_off['rank']} gradient buffer {index} differs with "
+                f"recomputation (max |diff| {(g_off - g_on).abs().max().item():.3e})")
+
+
+@pytest.mark.parametrize("case,variant", [(case, variant) for case, spec in CASES.items()
+                                          for variant in spec[4]])
+def test_recompute_matches_no_recompute(case, variant):
+    model, layout, world, hybrid, variants = CASES[case]
+    off = _run(model + layout, world, hybrid)
+    on = _run(model + layout + variants[variant], world, hybrid)
+    assert all(rank["checkpoint_calls"] == 0 for rank in off)
+    assert all(rank["checkpoint_calls"] > 0 for rank in on), "recomputation never ran"
+    assert any(rank["owns_loss"] for rank in off)
+    losses = [h["lm_loss"] for rank in off if rank["owns_loss"] for h in rank["history"]]
+    assert len(set(losses)) > 1, "the losses must move for the comparison to mean something"
+    _assert_identical(f"{case}/{variant}", off, on)
