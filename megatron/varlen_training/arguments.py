@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    flag_ranges, reliability_arguments, run_description, varlen_arguments,
+    document_arguments, flag_ranges, reliability_arguments, run_description, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -221,6 +221,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     _add_data_args(parser)
     _add_logging_checkpoint_args(parser)
     varlen_arguments.add_varlen_args(parser)
+    document_arguments.add_document_args(parser)
     hf_arguments.add_hf_args(parser)
     reliability_arguments.add_reliability_args(parser)
     return parser
@@ -340,6 +341,8 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_batch(args)
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, require)
+    document_arguments.validate_document_args(args, require,
+                                              varlen_arguments.attention_backend(args))
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     flag_ranges.validate_metrics_path(args, require)

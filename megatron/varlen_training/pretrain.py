@@ -7,6 +7,7 @@ import time
 
 from megatron.varlen_training import checkpointing, log, loop_steps, training
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
+from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
@@ -19,11 +20,16 @@ def build_data_providers(trainer: Trainer):
     run = trainer.run
     train_ds, valid_ds = agree_on_errors(build_datasets, run, trainer.tokenizer)
     gbs = run.training.global_batch_size
+    eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
     if run.packing.sequence_packing:
-        make = lambda ds: PackedBatchProvider(ds, gbs, trainer.packer())  # noqa: E731
+        # Pretraining samples are packed document by document (SFT samples whole).
+        split = None if run.data.sft else documents.packed_document_split(
+            resets, eod, trainer.tokenizer.pad)
+        make = lambda ds: PackedBatchProvider(ds, gbs, trainer.packer(), split)  # noqa: E731
     else:
         make = lambda ds: UnpackedBatchProvider(  # noqa: E731
-            ds, gbs, run.training.micro_batch_size, run.model.seq_length)
+            ds, gbs, run.training.micro_batch_size, run.model.seq_length,
+            documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod))
     return make(train_ds), (make(valid_ds) if valid_ds is not None else None)
 
 

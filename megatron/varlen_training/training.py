@@ -119,7 +119,7 @@ def forward_step(data_iterator, model):
     """One micro-batch through one model chunk (megatron-core's forward_step_func)."""
     batch = next(data_iterator)
     output = model(
-        batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+        batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
         packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
     )
     return output, partial(loss_func, batch["loss_mask"])

@@ -19,3 +19,9 @@ class DataConfig:
     tokenizer_model: str | None
     train_samples: int
     eval_samples: int
+    # Megatron-LM's document flags and how --sequence-packing cuts pretraining data
+    # (document_arguments.py); defaults: Megatron-LM's.
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    packing_unit: str = "sample"

@@ -1,0 +1,54 @@
+"""Flags for the documents inside pretraining samples: Megatron-LM's ``--reset-position-ids``,
+``--reset-attention-mask`` and ``--eod-mask-loss`` (same names and semantics), and this fork's
+``--packing-unit`` (how ``--sequence-packing`` cuts pretraining data). How they work:
+``megatron/varlen_training/datasets/documents.py`` and docs/PACKING.md.
+"""
+
+from __future__ import annotations
+
+from megatron.varlen.platform import LOCAL
+
+PACKING_UNIT_SAMPLE = "sample"
+PACKING_UNIT_DOCUMENT = "document"
+PACKING_UNITS = (PACKING_UNIT_SAMPLE, PACKING_UNIT_DOCUMENT)
+
+
+def add_document_args(parser) -> None:
+    """Registers the document flags on ``parser``."""
+    group = parser.add_argument_group("documents in pretraining samples")
+    group.add_argument("--reset-position-ids", action="store_true",
+                       help="Positions restart at 0 after every end-of-document token "
+                            "(Megatron-LM's flag; implied for packed documents).")
+    group.add_argument("--reset-attention-mask", action="store_true",
+                       help="No attention across end-of-document tokens: a dense per-sample "
+                            "mask on the unpacked path (Megatron-LM's flag); packed documents "
+                            "are separate THD sequences instead.")
+    group.add_argument("--eod-mask-loss", action="store_true",
+                       help="No loss where the input token is end-of-document (Megatron-LM's "
+                            "flag), packed or not.")
+    group.add_argument("--packing-unit", default=PACKING_UNIT_SAMPLE, choices=PACKING_UNITS,
+                       help="With --sequence-packing on pretraining data: sample = Megatron's "
+                            "--seq-length samples, each cut at its end-of-document tokens into "
+                            "documents (one THD sequence each); document = whole documents, "
+                            "never cut at --seq-length, up to the longest sequence the layout "
+                            "runs (longer ones are cut there).")
+
+
+def validate_document_args(args, require, attention_backend: str) -> None:
+    """Checks the document flags; ``attention_backend``: the resolved core attention."""
+    resets = [flag for flag, on in (("--reset-position-ids", args.reset_position_ids),
+                                    ("--reset-attention-mask", args.reset_attention_mask),
+                                    ("--eod-mask-loss", args.eod_mask_loss)) if on]
+    require(not (resets and args.sft),
+            f"{resets[0] if resets else ''} applies to pretraining data, not --sft (an SFT "
+            f"sample is one conversation whose loss mask the chat template decides)")
+    if args.packing_unit == PACKING_UNIT_DOCUMENT:
+        require(args.sequence_packing and not args.sft,
+                "--packing-unit document packs whole pretraining documents: it needs "
+                "--sequence-packing (or --dynamic-context-parallel) and no --sft")
+    if args.reset_attention_mask and not args.sequence_packing:
+        require(attention_backend == LOCAL,
+                f"--reset-attention-mask without --sequence-packing needs a dense per-sample "
+                f"mask, which only --attention-backend local applies (this run resolves to "
+                f"{attention_backend}): pack the documents (--sequence-packing) or pass "
+                f"--attention-backend local")
