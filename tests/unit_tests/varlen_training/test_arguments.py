@@ -33,6 +33,7 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--reset-position-ids --reset-attention-mask --eod-mask-loss --packing-unit
 """.split())
 
 

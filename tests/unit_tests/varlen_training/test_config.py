@@ -26,6 +26,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/reliability_arguments.py",
     "megatron/varlen_training/hf/arguments.py", "megatron/varlen_training/flag_ranges.py",
     "megatron/varlen_training/run_description.py",
+    "megatron/varlen_training/document_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
