@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    document_arguments, flag_ranges, reliability_arguments, run_description, varlen_arguments,
+    data_arguments, document_arguments, flag_ranges, reliability_arguments,
+    run_description, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -166,8 +167,10 @@ def _add_data_args(parser):
     group = parser.add_argument_group("data and tokenizer")
     group.add_argument("--mock-data", action="store_true",
                        help="Synthetic data (fixed length; with --sft, variable-length SFT mock).")
-    group.add_argument("--data-path", nargs="+", default=None,
-                       help="Training data; with --sft a JSONL of chats or prompt/response.")
+    group.add_argument("--data-path", nargs="+", default=None, metavar="[WEIGHT] PREFIX",
+                       help="Training data: Megatron indexed datasets (.bin/.idx prefixes, "
+                            "optionally weighted: '0.7 PREFIX_A 0.3 PREFIX_B'), split by "
+                            "--split; with --sft a JSONL of chats or prompt/response.")
     group.add_argument("--tokenizer-type", default="NullTokenizer",
                        choices=["NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer"],
                        help="NullTokenizer (ids as text), ByteLevelTokenizer (UTF-8 bytes, no "
@@ -220,6 +223,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     _add_parallel_args(parser)
     _add_data_args(parser)
     _add_logging_checkpoint_args(parser)
+    data_arguments.add_indexed_data_args(parser)
     varlen_arguments.add_varlen_args(parser)
     document_arguments.add_document_args(parser)
     hf_arguments.add_hf_args(parser)
@@ -303,8 +307,8 @@ def _validate_precision_and_data(args) -> None:
     if args.tokenizer_type == "NullTokenizer":
         require(args.vocab_size is not None and args.vocab_size > 1,
                 f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
-    require(args.mock_data or args.data_path,
-            "no training data: pass --mock-data or --data-path")
+    require(args.mock_data or args.data_path or args.train_data_path,
+            "no training data: pass --mock-data, --data-path or --train-data-path")
     require(args.load is None or os.path.isdir(args.load),
             f"--load directory {args.load!r} does not exist")
     if args.lr_decay_iters is None:
@@ -341,6 +345,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_batch(args)
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, require)
+    data_arguments.validate_indexed_data_args(args, require)
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
     hf_arguments.validate_hf_args(args, require)

@@ -210,11 +210,13 @@ def _prepare_staging(root: str, staging: str) -> None:
     os.makedirs(staging)
 
 
-def _write_own_files(staging: str, run: RunConfig, extra_files: dict[str, str] | None) -> None:
-    """This rank's RNG states; rank 0 also the run description and the caller's files."""
+def _write_own_files(staging: str, run: RunConfig, extra_files: dict[str, str] | None,
+                     iteration: int) -> None:
+    """This rank's RNG states; rank 0 also the run description (with the data position) and
+    the caller's files."""
     rng_state.save(staging)
     if torch.distributed.get_rank() == 0:
-        resume_consistency.save_run_args(staging, run)
+        resume_consistency.save_run_args(staging, run, iteration)
         for name, text in (extra_files or {}).items():
             integrity.atomic_write_text(os.path.join(staging, name), text)
 
@@ -257,7 +259,7 @@ def _write_and_publish(root: str, iteration: int, staging: str, path: str, model
     state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
     # megatron-core gathers its writers' failures and raises them on every rank.
     dist_checkpointing.save(state, staging)
-    _agree_on_save(_write_own_files, staging, run, extra_files)
+    _agree_on_save(_write_own_files, staging, run, extra_files, iteration)
     entries = _digest_own_files(staging)
     _agree_on_save(_on_rank_0, _publish, root, iteration, staging, path, entries)
 
@@ -382,13 +384,15 @@ def check_checkpoint(root: str) -> tuple[int, str]:
     return iteration, folder
 
 
-def _check_run_args(folder: str, run: RunConfig) -> None:
+def _check_run_args(folder: str, iteration: int, run: RunConfig) -> None:
     """Refuses a run that would not continue the saved one, on every rank; rank 0 alone reads
     the data files for their fingerprints."""
     note = agree_on_errors(resume_consistency.check_run_args, folder, run,
                            torch.distributed.get_rank() == 0)
     if note is not None:
         print_rank_0(f" > {note}")
+    position = agree_on_errors(resume_consistency.data_position_note, folder, iteration, run)
+    print_rank_0(f" > {position}")
 
 
 def _materialize_optimizer_state(optimizer) -> None:
@@ -429,7 +433,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     from. With ``run``, refuses a run that would not continue the saved one."""
     iteration, folder = check_checkpoint(root)
     if run is not None:
-        _check_run_args(folder, run)
+        _check_run_args(folder, iteration, run)
     _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True)
     state = dist_checkpointing.load(template, folder)

@@ -7,14 +7,23 @@ the LR/WD schedule. On ``--load``:
   would load weights into a different model. The parallel layout may change (dist_checkpointing
   reshards), except where it changes the model: the padded vocabulary depends on
   ``--make-vocab-size-divisible-by`` x TP.
-- data order (``--seed``, ``--global-batch-size``, the mock length config) must match: the
-  resumed run would otherwise read other samples than the run it continues.
-- data content: each ``--data-path`` file is identified by its content, a fingerprint of size
-  and SHA-256 (streamed; computed once per run by rank 0, at the first save and at ``--load``),
+- data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``) must
+  match: the resumed run would otherwise read other samples than the run it continues. With
+  Megatron indexed data also the number of training samples the datasets are built for
+  (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as
+  that count needs, so another count is another sample order (refused unless
+  ``--override-data-fingerprint``).
+- data position: a checkpoint records the samples consumed (``consumed_train_samples``,
+  iteration x global batch); the resumed run continues the stream at that sample.
+- data content: each ``--data-path`` file (and each per-split path) is identified by its
+  content, a fingerprint of size and SHA-256 (streamed; computed once per run by rank 0, at the first save and at ``--load``),
   not by how its path is spelled: ``./x``, ``x`` and ``/abs/x`` (or a copy elsewhere) resume,
   a changed file at the same path is refused unless ``--override-data-fingerprint`` says to
   train on it deliberately (the resumed run then reads the new content from the saved
-  position). Cost: one read of each data file, which the SFT reader loads whole anyway.
+  position). Cost: one read of each data file, which the SFT reader loads whole anyway. An
+  indexed dataset prefix is identified by its .idx file's SHA-256 and its .bin file's size (the
+  index holds every document's length and offset; hashing a corpus of terabytes at every
+  start would not be affordable); a weight is compared as spelled.
 - optimizer layout: the state of ``--use-distributed-optimizer`` (sharded over data-parallel
   ranks) and of the plain optimizer (per parameter) are stored differently and not converted:
   toggling the flag on resume is refused.
@@ -50,14 +59,17 @@ MODEL_KEYS = (
     "kv_channels", "norm_epsilon", "add_qkv_bias", "qk_layernorm", "use_rope_scaling",
     "rope_scaling_factor", *_HYBRID_KEYS,
 )
-DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json")
+INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
+DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
+                   INDEXED_SAMPLES_KEY)
+DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
 # Recorded for messages, not compared: the padded vocabulary's inputs (it is derived, not a
 # flag), --seq-length (which --max-position-embeddings follows unless given) and --data-path
 # as spelled (the fingerprints are compared).
 _CONTEXT_KEYS = ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "seq_length",
-                 "data_path")
+                 "data_path", "data_entries")
 _SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
 # Fingerprints this process computed: (resolved path, size, mtime) -> fingerprint. A file is
 # hashed once per run, not at every save; a change of size or mtime hashes it again.
@@ -79,9 +91,12 @@ def _flag(key: str) -> str:
 
 
 def data_fingerprint(entry: str) -> dict:
-    """``{"path": resolved path, "size", "sha256"}`` of a ``--data-path`` file; ``{"path":
-    entry}`` for an entry that is not a file (compared as spelled)."""
+    """``{"path": resolved path, "size", "sha256"}`` of a ``--data-path`` file or indexed
+    dataset prefix (module docstring); ``{"path": entry}`` for an entry that is neither (a
+    blend weight: compared as spelled)."""
     if not os.path.isfile(entry):
+        if os.path.isfile(f"{entry}.idx") and os.path.isfile(f"{entry}.bin"):
+            return _indexed_fingerprint(entry)
         return {"path": entry}
     real = os.path.realpath(entry)
     stat = os.stat(real)
@@ -89,6 +104,24 @@ def data_fingerprint(entry: str) -> dict:
     if key not in _FINGERPRINTS:
         _FINGERPRINTS[key] = {"path": real, **file_digest(real)}
     return dict(_FINGERPRINTS[key])
+
+
+def _indexed_fingerprint(prefix: str) -> dict:
+    index = data_fingerprint(f"{prefix}.idx")
+    return {"path": os.path.realpath(prefix), "size": os.path.getsize(f"{prefix}.bin"),
+            HASH_ALGORITHM: index[HASH_ALGORITHM]}
+
+
+def data_entries(run: RunConfig) -> list[str] | None:
+    """Every data path entry the run reads, as spelled: ``--data-path``, else the per-split
+    paths in split order; None without data paths (mock data, megatron.wrap)."""
+    data = run.data
+    if data.data_path is not None:
+        return list(data.data_path)
+    lists = [data.train_data_path, data.valid_data_path, data.test_data_path]
+    if all(paths is None for paths in lists):
+        return None
+    return [entry for paths in lists for entry in (paths or ())]
 
 
 def _recorded_values(run: RunConfig) -> dict:
@@ -103,6 +136,8 @@ def _recorded_values(run: RunConfig) -> dict:
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
+        split=data.split, data_entries=data_entries(run),
+        **{INDEXED_SAMPLES_KEY: data.train_samples if data.indexed else None},
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
         seq_length=model.seq_length,
@@ -115,15 +150,35 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     values = _recorded_values(run)
     keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY,) + DATA_ORDER_KEYS + _CONTEXT_KEYS
     recorded = {key: values[key] for key in keys}
-    if with_data and recorded["data_path"] is not None:
-        recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry) for entry in recorded["data_path"]]
+    if with_data and recorded["data_entries"] is not None:
+        recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
+                                      for entry in recorded["data_entries"]]
     return recorded
 
 
-def save_run_args(folder: str, run: RunConfig) -> str:
+def save_run_args(folder: str, run: RunConfig, iteration: int | None = None) -> str:
+    """Writes ``run_args.json``; with ``iteration``, also the data position (the training
+    samples consumed so far: every iteration reads one global batch)."""
+    recorded = snapshot(run)
+    if iteration is not None:
+        recorded[DATA_POSITION_KEY] = iteration * run.training.global_batch_size
     atomic_write_text(os.path.join(folder, RUN_ARGS_FILENAME),
-                      json.dumps(snapshot(run), indent=1, sort_keys=True) + "\n")
+                      json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return RUN_ARGS_FILENAME
+
+
+def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:
+    """Where the resumed run continues its training samples; a one-line CheckpointError when
+    the checkpoint's recorded position disagrees with its iteration (a mixed-up folder)."""
+    position = iteration * run.training.global_batch_size
+    saved = read_run_args(folder).get(DATA_POSITION_KEY)
+    if saved is not None and saved != position:
+        raise CheckpointError(
+            f"--load: {folder} records {saved} consumed training samples but iteration "
+            f"{iteration} x --global-batch-size {run.training.global_batch_size} is {position}: "
+            f"its files do not belong together; load another checkpoint")
+    return (f"resuming the training data at sample {position} (iteration {iteration} x "
+            f"global batch {run.training.global_batch_size})")
 
 
 def _normalise(value):
@@ -159,15 +214,21 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True) -> str 
     rank does it). Returns a note to print when a flag accepted a difference."""
     saved = read_run_args(folder)
     mine = snapshot(run, with_data=False)
+    note = None
     for key in MODEL_KEYS + DATA_ORDER_KEYS:
-        if _normalise(saved.get(key)) != _normalise(mine[key]):
-            raise CheckpointError(_mismatch(key, saved, mine))
+        if _normalise(saved.get(key)) == _normalise(mine[key]):
+            continue
+        if key == INDEXED_SAMPLES_KEY and None not in (saved.get(key), mine[key]) \
+                and run.checkpoint.override_data_fingerprint:
+            note = f"--override-data-fingerprint: {_mismatch(key, saved, mine)}"
+            continue
+        raise CheckpointError(_mismatch(key, saved, mine))
     saved_layout = saved.get(OPTIMIZER_LAYOUT_KEY)
     if saved_layout is not None and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
-    if check_data and mine["data_path"] is not None:  # None: megatron.wrap brings its batches
-        return check_data_sources(saved, run)
-    return None
+    if check_data and mine["data_entries"] is not None:  # None: megatron.wrap brings batches
+        return check_data_sources(saved, run) or note
+    return note
 
 
 def _optimizer_layout_mismatch(saved_distributed: bool) -> str:
@@ -197,8 +258,8 @@ def _same_source(saved: dict, mine: dict) -> bool:
 def check_data_sources(saved: dict, run: RunConfig) -> str | None:
     """Refuses ``--data-path`` files whose content differs from the checkpoint's, unless
     ``--override-data-fingerprint`` (then returns a note saying what was accepted)."""
-    data_path = run.data.data_path
-    spelled_saved = saved.get("data_path") or []
+    data_path = data_entries(run)
+    spelled_saved = saved.get("data_entries") or saved.get("data_path") or []
     saved_sources = saved.get(DATA_SOURCES_KEY)
     if saved_sources is None:  # saved before fingerprints: compare the resolved paths
         saved_sources = [{"path": os.path.realpath(entry)} for entry in spelled_saved]
@@ -238,9 +299,24 @@ def _mismatch(key: str, saved: dict, mine: dict) -> str:
         return (f"--load: the checkpoint was trained with --seq-length {saved['seq_length']}, "
                 f"this run has {mine['seq_length']}: that would change the model (its position "
                 f"table has --seq-length entries); use the checkpoint's value")
+    if key == INDEXED_SAMPLES_KEY:
+        return _indexed_samples_mismatch(saved.get(key), mine[key])
     what = "the model" if key in MODEL_KEYS else "the data order"
     return (f"--load: the checkpoint was trained with {_flag(key)} {saved.get(key)}, this run "
             f"has {mine[key]}: that would change {what}; use the checkpoint's value")
+
+
+def _indexed_samples_mismatch(saved: int | None, mine: int | None) -> str:
+    if saved is None or mine is None:
+        what = "mock or SFT data" if saved is None else "indexed data"
+        return (f"--load: the checkpoint was trained on {what}, this run reads "
+                f"{'indexed data' if saved is None else 'mock or SFT data'}: another sample "
+                f"stream; use the checkpoint's data flags")
+    return (f"--load: the checkpoint's indexed data was built for {saved} training samples "
+            f"(--train-iters x --global-batch-size), this run's for {mine}: megatron-core "
+            f"shuffles over as many epochs as that needs, so the resumed run would read "
+            f"another sample order; keep the checkpoint's --train-iters (or pass "
+            f"--override-data-fingerprint to resume on that other order deliberately)")
 
 
 def _follows_seq_length(side: dict) -> bool:

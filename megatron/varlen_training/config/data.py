@@ -7,9 +7,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Fields named as their flags' dests (``data_path`` as a tuple), plus the sample counts
+    """Fields named as their flags' dests (the path lists as tuples), plus the sample counts
     derived from the training schedule: ``train_samples`` for every iteration and
-    ``eval_samples`` for every evaluation point."""
+    ``eval_samples`` for every evaluation point.
+
+    The indexed-data fields (Megatron-LM's flags, data_arguments.py) select megatron-core
+    datasets: ``data_path`` split by ``split``, or one blend per split (``train_data_path``,
+    ``valid_data_path``, ``test_data_path``); ``data_cache_path`` holds megatron-core's sample
+    indices; ``mmap_bin_files`` memory-maps the .bin files.
+    """
 
     mock_data: bool
     sft: bool
@@ -19,9 +25,21 @@ class DataConfig:
     tokenizer_model: str | None
     train_samples: int
     eval_samples: int
+    split: str | None = None
+    train_data_path: tuple[str, ...] | None = None
+    valid_data_path: tuple[str, ...] | None = None
+    test_data_path: tuple[str, ...] | None = None
+    data_cache_path: str | None = None
+    mmap_bin_files: bool = True
     # Megatron-LM's document flags and how --sequence-packing cuts pretraining data
     # (document_arguments.py); defaults: Megatron-LM's.
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
     packing_unit: str = "sample"
+
+    @property
+    def indexed(self) -> bool:
+        """Whether the run reads Megatron indexed datasets (neither mock nor SFT data)."""
+        has_paths = self.data_path is not None or self.train_data_path is not None
+        return has_paths and not self.mock_data and not self.sft

@@ -47,9 +47,13 @@ def hybrid_config(args) -> HybridConfig:
     return HybridConfig(**_values(args, HybridConfig))
 
 
+_PATH_LIST_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
 def data_config(args) -> DataConfig:
     values = _values(args, DataConfig)
-    values["data_path"] = tuple(args.data_path) if args.data_path is not None else None
+    for name in _PATH_LIST_FIELDS:  # lists of prefixes/files, frozen as tuples
+        values[name] = tuple(values[name]) if values[name] is not None else None
     return DataConfig(**values)
 
 

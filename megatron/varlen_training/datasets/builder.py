@@ -3,6 +3,8 @@
 - ``--mock-data``: :class:`MockGPTDataset` (every sample ``--seq-length`` long).
 - ``--mock-data --sft``: :class:`MockSFTDataset`, lengths from ``--sft-mock-dataset-config-json``.
 - ``--sft --data-path FILE``: :class:`SFTDataset` over a JSONL file.
+- ``--data-path [WEIGHT] PREFIX ...`` (or ``--train-data-path`` ...): Megatron indexed datasets
+  through megatron-core's builder (:mod:`.indexed`, which says what a sample is there).
 
 Mock validation sets are the same kind of dataset with the seed ``--seed + VALID_SEED_OFFSET``.
 A real SFT file is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
@@ -21,6 +23,7 @@ import torch
 
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.datasets.indexed import build_indexed_datasets
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset
@@ -122,9 +125,17 @@ def build_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
         build = _build_mock_sft if data.sft else _build_mock_gpt
     elif data.sft:
         build = _build_sft
+    elif data.indexed:
+        build = _build_indexed
     else:
-        raise ValueError("only --mock-data or --sft with a JSONL --data-path is supported")
+        raise ValueError("no training data: pass --mock-data, --data-path or --train-data-path")
     return build(run, tokenizer, multiple, pad_to_seq_length)
+
+
+def _build_indexed(run: RunConfig, tokenizer: Tokenizer, multiple: int,
+                   pad_to_seq_length: bool):
+    return build_indexed_datasets(run.data, run.model.seq_length, run.training.seed, tokenizer,
+                                  multiple, pad_to_seq_length)
 
 
 def _build_mock_gpt(run: RunConfig, tokenizer: Tokenizer, multiple: int,

@@ -24,6 +24,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/arguments.py", "megatron/varlen_training/varlen_arguments.py",
     "megatron/varlen_training/hybrid_arguments.py",
     "megatron/varlen_training/reliability_arguments.py",
+    "megatron/varlen_training/data_arguments.py",
     "megatron/varlen_training/hf/arguments.py", "megatron/varlen_training/flag_ranges.py",
     "megatron/varlen_training/run_description.py",
     "megatron/varlen_training/document_arguments.py",

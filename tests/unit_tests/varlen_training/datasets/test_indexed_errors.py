@@ -1,0 +1,155 @@
+"""Bad indexed data is one line naming the prefix or flag, the value and the fix; never a
+traceback or a hang in megatron-core's builder (the checks run before it, on every rank)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.config import DataConfig
+from megatron.varlen_training.data_arguments import parse_blend, parse_split
+from megatron.varlen_training.datasets.indexed import (
+    check_indexed_data, gpt_dataset_config, split_sizes,
+)
+from megatron.varlen_training.tokenizer import ByteLevelTokenizer
+from tests.unit_tests.varlen_training.datasets.indexed_corpus import (
+    random_documents, write_corpus, write_documents,
+)
+
+REPO = Path(__file__).resolve().parents[4]
+BASE = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+        "--seq-length", "32", "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-3",
+        "--tokenizer-type", "ByteLevelTokenizer"]
+
+
+@pytest.mark.parametrize("entries, needle", [
+    (["0.5", "a", "b"], "--data-path: 3 entries, but a weighted blend is pairs 'WEIGHT PREFIX' "
+                        "(entry 1 '0.5' is a weight)"),
+    (["0.5", "a", "b", "c"], "--data-path: entry 3 'b' is not a weight"),
+    (["-1", "a", "2", "b"], "--data-path: entry 1 '-1' is not a weight"),
+    (["nan", "a", "1", "b"], "--data-path: entry 1 'nan' is not a weight"),
+    (["0", "a", "0", "b"], "--data-path: every weight is 0 (0 0)"),
+])
+def test_blend_that_does_not_parse_names_the_entry(entries, needle):
+    with pytest.raises(ValueError) as err:
+        parse_blend(entries, "--data-path")
+    assert str(err.value).startswith(needle), err.value
+
+
+def test_blends_that_parse():
+    assert parse_blend(["a"], "--data-path") == (["a"], None)
+    assert parse_blend(["a", "b"], "--data-path") == (["a", "b"], None)
+    assert parse_blend(["0.7", "a", "0.3", "b"], "--data-path") == (["a", "b"], [0.7, 0.3])
+
+
+@pytest.mark.parametrize("split", ["x", "1,2,3,4", "0,0,0", "-1,2", "90,inf"])
+def test_bad_split_is_refused(split):
+    with pytest.raises(ValueError, match=f"--split '{split}'"):
+        parse_split(split)
+
+
+def test_flag_layer_refuses_bad_blends_and_mixed_sources():
+    with pytest.raises(ArgumentValidationError, match="entry 3 'b' is not a weight"):
+        parse_args(BASE + ["--data-path", "1", "a", "b", "c"], world_size=1)
+    with pytest.raises(ArgumentValidationError, match="are alternatives"):
+        parse_args(BASE + ["--data-path", "a", "--train-data-path", "b"], world_size=1)
+    with pytest.raises(ArgumentValidationError, match="no training data: pass --mock-data, "
+                                                      "--data-path or --train-data-path"):
+        parse_args(BASE + ["--valid-data-path", "b"], world_size=1)
+    args = parse_args(BASE + ["--data-path", "a"], world_size=1)
+    assert args.split == "969, 30, 1"  # Megatron-LM's legacy default
+
+
+def _check(tmp_path, data_path, split="90,10,0", vocab_tokenizer=None, **data):
+    values = dict(mock_data=False, sft=False, sft_mock_dataset_config_json=None,
+                  tokenizer_type="ByteLevelTokenizer", tokenizer_model=None, train_samples=8,
+                  eval_samples=4, split=split, data_path=tuple(data_path),
+                  data_cache_path=str(tmp_path / "cache"))
+    values.update(data)
+    config = DataConfig(**values)
+    tokenizer = vocab_tokenizer or ByteLevelTokenizer()
+    core = gpt_dataset_config(config, 32, 1, tokenizer)
+    with pytest.raises(ValueError) as err:
+        check_indexed_data(core, config, split_sizes(config))
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture
+def prefix(tmp_path):
+    write_corpus(str(tmp_path / "docs"), 40, seed=1)
+    return str(tmp_path / "docs")
+
+
+def test_missing_bin_names_the_prefix(tmp_path, prefix):
+    os.remove(prefix + ".bin")
+    assert _check(tmp_path, [prefix]) == (
+        f"--data-path: indexed dataset {prefix!r} has no docs.bin ({prefix}.bin does not "
+        f"exist); a dataset is the pair PREFIX.bin + PREFIX.idx that tools/preprocess_data.py "
+        f"writes")
+
+
+def test_file_name_instead_of_prefix(tmp_path, prefix):
+    assert _check(tmp_path, [prefix + ".idx"]).startswith(
+        f"--data-path: '{prefix}.idx' is a file name; indexed datasets are named by their "
+        f"prefix (pass '{prefix}'")
+
+
+def test_mismatched_bin_and_idx(tmp_path, prefix):
+    write_corpus(str(tmp_path / "other"), 40, seed=2)
+    shutil.copy(str(tmp_path / "other.bin"), prefix + ".bin")
+    message = _check(tmp_path, [prefix])
+    assert message.startswith(f"--data-path: {prefix}.bin has ") and \
+        "the .bin and .idx do not belong together" in message, message
+
+
+def test_truncated_or_foreign_idx(tmp_path, prefix):
+    data = Path(prefix + ".idx").read_bytes()
+    Path(prefix + ".idx").write_bytes(data[:-8])
+    assert "is truncated or damaged" in _check(tmp_path, [prefix])
+    Path(prefix + ".idx").write_bytes(b"not an index at all, at least 34 bytes long")
+    assert "is not a Megatron index file" in _check(tmp_path, [prefix])
+
+
+def test_dtype_that_cannot_hold_the_vocabulary(tmp_path):
+    small = [doc % 200 for doc in random_documents(20, seed=4)]  # ids fit uint8, eod does not
+    write_documents(str(tmp_path / "bytes"), small, dtype=np.uint8)
+    assert _check(tmp_path, [str(tmp_path / "bytes")]) == (
+        f"--data-path: {tmp_path}/bytes stores token ids as uint8 (at most 255) but the "
+        f"tokenizer has 261 ids (--tokenizer-type, --tokenizer-model, --vocab-size): it was made "
+        f"with another tokenizer; preprocess it again with this one")
+
+
+def test_empty_split_names_split(tmp_path):
+    write_corpus(str(tmp_path / "tiny"), 10, seed=5)  # 3% of 10 documents: none
+    message = _check(tmp_path, [str(tmp_path / "tiny")], split="969, 30, 1")
+    assert message == (
+        f"--split '969, 30, 1' leaves the validation split of {tmp_path}/tiny empty (0 of its "
+        f"10 documents, 0 tokens): give the validation split a larger share (e.g. --split "
+        f"90,10,0) or set --eval-iters 0")
+
+
+def test_unwritable_cache(tmp_path, prefix):
+    (tmp_path / "a_file").write_text("")
+    message = _check(tmp_path, [prefix], data_cache_path=str(tmp_path / "a_file" / "cache"))
+    assert message.endswith("is not a writable directory; choose a writable --data-cache-path")
+
+
+def test_entry_point_prints_one_line_and_exits_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "pretrain_gpt.py", *BASE, "--data-path", str(tmp_path / "missing")],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"pretrain_gpt.py: error: --data-path: indexed dataset '{tmp_path}/missing' has no "
+        f"missing.idx ({tmp_path}/missing.idx does not exist); a dataset is the pair "
+        f"PREFIX.bin + PREFIX.idx that tools/preprocess_data.py writes"]
