@@ -43,9 +43,10 @@ def validate_document_args(args, require, attention_backend: str) -> None:
             f"{resets[0] if resets else ''} applies to pretraining data, not --sft (an SFT "
             f"sample is one conversation whose loss mask the chat template decides)")
     if args.packing_unit == PACKING_UNIT_DOCUMENT:
-        require(args.sequence_packing and not args.sft,
-                "--packing-unit document packs whole pretraining documents: it needs "
-                "--sequence-packing (or --dynamic-context-parallel) and no --sft")
+        require(args.sequence_packing and not args.sft and not args.mock_data,
+                "--packing-unit document packs whole documents of indexed pretraining data: "
+                "it needs --sequence-packing (or --dynamic-context-parallel), --data-path "
+                "PREFIX and neither --sft nor --mock-data")
     if args.reset_attention_mask and not args.sequence_packing:
         require(attention_backend == LOCAL,
                 f"--reset-attention-mask without --sequence-packing needs a dense per-sample "

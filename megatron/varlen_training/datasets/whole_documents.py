@@ -146,3 +146,43 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
         document, offset, length = self.piece(idx)
         ids = np.asarray(self._read(document))[offset: offset + length + 1]
         return make_sample(ids.astype(np.int64), None, idx, self._pad_id, self._multiple)
+
+
+def build_whole_document_datasets(run, tokenizer, pad_to_multiple_of: int):
+    """``(train, validation or None)`` of ``--packing-unit document`` over the run's indexed
+    data: each split's documents as megatron-core's builder assigns them (``--split`` shares of
+    one dataset, or the per-split paths), read with megatron-core's ``IndexedDataset``.
+
+    Raises:
+        ValueError: one line: a blend of several datasets (whole documents read one dataset per
+            split), a split without documents, or what the indexed-data checks refuse.
+    """
+    from megatron.varlen_training.datasets import indexed, indexed_checks
+    from megatron.varlen_training.errors import agree_on_errors
+
+    data, seed = run.data, run.training.seed
+    config = indexed.gpt_dataset_config(data, run.model.seq_length, seed, tokenizer)
+    sizes = indexed.split_sizes(data)
+    agree_on_errors(indexed.check_indexed_data, config, data, sizes)
+    max_length = run_longest_sequence(run)
+
+    def build(split: int) -> WholeDocumentDataset | None:
+        if not sizes[split]:
+            return None
+        blend = config.blend if config.blend is not None else config.blend_per_split[split]
+        if blend is None:
+            return None
+        flag = "--data-path" if config.blend is not None else indexed.PER_SPLIT_FLAGS[split]
+        if len(blend[0]) != 1:
+            raise ValueError(f"--packing-unit document reads one dataset per split, but {flag} "
+                             f"names {len(blend[0])} (blend them into one with "
+                             f"tools/preprocess_data.py, or use --packing-unit sample)")
+        core = indexed_checks.open_checked(blend[0][0], tokenizer.vocab_size,
+                                           config.mmap_bin_files, flag)
+        begin, end = ((0, len(core)) if config.blend is None else
+                      indexed_checks.split_ranges(len(core), config.split_matrix)[split])
+        return WholeDocumentDataset(core.__getitem__, core.sequence_lengths[begin:end],
+                                    np.arange(begin, end), sizes[split], max_length, seed,
+                                    tokenizer.pad, pad_to_multiple_of)
+
+    return build(0), build(1)
