@@ -186,3 +186,21 @@ def test_flops_count_documents_not_samples(corpus, tmp_path):
                                                   record["seqlen_squared_sum"])
             expected = per_token * lengths.sum() + per_square * (lengths ** 2).sum()
             assert flops == pytest.approx(expected, rel=1e-12), name
+
+
+def test_through_data_path(corpus):
+    """The same comparison through --data-path (the run builds megatron-core's datasets):
+    dynamic CP on 4 ranks == one unpacked rank with the three flags."""
+    data = ["--data-path", corpus, "--split", "100,0,0"]
+    without_mock = [flag for flag in COMMON if flag != "--mock-data"]
+
+    def history(argv, world):
+        results = run_distributed(train_on_this_rank, world, args=(argv,), timeout_s=300)
+        return [(h["lm_loss"], h["grad_norm"]) for h in loss_owner_history(results)]
+
+    unpacked_flags = RESETS + ["--micro-batch-size", "2", "--attention-backend", "local"]
+    reference = history(without_mock + data + unpacked_flags, 1)
+    packed = history(without_mock + data + ["--micro-batch-size", "1", "--sequence-packing"]
+                     + LAYOUTS["dynamic_cp_4_ranks"][0], 4)
+    assert len(reference) == NUM_ITERS
+    _assert_close(packed, reference, "--data-path")
