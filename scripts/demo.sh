@@ -58,7 +58,7 @@ echo "== 7. Pretraining on real text: packed documents with dynamic CP (DP=2 x C
 CORPUS=$(mktemp -d)
 .venv/bin/python tools/stdlib_corpus.py --output "$CORPUS/stdlib.jsonl"
 .venv/bin/python tools/preprocess_data.py --input "$CORPUS/stdlib.jsonl" --json-keys text \
-  --tokenizer-type ByteLevelTokenizer --append-eod --output-prefix "$CORPUS/stdlib"
+  --tokenizer-type ByteLevelTokenizer --append-eod --output-prefix "$CORPUS/stdlib" --workers 2
 "${TORCHRUN[@]}" pretrain_gpt.py "${TINY[@]}" --num-layers 2 --seq-length 512 \
   --micro-batch-size 1 --global-batch-size 16 --train-iters 20 \
   --data-path "$CORPUS/stdlib_text_document" --split 98,2,0 --tokenizer-type ByteLevelTokenizer \
