@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
-
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank
 
@@ -64,11 +62,3 @@ def test_every_token_trains_once_per_epoch(tmp_path):
         assert record["seqlen_squared_sum"] == sum(n * n for n in PIECES)
         assert record["consumed_samples"] % len(PIECES) == 0
 
-
-def test_document_unit_needs_packed_indexed_data():
-    from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
-    from tests.harness.training_runs import TINY_GPT_ARGS
-
-    with pytest.raises(ArgumentValidationError, match="--packing-unit document"):
-        parse_args(TINY_GPT_ARGS + ["--train-iters", "1", "--packing-unit", "document"],
-                   world_size=1)

@@ -1,0 +1,58 @@
+"""The document flags' start-up checks: one line naming the flag and the way out."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+BASE = TINY_GPT_ARGS + ["--train-iters", "1"]
+
+
+def _refusal(argv, parse=parse_args) -> str:
+    with pytest.raises(ArgumentValidationError) as err:
+        parse(argv, world_size=1)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_megatron_flags_parse_on_both_paths():
+    run = parse_args(BASE + ["--reset-position-ids", "--reset-attention-mask",
+                             "--eod-mask-loss"], world_size=1)
+    assert (run.reset_position_ids, run.reset_attention_mask, run.eod_mask_loss) == \
+        (True, True, True)
+    packed = parse_args(BASE + ["--micro-batch-size", "1", "--sequence-packing",
+                                "--eod-mask-loss"], world_size=1)
+    assert packed.packing_unit == "sample"
+
+
+def test_dense_mask_needs_the_local_backend():
+    message = _refusal(BASE + ["--reset-attention-mask", "--attention-backend", "flash"])
+    assert message.startswith("--reset-attention-mask without --sequence-packing")
+    assert "--attention-backend local" in message
+    parse_args(BASE + ["--micro-batch-size", "1", "--sequence-packing",
+                       "--reset-attention-mask", "--attention-backend", "flash"], world_size=1)
+
+
+def test_reset_flags_are_for_pretraining_data():
+    message = _refusal(BASE + ["--sft", "--eod-mask-loss"])
+    assert message.startswith("--eod-mask-loss applies to pretraining data, not --sft")
+
+
+@pytest.mark.parametrize("extra", [[], ["--sequence-packing", "--micro-batch-size", "1"]])
+def test_document_unit_needs_packed_indexed_data(extra):
+    message = _refusal(BASE + extra + ["--packing-unit", "document"])
+    assert message.startswith("--packing-unit document packs whole documents")
+
+
+def test_unpacked_reset_mask_is_refused_for_mamba_layers():
+    argv = ["--num-layers", "2", "--hybrid-override-pattern", "M*", "--hidden-size", "32",
+            "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1",
+            "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "64",
+            "--mamba-head-dim", "16", "--mamba-num-groups", "2", "--mamba-state-dim", "16",
+            "--reset-attention-mask", "--attention-backend", "local"]
+    assert "Mamba layers would still carry state" in _refusal(argv, parse_hybrid_args)
+    parse_hybrid_args(argv + ["--sequence-packing"], world_size=1)  # packed: accepted
