@@ -56,3 +56,16 @@ def test_unpacked_reset_mask_is_refused_for_mamba_layers():
             "--reset-attention-mask", "--attention-backend", "local"]
     assert "Mamba layers would still carry state" in _refusal(argv, parse_hybrid_args)
     parse_hybrid_args(argv + ["--sequence-packing"], world_size=1)  # packed: accepted
+
+
+def test_facade_refuses_the_document_keys():
+    """MegatronWrap's samples are the caller's: the document keys would be ignored."""
+    from megatron.wrap.config.build import build_config
+    from megatron.wrap.config.errors import ConfigError
+    from megatron.wrap.runtime import refuse_document_keys
+
+    for key, value in (("eod_mask_loss", True), ("packing_unit", "document")):
+        config = build_config({"data": {key: value}})
+        with pytest.raises(ConfigError, match=rf"^config key '{key}' \({value!r}\) acts on "):
+            refuse_document_keys(dict(config.flat))
+    refuse_document_keys(dict(build_config({"data": {"reset_position_ids": False}}).flat))
