@@ -139,7 +139,11 @@ def render(results: dict[str, dict], command: str) -> str:
              "iterations dropped; configurations interleaved round by round. sum L^2 / sum L: "
              "the causal attention work per token the model FLOPs count (per document on the "
              f"document rows; the dense mask still computes all {DOCUMENT_SEQ_LENGTH} x "
-             f"{DOCUMENT_SEQ_LENGTH} scores of every sample).", "",
+             f"{DOCUMENT_SEQ_LENGTH} scores of every sample). On a shared 2-core machine the "
+             "ratios move from run to run, those of the configurations with more collectives "
+             "(dynamic CP: more micro-batches and CP groups) most; the document rows' gain is "
+             "the attention work the packed rows skip (their sum L^2 / sum L is counted per "
+             "document on every row, but only they run that little).", "",
              "| configuration | real tokens/s | median step (s) | micro-batches | padding ratio "
              "| sum L^2 / sum L |",
              "|---|---|---|---|---|---|"]

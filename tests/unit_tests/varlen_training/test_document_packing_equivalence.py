@@ -132,6 +132,13 @@ def test_packed_documents_match_the_unpacked_reset_mask_run(corpus, unpacked, la
     _assert_close(_history(PACKED + extra, world, corpus), unpacked, layout)
 
 
+def test_dense_mask_is_split_for_context_parallelism(corpus, unpacked):
+    """The unpacked reference itself on CP2: the mask's query rows follow the tokens' CP split,
+    its key columns stay whole (K and V are all-gathered)."""
+    _assert_close(_history(UNPACKED + ["--context-parallel-size", "2"], 2, corpus), unpacked,
+                  "unpacked cp2")
+
+
 def test_the_samples_hold_several_documents(corpus):
     """Guards the comparison: cuts inside samples are common, not an edge case."""
     from megatron.varlen_training.datasets.documents import document_spans
