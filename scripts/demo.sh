@@ -62,7 +62,8 @@ CORPUS=$(mktemp -d)
 "${TORCHRUN[@]}" pretrain_gpt.py "${TINY[@]}" --num-layers 2 --seq-length 512 \
   --micro-batch-size 1 --global-batch-size 16 --train-iters 20 \
   --data-path "$CORPUS/stdlib_text_document" --split 98,2,0 --tokenizer-type ByteLevelTokenizer \
-  --hidden-dropout 0 --attention-dropout 0 --eod-mask-loss \
+  --hidden-dropout 0 --attention-dropout 0 \
+  --reset-position-ids --reset-attention-mask --eod-mask-loss \
   --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
   --max-seqlen-per-dp-cp-rank 128
 rm -rf "$CORPUS"

@@ -64,8 +64,11 @@ DOCUMENT_CONFIGS = {
                                           "--reset-attention-mask"],
     # The same tokens per micro-batch as the dense rows' 2 samples of --seq-length.
     "documents packed (DP4)": ["--micro-batch-size", "1", "--sequence-packing",
+                               "--reset-position-ids", "--reset-attention-mask",
                                "--max-seqlen-per-dp-cp-rank", str(2 * DOCUMENT_SEQ_LENGTH)],
     "documents packed, dynamic CP (DP2xCP2)": ["--micro-batch-size", "1",
+                                               "--reset-position-ids",
+                                               "--reset-attention-mask",
                                                "--dynamic-context-parallel",
                                                "--context-parallel-size", "2",
                                                "--max-seqlen-per-dp-cp-rank",

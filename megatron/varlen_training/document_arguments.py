@@ -18,11 +18,12 @@ def add_document_args(parser) -> None:
     group = parser.add_argument_group("documents in pretraining samples")
     group.add_argument("--reset-position-ids", action="store_true",
                        help="Positions restart at 0 after every end-of-document token "
-                            "(Megatron-LM's flag; implied for packed documents).")
+                            "(Megatron-LM's flag).")
     group.add_argument("--reset-attention-mask", action="store_true",
-                       help="No attention across end-of-document tokens: a dense per-sample "
-                            "mask on the unpacked path (Megatron-LM's flag); packed documents "
-                            "are separate THD sequences instead.")
+                       help="No attention across end-of-document tokens (Megatron-LM's flag): "
+                            "a dense per-sample mask on the unpacked path; with "
+                            "--sequence-packing every document is its own THD sequence "
+                            "instead.")
     group.add_argument("--eod-mask-loss", action="store_true",
                        help="No loss where the input token is end-of-document (Megatron-LM's "
                             "flag), packed or not.")
@@ -47,9 +48,27 @@ def validate_document_args(args, require, attention_backend: str) -> None:
                 "--packing-unit document packs whole documents of indexed pretraining data: "
                 "it needs --sequence-packing (or --dynamic-context-parallel), --data-path "
                 "PREFIX and neither --sft nor --mock-data")
+    if args.sequence_packing and not args.sft:
+        _validate_packed_positions(args, require)
     if args.reset_attention_mask and not args.sequence_packing:
         require(attention_backend == LOCAL,
                 f"--reset-attention-mask without --sequence-packing needs a dense per-sample "
                 f"mask, which only --attention-backend local applies (this run resolves to "
                 f"{attention_backend}): pack the documents (--sequence-packing) or pass "
                 f"--attention-backend local")
+
+
+def _validate_packed_positions(args, require) -> None:
+    """A packed document restarts its positions; a packed whole sample counts 0..s-1. With
+    learned absolute positions (the only kind that reads position ids) the two flags must then
+    agree, or the packed run would not be the unpacked run the flags describe."""
+    if args.position_embedding_type != "learned_absolute":
+        return
+    require(args.reset_position_ids or not args.reset_attention_mask,
+            "--reset-attention-mask with --sequence-packing packs every document as its own "
+            "sequence, whose positions restart at 0: add --reset-position-ids (learned absolute "
+            "positions read them)")
+    require(args.reset_attention_mask or not args.reset_position_ids,
+            "--reset-position-ids with --sequence-packing but without --reset-attention-mask: "
+            "a packed sample keeps positions 0..s-1; add --reset-attention-mask (every document "
+            "its own sequence) or leave out --sequence-packing")

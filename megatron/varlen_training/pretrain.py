@@ -22,7 +22,7 @@ def build_data_providers(trainer: Trainer):
     gbs = run.training.global_batch_size
     eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
     if run.packing.sequence_packing:
-        # Pretraining samples are packed document by document (SFT samples whole).
+        # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
         make = lambda ds: PackedBatchProvider(ds, gbs, trainer.packer(), split)  # noqa: E731

@@ -12,10 +12,11 @@ Megatron-LM's semantics (megatron-core's ``gpt_dataset._get_ltor_masks_and_posit
   first token from the previous document); the eod as a LABEL is still trained.
 
 So a sample's document pieces are the spans that end just after each eod input token (the eod
-belongs to the document it ends) plus the rest of the sample. With ``--sequence-packing`` the
-packed path makes every piece its own THD sequence (:func:`split_documents`): positions restart
-and attention cannot cross a piece by construction, and the loss mask is the sample's, so the
-packed run trains exactly the tokens the unpacked run with the three flags trains.
+belongs to the document it ends) plus the rest of the sample. With ``--sequence-packing`` and
+``--reset-attention-mask`` the packed path makes every piece its own THD sequence
+(:func:`split_documents`) instead of a mask: positions restart and attention cannot cross a
+piece by construction, and the loss mask is the sample's, so the packed run trains exactly the
+tokens the unpacked run with the three flags trains. Without it a packed sample stays whole.
 
 Shape legend: ``s`` = the sample's padded length, ``L`` = its real length (tokens ``[0, L)``).
 """
@@ -171,11 +172,21 @@ def unpacked_length_sums(resets: DocumentResets, eod: int):
 
 
 def packed_document_split(resets: DocumentResets, eod: int, pad_id: int):
-    """The packed path's sample -> document pieces (``--eod-mask-loss`` applied first); the
-    other two flags are implied by packing."""
+    """The packed path's sample -> the sequences packed (None: the sample whole, unchanged).
+
+    ``--reset-attention-mask``: the sample's document pieces, each its own THD sequence (its
+    positions restart, so with learned positions ``--reset-position-ids`` goes with it: the
+    flag layer insists); without it the sample stays one sequence, attending across its
+    documents as the unpacked run does. ``--eod-mask-loss`` applies either way.
+    """
+    if not (resets.reset_attention_mask or resets.eod_mask_loss):
+        return None
+
     def split(sample: dict) -> list[dict]:
         if resets.eod_mask_loss:
             sample = mask_eod_loss(sample, eod)
+        if not resets.reset_attention_mask:
+            return [sample]
         return split_documents(sample, eod, pad_id)
 
     return split

@@ -32,8 +32,23 @@ def test_dense_mask_needs_the_local_backend():
     message = _refusal(BASE + ["--reset-attention-mask", "--attention-backend", "flash"])
     assert message.startswith("--reset-attention-mask without --sequence-packing")
     assert "--attention-backend local" in message
-    parse_args(BASE + ["--micro-batch-size", "1", "--sequence-packing",
+    parse_args(BASE + ["--micro-batch-size", "1", "--sequence-packing", "--reset-position-ids",
                        "--reset-attention-mask", "--attention-backend", "flash"], world_size=1)
+
+
+PACKED = BASE + ["--micro-batch-size", "1", "--sequence-packing"]
+
+
+def test_packed_learned_positions_need_both_flags_or_neither():
+    message = _refusal(PACKED + ["--reset-attention-mask"])
+    assert message.startswith("--reset-attention-mask with --sequence-packing packs every "
+                              "document as its own sequence") and "--reset-position-ids" in message
+    message = _refusal(PACKED + ["--reset-position-ids"])
+    assert message.startswith("--reset-position-ids with --sequence-packing but without "
+                              "--reset-attention-mask")
+    # RoPE reads no position ids: either flag alone is the unpacked run's semantics already.
+    for flag in ("--reset-attention-mask", "--reset-position-ids"):
+        parse_args(PACKED + [flag, "--position-embedding-type", "rope"], world_size=1)
 
 
 def test_reset_flags_are_for_pretraining_data():
@@ -53,7 +68,7 @@ def test_unpacked_reset_mask_is_refused_for_mamba_layers():
             "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
             "--tokenizer-type", "NullTokenizer", "--vocab-size", "64",
             "--mamba-head-dim", "16", "--mamba-num-groups", "2", "--mamba-state-dim", "16",
-            "--reset-attention-mask", "--attention-backend", "local"]
+            "--reset-position-ids", "--reset-attention-mask", "--attention-backend", "local"]
     assert "Mamba layers would still carry state" in _refusal(argv, parse_hybrid_args)
     parse_hybrid_args(argv + ["--sequence-packing"], world_size=1)  # packed: accepted
 

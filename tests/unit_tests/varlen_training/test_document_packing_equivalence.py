@@ -1,7 +1,8 @@
-"""Packed documents never change the numbers: ``--sequence-packing`` on pretraining samples
-(every document piece its own THD sequence) == the unpacked run with Megatron-LM's
-``--reset-position-ids --reset-attention-mask --eod-mask-loss`` (a dense per-sample mask),
-losses and grad norms of iterations 1-5, within float32 rounding.
+"""Packed documents never change the numbers: with Megatron-LM's ``--reset-position-ids
+--reset-attention-mask --eod-mask-loss`` the packed run (``--sequence-packing``: every document
+piece of a pretraining sample its own THD sequence) == the unpacked run (a dense per-sample
+mask), losses and grad norms of iterations 1-5, within float32 rounding; without the flags a
+packed sample stays whole and equals the plain unpacked run.
 
 The data is megatron-core's own ``GPTDataset`` over a tiny .bin/.idx written here with
 ``IndexedDatasetBuilder``: documents of 1 to 70 ids (eod-terminated) concatenated and cut into
@@ -35,7 +36,7 @@ COMMON = [
 ]
 RESETS = ["--reset-position-ids", "--reset-attention-mask"]
 UNPACKED = COMMON + RESETS + ["--micro-batch-size", "2", "--attention-backend", "local"]
-PACKED = COMMON + ["--micro-batch-size", "1", "--sequence-packing"]
+PACKED = COMMON + RESETS + ["--micro-batch-size", "1", "--sequence-packing"]
 LAYOUTS = {
     "dp2": ([], 2),
     "dp2_cp2": (["--context-parallel-size", "2"], 4),
@@ -148,10 +149,14 @@ def test_the_samples_hold_several_documents(corpus):
     assert min(pieces) >= 2 and sum(pieces) > 2.5 * 40, pieces
 
 
-def test_without_the_reset_mask_the_numbers_differ(corpus, unpacked):
-    """The flags matter: a plain causal unpacked run trains something else."""
+def test_without_the_flags_packed_samples_stay_whole(corpus, unpacked):
+    """The flags matter (a plain causal run trains something else), and without them packing
+    keeps each sample one sequence: packed == the plain unpacked run."""
     plain = _history(COMMON + ["--micro-batch-size", "2"], 1, corpus)
     assert plain[0][0] != pytest.approx(unpacked[0][0], rel=100 * RTOL)
+    packed_whole = _history(COMMON + ["--micro-batch-size", "1", "--sequence-packing"], 2,
+                            corpus)
+    _assert_close(packed_whole, plain, "packed without the flags")
 
 
 def _document_lengths(corpus: str, iteration: int, global_batch_size: int = 8) -> np.ndarray:
@@ -207,7 +212,8 @@ def test_through_data_path(corpus):
 
     unpacked_flags = RESETS + ["--micro-batch-size", "2", "--attention-backend", "local"]
     reference = history(without_mock + data + unpacked_flags, 1)
-    packed = history(without_mock + data + ["--micro-batch-size", "1", "--sequence-packing"]
+    packed = history(without_mock + data + RESETS + ["--micro-batch-size", "1",
+                                                     "--sequence-packing"]
                      + LAYOUTS["dynamic_cp_4_ranks"][0], 4)
     assert len(reference) == NUM_ITERS
     _assert_close(packed, reference, "--data-path")
