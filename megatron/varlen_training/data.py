@@ -15,6 +15,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
+from megatron.varlen_training.datasets.sample_reader import SampleReader
 from megatron.varlen.packing import (
     GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
 )
@@ -58,8 +59,13 @@ def _to_device(batch: dict) -> dict:
     return {key: host_to_device(value, device) for key, value in batch.items()}
 
 
+def _sample_reader(dataset, global_batch_size: int, indices_of, num_workers: int):
+    return SampleReader(dataset, indices_of, len(dataset) // global_batch_size, num_workers)
+
+
 class UnpackedBatchProvider:
-    """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank.
+    """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank;
+    ``num_workers`` processes read ahead (--num-workers).
 
     ``transform``: applied to every sample read (Megatron-LM's document flags,
     ``datasets/documents.py``); ``length_sums``: ``(samples) -> (sum L, sum L^2)`` of one DP
@@ -68,25 +74,30 @@ class UnpackedBatchProvider:
     """
 
     def __init__(self, dataset, global_batch_size: int, micro_batch_size: int, seq_length: int,
-                 transform: SampleTransform | None = None,
+                 num_workers: int = 0, transform: SampleTransform | None = None,
                  length_sums: Callable[[list[dict]], tuple[int, int]] | None = None):
         self.dataset = dataset
         self.global_batch_size = global_batch_size
         self.micro_batch_size = micro_batch_size
         self.seq_length = seq_length
+        self.reader = _sample_reader(dataset, global_batch_size, self._my_indices, num_workers)
         self.transform = transform
         self.length_sums = length_sums or _real_length_sums
 
-    def _read(self, index: int) -> dict:
-        sample = self.dataset[index]
-        return sample if self.transform is None else self.transform(sample)
+    def _my_microbatches(self, iteration: int) -> list[list[int]]:
+        return dp_microbatch_indices(
+            global_batch_indices(iteration, self.global_batch_size), self.micro_batch_size,
+            parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank())
+
+    def _my_indices(self, iteration: int) -> list[int]:
+        return [i for mb in self._my_microbatches(iteration) for i in mb]
 
     def step_batches(self, iteration: int) -> StepBatches:
         indices = global_batch_indices(iteration, self.global_batch_size)
-        per_rank = dp_microbatch_indices(
-            indices, self.micro_batch_size, parallel_state.get_data_parallel_world_size(),
-            parallel_state.get_data_parallel_rank())
-        samples = [[self._read(i) for i in mb] for mb in per_rank]
+        read = iter(self.reader.read(iteration))
+        if self.transform is not None:
+            read = map(self.transform, read)
+        samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
         microbatches = [_to_device(_slice_for_context_parallel(collate_padded(mb)))
                         for mb in samples]
         seqlen_sum, seqlen_squared_sum = _global_length_sums(
@@ -155,24 +166,29 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
 
 
 class PackedBatchProvider:
-    """Variable-length samples packed into THD micro-batches by the varlen data path.
+    """Variable-length samples packed into THD micro-batches by the varlen data path;
+    ``num_workers`` processes read ahead (--num-workers).
 
-    ``split``: turns every sample read into the sequences that are packed (pretraining data:
-    its document pieces, ``datasets/documents.py``); None packs each sample whole.
+    ``split``: turns every sample read into the sequences that are packed (pretraining data
+    with --reset-attention-mask: its document pieces, ``datasets/documents.py``); None packs
+    each sample whole.
     """
 
     def __init__(self, dataset, global_batch_size: int, packer: GlobalBatchPacker,
-                 split: Callable[[dict], list[dict]] | None = None):
+                 num_workers: int = 0, split: Callable[[dict], list[dict]] | None = None):
         self.dataset = dataset
         self.global_batch_size = global_batch_size
         self.packer = packer
         self.split = split
+        self.reader = _sample_reader(dataset, global_batch_size, self._my_indices, num_workers)
+
+    def _my_indices(self, iteration: int) -> Sequence[int]:
+        return replica_block(global_batch_indices(iteration, self.global_batch_size),
+                             parallel_state.get_data_parallel_world_size(),
+                             parallel_state.get_data_parallel_rank())
 
     def step_batches(self, iteration: int) -> StepBatches:
-        indices = global_batch_indices(iteration, self.global_batch_size)
-        mine = replica_block(indices, parallel_state.get_data_parallel_world_size(),
-                             parallel_state.get_data_parallel_rank())
-        samples = [self.dataset[i] for i in mine]
+        samples = self.reader.read(iteration)
         if self.split is not None:
             samples = [piece for sample in samples for piece in self.split(sample)]
         return self.packer.pack_global_batch(samples)

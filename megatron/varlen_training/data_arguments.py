@@ -1,4 +1,5 @@
-"""Megatron-LM's indexed-data flags (``--split``, per-split paths, the index cache, mmap) and
+"""Megatron-LM's indexed-data flags (``--split``, per-split paths, the index cache, mmap,
+``--num-workers``) and
 the syntax checks of ``--data-path`` blends, in one group.
 
 What the flags select is read by :mod:`megatron.varlen_training.datasets.indexed` (through
@@ -19,6 +20,7 @@ from megatron.varlen_training.log import warning_rank_0
 # Megatron-LM's "legacy default" when --data-path comes without --split (train, valid, test).
 DEFAULT_SPLIT = "969, 30, 1"
 SPLIT_PARTS = 3  # train, validation, test
+DEFAULT_NUM_WORKERS = 2  # Megatron-LM's --num-workers
 PER_SPLIT_FLAGS = ("--train-data-path", "--valid-data-path", "--test-data-path")
 _SPLIT_SEPARATORS = re.compile(r"[,/]")
 
@@ -41,6 +43,10 @@ def add_indexed_data_args(parser) -> None:
     group.add_argument("--mmap-bin-files", action=argparse.BooleanOptionalAction, default=True,
                        help="Memory-map the .bin files (--no-mmap-bin-files: read them with "
                             "file reads).")
+    group.add_argument("--num-workers", type=int, default=DEFAULT_NUM_WORKERS,
+                       help="DataLoader worker processes reading the training samples of "
+                            "indexed data ahead of each step (0: read in the training process; "
+                            "the samples do not depend on it).")
 
 
 def parse_blend(entries: list[str], flag: str) -> tuple[list[str], list[float] | None]:

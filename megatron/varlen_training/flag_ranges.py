@@ -29,6 +29,7 @@ MAX_TIMEOUT_MINUTES = 365 * 24 * 60
 # The smallest useful vocabulary: one content id plus the end-of-document id.
 MIN_VOCAB_SIZE = 2
 GIB = 2**30
+MAX_NUM_WORKERS = 256  # --num-workers: reader processes per rank
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "eval_interval": COUNT,
     "eval_iters": NON_NEGATIVE_COUNT,
     "save_interval": COUNT,
+    # indexed data's reader processes per rank (data_arguments.py); 0: none. Each is a forked
+    # copy of the rank: far more than a node has cores only multiplies memory.
+    "num_workers": FlagRange(0, MAX_NUM_WORKERS, why="DataLoader processes per rank"),
     # packing and dynamic CP (varlen_arguments.py)
     "min_dynamic_context_parallel_size": COUNT,
     "max_seqlen_per_dp_cp_rank": TOKENS,

@@ -20,17 +20,21 @@ def build_data_providers(trainer: Trainer):
     run = trainer.run
     train_ds, valid_ds = agree_on_errors(build_datasets, run, trainer.tokenizer)
     gbs = run.training.global_batch_size
+    # --num-workers reads indexed data (files) ahead; mock and SFT samples are in memory, and
+    # evaluation jumps between iterations (each jump would restart the workers).
+    workers = run.data.num_workers if run.data.indexed else 0
     eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
     if run.packing.sequence_packing:
         # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
-        make = lambda ds: PackedBatchProvider(ds, gbs, trainer.packer(), split)  # noqa: E731
+        make = lambda ds, n: PackedBatchProvider(  # noqa: E731
+            ds, gbs, trainer.packer(), n, split)
     else:
-        make = lambda ds: UnpackedBatchProvider(  # noqa: E731
-            ds, gbs, run.training.micro_batch_size, run.model.seq_length,
+        make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
+            ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod))
-    return make(train_ds), (make(valid_ds) if valid_ds is not None else None)
+    return make(train_ds, workers), (make(valid_ds, 0) if valid_ds is not None else None)
 
 
 def _maybe_evaluate(trainer: Trainer, valid_provider) -> float | None:

@@ -14,7 +14,8 @@ class DataConfig:
     The indexed-data fields (Megatron-LM's flags, data_arguments.py) select megatron-core
     datasets: ``data_path`` split by ``split``, or one blend per split (``train_data_path``,
     ``valid_data_path``, ``test_data_path``); ``data_cache_path`` holds megatron-core's sample
-    indices; ``mmap_bin_files`` memory-maps the .bin files.
+    indices; ``mmap_bin_files`` memory-maps the .bin files; ``num_workers`` processes read
+    indexed training samples ahead (mock and SFT data are read in the training process).
     """
 
     mock_data: bool
@@ -31,6 +32,7 @@ class DataConfig:
     test_data_path: tuple[str, ...] | None = None
     data_cache_path: str | None = None
     mmap_bin_files: bool = True
+    num_workers: int = 0
     # Megatron-LM's document flags and how --sequence-packing cuts pretraining data
     # (document_arguments.py); defaults: Megatron-LM's.
     reset_position_ids: bool = False

@@ -132,16 +132,35 @@ def _sources(config: GPTDatasetConfig, data: DataConfig, sizes: list[int]):
         needed = [split.value for split in Split if sizes[split.value]]
         for split in needed:
             if config.split_matrix[split] is None:
+                reader = ("--eval-iters asks for validation" if split == Split.valid.value
+                          else "training reads it")
+                fix = " or set --eval-iters 0" if split == Split.valid.value else ""
                 raise ValueError(
                     f"--split {data.split!r} gives the {indexed_checks.SPLIT_NAMES[split]} "
-                    f"split no share, but --eval-iters asks for validation: give it a share "
-                    f"({indexed_checks.SPLIT_HINT}) or set --eval-iters 0")
+                    f"split no share, but {reader}: give it a share "
+                    f"({indexed_checks.SPLIT_HINT}){fix}")
         return [(prefix, "--data-path", needed) for prefix in config.blend[0]]
-    sources = []
+    sources = []  # every named dataset's files are checked, read or not (a typo is not ignored)
     for split, blend in enumerate(config.blend_per_split):
-        if blend is not None and sizes[split]:
-            sources += [(prefix, PER_SPLIT_FLAGS[split], [split]) for prefix in blend[0]]
+        if blend is not None:
+            needed = [split] if sizes[split] else []
+            sources += [(prefix, PER_SPLIT_FLAGS[split], needed) for prefix in blend[0]]
     return sources
+
+
+def check_enough_samples(core, needed: int, split: Split, data: DataConfig) -> None:
+    """megatron-core builds a blend without weights from one epoch of each dataset, whatever
+    the run needs: refuse a split that cannot supply the run's samples, in one line."""
+    if core is None or not needed or len(core) >= needed:
+        return
+    flag = "--data-path" if data.data_path else PER_SPLIT_FLAGS[split.value]
+    what = "training samples (--train-iters x --global-batch-size)" if split == Split.train \
+        else "validation samples (--eval-iters x --global-batch-size per evaluation)"
+    raise ValueError(
+        f"{flag} lists its datasets without weights: megatron-core then reads one epoch of "
+        f"each, {len(core)} {split.name} samples, fewer than the run's {needed} {what}; give "
+        f"each dataset a weight ('{flag} 0.5 PREFIX_A 0.5 PREFIX_B': as many epochs as "
+        f"needed) or read fewer samples")
 
 
 class IndexedGPTSamples(torch.utils.data.Dataset):
@@ -207,12 +226,17 @@ def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokeniz
     config = gpt_dataset_config(data, seq_length, seed, tokenizer)
     sizes = split_sizes(data)
     agree_on_errors(check_indexed_data, config, data, sizes)
+    if data.test_data_path:
+        warning_rank_0("--test-data-path: checked but not read (this fork evaluates on the "
+                       "validation split only)")
     skip_unread_splits(config, sizes)
     print_rank_0(" > datasets target sizes (minimum size):\n    train:      %d\n    "
                  "validation: %d\n    test:       %d (not read)", *sizes)
     print_rank_0("> building train, validation, and test datasets for GPT ...")
     train, valid, _ = build_core_datasets(config, sizes)
     print_rank_0("> finished creating GPT datasets ...")
+    for split, core in ((Split.train, train), (Split.valid, valid)):
+        check_enough_samples(core, sizes[split.value], split, data)
     if data.eval_samples and valid is None:
         warning_rank_0("no validation data (--valid-data-path): --eval-iters evaluates nothing")
     padded_length = seq_length if pad_to_seq_length else None

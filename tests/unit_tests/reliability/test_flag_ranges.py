@@ -69,6 +69,7 @@ VALID = {
     "eval_interval": HUGE,
     "eval_iters": ZERO_OR_HUGE,  # as train_iters
     "save_interval": HUGE,
+    "num_workers": ZERO,  # reads in the training process; a huge count would fork a host away
     "min_dynamic_context_parallel_size": NONE,
     "max_seqlen_per_dp_cp_rank": NONE,
     "kv_channels": NONE,

@@ -35,7 +35,7 @@ EXPECTED_FLAGS = frozenset("""
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
 --reset-position-ids --reset-attention-mask --eod-mask-loss --packing-unit
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path
---mmap-bin-files --no-mmap-bin-files
+--mmap-bin-files --no-mmap-bin-files --num-workers
 """.split())
 
 

@@ -51,7 +51,8 @@ def _build(args, tokenizer, **kwargs):
         data=SimpleNamespace(
             mock_data=args.mock_data, sft=args.sft, data_path=args.data_path,
             sft_mock_dataset_config_json=args.sft_mock_dataset_config_json,
-            train_samples=args.train_samples, eval_samples=args.eval_samples),
+            train_samples=args.train_samples, eval_samples=args.eval_samples,
+            indexed=bool(args.data_path) and not args.mock_data and not args.sft),
         training=SimpleNamespace(seed=args.seed),
         parallel=SimpleNamespace(context_parallel_size=args.context_parallel_size,
                                  tensor_model_parallel_size=args.tensor_model_parallel_size,
@@ -133,8 +134,8 @@ def test_unpacked_seq_length_must_fit_the_multiple():
 def test_flag_errors(tmp_path):
     with pytest.raises(ValueError, match="--data-path"):
         _build(_args(mock_data=False, sft=True, vocab_size=None), ByteLevelTokenizer())
-    with pytest.raises(ValueError, match="--mock-data or --sft"):
-        _build(_args(mock_data=False, data_path=["x"]), NullTokenizer(64))
+    with pytest.raises(ValueError, match="no training data: pass --mock-data, --data-path"):
+        _build(_args(mock_data=False, data_path=None), NullTokenizer(64))
     with pytest.raises(ValueError, match=r"--vocab-size 64 is smaller than .* \(261\)"):
         _build(_args(), ByteLevelTokenizer())
 

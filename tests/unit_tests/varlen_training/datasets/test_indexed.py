@@ -14,6 +14,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.varlen_training.config import DataConfig
 from megatron.varlen_training.datasets.indexed import build_indexed_datasets
 from megatron.varlen_training.tokenizer import BYTE_EOD, ByteLevelTokenizer
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 
 SEQ_LENGTH = 32
@@ -89,3 +90,88 @@ def test_weighted_blend_stream_is_blended_datasets(corpora, tmp_path):
     ref_train, _, _ = _reference(([a, b], [0.7, 0.3]), "90,10,0", [40, 0, 0],
                                  str(tmp_path / "ref"))
     _assert_same_stream(train, ref_train, 40)
+
+
+def _source(sample, ranges) -> int:
+    """Which dataset a sample came from, by its ids alone (the corpora use disjoint ids)."""
+    ids = sample["tokens"][sample["tokens"] != BYTE_EOD]
+    owners = {k for k, (low, high) in enumerate(ranges)
+              if bool(((ids >= low) & (ids < high)).all())}
+    assert len(owners) == 1, "a sample mixes datasets"
+    return owners.pop()
+
+
+@pytest.mark.parametrize("weights", [(0.7, 0.3), (0.5, 0.3, 0.2)])
+def test_blend_follows_its_weights(tmp_path, weights):
+    ranges = [(0, 80), (80, 160), (160, 256)][:len(weights)]
+    entries = []
+    for k, (weight, id_range) in enumerate(zip(weights, ranges)):
+        write_corpus(str(tmp_path / f"d{k}"), 150, seed=k, id_range=id_range)
+        entries += [str(weight), str(tmp_path / f"d{k}")]
+    num_samples = 200
+    train, _ = _ours(_data(entries, train=num_samples, valid=0))
+    counts = np.bincount([_source(train[i], ranges) for i in range(num_samples)],
+                         minlength=len(weights))
+    # megatron-core's blending keeps every prefix of the stream within one sample of its share
+    assert np.all(np.abs(counts - np.asarray(weights) * num_samples) <= 1), counts
+
+
+def test_per_split_paths_are_blend_per_split(corpora, tmp_path):
+    a, b = corpora
+    train, valid = _ours(_data(None, split=None, train=24, valid=8,
+                               train_data_path=("0.5", a, "0.5", b), valid_data_path=(b,)))
+    ref_train, ref_valid, _ = _reference(
+        None, None, [24, 8, 0], str(tmp_path / "ref"),
+        blend_per_split=[([a, b], [0.5, 0.5]), ([b], None), None])
+    _assert_same_stream(train, ref_train, 24)
+    _assert_same_stream(valid, ref_valid, 8)
+
+
+def test_packed_samples_are_padded_to_the_cp_multiple(corpora):
+    a, _ = corpora
+    train, _ = _ours(_data([a], valid=0), pad_to_seq_length=False, multiple=12)
+    sample = train[3]
+    assert sample["length"] == SEQ_LENGTH and sample["padded_length"] == 36
+    assert sample["loss_mask"][SEQ_LENGTH:].sum() == 0
+    assert sample["num_loss_tokens"] == SEQ_LENGTH
+
+
+def test_unweighted_blend_too_small_for_the_run_is_one_line(corpora):
+    a, b = corpora
+    with pytest.raises(ValueError) as err:
+        _ours(_data([a, b], train=5000, valid=0))
+    assert str(err.value).startswith(
+        "--data-path lists its datasets without weights: megatron-core then reads one epoch of "
+        "each, "), err.value
+    assert "fewer than the run's 5000 training samples" in str(err.value)
+
+
+def build_tiny_default_split(prefix: str) -> tuple:
+    train, valid = _ours(_data([prefix], split="969, 30, 1", train=12, valid=0))
+    return valid is None, len(train), train[11]["length"]
+
+
+def test_unread_empty_splits_are_not_built(tmp_path):
+    """10 documents under the default split leave validation and test without a document:
+    megatron-core would search them forever for a first sample (so the build runs under the
+    harness's deadline: a hang fails); unread, they are not built."""
+    write_corpus(str(tmp_path / "tiny"), 10, seed=5)
+    [result] = run_distributed(build_tiny_default_split, 1, args=(str(tmp_path / "tiny"),),
+                               timeout_s=120)
+    assert result == (True, 12, SEQ_LENGTH)
+
+
+def test_file_reads_give_the_memory_mapped_stream(corpora):
+    a, _ = corpora
+    mapped, _ = _ours(_data([a], valid=0))
+    read, _ = _ours(_data([a], valid=0, mmap_bin_files=False))  # --no-mmap-bin-files
+    assert not read.core.dataset.mmap
+    for i in range(len(mapped)):
+        assert torch.equal(mapped[i]["tokens"], read[i]["tokens"])
+
+
+def test_unread_per_split_datasets_are_still_checked(corpora, tmp_path):
+    a, _ = corpora
+    with pytest.raises(ValueError, match="--test-data-path: indexed dataset .*typo"):
+        _ours(_data(None, split=None, train=8, valid=0, train_data_path=(a,),
+                    test_data_path=(str(tmp_path / "typo"),)))

@@ -153,3 +153,13 @@ def test_entry_point_prints_one_line_and_exits_2(tmp_path):
         f"pretrain_gpt.py: error: --data-path: indexed dataset '{tmp_path}/missing' has no "
         f"missing.idx ({tmp_path}/missing.idx does not exist); a dataset is the pair "
         f"PREFIX.bin + PREFIX.idx that tools/preprocess_data.py writes"]
+
+
+@pytest.mark.parametrize("split, needle", [
+    ("100,0,0", "--split '100,0,0' gives the validation split no share, but --eval-iters asks "
+                "for validation: give it a share (e.g. --split 90,10,0) or set --eval-iters 0"),
+    ("0,100,0", "--split '0,100,0' gives the training split no share, but training reads it: "
+                "give it a share (e.g. --split 90,10,0)"),
+])
+def test_split_without_a_share_for_a_read_split(tmp_path, prefix, split, needle):
+    assert _check(tmp_path, [prefix], split=split) == needle

@@ -1,20 +1,21 @@
 """pretrain_gpt.py on indexed data: the same sample stream on every layout, packed or not, and
 after a resume.
 
-Each rank records which samples of the indexed dataset it read (a wrapper around the dataset's
-``__getitem__``); the reads of the DP replicas must partition the global batches of the run:
+Each rank records which samples of the indexed dataset it trained on (the ``sample_id`` of every
+sample its reader returned, whether read in the rank or by --num-workers worker processes); the
+reads of the DP replicas must partition the global batches of the run:
 sample ``iteration x global batch + k``, every one read by exactly one replica. The losses then
-agree within float32 rounding (1 rank unpacked, DP2 unpacked, DP2 packed), and a run stopped
+agree within float32 rounding (1 rank unpacked and without workers; DP2 unpacked, DP2 packed and
+dynamic CP on 4 ranks with Megatron-LM's default of 2 workers), and a run stopped
 after 4 of 8 iterations and resumed gives the 8 losses of the straight run, bit for bit.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 from megatron.core import parallel_state
 
-from megatron.varlen_training.datasets.indexed import IndexedGPTSamples
+from megatron.varlen_training.datasets.sample_reader import SampleReader
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import loss_owner_history, train_on_this_rank
 from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
@@ -31,21 +32,30 @@ COMMON = [
 ]
 UNPACKED = ["--micro-batch-size", "2"]
 PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
+LAYOUTS = {  # name: (flags, ranks)
+    "dp2_unpacked": (UNPACKED, 2),
+    "dp2_packed": (PACKED, 2),
+    # every 32-token sample needs a CP group of 2 under a 16-token budget, on 4 DP x CP ranks
+    "dynamic_cp_4_ranks": (["--micro-batch-size", "1", "--dynamic-context-parallel",
+                            "--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank",
+                            "16"], 4),
+}
 
 
 def train_recording_reads(argv: list[str]) -> dict:
-    """train_on_this_rank, plus the (DP rank, sample index) of every training read."""
-    reads, original = [], IndexedGPTSamples.__getitem__
+    """train_on_this_rank, plus the (DP rank, sample id) of every sample read for training."""
+    reads, original = [], SampleReader.read
 
-    def recording(self, idx):
-        reads.append((parallel_state.get_data_parallel_rank(), int(idx)))
-        return original(self, idx)
+    def recording(self, iteration):
+        samples = original(self, iteration)
+        reads.extend((parallel_state.get_data_parallel_rank(), s["sample_id"]) for s in samples)
+        return samples
 
-    IndexedGPTSamples.__getitem__ = recording
+    SampleReader.read = recording
     try:
         result = train_on_this_rank(argv)
     finally:
-        IndexedGPTSamples.__getitem__ = original
+        SampleReader.read = original
     return {**result, "reads": reads}
 
 
@@ -74,15 +84,16 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single_rank(corpus):
-    return _run(COMMON + corpus + UNPACKED + ["--train-iters", str(ITERS)], 1)
+    return _run(COMMON + corpus + UNPACKED + ["--train-iters", str(ITERS), "--num-workers", "0"],
+                1)
 
 
-@pytest.mark.parametrize("layout", ["dp2_unpacked", "dp2_packed"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_every_layout_reads_the_same_stream(corpus, single_rank, layout):
     reference, reference_results = single_rank
     _assert_replicas_partition_the_batches(reference_results, ITERS * GLOBAL_BATCH)
-    extra = UNPACKED if layout == "dp2_unpacked" else PACKED
-    losses, results = _run(COMMON + corpus + extra + ["--train-iters", str(ITERS)], 2)
+    extra, world = LAYOUTS[layout]
+    losses, results = _run(COMMON + corpus + extra + ["--train-iters", str(ITERS)], world)
     _assert_replicas_partition_the_batches(results, ITERS * GLOBAL_BATCH)
     assert len(losses) == ITERS
     for it, (got, ref) in enumerate(zip(losses, reference), start=1):

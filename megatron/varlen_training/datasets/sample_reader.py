@@ -1,0 +1,68 @@
+"""Reads the samples of each iteration for a step-batch provider, in order, in this process or
+with Megatron-LM's ``--num-workers`` DataLoader worker processes reading ahead.
+
+A provider knows which dataset indices iteration ``i`` needs on this rank (``indices_of(i)``);
+the reader returns those samples, exactly as ``[dataset[k] for k in indices_of(i)]`` would:
+workers only move the reads ahead of the step (torch's DataLoader keeps the sampler's order),
+never change them. Iterations must come in order to be read ahead; a jump (a resumed run's
+first iteration, an evaluation) restarts the workers at the new iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+
+def _each_sample(sample: dict) -> dict:
+    """DataLoader's collate for one sample at a time: the sample itself."""
+    return sample
+
+
+class _IterationSampler(torch.utils.data.Sampler):
+    """The indices of iterations ``first, first + 1, ...`` up to ``stop``, in order."""
+
+    def __init__(self, indices_of: Callable[[int], Sequence[int]], first: int, stop: int):
+        self._indices_of, self._first, self._stop = indices_of, first, stop
+
+    def __iter__(self) -> Iterator[int]:
+        for iteration in range(self._first, self._stop):
+            yield from self._indices_of(iteration)
+
+
+class SampleReader:
+    """``read(iteration)``: this rank's samples of one iteration (module docstring).
+
+    Args:
+        dataset: Map-style dataset; ``dataset[k]`` is a sample dict.
+        indices_of: Dataset indices this rank reads at an iteration, in order.
+        num_iterations: Iterations the dataset holds (workers never read past them).
+        num_workers: Worker processes reading ahead; 0 reads in this process.
+    """
+
+    def __init__(self, dataset, indices_of: Callable[[int], Sequence[int]],
+                 num_iterations: int, num_workers: int = 0):
+        self.dataset = dataset
+        self._indices_of = indices_of
+        self._num_iterations = num_iterations
+        self._num_workers = num_workers
+        self._stream: Iterator[dict] | None = None
+        self._next_iteration = None
+
+    def read(self, iteration: int) -> list[dict]:
+        indices = list(self._indices_of(iteration))
+        if self._num_workers == 0:
+            return [self.dataset[k] for k in indices]
+        if iteration != self._next_iteration:
+            self._stream = self._start(iteration)
+        self._next_iteration = iteration + 1
+        return [next(self._stream) for _ in indices]
+
+    def _start(self, iteration: int) -> Iterator[dict]:
+        self._stream = None  # the previous workers stop before new ones start
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_size=None, collate_fn=_each_sample,
+            sampler=_IterationSampler(self._indices_of, iteration, self._num_iterations),
+            num_workers=self._num_workers)
+        return iter(loader)
