@@ -8,6 +8,9 @@
 #   5. A Hugging Face checkpoint fine-tuned through the facade and saved back (no download).
 #   6. A hybrid Mamba-Transformer (pretrain_mamba.py, pattern M*M-) on the same packed SFT data
 #      with dynamic CP: the Mamba mixer switches CP group per micro-batch like attention.
+#   7. Pretraining on real text (the Python standard library's functions and classes, offline):
+#      preprocessed to .bin/.idx, every document of every sample packed as its own sequence
+#      with dynamic CP (DP=2 x CP=2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}")
@@ -50,3 +53,17 @@ echo "== 6. Hybrid Mamba-Transformer (M*M-), packed SFT with dynamic CP (DP=2 x 
   --hidden-dropout 0 --attention-dropout 0 \
   --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
   --max-seqlen-per-dp-cp-rank 128
+
+echo "== 7. Pretraining on real text: packed documents with dynamic CP (DP=2 x CP=2) =="
+CORPUS=$(mktemp -d)
+.venv/bin/python tools/stdlib_corpus.py --output "$CORPUS/stdlib.jsonl"
+.venv/bin/python tools/preprocess_data.py --input "$CORPUS/stdlib.jsonl" --json-keys text \
+  --tokenizer-type ByteLevelTokenizer --append-eod --output-prefix "$CORPUS/stdlib" --workers 2
+"${TORCHRUN[@]}" pretrain_gpt.py "${TINY[@]}" --num-layers 2 --seq-length 512 \
+  --micro-batch-size 1 --global-batch-size 16 --train-iters 20 \
+  --data-path "$CORPUS/stdlib_text_document" --split 98,2,0 --tokenizer-type ByteLevelTokenizer \
+  --hidden-dropout 0 --attention-dropout 0 \
+  --reset-position-ids --reset-attention-mask --eod-mask-loss \
+  --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
+  --max-seqlen-per-dp-cp-rank 128
+rm -rf "$CORPUS"

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    data_arguments, flag_ranges, recipe_arguments, recompute_arguments, reliability_arguments,
-    run_description, schedule_arguments, sft_arguments, varlen_arguments,
+    data_arguments, document_arguments, flag_ranges, recipe_arguments, recompute_arguments,
+    reliability_arguments, run_description, schedule_arguments, sft_arguments, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -227,6 +227,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     _add_logging_checkpoint_args(parser)
     data_arguments.add_indexed_data_args(parser)
     varlen_arguments.add_varlen_args(parser)
+    document_arguments.add_document_args(parser)
     hf_arguments.add_hf_args(parser)
     reliability_arguments.add_reliability_args(parser)
     recompute_arguments.add_recompute_args(parser)
@@ -346,6 +347,8 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     varlen_arguments.validate_varlen_args(args, require)
     sft_arguments.validate_sft_data_args(args, require)
     data_arguments.validate_indexed_data_args(args, require)
+    document_arguments.validate_document_args(args, require,
+                                              varlen_arguments.attention_backend(args))
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)

@@ -8,7 +8,7 @@ path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.packing.data_sched
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -23,6 +23,10 @@ from megatron.varlen.platform import get_device
 from megatron.varlen.scheduling import CostModel
 
 _SEQ_DIM = 1  # batches are [b, s]
+# The dense per-sample mask of --reset-attention-mask is [b, 1, s, S]: its query rows (dim 2)
+# are CP-split like the tokens, its key columns stay whole (K and V are all-gathered).
+_MASK_KEY, _MASK_QUERY_DIM = "attention_mask", 2
+SampleTransform = Callable[[dict], dict]
 
 
 def global_batch_indices(iteration: int, global_batch_size: int) -> range:
@@ -45,7 +49,8 @@ def _slice_for_context_parallel(batch: dict) -> dict:
     if cp_size == 1:
         return batch
     cp_rank = parallel_state.get_context_parallel_rank()
-    return {key: split_sbhd_for_cp(value, cp_size, cp_rank, seq_dim=_SEQ_DIM)
+    return {key: split_sbhd_for_cp(value, cp_size, cp_rank,
+                                   seq_dim=_MASK_QUERY_DIM if key == _MASK_KEY else _SEQ_DIM)
             for key, value in batch.items()}
 
 
@@ -60,15 +65,24 @@ def _sample_reader(dataset, global_batch_size: int, indices_of, num_workers: int
 
 class UnpackedBatchProvider:
     """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank;
-    ``num_workers`` processes read ahead (--num-workers)."""
+    ``num_workers`` processes read ahead (--num-workers).
+
+    ``transform``: applied to every sample read (Megatron-LM's document flags,
+    ``datasets/documents.py``); ``length_sums``: ``(samples) -> (sum L, sum L^2)`` of one DP
+    replica's samples for FLOPs (default: the samples' real lengths; per document when the
+    documents of a sample do not attend to each other).
+    """
 
     def __init__(self, dataset, global_batch_size: int, micro_batch_size: int, seq_length: int,
-                 num_workers: int = 0):
+                 num_workers: int = 0, transform: SampleTransform | None = None,
+                 length_sums: Callable[[list[dict]], tuple[int, int]] | None = None):
         self.dataset = dataset
         self.global_batch_size = global_batch_size
         self.micro_batch_size = micro_batch_size
         self.seq_length = seq_length
         self.reader = _sample_reader(dataset, global_batch_size, self._my_indices, num_workers)
+        self.transform = transform
+        self.length_sums = length_sums or _real_length_sums
 
     def _my_microbatches(self, iteration: int) -> list[list[int]]:
         return dp_microbatch_indices(
@@ -81,11 +95,13 @@ class UnpackedBatchProvider:
     def step_batches(self, iteration: int) -> StepBatches:
         indices = global_batch_indices(iteration, self.global_batch_size)
         read = iter(self.reader.read(iteration))
+        if self.transform is not None:
+            read = map(self.transform, read)
         samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
         microbatches = [_to_device(_slice_for_context_parallel(collate_padded(mb)))
                         for mb in samples]
         seqlen_sum, seqlen_squared_sum = _global_length_sums(
-            [sample["length"] for mb in samples for sample in mb])
+            self.length_sums([sample for mb in samples for sample in mb]))
         slots = len(indices) * self.seq_length
         return StepBatches(
             microbatches=microbatches,
@@ -96,14 +112,18 @@ class UnpackedBatchProvider:
         )
 
 
-def _global_length_sums(local_lengths: list[int]) -> tuple[int, int]:
-    """Exact sum(L) and sum(L^2) over the global batch from each DP replica's own samples.
+def _real_length_sums(samples: list[dict]) -> tuple[int, int]:
+    lengths = [sample["length"] for sample in samples]
+    return sum(lengths), sum(n * n for n in lengths)
+
+
+def _global_length_sums(local_sums: tuple[int, int]) -> tuple[int, int]:
+    """Exact sum(L) and sum(L^2) over the global batch from each DP replica's own sums.
 
     int64 all-reduce over DP (CP ranks of a replica hold the same samples): exact, unlike the
     float32 sums upstream broadcasts, and no rank reads samples it does not train on.
     """
-    sums = torch.tensor([sum(local_lengths), sum(n * n for n in local_lengths)],
-                        dtype=torch.int64, device=get_device())
+    sums = torch.tensor(list(local_sums), dtype=torch.int64, device=get_device())
     torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
     return int(sums[0]), int(sums[1])
 
@@ -151,13 +171,19 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
 
 class PackedBatchProvider:
     """Variable-length samples packed into THD micro-batches by the varlen data path;
-    ``num_workers`` processes read ahead (--num-workers)."""
+    ``num_workers`` processes read ahead (--num-workers).
+
+    ``split``: turns every sample read into the sequences that are packed (pretraining data
+    with --reset-attention-mask: its document pieces, ``datasets/documents.py``); None packs
+    each sample whole.
+    """
 
     def __init__(self, dataset, global_batch_size: int, packer: GlobalBatchPacker,
-                 num_workers: int = 0):
+                 num_workers: int = 0, split: Callable[[dict], list[dict]] | None = None):
         self.dataset = dataset
         self.global_batch_size = global_batch_size
         self.packer = packer
+        self.split = split
         self.reader = _sample_reader(dataset, global_batch_size, self._my_indices, num_workers)
 
     def _my_indices(self, iteration: int) -> Sequence[int]:
@@ -166,4 +192,7 @@ class PackedBatchProvider:
                              parallel_state.get_data_parallel_rank())
 
     def step_batches(self, iteration: int) -> StepBatches:
-        return self.packer.pack_global_batch(self.reader.read(iteration))
+        samples = self.reader.read(iteration)
+        if self.split is not None:
+            samples = [piece for sample in samples for piece in self.split(sample)]
+        return self.packer.pack_global_batch(samples)

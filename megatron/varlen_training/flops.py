@@ -2,7 +2,10 @@
 
 Token-linear work scales with sum(L); causal core attention with sum(L^2). Counting from padded
 lengths (as upstream Megatron-LM does with packed sequences) overstates throughput; sums are
-exact Python ints.
+exact Python ints. A sequence is what attends as one: a packed sample, or with documents
+inside pretraining samples each document (packed pieces, or the unpacked path's
+``--reset-attention-mask``; datasets/documents.py), so sum(L^2) runs over documents, not over
+``--seq-length`` samples.
 
 Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), output projection
 2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h. Per sequence of length L, causal attention forward:

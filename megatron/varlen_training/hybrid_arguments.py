@@ -135,6 +135,11 @@ def validate_hybrid_args(args) -> None:
     heads = _mamba_heads(args)
     if MAMBA in pattern:
         _validate_mamba_split(args, heads)
+        # A dense mask keeps attention inside documents, but Mamba's scan would still carry
+        # state across them; packed, every document is a sequence of its own for both.
+        require(not (args.reset_attention_mask and not args.sequence_packing),
+                "--reset-attention-mask without --sequence-packing: Mamba layers would still "
+                "carry state across the documents of a sample; pack them (--sequence-packing)")
     args.hybrid_layer_pattern = pattern
     args.mamba_num_heads_resolved = heads
     flag_ranges.validate_memory(args, require, hybrid_stack_parameters(args))

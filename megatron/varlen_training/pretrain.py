@@ -7,6 +7,7 @@ import time
 
 from megatron.varlen_training import checkpointing, log, loop_steps, training
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
+from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
@@ -22,11 +23,17 @@ def build_data_providers(trainer: Trainer):
     # --num-workers reads indexed data (files) ahead; mock and SFT samples are in memory, and
     # evaluation jumps between iterations (each jump would restart the workers).
     workers = run.data.num_workers if run.data.indexed else 0
+    eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
     if run.packing.sequence_packing:
-        make = lambda ds, n: PackedBatchProvider(ds, gbs, trainer.packer(), n)  # noqa: E731
+        # --reset-attention-mask: a pretraining sample's documents are packed one by one.
+        split = None if run.data.sft else documents.packed_document_split(
+            resets, eod, trainer.tokenizer.pad)
+        make = lambda ds, n: PackedBatchProvider(  # noqa: E731
+            ds, gbs, trainer.packer(), n, split)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
-            ds, gbs, run.training.micro_batch_size, run.model.seq_length, n)
+            ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
+            documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod))
     return make(train_ds, workers), (make(valid_ds, 0) if valid_ds is not None else None)
 
 

@@ -68,7 +68,9 @@ MODEL_KEYS = (
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
-                   INDEXED_SAMPLES_KEY)
+                   INDEXED_SAMPLES_KEY, "packing_unit")
+# Keys added after checkpoints were written without them: the value those checkpoints had.
+RECORDED_BEFORE = {"packing_unit": "sample"}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
@@ -148,7 +150,7 @@ def _recorded_values(run: RunConfig) -> dict:
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
-        split=data.split, data_entries=data_entries(run),
+        split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
         **{INDEXED_SAMPLES_KEY: data.train_samples if data.indexed else None},
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
@@ -239,7 +241,7 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     optimizer state: its layout may differ). ``check_data``: compare the data files'
     fingerprints (reads every file: one rank does it). Returns a note to print when a flag
     accepted a difference."""
-    saved = read_run_args(folder)
+    saved = {**RECORDED_BEFORE, **read_run_args(folder)}
     mine = snapshot(run, with_data=False)
     note = None
     for key in _compared_keys(saved, mine, parts):

@@ -161,7 +161,7 @@ def forward_step(data_iterator, model):
     """One micro-batch through one model chunk (megatron-core's forward_step_func)."""
     batch = next(data_iterator)
     output = model(
-        batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+        batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
         packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
         padding_mask=batch.get("padding_mask"),  # packed micro-batches: for MoE routing
     )

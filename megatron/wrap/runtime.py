@@ -19,6 +19,9 @@ _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
 # pretrain_gpt.py's flags for when ITS loop stops. The facade has no loop (the caller's loop
 # calls train()), so a config setting one would be ignored without a word: it is refused.
 LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins")
+# pretrain_gpt.py's flags for the documents inside its pretraining samples: the facade's
+# samples come from the caller (a flow decides their loss mask), so these are refused too.
+DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
 
 
 def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]:
@@ -37,6 +40,7 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
     """
     flat = dict(config.flat)
     refuse_loop_exit_keys(flat)
+    refuse_document_keys(flat)
     flat["sequence_packing"] = True
     if not flat.get("mock_data") and not flat.get("data_path"):
         flat["mock_data"] = True
@@ -86,6 +90,18 @@ def refuse_loop_exit_keys(flat: dict) -> None:
                 f"config key {key!r} ({flat[key]!r}) is pretrain_gpt.py's loop flag and has no "
                 f"effect in megatron.wrap, whose loop is yours: remove it, and stop your loop "
                 f"(then call save()) where the run should stop")
+
+
+def refuse_document_keys(flat: dict) -> None:
+    """A config key of :data:`DOCUMENT_KEYS` set, or ``packing_unit`` other than ``sample``: a
+    one-line ConfigError (the facade reads no pretraining samples for them to act on)."""
+    for key in DOCUMENT_KEYS + ("packing_unit",):
+        if flat.get(key) not in (None, False, "sample"):
+            raise ConfigError(
+                f"config key {key!r} ({flat[key]!r}) acts on pretrain_gpt.py's pretraining "
+                f"samples and has no effect in megatron.wrap, whose samples are yours: remove "
+                f"it, and give your samples the loss mask you want (each sample is packed as "
+                f"one sequence)")
 
 
 def check_device(device: str) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from tests.functional_tests import corpora
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import (
     loss_owner_history, train_hybrid_on_this_rank, train_on_this_rank,
@@ -19,6 +21,7 @@ ENTRY_POINTS = {"pretrain_gpt.py": train_on_this_rank,
 # Flags (and how many values follow) that only a packed run has: dropped for the unpacked twin.
 PACKING_ONLY_FLAGS = {"--sequence-packing": 0, "--dynamic-context-parallel": 0,
                       "--max-seqlen-per-dp-cp-rank": 1}
+DATA_SHA256_KEY = "data_sha256"  # golden_values.json: the corpus the goldens were recorded on
 GOLDEN_FILE = "golden_values.json"
 LOSS_KEY = "lm loss"
 RUN_TIMEOUT_S = 600
@@ -32,6 +35,7 @@ class Case:
     argv: tuple[str, ...]
     unpacked_twin: bool
     entry_point: str = "pretrain_gpt.py"
+    data: str | None = None  # a corpus of corpora.py, its prefix replacing "{DATA}" in argv
 
     @property
     def golden_path(self) -> Path:
@@ -60,7 +64,17 @@ def load_case(name: str) -> Case:
     return Case(name=name, nproc=int(config["NPROC"]), tolerance=float(config["TOLERANCE"]),
                 argv=tuple(_to_argv(config["MODEL_ARGS"])),
                 unpacked_twin=bool(config.get("UNPACKED_TWIN", False)),
-                entry_point=entry_point)
+                entry_point=entry_point, data=config.get("DATA"))
+
+
+def with_data(case: Case) -> tuple[Case, str | None]:
+    """The case with its data built and ``{DATA}`` filled in, and the data's SHA-256 (None
+    for cases without ``DATA``)."""
+    if case.data is None:
+        return case, None
+    prefix, digest = corpora.CORPORA[case.data]()
+    argv = tuple(arg.replace(corpora.PLACEHOLDER, prefix) for arg in case.argv)
+    return dataclasses.replace(case, argv=argv), digest
 
 
 def case_names() -> list[str]:
@@ -93,7 +107,14 @@ def read_golden(case: Case) -> list[float]:
     return [values[str(step)] for step in sorted(map(int, values))]
 
 
-def write_golden(case: Case, losses: list[float]) -> None:
+def golden_data_sha256(case: Case) -> str | None:
+    """The SHA-256 of the data the goldens were recorded on (None: no ``DATA``)."""
+    return json.loads(case.golden_path.read_text()).get(DATA_SHA256_KEY)
+
+
+def write_golden(case: Case, losses: list[float], data_sha256: str | None = None) -> None:
     record = {LOSS_KEY: {"start_step": 1, "end_step": len(losses), "step_interval": 1,
                          "values": {str(i + 1): loss for i, loss in enumerate(losses)}}}
+    if data_sha256 is not None:
+        record[DATA_SHA256_KEY] = data_sha256
     case.golden_path.write_text(json.dumps(record, indent=2) + "\n")

@@ -2,14 +2,16 @@
 
 import sys
 
-from tests.functional_tests.cases import case_names, load_case, run_case, write_golden
+from tests.functional_tests.cases import (
+    case_names, load_case, run_case, with_data, write_golden,
+)
 
 
 def main(names: list[str]) -> None:
     for name in names or case_names():
-        case = load_case(name)
+        case, data_sha256 = with_data(load_case(name))
         losses = run_case(case.argv, case.nproc, case.entry_point)
-        write_golden(case, losses)
+        write_golden(case, losses, data_sha256)
         print(f"{name}: {losses}", flush=True)
 
 

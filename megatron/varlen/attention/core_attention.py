@@ -69,10 +69,13 @@ def _expand_kv_heads(x_TGD: torch.Tensor, num_heads: int) -> torch.Tensor:
 def _attend_one_sequence(
     q_qND: torch.Tensor, k_kND: torch.Tensor, v_kND: torch.Tensor, q_pos: torch.Tensor,
     real_len: int, causal: bool, scale: float, dropout: Optional[DropoutFn],
+    blocked_qk: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention of one sequence's local query rows (at positions ``q_pos``) over all its keys.
 
     Keys at or beyond ``real_len`` (padding) are masked; query rows in padding return zeros.
+    ``blocked_qk`` (bool [sq, sk], True = masked, Megatron's convention) masks more: the
+    unpacked path's per-sample mask (``--reset-attention-mask``).
     """
     compute_dtype = torch.float32 if q_qND.dtype in _LOW_PRECISION else q_qND.dtype
     scores_Nqk = torch.einsum("qnd,knd->nqk", q_qND.to(compute_dtype), k_kND.to(compute_dtype))
@@ -80,6 +83,8 @@ def _attend_one_sequence(
     allowed_qk = (k_pos[None, :] < real_len) & (q_pos[:, None] < real_len)
     if causal:
         allowed_qk = allowed_qk & (k_pos[None, :] <= q_pos[:, None])
+    if blocked_qk is not None:
+        allowed_qk = allowed_qk & ~blocked_qk
     # A finite fill (not -inf) keeps fully masked rows NaN-free; they are zeroed just below.
     scores_Nqk = (scores_Nqk * scale).masked_fill(~allowed_qk, torch.finfo(compute_dtype).min)
     probs_Nqk = torch.softmax(scores_Nqk, dim=-1) * allowed_qk.any(dim=-1)[:, None]
@@ -165,9 +170,11 @@ def varlen_attention(
 def attend_with_layout(
     q_TrND: torch.Tensor, k_TrGD: torch.Tensor, v_TrGD: torch.Tensor, layout: LocalLayout,
     cp_group, causal: bool, scale: float, dropout: Optional[DropoutFn] = None,
+    blocked_nqk: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """:func:`varlen_attention` with a prebuilt ``layout`` (for ``cp_group``'s size and rank
-    and the tensors' device): no device->host read."""
+    and the tensors' device): no device->host read. ``blocked_nqk``: per sequence, its local
+    query rows x all its keys, True = masked (the SBHD path's dense mask; None: none)."""
     if q_TrND.size(0) != layout.local_tokens or cp_group.size() != layout.cp_size:
         raise ValueError(
             f"query holds {q_TrND.size(0)} tokens on a CP group of {cp_group.size()}, but "
@@ -188,6 +195,7 @@ def attend_with_layout(
         outputs.append(_attend_one_sequence(
             q_TrND[lo:hi], k_TND[start:end], v_TND[start:end], layout.q_pos[lo:hi],
             real_len, causal, scale, dropout,
+            None if blocked_nqk is None else blocked_nqk[i],
         ))
     if not outputs:
         return q_TrND.new_zeros(0, q_TrND.size(1), v_TrGD.size(-1))
@@ -338,20 +346,25 @@ class VarlenCoreAttention(MegatronModule):
     ) -> torch.Tensor:
         """Attention output: sbhd [s, b, N*D]; thd [T_r, N*D] (or [T_r, 1, N*D] for 4-D input).
 
-        ``attention_mask`` is ignored: the mask follows from ``attn_mask_type`` and the
-        sequence boundaries in ``packed_seq_params`` (as Transformer Engine does for causal).
+        THD: the mask follows from ``attn_mask_type`` and the sequence boundaries in
+        ``packed_seq_params`` (as Transformer Engine does for causal); ``attention_mask`` must
+        be None. SBHD: ``attention_mask`` (bool [b, 1, s, S], True = masked: Megatron-LM's
+        per-sample mask of ``--reset-attention-mask``, query rows CP-split like the tokens)
+        masks on top of ``attn_mask_type``.
         """
         if attention_bias is not None:
             raise ValueError("VarlenCoreAttention does not support attention_bias")
-        del attention_mask
         causal = self._is_causal(attn_mask_type)
         cp_group = resolve_cp_group(packed_seq_params, self.cp_group)
         qkv_format = SBHD_FORMAT if packed_seq_params is None else packed_seq_params.qkv_format
         if qkv_format == THD_FORMAT:
+            if attention_mask is not None:
+                raise ValueError("THD attention takes no attention_mask: packed sequences are "
+                                 "separated by cu_seqlens")
             return self._forward_thd(query, key, value, packed_seq_params, cp_group, causal)
         if qkv_format not in (SBHD_FORMAT, None):
             raise ValueError(f"VarlenCoreAttention supports thd and sbhd, got {qkv_format!r}")
-        return self._forward_sbhd(query, key, value, cp_group, causal)
+        return self._forward_sbhd(query, key, value, cp_group, causal, attention_mask)
 
     def _forward_thd(self, query, key, value, params, cp_group, causal) -> torch.Tensor:
         has_batch_dim = query.dim() == 4  # [T_r, 1, N, D] instead of [T_r, N, D]
@@ -363,12 +376,14 @@ class VarlenCoreAttention(MegatronModule):
         out = out_TrND.reshape(out_TrND.size(0), -1)
         return out.unsqueeze(1) if has_batch_dim else out
 
-    def _forward_sbhd(self, query, key, value, cp_group, causal) -> torch.Tensor:
+    def _forward_sbhd(self, query, key, value, cp_group, causal, attention_mask) -> torch.Tensor:
         s, b = query.shape[:2]
+        blocked_bqk = None if attention_mask is None else attention_mask[:, 0]
         # Each batch row is one sequence of global length S = s * cp, split by the same rule.
         to_packed = lambda x: x.transpose(0, 1).reshape(b * s, *x.shape[2:])
         layout = _sbhd_layout(b, s * cp_group.size(), cp_group.size(), cp_group.rank(),
                               str(query.device))
         out_TND = attend_with_layout(to_packed(query), to_packed(key), to_packed(value), layout,
-                                     cp_group, causal, self.softmax_scale, self._dropout_fn())
+                                     cp_group, causal, self.softmax_scale, self._dropout_fn(),
+                                     blocked_bqk)
         return out_TND.reshape(b, s, -1).transpose(0, 1).contiguous()

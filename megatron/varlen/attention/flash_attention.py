@@ -121,7 +121,11 @@ class FlashVarlenCoreAttention(VarlenCoreAttention):
         out = out_TrND.reshape(out_TrND.size(0), -1)
         return out.unsqueeze(1) if has_batch_dim else out
 
-    def _forward_sbhd(self, query, key, value, cp_group, causal) -> torch.Tensor:
+    def _forward_sbhd(self, query, key, value, cp_group, causal, attention_mask) -> torch.Tensor:
+        if attention_mask is not None:  # start-up refuses this (document_arguments.py)
+            raise ValueError("--attention-backend flash cannot take a dense attention mask "
+                             "(--reset-attention-mask without --sequence-packing): pack the "
+                             "documents (--sequence-packing) or use --attention-backend local")
         s, b = query.shape[:2]
         to_packed = lambda x: x.transpose(0, 1).reshape(b * s, *x.shape[2:])
         plan = _sbhd_plan(b, s * cp_group.size(), cp_group.size(), cp_group.rank(), causal,

@@ -36,6 +36,12 @@ class DataConfig:
     data_cache_path: str | None = None
     mmap_bin_files: bool = True
     num_workers: int = 0
+    # Megatron-LM's document flags and how --sequence-packing cuts pretraining data
+    # (document_arguments.py); defaults: Megatron-LM's.
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    packing_unit: str = "sample"
 
     @property
     def indexed(self) -> bool:

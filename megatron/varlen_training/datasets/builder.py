@@ -6,7 +6,8 @@
   :class:`ArrowSFTDataset` over Parquet/Arrow (a ``.parquet`` file, a folder of shards, a
   ``datasets.save_to_disk`` folder); :func:`open_sft_data` tells them apart.
 - ``--data-path [WEIGHT] PREFIX ...`` (or ``--train-data-path`` ...): Megatron indexed datasets
-  through megatron-core's builder (:mod:`.indexed`, which says what a sample is there).
+  through megatron-core's builder (:mod:`.indexed`, which says what a sample is there); with
+  ``--packing-unit document`` whole documents instead (:mod:`.whole_documents`).
 
 Mock validation sets are the same kind of dataset with the seed ``--seed + VALID_SEED_OFFSET``.
 Real SFT data is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
@@ -30,6 +31,8 @@ from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDatase
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset, SFTKeys
 from megatron.varlen_training.datasets.sft_arrow import ArrowSFTDataset, is_arrow_source
+from megatron.varlen_training.datasets.whole_documents import build_whole_document_datasets
+from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
 from megatron.varlen_training.flag_ranges import GIB, host_memory_bytes
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.tokenizer import NullTokenizer, Tokenizer
@@ -137,6 +140,8 @@ def build_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
 
 def _build_indexed(run: RunConfig, tokenizer: Tokenizer, multiple: int,
                    pad_to_seq_length: bool):
+    if run.data.packing_unit == PACKING_UNIT_DOCUMENT:
+        return build_whole_document_datasets(run, tokenizer, multiple)
     return build_indexed_datasets(run.data, run.model.seq_length, run.training.seed, tokenizer,
                                   multiple, pad_to_seq_length)
 

@@ -27,6 +27,7 @@ import torch
 from megatron.varlen.scheduling import pad_multiple
 
 COLLATED_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+ATTENTION_MASK_KEY = "attention_mask"  # optional: [1, s, s] bool per sample, True = masked
 SAMPLE_KEYS = COLLATED_KEYS + (
     "length",
     "padded_length",
@@ -122,7 +123,8 @@ def collate_padded(samples: Sequence[dict]) -> dict:
         samples: Sample dicts that all have the same ``padded_length``.
 
     Returns:
-        ``{"tokens", "labels", "loss_mask", "position_ids"}`` each of shape ``[b, s]``.
+        ``{"tokens", "labels", "loss_mask", "position_ids"}`` each of shape ``[b, s]``, and
+        ``attention_mask`` ``[b, 1, s, s]`` when the samples carry one (``--reset-attention-mask``).
 
     Raises:
         ValueError: No samples, or samples of different padded lengths.
@@ -135,4 +137,5 @@ def collate_padded(samples: Sequence[dict]) -> dict:
             f"collate_padded: samples have different padded lengths {padded_lengths}; pad them "
             "to --seq-length (no --sequence-packing) or pack them (--sequence-packing)"
         )
-    return {key: torch.stack([s[key] for s in samples]) for key in COLLATED_KEYS}
+    keys = COLLATED_KEYS + ((ATTENTION_MASK_KEY,) if ATTENTION_MASK_KEY in samples[0] else ())
+    return {key: torch.stack([s[key] for s in samples]) for key in keys}

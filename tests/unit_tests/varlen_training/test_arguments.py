@@ -37,6 +37,7 @@ EXPECTED_FLAGS = frozenset("""
 --validate-packing-schedules
 --train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
 --sft-messages-key --sft-prompt-key --sft-response-key
+--reset-position-ids --reset-attention-mask --eod-mask-loss --packing-unit
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path
 --mmap-bin-files --no-mmap-bin-files --num-workers
 --recompute-granularity --recompute-method --recompute-num-layers --recompute-modules

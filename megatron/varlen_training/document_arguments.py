@@ -1,0 +1,74 @@
+"""Flags for the documents inside pretraining samples: Megatron-LM's ``--reset-position-ids``,
+``--reset-attention-mask`` and ``--eod-mask-loss`` (same names and semantics), and this fork's
+``--packing-unit`` (how ``--sequence-packing`` cuts pretraining data). How they work:
+``megatron/varlen_training/datasets/documents.py`` and docs/PACKING.md.
+"""
+
+from __future__ import annotations
+
+from megatron.varlen.platform import LOCAL
+
+PACKING_UNIT_SAMPLE = "sample"
+PACKING_UNIT_DOCUMENT = "document"
+PACKING_UNITS = (PACKING_UNIT_SAMPLE, PACKING_UNIT_DOCUMENT)
+
+
+def add_document_args(parser) -> None:
+    """Registers the document flags on ``parser``."""
+    group = parser.add_argument_group("documents in pretraining samples")
+    group.add_argument("--reset-position-ids", action="store_true",
+                       help="Positions restart at 0 after every end-of-document token "
+                            "(Megatron-LM's flag).")
+    group.add_argument("--reset-attention-mask", action="store_true",
+                       help="No attention across end-of-document tokens (Megatron-LM's flag): "
+                            "a dense per-sample mask on the unpacked path; with "
+                            "--sequence-packing every document is its own THD sequence "
+                            "instead.")
+    group.add_argument("--eod-mask-loss", action="store_true",
+                       help="No loss where the input token is end-of-document (Megatron-LM's "
+                            "flag), packed or not.")
+    group.add_argument("--packing-unit", default=PACKING_UNIT_SAMPLE, choices=PACKING_UNITS,
+                       help="With --sequence-packing on pretraining data: sample = Megatron's "
+                            "--seq-length samples, each cut at its end-of-document tokens into "
+                            "documents (one THD sequence each); document = whole documents, "
+                            "never cut at --seq-length, up to the longest sequence the layout "
+                            "runs (longer ones are cut there).")
+
+
+def validate_document_args(args, require, attention_backend: str) -> None:
+    """Checks the document flags; ``attention_backend``: the resolved core attention."""
+    resets = [flag for flag, on in (("--reset-position-ids", args.reset_position_ids),
+                                    ("--reset-attention-mask", args.reset_attention_mask),
+                                    ("--eod-mask-loss", args.eod_mask_loss)) if on]
+    require(not (resets and args.sft),
+            f"{resets[0] if resets else ''} applies to pretraining data, not --sft (an SFT "
+            f"sample is one conversation whose loss mask the chat template decides)")
+    if args.packing_unit == PACKING_UNIT_DOCUMENT:
+        require(args.sequence_packing and not args.sft and not args.mock_data,
+                "--packing-unit document packs whole documents of indexed pretraining data: "
+                "it needs --sequence-packing (or --dynamic-context-parallel), --data-path "
+                "PREFIX and neither --sft nor --mock-data")
+    if args.sequence_packing and not args.sft:
+        _validate_packed_positions(args, require)
+    if args.reset_attention_mask and not args.sequence_packing:
+        require(attention_backend == LOCAL,
+                f"--reset-attention-mask without --sequence-packing needs a dense per-sample "
+                f"mask, which only --attention-backend local applies (this run resolves to "
+                f"{attention_backend}): pack the documents (--sequence-packing) or pass "
+                f"--attention-backend local")
+
+
+def _validate_packed_positions(args, require) -> None:
+    """A packed document restarts its positions; a packed whole sample counts 0..s-1. With
+    learned absolute positions (the only kind that reads position ids) the two flags must then
+    agree, or the packed run would not be the unpacked run the flags describe."""
+    if args.position_embedding_type != "learned_absolute":
+        return
+    require(args.reset_position_ids or not args.reset_attention_mask,
+            "--reset-attention-mask with --sequence-packing packs every document as its own "
+            "sequence, whose positions restart at 0: add --reset-position-ids (learned absolute "
+            "positions read them)")
+    require(args.reset_attention_mask or not args.reset_position_ids,
+            "--reset-position-ids with --sequence-packing but without --reset-attention-mask: "
+            "a packed sample keeps positions 0..s-1; add --reset-attention-mask (every document "
+            "its own sequence) or leave out --sequence-packing")

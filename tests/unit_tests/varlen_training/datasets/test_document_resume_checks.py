@@ -1,0 +1,58 @@
+"""A resume keeps the packing unit: whole documents and --seq-length samples are different
+streams, so --packing-unit is a data-order key of run_args.json (resume_consistency.py);
+checkpoints written before the key existed were --packing-unit sample runs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.errors import CheckpointError
+from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
+from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
+
+PACKED = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+          "--seq-length", "32", "--global-batch-size", "4", "--lr", "1e-3",
+          "--tokenizer-type", "ByteLevelTokenizer", "--split", "90,10,0", "--train-iters", "4",
+          "--micro-batch-size", "1", "--sequence-packing"]
+
+
+def _run(prefix: str, unit: str):
+    return parse_run_config(PACKED + ["--data-path", prefix, "--packing-unit", unit],
+                            world_size=1)
+
+
+@pytest.fixture
+def prefix(tmp_path):
+    path = str(tmp_path / "corpus")
+    write_corpus(path, 30, seed=1)
+    return path
+
+
+def test_packing_unit_change_is_refused(tmp_path, prefix):
+    folder = str(tmp_path / "ckpt")
+    os.makedirs(folder)
+    save_run_args(folder, _run(prefix, "document"), iteration=2)
+    assert check_run_args(folder, _run(prefix, "document")) is None
+    with pytest.raises(CheckpointError) as err:
+        check_run_args(folder, _run(prefix, "sample"))
+    assert str(err.value) == (
+        "--load: the checkpoint was trained with --packing-unit document, this run has sample: "
+        "that would change the data order; use the checkpoint's value")
+
+
+def test_checkpoints_from_before_the_key_were_sample_runs(tmp_path, prefix):
+    folder = str(tmp_path / "ckpt")
+    os.makedirs(folder)
+    save_run_args(folder, _run(prefix, "sample"), iteration=2)
+    path = os.path.join(folder, "run_args.json")
+    recorded = json.loads(open(path).read())
+    del recorded["packing_unit"]
+    with open(path, "w") as handle:
+        json.dump(recorded, handle)
+    assert check_run_args(folder, _run(prefix, "sample")) is None
+    with pytest.raises(CheckpointError, match="--packing-unit sample, this run has document"):
+        check_run_args(folder, _run(prefix, "document"))
