@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    flag_ranges, reliability_arguments, run_description, varlen_arguments,
+    flag_ranges, moe_arguments, reliability_arguments, run_description, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -223,6 +223,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     varlen_arguments.add_varlen_args(parser)
     hf_arguments.add_hf_args(parser)
     reliability_arguments.add_reliability_args(parser)
+    moe_arguments.add_moe_args(parser)
     return parser
 
 
@@ -340,6 +341,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_batch(args)
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, require)
+    moe_arguments.validate_moe_args(args, require)
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     flag_ranges.validate_metrics_path(args, require)

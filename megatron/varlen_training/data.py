@@ -53,6 +53,16 @@ def _to_device(batch: dict) -> dict:
     return {key: host_to_device(value, device) for key, value in batch.items()}
 
 
+def _with_padding_mask(samples: list[dict]) -> dict:
+    """The collated [b, s] batch plus ``padding_mask`` ([b, s] bool, True on the padding after
+    each sample): megatron-core's MoE routing argument, so routers count real tokens only."""
+    batch = collate_padded(samples)
+    lengths = torch.tensor([sample["length"] for sample in samples])
+    positions = torch.arange(batch["tokens"].shape[1])
+    batch["padding_mask"] = positions.unsqueeze(0) >= lengths.unsqueeze(1)
+    return batch
+
+
 class UnpackedBatchProvider:
     """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank."""
 
@@ -68,7 +78,7 @@ class UnpackedBatchProvider:
             indices, self.micro_batch_size, parallel_state.get_data_parallel_world_size(),
             parallel_state.get_data_parallel_rank())
         samples = [[self.dataset[i] for i in mb] for mb in per_rank]
-        microbatches = [_to_device(_slice_for_context_parallel(collate_padded(mb)))
+        microbatches = [_to_device(_slice_for_context_parallel(_with_padding_mask(mb)))
                         for mb in samples]
         seqlen_sum, seqlen_squared_sum = _global_length_sums(
             [sample["length"] for mb in samples for sample in mb])

@@ -22,12 +22,11 @@ from megatron.varlen_training import flag_ranges
 from megatron.varlen_training.arguments import (
     build_parser, exit_on_flag_errors, require, validate_args,
 )
-from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE
 from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
-MOE = "E"  # megatron-core's MoE layer symbol: not supported here
-SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP)
+SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP, MOE)
 MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden size
 
 
@@ -35,7 +34,7 @@ def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's hybrid-model flags (same names and defaults)."""
     group = parser.add_argument_group("hybrid Mamba model")
     group.add_argument("--hybrid-override-pattern", default=None,
-                       help="One symbol per layer: M Mamba, * attention, - MLP (e.g. M*-M*-).")
+                       help="One symbol per layer: M Mamba, * attention, - MLP, E MoE (e.g. M*-M*E).")
     group.add_argument("--hybrid-attention-ratio", type=float, default=0.0,
                        help="Fraction of attention layers when no pattern is given.")
     group.add_argument("--hybrid-mlp-ratio", type=float, default=0.0,
@@ -65,8 +64,10 @@ def _layer_pattern(args) -> str:
         unknown = sorted(set(pattern) - set(SUPPORTED_SYMBOLS))
         require(not unknown,
                 f"--hybrid-override-pattern {pattern!r} has symbol(s) {unknown}; allowed: "
-                f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP; {MOE} MoE is "
-                f"not supported here)")
+                f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP, {MOE} MoE)")
+        require(MOE not in pattern or args.num_experts is not None,
+                f"--hybrid-override-pattern {pattern!r} has MoE layers ({MOE}): set "
+                f"--num-experts")
         require(len(pattern) == args.num_layers,
                 f"--hybrid-override-pattern {pattern!r} has {len(pattern)} layers but "
                 f"--num-layers is {args.num_layers} (make them equal)")

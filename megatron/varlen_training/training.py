@@ -121,6 +121,7 @@ def forward_step(data_iterator, model):
     output = model(
         batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
         packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
+        padding_mask=batch.get("padding_mask"),  # unpacked batches: MoE routers skip padding
     )
     return output, partial(loss_func, batch["loss_mask"])
 

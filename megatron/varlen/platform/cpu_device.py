@@ -178,6 +178,36 @@ def _patch(owner: Any, attr: str, value: Any) -> None:
     setattr(owner, attr, value)
 
 
+class _CpuEvent:
+    """Stands in for a ``torch.cuda.Event``: CPU work is already complete when recorded."""
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream=None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class _CpuStream:
+    """Stands in for a ``torch.cuda.Stream`` (megatron-core's MoE all-to-all dispatcher makes a
+    side stream for its device-to-host copies): one stream, CPU work runs in program order."""
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+    def record_event(self, event=None) -> _CpuEvent:
+        return event or _CpuEvent()
+
+    def synchronize(self) -> None:
+        return None
+
+
+_CPU_STREAM = _CpuStream()
+
+
 def _patch_torch_cuda() -> None:
     """torch.cuda queries that raise without a driver answer as one CPU device.
 
@@ -193,6 +223,11 @@ def _patch_torch_cuda() -> None:
     _patch(torch.cuda, "empty_cache", lambda *a, **k: None)
     _patch(torch.cuda, "manual_seed", lambda seed: None)
     _patch(torch.cuda, "manual_seed_all", lambda seed: None)
+    # Streams: the one CPU "stream" is every stream, so no side-stream bookkeeping happens.
+    _patch(torch.cuda, "Stream", lambda *a, **k: _CPU_STREAM)
+    _patch(torch.cuda, "current_stream", lambda *a, **k: _CPU_STREAM)
+    _patch(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext())
+    _patch(torch.cuda, "Event", lambda *a, **k: _CpuEvent())
     if _FORCED_CPU:  # a GPU is visible but not ours: everything that asks must hear "no CUDA"
         _patch(torch.cuda, "is_available", lambda: False)
 

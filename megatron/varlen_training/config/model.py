@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron.varlen_training import flag_ranges
+from megatron.varlen_training.config.moe import MoEConfig
 from megatron.varlen_training.config.validation import check_problems, check_ranges
 
-MAMBA, ATTENTION, MLP = "M", "*", "-"  # the layer symbols of a hybrid pattern
+MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"  # the layer symbols of a hybrid pattern
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class ModelConfig:
     vocab_size: int | None
     padded_vocab_size: int | None
     hybrid: HybridConfig | None = None
+    moe: MoEConfig | None = None  # None: dense MLPs (no --num-experts)
 
     def __post_init__(self):
         check_ranges(self)
