@@ -121,6 +121,8 @@ class _CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+
+
 class CpuRNGStatesTracker:
     """megatron's ``CudaRNGStatesTracker`` API backed by the CPU generator.
 
@@ -242,6 +244,23 @@ def _patch_rng_tracker() -> None:
     _patch(mcore_random, "initialize_rng_tracker", lambda *a, **k: None)
 
 
+def _patch_moe_host_copies() -> None:
+    """megatron-core's MoE all-to-all dispatcher copies its split sizes to the host as numpy
+    arrays (what ``all_to_all_single`` takes) only when they are CUDA tensors; on CPU they would
+    stay tensors, which it refuses. The copy runs in forward and backward (where torch function
+    modes are not active), so the dispatcher's helper itself is replaced."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    original = token_dispatcher.maybe_move_tensor_to_cpu
+
+    def host_copy(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.detach().cpu().numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    _patch(token_dispatcher, "maybe_move_tensor_to_cpu", host_copy)
+
+
 def activate() -> bool:
     """Installs the CPU redirects once per process; returns True if they are active.
 
@@ -254,6 +273,7 @@ def activate() -> bool:
     if _ACTIVE_MODE is None:
         _patch_torch_cuda()
         _patch_rng_tracker()
+        _patch_moe_host_copies()
         _ACTIVE_MODE = _CudaToCpuMode()
         _ACTIVE_MODE.__enter__()
     return True
