@@ -261,6 +261,50 @@ def _patch_moe_host_copies() -> None:
     _patch(token_dispatcher, "maybe_move_tensor_to_cpu", host_copy)
 
 
+def _uneven_gather_along_first_dim(original):
+    """gloo's all_gather needs equal sizes; megatron-core's MoE dispatcher gathers each TP
+    rank's routed tokens (different counts) with ``output_split_sizes``: pad, gather, cut."""
+
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return original(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(size) for size in output_split_sizes]
+        padded = input_.new_zeros((max(sizes),) + tuple(input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(parts, padded, group=group)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    return gather
+
+
+def _uneven_reduce_scatter_along_first_dim(original):
+    """The backward of :func:`_uneven_gather_along_first_dim`'s gather (``input_split_sizes``):
+    sum over the group, keep this rank's rows (gloo has no uneven reduce-scatter)."""
+
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return original(input_, group, input_split_sizes, use_global_buffer)
+        sizes = [int(size) for size in input_split_sizes]
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        start = sum(sizes[: group.rank()])
+        return total[start: start + sizes[group.rank()]].clone()
+
+    return reduce_scatter
+
+
+def _patch_uneven_sequence_collectives() -> None:
+    """Uneven gathers and reduce-scatters over TP (MoE with TP and the all-to-all dispatcher);
+    they run in forward and backward, so megatron-core's helpers themselves are replaced."""
+    from megatron.core.tensor_parallel import mappings
+
+    _patch(mappings, "_gather_along_first_dim",
+           _uneven_gather_along_first_dim(mappings._gather_along_first_dim))
+    _patch(mappings, "_reduce_scatter_along_first_dim",
+           _uneven_reduce_scatter_along_first_dim(mappings._reduce_scatter_along_first_dim))
+
+
 def activate() -> bool:
     """Installs the CPU redirects once per process; returns True if they are active.
 
@@ -274,6 +318,7 @@ def activate() -> bool:
         _patch_torch_cuda()
         _patch_rng_tracker()
         _patch_moe_host_copies()
+        _patch_uneven_sequence_collectives()
         _ACTIVE_MODE = _CudaToCpuMode()
         _ACTIVE_MODE.__enter__()
     return True
