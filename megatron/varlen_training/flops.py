@@ -5,7 +5,8 @@ lengths (as upstream Megatron-LM does with packed sequences) overstates throughp
 exact Python ints.
 
 Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), output projection
-2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h. Per sequence of length L, causal attention forward:
+2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h (an MoE layer: router and the ACTIVATED experts,
+moe_flops.py). Per sequence of length L, causal attention forward:
 QK^T and AV over the lower triangle, 2 * 2*q*L^2/2 = 2*q*L^2. Logits: 2*h*V per token.
 Training = forward + backward = 3x forward.
 """
@@ -13,6 +14,7 @@ Training = forward + backward = 3x forward.
 from __future__ import annotations
 
 from megatron.varlen_training.config import ModelConfig
+from megatron.varlen_training.moe_flops import decoder_mlp_macs_per_token
 
 FORWARD_AND_BACKWARD = 3
 MULTIPLY_ADD = 2
@@ -22,11 +24,11 @@ def _linear_flops_per_token(model: ModelConfig) -> int:
     head_dim = model.hidden_size // model.num_attention_heads
     q_dim = model.num_attention_heads * head_dim
     kv_dim = model.num_query_groups * head_dim
-    h, f = model.hidden_size, model.ffn_hidden_size
-    gate = 2 if model.swiglu else 1
-    per_layer = h * (q_dim + 2 * kv_dim) + q_dim * h + h * f * gate + f * h
+    h = model.hidden_size
+    attention = h * (q_dim + 2 * kv_dim) + q_dim * h
     logits = h * model.padded_vocab_size
-    return MULTIPLY_ADD * (model.num_layers * per_layer + logits)
+    return MULTIPLY_ADD * (model.num_layers * attention + decoder_mlp_macs_per_token(model)
+                           + logits)
 
 
 def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,

@@ -149,6 +149,20 @@ def mamba_layer_parameters(hidden: int, heads: int, head_dim: int, groups: int,
     return hidden * (2 * d_inner + 2 * groups * state_dim + heads) + d_inner * hidden
 
 
+def moe_layer_parameters(args) -> int:
+    """Weights one rank holds of an MoE layer (its experts split over expert parallelism),
+    counted like the layers' (whole before TP); 0 without --num-experts."""
+    if args.num_experts is None:
+        return 0
+    expert = flag_ranges.mlp_parameters(args.hidden_size,
+                                        args.moe_ffn_hidden_size or args.ffn_hidden_size,
+                                        args.swiglu)
+    shared = (flag_ranges.mlp_parameters(args.hidden_size,
+                                         args.moe_shared_expert_intermediate_size, args.swiglu)
+              if args.moe_shared_expert_intermediate_size else 0)
+    return args.num_experts // args.expert_model_parallel_size * expert + shared
+
+
 def hybrid_stack_parameters(args) -> int:
     """Weights of the whole hybrid stack, layer by layer of the resolved pattern."""
     kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
@@ -159,6 +173,7 @@ def hybrid_stack_parameters(args) -> int:
         ATTENTION: flag_ranges.attention_parameters(args.hidden_size, args.num_attention_heads,
                                                     args.num_query_groups, kv_channels),
         MLP: flag_ranges.mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu),
+        MOE: moe_layer_parameters(args),
     }
     return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)
 

@@ -92,8 +92,9 @@ def _thd_host_map(cu_padded: torch.Tensor, real_lengths: torch.Tensor, cp_size: 
 
 
 def thd_sequence_map(packed_seq_params, static_cp_group, tp_group, sequence_parallel: bool,
-                     device) -> SequenceMap:
-    """The map of a packed micro-batch (cached in its ``derived`` cache)."""
+                     device, shift: int = 0) -> SequenceMap:
+    """The map of a packed micro-batch (cached in its ``derived`` cache); ``shift`` drops the
+    last ``shift`` real tokens of each sequence (an MTP layer of that depth)."""
     cp_group = resolve_cp_group(packed_seq_params, static_cp_group)
     cp_size, cp_rank = _group_size(cp_group), _group_rank(cp_group)
     tp_size = _group_size(tp_group) if sequence_parallel else 1
@@ -105,6 +106,7 @@ def thd_sequence_map(packed_seq_params, static_cp_group, tp_group, sequence_para
         cu_padded = boundaries.cu_seqlens_padded.long()
         lengths = (routed.long() if routed is not None
                    else (boundaries.cu_seqlens[1:] - boundaries.cu_seqlens[:-1]).long())
+        lengths = (lengths - shift).clamp(min=0)
         rows = _thd_host_map(cu_padded, lengths, cp_size, cp_rank)
         rows = rows[_sp_slice(rows.numel(), tp_group, sequence_parallel)]
         return SequenceMap(
@@ -113,7 +115,8 @@ def thd_sequence_map(packed_seq_params, static_cp_group, tp_group, sequence_para
             groups=_reduce_groups(cp_group, tp_group if sequence_parallel else None),
             counts_once=cp_rank == 0 and tp_rank == 0)
 
-    key = (_SEQUENCE_MAP, id(cp_group), cp_size, cp_rank, tp_size, tp_rank, str(device))
+    key = (_SEQUENCE_MAP, id(cp_group), cp_size, cp_rank, tp_size, tp_rank, str(device),
+           shift)
     return boundaries.cache.get(key, build)
 
 
@@ -141,10 +144,11 @@ def sbhd_sequence_map(padding_mask: torch.Tensor | None, shape: Sequence[int], c
 
 
 def build_sequence_map(packed_seq_params: Any, padding_mask, shape, static_cp_group, tp_group,
-                       sequence_parallel: bool, device) -> SequenceMap:
-    """THD map when the micro-batch is packed, else the SBHD map of ``shape`` ([s, b, ...])."""
+                       sequence_parallel: bool, device, shift: int = 0) -> SequenceMap:
+    """THD map when the micro-batch is packed, else the SBHD map of ``shape`` ([s, b, ...]);
+    ``shift``: see :func:`thd_sequence_map` (unpacked, the padding mask carries it)."""
     if packed_seq_params is not None and getattr(packed_seq_params, "qkv_format", None) == "thd":
         return thd_sequence_map(packed_seq_params, static_cp_group, tp_group, sequence_parallel,
-                                device)
+                                device, shift)
     return sbhd_sequence_map(padding_mask, shape, static_cp_group, tp_group, sequence_parallel,
                              device)

@@ -35,10 +35,23 @@ from megatron.varlen.model.packed_router import VarlenTopKRouter
 class RoutesMicroBatch:
     """Mixin for a layer whose ``mlp`` is an MoE layer with a :class:`VarlenTopKRouter`: the
     router sees the call's ``packed_seq_params`` (also when the layer is recomputed: the
-    checkpointed call passes the same arguments)."""
+    checkpointed call passes the same arguments).
+
+    ``default_padding_mask`` is the padding mask of a caller that cannot pass one: megatron-core
+    0.16.1's MTP block calls its layers without the model's padding mask (set by
+    :class:`~megatron.varlen.model.mtp.VarlenGPTModel` for the duration of a forward).
+    """
+
+    default_padding_mask = None
+    # k for the layer of MTP depth k: its input at position t is token t + k, so only the first
+    # L - k positions of a sequence of L tokens hold real tokens (0: a decoder layer).
+    mtp_depth = 0
 
     def forward(self, *args, **kwargs):
-        with self.mlp.router.micro_batch(kwargs.get("packed_seq_params")):
+        if kwargs.get("padding_mask") is None and self.default_padding_mask is not None:
+            kwargs["padding_mask"] = self.default_padding_mask
+        with self.mlp.router.micro_batch(kwargs.get("packed_seq_params"),
+                                         shift=self.mtp_depth):
             return super().forward(*args, **kwargs)
 
 

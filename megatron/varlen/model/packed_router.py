@@ -39,16 +39,18 @@ ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}  # --moe-router-d
 class VarlenTopKRouter(TopKRouter):
     """Top-k router with layout-invariant balancing losses over real tokens."""
 
-    _packed_seq_params = None
+    _micro_batch = (None, 0)  # (packed_seq_params or None, MTP shift)
 
     @contextlib.contextmanager
-    def micro_batch(self, packed_seq_params):
-        """Routes the calls inside the block for this micro-batch (None: unpacked [s, b])."""
-        previous, self._packed_seq_params = self._packed_seq_params, packed_seq_params
+    def micro_batch(self, packed_seq_params, shift: int = 0):
+        """Routes the calls inside the block for this micro-batch (None: unpacked [s, b]);
+        ``shift``: the MTP depth of the layer (the last ``shift`` positions of each packed
+        sequence hold no real token; unpacked, the caller's padding mask says so)."""
+        previous, self._micro_batch = self._micro_batch, (packed_seq_params, shift)
         try:
             yield
         finally:
-            self._packed_seq_params = previous
+            self._micro_batch = previous
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         """Router logits in --moe-router-dtype (default: the input's), in plain torch:
@@ -59,8 +61,9 @@ class VarlenTopKRouter(TopKRouter):
         return torch.nn.functional.linear(input.to(dtype), self.weight.to(dtype), bias)
 
     def _sequence_map(self, padding_mask, shape, device) -> SequenceMap:
-        return build_sequence_map(self._packed_seq_params, padding_mask, shape, self.cp_group,
-                                  self.tp_group, self.config.sequence_parallel, device)
+        packed_seq_params, shift = self._micro_batch
+        return build_sequence_map(packed_seq_params, padding_mask, shape, self.cp_group,
+                                  self.tp_group, self.config.sequence_parallel, device, shift)
 
     def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
         """megatron-core's top-k routing; the losses as described in the module docstring."""
