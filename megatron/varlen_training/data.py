@@ -8,6 +8,7 @@ path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.packing.data_sched
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
+from megatron.varlen_training.moe_flops import linear_cost_scale
 from megatron.varlen.packing import (
     GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
 )
@@ -117,6 +119,15 @@ def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
     return items[start: start + base + (1 if dp_rank < extra else 0)]
 
 
+def _cost_model(run: RunConfig, attention_fraction: float | None) -> CostModel:
+    """The scheduler's cost model of the run's model: the profile's coefficients, attention
+    weighted by the quadratic layers' share, the linear term by MoE's activated experts."""
+    cost = CostModel.for_model(run.model.hidden_size, run.packing.hardware_profile,
+                               a=attention_fraction)
+    scale = linear_cost_scale(run.model)
+    return cost if scale == 1.0 else dataclasses.replace(cost, b=cost.b * scale)
+
+
 def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float | None = None,
                          extra_token_fields: tuple[str, ...] = ()) -> PackingConfig:
     """The packing path's settings for a run; ``attention_fraction``: the share of layers that
@@ -134,8 +145,7 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
         vpp_group_size=pp if parallel.virtual_pipeline_model_parallel_size else 1,
         min_num_microbatches=pp,
         pipeline_stages=pp,
-        cost=CostModel.for_model(run.model.hidden_size, packing.hardware_profile,
-                                 a=attention_fraction),
+        cost=_cost_model(run, attention_fraction),
         fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
         extra_token_fields=tuple(extra_token_fields),
     )

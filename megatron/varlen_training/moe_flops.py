@@ -37,3 +37,22 @@ def decoder_mlp_macs_per_token(model: ModelConfig) -> int:
     flags = model.moe.is_moe_layer(model.num_layers)
     return (sum(flags) * moe_mlp_macs_per_token(model)
             + (model.num_layers - sum(flags)) * dense_mlp_macs_per_token(model))
+
+
+def attention_linear_macs_per_token(model: ModelConfig) -> int:
+    """QKV and output projections of one attention layer per token (forward)."""
+    head_dim = model.kv_channels or model.hidden_size // model.num_attention_heads
+    q_dim, kv_dim = model.num_attention_heads * head_dim, model.num_query_groups * head_dim
+    return model.hidden_size * (q_dim + 2 * kv_dim) + q_dim * model.hidden_size
+
+
+def linear_cost_scale(model: ModelConfig) -> float:
+    """How much more (or less) token-linear work a layer of this model does than the same
+    layer with a dense MLP: the packing scheduler's linear coefficient ``b`` is scaled by it
+    (1.0 for a dense model, whose ``b`` is unchanged). Activated experts only: routed tokens
+    reach k experts, whatever the CP group their sequence runs on."""
+    if model.moe is None:
+        return 1.0
+    attention = attention_linear_macs_per_token(model)
+    dense = model.num_layers * (attention + dense_mlp_macs_per_token(model))
+    return (model.num_layers * attention + decoder_mlp_macs_per_token(model)) / dense

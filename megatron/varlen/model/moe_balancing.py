@@ -77,5 +77,5 @@ def micro_batch_balancing_part(scores_te: torch.Tensor, routing_map_te: torch.Te
 
 def z_loss_sum(logits_te: torch.Tensor, seq_map: SequenceMap) -> torch.Tensor:
     """[] sum over this rank's real tokens of logsumexp(logits)^2 (ST-MoE's z-loss terms)."""
-    terms = torch.logsumexp(logits_te.float(), dim=-1).square()
+    terms = torch.logsumexp(logits_te, dim=-1).square()
     return (terms * seq_map.valid).sum()

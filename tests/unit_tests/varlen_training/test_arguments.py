@@ -33,6 +33,11 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--num-experts --moe-router-topk --moe-ffn-hidden-size --moe-shared-expert-intermediate-size
+--moe-layer-freq --expert-model-parallel-size --expert-tensor-parallel-size
+--moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff
+--moe-router-score-function --moe-router-pre-softmax --moe-router-topk-scaling-factor
+--moe-token-dispatcher-type --moe-router-dtype --moe-expert-capacity-factor
 """.split())
 
 
