@@ -43,7 +43,8 @@ class VarlenGPTModel(GPTModel):
 
     def _mtp_moe_layers(self) -> list:
         """The MTP layers with MoE MLPs routed per micro-batch, by depth."""
-        return [layer.transformer_layer for layer in getattr(self.mtp, "layers", None) or []
+        mtp = getattr(self, "mtp", None)  # megatron-core sets it only with MTP layers
+        return [layer.transformer_layer for layer in getattr(mtp, "layers", None) or []
                 if isinstance(layer.transformer_layer, RoutesMicroBatch)]
 
     def forward(self, *args, padding_mask=None, **kwargs):
