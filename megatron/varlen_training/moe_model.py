@@ -6,6 +6,7 @@ from __future__ import annotations
 from megatron.varlen_training.config import MoEConfig
 from megatron.varlen_training.iteration_metrics import LOSS_KEYS
 from megatron.varlen_training.moe_arguments import ALLTOALL
+from megatron.varlen.model import moe_metrics
 
 
 
@@ -41,13 +42,11 @@ def reported_losses(moe: MoEConfig | None) -> list[str]:
     """Megatron-LM's names of the losses this run's routers record, in report order."""
     if moe is None:
         return []
-    from megatron.varlen.model.moe_metrics import METRIC_NAMES, Z_LOSS
-
     names = []
     if moe.balancing_loss is not None:
-        names.append(METRIC_NAMES[moe.balancing_loss])
+        names.append(moe_metrics.METRIC_NAMES[moe.balancing_loss])
     if moe.moe_z_loss_coeff is not None:
-        names.append(Z_LOSS)
+        names.append(moe_metrics.Z_LOSS)
     return [name for name in LOSS_KEYS if name in names]
 
 
@@ -57,9 +56,7 @@ def step_losses(moe: MoEConfig | None, num_layers: int, mtp_num_layers: int | No
     names = reported_losses(moe)
     if not names:
         return {}
-    from megatron.varlen.model.moe_metrics import reduce_and_clear
-
-    return reduce_and_clear(names, num_layers + (mtp_num_layers or 0), device)
+    return moe_metrics.reduce_and_clear(names, num_layers + (mtp_num_layers or 0), device)
 
 
 def reset_global_balancing(model_chunks) -> None:

@@ -25,12 +25,12 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/hybrid_arguments.py",
     "megatron/varlen_training/reliability_arguments.py",
     "megatron/varlen_training/hf/arguments.py", "megatron/varlen_training/flag_ranges.py",
-    "megatron/varlen_training/run_description.py",
+    "megatron/varlen_training/run_description.py", "megatron/varlen_training/moe_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
         "_values", "model_config", "hybrid_config", "data_config", "run_config",
-        "hybrid_run_config"},
+        "hybrid_run_config", "moe_config"},
 }
 
 
