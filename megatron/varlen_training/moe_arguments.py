@@ -8,12 +8,25 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 DISPATCHERS = ("alltoall", "allgather")
 ALLTOALL, ALLGATHER = DISPATCHERS
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 ROUTER_DTYPES = ("fp32", "fp64")
+GROUP_TITLE = "mixture of experts"
+# The flags that mean nothing without --num-experts (refused then, unless left at default).
+MOE_DESTS = frozenset({
+    "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+    "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+    "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor"})
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def parse_layer_freq(text: str):
@@ -32,7 +45,7 @@ def parse_layer_freq(text: str):
 
 def add_moe_args(parser) -> None:
     """Registers Megatron-LM's MoE flags on ``parser``."""
-    group = parser.add_argument_group("mixture of experts")
+    group = parser.add_argument_group(GROUP_TITLE)
     group.add_argument("--num-experts", type=int, default=None,
                        help="Experts per MoE layer (None: dense MLP layers).")
     group.add_argument("--moe-router-topk", type=int, default=2,
@@ -122,16 +135,33 @@ def _check_routing(args, require) -> None:
             "over one selected expert has zero gradient)")
 
 
+def _check_no_moe_flags(args, parser_defaults: dict, require) -> None:
+    """Without --num-experts the model is dense: an MoE flag given anyway would be silently
+    ignored, so it is refused instead."""
+    for dest, default in parser_defaults.items():
+        value = getattr(args, dest)
+        require(value == default, f"{flag_name(dest)} {value} needs --num-experts (the model "
+                                  f"has no MoE layers without it)")
+
+
+@functools.cache
+def _moe_defaults() -> dict:
+    """dest -> parser default of every flag in :data:`MOE_DESTS`."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_moe_args(parser)
+    defaults = vars(parser.parse_args([]))
+    return {dest: defaults[dest] for dest in MOE_DESTS}
+
+
 def validate_moe_args(args, require) -> None:
     """Resolves the MoE defaults and refuses what cannot run, in one line each."""
+    if args.num_experts is None:
+        _check_no_moe_flags(args, _moe_defaults(), require)
     if args.moe_token_dispatcher_type is None:
         args.moe_token_dispatcher_type = ALLTOALL if args.sequence_packing else ALLGATHER
     if args.expert_tensor_parallel_size is None:
         args.expert_tensor_parallel_size = args.tensor_model_parallel_size
     if args.num_experts is None:
-        require(args.expert_model_parallel_size == 1,
-                f"--expert-model-parallel-size {args.expert_model_parallel_size} needs "
-                f"--num-experts")
         return
     _check_sizes(args, require)
     _check_routing(args, require)
