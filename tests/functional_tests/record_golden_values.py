@@ -2,15 +2,15 @@
 
 import sys
 
-from tests.functional_tests.cases import case_names, load_case, run_case, write_golden
+from tests.functional_tests.cases import case_names, load_case, run_case_metrics, write_golden
 
 
 def main(names: list[str]) -> None:
     for name in names or case_names():
         case = load_case(name)
-        losses = run_case(case.argv, case.nproc, case.entry_point)
-        write_golden(case, losses)
-        print(f"{name}: {losses}", flush=True)
+        metrics = run_case_metrics(case.argv, case.nproc, case.entry_point)
+        write_golden(case, metrics)
+        print(f"{name}: {metrics}", flush=True)
 
 
 if __name__ == "__main__":

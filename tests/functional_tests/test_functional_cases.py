@@ -1,21 +1,27 @@
-"""Every functional case trains to its golden lm loss (and packed cases equal their twin)."""
+"""Every functional case trains to its golden values (lm loss; an MoE case also its balancing
+losses), and packed cases equal their unpacked twin."""
 
 import pytest
 
 from tests.functional_tests.cases import (
-    case_names, load_case, read_golden, run_case, unpacked_twin_argv,
+    LOSS_KEY, case_names, load_case, read_golden_metrics, run_case, run_case_metrics,
+    unpacked_twin_argv,
 )
 
 
 @pytest.mark.parametrize("name", case_names())
 def test_case_matches_golden_values(name):
     case = load_case(name)
-    golden = read_golden(case)
-    losses = run_case(case.argv, case.nproc, case.entry_point)
-    assert len(losses) == len(golden), f"{name}: {len(losses)} iterations, golden {len(golden)}"
-    for step, (got, want) in enumerate(zip(losses, golden), start=1):
-        assert abs(got - want) <= case.tolerance * abs(want), (
-            f"{name} iteration {step}: lm loss {got!r} vs golden {want!r}")
+    golden = read_golden_metrics(case)
+    metrics = run_case_metrics(case.argv, case.nproc, case.entry_point)
+    assert sorted(metrics) == sorted(golden), f"{name}: metrics {sorted(metrics)}"
+    for metric, values in golden.items():
+        got_values = metrics[metric]
+        assert len(got_values) == len(values), f"{name}: {len(got_values)} {metric} values"
+        for step, (got, want) in enumerate(zip(got_values, values), start=1):
+            assert abs(got - want) <= case.tolerance * abs(want), (
+                f"{name} iteration {step}: {metric} {got!r} vs golden {want!r}")
+    losses = metrics[LOSS_KEY]
     if case.unpacked_twin:
         twin = run_case(unpacked_twin_argv(case), case.nproc, case.entry_point)
         for step, (got, want) in enumerate(zip(losses, twin), start=1):
