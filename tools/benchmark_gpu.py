@@ -32,6 +32,9 @@ Writes ``REPORT.md`` and ``results.json`` (device, torch version, date) to ``--o
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import dataclasses
 import datetime

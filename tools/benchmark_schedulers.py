@@ -18,6 +18,9 @@ evaluated with our cost model. Without it the report has no upstream columns.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import json
 import os

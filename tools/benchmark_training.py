@@ -11,6 +11,9 @@ iterations of every run are warm-up and are dropped.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import json
 import statistics

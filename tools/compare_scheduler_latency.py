@@ -31,6 +31,9 @@ timing noise (+-10%) hides; it is a proxy for time (memory stalls are not in it)
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import json
 import os

@@ -6,6 +6,9 @@ See megatron/varlen_training/hf/export_tool.py for the flags. Needs the package 
 (`bash scripts/setup_env.sh` installs it in editable mode).
 """
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 from megatron.varlen_training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)

@@ -26,6 +26,9 @@ A summary table ends the output. Exit code: the number of parts that failed or t
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import dataclasses
 import glob

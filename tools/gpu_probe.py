@@ -23,6 +23,9 @@ checks. The checks:
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import importlib
 import inspect

@@ -27,6 +27,9 @@ tools/benchmark_schedulers.py / ``make bench HARDWARE_PROFILE=PATH``) holds:
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import dataclasses
 import datetime

@@ -12,6 +12,9 @@ latency-aware bound (how loose the bound is there: no schedule can beat the opti
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import statistics
 

@@ -16,6 +16,9 @@
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 from contextlib import contextmanager
 

@@ -17,6 +17,9 @@ operator calls come from.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import collections
 import dataclasses

@@ -14,6 +14,9 @@ With --json, stdout holds only the JSON document described in docs/SCHEDULING.md
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import json
 import os

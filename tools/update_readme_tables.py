@@ -10,6 +10,9 @@ results/scheduling/REPORT.md. Numbers are only ever copied from those result fil
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import json
 import re

@@ -18,6 +18,9 @@ needs (torch, numpy, pytest, triton, ...; extra paths through PYTHONPATH).
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import argparse
 import shutil
 import sys

@@ -33,6 +33,9 @@ it slower: our rule is the kinder choice.
 
 from __future__ import annotations
 
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
 import importlib.util
 import json
 import os

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    flag_ranges, moe_arguments, reliability_arguments, run_description, varlen_arguments,
+    flag_ranges, moe_arguments, reliability_arguments, run_description,
+    schedule_arguments, sft_arguments, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -109,8 +110,8 @@ def _add_training_args(parser):
                        help="Samples per micro-batch (1 with --sequence-packing: one pack).")
     group.add_argument("--global-batch-size", type=int, default=None,
                        help="Default: micro batch size * data-parallel size.")
-    group.add_argument("--train-iters", type=int, required=True,
-                       help="Training iterations (optimizer steps).")
+    group.add_argument("--train-iters", type=int, default=None,
+                       help="Training iterations (optimizer steps); or give --train-samples.")
     group.add_argument("--seed", type=int, default=1234,
                        help="Random seed; weights depend on it, not on the parallel layout.")
     group.add_argument("--calculate-per-token-loss", action="store_true",
@@ -217,8 +218,10 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     _add_network_size_args(parser)
     _add_training_args(parser)
     _add_learning_rate_args(parser)
+    schedule_arguments.add_schedule_args(parser)
     _add_parallel_args(parser)
     _add_data_args(parser)
+    sft_arguments.add_sft_data_args(parser)
     _add_logging_checkpoint_args(parser)
     varlen_arguments.add_varlen_args(parser)
     hf_arguments.add_hf_args(parser)
@@ -307,11 +310,7 @@ def _validate_precision_and_data(args) -> None:
             "no training data: pass --mock-data or --data-path")
     require(args.load is None or os.path.isdir(args.load),
             f"--load directory {args.load!r} does not exist")
-    if args.lr_decay_iters is None:
-        args.lr_decay_iters = args.train_iters
-    require(args.lr_warmup_iters == 0 or args.lr_warmup_iters < args.lr_decay_iters,
-            f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay length "
-            f"{args.lr_decay_iters} (--lr-decay-iters, default --train-iters)")
+    schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
                                 else 4 * args.hidden_size)
@@ -341,6 +340,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_batch(args)
     _validate_precision_and_data(args)
     varlen_arguments.validate_varlen_args(args, require)
+    sft_arguments.validate_sft_data_args(args, require)
     moe_arguments.validate_moe_args(args, require)
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)

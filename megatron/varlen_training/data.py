@@ -148,6 +148,10 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
         cost=_cost_model(run, attention_fraction),
         fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
         extra_token_fields=tuple(extra_token_fields),
+        validate_schedules=packing.validate_packing_schedules,
+        pad_packed_seq_alignment=packing.pad_packed_seq_alignment,
+        thd_max_packed_sequences=packing.thd_max_packed_sequences,
+        thd_tail_padding_policy=packing.thd_tail_padding_policy,
     )
 
 

@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from megatron.varlen.packing import InvalidScheduleError
 from megatron.varlen_training.log import get_rank
 
 USAGE_EXIT_CODE = 2  # bad flags or data (argparse's convention)
@@ -42,7 +43,8 @@ class NonFiniteLossError(RuntimeError):
     exit_code = TRAINING_FAILED_EXIT_CODE
 
 
-ONE_LINE_ERRORS = (UserInputError, CheckpointError, NonFiniteLossError)
+assert InvalidScheduleError.exit_code == TRAINING_FAILED_EXIT_CODE  # a bug: the run went wrong
+ONE_LINE_ERRORS = (UserInputError, CheckpointError, NonFiniteLossError, InvalidScheduleError)
 # How gloo/NCCL report a peer process that died (killed, crashed) inside a collective. Such an
 # error is the echo of another rank's failure: one line per surviving rank, not a traceback.
 PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",

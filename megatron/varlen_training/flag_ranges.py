@@ -111,6 +111,13 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "min_lr": NON_NEGATIVE_FLOAT,
     "lr_decay_iters": COUNT,
     "lr_warmup_iters": NON_NEGATIVE_COUNT,
+    # sample-based schedule (schedule_arguments.py)
+    "train_samples": COUNT,
+    "lr_decay_samples": COUNT,
+    "lr_warmup_samples": NON_NEGATIVE_COUNT,
+    # megatron-core's scheduler requires the warm-up to end before the decay does.
+    "lr_warmup_fraction": FlagRange(0.0, 1.0, high_open=True,
+                                    why="a share of the decay length; warm-up ends before it"),
     # distributed
     "tensor_model_parallel_size": COUNT,
     "pipeline_model_parallel_size": COUNT,
@@ -125,6 +132,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # packing and dynamic CP (varlen_arguments.py)
     "min_dynamic_context_parallel_size": COUNT,
     "max_seqlen_per_dp_cp_rank": TOKENS,
+    "thd_max_packed_sequences": COUNT,
     # Hugging Face model features (hf/arguments.py)
     "kv_channels": COUNT,
     # A norm divides by sqrt(variance + eps): 0 divides by zero on a constant vector.

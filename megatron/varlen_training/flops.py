@@ -8,27 +8,51 @@ Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), outpu
 2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h (an MoE layer: router and the ACTIVATED experts,
 moe_flops.py). Per sequence of length L, causal attention forward:
 QK^T and AV over the lower triangle, 2 * 2*q*L^2/2 = 2*q*L^2. Logits: 2*h*V per token.
+Multi-token prediction (--mtp-num-layers D), counted as Megatron-LM counts it: each depth is one
+more transformer layer (its linear and causal-attention terms) plus, per token, its eh
+projection 2*2h*h, its norms 2*3h and the output layer again 2*h*V.
 Training = forward + backward = 3x forward.
 """
 
 from __future__ import annotations
 
 from megatron.varlen_training.config import ModelConfig
-from megatron.varlen_training.moe_flops import decoder_mlp_macs_per_token
+from megatron.varlen_training.moe_flops import (
+    decoder_mlp_macs_per_token, dense_mlp_macs_per_token, moe_mlp_macs_per_token,
+)
 
 FORWARD_AND_BACKWARD = 3
 MULTIPLY_ADD = 2
+# An MTP depth's norms (its two input norms and its final norm, h multiply-adds per token
+# each): Megatron-LM's FLOPs count them, the only elementwise work it counts.
+MTP_NORMS = 3
 
 
-def _linear_flops_per_token(model: ModelConfig) -> int:
+def _attention_linear_macs(model: ModelConfig) -> int:
+    """Multiply-adds per token of one attention layer's projections (forward)."""
     head_dim = model.hidden_size // model.num_attention_heads
     q_dim = model.num_attention_heads * head_dim
     kv_dim = model.num_query_groups * head_dim
     h = model.hidden_size
-    attention = h * (q_dim + 2 * kv_dim) + q_dim * h
-    logits = h * model.padded_vocab_size
+    return h * (q_dim + 2 * kv_dim) + q_dim * h
+
+
+def _mtp_macs_per_token(model: ModelConfig, layer_macs: int) -> int:
+    """Multiply-adds per token of the MTP depths beyond their layers' attention (forward): one
+    transformer layer, the eh projection [2h -> h], the norms and the output layer each."""
+    h = model.hidden_size
+    per_depth = layer_macs + 2 * h * h + MTP_NORMS * h + h * model.padded_vocab_size
+    return (model.mtp_num_layers or 0) * per_depth
+
+
+def _linear_flops_per_token(model: ModelConfig) -> int:
+    attention = _attention_linear_macs(model)
+    # an MTP depth's layer is an MoE layer in an MoE model (model.py builds it so)
+    mtp_mlp = (moe_mlp_macs_per_token(model) if getattr(model, "moe", None) is not None
+               else dense_mlp_macs_per_token(model))
+    logits = model.hidden_size * model.padded_vocab_size
     return MULTIPLY_ADD * (model.num_layers * attention + decoder_mlp_macs_per_token(model)
-                           + logits)
+                           + logits + _mtp_macs_per_token(model, attention + mtp_mlp))
 
 
 def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,
@@ -36,6 +60,7 @@ def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,
     """Training FLOPs of one global batch of a GPT model with the given sum(L) and sum(L^2)
     (hybrid models: hybrid_flops.py; the model family picks, model_family.py)."""
     q_dim = model.num_attention_heads * (model.hidden_size // model.num_attention_heads)
-    attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * model.num_layers
+    attention_layers = model.num_layers + (model.mtp_num_layers or 0)  # each MTP depth attends
+    attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * attention_layers
     linear = _linear_flops_per_token(model) * seqlen_sum
     return FORWARD_AND_BACKWARD * (linear + attention)

@@ -78,6 +78,11 @@ SCHEDULER_KEYS = {
     "start_wd": ("--weight-decay", "start_wd", False),
     "end_wd": ("--weight-decay", "end_wd", False),
 }
+# The same lengths in a sample-based run (--train-samples), named and shown in samples.
+SAMPLE_BASED_FLAGS = {
+    "lr_warmup_steps": "--lr-warmup-samples",
+    "lr_decay_steps": "--lr-decay-samples (default --train-samples)",
+}
 
 
 def _flag(key: str) -> str:
@@ -272,11 +277,14 @@ def check_scheduler(state: dict, scheduler, run: RunConfig) -> None:
     if optimizer.override_opt_param_scheduler or optimizer.use_checkpoint_opt_param_scheduler:
         return
     samples_per_iter = run.training.global_batch_size
+    sample_based = optimizer.lr_decay_iters is None  # --train-samples (schedule_arguments.py)
     for key, (flag, attribute, in_samples) in SCHEDULER_KEYS.items():
         saved, mine = state.get(key), getattr(scheduler, attribute)
         if saved is None or saved == mine:
             continue
-        if in_samples:  # megatron-core counts in samples; users set iterations
+        if in_samples and sample_based:
+            flag, saved, mine = SAMPLE_BASED_FLAGS[key], f"{saved:g}", f"{mine:g}"
+        elif in_samples:  # megatron-core counts in samples; users set iterations
             saved, mine = f"{saved / samples_per_iter:g}", f"{mine / samples_per_iter:g}"
         raise CheckpointError(
             f"--load: the checkpoint's schedule has {flag} {saved}, this run has {mine}; pass "

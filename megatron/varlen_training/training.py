@@ -23,7 +23,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.varlen_training import checkpointing, optimizer_kernels
+from megatron.varlen_training import checkpointing, log, optimizer_kernels
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.loop_steps import eval_mode
@@ -63,14 +63,17 @@ def build_optimizer(run: RunConfig, model):
 
 
 def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
-    """LR schedule counted in samples, as Megatron does."""
-    schedule, gbs = run.optimizer, run.training.global_batch_size
+    """LR schedule counted in samples, as Megatron does (lengths resolved from iterations or
+    samples by schedule_arguments.py); :func:`train_step` advances it by the samples a step
+    consumed."""
+    schedule = run.optimizer
+    if schedule.lr_decay_iters is None:  # sample-based: Megatron-LM's line, from its scheduler
+        log.print_rank_0(f"setting training iterations to {run.training.train_iters}")
     return OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=schedule.lr, min_lr=schedule.min_lr,
-        lr_warmup_steps=schedule.lr_warmup_iters * gbs,
-        lr_decay_steps=schedule.lr_decay_iters * gbs,
+        lr_warmup_steps=schedule.lr_warmup_steps, lr_decay_steps=schedule.lr_decay_steps,
         lr_decay_style=schedule.lr_decay_style, start_wd=schedule.weight_decay,
-        end_wd=schedule.weight_decay, wd_incr_steps=run.training.train_iters * gbs,
+        end_wd=schedule.weight_decay, wd_incr_steps=schedule.wd_incr_steps,
         wd_incr_style="constant",
         # Mismatches were already refused in one line (resume_consistency.check_scheduler).
         override_opt_param_scheduler=schedule.override_opt_param_scheduler,
@@ -121,7 +124,7 @@ def forward_step(data_iterator, model):
     output = model(
         batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
         packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
-        padding_mask=batch.get("padding_mask"),  # unpacked batches: MoE routers skip padding
+        padding_mask=batch.get("padding_mask"),  # MoE routing: packed and unpacked batches
     )
     return output, partial(loss_func, batch["loss_mask"])
 
@@ -184,6 +187,8 @@ def train_step(run: RunConfig, state: TrainState, step,
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
     grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(guard, state, loss, norm))
+    # The step consumed one global batch of samples, however many micro-batches packing made
+    # of them: megatron-core's scheduler counts samples (Megatron-LM's increment).
     state.scheduler.step(increment=run.training.global_batch_size)
     return loss, grad_norm
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.thd_shape_arguments import (
+    add_thd_shape_args, validate_cp_comm_type, validate_thd_shape_args,
+)
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen.platform import ATTENTION_BACKENDS, AUTO, resolve_attention_backend
 from megatron.varlen.scheduling import (
@@ -45,6 +48,11 @@ def add_varlen_args(parser) -> None:
                        help=f"Rates the packing scheduler's cost model is built from: "
                             f"{', '.join(sorted(PROFILES))} (analytic), or a JSON profile "
                             f"measured on your GPU by tools/measure_cost_model.py.")
+    group.add_argument("--validate-packing-schedules", action="store_true",
+                       help="Debug: check every step's packing schedule against all of its "
+                            "invariants (each sequence once, budgets, CP groups of the layout) "
+                            "before it runs; an invalid one stops the run naming the broken "
+                            "invariant. Costs a few ms per step.")
     group.add_argument("--spec", nargs=2, default=None, metavar=("MODULE", "FUNCTION"),
                        help="Layer spec function to build the decoder with (Megatron's flag); "
                             "default megatron.varlen.model.spec get_varlen_gpt_layer_spec.")
@@ -60,6 +68,7 @@ def add_varlen_args(parser) -> None:
     group.add_argument("--sft-mock-dataset-config-json", default=None,
                        help="Lengths of the mock SFT dataset: inline JSON or a path to a JSON "
                             "file, e.g. '{\"mode\":\"file\",\"path\":\"lengths.csv\"}'.")
+    add_thd_shape_args(parser)
 
 
 def possible_cp_sizes(args) -> list[int]:
@@ -95,7 +104,7 @@ def attention_backend(args) -> str:
 def validate_varlen_args(args, require) -> None:
     """Checks the fork's flags; ``require(cond, message)`` raises the one-line error."""
     try:
-        attention_backend(args)
+        validate_cp_comm_type(args, require, attention_backend(args))
     except ValueError as err:
         require(False, str(err))
     try:  # a profile file is read (and refused in one line) at start-up
@@ -117,8 +126,9 @@ def validate_varlen_args(args, require) -> None:
     if not args.sequence_packing:
         require(args.max_seqlen_per_dp_cp_rank is None,
                 "--max-seqlen-per-dp-cp-rank needs --sequence-packing")
-        return
-    _validate_packing(args, require)
+    else:
+        _validate_packing(args, require)
+    validate_thd_shape_args(args, require, possible_cp_sizes(args), attention_backend(args))
 
 
 def _resolve_dynamic_context_parallel(args, require) -> None:

@@ -17,10 +17,12 @@ See docs/WRAP.md.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -36,13 +38,21 @@ from megatron.varlen_training.training import TrainState, reduce_reported_loss, 
 from megatron.wrap import batch as batching
 from megatron.wrap import runtime
 from megatron.wrap.config import WrapConfig, build_config
+from megatron.wrap.config.keys import default_known_keys
 from megatron.wrap.flows import Flow, FlowContext, build_flow
 from megatron.wrap.forward import FlowForwardStep
+from megatron.wrap.main_guard import protect_unguarded_script
 from megatron.wrap.metric_writers import ProgressBar
 from megatron.wrap.microbatches import pack_step, per_token_fields
 from megatron.wrap.parallel import ParallelStateMixin
 from megatron.wrap.pretrained import pretrained_config
-from megatron.wrap.step_results import LOSS, flow_metrics, reduce_across_stages, train_metrics
+from megatron.wrap.step_results import (
+    LOSS,
+    flow_metrics,
+    memory_metrics,
+    reduce_across_stages,
+    train_metrics,
+)
 
 CONFIG_FILENAME = "wrap_config.yaml"  # the resolved config, stored with each checkpoint
 
@@ -80,6 +90,18 @@ class MegatronWrap(ParallelStateMixin):
             build_config(config, overrides, configs_root)
         return cls(pretrained_config(built, hf_dir))
 
+    # --- megatron-wrap's accessors (usable before initialize(), as its example.py does) -------
+
+    def get_flow_key(self) -> str:
+        """The flow's name (config key ``flow.flow_name``; megatron-wrap's ``flow_key``)."""
+        return self.config.facade["flow_name"]
+
+    def get_common_args(self) -> SimpleNamespace:
+        """Every pretrain_gpt.py argument of this config as attributes (``train_iters``,
+        ``save_interval``, ``global_batch_size``, ...): the config's value, else the parser's
+        default. Before ``initialize()``: nothing here is derived or validated yet."""
+        return SimpleNamespace(**{**default_known_keys(), **self.config.flat})
+
     @property
     def run(self) -> RunConfig | None:
         """The run's configuration (None before ``initialize()``)."""
@@ -104,12 +126,14 @@ class MegatronWrap(ParallelStateMixin):
         facade = self.config.facade
         log.set_log_level(facade["log_level"])
         runtime.check_device(facade["device"])
+        runtime.apply_wandb_entity(facade)
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
         run, console = runtime.run_config_of(self.config, dist.get_world_size())
         self.trainer = Trainer(run, GPT, checkpoint_files={CONFIG_FILENAME: self.config.to_yaml()},
                                console=console)
         self.trainer.start()  # close() tears down what it set up, even if it fails midway
+        protect_unguarded_script()  # save() from a script without a main guard must not hang
         limit, key = batching.length_limit(self.run)
         self.flow = build_flow(facade["flow_name"],
                                FlowContext(self.run, self.tokenizer, limit, key),
@@ -120,6 +144,7 @@ class MegatronWrap(ParallelStateMixin):
         self._setup_logging(facade)
         log.print_rank_0("%s | flow %r | longest sample %d tokens (%s)",
                          self.parallel_summary(), self.flow.name, limit, key)
+        runtime.log_ignored_keys(self.config.ignored)
         return self
 
     def _setup_logging(self, facade: dict) -> None:
@@ -128,6 +153,10 @@ class MegatronWrap(ParallelStateMixin):
             self._exit_stack.enter_context(log.capture_print())
         if facade["capture_warnings"]:
             self._exit_stack.enter_context(log.capture_warnings())
+        if facade["capture_print"] or facade["capture_warnings"]:
+            # A script that never calls close() (megatron-wrap's example) must get print and
+            # warnings back before interpreter teardown, not during it.
+            atexit.register(self._exit_stack.close)
         train_iters = self.run.training.train_iters
         if facade["progress_bar"] and train_iters > 0:
             self._progress = ProgressBar(train_iters)
@@ -169,6 +198,8 @@ class MegatronWrap(ParallelStateMixin):
         reduced = reduce_across_stages(report.loss, self._forward_step.records,
                                        self.flow.metric_names)
         self._last_metrics = train_metrics(report, reduced, len(samples))
+        if self.config.facade["memory_metrics"]:
+            self._last_metrics.update(memory_metrics())
         self._last_record = self.trainer.record(report, flow_metrics(reduced))
         folder = self.trainer.save_if_due()
         if folder is not None:

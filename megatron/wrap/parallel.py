@@ -7,6 +7,8 @@ model parallelism (1 for the dense models of this fork).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch.distributed as dist
 
 from megatron.core import parallel_state
@@ -87,3 +89,16 @@ class ParallelStateMixin:
         ranks = " ".join(f"{axis} {getattr(self, axis + '_rank')}"
                          for axis in ("tp", "pp", "cp", "dp", "ep"))
         return f"world {self.world_size} = {sizes} (ep {self.ep_size}) | rank {self.rank}: {ranks}"
+
+    def get_parallel_states(self) -> SimpleNamespace:
+        """All fifteen ``(tp|pp|dp|cp|ep)_(size|rank|group)`` as one namespace (megatron-wrap's
+        ``get_parallel_states``), e.g. to hand to a flow."""
+        _require_initialized()
+        return SimpleNamespace(**{f"{axis}_{what}": getattr(self, f"{axis}_{what}")
+                                  for axis in _AXES for what in ("size", "rank", "group")})
+
+    def format_parallel_states(self) -> str:
+        """megatron-wrap's short form: ``(TP0/2 PP0/1 DP1/2 CP0/1 EP0/1)`` (rank/size)."""
+        return "(" + " ".join(f"{axis.upper()}{getattr(self, axis + '_rank')}/"
+                              f"{getattr(self, axis + '_size')}"
+                              for axis in ("tp", "pp", "dp", "cp", "ep")) + ")"

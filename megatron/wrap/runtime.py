@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from megatron.varlen_training import checkpointing
+from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.config.from_flags import run_config as run_config_from_flags
 from megatron.varlen_training.flag_values import parse_values
@@ -40,9 +40,42 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
     flat["sequence_packing"] = True
     if not flat.get("mock_data") and not flat.get("data_path"):
         flat["mock_data"] = True
+    samples_per_pack = micro_batch_as_budget(flat)
     logging, console = facade_logging_config(config.facade)
     run = run_config_from_flags(parse_values(flat, world_size=world_size))
+    if samples_per_pack > 1:
+        flat["max_seqlen_per_dp_cp_rank"] = \
+            samples_per_pack * run.packing.max_seqlen_per_dp_cp_rank
+        run = run_config_from_flags(parse_values(flat, world_size=world_size))
+        log.print_rank_0(
+            "micro_batch_size %d: packs of up to %d tokens per rank (max_seqlen_per_dp_cp_rank, "
+            "%d full-length samples' worth); the packs of a step are its micro-batches",
+            samples_per_pack, run.packing.max_seqlen_per_dp_cp_rank, samples_per_pack)
     return dataclasses.replace(run, logging=logging), console
+
+
+def micro_batch_as_budget(flat: dict) -> int:
+    """``micro_batch_size`` > 1 becomes the packing budget of that many full-length samples.
+
+    With sequence packing a micro-batch is one pack of up to ``max_seqlen_per_dp_cp_rank``
+    tokens per rank (its default: one ``seq_length`` sample per CP group), so Megatron-LM's
+    "k samples per micro-batch" is honoured as a budget k times the default. Sets
+    ``micro_batch_size`` to 1 in ``flat`` and returns k (1: nothing to do).
+
+    Raises:
+        ConfigError: Both keys are set: they would size the micro-batch twice.
+    """
+    samples = flat.get("micro_batch_size")
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples <= 1:
+        return 1  # 1, unset, or a bad value that parse_values reports naming the flag
+    if flat.get("max_seqlen_per_dp_cp_rank") is not None:
+        raise ConfigError(
+            f"config keys 'micro_batch_size' ({samples}) and 'max_seqlen_per_dp_cp_rank' "
+            f"({flat['max_seqlen_per_dp_cp_rank']}) both size a micro-batch; with sequence "
+            f"packing it is one pack of max_seqlen_per_dp_cp_rank tokens per rank: remove "
+            f"micro_batch_size (or set it to 1)")
+    flat["micro_batch_size"] = 1
+    return samples
 
 
 def refuse_loop_exit_keys(flat: dict) -> None:
@@ -84,3 +117,28 @@ def checkpoint_root(path: str) -> str:
         raise ValueError(f"{path!r} is iteration {int(match.group(1))} but {root!r} records "
                          f"iteration {latest} as its latest; only the latest can be loaded")
     return root
+
+
+WANDB_ENTITY_ENV = "WANDB_ENTITY"  # wandb.init reads the entity (team) from it
+IGNORED_KEYS_LISTED = 12  # longer groups of dropped keys are logged as a count, not a wall
+
+
+def apply_wandb_entity(facade: dict) -> None:
+    """``logging.wandb_entity`` (megatron-wrap's ``wandb_entity``) reaches wandb through its
+    environment variable; one already set by the user wins."""
+    if facade.get("wandb_entity"):
+        os.environ.setdefault(WANDB_ENTITY_ENV, str(facade["wandb_entity"]))
+
+
+def log_ignored_keys(ignored: dict[str, str]) -> None:
+    """One line per reason for the keys of a megatron-wrap config that change nothing here
+    (``WrapConfig.ignored``); the long list of keys at their defaults only as a count."""
+    by_reason: dict[str, list[str]] = {}
+    for key, reason in ignored.items():
+        by_reason.setdefault(reason, []).append(key)
+    for reason, keys in by_reason.items():
+        if len(keys) > IGNORED_KEYS_LISTED:
+            log.print_rank_0("megatron-wrap config: %d keys dropped (%s); WrapConfig.ignored "
+                             "lists them", len(keys), reason)
+        else:
+            log.print_rank_0("megatron-wrap config: dropped %s (%s)", ", ".join(keys), reason)

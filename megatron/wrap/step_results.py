@@ -10,16 +10,20 @@ of the global batch (the Trainer's step report), as in ``pretrain_gpt.py``'s log
 from __future__ import annotations
 
 import math
+import resource
 
 import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
+from megatron.varlen_training.iteration_metrics import TERA
 from megatron.varlen_training.trainer import StepReport
 from megatron.varlen_training.training import LOSS_KEY
 from megatron.varlen.platform import get_device
 
 LOSS = "loss"
+KIB = 1024
+GIB = 1024 ** 3
 
 
 def reduce_across_stages(loss: float | None, records: list[dict],
@@ -75,7 +79,25 @@ def train_metrics(report: StepReport, reduced: dict, num_samples: int) -> dict:
         "padding_ratio": padding,
         "packing_efficiency": 1.0 - padding,
         "schedule_imbalance": measured.extra.get("schedule_imbalance", 1.0),
+        # megatron-wrap's names (docs/WRAP.md section 4): the same numbers
+        "learning_rate": measured.learning_rate,
+        "consumed_samples": measured.consumed_samples,
+        "elapsed_time": measured.step_time_s,
+        "tflops": measured.flops / TERA,
+        "throughput": measured.tflops_per_device,
     }
+
+
+def memory_metrics() -> dict:
+    """Memory use in GiB: megatron-wrap's four CUDA allocator numbers on a GPU; on CPU, where
+    torch keeps no allocator statistics, the process's peak resident set size."""
+    if torch.cuda.is_available():
+        return {"memory_allocated": torch.cuda.memory_allocated() / GIB,
+                "memory_reserved": torch.cuda.memory_reserved() / GIB,
+                "max_memory_allocated": torch.cuda.max_memory_allocated() / GIB,
+                "max_memory_reserved": torch.cuda.max_memory_reserved() / GIB}
+    # ru_maxrss is in KiB on Linux
+    return {"max_memory_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB / GIB}
 
 
 def flow_metrics(reduced: dict) -> dict:

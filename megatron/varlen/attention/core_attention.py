@@ -47,6 +47,8 @@ CAUSAL_MASK_TYPES = (
     AttnMaskType.causal, AttnMaskType.padding_causal, AttnMaskType.causal_bottom_right,
 )
 FULL_MASK_TYPES = (AttnMaskType.no_mask, AttnMaskType.padding)
+# The CP exchange this module implements; megatron-core passes None when CP is off or unset.
+SUPPORTED_CP_COMM_TYPES = (None, "all_gather")
 THD_FORMAT = "thd"
 SBHD_FORMAT = "sbhd"
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -262,7 +264,9 @@ class VarlenCoreAttention(MegatronModule):
             ``config.apply_query_key_layer_scaling`` megatron divides the scale by the layer
             number and multiplies the scores back inside its softmax: the same math, so here it
             changes nothing (it only matters for fp16 overflow in megatron's kernels).
-        cp_comm_type: accepted for protocol compatibility; the exchange is always an all-gather.
+        cp_comm_type: None or ``"all_gather"``, the one exchange implemented (K/V all-gathered
+            over the CP group); megatron-core's other values (``p2p``, ``a2a``, ``a2a+p2p``)
+            are refused in one line rather than silently run as an all-gather.
         pg_collection: process groups; ``cp`` is the static CP group. Defaults to parallel_state.
     """
 
@@ -283,6 +287,11 @@ class VarlenCoreAttention(MegatronModule):
                              f"{config.softmax_type!r}")
         if getattr(config, "window_size", None) is not None:
             raise ValueError("VarlenCoreAttention does not support window_size (sliding window)")
+        if cp_comm_type not in SUPPORTED_CP_COMM_TYPES:
+            raise ValueError(
+                f"cp_comm_type {cp_comm_type!r} is not implemented by {type(self).__name__}: it "
+                f"all-gathers K and V over the CP group (supported: all_gather; "
+                f"TransformerConfig.cp_comm_type, flag --cp-comm-type)")
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type

@@ -36,6 +36,7 @@ from megatron.varlen.model.norms import VarlenNorm
 # Norm slots of a local-spec layer: megatron-core's torch norm there refuses sequence parallel.
 _LAYER_NORM_SLOTS = ("input_layernorm", "pre_mlp_layernorm")
 _ATTENTION_NORM_SLOTS = ("q_layernorm", "k_layernorm")
+_MTP_NORM_SLOTS = ("enorm", "hnorm", "layer_norm")
 
 
 def _with_sp_capable_norms(layer_spec: ModuleSpec) -> ModuleSpec:
@@ -165,6 +166,15 @@ def get_varlen_mtp_block_spec(
     # (the MoE layer that routes per micro-batch) goes in as a one-layer block.
     spec = (layer_spec if layer_spec.module is TransformerLayer
             else TransformerBlockSubmodules(layer_specs=[layer_spec]))
-    return get_gpt_mtp_block_spec(
+    block = get_gpt_mtp_block_spec(
         config, spec, use_transformer_engine=uses_te, vp_stage=vp_stage, pp_rank=pp_rank
     )
+    if block is None or uses_te:
+        return block
+    # The local backend's norms refuse sequence parallelism; the MTP layers' norms see the same
+    # sequence-parallel hidden states as the decoder's, so they get the decoder's VarlenNorm.
+    # (megatron-core 0.16.1 returns the block's submodules, MultiTokenPredictionBlockSubmodules.)
+    layers = [dataclasses.replace(layer, submodules=dataclasses.replace(
+        layer.submodules, **{slot: VarlenNorm for slot in _MTP_NORM_SLOTS}))
+        for layer in block.layer_specs]
+    return dataclasses.replace(block, layer_specs=layers)

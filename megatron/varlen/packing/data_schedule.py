@@ -27,6 +27,9 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.varlen.packing import reroute, thd_microbatch
+from megatron.varlen.packing.schedule_check import check_schedule
+from megatron.varlen.packing.sequence_cap import cap_sequences_per_rank
+from megatron.varlen.packing.thd_shapes import ALIGN_TO_BUDGET, APPEND_DUMMY_SEQ, ThdShape
 from megatron.varlen.platform.cpu_device import get_device
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
@@ -58,6 +61,29 @@ class PackingConfig:
     # Per-token fields beyond tokens/labels/loss_mask the caller's samples carry (e.g. a facade
     # flow's advantages): rerouted, packed and CP-split exactly like loss_mask, as float32.
     extra_token_fields: tuple[str, ...] = ()
+    # --validate-packing-schedules: every schedule checked against all its invariants before it
+    # runs (a debug aid; the suite checks the schedulers themselves offline).
+    validate_schedules: bool = False
+    # Megatron-LM's fixed THD shapes (thd_shapes.py), its field names: pad each rank's share of
+    # a pack to the budget ("max") or to a multiple of N; at most K sequences per rank's pack
+    # with K + 1 cu_seqlens entries; the padding tail as a dummy sequence or as padding of the
+    # last one (None: append_dummy_seq).
+    pad_packed_seq_alignment: int | str | None = None
+    thd_max_packed_sequences: int | None = None
+    thd_tail_padding_policy: str | None = None
+
+    def __post_init__(self):
+        self.thd_shape  # noqa: B018 - builds (so checks) the fixed-shape fields once, up front
+
+    @property
+    def thd_shape(self) -> ThdShape:
+        """How every rank's pack is shaped (fixed p2p shapes with VPP count as ``max``)."""
+        to_budget = self.pad_packed_seq_alignment == ALIGN_TO_BUDGET
+        return ThdShape(
+            alignment=None if to_budget else self.pad_packed_seq_alignment,
+            tokens_per_rank=self.max_seqlen_per_rank if to_budget else self.fixed_tokens_per_rank,
+            max_packed_sequences=self.thd_max_packed_sequences,
+            tail_policy=self.thd_tail_padding_policy or APPEND_DUMMY_SEQ)
 
 
 @dataclass
@@ -138,7 +164,10 @@ def plan_batch(gathered: GatheredLengths, dp_size: int, cp_size: int,
         min_num_microbatches=config.min_num_microbatches, owners=gathered.owners,
         cost=config.cost,
     )
-    schedule = get_scheduler(config.scheduler)(problem)
+    schedule = cap_sequences_per_rank(get_scheduler(config.scheduler)(problem), problem,
+                                      config.thd_shape.max_real_sequences())
+    if config.validate_schedules:
+        check_schedule(problem, schedule, config.scheduler)
     costs = schedule_costs(problem, schedule)
     # Order only (contents unchanged): small micro-batches where the pipeline fills/drains.
     ordered = order_for_pipeline(schedule, problem, config.pipeline_stages, list(costs.levels))
@@ -208,19 +237,23 @@ class GlobalBatchPacker:
 
     def _microbatch_inputs(self, schedule, microbatch: int, mine: dict) -> dict:
         ids = schedule.microbatches[microbatch][self.rank]
-        fixed = self.config.fixed_tokens_per_rank
+        shape = self.config.thd_shape
         if not ids:
-            pack = thd_microbatch.dummy_pack(self.config.pad_id, self.config.sp_factor, fixed,
-                                             self.config.extra_token_fields)
-            return thd_microbatch.build_model_inputs(pack, 0, None, self.device)
+            pack = thd_microbatch.dummy_pack(
+                self.config.pad_id, self.config.sp_factor,
+                shape.rank_tokens(idle_rank_tokens(self.config)), self.config.extra_token_fields)
+            return thd_microbatch.build_model_inputs(pack, 0, None, self.device,
+                                                     shape.cu_seqlens_entries)
         group_ranks = schedule.group_ranks(microbatch, self.rank)
+        padded = [schedule.padded_lengths[sid] for sid in ids]
+        size = len(group_ranks)
         pack = thd_microbatch.pack_sequences(
-            [mine[sid] for sid in ids], [schedule.padded_lengths[sid] for sid in ids],
-            local_cp_size=len(group_ranks), pad_id=self.config.pad_id, sample_ids=tuple(ids),
-            total_tokens=fixed * len(group_ranks) if fixed else None,
-            extra_fields=self.config.extra_token_fields)
+            [mine[sid] for sid in ids], padded, local_cp_size=size, pad_id=self.config.pad_id,
+            sample_ids=tuple(ids), total_tokens=shape.rank_tokens(sum(padded) // size) * size,
+            extra_fields=self.config.extra_token_fields, tail_policy=shape.tail_policy)
         return thd_microbatch.build_model_inputs(
-            pack, group_ranks.index(self.rank), self._process_group(group_ranks), self.device)
+            pack, group_ranks.index(self.rank), self._process_group(group_ranks), self.device,
+            shape.cu_seqlens_entries)
 
     def _process_group(self, group_ranks: tuple[int, ...]):
         if len(group_ranks) == 1:
@@ -398,14 +431,29 @@ class HybridCPDataLoaderWrapper:
 
 
 
+def idle_rank_tokens(config: PackingConfig) -> int:
+    """Tokens of the pad-only pack a rank the schedule left idle runs, before tail padding."""
+    return thd_microbatch.DUMMY_SEQUENCE_TOKENS * config.sp_factor
+
+
+def token_slots(schedule, config: PackingConfig) -> int:
+    """Token slots every rank runs in the global batch: sequences padded for their CP groups,
+    idle ranks' pad-only packs and each rank's tail padding (fixed THD shapes)."""
+    shape = config.thd_shape
+    slots = 0
+    for microbatch in schedule.microbatches:
+        for ids in microbatch:
+            size = schedule.cp_sizes[ids[0]] if ids else 1
+            tokens = sum(schedule.padded_lengths[sid] for sid in ids) // size
+            slots += shape.rank_tokens(tokens if ids else idle_rank_tokens(config))
+    return slots
+
+
 def schedule_stats(problem, schedule, config: PackingConfig, costs: ScheduleCosts) -> dict:
     """Padding ratio and schedule imbalance (critical path / perfectly balanced time), from
     the schedule's ``costs`` (evaluated once, when the schedule was made)."""
     real = sum(problem.lengths)
-    slots = sum(schedule.padded_lengths)
-    idle = sum(1 for mb in schedule.microbatches for ids in mb if not ids)
-    slots += idle * (config.fixed_tokens_per_rank
-                     or thd_microbatch.DUMMY_SEQUENCE_TOKENS * config.sp_factor)
+    slots = token_slots(schedule, config)
     mean_total = costs.busy_rank_time / problem.num_ranks
     return {
         "real_tokens": real,

@@ -10,7 +10,10 @@ Shape legend (one micro-batch on one rank):
     n   = sequences in the pack
     T   = tokens of the whole pack, padded (= cu_seqlens_padded[-1])
     T_r = tokens this rank keeps after the CP split (= T / c)
-Model inputs are [1, T_r] (batch dimension 1, as megatron-core's THD path expects).
+Model inputs are [1, T_r] (batch dimension 1, as megatron-core's THD path expects), among them
+``padding_mask`` (True on every slot that holds no real token: Megatron-LM's micro-batch field,
+which megatron-core's MoE routing reads). Fixed shapes (a pack padded to a token count, fixed-size
+``cu_seqlens``): :mod:`megatron.varlen.packing.thd_shapes`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import torch
 
 from megatron.varlen.packing.cp_split import split_thd_for_cp
 from megatron.varlen.packing.packed_seq import host_to_device, varlen_packed_seq_params
+from megatron.varlen.packing.thd_shapes import APPEND_DUMMY_SEQ, EXTEND_LAST, pad_cu_seqlens
 
 _TOKEN_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+_PADDING_MASK = "padding_mask"
 # Position id of every padding token and of every token of a filler sequence. Real tokens count
 # 0..L-1; padding and fillers never index a position table beyond a real sequence's last
 # position (a learned absolute table of --seq-length rows suffices), as in Megatron-LM.
@@ -43,6 +48,7 @@ class PackedMicroBatch:
     labels: torch.Tensor        # [T] int64
     loss_mask: torch.Tensor     # [T] float32
     position_ids: torch.Tensor  # [T] int64, 0..L_i-1 per sequence, 0 on padding and fillers
+    padding_mask: torch.Tensor  # [T] bool, True on padding and fillers (no real token)
     cu_seqlens: torch.Tensor         # [n+1] int32, real lengths
     cu_seqlens_padded: torch.Tensor  # [n+1] int32, padded lengths
     max_seqlen: int             # longest PADDED sequence (RoPE tables are built to this)
@@ -80,26 +86,39 @@ def _positions(real_length: int, padded: int) -> torch.Tensor:
     return _pad_to(torch.arange(real_length, dtype=torch.int64), padded, PAD_POSITION)
 
 
+def _pad_tail(sequences: list[dict], padded_lengths: list[int], total_tokens: int | None,
+              pad_id: int, extra_fields: tuple[str, ...], tail_policy: str):
+    """(sequences, padded lengths) filling the pack up to ``total_tokens``: a filler sequence
+    (``append_dummy_seq``) or more padding of the last sequence (``extend_last``)."""
+    used = sum(padded_lengths)
+    assert total_tokens is None or total_tokens >= used, (
+        f"pack of {used} tokens exceeds the fixed pack length {total_tokens}")
+    if total_tokens is None or total_tokens == used:
+        return sequences, padded_lengths
+    if tail_policy == EXTEND_LAST:
+        return sequences, [*padded_lengths[:-1], padded_lengths[-1] + total_tokens - used]
+    assert tail_policy == APPEND_DUMMY_SEQ, f"unknown THD tail padding policy {tail_policy!r}"
+    return ([*sequences, _filler(total_tokens - used, pad_id, extra_fields)],
+            [*padded_lengths, total_tokens - used])
+
+
 def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_size: int,
                    pad_id: int, sample_ids: tuple[int, ...] = (),
                    total_tokens: int | None = None,
-                   extra_fields: tuple[str, ...] = ()) -> PackedMicroBatch:
+                   extra_fields: tuple[str, ...] = (),
+                   tail_policy: str = APPEND_DUMMY_SEQ) -> PackedMicroBatch:
     """Concatenates sequences (dicts with REAL ``tokens``/``labels``/``loss_mask`` of length L)
     each padded to its entry of ``padded_lengths``.
 
-    ``total_tokens`` (optional) fixes the pack's length by appending a filler sequence: used
-    when the pipeline needs the same activation shape for every micro-batch (see
-    :class:`~megatron.varlen.packing.data_schedule.PackingConfig.fixed_tokens_per_rank`).
+    ``total_tokens`` (optional) fixes the pack's length: a filler sequence is appended, or with
+    ``tail_policy`` ``extend_last`` the last sequence gets the extra padding (fixed THD shapes,
+    :mod:`~megatron.varlen.packing.thd_shapes`; fixed p2p shapes with VPP).
     ``extra_fields``: further per-token fields of each sequence, padded with 0 like loss_mask.
     """
     assert len(sequences) == len(padded_lengths) > 0, "a pack needs at least one sequence"
-    used = sum(padded_lengths)
-    if total_tokens is not None and total_tokens > used:
-        sequences = [*sequences, _filler(total_tokens - used, pad_id, extra_fields)]
-        padded_lengths = [*padded_lengths, total_tokens - used]
-    assert total_tokens is None or sum(padded_lengths) == total_tokens, (
-        f"pack of {used} tokens exceeds the fixed pack length {total_tokens}")
-    parts = {key: [] for key in _TOKEN_KEYS}
+    sequences, padded_lengths = _pad_tail(sequences, list(padded_lengths), total_tokens, pad_id,
+                                          extra_fields, tail_policy)
+    parts = {key: [] for key in (*_TOKEN_KEYS, _PADDING_MASK)}
     extra = {key: [] for key in extra_fields}
     real, routed = [], []
     for seq, padded in zip(sequences, padded_lengths):
@@ -109,6 +128,8 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         parts["labels"].append(_pad_to(seq["labels"].long(), padded, pad_id))
         parts["loss_mask"].append(_pad_to(seq["loss_mask"].float(), padded, 0.0))
         parts["position_ids"].append(_positions(0 if seq.get(_FILLER) else length, padded))
+        parts[_PADDING_MASK].append(_pad_to(torch.full((length,), bool(seq.get(_FILLER))),
+                                            padded, True))
         for key in extra_fields:
             extra[key].append(_pad_to(seq[key].float(), padded, 0.0))
         real.append(length)
@@ -136,26 +157,32 @@ def dummy_pack(pad_id: int, sp_factor: int, total_tokens: int | None = None,
     return PackedMicroBatch(**{**pack.__dict__, "real_tokens": 0})
 
 
-def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device) -> dict:
+def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device,
+                       cu_seqlens_entries: int | None = None) -> dict:
     """This rank's [1, T_r] slice of ``pack`` and the VarlenPackedSeqParams the model needs.
 
     ``cp_group`` is the process group of size ``pack.local_cp_size`` this rank shares the pack
     with (None when the size is 1: no CP collective at all for this micro-batch).
+    ``cu_seqlens_entries`` (--thd-max-packed-sequences + 1) fixes the size of the device
+    ``cu_seqlens`` (trailing zero-length sequences) and sets ``max_seqlen`` to the pack's
+    length, as Megatron-LM does; the host copies our layers read keep one entry per sequence.
     """
     size = pack.local_cp_size
     device = torch.device(device)
     inputs = {}
-    fields = {**{key: getattr(pack, key) for key in _TOKEN_KEYS}, **pack.extra}
+    fields = {**{key: getattr(pack, key) for key in (*_TOKEN_KEYS, _PADDING_MASK)},
+              **pack.extra}
     for key, local in fields.items():
         if size > 1:
             local = split_thd_for_cp(local, pack.cu_seqlens_padded, size, cp_rank, seq_dim=0)
         # Pinned, asynchronous copies on CUDA: building a step's batches never waits for the GPU.
         inputs[key] = host_to_device(local.unsqueeze(0), device)
-    cu_real = host_to_device(pack.cu_seqlens, device)
-    cu_padded = host_to_device(pack.cu_seqlens_padded, device)
+    cu_real = host_to_device(pad_cu_seqlens(pack.cu_seqlens, cu_seqlens_entries), device)
+    cu_padded = host_to_device(pad_cu_seqlens(pack.cu_seqlens_padded, cu_seqlens_entries), device)
+    max_seqlen = pack.max_seqlen if cu_seqlens_entries is None else int(pack.cu_seqlens_padded[-1])
     # With the host copies for the attention plan and RoPE: no layer reads boundaries back.
     inputs["packed_seq_params"] = varlen_packed_seq_params(
-        cu_real, cu_padded, pack.cu_seqlens, pack.cu_seqlens_padded, pack.max_seqlen, size,
+        cu_real, cu_padded, pack.cu_seqlens, pack.cu_seqlens_padded, max_seqlen, size,
         cp_group=cp_group if size > 1 else None, routed_lengths=pack.routed_lengths)
     inputs["sample_ids"] = pack.sample_ids  # bookkeeping for checks; the model ignores it
     return inputs

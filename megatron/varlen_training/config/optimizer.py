@@ -11,13 +11,16 @@ from megatron.varlen_training.config.validation import check_problems, check_ran
 @dataclass(frozen=True)
 class OptimizerConfig:
     """Fields named as their flags' dests; ``lr_decay_iters`` as resolved (default
-    ``--train-iters``). The last two say which side wins when a resumed run's schedule
-    differs from the checkpoint's."""
+    ``--train-iters``; None in a sample-based run). ``lr_warmup_steps``, ``lr_decay_steps``
+    and ``wd_incr_steps`` are the schedule's lengths in samples, as megatron-core's scheduler
+    counts, resolved from either kind of schedule (schedule_arguments.py; Megatron-LM's
+    names). The last two say which side wins when a resumed run's schedule differs from the
+    checkpoint's."""
 
     lr: float
     min_lr: float
     lr_decay_style: str
-    lr_decay_iters: int
+    lr_decay_iters: int | None
     lr_warmup_iters: int
     weight_decay: float
     adam_beta1: float
@@ -27,6 +30,9 @@ class OptimizerConfig:
     use_distributed_optimizer: bool
     override_opt_param_scheduler: bool
     use_checkpoint_opt_param_scheduler: bool
+    lr_warmup_steps: float
+    lr_decay_steps: int
+    wd_incr_steps: int
 
     def __post_init__(self):
         check_ranges(self)

@@ -21,6 +21,11 @@ class SequencePackingConfig:
     min_dynamic_context_parallel_size: int
     hardware_profile: str
     variable_seq_lengths: bool
+    validate_packing_schedules: bool = False
+    # Megatron-LM's fixed THD shapes (docs/PACKING.md): "max" or N; K; the tail's layout.
+    pad_packed_seq_alignment: int | str | None = None
+    thd_max_packed_sequences: int | None = None
+    thd_tail_padding_policy: str | None = None
 
     def __post_init__(self):
         check_ranges(self)

@@ -1,4 +1,5 @@
-"""Datasets of the training layer: mock pretraining, mock SFT and JSONL SFT data.
+"""Datasets of the training layer: mock pretraining, mock SFT, and SFT data from JSONL or
+Parquet/Arrow.
 
 Every dataset returns samples in the format documented in :mod:`.sample`;
 :func:`build_datasets` picks the datasets from the command line. The mock SFT dataset's length
@@ -9,8 +10,10 @@ from megatron.varlen_training.datasets.builder import EpochDataset, build_datase
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import collate_padded, get_pad_multiple, make_sample
 from megatron.varlen_training.datasets.sft import SFTDataset
+from megatron.varlen_training.datasets.sft_arrow import ArrowSFTDataset
 
 __all__ = [
+    "ArrowSFTDataset",
     "EpochDataset",
     "MockGPTDataset",
     "MockSFTDataset",

@@ -2,10 +2,12 @@
 
 - ``--mock-data``: :class:`MockGPTDataset` (every sample ``--seq-length`` long).
 - ``--mock-data --sft``: :class:`MockSFTDataset`, lengths from ``--sft-mock-dataset-config-json``.
-- ``--sft --data-path FILE``: :class:`SFTDataset` over a JSONL file.
+- ``--sft --data-path FILE``: :class:`SFTDataset` over a JSONL file, or
+  :class:`ArrowSFTDataset` over Parquet/Arrow (a ``.parquet`` file, a folder of shards, a
+  ``datasets.save_to_disk`` folder); :func:`open_sft_data` tells them apart.
 
 Mock validation sets are the same kind of dataset with the seed ``--seed + VALID_SEED_OFFSET``.
-A real SFT file is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
+Real SFT data is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
 held out for validation (none when no eval samples are requested); training reads the rest, one
 seeded permutation per epoch, for as many epochs as ``train_samples`` needs; validation cycles
 over the held-out tail in file order. Without ``--sequence-packing`` every sample is padded to
@@ -23,7 +25,8 @@ from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
-from megatron.varlen_training.datasets.sft import SFTDataset
+from megatron.varlen_training.datasets.sft import SFTDataset, SFTKeys
+from megatron.varlen_training.datasets.sft_arrow import ArrowSFTDataset, is_arrow_source
 from megatron.varlen_training.flag_ranges import GIB, host_memory_bytes
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.tokenizer import NullTokenizer, Tokenizer
@@ -187,14 +190,24 @@ def _train_and_valid(run: RunConfig, build):
     return build(data.train_samples, seed), valid
 
 
+def open_sft_data(path: str, tokenizer: Tokenizer, run: RunConfig, multiple: int,
+                  pad_to_seq_length: bool):
+    """``--sft --data-path path``: Parquet/Arrow (a ``.parquet`` or ``.arrow`` file, a folder
+    of shards, a ``datasets.save_to_disk`` folder) or a JSONL file; the same keys, template and
+    samples."""
+    data = run.data
+    keys = SFTKeys(data.sft_messages_key, data.sft_prompt_key, data.sft_response_key)
+    kind = ArrowSFTDataset if is_arrow_source(path) else SFTDataset
+    return kind(path, tokenizer, run.model.seq_length, multiple, pad_to_seq_length, keys)
+
+
 def _build_sft(run: RunConfig, tokenizer: Tokenizer, multiple: int, pad_to_seq_length: bool):
     data = run.data
     if not data.data_path:
         raise ValueError("--sft without --mock-data needs --data-path FILE.jsonl")
     if len(data.data_path) > 1:
         warning_rank_0("--sft reads only the first --data-path entry %r", data.data_path[0])
-    full = SFTDataset(data.data_path[0], tokenizer, run.model.seq_length, multiple,
-                      pad_to_seq_length)
+    full = open_sft_data(data.data_path[0], tokenizer, run, multiple, pad_to_seq_length)
     num_docs = len(full)
     num_valid = max(1, round(VALID_FRACTION * num_docs)) if data.eval_samples else 0
     if num_valid >= num_docs:

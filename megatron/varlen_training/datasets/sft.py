@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,23 +35,36 @@ TRAINED_ROLE = "assistant"
 MIN_DOCUMENT_IDS = 2  # one input token plus its label
 
 
-def parse_turns(record) -> list[tuple[str, str]]:
-    """Returns ``[(role, content), ...]`` of one JSON record; ValueError names the problem."""
+@dataclass(frozen=True)
+class SFTKeys:
+    """Where a record keeps its conversation: the JSONL key or Parquet/Arrow column of the
+    messages (``--sft-messages-key``), or of the prompt and the response
+    (``--sft-prompt-key``, ``--sft-response-key``). A message is ``{"role", "content"}``."""
+
+    messages: str = "messages"
+    prompt: str = "prompt"
+    response: str = "response"
+
+
+def parse_turns(record, keys: SFTKeys = SFTKeys()) -> list[tuple[str, str]]:
+    """Returns ``[(role, content), ...]`` of one record (a JSON object, or a Parquet/Arrow row
+    as a dict); ValueError names the problem."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-    if "messages" in record:
-        messages = record["messages"]
+    if keys.messages in record:
+        messages = record[keys.messages]
         if not isinstance(messages, list) or not messages:
-            raise ValueError("'messages' must be a non-empty list")
+            raise ValueError(f"{keys.messages!r} must be a non-empty list")
         turns = []
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise ValueError(f"message {i} is not an object")
             turns.append((message.get("role"), message.get("content")))
-    elif "prompt" in record and "response" in record:
-        turns = [("user", record["prompt"]), ("assistant", record["response"])]
+    elif keys.prompt in record and keys.response in record:
+        turns = [("user", record[keys.prompt]), ("assistant", record[keys.response])]
     else:
-        raise ValueError("expected a 'messages' key or both 'prompt' and 'response' keys")
+        raise ValueError(f"expected a {keys.messages!r} key or both {keys.prompt!r} and "
+                         f"{keys.response!r} keys")
     for i, (role, content) in enumerate(turns):
         if role not in CHAT_ROLES:
             raise ValueError(f"turn {i} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
@@ -78,7 +92,7 @@ def encode_turns(turns: list[tuple[str, str]], tokenizer: Tokenizer):
     return np.asarray(ids, dtype=np.int64), np.asarray(is_target, dtype=bool)
 
 
-def _load_documents(path: str, tokenizer: Tokenizer):
+def _load_documents(path: str, tokenizer: Tokenizer, keys: SFTKeys):
     """Reads and encodes every non-blank line of ``path``; returns a list of (ids, is_target)."""
     documents = []
     if os.path.isdir(path):
@@ -88,7 +102,7 @@ def _load_documents(path: str, tokenizer: Tokenizer):
             for line_number, raw in enumerate(f, start=1):
                 line = _decode_line(path, line_number, raw)
                 if line.strip():
-                    documents.append(_encode_line(path, line_number, line, tokenizer))
+                    documents.append(_encode_line(path, line_number, line, tokenizer, keys))
     except FileNotFoundError as err:
         raise ValueError(f"SFT data file {path!r} does not exist (--data-path)") from err
     except PermissionError as err:
@@ -106,7 +120,7 @@ def _decode_line(path: str, line_number: int, raw: bytes) -> str:
                          f"at byte offset {err.start} of the line)") from err
 
 
-def _encode_line(path: str, line_number: int, line: str, tokenizer: Tokenizer):
+def _encode_line(path: str, line_number: int, line: str, tokenizer: Tokenizer, keys: SFTKeys):
     where = f"{path}:{line_number}"
     try:
         record = json.loads(line)
@@ -117,13 +131,24 @@ def _encode_line(path: str, line_number: int, line: str, tokenizer: Tokenizer):
                          f"levels)") from err
     except ValueError as err:  # e.g. an integer over Python's digit limit
         raise ValueError(f"{where}: invalid JSON: {err}") from err
+    return encode_record(record, tokenizer, keys, where)
+
+
+def encode_record(record, tokenizer: Tokenizer, keys: SFTKeys, where: str):
+    """One record's ``(ids, is_target)``; a ValueError starts with ``where`` (``file:line``,
+    ``file row N``)."""
     try:
-        ids, is_target = encode_turns(parse_turns(record), tokenizer)
+        ids, is_target = encode_turns(parse_turns(record, keys), tokenizer)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from err
     if len(ids) < MIN_DOCUMENT_IDS:
         raise ValueError(f"{where}: sample has {len(ids)} token(s), at least 2 are needed")
     return ids, is_target
+
+
+def truncate(ids: np.ndarray, is_target: np.ndarray, seq_length: int):
+    """A document cut to ``seq_length + 1`` ids (real length ``seq_length``)."""
+    return ids[: seq_length + 1], is_target[: seq_length + 1]
 
 
 class SFTDataset(torch.utils.data.Dataset):
@@ -137,6 +162,7 @@ class SFTDataset(torch.utils.data.Dataset):
         seq_length: Longest real length (``--seq-length``); longer samples are truncated.
         pad_to_multiple_of: The padded length is the real length rounded up to this.
         pad_to_seq_length: Pad every sample to exactly ``seq_length`` instead (unpacked runs).
+        keys: Where each line keeps its conversation (:class:`SFTKeys`).
 
     Attributes:
         lengths: int64 array of real lengths.
@@ -151,12 +177,13 @@ class SFTDataset(torch.utils.data.Dataset):
         seq_length: int,
         pad_to_multiple_of: int = 1,
         pad_to_seq_length: bool = False,
+        keys: SFTKeys = SFTKeys(),
     ):
         if seq_length < 1:
             raise ValueError(f"--seq-length must be >= 1, got {seq_length}")
-        documents = _load_documents(path, tokenizer)
+        documents = _load_documents(path, tokenizer, keys)
         self.num_truncated = sum(len(ids) > seq_length + 1 for ids, _ in documents)
-        self._documents = [(ids[: seq_length + 1], t[: seq_length + 1]) for ids, t in documents]
+        self._documents = [truncate(ids, t, seq_length) for ids, t in documents]
         self.lengths = np.array([len(ids) - 1 for ids, _ in self._documents], dtype=np.int64)
         self.num_fully_masked = sum(not t[1:].any() for _, t in self._documents)
         self._pad = tokenizer.pad

@@ -13,9 +13,11 @@ from megatron.wrap.config.argv import flat_config_to_argv
 from megatron.wrap.config.errors import ConfigError, did_you_mean
 from megatron.wrap.config.flatten import flatten_tree
 from megatron.wrap.config.keys import default_known_keys, known_keys_from_parser
+from megatron.wrap.config.nest import NestResolver, is_nest_view, nest_root_of
+from megatron.wrap.config.nest_keys import native_tree
 from megatron.wrap.config.overrides import Overrides, apply_overrides
 from megatron.wrap.config.tree import CONFIG_SUFFIX, TreeResolver, untag
-from megatron.wrap.config.yaml_io import dump_yaml
+from megatron.wrap.config.yaml_io import dump_yaml, load_yaml_file
 
 DEFAULT_CONFIGS_ROOT = Path(__file__).resolve().parent.parent / "configs"
 """The shipped library (`megatron/wrap/configs`)."""
@@ -36,13 +38,17 @@ class WrapConfig:
         flat: pretrain_gpt.py argument (argparse dest) -> value; None means "parser default".
         facade: Facade-only key -> value, every key present (defaults filled in).
         sources: Key of `flat` or `facade` -> the file or override that set it.
-        tree: The resolved nested config as plain data (what `to_yaml` writes).
+        tree: The resolved nested config as plain data (what `to_yaml` writes); for a
+            megatron-wrap config its native form (the kept keys, sections `megatron`, `flow`,
+            `logging`), which builds again without the nest.
+        ignored: Keys of a megatron-wrap config that change nothing here -> why (nest_keys.py).
     """
 
     flat: dict[str, Any]
     facade: dict[str, Any]
     sources: dict[str, str]
     tree: dict[str, Any]
+    ignored: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_argv(self, parser: argparse.ArgumentParser) -> list[str]:
         """Returns `flat` as command-line flags for `parser` (see `flat_config_to_argv`)."""
@@ -72,6 +78,10 @@ def build_config(
         ConfigError: Any user error in the tree, the overrides or the keys (one line).
     """
     roots = _as_roots(configs_root)
+    view = _megatron_wrap_view(source, TreeResolver(roots))
+    if view is not None:
+        return _build_from_view(view, source, overrides, roots, configs_root is not None,
+                                _known_keys(known_keys))
     resolver = TreeResolver(roots)
     if isinstance(source, Mapping):
         tree = resolver.resolve_mapping(source, DICT_SOURCE, roots[0])
@@ -80,6 +90,32 @@ def build_config(
     apply_overrides(tree, overrides)
     flat = flatten_tree(tree, _known_keys(known_keys))
     return WrapConfig(flat=flat.flat, facade=flat.facade, sources=flat.sources, tree=untag(tree))
+
+
+def _megatron_wrap_view(source: PathLike | Mapping[str, Any],
+                        resolver: TreeResolver) -> Mapping | None:
+    """The raw view if `source` is a megatron-wrap config (config/nest.py), else None."""
+    if isinstance(source, Mapping):
+        return source if is_nest_view(source) else None
+    path = _existing_file(Path(source)).resolve()
+    raw = load_yaml_file(path, resolver.display(path))
+    return raw if isinstance(raw, Mapping) and is_nest_view(raw) else None
+
+
+def _build_from_view(view: Mapping, source: PathLike | Mapping, overrides: Overrides,
+                     roots: list[Path], explicit_root: bool,
+                     known_keys: Mapping[str, Any]) -> WrapConfig:
+    """A megatron-wrap config: resolved against its nest, overrides applied to that tree
+    (`megatron_lm.model.arch.num_layers=2`), then mapped to this fork's keys."""
+    view_file = None if isinstance(source, Mapping) else Path(source).resolve()
+    nest = NestResolver(nest_root_of(view_file, roots, explicit_root))
+    tree = nest.resolve_view(view, DICT_SOURCE if view_file is None else str(view_file))
+    apply_overrides(tree, overrides, nested=True)
+    native, ignored = native_tree(tree, known_keys)
+    flat = flatten_tree(native, known_keys)
+    # The native tree: what to_yaml() stores builds again, without the nest, to the same run.
+    return WrapConfig(flat=flat.flat, facade=flat.facade, sources=flat.sources,
+                      tree=untag(native), ignored=ignored)
 
 
 def config_path(name: str, configs_root: PathLike | Sequence[PathLike] | None = None) -> Path:

@@ -43,6 +43,7 @@ def flatten_tree(tree: Tree, known_keys: Mapping[str, Any]) -> FlatConfig:
             sections, a facade key outside its section, or an invalid facade value.
     """
     result = FlatConfig()
+    unknown: list[str] = []
     for section, body in tree.items():
         for key, node in _section_items(section, body, known_keys):
             if key in FACADE_KEYS:
@@ -50,7 +51,11 @@ def flatten_tree(tree: Tree, known_keys: Mapping[str, Any]) -> FlatConfig:
             elif key in known_keys:
                 _place_cli_key(result, section, key, node)
             else:
-                _raise_unknown_key(section, key, node, known_keys)
+                unknown.append(_unknown_key(section, key, node, known_keys))
+    if len(unknown) == 1:
+        raise ConfigError(unknown[0])
+    if unknown:  # all at once, so a config is fixed in one pass
+        raise ConfigError(f"{len(unknown)} unknown config keys: {' | '.join(unknown)}")
     return result
 
 
@@ -100,9 +105,10 @@ def _place_cli_key(result: FlatConfig, section: str, key: str, node: Any) -> Non
     result.sections[key] = section
 
 
-def _raise_unknown_key(section: str, key: str, node: Any, known_keys: Mapping) -> None:
+def _unknown_key(section: str, key: str, node: Any, known_keys: Mapping) -> str:
+    """The message for one unknown key, with the closest valid name."""
     local_facade = [name for name, spec in FACADE_KEYS.items() if spec.section == section]
     hint = did_you_mean(key, [*known_keys, *local_facade])
     if not hint:
         hint = "; it is neither a pretrain_gpt.py argument nor a facade key of this section"
-    raise ConfigError(f"unknown config key '{section}.{key}' (from {first_source(node)}){hint}")
+    return f"unknown config key '{section}.{key}' (from {first_source(node)}){hint}"

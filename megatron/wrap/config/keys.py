@@ -24,8 +24,10 @@ SECTIONS = (
     "logging",
     "flow",
     "wrap",
+    "megatron",
 )
-"""Top-level keys of a config. Any CLI key may sit in any section; each only once."""
+"""Top-level keys of a config. Any CLI key may sit in any section; each only once.
+`megatron` is where a megatron-wrap config's Megatron-LM keys land (config/nest_keys.py)."""
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 METRIC_WRITER_KINDS = ("console", "tensorboard", "wandb", "jsonl")
@@ -74,6 +76,10 @@ FACADE_KEYS = {
         FacadeKey("wandb_exp_name", "logging", None, "Run name of the 'wandb' writer."),
         FacadeKey("wandb_save_dir", "logging", None, "Where the 'wandb' writer keeps its files."),
         FacadeKey("wandb_mode", "logging", "auto", "auto: offline if no API key.", WANDB_MODES),
+        FacadeKey("wandb_entity", "logging", None,
+                  "Entity (team) of the 'wandb' writer, passed as WANDB_ENTITY."),
+        FacadeKey("memory_metrics", "logging", False,
+                  "Add memory use (GiB) to train()'s metrics."),
         FacadeKey("progress_bar", "logging", True, "Print a progress line on rank 0."),
         FacadeKey("capture_print", "logging", False, "Route print() through the logger."),
         FacadeKey("capture_warnings", "logging", False, "Route warnings through the logger."),

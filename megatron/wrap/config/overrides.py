@@ -17,18 +17,23 @@ Overrides = Sequence[str] | Mapping[str, Any] | None
 """`["section.key=value", ...]` (values parsed as YAML) or `{"section.key": value}`."""
 
 
-def apply_overrides(tree: Tree, overrides: Overrides) -> None:
+def apply_overrides(tree: Tree, overrides: Overrides, nested: bool = False) -> None:
     """Applies overrides to a resolved tree in place, in order (later ones win).
 
     Args:
         tree: The resolved config.
         overrides: See `Overrides`.
+        nested: Keys sit at any depth (a megatron-wrap view): a bare key goes to the one
+            mapping, however deep, that holds it (`num_layers=2` ->
+            `megatron_lm.model.arch.num_layers`).
 
     Raises:
         ConfigError: A malformed override, or a bare key that no single section holds.
     """
     for parts, value, label in _parse(overrides):
-        if len(parts) == 1 and parts[0] not in SECTIONS:
+        if len(parts) == 1 and nested:
+            parts = [*_home_path(tree, parts[0], label), parts[0]]
+        elif len(parts) == 1 and parts[0] not in SECTIONS:
             parts = [_home_section(tree, parts[0], label), parts[0]]
         node = tag(value, label)
         for part in reversed(parts[1:]):
@@ -73,3 +78,22 @@ def _home_section(tree: Tree, key: str, label: str) -> str:
     raise ConfigError(
         f"{label} names no section and {where}; write it as '<section>.{key}=...'"
     )
+
+
+def _home_path(tree: Tree, key: str, label: str) -> list[str]:
+    """The path of the one mapping, at any depth, that holds ``key``."""
+    holders = list(_paths_holding(tree, key, []))
+    if len(holders) == 1:
+        return holders[0]
+    where = f"{', '.join('.'.join(path) for path in holders)} all hold it" if holders \
+        else "nothing holds it"
+    raise ConfigError(f"{label} names no place and {where}; write the full path "
+                      f"('<path>.{key}=...')")
+
+
+def _paths_holding(node: Tree, key: str, path: list[str]):
+    if key in node and not isinstance(node[key], dict):
+        yield path
+    for name, child in node.items():
+        if isinstance(child, dict):
+            yield from _paths_holding(child, key, [*path, name])

@@ -6,6 +6,8 @@ Within one mapping the parts are applied in this order, later ones winning:
    resolved, is the base. Paths are relative to the file that names them.
 2. `__select__: {folder: choice}`: `<configs root>/<folder>/<choice>.yaml`, fully resolved,
    becomes the value of key `<folder>`; it *replaces* whatever the parents put there.
+   `__select__: choice` (megatron-wrap's form) inside the mapping of key path `a.b` picks
+   `<configs root>/a/b/<choice>.yaml` as the base of that mapping itself.
 3. Inline keys: mappings deep-merge into what 1-2 produced, other values replace.
 4. `__override__: {...}`: deep-merged last; its keys may be dotted (`model.num_layers: 4`).
 
@@ -137,33 +139,53 @@ class TreeResolver:
         finally:
             self._stack.pop()
 
-    def resolve_mapping(self, raw: Mapping, source: str, base_dir: Path) -> Tree:
+    def resolve_mapping(self, raw: Mapping, source: str, base_dir: Path,
+                        key_path: tuple[str, ...] = ()) -> Tree:
         """Resolves one mapping: inherit, select, inline keys, override (see module doc).
 
         Args:
             raw: The mapping as read from YAML or given in Python.
             source: Names its file in errors and in `Leaf.source`.
             base_dir: Folder that relative `__inherit__` paths start from.
+            key_path: The keys leading to this mapping in its file (`("model",)`); the folder
+                a string `__select__` picks from.
         """
         _check_keys(raw, source)
         tree: Tree = {}
         for parent in _as_path_list(raw.get(INHERIT_KEY), source):
             merge_trees(tree, self.resolve_file(self._inherit_path(parent, base_dir, source)))
+        if isinstance(raw.get(SELECT_KEY), str):
+            folder = self._own_folder(key_path, raw[SELECT_KEY], source)
+            tree = self.resolve_file(self._select_path(folder, raw[SELECT_KEY], source))
         for folder, choice in _select_items(raw.get(SELECT_KEY), source):
             tree[folder] = self.resolve_file(self._select_path(folder, choice, source))
         for key, value in raw.items():
             if key not in DIRECTIVES:
-                merge_trees(tree, {key: self._resolve_value(value, source, base_dir)})
+                resolved = self._resolve_value(value, source, base_dir, (*key_path, key))
+                merge_trees(tree, {key: resolved})
         if raw.get(OVERRIDE_KEY) is not None:
             override = _as_mapping(raw[OVERRIDE_KEY], OVERRIDE_KEY, source)
             where = f"{source} ({OVERRIDE_KEY})"
-            merge_trees(tree, self.resolve_mapping(expand_dotted(override, where), where, base_dir))
+            merge_trees(tree, self.resolve_mapping(expand_dotted(override, where), where,
+                                                   base_dir, key_path))
         return tree
 
-    def _resolve_value(self, value: Any, source: str, base_dir: Path) -> Any:
+    def _resolve_value(self, value: Any, source: str, base_dir: Path,
+                       key_path: tuple[str, ...]) -> Any:
         if isinstance(value, Mapping):
-            return self.resolve_mapping(value, source, base_dir)
+            return self.resolve_mapping(value, source, base_dir, key_path)
         return Leaf(value, source)
+
+    @staticmethod
+    def _own_folder(key_path: tuple[str, ...], choice: str, source: str) -> str:
+        """The folder a string `__select__` picks from: the path of keys leading to it."""
+        if not key_path:
+            raise ConfigError(
+                f"{SELECT_KEY} in {source} must map folder to choice ({SELECT_KEY}: "
+                f"{{model: {choice}}}) or sit inside the folder's key (model: {{{SELECT_KEY}: "
+                f"{choice}}}); at the top it names no folder"
+            )
+        return "/".join(key_path)
 
     def _inherit_path(self, parent: str, base_dir: Path, source: str) -> Path:
         path = base_dir / parent
@@ -234,7 +256,7 @@ def _as_mapping(value: Any, directive: str, source: str) -> Mapping:
 
 
 def _select_items(value: Any, source: str) -> list[tuple[str, Any]]:
-    if value is None:
+    if value is None or isinstance(value, str):  # a string picks the mapping's own folder
         return []
     example = "e.g. {model: tiny_gpt}"
     if not isinstance(value, Mapping):

@@ -15,18 +15,22 @@ _EXPONENT_FLOAT_FIRST_CHARS = list("-+0123456789")
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and reads exponent-only numbers as floats."""
+    """SafeLoader that rejects duplicate keys with different values (PyYAML would keep the last
+    silently; a repeat of the same value, as in megatron-wrap's own nest, is harmless) and reads
+    exponent-only numbers as floats."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen = set()
-        for key_node, _ in node.value:
+        seen = {}
+        for key_node, value_node in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
-            if key in seen:
+            value = self.construct_object(value_node, deep=True)
+            if key in seen and seen[key] != value:
                 mark = key_node.start_mark
-                raise ConfigError(f"duplicate key '{key}' in {mark.name}, line {mark.line + 1}")
-            seen.add(key)
+                raise ConfigError(f"duplicate key '{key}' in {mark.name}, line {mark.line + 1}, "
+                                  f"with another value ({seen[key]!r}, then {value!r})")
+            seen[key] = value
         return super().construct_mapping(node, deep=deep)
 
 

@@ -66,6 +66,8 @@ class Flow:
 
     name: str = ""
     metric_names: tuple[str, ...] = (LOSS_KEY,)
+    computed_fields: tuple[str, ...] = ()
+    """Extra fields the flow fills in itself (in ``build_samples``), not read from samples."""
 
     def __init__(self, context: FlowContext):
         self.context = context
@@ -134,6 +136,8 @@ class Flow:
         ``tokens`` in the data-path form)."""
         out = {}
         for field, dim in self.extra_fields().items():
+            if field in self.computed_fields:
+                continue
             value = fields.require_field(raw, index, field, ", ".join(self.fields_and_seq_dims()))
             if dim is PER_SAMPLE:
                 out[field] = fields.as_scalar(value, index, field)
@@ -149,8 +153,40 @@ class Flow:
         ``[1, T_r]``: this rank's CP share of the pack), ``packed_seq_params``, ``sample_ids``
         (indices into the global batch, in pack order) and the flow's extra fields.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"flow {type(self).__qualname__} must implement "
+                                  f"collate_micro_batch(micro_batch) -> (model inputs, loss "
+                                  f"inputs) (docs/WRAP.md section 3), or subclass GPTFlow")
 
     def loss(self, output: torch.Tensor, loss_inputs: dict):
         """``(loss_sum, num_tokens, metrics)`` of one micro-batch (module docstring)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"flow {type(self).__qualname__} must implement "
+                                  f"loss(output, loss_inputs) -> (loss_sum, num_tokens, metrics) "
+                                  f"(docs/WRAP.md section 3), or subclass GPTFlow")
+
+
+MEGATRON_WRAP_METHODS = {
+    "get_fields_and_seqdims": "fields_and_seq_dims() (sequence dim 0: fields are per sample, "
+                              "not [batch, seq])",
+    "collate_data_micro_batch": "collate_micro_batch(micro_batch), which gets the packed "
+                                "micro-batch instead of an iterator of samples",
+    "calculate_loss": "loss(output, loss_inputs) -> (loss_sum, num_tokens, metrics), a sum "
+                      "and a count instead of a mean (no CP or DP reduction of your own)",
+}
+"""megatron-wrap's flow methods, which this facade never calls, and what replaces each."""
+
+
+def check_flow_class(flow_class: type[Flow]) -> None:
+    """A flow written against megatron-wrap's method names, or one that implements neither
+    ``collate_micro_batch`` nor ``loss``, is a one-line error here rather than a run that
+    silently uses the inherited methods.
+
+    Raises:
+        TypeError: Names the class, the methods found and their replacements.
+    """
+    found = [name for name in MEGATRON_WRAP_METHODS if hasattr(flow_class, name)]
+    if found:
+        replacements = "; ".join(f"{name} -> {MEGATRON_WRAP_METHODS[name]}" for name in found)
+        raise TypeError(f"flow {flow_class.__qualname__} defines megatron-wrap's "
+                        f"{', '.join(found)}, which megatron.wrap never calls (it packs the "
+                        f"samples itself): rename {replacements} (docs/MIGRATING.md, "
+                        f"'From megatron-wrap')")

@@ -29,6 +29,7 @@ class GPTFlow(Flow):
             "labels": micro_batch["labels"],
             "packed_seq_params": micro_batch.get("packed_seq_params"),
             "loss_mask": micro_batch["loss_mask"],
+            "padding_mask": micro_batch.get("padding_mask"),  # True where no real token
         }
         return model_inputs, {"loss_mask": micro_batch["loss_mask"]}
 

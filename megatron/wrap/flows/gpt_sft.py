@@ -6,10 +6,19 @@ A sample is one of (first match wins):
   yield it (labels already shifted; see :meth:`Flow.build_sample`);
 - ``{"prompt_ids": [...], "response_ids": [...]}``: token ids; only response ids are trained on
   as labels (prompt masking);
+- ``{"input_ids": [...], "context_token_length": k}`` (megatron-wrap's SFT form): the first
+  ``k`` ids are the prompt, only the ids after them are trained on as labels;
 - ``{"input_ids": [...]}``: token ids, every label trained on;
 - ``{"prompt": str, "response": str}`` or ``{"messages": [{"role", "content"}, ...]}``: text,
   tokenized with the chat template of the JSONL SFT dataset (``datasets/sft.py``): only
   assistant content and its closing eod are trained on.
+
+The loss is the global per-token mean (``pretrain_gpt.py``'s). ``flow_args:
+{loss_normalization: sample}`` makes it the mean over samples of each sample's per-token mean
+(megatron-wrap's SFT loss): each trained token gets the weight ``N / (S * n_s)`` (``N`` trained
+tokens and ``S`` samples with any in the global batch, ``n_s`` in its sample), packed like
+``loss_mask``, so megatron-core's division by ``N`` leaves exactly that mean, whatever the
+packing and layout.
 
 A document of ``n`` ids is a sample of ``n - 1`` tokens (token t predicts id t + 1). Samples
 longer than the run can take are cut to the limit and counted (``num_truncated``; a warning
@@ -20,21 +29,28 @@ samples (nothing to train on) are kept; they add nothing to the loss and never g
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 
 import numpy as np
+import torch
 
 from megatron.varlen_training.datasets.sample import make_sample
 
 # The chat template of the JSONL SFT dataset, reused so both paths tokenize text identically.
 from megatron.varlen_training.datasets.sft import encode_turns, parse_turns
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.training import LOSS_KEY
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow
 
 MIN_DOCUMENT_IDS = 2  # one input token and its label
 _TEXT_KEYS = ("messages", "prompt")
-_FORMS = "tokens+labels, prompt_ids+response_ids, input_ids, prompt+response or messages"
+_FORMS = ("tokens+labels, prompt_ids+response_ids, input_ids(+context_token_length), "
+          "prompt+response or messages")
+CONTEXT_LENGTH_KEY = "context_token_length"  # megatron-wrap's name for the prompt's length
+LOSS_WEIGHT = "loss_weight"  # per-token weight of the per-sample normalisation
+NORMALIZATIONS = ("token", "sample")
 
 
 @register_flow("gpt_sft")
@@ -45,18 +61,48 @@ class GPTSFTFlow(GPTFlow):
         context: The run.
         truncate: Cut over-long samples to the limit (counted, warned about once); False
             raises a ValueError naming the sample instead.
+        loss_normalization: ``token`` (the global per-token mean) or ``sample`` (the mean of
+            the samples' per-token means; module docstring).
     """
 
-    def __init__(self, context, truncate: bool = True):
+    def __init__(self, context, truncate: bool = True, loss_normalization: str = "token"):
         super().__init__(context)
+        if loss_normalization not in NORMALIZATIONS:
+            raise ValueError(f"flow 'gpt_sft': flow.flow_args.loss_normalization "
+                             f"{loss_normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
+        self.per_sample = loss_normalization == "sample"
+        self.computed_fields = (LOSS_WEIGHT,) if self.per_sample else ()
         self.truncate = bool(truncate)
         # Running counts over every batch this flow converted (on rank 0 only with "rank0").
         self.num_samples = self.num_truncated = self.num_fully_masked = 0
 
+    def fields_and_seq_dims(self) -> dict[str, int | None]:
+        fields_ = super().fields_and_seq_dims()
+        return {**fields_, LOSS_WEIGHT: 0} if self.per_sample else fields_
+
     def build_samples(self, batch: Sequence[Mapping]) -> list[dict]:
         samples = super().build_samples(batch)
         self._warn_counts(samples)
+        if self.per_sample:
+            add_sample_weights(samples)
         return samples
+
+    def collate_micro_batch(self, micro_batch: dict) -> tuple[dict, dict]:
+        model_inputs, loss_inputs = super().collate_micro_batch(micro_batch)
+        if self.per_sample:
+            loss_inputs[LOSS_WEIGHT] = micro_batch[LOSS_WEIGHT]
+        return model_inputs, loss_inputs
+
+    def loss(self, output: torch.Tensor, loss_inputs: dict):
+        """Per token: ``GPTFlow.loss``. Per sample: the weighted sum, with the token count kept
+        an integer (megatron-core sums the counts as ints and divides the gradients by them)."""
+        if not self.per_sample:
+            return super().loss(output, loss_inputs)
+        weights = loss_inputs[LOSS_WEIGHT].float().reshape(-1)
+        loss_sum = torch.sum(output.float().reshape(-1) * weights)
+        num_tokens = loss_inputs["loss_mask"].float().sum().to(torch.int)
+        report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
+        return loss_sum, num_tokens, {LOSS_KEY: report}
 
     def build_sample(self, raw: Mapping, index: int) -> dict:
         if "tokens" in raw:
@@ -89,7 +135,11 @@ class GPTSFTFlow(GPTFlow):
             is_target = np.concatenate([np.zeros(prompt.size, bool), np.ones(response.size, bool)])
             return np.concatenate([prompt, response]), is_target
         if "input_ids" in raw:
-            return fields.as_token_ids(raw["input_ids"], index, "input_ids", vocab).numpy(), None
+            ids = fields.as_token_ids(raw["input_ids"], index, "input_ids", vocab).numpy()
+            if raw.get(CONTEXT_LENGTH_KEY) is None:
+                return ids, None
+            prompt = _context_length(raw[CONTEXT_LENGTH_KEY], ids.size, index)
+            return ids, np.arange(ids.size) >= prompt
         if any(key in raw for key in _TEXT_KEYS):
             return self._encode_text(raw, index)
         raise fields.sample_error(index, None, f"has fields {', '.join(map(repr, raw))}; "
@@ -132,3 +182,22 @@ class GPTSFTFlow(GPTFlow):
         self.num_samples += len(samples)
         self.num_truncated += len(truncated)
         self.num_fully_masked += masked
+
+
+def _context_length(value, num_ids: int, index: int) -> int:
+    """``context_token_length`` checked: an int in ``[0, len(input_ids)]``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= value <= num_ids:
+        raise fields.sample_error(index, CONTEXT_LENGTH_KEY,
+                                  f"{value!r} must be an int in [0, {num_ids}] (the number of "
+                                  f"input_ids that are prompt)")
+    return value
+
+
+def add_sample_weights(samples: list[dict]) -> None:
+    """Gives every sample its ``loss_weight``: ``N / (S * n_s)`` on trained tokens, else 0."""
+    counts = [float(sample["loss_mask"].sum()) for sample in samples]
+    trained = sum(counts)
+    num_samples = sum(1 for count in counts if count > 0)
+    for sample, count in zip(samples, counts):
+        scale = trained / (num_samples * count) if count > 0 else 0.0
+        sample[LOSS_WEIGHT] = sample["loss_mask"].to(torch.float64).mul(scale).float()

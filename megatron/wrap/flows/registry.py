@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.wrap.config.errors import did_you_mean
-from megatron.wrap.flows.base import Flow, FlowContext
+from megatron.wrap.flows.base import Flow, FlowContext, check_flow_class
 
 FLOW_NAME_KEY = "flow.flow_name"
 FLOW_ARGS_KEY = "flow.flow_args"
@@ -28,11 +28,13 @@ def register_flow(name: str, flow_class: type[Flow] | None = None, *, replace: b
 
     Raises:
         ValueError: ``name`` is taken (and ``replace`` is False) or the class is not a Flow.
+        TypeError: The class uses megatron-wrap's method names (``check_flow_class``).
     """
 
     def register(cls: type[Flow]) -> type[Flow]:
         if not (isinstance(cls, type) and issubclass(cls, Flow)):
             raise ValueError(f"register_flow({name!r}): {cls!r} is not a Flow subclass")
+        check_flow_class(cls)
         if name in _FLOWS and _FLOWS[name] is not cls and not replace:
             raise ValueError(f"a flow named {name!r} is already registered "
                              f"({_FLOWS[name].__qualname__}); pass replace=True to replace it")
@@ -66,8 +68,16 @@ def build_flow(name: str, context: FlowContext, flow_args: Mapping[str, Any] | N
 
     Raises:
         ValueError: Unknown flow, or flow_args its ``__init__`` does not accept.
+        TypeError: The class uses megatron-wrap's method names (``check_flow_class``).
     """
     flow_class = get_flow_class(name)
+    check_flow_class(flow_class)  # also for a class given methods after it was registered
+    missing = [method for method in ("collate_micro_batch", "loss")
+               if getattr(flow_class, method) is getattr(Flow, method)]
+    if missing:
+        raise TypeError(f"flow {name!r} ({flow_class.__qualname__}) does not implement "
+                        f"{' and '.join(missing)} (docs/WRAP.md section 3); subclass GPTFlow "
+                        f"or GPTSFTFlow to inherit them")
     kwargs = dict(flow_args or {})
     try:
         inspect.signature(flow_class).bind(context, **kwargs)

@@ -60,6 +60,12 @@ VALID = {
     "min_lr": ZERO,
     "lr_decay_iters": HUGE,
     "lr_warmup_iters": ZERO,
+    # The bases are iteration-based: the sample-based flags are refused there (one kind of
+    # schedule), but for their defaults; a warm-up fraction must stay below 1.
+    "train_samples": NONE,
+    "lr_decay_samples": NONE,
+    "lr_warmup_samples": ZERO,
+    "lr_warmup_fraction": ZERO,
     "tensor_model_parallel_size": NONE,
     "pipeline_model_parallel_size": NONE,
     "num_layers_per_virtual_pipeline_stage": NONE,
@@ -71,6 +77,7 @@ VALID = {
     "save_interval": HUGE,
     "min_dynamic_context_parallel_size": NONE,
     "max_seqlen_per_dp_cp_rank": NONE,
+    "thd_max_packed_sequences": NONE,  # huge: above what a pack can hold (and needs packing)
     "kv_channels": NONE,
     "norm_epsilon": HUGE,
     "rope_scaling_factor": HUGE,

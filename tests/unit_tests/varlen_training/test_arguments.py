@@ -33,6 +33,10 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
+--validate-packing-schedules
+--train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
+--sft-messages-key --sft-prompt-key --sft-response-key
 --num-experts --moe-router-topk --moe-ffn-hidden-size --moe-shared-expert-intermediate-size
 --moe-layer-freq --expert-model-parallel-size --expert-tensor-parallel-size
 --moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff

@@ -24,8 +24,11 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/arguments.py", "megatron/varlen_training/varlen_arguments.py",
     "megatron/varlen_training/hybrid_arguments.py",
     "megatron/varlen_training/reliability_arguments.py",
+    "megatron/varlen_training/thd_shape_arguments.py",
     "megatron/varlen_training/hf/arguments.py", "megatron/varlen_training/flag_ranges.py",
-    "megatron/varlen_training/run_description.py", "megatron/varlen_training/moe_arguments.py",
+    "megatron/varlen_training/run_description.py",
+    "megatron/varlen_training/schedule_arguments.py",
+    "megatron/varlen_training/sft_arguments.py", "megatron/varlen_training/moe_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {

@@ -31,6 +31,10 @@ CASES = {
                                         "--max-seqlen-per-dp-cp-rank", "64"], 4),
     "mtp_dp2_cp2": (MTP, ["--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank", "16"],
                     4),
+    # MTP's norms see sequence-parallel hidden states too (they are the decoder's VarlenNorm).
+    "mtp_tp2_sp_cp2": (MTP, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                             "--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank", "32"],
+                       4),
     "dp3_cp2": ([], ["--context-parallel-size", "2", "--max-seqlen-per-dp-cp-rank", "16",
                      "--global-batch-size", "12"], 6),
 }

@@ -49,7 +49,9 @@ def test_log_statistics_come_from_the_costs(fixed):
         stats = schedule_stats(problem, schedule, config, schedule_costs(problem, schedule))
         times = rank_times(problem, schedule)
         idle = sum(1 for ranks in schedule.microbatches for ids in ranks if not ids)
-        slots = sum(schedule.padded_lengths) + idle * (fixed or DUMMY_SEQUENCE_TOKENS)
+        slots = sum(schedule.padded_lengths) + idle * DUMMY_SEQUENCE_TOKENS
+        if fixed:  # every rank of every micro-batch runs exactly `fixed` token slots
+            slots = schedule.num_microbatches() * problem.num_ranks * fixed
         balanced = sum(map(sum, times)) / problem.num_ranks
         assert stats == {
             "real_tokens": sum(problem.lengths),

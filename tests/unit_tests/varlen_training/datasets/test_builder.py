@@ -51,7 +51,8 @@ def _build(args, tokenizer, **kwargs):
         data=SimpleNamespace(
             mock_data=args.mock_data, sft=args.sft, data_path=args.data_path,
             sft_mock_dataset_config_json=args.sft_mock_dataset_config_json,
-            train_samples=args.train_samples, eval_samples=args.eval_samples),
+            train_samples=args.train_samples, eval_samples=args.eval_samples,
+            sft_messages_key="messages", sft_prompt_key="prompt", sft_response_key="response"),
         training=SimpleNamespace(seed=args.seed),
         parallel=SimpleNamespace(context_parallel_size=args.context_parallel_size,
                                  tensor_model_parallel_size=args.tensor_model_parallel_size,

@@ -1,0 +1,266 @@
+"""SFT conversations from Parquet or Arrow (``--sft --data-path``), read lazily.
+
+``--data-path`` names a ``.parquet`` file, a folder of ``.parquet`` shards (read in name
+order), a folder written by ``datasets.Dataset.save_to_disk`` or one ``.arrow`` file of such a
+folder; all local. Hugging Face ``datasets`` reads them (the optional ``[data]`` extra:
+``datasets`` and ``pyarrow``): Arrow files are memory-mapped; Parquet is converted once into
+``datasets``' Arrow cache (``$HF_DATASETS_CACHE``, reused by later runs and by the other ranks)
+and memory-mapped from there. Only the conversation's columns are read.
+
+Rows are the records of the JSONL format (:mod:`megatron.varlen_training.datasets.sft`), with
+the same keys (``--sft-messages-key``, or ``--sft-prompt-key`` and ``--sft-response-key``), the
+same template, masking and truncation, so the same conversations give the same samples. A row is
+tokenized when it is read, never the whole dataset at once (so, unlike the JSONL reader's
+counts, only the first truncated row is reported). Because reads happen during
+training, every row is checked at start-up instead, batch by batch with Arrow compute (columns
+and their types, empty or null conversations, roles, null texts), and a problem is one line
+naming the row and the flag.
+"""
+
+from __future__ import annotations
+
+import glob
+import operator
+import os
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from megatron.varlen_training.datasets.sample import make_sample
+from megatron.varlen_training.datasets.sft import SFTKeys, encode_record, parse_turns, truncate
+from megatron.varlen_training.errors import one_line
+from megatron.varlen_training.log import warning_all_ranks
+from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
+
+PARQUET_SUFFIX = ".parquet"
+ARROW_SUFFIX = ".arrow"  # the files inside a save_to_disk folder
+SAVE_TO_DISK_MARKER = "state.json"  # written by Dataset.save_to_disk
+DATASET_DICT_MARKER = "dataset_dict.json"  # written by DatasetDict.save_to_disk
+CHECK_BATCH_ROWS = 65_536  # rows per Arrow compute batch of the start-up check
+EXTRA_HINT = "pip install -e '.[data]' (the datasets and pyarrow packages)"
+
+
+def is_arrow_source(path: str) -> bool:
+    """Whether ``--sft --data-path path`` is Parquet/Arrow (else JSONL): a ``.parquet`` or
+    ``.arrow`` file, or a folder (a folder is never JSONL)."""
+    return os.path.isdir(path) or path.endswith((PARQUET_SUFFIX, ARROW_SUFFIX))
+
+
+def _import_datasets():
+    try:
+        import datasets
+        import pyarrow  # noqa: F401 - datasets needs it; named in the message when missing
+    except ImportError as err:
+        raise ValueError(f"--data-path: reading Parquet/Arrow SFT data needs the 'data' extra: "
+                         f"{EXTRA_HINT} ({err})") from err
+    return datasets
+
+
+@contextmanager
+def _quiet(datasets):
+    """datasets' progress bars off while loading: every rank loads, and a bar per rank and
+    shard would bury the log."""
+    was_disabled = datasets.utils.are_progress_bars_disabled()
+    datasets.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.utils.enable_progress_bars()
+
+
+def _parquet_files(path: str) -> list[str]:
+    if os.path.isfile(path):
+        return [path]
+    files = sorted(glob.glob(os.path.join(glob.escape(path), "*" + PARQUET_SUFFIX)))
+    if not files:
+        raise ValueError(f"--data-path {path!r} is a directory with neither .parquet shards "
+                         f"nor a datasets.save_to_disk dataset ({SAVE_TO_DISK_MARKER}); --sft "
+                         "reads a JSONL file, a .parquet file or such a directory")
+    return files
+
+
+def _check_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise ValueError(f"SFT data {path!r} does not exist (--data-path)")
+    if os.path.isfile(os.path.join(path, DATASET_DICT_MARKER)):
+        splits = sorted(entry.name for entry in os.scandir(path) if entry.is_dir())
+        raise ValueError(f"--data-path {path!r} holds a DatasetDict (splits: "
+                         f"{', '.join(splits)}); point --data-path at one split's folder")
+
+
+def load_arrow_table(path: str, keys: SFTKeys):
+    """The ``datasets.Dataset`` of ``path`` with only the conversation's columns, which are
+    checked for names and types; ValueError names the column and the flag."""
+    datasets = _import_datasets()
+    _check_path(path)
+    with _quiet(datasets):
+        saved = os.path.isfile(os.path.join(path, SAVE_TO_DISK_MARKER))
+        if saved or path.endswith(ARROW_SUFFIX):
+            dataset = _open_arrow(datasets, path)
+            columns = _conversation_columns(path, dataset.features.arrow_schema, keys)
+            return dataset.select_columns(columns)
+        files = _parquet_files(path)
+        columns = _check_parquet_footers(path, files, keys)
+        try:
+            return datasets.Dataset.from_parquet(files, columns=columns)
+        except datasets.exceptions.DatasetGenerationError as err:  # e.g. shards that disagree
+            raise ValueError(f"--data-path {path!r}: datasets cannot read the Parquet shards "
+                             f"as one table ({one_line(err.__cause__ or err)})") from err
+
+
+def _open_arrow(datasets, path: str):
+    """A save_to_disk folder or one of its ``.arrow`` files, memory-mapped."""
+    import pyarrow as pa
+
+    if os.path.isdir(path):
+        return datasets.load_from_disk(path)
+    try:
+        return datasets.Dataset.from_file(path)
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"--data-path: {path} is not a readable Arrow file ({err})") from err
+
+
+def _check_parquet_footers(path: str, files: list[str], keys: SFTKeys) -> list[str]:
+    """Every shard is Parquet with the conversation's columns, and there are rows (footers
+    only; datasets fails on an empty file); returns the columns to read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns, num_rows = None, 0
+    for file in files:
+        try:
+            footer = pq.ParquetFile(file)
+        except (pa.ArrowException, OSError) as err:
+            raise ValueError(f"--data-path: {file} is not a readable Parquet file ({err})") \
+                from err
+        columns = _conversation_columns(file, footer.schema_arrow, keys)
+        num_rows += footer.metadata.num_rows
+    if num_rows == 0:
+        raise ValueError(f"SFT data {path!r} has no samples (--data-path)")
+    return columns
+
+
+def _is_string(arrow_type) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def _is_message_list(arrow_type) -> bool:
+    import pyarrow as pa
+
+    if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)):
+        return False
+    message = arrow_type.value_type
+    names = {message.field(i).name for i in range(message.num_fields)} \
+        if pa.types.is_struct(message) else set()
+    return {"role", "content"} <= names and all(
+        _is_string(message.field(name).type) for name in ("role", "content"))
+
+
+def _conversation_columns(path: str, schema, keys: SFTKeys) -> list[str]:
+    """The columns holding the conversation (messages first, as in JSONL), type-checked."""
+    if keys.messages in schema.names:
+        arrow_type = schema.field(keys.messages).type
+        if not _is_message_list(arrow_type):
+            raise ValueError(f"{path}: column {keys.messages!r} (--sft-messages-key) has type "
+                             f"{arrow_type}; expected a list of {{role: string, content: "
+                             "string} messages")
+        return [keys.messages]
+    pair = {keys.prompt: "--sft-prompt-key", keys.response: "--sft-response-key"}
+    if not all(name in schema.names for name in pair):
+        raise ValueError(
+            f"{path}: no column {keys.messages!r} (--sft-messages-key) nor both "
+            f"{keys.prompt!r} (--sft-prompt-key) and {keys.response!r} (--sft-response-key); "
+            f"its columns are {', '.join(schema.names)}")
+    for name, flag in pair.items():
+        arrow_type = schema.field(name).type
+        if not _is_string(arrow_type):
+            raise ValueError(f"{path}: column {name!r} ({flag}) has type {arrow_type}; "
+                             "expected string")
+    return list(pair)
+
+
+def _bad_rows(batch, keys: SFTKeys) -> np.ndarray:
+    """Row mask of ``batch`` (an Arrow record batch) whose conversation cannot be read:
+    null or empty messages, a null message, role or content, a role not in CHAT_ROLES; a null
+    prompt or response."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if keys.messages not in batch.schema.names:
+        return np.asarray(pc.or_(batch.column(keys.prompt).is_null(),
+                                 batch.column(keys.response).is_null()))
+    messages = batch.column(keys.messages)
+    bad = np.asarray(messages.is_null()) | (
+        np.asarray(pc.list_value_length(messages).fill_null(0)) == 0)
+    flat = pc.list_flatten(messages)
+    roles, contents = pc.struct_field(flat, "role"), pc.struct_field(flat, "content")
+    known = pc.is_in(roles, value_set=pa.array(CHAT_ROLES)).fill_null(False)
+    bad_message = (np.asarray(flat.is_null()) | ~np.asarray(known)
+                   | np.asarray(contents.is_null()))
+    bad[np.asarray(pc.list_parent_indices(messages))[bad_message]] = True
+    return bad
+
+
+def check_rows(dataset, path: str, keys: SFTKeys) -> None:
+    """Every row can be read (:func:`_bad_rows`, batch by batch); the first that cannot is a
+    ValueError with parse_turns' message, as the JSONL reader gives it."""
+    first = 0
+    for batch in dataset.data.to_batches(max_chunksize=CHECK_BATCH_ROWS):
+        bad = np.flatnonzero(_bad_rows(batch, keys))
+        if bad.size:
+            row = first + int(bad[0])
+            try:
+                parse_turns(dataset[row], keys)
+            except ValueError as err:
+                raise ValueError(f"{path} row {row}: {err}") from err
+            raise AssertionError(f"{path} row {row} was flagged but parses")
+        first += batch.num_rows
+    if first == 0:
+        raise ValueError(f"SFT data {path!r} has no samples (--data-path)")
+
+
+class ArrowSFTDataset(torch.utils.data.Dataset):
+    """One sample per row, in row order, tokenized when read (see the module docstring).
+
+    Args: as :class:`megatron.varlen_training.datasets.sft.SFTDataset`.
+    """
+
+    def __init__(self, path: str, tokenizer: Tokenizer, seq_length: int,
+                 pad_to_multiple_of: int = 1, pad_to_seq_length: bool = False,
+                 keys: SFTKeys = SFTKeys()):
+        if seq_length < 1:
+            raise ValueError(f"--seq-length must be >= 1, got {seq_length}")
+        self._rows = load_arrow_table(path, keys)
+        check_rows(self._rows, path, keys)
+        self._path, self._keys, self._tokenizer = path, keys, tokenizer
+        self._seq_length = seq_length
+        self._pad_to_multiple_of = pad_to_multiple_of
+        self._padded_length = seq_length if pad_to_seq_length else None
+        self._truncation_reported = False
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, idx: int) -> dict:
+        idx = operator.index(idx)
+        if not 0 <= idx < len(self):
+            raise IndexError(f"sample {idx} out of range [0, {len(self)})")
+        ids, is_target = encode_record(self._rows[idx], self._tokenizer, self._keys,
+                                       f"{self._path} row {idx}")
+        if len(ids) > self._seq_length + 1:
+            self._report_truncation(idx)
+            ids, is_target = truncate(ids, is_target, self._seq_length)
+        return make_sample(ids, is_target, idx, self._tokenizer.pad, self._pad_to_multiple_of,
+                           self._padded_length)
+
+    def _report_truncation(self, idx: int) -> None:
+        # Rows are tokenized when read, by the rank that reads them: no count up front.
+        if not self._truncation_reported:
+            self._truncation_reported = True
+            warning_all_ranks("ArrowSFTDataset: row %d of %s is longer than --seq-length %d and "
+                           "was truncated (later truncations are not reported)", idx,
+                           self._path, self._seq_length)

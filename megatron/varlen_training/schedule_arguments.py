@@ -1,0 +1,106 @@
+"""Megatron-LM's sample-based schedule flags and the one resolution of both schedules.
+
+``--train-samples``, ``--lr-warmup-samples``, ``--lr-decay-samples`` and
+``--lr-warmup-fraction`` with Megatron-LM's semantics:
+
+- A run is iteration-based (``--train-iters``, ``--lr-warmup-iters``, ``--lr-decay-iters``) or
+  sample-based (``--train-samples``, ``--lr-warmup-samples``, ``--lr-decay-samples``), never a
+  mix; exactly one of ``--train-iters`` / ``--train-samples`` is given.
+- A sample-based run takes ``--train-samples // --global-batch-size`` iterations (the
+  incomplete last batch is not trained); its decay length defaults to ``--train-samples``.
+- ``--lr-warmup-fraction F`` (either kind): the warm-up is ``F x`` the decay length; it
+  excludes ``--lr-warmup-iters`` / ``--lr-warmup-samples``.
+
+megatron-core's ``OptimizerParamScheduler`` counts samples. :func:`validate_schedule` resolves
+either kind into its three lengths, stored under Megatron-LM's names for them
+(``lr_warmup_steps``, ``lr_decay_steps``, ``wd_incr_steps``, all in samples; the optimizer
+config carries them), and ``--train-iters``. Every optimizer step advances the scheduler by the
+samples it consumed, ``--global-batch-size``, however many micro-batches packing made of them
+(``training.train_step``), so a packed run follows the same LR curve as an unpacked one.
+"""
+
+from __future__ import annotations
+
+
+def add_schedule_args(parser) -> None:
+    group = parser.add_argument_group("sample-based schedule")
+    group.add_argument("--train-samples", type=int, default=None,
+                       help="Train on this many samples instead of --train-iters: "
+                            "--train-samples // --global-batch-size iterations.")
+    group.add_argument("--lr-warmup-samples", type=int, default=0,
+                       help="Linear warm-up over this many samples (with --train-samples).")
+    group.add_argument("--lr-decay-samples", type=int, default=None,
+                       help="Decay the learning rate over this many samples (with "
+                            "--train-samples). Default: --train-samples.")
+    group.add_argument("--lr-warmup-fraction", type=float, default=None,
+                       help="Warm-up as a fraction of the decay length (--lr-decay-iters or "
+                            "--lr-decay-samples); replaces --lr-warmup-iters/-samples.")
+
+
+def validate_schedule(args, require) -> None:
+    """Checks the schedule flags (Megatron-LM's exclusions) and resolves ``train_iters`` and
+    the scheduler's lengths in samples; needs the resolved ``global_batch_size``."""
+    require(args.train_iters is not None or args.train_samples is not None,
+            "the run's length is missing: give --train-iters or --train-samples")
+    require(args.train_iters is None or args.train_samples is None,
+            f"give only one of --train-iters {args.train_iters} and --train-samples "
+            f"{args.train_samples} (iteration- or sample-based training)")
+    if args.train_samples is not None:
+        _resolve_sample_based(args, require)
+    else:
+        _resolve_iteration_based(args, require)
+
+
+def _resolve_warmup(args, require, warmup: int, unit_samples: int, names: tuple[str, str]
+                    ) -> None:
+    """``lr_warmup_steps`` from ``--lr-warmup-fraction`` or the warm-up flag's value
+    ``warmup`` (in units of ``unit_samples`` samples); it must end before the decay does
+    (megatron-core asserts it). ``names``: the warm-up and decay flags, for the message."""
+    decay_units = args.lr_decay_steps // unit_samples
+    if args.lr_warmup_fraction is not None:
+        args.lr_warmup_steps = args.lr_warmup_fraction * args.lr_decay_steps
+        return
+    require(warmup == 0 or warmup < decay_units,
+            f"{names[0]} {warmup} must be smaller than the decay length {decay_units} "
+            f"({names[1]})")
+    args.lr_warmup_steps = warmup * unit_samples
+
+
+def _refuse_other_kind(args, require, kind: str, flags: dict) -> None:
+    for flag, given in flags.items():
+        require(not given, f"{flag} does not go with {kind} training (use the flags of one "
+                           "kind: --train-iters/--lr-warmup-iters/--lr-decay-iters or "
+                           "--train-samples/--lr-warmup-samples/--lr-decay-samples)")
+    require(args.lr_warmup_fraction is None or not (args.lr_warmup_iters
+                                                    or args.lr_warmup_samples),
+            "give only one of --lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples")
+
+
+def _resolve_sample_based(args, require) -> None:
+    _refuse_other_kind(args, require, "sample-based (--train-samples)", {
+        "--lr-decay-iters": args.lr_decay_iters is not None,
+        "--lr-warmup-iters": args.lr_warmup_iters != 0})
+    gbs = args.global_batch_size
+    require(args.train_samples >= gbs,
+            f"--train-samples {args.train_samples} is less than one global batch "
+            f"(--global-batch-size {gbs}): no step would run (raise --train-samples)")
+    args.train_iters = args.train_samples // gbs  # Megatron-LM: the partial batch is dropped
+    if args.lr_decay_samples is None:
+        args.lr_decay_samples = args.train_samples
+    args.lr_decay_steps = args.lr_decay_samples
+    args.wd_incr_steps = args.train_samples
+    _resolve_warmup(args, require, args.lr_warmup_samples, 1,
+                    ("--lr-warmup-samples", "--lr-decay-samples, default --train-samples"))
+
+
+def _resolve_iteration_based(args, require) -> None:
+    _refuse_other_kind(args, require, "iteration-based (--train-iters)", {
+        "--lr-decay-samples": args.lr_decay_samples is not None,
+        "--lr-warmup-samples": args.lr_warmup_samples != 0})
+    gbs = args.global_batch_size
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    args.lr_decay_steps = args.lr_decay_iters * gbs
+    args.wd_incr_steps = args.train_iters * gbs
+    _resolve_warmup(args, require, args.lr_warmup_iters, gbs,
+                    ("--lr-warmup-iters", "--lr-decay-iters, default --train-iters"))
