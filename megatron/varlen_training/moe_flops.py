@@ -51,7 +51,9 @@ def linear_cost_scale(model: ModelConfig) -> float:
     layer with a dense MLP: the packing scheduler's linear coefficient ``b`` is scaled by it
     (1.0 for a dense model, whose ``b`` is unchanged). Activated experts only: routed tokens
     reach k experts, whatever the CP group their sequence runs on."""
-    if model.moe is None:
+    if model.moe is None or model.hybrid is not None:
+        # Hybrid stacks keep the dense coefficient: their Mamba layers' linear work is not in
+        # the b = 6h convention either (docs/MOE.md).
         return 1.0
     attention = attention_linear_macs_per_token(model)
     dense = model.num_layers * (attention + dense_mlp_macs_per_token(model))
