@@ -48,7 +48,7 @@ def _mtp_macs_per_token(model: ModelConfig, layer_macs: int) -> int:
 def _linear_flops_per_token(model: ModelConfig) -> int:
     attention = _attention_linear_macs(model)
     # an MTP depth's layer is an MoE layer in an MoE model (model.py builds it so)
-    mtp_mlp = (moe_mlp_macs_per_token(model) if getattr(model, "moe", None) is not None
+    mtp_mlp = (moe_mlp_macs_per_token(model) if model.moe is not None
                else dense_mlp_macs_per_token(model))
     logits = model.hidden_size * model.padded_vocab_size
     return MULTIPLY_ADD * (model.num_layers * attention + decoder_mlp_macs_per_token(model)

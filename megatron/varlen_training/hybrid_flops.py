@@ -62,7 +62,7 @@ def hybrid_floating_point_operations(model: ModelConfig, seqlen_sum: int,
     pattern = model.hybrid.hybrid_layer_pattern
     per_token = {ATTENTION: _attention_linear(model), MLP: _mlp_linear(model),
                  MAMBA: mamba_macs_per_token(model)}
-    if getattr(model, "moe", None) is not None:  # a model without the field has no experts
+    if model.moe is not None:
         per_token[MOE] = moe_mlp_macs_per_token(model)
     linear = (sum(per_token[symbol] for symbol in pattern)
               + model.hidden_size * model.padded_vocab_size)

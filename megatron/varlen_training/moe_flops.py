@@ -32,7 +32,7 @@ def moe_mlp_macs_per_token(model: ModelConfig) -> int:
 
 def decoder_mlp_macs_per_token(model: ModelConfig) -> int:
     """The MLP halves of all decoder layers per token: MoE where --moe-layer-freq says."""
-    if getattr(model, "moe", None) is None:  # a model without the field has no experts
+    if model.moe is None:
         return model.num_layers * dense_mlp_macs_per_token(model)
     flags = model.moe.is_moe_layer(model.num_layers)
     return (sum(flags) * moe_mlp_macs_per_token(model)
