@@ -183,6 +183,9 @@ def _patch(owner: Any, attr: str, value: Any) -> None:
 class _CpuEvent:
     """Stands in for a ``torch.cuda.Event``: CPU work is already complete when recorded."""
 
+    def __init__(self, *args, **kwargs):
+        pass
+
     def synchronize(self) -> None:
         return None
 
@@ -195,7 +198,16 @@ class _CpuEvent:
 
 class _CpuStream:
     """Stands in for a ``torch.cuda.Stream`` (megatron-core's MoE all-to-all dispatcher makes a
-    side stream for its device-to-host copies): one stream, CPU work runs in program order."""
+    side stream for its device-to-host copies): one stream, CPU work runs in program order.
+    A class, so annotations such as ``torch.cuda.Stream | None`` (transformers) still work;
+    constructing it gives the one instance."""
+
+    _instance = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
 
     def wait_stream(self, stream) -> None:
         return None
@@ -226,10 +238,10 @@ def _patch_torch_cuda() -> None:
     _patch(torch.cuda, "manual_seed", lambda seed: None)
     _patch(torch.cuda, "manual_seed_all", lambda seed: None)
     # Streams: the one CPU "stream" is every stream, so no side-stream bookkeeping happens.
-    _patch(torch.cuda, "Stream", lambda *a, **k: _CPU_STREAM)
+    _patch(torch.cuda, "Stream", _CpuStream)
     _patch(torch.cuda, "current_stream", lambda *a, **k: _CPU_STREAM)
     _patch(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext())
-    _patch(torch.cuda, "Event", lambda *a, **k: _CpuEvent())
+    _patch(torch.cuda, "Event", _CpuEvent)
     if _FORCED_CPU:  # a GPU is visible but not ours: everything that asks must hear "no CUDA"
         _patch(torch.cuda, "is_available", lambda: False)
 
