@@ -129,6 +129,10 @@ def _check_routing(args, require) -> None:
             f"--moe-expert-capacity-factor {args.moe_expert_capacity_factor} drops tokens by a "
             f"capacity computed from the micro-batch's token count, which packing changes (the "
             f"trained model would depend on the packing): drop the flag with --sequence-packing")
+    require(packing or not args.mtp_num_layers or args.context_parallel_size == 1,
+            f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
+            f"{args.context_parallel_size} needs --sequence-packing (unpacked CP splits each "
+            f"sample before the MTP layers' routers could drop its last positions)")
     require(args.moe_router_topk > 1 or args.moe_router_score_function != "softmax"
             or args.moe_router_pre_softmax,
             "--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax (a softmax "

@@ -50,6 +50,8 @@ def test_dense_run_has_no_moe_config():
     (MOE + ["--sequence-packing", "--micro-batch-size", "1", "--moe-expert-capacity-factor",
             "1.5"], 1, "--moe-expert-capacity-factor 1.5 drops tokens"),
     (MOE + ["--moe-router-topk", "1"], 1, "needs --moe-router-pre-softmax"),
+    (MOE + ["--mtp-num-layers", "1", "--context-parallel-size", "2", "--seq-length", "32"], 2,
+     "and --context-parallel-size 2 needs --sequence-packing"),
     (MOE + ["--moe-layer-freq", "[1,0,1]"], 1, "--moe-layer-freq has 3 entries for --num-layers 2"),
     (MOE + ["--moe-layer-freq", "2+1"], 1, "--moe-layer-freq '2+1'"),
     (MOE + ["--moe-aux-loss-coeff", "-1"], 1, "--moe-aux-loss-coeff must be"),
