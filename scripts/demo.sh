@@ -11,6 +11,8 @@
 #   7. Pretraining on real text (the Python standard library's functions and classes, offline):
 #      preprocessed to .bin/.idx, every document of every sample packed as its own sequence
 #      with dynamic CP (DP=2 x CP=2).
+#   8. A Mixture-of-Experts GPT (expert parallelism 2) on the same packed SFT data with dynamic
+#      CP, printing its balancing losses beside lm loss (docs/MOE.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}")
@@ -67,3 +69,14 @@ CORPUS=$(mktemp -d)
   --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
   --max-seqlen-per-dp-cp-rank 128
 rm -rf "$CORPUS"
+echo "== 8. Mixture of Experts (8 experts, top-2, EP=2), packed SFT with dynamic CP (DP=2 x CP=2) =="
+"${TORCHRUN[@]}" pretrain_gpt.py "${TINY[@]}" --num-layers 2 --seq-length 512 \
+  --micro-batch-size 1 --global-batch-size 16 --train-iters 20 \
+  --sft --data-path examples/data/sft_tiny.jsonl --tokenizer-type ByteLevelTokenizer \
+  --hidden-dropout 0 --attention-dropout 0 --disable-bias-linear \
+  --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 64 \
+  --moe-shared-expert-intermediate-size 64 --expert-model-parallel-size 2 \
+  --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-2 \
+  --moe-z-loss-coeff 1e-3 \
+  --sequence-packing --dynamic-context-parallel --context-parallel-size 2 \
+  --max-seqlen-per-dp-cp-rank 128

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    data_arguments, document_arguments, flag_ranges, recipe_arguments, recompute_arguments,
-    reliability_arguments, run_description, schedule_arguments, sft_arguments, varlen_arguments,
+    data_arguments, document_arguments, flag_ranges, moe_arguments, recipe_arguments,
+    recompute_arguments, reliability_arguments, run_description, schedule_arguments,
+    sft_arguments, varlen_arguments,
 )
 from megatron.varlen_training.errors import print_error_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -232,6 +233,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     reliability_arguments.add_reliability_args(parser)
     recompute_arguments.add_recompute_args(parser)
     recipe_arguments.add_recipe_args(parser)
+    moe_arguments.add_moe_args(parser)
     return parser
 
 
@@ -349,6 +351,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     data_arguments.validate_indexed_data_args(args, require)
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
+    moe_arguments.validate_moe_args(args, require)
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)

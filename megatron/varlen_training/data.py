@@ -8,6 +8,7 @@ path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.packing.data_sched
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -16,6 +17,7 @@ from megatron.core import parallel_state
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
 from megatron.varlen_training.datasets.sample_reader import SampleReader
+from megatron.varlen_training.moe_flops import linear_cost_scale
 from megatron.varlen.packing import (
     GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
 )
@@ -63,6 +65,16 @@ def _sample_reader(dataset, global_batch_size: int, indices_of, num_workers: int
     return SampleReader(dataset, indices_of, len(dataset) // global_batch_size, num_workers)
 
 
+def _with_padding_mask(samples: list[dict]) -> dict:
+    """The collated [b, s] batch plus ``padding_mask`` ([b, s] bool, True on the padding after
+    each sample): megatron-core's MoE routing argument, so routers count real tokens only."""
+    batch = collate_padded(samples)
+    lengths = torch.tensor([sample["length"] for sample in samples])
+    positions = torch.arange(batch["tokens"].shape[1])
+    batch["padding_mask"] = positions.unsqueeze(0) >= lengths.unsqueeze(1)
+    return batch
+
+
 class UnpackedBatchProvider:
     """Every sample padded to --seq-length, micro-batches of --micro-batch-size per DP rank;
     ``num_workers`` processes read ahead (--num-workers).
@@ -98,7 +110,7 @@ class UnpackedBatchProvider:
         if self.transform is not None:
             read = map(self.transform, read)
         samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
-        microbatches = [_to_device(_slice_for_context_parallel(collate_padded(mb)))
+        microbatches = [_to_device(_slice_for_context_parallel(_with_padding_mask(mb)))
                         for mb in samples]
         seqlen_sum, seqlen_squared_sum = _global_length_sums(
             self.length_sums([sample for mb in samples for sample in mb]))
@@ -141,6 +153,15 @@ def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
     return items[start: start + base + (1 if dp_rank < extra else 0)]
 
 
+def _cost_model(run: RunConfig, attention_fraction: float | None) -> CostModel:
+    """The scheduler's cost model of the run's model: the profile's coefficients, attention
+    weighted by the quadratic layers' share, the linear term by MoE's activated experts."""
+    cost = CostModel.for_model(run.model.hidden_size, run.packing.hardware_profile,
+                               a=attention_fraction)
+    scale = linear_cost_scale(run.model)
+    return cost if scale == 1.0 else dataclasses.replace(cost, b=cost.b * scale)
+
+
 def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float | None = None,
                          extra_token_fields: tuple[str, ...] = ()) -> PackingConfig:
     """The packing path's settings for a run; ``attention_fraction``: the share of layers that
@@ -158,8 +179,7 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
         vpp_group_size=pp if parallel.virtual_pipeline_model_parallel_size else 1,
         min_num_microbatches=pp,
         pipeline_stages=pp,
-        cost=CostModel.for_model(run.model.hidden_size, packing.hardware_profile,
-                                 a=attention_fraction),
+        cost=_cost_model(run, attention_fraction),
         fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
         extra_token_fields=tuple(extra_token_fields),
         validate_schedules=packing.validate_packing_schedules,

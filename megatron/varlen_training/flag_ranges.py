@@ -152,6 +152,18 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "exit_duration_in_mins": POSITIVE_FLOAT,
     # activation recomputation (recompute_arguments.py; the chunk's layer count is checked there)
     "recompute_num_layers": COUNT,
+    # mixture of experts (moe_arguments.py)
+    "num_experts": COUNT,
+    "moe_router_topk": COUNT,
+    "moe_ffn_hidden_size": COUNT,
+    "moe_shared_expert_intermediate_size": COUNT,
+    "expert_model_parallel_size": COUNT,
+    "expert_tensor_parallel_size": COUNT,
+    "moe_aux_loss_coeff": NON_NEGATIVE_FLOAT,
+    "moe_z_loss_coeff": NON_NEGATIVE_FLOAT,
+    "moe_router_topk_scaling_factor": POSITIVE_FLOAT,
+    # Capacity (tokens per expert) = factor x tokens x top-k / experts: 0 drops every token.
+    "moe_expert_capacity_factor": FlagRange(0.0, low_open=True, why="0 drops every token"),
     # hybrid Mamba models (hybrid_arguments.py, pretrain_mamba.py only)
     "hybrid_attention_ratio": FRACTION,
     "hybrid_mlp_ratio": FRACTION,

@@ -8,7 +8,8 @@ inside pretraining samples each document (packed pieces, or the unpacked path's
 ``--seq-length`` samples.
 
 Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), output projection
-2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h. Per sequence of length L, causal attention forward:
+2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h (an MoE layer: router and the ACTIVATED experts,
+moe_flops.py). Per sequence of length L, causal attention forward:
 QK^T and AV over the lower triangle, 2 * 2*q*L^2/2 = 2*q*L^2. Logits: 2*h*V per token.
 Multi-token prediction (--mtp-num-layers D), counted as Megatron-LM counts it: each depth is one
 more transformer layer (its linear and causal-attention terms) plus, per token, its eh
@@ -19,6 +20,9 @@ Training = forward + backward = 3x forward.
 from __future__ import annotations
 
 from megatron.varlen_training.config import ModelConfig
+from megatron.varlen_training.moe_flops import (
+    decoder_mlp_macs_per_token, dense_mlp_macs_per_token, moe_mlp_macs_per_token,
+)
 
 FORWARD_AND_BACKWARD = 3
 MULTIPLY_ADD = 2
@@ -27,14 +31,13 @@ MULTIPLY_ADD = 2
 MTP_NORMS = 3
 
 
-def _layer_linear_macs(model: ModelConfig) -> int:
-    """Multiply-adds per token of one transformer layer's projections and MLP (forward)."""
+def _attention_linear_macs(model: ModelConfig) -> int:
+    """Multiply-adds per token of one attention layer's projections (forward)."""
     head_dim = model.hidden_size // model.num_attention_heads
     q_dim = model.num_attention_heads * head_dim
     kv_dim = model.num_query_groups * head_dim
-    h, f = model.hidden_size, model.ffn_hidden_size
-    gate = 2 if model.swiglu else 1
-    return h * (q_dim + 2 * kv_dim) + q_dim * h + h * f * gate + f * h
+    h = model.hidden_size
+    return h * (q_dim + 2 * kv_dim) + q_dim * h
 
 
 def _mtp_macs_per_token(model: ModelConfig, layer_macs: int) -> int:
@@ -46,10 +49,13 @@ def _mtp_macs_per_token(model: ModelConfig, layer_macs: int) -> int:
 
 
 def _linear_flops_per_token(model: ModelConfig) -> int:
-    layer_macs = _layer_linear_macs(model)
+    attention = _attention_linear_macs(model)
+    # an MTP depth's layer is an MoE layer in an MoE model (model.py builds it so)
+    mtp_mlp = (moe_mlp_macs_per_token(model) if model.moe is not None
+               else dense_mlp_macs_per_token(model))
     logits = model.hidden_size * model.padded_vocab_size
-    return MULTIPLY_ADD * (model.num_layers * layer_macs + logits
-                           + _mtp_macs_per_token(model, layer_macs))
+    return MULTIPLY_ADD * (model.num_layers * attention + decoder_mlp_macs_per_token(model)
+                           + logits + _mtp_macs_per_token(model, attention + mtp_mlp))
 
 
 def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,

@@ -22,12 +22,11 @@ from megatron.varlen_training import flag_ranges
 from megatron.varlen_training.arguments import (
     build_parser, exit_on_flag_errors, require, validate_args,
 )
-from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE
 from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
-MOE = "E"  # megatron-core's MoE layer symbol: not supported here
-SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP)
+SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP, MOE)
 MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden size
 
 
@@ -35,7 +34,7 @@ def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's hybrid-model flags (same names and defaults)."""
     group = parser.add_argument_group("hybrid Mamba model")
     group.add_argument("--hybrid-override-pattern", default=None,
-                       help="One symbol per layer: M Mamba, * attention, - MLP (e.g. M*-M*-).")
+                       help="One symbol per layer: M Mamba, * attention, - MLP, E MoE (e.g. M*-M*E).")
     group.add_argument("--hybrid-attention-ratio", type=float, default=0.0,
                        help="Fraction of attention layers when no pattern is given.")
     group.add_argument("--hybrid-mlp-ratio", type=float, default=0.0,
@@ -65,8 +64,10 @@ def _layer_pattern(args) -> str:
         unknown = sorted(set(pattern) - set(SUPPORTED_SYMBOLS))
         require(not unknown,
                 f"--hybrid-override-pattern {pattern!r} has symbol(s) {unknown}; allowed: "
-                f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP; {MOE} MoE is "
-                f"not supported here)")
+                f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP, {MOE} MoE)")
+        require(MOE not in pattern or args.num_experts is not None,
+                f"--hybrid-override-pattern {pattern!r} has MoE layers ({MOE}): set "
+                f"--num-experts")
         require(len(pattern) == args.num_layers,
                 f"--hybrid-override-pattern {pattern!r} has {len(pattern)} layers but "
                 f"--num-layers is {args.num_layers} (make them equal)")
@@ -153,6 +154,20 @@ def mamba_layer_parameters(hidden: int, heads: int, head_dim: int, groups: int,
     return hidden * (2 * d_inner + 2 * groups * state_dim + heads) + d_inner * hidden
 
 
+def moe_layer_parameters(args) -> int:
+    """Weights one rank holds of an MoE layer (its experts split over expert parallelism),
+    counted like the layers' (whole before TP); 0 without --num-experts."""
+    if args.num_experts is None:
+        return 0
+    expert = flag_ranges.mlp_parameters(args.hidden_size,
+                                        args.moe_ffn_hidden_size or args.ffn_hidden_size,
+                                        args.swiglu)
+    shared = (flag_ranges.mlp_parameters(args.hidden_size,
+                                         args.moe_shared_expert_intermediate_size, args.swiglu)
+              if args.moe_shared_expert_intermediate_size else 0)
+    return args.num_experts // args.expert_model_parallel_size * expert + shared
+
+
 def hybrid_stack_parameters(args) -> int:
     """Weights of the whole hybrid stack, layer by layer of the resolved pattern."""
     kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
@@ -163,6 +178,7 @@ def hybrid_stack_parameters(args) -> int:
         ATTENTION: flag_ranges.attention_parameters(args.hidden_size, args.num_attention_heads,
                                                     args.num_query_groups, kv_channels),
         MLP: flag_ranges.mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu),
+        MOE: moe_layer_parameters(args),
     }
     return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)
 

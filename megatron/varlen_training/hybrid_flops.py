@@ -5,6 +5,7 @@ Per layer and token (forward, multiply-add = 2 FLOPs), by pattern symbol:
 * ``*`` attention: QKV 2*h*(q + 2*kv) + output projection 2*q*h, plus causal attention
   2*q*L^2 per sequence of length L (the only quadratic term, as in flops.py);
 * ``-`` MLP: 2*h*f*(2 if gated else 1) + 2*f*h;
+* ``E`` MoE: the router and the activated experts (top-k routed + shared), moe_flops.py;
 * ``M`` Mamba-2: in-projection 2*h*(2*d_inner + 2*g*n + H), depthwise causal conv
   2*(d_inner + 2*g*n)*w, the scan 3 * 2*d_inner*n (state decay, state update dt*x B^T, output
   S C: each one multiply-add per state entry per token -- LINEAR in L, whatever the chunking),
@@ -16,8 +17,9 @@ softplus, D skip) is not counted, as in flops.py.
 
 from __future__ import annotations
 
-from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, ModelConfig
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE, ModelConfig
 from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, MULTIPLY_ADD
+from megatron.varlen_training.moe_flops import moe_mlp_macs_per_token
 
 MAMBA_CONV_WIDTH = 4  # megatron-core's MambaMixer d_conv default
 SCAN_MACS_PER_STATE_ENTRY = 3  # decay, update, readout
@@ -60,6 +62,8 @@ def hybrid_floating_point_operations(model: ModelConfig, seqlen_sum: int,
     pattern = model.hybrid.hybrid_layer_pattern
     per_token = {ATTENTION: _attention_linear(model), MLP: _mlp_linear(model),
                  MAMBA: mamba_macs_per_token(model)}
+    if model.moe is not None:
+        per_token[MOE] = moe_mlp_macs_per_token(model)
     linear = (sum(per_token[symbol] for symbol in pattern)
               + model.hidden_size * model.padded_vocab_size)
     q_dim = model.num_attention_heads * (model.hidden_size // model.num_attention_heads)

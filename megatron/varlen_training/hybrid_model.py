@@ -12,7 +12,7 @@ import dataclasses
 from megatron.core import parallel_state
 from megatron.core.transformer import TransformerConfig
 from megatron.varlen_training.config import HybridConfig, RunConfig
-from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP
+from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE
 from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
 from megatron.varlen_training.model import build_model, build_transformer_config
 from megatron.varlen_training.model_family import ModelFamily
@@ -53,7 +53,8 @@ def describe_hybrid_model(hybrid: HybridConfig) -> str:
     """The start-up line pretrain_mamba.py prints (rank 0): layer pattern and Mamba sizes."""
     pattern = hybrid.hybrid_layer_pattern
     return (f"> hybrid layer pattern {pattern}: {pattern.count(MAMBA)} Mamba, "
-            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP layers; "
+            f"{pattern.count(ATTENTION)} attention, {pattern.count(MLP)} MLP, "
+            f"{pattern.count(MOE)} MoE layers; "
             f"{hybrid.mamba_num_heads_resolved} Mamba heads of dim {hybrid.mamba_head_dim}, state "
             f"{hybrid.mamba_state_dim}, {hybrid.mamba_num_groups} groups")
 

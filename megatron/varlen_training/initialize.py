@@ -12,7 +12,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.varlen_training.arguments import format_arguments
-from megatron.varlen_training.config import ParallelConfig, RunConfig
+from megatron.varlen_training.config import MoEConfig, ParallelConfig, RunConfig
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups
 
@@ -41,8 +41,9 @@ def initialize_distributed(timeout_minutes: float | None = None) -> None:
         timedelta(minutes=timeout_minutes))
 
 
-def initialize_model_parallel(parallel: ParallelConfig) -> None:
-    """Creates megatron-core's TP/PP/CP/DP groups for the run's parallel sizes."""
+def initialize_model_parallel(parallel: ParallelConfig, moe: MoEConfig | None = None) -> None:
+    """Creates megatron-core's TP/PP/CP/DP groups for the run's parallel sizes (and the expert
+    groups of ``moe``: EP, expert TP, expert DP)."""
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
@@ -50,6 +51,8 @@ def initialize_model_parallel(parallel: ParallelConfig) -> None:
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size,
+        expert_model_parallel_size=moe.expert_model_parallel_size if moe else 1,
+        expert_tensor_parallel_size=moe.expert_tensor_parallel_size if moe else None,
     )
 
 
@@ -68,7 +71,7 @@ def set_random_seeds(seed: int) -> None:
 def initialize_megatron(run: RunConfig) -> None:
     """Everything a training process needs before the model is built."""
     initialize_distributed(run.parallel.distributed_timeout_minutes)
-    initialize_model_parallel(run.parallel)
+    initialize_model_parallel(run.parallel, run.model.moe)
     set_random_seeds(run.training.seed)
     print_rank_0(format_arguments(run.flag_values))  # Megatron-LM's start-up dump, once
 

@@ -19,6 +19,9 @@ SHARED_KEYS = (ITERATION_KEY, "lm_loss", "grad_norm", "lr", "consumed_samples",
                "seqlen_squared_sum", "step_time_s", "tokens_per_s", "tflops_per_device")
 """The keys every record starts with, in this order (:func:`to_json_record`)."""
 MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
+# Losses printed beside lm loss as Megatron-LM prints them (the MoE balancing losses).
+LOSS_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss",
+             "z_loss")
 
 
 @dataclass
@@ -40,6 +43,7 @@ class IterationMetrics:
     flops: int
     world_size: int
     extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
+    losses: dict = field(default_factory=dict)  # LOSS_KEYS the step reported (MoE)
 
     @property
     def tokens_per_s(self) -> float:
@@ -70,12 +74,13 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
         f"learning rate: {record['lr']:.6E}",
         f"global batch size: {record['global_batch_size']:5d}",
         f"lm loss: {record['lm_loss']:.6E}",
+        *(f"{key}: {record[key]:.6E}" for key in LOSS_KEYS if key in record),
     ]
     if record["grad_norm"] is not None:
         parts.append(f"grad norm: {record['grad_norm']:.3f}")
     parts.append(f"number of microbatches: {record['num_microbatches']}")
     for key, value in record.items():
-        if key not in SHARED_KEYS:
+        if key not in SHARED_KEYS and key not in LOSS_KEYS:
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
@@ -105,6 +110,7 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
         "tokens_per_s": m.tokens_per_s,
         "tflops_per_device": m.tflops_per_device,
     }
+    record.update(m.losses)
     record.update(m.extra)
     record.update(extra_metrics or {})
     return record

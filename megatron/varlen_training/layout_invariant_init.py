@@ -29,6 +29,9 @@ _WORD_EMBEDDING = "embedding.word_embeddings.weight"
 _TIED_OUTPUT = "output_layer.weight"
 _MTP_PREFIX = "mtp."
 _SEED_BYTES = 8
+# A routed expert's parameters: ``...mlp.experts.local_experts.<i>.``; <i> is the index among
+# this expert-parallel rank's experts, the canonical name uses the global expert index.
+_LOCAL_EXPERT = re.compile(r"(^|\.)experts\.local_experts\.(\d+)\.")
 
 
 def _name_seed(seed: int, name: str) -> int:
@@ -36,10 +39,27 @@ def _name_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:_SEED_BYTES], "little") & ((1 << 63) - 1)
 
 
+def _global_expert_name(module: torch.nn.Module, name: str) -> str:
+    """``name`` with a routed expert's local index replaced by its global one (expert
+    parallelism gives rank r experts r * local .. (r + 1) * local - 1)."""
+    match = _LOCAL_EXPERT.search(name)
+    if match is None:
+        return name
+    experts = module.get_submodule(name[: match.end() - 1].rsplit(".", 2)[0])
+    first = parallel_state.get_expert_model_parallel_rank() * experts.num_local_experts
+    return name[: match.start(2)] + str(first + int(match.group(2))) + name[match.end(2):]
+
+
+def is_expert_parameter(name: str) -> bool:
+    """Whether ``name`` is a routed expert's parameter (sharded over expert TP, not TP)."""
+    return _LOCAL_EXPERT.search(name) is not None
+
+
 def canonical_parameter_name(module: torch.nn.Module, name: str, tied_output: bool) -> str:
     """The layout-free name of a parameter of a GPTModel chunk."""
     if tied_output and name == _TIED_OUTPUT:
         return _WORD_EMBEDDING
+    name = _global_expert_name(module, name)
     if name.startswith(_MTP_PREFIX):  # MTP layers live on the last stage, never renumbered
         return name
     match = _LAYER_INDEX.search(name)
@@ -82,15 +102,24 @@ def _shard(full: torch.Tensor, dim: int | None, tp_size: int, tp_rank: int, gate
     return full.chunk(tp_size, dim=dim)[tp_rank]
 
 
+def tensor_parallel_shard(name: str) -> tuple[int, int]:
+    """(size, rank) of the group that shards parameter ``name``: expert TP for routed experts,
+    TP for everything else."""
+    if is_expert_parameter(name):
+        return (parallel_state.get_expert_tensor_parallel_world_size(),
+                parallel_state.get_expert_tensor_parallel_rank())
+    return (parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_tensor_model_parallel_rank())
+
+
 @torch.no_grad()
 def initialize_layout_invariant(chunks: list[torch.nn.Module], seed: int, std: float,
                                 num_layers: int, tied_output: bool, gated_mlp: bool) -> None:
     """Overwrites every parameter of the (unwrapped) model chunks in place."""
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             canonical = canonical_parameter_name(chunk, name, tied_output)
+            tp_size, tp_rank = tensor_parallel_shard(name)
             mamba = mamba_parameter_shard(chunk, name, canonical, param,
                                           lambda key: _name_seed(seed, key), std, num_layers,
                                           tp_size, tp_rank)

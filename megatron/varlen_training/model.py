@@ -13,8 +13,10 @@ from megatron.varlen_training.layout_invariant_init import initialize_layout_inv
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.varlen_arguments import precision_dtype
 from megatron.varlen.model import (
-    VarlenGPTModel, get_varlen_decoder_block_spec, get_varlen_mtp_block_spec, load_layer_spec,
+    VarlenGPTModel, get_varlen_decoder_block_spec, get_varlen_moe_block_spec,
+    get_varlen_mtp_block_spec, load_layer_spec, with_moe_mlp,
 )
+from megatron.varlen_training.moe_model import moe_transformer_config
 from megatron.varlen.platform import (
     describe_attention_backend, get_device, resolve_attention_backend, use_bias_dropout_add_fusion,
     use_cpu,
@@ -74,9 +76,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         # building the VPP path), so CPU runs send p2p messages one at a time.
         batch_p2p_comm=not use_cpu(),
         variable_seq_lengths=run.packing.variable_seq_lengths,
-        # Unused by dense models, but megatron-core rejects its default ("allgather") together
-        # with variable_seq_lengths even when there are no experts.
-        moe_token_dispatcher_type="alltoall",
+        **moe_transformer_config(model.moe),
         gradient_accumulation_fusion=False,
         # CUDA only, only where there is something to fuse, and only where the compiled kernel
         # gives the unfused numbers (probed).
@@ -97,18 +97,29 @@ def aligned_param_gather(run: RunConfig) -> bool:
     """Megatron-LM aligns the distributed optimizer's parameter all-gathers across pipeline
     stages under VPP only (the schedule then starts them; 1F1B without VPP cannot)."""
     return run.parallel.virtual_pipeline_model_parallel_size is not None
+def _decoder_specs(run: RunConfig, config, vp_stage: int | None):
+    """(decoder block spec, MTP block spec or None) of this stage: MoE layers where
+    --moe-layer-freq says (MTP layers are MoE too with --num-experts)."""
+    model = run.model
+    layer_spec = load_layer_spec(model.spec, model.normalization, attention_backend(model),
+                                 qk_layernorm=model.qk_layernorm)
+    if model.moe is None:
+        block = get_varlen_decoder_block_spec(config, layer_spec, vp_stage)
+    else:
+        block = get_varlen_moe_block_spec(config, layer_spec, vp_stage)
+        layer_spec = with_moe_mlp(layer_spec)
+    mtp_spec = (get_varlen_mtp_block_spec(config, layer_spec, vp_stage=vp_stage)
+                if config.mtp_num_layers else None)
+    return block, mtp_spec
 
 
 def _build_chunk(run: RunConfig, config, vp_stage: int | None) -> VarlenGPTModel:
     model = run.model
     kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
-    layer_spec = load_layer_spec(model.spec, model.normalization, attention_backend(model),
-                                 qk_layernorm=model.qk_layernorm)
-    mtp_spec = (get_varlen_mtp_block_spec(config, layer_spec, vp_stage=vp_stage)
-                if config.mtp_num_layers else None)
+    block_spec, mtp_spec = _decoder_specs(run, config, vp_stage)
     return VarlenGPTModel(
         config=config,
-        transformer_layer_spec=get_varlen_decoder_block_spec(config, layer_spec, vp_stage),
+        transformer_layer_spec=block_spec,
         mtp_block_spec=mtp_spec,
         vocab_size=model.padded_vocab_size,
         max_sequence_length=model.max_position_embeddings,

@@ -83,7 +83,8 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
                               started_at=start)
         trainer.write_metrics(trainer.record(report))
         history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
-                        "validation_loss": _maybe_evaluate(trainer, valid_provider)})
+                        "validation_loss": _maybe_evaluate(trainer, valid_provider),
+                        **report.metrics.losses})
         trainer.save_if_due()
         stop = exits.reason(trainer.state.iteration)  # every rank, every iteration: it agrees
     if stop is not None and trainer.state.iteration < train_iters:

@@ -56,6 +56,9 @@ LEARNED_POSITIONS = "learned_absolute"  # the one position encoding with a table
 # Keys are the flags' dests, which are also the names of the config fields recorded.
 _HYBRID_KEYS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
                 "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+# MoE model shape (moe_arguments.py): a dense run records None, so it never matches an MoE one.
+_MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+             "moe_shared_expert_intermediate_size", "moe_layer_freq")
 MODEL_KEYS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
@@ -64,7 +67,7 @@ MODEL_KEYS = (
     # Hugging Face families (--hf-checkpoint) and hybrid models (pretrain_mamba.py): a GPT run
     # records None for the hybrid keys, so a GPT checkpoint never matches a hybrid run.
     "kv_channels", "norm_epsilon", "add_qkv_bias", "qk_layernorm", "use_rope_scaling",
-    "rope_scaling_factor", *_HYBRID_KEYS,
+    "rope_scaling_factor", *_HYBRID_KEYS, *_MOE_KEYS,
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
@@ -73,6 +76,9 @@ DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", 
 RECORDED_BEFORE = {"packing_unit": "sample"}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
+# With expert parallelism megatron-core keeps the experts' optimizer state in an optimizer of
+# its own (a chained optimizer): EP 1 and EP > 1 checkpoints have different optimizer layouts.
+EXPERT_PARALLEL_KEY = "expert_model_parallel_size"
 DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
 # Recorded for messages, not compared: the padded vocabulary's inputs (it is derived, not a
 # flag), --seq-length (which --max-position-embeddings follows unless given) and --data-path
@@ -142,9 +148,12 @@ def _recorded_values(run: RunConfig) -> dict:
     """The run's value of every key ``run_args.json`` records, from the config holding it."""
     model, hybrid, data = run.model, run.model.hybrid, run.data
     values = {key: getattr(model, key) for key in MODEL_KEYS
-              if key not in _HYBRID_KEYS and key != "tokenizer_type"}
+              if key not in _HYBRID_KEYS + _MOE_KEYS and key != "tokenizer_type"}
     values.update({key: getattr(hybrid, key) if hybrid is not None else None
                    for key in _HYBRID_KEYS})
+    moe = model.moe
+    values.update({key: getattr(moe, key) if moe is not None else None for key in _MOE_KEYS})
+    values[EXPERT_PARALLEL_KEY] = moe.expert_model_parallel_size if moe is not None else 1
     values.update(
         tokenizer_type=data.tokenizer_type,
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
@@ -162,7 +171,8 @@ def _recorded_values(run: RunConfig) -> dict:
 def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
     values = _recorded_values(run)
-    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY,) + DATA_ORDER_KEYS + _CONTEXT_KEYS
+    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY) + DATA_ORDER_KEYS \
+        + _CONTEXT_KEYS
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
@@ -256,6 +266,13 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     if parts.optimizer and saved_layout is not None \
             and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
+    saved_ep = saved.get(EXPERT_PARALLEL_KEY) or 1
+    if parts.optimizer and (saved_ep > 1) != (mine[EXPERT_PARALLEL_KEY] > 1):
+        raise CheckpointError(
+            f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, "
+            f"this run has {mine[EXPERT_PARALLEL_KEY]}: megatron-core keeps a separate expert "
+            f"optimizer only with expert parallelism, so the optimizer states do not convert "
+            f"between 1 and > 1 (resume with {'> 1' if saved_ep > 1 else '1'})")
     if check_data and not parts.finetune and mine["data_entries"] is not None:
         return check_data_sources(saved, run) or note  # None: megatron.wrap's own batches
     return note

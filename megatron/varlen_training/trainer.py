@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron.varlen_training import checkpointing, log, training
+from megatron.varlen_training import checkpointing, log, moe_model, training
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data import build_packing_config
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
@@ -36,7 +36,7 @@ from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.varlen.packing import GlobalBatchPacker, StepBatches
-from megatron.varlen.platform import initialize_dynamic_cp_groups
+from megatron.varlen.platform import get_device, initialize_dynamic_cp_groups
 from megatron.varlen.scheduling import build_group_layout
 
 
@@ -149,8 +149,17 @@ class Trainer:
         loss, grad_norm = training.train_step(self.run, self.state, batches,
                                               forward_step_func=forward_step_func)
         self.state.iteration += 1
-        return StepReport(loss, grad_norm, self._metrics(batches, loss, grad_norm,
-                                                         time.perf_counter() - started_at))
+        metrics = self._metrics(batches, loss, grad_norm, time.perf_counter() - started_at)
+        metrics.losses.update(self._moe_losses())
+        return StepReport(loss, grad_norm, metrics)
+
+    def _moe_losses(self) -> dict[str, float]:
+        """The step's MoE balancing losses (Megatron-LM's names; every rank takes part)."""
+        model = self.run.model
+        losses = moe_model.step_losses(model.moe, model.num_layers, model.mtp_num_layers,
+                                       get_device())
+        moe_model.reset_global_balancing(self.state.model)
+        return losses
 
     def _metrics(self, batches: StepBatches, loss, grad_norm, step_time: float
                  ) -> IterationMetrics:

@@ -163,7 +163,7 @@ def forward_step(data_iterator, model):
     output = model(
         batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
         packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
-        padding_mask=batch.get("padding_mask"),  # packed micro-batches: for MoE routing
+        padding_mask=batch.get("padding_mask"),  # MoE routing: packed and unpacked batches
     )
     return output, partial(loss_func, batch["loss_mask"])
 

@@ -24,6 +24,10 @@ PACKING_ONLY_FLAGS = {"--sequence-packing": 0, "--dynamic-context-parallel": 0,
 DATA_SHA256_KEY = "data_sha256"  # golden_values.json: the corpus the goldens were recorded on
 GOLDEN_FILE = "golden_values.json"
 LOSS_KEY = "lm loss"
+# Golden metric name (Megatron-LM's) -> the key in a run's history.
+METRIC_KEYS = {LOSS_KEY: "lm_loss", "load_balancing_loss": "load_balancing_loss",
+               "seq_load_balancing_loss": "seq_load_balancing_loss",
+               "global_load_balancing_loss": "global_load_balancing_loss", "z_loss": "z_loss"}
 RUN_TIMEOUT_S = 600
 
 
@@ -81,10 +85,18 @@ def case_names() -> list[str]:
     return sorted(p.parent.name for p in CASES_ROOT.glob("*/*/model_config.yaml"))
 
 
-def run_case(argv, nproc: int, entry_point: str = "pretrain_gpt.py") -> list[float]:
+def run_case_metrics(argv, nproc: int, entry_point: str = "pretrain_gpt.py"
+                     ) -> dict[str, list[float]]:
+    """Every golden metric the run reports, per iteration (lm loss; MoE balancing losses)."""
     results = run_distributed(ENTRY_POINTS[entry_point], nproc, args=(list(argv),),
                               timeout_s=RUN_TIMEOUT_S)
-    return [h["lm_loss"] for h in loss_owner_history(results)]
+    history = loss_owner_history(results)
+    return {name: [h[key] for h in history] for name, key in METRIC_KEYS.items()
+            if history and history[0].get(key) is not None}
+
+
+def run_case(argv, nproc: int, entry_point: str = "pretrain_gpt.py") -> list[float]:
+    return run_case_metrics(argv, nproc, entry_point)[LOSS_KEY]
 
 
 def unpacked_twin_argv(case: Case) -> list[str]:
@@ -102,9 +114,15 @@ def unpacked_twin_argv(case: Case) -> list[str]:
     return argv + ["--calculate-per-token-loss"]
 
 
+def read_golden_metrics(case: Case) -> dict[str, list[float]]:
+    """Every metric of the golden file, per iteration."""
+    record = json.loads(case.golden_path.read_text())
+    return {name: [entry["values"][str(step)] for step in sorted(map(int, entry["values"]))]
+            for name, entry in record.items() if name != DATA_SHA256_KEY}
+
+
 def read_golden(case: Case) -> list[float]:
-    values = json.loads(case.golden_path.read_text())[LOSS_KEY]["values"]
-    return [values[str(step)] for step in sorted(map(int, values))]
+    return read_golden_metrics(case)[LOSS_KEY]
 
 
 def golden_data_sha256(case: Case) -> str | None:
@@ -112,9 +130,15 @@ def golden_data_sha256(case: Case) -> str | None:
     return json.loads(case.golden_path.read_text()).get(DATA_SHA256_KEY)
 
 
-def write_golden(case: Case, losses: list[float], data_sha256: str | None = None) -> None:
-    record = {LOSS_KEY: {"start_step": 1, "end_step": len(losses), "step_interval": 1,
-                         "values": {str(i + 1): loss for i, loss in enumerate(losses)}}}
+def write_golden(case: Case, metrics: dict[str, list[float]] | list[float],
+                 data_sha256: str | None = None) -> None:
+    """``metrics``: metric name -> values per iteration (a list: the lm loss alone);
+    ``data_sha256``: the ``DATA`` corpus's hash the values hold for."""
+    if not isinstance(metrics, dict):
+        metrics = {LOSS_KEY: metrics}
+    record = {name: {"start_step": 1, "end_step": len(values), "step_interval": 1,
+                     "values": {str(i + 1): value for i, value in enumerate(values)}}
+              for name, values in metrics.items()}
     if data_sha256 is not None:
         record[DATA_SHA256_KEY] = data_sha256
     case.golden_path.write_text(json.dumps(record, indent=2) + "\n")

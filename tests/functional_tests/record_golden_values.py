@@ -3,16 +3,16 @@
 import sys
 
 from tests.functional_tests.cases import (
-    case_names, load_case, run_case, with_data, write_golden,
+    case_names, load_case, run_case_metrics, with_data, write_golden,
 )
 
 
 def main(names: list[str]) -> None:
     for name in names or case_names():
         case, data_sha256 = with_data(load_case(name))
-        losses = run_case(case.argv, case.nproc, case.entry_point)
-        write_golden(case, losses, data_sha256)
-        print(f"{name}: {losses}", flush=True)
+        metrics = run_case_metrics(case.argv, case.nproc, case.entry_point)
+        write_golden(case, metrics, data_sha256)
+        print(f"{name}: {metrics}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ attention, ``TENorm`` final norm). This spec has the same structure with local m
 * ``*``: the attention half of this fork's GPT layer spec (``CPSwitchingSelfAttention`` with
   THD/CP core attention, ``VarlenNorm``), MLP slots empty;
 * ``-``: the MLP half of that spec in megatron-core's ``MLPLayer``;
+* ``E``: the same with megatron-core's ``MoELayer`` as the MLP (plain-torch experts, our router:
+  see ``megatron/varlen/model/moe_spec.py``);
 * final norm: :class:`VarlenMambaStack` builds a ``VarlenNorm`` (SP-capable) instead of
   megatron-core's ``TENorm``;
 * full activation recomputation: :class:`VarlenMambaStack` runs its layers through
@@ -37,6 +39,7 @@ from megatron.varlen.mamba.layer_recompute import FULL, checkpointed_forward  # 
 from megatron.varlen.mamba.mixer import MambaMixerSubmodules, VarlenMambaMixer  # noqa: E402
 from megatron.varlen.model.norms import VarlenNorm  # noqa: E402
 from megatron.varlen.model.spec import get_varlen_gpt_layer_spec  # noqa: E402
+from megatron.varlen.model.moe_spec import RoutesMicroBatch, with_moe_mlp  # noqa: E402
 
 
 class VarlenMambaStack(MambaStack):
@@ -91,11 +94,17 @@ def _mlp_only(layer: ModuleSpec) -> ModuleSpec:
         self_attn_bda=IdentityFuncOp))
 
 
+class VarlenMoEMLPLayer(RoutesMicroBatch, MLPLayer):
+    """``E``: megatron-core's ``MLPLayer`` with an MoE MLP routed per micro-batch."""
+
+
 def get_varlen_hybrid_stack_spec() -> ModuleSpec:
-    """The hybrid stack spec (plain torch; CPU and GPU)."""
+    """The hybrid stack spec (plain torch; CPU and GPU); ``E`` layers are MoE-only layers
+    (built only when the pattern has them, which needs experts in the config)."""
     layer = get_varlen_gpt_layer_spec(use_te=False)
     return ModuleSpec(module=VarlenMambaStack, submodules=MambaStackSubmodules(
         mamba_layer=_mamba_layer_spec(),
         attention_layer=_attention_only(layer),
         mlp_layer=_mlp_only(layer),
+        moe_layer=with_moe_mlp(_mlp_only(layer), layer_class=VarlenMoEMLPLayer),
     ))

@@ -16,14 +16,48 @@ real token ever sees a padding key, and the rolled loss mask keeps padding out o
 
 from __future__ import annotations
 
+import torch
+
 from megatron.core.models.gpt import GPTModel
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_group import resolve_cp_group, use_cp_group
+from megatron.varlen.model.moe_spec import RoutesMicroBatch
 from megatron.varlen.packing.packed_seq import with_padded_as_real
 
 
+def _shifted_padding(padding_mask, depth: int):
+    """[b, s] True where position t + ``depth`` is padding or past the end."""
+    shifted = torch.ones_like(padding_mask, dtype=torch.bool)
+    shifted[:, : padding_mask.shape[1] - depth] = padding_mask[:, depth:]
+    return shifted
+
+
 class VarlenGPTModel(GPTModel):
-    """GPTModel whose MTP rolls stay inside each packed sequence on the micro-batch's CP group."""
+    """GPTModel whose MTP rolls stay inside each packed sequence on the micro-batch's CP group
+    (and whose MTP MoE layers see the model's padding mask, which megatron-core does not pass)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for depth, layer in enumerate(self._mtp_moe_layers(), start=1):
+            layer.mtp_depth = depth
+
+    def _mtp_moe_layers(self) -> list:
+        """The MTP layers with MoE MLPs routed per micro-batch, by depth."""
+        mtp = getattr(self, "mtp", None)  # megatron-core sets it only with MTP layers
+        return [layer.transformer_layer for layer in getattr(mtp, "layers", None) or []
+                if isinstance(layer.transformer_layer, RoutesMicroBatch)]
+
+    def forward(self, *args, padding_mask=None, **kwargs):
+        """``padding_mask`` ([b, s], unpacked batches): also handed to the MTP MoE layers, with
+        the last ``depth`` positions of each sample marked (their rolled input is no token)."""
+        layers = self._mtp_moe_layers() if padding_mask is not None else []
+        for layer in layers:
+            layer.default_padding_mask = _shifted_padding(padding_mask, layer.mtp_depth)
+        try:
+            return super().forward(*args, padding_mask=padding_mask, **kwargs)
+        finally:
+            for layer in layers:
+                layer.default_padding_mask = None
 
     def _mtp_modules(self) -> list:
         modules = [self]

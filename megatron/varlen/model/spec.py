@@ -23,6 +23,7 @@ from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules, get_num_layers_to_build,
 )
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.varlen.platform import accelerator
@@ -161,8 +162,12 @@ def get_varlen_mtp_block_spec(
     """
     core_attention = layer_spec.submodules.self_attention.submodules.core_attention
     uses_te = not _is_plain_torch_attention(core_attention)
+    # megatron-core takes a bare layer spec only when its class IS TransformerLayer; a subclass
+    # (the MoE layer that routes per micro-batch) goes in as a one-layer block.
+    spec = (layer_spec if layer_spec.module is TransformerLayer
+            else TransformerBlockSubmodules(layer_specs=[layer_spec]))
     block = get_gpt_mtp_block_spec(
-        config, layer_spec, use_transformer_engine=uses_te, vp_stage=vp_stage, pp_rank=pp_rank
+        config, spec, use_transformer_engine=uses_te, vp_stage=vp_stage, pp_rank=pp_rank
     )
     if block is None or uses_te:
         return block

@@ -57,6 +57,8 @@ class VarlenPackedSeqParams(PackedSeqParams):
     host_cu_seqlens: Optional[torch.Tensor] = None         # [n+1] int32, CPU, real lengths
     host_cu_seqlens_padded: Optional[torch.Tensor] = None  # [n+1] int32, CPU, padded lengths
     derived: MicroBatchCache = field(default_factory=MicroBatchCache)
+    # [n] int64, CPU: real tokens per sequence with pad-only fillers at 0 (MoE routing counts).
+    host_routed_lengths: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -78,15 +80,18 @@ def on_host(cu: torch.Tensor) -> torch.Tensor:
 def varlen_packed_seq_params(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor,
                              host_cu_seqlens: torch.Tensor, host_cu_seqlens_padded: torch.Tensor,
                              max_seqlen: int, local_cp_size: int,
-                             cp_group=None) -> VarlenPackedSeqParams:
+                             cp_group=None, routed_lengths: torch.Tensor | None = None
+                             ) -> VarlenPackedSeqParams:
     """THD params of one micro-batch: device boundaries for megatron-core (and TE), host ones
-    for our layers; q and kv share the boundaries (self-attention)."""
+    for our layers; q and kv share the boundaries (self-attention). ``routed_lengths``: the
+    pack's per-sequence real tokens with fillers at 0 (MoE routing statistics)."""
     return VarlenPackedSeqParams(
         qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
         cu_seqlens_q_padded=cu_seqlens_padded, cu_seqlens_kv_padded=cu_seqlens_padded,
         max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen, local_cp_size=local_cp_size,
         cp_group=cp_group, host_cu_seqlens=on_host(host_cu_seqlens),
-        host_cu_seqlens_padded=on_host(host_cu_seqlens_padded))
+        host_cu_seqlens_padded=on_host(host_cu_seqlens_padded),
+        host_routed_lengths=routed_lengths)
 
 
 def has_host_boundaries(params) -> bool:

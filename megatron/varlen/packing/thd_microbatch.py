@@ -58,6 +58,9 @@ class PackedMicroBatch:
     # Per-token fields the caller declared ([T] float32, padding and filler 0), laid out and
     # CP-split exactly like loss_mask.
     extra: dict = field(default_factory=dict)
+    # [n] int64: real tokens of each sequence, 0 for pad-only fillers (which cu_seqlens counts
+    # as attended tokens): what MoE routing statistics count.
+    routed_lengths: torch.Tensor | None = None
 
 
 def _cumulative(lengths: list[int]) -> torch.Tensor:
@@ -117,7 +120,7 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
                                           extra_fields, tail_policy)
     parts = {key: [] for key in (*_TOKEN_KEYS, _PADDING_MASK)}
     extra = {key: [] for key in extra_fields}
-    real = []
+    real, routed = [], []
     for seq, padded in zip(sequences, padded_lengths):
         length = int(seq["tokens"].numel())
         assert length <= padded, f"sequence of {length} tokens cannot be padded to {padded}"
@@ -130,6 +133,7 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         for key in extra_fields:
             extra[key].append(_pad_to(seq[key].float(), padded, 0.0))
         real.append(length)
+        routed.append(0 if seq.get(_FILLER) else length)
     filler_tokens = sum(padded_lengths[len(sample_ids):]) if sample_ids else 0
     return PackedMicroBatch(
         **{key: torch.cat(values) for key, values in parts.items()},
@@ -140,6 +144,7 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         sample_ids=tuple(sample_ids),
         real_tokens=sum(real) - filler_tokens,
         extra={key: torch.cat(values) for key, values in extra.items()},
+        routed_lengths=torch.tensor(routed, dtype=torch.int64),
     )
 
 
@@ -178,6 +183,6 @@ def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device,
     # With the host copies for the attention plan and RoPE: no layer reads boundaries back.
     inputs["packed_seq_params"] = varlen_packed_seq_params(
         cu_real, cu_padded, pack.cu_seqlens, pack.cu_seqlens_padded, max_seqlen, size,
-        cp_group=cp_group if size > 1 else None)
+        cp_group=cp_group if size > 1 else None, routed_lengths=pack.routed_lengths)
     inputs["sample_ids"] = pack.sample_ids  # bookkeeping for checks; the model ignores it
     return inputs

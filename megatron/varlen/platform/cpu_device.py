@@ -123,6 +123,8 @@ class _CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+
+
 class CpuRNGStatesTracker:
     """megatron's ``CudaRNGStatesTracker`` API backed by the CPU generator.
 
@@ -180,6 +182,48 @@ def _patch(owner: Any, attr: str, value: Any) -> None:
     setattr(owner, attr, value)
 
 
+class _CpuEvent:
+    """Stands in for a ``torch.cuda.Event``: CPU work is already complete when recorded."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream=None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class _CpuStream:
+    """Stands in for a ``torch.cuda.Stream`` (megatron-core's MoE all-to-all dispatcher makes a
+    side stream for its device-to-host copies): one stream, CPU work runs in program order.
+    A class, so annotations such as ``torch.cuda.Stream | None`` (transformers) still work;
+    constructing it gives the one instance."""
+
+    _instance = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+    def record_event(self, event=None) -> _CpuEvent:
+        return event or _CpuEvent()
+
+    def synchronize(self) -> None:
+        return None
+
+
+_CPU_STREAM = _CpuStream()
+
+
 def _patch_torch_cuda() -> None:
     """torch.cuda queries that raise without a driver answer as one CPU device.
 
@@ -195,6 +239,11 @@ def _patch_torch_cuda() -> None:
     _patch(torch.cuda, "empty_cache", lambda *a, **k: None)
     _patch(torch.cuda, "manual_seed", lambda seed: None)
     _patch(torch.cuda, "manual_seed_all", lambda seed: None)
+    # Streams: the one CPU "stream" is every stream, so no side-stream bookkeeping happens.
+    _patch(torch.cuda, "Stream", _CpuStream)
+    _patch(torch.cuda, "current_stream", lambda *a, **k: _CPU_STREAM)
+    _patch(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext())
+    _patch(torch.cuda, "Event", _CpuEvent)
     if _FORCED_CPU:  # a GPU is visible but not ours: everything that asks must hear "no CUDA"
         _patch(torch.cuda, "is_available", lambda: False)
 
@@ -214,6 +263,67 @@ def _patch_rng_tracker() -> None:
     _patch(mcore_random, "_set_cuda_rng_state", lambda *a, **k: None)
 
 
+def _patch_moe_host_copies() -> None:
+    """megatron-core's MoE all-to-all dispatcher copies its split sizes to the host as numpy
+    arrays (what ``all_to_all_single`` takes) only when they are CUDA tensors; on CPU they would
+    stay tensors, which it refuses. The copy runs in forward and backward (where torch function
+    modes are not active), so the dispatcher's helper itself is replaced."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    original = token_dispatcher.maybe_move_tensor_to_cpu
+
+    def host_copy(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.detach().cpu().numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    _patch(token_dispatcher, "maybe_move_tensor_to_cpu", host_copy)
+
+
+def _uneven_gather_along_first_dim(original):
+    """gloo's all_gather needs equal sizes; megatron-core's MoE dispatcher gathers each TP
+    rank's routed tokens (different counts) with ``output_split_sizes``: pad, gather, cut."""
+
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return original(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(size) for size in output_split_sizes]
+        padded = input_.new_zeros((max(sizes),) + tuple(input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(parts, padded, group=group)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    return gather
+
+
+def _uneven_reduce_scatter_along_first_dim(original):
+    """The backward of :func:`_uneven_gather_along_first_dim`'s gather (``input_split_sizes``):
+    sum over the group, keep this rank's rows (gloo has no uneven reduce-scatter)."""
+
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return original(input_, group, input_split_sizes, use_global_buffer)
+        sizes = [int(size) for size in input_split_sizes]
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        start = sum(sizes[: group.rank()])
+        return total[start: start + sizes[group.rank()]].clone()
+
+    return reduce_scatter
+
+
+def _patch_uneven_sequence_collectives() -> None:
+    """Uneven gathers and reduce-scatters over TP (MoE with TP and the all-to-all dispatcher);
+    they run in forward and backward, so megatron-core's helpers themselves are replaced."""
+    from megatron.core.tensor_parallel import mappings
+
+    _patch(mappings, "_gather_along_first_dim",
+           _uneven_gather_along_first_dim(mappings._gather_along_first_dim))
+    _patch(mappings, "_reduce_scatter_along_first_dim",
+           _uneven_reduce_scatter_along_first_dim(mappings._reduce_scatter_along_first_dim))
+
+
 def activate() -> bool:
     """Installs the CPU redirects once per process; returns True if they are active.
 
@@ -226,6 +336,8 @@ def activate() -> bool:
     if _ACTIVE_MODE is None:
         _patch_torch_cuda()
         _patch_rng_tracker()
+        _patch_moe_host_copies()
+        _patch_uneven_sequence_collectives()
         _ACTIVE_MODE = _CudaToCpuMode()
         _ACTIVE_MODE.__enter__()
     return True

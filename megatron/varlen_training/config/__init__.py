@@ -4,12 +4,13 @@ from megatron.varlen_training.config.checkpoint import CheckpointConfig
 from megatron.varlen_training.config.data import DataConfig
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.config.model import HybridConfig, ModelConfig
+from megatron.varlen_training.config.moe import MoEConfig
 from megatron.varlen_training.config.optimizer import OptimizerConfig
 from megatron.varlen_training.config.packing import SequencePackingConfig
 from megatron.varlen_training.config.parallel import ParallelConfig
 from megatron.varlen_training.config.run import RunConfig
 from megatron.varlen_training.config.training import TrainingConfig
 
-__all__ = ["CheckpointConfig", "DataConfig", "HybridConfig", "LoggingConfig", "ModelConfig",
+__all__ = ["CheckpointConfig", "DataConfig", "HybridConfig", "LoggingConfig", "ModelConfig", "MoEConfig",
            "OptimizerConfig", "ParallelConfig", "RunConfig", "SequencePackingConfig",
            "TrainingConfig"]

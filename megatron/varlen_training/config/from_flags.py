@@ -13,6 +13,7 @@ from megatron.varlen_training.config.checkpoint import CheckpointConfig
 from megatron.varlen_training.config.data import DataConfig
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.config.model import HybridConfig, ModelConfig
+from megatron.varlen_training.config.moe import MoEConfig
 from megatron.varlen_training.config.optimizer import OptimizerConfig
 from megatron.varlen_training.config.packing import SequencePackingConfig
 from megatron.varlen_training.config.parallel import ParallelConfig
@@ -32,14 +33,24 @@ def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
 
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
     spec = tuple(args.spec) if args.spec is not None else None
-    model = ModelConfig(**_values(args, ModelConfig, not_flags=("spec", "hybrid")), spec=spec,
-                        hybrid=hybrid)
+    model = ModelConfig(**_values(args, ModelConfig, not_flags=("spec", "hybrid", "moe")),
+                        spec=spec, hybrid=hybrid, moe=moe_config(args))
     if args.save_hf:  # fail at start-up, not after training, if the model has no HF form
         try:
             config_from_model(model)
         except HFConfigError as err:
             require(False, f"--save-hf: {err}")
     return model
+
+
+def moe_config(args) -> MoEConfig | None:
+    """The MoE layers (moe_arguments.py validated them), or None without --num-experts."""
+    if args.num_experts is None:
+        return None
+    values = _values(args, MoEConfig)
+    if isinstance(values["moe_layer_freq"], list):
+        values["moe_layer_freq"] = tuple(values["moe_layer_freq"])
+    return MoEConfig(**values)
 
 
 def hybrid_config(args) -> HybridConfig:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron.varlen_training import flag_ranges
+from megatron.varlen_training.config.moe import MoEConfig
 from megatron.varlen_training.config.validation import check_problems, check_ranges
 
-MAMBA, ATTENTION, MLP = "M", "*", "-"  # the layer symbols of a hybrid pattern
+MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"  # the layer symbols of a hybrid pattern
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class ModelConfig:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
+    moe: MoEConfig | None = None  # None: dense MLPs (no --num-experts)
 
     def __post_init__(self):
         check_ranges(self)

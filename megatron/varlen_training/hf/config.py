@@ -1,8 +1,9 @@
 """A Hugging Face ``config.json`` <-> our model flags, in one place.
 
 Supported: ``LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE with optional Llama-3 scaling, GQA, tied or
-untied embeddings), ``Qwen2ForCausalLM`` (+ QKV bias) and ``Qwen3ForCausalLM`` (+ QK RMSNorm, an
-explicit ``head_dim``). Every key of ``config.json`` is either mapped onto a flag, known to have
+untied embeddings), ``Qwen2ForCausalLM`` (+ QKV bias), ``Qwen3ForCausalLM`` (+ QK RMSNorm, an
+explicit ``head_dim``) and ``Qwen3MoeForCausalLM`` (Qwen3 with sparse MoE MLPs: experts, top-k,
+expert width, sparse layers, top-k renormalisation). Every key of ``config.json`` is either mapped onto a flag, known to have
 no effect on the forward pass, or pinned to the one value we support; anything else is refused
 with one line naming the key, so a checkpoint is never silently loaded into the wrong model.
 
@@ -34,7 +35,15 @@ ARCHITECTURES = {
     "LlamaForCausalLM": Family("llama", qkv_bias=False, qk_layernorm=False),
     "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True, qk_layernorm=False),
     "Qwen3ForCausalLM": Family("qwen3", qkv_bias=False, qk_layernorm=True),
+    "Qwen3MoeForCausalLM": Family("qwen3_moe", qkv_bias=False, qk_layernorm=True),
 }
+MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
+# Qwen3-MoE's MoE keys (transformers 5.x names the expert count num_local_experts, 4.x
+# num_experts); the router's own loss settings only matter to transformers' training.
+_MOE_KEYS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok",
+                       "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+                       "norm_topk_prob"})
+_MOE_TRAINING_KEYS = frozenset({"router_aux_loss_coef", "output_router_logits"})
 # Values transformers assumes when config.json omits the key (LlamaConfig's defaults).
 HF_DEFAULT_MAX_POSITIONS = 2048
 HF_DEFAULT_RMS_NORM_EPS = 1e-6
@@ -72,6 +81,19 @@ _MAPPED_KEYS = frozenset({
 _FULL_ATTENTION = "full_attention"
 
 
+@dataclass(frozen=True)
+class HFMoEConfig:
+    """Qwen3-MoE's sparse MLP: experts, top-k, expert width, which layers are sparse, and
+    whether the top-k weights are renormalised (megatron: softmax over the top-k logits) or not
+    (megatron: --moe-router-pre-softmax)."""
+
+    num_experts: int
+    topk: int
+    ffn_hidden_size: int
+    layer_freq: tuple[int, ...]
+    norm_topk_prob: bool
+
+
 class HFConfigError(ValueError):
     """A checkpoint directory or config we cannot use; the message is one line."""
 
@@ -95,6 +117,7 @@ class HFModelConfig:
     tied_embeddings: bool
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
+    moe: "HFMoEConfig | None" = None  # Qwen3-MoE's experts, None for dense models
 
     @property
     def qkv_bias(self) -> bool:
@@ -131,8 +154,30 @@ def _architecture(raw: dict, where: str) -> str:
     return names[0]
 
 
+def _moe_config(raw: dict, where: str) -> HFMoEConfig:
+    """Qwen3-MoE's sparse layers: layer l is sparse unless it is in ``mlp_only_layers`` or
+    ``(l + 1) % decoder_sparse_step`` is not 0 (transformers' rule)."""
+    experts = raw.get("num_local_experts", raw.get("num_experts"))
+    for key, value in (("num_experts", experts), ("num_experts_per_tok",
+                                                  raw.get("num_experts_per_tok")),
+                       ("moe_intermediate_size", raw.get("moe_intermediate_size"))):
+        if not isinstance(value, int) or value < 1:
+            raise HFConfigError(f"{where}: missing or non-positive {key!r}")
+    step = raw.get("decoder_sparse_step", 1)
+    dense = set(raw.get("mlp_only_layers") or [])
+    layers = range(raw["num_hidden_layers"])
+    return HFMoEConfig(
+        num_experts=experts, topk=raw["num_experts_per_tok"],
+        ffn_hidden_size=raw["moe_intermediate_size"],
+        layer_freq=tuple(int(l not in dense and (l + 1) % step == 0) for l in layers),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
+
+
 def _check_keys(raw: dict, where: str, architecture: str) -> None:
+    moe_keys = _MOE_KEYS | _MOE_TRAINING_KEYS if architecture == MOE_ARCHITECTURE else set()
     for key, value in raw.items():
+        if key in moe_keys:
+            continue
         if key in _PINNED_VALUES:
             if value is not None and value != _PINNED_VALUES[key]:
                 raise HFConfigError(f"{where}: unsupported value {key}={value!r} (supported: "
@@ -200,6 +245,7 @@ def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
         tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_id=raw.get("eos_token_id"),
+        moe=_moe_config(raw, where) if architecture == MOE_ARCHITECTURE else None,
     )
 
 
@@ -230,7 +276,16 @@ def flag_values(config: HFModelConfig) -> dict:
         "use_rope_scaling": config.rope_scaling_factor is not None,
         "rope_scaling_factor": config.rope_scaling_factor,
         "untie_embeddings_and_output_weights": not config.tied_embeddings,
+        **_moe_flag_values(config.moe),
     }
+
+
+def _moe_flag_values(moe: HFMoEConfig | None) -> dict:
+    if moe is None:
+        return {}
+    return {"num_experts": moe.num_experts, "moe_router_topk": moe.topk,
+            "moe_ffn_hidden_size": moe.ffn_hidden_size, "moe_layer_freq": list(moe.layer_freq),
+            "moe_router_pre_softmax": not moe.norm_topk_prob}
 
 
 # Defaults that follow the checkpoint but that a fine-tuning run may change freely.
@@ -261,7 +316,9 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
     if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
+    moe = _export_moe(model)
     architecture = ("Qwen2ForCausalLM" if model.add_qkv_bias else
+                    MOE_ARCHITECTURE if moe is not None else
                     "Qwen3ForCausalLM" if model.qk_layernorm else "LlamaForCausalLM")
     return HFModelConfig(
         architecture=architecture, num_layers=model.num_layers, hidden_size=model.hidden_size,
@@ -270,8 +327,37 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
         vocab_size=model.vocab_size, max_position_embeddings=model.max_position_embeddings,
         norm_epsilon=model.norm_epsilon, rotary_base=model.rotary_base,
         rope_scaling_factor=model.rope_scaling_factor if model.use_rope_scaling else None,
-        tied_embeddings=model.tied_output,
+        tied_embeddings=model.tied_output, moe=moe,
     )
+
+
+def _export_moe(model: ModelConfig) -> HFMoEConfig | None:
+    """Qwen3-MoE's sparse MLP of an MoE model; HFConfigError for what Qwen3-MoE cannot hold."""
+    moe = model.moe
+    if moe is None:
+        return None
+    unsupported = {"--moe-shared-expert-intermediate-size": moe.moe_shared_expert_intermediate_size,
+                   "--moe-router-topk-scaling-factor": moe.moe_router_topk_scaling_factor}
+    for flag, value in unsupported.items():
+        if value is not None:
+            raise HFConfigError(f"export to Hugging Face: Qwen3-MoE has no {flag} (got {value})")
+    if moe.moe_router_score_function != "softmax" or not model.qk_layernorm \
+            or model.add_qkv_bias:
+        raise HFConfigError("export to Hugging Face: an MoE model exports as Qwen3-MoE, which "
+                            "needs --qk-layernorm, softmax router scores and no QKV bias")
+    flags = moe.is_moe_layer(model.num_layers)
+    return HFMoEConfig(num_experts=moe.num_experts, topk=moe.moe_router_topk,
+                       ffn_hidden_size=moe.moe_ffn_hidden_size or model.ffn_hidden_size,
+                       layer_freq=tuple(int(flag) for flag in flags),
+                       norm_topk_prob=not moe.moe_router_pre_softmax)
+
+
+def _moe_config_json(moe: HFMoEConfig) -> dict:
+    dense = [layer for layer, sparse in enumerate(moe.layer_freq) if not sparse]
+    return {"num_experts": moe.num_experts, "num_local_experts": moe.num_experts,
+            "num_experts_per_tok": moe.topk, "moe_intermediate_size": moe.ffn_hidden_size,
+            "decoder_sparse_step": 1, "mlp_only_layers": dense,
+            "norm_topk_prob": moe.norm_topk_prob, "output_router_logits": False}
 
 
 def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
@@ -295,6 +381,8 @@ def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
         "tie_word_embeddings": config.tied_embeddings, "torch_dtype": torch_dtype,
         "attention_bias": config.qkv_bias, "attention_dropout": 0.0, "use_cache": True,
     }
+    if config.moe is not None:
+        raw.update(_moe_config_json(config.moe))
     if config.bos_token_id is not None:
         raw["bos_token_id"] = config.bos_token_id
     if config.eos_token_id is not None:

@@ -1,8 +1,8 @@
 """Write our GPT model as a Hugging Face checkpoint directory that ``transformers`` loads.
 
 Each pipeline stage writes its own safetensors shard: the stage's TP ranks gather each
-parameter over TP (only the first data/context-parallel replica takes part), TP rank 0 converts
-the full tensors to HF names and writes them. Global rank 0 then writes ``config.json``, the
+parameter over TP (routed experts over expert TP and expert parallelism), and TP rank 0 of the
+first data/context-parallel replica converts the full tensors to HF names and writes them. Global rank 0 then writes ``config.json``, the
 shard index (with PP > 1) and ``generation_config.json``. No rank holds more than one stage.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import torch
@@ -24,7 +25,9 @@ from megatron.varlen_training.hf.config import (
 from megatron.varlen_training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
 )
-from megatron.varlen_training.layout_invariant_init import canonical_parameter_name
+from megatron.varlen_training.layout_invariant_init import (
+    canonical_parameter_name, is_expert_parameter,
+)
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
 
@@ -34,6 +37,7 @@ TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _TIED_OUTPUT = "output_layer.weight"
+_EXPERT_INDEX = re.compile(r"(experts\.local_experts\.)(\d+)\.")
 
 
 def expected_hf_names(config: HFModelConfig) -> set[str]:
@@ -42,39 +46,76 @@ def expected_hf_names(config: HFModelConfig) -> set[str]:
     if not config.tied_embeddings:
         names.add("lm_head.weight")
     per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight",
-                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                 "mlp.down_proj.weight"]
+                 "self_attn.o_proj.weight"]
     per_layer += [f"self_attn.{p}_proj.weight" for p in "qkv"]
     if config.qkv_bias:
         per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
     if config.qk_layernorm:
         per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     for layer in range(config.num_layers):
-        names.update(f"model.layers.{layer}.{suffix}" for suffix in per_layer)
+        names.update(f"model.layers.{layer}.{suffix}" for suffix in per_layer + _mlp_names(
+            config, layer))
     return names
 
 
-def _gather_tp(tensor: torch.Tensor) -> list[torch.Tensor]:
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    if tp_size == 1:
+def _mlp_names(config: HFModelConfig, layer: int) -> list[str]:
+    """The MLP tensors of one layer: dense, or Qwen3-MoE's router and experts."""
+    if config.moe is None or not config.moe.layer_freq[layer]:
+        return ["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    return ["mlp.gate.weight"] + [f"mlp.experts.{e}.{p}_proj.weight"
+                                  for e in range(config.moe.num_experts)
+                                  for p in ("gate", "up", "down")]
+
+
+def _gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
+    """``tensor`` of every rank of ``group``, in rank order."""
+    size = torch.distributed.get_world_size(group)
+    if size == 1:
         return [tensor]
-    shards = [torch.empty_like(tensor) for _ in range(tp_size)]
-    torch.distributed.all_gather(shards, tensor.contiguous(),
-                                 group=parallel_state.get_tensor_model_parallel_group())
+    shards = [torch.empty_like(tensor) for _ in range(size)]
+    torch.distributed.all_gather(shards, tensor.contiguous(), group=group)
     return shards
+
+
+def _expert_tensors(canonical: str, param: torch.Tensor, config: HFModelConfig) -> dict:
+    """A routed expert parameter of EVERY expert-parallel rank (gathered over expert TP, then
+    EP): rank r holds the experts r * local .. (r + 1) * local - 1."""
+    shards = _gather(param, parallel_state.get_expert_tensor_parallel_group())
+    per_rank = [_gather(shard, parallel_state.get_expert_model_parallel_group())
+                for shard in shards]
+    ep_size = parallel_state.get_expert_model_parallel_world_size()
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    local = config.moe.num_experts // ep_size
+    tensors = {}
+    for rank in range(ep_size):
+        rule, names = weights.match(_shift_expert(canonical, (rank - ep_rank) * local))
+        tensors.update(weights.hf_tensors(
+            rule, names, [ranks[rank].detach().cpu() for ranks in per_rank], config))
+    return tensors
+
+
+def _shift_expert(canonical: str, offset: int) -> str:
+    """``canonical`` with its global expert index moved by ``offset``."""
+    return _EXPERT_INDEX.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + offset}.", canonical)
 
 
 @torch.no_grad()
 def stage_tensors(chunks: list[torch.nn.Module], config: HFModelConfig) -> dict[str, torch.Tensor]:
-    """This stage's parameters as full HF tensors (on every TP rank of the stage)."""
+    """This stage's parameters as full HF tensors (on every TP rank of the stage; every rank of
+    the stage calls it: routed experts are gathered over expert parallelism, which spans data
+    parallel replicas)."""
     tensors: dict[str, torch.Tensor] = {}
+    tp_group = parallel_state.get_tensor_model_parallel_group()
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             if config.tied_embeddings and name == _TIED_OUTPUT:
                 continue  # the first stage writes the word embedding it mirrors
-            rule, names = weights.match(canonical_parameter_name(
-                chunk, name, config.tied_embeddings))
-            shards = [s.detach().cpu() for s in _gather_tp(param.detach())]
+            canonical = canonical_parameter_name(chunk, name, config.tied_embeddings)
+            if is_expert_parameter(name):
+                tensors.update(_expert_tensors(canonical, param.detach(), config))
+                continue
+            rule, names = weights.match(canonical)
+            shards = [s.detach().cpu() for s in _gather(param.detach(), tp_group)]
             tensors.update(weights.hf_tensors(rule, names, shards, config))
     return tensors
 
@@ -116,8 +157,8 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
     if torch.distributed.get_rank() == 0:
         os.makedirs(out_dir, exist_ok=True)
     torch.distributed.barrier()
+    tensors = stage_tensors(chunks, config)
     if _is_first_replica():
-        tensors = stage_tensors(chunks, config)
         if parallel_state.get_tensor_model_parallel_rank() == 0:
             write_shard(os.path.join(out_dir, filename), tensors)
             part = {name: filename for name in tensors}

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from megatron.core import parallel_state
 from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import HFConfigError, HFModelConfig, load_hf_config
 from megatron.varlen_training.hf.safetensors_io import SafetensorsReader
-from megatron.varlen_training.layout_invariant_init import canonical_parameter_name
+from megatron.varlen_training.layout_invariant_init import (
+    canonical_parameter_name, tensor_parallel_shard,
+)
 
 
 def _check_shapes(reader: SafetensorsReader, names: list[str], rule: weights.Rule,
@@ -46,12 +47,11 @@ def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, tied_output: boo
     """
     config = config or load_hf_config(hf_dir)
     reader = SafetensorsReader(hf_dir)
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
     loaded = 0
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             canonical = canonical_parameter_name(chunk, name, tied_output)
+            tp_size, tp_rank = tensor_parallel_shard(name)  # expert TP for routed experts
             rule, names = weights.match(canonical)
             _check_shapes(reader, names, rule, config, tp_size, param.shape)
             shard = weights.local_shard(rule, names, reader.read, tuple(param.shape), config,

@@ -32,13 +32,15 @@ Reader = Callable[[str, "tuple[int, int] | None", "tuple[int, int] | None"], tor
 
 _LAYER = r"decoder\.layers\.(\d+)\."
 _HF_LAYER = "model.layers.{}."
+_EXPERT = r"mlp\.experts\.local_experts\.(\d+)\."
+_HF_EXPERT = _HF_LAYER + "mlp.experts.{}."
 
 
 @dataclass(frozen=True)
 class Rule:
     pattern: re.Pattern
     kind: str
-    hf_names: tuple[str, ...]  # format strings taking the global layer index
+    hf_names: tuple[str, ...]  # format strings taking the global layer (and expert) index
 
 
 def _rule(pattern: str, kind: str, *hf_names: str) -> Rule:
@@ -66,6 +68,12 @@ RULES = (
     _rule(_LAYER + r"mlp\.linear_fc1\.weight", "gated",
           _HF_LAYER + "mlp.gate_proj.weight", _HF_LAYER + "mlp.up_proj.weight"),
     _rule(_LAYER + r"mlp\.linear_fc2\.weight", "row", _HF_LAYER + "mlp.down_proj.weight"),
+    # Qwen3-MoE: the router ("gate") and each routed expert by its GLOBAL index (the canonical
+    # name, whatever the expert parallelism).
+    _rule(_LAYER + r"mlp\.router\.weight", "replicated", _HF_LAYER + "mlp.gate.weight"),
+    _rule(_LAYER + _EXPERT + r"linear_fc1\.weight", "gated",
+          _HF_EXPERT + "gate_proj.weight", _HF_EXPERT + "up_proj.weight"),
+    _rule(_LAYER + _EXPERT + r"linear_fc2\.weight", "row", _HF_EXPERT + "down_proj.weight"),
     # Transformer Engine layer specs (GPU) fuse the pre-attention/pre-MLP norms into the next
     # linear layer; same HF tensors. Untested here: no GPU was available to this project.
     _rule(_LAYER + r"self_attention\.linear_qkv\.layer_norm_weight", "replicated",
@@ -84,11 +92,10 @@ def match(canonical_name: str) -> tuple[Rule, list[str]]:
     for rule in RULES:
         found = rule.pattern.match(canonical_name)
         if found:
-            layer = found.group(1) if found.groups() else None
-            return rule, [name.format(layer) for name in rule.hf_names]
+            return rule, [name.format(*found.groups()) for name in rule.hf_names]
     raise UnmappedParameterError(
-        f"parameter {canonical_name!r} has no Hugging Face counterpart (only Llama/Qwen2/Qwen3 "
-        "layers map)")
+        f"parameter {canonical_name!r} has no Hugging Face counterpart (only Llama/Qwen2/Qwen3/"
+        "Qwen3-MoE layers map)")
 
 
 def _qkv_shard(read: Reader, names: list[str], config: HFModelConfig, tp_size: int,

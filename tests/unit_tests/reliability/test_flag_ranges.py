@@ -93,6 +93,18 @@ VALID = {
     "mamba_num_heads": NONE,
     # Each base has 2 layers per chunk: 0 and huge exceed or undercut them.
     "recompute_num_layers": NONE,
+    # MoE (moe_arguments.py): the bases have no --num-experts, so every MoE flag away from its
+    # default is refused (it would be silently ignored); --moe-aux-loss-coeff defaults to 0.
+    "num_experts": NONE,  # the bases keep linear biases, which MoE layers refuse
+    "moe_router_topk": NONE,
+    "moe_ffn_hidden_size": NONE,
+    "moe_shared_expert_intermediate_size": NONE,
+    "expert_model_parallel_size": NONE,
+    "expert_tensor_parallel_size": NONE,
+    "moe_aux_loss_coeff": ZERO,
+    "moe_z_loss_coeff": NONE,
+    "moe_router_topk_scaling_factor": NONE,
+    "moe_expert_capacity_factor": NONE,
 }
 
 GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]

@@ -90,3 +90,46 @@ def test_allocations_inside_autograd_backward_land_on_cpu(active):
     x = torch.ones(3, requires_grad=True)
     Double.apply(x).sum().backward()
     assert x.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_cuda_streams_are_one_cpu_stream(active):
+    """megatron-core's MoE all-to-all dispatcher makes a side stream for its host copies."""
+    side = torch.cuda.Stream()
+    assert torch.cuda.current_stream() is side  # one stream: no side-stream bookkeeping
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        side.record_event().synchronize()
+    assert isinstance(torch.cuda.Stream | None, object)  # transformers annotates with it
+
+
+def test_moe_dispatcher_host_copies_are_numpy(active):
+    from megatron.core.transformer.moe import token_dispatcher
+
+    splits = token_dispatcher.maybe_move_tensor_to_cpu(torch.tensor([3, 1]), as_numpy=True)
+    assert splits.tolist() == [3, 1] and not torch.is_tensor(splits)
+    kept = torch.tensor([2])
+    assert token_dispatcher.maybe_move_tensor_to_cpu(kept) is kept
+
+
+def _uneven_gather_round_trip():
+    from megatron.core.tensor_parallel import mappings
+
+    cpu_device.activate()
+    rank = torch.distributed.get_rank()
+    group = torch.distributed.new_group([0, 1])
+    sizes = [2, 3]
+    local = torch.full((sizes[rank], 2), float(rank + 1), requires_grad=True)
+    gathered = mappings._gather_along_first_dim(local, group, output_split_sizes=sizes)
+    scattered = mappings._reduce_scatter_along_first_dim(gathered * 10, group,
+                                                         input_split_sizes=sizes)
+    return gathered.tolist(), scattered.tolist()
+
+
+def test_uneven_gather_and_reduce_scatter_over_gloo():
+    from tests.harness.multirank import run_distributed
+
+    results = run_distributed(_uneven_gather_round_trip, 2, timeout_s=120)
+    expected_gather = [[1.0, 1.0]] * 2 + [[2.0, 2.0]] * 3
+    assert all(gathered == expected_gather for gathered, _ in results)
+    # each rank keeps its rows of the sum over the 2 ranks of 10 x the gathered tensor
+    assert results[0][1] == [[20.0, 20.0]] * 2 and results[1][1] == [[40.0, 40.0]] * 3

@@ -44,6 +44,11 @@ EXPECTED_FLAGS = frozenset("""
 --recompute-activations
 --finetune --no-load-optim --no-load-rng --pretrained-checkpoint
 --overlap-grad-reduce --overlap-param-gather
+--num-experts --moe-router-topk --moe-ffn-hidden-size --moe-shared-expert-intermediate-size
+--moe-layer-freq --expert-model-parallel-size --expert-tensor-parallel-size
+--moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff
+--moe-router-score-function --moe-router-pre-softmax --moe-router-topk-scaling-factor
+--moe-token-dispatcher-type --moe-router-dtype --moe-expert-capacity-factor
 """.split())
 
 

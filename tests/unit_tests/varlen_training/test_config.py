@@ -33,11 +33,12 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/recompute_arguments.py",
     "megatron/varlen_training/recipe_arguments.py",
     "megatron/varlen_training/document_arguments.py",
+    "megatron/varlen_training/moe_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
         "_values", "model_config", "hybrid_config", "data_config", "run_config",
-        "hybrid_run_config"},
+        "hybrid_run_config", "moe_config"},
 }
 
 

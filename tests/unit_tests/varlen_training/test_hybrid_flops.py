@@ -29,7 +29,8 @@ def _args(pattern, **overrides):
     values = dict(hidden_size=24, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
                   swiglu=False, padded_vocab_size=128, num_layers=len(pattern),
                   hybrid_layer_pattern=pattern, mamba_state_dim=8, mamba_head_dim=4,
-                  mamba_num_groups=2, mamba_num_heads_resolved=12)
+                  mamba_num_groups=2, mamba_num_heads_resolved=12, mtp_num_layers=None,
+                  moe=None)
     values.update(overrides)
     hybrid = {name: values.pop(name) for name in HYBRID_FIELDS}
     return SimpleNamespace(**values, hybrid=SimpleNamespace(**hybrid)

@@ -76,7 +76,7 @@ def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
     for name, argv in runs.items():
         reads = _CountingReads()
         run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
-        initialize_model_parallel(run.parallel)
+        initialize_model_parallel(run.parallel, run.model.moe)
         set_random_seeds(run.training.seed)
         try:
             model = GPT.model_provider(run)[1]
@@ -178,7 +178,7 @@ def rank_import_export(argv: list[str], out_dir: str) -> None:
     from megatron.varlen_training.hf.exporter import save_hf
 
     run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
-    initialize_model_parallel(run.parallel)
+    initialize_model_parallel(run.parallel, run.model.moe)
     set_random_seeds(run.training.seed)
     try:
         save_hf(run, GPT.model_provider(run)[1], out_dir)

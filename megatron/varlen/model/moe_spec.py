@@ -1,0 +1,100 @@
+"""MoE layers for variable-length training: megatron-core's ``MoELayer`` with plain-torch
+experts, our router, and a layer that hands the router its micro-batch.
+
+* experts: megatron-core's local ``SequentialMLP`` (no Transformer Engine, runs on CPU; the
+  grouped GEMM needs TE or the grouped_gemm package, so it is not used);
+* shared experts: megatron-core's ``SharedExpertMLP`` (``--moe-shared-expert-intermediate-size``);
+* router: :class:`VarlenTopKRouter` (balancing losses per real sequence, on the micro-batch's
+  CP group);
+* layer: :class:`VarlenMoETransformerLayer`, megatron-core's ``TransformerLayer`` that routes
+  each call with the call's ``packed_seq_params`` (megatron-core 0.16.1 gives the MoE layer only
+  a padding mask).
+
+``--moe-layer-freq`` picks which decoder layers are MoE (:func:`moe_layer_pattern`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules, get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_layer import (
+    TransformerLayer, get_transformer_layer_offset,
+)
+
+from megatron.varlen.model.norms import VarlenNorm
+from megatron.varlen.model.packed_router import VarlenTopKRouter
+
+
+class RoutesMicroBatch:
+    """Mixin for a layer whose ``mlp`` is an MoE layer with a :class:`VarlenTopKRouter`: the
+    router sees the call's ``packed_seq_params`` (also when the layer is recomputed: the
+    checkpointed call passes the same arguments).
+
+    ``default_padding_mask`` is the padding mask of a caller that cannot pass one: megatron-core
+    0.16.1's MTP block calls its layers without the model's padding mask (set by
+    :class:`~megatron.varlen.model.mtp.VarlenGPTModel` for the duration of a forward).
+    """
+
+    default_padding_mask = None
+    # k for the layer of MTP depth k: its input at position t is token t + k, so only the first
+    # L - k positions of a sequence of L tokens hold real tokens (0: a decoder layer).
+    mtp_depth = 0
+
+    def forward(self, *args, **kwargs):
+        if kwargs.get("padding_mask") is None and self.default_padding_mask is not None:
+            kwargs["padding_mask"] = self.default_padding_mask
+        with self.mlp.router.micro_batch(kwargs.get("packed_seq_params"),
+                                         shift=self.mtp_depth):
+            return super().forward(*args, **kwargs)
+
+
+class VarlenMoETransformerLayer(RoutesMicroBatch, TransformerLayer):
+    """``TransformerLayer`` with an MoE MLP routed per micro-batch."""
+
+
+def varlen_moe_module_spec() -> ModuleSpec:
+    """megatron-core's local MoE spec (SequentialMLP experts) with :class:`VarlenTopKRouter`."""
+    spec = get_moe_module_spec(use_te=False, num_experts=1, moe_grouped_gemm=False)
+    return dataclasses.replace(spec, submodules=dataclasses.replace(
+        spec.submodules, router=VarlenTopKRouter))
+
+
+def with_moe_mlp(layer_spec: ModuleSpec, layer_class: type = VarlenMoETransformerLayer
+                 ) -> ModuleSpec:
+    """``layer_spec`` with its MLP replaced by :func:`varlen_moe_module_spec` (and a separate
+    pre-MLP norm when the dense spec fused it into the MLP's first linear)."""
+    layer = layer_spec.submodules
+    norm = layer.pre_mlp_layernorm
+    if norm in (None, IdentityOp):
+        norm = VarlenNorm
+    return dataclasses.replace(layer_spec, module=layer_class, submodules=dataclasses.replace(
+        layer, mlp=varlen_moe_module_spec(), pre_mlp_layernorm=norm))
+
+
+def moe_layer_pattern(moe_layer_freq, num_layers: int) -> list[bool]:
+    """Which of ``num_layers`` decoder layers are MoE: every ``freq``-th from the first (an
+    int) or a 0/1 list (``--moe-layer-freq``, Megatron-LM's meaning)."""
+    if isinstance(moe_layer_freq, int):
+        return [index % moe_layer_freq == 0 for index in range(num_layers)]
+    assert len(moe_layer_freq) == num_layers, (moe_layer_freq, num_layers)
+    return [bool(flag) for flag in moe_layer_freq]
+
+
+def get_varlen_moe_block_spec(config, dense_layer_spec: ModuleSpec,
+                              vp_stage: Optional[int] = None) -> TransformerBlockSubmodules:
+    """This pipeline stage's decoder block: MoE layers where ``--moe-layer-freq`` says, the
+    dense spec elsewhere, and an SP-capable final norm."""
+    pattern: Sequence[bool] = moe_layer_pattern(config.moe_layer_freq, config.num_layers)
+    moe_spec = with_moe_mlp(dense_layer_spec)
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    count = get_num_layers_to_build(config, vp_stage=vp_stage)
+    layers = [moe_spec if pattern[offset + index] else dense_layer_spec
+              for index in range(count)]
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=VarlenNorm)

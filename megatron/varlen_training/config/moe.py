@@ -1,0 +1,55 @@
+"""``MoEConfig``: the Mixture-of-Experts layers (Megatron-LM's MoE flags, moe_arguments.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.varlen_training.config.validation import check_ranges
+
+NO_LOAD_BALANCING = "none"
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The MoE layers; fields are named as their flags' dests, defaults resolved by validation
+    (``moe_token_dispatcher_type``, ``expert_tensor_parallel_size``)."""
+
+    num_experts: int
+    moe_router_topk: int
+    moe_ffn_hidden_size: int | None
+    moe_shared_expert_intermediate_size: int | None
+    moe_layer_freq: int | tuple[int, ...]
+    expert_model_parallel_size: int
+    expert_tensor_parallel_size: int
+    moe_router_load_balancing_type: str
+    moe_aux_loss_coeff: float
+    moe_z_loss_coeff: float | None
+    moe_router_score_function: str
+    moe_router_pre_softmax: bool
+    moe_router_topk_scaling_factor: float | None
+    moe_token_dispatcher_type: str
+    moe_router_dtype: str | None
+    moe_expert_capacity_factor: float | None
+
+    def __post_init__(self):
+        check_ranges(self)
+
+    @property
+    def layer_freq(self) -> int | list[int]:
+        """``--moe-layer-freq`` as megatron-core's TransformerConfig takes it."""
+        freq = self.moe_layer_freq
+        return freq if isinstance(freq, int) else list(freq)
+
+    def is_moe_layer(self, num_layers: int) -> list[bool]:
+        """Which of the ``num_layers`` decoder layers are MoE layers."""
+        freq = self.layer_freq
+        if isinstance(freq, int):
+            return [index % freq == 0 for index in range(num_layers)]
+        return [bool(flag) for flag in freq]
+
+    @property
+    def balancing_loss(self) -> str | None:
+        """The load-balancing loss that trains (None when the type is none or its weight 0)."""
+        if self.moe_router_load_balancing_type == NO_LOAD_BALANCING:
+            return None
+        return self.moe_router_load_balancing_type if self.moe_aux_loss_coeff > 0 else None

@@ -1,0 +1,171 @@
+"""Megatron-LM's Mixture-of-Experts flags (same names and meanings) and their start-up checks.
+
+The MoE layer is megatron-core's ``MoELayer`` with plain-torch experts; see docs/MOE.md for what
+each flag does under packing and dynamic CP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+DISPATCHERS = ("alltoall", "allgather")
+ALLTOALL, ALLGATHER = DISPATCHERS
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+ROUTER_DTYPES = ("fp32", "fp64")
+GROUP_TITLE = "mixture of experts"
+# The flags that mean nothing without --num-experts (refused then, unless left at default).
+MOE_DESTS = frozenset({
+    "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+    "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+    "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor"})
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def parse_layer_freq(text: str):
+    """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE) or a Python list
+    of 0/1 per layer, e.g. ``[1,0,1,0]`` (Megatron-LM's two forms; no expressions evaluated)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, list) and value and all(flag in (0, 1) for flag in value):
+        return [int(flag) for flag in value]
+    raise ValueError(f"--moe-layer-freq {text!r}: give an int >= 1 or a list of 0/1 per layer")
+
+
+def add_moe_args(parser) -> None:
+    """Registers Megatron-LM's MoE flags on ``parser``."""
+    group = parser.add_argument_group(GROUP_TITLE)
+    group.add_argument("--num-experts", type=int, default=None,
+                       help="Experts per MoE layer (None: dense MLP layers).")
+    group.add_argument("--moe-router-topk", type=int, default=2,
+                       help="Experts each token is routed to.")
+    group.add_argument("--moe-ffn-hidden-size", type=int, default=None,
+                       help="Hidden size of each routed expert (default --ffn-hidden-size).")
+    group.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None,
+                       help="Hidden size of the shared expert every token also goes through "
+                            "(None: no shared expert).")
+    group.add_argument("--moe-layer-freq", type=_layer_freq, default=1,
+                       help="Which layers are MoE: every N-th (an int) or a 0/1 list per layer.")
+    group.add_argument("--expert-model-parallel-size", type=int, default=1,
+                       help="Expert parallelism: the experts are split over this many ranks.")
+    group.add_argument("--expert-tensor-parallel-size", type=int, default=None,
+                       help="TP size inside each expert (default --tensor-model-parallel-size).")
+    group.add_argument("--moe-router-load-balancing-type", default="aux_loss",
+                       choices=LOAD_BALANCING_TYPES,
+                       help="aux_loss: per micro-batch; seq_aux_loss: per real sequence; "
+                            "global_aux_loss: over the whole TP x DP x CP domain; none.")
+    group.add_argument("--moe-aux-loss-coeff", type=float, default=0.0,
+                       help="Weight of the load-balancing loss (0: off).")
+    group.add_argument("--moe-z-loss-coeff", type=float, default=None,
+                       help="Weight of the router z-loss (None: off).")
+    group.add_argument("--moe-router-score-function", default="softmax", choices=SCORE_FUNCTIONS,
+                       help="Router score function.")
+    group.add_argument("--moe-router-pre-softmax", action="store_true",
+                       help="Softmax before the top-k (needed for top-1 with softmax).")
+    group.add_argument("--moe-router-topk-scaling-factor", type=float, default=None,
+                       help="Multiplies the top-k routing weights.")
+    group.add_argument("--moe-token-dispatcher-type", default=None, choices=DISPATCHERS,
+                       help="How tokens reach their experts' ranks. Default: alltoall with "
+                            "--sequence-packing (allgather needs equal token counts on every "
+                            "rank), else allgather (Megatron-LM's default).")
+    group.add_argument("--moe-router-dtype", default=None, choices=ROUTER_DTYPES,
+                       help="Router computation dtype (None: the model's).")
+    group.add_argument("--moe-expert-capacity-factor", type=float, default=None,
+                       help="Expert capacity (tokens dropped beyond it); not with "
+                            "--sequence-packing.")
+
+
+def _layer_freq(text: str):
+    try:
+        return parse_layer_freq(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _check_sizes(args, require) -> None:
+    experts, ep = args.num_experts, args.expert_model_parallel_size
+    require(1 <= args.moe_router_topk <= experts,
+            f"--moe-router-topk {args.moe_router_topk} must be in [1, --num-experts {experts}]")
+    require(experts % ep == 0, f"--num-experts {experts} is not divisible by "
+                               f"--expert-model-parallel-size {ep}")
+    etp = args.expert_tensor_parallel_size
+    per_stage = args.world_size // args.pipeline_model_parallel_size
+    require(per_stage % (ep * etp) == 0,
+            f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} = "
+            f"{ep * etp} does not divide the {per_stage} ranks of a pipeline stage (change "
+            f"--expert-model-parallel-size)")
+    require(args.disable_bias_linear,
+            "MoE layers need --disable-bias-linear (megatron-core 0.16.1's plain-torch experts "
+            "fail on linear biases: an in-place add on a tensor-parallel view)")
+    require(args.tensor_model_parallel_size == 1 or args.sequence_parallel,
+            f"MoE with --tensor-model-parallel-size {args.tensor_model_parallel_size} needs "
+            f"--sequence-parallel (megatron-core's MoE layer refuses TP without it)")
+    freq = args.moe_layer_freq
+    if isinstance(freq, list):
+        require(len(freq) == args.num_layers, f"--moe-layer-freq has {len(freq)} entries for "
+                                              f"--num-layers {args.num_layers}")
+    else:
+        require(freq >= 1, f"--moe-layer-freq {freq} must be >= 1")
+
+
+def _check_routing(args, require) -> None:
+    packing = args.sequence_packing
+    require(not packing or args.moe_token_dispatcher_type == ALLTOALL,
+            f"--moe-token-dispatcher-type {args.moe_token_dispatcher_type} gathers every "
+            f"rank's tokens over TP x EP, which needs the same token count on every rank; "
+            f"packed micro-batches differ per rank (use alltoall with --sequence-packing)")
+    require(not packing or args.moe_expert_capacity_factor is None,
+            f"--moe-expert-capacity-factor {args.moe_expert_capacity_factor} drops tokens by a "
+            f"capacity computed from the micro-batch's token count, which packing changes (the "
+            f"trained model would depend on the packing): drop the flag with --sequence-packing")
+    require(packing or not args.mtp_num_layers or args.context_parallel_size == 1,
+            f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
+            f"{args.context_parallel_size} needs --sequence-packing (unpacked CP splits each "
+            f"sample before the MTP layers' routers could drop its last positions)")
+    require(args.moe_router_topk > 1 or args.moe_router_score_function != "softmax"
+            or args.moe_router_pre_softmax,
+            "--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax (a softmax "
+            "over one selected expert has zero gradient)")
+
+
+def _check_no_moe_flags(args, parser_defaults: dict, require) -> None:
+    """Without --num-experts the model is dense: an MoE flag given anyway would be silently
+    ignored, so it is refused instead."""
+    for dest, default in parser_defaults.items():
+        value = getattr(args, dest)
+        require(value == default, f"{flag_name(dest)} {value} needs --num-experts (the model "
+                                  f"has no MoE layers without it)")
+
+
+@functools.cache
+def _moe_defaults() -> dict:
+    """dest -> parser default of every flag in :data:`MOE_DESTS`."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_moe_args(parser)
+    defaults = vars(parser.parse_args([]))
+    return {dest: defaults[dest] for dest in MOE_DESTS}
+
+
+def validate_moe_args(args, require) -> None:
+    """Resolves the MoE defaults and refuses what cannot run, in one line each."""
+    if args.num_experts is None:
+        _check_no_moe_flags(args, _moe_defaults(), require)
+    if args.moe_token_dispatcher_type is None:
+        args.moe_token_dispatcher_type = ALLTOALL if args.sequence_packing else ALLGATHER
+    if args.expert_tensor_parallel_size is None:
+        args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    if args.num_experts is None:
+        return
+    _check_sizes(args, require)
+    _check_routing(args, require)

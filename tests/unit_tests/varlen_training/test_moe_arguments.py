@@ -1,0 +1,83 @@
+"""Megatron-LM's MoE flags: parsed into the typed MoEConfig, bad combinations one line each."""
+
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
+from megatron.varlen_training.moe_model import moe_transformer_config
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+BASE = TINY_GPT_ARGS + ["--train-iters", "3", "--disable-bias-linear"]
+MOE = ["--num-experts", "4"]
+
+
+def test_flags_reach_the_config_and_megatron_core():
+    run = parse_run_config(BASE + MOE + [
+        "--moe-router-topk", "1", "--moe-router-pre-softmax", "--moe-ffn-hidden-size", "24",
+        "--moe-shared-expert-intermediate-size", "8", "--moe-layer-freq", "[1,0]",
+        "--expert-model-parallel-size", "2", "--moe-router-load-balancing-type", "seq_aux_loss",
+        "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001",
+        "--moe-router-score-function", "sigmoid", "--moe-router-topk-scaling-factor", "2.5",
+        "--moe-router-dtype", "fp64", "--sequence-packing", "--micro-batch-size", "1"],
+        world_size=2)
+    moe = run.model.moe
+    assert moe.moe_layer_freq == (1, 0) and moe.is_moe_layer(2) == [True, False]
+    assert moe.moe_token_dispatcher_type == "alltoall"  # resolved for packing
+    assert moe.expert_tensor_parallel_size == 1  # resolved: --tensor-model-parallel-size
+    fields = moe_transformer_config(moe)
+    assert fields["num_moe_experts"] == 4 and fields["moe_layer_freq"] == [1, 0]
+    assert fields["moe_router_dtype"] == "fp64" and fields["moe_grouped_gemm"] is False
+
+
+def test_dense_run_has_no_moe_config():
+    run = parse_run_config(BASE, world_size=1)
+    assert run.model.moe is None
+    assert parse_run_config(BASE + MOE, world_size=1).model.moe.moe_token_dispatcher_type == \
+        "allgather"  # Megatron-LM's default without packing
+
+
+@pytest.mark.parametrize("extra, world, needle", [
+    (["--expert-model-parallel-size", "2"], 2, "--expert-model-parallel-size 2 needs --num-experts"),
+    (["--moe-router-topk", "4"], 1, "--moe-router-topk 4 needs --num-experts"),
+    (MOE + ["--moe-router-topk", "5"], 1, "--moe-router-topk 5 must be in [1, --num-experts 4]"),
+    (["--num-experts", "3", "--expert-model-parallel-size", "2"], 2,
+     "--num-experts 3 is not divisible by --expert-model-parallel-size 2"),
+    (MOE + ["--expert-model-parallel-size", "4"], 2, "= 4 does not divide the 2 ranks"),
+    (MOE + ["--tensor-model-parallel-size", "2"], 2, "needs --sequence-parallel"),
+    (MOE + ["--sequence-packing", "--micro-batch-size", "1", "--moe-token-dispatcher-type",
+            "allgather"], 1, "--moe-token-dispatcher-type allgather gathers every rank's tokens"),
+    (MOE + ["--sequence-packing", "--micro-batch-size", "1", "--moe-expert-capacity-factor",
+            "1.5"], 1, "--moe-expert-capacity-factor 1.5 drops tokens"),
+    (MOE + ["--moe-router-topk", "1"], 1, "needs --moe-router-pre-softmax"),
+    (MOE + ["--mtp-num-layers", "1", "--context-parallel-size", "2", "--seq-length", "32"], 2,
+     "and --context-parallel-size 2 needs --sequence-packing"),
+    (MOE + ["--moe-layer-freq", "[1,0,1]"], 1, "--moe-layer-freq has 3 entries for --num-layers 2"),
+    (MOE + ["--moe-layer-freq", "2+1"], 1, "--moe-layer-freq '2+1'"),
+    (MOE + ["--moe-aux-loss-coeff", "-1"], 1, "--moe-aux-loss-coeff must be"),
+    (["--num-experts", "0"], 1, "--num-experts must be >= 1"),
+])
+def test_bad_moe_flags_are_one_line(extra, world, needle):
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(BASE + extra, world_size=world)
+    message = str(err.value)
+    assert needle in message and "\n" not in message, message
+
+
+def test_moe_needs_bias_free_linears():
+    with pytest.raises(ArgumentValidationError, match="--disable-bias-linear"):
+        parse_args(TINY_GPT_ARGS + ["--train-iters", "3"] + MOE, world_size=1)
+
+
+HYBRID = ["--num-layers", "4", "--hidden-size", "24", "--num-attention-heads", "4",
+          "--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8",
+          "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+          "--train-iters", "2", "--lr", "1e-3", "--mock-data", "--tokenizer-type",
+          "NullTokenizer", "--vocab-size", "128", "--disable-bias-linear"]
+
+
+def test_hybrid_moe_layers_need_experts():
+    with pytest.raises(ArgumentValidationError, match="has MoE layers \\(E\\): set --num-experts"):
+        parse_hybrid_args(HYBRID + ["--hybrid-override-pattern", "M*E*"], world_size=1)
+    args = parse_hybrid_args(HYBRID + ["--hybrid-override-pattern", "M*E*"] + MOE, world_size=1)
+    assert args.hybrid_layer_pattern == "M*E*"
