@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from megatron.varlen_training.config import ModelConfig
 from megatron.varlen_training.moe_flops import (
-    decoder_mlp_macs_per_token, dense_mlp_macs_per_token, moe_mlp_macs_per_token,
+    attention_linear_macs_per_token, decoder_mlp_macs_per_token, dense_mlp_macs_per_token,
+    moe_mlp_macs_per_token,
 )
 
 FORWARD_AND_BACKWARD = 3
@@ -29,15 +30,6 @@ MULTIPLY_ADD = 2
 # An MTP depth's norms (its two input norms and its final norm, h multiply-adds per token
 # each): Megatron-LM's FLOPs count them, the only elementwise work it counts.
 MTP_NORMS = 3
-
-
-def _attention_linear_macs(model: ModelConfig) -> int:
-    """Multiply-adds per token of one attention layer's projections (forward)."""
-    head_dim = model.hidden_size // model.num_attention_heads
-    q_dim = model.num_attention_heads * head_dim
-    kv_dim = model.num_query_groups * head_dim
-    h = model.hidden_size
-    return h * (q_dim + 2 * kv_dim) + q_dim * h
 
 
 def _mtp_macs_per_token(model: ModelConfig, layer_macs: int) -> int:
@@ -49,7 +41,7 @@ def _mtp_macs_per_token(model: ModelConfig, layer_macs: int) -> int:
 
 
 def _linear_flops_per_token(model: ModelConfig) -> int:
-    attention = _attention_linear_macs(model)
+    attention = attention_linear_macs_per_token(model)
     # an MTP depth's layer is an MoE layer in an MoE model (model.py builds it so)
     mtp_mlp = (moe_mlp_macs_per_token(model) if model.moe is not None
                else dense_mlp_macs_per_token(model))
@@ -62,7 +54,7 @@ def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,
                                   seqlen_squared_sum: int) -> int:
     """Training FLOPs of one global batch of a GPT model with the given sum(L) and sum(L^2)
     (hybrid models: hybrid_flops.py; the model family picks, model_family.py)."""
-    q_dim = model.num_attention_heads * (model.hidden_size // model.num_attention_heads)
+    q_dim = model.num_attention_heads * model.head_dim  # --kv-channels where given
     attention_layers = model.num_layers + (model.mtp_num_layers or 0)  # each MTP depth attends
     attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * attention_layers
     linear = _linear_flops_per_token(model) * seqlen_sum

@@ -19,22 +19,12 @@ from __future__ import annotations
 
 from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE, ModelConfig
 from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, MULTIPLY_ADD
-from megatron.varlen_training.moe_flops import moe_mlp_macs_per_token
+from megatron.varlen_training.moe_flops import (
+    attention_linear_macs_per_token, dense_mlp_macs_per_token, moe_mlp_macs_per_token,
+)
 
 MAMBA_CONV_WIDTH = 4  # megatron-core's MambaMixer d_conv default
 SCAN_MACS_PER_STATE_ENTRY = 3  # decay, update, readout
-
-
-def _attention_linear(model: ModelConfig) -> int:
-    head_dim = model.hidden_size // model.num_attention_heads
-    q_dim, kv_dim = model.num_attention_heads * head_dim, model.num_query_groups * head_dim
-    return model.hidden_size * (q_dim + 2 * kv_dim) + q_dim * model.hidden_size
-
-
-def _mlp_linear(model: ModelConfig) -> int:
-    gate = 2 if model.swiglu else 1
-    return (model.hidden_size * model.ffn_hidden_size * gate
-            + model.ffn_hidden_size * model.hidden_size)
 
 
 def mamba_layer_macs(model: ModelConfig) -> dict[str, int]:
@@ -60,12 +50,13 @@ def hybrid_floating_point_operations(model: ModelConfig, seqlen_sum: int,
                                      seqlen_squared_sum: int) -> int:
     """Training FLOPs of one global batch of a hybrid model with the given sum(L), sum(L^2)."""
     pattern = model.hybrid.hybrid_layer_pattern
-    per_token = {ATTENTION: _attention_linear(model), MLP: _mlp_linear(model),
+    per_token = {ATTENTION: attention_linear_macs_per_token(model),
+                 MLP: dense_mlp_macs_per_token(model),
                  MAMBA: mamba_macs_per_token(model)}
     if model.moe is not None:
         per_token[MOE] = moe_mlp_macs_per_token(model)
     linear = (sum(per_token[symbol] for symbol in pattern)
               + model.hidden_size * model.padded_vocab_size)
-    q_dim = model.num_attention_heads * (model.hidden_size // model.num_attention_heads)
+    q_dim = model.num_attention_heads * model.head_dim  # --kv-channels where given
     attention = q_dim * seqlen_squared_sum * pattern.count(ATTENTION)
     return FORWARD_AND_BACKWARD * MULTIPLY_ADD * (linear * seqlen_sum + attention)

@@ -41,8 +41,8 @@ def decoder_mlp_macs_per_token(model: ModelConfig) -> int:
 
 def attention_linear_macs_per_token(model: ModelConfig) -> int:
     """QKV and output projections of one attention layer per token (forward)."""
-    head_dim = model.kv_channels or model.hidden_size // model.num_attention_heads
-    q_dim, kv_dim = model.num_attention_heads * head_dim, model.num_query_groups * head_dim
+    q_dim = model.num_attention_heads * model.head_dim  # --kv-channels where given
+    kv_dim = model.num_query_groups * model.head_dim
     return model.hidden_size * (q_dim + 2 * kv_dim) + q_dim * model.hidden_size
 
 

@@ -40,10 +40,12 @@ def _forward_flops(argv, length):
         parallel_state.destroy_model_parallel()
 
 
-@pytest.mark.parametrize("swiglu", [False, True])
-def test_formula_matches_counted_matmuls(swiglu):
+# --kv-channels 12: heads narrower than hidden / heads (Qwen3-style), so q_dim != hidden size.
+@pytest.mark.parametrize("swiglu,kv_channels", [(False, None), (True, None), (False, 12)])
+def test_formula_matches_counted_matmuls(swiglu, kv_channels):
     argv = TINY_GPT_ARGS + ["--train-iters", "1", "--num-query-groups", "2",
-                            "--group-query-attention"] + (["--swiglu"] if swiglu else [])
+                            "--group-query-attention"] + (["--swiglu"] if swiglu else []) \
+        + (["--kv-channels", str(kv_channels)] if kv_channels else [])
     for length in LENGTHS:
         counted, padded_vocab = run_distributed(_forward_flops, 1, args=(argv, length),
                                                 timeout_s=120)[0]

@@ -32,6 +32,7 @@ def _args(pattern, **overrides):
                   mamba_num_groups=2, mamba_num_heads_resolved=12, mtp_num_layers=None,
                   moe=None)
     values.update(overrides)
+    values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
     hybrid = {name: values.pop(name) for name in HYBRID_FIELDS}
     return SimpleNamespace(**values, hybrid=SimpleNamespace(**hybrid)
                            if hybrid["hybrid_layer_pattern"] else None)
