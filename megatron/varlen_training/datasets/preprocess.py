@@ -252,10 +252,10 @@ def _write(config: PreprocessConfig, builders: dict, prefixes: dict[str, str],
 
 
 def _log(progress, line: str) -> None:
+    """The library prints nothing itself: the progress line goes through the caller's bar
+    (tools/preprocess_data.py's tqdm, whose ``write`` prints even when the bar is hidden)."""
     if progress is not None:
         progress.write(line, file=sys.stderr)
-    else:
-        print(line, file=sys.stderr, flush=True)
 
 
 def _remove_outputs(prefixes: dict[str, str]) -> None:

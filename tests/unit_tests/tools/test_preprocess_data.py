@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from megatron.varlen_training.datasets.preprocess_cli import main
+from tools.preprocess_data import main
 from megatron.varlen_training.tokenizer import BYTE_EOD
 
 REPO = Path(__file__).resolve().parents[3]
