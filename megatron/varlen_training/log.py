@@ -171,12 +171,23 @@ def set_log_level(level: str | int) -> None:
 
 def _log(level: int, message: object, values: tuple,
          only_rank: Callable[[], bool] | None) -> None:
-    """Logs ``message % values`` (as the stdlib does) if ``only_rank`` allows this rank."""
+    """Logs ``message % values`` (as the stdlib does) if ``only_rank`` allows this rank; values
+    that ``message`` does not format are joined to it with spaces, as ``print`` would (the
+    stdlib would print a logging traceback and lose the line)."""
     if only_rank is not None and not only_rank():
         return
+    get_logger().log(level, "%s", _format(message, values))
+
+
+def _format(message: object, values: tuple) -> str:
     if not values:  # taken as it is: "100% done" is not a format string
-        message, values = "%s", (message,)
-    get_logger().log(level, message, *values)
+        return str(message)
+    if isinstance(message, str) and "%" in message:
+        try:
+            return message % values
+        except (TypeError, ValueError):  # not a format string for these values
+            pass
+    return " ".join(str(part) for part in (message, *values))
 
 
 def _is_rank_0() -> bool:

@@ -86,6 +86,15 @@ def test_messages_with_percent_and_no_args_are_kept(capsys):
     assert capsys.readouterr().out == "[rank 0] INFO 100% done\n"
 
 
+def test_several_arguments_format_or_join_like_print(capsys):
+    info_all_ranks("loaded %d samples", 12)
+    info_all_ranks("loaded", 12, "samples")  # megatron-wrap style: print's arguments
+    info_all_ranks("100%", "done")  # a % that formats nothing: joined, not a traceback
+    assert capsys.readouterr().out == ("[rank 0] INFO loaded 12 samples\n"
+                                       "[rank 0] INFO loaded 12 samples\n"
+                                       "[rank 0] INFO 100% done\n")
+
+
 def test_capture_print_routes_and_restores(capsys):
     original = builtins.print
     use_rank(2, tp=0)
