@@ -108,7 +108,7 @@ def plan_parts(cli: argparse.Namespace, scratch: Path) -> list[Part]:
         suite = _pytest(*selection, *_workers(0 if cpu else cli.workers), "--timeout", "300")
     return [
         Part("probe", 120, [py, "tools/gpu_probe.py", "--device", cli.device]),
-        Part("gpu_tests", 240, _pytest("-m", "gpu", "tests/gpu", *_workers(0 if cpu else 4),
+        Part("gpu_tests", 300, _pytest("-m", "gpu", "tests/gpu", *_workers(0 if cpu else 4),
                                        "--timeout", "240")),
         Part("benchmark", 300, bench, keep=((str(bench_out / "results.json"),
                                              "benchmark.json"),)),
