@@ -21,6 +21,8 @@ LENGTHS = (16, 32)
 
 
 def _forward_flops(argv, length):
+    """Forward FLOPs torch counts for one ``length``-token sample, and the padded vocabulary
+    (test_flops_mtp.py uses it too)."""
     from megatron.core import parallel_state
     from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
     from megatron.varlen_training.model import build_model, build_transformer_config
@@ -30,11 +32,12 @@ def _forward_flops(argv, length):
     set_random_seeds(run.training.seed)
     try:
         model = build_model(run, build_transformer_config(run))[0]
-        tokens = torch.zeros(1, length, dtype=torch.long)
+        # (MTP's token roll needs a loss mask; ids and the mask change no matmul's size)
+        tokens = torch.randint(0, 64, (1, length))
         positions = torch.arange(length).unsqueeze(0)
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
-            model(tokens, positions, None, labels=tokens)
+            model(tokens, positions, None, labels=tokens, loss_mask=torch.ones(1, length))
         return counter.get_total_flops(), run.model.padded_vocab_size
     finally:
         parallel_state.destroy_model_parallel()

@@ -12,13 +12,12 @@ import dataclasses
 from fractions import Fraction
 
 import pytest
-import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, num_floating_point_operations
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.unit_tests.varlen_training.test_flops import _forward_flops
 
 LENGTH = 16
 
@@ -70,26 +69,6 @@ def test_each_mtp_depth_adds_one_layer_its_projection_norms_and_logits():
     assert delta == FORWARD_AND_BACKWARD * (7 * per_token + 11 * per_square)
     assert num_floating_point_operations(dataclasses.replace(base, mtp_num_layers=None), 7, 11) \
         == num_floating_point_operations(base, 7, 11)
-
-
-def _forward_flops(argv, length):
-    from megatron.core import parallel_state
-    from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
-    from megatron.varlen_training.model import build_model, build_transformer_config
-
-    run = parse_run_config(argv, world_size=1)
-    initialize_model_parallel(run.parallel)
-    set_random_seeds(run.training.seed)
-    try:
-        model = build_model(run, build_transformer_config(run))[0]
-        tokens = torch.randint(0, 64, (1, length))
-        positions = torch.arange(length).unsqueeze(0)
-        counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
-            model(tokens, positions, None, labels=tokens, loss_mask=torch.ones(1, length))
-        return counter.get_total_flops(), run.model.padded_vocab_size
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 def test_mtp_formula_matches_counted_matmuls():
