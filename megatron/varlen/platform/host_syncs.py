@@ -24,8 +24,8 @@ explicit ``device=`` (counted as host), and copies that cost nothing on CPU are 
 not measured. ``.cpu()``/``.tolist()``/``.numpy()`` of a CPU tensor make no ATen call, so a
 ``TorchFunctionMode`` twin of the guard records those.
 
-:func:`count_dispatches` is the other instrument: every ATen operation of a region counted by
-operation and site, the host's work per step (tools/host_work.py prints it).
+:class:`DispatchCounts` is the other instrument: every ATen operation of a region counted by
+phase, operation and site, the host's work per step (tools/host_work.py prints it).
 """
 
 from __future__ import annotations
@@ -301,20 +301,59 @@ def host_syncs_of(fn: Callable[[], object], emulate: Optional[bool] = None) -> l
     return guard.syncs
 
 
-class _DispatchCounter(TorchDispatchMode):
-    def __init__(self, counts: collections.Counter, site: Callable[[], str]):
+def autograd_site() -> str:
+    """:func:`call_site`, or inside a backward pass the autograd node that runs (the Python
+    frame there is only the ``backward()`` call): ``backward:<node name>``."""
+    node = torch._C._current_autograd_node()
+    return call_site() if node is None else f"backward:{node.name()}"
+
+
+class DispatchCounts(TorchDispatchMode):
+    """Counts every ATen operation dispatched inside ``with counts:`` by (phase, op name,
+    site): the host's work, each one operator call (on CUDA usually one or more kernel
+    launches). Sites are :func:`autograd_site`'s; ``counts.table`` holds the counts."""
+
+    def __init__(self, site: Callable[[], str] = autograd_site):
         super().__init__()
-        self.counts, self.site = counts, site
+        self.table: collections.Counter = collections.Counter()
+        self._site = site
+        self._phase = ""
+        self._paused = 0
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Operations inside this block count under phase ``name``."""
+        outer, self._phase = self._phase, name
+        try:
+            yield
+        finally:
+            self._phase = outer
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Operations inside this block are not counted (e.g. a kernel's CPU twin: on CUDA one
+        call, counted by the caller with :meth:`add`)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def add(self, op: str, count: int = 1) -> None:
+        """Counts ``op`` at the caller's site, as if dispatched."""
+        self.table[(self._phase, op, self._site())] += count
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[(str(func.overloadpacket.__name__), self.site())] += 1
+        if not self._paused:
+            self.table[(self._phase, str(func.overloadpacket.__name__), self._site())] += 1
         return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
-def count_dispatches(site: Callable[[], str] = call_site) -> Iterator[collections.Counter]:
-    """Counts every ATen operation dispatched inside the block by (op name, ``site()``): the
-    host's work (each is one operator call, and on CUDA usually one or more kernel launches)."""
+def count_dispatches() -> Iterator[collections.Counter]:
+    """The :class:`DispatchCounts` table of the block, keyed by (op name, site) only."""
     counts: collections.Counter = collections.Counter()
-    with _DispatchCounter(counts, site):
+    with DispatchCounts() as counter:
         yield counts
+    for (_, op, site), n in counter.table.items():
+        counts[(op, site)] += n
