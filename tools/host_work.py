@@ -8,7 +8,8 @@
 Each configuration trains our GPT (tiny by default, ``--attention-backend flash``: on CPU its
 kernel twin, counted as ONE call, which is what the CUDA kernel is) for ``--warmup`` steps, then
 one step under :class:`~megatron.varlen.platform.host_syncs.DispatchCounts`: every ATen
-operator call, by phase (``forward``: megatron-core's forward_step with our model and loss;
+operator call, by phase (``data``: the step's micro-batches built from its samples (gather,
+schedule, pack, move); ``forward``: megatron-core's forward_step with our model and loss;
 ``backward``: its backward_step; ``step``: the rest of train_step, i.e. loss report, gradient
 finalisation, grad norm, clipping and Adam) and by site (the Python ``file:line`` outside
 torch; in backward the autograd node). ``packed-N`` packs N sequences of ``--tokens``/N tokens
@@ -39,7 +40,7 @@ import time
 
 import torch
 
-PHASES = ("forward", "backward", "step")
+PHASES = ("data", "forward", "backward", "step")
 KERNEL_OP = "varlen_attn (one kernel call)"
 KERNEL_BACKWARD_OP = "varlen_attn backward (one kernel call)"
 DEFAULT_SEQUENCES = "4,64"
@@ -150,8 +151,9 @@ def measure(config: str, num_sequences: int, cli) -> dict:
         state = trainer.setup_model_and_optimizer()
         for it in range(cli.warmup):
             train_step(run, state, provider.step_batches(it))
-        batches = provider.step_batches(cli.warmup)
         counts = DispatchCounts()
+        with counts, counts.phase("data"):
+            batches = provider.step_batches(cli.warmup)
         with _phases(counts), counts, counts.phase("step"):
             train_step(run, state, batches)
         times = []
