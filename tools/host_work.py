@@ -4,6 +4,7 @@
     python tools/host_work.py                                   # packs of 4 vs 64 sequences
     python tools/host_work.py --sequences 4,64 --tokens 512 --configs packed,padded --top 30
     python tools/host_work.py --json /tmp/host_work.json        # the tables, for a diff
+    python tools/host_work.py --extra-args "--num-experts 4 --moe-router-topk 2"   # MoE
 
 Each configuration trains our GPT (tiny by default, ``--attention-backend flash``: on CPU its
 kernel twin, counted as ONE call, which is what the CUDA kernel is) for ``--warmup`` steps, then
@@ -33,6 +34,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -49,7 +51,7 @@ VOCAB = 256
 
 
 def model_argv(config: str, num_sequences: int, tokens: int, lengths_file: str, iters: int,
-               layers: int, hidden: int, heads: int) -> list[str]:
+               layers: int, hidden: int, heads: int, extra: tuple[str, ...] = ()) -> list[str]:
     """Our flags for ``config`` ("packed" or "padded") on ``num_sequences`` samples of
     ``tokens // num_sequences`` tokens, one micro-batch per step."""
     length = tokens // num_sequences
@@ -64,6 +66,7 @@ def model_argv(config: str, num_sequences: int, tokens: int, lengths_file: str, 
         "--position-embedding-type", "rope", "--disable-bias-linear", "--hidden-dropout", "0",
         "--attention-dropout", "0", "--seed", "1234", "--log-interval", "1000000",
         "--eval-iters", "0", "--calculate-per-token-loss", "--attention-backend", "flash",
+        *extra,
     ]
     if config == "packed":
         return argv + ["--micro-batch-size", "1", "--sequence-packing",
@@ -144,7 +147,7 @@ def measure(config: str, num_sequences: int, cli) -> dict:
         lengths.write(f"{cli.tokens // num_sequences}\n")
     trainer = Trainer(parse_run_config(model_argv(
         config, num_sequences, cli.tokens, lengths.name, iters, cli.layers, cli.hidden,
-        cli.heads), world_size=1))
+        cli.heads, tuple(shlex.split(cli.extra_args))), world_size=1))
     try:
         run = trainer.start().run
         provider, _ = build_data_providers(trainer)
@@ -224,6 +227,8 @@ def _parse(argv):
     parser.add_argument("--timed", type=int, default=3, help="steps timed after the counted one")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", help="write the counts here")
+    parser.add_argument("--extra-args", default="",
+                        help='more training flags, e.g. "--num-experts 4 --moe-router-topk 2"')
     cli = parser.parse_args(argv)
     cli.sequences = [int(n) for n in cli.sequences.split(",")]
     cli.configs = cli.configs.split(",")

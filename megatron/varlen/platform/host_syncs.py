@@ -135,6 +135,17 @@ def _is_masked_fill(func, args, kwargs, is_host) -> bool:
             and is_host(value))
 
 
+def _is_device_to_host_copy(func, args, kwargs) -> bool:
+    """A copy from a real device (not the CPU) to the host. Between CPU tensors (a CPU run
+    standing in for one) it is ambiguous, as every device there is "cpu": the
+    Python-level recorder sees ``.cpu()``/``.tolist()``/``.numpy()``/``.to("cpu")`` instead."""
+    if func is _aten._to_copy.default:
+        source, target = args[0], kwargs.get("device")
+    else:
+        target, source = args[0].device, args[1]
+    return source.device != _HOST and _is_host_device(target)
+
+
 def _is_host_device(device) -> bool:
     return device is not None and torch.device(device) == _HOST
 
@@ -232,10 +243,8 @@ class HostSyncGuard:
             return kwargs.get("output_size") is None
         if func in _INDEX_OPS:
             return _bool_index(args) and not _is_masked_fill(func, args, kwargs, self.is_host)
-        if func in _COPY_OPS and not self.emulate:  # on CPU every device is "cpu": ambiguous
-            target = kwargs.get("device") if func is _aten._to_copy.default else args[0].device
-            source = args[1] if func is _aten.copy_.default else args[0]
-            return _is_host_device(target) and not self.is_host(source)
+        if func in _COPY_OPS:
+            return _is_device_to_host_copy(func, args, kwargs)
         return False
 
     def record(self, op: str) -> None:
