@@ -2,7 +2,7 @@
 backward does not grow with the number of sequences in a pack.
 
 One run of the tool (subprocess, as a user runs it): packs of 4 and of 64 sequences with the
-same 256 tokens, packed and padded, one counted step each. Counting is the reference: the
+same 256 tokens, packed and padded, with one MTP layer, one counted step each. Counting is the reference: the
 same model, the same tokens, so every (phase, op, site) count of the forward and the backward
 must be equal between the two packs, except at the sites listed in :data:`KNOWN_GROWTH`.
 """
@@ -29,7 +29,8 @@ def tool_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("host_work") / "counts.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "tools" / "host_work.py"), "--sequences", f"{FEW},{MANY}",
-         "--tokens", "256", "--warmup", "1", "--timed", "1", "--top", "5", "--json", str(out)],
+         "--tokens", "256", "--warmup", "1", "--timed", "1", "--top", "5", "--json", str(out),
+         "--extra-args", "--mtp-num-layers 1"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = {name: {tuple(row[:3]): row[3] for row in result["counts"]}
@@ -75,4 +76,4 @@ def test_the_kernel_twin_counts_as_one_call_each_way(tool_run):
     _, counts = tool_run
     table = counts[f"packed-{MANY}"]
     kernel = {phase: n for (phase, op, _), n in table.items() if op.startswith("varlen_attn")}
-    assert kernel == {"forward": 2, "backward": 2}  # 2 layers, one micro-batch
+    assert kernel == {"forward": 3, "backward": 3}  # 2 layers and the MTP layer, one micro-batch
