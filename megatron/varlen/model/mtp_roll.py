@@ -31,14 +31,14 @@ _ROLL_CALLERS = ("megatron.core.transformer.multi_token_prediction",
                  "megatron.core.models.gpt.gpt_model")
 
 
-def _last_positions(params, device) -> torch.Tensor | None:
-    """[m] stream position of the last token of every non-empty sequence (on ``device``), or
-    None when the boundaries do not run from 0 to the end of the stream."""
+def _last_positions(params, device) -> tuple[torch.Tensor | None, int]:
+    """([m] stream position of the last token of every non-empty sequence, on ``device``, or
+    None when the boundaries do not start at 0; the stream length they cover)."""
     bounds = [int(b) for b in params.host_cu_seqlens.tolist()]
     if not bounds or bounds[0] != 0:
-        return None
+        return None, -1
     ends = [end - 1 for start, end in zip(bounds, bounds[1:]) if end > start]
-    return host_to_device(torch.tensor(ends, dtype=torch.int64), device)
+    return host_to_device(torch.tensor(ends, dtype=torch.int64), device), bounds[-1]
 
 
 def packed_roll(original: Callable, tensor: torch.Tensor, shifts=_ROLL_SHIFT, dims=-1,
@@ -51,10 +51,9 @@ def packed_roll(original: Callable, tensor: torch.Tensor, shifts=_ROLL_SHIFT, di
             or not has_host_boundaries(packed_seq_params)):
         return original(tensor, shifts=shifts, dims=dims, cp_group=cp_group,
                         packed_seq_params=packed_seq_params)
-    last = packed_seq_params.derived.get(
+    last, stream = packed_seq_params.derived.get(
         (_LAST_POSITIONS, str(tensor.device)),
         lambda: _last_positions(packed_seq_params, tensor.device))
-    stream = int(packed_seq_params.host_cu_seqlens[-1])
     if last is None or stream != tensor.size(-1):
         return original(tensor, shifts=shifts, dims=dims, cp_group=cp_group,
                         packed_seq_params=packed_seq_params)

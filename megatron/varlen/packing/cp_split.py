@@ -53,7 +53,7 @@ def _validate_split(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int)
     return lengths
 
 
-def _concat_ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def concat_ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``cat([arange(s, s + l) for s, l in zip(starts, lengths)])`` without a Python loop.
 
     One ``repeat_interleave`` given its output size: row j of range i is ``j + (starts[i] -
@@ -96,7 +96,7 @@ def get_thd_partition_indices(
     back = starts + (CHUNKS_PER_RANK * cp_size - 1 - cp_rank) * chunk
     range_starts = torch.stack([front, back], dim=1).flatten()  # [2n]: front0, back0, front1...
     range_lengths = torch.stack([chunk, chunk], dim=1).flatten()
-    return _concat_ranges(range_starts, range_lengths)
+    return concat_ranges(range_starts, range_lengths)
 
 
 def get_thd_restore_order(cu_seqlens_padded: torch.Tensor, cp_size: int) -> torch.Tensor:
