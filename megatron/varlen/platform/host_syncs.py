@@ -19,10 +19,16 @@ those the caller marks (:meth:`HostSyncGuard.mark_host`, e.g. the host copies of
 the data path attaches) and everything computed inside the guard from host tensors only, or made
 there by a factory (``torch.tensor(list)``, ``torch.arange``; on a GPU those default to the
 host too). A host tensor that :func:`~megatron.varlen.packing.packed_seq.host_to_device` moves
-becomes a device tensor (:func:`as_device_copy`). What CPU cannot show: a factory call with an
-explicit ``device=`` (counted as host), and copies that cost nothing on CPU are counted as calls,
-not measured. ``.cpu()``/``.tolist()``/``.numpy()`` of a CPU tensor make no ATen call, so a
-``TorchFunctionMode`` twin of the guard records those.
+becomes a device tensor (:func:`as_device_copy`). ``.cpu()``/``.tolist()``/``.numpy()`` of a
+CPU tensor make no ATen call, so a ``TorchFunctionMode`` twin of the guard records those.
+
+What a CPU run cannot show: a factory call with an explicit ``device=`` (counted as host);
+ATen copies between CPU tensors (every device is "cpu": only ``.cpu()``, ``.tolist()``,
+``.numpy()`` and ``.to("cpu")`` with a literal ``"cpu"`` count); code that takes another path
+when ``tensor.is_cuda`` (megatron-core's MoE dispatcher moves its counts to the host only then);
+waits that are no ATen op (``Event.synchronize``, ``torch.cuda.synchronize``). It counts calls,
+not their cost. On a GPU (``emulate=False``) the devices are real and only the last two remain:
+``tools/sync_probe.py`` (torch's sync debug mode, the profiler) covers them.
 
 :class:`DispatchCounts` is the other instrument: every ATen operation of a region counted by
 phase, operation and site, the host's work per step (tools/host_work.py prints it).

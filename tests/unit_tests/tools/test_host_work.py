@@ -2,9 +2,9 @@
 backward does not grow with the number of sequences in a pack.
 
 One run of the tool (subprocess, as a user runs it): packs of 4 and of 64 sequences with the
-same 256 tokens, packed and padded, with one MTP layer, one counted step each. Counting is the reference: the
-same model, the same tokens, so every (phase, op, site) count of the forward and the backward
-must be equal between the two packs, except at the sites listed in :data:`KNOWN_GROWTH`.
+same 256 tokens, packed and padded, with one MTP layer, one counted step each. Counting is the
+reference: the same model, the same tokens, so every (phase, op, site) count of the forward and
+the backward must be equal between the two packs, except at the sites in :data:`KNOWN_GROWTH`.
 """
 
 import json
