@@ -12,19 +12,20 @@ Inside megatron-core 0.16.1's ``Attention.forward`` two things read the CP group
 
 ``GPTModel._preprocess`` already passes ``packed_seq_params.cp_group`` to ``RotaryEmbedding``,
 which for THD returns the full-length table (``max_seqlen`` rows, no CP slicing); the CP
-slicing happens in ``apply_rotary_pos_emb``, i.e. here. For SBHD micro-batches the table is
+slicing happens in ``apply_rotary_pos_emb`` (or in our one-table RoPE below), i.e. here,
+under the micro-batch's group. For SBHD micro-batches the table is
 sliced in ``RotaryEmbedding.forward`` with the micro-batch's group, so nothing more is needed.
 
 RoPE (:mod:`megatron.varlen.attention.packed_rope`): where our core attention runs a THD
 micro-batch, the layer calls ``SelfAttention.forward`` with ``rotary_pos_emb=None`` and rotates
 q and k itself, in :meth:`CPSwitchingSelfAttention.get_query_key_value_tensors` (the step of
 the parent's forward that makes q and k, right where the parent would apply RoPE next), from
-the micro-batch's one cos/sin table (:func:`~megatron.varlen.attention.packed_rope.packed_rope_table`),
-bit for bit what megatron-core's ``apply_rotary_pos_emb`` gives, with no per-sequence host
-work. Everything else keeps megatron-core's own RoPE, decided in :meth:`_packed_rope_freqs`:
-TE's core attention, SBHD, inference, ``apply_rope_fusion``, multi-latent attention, mRoPE,
-offloaded QKV activations, q and k tables that differ, and layers without RoPE
-(``no_rope_freq``). The parent's forward stays untouched, so selective recomputation
+the micro-batch's one cos/sin table
+(:func:`~megatron.varlen.attention.packed_rope.packed_rope_table`), bit for bit what
+megatron-core's ``apply_rotary_pos_emb`` gives, with no per-sequence host work. Everything
+else keeps megatron-core's own RoPE, decided in :meth:`_packed_rope_freqs`: TE's core
+attention, SBHD, inference, ``apply_rope_fusion``, multi-latent attention, mRoPE, offloaded QKV
+activations, q and k tables that differ, and layers without RoPE (``no_rope_freq``). The parent's forward stays untouched, so selective recomputation
 (``core_attn``: RoPE is outside the recomputed part, as in the parent), full recomputation
 (the forward runs again on the same micro-batch, same cached table), MTP and hybrid stacks
 (the same class) need nothing more.
@@ -61,14 +62,6 @@ _INFERENCE_ARGS = ("inference_context", "inference_params")
 _FORWARD_SIGNATURE = inspect.signature(SelfAttention.forward)
 _PENDING_ROPE_ATTR = "_pending_packed_rope"
 _FREQS_DIMS = 4  # RotaryEmbedding's table: [S, 1, 1, R]
-
-
-def _packed_seq_params_of(module: Any, args: tuple, kwargs: dict) -> Any:
-    """``packed_seq_params`` of a ``SelfAttention.forward`` call, positional or keyword."""
-    if _PACKED_SEQ_PARAMS in kwargs:
-        return kwargs[_PACKED_SEQ_PARAMS]
-    bound = _FORWARD_SIGNATURE.bind_partial(module, *args, **kwargs)
-    return bound.arguments.get(_PACKED_SEQ_PARAMS)
 
 
 def _one_table(rotary_pos_emb: Any) -> Optional[torch.Tensor]:
@@ -161,9 +154,9 @@ class CPSwitchingSelfAttention(SelfAttention):
         if freqs is not None:
             bound.arguments[_ROTARY_POS_EMB] = None  # the parent applies no RoPE of its own
             pending = (packed_seq_params, freqs)
-        group = resolve_cp_group(packed_seq_params, self.pg_collection.cp)
         with swap_attributes([(self, _PENDING_ROPE_ATTR, pending)]):
             if not carries_cp_group(packed_seq_params):
                 return super().forward(*bound.args[1:], **bound.kwargs)
+            group = resolve_cp_group(packed_seq_params, self.pg_collection.cp)
             with self.use_cp_group(group):
                 return super().forward(*bound.args[1:], **bound.kwargs)
