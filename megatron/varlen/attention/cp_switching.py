@@ -13,22 +13,22 @@ Inside megatron-core 0.16.1's ``Attention.forward`` two things read the CP group
 ``GPTModel._preprocess`` already passes ``packed_seq_params.cp_group`` to ``RotaryEmbedding``,
 which for THD returns the full-length table (``max_seqlen`` rows, no CP slicing); the CP
 slicing happens in ``apply_rotary_pos_emb`` (or in our one-table RoPE below), i.e. here,
-under the micro-batch's group. For SBHD micro-batches the table is
-sliced in ``RotaryEmbedding.forward`` with the micro-batch's group, so nothing more is needed.
+under the micro-batch's group. For SBHD micro-batches the table is sliced in
+``RotaryEmbedding.forward`` with the micro-batch's group, so nothing more is needed.
 
 RoPE (:mod:`megatron.varlen.attention.packed_rope`): where our core attention runs a THD
 micro-batch, the layer calls ``SelfAttention.forward`` with ``rotary_pos_emb=None`` and rotates
-q and k itself, in :meth:`CPSwitchingSelfAttention.get_query_key_value_tensors` (the step of
-the parent's forward that makes q and k, right where the parent would apply RoPE next), from
-the micro-batch's one cos/sin table
+q and k itself, in :meth:`CPSwitchingSelfAttention.get_query_key_value_tensors` (the step of the
+parent's forward that makes q and k, right where the parent would apply RoPE next), from the
+micro-batch's one cos/sin table
 (:func:`~megatron.varlen.attention.packed_rope.packed_rope_table`), bit for bit what
-megatron-core's ``apply_rotary_pos_emb`` gives, with no per-sequence host work. Everything
-else keeps megatron-core's own RoPE, decided in :meth:`_packed_rope_freqs`: TE's core
-attention, SBHD, inference, ``apply_rope_fusion``, multi-latent attention, mRoPE, offloaded QKV
-activations, q and k tables that differ, and layers without RoPE (``no_rope_freq``). The parent's forward stays untouched, so selective recomputation
-(``core_attn``: RoPE is outside the recomputed part, as in the parent), full recomputation
-(the forward runs again on the same micro-batch, same cached table), MTP and hybrid stacks
-(the same class) need nothing more.
+megatron-core's ``apply_rotary_pos_emb`` gives, with no per-sequence host work. Everything else
+keeps megatron-core's own RoPE, decided in :meth:`_packed_rope_freqs`: TE's core attention,
+SBHD, inference, ``apply_rope_fusion``, multi-latent attention, mRoPE, offloaded QKV
+activations, q and k tables that differ, and layers without RoPE (``no_rope_freq``). The
+parent's forward stays untouched, so selective recomputation (``core_attn``: RoPE is outside the
+recomputed part, as in the parent), full recomputation (the forward runs again on the same
+micro-batch, same cached table), MTP and hybrid stacks (the same class) need nothing more.
 
 :class:`CPSwitchingSelfAttention` swaps ``self.pg_collection`` (a copy with ``cp`` replaced)
 and (for our core attention) ``core_attention.cp_group`` for the call and restores them in a
