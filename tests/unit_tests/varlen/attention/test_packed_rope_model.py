@@ -12,8 +12,6 @@
    megatron-core's path grows with the number of sequences (shown, as the reason for this).
    The core attention is the flash backend with a fixed-cost stand-in for its ONE kernel call
    (the CPU twin of the kernel loops over sequences; the GPU kernel does not).
-
-Shape legend: T = packed padded tokens, H = hidden size.
 """
 
 import pytest
