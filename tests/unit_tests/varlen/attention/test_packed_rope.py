@@ -84,7 +84,7 @@ def _config(interleaved):
 
 def _rotate_both_ways(t, freqs, cu_padded, cp, rank, interleaved, mscale):
     """(megatron-core's result, ours) and the gradients of t through each, same upstream."""
-    upstream = torch.randn(t.shape, generator=torch.Generator().manual_seed(7)).to(t.dtype)
+    upstream = torch.randn(t.shape, generator=torch.Generator().manual_seed(7)).to(t)
     leaf_ref, leaf_new = t.clone().requires_grad_(), t.clone().requires_grad_()
     ref = apply_rotary_pos_emb(leaf_ref, freqs, _config(interleaved), cu_seqlens=cu_padded,
                                mscale=mscale, cp_group=_Group(cp, rank))
