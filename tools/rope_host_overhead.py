@@ -7,8 +7,8 @@ dominates) runs forward + backward on packs of the same number of tokens cut int
 sequences, with RoPE from one table per micro-batch (``megatron/varlen/attention/packed_rope.py``)
 and with megatron-core 0.16.1's own THD RoPE (per layer, for q and k: the boundaries read with
 ``.tolist()``, a slice per sequence, a cat, cos and sin of the result). The two paths run in
-alternating rounds on one gloo rank with one intra-op thread; the median of the rounds is
-reported. The flash core attention's one kernel call is replaced by a fixed-cost stand-in
+alternating rounds on one gloo rank with one intra-op thread; the medians of the rounds' times
+and of their ratios are reported. The flash core attention's one kernel call is replaced by a fixed-cost stand-in
 (``tests/harness/rope_paths.py``): on the GPU it is one call whatever the pack, while its CPU twin
 loops over sequences and would bury the difference. The aten ops one attention layer dispatches
 (forward + backward, after the micro-batch's first layer built its plan and table) are counted
@@ -29,7 +29,7 @@ from pathlib import Path
 LAYERS, HIDDEN, HEADS, KV_GROUPS, VOCAB = 4, 64, 4, 2, 128
 TOKENS = 4096
 SEQUENCE_COUNTS = (16, 256, 1024)
-ROUNDS = 7
+ROUNDS = 21
 MODEL_SEED = 1
 PATHS = {"one table": True, "megatron-core": False}
 MS = 1e3
@@ -51,8 +51,10 @@ def _pack_inputs(sequences: int):
     return tokens, positions, params
 
 
-def _timed_rounds(model, sequences: int, rounds: int) -> dict[str, float]:
-    """Median milliseconds of one forward + backward per path (alternating rounds)."""
+def _timed_rounds(model, sequences: int, rounds: int) -> tuple[dict[str, float], float]:
+    """Median milliseconds of one forward + backward per path, and the median of the rounds'
+    megatron-core / one-table ratios (alternating rounds: a ratio holds when the shared
+    machine's speed drifts)."""
     from tests.harness.rope_paths import use_one_table
     times = {name: [] for name in PATHS}
     for _ in range(rounds + 1):  # the first round warms up and is dropped
@@ -62,7 +64,9 @@ def _timed_rounds(model, sequences: int, rounds: int) -> dict[str, float]:
             start = time.perf_counter()
             _step(model, tokens, positions, params)
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t[1:]) * MS for name, t in times.items()}
+    ratios = [old / new for old, new in zip(times["megatron-core"][1:], times["one table"][1:])]
+    return ({name: statistics.median(t[1:]) * MS for name, t in times.items()},
+            statistics.median(ratios))
 
 
 def _layer_op_counts(model, sequences: int) -> dict[str, int]:
@@ -90,9 +94,8 @@ def rank_measure(rounds: int) -> list[dict]:
         use_fixed_cost_kernel(model)
         rows = []
         for sequences in SEQUENCE_COUNTS:
-            ms = _timed_rounds(model, sequences, rounds)
-            rows.append(dict(sequences=sequences, ms=ms,
-                             ratio=ms["megatron-core"] / ms["one table"],
+            ms, ratio = _timed_rounds(model, sequences, rounds)
+            rows.append(dict(sequences=sequences, ms=ms, ratio=ratio,
                              layer_ops=_layer_op_counts(model, sequences)))
         return rows
     finally:
@@ -101,7 +104,8 @@ def rank_measure(rounds: int) -> list[dict]:
 
 def render(rows: list[dict]) -> str:
     lines = [f"{LAYERS} layers, hidden {HIDDEN}, {TOKENS} tokens a pack, forward + backward "
-             f"(median of the rounds, ms); aten ops of one attention layer's forward + backward",
+             f"(medians of the rounds: ms, and the rounds' ratios); aten ops of one attention "
+             f"layer's forward + backward",
              "",
              "| sequences | one table ms | megatron-core ms | megatron-core / one table "
              "| layer ops one table | layer ops megatron-core (scalar reads) |",

@@ -18,7 +18,7 @@ Here the same numbers come from one table per micro-batch:
   micro-batch cache (:class:`~megatron.varlen.packing.packed_seq.MicroBatchCache`) and reused
   by every layer; the positions go to the device once (``host_to_device``).
 * :meth:`PackedRopeTable.rotate`: per layer, ``t * cos + rotate_half(t) * sin`` (and the
-  untouched ``t_pass`` of ``rotary_percent < 1`` appended).
+  untouched ``t_pass`` of ``rotary_percent < 1`` appended; with nothing to append, no copy).
 
 The formula, the order of the operations and the casts are megatron-core's (cos and sin of the
 float32 frequencies, times mscale, then the cast), so the result is bit for bit the same; the
@@ -76,6 +76,8 @@ class PackedRopeTable:
         rot_dim = self.cos.shape[-1]
         t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
         t_rot = (t_rot * self.cos) + (_rotate_half(t_rot, rotary_interleaved) * self.sin)
+        if t_pass.size(-1) == 0:  # all channels rotate: megatron-core's cat would only copy
+            return t_rot
         return torch.cat((t_rot, t_pass), dim=-1)
 
 
