@@ -1,6 +1,6 @@
 """THD RoPE's host overhead on CPU: one table per micro-batch against megatron-core's RoPE.
 
-    python tools/rope_host_overhead.py [--out results/rope_host_overhead.json]
+    python tools/rope_host_overhead.py [--rounds 21] [--out results/rope/rope_host_overhead.json]
 
 A GPT layer stack with a tiny hidden size (compute is negligible; what the host dispatches
 dominates) runs forward + backward on packs of the same number of tokens cut into more and more
