@@ -13,8 +13,11 @@ the LR/WD schedule. On ``--load``:
   (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as
   that count needs, so another count is another sample order (refused unless
   ``--override-data-fingerprint``).
-- data position: a checkpoint records the samples consumed (``consumed_train_samples``,
-  iteration x global batch); the resumed run continues the stream at that sample.
+- data position: a checkpoint records the samples consumed (``consumed_train_samples``:
+  iteration x global batch in pretrain_gpt.py's loop, the samples of the caller's batches in
+  megatron.wrap's); the resumed run continues the stream at that sample, and its LR schedule
+  and consumed-samples count from there. pretrain_gpt.py refuses a checkpoint whose count is
+  not iteration x global batch (its loop reads global batch i at iteration i).
 - data content: each ``--data-path`` file (and each per-split path) is identified by its
   content, a fingerprint of size and SHA-256 (streamed; computed once per run by rank 0, at the first save and at ``--load``),
   not by how its path is spelled: ``./x``, ``x`` and ``/abs/x`` (or a copy elsewhere) resume,
@@ -180,27 +183,42 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     return recorded
 
 
-def save_run_args(folder: str, run: RunConfig, iteration: int | None = None) -> str:
-    """Writes ``run_args.json``; with ``iteration``, also the data position (the training
-    samples consumed so far: every iteration reads one global batch)."""
+def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
+                  consumed_samples: int | None = None) -> str:
+    """Writes ``run_args.json``; with ``iteration``, also the data position: the training
+    samples consumed so far, ``consumed_samples`` (default iteration x global batch: every
+    iteration of pretrain_gpt.py's loop reads one global batch)."""
     recorded = snapshot(run)
     if iteration is not None:
-        recorded[DATA_POSITION_KEY] = iteration * run.training.global_batch_size
+        recorded[DATA_POSITION_KEY] = consumed_samples if consumed_samples is not None \
+            else iteration * run.training.global_batch_size
     atomic_write_text(os.path.join(folder, RUN_ARGS_FILENAME),
                       json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return RUN_ARGS_FILENAME
 
 
+def consumed_samples(folder: str, iteration: int, run: RunConfig) -> int:
+    """The training samples the checkpoint in ``folder`` had consumed (module docstring)."""
+    saved = read_run_args(folder).get(DATA_POSITION_KEY)
+    return iteration * run.training.global_batch_size if saved is None else int(saved)
+
+
 def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:
     """Where the resumed run continues its training samples; a one-line CheckpointError when
-    the checkpoint's recorded position disagrees with its iteration (a mixed-up folder)."""
+    the checkpoint's recorded position disagrees with its iteration in a run whose loop reads
+    global batch i at iteration i (a mixed-up folder, or megatron.wrap's runtime batches)."""
+    if run.training.runtime_batches:  # the caller's loop brings the data: any count is a count
+        return (f"resuming after {consumed_samples(folder, iteration, run)} consumed training "
+                f"samples (iteration {iteration})")
     position = iteration * run.training.global_batch_size
     saved = read_run_args(folder).get(DATA_POSITION_KEY)
     if saved is not None and saved != position:
         raise CheckpointError(
             f"--load: {folder} records {saved} consumed training samples but iteration "
             f"{iteration} x --global-batch-size {run.training.global_batch_size} is {position}: "
-            f"its files do not belong together; load another checkpoint")
+            f"it was trained on batches of other sizes (megatron.wrap) or its files do not "
+            f"belong together; load another checkpoint, or pass --finetune to start from its "
+            f"weights")
     return (f"resuming the training data at sample {position} (iteration {iteration} x "
             f"global batch {run.training.global_batch_size})")
 

@@ -196,7 +196,9 @@ class MegatronWrap(ParallelStateMixin):
         samples = self._global_batch(batch, source, "train")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
         self._forward_step.reset()
-        report = self.trainer.step(step, forward_step_func=self._forward_step, started_at=start)
+        # The LR schedule and the consumed samples advance by the samples of THIS batch.
+        report = self.trainer.step(step, forward_step_func=self._forward_step, started_at=start,
+                                   num_samples=len(samples))
         reduced = reduce_across_stages(report.loss, self._forward_step.records,
                                        self.flow.metric_names)
         self._last_metrics = train_metrics(report, reduced, len(samples))

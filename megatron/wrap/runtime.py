@@ -55,7 +55,9 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
             "micro_batch_size %d: packs of up to %d tokens per rank (max_seqlen_per_dp_cp_rank, "
             "%d full-length samples' worth); the packs of a step are its micro-batches",
             samples_per_pack, run.packing.max_seqlen_per_dp_cp_rank, samples_per_pack)
-    return dataclasses.replace(run, logging=logging), console
+    # The caller's loop hands each step its batch, of any size (RL batches vary).
+    training = dataclasses.replace(run.training, runtime_batches=True)
+    return dataclasses.replace(run, logging=logging, training=training), console
 
 
 def micro_batch_as_budget(flat: dict) -> int:
