@@ -7,7 +7,8 @@ the LR/WD schedule. On ``--load``:
   would load weights into a different model. The parallel layout may change (dist_checkpointing
   reshards), except where it changes the model: the padded vocabulary depends on
   ``--make-vocab-size-divisible-by`` x TP.
-- data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``) must
+- data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``, the
+  SFT record keys ``--sft-messages-key``/``--sft-prompt-key``/``--sft-response-key``) must
   match: the resumed run would otherwise read other samples than the run it continues. With
   Megatron indexed data also the number of training samples the datasets are built for
   (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as
@@ -73,10 +74,14 @@ MODEL_KEYS = (
     "rope_scaling_factor", *_HYBRID_KEYS, *_MOE_KEYS,
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
+# Where SFT records keep their text (the dataset and megatron.wrap's gpt_sft flow read them):
+# another key reads other fields of the same records.
+SFT_KEYS = {"sft_messages_key": "messages", "sft_prompt_key": "prompt",
+            "sft_response_key": "response"}
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
-                   INDEXED_SAMPLES_KEY, "packing_unit")
+                   INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
-RECORDED_BEFORE = {"packing_unit": "sample"}
+RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 # With expert parallelism megatron-core keeps the experts' optimizer state in an optimizer of
@@ -163,6 +168,7 @@ def _recorded_values(run: RunConfig) -> dict:
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
         split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
+        **{key: getattr(data, key) for key in SFT_KEYS},
         **{INDEXED_SAMPLES_KEY: data.train_samples if data.indexed else None},
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
@@ -366,7 +372,8 @@ def _mismatch(key: str, saved: dict, mine: dict) -> str:
                 f"table has --seq-length entries); use the checkpoint's value")
     if key == INDEXED_SAMPLES_KEY:
         return _indexed_samples_mismatch(saved.get(key), mine[key])
-    what = "the model" if key in MODEL_KEYS else "the data order"
+    what = "the model" if key in MODEL_KEYS else "the fields read from the SFT records" \
+        if key in SFT_KEYS else "the data order"
     return (f"--load: the checkpoint was trained with {_flag(key)} {saved.get(key)}, this run "
             f"has {mine[key]}: that would change {what}; use the checkpoint's value")
 
