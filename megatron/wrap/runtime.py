@@ -10,6 +10,7 @@ import torch
 
 from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.config.from_flags import run_config as run_config_from_flags
 from megatron.varlen_training.flag_values import parse_values
 from megatron.wrap.config import ConfigError, WrapConfig
@@ -110,9 +111,9 @@ def check_device(device: str) -> None:
     """``wrap.device`` must match what the device layer will use (CUDA if visible, else CPU)."""
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
-        raise ValueError("config key 'wrap.device' is 'cuda' but no CUDA device is visible")
+        raise ConfigError("config key 'wrap.device' is 'cuda' but no CUDA device is visible")
     if device == "cpu" and has_cuda:
-        raise ValueError("config key 'wrap.device' is 'cpu' but CUDA is visible: set "
+        raise ConfigError("config key 'wrap.device' is 'cpu' but CUDA is visible: set "
                          "CUDA_VISIBLE_DEVICES= to run on CPU, or use 'auto'")
 
 
@@ -121,18 +122,18 @@ def checkpoint_root(path: str) -> str:
     ``iter_NNNNNNN`` folder (what ``save()`` returns).
 
     Raises:
-        ValueError: ``path`` does not exist, or names an iteration that is not the latest.
+        CheckpointError: ``path`` does not exist, or names an iteration that is not the latest.
     """
     path = os.path.normpath(path)
     if not os.path.isdir(path):
-        raise ValueError(f"checkpoint path {path!r} does not exist")
+        raise CheckpointError(f"checkpoint path {path!r} does not exist")
     match = _CHECKPOINT_DIR.search(os.path.basename(path))
     if match is None:
         return path
     root = os.path.dirname(path)
     latest = checkpointing.read_latest_iteration(root)
     if latest != int(match.group(1)):
-        raise ValueError(f"{path!r} is iteration {int(match.group(1))} but {root!r} records "
+        raise CheckpointError(f"{path!r} is iteration {int(match.group(1))} but {root!r} records "
                          f"iteration {latest} as its latest; only the latest can be loaded")
     return root
 

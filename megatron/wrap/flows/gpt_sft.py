@@ -42,6 +42,7 @@ from megatron.varlen_training.datasets.sample import make_sample
 from megatron.varlen_training.datasets.sft import encode_turns, parse_turns, sft_keys
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.training import LOSS_KEY
+from megatron.wrap.config.errors import ConfigError
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow
@@ -68,7 +69,7 @@ class GPTSFTFlow(GPTFlow):
     def __init__(self, context, truncate: bool = True, loss_normalization: str = "token"):
         super().__init__(context)
         if loss_normalization not in NORMALIZATIONS:
-            raise ValueError(f"flow 'gpt_sft': flow.flow_args.loss_normalization "
+            raise ConfigError(f"flow 'gpt_sft': flow.flow_args.loss_normalization "
                              f"{loss_normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
         self.per_sample = loss_normalization == "sample"
         self.computed_fields = (LOSS_WEIGHT,) if self.per_sample else ()
