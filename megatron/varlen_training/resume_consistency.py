@@ -20,8 +20,10 @@ the LR/WD schedule. On ``--load``:
   and consumed-samples count from there. pretrain_gpt.py refuses a checkpoint whose count is
   not iteration x global batch (its loop reads global batch i at iteration i).
 - data content: each ``--data-path`` file (and each per-split path) is identified by its
-  content, a fingerprint of size and SHA-256 (streamed; computed once per run by rank 0, at the first save and at ``--load``),
-  not by how its path is spelled: ``./x``, ``x`` and ``/abs/x`` (or a copy elsewhere) resume,
+  content, a fingerprint of size and SHA-256 (streamed; computed once per run by rank 0, at
+  the first save and at ``--load``; a folder of Parquet shards or a ``save_to_disk`` folder:
+  the same for each of its data files, combined; :mod:`data_fingerprints`), not by how its
+  path is spelled: ``./x``, ``x`` and ``/abs/x`` (or a copy elsewhere) resume,
   a changed file at the same path is refused unless ``--override-data-fingerprint`` says to
   train on it deliberately (the resumed run then reads the new content from the saved
   position). Cost: one read of each data file, which the SFT reader loads whole anyway. An
@@ -50,7 +52,8 @@ from __future__ import annotations
 import json
 import os
 
-from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text, file_digest
+from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text
+from megatron.varlen_training.data_fingerprints import changed_file, data_fingerprint
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, one_line
 from megatron.varlen_training.load_options import RESUME, LoadParts
@@ -94,9 +97,6 @@ DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data
 _CONTEXT_KEYS = ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "seq_length",
                  "data_path", "data_entries")
 _SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
-# Fingerprints this process computed: (resolved path, size, mtime) -> fingerprint. A file is
-# hashed once per run, not at every save; a change of size or mtime hashes it again.
-_FINGERPRINTS: dict[tuple, dict] = {}
 # megatron-core scheduler state key -> (this run's flag, scheduler attribute, samples per unit)
 SCHEDULER_KEYS = {
     "max_lr": ("--lr", "max_lr", False),
@@ -116,28 +116,6 @@ SAMPLE_BASED_FLAGS = {
 
 def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
-
-
-def data_fingerprint(entry: str) -> dict:
-    """``{"path": resolved path, "size", "sha256"}`` of a ``--data-path`` file or indexed
-    dataset prefix (module docstring); ``{"path": entry}`` for an entry that is neither (a
-    blend weight: compared as spelled)."""
-    if not os.path.isfile(entry):
-        if os.path.isfile(f"{entry}.idx") and os.path.isfile(f"{entry}.bin"):
-            return _indexed_fingerprint(entry)
-        return {"path": entry}
-    real = os.path.realpath(entry)
-    stat = os.stat(real)
-    key = (real, stat.st_size, stat.st_mtime_ns)
-    if key not in _FINGERPRINTS:
-        _FINGERPRINTS[key] = {"path": real, **file_digest(real)}
-    return dict(_FINGERPRINTS[key])
-
-
-def _indexed_fingerprint(prefix: str) -> dict:
-    index = data_fingerprint(f"{prefix}.idx")
-    return {"path": os.path.realpath(prefix), "size": os.path.getsize(f"{prefix}.bin"),
-            HASH_ALGORITHM: index[HASH_ALGORITHM]}
 
 
 def data_entries(run: RunConfig) -> list[str] | None:
@@ -314,8 +292,9 @@ def _optimizer_layout_mismatch(saved_distributed: bool) -> str:
 def _describe_source(spelled: str, source: dict) -> str:
     if HASH_ALGORITHM not in source:
         return repr(spelled)
-    return (f"{spelled!r} ({source['path']}: {source.get('size')} bytes, {HASH_ALGORITHM} "
-            f"{str(source[HASH_ALGORITHM])[:_SHORT_HASH]}...)")
+    files = f"{len(source['files'])} files, " if source.get("files") else ""
+    return (f"{spelled!r} ({source['path']}: {files}{source.get('size')} bytes, "
+            f"{HASH_ALGORITHM} {str(source[HASH_ALGORITHM])[:_SHORT_HASH]}...)")
 
 
 def _same_source(saved: dict, mine: dict) -> bool:
@@ -323,7 +302,12 @@ def _same_source(saved: dict, mine: dict) -> bool:
     if HASH_ALGORITHM in saved and HASH_ALGORITHM in mine:
         return (saved.get("size"), saved[HASH_ALGORITHM]) == (mine["size"],
                                                                mine[HASH_ALGORITHM])
-    return saved.get("path") == mine.get("path")
+    if saved.get("path") == mine.get("path"):
+        return True
+    # A folder recorded before folders were fingerprinted: its spelling, against the content
+    # fingerprint's resolved path.
+    return HASH_ALGORITHM not in saved and isinstance(saved.get("path"), str) \
+        and os.path.realpath(saved["path"]) == mine.get("path")
 
 
 def check_data_sources(saved: dict, run: RunConfig) -> str | None:
@@ -346,6 +330,10 @@ def check_data_sources(saved: dict, run: RunConfig) -> str | None:
     ours = (_describe_source(data_path[index], mine[index]) if index < len(mine)
             else "nothing")
     difference = f"--data-path entry {index + 1} is {ours}, the checkpoint was trained on {theirs}"
+    shard = changed_file(saved_sources[index], mine[index]) \
+        if index < min(len(saved_sources), len(mine)) else None
+    if shard is not None:
+        difference += f" (in the folder, {shard})"
     if run.checkpoint.override_data_fingerprint:
         return f"--override-data-fingerprint: resuming on other data ({difference})"
     raise CheckpointError(
