@@ -3,12 +3,15 @@
 An .idx/.bin pair does not say which tokenizer wrote it. Two mistakes would otherwise train
 silently on wrong data:
 
-- **ids outside the vocabulary** (data made with a larger tokenizer): every rank scans its
-  1/world share of the documents of the splits the run reads (megatron-core's samples are cut
-  from them), the maximum id of the memory-mapped ``.bin`` in chunks, before the first step;
-  one id at or above the tokenizer's vocabulary is a one-line error naming the id, its
-  document, the vocabulary size and the flags (the caller agrees on it across ranks). Cost:
-  one sequential read of (the read splits' tokens) / world per rank.
+- **ids outside the vocabulary** (data made with a larger tokenizer): every rank scans the
+  start of its 1/world share of the documents of the splits the run reads (megatron-core's
+  samples are cut from them), at most ``SCAN_BUDGET_TOKENS`` ids of the memory-mapped ``.bin``
+  in chunks, before the first step; one id at or above the tokenizer's vocabulary is a
+  one-line error naming the id, its document, the vocabulary size and the flags (the caller
+  agrees on it across ranks). The budget bounds the start-up cost (a whole pretraining corpus
+  would be minutes of reading per start); data from another tokenizer shows ids above the
+  vocabulary within any few million tokens, so the sample still catches it. An id beyond the
+  scanned part fails in the embedding instead.
 - **megatron-core's byte-level layout** under ours: megatron-core's ``ByteLevelTokenizer``
   (``megatron.core.tokenizers.text.libraries``) maps bytes to ids 0-255 and ends a document
   with eod **0** (pad 1, vocabulary 512); this fork's ``--tokenizer-type ByteLevelTokenizer``
@@ -29,6 +32,7 @@ FOREIGN_EODS = {"ByteLevelTokenizer": (0, "megatron-core's ByteLevelTokenizer (b
                                           "eod 0, pad 1)")}
 DOCUMENT_ENDS_LOOKED_AT = 16  # the first documents whose last id tells the eod apart
 SCAN_CHUNK_TOKENS = 1 << 24  # ids per numpy max over the memory-mapped .bin (32 MiB of uint16)
+SCAN_BUDGET_TOKENS = 1 << 26  # ids a rank scans at most (128 MiB of uint16: well under a second)
 TOKENIZER_FLAGS = "--tokenizer-type, --tokenizer-model, --vocab-size"
 
 
@@ -53,6 +57,7 @@ def check_token_ids(prefix: str, dataset: IndexedDataset, bounds: tuple[int, int
     starts = dataset.index.sequence_pointers // itemsize  # each document's first id
     lengths = dataset.sequence_lengths
     first, stop = int(starts[begin]), int(starts[end - 1]) + int(lengths[end - 1])
+    stop = min(stop, first + SCAN_BUDGET_TOKENS)
     ids = np.memmap(get_bin_path(prefix), dtype=dataset.index.dtype, mode="r")
     for chunk_start in range(first, stop, SCAN_CHUNK_TOKENS):
         chunk = ids[chunk_start:min(stop, chunk_start + SCAN_CHUNK_TOKENS)]
@@ -75,9 +80,8 @@ def check_document_ends(prefix: str, dataset: IndexedDataset, tokenizer_name: st
         return
     foreign, foreign_name = FOREIGN_EODS[tokenizer_name]
     lengths = dataset.sequence_lengths
-    looked_at = [index for index in range(len(lengths)) if lengths[index] > 0]
-    looked_at = looked_at[:DOCUMENT_ENDS_LOOKED_AT]
-    ends = [int(dataset.get(index, offset=int(lengths[index]) - 1, length=1)[0])
+    looked_at = np.flatnonzero(lengths > 0)[:DOCUMENT_ENDS_LOOKED_AT]  # not a loop: 1e9 docs
+    ends = [int(dataset.get(int(index), offset=int(lengths[index]) - 1, length=1)[0])
             for index in looked_at]
     if not ends or any(end != foreign for end in ends):
         return

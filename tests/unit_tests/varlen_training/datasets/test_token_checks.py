@@ -108,6 +108,21 @@ def test_the_scan_is_shared_and_chunked(tmp_path, monkeypatch):
                                      1, 2)
 
 
+def test_the_scan_stops_at_its_budget(tmp_path, monkeypatch):
+    """A rank reads at most SCAN_BUDGET_TOKENS ids (start-up cost on a large corpus): a bad id
+    past the budget is not looked at; within it, it is found."""
+    prefix = _with_bad_id(tmp_path)
+    dataset = IndexedDataset(prefix, multimodal=False)
+    bad_offset = int(dataset.index.sequence_pointers[BAD_DOCUMENT]) // 2 + 5  # uint16 ids
+    vocab = ByteLevelTokenizer().vocab_size
+    monkeypatch.setattr(token_checks, "SCAN_CHUNK_TOKENS", 64)
+    monkeypatch.setattr(token_checks, "SCAN_BUDGET_TOKENS", bad_offset)
+    token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path")
+    monkeypatch.setattr(token_checks, "SCAN_BUDGET_TOKENS", bad_offset + 1)
+    with pytest.raises(ValueError, match=f"token id {BAD_ID} .document {BAD_DOCUMENT},"):
+        token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path")
+
+
 def rank_check(tmp_path: str, prefix: str) -> str | None:
     from pathlib import Path
 
