@@ -3,6 +3,7 @@
 
     python tools/profile_step.py --size 184m                  # on a GPU: packed and reference
     python tools/profile_step.py --device cpu --tiny --configs packed   # smoke run
+    python tools/profile_step.py --size 184m --configs packed --megatron-core-rope  # RoPE before
 
 For each configuration (tools/benchmark_gpu.py's packed / padded / reference, same shapes and
 data), after warm-up steps, ``--steps`` steps run under torch.profiler. Printed per
@@ -12,7 +13,9 @@ kernels and the host-side operators that take the most time. This is the instrum
 closing the gap to the reference: which kernels we run that it does not, and how much host
 time each step spends launching them. Last, for one more step, the torch calls made from Python
 counted by call site (``file:line`` of the innermost frame outside torch): where the host's
-operator calls come from.
+operator calls come from. ``--megatron-core-rope`` runs our layers with megatron-core's own
+THD RoPE instead of one table per micro-batch (megatron/varlen/attention/packed_rope.py), for a
+side-by-side profile of the two.
 """
 
 from __future__ import annotations
@@ -134,7 +137,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--megatron-core-rope", action="store_true",
+                        help="megatron-core's per-sequence THD RoPE instead of one table per "
+                             "micro-batch (the comparison for the RoPE change)")
     cli = parser.parse_args(argv)
+    if cli.megatron_core_rope:  # the layers' default, read when each layer runs
+        from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
+        CPSwitchingSelfAttention.rope_from_one_table = False
     unknown = sorted(set(cli.configs.split(",")) - set(CONFIGS))
     if unknown:
         parser.error(f"--configs {','.join(unknown)}: choose from {','.join(CONFIGS)}")

@@ -22,6 +22,7 @@ if not __package__:  # run as `python tools/X.py`: the repository root on sys.pa
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
@@ -55,6 +56,10 @@ CONFIGS_NO_BIAS = {
     "selective (core_attn, mlp), no biases": NO_BIAS + [
         "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"],
 }
+# On CUDA the same run is not bitwise reproducible from one process to the next (an H100 gave
+# losses 2e-8 apart, relative, at step 2 with recomputation off vs full): there the losses must
+# agree to float32 rounding; on CPU they must be equal bit for bit.
+CUDA_LOSS_RTOL = 1e-6
 _CLEAR_PEAK_RSS = "5"  # /proc/PID/clear_refs: "5" resets the peak RSS (VmHWM) to the current RSS
 _KIB = 1024
 MIB = 2**20
@@ -84,11 +89,18 @@ def train_measuring_rss(argv: list[str]) -> dict:
 GROUPS = (CONFIGS, CONFIGS_NO_BIAS)
 
 
-def _check_losses(losses: dict, group: dict) -> list[float]:
+def _same_losses(a: list[float], b: list[float], device: str) -> bool:
+    if device != "cuda":
+        return a == b
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=CUDA_LOSS_RTOL)
+                                    for x, y in zip(a, b))
+
+
+def _check_losses(losses: dict, group: dict, device: str = "cpu") -> list[float]:
     names = list(group)
     reference = losses[names[0]]
     for name in names[1:]:
-        if losses[name] != reference:
+        if not _same_losses(losses[name], reference, device):
             raise SystemExit(f"recomputation changed the losses: {name} {losses[name]} != "
                              f"{names[0]} {reference}")
     return reference
@@ -114,7 +126,11 @@ def measure(rounds: int, timeout_s: float, device: str = "cpu") -> dict:
     return {"world": WORLD, "seq_length": SEQ_LENGTH, "rounds": rounds, "device": device,
             "argv": COMMON, "configs": every, "groups": [list(group) for group in GROUPS],
             "peak_rss_bytes": peaks, "peak_gpu_bytes": gpu_peaks,
-            "losses": [_check_losses(losses, group) for group in GROUPS]}
+            "losses": [_check_losses(losses, group, device) for group in GROUPS]}
+
+
+_AGREEMENT = {False: "equal bit for bit",
+              True: f"equal within a relative {CUDA_LOSS_RTOL:g} (CUDA)"}
 
 
 def report(results: dict) -> str:
@@ -125,7 +141,8 @@ def report(results: dict) -> str:
              f"{results['world']} gloo ranks, local attention, fp32, {results['rounds']} "
              f"round(s). Peak resident memory of a rank's process over set-up and 2 iterations "
              f"(CPU RSS, not GPU memory: allocator caching and the Python heap count too). "
-             f"Within each group the losses are equal bit for bit: {results['losses']}.", "",
+             f"Within each group the losses are {_AGREEMENT[results['device'] == 'cuda']}: "
+             f"{results['losses']}.", "",
              "| recomputation | peak RSS, max over ranks (MiB) | vs its baseline |",
              "|---|---:|---:|"]
     lines += _rows(peaks, results["groups"])

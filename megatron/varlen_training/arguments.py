@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import os
 import sys
 from collections.abc import Mapping
@@ -333,11 +334,15 @@ def _validate_precision_and_data(args) -> None:
 
 
 def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argparse.Namespace:
-    """Checks flag combinations and fills derived fields (data_parallel_size, ...).
+    """Checks flag combinations; returns a copy of ``args`` with the derived fields filled in
+    (data_parallel_size, the sample counts, ...). ``args`` itself stays as parsed, so the same
+    namespace validates again (the derived sample count would otherwise read as a given
+    ``--train-samples`` beside ``--train-iters``).
 
     ``check_memory``: refuse a GPT model that cannot fit this machine
     (:func:`flag_ranges.validate_memory`); pretrain_mamba.py checks its hybrid stack instead.
     """
+    args = copy.deepcopy(args)
     args.world_size = getattr(args, "world_size", None) or _world_size()
     flag_ranges.validate_ranges(args, require)  # first: later checks divide by these
     flag_ranges.validate_relations(args, require)

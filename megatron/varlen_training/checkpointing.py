@@ -215,12 +215,12 @@ def _prepare_staging(root: str, staging: str) -> None:
 
 
 def _write_own_files(staging: str, run: RunConfig, extra_files: dict[str, str] | None,
-                     iteration: int) -> None:
+                     iteration: int, consumed_samples: int | None) -> None:
     """This rank's RNG states; rank 0 also the run description (with the data position) and
     the caller's files."""
     rng_state.save(staging)
     if torch.distributed.get_rank() == 0:
-        resume_consistency.save_run_args(staging, run, iteration)
+        resume_consistency.save_run_args(staging, run, iteration, consumed_samples)
         for name, text in (extra_files or {}).items():
             integrity.atomic_write_text(os.path.join(staging, name), text)
 
@@ -258,12 +258,12 @@ def _publish(root: str, iteration: int, staging: str, path: str, entries: dict) 
 
 
 def _write_and_publish(root: str, iteration: int, staging: str, path: str, model, optimizer,
-                       scheduler, run: RunConfig, extra_files) -> None:
+                       scheduler, run: RunConfig, extra_files, consumed_samples) -> None:
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
     state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
     # megatron-core gathers its writers' failures and raises them on every rank.
     dist_checkpointing.save(state, staging)
-    _agree_on_save(_write_own_files, staging, run, extra_files, iteration)
+    _agree_on_save(_write_own_files, staging, run, extra_files, iteration, consumed_samples)
     entries = _digest_own_files(staging)
     _agree_on_save(_on_rank_0, _publish, root, iteration, staging, path, entries)
 
@@ -293,10 +293,13 @@ def _discard(staging: str) -> None:
 
 
 def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run: RunConfig,
-                    extra_files: dict[str, str] | None = None) -> str:
+                    extra_files: dict[str, str] | None = None,
+                    consumed_samples: int | None = None) -> str:
     """Writes iteration ``iteration`` under ``root``, publishes it atomically and updates the
     tracker file (module docstring). ``run``: the run, recorded for resume checks;
-    ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest).
+    ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest);
+    ``consumed_samples``: the training samples trained so far (default iteration x
+    --global-batch-size).
 
     Raises:
         CheckpointSaveError: disk full, unwritable or an I/O error on any rank (every rank).
@@ -309,7 +312,7 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run:
     _save_in_progress = True
     try:
         _write_and_publish(root, iteration, staging, path, model, optimizer, scheduler, run,
-                           extra_files)
+                           extra_files, consumed_samples)
     except KeyboardInterrupt:
         _stop_writers(helpers_before)
         _discard(staging)
@@ -362,6 +365,15 @@ def _verify_share(folder: str) -> None:
     integrity.check_complete(folder, entries, _required_files(entries, world_size))
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     integrity.verify_files(folder, entries, sorted(entries)[rank::world])
+
+
+def consumed_samples_at(root: str, iteration: int, run: RunConfig) -> int:
+    """The training samples consumed by the checkpoint of ``iteration`` under ``root`` (as its
+    ``run_args.json`` records them; iteration x --global-batch-size for checkpoints saved
+    before they were recorded); 0 at iteration 0 (``--finetune`` starts a new run)."""
+    if iteration == 0:
+        return 0
+    return resume_consistency.consumed_samples(checkpoint_dir(root, iteration), iteration, run)
 
 
 def _check_format_files(folder: str) -> None:

@@ -188,7 +188,7 @@ def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = No
     args = build_hybrid_parser().parse_args(argv)
     args.world_size = world_size
     refuse_hugging_face_flags(args)
-    validate_args(args, check_memory=False)  # checked below, for the hybrid stack
+    args = validate_args(args, check_memory=False)  # checked below, for the hybrid stack
     validate_hybrid_args(args)
     return args
 

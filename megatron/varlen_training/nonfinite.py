@@ -7,7 +7,9 @@ last good one (``MegatronWrap.save()`` after the error writes it, not NaN weight
 newest checkpoint on disk is one taken before the loss went non-finite. Only the last pipeline
 stage knows the loss, and a NaN may show up on one rank only: one all-reduce (MAX over the
 world, two integers) makes every rank take the same decision, so all of them raise
-:class:`NonFiniteLossError` together and none waits in a later collective.
+:class:`NonFiniteLossError` together and none waits in a later collective. A run of one process
+has nothing to agree on: it decides on the host values it already has, without a device round
+trip (on a GPU that round trip is two host waits per step: results/gpu/REPORT.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 import torch
 
 from megatron.varlen_training.errors import NonFiniteLossError
+from megatron.varlen.packing.packed_seq import host_to_device
 from megatron.varlen.platform import get_device
 
 _LOSS, _GRAD = 0, 1
@@ -24,6 +27,16 @@ _LOSS, _GRAD = 0, 1
 
 def _is_bad(value) -> bool:
     return value is not None and not math.isfinite(float(value))
+
+
+def _agreed(flags: list[int]) -> list[int]:
+    """``flags`` MAX-reduced over the world: the same list on every rank. One read back of the
+    reduced flags (the decision must be the same everywhere); none with a single process."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return flags
+    reduced = host_to_device(torch.tensor(flags, dtype=torch.int32), get_device())
+    torch.distributed.all_reduce(reduced, op=torch.distributed.ReduceOp.MAX)
+    return reduced.tolist()
 
 
 def check_finite(iteration: int, loss: float | None, grad_norm: float | None) -> None:
@@ -34,13 +47,10 @@ def check_finite(iteration: int, loss: float | None, grad_norm: float | None) ->
         loss: This rank's reported loss (None off the last pipeline stage).
         grad_norm: This rank's gradient norm (None when the optimizer computed none).
     """
-    flags = torch.tensor([_is_bad(loss), _is_bad(grad_norm)], dtype=torch.int32,
-                         device=get_device())
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    if not flags.any():
+    flags = _agreed([int(_is_bad(loss)), int(_is_bad(grad_norm))])
+    if not any(flags):
         return
-    names = [name for name, bad in zip(("lm loss", "grad norm"), flags.tolist()) if bad]
+    names = [name for name, bad in zip(("lm loss", "grad norm"), flags) if bad]
     what = " and ".join(names) + (" are" if len(names) > 1 else " is")
     raise NonFiniteLossError(
         f"iteration {iteration}: {what} NaN/Inf; the step was not applied (weights, optimizer "

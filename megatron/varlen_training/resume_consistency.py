@@ -7,17 +7,23 @@ the LR/WD schedule. On ``--load``:
   would load weights into a different model. The parallel layout may change (dist_checkpointing
   reshards), except where it changes the model: the padded vocabulary depends on
   ``--make-vocab-size-divisible-by`` x TP.
-- data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``) must
+- data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``, the
+  SFT record keys ``--sft-messages-key``/``--sft-prompt-key``/``--sft-response-key``) must
   match: the resumed run would otherwise read other samples than the run it continues. With
   Megatron indexed data also the number of training samples the datasets are built for
   (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as
   that count needs, so another count is another sample order (refused unless
   ``--override-data-fingerprint``).
-- data position: a checkpoint records the samples consumed (``consumed_train_samples``,
-  iteration x global batch); the resumed run continues the stream at that sample.
+- data position: a checkpoint records the samples consumed (``consumed_train_samples``:
+  iteration x global batch in pretrain_gpt.py's loop, the samples of the caller's batches in
+  megatron.wrap's); the resumed run continues the stream at that sample, and its LR schedule
+  and consumed-samples count from there. pretrain_gpt.py refuses a checkpoint whose count is
+  not iteration x global batch (its loop reads global batch i at iteration i).
 - data content: each ``--data-path`` file (and each per-split path) is identified by its
-  content, a fingerprint of size and SHA-256 (streamed; computed once per run by rank 0, at the first save and at ``--load``),
-  not by how its path is spelled: ``./x``, ``x`` and ``/abs/x`` (or a copy elsewhere) resume,
+  content, a fingerprint of size and SHA-256 (streamed; computed once per run by rank 0, at
+  the first save and at ``--load``; a folder of Parquet shards or a ``save_to_disk`` folder:
+  the same for each of its data files, combined; :mod:`data_fingerprints`), not by how its
+  path is spelled: ``./x``, ``x`` and ``/abs/x`` (or a copy elsewhere) resume,
   a changed file at the same path is refused unless ``--override-data-fingerprint`` says to
   train on it deliberately (the resumed run then reads the new content from the saved
   position). Cost: one read of each data file, which the SFT reader loads whole anyway. An
@@ -46,7 +52,8 @@ from __future__ import annotations
 import json
 import os
 
-from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text, file_digest
+from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text
+from megatron.varlen_training.data_fingerprints import changed_file, data_fingerprint
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, one_line
 from megatron.varlen_training.load_options import RESUME, LoadParts
@@ -70,10 +77,14 @@ MODEL_KEYS = (
     "rope_scaling_factor", *_HYBRID_KEYS, *_MOE_KEYS,
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
+# Where SFT records keep their text (the dataset and megatron.wrap's gpt_sft flow read them):
+# another key reads other fields of the same records.
+SFT_KEYS = {"sft_messages_key": "messages", "sft_prompt_key": "prompt",
+            "sft_response_key": "response"}
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
-                   INDEXED_SAMPLES_KEY, "packing_unit")
+                   INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
-RECORDED_BEFORE = {"packing_unit": "sample"}
+RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 # With expert parallelism megatron-core keeps the experts' optimizer state in an optimizer of
@@ -86,9 +97,6 @@ DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data
 _CONTEXT_KEYS = ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "seq_length",
                  "data_path", "data_entries")
 _SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
-# Fingerprints this process computed: (resolved path, size, mtime) -> fingerprint. A file is
-# hashed once per run, not at every save; a change of size or mtime hashes it again.
-_FINGERPRINTS: dict[tuple, dict] = {}
 # megatron-core scheduler state key -> (this run's flag, scheduler attribute, samples per unit)
 SCHEDULER_KEYS = {
     "max_lr": ("--lr", "max_lr", False),
@@ -108,28 +116,6 @@ SAMPLE_BASED_FLAGS = {
 
 def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
-
-
-def data_fingerprint(entry: str) -> dict:
-    """``{"path": resolved path, "size", "sha256"}`` of a ``--data-path`` file or indexed
-    dataset prefix (module docstring); ``{"path": entry}`` for an entry that is neither (a
-    blend weight: compared as spelled)."""
-    if not os.path.isfile(entry):
-        if os.path.isfile(f"{entry}.idx") and os.path.isfile(f"{entry}.bin"):
-            return _indexed_fingerprint(entry)
-        return {"path": entry}
-    real = os.path.realpath(entry)
-    stat = os.stat(real)
-    key = (real, stat.st_size, stat.st_mtime_ns)
-    if key not in _FINGERPRINTS:
-        _FINGERPRINTS[key] = {"path": real, **file_digest(real)}
-    return dict(_FINGERPRINTS[key])
-
-
-def _indexed_fingerprint(prefix: str) -> dict:
-    index = data_fingerprint(f"{prefix}.idx")
-    return {"path": os.path.realpath(prefix), "size": os.path.getsize(f"{prefix}.bin"),
-            HASH_ALGORITHM: index[HASH_ALGORITHM]}
 
 
 def data_entries(run: RunConfig) -> list[str] | None:
@@ -160,6 +146,7 @@ def _recorded_values(run: RunConfig) -> dict:
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
         split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
+        **{key: getattr(data, key) for key in SFT_KEYS},
         **{INDEXED_SAMPLES_KEY: data.train_samples if data.indexed else None},
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
@@ -180,27 +167,42 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     return recorded
 
 
-def save_run_args(folder: str, run: RunConfig, iteration: int | None = None) -> str:
-    """Writes ``run_args.json``; with ``iteration``, also the data position (the training
-    samples consumed so far: every iteration reads one global batch)."""
+def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
+                  consumed_samples: int | None = None) -> str:
+    """Writes ``run_args.json``; with ``iteration``, also the data position: the training
+    samples consumed so far, ``consumed_samples`` (default iteration x global batch: every
+    iteration of pretrain_gpt.py's loop reads one global batch)."""
     recorded = snapshot(run)
     if iteration is not None:
-        recorded[DATA_POSITION_KEY] = iteration * run.training.global_batch_size
+        recorded[DATA_POSITION_KEY] = consumed_samples if consumed_samples is not None \
+            else iteration * run.training.global_batch_size
     atomic_write_text(os.path.join(folder, RUN_ARGS_FILENAME),
                       json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return RUN_ARGS_FILENAME
 
 
+def consumed_samples(folder: str, iteration: int, run: RunConfig) -> int:
+    """The training samples the checkpoint in ``folder`` had consumed (module docstring)."""
+    saved = read_run_args(folder).get(DATA_POSITION_KEY)
+    return iteration * run.training.global_batch_size if saved is None else int(saved)
+
+
 def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:
     """Where the resumed run continues its training samples; a one-line CheckpointError when
-    the checkpoint's recorded position disagrees with its iteration (a mixed-up folder)."""
+    the checkpoint's recorded position disagrees with its iteration in a run whose loop reads
+    global batch i at iteration i (a mixed-up folder, or megatron.wrap's runtime batches)."""
+    if run.training.runtime_batches:  # the caller's loop brings the data: any count is a count
+        return (f"resuming after {consumed_samples(folder, iteration, run)} consumed training "
+                f"samples (iteration {iteration})")
     position = iteration * run.training.global_batch_size
     saved = read_run_args(folder).get(DATA_POSITION_KEY)
     if saved is not None and saved != position:
         raise CheckpointError(
             f"--load: {folder} records {saved} consumed training samples but iteration "
             f"{iteration} x --global-batch-size {run.training.global_batch_size} is {position}: "
-            f"its files do not belong together; load another checkpoint")
+            f"it was trained on batches of other sizes (megatron.wrap) or its files do not "
+            f"belong together; load another checkpoint, or pass --finetune to start from its "
+            f"weights")
     return (f"resuming the training data at sample {position} (iteration {iteration} x "
             f"global batch {run.training.global_batch_size})")
 
@@ -290,8 +292,9 @@ def _optimizer_layout_mismatch(saved_distributed: bool) -> str:
 def _describe_source(spelled: str, source: dict) -> str:
     if HASH_ALGORITHM not in source:
         return repr(spelled)
-    return (f"{spelled!r} ({source['path']}: {source.get('size')} bytes, {HASH_ALGORITHM} "
-            f"{str(source[HASH_ALGORITHM])[:_SHORT_HASH]}...)")
+    files = f"{len(source['files'])} files, " if source.get("files") else ""
+    return (f"{spelled!r} ({source['path']}: {files}{source.get('size')} bytes, "
+            f"{HASH_ALGORITHM} {str(source[HASH_ALGORITHM])[:_SHORT_HASH]}...)")
 
 
 def _same_source(saved: dict, mine: dict) -> bool:
@@ -299,7 +302,12 @@ def _same_source(saved: dict, mine: dict) -> bool:
     if HASH_ALGORITHM in saved and HASH_ALGORITHM in mine:
         return (saved.get("size"), saved[HASH_ALGORITHM]) == (mine["size"],
                                                                mine[HASH_ALGORITHM])
-    return saved.get("path") == mine.get("path")
+    if saved.get("path") == mine.get("path"):
+        return True
+    # A folder recorded before folders were fingerprinted: its spelling, against the content
+    # fingerprint's resolved path.
+    return HASH_ALGORITHM not in saved and isinstance(saved.get("path"), str) \
+        and os.path.realpath(saved["path"]) == mine.get("path")
 
 
 def check_data_sources(saved: dict, run: RunConfig) -> str | None:
@@ -322,6 +330,10 @@ def check_data_sources(saved: dict, run: RunConfig) -> str | None:
     ours = (_describe_source(data_path[index], mine[index]) if index < len(mine)
             else "nothing")
     difference = f"--data-path entry {index + 1} is {ours}, the checkpoint was trained on {theirs}"
+    shard = changed_file(saved_sources[index], mine[index]) \
+        if index < min(len(saved_sources), len(mine)) else None
+    if shard is not None:
+        difference += f" (in the folder, {shard})"
     if run.checkpoint.override_data_fingerprint:
         return f"--override-data-fingerprint: resuming on other data ({difference})"
     raise CheckpointError(
@@ -348,7 +360,8 @@ def _mismatch(key: str, saved: dict, mine: dict) -> str:
                 f"table has --seq-length entries); use the checkpoint's value")
     if key == INDEXED_SAMPLES_KEY:
         return _indexed_samples_mismatch(saved.get(key), mine[key])
-    what = "the model" if key in MODEL_KEYS else "the data order"
+    what = "the model" if key in MODEL_KEYS else "the fields read from the SFT records" \
+        if key in SFT_KEYS else "the data order"
     return (f"--load: the checkpoint was trained with {_flag(key)} {saved.get(key)}, this run "
             f"has {mine[key]}: that would change {what}; use the checkpoint's value")
 

@@ -26,7 +26,9 @@ def sample_counts(args) -> tuple[int, int]:
 
 
 def derive_run_values(args, vocab_size: int | None) -> dict:
-    """The derived fields; ``padded_vocab_size`` is None while the vocabulary is unknown."""
+    """The derived fields; ``padded_vocab_size`` is None while the vocabulary is unknown.
+    Reads ``args`` only: validation stores them in its own copy of the namespace
+    (``arguments.validate_args``), never in the one it was given."""
     train_samples, eval_samples = sample_counts(args)
     padded = None if vocab_size is None else padded_vocab_size(
         vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)

@@ -9,7 +9,8 @@ Every tokenizer offers the same small interface (:class:`Tokenizer`): ``vocab_si
 - ``NullTokenizer`` (``--vocab-size V``): text is whitespace-separated integer ids; ``eod = pad =
   V - 1``. No chat markers.
 - ``ByteLevelTokenizer``: UTF-8 bytes 0..255 plus five special ids (eod, pad, system, user,
-  assistant); needs no download.
+  assistant); needs no download. Not megatron-core's class of the same name (eod 0, pad 1):
+  indexed data preprocessed with that one is refused at start-up (datasets/token_checks.py).
 - ``HuggingFaceTokenizer`` (``--tokenizer-model PATH``): a local ``transformers`` tokenizer
   directory, loaded offline. With a chat template, SFT conversations are rendered by it
   (``encode_chat``, see ``megatron/varlen_training/hf/chat_template.py``); without one, turns open

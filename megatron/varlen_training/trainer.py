@@ -135,11 +135,12 @@ class Trainer:
     # --- steps ------------------------------------------------------------------------------
 
     def step(self, batches: StepBatches, forward_step_func=training.forward_step,
-             started_at: float | None = None) -> StepReport:
+             started_at: float | None = None, num_samples: int | None = None) -> StepReport:
         """One optimizer step on this rank's micro-batches of a global batch.
 
         ``started_at`` (``time.perf_counter()``): when the step's work began (its data
-        included); default now.
+        included); default now. ``num_samples``: the samples of the global batch (default
+        ``--global-batch-size``); the LR schedule and the consumed samples advance by it.
 
         Raises:
             NonFiniteLossError: With --check-for-nan-in-loss-and-grad, before the update, on
@@ -147,9 +148,12 @@ class Trainer:
         """
         started_at = time.perf_counter() if started_at is None else started_at
         loss, grad_norm = training.train_step(self.run, self.state, batches,
-                                              forward_step_func=forward_step_func)
+                                              forward_step_func=forward_step_func,
+                                              num_samples=num_samples)
         self.state.iteration += 1
-        metrics = self._metrics(batches, loss, grad_norm, time.perf_counter() - started_at)
+        self.state.consumed_train_samples += training.samples_in_step(self.run, num_samples)
+        metrics = self._metrics(batches, loss, grad_norm, time.perf_counter() - started_at,
+                                training.samples_in_step(self.run, num_samples))
         metrics.losses.update(self._moe_losses())
         return StepReport(loss, grad_norm, metrics)
 
@@ -161,14 +165,15 @@ class Trainer:
         moe_model.reset_global_balancing(self.state.model)
         return losses
 
-    def _metrics(self, batches: StepBatches, loss, grad_norm, step_time: float
-                 ) -> IterationMetrics:
+    def _metrics(self, batches: StepBatches, loss, grad_norm, step_time: float,
+                 num_samples: int) -> IterationMetrics:
+        """The step's metrics; its global batch size is the samples it trained (Megatron-LM
+        logs the current global batch size)."""
         run, state = self.run, self.state
-        gbs = run.training.global_batch_size
         return IterationMetrics(
             iteration=state.iteration, train_iters=run.training.train_iters,
-            consumed_samples=state.iteration * gbs, step_time_s=step_time,
-            learning_rate=state.optimizer.param_groups[0]["lr"], global_batch_size=gbs,
+            consumed_samples=state.consumed_train_samples, step_time_s=step_time,
+            learning_rate=state.optimizer.param_groups[0]["lr"], global_batch_size=num_samples,
             lm_loss=loss, grad_norm=grad_norm, num_microbatches=batches.num_microbatches,
             tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
             seqlen_squared_sum=batches.seqlen_squared_sum,
@@ -193,7 +198,8 @@ class Trainer:
         with training.params_gathered(state.model):  # --overlap-param-gather: current weights
             return checkpointing.save_checkpoint(
                 root or self.run.checkpoint.save, state.iteration, state.model, state.optimizer,
-                state.scheduler, self.run, extra_files=self.checkpoint_files)
+                state.scheduler, self.run, extra_files=self.checkpoint_files,
+                consumed_samples=state.consumed_train_samples)
 
     def save_if_due(self) -> str | None:
         """``--save-interval``: saves after every multiple; the folder, or None."""
@@ -207,6 +213,8 @@ class Trainer:
         state.iteration = checkpointing.load_checkpoint(
             root, state.model, state.optimizer, state.scheduler, self.run,
             load_parts(self.run.checkpoint))  # --finetune, --no-load-optim, --no-load-rng
+        state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration,
+                                                                         self.run)
         return state.iteration
 
     # --- close ------------------------------------------------------------------------------

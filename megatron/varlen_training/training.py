@@ -46,6 +46,10 @@ class TrainState:
     scheduler: OptimizerParamScheduler
     config: object
     iteration: int = 0
+    # Training samples the steps so far consumed (Megatron-LM's ``consumed_train_samples``):
+    # iteration x --global-batch-size in pretrain_gpt.py's loop; the facade's runtime batches
+    # may hold any number of samples, and this counts them (checkpointed in run_args.json).
+    consumed_train_samples: int = 0
 
 
 def build_optimizer(run: RunConfig, model):
@@ -101,6 +105,8 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> Trai
         root, parts = source
         state.iteration = checkpointing.load_checkpoint(root, model, optimizer, scheduler, run,
                                                         parts)
+        state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration,
+                                                                         run)
         optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
 
@@ -206,12 +212,14 @@ def run_forward_backward(run: RunConfig, state: TrainState, step, forward_only: 
     )
 
 
-def train_step(run: RunConfig, state: TrainState, step,
-               forward_step_func=forward_step) -> tuple[float | None, float | None]:
+def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forward_step,
+               num_samples: int | None = None) -> tuple[float | None, float | None]:
     """One optimizer step over one global batch; returns (reported loss, grad norm).
 
     ``forward_step_func`` lets callers (megatron.wrap flows) bring their own inputs and loss;
     it must follow megatron-core's contract and report ``{"lm loss": [sum, tokens]}``.
+    ``num_samples``: the samples in the global batch (default ``--global-batch-size``; the
+    facade's runtime batches hold any number); the LR schedule advances by it.
 
     Raises:
         NonFiniteLossError: With --check-for-nan-in-loss-and-grad, on every rank when the loss
@@ -226,10 +234,16 @@ def train_step(run: RunConfig, state: TrainState, step,
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
     grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(guard, state, loss, norm))
-    # The step consumed one global batch of samples, however many micro-batches packing made
-    # of them: megatron-core's scheduler counts samples (Megatron-LM's increment).
-    state.scheduler.step(increment=run.training.global_batch_size)
+    # The step consumed its global batch's samples, however many micro-batches packing made
+    # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the samples
+    # of the step: micro-batches x micro-batch size x DP).
+    state.scheduler.step(increment=samples_in_step(run, num_samples))
     return loss, grad_norm
+
+
+def samples_in_step(run: RunConfig, num_samples: int | None) -> int:
+    """The samples one step trains: ``num_samples`` if given, else ``--global-batch-size``."""
+    return run.training.global_batch_size if num_samples is None else num_samples
 
 
 def _guard(enabled: bool, state: TrainState, loss: float | None,

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from megatron.varlen_training.config import RunConfig
 from megatron.wrap.config.keys import BATCH_SOURCES
 from megatron.wrap.flows import fields
+from megatron.wrap.flows.fields import BatchError
 
 SEQ_LENGTH_KEY = "seq_length"
 _HASHED_FIELDS = ("tokens", "labels", "loss_mask")
@@ -51,10 +52,10 @@ def check_batch(batch: Any, what: str) -> None:
     """A non-empty list of samples, or a one-line ValueError."""
     if batch is None or (isinstance(batch, Sequence) and not isinstance(batch, (str, bytes))
                          and len(batch) == 0):
-        raise ValueError(f"empty batch: {what}() needs a non-empty list of samples (got "
+        raise BatchError(f"empty batch: {what}() needs a non-empty list of samples (got "
                          f"{'None' if batch is None else 0})")
     if not isinstance(batch, (list, tuple)):
-        raise ValueError(f"{what}() takes a list of samples (dicts), got {type(batch).__name__}")
+        raise BatchError(f"{what}() takes a list of samples (dicts), got {type(batch).__name__}")
 
 
 def check_lengths(samples: list[dict], limit: int, key: str) -> None:
@@ -77,10 +78,10 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     """The checked data-path samples of the global batch, on every rank (module docstring).
 
     Raises:
-        ValueError: Bad ``source``, or a bad batch/sample (the same message on every rank).
+        BatchError: Bad ``source``, or a bad batch/sample (the same message on every rank).
     """
     if source not in BATCH_SOURCES:
-        raise ValueError(f"batch source {source!r} (config key 'wrap.batch_source'): choose "
+        raise BatchError(f"batch source {source!r} (config key 'wrap.batch_source'): choose "
                          f"from {', '.join(BATCH_SOURCES)}")
     if dist.get_world_size() == 1:
         return _convert(batch, flow, what)
@@ -100,7 +101,7 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     if error is not None:
         raise error
     if status == _USER_ERROR:
-        raise ValueError(value)
+        raise BatchError(value)
     if status == _CRASH:
         raise RuntimeError(f"rank 0 failed to build the batch: {value}")
     return value
@@ -131,14 +132,14 @@ def _agreed_batch(batch, flow, what: str) -> list[dict]:
         raise error
     failed = [rank for rank, (status, _) in enumerate(gathered) if status != _OK]
     if failed:
-        raise ValueError(f"rank {failed[0]} rejected its batch: {gathered[failed[0]][1]}")
+        raise BatchError(f"rank {failed[0]} rejected its batch: {gathered[failed[0]][1]}")
     reference = gathered[0][1]
     differ = [rank for rank, (_, value) in enumerate(gathered) if value != reference]
     if differ:
         def describe(rank):
             count, tokens, _ = gathered[rank][1]
             return f"rank {rank}: {count} samples, {tokens} tokens"
-        raise ValueError(
+        raise BatchError(
             f"{what}(): the batch differs across ranks with batch_source 'all_ranks' (ranks "
             f"{differ} differ from rank 0; {describe(0)}; {describe(differ[0])}): pass the same "
             f"global batch on every rank, or use batch_source 'rank0' (config key "

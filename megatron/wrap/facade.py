@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron.varlen_training import log
+from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.initialize import initialize_distributed
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
@@ -38,8 +39,8 @@ from megatron.varlen_training.training import (
     TrainState, params_gathered, reduce_reported_loss, run_forward_backward,
 )
 from megatron.wrap import batch as batching
-from megatron.wrap import runtime
-from megatron.wrap.config import WrapConfig, build_config
+from megatron.wrap import runtime, script_errors
+from megatron.wrap.config import ConfigError, WrapConfig, build_config
 from megatron.wrap.config.keys import default_known_keys
 from megatron.wrap.flows import Flow, FlowContext, build_flow
 from megatron.wrap.forward import FlowForwardStep
@@ -70,6 +71,7 @@ class MegatronWrap(ParallelStateMixin):
 
     def __init__(self, config: str | Path | Mapping | WrapConfig, overrides=None,
                  configs_root=None):
+        script_errors.install_excepthook()  # uncaught user errors: one line, exit code 2
         self.config = config if isinstance(config, WrapConfig) else \
             build_config(config, overrides, configs_root)
         self.trainer: Trainer | None = None
@@ -81,6 +83,7 @@ class MegatronWrap(ParallelStateMixin):
         self._last_record: dict | None = None  # the same step in the shared JSONL schema
         self._exit_stack = contextlib.ExitStack()
         self._owns_process_group = False
+        self._saved: tuple[str, int] | None = None  # (root, iteration) of the last save
 
     @classmethod
     def from_pretrained(cls, hf_dir: str | Path, config: str | Path | Mapping | WrapConfig,
@@ -131,6 +134,7 @@ class MegatronWrap(ParallelStateMixin):
         runtime.apply_wandb_entity(facade)
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
+        script_errors.install_excepthook()  # outside torch's, which init_process_group added
         run, console = runtime.run_config_of(self.config, dist.get_world_size())
         self.trainer = Trainer(run, GPT, checkpoint_files={CONFIG_FILENAME: self.config.to_yaml()},
                                console=console)
@@ -196,7 +200,9 @@ class MegatronWrap(ParallelStateMixin):
         samples = self._global_batch(batch, source, "train")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
         self._forward_step.reset()
-        report = self.trainer.step(step, forward_step_func=self._forward_step, started_at=start)
+        # The LR schedule and the consumed samples advance by the samples of THIS batch.
+        report = self.trainer.step(step, forward_step_func=self._forward_step, started_at=start,
+                                   num_samples=len(samples))
         reduced = reduce_across_stages(report.loss, self._forward_step.records,
                                        self.flow.metric_names)
         self._last_metrics = train_metrics(report, reduced, len(samples))
@@ -205,6 +211,7 @@ class MegatronWrap(ParallelStateMixin):
         self._last_record = self.trainer.record(report, flow_metrics(reduced))
         folder = self.trainer.save_if_due()
         if folder is not None:
+            self._saved = (os.path.abspath(self.run.checkpoint.save), self.state.iteration)
             log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return dict(self._last_metrics)
 
@@ -264,13 +271,22 @@ class MegatronWrap(ParallelStateMixin):
         """Saves model, optimizer, LR schedule and iteration; returns the checkpoint folder.
 
         The folder is ``<root>/iter_<N>`` with N the iterations completed, the ``iteration``
-        of the last ``train()`` metrics. ``root`` is ``path`` or the config's ``save``.
+        of the last ``train()`` metrics. ``root`` is ``path`` or the config's ``save``. If
+        that iteration was saved there already (``save_interval``'s save after ``train()``,
+        or an earlier ``save()``), it is not written twice: Megatron-LM's loop skips its final
+        save when the periodic one just wrote it.
         """
         self._require(self.state, "setup_model_and_optimizer()")
         root = path or self.run.checkpoint.save
         if root is None:
-            raise ValueError("save() needs a path, or the config key 'save'")
+            raise ConfigError("save() needs a path, or the config key 'save'")
+        saved = (os.path.abspath(root), self.state.iteration)
+        if self._saved == saved:
+            folder = checkpointing.checkpoint_dir(root, self.state.iteration)
+            log.print_rank_0("iteration %d is already saved in %s", self.state.iteration, folder)
+            return folder
         folder = self.trainer.save(root)
+        self._saved = saved
         log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return folder
 
@@ -289,8 +305,9 @@ class MegatronWrap(ParallelStateMixin):
         self._require(self.state, "setup_model_and_optimizer()")
         path = path or self.run.checkpoint.load or self.run.checkpoint.save
         if path is None:
-            raise ValueError("load() needs a path, or the config key 'load'")
+            raise ConfigError("load() needs a path, or the config key 'load'")
         iteration = self.trainer.load(runtime.checkpoint_root(path))
+        self._saved = None  # other weights at a maybe-saved iteration: the next save writes
         log.print_rank_0("loaded iteration %d from %s", iteration, path)
         return iteration
 

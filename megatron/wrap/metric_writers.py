@@ -16,6 +16,7 @@ from megatron.varlen_training.metric_writers import (  # noqa: F401 (the facade'
     WandbMetricWriter, missing_packages, to_python,
 )
 from megatron.varlen_training.metric_writers import build_metric_writers as build_writers
+from megatron.wrap.config.errors import ConfigError
 from megatron.wrap.config.keys import METRIC_WRITER_KINDS
 
 PROGRESS_BAR_WIDTH = 20
@@ -74,19 +75,19 @@ def logging_config(kinds: Sequence[str], *, tensorboard_dir: str | None = None,
     console line is written at every ``log_last_metrics()`` call (interval 1).
 
     Raises:
-        ValueError: An unknown kind, or a writer without its required setting.
+        ConfigError: An unknown kind, or a writer without its required setting (ValueErrors).
         ImportError: The tensorboard or wandb package is not installed.
     """
     for kind in kinds:
         if kind not in METRIC_WRITER_KINDS:
-            raise ValueError(f"unknown metric writer '{kind}' in {METRIC_WRITERS_KEY}; "
+            raise ConfigError(f"unknown metric writer '{kind}' in {METRIC_WRITERS_KEY}; "
                              f"choose from {', '.join(METRIC_WRITER_KINDS)}")
     settings = {"jsonl": ("metrics_jsonl_path", jsonl_path),
                 "tensorboard": ("tensorboard_dir", tensorboard_dir),
                 "wandb": ("wandb_project", wandb_project)}
     for kind, (key, value) in settings.items():
         if kind in kinds and value is None:
-            raise ValueError(f"metric writer '{kind}' needs logging.{key} to be set")
+            raise ConfigError(f"metric writer '{kind}' needs logging.{key} to be set")
     config = LoggingConfig(
         log_interval=1, log_metrics_jsonl=jsonl_path if "jsonl" in kinds else None,
         tensorboard_dir=tensorboard_dir if "tensorboard" in kinds else None,

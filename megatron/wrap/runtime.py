@@ -10,6 +10,7 @@ import torch
 
 from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.config.from_flags import run_config as run_config_from_flags
 from megatron.varlen_training.flag_values import parse_values
 from megatron.wrap.config import ConfigError, WrapConfig
@@ -55,7 +56,9 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
             "micro_batch_size %d: packs of up to %d tokens per rank (max_seqlen_per_dp_cp_rank, "
             "%d full-length samples' worth); the packs of a step are its micro-batches",
             samples_per_pack, run.packing.max_seqlen_per_dp_cp_rank, samples_per_pack)
-    return dataclasses.replace(run, logging=logging), console
+    # The caller's loop hands each step its batch, of any size (RL batches vary).
+    training = dataclasses.replace(run.training, runtime_batches=True)
+    return dataclasses.replace(run, logging=logging, training=training), console
 
 
 def micro_batch_as_budget(flat: dict) -> int:
@@ -108,9 +111,9 @@ def check_device(device: str) -> None:
     """``wrap.device`` must match what the device layer will use (CUDA if visible, else CPU)."""
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
-        raise ValueError("config key 'wrap.device' is 'cuda' but no CUDA device is visible")
+        raise ConfigError("config key 'wrap.device' is 'cuda' but no CUDA device is visible")
     if device == "cpu" and has_cuda:
-        raise ValueError("config key 'wrap.device' is 'cpu' but CUDA is visible: set "
+        raise ConfigError("config key 'wrap.device' is 'cpu' but CUDA is visible: set "
                          "CUDA_VISIBLE_DEVICES= to run on CPU, or use 'auto'")
 
 
@@ -119,18 +122,18 @@ def checkpoint_root(path: str) -> str:
     ``iter_NNNNNNN`` folder (what ``save()`` returns).
 
     Raises:
-        ValueError: ``path`` does not exist, or names an iteration that is not the latest.
+        CheckpointError: ``path`` does not exist, or names an iteration that is not the latest.
     """
     path = os.path.normpath(path)
     if not os.path.isdir(path):
-        raise ValueError(f"checkpoint path {path!r} does not exist")
+        raise CheckpointError(f"checkpoint path {path!r} does not exist")
     match = _CHECKPOINT_DIR.search(os.path.basename(path))
     if match is None:
         return path
     root = os.path.dirname(path)
     latest = checkpointing.read_latest_iteration(root)
     if latest != int(match.group(1)):
-        raise ValueError(f"{path!r} is iteration {int(match.group(1))} but {root!r} records "
+        raise CheckpointError(f"{path!r} is iteration {int(match.group(1))} but {root!r} records "
                          f"iteration {latest} as its latest; only the latest can be loaded")
     return root
 

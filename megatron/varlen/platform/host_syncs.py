@@ -87,8 +87,9 @@ class HostSync:
     guard's phase then (see :meth:`HostSyncGuard.phase`)."""
 
     op: str
-    site: str
+    site: str           # file:line
     phase: str = ""
+    function: str = ""  # file:function, for lists that must survive edits above the line
 
 
 def short_path(path: str) -> str:
@@ -105,15 +106,28 @@ def _is_library_frame(frame, skip: tuple[str, ...]) -> bool:
     return code.co_filename.startswith(skip) or code.co_name in _MODE_HANDLERS
 
 
+def _site_frame(skip: tuple[str, ...]):
+    frame = sys._getframe(2)
+    while frame is not None and _is_library_frame(frame, skip):
+        frame = frame.f_back
+    return frame
+
+
 def call_site(skip: tuple[str, ...] = _LIBRARY_PATHS) -> str:
     """``file:line`` of the innermost Python frame outside torch, the standard library, this
     module and any torch mode's handler (e.g. the CPU device layer's)."""
-    frame = sys._getframe(1)
-    while frame is not None and _is_library_frame(frame, skip):
-        frame = frame.f_back
+    frame = _site_frame(skip)
     if frame is None:
         return "?"
     return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def call_function(skip: tuple[str, ...] = _LIBRARY_PATHS) -> str:
+    """``file:function`` of :func:`call_site`'s frame (stable where line numbers move)."""
+    frame = _site_frame(skip)
+    if frame is None:
+        return "?"
+    return f"{short_path(frame.f_code.co_filename)}:{frame.f_code.co_name}"
 
 
 def _tensors(values) -> Iterator[torch.Tensor]:
@@ -254,7 +268,7 @@ class HostSyncGuard:
         return False
 
     def record(self, op: str) -> None:
-        entry = HostSync(op, call_site(), self._phase)
+        entry = HostSync(op, call_site(), self._phase, call_function())
         (self.allowed_syncs if self._allowed_depth else self.syncs).append(entry)
 
     @contextlib.contextmanager

@@ -79,7 +79,7 @@ def run_config(args, hybrid: HybridConfig | None = None) -> RunConfig:
         # wandb's mode is $WANDB_MODE's (Megatron-LM has no flag for it): "auto".
         logging=LoggingConfig(**_values(args, LoggingConfig, not_flags=("wandb_mode",))),
         data=data_config(args),
-        training=TrainingConfig(**_values(args, TrainingConfig)),
+        training=TrainingConfig(**_values(args, TrainingConfig, not_flags=("runtime_batches",))),
         flags=tuple(vars(args).items()),
     )
 

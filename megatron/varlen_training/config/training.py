@@ -24,6 +24,10 @@ class TrainingConfig:
     exit_signal_handler: bool
     exit_interval: int | None
     exit_duration_in_mins: float | None
+    runtime_batches: bool = False
+    """The caller hands each step its global batch (megatron.wrap), which may hold another
+    number of samples than ``global_batch_size``: the LR schedule and the consumed samples
+    follow the samples trained; no flag sets it."""
 
     def __post_init__(self):
         check_ranges(self)

@@ -29,7 +29,7 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets.indexed import build_indexed_datasets
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
-from megatron.varlen_training.datasets.sft import SFTDataset, SFTKeys
+from megatron.varlen_training.datasets.sft import SFTDataset, sft_keys
 from megatron.varlen_training.datasets.sft_arrow import ArrowSFTDataset, is_arrow_source
 from megatron.varlen_training.datasets.whole_documents import build_whole_document_datasets
 from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
@@ -211,8 +211,7 @@ def open_sft_data(path: str, tokenizer: Tokenizer, run: RunConfig, multiple: int
     """``--sft --data-path path``: Parquet/Arrow (a ``.parquet`` or ``.arrow`` file, a folder
     of shards, a ``datasets.save_to_disk`` folder) or a JSONL file; the same keys, template and
     samples."""
-    data = run.data
-    keys = SFTKeys(data.sft_messages_key, data.sft_prompt_key, data.sft_response_key)
+    keys = sft_keys(run.data)
     kind = ArrowSFTDataset if is_arrow_source(path) else SFTDataset
     return kind(path, tokenizer, run.model.seq_length, multiple, pad_to_seq_length, keys)
 

@@ -34,7 +34,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import Split, get_blend_from_list
 
 from megatron.varlen_training.config import DataConfig
-from megatron.varlen_training.datasets import indexed_checks
+from megatron.varlen_training.datasets import indexed_checks, token_checks
 from megatron.varlen_training.datasets.sample import roundup
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.log import print_rank_0, warning_rank_0
@@ -109,21 +109,33 @@ def skip_unread_splits(config: GPTDatasetConfig, sizes: list[int]) -> None:
 
 
 def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[int]) -> None:
-    """Every file, dtype, split and cache problem as a one-line ValueError (indexed_checks)."""
-    vocab_size = config.tokenizer.vocab_size
+    """Every file, dtype, split, token id and cache problem as a one-line ValueError
+    (indexed_checks, token_checks); each rank scans its share of the ids."""
+    tokenizer = config.tokenizer
+    rank, world = _rank_and_world()
     sources = _sources(config, data, sizes)
     for prefix, flag, needed in sources:
-        dataset = indexed_checks.open_checked(prefix, vocab_size, config.mmap_bin_files, flag)
+        dataset = indexed_checks.open_checked(prefix, tokenizer.vocab_size,
+                                              config.mmap_bin_files, flag)
         lengths = dataset.sequence_lengths
         ranges = (indexed_checks.split_ranges(len(lengths), config.split_matrix)
                   if config.blend is not None else [(0, len(lengths))] * len(Split))
+        token_checks.check_document_ends(prefix, dataset, tokenizer.name, tokenizer.eod, flag)
         for split in needed:
             where = f"--split {data.split!r}" if config.blend is not None else flag
             indexed_checks.check_split_not_empty(prefix, lengths, ranges[split], split, where)
+            token_checks.check_token_ids(prefix, dataset, ranges[split], tokenizer.vocab_size,
+                                         flag, rank, world)
         cache = config.path_to_cache or os.path.join(prefix, *DEFAULT_CACHE_PARTS)
         hint = ("choose a writable --data-cache-path" if config.path_to_cache
                 else "pass a writable --data-cache-path")
         indexed_checks.check_cache_writable(cache, hint)
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 def _sources(config: GPTDatasetConfig, data: DataConfig, sizes: list[int]):

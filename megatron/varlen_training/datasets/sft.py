@@ -46,6 +46,12 @@ class SFTKeys:
     response: str = "response"
 
 
+def sft_keys(data) -> SFTKeys:
+    """The keys a run's ``DataConfig`` names (``--sft-messages-key``, ``--sft-prompt-key``,
+    ``--sft-response-key``)."""
+    return SFTKeys(data.sft_messages_key, data.sft_prompt_key, data.sft_response_key)
+
+
 def parse_turns(record, keys: SFTKeys = SFTKeys()) -> list[tuple[str, str]]:
     """Returns ``[(role, content), ...]`` of one record (a JSON object, or a Parquet/Arrow row
     as a dict); ValueError names the problem."""

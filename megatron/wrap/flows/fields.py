@@ -1,6 +1,6 @@
 """Checks and conversions of the fields of user samples, with one-line errors.
 
-Every error is a ``ValueError`` that names the sample index, the field, the bad value and the
+Every error is a :class:`BatchError` (a ``ValueError``) that names the sample index, the field, the bad value and the
 limit, e.g. ``sample 3, field 'tokens': id 130 at position 5 is not below the vocabulary size
 128 (config key 'vocab_size')``. The checks are pure functions of the sample, so every rank
 that checks the same batch raises the same error (no rank is left waiting in a collective).
@@ -16,13 +16,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron.varlen_training.errors import UserInputError
+
 VOCAB_KEY = "vocab_size"
 
 
-def sample_error(index: int, field: str | None, problem: str) -> ValueError:
+class BatchError(UserInputError):
+    """A bad batch or sample given to ``train()`` / ``evaluate()``: a one-line ValueError;
+    uncaught in a script, one line and exit code 2 (megatron/wrap/script_errors.py)."""
+
+
+def sample_error(index: int, field: str | None, problem: str) -> BatchError:
     """The one-line error about ``field`` of sample ``index`` (``field`` None: the sample)."""
     where = f"sample {index}" if field is None else f"sample {index}, field {field!r}"
-    return ValueError(f"{where}: {problem}")
+    return BatchError(f"{where}: {problem}")
 
 
 def require_field(raw: Mapping, index: int, field: str, reads: str) -> Any:

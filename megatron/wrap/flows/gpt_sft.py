@@ -11,7 +11,9 @@ A sample is one of (first match wins):
 - ``{"input_ids": [...]}``: token ids, every label trained on;
 - ``{"prompt": str, "response": str}`` or ``{"messages": [{"role", "content"}, ...]}``: text,
   tokenized with the chat template of the JSONL SFT dataset (``datasets/sft.py``): only
-  assistant content and its closing eod are trained on.
+  assistant content and its closing eod are trained on. The keys are the run's
+  ``--sft-prompt-key``, ``--sft-response-key`` and ``--sft-messages-key`` (config keys
+  ``sft_prompt_key``, ...), as the dataset reads them.
 
 The loss is the global per-token mean (``pretrain_gpt.py``'s). ``flow_args:
 {loss_normalization: sample}`` makes it the mean over samples of each sample's per-token mean
@@ -37,17 +39,16 @@ import torch
 from megatron.varlen_training.datasets.sample import make_sample
 
 # The chat template of the JSONL SFT dataset, reused so both paths tokenize text identically.
-from megatron.varlen_training.datasets.sft import encode_turns, parse_turns
+from megatron.varlen_training.datasets.sft import encode_turns, parse_turns, sft_keys
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.training import LOSS_KEY
+from megatron.wrap.config.errors import ConfigError
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow
 
 MIN_DOCUMENT_IDS = 2  # one input token and its label
-_TEXT_KEYS = ("messages", "prompt")
-_FORMS = ("tokens+labels, prompt_ids+response_ids, input_ids(+context_token_length), "
-          "prompt+response or messages")
+_ID_FORMS = "tokens+labels, prompt_ids+response_ids, input_ids(+context_token_length)"
 CONTEXT_LENGTH_KEY = "context_token_length"  # megatron-wrap's name for the prompt's length
 LOSS_WEIGHT = "loss_weight"  # per-token weight of the per-sample normalisation
 NORMALIZATIONS = ("token", "sample")
@@ -68,11 +69,14 @@ class GPTSFTFlow(GPTFlow):
     def __init__(self, context, truncate: bool = True, loss_normalization: str = "token"):
         super().__init__(context)
         if loss_normalization not in NORMALIZATIONS:
-            raise ValueError(f"flow 'gpt_sft': flow.flow_args.loss_normalization "
+            raise ConfigError(f"flow 'gpt_sft': flow.flow_args.loss_normalization "
                              f"{loss_normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
         self.per_sample = loss_normalization == "sample"
         self.computed_fields = (LOSS_WEIGHT,) if self.per_sample else ()
         self.truncate = bool(truncate)
+        self.text_keys = sft_keys(context.run.data)  # --sft-messages-key, ... as the dataset
+        keys = self.text_keys
+        self.forms = f"{_ID_FORMS}, {keys.prompt}+{keys.response} or {keys.messages}"
         # Running counts over every batch this flow converted (on rank 0 only with "rank0").
         self.num_samples = self.num_truncated = self.num_fully_masked = 0
 
@@ -129,8 +133,8 @@ class GPTSFTFlow(GPTFlow):
         vocab = self.context.run.model.vocab_size
         if "prompt_ids" in raw or "response_ids" in raw:
             prompt, response = (
-                fields.as_token_ids(fields.require_field(raw, index, key, _FORMS), index, key,
-                                    vocab).numpy()
+                fields.as_token_ids(fields.require_field(raw, index, key, self.forms), index,
+                                    key, vocab).numpy()
                 for key in ("prompt_ids", "response_ids"))
             is_target = np.concatenate([np.zeros(prompt.size, bool), np.ones(response.size, bool)])
             return np.concatenate([prompt, response]), is_target
@@ -140,14 +144,15 @@ class GPTSFTFlow(GPTFlow):
                 return ids, None
             prompt = _context_length(raw[CONTEXT_LENGTH_KEY], ids.size, index)
             return ids, np.arange(ids.size) >= prompt
-        if any(key in raw for key in _TEXT_KEYS):
+        if self.text_keys.messages in raw or self.text_keys.prompt in raw:
             return self._encode_text(raw, index)
         raise fields.sample_error(index, None, f"has fields {', '.join(map(repr, raw))}; "
-                                               f"flow 'gpt_sft' reads one of: {_FORMS}")
+                                               f"flow 'gpt_sft' reads one of: {self.forms}")
 
     def _encode_text(self, raw: Mapping, index: int) -> tuple[np.ndarray, np.ndarray]:
         try:
-            ids, is_target = encode_turns(parse_turns(dict(raw)), self.context.tokenizer)
+            ids, is_target = encode_turns(parse_turns(dict(raw), self.text_keys),
+                                          self.context.tokenizer)
         except ValueError as err:  # the dataset's message, located in the batch
             raise fields.sample_error(index, None, str(err)) from None
         fields.as_token_ids(ids, index, "text (tokenized)", self.context.run.model.vocab_size)

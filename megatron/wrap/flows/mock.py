@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.datasets.mock import MockSFTDataset
+from megatron.wrap.flows import fields
 from megatron.wrap.flows.gpt import GPTFlow
 from megatron.wrap.flows.registry import register_flow
 
@@ -48,7 +49,7 @@ class MockFlow(GPTFlow):
             ValueError: ``step`` is outside ``[0, num_batches)``.
         """
         if not 0 <= step < self.num_batches:
-            raise ValueError(f"mock flow: batch {step} is outside [0, {self.num_batches}) "
+            raise fields.BatchError(f"mock flow: batch {step} is outside [0, {self.num_batches}) "
                              f"(set flow.flow_args.num_batches or training.train_iters)")
         start = step * self.batch_size
         return [self._dataset[i] for i in range(start, start + self.batch_size)]

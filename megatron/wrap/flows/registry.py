@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from megatron.wrap.config.errors import did_you_mean
+from megatron.wrap.config.errors import ConfigError, did_you_mean
 from megatron.wrap.flows.base import Flow, FlowContext, check_flow_class
 
 FLOW_NAME_KEY = "flow.flow_name"
@@ -54,10 +54,10 @@ def get_flow_class(name: str) -> type[Flow]:
     """The flow class registered as ``name``.
 
     Raises:
-        ValueError: No such flow; names the registered ones and the closest.
+        ConfigError: No such flow (a ValueError); names the registered ones and the closest.
     """
     if name not in _FLOWS:
-        raise ValueError(f"unknown flow {name!r} (config key {FLOW_NAME_KEY!r}); registered: "
+        raise ConfigError(f"unknown flow {name!r} (config key {FLOW_NAME_KEY!r}); registered: "
                          f"{', '.join(registered_flows())}{did_you_mean(str(name), _FLOWS)}"
                          f" (register your own with megatron.wrap.register_flow)")
     return _FLOWS[name]
@@ -67,7 +67,7 @@ def build_flow(name: str, context: FlowContext, flow_args: Mapping[str, Any] | N
     """Instantiates flow ``name`` with ``flow.flow_args``, checking them against ``__init__``.
 
     Raises:
-        ValueError: Unknown flow, or flow_args its ``__init__`` does not accept.
+        ConfigError: Unknown flow, or flow_args its ``__init__`` does not accept.
         TypeError: The class uses megatron-wrap's method names (``check_flow_class``).
     """
     flow_class = get_flow_class(name)
@@ -82,7 +82,7 @@ def build_flow(name: str, context: FlowContext, flow_args: Mapping[str, Any] | N
     try:
         inspect.signature(flow_class).bind(context, **kwargs)
     except TypeError as err:
-        raise ValueError(f"flow {name!r}: {FLOW_ARGS_KEY} {sorted(kwargs)} do not fit "
+        raise ConfigError(f"flow {name!r}: {FLOW_ARGS_KEY} {sorted(kwargs)} do not fit "
                          f"{flow_class.__qualname__}{inspect.signature(flow_class)}: {err}"
                          ) from None
     return flow_class(context, **kwargs)

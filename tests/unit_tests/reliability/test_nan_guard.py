@@ -52,6 +52,25 @@ def test_rank_local_nan_stops_every_rank():
                for m in messages), messages
 
 
+def _one_process_decides_without_a_collective():
+    def no_collective(*args, **kwargs):
+        raise AssertionError("one process has nothing to agree on: no all-reduce")
+    torch.distributed.all_reduce = no_collective  # this rank's process only
+    check_finite(3, 1.0, 0.5)
+    try:
+        check_finite(4, 1.0, float("inf"))
+    except NonFiniteLossError as err:
+        return str(err)
+    return None
+
+
+def test_one_process_decides_on_host_values():
+    # On a GPU the device round trip is two host waits per step (tests/gpu/test_gpu_benchmark.py
+    # counts them); with one process the decision needs none.
+    [message] = run_distributed(_one_process_decides_without_a_collective, 1, timeout_s=60)
+    assert message is not None and message.startswith("iteration 4: grad norm is NaN/Inf"), message
+
+
 def snapshot_training_state(state) -> dict:
     """Copies of everything an optimizer step changes: the model's weights, the optimizer's
     main params and Adam state (both moments and the step counters), the LR schedule's state

@@ -4,7 +4,8 @@ backward does not grow with the number of sequences in a pack.
 One run of the tool (subprocess, as a user runs it): packs of 4 and of 64 sequences with the
 same 256 tokens, packed and padded, with one MTP layer, one counted step each. Counting is the
 reference: the same model, the same tokens, so every (phase, op, site) count of the forward and
-the backward must be equal between the two packs, except at the sites in :data:`KNOWN_GROWTH`.
+the backward must be equal between the two packs, except at the sites in :data:`KNOWN_GROWTH`
+(none).
 """
 
 import json
@@ -16,12 +17,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 FEW, MANY = 4, 64
-# Sites whose forward/backward work grows with the sequences of a pack, and why.
-KNOWN_GROWTH = {
-    # megatron-core's THD RoPE slices q and k per sequence in every layer; replacing it with one
-    # per-micro-batch position table is another change's (issue 20, "rope").
-    "megatron/core/models/common/embeddings/rope_utils.py",
-}
+# Sites whose forward/backward work grows with the sequences of a pack, and why: none since
+# RoPE comes from one table per micro-batch (attention/packed_rope.py; megatron-core's THD RoPE
+# sliced q and k per sequence in every layer).
+KNOWN_GROWTH: set[str] = set()
 
 
 @pytest.fixture(scope="module")

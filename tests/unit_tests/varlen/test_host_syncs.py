@@ -142,6 +142,7 @@ def test_a_layer_that_reads_back_is_caught_in_forward_and_named(read):
     source, first = inspect.getsourcelines(_ReadingLayer.forward)
     line = first + next(i for i, text in enumerate(source) if f'"{read}"' in text) + 1
     assert guard.by_site()[0][1] == f"{HERE}:{line}"
+    assert guard.syncs[0].function == f"{HERE}:forward"  # what survives edits above the line
     with HostSyncGuard(emulate=True) as guard:
         _ReadingLayer("none")(x, lengths).sum().backward()
     assert guard.syncs == []

@@ -268,9 +268,9 @@ def test_rope_and_core_attention_see_host_boundaries():
     layer = type("Layer", (), {"core_attention": build()})()
 
     def view_of(p):
-        args, kwargs = CPSwitchingSelfAttention._with_host_boundaries(
-            layer, (torch.zeros(1), None), {"packed_seq_params": p})
-        return kwargs.get("packed_seq_params") or args[-1]
+        arguments = {"packed_seq_params": p}
+        CPSwitchingSelfAttention._with_host_boundaries(layer, arguments)
+        return arguments["packed_seq_params"]
 
     view = view_of(params)
     assert view is not params and view.cu_seqlens_q_padded is params.host_cu_seqlens_padded
