@@ -53,7 +53,7 @@ WHEEL_GLOB = ".whl/*.whl"
 CUDA_SENSITIVE_TESTS = (
     "tests/unit_tests/varlen/test_device_choice.py", "tests/unit_tests/varlen/test_cpu_device.py",
     "tests/unit_tests/varlen/test_multirank.py", "tests/unit_tests/varlen/attention",
-    "tests/unit_tests/varlen/test_no_host_reads.py",
+    "tests/unit_tests/varlen/test_no_host_reads.py", "tests/unit_tests/varlen/test_host_syncs.py",
     "tests/unit_tests/varlen_training/test_flash_backend_training.py",
     "tests/unit_tests/varlen_training/test_optimizer_kernels.py",
     "tests/unit_tests/varlen_training/test_step_host_reads.py",

@@ -19,7 +19,7 @@ import math
 import torch
 
 from megatron.varlen_training.errors import NonFiniteLossError
-from megatron.varlen.packing.packed_seq import host_to_device
+from megatron.varlen.packing import host_to_device
 from megatron.varlen.platform import get_device
 
 _LOSS, _GRAD = 0, 1

@@ -64,15 +64,38 @@ class AttentionPlan:
 
 
 def _ranges(starts: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
-    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised, int64."""
-    starts_t = torch.tensor(list(starts), dtype=torch.int64)
-    lengths_t = torch.tensor(list(lengths), dtype=torch.int64)
-    total = int(lengths_t.sum()) if lengths_t.numel() else 0
+    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised, int64.
+
+    One ``repeat_interleave`` whose output size is given (the host knows it): row j of run i is
+    ``j + (starts[i] - where run i begins in the output)``.
+    """
+    total = sum(int(n) for n in lengths)
     if total == 0:
         return torch.zeros(0, dtype=torch.int64)
-    offsets = torch.cumsum(lengths_t, 0) - lengths_t
-    within = torch.arange(total) - torch.repeat_interleave(offsets, lengths_t)
-    return torch.repeat_interleave(starts_t, lengths_t) + within
+    starts_t = torch.tensor(list(starts), dtype=torch.int64)
+    lengths_t = torch.tensor(list(lengths), dtype=torch.int64)
+    shift = starts_t - (torch.cumsum(lengths_t, 0) - lengths_t)
+    return torch.arange(total) + torch.repeat_interleave(shift, lengths_t, output_size=total)
+
+
+def _is_identity_run(starts: Sequence[int], lengths: Sequence[int], size: int) -> bool:
+    """Whether :func:`_ranges` of these runs is ``arange(size)``: decided on the host ints,
+    without building (and comparing) a tensor of ``size`` rows."""
+    position = 0
+    for start, length in zip(starts, lengths):
+        if length == 0:
+            continue
+        if start != position:
+            return False
+        position += length
+    return position == size
+
+
+def _index_or_none(starts: Sequence[int], lengths: Sequence[int],
+                   size: int) -> Optional[torch.Tensor]:
+    """The row index of the runs, or None where it would pick every one of ``size`` rows in
+    order (the kernel then takes the tensor as it is)."""
+    return None if _is_identity_run(starts, lengths, size) else _ranges(starts, lengths)
 
 
 def _cumulative(lengths: Sequence[int]) -> torch.Tensor:
@@ -166,18 +189,12 @@ def build_attention_plan(
                 seg_k.append(key_len)
         local_offset += p // cp_size
     local_tokens = padded[-1] // cp_size
-    query_index = _ranges(q_starts, q_lens)
-    key_index = _ranges(k_starts, k_lens)
     return AttentionPlan(
         cp_size=cp_size, cp_rank=cp_rank, causal=causal, local_tokens=local_tokens,
-        query_index=None if _is_identity(query_index, local_tokens) else query_index,
-        key_index=None if _is_identity(key_index, padded[-1]) else key_index,
+        query_index=_index_or_none(q_starts, q_lens, local_tokens),
+        key_index=_index_or_none(k_starts, k_lens, padded[-1]),
         cu_seq_q=_cumulative(seg_q), cu_seq_k=_cumulative(seg_k),
         max_q=max(seg_q, default=0), max_k=max(seg_k, default=0), num_segments=len(seg_q))
-
-
-def _is_identity(index: torch.Tensor, size: int) -> bool:
-    return index.numel() == size and bool(torch.equal(index, torch.arange(size)))
 
 
 _ATTENTION_PLAN = "attention-plan"  # kind of the micro-batch cache's entry

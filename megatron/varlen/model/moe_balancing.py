@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from megatron.varlen.model.moe_sequences import PADDING, SequenceMap
+from megatron.varlen.model.moe_sequences import SequenceMap, sum_slots
 
 
 def per_sequence_sums(values_te: torch.Tensor, seq_index_t: torch.Tensor,
-                      num_sequences: int) -> torch.Tensor:
-    """[n, E] sums of ``values_te`` rows per sequence; PADDING rows are dropped."""
-    slot = torch.where(seq_index_t == PADDING, torch.full_like(seq_index_t, num_sequences),
-                       seq_index_t)
+                      num_sequences: int, slots_t: torch.Tensor | None = None) -> torch.Tensor:
+    """[n, E] sums of ``values_te`` rows per sequence; PADDING rows are dropped. ``slots_t``:
+    :func:`~megatron.varlen.model.moe_sequences.sum_slots` of ``seq_index_t`` when already
+    made (a SequenceMap caches it)."""
+    slot = sum_slots(seq_index_t, num_sequences) if slots_t is None else slots_t
     sums = values_te.new_zeros(num_sequences + 1, values_te.shape[-1])
     return sums.index_add(0, slot, values_te)[:num_sequences]
 
@@ -58,9 +59,9 @@ def sequence_balancing_parts(scores_te: torch.Tensor, routing_map_te: torch.Tens
     """[n] this rank's part of every sequence's ``seq_aux_loss`` (counts reduced over the
     sequence's ranks)."""
     n = seq_map.num_sequences
-    counts = reduced(per_sequence_sums(routing_map_te.float(), seq_map.seq_index, n).detach(),
-                     seq_map.groups)
-    sums = per_sequence_sums(scores_te, seq_map.seq_index, n)
+    counts = reduced(per_sequence_sums(routing_map_te.float(), seq_map.seq_index, n,
+                                       seq_map.sum_slots).detach(), seq_map.groups)
+    sums = per_sequence_sums(scores_te, seq_map.seq_index, n, seq_map.sum_slots)
     return switch_parts(sums, counts, seq_map.real_lengths, topk, coeff)
 
 

@@ -18,6 +18,7 @@ Legend: T = tokens of this rank's share (router input rows), n = sequences of th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import torch
@@ -28,6 +29,13 @@ from megatron.varlen.packing.packed_seq import host_boundaries, host_to_device
 
 _SEQUENCE_MAP = "moe-sequence-map"  # kind of the cached map in a micro-batch's derived cache
 PADDING = -1  # sequence index of a padding or filler token
+
+
+def sum_slots(seq_index: torch.Tensor, num_sequences: int) -> torch.Tensor:
+    """[T] ``seq_index`` with :data:`PADDING` rows sent to slot ``num_sequences`` (a per-sequence
+    sum's extra row, dropped after the sum)."""
+    return torch.where(seq_index == PADDING, torch.full_like(seq_index, num_sequences),
+                       seq_index)
 
 
 @dataclass(frozen=True)
@@ -50,10 +58,22 @@ class SequenceMap:
     groups: tuple
     counts_once: bool
 
-    @property
+    # Derived tensors are cached on the map (built once per micro-batch, read by every MoE
+    # layer several times): each would otherwise be an operator call, a kernel on CUDA, per use.
+    @cached_property
     def valid(self) -> torch.Tensor:
         """[T] bool: rows of real tokens."""
         return self.seq_index >= 0
+
+    @cached_property
+    def padding(self) -> torch.Tensor:
+        """[T] bool: rows of padding (``~valid``; megatron-core's padding masks)."""
+        return ~self.valid
+
+    @cached_property
+    def sum_slots(self) -> torch.Tensor:
+        """[T] the row's slot in a per-sequence sum: its sequence, padding at slot n (dropped)."""
+        return sum_slots(self.seq_index, self.num_sequences)
 
     @property
     def num_sequences(self) -> int:

@@ -9,9 +9,11 @@ dynamic CP the static group is the wrong group for the micro-batch.
 
 :class:`VarlenGPTModel` fixes both without editing megatron-core: for ``_postprocess`` only, MTP
 sees the padded boundaries as its sequence boundaries, and the model and its MTP modules use
-the micro-batch's CP group (restored in a ``finally``). Using padded boundaries inside MTP is
-exact for real tokens: padding sits at the end of each sequence and attention is causal, so no
-real token ever sees a padding key, and the rolled loss mask keeps padding out of the loss.
+the micro-batch's CP group (restored in a ``finally``); without CP its rolls are one operation
+per tensor instead of a loop over the sequences (:mod:`~megatron.varlen.model.mtp_roll`).
+Using padded boundaries inside MTP is exact for real tokens: padding sits at the end of each
+sequence and attention is causal, so no real token ever sees a padding key, and the rolled loss
+mask keeps padding out of the loss.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_group import resolve_cp_group, use_cp_group
 from megatron.varlen.model.moe_spec import RoutesMicroBatch
+from megatron.varlen.model.mtp_roll import rolling_within_sequences
 from megatron.varlen.packing.packed_seq import with_padded_as_real
 
 
@@ -75,7 +78,7 @@ class VarlenGPTModel(GPTModel):
         if self.config.mtp_num_layers is None or packed_seq_params is None:
             return super()._postprocess(*args, packed_seq_params=packed_seq_params, **kwargs)
         group = resolve_cp_group(packed_seq_params, self.cp_group)
-        with use_cp_group(self._mtp_modules(), group):
+        with use_cp_group(self._mtp_modules(), group), rolling_within_sequences():
             # The copy carries host boundaries of its own (so the MTP layers' attention and
             # RoPE read nothing back); with our attentions its cu_seqlens ARE those host copies:
             # megatron-core's roll slices at every boundary, a device->host read per sequence on

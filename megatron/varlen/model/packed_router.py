@@ -88,10 +88,10 @@ class VarlenTopKRouter(TopKRouter):
                 pad_to_capacity=self.config.moe_pad_expert_input_to_capacity)
         if training and self.is_aux_loss_enabled():
             aux_map, scores = compute_routing_scores_for_aux_loss(
-                logits, self.topk, self.score_function, padding_mask=~seq_map.valid)
+                logits, self.topk, self.score_function, padding_mask=seq_map.padding)
             probs = MoEAuxLossAutoScaler.apply(
                 probs, self._balancing_losses(scores, aux_map, seq_map))
-        self._apply_expert_bias(routing_map, padding_mask=~seq_map.valid.unsqueeze(-1))
+        self._apply_expert_bias(routing_map, padding_mask=seq_map.padding.unsqueeze(-1))
         return probs, routing_map
 
     def _balancing_losses(self, scores, aux_map, seq_map: SequenceMap) -> torch.Tensor:

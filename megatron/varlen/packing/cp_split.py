@@ -53,16 +53,18 @@ def _validate_split(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int)
     return lengths
 
 
-def _concat_ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``cat([arange(s, s + l) for s, l in zip(starts, lengths)])`` without a Python loop."""
+def concat_ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``cat([arange(s, s + l) for s, l in zip(starts, lengths)])`` without a Python loop.
+
+    One ``repeat_interleave`` given its output size: row j of range i is ``j + (starts[i] -
+    where range i begins in the output)``.
+    """
     total = int(lengths.sum())
     if total == 0:
         return torch.zeros(0, dtype=torch.long, device=starts.device)
-    range_offsets = torch.cumsum(lengths, 0) - lengths
-    within = torch.arange(total, device=starts.device) - torch.repeat_interleave(
-        range_offsets, lengths
-    )
-    return torch.repeat_interleave(starts, lengths) + within
+    shift = starts - (torch.cumsum(lengths, 0) - lengths)
+    return torch.arange(total, device=starts.device) + torch.repeat_interleave(
+        shift, lengths, output_size=total)
 
 
 def get_thd_partition_indices(
@@ -85,15 +87,16 @@ def get_thd_partition_indices(
             sequence index, its length and the divisor), or the arguments are malformed.
     """
     lengths = _validate_split(cu_seqlens_padded, cp_size, cp_rank)
+    if cp_size == 1:  # every sequence whole, in order: the boundaries' span (no index work)
+        return torch.arange(int(cu_seqlens_padded[0]), int(cu_seqlens_padded[-1]),
+                            dtype=torch.long, device=cu_seqlens_padded.device)
     starts = cu_seqlens_padded[:-1].long()
-    if cp_size == 1:
-        return _concat_ranges(starts, lengths)
     chunk = lengths // (CHUNKS_PER_RANK * cp_size)
     front = starts + cp_rank * chunk
     back = starts + (CHUNKS_PER_RANK * cp_size - 1 - cp_rank) * chunk
     range_starts = torch.stack([front, back], dim=1).flatten()  # [2n]: front0, back0, front1...
     range_lengths = torch.stack([chunk, chunk], dim=1).flatten()
-    return _concat_ranges(range_starts, range_lengths)
+    return concat_ranges(range_starts, range_lengths)
 
 
 def get_thd_restore_order(cu_seqlens_padded: torch.Tensor, cp_size: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.varlen.platform.host_syncs import as_device_copy
 
 _HOST_VIEW = "host-view"  # kind of the cached view whose boundaries are the host copies
 
@@ -155,8 +156,8 @@ def with_padded_as_real(params: PackedSeqParams, on_host_fields: bool = False):
 
 def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` (host) on ``device`` without making the host wait for the device."""
-    if tensor.device == device:
-        return tensor
+    if tensor.device == device:  # a CPU run: the tensor itself (a host-sync guard's stand-in)
+        return as_device_copy(tensor, device)
     if device.type == "cuda":  # pinned source: a truly asynchronous host->device copy
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from megatron.varlen.packing.cp_split import split_thd_for_cp
+from megatron.varlen.packing.cp_split import concat_ranges, get_thd_partition_indices
 from megatron.varlen.packing.packed_seq import host_to_device, varlen_packed_seq_params
 from megatron.varlen.packing.thd_shapes import APPEND_DUMMY_SEQ, EXTEND_LAST, pad_cu_seqlens
 
@@ -67,10 +67,37 @@ def _cumulative(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
 
 
-def _pad_to(values: torch.Tensor, length: int, fill) -> torch.Tensor:
-    out = torch.full((length,), fill, dtype=values.dtype)
-    out[: values.numel()] = values
-    return out
+class _PackLayout:
+    """Where each sequence's real tokens sit in the padded stream: every field is laid out by one
+    scatter of all sequences' tokens (a fixed number of operator calls, however many sequences
+    the pack holds; padding rows keep the field's fill value)."""
+
+    def __init__(self, padded_lengths: list[int], real: list[int], routed: list[int]):
+        starts = torch.tensor([0, *padded_lengths[:-1]], dtype=torch.int64).cumsum(0)
+        self.total = sum(padded_lengths)
+        self.rows = concat_ranges(starts, torch.tensor(real, dtype=torch.int64))
+        # Rows of real (non-filler) tokens and their positions within their sequence.
+        routed_t = torch.tensor(routed, dtype=torch.int64)
+        self.routed_rows = concat_ranges(starts, routed_t)
+        self.within = self.routed_rows - torch.repeat_interleave(
+            starts, routed_t, output_size=self.routed_rows.numel())
+
+    def scatter(self, values: list[torch.Tensor], dtype: torch.dtype, fill) -> torch.Tensor:
+        out = torch.full((self.total,), fill, dtype=dtype)
+        out[self.rows] = torch.cat(values).to(dtype)
+        return out
+
+    def positions(self) -> torch.Tensor:
+        """0..L-1 over each real sequence's tokens, :data:`PAD_POSITION` elsewhere."""
+        out = torch.full((self.total,), PAD_POSITION, dtype=torch.int64)
+        out[self.routed_rows] = self.within
+        return out
+
+    def padding_mask(self) -> torch.Tensor:
+        """True on every row that holds no real token (padding, fillers)."""
+        out = torch.ones(self.total, dtype=torch.bool)
+        out[self.routed_rows] = False
+        return out
 
 
 def _filler(length: int, pad_id: int, extra_fields=()) -> dict:
@@ -79,11 +106,6 @@ def _filler(length: int, pad_id: int, extra_fields=()) -> dict:
     return {"tokens": torch.full((length,), pad_id), "labels": torch.full((length,), pad_id),
             "loss_mask": torch.zeros(length), **{key: torch.zeros(length) for key in extra_fields},
             _FILLER: True}
-
-
-def _positions(real_length: int, padded: int) -> torch.Tensor:
-    """0..real_length-1, then :data:`PAD_POSITION` up to ``padded``."""
-    return _pad_to(torch.arange(real_length, dtype=torch.int64), padded, PAD_POSITION)
 
 
 def _pad_tail(sequences: list[dict], padded_lengths: list[int], total_tokens: int | None,
@@ -118,32 +140,29 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
     assert len(sequences) == len(padded_lengths) > 0, "a pack needs at least one sequence"
     sequences, padded_lengths = _pad_tail(sequences, list(padded_lengths), total_tokens, pad_id,
                                           extra_fields, tail_policy)
-    parts = {key: [] for key in (*_TOKEN_KEYS, _PADDING_MASK)}
-    extra = {key: [] for key in extra_fields}
-    real, routed = [], []
-    for seq, padded in zip(sequences, padded_lengths):
-        length = int(seq["tokens"].numel())
+    real = [int(seq["tokens"].numel()) for seq in sequences]
+    for length, padded in zip(real, padded_lengths):
         assert length <= padded, f"sequence of {length} tokens cannot be padded to {padded}"
-        parts["tokens"].append(_pad_to(seq["tokens"].long(), padded, pad_id))
-        parts["labels"].append(_pad_to(seq["labels"].long(), padded, pad_id))
-        parts["loss_mask"].append(_pad_to(seq["loss_mask"].float(), padded, 0.0))
-        parts["position_ids"].append(_positions(0 if seq.get(_FILLER) else length, padded))
-        parts[_PADDING_MASK].append(_pad_to(torch.full((length,), bool(seq.get(_FILLER))),
-                                            padded, True))
-        for key in extra_fields:
-            extra[key].append(_pad_to(seq[key].float(), padded, 0.0))
-        real.append(length)
-        routed.append(0 if seq.get(_FILLER) else length)
+    routed = [0 if seq.get(_FILLER) else length for seq, length in zip(sequences, real)]
+    layout = _PackLayout(padded_lengths, real, routed)
+    parts = {
+        "tokens": layout.scatter([seq["tokens"] for seq in sequences], torch.int64, pad_id),
+        "labels": layout.scatter([seq["labels"] for seq in sequences], torch.int64, pad_id),
+        "loss_mask": layout.scatter([seq["loss_mask"] for seq in sequences], torch.float32, 0.0),
+        "position_ids": layout.positions(), _PADDING_MASK: layout.padding_mask(),
+    }
+    extra = {key: layout.scatter([seq[key] for seq in sequences], torch.float32, 0.0)
+             for key in extra_fields}
     filler_tokens = sum(padded_lengths[len(sample_ids):]) if sample_ids else 0
     return PackedMicroBatch(
-        **{key: torch.cat(values) for key, values in parts.items()},
+        **parts,
         cu_seqlens=_cumulative(real),
         cu_seqlens_padded=_cumulative(list(padded_lengths)),
         max_seqlen=max(padded_lengths),
         local_cp_size=local_cp_size,
         sample_ids=tuple(sample_ids),
         real_tokens=sum(real) - filler_tokens,
-        extra={key: torch.cat(values) for key, values in extra.items()},
+        extra=extra,
         routed_lengths=torch.tensor(routed, dtype=torch.int64),
     )
 
@@ -172,9 +191,12 @@ def build_model_inputs(pack: PackedMicroBatch, cp_rank: int, cp_group, device,
     inputs = {}
     fields = {**{key: getattr(pack, key) for key in (*_TOKEN_KEYS, _PADDING_MASK)},
               **pack.extra}
+    # This rank's rows, one index for every field (the rule of cp_split.split_thd_for_cp).
+    index = get_thd_partition_indices(pack.cu_seqlens_padded, size, cp_rank) if size > 1 \
+        else None
     for key, local in fields.items():
-        if size > 1:
-            local = split_thd_for_cp(local, pack.cu_seqlens_padded, size, cp_rank, seq_dim=0)
+        if index is not None:
+            local = local.index_select(0, index)
         # Pinned, asynchronous copies on CUDA: building a step's batches never waits for the GPU.
         inputs[key] = host_to_device(local.unsqueeze(0), device)
     cu_real = host_to_device(pad_cu_seqlens(pack.cu_seqlens, cu_seqlens_entries), device)

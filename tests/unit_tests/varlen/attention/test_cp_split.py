@@ -100,3 +100,26 @@ def test_sbhd_round_trip_and_rule(cp_size):
     shards = [split_sbhd_for_cp(full, cp_size, r, seq_dim=0) for r in range(cp_size)]
     assert shards[0][:, 0].tolist() == _expected_indices([16], cp_size, 0)
     assert torch.equal(restore_sbhd_from_cp_shards(shards, seq_dim=0), full)
+
+
+def _partition_ops(num_sequences: int, cp_size: int) -> dict:
+    from megatron.varlen.platform.host_syncs import count_dispatches
+
+    cu = _cu([4 * cp_size] * num_sequences)
+    with count_dispatches() as counts:
+        get_thd_partition_indices(cu, cp_size, 0)
+    ops = {}
+    for (op, _), n in counts.items():
+        ops[op] = ops.get(op, 0) + n
+    return ops
+
+
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_partition_index_work_does_not_grow_with_the_sequences(cp_size):
+    # Host work per micro-batch (MoE's sequence map, the local attention layout, the data
+    # path's split): one repeat_interleave with CP, none without; the same for 4 or 64
+    # sequences. The values are the rule's (tests above).
+    few, many = _partition_ops(4, cp_size), _partition_ops(64, cp_size)
+    assert few == many
+    assert many.get("repeat_interleave", 0) == (0 if cp_size == 1 else 1), many
+    assert torch.equal(get_thd_partition_indices(_cu([8] * 64), 1, 0), torch.arange(512))

@@ -122,3 +122,30 @@ def test_z_loss_sums_real_tokens_only():
     expected = sum(float(torch.logsumexp(logits[t], dim=0)) ** 2
                    for t in range(len(rows)) if rows[t] >= 0)
     assert z_loss_sum(logits, seq_map).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_map_builds_its_masks_once_for_every_layer():
+    # What the MoE layers derive from a micro-batch's map (which rows are real, their sum
+    # slots) is made once and shared, not remade in every layer (one kernel each on CUDA).
+    from megatron.varlen.platform.host_syncs import count_dispatches
+
+    scores, routing = _pack(seed=4)
+    rows = _thd_host_map(torch.tensor([0, *torch.tensor(PADDED).cumsum(0).tolist()]),
+                         torch.tensor(REAL), 1, 0)
+    seq_map = SequenceMap(seq_index=rows, real_lengths=torch.tensor(REAL, dtype=torch.float32),
+                          groups=(), counts_once=True)
+
+    def layer():
+        micro_batch_balancing_part(scores, routing, seq_map, TOPK, COEFF)
+        z_loss_sum(scores, seq_map)
+        seq_map.padding
+        return sequence_balancing_parts(scores, routing, seq_map, TOPK, COEFF)
+
+    first = layer()
+    with count_dispatches() as counts:  # "the next layers": nothing rebuilt
+        for _layer in range(3):
+            again = layer()
+    rebuilt = sorted((op, site) for op, site in counts if "moe_sequences.py" in site)
+    assert rebuilt == [], rebuilt
+    assert torch.equal(again, first)
+    assert torch.equal(seq_map.valid, rows >= 0) and torch.equal(seq_map.padding, rows < 0)
