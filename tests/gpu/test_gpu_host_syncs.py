@@ -33,7 +33,7 @@ SYNCING = {
     "bool_index": lambda x, m, r: x[m],
     "repeat_interleave": lambda x, m, r: torch.repeat_interleave(x, r),
     "unique": lambda x, m, r: torch.unique(r),
-    "equal": lambda x, m, r: torch.equal(x, x),
+    "equal": lambda x, m, r: torch.equal(x, x.clone()),  # (x, x) returns True unread
 }
 NOT_SYNCING = {
     "repeat_interleave_with_output_size":
