@@ -23,6 +23,10 @@ DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
 def initialize_distributed(timeout_minutes: float | None = None) -> None:
     """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU.
 
+    Without RANK (a plain ``python pretrain_gpt.py``) the run is a 1-rank job whose group
+    meets in an in-memory store: it binds no port, so two such runs on one machine never
+    compete for MASTER_PORT.
+
     ``timeout_minutes`` (``--distributed-timeout-minutes``) bounds how long a collective waits
     for a peer that neither answers nor closes its connection (a killed peer is reported at
     once); default :data:`DISTRIBUTED_TIMEOUT`.
@@ -32,13 +36,14 @@ def initialize_distributed(timeout_minutes: float | None = None) -> None:
         return
     if not cpu_device.use_cpu():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if "RANK" not in os.environ:  # a plain `python pretrain_gpt.py` is a 1-rank job
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
-    torch.distributed.init_process_group(
-        backend=cpu_device.get_backend(),
-        timeout=DISTRIBUTED_TIMEOUT if timeout_minutes is None else
-        timedelta(minutes=timeout_minutes))
+    timeout = DISTRIBUTED_TIMEOUT if timeout_minutes is None else timedelta(minutes=timeout_minutes)
+    if "RANK" in os.environ:  # torchrun (or a launcher like it): env://
+        torch.distributed.init_process_group(backend=cpu_device.get_backend(), timeout=timeout)
+        return
+    os.environ.update(RANK="0", WORLD_SIZE="1")  # what torchrun would say (logging reads RANK)
+    torch.distributed.init_process_group(backend=cpu_device.get_backend(),
+                                         store=torch.distributed.HashStore(), rank=0,
+                                         world_size=1, timeout=timeout)
 
 
 def initialize_model_parallel(parallel: ParallelConfig, moe: MoEConfig | None = None) -> None:
