@@ -13,8 +13,9 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.varlen_training.arguments import format_arguments
 from megatron.varlen_training.config import MoEConfig, ParallelConfig, RunConfig
+from megatron.varlen_training.errors import UserInputError
 from megatron.varlen_training.log import print_rank_0
-from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups
+from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups, gloo_cuda
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
@@ -61,6 +62,16 @@ def initialize_model_parallel(parallel: ParallelConfig, moe: MoEConfig | None = 
     )
 
 
+def check_gradient_overlap(parallel: ParallelConfig) -> None:
+    """Refuses --overlap-grad-reduce / --overlap-param-gather where the process group cannot
+    overlap them (CUDA ranks over gloo: ``gloo_cuda.overlap_refusal``): one line at start-up,
+    exit code 2, instead of a traceback at the first gradient reduction."""
+    refusal = gloo_cuda.overlap_refusal_here(parallel.overlap_grad_reduce,
+                                             parallel.overlap_param_gather)
+    if refusal is not None:
+        raise UserInputError(refusal)  # every rank has the same device and backend
+
+
 def set_random_seeds(seed: int) -> None:
     """Python, numpy, torch and megatron's tracked RNG streams (CPU tracker on CPU).
 
@@ -76,6 +87,7 @@ def set_random_seeds(seed: int) -> None:
 def initialize_megatron(run: RunConfig) -> None:
     """Everything a training process needs before the model is built."""
     initialize_distributed(run.parallel.distributed_timeout_minutes)
+    check_gradient_overlap(run.parallel)
     initialize_model_parallel(run.parallel, run.model.moe)
     set_random_seeds(run.training.seed)
     print_rank_0(format_arguments(run.flag_values))  # Megatron-LM's start-up dump, once
