@@ -19,14 +19,16 @@ from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups, gloo
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
+LOOPBACK = "127.0.0.1"
+ANY_PORT = 0  # bound with port 0, a socket gets a port the OS picks, held from that moment
 
 
 def initialize_distributed(timeout_minutes: float | None = None) -> None:
     """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU.
 
     Without RANK (a plain ``python pretrain_gpt.py``) the run is a 1-rank job whose group
-    meets in an in-memory store: it binds no port, so two such runs on one machine never
-    compete for MASTER_PORT.
+    meets at a store it hosts on a port the OS picks (the store torchrun would give it, minus a
+    fixed MASTER_PORT): two such runs on one machine never compete for a port.
 
     ``timeout_minutes`` (``--distributed-timeout-minutes``) bounds how long a collective waits
     for a peer that neither answers nor closes its connection (a killed peer is reported at
@@ -42,8 +44,9 @@ def initialize_distributed(timeout_minutes: float | None = None) -> None:
         torch.distributed.init_process_group(backend=cpu_device.get_backend(), timeout=timeout)
         return
     os.environ.update(RANK="0", WORLD_SIZE="1")  # what torchrun would say (logging reads RANK)
-    torch.distributed.init_process_group(backend=cpu_device.get_backend(),
-                                         store=torch.distributed.HashStore(), rank=0,
+    store = torch.distributed.TCPStore(LOOPBACK, ANY_PORT, world_size=1, is_master=True,
+                                       timeout=timeout)  # the process group keeps it alive
+    torch.distributed.init_process_group(backend=cpu_device.get_backend(), store=store, rank=0,
                                          world_size=1, timeout=timeout)
 
 

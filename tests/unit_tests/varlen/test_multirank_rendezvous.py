@@ -1,7 +1,7 @@
 """Where ranks meet, without a port race: multi-rank tests flaked with "address already in use"
 when the harness picked a free port and a rank bound it later (another process took it in
 between). Now the launcher hosts the store on a port it already holds (tests/harness/
-rendezvous.py), and a plain 1-rank run binds no port at all."""
+rendezvous.py), and a plain 1-rank run hosts its own on a port the OS picks."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def _port_busy(port: int):
         yield
 
 
-def test_plain_one_rank_run_binds_no_port():
+def test_plain_one_rank_run_needs_no_free_master_port():
     """A plain ``python pretrain_gpt.py`` (no RANK) is a 1-rank job: it must start while
     torch's default MASTER_PORT is taken (two such runs on one machine used to collide)."""
     with _port_busy(TORCH_DEFAULT_MASTER_PORT):
