@@ -43,7 +43,8 @@ def initialize_distributed(timeout_minutes: float | None = None) -> None:
     if "RANK" in os.environ:  # torchrun (or a launcher like it): env://
         torch.distributed.init_process_group(backend=cpu_device.get_backend(), timeout=timeout)
         return
-    os.environ.update(RANK="0", WORLD_SIZE="1")  # what torchrun would say (logging reads RANK)
+    # RANK stays unset (every reader defaults to rank 0 of 1): a later initialisation in this
+    # process, after a teardown, is a 1-rank job again with a store of its own.
     store = torch.distributed.TCPStore(LOOPBACK, ANY_PORT, world_size=1, is_master=True,
                                        timeout=timeout)  # the process group keeps it alive
     torch.distributed.init_process_group(backend=cpu_device.get_backend(), store=store, rank=0,
