@@ -10,7 +10,7 @@ The ranks keep torch's ``env://`` semantics (what pretrain_gpt.py uses under tor
 :func:`rank_env` gives ``MASTER_ADDR``/``MASTER_PORT`` plus ``TORCHELASTIC_USE_AGENT_STORE=True``,
 torchrun's own signal that the store is hosted by the launcher, which makes every rank's
 ``init_process_group`` (``env://`` or ``tcp://``) a client of it instead of rank 0 binding the
-port. The product's launchers are untouched: under torchrun, torchrun sets the same variables.
+port. The same as under torchrun, whose agent hosts the store and sets these variables.
 
     with hosted_store() as meeting:   # MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE
         env = {**os.environ, **meeting, "RANK": "0", "WORLD_SIZE": "2"}
