@@ -15,7 +15,10 @@
 #      CP, printing its balancing losses beside lm loss (docs/MOE.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 --master-port "${DEMO_PORT:-29517}")
+# --standalone: torchrun binds its rendezvous on a port the OS picks and holds (a fixed port may
+# be taken by another job); DEMO_PORT=N pins one instead.
+if [[ -n "${DEMO_PORT:-}" ]]; then MEET=(--master-port "$DEMO_PORT"); else MEET=(--standalone); fi
+TORCHRUN=(.venv/bin/torchrun --nproc-per-node 4 "${MEET[@]}")
 TINY=(--hidden-size 64 --num-attention-heads 4 --lr 3e-3 --lr-warmup-iters 3
       --lr-decay-style cosine --log-interval 5 --eval-iters 0 --position-embedding-type rope)
 
@@ -34,16 +37,16 @@ echo "== 2. Packed SFT with dynamic CP (DP=2 x CP=2), examples/data/sft_tiny.jso
   --max-seqlen-per-dp-cp-rank 128
 
 echo "== 3. megatron.wrap: SFT on runtime batches from the JSONL (2 ranks) =="
-.venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
+.venv/bin/torchrun --nproc-per-node 2 "${MEET[@]}" \
   examples/wrap/sft_jsonl.py
 
 echo "== 4. megatron.wrap: RL-style runtime batches of varying size and length (2 ranks) =="
-.venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
+.venv/bin/torchrun --nproc-per-node 2 "${MEET[@]}" \
   examples/wrap/rl_runtime_loop.py --steps 20
 
 echo "== 5. Hugging Face in and out: a tiny local Qwen2-style model fine-tuned with its chat template (2 ranks) =="
 HF_OUT=$(mktemp -d)
-HF_HUB_OFFLINE=1 .venv/bin/torchrun --nproc-per-node 2 --master-port "${DEMO_PORT:-29517}" \
+HF_HUB_OFFLINE=1 .venv/bin/torchrun --nproc-per-node 2 "${MEET[@]}" \
   examples/wrap/hf_finetune.py --steps 10 --out "$HF_OUT/finetuned" --tiny-dir "$HF_OUT/tiny"
 rm -rf "$HF_OUT"
 

@@ -41,7 +41,6 @@ import datetime
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -303,13 +302,6 @@ def greedy_packs(lengths: list[int], budget: int) -> list[list[int]]:
 
 # --- workers (one process per configuration) ---------------------------------------------------
 
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (for MASTER_PORT)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _synchronize(device: str) -> None:
     import torch
 
@@ -368,7 +360,6 @@ def megatron_training(config: str, shape: Shape, steps: int, device: str):
     from megatron.varlen_training.training import train_step
 
     use_device(device)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
     trainer = Trainer(parse_run_config(megatron_argv(shape, config, steps, device), world_size=1))
     run = trainer.start().run
     provider, _ = build_data_providers(trainer)

@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
@@ -43,7 +42,7 @@ from pathlib import Path
 from megatron.varlen.scheduling.cost_model import (
     ATTENTION_FLOPS_PER_PAIR_PER_HIDDEN, H100_NVLINK, CostModel,
 )
-from tools.benchmark_gpu import SIZES, TINY, Shape, free_port, megatron_argv, use_device
+from tools.benchmark_gpu import SIZES, TINY, Shape, megatron_argv, use_device
 
 TOKEN_COUNTS = (4096, 8192, 16384)
 SEQUENCES_PER_PACK = (1, 2, 4, 8, 16, 32)
@@ -174,7 +173,6 @@ def measure(shape: Shape, shapes: list[list[int]], reps: int, device: str) -> li
     shape = dataclasses.replace(shape, tokens_per_micro_batch=budget,
                                 seq_length=max(shape.seq_length, max(max(p) for p in shapes)))
     use_device(device)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
     run = parse_run_config(megatron_argv(shape, "packed", 1, device), world_size=1)
     initialize_megatron(run)
     state = setup_model_and_optimizer(run)

@@ -104,6 +104,10 @@ class UnpackedBatchProvider:
     def _my_indices(self, iteration: int) -> list[int]:
         return [i for mb in self._my_microbatches(iteration) for i in mb]
 
+    def close(self) -> None:
+        """Stops the reader's worker processes (the run is over)."""
+        self.reader.close()
+
     def step_batches(self, iteration: int) -> StepBatches:
         indices = global_batch_indices(iteration, self.global_batch_size)
         read = iter(self.reader.read(iteration))
@@ -210,6 +214,10 @@ class PackedBatchProvider:
         return replica_block(global_batch_indices(iteration, self.global_batch_size),
                              parallel_state.get_data_parallel_world_size(),
                              parallel_state.get_data_parallel_rank())
+
+    def close(self) -> None:
+        """Stops the reader's worker processes (the run is over)."""
+        self.reader.close()
 
     def step_batches(self, iteration: int) -> StepBatches:
         samples = self.reader.read(iteration)

@@ -108,5 +108,10 @@ def pretrain(trainer: Trainer) -> list[dict]:
     with ExitConditions.of(trainer.run.training) as exits:
         trainer.start()
         train_provider, valid_provider = build_data_providers(trainer)
-        trainer.setup_model_and_optimizer()
-        return train(trainer, train_provider, valid_provider, exits)
+        try:
+            trainer.setup_model_and_optimizer()
+            return train(trainer, train_provider, valid_provider, exits)
+        finally:  # --num-workers readers stop with the run, not at interpreter exit
+            for provider in (train_provider, valid_provider):
+                if provider is not None:
+                    provider.close()

@@ -3,8 +3,10 @@
     results = run_distributed(my_rank_fn, world_size=4, args=(cfg,), timeout_s=120)
 
 ``my_rank_fn`` must be importable by name (defined at module level). Each rank runs in its own
-process with ``torch.distributed`` initialised (gloo, loopback, a fresh free port), one
-intra-op thread, and RANK/WORLD_SIZE/LOCAL_RANK set.
+process with ``torch.distributed`` initialised (gloo, loopback), one intra-op thread, and
+RANK/WORLD_SIZE/LOCAL_RANK set. The ranks meet at a store the launcher hosts on a port it already
+holds (tests/harness/rendezvous.py): no port is chosen first and bound later, so no other
+process can take it in between ("address already in use" under load).
 
 The device is an explicit argument, never an accident of the machine: ``device="cpu"`` (the
 default) runs CPU ranks with the CPU device layer forced on, even when a GPU is visible (CUDA
@@ -19,7 +21,8 @@ dist_checkpointing's writer processes, go too), and a rank whose launcher disapp
 itself (no orphans holding ports or memory).
 
 Processes come from a ``forkserver`` that preloads torch and megatron-core once, so a launch
-costs a fork instead of a full interpreter start (start-up dominates on a 2-core machine).
+costs a fork instead of a full interpreter start (start-up dominates on a 2-core machine). What a
+CPU rank starts itself (``--num-workers``' DataLoader workers) is forked, as under torchrun.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import os
 import pickle
 import queue as queue_module
 import signal
-import socket
 import sys
 import threading
 import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
+
+from tests.harness.rendezvous import hosted_store
 
 DEFAULT_TIMEOUT_S = 180.0
 # After the first rank fails, the others are usually stuck in a collective: give them this long
@@ -55,6 +59,7 @@ _PRELOAD = [
 ]
 _CONTEXT = None
 CPU, CUDA = "cpu", "cuda"
+CHILD_START_METHOD = "fork"  # Linux's default, what a rank under torchrun uses
 # Ranks exchange tensors over gloo on either device: NCCL needs one GPU per rank. gloo carries
 # CUDA tensors for single collectives (all-reduce, all-gather, broadcast) but not for the
 # coalesced ones megatron-core's DDP issues, so CUDA ranks over gloo reduce gradients one bucket
@@ -115,13 +120,6 @@ def prepare_rank_device(device: str, rank: int) -> str:
     return RANK_BACKEND
 
 
-def find_free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _exit_when_orphaned(launcher_pid: int) -> None:
     while True:
         time.sleep(ORPHAN_POLL_S)
@@ -137,27 +135,33 @@ def _stop_own_children() -> None:
         child.join(timeout=CHILD_JOIN_S)
 
 
-def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout_s, device=CPU):
+def _rank_main(fn, rank, world_size, meeting, args, kwargs, results, timeout_s, device=CPU):
     # Lead a process group of our own: the launcher kills the whole group when it reaps us, so
     # no grandchild survives a failed or timed-out run.
     os.setpgid(0, 0)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        LOCAL_WORLD_SIZE=str(world_size), **meeting,
     )
     import torch
 
     torch.set_num_threads(1)
+    if device == CPU:
+        # What the rank starts itself (--num-workers' DataLoader workers) is forked, as in a
+        # process torchrun starts on Linux: the forkserver method this process inherited would
+        # start a fresh interpreter per rank for them (7 s of a 0.7 s 2-rank run).
+        multiprocessing.set_start_method(CHILD_START_METHOD, force=True)
     try:
         backend = prepare_rank_device(device, rank)
+        # env://, as under torchrun: the meeting's variables make every rank a client of the
+        # launcher's store.
         torch.distributed.init_process_group(
-            backend=backend, init_method=f"tcp://127.0.0.1:{port}",
+            backend=backend, init_method="env://",
             rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
         )
-        # Every rank has joined before any runs fn: a rank that finishes fast and exits takes
-        # the TCP store down with it (rank 0 hosts it), under a peer still joining (gloo's
-        # "Connection closed by peer", seen under heavy load).
+        # Every rank has joined before any runs fn: a rank that finishes fast and exits closes
+        # its connections under a peer still joining (gloo's "Connection closed by peer").
         torch.distributed.barrier()
         # Plain pickle bytes: torch's multiprocessing reducer would pass tensors as shared
         # memory that must outlive this process, and the rank exits right after reporting.
@@ -224,18 +228,18 @@ def run_distributed(
     check_device(device)
     ctx = _get_context() if device == CPU else _spawn_context()
     results = ctx.Queue()
-    port = find_free_port()
-    procs = [
-        ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, args, kwargs or {},
-                                             results, timeout_s, device))
-        for rank in range(world_size)
-    ]
-    try:
-        for proc in procs:
-            proc.start()
-        collected = _collect(procs, results, world_size, timeout_s)
-    finally:
-        _reap(procs)
+    with hosted_store() as meeting:
+        procs = [
+            ctx.Process(target=_rank_main, args=(fn, rank, world_size, meeting, args,
+                                                 kwargs or {}, results, timeout_s, device))
+            for rank in range(world_size)
+        ]
+        try:
+            for proc in procs:
+                proc.start()
+            collected = _collect(procs, results, world_size, timeout_s)
+        finally:
+            _reap(procs)
     failures = [(r, payload) for r, (ok, payload) in sorted(collected.items()) if not ok]
     if failures:
         # Every failing rank: the first to fail is often only a peer of the real culprit

@@ -12,6 +12,11 @@ the manager megatron-core's DDP uses for :func:`grad_reduce_coalescing`, which l
 bucket's collective run on its own: the same sums, one call per bucket instead of one per bucket
 group. Every other case -- CPU ranks over gloo, NCCL groups (real multi-GPU runs, where NCCL
 coalesces the buckets as upstream does) -- keeps torch's manager unchanged.
+
+Those synchronous collectives cannot overlap anything: ``--overlap-grad-reduce`` and
+``--overlap-param-gather`` are refused at start-up in that case (:func:`overlap_refusal`, which
+takes the device and backend as values so that CPU tests can ask it about CUDA), instead of
+failing at the first gradient reduction.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch.distributed as dist
 from megatron.varlen.platform import cpu_device
 
 _GLOO = "gloo"
+_OVERLAP_FLAGS = ("--overlap-grad-reduce", "--overlap-param-gather")
 
 
 class _EachCollectiveOnItsOwn:
@@ -32,9 +38,35 @@ class _EachCollectiveOnItsOwn:
         """Nothing to wait for: every collective inside the block was synchronous."""
 
 
+def trains_on_cuda() -> bool:
+    """Whether this process trains on CUDA tensors (not the CPU device layer)."""
+    return not cpu_device.use_cpu()
+
+
 def runs_uncoalesced(group) -> bool:
     """True when ``group`` is gloo and this process trains on CUDA (gloo cannot coalesce)."""
-    return not cpu_device.use_cpu() and dist.get_backend(group) == _GLOO
+    return trains_on_cuda() and dist.get_backend(group) == _GLOO
+
+
+def overlap_refusal(on_cuda: bool, backend: str, overlap_grad_reduce: bool,
+                    overlap_param_gather: bool) -> str | None:
+    """Why the overlap flags that are on cannot run on ``backend`` with CUDA tensors (or not),
+    as a one-line message naming them; None when nothing stands in the way."""
+    flags = [flag for flag, on in zip(_OVERLAP_FLAGS, (overlap_grad_reduce, overlap_param_gather))
+             if on]
+    if not flags or not on_cuda or backend != _GLOO:
+        return None
+    named = " and ".join(flags)
+    return (f"{named} cannot run on CUDA ranks over gloo (ranks sharing a GPU): gloo reduces "
+            f"CUDA gradients one bucket at a time, synchronously, so nothing overlaps; drop "
+            f"{named}, or run one rank per GPU (NCCL)")
+
+
+def overlap_refusal_here(overlap_grad_reduce: bool, overlap_param_gather: bool) -> str | None:
+    """:func:`overlap_refusal` for this process: its device and its default group's backend
+    (megatron-core's data-parallel groups share it)."""
+    return overlap_refusal(trains_on_cuda(), dist.get_backend(), overlap_grad_reduce,
+                           overlap_param_gather)
 
 
 def _torch_coalescing_manager():
@@ -49,7 +81,8 @@ def grad_reduce_coalescing(group=None, device=None, async_ops: bool = False):
         RuntimeError: asynchronous collectives asked for on CUDA over gloo
             (``--overlap-grad-reduce``/``--overlap-param-gather``, megatron-core's
             ``overlap_grad_reduce``/``overlap_param_gather``): their handles could not be waited
-            on. CPU ranks over gloo and NCCL groups overlap.
+            on. Start-up refuses those flags first (:func:`overlap_refusal`); this guards
+            callers that skip it. CPU ranks over gloo and NCCL groups overlap.
     """
     if not runs_uncoalesced(group):
         with _torch_coalescing_manager()(group, device=device, async_ops=async_ops) as manager:

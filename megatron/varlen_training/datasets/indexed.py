@@ -27,14 +27,12 @@ import os
 from dataclasses import dataclass
 
 import torch
-from megatron.core.datasets.blended_megatron_dataset_builder import (
-    BlendedMegatronDatasetBuilder,
-)
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import Split, get_blend_from_list
 
 from megatron.varlen_training.config import DataConfig
 from megatron.varlen_training.datasets import indexed_checks, token_checks
+from megatron.varlen_training.datasets.core_builder import RankLocalBuilder, build_in_rank_order
 from megatron.varlen_training.datasets.sample import roundup
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.log import print_rank_0, warning_rank_0
@@ -223,17 +221,18 @@ class IndexedGPTSamples(torch.utils.data.Dataset):
 
 def build_core_datasets(config: GPTDatasetConfig, sizes: list[int]) -> list:
     """megatron-core's (train, validation, test) datasets, built on every rank (every rank
-    reads samples by index); global rank 0 builds and caches the indices first."""
-    return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+    reads samples by index); global rank 0 builds and caches the indices first, and a failure
+    on any rank stops every rank in one line (core_builder.py)."""
+    return build_in_rank_order(RankLocalBuilder(GPTDataset, sizes, lambda: True, config))
 
 
 def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokenizer: Tokenizer,
                            pad_to_multiple_of: int, pad_to_seq_length: bool):
     """``(train, validation or None)`` of the run's indexed data (module docstring).
 
-    The checks run first on every rank and agree (:func:`agree_on_errors`): megatron-core's
-    builder meets all ranks at barriers, where a rank that failed alone would leave the others
-    waiting.
+    The checks run first on every rank and agree (:func:`agree_on_errors`); what they cannot
+    foresee (an I/O error writing the index cache) fails every rank alike too
+    (:func:`build_core_datasets`).
     """
     config = gpt_dataset_config(data, seq_length, seed, tokenizer)
     sizes = split_sizes(data)

@@ -6,6 +6,8 @@ the reader returns those samples, exactly as ``[dataset[k] for k in indices_of(i
 workers only move the reads ahead of the step (torch's DataLoader keeps the sampler's order),
 never change them. Iterations must come in order to be read ahead; a jump (a resumed run's
 first iteration, an evaluation) restarts the workers at the new iteration.
+:meth:`SampleReader.close` stops the workers when the run ends: their queues hold named
+semaphores, which a process leaving without finalizers (``os._exit``, as test ranks do) leaks.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ class SampleReader:
             self._stream = self._start(iteration)
         self._next_iteration = iteration + 1
         return [next(self._stream) for _ in indices]
+
+    def close(self) -> None:
+        """Stops the worker processes, if any, and frees their queues (idempotent); a later
+        ``read`` starts new ones."""
+        # The DataLoader's iterator stops and joins its workers when its last reference goes.
+        self._stream, self._next_iteration = None, None
 
     def _start(self, iteration: int) -> Iterator[dict]:
         self._stream = None  # the previous workers stop before new ones start

@@ -26,7 +26,8 @@ from megatron.varlen_training.exit_conditions import SignalCatcher
 from megatron.varlen_training import training
 from megatron.wrap.config import ConfigError, build_config
 from megatron.wrap.runtime import refuse_loop_exit_keys
-from tests.harness.multirank import find_free_port, run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.rendezvous import hosted_store
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 REPO = Path(__file__).resolve().parents[3]
@@ -65,12 +66,18 @@ def _resumed(root: Path) -> list[float]:
 # --- SIGTERM to one rank of a running pretrain_gpt.py ---------------------------------------
 
 
-def _launch(argv, logs: Path) -> list[subprocess.Popen]:
-    port = find_free_port()
+@pytest.fixture
+def meeting():
+    """Where the ranks meet: a store the test hosts (and holds its port), as torchrun does."""
+    with hosted_store() as env:
+        yield env
+
+
+def _launch(argv, logs: Path, meeting: dict) -> list[subprocess.Popen]:
     procs = []
     for rank in range(WORLD):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
+                   **meeting, PYTHONWARNINGS="ignore",
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # log lines as they happen
         with open(logs / f"rank{rank}.log", "w") as log:
             procs.append(subprocess.Popen(
@@ -104,11 +111,11 @@ def _iterations_logged(path: Path) -> int:
     return max((int(m.group(1)) for m in STEP_LINE.finditer(path.read_text())), default=0)
 
 
-def test_sigterm_to_one_rank_saves_exits_0_and_resumes_bit_exactly(tmp_path, straight):
+def test_sigterm_to_one_rank_saves_exits_0_and_resumes_bit_exactly(tmp_path, straight, meeting):
     root, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     argv = ARGS + ["--train-iters", str(LONG_RUN_ITERS), "--exit-signal-handler",
                    "--save", str(root), "--log-metrics-jsonl", str(metrics)]
-    procs = _launch(argv, tmp_path)
+    procs = _launch(argv, tmp_path, meeting)
     last_log = tmp_path / f"rank{WORLD - 1}.log"  # the last rank prints the iteration lines
     try:
         training_now = _wait_for(
@@ -220,10 +227,10 @@ def test_facade_refuses_the_loop_exit_keys():
 # --- Ctrl-C without --exit-signal-handler -----------------------------------------------------
 
 
-def test_ctrl_c_mid_run_is_one_line_exit_130(tmp_path):
+def test_ctrl_c_mid_run_is_one_line_exit_130(tmp_path, meeting):
     """Without --exit-signal-handler a Ctrl-C stops the run where it is: one line (no
     KeyboardInterrupt traceback from either rank), exit code 130 on every rank."""
-    procs = _launch(ARGS + ["--train-iters", str(LONG_RUN_ITERS)], tmp_path)
+    procs = _launch(ARGS + ["--train-iters", str(LONG_RUN_ITERS)], tmp_path, meeting)
     last_log = tmp_path / f"rank{WORLD - 1}.log"
     try:
         training_now = _wait_for(

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from megatron.varlen_training.checkpointing import TRACKER_FILENAME
-from tests.harness.multirank import find_free_port, run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.rendezvous import hosted_store
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,8 +35,8 @@ ARGS += ["--lr-decay-iters", str(ITERS), "--global-batch-size", "4", "--micro-ba
 REPEATS = int(os.environ.get("FAULT_INJECTION_REPEATS", "1"))
 # (what, rank killed, iteration, checkpoint left as latest; saves every 2 iterations)
 ALL_CASES = [("step", 1, 3, 2), ("save", 1, 4, 2), ("save", 0, 4, 2)]
-# The default suite runs one kill mid-step and one inside a save (of the rank hosting the
-# rendezvous store); repeated runs take every case.
+# The default suite runs one kill mid-step and one inside a save (of rank 0, which writes the
+# checkpoint's tracker file); repeated runs take every case.
 CASES = ALL_CASES if REPEATS > 1 else [ALL_CASES[0], ALL_CASES[2]]
 
 
@@ -47,12 +48,11 @@ def straight():
     return [h["lm_loss"] for h in loss_owner_history(runs)]
 
 
-def _launch(kind, rank, iteration, argv, logs: Path):
-    port = find_free_port()
+def _launch(kind, rank, iteration, argv, logs: Path, meeting: dict):
     procs = []
     for r in range(WORLD):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
+                   **meeting, PYTHONWARNINGS="ignore",
                    OMP_NUM_THREADS="1")
         with open(logs / f"rank{r}.log", "w") as log:
             procs.append(subprocess.Popen(
@@ -89,8 +89,9 @@ def _wait(procs, killed: int) -> float:
 def test_kill_one_rank(tmp_path, straight, kind, rank, iteration, latest, repeat):
     root = tmp_path / "ckpt"
     argv = ARGS + ["--train-iters", str(ITERS), "--save", str(root), "--save-interval", "2"]
-    procs = _launch(kind, rank, iteration, argv, tmp_path)
-    waited = _wait(procs, rank)
+    with hosted_store() as meeting:  # the ranks meet at the test's store, as under torchrun
+        procs = _launch(kind, rank, iteration, argv, tmp_path, meeting)
+        waited = _wait(procs, rank)
     logs = {r: (tmp_path / f"rank{r}.log").read_text() for r in range(WORLD)}
     assert procs[rank].returncode == -signal.SIGKILL, logs[rank][-2000:]
     survivor = 1 - rank

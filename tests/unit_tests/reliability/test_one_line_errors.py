@@ -83,7 +83,7 @@ def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(GOOD + b'{"prompt": oops\n')
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2",
+        [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
          "pretrain_gpt.py", "--num-layers", "1", "--hidden-size", "16",
          "--num-attention-heads", "2", "--seq-length", "32", "--lr", "1e-3", "--train-iters",
          "2", "--eval-iters", "0", "--sft", "--data-path", str(path),
@@ -126,7 +126,7 @@ def test_metrics_path_naming_a_directory_is_one_line_under_torchrun(tmp_path):
     """Issue 21: --log-metrics-jsonl naming a directory failed on the last rank only, when it
     opened the file after the first step (a traceback, and the other rank blamed "a lost
     peer"). Now it is refused while parsing: one line, exit code 2."""
-    proc = _metrics_dir_run([str(Path(sys.executable).parent / "torchrun"),
+    proc = _metrics_dir_run([str(Path(sys.executable).parent / "torchrun"), "--standalone",
                              "--nproc-per-node", "2"], tmp_path)
     ours = [line for line in proc.stderr.splitlines() if line.startswith("pretrain_gpt.py: error")]
     assert ours == [f"pretrain_gpt.py: error: --log-metrics-jsonl {str(tmp_path)!r} is a "

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from megatron.varlen_training.checkpointing import TRACKER_FILENAME
-from tests.harness.multirank import find_free_port, run_distributed
+from tests.harness.multirank import run_distributed
+from tests.harness.rendezvous import hosted_store
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,11 +35,16 @@ def _run_driver(tmp_path, kind: str, rank: int, world: int, extra=()):
     """Runs the driver on ``world`` plain rank processes (each its own session, as under a
     terminal's process group per rank); returns (exit codes, stdout+stderr per rank, root)."""
     root = tmp_path / "ckpt"
-    port = find_free_port()
+    with hosted_store() as meeting:  # the ranks meet at the test's store, as under torchrun
+        return _run_ranks(kind, rank, world, extra, root, meeting)
+
+
+def _run_ranks(kind: str, rank: int, world: int, extra, root, meeting):
+    tmp_path = root.parent
     procs, logs = [], [tmp_path / f"rank{r}.log" for r in range(world)]
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
+                   **meeting, PYTHONWARNINGS="ignore",
                    OMP_NUM_THREADS="1", SAVE_FAULT_NOTES=str(tmp_path / "notes.txt"),
                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         with open(logs[r], "w") as log:

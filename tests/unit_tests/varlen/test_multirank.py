@@ -72,3 +72,15 @@ def _return_a_tensor():
 def test_tensors_survive_the_rank_exiting():
     first, second = run_distributed(_return_a_tensor, 2, timeout_s=60)
     assert torch.equal(first, torch.zeros(1000)) and torch.equal(second, torch.ones(1000))
+
+
+def _start_method_of_own_children() -> str:
+    import multiprocessing as mp
+
+    return mp.get_start_method()
+
+
+def test_cpu_ranks_fork_their_own_children():
+    """DataLoader workers (--num-workers) are forked as under torchrun, not started through a
+    fresh forkserver per rank (7 s of a 0.7 s run)."""
+    assert run_distributed(_start_method_of_own_children, 2, timeout_s=60) == ["fork", "fork"]

@@ -11,7 +11,6 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.harness.multirank import find_free_port
 
 REPO = Path(__file__).resolve().parents[3]
 SAVE_LIMIT_S = 30  # the bound for save() (start-up on a busy 2-core machine is extra)
@@ -40,8 +39,10 @@ def test_script_without_main_guard_saves_under_torchrun(tmp_path):
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(find_free_port()), str(script), str(tmp_path / "ckpt")]
+    # --standalone: torchrun binds its store on a port of the OS's choosing and holds it (a port
+    # picked first and bound later can be taken in between, by a neighbouring test)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               "2", str(script), str(tmp_path / "ckpt")]
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -3,13 +3,21 @@ order, that reading in the training process gives, across iterations and after a
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import torch
 
 from megatron.varlen_training.datasets.sample_reader import SampleReader
 
 BATCH = 3
+REPO = Path(__file__).resolve().parents[4]
 
 
 class _Squares(torch.utils.data.Dataset):
@@ -37,3 +45,110 @@ def test_workers_read_the_same_samples_in_the_same_order():
         assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(mine, theirs))
     assert {s["pid"] for batch in ahead for s in batch}.isdisjoint({os.getpid()})
     assert [s["sample_id"] for s in ahead[3]] == _indices_of(5)
+
+
+# --- the workers stop when the run ends ----------------------------------------------------
+
+WORKER_EXIT_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited, merely not yet waited for
+        return stat.read().split()[2] != "Z"
+
+
+def _wait_until_gone(pids: set[int]) -> set[int]:
+    deadline = time.monotonic() + WORKER_EXIT_S
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {pid for pid in pids if _alive(pid)}
+
+
+def test_close_stops_the_workers_and_a_later_read_starts_new_ones():
+    reader = SampleReader(_Squares(), _indices_of, len(_Squares()) // BATCH, num_workers=2)
+    first = {s["pid"] for s in reader.read(0)}
+    assert first and all(_alive(pid) for pid in first)
+    reader.close()
+    assert not _wait_until_gone(first), "worker processes outlived close()"
+    again = reader.read(1)  # reading after close starts workers again, at that iteration
+    assert [s["sample_id"] for s in again] == _indices_of(1)
+    reader.close()
+    reader.close()  # idempotent
+    assert not _wait_until_gone({s["pid"] for s in again})
+
+
+# pretrain_gpt.py's path on indexed data with Megatron-LM's default 2 reader workers, as a
+# 1-rank job in a process of its own that then leaves with os._exit, skipping finalizers, as the
+# test harness's ranks do -- and, like them, with the forkserver start method (Python's default
+# from 3.14), whose queues hold named semaphores (fork's are unlinked at once). Python's resource
+# tracker reports, when that process ends, every named semaphore the run left behind (14 per
+# rank; tools/benchmark_training.py ended with 336).
+LEAK_PROBE = textwrap.dedent("""
+    import multiprocessing, os, sys
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.pretrain import pretrain
+    from megatron.varlen_training.trainer import Trainer
+    from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
+
+    if __name__ == "__main__":
+        multiprocessing.set_start_method("forkserver")
+        prefix = sys.argv[1]
+        write_corpus(prefix, 200, seed=1)
+        argv = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+                "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "4",
+                "--lr", "1e-3", "--train-iters", "2", "--eval-iters", "0",
+                "--tokenizer-type", "ByteLevelTokenizer", "--data-path", prefix,
+                "--split", "100,0,0", "--num-workers", "2", "--sequence-packing"]
+        trainer = Trainer(parse_run_config(argv, world_size=1))
+        pretrain(trainer)
+        trainer.close()
+        print("trained", flush=True)
+        os._exit(0)
+""")
+
+
+PROBE_TIMEOUT_S = 240
+SESSION_END_S = 20.0  # the probe's helpers (forkserver, resource tracker) end after its exit
+
+
+def _session_processes(session: int) -> list[int]:
+    """Live (not zombie) processes of ``session``: the probe and whatever it started."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[3]) == session and fields[0] != "Z":  # fields: state, ppid, pgrp, session
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def test_a_run_with_reader_workers_leaks_no_semaphores(tmp_path):
+    """Packed, as the benchmark's document rows (unpacked runs read through the same reader).
+    The probe leads a session of its own: reader workers that outlive it fail the test (and
+    are killed), they cannot hold the test up."""
+    script, out, err = tmp_path / "probe.py", tmp_path / "out.txt", tmp_path / "err.txt"
+    script.write_text(LEAK_PROBE)
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "corpus")],
+                                stdout=stdout, stderr=stderr, cwd=REPO, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": ""})
+    try:
+        proc.wait(timeout=PROBE_TIMEOUT_S)
+        deadline = time.monotonic() + SESSION_END_S
+        while _session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _session_processes(proc.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0 and out.read_text().splitlines()[-1:] == ["trained"], \
+        err.read_text()[-3000:]
+    assert not left, f"processes {left} of the run outlived it (reader workers not stopped)"
+    assert "leaked" not in err.read_text(), err.read_text()[-3000:]
