@@ -217,6 +217,16 @@ class _FunctionRecorder(TorchFunctionMode):
                    for t in [*args[1:], kwargs.get("device")])
 
 
+@contextlib.contextmanager
+def _phase_of(recorder, name: str) -> Iterator[None]:
+    """Inside the block, ``recorder._phase`` is ``name``; the outer phase comes back after."""
+    outer, recorder._phase = recorder._phase, name
+    try:
+        yield
+    finally:
+        recorder._phase = outer
+
+
 class HostSyncGuard:
     """Records the host syncs made inside ``with guard:`` (see the module docstring).
 
@@ -280,14 +290,9 @@ class HostSyncGuard:
         finally:
             self._allowed_depth -= 1
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
         """Syncs inside this block are tagged ``name`` (e.g. forward, backward, optimizer)."""
-        outer, self._phase = self._phase, name
-        try:
-            yield
-        finally:
-            self._phase = outer
+        return _phase_of(self, name)
 
     def by_site(self, phase: Optional[str] = None) -> list[tuple[str, str, int]]:
         """[(op, site, count)] of ``syncs`` (of one ``phase``: all when None), most frequent
@@ -349,14 +354,9 @@ class DispatchCounts(TorchDispatchMode):
         self._phase = ""
         self._paused = 0
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
         """Operations inside this block count under phase ``name``."""
-        outer, self._phase = self._phase, name
-        try:
-            yield
-        finally:
-            self._phase = outer
+        return _phase_of(self, name)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
