@@ -138,10 +138,9 @@ def measure(config: str, num_sequences: int, cli) -> dict:
     from megatron.varlen_training.pretrain import build_data_providers
     from megatron.varlen_training.trainer import Trainer
     from megatron.varlen_training.training import train_step
-    from tools.benchmark_gpu import free_port, use_device
+    from tools.benchmark_gpu import use_device
 
-    use_device("cpu")
-    os.environ["MASTER_PORT"] = str(free_port())
+    use_device("cpu")  # one process: it hosts its own rendezvous store (initialize.py)
     iters = cli.warmup + cli.timed + 1
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as lengths:
         lengths.write(f"{cli.tokens // num_sequences}\n")

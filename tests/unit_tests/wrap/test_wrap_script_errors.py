@@ -18,7 +18,7 @@ from pathlib import Path
 
 from megatron.varlen_training import checkpointing
 from megatron.wrap import MegatronWrap
-from tests.harness.multirank import find_free_port, run_distributed
+from tests.harness.multirank import run_distributed
 from tests.unit_tests.wrap.test_wrap_main_guard import _kill_tree
 
 REPO = Path(__file__).resolve().parents[3]
@@ -73,8 +73,9 @@ def _run(tmp_path, name: str, ranks: int | None = None, *args: str):
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     launcher = [sys.executable] if ranks is None else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-        "--master-port", str(find_free_port())]
+        # --standalone: torchrun holds a rendezvous port of the OS's choosing (no port race)
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+        str(ranks)]
     proc = subprocess.Popen([*launcher, str(_script(tmp_path, name)), *args], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
