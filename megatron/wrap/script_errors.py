@@ -18,7 +18,8 @@ import atexit
 import os
 import sys
 
-from megatron.varlen_training.errors import ONE_LINE_ERRORS, USAGE_EXIT_CODE, print_error_line
+from megatron.varlen_training.errors import (ONE_LINE_ERRORS, USAGE_EXIT_CODE,
+                                              flush_standard_streams, print_error_line)
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.wrap.config import ConfigError
 from megatron.wrap.main_guard import MissingMainGuardError
@@ -57,8 +58,7 @@ class _ScriptErrorHook:
         # (the facade's print/warnings restore, megatron-core's, the user's) and leave with
         # the error's code.
         atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flush_standard_streams()
         os._exit(exit_code(error))
 
 

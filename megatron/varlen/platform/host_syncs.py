@@ -138,8 +138,8 @@ def _tensors(values) -> Iterator[torch.Tensor]:
             yield from _tensors(value)
 
 
-def _bool_index(args) -> bool:
-    indices = args[1] if len(args) > 1 else ()
+def _bool_index(op_args) -> bool:
+    indices = op_args[1] if len(op_args) > 1 else ()
     return any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(indices or ()))
 
 
