@@ -68,13 +68,13 @@ def print_error_line(prog: str, message: object, every_rank: bool = False) -> No
         print(f"{prog}: error: {one_line(message)}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
 def flush_standard_streams() -> None:
     """Pushes out what the process printed (before an ``os._exit``, which skips it)."""
     sys.stdout.flush()
     sys.stderr.flush()
 
 
+@contextlib.contextmanager
 def exit_on_user_errors(prog: str):
     """Prints a :data:`ONE_LINE_ERRORS` error once (global rank 0) and exits with its code; a
     Ctrl-C (outside a save, which reports its own) ends in one line and exit code 130."""
