@@ -92,26 +92,21 @@ def call_sites(step, iteration: int) -> collections.Counter:
     """Torch function calls ``step(iteration)`` makes from Python, by (function, call site)."""
     import torch
 
+    from megatron.varlen.platform.host_syncs import short_path
+
     counts: collections.Counter = collections.Counter()
 
     class Counting(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             frames = [f for f in traceback.extract_stack()[:-1]
                       if not any(part in f.filename for part in _LIBRARY_FRAGMENTS)]
-            where = f"{_short(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+            where = f"{short_path(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
             counts[(getattr(func, "__name__", str(func)), where)] += 1
             return func(*args, **(kwargs or {}))
 
     with Counting():
         step(iteration)
     return counts
-
-
-def _short(path: str) -> str:
-    for marker in ("site-packages/", "/megatron/", "/tools/"):
-        if marker in path:
-            return path[path.index(marker) + (len(marker) if marker == "site-packages/" else 1):]
-    return path
 
 
 def _device_us(event) -> float:

@@ -56,12 +56,9 @@ def _own_frames(stack) -> list:
 
 
 def _site(frame) -> str:
-    path = frame.filename
-    for marker in ("site-packages/", "/megatron/", "/tools/", "/tests/"):
-        if marker in path:
-            path = path[path.index(marker) + (len(marker) if marker == "site-packages/" else 1):]
-            break
-    return f"{path}:{frame.lineno}"
+    from megatron.varlen.platform.host_syncs import short_path  # torch: imported when used
+
+    return f"{short_path(frame.filename)}:{frame.lineno}"
 
 
 def _region_frames(stack) -> list:
