@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from megatron.varlen.packing.cp_split import CHUNKS_PER_RANK
+from megatron.varlen.packing.cp_split import CHUNKS_PER_RANK, concat_ranges
 from megatron.varlen.packing.packed_seq import host_boundaries, host_to_device
 
 
@@ -64,18 +64,10 @@ class AttentionPlan:
 
 
 def _ranges(starts: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
-    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised, int64.
-
-    One ``repeat_interleave`` whose output size is given (the host knows it): row j of run i is
-    ``j + (starts[i] - where run i begins in the output)``.
-    """
-    total = sum(int(n) for n in lengths)
-    if total == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    starts_t = torch.tensor(list(starts), dtype=torch.int64)
-    lengths_t = torch.tensor(list(lengths), dtype=torch.int64)
-    shift = starts_t - (torch.cumsum(lengths_t, 0) - lengths_t)
-    return torch.arange(total) + torch.repeat_interleave(shift, lengths_t, output_size=total)
+    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])`` of host ints, int64 (the
+    CP split's :func:`~megatron.varlen.packing.cp_split.concat_ranges`)."""
+    return concat_ranges(torch.tensor(list(starts), dtype=torch.int64),
+                         torch.tensor(list(lengths), dtype=torch.int64))
 
 
 def _is_identity_run(starts: Sequence[int], lengths: Sequence[int], size: int) -> bool:
