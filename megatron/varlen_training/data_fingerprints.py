@@ -22,11 +22,16 @@ import hashlib
 import os
 
 from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, file_digest
+from megatron.varlen_training.datasets.sft_arrow import (
+    ARROW_SUFFIX,
+    PARQUET_SUFFIX,
+    SAVE_TO_DISK_MARKER,
+)
 
 # The files of a folder the SFT reader may read (datasets/sft_arrow.py): Parquet shards, the
 # Arrow files of a save_to_disk folder and the state.json that lists them.
-FOLDER_DATA_SUFFIXES = (".parquet", ".arrow")
-FOLDER_INDEX_FILES = ("state.json",)
+FOLDER_DATA_SUFFIXES = (PARQUET_SUFFIX, ARROW_SUFFIX)
+FOLDER_INDEX_FILES = (SAVE_TO_DISK_MARKER,)
 FILES_KEY = "files"  # a folder's per-file entries: [name, size, sha256]
 # Fingerprints this process computed: (resolved path, size, mtime) -> fingerprint.
 _FINGERPRINTS: dict[tuple, dict] = {}
