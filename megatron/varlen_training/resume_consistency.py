@@ -32,7 +32,10 @@ the LR/WD schedule. On ``--load``:
   start would not be affordable); a weight is compared as spelled.
 - optimizer layout: the state of ``--use-distributed-optimizer`` (sharded over data-parallel
   ranks) and of the plain optimizer (per parameter) are stored differently and not converted:
-  toggling the flag on resume is refused.
+  toggling the flag on resume is refused. Expert parallelism: megatron-core keeps the experts'
+  state in an optimizer of its own only with EP > 1, so EP 1 <-> > 1 is refused; EP 2 <-> 4
+  resumes (the experts' state is resharded by their global index), except with
+  ``--use-distributed-optimizer``, whose format reshards over data-parallel ranks only.
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
   flags win; the number of samples already consumed is kept) or
@@ -268,16 +271,31 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     if parts.optimizer and saved_layout is not None \
             and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
-    saved_ep = saved.get(EXPERT_PARALLEL_KEY) or 1
-    if parts.optimizer and (saved_ep > 1) != (mine[EXPERT_PARALLEL_KEY] > 1):
-        raise CheckpointError(
-            f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, "
-            f"this run has {mine[EXPERT_PARALLEL_KEY]}: megatron-core keeps a separate expert "
-            f"optimizer only with expert parallelism, so the optimizer states do not convert "
-            f"between 1 and > 1 (resume with {'> 1' if saved_ep > 1 else '1'})")
+    if parts.optimizer and (problem := _expert_parallel_mismatch(saved, mine)):
+        raise CheckpointError(problem)
     if check_data and not parts.finetune and mine["data_entries"] is not None:
         return check_data_sources(saved, run) or note  # None: megatron.wrap's own batches
     return note
+
+
+def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
+    """Why the optimizer state cannot follow an expert-parallel size change, or None. Without
+    the distributed optimizer megatron-core reshards the experts' state by their global index
+    (EP 2 <-> 4 resumes); its ``dp_reshardable`` format reshards over data-parallel ranks only,
+    and a new EP size changes both the expert data-parallel groups and what each rank holds."""
+    saved_ep, ep = saved.get(EXPERT_PARALLEL_KEY) or 1, mine[EXPERT_PARALLEL_KEY]
+    said = (f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, "
+            f"this run has {ep}")
+    if (saved_ep > 1) != (ep > 1):
+        return (f"{said}: megatron-core keeps a separate expert optimizer only with expert "
+                f"parallelism, so the optimizer states do not convert between 1 and > 1 "
+                f"(resume with {'> 1' if saved_ep > 1 else '1'})")
+    if saved_ep != ep and mine[OPTIMIZER_LAYOUT_KEY]:
+        return (f"{said}, both with --use-distributed-optimizer: its state "
+                f"(megatron-core's dp_reshardable format) reshards over data-parallel ranks only, "
+                f"not across expert-parallel sizes (resume with --expert-model-parallel-size "
+                f"{saved_ep})")
+    return None
 
 
 def _optimizer_layout_mismatch(saved_distributed: bool) -> str:
