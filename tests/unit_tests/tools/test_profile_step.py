@@ -1,8 +1,9 @@
 """tools/profile_step.py runs end to end on CPU (tiny shape): the step summary, the operator
 table and the call-site counts; its GPU numbers come from a GPU session (results/gpu).
 
-Two runs, started together: the smoke run (packed and reference) and the packed step with
-``--megatron-core-rope``; the smoke run's packed section is the switch's other side."""
+Two runs: the smoke run (packed and reference) and the packed step with
+``--megatron-core-rope``; the smoke run's packed section is the switch's other side (it was a
+third run of its own)."""
 
 import subprocess
 import sys
@@ -20,21 +21,13 @@ RUNS = {"smoke": ["--configs", "packed,reference"],
 
 @pytest.fixture(scope="module")
 def outputs() -> dict[str, str]:
-    """Each run's stdout (both processes run at once; each must exit 0)."""
-    procs = {name: subprocess.Popen(TINY_CPU + argv, cwd=REPO, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for name, argv in RUNS.items()}
+    """Each run's stdout (each must exit 0)."""
     done = {}
-    try:
-        for name, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-            assert proc.returncode == 0, (name, stderr[-3000:])
-            done[name] = stdout
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    for name, argv in RUNS.items():
+        proc = subprocess.run(TINY_CPU + argv, cwd=REPO, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        done[name] = proc.stdout
     return done
 
 
