@@ -35,7 +35,8 @@ the LR/WD schedule. On ``--load``:
   toggling the flag on resume is refused. Expert parallelism: megatron-core keeps the experts'
   state in an optimizer of its own only with EP > 1, so EP 1 <-> > 1 is refused; EP 2 <-> 4
   resumes (the experts' state is resharded by their global index), except with
-  ``--use-distributed-optimizer``, whose format reshards over data-parallel ranks only.
+  ``--use-distributed-optimizer``, whose format reshards over data-parallel ranks only (the
+  weights still reshard: ``--no-load-optim`` loads them alone).
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
   flags win; the number of samples already consumed is kept) or
@@ -294,7 +295,7 @@ def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
         return (f"{said}, both with --use-distributed-optimizer: its state "
                 f"(megatron-core's dp_reshardable format) reshards over data-parallel ranks only, "
                 f"not across expert-parallel sizes (resume with --expert-model-parallel-size "
-                f"{saved_ep})")
+                f"{saved_ep}, or add --no-load-optim to load the weights only)")
     return None
 
 

@@ -21,7 +21,7 @@ from tests.unit_tests.varlen_training.test_moe_equivalence import GPT, PACKED
 RTOL = 1e-5
 METRICS = ("lm_loss", "seq_load_balancing_loss", "z_loss", "grad_norm")
 WORLD = 4  # EP 4 with 4 experts needs 4 ranks
-LAUNCH_TIMEOUT_S = 480  # twelve tiny runs; 4 ranks share 2 cores on the CI machine
+LAUNCH_TIMEOUT_S = 480  # thirteen tiny runs; 4 ranks share 2 cores on the CI machine
 EP1 = ["--expert-model-parallel-size", "1"]
 EP2 = ["--expert-model-parallel-size", "2"]
 EP4 = ["--expert-model-parallel-size", "4"]
@@ -66,6 +66,8 @@ def _planned_runs(folder) -> dict[str, list[str]]:
         "ep4_to_ep2": BASE + EP2 + ["--load", str(ep4)],
         "ep2_to_ep1": BASE + EP1 + ["--load", str(ep2)],
         "ep2_to_ep4_distributed": BASE + EP4 + DISTRIBUTED + ["--load", str(ep2_distributed)],
+        "ep2_to_ep4_distributed_weights": BASE + EP4 + DISTRIBUTED + [
+            "--load", str(ep2_distributed), "--no-load-optim"],
         "dense_to_moe": BASE + EP2 + ["--load", str(dense)],
     }
 
@@ -112,7 +114,17 @@ def test_expert_parallel_change_with_distributed_optimizer_is_one_line(runs):
         "--load: the checkpoint was saved with --expert-model-parallel-size 2, this run has 4, "
         "both with --use-distributed-optimizer: its state (megatron-core's dp_reshardable "
         "format) reshards over data-parallel ranks only, not across expert-parallel sizes "
-        "(resume with --expert-model-parallel-size 2)")
+        "(resume with --expert-model-parallel-size 2, or add --no-load-optim to load the "
+        "weights only)")
+
+
+def test_expert_parallel_change_with_distributed_optimizer_keeps_the_weights(runs):
+    """--no-load-optim (the refusal's other remedy): the experts' weights reshard, so the
+    first resumed loss, computed before any update, is the straight run's at iteration 3."""
+    got = runs["ep2_to_ep4_distributed_weights"]["history"]
+    assert len(got) == 2
+    assert got[0]["lm_loss"] == pytest.approx(runs["straight_ep4"]["history"][2]["lm_loss"],
+                                              rel=RTOL)
 
 
 def test_dense_checkpoint_is_not_an_moe_model(runs):
