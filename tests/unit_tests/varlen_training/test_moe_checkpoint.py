@@ -111,11 +111,10 @@ def test_expert_parallel_change_with_distributed_optimizer_is_one_line(runs):
     data-parallel groups the checkpoint does not have."""
     assert len(runs["save_ep2_distributed"]["history"]) == 2
     assert runs["ep2_to_ep4_distributed"]["refusal"] == (
-        "--load: the checkpoint was saved with --expert-model-parallel-size 2, this run has 4, "
-        "both with --use-distributed-optimizer: its state (megatron-core's dp_reshardable "
-        "format) reshards over data-parallel ranks only, not across expert-parallel sizes "
-        "(resume with --expert-model-parallel-size 2, or add --no-load-optim to load the "
-        "weights only)")
+        "--load: the checkpoint's distributed optimizer state was saved with "
+        "--expert-model-parallel-size 2, this run has 4: its format (megatron-core's "
+        "dp_reshardable) reshards over data-parallel ranks only (resume with "
+        "--expert-model-parallel-size 2, or add --no-load-optim to load the weights only)")
 
 
 def test_expert_parallel_change_with_distributed_optimizer_keeps_the_weights(runs):
