@@ -32,7 +32,11 @@ the LR/WD schedule. On ``--load``:
   start would not be affordable); a weight is compared as spelled.
 - optimizer layout: the state of ``--use-distributed-optimizer`` (sharded over data-parallel
   ranks) and of the plain optimizer (per parameter) are stored differently and not converted:
-  toggling the flag on resume is refused.
+  toggling the flag on resume is refused. Expert parallelism: megatron-core keeps the experts'
+  state in an optimizer of its own only with EP > 1, so EP 1 <-> > 1 is refused; EP 2 <-> 4
+  resumes (the experts' state is resharded by their global index). ``--use-distributed-optimizer``
+  state reshards over data-parallel ranks only: a changed TP, PP or EP size is refused with it
+  (the weights still reshard: ``--no-load-optim`` loads them alone).
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
   flags win; the number of samples already consumed is kept) or
@@ -90,6 +94,12 @@ OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 # With expert parallelism megatron-core keeps the experts' optimizer state in an optimizer of
 # its own (a chained optimizer): EP 1 and EP > 1 checkpoints have different optimizer layouts.
 EXPERT_PARALLEL_KEY = "expert_model_parallel_size"
+PIPELINE_PARALLEL_KEY = "pipeline_model_parallel_size"
+# The sizes --use-distributed-optimizer's state (megatron-core's dp_reshardable format: one shard
+# per data-parallel group of buffers) cannot change: only data parallelism reshards it.
+SHARDED_OPTIMIZER_SIZES = {"tensor_model_parallel_size": "--tensor-model-parallel-size",
+                           PIPELINE_PARALLEL_KEY: "--pipeline-model-parallel-size",
+                           EXPERT_PARALLEL_KEY: "--expert-model-parallel-size"}
 DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
 # Recorded for messages, not compared: the padded vocabulary's inputs (it is derived, not a
 # flag), --seq-length (which --max-position-embeddings follows unless given) and --data-path
@@ -150,6 +160,7 @@ def _recorded_values(run: RunConfig) -> dict:
         **{INDEXED_SAMPLES_KEY: data.train_samples if data.indexed else None},
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=run.parallel.pipeline_model_parallel_size,
         seq_length=model.seq_length,
         data_path=list(data.data_path) if data.data_path is not None else None)
     return values
@@ -158,8 +169,8 @@ def _recorded_values(run: RunConfig) -> dict:
 def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
     values = _recorded_values(run)
-    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY) + DATA_ORDER_KEYS \
-        + _CONTEXT_KEYS
+    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, PIPELINE_PARALLEL_KEY) \
+        + DATA_ORDER_KEYS + _CONTEXT_KEYS
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
@@ -268,16 +279,41 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     if parts.optimizer and saved_layout is not None \
             and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
-    saved_ep = saved.get(EXPERT_PARALLEL_KEY) or 1
-    if parts.optimizer and (saved_ep > 1) != (mine[EXPERT_PARALLEL_KEY] > 1):
-        raise CheckpointError(
-            f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, "
-            f"this run has {mine[EXPERT_PARALLEL_KEY]}: megatron-core keeps a separate expert "
-            f"optimizer only with expert parallelism, so the optimizer states do not convert "
-            f"between 1 and > 1 (resume with {'> 1' if saved_ep > 1 else '1'})")
+    if parts.optimizer and (problem := _expert_parallel_mismatch(saved, mine)
+                            or _sharded_optimizer_mismatch(saved, mine)):
+        raise CheckpointError(problem)
     if check_data and not parts.finetune and mine["data_entries"] is not None:
         return check_data_sources(saved, run) or note  # None: megatron.wrap's own batches
     return note
+
+
+def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
+    """Why the optimizer state cannot follow an EP 1 <-> > 1 change, or None: megatron-core
+    keeps the experts' state in an optimizer of its own only with expert parallelism. Between
+    sizes > 1 the plain optimizer's state is resharded by global expert index."""
+    saved_ep, ep = saved.get(EXPERT_PARALLEL_KEY) or 1, mine[EXPERT_PARALLEL_KEY]
+    if (saved_ep > 1) == (ep > 1):
+        return None
+    return (f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, "
+            f"this run has {ep}: megatron-core keeps a separate expert optimizer only with "
+            f"expert parallelism, so the optimizer states do not convert between 1 and > 1 "
+            f"(resume with {'> 1' if saved_ep > 1 else '1'})")
+
+
+def _sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:
+    """Why --use-distributed-optimizer's state cannot follow a model-parallel size change, or
+    None (:data:`SHARDED_OPTIMIZER_SIZES`; unchecked, megatron-core stops every rank with a
+    KeyError for the state of data-parallel groups the checkpoint does not have). Checkpoints
+    saved before a size was recorded are not checked for it."""
+    if not mine[OPTIMIZER_LAYOUT_KEY]:
+        return None
+    for key, flag in SHARDED_OPTIMIZER_SIZES.items():
+        if saved.get(key) is not None and saved[key] != mine[key]:
+            return (f"--load: the checkpoint's distributed optimizer state was saved with "
+                    f"{flag} {saved[key]}, this run has {mine[key]}: its format (megatron-core's "
+                    f"dp_reshardable) reshards over data-parallel ranks only (resume with "
+                    f"{flag} {saved[key]}, or add --no-load-optim to load the weights only)")
+    return None
 
 
 def _optimizer_layout_mismatch(saved_distributed: bool) -> str:

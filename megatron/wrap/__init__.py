@@ -3,12 +3,11 @@
     from megatron.wrap import MegatronWrap, register_flow, GPTFlow
 
 See docs/WRAP.md (facade, flows) and docs/WRAP_CONFIG.md (config tree, logging). Names are
-imported on first use (PEP 562): building a config (``megatron.wrap.config``) never imports
-torch.
+imported on first use (:mod:`megatron.varlen.lazy_exports`): building a config
+(``megatron.wrap.config``) never imports torch.
 """
 
-import importlib
-
+from megatron.varlen.lazy_exports import lazy_exports
 from megatron.varlen_training.warning_filters import silence_known_warnings
 
 # As pretrain_gpt.py: megatron-core's expected start-up warnings (no Apex/TE on CPU, ...) would
@@ -31,12 +30,7 @@ _EXPORTS = {
     "ConfigError": "megatron.wrap.config",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__():

@@ -33,8 +33,6 @@ DESCRIPTIONS = {
 # Accepted flag values that name another scheduler. Megatron-LM's early prototypes called
 # dp_balanced "default"; old command lines keep working. It is unrelated to default_dynamic_cp.
 ALIASES = {"default": DP_BALANCED}
-# Static schedulers keep every sequence on its static CP group.
-STATIC_SCHEDULERS = frozenset({DP_BALANCED, EMPTY, *ALIASES})
 
 
 def scheduler_names() -> tuple[str, ...]:

@@ -5,11 +5,12 @@ tools/preprocess_data.py.
 Every dataset returns samples in the format documented in :mod:`.sample`;
 :func:`build_datasets` picks the datasets from the command line. The mock SFT dataset's length
 distributions live below the scheduler, in :mod:`megatron.varlen.packing.length_distributions`.
-Names are imported on first use (PEP 562): tools/preprocess_data.py imports the preprocessing
-without the training layer's heavier imports (and their import-time warnings).
+Names are imported on first use (:mod:`megatron.varlen.lazy_exports`): tools/preprocess_data.py
+imports the preprocessing without the training layer's heavier imports (and their import-time
+warnings).
 """
 
-import importlib
+from megatron.varlen.lazy_exports import lazy_exports
 
 _BUILDER = "megatron.varlen_training.datasets.builder"
 _MOCK = "megatron.varlen_training.datasets.mock"
@@ -24,9 +25,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

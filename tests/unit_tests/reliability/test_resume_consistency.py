@@ -137,6 +137,41 @@ def test_distributed_optimizer_toggle_is_refused(tmp_path, saved_with, resumed_w
                        f"--use-distributed-optimizer to resume")
 
 
+def _losses_or_refusals(runs: list[list[str]]) -> list:
+    """Each run in turn on this rank: its lm losses, or its load's one-line refusal."""
+    out = []
+    for argv in runs:
+        try:
+            out.append([step["lm_loss"] for step in train_on_this_rank(argv)["history"]])
+        except CheckpointError as err:
+            out.append(str(err))
+    return out
+
+
+def test_model_parallel_change_with_distributed_optimizer_is_one_line(tmp_path):
+    """--use-distributed-optimizer's state (dp_reshardable) reshards over data-parallel ranks
+    only; a TP or PP change ended in a KeyError traceback per rank from megatron-core. Refused
+    in one line; --no-load-optim loads the weights alone (the first resumed loss, before any
+    update, is the straight run's). One 2-rank launch."""
+    args = TINY_GPT_ARGS + ["--lr-decay-iters", "4", "--use-distributed-optimizer"]
+    load = ["--train-iters", "3", "--load", str(tmp_path)]
+    runs = [args + ["--train-iters", "2", "--save", str(tmp_path)], args + ["--train-iters", "3"],
+            args + load + ["--tensor-model-parallel-size", "2"],
+            args + load + ["--pipeline-model-parallel-size", "2"],
+            args + load + ["--tensor-model-parallel-size", "2", "--no-load-optim"]]
+    rank0 = run_distributed(_losses_or_refusals, 2, args=(runs,), timeout_s=240)[0]
+    saved, straight, tp2, pp2, weights_only = rank0
+    assert len(saved) == 2 and len(straight) == 3
+    for refusal, flag in ((tp2, "--tensor-model-parallel-size"),
+                          (pp2, "--pipeline-model-parallel-size")):
+        assert refusal == (
+            f"--load: the checkpoint's distributed optimizer state was saved with {flag} 1, "
+            f"this run has 2: its format (megatron-core's dp_reshardable) reshards over "
+            f"data-parallel ranks only (resume with {flag} 1, or add --no-load-optim to load "
+            f"the weights only)")
+    assert weights_only[0] == pytest.approx(straight[2], rel=1e-5)
+
+
 # --- Issue 21, observation 7: data identity is content, not spelling -----------------------
 
 SFT_SAMPLES = 24

@@ -1,34 +1,52 @@
 """tools/profile_step.py runs end to end on CPU (tiny shape): the step summary, the operator
-table and the call-site counts; its GPU numbers come from a GPU session (results/gpu)."""
+table and the call-site counts; its GPU numbers come from a GPU session (results/gpu).
+
+Two runs: the smoke run (packed and reference) and the packed step with
+``--megatron-core-rope``; the smoke run's packed section is the switch's other side (it was a
+third run of its own)."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
+TIMEOUT_S = 240
+TINY_CPU = [sys.executable, str(REPO / "tools" / "profile_step.py"), "--device", "cpu",
+            "--tiny", "--steps", "1"]
+RUNS = {"smoke": ["--configs", "packed,reference"],
+        "megatron_core_rope": ["--configs", "packed", "--megatron-core-rope"]}
 
 
-def test_profile_step_smoke_run_on_cpu():
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "profile_step.py"), "--device",
-                           "cpu", "--tiny", "--configs", "packed,reference", "--steps", "1"],
-                          capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+@pytest.fixture(scope="module")
+def outputs() -> dict[str, str]:
+    """Each run's stdout (each must exit 0)."""
+    done = {}
+    for name, argv in RUNS.items():
+        proc = subprocess.run(TINY_CPU + argv, cwd=REPO, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        done[name] = proc.stdout
+    return done
+
+
+def _section(stdout: str, config: str) -> str:
+    """One configuration's lines: from its ``=== config:`` line to the next ``=== `` line."""
+    start = stdout.index(f"=== {config}: ")
+    end = stdout.find("\n=== ", start + 1)
+    return stdout[start:] if end < 0 else stdout[start:end]
+
+
+def test_profile_step_smoke_run_on_cpu(outputs):
     for config in ("packed", "reference"):
-        assert f"=== {config}: " in proc.stdout and "ms per step" in proc.stdout
-        assert f"--- {config}: " in proc.stdout
-    assert "megatron/" in proc.stdout  # call sites are named by repository path
+        section = _section(outputs["smoke"], config)
+        assert "ms per step" in section and f"--- {config}: " in section
+    assert "megatron/" in outputs["smoke"]  # call sites are named by repository path
 
 
-def test_megatron_core_rope_switch():
+def test_megatron_core_rope_switch(outputs):
     """``--megatron-core-rope``: the packed step's RoPE is megatron-core's (its call sites show
     up); without it, one table per micro-batch (none of megatron-core's RoPE call sites)."""
-    outputs = {}
-    for flag in ([], ["--megatron-core-rope"]):
-        proc = subprocess.run([sys.executable, str(REPO / "tools" / "profile_step.py"),
-                               "--device", "cpu", "--tiny", "--configs", "packed", "--steps",
-                               "1", *flag], capture_output=True, text=True, timeout=240,
-                              cwd=REPO)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        outputs[bool(flag)] = proc.stdout
-    assert "rope_utils.py" in outputs[True]
-    assert "rope_utils.py" not in outputs[False]
+    assert "rope_utils.py" in _section(outputs["megatron_core_rope"], "packed")
+    assert "rope_utils.py" not in _section(outputs["smoke"], "packed")

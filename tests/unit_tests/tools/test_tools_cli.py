@@ -14,10 +14,13 @@ a scratch folder that holds only the installed packages of this checkout (``mega
 shared with megatron-core) + this interpreter's site-packages (torch, megatron-core, ...). That
 is what ``pip install -e .`` gives, minus the ``.pth``: ``tools``/``tests`` are importable only
 if the tool makes the repository root importable itself (tools/_repo_root.py). It starts no
-installer and needs no network, so it is fast enough for every run of the suite.
+installer and needs no network, and one interpreter answers every tool's ``--help``
+(tool_help_driver.py: each tool started as Python would start it alone, the repository's
+modules forgotten between tools), so it is fast enough for every run of the suite.
 """
 
 import ast
+import json
 import os
 import site
 import subprocess
@@ -29,7 +32,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "tools"
 TIMEOUT_S = 240
-MAX_PARALLEL = 4  # --help imports torch and megatron-core: a few at a time on a small machine
+HELP_DRIVER = Path(__file__).with_name("tool_help_driver.py")
 INSTALLED_PACKAGES = ("varlen", "varlen_training", "wrap")  # pyproject's packages under megatron
 BOOTSTRAP = "tools/_repo_root.py"
 
@@ -67,31 +70,33 @@ def user_environment(tmp_path_factory) -> dict[str, str]:
     return {**keep, "PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
 
 
-def test_the_user_environment_lacks_the_repository(user_environment):
+@pytest.fixture(scope="module")
+def tools_help(user_environment, tmp_path_factory) -> dict:
+    """What the user's environment gives (``environment``) and each tool's ``--help``
+    (``tools``: exit code, whether stdout shows a usage, stderr's last line), from one
+    ``python -S`` process (tool_help_driver.py)."""
+    folder = tmp_path_factory.mktemp("tools_help")
+    commands, result = folder / "commands.json", folder / "result.json"
+    commands.write_text(json.dumps(_commands()))
+    done = subprocess.run([sys.executable, "-S", str(HELP_DRIVER), str(commands), str(result)],
+                          cwd=REPO, env=user_environment, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(result.read_text())
+
+
+def test_the_user_environment_lacks_the_repository(tools_help):
     """The check would prove nothing if ``tools`` or ``tests`` imported there anyway."""
-    probe = ("import importlib.util as u; import megatron.varlen_training, megatron.core; "
-             "print(u.find_spec('tools'), u.find_spec('tests'))")
-    result = subprocess.run([sys.executable, "-S", "-c", probe], cwd="/", env=user_environment,
-                            capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["None", "None"]
+    assert tools_help["environment"] == {"tools": False, "tests": False}
 
 
-def test_every_tool_answers_help_from_the_repo_root(user_environment):
-    commands = _commands()
-    assert len(commands) >= 10  # the globs found the tools
-    assert "schedule_corpus.py" in commands  # ... and the scripts inside tool packages
-    failures, pending = {}, list(commands.items())
-    while pending:
-        batch, pending = pending[:MAX_PARALLEL], pending[MAX_PARALLEL:]
-        runs = {name: subprocess.Popen([sys.executable, "-S", *argv, "--help"], cwd=REPO,
-                                       env=user_environment, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
-                for name, argv in batch}
-        for name, process in runs.items():
-            stdout, stderr = process.communicate(timeout=TIMEOUT_S)
-            if process.returncode != 0 or "usage:" not in stdout:
-                failures[name] = (process.returncode, stderr.strip().splitlines()[-1:])
+def test_every_tool_answers_help_from_the_repo_root(tools_help):
+    answers = tools_help["tools"]
+    assert sorted(answers) == sorted(_commands())
+    assert len(answers) >= 10  # the globs found the tools
+    assert "schedule_corpus.py" in answers  # ... and the scripts inside tool packages
+    failures = {name: (answer["code"], answer["stderr_tail"]) for name, answer in answers.items()
+                if answer["code"] != 0 or not answer["usage"]}
     assert failures == {}
 
 

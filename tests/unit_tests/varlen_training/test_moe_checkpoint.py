@@ -1,58 +1,131 @@
 """MoE checkpoints (megatron-core's dist_checkpointing of the experts): 2 + save + load + 2
-iterations == 4 iterations, with expert parallelism 2, and resumed on EP1 from an EP2 save
-(the experts are resharded by megatron-core; lm loss and balancing losses within 1e-5)."""
+iterations == the straight 4 iterations at the resumed layout (lm loss, balancing losses and
+grad norm within 1e-5), at an unchanged expert-parallel size and across sizes > 1 (EP 2 -> 4
+and 4 -> 2: megatron-core reshards the experts and their optimizer state by global expert
+index). What cannot be resharded is refused in one line before megatron-core reads the
+checkpoint: EP 1 <-> > 1 (a separate expert optimizer exists only with EP > 1), an EP change
+with the distributed optimizer (its dp_reshardable format reshards over data-parallel ranks
+only), and a dense checkpoint loaded into an MoE model.
+
+Every run shares one 4-rank launch (starting 4 ranks costs more than a tiny run): a small
+multi-rank test with an explicit timeout, about a minute on 2 shared cores.
+"""
 
 import pytest
 
+from megatron.varlen_training.errors import CheckpointError
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import loss_owner_history, train_on_this_rank
+from tests.harness.training_runs import train_on_this_rank
 from tests.unit_tests.varlen_training.test_moe_equivalence import GPT, PACKED
 
 RTOL = 1e-5
 METRICS = ("lm_loss", "seq_load_balancing_loss", "z_loss", "grad_norm")
+WORLD = 4  # EP 4 with 4 experts needs 4 ranks
+LAUNCH_TIMEOUT_S = 480  # thirteen tiny runs; 4 ranks share 2 cores on the CI machine
+EP1 = ["--expert-model-parallel-size", "1"]
 EP2 = ["--expert-model-parallel-size", "2"]
+EP4 = ["--expert-model-parallel-size", "4"]
+DISTRIBUTED = ["--use-distributed-optimizer"]
+BASE = GPT + PACKED + ["--train-iters", "4", "--lr-decay-iters", "4"]
+_CUT = GPT.index("--num-experts")
+DENSE = (GPT[:_CUT] + ["--disable-bias-linear"] + GPT[GPT.index("--hidden-size"):] + PACKED
+         + ["--train-iters", "4", "--lr-decay-iters", "4"])
 
 
-def _run(argv, world=2):
-    return loss_owner_history(run_distributed(train_on_this_rank, world, args=(argv,),
-                                              timeout_s=300))
+def _save_at_2(folder) -> list[str]:
+    return ["--exit-interval", "2", "--save", str(folder), "--save-interval", "2"]
 
 
-def _history(argv, world=2):
-    return [{key: step[key] for key in METRICS} for step in _run(argv, world)]
+def _metrics_or_refusal(argv: list[str]) -> dict:
+    """One run on this rank: its metrics per iteration, or the one-line refusal of its load."""
+    try:
+        result = train_on_this_rank(argv)
+    except CheckpointError as err:
+        return {"owns_loss": False, "refusal": str(err)}
+    history = [{key: step.get(key) for key in METRICS} for step in result["history"]]
+    return {"owns_loss": result["owns_loss"], "history": history}
 
 
-def test_resume_equals_straight_run_and_reshards_experts(tmp_path):
-    base = GPT + PACKED + ["--train-iters", "4", "--lr-decay-iters", "4"]
-    straight = _history(base + EP2)
-    save = str(tmp_path / "ckpt")
-    first = _history(base + EP2 + ["--exit-interval", "2", "--save", save,
-                                   "--save-interval", "2"])
-    assert len(first) == 2
-    for layout in (EP2,):
-        resumed = _history(base + layout + ["--load", save])
-        assert len(resumed) == 2
-        for step, (got, ref) in enumerate(zip(resumed, straight[2:]), start=3):
+def _runs_on_this_rank(runs: dict[str, list[str]]) -> dict[str, dict]:
+    return {name: _metrics_or_refusal(argv) for name, argv in runs.items()}  # in order
+
+
+def _planned_runs(folder) -> dict[str, list[str]]:
+    """Saves at iteration 2, the straight runs, then the loads of those saves (in this order)."""
+    ep2, ep4, ep2_distributed, dense = (folder / name for name in
+                                        ("ep2", "ep4", "ep2_distributed", "dense"))
+    return {
+        "save_ep2": BASE + EP2 + _save_at_2(ep2),
+        "save_ep4": BASE + EP4 + _save_at_2(ep4),
+        "save_ep2_distributed": BASE + EP2 + DISTRIBUTED + _save_at_2(ep2_distributed),
+        "save_dense": DENSE + _save_at_2(dense),
+        "straight_ep2": BASE + EP2,
+        "straight_ep4": BASE + EP4,
+        "ep2_to_ep2": BASE + EP2 + ["--load", str(ep2)],
+        "ep2_to_ep4": BASE + EP4 + ["--load", str(ep2)],
+        "ep4_to_ep2": BASE + EP2 + ["--load", str(ep4)],
+        "ep2_to_ep1": BASE + EP1 + ["--load", str(ep2)],
+        "ep2_to_ep4_distributed": BASE + EP4 + DISTRIBUTED + ["--load", str(ep2_distributed)],
+        "ep2_to_ep4_distributed_weights": BASE + EP4 + DISTRIBUTED + [
+            "--load", str(ep2_distributed), "--no-load-optim"],
+        "dense_to_moe": BASE + EP2 + ["--load", str(dense)],
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """Each run's result on the last rank that owns the loss (rank 0's for a refusal)."""
+    planned = _planned_runs(tmp_path_factory.mktemp("moe_checkpoints"))
+    per_rank = run_distributed(_runs_on_this_rank, WORLD, args=(planned,),
+                               timeout_s=LAUNCH_TIMEOUT_S)
+    return {name: next((ranks[name] for ranks in reversed(per_rank) if ranks[name]["owns_loss"]),
+                       per_rank[0][name]) for name in planned}
+
+
+@pytest.mark.parametrize("resumed, saved, straight", [
+    ("ep2_to_ep2", "save_ep2", "straight_ep2"),
+    ("ep2_to_ep4", "save_ep2", "straight_ep4"),
+    ("ep4_to_ep2", "save_ep4", "straight_ep2"),
+])
+def test_resume_equals_the_straight_run_at_the_new_expert_parallel_size(runs, resumed, saved,
+                                                                        straight):
+    straight_run = runs[straight]["history"]
+    for name, got, want in ((saved, runs[saved]["history"], straight_run[:2]),
+                            (resumed, runs[resumed]["history"], straight_run[2:])):
+        assert len(got) == len(want) == 2, name
+        for index, (one, ref) in enumerate(zip(got, want)):
             for key in METRICS:
-                assert got[key] == pytest.approx(ref[key], rel=RTOL), (layout, step, key)
+                assert one[key] == pytest.approx(ref[key], rel=RTOL), (name, index, key)
 
 
-def test_expert_parallel_layout_change_is_one_line(tmp_path):
-    """EP 2 -> 1 changes megatron-core's optimizer layout (a separate expert optimizer):
-    refused in one line before megatron-core reads the checkpoint."""
-    save = str(tmp_path / "ckpt")
-    base = GPT + PACKED + ["--train-iters", "2"]
-    _history(base + EP2 + ["--save", save, "--save-interval", "2"])
-    with pytest.raises(Exception) as err:
-        _history(base + ["--train-iters", "4", "--load", save])
-    assert "--expert-model-parallel-size 2, this run has 1" in str(err.value)
+def test_expert_parallel_one_to_many_is_one_line(runs):
+    """EP 2 -> 1 changes megatron-core's optimizer layout (a separate expert optimizer)."""
+    assert runs["ep2_to_ep1"]["refusal"] == (
+        "--load: the checkpoint was saved with --expert-model-parallel-size 2, this run has 1: "
+        "megatron-core keeps a separate expert optimizer only with expert parallelism, so the "
+        "optimizer states do not convert between 1 and > 1 (resume with > 1)")
 
 
-def test_dense_checkpoint_is_not_an_moe_model(tmp_path):
-    save = str(tmp_path / "dense")
-    cut = GPT.index("--num-experts")
-    dense = GPT[:cut] + ["--disable-bias-linear"] + GPT[GPT.index("--hidden-size"):]
-    _run(dense + PACKED + ["--train-iters", "2", "--save", save, "--save-interval", "2"])
-    with pytest.raises(Exception) as err:
-        _history(GPT + PACKED + ["--train-iters", "4", "--load", save])
-    assert "--num-experts" in str(err.value)
+def test_expert_parallel_change_with_distributed_optimizer_is_one_line(runs):
+    """Without the check megatron-core raised a KeyError per rank for the state of expert
+    data-parallel groups the checkpoint does not have."""
+    assert len(runs["save_ep2_distributed"]["history"]) == 2
+    assert runs["ep2_to_ep4_distributed"]["refusal"] == (
+        "--load: the checkpoint's distributed optimizer state was saved with "
+        "--expert-model-parallel-size 2, this run has 4: its format (megatron-core's "
+        "dp_reshardable) reshards over data-parallel ranks only (resume with "
+        "--expert-model-parallel-size 2, or add --no-load-optim to load the weights only)")
+
+
+def test_expert_parallel_change_with_distributed_optimizer_keeps_the_weights(runs):
+    """--no-load-optim (the refusal's other remedy): the experts' weights reshard, so the
+    first resumed loss, computed before any update, is the straight run's at iteration 3."""
+    got = runs["ep2_to_ep4_distributed_weights"]["history"]
+    assert len(got) == 2
+    assert got[0]["lm_loss"] == pytest.approx(runs["straight_ep4"]["history"][2]["lm_loss"],
+                                              rel=RTOL)
+
+
+def test_dense_checkpoint_is_not_an_moe_model(runs):
+    assert len(runs["save_dense"]["history"]) == 2
+    assert "--num-experts" in runs["dense_to_moe"]["refusal"]
