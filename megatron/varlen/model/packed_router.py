@@ -67,6 +67,9 @@ class VarlenTopKRouter(TopKRouter):
         return torch.nn.functional.linear(input.to(dtype), self.weight.to(dtype), bias)
 
     def _sequence_map(self, padding_mask, shape, device) -> SequenceMap:
+        """The rows' sequences and real tokens. Packed, from the micro-batch's host boundaries
+        and routed lengths (of which the micro-batch's ``padding_mask`` is derived: the map's
+        ``padding`` is the same mask, without a device read); unpacked, from ``padding_mask``."""
         packed_seq_params, shift, unpacked_cache = self._micro_batch
         return build_sequence_map(packed_seq_params, padding_mask, shape, self.cp_group,
                                   self.tp_group, self.config.sequence_parallel, device, shift,
