@@ -66,7 +66,7 @@ class PackedMicroBatch:
     def padding_mask(self) -> torch.Tensor:
         """[T] bool, True on padding and fillers (no real token): every row but the first
         ``routed_lengths[i]`` of each sequence."""
-        return _padding_mask(self.cu_seqlens_padded, self.routed_lengths)
+        return _padding_mask(self.tokens.numel(), self.cu_seqlens_padded, self.routed_lengths)
 
 
 def _cumulative(lengths: list[int]) -> torch.Tensor:
@@ -78,10 +78,11 @@ def _real_rows(starts: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
     return concat_ranges(starts, routed)
 
 
-def _padding_mask(cu_seqlens_padded: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
-    """[T] bool, True on every row that holds no real token (padding, fillers)."""
-    out = torch.ones(int(cu_seqlens_padded[-1]), dtype=torch.bool)
-    out[_real_rows(cu_seqlens_padded[:-1].long(), routed)] = False
+def _padding_mask(total: int, cu_seqlens_padded: torch.Tensor, routed: torch.Tensor
+                  ) -> torch.Tensor:
+    """[total] bool, True on every row that holds no real token (padding, fillers)."""
+    out = torch.ones(total, dtype=torch.bool)
+    out[_real_rows(cu_seqlens_padded[:-1], routed)] = False  # int32 starts: int64 rows
     return out
 
 
