@@ -9,8 +9,11 @@ plus the process groups over which one sequence's tokens are spread (the micro-b
 and, with sequence parallelism, the TP group): reducing a per-sequence statistic over those
 groups gives the statistic of the whole sequence, whatever the layout.
 
-Built once per micro-batch on the host from the boundaries the packing layer made (no device
-read), cached in the micro-batch's ``derived`` cache and reused by every MoE layer.
+Built once per micro-batch and reused by every MoE layer: a packed micro-batch's map on the host
+from the boundaries the packing layer made (no device read), cached in its ``derived`` cache; an
+unpacked micro-batch's map from its padding mask (with one all-reduce of the real lengths under
+CP or SP), cached beside that mask (:func:`unpacked_micro_batch_cache`), the one object every
+layer of a forward receives.
 
 Legend: T = tokens of this rank's share (router input rows), n = sequences of the micro-batch.
 """
@@ -25,9 +28,14 @@ import torch
 
 from megatron.varlen.attention.cp_group import resolve_cp_group
 from megatron.varlen.packing.cp_split import get_thd_partition_indices
-from megatron.varlen.packing.packed_seq import host_boundaries, host_to_device
+from torch.utils.weak import WeakIdKeyDictionary
+
+from megatron.varlen.packing.packed_seq import MicroBatchCache, host_boundaries, host_to_device
 
 _SEQUENCE_MAP = "moe-sequence-map"  # kind of the cached map in a micro-batch's derived cache
+# Unpacked micro-batches' caches, keyed by the layer-level padding mask (weakly: an entry goes
+# with its mask, i.e. with the micro-batch).
+_UNPACKED_CACHES = WeakIdKeyDictionary()
 PADDING = -1  # sequence index of a padding or filler token
 
 
@@ -140,6 +148,18 @@ def thd_sequence_map(packed_seq_params, static_cp_group, tp_group, sequence_para
     return boundaries.cache.get(key, build)
 
 
+def unpacked_micro_batch_cache(padding_mask: torch.Tensor | None) -> MicroBatchCache | None:
+    """The cache of the unpacked micro-batch whose layers receive ``padding_mask`` ([b, s], the
+    object the model hands every layer of one forward; MoE layers see a new transposed view of
+    it each), or None without a mask (the map is then built per layer)."""
+    if padding_mask is None:
+        return None
+    cache = _UNPACKED_CACHES.get(padding_mask)
+    if cache is None:
+        cache = _UNPACKED_CACHES[padding_mask] = MicroBatchCache()
+    return cache
+
+
 def sbhd_sequence_map(padding_mask: torch.Tensor | None, shape: Sequence[int], cp_group,
                       tp_group, sequence_parallel: bool, device) -> SequenceMap:
     """The map of an unpacked [s, b] micro-batch: column b is sample b; ``padding_mask``
@@ -164,11 +184,24 @@ def sbhd_sequence_map(padding_mask: torch.Tensor | None, shape: Sequence[int], c
 
 
 def build_sequence_map(packed_seq_params: Any, padding_mask, shape, static_cp_group, tp_group,
-                       sequence_parallel: bool, device, shift: int = 0) -> SequenceMap:
+                       sequence_parallel: bool, device, shift: int = 0,
+                       unpacked_cache: MicroBatchCache | None = None) -> SequenceMap:
     """THD map when the micro-batch is packed, else the SBHD map of ``shape`` ([s, b, ...]);
-    ``shift``: see :func:`thd_sequence_map` (unpacked, the padding mask carries it)."""
+    ``shift``: see :func:`thd_sequence_map` (unpacked, the padding mask carries it).
+    ``unpacked_cache``: the unpacked micro-batch's cache (:func:`unpacked_micro_batch_cache`),
+    where its map is kept for the next layers."""
     if packed_seq_params is not None and getattr(packed_seq_params, "qkv_format", None) == "thd":
         return thd_sequence_map(packed_seq_params, static_cp_group, tp_group, sequence_parallel,
                                 device, shift)
-    return sbhd_sequence_map(padding_mask, shape, static_cp_group, tp_group, sequence_parallel,
-                             device)
+
+    def build() -> SequenceMap:
+        return sbhd_sequence_map(padding_mask, shape, static_cp_group, tp_group,
+                                 sequence_parallel, device)
+
+    if unpacked_cache is None:
+        return build()
+    # The layer-level mask decides the rest: the router's mask is its transposed view (cut to
+    # this TP rank's rows when the stage did not scatter it), so shape and groups complete it.
+    key = (_SEQUENCE_MAP, tuple(int(size) for size in shape), id(static_cp_group),
+           id(tp_group), sequence_parallel, str(device))
+    return unpacked_cache.get(key, build)

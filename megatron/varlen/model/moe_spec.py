@@ -50,8 +50,8 @@ class RoutesMicroBatch:
     def forward(self, *args, **kwargs):
         if kwargs.get("padding_mask") is None and self.default_padding_mask is not None:
             kwargs["padding_mask"] = self.default_padding_mask
-        with self.mlp.router.micro_batch(kwargs.get("packed_seq_params"),
-                                         shift=self.mtp_depth):
+        with self.mlp.router.micro_batch(kwargs.get("packed_seq_params"), shift=self.mtp_depth,
+                                         padding_mask=kwargs.get("padding_mask")):
             return super().forward(*args, **kwargs)
 
 

@@ -52,8 +52,11 @@ class VarlenGPTModel(GPTModel):
 
     def forward(self, *args, padding_mask=None, **kwargs):
         """``padding_mask`` ([b, s], unpacked batches): also handed to the MTP MoE layers, with
-        the last ``depth`` positions of each sample marked (their rolled input is no token)."""
-        layers = self._mtp_moe_layers() if padding_mask is not None else []
+        the last ``depth`` positions of each sample marked (their rolled input is no token).
+        A packed micro-batch's MTP routers drop those positions through their sequence map
+        (from the pack's routed lengths, as its padding mask), so they get no shifted mask."""
+        unpacked = kwargs.get("packed_seq_params") is None
+        layers = self._mtp_moe_layers() if padding_mask is not None and unpacked else []
         for layer in layers:
             layer.default_padding_mask = _shifted_padding(padding_mask, layer.mtp_depth)
         try:

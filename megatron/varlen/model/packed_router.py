@@ -30,7 +30,9 @@ from megatron.varlen.model import moe_metrics
 from megatron.varlen.model.moe_balancing import (
     micro_batch_balancing_part, reduced, sequence_balancing_parts, switch_parts, z_loss_sum,
 )
-from megatron.varlen.model.moe_sequences import SequenceMap, build_sequence_map
+from megatron.varlen.model.moe_sequences import (
+    SequenceMap, build_sequence_map, unpacked_micro_batch_cache,
+)
 
 AUX, SEQ_AUX, GLOBAL_AUX = "aux_loss", "seq_aux_loss", "global_aux_loss"
 ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}  # --moe-router-dtype
@@ -39,14 +41,18 @@ ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}  # --moe-router-d
 class VarlenTopKRouter(TopKRouter):
     """Top-k router with layout-invariant balancing losses over real tokens."""
 
-    _micro_batch = (None, 0)  # (packed_seq_params or None, MTP shift)
+    # (packed_seq_params or None, MTP shift, unpacked micro-batch's cache or None)
+    _micro_batch = (None, 0, None)
 
     @contextlib.contextmanager
-    def micro_batch(self, packed_seq_params, shift: int = 0):
+    def micro_batch(self, packed_seq_params, shift: int = 0, padding_mask=None):
         """Routes the calls inside the block for this micro-batch (None: unpacked [s, b]);
         ``shift``: the MTP depth of the layer (the last ``shift`` positions of each packed
-        sequence hold no real token; unpacked, the caller's padding mask says so)."""
-        previous, self._micro_batch = self._micro_batch, (packed_seq_params, shift)
+        sequence hold no real token; unpacked, the caller's padding mask says so);
+        ``padding_mask``: the layer's [b, s] mask of an unpacked micro-batch, beside which its
+        sequence map is kept for the other layers."""
+        cache = None if packed_seq_params is not None else unpacked_micro_batch_cache(padding_mask)
+        previous, self._micro_batch = self._micro_batch, (packed_seq_params, shift, cache)
         try:
             yield
         finally:
@@ -61,9 +67,13 @@ class VarlenTopKRouter(TopKRouter):
         return torch.nn.functional.linear(input.to(dtype), self.weight.to(dtype), bias)
 
     def _sequence_map(self, padding_mask, shape, device) -> SequenceMap:
-        packed_seq_params, shift = self._micro_batch
+        """The rows' sequences and real tokens. Packed, from the micro-batch's host boundaries
+        and routed lengths (of which the micro-batch's ``padding_mask`` is derived: the map's
+        ``padding`` is the same mask, without a device read); unpacked, from ``padding_mask``."""
+        packed_seq_params, shift, unpacked_cache = self._micro_batch
         return build_sequence_map(packed_seq_params, padding_mask, shape, self.cp_group,
-                                  self.tp_group, self.config.sequence_parallel, device, shift)
+                                  self.tp_group, self.config.sequence_parallel, device, shift,
+                                  unpacked_cache)
 
     def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
         """megatron-core's top-k routing; the losses as described in the module docstring."""

@@ -48,9 +48,12 @@ class PackedMicroBatch:
     labels: torch.Tensor        # [T] int64
     loss_mask: torch.Tensor     # [T] float32
     position_ids: torch.Tensor  # [T] int64, 0..L_i-1 per sequence, 0 on padding and fillers
-    padding_mask: torch.Tensor  # [T] bool, True on padding and fillers (no real token)
     cu_seqlens: torch.Tensor         # [n+1] int32, real lengths
     cu_seqlens_padded: torch.Tensor  # [n+1] int32, padded lengths
+    # [n] int64: real tokens of each sequence, 0 for pad-only fillers (which cu_seqlens counts
+    # as attended tokens). The one record of which rows hold real tokens: MoE routing counts
+    # them, and the padding mask is derived from it (:attr:`padding_mask`).
+    routed_lengths: torch.Tensor
     max_seqlen: int             # longest PADDED sequence (RoPE tables are built to this)
     local_cp_size: int
     sample_ids: tuple[int, ...]
@@ -58,13 +61,29 @@ class PackedMicroBatch:
     # Per-token fields the caller declared ([T] float32, padding and filler 0), laid out and
     # CP-split exactly like loss_mask.
     extra: dict = field(default_factory=dict)
-    # [n] int64: real tokens of each sequence, 0 for pad-only fillers (which cu_seqlens counts
-    # as attended tokens): what MoE routing statistics count.
-    routed_lengths: torch.Tensor | None = None
+
+    @property
+    def padding_mask(self) -> torch.Tensor:
+        """[T] bool, True on padding and fillers (no real token): every row but the first
+        ``routed_lengths[i]`` of each sequence."""
+        return _padding_mask(self.tokens.numel(), self.cu_seqlens_padded, self.routed_lengths)
 
 
 def _cumulative(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def _real_rows(starts: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+    """Rows of the real (non-filler) tokens: ``routed[i]`` rows from each ``starts[i]``."""
+    return concat_ranges(starts, routed)
+
+
+def _padding_mask(total: int, cu_seqlens_padded: torch.Tensor, routed: torch.Tensor
+                  ) -> torch.Tensor:
+    """[total] bool, True on every row that holds no real token (padding, fillers)."""
+    out = torch.ones(total, dtype=torch.bool)
+    out[_real_rows(cu_seqlens_padded[:-1], routed)] = False  # int32 starts: int64 rows
+    return out
 
 
 class _PackLayout:
@@ -78,7 +97,7 @@ class _PackLayout:
         self.rows = concat_ranges(starts, torch.tensor(real, dtype=torch.int64))
         # Rows of real (non-filler) tokens and their positions within their sequence.
         routed_t = torch.tensor(routed, dtype=torch.int64)
-        self.routed_rows = concat_ranges(starts, routed_t)
+        self.routed_rows = _real_rows(starts, routed_t)
         self.within = self.routed_rows - torch.repeat_interleave(
             starts, routed_t, output_size=self.routed_rows.numel())
 
@@ -91,12 +110,6 @@ class _PackLayout:
         """0..L-1 over each real sequence's tokens, :data:`PAD_POSITION` elsewhere."""
         out = torch.full((self.total,), PAD_POSITION, dtype=torch.int64)
         out[self.routed_rows] = self.within
-        return out
-
-    def padding_mask(self) -> torch.Tensor:
-        """True on every row that holds no real token (padding, fillers)."""
-        out = torch.ones(self.total, dtype=torch.bool)
-        out[self.routed_rows] = False
         return out
 
 
@@ -149,7 +162,7 @@ def pack_sequences(sequences: list[dict], padded_lengths: list[int], local_cp_si
         "tokens": layout.scatter([seq["tokens"] for seq in sequences], torch.int64, pad_id),
         "labels": layout.scatter([seq["labels"] for seq in sequences], torch.int64, pad_id),
         "loss_mask": layout.scatter([seq["loss_mask"] for seq in sequences], torch.float32, 0.0),
-        "position_ids": layout.positions(), _PADDING_MASK: layout.padding_mask(),
+        "position_ids": layout.positions(),
     }
     extra = {key: layout.scatter([seq[key] for seq in sequences], torch.float32, 0.0)
              for key in extra_fields}

@@ -8,6 +8,7 @@ Then the operator counts of packing 4 or 64 sequences (the same tokens) are equa
 build_model_inputs computes the CP split index once for all fields.
 """
 
+import dataclasses
 import random
 
 import pytest
@@ -103,9 +104,16 @@ def test_packing_work_does_not_grow_with_the_sequences():
 def test_the_cp_split_index_is_made_once_for_all_fields():
     sequences = _sequences(random.Random(1), [8, 4, 12])
     pack = pack_sequences(sequences, [8, 4, 12], 2, PAD_ID, extra_fields=())
+    whole = dataclasses.replace(pack, local_cp_size=1)  # the same pack, not split
     with count_dispatches() as counts:
         inputs = build_model_inputs(pack, 1, None, "cpu")
-    assert sum(n for (op, _), n in counts.items() if op == "repeat_interleave") == 1
+    with count_dispatches() as unsplit:
+        build_model_inputs(whole, 0, None, "cpu")
+
+    def repeats(table):
+        return sum(n for (op, _), n in table.items() if op == "repeat_interleave")
+
+    assert repeats(counts) == repeats(unsplit) + 1  # the split index, once for all fields
     for key in FIELDS:  # what splitting each field on its own gave
         assert torch.equal(inputs[key][0], split_thd_for_cp(
             getattr(pack, key), pack.cu_seqlens_padded, 2, 1, seq_dim=0)), key
