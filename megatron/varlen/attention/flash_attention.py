@@ -29,9 +29,7 @@ from megatron.varlen.attention.attention_plan import (
 )
 from megatron.varlen.attention.collectives import all_gather_dim0
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
-from megatron.varlen.attention.varlen_kernel import (
-    VarlenKernel, call_varlen_kernel, kernel_for, kernel_layout,
-)
+from megatron.varlen.attention.varlen_kernel import VarlenKernel, call_varlen_kernel, kernel_for
 
 # Distinct SBHD shapes whose plans are kept (a run has one or two).
 _SBHD_PLAN_CACHE_SIZE = 16
@@ -73,11 +71,9 @@ def attend_planned(
         k_rows = k_rows.index_select(0, plan.key_index)
         v_rows = v_rows.index_select(0, plan.key_index)
     q = q_TrND if plan.query_index is None else q_TrND.index_select(0, plan.query_index)
-    # Copies only where the kernel needs one: megatron-core's V (a view of the fused QKV
-    # projection) and CP's K/V slices go in with their strides (varlen_kernel.kernel_layout).
-    out = call_varlen_kernel(kernel, kernel_layout(q), kernel_layout(k_rows),
-                             kernel_layout(v_rows), plan.cu_seq_q, plan.cu_seq_k, plan.max_q,
-                             plan.max_k, scale, plan.causal, bottom_right=plan.cp_size > 1)
+    out = call_varlen_kernel(kernel, q.contiguous(), k_rows.contiguous(), v_rows.contiguous(),
+                             plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, scale,
+                             plan.causal, bottom_right=plan.cp_size > 1)
     if plan.query_index is None:
         return out
     return out.new_zeros(plan.local_tokens, num_heads, value_dim).index_copy(

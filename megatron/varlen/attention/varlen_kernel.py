@@ -24,11 +24,6 @@ import torch
 
 from megatron.varlen.platform.accelerator import torch_varlen_attn
 
-# FlashAttention-2's tiles load each (row, head) vector of q/k/v with 16-byte accesses; its
-# input checks (mha_varlen_fwd / mha_varlen_bwd) demand only a unit last-dimension stride and
-# hand the row and head strides to the kernel, so a view whose strides and start keep that
-# alignment goes in as it is.
-_ACCESS_BYTES = 16
 # varlen_attn's window for causal attention (left unbounded, no keys to the right).
 CAUSAL_WINDOW = (-1, 0)
 FULL_WINDOW = (-1, -1)
@@ -44,8 +39,7 @@ def emulated_varlen_attn(
     scale: Optional[float] = None, window_size: tuple[int, int] = FULL_WINDOW,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """``varlen_attn``'s semantics in plain torch: [T_q, H, D] from [T_q, H, D], [T_k, G, D],
-    with the kernel's input rule: any row and head strides, a unit last-dimension stride.
+    """``varlen_attn``'s semantics in plain torch: [T_q, H, D] from [T_q, H, D], [T_k, G, D].
 
     Segment by segment (reads the boundaries on the host: a test twin, not a fast path).
     Causal is bottom-right aligned; a query row with no visible key returns zeros. Scores are
@@ -54,7 +48,6 @@ def emulated_varlen_attn(
     if window_size not in (CAUSAL_WINDOW, FULL_WINDOW):
         raise ValueError(f"emulated_varlen_attn supports windows {CAUSAL_WINDOW} and "
                          f"{FULL_WINDOW}, got {window_size}")
-    _require_unit_last_stride(query=query, key=key, value=value)
     heads, groups = query.size(1), key.size(1)
     if groups != heads and not enable_gqa:
         raise ValueError(f"{groups} key/value heads for {heads} query heads needs enable_gqa")
@@ -89,27 +82,6 @@ def emulated_varlen_attn(
     if not pieces:
         return query.new_zeros(0, heads, value.size(-1))
     return torch.cat(pieces)
-
-
-def kernel_layout(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as the kernel takes it: itself when its last dimension is unit-strided and
-    its other strides and start are whole 16-byte accesses (e.g. megatron-core's V, a view of
-    the fused QKV projection; a CP slice of the gathered K/V), else a contiguous copy."""
-    if tensor.stride(-1) != 1 or tensor.data_ptr() % _ACCESS_BYTES:
-        return tensor.contiguous()
-    access = max(_ACCESS_BYTES // tensor.element_size(), 1)
-    if any(stride % access for stride in tensor.stride()[:-1]):
-        return tensor.contiguous()
-    return tensor
-
-
-def _require_unit_last_stride(**tensors: torch.Tensor) -> None:
-    """What the kernel checks of q, k and v (and our twin, so that CPU tests catch a view the
-    kernel would refuse)."""
-    for name, tensor in tensors.items():
-        if tensor.stride(-1) != 1:
-            raise ValueError(f"varlen attention: {name} must have a contiguous last dimension "
-                             f"(strides {tuple(tensor.stride())})")
 
 
 @functools.lru_cache(maxsize=8)
