@@ -7,7 +7,9 @@ keeps its traceback.
 
 Ranks must agree on failing, or a rank that did not fail waits in its next collective for
 peers that have left: :func:`agree_on_errors` runs a start-up step on every rank and, if any
-rank raised a user error, raises it on all of them (named by the first failing rank).
+rank raised a user error, raises it on all of them (named by the first failing rank); if a rank
+hit a bug, that rank keeps its traceback and the others stop with :class:`PeerRankError`, one
+line naming it.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import sys
 import torch
 
 from megatron.varlen.packing import InvalidScheduleError
-from megatron.varlen_training.log import get_rank
+from megatron.varlen_training.log import get_rank, is_multi_rank
 
 USAGE_EXIT_CODE = 2  # bad flags or data (argparse's convention)
 TRAINING_FAILED_EXIT_CODE = 1  # the run itself went wrong (non-finite loss, bad checkpoint)
+FIRST_RANK = 0  # prints an error every rank raised
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: how shells report a command stopped by Ctrl-C
 
 
@@ -43,8 +46,17 @@ class NonFiniteLossError(RuntimeError):
     exit_code = TRAINING_FAILED_EXIT_CODE
 
 
+class PeerRankError(RuntimeError):
+    """Another rank hit a bug in a step every rank runs (:func:`agree_on_errors`): this rank
+    stops too, in one line naming it; the traceback is in that rank's output. Exit code 1, as
+    for the bug itself (an uncaught exception)."""
+
+    exit_code = TRAINING_FAILED_EXIT_CODE
+
+
 assert InvalidScheduleError.exit_code == TRAINING_FAILED_EXIT_CODE  # a bug: the run went wrong
-ONE_LINE_ERRORS = (UserInputError, CheckpointError, NonFiniteLossError, InvalidScheduleError)
+ONE_LINE_ERRORS = (UserInputError, CheckpointError, NonFiniteLossError, InvalidScheduleError,
+                   PeerRankError)
 # How gloo/NCCL report a peer process that died (killed, crashed) inside a collective. Such an
 # error is the echo of another rank's failure: one line per surviving rank, not a traceback.
 PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
@@ -59,12 +71,14 @@ def one_line(message: str) -> str:
 
 def print_error_line(prog: str, message: object, every_rank: bool = False) -> None:
     """``<prog>: error: <message>`` on stderr, one line, on global rank 0 (every rank fails
-    alike: printed once) or, with ``every_rank``, on each rank that calls it.
+    alike: printed once) or, with ``every_rank``, on each rank that calls it. An error from
+    :func:`agree_on_errors` names its own printer (``reporting_rank``): rank 0 may be the rank
+    whose bug it reports, which shows its traceback instead.
 
     The only place besides megatron/varlen_training/log.py that prints: a user error is not a log
     record (no rank prefix, no level), it is argparse's one line.
     """
-    if every_rank or get_rank() == 0:
+    if every_rank or get_rank() == getattr(message, "reporting_rank", FIRST_RANK):
         print(f"{prog}: error: {one_line(message)}", file=sys.stderr, flush=True)
 
 
@@ -98,29 +112,66 @@ def exit_on_user_errors(prog: str):
         sys.exit(TRAINING_FAILED_EXIT_CODE)
 
 
+PEER_BUG_DETAIL_CHARS = 200  # a bug's message may hold a tensor: the line names it, the log has it
+_USER_ERROR_KINDS = {cls.__name__: cls for cls in ONE_LINE_ERRORS}
+
+
+def _outcome(step, args, kwargs):
+    """(result, the one-line outcome shared with the other ranks, the bug to re-raise here).
+
+    The outcome is None (success), ``(message, kind name, False)`` for a user error or
+    ``(message, exception type name, True)`` for a bug."""
+    try:
+        return step(*args, **kwargs), None, None
+    except ONE_LINE_ERRORS as err:
+        return None, (one_line(err), type(err).__name__, False), None
+    except (ValueError, OSError) as err:
+        return None, (one_line(err), UserInputError.__name__, False), None
+    except Exception as err:  # a bug: shared below, then re-raised here with its traceback
+        detail = one_line(err)[:PEER_BUG_DETAIL_CHARS]
+        return None, (detail, type(err).__name__, True), err
+
+
+def _error_for_peers(outcomes: list) -> Exception | None:
+    """The error every rank without a bug raises: the first user error (by rank), else the
+    first bug, named; printed once, by the lowest rank that raises it."""
+    failed = [(rank, outcome) for rank, outcome in enumerate(outcomes) if outcome is not None]
+    if not failed:
+        return None
+    user_errors = [(rank, outcome) for rank, outcome in failed if not outcome[2]]
+    rank, (message, kind, bug) = (user_errors or failed)[0]
+    if bug:
+        error = PeerRankError(f"rank {rank} raised {kind}: {message} (a bug: its traceback is "
+                              f"in rank {rank}'s output; this rank stopped with it)")
+    else:
+        error = _USER_ERROR_KINDS[kind](message)
+    error.reporting_rank = min(r for r, outcome in enumerate(outcomes)
+                               if outcome is None or not outcome[2])
+    return error
+
+
 def agree_on_errors(step, *args, **kwargs):
-    """Runs ``step(*args, **kwargs)`` on every rank; if any rank raised a user error (a
-    ValueError or OSError with a user-facing message, or one of :data:`ONE_LINE_ERRORS`),
-    every rank raises it, so none is left waiting in a later collective.
+    """Runs ``step(*args, **kwargs)`` on every rank; if any rank raised, every rank raises, so
+    none is left waiting in a later collective.
+
+    A user error (a ValueError or OSError with a user-facing message, or one of
+    :data:`ONE_LINE_ERRORS`) is raised on every rank, named by the first rank that raised one.
+    A bug (any other exception) is re-raised, traceback and all, on the rank that hit it; the
+    other ranks raise :class:`PeerRankError` naming that rank and the bug (a user error on some
+    rank wins: it is what the user can act on). Every rank takes part in the exchange whatever
+    happened: a rank leaving early would leave its peers in it until the collective times out.
 
     Costs one ``all_gather_object`` over the world: for start-up steps only.
     """
-    result, message, kind = None, None, UserInputError
-    try:
-        result = step(*args, **kwargs)
-    except ONE_LINE_ERRORS as err:
-        message, kind = one_line(err), type(err)
-    except (ValueError, OSError) as err:
-        message = one_line(err)
-    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
-        if message is not None:
-            raise kind(message)
-        return result
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, (message, kind.__name__))
-    failed = [(rank, m, k) for rank, (m, k) in enumerate(gathered) if m is not None]
-    if failed:
-        rank, first, kind_name = failed[0]
-        kinds = {cls.__name__: cls for cls in ONE_LINE_ERRORS}
-        raise kinds[kind_name](first)
+    result, outcome, bug = _outcome(step, args, kwargs)
+    if is_multi_rank():
+        outcomes = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(outcomes, outcome)
+    else:
+        outcomes = [outcome]
+    if bug is not None:
+        raise bug
+    error = _error_for_peers(outcomes)
+    if error is not None:
+        raise error
     return result

@@ -29,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.log import is_multi_rank
 from megatron.wrap.config.keys import BATCH_SOURCES
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.fields import BatchError
@@ -83,7 +84,7 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     if source not in BATCH_SOURCES:
         raise BatchError(f"batch source {source!r} (config key 'wrap.batch_source'): choose "
                          f"from {', '.join(BATCH_SOURCES)}")
-    if dist.get_world_size() == 1:
+    if not is_multi_rank():
         return _convert(batch, flow, what)
     if source == "all_ranks":
         return _agreed_batch(batch, flow, what)
