@@ -123,8 +123,9 @@ def _outcome(step, args, kwargs):
     ``(message, exception type name, True)`` for a bug."""
     try:
         return step(*args, **kwargs), None, None
-    except ONE_LINE_ERRORS as err:
-        return None, (one_line(err), type(err).__name__, False), None
+    except ONE_LINE_ERRORS as err:  # shared by its class in the tuple (a subclass: its base)
+        kind = next(cls for cls in ONE_LINE_ERRORS if isinstance(err, cls))
+        return None, (one_line(err), kind.__name__, False), None
     except (ValueError, OSError) as err:
         return None, (one_line(err), UserInputError.__name__, False), None
     except Exception as err:  # a bug: shared below, then re-raised here with its traceback

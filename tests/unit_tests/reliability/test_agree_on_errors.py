@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.varlen_training.errors import PeerRankError, UserInputError, agree_on_errors
+from megatron.varlen_training.errors import (CheckpointError, PeerRankError, UserInputError,
+                                              agree_on_errors)
 from tests.harness.multirank import run_distributed
 from tests.harness.rendezvous import hosted_store
 
@@ -49,7 +50,7 @@ def _agree(failures: dict, release: str):
     (NCCL peers are not freed by its exit) must not be what lets the others go."""
     try:
         return ("returned", agree_on_errors(_buggy_step, failures))
-    except (UserInputError, PeerRankError) as err:
+    except (UserInputError, CheckpointError, PeerRankError) as err:
         Path(release).touch()
         return ("one line", type(err).__name__, str(err), err.exit_code, err.reporting_rank)
     except Exception as err:  # noqa: BLE001 -- the rank's own bug, re-raised
@@ -87,6 +88,10 @@ def test_a_user_error_is_what_the_other_ranks_report_beside_a_bug(tmp_path):
         ("raised", "KeyError", True)]
 
 
+class _ShardWriteError(CheckpointError):
+    """A one-line error's subclass (as checkpointing's CheckpointSaveError)."""
+
+
 def test_user_errors_and_success_are_unchanged(tmp_path):
     release = str(tmp_path / "released")
     assert run_distributed(_agree, WORLD, args=({}, release), timeout_s=HANG_TIMEOUT_S) == [
@@ -94,6 +99,15 @@ def test_user_errors_and_success_are_unchanged(tmp_path):
     assert run_distributed(_agree, WORLD, args=({1: USER_ERROR}, release),
                            timeout_s=HANG_TIMEOUT_S) == [
         ("one line", "UserInputError", "data.jsonl:3: invalid JSON", 2, 0)] * WORLD
+
+
+def test_a_one_line_errors_subclass_travels_as_its_base_class(tmp_path):
+    """The ranks exchange class names: a subclass is sent as the one-line class it derives
+    from (its name alone used to be looked up among the base classes: a KeyError)."""
+    error = _ShardWriteError("cannot write shard 3 of /ckpt/iter_0000002: disk full")
+    assert run_distributed(_agree, WORLD, args=({1: error}, str(tmp_path / "released")),
+                           timeout_s=HANG_TIMEOUT_S) == [
+        ("one line", "CheckpointError", str(error), 2, 0)] * WORLD
 
 
 def test_a_bug_without_a_process_group_keeps_its_traceback():
