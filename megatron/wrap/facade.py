@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.hf.config import HFConfigError
 from megatron.varlen_training.initialize import initialize_distributed
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
@@ -295,8 +296,11 @@ class MegatronWrap(ParallelStateMixin):
         ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
         if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        with params_gathered(self.state.model):  # --overlap-param-gather: current weights
-            return self.trainer.family.hf.save(self.run, self.state.model, str(out_dir))
+        try:
+            with params_gathered(self.state.model):  # --overlap-param-gather: current weights
+                return self.trainer.family.hf.save(self.run, self.state.model, str(out_dir))
+        except HFConfigError as err:  # the same model on every rank: raised on every rank
+            raise ConfigError(f"save_pretrained({str(out_dir)!r}): {err}") from None
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its
