@@ -15,7 +15,10 @@ line naming it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -112,25 +115,66 @@ def exit_on_user_errors(prog: str):
         sys.exit(TRAINING_FAILED_EXIT_CODE)
 
 
+# At start-up, a bad file or value surfaces as one of these, with a message made for the user.
+START_UP_USER_ERRORS = (ValueError, OSError)
 PEER_BUG_DETAIL_CHARS = 200  # a bug's message may hold a tensor: the line names it, the log has it
-_USER_ERROR_KINDS = {cls.__name__: cls for cls in ONE_LINE_ERRORS}
+_ONE_LINE_BY_NAME = {cls.__name__: cls for cls in ONE_LINE_ERRORS}
 
 
-def _outcome(step, args, kwargs):
-    """(result, the one-line outcome shared with the other ranks, the bug to re-raise here).
+class _Outcome(NamedTuple):
+    """How a rank's step failed, as every rank receives it (plain strings: picklable)."""
 
-    The outcome is None (success), ``(message, kind name, False)`` for a user error or
-    ``(message, exception type name, True)`` for a bug."""
+    message: str
+    kind: str  # a user error's class, "module:qualname"; a bug's type name
+    base: str  # the ONE_LINE_ERRORS class to raise where ``kind`` cannot be found
+    bug: bool
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _one_line_class(outcome: _Outcome) -> type:
+    """The user error's own class (BatchError stays a BatchError on every rank, and keeps its
+    exit code), else the one-line class it derives from."""
+    module, qualname = outcome.kind.split(":")
+    found = sys.modules.get(module)
+    for name in qualname.split("."):
+        found = getattr(found, name, None)
+    if isinstance(found, type) and issubclass(found, ONE_LINE_ERRORS):
+        return found
+    return _ONE_LINE_BY_NAME[outcome.base]
+
+
+def _user_error(outcome: _Outcome) -> Exception:
+    cls = _one_line_class(outcome)
     try:
-        return step(*args, **kwargs), None, None
-    except ONE_LINE_ERRORS as err:  # shared by its class in the tuple (a subclass: its base)
-        kind = next(cls for cls in ONE_LINE_ERRORS if isinstance(err, cls))
-        return None, (one_line(err), kind.__name__, False), None
-    except (ValueError, OSError) as err:
-        return None, (one_line(err), UserInputError.__name__, False), None
+        return cls(outcome.message)
+    except TypeError:  # a constructor that takes more than the message
+        return _ONE_LINE_BY_NAME[outcome.base](outcome.message)
+
+
+def peer_rank_error(rank: int, kind: str, message: str) -> PeerRankError:
+    """What a rank raises when rank ``rank`` hit a bug (``kind``: the exception's type name)."""
+    return PeerRankError(f"rank {rank} raised {kind}: {one_line(message)[:PEER_BUG_DETAIL_CHARS]}"
+                         f" (a bug: its traceback is in rank {rank}'s output; this rank stopped "
+                         f"with it)")
+
+
+def _outcome(step, plain_user_errors: tuple):
+    """(result, the outcome shared with the other ranks: None on success, the bug to re-raise
+    here)."""
+    try:
+        return step(), None, None
+    except ONE_LINE_ERRORS as err:
+        base = next(cls for cls in ONE_LINE_ERRORS if isinstance(err, cls))
+        return None, _Outcome(one_line(err), _class_path(type(err)), base.__name__, False), None
+    except plain_user_errors as err:
+        user = UserInputError.__name__
+        return None, _Outcome(one_line(err), _class_path(UserInputError), user, False), None
     except Exception as err:  # a bug: shared below, then re-raised here with its traceback
         detail = one_line(err)[:PEER_BUG_DETAIL_CHARS]
-        return None, (detail, type(err).__name__, True), err
+        return None, _Outcome(detail, type(err).__name__, "", True), err
 
 
 def _error_for_peers(outcomes: list) -> Exception | None:
@@ -139,16 +183,36 @@ def _error_for_peers(outcomes: list) -> Exception | None:
     failed = [(rank, outcome) for rank, outcome in enumerate(outcomes) if outcome is not None]
     if not failed:
         return None
-    user_errors = [(rank, outcome) for rank, outcome in failed if not outcome[2]]
-    rank, (message, kind, bug) = (user_errors or failed)[0]
-    if bug:
-        error = PeerRankError(f"rank {rank} raised {kind}: {message} (a bug: its traceback is "
-                              f"in rank {rank}'s output; this rank stopped with it)")
-    else:
-        error = _USER_ERROR_KINDS[kind](message)
+    user_errors = [(rank, outcome) for rank, outcome in failed if not outcome.bug]
+    rank, outcome = (user_errors or failed)[0]
+    error = (peer_rank_error(rank, outcome.kind, outcome.message) if outcome.bug
+             else _user_error(outcome))
     error.reporting_rank = min(r for r, outcome in enumerate(outcomes)
-                               if outcome is None or not outcome[2])
+                               if outcome is None or not outcome.bug)
     return error
+
+
+def agree_and_gather(step: Callable[[], Any], share: Callable[[Any], Any],
+                     plain_user_errors: tuple = START_UP_USER_ERRORS) -> tuple[Any, list]:
+    """:func:`agree_on_errors` for ``step()``, also gathering ``share(result)`` from every rank
+    in the same exchange: ``(result, [share of rank 0, share of rank 1, ...])``.
+
+    ``plain_user_errors``: the exceptions besides :data:`ONE_LINE_ERRORS` that are the user's
+    input, not a bug (``()`` where every user error is already one of them, e.g. a batch).
+    """
+    result, outcome, bug = _outcome(step, plain_user_errors)
+    mine = (outcome, share(result) if outcome is None else None)
+    if is_multi_rank():
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    if bug is not None:
+        raise bug
+    error = _error_for_peers([outcome for outcome, _ in gathered])
+    if error is not None:
+        raise error
+    return result, [shared for _, shared in gathered]
 
 
 def agree_on_errors(step, *args, **kwargs):
@@ -156,23 +220,17 @@ def agree_on_errors(step, *args, **kwargs):
     none is left waiting in a later collective.
 
     A user error (a ValueError or OSError with a user-facing message, or one of
-    :data:`ONE_LINE_ERRORS`) is raised on every rank, named by the first rank that raised one.
-    A bug (any other exception) is re-raised, traceback and all, on the rank that hit it; the
-    other ranks raise :class:`PeerRankError` naming that rank and the bug (a user error on some
-    rank wins: it is what the user can act on). Every rank takes part in the exchange whatever
-    happened: a rank leaving early would leave its peers in it until the collective times out.
+    :data:`ONE_LINE_ERRORS`, its class kept) is raised on every rank, named by the first rank
+    that raised one. A bug (any other exception) is re-raised, traceback and all, on the rank
+    that hit it; the other ranks raise :class:`PeerRankError` naming that rank and the bug (a
+    user error on some rank wins: it is what the user can act on). Every rank takes part in the
+    exchange whatever happened: a rank leaving early would leave its peers in it until the
+    collective times out.
 
     Costs one ``all_gather_object`` over the world: for start-up steps only.
     """
-    result, outcome, bug = _outcome(step, args, kwargs)
-    if is_multi_rank():
-        outcomes = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(outcomes, outcome)
-    else:
-        outcomes = [outcome]
-    if bug is not None:
-        raise bug
-    error = _error_for_peers(outcomes)
-    if error is not None:
-        raise error
-    return result
+    return agree_and_gather(functools.partial(step, *args, **kwargs), _nothing)[0]
+
+
+def _nothing(result) -> None:
+    del result

@@ -101,13 +101,27 @@ def test_user_errors_and_success_are_unchanged(tmp_path):
         ("one line", "UserInputError", "data.jsonl:3: invalid JSON", 2, 0)] * WORLD
 
 
-def test_a_one_line_errors_subclass_travels_as_its_base_class(tmp_path):
-    """The ranks exchange class names: a subclass is sent as the one-line class it derives
-    from (its name alone used to be looked up among the base classes: a KeyError)."""
+def test_a_one_line_errors_subclass_keeps_its_class_on_every_rank(tmp_path):
+    """The ranks exchange class names: every rank raises the subclass itself (a script that
+    catches it sees it on every rank; its exit code is its own)."""
     error = _ShardWriteError("cannot write shard 3 of /ckpt/iter_0000002: disk full")
     assert run_distributed(_agree, WORLD, args=({1: error}, str(tmp_path / "released")),
                            timeout_s=HANG_TIMEOUT_S) == [
-        ("one line", "CheckpointError", str(error), 2, 0)] * WORLD
+        ("one line", "_ShardWriteError", str(error), 2, 0)] * WORLD
+
+
+def _agree_local_class(release: str):
+    class LocalError(CheckpointError):  # no peer can look up a class local to a function
+        pass
+
+    return _agree({1: LocalError("shard 3 is truncated")}, release)
+
+
+def test_a_class_peers_cannot_find_travels_as_its_one_line_base(tmp_path):
+    """Every rank raises what it received, the failing rank too (as for every user error)."""
+    assert run_distributed(_agree_local_class, WORLD, args=(str(tmp_path / "released"),),
+                           timeout_s=HANG_TIMEOUT_S) == [
+        ("one line", "CheckpointError", "shard 3 is truncated", 2, 0)] * WORLD
 
 
 def test_a_bug_without_a_process_group_keeps_its_traceback():
