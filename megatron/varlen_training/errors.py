@@ -200,19 +200,32 @@ def agree_and_gather(step: Callable[[], Any], share: Callable[[Any], Any],
     ``plain_user_errors``: the exceptions besides :data:`ONE_LINE_ERRORS` that are the user's
     input, not a bug (``()`` where every user error is already one of them, e.g. a batch).
     """
-    result, outcome, bug = _outcome(step, plain_user_errors)
-    mine = (outcome, share(result) if outcome is None else None)
-    if is_multi_rank():
-        gathered = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, mine)
-    else:
-        gathered = [mine]
+    def step_and_share():  # a failing share is this rank's failure too, never a hang
+        result = step()
+        return result, share(result)
+
+    pair, outcome, bug = _outcome(step_and_share, plain_user_errors)
+    result, mine = pair if outcome is None else (None, None)
+    gathered = _gather((outcome, mine), bug)
     if bug is not None:
         raise bug
     error = _error_for_peers([outcome for outcome, _ in gathered])
     if error is not None:
         raise error
     return result, [shared for _, shared in gathered]
+
+
+def _gather(mine: tuple, bug: Exception | None) -> list:
+    if not is_multi_rank():
+        return [mine]
+    gathered = [None] * torch.distributed.get_world_size()
+    try:
+        torch.distributed.all_gather_object(gathered, mine)
+    except Exception:  # a peer died meanwhile: this rank's own bug is still the news
+        if bug is not None:
+            raise bug from None
+        raise
+    return gathered
 
 
 def agree_on_errors(step, *args, **kwargs):

@@ -34,16 +34,30 @@ class _Flow:
         self.failing_rank, self.error = failing_rank, error
 
     def build_samples(self, batch):
-        if torch.distributed.get_rank() == self.failing_rank:
+        if torch.distributed.get_rank() == self.failing_rank and self.error is not None:
             raise self.error
         ids = [torch.arange(n) for n in batch]
         return [{"tokens": t, "labels": t, "loss_mask": torch.ones(len(t)), "length": len(t)}
                 for t in ids]
 
 
-def _convert(source: str, failing_rank: int, error: Exception, release: str):
+class _FlowWithoutLossMask(_Flow):
+    """Rank ``failing_rank`` builds samples without a loss mask: the batch's fingerprint,
+    taken in the same exchange, fails there (a KeyError)."""
+
+    def build_samples(self, batch):
+        samples = super().build_samples(batch)
+        if torch.distributed.get_rank() == self.failing_rank:
+            for sample in samples:
+                del sample["loss_mask"]
+        return samples
+
+
+def _convert(source: str, failing_rank: int, error: Exception | None, release: str):
+    flow = _Flow(failing_rank, error) if error is not None else \
+        _FlowWithoutLossMask(failing_rank, error)
     try:
-        samples = global_batch([3, 4], _Flow(failing_rank, error), source)
+        samples = global_batch([3, 4], flow, source)
         return ("converted", [sample["length"] for sample in samples])
     except (PeerRankError, BatchError) as err:
         Path(release).touch()
@@ -73,6 +87,13 @@ def test_a_flow_bug_on_rank_0_with_rank_0_passing_the_batch(tmp_path):
         ("raised", "KeyError", "'messages'"),
         ("one line", "PeerRankError", "rank 0 raised KeyError: 'messages' (a bug: its "
          "traceback is in rank 0's output; this rank stopped with it)")]
+
+
+def test_a_bug_in_the_fingerprint_is_shared_too(tmp_path):
+    assert _run("all_ranks", 1, None, tmp_path) == [
+        ("one line", "PeerRankError", "rank 1 raised KeyError: 'loss_mask' (a bug: its "
+         "traceback is in rank 1's output; this rank stopped with it)"),
+        ("raised", "KeyError", "'loss_mask'")]
 
 
 def test_a_bad_sample_on_one_rank_is_a_batch_error_on_every_rank(tmp_path):
