@@ -134,20 +134,20 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _one_line_class(outcome: _Outcome) -> type:
+def _one_line_class(outcome: _Outcome, kept: tuple) -> type:
     """The user error's own class (BatchError stays a BatchError on every rank, and keeps its
     exit code), else the one-line class it derives from."""
     module, qualname = outcome.kind.split(":")
     found = sys.modules.get(module)
     for name in qualname.split("."):
         found = getattr(found, name, None)
-    if isinstance(found, type) and issubclass(found, ONE_LINE_ERRORS):
+    if isinstance(found, type) and issubclass(found, ONE_LINE_ERRORS + kept):
         return found
     return _ONE_LINE_BY_NAME[outcome.base]
 
 
-def _user_error(outcome: _Outcome) -> Exception:
-    cls = _one_line_class(outcome)
+def _user_error(outcome: _Outcome, kept: tuple) -> Exception:
+    cls = _one_line_class(outcome, kept)
     try:
         return cls(outcome.message)
     except TypeError:  # a constructor that takes more than the message
@@ -161,13 +161,13 @@ def peer_rank_error(rank: int, kind: str, message: str) -> PeerRankError:
                          f"with it)")
 
 
-def _outcome(step, plain_user_errors: tuple):
+def _outcome(step, plain_user_errors: tuple, kept: tuple):
     """(result, the outcome shared with the other ranks: None on success, the bug to re-raise
     here)."""
     try:
         return step(), None, None
-    except ONE_LINE_ERRORS as err:
-        base = next(cls for cls in ONE_LINE_ERRORS if isinstance(err, cls))
+    except ONE_LINE_ERRORS + kept as err:
+        base = next((cls for cls in ONE_LINE_ERRORS if isinstance(err, cls)), UserInputError)
         return None, _Outcome(one_line(err), _class_path(type(err)), base.__name__, False), None
     except plain_user_errors as err:
         user = UserInputError.__name__
@@ -177,7 +177,7 @@ def _outcome(step, plain_user_errors: tuple):
         return None, _Outcome(detail, type(err).__name__, "", True), err
 
 
-def _error_for_peers(outcomes: list) -> Exception | None:
+def _error_for_peers(outcomes: list, kept: tuple) -> Exception | None:
     """The error every rank without a bug raises: the first user error (by rank), else the
     first bug, named; printed once, by the lowest rank that raises it."""
     failed = [(rank, outcome) for rank, outcome in enumerate(outcomes) if outcome is not None]
@@ -186,30 +186,34 @@ def _error_for_peers(outcomes: list) -> Exception | None:
     user_errors = [(rank, outcome) for rank, outcome in failed if not outcome.bug]
     rank, outcome = (user_errors or failed)[0]
     error = (peer_rank_error(rank, outcome.kind, outcome.message) if outcome.bug
-             else _user_error(outcome))
+             else _user_error(outcome, kept))
     error.reporting_rank = min(r for r, outcome in enumerate(outcomes)
                                if outcome is None or not outcome.bug)
     return error
 
 
 def agree_and_gather(step: Callable[[], Any], share: Callable[[Any], Any],
-                     plain_user_errors: tuple = START_UP_USER_ERRORS) -> tuple[Any, list]:
+                     plain_user_errors: tuple = START_UP_USER_ERRORS,
+                     kept_user_errors: tuple = ()) -> tuple[Any, list]:
     """:func:`agree_on_errors` for ``step()``, also gathering ``share(result)`` from every rank
     in the same exchange: ``(result, [share of rank 0, share of rank 1, ...])``.
 
     ``plain_user_errors``: the exceptions besides :data:`ONE_LINE_ERRORS` that are the user's
-    input, not a bug (``()`` where every user error is already one of them, e.g. a batch).
+    input, not a bug (``()`` where every user error is already one of them, e.g. a batch);
+    they become :class:`UserInputError`. ``kept_user_errors``: user errors outside
+    :data:`ONE_LINE_ERRORS` that every rank raises as their own class (the facade's
+    ``ConfigError`` and ``ArgumentValidationError``, which its script hook reports).
     """
     def step_and_share():  # a failing share is this rank's failure too, never a hang
         result = step()
         return result, share(result)
 
-    pair, outcome, bug = _outcome(step_and_share, plain_user_errors)
+    pair, outcome, bug = _outcome(step_and_share, plain_user_errors, kept_user_errors)
     result, mine = pair if outcome is None else (None, None)
     gathered = _gather((outcome, mine), bug)
     if bug is not None:
         raise bug
-    error = _error_for_peers([outcome for outcome, _ in gathered])
+    error = _error_for_peers([outcome for outcome, _ in gathered], kept_user_errors)
     if error is not None:
         raise error
     return result, [shared for _, shared in gathered]
@@ -242,8 +246,9 @@ def agree_on_errors(step, *args, **kwargs):
 
     Costs one ``all_gather_object`` over the world: for start-up steps only.
     """
-    return agree_and_gather(functools.partial(step, *args, **kwargs), _nothing)[0]
+    return agree_and_gather(functools.partial(step, *args, **kwargs), share_nothing)[0]
 
 
-def _nothing(result) -> None:
+def share_nothing(result) -> None:
+    """The ``share`` of :func:`agree_and_gather` when only the errors are exchanged."""
     del result

@@ -142,3 +142,31 @@ def test_a_failed_export_directory_stops_both_ranks():
         f"cannot write the Hugging Face checkpoint to {NOT_CREATABLE!r}: [Errno 2] No such "
         f"file or directory: {NOT_CREATABLE!r} (choose a writable directory: --save-hf, or "
         f"MegatronWrap.save_pretrained's out_dir)"] * 2
+
+
+def rank_initialize_with_save(good: str, bad: str):
+    """Rank 1's ``save`` directory cannot be made (as a node whose disk differs)."""
+    import torch
+
+    from megatron.varlen_training.flag_errors import ArgumentValidationError
+    from megatron.wrap import MegatronWrap
+
+    save = bad if torch.distributed.get_rank() == 1 else good
+    with MegatronWrap({**CONFIG, "checkpoint": {"save": save}}) as wrap:
+        try:
+            wrap.initialize()
+        except ArgumentValidationError as err:
+            return str(err)
+    return "initialized"
+
+
+def test_a_flag_failing_on_one_rank_stops_both_in_the_facade(tmp_path):
+    """The facade checks its flags after the process group exists: rank 0 used to go on to
+    the tokenizer's agreement and lose rank 1 there (a gloo error, or a hang on NCCL)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")  # a path below a file cannot be created, even by root
+    bad = str(blocker / "ckpt")
+    assert run_distributed(rank_initialize_with_save, 2, args=(str(tmp_path / "ok"), bad),
+                           timeout_s=TWO_RANK_LIMIT_S) == [
+        f"--save directory '{bad}' is not writable (Not a directory); checked at start-up so "
+        f"no training is lost at the first save"] * 2
