@@ -22,7 +22,7 @@ from megatron.varlen_training import (
     recompute_arguments, reliability_arguments, run_description, schedule_arguments,
     sft_arguments, varlen_arguments,
 )
-from megatron.varlen_training.errors import print_error_line
+from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
 from megatron.varlen_training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling import pad_multiple
@@ -391,9 +391,8 @@ def exit_on_flag_errors(prog: str):
     """For entry points: a bad flag prints one line and exits with code 2 (never a hang)."""
     try:
         yield
-    except ArgumentValidationError as err:
-        print_error_line(prog, err)  # under torchrun every rank fails: rank 0
-        sys.exit(ERROR_EXIT_CODE)
+    except ArgumentValidationError as err:  # peers waiting for this rank are told first
+        report_start_up_error(prog, err)
 
 
 def parse_args_or_exit(argv: list[str] | None = None,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import multiprocessing
 import os
 import re
@@ -51,7 +52,7 @@ from megatron.varlen_training.checkpoint_safe_load import (
 )
 from megatron.varlen_training.errors import (
     INTERRUPTED_EXIT_CODE, PEER_LOST_MARKERS, TRAINING_FAILED_EXIT_CODE, CheckpointError,
-    agree_on_errors, one_line,
+    agree_and_gather, agree_on_errors, one_line,
 )
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
@@ -184,22 +185,29 @@ def _io_failure(err: BaseException) -> str | None:
     return None
 
 
-def _agree_on_save(step, *args) -> list:
-    """Runs ``step(*args)`` on every rank and gathers the results (rank order); if any rank
-    hit an I/O failure, raises it on every rank, so none waits for a peer that gave up."""
-    result, failure = None, None
+def _save_step(step, args: tuple):
+    """``step(*args)``, an I/O failure raised as :class:`_IOFailure` (one line); a bug or a
+    lost peer keeps its own exception."""
     try:
-        result = step(*args)
+        return step(*args)
     except (OSError, RuntimeError) as err:
         failure = _io_failure(err)
         if failure is None:
             raise
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, (result, failure))
-    failures = [failure for _, failure in gathered if failure is not None]
-    if failures:
-        raise _IOFailure(failures[0])
-    return [result for result, _ in gathered]
+        raise _IOFailure(failure) from err
+
+
+def _agree_on_save(step, *args) -> list:
+    """Runs ``step(*args)`` on every rank and gathers the results (rank order); if any rank
+    hit an I/O failure, raises it on every rank, so none waits for a peer that gave up; a bug
+    on one rank keeps its traceback there and stops the others in one line
+    (``errors.agree_and_gather``)."""
+    return agree_and_gather(functools.partial(_save_step, step, args), _as_shared,
+                            plain_user_errors=(), kept_user_errors=(_IOFailure,))[1]
+
+
+def _as_shared(result):
+    return result
 
 
 def _on_rank_0(step, *args):

@@ -1,10 +1,9 @@
-"""Process-level set-up: device layer, torch.distributed, megatron parallel state, seeds."""
+"""Process-level set-up: device layer, torch.distributed (process_group.py), megatron parallel
+state, seeds."""
 
 from __future__ import annotations
 
-import os
 import random
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -15,40 +14,8 @@ from megatron.varlen_training.arguments import format_arguments
 from megatron.varlen_training.config import MoEConfig, ParallelConfig, RunConfig
 from megatron.varlen_training.errors import UserInputError
 from megatron.varlen_training.log import print_rank_0
-from megatron.varlen.platform import cpu_device, destroy_dynamic_cp_groups, gloo_cuda
-
-# A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
-DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
-LOOPBACK = "127.0.0.1"
-ANY_PORT = 0  # bound with port 0, a socket gets a port the OS picks, held from that moment
-
-
-def initialize_distributed(timeout_minutes: float | None = None) -> None:
-    """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU.
-
-    Without RANK (a plain ``python pretrain_gpt.py``) the run is a 1-rank job whose group
-    meets at a store it hosts on a port the OS picks (the store torchrun would give it, minus a
-    fixed MASTER_PORT): two such runs on one machine never compete for a port.
-
-    ``timeout_minutes`` (``--distributed-timeout-minutes``) bounds how long a collective waits
-    for a peer that neither answers nor closes its connection (a killed peer is reported at
-    once); default :data:`DISTRIBUTED_TIMEOUT`.
-    """
-    cpu_device.activate()
-    if torch.distributed.is_initialized():
-        return
-    if not cpu_device.use_cpu():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    timeout = DISTRIBUTED_TIMEOUT if timeout_minutes is None else timedelta(minutes=timeout_minutes)
-    if "RANK" in os.environ:  # torchrun (or a launcher like it): env://
-        torch.distributed.init_process_group(backend=cpu_device.get_backend(), timeout=timeout)
-        return
-    # RANK stays unset (every reader defaults to rank 0 of 1): a later initialisation in this
-    # process, after a teardown, is a 1-rank job again with a store of its own.
-    store = torch.distributed.TCPStore(LOOPBACK, ANY_PORT, world_size=1, is_master=True,
-                                       timeout=timeout)  # the process group keeps it alive
-    torch.distributed.init_process_group(backend=cpu_device.get_backend(), store=store, rank=0,
-                                         world_size=1, timeout=timeout)
+from megatron.varlen_training.process_group import initialize_distributed
+from megatron.varlen.platform import destroy_dynamic_cp_groups, gloo_cuda
 
 
 def initialize_model_parallel(parallel: ParallelConfig, moe: MoEConfig | None = None) -> None:

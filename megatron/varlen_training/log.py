@@ -80,6 +80,14 @@ def get_world_size() -> int:
     return int(os.environ.get(WORLD_SIZE_ENV_VAR, "1"))
 
 
+def is_multi_rank() -> bool:
+    """torch.distributed is initialised with more than one rank: a collective is needed to agree
+    (and a rank that skips one leaves its peers waiting). Unlike :func:`get_world_size`, never
+    the ``WORLD_SIZE`` of a process group that does not exist yet: no collective can run then."""
+    distributed = _initialized_distributed()
+    return distributed is not None and distributed.get_world_size() > 1
+
+
 def is_last_rank() -> bool:
     """Megatron-LM's logging rank for losses: the last rank is on the last pipeline stage."""
     return get_rank() == get_world_size() - 1

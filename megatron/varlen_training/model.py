@@ -9,6 +9,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.varlen_training.config import ModelConfig, RunConfig
+from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.layout_invariant_init import initialize_layout_invariant
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.varlen_arguments import precision_dtype
@@ -150,8 +151,8 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
     initialize_layout_invariant(
         chunks, seed=run.training.seed, std=model.init_method_std, num_layers=model.num_layers,
         tied_output=model.tied_output, gated_mlp=model.swiglu)
-    if import_weights is not None:
-        import_weights(chunks)
+    if import_weights is not None:  # a rank's slice may be missing or misshapen: agree
+        agree_on_errors(import_weights, chunks)
     # Built and initialised on the host (use_cpu_initialization: the same weights on any
     # device), then moved once to where training runs; DDP buffers and optimizer state follow.
     chunks = [chunk.to(get_device()) for chunk in chunks]

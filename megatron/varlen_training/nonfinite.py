@@ -19,6 +19,7 @@ import math
 import torch
 
 from megatron.varlen_training.errors import NonFiniteLossError
+from megatron.varlen_training.log import is_multi_rank
 from megatron.varlen.packing import host_to_device
 from megatron.varlen.platform import get_device
 
@@ -32,7 +33,7 @@ def _is_bad(value) -> bool:
 def _agreed(flags: list[int]) -> list[int]:
     """``flags`` MAX-reduced over the world: the same list on every rank. One read back of the
     reduced flags (the decision must be the same everywhere); none with a single process."""
-    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+    if not is_multi_rank():
         return flags
     reduced = host_to_device(torch.tensor(flags, dtype=torch.int32), get_device())
     torch.distributed.all_reduce(reduced, op=torch.distributed.ReduceOp.MAX)

@@ -18,10 +18,14 @@ ranks that disagree with rank 0, instead of training each replica on another bat
 Either way every rank ends up with the whole global batch (each DP replica then takes its own
 block, and the flow's extra fields are packed from it), and every check runs before the first
 collective of the step, so a bad sample raises the same one-line ValueError on every rank.
+A bug in the flow's code on one rank (any exception but a BatchError, a plain ValueError too)
+keeps its traceback there; the other ranks stop in one line naming it
+(``errors.PeerRankError``), never waiting for it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +33,8 @@ from typing import Any
 import torch.distributed as dist
 
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.errors import agree_and_gather, peer_rank_error
+from megatron.varlen_training.log import is_multi_rank
 from megatron.wrap.config.keys import BATCH_SOURCES
 from megatron.wrap.flows import fields
 from megatron.wrap.flows.fields import BatchError
@@ -36,7 +42,7 @@ from megatron.wrap.flows.fields import BatchError
 SEQ_LENGTH_KEY = "seq_length"
 _HASHED_FIELDS = ("tokens", "labels", "loss_mask")
 _DIGEST_BYTES = 8  # a 64-bit content hash: an accidental match is not a concern
-_OK, _USER_ERROR, _CRASH = "ok", "user error", "crash"
+_OK, _USER_ERROR, _CRASH = "ok", "user error", "crash"  # rank 0's batch, as broadcast
 
 
 def length_limit(run: RunConfig) -> tuple[int, str]:
@@ -83,7 +89,7 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     if source not in BATCH_SOURCES:
         raise BatchError(f"batch source {source!r} (config key 'wrap.batch_source'): choose "
                          f"from {', '.join(BATCH_SOURCES)}")
-    if dist.get_world_size() == 1:
+    if not is_multi_rank():
         return _convert(batch, flow, what)
     if source == "all_ranks":
         return _agreed_batch(batch, flow, what)
@@ -92,10 +98,10 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     if dist.get_rank() == 0:
         try:
             payload = [(_OK, _convert(batch, flow, what))]
-        except ValueError as err:
+        except BatchError as err:
             payload = [(_USER_ERROR, str(err))]
         except Exception as err:  # other ranks must not wait forever for a crashed rank 0
-            payload, error = [(_CRASH, f"{type(err).__name__}: {err}")], err
+            payload, error = [(_CRASH, (type(err).__name__, str(err)))], err
     dist.broadcast_object_list(payload, src=0)
     status, value = payload[0]
     if error is not None:
@@ -103,7 +109,7 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     if status == _USER_ERROR:
         raise BatchError(value)
     if status == _CRASH:
-        raise RuntimeError(f"rank 0 failed to build the batch: {value}")
+        raise peer_rank_error(0, *value)
     return value
 
 
@@ -118,26 +124,16 @@ def fingerprint(samples: list[dict]) -> tuple[int, int, str]:
 
 
 def _agreed_batch(batch, flow, what: str) -> list[dict]:
-    """Converts this rank's copy of the batch; every rank raises if any rank's copy was bad or
-    differs from rank 0's (module docstring)."""
-    samples, error, mine = None, None, None
-    try:
-        samples = _convert(batch, flow, what)
-        mine = (_OK, fingerprint(samples))
-    except ValueError as err:
-        error, mine = err, (_USER_ERROR, str(err))
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    if error is not None:
-        raise error
-    failed = [rank for rank, (status, _) in enumerate(gathered) if status != _OK]
-    if failed:
-        raise BatchError(f"rank {failed[0]} rejected its batch: {gathered[failed[0]][1]}")
-    reference = gathered[0][1]
-    differ = [rank for rank, (_, value) in enumerate(gathered) if value != reference]
+    """Converts this rank's copy of the batch; every rank raises if any rank's copy was bad
+    (errors.agree_and_gather: the first bad copy's error; a bug in the flow keeps its traceback
+    on its rank) or differs from rank 0's (module docstring)."""
+    # Only BatchError is the user's input: a plain ValueError comes from the flow's code.
+    samples, prints = agree_and_gather(functools.partial(_convert, batch, flow, what),
+                                       fingerprint, plain_user_errors=())
+    differ = [rank for rank, value in enumerate(prints) if value != prints[0]]
     if differ:
         def describe(rank):
-            count, tokens, _ = gathered[rank][1]
+            count, tokens, _ = prints[rank]
             return f"rank {rank}: {count} samples, {tokens} tokens"
         raise BatchError(
             f"{what}(): the batch differs across ranks with batch_source 'all_ranks' (ranks "

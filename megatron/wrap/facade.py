@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,9 @@ import torch.distributed as dist
 
 from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.errors import agree_and_gather, share_nothing
+from megatron.varlen_training.flag_errors import ArgumentValidationError
+from megatron.varlen_training.hf.config import HFConfigError
 from megatron.varlen_training.initialize import initialize_distributed
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
@@ -135,7 +139,11 @@ class MegatronWrap(ParallelStateMixin):
         self._owns_process_group = not dist.is_initialized()
         initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
         script_errors.install_excepthook()  # outside torch's, which init_process_group added
-        run, console = runtime.run_config_of(self.config, dist.get_world_size())
+        # A flag check can fail on one rank only (a --save directory its node cannot write):
+        # the ranks agree before any of them goes on to the next collective.
+        run, console = agree_and_gather(
+            functools.partial(runtime.run_config_of, self.config, dist.get_world_size()),
+            share_nothing, kept_user_errors=(ArgumentValidationError, ConfigError))[0]
         self.trainer = Trainer(run, GPT, checkpoint_files={CONFIG_FILENAME: self.config.to_yaml()},
                                console=console)
         self.trainer.start()  # close() tears down what it set up, even if it fails midway
@@ -295,8 +303,11 @@ class MegatronWrap(ParallelStateMixin):
         ``transformers.AutoModelForCausalLM.from_pretrained`` loads, plus the tokenizer's files
         if it is a Hugging Face one. Every rank must call it; returns ``out_dir``."""
         self._require(self.state, "setup_model_and_optimizer()")
-        with params_gathered(self.state.model):  # --overlap-param-gather: current weights
-            return self.trainer.family.hf.save(self.run, self.state.model, str(out_dir))
+        try:
+            with params_gathered(self.state.model):  # --overlap-param-gather: current weights
+                return self.trainer.family.hf.save(self.run, self.state.model, str(out_dir))
+        except HFConfigError as err:  # the same model on every rank: raised on every rank
+            raise ConfigError(f"save_pretrained({str(out_dir)!r}): {err}") from None
 
     def load(self, path: str | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its

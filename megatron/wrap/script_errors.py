@@ -7,9 +7,13 @@ bad input, 1 for a run that went wrong), on every rank, without a traceback
 the facade installs a ``sys.excepthook`` (at construction) that does the same for the errors
 listed in :data:`SCRIPT_USER_ERRORS` that nobody caught: ``<script>: error: <message>``, once,
 then the exit code. Every other exception (a bug in the script or here) goes to the hook that
-was there before, traceback and all. A script that catches the errors itself sees no change
-(they are ValueErrors, but for a non-finite loss, an impossible packing schedule and a missing
-main guard, which are RuntimeErrors).
+was there before, traceback and all. That includes a plain ValueError raised by the user's own
+code, their script or their flow (``build_samples``, ``loss``): it is their bug, not their input.
+Where such a bug hits one rank of several inside a step the ranks agree on (a batch's
+conversion, a start-up step), the other ranks stop with ``errors.PeerRankError``: one line
+naming that rank and its exception, exit code 1. A script that catches the errors itself sees
+no change (they are ValueErrors, but for a non-finite loss, an impossible packing schedule, a
+bug on another rank and a missing main guard, which are RuntimeErrors).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from megatron.wrap.main_guard import MissingMainGuardError
 
 # The errors a user acts on. ONE_LINE_ERRORS: bad data, batches and samples (UserInputError,
 # megatron.wrap.flows.fields.BatchError), a checkpoint that is bad or does not match the run, a
-# non-finite loss, an impossible packing schedule; ArgumentValidationError: a bad flag value in
-# the config; ConfigError: a bad config tree or key; MissingMainGuardError: a script to fix.
+# non-finite loss, an impossible packing schedule, another rank's bug (PeerRankError);
+# ArgumentValidationError: a bad flag value in the config; ConfigError: a bad config tree or
+# key; MissingMainGuardError: a script to fix.
 SCRIPT_USER_ERRORS = ONE_LINE_ERRORS + (ArgumentValidationError, ConfigError,
                                         MissingMainGuardError)
 

@@ -14,8 +14,9 @@ module covers the rest:
 3. the other ranks build from the cache, and every rank learns whether that worked.
 
 A failure on any rank then ends every rank with the same one-line :class:`UserInputError`
-(a bug keeps its traceback on the rank where it happened); the datasets built are megatron-core's
-own, from the same builder code, in the same rank order.
+(a bug keeps its traceback on the rank where it happened, the others stop in one line naming
+it: ``errors.agree_on_errors`` does both); the datasets built are megatron-core's own, from the
+same builder code, in the same rank order.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from megatron.core.datasets.blended_megatron_dataset_builder import (
 )
 from megatron.core.datasets.utils import Split
 
-from megatron.varlen_training.errors import UserInputError, one_line
+from megatron.varlen_training.errors import UserInputError, agree_on_errors, one_line
+from megatron.varlen_training.log import is_multi_rank
 
 BUILDING_RANK = 0  # megatron-core's cache writer: global rank 0
 CACHE_HINT = "--data-cache-path must name a writable directory with free space"
@@ -63,35 +65,30 @@ def _failure_message(err: Exception) -> str:
     return f"megatron-core's dataset builder raised {type(err).__name__}: {one_line(err)}"
 
 
+def _build(build: Callable[[], Any] | None) -> Any:
+    """This rank's turn (None: not its turn); a user error names the rank (rank 0 writes the
+    cache, the others read it: which one failed tells where to look)."""
+    if build is None:
+        return None
+    try:
+        return build()
+    except (OSError, ValueError) as err:
+        where = f"rank {torch.distributed.get_rank()}: " if is_multi_rank() else ""
+        raise UserInputError(where + _failure_message(err)) from err
+
+
 def _turn(build: Callable[[], Any] | None) -> Any:
-    """Runs ``build`` (None: not this rank's turn), then shares the outcome with every rank;
-    raises on every rank if any rank failed."""
-    result, failure = None, None
-    if build is not None:
-        try:
-            result = build()
-        except Exception as err:  # reported to every rank below, then raised here too
-            failure = err
-    message = None if failure is None else _failure_message(failure)
-    statuses = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(statuses, message)
-    if failure is not None and not isinstance(failure, (OSError, ValueError)):
-        raise failure  # a bug: its own traceback on this rank (the others stop below)
-    failed = [(rank, status) for rank, status in enumerate(statuses) if status is not None]
-    if failed:
-        rank, status = failed[0]
-        raise UserInputError(f"rank {rank}: {status}")
-    return result
+    """Runs ``build`` (None: not this rank's turn), then shares the outcome with every rank
+    (:func:`agree_on_errors`: a user error on every rank; a bug keeps its traceback on its rank
+    and stops the others in one line)."""
+    return agree_on_errors(_build, build)
 
 
 def build_in_rank_order(builder: BlendedMegatronDatasetBuilder) -> list:
     """``builder.build()`` on global rank 0, then on the other ranks (from the cache rank 0
-    wrote); a failure on any rank raises :class:`UserInputError` on every rank."""
-    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
-        try:
-            return builder.build()
-        except OSError as err:
-            raise UserInputError(_failure_message(err)) from err
+    wrote); a failure on any rank raises on every rank (:func:`_turn`)."""
+    if not is_multi_rank():
+        return _turn(builder.build)
     first = torch.distributed.get_rank() == BUILDING_RANK
     built = _turn(builder.build if first else None)
     later = _turn(None if first else builder.build)

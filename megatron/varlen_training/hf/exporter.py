@@ -18,6 +18,7 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.errors import UserInputError, agree_on_errors, one_line
 from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import (
     HFModelConfig, config_from_model, load_hf_config, to_config_json,
@@ -37,6 +38,7 @@ TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _TIED_OUTPUT = "output_layer.weight"
+EXPORT_HINT = "choose a writable directory: --save-hf, or MegatronWrap.save_pretrained's out_dir"
 _EXPERT_INDEX = re.compile(r"(experts\.local_experts\.)(\d+)\.")
 
 
@@ -142,8 +144,45 @@ def _write_metadata(out_dir: str, config: HFModelConfig, weight_map: dict[str, s
             json.dump(generation, handle, indent=2)
 
 
+def _on_disk(write, out_dir: str, *args, **kwargs):
+    """``write(*args, **kwargs)``; an I/O error is a one-line user error naming ``out_dir``."""
+    try:
+        return write(*args, **kwargs)
+    except OSError as err:
+        raise UserInputError(f"cannot write the Hugging Face checkpoint to {out_dir!r}: "
+                             f"{one_line(err)} ({EXPORT_HINT})") from err
+
+
+def _make_out_dir(out_dir: str) -> None:
+    if torch.distributed.get_rank() == 0:
+        _on_disk(os.makedirs, out_dir, out_dir, exist_ok=True)
+
+
+def _write_stage(out_dir: str, filename: str, tensors: dict) -> tuple[dict[str, str], int]:
+    """This stage's shard, written by TP rank 0 of the first replica; ``(part, bytes)``."""
+    if not (_is_first_replica() and parallel_state.get_tensor_model_parallel_rank() == 0):
+        return {}, 0
+    _on_disk(write_shard, out_dir, os.path.join(out_dir, filename), tensors)
+    return ({name: filename for name in tensors},
+            sum(t.numel() * t.element_size() for t in tensors.values()))
+
+
+def _write_rank_0_files(out_dir: str, config: HFModelConfig, parts: list, pp_size: int,
+                        dtype: torch.dtype) -> None:
+    if torch.distributed.get_rank() != 0:
+        return
+    weight_map = {name: f for names, _ in parts for name, f in names.items()}
+    _on_disk(_write_metadata, out_dir, out_dir, config, weight_map, sum(b for _, b in parts),
+             dtype)
+    if pp_size == 1 and os.path.exists(os.path.join(out_dir, INDEX_FILE)):
+        _on_disk(os.remove, out_dir, os.path.join(out_dir, INDEX_FILE))  # an earlier export's
+
+
 def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig) -> str:
     """Writes the model (this rank's unwrapped chunks, all ranks calling) to ``out_dir``.
+
+    Each write ends in :func:`agree_on_errors` instead of a barrier: a rank that cannot write
+    (a read-only or full disk) stops every rank in one line instead of leaving them waiting.
 
     Returns:
         ``out_dir``.
@@ -151,26 +190,13 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     filename = SINGLE_FILE if pp_size == 1 else SHARD_FORMAT.format(pp_rank + 1, pp_size)
-    part: dict[str, str] = {}
-    total_bytes = 0
     dtype = next(chunks[0].parameters()).dtype
-    if torch.distributed.get_rank() == 0:
-        os.makedirs(out_dir, exist_ok=True)
-    torch.distributed.barrier()
+    agree_on_errors(_make_out_dir, out_dir)
     tensors = stage_tensors(chunks, config)
-    if _is_first_replica():
-        if parallel_state.get_tensor_model_parallel_rank() == 0:
-            write_shard(os.path.join(out_dir, filename), tensors)
-            part = {name: filename for name in tensors}
-            total_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    part = agree_on_errors(_write_stage, out_dir, filename, tensors)
     parts = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(parts, (part, total_bytes))
-    if torch.distributed.get_rank() == 0:
-        weight_map = {name: f for names, _ in parts for name, f in names.items()}
-        _write_metadata(out_dir, config, weight_map, sum(b for _, b in parts), dtype)
-        if pp_size == 1 and os.path.exists(os.path.join(out_dir, INDEX_FILE)):
-            os.remove(os.path.join(out_dir, INDEX_FILE))  # a stale index from an earlier export
-    torch.distributed.barrier()
+    torch.distributed.all_gather_object(parts, part)
+    agree_on_errors(_write_rank_0_files, out_dir, config, parts, pp_size, dtype)
     return out_dir
 
 
@@ -196,6 +222,11 @@ def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
     return copied
 
 
+def _copy_tokenizer_on_rank_0(tokenizer_dir: str, out_dir: str) -> None:
+    if torch.distributed.get_rank() == 0:
+        _on_disk(copy_tokenizer_files, out_dir, tokenizer_dir, out_dir)
+
+
 def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
     """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
     with the run's Hugging Face tokenizer files (``--tokenizer-model``) if it has one."""
@@ -203,8 +234,7 @@ def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = 
     config = export_config(run)
     path = export_hf([unwrap(chunk) for chunk in model], out_dir, config)
     data = run.data
-    if torch.distributed.get_rank() == 0 and data.tokenizer_type == "HuggingFaceTokenizer":
-        copy_tokenizer_files(data.tokenizer_model, out_dir)
-    torch.distributed.barrier()
+    if data.tokenizer_type == "HuggingFaceTokenizer":
+        agree_on_errors(_copy_tokenizer_on_rank_0, data.tokenizer_model, out_dir)
     print_rank_0(f"> saved Hugging Face checkpoint ({config.architecture}) to {path}")
     return path

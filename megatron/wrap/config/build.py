@@ -5,6 +5,7 @@ Runs in a plain Python process: no torch.distributed, no torchrun.
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ def build_config(
     Raises:
         ConfigError: Any user error in the tree, the overrides or the keys (one line).
     """
+    _check_source(source)
     roots = _as_roots(configs_root)
     view = _megatron_wrap_view(source, TreeResolver(roots))
     if view is not None:
@@ -90,6 +92,12 @@ def build_config(
     apply_overrides(tree, overrides)
     flat = flatten_tree(tree, _known_keys(known_keys))
     return WrapConfig(flat=flat.flat, facade=flat.facade, sources=flat.sources, tree=untag(tree))
+
+
+def _check_source(source) -> None:
+    if not isinstance(source, (str, os.PathLike, Mapping)):
+        raise ConfigError(f"a config is a YAML file path or a mapping of sections, got "
+                          f"{type(source).__name__} {source!r:.60}")
 
 
 def _megatron_wrap_view(source: PathLike | Mapping[str, Any],

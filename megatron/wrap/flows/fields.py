@@ -19,6 +19,7 @@ import torch
 from megatron.varlen_training.errors import UserInputError
 
 VOCAB_KEY = "vocab_size"
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what an int field's tensor (torch.long) holds
 
 
 class BatchError(UserInputError):
@@ -62,6 +63,9 @@ def _as_int_tensor(value: Any, index: int, field: str) -> torch.Tensor:
         if isinstance(item, bool) or not isinstance(item, Integral):
             raise sample_error(index, field, f"expected {expected}, but item {position} is "
                                              f"{type(item).__name__} {_describe(item)}")
+        if not INT64_MIN <= item <= INT64_MAX:  # torch would fail with a bare ValueError
+            raise sample_error(index, field, f"item {position} is {_describe(item)}, outside "
+                                             f"the int64 range [-2**63, 2**63)")
     return torch.tensor([int(item) for item in value], dtype=torch.long)
 
 

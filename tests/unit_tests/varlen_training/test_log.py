@@ -205,6 +205,24 @@ def test_one_line_errors_print_once_on_rank_0_to_stderr(capsys, monkeypatch):
     assert capsys.readouterr() == ("", "pretrain_gpt.py: error: bad value\n")
 
 
+def test_an_agreed_error_is_printed_by_the_rank_it_names(capsys, monkeypatch):
+    """Rank 0 may be the rank whose bug the error reports (it shows the traceback instead)."""
+    error = RuntimeError("rank 0 raised KeyError: 'x'")
+    error.reporting_rank = 1
+    monkeypatch.setenv("RANK", "0")
+    print_error_line("pretrain_gpt.py", error)
+    assert capsys.readouterr() == ("", "")
+    monkeypatch.setenv("RANK", "1")
+    print_error_line("pretrain_gpt.py", error)
+    assert capsys.readouterr() == ("", "pretrain_gpt.py: error: rank 0 raised KeyError: 'x'\n")
+
+
+def test_several_ranks_means_a_process_group_not_the_launchers_variables(monkeypatch):
+    """WORLD_SIZE is set before the process group exists: no collective can run yet."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert log.get_world_size() == 4 and not log.is_multi_rank()
+
+
 # --- the whole package logs through this module (static) -----------------------------------
 
 PACKAGE = Path(__file__).resolve().parents[3] / "megatron"

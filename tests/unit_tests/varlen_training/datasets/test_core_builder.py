@@ -6,6 +6,8 @@ built rank 0 first."""
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import (
@@ -16,7 +18,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 
 from megatron.varlen_training.config import DataConfig
 from megatron.varlen_training.datasets.indexed import build_indexed_datasets
-from megatron.varlen_training.errors import UserInputError
+from megatron.varlen_training.errors import PeerRankError, UserInputError
 from megatron.varlen_training.tokenizer import BYTE_EOD, ByteLevelTokenizer
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
@@ -116,7 +118,7 @@ def _outcome(error: Exception):
 
     try:
         return ("built", build_in_rank_order(_FailsOnRank1(error)))
-    except UserInputError as err:
+    except (UserInputError, PeerRankError) as err:
         return ("one line", str(err))
     except Exception as err:  # noqa: BLE001 -- a bug's own exception, kept on its rank
         return ("raised", type(err).__name__)
@@ -124,7 +126,8 @@ def _outcome(error: Exception):
 
 def test_failure_on_a_later_rank_stops_rank_0_too():
     """Rank 0 has built; rank 1 fails in its turn. An I/O error is one line on both ranks; a
-    bug keeps its exception on rank 1, and rank 0 stops with the line naming it."""
+    bug keeps its exception on rank 1, and rank 0 stops with the line naming it (the line of
+    every bug errors.agree_on_errors shares, which this module's turns are built on)."""
     io_error = FileNotFoundError(2, "No such file or directory", "/cache/x-document_index.npy")
     assert run_distributed(_outcome, WORLD, args=(io_error,), timeout_s=RUN_TIMEOUT_S) == [
         ("one line", "rank 1: megatron-core could not build its datasets: [Errno 2] No such "
@@ -132,5 +135,49 @@ def test_failure_on_a_later_rank_stops_rank_0_too():
                      "name a writable directory with free space)")] * WORLD
     bug = KeyError("split")
     assert run_distributed(_outcome, WORLD, args=(bug,), timeout_s=RUN_TIMEOUT_S) == [
-        ("one line", "rank 1: megatron-core's dataset builder raised KeyError: 'split'"),
+        ("one line", "rank 1 raised KeyError: 'split' (a bug: its traceback is in rank 1's "
+                     "output; this rank stopped with it)"),
         ("raised", "KeyError")]
+
+
+HANG_TIMEOUT_S = 30  # what a rank left waiting would hit: short, so a hang fails fast
+RELEASE_WAIT_S = 90  # longer than that: only rank 0 leaving the build releases rank 1
+POLL_S = 0.05
+
+
+def _index_bug(self):
+    raise IndexError("index 40 is out of bounds for axis 0 with size 40")
+
+
+def _build_with_a_bug_on_rank_1(data_path: list[str], cache: str, release: str):
+    """megatron-core's builder (through build_indexed_datasets) with a bug in its GPTDataset on
+    rank 1, which reads the cache after rank 0 wrote it. Rank 1 stays alive until rank 0 has
+    left: the bug's rank exiting must not be what frees rank 0."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    if torch.distributed.get_rank() == 1:
+        GPTDataset._build_document_sample_shuffle_indices = _index_bug
+    try:
+        return ("built", _build_or_error(data_path, cache))
+    except PeerRankError as err:
+        Path(release).touch()
+        return ("one line", str(err))
+    except IndexError as err:
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while not Path(release).exists() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        return ("raised", type(err).__name__, err.__traceback__ is not None)
+
+
+def test_a_bug_in_megatron_cores_builder_on_rank_1_ends_rank_0_in_one_line(tmp_path):
+    prefix = str(tmp_path / "corpus")
+    write_corpus(prefix, 120, seed=1)
+    results = run_distributed(_build_with_a_bug_on_rank_1, WORLD,
+                              args=([prefix], str(tmp_path / "cache"),
+                                    str(tmp_path / "released")),
+                              timeout_s=HANG_TIMEOUT_S)
+    assert results == [
+        ("one line", "rank 1 raised IndexError: index 40 is out of bounds for axis 0 with "
+                     "size 40 (a bug: its traceback is in rank 1's output; this rank stopped "
+                     "with it)"),
+        ("raised", "IndexError", True)]

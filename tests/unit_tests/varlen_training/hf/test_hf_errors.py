@@ -103,3 +103,30 @@ def test_save_hf_needs_an_exportable_architecture():
 
     message = _error(TINY_GPT_ARGS + ["--train-iters", "1", "--save-hf", "/tmp/unused"])
     assert "--save-hf: export to Hugging Face needs --normalization RMSNorm" in message
+
+
+def test_a_tensor_missing_from_the_weights_is_one_line_at_import(tmp_path, llama):
+    """Found while the weights load (after start-up): one line through pretrain_gpt.py, exit
+    code 2, not a traceback (the import is agreed across ranks: model.build_model)."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file, save_file
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for name in os.listdir(llama):
+        if name != "model.safetensors":
+            os.symlink(llama / name, damaged / name)
+    tensors = load_file(str(llama / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(damaged / "model.safetensors"), metadata={"format": "pt"})
+    repo = Path(__file__).resolve().parents[4]
+    proc = subprocess.run([sys.executable, "pretrain_gpt.py", *model_argv(damaged)], cwd=repo,
+                          capture_output=True, text=True, timeout=180,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo),
+                               "PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and lines == [
+        f"pretrain_gpt.py: error: Hugging Face checkpoint '{damaged}' has no tensor "
+        f"'model.norm.weight'"], proc.stderr[-3000:]

@@ -1,0 +1,101 @@
+"""Joining the job's process group, and the first thing every rank does in it: agree on the
+start-up errors of ranks that failed before the group existed.
+
+Under torchrun a rank that exits is seen by the agent, which stops the others. Without an agent
+(srun, or a plain ``python pretrain_gpt.py`` per rank with RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT set, rank 0 hosting the store), a rank that exits at a bad flag leaves the others in
+``init_process_group`` until the timeout (10 minutes), then a traceback; and its one error line
+is lost unless it is rank 0 (only rank 0 prints what every rank is assumed to share). So a rank
+whose flags fail joins the group all the same (:func:`report_start_up_error`), and every rank
+that joins makes :func:`errors.agree_on_errors` on its start-up error its first collective:
+every rank stops with the one line, printed once, exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from typing import NoReturn
+
+import torch
+
+from megatron.varlen.platform import cpu_device
+from megatron.varlen_training.errors import (ONE_LINE_ERRORS, USAGE_EXIT_CODE, agree_on_errors,
+                                              flush_standard_streams, print_error_line)
+
+# A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
+DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
+LOOPBACK = "127.0.0.1"
+ANY_PORT = 0  # bound with port 0, a socket gets a port the OS picks, held from that moment
+# What env:// reads: a process that has them all is one rank of a job its launcher started.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def initialize_distributed(timeout_minutes: float | None = None,
+                           start_up_error: Exception | None = None) -> None:
+    """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU.
+
+    Without RANK (a plain ``python pretrain_gpt.py``) the run is a 1-rank job whose group
+    meets at a store it hosts on a port the OS picks (the store torchrun would give it, minus a
+    fixed MASTER_PORT): two such runs on one machine never compete for a port.
+
+    ``timeout_minutes`` (``--distributed-timeout-minutes``) bounds how long a collective waits
+    for a peer that neither answers nor closes its connection (a killed peer is reported at
+    once); default :data:`DISTRIBUTED_TIMEOUT`. ``start_up_error``: this rank's own, shared in
+    the first collective (module docstring); any rank's is raised on every rank.
+    """
+    cpu_device.activate()
+    if torch.distributed.is_initialized():
+        return
+    if not cpu_device.use_cpu():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = DISTRIBUTED_TIMEOUT if timeout_minutes is None else timedelta(minutes=timeout_minutes)
+    if "RANK" in os.environ:  # torchrun (or a launcher like it): env://
+        torch.distributed.init_process_group(backend=cpu_device.get_backend(), timeout=timeout)
+        agree_on_errors(_raise, start_up_error)  # every joining rank's first collective
+        return
+    # RANK stays unset (every reader defaults to rank 0 of 1): a later initialisation in this
+    # process, after a teardown, is a 1-rank job again with a store of its own.
+    store = torch.distributed.TCPStore(LOOPBACK, ANY_PORT, world_size=1, is_master=True,
+                                       timeout=timeout)  # the process group keeps it alive
+    torch.distributed.init_process_group(backend=cpu_device.get_backend(), store=store, rank=0,
+                                         world_size=1, timeout=timeout)
+    _raise(start_up_error)
+
+
+def _raise(error: Exception | None) -> None:
+    if error is not None:
+        raise error
+
+
+def has_peers_waiting() -> bool:
+    """This process is one rank of several that a launcher started, with no group yet: the
+    others will wait for it in ``init_process_group``."""
+    if not all(name in os.environ for name in LAUNCHER_VARIABLES):
+        return False
+    return int(os.environ["WORLD_SIZE"]) > 1 and not torch.distributed.is_initialized()
+
+
+def report_start_up_error(prog: str, error: Exception) -> NoReturn:
+    """Ends this rank for ``error`` (a bad flag, before the process group exists): with peers
+    waiting, after joining them and agreeing, so every rank ends in the same line, printed
+    once; without, as ``<prog>: error: <message>`` on rank 0. Exit code 2."""
+    if has_peers_waiting():
+        try:
+            initialize_distributed(start_up_error=error)
+        except ONE_LINE_ERRORS as agreed:  # this rank's error, or that of a lower rank
+            print_error_line(prog, agreed)
+            _leave(agreed.exit_code)
+        except Exception:  # noqa: BLE001 -- the peers cannot be reached: say it here
+            print_error_line(prog, error, every_rank=True)
+            _leave(USAGE_EXIT_CODE)
+    print_error_line(prog, error)  # every rank parsed the same flags: rank 0 speaks
+    _leave(USAGE_EXIT_CODE)
+
+
+def _leave(code: int) -> NoReturn:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    flush_standard_streams()
+    sys.exit(code)

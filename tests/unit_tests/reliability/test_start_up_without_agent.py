@@ -1,0 +1,89 @@
+"""A run started without torchrun's agent (as under srun, or a plain ``python pretrain_gpt.py``
+per rank: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, rank 0 hosting the store) where one
+rank's flags fail at start-up: every rank ends promptly with the one line, printed once, exit
+code 2 (megatron/varlen_training/process_group.py). Before, the other rank waited in
+``init_process_group`` until the timeout, then printed a traceback, and the line was lost
+whenever the failing rank was not rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.varlen_training import process_group
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+REPO = Path(__file__).resolve().parents[3]
+WORLD = 2
+# The healthy rank would wait this long for its peer (the hang this file guards against) ...
+HEALTHY_RANK_TIMEOUT_MINUTES = "5"
+# ... and the test gives both ranks this long: process start-up (about 30 s on a loaded 2-core
+# machine), then the agreement, which takes well under a second.
+RUN_DEADLINE_S = 150
+
+
+def _free_port() -> int:
+    # Rank 0 binds MASTER_PORT itself (no launcher holds it): a port free a moment ago.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_ranks(bad_rank: int, blocker: Path) -> list[subprocess.Popen]:
+    port = _free_port()
+    procs = []
+    for rank in range(WORLD):
+        save = [] if rank != bad_rank else ["--save", str(blocker / "ckpt")]
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
+               "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "pretrain_gpt.py", *TINY_GPT_ARGS, "--train-iters", "2",
+             "--distributed-timeout-minutes", HEALTHY_RANK_TIMEOUT_MINUTES, *save],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen]) -> list[str]:
+    try:
+        return [proc.communicate(timeout=RUN_DEADLINE_S)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()  # a rank still waiting for its peer (the failure this test catches)
+            proc.wait()
+
+
+@pytest.mark.parametrize("bad_rank", [1, 0])
+def test_a_bad_flag_on_one_rank_ends_every_rank_in_one_line(tmp_path, bad_rank):
+    """``--save`` below a file on one rank only (as a node whose disk differs)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")  # a path below a file cannot be created, even by root
+    procs = _start_ranks(bad_rank, blocker)
+    stderrs = _finish(procs)
+    assert [proc.returncode for proc in procs] == [2] * WORLD, stderrs
+    lines = [[line for line in stderr.splitlines() if line.strip()] for stderr in stderrs]
+    assert lines == [[f"pretrain_gpt.py: error: --save directory '{blocker}/ckpt' is not "
+                      f"writable (Not a directory); checked at start-up so no training is "
+                      f"lost at the first save"], []]
+
+
+@pytest.mark.parametrize("environment, waiting", [
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, True),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, False),  # no meeting place: nobody can be waiting
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, False),
+    ({}, False),  # a plain one-process run
+])
+def test_who_has_peers_waiting(monkeypatch, environment, waiting):
+    for name in process_group.LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert process_group.has_peers_waiting() is waiting
+    assert os.environ.get("RANK") == environment.get("RANK")
