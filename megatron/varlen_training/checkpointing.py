@@ -185,11 +185,11 @@ def _io_failure(err: BaseException) -> str | None:
     return None
 
 
-def _save_step(step, args: tuple):
-    """``step(*args)``, an I/O failure raised as :class:`_IOFailure` (one line); a bug or a
-    lost peer keeps its own exception."""
+def _save_step(step, step_args: tuple):
+    """``step(*step_args)``, an I/O failure raised as :class:`_IOFailure` (one line); a bug or
+    a lost peer keeps its own exception."""
     try:
-        return step(*args)
+        return step(*step_args)
     except (OSError, RuntimeError) as err:
         failure = _io_failure(err)
         if failure is None:
