@@ -50,13 +50,14 @@ from pathlib import Path
 
 from tools import gpu_part_times as times
 from tools.benchmark_gpu import CONFIGS, SIZES
-from tools.gpu_wheels import install_missing
+from tools.gpu_wheels import import_report, install_missing
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET_S = 480
-# What the wheel install may take before the first part (pip --no-deps of the ~28 MB of wheels:
-# 4 s on a loaded 2-core CPU machine).
-INSTALL_ALLOWANCE_S = 10
+# What the wheel install and its import check may take before the first part (pip --no-deps of
+# the ~28 MB of wheels: 4 s on a loaded 2-core CPU machine; importing megatron-core, datasets and
+# wandb: a few seconds).
+INSTALL_ALLOWANCE_S = 15
 # A part that would get less than this (or than its own cap) is skipped: it could not even
 # start its interpreter.
 MIN_PART_S = 15
@@ -331,6 +332,7 @@ def main(argv=None) -> int:
     cli.out.mkdir(parents=True, exist_ok=True)
     env = _env()
     print(install_missing(REPO, env), flush=True)
+    print(import_report(env), flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
         parts = _select(plan_parts(cli, Path(scratch)), cli.parts)
         print("\n".join(plan_lines(parts, cli.budget_s)), flush=True)

@@ -97,3 +97,25 @@ def install_missing(repo: Path, env: dict) -> str:
     names = ", ".join(distribution_name(w) for w in chosen) or "none"
     return (f"wheels: installed {names} into {SITE_DIR} ({len(wheels) - len(chosen)} of "
             f"{len(wheels)} in {WHEEL_DIR}/ already installed)")
+
+
+# What the suite imports from the sent-along wheels: each must import on the machine with the
+# image's own versions of what it needs (datasets 5.2 wants pyarrow >= 24, for one).
+IMPORT_CHECKS = ("megatron.core", "datasets", "wandb")
+_IMPORT_PROBE = """
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        print(f"{name} ok")
+    except Exception as error:  # any failure to import is the finding
+        print(f"{name} FAILED ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+"""
+
+
+def import_report(env: dict, modules=IMPORT_CHECKS) -> str:
+    """One line: whether each of ``modules`` imports in a fresh interpreter with ``env``."""
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *modules], env=env,
+                          capture_output=True, text=True)
+    found = [line for line in proc.stdout.splitlines() if line.strip()]
+    return "imports: " + (", ".join(found) if found else f"probe failed: {_tail(proc.stderr)}")

@@ -2,6 +2,7 @@
 is missing (the machine keeps its own torch, numpy, pyarrow...), under PEP 427 / 503 names, and
 README "GPU" downloads exactly the pinned list."""
 
+import os
 import re
 import subprocess
 import sys
@@ -91,3 +92,14 @@ def test_readme_downloads_exactly_the_sent_along_list():
     pins = [word for word in line.replace("\\\n", " ").split() if "==" in word]
     assert pins == list(gpu_wheels.SENT_ALONG)
     assert "--no-deps" in line and "--python-version 3.12" in line
+
+
+def test_the_import_report_names_what_fails_to_import_and_why(tmp_path):
+    broken = tmp_path / "gpucheck_broken_pkg"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('pyarrow>=24 is required')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}
+    line = gpu_wheels.import_report(env, ("json", "gpucheck_broken_pkg", "gpucheck_absent_pkg"))
+    assert line == ("imports: json ok, gpucheck_broken_pkg FAILED (ImportError: pyarrow>=24 is "
+                    "required), gpucheck_absent_pkg FAILED (ModuleNotFoundError: No module named "
+                    "'gpucheck_absent_pkg')"), line
