@@ -1,5 +1,5 @@
 """The wheels sent along to a GPU machine without network (README "GPU"): which of them to
-install, and installing them where the GPU check's parts find them.
+install, and installing them where every process of the GPU check finds them.
 
 The machine's image has torch, transformers, pyarrow, tensorboard, pytest and pytest-xdist, but
 not megatron-core nor what the ``data`` and ``metrics`` extras add (datasets, dill, multiprocess,
@@ -74,11 +74,23 @@ def _tail(text: str) -> str:
     return lines[-1][:200] if lines else "(no output)"
 
 
-def install_missing(repo: Path, env: dict) -> str:
-    """Installs the wheels of ``repo/.whl`` whose distribution is missing into SITE_DIR and puts
-    SITE_DIR first on ``env['PYTHONPATH']``; returns what happened (one line)."""
+def _pip_install(wheels: list[str], target: str | None) -> subprocess.CompletedProcess:
+    where = ["--upgrade", "--target", target] if target else []
+    return subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                           "--no-deps", "--no-compile", *where, *wheels],
+                          capture_output=True, text=True)
+
+
+def install_missing(repo: Path, env: dict, target: str | None = None) -> str:
+    """Installs the wheels of ``repo/.whl`` whose distribution is missing; returns what happened
+    (one line). Into this interpreter's own environment first (the GPU machine's commands run as
+    root), where every process finds them: tests that start interpreters with a PYTHONPATH of
+    their own, or ``python -S`` with the site-packages only, would not find a ``--target``
+    folder. Where that install is refused, or with ``target``, into that folder (default
+    SITE_DIR), put first on ``env['PYTHONPATH']``."""
     wheels = sorted(glob.glob(str(repo / WHEEL_DIR / "*.whl")))
-    installed = installed_distributions(SITE_DIR)  # SITE_DIR: an earlier run on this machine
+    folder = target or SITE_DIR
+    installed = installed_distributions(folder)  # the folder: an earlier run on this machine
     try:
         chosen = wheels_to_install(wheels, installed)
     except ValueError as error:
@@ -86,16 +98,16 @@ def install_missing(repo: Path, env: dict) -> str:
     if REQUIRED not in installed and REQUIRED not in map(distribution_name, wheels):
         return (f"wheels: {REQUIRED} is not installed and {WHEEL_DIR}/ has no wheel of it "
                 f"(README, section GPU): the parts that train will fail")
-    if chosen:
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
-                               "--no-deps", "--no-compile", "--upgrade", "--target", SITE_DIR,
-                               *chosen], capture_output=True, text=True)
+    where = "this environment"
+    if chosen and (target is not None or _pip_install(chosen, None).returncode != 0):
+        where = folder
+        proc = _pip_install(chosen, folder)
         if proc.returncode != 0:
             return f"wheels: install failed: {_tail(proc.stderr)}"
-    if os.path.isdir(SITE_DIR):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [SITE_DIR, env.get("PYTHONPATH")] if p)
+    if os.path.isdir(folder):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [folder, env.get("PYTHONPATH")] if p)
     names = ", ".join(distribution_name(w) for w in chosen) or "none"
-    return (f"wheels: installed {names} into {SITE_DIR} ({len(wheels) - len(chosen)} of "
+    return (f"wheels: installed {names} into {where} ({len(wheels) - len(chosen)} of "
             f"{len(wheels)} in {WHEEL_DIR}/ already installed)")
 
 

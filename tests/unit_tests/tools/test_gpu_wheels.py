@@ -65,14 +65,18 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
     return path
 
 
-def test_install_puts_the_missing_wheels_first_on_the_parts_path(tmp_path, monkeypatch):
-    repo, site = tmp_path / "repo", tmp_path / "site"
+def _fake_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
     (repo / gpu_wheels.WHEEL_DIR).mkdir(parents=True)
     _wheel(repo / gpu_wheels.WHEEL_DIR, "gpucheck_fake_pkg", "0.1")
     _wheel(repo / gpu_wheels.WHEEL_DIR, "pytest", "0.0.1")  # installed here: left alone
-    monkeypatch.setattr(gpu_wheels, "SITE_DIR", str(site))
+    return repo
+
+
+def test_install_into_a_folder_puts_it_first_on_the_parts_path(tmp_path):
+    repo, site = _fake_repo(tmp_path), tmp_path / "site"
     env = {"PYTHONPATH": "/somewhere"}
-    line = gpu_wheels.install_missing(repo, env)
+    line = gpu_wheels.install_missing(repo, env, target=str(site))
     assert line == (f"wheels: installed gpucheck-fake-pkg into {site} (1 of 2 in .whl/ already "
                     f"installed)"), line
     assert env["PYTHONPATH"].split(":")[:2] == [str(site), "/somewhere"]
@@ -80,10 +84,31 @@ def test_install_puts_the_missing_wheels_first_on_the_parts_path(tmp_path, monke
     imported = subprocess.run([sys.executable, "-c", "import gpucheck_fake_pkg as m; "
                                "print(m.VALUE)"], env=env, capture_output=True, text=True)
     assert imported.stdout.strip() == "0.1", imported.stderr
-    # A second run on the same machine finds it in the site folder and installs nothing.
+    # A second run on the same machine finds it in the folder and installs nothing.
     again = {"PYTHONPATH": "/somewhere"}
-    assert "installed none" in gpu_wheels.install_missing(repo, again)
+    assert "installed none" in gpu_wheels.install_missing(repo, again, target=str(site))
     assert again["PYTHONPATH"].startswith(str(site))
+
+
+def test_the_environment_comes_first_and_the_folder_only_where_it_is_refused(tmp_path,
+                                                                            monkeypatch):
+    """(pip is not run into this shared test environment: its two outcomes are stood in.)"""
+    calls = []
+
+    def pip(wheels, target):
+        calls.append(target)
+        refused = target is None and refuse
+        return subprocess.CompletedProcess([], 1 if refused else 0, "", "")
+
+    monkeypatch.setattr(gpu_wheels, "_pip_install", pip)
+    monkeypatch.setattr(gpu_wheels, "SITE_DIR", str(tmp_path / "site"))
+    refuse = False
+    env = {}
+    assert "into this environment" in gpu_wheels.install_missing(_fake_repo(tmp_path), env)
+    assert calls == [None] and "PYTHONPATH" not in env
+    refuse, calls[:] = True, []
+    assert f"into {tmp_path / 'site'}" in gpu_wheels.install_missing(tmp_path / "repo", env)
+    assert calls == [None, str(tmp_path / "site")]
 
 
 def test_readme_downloads_exactly_the_sent_along_list():
