@@ -5,7 +5,7 @@ default ``make gpu-check`` gives every part time inside its 480 s budget.
 Sources: ``results/gpu/h100/run*_benchmark_*.json`` (``process_s`` of each benchmark process,
 H100 commands 1 and 3), ``results/gpu/REPORT.md`` (the part times of the H200 runs: probe 31 s,
 ``pytest -m gpu tests/gpu -n 4`` 128 s, the 184m cost model 27 s), and the suite's per-test
-durations on CPU (``pytest -n 2 --durations=0``; README "GPU" says how they scale).
+durations on CPU (``pytest -n 2 --durations=0``; how they scale: the suite's comment below).
 """
 
 from __future__ import annotations
@@ -58,13 +58,15 @@ PROBE_S = 35.0
 GPU_TESTS_S = 130.0
 
 # The suite with CUDA visible, from its per-test durations on CPU (``pytest -n 2 --durations=0``
-# on a shared 2-core machine, load 14-20): 2,960 s of test time over 2,290 tests (3,150 s with
-# the two fuzz tests and this check's own dry run), 1.8 processes per busy worker on average (72%
-# of the time is in tests that start 2-4 ranks or subprocesses, each rank on one thread). On 16
-# cores, 8 workers keep ~14 processes busy, none starved; at ~1.5x this machine's speed per
-# process: 3,150 / (8 x 1.5) + 20 s of worker start-up = ~280 s. The subset (the CUDA-sensitive
-# files below, 96 s of test time here) is bound by its start-up and longest test, not by its
-# total: the H200 ran a larger one (+ the cost model's CPU smoke test, 50 s here) in ~80 s.
+# on a shared 2-core machine, load 14-20; 32 minutes): 2,960 s of test time over 2,290 tests
+# (3,150 s with the two fuzz tests and this check's own dry run), 1.8 processes per busy worker
+# on average (72% of the time is in tests that start 2-4 ranks or subprocesses, each rank on one
+# thread). On 16 cores, 8 workers keep ~14 processes busy, none starved. A process there runs
+# ~1.5x as fast as here (the suite takes well under 30 minutes serially on 2 idle cores, README
+# "Tests", and 32 minutes here with 2 workers): 3,150 / (8 x 1.5) + 20 s of worker start-up =
+# ~280 s, an estimate. The subset (gpu_check.CUDA_SENSITIVE_TESTS, 96 s of test time here) is
+# bound by its start-up and longest test, not by its total: the H200 ran a larger one (+ the
+# cost model's CPU smoke test, 50 s here) in ~80 s.
 SUITE_ALL_WORKERS = 8
 SUITE_SUBSET_WORKERS = 8
 SUITE_ALL_S = 280.0
