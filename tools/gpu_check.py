@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + cli.budget_s
     cli.out.mkdir(parents=True, exist_ok=True)
     env = _env()
-    print(install_missing(REPO, env), flush=True)
+    print(install_missing(REPO, env, dry_run=cli.device == "cpu"), flush=True)
     print(import_report(env), flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
         parts = _select(plan_parts(cli, Path(scratch)), cli.parts)

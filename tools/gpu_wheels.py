@@ -81,13 +81,15 @@ def _pip_install(wheels: list[str], target: str | None) -> subprocess.CompletedP
                           capture_output=True, text=True)
 
 
-def install_missing(repo: Path, env: dict, target: str | None = None) -> str:
+def install_missing(repo: Path, env: dict, target: str | None = None,
+                    dry_run: bool = False) -> str:
     """Installs the wheels of ``repo/.whl`` whose distribution is missing; returns what happened
     (one line). Into this interpreter's own environment first (the GPU machine's commands run as
     root), where every process finds them: tests that start interpreters with a PYTHONPATH of
     their own, or ``python -S`` with the site-packages only, would not find a ``--target``
     folder. Where that install is refused, or with ``target``, into that folder (default
-    SITE_DIR), put first on ``env['PYTHONPATH']``."""
+    SITE_DIR), put first on ``env['PYTHONPATH']``. ``dry_run`` (the CPU dry run on a developer's
+    machine) only says what it would install."""
     wheels = sorted(glob.glob(str(repo / WHEEL_DIR / "*.whl")))
     folder = target or SITE_DIR
     installed = installed_distributions(folder)  # the folder: an earlier run on this machine
@@ -98,6 +100,9 @@ def install_missing(repo: Path, env: dict, target: str | None = None) -> str:
     if REQUIRED not in installed and REQUIRED not in map(distribution_name, wheels):
         return (f"wheels: {REQUIRED} is not installed and {WHEEL_DIR}/ has no wheel of it "
                 f"(README, section GPU): the parts that train will fail")
+    if dry_run:
+        names = ", ".join(distribution_name(w) for w in chosen) or "none"
+        return f"wheels: would install {names} (dry run: nothing installed)"
     where = "this environment"
     if chosen and (target is not None or _pip_install(chosen, None).returncode != 0):
         where = folder

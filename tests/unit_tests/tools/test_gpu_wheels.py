@@ -109,6 +109,10 @@ def test_the_environment_comes_first_and_the_folder_only_where_it_is_refused(tmp
     refuse, calls[:] = True, []
     assert f"into {tmp_path / 'site'}" in gpu_wheels.install_missing(tmp_path / "repo", env)
     assert calls == [None, str(tmp_path / "site")]
+    calls[:] = []  # the CPU dry run installs nothing, it says what it would
+    assert gpu_wheels.install_missing(tmp_path / "repo", env, dry_run=True) == (
+        "wheels: would install gpucheck-fake-pkg (dry run: nothing installed)")
+    assert calls == []
 
 
 def test_readme_downloads_exactly_the_sent_along_list():
