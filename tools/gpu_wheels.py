@@ -126,7 +126,8 @@ for name in sys.argv[1:]:
         importlib.import_module(name)
         print(f"{name} ok")
     except Exception as error:  # any failure to import is the finding
-        print(f"{name} FAILED ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+        first = (str(error).splitlines() or [""])[0][:120]
+        print(f"{name} FAILED ({type(error).__name__}: {first})")
 """
 
 

@@ -27,6 +27,8 @@ def test_cpu_dry_run_runs_every_part(tmp_path):
     assert rows["cost"].split()[1] == "ok" or "the fit gave" in rows["cost"], summary
     assert proc.returncode == (0 if rows["cost"].split()[1] == "ok" else 1)
     assert "=== summary" in proc.stdout
+    assert "wheels: would install" in proc.stdout and "imports: megatron.core ok" in proc.stdout
+    assert "plan: CPU dry run" in proc.stdout
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) <= MAX_FILES_BACK and "benchmark.json" in files, files
     assert set(json.loads((tmp_path / "benchmark.json").read_text())["sizes"]) == {"tiny"}

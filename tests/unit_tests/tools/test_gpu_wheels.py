@@ -128,7 +128,10 @@ def test_the_import_report_names_what_fails_to_import_and_why(tmp_path):
     broken.mkdir()
     (broken / "__init__.py").write_text("raise ImportError('pyarrow>=24 is required')\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}
-    line = gpu_wheels.import_report(env, ("json", "gpucheck_broken_pkg", "gpucheck_absent_pkg"))
+    silent = tmp_path / "gpucheck_silent_pkg.py"
+    silent.write_text("raise RuntimeError\n")  # an error without a message
+    line = gpu_wheels.import_report(env, ("json", "gpucheck_broken_pkg", "gpucheck_absent_pkg",
+                                          "gpucheck_silent_pkg"))
     assert line == ("imports: json ok, gpucheck_broken_pkg FAILED (ImportError: pyarrow>=24 is "
                     "required), gpucheck_absent_pkg FAILED (ModuleNotFoundError: No module named "
-                    "'gpucheck_absent_pkg')"), line
+                    "'gpucheck_absent_pkg'), gpucheck_silent_pkg FAILED (RuntimeError: )"), line
