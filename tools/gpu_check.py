@@ -87,6 +87,10 @@ CUDA_SENSITIVE_TESTS = (
 # The CPU dry run's suite part: one quick file, through pytest-xdist as on the GPU.
 DRY_RUN_TESTS = ("tests/unit_tests/tools/test_gpu_wheels.py",)
 DRY_RUN_WORKERS = 2
+# One torch thread per suite worker: its models are tiny, and spare threads cost much under load
+# (the position-table fuzz, a quiet 2-core machine: 12 s on 1 thread, 19 s on 2; with other
+# processes busy, 78 s alone to 600+ s).
+SUITE_THREADS = 1
 # The suite's log lists its slowest tests (the next plan's durations).
 SLOWEST_TESTS_SHOWN = 25
 
@@ -116,12 +120,14 @@ def _pytest(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:randomly", *args]
 
 
-def _threads_env(workers: int) -> tuple[tuple[str, str], ...]:
-    """Each of ``workers`` parallel pytest processes gets its share of the cores for torch's
-    threads: by default each would take them all, and 8 workers would run 8 x 16 threads on 16
-    cores (a rank of the harness runs on one thread anyway)."""
-    share = max(1, (os.cpu_count() or 1) // max(1, workers))
-    return (("OMP_NUM_THREADS", str(share)),)
+def _threads_env(threads: int) -> tuple[tuple[str, str], ...]:
+    """torch's threads per pytest process: by default each takes every core, and 8 workers would
+    run 8 x 16 threads on 16 cores (a rank of the harness runs on one thread anyway)."""
+    return (("OMP_NUM_THREADS", str(max(1, threads))),)
+
+
+def _cores_per(workers: int) -> int:
+    return (os.cpu_count() or 1) // max(1, workers)
 
 
 def _workers(count: int) -> list[str]:
@@ -189,7 +195,7 @@ def suite_part(cli: argparse.Namespace) -> Part:
     command = _pytest(*selection, *_workers(workers), "--timeout", str(TEST_TIMEOUT_S),
                       "--durations", str(SLOWEST_TESTS_SHOWN))
     return Part("suite", _cap(expected), command, expected_s=expected,
-                env=_threads_env(workers))
+                env=_threads_env(SUITE_THREADS))
 
 
 def plan_parts(cli: argparse.Namespace, scratch: Path) -> list[Part]:
@@ -206,7 +212,7 @@ def plan_parts(cli: argparse.Namespace, scratch: Path) -> list[Part]:
         benchmark_part(cli, scratch),
         cost_part(cli, scratch),
         Part("gpu_tests", _cap(times.GPU_TESTS_S), gpu_tests, expected_s=times.GPU_TESTS_S,
-             env=_threads_env(gpu_workers)),
+             env=_threads_env(_cores_per(gpu_workers))),
         suite_part(cli),
     ]
     if cpu:
