@@ -151,6 +151,7 @@ def test_the_second_command_runs_its_parts_in_the_order_named():
     assert [p.name for p in parts] == ["suite", "cost", "benchmark"]
     suite, cost, bench = (p.command for p in parts)
     assert suite[1:3] == ["-m", "pytest"] and "tests" in suite and "--ignore=tests/gpu" in suite
+    assert suite[suite.index("-n") + 1] == "8" and dict(parts[0].env) == {"OMP_NUM_THREADS": "1"}
     assert bench[bench.index("--sizes") + 1] == "2.8b"
     assert bench[bench.index("--configs") + 1] == "packed,reference"
     assert cost[cost.index("--size") + 1] == "1.3b"
