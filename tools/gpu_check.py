@@ -283,8 +283,10 @@ def exit_code(outcomes: list[Outcome]) -> int:
     return sum(o.status != "ok" for o in outcomes)
 
 
-def _env() -> dict:
+def _env(device: str = "cuda") -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if device == "cpu":  # the dry run is the CPU's also on a GPU machine (in its suite run)
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), env.get("PYTHONPATH", "")] if p)
     # Compiled kernels (Triton, inductor) are shared by the parts' processes.
     env.setdefault("TRITON_CACHE_DIR", "/tmp/gpu_check_triton")
@@ -336,7 +338,7 @@ def main(argv=None) -> int:
     cli = _parse(argv)
     deadline = time.monotonic() + cli.budget_s
     cli.out.mkdir(parents=True, exist_ok=True)
-    env = _env()
+    env = _env(cli.device)
     print(install_missing(REPO, env, dry_run=cli.device == "cpu"), flush=True)
     print(import_report(env), flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:

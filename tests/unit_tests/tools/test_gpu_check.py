@@ -33,6 +33,8 @@ def test_cpu_dry_run_runs_every_part(tmp_path):
     assert len(files) <= MAX_FILES_BACK and "benchmark.json" in files, files
     assert set(json.loads((tmp_path / "benchmark.json").read_text())["sizes"]) == {"tiny"}
     assert "[PASS] gloo" in (tmp_path / "probe.log").read_text()
+    # CUDA hidden from the parts, also on a GPU machine: tests/gpu all skip
+    assert "skipped" in rows["gpu_tests"] and "passed" not in rows["gpu_tests"], summary
 
 
 def _parts(tmp_path, *commands):
