@@ -57,18 +57,17 @@ STEP_TOKENS = 35_000  # tokens of one benchmark step (global batch 32, mean leng
 PROBE_S = 35.0
 GPU_TESTS_S = 130.0
 
-# The suite with CUDA visible, from its per-test durations on CPU (``pytest -n 2 --durations=0``
-# on a shared 2-core machine, load 14-20; 32 minutes): 2,960 s of test time over 2,290 tests
-# (3,150 s with the two fuzz tests and this check's own dry run), 1.8 processes per busy worker
-# on average (72% of the time is in tests that start 2-4 ranks or subprocesses, each rank on one
-# thread). On 16 cores, 8 workers keep ~14 processes busy, none starved. A process there runs
-# about as fast as on this machine when quiet: the CUDA-sensitive subset's tests took 1.9x less
-# time here at load 2 (47 s, 1 thread each) than in the loaded run (89 s). 3,150 / (8 x 1.9) +
-# 20 s of worker start-up = ~230 s; ~240 s with the CUDA contexts of the tests that use the GPU.
-# An estimate: the next GPU run's suite log lists its slowest tests. The subset
+# The suite with CUDA visible, from its per-test durations on CPU (``pytest -n 2 --durations=0``,
+# a shared 2-core machine). With each worker on one torch thread (tests/conftest.py) at load
+# 4-10: 2,276 passed in 15 minutes, 1,753 s of test time. 1.8 processes per busy worker on
+# average (72% of the time is in tests that start 2-4 ranks or subprocesses, one thread each):
+# on 16 cores, 8 workers keep ~14 processes busy, none starved; 1,753 / 8 + 20 s of worker
+# start-up = ~240 s, if a process there runs as fast as here (an estimate: the GPU run's suite
+# log lists its slowest tests). (An earlier run at load 14-20, each worker on every core's
+# threads: 3,718 s of test time, the position-table fuzz past its 600 s timeout.) The subset
 # (gpu_check.CUDA_SENSITIVE_TESTS) is bound by its start-up and longest test, not by its total:
-# 33 s with 2 workers on this quiet machine; the H200 ran a larger one (+ the cost model's CPU
-# smoke test, 50 s here) in ~80 s with CUDA visible.
+# 33 s with 2 workers on this machine at load 2; the H200 ran a larger one (+ the cost model's
+# CPU smoke test, 50 s here) in ~80 s with CUDA visible.
 SUITE_ALL_WORKERS = 8
 SUITE_SUBSET_WORKERS = 8
 SUITE_ALL_S = 240.0
