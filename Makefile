@@ -29,7 +29,7 @@ upstream-patch: env
 	$(PY) tools/upstream_patch.py --megatron $(UPSTREAM_MEGATRON) --report results/upstream_patch
 
 # The GPU check (tools/gpu_check.py, README "GPU"): run on a GPU machine with its own CUDA torch
-# (no .venv; the megatron-core wheel in .whl/ is installed when missing). GPU_CHECK_ARGS passes
+# (no .venv; the wheels in .whl/ whose package is missing are installed). GPU_CHECK_ARGS passes
 # options, e.g. GPU_CHECK_ARGS="--parts benchmark --sizes 1.3b,2.8b".
 gpu-check:
 	python3 tools/gpu_check.py $(GPU_CHECK_ARGS)

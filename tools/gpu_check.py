@@ -2,26 +2,33 @@
 """The GPU check: everything a GPU session should learn, in one command within one deadline.
 
     make gpu-check                                  # = python3 tools/gpu_check.py, 480 s
-    python3 tools/gpu_check.py --parts benchmark --sizes 2.8b --budget-s 300
+    python3 tools/gpu_check.py --parts suite,cost,benchmark --suite all --cost-size 1.3b \
+        --sizes 2.8b --configs packed,reference --iters 4 --budget-s 540   # README "GPU"
     python3 tools/gpu_check.py --device cpu --out /tmp/gpu_check   # the CPU dry run (tiny)
 
 Made for a lent GPU machine (Python 3.12, a CUDA torch, no network; README "GPU"): it first
-installs the megatron-core wheel sent along in ``.whl/`` when megatron-core does not import,
-then runs its parts in order, each in its own process with its own timeout, cut to what is left
-of one global deadline (``--budget-s``), never stopping at a failure:
+installs the wheels sent along in ``.whl/`` whose package the machine lacks (megatron-core,
+the ``data`` and ``metrics`` extras: tools/gpu_wheels.py), then runs its parts in order, each
+in its own process with its own cap, never stopping at a failure:
 
 =========  ==================================================================================
 probe      tools/gpu_probe.py: versions, real kernel vs twin, causal alignment, sync baseline,
            bias-dropout-add probe, gloo collectives on CUDA tensors
+benchmark  tools/benchmark_gpu.py at ``--sizes`` / ``--configs``: packed / padded / reference
+cost       tools/measure_cost_model.py at ``--cost-size``: the measured hardware profile
 gpu_tests  ``pytest -m gpu tests/gpu`` (parallel workers when pytest-xdist is there)
-benchmark  tools/benchmark_gpu.py at ``--sizes``: packed / padded / plain-PyTorch reference
-cost       tools/measure_cost_model.py: the measured hardware profile
-suite      the CPU suite with CUDA visible: a CUDA-sensitive subset, or all (``--suite all``)
+suite      the suite with CUDA visible: a CUDA-sensitive subset, or all (``--suite all``)
 =========  ==================================================================================
+
+Timing parts first, on a quiet machine. Each part's cap is its expected time on one H100
+(tools/gpu_part_times.py: the GPU sessions' logs) times a margin; with the default options the
+caps and the wheel install fit the 480 s budget, so no part is cut short by another. The plan is
+printed first. A part still left with too little of ``--budget-s`` is skipped and shown so.
 
 Logs go to ``--out`` (``$OUT`` when set, else /tmp/gpu_check), at most 8 files:
 ``summary.txt``, ``<part>.log`` for each part, ``benchmark.json`` and ``hardware_profile.json``.
-A summary table ends the output. Exit code: the number of parts that failed or timed out.
+A summary table ends the output. Exit code: the number of parts that did not pass (failed,
+timed out, or skipped for lack of budget): 0 only when everything asked for ran and passed.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ if not __package__:  # run as `python tools/X.py`: the repository root on sys.pa
 
 import argparse
 import dataclasses
-import glob
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -41,15 +48,31 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools import gpu_part_times as times
+from tools.benchmark_gpu import CONFIGS, SIZES
+from tools.gpu_wheels import import_report, install_missing
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET_S = 480
+# What the wheel install and its import check may take before the first part (pip --no-deps of
+# the ~28 MB of wheels: 4 s on a loaded 2-core CPU machine; importing megatron-core, datasets and
+# wandb: a few seconds).
+INSTALL_ALLOWANCE_S = 15
 # A part that would get less than this (or than its own cap) is skipped: it could not even
 # start its interpreter.
 MIN_PART_S = 15
-SITE_DIR = "/tmp/site"
-WHEEL_GLOB = ".whl/*.whl"
+# A part's cap over its expected time: GPU hosts differ (one H100 host ran our host-bound 184m
+# step 1.35x slower than another: results/gpu/REPORT.md; the benchmark's plan covers that host's
+# logged processes, a test checks it).
+CAP_MARGIN = 1.3
+# pytest's per-test timeout in the test parts: a hung test shows its stack and the others go on.
+TEST_TIMEOUT_S = 240
+# The benchmark's warm-up steps (its measured steps: --iters).
+BENCHMARK_WARMUP = 2
 # The tests whose behaviour can change when CUDA is visible (device choice, the CPU device
 # layer, the harness, attention backends, the step's kernels and reductions, the GPU tools).
+# (The cost model's and packing equivalence's CPU tests left it for the whole suite: the cost part
+# runs the tool itself on the GPU, and the equivalence runs are CPU ranks wherever CUDA is.)
 CUDA_SENSITIVE_TESTS = (
     "tests/unit_tests/varlen/test_device_choice.py", "tests/unit_tests/varlen/test_cpu_device.py",
     "tests/unit_tests/varlen/test_multirank.py", "tests/unit_tests/varlen/attention",
@@ -58,11 +81,18 @@ CUDA_SENSITIVE_TESTS = (
     "tests/unit_tests/varlen_training/test_optimizer_kernels.py",
     "tests/unit_tests/varlen_training/test_step_host_reads.py",
     "tests/unit_tests/varlen_training/test_grad_reduction.py",
-    "tests/unit_tests/varlen_training/test_packing_equivalence.py",
     "tests/unit_tests/varlen_training/test_bf16.py", "tests/unit_tests/test_benchmark_gpu.py",
-    "tests/unit_tests/tools/test_measure_cost_model.py", "tests/unit_tests/tools/test_sync_probe.py",
+    "tests/unit_tests/tools/test_sync_probe.py",
 )
-DRY_RUN_TESTS = ("tests/unit_tests/test_benchmark_gpu.py",)
+# The CPU dry run's suite part: one quick file, through pytest-xdist as on the GPU.
+DRY_RUN_TESTS = ("tests/unit_tests/tools/test_gpu_wheels.py",)
+DRY_RUN_WORKERS = 2
+# One torch thread per suite worker: its models are tiny, and spare threads cost much under load
+# (the position-table fuzz, a quiet 2-core machine: 12 s on 1 thread, 19 s on 2; with other
+# processes busy, 78 s alone to 600+ s).
+SUITE_THREADS = 1
+# The suite's log lists its slowest tests (the next plan's durations).
+SLOWEST_TESTS_SHOWN = 25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +103,8 @@ class Part:
     cap_s: int
     command: list[str]
     keep: tuple[tuple[str, str], ...] = ()  # (file it writes, name to keep it under in out)
+    expected_s: float = 0.0  # on one H100 (tools/gpu_part_times.py)
+    env: tuple[tuple[str, str], ...] = ()  # set for this part only
 
 
 @dataclasses.dataclass
@@ -81,41 +113,127 @@ class Outcome:
     status: str  # ok, failed (rc), timeout, skipped
     seconds: float
     detail: str
+    cap_s: float = 0.0
 
 
 def _pytest(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:randomly", *args]
 
 
+def _threads_env(threads: int) -> tuple[tuple[str, str], ...]:
+    """torch's threads per pytest process: by default each takes every core, and 8 workers would
+    run 8 x 16 threads on 16 cores (a rank of the harness runs on one thread anyway)."""
+    return (("OMP_NUM_THREADS", str(max(1, threads))),)
+
+
+def _cores_per(workers: int) -> int:
+    return (os.cpu_count() or 1) // max(1, workers)
+
+
 def _workers(count: int) -> list[str]:
-    return ["-n", str(count)] if importlib.util.find_spec("xdist") else []
+    """pytest-xdist's options for ``count`` workers (none without it, or for 0): tests marked
+    with one ``xdist_group`` run in one worker (``--dist loadgroup``)."""
+    if not count or importlib.util.find_spec("xdist") is None:
+        return []
+    return ["-n", str(count), "--dist", "loadgroup"]
+
+
+def _cap(expected_s: float) -> int:
+    return max(MIN_PART_S, math.ceil(expected_s * CAP_MARGIN))
+
+
+def benchmark_part(cli: argparse.Namespace, scratch: Path) -> Part:
+    """tools/benchmark_gpu.py at --sizes x --configs; each process's own timeout is the slowest
+    configuration's expected time with the margin (on CPU: the tiny shape, no estimate)."""
+    out = scratch / "benchmark"
+    command = [sys.executable, "tools/benchmark_gpu.py", "--out", str(out), "--device",
+               cli.device, "--configs", cli.configs, "--warmup", str(BENCHMARK_WARMUP)]
+    keep = ((str(out / "results.json"), "benchmark.json"),)
+    if cli.device == "cpu":
+        command += ["--tiny", "--iters", "1", "--timeout", str(cli.budget_s)]
+        return Part("benchmark", cli.budget_s, command, keep=keep)
+    steps = BENCHMARK_WARMUP + cli.iters + times.BENCHMARK_EXTRA_STEPS
+    each = [times.BENCHMARK_PROCESS[size, config].seconds(steps)
+            for size in cli.sizes.split(",") for config in cli.configs.split(",")]
+    command += ["--sizes", cli.sizes, "--iters", str(cli.iters), "--timeout", str(_cap(max(each)))]
+    return Part("benchmark", _cap(sum(each)), command, keep=keep, expected_s=sum(each))
+
+
+def cost_seconds(size: str, reps: int) -> float:
+    """Expected seconds of tools/measure_cost_model.py at ``size`` on one H100."""
+    from tools.measure_cost_model import WARMUP_RUNS, pack_shapes
+
+    packed = times.BENCHMARK_PROCESS[size, "packed"]
+    per_token = packed.step_s / times.STEP_TOKENS
+    one_pass = sum(per_token * sum(pack) + times.COST_PACK_OVERHEAD_S for pack in pack_shapes())
+    return packed.startup_s + (WARMUP_RUNS + reps) * one_pass
+
+
+def cost_part(cli: argparse.Namespace, scratch: Path) -> Part:
+    profile = scratch / "hardware_profile.json"
+    command = [sys.executable, "tools/measure_cost_model.py", "--device", cli.device,
+               "--out", str(profile)]
+    keep = ((str(profile), "hardware_profile.json"),)
+    if cli.device == "cpu":
+        return Part("cost", cli.budget_s, command + ["--tiny", "--reps", "1"], keep=keep)
+    expected = cost_seconds(cli.cost_size, cli.cost_reps)
+    command += ["--size", cli.cost_size, "--reps", str(cli.cost_reps)]
+    return Part("cost", _cap(expected), command, keep=keep, expected_s=expected)
+
+
+def suite_part(cli: argparse.Namespace) -> Part:
+    """The suite with CUDA visible: all of tests/ but tests/gpu (its own part), or the
+    CUDA-sensitive subset; the CPU dry run runs one small file the same way."""
+    if cli.suite == "all":
+        selection, expected = ("tests", "--ignore=tests/gpu"), times.SUITE_ALL_S
+        workers = cli.workers or times.SUITE_ALL_WORKERS
+    elif cli.device == "cpu":
+        selection, expected, workers = DRY_RUN_TESTS, 0.0, cli.workers or DRY_RUN_WORKERS
+    else:
+        selection, expected = CUDA_SENSITIVE_TESTS, times.SUITE_SUBSET_S
+        workers = cli.workers or times.SUITE_SUBSET_WORKERS
+    command = _pytest(*selection, *_workers(workers), "--timeout", str(TEST_TIMEOUT_S),
+                      "--durations", str(SLOWEST_TESTS_SHOWN))
+    return Part("suite", _cap(expected), command, expected_s=expected,
+                env=_threads_env(SUITE_THREADS))
 
 
 def plan_parts(cli: argparse.Namespace, scratch: Path) -> list[Part]:
-    """The parts for this device and these options, in running order."""
-    py, cpu = sys.executable, cli.device == "cpu"
-    bench_out = scratch / "benchmark"
-    bench = [py, "tools/benchmark_gpu.py", "--out", str(bench_out), "--device", cli.device]
-    bench += ["--tiny", "--iters", "1", "--warmup", "1"] if cpu else [
-        "--sizes", cli.sizes, "--iters", str(cli.iters), "--warmup", "2", "--timeout", "150"]
-    cost = [py, "tools/measure_cost_model.py", "--device", cli.device,
-            "--out", str(scratch / "hardware_profile.json")]
-    cost += ["--tiny", "--reps", "1"] if cpu else ["--reps", "5"]
-    if cli.suite == "all":
-        suite = _pytest("tests", "--ignore=tests/gpu", *_workers(cli.workers), "--timeout", "300")
-    else:
-        selection = DRY_RUN_TESTS if cpu else CUDA_SENSITIVE_TESTS
-        suite = _pytest(*selection, *_workers(0 if cpu else cli.workers), "--timeout", "300")
-    return [
-        Part("probe", 120, [py, "tools/gpu_probe.py", "--device", cli.device]),
-        Part("gpu_tests", 300, _pytest("-m", "gpu", "tests/gpu", *_workers(0 if cpu else 4),
-                                       "--timeout", "240")),
-        Part("benchmark", 300, bench, keep=((str(bench_out / "results.json"),
-                                             "benchmark.json"),)),
-        Part("cost", 120, cost, keep=((str(scratch / "hardware_profile.json"),
-                                       "hardware_profile.json"),)),
-        Part("suite", 600, suite),
+    """The parts for this device and these options, in running order. The caps are planned for
+    an H100; the CPU dry run (tiny shapes, any CPU machine, any load) checks that the tool and
+    its parts run, not their times: there each part may take what is left of the budget."""
+    cpu = cli.device == "cpu"
+    gpu_workers = 0 if cpu else times.GPU_TESTS_WORKERS
+    gpu_tests = _pytest("-m", "gpu", "tests/gpu", *_workers(gpu_workers), "--timeout",
+                        str(TEST_TIMEOUT_S))
+    parts = [
+        Part("probe", _cap(times.PROBE_S), [sys.executable, "tools/gpu_probe.py", "--device",
+                                            cli.device], expected_s=times.PROBE_S),
+        benchmark_part(cli, scratch),
+        cost_part(cli, scratch),
+        Part("gpu_tests", _cap(times.GPU_TESTS_S), gpu_tests, expected_s=times.GPU_TESTS_S,
+             env=_threads_env(_cores_per(gpu_workers))),
+        suite_part(cli),
     ]
+    if cpu:
+        return [dataclasses.replace(p, cap_s=cli.budget_s, expected_s=0.0) for p in parts]
+    return parts
+
+
+def plan_lines(parts: list[Part], budget_s: int) -> list[str]:
+    """The plan, printed before the first part: each part's expected time on an H100 and its
+    cap, and whether the caps fit the budget (when they do not, the last parts may be skipped).
+    The CPU dry run has no expected times: each part may take what is left of the budget."""
+    if not any(p.expected_s for p in parts):
+        return [f"plan: CPU dry run, {', '.join(p.name for p in parts)}: each part may take what "
+                f"is left of the {budget_s} s budget"]
+    lines = [f"plan: {p.name} expected {p.expected_s:.0f} s, cap {p.cap_s} s" for p in parts]
+    caps = sum(p.cap_s for p in parts) + INSTALL_ALLOWANCE_S
+    expected = sum(p.expected_s for p in parts) + INSTALL_ALLOWANCE_S
+    verdict = "fit" if caps <= budget_s else "EXCEED (the last parts may be skipped)"
+    lines.append(f"plan: expected {expected:.0f} s in all; the caps and the wheel install "
+                 f"({caps} s) {verdict} the {budget_s} s budget")
+    return lines
 
 
 def _last_line(text: str) -> str:
@@ -127,13 +245,14 @@ def run_part(part: Part, deadline: float, out: Path, env: dict) -> Outcome:
     """Runs ``part`` with min(its cap, the time left); its output goes to ``<out>/<name>.log``."""
     left = deadline - time.monotonic()
     if left < min(MIN_PART_S, part.cap_s):
-        return Outcome(part.name, "skipped", 0.0, f"{max(left, 0):.0f} s left of the budget")
+        return Outcome(part.name, "skipped", 0.0,
+                       f"not started: {max(left, 0):.0f} s left of the budget", part.cap_s)
     cap = min(part.cap_s, left)
     print(f"=== {part.name} (cap {cap:.0f} s): {' '.join(part.command)}", flush=True)
     start, log = time.monotonic(), out / f"{part.name}.log"
     with open(log, "w", encoding="utf-8") as handle:
-        proc = subprocess.Popen(part.command, cwd=REPO, env=env, stdout=handle,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(part.command, cwd=REPO, env={**env, **dict(part.env)},
+                                stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=cap)
         except subprocess.TimeoutExpired:
@@ -146,39 +265,28 @@ def run_part(part: Part, deadline: float, out: Path, env: dict) -> Outcome:
     seconds = time.monotonic() - start
     detail = _last_line(log.read_text(encoding="utf-8", errors="replace"))
     status = "timeout" if rc is None else "ok" if rc == 0 else f"failed ({rc})"
-    return Outcome(part.name, status, seconds, detail)
+    return Outcome(part.name, status, seconds, detail, cap)
 
 
 def summary_table(outcomes: list[Outcome]) -> str:
-    rows = [("part", "status", "seconds", "last line")]
-    rows += [(o.name, o.status, f"{o.seconds:.0f}", o.detail) for o in outcomes]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row[:3], widths)), row[3]])
+    rows = [("part", "status", "seconds", "cap", "last line")]
+    rows += [(o.name, o.status, f"{o.seconds:.0f}", f"{o.cap_s:.0f}", o.detail)
+             for o in outcomes]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row[:4], widths)), row[4]])
                      for row in rows)
 
 
-def ensure_megatron_core(env: dict) -> str:
-    """Installs the sent-along megatron-core wheel when megatron-core does not import; returns
-    what happened (one line). The parts find it through ``env['PYTHONPATH']``."""
-    try:
-        if importlib.util.find_spec("megatron.core") is not None:
-            return "megatron-core imports"
-    except ModuleNotFoundError:  # no "megatron" package at all
-        pass
-    wheels = sorted(glob.glob(str(REPO / WHEEL_GLOB)))
-    if not wheels:
-        return f"megatron-core missing and no wheel in {WHEEL_GLOB} (README, section GPU)"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
-                           "--no-deps", "--no-compile", "--target", SITE_DIR, *wheels],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        return f"wheel install failed: {_last_line(proc.stderr)}"
-    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, env["PYTHONPATH"]])
-    return f"installed {', '.join(Path(w).name for w in wheels)} into {SITE_DIR}"
+def exit_code(outcomes: list[Outcome]) -> int:
+    """The number of parts that did not pass: failed, timed out or skipped for lack of budget
+    (a check that could not run a part asked for is not a passed check)."""
+    return sum(o.status != "ok" for o in outcomes)
 
 
-def _env() -> dict:
+def _env(device: str = "cuda") -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if device == "cpu":  # the dry run is the CPU's also on a GPU machine (in its suite run)
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), env.get("PYTHONPATH", "")] if p)
     # Compiled kernels (Triton, inductor) are shared by the parts' processes.
     env.setdefault("TRITON_CACHE_DIR", "/tmp/gpu_check_triton")
@@ -186,7 +294,7 @@ def _env() -> dict:
     return env
 
 
-def main(argv=None) -> int:
+def _parse(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--budget-s", type=int, default=DEFAULT_BUDGET_S,
@@ -195,30 +303,52 @@ def main(argv=None) -> int:
                                                                         "/tmp/gpu_check")))
     parser.add_argument("--parts", default=None, help="comma-separated subset, in order")
     parser.add_argument("--sizes", default="184m", help="benchmark sizes (184m,1.3b,2.8b)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="benchmark configurations")
     parser.add_argument("--iters", type=int, default=8, help="benchmark steps measured")
+    parser.add_argument("--cost-size", default="184m", choices=sorted(SIZES),
+                        help="the model the cost model is measured on")
+    parser.add_argument("--cost-reps", type=int, default=5, help="cost model repetitions")
     parser.add_argument("--suite", choices=("subset", "all"), default="subset")
-    parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="pytest-xdist workers of the suite (0: the planned default)")
     cli = parser.parse_args(argv)
     if cli.budget_s < MIN_PART_S:
         parser.error(f"--budget-s {cli.budget_s} is below the {MIN_PART_S} s a part needs")
+    for option, chosen, known in (("--sizes", cli.sizes, SIZES), ("--configs", cli.configs,
+                                                                  CONFIGS)):
+        unknown = sorted(set(chosen.split(",")) - set(known))
+        if unknown:
+            parser.error(f"{option} {','.join(unknown)}: choose from {','.join(known)}")
+    return cli
+
+
+def _select(parts: list[Part], wanted: str | None) -> list[Part]:
+    """The parts named by --parts, in the order named (all of them without --parts)."""
+    if not wanted:
+        return parts
+    by_name = {p.name: p for p in parts}
+    unknown = [name for name in wanted.split(",") if name not in by_name]
+    if unknown:
+        raise SystemExit(f"gpu_check.py: error: --parts {','.join(unknown)}: choose from "
+                         f"{','.join(by_name)}")
+    return [by_name[name] for name in wanted.split(",")]
+
+
+def main(argv=None) -> int:
+    cli = _parse(argv)
     deadline = time.monotonic() + cli.budget_s
     cli.out.mkdir(parents=True, exist_ok=True)
-    env = _env()
-    print(ensure_megatron_core(env), flush=True)
+    env = _env(cli.device)
+    print(install_missing(REPO, env, dry_run=cli.device == "cpu"), flush=True)
+    print(import_report(env), flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
-        parts = plan_parts(cli, Path(scratch))
-        if cli.parts:
-            wanted = cli.parts.split(",")
-            unknown = sorted(set(wanted) - {p.name for p in parts})
-            if unknown:
-                parser.error(f"--parts {','.join(unknown)}: choose from "
-                             f"{','.join(p.name for p in parts)}")
-            parts = [p for p in parts if p.name in wanted]
+        parts = _select(plan_parts(cli, Path(scratch)), cli.parts)
+        print("\n".join(plan_lines(parts, cli.budget_s)), flush=True)
         outcomes = [run_part(part, deadline, cli.out, env) for part in parts]
     table = summary_table(outcomes)
     (cli.out / "summary.txt").write_text(table + "\n", encoding="utf-8")
     print("=== summary\n" + table, flush=True)
-    return sum(o.status not in ("ok", "skipped") for o in outcomes)
+    return exit_code(outcomes)
 
 
 if __name__ == "__main__":

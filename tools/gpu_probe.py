@@ -28,6 +28,7 @@ if not __package__:  # run as `python tools/X.py`: the repository root on sys.pa
 
 import argparse
 import importlib
+import importlib.metadata
 import inspect
 import math
 import shutil
@@ -42,6 +43,9 @@ KERNEL_TOLERANCE = 5e-2
 REAL_LENGTHS = [7, 16, 33, 1, 2, 3, 200, 1]
 PADDED_LENGTHS = [8, 16, 40, 8, 8, 24, 200, 8]
 HEADS, HEAD_DIM = 8, 64
+# What the suite's optional extras need (the data and metrics ones are sent along as wheels:
+# tools/gpu_wheels.py); their versions tell a failure of ours from one of the image's.
+OPTIONAL_DISTRIBUTIONS = ("datasets", "pyarrow", "wandb", "tensorboard", "pytest-xdist")
 
 
 class Skip(Exception):
@@ -55,6 +59,17 @@ def _version(module: str) -> str:
         return "missing"
 
 
+def _distribution_versions(names) -> str:
+    """``name version`` of each distribution, read from its metadata (nothing is imported)."""
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} missing")
+    return ", ".join(found)
+
+
 def check_env(device: str) -> str:
     import torch
 
@@ -64,6 +79,7 @@ def check_env(device: str) -> str:
     facts = [f"torch {torch.__version__} (CUDA {torch.version.cuda})",
              f"triton {_version('triton')}", f"megatron-core {_version('megatron.core')}",
              f"transformers {_version('transformers')}",
+             _distribution_versions(OPTIONAL_DISTRIBUTIONS),
              f"varlen_attn{inspect.signature(kernel) if kernel else ' missing'}",
              f"cc {shutil.which('cc') or shutil.which('gcc') or 'missing'}"]
     if device == "cuda":

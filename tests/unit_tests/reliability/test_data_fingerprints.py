@@ -19,11 +19,14 @@ from megatron.varlen_training import data_fingerprints
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
+from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank
 from tests.unit_tests.varlen_training.datasets.sft_files import (
     conversations, write_parquet, write_saved_dataset, write_shards,
 )
+
+pytestmark = needs_extra("data")
 
 WRITERS = {"shards": write_shards, "save_to_disk": write_saved_dataset}
 ARGV = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+from tests.harness.extras import needs_extra
 from tools.preprocess_data import main
 from megatron.varlen_training.tokenizer import BYTE_EOD
 
@@ -63,7 +64,8 @@ def test_byte_level_round_trip_is_exact(corpus, tmp_path):
         assert bytes(ids[:-1].tolist()).decode("utf-8") == text
 
 
-@pytest.mark.parametrize("tokenizer", ["ByteLevelTokenizer", "HuggingFaceTokenizer"])
+@pytest.mark.parametrize("tokenizer", [
+    "ByteLevelTokenizer", pytest.param("HuggingFaceTokenizer", marks=needs_extra("hf"))])
 def test_two_workers_write_the_same_files(tmp_path, tokenizer):
     records = [{"text": f"document {i} " + "word " * (i % 17)} for i in range(300)]
     corpus = _write_jsonl(tmp_path / "many.jsonl", records)
@@ -81,6 +83,7 @@ def test_two_workers_write_the_same_files(tmp_path, tokenizer):
         assert one == two and len(one) > 0
 
 
+@needs_extra("hf")
 def test_hugging_face_ids_are_the_tokenizers_own(corpus, tmp_path):
     from transformers import AutoTokenizer
 

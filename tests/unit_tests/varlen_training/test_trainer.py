@@ -10,7 +10,6 @@ TensorBoard's event files read back with its own EventAccumulator, and an offlin
 """
 
 import glob
-import importlib.util
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ from megatron.varlen_training import trainer as trainer_module
 from megatron.wrap import MegatronWrap
 from megatron.wrap.config import build_config
 from megatron.varlen_training.arguments import build_parser
+from tests.harness.extras import needs_extra
 from tests.harness.metric_fakes import fake_metric_modules
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import tiny_packed_config, train_on_this_rank
@@ -161,8 +161,6 @@ def test_writer_flags_are_checked_at_start_up(monkeypatch, extra, needle):
 
 # --- the real packages ------------------------------------------------------------------------
 
-REAL_METRIC_PACKAGES = all(importlib.util.find_spec(name) for name in ("tensorboard", "wandb"))
-
 
 def rank_pretrain_gpt_with_real_writers(tmp: str) -> dict:
     import pretrain_gpt
@@ -186,7 +184,7 @@ def rank_pretrain_gpt_with_real_writers(tmp: str) -> dict:
             "wandb_bytes": [os.path.getsize(path) for path in runs]}
 
 
-@pytest.mark.skipif(not REAL_METRIC_PACKAGES, reason="tensorboard and wandb not installed")
+@needs_extra("metrics")
 def test_real_tensorboard_events_and_offline_wandb_run(tmp_path):
     last = run_distributed(rank_pretrain_gpt_with_real_writers, WORLD, args=(str(tmp_path),),
                            timeout_s=300)[-1]

@@ -11,7 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
+
+pytestmark = needs_extra("hf")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

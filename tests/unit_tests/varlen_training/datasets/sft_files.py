@@ -7,9 +7,6 @@ import json
 import random
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 NUM_SHARDS = 3
 ROW_GROUP_ROWS = 4  # several row groups per shard
 
@@ -38,6 +35,9 @@ def write_jsonl(records: list[dict], path: Path) -> str:
 
 
 def write_parquet(records: list[dict], path: Path) -> str:
+    import pyarrow as pa  # the data extra: imported here so that importers can skip without it
+    import pyarrow.parquet as pq
+
     pq.write_table(pa.Table.from_pylist(records), path, row_group_size=ROW_GROUP_ROWS)
     return str(path)
 

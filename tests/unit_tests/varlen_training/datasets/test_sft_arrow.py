@@ -6,9 +6,6 @@ row or column and the flag. The training runs are in test_sft_arrow_training.py.
 import builtins
 from pathlib import Path
 
-import datasets
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -17,9 +14,16 @@ from megatron.varlen_training.datasets import builder, sft_arrow
 from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
 from megatron.varlen_training.tokenizer import ByteLevelTokenizer
+from tests.harness.extras import require_extra
 from tests.unit_tests.varlen_training.datasets.sft_files import (
     conversations, write_all_forms, write_jsonl, write_parquet,
 )
+
+require_extra("data")  # the whole module skips before its imports of datasets and pyarrow
+
+import datasets  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 NUM_CHATS = 40
 FORMS = ("parquet", "shards", "save_to_disk")

@@ -5,9 +5,12 @@ numbers are identical, not merely close). Two DP ranks, packed, ByteLevelTokeniz
 
 import pytest
 
+from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import loss_owner_history, train_on_this_rank
 from tests.unit_tests.varlen_training.datasets.sft_files import conversations, write_all_forms
+
+pytestmark = needs_extra("data")
 
 NUM_ITERS = 4
 ARGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",

@@ -14,7 +14,10 @@ import pytest
 from megatron.varlen_training.datasets.sft import SFTDataset, encode_turns, parse_turns
 from megatron.varlen_training.hf.chat_template import ChatTemplateError, encode_chat
 from megatron.varlen_training.tokenizer import build_tokenizer
+from tests.harness.extras import needs_extra
 from tests.unit_tests.varlen_training.hf.tiny_models import save_tokenizer
+
+pytestmark = needs_extra("hf")
 
 REPO = Path(__file__).resolve().parents[4]
 SHIPPED = REPO / "examples" / "data" / "sft_tiny.jsonl"

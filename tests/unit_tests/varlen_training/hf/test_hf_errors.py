@@ -13,7 +13,10 @@ from megatron.varlen_training.arguments import ArgumentValidationError
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.hf.safetensors_io import INDEX_FILE
 from megatron.varlen_training.tokenizer import NullTokenizer, check_tokenizer_fits
+from tests.harness.extras import needs_extra
 from tests.unit_tests.varlen_training.hf.tiny_models import model_argv, save_hf_model
+
+pytestmark = needs_extra("hf")
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.hf.ranks import rank_train_export
 from tests.unit_tests.varlen_training.hf.test_hf_import import _assert_logits_match
 from tests.unit_tests.varlen_training.hf.tiny_models import (
     hf_logits, model_argv, sample_tokens, save_hf_model,
 )
+
+pytestmark = needs_extra("hf")
 
 REPO = Path(__file__).resolve().parents[4]
 TRAIN_ITERS = "2"

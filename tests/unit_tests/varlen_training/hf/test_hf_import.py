@@ -8,11 +8,14 @@ slice by slice), in every layout: TP1, TP2, PP2 and PP2 with VPP.
 import pytest
 import torch
 
+from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.hf.ranks import rank_import_logits
 from tests.unit_tests.varlen_training.hf.tiny_models import (
     FAMILIES, hf_logits, model_argv, sample_tokens, save_hf_model,
 )
+
+pytestmark = needs_extra("hf")
 
 RTOL = 1e-5
 PADDED_CASE_VOCAB = 250

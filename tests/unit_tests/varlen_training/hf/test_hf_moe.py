@@ -9,13 +9,15 @@ top-2, renormalised top-k weights, layer 1 dense through ``mlp_only_layers``).
 
 import pytest
 import torch
-from safetensors import safe_open
 
+from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.hf.ranks import rank_import_export, rank_import_logits
 from tests.unit_tests.varlen_training.hf.tiny_models import (
     hf_logits, model_argv, sample_tokens,
 )
+
+pytestmark = needs_extra("hf")
 
 RTOL = 1e-5
 MOE_CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -78,6 +80,8 @@ def test_export_from_ep2_loads_in_transformers_and_reimports_bit_identically(che
     argv = model_argv(path, "--expert-model-parallel-size", "2")
     run_distributed(rank_import_export, 2, args=(argv, out), timeout_s=240)
     _assert_logits_match(hf_logits(out, tokens), reference, "export")
+    from safetensors import safe_open
+
     with safe_open(f"{path}/model.safetensors", "pt") as original, \
             safe_open(f"{out}/model.safetensors", "pt") as exported:
         assert sorted(exported.keys()) == sorted(original.keys())

@@ -10,9 +10,12 @@ import json
 import pytest
 import torch
 
+from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.hf.ranks import rank_packed_token_losses
 from tests.unit_tests.varlen_training.hf.tiny_models import model_argv, save_hf_model
+
+pytestmark = needs_extra("hf")
 
 RTOL = 1e-5
 LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 4,

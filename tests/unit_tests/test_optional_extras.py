@@ -1,0 +1,93 @@
+"""Without an optional extra ([data], [metrics], [hf] of pyproject.toml) the suite neither errors
+at collection nor fails: a test that needs one skips, naming it (tests/harness/extras.py). The
+machines without them: a user's plain ``pip install .``, the GPU image (no datasets, no wandb).
+
+The end-to-end tests run pytest in a subprocess where the extras' modules cannot be imported
+(a plugin puts None in ``sys.modules`` for each, as if they were not installed)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.harness import extras
+
+REPO = Path(__file__).resolve().parents[2]
+ALL_EXTRA_MODULES = [m for modules in extras.EXTRA_MODULES.values() for m in modules]
+# Without the extras, and without what the GPU image lacks besides (datasets' own dill and
+# multiprocess: tools/gpu_wheels.py sends them along): both machines in one run.
+WITHOUT = [*ALL_EXTRA_MODULES, "dill", "multiprocess"]
+# Tests that need an extra, one or more per extra; all of them skip without it.
+NEEDING_AN_EXTRA = [
+    "tests/unit_tests/varlen_training/hf",
+    "tests/unit_tests/wrap/test_wrap_hf.py",
+    "tests/unit_tests/varlen_training/datasets/test_sft_arrow.py",
+    "tests/unit_tests/varlen_training/datasets/test_sft_arrow_training.py",
+    "tests/unit_tests/reliability/test_data_fingerprints.py",
+    "tests/unit_tests/tools/test_preprocess_data.py::test_hugging_face_ids_are_the_tokenizers_own",
+    "tests/unit_tests/tools/test_preprocess_data.py::"
+    "test_two_workers_write_the_same_files[HuggingFaceTokenizer]",
+    "tests/unit_tests/varlen_training/test_trainer.py::"
+    "test_real_tensorboard_events_and_offline_wandb_run",
+]
+# Of those, the ones that need no extra at all (their own tests run).
+NEEDING_NONE = ["tests/unit_tests/varlen_training/hf/test_hf_config.py"]
+
+
+def test_the_extras_are_pyprojects():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for extra, modules in extras.EXTRA_MODULES.items():
+        packages = {requirement.split(">")[0].split("=")[0].strip().lower()
+                    for requirement in declared[extra]}
+        assert set(modules) <= packages, (extra, modules, packages)
+
+
+def test_the_skip_reason_names_the_extra_and_what_is_missing(monkeypatch):
+    assert extras.skip_reason("data") is None  # the dev environment has every extra
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    assert extras.missing_modules("data") == ["datasets"]
+    assert extras.skip_reason("data") == (
+        "needs the 'data' extra (pip install -e .[data]): datasets not installed")
+    mark = extras.needs_extra("data")
+    assert mark.args == (True,) and mark.kwargs["reason"] == extras.skip_reason("data")
+    with pytest.raises(pytest.skip.Exception, match="needs the 'data' extra"):
+        extras.require_extra("data")
+    assert extras.needs_extra("hf").args == (False,)
+
+
+def _pytest_without(modules: list[str], tmp_path: Path, *args: str):
+    plugin = tmp_path / "without_extras.py"
+    plugin.write_text(textwrap.dedent(f"""\
+        import sys
+        for name in {modules!r}:
+            sys.modules[name] = None  # import fails as for a package not installed
+        """))
+    path = os.pathsep.join(p for p in [str(tmp_path), str(REPO), os.environ.get("PYTHONPATH")]
+                           if p)  # the rest of the path as given (megatron-core's wheel folder)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "without_extras", "-p",
+                           "no:randomly", "-q", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path}, timeout=600)
+
+
+def test_the_suite_collects_without_the_extras(tmp_path):
+    proc = _pytest_without(WITHOUT, tmp_path, "--collect-only", "tests")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " error" not in proc.stdout.splitlines()[-1], proc.stdout[-500:]
+
+
+def test_tests_needing_an_extra_skip_naming_it(tmp_path):
+    proc = _pytest_without(WITHOUT, tmp_path, "-rs", *NEEDING_AN_EXTRA,
+                           "--deselect", NEEDING_NONE[0])
+    summary = proc.stdout.splitlines()[-1]
+    assert proc.returncode == 0 and "passed" not in summary and "skipped" in summary, \
+        proc.stdout[-3000:]
+    reasons = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert reasons and all("needs the '" in line and "' extra" in line for line in reasons), \
+        reasons
+    assert {extra for extra in extras.EXTRA_MODULES if f"'{extra}' extra" in proc.stdout} == {
+        "data", "hf", "metrics"}
