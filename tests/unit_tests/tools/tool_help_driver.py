@@ -54,9 +54,14 @@ def _start(argv: list[str], base_path: list[str]) -> None:
 
 
 def _forget_repository_modules() -> None:
+    # An environment may live inside the checkout (`make test` makes .venv there): its installed
+    # modules (torch's C extensions above all) are not the repository's and must never be
+    # imported twice. (sys.prefix cannot tell: under -S it is the base interpreter's.)
     for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None) or ""
-        if name != "__main__" and os.path.abspath(path).startswith(REPO + os.sep):
+        path = os.path.abspath(getattr(module, "__file__", None) or "")
+        installed = any(f"{os.sep}{folder}{os.sep}" in path
+                        for folder in ("site-packages", "dist-packages"))
+        if name != "__main__" and path.startswith(REPO + os.sep) and not installed:
             del sys.modules[name]
 
 
