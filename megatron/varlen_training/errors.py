@@ -99,6 +99,7 @@ def exit_on_user_errors(prog: str):
         yield
     except ONE_LINE_ERRORS as err:
         print_error_line(prog, err)
+        _release_process_group()
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print_error_line(prog, "interrupted by Ctrl-C (SIGINT) during training: the iteration "
@@ -107,12 +108,36 @@ def exit_on_user_errors(prog: str):
         sys.exit(INTERRUPTED_EXIT_CODE)
     except RuntimeError as err:
         if not any(marker in str(err) for marker in PEER_LOST_MARKERS):
+            _release_bug_rank_group()
             raise
         detail = one_line(err)[:PEER_LOST_DETAIL_CHARS]
         print_error_line(prog, f"rank {get_rank()} lost a peer rank, which failed or was killed "
                          f"(see its log); resume with --load from the latest checkpoint "
                          f"({detail})", every_rank=True)  # rank 0 may be the one that died
         sys.exit(TRAINING_FAILED_EXIT_CODE)
+    except Exception:
+        _release_bug_rank_group()
+        raise
+
+
+def _release_bug_rank_group() -> None:
+    """A bug keeps its traceback and exit status 1; under gloo its rank must not then abort at
+    exit. (NCCL's teardown may wait for a peer's collectives: that group is left as it is.)"""
+    try:
+        _release_process_group(only_backend="gloo")
+    except Exception:  # noqa: BLE001 -- never mask the bug being raised
+        pass
+
+
+def _release_process_group(only_backend: str | None = None) -> None:
+    """Ends this rank's process group before the interpreter exits: left to the interpreter's
+    teardown, gloo's threads can abort the process ("terminate called without an active
+    exception", SIGABRT) when a peer has already gone -- as it has after a PeerRankError, or
+    for the rank whose bug it reports. ``only_backend``: release only a group of that backend."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if only_backend is None or torch.distributed.get_backend() == only_backend:
+        torch.distributed.destroy_process_group()
 
 
 # At start-up, a bad file or value surfaces as one of these, with a message made for the user.
