@@ -55,6 +55,13 @@ def _as_int_tensor(value: Any, index: int, field: str) -> torch.Tensor:
                 or tensor.dtype == torch.bool:
             raise sample_error(index, field, f"expected {expected}, got a {tensor.dim()}-D "
                                              f"{tensor.dtype} tensor")
+        if tensor.dtype == torch.uint64:  # the int64 conversion would wrap these to negatives
+            values = tensor.detach().cpu().numpy()
+            too_large = np.flatnonzero(values > INT64_MAX)
+            if too_large.size:
+                position = int(too_large[0])
+                raise sample_error(index, field, f"item {position} is {int(values[position])}, "
+                                                 f"outside the int64 range [-2**63, 2**63)")
         return tensor.detach().to("cpu", torch.long)
     if not isinstance(value, (list, tuple)):
         raise sample_error(index, field, f"expected {expected}, got {type(value).__name__} "

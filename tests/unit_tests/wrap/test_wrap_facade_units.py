@@ -98,6 +98,11 @@ def test_batch_checks():
     (np.zeros((2, 2), dtype=np.int64), "got a 2-D torch.int64 tensor"),
     ([3, -1], "id -1 at position 1 is outside [0, 10)"),
     (torch.tensor([9, 10]), "id 10 at position 1 is outside [0, 10)"),
+    # uint64 ids past int64 wrapped to negative ids in the int64 conversion (a misleading id)
+    (np.array([1, 2**63 + 5], dtype=np.uint64),
+     "item 1 is 9223372036854775813, outside the int64 range"),
+    (torch.tensor(np.array([2**64 - 1], dtype=np.uint64)),
+     "item 0 is 18446744073709551615, outside the int64 range"),
 ])
 def test_token_id_errors_name_sample_field_value_and_limit(value, message):
     with pytest.raises(ValueError) as err:
@@ -106,7 +111,8 @@ def test_token_id_errors_name_sample_field_value_and_limit(value, message):
 
 
 def test_token_ids_accept_lists_arrays_and_tensors():
-    for value in ([1, 2, 3], (1, 2, 3), np.array([1, 2, 3]), torch.tensor([1, 2, 3])):
+    for value in ([1, 2, 3], (1, 2, 3), np.array([1, 2, 3]), torch.tensor([1, 2, 3]),
+                  np.array([1, 2, 3], dtype=np.uint64)):
         assert fields.as_token_ids(value, 0, "x", 10).tolist() == [1, 2, 3]
     assert fields.as_per_token_values([1, 0.5, True], 0, "m").tolist() == [1.0, 0.5, 1.0]
     with pytest.raises(ValueError, match="field 'm': expected a list of numbers"):
