@@ -35,7 +35,8 @@ the LR/WD schedule. On ``--load``:
   toggling the flag on resume is refused. Expert parallelism: megatron-core keeps the experts'
   state in an optimizer of its own only with EP > 1, so EP 1 <-> > 1 is refused; EP 2 <-> 4
   resumes (the experts' state is resharded by their global index). ``--use-distributed-optimizer``
-  state reshards over data-parallel ranks only: a changed TP, PP or EP size is refused with it
+  state reshards over data-parallel ranks only: a changed TP, PP, EP or virtual pipeline
+  (``--num-layers-per-virtual-pipeline-stage``) layout is refused with it
   (the weights still reshard: ``--no-load-optim`` loads them alone).
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
@@ -95,11 +96,13 @@ OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 # its own (a chained optimizer): EP 1 and EP > 1 checkpoints have different optimizer layouts.
 EXPERT_PARALLEL_KEY = "expert_model_parallel_size"
 PIPELINE_PARALLEL_KEY = "pipeline_model_parallel_size"
+VIRTUAL_PIPELINE_KEY = "num_layers_per_virtual_pipeline_stage"  # None: no virtual stages
 # The sizes --use-distributed-optimizer's state (megatron-core's dp_reshardable format: one shard
 # per data-parallel group of buffers) cannot change: only data parallelism reshards it.
 SHARDED_OPTIMIZER_SIZES = {"tensor_model_parallel_size": "--tensor-model-parallel-size",
                            PIPELINE_PARALLEL_KEY: "--pipeline-model-parallel-size",
-                           EXPERT_PARALLEL_KEY: "--expert-model-parallel-size"}
+                           EXPERT_PARALLEL_KEY: "--expert-model-parallel-size",
+                           VIRTUAL_PIPELINE_KEY: "--num-layers-per-virtual-pipeline-stage"}
 DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
 # Recorded for messages, not compared: the padded vocabulary's inputs (it is derived, not a
 # flag), --seq-length (which --max-position-embeddings follows unless given) and --data-path
@@ -161,6 +164,7 @@ def _recorded_values(run: RunConfig) -> dict:
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=run.parallel.pipeline_model_parallel_size,
+        num_layers_per_virtual_pipeline_stage=run.parallel.num_layers_per_virtual_pipeline_stage,
         seq_length=model.seq_length,
         data_path=list(data.data_path) if data.data_path is not None else None)
     return values
@@ -169,8 +173,8 @@ def _recorded_values(run: RunConfig) -> dict:
 def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
     values = _recorded_values(run)
-    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, PIPELINE_PARALLEL_KEY) \
-        + DATA_ORDER_KEYS + _CONTEXT_KEYS
+    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, PIPELINE_PARALLEL_KEY,
+                         VIRTUAL_PIPELINE_KEY) + DATA_ORDER_KEYS + _CONTEXT_KEYS
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
@@ -303,17 +307,27 @@ def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
 def _sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:
     """Why --use-distributed-optimizer's state cannot follow a model-parallel size change, or
     None (:data:`SHARDED_OPTIMIZER_SIZES`; unchecked, megatron-core stops every rank with a
-    KeyError for the state of data-parallel groups the checkpoint does not have). Checkpoints
+    KeyError for the state of data-parallel groups the checkpoint does not have, or, for a
+    virtual pipeline change, a global-shape CheckpointingException). Checkpoints
     saved before a size was recorded are not checked for it."""
     if not mine[OPTIMIZER_LAYOUT_KEY]:
         return None
     for key, flag in SHARDED_OPTIMIZER_SIZES.items():
-        if saved.get(key) is not None and saved[key] != mine[key]:
-            return (f"--load: the checkpoint's distributed optimizer state was saved with "
-                    f"{flag} {saved[key]}, this run has {mine[key]}: its format (megatron-core's "
-                    f"dp_reshardable) reshards over data-parallel ranks only (resume with "
-                    f"{flag} {saved[key]}, or add --no-load-optim to load the weights only)")
+        if key in saved and saved[key] != mine[key]:
+            return (f"--load: the checkpoint's distributed optimizer state was saved "
+                    f"{_with_flag(flag, saved[key])}, this run has {_value(mine[key])}: its "
+                    f"format (megatron-core's dp_reshardable) reshards over data-parallel ranks "
+                    f"only (resume {_with_flag(flag, saved[key])}, or add --no-load-optim to "
+                    f"load the weights only)")
     return None
+
+
+def _with_flag(flag: str, value) -> str:
+    return f"without {flag}" if value is None else f"with {flag} {value}"
+
+
+def _value(value) -> str:
+    return "none" if value is None else str(value)
 
 
 def _optimizer_layout_mismatch(saved_distributed: bool) -> str:

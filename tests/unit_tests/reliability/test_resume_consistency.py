@@ -172,6 +172,31 @@ def test_model_parallel_change_with_distributed_optimizer_is_one_line(tmp_path):
     assert weights_only[0] == pytest.approx(straight[2], rel=1e-5)
 
 
+def test_virtual_pipeline_change_with_distributed_optimizer_is_one_line(tmp_path):
+    """Virtual pipeline stages change the distributed optimizer's buffers too: megatron-core
+    stopped every rank with a global-shape CheckpointingException traceback. Refused in one line,
+    both ways (saved with VPP, resumed without; and the reverse). One 2-rank launch."""
+    args = ["--num-layers", "4"] + TINY_GPT_ARGS[2:] + [
+        "--lr-decay-iters", "4", "--use-distributed-optimizer", "--pipeline-model-parallel-size",
+        "2"]
+    vpp = ["--num-layers-per-virtual-pipeline-stage", "1"]
+    with_vpp, without_vpp = tmp_path / "with_vpp", tmp_path / "without_vpp"
+    runs = [args + vpp + ["--train-iters", "1", "--save", str(with_vpp)],
+            args + ["--train-iters", "1", "--save", str(without_vpp)],
+            args + ["--train-iters", "2", "--load", str(with_vpp)],
+            args + vpp + ["--train-iters", "2", "--load", str(without_vpp)]]
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    rank0 = run_distributed(_losses_or_refusals, 2, args=(runs,), timeout_s=240)[0]
+    assert rank0[2] == (
+        f"--load: the checkpoint's distributed optimizer state was saved with {flag} 1, this "
+        f"run has none: its format (megatron-core's dp_reshardable) reshards over data-parallel "
+        f"ranks only (resume with {flag} 1, or add --no-load-optim to load the weights only)")
+    assert rank0[3] == (
+        f"--load: the checkpoint's distributed optimizer state was saved without {flag}, this "
+        f"run has 1: its format (megatron-core's dp_reshardable) reshards over data-parallel "
+        f"ranks only (resume without {flag}, or add --no-load-optim to load the weights only)")
+
+
 # --- Issue 21, observation 7: data identity is content, not spelling -----------------------
 
 SFT_SAMPLES = 24
