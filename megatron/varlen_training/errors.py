@@ -99,7 +99,7 @@ def exit_on_user_errors(prog: str):
         yield
     except ONE_LINE_ERRORS as err:
         print_error_line(prog, err)
-        _release_process_group()
+        release_process_group()
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print_error_line(prog, "interrupted by Ctrl-C (SIGINT) during training: the iteration "
@@ -124,12 +124,12 @@ def _release_bug_rank_group() -> None:
     """A bug keeps its traceback and exit status 1; under gloo its rank must not then abort at
     exit. (NCCL's teardown may wait for a peer's collectives: that group is left as it is.)"""
     try:
-        _release_process_group(only_backend="gloo")
+        release_process_group(only_backend="gloo")
     except Exception:  # noqa: BLE001 -- never mask the bug being raised
         pass
 
 
-def _release_process_group(only_backend: str | None = None) -> None:
+def release_process_group(only_backend: str | None = None) -> None:
     """Ends this rank's process group before the interpreter exits: left to the interpreter's
     teardown, gloo's threads can abort the process ("terminate called without an active
     exception", SIGABRT) when a peer has already gone -- as it has after a PeerRankError, or
@@ -277,3 +277,8 @@ def agree_on_errors(step, *args, **kwargs):
 def share_nothing(result) -> None:
     """The ``share`` of :func:`agree_and_gather` when only the errors are exchanged."""
     del result
+
+
+def share_result(result):
+    """The ``share`` of :func:`agree_and_gather` when every rank's result is gathered."""
+    return result

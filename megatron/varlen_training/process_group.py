@@ -22,7 +22,8 @@ import torch
 
 from megatron.varlen.platform import cpu_device
 from megatron.varlen_training.errors import (ONE_LINE_ERRORS, USAGE_EXIT_CODE, agree_on_errors,
-                                              flush_standard_streams, print_error_line)
+                                              flush_standard_streams, print_error_line,
+                                              release_process_group)
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
@@ -95,7 +96,6 @@ def report_start_up_error(prog: str, error: Exception) -> NoReturn:
 
 
 def _leave(code: int) -> NoReturn:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    release_process_group()
     flush_standard_streams()
     sys.exit(code)
