@@ -52,7 +52,7 @@ from megatron.varlen_training.checkpoint_safe_load import (
 )
 from megatron.varlen_training.errors import (
     INTERRUPTED_EXIT_CODE, PEER_LOST_MARKERS, TRAINING_FAILED_EXIT_CODE, CheckpointError,
-    agree_and_gather, agree_on_errors, one_line,
+    agree_and_gather, agree_on_errors, one_line, share_result,
 )
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
@@ -202,12 +202,8 @@ def _agree_on_save(step, *args) -> list:
     hit an I/O failure, raises it on every rank, so none waits for a peer that gave up; a bug
     on one rank keeps its traceback there and stops the others in one line
     (``errors.agree_and_gather``)."""
-    return agree_and_gather(functools.partial(_save_step, step, args), _as_shared,
+    return agree_and_gather(functools.partial(_save_step, step, args), share_result,
                             plain_user_errors=(), kept_user_errors=(_IOFailure,))[1]
-
-
-def _as_shared(result):
-    return result
 
 
 def _on_rank_0(step, *args):

@@ -9,6 +9,7 @@ shard index (with PP > 1) and ``generation_config.json``. No rank holds more tha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -18,7 +19,9 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.varlen_training.config import RunConfig
-from megatron.varlen_training.errors import UserInputError, agree_on_errors, one_line
+from megatron.varlen_training.errors import (
+    UserInputError, agree_and_gather, agree_on_errors, one_line, share_result,
+)
 from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import (
     HFModelConfig, config_from_model, load_hf_config, to_config_json,
@@ -193,9 +196,8 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
     dtype = next(chunks[0].parameters()).dtype
     agree_on_errors(_make_out_dir, out_dir)
     tensors = stage_tensors(chunks, config)
-    part = agree_on_errors(_write_stage, out_dir, filename, tensors)
-    parts = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(parts, part)
+    _, parts = agree_and_gather(functools.partial(_write_stage, out_dir, filename, tensors),
+                                share_result)  # every rank's (part, bytes), in the same exchange
     agree_on_errors(_write_rank_0_files, out_dir, config, parts, pp_size, dtype)
     return out_dir
 
