@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from megatron.varlen.attention.collectives import all_gather_dim0
 from megatron.varlen.packing.packed_seq import has_host_boundaries, host_to_device
 
 _ROLL_SHIFT = -1  # MTP's roll: one token to the left
@@ -91,20 +92,11 @@ def _cp_chunks(params, cp_size: int, device) -> _CpChunks | None:
                      stream=local[-1])
 
 
-def _all_gather_flat(out: torch.Tensor, tensor: torch.Tensor, group) -> None:
-    # torch 2.13 renamed all_gather_into_tensor (kept, deprecated); older torch has that only.
-    gather = getattr(torch.distributed, "all_gather_single", None) \
-        or torch.distributed.all_gather_into_tensor
-    gather(out, tensor, group=group)
-
-
 def _all_gather(tensor: torch.Tensor, group) -> torch.Tensor:
     """[group size, *tensor.shape]: every rank's ``tensor``, in group rank order."""
-    # bool is sent as its bytes (not every backend reduces or gathers bool).
+    # bool is sent as its bytes (not every backend gathers bool).
     send = tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
-    out = send.new_empty(group.size() * send.numel())
-    _all_gather_flat(out, send.reshape(-1), group=group)  # flat: what every backend takes
-    out = out.view(group.size(), *send.shape)
+    out = all_gather_dim0(send.unsqueeze(0), group)
     return out.view(torch.bool) if tensor.dtype == torch.bool else out
 
 
