@@ -259,3 +259,13 @@ def run_distributed(
                else f"did not finish within {timeout_s:.0f} s (killed; exit codes {codes})")
         raise DistributedTestError(f"ranks {missing} of {world_size} {how}")
     return [collected[rank][1] for rank in range(world_size)]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie has exited, merely not yet waited for)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.multirank import DistributedTestError, process_alive, run_distributed
 
 
 def _sum_of_ranks():
@@ -33,15 +33,6 @@ def _start_helper_then(behaviour: str, pid_dir: str):
     return "ok"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, merely not yet waited for
-        return stat.read().split()[2] != "Z"
-
-
 def test_results_come_back_in_rank_order():
     assert run_distributed(_sum_of_ranks, 3, timeout_s=60) == [6, 6, 6]
 
@@ -60,9 +51,9 @@ def test_no_process_outlives_the_run(tmp_path, behaviour):
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
     assert pids, "the helpers never started: the test would prove nothing"
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(pid) for pid in pids), f"orphaned helper processes {pids}"
+    assert not any(process_alive(pid) for pid in pids), f"orphaned helper processes {pids}"
 
 
 def _return_a_tensor():

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from megatron.varlen_training.datasets.sample_reader import SampleReader
+from tests.harness.multirank import process_alive
 
 BATCH = 3
 REPO = Path(__file__).resolve().parents[4]
@@ -52,26 +53,17 @@ def test_workers_read_the_same_samples_in_the_same_order():
 WORKER_EXIT_S = 10.0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited, merely not yet waited for
-        return stat.read().split()[2] != "Z"
-
-
 def _wait_until_gone(pids: set[int]) -> set[int]:
     deadline = time.monotonic() + WORKER_EXIT_S
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return {pid for pid in pids if _alive(pid)}
+    return {pid for pid in pids if process_alive(pid)}
 
 
 def test_close_stops_the_workers_and_a_later_read_starts_new_ones():
     reader = SampleReader(_Squares(), _indices_of, len(_Squares()) // BATCH, num_workers=2)
     first = {s["pid"] for s in reader.read(0)}
-    assert first and all(_alive(pid) for pid in first)
+    assert first and all(process_alive(pid) for pid in first)
     reader.close()
     assert not _wait_until_gone(first), "worker processes outlived close()"
     again = reader.read(1)  # reading after close starts workers again, at that iteration
