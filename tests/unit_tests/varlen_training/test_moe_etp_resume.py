@@ -1,7 +1,8 @@
 """Resuming an MoE run at another expert tensor-parallel size (``--expert-tensor-parallel-size``,
 recorded in ``run_args.json``): with the plain optimizer megatron-core reshards the experts'
 weights and state, so 2 + save + load + 2 iterations == the straight 4 at the new size (lm
-loss, balancing losses, grad norm within 1e-5; ETP 1 -> 2 at TP 1 x EP 2). With
+loss, balancing losses, grad norm within 1e-5; ETP 1 -> 2 at TP 1 x EP 2, and ETP 2 -> 1 at
+TP 2 x EP 2, whose ETP defaulted to TP). With
 ``--use-distributed-optimizer`` megatron-core stopped every rank with a global-shape
 CheckpointingException traceback (probed: ETP 2 saved, ETP 1 resumed); the change is refused
 in one line naming ``--no-load-optim``, which loads the weights alone. A checkpoint saved
@@ -33,9 +34,10 @@ from tests.unit_tests.varlen_training.test_moe_checkpoint import (
     _save_at_2,
 )
 
-LAUNCH_TIMEOUT_S = 420  # six tiny runs and a refusal; 4 ranks share 2 cores on the CI machine
+LAUNCH_TIMEOUT_S = 420  # eight tiny runs and a refusal; 4 ranks share 2 cores on the CI machine
 ETP1 = ["--expert-tensor-parallel-size", "1"]
 ETP2 = ["--expert-tensor-parallel-size", "2"]
+TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]  # ETP defaults to TP
 
 
 def _planned_runs(folder) -> dict[str, list[str]]:
@@ -43,10 +45,13 @@ def _planned_runs(folder) -> dict[str, list[str]]:
     etp1, etp2_distributed = folder / "etp1", folder / "etp2_distributed"
     return {
         "save_etp1": BASE + EP2 + ETP1 + _save_at_2(etp1),
+        "save_tp2": BASE + TP2 + EP2 + _save_at_2(folder / "tp2"),
         "save_etp2_distributed": BASE + EP2 + ETP2 + DISTRIBUTED + _save_at_2(etp2_distributed),
         "straight_etp1": BASE + EP2 + ETP1,
         "straight_etp2": BASE + EP2 + ETP2,
+        "straight_tp2_etp1": BASE + TP2 + EP2 + ETP1,
         "etp1_to_etp2": BASE + EP2 + ETP2 + ["--load", str(etp1)],
+        "tp2_to_tp2_etp1": BASE + TP2 + EP2 + ETP1 + ["--load", str(folder / "tp2")],
         "etp2_to_etp1_distributed": BASE + EP2 + ETP1 + DISTRIBUTED + [
             "--load", str(etp2_distributed)],
         "etp2_to_etp1_distributed_weights": BASE + EP2 + ETP1 + DISTRIBUTED + [
@@ -74,15 +79,20 @@ def _assert_close(got: list[dict], want: list[dict], name: str) -> None:
             assert one[key] == pytest.approx(ref[key], rel=RTOL), (name, index, key)
 
 
-def test_plain_optimizer_resume_at_another_etp_equals_the_straight_run(runs):
-    straight = runs["straight_etp2"]["history"]
-    _assert_close(runs["save_etp1"]["history"], runs["straight_etp1"]["history"][:2],
-                  "save_etp1")
-    _assert_close(runs["etp1_to_etp2"]["history"], straight[2:], "etp1_to_etp2")
+@pytest.mark.parametrize("saved, resumed, straight", [
+    ("save_etp1", "etp1_to_etp2", "straight_etp2"),  # TP 1: ETP 1 -> 2
+    ("save_tp2", "tp2_to_tp2_etp1", "straight_tp2_etp1"),  # TP 2: ETP 2 (the default) -> 1
+])
+def test_plain_optimizer_resume_at_another_etp_equals_the_straight_run(runs, saved, resumed,
+                                                                       straight):
+    """The saved run's first 2 iterations are those of the straight run too: every layout here
+    starts from the same weights (layout-invariant initialisation)."""
+    _assert_close(runs[saved]["history"], runs[straight]["history"][:2], saved)
+    _assert_close(runs[resumed]["history"], runs[straight]["history"][2:], resumed)
 
 
 def test_run_args_record_the_expert_tensor_parallel_size(runs):
-    for name, size in (("etp1", 1), ("etp2_distributed", 2)):
+    for name, size in (("etp1", 1), ("etp2_distributed", 2), ("tp2", 2)):
         recorded = json.loads((runs["folder"] / name / "iter_0000002" /
                                RUN_ARGS_FILENAME).read_text())
         assert recorded[EXPERT_TENSOR_PARALLEL_KEY] == size, name
