@@ -4,7 +4,8 @@ A flow has four jobs, called by :class:`megatron.wrap.MegatronWrap` in this orde
 
 1. :meth:`Flow.build_samples` turns the user's batch into *data-path samples*
    (``{"tokens", "labels", "loss_mask", "length"}`` plus the flow's extra fields), the format
-   the packing path of ``pretrain_gpt.py`` consumes. Field checks raise one-line errors.
+   the packing path of ``pretrain_gpt.py`` consumes. Field checks raise one-line errors; so
+   does a key the flow does not read (:meth:`Flow.refuse_unread`: never dropped silently).
 2. The facade (not the flow) splits the batch over DP, packs it into THD micro-batches,
    splits sequences for context parallelism and packs the flow's extra fields the same way
    (:meth:`Flow.fields_and_seq_dims` says which fields exist and where their sequence is).
