@@ -105,6 +105,15 @@ def _check_sizes(args, require) -> None:
             f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} = "
             f"{ep * etp} does not divide the {per_stage} ranks of a pipeline stage (change "
             f"--expert-model-parallel-size)")
+    tp = args.tensor_model_parallel_size
+    # megatron-core 0.16.1 marks expert weights as expert-parallel (reduced over the expert
+    # data-parallel group) only with EP > 1; with EP 1 they are reduced as dense weights, which
+    # is wrong once they are split over another TP size (measured: other gradients than ETP=TP).
+    require(ep > 1 or etp == tp,
+            f"--expert-tensor-parallel-size {etp} differs from --tensor-model-parallel-size "
+            f"{tp} with --expert-model-parallel-size 1: megatron-core then reduces the experts' "
+            f"gradients as dense weights, which is wrong for their split; set "
+            f"--expert-model-parallel-size > 1 or --expert-tensor-parallel-size {tp}")
     require(args.disable_bias_linear,
             "MoE layers need --disable-bias-linear (megatron-core 0.16.1's plain-torch experts "
             "fail on linear biases: an in-place add on a tensor-parallel view)")

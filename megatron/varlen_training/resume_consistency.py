@@ -34,8 +34,10 @@ the LR/WD schedule. On ``--load``:
   ranks) and of the plain optimizer (per parameter) are stored differently and not converted:
   toggling the flag on resume is refused. Expert parallelism: megatron-core keeps the experts'
   state in an optimizer of its own only with EP > 1, so EP 1 <-> > 1 is refused; EP 2 <-> 4
-  resumes (the experts' state is resharded by their global index). ``--use-distributed-optimizer``
-  state reshards over data-parallel ranks only: a changed TP, PP, EP or virtual pipeline
+  resumes (the experts' state is resharded by their global index), and so does a changed
+  expert tensor parallelism (``--expert-tensor-parallel-size``, ETP 1 <-> 2: the experts'
+  weights and state are resharded like TP's). ``--use-distributed-optimizer`` state reshards
+  over data-parallel ranks only: a changed TP, PP, EP, ETP or virtual pipeline
   (``--num-layers-per-virtual-pipeline-stage``) layout is refused with it
   (the weights still reshard: ``--no-load-optim`` loads them alone).
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
@@ -95,6 +97,7 @@ OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 # With expert parallelism megatron-core keeps the experts' optimizer state in an optimizer of
 # its own (a chained optimizer): EP 1 and EP > 1 checkpoints have different optimizer layouts.
 EXPERT_PARALLEL_KEY = "expert_model_parallel_size"
+EXPERT_TENSOR_PARALLEL_KEY = "expert_tensor_parallel_size"  # None: a dense model (no experts)
 PIPELINE_PARALLEL_KEY = "pipeline_model_parallel_size"
 VIRTUAL_PIPELINE_KEY = "num_layers_per_virtual_pipeline_stage"  # None: no virtual stages
 # The sizes --use-distributed-optimizer's state (megatron-core's dp_reshardable format: one shard
@@ -102,6 +105,7 @@ VIRTUAL_PIPELINE_KEY = "num_layers_per_virtual_pipeline_stage"  # None: no virtu
 SHARDED_OPTIMIZER_SIZES = {"tensor_model_parallel_size": "--tensor-model-parallel-size",
                            PIPELINE_PARALLEL_KEY: "--pipeline-model-parallel-size",
                            EXPERT_PARALLEL_KEY: "--expert-model-parallel-size",
+                           EXPERT_TENSOR_PARALLEL_KEY: "--expert-tensor-parallel-size",
                            VIRTUAL_PIPELINE_KEY: "--num-layers-per-virtual-pipeline-stage"}
 DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
 # Recorded for messages, not compared: the padded vocabulary's inputs (it is derived, not a
@@ -153,6 +157,8 @@ def _recorded_values(run: RunConfig) -> dict:
     moe = model.moe
     values.update({key: getattr(moe, key) if moe is not None else None for key in _MOE_KEYS})
     values[EXPERT_PARALLEL_KEY] = moe.expert_model_parallel_size if moe is not None else 1
+    values[EXPERT_TENSOR_PARALLEL_KEY] = moe.expert_tensor_parallel_size if moe is not None \
+        else None
     values.update(
         tokenizer_type=data.tokenizer_type,
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
@@ -173,8 +179,9 @@ def _recorded_values(run: RunConfig) -> dict:
 def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
     values = _recorded_values(run)
-    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, PIPELINE_PARALLEL_KEY,
-                         VIRTUAL_PIPELINE_KEY) + DATA_ORDER_KEYS + _CONTEXT_KEYS
+    keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY,
+                         PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY) + DATA_ORDER_KEYS \
+        + _CONTEXT_KEYS
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
@@ -308,8 +315,9 @@ def _sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:
     """Why --use-distributed-optimizer's state cannot follow a model-parallel size change, or
     None (:data:`SHARDED_OPTIMIZER_SIZES`; unchecked, megatron-core stops every rank with a
     KeyError for the state of data-parallel groups the checkpoint does not have, or, for a
-    virtual pipeline change, a global-shape CheckpointingException). Checkpoints
-    saved before a size was recorded are not checked for it."""
+    virtual pipeline or expert tensor parallel change, a global-shape CheckpointingException).
+    Checkpoints saved before a size was recorded are not checked for it (their run_args.json
+    lacks the key; RECORDED_BEFORE has no value for it, since an old run's ETP is unknown)."""
     if not mine[OPTIMIZER_LAYOUT_KEY]:
         return None
     for key, flag in SHARDED_OPTIMIZER_SIZES.items():

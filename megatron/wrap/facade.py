@@ -46,7 +46,7 @@ from megatron.wrap import batch as batching
 from megatron.wrap import runtime, script_errors
 from megatron.wrap.config import ConfigError, WrapConfig, build_config
 from megatron.wrap.config.keys import default_known_keys
-from megatron.wrap.flows import Flow, FlowContext, build_flow
+from megatron.wrap.flows import Flow, FlowContext, build_flow, ignored_fields
 from megatron.wrap.forward import FlowForwardStep
 from megatron.wrap.main_guard import protect_unguarded_script
 from megatron.wrap.metric_writers import ProgressBar
@@ -150,7 +150,8 @@ class MegatronWrap(ParallelStateMixin):
         protect_unguarded_script()  # save() from a script without a main guard must not hang
         limit, key = batching.length_limit(self.run)
         self.flow = build_flow(facade["flow_name"],
-                               FlowContext(self.run, self.tokenizer, limit, key),
+                               FlowContext(self.run, self.tokenizer, limit, key,
+                                           ignored_fields(facade["ignored_fields"])),
                                facade["flow_args"])
         # The packer carries the flow's per-token fields like loss_mask (no re-layout here).
         self._packer = self.trainer.packer(per_token_fields(self.flow.extra_fields()))

@@ -62,6 +62,9 @@ FACADE_KEYS = {
         FacadeKey("flow_name", "flow", DEFAULT_FLOW,
                   "Registered flow that turns samples into model inputs and a loss."),
         FacadeKey("flow_args", "flow", {}, "Keyword arguments passed to the flow."),
+        FacadeKey("ignored_fields", "flow", [],
+                  "Sample keys the flow accepts without reading them (metadata such as ids); "
+                  "any other key a sample has and the flow does not read is an error."),
         FacadeKey("log_level", "logging", "INFO", "Level of the rank-aware logger.", LOG_LEVELS),
         FacadeKey(
             "metric_writers",

@@ -102,6 +102,7 @@ ALIASES: dict[str, Callable[[Any], dict[str, Any]]] = {
 
 WRAP_KEYS: dict[tuple[str, ...], tuple[str, str]] = {
     ("flow", "flow_key"): ("flow", "flow_name"),
+    ("flow", "ignored_fields"): ("flow", "ignored_fields"),  # the facade's, not a flow_arg
     ("logger", "patch_print"): ("logging", "capture_print"),
     ("logger", "wandb_project"): ("logging", "wandb_project"),
     ("logger", "wandb_name"): ("logging", "wandb_exp_name"),

@@ -13,6 +13,7 @@ from megatron.wrap.flows.mock import MockFlow
 from megatron.wrap.flows.registry import (
     build_flow,
     get_flow_class,
+    ignored_fields,
     register_flow,
     registered_flows,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "MockFlow",
     "build_flow",
     "get_flow_class",
+    "ignored_fields",
     "register_flow",
     "registered_flows",
 ]

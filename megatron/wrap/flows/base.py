@@ -4,7 +4,8 @@ A flow has four jobs, called by :class:`megatron.wrap.MegatronWrap` in this orde
 
 1. :meth:`Flow.build_samples` turns the user's batch into *data-path samples*
    (``{"tokens", "labels", "loss_mask", "length"}`` plus the flow's extra fields), the format
-   the packing path of ``pretrain_gpt.py`` consumes. Field checks raise one-line errors.
+   the packing path of ``pretrain_gpt.py`` consumes. Field checks raise one-line errors; so
+   does a key the flow does not read (:meth:`Flow.refuse_unread`: never dropped silently).
 2. The facade (not the flow) splits the batch over DP, packs it into THD micro-batches,
    splits sequences for context parallelism and packs the flow's extra fields the same way
    (:meth:`Flow.fields_and_seq_dims` says which fields exist and where their sequence is).
@@ -33,6 +34,12 @@ from megatron.wrap.flows import fields
 # Fields the packing path itself moves, packs and CP-splits (sequence dim 0 of a sample).
 CORE_FIELDS = {"tokens": 0, "labels": 0, "loss_mask": 0}
 PER_SAMPLE = None  # the "sequence dim" of a field that holds one value per sample
+# What build_sample reads from a data-path sample (position_ids only to check them).
+DATA_PATH_READS = ("tokens", "labels", "loss_mask", "length", "position_ids")
+# The datasets' bookkeeping (datasets/sample.py SAMPLE_KEYS): derived from the fields above, so
+# a data-path sample may carry them unread.
+DATASET_BOOKKEEPING = ("padded_length", "sample_id", "num_loss_tokens")
+IGNORED_FIELDS_KEY = "flow.ignored_fields"
 
 
 @dataclass(frozen=True)
@@ -44,12 +51,16 @@ class FlowContext:
         tokenizer: The run's tokenizer (``megatron.varlen_training.tokenizer``).
         max_length: Longest real sample length the run can take (tokens).
         max_length_key: The config key that sets ``max_length`` (named in errors).
+        ignored_fields: Sample keys the flow accepts without reading them (config key
+            ``flow.ignored_fields``), added to the flow's own :attr:`Flow.ignored_fields`.
     """
 
     run: RunConfig
     tokenizer: Any
     max_length: int
     max_length_key: str
+    ignored_fields: tuple[str, ...] = ()
+    """Sample keys the config passes over unread (config key ``flow.ignored_fields``)."""
 
 
 class Flow:
@@ -68,6 +79,10 @@ class Flow:
     metric_names: tuple[str, ...] = (LOSS_KEY,)
     computed_fields: tuple[str, ...] = ()
     """Extra fields the flow fills in itself (in ``build_samples``), not read from samples."""
+    ignored_fields: tuple[str, ...] = ()
+    """Sample keys the flow accepts and deliberately does not read (metadata such as ids or
+    source names). Any other key a sample carries and the flow does not read is a
+    ``BatchError`` (:meth:`refuse_unread`); config key ``flow.ignored_fields`` adds to these."""
 
     def __init__(self, context: FlowContext):
         self.context = context
@@ -106,7 +121,10 @@ class Flow:
         Reads ``tokens`` and ``labels`` (ids), optional ``loss_mask`` (default all 1) and
         ``length`` (default ``len(tokens)``; only the first ``length`` entries are used), plus
         the extra fields of :meth:`fields_and_seq_dims`. Every per-token field has one entry
-        per token: ``length`` entries, or as many as ``tokens`` (padded alike).
+        per token: ``length`` entries, or as many as ``tokens`` (padded alike). Optional
+        ``position_ids`` must be ``0 .. length - 1`` (what packing uses); the datasets'
+        bookkeeping (``padded_length``, ``sample_id``, ``num_loss_tokens``) is accepted unread;
+        any other key is refused (:meth:`refuse_unread`).
         """
         reads = "tokens, labels, optional loss_mask and length"
         vocab = self.context.run.model.vocab_size
@@ -120,6 +138,8 @@ class Flow:
             fields.require_binary(fields.as_per_token_values(mask, index, "loss_mask"), index,
                                   "loss_mask")
         padded = tokens.numel()  # per-token fields may carry the same padding as tokens
+        if raw.get("position_ids") is not None:
+            fields.require_positions(raw["position_ids"], index, length, padded)
         sample = {
             "tokens": tokens[:length],
             "labels": fields.require_entries(labels, length, index, "labels", padded),
@@ -127,7 +147,22 @@ class Flow:
             "length": length,
         }
         sample.update(self.build_extra_fields(raw, index, length, padded))
+        self.refuse_unread(raw, index, DATA_PATH_READS, DATASET_BOOKKEEPING)
         return sample
+
+    def sample_fields(self) -> tuple[str, ...]:
+        """The extra fields (:meth:`extra_fields`) read from every sample (not computed)."""
+        return tuple(field for field in self.extra_fields() if field not in self.computed_fields)
+
+    def refuse_unread(self, raw: Mapping, index: int, form_reads: Sequence[str],
+                      accepted: Sequence[str] = ()) -> None:
+        """A one-line ``BatchError`` if ``raw`` holds a key the flow does not read: neither one
+        of ``form_reads`` (what this sample's form reads) or :meth:`sample_fields`, nor
+        ``accepted`` or an ignored field (:attr:`ignored_fields`, ``flow.ignored_fields``).
+        Call it from a ``build_sample`` of your own with the keys it read."""
+        fields.refuse_unread(raw, index, (*form_reads, *self.sample_fields()),
+                             (*accepted, *self.ignored_fields, *self.context.ignored_fields),
+                             self.name or type(self).__qualname__, IGNORED_FIELDS_KEY)
 
     def build_extra_fields(self, raw: Mapping, index: int, length: int,
                            padded_length: int | None = None) -> dict:

@@ -9,7 +9,7 @@ that checks the same batch raises the same error (no rank is left waiting in a c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
 
@@ -179,3 +179,43 @@ def require_entries(values: torch.Tensor, length: int, index: int, field: str,
                                          f"{length} tokens{padded}; give exactly one entry "
                                          f"per token")
     return values[:length]
+
+
+def require_positions(value: Any, index: int, length: int, padded_length: int) -> None:
+    """Checks ``position_ids`` (the datasets' field): the facade packs each sample as one
+    sequence whose positions run ``0 .. length - 1``, so other positions (reset at documents,
+    offset) would be replaced without a word; they are refused instead."""
+    positions = _as_int_tensor(value, index, "position_ids")
+    positions = require_entries(positions, length, index, "position_ids", padded_length)
+    wrong = torch.nonzero(positions != torch.arange(length)).flatten()
+    if wrong.numel():
+        position = int(wrong[0])
+        raise sample_error(index, "position_ids", f"entry {position} is {int(positions[position])}"
+                                                  f", not {position}: each sample is packed as "
+                                                  f"one sequence with positions 0..length-1; "
+                                                  f"drop the field, or give each document as a "
+                                                  f"sample of its own")
+
+
+def refuse_unread(raw: Mapping, index: int, reads: Sequence[str], accepted: Sequence[str],
+                  flow: str, ignored_key: str) -> None:
+    """A key of ``raw`` that the flow neither reads (``reads``) nor accepts unread
+    (``accepted``: the datasets' bookkeeping, the flow's ignored fields) is an error: a field
+    the user believes is trained on (per-token weights, a mistyped ``loss_mask``) must not be
+    dropped without a word.
+
+    Raises:
+        BatchError: One line naming the sample, the unread field(s), what the flow reads from a
+            sample of this form and the two ways out.
+    """
+    known = set(reads) | set(accepted)
+    unread = [key for key in raw if key not in known]
+    if not unread:
+        return
+    names = ", ".join(map(repr, unread))
+    what = (f"sample {index}, field {names}: flow {flow!r} does not read it" if len(unread) == 1
+            else f"sample {index}, fields {names}: flow {flow!r} does not read them")
+    raise BatchError(f"{what} (it reads {', '.join(reads)} from a sample of this form); declare "
+                     f"a field in the flow's fields_and_seq_dims() to have it packed for the "
+                     f"loss, list it in config key {ignored_key!r} if it is metadata not to "
+                     f"train on, or drop it from the sample")

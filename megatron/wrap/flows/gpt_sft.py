@@ -15,6 +15,11 @@ A sample is one of (first match wins):
   ``--sft-prompt-key``, ``--sft-response-key`` and ``--sft-messages-key`` (config keys
   ``sft_prompt_key``, ...), as the dataset reads them.
 
+A key the sample's form does not read (``labels`` beside ``prompt``/``response``, ``length``
+beside ``input_ids``, a mistyped ``loss_maks``) is a one-line error rather than dropped; keys
+that are metadata (ids, source names) are named in config key ``flow.ignored_fields``. Extra
+fields the flow declares (``fields_and_seq_dims``) are read in every form.
+
 The loss is the global per-token mean (``pretrain_gpt.py``'s). ``flow_args:
 {loss_normalization: sample}`` makes it the mean over samples of each sample's per-token mean
 (megatron-wrap's SFT loss): each trained token gets the weight ``N / (S * n_s)`` (``N`` trained
@@ -116,7 +121,7 @@ class GPTSFTFlow(GPTFlow):
         return self._truncated(sample) if self.truncate else sample
 
     def _sample_from_document(self, raw: Mapping, index: int) -> dict:
-        ids, is_target = self._document(raw, index)
+        ids, is_target, reads = self._document(raw, index)
         if ids.size < MIN_DOCUMENT_IDS:
             raise fields.sample_error(index, None, f"has {ids.size} token id(s); at least "
                                                    f"{MIN_DOCUMENT_IDS} are needed (a token "
@@ -126,26 +131,34 @@ class GPTSFTFlow(GPTFlow):
         sample = {key: made[key][:length] for key in ("tokens", "labels", "loss_mask")}
         sample["length"] = length
         sample.update(self.build_extra_fields(raw, index, length))
+        self.refuse_unread(raw, index, reads)
         return sample
 
-    def _document(self, raw: Mapping, index: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(ids, is_target)`` of a document form; is_target None trains on every label."""
+    def _document(self, raw: Mapping, index: int
+                  ) -> tuple[np.ndarray, np.ndarray | None, tuple[str, ...]]:
+        """``(ids, is_target, the keys this form reads)`` of a document form; is_target None
+        trains on every label."""
         vocab = self.context.run.model.vocab_size
         if "prompt_ids" in raw or "response_ids" in raw:
+            reads = ("prompt_ids", "response_ids")
             prompt, response = (
                 fields.as_token_ids(fields.require_field(raw, index, key, self.forms), index,
                                     key, vocab).numpy()
-                for key in ("prompt_ids", "response_ids"))
+                for key in reads)
             is_target = np.concatenate([np.zeros(prompt.size, bool), np.ones(response.size, bool)])
-            return np.concatenate([prompt, response]), is_target
+            return np.concatenate([prompt, response]), is_target, reads
         if "input_ids" in raw:
+            reads = ("input_ids", CONTEXT_LENGTH_KEY)
             ids = fields.as_token_ids(raw["input_ids"], index, "input_ids", vocab).numpy()
             if raw.get(CONTEXT_LENGTH_KEY) is None:
-                return ids, None
+                return ids, None, reads
             prompt = _context_length(raw[CONTEXT_LENGTH_KEY], ids.size, index)
-            return ids, np.arange(ids.size) >= prompt
-        if self.text_keys.messages in raw or self.text_keys.prompt in raw:
-            return self._encode_text(raw, index)
+            return ids, np.arange(ids.size) >= prompt, reads
+        keys = self.text_keys
+        if keys.messages in raw:  # parse_turns reads the messages, and then nothing else
+            return (*self._encode_text(raw, index), (keys.messages,))
+        if keys.prompt in raw:
+            return (*self._encode_text(raw, index), (keys.prompt, keys.response))
         raise fields.sample_error(index, None, f"has fields {', '.join(map(repr, raw))}; "
                                                f"flow 'gpt_sft' reads one of: {self.forms}")
 

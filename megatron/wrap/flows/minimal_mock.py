@@ -6,7 +6,8 @@ megatron-wrap's ``minimal_mock`` feeds random ids (length a multiple of 4 up to 
 machinery. This one keeps the inputs (any sample, e.g. its ``EmptyDataset``'s ``[index]``, is
 replaced by random ids of such a length) and uses :class:`GPTFlow`'s next-token loss, so the
 numbers mean something. Ids depend only on ``seed``, the batch number and the sample index, so
-every rank builds the same batch.
+every rank builds the same batch. It reads no field of any sample, by design (the samples only
+count), so the rule that an unread field is an error (``Flow.refuse_unread``) does not apply.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.wrap.config.errors import ConfigError, did_you_mean
-from megatron.wrap.flows.base import Flow, FlowContext, check_flow_class
+from megatron.wrap.flows.base import (DATA_PATH_READS, IGNORED_FIELDS_KEY, Flow, FlowContext,
+                                      check_flow_class)
 
 FLOW_NAME_KEY = "flow.flow_name"
 FLOW_ARGS_KEY = "flow.flow_args"
@@ -85,4 +86,34 @@ def build_flow(name: str, context: FlowContext, flow_args: Mapping[str, Any] | N
         raise ConfigError(f"flow {name!r}: {FLOW_ARGS_KEY} {sorted(kwargs)} do not fit "
                          f"{flow_class.__qualname__}{inspect.signature(flow_class)}: {err}"
                          ) from None
-    return flow_class(context, **kwargs)
+    flow = flow_class(context, **kwargs)
+    _check_ignored_fields(flow)
+    return flow
+
+
+def ignored_fields(names: Any) -> tuple[str, ...]:
+    """Config key ``flow.ignored_fields`` as a tuple of field names.
+
+    Raises:
+        ConfigError: Not a list of strings.
+    """
+    if names is None:
+        return ()
+    bad = [name for name in names if not isinstance(name, str)] \
+        if isinstance(names, (list, tuple)) else [names]
+    if bad:
+        raise ConfigError(f"config key {IGNORED_FIELDS_KEY!r} must be a list of sample field "
+                          f"names, got {bad[0]!r}")
+    return tuple(names)
+
+
+def _check_ignored_fields(flow: Flow) -> None:
+    """An ignored field that the flow reads would be read all the same: refused, so that
+    nobody believes a field is left out of training while it is trained on."""
+    ignored = (*flow.ignored_fields, *flow.context.ignored_fields)
+    reads = (*DATA_PATH_READS, *flow.fields_and_seq_dims())
+    read = [name for name in ignored if name in reads]
+    if read:
+        raise ConfigError(f"config key {IGNORED_FIELDS_KEY!r} (or the flow's ignored_fields) "
+                          f"names {read[0]!r}, which flow {flow.name!r} reads (it reads "
+                          f"{', '.join(dict.fromkeys(reads))}); remove it from the list")

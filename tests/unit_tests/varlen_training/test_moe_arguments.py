@@ -45,6 +45,11 @@ def test_dense_run_has_no_moe_config():
      "--num-experts 3 is not divisible by --expert-model-parallel-size 2"),
     (MOE + ["--expert-model-parallel-size", "4"], 2, "= 4 does not divide the 2 ranks"),
     (MOE + ["--tensor-model-parallel-size", "2"], 2, "needs --sequence-parallel"),
+    (MOE + ["--expert-tensor-parallel-size", "2"], 2,
+     "--expert-tensor-parallel-size 2 differs from --tensor-model-parallel-size 1 with "
+     "--expert-model-parallel-size 1: megatron-core then reduces the experts' gradients as "
+     "dense weights, which is wrong for their split; set --expert-model-parallel-size > 1 or "
+     "--expert-tensor-parallel-size 1"),
     (MOE + ["--sequence-packing", "--micro-batch-size", "1", "--moe-token-dispatcher-type",
             "allgather"], 1, "--moe-token-dispatcher-type allgather gathers every rank's tokens"),
     (MOE + ["--sequence-packing", "--micro-batch-size", "1", "--moe-expert-capacity-factor",

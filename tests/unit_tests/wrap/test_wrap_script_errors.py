@@ -4,8 +4,8 @@ writes nothing twice.
 
 - one process: a bad config key (ConfigError) -> ``<script>: error: ...``, exit 2, no
   traceback; a bug in the script (ZeroDivisionError) keeps its traceback and exit code 1;
-- torchrun, 2 CPU ranks: a bad sample in ``train()`` -> one error line over both ranks, each
-  rank exits 2; a resume with another ``--sft-prompt-key`` -> the resume check's one line,
+- torchrun, 2 CPU ranks: a bad sample in ``train()`` (an id outside the vocabulary, a field
+  the flow does not read) -> one error line over both ranks, each rank exits 2; a resume with another ``--sft-prompt-key`` -> the resume check's one line,
   exit 2;
 - ``save_interval: 2``, two steps, then ``save()``: megatron-core's save runs once.
 """
@@ -46,6 +46,15 @@ SCRIPTS = {
         from megatron.wrap import MegatronWrap
         wrap = MegatronWrap(CONFIG).initialize().setup_model_and_optimizer()
         wrap.train([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 99, 5]}])
+    """,
+    "unread_field.py": """
+        from megatron.wrap import MegatronWrap
+        wrap = MegatronWrap({**CONFIG, "flow": {"ignored_fields": ["id"]}})
+        wrap.initialize().setup_model_and_optimizer()
+        wrap.train([{"input_ids": [1, 2, 3], "id": "a"}, {"input_ids": [4, 9, 5], "id": "b"}])
+        print("trained with ignored metadata", flush=True)
+        wrap.train([{"input_ids": [1, 2, 3], "id": "a"},
+                    {"input_ids": [4, 9, 5], "advantages": [1.0, 1.0]}])
     """,
     "other_key.py": """
         import sys
@@ -121,6 +130,19 @@ def test_bad_sample_under_torchrun_is_one_line_exit_2(tmp_path):
     line = _assert_one_line_on_two_ranks(proc, "bad_sample.py")
     assert line == ("bad_sample.py: error: sample 1, field 'input_ids': id 99 at position 1 "
                     "is outside [0, 64) (the vocabulary size, config key 'vocab_size')"), line
+
+
+def test_unread_sample_field_under_torchrun_is_one_line_exit_2(tmp_path):
+    """A key the flow does not read is refused, not dropped; flow.ignored_fields's metadata
+    trains (docs/WRAP.md section 3)."""
+    proc = _run(tmp_path, "unread_field.py", 2)
+    line = _assert_one_line_on_two_ranks(proc, "unread_field.py")
+    assert line == ("unread_field.py: error: sample 1, field 'advantages': flow 'gpt_sft' does "
+                    "not read it (it reads input_ids, context_token_length from a sample of this "
+                    "form); declare a field in the flow's fields_and_seq_dims() to have it packed "
+                    "for the loss, list it in config key 'flow.ignored_fields' if it is metadata "
+                    "not to train on, or drop it from the sample"), line
+    assert proc.stdout.count("trained with ignored metadata") == 2, proc.stdout[-2000:]
 
 
 def test_resume_with_another_sft_key_is_one_line_exit_2(tmp_path):
