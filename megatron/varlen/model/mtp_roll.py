@@ -57,11 +57,11 @@ _LAST_POSITIONS = "mtp-roll-last-positions"  # kinds of the micro-batch cache's 
 _CP_CHUNKS = "mtp-roll-cp-chunks"
 _CHUNKS_PER_RANK = 2  # the zigzag CP layout: a front and a mirrored back chunk per sequence
 _OURS = "_varlen_packed_roll"  # marks the stand-in, so that nested blocks do not wrap it again
+_ROLL_GLOBAL = "roll_tensor"  # the global the swap replaces in each caller's module
 # The modules whose functions call roll_tensor by their own global name (gpt_model imports it
-# from multi_token_prediction); the swap replaces that global in each.
-_ROLL_GLOBAL = "roll_tensor"
+# from multi_token_prediction).
 _ROLL_CALLERS = ("megatron.core.transformer.multi_token_prediction",
-                "megatron.core.models.gpt.gpt_model")
+                 "megatron.core.models.gpt.gpt_model")
 
 
 def _host_bounds(params) -> list[int]:
