@@ -85,6 +85,16 @@ def _validate_mtp_uniform(args, require, count: int) -> None:
             "megatron-core 0.16.1's MTP recomputation saves packed_seq_params as a tensor and "
             "fails; use --recompute-method block (MTP layers keep their activations) or "
             "--recompute-granularity selective")
+    # Unpacked, the MTP MoE layers' padding mask comes from VarlenGPTModel.forward (megatron-core
+    # does not pass it) and is gone when backward recomputes the layer: its balancing losses
+    # would be recomputed over padding (probed: grad norm 0.69 without recomputation, 1.09 with).
+    require(args.num_experts is None,
+            "--recompute-method uniform with --mtp-num-layers and --num-experts "
+            f"{args.num_experts} without --sequence-packing: megatron-core 0.16.1's MTP "
+            "recomputation does not hand the MTP layer its padding mask, so the router's "
+            "balancing losses would be recomputed over padding (wrong gradients); use "
+            "--recompute-method block (MTP layers keep their activations) or "
+            "--recompute-granularity selective")
     require(count == MTP_UNIFORM_LAYERS,
             f"--recompute-method uniform with --mtp-num-layers needs --recompute-num-layers "
             f"{MTP_UNIFORM_LAYERS} (megatron-core recomputes MTP layers one at a time), got "

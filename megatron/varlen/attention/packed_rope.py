@@ -33,13 +33,26 @@ from dataclasses import dataclass
 
 import torch
 
-# megatron-core's own rotate_half, so that the rotation is its formula op for op.
-from megatron.core.models.common.embeddings.rope_utils import _rotate_half
-
 from megatron.varlen.packing.cp_split import get_thd_partition_indices
 from megatron.varlen.packing.packed_seq import host_boundaries, host_to_device
 
 _ROPE_TABLE = "rope-table"  # kind of the micro-batch cache's entry
+
+
+def rotate_half(t: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """``t`` [..., R] with each rotary pair (a, b) turned into (-b, a): the sine term's partner.
+
+    The pairs are those of megatron-core 0.16.1's RoPE (its private ``rope_utils._rotate_half``,
+    which we do not import: a private helper may change or vanish in any release): channel i and
+    i + R/2 (halves), or channels 2i and 2i + 1 (``interleaved``). Its operations (negate, then
+    cat or stack) in its order, so that the result is bit for bit the same; unlike it, any number
+    of leading dimensions.
+    """
+    if not interleaved:
+        first, second = torch.chunk(t, 2, dim=-1)
+        return torch.cat((-second, first), dim=-1)
+    even, odd = t[..., ::2], t[..., 1::2]
+    return torch.stack((-odd, even), dim=-1).flatten(-2)
 
 
 def rope_positions(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int,
@@ -75,7 +88,7 @@ class PackedRopeTable:
         THD path) with RoPE applied to its first R channels."""
         rot_dim = self.cos.shape[-1]
         t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
-        t_rot = (t_rot * self.cos) + (_rotate_half(t_rot, rotary_interleaved) * self.sin)
+        t_rot = (t_rot * self.cos) + (rotate_half(t_rot, rotary_interleaved) * self.sin)
         if t_pass.size(-1) == 0:  # all channels rotate: megatron-core's cat would only copy
             return t_rot
         return torch.cat((t_rot, t_pass), dim=-1)

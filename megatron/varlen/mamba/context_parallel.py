@@ -30,10 +30,31 @@ from megatron.varlen.mamba import triton_stand_in
 
 triton_stand_in.install()  # before megatron.core.ssm (see triton_stand_in.py)
 
-from megatron.core.ssm.mamba_context_parallel import (  # noqa: E402
-    MambaContextParallel, _all_to_all_cp2hp, _all_to_all_hp2cp,
-)
+from megatron.core.ssm.mamba_context_parallel import MambaContextParallel  # noqa: E402
+from megatron.core.tensor_parallel import all_to_all  # noqa: E402
 from megatron.varlen.mamba.packed_indices import cp_reorder  # noqa: E402
+
+
+# Our own all-to-alls (megatron-core's are private helpers of mamba_context_parallel): the same
+# layout, which the parameter slicing we inherit from MambaContextParallel assumes -- feature
+# chunk j belongs to CP rank j, and the gathered sequence is the ranks' slices in rank order.
+def sequence_to_heads(t: torch.Tensor, cp_group) -> torch.Tensor:
+    """[S/cp, b, F] (this rank's slice of the sequence, all features) -> [S, b, F/cp] (every
+    rank's slice, in rank order, of this rank's feature chunk): one all-to-all."""
+    length, batch, features = t.shape
+    size = cp_group.size()
+    chunks = torch.split(t.reshape(length * batch, features), features // size, dim=1)
+    received = all_to_all(cp_group, torch.cat(chunks, dim=0))  # row block j: rank j's slice
+    return received.reshape(length * size, batch, features // size)
+
+
+def heads_to_sequence(t: torch.Tensor, cp_group) -> torch.Tensor:
+    """The inverse of :func:`sequence_to_heads`: [S, b, F/cp] -> [S/cp, b, F]."""
+    length, batch, features = t.shape
+    size = cp_group.size()
+    received = all_to_all(cp_group, t.reshape(length * batch, features))
+    chunks = torch.split(received, length // size * batch, dim=0)  # block j: feature chunk j
+    return torch.cat(chunks, dim=1).reshape(length // size, batch, features * size)
 
 
 class VarlenMambaContextParallel(MambaContextParallel):
@@ -50,7 +71,7 @@ class VarlenMambaContextParallel(MambaContextParallel):
         # Each group's B/C is repeated so that every CP rank receives the group of its heads
         # (megatron-core's rule: replicas of one group land on consecutive CP ranks).
         B, C = (self._repeat_groups(t) for t in (B, C))
-        parts = [_all_to_all_cp2hp(t, self.cp_group) for t in (z, x, B, C, dt)]
+        parts = [sequence_to_heads(t, self.cp_group) for t in (z, x, B, C, dt)]
         gathered = torch.cat(parts, dim=-1)
         reorder = cp_reorder(packed_seq_params, self.cp_size, gathered.size(0), gathered.device)
         return gathered.index_select(0, reorder.restore)
@@ -61,7 +82,7 @@ class VarlenMambaContextParallel(MambaContextParallel):
         if self.cp_size == 1:
             return input_
         reorder = cp_reorder(packed_seq_params, self.cp_size, input_.size(0), input_.device)
-        return _all_to_all_hp2cp(input_.index_select(0, reorder.rank_order), self.cp_group)
+        return heads_to_sequence(input_.index_select(0, reorder.rank_order), self.cp_group)
 
     def _repeat_groups(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.group_repeat_count == 1:

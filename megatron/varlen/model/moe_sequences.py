@@ -25,16 +25,18 @@ from functools import cached_property
 from typing import Any, Sequence
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from megatron.varlen.attention.cp_group import resolve_cp_group
 from megatron.varlen.packing.cp_split import get_thd_partition_indices
-from torch.utils.weak import WeakIdKeyDictionary
-
 from megatron.varlen.packing.packed_seq import MicroBatchCache, host_boundaries, host_to_device
 
 _SEQUENCE_MAP = "moe-sequence-map"  # kind of the cached map in a micro-batch's derived cache
 # Unpacked micro-batches' caches, keyed by the layer-level padding mask (weakly: an entry goes
-# with its mask, i.e. with the micro-batch).
+# with its mask, i.e. with the micro-batch). Module state, not an argument: megatron-core 0.16.1
+# hands a layer nothing of an unpacked micro-batch but this mask (TransformerBlock.forward takes
+# no extra keyword, and GPTModel builds its block itself, not from a spec), and a layer
+# recomputed in backward runs after its model's forward has returned, with the same mask object.
 _UNPACKED_CACHES = WeakIdKeyDictionary()
 PADDING = -1  # sequence index of a padding or filler token
 

@@ -39,7 +39,9 @@ class RoutesMicroBatch:
 
     ``default_padding_mask`` is the padding mask of a caller that cannot pass one: megatron-core
     0.16.1's MTP block calls its layers without the model's padding mask (set by
-    :class:`~megatron.varlen.model.mtp.VarlenGPTModel` for the duration of a forward).
+    :class:`~megatron.varlen.model.mtp.VarlenGPTModel` for the duration of a forward, so it is
+    gone when backward recomputes an MTP layer: that recomputation, ``--recompute-method
+    uniform`` with MTP and MoE unpacked, is refused in recompute_arguments.py).
     """
 
     default_padding_mask = None

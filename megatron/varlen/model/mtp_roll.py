@@ -22,6 +22,22 @@ split into equal chunks.
 
 :func:`rolling_within_sequences` puts it in place of megatron-core's ``roll_tensor`` for the
 duration of one MTP post-processing (:class:`~megatron.varlen.model.mtp.VarlenGPTModel`).
+
+Why a swap of a module global: megatron-core 0.16.1 offers no seam for the roll. It calls
+``roll_tensor`` by its module-global name in two places: ``GPTModel._postprocess``, inline in
+its MTP loss loop (labels and loss mask; no method, argument or submodule to hand a roll to:
+avoiding it means rewriting that loop with its loss logging and scaling), and
+``MultiTokenPredictionLayer._get_embeddings`` (input and position ids; a private method, which
+our MTP spec could override, but the first caller would still need the swap). One swap, then,
+scoped to one call, with its failure modes made harmless:
+
+* restored in a ``finally`` (``swap_attributes``), also when the forward raises;
+* a block inside a block changes nothing (the outer one restores);
+* each caller's stand-in falls back to that caller's own ``roll_tensor`` and gives its values
+  for every call (tested against it), so a roll in the block that is not MTP's (another
+  model, another thread) gets the right values, only not the fixed operation count;
+* a megatron-core whose callers no longer name ``roll_tensor`` fails loudly here (a missing
+  global) or in tests/unit_tests/varlen/model/test_mtp_roll.py (a caller that stopped using it).
 """
 
 from __future__ import annotations
@@ -33,14 +49,17 @@ from typing import Callable, Iterator
 import torch
 
 from megatron.varlen.attention.collectives import all_gather_dim0
+from megatron.varlen.attention.cp_group import swap_attributes
 from megatron.varlen.packing.packed_seq import has_host_boundaries, host_to_device
 
 _ROLL_SHIFT = -1  # MTP's roll: one token to the left
 _LAST_POSITIONS = "mtp-roll-last-positions"  # kinds of the micro-batch cache's entries
 _CP_CHUNKS = "mtp-roll-cp-chunks"
 _CHUNKS_PER_RANK = 2  # the zigzag CP layout: a front and a mirrored back chunk per sequence
-# The modules that call roll_tensor by their own global name (gpt_model imports it).
 _OURS = "_varlen_packed_roll"  # marks the stand-in, so that nested blocks do not wrap it again
+_ROLL_GLOBAL = "roll_tensor"  # the global the swap replaces in each caller's module
+# The modules whose functions call roll_tensor by their own global name (gpt_model imports it
+# from multi_token_prediction).
 _ROLL_CALLERS = ("megatron.core.transformer.multi_token_prediction",
                  "megatron.core.models.gpt.gpt_model")
 
@@ -156,27 +175,38 @@ def packed_roll(original: Callable, tensor: torch.Tensor, shifts=_ROLL_SHIFT, di
     return rolled, rolled.sum()
 
 
-@contextlib.contextmanager
-def rolling_within_sequences() -> Iterator[None]:
-    """megatron-core's MTP rolls go through :func:`packed_roll` inside the block (re-entrant:
-    an inner block changes nothing)."""
+def _roll_callers() -> list:
+    """megatron-core's modules whose functions call ``roll_tensor`` by its global name."""
     import importlib
 
     modules = [importlib.import_module(name) for name in _ROLL_CALLERS]
-    originals = [module.roll_tensor for module in modules]
-    if any(getattr(roll, _OURS, False) for roll in originals):
-        yield
-        return
-    mcore_roll = originals[0]
+    missing = [module.__name__ for module in modules if not hasattr(module, _ROLL_GLOBAL)]
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} has no {_ROLL_GLOBAL}: this megatron-core is "
+                           "not the 0.16.1 that MTP's packed roll was written for "
+                           "(megatron/varlen/model/mtp_roll.py)")
+    return modules
+
+
+def _stand_in(original: Callable) -> Callable:
+    """``original`` (a caller's own ``roll_tensor``) routed through :func:`packed_roll`."""
 
     def roll_tensor(*args, **kwargs):
-        return packed_roll(mcore_roll, *args, **kwargs)
+        return packed_roll(original, *args, **kwargs)
 
     setattr(roll_tensor, _OURS, True)
-    for module in modules:
-        module.roll_tensor = roll_tensor
-    try:
+    return roll_tensor
+
+
+@contextlib.contextmanager
+def rolling_within_sequences() -> Iterator[None]:
+    """megatron-core's MTP rolls go through :func:`packed_roll` inside the block, restored on
+    leaving it however it is left; an inner block changes nothing (module docstring)."""
+    modules = _roll_callers()
+    originals = [getattr(module, _ROLL_GLOBAL) for module in modules]
+    if any(getattr(roll, _OURS, False) for roll in originals):
+        yield  # an outer block holds the swap and restores it
+        return
+    with swap_attributes([(module, _ROLL_GLOBAL, _stand_in(original))
+                          for module, original in zip(modules, originals)]):
         yield
-    finally:
-        for module, original in zip(modules, originals):
-            module.roll_tensor = original

@@ -73,16 +73,12 @@ def _cumulative(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
 
 
-def _real_rows(starts: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
-    """Rows of the real (non-filler) tokens: ``routed[i]`` rows from each ``starts[i]``."""
-    return concat_ranges(starts, routed)
-
-
 def _padding_mask(total: int, cu_seqlens_padded: torch.Tensor, routed: torch.Tensor
                   ) -> torch.Tensor:
     """[total] bool, True on every row that holds no real token (padding, fillers)."""
     out = torch.ones(total, dtype=torch.bool)
-    out[_real_rows(cu_seqlens_padded[:-1], routed)] = False  # int32 starts: int64 rows
+    # The first routed[i] rows of sequence i hold its real tokens (int32 starts: int64 rows).
+    out[concat_ranges(cu_seqlens_padded[:-1], routed)] = False
     return out
 
 
@@ -97,7 +93,7 @@ class _PackLayout:
         self.rows = concat_ranges(starts, torch.tensor(real, dtype=torch.int64))
         # Rows of real (non-filler) tokens and their positions within their sequence.
         routed_t = torch.tensor(routed, dtype=torch.int64)
-        self.routed_rows = _real_rows(starts, routed_t)
+        self.routed_rows = concat_ranges(starts, routed_t)
         self.within = self.routed_rows - torch.repeat_interleave(
             starts, routed_t, output_size=self.routed_rows.numel())
 

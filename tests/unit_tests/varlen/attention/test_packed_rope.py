@@ -24,6 +24,7 @@ from megatron.varlen.attention.packed_rope import (
     build_packed_rope_table,
     packed_rope_table,
     rope_positions,
+    rotate_half,
 )
 from megatron.varlen.packing.packed_seq import varlen_packed_seq_params
 
@@ -132,6 +133,18 @@ def test_exact_mapping_table_equals_megatron_core(cp):
         ref, new, grad_ref, grad_new = _rotate_both_ways(t, freqs, cu_padded, cp, rank,
                                                          False, 1.0)
         assert torch.equal(new, ref) and torch.equal(grad_new, grad_ref)
+
+
+def test_rotate_half_pairs_hand_counted():
+    """(a, b) -> (-b, a) for megatron-core's pairs: channel i with i + R/2, or 2i with 2i + 1
+    (interleaved). Any leading dimensions: [R], and [T_r, 1, H, R] as the layers give it."""
+    channels = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert rotate_half(channels, False).tolist() == [-4.0, -5.0, -6.0, 1.0, 2.0, 3.0]
+    assert rotate_half(channels, True).tolist() == [-2.0, 1.0, -4.0, 3.0, -6.0, 5.0]
+    layered = channels.expand(3, 1, 2, 6)
+    for interleaved in (False, True):
+        assert torch.equal(rotate_half(layered, interleaved),
+                           rotate_half(channels, interleaved).expand(3, 1, 2, 6))
 
 
 def test_positions_follow_the_zigzag_layout_and_count_padding():

@@ -8,12 +8,14 @@ with a pad-only filler tail (``append_dummy_seq``) or more padding of the last s
 (``extend_last``).
 """
 
+import gc
 import random
 
 import pytest
 import torch
 
-from megatron.varlen.model.moe_sequences import thd_sequence_map
+from megatron.varlen.model import moe_sequences
+from megatron.varlen.model.moe_sequences import thd_sequence_map, unpacked_micro_batch_cache
 from megatron.varlen.packing.thd_microbatch import build_model_inputs, pack_sequences
 from megatron.varlen.packing.thd_shapes import APPEND_DUMMY_SEQ, EXTEND_LAST
 
@@ -67,3 +69,23 @@ def test_padding_mask_and_sequence_map_agree(seed, cp, policy):
         seq_map = thd_sequence_map(inputs["packed_seq_params"], group, None, False,
                                    torch.device("cpu"))
         assert torch.equal(seq_map.padding, inputs["padding_mask"][0]), (seed, cp, rank)
+
+
+def test_an_unpacked_micro_batchs_cache_lives_as_long_as_its_padding_mask():
+    """The module-level table of unpacked micro-batches' caches is keyed by the mask object
+    every layer of one forward receives, weakly: one cache per mask (not per equal values),
+    and the entry goes with its mask (no growth over a run, no map of a dead micro-batch
+    found again under a reused id)."""
+    def entries() -> int:
+        gc.collect()
+        return len(moe_sequences._UNPACKED_CACHES)
+
+    before = entries()
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    cache = unpacked_micro_batch_cache(mask)
+    assert unpacked_micro_batch_cache(mask) is cache  # every layer of the forward
+    assert unpacked_micro_batch_cache(mask.clone()) is not cache  # the next micro-batch
+    assert unpacked_micro_batch_cache(None) is None
+    assert entries() == before + 1  # the clone's entry went with the clone
+    del mask
+    assert entries() == before

@@ -85,16 +85,105 @@ def test_operator_calls_do_not_grow_with_the_sequences():
     assert many["megatron-core"] > 10 * few["ours"]  # what it replaces: a loop over sequences
 
 
+def _rolls():
+    from megatron.core.models.gpt import gpt_model
+
+    return mcore_mtp.roll_tensor, gpt_model.roll_tensor
+
+
 def test_the_block_routes_megatron_cores_callers_and_restores_them():
     from megatron.core.models.gpt import gpt_model
 
-    before = (mcore_mtp.roll_tensor, gpt_model.roll_tensor)
+    before = _rolls()
     with rolling_within_sequences():
-        inside = (mcore_mtp.roll_tensor, gpt_model.roll_tensor)
-        with rolling_within_sequences():  # re-entrant
-            assert (mcore_mtp.roll_tensor, gpt_model.roll_tensor) == inside
+        inside = _rolls()
+        with rolling_within_sequences():  # re-entrant: the outer block holds the swap
+            assert _rolls() == inside
+        assert _rolls() == inside
         params, tensor = _params([2, 3]), torch.arange(5)
         assert torch.equal(gpt_model.roll_tensor(tensor, -1, -1, None, params)[0],
                            torch.tensor([1, 0, 3, 4, 0]))
-    assert inside[0] is inside[1] and inside[0] is not before[0]
-    assert (mcore_mtp.roll_tensor, gpt_model.roll_tensor) == before
+    assert all(ours is not theirs for ours, theirs in zip(inside, before))
+    assert _rolls() == before
+
+
+@pytest.mark.parametrize("where", ["outer", "inner"])
+def test_the_block_restores_megatron_cores_rolls_when_the_body_raises(where):
+    before = _rolls()
+    with pytest.raises(ZeroDivisionError):
+        with rolling_within_sequences():
+            if where == "inner":
+                with pytest.raises(ZeroDivisionError), rolling_within_sequences():
+                    1 / 0
+                assert _rolls() != before  # the inner block left the outer's swap in place
+            1 / 0
+    assert _rolls() == before
+
+
+def test_each_caller_falls_back_to_its_own_roll(monkeypatch):
+    """Where ours does not apply (here: no packed_seq_params), each module's stand-in calls
+    that module's own roll_tensor, not the other's."""
+    from megatron.core.models.gpt import gpt_model
+
+    monkeypatch.setattr(gpt_model, "roll_tensor", lambda *args, **kwargs: "gpt_model's own")
+    tensor = torch.arange(5)
+    with rolling_within_sequences():
+        assert gpt_model.roll_tensor(tensor, -1, -1, None, None) == "gpt_model's own"
+        rolled, _ = mcore_mtp.roll_tensor(tensor, -1, -1, None, None)
+        assert torch.equal(rolled, torch.roll(tensor, -1))
+
+
+def test_a_caller_without_roll_tensor_is_refused_and_nothing_is_swapped(monkeypatch):
+    from megatron.core.models.gpt import gpt_model
+
+    monkeypatch.delattr(gpt_model, "roll_tensor")
+    original = mcore_mtp.roll_tensor
+    with pytest.raises(RuntimeError, match="megatron.core.models.gpt.gpt_model has no "
+                                           "roll_tensor"):
+        with rolling_within_sequences():
+            pass
+    assert mcore_mtp.roll_tensor is original
+
+
+def test_megatron_cores_mtp_code_calls_roll_tensor_by_its_global_name():
+    """The swap reaches megatron-core's MTP rolls only while these functions look
+    ``roll_tensor`` up as a module global (megatron-core 0.16.1): a release that calls it
+    otherwise (a method, an argument) fails here, before the roll silently stops being ours."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
+
+    for caller in (GPTModel._postprocess, MultiTokenPredictionLayer._get_embeddings):
+        assert "roll_tensor" in caller.__code__.co_names, caller.__qualname__
+
+
+def test_the_models_mtp_postprocess_restores_the_rolls_and_groups_when_it_raises(monkeypatch):
+    """VarlenGPTModel._postprocess swaps the rolls and its MTP modules' CP group for megatron-
+    core's post-processing only: both are back when that raises (here its output layer would)."""
+    from types import SimpleNamespace
+
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from megatron.varlen.model.mtp import VarlenGPTModel
+
+    seen = {}
+
+    def failing_postprocess(self, *args, packed_seq_params=None, **kwargs):
+        seen["rolls"], seen["group"] = _rolls(), self.cp_group
+        raise ZeroDivisionError("the output layer failed")
+
+    monkeypatch.setattr(GPTModel, "_postprocess", failing_postprocess)
+    model = object.__new__(VarlenGPTModel)  # no weights needed: only the post-processing runs
+    torch.nn.Module.__init__(model)
+    model.config = SimpleNamespace(mtp_num_layers=1)
+    static_group, micro_batch_group = _Group(1), _Group(1)
+    model.cp_group = static_group
+    model.mtp = torch.nn.Module()
+    model.mtp.layers = torch.nn.ModuleList()
+    params = _params([2, 3])
+    params.cp_group = micro_batch_group
+    before = _rolls()
+    with pytest.raises(ZeroDivisionError):
+        model._postprocess(packed_seq_params=params)
+    assert seen["group"] is micro_batch_group and all(
+        ours is not theirs for ours, theirs in zip(seen["rolls"], before))
+    assert _rolls() == before and model.cp_group is static_group
