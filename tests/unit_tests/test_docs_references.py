@@ -537,3 +537,21 @@ def test_allow_lists_are_used():
     stale = [flag for flag in PROSE_FLAGS if flag.rstrip("*") not in text]
     stale += [path for path in FOREIGN_PATHS if path not in text]
     assert not stale, f"allow-list entries no doc names: {stale}"
+
+
+# --------------------------------------------------------------------------- the YAML library
+
+
+def test_wrap_config_library_table_lists_every_shipped_file():
+    """docs/WRAP_CONFIG.md's table of the shipped library names exactly the files there."""
+    library = REPO / "megatron" / "wrap" / "configs"
+    shipped = {str(p.relative_to(library)) for p in library.rglob("*.yaml")}
+    doc = read(REPO / "docs" / "WRAP_CONFIG.md")
+    start = next(i for i, line in enumerate(doc.lines)
+                 if line.startswith("#") and "shipped library" in line)
+    end = next(i for i in range(start + 1, len(doc.lines)) if doc.lines[i].startswith("#"))
+    listed = {m.group(1) for line in doc.lines[start:end]
+              if (m := re.match(r"\| `([\w/]+\.yaml)` \|", line))}
+    assert listed == shipped, (f"docs/WRAP_CONFIG.md:{start + 1}: the library table lists "
+                               f"{sorted(listed - shipped)} that megatron/wrap/configs lacks and "
+                               f"misses {sorted(shipped - listed)}")
