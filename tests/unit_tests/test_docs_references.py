@@ -13,7 +13,9 @@ Checked, each failure named as ``doc:line: reference: why``:
 - every ``--flag``: on a command line it belongs to the program run there (pretrain_gpt.py,
   pretrain_mamba.py, a tool's own parser, or a launcher's allow-listed flags); in prose it is a
   flag of either entry point, of a tool named in the same section, or in ``PROSE_FLAGS`` below
-  with the reason it is named (upstream-only, refused, another program's).
+  with the reason it is named (upstream-only, refused, another program's);
+- a ``--flag {a,b,c}`` span lists exactly the choices of the entry points' parser;
+- docs/WRAP_CONFIG.md's table of the shipped YAML library names exactly megatron/wrap/configs.
 
 No tool is run: the entry points' parsers are built in-process, a tool's flags are its literal
 ``add_argument`` calls, else its parser captured from its ``main`` (``parse_args`` raises before
@@ -555,3 +557,30 @@ def test_wrap_config_library_table_lists_every_shipped_file():
     assert listed == shipped, (f"docs/WRAP_CONFIG.md:{start + 1}: the library table lists "
                                f"{sorted(listed - shipped)} that megatron/wrap/configs lacks and "
                                f"misses {sorted(shipped - listed)}")
+
+
+# --------------------------------------------------------------------------- choices
+
+
+@functools.lru_cache(maxsize=None)
+def entry_point_choices() -> dict[str, frozenset[str]]:
+    from megatron.varlen_training.arguments import build_parser
+    from megatron.varlen_training.hybrid_arguments import build_hybrid_parser
+
+    return {opt: frozenset(map(str, action.choices))
+            for parser in (build_parser(), build_hybrid_parser()) for action in parser._actions
+            if action.choices for opt in action.option_strings}
+
+
+def test_listed_choices_are_the_parsers():
+    """A ``--flag {a,b,c}`` span lists exactly the choices the parser accepts."""
+    problems = []
+    for path in DOCS:
+        doc = read(path)
+        for i, span in doc.spans:
+            for flag, listed in re.findall(r"(--[\w-]+) \{([^}]*)\}", span):
+                accepted = entry_point_choices().get(flag)
+                if accepted is not None and set(listed.split(",")) != accepted:
+                    problems.append(f"{doc.name}:{i + 1}: `{flag} {{{listed}}}`: the parser "
+                                    f"accepts {{{','.join(sorted(accepted))}}}")
+    assert not problems, "\n".join(problems)
