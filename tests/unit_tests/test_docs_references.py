@@ -1,4 +1,5 @@
-"""The references a reader of README.md and docs/*.md would follow lead somewhere.
+"""The references a reader of README.md, docs/*.md and examples/*/README.md would follow lead
+somewhere.
 
 Checked, each failure named as ``doc:line: reference: why``:
 
@@ -11,15 +12,15 @@ Checked, each failure named as ``doc:line: reference: why``:
 - relative links resolve, and their ``#anchor`` is a heading of the target (GitHub's slugs);
 - every ``make TARGET`` is a target of the Makefile;
 - every ``--flag``: on a command line it belongs to the program run there (pretrain_gpt.py,
-  pretrain_mamba.py, a tool's own parser, or a launcher's allow-listed flags); in prose it is a
-  flag of either entry point, of a tool named in the same section, or in ``PROSE_FLAGS`` below
-  with the reason it is named (upstream-only, refused, another program's);
+  pretrain_mamba.py, a tool's or example's own parser, or a launcher's allow-listed flags); in
+  prose it is a flag of either entry point, of a script named in the same section, or in
+  ``PROSE_FLAGS`` below with the reason it is named (upstream-only, refused, another program's);
 - a ``--flag {a,b,c}`` span lists exactly the choices of the entry points' parser;
 - docs/WRAP_CONFIG.md's table of the shipped YAML library names exactly megatron/wrap/configs.
 
-No tool is run: the entry points' parsers are built in-process, a tool's flags are its literal
-``add_argument`` calls, else its parser captured from its ``main`` (``parse_args`` raises before
-anything runs). The one subprocess is ``git ls-files`` (what the repository holds).
+No tool is run: the entry points' parsers are built in-process, a script's flags are its
+literal ``add_argument`` calls, else (tools) its parser captured from its ``main``
+(``parse_args`` raises before anything runs). The one subprocess is ``git ls-files``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "examples").glob("*/README.md"))]
 GENERATED = {"FLAGS.md"}  # flags there are the parser's own text (tools/flag_reference.py)
 ROOTS = ("megatron", "tools", "tests", "docs", "results", "examples", "scripts")
 
@@ -138,17 +140,17 @@ def our_flags() -> frozenset[str]:
     return entry_point_flags("pretrain_gpt.py") | entry_point_flags("pretrain_mamba.py")
 
 
-class ToolFlags:
-    """A tool's flags: the literal ``add_argument("--x", ...)`` of its file first (importing a
-    tool can cost seconds of megatron-core), else its parser captured from ``main`` (flags made
-    in a loop, a shared argument group)."""
+class ScriptFlags:
+    """A script's flags: the literal ``add_argument("--x", ...)`` of its file first (importing a
+    tool can cost seconds of megatron-core), else, for a tool, its parser captured from ``main``
+    (flags made in a loop, a shared argument group)."""
 
-    def __init__(self, tool: str):
-        self.tool = tool
+    def __init__(self, path: str):
+        self.path = path
 
     @functools.cached_property
     def literal(self) -> frozenset[str]:
-        tree = ast.parse((REPO / tool_modules()[self.tool]).read_text())
+        tree = ast.parse((REPO / self.path).read_text())
         return frozenset(arg.value for node in ast.walk(tree)
                          if isinstance(node, ast.Call)
                          and getattr(node.func, "attr", "") == "add_argument"
@@ -157,7 +159,10 @@ class ToolFlags:
 
     @functools.cached_property
     def parsed(self) -> frozenset[str]:
-        main = getattr(importlib.import_module(f"tools.{self.tool}"), "main", None)
+        if not self.path.startswith("tools/"):  # examples are not a package: literal flags only
+            return frozenset()
+        module = importlib.import_module(self.path.removesuffix(".py").replace("/", "."))
+        main = getattr(module, "main", None)
         if main is None:
             return frozenset()
         original = argparse.ArgumentParser.parse_args
@@ -182,22 +187,29 @@ class ToolFlags:
 
 
 # Tools whose parser is pretrain_gpt.py's (importing them to see it costs seconds).
-TOOLS_WITH_GPT_FLAGS = {"export_hf": "megatron/varlen_training/hf/export_tool.py parses "
-                                     "pretrain_gpt.py's flags (parse_run_config_or_exit)"}
+TOOLS_WITH_GPT_FLAGS = {"tools/export_hf.py": "megatron/varlen_training/hf/export_tool.py "
+                                              "parses pretrain_gpt.py's flags"}
 
 
 @functools.lru_cache(maxsize=None)
-def tool_flags(tool: str) -> Collection[str] | None:
-    """The flags of ``tools/<tool>.py`` (``a.b`` for tools/a/b.py); None: no such tool."""
-    if tool in TOOLS_WITH_GPT_FLAGS:
+def script_flags(path: str) -> Collection[str] | None:
+    """The flags of a tool or example script (its repository path); None: no such script."""
+    if path in TOOLS_WITH_GPT_FLAGS:
         return entry_point_flags("pretrain_gpt.py")
-    return ToolFlags(tool) if tool in tool_modules() else None
+    return ScriptFlags(path) if path in scripts() else None
+
+
+@functools.lru_cache(maxsize=None)
+def scripts() -> frozenset[str]:
+    """Every tool and example script, by repository path."""
+    return frozenset(f for f in tracked_files() if f.startswith(("tools/", "examples/"))
+                     and f.endswith(".py") and not Path(f).name.startswith("_"))
 
 
 @functools.lru_cache(maxsize=None)
 def tools_of_make_target(target: str) -> tuple[str, ...]:
     recipe = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)*)", makefile(), re.M)
-    return tuple(re.findall(r"tools/(\w+)\.py", recipe.group(1))) if recipe else ()
+    return tuple(re.findall(r"tools/\w+\.py", recipe.group(1))) if recipe else ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,13 +219,6 @@ def makefile() -> str:
 
 def make_targets() -> set[str]:
     return set(re.findall(r"^([\w-]+):", makefile(), re.M))
-
-
-@functools.lru_cache(maxsize=None)
-def tool_modules() -> dict[str, str]:
-    """``scheduling.schedule_corpus`` -> ``tools/scheduling/schedule_corpus.py``, every tool."""
-    return {".".join(Path(f).with_suffix("").parts[1:]): f for f in tracked_files()
-            if f.startswith("tools/") and f.endswith(".py") and not Path(f).name.startswith("_")}
 
 
 # --------------------------------------------------------------------------- reading the docs
@@ -417,7 +422,7 @@ def path_problems(doc: Doc) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(REPO)))
 def test_paths_and_links_exist(doc):
     problems = path_problems(read(doc))
     assert not problems, "references that lead nowhere:\n" + "\n".join(problems)
@@ -462,8 +467,8 @@ def flag_known(flag: str, known: Collection[str]) -> bool:
 def program(tokens: list[str]) -> tuple[int, str | None]:
     """(index of the token naming the program a command runs, its name; None: no program)."""
     for i, token in enumerate(tokens):
-        if token in ("pretrain_gpt.py", "pretrain_mamba.py") or re.fullmatch(r"tools/[\w/]+\.py",
-                                                                              token):
+        if token in ("pretrain_gpt.py", "pretrain_mamba.py") or \
+                re.fullmatch(r"(?:tools|examples)/[\w/]+\.py", token):
             return i, token
         if token == "-m" and i + 1 < len(tokens) and re.search(r"python3?$", tokens[i - 1]):
             return i + 1, tokens[i + 1]
@@ -475,8 +480,10 @@ def program(tokens: list[str]) -> tuple[int, str | None]:
 def program_flags(name: str) -> Collection[str] | None:
     if name in ("pretrain_gpt.py", "pretrain_mamba.py"):
         return entry_point_flags(name)
-    if name.startswith(("tools/", "tools.")):
-        return tool_flags(name[len("tools/"):].removesuffix(".py").replace("/", "."))
+    if name.startswith("tools."):  # python -m tools.x
+        name = name.replace(".", "/") + ".py"
+    if name.startswith(("tools/", "examples/")):
+        return script_flags(name)
     return frozenset(LAUNCHER_FLAGS[name]) if name in LAUNCHER_FLAGS else None
 
 
@@ -499,9 +506,10 @@ def command_flag_problems(doc: Doc) -> list[str]:
     return problems
 
 
-def tools_named(text: str) -> set[str]:
-    named = {module for module, path in tool_modules().items()
-             if path in text or f"tools.{module}" in text
+def scripts_named(text: str) -> set[str]:
+    """The tools and examples a text names: by path, ``-m tools.x`` or file name."""
+    named = {path for path in scripts()
+             if path in text or path.removesuffix(".py").replace("/", ".") in text
              or re.search(rf"(?<![\w/]){re.escape(Path(path).name)}", text)}
     for target in MAKE.findall(text):
         named.update(tools_of_make_target(target))
@@ -514,19 +522,19 @@ def prose_flag_problems(doc: Doc) -> list[str]:
         for flag in flags_in(line):
             if flag_known(flag, our_flags()) or flag in PROSE_FLAGS:
                 continue
-            tools = tools_named(section_of[i])
-            # literal flags of every named tool before importing any of them
-            if any(flag in getattr(tool_flags(t), "literal", ()) for t in tools) or \
-                    any(flag_known(flag, tool_flags(t)) for t in sorted(tools)):
+            named = scripts_named(section_of[i])
+            # literal flags of every named script before importing any of them
+            if any(flag in getattr(script_flags(t), "literal", ()) for t in named) or \
+                    any(flag_known(flag, script_flags(t)) for t in sorted(named)):
                 continue
             problems.append(f"{doc.name}:{i + 1}: {flag}: not a flag of pretrain_gpt.py / "
-                            f"pretrain_mamba.py nor of a tool named in its section "
-                            f"({', '.join(sorted(tools)) or 'none'}), and not in PROSE_FLAGS")
+                            f"pretrain_mamba.py nor of a script named in its section "
+                            f"({', '.join(sorted(named)) or 'none'}), and not in PROSE_FLAGS")
     return problems
 
 
 @pytest.mark.parametrize("doc", [d for d in DOCS if d.name not in GENERATED],
-                         ids=lambda d: d.name)
+                         ids=lambda d: str(d.relative_to(REPO)))
 def test_flags_exist(doc):
     doc = read(doc)
     problems = command_flag_problems(doc) + prose_flag_problems(doc)
