@@ -415,7 +415,7 @@ def path_problems(doc: Doc) -> list[str]:
         found, previous = function_ref_problems(span, previous)
         problems += [f"{doc.name}:{i + 1}: {p}" for p in found]
         if re.fullmatch(r"test_\w+", span) and span not in defined_test_names():
-            problems.append(f"{doc.name}:{i + 1}: `{span}`: no test function or module of that name")
+            problems.append(f"{doc.name}:{i + 1}: `{span}`: no test function or module so named")
     for i, line in enumerate(doc.lines):
         if i not in doc.block:
             problems += [f"{doc.name}:{i + 1}: {p}" for p in link_problems(doc.path, line)]
