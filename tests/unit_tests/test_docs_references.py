@@ -108,8 +108,9 @@ def tracked_files() -> tuple[str, ...]:
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                          cwd=REPO, capture_output=True, text=True)
     files = out.stdout.split() if out.returncode == 0 else []
-    if not files:  # not a git checkout: every file on disk
-        files = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
+    if not files:  # not a git checkout: the files under the roots docs name, and the top's
+        found = [p for root in ROOTS for p in (REPO / root).rglob("*")] + list(REPO.glob("*"))
+        files = [str(p.relative_to(REPO)) for p in found if "__pycache__" not in p.parts]
     return tuple(f for f in files if (REPO / f).is_file())
 
 
@@ -136,6 +137,7 @@ def entry_point_flags(script: str) -> frozenset[str]:
     return _option_strings(build())
 
 
+@functools.lru_cache(maxsize=None)
 def our_flags() -> frozenset[str]:
     return entry_point_flags("pretrain_gpt.py") | entry_point_flags("pretrain_mamba.py")
 
