@@ -16,7 +16,8 @@ Checked, each failure named as ``doc:line: reference: why``:
   prose it is a flag of either entry point, of a script named in the same section, or in
   ``PROSE_FLAGS`` below with the reason it is named (upstream-only, refused, another program's);
 - a ``--flag {a,b,c}`` span lists exactly the choices of the entry points' parser;
-- docs/WRAP_CONFIG.md's table of the shipped YAML library names exactly megatron/wrap/configs.
+- docs/WRAP_CONFIG.md's table of the shipped YAML library names exactly megatron/wrap/configs;
+- a section named in quotes after its doc (``[X.md](X.md), "One Trainer"``) is a heading there.
 
 No tool is run: the entry points' parsers are built in-process, a script's flags are its
 literal ``add_argument`` calls, else (tools) its parser captured from its ``main``
@@ -593,4 +594,39 @@ def test_listed_choices_are_the_parsers():
                 if accepted is not None and set(listed.split(",")) != accepted:
                     problems.append(f"{doc.name}:{i + 1}: `{flag} {{{listed}}}`: the parser "
                                     f"accepts {{{','.join(sorted(accepted))}}}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- sections by name
+
+# `[X.md](path), "Section"`, `README, "Section"` or `docs/X.md, "A", "B"`: sections by name.
+SECTION_REF = re.compile(r'(?:\[[\w./]+\]\(([\w./-]+)\)|\b(README|(?:docs/)?[A-Z_]+\.md))'
+                         r'((?:,\s+"[^"]+")+)')
+
+
+def section_ref_target(doc: Path, link: str, name: str) -> Path:
+    if link:
+        return (doc.parent / link).resolve()
+    if name == "README":
+        return REPO / "README.md"
+    beside = doc.parent / name
+    return beside if beside.exists() else REPO / "docs" / Path(name).name
+
+
+def test_sections_named_in_quotes_exist():
+    """``([ARCHITECTURE.md](ARCHITECTURE.md), "One Trainer")``: a heading there starts so."""
+    problems = []
+    for path in DOCS:
+        text = path.read_text()
+        for match in SECTION_REF.finditer(text):
+            target = section_ref_target(path, match.group(1), match.group(2))
+            if not target.exists():
+                continue  # the path check names it
+            titles = [re.sub(r"`", "", title) for _, title in headings(read(target).lines)]
+            for name in re.findall(r'"([^"]+)"', match.group(3)):
+                name = " ".join(name.split())
+                if not any(title.startswith(name) for title in titles):
+                    line = text.count("\n", 0, match.start()) + 1
+                    problems.append(f"{read(path).name}:{line}: section \"{name}\" of "
+                                    f"{target.relative_to(REPO)}: no heading starts so")
     assert not problems, "\n".join(problems)
