@@ -6,7 +6,8 @@ Checked, each failure named as ``doc:line: reference: why``:
 - repository paths (in code spans, links and prose): ``megatron/...``, ``tools/...``,
   ``tests/...``, ``docs/...``, ``results/...``, ``examples/...``, ``scripts/...`` exist (globs
   match something); a file name or partial path ending in ``.py`` (``flops.py``,
-  ``varlen/model/mtp.py``, ``../wrap/test_x.py``) is the tail of a tracked file;
+  ``varlen/model/mtp.py``, ``../wrap/test_x.py``) is the tail of a tracked file, a bare
+  ``X.md`` the name of one (notes outside the repository are no reference);
   ``path::test_name`` names a function of that file (a following ``::other`` refers to the same
   file); a bare ``test_name`` is a function or module under tests/;
 - relative links resolve, and their ``#anchor`` is a heading of the target (GitHub's slugs);
@@ -17,7 +18,8 @@ Checked, each failure named as ``doc:line: reference: why``:
   ``PROSE_FLAGS`` below with the reason it is named (upstream-only, refused, another program's);
 - a ``--flag {a,b,c}`` span lists exactly the choices of the entry points' parser;
 - docs/WRAP_CONFIG.md's table of the shipped YAML library names exactly megatron/wrap/configs;
-- a section named in quotes after its doc (``[X.md](X.md), "One Trainer"``) is a heading there.
+- a section named in quotes after its doc (``[X.md](X.md), "One Trainer"``) is a heading there,
+  a numbered one (``WRAP.md section 3``, ``§2``, or the doc's own ``section 6``) a ``N.`` heading.
 
 No tool is run: the entry points' parsers are built in-process, a script's flags are its
 literal ``add_argument`` calls, else (tools) its parser captured from its ``main``
@@ -414,6 +416,11 @@ def path_problems(doc: Doc) -> list[str]:
     for i, token in sorted(located):
         if (why := path_problem(token)) is not None:
             problems.append(f"{doc.name}:{i + 1}: `{token}`: {why}")
+    names = {Path(f).name for f in tracked_files()}  # a bare X.md names a file of the repo
+    for i, line in enumerate(doc.lines):
+        for name in re.findall(r"(?<![\w/.-])([\w-]+\.md)\b", line):
+            if name not in names:
+                problems.append(f"{doc.name}:{i + 1}: {name}: no file of the repository so named")
     for i, span in doc.spans:
         found, previous = function_ref_problems(span, previous)
         problems += [f"{doc.name}:{i + 1}: {p}" for p in found]
@@ -629,4 +636,26 @@ def test_sections_named_in_quotes_exist():
                     line = text.count("\n", 0, match.start()) + 1
                     problems.append(f"{read(path).name}:{line}: section \"{name}\" of "
                                     f"{target.relative_to(REPO)}: no heading starts so")
+    assert not problems, "\n".join(problems)
+
+
+# `[WRAP.md](WRAP.md) section 3`, `docs/WRAP.md §2`, or `section 6` of the doc itself.
+NUMBERED_REF = re.compile(r'(?:(?:\[[\w./]+\]\(([\w./-]+)\)|\b((?:docs/)?[A-Z_]+\.md))\s+)?'
+                          r'(?:section\s+|§)(\d+)\b')
+
+
+def test_numbered_sections_exist():
+    """``section 3`` / ``§3`` (of the doc named before it, else of its own): a ``N.`` heading."""
+    problems = []
+    for path in DOCS:
+        text = path.read_text()
+        for match in NUMBERED_REF.finditer(text):
+            link, name, number = match.groups()
+            target = section_ref_target(path, link, name) if link or name else path
+            if not target.exists():
+                continue  # the path check names it
+            if not any(title.startswith(f"{number}.") for _, title in headings(read(target).lines)):
+                line = text.count("\n", 0, match.start()) + 1
+                problems.append(f"{read(path).name}:{line}: section {number} of "
+                                f"{target.relative_to(REPO)}: no heading '{number}. ...'")
     assert not problems, "\n".join(problems)
