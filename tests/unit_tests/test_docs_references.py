@@ -11,7 +11,8 @@ Checked, each failure named as ``doc:line: reference: why``:
   ``path::test_name`` names a function of that file (a following ``::other`` refers to the same
   file); a bare ``test_name`` is a function or module under tests/;
 - relative links resolve, and their ``#anchor`` is a heading of the target (GitHub's slugs);
-- every ``make TARGET`` is a target of the Makefile;
+- every ``make TARGET`` is a target of the Makefile, a ``VAR=`` given to it read there or by
+  scripts/*.sh;
 - every ``--flag``: on a command line it belongs to the program run there (pretrain_gpt.py,
   pretrain_mamba.py, a tool's or example's own parser, or a launcher's allow-listed flags); in
   prose it is a flag of either entry point, of a script named in the same section, or in
@@ -440,7 +441,18 @@ def test_paths_and_links_exist(doc):
 # --------------------------------------------------------------------------- make targets
 
 
+# `VAR=x make t` / `make t VAR=x`: the variables a make command is given
+MAKE_VARIABLES = re.compile(r"((?:\b[A-Z_]+=\S+\s+)*)make\s+[a-z][\w-]*((?:\s+[A-Z_]+=\S+)*)")
+
+
+@functools.lru_cache(maxsize=None)
+def make_recipes_text() -> str:
+    """The Makefile and the scripts its recipes run: where a make variable can be read."""
+    return makefile() + "".join(p.read_text() for p in sorted((REPO / "scripts").glob("*.sh")))
+
+
 def test_make_targets_exist():
+    """Every ``make TARGET`` is a target; every ``VAR=`` given to it is read by the recipes."""
     targets, problems = make_targets(), []
     for path in DOCS:
         doc = read(path)
@@ -450,6 +462,11 @@ def test_make_targets_exist():
                 if target not in targets:
                     problems.append(f"{doc.name}:{i + 1}: `make {target}`: not a Makefile "
                                     f"target (targets: {', '.join(sorted(targets))})")
+            for before, after in MAKE_VARIABLES.findall(text):
+                for variable in re.findall(r"([A-Z_]+)=", before + after):
+                    if not re.search(rf"\b{variable}\b", make_recipes_text()):
+                        problems.append(f"{doc.name}:{i + 1}: {variable}=: neither the Makefile "
+                                        f"nor scripts/*.sh reads it")
     assert not problems, "\n".join(problems)
 
 
