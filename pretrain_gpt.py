@@ -23,12 +23,18 @@ PROG = "pretrain_gpt.py"
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
     from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
+
+    # The flags before megatron-core is imported: a bad one is reported seconds sooner.
+    _train(parse_run_config_or_exit(argv, prog=PROG))
+
+
+def _train(run) -> None:
     from megatron.varlen_training.errors import exit_on_user_errors
     from megatron.varlen_training.model_family import GPT
     from megatron.varlen_training.pretrain import pretrain
     from megatron.varlen_training.trainer import Trainer
 
-    trainer = Trainer(parse_run_config_or_exit(argv, prog=PROG), GPT)
+    trainer = Trainer(run, GPT)
     try:
         with exit_on_user_errors(PROG):  # bad data, checkpoint, NaN: one line
             pretrain(trainer)
