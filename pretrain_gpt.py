@@ -4,25 +4,37 @@
 
 Thin on purpose: parse into the run's config, train it through the Trainer, tear down. See
 megatron/varlen_training/ for the pieces.
+
+Light to import on purpose: megatron-core's first checkpoint save starts a helper process with
+multiprocessing's 'spawn' method, which runs this file again (as ``__mp_main__``) before the
+save can go on. torch and megatron-core are therefore imported inside ``main()``, so that
+helper starts in about 0.1 s instead of several seconds per rank
+(tests/unit_tests/test_entry_point_imports.py).
 """
 
+from megatron.varlen_training.log import capture_warnings
 from megatron.varlen_training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
-
-from megatron.varlen_training.config.from_flags import parse_run_config_or_exit  # noqa: E402
-from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
-from megatron.varlen_training.log import capture_warnings  # noqa: E402
-from megatron.varlen_training.model_family import GPT  # noqa: E402
-from megatron.varlen_training.pretrain import pretrain  # noqa: E402
-from megatron.varlen_training.trainer import Trainer  # noqa: E402
 
 PROG = "pretrain_gpt.py"
 
 
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
-    trainer = Trainer(parse_run_config_or_exit(argv, prog=PROG), GPT)
+    from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
+
+    # The flags before megatron-core is imported: a bad one is reported seconds sooner.
+    _train(parse_run_config_or_exit(argv, prog=PROG))
+
+
+def _train(run) -> None:
+    from megatron.varlen_training.errors import exit_on_user_errors
+    from megatron.varlen_training.model_family import GPT
+    from megatron.varlen_training.pretrain import pretrain
+    from megatron.varlen_training.trainer import Trainer
+
+    trainer = Trainer(run, GPT)
     try:
         with exit_on_user_errors(PROG):  # bad data, checkpoint, NaN: one line
             pretrain(trainer)

@@ -4,28 +4,35 @@
         --hidden-size 64 --num-attention-heads 4 --mamba-head-dim 16 --mamba-num-groups 2 ...
 
 The same Trainer, loop, data path, packing, schedulers, checkpointing and metrics as
-pretrain_gpt.py; only the model family differs (``HYBRID``, megatron/varlen_training/hybrid_model.py).
+pretrain_gpt.py; only the model family differs (``HYBRID``,
+megatron/varlen_training/hybrid_model.py). Light to import for the same reason as
+pretrain_gpt.py (megatron-core's first save re-runs this file in a 'spawn' helper): torch and
+megatron-core are imported inside ``main()``.
 """
 
+from megatron.varlen_training.log import capture_warnings
 from megatron.varlen_training.warning_filters import silence_known_warnings
 
 silence_known_warnings()  # before megatron.core is imported (it warns at import time)
-
-from megatron.varlen_training.config.from_flags import (  # noqa: E402
-    parse_hybrid_run_config_or_exit,
-)
-from megatron.varlen_training.errors import exit_on_user_errors  # noqa: E402
-from megatron.varlen_training.hybrid_model import HYBRID  # noqa: E402
-from megatron.varlen_training.log import capture_warnings  # noqa: E402
-from megatron.varlen_training.pretrain import pretrain  # noqa: E402
-from megatron.varlen_training.trainer import Trainer  # noqa: E402
 
 PROG = "pretrain_mamba.py"
 
 
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
-    trainer = Trainer(parse_hybrid_run_config_or_exit(argv), HYBRID)
+    from megatron.varlen_training.config.from_flags import parse_hybrid_run_config_or_exit
+
+    # The flags before megatron-core is imported: a bad one is reported seconds sooner.
+    _train(parse_hybrid_run_config_or_exit(argv))
+
+
+def _train(run) -> None:
+    from megatron.varlen_training.errors import exit_on_user_errors
+    from megatron.varlen_training.hybrid_model import HYBRID
+    from megatron.varlen_training.pretrain import pretrain
+    from megatron.varlen_training.trainer import Trainer
+
+    trainer = Trainer(run, HYBRID)
     try:
         with exit_on_user_errors(PROG):  # bad data, checkpoint, NaN: one line
             pretrain(trainer)

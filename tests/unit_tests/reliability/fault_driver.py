@@ -11,7 +11,6 @@ import signal
 import sys
 
 import pretrain_gpt  # first: it silences warnings before megatron.core is imported
-from megatron.varlen_training import checkpointing, training
 
 
 def _die() -> None:
@@ -22,6 +21,10 @@ def _die() -> None:
 def main() -> None:
     kind, rank, iteration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     argv = sys.argv[sys.argv.index("--") + 1:]
+    # Here, not at the top, as in pretrain_gpt.py: the first save's 'spawn' helper runs this
+    # file again (tests/unit_tests/test_entry_point_imports.py).
+    from megatron.varlen_training import checkpointing, training
+
     mine = int(os.environ["RANK"]) == rank
     if kind == "step" and mine:
         real_step = training.train_step

@@ -8,6 +8,9 @@ run description and manifest cannot be written). KIND ``sigint-shards``: a Ctrl-
 RANK's process group (main process and writers, as a terminal sends it) while the writers write
 iteration ITER (that writer first notes in $SAVE_FAULT_NOTES how writers take SIGINT). KIND
 ``sigint-publish``: the Ctrl-C comes as rank 0 renames the finished checkpoint into place.
+
+torch and megatron-core are imported inside the functions, as in pretrain_gpt.py: the first
+save's 'spawn' helper runs this file again (tests/unit_tests/test_entry_point_imports.py).
 """
 
 import builtins
@@ -18,8 +21,6 @@ import sys
 import time
 
 import pretrain_gpt  # first: it silences warnings before megatron.core is imported
-from megatron.core.dist_checkpointing.strategies import filesystem_async
-from megatron.varlen_training import checkpoint_integrity, checkpointing
 
 WRITE_MODES = set("wax+")
 
@@ -83,6 +84,8 @@ def _note_sigint_disposition() -> None:
 def _in_writers(iteration: int, action) -> None:
     """Runs ``action(writer index, writer count)`` in megatron-core's writer processes of
     iteration ``iteration``."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
     real = filesystem_async.FileSystemWriterAsync.write_preloaded_data
     real_multiproc = filesystem_async.FileSystemWriterAsync.write_preloaded_data_multiproc
     num_writers = []
@@ -104,6 +107,8 @@ def _in_writers(iteration: int, action) -> None:
 
 
 def _after_megatron_core(iteration: int, action) -> None:
+    from megatron.varlen_training import checkpointing
+
     real_save = checkpointing.dist_checkpointing.save
 
     class _Saver:
@@ -121,6 +126,8 @@ def _after_megatron_core(iteration: int, action) -> None:
 
 
 def _at_publish(iteration: int, action) -> None:
+    from megatron.varlen_training import checkpoint_integrity
+
     real_publish = checkpoint_integrity.publish
 
     def publish(staging, final_dir):

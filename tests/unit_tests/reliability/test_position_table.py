@@ -130,7 +130,22 @@ def _assert_fits(args, rng, seq: int) -> int:
     return longest
 
 
-def test_every_accepted_layout_fits_its_position_table():
+# torch threads for the fuzz: its tensors hold tens of elements, too few to share out.
+FUZZ_THREADS = 1
+
+
+@pytest.fixture
+def few_torch_threads():
+    """The fuzz is ~10^5 tiny tensor operations: on torch's default of every core each one
+    hands work between threads. A loaded 2-core machine ran it in 111 s (serial pytest, 2
+    threads); 8 s on one thread, 26 s on two, side by side. The threads are restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(FUZZ_THREADS)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_every_accepted_layout_fits_its_position_table(few_torch_threads):
     rng = random.Random(4)
     outcomes = {"accepted_learned": 0, "accepted_rope": 0, "refused_for_positions": 0}
     for seq, (cp, dp), (tp, sp), vpp, dynamic, budget, position in _cases():

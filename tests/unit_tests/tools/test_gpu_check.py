@@ -3,7 +3,6 @@ sessions), and the runner's deadline, timeout and output rules on tiny fake part
 
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,11 +14,10 @@ MAX_FILES_BACK = 8  # what a GPU command brings back from $OUT
 PART_ORDER = ["probe", "benchmark", "cost", "gpu_tests", "suite"]
 
 
-def test_cpu_dry_run_runs_every_part(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_check.py"), "--device",
-                           "cpu", "--out", str(tmp_path), "--budget-s", "400"],
-                          capture_output=True, text=True, timeout=450, cwd=REPO)
-    summary = (tmp_path / "summary.txt").read_text()
+def test_cpu_dry_run_runs_every_part(gpu_check_cpu_dry_run):
+    """The dry run itself (tests/unit_tests/tools/conftest.py runs it once per session)."""
+    out, proc = gpu_check_cpu_dry_run.out, gpu_check_cpu_dry_run.proc
+    summary = (out / "summary.txt").read_text()
     rows = {line.split()[0]: line for line in summary.splitlines()[1:]}
     assert list(rows) == PART_ORDER, summary
     for name in ("probe", "gpu_tests", "benchmark", "suite"):
@@ -30,10 +28,10 @@ def test_cpu_dry_run_runs_every_part(tmp_path):
     assert "=== summary" in proc.stdout
     assert "wheels: would install" in proc.stdout and "imports: megatron.core ok" in proc.stdout
     assert "plan: CPU dry run" in proc.stdout
-    files = sorted(p.name for p in tmp_path.iterdir())
+    files = sorted(p.name for p in out.iterdir())
     assert len(files) <= MAX_FILES_BACK and "benchmark.json" in files, files
-    assert set(json.loads((tmp_path / "benchmark.json").read_text())["sizes"]) == {"tiny"}
-    assert "[PASS] gloo" in (tmp_path / "probe.log").read_text()
+    assert set(json.loads((out / "benchmark.json").read_text())["sizes"]) == {"tiny"}
+    assert "[PASS] gloo" in (out / "probe.log").read_text()
     # CUDA hidden from the parts, also on a GPU machine: tests/gpu all skip
     assert "skipped" in rows["gpu_tests"] and "passed" not in rows["gpu_tests"], summary
 

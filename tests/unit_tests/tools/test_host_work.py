@@ -12,6 +12,7 @@ copy of megatron-core's V before the kernel).
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,10 @@ FEW, MANY = 4, 64
 # RoPE comes from one table per micro-batch (attention/packed_rope.py; megatron-core's THD RoPE
 # sliced q and k per sequence in every layer).
 KNOWN_GROWTH: set[str] = set()
+# Counts do not depend on torch's threads (the same counts either way); time does: the tiny
+# model's operations are too small to share out, and on every core of the loaded 2-core
+# machine the run took 31-34 s against 16 s on one thread, side by side.
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def tool_run(tmp_path_factory):
         [sys.executable, str(REPO / "tools" / "host_work.py"), "--sequences", f"{FEW},{MANY}",
          "--tokens", "256", "--warmup", "1", "--timed", "0", "--top", "5", "--json", str(out),
          "--extra-args", "--mtp-num-layers 1"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = {name: {tuple(row[:3]): row[3] for row in result["counts"]}
               for name, result in json.loads(out.read_text()).items()}

@@ -2,9 +2,7 @@
 its profile read back by the scheduler's cost model, and a CPU smoke run of the tool."""
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +12,8 @@ from megatron.varlen.scheduling.cost_model import (
 from tools import measure_cost_model as tool
 from tools.benchmark_gpu import SIZES
 
-REPO = Path(__file__).resolve().parents[3]
 ALPHA, BETA, GAMMA = 2e-11, 3e-7, 4e-4  # seconds per pair, per token, per micro-batch
+TOOL_TIMEOUT_S = 240  # the CPU smoke run's limit
 
 
 def _synthetic(alpha=ALPHA, beta=BETA, gamma=GAMMA):
@@ -88,17 +86,27 @@ def test_bad_profile_files_are_one_line_errors(tmp_path, content, message):
     assert "\n" not in str(error.value) and str(path) in str(error.value)
 
 
-def test_tool_runs_on_cpu():
+def test_tool_runs_on_cpu(gpu_check_cpu_dry_run):
     """The whole tool on a tiny model: a profile, or (CPU timings are mostly overhead) the
-    one-line refusal of a fit that is not a cost model."""
-    out = Path("/tmp") / f"measure_cost_model_smoke_{id(test_tool_runs_on_cpu)}.json"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "measure_cost_model.py"),
-                           "--device", "cpu", "--tiny", "--reps", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240, cwd=REPO)
-    if proc.returncode == 0:
-        assert load_hardware_profile(str(out)).attention_flops_per_s > 0
-        out.unlink()
+    one-line refusal of a fit that is not a cost model. The run is the cost part of
+    tools/gpu_check.py's CPU dry run (the same command; tests/unit_tests/tools/conftest.py)."""
+    dry_run = gpu_check_cpu_dry_run
+    words = next(line for line in dry_run.proc.stdout.splitlines()
+                 if line.startswith("=== cost ")).split(": ", 1)[1].split()
+    del words[words.index("--out") + 1]  # gpu_check's scratch file
+    assert words == [sys.executable, "tools/measure_cost_model.py", "--device", "cpu", "--out",
+                     "--tiny", "--reps", "1"], words
+    status, seconds = dry_run.part("cost")
+    assert seconds <= TOOL_TIMEOUT_S, (status, seconds)
+    log = (dry_run.out / "cost.log").read_text()
+    if status == "ok":
+        profile = dry_run.out / "hardware_profile.json"
+        assert load_hardware_profile(str(profile)).attention_flops_per_s > 0
     else:
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        assert proc.stderr.strip().splitlines()[-1].startswith(
-            "measure_cost_model.py: error: the fit gave"), proc.stderr[-2000:]
+        # One line, no traceback (the log holds stdout and stderr together, so the line may
+        # share its row with the tool's own progress output).
+        errors = [line for line in log.splitlines() if "measure_cost_model.py: error: " in line]
+        assert status == "failed (2)", (status, log[-2000:])
+        assert len(errors) == 1 and "measure_cost_model.py: error: the fit gave" in errors[0], \
+            log[-2000:]
+        assert "Traceback" not in log, log[-2000:]
