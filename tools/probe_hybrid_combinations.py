@@ -8,7 +8,9 @@ tiny hybrid model VARIANT names through pretrain_mamba.py's path (fp32, dropout 
 iterations) on the ranks LAYOUT names and is compared with ONE reference: the same variant
 unpacked (padded [b, s] micro-batches of 2) on a single rank without recomputation -- or, for
 variants whose unpacked run is refused (documents cut out of pretraining samples need packing,
-the Mamba scan would carry state across them), packed on a single rank. Every iteration's lm
+the Mamba scan would carry state across them; whole documents are packed by definition), packed
+on a single rank. Mean-loss variants' packed cells are compared with their per-token twin
+(packing implies the per-token loss). Every iteration's lm
 loss and grad norm must agree within ``RTOL`` relative. Verdicts: ``equal``, ``different``
 (largest relative gap and where), ``refused`` (one-line start-up error) or ``crashed`` (its
 last line). Each verdict is appended to the results file (JSON lines) and the table printed.
@@ -48,6 +50,10 @@ SFT_JSONL = ["--sft", "--data-path", "examples/data/sft_tiny.jsonl",
 DOCUMENTS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
              "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"]
 PER_TOKEN = ["--calculate-per-token-loss"]
+CORPUS_PREFIX = "results/tmp/probe_hybrid_corpus_text_document"  # written on first use
+WHOLE_DOCUMENTS = ["--data-path", CORPUS_PREFIX, "--split", "100,0,0", "--packing-unit",
+                   "document", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+                   "--eod-mask-loss"]
 
 
 def _pattern(pattern: str, rope: bool = True) -> list[str]:
@@ -55,32 +61,33 @@ def _pattern(pattern: str, rope: bool = True) -> list[str]:
     return ["--hybrid-override-pattern", pattern] + rope_flags
 
 
-# name: (flags, packed-only reference)
+# name: (flags, the reference's layout)
 VARIANTS = {
-    "base": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN, False),
-    "mean_loss": (_pattern("M*M-") + MOCK_SFT, False),
+    "base": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN, "u_single"),
+    "mean_loss": (_pattern("M*M-") + MOCK_SFT, "u_single"),
     "gqa": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + ["--group-query-attention",
-                                                      "--num-query-groups", "2"], False),
+                                                      "--num-query-groups", "2"], "u_single"),
     "untied": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN
-               + ["--untie-embeddings-and-output-weights"], False),
-    "attn_first": (_pattern("*MM-") + MOCK_SFT + PER_TOKEN, False),
-    "attn_last": (_pattern("MM-*") + MOCK_SFT + PER_TOKEN, False),
-    "no_attn": (_pattern("M-M-") + MOCK_SFT + PER_TOKEN, False),
+               + ["--untie-embeddings-and-output-weights"], "u_single"),
+    "attn_first": (_pattern("*MM-") + MOCK_SFT + PER_TOKEN, "u_single"),
+    "attn_last": (_pattern("MM-*") + MOCK_SFT + PER_TOKEN, "u_single"),
+    "no_attn": (_pattern("M-M-") + MOCK_SFT + PER_TOKEN, "u_single"),
     "gqa_untied_attn_last": (_pattern("MM-*") + MOCK_SFT + PER_TOKEN + [
         "--group-query-attention", "--num-query-groups", "2",
-        "--untie-embeddings-and-output-weights"], False),
-    "learned_pos": (_pattern("M*M-", rope=False) + MOCK_SFT + PER_TOKEN, False),
-    "sft_masks": (_pattern("M*M-") + SFT_JSONL + PER_TOKEN, False),
-    "sft_masks_mean": (_pattern("M*M-") + SFT_JSONL, False),
+        "--untie-embeddings-and-output-weights"], "u_single"),
+    "learned_pos": (_pattern("M*M-", rope=False) + MOCK_SFT + PER_TOKEN, "u_single"),
+    "sft_masks": (_pattern("M*M-") + SFT_JSONL + PER_TOKEN, "u_single"),
+    "sft_masks_mean": (_pattern("M*M-") + SFT_JSONL, "u_single"),
     # The byte-level vocabulary (257) pads to a multiple of this x TP (Megatron-LM's rule):
     # 512 for TP 1 and 2 alike, so the TP cells train the same model as the single rank.
     "sft_masks_vocab512": (_pattern("M*M-") + SFT_JSONL + PER_TOKEN
-                           + ["--make-vocab-size-divisible-by", "256"], False),
-    "documents": (_pattern("M*M-") + DOCUMENTS + PER_TOKEN, True),
-    "documents_whole": (_pattern("M*M-") + DOCUMENTS + PER_TOKEN
-                        + ["--packing-unit", "document"], True),
+                           + ["--make-vocab-size-divisible-by", "256"], "u_single"),
+    "documents": (_pattern("M*M-") + DOCUMENTS + PER_TOKEN, "p_single"),
+    # Whole documents of an indexed corpus (--packing-unit document), cut at the longest
+    # sequence the layout runs: 64 tokens in the reference and in every layout it is run on.
+    "documents_whole": (_pattern("M*M-") + WHOLE_DOCUMENTS + PER_TOKEN, "p_single_64"),
     "dist_opt": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + ["--use-distributed-optimizer"],
-                 False),
+                 "u_single"),
 }
 UNPACKED = ["--micro-batch-size", "2"]
 PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
@@ -102,6 +109,7 @@ LAYOUTS = {
     "u_cp2": (UNPACKED + CP2, 2),
     "u_tp2_cp2": (UNPACKED + TP2 + CP2, 4),
     "p_single": (PACKED, 1),
+    "p_single_64": (PACKED + ["--max-seqlen-per-dp-cp-rank", "64"], 1),
     "p_dp2": (PACKED, 2),
     "p_tp2": (PACKED + TP2, 2),
     "p_tp2_sp": (PACKED + TP2 + SP, 2),
@@ -110,7 +118,10 @@ LAYOUTS = {
     "p_cp2": (PACKED + CP2, 2),
     "p_dp2_cp2": (PACKED + CP2, 4),
     "p_tp2_cp2": (PACKED + TP2 + CP2, 4),
+    "p_cp4": (PACKED + ["--context-parallel-size", "4"], 4),
+    "u_cp4": (UNPACKED + ["--context-parallel-size", "4"], 4),
     "d_cp2": (DYNAMIC + CP2 + MAX32, 2),
+    "d_cp4": (DYNAMIC + ["--context-parallel-size", "4"] + MAX16, 4),
     "d_dp2_cp2": (DYNAMIC + CP2 + MAX16, 4),
     "d_tp2_cp2": (DYNAMIC + TP2 + CP2 + MAX32, 4),
     "d_pp2_dp2": (DYNAMIC + PP2 + MAX32, 4),
@@ -158,12 +169,24 @@ PER_TOKEN_TWIN = {"mean_loss": "base", "sft_masks_mean": "sft_masks"}
 def reference_cell(variant: str, layout: str = "u_single") -> str:
     if not layout.startswith("u_"):
         variant = PER_TOKEN_TWIN.get(variant, variant)
-    return f"{variant}/{'p_single' if VARIANTS[variant][1] else 'u_single'}/none"
+    return f"{variant}/{VARIANTS[variant][1]}/none"
+
+
+def write_corpus_once(argv: list[str]) -> None:
+    """The indexed corpus WHOLE_DOCUMENTS reads (test_document_packing_equivalence's)."""
+    if CORPUS_PREFIX in argv and not Path(CORPUS_PREFIX + ".idx").exists():
+        from tests.unit_tests.varlen_training.test_document_packing_equivalence import (
+            write_corpus,
+        )
+
+        Path(CORPUS_PREFIX).parent.mkdir(parents=True, exist_ok=True)
+        write_corpus(CORPUS_PREFIX)
 
 
 def run_cell(cell: str) -> dict:
     """Trains one cell: {"verdict": "ran", "losses", "grad_norms"} or refused / crashed."""
     argv, world = cell_argv(*parse_cell(cell))
+    write_corpus_once(argv)
     try:
         results = run_distributed(train_hybrid_on_this_rank, world, args=(argv,),
                                   timeout_s=LAUNCH_TIMEOUT_S)
