@@ -88,6 +88,10 @@ VARIANTS = {
     "documents_whole": (_pattern("M*M-") + WHOLE_DOCUMENTS + PER_TOKEN, "p_single_64"),
     "dist_opt": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + ["--use-distributed-optimizer"],
                  "u_single"),
+    "overlap": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + ["--overlap-grad-reduce"], "u_single"),
+    "overlap_dist_opt": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + [
+        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"],
+                         "u_single"),
 }
 UNPACKED = ["--micro-batch-size", "2"]
 PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
