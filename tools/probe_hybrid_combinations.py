@@ -11,7 +11,8 @@ variants whose unpacked run is refused (documents cut out of pretraining samples
 the Mamba scan would carry state across them; whole documents are packed by definition), packed
 on a single rank. Mean-loss variants' packed cells are compared with their per-token twin
 (packing implies the per-token loss). Every iteration's lm
-loss and grad norm must agree within ``RTOL`` relative. Verdicts: ``equal``, ``different``
+loss and grad norm (and validation loss, where the variant evaluates) must agree within
+``RTOL`` relative. Verdicts: ``equal``, ``different``
 (largest relative gap and where), ``refused`` (one-line start-up error) or ``crashed`` (its
 last line). Each verdict is appended to the results file (JSON lines) and the table printed.
 """
@@ -88,6 +89,9 @@ VARIANTS = {
     "documents_whole": (_pattern("M*M-") + WHOLE_DOCUMENTS + PER_TOKEN, "p_single_64"),
     "dist_opt": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + ["--use-distributed-optimizer"],
                  "u_single"),
+    # Validation after every iteration (evaluate()'s forward-only path), compared too.
+    "with_eval": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + ["--eval-iters", "1",
+                                                            "--eval-interval", "1"], "u_single"),
     "overlap": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + ["--overlap-grad-reduce"], "u_single"),
     "overlap_dist_opt": (_pattern("M*M-") + MOCK_SFT + PER_TOKEN + [
         "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"],
@@ -202,8 +206,9 @@ def run_cell(cell: str) -> dict:
         reason = (errors or lines)[-1]
         return {"verdict": verdict, "reason": reason.strip()[:400]}
     history = loss_owner_history(results)
+    validation = [h["validation_loss"] for h in history if h.get("validation_loss") is not None]
     return {"verdict": "ran", "losses": [h["lm_loss"] for h in history],
-            "grad_norms": [h["grad_norm"] for h in history]}
+            "grad_norms": [h["grad_norm"] for h in history], "validation_losses": validation}
 
 
 def compare(run: dict, reference: dict) -> dict:
@@ -211,8 +216,8 @@ def compare(run: dict, reference: dict) -> dict:
     if run["verdict"] != "ran":
         return run
     worst, where = 0.0, ""
-    for key in ("losses", "grad_norms"):
-        for it, (got, ref) in enumerate(zip(run[key], reference[key]), start=1):
+    for key in ("losses", "grad_norms", "validation_losses"):
+        for it, (got, ref) in enumerate(zip(run.get(key, []), reference.get(key, [])), start=1):
             gap = abs(got - ref) / abs(ref)
             if gap > worst:
                 worst, where = gap, f"{key} it{it}: {got:.8g} vs {ref:.8g}"
