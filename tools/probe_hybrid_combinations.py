@@ -10,11 +10,12 @@ unpacked (padded [b, s] micro-batches of 2) on a single rank without recomputati
 variants whose unpacked run is refused (documents cut out of pretraining samples need packing,
 the Mamba scan would carry state across them; whole documents are packed by definition), packed
 on a single rank. Mean-loss variants' packed cells are compared with their per-token twin
-(packing implies the per-token loss). Every iteration's lm
-loss and grad norm (and validation loss, where the variant evaluates) must agree within
-``RTOL`` relative. Verdicts: ``equal``, ``different``
-(largest relative gap and where), ``refused`` (one-line start-up error) or ``crashed`` (its
-last line). Each verdict is appended to the results file (JSON lines) and the table printed.
+(packing implies the per-token loss). Every iteration's lm loss and grad norm (and validation
+loss, where the variant evaluates) must agree within ``RTOL`` relative. Verdicts: ``equal``,
+``different`` (largest relative gap and where), ``refused`` (one-line start-up error) or
+``crashed`` (its last line). Each run is appended to the results file (JSON lines) and the
+table of every cell run so far is printed. Launches are sequential, tiny and short: run it on a
+quiet machine, and never while editing the library (the ranks import it fresh).
 """
 
 from __future__ import annotations
