@@ -2,11 +2,11 @@
 
 One launch on a single rank is the reference; one launch with PP 2 and dynamic CP on DP 2
 (4 ranks: pipeline stages pass the packs' metadata; samples over 32 tokens split over a CP
-group of 2) must give, on every rank, the same loss and grad norm at every step and the same evaluate()
-loss, within RTOL, for two flows whose loss reads a per-token field beyond loss_mask:
-gpt_sft's per-sample normalisation (its computed loss_weight) and a user flow's per-token
-weights (tests/harness/wrap_layouts.py). tools/probe_wrap_layouts.py runs the other layouts
-(DP2, TP2, TP2+SP, PP2, CP2, dynamic CP on 2 and 4 ranks, TP2 x dynamic CP2) and flows.
+group of 2) must give, on every rank, the same loss and grad norm at every step and the same
+evaluate() loss, within RTOL, for two flows whose loss reads a per-token field beyond
+loss_mask: gpt_sft's per-sample normalisation (its computed loss_weight) and a user flow's
+per-token weights (tests/harness/wrap_layouts.py). tools/probe_wrap_layouts.py runs the other
+layouts (DP2, TP2, TP2+SP, PP2, CP2, dynamic CP on 2 and 4 ranks, TP2 x dynamic CP2) and flows.
 """
 
 import pytest
