@@ -1,12 +1,14 @@
 """Hybrid Mamba-Transformer (pretrain_mamba.py's path): packing and layout never change the numbers.
 
 Reference: ONE single-rank unpacked launch (padded [b, s] micro-batches, per-sample causal
-attention and scan, no parallelism at all). Every other launch must give its lm loss at
-iterations 1-3 within 1e-5 relative: unpacked DP2 x CP2 (SBHD CP), packed DP=2 and DP2 x CP2
-(static CP), dynamic CP on DP x CP = 4 and 6, with TP=2 (also with sequence parallel) and with
-PP=2 -- so packed == unpacked and every layout == single rank in one comparison each. The
-pattern "M*M-" puts a Mamba layer on each PP stage; 12 Mamba heads split over every CP size the
-dynamic layouts use (1, 2, 4, 6) and over TP=2.
+attention and scan, no parallelism at all). Every other launch must give its lm loss and grad
+norm at iterations 1-3 within 1e-5 relative (a gradient off by a uniform factor leaves the
+losses equal under clipping and Adam; only the grad norm shows it): unpacked DP2 x CP2 (SBHD
+CP), packed DP=2 and DP2 x CP2 (static CP), dynamic CP on DP x CP = 4 and 6, with TP=2 (also
+with sequence parallel) and with PP=2 -- so packed == unpacked and every layout == single rank
+in one comparison each. The pattern "M*M-" puts a Mamba layer on each PP stage; 12 Mamba heads
+split over every CP size the dynamic layouts use (1, 2, 4, 6) and over TP=2. Other models,
+data and recomputation: test_hybrid_combinations.py.
 """
 
 import json
@@ -53,27 +55,29 @@ LAYOUTS = {
 }
 
 
-def _losses(argv, world):
+def _losses_and_grad_norms(argv, world):
+    """(lm loss, grad norm) per iteration."""
     history = loss_owner_history(run_distributed(train_hybrid_on_this_rank, world, args=(argv,),
                                                  timeout_s=300))
-    return [h["lm_loss"] for h in history]
+    return [(h["lm_loss"], h["grad_norm"]) for h in history]
 
 
 @pytest.fixture(scope="module")
 def single_rank_unpacked():
-    return _losses(UNPACKED, 1)
+    return _losses_and_grad_norms(UNPACKED, 1)
 
 
 def test_reference_losses_move(single_rank_unpacked):
     assert len(single_rank_unpacked) == NUM_ITERS
-    assert len(set(single_rank_unpacked)) == NUM_ITERS, single_rank_unpacked
+    assert len({loss for loss, _ in single_rank_unpacked}) == NUM_ITERS, single_rank_unpacked
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_rank_unpacked(single_rank_unpacked, layout):
     argv, world = LAYOUTS[layout]
-    got = _losses(argv, world)
+    got = _losses_and_grad_norms(argv, world)
     assert len(got) == NUM_ITERS
-    for it, (value, ref) in enumerate(zip(got, single_rank_unpacked), start=1):
-        assert abs(value - ref) <= RTOL * abs(ref), (
-            f"{layout} iteration {it}: {value!r} vs single-rank unpacked {ref!r}")
+    for it, (values, refs) in enumerate(zip(got, single_rank_unpacked), start=1):
+        for name, value, ref in zip(("lm loss", "grad norm"), values, refs):
+            assert abs(value - ref) <= RTOL * abs(ref), (
+                f"{layout} iteration {it} {name}: {value!r} vs single-rank unpacked {ref!r}")

@@ -3,9 +3,10 @@
 Each launch runs, on the same ranks, ``pretrain_gpt.py``'s path (``train_on_this_rank``) and then
 ``MegatronWrap.train`` for 3 steps on the samples the mock SFT dataset yields for the same flags
 (global batch ``step`` = samples ``step * gbs .. step * gbs + gbs - 1``), with packing, for
-TP=2, PP=2, static CP=2 and dynamic CP. Every rank must report the loss (PP included). The TP
-launch also feeds the batch on rank 0 only; the CP launch also checks that a flow's extra
-per-token field is packed and CP-split exactly like the loss mask.
+TP=2, PP=2, static CP=2 and dynamic CP: same loss and grad norm at every step. Every rank must
+report the loss (PP included). The TP launch also feeds the batch on rank 0 only; the CP launch
+also checks that a flow's extra per-token field is packed and CP-split exactly like the loss
+mask.
 """
 
 import dataclasses
@@ -88,9 +89,10 @@ def _facade_run(config: dict, batches, source: str) -> dict:
         wrap.initialize().setup_model_and_optimizer()
         given = [batch if source == "all_ranks" or wrap.rank == 0 else None for batch in batches]
         evaluated = wrap.evaluate(given[0], source=source)["loss"]
-        losses = [wrap.train(batch, source=source)["loss"] for batch in given]
+        steps = [wrap.train(batch, source=source) for batch in given]
         sizes = {axis: getattr(wrap, f"{axis}_size") for axis in ("tp", "pp", "cp", "dp")}
-        return {"losses": losses, "evaluated": evaluated, "sizes": sizes}
+        return {"losses": [step["loss"] for step in steps], "evaluated": evaluated,
+                "grad_norms": [step["grad_norm"] for step in steps], "sizes": sizes}
 
 
 def rank_trajectory(parallel: dict, variants: tuple[tuple[str, str], ...]) -> dict:
@@ -121,7 +123,9 @@ def test_facade_matches_pretrain_gpt(layout):
     parallel, world = LAYOUTS[layout]
     results = run_distributed(rank_trajectory, world, args=(parallel, VARIANTS[layout]),
                               timeout_s=240)
-    want = [h["lm_loss"] for h in loss_owner_history([r["reference"] for r in results])]
+    history = loss_owner_history([r["reference"] for r in results])
+    want = [h["lm_loss"] for h in history]
+    want_norms = [h["grad_norm"] for h in history]
     assert len(want) == NUM_STEPS and len(set(want)) == NUM_STEPS, want  # the loss moves
     for rank, result in enumerate(results):
         for variant, run in result["facade"].items():
@@ -132,3 +136,8 @@ def test_facade_matches_pretrain_gpt(layout):
             for step, (got, ref) in enumerate(zip(run["losses"], want, strict=True), start=1):
                 assert abs(got - ref) <= RTOL * abs(ref), (
                     f"{where} step {step}: facade {got!r} vs pretrain_gpt {ref!r}")
+            # the gradients too: clipping and Adam hide a uniformly scaled one in the losses
+            for step, (got, ref) in enumerate(zip(run["grad_norms"], want_norms, strict=True),
+                                              start=1):
+                assert abs(got - ref) <= RTOL * abs(ref), (
+                    f"{where} step {step}: facade grad norm {got!r} vs pretrain_gpt {ref!r}")

@@ -184,3 +184,40 @@ def rank_import_export(argv: list[str], out_dir: str) -> None:
         save_hf(run, GPT.model_provider(run)[1], out_dir)
     finally:
         ps.destroy_model_parallel()
+
+
+def rank_gradient_export(argv: list[str], out_dir: str) -> dict:
+    """One forward-backward of the first global batch through the run's real path (packing,
+    dynamic CP, loss, finalize_model_grads: the gradient of the global per-token mean), then
+    each parameter's gradient written in its place and the model exported to ``out_dir``, so
+    transformers' names and layouts come from our exporter. Returns the batch's samples (rank 0)
+    and the largest CP group a micro-batch used."""
+    from megatron.varlen_training.datasets.builder import build_datasets
+    from megatron.varlen_training.hf.exporter import save_hf
+    from megatron.varlen_training.pretrain import build_data_providers
+    from megatron.varlen_training.tokenizer import build_tokenizer
+
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
+    try:
+        run = trainer.start().run
+        state = trainer.setup_model_and_optimizer()
+        provider, _ = build_data_providers(trainer)
+        step = provider.step_batches(0)
+        cp_sizes = [getattr(mb.get("packed_seq_params"), "local_cp_size", None) or 1
+                    for mb in step.microbatches]
+        for chunk in state.model:
+            chunk.zero_grad_buffer()
+        run_forward_backward(run, state, step, forward_only=False)
+        with torch.no_grad():
+            for chunk in state.model:
+                for param in chunk.parameters():
+                    param.copy_(param.main_grad)
+        save_hf(run, state.model, out_dir)
+        samples = None
+        if torch.distributed.get_rank() == 0:
+            train_ds, _ = build_datasets(run, build_tokenizer(
+                run.data.tokenizer_type, run.model.vocab_size, run.data.tokenizer_model))
+            samples = [train_ds[i] for i in range(run.training.global_batch_size)]
+        return {"samples": samples, "max_cp": max(cp_sizes)}
+    finally:
+        trainer.close()
