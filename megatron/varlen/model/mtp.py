@@ -43,6 +43,16 @@ class VarlenGPTModel(GPTModel):
         super().__init__(*args, **kwargs)
         for depth, layer in enumerate(self._mtp_moe_layers(), start=1):
             layer.mtp_depth = depth
+        self._mark_mtp_position_embedding_shared()
+
+    def _mark_mtp_position_embedding_shared(self) -> None:
+        """With PP, the last stage's MTP keeps its own copy of the learned position embeddings
+        (megatron-core shares only the word embeddings between the stages): it is a duplicate,
+        like the word embedding copy, so the grad norm counts it once. Its gradient is summed
+        with the first stage's (grad_finalize.py), so both copies take the same update."""
+        positions = getattr(getattr(self, "embedding", None), "position_embeddings", None)
+        if self.mtp_process and not self.pre_process and positions is not None:
+            positions.weight.shared = True
 
     def _mtp_moe_layers(self) -> list:
         """The MTP layers with MoE MLPs routed per micro-batch, by depth."""
@@ -78,7 +88,8 @@ class VarlenGPTModel(GPTModel):
         return all(isinstance(core, VarlenCoreAttention) for core in cores)
 
     def _postprocess(self, *args, packed_seq_params=None, **kwargs):
-        if self.config.mtp_num_layers is None or packed_seq_params is None:
+        # With PP only the last stage holds the MTP block: the others just hand on hidden states.
+        if not self.mtp_process or packed_seq_params is None:
             return super()._postprocess(*args, packed_seq_params=packed_seq_params, **kwargs)
         group = resolve_cp_group(packed_seq_params, self.cp_group)
         with use_cp_group(self._mtp_modules(), group), rolling_within_sequences():

@@ -1,0 +1,298 @@
+"""Probe feature x recompute x layout x packing cells against the single-rank unpacked run.
+
+    python tools/probe_combinations.py CELL [CELL ...] [--results results/tmp/combos.jsonl]
+    python tools/probe_combinations.py --list
+
+A cell is ``FEATURE/LAYOUT[/RECOMPUTE]``, e.g. ``moe_top1/p_tp2_sp/full_uniform``. Its run trains
+the tiny model FEATURE names (fp32, dropout 0, mock SFT data with loss masks, 3 iterations)
+on the ranks LAYOUT names, and is compared with ONE reference: the same model, unpacked
+(padded [b, s] micro-batches of 2), on a single rank, without recomputation. Every iteration's
+lm loss and every reported MoE balancing loss, and the grad norm of every iteration, must agree
+within ``RTOL`` relative. The verdict is one of ``equal``, ``different`` (the largest relative
+gap, and where), ``refused`` (a one-line start-up error, the ArgumentValidationError) or
+``crashed`` (any other failure: its last line). Each verdict is appended to the results file
+as one JSON object, and a table of every cell run so far is printed.
+
+Cells run one after another, each in fresh rank processes (tests/harness/multirank.py); the
+references are cached in the results file too, so a cell costs one launch once its reference
+exists. docs/ARCHITECTURE.md ("What the equivalence tests check") lists what was probed.
+"""
+
+from __future__ import annotations
+
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.training_runs import (
+    loss_owner_history, train_hybrid_on_this_rank, train_on_this_rank,
+)
+
+RTOL = 1e-5
+NUM_ITERS = 3
+LAUNCH_TIMEOUT_S = 300
+CRASH_TEXT_CHARS = 6000  # the tail of every failing rank's traceback, kept in the results
+LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
+                      "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
+BASE = [
+    "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "64",
+    "--global-batch-size", "8", "--train-iters", str(NUM_ITERS), "--lr", "2e-3", "--mock-data",
+    "--sft", "--sft-mock-dataset-config-json", LENGTHS, "--tokenizer-type", "NullTokenizer",
+    "--vocab-size", "128", "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0",
+    "--attention-dropout", "0", "--log-interval", "1", "--eval-iters", "0", "--seed", "11",
+    "--disable-bias-linear",
+]
+PER_TOKEN = ["--calculate-per-token-loss"]
+ROPE = ["--position-embedding-type", "rope"]
+MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "16"]
+SEQ_AUX = ["--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.1",
+           "--moe-z-loss-coeff", "0.01"]
+SHARED_EXPERT = ["--moe-shared-expert-intermediate-size", "16"]
+TOP1 = ["--moe-router-topk", "1", "--moe-router-pre-softmax"]
+MAMBA = ["--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
+
+
+def _layers(count: int) -> list[str]:
+    return ["--num-layers", str(count)]
+
+
+# name: (model flags, hybrid). Per-token loss everywhere but "mean_loss" (packing implies it).
+FEATURES = {
+    "dense": (_layers(4) + ROPE + PER_TOKEN, False),
+    "dense_learned": (_layers(4) + PER_TOKEN, False),
+    "dense_untied": (_layers(4) + ROPE + PER_TOKEN + ["--untie-embeddings-and-output-weights"],
+                     False),
+    "gqa": (_layers(4) + ROPE + PER_TOKEN + ["--group-query-attention",
+                                             "--num-query-groups", "2"], False),
+    "gqa1": (_layers(4) + ROPE + PER_TOKEN + ["--group-query-attention",
+                                              "--num-query-groups", "1"], False),
+    "mean_loss": (_layers(4) + ROPE, False),
+    "swiglu_rms_qkln": (_layers(4) + ROPE + PER_TOKEN + ["--swiglu", "--normalization",
+                                                         "RMSNorm", "--qk-layernorm"], False),
+    "mtp1": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "1"], False),
+    "mtp2": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "2"], False),
+    "mtp1_untied": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "1",
+                                                     "--untie-embeddings-and-output-weights"],
+                    False),
+    "mtp1_learned": (_layers(4) + PER_TOKEN + ["--mtp-num-layers", "1"], False),
+    "moe": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + SHARED_EXPERT, False),
+    "moe_top1": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + TOP1, False),
+    "moe_sigmoid": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-score-function", "sigmoid", "--moe-router-topk-scaling-factor", "2.0"],
+                    False),
+    "moe_zloss": (_layers(4) + ROPE + PER_TOKEN + MOE + ["--moe-router-load-balancing-type",
+                                                         "none", "--moe-z-loss-coeff", "0.01"],
+                  False),
+    "moe_freq2": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + ["--moe-layer-freq", "2"],
+                  False),
+    "moe_mtp1": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + ["--mtp-num-layers", "1"],
+                 False),
+    "moe_aux": (_layers(4) + ROPE + PER_TOKEN + MOE + [
+        "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.1"], False),
+    "moe_mean_loss": (_layers(4) + ROPE + MOE + SEQ_AUX, False),
+    "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
+               True),
+    "hybrid_moe": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + [
+        "--hybrid-override-pattern", "M*E-"], True),
+}
+UNPACKED = ["--micro-batch-size", "2"]
+PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
+DYNAMIC = PACKED + ["--dynamic-context-parallel"]
+TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+VPP2 = PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]
+CP2 = ["--context-parallel-size", "2"]
+EP2 = ["--expert-model-parallel-size", "2"]
+# name: (flags, world size); u_ = unpacked, p_ = packed (static CP), d_ = dynamic CP.
+LAYOUTS = {
+    "u_single": (UNPACKED, 1),
+    "u_dp2": (UNPACKED, 2),
+    "u_tp2": (UNPACKED + ["--tensor-model-parallel-size", "2"], 2),
+    "u_tp2_sp": (UNPACKED + TP2_SP, 2),
+    "u_pp2": (UNPACKED + PP2, 2),
+    "u_vpp2": (UNPACKED + VPP2, 2),
+    "u_cp2": (UNPACKED + CP2, 2),
+    "u_dp2_cp2": (UNPACKED + CP2, 4),
+    "u_ep2": (UNPACKED + EP2, 2),
+    "p_single": (PACKED, 1),
+    "p_dp2": (PACKED, 2),
+    "p_tp2_sp": (PACKED + TP2_SP, 2),
+    "p_pp2": (PACKED + PP2, 2),
+    "p_vpp2": (PACKED + VPP2, 2),
+    "p_cp2": (PACKED + CP2, 2),
+    "p_dp2_cp2": (PACKED + CP2, 4),
+    "p_ep2": (PACKED + EP2, 2),
+    "p_tp2_ep2": (PACKED + TP2_SP + EP2, 4),
+    "p_tp2_ep2_etp1": (PACKED + TP2_SP + EP2 + ["--expert-tensor-parallel-size", "1"], 4),
+    "p_ep2_etp2": (PACKED + EP2 + ["--expert-tensor-parallel-size", "2"], 4),
+    "d_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
+    "d_dp2_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "16"], 4),
+    "d_pp2_dp2": (DYNAMIC + PP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_vpp2_dp2": (DYNAMIC + VPP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_tp2_sp_cp2": (DYNAMIC + TP2_SP + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_pp2_cp2": (DYNAMIC + PP2 + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_ep2_cp2": (DYNAMIC + EP2 + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
+}
+
+
+def _full(method: str, layers: int) -> list[str]:
+    return ["--recompute-granularity", "full", "--recompute-method", method,
+            "--recompute-num-layers", str(layers)]
+
+
+RECOMPUTE = {
+    "none": [],
+    "selective": ["--recompute-granularity", "selective"],
+    "selective_mlp": ["--recompute-granularity", "selective", "--recompute-modules",
+                      "core_attn", "mlp"],
+    "full_uniform": _full("uniform", 1),
+    "full_uniform2": _full("uniform", 2),
+    "full_block": _full("block", 1),
+    "full_block2": _full("block", 2),
+}
+REFERENCE_LAYOUT = "u_single"
+COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss", "z_loss")
+
+
+def parse_cell(cell: str) -> tuple[str, str, str]:
+    """``FEATURE/LAYOUT[/RECOMPUTE]`` -> its three names (each checked)."""
+    parts = cell.split("/")
+    if len(parts) == 2:
+        parts.append("none")
+    if len(parts) != 3:
+        raise SystemExit(f"cell {cell!r}: expected FEATURE/LAYOUT[/RECOMPUTE]")
+    for name, table in zip(parts, (FEATURES, LAYOUTS, RECOMPUTE)):
+        if name not in table:
+            raise SystemExit(f"cell {cell!r}: unknown {name!r} (choose from {sorted(table)})")
+    return parts[0], parts[1], parts[2]
+
+
+def cell_argv(feature: str, layout: str, recompute: str) -> tuple[list[str], int, bool]:
+    model, hybrid = FEATURES[feature]
+    flags, world = LAYOUTS[layout]
+    return BASE + model + flags + RECOMPUTE[recompute], world, hybrid
+
+
+def _summary(history: list[dict]) -> list[dict]:
+    return [{key: step.get(key) for key in (*COMPARED_LOSSES, "grad_norm")} for step in history]
+
+
+def launch(feature: str, layout: str, recompute: str) -> dict:
+    """One cell's run: {"status": "ran", "history": [...]} or refused / crashed with a reason."""
+    argv, world, hybrid = cell_argv(feature, layout, recompute)
+    train = train_hybrid_on_this_rank if hybrid else train_on_this_rank
+    try:
+        results = run_distributed(train, world, args=(argv,), timeout_s=LAUNCH_TIMEOUT_S)
+    except DistributedTestError as err:
+        text = str(err)
+        for line in text.splitlines():
+            if "ArgumentValidationError: " in line:
+                return {"status": "refused", "reason": line.split("Error: ", 1)[-1].strip()}
+        last = [line for line in text.splitlines() if line.strip()]
+        return {"status": "crashed", "reason": last[-1].strip() if last else text[:200],
+                "error": text[-CRASH_TEXT_CHARS:]}
+    return {"status": "ran", "history": _summary(loss_owner_history(results))}
+
+
+def compare(history: list[dict], reference: list[dict]) -> tuple[float, str]:
+    """The largest relative gap over every compared number, and where it is."""
+    worst, where = 0.0, ""
+    for it, (got, ref) in enumerate(zip(history, reference), start=1):
+        for key in (*COMPARED_LOSSES, "grad_norm"):
+            if ref.get(key) is None and got.get(key) is None:
+                continue
+            if ref.get(key) is None or got.get(key) is None:
+                return float("inf"), f"it {it} {key}: {got.get(key)} vs {ref.get(key)}"
+            gap = abs(got[key] - ref[key]) / abs(ref[key])
+            if gap > worst:
+                worst, where = gap, f"it {it} {key}: {got[key]:.7g} vs {ref[key]:.7g}"
+    if len(history) != len(reference):
+        return float("inf"), f"{len(history)} iterations vs {len(reference)}"
+    return worst, where
+
+
+def _load(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {record["cell"]: record for record in records}
+
+
+def _append(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps(record) + "\n")
+
+
+def _reference(feature: str, done: dict, path: Path) -> dict:
+    name = f"{feature}/{REFERENCE_LAYOUT}/none"
+    if name not in done:
+        started = time.monotonic()
+        record = {"cell": name, **launch(feature, REFERENCE_LAYOUT, "none"),
+                  "seconds": round(time.monotonic() - started, 1)}
+        _append(path, record)
+        done[name] = record
+    return done[name]
+
+
+def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
+    feature, layout, recompute = parse_cell(cell)
+    name = f"{feature}/{layout}/{recompute}"
+    if name in done and not rerun:
+        return done[name]
+    reference = _reference(feature, done, path)
+    started = time.monotonic()
+    record = {"cell": name, **launch(feature, layout, recompute),
+              "seconds": round(time.monotonic() - started, 1)}
+    if record["status"] == "ran":
+        if reference["status"] != "ran":
+            record.update(verdict="no reference", detail=reference.get("reason", ""))
+        else:
+            gap, where = compare(record["history"], reference["history"])
+            record.update(verdict="equal" if gap <= RTOL else "different", gap=gap, detail=where)
+    else:
+        record.update(verdict=record["status"], detail=record["reason"])
+    _append(path, record)
+    done[name] = record
+    return record
+
+
+def table(done: dict) -> str:
+    rows = ["| cell | verdict | max rel gap | where / reason | s |", "|---|---|---|---|---|"]
+    for name, record in done.items():
+        if name.split("/")[1] == REFERENCE_LAYOUT and name.endswith("/none"):
+            continue
+        gap = record.get("gap")
+        rows.append(f"| {name} | {record.get('verdict', record['status'])} | "
+                    f"{'' if gap is None else f'{gap:.1e}'} | {record.get('detail', '')} | "
+                    f"{record.get('seconds', '')} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cells", nargs="*", help="FEATURE/LAYOUT[/RECOMPUTE]")
+    parser.add_argument("--results", type=Path, default=Path("results/tmp/combos.jsonl"))
+    parser.add_argument("--rerun", action="store_true", help="run cells already in --results")
+    parser.add_argument("--list", action="store_true", help="the features, layouts, recomputes")
+    args = parser.parse_args()
+    if args.list:
+        for title, names in (("features", FEATURES), ("layouts", LAYOUTS),
+                             ("recompute", RECOMPUTE)):
+            print(f"{title}: {' '.join(names)}")
+        return
+    done = _load(args.results)
+    for cell in args.cells:
+        record = probe(cell, done, args.results, args.rerun)
+        print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "
+              f"{record.get('detail', '')} ({record.get('seconds')} s)", flush=True)
+    print(table(done))
+
+
+if __name__ == "__main__":
+    main()
