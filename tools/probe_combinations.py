@@ -95,6 +95,11 @@ FEATURES = {
     "moe_aux": (_layers(4) + ROPE + PER_TOKEN + MOE + [
         "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.1"], False),
     "moe_mean_loss": (_layers(4) + ROPE + MOE + SEQ_AUX, False),
+    "moe_mean_zloss": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type", "none",
+                                                  "--moe-z-loss-coeff", "0.01"], False),
+    "moe_mean_seqaux": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type",
+                                                   "seq_aux_loss", "--moe-aux-loss-coeff",
+                                                   "0.1"], False),
     "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                True),
     "hybrid_moe": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + [

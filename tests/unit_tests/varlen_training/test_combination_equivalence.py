@@ -21,6 +21,9 @@ CELLS = {
     # Unpacked CP without --calculate-per-token-loss: each CP slice divided by its own count of
     # loss tokens (grad norm 24% off at iteration 2).
     "mean_loss/u_cp2": "grad norm 0.24 off",
+    # MoE without --calculate-per-token-loss under SP (and CP): the router z-loss divided each
+    # share's terms by its own count of real tokens (grad norm 1.4e-3 off at iteration 3).
+    "moe_mean_loss/u_tp2_sp": "grad norm 1.4e-3 off",
 }
 _REFERENCES = {}
 
