@@ -25,6 +25,8 @@ if not __package__:  # run as `python tools/X.py`: the repository root on sys.pa
 
 import argparse
 import json
+import shlex
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,18 +37,24 @@ from tests.harness.training_runs import (
 
 RTOL = 1e-5
 NUM_ITERS = 3
+RESUME_ITERS = 4  # --resume: this many straight vs half + save + load + half
 LAUNCH_TIMEOUT_S = 300
 CRASH_TEXT_CHARS = 6000  # the tail of every failing rank's traceback, kept in the results
 LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
                       "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
 BASE = [
     "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "64",
-    "--global-batch-size", "8", "--train-iters", str(NUM_ITERS), "--lr", "2e-3", "--mock-data",
-    "--sft", "--sft-mock-dataset-config-json", LENGTHS, "--tokenizer-type", "NullTokenizer",
-    "--vocab-size", "128", "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0",
+    "--global-batch-size", "8", "--train-iters", str(NUM_ITERS), "--lr", "2e-3",
+    "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0",
     "--attention-dropout", "0", "--log-interval", "1", "--eval-iters", "0", "--seed", "11",
     "--disable-bias-linear",
 ]
+# Mock SFT samples (every real token in the loss), unless a feature names other data.
+MOCK_DATA = ["--mock-data", "--sft", "--sft-mock-dataset-config-json", LENGTHS,
+             "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
+# Real conversations: the loss on assistant tokens only (prompts masked), long ones truncated.
+SFT_JSONL = ["--sft", "--data-path", "examples/data/sft_tiny.jsonl",
+             "--tokenizer-type", "ByteLevelTokenizer"]
 PER_TOKEN = ["--calculate-per-token-loss"]
 ROPE = ["--position-embedding-type", "rope"]
 MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "16"]
@@ -73,7 +81,19 @@ FEATURES = {
                                               "--num-query-groups", "1"], False),
     "mean_loss": (_layers(4) + ROPE, False),
     "swiglu_rms_qkln": (_layers(4) + ROPE + PER_TOKEN + ["--swiglu", "--normalization",
-                                                         "RMSNorm", "--qk-layernorm"], False),
+                                                         "RMSNorm", "--qk-layernorm",
+                                                         "--ffn-hidden-size", "64"], False),
+    "rope_scaling": (_layers(4) + ROPE + PER_TOKEN + ["--use-rope-scaling",
+                                                      "--rope-scaling-factor", "8"], False),
+    "sft_masks": (_layers(4) + ROPE + PER_TOKEN + SFT_JSONL, False),
+    "sft_masks_mean": (_layers(4) + ROPE + SFT_JSONL, False),
+    "sft_masks_mtp": (_layers(4) + ROPE + PER_TOKEN + SFT_JSONL + ["--mtp-num-layers", "1"],
+                      False),
+    "sft_masks_moe": (_layers(4) + ROPE + PER_TOKEN + SFT_JSONL + MOE + SEQ_AUX, False),
+    "dist_opt": (_layers(4) + ROPE + PER_TOKEN + ["--use-distributed-optimizer"], False),
+    "dist_opt_mtp_learned": (_layers(4) + PER_TOKEN + ["--use-distributed-optimizer",
+                                                        "--mtp-num-layers", "1"], False),
+    "overlap_grad": (_layers(4) + ROPE + PER_TOKEN + ["--overlap-grad-reduce"], False),
     "mtp1": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "1"], False),
     "mtp2": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "2"], False),
     "mtp1_untied": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "1",
@@ -94,6 +114,15 @@ FEATURES = {
                  False),
     "moe_aux": (_layers(4) + ROPE + PER_TOKEN + MOE + [
         "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.1"], False),
+    "moe_global_aux": (_layers(4) + ROPE + PER_TOKEN + MOE + [
+        "--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "0.1"],
+                       False),
+    "moe_fp64_router": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-dtype", "fp64"], False),
+    "moe_alltoall": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-token-dispatcher-type", "alltoall"], False),
+    "moe_capacity": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-expert-capacity-factor", "1.0"], False),
     "moe_mean_loss": (_layers(4) + ROPE + MOE + SEQ_AUX, False),
     "moe_mean_zloss": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type", "none",
                                                   "--moe-z-loss-coeff", "0.01"], False),
@@ -102,6 +131,8 @@ FEATURES = {
                                                    "0.1"], False),
     "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                True),
+    "hybrid_mean_loss": (_layers(4) + ROPE + MAMBA + ["--hybrid-override-pattern", "M*M-"],
+                         True),
     "hybrid_moe": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + [
         "--hybrid-override-pattern", "M*E-"], True),
 }
@@ -180,16 +211,19 @@ def parse_cell(cell: str) -> tuple[str, str, str]:
 def cell_argv(feature: str, layout: str, recompute: str) -> tuple[list[str], int, bool]:
     model, hybrid = FEATURES[feature]
     flags, world = LAYOUTS[layout]
-    return BASE + model + flags + RECOMPUTE[recompute], world, hybrid
+    data = [] if "--data-path" in model else MOCK_DATA
+    return BASE + data + model + flags + RECOMPUTE[recompute], world, hybrid
 
 
 def _summary(history: list[dict]) -> list[dict]:
     return [{key: step.get(key) for key in (*COMPARED_LOSSES, "grad_norm")} for step in history]
 
 
-def launch(feature: str, layout: str, recompute: str) -> dict:
-    """One cell's run: {"status": "ran", "history": [...]} or refused / crashed with a reason."""
+def launch(feature: str, layout: str, recompute: str, extra: tuple = ()) -> dict:
+    """One cell's run: {"status": "ran", "history": [...]} or refused / crashed with a reason.
+    ``extra``: flags appended (a later flag overrides the same flag before it)."""
     argv, world, hybrid = cell_argv(feature, layout, recompute)
+    argv = argv + list(extra)
     train = train_hybrid_on_this_rank if hybrid else train_on_this_rank
     try:
         results = run_distributed(train, world, args=(argv,), timeout_s=LAUNCH_TIMEOUT_S)
@@ -202,6 +236,23 @@ def launch(feature: str, layout: str, recompute: str) -> dict:
         return {"status": "crashed", "reason": last[-1].strip() if last else text[:200],
                 "error": text[-CRASH_TEXT_CHARS:]}
     return {"status": "ran", "history": _summary(loss_owner_history(results))}
+
+
+def launch_resume(feature: str, layout: str, recompute: str, folder: str) -> dict:
+    """The cell trained RESUME_ITERS straight, and half of them + save + load + the rest;
+    {"status": "ran", "history": straight, "resumed": first half + resumed half} (or why not)."""
+    half = RESUME_ITERS // 2
+    schedule = ["--lr-decay-iters", str(RESUME_ITERS)]  # the LR must not depend on the stop
+    runs = {}
+    for name, extra in (("straight", ["--train-iters", str(RESUME_ITERS)]),
+                        ("first", ["--train-iters", str(half), "--save", folder]),
+                        ("resumed", ["--train-iters", str(RESUME_ITERS), "--load", folder])):
+        run = launch(feature, layout, recompute, schedule + extra)
+        if run["status"] != "ran":
+            return {**run, "reason": f"{name}: {run['reason']}"}
+        runs[name] = run["history"]
+    return {"status": "ran", "history": runs["straight"],
+            "resumed": runs["first"] + runs["resumed"]}
 
 
 def compare(history: list[dict], reference: list[dict]) -> tuple[float, str]:
@@ -267,6 +318,26 @@ def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
     return record
 
 
+def probe_resume(cell: str, done: dict, path: Path, rerun: bool) -> dict:
+    """The cell's resume check: half + save + load + half == straight (no reference run)."""
+    feature, layout, recompute = parse_cell(cell)
+    name = f"{feature}/{layout}/{recompute}+resume"
+    if name in done and not rerun:
+        return done[name]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="probe_resume_") as folder:
+        record = {"cell": name, **launch_resume(feature, layout, recompute, folder)}
+    record["seconds"] = round(time.monotonic() - started, 1)
+    if record["status"] == "ran":
+        gap, where = compare(record["resumed"], record["history"])
+        record.update(verdict="equal" if gap <= RTOL else "different", gap=gap, detail=where)
+    else:
+        record.update(verdict=record["status"], detail=record["reason"])
+    _append(path, record)
+    done[name] = record
+    return record
+
+
 def table(done: dict) -> str:
     rows = ["| cell | verdict | max rel gap | where / reason | s |", "|---|---|---|---|---|"]
     for name, record in done.items():
@@ -285,15 +356,25 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("results/tmp/combos.jsonl"))
     parser.add_argument("--rerun", action="store_true", help="run cells already in --results")
     parser.add_argument("--list", action="store_true", help="the features, layouts, recomputes")
+    parser.add_argument("--argv", action="store_true", help="print each cell's flags, run nothing")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"instead: {RESUME_ITERS} iterations straight vs half + save + "
+                             f"load + half, same cell")
     args = parser.parse_args()
     if args.list:
         for title, names in (("features", FEATURES), ("layouts", LAYOUTS),
                              ("recompute", RECOMPUTE)):
             print(f"{title}: {' '.join(names)}")
         return
+    if args.argv:
+        for cell in args.cells:
+            argv, world, hybrid = cell_argv(*parse_cell(cell))
+            entry = "pretrain_mamba.py" if hybrid else "pretrain_gpt.py"
+            print(f"{cell}: torchrun --nproc-per-node {world} {entry} {shlex.join(argv)}")
+        return
     done = _load(args.results)
     for cell in args.cells:
-        record = probe(cell, done, args.results, args.rerun)
+        record = (probe_resume if args.resume else probe)(cell, done, args.results, args.rerun)
         print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "
               f"{record.get('detail', '')} ({record.get('seconds')} s)", flush=True)
     print(table(done))

@@ -28,6 +28,11 @@ from megatron.varlen.model.mtp_roll import rolling_within_sequences
 from megatron.varlen.packing.packed_seq import with_padded_as_real
 
 
+# The first element of a ShardedTensor's replica id says which pipeline stage's copy it is
+# (megatron-core marks the last stage's tied word embeddings so, too).
+_COPY_OF_FIRST_STAGE = 1
+
+
 def _shifted_padding(padding_mask, depth: int):
     """[b, s] True where position t + ``depth`` is padding or past the end."""
     shifted = torch.ones_like(padding_mask, dtype=torch.bool)
@@ -44,6 +49,29 @@ class VarlenGPTModel(GPTModel):
         for depth, layer in enumerate(self._mtp_moe_layers(), start=1):
             layer.mtp_depth = depth
         self._mark_mtp_position_embedding_shared()
+        self._drop_unused_mtp_output_weight()
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata=None):
+        """megatron-core's, with the last stage's MTP copy of the learned position embeddings
+        saved as a replica of the first stage's (both hold the same values: see
+        :meth:`_mark_mtp_position_embedding_shared`); as two main replicas of one key every
+        save was refused ("Invalid access pattern")."""
+        state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        positions = state.get(f"{prefix}embedding.position_embeddings.weight")
+        if self.mtp_process and not self.pre_process and positions is not None:
+            positions.replica_id = (_COPY_OF_FIRST_STAGE, *positions.replica_id[1:])
+        return state
+
+    def _drop_unused_mtp_output_weight(self) -> None:
+        """With PP and tied embeddings, the last stage's MTP keeps a copy of the word embeddings
+        and its output layer uses that copy; megatron-core 0.16.1 allocates the output layer's
+        own weight there anyway (it skips the allocation on the first stage only). The stray
+        weight never trains, and its checkpoint entry trips megatron-core's own check ("output
+        layer will not have any weight" on an MTP stage): every save failed. Removed, as
+        megatron-core removes it on the first stage."""
+        if (self.mtp_process and self.post_process and not self.pre_process
+                and self.share_embeddings_and_output_weights):
+            self.output_layer.weight = None
 
     def _mark_mtp_position_embedding_shared(self) -> None:
         """With PP, the last stage's MTP keeps its own copy of the learned position embeddings
