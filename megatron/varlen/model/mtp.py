@@ -88,19 +88,38 @@ class VarlenGPTModel(GPTModel):
         return [layer.transformer_layer for layer in getattr(mtp, "layers", None) or []
                 if isinstance(layer.transformer_layer, RoutesMicroBatch)]
 
+    def _decoder_moe_layers(self) -> list:
+        """This stage's decoder layers with MoE MLPs routed per micro-batch."""
+        return [layer for layer in getattr(getattr(self, "decoder", None), "layers", None) or []
+                if isinstance(layer, RoutesMicroBatch)]
+
+    def _default_padding_masks(self, padding_mask) -> dict:
+        """MoE layer -> the padding mask it uses when its caller passes none.
+
+        The MTP MoE layers get the model's mask with the last ``depth`` positions of each
+        sample marked (their rolled input is no token): megatron-core's MTP block passes none.
+        The decoder's MoE layers get the model's mask itself: megatron-core 0.16.1's
+        ``--recompute-method block`` calls the layers it does not recompute without it (their
+        routers balanced over padding: grad norm 1.3x off by iteration 3)."""
+        masks = {layer: _shifted_padding(padding_mask, layer.mtp_depth)
+                 for layer in self._mtp_moe_layers()}
+        masks.update({layer: padding_mask for layer in self._decoder_moe_layers()})
+        return masks
+
     def forward(self, *args, padding_mask=None, **kwargs):
-        """``padding_mask`` ([b, s], unpacked batches): also handed to the MTP MoE layers, with
-        the last ``depth`` positions of each sample marked (their rolled input is no token).
-        A packed micro-batch's MTP routers drop those positions through their sequence map
-        (from the pack's routed lengths, as its padding mask), so they get no shifted mask."""
+        """``padding_mask`` ([b, s], unpacked batches): also each MoE layer's default for the
+        duration of the forward (:meth:`_default_padding_masks`). A packed micro-batch's
+        routers find padding, and MTP's dropped positions, through their sequence map (from the
+        pack's routed lengths), so they need no default."""
         unpacked = kwargs.get("packed_seq_params") is None
-        layers = self._mtp_moe_layers() if padding_mask is not None and unpacked else []
-        for layer in layers:
-            layer.default_padding_mask = _shifted_padding(padding_mask, layer.mtp_depth)
+        masks = self._default_padding_masks(padding_mask) \
+            if padding_mask is not None and unpacked else {}
+        for layer, mask in masks.items():
+            layer.default_padding_mask = mask
         try:
             return super().forward(*args, padding_mask=padding_mask, **kwargs)
         finally:
-            for layer in layers:
+            for layer in masks:
                 layer.default_padding_mask = None
 
     def _mtp_modules(self) -> list:
