@@ -39,7 +39,8 @@ RTOL = 1e-5
 NUM_ITERS = 3
 RESUME_ITERS = 4  # --resume: this many straight vs half + save + load + half
 LAUNCH_TIMEOUT_S = 300
-CRASH_TEXT_CHARS = 6000  # the tail of every failing rank's traceback, kept in the results
+CRASH_TEXT_CHARS = 6000
+DETAIL_CHARS = 160  # of a verdict's detail in the printed table  # the tail of every failing rank's traceback, kept in the results
 LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
                       "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
 BASE = [
@@ -192,6 +193,9 @@ RECOMPUTE = {
     "full_block2": _full("block", 2),
 }
 REFERENCE_LAYOUT = "u_single"
+# Features whose objective depends on which sequences share a micro-batch (docs/MOE.md):
+# packing changes them by definition, so their packed cells are not expected to be equal.
+PACKING_DEPENDENT = frozenset({"moe_aux", "moe_global_aux"})
 COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss", "z_loss")
 
 
@@ -296,6 +300,13 @@ def _reference(feature: str, done: dict, path: Path) -> dict:
     return done[name]
 
 
+def _verdict(gap: float, feature: str, layout: str) -> str:
+    if gap <= RTOL:
+        return "equal"
+    packed = not layout.startswith("u_")
+    return "by definition" if packed and feature in PACKING_DEPENDENT else "different"
+
+
 def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
     feature, layout, recompute = parse_cell(cell)
     name = f"{feature}/{layout}/{recompute}"
@@ -310,7 +321,7 @@ def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
             record.update(verdict="no reference", detail=reference.get("reason", ""))
         else:
             gap, where = compare(record["history"], reference["history"])
-            record.update(verdict="equal" if gap <= RTOL else "different", gap=gap, detail=where)
+            record.update(verdict=_verdict(gap, feature, layout), gap=gap, detail=where)
     else:
         record.update(verdict=record["status"], detail=record["reason"])
     _append(path, record)
@@ -338,16 +349,45 @@ def probe_resume(cell: str, done: dict, path: Path, rerun: bool) -> dict:
     return record
 
 
+def _order(name: str) -> tuple:
+    """Sort key: feature, recomputation, layout in their tables' order (resume checks last)."""
+    feature, layout, recompute = name.removesuffix("+resume").split("/")
+    return (tuple(FEATURES).index(feature), name.endswith("+resume"),
+            tuple(RECOMPUTE).index(recompute), tuple(LAYOUTS).index(layout))
+
+
+def _known(name: str) -> bool:
+    """Whether the cell's names are all in today's tables (results may hold retired ones)."""
+    feature, layout, recompute = name.removesuffix("+resume").split("/")
+    return feature in FEATURES and layout in LAYOUTS and recompute in RECOMPUTE
+
+
 def table(done: dict) -> str:
-    rows = ["| cell | verdict | max rel gap | where / reason | s |", "|---|---|---|---|---|"]
-    for name, record in done.items():
-        if name.split("/")[1] == REFERENCE_LAYOUT and name.endswith("/none"):
-            continue
+    """Every probed cell (not the references) as a Markdown table, with a count per verdict."""
+    cells = sorted((name for name in done
+                    if _known(name) and not name.endswith(f"/{REFERENCE_LAYOUT}/none")),
+                   key=_order)
+    counts: dict = {}
+    rows = ["| cell | verdict | max rel gap | where / reason |", "|---|---|---|---|"]
+    for name in cells:
+        record = done[name]
+        verdict = record.get("verdict", record["status"])
+        if verdict == "different":  # recorded before PACKING_DEPENDENT named it
+            feature, layout, _ = name.removesuffix("+resume").split("/")
+            verdict = _verdict(record["gap"], feature, layout)
+        counts[verdict] = counts.get(verdict, 0) + 1
         gap = record.get("gap")
-        rows.append(f"| {name} | {record.get('verdict', record['status'])} | "
-                    f"{'' if gap is None else f'{gap:.1e}'} | {record.get('detail', '')} | "
-                    f"{record.get('seconds', '')} |")
-    return "\n".join(rows)
+        detail = record.get("detail", "").replace("|", "/")[:DETAIL_CHARS]
+        rows.append(f"| {name} | {verdict} | {'' if gap is None else f'{gap:.1e}'} | {detail} |")
+    summary = ", ".join(f"{count} {verdict}" for verdict, count in sorted(counts.items()))
+    return f"{len(cells)} cells: {summary}\n\n" + "\n".join(rows)
+
+
+def _print_argv(cells: list[str]) -> None:
+    for cell in cells:
+        argv, world, hybrid = cell_argv(*parse_cell(cell))
+        entry = "pretrain_mamba.py" if hybrid else "pretrain_gpt.py"
+        print(f"{cell}: torchrun --nproc-per-node {world} {entry} {shlex.join(argv)}")
 
 
 def main() -> None:
@@ -355,6 +395,8 @@ def main() -> None:
     parser.add_argument("cells", nargs="*", help="FEATURE/LAYOUT[/RECOMPUTE]")
     parser.add_argument("--results", type=Path, default=Path("results/tmp/combos.jsonl"))
     parser.add_argument("--rerun", action="store_true", help="run cells already in --results")
+    parser.add_argument("--merge", type=Path, nargs="+",
+                        help="more results files whose cells join the printed table")
     parser.add_argument("--list", action="store_true", help="the features, layouts, recomputes")
     parser.add_argument("--argv", action="store_true", help="print each cell's flags, run nothing")
     parser.add_argument("--resume", action="store_true",
@@ -367,12 +409,11 @@ def main() -> None:
             print(f"{title}: {' '.join(names)}")
         return
     if args.argv:
-        for cell in args.cells:
-            argv, world, hybrid = cell_argv(*parse_cell(cell))
-            entry = "pretrain_mamba.py" if hybrid else "pretrain_gpt.py"
-            print(f"{cell}: torchrun --nproc-per-node {world} {entry} {shlex.join(argv)}")
+        _print_argv(args.cells)
         return
     done = _load(args.results)
+    for more in args.merge or []:
+        done.update(_load(more))
     for cell in args.cells:
         record = (probe_resume if args.resume else probe)(cell, done, args.results, args.rerun)
         print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "
