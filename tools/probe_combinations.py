@@ -1,21 +1,27 @@
 """Probe feature x recompute x layout x packing cells against the single-rank unpacked run.
 
     python tools/probe_combinations.py CELL [CELL ...] [--results results/tmp/combos.jsonl]
-    python tools/probe_combinations.py --list
+    python tools/probe_combinations.py --resume CELL ...     # half + save + load + half
+    python tools/probe_combinations.py --results A.jsonl --merge B.jsonl   # the table only
+    python tools/probe_combinations.py --list | --argv CELL ...
 
 A cell is ``FEATURE/LAYOUT[/RECOMPUTE]``, e.g. ``moe_top1/p_tp2_sp/full_uniform``. Its run trains
-the tiny model FEATURE names (fp32, dropout 0, mock SFT data with loss masks, 3 iterations)
-on the ranks LAYOUT names, and is compared with ONE reference: the same model, unpacked
-(padded [b, s] micro-batches of 2), on a single rank, without recomputation. Every iteration's
-lm loss and every reported MoE balancing loss, and the grad norm of every iteration, must agree
-within ``RTOL`` relative. The verdict is one of ``equal``, ``different`` (the largest relative
-gap, and where), ``refused`` (a one-line start-up error, the ArgumentValidationError) or
-``crashed`` (any other failure: its last line). Each verdict is appended to the results file
-as one JSON object, and a table of every cell run so far is printed.
+the tiny model FEATURE names (fp32, dropout 0, 3 iterations; mock SFT samples, or real SFT
+conversations with their prompts masked for the ``sft_*`` features) on the ranks LAYOUT names
+(``u_``: unpacked, ``p_``: packed, ``d_``: dynamic CP), and is compared with ONE reference: the
+same model, unpacked (padded [b, s] micro-batches of 2), on a single rank, without
+recomputation. Every iteration's lm loss, every reported MoE balancing loss and every
+iteration's grad norm must agree within ``RTOL`` relative. The verdict is ``equal``,
+``different`` (the largest relative gap, and where), ``by definition: ...`` (a difference the
+feature's definition implies: :data:`BY_DEFINITION`), ``refused`` (the one-line start-up error)
+or ``crashed`` (any other failure: its last line; the traceback's tail is kept). Each verdict is
+appended to the results file as one JSON object, and a table of every cell run so far is
+printed (results/combinations/TABLE.md is one).
 
 Cells run one after another, each in fresh rank processes (tests/harness/multirank.py); the
 references are cached in the results file too, so a cell costs one launch once its reference
-exists. docs/ARCHITECTURE.md ("What the equivalence tests check") lists what was probed.
+exists. docs/ARCHITECTURE.md ("What the equivalence tests check") summarises what was probed
+and found; test_combination_equivalence.py keeps the cells that found something.
 """
 
 from __future__ import annotations
