@@ -196,8 +196,13 @@ def forward_step(data_iterator, model):
         packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
         padding_mask=batch.get("padding_mask"),  # MoE routing: packed and unpacked batches
     )
-    return output, partial(loss_func, batch["loss_mask"],
-                           cp_group=_mean_loss_cp_group(model, batch))
+    return output, partial(_micro_batch_loss, model, batch)
+
+
+def _micro_batch_loss(model, batch: dict, output: torch.Tensor):
+    """``loss_func`` on the micro-batch, with its CP group when the mean loss needs it
+    (resolved when the schedule computes the loss: only the last stage does)."""
+    return loss_func(batch["loss_mask"], output, cp_group=_mean_loss_cp_group(model, batch))
 
 
 def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
