@@ -43,6 +43,7 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from megatron.core import dist_checkpointing
+from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from megatron.varlen_training import checkpoint_integrity as integrity
 from megatron.varlen_training import load_options, resume_consistency, rng_state
 from megatron.varlen_training.config import RunConfig
@@ -122,15 +123,25 @@ def _model_keys(model) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
+def model_sharded_state_dict(chunk) -> dict:
+    """A model chunk's sharded state dict, with the metadata megatron-core's GPTModel reads
+    (its DP x CP group: an MTP stage without the embedding ties its embedding copy with it;
+    without the metadata every such save failed)."""
+    return unwrap(chunk).sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group(None))
+
+
 def _sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading: bool,
                         with_optimizer: bool = True) -> dict:
     """The model chunks' state, the iteration and (``with_optimizer``) the optimizer state and
     LR/WD schedule, as dist_checkpointing saves them or fills them on load."""
-    state = {key: unwrap(chunk).sharded_state_dict()
+    state = {key: model_sharded_state_dict(chunk)
              for key, chunk in zip(_model_keys(model), model)}
     if with_optimizer:
+        # Virtual stages keep their own dicts: their local names collide ("decoder.layers.0.*"
+        # in every chunk), and a merged dict lost all but the last chunk's parameters, so a
+        # save without the distributed optimizer failed (megatron-core walks any nesting).
         model_state = state["model"] if len(model) == 1 else {
-            k: v for key in _model_keys(model) for k, v in state[key].items()}
+            key: state[key] for key in _model_keys(model)}
         state["optimizer"] = optimizer.sharded_state_dict(
             model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
         state["opt_param_scheduler"] = scheduler.state_dict()

@@ -18,6 +18,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel.utils import get_pp_last_rank
+from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
 
 def _pipeline_and_dp_cp_groups(pg_collection):
@@ -27,12 +28,34 @@ def _pipeline_and_dp_cp_groups(pg_collection):
             parallel_state.get_data_parallel_group(with_context_parallel=True))
 
 
+def allreduce_mtp_position_embedding_grads(model) -> None:
+    """Sums the learned position embeddings' gradients of the first stage and of the last
+    stage's MTP copy over the embedding group (first and last pipeline stages), as
+    megatron-core does for the word embeddings: megatron-core 0.16.1 reduces position
+    embeddings only over its position-embedding group, the first stage alone, so with PP the
+    two copies would each train on half the gradient and drift apart (the main model's
+    positions would never learn from the MTP loss)."""
+    if not get_model_config(model[0]).mtp_num_layers:
+        return
+    group = parallel_state.get_embedding_group(check_initialized=False)
+    if group is None or group.size() == 1:
+        return
+    if torch.distributed.get_rank() not in torch.distributed.get_process_group_ranks(group):
+        return
+    first = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
+    embedding = get_attr_wrapped_model(model[0] if first else model[-1], "embedding")
+    positions = getattr(embedding, "position_embeddings", None)
+    if positions is not None:
+        torch.distributed.all_reduce(positions.weight.main_grad, group=group)
+
+
 def finalize_model_grads_on_device(model, num_tokens=None, pg_collection=None,
                                    force_all_reduce=False):
     """Drop-in for ``megatron.core.distributed.finalize_model_grads`` (the
     ``config.finalize_model_grads_func`` contract) that never reads a device value."""
     finalize_model_grads(model, None, pg_collection=pg_collection,
                          force_all_reduce=force_all_reduce)
+    allreduce_mtp_position_embedding_grads(model)
     if num_tokens is None:
         return
     pp_group, dp_cp_group = _pipeline_and_dp_cp_groups(pg_collection)

@@ -83,7 +83,7 @@ def add_moe_args(parser) -> None:
                        help="Router computation dtype (None: the model's).")
     group.add_argument("--moe-expert-capacity-factor", type=float, default=None,
                        help="Expert capacity (tokens dropped beyond it); not with "
-                            "--sequence-packing.")
+                            "--sequence-packing, tensor or context parallelism.")
 
 
 def _layer_freq(text: str):
@@ -138,6 +138,17 @@ def _check_routing(args, require) -> None:
             f"--moe-expert-capacity-factor {args.moe_expert_capacity_factor} drops tokens by a "
             f"capacity computed from the micro-batch's token count, which packing changes (the "
             f"trained model would depend on the packing): drop the flag with --sequence-packing")
+    # megatron-core sizes the capacity from the tokens each rank routes: sequence parallelism
+    # and CP give a rank only its share of the micro-batch, so the drops depend on the layout
+    # (probed: TP2 + SP 2.2e-3 and CP2 1.4e-3 off the single rank by iteration 2).
+    shares = args.tensor_model_parallel_size * args.context_parallel_size
+    require(args.moe_expert_capacity_factor is None or shares == 1,
+            f"--moe-expert-capacity-factor {args.moe_expert_capacity_factor} drops tokens by a "
+            f"capacity computed from each rank's share of the micro-batch, which "
+            f"--tensor-model-parallel-size {args.tensor_model_parallel_size} (sequence "
+            f"parallel) x --context-parallel-size {args.context_parallel_size} = {shares} "
+            f"splits (the trained model would depend on the layout): drop the flag or use "
+            f"tensor and context parallel sizes of 1")
     require(packing or not args.mtp_num_layers or args.context_parallel_size == 1,
             f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
             f"{args.context_parallel_size} needs --sequence-packing (unpacked CP splits each "

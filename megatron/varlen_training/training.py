@@ -6,7 +6,8 @@ The loss follows megatron-core's per-token conventions: ``loss_func`` returns th
 SUM of token losses and its token count. With ``--calculate-per-token-loss`` megatron-core divides
 the gradients by the global token count (all-reduced over DP x CP in finalize_model_grads), so the
 gradient is that of the global per-token mean whatever the packing or layout. Without it, each
-micro-batch's mean is averaged (Megatron's classic behaviour). The REPORTED lm loss is always
+micro-batch's mean is averaged (Megatron's classic behaviour; under static CP the mean over all
+of the micro-batch's slices, see ``loss_func``). The REPORTED lm loss is always
 the global per-token mean: sum of token losses / loss tokens over the whole global batch.
 """
 
@@ -24,6 +25,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import get_attr_wrapped_model
 from megatron.varlen_training import checkpointing, log, optimizer_kernels
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
@@ -146,21 +148,44 @@ def params_gathered(model):
             chunk.enable_forward_pre_hook()
 
 
-def loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
+def loss_func(loss_mask: torch.Tensor, output: torch.Tensor, cp_group=None):
     """megatron-core's 3-value convention: (sum of masked token losses, token count, report).
 
     With --calculate-per-token-loss the schedule keeps the sum and finalize_model_grads divides
     by the global token count; otherwise the schedule divides each micro-batch by its own count
     (clamped at 1: an all-masked micro-batch contributes 0, never NaN) and by the number of
-    micro-batches. Either way the local CP slice's sum is correct under CP: DDP averages
-    over DP x CP.
+    micro-batches.
+
+    ``cp_group`` (unpacked static CP without --calculate-per-token-loss): this rank holds a
+    slice of the micro-batch, and DDP averages the gradients over DP x CP. megatron-core would
+    divide the slice's sum by the slice's own count -- a mean of per-slice means, wrong whenever
+    the slices hold different numbers of loss tokens (SFT masks, padding; Megatron-LM issue
+    7452) -- so the count returned is the whole micro-batch's (summed over the group) and the
+    sum is scaled by the group size, which the DP x CP average divides out again: the gradient
+    of the micro-batch's mean, as on one rank. The report keeps the slice's own sum and count.
     """
     losses = output.float().reshape(-1)
     mask = loss_mask.float().reshape(-1)
     loss_sum = torch.sum(losses * mask)
     num_tokens = mask.sum().to(torch.int)
     report = torch.stack([loss_sum.detach().clone(), num_tokens.detach().float()])
+    if cp_group is not None:
+        micro_batch_tokens = num_tokens.clone()
+        torch.distributed.all_reduce(micro_batch_tokens, group=cp_group)
+        return loss_sum * cp_group.size(), micro_batch_tokens, {LOSS_KEY: report}
     return loss_sum, num_tokens, {LOSS_KEY: report}
+
+
+def _mean_loss_cp_group(model, batch: dict):
+    """The CP group whose ranks share this micro-batch's per-micro-batch mean loss: only for
+    an unpacked micro-batch under static CP without --calculate-per-token-loss (packing implies
+    per-token loss), else None."""
+    if batch.get("packed_seq_params") is not None:
+        return None
+    if get_attr_wrapped_model(model, "config").calculate_per_token_loss:
+        return None
+    group = parallel_state.get_context_parallel_group()
+    return group if group.size() > 1 else None
 
 
 def forward_step(data_iterator, model):
@@ -171,7 +196,13 @@ def forward_step(data_iterator, model):
         packed_seq_params=batch.get("packed_seq_params"), loss_mask=batch["loss_mask"],
         padding_mask=batch.get("padding_mask"),  # MoE routing: packed and unpacked batches
     )
-    return output, partial(loss_func, batch["loss_mask"])
+    return output, partial(_micro_batch_loss, model, batch)
+
+
+def _micro_batch_loss(model, batch: dict, output: torch.Tensor):
+    """``loss_func`` on the micro-batch, with its CP group when the mean loss needs it
+    (resolved when the schedule computes the loss: only the last stage does)."""
+    return loss_func(batch["loss_mask"], output, cp_group=_mean_loss_cp_group(model, batch))
 
 
 def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:

@@ -68,7 +68,8 @@ class VarlenMambaStack(MambaStack):
         if isinstance(hidden_states, WrappedTensor):
             hidden_states = hidden_states.unwrap()
         hidden_states = checkpointed_forward(self.layers, self.config, hidden_states,
-                                             attention_mask, rotary_pos_emb, packed_seq_params)
+                                             attention_mask, rotary_pos_emb, packed_seq_params,
+                                             padding_mask)
         if self.post_process and self.post_layer_norm:
             hidden_states = self.final_norm(hidden_states)
         # The pipeline schedule frees a stage's output in place: it must not be a view.

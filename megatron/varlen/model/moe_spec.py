@@ -38,10 +38,12 @@ class RoutesMicroBatch:
     checkpointed call passes the same arguments).
 
     ``default_padding_mask`` is the padding mask of a caller that cannot pass one: megatron-core
-    0.16.1's MTP block calls its layers without the model's padding mask (set by
+    0.16.1's MTP block calls its layers without the model's padding mask, and so does its
+    decoder block for the layers ``--recompute-method block`` does not recompute (set by
     :class:`~megatron.varlen.model.mtp.VarlenGPTModel` for the duration of a forward, so it is
     gone when backward recomputes an MTP layer: that recomputation, ``--recompute-method
-    uniform`` with MTP and MoE unpacked, is refused in recompute_arguments.py).
+    uniform`` with MTP and MoE unpacked, is refused in recompute_arguments.py; the decoder's
+    recomputed layers get the mask as a checkpointed input).
     """
 
     default_padding_mask = None

@@ -54,6 +54,15 @@ def test_dense_run_has_no_moe_config():
             "allgather"], 1, "--moe-token-dispatcher-type allgather gathers every rank's tokens"),
     (MOE + ["--sequence-packing", "--micro-batch-size", "1", "--moe-expert-capacity-factor",
             "1.5"], 1, "--moe-expert-capacity-factor 1.5 drops tokens"),
+    # Found by tools/probe_combinations.py (moe_capacity/u_tp2_sp, u_cp2: 2.2e-3, 1.4e-3 off).
+    (MOE + ["--moe-expert-capacity-factor", "1.0", "--context-parallel-size", "2"], 2,
+     "--moe-expert-capacity-factor 1.0 drops tokens by a capacity computed from each rank's "
+     "share of the micro-batch, which --tensor-model-parallel-size 1 (sequence parallel) x "
+     "--context-parallel-size 2 = 2 splits (the trained model would depend on the layout): "
+     "drop the flag or use tensor and context parallel sizes of 1"),
+    (MOE + ["--moe-expert-capacity-factor", "1.0", "--tensor-model-parallel-size", "2",
+            "--sequence-parallel"], 2, "--tensor-model-parallel-size 2 (sequence parallel) x "
+                                       "--context-parallel-size 1 = 2 splits"),
     (MOE + ["--moe-router-topk", "1"], 1, "needs --moe-router-pre-softmax"),
     (MOE + ["--mtp-num-layers", "1", "--context-parallel-size", "2", "--seq-length", "32"], 2,
      "and --context-parallel-size 2 needs --sequence-packing"),

@@ -1,0 +1,465 @@
+"""Probe feature x recompute x layout x packing cells against the single-rank unpacked run.
+
+    python tools/probe_combinations.py CELL [CELL ...] [--results results/tmp/combos.jsonl]
+    python tools/probe_combinations.py --resume CELL ...     # half + save + load + half
+    python tools/probe_combinations.py --results A.jsonl --merge B.jsonl   # the table only
+    python tools/probe_combinations.py --list | --argv CELL ...
+
+A cell is ``FEATURE/LAYOUT[/RECOMPUTE]``, e.g. ``moe_top1/p_tp2_sp/full_uniform``. Its run trains
+the tiny model FEATURE names (fp32, dropout 0, 3 iterations; mock SFT samples, or real SFT
+conversations with their prompts masked for the ``sft_*`` features) on the ranks LAYOUT names
+(``u_``: unpacked, ``p_``: packed, ``d_``: dynamic CP), and is compared with ONE reference: the
+same model, unpacked (padded [b, s] micro-batches of 2), on a single rank, without
+recomputation. Every iteration's lm loss, every reported MoE balancing loss and every
+iteration's grad norm must agree within ``RTOL`` relative. The verdict is ``equal``,
+``different`` (the largest relative gap, and where), ``by definition: ...`` (a difference the
+feature's definition implies: :data:`BY_DEFINITION`), ``refused`` (the one-line start-up error)
+or ``crashed`` (any other failure: its last line; the traceback's tail is kept). Each verdict is
+appended to the results file as one JSON object, and a table of every cell run so far is
+printed (results/combinations/TABLE.md is one).
+
+Cells run one after another, each in fresh rank processes (tests/harness/multirank.py); the
+references are cached in the results file too, so a cell costs one launch once its reference
+exists. docs/ARCHITECTURE.md ("What the equivalence tests check") summarises what was probed
+and found; test_combination_equivalence.py keeps the cells that found something.
+"""
+
+from __future__ import annotations
+
+if not __package__:  # run as `python tools/X.py`: the repository root on sys.path
+    import _repo_root  # noqa: F401
+
+import argparse
+import json
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.training_runs import (
+    loss_owner_history, train_hybrid_on_this_rank, train_on_this_rank,
+)
+
+RTOL = 1e-5
+NUM_ITERS = 3
+RESUME_ITERS = 4  # --resume: this many straight vs half + save + load + half
+LAUNCH_TIMEOUT_S = 300
+CRASH_TEXT_CHARS = 6000
+DETAIL_CHARS = 160  # of a verdict's detail in the printed table  # the tail of every failing rank's traceback, kept in the results
+LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
+                      "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
+BASE = [
+    "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "64",
+    "--global-batch-size", "8", "--train-iters", str(NUM_ITERS), "--lr", "2e-3",
+    "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0",
+    "--attention-dropout", "0", "--log-interval", "1", "--eval-iters", "0", "--seed", "11",
+    "--disable-bias-linear",
+]
+# Mock SFT samples (every real token in the loss), unless a feature names other data.
+MOCK_DATA = ["--mock-data", "--sft", "--sft-mock-dataset-config-json", LENGTHS,
+             "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
+# Real conversations: the loss on assistant tokens only (prompts masked), long ones truncated.
+# The byte-level vocabulary (261 ids) padded to 320 on TP 1 and TP 2 alike (the default of 32
+# here gives 288 and 320: two models; "sft_vocab_tp" keeps it to show the difference).
+SAME_PADDED_VOCAB = ["--make-vocab-size-divisible-by", "160"]
+SFT_JSONL = ["--sft", "--data-path", "examples/data/sft_tiny.jsonl",
+             "--tokenizer-type", "ByteLevelTokenizer", *SAME_PADDED_VOCAB]
+PER_TOKEN = ["--calculate-per-token-loss"]
+ROPE = ["--position-embedding-type", "rope"]
+MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "16"]
+SEQ_AUX = ["--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.1",
+           "--moe-z-loss-coeff", "0.01"]
+SHARED_EXPERT = ["--moe-shared-expert-intermediate-size", "16"]
+TOP1 = ["--moe-router-topk", "1", "--moe-router-pre-softmax"]
+MAMBA = ["--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
+
+
+def _layers(count: int) -> list[str]:
+    return ["--num-layers", str(count)]
+
+
+# name: (model flags, hybrid). Per-token loss everywhere but "mean_loss" (packing implies it).
+FEATURES = {
+    "dense": (_layers(4) + ROPE + PER_TOKEN, False),
+    "dense_learned": (_layers(4) + PER_TOKEN, False),
+    "dense_untied": (_layers(4) + ROPE + PER_TOKEN + ["--untie-embeddings-and-output-weights"],
+                     False),
+    "gqa": (_layers(4) + ROPE + PER_TOKEN + ["--group-query-attention",
+                                             "--num-query-groups", "2"], False),
+    "gqa1": (_layers(4) + ROPE + PER_TOKEN + ["--group-query-attention",
+                                              "--num-query-groups", "1"], False),
+    "mean_loss": (_layers(4) + ROPE, False),
+    "swiglu_rms_qkln": (_layers(4) + ROPE + PER_TOKEN + ["--swiglu", "--normalization",
+                                                         "RMSNorm", "--qk-layernorm",
+                                                         "--ffn-hidden-size", "64"], False),
+    "rope_scaling": (_layers(4) + ROPE + PER_TOKEN + ["--use-rope-scaling",
+                                                      "--rope-scaling-factor", "8"], False),
+    "sft_masks": (_layers(4) + ROPE + PER_TOKEN + SFT_JSONL, False),
+    "sft_vocab_tp": (_layers(4) + ROPE + PER_TOKEN + SFT_JSONL[:-2], False),
+    "sft_masks_mean": (_layers(4) + ROPE + SFT_JSONL, False),
+    "sft_masks_mtp": (_layers(4) + ROPE + PER_TOKEN + SFT_JSONL + ["--mtp-num-layers", "1"],
+                      False),
+    "sft_masks_moe": (_layers(4) + ROPE + PER_TOKEN + SFT_JSONL + MOE + SEQ_AUX, False),
+    "dist_opt": (_layers(4) + ROPE + PER_TOKEN + ["--use-distributed-optimizer"], False),
+    "dist_opt_mtp_learned": (_layers(4) + PER_TOKEN + ["--use-distributed-optimizer",
+                                                        "--mtp-num-layers", "1"], False),
+    "overlap_grad": (_layers(4) + ROPE + PER_TOKEN + ["--overlap-grad-reduce"], False),
+    "mtp1": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "1"], False),
+    "mtp2": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "2"], False),
+    "mtp1_untied": (_layers(4) + ROPE + PER_TOKEN + ["--mtp-num-layers", "1",
+                                                     "--untie-embeddings-and-output-weights"],
+                    False),
+    "mtp1_learned": (_layers(4) + PER_TOKEN + ["--mtp-num-layers", "1"], False),
+    "moe": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + SHARED_EXPERT, False),
+    "moe_top1": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + TOP1, False),
+    "moe_sigmoid": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-score-function", "sigmoid", "--moe-router-topk-scaling-factor", "2.0"],
+                    False),
+    "moe_zloss": (_layers(4) + ROPE + PER_TOKEN + MOE + ["--moe-router-load-balancing-type",
+                                                         "none", "--moe-z-loss-coeff", "0.01"],
+                  False),
+    "moe_freq2": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + ["--moe-layer-freq", "2"],
+                  False),
+    "moe_mtp1": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + ["--mtp-num-layers", "1"],
+                 False),
+    "moe_aux": (_layers(4) + ROPE + PER_TOKEN + MOE + [
+        "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.1"], False),
+    "moe_global_aux": (_layers(4) + ROPE + PER_TOKEN + MOE + [
+        "--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "0.1"],
+                       False),
+    "moe_fp64_router": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-dtype", "fp64"], False),
+    "moe_alltoall": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-token-dispatcher-type", "alltoall"], False),
+    "moe_capacity": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-expert-capacity-factor", "1.0"], False),
+    "moe_mean_loss": (_layers(4) + ROPE + MOE + SEQ_AUX, False),
+    "moe_mean_zloss": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type", "none",
+                                                  "--moe-z-loss-coeff", "0.01"], False),
+    "moe_mean_seqaux": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type",
+                                                   "seq_aux_loss", "--moe-aux-loss-coeff",
+                                                   "0.1"], False),
+    "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
+               True),
+    "hybrid_mean_loss": (_layers(4) + ROPE + MAMBA + ["--hybrid-override-pattern", "M*M-"],
+                         True),
+    "hybrid_moe": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + [
+        "--hybrid-override-pattern", "M*E-"], True),
+}
+UNPACKED = ["--micro-batch-size", "2"]
+PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
+DYNAMIC = PACKED + ["--dynamic-context-parallel"]
+TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+VPP2 = PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]
+CP2 = ["--context-parallel-size", "2"]
+EP2 = ["--expert-model-parallel-size", "2"]
+# name: (flags, world size); u_ = unpacked, p_ = packed (static CP), d_ = dynamic CP.
+LAYOUTS = {
+    "u_single": (UNPACKED, 1),
+    "u_dp2": (UNPACKED, 2),
+    "u_tp2": (UNPACKED + ["--tensor-model-parallel-size", "2"], 2),
+    "u_tp2_sp": (UNPACKED + TP2_SP, 2),
+    "u_pp2": (UNPACKED + PP2, 2),
+    "u_vpp2": (UNPACKED + VPP2, 2),
+    "u_cp2": (UNPACKED + CP2, 2),
+    "u_dp2_cp2": (UNPACKED + CP2, 4),
+    "u_ep2": (UNPACKED + EP2, 2),
+    "p_single": (PACKED, 1),
+    "p_dp2": (PACKED, 2),
+    "p_tp2_sp": (PACKED + TP2_SP, 2),
+    "p_pp2": (PACKED + PP2, 2),
+    "p_vpp2": (PACKED + VPP2, 2),
+    "p_cp2": (PACKED + CP2, 2),
+    "p_dp2_cp2": (PACKED + CP2, 4),
+    "p_ep2": (PACKED + EP2, 2),
+    "p_tp2_ep2": (PACKED + TP2_SP + EP2, 4),
+    "p_tp2_ep2_etp1": (PACKED + TP2_SP + EP2 + ["--expert-tensor-parallel-size", "1"], 4),
+    "p_ep2_etp2": (PACKED + EP2 + ["--expert-tensor-parallel-size", "2"], 4),
+    "d_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
+    "d_dp2_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "16"], 4),
+    "d_pp2_dp2": (DYNAMIC + PP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_vpp2_dp2": (DYNAMIC + VPP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_tp2_sp_cp2": (DYNAMIC + TP2_SP + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_pp2_cp2": (DYNAMIC + PP2 + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_ep2_cp2": (DYNAMIC + EP2 + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
+}
+
+
+def _full(method: str, layers: int) -> list[str]:
+    return ["--recompute-granularity", "full", "--recompute-method", method,
+            "--recompute-num-layers", str(layers)]
+
+
+RECOMPUTE = {
+    "none": [],
+    "selective": ["--recompute-granularity", "selective"],
+    "selective_mlp": ["--recompute-granularity", "selective", "--recompute-modules",
+                      "core_attn", "mlp"],
+    "full_uniform": _full("uniform", 1),
+    "full_uniform2": _full("uniform", 2),
+    "full_block": _full("block", 1),
+    "full_block2": _full("block", 2),
+}
+REFERENCE_LAYOUT = "u_single"
+
+
+def _packed(layout: str) -> bool:
+    return not layout.startswith("u_")
+
+
+def _tensor_parallel(layout: str) -> bool:
+    return "tp2" in layout
+
+
+def _flag(flags: list[str], name: str) -> int:
+    return int(flags[flags.index(name) + 1]) if name in flags else 1
+
+
+def _packed_or_data_parallel(layout: str) -> bool:
+    """Packed, or more than one data-parallel rank (world / (TP x PP x CP))."""
+    flags, world = LAYOUTS[layout]
+    model_parallel = (_flag(flags, "--tensor-model-parallel-size")
+                      * _flag(flags, "--pipeline-model-parallel-size")
+                      * _flag(flags, "--context-parallel-size"))
+    return _packed(layout) or world // model_parallel > 1
+
+
+# feature -> (the layouts whose numbers differ by definition, why). aux_loss is per
+# micro-batch (docs/MOE.md), so packing changes it; global_aux_loss averages the counts of the
+# micro-batches that ran so far on all DP ranks together, so DP changes it too; Megatron-LM pads
+# the vocabulary to a multiple of --make-vocab-size-divisible-by x TP, so TP 2 may train a
+# larger output layer.
+BY_DEFINITION = {
+    "moe_aux": (_packed, "per micro-batch balancing loss"),
+    "moe_global_aux": (_packed_or_data_parallel, "balancing loss over DP and micro-batches"),
+    "sft_vocab_tp": (_tensor_parallel, "vocabulary padded by TP"),
+}
+COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss", "z_loss")
+
+
+def parse_cell(cell: str) -> tuple[str, str, str]:
+    """``FEATURE/LAYOUT[/RECOMPUTE]`` -> its three names (each checked)."""
+    parts = cell.split("/")
+    if len(parts) == 2:
+        parts.append("none")
+    if len(parts) != 3:
+        raise SystemExit(f"cell {cell!r}: expected FEATURE/LAYOUT[/RECOMPUTE]")
+    for name, table in zip(parts, (FEATURES, LAYOUTS, RECOMPUTE)):
+        if name not in table:
+            raise SystemExit(f"cell {cell!r}: unknown {name!r} (choose from {sorted(table)})")
+    return parts[0], parts[1], parts[2]
+
+
+def cell_argv(feature: str, layout: str, recompute: str) -> tuple[list[str], int, bool]:
+    model, hybrid = FEATURES[feature]
+    flags, world = LAYOUTS[layout]
+    data = [] if "--data-path" in model else MOCK_DATA
+    return BASE + data + model + flags + RECOMPUTE[recompute], world, hybrid
+
+
+def _summary(history: list[dict]) -> list[dict]:
+    return [{key: step.get(key) for key in (*COMPARED_LOSSES, "grad_norm")} for step in history]
+
+
+def launch(feature: str, layout: str, recompute: str, extra: tuple = ()) -> dict:
+    """One cell's run: {"status": "ran", "history": [...]} or refused / crashed with a reason.
+    ``extra``: flags appended (a later flag overrides the same flag before it)."""
+    argv, world, hybrid = cell_argv(feature, layout, recompute)
+    argv = argv + list(extra)
+    train = train_hybrid_on_this_rank if hybrid else train_on_this_rank
+    try:
+        results = run_distributed(train, world, args=(argv,), timeout_s=LAUNCH_TIMEOUT_S)
+    except DistributedTestError as err:
+        text = str(err)
+        for line in text.splitlines():
+            if "ArgumentValidationError: " in line:
+                return {"status": "refused", "reason": line.split("Error: ", 1)[-1].strip()}
+        last = [line for line in text.splitlines() if line.strip()]
+        return {"status": "crashed", "reason": last[-1].strip() if last else text[:200],
+                "error": text[-CRASH_TEXT_CHARS:]}
+    return {"status": "ran", "history": _summary(loss_owner_history(results))}
+
+
+def launch_resume(feature: str, layout: str, recompute: str, folder: str) -> dict:
+    """The cell trained RESUME_ITERS straight, and half of them + save + load + the rest;
+    {"status": "ran", "history": straight, "resumed": first half + resumed half} (or why not)."""
+    half = RESUME_ITERS // 2
+    schedule = ["--lr-decay-iters", str(RESUME_ITERS)]  # the LR must not depend on the stop
+    runs = {}
+    for name, extra in (("straight", ["--train-iters", str(RESUME_ITERS)]),
+                        ("first", ["--train-iters", str(half), "--save", folder]),
+                        ("resumed", ["--train-iters", str(RESUME_ITERS), "--load", folder])):
+        run = launch(feature, layout, recompute, schedule + extra)
+        if run["status"] != "ran":
+            return {**run, "reason": f"{name}: {run['reason']}"}
+        runs[name] = run["history"]
+    return {"status": "ran", "history": runs["straight"],
+            "resumed": runs["first"] + runs["resumed"]}
+
+
+def compare(history: list[dict], reference: list[dict]) -> tuple[float, str]:
+    """The largest relative gap over every compared number, and where it is."""
+    worst, where = 0.0, ""
+    for it, (got, ref) in enumerate(zip(history, reference), start=1):
+        for key in (*COMPARED_LOSSES, "grad_norm"):
+            if ref.get(key) is None and got.get(key) is None:
+                continue
+            if ref.get(key) is None or got.get(key) is None:
+                return float("inf"), f"it {it} {key}: {got.get(key)} vs {ref.get(key)}"
+            gap = abs(got[key] - ref[key]) / abs(ref[key])
+            if gap > worst:
+                worst, where = gap, f"it {it} {key}: {got[key]:.7g} vs {ref[key]:.7g}"
+    if len(history) != len(reference):
+        return float("inf"), f"{len(history)} iterations vs {len(reference)}"
+    return worst, where
+
+
+def _load(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {record["cell"]: record for record in records}
+
+
+def _append(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps(record) + "\n")
+
+
+def _reference(feature: str, done: dict, path: Path) -> dict:
+    name = f"{feature}/{REFERENCE_LAYOUT}/none"
+    if name not in done:
+        started = time.monotonic()
+        record = {"cell": name, **launch(feature, REFERENCE_LAYOUT, "none"),
+                  "seconds": round(time.monotonic() - started, 1)}
+        _append(path, record)
+        done[name] = record
+    return done[name]
+
+
+def _verdict(gap: float, feature: str, layout: str) -> str:
+    if gap <= RTOL:
+        return "equal"
+    differs, why = BY_DEFINITION.get(feature, (lambda layout: False, ""))
+    return f"by definition: {why}" if differs(layout) else "different"
+
+
+def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
+    feature, layout, recompute = parse_cell(cell)
+    name = f"{feature}/{layout}/{recompute}"
+    if name in done and not rerun:
+        return done[name]
+    reference = _reference(feature, done, path)
+    started = time.monotonic()
+    record = {"cell": name, **launch(feature, layout, recompute),
+              "seconds": round(time.monotonic() - started, 1)}
+    if record["status"] == "ran":
+        if reference["status"] != "ran":
+            record.update(verdict="no reference", detail=reference.get("reason", ""))
+        else:
+            gap, where = compare(record["history"], reference["history"])
+            record.update(verdict=_verdict(gap, feature, layout), gap=gap, detail=where)
+    else:
+        record.update(verdict=record["status"], detail=record["reason"])
+    _append(path, record)
+    done[name] = record
+    return record
+
+
+def probe_resume(cell: str, done: dict, path: Path, rerun: bool) -> dict:
+    """The cell's resume check: half + save + load + half == straight (no reference run)."""
+    feature, layout, recompute = parse_cell(cell)
+    name = f"{feature}/{layout}/{recompute}+resume"
+    if name in done and not rerun:
+        return done[name]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="probe_resume_") as folder:
+        record = {"cell": name, **launch_resume(feature, layout, recompute, folder)}
+    record["seconds"] = round(time.monotonic() - started, 1)
+    if record["status"] == "ran":
+        gap, where = compare(record["resumed"], record["history"])
+        record.update(verdict="equal" if gap <= RTOL else "different", gap=gap, detail=where)
+    else:
+        record.update(verdict=record["status"], detail=record["reason"])
+    _append(path, record)
+    done[name] = record
+    return record
+
+
+def _order(name: str) -> tuple:
+    """Sort key: feature, recomputation, layout in their tables' order (resume checks last)."""
+    feature, layout, recompute = name.removesuffix("+resume").split("/")
+    return (tuple(FEATURES).index(feature), name.endswith("+resume"),
+            tuple(RECOMPUTE).index(recompute), tuple(LAYOUTS).index(layout))
+
+
+def _known(name: str) -> bool:
+    """Whether the cell's names are all in today's tables (results may hold retired ones)."""
+    feature, layout, recompute = name.removesuffix("+resume").split("/")
+    return feature in FEATURES and layout in LAYOUTS and recompute in RECOMPUTE
+
+
+def table(done: dict) -> str:
+    """Every probed cell (not the references) as a Markdown table, with a count per verdict."""
+    cells = sorted((name for name in done
+                    if _known(name) and not name.endswith(f"/{REFERENCE_LAYOUT}/none")),
+                   key=_order)
+    counts: dict = {}
+    rows = ["| cell | verdict | max rel gap | where / reason |", "|---|---|---|---|"]
+    for name in cells:
+        record = done[name]
+        verdict = record.get("verdict", record["status"])
+        if verdict == "different":  # recorded before BY_DEFINITION named it
+            feature, layout, _ = name.removesuffix("+resume").split("/")
+            verdict = _verdict(record["gap"], feature, layout)
+        counts[verdict] = counts.get(verdict, 0) + 1
+        gap = record.get("gap")
+        detail = record.get("detail", "").replace("|", "/")[:DETAIL_CHARS]
+        rows.append(f"| {name} | {verdict} | {'' if gap is None else f'{gap:.1e}'} | {detail} |")
+    summary = ", ".join(f"{count} {verdict}" for verdict, count in sorted(counts.items()))
+    return f"{len(cells)} cells: {summary}\n\n" + "\n".join(rows)
+
+
+def _print_argv(cells: list[str]) -> None:
+    for cell in cells:
+        argv, world, hybrid = cell_argv(*parse_cell(cell))
+        entry = "pretrain_mamba.py" if hybrid else "pretrain_gpt.py"
+        print(f"{cell}: torchrun --nproc-per-node {world} {entry} {shlex.join(argv)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cells", nargs="*", help="FEATURE/LAYOUT[/RECOMPUTE]")
+    parser.add_argument("--results", type=Path, default=Path("results/tmp/combos.jsonl"))
+    parser.add_argument("--rerun", action="store_true", help="run cells already in --results")
+    parser.add_argument("--merge", type=Path, nargs="+",
+                        help="more results files whose cells join the printed table")
+    parser.add_argument("--list", action="store_true", help="the features, layouts, recomputes")
+    parser.add_argument("--argv", action="store_true", help="print each cell's flags, run nothing")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"instead: {RESUME_ITERS} iterations straight vs half + save + "
+                             f"load + half, same cell")
+    args = parser.parse_args()
+    if args.list:
+        for title, names in (("features", FEATURES), ("layouts", LAYOUTS),
+                             ("recompute", RECOMPUTE)):
+            print(f"{title}: {' '.join(names)}")
+        return
+    if args.argv:
+        _print_argv(args.cells)
+        return
+    done = _load(args.results)
+    for more in args.merge or []:
+        done.update(_load(more))
+    for cell in args.cells:
+        record = (probe_resume if args.resume else probe)(cell, done, args.results, args.rerun)
+        print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "
+              f"{record.get('detail', '')} ({record.get('seconds')} s)", flush=True)
+    print(table(done))
+
+
+if __name__ == "__main__":
+    main()
