@@ -187,7 +187,7 @@ LAYOUTS = {
 }
 
 
-def _full(method: str, layers: int) -> list[str]:
+def full_recompute(method: str, layers: int) -> list[str]:
     return ["--recompute-granularity", "full", "--recompute-method", method,
             "--recompute-num-layers", str(layers)]
 
@@ -197,10 +197,10 @@ RECOMPUTE = {
     "selective": ["--recompute-granularity", "selective"],
     "selective_mlp": ["--recompute-granularity", "selective", "--recompute-modules",
                       "core_attn", "mlp"],
-    "full_uniform": _full("uniform", 1),
-    "full_uniform2": _full("uniform", 2),
-    "full_block": _full("block", 1),
-    "full_block2": _full("block", 2),
+    "full_uniform": full_recompute("uniform", 1),
+    "full_uniform2": full_recompute("uniform", 2),
+    "full_block": full_recompute("block", 1),
+    "full_block2": full_recompute("block", 2),
 }
 REFERENCE_LAYOUT = "u_single"
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tests.harness.multirank import DistributedTestError, run_distributed
 from tests.harness.training_runs import loss_owner_history, train_hybrid_on_this_rank
+from tools.probe_combinations import RECOMPUTE as GPT_RECOMPUTE
 
 RTOL = 1e-5
 NUM_ITERS = 3
@@ -138,19 +139,9 @@ LAYOUTS = {
 }
 
 
-def _full(method: str, layers: int) -> list[str]:
-    return ["--recompute-granularity", "full", "--recompute-method", method,
-            "--recompute-num-layers", str(layers)]
-
-
-RECOMPUTE = {
-    "none": [],
-    "selective": ["--recompute-granularity", "selective"],
-    "full_uniform": _full("uniform", 1),
-    "full_uniform2": _full("uniform", 2),
-    "full_block": _full("block", 1),
-    "full_block2": _full("block", 2),
-}
+# The GPT probe's recompute settings but the selective MLP one (the hybrid cells probe
+# selective recomputation of core attention only).
+RECOMPUTE = {name: argv for name, argv in GPT_RECOMPUTE.items() if name != "selective_mlp"}
 
 
 def parse_cell(cell: str) -> tuple[str, str, str]:

@@ -5,24 +5,19 @@ Mock SFT lengths up to 32 with a budget of 16 tokens per rank, so long sequences
 group of 2 ranks. Each token is identified by (position, input token, label) in its sample.
 """
 
-import json
-
 import pytest
 import torch
 
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.hf.ranks import rank_packed_token_losses
-from tests.unit_tests.varlen_training.hf.tiny_models import model_argv, save_hf_model
+from tests.unit_tests.varlen_training.hf.tiny_models import (DYNAMIC_CP, PACKED_SFT, model_argv,
+                                                             save_hf_model)
 
 pytestmark = needs_extra("hf")
 
 RTOL = 1e-5
-LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 4,
-                      "max_seq_len": 32, "mean_seq_len": 16, "lognormal_sigma": 0.8})
-PACKED = ["--sft", "--sft-mock-dataset-config-json", LENGTHS, "--seq-length", "32",
-          "--micro-batch-size", "1", "--global-batch-size", "8", "--sequence-packing",
-          "--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "16"]
+PACKED = PACKED_SFT + DYNAMIC_CP
 
 
 @torch.no_grad()

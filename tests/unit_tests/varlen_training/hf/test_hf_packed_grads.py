@@ -11,25 +11,19 @@ divided by the batch's trained-token count (the global per-token mean). Every te
 within RTOL of its norm.
 """
 
-import json
-
 import pytest
 import torch
 
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.hf.ranks import rank_gradient_export
-from tests.unit_tests.varlen_training.hf.tiny_models import model_argv, save_hf_model
+from tests.unit_tests.varlen_training.hf.tiny_models import (DYNAMIC_CP, PACKED_SFT, model_argv,
+                                                             save_hf_model)
 
 pytestmark = needs_extra("hf")
 
 RTOL = 1e-5
-LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 4,
-                      "max_seq_len": 32, "mean_seq_len": 16, "lognormal_sigma": 0.8})
-PACKED = ["--sft", "--sft-mock-dataset-config-json", LENGTHS, "--seq-length", "32",
-          "--micro-batch-size", "1", "--global-batch-size", "8", "--sequence-packing",
-          "--calculate-per-token-loss"]
-DYNAMIC_CP = ["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "16"]
+PACKED = PACKED_SFT + ["--calculate-per-token-loss"]
 CASES = {  # name: (family, extra flags, world size)
     "llama_single": ("llama", [], 1),
     "qwen2_dynamic_cp": ("qwen2", DYNAMIC_CP, 2),

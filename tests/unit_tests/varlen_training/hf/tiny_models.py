@@ -6,6 +6,7 @@ process; our side runs in multirank children (see ranks.py).
 
 from __future__ import annotations
 
+import json
 import os
 
 # Nothing in these tests may reach the network.
@@ -114,3 +115,12 @@ def save_tokenizer(style: str, path: str, vocab_size: int = TOKENIZER_VOCAB) -> 
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=template, **named)
     fast.save_pretrained(path)
     return str(path)
+
+
+# Mock SFT samples of 4-32 tokens, packed: what the packed HF tests train on (with dynamic CP
+# and a budget of 16 tokens per rank, the long ones run on a CP group of 2 ranks).
+MOCK_SFT_LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 4,
+                               "max_seq_len": 32, "mean_seq_len": 16, "lognormal_sigma": 0.8})
+PACKED_SFT = ["--sft", "--sft-mock-dataset-config-json", MOCK_SFT_LENGTHS, "--seq-length", "32",
+              "--micro-batch-size", "1", "--global-batch-size", "8", "--sequence-packing"]
+DYNAMIC_CP = ["--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "16"]
