@@ -175,6 +175,7 @@ def test_the_models_mtp_postprocess_restores_the_rolls_and_groups_when_it_raises
     model = object.__new__(VarlenGPTModel)  # no weights needed: only the post-processing runs
     torch.nn.Module.__init__(model)
     model.config = SimpleNamespace(mtp_num_layers=1)
+    model.mtp_process = True  # the pipeline stage that holds the MTP layers
     static_group, micro_batch_group = _Group(1), _Group(1)
     model.cp_group = static_group
     model.mtp = torch.nn.Module()
