@@ -25,21 +25,11 @@ def main(argv=None) -> None:
     from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
 
     # The flags before megatron-core is imported: a bad one is reported seconds sooner.
-    _train(parse_run_config_or_exit(argv, prog=PROG))
-
-
-def _train(run) -> None:
-    from megatron.varlen_training.errors import exit_on_user_errors
+    run = parse_run_config_or_exit(argv, prog=PROG)
     from megatron.varlen_training.model_family import GPT
-    from megatron.varlen_training.pretrain import pretrain
-    from megatron.varlen_training.trainer import Trainer
+    from megatron.varlen_training.pretrain import run_entry_point
 
-    trainer = Trainer(run, GPT)
-    try:
-        with exit_on_user_errors(PROG):  # bad data, checkpoint, NaN: one line
-            pretrain(trainer)
-    finally:
-        trainer.close()  # after the error line: a peer that died must not hide it
+    run_entry_point(PROG, run, GPT)
 
 
 if __name__ == "__main__":  # dist_checkpointing spawns processes: keep the guard

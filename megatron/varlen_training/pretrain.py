@@ -9,7 +9,7 @@ from megatron.varlen_training import checkpointing, log, loop_steps, training
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_datasets
-from megatron.varlen_training.errors import agree_on_errors
+from megatron.varlen_training.errors import agree_on_errors, exit_on_user_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.trainer import Trainer
 
@@ -115,3 +115,15 @@ def pretrain(trainer: Trainer) -> list[dict]:
             for provider in (train_provider, valid_provider):
                 if provider is not None:
                     provider.close()
+
+
+def run_entry_point(prog: str, run, family) -> None:
+    """What ``pretrain_gpt.py`` and ``pretrain_mamba.py`` do with their parsed run: train a
+    ``family`` model through :func:`pretrain`, bad data, checkpoints and NaN ending in one line
+    (``prog``'s), and close the trainer after that line (a peer that died must not hide it)."""
+    trainer = Trainer(run, family)
+    try:
+        with exit_on_user_errors(prog):
+            pretrain(trainer)
+    finally:
+        trainer.close()
