@@ -119,7 +119,9 @@ def checkpoint_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
-def _model_keys(model) -> list[str]:
+def model_keys(model) -> list[str]:
+    """The checkpoint key of each model chunk: ``model``, or ``model0``, ``model1``, ... with
+    virtual pipeline stages (Megatron-LM's names)."""
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
@@ -135,13 +137,13 @@ def _sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading:
     """The model chunks' state, the iteration and (``with_optimizer``) the optimizer state and
     LR/WD schedule, as dist_checkpointing saves them or fills them on load."""
     state = {key: model_sharded_state_dict(chunk)
-             for key, chunk in zip(_model_keys(model), model)}
+             for key, chunk in zip(model_keys(model), model)}
     if with_optimizer:
         # Virtual stages keep their own dicts: their local names collide ("decoder.layers.0.*"
         # in every chunk), and a merged dict lost all but the last chunk's parameters, so a
         # save without the distributed optimizer failed (megatron-core walks any nesting).
         model_state = state["model"] if len(model) == 1 else {
-            key: state[key] for key in _model_keys(model)}
+            key: state[key] for key in model_keys(model)}
         state["optimizer"] = optimizer.sharded_state_dict(
             model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
         state["opt_param_scheduler"] = scheduler.state_dict()
@@ -494,7 +496,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
                                    with_optimizer=parts.optimizer)
     state = dist_checkpointing.load(template, folder)
-    for key, chunk in zip(_model_keys(model), model):
+    for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     if parts.optimizer:
         _restore_optimizer(state, optimizer, scheduler, run)

@@ -17,7 +17,9 @@ import torch
 from megatron.core import dist_checkpointing
 from megatron.varlen_training.arguments import ERROR_EXIT_CODE
 from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
-from megatron.varlen_training.checkpointing import check_checkpoint, model_sharded_state_dict
+from megatron.varlen_training.checkpointing import (
+    check_checkpoint, model_keys, model_sharded_state_dict,
+)
 from megatron.varlen_training.errors import exit_on_user_errors, print_error_line
 from megatron.varlen_training.hf.exporter import save_hf
 from megatron.varlen_training.initialize import initialize_megatron, shutdown
@@ -34,7 +36,7 @@ def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
     """Loads only the model weights of the newest checkpoint under ``root``; its iteration."""
     # Verified (manifest) and vetted (restricted unpickling) exactly as --load does.
     iteration, folder = check_checkpoint(root)
-    keys = ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+    keys = model_keys(model)
     template = {key: model_sharded_state_dict(chunk) for key, chunk in zip(keys, model)}
     state = dist_checkpointing.load(template, folder)
     for key, chunk in zip(keys, model):
