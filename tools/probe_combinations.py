@@ -316,7 +316,8 @@ def compare(history: list[dict], reference: list[dict]) -> tuple[float, str]:
     return worst, where
 
 
-def _load(path: Path) -> dict:
+def load_results(path: Path) -> dict:
+    """A results file (JSON lines) as {cell: record}; {} before the first cell ran."""
     if not path.exists():
         return {}
     records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
@@ -451,9 +452,9 @@ def main() -> None:
     if args.argv:
         _print_argv(args.cells)
         return
-    done = _load(args.results)
+    done = load_results(args.results)
     for more in args.merge or []:
-        done.update(_load(more))
+        done.update(load_results(more))
     for cell in args.cells:
         record = (probe_resume if args.resume else probe)(cell, done, args.results, args.rerun)
         print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tests.harness.multirank import DistributedTestError, run_distributed
 from tests.harness.training_runs import loss_owner_history, train_hybrid_on_this_rank
-from tools.probe_combinations import RECOMPUTE as GPT_RECOMPUTE
+from tools.probe_combinations import RECOMPUTE as GPT_RECOMPUTE, load_results
 
 RTOL = 1e-5
 NUM_ITERS = 3
@@ -217,12 +217,6 @@ def compare(run: dict, reference: dict) -> dict:
     return {**run, "verdict": verdict, "max_rel": worst, "where": where}
 
 
-def _load(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    return {row["cell"]: row for row in map(json.loads, path.read_text().splitlines())}
-
-
 def verdict_row(cell: str, rows: dict) -> dict:
     """A cell's stored run with its verdict against its reference's run."""
     variant, layout, _ = cell.split("/")
@@ -251,7 +245,7 @@ def main() -> None:
               "\nrecompute:", " ".join(RECOMPUTE))
         return
     options.results.parent.mkdir(parents=True, exist_ok=True)
-    rows = _load(options.results)
+    rows = load_results(options.results)
     cells = ["/".join(parse_cell(cell)) for cell in options.cells]
     for cell in cells:
         variant, layout, _ = cell.split("/")
