@@ -5,7 +5,8 @@ independent references:
   Megatron-LM's validation iterator does (one block of --eval-iters batches per evaluation,
   also at the end of training; a resumed run restarts it at ``iteration // eval_interval``
   blocks), and the sample count the datasets are built for;
-- the validation and test losses a packed DP2 run reports: the per-token mean computed
+- the validation and test losses a packed DP2 run (mock SFT samples) and a packed one-rank
+  run (Megatron indexed data, megatron-core's test split) report: the per-token mean computed
   directly in this test, sample by sample (one unpacked forward each), over exactly the
   validation and test samples each evaluation must read, with the run's trained model;
 - evaluation has no side effect on training: with dropout on, a run that evaluates after every
@@ -33,6 +34,7 @@ from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
 from tests.harness.metric_fakes import fake_metric_modules
 from tests.harness.multirank import run_distributed
+from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 from tools.probe_combinations import (
     EVAL, REFERENCE_LAYOUT, compare, launch, launch_resume, parse_cell,
@@ -158,22 +160,40 @@ EVALUATED = [*TINY_GPT_ARGS, "--train-iters", str(TRAIN_ITERS), "--eval-iters", 
              "--calculate-per-token-loss", "--position-embedding-type", "rope"]
 
 
-@pytest.fixture(scope="module")
-def evaluated_dp2():
-    results = run_distributed(_run_and_direct_losses, 2, args=(EVALUATED,), timeout_s=TIMEOUT_S)
+# Megatron indexed data with a test share, packed on one rank (megatron-core's splits).
+INDEXED = [*EVALUATED[EVALUATED.index("--train-iters"):], "--num-layers", "2",
+           "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+           "--global-batch-size", "4", "--lr", "1e-3", "--make-vocab-size-divisible-by", "32",
+           "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7",
+           "--tokenizer-type", "ByteLevelTokenizer", "--split", "80,10,10"]
+INDEXED = [flag for flag in INDEXED if flag not in ("--sft", "--sft-mock-dataset-config-json",
+                                                    LENGTHS)]
+RUNS = {"mock_sft_dp2": 2, "indexed_1rank": 1}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def evaluated(request, tmp_path_factory):
+    argv = EVALUATED
+    if request.param == "indexed_1rank":
+        folder = tmp_path_factory.mktemp("indexed")
+        write_corpus(str(folder / "docs"), 200, seed=3)
+        argv = INDEXED + ["--data-path", str(folder / "docs"),
+                          "--data-cache-path", str(folder / "cache")]
+    results = run_distributed(_run_and_direct_losses, RUNS[request.param], args=(argv,),
+                              timeout_s=TIMEOUT_S)
     owner = [r for r in results if r["owns_loss"]][-1]
     return owner["history"][-1], owner["direct"]
 
 
 @pytest.mark.parametrize("key", ["validation_loss", "end_validation_loss", "test_loss"])
-def test_evaluated_losses_equal_the_direct_per_token_mean(evaluated_dp2, key):
-    reported, direct = evaluated_dp2
+def test_evaluated_losses_equal_the_direct_per_token_mean(evaluated, key):
+    reported, direct = evaluated
     assert reported[key] is not None
     assert abs(reported[key] - direct[key]) <= RTOL * abs(direct[key]), (key, reported, direct)
 
 
-def test_each_evaluation_reads_other_samples(evaluated_dp2):
-    _, direct = evaluated_dp2  # else equal losses above could come from the same samples
+def test_each_evaluation_reads_other_samples(evaluated):
+    _, direct = evaluated  # else equal losses above could come from the same samples
     assert len({round(value, 6) for value in direct.values()}) == 3, direct
 
 
