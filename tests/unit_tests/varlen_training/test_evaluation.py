@@ -225,6 +225,17 @@ def test_a_resumed_run_validates_as_the_straight_one(tmp_path):
     assert run["resumed"] == run["history"]
 
 
+def test_an_exit_condition_skips_the_end_of_training_evaluations():
+    """As Megatron-LM: a run stopped by --exit-interval evaluates in the loop, not at the end
+    (the resumed run does, once it reaches --train-iters)."""
+    argv = [*TINY_GPT_ARGS, "--train-iters", "4", "--exit-interval", "2", "--eval-iters", "1",
+            "--eval-interval", "2", "--micro-batch-size", "1", "--sequence-packing"]
+    history = loss_owner_history(run_distributed(train_on_this_rank, 1, args=(argv,),
+                                                 timeout_s=TIMEOUT_S))
+    assert len(history) == 2 and history[-1]["validation_loss"] is not None
+    assert "end_validation_loss" not in history[-1] and "test_loss" not in history[-1]
+
+
 # ---------------------------------------------------------------- no side effects
 
 
