@@ -242,21 +242,31 @@ def test_an_exit_condition_skips_the_end_of_training_evaluations():
 DROPOUT = ["--hidden-dropout", "0.2", "--attention-dropout", "0.2"]
 
 
-def test_evaluating_leaves_training_alone():
+# MoE routers keep running statistics (global_aux_loss's token counts, the balancing losses'
+# tracker the step reports): an evaluation must add nothing to them.
+MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "16", "--disable-bias-linear",
+       "--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "0.1",
+       "--moe-z-loss-coeff", "0.01", "--calculate-per-token-loss"]
+
+
+@pytest.mark.parametrize("model", [[], MOE], ids=["dense", "moe"])
+def test_evaluating_leaves_training_alone(model):
     """Dropout on: an evaluation in train mode (or one that drew random numbers) would change
     the next iterations; the run evaluating after every iteration must train bit for bit as
-    the one that never evaluates."""
+    the one that never evaluates (every reported loss and the grad norm)."""
     base = [*TINY_GPT_ARGS, "--train-iters", "3", "--micro-batch-size", "1",
-            "--sequence-packing", *DROPOUT]
+            "--sequence-packing", *DROPOUT, *model]
     runs = {}
     for name, extra in (("never", ["--eval-iters", "0"]),
                         ("every", ["--eval-iters", "1", "--eval-interval", "1"])):
         history = loss_owner_history(run_distributed(train_on_this_rank, 1, args=(base + extra,),
                                                      timeout_s=TIMEOUT_S))
-        runs[name] = [(h["lm_loss"], h["grad_norm"]) for h in history]
-        if name == "every":
-            assert all(h["validation_loss"] is not None for h in history)
+        evaluated = [h.pop("validation_loss") is not None for h in history]
+        assert evaluated == [name == "every"] * len(history)
+        del history[-1]["end_validation_loss"], history[-1]["test_loss"]
+        runs[name] = history
     assert runs["every"] == runs["never"]
+    assert not model or "z_loss" in runs["never"][0], runs["never"][0]
 
 
 # ---------------------------------------------------------------- keys and lines
