@@ -60,8 +60,8 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
     """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
     --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
     {"lm_loss", "grad_norm", "validation_loss"} per iteration run, the last one with the
-    end-of-training "end_validation_loss" and "test_loss" (evaluation.py says when and on
-    which samples each evaluation runs).
+    end-of-training "end_validation_loss" and "test_loss" unless an exit condition stopped the
+    run (evaluation.py says when and on which samples each evaluation runs).
 
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
     None at iterations without evaluation.
