@@ -209,8 +209,9 @@ def check_mock_sample_count(train_samples: int, eval_samples: int) -> None:
         raise ValueError(
             f"--mock-data keeps one length per sample: {train_samples} training samples "
             f"(--train-iters x --global-batch-size) and {eval_samples} validation and test "
-            f"samples (--eval-iters, every --eval-interval and at the end) take {need / GIB:.1f} GiB, above this "
-            f"machine's {limit / GIB:.1f} GiB of memory (lower --train-iters or --eval-iters)")
+            f"samples (--eval-iters, every --eval-interval and at the end) take "
+            f"{need / GIB:.1f} GiB, above this machine's {limit / GIB:.1f} GiB of memory (lower "
+            f"--train-iters or --eval-iters)")
 
 
 def _train_and_valid(run: RunConfig, build):
