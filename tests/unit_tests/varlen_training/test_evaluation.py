@@ -10,7 +10,8 @@ independent references:
   directly in this test, sample by sample (one unpacked forward each), over exactly the
   validation and test samples each evaluation must read, with the run's trained model;
 - evaluation has no side effect on training: with dropout on, a run that evaluates after every
-  iteration trains exactly as one that never evaluates;
+  iteration trains exactly as one that never evaluates (dense, and MoE with its balancing
+  losses); a run stopped by an exit condition skips the end-of-training evaluations;
 - the TensorBoard / wandb keys and the log lines are Megatron-LM's;
 - two cells of tools/probe_combinations.py with ``--eval``: dynamic CP against the single-rank
   unpacked run, and a resumed run against the straight one.
@@ -19,6 +20,7 @@ independent references:
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -34,8 +36,8 @@ from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
 from tests.harness.metric_fakes import fake_metric_modules
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
+from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 from tools.probe_combinations import (
     EVAL, REFERENCE_LAYOUT, compare, launch, launch_resume, parse_cell,
 )
@@ -275,7 +277,7 @@ def test_evaluating_leaves_training_alone(model):
 def test_tensorboard_and_wandb_keys_are_megatron_lms(monkeypatch, tmp_path):
     calls, runs = [], []
     for name, module in fake_metric_modules(calls, runs).items():
-        monkeypatch.setitem(__import__("sys").modules, name, module)
+        monkeypatch.setitem(sys.modules, name, module)
     tensorboard = metric_writers.TensorBoardMetricWriter(tmp_path)
     wandb = metric_writers.WandbMetricWriter("project")
     for writer in (tensorboard, wandb):
