@@ -2,6 +2,7 @@
 
     python tools/probe_combinations.py CELL [CELL ...] [--results results/tmp/combos.jsonl]
     python tools/probe_combinations.py --resume CELL ...     # half + save + load + half
+    python tools/probe_combinations.py --eval CELL ...       # also validation and test losses
     python tools/probe_combinations.py --results A.jsonl --merge B.jsonl   # the table only
     python tools/probe_combinations.py --list | --argv CELL ...
 
@@ -11,7 +12,9 @@ conversations with their prompts masked for the ``sft_*`` features) on the ranks
 (``u_``: unpacked, ``p_``: packed, ``d_``: dynamic CP), and is compared with ONE reference: the
 same model, unpacked (padded [b, s] micro-batches of 2), on a single rank, without
 recomputation. Every iteration's lm loss, every reported MoE balancing loss and every
-iteration's grad norm must agree within ``RTOL`` relative. The verdict is ``equal``,
+iteration's grad norm must agree within ``RTOL`` relative. With ``--eval`` both runs also
+evaluate (:data:`EVAL`: at iteration 2 and at the end, validation then test split) and every
+validation and test loss is compared too (cells named ``CELL+eval``). The verdict is ``equal``,
 ``different`` (the largest relative gap, and where), ``by definition: ...`` (a difference the
 feature's definition implies: :data:`BY_DEFINITION`), ``refused`` (the one-line start-up error)
 or ``crashed`` (any other failure: its last line; the traceback's tail is kept). Each verdict is
@@ -236,7 +239,14 @@ BY_DEFINITION = {
     "moe_global_aux": (_packed_or_data_parallel, "balancing loss over DP and micro-batches"),
     "sft_vocab_tp": (_tensor_parallel, "vocabulary padded by TP"),
 }
-COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss", "z_loss")
+COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss", "z_loss",
+                   "validation_loss", "end_validation_loss", "test_loss")
+# --eval: two validation global batches at iteration 2 and at the end (the next two), then
+# two of the test split's.
+EVAL = ["--eval-iters", "2", "--eval-interval", "2"]
+EVAL_SUFFIX = "+eval"
+END_OF_TRAINING_KEYS = ("end_validation_loss", "test_loss")
+RESUME_SUFFIX = "+resume"
 
 
 def parse_cell(cell: str) -> tuple[str, str, str]:
@@ -260,6 +270,7 @@ def cell_argv(feature: str, layout: str, recompute: str) -> tuple[list[str], int
 
 
 def _summary(history: list[dict]) -> list[dict]:
+    """The compared numbers of each iteration (None where the run has none)."""
     return [{key: step.get(key) for key in (*COMPARED_LOSSES, "grad_norm")} for step in history]
 
 
@@ -282,11 +293,15 @@ def launch(feature: str, layout: str, recompute: str, extra: tuple = ()) -> dict
     return {"status": "ran", "history": _summary(loss_owner_history(results))}
 
 
-def launch_resume(feature: str, layout: str, recompute: str, folder: str) -> dict:
+def launch_resume(feature: str, layout: str, recompute: str, folder: str,
+                  extra: tuple = ()) -> dict:
     """The cell trained RESUME_ITERS straight, and half of them + save + load + the rest;
-    {"status": "ran", "history": straight, "resumed": first half + resumed half} (or why not)."""
+    {"status": "ran", "history": straight, "resumed": first half + resumed half} (or why not).
+    With :data:`EVAL` in ``extra`` the first half's end-of-training evaluations are dropped
+    (the straight run has none there): the in-loop ones must read the same batches."""
     half = RESUME_ITERS // 2
-    schedule = ["--lr-decay-iters", str(RESUME_ITERS)]  # the LR must not depend on the stop
+    # the LR must not depend on the stop
+    schedule = ["--lr-decay-iters", str(RESUME_ITERS), *extra]
     runs = {}
     for name, extra in (("straight", ["--train-iters", str(RESUME_ITERS)]),
                         ("first", ["--train-iters", str(half), "--save", folder]),
@@ -295,6 +310,7 @@ def launch_resume(feature: str, layout: str, recompute: str, folder: str) -> dic
         if run["status"] != "ran":
             return {**run, "reason": f"{name}: {run['reason']}"}
         runs[name] = run["history"]
+    runs["first"][-1].update(dict.fromkeys(END_OF_TRAINING_KEYS))
     return {"status": "ran", "history": runs["straight"],
             "resumed": runs["first"] + runs["resumed"]}
 
@@ -330,11 +346,11 @@ def _append(path: Path, record: dict) -> None:
         out.write(json.dumps(record) + "\n")
 
 
-def _reference(feature: str, done: dict, path: Path) -> dict:
-    name = f"{feature}/{REFERENCE_LAYOUT}/none"
+def _reference(feature: str, done: dict, path: Path, extra: tuple = (), suffix: str = "") -> dict:
+    name = f"{feature}/{REFERENCE_LAYOUT}/none{suffix}"
     if name not in done:
         started = time.monotonic()
-        record = {"cell": name, **launch(feature, REFERENCE_LAYOUT, "none"),
+        record = {"cell": name, **launch(feature, REFERENCE_LAYOUT, "none", extra),
                   "seconds": round(time.monotonic() - started, 1)}
         _append(path, record)
         done[name] = record
@@ -348,14 +364,16 @@ def _verdict(gap: float, feature: str, layout: str) -> str:
     return f"by definition: {why}" if differs(layout) else "different"
 
 
-def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
+def probe(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False) -> dict:
+    """The cell against its reference (both evaluating with ``evaluate``: :data:`EVAL`)."""
     feature, layout, recompute = parse_cell(cell)
-    name = f"{feature}/{layout}/{recompute}"
+    extra, suffix = (EVAL, EVAL_SUFFIX) if evaluate else ((), "")
+    name = f"{feature}/{layout}/{recompute}{suffix}"
     if name in done and not rerun:
         return done[name]
-    reference = _reference(feature, done, path)
+    reference = _reference(feature, done, path, extra, suffix)
     started = time.monotonic()
-    record = {"cell": name, **launch(feature, layout, recompute),
+    record = {"cell": name, **launch(feature, layout, recompute, extra),
               "seconds": round(time.monotonic() - started, 1)}
     if record["status"] == "ran":
         if reference["status"] != "ran":
@@ -370,15 +388,17 @@ def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
     return record
 
 
-def probe_resume(cell: str, done: dict, path: Path, rerun: bool) -> dict:
-    """The cell's resume check: half + save + load + half == straight (no reference run)."""
+def probe_resume(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False) -> dict:
+    """The cell's resume check: half + save + load + half == straight (no reference run);
+    ``evaluate``: both evaluate (:data:`EVAL`)."""
     feature, layout, recompute = parse_cell(cell)
-    name = f"{feature}/{layout}/{recompute}+resume"
+    extra, suffix = (EVAL, EVAL_SUFFIX) if evaluate else ((), "")
+    name = f"{feature}/{layout}/{recompute}{suffix}{RESUME_SUFFIX}"
     if name in done and not rerun:
         return done[name]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="probe_resume_") as folder:
-        record = {"cell": name, **launch_resume(feature, layout, recompute, folder)}
+        record = {"cell": name, **launch_resume(feature, layout, recompute, folder, extra)}
     record["seconds"] = round(time.monotonic() - started, 1)
     if record["status"] == "ran":
         gap, where = compare(record["resumed"], record["history"])
@@ -390,23 +410,30 @@ def probe_resume(cell: str, done: dict, path: Path, rerun: bool) -> dict:
     return record
 
 
+def _names(name: str) -> list[str]:
+    """A recorded cell's FEATURE, LAYOUT and RECOMPUTE (without its +resume / +eval)."""
+    return name.removesuffix(RESUME_SUFFIX).removesuffix(EVAL_SUFFIX).split("/")
+
+
 def _order(name: str) -> tuple:
-    """Sort key: feature, recomputation, layout in their tables' order (resume checks last)."""
-    feature, layout, recompute = name.removesuffix("+resume").split("/")
-    return (tuple(FEATURES).index(feature), name.endswith("+resume"),
-            tuple(RECOMPUTE).index(recompute), tuple(LAYOUTS).index(layout))
+    """Sort key: feature, recomputation, layout in their tables' order (evaluating cells, then
+    resume checks last)."""
+    feature, layout, recompute = _names(name)
+    return (tuple(FEATURES).index(feature), name.endswith(RESUME_SUFFIX),
+            EVAL_SUFFIX in name, tuple(RECOMPUTE).index(recompute),
+            tuple(LAYOUTS).index(layout))
 
 
 def _known(name: str) -> bool:
     """Whether the cell's names are all in today's tables (results may hold retired ones)."""
-    feature, layout, recompute = name.removesuffix("+resume").split("/")
+    feature, layout, recompute = _names(name)
     return feature in FEATURES and layout in LAYOUTS and recompute in RECOMPUTE
 
 
 def table(done: dict) -> str:
     """Every probed cell (not the references) as a Markdown table, with a count per verdict."""
-    cells = sorted((name for name in done
-                    if _known(name) and not name.endswith(f"/{REFERENCE_LAYOUT}/none")),
+    cells = sorted((name for name in done if _known(name)
+                    and not name.removesuffix(EVAL_SUFFIX).endswith(f"/{REFERENCE_LAYOUT}/none")),
                    key=_order)
     counts: dict = {}
     rows = ["| cell | verdict | max rel gap | where / reason |", "|---|---|---|---|"]
@@ -414,7 +441,7 @@ def table(done: dict) -> str:
         record = done[name]
         verdict = record.get("verdict", record["status"])
         if verdict == "different":  # recorded before BY_DEFINITION named it
-            feature, layout, _ = name.removesuffix("+resume").split("/")
+            feature, layout, _ = _names(name)
             verdict = _verdict(record["gap"], feature, layout)
         counts[verdict] = counts.get(verdict, 0) + 1
         gap = record.get("gap")
@@ -443,6 +470,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true",
                         help=f"instead: {RESUME_ITERS} iterations straight vs half + save + "
                              f"load + half, same cell")
+    parser.add_argument("--eval", action="store_true",
+                        help=f"both runs also evaluate ({' '.join(EVAL)}): validation and test "
+                             f"losses compared too")
     args = parser.parse_args()
     if args.list:
         for title, names in (("features", FEATURES), ("layouts", LAYOUTS),
@@ -456,7 +486,10 @@ def main() -> None:
     for more in args.merge or []:
         done.update(load_results(more))
     for cell in args.cells:
-        record = (probe_resume if args.resume else probe)(cell, done, args.results, args.rerun)
+        if args.resume:
+            record = probe_resume(cell, done, args.results, args.rerun, args.eval)
+        else:
+            record = probe(cell, done, args.results, args.rerun, args.eval)
         print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "
               f"{record.get('detail', '')} ({record.get('seconds')} s)", flush=True)
     print(table(done))

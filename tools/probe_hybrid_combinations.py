@@ -35,6 +35,8 @@ from tools.probe_combinations import RECOMPUTE as GPT_RECOMPUTE, load_results
 RTOL = 1e-5
 NUM_ITERS = 3
 LAUNCH_TIMEOUT_S = 300
+# Every evaluation a run reports: in the loop, and at the end (validation, then the test split).
+EVALUATION_KEYS = ("validation_loss", "end_validation_loss", "test_loss")
 LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
                       "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
 BASE = [
@@ -198,7 +200,7 @@ def run_cell(cell: str) -> dict:
         reason = (errors or lines)[-1]
         return {"verdict": verdict, "reason": reason.strip()[:400]}
     history = loss_owner_history(results)
-    validation = [h["validation_loss"] for h in history if h.get("validation_loss") is not None]
+    validation = [h[key] for h in history for key in EVALUATION_KEYS if h.get(key) is not None]
     return {"verdict": "ran", "losses": [h["lm_loss"] for h in history],
             "grad_norms": [h["grad_norm"] for h in history], "validation_losses": validation}
 

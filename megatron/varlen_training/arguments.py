@@ -201,9 +201,10 @@ def _add_logging_checkpoint_args(parser):
     group.add_argument("--wandb-save-dir", default=None,
                        help="Where wandb keeps its files (with --wandb-project).")
     group.add_argument("--eval-interval", type=int, default=1000,
-                       help="Evaluate every N iterations (and at the end).")
+                       help="Evaluate on the validation split every N iterations (and at the "
+                            "end of training, then on the test split).")
     group.add_argument("--eval-iters", type=int, default=100,
-                       help="Validation global batches per evaluation (0 = none).")
+                       help="Global batches per evaluation, validation or test (0 = none).")
     group.add_argument("--save", default=None,
                        help="Checkpoint directory to write (dist_checkpointing, torch_dist).")
     group.add_argument("--load", default=None,

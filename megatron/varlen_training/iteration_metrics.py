@@ -86,9 +86,11 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
     return " | ".join(parts) + " |"
 
 
-def format_validation_line(iteration: int, loss: float) -> str:
-    """Megatron-LM's validation line: `` validation loss at iteration 4 | lm loss value: ...``"""
-    return (f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+def format_validation_line(iteration: int, loss: float, where: str = "") -> str:
+    """Megatron-LM's validation line: `` validation loss at iteration 4 | lm loss value: ...``;
+    ``where`` follows the iteration (`` on validation set`` / `` on test set`` at the end of
+    training), as in Megatron-LM, whose test-split line also starts `` validation loss``."""
+    return (f" validation loss at iteration {iteration}{where} | lm loss value: {loss:.6E} | "
             f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |")
 
 

@@ -37,8 +37,20 @@ class MetricWriter(Protocol):
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         """Records ``record`` (the JSONL schema) for ``iteration``."""
 
+    def write_evaluation(self, name: str, loss: float, iteration: int,
+                         consumed_samples: int) -> None:
+        """Records an evaluation's lm loss (``name``: ``validation`` or ``test``) after
+        ``iteration``, trained on ``consumed_samples`` samples."""
+
     def close(self) -> None:
         """Flushes and releases the backend."""
+
+
+def evaluation_key(name: str) -> str:
+    """Megatron-LM's TensorBoard/wandb key of an evaluation's lm loss: ``lm loss validation``
+    and ``lm loss test`` for the test split (Megatron-LM writes that one under the validation
+    key too, over the final validation point of the same iteration; here it keeps its own)."""
+    return f"lm loss {name}"
 
 
 def to_python(value: Any) -> Any:
@@ -63,6 +75,10 @@ class ConsoleMetricWriter:
             line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
             info_all_ranks(format_log_line(line, self.train_iters))
 
+    def write_evaluation(self, name: str, loss: float, iteration: int,
+                         consumed_samples: int) -> None:
+        pass  # the validation line is printed by loop_steps.log_validation_loss
+
     def close(self) -> None:
         pass
 
@@ -82,6 +98,10 @@ class JsonlMetricWriter:
         line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
+
+    def write_evaluation(self, name: str, loss: float, iteration: int,
+                         consumed_samples: int) -> None:
+        pass  # one record per training iteration: evaluations are in the other writers
 
     def close(self) -> None:
         self._file.close()
@@ -105,6 +125,13 @@ class TensorBoardMetricWriter:
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         for name, value in _numbers(record).items():
             self._writer.add_scalar(name, value, iteration)
+
+    def write_evaluation(self, name: str, loss: float, iteration: int,
+                         consumed_samples: int) -> None:
+        """Megatron-LM's two scalars: per iteration and ``vs samples``."""
+        key = evaluation_key(name)
+        self._writer.add_scalar(key, loss, iteration)
+        self._writer.add_scalar(f"{key} vs samples", loss, consumed_samples)
 
     def close(self) -> None:
         self._writer.close()
@@ -141,6 +168,10 @@ class WandbMetricWriter:
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         self._run.log(_numbers(record), step=iteration)
+
+    def write_evaluation(self, name: str, loss: float, iteration: int,
+                         consumed_samples: int) -> None:
+        self._run.log({evaluation_key(name): loss}, step=iteration)
 
     def close(self) -> None:
         self._run.finish()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from megatron.varlen_training import checkpointing, log, loop_steps, training
+from megatron.varlen_training import checkpointing, evaluation, log, loop_steps, training
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
-from megatron.varlen_training.datasets.builder import build_datasets
+from megatron.varlen_training.datasets.builder import build_split_datasets
 from megatron.varlen_training.errors import agree_on_errors, exit_on_user_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.trainer import Trainer
@@ -16,9 +16,9 @@ from megatron.varlen_training.trainer import Trainer
 
 def build_data_providers(trainer: Trainer):
     """The run's datasets in the step-batch providers the loop consumes: (train, validation
-    or None). The trainer must have started (tokenizer, dynamic CP groups)."""
+    or None, test or None). The trainer must have started (tokenizer, dynamic CP groups)."""
     run = trainer.run
-    train_ds, valid_ds = agree_on_errors(build_datasets, run, trainer.tokenizer)
+    train_ds, valid_ds, test_ds = agree_on_errors(build_split_datasets, run, trainer.tokenizer)
     gbs = run.training.global_batch_size
     # --num-workers reads indexed data (files) ahead; mock and SFT samples are in memory, and
     # evaluation jumps between iterations (each jump would restart the workers).
@@ -34,20 +34,8 @@ def build_data_providers(trainer: Trainer):
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod))
-    return make(train_ds, workers), (make(valid_ds, 0) if valid_ds is not None else None)
-
-
-def _maybe_evaluate(trainer: Trainer, valid_provider) -> float | None:
-    """Validation at every --eval-interval and at the end; the loss on the loss-owning ranks."""
-    schedule, iteration = trainer.run.training, trainer.state.iteration
-    if valid_provider is None or schedule.eval_iters <= 0:
-        return None
-    if iteration % schedule.eval_interval != 0 and iteration != schedule.train_iters:
-        return None
-    first = (iteration // schedule.eval_interval) * schedule.eval_iters
-    loss = training.evaluate(trainer.run, trainer.state, valid_provider, first)
-    loop_steps.log_validation_loss(iteration, loss)
-    return loss
+    return tuple(make(ds, workers if ds is train_ds else 0) if ds is not None else None
+                 for ds in (train_ds, valid_ds, test_ds))
 
 
 def _save_at_end(trainer: Trainer) -> str | None:
@@ -67,11 +55,13 @@ def _exit_early(trainer: Trainer, reason: str) -> None:
                      f"{trainer.run.training.train_iters}: {reason}; {saved}")
 
 
-def train(trainer: Trainer, train_provider, valid_provider, exits: ExitConditions
-          ) -> list[dict]:
+def train(trainer: Trainer, train_provider, valid_provider, exits: ExitConditions,
+          test_provider=None) -> list[dict]:
     """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
     --exit-interval, --exit-duration-in-mins) stops it after an iteration, saved; returns
-    {"lm_loss", "grad_norm", "validation_loss"} per iteration run.
+    {"lm_loss", "grad_norm", "validation_loss"} per iteration run, the last one with the
+    end-of-training "end_validation_loss" and "test_loss" unless an exit condition stopped the
+    run (evaluation.py says when and on which samples each evaluation runs).
 
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
     None at iterations without evaluation.
@@ -83,14 +73,17 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
                               started_at=start)
         trainer.write_metrics(trainer.record(report))
         history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
-                        "validation_loss": _maybe_evaluate(trainer, valid_provider),
+                        "validation_loss": evaluation.evaluate_in_loop(trainer, valid_provider),
                         **report.metrics.losses})
         trainer.save_if_due()
         stop = exits.reason(trainer.state.iteration)  # every rank, every iteration: it agrees
     if stop is not None and trainer.state.iteration < train_iters:
         _exit_early(trainer, stop)  # a resumed run finishes the schedule, and exports
     else:
-        _save_at_end(trainer)
+        _save_at_end(trainer)  # then evaluate, as Megatron-LM does
+        end_losses = evaluation.evaluate_at_end(trainer, valid_provider, test_provider)
+        if history:
+            history[-1].update(end_losses)
         if trainer.run.checkpoint.save_hf:  # validation refused it for a family without one
             with training.params_gathered(trainer.state.model):
                 trainer.family.hf.save(trainer.run, trainer.state.model)
@@ -107,12 +100,13 @@ def pretrain(trainer: Trainer) -> list[dict]:
     """
     with ExitConditions.of(trainer.run.training) as exits:
         trainer.start()
-        train_provider, valid_provider = build_data_providers(trainer)
+        providers = build_data_providers(trainer)
+        train_provider, valid_provider, test_provider = providers
         try:
             trainer.setup_model_and_optimizer()
-            return train(trainer, train_provider, valid_provider, exits)
+            return train(trainer, train_provider, valid_provider, exits, test_provider)
         finally:  # --num-workers readers stop with the run, not at interpreter exit
-            for provider in (train_provider, valid_provider):
+            for provider in providers:
                 if provider is not None:
                     provider.close()
 

@@ -25,6 +25,12 @@ def sample_counts(args) -> tuple[int, int]:
     return train, num_evals * max(args.eval_iters, 0) * args.global_batch_size
 
 
+def test_sample_count(args) -> int:
+    """Samples of the test split: one evaluation of --eval-iters global batches at the end of
+    training (Megatron-LM's ``test_samples``)."""
+    return max(args.eval_iters, 0) * args.global_batch_size
+
+
 def derive_run_values(args, vocab_size: int | None) -> dict:
     """The derived fields; ``padded_vocab_size`` is None while the vocabulary is unknown.
     Reads ``args`` only: validation stores them in its own copy of the namespace
@@ -33,4 +39,5 @@ def derive_run_values(args, vocab_size: int | None) -> dict:
     padded = None if vocab_size is None else padded_vocab_size(
         vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     return {"vocab_size": vocab_size, "padded_vocab_size": padded,
-            "train_samples": train_samples, "eval_samples": eval_samples}
+            "train_samples": train_samples, "eval_samples": eval_samples,
+            "test_samples": test_sample_count(args)}

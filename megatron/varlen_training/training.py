@@ -205,8 +205,9 @@ def _micro_batch_loss(model, batch: dict, output: torch.Tensor):
     return loss_func(batch["loss_mask"], output, cp_group=_mean_loss_cp_group(model, batch))
 
 
-def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
-    """Global per-token mean over micro-batches and DP x CP; None off the last PP stage."""
+def reported_totals(losses_reduced: list[dict]) -> torch.Tensor | None:
+    """[sum of token losses, loss tokens] over micro-batches and DP x CP (float64); None off
+    the last PP stage."""
     if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         return None
     total = torch.zeros(2, dtype=torch.float64, device=get_device())
@@ -214,7 +215,18 @@ def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
         total += item[LOSS_KEY].to(torch.float64)
     torch.distributed.all_reduce(
         total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-    return (total[0] / total[1].clamp(min=1)).item()
+    return total
+
+
+def _per_token_mean(totals: torch.Tensor) -> float:
+    """sum / tokens (an all-masked batch reports 0, never NaN)."""
+    return (totals[0] / totals[1].clamp(min=1)).item()
+
+
+def reduce_reported_loss(losses_reduced: list[dict]) -> float | None:
+    """Global per-token mean over micro-batches and DP x CP; None off the last PP stage."""
+    totals = reported_totals(losses_reduced)
+    return None if totals is None else _per_token_mean(totals)
 
 
 def _p2p_seq_length(run: RunConfig) -> int:
@@ -331,14 +343,23 @@ def optimizer_step(optimizer, check=None) -> float | None:
 
 
 @torch.no_grad()
-def evaluate(run: RunConfig, state: TrainState, provider, first_index: int) -> float | None:
-    """Mean validation loss over --eval-iters global batches (global per-token mean)."""
-    losses = []
+def evaluate(run: RunConfig, state: TrainState, provider, first_index: int,
+             on_batch=None) -> float | None:
+    """The loss over --eval-iters global batches of ``provider`` from ``first_index`` on,
+    forward only, the model in eval mode; None off the last pipeline stage.
+
+    As Megatron-LM's ``evaluate``: the token losses and the loss tokens of all the batches are
+    summed first and divided once (not a mean of the batches' means, which would weigh a token
+    of a batch with few loss tokens more). ``on_batch(i)`` runs before the i-th batch (1-based;
+    the progress lines of the end-of-training evaluations).
+    """
+    total = None
     with params_gathered(state.model), eval_mode(state.model):
         for offset in range(run.training.eval_iters):
+            if on_batch is not None:
+                on_batch(offset + 1)
             step = provider.step_batches(first_index + offset)
-            losses.append(
-                reduce_reported_loss(run_forward_backward(run, state, step, forward_only=True)))
-    if not losses or losses[0] is None:
-        return None
-    return sum(losses) / len(losses)
+            totals = reported_totals(run_forward_backward(run, state, step, forward_only=True))
+            if totals is not None:
+                total = totals if total is None else total + totals
+    return None if total is None else _per_token_mean(total)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class DataConfig:
     """Fields named as their flags' dests (the path lists as tuples), plus the sample counts
     derived from the training schedule: ``train_samples`` for every iteration (or
-    ``--train-samples`` as given) and ``eval_samples`` for every evaluation point.
+    ``--train-samples`` as given), ``eval_samples`` for every evaluation point and
+    ``test_samples`` for the one test-split evaluation at the end (Megatron-LM's counts).
 
     The indexed-data fields (Megatron-LM's flags, data_arguments.py) select megatron-core
     datasets: ``data_path`` split by ``split``, or one blend per split (``train_data_path``,
@@ -42,6 +43,7 @@ class DataConfig:
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
     packing_unit: str = "sample"
+    test_samples: int = 0
 
     @property
     def indexed(self) -> bool:

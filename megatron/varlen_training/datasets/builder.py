@@ -1,4 +1,4 @@
-"""Builds the train and validation datasets from the parsed command line.
+"""Builds the train, validation and test datasets from the parsed command line.
 
 - ``--mock-data``: :class:`MockGPTDataset` (every sample ``--seq-length`` long).
 - ``--mock-data --sft``: :class:`MockSFTDataset`, lengths from ``--sft-mock-dataset-config-json``.
@@ -9,8 +9,11 @@
   through megatron-core's builder (:mod:`.indexed`, which says what a sample is there); with
   ``--packing-unit document`` whole documents instead (:mod:`.whole_documents`).
 
-Mock validation sets are the same kind of dataset with the seed ``--seed + VALID_SEED_OFFSET``.
-Real SFT data is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
+Mock validation and test sets are the same kind of dataset with the seeds
+``--seed + VALID_SEED_OFFSET`` and ``--seed + TEST_SEED_OFFSET`` (Megatron-LM's mock data has a
+test split too). Indexed data has the test split ``--split`` or ``--test-data-path`` gives it
+(megatron-core's builder); real SFT files and ``--packing-unit document`` have none. Real SFT
+data is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
 held out for validation (none when no eval samples are requested); training reads the rest, one
 seeded permutation per epoch, for as many epochs as ``train_samples`` needs; validation cycles
 over the held-out tail in file order. Without ``--sequence-packing`` every sample is padded to
@@ -39,6 +42,7 @@ from megatron.varlen_training.tokenizer import NullTokenizer, Tokenizer
 
 
 VALID_SEED_OFFSET = 1_000_003  # mock validation seed = --seed + this
+TEST_SEED_OFFSET = 2_000_003  # mock test seed = --seed + this
 VALID_FRACTION = 0.05  # share of a real SFT file held out for validation
 # Mock datasets keep (at least) one int64 length per sample they provide.
 MOCK_BYTES_PER_SAMPLE = 8
@@ -93,7 +97,15 @@ class EpochDataset(torch.utils.data.Dataset):
 
 def build_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
                    pad_to_multiple_of: int | None = None):
-    """Builds ``(train_ds, valid_ds)`` as described in the module docstring.
+    """``(train_ds, valid_ds)`` of :func:`build_split_datasets` (callers without a test split
+    to read)."""
+    train, valid, _ = build_split_datasets(run, tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    return train, valid
+
+
+def build_split_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
+                         pad_to_multiple_of: int | None = None):
+    """Builds ``(train_ds, valid_ds, test_ds)`` as described in the module docstring.
 
     Args:
         run: Reads the data config (sources, sample counts), ``seq_length`` and ``vocab_size``,
@@ -104,7 +116,9 @@ def build_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
             dynamic CP, whose largest CP group exceeds ``--context-parallel-size``).
 
     Returns:
-        ``(train_ds, valid_ds)``; ``valid_ds`` is ``None`` when ``run.data.eval_samples`` is 0.
+        ``(train_ds, valid_ds, test_ds)``; ``valid_ds`` is ``None`` when
+        ``run.data.eval_samples`` is 0, ``test_ds`` when ``run.data.test_samples`` is 0 or the
+        data has no test split.
 
     Raises:
         ValueError: Missing ``--data-path``, unsupported data flags, or sizes that do not fit.
@@ -141,7 +155,7 @@ def build_datasets(run: RunConfig, tokenizer: Tokenizer | None, *,
 def _build_indexed(run: RunConfig, tokenizer: Tokenizer, multiple: int,
                    pad_to_seq_length: bool):
     if run.data.packing_unit == PACKING_UNIT_DOCUMENT:
-        return build_whole_document_datasets(run, tokenizer, multiple)
+        return *build_whole_document_datasets(run, tokenizer, multiple), None
     return build_indexed_datasets(run.data, run.model.seq_length, run.training.seed, tokenizer,
                                   multiple, pad_to_seq_length)
 
@@ -194,16 +208,19 @@ def check_mock_sample_count(train_samples: int, eval_samples: int) -> None:
     if need > limit:
         raise ValueError(
             f"--mock-data keeps one length per sample: {train_samples} training samples "
-            f"(--train-iters x --global-batch-size) and {eval_samples} validation samples "
-            f"(--eval-iters, every --eval-interval) take {need / GIB:.1f} GiB, above this "
-            f"machine's {limit / GIB:.1f} GiB of memory (lower --train-iters or --eval-iters)")
+            f"(--train-iters x --global-batch-size) and {eval_samples} validation and test "
+            f"samples (--eval-iters, every --eval-interval and at the end) take "
+            f"{need / GIB:.1f} GiB, above this machine's {limit / GIB:.1f} GiB of memory (lower "
+            f"--train-iters or --eval-iters)")
 
 
 def _train_and_valid(run: RunConfig, build):
+    """Mock (train, validation, test): one ``build(num_samples, seed)`` per split read."""
     data, seed = run.data, run.training.seed
-    check_mock_sample_count(data.train_samples, data.eval_samples)
+    check_mock_sample_count(data.train_samples, data.eval_samples + data.test_samples)
     valid = build(data.eval_samples, seed + VALID_SEED_OFFSET) if data.eval_samples else None
-    return build(data.train_samples, seed), valid
+    test = build(data.test_samples, seed + TEST_SEED_OFFSET) if data.test_samples else None
+    return build(data.train_samples, seed), valid, test
 
 
 def open_sft_data(path: str, tokenizer: Tokenizer, run: RunConfig, multiple: int,
@@ -236,4 +253,4 @@ def _build_sft(run: RunConfig, tokenizer: Tokenizer, multiple: int, pad_to_seq_l
     valid = None
     if num_valid:
         valid = EpochDataset(full, doc_ids[num_docs - num_valid :], data.eval_samples, 0, False)
-    return train, valid
+    return train, valid, None  # no test split: the file's tail is the validation split

@@ -17,8 +17,10 @@ reads sample ``iteration * global batch + k`` (:mod:`megatron.varlen_training.da
 layout and packed or not, so the stream, and where a resumed run continues it, depend only on
 the iteration. With ``--sequence-packing`` a sample is still one such piece (one THD sequence).
 
-The test split is held out as Megatron-LM holds it out but never read (this fork evaluates on
-the validation split only), so it is not built; nor is validation with ``--eval-iters 0``.
+The test split is Megatron-LM's too: the share ``--split`` gives it (the default
+``969,30,1`` gives one) or ``--test-data-path``, read once at the end of training
+(``--eval-iters`` global batches, :mod:`megatron.varlen_training.evaluation`); a test split
+without a share is not built (no test evaluation), nor any split with ``--eval-iters 0``.
 """
 
 from __future__ import annotations
@@ -90,9 +92,18 @@ def gpt_dataset_config(data: DataConfig, seq_length: int, seed: int,
     )
 
 
-def split_sizes(data: DataConfig) -> list[int]:
-    """Samples each split must provide: training, validation, and 0 for the unread test."""
-    return [data.train_samples, data.eval_samples, 0]
+def split_sizes(data: DataConfig, config: GPTDatasetConfig | None = None) -> list[int]:
+    """Samples each split must provide: training, validation, and test when ``config`` gives
+    the test split documents (a ``--split`` share or ``--test-data-path``; none without
+    ``config``), as Megatron-LM builds a test set only then."""
+    return [data.train_samples, data.eval_samples,
+            data.test_samples if config is not None and _has_test_split(config) else 0]
+
+
+def _has_test_split(config: GPTDatasetConfig) -> bool:
+    if config.blend_per_split is not None:
+        return config.blend_per_split[Split.test.value] is not None
+    return config.split_matrix[Split.test.value] is not None
 
 
 def skip_unread_splits(config: GPTDatasetConfig, sizes: list[int]) -> None:
@@ -164,8 +175,9 @@ def check_enough_samples(core, needed: int, split: Split, data: DataConfig) -> N
     if core is None or not needed or len(core) >= needed:
         return
     flag = "--data-path" if data.data_path else PER_SPLIT_FLAGS[split.value]
-    what = "training samples (--train-iters x --global-batch-size)" if split == Split.train \
-        else "validation samples (--eval-iters x --global-batch-size per evaluation)"
+    what = {Split.train: "training samples (--train-iters x --global-batch-size)",
+            Split.valid: "validation samples (--eval-iters x --global-batch-size per evaluation)",
+            Split.test: "test samples (--eval-iters x --global-batch-size)"}[split]
     raise ValueError(
         f"{flag} lists its datasets without weights: megatron-core then reads one epoch of "
         f"each, {len(core)} {split.name} samples, fewer than the run's {needed} {what}; give "
@@ -228,25 +240,23 @@ def build_core_datasets(config: GPTDatasetConfig, sizes: list[int]) -> list:
 
 def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokenizer: Tokenizer,
                            pad_to_multiple_of: int, pad_to_seq_length: bool):
-    """``(train, validation or None)`` of the run's indexed data (module docstring).
+    """``(train, validation or None, test or None)`` of the run's indexed data (module
+    docstring).
 
     The checks run first on every rank and agree (:func:`agree_on_errors`); what they cannot
     foresee (an I/O error writing the index cache) fails every rank alike too
     (:func:`build_core_datasets`).
     """
     config = gpt_dataset_config(data, seq_length, seed, tokenizer)
-    sizes = split_sizes(data)
+    sizes = split_sizes(data, config)
     agree_on_errors(check_indexed_data, config, data, sizes)
-    if data.test_data_path:
-        warning_rank_0("--test-data-path: checked but not read (this fork evaluates on the "
-                       "validation split only)")
     skip_unread_splits(config, sizes)
     print_rank_0(" > datasets target sizes (minimum size):\n    train:      %d\n    "
-                 "validation: %d\n    test:       %d (not read)", *sizes)
+                 "validation: %d\n    test:       %d", *sizes)
     print_rank_0("> building train, validation, and test datasets for GPT ...")
-    train, valid, _ = build_core_datasets(config, sizes)
+    train, valid, test = build_core_datasets(config, sizes)
     print_rank_0("> finished creating GPT datasets ...")
-    for split, core in ((Split.train, train), (Split.valid, valid)):
+    for split, core in ((Split.train, train), (Split.valid, valid), (Split.test, test)):
         check_enough_samples(core, sizes[split.value], split, data)
     if data.eval_samples and valid is None:
         warning_rank_0("no validation data (--valid-data-path): --eval-iters evaluates nothing")
@@ -256,5 +266,5 @@ def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokeniz
         return IndexedGPTSamples(core, num_samples, tokenizer.pad, pad_to_multiple_of,
                                  padded_length)
 
-    return (wrap(train, sizes[0]),
-            wrap(valid, sizes[1]) if valid is not None and sizes[1] else None)
+    return tuple(wrap(core, size) if core is not None and size else None
+                 for core, size in ((train, sizes[0]), (valid, sizes[1]), (test, sizes[2])))

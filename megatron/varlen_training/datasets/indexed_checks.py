@@ -132,6 +132,13 @@ def split_ranges(num_documents: int, split_matrix) -> list[tuple[int, int] | Non
             for bounds in split_matrix]
 
 
+# A larger share for an empty split that is read, and what else fixes it (the test split is
+# read at the end of training).
+_SHARE_HINTS = {"test": "e.g. --split 90,5,5"}
+_OTHER_FIXES = {"validation": " or set --eval-iters 0",
+                "test": " or none (e.g. --split 98,2,0: no test evaluation) or set --eval-iters 0"}
+
+
 def check_split_not_empty(prefix: str, lengths: np.ndarray, bounds: tuple[int, int],
                           split_index: int, where: str) -> None:
     """A split that is read must hold at least one token (megatron-core would loop forever
@@ -146,8 +153,8 @@ def check_split_not_empty(prefix: str, lengths: np.ndarray, bounds: tuple[int, i
     name = SPLIT_NAMES[split_index]
     raise ValueError(f"{where} leaves the {name} split of {prefix} empty ({end - begin} of its "
                      f"{len(lengths)} documents, {int(lengths[begin:end].sum())} tokens): give "
-                     f"the {name} split a larger share ({SPLIT_HINT})"
-                     + (" or set --eval-iters 0" if name == "validation" else ""))
+                     f"the {name} split a larger share ({_SHARE_HINTS.get(name, SPLIT_HINT)})"
+                     + _OTHER_FIXES.get(name, ""))
 
 
 def check_cache_writable(cache_dir: str, flag_hint: str) -> None:

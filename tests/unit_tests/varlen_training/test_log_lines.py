@@ -27,7 +27,8 @@ from megatron.wrap.config import build_config
 WORLD = 2
 STEPS = 2
 CONFIG = tiny_packed_config(global_batch_size=4, train_iters=STEPS)
-# pretrain_gpt.py validates once, at the end (iteration STEPS).
+# pretrain_gpt.py validates at iteration STEPS (an --eval-interval multiple), then, as the end of
+# training, on the validation split again (the next batch) and on the mock data's test split.
 EVAL_FLAGS = ["--eval-iters", "1", "--eval-interval", str(STEPS)]
 BATCH = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 12, 3)]
 
@@ -46,8 +47,9 @@ ARGUMENTS = ["------------------------ arguments ------------------------",
              "-------------------- end of arguments ---------------------"]
 ARGUMENT = re.compile(r"^  [a-z0-9_]+ \.+ \S.*$")
 VALIDATION = re.compile(
-    rf"^ validation loss at iteration (?P<iteration>\d+) \| lm loss value: (?P<loss>{FLOAT}) \| "
-    rf"lm loss PPL: {FLOAT} \|$")
+    rf"^ validation loss at iteration (?P<iteration>\d+)(?P<where>( on (validation|test) set)?) "
+    rf"\| lm loss value: (?P<loss>{FLOAT}) \| lm loss PPL: {FLOAT} \|$")
+RULE = re.compile(r"^-+$")  # Megatron-LM's dashes above and below each validation line
 
 
 def _captured(run) -> tuple[str, object]:
@@ -86,8 +88,10 @@ def rank_both_entry_points(tmp: str) -> dict:
     history = pretrain["history"]
     last = torch.distributed.get_rank() == WORLD - 1  # the rank that writes the metrics
     return {
-        "pretrain": (pretrain_out, [h["lm_loss"] for h in history], history[-1]["validation_loss"]),
-        "facade": (facade_out, facade["losses"], facade["validation"]),
+        "pretrain": (pretrain_out, [h["lm_loss"] for h in history],
+                     [history[-1][key] for key in
+                      ("validation_loss", "end_validation_loss", "test_loss")]),
+        "facade": (facade_out, facade["losses"], [facade["validation"]]),
         "jsonl": ({"pretrain": _read_jsonl(pretrain_jsonl), "facade": _read_jsonl(facade_jsonl)}
                   if last else None),
     }
@@ -106,10 +110,11 @@ def _parse(text: str) -> list[re.Match]:
     return lines
 
 
-def _loss_lines(lines: list[re.Match]) -> tuple[list[re.Match], list[re.Match]]:
+def _loss_lines(lines: list[re.Match]) -> tuple[list[re.Match], list[re.Match], list[str]]:
     messages = [line["message"] for line in lines]
     return ([m for m in map(ITERATION.match, messages) if m],
-            [m for m in map(VALIDATION.match, messages) if m])
+            [m for m in map(VALIDATION.match, messages) if m],
+            [m for m in messages if RULE.match(m)])
 
 
 def _close(logged: str, value: float) -> bool:
@@ -124,16 +129,19 @@ def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses(re
         assert all(int(line["rank"]) == 0 for line in first)
         assert all(int(line["rank"]) == WORLD - 1 for line in last)
         # Rank 0 owns the same loss (DP=2) but prints only its start-up facts.
-        assert _loss_lines(first) == ([], []), said
-        iterations, validations = _loss_lines(last)
-        assert len(iterations) + len(validations) == len(last), said
-        _, losses, validation_loss = results[-1][entry]
+        assert _loss_lines(first) == ([], [], []), said
+        iterations, validations, rules = _loss_lines(last)
+        assert len(iterations) + len(validations) + len(rules) == len(last), said
+        assert len(rules) == 2 * len(validations), said
+        _, losses, validation_losses = results[-1][entry]
         assert [int(m["iteration"]) for m in iterations] == list(range(1, STEPS + 1)), said
         assert all(int(m["train_iters"]) == STEPS and int(m["gbs"]) == 4 for m in iterations)
         assert all(_close(m["loss"], loss) for m, loss in zip(iterations, losses)), (said, losses)
-        (validation,) = validations
-        assert int(validation["iteration"]) == STEPS
-        assert _close(validation["loss"], validation_loss), (said, validation_loss)
+        wheres = {"pretrain": ["", " on validation set", " on test set"], "facade": [""]}
+        assert [m["where"] for m in validations] == wheres[entry], said
+        for validation, loss in zip(validations, validation_losses, strict=True):
+            assert int(validation["iteration"]) == STEPS
+            assert _close(validation["loss"], loss), (said, validation_losses)
         assert all(line["coords"] and line["level"] == "INFO" for line in last)
         extras[entry] = [re.findall(r" ([a-z ]+):", m["extra"]) for m in iterations]
     assert extras["pretrain"] == extras["facade"], "the schedule's stats differ between entries"

@@ -15,7 +15,7 @@ from megatron.varlen_training.datasets import (
     build_datasets,
     get_pad_multiple,
 )
-from megatron.varlen_training.datasets.builder import VALID_FRACTION
+from megatron.varlen_training.datasets.builder import VALID_FRACTION, build_split_datasets
 from megatron.varlen_training.tokenizer import ByteLevelTokenizer, NullTokenizer
 
 
@@ -32,6 +32,7 @@ def _args(**overrides):
         seed=1234,
         train_samples=24,
         eval_samples=6,
+        test_samples=0,
         sft_mock_dataset_config_json=None,
         context_parallel_size=1,
         tensor_model_parallel_size=1,
@@ -44,14 +45,19 @@ def _args(**overrides):
 
 
 def _build(args, tokenizer, **kwargs):
-    """build_datasets on the run config these flat values describe (a stand-in with the
-    fields build_datasets reads)."""
-    run = SimpleNamespace(
+    """build_datasets on the run config these flat values describe."""
+    return build_datasets(_run(args), tokenizer, **kwargs)
+
+
+def _run(args):
+    """A stand-in for the run config with the fields build_datasets reads."""
+    return SimpleNamespace(
         model=SimpleNamespace(seq_length=args.seq_length, vocab_size=args.vocab_size),
         data=SimpleNamespace(
             mock_data=args.mock_data, sft=args.sft, data_path=args.data_path,
             sft_mock_dataset_config_json=args.sft_mock_dataset_config_json,
             train_samples=args.train_samples, eval_samples=args.eval_samples,
+            test_samples=args.test_samples,
             sft_messages_key="messages", sft_prompt_key="prompt", sft_response_key="response",
             indexed=bool(args.data_path) and not args.mock_data and not args.sft),
         training=SimpleNamespace(seed=args.seed),
@@ -59,7 +65,22 @@ def _build(args, tokenizer, **kwargs):
                                  tensor_model_parallel_size=args.tensor_model_parallel_size,
                                  sequence_parallel=args.sequence_parallel),
         packing=SimpleNamespace(sequence_packing=args.sequence_packing))
-    return build_datasets(run, tokenizer, **kwargs)
+
+
+
+@pytest.mark.parametrize("sft", [False, True])
+def test_mock_test_split(sft):
+    """Mock data has a test split (as Megatron-LM's): its own seed, --eval-iters x global batch
+    samples, none when no test samples are asked for."""
+    lengths = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 4,
+                          "max_seq_len": 32, "mean_seq_len": 12, "lognormal_sigma": 1.0})
+    args = _args(test_samples=4, sft=sft, sft_mock_dataset_config_json=lengths if sft else None)
+    train, valid, test = build_split_datasets(_run(args), NullTokenizer(64))
+    assert type(test) is type(valid) and len(test) == 4
+    for other in (train, valid):
+        assert not torch.equal(test[0]["tokens"], other[0]["tokens"])
+    args = _args(sft=sft, sft_mock_dataset_config_json=args.sft_mock_dataset_config_json)
+    assert build_split_datasets(_run(args), NullTokenizer(64))[2] is None
 
 
 def _sft_file(tmp_path, num_docs):

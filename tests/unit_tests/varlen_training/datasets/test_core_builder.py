@@ -40,7 +40,7 @@ def _data(data_path: list[str], cache: str) -> DataConfig:
 def _build_or_error(data_path: list[str], cache: str):
     """This rank's first training samples' tokens, or the one-line error it stopped with."""
     try:
-        train, _ = build_indexed_datasets(_data(data_path, cache), SEQ_LENGTH, SEED,
+        train, _, _ = build_indexed_datasets(_data(data_path, cache), SEQ_LENGTH, SEED,
                                           ByteLevelTokenizer(), 1, True)
     except UserInputError as err:
         return str(err)

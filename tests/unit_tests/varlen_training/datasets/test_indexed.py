@@ -26,12 +26,12 @@ class _Tokenizer:  # what megatron-core's datasets read of a tokenizer, written 
     unique_identifiers = {"class": "reference"}
 
 
-def _data(data_path=None, split="90,10,0", train=40, valid=8, **paths) -> DataConfig:
+def _data(data_path=None, split="90,10,0", train=40, valid=8, test=0, **paths) -> DataConfig:
     return DataConfig(mock_data=False, sft=False, sft_mock_dataset_config_json=None,
                       tokenizer_type="ByteLevelTokenizer", tokenizer_model=None,
                       sft_messages_key="messages", sft_prompt_key="prompt",
                       sft_response_key="response",
-                      train_samples=train, eval_samples=valid, split=split,
+                      train_samples=train, eval_samples=valid, test_samples=test, split=split,
                       data_path=tuple(data_path) if data_path else None, **paths)
 
 
@@ -46,6 +46,11 @@ def _reference(blend, split, sizes, cache, blend_per_split=None):
 
 
 def _ours(data, pad_to_seq_length=True, multiple=1):
+    """Our (train, validation) datasets."""
+    return _ours_with_test(data, pad_to_seq_length, multiple)[:2]
+
+
+def _ours_with_test(data, pad_to_seq_length=True, multiple=1):
     return build_indexed_datasets(data, SEQ_LENGTH, SEED, ByteLevelTokenizer(), multiple,
                                   pad_to_seq_length)
 
@@ -84,6 +89,17 @@ def test_single_prefix_stream_is_gpt_datasets(corpora, tmp_path):
     assert len(train) == 40 and len(valid) == 8
     _assert_same_stream(train, ref_train, 40)
     _assert_same_stream(valid, ref_valid, 8)
+
+
+def test_test_split_is_megatron_cores(corpora, tmp_path):
+    """The test split --split gives a share: megatron-core's test samples, in its order; a
+    split without a test share gives none (Megatron-LM then evaluates no test set)."""
+    a, _ = corpora
+    _, _, test = _ours_with_test(_data([a], split="80,10,10", test=8))
+    reference = _reference(([a], None), "80,10,10", [40, 8, 8], str(tmp_path / "ref"))[2]
+    assert len(test) == 8
+    _assert_same_stream(test, reference, 8)
+    assert _ours_with_test(_data([a], split="90,10,0", test=8))[2] is None
 
 
 def test_weighted_blend_stream_is_blended_datasets(corpora, tmp_path):

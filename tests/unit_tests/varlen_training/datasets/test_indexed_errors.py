@@ -79,7 +79,7 @@ def _check(tmp_path, data_path, split="90,10,0", vocab_tokenizer=None, **data):
     tokenizer = vocab_tokenizer or ByteLevelTokenizer()
     core = gpt_dataset_config(config, 32, 1, tokenizer)
     with pytest.raises(ValueError) as err:
-        check_indexed_data(core, config, split_sizes(config))
+        check_indexed_data(core, config, split_sizes(config, core))
     message = str(err.value)
     assert "\n" not in message
     return message
@@ -137,6 +137,17 @@ def test_empty_split_names_split(tmp_path):
         f"--split '969, 30, 1' leaves the validation split of {tmp_path}/tiny empty (0 of its "
         f"10 documents, 0 tokens): give the validation split a larger share (e.g. --split "
         f"90,10,0) or set --eval-iters 0")
+
+
+def test_empty_test_split_names_its_fixes(tmp_path):
+    """The test split is read at the end of training (as in Megatron-LM): an empty one is
+    refused in one line (megatron-core would search it forever), naming the ways out."""
+    write_corpus(str(tmp_path / "tiny"), 10, seed=5)
+    message = _check(tmp_path, [str(tmp_path / "tiny")], split="90,9,1", test_samples=4)
+    assert message == (
+        f"--split '90,9,1' leaves the test split of {tmp_path}/tiny empty (0 of its 10 "
+        f"documents, 0 tokens): give the test split a larger share (e.g. --split 90,5,5) or "
+        f"none (e.g. --split 98,2,0: no test evaluation) or set --eval-iters 0")
 
 
 def test_unwritable_cache(tmp_path, prefix):

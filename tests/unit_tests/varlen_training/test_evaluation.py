@@ -1,0 +1,298 @@
+"""Evaluation in pretrain_gpt.py's loop (megatron/varlen_training/evaluation.py) against
+independent references:
+
+- which validation global batches each evaluation reads: a counter that advances as
+  Megatron-LM's validation iterator does (one block of --eval-iters batches per evaluation,
+  also at the end of training; a resumed run restarts it at ``iteration // eval_interval``
+  blocks), and the sample count the datasets are built for;
+- the validation and test losses a packed DP2 run (mock SFT samples) and a packed one-rank
+  run (Megatron indexed data, megatron-core's test split) report: the per-token mean computed
+  directly in this test, sample by sample (one unpacked forward each), over exactly the
+  validation and test samples each evaluation must read, with the run's trained model;
+- evaluation has no side effect on training: with dropout on, a run that evaluates after every
+  iteration trains exactly as one that never evaluates (dense, and MoE with its balancing
+  losses); a run stopped by an exit condition skips the end-of-training evaluations;
+- the TensorBoard / wandb keys and the log lines are Megatron-LM's;
+- two cells of tools/probe_combinations.py with ``--eval``: dynamic CP against the single-rank
+  unpacked run, and a resumed run against the straight one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megatron.varlen_training import evaluation, metric_writers, training
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.datasets.builder import build_split_datasets
+from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
+from megatron.varlen_training.model_family import GPT
+from megatron.varlen_training.pretrain import pretrain
+from megatron.varlen_training.run_description import sample_counts
+from megatron.varlen_training.trainer import Trainer
+from tests.harness.metric_fakes import fake_metric_modules
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
+from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
+from tools.probe_combinations import (
+    EVAL, REFERENCE_LAYOUT, compare, launch, launch_resume, parse_cell,
+)
+
+RTOL = 1e-5
+TIMEOUT_S = 120
+
+
+# ---------------------------------------------------------------- which batches are read
+
+
+class _MegatronValidIterator:
+    """The reference: one iterator over validation global batches, as Megatron-LM's; every
+    evaluation takes the next ``eval_iters``; a resume re-creates it after Megatron-LM's
+    ``consumed_valid_samples`` of a checkpoint without one (iteration // interval blocks)."""
+
+    def __init__(self, eval_iters: int, start_block: int = 0):
+        self.eval_iters, self.next_batch = eval_iters, start_block * eval_iters
+
+    def take(self) -> int:
+        first, self.next_batch = self.next_batch, self.next_batch + self.eval_iters
+        return first
+
+
+def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int = 0):
+    """The first validation batch of each evaluation evaluation.py runs from iteration
+    ``start`` (a resume) to the end, as (iteration, first batch, at end)."""
+    reads = []
+
+    def fake_evaluate(run, state, provider, first_index, on_batch=None):
+        reads.append((state.iteration, first_index, provider))
+        return None
+
+    config = SimpleNamespace(eval_iters=eval_iters, eval_interval=eval_interval,
+                             global_batch_size=4)
+    trainer = SimpleNamespace(run=SimpleNamespace(training=config),
+                              state=SimpleNamespace(iteration=start, consumed_train_samples=0),
+                              writers=[])
+    original, training.evaluate = training.evaluate, fake_evaluate
+    try:
+        for iteration in range(start + 1, train_iters + 1):
+            trainer.state.iteration = iteration
+            evaluation.evaluate_in_loop(trainer, "valid")
+        evaluation.evaluate_at_end(trainer, "valid", "test")
+    finally:
+        training.evaluate = original
+    return reads
+
+
+@pytest.mark.parametrize("train_iters,interval,eval_iters", [(7, 2, 3), (6, 2, 3), (5, 1, 2),
+                                                             (3, 5, 1)])
+def test_evaluations_read_the_next_validation_batches(train_iters, interval, eval_iters):
+    reference = _MegatronValidIterator(eval_iters)
+    expected = [(it, reference.take()) for it in range(1, train_iters + 1) if it % interval == 0]
+    expected.append((train_iters, reference.take()))  # the end: after the in-loop one, too
+    reads = _schedule(train_iters, interval, eval_iters)
+    assert [(it, first) for it, first, source in reads if source == "valid"] == expected
+    assert [(it, first) for it, first, source in reads if source == "test"] == \
+        [(train_iters, 0)]
+    # The validation set is built for exactly these reads (Megatron-LM's eval sample count).
+    args = SimpleNamespace(train_samples=None, train_iters=train_iters, eval_interval=interval,
+                           eval_iters=eval_iters, global_batch_size=4)
+    assert reference.next_batch * args.global_batch_size == sample_counts(args)[1]
+
+
+@pytest.mark.parametrize("resume_at", [2, 3, 4])
+def test_a_resumed_run_reads_what_an_uninterrupted_one_reads(resume_at):
+    straight = [r for r in _schedule(7, 2, 3) if r[0] > resume_at]
+    reference = _MegatronValidIterator(3, start_block=resume_at // 2)
+    assert [first for _, first, source in straight if source == "valid"][0] == reference.take()
+    assert _schedule(7, 2, 3, start=resume_at) == straight
+
+
+def test_no_evaluation_without_eval_iters():
+    assert _schedule(4, 2, 0) == []
+
+
+# ---------------------------------------------------------------- the losses
+
+
+def _direct_loss(model, dataset, indices: range) -> float:
+    """Sum of the masked token losses over ``indices``' samples / their loss tokens, each
+    sample alone through the model unpacked (float64 sums)."""
+    total, tokens = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    with torch.no_grad(), eval_mode([model]):
+        for index in indices:
+            sample = dataset[index]
+            n = sample["length"]
+            losses = model(sample["tokens"][None, :n], sample["position_ids"][None, :n], None,
+                           labels=sample["labels"][None, :n])
+            mask = sample["loss_mask"][:n].double()
+            total += (losses[0].double() * mask).sum()
+            tokens += mask.sum()
+    return (total / tokens).item()
+
+
+def _run_and_direct_losses(argv: list[str]) -> dict:
+    """pretrain() on this rank's group, then the direct losses with the trained model over the
+    samples each evaluation must read (TRAIN_ITERS, EVAL: batches 0-1, 2-3 and test 0-1)."""
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    trainer = Trainer(run, GPT)
+    try:
+        history = pretrain(trainer)
+        _, valid, test = build_split_datasets(run, trainer.tokenizer)
+        model, batch = trainer.state.model[0], run.training.global_batch_size * EVAL_ITERS
+        direct = {"validation_loss": _direct_loss(model, valid, range(0, batch)),
+                  "end_validation_loss": _direct_loss(model, valid, range(batch, 2 * batch)),
+                  "test_loss": _direct_loss(model, test, range(0, batch))}
+        return {"history": history, "direct": direct,
+                "owns_loss": history[0]["lm_loss"] is not None}
+    finally:
+        trainer.close()
+
+
+TRAIN_ITERS, EVAL_ITERS = 2, 2
+LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
+                      "max_seq_len": 32, "mean_seq_len": 10, "lognormal_sigma": 1.0})
+# Mock SFT samples: their lengths (loss tokens) differ, so a mean of batch means would not do.
+EVALUATED = [*TINY_GPT_ARGS, "--train-iters", str(TRAIN_ITERS), "--eval-iters", str(EVAL_ITERS),
+             "--eval-interval", str(TRAIN_ITERS), "--sft", "--sft-mock-dataset-config-json",
+             LENGTHS, "--micro-batch-size", "1", "--sequence-packing",
+             "--calculate-per-token-loss", "--position-embedding-type", "rope"]
+
+
+# Megatron indexed data with a test share, packed on one rank (megatron-core's splits).
+INDEXED = [*EVALUATED[EVALUATED.index("--train-iters"):], "--num-layers", "2",
+           "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+           "--global-batch-size", "4", "--lr", "1e-3", "--make-vocab-size-divisible-by", "32",
+           "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7",
+           "--tokenizer-type", "ByteLevelTokenizer", "--split", "80,10,10"]
+INDEXED = [flag for flag in INDEXED if flag not in ("--sft", "--sft-mock-dataset-config-json",
+                                                    LENGTHS)]
+RUNS = {"mock_sft_dp2": 2, "indexed_1rank": 1}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def evaluated(request, tmp_path_factory):
+    argv = EVALUATED
+    if request.param == "indexed_1rank":
+        folder = tmp_path_factory.mktemp("indexed")
+        write_corpus(str(folder / "docs"), 200, seed=3)
+        argv = INDEXED + ["--data-path", str(folder / "docs"),
+                          "--data-cache-path", str(folder / "cache")]
+    results = run_distributed(_run_and_direct_losses, RUNS[request.param], args=(argv,),
+                              timeout_s=TIMEOUT_S)
+    owner = [r for r in results if r["owns_loss"]][-1]
+    return owner["history"][-1], owner["direct"]
+
+
+@pytest.mark.parametrize("key", ["validation_loss", "end_validation_loss", "test_loss"])
+def test_evaluated_losses_equal_the_direct_per_token_mean(evaluated, key):
+    reported, direct = evaluated
+    assert reported[key] is not None
+    assert abs(reported[key] - direct[key]) <= RTOL * abs(direct[key]), (key, reported, direct)
+
+
+def test_each_evaluation_reads_other_samples(evaluated):
+    _, direct = evaluated  # else equal losses above could come from the same samples
+    assert len({round(value, 6) for value in direct.values()}) == 3, direct
+
+
+# ---------------------------------------------------------------- layouts and resume
+
+
+def test_dynamic_cp_evaluates_as_one_rank_unpacked():
+    """tools/probe_combinations.py's cell sft_masks/d_dp2_cp2 with --eval (real SFT conversations,
+    prompts masked; dynamic CP over 2x2 ranks): every validation and test loss equals the
+    single-rank unpacked run's (the probe found every layout equal: docs/ARCHITECTURE.md)."""
+    feature, layout, recompute = parse_cell("sft_masks/d_dp2_cp2")
+    reference = launch(feature, REFERENCE_LAYOUT, "none", EVAL)
+    run = launch(feature, layout, recompute, EVAL)
+    assert reference["status"] == run["status"] == "ran", (reference, run)
+    assert reference["history"][-1]["test_loss"] is None  # a real SFT file has no test split
+    assert sum(step["validation_loss"] is not None for step in reference["history"]) == 1
+    gap, where = compare(run["history"], reference["history"])
+    assert gap <= RTOL, where
+
+
+def test_a_resumed_run_validates_as_the_straight_one(tmp_path):
+    """Half + save + load + half: the resumed half's in-loop validation reads the batches the
+    straight run reads there, bit for bit (packed, one rank: the probe found DP2, dynamic CP
+    over 2x2 ranks and PP2 with virtual stages equal too)."""
+    run = launch_resume(*parse_cell("dense/p_single"), str(tmp_path), EVAL)
+    assert run["status"] == "ran", run.get("error", run.get("reason"))
+    assert [step["validation_loss"] is not None for step in run["history"]] == \
+        [False, True, False, True]
+    assert run["resumed"] == run["history"]
+
+
+def test_an_exit_condition_skips_the_end_of_training_evaluations():
+    """As Megatron-LM: a run stopped by --exit-interval evaluates in the loop, not at the end
+    (the resumed run does, once it reaches --train-iters)."""
+    argv = [*TINY_GPT_ARGS, "--train-iters", "4", "--exit-interval", "2", "--eval-iters", "1",
+            "--eval-interval", "2", "--micro-batch-size", "1", "--sequence-packing"]
+    history = loss_owner_history(run_distributed(train_on_this_rank, 1, args=(argv,),
+                                                 timeout_s=TIMEOUT_S))
+    assert len(history) == 2 and history[-1]["validation_loss"] is not None
+    assert "end_validation_loss" not in history[-1] and "test_loss" not in history[-1]
+
+
+# ---------------------------------------------------------------- no side effects
+
+
+DROPOUT = ["--hidden-dropout", "0.2", "--attention-dropout", "0.2"]
+
+
+# MoE routers keep running statistics (global_aux_loss's token counts, the balancing losses'
+# tracker the step reports): an evaluation must add nothing to them.
+MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "16", "--disable-bias-linear",
+       "--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "0.1",
+       "--moe-z-loss-coeff", "0.01", "--calculate-per-token-loss"]
+
+
+@pytest.mark.parametrize("model", [[], MOE], ids=["dense", "moe"])
+def test_evaluating_leaves_training_alone(model):
+    """Dropout on: an evaluation in train mode (or one that drew random numbers) would change
+    the next iterations; the run evaluating after every iteration must train bit for bit as
+    the one that never evaluates (every reported loss and the grad norm)."""
+    base = [*TINY_GPT_ARGS, "--train-iters", "3", "--micro-batch-size", "1",
+            "--sequence-packing", *DROPOUT, *model]
+    runs = {}
+    for name, extra in (("never", ["--eval-iters", "0"]),
+                        ("every", ["--eval-iters", "1", "--eval-interval", "1"])):
+        history = loss_owner_history(run_distributed(train_on_this_rank, 1, args=(base + extra,),
+                                                     timeout_s=TIMEOUT_S))
+        evaluated = [h.pop("validation_loss") is not None for h in history]
+        assert evaluated == [name == "every"] * len(history)
+        del history[-1]["end_validation_loss"], history[-1]["test_loss"]
+        runs[name] = history
+    assert runs["every"] == runs["never"]
+    assert not model or "z_loss" in runs["never"][0], runs["never"][0]
+
+
+# ---------------------------------------------------------------- keys and lines
+
+
+def test_tensorboard_and_wandb_keys_are_megatron_lms(monkeypatch, tmp_path):
+    calls, runs = [], []
+    for name, module in fake_metric_modules(calls, runs).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    tensorboard = metric_writers.TensorBoardMetricWriter(tmp_path)
+    wandb = metric_writers.WandbMetricWriter("project")
+    for writer in (tensorboard, wandb):
+        writer.write_evaluation("validation", 2.5, 10, 160)
+        writer.write_evaluation("test", 2.25, 10, 160)
+    assert calls[1:] == [("lm loss validation", 2.5, 10),
+                         ("lm loss validation vs samples", 2.5, 160),
+                         ("lm loss test", 2.25, 10), ("lm loss test vs samples", 2.25, 160)]
+    assert runs[0].logged == [(10, {"lm loss validation": 2.5}), (10, {"lm loss test": 2.25})]
+
+
+def test_validation_lines_are_megatron_lms(capsys, monkeypatch):
+    printed = []
+    monkeypatch.setattr("megatron.varlen_training.loop_steps.print_rank_last", printed.append)
+    log_validation_loss(4, 2.0, evaluation.END_OF_TRAINING["test"])
+    line = " validation loss at iteration 4 on test set | lm loss value: 2.000000E+00 | " \
+           "lm loss PPL: 7.389056E+00 |"
+    assert printed == ["-" * (len(line) + 1), line, "-" * (len(line) + 1)]
