@@ -5,7 +5,8 @@ order), a folder written by ``datasets.Dataset.save_to_disk`` or one ``.arrow`` 
 folder; all local. Hugging Face ``datasets`` reads them (the optional ``[data]`` extra:
 ``datasets`` and ``pyarrow``): Arrow files are memory-mapped; Parquet is converted once into
 ``datasets``' Arrow cache (``$HF_DATASETS_CACHE``, reused by later runs and by the other ranks)
-and memory-mapped from there. Only the conversation's columns are read.
+and memory-mapped from there. Only the conversation's columns are read; a column of
+pre-tokenised data beside them is refused rather than ignored (``sft_unread``).
 
 Rows are the records of the JSONL format (:mod:`megatron.varlen_training.datasets.sft`), with
 the same keys (``--sft-messages-key``, or ``--sft-prompt-key`` and ``--sft-response-key``), the
@@ -29,6 +30,9 @@ import torch
 
 from megatron.varlen_training.datasets.sample import make_sample
 from megatron.varlen_training.datasets.sft import SFTKeys, encode_record, parse_turns, truncate
+from megatron.varlen_training.datasets.sft_unread import (
+    PRETOKENIZED_HINT, TRAINED_ROLE, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, pretokenized_fields,
+)
 from megatron.varlen_training.errors import one_line
 from megatron.varlen_training.log import warning_all_ranks
 from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
@@ -160,8 +164,22 @@ def _is_message_list(arrow_type) -> bool:
         _is_string(message.field(name).type) for name in ("role", "content"))
 
 
+def _refuse_pretokenized_columns(path: str, schema) -> None:
+    """A column of pre-tokenised data (``sft_unread.PRETOKENIZED_KEYS``) is refused: only the
+    conversation's columns are read. A column of null type (no row has a value) is not."""
+    import pyarrow as pa
+
+    filled = [field.name for field in schema if not pa.types.is_null(field.type)]
+    present = pretokenized_fields(filled)
+    if present:
+        raise ValueError(f"{path}: column {present[0]!r} (pre-tokenised or pre-masked data) "
+                         f"would be ignored: {PRETOKENIZED_HINT}")
+
+
 def _conversation_columns(path: str, schema, keys: SFTKeys) -> list[str]:
-    """The columns holding the conversation (messages first, as in JSONL), type-checked."""
+    """The columns holding the conversation (messages first, as in JSONL), type-checked;
+    a pre-tokenised column beside them is refused."""
+    _refuse_pretokenized_columns(path, schema)
     if keys.messages in schema.names:
         arrow_type = schema.field(keys.messages).type
         if not _is_message_list(arrow_type):
@@ -200,8 +218,31 @@ def _bad_rows(batch, keys: SFTKeys) -> np.ndarray:
     roles, contents = pc.struct_field(flat, "role"), pc.struct_field(flat, "content")
     known = pc.is_in(roles, value_set=pa.array(CHAT_ROLES)).fill_null(False)
     bad_message = (np.asarray(flat.is_null()) | ~np.asarray(known)
-                   | np.asarray(contents.is_null()))
+                   | np.asarray(contents.is_null()) | _unread_message_fields(flat, roles))
     bad[np.asarray(pc.list_parent_indices(messages))[bad_message]] = True
+    return bad
+
+
+def _unread_message_fields(flat, roles) -> np.ndarray:
+    """Message mask: a non-null field the template would need (``tool_calls``, ...), or a
+    ``weight`` that disagrees with the mask (``sft_unread.refuse_unread_message_keys``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad = np.zeros(len(flat), dtype=bool)
+    names = {flat.type.field(i).name for i in range(flat.type.num_fields)}
+    for name in names.intersection(UNRENDERED_MESSAGE_KEYS):
+        bad |= np.asarray(pc.struct_field(flat, name).is_valid())
+    if WEIGHT_KEY in names:
+        weight = pc.struct_field(flat, WEIGHT_KEY)
+        given = np.asarray(weight.is_valid())
+        if pa.types.is_integer(weight.type) or pa.types.is_floating(weight.type) \
+                or pa.types.is_boolean(weight.type):
+            trained = np.asarray(pc.equal(roles, TRAINED_ROLE).fill_null(False))
+            values = np.asarray(pc.cast(weight, pa.float64()).fill_null(0.0))
+            bad |= given & (values != trained)
+        else:  # a string or other weight never equals the 0/1 that parse_turns compares with
+            bad |= given
     return bad
 
 

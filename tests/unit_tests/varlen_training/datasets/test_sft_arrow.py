@@ -125,6 +125,12 @@ def _chat(*turns):
 GOOD = _chat(("user", "q"), ("assistant", "a"))
 
 
+def _weighted(user_weight, assistant_weight) -> dict:
+    """A chat whose messages carry OpenAI's per-message ``weight``."""
+    return {"messages": [{"role": "user", "content": "q", "weight": user_weight},
+                         {"role": "assistant", "content": "a", "weight": assistant_weight}]}
+
+
 @pytest.mark.parametrize("rows, needle", [
     ([GOOD, GOOD, _chat(("user", "q"), ("bot", "a"))],
      "bad.parquet row 2: turn 1 has role 'bot'; expected one of system, user, assistant"),
@@ -144,6 +150,19 @@ GOOD = _chat(("user", "q"), ("assistant", "a"))
      "column 'response' (--sft-response-key) has type int64; expected string"),
     ([{"prompt": None, "response": "r"}, {"prompt": "p", "response": "r"}],
      "bad.parquet row 0: turn 0 content must be a string, got NoneType"),
+    ([{**GOOD, "labels": [1, 2]}], "bad.parquet: column 'labels' (pre-tokenised or pre-masked "
+                                   "data) would be ignored: --sft tokenizes the conversation"),
+    ([{"prompt": "p", "response": "r", "input_ids": [1, 2], "loss_mask": None}],
+     "bad.parquet: column 'input_ids'"),
+    ([GOOD, _weighted(0, 1), _weighted(None, 0)],
+     "bad.parquet row 2: message 1 (assistant) has weight 0, but --sft trains every assistant "
+     "turn and no other"),
+    ([_weighted(None, 1), _weighted(1.0, 1)], "bad.parquet row 1: message 0 (user) has weight "
+                                              "1.0"),
+    ([_weighted(None, "1")], "bad.parquet row 0: message 1 (assistant) has weight '1'"),
+    ([GOOD, {"messages": [{"role": "user", "content": "q", "tool_calls": None},
+                          {"role": "assistant", "content": "", "tool_calls": [{"f": "g"}]}]}],
+     "bad.parquet row 1: message 1 has 'tool_calls', which --sft does not pass"),
 ])
 def test_bad_rows_and_columns_are_one_line(tmp_path, rows, needle):
     path = write_parquet(rows, tmp_path / "bad.parquet")
@@ -202,3 +221,17 @@ def test_dispatch_reads_jsonl_as_before(forms):
     train, _ = _datasets(forms["jsonl"])
     assert type(train._dataset).__name__ == "SFTDataset"
     assert builder.open_sft_data.__doc__  # the one place the formats are told apart
+
+
+def test_metadata_null_columns_and_agreeing_weights_give_the_jsonl_samples(tmp_path):
+    """Columns that are metadata (id, source, a prompt beside the messages), pre-tokenised
+    columns of null type and weights that agree with the mask are not refused, and the rows
+    give the samples the plain conversations give as JSONL."""
+    chats = conversations(6, seed=3)
+    rows = [{"id": i, "source": "web", "prompt": "unrelated", "labels": None,
+             "messages": [{**m, "weight": int(m["role"] == "assistant"), "tool_calls": None}
+                          for m in chat["messages"]]} for i, chat in enumerate(chats)]
+    parquet = write_parquet(rows, tmp_path / "meta.parquet")
+    plain = write_jsonl(chats, tmp_path / "plain.jsonl")
+    for got, want in zip(_datasets(parquet), _datasets(plain)):
+        _assert_same_samples(got, want)

@@ -1,0 +1,62 @@
+"""Fields of an SFT record that ``--sft`` would not read although they change what trains.
+
+``--sft`` builds every sample from the conversation alone: it renders the turns, tokenizes
+them and trains on the assistant turns. A record (JSONL object, Parquet/Arrow row) that also
+carries its own token ids or loss mask (``input_ids``, ``labels``, ``loss_mask``, ...), or a
+message that carries what the template would need beside ``role`` and ``content`` (OpenAI's
+per-message ``weight``, ``tool_calls``), would train on something else than its author
+prepared, without a word. Such a field is a one-line error naming it instead. Metadata (``id``,
+``source``, a ``prompt`` beside ``messages`` as UltraChat has) is not in these lists and stays
+allowed; a field whose value is null (a JSONL ``null``, an Arrow column or struct field of null
+type or with null rows) holds nothing and is allowed too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+# Record keys/columns of pre-tokenised or pre-masked samples: Hugging Face's (input_ids,
+# attention_mask, labels, assistant_masks from return_assistant_tokens_mask) and Megatron's
+# (tokens, labels, loss_mask, position_ids), and the id forms of megatron.wrap's gpt_sft flow.
+PRETOKENIZED_KEYS = ("input_ids", "tokens", "labels", "loss_mask", "attention_mask",
+                     "assistant_masks", "position_ids", "prompt_ids", "response_ids",
+                     "context_token_length")
+# Message keys a chat template would render but --sft does not pass on (it passes role and
+# content), so the turn would train as if they were absent.
+UNRENDERED_MESSAGE_KEYS = ("tool_calls", "function_call", "reasoning_content")
+WEIGHT_KEY = "weight"  # OpenAI's per-message loss weight: 0 or 1, on assistant messages
+TRAINED_ROLE = "assistant"
+PRETOKENIZED_HINT = ("--sft tokenizes the conversation and masks all but the assistant turns "
+                     "itself; remove it, or train pre-tokenised samples through megatron.wrap's "
+                     "gpt_sft flow (docs/WRAP.md)")
+
+
+def pretokenized_fields(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that hold pre-tokenised or pre-masked samples."""
+    names = set(names)
+    return [key for key in PRETOKENIZED_KEYS if key in names]
+
+
+def refuse_pretokenized(record: Mapping) -> None:
+    """ValueError naming the first non-null pre-tokenised key of a JSONL record."""
+    present = pretokenized_fields(key for key, value in record.items() if value is not None)
+    if present:
+        raise ValueError(f"key {present[0]!r} (pre-tokenised or pre-masked data) would be "
+                         f"ignored: {PRETOKENIZED_HINT}")
+
+
+def refuse_unread_message_keys(message: Mapping, index: int) -> None:
+    """ValueError when message ``index`` carries a field the template would need (non-null
+    ``tool_calls``, ...) or a ``weight`` that disagrees with --sft's mask (assistant turns
+    are trained, the others are not)."""
+    for key in UNRENDERED_MESSAGE_KEYS:
+        if message.get(key) is not None:
+            raise ValueError(f"message {index} has {key!r}, which --sft does not pass to the "
+                             "template (it reads role and content): the turn would train "
+                             "without it; remove the field or the turn")
+    weight = message.get(WEIGHT_KEY)
+    trained = message.get("role") == TRAINED_ROLE
+    if weight is not None and weight != int(trained):
+        raise ValueError(f"message {index} ({message.get('role')}) has weight {weight!r}, but "
+                         f"--sft trains every assistant turn and no other (weight "
+                         f"{int(trained)} here); remove the weight, or the turn")
