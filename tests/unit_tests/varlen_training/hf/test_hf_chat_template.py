@@ -104,3 +104,53 @@ def test_template_that_rewrites_earlier_turns_is_refused(style_tokenizer):
         assert "\n" not in str(err.value) and "turn 3" in str(err.value)
     finally:
         hf.chat_template = original
+
+
+# The two templates again, with transformers' {% generation %} markers around what an assistant
+# turn trains on (the text after its header, end-of-turn marker included): the reference for
+# transformers' own return_assistant_tokens_mask. The rendering is the same text.
+_ASSISTANT_BODY = {
+    "chatml": ("{{ '<|im_start|>' + m['role'] + '\\n' }}", "m['content'] + '<|im_end|>\\n'"),
+    "llama3": ("{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' }}",
+               "(m['content'] | trim) + '<|eot_id|>'"),
+}
+_GENERATION_TEMPLATE = (
+    "{prologue}{{% for m in messages %}}{header}{{% if m['role'] == 'assistant' %}}"
+    "{{% generation %}}{{{{ {body} }}}}{{% endgeneration %}}{{% else %}}{{{{ {body} }}}}"
+    "{{% endif %}}{{% endfor %}}{{% if add_generation_prompt %}}{prompt}{{% endif %}}")
+_PROLOGUE_AND_PROMPT = {
+    "chatml": ("", "{{ '<|im_start|>assistant\\n' }}"),
+    "llama3": ("{{ bos_token }}",
+               "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"),
+}
+EDGE_CONVERSATIONS = [
+    [("user", "q"), ("assistant", "\n\nHello there")],  # leading newlines after the header
+    [("user", "q"), ("assistant", "   spaced")],
+    [("user", "q"), ("assistant", "")],  # only the end-of-turn marker is trained
+    [("system", "s"), ("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"),
+     ("user", "e"), ("assistant", "f")],
+]
+
+
+def _generation_template(style: str) -> str:
+    header, body = _ASSISTANT_BODY[style]
+    prologue, prompt = _PROLOGUE_AND_PROMPT[style]
+    return _GENERATION_TEMPLATE.format(prologue=prologue, header=header, body=body,
+                                       prompt=prompt)
+
+
+def test_mask_equals_transformers_assistant_tokens_mask(style_tokenizer):
+    """transformers' apply_chat_template(..., return_assistant_tokens_mask=True) on the same
+    template with generation markers gives the same ids and the same mask: multi-turn, a system
+    prompt, an assistant-less conversation, leading whitespace, an empty answer."""
+    style, tokenizer = style_tokenizer
+    hf, template = tokenizer._hf, _generation_template(style)
+    for turns in CONVERSATIONS + EDGE_CONVERSATIONS + _shipped_conversations():
+        messages = [{"role": role, "content": content} for role, content in turns]
+        assert hf.apply_chat_template(messages, tokenize=False, chat_template=template) == \
+            hf.apply_chat_template(messages, tokenize=False), "not the same rendering"
+        reference = hf.apply_chat_template(messages, chat_template=template, tokenize=True,
+                                           return_dict=True, return_assistant_tokens_mask=True)
+        ids, is_target = encode_turns(turns, tokenizer)
+        assert ids.tolist() == reference["input_ids"], turns
+        assert is_target.astype(int).tolist() == reference["assistant_masks"], turns
