@@ -32,7 +32,8 @@ def add_indexed_data_args(parser) -> None:
     group.add_argument("--split", default=None,
                        help="Train, validation, test shares of every --data-path dataset's "
                             f"documents, e.g. '98,2,0' (default '{DEFAULT_SPLIT}', as "
-                            "Megatron-LM).")
+                            "Megatron-LM); with --sft, of the file's samples (default: the "
+                            "last 5 percent validate).")
     for flag, name in zip(PER_SPLIT_FLAGS, ("training", "validation", "test")):
         group.add_argument(flag, nargs="+", default=None, metavar="[WEIGHT] PREFIX",
                            help=f"The {name} split's own datasets (prefixes, optionally "

@@ -10,8 +10,9 @@
   ``--packing-unit document`` whole documents instead (:mod:`.whole_documents`).
 
 Mock validation sets are the same kind of dataset with the seed ``--seed + VALID_SEED_OFFSET``.
-Real SFT data is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
-held out for validation (none when no eval samples are requested); training reads the rest, one
+Real SFT data is split by position: with ``--split``, megatron-core's document ranges (the test
+share held out); without, its last ``max(1, round(VALID_FRACTION * N))`` samples are held out for
+validation (none when no eval samples are requested); training reads the rest, one
 seeded permutation per epoch, for as many epochs as ``train_samples`` needs; validation cycles
 over the held-out tail in file order. Without ``--sequence-packing`` every sample is padded to
 ``--seq-length`` (the unpacked baseline); with it, to a multiple of :func:`get_pad_multiple`.
@@ -23,10 +24,14 @@ import operator
 
 import numpy as np
 import torch
+from megatron.core.datasets.blended_megatron_dataset_config import (
+    convert_split_vector_to_split_matrix, parse_and_normalize_split,
+)
 
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets.indexed import build_indexed_datasets
+from megatron.varlen_training.datasets.indexed_checks import split_ranges
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset, sft_keys
@@ -220,20 +225,45 @@ def _build_sft(run: RunConfig, tokenizer: Tokenizer, multiple: int, pad_to_seq_l
     data = run.data
     if not data.data_path:
         raise ValueError("--sft without --mock-data needs --data-path FILE.jsonl")
-    if len(data.data_path) > 1:
-        warning_rank_0("--sft reads only the first --data-path entry %r", data.data_path[0])
     full = open_sft_data(data.data_path[0], tokenizer, run, multiple, pad_to_seq_length)
-    num_docs = len(full)
-    num_valid = max(1, round(VALID_FRACTION * num_docs)) if data.eval_samples else 0
-    if num_valid >= num_docs:
-        raise ValueError(
-            f"--data-path {data.data_path[0]!r} has {num_docs} sample(s): too few to hold out "
-            "a validation tail (set --eval-iters 0 or add samples)"
-        )
-    doc_ids = np.arange(num_docs)
-    train = EpochDataset(full, doc_ids[: num_docs - num_valid], data.train_samples,
-                         run.training.seed, True)
+    train_ids, valid_ids = sft_split(data.data_path[0], len(full), data.split,
+                                     data.eval_samples > 0)
+    train = EpochDataset(full, train_ids, data.train_samples, run.training.seed, True)
     valid = None
-    if num_valid:
-        valid = EpochDataset(full, doc_ids[num_docs - num_valid :], data.eval_samples, 0, False)
+    if valid_ids is not None:
+        valid = EpochDataset(full, valid_ids, data.eval_samples, 0, False)
     return train, valid
+
+
+def sft_split(path: str, num_docs: int, split: str | None, validate: bool
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The training and validation samples (file positions) of an SFT file of ``num_docs``.
+
+    With ``--split`` they are megatron-core's document ranges of the split (as for indexed
+    data: ``[round(start x N), round(end x N))``; the test share is held out and never read);
+    without it the last ``max(1, round(VALID_FRACTION x N))`` samples are the validation set.
+    ``validate`` False (no eval samples) returns no validation set.
+    """
+    if split is None:
+        num_valid = max(1, round(VALID_FRACTION * num_docs)) if validate else 0
+        if num_valid >= num_docs:
+            raise ValueError(f"--data-path {path!r} has {num_docs} sample(s): too few to hold "
+                             "out a validation tail (set --eval-iters 0 or add samples)")
+        ranges = [(0, num_docs - num_valid), (num_docs - num_valid, num_docs)]
+    else:
+        ranges = split_ranges(num_docs, convert_split_vector_to_split_matrix(
+            parse_and_normalize_split(split)))
+    train, valid = ranges[0], ranges[1] if validate else None
+    _require_samples(train, "training", path, split, num_docs)
+    if validate:
+        _require_samples(valid, "validation", path, split, num_docs)
+    return np.arange(*train), None if valid is None else np.arange(*valid)
+
+
+def _require_samples(bounds: tuple[int, int] | None, name: str, path: str, split: str,
+                     num_docs: int) -> None:
+    if bounds is not None and bounds[1] > bounds[0]:
+        return
+    raise ValueError(f"--split {split!r} leaves the {name} split of {path} empty ({num_docs} "
+                     f"samples in all): give it a larger share"
+                     + (" or set --eval-iters 0" if name == "validation" else ""))

@@ -1,0 +1,29 @@
+"""``--sft --data-path``'s flag checks (megatron/varlen_training/sft_arguments.py): one entry,
+a ``--split`` that parses; each a one-line ArgumentValidationError (exit code 2 at the entry
+point) instead of data read silently otherwise."""
+
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+SFT_ARGS = [arg for arg in TINY_GPT_ARGS if arg != "--mock-data"] + [
+    "--train-iters", "3", "--sft"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--data-path", "a.jsonl", "b.jsonl"],
+     "--sft reads one --data-path entry, got 2 (a.jsonl b.jsonl): SFT data is not blended"),
+    (["--data-path", "0.3", "a.jsonl", "0.7", "b.jsonl"], "got 4 (0.3 a.jsonl 0.7 b.jsonl)"),
+    (["--data-path", "a.jsonl", "--split", "98,x"], "--split '98,x' is not a split"),
+])
+def test_sft_data_path_flags_that_would_be_read_otherwise_are_one_line(extra, needle):
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(SFT_ARGS + extra, world_size=1)
+    message = str(err.value)
+    assert needle in message and "\n" not in message, message
+
+
+def test_one_entry_and_a_split_pass():
+    args = parse_args(SFT_ARGS + ["--data-path", "a.jsonl", "--split", "90,10,0"], world_size=1)
+    assert args.data_path == ["a.jsonl"] and args.split == "90,10,0"
