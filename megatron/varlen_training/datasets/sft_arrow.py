@@ -34,7 +34,7 @@ from megatron.varlen_training.datasets.sft_unread import (
     PRETOKENIZED_HINT, TRAINED_ROLE, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, pretokenized_fields,
 )
 from megatron.varlen_training.errors import one_line
-from megatron.varlen_training.log import warning_all_ranks
+from megatron.varlen_training.log import warning_all_ranks, warning_rank_0
 from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
 
 PARQUET_SUFFIX = ".parquet"
@@ -246,10 +246,26 @@ def _unread_message_fields(flat, roles) -> np.ndarray:
     return bad
 
 
-def check_rows(dataset, path: str, keys: SFTKeys) -> None:
+def _num_without_assistant(batch, keys: SFTKeys) -> int:
+    """Rows of ``batch`` whose messages hold no assistant turn: nothing to train on. A
+    prompt/response row always has one (the response)."""
+    import pyarrow.compute as pc
+
+    if keys.messages not in batch.schema.names:
+        return 0
+    messages = batch.column(keys.messages)
+    flat = pc.list_flatten(messages)
+    is_assistant = np.asarray(pc.equal(pc.struct_field(flat, "role"), TRAINED_ROLE)
+                              .fill_null(False))
+    with_assistant = np.unique(np.asarray(pc.list_parent_indices(messages))[is_assistant])
+    return batch.num_rows - with_assistant.size
+
+
+def check_rows(dataset, path: str, keys: SFTKeys) -> int:
     """Every row can be read (:func:`_bad_rows`, batch by batch); the first that cannot is a
-    ValueError with parse_turns' message, as the JSONL reader gives it."""
-    first = 0
+    ValueError with parse_turns' message, as the JSONL reader gives it. Returns how many rows
+    have no assistant turn."""
+    first = num_without_assistant = 0
     for batch in dataset.data.to_batches(max_chunksize=CHECK_BATCH_ROWS):
         bad = np.flatnonzero(_bad_rows(batch, keys))
         if bad.size:
@@ -259,15 +275,22 @@ def check_rows(dataset, path: str, keys: SFTKeys) -> None:
             except ValueError as err:
                 raise ValueError(f"{path} row {row}: {err}") from err
             raise AssertionError(f"{path} row {row} was flagged but parses")
+        num_without_assistant += _num_without_assistant(batch, keys)
         first += batch.num_rows
     if first == 0:
         raise ValueError(f"SFT data {path!r} has no samples (--data-path)")
+    return num_without_assistant
 
 
 class ArrowSFTDataset(torch.utils.data.Dataset):
     """One sample per row, in row order, tokenized when read (see the module docstring).
 
     Args: as :class:`megatron.varlen_training.datasets.sft.SFTDataset`.
+
+    Attributes:
+        num_without_assistant: Rows with no assistant turn (counted at start-up and warned
+            about, as the JSONL reader counts its fully masked samples); a row trained on
+            nothing because truncation cut its assistant turns off is not counted.
     """
 
     def __init__(self, path: str, tokenizer: Tokenizer, seq_length: int,
@@ -276,7 +299,11 @@ class ArrowSFTDataset(torch.utils.data.Dataset):
         if seq_length < 1:
             raise ValueError(f"--seq-length must be >= 1, got {seq_length}")
         self._rows = load_arrow_table(path, keys)
-        check_rows(self._rows, path, keys)
+        self.num_without_assistant = check_rows(self._rows, path, keys)
+        if self.num_without_assistant:
+            warning_rank_0("ArrowSFTDataset: %d of %d rows in %s have no assistant turn to train "
+                           "on (loss_mask all 0)", self.num_without_assistant, len(self._rows),
+                           path)
         self._path, self._keys, self._tokenizer = path, keys, tokenizer
         self._seq_length = seq_length
         self._pad_to_multiple_of = pad_to_multiple_of

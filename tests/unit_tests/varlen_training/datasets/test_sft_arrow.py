@@ -235,3 +235,22 @@ def test_metadata_null_columns_and_agreeing_weights_give_the_jsonl_samples(tmp_p
     plain = write_jsonl(chats, tmp_path / "plain.jsonl")
     for got, want in zip(_datasets(parquet), _datasets(plain)):
         _assert_same_samples(got, want)
+
+
+def test_rows_without_an_assistant_turn_are_counted_and_warned_about(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Counting by hand: 3 of 9 rows have no assistant turn (user-only, system + user), spread
+    over several check batches (rows with two assistant turns count once among the others); their samples have no trained label, as the count says."""
+    monkeypatch.setattr(sft_arrow, "CHECK_BATCH_ROWS", 4)
+    no_answer = [_chat(("user", "q")), _chat(("system", "s"), ("user", "q")),
+                 _chat(("user", "q"), ("user", "again"))]
+    two_answers = _chat(("user", "q"), ("assistant", "a"), ("user", "r"), ("assistant", "b"))
+    rows = [GOOD, no_answer[0], two_answers, GOOD, GOOD, no_answer[1], GOOD, two_answers,
+            no_answer[2]]
+    dataset = sft_arrow.ArrowSFTDataset(write_parquet(rows, tmp_path / "chats.parquet"),
+                                        ByteLevelTokenizer(), 64)
+    assert dataset.num_without_assistant == 3
+    assert [i for i in range(len(rows)) if dataset[i]["num_loss_tokens"] == 0] == [1, 5, 8]
+    assert "3 of 9 rows in" in capsys.readouterr().out
+    pairs = write_parquet([{"prompt": "p", "response": "r"}] * 3, tmp_path / "pairs.parquet")
+    assert sft_arrow.ArrowSFTDataset(pairs, ByteLevelTokenizer(), 64).num_without_assistant == 0
