@@ -40,7 +40,9 @@ from megatron.varlen_training.datasets.whole_documents import build_whole_docume
 from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
 from megatron.varlen_training.flag_ranges import GIB, host_memory_bytes
 from megatron.varlen_training.log import warning_rank_0
-from megatron.varlen_training.tokenizer import NullTokenizer, Tokenizer
+from megatron.varlen_training.tokenizer import (
+    HF_ROLE_MARKER_FORMAT, HuggingFaceTokenizer, NullTokenizer, Tokenizer,
+)
 
 
 VALID_SEED_OFFSET = 1_000_003  # mock validation seed = --seed + this
@@ -217,6 +219,12 @@ def open_sft_data(path: str, tokenizer: Tokenizer, run: RunConfig, multiple: int
     of shards, a ``datasets.save_to_disk`` folder) or a JSONL file; the same keys, template and
     samples."""
     keys = sft_keys(run.data)
+    if isinstance(tokenizer, HuggingFaceTokenizer) and not tokenizer.has_chat_template():
+        # A base model's tokenizer: the conversation trains with markers no chat model uses.
+        warning_rank_0("--sft: the --tokenizer-model tokenizer has no chat template; turns open "
+                       "with this fork's plain markers (%r), tokenized as text. Give the "
+                       "tokenizer a chat_template (tokenizer_config.json) to train in its "
+                       "model's chat format", HF_ROLE_MARKER_FORMAT.format(role="user"))
     kind = ArrowSFTDataset if is_arrow_source(path) else SFTDataset
     return kind(path, tokenizer, run.model.seq_length, multiple, pad_to_seq_length, keys)
 

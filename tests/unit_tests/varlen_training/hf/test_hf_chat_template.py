@@ -154,3 +154,30 @@ def test_mask_equals_transformers_assistant_tokens_mask(style_tokenizer):
         ids, is_target = encode_turns(turns, tokenizer)
         assert ids.tolist() == reference["input_ids"], turns
         assert is_target.astype(int).tolist() == reference["assistant_masks"], turns
+
+
+def _open_sft(path, tokenizer):
+    from types import SimpleNamespace
+
+    from megatron.varlen_training.datasets.builder import open_sft_data
+
+    run = SimpleNamespace(model=SimpleNamespace(seq_length=512), data=SimpleNamespace(
+        sft_messages_key="messages", sft_prompt_key="prompt", sft_response_key="response"))
+    return open_sft_data(str(path), tokenizer, run, 1, False)
+
+
+def test_a_tokenizer_without_chat_template_is_said_in_the_log(style_tokenizer, capsys):
+    """A base model's tokenizer (no chat_template) trains with this fork's plain markers: the
+    log says so once at start-up (it used to be silent); with a template it says nothing."""
+    _, tokenizer = style_tokenizer
+    _open_sft(SHIPPED, tokenizer)
+    assert "has no chat template" not in capsys.readouterr().out
+    hf = tokenizer._hf
+    original, hf.chat_template = hf.chat_template, None
+    try:
+        _open_sft(SHIPPED, tokenizer)
+    finally:
+        hf.chat_template = original
+    out = capsys.readouterr().out
+    assert out.count("--sft: the --tokenizer-model tokenizer has no chat template") == 1
+    assert "'<|user|>\\n'" in out
