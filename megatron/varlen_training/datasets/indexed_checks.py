@@ -73,11 +73,18 @@ def read_index_header(prefix: str, flag: str) -> IndexHeader:
     return IndexHeader(dtype, num_sequences, num_documents)
 
 
+# Files --sft reads (JSONL, Parquet, Arrow): given without --sft, the likeliest slip.
+SFT_DATA_EXTENSIONS = (".jsonl", ".json", ".parquet", ".arrow")
+
+
 def _missing_file(prefix: str, path: str, flag: str) -> str:
     stem, extension = os.path.splitext(prefix)
     if extension in (".bin", ".idx"):  # the commonest slip: a file name for the prefix
         return (f"{flag}: {prefix!r} is a file name; indexed datasets are named by their prefix "
                 f"(pass {stem!r} for {stem}.bin and {stem}.idx)")
+    if os.path.exists(prefix) and extension in SFT_DATA_EXTENSIONS:
+        return (f"{flag}: {prefix!r} is SFT data, not an indexed dataset prefix: add --sft to "
+                f"train on its conversations, or preprocess it with tools/preprocess_data.py")
     return (f"{flag}: indexed dataset {prefix!r} has no {os.path.basename(path)} ({path} does "
             f"not exist); a dataset is the pair PREFIX.bin + PREFIX.idx that "
             f"tools/preprocess_data.py writes")

@@ -105,6 +105,16 @@ def test_file_name_instead_of_prefix(tmp_path, prefix):
         f"prefix (pass '{prefix}'")
 
 
+@pytest.mark.parametrize("name", ["chats.jsonl", "chats.parquet"])
+def test_sft_file_without_sft_says_to_add_it(tmp_path, name):
+    """An SFT file given without --sft is read as an indexed prefix: the line says what it is."""
+    path = tmp_path / name
+    path.write_text('{"prompt": "p", "response": "r"}\n')
+    assert _check(tmp_path, [str(path)]) == (
+        f"--data-path: {str(path)!r} is SFT data, not an indexed dataset prefix: add --sft to "
+        f"train on its conversations, or preprocess it with tools/preprocess_data.py")
+
+
 def test_mismatched_bin_and_idx(tmp_path, prefix):
     write_corpus(str(tmp_path / "other"), 40, seed=2)
     shutil.copy(str(tmp_path / "other.bin"), prefix + ".bin")
