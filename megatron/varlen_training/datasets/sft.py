@@ -77,7 +77,8 @@ def parse_turns(record, keys: SFTKeys = SFTKeys()) -> list[tuple[str, str]]:
         turns = [("user", record[keys.prompt]), ("assistant", record[keys.response])]
     else:
         raise ValueError(f"expected a {keys.messages!r} key or both {keys.prompt!r} and "
-                         f"{keys.response!r} keys")
+                         f"{keys.response!r} keys (--sft-messages-key, --sft-prompt-key, "
+                         f"--sft-response-key); its keys are {', '.join(map(repr, record))}")
     for i, (role, content) in enumerate(turns):
         if role not in CHAT_ROLES:
             raise ValueError(f"turn {i} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")

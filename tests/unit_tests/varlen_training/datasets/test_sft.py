@@ -113,6 +113,8 @@ def test_null_tokenizer_template(tmp_path):
         ("{not json", "invalid JSON"),
         ("[1, 2]", "expected a JSON object, got list"),
         ('{"text": "x"}', "'messages' key or both 'prompt' and 'response'"),
+        ('{"mesages": [], "id": 1}', "(--sft-messages-key, --sft-prompt-key, --sft-response-key)"
+                                     "; its keys are 'mesages', 'id'"),
         ('{"prompt": "x"}', "'messages' key or both 'prompt' and 'response'"),
         ('{"messages": []}', "'messages' must be a non-empty list"),
         ('{"messages": ["hi"]}', "message 0 is not an object"),
