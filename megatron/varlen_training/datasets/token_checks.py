@@ -101,8 +101,8 @@ def check_documents_marked(prefix: str, dataset: IndexedDataset, eod: int,
             f"{eod} (preprocessed without --append-eod?)")
     fix = "preprocess the text again with tools/preprocess_data.py --append-eod"
     if reset_flags:
-        raise ValueError(f"{what}, so {', '.join(reset_flags)} find no document boundary in "
-                         f"its samples and change nothing: {fix}")
+        raise ValueError(f"{what}, so {', '.join(reset_flags)} would find no document "
+                         f"boundary in its samples and change nothing: {fix}")
     warning_rank_0("%s: its samples run documents together with nothing between them; %s "
                    "unless the documents are already cut to size", what, fix)
 

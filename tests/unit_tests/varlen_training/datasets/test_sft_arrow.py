@@ -240,7 +240,8 @@ def test_metadata_null_columns_and_agreeing_weights_give_the_jsonl_samples(tmp_p
 def test_rows_without_an_assistant_turn_are_counted_and_warned_about(tmp_path, monkeypatch,
                                                                      capsys):
     """Counting by hand: 3 of 9 rows have no assistant turn (user-only, system + user), spread
-    over several check batches (rows with two assistant turns count once among the others); their samples have no trained label, as the count says."""
+    over several check batches (rows with two assistant turns count once among the others);
+    their samples have no trained label, as the count says."""
     monkeypatch.setattr(sft_arrow, "CHECK_BATCH_ROWS", 4)
     no_answer = [_chat(("user", "q")), _chat(("system", "s"), ("user", "q")),
                  _chat(("user", "q"), ("user", "again"))]

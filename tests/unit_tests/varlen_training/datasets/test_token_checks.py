@@ -169,9 +169,9 @@ def test_reset_flags_on_documents_without_eod_are_refused(tmp_path, flags, names
         _check_with(tmp_path, prefix, **flags)
     assert str(err.value) == (
         f"--data-path: none of the first 16 documents of {prefix} ends with the eod id 256 "
-        f"(preprocessed without --append-eod?), so {names} find no document boundary in its "
-        f"samples and change nothing: preprocess the text again with tools/preprocess_data.py "
-        f"--append-eod")
+        f"(preprocessed without --append-eod?), so {names} would find no document boundary in "
+        f"its samples and change nothing: preprocess the text again with "
+        f"tools/preprocess_data.py --append-eod")
 
 
 def test_documents_without_eod_warn_without_reset_flags(tmp_path, capsys):
