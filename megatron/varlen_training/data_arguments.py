@@ -112,8 +112,9 @@ def uses_indexed_data(args) -> bool:
 def validate_indexed_data_args(args, require) -> None:
     """Checks the blends and the split; resolves ``--split``'s default (Megatron-LM's)."""
     per_split = [getattr(args, flag[2:].replace("-", "_")) for flag in PER_SPLIT_FLAGS]
+    _refuse_paths_with_mock_data(args, per_split, require)
     if not uses_indexed_data(args):
-        require(all(paths is None for paths in per_split) or args.mock_data,
+        require(all(paths is None for paths in per_split),
                 "--train-data-path/--valid-data-path/--test-data-path name indexed (.bin/.idx) "
                 "datasets: they do not go with --sft")
         return
@@ -137,6 +138,18 @@ def validate_indexed_data_args(args, require) -> None:
         parse_split(args.split)
     except ValueError as err:
         require(False, str(err))
+
+
+def _refuse_paths_with_mock_data(args, per_split: list, require) -> None:
+    """--mock-data makes its samples up: data paths beside it would not be read (Megatron-LM
+    ignores them without a word)."""
+    if not args.mock_data:
+        return
+    flags = [("--data-path", args.data_path), *zip(PER_SPLIT_FLAGS, per_split)]
+    for flag, paths in flags:
+        require(paths is None,
+                f"--mock-data makes its samples up, so {flag} {' '.join(paths or [])} would not "
+                f"be read: drop --mock-data to train on the data, or drop {flag}")
 
 
 def _check_blend(entries: list[str], flag: str, require) -> None:

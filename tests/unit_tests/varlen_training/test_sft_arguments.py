@@ -27,3 +27,27 @@ def test_sft_data_path_flags_that_would_be_read_otherwise_are_one_line(extra, ne
 def test_one_entry_and_a_split_pass():
     args = parse_args(SFT_ARGS + ["--data-path", "a.jsonl", "--split", "90,10,0"], world_size=1)
     assert args.data_path == ["a.jsonl"] and args.split == "90,10,0"
+
+
+LENGTHS = '{"mode": "distribution", "type": "uniform", "min_seq_len": 4, "max_seq_len": 32}'
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (TINY_GPT_ARGS + ["--train-iters", "3", "--sft", "--data-path", "chats.jsonl"],
+     "--mock-data makes its samples up, so --data-path chats.jsonl would not be read: drop "
+     "--mock-data to train on the data, or drop --data-path"),
+    (TINY_GPT_ARGS + ["--train-iters", "3", "--data-path", "0.5", "a", "0.5", "b"],
+     "so --data-path 0.5 a 0.5 b would not be read"),
+    (TINY_GPT_ARGS + ["--train-iters", "3", "--valid-data-path", "v"],
+     "so --valid-data-path v would not be read"),
+    (SFT_ARGS + ["--data-path", "chats.jsonl", "--sft-mock-dataset-config-json", LENGTHS],
+     "--sft-mock-dataset-config-json shapes the lengths of --mock-data --sft samples: it needs "
+     "both flags"),
+])
+def test_data_flags_mock_data_would_not_read_are_one_line(argv, needle):
+    """--mock-data beside data paths, or a mock length config beside real SFT data, trained on
+    the mock samples without a word (Megatron-LM ignores the paths too)."""
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(argv, world_size=1)
+    message = str(err.value)
+    assert needle in message and "\n" not in message, message
