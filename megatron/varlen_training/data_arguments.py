@@ -70,11 +70,12 @@ def parse_blend(entries: list[str], flag: str) -> tuple[list[str], list[float] |
     for position, (entry, number) in enumerate(zip(entries[::2], numbers)):
         if number is None or not math.isfinite(number) or number < 0:
             raise ValueError(f"{flag}: entry {2 * position + 1} {entry!r} is not a weight (a "
-                             f"finite number >= 0 before each prefix, as in "
+                             f"finite number > 0 before each prefix, as in "
                              f"'{flag} 0.7 PREFIX_A 0.3 PREFIX_B')")
-    if not any(numbers):
-        raise ValueError(f"{flag}: every weight is 0 ({' '.join(entries[::2])}); give at least "
-                         f"one dataset a positive weight")
+        if number == 0:  # megatron-core's BlendedDataset asserts every weight > 0 (a traceback)
+            raise ValueError(f"{flag}: entry {2 * position + 1} gives "
+                             f"{entries[2 * position + 1]!r} a weight of 0, but megatron-core "
+                             f"blends only datasets with weights > 0: leave it out of {flag}")
     return list(entries[1::2]), numbers
 
 

@@ -35,12 +35,27 @@ BASE = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2"
     (["0.5", "a", "b", "c"], "--data-path: entry 3 'b' is not a weight"),
     (["-1", "a", "2", "b"], "--data-path: entry 1 '-1' is not a weight"),
     (["nan", "a", "1", "b"], "--data-path: entry 1 'nan' is not a weight"),
-    (["0", "a", "0", "b"], "--data-path: every weight is 0 (0 0)"),
+    (["0", "a", "0", "b"], "--data-path: entry 1 gives 'a' a weight of 0, but megatron-core "
+                           "blends only datasets with weights > 0: leave it out of --data-path"),
+    # one zero weight among positive ones: megatron-core's BlendedDataset asserted (traceback)
+    (["0.5", "a", "0", "b"], "--data-path: entry 3 gives 'b' a weight of 0"),
 ])
 def test_blend_that_does_not_parse_names_the_entry(entries, needle):
     with pytest.raises(ValueError) as err:
         parse_blend(entries, "--data-path")
     assert str(err.value).startswith(needle), err.value
+
+
+def test_megatron_core_refuses_a_zero_weight():
+    """The fact the zero-weight refusal rests on: megatron-core's BlendedDataset asserts every
+    weight > 0 before it looks at anything else of its datasets."""
+    from types import SimpleNamespace
+
+    from megatron.core.datasets.blended_dataset import BlendedDataset
+
+    same_split = SimpleNamespace(index_split=0)
+    with pytest.raises(AssertionError):
+        BlendedDataset([same_split, same_split], [0.5, 0.0], 8, None)
 
 
 def test_blends_that_parse():
