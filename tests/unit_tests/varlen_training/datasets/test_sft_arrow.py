@@ -16,7 +16,7 @@ from megatron.varlen_training.errors import UserInputError, agree_on_errors
 from megatron.varlen_training.tokenizer import ByteLevelTokenizer
 from tests.harness.extras import require_extra
 from tests.unit_tests.varlen_training.datasets.sft_files import (
-    conversations, write_all_forms, write_jsonl, write_parquet,
+    conversations, write_all_forms, write_jsonl, write_parquet, write_saved_dataset, write_shards,
 )
 
 require_extra("data")  # the whole module skips before its imports of datasets and pyarrow
@@ -255,3 +255,18 @@ def test_rows_without_an_assistant_turn_are_counted_and_warned_about(tmp_path, m
     assert "3 of 9 rows in" in capsys.readouterr().out
     pairs = write_parquet([{"prompt": "p", "response": "r"}] * 3, tmp_path / "pairs.parquet")
     assert sft_arrow.ArrowSFTDataset(pairs, ByteLevelTokenizer(), 64).num_without_assistant == 0
+
+
+@pytest.mark.parametrize("form", ["save_to_disk", "arrow_file", "shards"])
+def test_pretokenized_column_refused_in_every_form(tmp_path, form):
+    """A ``labels`` column (what a Hugging Face SFT pipeline writes beside its messages) is
+    refused in a save_to_disk folder, one of its Arrow files and Parquet shards alike."""
+    rows = [{**GOOD, "labels": [-100, 97]}] * 6
+    if form == "shards":
+        path = write_shards(rows, tmp_path / "shards")
+    else:
+        path = write_saved_dataset(rows, tmp_path / "saved")
+        if form == "arrow_file":
+            path = str(next(Path(path).glob("*.arrow")))
+    assert "column 'labels' (pre-tokenised or pre-masked data) would be ignored" in \
+        _one_line_error(path)
