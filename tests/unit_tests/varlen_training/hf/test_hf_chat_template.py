@@ -181,3 +181,31 @@ def test_a_tokenizer_without_chat_template_is_said_in_the_log(style_tokenizer, c
     out = capsys.readouterr().out
     assert out.count("--sft: the --tokenizer-model tokenizer has no chat template") == 1
     assert "'<|user|>\\n'" in out
+
+
+def test_conversation_the_template_rejects_is_one_line_naming_the_line(style_tokenizer,
+                                                                         tmp_path):
+    """A template's raise_exception (Llama-2/Mistral-style 'roles must alternate') was a jinja2
+    TemplateError, not a ValueError: a traceback at start-up (JSONL) or mid-run (Parquet)."""
+    _, tokenizer = style_tokenizer
+    hf = tokenizer._hf
+    original = hf.chat_template
+    hf.chat_template = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/...') }}"
+        "{% endif %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    path = tmp_path / "chats.jsonl"
+    conversations = [[("user", "a"), ("assistant", "b")],
+                     [("user", "a"), ("user", "b"), ("assistant", "c")]]
+    path.write_text("".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in turns]})
+                            + "\n" for turns in conversations))
+    try:
+        with pytest.raises(ValueError) as err:
+            SFTDataset(str(path), tokenizer, 64)
+    finally:
+        hf.chat_template = original
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path}:2: the tokenizer's chat template "
+                                                      "refuses this conversation (Conversation "
+                                                      "roles must alternate"), message
