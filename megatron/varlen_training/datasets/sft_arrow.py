@@ -15,7 +15,9 @@ tokenized when it is read, never the whole dataset at once (so, unlike the JSONL
 counts, only the first truncated row is reported). Because reads happen during
 training, every row is checked at start-up instead, batch by batch with Arrow compute (columns
 and their types, empty or null conversations, roles, null texts), and a problem is one line
-naming the row and the flag.
+naming the row and the flag. What only tokenizing shows (a conversation the chat template
+rejects, text the tokenizer refuses, a sample under 2 tokens) is one line naming the row when
+the row is read.
 """
 
 from __future__ import annotations
