@@ -33,7 +33,7 @@ import torch
 from megatron.varlen_training.datasets.sample import make_sample
 from megatron.varlen_training.datasets.sft import SFTKeys, encode_record, parse_turns, truncate
 from megatron.varlen_training.datasets.sft_unread import (
-    PRETOKENIZED_HINT, TRAINED_ROLE, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, pretokenized_fields,
+    PRETOKENIZED_HINT, TRAINED_ROLE, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, first_pretokenized,
 )
 from megatron.varlen_training.errors import one_line
 from megatron.varlen_training.log import warning_all_ranks, warning_rank_0
@@ -167,14 +167,16 @@ def _is_message_list(arrow_type) -> bool:
 
 
 def _refuse_pretokenized_columns(path: str, schema) -> None:
-    """A column of pre-tokenised data (``sft_unread.PRETOKENIZED_KEYS``) is refused: only the
-    conversation's columns are read. A column of null type (no row has a value) is not."""
+    """A column of pre-tokenised data (``sft_unread.first_pretokenized``: a list column under a
+    per-token name) is refused: only the conversation's columns are read. A column of null type
+    (no row has a value) is not."""
     import pyarrow as pa
 
-    filled = [field.name for field in schema if not pa.types.is_null(field.type)]
-    present = pretokenized_fields(filled)
-    if present:
-        raise ValueError(f"{path}: column {present[0]!r} (pre-tokenised or pre-masked data) "
+    list_types = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    found = first_pretokenized((field.name, any(is_list(field.type) for is_list in list_types))
+                               for field in schema if not pa.types.is_null(field.type))
+    if found is not None:
+        raise ValueError(f"{path}: column {found!r} (pre-tokenised or pre-masked data) "
                          f"would be ignored: {PRETOKENIZED_HINT}")
 
 

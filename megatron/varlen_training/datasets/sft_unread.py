@@ -2,7 +2,8 @@
 
 ``--sft`` builds every sample from the conversation alone: it renders the turns, tokenizes
 them and trains on the assistant turns. A record (JSONL object, Parquet/Arrow row) that also
-carries its own token ids or loss mask (``input_ids``, ``labels``, ``loss_mask``, ...), or a
+carries its own token ids or loss mask (a list under ``input_ids``, ``labels``, ``loss_mask``,
+...), or a
 message that carries what the template would need beside ``role`` and ``content`` (OpenAI's
 per-message ``weight``, ``tool_calls``), would train on something else than its author
 prepared, without a word. Such a field is a one-line error naming it instead. Metadata (``id``,
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-# Record keys/columns of pre-tokenised or pre-masked samples: Hugging Face's (input_ids,
-# attention_mask, labels, assistant_masks from return_assistant_tokens_mask) and Megatron's
-# (tokens, labels, loss_mask, position_ids), and the id forms of megatron.wrap's gpt_sft flow.
-PRETOKENIZED_KEYS = ("input_ids", "tokens", "labels", "loss_mask", "attention_mask",
-                     "assistant_masks", "position_ids", "prompt_ids", "response_ids",
-                     "context_token_length")
+# Record keys/columns of per-token data: Hugging Face's (input_ids, attention_mask, labels,
+# assistant_masks from return_assistant_tokens_mask), Megatron's (tokens, labels, loss_mask,
+# position_ids) and the id forms of megatron.wrap's gpt_sft flow. Refused when they hold a list
+# (a scalar under such a name, e.g. a classification label or a token count, is metadata).
+PER_TOKEN_KEYS = ("input_ids", "tokens", "labels", "loss_mask", "attention_mask",
+                  "assistant_masks", "position_ids", "prompt_ids", "response_ids")
+# megatron-wrap's prompt length beside input_ids (its masking form): refused whatever it holds.
+PROMPT_LENGTH_KEYS = ("context_token_length",)
 # Message keys a chat template would render but --sft does not pass on (it passes role and
 # content), so the turn would train as if they were absent.
 UNRENDERED_MESSAGE_KEYS = ("tool_calls", "function_call", "reasoning_content")
@@ -31,17 +34,21 @@ PRETOKENIZED_HINT = ("--sft tokenizes the conversation and masks all but the ass
                      "gpt_sft flow (docs/WRAP.md)")
 
 
-def pretokenized_fields(names: Iterable[str]) -> list[str]:
-    """The names among ``names`` that hold pre-tokenised or pre-masked samples."""
-    names = set(names)
-    return [key for key in PRETOKENIZED_KEYS if key in names]
+def first_pretokenized(fields: Iterable[tuple[str, bool]]) -> str | None:
+    """The first field of ``(name, holds a list)`` pairs (non-null fields only) that holds
+    pre-tokenised or pre-masked data, in ``PER_TOKEN_KEYS`` order; None when none does."""
+    found = {name for name, is_list in fields
+             if (name in PER_TOKEN_KEYS and is_list) or name in PROMPT_LENGTH_KEYS}
+    return next((key for key in PER_TOKEN_KEYS + PROMPT_LENGTH_KEYS if key in found), None)
 
 
 def refuse_pretokenized(record: Mapping) -> None:
-    """ValueError naming the first non-null pre-tokenised key of a JSONL record."""
-    present = pretokenized_fields(key for key, value in record.items() if value is not None)
-    if present:
-        raise ValueError(f"key {present[0]!r} (pre-tokenised or pre-masked data) would be "
+    """ValueError naming the first pre-tokenised key of a JSONL record (null values hold
+    nothing and pass)."""
+    found = first_pretokenized((key, isinstance(value, list)) for key, value in record.items()
+                               if value is not None)
+    if found is not None:
+        raise ValueError(f"key {found!r} (pre-tokenised or pre-masked data) would be "
                          f"ignored: {PRETOKENIZED_HINT}")
 
 

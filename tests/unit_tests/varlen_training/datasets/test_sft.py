@@ -205,6 +205,7 @@ def _assistant_with(**extra) -> dict:
     (_with(LINE_1, input_ids=[1, 2, 3]), "key 'input_ids'"),
     (_with(LINE_1, tokens=[1, 2], attention_mask=[1, 1]), "key 'tokens'"),
     (_with(LINE_2, assistant_masks=[0, 1]), "key 'assistant_masks'"),
+    (_with(LINE_1, context_token_length=2), "key 'context_token_length'"),
     (_assistant_with(weight=0), "message 1 (assistant) has weight 0, but --sft trains every "
                                 "assistant turn and no other (weight 1 here)"),
     ({"messages": [{"role": "user", "content": "hi", "weight": 1},
@@ -225,13 +226,14 @@ def test_fields_that_would_be_ignored_are_refused(tmp_path, record, needle):
 
 
 def test_metadata_null_fields_and_agreeing_weights_are_read_as_before(tmp_path):
-    """Metadata keys (id, source, a prompt beside the messages), null pre-tokenised keys and
-    weights that say what --sft trains anyway leave the hand-computed samples unchanged."""
+    """Metadata keys (id, source, a prompt beside the messages, a scalar under a per-token name:
+    a classification label, a token count), null pre-tokenised keys and weights that say what
+    --sft trains anyway leave the hand-computed samples unchanged."""
     assistant_weighted = {"messages": [
         {**m, "weight": int(m["role"] == "assistant"), "tool_calls": None}
         if m["role"] != "system" else m for m in LINE_2["messages"]]}
-    lines = [_with(LINE_1, id=7, source="web", labels=None),
-             _with(assistant_weighted, prompt="unrelated")]
+    lines = [_with(LINE_1, id=7, source="web", labels=None, input_ids=None),
+             _with(assistant_weighted, prompt="unrelated", labels="positive", tokens=42)]
     path = _write(tmp_path, [json.dumps(line) + "\n" for line in lines])
     got = _samples(SFTDataset(path, ByteLevelTokenizer(), seq_length=64))
     assert got == [(TOKENS_1, LABELS_1, MASK_1), (TOKENS_2, LABELS_2, MASK_2)]
