@@ -236,7 +236,7 @@ def _unread_message_fields(flat, roles) -> np.ndarray:
     bad = np.zeros(len(flat), dtype=bool)
     names = {flat.type.field(i).name for i in range(flat.type.num_fields)}
     for name in names.intersection(UNRENDERED_MESSAGE_KEYS):
-        bad |= np.asarray(pc.struct_field(flat, name).is_valid())
+        bad |= _holds_something(pc.struct_field(flat, name))
     if WEIGHT_KEY in names:
         weight = pc.struct_field(flat, WEIGHT_KEY)
         given = np.asarray(weight.is_valid())
@@ -263,6 +263,19 @@ def _num_without_assistant(batch, keys: SFTKeys) -> int:
                               .fill_null(False))
     with_assistant = np.unique(np.asarray(pc.list_parent_indices(messages))[is_assistant])
     return batch.num_rows - with_assistant.size
+
+
+def _holds_something(values) -> np.ndarray:
+    """Mask of ``values`` that are neither null nor an empty list or string (what
+    ``sft_unread.refuse_unread_message_keys`` treats as absent)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        return np.asarray(pc.list_value_length(values).fill_null(0)) > 0
+    if _is_string(values.type):
+        return np.asarray(pc.utf8_length(values).fill_null(0)) > 0
+    return np.asarray(values.is_valid())
 
 
 def check_rows(dataset, path: str, keys: SFTKeys) -> int:

@@ -53,11 +53,11 @@ def refuse_pretokenized(record: Mapping) -> None:
 
 
 def refuse_unread_message_keys(message: Mapping, index: int) -> None:
-    """ValueError when message ``index`` carries a field the template would need (non-null
+    """ValueError when message ``index`` carries a field the template would need (non-empty
     ``tool_calls``, ...) or a ``weight`` that disagrees with --sft's mask (assistant turns
     are trained, the others are not)."""
     for key in UNRENDERED_MESSAGE_KEYS:
-        if message.get(key) is not None:
+        if message.get(key):  # null, [] and "" hold nothing (exports often write them)
             raise ValueError(f"message {index} has {key!r}, which --sft does not pass to the "
                              "template (it reads role and content): the turn would train "
                              "without it; remove the field or the turn")

@@ -227,10 +227,11 @@ def test_fields_that_would_be_ignored_are_refused(tmp_path, record, needle):
 
 def test_metadata_null_fields_and_agreeing_weights_are_read_as_before(tmp_path):
     """Metadata keys (id, source, a prompt beside the messages, a scalar under a per-token name:
-    a classification label, a token count), null pre-tokenised keys and weights that say what
-    --sft trains anyway leave the hand-computed samples unchanged."""
+    a classification label, a token count), null pre-tokenised keys, empty tool calls and
+    reasoning, and weights that say what --sft trains anyway leave the hand-computed samples
+    unchanged."""
     assistant_weighted = {"messages": [
-        {**m, "weight": int(m["role"] == "assistant"), "tool_calls": None}
+        {**m, "weight": int(m["role"] == "assistant"), "tool_calls": [], "reasoning_content": ""}
         if m["role"] != "system" else m for m in LINE_2["messages"]]}
     lines = [_with(LINE_1, id=7, source="web", labels=None, input_ids=None),
              _with(assistant_weighted, prompt="unrelated", labels="positive", tokens=42)]

@@ -225,13 +225,14 @@ def test_dispatch_reads_jsonl_as_before(forms):
 
 def test_metadata_null_columns_and_agreeing_weights_give_the_jsonl_samples(tmp_path):
     """Columns that are metadata (id, source, a prompt beside the messages, a token count
-    under 'tokens'), pre-tokenised columns of null type and weights that agree with the mask
-    are not refused, and the rows
+    under 'tokens'), pre-tokenised columns of null type, empty tool calls and reasoning and
+    weights that agree with the mask are not refused, and the rows
     give the samples the plain conversations give as JSONL."""
     chats = conversations(6, seed=3)
     rows = [{"id": i, "source": "web", "prompt": "unrelated", "labels": None, "tokens": 40 + i,
-             "messages": [{**m, "weight": int(m["role"] == "assistant"), "tool_calls": None}
-                          for m in chat["messages"]]} for i, chat in enumerate(chats)]
+             "messages": [{**m, "weight": int(m["role"] == "assistant"), "tool_calls": [],
+                           "reasoning_content": ""} for m in chat["messages"]]}
+            for i, chat in enumerate(chats)]
     parquet = write_parquet(rows, tmp_path / "meta.parquet")
     plain = write_jsonl(chats, tmp_path / "plain.jsonl")
     for got, want in zip(_datasets(parquet), _datasets(plain)):
