@@ -3,13 +3,15 @@
 ``--sft`` builds every sample from the conversation alone: it renders the turns, tokenizes
 them and trains on the assistant turns. A record (JSONL object, Parquet/Arrow row) that also
 carries its own token ids or loss mask (a list under ``input_ids``, ``labels``, ``loss_mask``,
-...), or a
-message that carries what the template would need beside ``role`` and ``content`` (OpenAI's
-per-message ``weight``, ``tool_calls``), would train on something else than its author
-prepared, without a word. Such a field is a one-line error naming it instead. Metadata (``id``,
-``source``, a ``prompt`` beside ``messages`` as UltraChat has) is not in these lists and stays
-allowed; a field whose value is null (a JSONL ``null``, an Arrow column or struct field of null
-type or with null rows) holds nothing and is allowed too.
+...), or a message that carries what the template would need beside ``role`` and ``content``
+(OpenAI's per-message ``weight``, ``tool_calls``), would train on something else than its
+author prepared, without a word. Such a field is a one-line error naming it instead.
+
+Allowed: metadata (``id``, ``source``, a ``prompt`` beside ``messages`` as UltraChat has, a
+scalar under a per-token name such as a class label under ``labels``); a field that holds
+nothing (a JSONL ``null``, an Arrow column of null type or a null row; for the message fields
+also an empty list or string, which exports write on every message); a ``weight`` that says
+what ``--sft`` trains anyway.
 """
 
 from __future__ import annotations
