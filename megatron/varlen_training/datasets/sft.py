@@ -38,6 +38,13 @@ from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
 
 
 TRAINED_ROLE = "assistant"
+SYSTEM_ROLE = "system"
+# Megatron-LM's SFT dataset starts a new conversation at every system message of a line (several
+# conversations packed in one list); read as one conversation here it would attend across them.
+MID_CONVERSATION_SYSTEM = (
+    "turn {turn} is a system message after the conversation's start, which Megatron-LM's SFT "
+    "reads as the start of another conversation in the same record; give each conversation "
+    "its own record (a system message comes first)")
 MIN_DOCUMENT_IDS = 2  # one input token plus its label
 
 
@@ -82,6 +89,8 @@ def parse_turns(record, keys: SFTKeys = SFTKeys()) -> list[tuple[str, str]]:
     for i, (role, content) in enumerate(turns):
         if role not in CHAT_ROLES:
             raise ValueError(f"turn {i} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+        if role == SYSTEM_ROLE and i > 0:
+            raise ValueError(MID_CONVERSATION_SYSTEM.format(turn=i))
         if not isinstance(content, str):
             raise ValueError(f"turn {i} content must be a string, got {type(content).__name__}")
     return turns

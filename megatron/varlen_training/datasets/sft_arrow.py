@@ -31,7 +31,9 @@ import numpy as np
 import torch
 
 from megatron.varlen_training.datasets.sample import make_sample
-from megatron.varlen_training.datasets.sft import SFTKeys, encode_record, parse_turns, truncate
+from megatron.varlen_training.datasets.sft import (
+    SYSTEM_ROLE, SFTKeys, encode_record, parse_turns, truncate,
+)
 from megatron.varlen_training.datasets.sft_unread import (
     PRETOKENIZED_HINT, TRAINED_ROLE, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, first_pretokenized,
 )
@@ -207,8 +209,9 @@ def _conversation_columns(path: str, schema, keys: SFTKeys) -> list[str]:
 
 def _bad_rows(batch, keys: SFTKeys) -> np.ndarray:
     """Row mask of ``batch`` (an Arrow record batch) whose conversation cannot be read:
-    null or empty messages, a null message, role or content, a role not in CHAT_ROLES; a null
-    prompt or response."""
+    null or empty messages, a null message, role or content, a role not in CHAT_ROLES, a system
+    message after the first (parse_turns), a field ``sft_unread`` refuses; a null prompt or
+    response."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -221,9 +224,12 @@ def _bad_rows(batch, keys: SFTKeys) -> np.ndarray:
     flat = pc.list_flatten(messages)
     roles, contents = pc.struct_field(flat, "role"), pc.struct_field(flat, "content")
     known = pc.is_in(roles, value_set=pa.array(CHAT_ROLES)).fill_null(False)
+    parents = np.asarray(pc.list_parent_indices(messages))
     bad_message = (np.asarray(flat.is_null()) | ~np.asarray(known)
-                   | np.asarray(contents.is_null()) | _unread_message_fields(flat, roles))
-    bad[np.asarray(pc.list_parent_indices(messages))[bad_message]] = True
+                   | np.asarray(contents.is_null()) | _unread_message_fields(flat, roles)
+                   | (np.asarray(pc.equal(roles, SYSTEM_ROLE).fill_null(False))
+                      & ~_first_of_each_list(parents)))
+    bad[parents[bad_message]] = True
     return bad
 
 
@@ -263,6 +269,13 @@ def _num_without_assistant(batch, keys: SFTKeys) -> int:
                               .fill_null(False))
     with_assistant = np.unique(np.asarray(pc.list_parent_indices(messages))[is_assistant])
     return batch.num_rows - with_assistant.size
+
+
+def _first_of_each_list(parents: np.ndarray) -> np.ndarray:
+    """Mask of the flattened items that open their list (``parents``: each item's list)."""
+    first = np.ones(len(parents), dtype=bool)
+    first[1:] = parents[1:] != parents[:-1]
+    return first
 
 
 def _holds_something(values) -> np.ndarray:

@@ -120,6 +120,12 @@ def test_null_tokenizer_template(tmp_path):
         ('{"messages": ["hi"]}', "message 0 is not an object"),
         ('{"messages": [{"role": "bot", "content": "x"}]}', "turn 0 has role 'bot'"),
         ('{"messages": [{"role": "user"}]}', "turn 0 content must be a string, got NoneType"),
+        # Megatron-LM's SFT would read two conversations packed in one line
+        ('{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, '
+         '{"role": "assistant", "content": "a"}, {"role": "system", "content": "t"}, '
+         '{"role": "user", "content": "r"}]}',
+         "turn 3 is a system message after the conversation's start, which Megatron-LM's SFT "
+         "reads as the start of another conversation in the same record"),
         ('{"prompt": "x", "response": 3}', "turn 1 content must be a string, got int"),
     ],
 )

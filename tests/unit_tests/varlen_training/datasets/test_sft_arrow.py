@@ -160,6 +160,9 @@ def _weighted(user_weight, assistant_weight) -> dict:
     ([_weighted(None, 1), _weighted(1.0, 1)], "bad.parquet row 1: message 0 (user) has weight "
                                               "1.0"),
     ([_weighted(None, "1")], "bad.parquet row 0: message 1 (assistant) has weight '1'"),
+    ([GOOD, _chat(("system", "s"), ("user", "q"), ("assistant", "a")), GOOD,
+      _chat(("user", "q"), ("assistant", "a"), ("system", "t"), ("user", "r"))],
+     "bad.parquet row 3: turn 2 is a system message after the conversation's start"),
     ([GOOD, {"messages": [{"role": "user", "content": "q", "tool_calls": None},
                           {"role": "assistant", "content": "", "tool_calls": [{"f": "g"}]}]}],
      "bad.parquet row 1: message 1 has 'tool_calls', which --sft does not pass"),
