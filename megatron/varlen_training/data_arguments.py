@@ -32,7 +32,8 @@ def add_indexed_data_args(parser) -> None:
     group.add_argument("--split", default=None,
                        help="Train, validation, test shares of every --data-path dataset's "
                             f"documents, e.g. '98,2,0' (default '{DEFAULT_SPLIT}', as "
-                            "Megatron-LM).")
+                            "Megatron-LM); with --sft, of the file's samples (default: the "
+                            "last 5 percent validate).")
     for flag, name in zip(PER_SPLIT_FLAGS, ("training", "validation", "test")):
         group.add_argument(flag, nargs="+", default=None, metavar="[WEIGHT] PREFIX",
                            help=f"The {name} split's own datasets (prefixes, optionally "
@@ -69,11 +70,12 @@ def parse_blend(entries: list[str], flag: str) -> tuple[list[str], list[float] |
     for position, (entry, number) in enumerate(zip(entries[::2], numbers)):
         if number is None or not math.isfinite(number) or number < 0:
             raise ValueError(f"{flag}: entry {2 * position + 1} {entry!r} is not a weight (a "
-                             f"finite number >= 0 before each prefix, as in "
+                             f"finite number > 0 before each prefix, as in "
                              f"'{flag} 0.7 PREFIX_A 0.3 PREFIX_B')")
-    if not any(numbers):
-        raise ValueError(f"{flag}: every weight is 0 ({' '.join(entries[::2])}); give at least "
-                         f"one dataset a positive weight")
+        if number == 0:  # megatron-core's BlendedDataset asserts every weight > 0 (a traceback)
+            raise ValueError(f"{flag}: entry {2 * position + 1} gives "
+                             f"{entries[2 * position + 1]!r} a weight of 0, but megatron-core "
+                             f"blends only datasets with weights > 0: leave it out of {flag}")
     return list(entries[1::2]), numbers
 
 
@@ -111,8 +113,9 @@ def uses_indexed_data(args) -> bool:
 def validate_indexed_data_args(args, require) -> None:
     """Checks the blends and the split; resolves ``--split``'s default (Megatron-LM's)."""
     per_split = [getattr(args, flag[2:].replace("-", "_")) for flag in PER_SPLIT_FLAGS]
+    _refuse_paths_with_mock_data(args, per_split, require)
     if not uses_indexed_data(args):
-        require(all(paths is None for paths in per_split) or args.mock_data,
+        require(all(paths is None for paths in per_split),
                 "--train-data-path/--valid-data-path/--test-data-path name indexed (.bin/.idx) "
                 "datasets: they do not go with --sft")
         return
@@ -136,6 +139,18 @@ def validate_indexed_data_args(args, require) -> None:
         parse_split(args.split)
     except ValueError as err:
         require(False, str(err))
+
+
+def _refuse_paths_with_mock_data(args, per_split: list, require) -> None:
+    """--mock-data makes its samples up: data paths beside it would not be read (Megatron-LM
+    ignores them without a word)."""
+    if not args.mock_data:
+        return
+    flags = [("--data-path", args.data_path), *zip(PER_SPLIT_FLAGS, per_split)]
+    for flag, paths in flags:
+        require(paths is None,
+                f"--mock-data makes its samples up, so {flag} {' '.join(paths or [])} would not "
+                f"be read: drop --mock-data to train on the data, or drop {flag}")
 
 
 def _check_blend(entries: list[str], flag: str, require) -> None:

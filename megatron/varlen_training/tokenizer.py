@@ -173,8 +173,13 @@ class HuggingFaceTokenizer(Tokenizer):
     def role_marker(self, role: str) -> list[int]:
         return self.tokenize(HF_ROLE_MARKER_FORMAT.format(role=role))
 
+    def has_chat_template(self) -> bool:
+        """Whether SFT conversations render with the tokenizer's own chat template (else with
+        this fork's plain ``<|role|>\\n`` markers)."""
+        return getattr(self._hf, "chat_template", None) is not None
+
     def encode_chat(self, turns: list[tuple[str, str]]):
-        if getattr(self._hf, "chat_template", None) is None:
+        if not self.has_chat_template():
             return None
         from megatron.varlen_training.hf.chat_template import encode_chat
 

@@ -111,8 +111,9 @@ def validate_varlen_args(args, require) -> None:
         resolve_hardware_profile(args.hardware_profile)
     except ValueError as err:
         require(False, str(err))
-    require(args.sft_mock_dataset_config_json is None or args.sft,
-            "--sft-mock-dataset-config-json needs --sft (with --mock-data)")
+    require(args.sft_mock_dataset_config_json is None or (args.sft and args.mock_data),
+            "--sft-mock-dataset-config-json shapes the lengths of --mock-data --sft samples: "
+            "it needs both flags (real --sft data has its own lengths)")
     if args.sft_mock_dataset_config_json is not None:
         try:  # fail at start-up, in one line, not inside the first data read
             parse_length_config(args.sft_mock_dataset_config_json, args.seq_length)

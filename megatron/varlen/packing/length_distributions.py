@@ -43,6 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 
 CONFIG_FLAG = "--sft-mock-dataset-config-json"
+# A byte order mark (Windows editors, spreadsheet CSV exports) is no part of the text: as
+# "utf-8" it would stay glued to the first line, which then read as a header and was skipped.
+UTF8_WITH_OPTIONAL_BOM = "utf-8-sig"
 
 # Upstream's default when the flag is unset, as fractions of --seq-length.
 DEFAULT_MIN_FRACTION = 0.5
@@ -185,7 +188,7 @@ def _load_json_text(value: str) -> tuple[object, str, str]:
             raise _fail(f"malformed inline JSON ({error.msg} at char {error.pos})") from None
     if not os.path.isfile(text):
         raise _fail(f"config file {text!r} does not exist and the value is not inline JSON")
-    with open(text, encoding="utf-8") as handle:
+    with open(text, encoding=UTF8_WITH_OPTIONAL_BOM) as handle:
         try:
             parsed = json.load(handle)
         except json.JSONDecodeError as error:
@@ -214,7 +217,7 @@ def read_lengths_file(path: str) -> list[int]:
         ValueError: naming the file, line number and bad value.
     """
     lengths: list[int] = []
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding=UTF8_WITH_OPTIONAL_BOM) as handle:
         for line_number, raw in enumerate(handle, start=1):
             text = raw.strip()
             if not text:

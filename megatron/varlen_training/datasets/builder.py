@@ -12,9 +12,10 @@
 Mock validation and test sets are the same kind of dataset with the seeds
 ``--seed + VALID_SEED_OFFSET`` and ``--seed + TEST_SEED_OFFSET`` (Megatron-LM's mock data has a
 test split too). Indexed data has the test split ``--split`` or ``--test-data-path`` gives it
-(megatron-core's builder); real SFT files and ``--packing-unit document`` have none. Real SFT
-data is split by position: its last ``max(1, round(VALID_FRACTION * N))`` samples are
-held out for validation (none when no eval samples are requested); training reads the rest, one
+(megatron-core's builder); ``--packing-unit document`` has none. Real SFT data is split by
+position: with ``--split``, megatron-core's document ranges (a test share is the test split);
+without, its last ``max(1, round(VALID_FRACTION * N))`` samples are held out for validation
+(none when no eval samples are requested) and there is no test split; training reads the rest, one
 seeded permutation per epoch, for as many epochs as ``train_samples`` needs; validation cycles
 over the held-out tail in file order. Without ``--sequence-packing`` every sample is padded to
 ``--seq-length`` (the unpacked baseline); with it, to a multiple of :func:`get_pad_multiple`.
@@ -26,10 +27,14 @@ import operator
 
 import numpy as np
 import torch
+from megatron.core.datasets.blended_megatron_dataset_config import (
+    convert_split_vector_to_split_matrix, parse_and_normalize_split,
+)
 
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets.indexed import build_indexed_datasets
+from megatron.varlen_training.datasets.indexed_checks import EMPTY_SPLIT_FIXES, split_ranges
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset, sft_keys
@@ -38,7 +43,9 @@ from megatron.varlen_training.datasets.whole_documents import build_whole_docume
 from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
 from megatron.varlen_training.flag_ranges import GIB, host_memory_bytes
 from megatron.varlen_training.log import warning_rank_0
-from megatron.varlen_training.tokenizer import NullTokenizer, Tokenizer
+from megatron.varlen_training.tokenizer import (
+    HF_ROLE_MARKER_FORMAT, HuggingFaceTokenizer, NullTokenizer, Tokenizer,
+)
 
 
 VALID_SEED_OFFSET = 1_000_003  # mock validation seed = --seed + this
@@ -229,6 +236,12 @@ def open_sft_data(path: str, tokenizer: Tokenizer, run: RunConfig, multiple: int
     of shards, a ``datasets.save_to_disk`` folder) or a JSONL file; the same keys, template and
     samples."""
     keys = sft_keys(run.data)
+    if isinstance(tokenizer, HuggingFaceTokenizer) and not tokenizer.has_chat_template():
+        # A base model's tokenizer: the conversation trains with markers no chat model uses.
+        warning_rank_0("--sft: the --tokenizer-model tokenizer has no chat template; turns open "
+                       "with this fork's plain markers (%r), tokenized as text. Give the "
+                       "tokenizer a chat_template (tokenizer_config.json) to train in its "
+                       "model's chat format", HF_ROLE_MARKER_FORMAT.format(role="user"))
     kind = ArrowSFTDataset if is_arrow_source(path) else SFTDataset
     return kind(path, tokenizer, run.model.seq_length, multiple, pad_to_seq_length, keys)
 
@@ -237,20 +250,51 @@ def _build_sft(run: RunConfig, tokenizer: Tokenizer, multiple: int, pad_to_seq_l
     data = run.data
     if not data.data_path:
         raise ValueError("--sft without --mock-data needs --data-path FILE.jsonl")
-    if len(data.data_path) > 1:
-        warning_rank_0("--sft reads only the first --data-path entry %r", data.data_path[0])
     full = open_sft_data(data.data_path[0], tokenizer, run, multiple, pad_to_seq_length)
-    num_docs = len(full)
-    num_valid = max(1, round(VALID_FRACTION * num_docs)) if data.eval_samples else 0
-    if num_valid >= num_docs:
-        raise ValueError(
-            f"--data-path {data.data_path[0]!r} has {num_docs} sample(s): too few to hold out "
-            "a validation tail (set --eval-iters 0 or add samples)"
-        )
-    doc_ids = np.arange(num_docs)
-    train = EpochDataset(full, doc_ids[: num_docs - num_valid], data.train_samples,
-                         run.training.seed, True)
-    valid = None
-    if num_valid:
-        valid = EpochDataset(full, doc_ids[num_docs - num_valid :], data.eval_samples, 0, False)
-    return train, valid, None  # no test split: the file's tail is the validation split
+    train_ids, valid_ids, test_ids = sft_split(
+        data.data_path[0], len(full), data.split, data.eval_samples > 0, data.test_samples > 0)
+    train = EpochDataset(full, train_ids, data.train_samples, run.training.seed, True)
+    valid = None if valid_ids is None else EpochDataset(full, valid_ids, data.eval_samples, 0,
+                                                        False)
+    test = None if test_ids is None else EpochDataset(full, test_ids, data.test_samples, 0, False)
+    return train, valid, test
+
+
+def sft_split(path: str, num_docs: int, split: str | None, validate: bool, test: bool = False
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The training, validation and test samples (file positions) of an SFT file of
+    ``num_docs``.
+
+    With ``--split`` they are megatron-core's document ranges of the split (as for indexed
+    data: ``[round(start x N), round(end x N))``; a test share is the test split, as Megatron-LM
+    builds one); without it the last ``max(1, round(VALID_FRACTION x N))`` samples are the
+    validation set and there is no test split. ``validate`` / ``test`` False (no samples of that
+    split are read) return None for it; so does a test share of 0.
+    """
+    if split is None:
+        num_valid = max(1, round(VALID_FRACTION * num_docs)) if validate else 0
+        if num_valid >= num_docs:
+            raise ValueError(f"--data-path {path!r} has {num_docs} sample(s): too few to hold "
+                             "out a validation tail (set --eval-iters 0 or add samples)")
+        ranges = [(0, num_docs - num_valid), (num_docs - num_valid, num_docs), None]
+    else:
+        ranges = split_ranges(num_docs, convert_split_vector_to_split_matrix(
+            parse_and_normalize_split(split)))
+    train, valid = ranges[0], ranges[1] if validate else None
+    test_range = ranges[2] if test else None
+    _require_samples(train, "training", path, split, num_docs)
+    if validate:
+        _require_samples(valid, "validation", path, split, num_docs)
+    if test_range is not None:
+        _require_samples(test_range, "test", path, split, num_docs)
+    return tuple(None if bounds is None else np.arange(*bounds)
+                 for bounds in (train, valid, test_range))
+
+
+def _require_samples(bounds: tuple[int, int] | None, name: str, path: str, split: str,
+                     num_docs: int) -> None:
+    if bounds is not None and bounds[1] > bounds[0]:
+        return
+    raise ValueError(f"--split {split!r} leaves the {name} split of {path} empty ({num_docs} "
+                     f"samples in all): give it a larger share"
+                     + EMPTY_SPLIT_FIXES.get(name, ""))

@@ -36,6 +36,7 @@ from megatron.varlen_training.config import DataConfig
 from megatron.varlen_training.datasets import indexed_checks, token_checks
 from megatron.varlen_training.datasets.core_builder import RankLocalBuilder, build_in_rank_order
 from megatron.varlen_training.datasets.sample import roundup
+from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.log import print_rank_0, warning_rank_0
 from megatron.varlen_training.tokenizer import Tokenizer
@@ -130,6 +131,9 @@ def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[i
         ranges = (indexed_checks.split_ranges(len(lengths), config.split_matrix)
                   if config.blend is not None else [(0, len(lengths))] * len(Split))
         token_checks.check_document_ends(prefix, dataset, tokenizer.name, tokenizer.eod, flag)
+        if data.packing_unit != PACKING_UNIT_DOCUMENT:  # whole documents need no eod
+            token_checks.check_documents_marked(prefix, dataset, tokenizer.eod,
+                                                _reset_flags(data), flag)
         for split in needed:
             where = f"--split {data.split!r}" if config.blend is not None else flag
             indexed_checks.check_split_not_empty(prefix, lengths, ranges[split], split, where)
@@ -139,6 +143,13 @@ def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[i
         hint = ("choose a writable --data-cache-path" if config.path_to_cache
                 else "pass a writable --data-cache-path")
         indexed_checks.check_cache_writable(cache, hint)
+
+
+def _reset_flags(data: DataConfig) -> list[str]:
+    """The given flags that find documents by their eod id."""
+    return [flag for flag, on in (("--reset-position-ids", data.reset_position_ids),
+                                  ("--reset-attention-mask", data.reset_attention_mask),
+                                  ("--eod-mask-loss", data.eod_mask_loss)) if on]
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -73,11 +73,18 @@ def read_index_header(prefix: str, flag: str) -> IndexHeader:
     return IndexHeader(dtype, num_sequences, num_documents)
 
 
+# Files --sft reads (JSONL, Parquet, Arrow): given without --sft, the likeliest slip.
+SFT_DATA_EXTENSIONS = (".jsonl", ".json", ".parquet", ".arrow")
+
+
 def _missing_file(prefix: str, path: str, flag: str) -> str:
     stem, extension = os.path.splitext(prefix)
     if extension in (".bin", ".idx"):  # the commonest slip: a file name for the prefix
         return (f"{flag}: {prefix!r} is a file name; indexed datasets are named by their prefix "
                 f"(pass {stem!r} for {stem}.bin and {stem}.idx)")
+    if os.path.exists(prefix) and extension in SFT_DATA_EXTENSIONS:
+        return (f"{flag}: {prefix!r} is SFT data, not an indexed dataset prefix: add --sft to "
+                f"train on its conversations, or preprocess it with tools/preprocess_data.py")
     return (f"{flag}: indexed dataset {prefix!r} has no {os.path.basename(path)} ({path} does "
             f"not exist); a dataset is the pair PREFIX.bin + PREFIX.idx that "
             f"tools/preprocess_data.py writes")
@@ -135,7 +142,7 @@ def split_ranges(num_documents: int, split_matrix) -> list[tuple[int, int] | Non
 # A larger share for an empty split that is read, and what else fixes it (the test split is
 # read at the end of training).
 _SHARE_HINTS = {"test": "e.g. --split 90,5,5"}
-_OTHER_FIXES = {"validation": " or set --eval-iters 0",
+EMPTY_SPLIT_FIXES = {"validation": " or set --eval-iters 0",
                 "test": " or none (e.g. --split 98,2,0: no test evaluation) or set --eval-iters 0"}
 
 
@@ -154,7 +161,7 @@ def check_split_not_empty(prefix: str, lengths: np.ndarray, bounds: tuple[int, i
     raise ValueError(f"{where} leaves the {name} split of {prefix} empty ({end - begin} of its "
                      f"{len(lengths)} documents, {int(lengths[begin:end].sum())} tokens): give "
                      f"the {name} split a larger share ({_SHARE_HINTS.get(name, SPLIT_HINT)})"
-                     + _OTHER_FIXES.get(name, ""))
+                     + EMPTY_SPLIT_FIXES.get(name, ""))
 
 
 def check_cache_writable(cache_dir: str, flag_hint: str) -> None:

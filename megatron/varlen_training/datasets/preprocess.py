@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
+from megatron.varlen_training.datasets.jsonl_lines import decode_line
 from megatron.varlen_training.tokenizer import Tokenizer, build_tokenizer
 
 DOCUMENT_LEVEL = "document"  # Megatron-LM's suffix without --split-sentences
@@ -99,11 +100,7 @@ class LineEncoder:
             ValueError: one line naming ``file:line`` and what is wrong.
         """
         where = f"{self.config.input}:{line_number}"
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{where}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte "
-                             f"offset {err.start} of the line)") from None
+        text = decode_line(where, line_number, raw)
         if not text.strip():
             return None
         record = _parse_json(where, text)

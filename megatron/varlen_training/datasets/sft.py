@@ -13,7 +13,9 @@ turns. Only the content and closing eod of assistant turns are trained on: ``los
 exactly when ``labels[i]`` is one of those ids, so system/user text and all role markers are
 masked. A document of more than ``seq_length + 1`` ids is truncated to ``seq_length + 1`` (real
 length ``seq_length``); a sample left without any trained label is kept, with
-``num_loss_tokens == 0``. Both counts are logged once.
+``num_loss_tokens == 0``. Both counts are logged once. Keys that would change what trains but
+are not read (pre-tokenised ``labels``/``input_ids``, a message's ``tool_calls`` or a disagreeing
+``weight``) are refused (:mod:`megatron.varlen_training.datasets.sft_unread`).
 """
 
 from __future__ import annotations
@@ -26,12 +28,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from megatron.varlen_training.datasets.jsonl_lines import decode_line
 from megatron.varlen_training.datasets.sample import make_sample
+from megatron.varlen_training.datasets.sft_unread import (
+    refuse_pretokenized, refuse_unread_message_keys,
+)
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
 
 
 TRAINED_ROLE = "assistant"
+SYSTEM_ROLE = "system"
+# Megatron-LM's SFT dataset starts a new conversation at every system message of a line (several
+# conversations packed in one list); read as one conversation here it would attend across them.
+MID_CONVERSATION_SYSTEM = (
+    "turn {turn} is a system message after the conversation's start, which Megatron-LM's SFT "
+    "reads as the start of another conversation in the same record; give each conversation "
+    "its own record (a system message comes first)")
 MIN_DOCUMENT_IDS = 2  # one input token plus its label
 
 
@@ -65,15 +78,19 @@ def parse_turns(record, keys: SFTKeys = SFTKeys()) -> list[tuple[str, str]]:
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise ValueError(f"message {i} is not an object")
+            refuse_unread_message_keys(message, i)
             turns.append((message.get("role"), message.get("content")))
     elif keys.prompt in record and keys.response in record:
         turns = [("user", record[keys.prompt]), ("assistant", record[keys.response])]
     else:
         raise ValueError(f"expected a {keys.messages!r} key or both {keys.prompt!r} and "
-                         f"{keys.response!r} keys")
+                         f"{keys.response!r} keys (--sft-messages-key, --sft-prompt-key, "
+                         f"--sft-response-key); its keys are {', '.join(map(repr, record))}")
     for i, (role, content) in enumerate(turns):
         if role not in CHAT_ROLES:
             raise ValueError(f"turn {i} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+        if role == SYSTEM_ROLE and i > 0:
+            raise ValueError(MID_CONVERSATION_SYSTEM.format(turn=i))
         if not isinstance(content, str):
             raise ValueError(f"turn {i} content must be a string, got {type(content).__name__}")
     return turns
@@ -106,7 +123,7 @@ def _load_documents(path: str, tokenizer: Tokenizer, keys: SFTKeys):
     try:
         with open(path, "rb") as f:  # bytes: a bad byte is reported with its line number
             for line_number, raw in enumerate(f, start=1):
-                line = _decode_line(path, line_number, raw)
+                line = decode_line(f"{path}:{line_number}", line_number, raw)
                 if line.strip():
                     documents.append(_encode_line(path, line_number, line, tokenizer, keys))
     except FileNotFoundError as err:
@@ -116,14 +133,6 @@ def _load_documents(path: str, tokenizer: Tokenizer, keys: SFTKeys):
     if not documents:
         raise ValueError(f"SFT data file {path!r} has no samples (--data-path)")
     return documents
-
-
-def _decode_line(path: str, line_number: int, raw: bytes) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}:{line_number}: not valid UTF-8 (byte 0x{raw[err.start]:02x} "
-                         f"at byte offset {err.start} of the line)") from err
 
 
 def _encode_line(path: str, line_number: int, line: str, tokenizer: Tokenizer, keys: SFTKeys):
@@ -144,7 +153,9 @@ def encode_record(record, tokenizer: Tokenizer, keys: SFTKeys, where: str):
     """One record's ``(ids, is_target)``; a ValueError starts with ``where`` (``file:line``,
     ``file row N``)."""
     try:
-        ids, is_target = encode_turns(parse_turns(record, keys), tokenizer)
+        turns = parse_turns(record, keys)
+        refuse_pretokenized(record)
+        ids, is_target = encode_turns(turns, tokenizer)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from err
     if len(ids) < MIN_DOCUMENT_IDS:

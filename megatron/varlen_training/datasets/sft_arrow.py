@@ -5,7 +5,8 @@ order), a folder written by ``datasets.Dataset.save_to_disk`` or one ``.arrow`` 
 folder; all local. Hugging Face ``datasets`` reads them (the optional ``[data]`` extra:
 ``datasets`` and ``pyarrow``): Arrow files are memory-mapped; Parquet is converted once into
 ``datasets``' Arrow cache (``$HF_DATASETS_CACHE``, reused by later runs and by the other ranks)
-and memory-mapped from there. Only the conversation's columns are read.
+and memory-mapped from there. Only the conversation's columns are read; a column of
+pre-tokenised data beside them is refused rather than ignored (``sft_unread``).
 
 Rows are the records of the JSONL format (:mod:`megatron.varlen_training.datasets.sft`), with
 the same keys (``--sft-messages-key``, or ``--sft-prompt-key`` and ``--sft-response-key``), the
@@ -14,7 +15,9 @@ tokenized when it is read, never the whole dataset at once (so, unlike the JSONL
 counts, only the first truncated row is reported). Because reads happen during
 training, every row is checked at start-up instead, batch by batch with Arrow compute (columns
 and their types, empty or null conversations, roles, null texts), and a problem is one line
-naming the row and the flag.
+naming the row and the flag. What only tokenizing shows (a conversation the chat template
+rejects, text the tokenizer refuses, a sample under 2 tokens) is one line naming the row when
+the row is read.
 """
 
 from __future__ import annotations
@@ -28,9 +31,14 @@ import numpy as np
 import torch
 
 from megatron.varlen_training.datasets.sample import make_sample
-from megatron.varlen_training.datasets.sft import SFTKeys, encode_record, parse_turns, truncate
+from megatron.varlen_training.datasets.sft import (
+    SYSTEM_ROLE, SFTKeys, encode_record, parse_turns, truncate,
+)
+from megatron.varlen_training.datasets.sft_unread import (
+    PRETOKENIZED_HINT, TRAINED_ROLE, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, first_pretokenized,
+)
 from megatron.varlen_training.errors import one_line
-from megatron.varlen_training.log import warning_all_ranks
+from megatron.varlen_training.log import warning_all_ranks, warning_rank_0
 from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
 
 PARQUET_SUFFIX = ".parquet"
@@ -160,8 +168,24 @@ def _is_message_list(arrow_type) -> bool:
         _is_string(message.field(name).type) for name in ("role", "content"))
 
 
+def _refuse_pretokenized_columns(path: str, schema) -> None:
+    """A column of pre-tokenised data (``sft_unread.first_pretokenized``: a list column under a
+    per-token name) is refused: only the conversation's columns are read. A column of null type
+    (no row has a value) is not."""
+    import pyarrow as pa
+
+    list_types = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    found = first_pretokenized((field.name, any(is_list(field.type) for is_list in list_types))
+                               for field in schema if not pa.types.is_null(field.type))
+    if found is not None:
+        raise ValueError(f"{path}: column {found!r} (pre-tokenised or pre-masked data) "
+                         f"would be ignored: {PRETOKENIZED_HINT}")
+
+
 def _conversation_columns(path: str, schema, keys: SFTKeys) -> list[str]:
-    """The columns holding the conversation (messages first, as in JSONL), type-checked."""
+    """The columns holding the conversation (messages first, as in JSONL), type-checked;
+    a pre-tokenised column beside them is refused."""
+    _refuse_pretokenized_columns(path, schema)
     if keys.messages in schema.names:
         arrow_type = schema.field(keys.messages).type
         if not _is_message_list(arrow_type):
@@ -185,8 +209,9 @@ def _conversation_columns(path: str, schema, keys: SFTKeys) -> list[str]:
 
 def _bad_rows(batch, keys: SFTKeys) -> np.ndarray:
     """Row mask of ``batch`` (an Arrow record batch) whose conversation cannot be read:
-    null or empty messages, a null message, role or content, a role not in CHAT_ROLES; a null
-    prompt or response."""
+    null or empty messages, a null message, role or content, a role not in CHAT_ROLES, a system
+    message after the first (parse_turns), a field ``sft_unread`` refuses; a null prompt or
+    response."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -199,16 +224,78 @@ def _bad_rows(batch, keys: SFTKeys) -> np.ndarray:
     flat = pc.list_flatten(messages)
     roles, contents = pc.struct_field(flat, "role"), pc.struct_field(flat, "content")
     known = pc.is_in(roles, value_set=pa.array(CHAT_ROLES)).fill_null(False)
+    parents = np.asarray(pc.list_parent_indices(messages))
     bad_message = (np.asarray(flat.is_null()) | ~np.asarray(known)
-                   | np.asarray(contents.is_null()))
-    bad[np.asarray(pc.list_parent_indices(messages))[bad_message]] = True
+                   | np.asarray(contents.is_null()) | _unread_message_fields(flat, roles)
+                   | (np.asarray(pc.equal(roles, SYSTEM_ROLE).fill_null(False))
+                      & ~_first_of_each_list(parents)))
+    bad[parents[bad_message]] = True
     return bad
 
 
-def check_rows(dataset, path: str, keys: SFTKeys) -> None:
+def _unread_message_fields(flat, roles) -> np.ndarray:
+    """Message mask: a non-null field the template would need (``tool_calls``, ...), or a
+    ``weight`` that disagrees with the mask (``sft_unread.refuse_unread_message_keys``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad = np.zeros(len(flat), dtype=bool)
+    names = {flat.type.field(i).name for i in range(flat.type.num_fields)}
+    for name in names.intersection(UNRENDERED_MESSAGE_KEYS):
+        bad |= _holds_something(pc.struct_field(flat, name))
+    if WEIGHT_KEY in names:
+        weight = pc.struct_field(flat, WEIGHT_KEY)
+        given = np.asarray(weight.is_valid())
+        if pa.types.is_integer(weight.type) or pa.types.is_floating(weight.type) \
+                or pa.types.is_boolean(weight.type):
+            trained = np.asarray(pc.equal(roles, TRAINED_ROLE).fill_null(False))
+            values = np.asarray(pc.cast(weight, pa.float64()).fill_null(0.0))
+            bad |= given & (values != trained)
+        else:  # a string or other weight never equals the 0/1 that parse_turns compares with
+            bad |= given
+    return bad
+
+
+def _num_without_assistant(batch, keys: SFTKeys) -> int:
+    """Rows of ``batch`` whose messages hold no assistant turn: nothing to train on. A
+    prompt/response row always has one (the response)."""
+    import pyarrow.compute as pc
+
+    if keys.messages not in batch.schema.names:
+        return 0
+    messages = batch.column(keys.messages)
+    flat = pc.list_flatten(messages)
+    is_assistant = np.asarray(pc.equal(pc.struct_field(flat, "role"), TRAINED_ROLE)
+                              .fill_null(False))
+    with_assistant = np.unique(np.asarray(pc.list_parent_indices(messages))[is_assistant])
+    return batch.num_rows - with_assistant.size
+
+
+def _first_of_each_list(parents: np.ndarray) -> np.ndarray:
+    """Mask of the flattened items that open their list (``parents``: each item's list)."""
+    first = np.ones(len(parents), dtype=bool)
+    first[1:] = parents[1:] != parents[:-1]
+    return first
+
+
+def _holds_something(values) -> np.ndarray:
+    """Mask of ``values`` that are neither null nor an empty list or string (what
+    ``sft_unread.refuse_unread_message_keys`` treats as absent)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        return np.asarray(pc.list_value_length(values).fill_null(0)) > 0
+    if _is_string(values.type):
+        return np.asarray(pc.utf8_length(values).fill_null(0)) > 0
+    return np.asarray(values.is_valid())
+
+
+def check_rows(dataset, path: str, keys: SFTKeys) -> int:
     """Every row can be read (:func:`_bad_rows`, batch by batch); the first that cannot is a
-    ValueError with parse_turns' message, as the JSONL reader gives it."""
-    first = 0
+    ValueError with parse_turns' message, as the JSONL reader gives it. Returns how many rows
+    have no assistant turn."""
+    first = num_without_assistant = 0
     for batch in dataset.data.to_batches(max_chunksize=CHECK_BATCH_ROWS):
         bad = np.flatnonzero(_bad_rows(batch, keys))
         if bad.size:
@@ -218,15 +305,22 @@ def check_rows(dataset, path: str, keys: SFTKeys) -> None:
             except ValueError as err:
                 raise ValueError(f"{path} row {row}: {err}") from err
             raise AssertionError(f"{path} row {row} was flagged but parses")
+        num_without_assistant += _num_without_assistant(batch, keys)
         first += batch.num_rows
     if first == 0:
         raise ValueError(f"SFT data {path!r} has no samples (--data-path)")
+    return num_without_assistant
 
 
 class ArrowSFTDataset(torch.utils.data.Dataset):
     """One sample per row, in row order, tokenized when read (see the module docstring).
 
     Args: as :class:`megatron.varlen_training.datasets.sft.SFTDataset`.
+
+    Attributes:
+        num_without_assistant: Rows with no assistant turn (counted at start-up and warned
+            about, as the JSONL reader counts its fully masked samples); a row trained on
+            nothing because truncation cut its assistant turns off is not counted.
     """
 
     def __init__(self, path: str, tokenizer: Tokenizer, seq_length: int,
@@ -235,7 +329,11 @@ class ArrowSFTDataset(torch.utils.data.Dataset):
         if seq_length < 1:
             raise ValueError(f"--seq-length must be >= 1, got {seq_length}")
         self._rows = load_arrow_table(path, keys)
-        check_rows(self._rows, path, keys)
+        self.num_without_assistant = check_rows(self._rows, path, keys)
+        if self.num_without_assistant:
+            warning_rank_0("ArrowSFTDataset: %d of %d rows in %s have no assistant turn to train "
+                           "on (loss_mask all 0)", self.num_without_assistant, len(self._rows),
+                           path)
         self._path, self._keys, self._tokenizer = path, keys, tokenizer
         self._seq_length = seq_length
         self._pad_to_multiple_of = pad_to_multiple_of

@@ -20,12 +20,18 @@ silently on wrong data:
   them apart: data preprocessed with ``--append-eod`` by megatron-core's tokenizer ends every
   document with 0 (a NUL byte, which text does not end with). If the first documents all end
   with 0 and none with our eod, the run is refused in one line.
+- **documents without an eod** (text preprocessed without ``--append-eod``): samples cut from
+  the concatenated documents run them together unmarked. With ``--reset-position-ids``,
+  ``--reset-attention-mask`` or ``--eod-mask-loss``, which find documents by their eod, the run
+  is refused in one line (the flags would change nothing); without them it is a warning.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path
+
+from megatron.varlen_training.log import warning_rank_0
 
 # tokenizer class -> (the document-end id of a tokenizer of the same name elsewhere, its name)
 FOREIGN_EODS = {"ByteLevelTokenizer": (0, "megatron-core's ByteLevelTokenizer (bytes 0-255, "
@@ -72,6 +78,35 @@ def check_token_ids(prefix: str, dataset: IndexedDataset, bounds: tuple[int, int
             f"again with this one (tools/preprocess_data.py)")
 
 
+def first_document_ends(dataset: IndexedDataset) -> list[int]:
+    """The last id of each of the first ``DOCUMENT_ENDS_LOOKED_AT`` non-empty documents."""
+    lengths = dataset.sequence_lengths
+    looked_at = np.flatnonzero(lengths > 0)[:DOCUMENT_ENDS_LOOKED_AT]  # not a loop: 1e9 docs
+    return [int(dataset.get(int(index), offset=int(lengths[index]) - 1, length=1)[0])
+            for index in looked_at]
+
+
+def check_documents_marked(prefix: str, dataset: IndexedDataset, eod: int,
+                           reset_flags: list[str], flag: str) -> None:
+    """Megatron's samples run the documents together: only an eod id at each document's end
+    tells them apart (for the model, and for ``--reset-position-ids``,
+    ``--reset-attention-mask`` and ``--eod-mask-loss``). When none of the first documents ends
+    with it (text preprocessed without ``--append-eod``), the reset flags would find no
+    boundary and do nothing: refused in one line; without them it is a warning (pre-cut
+    documents need no eod)."""
+    ends = first_document_ends(dataset)
+    if not ends or eod in ends:
+        return
+    what = (f"{flag}: none of the first {len(ends)} documents of {prefix} ends with the eod id "
+            f"{eod} (preprocessed without --append-eod?)")
+    fix = "preprocess the text again with tools/preprocess_data.py --append-eod"
+    if reset_flags:
+        raise ValueError(f"{what}, so {', '.join(reset_flags)} would find no document "
+                         f"boundary in its samples and change nothing: {fix}")
+    warning_rank_0("%s: its samples run documents together with nothing between them; %s "
+                   "unless the documents are already cut to size", what, fix)
+
+
 def check_document_ends(prefix: str, dataset: IndexedDataset, tokenizer_name: str, eod: int,
                         flag: str) -> None:
     """Refuses data whose documents end with another tokenizer's eod of the same name
@@ -79,10 +114,7 @@ def check_document_ends(prefix: str, dataset: IndexedDataset, tokenizer_name: st
     if tokenizer_name not in FOREIGN_EODS:
         return
     foreign, foreign_name = FOREIGN_EODS[tokenizer_name]
-    lengths = dataset.sequence_lengths
-    looked_at = np.flatnonzero(lengths > 0)[:DOCUMENT_ENDS_LOOKED_AT]  # not a loop: 1e9 docs
-    ends = [int(dataset.get(int(index), offset=int(lengths[index]) - 1, length=1)[0])
-            for index in looked_at]
+    ends = first_document_ends(dataset)
     if not ends or any(end != foreign for end in ends):
         return
     raise ValueError(

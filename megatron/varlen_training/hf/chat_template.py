@@ -9,7 +9,9 @@ tokenized once and each token is a target when its characters start inside such 
 
 A template whose rendering of a prefix is not a prefix of the longer rendering (e.g. one that
 rewrites earlier turns, such as stripping reasoning from them) cannot be masked this way and is
-refused in one line naming the turn.
+refused in one line naming the turn; so is a conversation the template itself rejects (its
+``raise_exception``, e.g. roles that do not alternate), which would otherwise escape as a
+traceback.
 """
 
 from __future__ import annotations
@@ -27,8 +29,15 @@ class ChatTemplateError(ValueError):
 def _render(hf_tokenizer, messages: list[dict], generation_prompt: bool) -> str:
     if not messages and not generation_prompt:
         return ""
-    return hf_tokenizer.apply_chat_template(messages, tokenize=False,
-                                            add_generation_prompt=generation_prompt)
+    import jinja2  # transformers renders templates with it (the [hf] extra)
+
+    try:
+        return hf_tokenizer.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=generation_prompt)
+    except jinja2.TemplateError as err:  # e.g. raise_exception('roles must alternate ...')
+        raise ChatTemplateError(f"the tokenizer's chat template refuses this conversation "
+                                f"({' '.join(str(err).split())}); fix the conversation or "
+                                "the template (--tokenizer-model)") from err
 
 
 def _extend(text: str, longer: str, what: str) -> str:

@@ -151,3 +151,19 @@ def test_script_from_the_repo_root(corpus, tmp_path):
     prefix = str(tmp_path / "cli_text_document")
     assert f"train with --data-path {prefix}" in proc.stdout
     assert len(_documents(prefix)) == 5
+
+
+def test_byte_order_mark_and_crlf_lines_give_the_plain_files(corpus, tmp_path):
+    """A file saved with a UTF-8 byte order mark and Windows line ends (CRLF) holds the same
+    documents as the plain file: the mark is no part of the first text, and JSON ignores the
+    CR."""
+    plain = corpus.read_bytes()
+    windows = tmp_path / "windows.jsonl"
+    windows.write_bytes(b"\xef\xbb\xbf" + plain.replace(b"\n", b"\r\n"))
+    for name, path in (("plain", corpus), ("windows", windows)):
+        assert _run("--input", str(path), "--tokenizer-type", "ByteLevelTokenizer",
+                    "--append-eod", "--output-prefix", str(tmp_path / name),
+                    "--workers", "1") == 0
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"windows_text_document{suffix}").read_bytes() == \
+            (tmp_path / f"plain_text_document{suffix}").read_bytes()

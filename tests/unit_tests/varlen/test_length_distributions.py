@@ -59,6 +59,20 @@ def test_file_mode_header_cycling_and_relative_path(tmp_path):
     assert read_lengths_file(str(tmp_path / "lengths.csv")) == [10, 20, 30]
 
 
+@pytest.mark.parametrize("header", ["", "seq_len\r\n"])
+def test_file_with_byte_order_mark_and_crlf_keeps_every_length(tmp_path, header):
+    """A spreadsheet's CSV export (UTF-8 byte order mark, CRLF): the first length is a length,
+    not a header to skip (it was dropped), with or without a header line; so is a JSON config
+    saved with a byte order mark."""
+    (tmp_path / "lengths.csv").write_bytes(
+        b"\xef\xbb\xbf" + (header + "10\r\n20\r\n30\r\n").encode())
+    assert read_lengths_file(str(tmp_path / "lengths.csv")) == [10, 20, 30]
+    config_path = tmp_path / "config.json"
+    config_path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"mode": "file",
+                                                         "path": "lengths.csv"}).encode())
+    assert parse_length_config(str(config_path), 1).sample(4, seed=0).tolist() == [10, 20, 30, 10]
+
+
 @pytest.mark.parametrize("content, match", [
     ("10\n-3\n", "line 2: length -3 must be positive"),
     ("10\n2.5\n", "line 2: '2.5' is not an integer"),

@@ -188,3 +188,17 @@ def test_minimal_mock_reads_no_field_by_design():
     samples = flow.build_samples([[0], {"anything": 1}])
     assert [sorted(sample) for sample in samples] == [["labels", "length", "loss_mask",
                                                        "tokens"]] * 2
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"weight": 0}, "message 1 (assistant) has weight 0, but --sft trains every assistant turn"),
+    ({"tool_calls": [{"name": "f"}]}, "message 1 has 'tool_calls', which --sft does not pass"),
+])
+def test_message_fields_the_template_would_drop_are_refused(extra, needle):
+    """A text sample's message fields that change what its turn trains on (OpenAI's
+    per-message weight, tool calls) are refused as the --sft datasets refuse them."""
+    flow = GPTSFTFlow(_context(tokenizer="ByteLevelTokenizer"))
+    raw = {"messages": [{"role": "user", "content": "q"},
+                        {"role": "assistant", "content": "a", **extra}]}
+    message = _error(flow, raw)
+    assert message.startswith("sample 3") and needle in message

@@ -39,6 +39,7 @@ def _args(**overrides):
         sequence_parallel=False,
         sequence_packing=True,
         vocab_size=64,
+        split=None,
     )
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -57,7 +58,7 @@ def _run(args):
             mock_data=args.mock_data, sft=args.sft, data_path=args.data_path,
             sft_mock_dataset_config_json=args.sft_mock_dataset_config_json,
             train_samples=args.train_samples, eval_samples=args.eval_samples,
-            test_samples=args.test_samples,
+            test_samples=args.test_samples, split=args.split,
             sft_messages_key="messages", sft_prompt_key="prompt", sft_response_key="response",
             indexed=bool(args.data_path) and not args.mock_data and not args.sft),
         training=SimpleNamespace(seed=args.seed),
@@ -194,3 +195,55 @@ def test_sft_too_small_for_a_valid_tail(tmp_path):
     train, valid = _build(_args(**{**vars(args), "eval_samples": 0}), ByteLevelTokenizer())
     assert valid is None and len(train) == args.train_samples
     assert np.all([train[i]["sample_id"] == i for i in range(len(train))])
+
+
+def _docs_read(dataset, full) -> list[int]:
+    doc_of = {tuple(full[i]["tokens"].tolist()): i for i in range(len(full))}
+    return [doc_of[tuple(dataset[i]["tokens"].tolist())] for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("split, train_docs, valid_docs, test_docs", [
+    # float64 by hand: N = 40 documents, split k = [round(start_k * N), round(end_k * N))
+    ("80,15,5", range(0, 32), range(32, 38), range(38, 40)),
+    ("98,2,0", range(0, 39), range(39, 40), None),  # round(0.98 * 40) = 39; no test share
+    ("1,1,0", range(0, 20), range(20, 40), None),
+])
+def test_sft_split_flag_gives_megatron_core_document_ranges(tmp_path, split, train_docs,
+                                                            valid_docs, test_docs):
+    """--split splits an SFT file as megatron-core splits an indexed dataset's documents (it
+    used to be ignored for the fixed 5% tail): an epoch of training reads every training
+    document once, validation and test their documents in order; a test share is the test
+    split the end of training evaluates, and nothing reads it without test samples."""
+    num_docs = 40
+    args = _args(mock_data=False, sft=True, data_path=[_sft_file(tmp_path, num_docs)],
+                 vocab_size=None, train_samples=len(train_docs), eval_samples=len(valid_docs),
+                 test_samples=3, split=split)
+    tok = ByteLevelTokenizer()
+    train, valid, test = build_split_datasets(_run(args), tok)
+    full = SFTDataset(args.data_path[0], tok, args.seq_length)
+    assert sorted(_docs_read(train, full)) == list(train_docs)
+    assert _docs_read(valid, full) == list(valid_docs)
+    if test_docs is None:
+        assert test is None
+    else:  # 3 samples cycle over the test documents in file order
+        assert _docs_read(test, full) == [*test_docs, test_docs[0]]
+    unread = build_split_datasets(_run(_args(**{**vars(args), "test_samples": 0})), tok)
+    assert unread[2] is None
+
+
+@pytest.mark.parametrize("split, eval_samples, needle", [
+    ("0,1,0", 5, "--split '0,1,0' leaves the training split of"),
+    ("99,1,0", 5, "--split '99,1,0' leaves the validation split of"),  # round(0.99 * 40) = 40
+    # round(0.97 * 40) = 39, round(0.99 * 40) = 40: the test share holds no sample
+    ("97,2,1", 5, "--split '97,2,1' leaves the test split of"),
+])
+def test_sft_split_that_leaves_a_read_split_empty_is_one_line(tmp_path, split, eval_samples,
+                                                              needle):
+    args = _args(mock_data=False, sft=True, data_path=[_sft_file(tmp_path, 40)],
+                 vocab_size=None, eval_samples=eval_samples, test_samples=5, split=split)
+    with pytest.raises(ValueError) as err:
+        _build(args, ByteLevelTokenizer())
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    train, valid = _build(_args(**{**vars(args), "eval_samples": 0, "split": "99,1,0"}),
+                          ByteLevelTokenizer())
+    assert valid is None and len(train) == args.train_samples

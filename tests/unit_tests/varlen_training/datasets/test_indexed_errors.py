@@ -35,12 +35,27 @@ BASE = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2"
     (["0.5", "a", "b", "c"], "--data-path: entry 3 'b' is not a weight"),
     (["-1", "a", "2", "b"], "--data-path: entry 1 '-1' is not a weight"),
     (["nan", "a", "1", "b"], "--data-path: entry 1 'nan' is not a weight"),
-    (["0", "a", "0", "b"], "--data-path: every weight is 0 (0 0)"),
+    (["0", "a", "0", "b"], "--data-path: entry 1 gives 'a' a weight of 0, but megatron-core "
+                           "blends only datasets with weights > 0: leave it out of --data-path"),
+    # one zero weight among positive ones: megatron-core's BlendedDataset asserted (traceback)
+    (["0.5", "a", "0", "b"], "--data-path: entry 3 gives 'b' a weight of 0"),
 ])
 def test_blend_that_does_not_parse_names_the_entry(entries, needle):
     with pytest.raises(ValueError) as err:
         parse_blend(entries, "--data-path")
     assert str(err.value).startswith(needle), err.value
+
+
+def test_megatron_core_refuses_a_zero_weight():
+    """The fact the zero-weight refusal rests on: megatron-core's BlendedDataset asserts every
+    weight > 0 before it looks at anything else of its datasets."""
+    from types import SimpleNamespace
+
+    from megatron.core.datasets.blended_dataset import BlendedDataset
+
+    same_split = SimpleNamespace(index_split=0)
+    with pytest.raises(AssertionError):
+        BlendedDataset([same_split, same_split], [0.5, 0.0], 8, None)
 
 
 def test_blends_that_parse():
@@ -103,6 +118,16 @@ def test_file_name_instead_of_prefix(tmp_path, prefix):
     assert _check(tmp_path, [prefix + ".idx"]).startswith(
         f"--data-path: '{prefix}.idx' is a file name; indexed datasets are named by their "
         f"prefix (pass '{prefix}'")
+
+
+@pytest.mark.parametrize("name", ["chats.jsonl", "chats.parquet"])
+def test_sft_file_without_sft_says_to_add_it(tmp_path, name):
+    """An SFT file given without --sft is read as an indexed prefix: the line says what it is."""
+    path = tmp_path / name
+    path.write_text('{"prompt": "p", "response": "r"}\n')
+    assert _check(tmp_path, [str(path)]) == (
+        f"--data-path: {str(path)!r} is SFT data, not an indexed dataset prefix: add --sft to "
+        f"train on its conversations, or preprocess it with tools/preprocess_data.py")
 
 
 def test_mismatched_bin_and_idx(tmp_path, prefix):

@@ -113,11 +113,19 @@ def test_null_tokenizer_template(tmp_path):
         ("{not json", "invalid JSON"),
         ("[1, 2]", "expected a JSON object, got list"),
         ('{"text": "x"}', "'messages' key or both 'prompt' and 'response'"),
+        ('{"mesages": [], "id": 1}', "(--sft-messages-key, --sft-prompt-key, --sft-response-key)"
+                                     "; its keys are 'mesages', 'id'"),
         ('{"prompt": "x"}', "'messages' key or both 'prompt' and 'response'"),
         ('{"messages": []}', "'messages' must be a non-empty list"),
         ('{"messages": ["hi"]}', "message 0 is not an object"),
         ('{"messages": [{"role": "bot", "content": "x"}]}', "turn 0 has role 'bot'"),
         ('{"messages": [{"role": "user"}]}', "turn 0 content must be a string, got NoneType"),
+        # Megatron-LM's SFT would read two conversations packed in one line
+        ('{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, '
+         '{"role": "assistant", "content": "a"}, {"role": "system", "content": "t"}, '
+         '{"role": "user", "content": "r"}]}',
+         "turn 3 is a system message after the conversation's start, which Megatron-LM's SFT "
+         "reads as the start of another conversation in the same record"),
         ('{"prompt": "x", "response": 3}', "turn 1 content must be a string, got int"),
     ],
 )
@@ -170,3 +178,69 @@ def test_shipped_example_file_loads():
         s = ds[i]
         assert s["tokens"].max() < tok.vocab_size and s["padded_length"] % 8 == 0
         assert s["num_loss_tokens"] > 0
+
+
+def _samples(dataset) -> list[tuple[list, list, list]]:
+    return [(s["tokens"].tolist(), s["labels"].tolist(), s["loss_mask"].tolist())
+            for s in (dataset[i] for i in range(len(dataset)))]
+
+
+def test_byte_order_mark_crlf_and_blank_lines_change_no_sample(tmp_path):
+    """A file a Windows tool wrote (UTF-8 byte order mark, CRLF line ends, blank lines) gives
+    the hand-computed samples of the plain file."""
+    text = "\r\n".join([json.dumps(LINE_1), "", json.dumps(LINE_2), "  "]) + "\r\n"
+    path = tmp_path / "windows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    got = _samples(SFTDataset(str(path), ByteLevelTokenizer(), seq_length=64))
+    assert got == [(TOKENS_1, LABELS_1, MASK_1), (TOKENS_2, LABELS_2, MASK_2)]
+
+
+def _with(record: dict, **extra) -> dict:
+    return {**record, **extra}
+
+
+def _assistant_with(**extra) -> dict:
+    return {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "ok", **extra}]}
+
+
+@pytest.mark.parametrize("record, needle", [
+    (_with(LINE_2, labels=[115, 256]), "key 'labels' (pre-tokenised or pre-masked data) would "
+                                       "be ignored: --sft tokenizes the conversation"),
+    (_with(LINE_2, loss_mask=[0, 1]), "key 'loss_mask'"),
+    (_with(LINE_1, input_ids=[1, 2, 3]), "key 'input_ids'"),
+    (_with(LINE_1, tokens=[1, 2], attention_mask=[1, 1]), "key 'tokens'"),
+    (_with(LINE_2, assistant_masks=[0, 1]), "key 'assistant_masks'"),
+    (_with(LINE_1, context_token_length=2), "key 'context_token_length'"),
+    (_assistant_with(weight=0), "message 1 (assistant) has weight 0, but --sft trains every "
+                                "assistant turn and no other (weight 1 here)"),
+    ({"messages": [{"role": "user", "content": "hi", "weight": 1},
+                   {"role": "assistant", "content": "ok"}]}, "message 0 (user) has weight 1"),
+    (_assistant_with(tool_calls=[{"name": "f"}]), "message 1 has 'tool_calls', which --sft "
+                                                   "does not pass to the template"),
+    (_assistant_with(reasoning_content="think"), "message 1 has 'reasoning_content'"),
+])
+def test_fields_that_would_be_ignored_are_refused(tmp_path, record, needle):
+    """Pre-tokenised or pre-masked keys beside the conversation, and message fields that
+    change what a turn trains on, are one line naming the line and the field (they used to be
+    dropped without a word)."""
+    path = _write(tmp_path, [json.dumps(LINE_1) + "\n", json.dumps(record) + "\n"])
+    with pytest.raises(ValueError) as err:
+        SFTDataset(path, ByteLevelTokenizer(), 64)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path}:2: ") and needle in message
+
+
+def test_metadata_null_fields_and_agreeing_weights_are_read_as_before(tmp_path):
+    """Metadata keys (id, source, a prompt beside the messages, a scalar under a per-token name:
+    a classification label, a token count), null pre-tokenised keys, empty tool calls and
+    reasoning, and weights that say what --sft trains anyway leave the hand-computed samples
+    unchanged."""
+    assistant_weighted = {"messages": [
+        {**m, "weight": int(m["role"] == "assistant"), "tool_calls": [], "reasoning_content": ""}
+        if m["role"] != "system" else m for m in LINE_2["messages"]]}
+    lines = [_with(LINE_1, id=7, source="web", labels=None, input_ids=None),
+             _with(assistant_weighted, prompt="unrelated", labels="positive", tokens=42)]
+    path = _write(tmp_path, [json.dumps(line) + "\n" for line in lines])
+    got = _samples(SFTDataset(path, ByteLevelTokenizer(), seq_length=64))
+    assert got == [(TOKENS_1, LABELS_1, MASK_1), (TOKENS_2, LABELS_2, MASK_2)]

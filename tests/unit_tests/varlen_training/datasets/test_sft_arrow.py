@@ -16,7 +16,7 @@ from megatron.varlen_training.errors import UserInputError, agree_on_errors
 from megatron.varlen_training.tokenizer import ByteLevelTokenizer
 from tests.harness.extras import require_extra
 from tests.unit_tests.varlen_training.datasets.sft_files import (
-    conversations, write_all_forms, write_jsonl, write_parquet,
+    conversations, write_all_forms, write_jsonl, write_parquet, write_saved_dataset, write_shards,
 )
 
 require_extra("data")  # the whole module skips before its imports of datasets and pyarrow
@@ -125,6 +125,12 @@ def _chat(*turns):
 GOOD = _chat(("user", "q"), ("assistant", "a"))
 
 
+def _weighted(user_weight, assistant_weight) -> dict:
+    """A chat whose messages carry OpenAI's per-message ``weight``."""
+    return {"messages": [{"role": "user", "content": "q", "weight": user_weight},
+                         {"role": "assistant", "content": "a", "weight": assistant_weight}]}
+
+
 @pytest.mark.parametrize("rows, needle", [
     ([GOOD, GOOD, _chat(("user", "q"), ("bot", "a"))],
      "bad.parquet row 2: turn 1 has role 'bot'; expected one of system, user, assistant"),
@@ -144,6 +150,22 @@ GOOD = _chat(("user", "q"), ("assistant", "a"))
      "column 'response' (--sft-response-key) has type int64; expected string"),
     ([{"prompt": None, "response": "r"}, {"prompt": "p", "response": "r"}],
      "bad.parquet row 0: turn 0 content must be a string, got NoneType"),
+    ([{**GOOD, "labels": [1, 2]}], "bad.parquet: column 'labels' (pre-tokenised or pre-masked "
+                                   "data) would be ignored: --sft tokenizes the conversation"),
+    ([{"prompt": "p", "response": "r", "input_ids": [1, 2], "loss_mask": None}],
+     "bad.parquet: column 'input_ids'"),
+    ([GOOD, _weighted(0, 1), _weighted(None, 0)],
+     "bad.parquet row 2: message 1 (assistant) has weight 0, but --sft trains every assistant "
+     "turn and no other"),
+    ([_weighted(None, 1), _weighted(1.0, 1)], "bad.parquet row 1: message 0 (user) has weight "
+                                              "1.0"),
+    ([_weighted(None, "1")], "bad.parquet row 0: message 1 (assistant) has weight '1'"),
+    ([GOOD, _chat(("system", "s"), ("user", "q"), ("assistant", "a")), GOOD,
+      _chat(("user", "q"), ("assistant", "a"), ("system", "t"), ("user", "r"))],
+     "bad.parquet row 3: turn 2 is a system message after the conversation's start"),
+    ([GOOD, {"messages": [{"role": "user", "content": "q", "tool_calls": None},
+                          {"role": "assistant", "content": "", "tool_calls": [{"f": "g"}]}]}],
+     "bad.parquet row 1: message 1 has 'tool_calls', which --sft does not pass"),
 ])
 def test_bad_rows_and_columns_are_one_line(tmp_path, rows, needle):
     path = write_parquet(rows, tmp_path / "bad.parquet")
@@ -202,3 +224,54 @@ def test_dispatch_reads_jsonl_as_before(forms):
     train, _ = _datasets(forms["jsonl"])
     assert type(train._dataset).__name__ == "SFTDataset"
     assert builder.open_sft_data.__doc__  # the one place the formats are told apart
+
+
+def test_metadata_null_columns_and_agreeing_weights_give_the_jsonl_samples(tmp_path):
+    """Columns that are metadata (id, source, a prompt beside the messages, a token count
+    under 'tokens'), pre-tokenised columns of null type, empty tool calls and reasoning and
+    weights that agree with the mask are not refused, and the rows
+    give the samples the plain conversations give as JSONL."""
+    chats = conversations(6, seed=3)
+    rows = [{"id": i, "source": "web", "prompt": "unrelated", "labels": None, "tokens": 40 + i,
+             "messages": [{**m, "weight": int(m["role"] == "assistant"), "tool_calls": [],
+                           "reasoning_content": ""} for m in chat["messages"]]}
+            for i, chat in enumerate(chats)]
+    parquet = write_parquet(rows, tmp_path / "meta.parquet")
+    plain = write_jsonl(chats, tmp_path / "plain.jsonl")
+    for got, want in zip(_datasets(parquet), _datasets(plain)):
+        _assert_same_samples(got, want)
+
+
+def test_rows_without_an_assistant_turn_are_counted_and_warned_about(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Counting by hand: 3 of 9 rows have no assistant turn (user-only, system + user), spread
+    over several check batches (rows with two assistant turns count once among the others);
+    their samples have no trained label, as the count says."""
+    monkeypatch.setattr(sft_arrow, "CHECK_BATCH_ROWS", 4)
+    no_answer = [_chat(("user", "q")), _chat(("system", "s"), ("user", "q")),
+                 _chat(("user", "q"), ("user", "again"))]
+    two_answers = _chat(("user", "q"), ("assistant", "a"), ("user", "r"), ("assistant", "b"))
+    rows = [GOOD, no_answer[0], two_answers, GOOD, GOOD, no_answer[1], GOOD, two_answers,
+            no_answer[2]]
+    dataset = sft_arrow.ArrowSFTDataset(write_parquet(rows, tmp_path / "chats.parquet"),
+                                        ByteLevelTokenizer(), 64)
+    assert dataset.num_without_assistant == 3
+    assert [i for i in range(len(rows)) if dataset[i]["num_loss_tokens"] == 0] == [1, 5, 8]
+    assert "3 of 9 rows in" in capsys.readouterr().out
+    pairs = write_parquet([{"prompt": "p", "response": "r"}] * 3, tmp_path / "pairs.parquet")
+    assert sft_arrow.ArrowSFTDataset(pairs, ByteLevelTokenizer(), 64).num_without_assistant == 0
+
+
+@pytest.mark.parametrize("form", ["save_to_disk", "arrow_file", "shards"])
+def test_pretokenized_column_refused_in_every_form(tmp_path, form):
+    """A ``labels`` column (what a Hugging Face SFT pipeline writes beside its messages) is
+    refused in a save_to_disk folder, one of its Arrow files and Parquet shards alike."""
+    rows = [{**GOOD, "labels": [-100, 97]}] * 6
+    if form == "shards":
+        path = write_shards(rows, tmp_path / "shards")
+    else:
+        path = write_saved_dataset(rows, tmp_path / "saved")
+        if form == "arrow_file":
+            path = str(next(Path(path).glob("*.arrow")))
+    assert "column 'labels' (pre-tokenised or pre-masked data) would be ignored" in \
+        _one_line_error(path)

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -141,3 +143,49 @@ def test_every_rank_refuses_what_one_rank_found(tmp_path):
     assert messages[0] == messages[1] and messages[0] is not None
     assert f"holds token id {BAD_ID} (document {BAD_DOCUMENT}," in messages[0]
     assert np.iinfo(np.uint16).max > BAD_ID  # the dtype check alone would not have caught it
+
+
+def _check_with(tmp_path, prefix: str, **data) -> None:
+    config = dataclasses.replace(_data(tmp_path, prefix), **data)
+    check_indexed_data(gpt_dataset_config(config, 32, 1, ByteLevelTokenizer()), config,
+                       split_sizes(config))
+
+
+def _documents_without_eod(tmp_path) -> str:
+    ours = ByteLevelTokenizer()
+    return write_documents(str(tmp_path / "no_eod"), [ours.tokenize(text) for text in TEXTS])
+
+
+@pytest.mark.parametrize("flags, names", [
+    (dict(reset_attention_mask=True, reset_position_ids=True),
+     "--reset-position-ids, --reset-attention-mask"),
+    (dict(eod_mask_loss=True), "--eod-mask-loss"),
+])
+def test_reset_flags_on_documents_without_eod_are_refused(tmp_path, flags, names):
+    """The reset flags find documents by their eod: on text preprocessed without --append-eod
+    they would change nothing (used to pass without a word)."""
+    prefix = _documents_without_eod(tmp_path)
+    with pytest.raises(ValueError) as err:
+        _check_with(tmp_path, prefix, **flags)
+    assert str(err.value) == (
+        f"--data-path: none of the first 16 documents of {prefix} ends with the eod id 256 "
+        f"(preprocessed without --append-eod?), so {names} would find no document boundary in "
+        f"its samples and change nothing: preprocess the text again with "
+        f"tools/preprocess_data.py --append-eod")
+
+
+def test_documents_without_eod_warn_without_reset_flags(tmp_path, capsys):
+    prefix = _documents_without_eod(tmp_path)
+    _check_with(tmp_path, prefix)
+    assert "its samples run documents together with nothing between them" in \
+        capsys.readouterr().out
+    _check_with(tmp_path, prefix, packing_unit="document")  # whole documents need no eod
+    assert "nothing between them" not in capsys.readouterr().out
+
+
+def test_reset_flags_on_documents_with_eod_pass(tmp_path, capsys):
+    ours = ByteLevelTokenizer()
+    prefix = write_documents(str(tmp_path / "eod"), [ours.tokenize(t) + [ours.eod] for t in TEXTS])
+    _check_with(tmp_path, prefix, reset_attention_mask=True, reset_position_ids=True,
+                eod_mask_loss=True)
+    assert "nothing between them" not in capsys.readouterr().out
