@@ -22,7 +22,11 @@ MOE_DESTS = frozenset({
     "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size",
     "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
     "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
-    "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor"})
+    "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor",
+    "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
+    "moe_router_group_topk"})
+MAX_PATTERN_LENGTH = 100_000  # a --moe-layer-freq pattern longer than any model's layer count
+DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron-LM's --moe-router-bias-update-rate
 
 
 def flag_name(dest: str) -> str:
@@ -30,17 +34,36 @@ def flag_name(dest: str) -> str:
 
 
 def parse_layer_freq(text: str):
-    """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE) or a Python list
-    of 0/1 per layer, e.g. ``[1,0,1,0]`` (Megatron-LM's two forms; no expressions evaluated)."""
+    """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE), a Python list
+    of 0/1 per layer, e.g. ``[1,0,1,0]``, or Megatron-LM's pattern expression of such lists,
+    ``+`` and ``* int``, e.g. ``([0]*1+[1]*3)`` (first layer dense). Evaluated by walking the
+    syntax tree: nothing but those lists, sums and repetitions is accepted."""
     try:
-        value = ast.literal_eval(text)
+        value = _layer_pattern(ast.parse(text.strip(), mode="eval").body)
     except (ValueError, SyntaxError):
         value = None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, list) and value and all(flag in (0, 1) for flag in value):
         return [int(flag) for flag in value]
-    raise ValueError(f"--moe-layer-freq {text!r}: give an int >= 1 or a list of 0/1 per layer")
+    raise ValueError(f"--moe-layer-freq {text!r}: give an int >= 1, a list of 0/1 per layer or "
+                     f"a pattern such as ([0]*1+[1]*3)")
+
+
+def _layer_pattern(node: ast.AST):
+    """The int or list a ``--moe-layer-freq`` expression denotes (ValueError for any other)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        return [_layer_pattern(item) for item in node.elts]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _layer_pattern(node.left), _layer_pattern(node.right)
+        if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+            return left + right
+        if isinstance(node.op, ast.Mult) and isinstance(left, list) and type(right) is int \
+                and 0 <= right and len(left) * right <= MAX_PATTERN_LENGTH:
+            return left * right
+    raise ValueError("not a layer pattern")
 
 
 def add_moe_args(parser) -> None:
@@ -56,7 +79,8 @@ def add_moe_args(parser) -> None:
                        help="Hidden size of the shared expert every token also goes through "
                             "(None: no shared expert).")
     group.add_argument("--moe-layer-freq", type=_layer_freq, default=1,
-                       help="Which layers are MoE: every N-th (an int) or a 0/1 list per layer.")
+                       help="Which layers are MoE: every N-th (an int), a 0/1 list per layer or a "
+                            "pattern such as ([0]*1+[1]*3) (the first layer dense).")
     group.add_argument("--expert-model-parallel-size", type=int, default=1,
                        help="Expert parallelism: the experts are split over this many ranks.")
     group.add_argument("--expert-tensor-parallel-size", type=int, default=None,
@@ -84,6 +108,24 @@ def add_moe_args(parser) -> None:
     group.add_argument("--moe-expert-capacity-factor", type=float, default=None,
                        help="Expert capacity (tokens dropped beyond it); not with "
                             "--sequence-packing, tensor or context parallelism.")
+    _add_router_options(group)
+
+
+def _add_router_options(group) -> None:
+    """Aux-loss-free balancing (DeepSeek-V3's expert bias) and group-limited routing."""
+    group.add_argument("--moe-router-enable-expert-bias", action="store_true",
+                       help="A per-expert bias added to the scores for the top-k choice only, "
+                            "moved after every step towards balance (sigmoid scores).")
+    group.add_argument("--moe-router-bias-update-rate", type=float,
+                       default=DEFAULT_BIAS_UPDATE_RATE,
+                       help="How far each step moves an expert's bias: towards the experts "
+                            "that got fewer than the average tokens of the step.")
+    group.add_argument("--moe-router-num-groups", type=int, default=None,
+                       help="Group-limited routing: the experts split into this many groups "
+                            "(e.g. the EP size: device-limited routing).")
+    group.add_argument("--moe-router-group-topk", type=int, default=None,
+                       help="Group-limited routing: the groups each token may choose its "
+                            "experts from.")
 
 
 def _layer_freq(text: str):
@@ -159,6 +201,31 @@ def _check_routing(args, require) -> None:
             "over one selected expert has zero gradient)")
 
 
+def _check_router_options(args, require) -> None:
+    """Expert bias and group-limited routing: megatron-core's conditions, in one line each."""
+    require(not args.moe_router_enable_expert_bias
+            or args.moe_router_score_function == "sigmoid",
+            f"--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid "
+            f"(megatron-core's expert bias; got {args.moe_router_score_function})")
+    groups, group_topk = args.moe_router_num_groups, args.moe_router_group_topk
+    require((groups is None) == (group_topk is None),
+            f"--moe-router-num-groups {groups} and --moe-router-group-topk {group_topk}: "
+            f"give both (group-limited routing) or neither")
+    if groups is None:
+        return
+    experts, topk = args.num_experts, args.moe_router_topk
+    require(experts % groups == 0, f"--num-experts {experts} is not divisible by "
+                                   f"--moe-router-num-groups {groups}")
+    require(group_topk <= groups, f"--moe-router-group-topk {group_topk} exceeds "
+                                  f"--moe-router-num-groups {groups}")
+    # megatron-core scores each group by the sum of its top (topk / group_topk) experts and
+    # then picks the top-k among the chosen groups' experts: both must exist.
+    require(topk % group_topk == 0 and topk // group_topk <= experts // groups,
+            f"--moe-router-topk {topk} must be a multiple of --moe-router-group-topk "
+            f"{group_topk} and at most {group_topk} x {experts // groups} (the experts of the "
+            f"chosen groups)")
+
+
 def _check_no_moe_flags(args, parser_defaults: dict, require) -> None:
     """Without --num-experts the model is dense: an MoE flag given anyway would be silently
     ignored, so it is refused instead."""
@@ -189,3 +256,4 @@ def validate_moe_args(args, require) -> None:
         return
     _check_sizes(args, require)
     _check_routing(args, require)
+    _check_router_options(args, require)
