@@ -140,6 +140,19 @@ FEATURES = {
     "moe_mean_seqaux": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type",
                                                    "seq_aux_loss", "--moe-aux-loss-coeff",
                                                    "0.1"], False),
+    "moe_fp32_router": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-dtype", "fp32"], False),
+    "moe_pre_softmax": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor", "2.0"], False),
+    "moe_first_dense": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + SHARED_EXPERT + [
+        "--moe-layer-freq", "([0]*1+[1]*3)"], False),
+    "moe_groups": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-num-groups", "2", "--moe-router-group-topk", "1"], False),
+    # DeepSeek-V3's aux-loss-free balancing; a large rate so the bias moves the top-k choice
+    # within the probe's 3 iterations.
+    "moe_expert_bias": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate", "0.05"], False),
     "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                True),
     "hybrid_mean_loss": (_layers(4) + ROPE + MAMBA + ["--hybrid-override-pattern", "M*M-"],
@@ -177,6 +190,7 @@ LAYOUTS = {
     "p_tp2_ep2": (PACKED + TP2_SP + EP2, 4),
     "p_tp2_ep2_etp1": (PACKED + TP2_SP + EP2 + ["--expert-tensor-parallel-size", "1"], 4),
     "p_ep2_etp2": (PACKED + EP2 + ["--expert-tensor-parallel-size", "2"], 4),
+    "d_dp2": (DYNAMIC + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
     "d_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
     "d_dp2_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "16"], 4),
     "d_pp2_dp2": (DYNAMIC + PP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
@@ -236,7 +250,21 @@ BY_DEFINITION = {
     "moe_global_aux": (_packed_or_data_parallel, "balancing loss over DP and micro-batches"),
     "sft_vocab_tp": (_tensor_parallel, "vocabulary padded by TP"),
 }
-COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss", "z_loss")
+# layout -> the layout that packs the same micro-batches in the same order without the model
+# parallelism (PP, TP + SP, EP) the first adds. A cell whose numbers differ from the single
+# rank by definition is compared with its feature on this twin too, where they must be equal:
+# the definition explains the gap to the unpacked run, not one between these layouts. (VPP has
+# no twin: it pads the micro-batch count to a multiple of the PP size, which changes the
+# micro-batches; static CP packs up to the CP size x --max-seqlen-per-dp-cp-rank.)
+SAME_MICROBATCHES = {
+    "u_pp2": "u_single", "u_tp2_sp": "u_single", "u_cp2": "u_single", "u_ep2": "u_dp2",
+    "u_dp2_cp2": "u_dp2",
+    "p_pp2": "p_single", "p_tp2_sp": "p_single", "p_ep2": "p_dp2", "p_tp2_ep2": "p_dp2",
+    "p_tp2_ep2_etp1": "p_dp2",
+    "d_pp2_dp2": "d_dp2", "d_pp2_cp2": "d_cp2", "d_tp2_sp_cp2": "d_cp2", "d_ep2_cp2": "d_cp2",
+}
+COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss",
+                   "global_load_balancing_loss", "z_loss")
 
 
 def parse_cell(cell: str) -> tuple[str, str, str]:
@@ -348,11 +376,30 @@ def _verdict(gap: float, feature: str, layout: str) -> str:
     return f"by definition: {why}" if differs(layout) else "different"
 
 
+def _twin_check(record: dict, feature: str, layout: str, done: dict, path: Path) -> None:
+    """A by-definition cell against its :data:`SAME_MICROBATCHES` twin (probed first when
+    new): ``different`` unless equal within RTOL, the twin named in the verdict."""
+    twin_layout = SAME_MICROBATCHES.get(layout)
+    if twin_layout is None:
+        return
+    twin = probe(f"{feature}/{twin_layout}/none", done, path, rerun=False)
+    if twin.get("status") != "ran":
+        return
+    gap, where = compare(record["history"], twin["history"])
+    record.update(twin=twin["cell"], twin_gap=gap)
+    if gap <= RTOL:
+        record["detail"] = f"== {twin_layout} ({gap:.1e}); vs reference {record['detail']}"
+    else:
+        record.update(verdict="different", gap=gap, detail=f"from {twin_layout}: {where}")
+
+
 def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
     feature, layout, recompute = parse_cell(cell)
     name = f"{feature}/{layout}/{recompute}"
     if name in done and not rerun:
         return done[name]
+    if layout == REFERENCE_LAYOUT and recompute == "none":
+        return _reference(feature, done, path)
     reference = _reference(feature, done, path)
     started = time.monotonic()
     record = {"cell": name, **launch(feature, layout, recompute),
@@ -363,6 +410,8 @@ def probe(cell: str, done: dict, path: Path, rerun: bool) -> dict:
         else:
             gap, where = compare(record["history"], reference["history"])
             record.update(verdict=_verdict(gap, feature, layout), gap=gap, detail=where)
+            if record["verdict"].startswith("by definition"):
+                _twin_check(record, feature, layout, done, path)
     else:
         record.update(verdict=record["status"], detail=record["reason"])
     _append(path, record)
@@ -413,7 +462,7 @@ def table(done: dict) -> str:
     for name in cells:
         record = done[name]
         verdict = record.get("verdict", record["status"])
-        if verdict == "different":  # recorded before BY_DEFINITION named it
+        if verdict == "different" and "twin" not in record:  # before BY_DEFINITION named it
             feature, layout, _ = name.removesuffix("+resume").split("/")
             verdict = _verdict(record["gap"], feature, layout)
         counts[verdict] = counts.get(verdict, 0) + 1
