@@ -72,6 +72,12 @@ SEQ_AUX = ["--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-c
            "--moe-z-loss-coeff", "0.01"]
 SHARED_EXPERT = ["--moe-shared-expert-intermediate-size", "16"]
 TOP1 = ["--moe-router-topk", "1", "--moe-router-pre-softmax"]
+# DeepSeek-V3's aux-loss-free balancing; a rate large enough for the bias to move the top-k
+# choice within 3 iterations (1.1e-3 off rate 0 by iteration 3), small enough not to overshoot
+# (0.05 sends every token to two experts and is back at 0 after 2 steps, so a resume check at
+# iteration 2 would see no bias).
+EXPERT_BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+               "--moe-router-bias-update-rate", "0.01"]
 MAMBA = ["--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
 
 
@@ -148,16 +154,14 @@ FEATURES = {
         "--moe-layer-freq", "([0]*1+[1]*3)"], False),
     "moe_groups": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
         "--moe-router-num-groups", "2", "--moe-router-group-topk", "1"], False),
-    # DeepSeek-V3's aux-loss-free balancing; a large rate so the bias moves the top-k choice
-    # within the probe's 3 iterations.
-    "moe_expert_bias": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
-        "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
-        "--moe-router-bias-update-rate", "0.05"], False),
+    "moe_expert_bias": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + EXPERT_BIAS, False),
     "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                True),
     "hybrid_mean_loss": (_layers(4) + ROPE + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                          True),
     "hybrid_moe": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + [
+        "--hybrid-override-pattern", "M*E-"], True),
+    "hybrid_moe_bias": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + EXPERT_BIAS + [
         "--hybrid-override-pattern", "M*E-"], True),
 }
 UNPACKED = ["--micro-batch-size", "2"]
@@ -255,13 +259,14 @@ BY_DEFINITION = {
 # rank by definition is compared with its feature on this twin too, where they must be equal:
 # the definition explains the gap to the unpacked run, not one between these layouts. (VPP has
 # no twin: it pads the micro-batch count to a multiple of the PP size, which changes the
-# micro-batches; static CP packs up to the CP size x --max-seqlen-per-dp-cp-rank.)
+# micro-batches; static CP packs up to the CP size x --max-seqlen-per-dp-cp-rank; the dynamic
+# CP scheduler weighs lengths padded for sequence parallelism, so TP + SP changes its packs.)
 SAME_MICROBATCHES = {
     "u_pp2": "u_single", "u_tp2_sp": "u_single", "u_cp2": "u_single", "u_ep2": "u_dp2",
     "u_dp2_cp2": "u_dp2",
     "p_pp2": "p_single", "p_tp2_sp": "p_single", "p_ep2": "p_dp2", "p_tp2_ep2": "p_dp2",
     "p_tp2_ep2_etp1": "p_dp2",
-    "d_pp2_dp2": "d_dp2", "d_pp2_cp2": "d_cp2", "d_tp2_sp_cp2": "d_cp2", "d_ep2_cp2": "d_cp2",
+    "d_pp2_dp2": "d_dp2", "d_pp2_cp2": "d_cp2", "d_ep2_cp2": "d_cp2",
 }
 COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss",
                    "global_load_balancing_loss", "z_loss")
@@ -350,6 +355,21 @@ def load_results(path: Path) -> dict:
         return {}
     records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
     return {record["cell"]: record for record in records}
+
+
+def load_table(path: Path) -> dict:
+    """A printed table (results/combinations/TABLE.md) back as {cell: record}: the verdicts of
+    cells whose JSON-lines results are not kept (each record: verdict, gap, detail as shown)."""
+    records = {}
+    for line in path.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0].count("/") != 2 or cells[0] == "cell":
+            continue
+        name, verdict, gap, detail = cells
+        status = verdict if verdict in ("refused", "crashed") else "ran"
+        records[name] = {"cell": name, "status": status, "verdict": verdict,
+                         "gap": float(gap) if gap else None, "detail": detail}
+    return records
 
 
 def _append(path: Path, record: dict) -> None:
@@ -486,7 +506,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("results/tmp/combos.jsonl"))
     parser.add_argument("--rerun", action="store_true", help="run cells already in --results")
     parser.add_argument("--merge", type=Path, nargs="+",
-                        help="more results files whose cells join the printed table")
+                        help="more results files whose cells join the printed table (a .md "
+                             "table adds only the cells no results file has)")
     parser.add_argument("--list", action="store_true", help="the features, layouts, recomputes")
     parser.add_argument("--argv", action="store_true", help="print each cell's flags, run nothing")
     parser.add_argument("--resume", action="store_true",
@@ -503,7 +524,11 @@ def main() -> None:
         return
     done = load_results(args.results)
     for more in args.merge or []:
-        done.update(load_results(more))
+        if more.suffix == ".md":  # an earlier table: its cells where no run is newer
+            for name, record in load_table(more).items():
+                done.setdefault(name, record)
+        else:
+            done.update(load_results(more))
     for cell in args.cells:
         record = (probe_resume if args.resume else probe)(cell, done, args.results, args.rerun)
         print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "

@@ -33,6 +33,13 @@ CELLS = {
     # not recompute without the padding mask (grad norm 0.94 off at iteration 3).
     "moe/u_pp2/full_block": "grad norm 0.94 off",
 }
+# cell: why it is kept although the probe found it equal (new ground: what would break it)
+NEW_GROUND = {
+    # Aux-loss-free balancing: after every step megatron-core moves each expert's bias by the
+    # sign of (average - count), counts all-reduced over TP x DP x CP; our router must count
+    # real tokens only, or CP padding and dynamic CP groups change the update.
+    "moe_expert_bias/d_dp2_cp2": "expert bias counts over real tokens, any layout",
+}
 _REFERENCES = {}
 
 
@@ -44,7 +51,7 @@ def _reference(feature: str) -> list[dict]:
     return _REFERENCES[feature]
 
 
-@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("cell", [*CELLS, *NEW_GROUND])
 def test_cell_matches_single_rank_unpacked(cell):
     feature, layout, recompute = parse_cell(cell)
     reference = _reference(feature)
@@ -52,7 +59,8 @@ def test_cell_matches_single_rank_unpacked(cell):
     run = launch(feature, layout, recompute)
     assert run["status"] == "ran", f"{cell}: {run.get('error', run.get('reason'))}"
     gap, where = compare(run["history"], reference)
-    assert gap <= RTOL, f"{cell}: {where} (rel gap {gap:.2e} > {RTOL}; before: {CELLS[cell]})"
+    why = f"before the fix: {CELLS[cell]}" if cell in CELLS else f"kept for: {NEW_GROUND[cell]}"
+    assert gap <= RTOL, f"{cell}: {where} (rel gap {gap:.2e} > {RTOL}; {why})"
 
 
 # cell: what failed before the fix (each save of the cell's first half, on the last stage)
