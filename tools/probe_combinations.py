@@ -152,6 +152,8 @@ FEATURES = {
         "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor", "2.0"], False),
     "moe_first_dense": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + SHARED_EXPERT + [
         "--moe-layer-freq", "([0]*1+[1]*3)"], False),
+    "moe_shared_overlap": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + SHARED_EXPERT + [
+        "--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall"], False),
     "moe_groups": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
         "--moe-router-num-groups", "2", "--moe-router-group-topk", "1"], False),
     "moe_expert_bias": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + EXPERT_BIAS, False),

@@ -24,7 +24,7 @@ MOE_DESTS = frozenset({
     "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
     "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor",
     "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
-    "moe_router_group_topk"})
+    "moe_router_group_topk", "moe_shared_expert_overlap"})
 MAX_PATTERN_LENGTH = 100_000  # a --moe-layer-freq pattern longer than any model's layer count
 DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron-LM's --moe-router-bias-update-rate
 
@@ -126,6 +126,9 @@ def _add_router_options(group) -> None:
     group.add_argument("--moe-router-group-topk", type=int, default=None,
                        help="Group-limited routing: the groups each token may choose its "
                             "experts from.")
+    group.add_argument("--moe-shared-expert-overlap", action="store_true",
+                       help="Run the shared expert beside the token dispatcher's communication "
+                            "(a side stream; speed only; the alltoall dispatcher).")
 
 
 def _layer_freq(text: str):
@@ -202,11 +205,19 @@ def _check_routing(args, require) -> None:
 
 
 def _check_router_options(args, require) -> None:
-    """Expert bias and group-limited routing: megatron-core's conditions, in one line each."""
+    """Expert bias, group-limited routing and the shared expert's overlap: megatron-core's
+    conditions, in one line each."""
     require(not args.moe_router_enable_expert_bias
             or args.moe_router_score_function == "sigmoid",
             f"--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid "
             f"(megatron-core's expert bias; got {args.moe_router_score_function})")
+    if args.moe_shared_expert_overlap:
+        require(args.moe_shared_expert_intermediate_size is not None,
+                "--moe-shared-expert-overlap needs a shared expert "
+                "(--moe-shared-expert-intermediate-size)")
+        require(args.moe_token_dispatcher_type == ALLTOALL,
+                f"--moe-shared-expert-overlap works with --moe-token-dispatcher-type alltoall "
+                f"only (megatron-core's; got {args.moe_token_dispatcher_type})")
     groups, group_topk = args.moe_router_num_groups, args.moe_router_group_topk
     require((groups is None) == (group_topk is None),
             f"--moe-router-num-groups {groups} and --moe-router-group-topk {group_topk}: "

@@ -38,6 +38,7 @@ def moe_transformer_config(moe: MoEConfig | None) -> dict:
         "moe_router_bias_update_rate": moe.moe_router_bias_update_rate,
         "moe_router_num_groups": moe.moe_router_num_groups,
         "moe_router_group_topk": moe.moe_router_group_topk,
+        "moe_shared_expert_overlap": moe.moe_shared_expert_overlap,
         "moe_grouped_gemm": False,  # plain-torch SequentialMLP experts (no TE, runs on CPU)
     }
 

@@ -35,6 +35,7 @@ class MoEConfig:
     moe_router_bias_update_rate: float = 1e-3
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
+    moe_shared_expert_overlap: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -40,6 +40,10 @@ def test_router_options_reach_megatron_core():
     assert fields["moe_router_enable_expert_bias"] is True
     assert fields["moe_router_bias_update_rate"] == 0.01
     assert (fields["moe_router_num_groups"], fields["moe_router_group_topk"]) == (2, 1)
+    overlap = parse_run_config(BASE + MOE + [
+        "--moe-shared-expert-intermediate-size", "8", "--moe-shared-expert-overlap",
+        "--sequence-packing", "--micro-batch-size", "1"], world_size=1)
+    assert moe_transformer_config(overlap.model.moe)["moe_shared_expert_overlap"] is True
     default = moe_transformer_config(parse_run_config(BASE + MOE, world_size=1).model.moe)
     assert default["moe_router_enable_expert_bias"] is False
     assert default["moe_router_bias_update_rate"] == 1e-3  # Megatron-LM's default
@@ -134,6 +138,12 @@ def test_dense_run_has_no_moe_config():
      "--moe-router-topk 2 must be a multiple of --moe-router-group-topk 1 and at most 1 x 1"),
     (MOE + ["--moe-router-num-groups", "2", "--moe-router-group-topk", "2", "--moe-router-topk",
             "3"], 1, "--moe-router-topk 3 must be a multiple of --moe-router-group-topk 2"),
+    (MOE + ["--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall"], 1,
+     "--moe-shared-expert-overlap needs a shared expert (--moe-shared-expert-intermediate-size)"),
+    (MOE + ["--moe-shared-expert-overlap", "--moe-shared-expert-intermediate-size", "8"], 1,
+     "--moe-shared-expert-overlap works with --moe-token-dispatcher-type alltoall only "
+     "(megatron-core's; got allgather)"),
+    (["--moe-shared-expert-overlap"], 1, "--moe-shared-expert-overlap True needs --num-experts"),
 ])
 def test_bad_moe_flags_are_one_line(extra, world, needle):
     with pytest.raises(ArgumentValidationError) as err:
