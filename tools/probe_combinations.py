@@ -140,6 +140,9 @@ FEATURES = {
         "--moe-token-dispatcher-type", "alltoall"], False),
     "moe_capacity": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
         "--moe-expert-capacity-factor", "1.0"], False),
+    "moe_capacity_pad": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity",
+        "--moe-token-drop-policy", "position"], False),
     "moe_mean_loss": (_layers(4) + ROPE + MOE + SEQ_AUX, False),
     "moe_mean_zloss": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type", "none",
                                                   "--moe-z-loss-coeff", "0.01"], False),

@@ -24,7 +24,9 @@ MOE_DESTS = frozenset({
     "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
     "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor",
     "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
-    "moe_router_group_topk", "moe_shared_expert_overlap"})
+    "moe_router_group_topk", "moe_shared_expert_overlap", "moe_token_drop_policy",
+    "moe_pad_expert_input_to_capacity"})
+DROP_POLICIES = ("probs", "position")
 MAX_PATTERN_LENGTH = 100_000  # a --moe-layer-freq pattern longer than any model's layer count
 DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron-LM's --moe-router-bias-update-rate
 
@@ -108,6 +110,11 @@ def add_moe_args(parser) -> None:
     group.add_argument("--moe-expert-capacity-factor", type=float, default=None,
                        help="Expert capacity (tokens dropped beyond it); not with "
                             "--sequence-packing, tensor or context parallelism.")
+    group.add_argument("--moe-token-drop-policy", default=DROP_POLICIES[0], choices=DROP_POLICIES,
+                       help="With a capacity: drop the tokens of lowest routing probability "
+                            "(probs) or the last ones of the micro-batch (position).")
+    group.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
+                       help="With a capacity: pad every expert's input to exactly the capacity.")
     _add_router_options(group)
 
 
@@ -194,6 +201,11 @@ def _check_routing(args, require) -> None:
             f"parallel) x --context-parallel-size {args.context_parallel_size} = {shares} "
             f"splits (the trained model would depend on the layout): drop the flag or use "
             f"tensor and context parallel sizes of 1")
+    capacity_only = {"--moe-token-drop-policy": args.moe_token_drop_policy != DROP_POLICIES[0],
+                     "--moe-pad-expert-input-to-capacity": args.moe_pad_expert_input_to_capacity}
+    for flag, given in capacity_only.items():
+        require(not given or args.moe_expert_capacity_factor is not None,
+                f"{flag} applies to dropped tokens only: it needs --moe-expert-capacity-factor")
     require(packing or not args.mtp_num_layers or args.context_parallel_size == 1,
             f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
             f"{args.context_parallel_size} needs --sequence-packing (unpacked CP splits each "

@@ -83,8 +83,6 @@ PROSE_FLAGS = {
     "--full-validation": "Megatron-LM's evaluation flag, listed as not supported",
     "--distribute-saved-activations": "Megatron-LM's recompute flag, listed as not supported",
     "--moe-input-jitter-eps": "Megatron-LM's MoE flag, listed as not supported (docs/MOE.md)",
-    "--moe-token-drop-policy": "Megatron-LM's MoE flag, listed as not supported",
-    "--moe-pad-expert-input-to-capacity": "Megatron-LM's MoE flag, listed as not supported",
     "--moe-per-layer-logging": "Megatron-LM's MoE flag, listed as not supported",
     "--x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
     "--no-x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",

@@ -36,6 +36,8 @@ class MoEConfig:
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
     moe_shared_expert_overlap: bool = False
+    moe_token_drop_policy: str = "probs"
+    moe_pad_expert_input_to_capacity: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -50,7 +50,8 @@ EXPECTED_FLAGS = frozenset("""
 --moe-router-score-function --moe-router-pre-softmax --moe-router-topk-scaling-factor
 --moe-token-dispatcher-type --moe-router-dtype --moe-expert-capacity-factor
 --moe-router-enable-expert-bias --moe-router-bias-update-rate --moe-router-num-groups
---moe-router-group-topk --moe-shared-expert-overlap
+--moe-router-group-topk --moe-shared-expert-overlap --moe-token-drop-policy
+--moe-pad-expert-input-to-capacity
 """.split())
 
 

@@ -44,6 +44,11 @@ def test_router_options_reach_megatron_core():
         "--moe-shared-expert-intermediate-size", "8", "--moe-shared-expert-overlap",
         "--sequence-packing", "--micro-batch-size", "1"], world_size=1)
     assert moe_transformer_config(overlap.model.moe)["moe_shared_expert_overlap"] is True
+    capacity = moe_transformer_config(parse_run_config(BASE + MOE + [
+        "--moe-expert-capacity-factor", "1.5", "--moe-token-drop-policy", "position",
+        "--moe-pad-expert-input-to-capacity"], world_size=1).model.moe)
+    assert capacity["moe_token_drop_policy"] == "position"
+    assert capacity["moe_pad_expert_input_to_capacity"] is True
     default = moe_transformer_config(parse_run_config(BASE + MOE, world_size=1).model.moe)
     assert default["moe_router_enable_expert_bias"] is False
     assert default["moe_router_bias_update_rate"] == 1e-3  # Megatron-LM's default
@@ -144,6 +149,10 @@ def test_dense_run_has_no_moe_config():
      "--moe-shared-expert-overlap works with --moe-token-dispatcher-type alltoall only "
      "(megatron-core's; got allgather)"),
     (["--moe-shared-expert-overlap"], 1, "--moe-shared-expert-overlap True needs --num-experts"),
+    (MOE + ["--moe-token-drop-policy", "position"], 1, "--moe-token-drop-policy applies to "
+     "dropped tokens only: it needs --moe-expert-capacity-factor"),
+    (MOE + ["--moe-pad-expert-input-to-capacity"], 1, "--moe-pad-expert-input-to-capacity "
+     "applies to dropped tokens only: it needs --moe-expert-capacity-factor"),
 ])
 def test_bad_moe_flags_are_one_line(extra, world, needle):
     with pytest.raises(ArgumentValidationError) as err:
