@@ -55,6 +55,19 @@ def test_router_options_reach_megatron_core():
     assert default["moe_router_num_groups"] is None
 
 
+QWEN3 = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--qk-layernorm", "--untie-embeddings-and-output-weights"]
+
+
+def test_group_limited_routing_has_no_hugging_face_form(tmp_path):
+    """Qwen3-MoE routes over all experts: --save-hf refuses groups at start-up."""
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_run_config(BASE + MOE + QWEN3 + ["--moe-router-num-groups", "2",
+                                               "--moe-router-group-topk", "1",
+                                               "--save-hf", str(tmp_path)], world_size=1)
+    assert "Qwen3-MoE has no --moe-router-num-groups (got 2)" in str(err.value)
+
+
 @pytest.mark.parametrize("text, layers", [
     ("([0]*1+[1]*3)", [0, 1, 1, 1]),            # first-k-dense: one dense layer, then MoE
     ("([1]*1+[0]*1)*2", [1, 0, 1, 0]),          # Megatron-LM's repeated pattern
