@@ -10,6 +10,8 @@ import argparse
 import ast
 import functools
 
+from megatron.varlen_training.config.moe import DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY
+
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 DISPATCHERS = ("alltoall", "allgather")
 ALLTOALL, ALLGATHER = DISPATCHERS
@@ -26,9 +28,8 @@ MOE_DESTS = frozenset({
     "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
     "moe_router_group_topk", "moe_shared_expert_overlap", "moe_token_drop_policy",
     "moe_pad_expert_input_to_capacity"})
-DROP_POLICIES = ("probs", "position")
+DROP_POLICIES = (DEFAULT_DROP_POLICY, "position")
 MAX_PATTERN_LENGTH = 100_000  # a --moe-layer-freq pattern longer than any model's layer count
-DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron-LM's --moe-router-bias-update-rate
 
 
 def flag_name(dest: str) -> str:
@@ -110,7 +111,8 @@ def add_moe_args(parser) -> None:
     group.add_argument("--moe-expert-capacity-factor", type=float, default=None,
                        help="Expert capacity (tokens dropped beyond it); not with "
                             "--sequence-packing, tensor or context parallelism.")
-    group.add_argument("--moe-token-drop-policy", default=DROP_POLICIES[0], choices=DROP_POLICIES,
+    group.add_argument("--moe-token-drop-policy", default=DEFAULT_DROP_POLICY,
+                       choices=DROP_POLICIES,
                        help="With a capacity: drop the tokens of lowest routing probability "
                             "(probs) or the last ones of the micro-batch (position).")
     group.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
@@ -201,7 +203,7 @@ def _check_routing(args, require) -> None:
             f"parallel) x --context-parallel-size {args.context_parallel_size} = {shares} "
             f"splits (the trained model would depend on the layout): drop the flag or use "
             f"tensor and context parallel sizes of 1")
-    capacity_only = {"--moe-token-drop-policy": args.moe_token_drop_policy != DROP_POLICIES[0],
+    capacity_only = {"--moe-token-drop-policy": args.moe_token_drop_policy != DEFAULT_DROP_POLICY,
                      "--moe-pad-expert-input-to-capacity": args.moe_pad_expert_input_to_capacity}
     for flag, given in capacity_only.items():
         require(not given or args.moe_expert_capacity_factor is not None,

@@ -8,6 +8,8 @@ from megatron.varlen_training.config.validation import check_ranges
 
 NO_LOAD_BALANCING = "none"
 GLOBAL_AUX_LOSS = "global_aux_loss"
+DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron-LM's --moe-router-bias-update-rate
+DEFAULT_DROP_POLICY = "probs"  # Megatron-LM's --moe-token-drop-policy
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,13 @@ class MoEConfig:
     moe_token_dispatcher_type: str
     moe_router_dtype: str | None
     moe_expert_capacity_factor: float | None
+    # Router options with Megatron-LM's defaults (a config built without them routes as before).
     moe_router_enable_expert_bias: bool = False
-    moe_router_bias_update_rate: float = 1e-3
+    moe_router_bias_update_rate: float = DEFAULT_BIAS_UPDATE_RATE
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
     moe_shared_expert_overlap: bool = False
-    moe_token_drop_policy: str = "probs"
+    moe_token_drop_policy: str = DEFAULT_DROP_POLICY
     moe_pad_expert_input_to_capacity: bool = False
 
     def __post_init__(self):
