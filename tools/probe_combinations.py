@@ -160,6 +160,8 @@ FEATURES = {
     "moe_groups": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
         "--moe-router-num-groups", "2", "--moe-router-group-topk", "1"], False),
     "moe_expert_bias": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + EXPERT_BIAS, False),
+    "moe_expert_bias_mtp": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + EXPERT_BIAS + [
+        "--mtp-num-layers", "1"], False),
     "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                True),
     "hybrid_mean_loss": (_layers(4) + ROPE + MAMBA + ["--hybrid-override-pattern", "M*M-"],
