@@ -75,6 +75,12 @@ SEQ_AUX = ["--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-c
            "--moe-z-loss-coeff", "0.01"]
 SHARED_EXPERT = ["--moe-shared-expert-intermediate-size", "16"]
 TOP1 = ["--moe-router-topk", "1", "--moe-router-pre-softmax"]
+# DeepSeek-V3's aux-loss-free balancing; a rate large enough for the bias to move the top-k
+# choice within 3 iterations (1.1e-3 off rate 0 by iteration 3), small enough not to overshoot
+# (0.05 sends every token to two experts and is back at 0 after 2 steps, so a resume check at
+# iteration 2 would see no bias).
+EXPERT_BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+               "--moe-router-bias-update-rate", "0.01"]
 MAMBA = ["--mamba-head-dim", "4", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
 
 
@@ -137,17 +143,35 @@ FEATURES = {
         "--moe-token-dispatcher-type", "alltoall"], False),
     "moe_capacity": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
         "--moe-expert-capacity-factor", "1.0"], False),
+    "moe_capacity_pad": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity",
+        "--moe-token-drop-policy", "position"], False),
     "moe_mean_loss": (_layers(4) + ROPE + MOE + SEQ_AUX, False),
     "moe_mean_zloss": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type", "none",
                                                   "--moe-z-loss-coeff", "0.01"], False),
     "moe_mean_seqaux": (_layers(4) + ROPE + MOE + ["--moe-router-load-balancing-type",
                                                    "seq_aux_loss", "--moe-aux-loss-coeff",
                                                    "0.1"], False),
+    "moe_fp32_router": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-dtype", "fp32"], False),
+    "moe_pre_softmax": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor", "2.0"], False),
+    "moe_first_dense": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + SHARED_EXPERT + [
+        "--moe-layer-freq", "([0]*1+[1]*3)"], False),
+    "moe_shared_overlap": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + SHARED_EXPERT + [
+        "--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall"], False),
+    "moe_groups": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + [
+        "--moe-router-num-groups", "2", "--moe-router-group-topk", "1"], False),
+    "moe_expert_bias": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + EXPERT_BIAS, False),
+    "moe_expert_bias_mtp": (_layers(4) + ROPE + PER_TOKEN + MOE + SEQ_AUX + EXPERT_BIAS + [
+        "--mtp-num-layers", "1"], False),
     "hybrid": (_layers(4) + ROPE + PER_TOKEN + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                True),
     "hybrid_mean_loss": (_layers(4) + ROPE + MAMBA + ["--hybrid-override-pattern", "M*M-"],
                          True),
     "hybrid_moe": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + [
+        "--hybrid-override-pattern", "M*E-"], True),
+    "hybrid_moe_bias": (_layers(4) + ROPE + PER_TOKEN + MAMBA + MOE + SEQ_AUX + EXPERT_BIAS + [
         "--hybrid-override-pattern", "M*E-"], True),
 }
 UNPACKED = ["--micro-batch-size", "2"]
@@ -180,6 +204,7 @@ LAYOUTS = {
     "p_tp2_ep2": (PACKED + TP2_SP + EP2, 4),
     "p_tp2_ep2_etp1": (PACKED + TP2_SP + EP2 + ["--expert-tensor-parallel-size", "1"], 4),
     "p_ep2_etp2": (PACKED + EP2 + ["--expert-tensor-parallel-size", "2"], 4),
+    "d_dp2": (DYNAMIC + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
     "d_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
     "d_dp2_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "16"], 4),
     "d_pp2_dp2": (DYNAMIC + PP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
@@ -239,7 +264,22 @@ BY_DEFINITION = {
     "moe_global_aux": (_packed_or_data_parallel, "balancing loss over DP and micro-batches"),
     "sft_vocab_tp": (_tensor_parallel, "vocabulary padded by TP"),
 }
-COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss", "z_loss",
+# layout -> the layout that packs the same micro-batches in the same order without the model
+# parallelism (PP, TP + SP, EP) the first adds. A cell whose numbers differ from the single
+# rank by definition is compared with its feature on this twin too, where they must be equal:
+# the definition explains the gap to the unpacked run, not one between these layouts. (VPP has
+# no twin: it pads the micro-batch count to a multiple of the PP size, which changes the
+# micro-batches; static CP packs up to the CP size x --max-seqlen-per-dp-cp-rank; the dynamic
+# CP scheduler weighs lengths padded for sequence parallelism, so TP + SP changes its packs.)
+SAME_MICROBATCHES = {
+    "u_pp2": "u_single", "u_tp2_sp": "u_single", "u_cp2": "u_single", "u_ep2": "u_dp2",
+    "u_dp2_cp2": "u_dp2",
+    "p_pp2": "p_single", "p_tp2_sp": "p_single", "p_ep2": "p_dp2", "p_tp2_ep2": "p_dp2",
+    "p_tp2_ep2_etp1": "p_dp2",
+    "d_pp2_dp2": "d_dp2", "d_pp2_cp2": "d_cp2", "d_ep2_cp2": "d_cp2",
+}
+COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss",
+                   "global_load_balancing_loss", "z_loss",
                    "validation_loss", "end_validation_loss", "test_loss")
 # --eval: two validation global batches at iteration 2 and at the end (the next two), then
 # two of the test split's.
@@ -340,6 +380,21 @@ def load_results(path: Path) -> dict:
     return {record["cell"]: record for record in records}
 
 
+def load_table(path: Path) -> dict:
+    """A printed table (results/combinations/TABLE.md) back as {cell: record}: the verdicts of
+    cells whose JSON-lines results are not kept (each record: verdict, gap, detail as shown)."""
+    records = {}
+    for line in path.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0].count("/") != 2 or cells[0] == "cell":
+            continue
+        name, verdict, gap, detail = cells
+        status = verdict if verdict in ("refused", "crashed") else "ran"
+        records[name] = {"cell": name, "status": status, "verdict": verdict,
+                         "gap": float(gap) if gap else None, "detail": detail}
+    return records
+
+
 def _append(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as out:
@@ -364,6 +419,25 @@ def _verdict(gap: float, feature: str, layout: str) -> str:
     return f"by definition: {why}" if differs(layout) else "different"
 
 
+def _twin_check(record: dict, feature: str, layout: str, done: dict, path: Path,
+                evaluate: bool) -> None:
+    """A by-definition cell against its :data:`SAME_MICROBATCHES` twin (probed first when
+    new, evaluating too with ``evaluate``): ``different`` unless equal within RTOL, the twin
+    named in the verdict."""
+    twin_layout = SAME_MICROBATCHES.get(layout)
+    if twin_layout is None:
+        return
+    twin = probe(f"{feature}/{twin_layout}/none", done, path, rerun=False, evaluate=evaluate)
+    if twin.get("status") != "ran":
+        return
+    gap, where = compare(record["history"], twin["history"])
+    record.update(twin=twin["cell"], twin_gap=gap)
+    if gap <= RTOL:
+        record["detail"] = f"== {twin_layout} ({gap:.1e}); vs reference {record['detail']}"
+    else:
+        record.update(verdict="different", gap=gap, detail=f"from {twin_layout}: {where}")
+
+
 def probe(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False) -> dict:
     """The cell against its reference (both evaluating with ``evaluate``: :data:`EVAL`)."""
     feature, layout, recompute = parse_cell(cell)
@@ -371,6 +445,8 @@ def probe(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False
     name = f"{feature}/{layout}/{recompute}{suffix}"
     if name in done and not rerun:
         return done[name]
+    if layout == REFERENCE_LAYOUT and recompute == "none":
+        return _reference(feature, done, path, extra, suffix)
     reference = _reference(feature, done, path, extra, suffix)
     started = time.monotonic()
     record = {"cell": name, **launch(feature, layout, recompute, extra),
@@ -381,6 +457,8 @@ def probe(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False
         else:
             gap, where = compare(record["history"], reference["history"])
             record.update(verdict=_verdict(gap, feature, layout), gap=gap, detail=where)
+            if record["verdict"].startswith("by definition"):
+                _twin_check(record, feature, layout, done, path, evaluate)
     else:
         record.update(verdict=record["status"], detail=record["reason"])
     _append(path, record)
@@ -440,7 +518,7 @@ def table(done: dict) -> str:
     for name in cells:
         record = done[name]
         verdict = record.get("verdict", record["status"])
-        if verdict == "different":  # recorded before BY_DEFINITION named it
+        if verdict == "different" and "twin" not in record:  # before BY_DEFINITION named it
             feature, layout, _ = _names(name)
             verdict = _verdict(record["gap"], feature, layout)
         counts[verdict] = counts.get(verdict, 0) + 1
@@ -464,7 +542,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("results/tmp/combos.jsonl"))
     parser.add_argument("--rerun", action="store_true", help="run cells already in --results")
     parser.add_argument("--merge", type=Path, nargs="+",
-                        help="more results files whose cells join the printed table")
+                        help="more results files whose cells join the printed table (a .md "
+                             "table adds only the cells no results file has)")
     parser.add_argument("--list", action="store_true", help="the features, layouts, recomputes")
     parser.add_argument("--argv", action="store_true", help="print each cell's flags, run nothing")
     parser.add_argument("--resume", action="store_true",
@@ -484,7 +563,11 @@ def main() -> None:
         return
     done = load_results(args.results)
     for more in args.merge or []:
-        done.update(load_results(more))
+        if more.suffix == ".md":  # an earlier table: its cells where no run is newer
+            for name, record in load_table(more).items():
+                done.setdefault(name, record)
+        else:
+            done.update(load_results(more))
     for cell in args.cells:
         if args.resume:
             record = probe_resume(cell, done, args.results, args.rerun, args.eval)

@@ -166,6 +166,13 @@ def _cost_model(run: RunConfig, attention_fraction: float | None) -> CostModel:
     return cost if scale == 1.0 else dataclasses.replace(cost, b=cost.b * scale)
 
 
+def _keeps_microbatch_order(run: RunConfig) -> bool:
+    """Whether the micro-batches must run in the scheduler's order, not reordered to shrink
+    the pipeline's bubbles (which would make the trained model depend on the PP size)."""
+    moe = run.model.moe
+    return moe is not None and moe.depends_on_microbatch_order
+
+
 def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float | None = None,
                          extra_token_fields: tuple[str, ...] = ()) -> PackingConfig:
     """The packing path's settings for a run; ``attention_fraction``: the share of layers that
@@ -182,7 +189,7 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
         min_cp_size=packing.min_dynamic_context_parallel_size,
         vpp_group_size=pp if parallel.virtual_pipeline_model_parallel_size else 1,
         min_num_microbatches=pp,
-        pipeline_stages=pp,
+        pipeline_stages=1 if _keeps_microbatch_order(run) else pp,
         cost=_cost_model(run, attention_fraction),
         fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
         extra_token_fields=tuple(extra_token_fields),

@@ -164,6 +164,9 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "moe_router_topk_scaling_factor": POSITIVE_FLOAT,
     # Capacity (tokens per expert) = factor x tokens x top-k / experts: 0 drops every token.
     "moe_expert_capacity_factor": FlagRange(0.0, low_open=True, why="0 drops every token"),
+    "moe_router_bias_update_rate": NON_NEGATIVE_FLOAT,
+    "moe_router_num_groups": COUNT,
+    "moe_router_group_topk": COUNT,
     # hybrid Mamba models (hybrid_arguments.py, pretrain_mamba.py only)
     "hybrid_attention_ratio": FRACTION,
     "hybrid_mlp_ratio": FRACTION,

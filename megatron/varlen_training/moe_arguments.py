@@ -10,6 +10,8 @@ import argparse
 import ast
 import functools
 
+from megatron.varlen_training.config.moe import DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY
+
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 DISPATCHERS = ("alltoall", "allgather")
 ALLTOALL, ALLGATHER = DISPATCHERS
@@ -22,7 +24,12 @@ MOE_DESTS = frozenset({
     "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size",
     "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
     "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
-    "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor"})
+    "moe_token_dispatcher_type", "moe_router_dtype", "moe_expert_capacity_factor",
+    "moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
+    "moe_router_group_topk", "moe_shared_expert_overlap", "moe_token_drop_policy",
+    "moe_pad_expert_input_to_capacity"})
+DROP_POLICIES = (DEFAULT_DROP_POLICY, "position")
+MAX_PATTERN_LENGTH = 100_000  # a --moe-layer-freq pattern longer than any model's layer count
 
 
 def flag_name(dest: str) -> str:
@@ -30,17 +37,36 @@ def flag_name(dest: str) -> str:
 
 
 def parse_layer_freq(text: str):
-    """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE) or a Python list
-    of 0/1 per layer, e.g. ``[1,0,1,0]`` (Megatron-LM's two forms; no expressions evaluated)."""
+    """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE), a Python list
+    of 0/1 per layer, e.g. ``[1,0,1,0]``, or Megatron-LM's pattern expression of such lists,
+    ``+`` and ``* int``, e.g. ``([0]*1+[1]*3)`` (first layer dense). Evaluated by walking the
+    syntax tree: nothing but those lists, sums and repetitions is accepted."""
     try:
-        value = ast.literal_eval(text)
+        value = _layer_pattern(ast.parse(text.strip(), mode="eval").body)
     except (ValueError, SyntaxError):
         value = None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, list) and value and all(flag in (0, 1) for flag in value):
         return [int(flag) for flag in value]
-    raise ValueError(f"--moe-layer-freq {text!r}: give an int >= 1 or a list of 0/1 per layer")
+    raise ValueError(f"--moe-layer-freq {text!r}: give an int >= 1, a list of 0/1 per layer or "
+                     f"a pattern such as ([0]*1+[1]*3)")
+
+
+def _layer_pattern(node: ast.AST):
+    """The int or list a ``--moe-layer-freq`` expression denotes (ValueError for any other)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        return [_layer_pattern(item) for item in node.elts]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _layer_pattern(node.left), _layer_pattern(node.right)
+        if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+            return left + right
+        if isinstance(node.op, ast.Mult) and isinstance(left, list) and type(right) is int \
+                and 0 <= right and len(left) * right <= MAX_PATTERN_LENGTH:
+            return left * right
+    raise ValueError("not a layer pattern")
 
 
 def add_moe_args(parser) -> None:
@@ -56,7 +82,8 @@ def add_moe_args(parser) -> None:
                        help="Hidden size of the shared expert every token also goes through "
                             "(None: no shared expert).")
     group.add_argument("--moe-layer-freq", type=_layer_freq, default=1,
-                       help="Which layers are MoE: every N-th (an int) or a 0/1 list per layer.")
+                       help="Which layers are MoE: every N-th (an int), a 0/1 list per layer or a "
+                            "pattern such as ([0]*1+[1]*3) (the first layer dense).")
     group.add_argument("--expert-model-parallel-size", type=int, default=1,
                        help="Expert parallelism: the experts are split over this many ranks.")
     group.add_argument("--expert-tensor-parallel-size", type=int, default=None,
@@ -84,6 +111,33 @@ def add_moe_args(parser) -> None:
     group.add_argument("--moe-expert-capacity-factor", type=float, default=None,
                        help="Expert capacity (tokens dropped beyond it); not with "
                             "--sequence-packing, tensor or context parallelism.")
+    group.add_argument("--moe-token-drop-policy", default=DEFAULT_DROP_POLICY,
+                       choices=DROP_POLICIES,
+                       help="With a capacity: drop the tokens of lowest routing probability "
+                            "(probs) or the last ones of the micro-batch (position).")
+    group.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
+                       help="With a capacity: pad every expert's input to exactly the capacity.")
+    _add_router_options(group)
+
+
+def _add_router_options(group) -> None:
+    """Aux-loss-free balancing (DeepSeek-V3's expert bias) and group-limited routing."""
+    group.add_argument("--moe-router-enable-expert-bias", action="store_true",
+                       help="A per-expert bias added to the scores for the top-k choice only, "
+                            "moved after every step towards balance (sigmoid scores).")
+    group.add_argument("--moe-router-bias-update-rate", type=float,
+                       default=DEFAULT_BIAS_UPDATE_RATE,
+                       help="How far each step moves an expert's bias: towards the experts "
+                            "that got fewer than the average tokens of the step.")
+    group.add_argument("--moe-router-num-groups", type=int, default=None,
+                       help="Group-limited routing: the experts split into this many groups "
+                            "(e.g. the EP size: device-limited routing).")
+    group.add_argument("--moe-router-group-topk", type=int, default=None,
+                       help="Group-limited routing: the groups each token may choose its "
+                            "experts from.")
+    group.add_argument("--moe-shared-expert-overlap", action="store_true",
+                       help="Run the shared expert beside the token dispatcher's communication "
+                            "(a side stream; speed only; the alltoall dispatcher).")
 
 
 def _layer_freq(text: str):
@@ -149,6 +203,11 @@ def _check_routing(args, require) -> None:
             f"parallel) x --context-parallel-size {args.context_parallel_size} = {shares} "
             f"splits (the trained model would depend on the layout): drop the flag or use "
             f"tensor and context parallel sizes of 1")
+    capacity_only = {"--moe-token-drop-policy": args.moe_token_drop_policy != DEFAULT_DROP_POLICY,
+                     "--moe-pad-expert-input-to-capacity": args.moe_pad_expert_input_to_capacity}
+    for flag, given in capacity_only.items():
+        require(not given or args.moe_expert_capacity_factor is not None,
+                f"{flag} applies to dropped tokens only: it needs --moe-expert-capacity-factor")
     require(packing or not args.mtp_num_layers or args.context_parallel_size == 1,
             f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
             f"{args.context_parallel_size} needs --sequence-packing (unpacked CP splits each "
@@ -157,6 +216,39 @@ def _check_routing(args, require) -> None:
             or args.moe_router_pre_softmax,
             "--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax (a softmax "
             "over one selected expert has zero gradient)")
+
+
+def _check_router_options(args, require) -> None:
+    """Expert bias, group-limited routing and the shared expert's overlap: megatron-core's
+    conditions, in one line each."""
+    require(not args.moe_router_enable_expert_bias
+            or args.moe_router_score_function == "sigmoid",
+            f"--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid "
+            f"(megatron-core's expert bias; got {args.moe_router_score_function})")
+    if args.moe_shared_expert_overlap:
+        require(args.moe_shared_expert_intermediate_size is not None,
+                "--moe-shared-expert-overlap needs a shared expert "
+                "(--moe-shared-expert-intermediate-size)")
+        require(args.moe_token_dispatcher_type == ALLTOALL,
+                f"--moe-shared-expert-overlap works with --moe-token-dispatcher-type alltoall "
+                f"only (megatron-core's; got {args.moe_token_dispatcher_type})")
+    groups, group_topk = args.moe_router_num_groups, args.moe_router_group_topk
+    require((groups is None) == (group_topk is None),
+            f"--moe-router-num-groups {groups} and --moe-router-group-topk {group_topk}: "
+            f"give both (group-limited routing) or neither")
+    if groups is None:
+        return
+    experts, topk = args.num_experts, args.moe_router_topk
+    require(experts % groups == 0, f"--num-experts {experts} is not divisible by "
+                                   f"--moe-router-num-groups {groups}")
+    require(group_topk <= groups, f"--moe-router-group-topk {group_topk} exceeds "
+                                  f"--moe-router-num-groups {groups}")
+    # megatron-core scores each group by the sum of its top (topk / group_topk) experts and
+    # then picks the top-k among the chosen groups' experts: both must exist.
+    require(topk % group_topk == 0 and topk // group_topk <= experts // groups,
+            f"--moe-router-topk {topk} must be a multiple of --moe-router-group-topk "
+            f"{group_topk} and at most {group_topk} x {experts // groups} (the experts of the "
+            f"chosen groups)")
 
 
 def _check_no_moe_flags(args, parser_defaults: dict, require) -> None:
@@ -189,3 +281,4 @@ def validate_moe_args(args, require) -> None:
         return
     _check_sizes(args, require)
     _check_routing(args, require)
+    _check_router_options(args, require)

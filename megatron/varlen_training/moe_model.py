@@ -34,6 +34,13 @@ def moe_transformer_config(moe: MoEConfig | None) -> dict:
         "moe_token_dispatcher_type": moe.moe_token_dispatcher_type,
         "moe_router_dtype": moe.moe_router_dtype,
         "moe_expert_capacity_factor": moe.moe_expert_capacity_factor,
+        "moe_router_enable_expert_bias": moe.moe_router_enable_expert_bias,
+        "moe_router_bias_update_rate": moe.moe_router_bias_update_rate,
+        "moe_router_num_groups": moe.moe_router_num_groups,
+        "moe_router_group_topk": moe.moe_router_group_topk,
+        "moe_shared_expert_overlap": moe.moe_shared_expert_overlap,
+        "moe_token_drop_policy": moe.moe_token_drop_policy,
+        "moe_pad_expert_input_to_capacity": moe.moe_pad_expert_input_to_capacity,
         "moe_grouped_gemm": False,  # plain-torch SequentialMLP experts (no TE, runs on CPU)
     }
 

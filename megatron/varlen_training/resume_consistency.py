@@ -300,15 +300,19 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
 
 def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
     """Why the optimizer state cannot follow an EP 1 <-> > 1 change, or None: megatron-core
-    keeps the experts' state in an optimizer of its own only with expert parallelism. Between
-    sizes > 1 the plain optimizer's state is resharded by global expert index."""
+    keeps the experts' state in an optimizer of its own only with expert parallelism, whose
+    checkpoint nests the two optimizers' states under their indices with ``chained_<i>.`` key
+    prefixes (EP 1: one flat state), so neither loads the other's (docs/MOE.md, Checkpoints).
+    Between sizes > 1 the plain optimizer's state is resharded by global expert index; the
+    weights reshard across any change (``--no-load-optim``)."""
     saved_ep, ep = saved.get(EXPERT_PARALLEL_KEY) or 1, mine[EXPERT_PARALLEL_KEY]
     if (saved_ep > 1) == (ep > 1):
         return None
     return (f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, "
             f"this run has {ep}: megatron-core keeps a separate expert optimizer only with "
             f"expert parallelism, so the optimizer states do not convert between 1 and > 1 "
-            f"(resume with {'> 1' if saved_ep > 1 else '1'})")
+            f"(resume with {'> 1' if saved_ep > 1 else '1'}, or add --no-load-optim to load the "
+            f"weights only)")
 
 
 def _sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:

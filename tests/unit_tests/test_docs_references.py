@@ -82,6 +82,8 @@ PROSE_FLAGS = {
     "--multiple-validation-sets": "Megatron-LM's evaluation flag, listed as not supported",
     "--full-validation": "Megatron-LM's evaluation flag, listed as not supported",
     "--distribute-saved-activations": "Megatron-LM's recompute flag, listed as not supported",
+    "--moe-input-jitter-eps": "Megatron-LM's MoE flag, listed as not supported (docs/MOE.md)",
+    "--moe-per-layer-logging": "Megatron-LM's MoE flag, listed as not supported",
     "--x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
     "--no-x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
 }

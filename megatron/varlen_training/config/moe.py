@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from megatron.varlen_training.config.validation import check_ranges
 
 NO_LOAD_BALANCING = "none"
+GLOBAL_AUX_LOSS = "global_aux_loss"
+DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron-LM's --moe-router-bias-update-rate
+DEFAULT_DROP_POLICY = "probs"  # Megatron-LM's --moe-token-drop-policy
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,14 @@ class MoEConfig:
     moe_token_dispatcher_type: str
     moe_router_dtype: str | None
     moe_expert_capacity_factor: float | None
+    # Router options with Megatron-LM's defaults (a config built without them routes as before).
+    moe_router_enable_expert_bias: bool = False
+    moe_router_bias_update_rate: float = DEFAULT_BIAS_UPDATE_RATE
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_shared_expert_overlap: bool = False
+    moe_token_drop_policy: str = DEFAULT_DROP_POLICY
+    moe_pad_expert_input_to_capacity: bool = False
 
     def __post_init__(self):
         check_ranges(self)
@@ -53,3 +64,11 @@ class MoEConfig:
         if self.moe_router_load_balancing_type == NO_LOAD_BALANCING:
             return None
         return self.moe_router_load_balancing_type if self.moe_aux_loss_coeff > 0 else None
+
+    @property
+    def depends_on_microbatch_order(self) -> bool:
+        """Whether the order of a step's micro-batches changes the trained model:
+        ``global_aux_loss`` balances against the running average of the counts of the step's
+        micro-batches so far (Megatron-LM's definition), so the pipeline's reordering must
+        not apply to it."""
+        return self.balancing_loss == GLOBAL_AUX_LOSS

@@ -337,7 +337,8 @@ def _export_moe(model: ModelConfig) -> HFMoEConfig | None:
     if moe is None:
         return None
     unsupported = {"--moe-shared-expert-intermediate-size": moe.moe_shared_expert_intermediate_size,
-                   "--moe-router-topk-scaling-factor": moe.moe_router_topk_scaling_factor}
+                   "--moe-router-topk-scaling-factor": moe.moe_router_topk_scaling_factor,
+                   "--moe-router-num-groups": moe.moe_router_num_groups}
     for flag, value in unsupported.items():
         if value is not None:
             raise HFConfigError(f"export to Hugging Face: Qwen3-MoE has no {flag} (got {value})")

@@ -105,6 +105,9 @@ VALID = {
     "moe_z_loss_coeff": NONE,
     "moe_router_topk_scaling_factor": NONE,
     "moe_expert_capacity_factor": NONE,
+    "moe_router_bias_update_rate": NONE,  # 0 differs from its default 1e-3
+    "moe_router_num_groups": NONE,
+    "moe_router_group_topk": NONE,
 }
 
 GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]

@@ -49,6 +49,9 @@ EXPECTED_FLAGS = frozenset("""
 --moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff
 --moe-router-score-function --moe-router-pre-softmax --moe-router-topk-scaling-factor
 --moe-token-dispatcher-type --moe-router-dtype --moe-expert-capacity-factor
+--moe-router-enable-expert-bias --moe-router-bias-update-rate --moe-router-num-groups
+--moe-router-group-topk --moe-shared-expert-overlap --moe-token-drop-policy
+--moe-pad-expert-input-to-capacity
 """.split())
 
 

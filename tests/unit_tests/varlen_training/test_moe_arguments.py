@@ -30,6 +30,77 @@ def test_flags_reach_the_config_and_megatron_core():
     assert fields["moe_router_dtype"] == "fp64" and fields["moe_grouped_gemm"] is False
 
 
+def test_router_options_reach_megatron_core():
+    """Expert bias and group-limited routing: megatron-core's own router implements them."""
+    run = parse_run_config(BASE + MOE + [
+        "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate", "0.01", "--moe-router-num-groups", "2",
+        "--moe-router-group-topk", "1"], world_size=1)
+    fields = moe_transformer_config(run.model.moe)
+    assert fields["moe_router_enable_expert_bias"] is True
+    assert fields["moe_router_bias_update_rate"] == 0.01
+    assert (fields["moe_router_num_groups"], fields["moe_router_group_topk"]) == (2, 1)
+    overlap = parse_run_config(BASE + MOE + [
+        "--moe-shared-expert-intermediate-size", "8", "--moe-shared-expert-overlap",
+        "--sequence-packing", "--micro-batch-size", "1"], world_size=1)
+    assert moe_transformer_config(overlap.model.moe)["moe_shared_expert_overlap"] is True
+    capacity = moe_transformer_config(parse_run_config(BASE + MOE + [
+        "--moe-expert-capacity-factor", "1.5", "--moe-token-drop-policy", "position",
+        "--moe-pad-expert-input-to-capacity"], world_size=1).model.moe)
+    assert capacity["moe_token_drop_policy"] == "position"
+    assert capacity["moe_pad_expert_input_to_capacity"] is True
+    default = moe_transformer_config(parse_run_config(BASE + MOE, world_size=1).model.moe)
+    assert default["moe_router_enable_expert_bias"] is False
+    assert default["moe_router_bias_update_rate"] == 1e-3  # Megatron-LM's default
+    assert default["moe_router_num_groups"] is None
+
+
+QWEN3 = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--qk-layernorm", "--untie-embeddings-and-output-weights"]
+
+
+def test_group_limited_routing_has_no_hugging_face_form(tmp_path):
+    """Qwen3-MoE routes over all experts: --save-hf refuses groups at start-up."""
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_run_config(BASE + MOE + QWEN3 + ["--moe-router-num-groups", "2",
+                                               "--moe-router-group-topk", "1",
+                                               "--save-hf", str(tmp_path)], world_size=1)
+    assert "Qwen3-MoE has no --moe-router-num-groups (got 2)" in str(err.value)
+
+
+@pytest.mark.parametrize("text, layers", [
+    ("([0]*1+[1]*3)", [0, 1, 1, 1]),            # first-k-dense: one dense layer, then MoE
+    ("([1]*1+[0]*1)*2", [1, 0, 1, 0]),          # Megatron-LM's repeated pattern
+    ("[0,0,1,1]", [0, 0, 1, 1]),
+    ("([0]+[1]*3)", [0, 1, 1, 1]),
+])
+def test_layer_freq_patterns(text, layers):
+    """Megatron-LM's --moe-layer-freq pattern expressions (DeepSeek-style first-k-dense)."""
+    run = parse_run_config(BASE + MOE + ["--num-layers", "4", "--moe-layer-freq", text],
+                           world_size=1)
+    assert run.model.moe.is_moe_layer(4) == [bool(flag) for flag in layers]
+
+
+@pytest.mark.parametrize("text", ["__import__('os')", "[2]*4", "([0]*100000)*100000", "[0]*-1",
+                                  "[[0]]*4", "[1]*1.5"])
+def test_layer_freq_evaluates_nothing_else(text):
+    with pytest.raises(ArgumentValidationError, match="--moe-layer-freq"):
+        parse_args(BASE + MOE + ["--num-layers", "4", "--moe-layer-freq", text], world_size=1)
+
+
+def test_global_aux_loss_keeps_the_microbatch_order():
+    """The pipeline reorders a step's micro-batches to shrink its bubbles, except with
+    global_aux_loss (a running average over the step's micro-batches so far)."""
+    from megatron.varlen_training.data import build_packing_config
+
+    packed = BASE + MOE + ["--sequence-packing", "--micro-batch-size", "1",
+                           "--pipeline-model-parallel-size", "2"]
+    for balancing, stages in (("seq_aux_loss", 2), ("global_aux_loss", 1)):
+        run = parse_run_config(packed + ["--moe-router-load-balancing-type", balancing,
+                                         "--moe-aux-loss-coeff", "0.1"], world_size=2)
+        assert build_packing_config(run, pad_id=0).pipeline_stages == stages, balancing
+
+
 def test_dense_run_has_no_moe_config():
     run = parse_run_config(BASE, world_size=1)
     assert run.model.moe is None
@@ -70,6 +141,31 @@ def test_dense_run_has_no_moe_config():
     (MOE + ["--moe-layer-freq", "2+1"], 1, "--moe-layer-freq '2+1'"),
     (MOE + ["--moe-aux-loss-coeff", "-1"], 1, "--moe-aux-loss-coeff must be"),
     (["--num-experts", "0"], 1, "--num-experts must be >= 1"),
+    (["--moe-router-enable-expert-bias"], 1, "--moe-router-enable-expert-bias True needs "
+                                              "--num-experts"),
+    (MOE + ["--moe-router-enable-expert-bias"], 1, "--moe-router-enable-expert-bias needs "
+     "--moe-router-score-function sigmoid (megatron-core's expert bias; got softmax)"),
+    (MOE + ["--moe-router-bias-update-rate", "-0.1"], 1, "--moe-router-bias-update-rate must be"),
+    (MOE + ["--moe-router-num-groups", "2"], 1, "--moe-router-num-groups 2 and "
+     "--moe-router-group-topk None: give both (group-limited routing) or neither"),
+    (MOE + ["--moe-router-num-groups", "3", "--moe-router-group-topk", "1"], 1,
+     "--num-experts 4 is not divisible by --moe-router-num-groups 3"),
+    (MOE + ["--moe-router-num-groups", "2", "--moe-router-group-topk", "3"], 1,
+     "--moe-router-group-topk 3 exceeds --moe-router-num-groups 2"),
+    (MOE + ["--moe-router-num-groups", "4", "--moe-router-group-topk", "1"], 1,
+     "--moe-router-topk 2 must be a multiple of --moe-router-group-topk 1 and at most 1 x 1"),
+    (MOE + ["--moe-router-num-groups", "2", "--moe-router-group-topk", "2", "--moe-router-topk",
+            "3"], 1, "--moe-router-topk 3 must be a multiple of --moe-router-group-topk 2"),
+    (MOE + ["--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall"], 1,
+     "--moe-shared-expert-overlap needs a shared expert (--moe-shared-expert-intermediate-size)"),
+    (MOE + ["--moe-shared-expert-overlap", "--moe-shared-expert-intermediate-size", "8"], 1,
+     "--moe-shared-expert-overlap works with --moe-token-dispatcher-type alltoall only "
+     "(megatron-core's; got allgather)"),
+    (["--moe-shared-expert-overlap"], 1, "--moe-shared-expert-overlap True needs --num-experts"),
+    (MOE + ["--moe-token-drop-policy", "position"], 1, "--moe-token-drop-policy applies to "
+     "dropped tokens only: it needs --moe-expert-capacity-factor"),
+    (MOE + ["--moe-pad-expert-input-to-capacity"], 1, "--moe-pad-expert-input-to-capacity "
+     "applies to dropped tokens only: it needs --moe-expert-capacity-factor"),
 ])
 def test_bad_moe_flags_are_one_line(extra, world, needle):
     with pytest.raises(ArgumentValidationError) as err:

@@ -3,9 +3,10 @@ iterations == the straight 4 iterations at the resumed layout (lm loss, balancin
 grad norm within 1e-5), at an unchanged expert-parallel size and across sizes > 1 (EP 2 -> 4
 and 4 -> 2: megatron-core reshards the experts and their optimizer state by global expert
 index). What cannot be resharded is refused in one line before megatron-core reads the
-checkpoint: EP 1 <-> > 1 (a separate expert optimizer exists only with EP > 1), an EP change
-with the distributed optimizer (its dp_reshardable format reshards over data-parallel ranks
-only), and a dense checkpoint loaded into an MoE model.
+checkpoint: EP 1 <-> > 1 (a separate expert optimizer exists only with EP > 1; --no-load-optim
+loads the weights alone), an EP change with the distributed optimizer (its dp_reshardable format
+reshards over data-parallel ranks only), and a dense checkpoint loaded into an MoE model. The
+router's expert bias (--moe-router-enable-expert-bias) is saved and restored with the model.
 
 Every run shares one 4-rank launch (starting 4 ranks costs more than a tiny run): a small
 multi-rank test with an explicit timeout, about a minute on 2 shared cores.
@@ -21,11 +22,15 @@ from tests.unit_tests.varlen_training.test_moe_equivalence import GPT, PACKED
 RTOL = 1e-5
 METRICS = ("lm_loss", "seq_load_balancing_loss", "z_loss", "grad_norm")
 WORLD = 4  # EP 4 with 4 experts needs 4 ranks
-LAUNCH_TIMEOUT_S = 480  # thirteen tiny runs; 4 ranks share 2 cores on the CI machine
+LAUNCH_TIMEOUT_S = 600  # nineteen tiny runs; 4 ranks share 2 cores on the CI machine
 EP1 = ["--expert-model-parallel-size", "1"]
 EP2 = ["--expert-model-parallel-size", "2"]
 EP4 = ["--expert-model-parallel-size", "4"]
 DISTRIBUTED = ["--use-distributed-optimizer"]
+# Aux-loss-free balancing: a rate at which the bias changes the routing within the 4 iterations
+# (a resume that lost the bias differs at iteration 3).
+BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate", "0.01"]
 BASE = GPT + PACKED + ["--train-iters", "4", "--lr-decay-iters", "4"]
 _CUT = GPT.index("--num-experts")
 DENSE = (GPT[:_CUT] + ["--disable-bias-linear"] + GPT[GPT.index("--hidden-size"):] + PACKED
@@ -52,19 +57,25 @@ def _runs_on_this_rank(runs: dict[str, list[str]]) -> dict[str, dict]:
 
 def _planned_runs(folder) -> dict[str, list[str]]:
     """Saves at iteration 2, the straight runs, then the loads of those saves (in this order)."""
-    ep2, ep4, ep2_distributed, dense = (folder / name for name in
-                                        ("ep2", "ep4", "ep2_distributed", "dense"))
+    ep1, ep2, ep4, ep2_distributed, dense, bias = (
+        folder / name for name in ("ep1", "ep2", "ep4", "ep2_distributed", "dense", "bias"))
     return {
+        "save_ep1": BASE + EP1 + _save_at_2(ep1),
         "save_ep2": BASE + EP2 + _save_at_2(ep2),
         "save_ep4": BASE + EP4 + _save_at_2(ep4),
         "save_ep2_distributed": BASE + EP2 + DISTRIBUTED + _save_at_2(ep2_distributed),
         "save_dense": DENSE + _save_at_2(dense),
+        "save_bias_ep2": BASE + BIAS + EP2 + _save_at_2(bias),
         "straight_ep2": BASE + EP2,
         "straight_ep4": BASE + EP4,
+        "straight_bias_ep4": BASE + BIAS + EP4,
         "ep2_to_ep2": BASE + EP2 + ["--load", str(ep2)],
         "ep2_to_ep4": BASE + EP4 + ["--load", str(ep2)],
         "ep4_to_ep2": BASE + EP2 + ["--load", str(ep4)],
         "ep2_to_ep1": BASE + EP1 + ["--load", str(ep2)],
+        "ep1_to_ep2_weights": BASE + EP2 + ["--load", str(ep1), "--no-load-optim"],
+        "ep2_to_ep1_weights": BASE + EP1 + ["--load", str(ep2), "--no-load-optim"],
+        "bias_ep2_to_ep4": BASE + BIAS + EP4 + ["--load", str(bias)],
         "ep2_to_ep4_distributed": BASE + EP4 + DISTRIBUTED + ["--load", str(ep2_distributed)],
         "ep2_to_ep4_distributed_weights": BASE + EP4 + DISTRIBUTED + [
             "--load", str(ep2_distributed), "--no-load-optim"],
@@ -86,6 +97,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     ("ep2_to_ep2", "save_ep2", "straight_ep2"),
     ("ep2_to_ep4", "save_ep2", "straight_ep4"),
     ("ep4_to_ep2", "save_ep4", "straight_ep2"),
+    ("bias_ep2_to_ep4", "save_bias_ep2", "straight_bias_ep4"),
 ])
 def test_resume_equals_the_straight_run_at_the_new_expert_parallel_size(runs, resumed, saved,
                                                                         straight):
@@ -103,7 +115,19 @@ def test_expert_parallel_one_to_many_is_one_line(runs):
     assert runs["ep2_to_ep1"]["refusal"] == (
         "--load: the checkpoint was saved with --expert-model-parallel-size 2, this run has 1: "
         "megatron-core keeps a separate expert optimizer only with expert parallelism, so the "
-        "optimizer states do not convert between 1 and > 1 (resume with > 1)")
+        "optimizer states do not convert between 1 and > 1 (resume with > 1, or add "
+        "--no-load-optim to load the weights only)")
+
+
+@pytest.mark.parametrize("resumed", ["ep1_to_ep2_weights", "ep2_to_ep1_weights"])
+def test_expert_parallel_one_to_many_keeps_the_weights(runs, resumed):
+    """--no-load-optim (the refusal's other remedy; scaling a run out from EP 1): the experts'
+    weights reshard by global index, so the first resumed loss, computed before any update, is
+    the straight run's at iteration 3 (EP 1 and EP 2 train the same model)."""
+    got = runs[resumed]["history"]
+    assert len(got) == 2
+    assert got[0]["lm_loss"] == pytest.approx(runs["straight_ep2"]["history"][2]["lm_loss"],
+                                              rel=RTOL)
 
 
 def test_expert_parallel_change_with_distributed_optimizer_is_one_line(runs):
