@@ -117,6 +117,7 @@ class HFModelConfig:
     tied_embeddings: bool
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
+    pad_token_id: int | None = None
     moe: "HFMoEConfig | None" = None  # Qwen3-MoE's experts, None for dense models
 
     @property
@@ -245,6 +246,7 @@ def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
         tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_id=raw.get("eos_token_id"),
+        pad_token_id=raw.get("pad_token_id"),
         moe=_moe_config(raw, where) if architecture == MOE_ARCHITECTURE else None,
     )
 
@@ -383,8 +385,12 @@ def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
     }
     if config.moe is not None:
         raw.update(_moe_config_json(config.moe))
-    if config.bos_token_id is not None:
-        raw["bos_token_id"] = config.bos_token_id
-    if config.eos_token_id is not None:
-        raw["eos_token_id"] = config.eos_token_id
+    raw.update(token_ids(config))
     return raw
+
+
+def token_ids(config: HFModelConfig) -> dict:
+    """The special token ids the checkpoint names (``bos``/``eos``/``pad_token_id``), if any."""
+    ids = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+           "pad_token_id": config.pad_token_id}
+    return {key: value for key, value in ids.items() if value is not None}

@@ -24,7 +24,7 @@ from megatron.varlen_training.errors import (
 )
 from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import (
-    HFModelConfig, config_from_model, load_hf_config, to_config_json,
+    HFModelConfig, config_from_model, load_hf_config, to_config_json, token_ids,
 )
 from megatron.varlen_training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
@@ -139,8 +139,7 @@ def _write_metadata(out_dir: str, config: HFModelConfig, weight_map: dict[str, s
         write_index(out_dir, weight_map, total_bytes)
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
         json.dump(to_config_json(config, _DTYPE_NAMES[dtype]), handle, indent=2)
-    generation = {k: v for k, v in (("bos_token_id", config.bos_token_id),
-                                    ("eos_token_id", config.eos_token_id)) if v is not None}
+    generation = token_ids(config)  # a source checkpoint's own file replaces it (save_hf)
     if generation:
         with open(os.path.join(out_dir, GENERATION_CONFIG_FILENAME), "w",
                   encoding="utf-8") as handle:
@@ -209,8 +208,17 @@ def export_config(run: RunConfig) -> HFModelConfig:
     if run.checkpoint.hf_checkpoint:
         source = load_hf_config(run.checkpoint.hf_checkpoint)
         config = dataclasses.replace(config, bos_token_id=source.bos_token_id,
-                                     eos_token_id=source.eos_token_id)
+                                     eos_token_id=source.eos_token_id,
+                                     pad_token_id=source.pad_token_id)
     return config
+
+
+def _copy_file(source_dir: str, name: str, out_dir: str) -> None:
+    """``source_dir/name`` to ``out_dir/name``; nothing when both are the same file (an export
+    written over the directory it came from)."""
+    source, target = os.path.join(source_dir, name), os.path.join(out_dir, name)
+    if not (os.path.exists(target) and os.path.samefile(source, target)):
+        shutil.copyfile(source, target)
 
 
 def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
@@ -219,24 +227,47 @@ def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
     for name in sorted(os.listdir(tokenizer_dir)):
         is_tokenizer_file = name.startswith(TOKENIZER_FILE_PREFIXES) or name in TOKENIZER_FILES
         if is_tokenizer_file and os.path.isfile(os.path.join(tokenizer_dir, name)):
-            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
+            _copy_file(tokenizer_dir, name, out_dir)
             copied.append(name)
     return copied
 
 
-def _copy_tokenizer_on_rank_0(tokenizer_dir: str, out_dir: str) -> None:
+def tokenizer_dir(run: RunConfig) -> str | None:
+    """Where the exported model's tokenizer comes from: the run's Hugging Face tokenizer
+    (``--tokenizer-model``), else the ``--hf-checkpoint`` the model started from (its ids are
+    the checkpoint's vocabulary whatever tokenizer the run read its data with); None without."""
+    if run.data.tokenizer_type == "HuggingFaceTokenizer":
+        return run.data.tokenizer_model
+    return run.checkpoint.hf_checkpoint
+
+
+def copy_source_files(run: RunConfig, out_dir: str) -> list[str]:
+    """Copies the tokenizer's files (:func:`tokenizer_dir`) and the ``--hf-checkpoint``'s
+    ``generation_config.json`` (its sampling settings, not only the token ids the export
+    derives) next to the exported model; their names."""
+    copied = []
+    source = tokenizer_dir(run)
+    if source is not None:
+        copied += copy_tokenizer_files(source, out_dir)
+    hf_dir = run.checkpoint.hf_checkpoint
+    if hf_dir and os.path.isfile(os.path.join(hf_dir, GENERATION_CONFIG_FILENAME)):
+        _copy_file(hf_dir, GENERATION_CONFIG_FILENAME, out_dir)
+        copied.append(GENERATION_CONFIG_FILENAME)
+    return copied
+
+
+def _copy_source_files_on_rank_0(run: RunConfig, out_dir: str) -> None:
     if torch.distributed.get_rank() == 0:
-        _on_disk(copy_tokenizer_files, out_dir, tokenizer_dir, out_dir)
+        _on_disk(copy_source_files, out_dir, run, out_dir)
 
 
 def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
     """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
-    with the run's Hugging Face tokenizer files (``--tokenizer-model``) if it has one."""
+    with the tokenizer's files and the source checkpoint's generation config
+    (:func:`copy_source_files`)."""
     out_dir = out_dir or run.checkpoint.save_hf
     config = export_config(run)
     path = export_hf([unwrap(chunk) for chunk in model], out_dir, config)
-    data = run.data
-    if data.tokenizer_type == "HuggingFaceTokenizer":
-        agree_on_errors(_copy_tokenizer_on_rank_0, data.tokenizer_model, out_dir)
+    agree_on_errors(_copy_source_files_on_rank_0, run, out_dir)
     print_rank_0(f"> saved Hugging Face checkpoint ({config.architecture}) to {path}")
     return path

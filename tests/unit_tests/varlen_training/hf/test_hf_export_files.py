@@ -1,0 +1,85 @@
+"""What an export carries besides the weights, judged by transformers itself: the source's
+``config.json`` fields, its ``generation_config.json`` (sampling settings included) and its
+tokenizer survive import -> export unchanged.
+
+The source is a Llama checkpoint saved by transformers with a non-default generation config
+(sampling, temperature, top-p, a pad id), a pad id in ``config.json``, Llama-3 RoPE scaling and
+a tokenizer with a chat template in the same directory, as a Hub checkpoint has. The export runs
+with ``--tokenizer-type NullTokenizer`` (as ``tools/export_hf.py --hf-checkpoint DIR`` does when
+given no tokenizer flags): the tokenizer the model's ids belong to is the checkpoint's.
+"""
+
+import json
+
+import pytest
+
+from tests.harness.extras import needs_extra
+from tests.harness.multirank import run_distributed
+from tests.unit_tests.varlen_training.hf.ranks import rank_import_export
+from tests.unit_tests.varlen_training.hf.tiny_models import (
+    build_hf_model, model_argv, save_tokenizer,
+)
+
+pytestmark = needs_extra("hf")
+
+PAD_TOKEN_ID = 0
+GENERATION = dict(do_sample=True, temperature=0.6, top_p=0.9, top_k=20, max_new_tokens=64,
+                  repetition_penalty=1.05, bos_token_id=1, eos_token_id=[2, 3],
+                  pad_token_id=PAD_TOKEN_ID)
+# Keys whose value names the directory or the writer, not the model.
+_PROVENANCE = {"_name_or_path", "transformers_version"}
+CHAT = [{"role": "user", "content": "Hello, how are you today?"},
+        {"role": "assistant", "content": "The quick brown fox."}]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from transformers import GenerationConfig
+
+    root = tmp_path_factory.mktemp("hf_files")
+    source = root / "source"
+    model = build_hf_model("llama", pad_token_id=PAD_TOKEN_ID)
+    model.generation_config = GenerationConfig(**GENERATION)
+    model.save_pretrained(source)
+    save_tokenizer("llama3", source)
+    out = root / "export"
+    run_distributed(rank_import_export, 1, args=(model_argv(source), str(out)), timeout_s=120)
+    return source, out
+
+
+def _without_provenance(values: dict) -> dict:
+    return {k: v for k, v in values.items() if k not in _PROVENANCE}
+
+
+def test_generation_config_survives(exported):
+    from transformers import GenerationConfig
+
+    source, out = exported
+    ours = GenerationConfig.from_pretrained(out).to_dict()
+    assert _without_provenance(ours) == _without_provenance(
+        GenerationConfig.from_pretrained(source).to_dict())
+    assert ours["do_sample"] and ours["temperature"] == GENERATION["temperature"]
+
+
+def test_config_fields_survive(exported):
+    from transformers import AutoConfig
+
+    source, out = exported
+    theirs = AutoConfig.from_pretrained(source).to_dict()
+    ours = AutoConfig.from_pretrained(out).to_dict()
+    differ = {k: (v, ours.get(k, "<absent>")) for k, v in _without_provenance(theirs).items()
+              if ours.get(k, "<absent>") != v}
+    assert differ == {}
+    assert json.loads((out / "config.json").read_text())["pad_token_id"] == PAD_TOKEN_ID
+
+
+def test_tokenizer_of_the_checkpoint_comes_along(exported):
+    from transformers import AutoTokenizer
+
+    source, out = exported
+    theirs, ours = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(out)
+    text = "Packing puts many short samples into one sequence."
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    assert ours.apply_chat_template(CHAT, tokenize=False) == \
+        theirs.apply_chat_template(CHAT, tokenize=False)
+    assert (ours.eos_token, ours.bos_token) == (theirs.eos_token, theirs.bos_token)
