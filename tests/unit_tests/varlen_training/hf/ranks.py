@@ -221,3 +221,24 @@ def rank_gradient_export(argv: list[str], out_dir: str) -> dict:
         return {"samples": samples, "max_cp": max(cp_sizes)}
     finally:
         trainer.close()
+
+
+def rank_import_exports(jobs: list[tuple[list[str], str]]) -> None:
+    """:func:`rank_import_export` for each ``(argv, out_dir)`` (one launch for many layouts)."""
+    for argv, out_dir in jobs:
+        rank_import_export(argv, out_dir)
+
+
+def rank_train(runs: dict) -> dict:
+    """Trains each named argv through pretrain's path (which ends with its --save-hf); the
+    per-iteration lm loss of each (None off the last stage)."""
+    from megatron.varlen_training.pretrain import pretrain
+
+    out = {}
+    for name, argv in runs.items():
+        trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
+        try:
+            out[name] = [record.get("lm_loss") for record in pretrain(trainer)]
+        finally:
+            trainer.close()
+    return out
