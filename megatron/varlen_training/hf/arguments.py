@@ -16,6 +16,10 @@ from megatron.varlen_training.hf.config import (
 )
 
 HF_CHECKPOINT_FLAG = "--hf-checkpoint"
+# The main model of an MTP run is a Llama/Qwen model; its MTP layers have no Hugging Face form.
+MTP_EXPORT_HINT = ("{flag} does not support --mtp-num-layers {layers} (Llama/Qwen checkpoints "
+                   "have no MTP layers); to export the model without them, --save a checkpoint "
+                   "and run tools/export_hf.py on it without --mtp-num-layers")
 
 
 def add_hf_args(parser: argparse.ArgumentParser) -> None:
@@ -89,10 +93,11 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
     """Checks the Hugging Face flags after the others (``require(cond, message)``)."""
     require(args.kv_channels is None or args.kv_channels > 0,
             f"--kv-channels must be positive (got {args.kv_channels})")
-    if args.hf_checkpoint or args.save_hf:
-        require(not args.mtp_num_layers,
-                "--hf-checkpoint/--save-hf do not support --mtp-num-layers (no Llama/Qwen "
-                "checkpoint has MTP layers)")
+    require(not (args.hf_checkpoint and args.mtp_num_layers),
+            f"--hf-checkpoint does not support --mtp-num-layers {args.mtp_num_layers} (no "
+            "Llama/Qwen checkpoint has MTP layers)")
+    require(not (args.save_hf and args.mtp_num_layers), MTP_EXPORT_HINT.format(
+        flag="--save-hf", layers=args.mtp_num_layers))
     if args.hf_checkpoint:
         # Imported here: the parser itself stays free of torch (wrap configs build without it).
         from megatron.varlen_training.hf.safetensors_io import CheckpointFileError, SafetensorsReader

@@ -314,7 +314,10 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
                                 f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3 models "
                                 f"export")
     if model.mtp_num_layers:
-        raise HFConfigError("export to Hugging Face does not support --mtp-num-layers")
+        raise HFConfigError(f"export to Hugging Face does not support --mtp-num-layers "
+                            f"{model.mtp_num_layers} (Llama/Qwen checkpoints have no MTP "
+                            "layers); tools/export_hf.py without --mtp-num-layers exports the "
+                            "model without them from a --save checkpoint")
     if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
