@@ -27,7 +27,7 @@ from megatron.varlen_training.hf.config import (
     HFModelConfig, config_from_model, load_hf_config, to_config_json, token_ids,
 )
 from megatron.varlen_training.hf.safetensors_io import (
-    INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
+    INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, stale_weight_files, write_index, write_shard,
 )
 from megatron.varlen_training.layout_invariant_init import (
     canonical_parameter_name, is_expert_parameter,
@@ -169,15 +169,18 @@ def _write_stage(out_dir: str, filename: str, tensors: dict) -> tuple[dict[str, 
             sum(t.numel() * t.element_size() for t in tensors.values()))
 
 
-def _write_rank_0_files(out_dir: str, config: HFModelConfig, parts: list, pp_size: int,
+def _write_rank_0_files(out_dir: str, config: HFModelConfig, parts: list,
                         dtype: torch.dtype) -> None:
     if torch.distributed.get_rank() != 0:
         return
     weight_map = {name: f for names, _ in parts for name, f in names.items()}
     _on_disk(_write_metadata, out_dir, out_dir, config, weight_map, sum(b for _, b in parts),
              dtype)
-    if pp_size == 1 and os.path.exists(os.path.join(out_dir, INDEX_FILE)):
-        _on_disk(os.remove, out_dir, os.path.join(out_dir, INDEX_FILE))  # an earlier export's
+    written = set(weight_map.values())
+    if len(written) > 1:
+        written.add(INDEX_FILE)
+    for name in stale_weight_files(out_dir, written):  # an earlier export's, another layout
+        _on_disk(os.remove, out_dir, os.path.join(out_dir, name))
 
 
 def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig) -> str:
@@ -197,7 +200,7 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
     tensors = stage_tensors(chunks, config)
     _, parts = agree_and_gather(functools.partial(_write_stage, out_dir, filename, tensors),
                                 share_result)  # every rank's (part, bytes), in the same exchange
-    agree_on_errors(_write_rank_0_files, out_dir, config, parts, pp_size, dtype)
+    agree_on_errors(_write_rank_0_files, out_dir, config, parts, dtype)
     return out_dir
 
 

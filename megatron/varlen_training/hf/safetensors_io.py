@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import torch
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 SHARD_FORMAT = "model-{:05d}-of-{:05d}.safetensors"
+_SHARD_NAME = re.compile(r"model-\d+-of-\d+\.safetensors")
 
 
 class CheckpointFileError(ValueError):
@@ -96,3 +98,15 @@ def write_index(hf_dir: str, weight_map: dict[str, str], total_bytes: int) -> No
     with open(os.path.join(hf_dir, INDEX_FILE), "w", encoding="utf-8") as handle:
         json.dump({"metadata": {"total_size": total_bytes},
                    "weight_map": dict(sorted(weight_map.items()))}, handle, indent=2)
+
+
+def stale_weight_files(hf_dir: str, written: set[str]) -> list[str]:
+    """The weight files (single file, shards, index) in ``hf_dir`` that an export which wrote
+    ``written`` did not write: an earlier export's, in another layout. They must go:
+    ``transformers`` prefers ``model.safetensors`` to an index, so an old single file beside new
+    shards would be loaded instead of them."""
+    def is_weight_file(name: str) -> bool:
+        return name in (SINGLE_FILE, INDEX_FILE) or _SHARD_NAME.fullmatch(name) is not None
+
+    return sorted(name for name in os.listdir(hf_dir)
+                  if is_weight_file(name) and name not in written)

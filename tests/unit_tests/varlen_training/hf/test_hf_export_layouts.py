@@ -12,6 +12,7 @@ holds the same tensors.
   Megatron checkpoint writes exactly the ``--save-hf`` tensors.
 """
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,12 +83,36 @@ def sources(tmp_path_factory):
     return root, paths
 
 
+# Export directories that already hold an earlier export of ANOTHER model in another layout:
+# (a single file where PP2 writes shards; shards and an index where TP2 writes a single file).
+EARLIER_EXPORTS = {"qwen2_pp2": ["model.safetensors", "model-00001-of-00003.safetensors"],
+                   "qwen2_tp2": ["model.safetensors.index.json",
+                                 "model-00001-of-00002.safetensors"]}
+WEIGHT_FILES = {"qwen2_pp2": ["model-00001-of-00002.safetensors",
+                              "model-00002-of-00002.safetensors", "model.safetensors.index.json"],
+                "qwen2_tp2": ["model.safetensors"]}
+
+
+def _plant_earlier_export(out: Path, names: list[str], other_model: str) -> None:
+    out.mkdir()
+    for name in names:
+        source = Path(other_model) / ("model.safetensors" if name.endswith(".safetensors")
+                                      else name)
+        if source.exists():
+            shutil.copyfile(source, out / name)
+        else:  # an index naming the planted shard
+            (out / name).write_text('{"weight_map": {"lm_head.weight": '
+                                    '"model-00001-of-00002.safetensors"}}')
+
+
 @pytest.fixture(scope="module")
 def untouched_exports(sources):
     root, paths = sources
     jobs, outs = [], {}
     for name, (family, layout) in IMPORT_EXPORT.items():
         outs[name] = root / f"export_{name}"
+        if name in EARLIER_EXPORTS:
+            _plant_earlier_export(outs[name], EARLIER_EXPORTS[name], paths["llama"])
         jobs.append((model_argv(paths[family], *layout), str(outs[name])))
     run_distributed(rank_import_exports, 2, args=(jobs,), timeout_s=300)
     return outs
@@ -107,6 +132,21 @@ def test_import_then_export_is_the_source_bit_for_bit(sources, untouched_exports
     differ = {k: (v, ours.get(k)) for k, v in theirs.items()
               if k != "_name_or_path" and ours.get(k) != v}
     assert differ == {}
+
+
+@pytest.mark.parametrize("name", sorted(EARLIER_EXPORTS))
+def test_an_earlier_export_in_another_layout_is_replaced(sources, untouched_exports, name):
+    """transformers prefers model.safetensors to an index: an earlier single file left beside
+    new shards would be what it loads."""
+    from tests.unit_tests.varlen_training.hf.test_hf_import import _assert_logits_match
+    from tests.unit_tests.varlen_training.hf.tiny_models import hf_logits, sample_tokens
+
+    _, paths = sources
+    out = untouched_exports[name]
+    assert sorted(p.name for p in out.iterdir() if "safetensors" in p.name) == WEIGHT_FILES[name]
+    tokens = sample_tokens()
+    _assert_logits_match(hf_logits(out, tokens), hf_logits(paths[IMPORT_EXPORT[name][0]], tokens),
+                         name)
 
 
 @pytest.fixture(scope="module")
