@@ -1,7 +1,8 @@
 """Reading slices of, and writing, Hugging Face ``safetensors`` checkpoints.
 
 A checkpoint directory holds either ``model.safetensors`` or shards listed by
-``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``). Reads go through
+``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``); with both, the
+single file is read, as ``transformers`` reads it. Reads go through
 ``safe_open(...).get_slice`` so a rank reads only the rows/columns it keeps, never whole tensors
 it does not need.
 """
@@ -40,6 +41,10 @@ class SafetensorsReader:
     def _read_weight_map(hf_dir: str) -> dict[str, str]:
         from safetensors import safe_open
 
+        single = os.path.join(hf_dir, SINGLE_FILE)
+        if os.path.isfile(single):  # before the index, as transformers' from_pretrained does
+            with safe_open(single, framework="pt") as handle:
+                return {name: SINGLE_FILE for name in handle.keys()}
         index = os.path.join(hf_dir, INDEX_FILE)
         if os.path.isfile(index):
             with open(index, encoding="utf-8") as handle:
@@ -50,12 +55,8 @@ class SafetensorsReader:
                 raise CheckpointFileError(f"{index} names shard {missing[0]!r}, which is missing "
                                           f"from {hf_dir!r} ({len(missing)} missing)")
             return weight_map
-        single = os.path.join(hf_dir, SINGLE_FILE)
-        if not os.path.isfile(single):
-            raise CheckpointFileError(f"Hugging Face checkpoint {hf_dir!r} has neither "
-                                      f"{SINGLE_FILE} nor {INDEX_FILE}")
-        with safe_open(single, framework="pt") as handle:
-            return {name: SINGLE_FILE for name in handle.keys()}
+        raise CheckpointFileError(f"Hugging Face checkpoint {hf_dir!r} has neither "
+                                  f"{SINGLE_FILE} nor {INDEX_FILE}")
 
     def names(self) -> set[str]:
         return set(self._weight_map)
