@@ -83,3 +83,40 @@ def test_tokenizer_of_the_checkpoint_comes_along(exported):
     assert ours.apply_chat_template(CHAT, tokenize=False) == \
         theirs.apply_chat_template(CHAT, tokenize=False)
     assert (ours.eos_token, ours.bos_token) == (theirs.eos_token, theirs.bos_token)
+
+
+def test_export_tool_takes_the_vocabulary_from_the_tokenizer(tmp_path):
+    """A model trained from scratch whose vocabulary is the tokenizer's (no --vocab-size, no
+    --hf-checkpoint): tools/export_hf.py resolves it as training did (it crashed on a None
+    vocabulary) and writes what --save-hf wrote at the end of the same run."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.unit_tests.varlen_training.hf.ranks import rank_train
+    from tests.unit_tests.varlen_training.hf.test_hf_export_layouts import REPO, _load
+    from tests.unit_tests.varlen_training.hf.test_hf_mtp import LLAMA_SHAPE
+    from tests.unit_tests.varlen_training.hf.tiny_models import TOKENIZER_VOCAB
+
+    tokenizer = save_tokenizer("chatml", tmp_path / "tokenizer")
+    model = LLAMA_SHAPE + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                           tokenizer]
+    training = ["--seq-length", "16", "--mock-data", "--micro-batch-size", "2",
+                "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-2",
+                "--eval-iters", "0"]
+    run_distributed(rank_train, 1, args=({"scratch": model + training + [
+        "--save", str(tmp_path / "ckpt"), "--save-hf", str(tmp_path / "save_hf")]},),
+        timeout_s=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "export_hf.py"), "--load", str(tmp_path / "ckpt"),
+         "--save-hf", str(tmp_path / "tool"), *model],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours, saved = _load(tmp_path / "tool"), _load(tmp_path / "save_hf")
+    assert sorted(ours) == sorted(saved)
+    assert [k for k in saved if not torch.equal(ours[k], saved[k])] == []
+    assert json.loads((tmp_path / "tool" / "config.json").read_text())["vocab_size"] == \
+        TOKENIZER_VOCAB
+    assert (tmp_path / "tool" / "tokenizer.json").is_file()

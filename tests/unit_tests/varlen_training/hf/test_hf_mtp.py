@@ -32,12 +32,13 @@ REPO = Path(__file__).resolve().parents[4]
 MTP = ["--mtp-num-layers", "1"]
 # A Llama-shaped model with tied embeddings and GQA, trained from scratch (an MTP run cannot
 # start from a Hugging Face checkpoint).
-ARCHITECTURE = [
+LLAMA_SHAPE = [
     "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "96",
     "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
     "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
-    "--position-embedding-type", "rope", "--vocab-size", "256", "--max-position-embeddings", "64",
+    "--position-embedding-type", "rope", "--max-position-embeddings", "64",
     "--make-vocab-size-divisible-by", "1", "--hidden-dropout", "0", "--attention-dropout", "0"]
+ARCHITECTURE = LLAMA_SHAPE + ["--vocab-size", "256"]
 TRAINING = ["--seq-length", "16", "--tokenizer-type", "NullTokenizer", "--mock-data",
             "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "3",
             "--lr", "1e-1", "--adam-eps", "1.0", "--weight-decay", "0", "--eval-iters", "0",
