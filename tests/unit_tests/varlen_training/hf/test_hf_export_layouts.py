@@ -2,9 +2,11 @@
 holds the same tensors.
 
 - Import -> export with no training between, on every 2-rank layout (TP2, PP2, PP2 + VPP, DP2;
-  Qwen3-MoE on EP2, TP2 + EP2 with expert TP 1, PP2 + VPP): bit for bit the tensors of the
-  checkpoint transformers saved, under the same names, and a ``config.json`` transformers reads
-  as the source's. No arithmetic happens on the way, so nothing may differ at all.
+  Qwen3-MoE on EP2, TP2 + EP2 with expert TP 1, PP2 + VPP; a vocabulary padded for TP2): bit
+  for bit the tensors of the checkpoint transformers saved, under the same names, and a
+  ``config.json`` transformers reads as the source's. No arithmetic happens on the way, so
+  nothing may differ at all. An earlier export in another layout in the same directory is
+  replaced, not left for transformers to load.
 - Training on layout X, then ``--save-hf``: the export equals the export of the same training on
   one rank (fp32 rounding), for tied embeddings on PP2 (the first stage writes the embedding the
   last stage's output layer mirrors), DP2 with the distributed optimizer, a packed SFT run with
@@ -42,7 +44,10 @@ IMPORT_EXPORT = {
     "moe_ep2": ("moe", EP2), "moe_vpp": ("moe", VPP),
     "moe_tp2_ep2": ("moe", TP2 + EP2 + ["--expert-tensor-parallel-size", "1",
                                         "--sequence-parallel"]),
+    # 250 ids padded to 256 rows for TP2: the padded rows are not exported
+    "padded_tp2": ("padded", TP2 + ["--make-vocab-size-divisible-by", "8"]),
 }
+PADDED_VOCAB = 250
 # Adam with eps 1 steps like momentum SGD: directions whose true gradient is 0 (the key bias:
 # softmax ignores a per-query constant) carry only rounding noise, which a tiny eps would
 # amplify into full learning-rate steps that differ between layouts.
@@ -80,6 +85,7 @@ def sources(tmp_path_factory):
     paths = {family: save_hf_model(family, root / family) for family in ("llama", "qwen2",
                                                                          "qwen3")}
     paths["moe"] = _save_qwen3_moe(root / "moe")
+    paths["padded"] = save_hf_model("llama", root / "padded", vocab_size=PADDED_VOCAB)
     return root, paths
 
 
