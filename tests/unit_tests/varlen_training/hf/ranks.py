@@ -242,3 +242,20 @@ def rank_train(runs: dict) -> dict:
         finally:
             trainer.close()
     return out
+
+
+def rank_export_checkpoint(argv: list[str], out_dir: str) -> None:
+    """What tools/export_hf.py does, on these ranks: the model of ``argv`` (no MTP flags), the
+    model weights of its --load checkpoint, exported to ``out_dir``."""
+    from megatron.varlen_training.hf.export_tool import load_model_weights
+    from megatron.varlen_training.hf.exporter import save_hf
+
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(run.parallel, run.model.moe)
+    set_random_seeds(run.training.seed)
+    try:
+        model = GPT.model_provider(run)[1]
+        load_model_weights(run.checkpoint.load, model)
+        save_hf(run, model, out_dir)
+    finally:
+        ps.destroy_model_parallel()

@@ -22,7 +22,7 @@ from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.hf.config import HFConfigError, config_from_model
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.varlen_training.hf.ranks import rank_train
+from tests.unit_tests.varlen_training.hf.ranks import rank_export_checkpoint, rank_train
 from tests.unit_tests.varlen_training.hf.test_hf_export_layouts import RTOL, _load, _worst
 from tests.unit_tests.varlen_training.hf.tiny_models import model_argv, save_hf_model
 
@@ -100,9 +100,12 @@ def test_mtp_model_with_tied_embeddings_on_pp2_exports_without_its_mtp_layers(tm
     run_distributed(rank_train, 2, args=({"pp2": argv + [
         "--pipeline-model-parallel-size", "2", "--save", str(tmp_path / "pp2")]},),
         timeout_s=180)
-    for name in ("one", "pp2"):
-        proc = _export(tmp_path / name, tmp_path / f"{name}_hf")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    # The reference: the one-rank checkpoint through the tool's own functions, in a rank.
+    run_distributed(rank_export_checkpoint, 1, args=(
+        ARCHITECTURE + TRAINING + ["--load", str(tmp_path / "one")], str(tmp_path / "one_hf")),
+        timeout_s=120)
+    proc = _export(tmp_path / "pp2", tmp_path / "pp2_hf")  # one process reads the PP2 save
+    assert proc.returncode == 0, proc.stderr[-3000:]
     ours, reference = _load(tmp_path / "pp2_hf"), _load(tmp_path / "one_hf")
     assert sorted(ours) == sorted(reference)
     assert len(ours) == 2 + 4 * LLAMA_TENSORS_PER_LAYER  # embedding, final norm; tied: no head
