@@ -9,9 +9,10 @@ holds the same tensors.
   replaced, not left for transformers to load.
 - Training on layout X, then ``--save-hf``: the export equals the export of the same training on
   one rank (fp32 rounding), for tied embeddings on PP2 (the first stage writes the embedding the
-  last stage's output layer mirrors), DP2 with the distributed optimizer, a packed SFT run with
-  dynamic CP, and Qwen3-MoE on EP2; ``tools/export_hf.py`` on the distributed optimizer's
-  Megatron checkpoint writes exactly the ``--save-hf`` tensors.
+  last stage's output layer mirrors), DP2 with the distributed optimizer (also with its
+  parameter all-gather overlapped), a packed SFT run with dynamic CP, and Qwen3-MoE on EP2;
+  ``tools/export_hf.py`` on the distributed optimizer's Megatron checkpoint writes exactly the
+  ``--save-hf`` tensors.
 """
 
 import shutil
@@ -56,6 +57,10 @@ TRAINING = ["--train-iters", "3", "--lr", "1e-1", "--adam-eps", "1.0", "--weight
 TRAINED = {
     "tied_pp2": ("qwen2", "tied", PP2),
     "distopt_dp2": ("qwen2", "tied", ["--use-distributed-optimizer"]),
+    # the last step's parameter all-gather is deferred to the next forward: --save-hf gathers
+    "overlap_param_gather_dp2": ("qwen2", "tied", ["--use-distributed-optimizer",
+                                                   "--overlap-grad-reduce",
+                                                   "--overlap-param-gather"]),
     "packed_dynamic_cp": ("qwen2", "packed", PACKED_SFT + DYNAMIC_CP),
     "moe_ep2": ("moe", "moe", EP2),
 }
