@@ -12,14 +12,10 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.hf.config import (
-    HFConfigError, flag_values, load_hf_config, overridable_defaults,
+    HFConfigError, MTP_EXPORT_HINT, flag_values, load_hf_config, overridable_defaults,
 )
 
 HF_CHECKPOINT_FLAG = "--hf-checkpoint"
-# The main model of an MTP run is a Llama/Qwen model; its MTP layers have no Hugging Face form.
-MTP_EXPORT_HINT = ("{flag} does not support --mtp-num-layers {layers} (Llama/Qwen checkpoints "
-                   "have no MTP layers); to export the model without them, --save a checkpoint "
-                   "and run tools/export_hf.py on it without --mtp-num-layers")
 
 
 def add_hf_args(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +93,7 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
             f"--hf-checkpoint does not support --mtp-num-layers {args.mtp_num_layers} (no "
             "Llama/Qwen checkpoint has MTP layers)")
     require(not (args.save_hf and args.mtp_num_layers), MTP_EXPORT_HINT.format(
-        flag="--save-hf", layers=args.mtp_num_layers))
+        what="--save-hf", layers=args.mtp_num_layers))
     if args.hf_checkpoint:
         # Imported here: the parser itself stays free of torch (wrap configs build without it).
         from megatron.varlen_training.hf.safetensors_io import CheckpointFileError, SafetensorsReader

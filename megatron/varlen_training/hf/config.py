@@ -79,6 +79,10 @@ _MAPPED_KEYS = frozenset({
     "sliding_window", "layer_types",  # sliding_window is read only with use_sliding_window
 })
 _FULL_ATTENTION = "full_attention"
+# The main model of an MTP run is a Llama/Qwen model; its MTP layers have no Hugging Face form.
+MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (Llama/Qwen checkpoints "
+                   "have no MTP layers); to export the model without them, --save a checkpoint "
+                   "and run tools/export_hf.py on it without --mtp-num-layers")
 
 
 @dataclass(frozen=True)
@@ -314,10 +318,8 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
                                 f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3 models "
                                 f"export")
     if model.mtp_num_layers:
-        raise HFConfigError(f"export to Hugging Face does not support --mtp-num-layers "
-                            f"{model.mtp_num_layers} (Llama/Qwen checkpoints have no MTP "
-                            "layers); tools/export_hf.py without --mtp-num-layers exports the "
-                            "model without them from a --save checkpoint")
+        raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
+                                                   layers=model.mtp_num_layers))
     if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")

@@ -2,8 +2,10 @@
 
 Each pipeline stage writes its own safetensors shard: the stage's TP ranks gather each
 parameter over TP (routed experts over expert TP and expert parallelism), and TP rank 0 of the
-first data/context-parallel replica converts the full tensors to HF names and writes them. Global rank 0 then writes ``config.json``, the
-shard index (with PP > 1) and ``generation_config.json``. No rank holds more than one stage.
+first data/context-parallel replica converts the full tensors to HF names and writes them.
+Global rank 0 then writes ``config.json``, the shard index (with PP > 1) and
+``generation_config.json``, and removes the weight files an earlier export in another layout
+left. No rank holds more than one stage.
 """
 
 from __future__ import annotations
