@@ -207,15 +207,27 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
 
 
 def export_config(run: RunConfig) -> HFModelConfig:
-    """The architecture to export for a run, with the token ids of the checkpoint it started
-    from (``--hf-checkpoint``), if any."""
+    """The architecture to export for a run, with the special token ids of the checkpoint it
+    started from (``--hf-checkpoint``), else of its Hugging Face tokenizer: without them
+    ``generate`` would never stop at the end of a turn."""
     config = config_from_model(run.model)
     if run.checkpoint.hf_checkpoint:
         source = load_hf_config(run.checkpoint.hf_checkpoint)
-        config = dataclasses.replace(config, bos_token_id=source.bos_token_id,
-                                     eos_token_id=source.eos_token_id,
-                                     pad_token_id=source.pad_token_id)
+        return dataclasses.replace(config, bos_token_id=source.bos_token_id,
+                                   eos_token_id=source.eos_token_id,
+                                   pad_token_id=source.pad_token_id)
+    if run.data.tokenizer_type == "HuggingFaceTokenizer":
+        return dataclasses.replace(config, **_tokenizer_token_ids(run.data.tokenizer_model))
     return config
+
+
+def _tokenizer_token_ids(tokenizer_dir: str) -> dict:
+    """``bos``/``eos``/``pad_token_id`` of the Hugging Face tokenizer in ``tokenizer_dir``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    return {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id}
 
 
 def _copy_file(source_dir: str, name: str, out_dir: str) -> None:

@@ -88,7 +88,9 @@ def test_tokenizer_of_the_checkpoint_comes_along(exported):
 def test_export_tool_takes_the_vocabulary_from_the_tokenizer(tmp_path):
     """A model trained from scratch whose vocabulary is the tokenizer's (no --vocab-size, no
     --hf-checkpoint): tools/export_hf.py resolves it as training did (it crashed on a None
-    vocabulary) and writes what --save-hf wrote at the end of the same run."""
+    vocabulary) and writes what --save-hf wrote at the end of the same run, with the
+    tokenizer's special ids where transformers' generate looks for them (none were written, so
+    generation never stopped at the end of a turn)."""
     import subprocess
     import sys
 
@@ -120,3 +122,11 @@ def test_export_tool_takes_the_vocabulary_from_the_tokenizer(tmp_path):
     assert json.loads((tmp_path / "tool" / "config.json").read_text())["vocab_size"] == \
         TOKENIZER_VOCAB
     assert (tmp_path / "tool" / "tokenizer.json").is_file()
+    from transformers import AutoTokenizer, GenerationConfig
+
+    reference = AutoTokenizer.from_pretrained(tokenizer)
+    assert (tmp_path / "tool" / "generation_config.json").is_file()
+    generation = GenerationConfig.from_pretrained(tmp_path / "tool")
+    assert (generation.eos_token_id, generation.pad_token_id) == (reference.eos_token_id,
+                                                                 reference.pad_token_id)
+    assert reference.eos_token_id is not None
