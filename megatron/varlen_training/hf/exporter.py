@@ -38,6 +38,7 @@ from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
+HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"  # the --tokenizer-type whose files export along
 # A Hugging Face tokenizer directory's files (fast and slow tokenizers, chat template).
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json")
@@ -216,7 +217,7 @@ def export_config(run: RunConfig) -> HFModelConfig:
         return dataclasses.replace(config, bos_token_id=source.bos_token_id,
                                    eos_token_id=source.eos_token_id,
                                    pad_token_id=source.pad_token_id)
-    if run.data.tokenizer_type == "HuggingFaceTokenizer":
+    if run.data.tokenizer_type == HF_TOKENIZER_TYPE:
         return dataclasses.replace(config, **_tokenizer_token_ids(run.data.tokenizer_model))
     return config
 
@@ -253,7 +254,7 @@ def tokenizer_dir(run: RunConfig) -> str | None:
     """Where the exported model's tokenizer comes from: the run's Hugging Face tokenizer
     (``--tokenizer-model``), else the ``--hf-checkpoint`` the model started from (its ids are
     the checkpoint's vocabulary whatever tokenizer the run read its data with); None without."""
-    if run.data.tokenizer_type == "HuggingFaceTokenizer":
+    if run.data.tokenizer_type == HF_TOKENIZER_TYPE:
         return run.data.tokenizer_model
     return run.checkpoint.hf_checkpoint
 
