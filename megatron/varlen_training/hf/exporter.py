@@ -132,8 +132,25 @@ def _is_first_replica() -> bool:
     return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
 
 
+def _write_generation_config(out_dir: str, config: HFModelConfig, source: str | None) -> None:
+    """The source checkpoint's ``generation_config.json`` (its text, sampling settings
+    included), else one with the token ids; with neither, an earlier export's file goes (its
+    ids and settings would be another model's)."""
+    path = os.path.join(out_dir, GENERATION_CONFIG_FILENAME)
+    generation = token_ids(config)
+    if source is None and not generation:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    with open(path, "w", encoding="utf-8") as handle:
+        if source is not None:
+            handle.write(source)
+        else:
+            json.dump(generation, handle, indent=2)
+
+
 def _write_metadata(out_dir: str, config: HFModelConfig, weight_map: dict[str, str],
-                    total_bytes: int, dtype: torch.dtype) -> None:
+                    total_bytes: int, dtype: torch.dtype, generation: str | None) -> None:
     missing = expected_hf_names(config) - set(weight_map)
     if missing:
         raise RuntimeError(f"export wrote no tensor {sorted(missing)[0]!r} "
@@ -142,11 +159,7 @@ def _write_metadata(out_dir: str, config: HFModelConfig, weight_map: dict[str, s
         write_index(out_dir, weight_map, total_bytes)
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
         json.dump(to_config_json(config, _DTYPE_NAMES[dtype]), handle, indent=2)
-    generation = token_ids(config)  # a source checkpoint's own file replaces it (save_hf)
-    if generation:
-        with open(os.path.join(out_dir, GENERATION_CONFIG_FILENAME), "w",
-                  encoding="utf-8") as handle:
-            json.dump(generation, handle, indent=2)
+    _write_generation_config(out_dir, config, generation)
 
 
 def _on_disk(write, out_dir: str, *args, **kwargs):
@@ -173,12 +186,12 @@ def _write_stage(out_dir: str, filename: str, tensors: dict) -> tuple[dict[str, 
 
 
 def _write_rank_0_files(out_dir: str, config: HFModelConfig, parts: list,
-                        dtype: torch.dtype) -> None:
+                        dtype: torch.dtype, generation: str | None) -> None:
     if torch.distributed.get_rank() != 0:
         return
     weight_map = {name: f for names, _ in parts for name, f in names.items()}
     _on_disk(_write_metadata, out_dir, out_dir, config, weight_map, sum(b for _, b in parts),
-             dtype)
+             dtype, generation)
     written = set(weight_map.values())
     if len(written) > 1:
         written.add(INDEX_FILE)
@@ -186,8 +199,10 @@ def _write_rank_0_files(out_dir: str, config: HFModelConfig, parts: list,
         _on_disk(os.remove, out_dir, os.path.join(out_dir, name))
 
 
-def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig) -> str:
-    """Writes the model (this rank's unwrapped chunks, all ranks calling) to ``out_dir``.
+def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig,
+              generation: str | None = None) -> str:
+    """Writes the model (this rank's unwrapped chunks, all ranks calling) to ``out_dir``;
+    ``generation``: the text of the source checkpoint's ``generation_config.json``, if any.
 
     Each write ends in :func:`agree_on_errors` instead of a barrier: a rank that cannot write
     (a read-only or full disk) stops every rank in one line instead of leaving them waiting.
@@ -203,7 +218,7 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
     tensors = stage_tensors(chunks, config)
     _, parts = agree_and_gather(functools.partial(_write_stage, out_dir, filename, tensors),
                                 share_result)  # every rank's (part, bytes), in the same exchange
-    agree_on_errors(_write_rank_0_files, out_dir, config, parts, dtype)
+    agree_on_errors(_write_rank_0_files, out_dir, config, parts, dtype, generation)
     return out_dir
 
 
@@ -250,7 +265,7 @@ def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
     return copied
 
 
-def tokenizer_dir(run: RunConfig) -> str | None:
+def export_tokenizer_dir(run: RunConfig) -> str | None:
     """Where the exported model's tokenizer comes from: the run's Hugging Face tokenizer
     (``--tokenizer-model``), else the ``--hf-checkpoint`` the model started from (its ids are
     the checkpoint's vocabulary whatever tokenizer the run read its data with); None without."""
@@ -259,33 +274,33 @@ def tokenizer_dir(run: RunConfig) -> str | None:
     return run.checkpoint.hf_checkpoint
 
 
-def copy_source_files(run: RunConfig, out_dir: str) -> list[str]:
-    """Copies the tokenizer's files (:func:`tokenizer_dir`) and the ``--hf-checkpoint``'s
-    ``generation_config.json`` (its sampling settings, not only the token ids the export
-    derives) next to the exported model; their names."""
-    copied = []
-    source = tokenizer_dir(run)
-    if source is not None:
-        copied += copy_tokenizer_files(source, out_dir)
+def source_generation_config(run: RunConfig) -> str | None:
+    """The text of the ``--hf-checkpoint``'s ``generation_config.json`` (its sampling settings,
+    not only the token ids the export derives), read before the export writes anything: the
+    export may go to the checkpoint's own directory."""
     hf_dir = run.checkpoint.hf_checkpoint
-    if hf_dir and os.path.isfile(os.path.join(hf_dir, GENERATION_CONFIG_FILENAME)):
-        _copy_file(hf_dir, GENERATION_CONFIG_FILENAME, out_dir)
-        copied.append(GENERATION_CONFIG_FILENAME)
-    return copied
+    path = os.path.join(hf_dir, GENERATION_CONFIG_FILENAME) if hf_dir else None
+    if path is None or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
 
 
-def _copy_source_files_on_rank_0(run: RunConfig, out_dir: str) -> None:
+def _copy_tokenizer_on_rank_0(tokenizer_source: str, out_dir: str) -> None:
     if torch.distributed.get_rank() == 0:
-        _on_disk(copy_source_files, out_dir, run, out_dir)
+        _on_disk(copy_tokenizer_files, out_dir, tokenizer_source, out_dir)
 
 
 def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
     """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
-    with the tokenizer's files and the source checkpoint's generation config
-    (:func:`copy_source_files`)."""
+    with the tokenizer's files (:func:`export_tokenizer_dir`) and the source checkpoint's generation
+    config (:func:`source_generation_config`)."""
     out_dir = out_dir or run.checkpoint.save_hf
     config = export_config(run)
-    path = export_hf([unwrap(chunk) for chunk in model], out_dir, config)
-    agree_on_errors(_copy_source_files_on_rank_0, run, out_dir)
+    path = export_hf([unwrap(chunk) for chunk in model], out_dir, config,
+                     source_generation_config(run))
+    tokenizer_source = export_tokenizer_dir(run)
+    if tokenizer_source is not None:
+        agree_on_errors(_copy_tokenizer_on_rank_0, tokenizer_source, out_dir)
     print_rank_0(f"> saved Hugging Face checkpoint ({config.architecture}) to {path}")
     return path

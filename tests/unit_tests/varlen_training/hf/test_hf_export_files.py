@@ -12,6 +12,7 @@ given no tokenizer flags): the tokenizer the model's ids belong to is the checkp
 import json
 
 import pytest
+import torch
 
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
@@ -73,6 +74,26 @@ def test_config_fields_survive(exported):
     assert json.loads((out / "config.json").read_text())["pad_token_id"] == PAD_TOKEN_ID
 
 
+def test_export_into_the_source_directory_keeps_its_generation_config(tmp_path):
+    """Over its own source (nothing trained): the files are what they were, the generation
+    config included (it is read before anything is written)."""
+    from transformers import GenerationConfig
+
+    source = tmp_path / "source"
+    model = build_hf_model("qwen3")
+    model.generation_config = GenerationConfig(**GENERATION)
+    model.save_pretrained(source)
+    before = (source / "generation_config.json").read_text()
+    weights = (source / "model.safetensors").read_bytes()
+    run_distributed(rank_import_export, 1, args=(model_argv(source), str(source)), timeout_s=120)
+    assert (source / "generation_config.json").read_text() == before
+    from safetensors.torch import load
+
+    ours, theirs = load((source / "model.safetensors").read_bytes()), load(weights)
+    assert sorted(ours) == sorted(theirs) and all(
+        torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
 def test_tokenizer_of_the_checkpoint_comes_along(exported):
     from transformers import AutoTokenizer
 
@@ -93,8 +114,6 @@ def test_export_tool_takes_the_vocabulary_from_the_tokenizer(tmp_path):
     generation never stopped at the end of a turn)."""
     import subprocess
     import sys
-
-    import torch
 
     from tests.unit_tests.varlen_training.hf.ranks import rank_train
     from tests.unit_tests.varlen_training.hf.test_hf_export_layouts import REPO, _load

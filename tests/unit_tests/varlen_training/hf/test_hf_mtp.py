@@ -100,7 +100,11 @@ def test_mtp_model_with_tied_embeddings_on_pp2_exports_without_its_mtp_layers(tm
     run_distributed(rank_train, 2, args=({"pp2": argv + [
         "--pipeline-model-parallel-size", "2", "--save", str(tmp_path / "pp2")]},),
         timeout_s=180)
-    # The reference: the one-rank checkpoint through the tool's own functions, in a rank.
+    # The reference: the one-rank checkpoint through the tool's own functions, in a rank, into
+    # a directory an earlier export left a generation config in: this model has no token ids
+    # (no --hf-checkpoint, no Hugging Face tokenizer), so the other model's file must go.
+    (tmp_path / "one_hf").mkdir()
+    (tmp_path / "one_hf" / "generation_config.json").write_text('{"eos_token_id": 7}')
     run_distributed(rank_export_checkpoint, 1, args=(
         ARCHITECTURE + TRAINING + ["--load", str(tmp_path / "one")], str(tmp_path / "one_hf")),
         timeout_s=120)
@@ -114,3 +118,4 @@ def test_mtp_model_with_tied_embeddings_on_pp2_exports_without_its_mtp_layers(tm
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "pp2_hf")
     assert model.config.tie_word_embeddings
     assert torch.equal(model.lm_head.weight, ours["model.embed_tokens.weight"])
+    assert not (tmp_path / "one_hf" / "generation_config.json").exists()
