@@ -2,6 +2,10 @@
 ``config.json`` fields, its ``generation_config.json`` (sampling settings included) and its
 tokenizer survive import -> export unchanged.
 
+Also: an export into the source's own directory keeps its generation config, and
+``tools/export_hf.py`` on a model trained from scratch takes the vocabulary and the special token
+ids from its Hugging Face tokenizer.
+
 The source is a Llama checkpoint saved by transformers with a non-default generation config
 (sampling, temperature, top-p, a pad id), a pad id in ``config.json``, Llama-3 RoPE scaling and
 a tokenizer with a chat template in the same directory, as a Hub checkpoint has. The export runs
