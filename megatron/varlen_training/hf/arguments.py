@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.hf.config import (
-    HFConfigError, flag_values, load_hf_config, overridable_defaults,
+    HFConfigError, MTP_EXPORT_HINT, flag_values, load_hf_config, overridable_defaults,
 )
 
 HF_CHECKPOINT_FLAG = "--hf-checkpoint"
@@ -89,10 +89,11 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
     """Checks the Hugging Face flags after the others (``require(cond, message)``)."""
     require(args.kv_channels is None or args.kv_channels > 0,
             f"--kv-channels must be positive (got {args.kv_channels})")
-    if args.hf_checkpoint or args.save_hf:
-        require(not args.mtp_num_layers,
-                "--hf-checkpoint/--save-hf do not support --mtp-num-layers (no Llama/Qwen "
-                "checkpoint has MTP layers)")
+    require(not (args.hf_checkpoint and args.mtp_num_layers),
+            f"--hf-checkpoint does not support --mtp-num-layers {args.mtp_num_layers} (no "
+            "Llama/Qwen checkpoint has MTP layers)")
+    require(not (args.save_hf and args.mtp_num_layers), MTP_EXPORT_HINT.format(
+        what="--save-hf", layers=args.mtp_num_layers))
     if args.hf_checkpoint:
         # Imported here: the parser itself stays free of torch (wrap configs build without it).
         from megatron.varlen_training.hf.safetensors_io import CheckpointFileError, SafetensorsReader

@@ -79,6 +79,10 @@ _MAPPED_KEYS = frozenset({
     "sliding_window", "layer_types",  # sliding_window is read only with use_sliding_window
 })
 _FULL_ATTENTION = "full_attention"
+# The main model of an MTP run is a Llama/Qwen model; its MTP layers have no Hugging Face form.
+MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (Llama/Qwen checkpoints "
+                   "have no MTP layers); to export the model without them, --save a checkpoint "
+                   "and run tools/export_hf.py on it without --mtp-num-layers")
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ class HFModelConfig:
     tied_embeddings: bool
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
+    pad_token_id: int | None = None
     moe: "HFMoEConfig | None" = None  # Qwen3-MoE's experts, None for dense models
 
     @property
@@ -245,6 +250,7 @@ def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
         tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_id=raw.get("eos_token_id"),
+        pad_token_id=raw.get("pad_token_id"),
         moe=_moe_config(raw, where) if architecture == MOE_ARCHITECTURE else None,
     )
 
@@ -312,7 +318,8 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
                                 f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3 models "
                                 f"export")
     if model.mtp_num_layers:
-        raise HFConfigError("export to Hugging Face does not support --mtp-num-layers")
+        raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
+                                                   layers=model.mtp_num_layers))
     if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
@@ -384,8 +391,12 @@ def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
     }
     if config.moe is not None:
         raw.update(_moe_config_json(config.moe))
-    if config.bos_token_id is not None:
-        raw["bos_token_id"] = config.bos_token_id
-    if config.eos_token_id is not None:
-        raw["eos_token_id"] = config.eos_token_id
+    raw.update(token_ids(config))
     return raw
+
+
+def token_ids(config: HFModelConfig) -> dict:
+    """The special token ids the checkpoint names (``bos``/``eos``/``pad_token_id``), if any."""
+    ids = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+           "pad_token_id": config.pad_token_id}
+    return {key: value for key, value in ids.items() if value is not None}

@@ -20,11 +20,15 @@ from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
 from megatron.varlen_training.checkpointing import (
     check_checkpoint, model_keys, model_sharded_state_dict,
 )
-from megatron.varlen_training.errors import exit_on_user_errors, print_error_line
+from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.errors import (
+    agree_on_errors, exit_on_user_errors, print_error_line,
+)
 from megatron.varlen_training.hf.exporter import save_hf
 from megatron.varlen_training.initialize import initialize_megatron, shutdown
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
+from megatron.varlen_training.tokenizer import build_tokenizer
 
 EXPORT_PROG = "export_hf.py"  # what usage lines and errors call this tool
 
@@ -44,6 +48,15 @@ def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
     return iteration
 
 
+def with_tokenizer_vocabulary(run: RunConfig) -> RunConfig:
+    """The run with its vocabulary resolved as training resolved it (the Trainer's start):
+    without ``--vocab-size`` (and ``--hf-checkpoint``) the tokenizer's size decides it."""
+    data = run.data
+    tokenizer = agree_on_errors(build_tokenizer, data.tokenizer_type, run.model.vocab_size,
+                                data.tokenizer_model)
+    return run.with_vocabulary(tokenizer.vocab_size)
+
+
 def main(argv: list[str] | None = None) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
     run = parse_run_config_or_exit(_UNUSED_REQUIRED_FLAGS + argv, prog=EXPORT_PROG)
@@ -54,6 +67,7 @@ def main(argv: list[str] | None = None) -> str:
     initialize_megatron(run)
     try:
         with exit_on_user_errors("export_hf.py"):  # a bad or unsafe checkpoint: one line
+            run = with_tokenizer_vocabulary(run)
             model = build_model(run, build_transformer_config(run))
             iteration = load_model_weights(checkpoint.load, model)
             print_rank_0(f"> loaded iteration {iteration} from {checkpoint.load}")

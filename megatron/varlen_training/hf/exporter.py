@@ -2,8 +2,10 @@
 
 Each pipeline stage writes its own safetensors shard: the stage's TP ranks gather each
 parameter over TP (routed experts over expert TP and expert parallelism), and TP rank 0 of the
-first data/context-parallel replica converts the full tensors to HF names and writes them. Global rank 0 then writes ``config.json``, the
-shard index (with PP > 1) and ``generation_config.json``. No rank holds more than one stage.
+first data/context-parallel replica converts the full tensors to HF names and writes them.
+Global rank 0 then writes ``config.json``, the shard index (with PP > 1) and
+``generation_config.json``, and removes the weight files an earlier export in another layout
+left. No rank holds more than one stage.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from megatron.varlen_training.errors import (
 )
 from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import (
-    HFModelConfig, config_from_model, load_hf_config, to_config_json,
+    HFModelConfig, config_from_model, load_hf_config, to_config_json, token_ids,
 )
 from megatron.varlen_training.hf.safetensors_io import (
-    INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, write_index, write_shard,
+    INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, stale_weight_files, write_index, write_shard,
 )
 from megatron.varlen_training.layout_invariant_init import (
     canonical_parameter_name, is_expert_parameter,
@@ -36,6 +38,7 @@ from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
+HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"  # the --tokenizer-type whose files export along
 # A Hugging Face tokenizer directory's files (fast and slow tokenizers, chat template).
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json")
@@ -129,8 +132,25 @@ def _is_first_replica() -> bool:
     return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
 
 
+def _write_generation_config(out_dir: str, config: HFModelConfig, source: str | None) -> None:
+    """The source checkpoint's ``generation_config.json`` (its text, sampling settings
+    included), else one with the token ids; with neither, an earlier export's file goes (its
+    ids and settings would be another model's)."""
+    path = os.path.join(out_dir, GENERATION_CONFIG_FILENAME)
+    generation = token_ids(config)
+    if source is None and not generation:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    with open(path, "w", encoding="utf-8") as handle:
+        if source is not None:
+            handle.write(source)
+        else:
+            json.dump(generation, handle, indent=2)
+
+
 def _write_metadata(out_dir: str, config: HFModelConfig, weight_map: dict[str, str],
-                    total_bytes: int, dtype: torch.dtype) -> None:
+                    total_bytes: int, dtype: torch.dtype, generation: str | None) -> None:
     missing = expected_hf_names(config) - set(weight_map)
     if missing:
         raise RuntimeError(f"export wrote no tensor {sorted(missing)[0]!r} "
@@ -139,12 +159,7 @@ def _write_metadata(out_dir: str, config: HFModelConfig, weight_map: dict[str, s
         write_index(out_dir, weight_map, total_bytes)
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
         json.dump(to_config_json(config, _DTYPE_NAMES[dtype]), handle, indent=2)
-    generation = {k: v for k, v in (("bos_token_id", config.bos_token_id),
-                                    ("eos_token_id", config.eos_token_id)) if v is not None}
-    if generation:
-        with open(os.path.join(out_dir, GENERATION_CONFIG_FILENAME), "w",
-                  encoding="utf-8") as handle:
-            json.dump(generation, handle, indent=2)
+    _write_generation_config(out_dir, config, generation)
 
 
 def _on_disk(write, out_dir: str, *args, **kwargs):
@@ -170,19 +185,24 @@ def _write_stage(out_dir: str, filename: str, tensors: dict) -> tuple[dict[str, 
             sum(t.numel() * t.element_size() for t in tensors.values()))
 
 
-def _write_rank_0_files(out_dir: str, config: HFModelConfig, parts: list, pp_size: int,
-                        dtype: torch.dtype) -> None:
+def _write_rank_0_files(out_dir: str, config: HFModelConfig, parts: list,
+                        dtype: torch.dtype, generation: str | None) -> None:
     if torch.distributed.get_rank() != 0:
         return
     weight_map = {name: f for names, _ in parts for name, f in names.items()}
     _on_disk(_write_metadata, out_dir, out_dir, config, weight_map, sum(b for _, b in parts),
-             dtype)
-    if pp_size == 1 and os.path.exists(os.path.join(out_dir, INDEX_FILE)):
-        _on_disk(os.remove, out_dir, os.path.join(out_dir, INDEX_FILE))  # an earlier export's
+             dtype, generation)
+    written = set(weight_map.values())
+    if len(written) > 1:
+        written.add(INDEX_FILE)
+    for name in stale_weight_files(out_dir, written):  # an earlier export's, another layout
+        _on_disk(os.remove, out_dir, os.path.join(out_dir, name))
 
 
-def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig) -> str:
-    """Writes the model (this rank's unwrapped chunks, all ranks calling) to ``out_dir``.
+def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig,
+              generation: str | None = None) -> str:
+    """Writes the model (this rank's unwrapped chunks, all ranks calling) to ``out_dir``;
+    ``generation``: the text of the source checkpoint's ``generation_config.json``, if any.
 
     Each write ends in :func:`agree_on_errors` instead of a barrier: a rank that cannot write
     (a read-only or full disk) stops every rank in one line instead of leaving them waiting.
@@ -198,19 +218,40 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
     tensors = stage_tensors(chunks, config)
     _, parts = agree_and_gather(functools.partial(_write_stage, out_dir, filename, tensors),
                                 share_result)  # every rank's (part, bytes), in the same exchange
-    agree_on_errors(_write_rank_0_files, out_dir, config, parts, pp_size, dtype)
+    agree_on_errors(_write_rank_0_files, out_dir, config, parts, dtype, generation)
     return out_dir
 
 
 def export_config(run: RunConfig) -> HFModelConfig:
-    """The architecture to export for a run, with the token ids of the checkpoint it started
-    from (``--hf-checkpoint``), if any."""
+    """The architecture to export for a run, with the special token ids of the checkpoint it
+    started from (``--hf-checkpoint``), else of its Hugging Face tokenizer: without them
+    ``generate`` would never stop at the end of a turn."""
     config = config_from_model(run.model)
     if run.checkpoint.hf_checkpoint:
         source = load_hf_config(run.checkpoint.hf_checkpoint)
-        config = dataclasses.replace(config, bos_token_id=source.bos_token_id,
-                                     eos_token_id=source.eos_token_id)
+        return dataclasses.replace(config, bos_token_id=source.bos_token_id,
+                                   eos_token_id=source.eos_token_id,
+                                   pad_token_id=source.pad_token_id)
+    if run.data.tokenizer_type == HF_TOKENIZER_TYPE:
+        return dataclasses.replace(config, **_tokenizer_token_ids(run.data.tokenizer_model))
     return config
+
+
+def _tokenizer_token_ids(tokenizer_dir: str) -> dict:
+    """``bos``/``eos``/``pad_token_id`` of the Hugging Face tokenizer in ``tokenizer_dir``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    return {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id}
+
+
+def _copy_file(source_dir: str, name: str, out_dir: str) -> None:
+    """``source_dir/name`` to ``out_dir/name``; nothing when both are the same file (an export
+    written over the directory it came from)."""
+    source, target = os.path.join(source_dir, name), os.path.join(out_dir, name)
+    if not (os.path.exists(target) and os.path.samefile(source, target)):
+        shutil.copyfile(source, target)
 
 
 def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
@@ -219,24 +260,47 @@ def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
     for name in sorted(os.listdir(tokenizer_dir)):
         is_tokenizer_file = name.startswith(TOKENIZER_FILE_PREFIXES) or name in TOKENIZER_FILES
         if is_tokenizer_file and os.path.isfile(os.path.join(tokenizer_dir, name)):
-            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
+            _copy_file(tokenizer_dir, name, out_dir)
             copied.append(name)
     return copied
 
 
-def _copy_tokenizer_on_rank_0(tokenizer_dir: str, out_dir: str) -> None:
+def export_tokenizer_dir(run: RunConfig) -> str | None:
+    """Where the exported model's tokenizer comes from: the run's Hugging Face tokenizer
+    (``--tokenizer-model``), else the ``--hf-checkpoint`` the model started from (its ids are
+    the checkpoint's vocabulary whatever tokenizer the run read its data with); None without."""
+    if run.data.tokenizer_type == HF_TOKENIZER_TYPE:
+        return run.data.tokenizer_model
+    return run.checkpoint.hf_checkpoint
+
+
+def source_generation_config(run: RunConfig) -> str | None:
+    """The text of the ``--hf-checkpoint``'s ``generation_config.json`` (its sampling settings,
+    not only the token ids the export derives), read before the export writes anything: the
+    export may go to the checkpoint's own directory."""
+    hf_dir = run.checkpoint.hf_checkpoint
+    path = os.path.join(hf_dir, GENERATION_CONFIG_FILENAME) if hf_dir else None
+    if path is None or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _copy_tokenizer_on_rank_0(tokenizer_source: str, out_dir: str) -> None:
     if torch.distributed.get_rank() == 0:
-        _on_disk(copy_tokenizer_files, out_dir, tokenizer_dir, out_dir)
+        _on_disk(copy_tokenizer_files, out_dir, tokenizer_source, out_dir)
 
 
 def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
     """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
-    with the run's Hugging Face tokenizer files (``--tokenizer-model``) if it has one."""
+    with the tokenizer's files (:func:`export_tokenizer_dir`) and the source checkpoint's generation
+    config (:func:`source_generation_config`)."""
     out_dir = out_dir or run.checkpoint.save_hf
     config = export_config(run)
-    path = export_hf([unwrap(chunk) for chunk in model], out_dir, config)
-    data = run.data
-    if data.tokenizer_type == "HuggingFaceTokenizer":
-        agree_on_errors(_copy_tokenizer_on_rank_0, data.tokenizer_model, out_dir)
+    path = export_hf([unwrap(chunk) for chunk in model], out_dir, config,
+                     source_generation_config(run))
+    tokenizer_source = export_tokenizer_dir(run)
+    if tokenizer_source is not None:
+        agree_on_errors(_copy_tokenizer_on_rank_0, tokenizer_source, out_dir)
     print_rank_0(f"> saved Hugging Face checkpoint ({config.architecture}) to {path}")
     return path

@@ -1,7 +1,8 @@
 """Reading slices of, and writing, Hugging Face ``safetensors`` checkpoints.
 
 A checkpoint directory holds either ``model.safetensors`` or shards listed by
-``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``). Reads go through
+``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``); with both, the
+single file is read, as ``transformers`` reads it. Reads go through
 ``safe_open(...).get_slice`` so a rank reads only the rows/columns it keeps, never whole tensors
 it does not need.
 """
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import torch
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 SHARD_FORMAT = "model-{:05d}-of-{:05d}.safetensors"
+_SHARD_NAME = re.compile(r"model-\d+-of-\d+\.safetensors")
 
 
 class CheckpointFileError(ValueError):
@@ -38,6 +41,10 @@ class SafetensorsReader:
     def _read_weight_map(hf_dir: str) -> dict[str, str]:
         from safetensors import safe_open
 
+        single = os.path.join(hf_dir, SINGLE_FILE)
+        if os.path.isfile(single):  # before the index, as transformers' from_pretrained does
+            with safe_open(single, framework="pt") as handle:
+                return {name: SINGLE_FILE for name in handle.keys()}
         index = os.path.join(hf_dir, INDEX_FILE)
         if os.path.isfile(index):
             with open(index, encoding="utf-8") as handle:
@@ -48,12 +55,8 @@ class SafetensorsReader:
                 raise CheckpointFileError(f"{index} names shard {missing[0]!r}, which is missing "
                                           f"from {hf_dir!r} ({len(missing)} missing)")
             return weight_map
-        single = os.path.join(hf_dir, SINGLE_FILE)
-        if not os.path.isfile(single):
-            raise CheckpointFileError(f"Hugging Face checkpoint {hf_dir!r} has neither "
-                                      f"{SINGLE_FILE} nor {INDEX_FILE}")
-        with safe_open(single, framework="pt") as handle:
-            return {name: SINGLE_FILE for name in handle.keys()}
+        raise CheckpointFileError(f"Hugging Face checkpoint {hf_dir!r} has neither "
+                                  f"{SINGLE_FILE} nor {INDEX_FILE}")
 
     def names(self) -> set[str]:
         return set(self._weight_map)
@@ -96,3 +99,15 @@ def write_index(hf_dir: str, weight_map: dict[str, str], total_bytes: int) -> No
     with open(os.path.join(hf_dir, INDEX_FILE), "w", encoding="utf-8") as handle:
         json.dump({"metadata": {"total_size": total_bytes},
                    "weight_map": dict(sorted(weight_map.items()))}, handle, indent=2)
+
+
+def stale_weight_files(hf_dir: str, written: set[str]) -> list[str]:
+    """The weight files (single file, shards, index) in ``hf_dir`` that an export which wrote
+    ``written`` did not write: an earlier export's, in another layout. They must go:
+    ``transformers`` prefers ``model.safetensors`` to an index, so an old single file beside new
+    shards would be loaded instead of them."""
+    def is_weight_file(name: str) -> bool:
+        return name in (SINGLE_FILE, INDEX_FILE) or _SHARD_NAME.fullmatch(name) is not None
+
+    return sorted(name for name in os.listdir(hf_dir)
+                  if is_weight_file(name) and name not in written)

@@ -221,3 +221,41 @@ def rank_gradient_export(argv: list[str], out_dir: str) -> dict:
         return {"samples": samples, "max_cp": max(cp_sizes)}
     finally:
         trainer.close()
+
+
+def rank_import_exports(jobs: list[tuple[list[str], str]]) -> None:
+    """:func:`rank_import_export` for each ``(argv, out_dir)`` (one launch for many layouts)."""
+    for argv, out_dir in jobs:
+        rank_import_export(argv, out_dir)
+
+
+def rank_train(runs: dict) -> dict:
+    """Trains each named argv through pretrain's path (which ends with its --save-hf); the
+    per-iteration lm loss of each (None off the last stage)."""
+    from megatron.varlen_training.pretrain import pretrain
+
+    out = {}
+    for name, argv in runs.items():
+        trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
+        try:
+            out[name] = [record.get("lm_loss") for record in pretrain(trainer)]
+        finally:
+            trainer.close()
+    return out
+
+
+def rank_export_checkpoint(argv: list[str], out_dir: str) -> None:
+    """What tools/export_hf.py does, on these ranks: the model of ``argv`` (no MTP flags), the
+    model weights of its --load checkpoint, exported to ``out_dir``."""
+    from megatron.varlen_training.hf.export_tool import load_model_weights
+    from megatron.varlen_training.hf.exporter import save_hf
+
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    initialize_model_parallel(run.parallel, run.model.moe)
+    set_random_seeds(run.training.seed)
+    try:
+        model = GPT.model_provider(run)[1]
+        load_model_weights(run.checkpoint.load, model)
+        save_hf(run, model, out_dir)
+    finally:
+        ps.destroy_model_parallel()

@@ -5,6 +5,8 @@ pretrain_gpt.py's code builds with --hf-checkpoint (architecture from config.jso
 slice by slice), in every layout: TP1, TP2, PP2 and PP2 with VPP.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -92,3 +94,26 @@ def test_parallel_layouts_match_transformers(checkpoints):
         # padded vocabulary rows are zero-filled, never read), never the whole model.
         for rank, result in enumerate(results):
             assert result[(family, layout)]["read"] == result[(family, layout)]["held"], rank
+
+
+def test_single_file_beside_an_index_is_read_as_transformers_reads_it(tmp_path):
+    """A directory with model.safetensors AND an index with shards (another model's): we import
+    what transformers loads (it prefers the single file), not the other model."""
+    import json
+    import shutil
+
+    from safetensors import safe_open
+
+    from megatron.varlen_training.hf.safetensors_io import INDEX_FILE
+
+    both = Path(save_hf_model("llama", tmp_path / "both", seed=0))
+    other = Path(save_hf_model("llama", tmp_path / "other", seed=1))
+    shard = "model-00001-of-00001.safetensors"
+    shutil.copyfile(other / "model.safetensors", both / shard)
+    with safe_open(str(both / shard), "pt") as handle:
+        weight_map = {name: shard for name in handle.keys()}
+    (both / INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    tokens = sample_tokens()
+    got = _owner(run_distributed(rank_import_logits, 1, args=({"both": model_argv(both)},
+                                                               tokens), timeout_s=120), "both")
+    _assert_logits_match(got["logits"], hf_logits(both, tokens), "single file beside an index")
