@@ -362,7 +362,7 @@ def megatron_training(config: str, shape: Shape, steps: int, device: str):
     use_device(device)
     trainer = Trainer(parse_run_config(megatron_argv(shape, config, steps, device), world_size=1))
     run = trainer.start().run
-    provider, _ = build_data_providers(trainer)
+    provider = build_data_providers(trainer).train
     state = trainer.setup_model_and_optimizer()
 
     def step(it):

@@ -149,7 +149,7 @@ def measure(config: str, num_sequences: int, cli) -> dict:
         cli.heads, tuple(shlex.split(cli.extra_args))), world_size=1))
     try:
         run = trainer.start().run
-        provider, _ = build_data_providers(trainer)
+        provider = build_data_providers(trainer).train
         state = trainer.setup_model_and_optimizer()
         for it in range(cli.warmup):
             train_step(run, state, provider.step_batches(it))

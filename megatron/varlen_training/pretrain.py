@@ -4,6 +4,7 @@ the loop of :class:`Trainer` steps with evaluation, periodic saves and the exit 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from megatron.varlen_training import checkpointing, evaluation, log, loop_steps, training
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
@@ -14,9 +15,17 @@ from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.trainer import Trainer
 
 
-def build_data_providers(trainer: Trainer):
-    """The run's datasets in the step-batch providers the loop consumes: (train, validation
-    or None, test or None). The trainer must have started (tokenizer, dynamic CP groups)."""
+class DataProviders(NamedTuple):
+    """The step-batch providers of a run's splits (None: a split that is not read)."""
+
+    train: object
+    valid: object | None
+    test: object | None
+
+
+def build_data_providers(trainer: Trainer) -> DataProviders:
+    """The run's datasets in the step-batch providers the loop consumes. The trainer must have
+    started (tokenizer, dynamic CP groups)."""
     run = trainer.run
     train_ds, valid_ds, test_ds = agree_on_errors(build_split_datasets, run, trainer.tokenizer)
     gbs = run.training.global_batch_size
@@ -34,8 +43,8 @@ def build_data_providers(trainer: Trainer):
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod))
-    return tuple(make(ds, workers if ds is train_ds else 0) if ds is not None else None
-                 for ds in (train_ds, valid_ds, test_ds))
+    return DataProviders(*(make(ds, workers if ds is train_ds else 0) if ds is not None else None
+                           for ds in (train_ds, valid_ds, test_ds)))
 
 
 def _save_at_end(trainer: Trainer) -> str | None:
@@ -101,10 +110,9 @@ def pretrain(trainer: Trainer) -> list[dict]:
     with ExitConditions.of(trainer.run.training) as exits:
         trainer.start()
         providers = build_data_providers(trainer)
-        train_provider, valid_provider, test_provider = providers
         try:
             trainer.setup_model_and_optimizer()
-            return train(trainer, train_provider, valid_provider, exits, test_provider)
+            return train(trainer, providers.train, providers.valid, exits, providers.test)
         finally:  # --num-workers readers stop with the run, not at interpreter exit
             for provider in providers:
                 if provider is not None:

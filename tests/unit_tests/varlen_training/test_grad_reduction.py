@@ -40,7 +40,7 @@ def rank_finalize_results(argv):
     trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
         run = trainer.start().run
-        provider, _ = build_data_providers(trainer)
+        provider = build_data_providers(trainer).train
         state = trainer.setup_model_and_optimizer()
         captured = {}
 

@@ -81,7 +81,7 @@ def rank_reads(argv):
     trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
         run = trainer.start().run
-        provider, _ = build_data_providers(trainer)
+        provider = build_data_providers(trainer).train
         state = trainer.setup_model_and_optimizer()
         train_step(run, state, provider.step_batches(0))  # warm-up: state, buffers, layouts
         ours = _step_reads(run, state, provider, 1)

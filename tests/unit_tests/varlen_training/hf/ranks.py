@@ -139,7 +139,7 @@ def rank_packed_token_losses(argv: list[str]) -> dict:
     trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
     try:
         run = trainer.start().run
-        provider, _ = build_data_providers(trainer)
+        provider = build_data_providers(trainer).train
         step = provider.step_batches(0)
         model = GPT.model_provider(run)[1]
         records, cp_sizes = [], []
@@ -201,7 +201,7 @@ def rank_gradient_export(argv: list[str], out_dir: str) -> dict:
     try:
         run = trainer.start().run
         state = trainer.setup_model_and_optimizer()
-        provider, _ = build_data_providers(trainer)
+        provider = build_data_providers(trainer).train
         step = provider.step_batches(0)
         cp_sizes = [getattr(mb.get("packed_seq_params"), "local_cp_size", None) or 1
                     for mb in step.microbatches]
