@@ -45,8 +45,8 @@ RTOL = 1e-5
 NUM_ITERS = 3
 RESUME_ITERS = 4  # --resume: this many straight vs half + save + load + half
 LAUNCH_TIMEOUT_S = 300
-CRASH_TEXT_CHARS = 6000
-DETAIL_CHARS = 160  # of a verdict's detail in the printed table  # the tail of every failing rank's traceback, kept in the results
+CRASH_TEXT_CHARS = 6000  # the tail of every failing rank's traceback, kept in the results
+DETAIL_CHARS = 160  # of a verdict's detail in the printed table
 LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
                       "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
 BASE = [
