@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.multirank import DistributedTestError, reap_runs_on_sigterm, run_distributed
 from tests.harness.training_runs import (
     loss_owner_history, train_hybrid_on_this_rank, train_on_this_rank,
 )
@@ -444,6 +444,7 @@ def main() -> None:
                         help=f"instead: {RESUME_ITERS} iterations straight vs half + save + "
                              f"load + half, same cell")
     args = parser.parse_args()
+    reap_runs_on_sigterm()  # a killed probe leaves no rank behind
     if args.list:
         for title, names in (("features", FEATURES), ("layouts", LAYOUTS),
                              ("recompute", RECOMPUTE)):
