@@ -15,11 +15,11 @@ the ranks on the visible GPUs (round-robin, so several ranks may share one GPU) 
 CUDA tensors, from freshly spawned interpreters (a CUDA context cannot cross a fork).
 
 The call returns the per-rank return values in rank order, or raises
-:class:`DistributedTestError` carrying every failing rank's traceback. Children are always reaped: each rank leads its own process
-group and the launcher kills every group when the run ends (so helpers a rank started, such as
-dist_checkpointing's writer processes, go too), and a rank whose launcher disappears exits by
-itself, with what it started (no orphans holding ports or memory; the forkserver and
-multiprocessing's resource tracker then end too).
+:class:`DistributedTestError` carrying every failing rank's traceback. Children are always
+reaped: each rank leads its own process group and the launcher kills every group when the run
+ends (so helpers a rank started, such as dist_checkpointing's writer processes, go too), and a
+rank whose launcher disappears exits by itself, with what it started (no orphans holding ports
+or memory; the forkserver and multiprocessing's resource tracker then end too).
 
 Processes come from a ``forkserver`` that preloads torch and megatron-core once, so a launch
 costs a fork instead of a full interpreter start (start-up dominates on a 2-core machine). What a
@@ -65,7 +65,8 @@ CHILD_START_METHOD = "fork"  # Linux's default, what a rank under torchrun uses
 # Ranks exchange tensors over gloo on either device: NCCL needs one GPU per rank. gloo carries
 # CUDA tensors for single collectives (all-reduce, all-gather, broadcast) but not for the
 # coalesced ones megatron-core's DDP issues, so CUDA ranks over gloo reduce gradients one bucket
-# at a time (megatron/varlen/platform/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP here).
+# at a time (megatron/varlen/platform/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP
+# here).
 RANK_BACKEND = "gloo"
 _HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
 
