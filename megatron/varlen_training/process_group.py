@@ -25,8 +25,8 @@ import torch
 
 from megatron.varlen.platform import cpu_device
 from megatron.varlen_training.errors import (ONE_LINE_ERRORS, USAGE_EXIT_CODE, agree_on_errors,
-                                              flush_standard_streams, print_error_line,
-                                              release_process_group)
+                                              exit_on_user_errors, flush_standard_streams,
+                                              print_error_line, release_process_group)
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
@@ -102,11 +102,10 @@ def peers_joined_at_start_up(prog: str, timeout_minutes: float | None):
     if not has_peers_waiting():
         yield
         return
-    try:
+    # As when the trainer joined: a peer's start-up error, a lost peer or Ctrl-C while waiting
+    # for the others end in one line.
+    with exit_on_user_errors(prog):
         _join(timeout_minutes, start_up_error=None)
-    except ONE_LINE_ERRORS as agreed:  # a peer's flags failed
-        print_error_line(prog, agreed)
-        _leave(agreed.exit_code)
     try:
         yield
     finally:
