@@ -23,13 +23,17 @@ PROG = "pretrain_gpt.py"
 @capture_warnings()  # warnings become rank-prefixed log lines, like every other line
 def main(argv=None) -> None:
     from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
+    from megatron.varlen_training.process_group import peers_joined_at_start_up
 
     # The flags before megatron-core is imported: a bad one is reported seconds sooner.
     run = parse_run_config_or_exit(argv, prog=PROG)
-    from megatron.varlen_training.model_family import GPT
-    from megatron.varlen_training.pretrain import run_entry_point
+    # A launcher's other ranks meet here, before that import too: a bad start-up on any rank
+    # ends every rank at once, in its one line.
+    with peers_joined_at_start_up(PROG, run.parallel.distributed_timeout_minutes):
+        from megatron.varlen_training.model_family import GPT
+        from megatron.varlen_training.pretrain import run_entry_point
 
-    run_entry_point(PROG, run, GPT)
+        run_entry_point(PROG, run, GPT)
 
 
 if __name__ == "__main__":  # dist_checkpointing spawns processes: keep the guard

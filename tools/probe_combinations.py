@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.multirank import DistributedTestError, reap_runs_on_sigterm, run_distributed
 from tests.harness.training_runs import (
     loss_owner_history, train_hybrid_on_this_rank, train_on_this_rank,
 )
@@ -48,8 +48,8 @@ RTOL = 1e-5
 NUM_ITERS = 3
 RESUME_ITERS = 4  # --resume: this many straight vs half + save + load + half
 LAUNCH_TIMEOUT_S = 300
-CRASH_TEXT_CHARS = 6000
-DETAIL_CHARS = 160  # of a verdict's detail in the printed table  # the tail of every failing rank's traceback, kept in the results
+CRASH_TEXT_CHARS = 6000  # the tail of every failing rank's traceback, kept in the results
+DETAIL_CHARS = 160  # of a verdict's detail in the printed table
 LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
                       "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
 BASE = [
@@ -553,6 +553,7 @@ def main() -> None:
                         help=f"both runs also evaluate ({' '.join(EVAL)}): validation and test "
                              f"losses compared too")
     args = parser.parse_args()
+    reap_runs_on_sigterm()  # a killed probe leaves no rank behind
     if args.list:
         for title, names in (("features", FEATURES), ("layouts", LAYOUTS),
                              ("recompute", RECOMPUTE)):

@@ -28,7 +28,7 @@ import json
 import time
 from pathlib import Path
 
-from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.multirank import DistributedTestError, reap_runs_on_sigterm, run_distributed
 from tests.harness.training_runs import loss_owner_history, train_hybrid_on_this_rank
 from tools.probe_combinations import RECOMPUTE as GPT_RECOMPUTE, load_results
 
@@ -242,6 +242,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("results/tmp/hybrid_combos.jsonl"))
     parser.add_argument("--list", action="store_true")
     options = parser.parse_args()
+    reap_runs_on_sigterm()  # a killed probe leaves no rank behind
     if options.list:
         print("variants:", " ".join(VARIANTS), "\nlayouts:", " ".join(LAYOUTS),
               "\nrecompute:", " ".join(RECOMPUTE))

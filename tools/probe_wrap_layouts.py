@@ -15,7 +15,7 @@ if not __package__:  # run as `python tools/X.py`: the repository root on sys.pa
 
 import argparse
 
-from tests.harness.multirank import DistributedTestError, run_distributed
+from tests.harness.multirank import DistributedTestError, reap_runs_on_sigterm, run_distributed
 from tests.harness.wrap_layouts import FLOWS, facade_steps
 
 RTOL = 1e-5
@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("layouts", nargs="+", choices=sorted(LAYOUTS))
     parser.add_argument("--flows", nargs="+", default=list(FLOWS), choices=sorted(FLOWS))
     options = parser.parse_args()
+    reap_runs_on_sigterm()  # a killed probe leaves no rank behind
     flows = tuple(options.flows)
     reference = run_layout("single", flows)[0]
     for layout in options.layouts:

@@ -168,7 +168,7 @@ def solve_exactly(problem: ScheduleProblem) -> OracleResult:
 
 # --- Generated tiny instances per cost regime (for the oracle tests and the benchmark) ---------
 
-# The reference cost (a 1024-hidden model: b = 6h) and its variants.
+# The reference cost (a 1024-hidden dense decoder: b = 6h, docs/SCHEDULING.md) and variants.
 REFERENCE_COST = CostModel(a=1.0, b=6144.0, g=1600.0, d=2e6)
 LONG_CONTEXT_SCALE = 32  # lengths 32x longer = b and g / 32, d / 32^2 at the same lengths
 REGIMES = {

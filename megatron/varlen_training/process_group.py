@@ -8,11 +8,14 @@ MASTER_PORT set, rank 0 hosting the store), a rank that exits at a bad flag leav
 is lost unless it is rank 0 (only rank 0 prints what every rank is assumed to share). So a rank
 whose flags fail joins the group all the same (:func:`report_start_up_error`), and every rank
 that joins makes :func:`errors.agree_on_errors` on its start-up error its first collective:
-every rank stops with the one line, printed once, exit code 2.
+every rank stops with the one line, printed once, exit code 2. The entry points join as soon as
+their flags are parsed (:func:`peers_joined_at_start_up`), before megatron-core is imported, so
+that a bad start-up fails fast on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from datetime import timedelta
@@ -22,8 +25,8 @@ import torch
 
 from megatron.varlen.platform import cpu_device
 from megatron.varlen_training.errors import (ONE_LINE_ERRORS, USAGE_EXIT_CODE, agree_on_errors,
-                                              flush_standard_streams, print_error_line,
-                                              release_process_group)
+                                              exit_on_user_errors, flush_standard_streams,
+                                              print_error_line, release_process_group)
 
 # A collective that waits longer than this is a bug (a rank died or diverged): fail, don't hang.
 DISTRIBUTED_TIMEOUT = timedelta(minutes=10)
@@ -47,6 +50,13 @@ def initialize_distributed(timeout_minutes: float | None = None,
     the first collective (module docstring); any rank's is raised on every rank.
     """
     cpu_device.activate()
+    _join(timeout_minutes, start_up_error)
+
+
+def _join(timeout_minutes: float | None, start_up_error: Exception | None) -> None:
+    """:func:`initialize_distributed` without the CPU device layer (megatron-core needs it, the
+    process group does not: joining before megatron-core is imported leaves its import as it
+    was)."""
     if torch.distributed.is_initialized():
         return
     if not cpu_device.use_cpu():
@@ -78,13 +88,37 @@ def has_peers_waiting() -> bool:
     return int(os.environ["WORLD_SIZE"]) > 1 and not torch.distributed.is_initialized()
 
 
+@contextlib.contextmanager
+def peers_joined_at_start_up(prog: str, timeout_minutes: float | None):
+    """For entry points, once their flags are parsed and before they import megatron-core
+    (seconds per rank): with peers waiting, joins the process group and agrees on start-up
+    errors on entering. A peer whose flags failed has joined to report them
+    (:func:`report_start_up_error`); it and this rank then end in its one line at once, exit
+    code 2, instead of after this rank's imports. The group joined here is released on leaving
+    (the trainer releases only a group it created); without peers waiting (a 1-rank run, or a
+    group that already exists) nothing happens. ``timeout_minutes``:
+    ``--distributed-timeout-minutes``, as in :func:`initialize_distributed`.
+    """
+    if not has_peers_waiting():
+        yield
+        return
+    # As when the trainer joined: a peer's start-up error, a lost peer or Ctrl-C while waiting
+    # for the others end in one line.
+    with exit_on_user_errors(prog):
+        _join(timeout_minutes, start_up_error=None)
+    try:
+        yield
+    finally:
+        release_process_group()
+
+
 def report_start_up_error(prog: str, error: Exception) -> NoReturn:
     """Ends this rank for ``error`` (a bad flag, before the process group exists): with peers
     waiting, after joining them and agreeing, so every rank ends in the same line, printed
     once; without, as ``<prog>: error: <message>`` on rank 0. Exit code 2."""
     if has_peers_waiting():
         try:
-            initialize_distributed(start_up_error=error)
+            _join(None, start_up_error=error)
         except ONE_LINE_ERRORS as agreed:  # this rank's error, or that of a lower rank
             print_error_line(prog, agreed)
             _leave(agreed.exit_code)

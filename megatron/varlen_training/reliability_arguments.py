@@ -34,7 +34,7 @@ def add_reliability_args(parser) -> None:
     group.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
                        help="On --load, keep the checkpoint's LR/WD schedule even where this "
                             "run's flags differ.")
-    # Resume identity of the data (issue 21; see megatron.varlen_training.resume_consistency).
+    # Resume identity of the data (see megatron.varlen_training.resume_consistency).
     group.add_argument("--override-data-fingerprint", action="store_true",
                        help="On --load, train on --data-path files whose content (size and "
                             "SHA-256) differs from the checkpoint's, from the saved position.")

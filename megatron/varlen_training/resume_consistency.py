@@ -416,7 +416,7 @@ def _mismatch(key: str, saved: dict, mine: dict) -> str:
     if key == "max_position_embeddings" and _follows_seq_length(saved) \
             and _follows_seq_length(mine):
         # Neither run set --max-position-embeddings (or both set it to --seq-length): the user
-        # changed --seq-length, so that is the flag to name (issue 21, observation 8).
+        # changed --seq-length, so that is the flag to name (test_resume_consistency.py).
         return (f"--load: the checkpoint was trained with --seq-length {saved['seq_length']}, "
                 f"this run has {mine['seq_length']}: that would change the model (its position "
                 f"table has --seq-length entries); use the checkpoint's value")

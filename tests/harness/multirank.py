@@ -15,10 +15,11 @@ the ranks on the visible GPUs (round-robin, so several ranks may share one GPU) 
 CUDA tensors, from freshly spawned interpreters (a CUDA context cannot cross a fork).
 
 The call returns the per-rank return values in rank order, or raises
-:class:`DistributedTestError` carrying every failing rank's traceback. Children are always reaped: each rank leads its own process
-group and the launcher kills every group when the run ends (so helpers a rank started, such as
-dist_checkpointing's writer processes, go too), and a rank whose launcher disappears exits by
-itself (no orphans holding ports or memory).
+:class:`DistributedTestError` carrying every failing rank's traceback. Children are always
+reaped: each rank leads its own process group and the launcher kills every group when the run
+ends (so helpers a rank started, such as dist_checkpointing's writer processes, go too), and a
+rank whose launcher disappears exits by itself, with what it started (no orphans holding ports
+or memory; the forkserver and multiprocessing's resource tracker then end too).
 
 Processes come from a ``forkserver`` that preloads torch and megatron-core once, so a launch
 costs a fork instead of a full interpreter start (start-up dominates on a 2-core machine). What a
@@ -48,6 +49,7 @@ FAILURE_GRACE_S = 3.0
 ORPHAN_POLL_S = 1.0
 CHILD_JOIN_S = 5.0
 POLL_S = 0.05
+SIGNAL_EXIT_BASE = 128  # a shell reports a command a signal ended as 128 + the signal number
 _PRELOAD = [
     "torch",
     "torch.distributed",
@@ -63,7 +65,8 @@ CHILD_START_METHOD = "fork"  # Linux's default, what a rank under torchrun uses
 # Ranks exchange tensors over gloo on either device: NCCL needs one GPU per rank. gloo carries
 # CUDA tensors for single collectives (all-reduce, all-gather, broadcast) but not for the
 # coalesced ones megatron-core's DDP issues, so CUDA ranks over gloo reduce gradients one bucket
-# at a time (megatron/varlen/platform/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP here).
+# at a time (megatron/varlen/platform/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP
+# here).
 RANK_BACKEND = "gloo"
 _HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
 
@@ -120,11 +123,17 @@ def prepare_rank_device(device: str, rank: int) -> str:
     return RANK_BACKEND
 
 
-def _exit_when_orphaned(launcher_pid: int) -> None:
+def _exit_when_orphaned(parent_pid: int, launcher_pid: int) -> None:
+    """Ends this rank's process group (the rank and the helpers it started) once its launcher
+    is gone. The parent is the forkserver for CPU ranks, not the launcher: a launcher killed
+    by a signal its code cannot catch (SIGKILL; SIGTERM by default) leaves the forkserver
+    alive, and the forkserver lives as long as any rank holds its end of the pipe that tells
+    it its clients are gone -- every rank does, so a rank watching only its parent would wait
+    forever (and so would the forkserver and multiprocessing's resource tracker)."""
     while True:
         time.sleep(ORPHAN_POLL_S)
-        if os.getppid() != launcher_pid:
-            os._exit(1)
+        if os.getppid() != parent_pid or not process_alive(launcher_pid):
+            os.killpg(0, signal.SIGKILL)
 
 
 def _stop_own_children() -> None:
@@ -135,11 +144,13 @@ def _stop_own_children() -> None:
         child.join(timeout=CHILD_JOIN_S)
 
 
-def _rank_main(fn, rank, world_size, meeting, args, kwargs, results, timeout_s, device=CPU):
+def _rank_main(fn, rank, world_size, meeting, args, kwargs, results, timeout_s, device,
+               launcher_pid):
     # Lead a process group of our own: the launcher kills the whole group when it reaps us, so
     # no grandchild survives a failed or timed-out run.
     os.setpgid(0, 0)
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=_exit_when_orphaned, daemon=True,
+                     args=(os.getppid(), launcher_pid)).start()
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size), **meeting,
@@ -196,15 +207,15 @@ def _collect(procs, results, world_size, timeout_s) -> dict[int, tuple[bool, Any
 
 
 def _reap(procs) -> None:
-    """Kills every rank's process group (the rank and anything it started), then joins."""
-    for proc in procs:
-        if proc.pid is None:
-            continue
+    """Kills every started rank's process group (the rank and anything it started), then joins.
+    Ranks never started (an exception, e.g. Ctrl-C, while starting them) are left out."""
+    started = [proc for proc in procs if proc.pid is not None]
+    for proc in started:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass  # the rank and all its children are already gone
-    for proc in procs:
+    for proc in started:
         proc.join(timeout=10)
 
 
@@ -231,7 +242,8 @@ def run_distributed(
     with hosted_store() as meeting:
         procs = [
             ctx.Process(target=_rank_main, args=(fn, rank, world_size, meeting, args,
-                                                 kwargs or {}, results, timeout_s, device))
+                                                 kwargs or {}, results, timeout_s, device,
+                                                 os.getpid()))
             for rank in range(world_size)
         ]
         try:
@@ -259,6 +271,21 @@ def run_distributed(
                else f"did not finish within {timeout_s:.0f} s (killed; exit codes {codes})")
         raise DistributedTestError(f"ranks {missing} of {world_size} {how}")
     return [collected[rank][1] for rank in range(world_size)]
+
+
+def reap_runs_on_sigterm() -> None:
+    """For scripts that launch runs one after another (tools/probe_*.py): SIGTERM (``kill``, a
+    job scheduler's stop) unwinds like Ctrl-C, so the run in progress is reaped at once (its
+    ranks' process groups killed) and the script exits with 143 (128 + SIGTERM). By default
+    SIGTERM ends the script on the spot; its ranks then notice within ``ORPHAN_POLL_S``. A
+    second SIGTERM ends the script on the spot. Call it from the main thread."""
+    signal.signal(signal.SIGTERM, _exit_for_sigterm)
+
+
+def _exit_for_sigterm(signum, frame) -> None:
+    del frame
+    signal.signal(signum, signal.SIG_DFL)  # the clean-up itself must stay interruptible
+    raise SystemExit(SIGNAL_EXIT_BASE + signum)
 
 
 def process_alive(pid: int) -> bool:

@@ -20,7 +20,9 @@ Checked, each failure named as ``doc:line: reference: why``:
 - a ``--flag {a,b,c}`` span lists exactly the choices of the entry points' parser;
 - docs/WRAP_CONFIG.md's table of the shipped YAML library names exactly megatron/wrap/configs;
 - a section named in quotes after its doc (``[X.md](X.md), "One Trainer"``) is a heading there,
-  a numbered one (``WRAP.md section 3``, ``§2``, or the doc's own ``section 6``) a ``N.`` heading.
+  a numbered one (``WRAP.md section 3``, ``§2``, or the doc's own ``section 6``) a ``N.`` heading;
+- an issue number names its public tracker (``Megatron-LM issue 7452``): a bare ``issue 12``
+  points to a tracker the reader does not have (name the capability, section or test instead).
 
 No tool is run: the entry points' parsers are built in-process, a script's flags are its
 literal ``add_argument`` calls, else (tools) its parser captured from its ``main``
@@ -677,4 +679,27 @@ def test_numbered_sections_exist():
                 line = text.count("\n", 0, match.start()) + 1
                 problems.append(f"{read(path).name}:{line}: section {number} of "
                                 f"{target.relative_to(REPO)}: no heading '{number}. ...'")
+    assert not problems, "\n".join(problems)
+
+
+# -------------------------------------------------------------------------- issue numbers
+
+
+# The public trackers whose issue numbers a reader can look up.
+PUBLIC_TRACKERS = ("Megatron-LM", "megatron-core", "PyTorch", "transformers")
+ISSUE_NUMBER = re.compile(r"(?:(" + "|".join(map(re.escape, PUBLIC_TRACKERS)) + r")\s+)?"
+                          r"\b[Ii]ssues?\s+#?\d+")
+
+
+def test_issue_numbers_name_a_public_tracker():
+    """``issue 25`` alone pointed to a tracker outside the repository: a doc says what it
+    stands for (the capability, the doc section or the test) or whose public issue it is."""
+    problems = []
+    for path in DOCS:
+        text = path.read_text()
+        for match in ISSUE_NUMBER.finditer(text):
+            if match.group(1) is None:
+                line = text.count("\n", 0, match.start()) + 1
+                problems.append(f"{read(path).name}:{line}: '{match.group(0)}': whose issue? "
+                                f"(name one of {PUBLIC_TRACKERS}, or what it stands for)")
     assert not problems, "\n".join(problems)

@@ -3,8 +3,8 @@ the batch (after packing, before the micro-batch count rules).
 
 Packing builds one micro-batch at a time, so it cannot see that sequences left for a light
 later one would cost less riding in an earlier one's group: every micro-batch pays its group
-latency, and few sequences cannot fill its ranks. Example (issue 12): DP4xCP2, budget 128,
-lengths 704, 275, 32: 275 and 32 fit in 704's 8-rank bag (88 + 36 + 4 = 128 tokens per rank).
+latency, and few sequences cannot fill its ranks. Example (test_sched_optimality.py): DP4xCP2,
+budget 128, lengths 704, 275, 32 all fit in one 8-rank bag (88 + 36 + 4 = 128 tokens per rank).
 
 Two moves, tried on the lightest micro-batches first:
 

@@ -32,8 +32,8 @@ def pack_sequences(pricing: ItemPricing, allow_growth: bool) -> list[MicrobatchD
     With growth, the *tail* (the last max(min(2N, 256), 32) sequences: the end of a batch, or
     all of a small one) is packed twice, with the fast growth policy and with the full search
     over every size, and the one with the shorter critical path is kept: the full search fixes
-    the attention-heavy and few-sequence cases (issue 12), while the greedy excess rule it
-    relies on can lose a little elsewhere, so neither policy is ever worse than the other."""
+    the attention-heavy and few-sequence cases (test_sched_growth.py), while the greedy excess
+    rule it relies on can lose a little elsewhere, so neither is ever worse than the other."""
     queue = SequenceQueue(pricing.order, pricing.lengths)
     if not allow_growth:
         drafts = []

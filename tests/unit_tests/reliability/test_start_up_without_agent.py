@@ -8,6 +8,7 @@ whenever the failing rank was not rank 0.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -26,6 +27,10 @@ HEALTHY_RANK_TIMEOUT_MINUTES = "5"
 # ... and the test gives both ranks this long: process start-up (about 30 s on a loaded 2-core
 # machine), then the agreement, which takes well under a second.
 RUN_DEADLINE_S = 150
+# pretrain_mamba.py's flags on top of the tiny GPT's (a Mamba layer, then attention).
+TINY_HYBRID_ARGS = ["--hybrid-override-pattern", "M*", "--mamba-head-dim", "8",
+                    "--mamba-num-groups", "2"]
+IMPORT_DEADLINE_S = 120
 
 
 def _free_port() -> int:
@@ -87,3 +92,38 @@ def test_who_has_peers_waiting(monkeypatch, environment, waiting):
         monkeypatch.setenv(name, value)
     assert process_group.has_peers_waiting() is waiting
     assert os.environ.get("RANK") == environment.get("RANK")
+
+
+RUN_LENGTH = ["--train-iters", "2"]
+# entry point: (flags, whether megatron-core is imported at the join). Both join before the
+# training layer (megatron.varlen_training.pretrain: the model, megatron-core's schedules and
+# optimizer); pretrain_mamba.py's flags themselves use megatron-core's hybrid layer allocation
+# (hybrid_arguments.py), so it has megatron-core by then. In this order: one interpreter runs
+# both, the imports of the first are there for the second.
+ENTRY_POINTS = {"pretrain_gpt.py": (TINY_GPT_ARGS + RUN_LENGTH, False),
+                "pretrain_mamba.py": (TINY_GPT_ARGS + RUN_LENGTH + TINY_HYBRID_ARGS, True)}
+HEAVY_MODULES = ["megatron.core", "megatron.varlen_training.pretrain"]
+
+
+def test_a_rank_with_peers_joins_them_before_importing_the_training_layer():
+    """The healthy rank's side of the agreement above: each entry point reaches the call that
+    joins the process group (replaced by one that stops the entry point) before the imports
+    of its training layer."""
+    code = (f"import json, runpy, sys, torch.distributed\n"
+            f"class Joined(Exception):\n    pass\n"
+            f"def join(*args, **kwargs):\n    raise Joined\n"
+            f"torch.distributed.init_process_group = join\n"
+            f"for entry_point, (flags, _) in {ENTRY_POINTS!r}.items():\n"
+            f"    sys.argv = [entry_point, *flags]\n"
+            f"    try:\n"
+            f"        runpy.run_path(entry_point, run_name='__main__')\n"
+            f"    except Joined:\n"
+            f"        print(json.dumps([m in sys.modules for m in {HEAVY_MODULES!r}]))\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
+           "CUDA_VISIBLE_DEVICES": "", "RANK": "1", "WORLD_SIZE": str(WORLD),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=IMPORT_DEADLINE_S)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line) for line in proc.stdout.splitlines()] == [
+        [core, False] for _, core in ENTRY_POINTS.values()], proc.stderr
