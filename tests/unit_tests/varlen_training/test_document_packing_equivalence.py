@@ -95,10 +95,13 @@ def train_on_corpus(argv: list[str], prefix: str) -> dict:
     """The real training path with the datasets replaced by megatron-core's GPTDataset."""
     import megatron.varlen_training.pretrain as pretrain_module
 
-    def build_datasets(run, tokenizer):
-        return GPTDatasetSamples(prefix, run.data.train_samples, run.training.seed), None
+    def build_split_datasets(run, tokenizer):
+        return GPTDatasetSamples(prefix, run.data.train_samples, run.training.seed), None, None
 
-    pretrain_module.build_datasets = build_datasets
+    # The name pretrain.py calls: a stale name here would train every run on mock data alike
+    # (test_without_the_flags_packed_samples_stay_whole guards that the corpus is read).
+    assert hasattr(pretrain_module, "build_split_datasets")
+    pretrain_module.build_split_datasets = build_split_datasets
     return train_on_this_rank(argv)
 
 

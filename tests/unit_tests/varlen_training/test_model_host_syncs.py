@@ -58,8 +58,9 @@ _MEGATRON_CORE = "megatron/core/"
 # (op, site): why the rest of the step reads the device. A new one fails the test (move it off
 # the step or add it here with its reason).
 KNOWN_STEP_SYNCS = {
-    # The reported loss (training.reduce_reported_loss): the iteration line needs it, once.
-    ("_local_scalar_dense", "megatron/varlen_training/training.py:reduce_reported_loss"),
+    # The reported loss (training.reduce_reported_loss, its per-token mean read in
+    # _per_token_mean): the iteration line needs it, once.
+    ("_local_scalar_dense", "megatron/varlen_training/training.py:_per_token_mean"),
     # megatron-core's get_grad_norm_fp32 returns the total norm as a Python float
     # (total_norm.item()); optimizer_kernels.py keeps everything before it on the device.
     ("_local_scalar_dense", "megatron/core/optimizer/clip_grads.py:133"),
@@ -69,7 +70,7 @@ KNOWN_STEP_SYNCS = {
 }
 # The two that every step makes, whatever the layout.
 EVERY_STEP = {
-    ("_local_scalar_dense", "megatron/varlen_training/training.py:reduce_reported_loss"),
+    ("_local_scalar_dense", "megatron/varlen_training/training.py:_per_token_mean"),
     ("_local_scalar_dense", "megatron/core/optimizer/clip_grads.py:133"),
 }
 # megatron-core 0.16.1's MoE layer without Transformer Engine (its all-to-all dispatcher and

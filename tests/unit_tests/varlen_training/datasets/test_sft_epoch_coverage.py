@@ -25,7 +25,7 @@ def _train_dataset(tmp_path, num_samples: int):
         model=SimpleNamespace(seq_length=64, vocab_size=None),
         data=SimpleNamespace(mock_data=False, sft=True, data_path=[str(path)], split=SPLIT,
                              sft_mock_dataset_config_json=None, train_samples=num_samples,
-                             eval_samples=0, sft_messages_key="messages",
+                             eval_samples=0, test_samples=0, sft_messages_key="messages",
                              sft_prompt_key="prompt", sft_response_key="response",
                              indexed=False),
         training=SimpleNamespace(seed=11),
