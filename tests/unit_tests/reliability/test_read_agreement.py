@@ -37,20 +37,20 @@ TEMPLATE_ERROR = ("chats.parquet row 13: the tokenizer's chat template refuses t
 
 
 class _RefusingDataset(torch.utils.data.Dataset):
-    """Samples of ``SEQ_LENGTH`` tokens; reading ``bad_index`` raises ``error`` on ranks
-    ``failing_ranks`` (all ranks that read it when None: a row refused wherever it is read)."""
+    """Samples of ``SEQ_LENGTH`` tokens; reading index ``i`` of ``bad`` ({index: exception})
+    raises ``bad[i]`` on ranks ``failing_ranks`` (all ranks that read it when None: a row
+    refused wherever it is read)."""
 
-    def __init__(self, bad_index: int, error: Exception, failing_ranks=None):
-        self.bad_index, self.error, self.failing_ranks = bad_index, error, failing_ranks
+    def __init__(self, bad: dict, failing_ranks=None):
+        self.bad, self.failing_ranks = bad, failing_ranks
 
     def __len__(self) -> int:
         return GLOBAL_BATCH * ITERATIONS
 
     def __getitem__(self, index: int) -> dict:
         rank = torch.distributed.get_rank()
-        if index == self.bad_index and (self.failing_ranks is None
-                                        or rank in self.failing_ranks):
-            raise self.error
+        if index in self.bad and (self.failing_ranks is None or rank in self.failing_ranks):
+            raise self.bad[index]
         ids = np.arange(SEQ_LENGTH + 1, dtype=np.int64) + index
         return make_sample(ids, None, index, pad_id=0, padded_length=SEQ_LENGTH)
 
@@ -70,19 +70,20 @@ def _provider(packed: bool, dataset, num_workers: int, dynamic: bool):
         lookup = initialize_dynamic_cp_groups(build_group_layout(WORLD, 1, 1)).lookup
         scheduler = "default_dynamic_cp"
     config = PackingConfig(scheduler=scheduler, max_seqlen_per_rank=SEQ_LENGTH, pad_id=0)
-    return PackedBatchProvider(dataset, GLOBAL_BATCH, GlobalBatchPacker(config, group_lookup=lookup),
-                               num_workers)
+    packer = GlobalBatchPacker(config, group_lookup=lookup)
+    return PackedBatchProvider(dataset, GLOBAL_BATCH, packer, num_workers)
 
 
-def _steps_on_this_rank(packed: bool, bad_index: int, error: Exception, failing_ranks=None,
-                        pipeline: int = 1, num_workers: int = 0, dynamic: bool = False):
-    """What this rank's steps did: ("trained", iterations) or ("raised", iteration, class name,
-    message, exit code, reporting rank, seconds from the step's start)."""
+def _steps_on_this_rank(packed: bool, bad: dict, failing_ranks=None, pipeline: int = 1,
+                        num_workers: int = 0, dynamic: bool = False):
+    """What this rank's steps did over ``_RefusingDataset(bad, failing_ranks)``:
+    ("trained", iterations) or ("raised", iteration, class name, message, exit code, reporting
+    rank, seconds from the step's start)."""
     from megatron.core import parallel_state as ps
     from megatron.varlen.platform.dynamic_cp_groups import destroy_dynamic_cp_groups
 
     ps.initialize_model_parallel(pipeline_model_parallel_size=pipeline)
-    provider = _provider(packed, _RefusingDataset(bad_index, error, failing_ranks), num_workers,
+    provider = _provider(packed, _RefusingDataset(bad, failing_ranks), num_workers,
                          dynamic)
     try:
         for iteration in range(ITERATIONS):
@@ -107,6 +108,10 @@ def _bad_index(packed: bool, reader: int) -> int:
     return first + reader if not packed else first + reader * (GLOBAL_BATCH // WORLD)
 
 
+def _refused_row_read_by(packed: bool, reader: int) -> dict:
+    return {_bad_index(packed, reader): ValueError(TEMPLATE_ERROR)}
+
+
 def _assert_every_rank_stopped_in_one_line(results, reader: int, message: str):
     for result in results:
         assert result[:6] == ("raised", FAILING_ITERATION, "UserInputError", message, 2,
@@ -126,8 +131,7 @@ def test_a_refused_row_on_one_rank_stops_every_rank_in_one_line(layout):
     packed, dynamic = LAYOUTS[layout]
     reader = 1
     results = run_distributed(
-        _steps_on_this_rank, WORLD, args=(packed, _bad_index(packed, reader),
-                                          ValueError(TEMPLATE_ERROR)),
+        _steps_on_this_rank, WORLD, args=(packed, _refused_row_read_by(packed, reader)),
         kwargs={"dynamic": dynamic}, timeout_s=RUN_TIMEOUT_S)
     _assert_every_rank_stopped_in_one_line(results, reader, TEMPLATE_ERROR)
 
@@ -138,7 +142,7 @@ def test_a_file_unreadable_on_one_rank_only_stops_both():
     first stage alone fails, as a stage whose disk went away)."""
     error = OSError("corpus/stdlib_text_document.bin: [Errno 5] Input/output error")
     results = run_distributed(
-        _steps_on_this_rank, WORLD, args=(False, FAILING_ITERATION * GLOBAL_BATCH, error),
+        _steps_on_this_rank, WORLD, args=(False, {FAILING_ITERATION * GLOBAL_BATCH: error}),
         kwargs={"failing_ranks": (0,), "pipeline": 2}, timeout_s=RUN_TIMEOUT_S)
     _assert_every_rank_stopped_in_one_line(results, 0, str(error))
 
@@ -149,8 +153,7 @@ def test_a_refused_row_read_by_a_worker_is_the_same_one_line(packed):
     into the message; the line must be the row's line."""
     reader = 1
     results = run_distributed(
-        _steps_on_this_rank, WORLD, args=(packed, _bad_index(packed, reader),
-                                          ValueError(TEMPLATE_ERROR)),
+        _steps_on_this_rank, WORLD, args=(packed, _refused_row_read_by(packed, reader)),
         kwargs={"num_workers": 1}, timeout_s=RUN_TIMEOUT_S)
     _assert_every_rank_stopped_in_one_line(results, reader, TEMPLATE_ERROR)
 
@@ -158,7 +161,7 @@ def test_a_refused_row_read_by_a_worker_is_the_same_one_line(packed):
 def test_a_bug_in_a_read_keeps_its_traceback_and_stops_the_peer():
     bug = KeyError("sample_id")
     results = run_distributed(
-        _steps_on_this_rank, WORLD, args=(True, _bad_index(True, 1), bug),
+        _steps_on_this_rank, WORLD, args=(True, {_bad_index(True, 1): bug}),
         timeout_s=RUN_TIMEOUT_S)
     assert results[1][:3] == ("raised", FAILING_ITERATION, "KeyError"), results
     assert results[0][:5] == (
@@ -168,6 +171,17 @@ def test_a_bug_in_a_read_keeps_its_traceback_and_stops_the_peer():
 
 
 def test_good_reads_train_every_step():
-    results = run_distributed(_steps_on_this_rank, WORLD, args=(True, -1, ValueError("never")),
+    results = run_distributed(_steps_on_this_rank, WORLD, args=(True, {}),
                               timeout_s=RUN_TIMEOUT_S)
     assert results == [("trained", ITERATIONS)] * WORLD
+
+
+def test_a_user_error_wins_over_a_lower_rank_bug_and_is_printed_by_its_reader():
+    """Rank 0 hits a bug, rank 1 a refused row at the same step: rank 0 keeps its traceback,
+    rank 1 raises the row's line and prints it (not rank 0, whose output is the traceback)."""
+    bad = {_bad_index(True, 0): KeyError("sample_id"), **_refused_row_read_by(True, 1)}
+    results = run_distributed(_steps_on_this_rank, WORLD, args=(True, bad),
+                              timeout_s=RUN_TIMEOUT_S)
+    assert results[0][:3] == ("raised", FAILING_ITERATION, "KeyError"), results
+    assert results[1][:6] == ("raised", FAILING_ITERATION, "UserInputError", TEMPLATE_ERROR, 2,
+                              1), results
