@@ -79,7 +79,7 @@ def _time_rounds(rounds: int, samples: int) -> dict:
                     times[name].append((time.perf_counter() - started) * MS)
             torch.distributed.barrier()
             started = time.perf_counter()
-            read_agreement._first_failed_rank(None)  # what a good step adds
+            read_agreement.first_failed_read(None)  # what a good step adds
             if iteration:
                 times["all_reduce"].append((time.perf_counter() - started) * MS)
         data.read_agreed = read_agreement.read_agreed

@@ -32,6 +32,8 @@ from megatron.varlen_training.errors import (
 from megatron.varlen_training.log import is_multi_rank
 
 T = TypeVar("T")
+# What a read raises for a bad sample (its message is the user's line); anything else is a bug.
+READ_USER_ERRORS = ONE_LINE_ERRORS + START_UP_USER_ERRORS
 
 
 def read_agreed(read: Callable[[], T]) -> T:
@@ -45,7 +47,7 @@ def read_agreed(read: Callable[[], T]) -> T:
         result, failure = read(), None
     except Exception as err:  # noqa: BLE001 -- shared with every rank below, then raised
         result, failure = None, err
-    reader = _first_failed_rank(failure)
+    reader = first_failed_read(failure)
     if reader is None:
         return result
     try:
@@ -71,17 +73,19 @@ class FailedRead(NamedTuple):
     user_error: bool
 
 
-def _first_failed_rank(failure: Exception | None) -> FailedRead | None:
-    """Who failed first, user errors before bugs; None if no rank did (one MIN all-reduce of
-    ``rank`` for a user error, ``world + rank`` for a bug, ``2 x world`` for a good read)."""
+def first_failed_read(failure: Exception | None) -> FailedRead | None:
+    """Who failed first, user errors before bugs; None if no rank did. Every rank calls it
+    with its own read's exception (None: a good read); one MIN all-reduce over the world of
+    ``rank`` for a user error, ``world + rank`` for a bug, ``2 x world`` for a good read."""
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    bugs_from, nobody = world, 2 * world  # the code ranges: user errors, bugs, no failure
     if failure is None:
-        mine = 2 * world
+        mine = nobody
     else:
-        mine = rank if isinstance(failure, ONE_LINE_ERRORS + START_UP_USER_ERRORS) else world + rank
+        mine = rank if isinstance(failure, READ_USER_ERRORS) else bugs_from + rank
     first = torch.tensor([mine], dtype=torch.int64, device=get_device())  # NCCL: on the device
     torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN)
     value = int(first.item())
-    if value == 2 * world:
+    if value == nobody:
         return None
-    return FailedRead(value % world, value < world)
+    return FailedRead(value % world, value < bugs_from)

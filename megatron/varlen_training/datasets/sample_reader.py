@@ -19,10 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from megatron.varlen_training.errors import ONE_LINE_ERRORS, START_UP_USER_ERRORS
-
-# What a read raises for a bad sample: the message is the user's line (read_agreement.py).
-READ_USER_ERRORS = START_UP_USER_ERRORS + ONE_LINE_ERRORS
+from megatron.varlen_training.read_agreement import READ_USER_ERRORS
 
 
 def _each_sample(sample: dict) -> dict:
