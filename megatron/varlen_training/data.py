@@ -9,6 +9,7 @@ path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.packing.data_sched
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -18,6 +19,7 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
 from megatron.varlen_training.datasets.sample_reader import SampleReader
 from megatron.varlen_training.moe_flops import linear_cost_scale
+from megatron.varlen_training.read_agreement import read_agreed
 from megatron.varlen.packing import (
     GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
 )
@@ -108,11 +110,14 @@ class UnpackedBatchProvider:
         """Stops the reader's worker processes (the run is over)."""
         self.reader.close()
 
+    def _read(self, iteration: int) -> list[dict]:
+        samples = self.reader.read(iteration)
+        return samples if self.transform is None else [self.transform(s) for s in samples]
+
     def step_batches(self, iteration: int) -> StepBatches:
         indices = global_batch_indices(iteration, self.global_batch_size)
-        read = iter(self.reader.read(iteration))
-        if self.transform is not None:
-            read = map(self.transform, read)
+        # A sample that fails to read on one rank stops every rank (read_agreement.py).
+        read = iter(read_agreed(functools.partial(self._read, iteration)))
         samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
         microbatches = [_to_device(_slice_for_context_parallel(_with_padding_mask(mb)))
                         for mb in samples]
@@ -226,8 +231,13 @@ class PackedBatchProvider:
         """Stops the reader's worker processes (the run is over)."""
         self.reader.close()
 
-    def step_batches(self, iteration: int) -> StepBatches:
+    def _read(self, iteration: int) -> list[dict]:
         samples = self.reader.read(iteration)
-        if self.split is not None:
-            samples = [piece for sample in samples for piece in self.split(sample)]
-        return self.packer.pack_global_batch(samples)
+        if self.split is None:
+            return samples
+        return [piece for sample in samples for piece in self.split(sample)]
+
+    def step_batches(self, iteration: int) -> StepBatches:
+        # A sample that fails to read on one rank stops every rank (read_agreement.py).
+        return self.packer.pack_global_batch(
+            read_agreed(functools.partial(self._read, iteration)))

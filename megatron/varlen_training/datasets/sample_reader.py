@@ -8,6 +8,9 @@ never change them. Iterations must come in order to be read ahead; a jump (a res
 first iteration, an evaluation) restarts the workers at the new iteration.
 :meth:`SampleReader.close` stops the workers when the run ends: their queues hold named
 semaphores, which a process leaving without finalizers (``os._exit``, as test ranks do) leaks.
+A user error raised by a read in a worker (a row the chat template refuses) comes back as the
+same one-line exception, not as DataLoader's re-raise, which writes the worker's traceback into
+the message.
 """
 
 from __future__ import annotations
@@ -16,9 +19,40 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from megatron.varlen_training.read_agreement import READ_USER_ERRORS
+
 
 def _each_sample(sample: dict) -> dict:
     """DataLoader's collate for one sample at a time: the sample itself."""
+    return sample
+
+
+class _FailedRead:
+    """A worker's user error, returned as a sample: raised by :meth:`SampleReader.read`."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+class _ErrorsAsSamples(torch.utils.data.Dataset):
+    """``dataset`` as workers read it: a user error is returned, not raised."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        try:
+            return self.dataset[index]
+        except READ_USER_ERRORS as err:
+            return _FailedRead(err)
+
+
+def _raise_failed(sample):
+    if isinstance(sample, _FailedRead):
+        raise sample.error
     return sample
 
 
@@ -59,7 +93,7 @@ class SampleReader:
         if iteration != self._next_iteration:
             self._stream = self._start(iteration)
         self._next_iteration = iteration + 1
-        return [next(self._stream) for _ in indices]
+        return [_raise_failed(next(self._stream)) for _ in indices]
 
     def close(self) -> None:
         """Stops the worker processes, if any, and frees their queues (idempotent); a later
@@ -70,7 +104,7 @@ class SampleReader:
     def _start(self, iteration: int) -> Iterator[dict]:
         self._stream = None  # the previous workers stop before new ones start
         loader = torch.utils.data.DataLoader(
-            self.dataset, batch_size=None, collate_fn=_each_sample,
+            _ErrorsAsSamples(self.dataset), batch_size=None, collate_fn=_each_sample,
             sampler=_IterationSampler(self._indices_of, iteration, self._num_iterations),
             num_workers=self._num_workers)
         return iter(loader)
