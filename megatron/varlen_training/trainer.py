@@ -199,7 +199,8 @@ class Trainer:
             return checkpointing.save_checkpoint(
                 root or self.run.checkpoint.save, state.iteration, state.model, state.optimizer,
                 state.scheduler, self.run, extra_files=self.checkpoint_files,
-                consumed_samples=state.consumed_train_samples)
+                consumed_samples=state.consumed_train_samples,
+                consumed_valid_samples=state.consumed_valid_samples)
 
     def save_if_due(self) -> str | None:
         """``--save-interval``: saves after every multiple; the folder, or None."""
@@ -215,6 +216,8 @@ class Trainer:
             load_parts(self.run.checkpoint))  # --finetune, --no-load-optim, --no-load-rng
         state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration,
                                                                          self.run)
+        state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
+            root, state.iteration, self.run)
         return state.iteration
 
     # --- close ------------------------------------------------------------------------------
