@@ -81,8 +81,7 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
         state.consumed_valid_samples += run.training.eval_iters * run.training.global_batch_size
     loop_steps.log_validation_loss(state.iteration, loss, where)
     if loss is not None:
-        for writer in trainer.writers:
-            writer.write_evaluation(name, loss, state.iteration, state.consumed_train_samples)
+        trainer.write_evaluation(name, loss)
     return loss
 
 

@@ -190,6 +190,16 @@ class Trainer:
         for writer in self.writers:
             writer.write(record["iteration"], record)
 
+    def write_evaluation(self, name: str, loss: float,
+                         metrics: dict[str, float] | None = None) -> None:
+        """Hands an evaluation's loss and ``metrics`` (a flow's own, by name) to the metric
+        writers (last rank), at the current iteration and consumed training samples, under
+        Megatron-LM's keys (``lm loss validation``, ...: metric_writers.evaluation_key)."""
+        state = self.state
+        for writer in self.writers:
+            writer.write_evaluation(name, loss, state.iteration, state.consumed_train_samples,
+                                    metrics)
+
     # --- checkpoints ------------------------------------------------------------------------
 
     def save(self, root: str | None = None) -> str:

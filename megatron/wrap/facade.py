@@ -33,6 +33,7 @@ import torch.distributed as dist
 from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import agree_and_gather, share_nothing
+from megatron.varlen_training.evaluation import VALIDATION
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.varlen_training.hf.config import HFConfigError
 from megatron.varlen_training.initialize import initialize_distributed
@@ -238,6 +239,8 @@ class MegatronWrap(ParallelStateMixin):
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
         log_validation_loss(self.state.iteration, reduced[LOSS])  # as pretrain_gpt.py's loop
+        if self.trainer.writers:  # the last rank: TensorBoard / wandb as the loop's evaluations
+            self.trainer.write_evaluation(VALIDATION, reduced[LOSS], flow_metrics(reduced))
         return {**reduced, "samples": len(samples), "tokens": step.seqlen_sum,
                 "num_microbatches": step.num_microbatches}
 

@@ -20,6 +20,7 @@ independent references:
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from types import SimpleNamespace
@@ -37,6 +38,7 @@ from megatron.varlen_training.pretrain import pretrain
 from megatron.varlen_training.resume_consistency import save_run_args
 from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
+from tests.harness.extras import needs_extra
 from tests.harness.metric_fakes import fake_metric_modules
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
@@ -426,6 +428,61 @@ def test_tensorboard_and_wandb_keys_are_megatron_lms(monkeypatch, tmp_path):
                          ("lm loss validation vs samples", 2.5, 160),
                          ("lm loss test", 2.25, 10), ("lm loss test vs samples", 2.25, 160)]
     assert runs[0].logged == [(10, {"lm loss validation": 2.5}), (10, {"lm loss test": 2.25})]
+
+
+def test_validation_ppl_keys_and_values_are_megatron_lms(monkeypatch, tmp_path):
+    """--log-validation-ppl-to-tensorboard: Megatron-LM's ppl scalars, exp(min(20, loss)) (its
+    cap, written out here), per iteration and vs samples; not without the flag, not to wandb."""
+    calls, runs = [], []
+    for name, module in fake_metric_modules(calls, runs).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    with_ppl = metric_writers.TensorBoardMetricWriter(tmp_path, validation_ppl=True)
+    with_ppl.write_evaluation("validation", 2.5, 10, 160)
+    with_ppl.write_evaluation("test", 25.0, 10, 160)  # a diverged loss: Megatron-LM caps it
+    assert calls[1:] == [("lm loss validation", 2.5, 10),
+                         ("lm loss validation vs samples", 2.5, 160),
+                         ("lm loss validation ppl", math.exp(2.5), 10),
+                         ("lm loss validation ppl vs samples", math.exp(2.5), 160),
+                         ("lm loss test", 25.0, 10), ("lm loss test vs samples", 25.0, 160),
+                         ("lm loss test ppl", math.exp(20), 10),
+                         ("lm loss test ppl vs samples", math.exp(20), 160)]
+    del calls[:]
+    metric_writers.TensorBoardMetricWriter(tmp_path).write_evaluation("validation", 2.5, 1, 4)
+    assert [call[0] for call in calls[1:]] == ["lm loss validation",
+                                               "lm loss validation vs samples"]
+    run = parse_run_config([*TINY_GPT_ARGS, "--train-iters", "1", "--tensorboard-dir",
+                            str(tmp_path), "--log-validation-ppl-to-tensorboard"], world_size=1)
+    assert run.logging.log_validation_ppl_to_tensorboard
+
+
+def _pretrain_with_tensorboard(argv: list[str], folder: str) -> dict:
+    train_on_this_rank(argv + ["--tensorboard-dir", folder])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(folder)
+    events.Reload()
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
+@needs_extra("metrics")
+def test_pretrain_gpt_writes_validation_ppl_to_tensorboard(tmp_path):
+    """The real event file of a run with --log-validation-ppl-to-tensorboard: each written
+    validation loss has its perplexity, math.exp of it, at the same step (TensorBoard stores
+    float32)."""
+    argv = [*TINY_GPT_ARGS, "--train-iters", "2", "--eval-iters", "1", "--eval-interval", "1",
+            "--micro-batch-size", "1", "--sequence-packing", "--log-validation-ppl-to-tensorboard"]
+    scalars = run_distributed(_pretrain_with_tensorboard, 1, args=(argv, str(tmp_path)),
+                              timeout_s=TIMEOUT_S)[0]
+    for suffix in ("", " vs samples"):
+        written = scalars[f"lm loss validation{suffix}"]
+        ppl = scalars[f"lm loss validation ppl{suffix}"]
+        assert len(written) == 3  # iterations 1, 2 and the end of training
+        assert [step for step, _ in ppl] == [step for step, _ in written]
+        assert all(abs(p - math.exp(loss)) <= 1e-6 * math.exp(loss)
+                   for (_, p), (_, loss) in zip(ppl, written)), (ppl, written)
+    assert [step for step, _ in scalars["lm loss validation vs samples"]] == [4, 8, 8]
+    assert [step for step, _ in scalars["lm loss test ppl"]] == [2]
 
 
 def test_validation_lines_are_megatron_lms(capsys, monkeypatch):
