@@ -228,7 +228,9 @@ class MegatronWrap(ParallelStateMixin):
     @torch.no_grad()
     def evaluate(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
         """Forward only on ``batch``: ``loss``, the flow's metrics, ``samples``, ``tokens``,
-        ``num_microbatches`` (every rank; nothing is updated)."""
+        ``num_microbatches`` (every rank; nothing is updated). The validation line and the
+        metric writers (TensorBoard / wandb: ``lm loss validation``, ``<metric> validation``)
+        get them as ``pretrain_gpt.py``'s evaluations do (docs/WRAP.md section 4)."""
         self._require(self.state, "setup_model_and_optimizer()")
         samples = self._global_batch(batch, source, "evaluate")
         step = pack_step(self._packer, samples, self.flow.extra_fields())

@@ -3,8 +3,10 @@ independent references:
 
 - which validation global batches each evaluation reads: a counter that advances as
   Megatron-LM's validation iterator does (one block of --eval-iters batches per evaluation,
-  also at the end of training; a resumed run restarts it at ``iteration // eval_interval``
-  blocks), and the sample count the datasets are built for;
+  also at the end of training; a checkpoint stores its count, ``consumed_valid_samples``, and a
+  resumed run continues from it whatever --eval-interval it resumes with), and the sample
+  count the datasets are built for; a resume that would read past them is refused in one line;
+  real checkpoints record the count, and older ones without it derive it from the iteration;
 - the validation and test losses a packed DP2 run (mock SFT samples) and a packed one-rank
   run (Megatron indexed data, megatron-core's test split) report: the per-token mean computed
   directly in this test, sample by sample (one unpacked forward each), over exactly the
@@ -12,7 +14,9 @@ independent references:
 - evaluation has no side effect on training: with dropout on, a run that evaluates after every
   iteration trains exactly as one that never evaluates (dense, and MoE with its balancing
   losses); a run stopped by an exit condition skips the end-of-training evaluations;
-- the TensorBoard / wandb keys and the log lines are Megatron-LM's;
+- the TensorBoard / wandb keys and the log lines are Megatron-LM's, the validation perplexity
+  (--log-validation-ppl-to-tensorboard) is exp of the written loss, read back from a real
+  event file;
 - two cells of tools/probe_combinations.py with ``--eval``: dynamic CP against the single-rank
   unpacked run, and a resumed run against the straight one.
 """
@@ -133,6 +137,7 @@ def test_a_resumed_run_reads_what_an_uninterrupted_one_reads(resume_at):
 # (first interval, resumed interval, eval_iters, resumed at, train_iters): the resumed run
 # evaluates more or less often than the one that saved.
 CHANGED_INTERVALS = [(2, 1, 1, 4, 8), (2, 3, 2, 5, 12), (3, 2, 1, 6, 9), (1, 2, 2, 3, 12)]
+REFUSED = {(2, 3, 2, 5, 12), (1, 2, 2, 3, 12)}  # counted by hand: they read past the split
 
 
 @pytest.mark.parametrize("before,after,eval_iters,resume_at,train_iters", CHANGED_INTERVALS)
@@ -177,6 +182,7 @@ def test_resumed_evaluations_fit_the_validation_split_or_are_refused(
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=after,
                              global_batch_size=GBS, train_iters=train_iters)
     fits = reference.next_batch * GBS <= eval_samples
+    assert fits == ((before, after, eval_iters, resume_at, train_iters) not in REFUSED)
     if fits:
         evaluation.check_resumed_validation(config, resume_at, stored, eval_samples)
     else:
