@@ -39,7 +39,7 @@ from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.pretrain import pretrain
-from megatron.varlen_training.resume_consistency import save_run_args
+from megatron.varlen_training.resume_consistency import recorded_valid_samples, save_run_args
 from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
 from tests.harness.extras import needs_extra
@@ -372,6 +372,24 @@ def test_a_resume_with_another_eval_interval_continues_the_recorded_stream(tmp_p
     assert result["derived"] == 7 // 3 * 1 * gbs
     assert len(result["notes"]) == 1 and "records no consumed_valid_samples" in \
         result["notes"][0], result["notes"]
+
+
+@pytest.mark.parametrize("value", ["12", -4, 2.5, True, [8]])
+def test_a_garbled_recorded_count_is_one_line(tmp_path, value):
+    """A run_args.json whose consumed_valid_samples is not a sample count: refused in one line
+    naming the file and the value (never a wrong start or a traceback)."""
+    (tmp_path / "run_args.json").write_text(json.dumps({"consumed_valid_samples": value}))
+    with pytest.raises(CheckpointError) as refused:
+        recorded_valid_samples(str(tmp_path))
+    message = str(refused.value)
+    assert "\n" not in message and "run_args.json" in message and repr(value) in message
+
+
+def test_a_recorded_count_is_read_as_written(tmp_path):
+    (tmp_path / "run_args.json").write_text(json.dumps({"consumed_valid_samples": 12}))
+    assert recorded_valid_samples(str(tmp_path)) == 12
+    (tmp_path / "run_args.json").write_text(json.dumps({"consumed_train_samples": 12}))
+    assert recorded_valid_samples(str(tmp_path)) is None  # saved before it was recorded
 
 
 def test_an_exit_condition_skips_the_end_of_training_evaluations():
