@@ -6,7 +6,8 @@ independent references:
   also at the end of training; a checkpoint stores its count, ``consumed_valid_samples``, and a
   resumed run continues from it whatever --eval-interval it resumes with), and the sample
   count the datasets are built for; a resume that would read past them is refused in one line;
-  real checkpoints record the count, and older ones without it derive it from the iteration;
+  real checkpoints record the count, older ones without it derive it from the iteration,
+  and a garbled count is refused in one line;
 - the validation and test losses a packed DP2 run (mock SFT samples) and a packed one-rank
   run (Megatron indexed data, megatron-core's test split) report: the per-token mean computed
   directly in this test, sample by sample (one unpacked forward each), over exactly the
