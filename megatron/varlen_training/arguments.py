@@ -192,6 +192,10 @@ def _add_logging_checkpoint_args(parser):
     group.add_argument("--tensorboard-dir", default=None,
                        help="Write every iteration's metrics as TensorBoard scalars here (needs "
                             "the tensorboard package: the [metrics] extra).")
+    group.add_argument("--log-validation-ppl-to-tensorboard", action="store_true",
+                       help="Also write each evaluation's perplexity to TensorBoard (Megatron-LM's "
+                            "'lm loss validation ppl' and '... ppl vs samples'; with "
+                            "--tensorboard-dir).")
     group.add_argument("--wandb-project", default=None,
                        help="Log every iteration's metrics to this wandb project (needs the "
                             "wandb package: the [metrics] extra); offline unless $WANDB_MODE "

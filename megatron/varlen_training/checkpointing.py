@@ -232,12 +232,12 @@ def _prepare_staging(root: str, staging: str) -> None:
 
 
 def _write_own_files(staging: str, run: RunConfig, extra_files: dict[str, str] | None,
-                     iteration: int, consumed_samples: int | None) -> None:
-    """This rank's RNG states; rank 0 also the run description (with the data position) and
-    the caller's files."""
+                     iteration: int, positions: tuple[int | None, int | None]) -> None:
+    """This rank's RNG states; rank 0 also the run description (with the data positions:
+    training and validation samples consumed) and the caller's files."""
     rng_state.save(staging)
     if torch.distributed.get_rank() == 0:
-        resume_consistency.save_run_args(staging, run, iteration, consumed_samples)
+        resume_consistency.save_run_args(staging, run, iteration, *positions)
         for name, text in (extra_files or {}).items():
             integrity.atomic_write_text(os.path.join(staging, name), text)
 
@@ -275,12 +275,12 @@ def _publish(root: str, iteration: int, staging: str, path: str, entries: dict) 
 
 
 def _write_and_publish(root: str, iteration: int, staging: str, path: str, model, optimizer,
-                       scheduler, run: RunConfig, extra_files, consumed_samples) -> None:
+                       scheduler, run: RunConfig, extra_files, positions) -> None:
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
     state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
     # megatron-core gathers its writers' failures and raises them on every rank.
     dist_checkpointing.save(state, staging)
-    _agree_on_save(_write_own_files, staging, run, extra_files, iteration, consumed_samples)
+    _agree_on_save(_write_own_files, staging, run, extra_files, iteration, positions)
     entries = _digest_own_files(staging)
     _agree_on_save(_on_rank_0, _publish, root, iteration, staging, path, entries)
 
@@ -311,12 +311,14 @@ def _discard(staging: str) -> None:
 
 def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run: RunConfig,
                     extra_files: dict[str, str] | None = None,
-                    consumed_samples: int | None = None) -> str:
+                    consumed_samples: int | None = None,
+                    consumed_valid_samples: int | None = None) -> str:
     """Writes iteration ``iteration`` under ``root``, publishes it atomically and updates the
     tracker file (module docstring). ``run``: the run, recorded for resume checks;
     ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest);
     ``consumed_samples``: the training samples trained so far (default iteration x
-    --global-batch-size).
+    --global-batch-size); ``consumed_valid_samples``: the validation samples read so far
+    (Megatron-LM's ``consumed_valid_samples``; not recorded when None).
 
     Raises:
         CheckpointSaveError: disk full, unwritable or an I/O error on any rank (every rank).
@@ -329,7 +331,7 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run:
     _save_in_progress = True
     try:
         _write_and_publish(root, iteration, staging, path, model, optimizer, scheduler, run,
-                           extra_files, consumed_samples)
+                           extra_files, (consumed_samples, consumed_valid_samples))
     except KeyboardInterrupt:
         _stop_writers(helpers_before)
         _discard(staging)
@@ -391,6 +393,30 @@ def consumed_samples_at(root: str, iteration: int, run: RunConfig) -> int:
     if iteration == 0:
         return 0
     return resume_consistency.consumed_samples(checkpoint_dir(root, iteration), iteration, run)
+
+
+def consumed_valid_samples_at(root: str, iteration: int, run: RunConfig) -> int:
+    """The validation samples read before the checkpoint of ``iteration`` under ``root`` was
+    saved, where the resumed run's validation continues: as its ``run_args.json`` records them
+    (Megatron-LM's ``consumed_valid_samples``); for checkpoints saved before they were
+    recorded, derived from the iteration as Megatron-LM derives them for its own older
+    checkpoints (iteration // --eval-interval evaluations of --eval-iters global batches), and
+    said; 0 at iteration 0 (``--finetune`` starts a new run)."""
+    if iteration == 0:
+        return 0
+    folder = checkpoint_dir(root, iteration)
+    recorded = agree_on_errors(resume_consistency.recorded_valid_samples, folder)
+    if recorded is not None:
+        return recorded
+    training = run.training
+    derived = iteration // training.eval_interval * training.eval_iters \
+        * training.global_batch_size
+    print_rank_0(f" > {folder} records no {resume_consistency.VALID_POSITION_KEY} (saved before "
+                 f"it was recorded): validation continues after {derived} samples, derived from "
+                 f"iteration {iteration} (// --eval-interval {training.eval_interval} x "
+                 f"--eval-iters {training.eval_iters} x --global-batch-size "
+                 f"{training.global_batch_size})")
+    return derived
 
 
 def _check_format_files(folder: str) -> None:

@@ -7,12 +7,17 @@ schedule (its ``training.py``).
   batches of the test split when the run has one (:mod:`.datasets.builder`).
 
 Megatron-LM reads its validation samples through one iterator: each evaluation continues where
-the previous one stopped, and a resumed run restarts it after
-``iteration // eval_interval x eval_iters`` global batches (its ``consumed_valid_samples``). The
-k-th evaluation (0-based) thus reads validation global batches ``[k x eval_iters, (k + 1) x
-eval_iters)``; here that index is derived from the iteration, so a resumed run reads the same
-batches as an uninterrupted one without a counter in the checkpoint. The test split is read
-from its first batch, once.
+the previous one stopped, and a resumed run restarts it after the checkpoint's
+``consumed_valid_samples``. Here the run state counts them the same way
+(``TrainState.consumed_valid_samples``: ``--eval-iters`` x ``--global-batch-size`` more after
+each validation), the checkpoint records them (``run_args.json``) and a resumed run continues
+from them, whatever ``--eval-interval`` / ``--eval-iters`` it resumes with; a checkpoint saved
+before they were recorded derives them from its iteration, as Megatron-LM does for its older
+checkpoints (``iteration // eval_interval x eval_iters`` global batches;
+:func:`.checkpointing.consumed_valid_samples_at`). The validation split is built for the
+evaluations of an uninterrupted run (``--eval-iters`` x (``--train-iters // --eval-interval``
++ 1) global batches): a resume whose flags would read past it is refused at start-up in one
+line (:func:`check_resumed_validation`). The test split is read from its first batch, once.
 
 Every evaluation prints Megatron-LM's validation line (between rules of dashes) and hands the
 loss to the run's metric writers (``lm loss validation`` / ``lm loss test`` for TensorBoard and
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from megatron.varlen_training import log, loop_steps, training
 from megatron.varlen_training.config.training import TrainingConfig
+from megatron.varlen_training.errors import CheckpointError
 
 VALIDATION, TEST = "validation", "test"
 # How the end-of-training lines name their split (Megatron-LM's prefixes).
@@ -34,14 +40,31 @@ def in_loop_evaluation_due(training_config: TrainingConfig, iteration: int) -> b
     return training_config.eval_iters > 0 and iteration % training_config.eval_interval == 0
 
 
-def first_validation_batch(training_config: TrainingConfig, iteration: int,
-                           at_end: bool) -> int:
-    """The first validation global batch of the evaluation after ``iteration``: the batches
-    the evaluations before it read are skipped (module docstring). ``at_end``: the
-    end-of-training evaluation, which follows every in-loop one."""
-    in_loop_so_far = iteration // training_config.eval_interval
-    before = in_loop_so_far if at_end else in_loop_so_far - 1
-    return before * training_config.eval_iters
+def evaluations_left(training_config: TrainingConfig, iteration: int) -> int:
+    """The validation evaluations a run at ``iteration`` still runs until --train-iters: the
+    in-loop ones after it, and the end-of-training one."""
+    interval = training_config.eval_interval
+    return training_config.train_iters // interval - iteration // interval + 1
+
+
+def check_resumed_validation(training_config: TrainingConfig, iteration: int,
+                             consumed_valid_samples: int, eval_samples: int) -> None:
+    """Refuses, in one line, a resumed run whose evaluations would read past the validation
+    split (``eval_samples``, built for this run's flags) from the checkpoint's
+    ``consumed_valid_samples`` on: a resume with a larger --eval-interval or fewer --eval-iters
+    than the run that read them (Megatron-LM's iterator can run dry mid-run there)."""
+    if training_config.eval_iters <= 0 or eval_samples <= 0:
+        return
+    batch = training_config.eval_iters * training_config.global_batch_size
+    needed = consumed_valid_samples + evaluations_left(training_config, iteration) * batch
+    if needed > eval_samples:
+        raise CheckpointError(
+            f"--load: the checkpoint's evaluations read {consumed_valid_samples} validation "
+            f"samples; the evaluations left until --train-iters {training_config.train_iters} "
+            f"(every --eval-interval {training_config.eval_interval}, --eval-iters "
+            f"{training_config.eval_iters}) would read up to sample {needed}, past the "
+            f"{eval_samples} the validation split holds: resume with a smaller --eval-interval "
+            f"or more --eval-iters (the saved run's values fit)")
 
 
 def _evaluate(trainer, provider, first_index: int, name: str, where: str,
@@ -54,11 +77,18 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
         log.print_rank_0(f"Evaluating on {eval_iters * run.training.global_batch_size} samples")
         on_batch = lambda i: log.print_rank_0(f"Evaluating iter {i}/{eval_iters}")  # noqa: E731
     loss = training.evaluate(run, state, provider, first_index, on_batch)
+    if name == VALIDATION:  # Megatron-LM's consumed_valid_samples: the stream moves on
+        state.consumed_valid_samples += run.training.eval_iters * run.training.global_batch_size
     loop_steps.log_validation_loss(state.iteration, loss, where)
     if loss is not None:
-        for writer in trainer.writers:
-            writer.write_evaluation(name, loss, state.iteration, state.consumed_train_samples)
+        trainer.write_evaluation(name, loss)
     return loss
+
+
+def _next_validation_batch(trainer) -> int:
+    """The first validation global batch the next evaluation reads: the ones read so far are
+    skipped (module docstring)."""
+    return trainer.state.consumed_valid_samples // trainer.run.training.global_batch_size
 
 
 def evaluate_in_loop(trainer, valid_provider) -> float | None:
@@ -67,8 +97,8 @@ def evaluate_in_loop(trainer, valid_provider) -> float | None:
     training_config, iteration = trainer.run.training, trainer.state.iteration
     if valid_provider is None or not in_loop_evaluation_due(training_config, iteration):
         return None
-    first = first_validation_batch(training_config, iteration, at_end=False)
-    return _evaluate(trainer, valid_provider, first, VALIDATION, "", verbose=False)
+    return _evaluate(trainer, valid_provider, _next_validation_batch(trainer), VALIDATION, "",
+                     verbose=False)
 
 
 def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
@@ -79,9 +109,9 @@ def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
     if training_config.eval_iters <= 0:
         return losses
     if valid_provider is not None:
-        first = first_validation_batch(training_config, iteration, at_end=True)
         losses["end_validation_loss"] = _evaluate(
-            trainer, valid_provider, first, VALIDATION, END_OF_TRAINING[VALIDATION], True)
+            trainer, valid_provider, _next_validation_batch(trainer), VALIDATION,
+            END_OF_TRAINING[VALIDATION], True)
     if test_provider is not None:
         losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
                                         True)

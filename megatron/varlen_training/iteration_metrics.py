@@ -86,12 +86,18 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
     return " | ".join(parts) + " |"
 
 
+def perplexity(loss: float) -> float:
+    """Megatron-LM's perplexity of a logged loss: exp(loss), the loss capped at
+    :data:`MAX_LOGGED_LOSS_FOR_PPL`."""
+    return math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL))
+
+
 def format_validation_line(iteration: int, loss: float, where: str = "") -> str:
     """Megatron-LM's validation line: `` validation loss at iteration 4 | lm loss value: ...``;
     ``where`` follows the iteration (`` on validation set`` / `` on test set`` at the end of
     training), as in Megatron-LM, whose test-split line also starts `` validation loss``."""
     return (f" validation loss at iteration {iteration}{where} | lm loss value: {loss:.6E} | "
-            f"lm loss PPL: {math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL)):.6E} |")
+            f"lm loss PPL: {perplexity(loss):.6E} |")
 
 
 def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | None = None) -> dict:

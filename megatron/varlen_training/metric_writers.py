@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.flag_ranges import is_importable
-from megatron.varlen_training.iteration_metrics import ITERATION_KEY, format_log_line
+from megatron.varlen_training.iteration_metrics import ITERATION_KEY, format_log_line, perplexity
 from megatron.varlen_training.log import info_all_ranks
 
 WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
@@ -37,20 +37,32 @@ class MetricWriter(Protocol):
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         """Records ``record`` (the JSONL schema) for ``iteration``."""
 
-    def write_evaluation(self, name: str, loss: float, iteration: int,
-                         consumed_samples: int) -> None:
-        """Records an evaluation's lm loss (``name``: ``validation`` or ``test``) after
-        ``iteration``, trained on ``consumed_samples`` samples."""
+    def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
+                         metrics: Mapping[str, float] | None = None) -> None:
+        """Records an evaluation's lm loss and ``metrics`` (a facade flow's own metrics, by
+        name; ``name``: ``validation`` or ``test``) after ``iteration``, trained on
+        ``consumed_samples`` samples."""
 
     def close(self) -> None:
         """Flushes and releases the backend."""
 
 
-def evaluation_key(name: str) -> str:
-    """Megatron-LM's TensorBoard/wandb key of an evaluation's lm loss: ``lm loss validation``
-    and ``lm loss test`` for the test split (Megatron-LM writes that one under the validation
-    key too, over the final validation point of the same iteration; here it keeps its own)."""
-    return f"lm loss {name}"
+def evaluation_key(name: str, metric: str = "lm loss") -> str:
+    """Megatron-LM's TensorBoard/wandb key of an evaluation's ``metric`` (``{key} validation``
+    for every key of its loss dict): ``lm loss validation``, and ``lm loss test`` for the test
+    split (Megatron-LM writes that one under the validation key too, over the final validation
+    point of the same iteration; here it keeps its own); a flow metric ``nll``: ``nll
+    validation``."""
+    return f"{metric} {name}"
+
+
+def evaluation_values(name: str, loss: float,
+                      metrics: Mapping[str, float] | None = None) -> dict[str, float]:
+    """An evaluation's values by their TensorBoard/wandb key (:func:`evaluation_key`)."""
+    values = {evaluation_key(name): to_python(loss)}
+    values.update({evaluation_key(name, metric): to_python(value)
+                   for metric, value in (metrics or {}).items()})
+    return values
 
 
 def to_python(value: Any) -> Any:
@@ -75,8 +87,8 @@ class ConsoleMetricWriter:
             line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
             info_all_ranks(format_log_line(line, self.train_iters))
 
-    def write_evaluation(self, name: str, loss: float, iteration: int,
-                         consumed_samples: int) -> None:
+    def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
+                         metrics: Mapping[str, float] | None = None) -> None:
         pass  # the validation line is printed by loop_steps.log_validation_loss
 
     def close(self) -> None:
@@ -99,8 +111,8 @@ class JsonlMetricWriter:
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
 
-    def write_evaluation(self, name: str, loss: float, iteration: int,
-                         consumed_samples: int) -> None:
+    def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
+                         metrics: Mapping[str, float] | None = None) -> None:
         pass  # one record per training iteration: evaluations are in the other writers
 
     def close(self) -> None:
@@ -116,22 +128,34 @@ def _numbers(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardMetricWriter:
-    """Writes each metric as a scalar of a ``torch.utils.tensorboard.SummaryWriter``."""
+    """Writes each metric as a scalar of a ``torch.utils.tensorboard.SummaryWriter``.
 
-    def __init__(self, log_dir: str | Path):
+    Args:
+        log_dir: The event files' folder.
+        validation_ppl: Also write each evaluation's perplexity
+            (``--log-validation-ppl-to-tensorboard``).
+    """
+
+    def __init__(self, log_dir: str | Path, validation_ppl: bool = False):
         summary_writer_class = importlib.import_module("torch.utils.tensorboard").SummaryWriter
         self._writer = summary_writer_class(log_dir=str(log_dir))
+        self._validation_ppl = validation_ppl
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         for name, value in _numbers(record).items():
             self._writer.add_scalar(name, value, iteration)
 
-    def write_evaluation(self, name: str, loss: float, iteration: int,
-                         consumed_samples: int) -> None:
-        """Megatron-LM's two scalars: per iteration and ``vs samples``."""
-        key = evaluation_key(name)
-        self._writer.add_scalar(key, loss, iteration)
-        self._writer.add_scalar(f"{key} vs samples", loss, consumed_samples)
+    def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
+                         metrics: Mapping[str, float] | None = None) -> None:
+        """Megatron-LM's two scalars of each value: per iteration and ``vs samples``; with
+        ``validation_ppl`` also the lm loss's perplexity (``... ppl``, ``... ppl vs samples``;
+        not the flow metrics', which need not be losses)."""
+        values = evaluation_values(name, loss, metrics)
+        if self._validation_ppl:
+            values[f"{evaluation_key(name)} ppl"] = perplexity(to_python(loss))
+        for key, value in values.items():
+            self._writer.add_scalar(key, value, iteration)
+            self._writer.add_scalar(f"{key} vs samples", value, consumed_samples)
 
     def close(self) -> None:
         self._writer.close()
@@ -169,9 +193,9 @@ class WandbMetricWriter:
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         self._run.log(_numbers(record), step=iteration)
 
-    def write_evaluation(self, name: str, loss: float, iteration: int,
-                         consumed_samples: int) -> None:
-        self._run.log({evaluation_key(name): loss}, step=iteration)
+    def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
+                         metrics: Mapping[str, float] | None = None) -> None:
+        self._run.log(evaluation_values(name, loss, metrics), step=iteration)
 
     def close(self) -> None:
         self._run.finish()
@@ -195,7 +219,8 @@ def build_metric_writers(logging: LoggingConfig, train_iters: int,
     if logging.log_metrics_jsonl:
         writers.append(JsonlMetricWriter(logging.log_metrics_jsonl))
     if logging.tensorboard_dir:
-        writers.append(TensorBoardMetricWriter(logging.tensorboard_dir))
+        writers.append(TensorBoardMetricWriter(logging.tensorboard_dir,
+                                               logging.log_validation_ppl_to_tensorboard))
     if logging.wandb_project:
         writers.append(WandbMetricWriter(logging.wandb_project, logging.wandb_exp_name,
                                          logging.wandb_save_dir, logging.wandb_mode, run_flags))

@@ -111,7 +111,11 @@ def pretrain(trainer: Trainer) -> list[dict]:
         trainer.start()
         providers = build_data_providers(trainer)
         try:
-            trainer.setup_model_and_optimizer()
+            state = trainer.setup_model_and_optimizer()
+            if providers.valid is not None and state.iteration > 0:
+                evaluation.check_resumed_validation(trainer.run.training, state.iteration,
+                                                    state.consumed_valid_samples,
+                                                    trainer.run.data.eval_samples)
             return train(trainer, providers.train, providers.valid, exits, providers.test)
         finally:  # --num-workers readers stop with the run, not at interpreter exit
             for provider in providers:

@@ -18,7 +18,9 @@ the LR/WD schedule. On ``--load``:
   iteration x global batch in pretrain_gpt.py's loop, the samples of the caller's batches in
   megatron.wrap's); the resumed run continues the stream at that sample, and its LR schedule
   and consumed-samples count from there. pretrain_gpt.py refuses a checkpoint whose count is
-  not iteration x global batch (its loop reads global batch i at iteration i).
+  not iteration x global batch (its loop reads global batch i at iteration i). It also records
+  the validation samples its evaluations read (``consumed_valid_samples``, Megatron-LM's), where
+  the resumed run's validation continues (:mod:`~megatron.varlen_training.evaluation`).
 - data content: each ``--data-path`` file (and each per-split path) is identified by its
   content, a fingerprint of size and SHA-256 (streamed; computed once per run by rank 0, at
   the first save and at ``--load``; a folder of Parquet shards or a ``save_to_disk`` folder:
@@ -93,6 +95,9 @@ DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", 
 # Keys added after checkpoints were written without them: the value those checkpoints had.
 RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
+# Validation samples the run's evaluations had read (Megatron-LM's ``consumed_valid_samples``):
+# the resumed run's next evaluation continues the validation stream there.
+VALID_POSITION_KEY = "consumed_valid_samples"
 OPTIMIZER_LAYOUT_KEY = "use_distributed_optimizer"
 # With expert parallelism megatron-core keeps the experts' optimizer state in an optimizer of
 # its own (a chained optimizer): EP 1 and EP > 1 checkpoints have different optimizer layouts.
@@ -190,14 +195,18 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
 
 
 def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
-                  consumed_samples: int | None = None) -> str:
+                  consumed_samples: int | None = None,
+                  consumed_valid_samples: int | None = None) -> str:
     """Writes ``run_args.json``; with ``iteration``, also the data position: the training
     samples consumed so far, ``consumed_samples`` (default iteration x global batch: every
-    iteration of pretrain_gpt.py's loop reads one global batch)."""
+    iteration of pretrain_gpt.py's loop reads one global batch), and the validation samples
+    read so far, ``consumed_valid_samples`` (not recorded when None)."""
     recorded = snapshot(run)
     if iteration is not None:
         recorded[DATA_POSITION_KEY] = consumed_samples if consumed_samples is not None \
             else iteration * run.training.global_batch_size
+        if consumed_valid_samples is not None:
+            recorded[VALID_POSITION_KEY] = consumed_valid_samples
     atomic_write_text(os.path.join(folder, RUN_ARGS_FILENAME),
                       json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return RUN_ARGS_FILENAME
@@ -207,6 +216,20 @@ def consumed_samples(folder: str, iteration: int, run: RunConfig) -> int:
     """The training samples the checkpoint in ``folder`` had consumed (module docstring)."""
     saved = read_run_args(folder).get(DATA_POSITION_KEY)
     return iteration * run.training.global_batch_size if saved is None else int(saved)
+
+
+def recorded_valid_samples(folder: str) -> int | None:
+    """The validation samples the checkpoint in ``folder`` records as read, or None for a
+    checkpoint saved before they were recorded; a one-line CheckpointError if the value is not
+    a count."""
+    saved = read_run_args(folder).get(VALID_POSITION_KEY)
+    if saved is None:
+        return None
+    if isinstance(saved, bool) or not isinstance(saved, int) or saved < 0:
+        raise CheckpointError(f"checkpoint {folder!r}: {VALID_POSITION_KEY} in "
+                              f"{RUN_ARGS_FILENAME} is {saved!r}, not a sample count; load "
+                              f"another checkpoint")
+    return saved
 
 
 def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:

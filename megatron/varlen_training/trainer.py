@@ -190,6 +190,16 @@ class Trainer:
         for writer in self.writers:
             writer.write(record["iteration"], record)
 
+    def write_evaluation(self, name: str, loss: float,
+                         metrics: dict[str, float] | None = None) -> None:
+        """Hands an evaluation's loss and ``metrics`` (a flow's own, by name) to the metric
+        writers (last rank), at the current iteration and consumed training samples, under
+        Megatron-LM's keys (``lm loss validation``, ...: metric_writers.evaluation_key)."""
+        state = self.state
+        for writer in self.writers:
+            writer.write_evaluation(name, loss, state.iteration, state.consumed_train_samples,
+                                    metrics)
+
     # --- checkpoints ------------------------------------------------------------------------
 
     def save(self, root: str | None = None) -> str:
@@ -199,7 +209,8 @@ class Trainer:
             return checkpointing.save_checkpoint(
                 root or self.run.checkpoint.save, state.iteration, state.model, state.optimizer,
                 state.scheduler, self.run, extra_files=self.checkpoint_files,
-                consumed_samples=state.consumed_train_samples)
+                consumed_samples=state.consumed_train_samples,
+                consumed_valid_samples=state.consumed_valid_samples)
 
     def save_if_due(self) -> str | None:
         """``--save-interval``: saves after every multiple; the folder, or None."""
@@ -215,6 +226,8 @@ class Trainer:
             load_parts(self.run.checkpoint))  # --finetune, --no-load-optim, --no-load-rng
         state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration,
                                                                          self.run)
+        state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
+            root, state.iteration, self.run)
         return state.iteration
 
     # --- close ------------------------------------------------------------------------------

@@ -52,6 +52,9 @@ class TrainState:
     # iteration x --global-batch-size in pretrain_gpt.py's loop; the facade's runtime batches
     # may hold any number of samples, and this counts them (checkpointed in run_args.json).
     consumed_train_samples: int = 0
+    # Validation samples the evaluations so far read (Megatron-LM's ``consumed_valid_samples``,
+    # checkpointed in run_args.json): the next evaluation continues the stream there.
+    consumed_valid_samples: int = 0
 
 
 def build_optimizer(run: RunConfig, model):
@@ -109,6 +112,8 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> Trai
                                                         parts)
         state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration,
                                                                          run)
+        state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
+            root, state.iteration, run)
         optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from megatron.varlen_training import checkpointing, log
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import agree_and_gather, share_nothing
+from megatron.varlen_training.evaluation import VALIDATION
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.varlen_training.hf.config import HFConfigError
 from megatron.varlen_training.initialize import initialize_distributed
@@ -227,7 +228,9 @@ class MegatronWrap(ParallelStateMixin):
     @torch.no_grad()
     def evaluate(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
         """Forward only on ``batch``: ``loss``, the flow's metrics, ``samples``, ``tokens``,
-        ``num_microbatches`` (every rank; nothing is updated)."""
+        ``num_microbatches`` (every rank; nothing is updated). The validation line and the
+        metric writers (TensorBoard / wandb: ``lm loss validation``, ``<metric> validation``)
+        get them as ``pretrain_gpt.py``'s evaluations do (docs/WRAP.md section 4)."""
         self._require(self.state, "setup_model_and_optimizer()")
         samples = self._global_batch(batch, source, "evaluate")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
@@ -238,6 +241,8 @@ class MegatronWrap(ParallelStateMixin):
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
         log_validation_loss(self.state.iteration, reduced[LOSS])  # as pretrain_gpt.py's loop
+        if self.trainer.writers:  # the last rank: TensorBoard / wandb as the loop's evaluations
+            self.trainer.write_evaluation(VALIDATION, reduced[LOSS], flow_metrics(reduced))
         return {**reduced, "samples": len(samples), "tokens": step.seqlen_sum,
                 "num_microbatches": step.num_microbatches}
 

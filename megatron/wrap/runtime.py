@@ -58,6 +58,9 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
             samples_per_pack, run.packing.max_seqlen_per_dp_cp_rank, samples_per_pack)
     # The caller's loop hands each step its batch, of any size (RL batches vary).
     training = dataclasses.replace(run.training, runtime_batches=True)
+    # The facade's writers come from its keys; what they write from the flags.
+    logging = dataclasses.replace(logging, log_validation_ppl_to_tensorboard=(
+        run.logging.log_validation_ppl_to_tensorboard))
     return dataclasses.replace(run, logging=logging, training=training), console
 
 

@@ -23,6 +23,9 @@ class LoggingConfig:
     wandb_exp_name: str | None
     wandb_save_dir: str | None
     wandb_mode: str = "auto"
+    # --log-validation-ppl-to-tensorboard: the TensorBoard writer adds each evaluation's
+    # perplexity (Megatron-LM's flag; without a TensorBoard writer it writes nothing, as there).
+    log_validation_ppl_to_tensorboard: bool = False
 
     def __post_init__(self):
         check_ranges(self)

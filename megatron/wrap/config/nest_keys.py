@@ -57,7 +57,7 @@ ACCEPTED: dict[str, str] = {
     **dict.fromkeys(("log_params_norm", "log_num_zeros_in_grad", "log_throughput",
                      "log_timers_to_tensorboard", "log_batch_size_to_tensorboard",
                      "log_learning_rate_to_tensorboard", "log_loss_scale_to_tensorboard",
-                     "log_validation_ppl_to_tensorboard", "log_memory_to_tensorboard",
+                     "log_memory_to_tensorboard",
                      "log_world_size_to_tensorboard", "tensorboard_log_interval",
                      "tensorboard_queue_size", "timing_log_option", "timing_log_level",
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),

@@ -32,7 +32,8 @@ EXPECTED_FLAGS = frozenset("""
 --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
---tensorboard-dir --wandb-project --wandb-exp-name --wandb-save-dir
+--tensorboard-dir --log-validation-ppl-to-tensorboard
+--wandb-project --wandb-exp-name --wandb-save-dir
 --pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
 --validate-packing-schedules
 --train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction

@@ -3,8 +3,11 @@ independent references:
 
 - which validation global batches each evaluation reads: a counter that advances as
   Megatron-LM's validation iterator does (one block of --eval-iters batches per evaluation,
-  also at the end of training; a resumed run restarts it at ``iteration // eval_interval``
-  blocks), and the sample count the datasets are built for;
+  also at the end of training; a checkpoint stores its count, ``consumed_valid_samples``, and a
+  resumed run continues from it whatever --eval-interval it resumes with), and the sample
+  count the datasets are built for; a resume that would read past them is refused in one line;
+  real checkpoints record the count, older ones without it derive it from the iteration,
+  and a garbled count is refused in one line;
 - the validation and test losses a packed DP2 run (mock SFT samples) and a packed one-rank
   run (Megatron indexed data, megatron-core's test split) report: the per-token mean computed
   directly in this test, sample by sample (one unpacked forward each), over exactly the
@@ -12,7 +15,9 @@ independent references:
 - evaluation has no side effect on training: with dropout on, a run that evaluates after every
   iteration trains exactly as one that never evaluates (dense, and MoE with its balancing
   losses); a run stopped by an exit condition skips the end-of-training evaluations;
-- the TensorBoard / wandb keys and the log lines are Megatron-LM's;
+- the TensorBoard / wandb keys and the log lines are Megatron-LM's, the validation perplexity
+  (--log-validation-ppl-to-tensorboard) is exp of the written loss, read back from a real
+  event file;
 - two cells of tools/probe_combinations.py with ``--eval``: dynamic CP against the single-rank
   unpacked run, and a resumed run against the straight one.
 """
@@ -20,20 +25,25 @@ independent references:
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from megatron.varlen_training import evaluation, metric_writers, training
+from megatron.varlen_training import checkpointing, evaluation, metric_writers, training
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.datasets.builder import build_split_datasets
+from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.pretrain import pretrain
+from megatron.varlen_training.resume_consistency import recorded_valid_samples, save_run_args
 from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
+from tests.harness.extras import needs_extra
 from tests.harness.metric_fakes import fake_metric_modules
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
@@ -51,8 +61,9 @@ TIMEOUT_S = 120
 
 class _MegatronValidIterator:
     """The reference: one iterator over validation global batches, as Megatron-LM's; every
-    evaluation takes the next ``eval_iters``; a resume re-creates it after Megatron-LM's
-    ``consumed_valid_samples`` of a checkpoint without one (iteration // interval blocks)."""
+    evaluation takes the next ``eval_iters`` global batches (its ``consumed_valid_samples``
+    grows by ``eval_iters x global batch``), and a checkpoint stores that count, from which a
+    resumed run re-creates the iterator whatever its --eval-interval."""
 
     def __init__(self, eval_iters: int, start_block: int = 0):
         self.eval_iters, self.next_batch = eval_iters, start_block * eval_iters
@@ -62,9 +73,15 @@ class _MegatronValidIterator:
         return first
 
 
-def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int = 0):
+GBS = 4
+
+
+def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int = 0,
+              consumed_valid: int = 0, stop: int | None = None):
     """The first validation batch of each evaluation evaluation.py runs from iteration
-    ``start`` (a resume) to the end, as (iteration, first batch, at end)."""
+    ``start`` (a resume, ``consumed_valid`` validation samples read before it) to ``stop``
+    (default the end, with the end-of-training evaluations), as (iteration, first batch,
+    split); and the validation samples read when it stops (what a checkpoint records)."""
     reads = []
 
     def fake_evaluate(run, state, provider, first_index, on_batch=None):
@@ -72,19 +89,25 @@ def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int 
         return None
 
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=eval_interval,
-                             global_batch_size=4)
+                             global_batch_size=GBS, train_iters=train_iters)
     trainer = SimpleNamespace(run=SimpleNamespace(training=config),
-                              state=SimpleNamespace(iteration=start, consumed_train_samples=0),
+                              state=training.TrainState(None, None, None, None, start,
+                                                        consumed_valid_samples=consumed_valid),
                               writers=[])
     original, training.evaluate = training.evaluate, fake_evaluate
     try:
-        for iteration in range(start + 1, train_iters + 1):
+        for iteration in range(start + 1, (stop or train_iters) + 1):
             trainer.state.iteration = iteration
             evaluation.evaluate_in_loop(trainer, "valid")
-        evaluation.evaluate_at_end(trainer, "valid", "test")
+        if stop is None:
+            evaluation.evaluate_at_end(trainer, "valid", "test")
     finally:
         training.evaluate = original
-    return reads
+    return reads, trainer.state.consumed_valid_samples
+
+
+def _valid_reads(reads) -> list[tuple[int, int]]:
+    return [(it, first) for it, first, source in reads if source == "valid"]
 
 
 @pytest.mark.parametrize("train_iters,interval,eval_iters", [(7, 2, 3), (6, 2, 3), (5, 1, 2),
@@ -93,26 +116,86 @@ def test_evaluations_read_the_next_validation_batches(train_iters, interval, eva
     reference = _MegatronValidIterator(eval_iters)
     expected = [(it, reference.take()) for it in range(1, train_iters + 1) if it % interval == 0]
     expected.append((train_iters, reference.take()))  # the end: after the in-loop one, too
-    reads = _schedule(train_iters, interval, eval_iters)
-    assert [(it, first) for it, first, source in reads if source == "valid"] == expected
+    reads, consumed_valid = _schedule(train_iters, interval, eval_iters)
+    assert _valid_reads(reads) == expected
     assert [(it, first) for it, first, source in reads if source == "test"] == \
         [(train_iters, 0)]
+    assert consumed_valid == reference.next_batch * GBS  # the test split is not counted
     # The validation set is built for exactly these reads (Megatron-LM's eval sample count).
     args = SimpleNamespace(train_samples=None, train_iters=train_iters, eval_interval=interval,
-                           eval_iters=eval_iters, global_batch_size=4)
+                           eval_iters=eval_iters, global_batch_size=GBS)
     assert reference.next_batch * args.global_batch_size == sample_counts(args)[1]
 
 
 @pytest.mark.parametrize("resume_at", [2, 3, 4])
 def test_a_resumed_run_reads_what_an_uninterrupted_one_reads(resume_at):
-    straight = [r for r in _schedule(7, 2, 3) if r[0] > resume_at]
-    reference = _MegatronValidIterator(3, start_block=resume_at // 2)
-    assert [first for _, first, source in straight if source == "valid"][0] == reference.take()
-    assert _schedule(7, 2, 3, start=resume_at) == straight
+    straight, _ = _schedule(7, 2, 3)
+    first_half, stored = _schedule(7, 2, 3, stop=resume_at)
+    resumed, _ = _schedule(7, 2, 3, start=resume_at, consumed_valid=stored)
+    assert first_half + resumed == straight
+
+
+# (first interval, resumed interval, eval_iters, resumed at, train_iters): the resumed run
+# evaluates more or less often than the one that saved.
+CHANGED_INTERVALS = [(2, 1, 1, 4, 8), (2, 3, 2, 5, 12), (3, 2, 1, 6, 9), (1, 2, 2, 3, 12)]
+REFUSED = {(2, 3, 2, 5, 12), (1, 2, 2, 3, 12)}  # counted by hand: they read past the split
+
+
+@pytest.mark.parametrize("before,after,eval_iters,resume_at,train_iters", CHANGED_INTERVALS)
+def test_a_resume_with_another_eval_interval_continues_megatron_lms_stream(
+        before, after, eval_iters, resume_at, train_iters):
+    """Megatron-LM's iterator does not care which --eval-interval the run resumes with: it
+    continues after the samples the checkpoint records. (Derived from the iteration, as before
+    they were recorded, the resumed run would start at another batch in every case here.)"""
+    reference = _MegatronValidIterator(eval_iters)
+    expected_first = [(it, reference.take()) for it in range(1, resume_at + 1)
+                      if it % before == 0]
+    first_half, stored = _schedule(train_iters, before, eval_iters, stop=resume_at)
+    assert _valid_reads(first_half) == expected_first
+    assert stored == reference.next_batch * GBS  # what the checkpoint records
+    expected = [(it, reference.take()) for it in range(resume_at + 1, train_iters + 1)
+                if it % after == 0]
+    expected.append((train_iters, reference.take()))
+    resumed, _ = _schedule(train_iters, after, eval_iters, start=resume_at,
+                           consumed_valid=stored)
+    assert _valid_reads(resumed) == expected
+    derived_start = resume_at // after * eval_iters
+    assert derived_start != stored // GBS, "the case would not tell the two apart"
+
+
+@pytest.mark.parametrize("before,after,eval_iters,resume_at,train_iters", CHANGED_INTERVALS)
+def test_resumed_evaluations_fit_the_validation_split_or_are_refused(
+        before, after, eval_iters, resume_at, train_iters):
+    """The start-up check refuses exactly the resumes whose reads (counted by the reference
+    iterator) would pass the validation split this run builds (sample_counts)."""
+    reference = _MegatronValidIterator(eval_iters)
+    for it in range(1, resume_at + 1):
+        if it % before == 0:
+            reference.take()
+    stored = reference.next_batch * GBS
+    for it in range(resume_at + 1, train_iters + 1):
+        if it % after == 0:
+            reference.take()
+    reference.take()  # the end of training
+    args = SimpleNamespace(train_samples=None, train_iters=train_iters, eval_interval=after,
+                           eval_iters=eval_iters, global_batch_size=GBS)
+    eval_samples = sample_counts(args)[1]
+    config = SimpleNamespace(eval_iters=eval_iters, eval_interval=after,
+                             global_batch_size=GBS, train_iters=train_iters)
+    fits = reference.next_batch * GBS <= eval_samples
+    assert fits == ((before, after, eval_iters, resume_at, train_iters) not in REFUSED)
+    if fits:
+        evaluation.check_resumed_validation(config, resume_at, stored, eval_samples)
+    else:
+        with pytest.raises(CheckpointError, match="--eval-interval") as refused:
+            evaluation.check_resumed_validation(config, resume_at, stored, eval_samples)
+        assert "\n" not in str(refused.value)
+        assert f"up to sample {reference.next_batch * GBS}" in str(refused.value)
+        assert f"the {eval_samples} the validation split holds" in str(refused.value)
 
 
 def test_no_evaluation_without_eval_iters():
-    assert _schedule(4, 2, 0) == []
+    assert _schedule(4, 2, 0) == ([], 0)
 
 
 # ---------------------------------------------------------------- the losses
@@ -227,6 +310,89 @@ def test_a_resumed_run_validates_as_the_straight_one(tmp_path):
     assert run["resumed"] == run["history"]
 
 
+def _validation_reads(argv: list[str]) -> list[tuple[int, int]]:
+    """pretrain() on this rank with the first validation / test batch of every evaluation
+    recorded, as (iteration, first batch)."""
+    reads, original = [], training.evaluate
+
+    def recording(run, state, provider, first_index, on_batch=None):
+        reads.append((state.iteration, first_index))
+        return original(run, state, provider, first_index, on_batch)
+
+    training.evaluate = recording
+    try:
+        train_on_this_rank(argv)
+    finally:
+        training.evaluate = original
+    return reads
+
+
+def _resumes_with_other_eval_intervals(folder: str) -> dict:
+    """Saves after 2 of 4 iterations evaluating every 2nd, then resumes with --eval-interval 1
+    (fits) and 4 (would read past the validation split); and reads a checkpoint written before
+    consumed_valid_samples was recorded."""
+    base = [*TINY_GPT_ARGS, "--train-iters", "4", "--micro-batch-size", "1",
+            "--sequence-packing", "--eval-iters", "1"]
+    results = {"first": _validation_reads(
+        base + ["--eval-interval", "2", "--exit-interval", "2", "--save", folder])}
+    with open(f"{folder}/iter_0000002/run_args.json", encoding="utf-8") as handle:
+        results["recorded"] = json.load(handle)["consumed_valid_samples"]
+    results["resumed"] = _validation_reads(base + ["--eval-interval", "1", "--load", folder])
+    try:
+        _validation_reads(base + ["--eval-interval", "4", "--load", folder])
+    except CheckpointError as err:
+        results["refused"] = str(err)
+    old = parse_run_config(base + ["--eval-interval", "3"], world_size=1)
+    os.makedirs(f"{folder}/old/iter_0000007")
+    save_run_args(f"{folder}/old/iter_0000007", old, iteration=7)  # no validation count
+    notes = []
+    original, checkpointing.print_rank_0 = checkpointing.print_rank_0, notes.append
+    try:
+        results["derived"] = checkpointing.consumed_valid_samples_at(f"{folder}/old", 7, old)
+    finally:
+        checkpointing.print_rank_0 = original
+    results["notes"] = notes
+    return results
+
+
+def test_a_resume_with_another_eval_interval_continues_the_recorded_stream(tmp_path):
+    """Real checkpoints (one rank, packed): the checkpoint records the validation samples the
+    reference iterator counted, the resumed run's evaluations continue after them with its own
+    --eval-interval, a resume that would read past the validation split is refused in one
+    line, and an older checkpoint derives the count from its iteration (and says so)."""
+    result = run_distributed(_resumes_with_other_eval_intervals, 1, args=(str(tmp_path),),
+                             timeout_s=TIMEOUT_S)[0]
+    reference, gbs = _MegatronValidIterator(1), 4
+    assert result["first"] == [(2, reference.take())]  # --exit-interval: no end evaluations
+    assert result["recorded"] == reference.next_batch * gbs
+    expected = [(3, reference.take()), (4, reference.take()), (4, reference.take()), (4, 0)]
+    assert result["resumed"] == expected  # the last: the test split, from its start
+    refused = result["refused"]
+    assert "\n" not in refused and "--eval-interval 4" in refused, refused
+    assert "read 4 validation samples" in refused and "holds" in refused, refused
+    assert result["derived"] == 7 // 3 * 1 * gbs
+    assert len(result["notes"]) == 1 and "records no consumed_valid_samples" in \
+        result["notes"][0], result["notes"]
+
+
+@pytest.mark.parametrize("value", ["12", -4, 2.5, True, [8]])
+def test_a_garbled_recorded_count_is_one_line(tmp_path, value):
+    """A run_args.json whose consumed_valid_samples is not a sample count: refused in one line
+    naming the file and the value (never a wrong start or a traceback)."""
+    (tmp_path / "run_args.json").write_text(json.dumps({"consumed_valid_samples": value}))
+    with pytest.raises(CheckpointError) as refused:
+        recorded_valid_samples(str(tmp_path))
+    message = str(refused.value)
+    assert "\n" not in message and "run_args.json" in message and repr(value) in message
+
+
+def test_a_recorded_count_is_read_as_written(tmp_path):
+    (tmp_path / "run_args.json").write_text(json.dumps({"consumed_valid_samples": 12}))
+    assert recorded_valid_samples(str(tmp_path)) == 12
+    (tmp_path / "run_args.json").write_text(json.dumps({"consumed_train_samples": 12}))
+    assert recorded_valid_samples(str(tmp_path)) is None  # saved before it was recorded
+
+
 def test_an_exit_condition_skips_the_end_of_training_evaluations():
     """As Megatron-LM: a run stopped by --exit-interval evaluates in the loop, not at the end
     (the resumed run does, once it reaches --train-iters)."""
@@ -287,6 +453,61 @@ def test_tensorboard_and_wandb_keys_are_megatron_lms(monkeypatch, tmp_path):
                          ("lm loss validation vs samples", 2.5, 160),
                          ("lm loss test", 2.25, 10), ("lm loss test vs samples", 2.25, 160)]
     assert runs[0].logged == [(10, {"lm loss validation": 2.5}), (10, {"lm loss test": 2.25})]
+
+
+def test_validation_ppl_keys_and_values_are_megatron_lms(monkeypatch, tmp_path):
+    """--log-validation-ppl-to-tensorboard: Megatron-LM's ppl scalars, exp(min(20, loss)) (its
+    cap, written out here), per iteration and vs samples; not without the flag, not to wandb."""
+    calls, runs = [], []
+    for name, module in fake_metric_modules(calls, runs).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    with_ppl = metric_writers.TensorBoardMetricWriter(tmp_path, validation_ppl=True)
+    with_ppl.write_evaluation("validation", 2.5, 10, 160)
+    with_ppl.write_evaluation("test", 25.0, 10, 160)  # a diverged loss: Megatron-LM caps it
+    assert calls[1:] == [("lm loss validation", 2.5, 10),
+                         ("lm loss validation vs samples", 2.5, 160),
+                         ("lm loss validation ppl", math.exp(2.5), 10),
+                         ("lm loss validation ppl vs samples", math.exp(2.5), 160),
+                         ("lm loss test", 25.0, 10), ("lm loss test vs samples", 25.0, 160),
+                         ("lm loss test ppl", math.exp(20), 10),
+                         ("lm loss test ppl vs samples", math.exp(20), 160)]
+    del calls[:]
+    metric_writers.TensorBoardMetricWriter(tmp_path).write_evaluation("validation", 2.5, 1, 4)
+    assert [call[0] for call in calls[1:]] == ["lm loss validation",
+                                               "lm loss validation vs samples"]
+    run = parse_run_config([*TINY_GPT_ARGS, "--train-iters", "1", "--tensorboard-dir",
+                            str(tmp_path), "--log-validation-ppl-to-tensorboard"], world_size=1)
+    assert run.logging.log_validation_ppl_to_tensorboard
+
+
+def _pretrain_with_tensorboard(argv: list[str], folder: str) -> dict:
+    train_on_this_rank(argv + ["--tensorboard-dir", folder])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(folder)
+    events.Reload()
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
+@needs_extra("metrics")
+def test_pretrain_gpt_writes_validation_ppl_to_tensorboard(tmp_path):
+    """The real event file of a run with --log-validation-ppl-to-tensorboard: each written
+    validation loss has its perplexity, math.exp of it, at the same step (TensorBoard stores
+    float32)."""
+    argv = [*TINY_GPT_ARGS, "--train-iters", "2", "--eval-iters", "1", "--eval-interval", "1",
+            "--micro-batch-size", "1", "--sequence-packing", "--log-validation-ppl-to-tensorboard"]
+    scalars = run_distributed(_pretrain_with_tensorboard, 1, args=(argv, str(tmp_path)),
+                              timeout_s=TIMEOUT_S)[0]
+    for suffix in ("", " vs samples"):
+        written = scalars[f"lm loss validation{suffix}"]
+        ppl = scalars[f"lm loss validation ppl{suffix}"]
+        assert len(written) == 3  # iterations 1, 2 and the end of training
+        assert [step for step, _ in ppl] == [step for step, _ in written]
+        assert all(abs(p - math.exp(loss)) <= 1e-6 * math.exp(loss)
+                   for (_, p), (_, loss) in zip(ppl, written)), (ppl, written)
+    assert [step for step, _ in scalars["lm loss validation vs samples"]] == [4, 8, 8]
+    assert [step for step, _ in scalars["lm loss test ppl"]] == [2]
 
 
 def test_validation_lines_are_megatron_lms(capsys, monkeypatch):
