@@ -8,8 +8,9 @@ the LR/WD schedule. On ``--load``:
   reshards), except where it changes the model: the padded vocabulary depends on
   ``--make-vocab-size-divisible-by`` x TP.
 - data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``, the
-  SFT record keys ``--sft-messages-key``/``--sft-prompt-key``/``--sft-response-key``) must
-  match: the resumed run would otherwise read other samples than the run it continues. With
+  SFT record keys ``--sft-messages-key``/``--sft-prompt-key``/``--sft-response-key``, and how
+  an SFT file was split: a checkpoint from before ``--sft`` honoured ``--split`` used the 5%
+  tail) must match: the resumed run would otherwise read other samples than the run it continues. With
   Megatron indexed data also the number of training samples the datasets are built for
   (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as
   that count needs, so another count is another sample order (refused unless
@@ -90,8 +91,13 @@ INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data w
 # another key reads other fields of the same records.
 SFT_KEYS = {"sft_messages_key": "messages", "sft_prompt_key": "prompt",
             "sft_response_key": "response"}
+# How a real SFT file's samples were split into training and validation: by --split's shares,
+# or the last 5% validate (the only rule before --sft honoured --split: a checkpoint without
+# this key that trained on an SFT file used it, whatever --split it recorded). None: no SFT file.
+SFT_SPLIT_RULE_KEY = "sft_split_rule"
+SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
-                   INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS)
+                   INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
 RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
@@ -152,6 +158,13 @@ def data_entries(run: RunConfig) -> list[str] | None:
     return [entry for paths in lists for entry in (paths or ())]
 
 
+def _sft_split_rule(data) -> str | None:
+    """:data:`SFT_SPLIT_RULE_KEY`'s value for the run's data."""
+    if not data.sft or data.mock_data:
+        return None
+    return SFT_SPLIT_BY_SHARES if data.split is not None else SFT_SPLIT_TAIL
+
+
 def _recorded_values(run: RunConfig) -> dict:
     """The run's value of every key ``run_args.json`` records, from the config holding it."""
     model, hybrid, data = run.model, run.model.hybrid, run.data
@@ -170,6 +183,7 @@ def _recorded_values(run: RunConfig) -> dict:
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
         split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
+        sft_split_rule=_sft_split_rule(data),
         **{key: getattr(data, key) for key in SFT_KEYS},
         **{INDEXED_SAMPLES_KEY: data.train_samples if data.indexed else None},
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
@@ -300,6 +314,10 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     accepted a difference."""
     saved = {**RECORDED_BEFORE, **read_run_args(folder)}
     mine = snapshot(run, with_data=False)
+    # A checkpoint from before the key: an SFT file was split by the tail rule, other data by
+    # none (the key's comment).
+    saved.setdefault(SFT_SPLIT_RULE_KEY, None if mine[SFT_SPLIT_RULE_KEY] is None
+                     else SFT_SPLIT_TAIL)
     note = None
     for key in _compared_keys(saved, mine, parts):
         if _normalise(saved.get(key)) == _normalise(mine[key]):
@@ -445,6 +463,12 @@ def _mismatch(key: str, saved: dict, mine: dict) -> str:
                 f"table has --seq-length entries); use the checkpoint's value")
     if key == INDEXED_SAMPLES_KEY:
         return _indexed_samples_mismatch(saved.get(key), mine[key])
+    if key == SFT_SPLIT_RULE_KEY and saved.get(key) == SFT_SPLIT_TAIL:
+        return (f"--load: the checkpoint's SFT run held out the last 5% of its file for "
+                f"validation and trained on the rest (before --sft honoured --split, its "
+                f"--split {saved.get('split')} was not applied), this run splits the file by "
+                f"--split {mine['split']}: another training set; resume without --split to "
+                f"keep the checkpoint's samples")
     what = "the model" if key in MODEL_KEYS else "the fields read from the SFT records" \
         if key in SFT_KEYS else "the data order"
     return (f"--load: the checkpoint was trained with {_flag(key)} {saved.get(key)}, this run "

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from megatron.varlen_training.checkpoint_integrity import MANIFEST_FILENAME, file_digest
 from megatron.varlen_training.errors import CheckpointError
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
@@ -247,6 +248,37 @@ def test_changed_data_file_is_refused_unless_overridden(sft_data):
     resumed = _run(_sft_args(data, "--train-iters", "3", "--load", str(root),
                              "--override-data-fingerprint"))
     assert len(resumed) == 1
+
+
+def _rewrite_run_args(path, recorded: dict) -> None:
+    """Writes ``recorded`` as the checkpoint's run_args.json, its manifest entry to match (an
+    older checkpoint's manifest covered its own file)."""
+    path.write_text(json.dumps(recorded))
+    manifest_path = path.parent / MANIFEST_FILENAME
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][path.name] = file_digest(str(path))
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def test_sft_checkpoint_from_before_split_was_honoured(sft_data):
+    """A checkpoint saved while --sft ignored --split (the last 5% validated whatever it said,
+    so its run_args.json records a --split but no split rule) trained on another set than this
+    run's --split gives: refused in one line; without --split (the tail rule) it resumes."""
+    data, root = sft_data
+    for run_args in root.glob("iter_*/run_args.json"):  # as such a checkpoint recorded it
+        recorded = json.loads(run_args.read_text())
+        del recorded["sft_split_rule"]
+        _rewrite_run_args(run_args, {**recorded, "split": "80,20,0"})
+    message = _refusals(_sft_args(data, "--train-iters", "3", "--load", str(root),
+                                  "--split", "80,20,0"))[0]
+    assert message == ("--load: the checkpoint's SFT run held out the last 5% of its file for "
+                       "validation and trained on the rest (before --sft honoured --split, its "
+                       "--split 80,20,0 was not applied), this run splits the file by --split "
+                       "80,20,0: another training set; resume without --split to keep the "
+                       "checkpoint's samples"), message
+    for run_args in root.glob("iter_*/run_args.json"):
+        _rewrite_run_args(run_args, {**json.loads(run_args.read_text()), "split": None})
+    assert len(_run(_sft_args(data, "--train-iters", "3", "--load", str(root)))) == 1
 
 
 # --- Issue 21, observation 8: the refusal names the flag the user changed ------------------
