@@ -220,15 +220,8 @@ class Trainer:
 
     def load(self, root: str) -> int:
         """Restores the checkpoint under ``root`` (checked against this run); its iteration."""
-        state = self.state
-        state.iteration = checkpointing.load_checkpoint(
-            root, state.model, state.optimizer, state.scheduler, self.run,
-            load_parts(self.run.checkpoint))  # --finetune, --no-load-optim, --no-load-rng
-        state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration,
-                                                                         self.run)
-        state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
-            root, state.iteration, self.run)
-        return state.iteration
+        # load_parts: --finetune, --no-load-optim, --no-load-rng
+        return training.load_state(self.state, root, load_parts(self.run.checkpoint), self.run)
 
     # --- close ------------------------------------------------------------------------------
 

@@ -107,15 +107,21 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> Trai
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, config=config)
     source = checkpoint_source(run.checkpoint)
     if source is not None:
-        root, parts = source
-        state.iteration = checkpointing.load_checkpoint(root, model, optimizer, scheduler, run,
-                                                        parts)
-        state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration,
-                                                                         run)
-        state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
-            root, state.iteration, run)
+        load_state(state, *source, run)
         optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
+
+
+def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
+    """Restores the checkpoint under ``root`` into ``state`` (what ``parts`` names: weights,
+    optimizer, schedule, RNG) and the data positions the run continues from (training and
+    validation samples consumed); its iteration."""
+    state.iteration = checkpointing.load_checkpoint(root, state.model, state.optimizer,
+                                                    state.scheduler, run, parts)
+    state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration, run)
+    state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
+        root, state.iteration, run)
+    return state.iteration
 
 
 def _per_chunk(functions: list):
