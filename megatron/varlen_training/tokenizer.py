@@ -22,8 +22,10 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer")
+HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
+TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", HF_TOKENIZER_TYPE)
 CHAT_ROLES = ("system", "user", "assistant")
+TRAINED_ROLE = "assistant"  # the turns SFT trains on (the others are masked)
 
 # ByteLevelTokenizer layout: ids 0..255 are raw bytes, the special ids follow.
 NUM_BYTES = 256

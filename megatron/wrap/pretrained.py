@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE
 from megatron.wrap.config import WrapConfig
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
 
 
 def pretrained_config(config: WrapConfig, hf_dir: str) -> WrapConfig:

@@ -34,10 +34,9 @@ from megatron.varlen_training.datasets.sft_unread import (
     refuse_pretokenized, refuse_unread_message_keys,
 )
 from megatron.varlen_training.log import warning_rank_0
-from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
+from megatron.varlen_training.tokenizer import CHAT_ROLES, TRAINED_ROLE, Tokenizer
 
 
-TRAINED_ROLE = "assistant"
 SYSTEM_ROLE = "system"
 # Megatron-LM's SFT dataset starts a new conversation at every system message of a line (several
 # conversations packed in one list); read as one conversation here it would attend across them.

@@ -35,11 +35,11 @@ from megatron.varlen_training.datasets.sft import (
     SYSTEM_ROLE, SFTKeys, encode_record, parse_turns, truncate,
 )
 from megatron.varlen_training.datasets.sft_unread import (
-    PRETOKENIZED_HINT, TRAINED_ROLE, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, first_pretokenized,
+    PRETOKENIZED_HINT, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, first_pretokenized,
 )
 from megatron.varlen_training.errors import one_line
 from megatron.varlen_training.log import warning_all_ranks, warning_rank_0
-from megatron.varlen_training.tokenizer import CHAT_ROLES, Tokenizer
+from megatron.varlen_training.tokenizer import CHAT_ROLES, TRAINED_ROLE, Tokenizer
 
 PARQUET_SUFFIX = ".parquet"
 ARROW_SUFFIX = ".arrow"  # the files inside a save_to_disk folder

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from megatron.varlen_training.tokenizer import TRAINED_ROLE
+
 # Record keys/columns of per-token data: Hugging Face's (input_ids, attention_mask, labels,
 # assistant_masks from return_assistant_tokens_mask), Megatron's (tokens, labels, loss_mask,
 # position_ids) and the id forms of megatron.wrap's gpt_sft flow. Refused when they hold a list
@@ -30,7 +32,6 @@ PROMPT_LENGTH_KEYS = ("context_token_length",)
 # content), so the turn would train as if they were absent.
 UNRENDERED_MESSAGE_KEYS = ("tool_calls", "function_call", "reasoning_content")
 WEIGHT_KEY = "weight"  # OpenAI's per-message loss weight: 0 or 1, on assistant messages
-TRAINED_ROLE = "assistant"
 PRETOKENIZED_HINT = ("--sft tokenizes the conversation and masks all but the assistant turns "
                      "itself; remove it, or train pre-tokenised samples through megatron.wrap's "
                      "gpt_sft flow (docs/WRAP.md)")

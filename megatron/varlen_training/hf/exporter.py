@@ -36,9 +36,9 @@ from megatron.varlen_training.layout_invariant_init import (
 )
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
+from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
-HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"  # the --tokenizer-type whose files export along
 # A Hugging Face tokenizer directory's files (fast and slow tokenizers, chat template).
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json")
