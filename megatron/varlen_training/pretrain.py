@@ -12,6 +12,7 @@ from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_split_datasets
 from megatron.varlen_training.errors import agree_on_errors, exit_on_user_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
+from megatron.varlen_training.read_agreement import reads_can_fail
 from megatron.varlen_training.trainer import Trainer
 
 
@@ -33,16 +34,18 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
     # evaluation jumps between iterations (each jump would restart the workers).
     workers = run.data.num_workers if run.data.indexed else 0
     eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
+    agree = reads_can_fail(run.data)  # the same flags on every rank: all agree, or none
     if run.packing.sequence_packing:
         # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
         make = lambda ds, n: PackedBatchProvider(  # noqa: E731
-            ds, gbs, trainer.packer(), n, split)
+            ds, gbs, trainer.packer(), n, split, agree)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
-            documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod))
+            documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
+            agree)
     return DataProviders(*(make(ds, workers if ds is train_ds else 0) if ds is not None else None
                            for ds in (train_ds, valid_ds, test_ds)))
 
