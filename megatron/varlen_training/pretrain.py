@@ -10,6 +10,7 @@ from megatron.varlen_training import checkpointing, evaluation, log, loop_steps,
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_split_datasets
+from megatron.varlen_training.datasets.truncation_report import report_truncated_rows
 from megatron.varlen_training.errors import agree_on_errors, exit_on_user_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.read_agreement import reads_can_fail
@@ -119,7 +120,10 @@ def pretrain(trainer: Trainer) -> list[dict]:
                 evaluation.check_resumed_validation(trainer.run.training, state.iteration,
                                                     state.consumed_valid_samples,
                                                     trainer.run.data.eval_samples)
-            return train(trainer, providers.train, providers.valid, exits, providers.test)
+            history = train(trainer, providers.train, providers.valid, exits, providers.test)
+            # Parquet/Arrow rows are tokenized when read: their truncations are counted then.
+            report_truncated_rows(p.dataset for p in providers if p is not None)
+            return history
         finally:  # --num-workers readers stop with the run, not at interpreter exit
             for provider in providers:
                 if provider is not None:
