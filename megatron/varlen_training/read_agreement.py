@@ -2,9 +2,10 @@
 
 A sample is read (tokenized, parsed, taken from a memory-mapped file) by the ranks that train
 on it, when its step comes: a conversation the chat template refuses, text the tokenizer
-refuses, a Parquet/Arrow row tokenized lazily, an indexed file that became unreadable. Raised
-on one rank only, such an error stopped that rank and left the others in the step's next
-collective until ``--distributed-timeout-minutes`` (or until torchrun's agent killed them).
+refuses, a Parquet/Arrow row tokenized lazily, an indexed file read without a memory map
+(``--no-mmap-bin-files``) that became unreadable. Raised on one rank only, such an error
+stopped that rank and left the others in the step's next collective until
+``--distributed-timeout-minutes`` (or until torchrun's agent killed them).
 
 :func:`read_agreed` reads on every rank, then one MIN all-reduce of one integer over the world
 says whether a rank failed and which was first. That collective is an addition: the step's own
