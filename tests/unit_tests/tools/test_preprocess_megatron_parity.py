@@ -132,8 +132,12 @@ def _bos_tokenizer(folder: Path) -> str:
 
 
 @needs_extra("hf")
-@pytest.mark.parametrize("special_tokens", [True, False], ids=["default", "no_special_tokens"])
-def test_hugging_face_ids_as_megatron_lm(tmp_path, special_tokens):
+@pytest.mark.parametrize("special_tokens, flags", [
+    (True, []),
+    (True, ["--tokenizer-hf-include-special-tokens"]),  # Megatron-LM's older flag: the default
+    (False, ["--tokenizer-hf-no-include-special-tokens"]),
+], ids=["default", "older_flag", "no_special_tokens"])
+def test_hugging_face_ids_as_megatron_lm(tmp_path, special_tokens, flags):
     from transformers import AutoTokenizer
 
     model = _bos_tokenizer(tmp_path / "tok")
@@ -145,7 +149,6 @@ def test_hugging_face_ids_as_megatron_lm(tmp_path, special_tokens):
         ids_of = lambda text: reference.convert_tokens_to_ids(reference.tokenize(text))  # noqa
         assert reference.bos_token_id not in ids_of("x")
     corpus = _write_jsonl(tmp_path / "docs.jsonl", RECORDS)
-    flags = [] if special_tokens else ["--tokenizer-hf-no-include-special-tokens"]
     ours = _run(corpus, tmp_path / "ours", "--tokenizer-type", "HuggingFaceTokenizer",
                 "--tokenizer-model", model, "--append-eod", "--workers", "1", *flags)
     expected = _reference_files(tmp_path / "reference", RECORDS, ids_of,
