@@ -113,6 +113,22 @@ def test_partitions_order_as_megatron_lm(tmp_path, partitions, sequential):
     _assert_same_files(ours, reference)
 
 
+def test_null_tokenizer_as_megatron_lm(tmp_path):
+    """NullTokenizer: ids written as text, eod = --vocab-size - 1, as Megatron-LM's since
+    April 2026 (megatron-core 0.16.1's put eod at --vocab-size, one past); its text_to_ids
+    splits on single spaces (an empty text is an error there, so none is read here)."""
+    vocab_size = 70_000  # int32 ids: past uint16's range
+    records = [{"text": "5 17 3"}, {"text": ["1 2", "69998"]}, {"text": "0"}]
+    corpus = _write_jsonl(tmp_path / "ids.jsonl", records)
+    ours = _run(corpus, tmp_path / "ours", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                str(vocab_size), "--append-eod", "--workers", "1")
+    reference = _reference_files(tmp_path / "reference", records,
+                                 lambda text: [int(x) for x in text.split(" ")],
+                                 vocab_size - 1, vocab_size)
+    _assert_same_files(ours, reference)
+    assert IndexedDataset(str(ours))[0].dtype == np.int32
+
+
 def _bos_tokenizer(folder: Path) -> str:
     """The tests' tiny Llama-3-style tokenizer with a post-processor that adds its BOS, as
     Llama tokenizers do: ``tokenizer(text)`` and ``encode(text)`` start with it."""
