@@ -23,7 +23,13 @@ MOE = ["--train-iters", "1", "--disable-bias-linear", "--num-experts", "4",
        "--moe-shared-expert-intermediate-size", "40"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--swiglu", "--moe-layer-freq", "[0,1]"]])
+# With MTP the real model decides whether its MTP layer is MoE (after an MoE last layer) or
+# dense (after a dense one, as Megatron-LM builds it); the counter sees which it built.
+@pytest.mark.parametrize("extra", [
+    [], ["--swiglu", "--moe-layer-freq", "[0,1]"],
+    ["--moe-layer-freq", "[1,0]", "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
+    ["--moe-layer-freq", "[0,1]", "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
+])
 def test_formula_matches_counted_matmuls(extra):
     argv = TINY_GPT_ARGS + MOE + extra
     for length in (16, 32):
@@ -33,8 +39,10 @@ def test_formula_matches_counted_matmuls(extra):
                                     padded_vocab_size=padded_vocab)
         train = num_floating_point_operations(model, length, length * length)
         causal_attention = num_floating_point_operations(model, 0, length * length)
+        # the formula's MTP norms (3h per token and depth) are not matmuls: not counted
+        norms = 2 * 3 * model.hidden_size * length * (model.mtp_num_layers or 0)
         # our reference attention builds the full L x L score matrix: twice the causal work
-        expected_forward = (train + causal_attention) / FORWARD_AND_BACKWARD
+        expected_forward = (train + causal_attention) / FORWARD_AND_BACKWARD - norms
         assert counted == pytest.approx(expected_forward, rel=1e-9), (length, counted)
 
 
