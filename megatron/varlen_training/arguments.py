@@ -99,7 +99,8 @@ def _add_network_size_args(parser):
     group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                        help="Pad the vocabulary to a multiple of this x TP size.")
     group.add_argument("--init-method-std", type=float, default=0.02,
-                       help="Init std (output projections: std / sqrt(2 x layers)).")
+                       help="Init std (output projections: std / sqrt(2 x layers); in hybrid "
+                            "models std / sqrt(layers), as megatron-core's).")
     group.add_argument("--hidden-dropout", type=float, default=0.1,
                        help="Dropout after attention and MLP.")
     group.add_argument("--attention-dropout", type=float, default=0.1,

@@ -152,7 +152,7 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
     chunks = [build_chunk(run, config, vp) for vp in (range(stages) if stages else [None])]
     initialize_layout_invariant(
         chunks, seed=run.training.seed, std=model.init_method_std, num_layers=model.num_layers,
-        tied_output=model.tied_output, gated_mlp=model.swiglu)
+        tied_output=model.tied_output, gated_mlp=model.swiglu, hybrid=config.is_hybrid_model)
     if import_weights is not None:  # a rank's slice may be missing or misshapen: agree
         agree_on_errors(import_weights, chunks)
     # Built and initialised on the host (use_cpu_initialization: the same weights on any
