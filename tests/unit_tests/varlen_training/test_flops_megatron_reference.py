@@ -64,8 +64,10 @@ def _moe_pattern(a: dict) -> list[int]:
 
 def _flag_values(model) -> dict:
     """The flag values Megatron-LM's formula reads, from our parsed run."""
-    moe = model.moe
-    return dict(
+    moe, hybrid = model.moe, model.hybrid
+    mamba = (dict(mamba_state_dim=hybrid.mamba_state_dim,
+                  mamba_num_groups=hybrid.mamba_num_groups) if hybrid else {})
+    return dict(**mamba,
         hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
         num_query_groups=model.num_query_groups,
         group_query_attention=model.group_query_attention,
@@ -124,3 +126,63 @@ def test_moe_gpt_equals_megatron_lm_plus_router(extra, num_moe_layers):
         ours = num_floating_point_operations(model, tokens, tokens * seq)
         upstream = _megatron_lm_flops(_flag_values(model), batch, seq)
         assert ours - upstream == _router_flops(model, num_moe_layers, tokens), (extra, seq)
+
+
+# Hybrid models: Megatron-LM's ``hybrid_flops`` per layer type. Attention, MLP, MoE (without its
+# router) and the logits are the GPT terms above; its Mamba layer is an estimate: in-projection
+# 2h(2 d_in + 2gn + heads), scan 7 d_in n, out-projection 2 d_in h per token, with d_in = 2h
+# whatever --mamba-num-heads says, and no convolution. Ours counts the mixer that is built
+# (d_inner = heads x head_dim, test_hybrid_flops.py checks the projections against torch's FLOP
+# counter): the depthwise conv 2 (d_inner + 2gn) w and the scan 3 x 2 d_inner n (decay, update,
+# readout). The difference is pinned term by term.
+HYBRID = ["--hidden-size", "32", "--mamba-head-dim", "8", "--mamba-num-groups", "2",
+          "--mamba-state-dim", "16"]
+CONV_WIDTH = 4  # megatron-core's MambaMixer d_conv
+
+
+def _megatron_lm_hybrid_flops(a: dict, pattern: str, heads: int, batch: int, seq: int):
+    """Megatron-LM's training FLOPs of a hybrid model (BSHD, unpacked)."""
+    dense = dict(a, num_layers=pattern.count("*"), mtp_num_layers=0, num_experts=None,
+                 ffn_hidden_size=0)  # the attention layers' terms and the logits
+    attention_and_logits = _megatron_lm_flops(dense, batch, seq)
+    h, n, g = a["hidden_size"], a["mamba_state_dim"], a["mamba_num_groups"]
+    d_in, tokens = 2 * h, batch * seq
+    mamba = (2 * tokens * h * (2 * d_in + 2 * g * n + heads) + 7 * tokens * d_in * n
+             + 2 * tokens * d_in * h)
+    mlp = 4 * tokens * h * a["ffn_hidden_size"] * (Fraction(3, 2) if a["swiglu"] else 1)
+    return attention_and_logits + FWD_BWD * (pattern.count("M") * mamba + pattern.count("-") * mlp)
+
+
+def _hybrid_model(pattern: str, extra: list[str]):
+    from megatron.varlen_training.config.from_flags import parse_hybrid_run_config
+
+    argv = (TINY_GPT_ARGS + ["--train-iters", "1", "--num-layers", str(len(pattern)),
+                             "--hybrid-override-pattern", pattern] + HYBRID + extra)
+    return parse_hybrid_run_config(argv, world_size=1).model
+
+
+@pytest.mark.parametrize("pattern,extra", [
+    ("M*-", []),
+    ("M*M-", ["--swiglu", "--group-query-attention", "--num-query-groups", "2"]),
+    ("*-", ["--kv-channels", "12"]),
+    ("MM*", ["--mamba-num-heads", "4"]),  # d_inner 32, not Megatron-LM's assumed 2h = 64
+])
+def test_hybrid_equals_megatron_lm_except_the_mamba_estimate(pattern, extra):
+    from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
+
+    model = _hybrid_model(pattern, extra)
+    hybrid = model.hybrid
+    h, n, g = model.hidden_size, hybrid.mamba_state_dim, hybrid.mamba_num_groups
+    heads = hybrid.mamba_num_heads_resolved
+    d_inner, assumed = heads * hybrid.mamba_head_dim, 2 * h
+    # per token and Mamba layer, forward: ours minus Megatron-LM's
+    in_proj = 2 * h * 2 * (d_inner - assumed)
+    out_proj = 2 * (d_inner - assumed) * h
+    conv = 2 * (d_inner + 2 * g * n) * CONV_WIDTH
+    scan = 6 * d_inner * n - 7 * assumed * n
+    per_token = in_proj + out_proj + conv + scan
+    for batch, seq in ((BATCH, SEQ), (3, 1000)):
+        tokens = batch * seq
+        ours = hybrid_floating_point_operations(model, tokens, tokens * seq)
+        upstream = _megatron_lm_hybrid_flops(_flag_values(model), pattern, heads, batch, seq)
+        assert ours - upstream == FWD_BWD * pattern.count("M") * per_token * tokens, pattern
