@@ -188,7 +188,11 @@ def _add_data_args(parser):
 def _add_logging_checkpoint_args(parser):
     group = parser.add_argument_group("logging, evaluation and checkpointing")
     group.add_argument("--log-interval", type=int, default=100,
-                       help="Print the iteration log line every N iterations.")
+                       help="Print the iteration log line every N iterations (loss, time and "
+                            "throughput over those N, as Megatron-LM).")
+    group.add_argument("--log-throughput", action="store_true",
+                       help="Megatron-LM prints 'throughput per GPU (TFLOP/s/GPU)' only with "
+                            "this flag; here the line and the metrics always carry it.")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
     group.add_argument("--tensorboard-dir", default=None,

@@ -15,7 +15,7 @@ EXPECTED_FLAGS = frozenset("""
 --adam-beta1 --adam-beta2 --adam-eps --attention-dropout --bf16 --calculate-per-token-loss
 --clip-grad --context-parallel-size --data-path --disable-bias-linear --eval-interval
 --eval-iters --ffn-hidden-size --fp16 --global-batch-size --group-query-attention --hidden-dropout
---hidden-size --init-method-std --load --log-interval --log-metrics-jsonl --lr
+--hidden-size --init-method-std --load --log-interval --log-metrics-jsonl --log-throughput --lr
 --lr-decay-iters --lr-decay-style --lr-warmup-iters --make-vocab-size-divisible-by
 --max-position-embeddings --micro-batch-size --min-lr --mock-data --normalization
 --num-attention-heads --num-layers --num-layers-per-virtual-pipeline-stage --num-query-groups
