@@ -149,8 +149,13 @@ def _megatron_lm_hybrid_flops(a: dict, pattern: str, heads: int, batch: int, seq
     d_in, tokens = 2 * h, batch * seq
     mamba = (2 * tokens * h * (2 * d_in + 2 * g * n + heads) + 7 * tokens * d_in * n
              + 2 * tokens * d_in * h)
-    mlp = 4 * tokens * h * a["ffn_hidden_size"] * (Fraction(3, 2) if a["swiglu"] else 1)
-    return attention_and_logits + FWD_BWD * (pattern.count("M") * mamba + pattern.count("-") * mlp)
+    scale = Fraction(3, 2) if a["swiglu"] else 1
+    mlp = 4 * tokens * h * a["ffn_hidden_size"] * scale
+    moe = 4 * tokens * h * scale * ((a["moe_ffn_hidden_size"] or a["ffn_hidden_size"])
+                                    * a["moe_router_topk"]
+                                    + (a["moe_shared_expert_intermediate_size"] or 0))
+    return attention_and_logits + FWD_BWD * (pattern.count("M") * mamba + pattern.count("-") * mlp
+                                             + pattern.count("E") * moe)
 
 
 def _hybrid_model(pattern: str, extra: list[str]):
@@ -166,6 +171,7 @@ def _hybrid_model(pattern: str, extra: list[str]):
     ("M*M-", ["--swiglu", "--group-query-attention", "--num-query-groups", "2"]),
     ("*-", ["--kv-channels", "12"]),
     ("MM*", ["--mamba-num-heads", "4"]),  # d_inner 32, not Megatron-LM's assumed 2h = 64
+    ("M*E-", MOE + ["--swiglu", "--moe-shared-expert-intermediate-size", "40"]),
 ])
 def test_hybrid_equals_megatron_lm_except_the_mamba_estimate(pattern, extra):
     from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
@@ -185,4 +191,6 @@ def test_hybrid_equals_megatron_lm_except_the_mamba_estimate(pattern, extra):
         tokens = batch * seq
         ours = hybrid_floating_point_operations(model, tokens, tokens * seq)
         upstream = _megatron_lm_hybrid_flops(_flag_values(model), pattern, heads, batch, seq)
-        assert ours - upstream == FWD_BWD * pattern.count("M") * per_token * tokens, pattern
+        router = _router_flops(model, pattern.count("E"), tokens) if model.moe else 0
+        assert ours - upstream == FWD_BWD * pattern.count("M") * per_token * tokens + router, \
+            pattern
