@@ -44,15 +44,19 @@ def _forward_flops(argv, length):
         parallel_state.destroy_model_parallel()
 
 
+def forward_flops_each(argv, lengths):
+    """:func:`_forward_flops` of each length, in one launch (test_moe_flops.py uses it too)."""
+    return [_forward_flops(argv, length) for length in lengths]
+
+
 # --kv-channels 12: heads narrower than hidden / heads (Qwen3-style), so q_dim != hidden size.
 @pytest.mark.parametrize("swiglu,kv_channels", [(False, None), (True, None), (False, 12)])
 def test_formula_matches_counted_matmuls(swiglu, kv_channels):
     argv = TINY_GPT_ARGS + ["--train-iters", "1", "--num-query-groups", "2",
                             "--group-query-attention"] + (["--swiglu"] if swiglu else []) \
         + (["--kv-channels", str(kv_channels)] if kv_channels else [])
-    for length in LENGTHS:
-        counted, padded_vocab = run_distributed(_forward_flops, 1, args=(argv, length),
-                                                timeout_s=120)[0]
+    counts = run_distributed(forward_flops_each, 1, args=(argv, LENGTHS), timeout_s=120)[0]
+    for length, (counted, padded_vocab) in zip(LENGTHS, counts):
         model = parse_run_config(argv, world_size=1).model
         model = dataclasses.replace(model, padded_vocab_size=padded_vocab)
         train = num_floating_point_operations(model, length, length * length)

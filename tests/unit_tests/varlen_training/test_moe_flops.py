@@ -16,7 +16,7 @@ from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, num_floating_po
 from megatron.varlen_training.moe_flops import linear_cost_scale
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS
-from tests.unit_tests.varlen_training.test_flops import _forward_flops
+from tests.unit_tests.varlen_training.test_flops import forward_flops_each
 
 MOE = ["--train-iters", "1", "--disable-bias-linear", "--num-experts", "4",
        "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24",
@@ -32,9 +32,9 @@ MOE = ["--train-iters", "1", "--disable-bias-linear", "--num-experts", "4",
 ])
 def test_formula_matches_counted_matmuls(extra):
     argv = TINY_GPT_ARGS + MOE + extra
-    for length in (16, 32):
-        counted, padded_vocab = run_distributed(_forward_flops, 1, args=(argv, length),
-                                                timeout_s=120)[0]
+    lengths = (16, 32)
+    counts = run_distributed(forward_flops_each, 1, args=(argv, lengths), timeout_s=120)[0]
+    for length, (counted, padded_vocab) in zip(lengths, counts):
         model = dataclasses.replace(parse_run_config(argv, world_size=1).model,
                                     padded_vocab_size=padded_vocab)
         train = num_floating_point_operations(model, length, length * length)
