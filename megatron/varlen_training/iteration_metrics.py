@@ -8,7 +8,7 @@ and hand it to the same metric writers (metric_writers.py): console, JSONL, Tens
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,26 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
+
+
+def interval_record(records: Sequence[Mapping[str, Any]]) -> dict:
+    """One record for the iteration line of a ``--log-interval`` of iterations, as Megatron-LM
+    reports them: lm loss and the balancing losses are their means, the elapsed time per
+    iteration the mean step time, throughput and tokens per second the interval's FLOPs and
+    tokens over its time (per GPU); every other field is the last iteration's."""
+    line = dict(records[-1])
+    time_s = sum(record["step_time_s"] for record in records)
+    for key in ("lm_loss", *LOSS_KEYS):
+        values = [record[key] for record in records if key in record]
+        if values:
+            line[key] = sum(values) / len(values)
+    line["step_time_s"] = time_s / len(records)
+    if time_s > 0:
+        # tflops_per_device x step time = the step's FLOPs / (world size x 1e12)
+        line["tflops_per_device"] = sum(record["tflops_per_device"] * record["step_time_s"]
+                                        for record in records) / time_s
+        line["tokens_per_s"] = sum(record["tokens"] for record in records) / time_s
+    return line
 
 
 def perplexity(loss: float) -> float:

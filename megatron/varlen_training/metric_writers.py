@@ -22,7 +22,9 @@ from typing import Any, Protocol
 
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.flag_ranges import is_importable
-from megatron.varlen_training.iteration_metrics import ITERATION_KEY, format_log_line, perplexity
+from megatron.varlen_training.iteration_metrics import (
+    ITERATION_KEY, format_log_line, interval_record, perplexity,
+)
 from megatron.varlen_training.log import info_all_ranks
 
 WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
@@ -71,7 +73,9 @@ def to_python(value: Any) -> Any:
 
 
 class ConsoleMetricWriter:
-    """Logs Megatron-LM's iteration line every ``interval`` iterations (on the calling rank).
+    """Logs Megatron-LM's iteration line every ``interval`` iterations (on the calling rank),
+    over the iterations since the previous line as Megatron-LM does (mean loss and step time,
+    the interval's throughput: :func:`interval_record`).
 
     Args:
         train_iters: The ``M`` of ``iteration N/ M``.
@@ -81,10 +85,13 @@ class ConsoleMetricWriter:
     def __init__(self, train_iters: int, interval: int = 1):
         self.train_iters = train_iters
         self.interval = interval
+        self._since_last_line: list[dict] = []
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
+        self._since_last_line.append({k: to_python(v) for k, v in record.items()})
         if iteration % self.interval == 0:
-            line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
+            line = {ITERATION_KEY: iteration, **interval_record(self._since_last_line)}
+            self._since_last_line.clear()
             info_all_ranks(format_log_line(line, self.train_iters))
 
     def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
