@@ -228,7 +228,8 @@ class MegatronWrap(ParallelStateMixin):
     @torch.no_grad()
     def evaluate(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
         """Forward only on ``batch``: ``loss``, the flow's metrics, ``samples``, ``tokens``,
-        ``num_microbatches`` (every rank; nothing is updated). The validation line and the
+        ``num_microbatches`` (every rank; no weight is updated; the validation samples read,
+        ``state.consumed_valid_samples``, advance by the batch's). The validation line and the
         metric writers (TensorBoard / wandb: ``lm loss validation``, ``<metric> validation``)
         get them as ``pretrain_gpt.py``'s evaluations do (docs/WRAP.md section 4)."""
         self._require(self.state, "setup_model_and_optimizer()")
@@ -240,6 +241,9 @@ class MegatronWrap(ParallelStateMixin):
                                           forward_step_func=self._forward_step)
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
+        # Megatron-LM's consumed_valid_samples: checkpointed, and where a pretrain_gpt.py
+        # resume of this run's checkpoint continues its validation stream.
+        self.state.consumed_valid_samples += len(samples)
         log_validation_loss(self.state.iteration, reduced[LOSS])  # as pretrain_gpt.py's loop
         if self.trainer.writers:  # the last rank: TensorBoard / wandb as the loop's evaluations
             self.trainer.write_evaluation(VALIDATION, reduced[LOSS], flow_metrics(reduced))
