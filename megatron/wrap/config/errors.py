@@ -1,7 +1,11 @@
-"""The error type of the config tree and the "did you mean" hint it uses."""
+"""The error type of the config tree and the hints it uses ("did you mean", hybrid-model keys)."""
 
+import argparse
 import difflib
+import functools
 from collections.abc import Iterable
+
+from megatron.varlen_training import hybrid_arguments
 
 _HINT_CUTOFF = 0.6
 """Minimum difflib similarity for a name to be offered as the likely intended one."""
@@ -26,3 +30,22 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """Returns `"; did you mean 'x'?"` for the closest candidate, or an empty string."""
     match = closest(name, candidates)
     return f"; did you mean '{match}'?" if match else ""
+
+
+@functools.cache
+def _hybrid_model_keys() -> frozenset[str]:
+    """The dests of pretrain_mamba.py's hybrid-model flags (``hybrid_arguments``)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    hybrid_arguments.add_hybrid_args(parser)
+    return frozenset(vars(parser.parse_args([])))
+
+
+def hybrid_model_hint(name: str) -> str:
+    """For a key of pretrain_mamba.py's hybrid model (which the facade does not build: its
+    model is the GPT of pretrain_gpt.py), the hint that says so; otherwise an empty string
+    (a closest-name hint would point at an unrelated flag)."""
+    if name not in _hybrid_model_keys():
+        return ""
+    return (f"; it is {hybrid_arguments.PROG}'s hybrid-model flag: megatron.wrap trains "
+            f"pretrain_gpt.py's GPT models (dense or MoE), train a hybrid Mamba model with "
+            f"{hybrid_arguments.PROG}")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from megatron.wrap.config.errors import ConfigError, closest
+from megatron.wrap.config.errors import ConfigError, closest, hybrid_model_hint
 from megatron.wrap.config.keys import FACADE_KEYS
 from megatron.wrap.config.tree import Leaf, Tree
 
@@ -254,7 +254,8 @@ def unsupported_keys_message(keys: list[str], flat: Mapping[str, Leaf],
     for key in keys:
         match = closest(key, known_keys)
         hint = f"nearest supported: {match}" if match else "no close supported flag"
-        parts.append(f"{key}={flat[key].value!r} ({hint})")
+        hybrid = hybrid_model_hint(key)  # "; it is ...": a clause of its own here
+        parts.append(f"{key}={flat[key].value!r} ({hybrid[2:] if hybrid else hint})")
     sources = sorted({flat[key].source for key in keys})
     return (f"{len(keys)} Megatron-LM config key(s) not supported by this fork with the given "
             f"value: {'; '.join(parts)} [from {', '.join(sources)}]; set them to null or "

@@ -83,6 +83,15 @@ def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
     assert "megatron_lm/misc/extra.yaml" in message
 
 
+def test_a_hybrid_model_key_in_a_view_names_pretrain_mamba(tmp_path):
+    files = {"megatron_lm/misc/extra.yaml": "hybrid_override_pattern: M*\n"}
+    with pytest.raises(ConfigError) as error:
+        build_config(write_nest(tmp_path, files=files))
+    assert "hybrid_override_pattern='M*' (it is pretrain_mamba.py's hybrid-model flag: " \
+           "megatron.wrap trains pretrain_gpt.py's GPT models (dense or MoE), train a hybrid " \
+           "Mamba model with pretrain_mamba.py)" in str(error.value)
+
+
 def test_unsupported_wrap_value_and_unknown_view_key(tmp_path):
     bert = {"megatron_wrap/flow/gpt_sft.yaml": "flow_key: gpt_sft\ncompatiable_model_type: BERT\n"}
     with pytest.raises(ConfigError, match="compatiable_model_type' is 'BERT'.*only 'GPT'"):
