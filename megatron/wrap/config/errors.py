@@ -5,8 +5,6 @@ import difflib
 import functools
 from collections.abc import Iterable
 
-from megatron.varlen_training import hybrid_arguments
-
 _HINT_CUTOFF = 0.6
 """Minimum difflib similarity for a name to be offered as the likely intended one."""
 
@@ -33,19 +31,22 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
 
 
 @functools.cache
-def _hybrid_model_keys() -> frozenset[str]:
-    """The dests of pretrain_mamba.py's hybrid-model flags (``hybrid_arguments``)."""
+def _hybrid_model_keys() -> tuple[str, frozenset[str]]:
+    """pretrain_mamba.py's name and the dests of its hybrid-model flags (``hybrid_arguments``;
+    imported here, on an error's path: building a config must not import torch)."""
+    from megatron.varlen_training import hybrid_arguments
+
     parser = argparse.ArgumentParser(add_help=False)
     hybrid_arguments.add_hybrid_args(parser)
-    return frozenset(vars(parser.parse_args([])))
+    return hybrid_arguments.PROG, frozenset(vars(parser.parse_args([])))
 
 
 def hybrid_model_hint(name: str) -> str:
     """For a key of pretrain_mamba.py's hybrid model (which the facade does not build: its
     model is the GPT of pretrain_gpt.py), the hint that says so; otherwise an empty string
     (a closest-name hint would point at an unrelated flag)."""
-    if name not in _hybrid_model_keys():
+    prog, keys = _hybrid_model_keys()
+    if name not in keys:
         return ""
-    return (f"; it is {hybrid_arguments.PROG}'s hybrid-model flag: megatron.wrap trains "
-            f"pretrain_gpt.py's GPT models (dense or MoE), train a hybrid Mamba model with "
-            f"{hybrid_arguments.PROG}")
+    return (f"; it is {prog}'s hybrid-model flag: megatron.wrap trains pretrain_gpt.py's GPT "
+            f"models (dense or MoE), train a hybrid Mamba model with {prog}")
