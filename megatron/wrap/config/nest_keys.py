@@ -113,6 +113,12 @@ WRAP_KEYS: dict[tuple[str, ...], tuple[str, str]] = {
 """megatron_wrap key path -> (facade section, facade key). `logger.enable_wandb` adds 'wandb'
 to `logging.metric_writers`."""
 
+WANDB_LOGGER_KEYS = (("logger", "wandb_project"), ("logger", "wandb_name"),
+                     ("logger", "wandb_dir"), ("logger", "wandb_entity"))
+WANDB_OFF = "logger.enable_wandb is false: megatron-wrap logs nothing to wandb"
+"""The wandb settings of megatron_wrap.logger, dropped (with this reason) while
+`logger.enable_wandb` is false: megatron-wrap's switch, not theirs, turns wandb on."""
+
 FLOW_FOLDER = "flow"
 """Other keys of megatron_wrap.flow become the flow's `flow_args` (its __init__ checks them)."""
 
@@ -269,6 +275,11 @@ def _wrap_keys(node: Mapping, ignored: dict[str, str]) -> dict[tuple[str, str], 
     enable_wandb = leaves.pop(("logger", "enable_wandb"), None)
     if enable_wandb is not None and enable_wandb.value:
         out[("logging", "metric_writers")] = Leaf(["console", "wandb"], enable_wandb.source)
+    else:  # megatron-wrap logs nothing to wandb then, whatever its wandb settings say
+        for path in WANDB_LOGGER_KEYS:
+            if path in leaves and leaves[path].value is not None:
+                del leaves[path]
+                ignored[".".join((WRAP_SECTION, *path))] = WANDB_OFF
     flow_args: dict[str, Any] = {}
     for path, leaf in leaves.items():
         name = ".".join((WRAP_SECTION, *path))

@@ -71,6 +71,23 @@ def test_logger_keys_map_to_the_wandb_writer(tmp_path):
                                                                   "team", True)
 
 
+def test_wandb_settings_without_enable_wandb_are_dropped_with_the_reason(tmp_path):
+    """megatron-wrap's switch is logger.enable_wandb: its wandb settings alone log nothing, so
+    they must not reach the facade's (refused) wandb keys, nor turn wandb on."""
+    view = VIEW.replace("    patch_print: false\n",
+                        "    patch_print: false\n    wandb_project: proj\n    wandb_name: run1\n")
+    config = build_config(write_nest(tmp_path, view))
+    assert config.facade["metric_writers"] == ["console"]
+    assert config.facade["wandb_project"] is None and config.facade["wandb_exp_name"] is None
+    reason = "logger.enable_wandb is false: megatron-wrap logs nothing to wandb"
+    assert config.ignored["megatron_wrap.logger.wandb_project"] == reason
+    assert config.ignored["megatron_wrap.logger.wandb_name"] == reason
+    from megatron.wrap.runtime import run_config_of
+
+    run, _ = run_config_of(config, world_size=2)  # builds: nothing refused
+    assert run.logging.wandb_project is None
+
+
 def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
     files = {"megatron_lm/misc/extra.yaml": "dino_head_hidden_size: 999\nlr_warmup_fractoin: 0.1\n"
              "img_h: 512\n"}
