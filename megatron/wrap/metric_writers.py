@@ -17,14 +17,14 @@ from megatron.varlen_training.metric_writers import (  # noqa: F401 (the facade'
 )
 from megatron.varlen_training.metric_writers import build_metric_writers as build_writers
 from megatron.wrap.config.errors import ConfigError
-from megatron.wrap.config.keys import METRIC_WRITER_KINDS
+from megatron.wrap.config.keys import FACADE_KEYS, METRIC_WRITER_KINDS
 
 PROGRESS_BAR_WIDTH = 20
 METRIC_WRITERS_KEY = "logging.metric_writers"
 """The config key that lists metric writers, named in errors."""
 WRITER_SETTINGS = {"jsonl": ("metrics_jsonl_path",), "tensorboard": ("tensorboard_dir",),
                    "wandb": ("wandb_project", "wandb_exp_name", "wandb_save_dir",
-                             "wandb_entity")}
+                             "wandb_entity", "wandb_mode")}
 """The ``logging`` keys that configure each writer: set while their writer is not named they
 would change nothing (``pretrain_gpt.py``'s ``--tensorboard-dir`` alone turns TensorBoard on),
 so they are refused."""
@@ -107,12 +107,13 @@ def logging_config(kinds: Sequence[str], *, tensorboard_dir: str | None = None,
 
 
 def refuse_unused_writer_settings(facade: Mapping[str, Any]) -> None:
-    """A :data:`WRITER_SETTINGS` key set for a writer ``logging.metric_writers`` does not name
-    is a one-line ConfigError naming the key, its value and both fixes."""
+    """A :data:`WRITER_SETTINGS` key set (not at its default) for a writer
+    ``logging.metric_writers`` does not name is a one-line ConfigError naming the key, its
+    value and both fixes."""
     kinds = list(facade["metric_writers"])
     for kind, keys in WRITER_SETTINGS.items():
         for key in keys:
-            if kind not in kinds and facade.get(key) is not None:
+            if kind not in kinds and facade.get(key) != FACADE_KEYS[key].default:
                 raise ConfigError(
                     f"config key 'logging.{key}' ({facade[key]!r}) configures the '{kind}' "
                     f"metric writer, which {METRIC_WRITERS_KEY} {kinds} does not name: add "

@@ -99,7 +99,8 @@ def test_writer_errors_name_the_config_key(monkeypatch, kinds, settings, error, 
 @pytest.mark.parametrize("key, value, kind", [
     ("tensorboard_dir", "tb", "tensorboard"), ("metrics_jsonl_path", "m.jsonl", "jsonl"),
     ("wandb_project", "p", "wandb"), ("wandb_exp_name", "e", "wandb"),
-    ("wandb_save_dir", "w", "wandb"), ("wandb_entity", "team", "wandb")])
+    ("wandb_save_dir", "w", "wandb"), ("wandb_entity", "team", "wandb"),
+    ("wandb_mode", "offline", "wandb")])
 def test_a_writer_setting_without_its_writer_is_refused(key, value, kind):
     """pretrain_gpt.py's --tensorboard-dir alone turns TensorBoard on; the facade's
     logging.tensorboard_dir without 'tensorboard' in metric_writers used to write nothing."""
