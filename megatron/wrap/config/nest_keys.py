@@ -61,6 +61,8 @@ ACCEPTED: dict[str, str] = {
                      "log_world_size_to_tensorboard", "tensorboard_log_interval",
                      "tensorboard_queue_size", "timing_log_option", "timing_log_level",
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),
+    "log_interval": "megatron-wrap's log_last_metrics() logs at every call (Megatron-LM's "
+                    "--log-interval spaced its own loop's lines, which megatron-wrap never ran)",
     **dict.fromkeys(("no_save_optim", "no_save_rng"), _CKPT_ALL),
     "exit_on_missing_checkpoint": "this fork always stops when `load` holds no checkpoint",
     **dict.fromkeys(("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file"),

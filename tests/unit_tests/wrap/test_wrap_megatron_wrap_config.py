@@ -88,6 +88,17 @@ def test_wandb_settings_without_enable_wandb_are_dropped_with_the_reason(tmp_pat
     assert run.logging.wandb_project is None
 
 
+def test_log_interval_in_a_view_keeps_megatron_wraps_meaning(tmp_path):
+    """megatron-wrap's log_last_metrics() logs at every call whatever Megatron-LM's
+    log_interval says; in a native config the key spaces the console line (--log-interval)."""
+    from megatron.wrap.runtime import run_config_of
+
+    config = build_config(write_nest(tmp_path), overrides=["log_interval=10"])
+    assert "log_interval" not in config.flat
+    assert config.ignored["log_interval"].startswith("megatron-wrap's log_last_metrics() logs")
+    assert run_config_of(config, world_size=2)[0].logging.log_interval == 1
+
+
 def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
     files = {"megatron_lm/misc/extra.yaml": "dino_head_hidden_size: 999\nlr_warmup_fractoin: 0.1\n"
              "img_h: 512\n"}
