@@ -118,6 +118,7 @@ to `logging.metric_writers`."""
 WANDB_LOGGER_KEYS = (("logger", "wandb_project"), ("logger", "wandb_name"),
                      ("logger", "wandb_dir"), ("logger", "wandb_entity"))
 WANDB_OFF = "logger.enable_wandb is false: megatron-wrap logs nothing to wandb"
+WANDB_PREFIX = "wandb_"  # Megatron-LM's wandb flags, facade keys of the same names
 """The wandb settings of megatron_wrap.logger, dropped (with this reason) while
 `logger.enable_wandb` is false: megatron-wrap's switch, not theirs, turns wandb on."""
 
@@ -170,12 +171,34 @@ def native_tree(tree: Tree, known_keys: Mapping[str, Any]) -> tuple[Tree, dict[s
     facade = {key: flat.pop(key) for key in list(flat) if key in FACADE_KEYS}
     cli = _sort_megatron_lm_keys(flat, known_keys, ignored)
     native: Tree = {NATIVE_SECTION: cli}
+    wrap_keys = _wrap_keys(tree.get(WRAP_SECTION) or {}, ignored)
+    writers = wrap_keys.get(("logging", "metric_writers"))
+    wandb_on = writers is not None and "wandb" in writers.value
     for key, leaf in facade.items():  # Megatron-LM's --wandb-project etc. are facade keys here
-        if leaf.value is not None:
+        if leaf.value is None:
+            continue
+        if key.startswith(WANDB_PREFIX) and not wandb_on:
+            ignored[key] = WANDB_OFF  # megatron-wrap's switch is logger.enable_wandb
+        else:
             native.setdefault(FACADE_KEYS[key].section, {})[key] = leaf
-    for (section, key), leaf in _wrap_keys(tree.get(WRAP_SECTION) or {}, ignored).items():
+    for (section, key), leaf in wrap_keys.items():
         native.setdefault(section, {})[key] = leaf
+    _tensorboard_on_with_its_dir(native.get("logging", {}))
     return native, ignored
+
+
+def _tensorboard_on_with_its_dir(logging: dict) -> None:
+    """Megatron-LM's --tensorboard-dir turns TensorBoard on: a view's `tensorboard_dir` adds
+    the `tensorboard` writer to `logging.metric_writers` (megatron-wrap has no switch of its
+    own for it)."""
+    folder = logging.get("tensorboard_dir")
+    if folder is None:
+        return
+    writers = logging.get("metric_writers")
+    kinds = list(writers.value) if writers is not None else \
+        list(FACADE_KEYS["metric_writers"].default)
+    if "tensorboard" not in kinds:
+        logging["metric_writers"] = Leaf([*kinds, "tensorboard"], folder.source)
 
 
 def _flatten_leaves(node: Mapping, out: dict[str, Leaf]) -> dict[str, Leaf]:

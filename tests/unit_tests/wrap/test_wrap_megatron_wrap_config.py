@@ -88,6 +88,18 @@ def test_wandb_settings_without_enable_wandb_are_dropped_with_the_reason(tmp_pat
     assert run.logging.wandb_project is None
 
 
+def test_megatron_lm_writer_keys_in_a_view(tmp_path):
+    """Megatron-LM's --tensorboard-dir turns TensorBoard on (megatron-wrap has no switch for
+    it); its --wandb-project without logger.enable_wandb logs nothing in megatron-wrap."""
+    config = build_config(write_nest(tmp_path), overrides=[
+        "megatron_lm.misc.log.tensorboard_dir=/tmp/tb", "megatron_lm.misc.log.wandb_project=p"])
+    assert config.facade["metric_writers"] == ["console", "tensorboard"]
+    assert config.facade["tensorboard_dir"] == "/tmp/tb"
+    assert config.facade["wandb_project"] is None
+    assert config.ignored["wandb_project"] == \
+        "logger.enable_wandb is false: megatron-wrap logs nothing to wandb"
+
+
 def test_log_interval_in_a_view_keeps_megatron_wraps_meaning(tmp_path):
     """megatron-wrap's log_last_metrics() logs at every call whatever Megatron-LM's
     log_interval says; in a native config the key spaces the console line (--log-interval)."""
