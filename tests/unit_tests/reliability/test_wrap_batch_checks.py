@@ -1,9 +1,11 @@
 """Issue 10, observations 7 and 9: with batch_source 'all_ranks' the ranks must hold the same
-batch (every field the flow packs: also a flow's per-token and per-sample extra fields, which
-with TP 2 gave the two TP ranks different losses without a word), and loss_mask entries must
-be 0 or 1 -- one-line ValueErrors on every rank, after which
+batch, and loss_mask entries must be 0 or 1 -- one-line ValueErrors on every rank, after which
 training goes on (no rank left waiting in a collective). The facade's train() also stops at a
-NaN loss (--check-for-nan-in-loss-and-grad) on every rank."""
+NaN loss (--check-for-nan-in-loss-and-grad) on every rank.
+
+"The same batch" covers every field the flow packs: also a flow's per-token and per-sample
+extra fields (ranks holding other advantages trained without a word; with TP 2 the two TP
+ranks computed different losses)."""
 
 from megatron.varlen_training.errors import NonFiniteLossError
 from megatron.wrap import GPTSFTFlow, MegatronWrap, register_flow
