@@ -25,6 +25,10 @@ from __future__ import annotations
 import torch
 
 _ADAM_CLASSES = (torch.optim.Adam, torch.optim.AdamW)
+# Devices whose parameters get torch's fused Adam kernel. CPU has one too (torch >= 2.4), but
+# the CPU path keeps torch's default so that it stays the reference the GPU path is checked
+# against; tests add "cpu" here to check on CPU that every path switches.
+FUSED_ADAM_DEVICE_TYPES = ("cuda",)
 
 
 def device_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
@@ -72,7 +76,8 @@ def torch_adam_optimizers(megatron_optimizer):
 
 def use_fused_adam(megatron_optimizer) -> int:
     """Switches every torch Adam/AdamW inside ``megatron_optimizer`` whose parameters all live
-    on CUDA to the fused kernel; returns how many were switched.
+    on CUDA (:data:`FUSED_ADAM_DEVICE_TYPES`) to the fused kernel; returns how many were
+    switched.
 
     Call it after building the optimizer and again after loading a checkpoint (a loaded param
     group brings the flags it was saved with). Existing per-parameter ``step`` counters move to
@@ -81,7 +86,7 @@ def use_fused_adam(megatron_optimizer) -> int:
     switched = 0
     for inner in torch_adam_optimizers(megatron_optimizer):
         params = [p for group in inner.param_groups for p in group["params"]]
-        if not params or any(p.device.type != "cuda" for p in params):
+        if not params or any(p.device.type not in FUSED_ADAM_DEVICE_TYPES for p in params):
             continue
         for group in inner.param_groups:
             group["fused"], group["foreach"] = True, False

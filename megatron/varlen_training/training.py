@@ -108,16 +108,19 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> Trai
     source = checkpoint_source(run.checkpoint)
     if source is not None:
         load_state(state, *source, run)
-        optimizer_kernels.use_fused_adam(optimizer)  # the loaded groups bring their saved flags
     return state
 
 
 def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     """Restores the checkpoint under ``root`` into ``state`` (what ``parts`` names: weights,
     optimizer, schedule, RNG) and the data positions the run continues from (training and
-    validation samples consumed); its iteration."""
+    validation samples consumed); its iteration. pretrain_gpt.py's start-up and the facade's
+    ``Trainer.load`` both come here, so both build the same optimizer after a resume."""
     state.iteration = checkpointing.load_checkpoint(root, state.model, state.optimizer,
                                                     state.scheduler, run, parts)
+    # The loaded param groups bring the flags they were saved with: a checkpoint written by a
+    # CPU run (or before fused Adam) would otherwise resume on torch's foreach kernel on CUDA.
+    optimizer_kernels.use_fused_adam(state.optimizer)
     state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration, run)
     state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
         root, state.iteration, run)

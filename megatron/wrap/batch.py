@@ -11,8 +11,9 @@ Two ways to hand over a batch (config key ``wrap.batch_source`` or ``train(..., 
   Use it when only one process produces the data (e.g. a rollout server).
 
 With ``"all_ranks"`` on more than one rank, the ranks compare a fingerprint of their converted
-batch (sample count, lengths and a BLAKE2b hash of every sample's tokens, labels and loss mask:
-one small ``all_gather_object`` per step) and all raise the same one-line ValueError naming the
+batch (sample count, lengths and a BLAKE2b hash of every field the flow packs: tokens, labels,
+loss mask and the flow's extra fields such as per-token advantages; one small
+``all_gather_object`` per step) and all raise the same one-line ValueError naming the
 ranks that disagree with rank 0, instead of training each replica on another batch.
 
 Either way every rank ends up with the whole global batch (each DP replica then takes its own
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from megatron.varlen_training.config import RunConfig
@@ -113,14 +116,26 @@ def global_batch(batch, flow, source: str, what: str = "train") -> list[dict]:
     return value
 
 
-def fingerprint(samples: list[dict]) -> tuple[int, int, str]:
-    """``(count, total length, hash of lengths and contents)`` of converted samples."""
+def fingerprint(samples: list[dict], fields: Sequence[str] = _HASHED_FIELDS
+                ) -> tuple[int, int, str]:
+    """``(count, total length, hash of lengths and contents)`` of converted samples: of
+    ``fields`` (per-token tensors, or one number per sample)."""
     digest = hashlib.blake2b(digest_size=_DIGEST_BYTES)
     for sample in samples:
         digest.update(int(sample["length"]).to_bytes(8, "little"))
-        for field in _HASHED_FIELDS:
-            digest.update(sample[field].detach().cpu().contiguous().numpy().tobytes())
+        for field in fields:
+            value = sample[field]
+            if isinstance(value, torch.Tensor):
+                digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+            else:  # a per-sample field's number
+                digest.update(struct.pack("<d", float(value)))
     return len(samples), sum(int(s["length"]) for s in samples), digest.hexdigest()
+
+
+def packed_fields(flow) -> tuple[str, ...]:
+    """Every field of the flow's samples that is packed for the model or the loss: a rank
+    whose copy differs in any of them (say, per-token advantages) trains on another batch."""
+    return (*_HASHED_FIELDS, *sorted(flow.extra_fields()))
 
 
 def _agreed_batch(batch, flow, what: str) -> list[dict]:
@@ -128,8 +143,10 @@ def _agreed_batch(batch, flow, what: str) -> list[dict]:
     (errors.agree_and_gather: the first bad copy's error; a bug in the flow keeps its traceback
     on its rank) or differs from rank 0's (module docstring)."""
     # Only BatchError is the user's input: a plain ValueError comes from the flow's code.
+    # The fields are asked of the flow inside the exchange: a bug there must not hang a peer.
     samples, prints = agree_and_gather(functools.partial(_convert, batch, flow, what),
-                                       fingerprint, plain_user_errors=())
+                                       lambda samples: fingerprint(samples, packed_fields(flow)),
+                                       plain_user_errors=())
     differ = [rank for rank, value in enumerate(prints) if value != prints[0]]
     if differ:
         def describe(rank):
@@ -137,7 +154,8 @@ def _agreed_batch(batch, flow, what: str) -> list[dict]:
             return f"rank {rank}: {count} samples, {tokens} tokens"
         raise BatchError(
             f"{what}(): the batch differs across ranks with batch_source 'all_ranks' (ranks "
-            f"{differ} differ from rank 0; {describe(0)}; {describe(differ[0])}): pass the same "
-            f"global batch on every rank, or use batch_source 'rank0' (config key "
+            f"{differ} differ from rank 0 in the samples' count, lengths or fields "
+            f"{', '.join(packed_fields(flow))}; {describe(0)}; {describe(differ[0])}): pass the "
+            f"same global batch on every rank, or use batch_source 'rank0' (config key "
             f"'wrap.batch_source')")
     return samples

@@ -88,7 +88,7 @@ class MegatronWrap(ParallelStateMixin):
         self._last_record: dict | None = None  # the same step in the shared JSONL schema
         self._exit_stack = contextlib.ExitStack()
         self._owns_process_group = False
-        self._saved: tuple[str, int] | None = None  # (root, iteration) of the last save
+        self._saved: tuple | None = None  # _save_key of the last save
 
     @classmethod
     def from_pretrained(cls, hf_dir: str | Path, config: str | Path | Mapping | WrapConfig,
@@ -221,14 +221,15 @@ class MegatronWrap(ParallelStateMixin):
         self._last_record = self.trainer.record(report, flow_metrics(reduced))
         folder = self.trainer.save_if_due()
         if folder is not None:
-            self._saved = (os.path.abspath(self.run.checkpoint.save), self.state.iteration)
+            self._saved = self._save_key(self.run.checkpoint.save)
             log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return dict(self._last_metrics)
 
     @torch.no_grad()
     def evaluate(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
         """Forward only on ``batch``: ``loss``, the flow's metrics, ``samples``, ``tokens``,
-        ``num_microbatches`` (every rank; nothing is updated). The validation line and the
+        ``num_microbatches`` (every rank; no weight is updated; the validation samples read,
+        ``state.consumed_valid_samples``, advance by the batch's). The validation line and the
         metric writers (TensorBoard / wandb: ``lm loss validation``, ``<metric> validation``)
         get them as ``pretrain_gpt.py``'s evaluations do (docs/WRAP.md section 4)."""
         self._require(self.state, "setup_model_and_optimizer()")
@@ -240,6 +241,9 @@ class MegatronWrap(ParallelStateMixin):
                                           forward_step_func=self._forward_step)
         reduced = reduce_across_stages(reduce_reported_loss(losses), self._forward_step.records,
                                        self.flow.metric_names)
+        # Megatron-LM's consumed_valid_samples: checkpointed, and where a pretrain_gpt.py
+        # resume of this run's checkpoint continues its validation stream.
+        self.state.consumed_valid_samples += len(samples)
         log_validation_loss(self.state.iteration, reduced[LOSS])  # as pretrain_gpt.py's loop
         if self.trainer.writers:  # the last rank: TensorBoard / wandb as the loop's evaluations
             self.trainer.write_evaluation(VALIDATION, reduced[LOSS], flow_metrics(reduced))
@@ -287,14 +291,14 @@ class MegatronWrap(ParallelStateMixin):
         The folder is ``<root>/iter_<N>`` with N the iterations completed, the ``iteration``
         of the last ``train()`` metrics. ``root`` is ``path`` or the config's ``save``. If
         that iteration was saved there already (``save_interval``'s save after ``train()``,
-        or an earlier ``save()``), it is not written twice: Megatron-LM's loop skips its final
-        save when the periodic one just wrote it.
+        or an earlier ``save()``) and no ``evaluate()`` ran since, it is not written twice:
+        Megatron-LM's loop skips its final save when the periodic one just wrote it.
         """
         self._require(self.state, "setup_model_and_optimizer()")
         root = path or self.run.checkpoint.save
         if root is None:
             raise ConfigError("save() needs a path, or the config key 'save'")
-        saved = (os.path.abspath(root), self.state.iteration)
+        saved = self._save_key(root)
         if self._saved == saved:
             folder = checkpointing.checkpoint_dir(root, self.state.iteration)
             log.print_rank_0("iteration %d is already saved in %s", self.state.iteration, folder)
@@ -303,6 +307,13 @@ class MegatronWrap(ParallelStateMixin):
         self._saved = saved
         log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return folder
+
+    def _save_key(self, root: str) -> tuple[str, int, int]:
+        """What a save writes at this point: the folder, the iteration, and the validation
+        samples read (an evaluate() after save_interval's save changes the checkpoint's
+        run_args.json, so it is written again; Megatron-LM's loop evaluates before it saves)."""
+        state = self.state
+        return os.path.abspath(root), state.iteration, state.consumed_valid_samples
 
     def save_pretrained(self, out_dir: str | Path) -> str:
         """Writes the model as a Hugging Face checkpoint (config.json, safetensors) that

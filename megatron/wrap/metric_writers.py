@@ -17,11 +17,17 @@ from megatron.varlen_training.metric_writers import (  # noqa: F401 (the facade'
 )
 from megatron.varlen_training.metric_writers import build_metric_writers as build_writers
 from megatron.wrap.config.errors import ConfigError
-from megatron.wrap.config.keys import METRIC_WRITER_KINDS
+from megatron.wrap.config.keys import FACADE_KEYS, METRIC_WRITER_KINDS
 
 PROGRESS_BAR_WIDTH = 20
 METRIC_WRITERS_KEY = "logging.metric_writers"
 """The config key that lists metric writers, named in errors."""
+WRITER_SETTINGS = {"jsonl": ("metrics_jsonl_path",), "tensorboard": ("tensorboard_dir",),
+                   "wandb": ("wandb_project", "wandb_exp_name", "wandb_save_dir",
+                             "wandb_entity", "wandb_mode")}
+"""The ``logging`` keys that configure each writer: set while their writer is not named they
+would change nothing (``pretrain_gpt.py``'s ``--tensorboard-dir`` alone turns TensorBoard on),
+so they are refused."""
 
 
 # --- progress --------------------------------------------------------------------------------
@@ -72,7 +78,8 @@ def logging_config(kinds: Sequence[str], *, tensorboard_dir: str | None = None,
                    jsonl_path: str | None = None) -> tuple[LoggingConfig, bool]:
     """``(the run's LoggingConfig, whether the console writer is on)`` for the writers named in
     ``logging.metric_writers``: each writer's setting is kept only when it is named, and the
-    console line is written at every ``log_last_metrics()`` call (interval 1).
+    console line is written at every ``log_last_metrics()`` call (interval 1; the facade's run
+    takes the config's ``log_interval`` where it sets one: ``runtime.run_config_of``).
 
     Raises:
         ConfigError: An unknown kind, or a writer without its required setting (ValueErrors).
@@ -99,8 +106,24 @@ def logging_config(kinds: Sequence[str], *, tensorboard_dir: str | None = None,
     return config, "console" in kinds
 
 
+def refuse_unused_writer_settings(facade: Mapping[str, Any]) -> None:
+    """A :data:`WRITER_SETTINGS` key set (not at its default) for a writer
+    ``logging.metric_writers`` does not name is a one-line ConfigError naming the key, its
+    value and both fixes."""
+    kinds = list(facade["metric_writers"])
+    for kind, keys in WRITER_SETTINGS.items():
+        for key in keys:
+            if kind not in kinds and facade.get(key) != FACADE_KEYS[key].default:
+                raise ConfigError(
+                    f"config key 'logging.{key}' ({facade[key]!r}) configures the '{kind}' "
+                    f"metric writer, which {METRIC_WRITERS_KEY} {kinds} does not name: add "
+                    f"'{kind}' to {METRIC_WRITERS_KEY}, or remove logging.{key}")
+
+
 def facade_logging_config(facade: Mapping[str, Any]) -> tuple[LoggingConfig, bool]:
-    """:func:`logging_config` from a WrapConfig's facade keys."""
+    """:func:`logging_config` from a WrapConfig's facade keys (a writer's setting without the
+    writer refused: :func:`refuse_unused_writer_settings`)."""
+    refuse_unused_writer_settings(facade)
     return logging_config(
         facade["metric_writers"], tensorboard_dir=facade["tensorboard_dir"],
         wandb_project=facade["wandb_project"], wandb_exp_name=facade["wandb_exp_name"],

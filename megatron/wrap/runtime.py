@@ -23,6 +23,11 @@ LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins
 # pretrain_gpt.py's flags for the documents inside its pretraining samples: the facade's
 # samples come from the caller (a flow decides their loss mask), so these are refused too.
 DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
+# pretrain_gpt.py's writer flag whose facade twin has another name: the facade's writers come
+# from its logging keys, so the flag would be dropped without a word.
+WRITER_FLAGS = {"log_metrics_jsonl": "set logging.metrics_jsonl_path and add 'jsonl' to "
+                                     "logging.metric_writers"}
+FACADE_LOG_INTERVAL = 1  # without log_interval in the config: the line at every call
 
 
 def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]:
@@ -42,6 +47,7 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
     flat = dict(config.flat)
     refuse_loop_exit_keys(flat)
     refuse_document_keys(flat)
+    refuse_writer_flags(flat)
     flat["sequence_packing"] = True
     if not flat.get("mock_data") and not flat.get("data_path"):
         flat["mock_data"] = True
@@ -58,9 +64,13 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
             samples_per_pack, run.packing.max_seqlen_per_dp_cp_rank, samples_per_pack)
     # The caller's loop hands each step its batch, of any size (RL batches vary).
     training = dataclasses.replace(run.training, runtime_batches=True)
-    # The facade's writers come from its keys; what they write from the flags.
-    logging = dataclasses.replace(logging, log_validation_ppl_to_tensorboard=(
-        run.logging.log_validation_ppl_to_tensorboard))
+    # The facade's writers come from its keys; what they write, and how often the console
+    # line is printed (log_interval, when the config sets it), from the flags.
+    interval = FACADE_LOG_INTERVAL if flat.get("log_interval") is None \
+        else run.logging.log_interval
+    logging = dataclasses.replace(logging, log_interval=interval,
+                                  log_validation_ppl_to_tensorboard=(
+                                      run.logging.log_validation_ppl_to_tensorboard))
     return dataclasses.replace(run, logging=logging, training=training), console
 
 
@@ -96,6 +106,16 @@ def refuse_loop_exit_keys(flat: dict) -> None:
                 f"config key {key!r} ({flat[key]!r}) is pretrain_gpt.py's loop flag and has no "
                 f"effect in megatron.wrap, whose loop is yours: remove it, and stop your loop "
                 f"(then call save()) where the run should stop")
+
+
+def refuse_writer_flags(flat: dict) -> None:
+    """A pretrain_gpt.py writer flag of :data:`WRITER_FLAGS` set: a one-line ConfigError."""
+    for key, fix in WRITER_FLAGS.items():
+        if flat.get(key) is not None:
+            raise ConfigError(
+                f"config key {key!r} ({flat[key]!r}) is pretrain_gpt.py's flag and has no "
+                f"effect in megatron.wrap, whose metric writers its logging section names: "
+                f"{fix}")
 
 
 def refuse_document_keys(flat: dict) -> None:

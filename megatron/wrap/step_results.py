@@ -68,6 +68,7 @@ def train_metrics(report: StepReport, reduced: dict, num_samples: int) -> dict:
     return {
         "iteration": measured.iteration,
         **reduced,
+        **measured.losses,  # MoE balancing losses, as pretrain_gpt.py's line and JSONL name them
         "grad_norm": None if report.grad_norm is None else float(report.grad_norm),
         "lr": measured.learning_rate,
         "samples": num_samples,

@@ -4,7 +4,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from megatron.wrap.config.errors import ConfigError, did_you_mean
+from megatron.wrap.config.errors import ConfigError, did_you_mean, hybrid_model_hint
 from megatron.wrap.config.keys import (
     FACADE_KEYS,
     SECTIONS,
@@ -108,7 +108,7 @@ def _place_cli_key(result: FlatConfig, section: str, key: str, node: Any) -> Non
 def _unknown_key(section: str, key: str, node: Any, known_keys: Mapping) -> str:
     """The message for one unknown key, with the closest valid name."""
     local_facade = [name for name, spec in FACADE_KEYS.items() if spec.section == section]
-    hint = did_you_mean(key, [*known_keys, *local_facade])
+    hint = hybrid_model_hint(key) or did_you_mean(key, [*known_keys, *local_facade])
     if not hint:
         hint = "; it is neither a pretrain_gpt.py argument nor a facade key of this section"
     return f"unknown config key '{section}.{key}' (from {first_source(node)}){hint}"

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from megatron.wrap.config.errors import ConfigError, closest
+from megatron.wrap.config.errors import ConfigError, closest, hybrid_model_hint
 from megatron.wrap.config.keys import FACADE_KEYS
 from megatron.wrap.config.tree import Leaf, Tree
 
@@ -61,6 +61,8 @@ ACCEPTED: dict[str, str] = {
                      "log_world_size_to_tensorboard", "tensorboard_log_interval",
                      "tensorboard_queue_size", "timing_log_option", "timing_log_level",
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),
+    "log_interval": "megatron-wrap's log_last_metrics() logs at every call (Megatron-LM's "
+                    "--log-interval spaced its own loop's lines, which megatron-wrap never ran)",
     **dict.fromkeys(("no_save_optim", "no_save_rng"), _CKPT_ALL),
     "exit_on_missing_checkpoint": "this fork always stops when `load` holds no checkpoint",
     **dict.fromkeys(("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file"),
@@ -113,6 +115,13 @@ WRAP_KEYS: dict[tuple[str, ...], tuple[str, str]] = {
 """megatron_wrap key path -> (facade section, facade key). `logger.enable_wandb` adds 'wandb'
 to `logging.metric_writers`."""
 
+WANDB_LOGGER_KEYS = (("logger", "wandb_project"), ("logger", "wandb_name"),
+                     ("logger", "wandb_dir"), ("logger", "wandb_entity"))
+WANDB_OFF = "logger.enable_wandb is false: megatron-wrap logs nothing to wandb"
+WANDB_PREFIX = "wandb_"  # Megatron-LM's wandb flags, facade keys of the same names
+"""The wandb settings of megatron_wrap.logger, dropped (with this reason) while
+`logger.enable_wandb` is false: megatron-wrap's switch, not theirs, turns wandb on."""
+
 FLOW_FOLDER = "flow"
 """Other keys of megatron_wrap.flow become the flow's `flow_args` (its __init__ checks them)."""
 
@@ -162,12 +171,34 @@ def native_tree(tree: Tree, known_keys: Mapping[str, Any]) -> tuple[Tree, dict[s
     facade = {key: flat.pop(key) for key in list(flat) if key in FACADE_KEYS}
     cli = _sort_megatron_lm_keys(flat, known_keys, ignored)
     native: Tree = {NATIVE_SECTION: cli}
+    wrap_keys = _wrap_keys(tree.get(WRAP_SECTION) or {}, ignored)
+    writers = wrap_keys.get(("logging", "metric_writers"))
+    wandb_on = writers is not None and "wandb" in writers.value
     for key, leaf in facade.items():  # Megatron-LM's --wandb-project etc. are facade keys here
-        if leaf.value is not None:
+        if leaf.value is None:
+            continue
+        if key.startswith(WANDB_PREFIX) and not wandb_on:
+            ignored[key] = WANDB_OFF  # megatron-wrap's switch is logger.enable_wandb
+        else:
             native.setdefault(FACADE_KEYS[key].section, {})[key] = leaf
-    for (section, key), leaf in _wrap_keys(tree.get(WRAP_SECTION) or {}, ignored).items():
+    for (section, key), leaf in wrap_keys.items():
         native.setdefault(section, {})[key] = leaf
+    _tensorboard_on_with_its_dir(native.get("logging", {}))
     return native, ignored
+
+
+def _tensorboard_on_with_its_dir(logging: dict) -> None:
+    """Megatron-LM's --tensorboard-dir turns TensorBoard on: a view's `tensorboard_dir` adds
+    the `tensorboard` writer to `logging.metric_writers` (megatron-wrap has no switch of its
+    own for it)."""
+    folder = logging.get("tensorboard_dir")
+    if folder is None:
+        return
+    writers = logging.get("metric_writers")
+    kinds = list(writers.value) if writers is not None else \
+        list(FACADE_KEYS["metric_writers"].default)
+    if "tensorboard" not in kinds:
+        logging["metric_writers"] = Leaf([*kinds, "tensorboard"], folder.source)
 
 
 def _flatten_leaves(node: Mapping, out: dict[str, Leaf]) -> dict[str, Leaf]:
@@ -254,7 +285,8 @@ def unsupported_keys_message(keys: list[str], flat: Mapping[str, Leaf],
     for key in keys:
         match = closest(key, known_keys)
         hint = f"nearest supported: {match}" if match else "no close supported flag"
-        parts.append(f"{key}={flat[key].value!r} ({hint})")
+        hybrid = hybrid_model_hint(key)  # "; it is ...": a clause of its own here
+        parts.append(f"{key}={flat[key].value!r} ({hybrid[2:] if hybrid else hint})")
     sources = sorted({flat[key].source for key in keys})
     return (f"{len(keys)} Megatron-LM config key(s) not supported by this fork with the given "
             f"value: {'; '.join(parts)} [from {', '.join(sources)}]; set them to null or "
@@ -268,6 +300,11 @@ def _wrap_keys(node: Mapping, ignored: dict[str, str]) -> dict[tuple[str, str], 
     enable_wandb = leaves.pop(("logger", "enable_wandb"), None)
     if enable_wandb is not None and enable_wandb.value:
         out[("logging", "metric_writers")] = Leaf(["console", "wandb"], enable_wandb.source)
+    else:  # megatron-wrap logs nothing to wandb then, whatever its wandb settings say
+        for path in WANDB_LOGGER_KEYS:
+            if path in leaves and leaves[path].value is not None:
+                del leaves[path]
+                ignored[".".join((WRAP_SECTION, *path))] = WANDB_OFF
     flow_args: dict[str, Any] = {}
     for path, leaf in leaves.items():
         name = ".".join((WRAP_SECTION, *path))

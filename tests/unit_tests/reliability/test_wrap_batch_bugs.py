@@ -33,6 +33,9 @@ class _Flow:
     def __init__(self, failing_rank: int, error: Exception):
         self.failing_rank, self.error = failing_rank, error
 
+    def extra_fields(self):  # the Flow interface the batch fingerprint reads
+        return {}
+
     def build_samples(self, batch):
         if torch.distributed.get_rank() == self.failing_rank and self.error is not None:
             raise self.error

@@ -1,7 +1,11 @@
 """With batch_source 'all_ranks' the ranks must hold the same
 batch, and loss_mask entries must be 0 or 1 -- one-line ValueErrors on every rank, after which
 training goes on (no rank left waiting in a collective). The facade's train() also stops at a
-NaN loss (--check-for-nan-in-loss-and-grad) on every rank."""
+NaN loss (--check-for-nan-in-loss-and-grad) on every rank.
+
+"The same batch" covers every field the flow packs: also a flow's per-token and per-sample
+extra fields (ranks holding other advantages trained without a word; with TP 2 the two TP
+ranks computed different losses)."""
 
 from megatron.varlen_training.errors import NonFiniteLossError
 from megatron.wrap import GPTSFTFlow, MegatronWrap, register_flow
@@ -15,6 +19,15 @@ class NaNLossFlow(GPTSFTFlow):
     def loss(self, output, loss_inputs):
         loss_sum, num_tokens, metrics = super().loss(output, loss_inputs)
         return loss_sum * float("nan"), num_tokens, metrics
+
+
+@register_flow("test_extra_fields", replace=True)
+class ExtraFieldsFlow(GPTSFTFlow):
+    """The default flow plus a per-token and a per-sample field (packed, not read)."""
+
+    def fields_and_seq_dims(self):
+        return {**super().fields_and_seq_dims(), "advantages": 0, "reward": None}
+
 
 CONFIG = {
     "model": {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "seq_length": 32,
@@ -51,6 +64,13 @@ def rank_checks() -> dict:
         negative = _message(wrap, [_sample(3, [1, -5, 1]), _sample(3)])
         fractional = _message(wrap, [_sample(3), _sample(3, [1, 0.5, 1])])
         good = wrap.train([_sample(5), _sample(7)], source="all_ranks")
+    with MegatronWrap(CONFIG, overrides={"flow.flow_name": "test_extra_fields"}) as wrap:
+        wrap.initialize().setup_model_and_optimizer()
+        scale = 1 if wrap.rank == 0 else 2
+        sample = {**_sample(3), "advantages": [0.5, 1.0, scale], "reward": 1.0}
+        advantages = _message(wrap, [sample, {**_sample(3), "advantages": [1, 1, 1],
+                                              "reward": 0.0}])
+        reward = _message(wrap, [{**_sample(3), "advantages": [1, 1, 1], "reward": scale}] * 2)
     with MegatronWrap(CONFIG, overrides={"flow.flow_name": "test_nan_loss"}) as wrap:
         wrap.initialize().setup_model_and_optimizer()
         try:
@@ -58,7 +78,8 @@ def rank_checks() -> dict:
             nan = None
         except NonFiniteLossError as err:
             nan = str(err)
-    return {"count": other_count, "tokens": other_tokens, "negative": negative,
+    return {"count": other_count, "tokens": other_tokens, "advantages": advantages,
+            "reward": reward, "negative": negative,
             "fractional": fractional, "iteration": good["iteration"], "nan": nan}
 
 
@@ -68,10 +89,17 @@ def test_batch_checks_are_one_line_on_every_rank():
         assert first[key] is not None and "\n" not in first[key], (key, first[key])
     assert first["count"] == second["count"] == (
         "train(): the batch differs across ranks with batch_source 'all_ranks' (ranks [1] "
-        "differ from rank 0; rank 0: 4 samples, 20 tokens; rank 1: 6 samples, 30 tokens): pass "
+        "differ from rank 0 in the samples' count, lengths or fields tokens, labels, loss_mask; "
+        "rank 0: 4 samples, 20 tokens; rank 1: 6 samples, 30 tokens): pass "
         "the same global batch on every rank, or use batch_source 'rank0' (config key "
         "'wrap.batch_source')")
     assert first["tokens"] == second["tokens"] and "ranks [1] differ" in first["tokens"]
+    for key in ("advantages", "reward"):  # same tokens, lengths and masks: only the field
+        assert first[key] == second[key] and first[key].startswith(
+            "train(): the batch differs across ranks with batch_source 'all_ranks' (ranks [1] "
+            "differ from rank 0 in the samples' count, lengths or fields tokens, labels, "
+            "loss_mask, advantages, reward; rank 0: 2 samples, 6 tokens; rank 1: 2 samples, "
+            "6 tokens)"), (key, first[key])
     assert first["negative"] == second["negative"] == (
         "sample 0, field 'loss_mask': entry 1 is -5; entries must be 0 or 1")
     assert first["fractional"].endswith("entry 1 is 0.5; entries must be 0 or 1")

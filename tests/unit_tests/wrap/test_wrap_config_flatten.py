@@ -26,6 +26,18 @@ def test_unknown_key_without_a_close_match(known_keys):
         build({"model": {"zzzz": 1}}, known_keys)
 
 
+def test_a_hybrid_model_key_names_pretrain_mamba(known_keys):
+    """The facade builds pretrain_gpt.py's GPT: a hybrid-model key is refused saying so, not
+    with the closest flag (mamba_state_dim used to suggest 'wandb_save_dir')."""
+    for key, value in (("mamba_state_dim", 16), ("hybrid_override_pattern", "M*")):
+        with pytest.raises(ConfigError) as error:
+            build({"model": {key: value}}, {**known_keys, "wandb_save_dir": None})
+        assert str(error.value) == (
+            f"unknown config key 'model.{key}' (from <dict>); it is pretrain_mamba.py's "
+            f"hybrid-model flag: megatron.wrap trains pretrain_gpt.py's GPT models (dense or "
+            f"MoE), train a hybrid Mamba model with pretrain_mamba.py")
+
+
 def test_unknown_key_from_a_selected_file_names_that_file(write_configs, known_keys):
     root = write_configs({"model/m.yaml": "num_layer: 2\n"})
     expected = r"'model\.num_layer' \(from model/m\.yaml\).*'num_layers'"

@@ -3,7 +3,8 @@
 Each launch runs, on the same ranks, ``pretrain_gpt.py``'s path (``train_on_this_rank``) and then
 ``MegatronWrap.train`` for 3 steps on the samples the mock SFT dataset yields for the same flags
 (global batch ``step`` = samples ``step * gbs .. step * gbs + gbs - 1``), with packing, for
-TP=2, PP=2, static CP=2 and dynamic CP: same loss and grad norm at every step. Every rank must
+TP=2, PP=2, static CP=2, dynamic CP and an MoE model with expert parallelism (EP=2): same loss
+and grad norm at every step, and for MoE the same balancing and z-losses. Every rank must
 report the loss (PP included). The TP launch also feeds the batch on rank 0 only; the CP launch
 also checks that a flow's extra per-token field is packed and CP-split exactly like the loss
 mask.
@@ -44,7 +45,14 @@ LAYOUTS = {  # name: (parallel section, world size)
     "pp2_dp2": ({"pipeline_model_parallel_size": 2}, 4),
     "cp2_dp2": ({"context_parallel_size": 2}, 4),
     "dynamic_cp_dp2": ({"dynamic_context_parallel": True, "max_seqlen_per_dp_cp_rank": 32}, 2),
+    "moe_ep2": ({"expert_model_parallel_size": 2}, 2),
 }
+MODELS = {  # layout: model keys beside BASE's
+    "moe_ep2": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 16,
+                "moe_aux_loss_coeff": 0.01, "moe_z_loss_coeff": 0.001,
+                "disable_bias_linear": True},
+}
+MOE_LOSSES = ("load_balancing_loss", "z_loss")
 
 
 class MaskCopyFlow(GPTFlow):
@@ -68,8 +76,9 @@ class MaskCopyFlow(GPTFlow):
 register_flow("test_mask_copy", MaskCopyFlow, replace=True)
 
 
-def _config(parallel: dict) -> dict:
-    return {**BASE, "parallel": {"sequence_packing": True, **parallel}}
+def _config(parallel: dict, model: dict | None = None) -> dict:
+    return {**BASE, "model": {**BASE["model"], **(model or {})},
+            "parallel": {"sequence_packing": True, **parallel}}
 
 
 def _dataset_batches(argv: list[str]) -> list[list[dict]]:
@@ -92,12 +101,15 @@ def _facade_run(config: dict, batches, source: str) -> dict:
         steps = [wrap.train(batch, source=source) for batch in given]
         sizes = {axis: getattr(wrap, f"{axis}_size") for axis in ("tp", "pp", "cp", "dp")}
         return {"losses": [step["loss"] for step in steps], "evaluated": evaluated,
-                "grad_norms": [step["grad_norm"] for step in steps], "sizes": sizes}
+                "grad_norms": [step["grad_norm"] for step in steps], "sizes": sizes,
+                "moe": [{key: step[key] for key in MOE_LOSSES if key in step}
+                        for step in steps]}
 
 
-def rank_trajectory(parallel: dict, variants: tuple[tuple[str, str], ...]) -> dict:
+def rank_trajectory(parallel: dict, variants: tuple[tuple[str, str], ...],
+                    model: dict | None = None) -> dict:
     """pretrain_gpt.py's path, then the facade per (flow, batch source) variant."""
-    config = _config(parallel)
+    config = _config(parallel, model)
     argv = build_config(config).to_argv(build_parser())
     reference = train_on_this_rank(argv)
     batches = _dataset_batches(argv)
@@ -111,17 +123,19 @@ VARIANTS = {
     "pp2_dp2": (("gpt_sft", "all_ranks"),),
     "cp2_dp2": (("gpt_sft", "all_ranks"), ("test_mask_copy", "all_ranks")),
     "dynamic_cp_dp2": (("test_mask_copy", "rank0"),),
+    "moe_ep2": (("gpt_sft", "all_ranks"),),
 }
 
 
 SIZES = {"tp2_dp2": (2, 1, 1, 2), "pp2_dp2": (1, 2, 1, 2), "cp2_dp2": (1, 1, 2, 2),
-         "dynamic_cp_dp2": (1, 1, 1, 2)}  # tp, pp, cp, dp
+         "dynamic_cp_dp2": (1, 1, 1, 2), "moe_ep2": (1, 1, 1, 2)}  # tp, pp, cp, dp
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_facade_matches_pretrain_gpt(layout):
     parallel, world = LAYOUTS[layout]
-    results = run_distributed(rank_trajectory, world, args=(parallel, VARIANTS[layout]),
+    results = run_distributed(rank_trajectory, world,
+                              args=(parallel, VARIANTS[layout], MODELS.get(layout)),
                               timeout_s=240)
     history = loss_owner_history([r["reference"] for r in results])
     want = [h["lm_loss"] for h in history]
@@ -141,3 +155,7 @@ def test_facade_matches_pretrain_gpt(layout):
                                               start=1):
                 assert abs(got - ref) <= RTOL * abs(ref), (
                     f"{where} step {step}: facade grad norm {got!r} vs pretrain_gpt {ref!r}")
+            want_moe = [{key: h[key] for key in MOE_LOSSES if key in h} for h in history]
+            assert run["moe"] == want_moe, where  # the same code reduces both: exactly equal
+            assert all(len(losses) == len(MOE_LOSSES) for losses in want_moe) == \
+                (layout in MODELS), (where, want_moe)

@@ -71,6 +71,46 @@ def test_logger_keys_map_to_the_wandb_writer(tmp_path):
                                                                   "team", True)
 
 
+def test_wandb_settings_without_enable_wandb_are_dropped_with_the_reason(tmp_path):
+    """megatron-wrap's switch is logger.enable_wandb: its wandb settings alone log nothing, so
+    they must not reach the facade's (refused) wandb keys, nor turn wandb on."""
+    view = VIEW.replace("    patch_print: false\n",
+                        "    patch_print: false\n    wandb_project: proj\n    wandb_name: run1\n")
+    config = build_config(write_nest(tmp_path, view))
+    assert config.facade["metric_writers"] == ["console"]
+    assert config.facade["wandb_project"] is None and config.facade["wandb_exp_name"] is None
+    reason = "logger.enable_wandb is false: megatron-wrap logs nothing to wandb"
+    assert config.ignored["megatron_wrap.logger.wandb_project"] == reason
+    assert config.ignored["megatron_wrap.logger.wandb_name"] == reason
+    from megatron.wrap.runtime import run_config_of
+
+    run, _ = run_config_of(config, world_size=2)  # builds: nothing refused
+    assert run.logging.wandb_project is None
+
+
+def test_megatron_lm_writer_keys_in_a_view(tmp_path):
+    """Megatron-LM's --tensorboard-dir turns TensorBoard on (megatron-wrap has no switch for
+    it); its --wandb-project without logger.enable_wandb logs nothing in megatron-wrap."""
+    config = build_config(write_nest(tmp_path), overrides=[
+        "megatron_lm.misc.log.tensorboard_dir=/tmp/tb", "megatron_lm.misc.log.wandb_project=p"])
+    assert config.facade["metric_writers"] == ["console", "tensorboard"]
+    assert config.facade["tensorboard_dir"] == "/tmp/tb"
+    assert config.facade["wandb_project"] is None
+    assert config.ignored["wandb_project"] == \
+        "logger.enable_wandb is false: megatron-wrap logs nothing to wandb"
+
+
+def test_log_interval_in_a_view_keeps_megatron_wraps_meaning(tmp_path):
+    """megatron-wrap's log_last_metrics() logs at every call whatever Megatron-LM's
+    log_interval says; in a native config the key spaces the console line (--log-interval)."""
+    from megatron.wrap.runtime import run_config_of
+
+    config = build_config(write_nest(tmp_path), overrides=["log_interval=10"])
+    assert "log_interval" not in config.flat
+    assert config.ignored["log_interval"].startswith("megatron-wrap's log_last_metrics() logs")
+    assert run_config_of(config, world_size=2)[0].logging.log_interval == 1
+
+
 def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
     files = {"megatron_lm/misc/extra.yaml": "dino_head_hidden_size: 999\nlr_warmup_fractoin: 0.1\n"
              "img_h: 512\n"}
@@ -81,6 +121,15 @@ def test_all_unsupported_keys_in_one_error_with_nearest_flag(tmp_path):
     assert "dino_head_hidden_size=999" in message and "img_h=512" in message
     assert "lr_warmup_fractoin=0.1 (nearest supported: lr_warmup_" in message
     assert "megatron_lm/misc/extra.yaml" in message
+
+
+def test_a_hybrid_model_key_in_a_view_names_pretrain_mamba(tmp_path):
+    files = {"megatron_lm/misc/extra.yaml": "hybrid_override_pattern: M*\n"}
+    with pytest.raises(ConfigError) as error:
+        build_config(write_nest(tmp_path, files=files))
+    assert "hybrid_override_pattern='M*' (it is pretrain_mamba.py's hybrid-model flag: " \
+           "megatron.wrap trains pretrain_gpt.py's GPT models (dense or MoE), train a hybrid " \
+           "Mamba model with pretrain_mamba.py)" in str(error.value)
 
 
 def test_unsupported_wrap_value_and_unknown_view_key(tmp_path):

@@ -9,10 +9,12 @@ import pytest
 from tests.harness.log_state import clean_log_state, use_rank  # noqa: F401 (a fixture)
 from tests.harness.metric_fakes import fake_metric_modules
 from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
+from megatron.wrap.config import ConfigError, facade_defaults
 from megatron.wrap.metric_writers import (
     JsonlMetricWriter,
     ProgressBar,
     build_metric_writers,
+    facade_logging_config,
 )
 
 
@@ -94,6 +96,26 @@ def test_writer_errors_name_the_config_key(monkeypatch, kinds, settings, error, 
         build_metric_writers(kinds, train_iters=1, **settings)
 
 
+@pytest.mark.parametrize("key, value, kind", [
+    ("tensorboard_dir", "tb", "tensorboard"), ("metrics_jsonl_path", "m.jsonl", "jsonl"),
+    ("wandb_project", "p", "wandb"), ("wandb_exp_name", "e", "wandb"),
+    ("wandb_save_dir", "w", "wandb"), ("wandb_entity", "team", "wandb"),
+    ("wandb_mode", "offline", "wandb")])
+def test_a_writer_setting_without_its_writer_is_refused(key, value, kind):
+    """pretrain_gpt.py's --tensorboard-dir alone turns TensorBoard on; the facade's
+    logging.tensorboard_dir without 'tensorboard' in metric_writers used to write nothing."""
+    facade = {**facade_defaults(), key: value}
+    with pytest.raises(ConfigError) as error:
+        facade_logging_config(facade)
+    assert str(error.value) == (
+        f"config key 'logging.{key}' ({value!r}) configures the '{kind}' metric writer, which "
+        f"logging.metric_writers ['console'] does not name: add '{kind}' to "
+        f"logging.metric_writers, or remove logging.{key}")
+    if kind == "jsonl":  # named, it is taken (tensorboard and wandb need their packages)
+        logging, _ = facade_logging_config({**facade, "metric_writers": ["console", kind]})
+        assert logging.log_metrics_jsonl == value
+
+
 @pytest.mark.parametrize("api_key, wandb_mode, mode", [
     (None, None, "offline"), ("secret", None, "online"), ("secret", "offline", "offline")])
 def test_wandb_writer_is_offline_without_api_key(monkeypatch, api_key, wandb_mode, mode):
@@ -124,3 +146,26 @@ def test_tensorboard_writer_uses_summary_writer(monkeypatch, tmp_path):
     writer.write(7, {"iteration": 7, "loss": 1.0})  # the iteration is the step, not a scalar
     writer.close()
     assert calls == [("init", str(tmp_path)), ("loss", 1.0, 7), ("close",)]
+
+
+def _run_logging(training: dict):
+    from megatron.wrap.config import build_config
+    from megatron.wrap.runtime import run_config_of
+    from tests.unit_tests.wrap.test_wrap_runtime_batch_sizes import CONFIG
+
+    config = build_config({**CONFIG, "training": {**CONFIG["training"], **training}})
+    return run_config_of(config, world_size=1)[0].logging
+
+
+def test_pretrain_gpts_logging_flags_in_a_facade_config():
+    """--log-interval keeps Megatron-LM's meaning (the console line at its multiples; unset,
+    the facade prints at every call); --log-metrics-jsonl, whose facade twin is another key,
+    is refused instead of dropped."""
+    assert _run_logging({"log_interval": 5}).log_interval == 5
+    assert _run_logging({}).log_interval == 1
+    with pytest.raises(ConfigError) as error:
+        _run_logging({"log_metrics_jsonl": "m.jsonl"})
+    assert str(error.value) == (
+        "config key 'log_metrics_jsonl' ('m.jsonl') is pretrain_gpt.py's flag and has no "
+        "effect in megatron.wrap, whose metric writers its logging section names: set "
+        "logging.metrics_jsonl_path and add 'jsonl' to logging.metric_writers")

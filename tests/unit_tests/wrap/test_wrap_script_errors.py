@@ -7,9 +7,11 @@ writes nothing twice.
 - torchrun, 2 CPU ranks: a bad sample in ``train()`` (an id outside the vocabulary, a field
   the flow does not read) -> one error line over both ranks, each rank exits 2; a resume with another ``--sft-prompt-key`` -> the resume check's one line,
   exit 2;
-- ``save_interval: 2``, two steps, then ``save()``: megatron-core's save runs once.
+- ``save_interval: 2``, two steps, then ``save()``: megatron-core's save runs once; after an
+  ``evaluate()`` a ``save()`` of the same iteration writes again (its validation position).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 from megatron.varlen_training import checkpointing
+from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME, VALID_POSITION_KEY
 from megatron.wrap import MegatronWrap
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.wrap.test_wrap_main_guard import _kill_tree
@@ -180,14 +183,19 @@ def rank_save_twice(save_dir: str) -> dict:
         elsewhere = wrap.save(os.path.join(save_dir, "copy"))  # another root: written
         wrap.train([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 9, 5, 6]}])
         third = wrap.save()
+        wrap.evaluate([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 9, 5]}])
+        wrap.save()  # the evaluation's validation samples change the checkpoint: written
+    with open(os.path.join(third, RUN_ARGS_FILENAME), encoding="utf-8") as handle:
+        valid = json.load(handle)[VALID_POSITION_KEY]
     return {"after_interval": after_interval, "calls": calls, "folders": [folder, elsewhere,
-                                                                          third]}
+                                                                          third], "valid": valid}
 
 
 def test_save_after_the_interval_save_writes_once(tmp_path):
     result = run_distributed(rank_save_twice, 1, args=(str(tmp_path),), timeout_s=180)[0]
     assert result["after_interval"] == [2]
-    assert result["calls"] == [2, 2, 3]
+    assert result["calls"] == [2, 2, 3, 3]
+    assert result["valid"] == 2  # the samples evaluate() read after the first save of iter 3
     assert result["folders"] == [str(tmp_path / "iter_0000002"),
                                  str(tmp_path / "copy" / "iter_0000002"),
                                  str(tmp_path / "iter_0000003")]
