@@ -268,7 +268,8 @@ def run_forward_backward(run: RunConfig, state: TrainState, step, forward_only: 
 
 def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forward_step,
                num_samples: int | None = None) -> tuple[float | None, float | None]:
-    """One optimizer step over one global batch; returns (reported loss, grad norm).
+    """One optimizer step over one global batch; returns (reported loss, grad norm). The grad
+    norm is None when the fp16 loss scaler skipped the update: the LR schedule then stays.
 
     ``forward_step_func`` lets callers (megatron.wrap flows) bring their own inputs and loss;
     it must follow megatron-core's contract and report ``{"lm loss": [sum, tokens]}``.
@@ -288,10 +289,13 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
     grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(guard, state, loss, norm))
-    # The step consumed its global batch's samples, however many micro-batches packing made
-    # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the samples
-    # of the step: micro-batches x micro-batch size x DP).
-    state.scheduler.step(increment=samples_in_step(run, num_samples))
+    if grad_norm is not None:
+        # The step consumed its global batch's samples, however many micro-batches packing made
+        # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the
+        # samples of the step: micro-batches x micro-batch size x DP). As in Megatron-LM only an
+        # applied update advances it: a step the fp16 loss scaler skipped (no grad norm) keeps
+        # the learning rate and weight decay of the step it replaces.
+        state.scheduler.step(increment=samples_in_step(run, num_samples))
     return loss, grad_norm
 
 

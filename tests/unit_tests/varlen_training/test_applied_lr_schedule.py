@@ -1,0 +1,149 @@
+"""The learning rate and weight decay each update actually applies, against Megatron-LM.
+
+Reference: megatron-core's own ``OptimizerParamScheduler`` built from the raw flag values the
+way Megatron-LM's ``get_optimizer_param_scheduler`` builds it (lengths in samples:
+``--lr-decay-iters`` x ``--global-batch-size``, ``--train-iters`` when unset, ...), and stepped
+as Megatron-LM's ``train_step`` steps it: by micro-batches x micro-batch size x DP, and only
+after an update was applied (a step the fp16 loss scaler skips leaves the schedule alone).
+Ours: :func:`training.train_step` driving the scheduler :func:`training.build_scheduler` makes
+from the parsed flags. The forward/backward is stubbed out: what is compared is the loop's
+bookkeeping, read off the optimizer's param groups when the update runs.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from megatron.varlen_training import training
+from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.config.from_flags import run_config
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+GBS = 4  # TINY_GPT_ARGS' --global-batch-size (micro-batch 2 x DP 1 x 2 micro-batches)
+LR, MIN_LR, WEIGHT_DECAY = 1e-3, 1e-4, 0.05
+
+
+class _ScalerOptimizer:
+    """megatron-core's optimizer surface that ``training.optimizer_step`` drives; the fp16 loss
+    scaler's verdict per step is scripted (``overflows``). Records the learning rate and weight
+    decay of every applied update."""
+
+    def __init__(self, overflows):
+        self.param_groups = [{"params": [], "lr": 0.0, "weight_decay": 0.0},
+                             {"params": [], "lr": 0.0, "weight_decay": 0.0, "wd_mult": 0.0}]
+        self.config = SimpleNamespace(clip_grad=0.0)  # no clipping: nothing to clip here
+        self._overflows = list(overflows)
+        self.applied = []  # (lr, weight decay, no-decay group's weight decay) per update
+
+    def zero_grad(self):
+        pass
+
+    def prepare_grads(self) -> bool:
+        return self._overflows.pop(0)  # True: Inf/NaN in the scaled grads, skip the update
+
+    def get_grad_norm(self) -> float:
+        return 1.0
+
+    def step_with_ready_grads(self):
+        self.applied.append(tuple(self.param_groups[0][key] for key in ("lr", "weight_decay"))
+                            + (self.param_groups[1]["weight_decay"],))
+
+
+class _Chunk:
+    def zero_grad_buffer(self):
+        pass
+
+
+def _megatron_lm_scheduler(optimizer, flags: dict) -> OptimizerParamScheduler:
+    """Megatron-LM's get_optimizer_param_scheduler (read as facts from its training.py) on raw
+    flag values; nothing taken from our resolution of them."""
+    gbs = flags["global_batch_size"]
+    if flags.get("train_iters"):
+        decay_iters = flags.get("lr_decay_iters") or flags["train_iters"]
+        decay_steps = decay_iters * gbs
+        wd_incr_steps = flags["train_iters"] * gbs
+        warmup_steps = flags.get("lr_warmup_iters", 0) * gbs
+    else:
+        decay_steps = flags.get("lr_decay_samples") or flags["train_samples"]
+        wd_incr_steps = flags["train_samples"]
+        warmup_steps = flags.get("lr_warmup_samples", 0)
+    if flags.get("lr_warmup_fraction") is not None:
+        warmup_steps = flags["lr_warmup_fraction"] * decay_steps
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=LR, min_lr=flags.get("min_lr", 0.0),
+        lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps,
+        lr_decay_style=flags.get("lr_decay_style", "linear"), start_wd=WEIGHT_DECAY,
+        end_wd=WEIGHT_DECAY, wd_incr_steps=wd_incr_steps, wd_incr_style="constant")
+
+
+def _megatron_lm_applied(flags: dict, overflows: list[bool]) -> list[tuple]:
+    """What Megatron-LM applies: the scheduler advances by the step's samples after each
+    applied update, never after a skipped one."""
+    optimizer = _ScalerOptimizer([])
+    scheduler = _megatron_lm_scheduler(optimizer, flags)
+    for overflow in overflows:
+        if not overflow:
+            optimizer.step_with_ready_grads()
+            scheduler.step(increment=flags["global_batch_size"])
+    return optimizer.applied
+
+
+def _ours_applied(argv: list[str], overflows: list[bool], monkeypatch) -> list[tuple]:
+    run = run_config(parse_args(TINY_GPT_ARGS + ["--weight-decay", str(WEIGHT_DECAY)] + argv,
+                                world_size=1))
+    optimizer = _ScalerOptimizer(overflows)
+    state = training.TrainState(model=[_Chunk()], optimizer=optimizer,
+                                scheduler=training.build_scheduler(run, optimizer), config=None)
+    monkeypatch.setattr(training, "run_forward_backward", lambda *args, **kwargs: [])
+    monkeypatch.setattr(training, "reduce_reported_loss", lambda losses: 2.5)
+    grad_norms = [training.train_step(run, state, step=None)[1] for _ in overflows]
+    assert [norm is None for norm in grad_norms] == overflows  # a skipped step has no norm
+    return optimizer.applied
+
+
+def _flags(argv: list[str]) -> dict:
+    """``argv``'s schedule flags as Megatron-LM's dests (values as typed)."""
+    flags = {"global_batch_size": GBS}
+    for flag, value in zip(argv[::2], argv[1::2]):
+        name = flag.lstrip("-").replace("-", "_")
+        flags[name] = value if name == "lr_decay_style" else float(value) if "." in value \
+            or "e-" in value else int(value)
+    return flags
+
+
+SCHEDULES = [
+    ["--train-iters", "8", "--lr-warmup-iters", "2"],
+    ["--train-iters", "8", "--lr-warmup-iters", "2", "--lr-decay-iters", "6", "--min-lr", "1e-4"],
+    ["--train-iters", "8", "--lr-decay-style", "cosine", "--lr-warmup-fraction", "0.25",
+     "--min-lr", "1e-4"],
+    ["--train-iters", "8", "--lr-decay-style", "constant", "--lr-warmup-iters", "3"],
+    ["--train-iters", "8", "--lr-decay-style", "inverse-square-root", "--lr-warmup-iters", "2",
+     "--min-lr", "1e-4"],
+    ["--train-samples", "30", "--lr-warmup-samples", "6", "--lr-decay-style", "cosine"],
+    ["--train-samples", "30", "--lr-warmup-fraction", "0.1", "--lr-decay-samples", "20",
+     "--min-lr", "1e-4"],
+]
+NO_OVERFLOW = [False] * 7
+SOME_SKIPPED = [True, True, False, True, False, False, False]  # fp16: first steps overflow
+
+
+@pytest.mark.parametrize("overflows", [NO_OVERFLOW, SOME_SKIPPED], ids=["applied", "skipped"])
+@pytest.mark.parametrize("argv", SCHEDULES, ids=lambda argv: " ".join(argv[2:]) or argv[0])
+def test_each_update_applies_megatron_lms_lr_and_weight_decay(argv, overflows, monkeypatch):
+    ours = _ours_applied(argv, overflows, monkeypatch)
+    reference = _megatron_lm_applied(_flags(argv), overflows)
+    assert len(ours) == overflows.count(False)
+    flat = lambda rows: [value for row in rows for value in row]  # noqa: E731
+    assert flat(ours) == pytest.approx(flat(reference), rel=1e-12, abs=1e-18)
+    assert all(no_decay == 0.0 for _, _, no_decay in ours)  # wd_mult 0 groups stay undecayed
+
+
+def test_a_skipped_step_keeps_the_lr_of_the_step_it_replaces(monkeypatch):
+    """Spelled out for one schedule: linear warm-up over 2 iterations (8 samples); the first
+    two steps overflow, so the first applied update still runs at the initial LR 0, the next
+    at half the peak (Megatron-LM: skipped iterations do not advance the scheduler)."""
+    applied = _ours_applied(["--train-iters", "8", "--lr-warmup-iters", "2"],
+                            [True, True, False, False, False], monkeypatch)
+    assert [lr for lr, _, _ in applied] == pytest.approx([0.0, LR / 2, LR], abs=1e-18)
