@@ -14,10 +14,17 @@ from typing import Any
 
 TERA = 1e12
 ITERATION_KEY = "iteration"  # the first key of every JSONL record
-SHARED_KEYS = (ITERATION_KEY, "lm_loss", "grad_norm", "lr", "consumed_samples",
+LOSS_KEY = "lm_loss"
+# 1 when the fp16 loss scaler skipped the step's update (Megatron-LM's ``skipped_iter``).
+SKIPPED_ITER_KEY = "skipped_iter"
+SHARED_KEYS = (ITERATION_KEY, LOSS_KEY, "grad_norm", "loss_scale", SKIPPED_ITER_KEY, "lr",
+               "consumed_samples",
                "global_batch_size", "num_microbatches", "tokens", "seqlen_sum",
                "seqlen_squared_sum", "step_time_s", "tokens_per_s", "tflops_per_device")
 """The keys every record starts with, in this order (:func:`to_json_record`)."""
+# The console line's counts over its --log-interval (log_interval.py), not per-iteration keys.
+SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY = "skipped_iterations", "nan_iterations"
+INTERVAL_KEYS = (SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY)
 MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
 # Losses printed beside lm loss as Megatron-LM prints them (the MoE balancing losses).
 LOSS_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss",
@@ -42,6 +49,8 @@ class IterationMetrics:
     seqlen_squared_sum: int
     flops: int
     world_size: int
+    loss_scale: float = 1.0  # the fp16 loss scaler's scale after the step (1 without fp16)
+    skipped: bool = False  # the fp16 loss scaler skipped the update (grad_norm is None)
     extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
     losses: dict = field(default_factory=dict)  # LOSS_KEYS the step reported (MoE)
 
@@ -58,13 +67,19 @@ class IterationMetrics:
 
 def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
     """Megatron-LM's iteration line from a JSONL record (:func:`to_json_record`), so both entry
-    points print the same line from the same numbers::
+    points print the same line from the same numbers (the console writer hands it the record
+    averaged over the --log-interval: log_interval.py)::
 
          iteration        3/      10 | consumed samples:           48 | ... | lm loss: 4.1E+00 |
 
+    Megatron-LM's fields in its order; ``throughput per GPU`` and ``tokens per second`` always
+    (Megatron-LM: the first with ``--log-throughput``). The counts of skipped and NaN
+    iterations are the record's own (one iteration) unless it carries the interval's.
     Keys beyond the shared schema (the schedule's stats, a facade flow's metrics) follow in
     record order, ``padding_ratio`` as ``padding ratio: 0.0085``.
     """
+    skipped = record.get(SKIPPED_ITER_KEY) or 0
+    nan = int(bool(skipped) and not math.isfinite(record[LOSS_KEY] or 0.0))
     parts = [
         f" iteration {record[ITERATION_KEY]:8d}/{train_iters:8d}",
         f"consumed samples: {record['consumed_samples']:12d}",
@@ -75,12 +90,17 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
         f"global batch size: {record['global_batch_size']:5d}",
         f"lm loss: {record['lm_loss']:.6E}",
         *(f"{key}: {record[key]:.6E}" for key in LOSS_KEYS if key in record),
+        f"loss scale: {record.get('loss_scale', 1.0):.1f}",
     ]
     if record["grad_norm"] is not None:
         parts.append(f"grad norm: {record['grad_norm']:.3f}")
-    parts.append(f"number of microbatches: {record['num_microbatches']}")
+    parts += [
+        f"number of skipped iterations: {record.get(SKIPPED_ITERATIONS_KEY, skipped):3d}",
+        f"number of nan iterations: {record.get(NAN_ITERATIONS_KEY, nan):3d}",
+        f"number of microbatches: {record['num_microbatches']}",
+    ]
     for key, value in record.items():
-        if key not in SHARED_KEYS and key not in LOSS_KEYS:
+        if key not in SHARED_KEYS and key not in LOSS_KEYS and key not in INTERVAL_KEYS:
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
@@ -105,8 +125,10 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
     metrics) follow the shared keys."""
     record = {
         ITERATION_KEY: m.iteration,
-        "lm_loss": m.lm_loss,
+        LOSS_KEY: m.lm_loss,
         "grad_norm": m.grad_norm,
+        "loss_scale": m.loss_scale,
+        SKIPPED_ITER_KEY: int(m.skipped),
         "lr": m.learning_rate,
         "consumed_samples": m.consumed_samples,
         "global_batch_size": m.global_batch_size,

@@ -24,6 +24,7 @@ from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.flag_ranges import is_importable
 from megatron.varlen_training.iteration_metrics import ITERATION_KEY, format_log_line, perplexity
 from megatron.varlen_training.log import info_all_ranks
+from megatron.varlen_training.log_interval import LogInterval
 
 WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
 WANDB_MODE_ENV_VAR = "WANDB_MODE"  # wandb's own setting: offline, online, disabled
@@ -71,7 +72,10 @@ def to_python(value: Any) -> Any:
 
 
 class ConsoleMetricWriter:
-    """Logs Megatron-LM's iteration line every ``interval`` iterations (on the calling rank).
+    """Logs Megatron-LM's iteration line every ``interval`` iterations and after the first one
+    it is given (on the calling rank), averaged over the iterations since the last line as
+    Megatron-LM averages it (log_interval.py; a first line between multiples starts no new
+    interval: the next line covers the iterations since the last multiple).
 
     Args:
         train_iters: The ``M`` of ``iteration N/ M``.
@@ -81,11 +85,21 @@ class ConsoleMetricWriter:
     def __init__(self, train_iters: int, interval: int = 1):
         self.train_iters = train_iters
         self.interval = interval
+        self._since_last_line = LogInterval()
+        self._first = True
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
-        if iteration % self.interval == 0:
-            line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
-            info_all_ranks(format_log_line(line, self.train_iters))
+        line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
+        self._since_last_line.add(line)
+        first, self._first = self._first, False
+        interval_ends = iteration % self.interval == 0
+        if interval_ends or first:
+            info_all_ranks(format_log_line(self._since_last_line.summary(line),
+                                           self.train_iters))
+        # Megatron-LM never starts a new interval after its first line, even when the first
+        # iteration ends one (it then counts that iteration in two lines); here it does.
+        if interval_ends:
+            self._since_last_line = LogInterval()
 
     def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
                          metrics: Mapping[str, float] | None = None) -> None:

@@ -178,7 +178,15 @@ class Trainer:
             tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
             seqlen_squared_sum=batches.seqlen_squared_sum,
             flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
-            world_size=torch.distributed.get_world_size(), extra=dict(batches.stats))
+            world_size=torch.distributed.get_world_size(), loss_scale=self._loss_scale(),
+            skipped=grad_norm is None, extra=dict(batches.stats))
+
+    def _loss_scale(self) -> float:
+        """The fp16 loss scaler's current scale (Megatron-LM's ``loss scale``); 1 without fp16,
+        read without a device round trip."""
+        if not self.run.model.fp16:
+            return 1.0
+        return float(self.state.optimizer.get_loss_scale().item())
 
     @staticmethod
     def record(report: StepReport, extra_metrics: dict | None = None) -> dict:
