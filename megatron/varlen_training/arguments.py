@@ -196,6 +196,8 @@ def _add_logging_checkpoint_args(parser):
                        help="Also write each evaluation's perplexity to TensorBoard (Megatron-LM's "
                             "'lm loss validation ppl' and '... ppl vs samples'; with "
                             "--tensorboard-dir).")
+    group.add_argument("--tensorboard-log-interval", type=int, default=1,
+                       help="Write TensorBoard and wandb scalars every N iterations.")
     group.add_argument("--wandb-project", default=None,
                        help="Log every iteration's metrics to this wandb project (needs the "
                             "wandb package: the [metrics] extra); offline unless $WANDB_MODE "

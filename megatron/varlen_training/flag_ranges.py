@@ -127,6 +127,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # data, logging, checkpointing
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
     "log_interval": COUNT,
+    "tensorboard_log_interval": COUNT,
     "eval_interval": COUNT,
     "eval_iters": NON_NEGATIVE_COUNT,
     "save_interval": COUNT,

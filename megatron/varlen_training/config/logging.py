@@ -26,6 +26,9 @@ class LoggingConfig:
     # --log-validation-ppl-to-tensorboard: the TensorBoard writer adds each evaluation's
     # perplexity (Megatron-LM's flag; without a TensorBoard writer it writes nothing, as there).
     log_validation_ppl_to_tensorboard: bool = False
+    # --tensorboard-log-interval: TensorBoard and wandb get the iterations that are its
+    # multiples (Megatron-LM's flag and default); the console and JSONL are not affected.
+    tensorboard_log_interval: int = 1
 
     def __post_init__(self):
         check_ranges(self)

@@ -72,6 +72,7 @@ VALID = {
     "context_parallel_size": NONE,
     "vocab_size": NONE,
     "log_interval": HUGE,
+    "tensorboard_log_interval": HUGE,
     "eval_interval": HUGE,
     "eval_iters": ZERO_OR_HUGE,  # as train_iters
     "save_interval": HUGE,

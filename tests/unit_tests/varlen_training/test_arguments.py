@@ -32,7 +32,7 @@ EXPECTED_FLAGS = frozenset("""
 --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
---tensorboard-dir --log-validation-ppl-to-tensorboard
+--tensorboard-dir --log-validation-ppl-to-tensorboard --tensorboard-log-interval
 --wandb-project --wandb-exp-name --wandb-save-dir
 --pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
 --validate-packing-schedules
