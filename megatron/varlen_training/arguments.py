@@ -143,7 +143,7 @@ def _add_learning_rate_args(parser):
     group.add_argument("--min-lr", type=float, default=0.0,
                        help="Learning rate at the end of decay.")
     group.add_argument("--lr-decay-style", default="linear",
-                       choices=["constant", "linear", "cosine", "inverse-square-root"],
+                       choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
                        help="Learning-rate decay after warm-up.")
     group.add_argument("--lr-decay-iters", type=int, default=None,
                        help="Default: --train-iters.")

@@ -119,6 +119,12 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # megatron-core's scheduler requires the warm-up to end before the decay does.
     "lr_warmup_fraction": FlagRange(0.0, 1.0, high_open=True,
                                     why="a share of the decay length; warm-up ends before it"),
+    # warm-up start, WSD anneal, weight-decay ramp (schedule_arguments.py)
+    "lr_warmup_init": NON_NEGATIVE_FLOAT,
+    "lr_wsd_decay_iters": COUNT,
+    "lr_wsd_decay_samples": COUNT,
+    "start_weight_decay": NON_NEGATIVE_FLOAT,
+    "end_weight_decay": NON_NEGATIVE_FLOAT,
     # distributed
     "tensor_model_parallel_size": COUNT,
     "pipeline_model_parallel_size": COUNT,

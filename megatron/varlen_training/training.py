@@ -82,11 +82,11 @@ def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     if schedule.lr_decay_iters is None:  # sample-based: Megatron-LM's line, from its scheduler
         log.print_rank_0(f"setting training iterations to {run.training.train_iters}")
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=schedule.lr, min_lr=schedule.min_lr,
+        optimizer, init_lr=schedule.lr_warmup_init, max_lr=schedule.lr, min_lr=schedule.min_lr,
         lr_warmup_steps=schedule.lr_warmup_steps, lr_decay_steps=schedule.lr_decay_steps,
-        lr_decay_style=schedule.lr_decay_style, start_wd=schedule.weight_decay,
-        end_wd=schedule.weight_decay, wd_incr_steps=schedule.wd_incr_steps,
-        wd_incr_style="constant",
+        lr_decay_style=schedule.lr_decay_style, start_wd=schedule.start_wd,
+        end_wd=schedule.end_wd, wd_incr_steps=schedule.wd_incr_steps, wd_incr_style=schedule.weight_decay_incr_style,
+        wsd_decay_steps=schedule.wsd_decay_steps, lr_wsd_decay_style=schedule.lr_wsd_decay_style,
         # Mismatches were already refused in one line (resume_consistency.check_scheduler).
         override_opt_param_scheduler=schedule.override_opt_param_scheduler,
         use_checkpoint_opt_param_scheduler=not schedule.override_opt_param_scheduler,

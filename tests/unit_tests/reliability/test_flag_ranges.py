@@ -66,6 +66,13 @@ VALID = {
     "lr_decay_samples": NONE,
     "lr_warmup_samples": ZERO,
     "lr_warmup_fraction": ZERO,
+    # The bases decay linearly with constant weight decay: the WSD lengths and the weight-decay
+    # ramp's ends are refused there whatever their value; the warm-up start must stay <= --lr.
+    "lr_warmup_init": ZERO,
+    "lr_wsd_decay_iters": NONE,
+    "lr_wsd_decay_samples": NONE,
+    "start_weight_decay": NONE,
+    "end_weight_decay": NONE,
     "tensor_model_parallel_size": NONE,
     "pipeline_model_parallel_size": NONE,
     "num_layers_per_virtual_pipeline_stage": NONE,
