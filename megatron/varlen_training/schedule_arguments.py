@@ -30,6 +30,10 @@ computes the curves):
 - ``--weight-decay-incr-style linear|cosine`` ramps the weight decay from
   ``--start-weight-decay`` to ``--end-weight-decay`` over the run (``--train-iters`` or
   ``--train-samples``); ``constant`` (the default) keeps ``--weight-decay`` and takes neither.
+
+Megatron-LM's ``--rampup-batch-size`` is refused in one line: every step trains one global batch
+of ``--global-batch-size`` samples (the data providers, the packing balance and the resume
+checks count in it), so a growing batch would not be the run asked for.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ def _add_shape_args(parser) -> None:
                        help="Weight decay at the start (--weight-decay-incr-style linear/cosine).")
     group.add_argument("--end-weight-decay", type=float, default=None,
                        help="Weight decay at the end (--weight-decay-incr-style linear/cosine).")
+    group.add_argument("--rampup-batch-size", nargs=3, default=None,
+                       metavar=("START", "INCREMENT", "SAMPLES"),
+                       help="Megatron-LM's batch-size ramp-up: not supported (refused; the "
+                            "global batch size is fixed).")
     group.add_argument("--weight-decay-incr-style", default="constant",
                        choices=WEIGHT_DECAY_INCR_STYLES,
                        help="Weight decay over the run: constant (--weight-decay), or from "
@@ -78,6 +86,10 @@ def _add_shape_args(parser) -> None:
 def validate_schedule(args, require) -> None:
     """Checks the schedule flags (Megatron-LM's exclusions) and resolves ``train_iters`` and
     the scheduler's lengths in samples; needs the resolved ``global_batch_size``."""
+    require(args.rampup_batch_size is None,
+            f"--rampup-batch-size {' '.join(args.rampup_batch_size or ())} is not supported: "
+            f"every step trains one global batch of --global-batch-size "
+            f"{args.global_batch_size} samples (drop the flag)")
     require(args.train_iters is not None or args.train_samples is not None,
             "the run's length is missing: give --train-iters or --train-samples")
     require(args.train_iters is None or args.train_samples is None,

@@ -38,7 +38,7 @@ EXPECTED_FLAGS = frozenset("""
 --validate-packing-schedules
 --train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
 --lr-warmup-init --lr-wsd-decay-style --lr-wsd-decay-iters --lr-wsd-decay-samples
---start-weight-decay --end-weight-decay --weight-decay-incr-style
+--start-weight-decay --end-weight-decay --weight-decay-incr-style --rampup-batch-size
 --sft-messages-key --sft-prompt-key --sft-response-key
 --reset-position-ids --reset-attention-mask --eod-mask-loss --packing-unit
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path

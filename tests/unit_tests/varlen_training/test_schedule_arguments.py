@@ -118,6 +118,9 @@ def test_warmup_samples_follow_the_hand_computed_curve():
      "--start-weight-decay 0.1 needs --weight-decay-incr-style linear or cosine"),
     (["--train-iters", "8", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0"],
      "--weight-decay-incr-style linear needs --end-weight-decay"),
+    (["--train-iters", "8", "--rampup-batch-size", "2", "2", "100"],
+     "--rampup-batch-size 2 2 100 is not supported: every step trains one global batch of "
+     "--global-batch-size 4 samples"),
     (["--train-iters", "8", "--weight-decay-incr-style", "cosine", "--start-weight-decay",
       "0.2", "--end-weight-decay", "0.1"], "--start-weight-decay 0.2 exceeds --end-weight-decay"),
 ])
