@@ -196,6 +196,8 @@ def _add_logging_checkpoint_args(parser):
                        help="Also write each evaluation's perplexity to TensorBoard (Megatron-LM's "
                             "'lm loss validation ppl' and '... ppl vs samples'; with "
                             "--tensorboard-dir).")
+    group.add_argument("--log-num-zeros-in-grad", action="store_true",
+                       help="Report the number of zero entries in each step's gradients.")
     group.add_argument("--tensorboard-log-interval", type=int, default=1,
                        help="Write TensorBoard and wandb scalars every N iterations.")
     group.add_argument("--wandb-project", default=None,

@@ -179,7 +179,8 @@ class Trainer:
             seqlen_squared_sum=batches.seqlen_squared_sum,
             flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
             world_size=torch.distributed.get_world_size(), loss_scale=self._loss_scale(),
-            skipped=grad_norm is None, extra=dict(batches.stats))
+            skipped=grad_norm is None, num_zeros_in_grad=state.num_zeros_in_grad,
+            extra=dict(batches.stats))
 
     def _loss_scale(self) -> float:
         """The fp16 loss scaler's current scale (Megatron-LM's ``loss scale``); 1 without fp16,

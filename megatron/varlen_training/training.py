@@ -55,6 +55,9 @@ class TrainState:
     # Validation samples the evaluations so far read (Megatron-LM's ``consumed_valid_samples``,
     # checkpointed in run_args.json): the next evaluation continues the stream there.
     consumed_valid_samples: int = 0
+    # --log-num-zeros-in-grad: the zero entries of the last step's clipped main grads (None
+    # without the flag, or when the fp16 loss scaler skipped the step).
+    num_zeros_in_grad: int | None = None
 
 
 def build_optimizer(run: RunConfig, model):
@@ -68,6 +71,7 @@ def build_optimizer(run: RunConfig, model):
         clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
         params_dtype=torch.bfloat16 if precision.bf16 else torch.float32,
         use_distributed_optimizer=adam.use_distributed_optimizer,
+        log_num_zeros_in_grad=run.logging.log_num_zeros_in_grad,
     )
     optimizer = get_megatron_optimizer(config, model)
     optimizer_kernels.use_fused_adam(optimizer)
@@ -288,7 +292,8 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
                                   forward_step_func=forward_step_func)
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
-    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(guard, state, loss, norm))
+    grad_norm, state.num_zeros_in_grad = optimizer_step(
+        state.optimizer, lambda norm: _guard(guard, state, loss, norm))
     if grad_norm is not None:
         # The step consumed its global batch's samples, however many micro-batches packing made
         # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the
@@ -330,31 +335,34 @@ def _clip_grads(optimizer, grad_norm: float) -> None:
 
 
 @torch.no_grad()  # as megatron-core's step: clipping scales the grads in place
-def optimizer_step(optimizer, check=None) -> float | None:
+def optimizer_step(optimizer, check=None) -> tuple[float | None, int | None]:
     """megatron-core's ``optimizer.step()`` in its own order, with a decision point between the
-    grad norm and the update; returns the grad norm.
+    grad norm and the update; returns the grad norm and, with ``--log-num-zeros-in-grad``, the
+    zero count of the clipped main grads (megatron-core's ``count_zeros``, as its step counts
+    them between clipping and the update; else None).
 
     The order is ChainedOptimizer.step's (what get_megatron_optimizer returns here): main grads
     made ready (``prepare_grads``: copies, fp16 unscaling), the total grad norm, clipping by it,
     then ``step_with_ready_grads`` (the inner Adam step, the main->model param copy and the
     distributed optimizer's param all-gather). ``check(grad_norm)`` runs after the norm and
     before anything is written: if it raises, no weight, Adam moment, step counter or main
-    param has changed. The zero count of ``--log-num-zeros-in-grad`` is not computed (no such
-    flag here).
+    param has changed.
 
     An fp16 loss-scale overflow (``prepare_grads`` finds Inf/NaN in the scaled grads) skips the
-    update as megatron-core does (its loss scaler backs off); the grad norm is then None.
+    update as megatron-core does (its loss scaler backs off); the grad norm and the zero count
+    are then None.
     """
     if optimizer.prepare_grads():
         if check is not None:
             check(None)  # every rank still joins the guard's all-reduce
-        return None
+        return None, None
     grad_norm = optimizer.get_grad_norm()
     if check is not None:
         check(grad_norm)
     _clip_grads(optimizer, grad_norm)
+    num_zeros = int(optimizer.count_zeros()) if optimizer.config.log_num_zeros_in_grad else None
     optimizer.step_with_ready_grads()
-    return grad_norm
+    return grad_norm, num_zeros
 
 
 @torch.no_grad()

@@ -29,6 +29,9 @@ class LoggingConfig:
     # --tensorboard-log-interval: TensorBoard and wandb get the iterations that are its
     # multiples (Megatron-LM's flag and default); the console and JSONL are not affected.
     tensorboard_log_interval: int = 1
+    # --log-num-zeros-in-grad: each iteration reports the zero entries of its clipped main
+    # grads (megatron-core's count: one more all-reduce and host read per step).
+    log_num_zeros_in_grad: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -33,7 +33,8 @@ class _ScalerOptimizer:
     def __init__(self, overflows):
         self.param_groups = [{"params": [], "lr": 0.0, "weight_decay": 0.0},
                              {"params": [], "lr": 0.0, "weight_decay": 0.0, "wd_mult": 0.0}]
-        self.config = SimpleNamespace(clip_grad=0.0)  # no clipping: nothing to clip here
+        # No clipping (nothing to clip here), no zero count.
+        self.config = SimpleNamespace(clip_grad=0.0, log_num_zeros_in_grad=False)
         self._overflows = list(overflows)
         self.applied = []  # (lr, weight decay, no-decay group's weight decay) per update
 
