@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    data_arguments, document_arguments, flag_ranges, moe_arguments, recipe_arguments,
+    data_arguments, document_arguments, flag_ranges, loss_scale_arguments, moe_arguments,
+    recipe_arguments,
     recompute_arguments, reliability_arguments, run_description, schedule_arguments,
     sft_arguments, varlen_arguments,
 )
@@ -232,6 +233,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     _add_training_args(parser)
     _add_learning_rate_args(parser)
     schedule_arguments.add_schedule_args(parser)
+    loss_scale_arguments.add_loss_scale_args(parser)
     _add_parallel_args(parser)
     _add_data_args(parser)
     sft_arguments.add_sft_data_args(parser)
@@ -328,6 +330,7 @@ def _validate_precision_and_data(args) -> None:
     load_problem = recipe_arguments.load_dir_problem(args.load, args.pretrained_checkpoint)
     require(load_problem is None, load_problem)
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
+    loss_scale_arguments.validate_loss_scale_args(args, require)
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
                                 else 4 * args.hidden_size)

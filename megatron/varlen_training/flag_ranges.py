@@ -125,6 +125,12 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "lr_wsd_decay_samples": COUNT,
     "start_weight_decay": NON_NEGATIVE_FLOAT,
     "end_weight_decay": NON_NEGATIVE_FLOAT,
+    # fp16 loss scaling (loss_scale_arguments.py)
+    "loss_scale": POSITIVE_FLOAT,
+    "initial_loss_scale": POSITIVE_FLOAT,
+    "min_loss_scale": POSITIVE_FLOAT,
+    "loss_scale_window": FlagRange(1.0),
+    "hysteresis": COUNT,
     # distributed
     "tensor_model_parallel_size": COUNT,
     "pipeline_model_parallel_size": COUNT,

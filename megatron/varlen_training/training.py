@@ -31,7 +31,7 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.load_options import checkpoint_source
 from megatron.varlen_training.loop_steps import eval_mode
-from megatron.varlen_training.model import aligned_param_gather
+from megatron.varlen_training.model import aligned_param_gather, params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen.platform import get_device, gloo_cuda
@@ -60,20 +60,28 @@ class TrainState:
     num_zeros_in_grad: int | None = None
 
 
+def core_optimizer_config(run: RunConfig) -> CoreOptimizerConfig:
+    """megatron-core's optimizer config of ``run``: Adam, clipping, precision, the fp16 loss
+    scaler, the zero count."""
+    adam, precision = run.optimizer, run.model
+    return CoreOptimizerConfig(
+        optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
+        adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
+        clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
+        params_dtype=params_dtype(precision),  # the model's (float16 with --fp16)
+        use_distributed_optimizer=adam.use_distributed_optimizer,
+        log_num_zeros_in_grad=run.logging.log_num_zeros_in_grad,
+        loss_scale=adam.loss_scale, initial_loss_scale=adam.initial_loss_scale,
+        min_loss_scale=adam.min_loss_scale, loss_scale_window=adam.loss_scale_window,
+        hysteresis=adam.hysteresis,
+    )
+
+
 def build_optimizer(run: RunConfig, model):
     """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
     and, on CUDA, torch's fused AdamW."""
     optimizer_kernels.install()
-    adam, precision = run.optimizer, run.model
-    config = CoreOptimizerConfig(
-        optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
-        adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
-        clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
-        params_dtype=torch.bfloat16 if precision.bf16 else torch.float32,
-        use_distributed_optimizer=adam.use_distributed_optimizer,
-        log_num_zeros_in_grad=run.logging.log_num_zeros_in_grad,
-    )
-    optimizer = get_megatron_optimizer(config, model)
+    optimizer = get_megatron_optimizer(core_optimizer_config(run), model)
     optimizer_kernels.use_fused_adam(optimizer)
     return optimizer
 

@@ -47,6 +47,12 @@ class OptimizerConfig:
     end_weight_decay: float | None = None
     weight_decay_incr_style: str = "constant"
     wsd_decay_steps: int | None = None
+    # --fp16's loss scaler (loss_scale_arguments.py; Megatron-LM's and megatron-core's defaults).
+    loss_scale: float | None = None
+    initial_loss_scale: float = 2.0**32
+    min_loss_scale: float = 1.0
+    loss_scale_window: float = 1000.0
+    hysteresis: int = 2
 
     def __post_init__(self):
         check_ranges(self)

@@ -73,6 +73,12 @@ VALID = {
     "lr_wsd_decay_samples": NONE,
     "start_weight_decay": NONE,
     "end_weight_decay": NONE,
+    # The bases have no --fp16: a loss-scaler value other than Megatron-LM's default is refused.
+    "loss_scale": NONE,
+    "initial_loss_scale": NONE,
+    "min_loss_scale": NONE,
+    "loss_scale_window": NONE,
+    "hysteresis": NONE,
     "tensor_model_parallel_size": NONE,
     "pipeline_model_parallel_size": NONE,
     "num_layers_per_virtual_pipeline_stage": NONE,

@@ -34,6 +34,7 @@ EXPECTED_FLAGS = frozenset("""
 --override-data-fingerprint
 --tensorboard-dir --log-validation-ppl-to-tensorboard --tensorboard-log-interval
 --log-num-zeros-in-grad
+--loss-scale --initial-loss-scale --min-loss-scale --loss-scale-window --hysteresis
 --wandb-project --wandb-exp-name --wandb-save-dir
 --pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
 --validate-packing-schedules
