@@ -197,6 +197,8 @@ def _add_logging_checkpoint_args(parser):
                        help="Also write each evaluation's perplexity to TensorBoard (Megatron-LM's "
                             "'lm loss validation ppl' and '... ppl vs samples'; with "
                             "--tensorboard-dir).")
+    group.add_argument("--log-params-norm", action="store_true",
+                       help="Report the L2 norm of the model's weights after each step.")
     group.add_argument("--log-num-zeros-in-grad", action="store_true",
                        help="Report the number of zero entries in each step's gradients.")
     group.add_argument("--tensorboard-log-interval", type=int, default=1,
@@ -369,6 +371,9 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
     moe_arguments.validate_moe_args(args, require)
+    require(not (args.log_params_norm and args.num_experts),
+            "--log-params-norm is not implemented with --num-experts (the experts' weights are "
+            "sharded and replicated in other groups): drop one of them")
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)

@@ -23,6 +23,7 @@ SHARED_KEYS = (ITERATION_KEY, LOSS_KEY, "grad_norm", "loss_scale", SKIPPED_ITER_
                "seqlen_squared_sum", "step_time_s", "tokens_per_s", "tflops_per_device")
 """The keys every record starts with, in this order (:func:`to_json_record`)."""
 NUM_ZEROS_KEY = "num_zeros_in_grad"  # only in records of --log-num-zeros-in-grad runs
+PARAMS_NORM_KEY = "params_norm"  # only in records of --log-params-norm runs
 # The console line's counts over its --log-interval (log_interval.py), not per-iteration keys.
 SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY = "skipped_iterations", "nan_iterations"
 INTERVAL_KEYS = (SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY)
@@ -53,6 +54,7 @@ class IterationMetrics:
     loss_scale: float = 1.0  # the fp16 loss scaler's scale after the step (1 without fp16)
     skipped: bool = False  # the fp16 loss scaler skipped the update (grad_norm is None)
     num_zeros_in_grad: int | None = None  # --log-num-zeros-in-grad (None: not counted)
+    params_norm: float | None = None  # --log-params-norm (None: not computed)
     extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
     losses: dict = field(default_factory=dict)  # LOSS_KEYS the step reported (MoE)
 
@@ -98,6 +100,8 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
         parts.append(f"grad norm: {record['grad_norm']:.3f}")
     if record.get(NUM_ZEROS_KEY) is not None:
         parts.append(f"num zeros: {record[NUM_ZEROS_KEY]}")
+    if record.get(PARAMS_NORM_KEY) is not None:
+        parts.append(f"params norm: {record[PARAMS_NORM_KEY]:.3f}")
     parts += [
         f"number of skipped iterations: {record.get(SKIPPED_ITERATIONS_KEY, skipped):3d}",
         f"number of nan iterations: {record.get(NAN_ITERATIONS_KEY, nan):3d}",
@@ -105,7 +109,7 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
     ]
     for key, value in record.items():
         if key not in SHARED_KEYS and key not in LOSS_KEYS and key not in INTERVAL_KEYS \
-                and key != NUM_ZEROS_KEY:
+                and key not in (NUM_ZEROS_KEY, PARAMS_NORM_KEY):
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
@@ -147,6 +151,8 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
     }
     if m.num_zeros_in_grad is not None:
         record[NUM_ZEROS_KEY] = m.num_zeros_in_grad
+    if m.params_norm is not None:
+        record[PARAMS_NORM_KEY] = m.params_norm
     record.update(m.losses)
     record.update(m.extra)
     record.update(extra_metrics or {})

@@ -32,7 +32,7 @@ WANDB_MODE_ENV_VAR = "WANDB_MODE"  # wandb's own setting: offline, online, disab
 TENSORBOARD_PACKAGE, WANDB_PACKAGE = "tensorboard", "wandb"
 MEGATRON_LM_KEYS = {"lr": "learning-rate", "global_batch_size": "batch-size",
                     "lm_loss": "lm loss", "loss_scale": "loss-scale", "grad_norm": "grad-norm",
-                    "num_zeros_in_grad": "num-zeros"}
+                    "num_zeros_in_grad": "num-zeros", "params_norm": "params-norm"}
 """The record's values Megatron-LM's ``training_log`` also writes, by their name there (its
 order). TensorBoard gets each at the iteration and, as ``<name> vs samples``, at the consumed
 samples; wandb at the iteration, with ``samples vs steps``. The record's own keys stay beside

@@ -32,6 +32,9 @@ class LoggingConfig:
     # --log-num-zeros-in-grad: each iteration reports the zero entries of its clipped main
     # grads (megatron-core's count: one more all-reduce and host read per step).
     log_num_zeros_in_grad: bool = False
+    # --log-params-norm: each iteration reports the L2 norm of the weights after its update
+    # (params_norm.py: one all-reduce and host read per step).
+    log_params_norm: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -33,7 +33,7 @@ EXPECTED_FLAGS = frozenset("""
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
 --tensorboard-dir --log-validation-ppl-to-tensorboard --tensorboard-log-interval
---log-num-zeros-in-grad
+--log-num-zeros-in-grad --log-params-norm
 --loss-scale --initial-loss-scale --min-loss-scale --loss-scale-window --hysteresis
 --wandb-project --wandb-exp-name --wandb-save-dir
 --pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
