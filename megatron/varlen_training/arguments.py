@@ -187,7 +187,8 @@ def _add_data_args(parser):
 def _add_logging_checkpoint_args(parser):
     group = parser.add_argument_group("logging, evaluation and checkpointing")
     group.add_argument("--log-interval", type=int, default=100,
-                       help="Print the iteration log line every N iterations.")
+                       help="Print the iteration log line every N iterations (and after the "
+                            "first), averaged over them.")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
     group.add_argument("--tensorboard-dir", default=None,
