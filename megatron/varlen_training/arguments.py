@@ -29,6 +29,8 @@ from megatron.varlen_training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling import pad_multiple
 
 ERROR_EXIT_CODE = 2
+# --group-query-attention without --num-query-groups: Megatron-LM's default of the latter.
+MEGATRON_LM_NUM_QUERY_GROUPS = 1
 
 
 class MegatronArgumentParser(argparse.ArgumentParser):
@@ -77,7 +79,8 @@ def _add_network_size_args(parser):
     group.add_argument("--group-query-attention", action="store_true",
                        help="Grouped-query attention (with --num-query-groups).")
     group.add_argument("--num-query-groups", type=int, default=None,
-                       help="Key/value head groups under --group-query-attention.")
+                       help="Key/value head groups under --group-query-attention (default 1, "
+                            "as Megatron-LM's).")
     group.add_argument("--seq-length", type=int, required=True,
                        help="Maximum tokens of one sample (longer samples are clipped/truncated).")
     group.add_argument("--max-position-embeddings", type=int, default=None,
@@ -337,8 +340,10 @@ def _validate_precision_and_data(args) -> None:
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
                                 else 4 * args.hidden_size)
-    if args.num_query_groups is None or not args.group_query_attention:
+    if not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
+    elif args.num_query_groups is None:  # Megatron-LM's default: one group (multi-query)
+        args.num_query_groups = MEGATRON_LM_NUM_QUERY_GROUPS
     tp = args.tensor_model_parallel_size
     require(args.ffn_hidden_size % tp == 0,
             f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "

@@ -79,6 +79,16 @@ def test_derived_fields():
     assert args.lr_decay_iters == 3
 
 
+@pytest.mark.parametrize("extra, groups", [
+    ([], 4),  # no grouped-query attention: one group per head
+    (["--group-query-attention"], 1),  # Megatron-LM's --num-query-groups default: 1 (MQA)
+    (["--group-query-attention", "--num-query-groups", "2"], 2),
+])
+def test_query_groups_follow_megatron_lm(extra, groups):
+    args = parse_args(TINY_GPT_ARGS + ["--train-iters", "3"] + extra, world_size=1)
+    assert (args.num_attention_heads, args.num_query_groups) == (4, groups)
+
+
 @pytest.mark.parametrize("extra, world, needle", [
     (["--tensor-model-parallel-size", "3"], 4, "world size 4 is not divisible"),
     (["--context-parallel-size", "2", "--seq-length", "30"], 2, "--seq-length 30"),
