@@ -126,3 +126,42 @@ def test_all_skipped_interval_reports_no_loss_and_counts_them(capsys):
     (first, second) = _lines(capsys, ConsoleMetricWriter(TRAIN_ITERS, interval=2), metrics)
     assert float(second["loss"]) == 0.0  # Megatron-LM: the sum over 0 applied iterations / 1
     assert (int(second["skipped"]), int(second["nan"])) == (2, 1)
+
+
+# --- the loop's console line, end to end -------------------------------------------------------
+
+def rank_console_and_records(argv: list[str]) -> dict:
+    import contextlib
+    import io
+    import json
+
+    from tests.harness.training_runs import train_on_this_rank
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        train_on_this_rank(argv)
+    with open(argv[argv.index("--log-metrics-jsonl") + 1], encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle]
+    lines = [line.split(" INFO ", 1)[1] for line in out.getvalue().splitlines()
+             if " INFO  iteration " in line]
+    return {"lines": lines, "records": records}
+
+
+def test_pretrain_gpts_line_averages_its_per_iteration_records(tmp_path):
+    """pretrain_gpt.py's loop, 5 iterations at --log-interval 2: lines after iterations 1, 2 and
+    4, each loss the mean of the JSONL's per-iteration losses since the last line."""
+    from tests.harness.multirank import run_distributed
+    from tests.harness.training_runs import TINY_GPT_ARGS
+
+    argv = TINY_GPT_ARGS + ["--train-iters", "5", "--log-metrics-jsonl",
+                            str(tmp_path / "metrics.jsonl")]
+    argv[argv.index("--log-interval") + 1] = "2"  # TINY_GPT_ARGS logs every iteration
+    (result,) = run_distributed(rank_console_and_records, 1, args=(argv,), timeout_s=240)
+    losses = {record["iteration"]: record["lm_loss"] for record in result["records"]}
+    parsed = [re.search(rf"iteration +(\d+)/ +5 \|.* lm loss: ({FLOAT}) \|", line)
+              for line in result["lines"]]
+    assert [int(match[1]) for match in parsed] == [1, 2, 4], result["lines"]
+    for match, interval in zip(parsed, ([1], [1, 2], [3, 4])):
+        expected = statistics.fmean(losses[i] for i in interval)
+        assert float(match[2]) == pytest.approx(expected, rel=1e-6), (interval, match[0])
+    assert len({losses[i] for i in (1, 2, 3, 4)}) == 4  # the losses differ: a real average
