@@ -4,10 +4,13 @@ flags; the work is in megatron/varlen_training/datasets/preprocess.py, this is i
     python tools/preprocess_data.py --input docs.jsonl --json-keys text \\
         --tokenizer-type ByteLevelTokenizer --append-eod --output-prefix data/docs --workers 4
 
-writes ``data/docs_text_document.bin/.idx``; train on them with ``--data-path
-data/docs_text_document``. Progress: a bar with documents/s on a terminal, and Megatron-LM's
-``Processed N documents (D docs/s, M MB/s).`` line every ``--log-interval`` documents and at
-the end. A bad flag or line is one line (``preprocess_data.py: error: FILE:LINE: ...``) and
+writes ``data/docs_text_document.bin/.idx``, the files Megatron-LM's tools/preprocess_data.py
+writes for the same flags; train on them with ``--data-path data/docs_text_document``.
+Megatron-LM's flags this tool does not do (``--split-sentences`` and its ``--keep-newlines``,
+``--lang``; ``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``)
+are refused in one line saying what to do instead. Progress: a bar with documents/s on a
+terminal, and Megatron-LM's ``Processed N documents (D docs/s, M MB/s).`` line every
+``--log-interval`` documents and at the end. A bad flag or line is one line (``preprocess_data.py: error: FILE:LINE: ...``) and
 exit code 2. Imports only the installed package (no ``tools.*``), so it runs from the repository
 root in any environment where the package is installed.
 """
@@ -33,6 +36,28 @@ from megatron.varlen_training.tokenizer import TOKENIZER_TYPES  # noqa: E402
 
 PROG = "preprocess_data.py"
 DEFAULT_LOG_INTERVAL = 1000  # Megatron-LM's
+# Megatron-LM's flags without an implementation here: flag -> (argparse kwargs, what to do).
+_SENTENCES_HINT = ("split the text into sentences beforehand and give each document as a JSON "
+                   "list of its sentences (each becomes one sequence of the document)")
+_TUNING_HINT = "time a few --workers values on a sample of the input instead"
+_REFUSED_FLAGS = {
+    "--split-sentences": ({"action": "store_true"},
+                          f"nltk sentence splitting is not supported; {_SENTENCES_HINT}"),
+    "--keep-newlines": ({"action": "store_true"},
+                        f"it only applies to --split-sentences, which is not supported; "
+                        f"{_SENTENCES_HINT}"),
+    "--lang": ({"default": None},
+               f"it only applies to --split-sentences, which is not supported; "
+               f"{_SENTENCES_HINT}"),
+    "--find-optimal-num-workers": ({"action": "store_true"},
+                                   f"the worker search is not supported; {_TUNING_HINT}"),
+    "--workers-to-check": ({"nargs": "+", "default": None},
+                           f"it only applies to --find-optimal-num-workers, which is not "
+                           f"supported; {_TUNING_HINT}"),
+    "--max-documents": ({"default": None},
+                        f"it only applies to --find-optimal-num-workers, which is not "
+                        f"supported; {_TUNING_HINT}"),
+}
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -57,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Vocabulary size (NullTokenizer).")
     group.add_argument("--append-eod", action="store_true",
                        help="End every document with the tokenizer's eod id.")
+    group.add_argument("--tokenizer-hf-no-include-special-tokens", action="store_true",
+                       help="HuggingFaceTokenizer: ids without the tokenizer's special tokens "
+                            "(no BOS); by default tokenizer(text).input_ids, as Megatron-LM.")
+    group.add_argument("--tokenizer-hf-include-special-tokens", action="store_true",
+                       help="Megatron-LM's older flag for the default (accepted, no effect).")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True,
                        help="Writes OUTPUT_PREFIX_{key}_document.bin/.idx.")
@@ -65,16 +95,35 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Tokenizing processes (the files do not depend on it).")
     group.add_argument("--log-interval", type=int, default=DEFAULT_LOG_INTERVAL,
                        help="Print the progress line every N documents.")
+    group.add_argument("--partitions", type=int, default=1,
+                       help="Megatron-LM's partitions: line i goes to partition i mod N and the "
+                            "output holds partition 0's documents, then 1's, ... (the files "
+                            "Megatron-LM merges); --workers must be a multiple of it.")
+    group.add_argument("--keep-sequential-samples", action="store_true",
+                       help="Partitions of consecutive lines: the input order.")
+    group = parser.add_argument_group("Megatron-LM flags refused here")
+    for flag, (kwargs, _) in _REFUSED_FLAGS.items():
+        group.add_argument(flag, help=argparse.SUPPRESS, **kwargs)
     return parser
+
+
+def _refuse_unsupported(args: argparse.Namespace) -> None:
+    for flag, (_, why) in _REFUSED_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value not in (None, False):
+            raise ArgumentValidationError(f"{flag}: {why}")
 
 
 def parse_config(argv: list[str] | None = None) -> PreprocessConfig:
     args = build_parser().parse_args(argv)
+    _refuse_unsupported(args)
     return PreprocessConfig(
         input=args.input, json_keys=tuple(args.json_keys), tokenizer_type=args.tokenizer_type,
         output_prefix=args.output_prefix, tokenizer_model=args.tokenizer_model,
         vocab_size=args.vocab_size, append_eod=args.append_eod, workers=args.workers,
-        log_interval=args.log_interval)
+        log_interval=args.log_interval,
+        include_special_tokens=not args.tokenizer_hf_no_include_special_tokens,
+        partitions=args.partitions, keep_sequential_samples=args.keep_sequential_samples)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key}: {summary.documents[key]} documents, {summary.tokens[key]} tokens -> "
               f"{prefix}.bin/.idx (train with --data-path {prefix})")
     if summary.empty:
-        print(f"{summary.empty} text(s) had no tokens and added no document")
+        print(f"{summary.empty} text(s) had no tokens: written as empty documents (no "
+              f"sequence), as Megatron-LM does")
     return 0
 
 

@@ -2,8 +2,10 @@
 
     python tools/read_agreement_cost.py [--ranks 2] [--rounds 41] [--samples 64] [--json F]
 
-Every step reads its samples through ``read_agreement.read_agreed``: one MIN all-reduce of one
-int64 over the world (whether a rank failed, and which). This tool runs pretrain_gpt.py's
+Every step whose reads can fail (SFT files, indexed data with --no-mmap-bin-files:
+``read_agreement.reads_can_fail``; mock and memory-mapped indexed data skip it) reads its samples
+through ``read_agreement.read_agreed``: one MIN all-reduce of one int64 over the world (whether
+a rank failed, and which). This tool runs pretrain_gpt.py's
 packed data path (``PackedBatchProvider.step_batches``: read, gather lengths, schedule,
 reroute, pack) on ``--ranks`` gloo CPU ranks over an in-memory dataset, in alternating rounds
 with the agreement and with the read called directly, and times the bare all-reduce alone. It

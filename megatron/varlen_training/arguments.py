@@ -73,7 +73,8 @@ def _add_network_size_args(parser):
     group.add_argument("--hidden-size", type=int, required=True,
                        help="Transformer hidden size.")
     group.add_argument("--ffn-hidden-size", type=int, default=None,
-                       help="Default: 4 * hidden size (8/3 * hidden size with --swiglu).")
+                       help="Default: 4 * hidden size (with --swiglu 8/3 * hidden size, rounded "
+                            "down to a multiple of 64, as Megatron-LM).")
     group.add_argument("--num-attention-heads", type=int, required=True,
                        help="Attention heads.")
     group.add_argument("--group-query-attention", action="store_true",
@@ -103,7 +104,8 @@ def _add_network_size_args(parser):
     group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                        help="Pad the vocabulary to a multiple of this x TP size.")
     group.add_argument("--init-method-std", type=float, default=0.02,
-                       help="Init std (output projections: std / sqrt(2 x layers)).")
+                       help="Init std (output projections: std / sqrt(2 x layers); in hybrid "
+                            "models std / sqrt(layers), as megatron-core's).")
     group.add_argument("--hidden-dropout", type=float, default=0.1,
                        help="Dropout after attention and MLP.")
     group.add_argument("--attention-dropout", type=float, default=0.1,
@@ -191,7 +193,11 @@ def _add_logging_checkpoint_args(parser):
     group = parser.add_argument_group("logging, evaluation and checkpointing")
     group.add_argument("--log-interval", type=int, default=100,
                        help="Print the iteration log line every N iterations (and after the "
-                            "first), averaged over them.")
+                            "first), loss, time and throughput averaged over them, as "
+                            "Megatron-LM.")
+    group.add_argument("--log-throughput", action="store_true",
+                       help="Megatron-LM prints 'throughput per GPU (TFLOP/s/GPU)' only with "
+                            "this flag; here the line and the metrics always carry it.")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
     group.add_argument("--tensorboard-dir", default=None,
@@ -338,8 +344,7 @@ def _validate_precision_and_data(args) -> None:
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
     loss_scale_arguments.validate_loss_scale_args(args, require)
     if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = (int(8 * args.hidden_size / 3) if args.swiglu
-                                else 4 * args.hidden_size)
+        args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size, args.swiglu)
     if not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
     elif args.num_query_groups is None:  # Megatron-LM's default: one group (multi-query)
@@ -351,6 +356,21 @@ def _validate_precision_and_data(args) -> None:
     require(args.num_query_groups % tp == 0,
             f"--num-query-groups {args.num_query_groups} is not divisible by "
             f"--tensor-model-parallel-size {tp}")
+
+
+SWIGLU_FFN_MULTIPLE = 64  # Megatron-LM rounds the SwiGLU default down to a multiple of 64
+
+
+def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
+    """Megatron-LM's default --ffn-hidden-size: 4h, or with --swiglu 2/3 of that rounded DOWN
+    to a multiple of 64 (the same parameter count as a 4h GELU MLP, in 64-wide tiles)."""
+    if not swiglu:
+        return 4 * hidden_size
+    size = int(4 * hidden_size * 2 / 3 / SWIGLU_FFN_MULTIPLE) * SWIGLU_FFN_MULTIPLE
+    require(size > 0, f"--swiglu with --hidden-size {hidden_size}: Megatron-LM's default "
+                      f"--ffn-hidden-size (8h/3 rounded down to a multiple of "
+                      f"{SWIGLU_FFN_MULTIPLE}) is 0; set --ffn-hidden-size")
+    return size
 
 
 def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argparse.Namespace:

@@ -63,6 +63,11 @@ def _to_device(batch: dict) -> dict:
     return {key: host_to_device(value, device) for key, value in batch.items()}
 
 
+def _read_step(read: Callable[[], list[dict]], agree: bool) -> list[dict]:
+    """A step's reads: agreed by every rank (read_agreement.py) where a read can fail."""
+    return read_agreed(read) if agree else read()
+
+
 def _sample_reader(dataset, global_batch_size: int, indices_of, num_workers: int):
     return SampleReader(dataset, indices_of, len(dataset) // global_batch_size, num_workers)
 
@@ -84,13 +89,17 @@ class UnpackedBatchProvider:
     ``transform``: applied to every sample read (Megatron-LM's document flags,
     ``datasets/documents.py``); ``length_sums``: ``(samples) -> (sum L, sum L^2)`` of one DP
     replica's samples for FLOPs (default: the samples' real lengths; per document when the
-    documents of a sample do not attend to each other).
+    documents of a sample do not attend to each other); ``agree_on_reads``: whether every
+    rank agrees on each step's reads (``read_agreement.reads_can_fail`` of the data; the same
+    on every rank).
     """
 
     def __init__(self, dataset, global_batch_size: int, micro_batch_size: int, seq_length: int,
                  num_workers: int = 0, transform: SampleTransform | None = None,
-                 length_sums: Callable[[list[dict]], tuple[int, int]] | None = None):
+                 length_sums: Callable[[list[dict]], tuple[int, int]] | None = None,
+                 agree_on_reads: bool = True):
         self.dataset = dataset
+        self.agree_on_reads = agree_on_reads
         self.global_batch_size = global_batch_size
         self.micro_batch_size = micro_batch_size
         self.seq_length = seq_length
@@ -117,7 +126,7 @@ class UnpackedBatchProvider:
     def step_batches(self, iteration: int) -> StepBatches:
         indices = global_batch_indices(iteration, self.global_batch_size)
         # A sample that fails to read on one rank stops every rank (read_agreement.py).
-        read = iter(read_agreed(functools.partial(self._read, iteration)))
+        read = iter(_read_step(functools.partial(self._read, iteration), self.agree_on_reads))
         samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
         microbatches = [_to_device(_slice_for_context_parallel(_with_padding_mask(mb)))
                         for mb in samples]
@@ -211,12 +220,14 @@ class PackedBatchProvider:
 
     ``split``: turns every sample read into the sequences that are packed (pretraining data
     with --reset-attention-mask: its document pieces, ``datasets/documents.py``); None packs
-    each sample whole.
+    each sample whole. ``agree_on_reads``: as :class:`UnpackedBatchProvider`'s.
     """
 
     def __init__(self, dataset, global_batch_size: int, packer: GlobalBatchPacker,
-                 num_workers: int = 0, split: Callable[[dict], list[dict]] | None = None):
+                 num_workers: int = 0, split: Callable[[dict], list[dict]] | None = None,
+                 agree_on_reads: bool = True):
         self.dataset = dataset
+        self.agree_on_reads = agree_on_reads
         self.global_batch_size = global_batch_size
         self.packer = packer
         self.split = split
@@ -240,4 +251,4 @@ class PackedBatchProvider:
     def step_batches(self, iteration: int) -> StepBatches:
         # A sample that fails to read on one rank stops every rank (read_agreement.py).
         return self.packer.pack_global_batch(
-            read_agreed(functools.partial(self._read, iteration)))
+            _read_step(functools.partial(self._read, iteration), self.agree_on_reads))

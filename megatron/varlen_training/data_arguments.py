@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 
 from megatron.varlen_training.log import warning_rank_0
@@ -56,7 +57,8 @@ def parse_blend(entries: list[str], flag: str) -> tuple[list[str], list[float] |
     Megatron-LM's rule (megatron-core's ``get_blend_from_list``): an odd count is a list of
     prefixes; an even count whose every other entry, from the first, is a number is a weighted
     blend. Anything in between is refused here, in one line naming ``flag`` and the entry,
-    rather than read as a prefix named like a number.
+    rather than read as a prefix named like a number. So is a prefix named twice
+    (:func:`_refuse_repeated_prefix`).
 
     Raises:
         ValueError: one line naming ``flag``, the entry and what was expected.
@@ -66,6 +68,7 @@ def parse_blend(entries: list[str], flag: str) -> tuple[list[str], list[float] |
         if len(entries) > 1 and numbers[0] is not None:
             raise ValueError(f"{flag}: {len(entries)} entries, but a weighted blend is pairs "
                              f"'WEIGHT PREFIX' (entry 1 {entries[0]!r} is a weight)")
+        _refuse_repeated_prefix(list(entries), None, flag)
         return list(entries), None
     for position, (entry, number) in enumerate(zip(entries[::2], numbers)):
         if number is None or not math.isfinite(number) or number < 0:
@@ -76,7 +79,28 @@ def parse_blend(entries: list[str], flag: str) -> tuple[list[str], list[float] |
             raise ValueError(f"{flag}: entry {2 * position + 1} gives "
                              f"{entries[2 * position + 1]!r} a weight of 0, but megatron-core "
                              f"blends only datasets with weights > 0: leave it out of {flag}")
+    _refuse_repeated_prefix(list(entries[1::2]), numbers, flag)
     return list(entries[1::2]), numbers
+
+
+def _refuse_repeated_prefix(prefixes: list[str], weights: list[float] | None, flag: str) -> None:
+    """A dataset named twice in one blend is refused: megatron-core builds one dataset per
+    entry, and both copies of a prefix get the same sample order (the same seed, split and
+    cache), so the blend reads each of its first samples twice and never its later ones --
+    not the upsampling a doubled weight gives."""
+    keys = [os.path.normpath(os.path.abspath(prefix)) for prefix in prefixes]
+    step = 1 if weights is None else 2  # entry numbers (1-based) as the user typed them
+    for position, key in enumerate(keys):
+        first = keys.index(key)
+        if first == position:
+            continue
+        fix = "name it once" if weights is None else (
+            f"name it once with the weights summed "
+            f"({sum(w for k, w in zip(keys, weights) if k == key):g})")
+        raise ValueError(f"{flag}: entry {(position + 1) * step} {prefixes[position]!r} names "
+                         f"the dataset of entry {(first + 1) * step} again: megatron-core would "
+                         f"build it twice with the same sample order and read its first samples "
+                         f"twice each; {fix}")
 
 
 def _as_number(entry: str) -> float | None:

@@ -29,6 +29,9 @@ USAGE_EXIT_CODE = 2  # bad flags or data (argparse's convention)
 TRAINING_FAILED_EXIT_CODE = 1  # the run itself went wrong (non-finite loss, bad checkpoint)
 FIRST_RANK = 0  # prints an error every rank raised
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: how shells report a command stopped by Ctrl-C
+INTERRUPTED_TRAINING = ("interrupted by Ctrl-C (SIGINT) during training: the iteration in "
+                        "progress is lost, the latest checkpoint is intact (resume with --load); "
+                        "--exit-signal-handler finishes the iteration and saves first")
 
 
 class UserInputError(ValueError):
@@ -101,10 +104,8 @@ def exit_on_user_errors(prog: str):
         print_error_line(prog, err)
         release_process_group()
         sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        print_error_line(prog, "interrupted by Ctrl-C (SIGINT) during training: the iteration "
-                         "in progress is lost, the latest checkpoint is intact (resume with "
-                         "--load); --exit-signal-handler finishes the iteration and saves first")
+    except KeyboardInterrupt as interrupted:  # a message, where it says what was interrupted
+        print_error_line(prog, str(interrupted) or INTERRUPTED_TRAINING)
         sys.exit(INTERRUPTED_EXIT_CODE)
     except RuntimeError as err:
         if not any(marker in str(err) for marker in PEER_LOST_MARKERS):

@@ -42,9 +42,9 @@ def _mtp_macs_per_token(model: ModelConfig, layer_macs: int) -> int:
 
 def _linear_flops_per_token(model: ModelConfig) -> int:
     attention = attention_linear_macs_per_token(model)
-    # an MTP depth's layer is an MoE layer in an MoE model (model.py builds it so)
-    mtp_mlp = (moe_mlp_macs_per_token(model) if model.moe is not None
-               else dense_mlp_macs_per_token(model))
+    # an MTP depth's layer is built like the last decoder layer (model.py, as Megatron-LM)
+    mtp_is_moe = model.moe is not None and model.moe.mtp_layers_are_moe(model.num_layers)
+    mtp_mlp = moe_mlp_macs_per_token(model) if mtp_is_moe else dense_mlp_macs_per_token(model)
     logits = model.hidden_size * model.padded_vocab_size
     return MULTIPLY_ADD * (model.num_layers * attention + decoder_mlp_macs_per_token(model)
                            + logits + _mtp_macs_per_token(model, attention + mtp_mlp))

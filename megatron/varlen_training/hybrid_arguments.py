@@ -2,7 +2,7 @@
 
 The hybrid group (``--hybrid-override-pattern``, ``--hybrid-attention-ratio``,
 ``--hybrid-mlp-ratio``, ``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``,
-``--mamba-num-heads``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
+``--mamba-num-heads``, ``--is-hybrid-model``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
 CLI is unchanged. Validation fills two derived fields, once, before anything reads them:
 ``hybrid_layer_pattern`` (the layer symbols, from the pattern or the ratios) and
 ``mamba_num_heads_resolved``; the config builders turn them into the run's ``HybridConfig``
@@ -47,6 +47,10 @@ def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
                        help="B/C groups (heads of a group share B and C).")
     group.add_argument("--mamba-num-heads", type=int, default=None,
                        help="Mamba heads. Default: 2 x hidden size / --mamba-head-dim.")
+    group.add_argument("--is-hybrid-model", action="store_true",
+                       help="Megatron-LM's mark of a hybrid model (output projections start "
+                            "from std / sqrt(layers)); pretrain_mamba.py always builds one, "
+                            "so it changes nothing here.")
 
 
 def build_hybrid_parser() -> argparse.ArgumentParser:

@@ -20,10 +20,14 @@ from megatron.varlen.mamba import VarlenMambaModel, get_varlen_hybrid_stack_spec
 
 
 def build_hybrid_config(run: RunConfig) -> TransformerConfig:
-    """GPT's TransformerConfig with the Mamba dimensions set."""
+    """GPT's TransformerConfig with the Mamba dimensions set, marked ``is_hybrid_model`` as
+    Megatron-LM marks a hybrid run (``--is-hybrid-model``; on main any layer pattern): its
+    output projections then start from std / sqrt(num_layers), not / sqrt(2 num_layers)."""
     hybrid = run.model.hybrid
     return dataclasses.replace(
         build_transformer_config(run),
+        is_hybrid_model=True,
+        output_layer_init_method=None,  # re-derived by __post_init__ for the hybrid model
         mamba_state_dim=hybrid.mamba_state_dim,
         mamba_head_dim=hybrid.mamba_head_dim,
         mamba_num_groups=hybrid.mamba_num_groups,

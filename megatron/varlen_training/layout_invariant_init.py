@@ -8,7 +8,9 @@ pipeline-local layer indices become global layer numbers, and a tied output laye
 pipeline stage is drawn as the word embedding it mirrors.
 
 Rules (Megatron's defaults): matrices ~ N(0, std), output projections of each layer
-(``linear_proj``, ``linear_fc2``) ~ N(0, std / sqrt(2 * num_layers)); norm weights 1; biases 0.
+(``linear_proj``, ``linear_fc2``, Mamba's ``out_proj``) ~ N(0, std / sqrt(m * num_layers)) with
+megatron-core's multiplier m (``TransformerConfig.output_layer_init_method``): 2, or 1 in a
+hybrid model (``is_hybrid_model``); norm weights 1; biases 0.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ _WORD_EMBEDDING = "embedding.word_embeddings.weight"
 _TIED_OUTPUT = "output_layer.weight"
 _MTP_PREFIX = "mtp."
 _SEED_BYTES = 8
+# megatron-core's TransformerConfig: output_layer_init_method's std / sqrt(multiplier * layers)
+GPT_OUTPUT_MULTIPLIER = 2.0
+HYBRID_OUTPUT_MULTIPLIER = 1.0
 # A routed expert's parameters: ``...mlp.experts.local_experts.<i>.``; <i> is the index among
 # this expert-parallel rank's experts, the canonical name uses the global expert index.
 _LOCAL_EXPERT = re.compile(r"(^|\.)experts\.local_experts\.(\d+)\.")
@@ -81,13 +86,14 @@ def _full_shape(param: torch.Tensor, tp_size: int) -> tuple[list[int], int | Non
     return shape, dim
 
 
-def _draw(name: str, shape: list[int], seed: int, std: float, num_layers: int) -> torch.Tensor:
+def _draw(name: str, shape: list[int], seed: int, std: float, output_std: float
+          ) -> torch.Tensor:
     if name.endswith(".bias") or name.endswith("_bias"):
         return torch.zeros(shape)
     if any(marker in name for marker in _NORM_MARKERS) and len(shape) == 1:
         return torch.ones(shape)
     if name.endswith(_SCALED_OUTPUT_PROJECTIONS):
-        std = std / math.sqrt(2.0 * num_layers)
+        std = output_std
     generator = torch.Generator().manual_seed(_name_seed(seed, name))
     return torch.randn(shape, generator=generator, dtype=torch.float64).mul_(std).float()
 
@@ -112,21 +118,31 @@ def tensor_parallel_shard(name: str) -> tuple[int, int]:
             parallel_state.get_tensor_model_parallel_rank())
 
 
+def output_layer_std(std: float, num_layers: int, hybrid: bool) -> float:
+    """megatron-core's ``scaled_init_method_normal`` std of the layers' output projections:
+    ``std / sqrt(m * num_layers)``, m = 1 in a hybrid model (``is_hybrid_model``), else 2."""
+    multiplier = HYBRID_OUTPUT_MULTIPLIER if hybrid else GPT_OUTPUT_MULTIPLIER
+    return std / math.sqrt(multiplier * num_layers)
+
+
 @torch.no_grad()
 def initialize_layout_invariant(chunks: list[torch.nn.Module], seed: int, std: float,
-                                num_layers: int, tied_output: bool, gated_mlp: bool) -> None:
-    """Overwrites every parameter of the (unwrapped) model chunks in place."""
+                                num_layers: int, tied_output: bool, gated_mlp: bool,
+                                hybrid: bool = False) -> None:
+    """Overwrites every parameter of the (unwrapped) model chunks in place; ``hybrid``: the
+    chunks are a hybrid Mamba model's (output projections as megatron-core's MambaModel)."""
+    output_std = output_layer_std(std, num_layers, hybrid)
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             canonical = canonical_parameter_name(chunk, name, tied_output)
             tp_size, tp_rank = tensor_parallel_shard(name)
             mamba = mamba_parameter_shard(chunk, name, canonical, param,
-                                          lambda key: _name_seed(seed, key), std, num_layers,
+                                          lambda key: _name_seed(seed, key), std, output_std,
                                           tp_size, tp_rank)
             if mamba is not None:  # Mamba mixer: its own rules and sectioned TP shards
                 param.copy_(mamba.to(param.dtype))
                 continue
             shape, dim = _full_shape(param, tp_size)
-            full = _draw(canonical, shape, seed, std, num_layers)
+            full = _draw(canonical, shape, seed, std, output_std)
             gated = gated_mlp and "linear_fc1" in canonical
             param.copy_(_shard(full, dim, tp_size, tp_rank, gated).to(param.dtype))

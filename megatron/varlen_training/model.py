@@ -100,7 +100,8 @@ def aligned_param_gather(run: RunConfig) -> bool:
     return run.parallel.virtual_pipeline_model_parallel_size is not None
 def _decoder_specs(run: RunConfig, config, vp_stage: int | None):
     """(decoder block spec, MTP block spec or None) of this stage: MoE layers where
-    --moe-layer-freq says (MTP layers are MoE too with --num-experts)."""
+    --moe-layer-freq says; an MTP layer is built like the LAST decoder layer (Megatron-LM's
+    gpt_builders), so it is dense when --moe-layer-freq makes that layer dense."""
     model = run.model
     layer_spec = load_layer_spec(model.spec, model.normalization, attention_backend(model),
                                  qk_layernorm=model.qk_layernorm)
@@ -108,7 +109,8 @@ def _decoder_specs(run: RunConfig, config, vp_stage: int | None):
         block = get_varlen_decoder_block_spec(config, layer_spec, vp_stage)
     else:
         block = get_varlen_moe_block_spec(config, layer_spec, vp_stage)
-        layer_spec = with_moe_mlp(layer_spec)
+        if model.moe.mtp_layers_are_moe(model.num_layers):
+            layer_spec = with_moe_mlp(layer_spec)
     mtp_spec = (get_varlen_mtp_block_spec(config, layer_spec, vp_stage=vp_stage)
                 if config.mtp_num_layers else None)
     return block, mtp_spec
@@ -150,7 +152,7 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
     chunks = [build_chunk(run, config, vp) for vp in (range(stages) if stages else [None])]
     initialize_layout_invariant(
         chunks, seed=run.training.seed, std=model.init_method_std, num_layers=model.num_layers,
-        tied_output=model.tied_output, gated_mlp=model.swiglu)
+        tied_output=model.tied_output, gated_mlp=model.swiglu, hybrid=config.is_hybrid_model)
     if import_weights is not None:  # a rank's slice may be missing or misshapen: agree
         agree_on_errors(import_weights, chunks)
     # Built and initialised on the host (use_cpu_initialization: the same weights on any

@@ -10,8 +10,10 @@ from megatron.varlen_training import checkpointing, evaluation, log, loop_steps,
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_split_datasets
+from megatron.varlen_training.datasets.truncation_report import report_truncated_rows
 from megatron.varlen_training.errors import agree_on_errors, exit_on_user_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
+from megatron.varlen_training.read_agreement import reads_can_fail
 from megatron.varlen_training.trainer import Trainer
 
 
@@ -33,16 +35,18 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
     # evaluation jumps between iterations (each jump would restart the workers).
     workers = run.data.num_workers if run.data.indexed else 0
     eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
+    agree = reads_can_fail(run.data)  # the same flags on every rank: all agree, or none
     if run.packing.sequence_packing:
         # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
         make = lambda ds, n: PackedBatchProvider(  # noqa: E731
-            ds, gbs, trainer.packer(), n, split)
+            ds, gbs, trainer.packer(), n, split, agree)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
-            documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod))
+            documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
+            agree)
     return DataProviders(*(make(ds, workers if ds is train_ds else 0) if ds is not None else None
                            for ds in (train_ds, valid_ds, test_ds)))
 
@@ -116,7 +120,10 @@ def pretrain(trainer: Trainer) -> list[dict]:
                 evaluation.check_resumed_validation(trainer.run.training, state.iteration,
                                                     state.consumed_valid_samples,
                                                     trainer.run.data.eval_samples)
-            return train(trainer, providers.train, providers.valid, exits, providers.test)
+            history = train(trainer, providers.train, providers.valid, exits, providers.test)
+            # Parquet/Arrow rows are tokenized when read: their truncations are counted then.
+            report_truncated_rows(p.dataset for p in providers if p is not None)
+            return history
         finally:  # --num-workers readers stop with the run, not at interpreter exit
             for provider in providers:
                 if provider is not None:

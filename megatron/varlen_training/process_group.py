@@ -10,7 +10,8 @@ whose flags fail joins the group all the same (:func:`report_start_up_error`), a
 that joins makes :func:`errors.agree_on_errors` on its start-up error its first collective:
 every rank stops with the one line, printed once, exit code 2. The entry points join as soon as
 their flags are parsed (:func:`peers_joined_at_start_up`), before megatron-core is imported, so
-that a bad start-up fails fast on every rank.
+that a bad start-up fails fast on every rank. Ctrl-C while a rank waits for its peers ends
+the wait at once, in one line (exit code 130): the join runs in a thread of its own.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from datetime import timedelta
 from typing import NoReturn
 
 import torch
 
 from megatron.varlen.platform import cpu_device
-from megatron.varlen_training.errors import (ONE_LINE_ERRORS, USAGE_EXIT_CODE, agree_on_errors,
+from megatron.varlen_training.errors import (INTERRUPTED_EXIT_CODE, ONE_LINE_ERRORS,
+                                              USAGE_EXIT_CODE, agree_on_errors,
                                               exit_on_user_errors, flush_standard_streams,
                                               print_error_line, release_process_group)
 
@@ -34,6 +37,10 @@ LOOPBACK = "127.0.0.1"
 ANY_PORT = 0  # bound with port 0, a socket gets a port the OS picks, held from that moment
 # What env:// reads: a process that has them all is one rank of a job its launcher started.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# How often the main thread wakes while the join waits for peers in a thread of its own: Python
+# runs a Ctrl-C handler in the main thread between bytecodes, never inside the store's C++ wait,
+# so a join waited in the main thread heard Ctrl-C only at the timeout (10 minutes).
+INTERRUPT_POLL_SECONDS = 0.2
 
 
 def initialize_distributed(timeout_minutes: float | None = None,
@@ -59,11 +66,10 @@ def _join(timeout_minutes: float | None, start_up_error: Exception | None) -> No
     was)."""
     if torch.distributed.is_initialized():
         return
-    if not cpu_device.use_cpu():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _use_local_device()
     timeout = DISTRIBUTED_TIMEOUT if timeout_minutes is None else timedelta(minutes=timeout_minutes)
     if "RANK" in os.environ:  # torchrun (or a launcher like it): env://
-        torch.distributed.init_process_group(backend=cpu_device.get_backend(), timeout=timeout)
+        _wait_for_peers(timeout)
         agree_on_errors(_raise, start_up_error)  # every joining rank's first collective
         return
     # RANK stays unset (every reader defaults to rank 0 of 1): a later initialisation in this
@@ -73,6 +79,41 @@ def _join(timeout_minutes: float | None, start_up_error: Exception | None) -> No
     torch.distributed.init_process_group(backend=cpu_device.get_backend(), store=store, rank=0,
                                          world_size=1, timeout=timeout)
     _raise(start_up_error)
+
+
+def _use_local_device() -> None:
+    """On GPUs, this rank's device (LOCAL_RANK) for the calling thread (CUDA's current device
+    is per thread)."""
+    if not cpu_device.use_cpu():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _wait_for_peers(timeout: timedelta) -> None:
+    """``init_process_group`` over env:// in a thread, the main thread waiting on it so that
+    Ctrl-C ends the wait at once: a KeyboardInterrupt whose message says what was interrupted
+    (:func:`errors.exit_on_user_errors` prints it). The join's own errors are raised here."""
+    outcome: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            _use_local_device()
+            torch.distributed.init_process_group(backend=cpu_device.get_backend(),
+                                                 timeout=timeout)
+        except BaseException as err:  # noqa: BLE001 -- handed to the main thread as it is
+            outcome.append(err)
+
+    thread = threading.Thread(target=join, name="join-process-group", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(INTERRUPT_POLL_SECONDS)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"interrupted by Ctrl-C (SIGINT) while rank {os.environ['RANK']} waited for the "
+            f"other ranks of the job (WORLD_SIZE {os.environ.get('WORLD_SIZE')}) to join: "
+            f"nothing ran yet") from None
+    if outcome:
+        raise outcome[0]
 
 
 def _raise(error: Exception | None) -> None:
@@ -122,6 +163,9 @@ def report_start_up_error(prog: str, error: Exception) -> NoReturn:
         except ONE_LINE_ERRORS as agreed:  # this rank's error, or that of a lower rank
             print_error_line(prog, agreed)
             _leave(agreed.exit_code)
+        except KeyboardInterrupt as interrupted:  # Ctrl-C while waiting for the peers
+            print_error_line(prog, interrupted)
+            _leave(INTERRUPTED_EXIT_CODE)
         except Exception:  # noqa: BLE001 -- the peers cannot be reached: say it here
             print_error_line(prog, error, every_rank=True)
             _leave(USAGE_EXIT_CODE)

@@ -2,9 +2,10 @@
 
 A sample is read (tokenized, parsed, taken from a memory-mapped file) by the ranks that train
 on it, when its step comes: a conversation the chat template refuses, text the tokenizer
-refuses, a Parquet/Arrow row tokenized lazily, an indexed file that became unreadable. Raised
-on one rank only, such an error stopped that rank and left the others in the step's next
-collective until ``--distributed-timeout-minutes`` (or until torchrun's agent killed them).
+refuses, a Parquet/Arrow row tokenized lazily, an indexed file read without a memory map
+(``--no-mmap-bin-files``) that became unreadable. Raised on one rank only, such an error
+stopped that rank and left the others in the step's next collective until
+``--distributed-timeout-minutes`` (or until torchrun's agent killed them).
 
 :func:`read_agreed` reads on every rank, then one MIN all-reduce of one integer over the world
 says whether a rank failed and which was first. That collective is an addition: the step's own
@@ -16,6 +17,11 @@ mid-run"). Only when a rank failed do the ranks exchange the error
 (:func:`errors.agree_on_errors`): a user error (ValueError, OSError, the one-line classes) is
 raised on every rank, exit code 2, printed once by the first rank that read a bad sample; a
 bug keeps its traceback on its rank, the others stop with :class:`errors.PeerRankError`.
+
+Data whose reads cannot raise skips the all-reduce (:func:`reads_can_fail`): mock samples are
+a pure function of the seed and the index, and memory-mapped indexed data is read from memory
+(an I/O error under a memory map is a SIGBUS that ends the process, which no agreement can
+report). Every rank decides from the same flags, so all skip it or none does.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import NamedTuple, TypeVar
 import torch
 
 from megatron.varlen.platform import get_device
+from megatron.varlen_training.config.data import DataConfig
 from megatron.varlen_training.errors import (
     ONE_LINE_ERRORS, START_UP_USER_ERRORS, PeerRankError, agree_on_errors,
 )
@@ -34,6 +41,25 @@ from megatron.varlen_training.log import is_multi_rank
 T = TypeVar("T")
 # What a read raises for a bad sample (its message is the user's line); anything else is a bug.
 READ_USER_ERRORS = ONE_LINE_ERRORS + START_UP_USER_ERRORS
+
+
+def reads_can_fail(data: DataConfig) -> bool:
+    """Whether reading a sample of the run's data can raise on one rank, so that a step's reads
+    need :func:`read_agreed`. Decided from the data flags alone (every rank has the same), so
+    the ranks agree on it without a collective.
+
+    - mock data (``--mock-data``, with or without ``--sft``): never -- a sample is computed;
+    - SFT files (JSONL, Parquet/Arrow): yes -- rows are tokenized (chat template, tokenizer)
+      when read;
+    - Megatron indexed data: only with ``--no-mmap-bin-files``, where every read opens the
+      ``.bin`` (a file gone or unreadable on one node raises there); memory-mapped reads raise
+      nothing.
+    """
+    if data.mock_data:
+        return False
+    if data.sft:
+        return True
+    return not data.mmap_bin_files
 
 
 def read_agreed(read: Callable[[], T]) -> T:

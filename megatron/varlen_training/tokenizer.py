@@ -169,6 +169,15 @@ class HuggingFaceTokenizer(Tokenizer):
     def tokenize(self, text: str) -> list[int]:
         return list(self._hf.encode(text, add_special_tokens=False))
 
+    def text_to_ids(self, text: str, include_special_tokens: bool) -> list[int]:
+        """Megatron-LM's text -> ids (megatron-core's HuggingFaceTokenizer.text_to_ids, what
+        its tools/preprocess_data.py writes): with ``include_special_tokens`` the tokenizer's
+        own call (``tokenizer(text).input_ids``: a BOS where its post-processor adds one),
+        else its tokens converted to ids."""
+        if include_special_tokens:
+            return list(self._hf(text).input_ids)
+        return list(self._hf.convert_tokens_to_ids(self._hf.tokenize(text)))
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return self._hf.decode(list(ids))
 

@@ -66,7 +66,7 @@ def test_the_import_scan_sees_each_import_form():
                                                   "tests.x"]
 
 
-# megatron.varlen's public API: its subpackages' __init__ (issue 22). The training layer, the
+# megatron.varlen's public API: its subpackages' __init__. The training layer, the
 # facade and the entry points import from these, never from a module inside them.
 VARLEN_SUBPACKAGES = ("attention", "mamba", "model", "packing", "platform", "scheduling")
 VARLEN_CLIENTS = ("megatron/varlen_training", "megatron/wrap", "pretrain_gpt.py",

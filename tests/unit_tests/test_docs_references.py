@@ -73,8 +73,6 @@ PROSE_FLAGS = {
     "--target": "pip's flag (a folder on PYTHONPATH the GPU tests miss)",
     "--fim-*": "Megatron-LM's FIM flags, listed as not supported (docs/DATA.md)",
     "--split-sentences": "Megatron-LM's preprocess_data.py flag, listed as not supported",
-    "--partitions": "Megatron-LM's preprocess_data.py flag, listed as not supported",
-    "--keep-sequential-samples": "Megatron-LM's preprocess_data.py flag, listed as not supported",
     "--data-args-path": "Megatron-LM's data flag, listed as not supported (docs/DATA.md)",
     "--per-split-data-args-path": "Megatron-LM's data flag, listed as not supported",
     "--per-dataset-sequences-path": "Megatron-LM's data flag, listed as not supported",

@@ -1,8 +1,8 @@
 """No module of our library shares its dotted name with one of upstream's.
 
 A Megatron-LM checkout and megatron-core wheels from 0.17 on ship ``megatron/training/``; had
-ours the same dotted names, whichever comes first on the path would silently shadow the other
-(issue 22). The list of upstream names (tests/unit_tests/data/upstream_module_names.txt) was
+ours the same dotted names, whichever comes first on the path would silently shadow the other.
+The list of upstream names (tests/unit_tests/data/upstream_module_names.txt) was
 taken from megatron-core 0.16.1-0.19.2 and Megatron-LM main; refresh it when either moves. The
 entry scripts (pretrain_gpt.py, pretrain_mamba.py keep Megatron-LM's names on purpose) and the
 repository-only packages tests/ and tools/ are not installed and not checked.
@@ -33,7 +33,7 @@ def our_modules() -> set[str]:
 def test_the_upstream_list_is_real():
     upstream = _upstream()
     assert len(upstream) > 500 and "megatron.core.parallel_state" in upstream
-    assert "megatron.training.arguments" in upstream  # the collision issue 22 removed
+    assert "megatron.training.arguments" in upstream  # the collision once in our tree
 
 
 def test_no_module_name_is_upstreams():

@@ -30,6 +30,8 @@ NEEDING_AN_EXTRA = [
     "tests/unit_tests/tools/test_preprocess_data.py::test_hugging_face_ids_are_the_tokenizers_own",
     "tests/unit_tests/tools/test_preprocess_data.py::"
     "test_two_workers_write_the_same_files[HuggingFaceTokenizer]",
+    "tests/unit_tests/tools/test_preprocess_megatron_parity.py::"
+    "test_hugging_face_ids_as_megatron_lm",
     "tests/unit_tests/varlen_training/test_trainer.py::"
     "test_real_tensorboard_events_and_offline_wandb_run",
 ]

@@ -40,7 +40,7 @@ def _shard_sections(full: torch.Tensor, sections: list[int], tp_size: int, tp_ra
 
 
 def _draw_full(suffix: str, mixer, shape: list[int], gen: torch.Generator, std: float,
-               num_layers: int) -> torch.Tensor:
+               output_std: float) -> torch.Tensor:
     if suffix == "A_log":
         return torch.empty(shape, dtype=torch.float64).uniform_(*A_RANGE, generator=gen).log()
     if suffix == "dt_bias":
@@ -56,14 +56,16 @@ def _draw_full(suffix: str, mixer, shape: list[int], gen: torch.Generator, std: 
     if suffix == "conv1d.bias":
         return torch.zeros(shape, dtype=torch.float64)
     if suffix == "out_proj.weight":
-        std = std / math.sqrt(2.0 * num_layers)  # an output projection, as linear_proj/fc2
+        std = output_std  # an output projection, as linear_proj/fc2
     return torch.randn(shape, generator=gen, dtype=torch.float64) * std
 
 
 def mamba_parameter_shard(chunk: torch.nn.Module, name: str, canonical: str,
                           param: torch.Tensor, seed_of: Callable[[str], int], std: float,
-                          num_layers: int, tp_size: int, tp_rank: int) -> Optional[torch.Tensor]:
-    """This rank's initial value of a mixer parameter (None: not a mixer parameter)."""
+                          output_std: float, tp_size: int, tp_rank: int
+                          ) -> Optional[torch.Tensor]:
+    """This rank's initial value of a mixer parameter (None: not a mixer parameter);
+    ``output_std``: the output projection's (megatron-core's ``output_layer_init_method``)."""
     if MIXER not in name or name.endswith("norm.weight"):
         return None  # the gated norm's weight is a norm weight: ones, generic rule
     prefix, suffix = name.split(MIXER, 1)
@@ -72,7 +74,7 @@ def mamba_parameter_shard(chunk: torch.nn.Module, name: str, canonical: str,
     split_dim = getattr(param, "partition_dim", 0)
     if getattr(param, "tensor_model_parallel", False) and tp_size > 1:
         shape[split_dim] *= tp_size
-    full = _draw_full(suffix, mixer, shape, _generator(seed_of, canonical), std, num_layers)
+    full = _draw_full(suffix, mixer, shape, _generator(seed_of, canonical), std, output_std)
     if tp_size == 1 or not getattr(param, "tensor_model_parallel", False):
         return full
     if suffix == "in_proj.weight":

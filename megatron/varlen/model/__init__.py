@@ -13,6 +13,7 @@ _EXPORTS = {
     "get_varlen_decoder_block_spec": _SPEC, "get_varlen_gpt_layer_spec": _SPEC,
     "get_varlen_mtp_block_spec": _SPEC,
     "check_takes_thd": _SPEC_LOADING, "load_layer_spec": _SPEC_LOADING,
+    "check_has_qk_layernorm": _SPEC_LOADING, "is_default_spec": _SPEC_LOADING,
     "VarlenTopKRouter": "megatron.varlen.model.packed_router",
     "get_varlen_moe_block_spec": _MOE_SPEC, "with_moe_mlp": _MOE_SPEC,
     "moe_layer_pattern": _MOE_SPEC, "RoutesMicroBatch": _MOE_SPEC,

@@ -19,16 +19,22 @@ THD_CAPABLE_CORE_ATTENTION = frozenset({
 })
 
 
+def is_default_spec(spec: tuple[str, str] | list[str] | None) -> bool:
+    """No ``--spec``, or ``--spec`` naming our own default spec function."""
+    return spec is None or tuple(spec) == DEFAULT_SPEC
+
+
 def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str,
                     attention_backend: str | None = None, qk_layernorm: bool = False):
     """The decoder layer ModuleSpec: ours by default (with ``attention_backend``, a resolved
-    --attention-backend, and ``qk_layernorm``), else the user's spec function."""
+    --attention-backend, and ``qk_layernorm``), else the user's spec function, called without
+    arguments as Megatron-LM calls it (the spec then decides normalization and QK norms)."""
     module_name, function_name = spec or DEFAULT_SPEC
     try:
         function = getattr(import_module(module_name), function_name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--spec {module_name} {function_name}: cannot import it ({err})") from err
-    if spec is not None:
+    if not is_default_spec(spec):
         return function()
     return function(normalization=normalization, attention_backend=attention_backend,
                     qk_layernorm=qk_layernorm)
@@ -41,6 +47,19 @@ def core_attention_name(layer_spec) -> str:
     if isinstance(module, tuple):  # lazy (path, name) form
         return ".".join(module)
     return f"{module.__module__}.{module.__qualname__}"
+
+
+def check_has_qk_layernorm(layer_spec, spec_flag) -> None:
+    """Raises ValueError (one line) when --qk-layernorm is asked of a spec without QK norms:
+    megatron-core builds whatever the spec names, so the flag would do nothing."""
+    attention = layer_spec.submodules.self_attention.submodules
+    norm = getattr(attention, "q_layernorm", None)
+    name = getattr(norm, "__name__", type(norm).__name__)
+    if norm is None or name == "IdentityOp":
+        raise ValueError(
+            f"--qk-layernorm: the layer spec from --spec {' '.join(spec_flag)} has no query/key "
+            f"layer norm (q_layernorm is {name}), so the flag would do nothing (build the spec "
+            f"with QK norms, or drop --spec)")
 
 
 def check_takes_thd(layer_spec, spec_flag) -> None:

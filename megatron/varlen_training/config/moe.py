@@ -58,6 +58,11 @@ class MoEConfig:
             return [index % freq == 0 for index in range(num_layers)]
         return [bool(flag) for flag in freq]
 
+    def mtp_layers_are_moe(self, num_layers: int) -> bool:
+        """Whether the MTP layers have MoE MLPs: Megatron-LM builds them from the last decoder
+        layer's spec, so they follow that layer's entry of ``--moe-layer-freq``."""
+        return self.is_moe_layer(num_layers)[-1]
+
     @property
     def balancing_loss(self) -> str | None:
         """The load-balancing loss that trains (None when the type is none or its weight 0)."""

@@ -83,6 +83,11 @@ class EpochDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self._num_samples
 
+    @property
+    def source(self):
+        """The dataset read from."""
+        return self._dataset
+
     def _epoch_order(self, epoch: int) -> np.ndarray:
         if not self._shuffle:
             return self._doc_ids

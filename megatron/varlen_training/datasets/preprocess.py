@@ -1,13 +1,20 @@
 """JSONL text -> Megatron indexed datasets (.bin/.idx), the work of tools/preprocess_data.py.
 
-Each non-blank line of ``--input`` is a JSON object; for every ``--json-keys`` key its string
+The files are the ones Megatron-LM's tools/preprocess_data.py writes for the same flags (its
+``Encoder.encode``; tested byte for byte against megatron-core's builder fed by transformers):
+each non-blank line of ``--input`` is a JSON object; for every ``--json-keys`` key its string
 is tokenized with the training layer's tokenizer (``--tokenizer-type``, as pretrain_gpt.py
-builds it, so the ids are the ones training reads), plus the eod id with ``--append-eod``, and
-written as one document by megatron-core's ``IndexedDatasetBuilder`` to
-``{--output-prefix}_{key}_document.bin/.idx`` (Megatron-LM's names; pass that prefix to
-``--data-path``). Token ids are stored as megatron-core's ``DType.optimal_dtype`` of the
-vocabulary (uint16 below 65500 ids, else int32). A text with no tokens adds no document (as
-Megatron-LM, which then has nothing to append eod to); such lines are counted.
+builds it, so the ids are the ones training reads; a Hugging Face tokenizer as megatron-core
+calls it, special tokens such as a BOS included unless ``--tokenizer-hf-no-include-special-
+tokens``), plus the eod id with ``--append-eod``, and written as one document by megatron-core's
+``IndexedDatasetBuilder`` to ``{--output-prefix}_{key}_document.bin/.idx`` (Megatron-LM's
+names; pass that prefix to ``--data-path``). A list of strings is a document of pre-split
+sentences: each sentence with tokens is one sequence of the document, eod ends the last. A
+text with no tokens is an empty document (no sequence, no eod: Megatron-LM's), counted. Token
+ids are stored as megatron-core's ``DType.optimal_dtype`` of the vocabulary (uint16 below
+65500 ids, else int32). ``--partitions N`` writes the documents in Megatron-LM's partition
+order (line ``i`` goes to partition ``i mod N``, the partitions are concatenated), unless
+``--keep-sequential-samples`` keeps the input order.
 
 ``--workers N`` tokenizes in N processes; lines are written in input order whatever the number
 of workers, so the files are byte-identical to ``--workers 1``'s. A bad line (invalid JSON or
@@ -28,7 +35,7 @@ import numpy as np
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
 from megatron.varlen_training.datasets.jsonl_lines import decode_line
-from megatron.varlen_training.tokenizer import Tokenizer, build_tokenizer
+from megatron.varlen_training.tokenizer import HuggingFaceTokenizer, Tokenizer, build_tokenizer
 
 DOCUMENT_LEVEL = "document"  # Megatron-LM's suffix without --split-sentences
 CHUNK_LINES = 64  # lines a worker tokenizes per task: few round trips, little reordering
@@ -50,6 +57,10 @@ class PreprocessConfig:
         output_prefix: Outputs are ``{output_prefix}_{key}_document.bin/.idx``.
         workers: Tokenizing processes.
         log_interval: Print Megatron-LM's progress line every this many documents.
+        include_special_tokens: A Hugging Face tokenizer adds its special tokens (a BOS) as
+            ``tokenizer(text)`` does (not ``--tokenizer-hf-no-include-special-tokens``).
+        partitions: ``--partitions``: the documents in Megatron-LM's partition order.
+        keep_sequential_samples: Partitions of consecutive lines (the input order).
     """
 
     input: str
@@ -61,6 +72,14 @@ class PreprocessConfig:
     append_eod: bool = False
     workers: int = 1
     log_interval: int = 1000
+    include_special_tokens: bool = True
+    partitions: int = 1
+    keep_sequential_samples: bool = False
+
+    @property
+    def round_robin(self) -> bool:
+        """Whether lines are dealt to the partitions in turn (the documents reordered)."""
+        return self.partitions > 1 and not self.keep_sequential_samples
 
     def output_prefixes(self) -> dict[str, str]:
         """Each key's dataset prefix (what ``--data-path`` takes)."""
@@ -85,6 +104,15 @@ class PreprocessSummary:
         return progress_line(self.lines, self.seconds, self.read_bytes)
 
 
+@dataclass(frozen=True)
+class Document:
+    """One key's document: its ids and its sequences' lengths (one per sentence with tokens;
+    eod counts to the last); no ids: an empty document."""
+
+    ids: np.ndarray
+    lengths: list[int]
+
+
 class LineEncoder:
     """Tokenizes one JSONL line; built once per worker process (the tokenizer with it)."""
 
@@ -93,8 +121,8 @@ class LineEncoder:
         self.tokenizer: Tokenizer = build_tokenizer(config.tokenizer_type, config.vocab_size,
                                                     config.tokenizer_model)
 
-    def encode(self, line_number: int, raw: bytes) -> dict[str, np.ndarray] | None:
-        """``{key: ids}`` of the line, None for a blank line.
+    def encode(self, line_number: int, raw: bytes) -> dict[str, Document] | None:
+        """``{key: document}`` of the line, None for a blank line.
 
         Raises:
             ValueError: one line naming ``file:line`` and what is wrong.
@@ -104,22 +132,44 @@ class LineEncoder:
         if not text.strip():
             return None
         record = _parse_json(where, text)
-        return {key: self._ids(where, record, key) for key in self.config.json_keys}
+        return {key: self._document(where, record, key) for key in self.config.json_keys}
 
-    def _ids(self, where: str, record: dict, key: str) -> np.ndarray:
-        if key not in record:
-            raise ValueError(f"{where}: no key {key!r} (--json-keys {' '.join(self.config.json_keys)}"
-                             f"); the object's keys are {sorted(record)[:8]}")
-        text = record[key]
-        if not isinstance(text, str):
-            raise ValueError(f"{where}: {key!r} is a {type(text).__name__}, not a string")
+    def _document(self, where: str, record: dict, key: str) -> Document:
+        """Megatron-LM's ``Encoder.encode`` of one key: a string is one sentence, a list of
+        strings its sentences; sentences without tokens are dropped, eod ends the last."""
+        ids, lengths = [], []
+        for sentence in _sentences(where, record, key, self.config.json_keys):
+            sentence_ids = self._text_ids(where, sentence)
+            if sentence_ids:
+                ids.extend(sentence_ids)
+                lengths.append(len(sentence_ids))
+        if ids and self.config.append_eod:
+            ids.append(self.tokenizer.eod)
+            lengths[-1] += 1
+        return Document(np.asarray(ids, dtype=np.int64), lengths)
+
+    def _text_ids(self, where: str, text: str) -> list[int]:
         try:
-            ids = self.tokenizer.tokenize(text)
+            if isinstance(self.tokenizer, HuggingFaceTokenizer):
+                return self.tokenizer.text_to_ids(text, self.config.include_special_tokens)
+            return self.tokenizer.tokenize(text)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
-        if ids and self.config.append_eod:
-            ids = ids + [self.tokenizer.eod]
-        return np.asarray(ids, dtype=np.int64)
+
+
+def _sentences(where: str, record: dict, key: str, keys: tuple[str, ...]) -> list[str]:
+    if key not in record:
+        raise ValueError(f"{where}: no key {key!r} (--json-keys {' '.join(keys)}); the "
+                         f"object's keys are {sorted(record)[:8]}")
+    value = record[key]
+    sentences = value if isinstance(value, list) else [value]
+    for sentence in sentences:
+        if not isinstance(sentence, str):
+            what = (type(value).__name__ if sentence is value
+                    else f"list holding a {type(sentence).__name__}")
+            raise ValueError(f"{where}: {key!r} is a {what}, not a string or a list of strings "
+                             f"(sentences)")
+    return sentences
 
 
 def _parse_json(where: str, text: str) -> dict:
@@ -146,12 +196,15 @@ def _encode_chunk(chunk: list[tuple[int, bytes]]) -> list[tuple[int, dict | None
     return [(len(raw), _WORKER_ENCODER.encode(number, raw)) for number, raw in chunk]
 
 
-def _numbered_chunks(path: str):
-    """The input's lines as ``[(line number, bytes), ...]`` chunks, in order."""
+def _numbered_chunks(path: str, every: int = 1, first: int = 0):
+    """Lines ``first, first + every, ...`` (0-based) of the input as ``[(line number,
+    bytes), ...]`` chunks, in order."""
     chunk = []
     with open(path, "rb") as stream:
-        for number, raw in enumerate(stream, start=1):
-            chunk.append((number, raw))
+        for index, raw in enumerate(stream):
+            if index % every != first:
+                continue
+            chunk.append((index + 1, raw))
             if len(chunk) == CHUNK_LINES:
                 yield chunk
                 chunk = []
@@ -159,17 +212,28 @@ def _numbered_chunks(path: str):
         yield chunk
 
 
+def _ordered_chunks(config: PreprocessConfig):
+    """The lines in the order their documents are written: the input's, or with round-robin
+    ``--partitions N`` Megatron-LM's (partition ``p`` holds lines ``p, p + N, ...``, the merged
+    output partition 0's documents, then 1's, ...): one pass over the file per partition."""
+    if not config.round_robin:
+        yield from _numbered_chunks(config.input)
+        return
+    for partition in range(config.partitions):
+        yield from _numbered_chunks(config.input, config.partitions, partition)
+
+
 def encoded_lines(config: PreprocessConfig):
     """Every line's ``(bytes, {key: ids})`` (None when blank), in input order, from
     ``config.workers`` processes (in this process for one)."""
     if config.workers == 1:
         encoder = LineEncoder(config)
-        for chunk in _numbered_chunks(config.input):
+        for chunk in _ordered_chunks(config):
             yield from ((len(raw), encoder.encode(number, raw)) for number, raw in chunk)
         return
     with multiprocessing.get_context("fork").Pool(config.workers, _start_worker,
                                                   (config,)) as pool:
-        for encoded in pool.imap(_encode_chunk, _numbered_chunks(config.input)):
+        for encoded in pool.imap(_encode_chunk, _ordered_chunks(config)):
             yield from encoded
 
 
@@ -186,6 +250,10 @@ def check_config(config: PreprocessConfig) -> None:
         raise ValueError(f"--workers must be >= 1 (got {config.workers})")
     if config.log_interval < 1:
         raise ValueError(f"--log-interval must be >= 1 (got {config.log_interval})")
+    if config.partitions < 1 or config.workers % config.partitions:
+        # Megatron-LM gives each partition workers / partitions processes (and asserts this)
+        raise ValueError(f"--workers {config.workers} must be a multiple of --partitions "
+                         f"{config.partitions} (>= 1), as in Megatron-LM")
     folder = os.path.dirname(os.path.abspath(config.output_prefix))
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"--output-prefix {config.output_prefix!r}: {folder} is a file, not a "
@@ -233,13 +301,12 @@ def _write(config: PreprocessConfig, builders: dict, prefixes: dict[str, str],
         lines += 1
         if progress is not None:
             progress.update(1)
-        for key, ids in encoded.items():
-            if not len(ids):
-                empty += 1
-                continue
-            builders[key].add_document(ids, [len(ids)])
+        for key, document in encoded.items():
+            # no tokens: an empty document all the same (Megatron-LM's document index)
+            empty += not len(document.ids)
+            builders[key].add_document(document.ids, document.lengths)
             documents[key] += 1
-            tokens[key] += len(ids)
+            tokens[key] += len(document.ids)
         if lines % config.log_interval == 0:
             _log(progress, progress_line(lines, time.perf_counter() - started, read_bytes))
     for key, prefix in prefixes.items():

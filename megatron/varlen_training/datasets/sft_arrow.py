@@ -1,8 +1,10 @@
 """SFT conversations from Parquet or Arrow (``--sft --data-path``), read lazily.
 
-``--data-path`` names a ``.parquet`` file, a folder of ``.parquet`` shards (read in name
-order), a folder written by ``datasets.Dataset.save_to_disk`` or one ``.arrow`` file of such a
-folder; all local. Hugging Face ``datasets`` reads them (the optional ``[data]`` extra:
+``--data-path`` names a ``.parquet`` file, a folder of ``.parquet`` shards (read in plain name
+order, as ``datasets.load_dataset("parquet", data_dir=...)`` and ``pyarrow.dataset`` read a
+folder: ``part-10`` before ``part-2`` unless the numbers are zero-padded; the order is logged,
+and a warning names shards whose numbers sort otherwise), a folder written by
+``datasets.Dataset.save_to_disk`` or one ``.arrow`` file of such a folder; all local. Hugging Face ``datasets`` reads them (the optional ``[data]`` extra:
 ``datasets`` and ``pyarrow``): Arrow files are memory-mapped; Parquet is converted once into
 ``datasets``' Arrow cache (``$HF_DATASETS_CACHE``, reused by later runs and by the other ranks)
 and memory-mapped from there. Only the conversation's columns are read; a column of
@@ -11,8 +13,10 @@ pre-tokenised data beside them is refused rather than ignored (``sft_unread``).
 Rows are the records of the JSONL format (:mod:`megatron.varlen_training.datasets.sft`), with
 the same keys (``--sft-messages-key``, or ``--sft-prompt-key`` and ``--sft-response-key``), the
 same template, masking and truncation, so the same conversations give the same samples. A row is
-tokenized when it is read, never the whole dataset at once (so, unlike the JSONL reader's
-counts, only the first truncated row is reported). Because reads happen during
+tokenized when it is read, never the whole dataset at once, so truncation is counted as rows are
+read: each rank warns at its first truncated row and counts the rows and tokens it cut
+(``truncated_rows``); at the end of training ``truncation_report.report_truncated_rows``
+prints the count over every rank's reads in one line. Because reads happen during
 training, every row is checked at start-up instead, batch by batch with Arrow compute (columns
 and their types, empty or null conversations, roles, null texts), and a problem is one line
 naming the row and the flag. What only tokenizing shows (a conversation the chat template
@@ -25,6 +29,7 @@ from __future__ import annotations
 import glob
 import operator
 import os
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -38,7 +43,7 @@ from megatron.varlen_training.datasets.sft_unread import (
     PRETOKENIZED_HINT, UNRENDERED_MESSAGE_KEYS, WEIGHT_KEY, first_pretokenized,
 )
 from megatron.varlen_training.errors import one_line
-from megatron.varlen_training.log import warning_all_ranks, warning_rank_0
+from megatron.varlen_training.log import print_rank_0, warning_all_ranks, warning_rank_0
 from megatron.varlen_training.tokenizer import CHAT_ROLES, TRAINED_ROLE, Tokenizer
 
 PARQUET_SUFFIX = ".parquet"
@@ -78,6 +83,10 @@ def _quiet(datasets):
             datasets.utils.enable_progress_bars()
 
 
+_DIGITS = re.compile(r"(\d+)")
+SHOWN_SHARDS = 3  # shard names the order line shows at each end
+
+
 def _parquet_files(path: str) -> list[str]:
     if os.path.isfile(path):
         return [path]
@@ -86,7 +95,28 @@ def _parquet_files(path: str) -> list[str]:
         raise ValueError(f"--data-path {path!r} is a directory with neither .parquet shards "
                          f"nor a datasets.save_to_disk dataset ({SAVE_TO_DISK_MARKER}); --sft "
                          "reads a JSONL file, a .parquet file or such a directory")
+    _log_shard_order(path, [os.path.basename(f) for f in files])
     return files
+
+
+def _numeric_key(name: str) -> list:
+    """``part-2`` before ``part-10``: digit runs compared as numbers."""
+    return [int(part) if part.isdigit() else part for part in _DIGITS.split(name)]
+
+
+def _log_shard_order(path: str, names: list[str]) -> None:
+    """Says which order the shards are read in (rows are numbered in it: samples, splits and a
+    resume follow it), and warns where numbered names would sort otherwise."""
+    shown = names if len(names) <= 2 * SHOWN_SHARDS else \
+        names[:SHOWN_SHARDS] + ["..."] + names[-SHOWN_SHARDS:]
+    print_rank_0(f"> reading {len(names)} Parquet shard(s) of {path} in name order (as datasets "
+                 f"and pyarrow read a folder): {', '.join(shown)}")
+    numeric = sorted(names, key=_numeric_key)
+    if numeric != names:
+        first = next(i for i, (a, b) in enumerate(zip(names, numeric)) if a != b)
+        warning_rank_0("--data-path %s: shard %s is read before %s (name order: their numbers "
+                       "are not zero-padded); rename the shards with zero-padded numbers if "
+                       "the rows should follow the numbers", path, names[first], numeric[first])
 
 
 def _check_path(path: str) -> None:
@@ -338,7 +368,7 @@ class ArrowSFTDataset(torch.utils.data.Dataset):
         self._seq_length = seq_length
         self._pad_to_multiple_of = pad_to_multiple_of
         self._padded_length = seq_length if pad_to_seq_length else None
-        self._truncation_reported = False
+        self.truncated_rows: dict[int, int] = {}  # row -> tokens cut, for rows read so far
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -350,15 +380,26 @@ class ArrowSFTDataset(torch.utils.data.Dataset):
         ids, is_target = encode_record(self._rows[idx], self._tokenizer, self._keys,
                                        f"{self._path} row {idx}")
         if len(ids) > self._seq_length + 1:
-            self._report_truncation(idx)
+            self._count_truncation(idx, len(ids) - (self._seq_length + 1))
             ids, is_target = truncate(ids, is_target, self._seq_length)
         return make_sample(ids, is_target, idx, self._tokenizer.pad, self._pad_to_multiple_of,
                            self._padded_length)
 
-    def _report_truncation(self, idx: int) -> None:
+    @property
+    def path(self) -> str:
+        """``--data-path`` as given."""
+        return self._path
+
+    @property
+    def seq_length(self) -> int:
+        """``--seq-length``: rows longer than it plus one id are truncated."""
+        return self._seq_length
+
+    def _count_truncation(self, idx: int, tokens_cut: int) -> None:
         # Rows are tokenized when read, by the rank that reads them: no count up front.
-        if not self._truncation_reported:
-            self._truncation_reported = True
+        if not self.truncated_rows:
             warning_all_ranks("ArrowSFTDataset: row %d of %s is longer than --seq-length %d and "
-                           "was truncated (later truncations are not reported)", idx,
-                           self._path, self._seq_length)
+                              "was truncated (the rows and tokens cut are counted; the count "
+                              "is printed at the end of training)", idx, self._path,
+                              self._seq_length)
+        self.truncated_rows[idx] = tokens_cut

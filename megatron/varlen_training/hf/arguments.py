@@ -94,6 +94,7 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
             "Llama/Qwen checkpoint has MTP layers)")
     require(not (args.save_hf and args.mtp_num_layers), MTP_EXPORT_HINT.format(
         what="--save-hf", layers=args.mtp_num_layers))
+    _validate_spec(args, require)
     if args.hf_checkpoint:
         # Imported here: the parser itself stays free of torch (wrap configs build without it).
         from megatron.varlen_training.hf.safetensors_io import CheckpointFileError, SafetensorsReader
@@ -103,3 +104,24 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
         except (CheckpointFileError, ImportError) as err:
             require(False, f"--hf-checkpoint: {err}")
     # --save-hf's architecture is checked on the run's model config (config/from_flags.py).
+
+
+def _validate_spec(args: argparse.Namespace, require) -> None:
+    """A custom ``--spec`` decides the layer's modules: the Hugging Face weight mapping is
+    written for our default spec, and ``--qk-layernorm`` only reaches a spec built with QK
+    norms. Both would otherwise be silently wrong (weights under other meanings, no norm)."""
+    # Imported here: the parser itself stays free of torch (wrap configs build without it).
+    from megatron.varlen.model import check_has_qk_layernorm, is_default_spec, load_layer_spec
+
+    if is_default_spec(args.spec):
+        return
+    shown = " ".join(args.spec)
+    for flag, value in ((HF_CHECKPOINT_FLAG, args.hf_checkpoint), ("--save-hf", args.save_hf)):
+        require(value is None,
+                f"{flag} maps Hugging Face weights onto the default layer spec, not --spec "
+                f"{shown} (drop --spec, or convert the weights yourself)")
+    if args.qk_layernorm:
+        try:
+            check_has_qk_layernorm(load_layer_spec(args.spec, args.normalization), args.spec)
+        except ValueError as err:
+            require(False, str(err))

@@ -254,14 +254,29 @@ def _copy_file(source_dir: str, name: str, out_dir: str) -> None:
         shutil.copyfile(source, target)
 
 
+def _tokenizer_files(directory: str) -> list[str]:
+    """The names of the Hugging Face tokenizer files in ``directory``."""
+    return [name for name in sorted(os.listdir(directory))
+            if (name.startswith(TOKENIZER_FILE_PREFIXES) or name in TOKENIZER_FILES)
+            and os.path.isfile(os.path.join(directory, name))]
+
+
 def copy_tokenizer_files(tokenizer_dir: str, out_dir: str) -> list[str]:
     """Copies a Hugging Face tokenizer's files next to the exported model; their names."""
-    copied = []
-    for name in sorted(os.listdir(tokenizer_dir)):
-        is_tokenizer_file = name.startswith(TOKENIZER_FILE_PREFIXES) or name in TOKENIZER_FILES
-        if is_tokenizer_file and os.path.isfile(os.path.join(tokenizer_dir, name)):
-            _copy_file(tokenizer_dir, name, out_dir)
-            copied.append(name)
+    copied = _tokenizer_files(tokenizer_dir)
+    for name in copied:
+        _copy_file(tokenizer_dir, name, out_dir)
+    return copied
+
+
+def replace_tokenizer_files(tokenizer_dir: str | None, out_dir: str) -> list[str]:
+    """The tokenizer of ``tokenizer_dir`` (None: no tokenizer) next to the exported model, and
+    no other: an earlier export's tokenizer files that this one does not write are removed
+    (transformers would load them with this model, whose ids may be another vocabulary's).
+    Returns the names copied."""
+    copied = [] if tokenizer_dir is None else copy_tokenizer_files(tokenizer_dir, out_dir)
+    for name in set(_tokenizer_files(out_dir)) - set(copied):
+        os.remove(os.path.join(out_dir, name))
     return copied
 
 
@@ -286,9 +301,9 @@ def source_generation_config(run: RunConfig) -> str | None:
         return handle.read()
 
 
-def _copy_tokenizer_on_rank_0(tokenizer_source: str, out_dir: str) -> None:
+def _replace_tokenizer_on_rank_0(tokenizer_source: str | None, out_dir: str) -> None:
     if torch.distributed.get_rank() == 0:
-        _on_disk(copy_tokenizer_files, out_dir, tokenizer_source, out_dir)
+        _on_disk(replace_tokenizer_files, out_dir, tokenizer_source, out_dir)
 
 
 def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
@@ -299,8 +314,6 @@ def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = 
     config = export_config(run)
     path = export_hf([unwrap(chunk) for chunk in model], out_dir, config,
                      source_generation_config(run))
-    tokenizer_source = export_tokenizer_dir(run)
-    if tokenizer_source is not None:
-        agree_on_errors(_copy_tokenizer_on_rank_0, tokenizer_source, out_dir)
+    agree_on_errors(_replace_tokenizer_on_rank_0, export_tokenizer_dir(run), out_dir)
     print_rank_0(f"> saved Hugging Face checkpoint ({config.architecture}) to {path}")
     return path

@@ -1,4 +1,4 @@
-"""Issue 21, observation 6: --exit-signal-handler, --exit-interval and --exit-duration-in-mins
+"""--exit-signal-handler, --exit-interval and --exit-duration-in-mins
 stop pretrain_gpt.py after an iteration, on every rank, with a checkpoint that resumes bit for
 bit (dropout 0.1 included) and exit code 0.
 

@@ -1,4 +1,4 @@
-"""Issue 10, fault injection: SIGKILL one of 2 ranks mid-step or inside a save. The other rank
+"""Fault injection: SIGKILL one of 2 ranks mid-step or inside a save. The other rank
 must exit by itself within seconds (gloo reports the closed connection; no collective waits
 out its timeout), the newest published checkpoint must be complete, and resuming from it must
 reproduce the uninterrupted run bit for bit (dropout 0.1 included).

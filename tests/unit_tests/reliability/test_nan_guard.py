@@ -1,5 +1,5 @@
-"""Issue 10, observation 1: a NaN loss stops the run (every rank, same iteration) before it is
-saved; the last good checkpoint stays the latest. Issue 21, observation 1: the guard decides
+"""A NaN loss stops the run (every rank, same iteration) before it is
+saved; the last good checkpoint stays the latest. The guard decides
 BEFORE the optimizer applies the step, so a NaN step changes no weight, optimizer state, LR
 schedule or iteration counter."""
 

@@ -1,8 +1,8 @@
-"""Issue 21 (4): learned absolute positions and packing. A sequence is padded to a multiple of
+"""Learned absolute positions and packing. A sequence is padded to a multiple of
 2 x its CP group size (x TP with sequence parallelism), which can exceed
 --max-position-embeddings; the embedding lookup then failed with IndexError at whatever
 iteration first drew such a sample. Padding, fillers and idle ranks' dummies now sit at position
-0 (issue 25, item 4), so no pack holds a position beyond its longest real sample: the layouts
+0, so no pack holds a position beyond its longest real sample: the layouts
 that crashed train, and start-up only needs --seq-length <= --max-position-embeddings (checked
 for every run, as Megatron-LM does).
 
@@ -169,7 +169,7 @@ def test_every_accepted_layout_fits_its_position_table(few_torch_threads):
 
 
 @pytest.mark.parametrize("world, seq, budget", [
-    (3, 256, 96),   # issue 21 (4): a 256-token sample on a CP group of 3 pads to 258
+    (3, 256, 96),   # a 256-token sample on a CP group of 3 pads to 258
     (2, 250, 128),  # ... and a 250-token one on 2 ranks to 252
 ])
 def test_observed_layouts_start_with_the_default_table(world, seq, budget):

@@ -137,9 +137,10 @@ def test_a_refused_row_on_one_rank_stops_every_rank_in_one_line(layout):
 
 
 def test_a_file_unreadable_on_one_rank_only_stops_both():
-    """An indexed file that became unreadable on one node: only rank 0 fails the read, rank 1
-    reads the same index fine (here DP 1 x PP 2: both stages read the replica's samples, the
-    first stage alone fails, as a stage whose disk went away)."""
+    """An indexed file read with --no-mmap-bin-files (every read opens the .bin, so reads
+    agree: read_agreement.reads_can_fail) that became unreadable on one node: only rank 0 fails
+    the read, rank 1 reads the same index fine (here DP 1 x PP 2: both stages read the
+    replica's samples, the first stage alone fails, as a stage whose disk went away)."""
     error = OSError("corpus/stdlib_text_document.bin: [Errno 5] Input/output error")
     results = run_distributed(
         _steps_on_this_rank, WORLD, args=(False, {FAILING_ITERATION * GLOBAL_BATCH: error}),

@@ -1,4 +1,4 @@
-"""Issue 21, observation 6: a save that fails for an operational reason -- the disk fills up on
+"""A save that fails for an operational reason -- the disk fills up on
 one rank, or Ctrl-C arrives -- ends the run with ONE line and a clean exit code (1 for a failed
 save, 130 for Ctrl-C), the previous checkpoint stays the latest and no staging folder is left;
 staging folders of killed saves are removed at the next save.

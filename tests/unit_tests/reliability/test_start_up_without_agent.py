@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,43 @@ def test_a_rank_with_peers_joins_them_before_importing_the_training_layer():
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line) for line in proc.stdout.splitlines()] == [
         [core, False] for _, core in ENTRY_POINTS.values()], proc.stderr
+
+
+# Ctrl-C must end a rank waiting for its peers at once; without the join's own thread it ended
+# only at --distributed-timeout-minutes (Python hears a signal between bytecodes, never inside
+# the store's C++ wait).
+INTERRUPT_DEADLINE_S = 30
+LISTEN_POLL_S = 0.2
+
+
+def _wait_until_listening(port: int, proc: subprocess.Popen) -> None:
+    """Rank 0 hosts the store: once its port takes connections, rank 0 waits for rank 1."""
+    deadline = time.monotonic() + IMPORT_DEADLINE_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(LISTEN_POLL_S)
+    raise AssertionError(f"rank 0 never hosted the store (exit {proc.poll()})")
+
+
+def test_ctrl_c_while_waiting_for_peers_ends_at_once_in_one_line():
+    port = _free_port()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
+           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    proc = subprocess.Popen(
+        [sys.executable, "pretrain_gpt.py", *TINY_GPT_ARGS, *RUN_LENGTH,
+         "--distributed-timeout-minutes", HEALTHY_RANK_TIMEOUT_MINUTES],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until_listening(port, proc)
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.communicate(timeout=INTERRUPT_DEADLINE_S)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, stderr
+    assert [line for line in stderr.splitlines() if line.strip()] == [
+        "pretrain_gpt.py: error: interrupted by Ctrl-C (SIGINT) while rank 0 waited for the "
+        "other ranks of the job (WORLD_SIZE 2) to join: nothing ran yet"]

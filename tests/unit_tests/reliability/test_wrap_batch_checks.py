@@ -1,4 +1,4 @@
-"""Issue 10, observations 7 and 9: with batch_source 'all_ranks' the ranks must hold the same
+"""With batch_source 'all_ranks' the ranks must hold the same
 batch, and loss_mask entries must be 0 or 1 -- one-line ValueErrors on every rank, after which
 training goes on (no rank left waiting in a collective). The facade's train() also stops at a
 NaN loss (--check-for-nan-in-loss-and-grad) on every rank."""

@@ -1,5 +1,5 @@
-"""Issue 21, observations 1 and 3, in megatron.wrap on 2 gloo ranks (DP2, distributed
-optimizer).
+"""The non-finite guard (no step applied, every rank stopping) in megatron.wrap on 2 gloo
+ranks (DP2, distributed optimizer).
 
 1. A NaN/Inf step (per-token advantages of 1e38: the policy-gradient loss overflows) raises
    NonFiniteLossError on every rank BEFORE the optimizer applies it: weights, Adam state, LR

@@ -21,7 +21,7 @@ from megatron.varlen_training.tokenizer import BYTE_EOD
 REPO = Path(__file__).resolve().parents[3]
 TEXTS = [
     "Hello, world.",
-    "",  # no tokens: no document
+    "",  # no tokens: an empty document (no sequence; test_preprocess_megatron_parity.py)
     "caf\u00e9 \u00fcber na\u00efve \u2014 \u6f22\u5b57 \U0001F600\n\ttabs and\r\nnewlines",
     "x",
     "a much longer document " * 40,
@@ -94,8 +94,9 @@ def test_hugging_face_ids_are_the_tokenizers_own(corpus, tmp_path):
                 "--tokenizer-model", model, "--append-eod", "--output-prefix",
                 str(tmp_path / "hf"), "--workers", "2") == 0
     reference = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    expected = [reference.encode(t, add_special_tokens=False) + [reference.eos_token_id]
-                for t in TEXTS if t]
+    # megatron-core's HuggingFaceTokenizer.text_to_ids (Megatron-LM's default): the
+    # tokenizer's own call, special tokens included (this one adds none)
+    expected = [reference(t).input_ids + [reference.eos_token_id] for t in TEXTS if t]
     assert [d.tolist() for d in _documents(str(tmp_path / "hf_text_document"))] == expected
 
 
@@ -113,7 +114,9 @@ def test_each_json_key_gets_its_dataset(tmp_path):
 @pytest.mark.parametrize("line, needle", [
     ('{"text": bad}', "invalid JSON: Expecting value (column 10)"),
     ('{"other": "x"}', "no key 'text' (--json-keys text); the object's keys are ['other']"),
-    ('{"text": 3}', "'text' is a int, not a string"),
+    ('{"text": 3}', "'text' is a int, not a string or a list of strings (sentences)"),
+    ('{"text": ["a", 3]}', "'text' is a list holding a int, not a string or a list of strings "
+                           "(sentences)"),
     ('[1, 2]', "expected a JSON object, got list"),
 ])
 def test_bad_line_names_file_and_line_and_leaves_no_output(tmp_path, capsys, line, needle):

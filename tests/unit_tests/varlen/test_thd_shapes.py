@@ -1,4 +1,4 @@
-"""Fixed THD shapes (issue 25, item 5): Megatron-LM's --pad-packed-seq-alignment,
+"""Fixed THD shapes: Megatron-LM's --pad-packed-seq-alignment,
 --thd-max-packed-sequences and --thd-tail-padding-policy on our packs, and the padding mask.
 
 Everything here is checked by counting: tokens per rank, cu_seqlens entries, padding slots,

@@ -15,7 +15,7 @@ EXPECTED_FLAGS = frozenset("""
 --adam-beta1 --adam-beta2 --adam-eps --attention-dropout --bf16 --calculate-per-token-loss
 --clip-grad --context-parallel-size --data-path --disable-bias-linear --eval-interval
 --eval-iters --ffn-hidden-size --fp16 --global-batch-size --group-query-attention --hidden-dropout
---hidden-size --init-method-std --load --log-interval --log-metrics-jsonl --lr
+--hidden-size --init-method-std --load --log-interval --log-metrics-jsonl --log-throughput --lr
 --lr-decay-iters --lr-decay-style --lr-warmup-iters --make-vocab-size-divisible-by
 --max-position-embeddings --micro-batch-size --min-lr --mock-data --normalization
 --num-attention-heads --num-layers --num-layers-per-virtual-pipeline-stage --num-query-groups
@@ -101,8 +101,10 @@ def test_query_groups_follow_megatron_lm(extra, groups):
      "--attention-backend flash has no attention dropout (got --attention-dropout 0.1)"),
     (["--attention-backend", "te"], 1, "--attention-backend te needs Transformer Engine"),
     (["--lr-warmup-iters", "3"], 1, "--lr-warmup-iters 3 must be smaller than the decay length 3"),
-    (["--swiglu", "--tensor-model-parallel-size", "2"], 2,
+    (["--ffn-hidden-size", "85", "--tensor-model-parallel-size", "2"], 2,
      "--ffn-hidden-size 85 is not divisible by --tensor-model-parallel-size 2"),
+    (["--swiglu", "--hidden-size", "16", "--num-attention-heads", "2"], 1,
+     "--swiglu with --hidden-size 16: Megatron-LM's default --ffn-hidden-size"),
     (["--group-query-attention", "--num-query-groups", "1", "--tensor-model-parallel-size", "2"],
      2, "--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"),
 ])
@@ -133,3 +135,14 @@ def test_flag_reference_doc_is_current():
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "flag_reference.py"), "--check"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
+
+
+# Megatron-LM's defaults (arguments.py): 4h; with --swiglu int(4h * 2/3 / 64) * 64.
+@pytest.mark.parametrize("hidden,swiglu,ffn", [
+    (32, False, 128), (32, True, 64), (1024, True, 2688), (2048, True, 5440),
+    (4096, True, 10880), (96, True, 256),
+])
+def test_default_ffn_hidden_size_is_megatron_lms(hidden, swiglu, ffn):
+    argv = TINY_GPT_ARGS + ["--train-iters", "3", "--hidden-size", str(hidden)]
+    args = parse_args(argv + (["--swiglu"] if swiglu else []), world_size=1)
+    assert args.ffn_hidden_size == ffn

@@ -69,7 +69,15 @@ def test_gpt_cli_has_no_hybrid_flags():
     hybrid = {opt for action in build_hybrid_parser().flag_actions for opt in action.option_strings}
     added = hybrid - gpt
     assert gpt < hybrid and "--hybrid-override-pattern" in added and "--mamba-state-dim" in added
-    assert all(flag.startswith(("--hybrid-", "--mamba-")) for flag in added), added
+    assert all(flag.startswith(("--hybrid-", "--mamba-", "--is-hybrid-")) for flag in added), added
+
+
+def test_is_hybrid_model_is_accepted_and_changes_nothing():
+    """Megatron-LM's scripts pass --is-hybrid-model to pretrain_mamba.py (core_v0.16.1: it
+    marks the hybrid model); here every pretrain_mamba.py run is one (test_hybrid_init.py)."""
+    argv = BASE + ["--hybrid-override-pattern", "M*-"]
+    marked = hybrid_run_config(parse_hybrid_args(argv + ["--is-hybrid-model"], world_size=1))
+    assert marked == hybrid_run_config(parse_hybrid_args(argv, world_size=1))
 
 
 def test_entry_point_prints_one_line_and_exits_2(capsys):

@@ -16,25 +16,33 @@ from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, num_floating_po
 from megatron.varlen_training.moe_flops import linear_cost_scale
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS
-from tests.unit_tests.varlen_training.test_flops import _forward_flops
+from tests.unit_tests.varlen_training.test_flops import forward_flops_each
 
 MOE = ["--train-iters", "1", "--disable-bias-linear", "--num-experts", "4",
        "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24",
        "--moe-shared-expert-intermediate-size", "40"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--swiglu", "--moe-layer-freq", "[0,1]"]])
+# With MTP the real model decides whether its MTP layer is MoE (after an MoE last layer) or
+# dense (after a dense one, as Megatron-LM builds it); the counter sees which it built.
+@pytest.mark.parametrize("extra", [
+    [], ["--swiglu", "--moe-layer-freq", "[0,1]"],
+    ["--moe-layer-freq", "[1,0]", "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
+    ["--moe-layer-freq", "[0,1]", "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
+])
 def test_formula_matches_counted_matmuls(extra):
     argv = TINY_GPT_ARGS + MOE + extra
-    for length in (16, 32):
-        counted, padded_vocab = run_distributed(_forward_flops, 1, args=(argv, length),
-                                                timeout_s=120)[0]
+    lengths = (16, 32)
+    counts = run_distributed(forward_flops_each, 1, args=(argv, lengths), timeout_s=120)[0]
+    for length, (counted, padded_vocab) in zip(lengths, counts):
         model = dataclasses.replace(parse_run_config(argv, world_size=1).model,
                                     padded_vocab_size=padded_vocab)
         train = num_floating_point_operations(model, length, length * length)
         causal_attention = num_floating_point_operations(model, 0, length * length)
+        # the formula's MTP norms (3h per token and depth) are not matmuls: not counted
+        norms = 2 * 3 * model.hidden_size * length * (model.mtp_num_layers or 0)
         # our reference attention builds the full L x L score matrix: twice the causal work
-        expected_forward = (train + causal_attention) / FORWARD_AND_BACKWARD
+        expected_forward = (train + causal_attention) / FORWARD_AND_BACKWARD - norms
         assert counted == pytest.approx(expected_forward, rel=1e-9), (length, counted)
 
 

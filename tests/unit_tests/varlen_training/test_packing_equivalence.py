@@ -77,8 +77,11 @@ def test_validation_loss_packed_matches_unpacked():
 
 def test_token_counts_agree_with_the_dataset(tmp_path):
     """sum(L) and sum(L^2) per iteration: unpacked DP2 (all-reduced), packed DP2xCP2 (gathered)
-    and a direct read of the dataset in this process must all agree, exactly."""
+    and a direct read of the dataset in this process must all agree, exactly; the throughput
+    per GPU divides the global batch's FLOPs by all ranks, as Megatron-LM's world size."""
     import json
+
+    from megatron.varlen_training.flops import num_floating_point_operations
 
     from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.datasets.builder import build_datasets
@@ -88,8 +91,13 @@ def test_token_counts_agree_with_the_dataset(tmp_path):
         path = tmp_path / f"{name}.jsonl"
         run_distributed(train_on_this_rank, world, args=(argv + ["--log-metrics-jsonl",
                                                                  str(path)],), timeout_s=300)
-        return [(r["seqlen_sum"], r["seqlen_squared_sum"])
-                for r in map(json.loads, path.read_text().splitlines())]
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        model = parse_run_config(argv, world_size=world).model
+        for r in records:  # per GPU: the global batch's FLOPs over time x EVERY rank (CP too)
+            flops = num_floating_point_operations(model, r["seqlen_sum"], r["seqlen_squared_sum"])
+            assert r["tflops_per_device"] == pytest.approx(
+                flops / (r["step_time_s"] * world * 1e12), rel=1e-9)
+        return [(r["seqlen_sum"], r["seqlen_squared_sum"]) for r in records]
 
     run = parse_run_config(UNPACKED, world_size=1)
     # train_samples / eval_samples: derived during validation (run_description.py)

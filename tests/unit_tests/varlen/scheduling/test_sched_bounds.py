@@ -129,9 +129,9 @@ def test_latency_aware_bound_below_exact_optimum(regime):
 
 
 def test_latency_aware_bound_sees_group_latency():
-    """Issue 12's example: 704 tokens need all 8 ranks, so every schedule pays 7 d once; the
-    latency-free bounds miss it (d dominates here), the latency-aware bound is near the
-    optimum."""
+    """The latency example (DP4xCP2, lengths 32, 275, 704): 704 tokens need all 8 ranks, so
+    every schedule pays 7 d once; the latency-free bounds miss it (d dominates here), the
+    latency-aware bound is near the optimum."""
     problem = ScheduleProblem(lengths=(32, 275, 704), dp_size=4, cp_size=2,
                               max_seqlen_per_rank=128, cost=REFERENCE_COST)
     optimum = solve_exactly(problem).critical_path

@@ -57,7 +57,7 @@ def test_skipped_caps_would_only_repeat_a_build():
 def test_tail_growth_spreads_an_attention_heavy_first_sequence():
     # Attention-only cost, one sequence that fits one rank and three short ones: the full
     # search also tries larger groups for a first sequence that needs none, which halves its
-    # time here (issue 12's attention-heavy case).
+    # time here (an attention-heavy case).
     problem = ScheduleProblem(lengths=(512, 16, 16, 16), dp_size=4, cp_size=1,
                               max_seqlen_per_rank=512, cost=CostModel(a=1.0, b=0.0, g=0.0, d=0.0))
     schedule = get_scheduler("default_dynamic_cp")(problem)

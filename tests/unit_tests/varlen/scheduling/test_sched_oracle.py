@@ -55,7 +55,7 @@ def test_single_sequence_gets_its_fastest_group():
 
 
 def test_issue_latency_case_shares_one_group():
-    """DP4xCP2, budget 128, lengths 32, 275, 704 (issue 12): 704 needs all 8 ranks, so its
+    """DP4xCP2, budget 128, lengths 32, 275, 704: 704 needs all 8 ranks, so its
     micro-batch pays 7 d; the others ride in the same bag (88 + 36 + 4 = 128 tokens per
     rank), which beats any second micro-batch (it would pay at least 3 d for 275)."""
     lengths = (32, 275, 704)

@@ -119,6 +119,25 @@ def _source(sample, ranges) -> int:
     return owners.pop()
 
 
+def test_megatron_core_reads_a_repeated_prefix_twice(tmp_path):
+    """The fact behind refusing ``--data-path 0.5 a 0.5 a`` (data_arguments.parse_blend):
+    megatron-core builds one dataset per entry, with the same sample order, so the blend reads
+    each of the first samples twice and the rest never -- unlike ``1.0 a``."""
+    prefix = str(tmp_path / "a")
+    write_corpus(prefix, 150, seed=3)
+    num_samples = 40
+    twice = _reference(([prefix, prefix], [0.5, 0.5]), "100,0,0", [num_samples, 0, 0],
+                       str(tmp_path / "cache"))[0]
+    once = _reference(([prefix], None), "100,0,0", [num_samples, 0, 0],
+                      str(tmp_path / "cache"))[0]
+    as_bytes = lambda dataset: [dataset[i]["tokens"].numpy().tobytes()  # noqa: E731
+                                for i in range(num_samples)]
+    read_twice, read_once = as_bytes(twice), as_bytes(once)
+    assert len(set(read_once)) == num_samples
+    assert len(set(read_twice)) == num_samples // 2  # every sample read twice
+    assert set(read_twice) == set(read_once[:num_samples // 2])
+
+
 @pytest.mark.parametrize("weights", [(0.7, 0.3), (0.5, 0.3, 0.2)])
 def test_blend_follows_its_weights(tmp_path, weights):
     ranges = [(0, 80), (80, 160), (160, 256)][:len(weights)]

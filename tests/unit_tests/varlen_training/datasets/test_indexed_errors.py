@@ -58,6 +58,31 @@ def test_megatron_core_refuses_a_zero_weight():
         BlendedDataset([same_split, same_split], [0.5, 0.0], 8, None)
 
 
+@pytest.mark.parametrize("entries, needle", [
+    (["0.5", "a", "0.5", "a"], "--data-path: entry 4 'a' names the dataset of entry 2 again: "
+                               "megatron-core would build it twice with the same sample order "
+                               "and read its first samples twice each; name it once with the "
+                               "weights summed (1)"),
+    (["0.2", "a", "0.3", "b", "0.4", "./a"], "entry 6 './a' names the dataset of entry 2 "
+                                             "again: "),
+    (["a", "b", "a"], "--data-path: entry 3 'a' names the dataset of entry 1 again: "),
+])
+def test_a_dataset_named_twice_in_a_blend_is_refused(entries, needle):
+    """Why: test_indexed.py::test_megatron_core_reads_a_repeated_prefix_twice."""
+    with pytest.raises(ValueError) as err:
+        parse_blend(entries, "--data-path")
+    assert needle in str(err.value), err.value
+    assert str(err.value).endswith("name it once") or "weights summed" in str(err.value)
+
+
+def test_the_same_dataset_in_two_splits_is_not_a_repeat():
+    args = parse_args(BASE + ["--train-data-path", "a", "--valid-data-path", "a"], world_size=1)
+    assert args.train_data_path == args.valid_data_path == ["a"]
+    with pytest.raises(ArgumentValidationError, match="--valid-data-path: entry 2 'a' names"):
+        parse_args(BASE + ["--train-data-path", "a", "--valid-data-path", "a", "a"],
+                   world_size=1)
+
+
 def test_blends_that_parse():
     assert parse_blend(["a"], "--data-path") == (["a"], None)
     assert parse_blend(["a", "b"], "--data-path") == (["a", "b"], None)

@@ -153,3 +153,24 @@ def test_export_tool_takes_the_vocabulary_from_the_tokenizer(tmp_path):
     assert (generation.eos_token_id, generation.pad_token_id) == (reference.eos_token_id,
                                                                  reference.pad_token_id)
     assert reference.eos_token_id is not None
+
+
+def test_export_without_a_tokenizer_removes_an_earlier_exports(exported, tmp_path):
+    """An export of a model with no Hugging Face tokenizer (NullTokenizer, trained from scratch)
+    into a directory that holds an earlier export's tokenizer: those files go. Left there,
+    transformers loaded them with this model, whose ids are not that tokenizer's."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tests.unit_tests.varlen_training.hf.test_hf_mtp import ARCHITECTURE, TRAINING
+
+    _, earlier = exported
+    out = tmp_path / "export"
+    shutil.copytree(earlier, out)
+    assert (out / "tokenizer.json").is_file()  # the earlier export's
+    run_distributed(rank_import_export, 1, args=(ARCHITECTURE + TRAINING, str(out)),
+                    timeout_s=120)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    with pytest.raises((OSError, ValueError)):
+        AutoTokenizer.from_pretrained(out)
