@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    data_arguments, document_arguments, flag_ranges, moe_arguments, recipe_arguments,
+    data_arguments, document_arguments, flag_ranges, loss_scale_arguments, moe_arguments,
+    recipe_arguments,
     recompute_arguments, reliability_arguments, run_description, schedule_arguments,
     sft_arguments, varlen_arguments,
 )
@@ -28,6 +29,8 @@ from megatron.varlen_training.hf import arguments as hf_arguments
 from megatron.varlen.scheduling import pad_multiple
 
 ERROR_EXIT_CODE = 2
+# --group-query-attention without --num-query-groups: Megatron-LM's default of the latter.
+MEGATRON_LM_NUM_QUERY_GROUPS = 1
 
 
 class MegatronArgumentParser(argparse.ArgumentParser):
@@ -77,7 +80,8 @@ def _add_network_size_args(parser):
     group.add_argument("--group-query-attention", action="store_true",
                        help="Grouped-query attention (with --num-query-groups).")
     group.add_argument("--num-query-groups", type=int, default=None,
-                       help="Key/value head groups under --group-query-attention.")
+                       help="Key/value head groups under --group-query-attention (default 1, "
+                            "as Megatron-LM's).")
     group.add_argument("--seq-length", type=int, required=True,
                        help="Maximum tokens of one sample (longer samples are clipped/truncated).")
     group.add_argument("--max-position-embeddings", type=int, default=None,
@@ -145,7 +149,7 @@ def _add_learning_rate_args(parser):
     group.add_argument("--min-lr", type=float, default=0.0,
                        help="Learning rate at the end of decay.")
     group.add_argument("--lr-decay-style", default="linear",
-                       choices=["constant", "linear", "cosine", "inverse-square-root"],
+                       choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
                        help="Learning-rate decay after warm-up.")
     group.add_argument("--lr-decay-iters", type=int, default=None,
                        help="Default: --train-iters.")
@@ -188,8 +192,9 @@ def _add_data_args(parser):
 def _add_logging_checkpoint_args(parser):
     group = parser.add_argument_group("logging, evaluation and checkpointing")
     group.add_argument("--log-interval", type=int, default=100,
-                       help="Print the iteration log line every N iterations (loss, time and "
-                            "throughput over those N, as Megatron-LM).")
+                       help="Print the iteration log line every N iterations (and after the "
+                            "first), loss, time and throughput averaged over them, as "
+                            "Megatron-LM.")
     group.add_argument("--log-throughput", action="store_true",
                        help="Megatron-LM prints 'throughput per GPU (TFLOP/s/GPU)' only with "
                             "this flag; here the line and the metrics always carry it.")
@@ -202,6 +207,12 @@ def _add_logging_checkpoint_args(parser):
                        help="Also write each evaluation's perplexity to TensorBoard (Megatron-LM's "
                             "'lm loss validation ppl' and '... ppl vs samples'; with "
                             "--tensorboard-dir).")
+    group.add_argument("--log-params-norm", action="store_true",
+                       help="Report the L2 norm of the model's weights after each step.")
+    group.add_argument("--log-num-zeros-in-grad", action="store_true",
+                       help="Report the number of zero entries in each step's gradients.")
+    group.add_argument("--tensorboard-log-interval", type=int, default=1,
+                       help="Write TensorBoard and wandb scalars every N iterations.")
     group.add_argument("--wandb-project", default=None,
                        help="Log every iteration's metrics to this wandb project (needs the "
                             "wandb package: the [metrics] extra); offline unless $WANDB_MODE "
@@ -234,6 +245,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     _add_training_args(parser)
     _add_learning_rate_args(parser)
     schedule_arguments.add_schedule_args(parser)
+    loss_scale_arguments.add_loss_scale_args(parser)
     _add_parallel_args(parser)
     _add_data_args(parser)
     sft_arguments.add_sft_data_args(parser)
@@ -330,10 +342,13 @@ def _validate_precision_and_data(args) -> None:
     load_problem = recipe_arguments.load_dir_problem(args.load, args.pretrained_checkpoint)
     require(load_problem is None, load_problem)
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
+    loss_scale_arguments.validate_loss_scale_args(args, require)
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size, args.swiglu)
-    if args.num_query_groups is None or not args.group_query_attention:
+    if not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
+    elif args.num_query_groups is None:  # Megatron-LM's default: one group (multi-query)
+        args.num_query_groups = MEGATRON_LM_NUM_QUERY_GROUPS
     tp = args.tensor_model_parallel_size
     require(args.ffn_hidden_size % tp == 0,
             f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
@@ -382,6 +397,9 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
     moe_arguments.validate_moe_args(args, require)
+    require(not (args.log_params_norm and args.num_experts),
+            "--log-params-norm is not implemented with --num-experts (the experts' weights are "
+            "sharded and replicated in other groups): drop one of them")
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)

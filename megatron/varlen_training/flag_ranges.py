@@ -119,6 +119,18 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # megatron-core's scheduler requires the warm-up to end before the decay does.
     "lr_warmup_fraction": FlagRange(0.0, 1.0, high_open=True,
                                     why="a share of the decay length; warm-up ends before it"),
+    # warm-up start, WSD anneal, weight-decay ramp (schedule_arguments.py)
+    "lr_warmup_init": NON_NEGATIVE_FLOAT,
+    "lr_wsd_decay_iters": COUNT,
+    "lr_wsd_decay_samples": COUNT,
+    "start_weight_decay": NON_NEGATIVE_FLOAT,
+    "end_weight_decay": NON_NEGATIVE_FLOAT,
+    # fp16 loss scaling (loss_scale_arguments.py)
+    "loss_scale": POSITIVE_FLOAT,
+    "initial_loss_scale": POSITIVE_FLOAT,
+    "min_loss_scale": POSITIVE_FLOAT,
+    "loss_scale_window": FlagRange(1.0),
+    "hysteresis": COUNT,
     # distributed
     "tensor_model_parallel_size": COUNT,
     "pipeline_model_parallel_size": COUNT,
@@ -127,6 +139,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # data, logging, checkpointing
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
     "log_interval": COUNT,
+    "tensorboard_log_interval": COUNT,
     "eval_interval": COUNT,
     "eval_iters": NON_NEGATIVE_COUNT,
     "save_interval": COUNT,

@@ -8,16 +8,25 @@ and hand it to the same metric writers (metric_writers.py): console, JSONL, Tens
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 TERA = 1e12
 ITERATION_KEY = "iteration"  # the first key of every JSONL record
-SHARED_KEYS = (ITERATION_KEY, "lm_loss", "grad_norm", "lr", "consumed_samples",
+LOSS_KEY = "lm_loss"
+# 1 when the fp16 loss scaler skipped the step's update (Megatron-LM's ``skipped_iter``).
+SKIPPED_ITER_KEY = "skipped_iter"
+SHARED_KEYS = (ITERATION_KEY, LOSS_KEY, "grad_norm", "loss_scale", SKIPPED_ITER_KEY, "lr",
+               "consumed_samples",
                "global_batch_size", "num_microbatches", "tokens", "seqlen_sum",
                "seqlen_squared_sum", "step_time_s", "tokens_per_s", "tflops_per_device")
 """The keys every record starts with, in this order (:func:`to_json_record`)."""
+NUM_ZEROS_KEY = "num_zeros_in_grad"  # only in records of --log-num-zeros-in-grad runs
+PARAMS_NORM_KEY = "params_norm"  # only in records of --log-params-norm runs
+# The console line's counts over its --log-interval (log_interval.py), not per-iteration keys.
+SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY = "skipped_iterations", "nan_iterations"
+INTERVAL_KEYS = (SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY)
 MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would overflow
 # Losses printed beside lm loss as Megatron-LM prints them (the MoE balancing losses).
 LOSS_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss",
@@ -42,6 +51,10 @@ class IterationMetrics:
     seqlen_squared_sum: int
     flops: int
     world_size: int
+    loss_scale: float = 1.0  # the fp16 loss scaler's scale after the step (1 without fp16)
+    skipped: bool = False  # the fp16 loss scaler skipped the update (grad_norm is None)
+    num_zeros_in_grad: int | None = None  # --log-num-zeros-in-grad (None: not counted)
+    params_norm: float | None = None  # --log-params-norm (None: not computed)
     extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
     losses: dict = field(default_factory=dict)  # LOSS_KEYS the step reported (MoE)
 
@@ -58,13 +71,19 @@ class IterationMetrics:
 
 def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
     """Megatron-LM's iteration line from a JSONL record (:func:`to_json_record`), so both entry
-    points print the same line from the same numbers::
+    points print the same line from the same numbers (the console writer hands it the record
+    averaged over the --log-interval: log_interval.py)::
 
          iteration        3/      10 | consumed samples:           48 | ... | lm loss: 4.1E+00 |
 
+    Megatron-LM's fields in its order; ``throughput per GPU`` and ``tokens per second`` always
+    (Megatron-LM: the first with ``--log-throughput``). The counts of skipped and NaN
+    iterations are the record's own (one iteration) unless it carries the interval's.
     Keys beyond the shared schema (the schedule's stats, a facade flow's metrics) follow in
     record order, ``padding_ratio`` as ``padding ratio: 0.0085``.
     """
+    skipped = record.get(SKIPPED_ITER_KEY) or 0
+    nan = int(bool(skipped) and not math.isfinite(record[LOSS_KEY] or 0.0))
     parts = [
         f" iteration {record[ITERATION_KEY]:8d}/{train_iters:8d}",
         f"consumed samples: {record['consumed_samples']:12d}",
@@ -75,35 +94,25 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
         f"global batch size: {record['global_batch_size']:5d}",
         f"lm loss: {record['lm_loss']:.6E}",
         *(f"{key}: {record[key]:.6E}" for key in LOSS_KEYS if key in record),
+        f"loss scale: {record.get('loss_scale', 1.0):.1f}",
     ]
     if record["grad_norm"] is not None:
         parts.append(f"grad norm: {record['grad_norm']:.3f}")
-    parts.append(f"number of microbatches: {record['num_microbatches']}")
+    if record.get(NUM_ZEROS_KEY) is not None:
+        parts.append(f"num zeros: {record[NUM_ZEROS_KEY]}")
+    if record.get(PARAMS_NORM_KEY) is not None:
+        parts.append(f"params norm: {record[PARAMS_NORM_KEY]:.3f}")
+    parts += [
+        f"number of skipped iterations: {record.get(SKIPPED_ITERATIONS_KEY, skipped):3d}",
+        f"number of nan iterations: {record.get(NAN_ITERATIONS_KEY, nan):3d}",
+        f"number of microbatches: {record['num_microbatches']}",
+    ]
     for key, value in record.items():
-        if key not in SHARED_KEYS and key not in LOSS_KEYS:
+        if key not in SHARED_KEYS and key not in LOSS_KEYS and key not in INTERVAL_KEYS \
+                and key not in (NUM_ZEROS_KEY, PARAMS_NORM_KEY):
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
-
-
-def interval_record(records: Sequence[Mapping[str, Any]]) -> dict:
-    """One record for the iteration line of a ``--log-interval`` of iterations, as Megatron-LM
-    reports them: lm loss and the balancing losses are their means, the elapsed time per
-    iteration the mean step time, throughput and tokens per second the interval's FLOPs and
-    tokens over its time (per GPU); every other field is the last iteration's."""
-    line = dict(records[-1])
-    time_s = sum(record["step_time_s"] for record in records)
-    for key in ("lm_loss", *LOSS_KEYS):
-        values = [record[key] for record in records if key in record]
-        if values:
-            line[key] = sum(values) / len(values)
-    line["step_time_s"] = time_s / len(records)
-    if time_s > 0:
-        # tflops_per_device x step time = the step's FLOPs / (world size x 1e12)
-        line["tflops_per_device"] = sum(record["tflops_per_device"] * record["step_time_s"]
-                                        for record in records) / time_s
-        line["tokens_per_s"] = sum(record["tokens"] for record in records) / time_s
-    return line
 
 
 def perplexity(loss: float) -> float:
@@ -125,8 +134,10 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
     metrics) follow the shared keys."""
     record = {
         ITERATION_KEY: m.iteration,
-        "lm_loss": m.lm_loss,
+        LOSS_KEY: m.lm_loss,
         "grad_norm": m.grad_norm,
+        "loss_scale": m.loss_scale,
+        SKIPPED_ITER_KEY: int(m.skipped),
         "lr": m.learning_rate,
         "consumed_samples": m.consumed_samples,
         "global_batch_size": m.global_batch_size,
@@ -138,6 +149,10 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
         "tokens_per_s": m.tokens_per_s,
         "tflops_per_device": m.tflops_per_device,
     }
+    if m.num_zeros_in_grad is not None:
+        record[NUM_ZEROS_KEY] = m.num_zeros_in_grad
+    if m.params_norm is not None:
+        record[PARAMS_NORM_KEY] = m.params_norm
     record.update(m.losses)
     record.update(m.extra)
     record.update(extra_metrics or {})

@@ -22,15 +22,23 @@ from typing import Any, Protocol
 
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.flag_ranges import is_importable
-from megatron.varlen_training.iteration_metrics import (
-    ITERATION_KEY, format_log_line, interval_record, perplexity,
-)
+from megatron.varlen_training.iteration_metrics import ITERATION_KEY, format_log_line, perplexity
 from megatron.varlen_training.log import info_all_ranks
+from megatron.varlen_training.log_interval import LogInterval
 
 WANDB_API_KEY_ENV_VAR = "WANDB_API_KEY"
 WANDB_MODE_ENV_VAR = "WANDB_MODE"  # wandb's own setting: offline, online, disabled
 # The package each optional writer imports (the [metrics] extra).
 TENSORBOARD_PACKAGE, WANDB_PACKAGE = "tensorboard", "wandb"
+MEGATRON_LM_KEYS = {"lr": "learning-rate", "global_batch_size": "batch-size",
+                    "lm_loss": "lm loss", "loss_scale": "loss-scale", "grad_norm": "grad-norm",
+                    "num_zeros_in_grad": "num-zeros", "params_norm": "params-norm"}
+"""The record's values Megatron-LM's ``training_log`` also writes, by their name there (its
+order). TensorBoard gets each at the iteration and, as ``<name> vs samples``, at the consumed
+samples; wandb at the iteration, with ``samples vs steps``. The record's own keys stay beside
+them (the JSONL names, and the values Megatron-LM has no key for)."""
+VS_SAMPLES = " vs samples"
+SAMPLES_VS_STEPS = "samples vs steps"  # Megatron-LM's wandb key of the consumed samples
 
 
 class MetricWriter(Protocol):
@@ -73,9 +81,10 @@ def to_python(value: Any) -> Any:
 
 
 class ConsoleMetricWriter:
-    """Logs Megatron-LM's iteration line every ``interval`` iterations (on the calling rank),
-    over the iterations since the previous line as Megatron-LM does (mean loss and step time,
-    the interval's throughput: :func:`interval_record`).
+    """Logs Megatron-LM's iteration line every ``interval`` iterations and after the first one
+    it is given (on the calling rank), averaged over the iterations since the last line as
+    Megatron-LM averages it (log_interval.py; a first line between multiples starts no new
+    interval: the next line covers the iterations since the last multiple).
 
     Args:
         train_iters: The ``M`` of ``iteration N/ M``.
@@ -85,14 +94,21 @@ class ConsoleMetricWriter:
     def __init__(self, train_iters: int, interval: int = 1):
         self.train_iters = train_iters
         self.interval = interval
-        self._since_last_line: list[dict] = []
+        self._since_last_line = LogInterval()
+        self._first = True
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
-        self._since_last_line.append({k: to_python(v) for k, v in record.items()})
-        if iteration % self.interval == 0:
-            line = {ITERATION_KEY: iteration, **interval_record(self._since_last_line)}
-            self._since_last_line.clear()
-            info_all_ranks(format_log_line(line, self.train_iters))
+        line = {ITERATION_KEY: iteration, **{k: to_python(v) for k, v in record.items()}}
+        self._since_last_line.add(line)
+        first, self._first = self._first, False
+        interval_ends = iteration % self.interval == 0
+        if interval_ends or first:
+            info_all_ranks(format_log_line(self._since_last_line.summary(line),
+                                           self.train_iters))
+        # Megatron-LM never starts a new interval after its first line, even when the first
+        # iteration ends one (it then counts that iteration in two lines); here it does.
+        if interval_ends:
+            self._since_last_line = LogInterval()
 
     def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
                          metrics: Mapping[str, float] | None = None) -> None:
@@ -134,6 +150,17 @@ def _numbers(record: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
+def megatron_lm_scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The record's values under Megatron-LM's TensorBoard/wandb names (MEGATRON_LM_KEYS)."""
+    numbers = _numbers(record)
+    return {name: numbers[key] for key, name in MEGATRON_LM_KEYS.items() if key in numbers}
+
+
+def _due(iteration: int, interval: int) -> bool:
+    """``--tensorboard-log-interval``: Megatron-LM writes its scalars at its multiples."""
+    return iteration % interval == 0
+
+
 class TensorBoardMetricWriter:
     """Writes each metric as a scalar of a ``torch.utils.tensorboard.SummaryWriter``.
 
@@ -141,16 +168,28 @@ class TensorBoardMetricWriter:
         log_dir: The event files' folder.
         validation_ppl: Also write each evaluation's perplexity
             (``--log-validation-ppl-to-tensorboard``).
+        interval: Write the iterations that are multiples of this
+            (``--tensorboard-log-interval``).
     """
 
-    def __init__(self, log_dir: str | Path, validation_ppl: bool = False):
+    def __init__(self, log_dir: str | Path, validation_ppl: bool = False, interval: int = 1):
         summary_writer_class = importlib.import_module("torch.utils.tensorboard").SummaryWriter
         self._writer = summary_writer_class(log_dir=str(log_dir))
         self._validation_ppl = validation_ppl
+        self._interval = interval
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
+        """The record's numbers under its own keys, then Megatron-LM's scalars (its names, per
+        iteration and ``vs samples``)."""
+        if not _due(iteration, self._interval):
+            return
         for name, value in _numbers(record).items():
             self._writer.add_scalar(name, value, iteration)
+        samples = record.get("consumed_samples")
+        for name, value in megatron_lm_scalars(record).items():
+            self._writer.add_scalar(name, value, iteration)
+            if samples is not None:
+                self._writer.add_scalar(name + VS_SAMPLES, value, samples)
 
     def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
                          metrics: Mapping[str, float] | None = None) -> None:
@@ -162,7 +201,7 @@ class TensorBoardMetricWriter:
             values[f"{evaluation_key(name)} ppl"] = perplexity(to_python(loss))
         for key, value in values.items():
             self._writer.add_scalar(key, value, iteration)
-            self._writer.add_scalar(f"{key} vs samples", value, consumed_samples)
+            self._writer.add_scalar(key + VS_SAMPLES, value, consumed_samples)
 
     def close(self) -> None:
         self._writer.close()
@@ -187,18 +226,28 @@ class WandbMetricWriter:
         save_dir: Where wandb keeps its files.
         mode: ``auto`` (:func:`resolve_wandb_mode`), ``online``, ``offline`` or ``disabled``.
         config: Stored with the run (the run's flag values).
+        interval: Log the iterations that are multiples of this
+            (``--tensorboard-log-interval``, as Megatron-LM's wandb logging follows it).
     """
 
     def __init__(self, project: str, name: str | None = None, save_dir: str | None = None,
-                 mode: str = "auto", config: Mapping[str, Any] | None = None):
+                 mode: str = "auto", config: Mapping[str, Any] | None = None,
+                 interval: int = 1):
         wandb = importlib.import_module(WANDB_PACKAGE)
         if save_dir is not None:
             os.makedirs(save_dir, exist_ok=True)  # wandb writes below it, and wants it there
         self._run = wandb.init(project=project, name=name, dir=save_dir,
                                mode=resolve_wandb_mode(mode), config=dict(config or {}))
+        self._interval = interval
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
-        self._run.log(_numbers(record), step=iteration)
+        """The record's numbers, Megatron-LM's names of them and its ``samples vs steps``."""
+        if not _due(iteration, self._interval):
+            return
+        values = {**_numbers(record), **megatron_lm_scalars(record)}
+        if record.get("consumed_samples") is not None:
+            values[SAMPLES_VS_STEPS] = to_python(record["consumed_samples"])
+        self._run.log(values, step=iteration)
 
     def write_evaluation(self, name: str, loss: float, iteration: int, consumed_samples: int,
                          metrics: Mapping[str, float] | None = None) -> None:
@@ -227,8 +276,10 @@ def build_metric_writers(logging: LoggingConfig, train_iters: int,
         writers.append(JsonlMetricWriter(logging.log_metrics_jsonl))
     if logging.tensorboard_dir:
         writers.append(TensorBoardMetricWriter(logging.tensorboard_dir,
-                                               logging.log_validation_ppl_to_tensorboard))
+                                               logging.log_validation_ppl_to_tensorboard,
+                                               logging.tensorboard_log_interval))
     if logging.wandb_project:
         writers.append(WandbMetricWriter(logging.wandb_project, logging.wandb_exp_name,
-                                         logging.wandb_save_dir, logging.wandb_mode, run_flags))
+                                         logging.wandb_save_dir, logging.wandb_mode, run_flags,
+                                         logging.tensorboard_log_interval))
     return writers

@@ -132,13 +132,18 @@ SCHEDULER_KEYS = {
     "lr_warmup_steps": ("--lr-warmup-iters", "lr_warmup_steps", True),
     "lr_decay_steps": ("--lr-decay-iters (default --train-iters)", "lr_decay_steps", True),
     "lr_decay_style": ("--lr-decay-style", "lr_decay_style", False),
-    "start_wd": ("--weight-decay", "start_wd", False),
-    "end_wd": ("--weight-decay", "end_wd", False),
+    "start_wd": ("--weight-decay (or --start-weight-decay)", "start_wd", False),
+    "end_wd": ("--weight-decay (or --end-weight-decay)", "end_wd", False),
+    "wd_incr_style": ("--weight-decay-incr-style", "wd_incr_style", False),
+    # Only a ramp has a length: constant weight decay ignores it (RAMP_ONLY_KEYS).
+    "wd_incr_steps": ("the weight-decay ramp over --train-iters", "wd_incr_steps", True),
 }
+RAMP_ONLY_KEYS = ("wd_incr_steps",)
 # The same lengths in a sample-based run (--train-samples), named and shown in samples.
 SAMPLE_BASED_FLAGS = {
     "lr_warmup_steps": "--lr-warmup-samples",
     "lr_decay_steps": "--lr-decay-samples (default --train-samples)",
+    "wd_incr_steps": "the weight-decay ramp over --train-samples",
 }
 
 
@@ -505,6 +510,8 @@ def check_scheduler(state: dict, scheduler, run: RunConfig) -> None:
         saved, mine = state.get(key), getattr(scheduler, attribute)
         if saved is None or saved == mine:
             continue
+        if key in RAMP_ONLY_KEYS and scheduler.wd_incr_style == "constant":
+            continue  # e.g. a longer --train-iters: a constant weight decay stays the same
         if in_samples and sample_based:
             flag, saved, mine = SAMPLE_BASED_FLAGS[key], f"{saved:g}", f"{mine:g}"
         elif in_samples:  # megatron-core counts in samples; users set iterations

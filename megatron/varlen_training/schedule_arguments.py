@@ -1,4 +1,5 @@
-"""Megatron-LM's sample-based schedule flags and the one resolution of both schedules.
+"""Megatron-LM's sample-based schedule flags, its warm-up start, WSD and weight-decay ramp
+flags, and the one resolution of both kinds of schedule.
 
 ``--train-samples``, ``--lr-warmup-samples``, ``--lr-decay-samples`` and
 ``--lr-warmup-fraction`` with Megatron-LM's semantics:
@@ -17,9 +18,29 @@ either kind into its three lengths, stored under Megatron-LM's names for them
 config carries them), and ``--train-iters``. Every optimizer step advances the scheduler by the
 samples it consumed, ``--global-batch-size``, however many micro-batches packing made of them
 (``training.train_step``), so a packed run follows the same LR curve as an unpacked one.
+
+The rest of Megatron-LM's schedule flags, its semantics and defaults (megatron-core's scheduler
+computes the curves):
+
+- ``--lr-warmup-init``: the warm-up starts from this learning rate (default 0).
+- ``--lr-decay-style WSD``: warm-up, then ``--lr`` held, then an anneal over the last
+  ``--lr-wsd-decay-iters`` (or ``--lr-wsd-decay-samples``) of the decay length, shaped by
+  ``--lr-wsd-decay-style``. Megatron-LM ignores the WSD flags with another style and fails
+  with an assertion without the length; both are one-line refusals here.
+- ``--weight-decay-incr-style linear|cosine`` ramps the weight decay from
+  ``--start-weight-decay`` to ``--end-weight-decay`` over the run (``--train-iters`` or
+  ``--train-samples``); ``constant`` (the default) keeps ``--weight-decay`` and takes neither.
+
+Megatron-LM's ``--rampup-batch-size`` is refused in one line: every step trains one global batch
+of ``--global-batch-size`` samples (the data providers, the packing balance and the resume
+checks count in it), so a growing batch would not be the run asked for.
 """
 
 from __future__ import annotations
+
+WSD = "WSD"
+WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
+WEIGHT_DECAY_INCR_STYLES = ("constant", "linear", "cosine")
 
 
 def add_schedule_args(parser) -> None:
@@ -35,11 +56,40 @@ def add_schedule_args(parser) -> None:
     group.add_argument("--lr-warmup-fraction", type=float, default=None,
                        help="Warm-up as a fraction of the decay length (--lr-decay-iters or "
                             "--lr-decay-samples); replaces --lr-warmup-iters/-samples.")
+    _add_shape_args(parser)
+
+
+def _add_shape_args(parser) -> None:
+    group = parser.add_argument_group("learning-rate and weight-decay curves")
+    group.add_argument("--lr-warmup-init", type=float, default=0.0,
+                       help="The learning rate the linear warm-up starts from.")
+    group.add_argument("--lr-wsd-decay-style", default="exponential", choices=WSD_DECAY_STYLES,
+                       help="Shape of the anneal at the end of --lr-decay-style WSD.")
+    group.add_argument("--lr-wsd-decay-iters", type=int, default=None,
+                       help="Iterations of the WSD anneal (the end of the decay length).")
+    group.add_argument("--lr-wsd-decay-samples", type=int, default=None,
+                       help="Samples of the WSD anneal (with --train-samples).")
+    group.add_argument("--start-weight-decay", type=float, default=None,
+                       help="Weight decay at the start (--weight-decay-incr-style linear/cosine).")
+    group.add_argument("--end-weight-decay", type=float, default=None,
+                       help="Weight decay at the end (--weight-decay-incr-style linear/cosine).")
+    group.add_argument("--rampup-batch-size", nargs=3, default=None,
+                       metavar=("START", "INCREMENT", "SAMPLES"),
+                       help="Megatron-LM's batch-size ramp-up: not supported (refused; the "
+                            "global batch size is fixed).")
+    group.add_argument("--weight-decay-incr-style", default="constant",
+                       choices=WEIGHT_DECAY_INCR_STYLES,
+                       help="Weight decay over the run: constant (--weight-decay), or from "
+                            "--start-weight-decay to --end-weight-decay.")
 
 
 def validate_schedule(args, require) -> None:
     """Checks the schedule flags (Megatron-LM's exclusions) and resolves ``train_iters`` and
     the scheduler's lengths in samples; needs the resolved ``global_batch_size``."""
+    require(args.rampup_batch_size is None,
+            f"--rampup-batch-size {' '.join(args.rampup_batch_size or ())} is not supported: "
+            f"every step trains one global batch of --global-batch-size "
+            f"{args.global_batch_size} samples (drop the flag)")
     require(args.train_iters is not None or args.train_samples is not None,
             "the run's length is missing: give --train-iters or --train-samples")
     require(args.train_iters is None or args.train_samples is None,
@@ -49,6 +99,58 @@ def validate_schedule(args, require) -> None:
         _resolve_sample_based(args, require)
     else:
         _resolve_iteration_based(args, require)
+    _resolve_wsd(args, require)
+    _resolve_weight_decay(args, require)
+    require(args.lr_warmup_init <= args.lr,
+            f"--lr-warmup-init {args.lr_warmup_init} exceeds --lr {args.lr} (the warm-up rises "
+            f"from --lr-warmup-init to --lr; lower --lr-warmup-init)")
+
+
+def _resolve_wsd(args, require) -> None:
+    """``wsd_decay_steps``: the WSD anneal in samples (None without WSD)."""
+    iters, samples = args.lr_wsd_decay_iters, args.lr_wsd_decay_samples
+    sample_based = args.train_samples is not None
+    given, flag = (samples, "--lr-wsd-decay-samples") if sample_based \
+        else (iters, "--lr-wsd-decay-iters")
+    other, other_flag = (iters, "--lr-wsd-decay-iters") if sample_based \
+        else (samples, "--lr-wsd-decay-samples")
+    require(other is None, f"{other_flag} does not go with "
+                           f"{'sample' if sample_based else 'iteration'}-based training (use "
+                           f"{flag})")
+    if args.lr_decay_style != WSD:
+        require(given is None, f"{flag} {given} needs --lr-decay-style {WSD} (it is "
+                               f"{args.lr_decay_style})")
+        args.wsd_decay_steps = None
+        return
+    require(given is not None, f"--lr-decay-style {WSD} needs {flag} (the length of its "
+                               f"anneal at the end of the decay)")
+    args.wsd_decay_steps = given if sample_based else given * args.global_batch_size
+    require(args.wsd_decay_steps <= args.lr_decay_steps,
+            f"{flag} {given} exceeds the decay length "
+            f"{args.lr_decay_steps if sample_based else args.lr_decay_iters} (the anneal is "
+            f"its end; lower {flag})")
+
+
+def _resolve_weight_decay(args, require) -> None:
+    """``start_wd``/``end_wd`` (megatron-core's names) as Megatron-LM resolves its
+    ``--start-weight-decay``/``--end-weight-decay``: both ``--weight-decay`` for the constant
+    style, both given (start <= end) otherwise. The flags keep their values as given, so the
+    namespace validates again."""
+    given = {"--start-weight-decay": args.start_weight_decay,
+             "--end-weight-decay": args.end_weight_decay}
+    style = args.weight_decay_incr_style
+    if style == "constant":
+        for flag, value in given.items():
+            require(value is None, f"{flag} {value} needs --weight-decay-incr-style linear or "
+                                   f"cosine (constant keeps --weight-decay)")
+        args.start_wd = args.end_wd = args.weight_decay
+        return
+    for flag, value in given.items():
+        require(value is not None, f"--weight-decay-incr-style {style} needs {flag}")
+    require(args.start_weight_decay <= args.end_weight_decay,
+            f"--start-weight-decay {args.start_weight_decay} exceeds --end-weight-decay "
+            f"{args.end_weight_decay} (megatron-core's weight decay only increases)")
+    args.start_wd, args.end_wd = args.start_weight_decay, args.end_weight_decay
 
 
 def _resolve_warmup(args, require, warmup: int, unit_samples: int, names: tuple[str, str]

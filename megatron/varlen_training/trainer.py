@@ -34,6 +34,7 @@ from megatron.varlen_training.load_options import load_parts
 from megatron.varlen_training.loop_steps import periodic_save_due
 from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
+from megatron.varlen_training.params_norm import params_l2_norm
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.varlen.packing import GlobalBatchPacker, StepBatches
 from megatron.varlen.platform import get_device, initialize_dynamic_cp_groups
@@ -178,7 +179,17 @@ class Trainer:
             tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
             seqlen_squared_sum=batches.seqlen_squared_sum,
             flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
-            world_size=torch.distributed.get_world_size(), extra=dict(batches.stats))
+            world_size=torch.distributed.get_world_size(), loss_scale=self._loss_scale(),
+            skipped=grad_norm is None, num_zeros_in_grad=state.num_zeros_in_grad,
+            params_norm=params_l2_norm(state.model) if run.logging.log_params_norm else None,
+            extra=dict(batches.stats))
+
+    def _loss_scale(self) -> float:
+        """The fp16 loss scaler's current scale (Megatron-LM's ``loss scale``); 1 without fp16,
+        read without a device round trip."""
+        if not self.run.model.fp16:
+            return 1.0
+        return float(self.state.optimizer.get_loss_scale().item())
 
     @staticmethod
     def record(report: StepReport, extra_metrics: dict | None = None) -> dict:

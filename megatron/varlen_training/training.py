@@ -31,7 +31,7 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.load_options import checkpoint_source
 from megatron.varlen_training.loop_steps import eval_mode
-from megatron.varlen_training.model import aligned_param_gather
+from megatron.varlen_training.model import aligned_param_gather, params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen.platform import get_device, gloo_cuda
@@ -55,21 +55,33 @@ class TrainState:
     # Validation samples the evaluations so far read (Megatron-LM's ``consumed_valid_samples``,
     # checkpointed in run_args.json): the next evaluation continues the stream there.
     consumed_valid_samples: int = 0
+    # --log-num-zeros-in-grad: the zero entries of the last step's clipped main grads (None
+    # without the flag, or when the fp16 loss scaler skipped the step).
+    num_zeros_in_grad: int | None = None
+
+
+def core_optimizer_config(run: RunConfig) -> CoreOptimizerConfig:
+    """megatron-core's optimizer config of ``run``: Adam, clipping, precision, the fp16 loss
+    scaler, the zero count."""
+    adam, precision = run.optimizer, run.model
+    return CoreOptimizerConfig(
+        optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
+        adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
+        clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
+        params_dtype=params_dtype(precision),  # the model's (float16 with --fp16)
+        use_distributed_optimizer=adam.use_distributed_optimizer,
+        log_num_zeros_in_grad=run.logging.log_num_zeros_in_grad,
+        loss_scale=adam.loss_scale, initial_loss_scale=adam.initial_loss_scale,
+        min_loss_scale=adam.min_loss_scale, loss_scale_window=adam.loss_scale_window,
+        hysteresis=adam.hysteresis,
+    )
 
 
 def build_optimizer(run: RunConfig, model):
     """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
     and, on CUDA, torch's fused AdamW."""
     optimizer_kernels.install()
-    adam, precision = run.optimizer, run.model
-    config = CoreOptimizerConfig(
-        optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
-        adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
-        clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
-        params_dtype=torch.bfloat16 if precision.bf16 else torch.float32,
-        use_distributed_optimizer=adam.use_distributed_optimizer,
-    )
-    optimizer = get_megatron_optimizer(config, model)
+    optimizer = get_megatron_optimizer(core_optimizer_config(run), model)
     optimizer_kernels.use_fused_adam(optimizer)
     return optimizer
 
@@ -82,11 +94,11 @@ def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     if schedule.lr_decay_iters is None:  # sample-based: Megatron-LM's line, from its scheduler
         log.print_rank_0(f"setting training iterations to {run.training.train_iters}")
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=schedule.lr, min_lr=schedule.min_lr,
+        optimizer, init_lr=schedule.lr_warmup_init, max_lr=schedule.lr, min_lr=schedule.min_lr,
         lr_warmup_steps=schedule.lr_warmup_steps, lr_decay_steps=schedule.lr_decay_steps,
-        lr_decay_style=schedule.lr_decay_style, start_wd=schedule.weight_decay,
-        end_wd=schedule.weight_decay, wd_incr_steps=schedule.wd_incr_steps,
-        wd_incr_style="constant",
+        lr_decay_style=schedule.lr_decay_style, start_wd=schedule.start_wd,
+        end_wd=schedule.end_wd, wd_incr_steps=schedule.wd_incr_steps, wd_incr_style=schedule.weight_decay_incr_style,
+        wsd_decay_steps=schedule.wsd_decay_steps, lr_wsd_decay_style=schedule.lr_wsd_decay_style,
         # Mismatches were already refused in one line (resume_consistency.check_scheduler).
         override_opt_param_scheduler=schedule.override_opt_param_scheduler,
         use_checkpoint_opt_param_scheduler=not schedule.override_opt_param_scheduler,
@@ -271,7 +283,8 @@ def run_forward_backward(run: RunConfig, state: TrainState, step, forward_only: 
 
 def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forward_step,
                num_samples: int | None = None) -> tuple[float | None, float | None]:
-    """One optimizer step over one global batch; returns (reported loss, grad norm).
+    """One optimizer step over one global batch; returns (reported loss, grad norm). The grad
+    norm is None when the fp16 loss scaler skipped the update: the LR schedule then stays.
 
     ``forward_step_func`` lets callers (megatron.wrap flows) bring their own inputs and loss;
     it must follow megatron-core's contract and report ``{"lm loss": [sum, tokens]}``.
@@ -290,11 +303,15 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
                                   forward_step_func=forward_step_func)
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
-    grad_norm = optimizer_step(state.optimizer, lambda norm: _guard(guard, state, loss, norm))
-    # The step consumed its global batch's samples, however many micro-batches packing made
-    # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the samples
-    # of the step: micro-batches x micro-batch size x DP).
-    state.scheduler.step(increment=samples_in_step(run, num_samples))
+    grad_norm, state.num_zeros_in_grad = optimizer_step(
+        state.optimizer, lambda norm: _guard(guard, state, loss, norm))
+    if grad_norm is not None:
+        # The step consumed its global batch's samples, however many micro-batches packing made
+        # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the
+        # samples of the step: micro-batches x micro-batch size x DP). As in Megatron-LM only an
+        # applied update advances it: a step the fp16 loss scaler skipped (no grad norm) keeps
+        # the learning rate and weight decay of the step it replaces.
+        state.scheduler.step(increment=samples_in_step(run, num_samples))
     return loss, grad_norm
 
 
@@ -329,31 +346,34 @@ def _clip_grads(optimizer, grad_norm: float) -> None:
 
 
 @torch.no_grad()  # as megatron-core's step: clipping scales the grads in place
-def optimizer_step(optimizer, check=None) -> float | None:
+def optimizer_step(optimizer, check=None) -> tuple[float | None, int | None]:
     """megatron-core's ``optimizer.step()`` in its own order, with a decision point between the
-    grad norm and the update; returns the grad norm.
+    grad norm and the update; returns the grad norm and, with ``--log-num-zeros-in-grad``, the
+    zero count of the clipped main grads (megatron-core's ``count_zeros``, as its step counts
+    them between clipping and the update; else None).
 
     The order is ChainedOptimizer.step's (what get_megatron_optimizer returns here): main grads
     made ready (``prepare_grads``: copies, fp16 unscaling), the total grad norm, clipping by it,
     then ``step_with_ready_grads`` (the inner Adam step, the main->model param copy and the
     distributed optimizer's param all-gather). ``check(grad_norm)`` runs after the norm and
     before anything is written: if it raises, no weight, Adam moment, step counter or main
-    param has changed. The zero count of ``--log-num-zeros-in-grad`` is not computed (no such
-    flag here).
+    param has changed.
 
     An fp16 loss-scale overflow (``prepare_grads`` finds Inf/NaN in the scaled grads) skips the
-    update as megatron-core does (its loss scaler backs off); the grad norm is then None.
+    update as megatron-core does (its loss scaler backs off); the grad norm and the zero count
+    are then None.
     """
     if optimizer.prepare_grads():
         if check is not None:
             check(None)  # every rank still joins the guard's all-reduce
-        return None
+        return None, None
     grad_norm = optimizer.get_grad_norm()
     if check is not None:
         check(grad_norm)
     _clip_grads(optimizer, grad_norm)
+    num_zeros = int(optimizer.count_zeros()) if optimizer.config.log_num_zeros_in_grad else None
     optimizer.step_with_ready_grads()
-    return grad_norm
+    return grad_norm, num_zeros
 
 
 @torch.no_grad()

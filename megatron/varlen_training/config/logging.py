@@ -26,6 +26,15 @@ class LoggingConfig:
     # --log-validation-ppl-to-tensorboard: the TensorBoard writer adds each evaluation's
     # perplexity (Megatron-LM's flag; without a TensorBoard writer it writes nothing, as there).
     log_validation_ppl_to_tensorboard: bool = False
+    # --tensorboard-log-interval: TensorBoard and wandb get the iterations that are its
+    # multiples (Megatron-LM's flag and default); the console and JSONL are not affected.
+    tensorboard_log_interval: int = 1
+    # --log-num-zeros-in-grad: each iteration reports the zero entries of its clipped main
+    # grads (megatron-core's count: one more all-reduce and host read per step).
+    log_num_zeros_in_grad: bool = False
+    # --log-params-norm: each iteration reports the L2 norm of the weights after its update
+    # (params_norm.py: one all-reduce and host read per step).
+    log_params_norm: bool = False
 
     def __post_init__(self):
         check_ranges(self)

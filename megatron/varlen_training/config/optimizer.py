@@ -33,6 +33,26 @@ class OptimizerConfig:
     lr_warmup_steps: float
     lr_decay_steps: int
     wd_incr_steps: int
+    # The weight decay at the start and the end of the run, resolved (schedule_arguments.py):
+    # --weight-decay for the constant style, else --start-weight-decay / --end-weight-decay.
+    start_wd: float
+    end_wd: float
+    # Megatron-LM's warm-up start, WSD and weight-decay ramp flags as given, and the resolved
+    # WSD anneal (samples; None without WSD).
+    lr_warmup_init: float = 0.0
+    lr_wsd_decay_style: str = "exponential"
+    lr_wsd_decay_iters: int | None = None
+    lr_wsd_decay_samples: int | None = None
+    start_weight_decay: float | None = None
+    end_weight_decay: float | None = None
+    weight_decay_incr_style: str = "constant"
+    wsd_decay_steps: int | None = None
+    # --fp16's loss scaler (loss_scale_arguments.py; Megatron-LM's and megatron-core's defaults).
+    loss_scale: float | None = None
+    initial_loss_scale: float = 2.0**32
+    min_loss_scale: float = 1.0
+    loss_scale_window: float = 1000.0
+    hysteresis: int = 2
 
     def __post_init__(self):
         check_ranges(self)

@@ -66,12 +66,26 @@ VALID = {
     "lr_decay_samples": NONE,
     "lr_warmup_samples": ZERO,
     "lr_warmup_fraction": ZERO,
+    # The bases decay linearly with constant weight decay: the WSD lengths and the weight-decay
+    # ramp's ends are refused there whatever their value; the warm-up start must stay <= --lr.
+    "lr_warmup_init": ZERO,
+    "lr_wsd_decay_iters": NONE,
+    "lr_wsd_decay_samples": NONE,
+    "start_weight_decay": NONE,
+    "end_weight_decay": NONE,
+    # The bases have no --fp16: a loss-scaler value other than Megatron-LM's default is refused.
+    "loss_scale": NONE,
+    "initial_loss_scale": NONE,
+    "min_loss_scale": NONE,
+    "loss_scale_window": NONE,
+    "hysteresis": NONE,
     "tensor_model_parallel_size": NONE,
     "pipeline_model_parallel_size": NONE,
     "num_layers_per_virtual_pipeline_stage": NONE,
     "context_parallel_size": NONE,
     "vocab_size": NONE,
     "log_interval": HUGE,
+    "tensorboard_log_interval": HUGE,
     "eval_interval": HUGE,
     "eval_iters": ZERO_OR_HUGE,  # as train_iters
     "save_interval": HUGE,

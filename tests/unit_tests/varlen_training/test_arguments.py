@@ -32,11 +32,15 @@ EXPECTED_FLAGS = frozenset("""
 --override-opt_param-scheduler --use-checkpoint-opt_param-scheduler --distributed-timeout-minutes
 --exit-signal-handler --exit-interval --exit-duration-in-mins
 --override-data-fingerprint
---tensorboard-dir --log-validation-ppl-to-tensorboard
+--tensorboard-dir --log-validation-ppl-to-tensorboard --tensorboard-log-interval
+--log-num-zeros-in-grad --log-params-norm
+--loss-scale --initial-loss-scale --min-loss-scale --loss-scale-window --hysteresis
 --wandb-project --wandb-exp-name --wandb-save-dir
 --pad-packed-seq-alignment --thd-max-packed-sequences --thd-tail-padding-policy --cp-comm-type
 --validate-packing-schedules
 --train-samples --lr-warmup-samples --lr-decay-samples --lr-warmup-fraction
+--lr-warmup-init --lr-wsd-decay-style --lr-wsd-decay-iters --lr-wsd-decay-samples
+--start-weight-decay --end-weight-decay --weight-decay-incr-style --rampup-batch-size
 --sft-messages-key --sft-prompt-key --sft-response-key
 --reset-position-ids --reset-attention-mask --eod-mask-loss --packing-unit
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path
@@ -73,6 +77,16 @@ def test_derived_fields():
     assert args.num_microbatches == 2  # 16 samples / (micro batch 2 x 4 DP ranks)
     assert args.max_position_embeddings == args.seq_length
     assert args.lr_decay_iters == 3
+
+
+@pytest.mark.parametrize("extra, groups", [
+    ([], 4),  # no grouped-query attention: one group per head
+    (["--group-query-attention"], 1),  # Megatron-LM's --num-query-groups default: 1 (MQA)
+    (["--group-query-attention", "--num-query-groups", "2"], 2),
+])
+def test_query_groups_follow_megatron_lm(extra, groups):
+    args = parse_args(TINY_GPT_ARGS + ["--train-iters", "3"] + extra, world_size=1)
+    assert (args.num_attention_heads, args.num_query_groups) == (4, groups)
 
 
 @pytest.mark.parametrize("extra, world, needle", [

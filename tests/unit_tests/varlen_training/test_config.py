@@ -29,6 +29,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/hf/arguments.py", "megatron/varlen_training/flag_ranges.py",
     "megatron/varlen_training/run_description.py",
     "megatron/varlen_training/schedule_arguments.py",
+    "megatron/varlen_training/loss_scale_arguments.py",
     "megatron/varlen_training/sft_arguments.py",
     "megatron/varlen_training/recompute_arguments.py",
     "megatron/varlen_training/recipe_arguments.py",

@@ -44,8 +44,10 @@ def test_line_reports_the_interval(monkeypatch):
     writer = metric_writers.ConsoleMetricWriter(len(STEPS), INTERVAL)
     for iteration, step in enumerate(STEPS, start=1):
         writer.write(iteration, _record(iteration, *step))
-    assert len(lines) == len(STEPS) // INTERVAL
-    for line, start in zip(lines, range(0, len(STEPS), INTERVAL)):
+    # Megatron-LM also prints after the first iteration (its own values; no new interval)
+    assert len(lines) == 1 + len(STEPS) // INTERVAL
+    assert _field(lines[0], "lm loss") == pytest.approx(STEPS[0][3], rel=1e-6)
+    for line, start in zip(lines[1:], range(0, len(STEPS), INTERVAL)):
         interval = STEPS[start:start + INTERVAL]
         flops, seconds, tokens, losses, balancing = (
             [step[i] for step in interval] for i in range(5))

@@ -41,7 +41,9 @@ ITERATION = re.compile(
     rf"consumed samples: +(?P<consumed>\d+) \| elapsed time per iteration \(ms\): [\d.]+ \| "
     rf"throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| tokens per second: [\d.]+ \| "
     rf"learning rate: {FLOAT} \| global batch size: +(?P<gbs>\d+) \| "
-    rf"lm loss: (?P<loss>{FLOAT}) \| grad norm: [\d.]+ \| number of microbatches: \d+ \|"
+    rf"lm loss: (?P<loss>{FLOAT}) \| loss scale: 1\.0 \| grad norm: [\d.]+ \| "
+    rf"number of skipped iterations: +0 \| number of nan iterations: +0 \| "
+    rf"number of microbatches: \d+ \|"
     rf"(?P<extra>( [a-z ]+: [\d.]+ \|)*)$")
 ARGUMENTS = ["------------------------ arguments ------------------------",
              "-------------------- end of arguments ---------------------"]

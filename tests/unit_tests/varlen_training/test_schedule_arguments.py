@@ -101,6 +101,28 @@ def test_warmup_samples_follow_the_hand_computed_curve():
      "--lr-warmup-fraction must be a finite number in [0, 1) (got 1.0)"),
     (["--train-samples", "0"], "--train-samples must be >= 1 (got 0)"),
     (["--train-samples", "12", "--lr-decay-samples", "0"], "--lr-decay-samples must be >= 1"),
+    # Megatron-LM's warm-up start, WSD and weight-decay ramp flags (schedule_arguments.py)
+    (["--train-iters", "8", "--lr-warmup-init", "0.01"],
+     "--lr-warmup-init 0.01 exceeds --lr 0.001"),
+    (["--train-iters", "8", "--lr-decay-style", "WSD"],
+     "--lr-decay-style WSD needs --lr-wsd-decay-iters"),
+    (["--train-samples", "32", "--lr-decay-style", "WSD"],
+     "--lr-decay-style WSD needs --lr-wsd-decay-samples"),
+    (["--train-iters", "8", "--lr-wsd-decay-iters", "3"],
+     "--lr-wsd-decay-iters 3 needs --lr-decay-style WSD (it is linear)"),
+    (["--train-samples", "32", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "3"],
+     "--lr-wsd-decay-iters does not go with sample-based training"),
+    (["--train-iters", "8", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "9"],
+     "--lr-wsd-decay-iters 9 exceeds the decay length 8"),
+    (["--train-iters", "8", "--start-weight-decay", "0.1"],
+     "--start-weight-decay 0.1 needs --weight-decay-incr-style linear or cosine"),
+    (["--train-iters", "8", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0"],
+     "--weight-decay-incr-style linear needs --end-weight-decay"),
+    (["--train-iters", "8", "--rampup-batch-size", "2", "2", "100"],
+     "--rampup-batch-size 2 2 100 is not supported: every step trains one global batch of "
+     "--global-batch-size 4 samples"),
+    (["--train-iters", "8", "--weight-decay-incr-style", "cosine", "--start-weight-decay",
+      "0.2", "--end-weight-decay", "0.1"], "--start-weight-decay 0.2 exceeds --end-weight-decay"),
 ])
 def test_bad_schedule_flags_are_one_line(extra, needle):
     with pytest.raises(ArgumentValidationError) as err:

@@ -121,6 +121,12 @@ def rank_pretrain_gpt_with_writers(tmp: str) -> dict:
             "records": _read_jsonl(f"{tmp}/metrics.jsonl")}
 
 
+# Megatron-LM's training_log scalars (its names, its order) and the record keys holding them.
+MEGATRON_LM_TENSORBOARD_KEYS = {"learning-rate": "lr", "batch-size": "global_batch_size",
+                                "lm loss": "lm_loss", "loss-scale": "loss_scale",
+                                "grad-norm": "grad_norm"}
+
+
 def test_pretrain_gpt_writes_tensorboard_and_wandb_offline(tmp_path):
     results = run_distributed(rank_pretrain_gpt_with_writers, WORLD, args=(str(tmp_path),),
                               timeout_s=300)
@@ -131,15 +137,23 @@ def test_pretrain_gpt_writes_tensorboard_and_wandb_offline(tmp_path):
                 and isinstance(value, (int, float))} for record in records]
     calls = last["tensorboard"]
     assert calls[0] == ("init", f"{tmp_path}/tb") and calls[-1] == ("close",)
-    assert calls[1:-1] == [(name, value, record["iteration"])
-                           for record, values in zip(records, numbers)
-                           for name, value in values.items()]
+    expected = []
+    for record, values in zip(records, numbers):  # each record's keys, then Megatron-LM's
+        iteration, samples = record["iteration"], record["consumed_samples"]
+        expected += [(name, value, iteration) for name, value in values.items()]
+        for name, key in MEGATRON_LM_TENSORBOARD_KEYS.items():
+            expected += [(name, record[key], iteration),
+                         (f"{name} vs samples", record[key], samples)]
+    assert calls[1:-1] == expected
     init = last["wandb_init"]
     assert (init["project"], init["name"], init["dir"], init["mode"]) == (
         "varlen", "tiny", f"{tmp_path}/wandb", "offline")
     assert init["config"]["seq_length"] == 32 and init["config"]["wandb_project"] == "varlen"
-    assert last["wandb_logged"] == [(record["iteration"], values)
-                                    for record, values in zip(records, numbers)]
+    assert last["wandb_logged"] == [
+        (record["iteration"], {**values, **{name: record[key] for name, key in
+                                            MEGATRON_LM_TENSORBOARD_KEYS.items()},
+                               "samples vs steps": record["consumed_samples"]})
+        for record, values in zip(records, numbers)]
     assert last["wandb_finished"] and len(records) == STEPS
 
 

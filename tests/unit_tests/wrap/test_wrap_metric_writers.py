@@ -72,7 +72,9 @@ def test_console_writer_prints_pretrain_gpts_iteration_line_on_the_calling_rank(
         "[rank 3] INFO  iteration        5/      10 | consumed samples:           20 | "
         "elapsed time per iteration (ms): 500.0 | throughput per GPU (TFLOP/s/GPU): 2.0000 | "
         "tokens per second: 200.0 | learning rate: 1.000000E-03 | global batch size:     4 | "
-        "lm loss: 4.000000E+00 | grad norm: 1.500 | number of microbatches: 2 | "
+        "lm loss: 4.000000E+00 | loss scale: 1.0 | grad norm: 1.500 | "
+        "number of skipped iterations:   0 | number of nan iterations:   0 | "
+        "number of microbatches: 2 | "
         "padding ratio: 0.2500 | nll: 0.2500 |\n")
 
 

@@ -1,0 +1,70 @@
+"""``--log-params-norm`` (Megatron-LM's flag): the L2 norm of the whole model's weights after
+each update, the same number on every layout.
+
+Reference: a single-rank run's weights, their norm computed here directly (float64, every
+parameter once). The TP2, PP2 and DP2 runs start from the same weights (their initialisation
+does not depend on the layout) and train the same data, so after each step their reported norm
+equals the reference's within float32 rounding -- a norm that counted a TP-duplicated layer
+norm twice, the last stage's copy of the tied word embeddings, or a DP replica, would not.
+"""
+
+import math
+
+import pytest
+import torch
+
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+STEPS = 2
+ARGS = TINY_GPT_ARGS + ["--train-iters", str(STEPS), "--global-batch-size", "4",
+                        "--log-params-norm"]
+LAYOUTS = {"tp2": ["--tensor-model-parallel-size", "2"],
+           "pp2": ["--pipeline-model-parallel-size", "2"], "dp2": []}
+RTOL = 1e-5  # float32 rounding of the updates across layouts
+
+
+def _train(argv: list[str]) -> dict:
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.pretrain import build_data_providers
+    from megatron.varlen_training.trainer import Trainer
+
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()),
+                      console=False)
+    try:
+        trainer.start()
+        provider = build_data_providers(trainer).train
+        state = trainer.setup_model_and_optimizer()
+        reported, direct = [], []
+        for iteration in range(STEPS):
+            report = trainer.step(provider.step_batches(iteration))
+            reported.append(report.metrics.params_norm)
+            direct.append(math.sqrt(sum(float(param.detach().double().square().sum())
+                                        for chunk in state.model
+                                        for param in chunk.parameters())))
+        return {"reported": reported, "direct": direct}
+    finally:
+        trainer.close()
+
+
+def rank_layouts() -> dict:
+    return {name: _train(ARGS + extra) for name, extra in LAYOUTS.items()}
+
+
+def test_params_norm_is_the_whole_models_on_every_layout():
+    (reference,) = run_distributed(_train, 1, args=(ARGS,), timeout_s=240)
+    assert reference["reported"] == pytest.approx(reference["direct"], rel=1e-12)
+    expected = reference["direct"]
+    assert expected[0] != expected[1]  # the weights moved: a real comparison
+    for rank in run_distributed(rank_layouts, 2, timeout_s=300):
+        for name, run in rank.items():
+            assert run["reported"] == pytest.approx(expected, rel=RTOL), name
+
+
+def test_refused_with_experts_in_one_line():
+    from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(ARGS + ["--num-experts", "2", "--disable-bias-linear"], world_size=1)
+    assert "--log-params-norm is not implemented with --num-experts" in str(err.value)
+    assert "\n" not in str(err.value)
