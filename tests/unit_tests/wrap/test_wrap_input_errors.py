@@ -27,7 +27,8 @@ TWO_RANK_LIMIT_S = 120
 MODEL = {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "seq_length": 32,
          "vocab_size": 64, "make_vocab_size_divisible_by": 32}
 # What a Hugging Face (Llama) export needs of the model.
-EXPORTABLE = {"normalization": "RMSNorm", "swiglu": True, "disable_bias_linear": True,
+EXPORTABLE = {"normalization": "RMSNorm", "swiglu": True, "ffn_hidden_size": 32,
+              "disable_bias_linear": True,
               "position_embedding_type": "rope", "untie_embeddings_and_output_weights": True}
 CONFIG = {"model": MODEL,
           "training": {"micro_batch_size": 1, "global_batch_size": 2, "train_iters": 4,
