@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    data_arguments, document_arguments, flag_ranges, moe_arguments, recipe_arguments,
-    recompute_arguments, reliability_arguments, run_description, schedule_arguments,
-    sft_arguments, varlen_arguments,
+    checkpoint_arguments, data_arguments, document_arguments, flag_ranges, moe_arguments,
+    recipe_arguments, recompute_arguments, reliability_arguments, run_description,
+    schedule_arguments, sft_arguments, varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -239,6 +239,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     reliability_arguments.add_reliability_args(parser)
     recompute_arguments.add_recompute_args(parser)
     recipe_arguments.add_recipe_args(parser)
+    checkpoint_arguments.add_checkpoint_args(parser)
     moe_arguments.add_moe_args(parser)
     return parser
 
@@ -366,6 +367,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)
     recipe_arguments.validate_recipe_args(args, require)
+    checkpoint_arguments.validate_checkpoint_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).

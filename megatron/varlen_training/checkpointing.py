@@ -45,7 +45,9 @@ from torch.distributed.checkpoint import CheckpointException
 from megatron.core import dist_checkpointing
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from megatron.varlen_training import checkpoint_integrity as integrity
-from megatron.varlen_training import load_options, resume_consistency, rng_state
+from megatron.varlen_training import (
+    checkpoint_format, load_options, resume_consistency, rng_state,
+)
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.checkpoint_safe_load import (
     COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
@@ -115,8 +117,7 @@ def _stop_writers(before: set) -> None:
         child.join(timeout=_HELPER_EXIT_S)
 
 
-def checkpoint_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
+checkpoint_dir = load_options.iteration_folder  # root, iteration -> <root>/iter_0000003
 
 
 def model_keys(model) -> list[str]:
@@ -430,14 +431,37 @@ def _check_format_files(folder: str) -> None:
     check_common_is_safe(folder)
 
 
-def check_checkpoint(root: str) -> tuple[int, str]:
-    """The latest iteration and its folder, verified and safe to read, or a CheckpointError
-    raised on every rank."""
-    iteration = agree_on_errors(read_latest_iteration, root)
+def _saved_iterations(root: str) -> list[int]:
+    """The iterations with a folder under ``root`` (published ones: staging folders are hidden)."""
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return sorted(int(name[len("iter_"):]) for name in names
+                  if re.fullmatch(r"iter_\d{7,}", name))
+
+
+def _check_step(root: str, step: int) -> int:
+    """``--ckpt-step``'s iteration, if ``root`` has its folder; else a one-line CheckpointError
+    listing the iterations it has."""
+    if os.path.isdir(checkpoint_dir(root, step)):
+        return step
+    saved = _saved_iterations(root)
+    have = f"it has {', '.join(map(str, saved))}" if saved else "it has none"
+    raise CheckpointError(f"--ckpt-step {step}: {root!r} holds no checkpoint of iteration "
+                          f"{step} ({have}); pass one of those, or leave --ckpt-step out to "
+                          f"load the latest")
+
+
+def check_checkpoint(root: str, step: int | None = None) -> tuple[int, str]:
+    """The latest iteration (``step``: that one, ``--ckpt-step``) and its folder, verified and
+    safe to read, or a CheckpointError raised on every rank."""
+    if step is None:
+        iteration = agree_on_errors(read_latest_iteration, root)
+    else:
+        iteration = agree_on_errors(_check_step, root, step)
     folder = checkpoint_dir(root, iteration)
     if not os.path.isdir(folder):
         raise CheckpointError(f"{TRACKER_FILENAME} in {root!r} names iteration {iteration} but "
                               f"{folder!r} is missing")
+    agree_on_errors(checkpoint_format.check_saved_format, folder)
     agree_on_errors(_verify_share, folder)  # every file verified before any is parsed
     agree_on_errors(_check_format_files, folder)
     return iteration, folder
@@ -514,7 +538,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     ``--no-load-optim``, ``--no-load-rng``), the optimizer and LR scheduler and the RNG states;
     returns the iteration to continue from (0 for ``--finetune``). With ``run``, refuses a run
     that would not continue the saved one (``--finetune``: a model of another shape)."""
-    iteration, folder = check_checkpoint(root)
+    iteration, folder = check_checkpoint(root, parts.step)
     if run is not None:
         _check_run_args(folder, iteration, run, parts)
     if parts.optimizer:

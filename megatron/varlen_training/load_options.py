@@ -3,13 +3,15 @@
 ``--finetune`` loads the model weights only and starts at iteration 0; ``--no-load-optim``
 skips the optimizer state and the LR/WD schedule; ``--no-load-rng`` skips the random states;
 ``--pretrained-checkpoint`` is the fallback source, loaded as ``--finetune``, while ``--load``
-holds no checkpoint (Megatron-LM's ``load_checkpoint``). recipe_arguments.py has the flags.
+holds no checkpoint (Megatron-LM's ``load_checkpoint``); ``--ckpt-step N`` loads iteration N
+instead of the one the tracker file names (the tracker is then not needed). recipe_arguments.py
+and checkpoint_arguments.py have the flags.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from megatron.varlen_training.config.checkpoint import CheckpointConfig
 
@@ -27,6 +29,8 @@ class LoadParts:
     """Every rank's random states."""
     iteration: bool = True
     """The iteration (and so the samples consumed); False: start at 0 (``--finetune``)."""
+    step: int | None = None
+    """``--ckpt-step``: the saved iteration to load; None: the tracker file's (the latest)."""
 
     @property
     def finetune(self) -> bool:
@@ -41,13 +45,24 @@ FINETUNE = LoadParts(optimizer=False, rng=False, iteration=False)
 def load_parts(checkpoint: CheckpointConfig) -> LoadParts:
     """The parts ``--finetune``/``--no-load-optim``/``--no-load-rng`` leave to load."""
     if checkpoint.finetune:
-        return FINETUNE
-    return LoadParts(optimizer=not checkpoint.no_load_optim, rng=not checkpoint.no_load_rng)
+        return replace(FINETUNE, step=checkpoint.ckpt_step)
+    return LoadParts(optimizer=not checkpoint.no_load_optim, rng=not checkpoint.no_load_rng,
+                     step=checkpoint.ckpt_step)
 
 
-def holds_checkpoint(root: str | None) -> bool:
-    """Whether ``root`` holds a checkpoint (its tracker file), as Megatron-LM decides it."""
-    return root is not None and os.path.isfile(os.path.join(root, TRACKER_FILENAME))
+def iteration_folder(root: str, iteration: int) -> str:
+    """Where iteration ``iteration`` is saved under ``root`` (Megatron-LM's ``iter_0000003``)."""
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def holds_checkpoint(root: str | None, step: int | None = None) -> bool:
+    """Whether ``root`` holds a checkpoint, as Megatron-LM decides it: its tracker file, or
+    with ``--ckpt-step`` (``step``) that iteration's folder."""
+    if root is None:
+        return False
+    if step is not None:
+        return os.path.isdir(iteration_folder(root, step))
+    return os.path.isfile(os.path.join(root, TRACKER_FILENAME))
 
 
 def checkpoint_source(checkpoint: CheckpointConfig) -> tuple[str, LoadParts] | None:
@@ -58,8 +73,8 @@ def checkpoint_source(checkpoint: CheckpointConfig) -> tuple[str, LoadParts] | N
     ``--finetune``.
     """
     pretrained = checkpoint.pretrained_checkpoint
-    if pretrained is not None and not holds_checkpoint(checkpoint.load):
-        return pretrained, FINETUNE
+    if pretrained is not None and not holds_checkpoint(checkpoint.load, checkpoint.ckpt_step):
+        return pretrained, replace(FINETUNE, step=checkpoint.ckpt_step)
     if checkpoint.load is not None:
         return checkpoint.load, load_parts(checkpoint)
     return None

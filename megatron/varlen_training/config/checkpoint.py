@@ -24,6 +24,8 @@ class CheckpointConfig:
     no_load_optim: bool = False
     no_load_rng: bool = False
     pretrained_checkpoint: str | None = None
+    # Which saved iteration a load reads (checkpoint_arguments.py): None, the latest.
+    ckpt_step: int | None = None
 
     def __post_init__(self):
         check_ranges(self)

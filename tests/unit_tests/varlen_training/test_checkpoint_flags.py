@@ -1,0 +1,155 @@
+"""Megatron-LM's checkpoint-format and save-mode flags (checkpoint_arguments.py) and the load of a
+checkpoint in another format (checkpoint_format.py).
+
+- ``--ckpt-step N`` loads iteration N, not the latest: with checkpoints at 2 and 4, a load of 2
+  trains iterations 3 and 4 as the straight run does (and as the latest, 4, would not: its run
+  is over); it needs no tracker file; an iteration not saved is one line listing those that are.
+- a folder in Megatron-LM's other formats (legacy ``torch``, ``zarr``, plain
+  ``torch.distributed.checkpoint``) or a ``torch_dist`` one that Megatron-LM saved (no
+  ``manifest.json``, no ``run_args.json``) is refused in one line naming the format, before
+  anything in it is read; this fork's own incomplete checkpoint keeps its own message.
+- ``--ckpt-format`` other than torch_dist, ``--async-save``, ``--non-persistent-*`` and
+  ``--use-checkpoint-args`` are refused in one line naming the flag and the way out;
+  ``--ckpt-format torch_dist``, ``--auto-detect-ckpt-format`` and ``--exit-on-missing-checkpoint``
+  are accepted.
+
+One 1-rank launch runs every training case (a few seconds of tiny runs).
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from megatron.varlen_training.checkpoint_format import check_saved_format
+from megatron.varlen_training.checkpointing import TRACKER_FILENAME, checkpoint_dir
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.errors import CheckpointError
+from megatron.varlen_training.flag_errors import ArgumentValidationError
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
+
+LAUNCH_TIMEOUT_S = 240
+BASE = TINY_GPT_ARGS + ["--train-iters", "4", "--lr-decay-iters", "4"]
+
+
+def _losses_or_refusal(argv: list[str]) -> dict:
+    try:
+        return {"losses": [step["lm_loss"] for step in train_on_this_rank(argv)["history"]]}
+    except CheckpointError as err:
+        return {"refusal": str(err)}
+
+
+def _legacy_folder(root) -> str:
+    """A Megatron-LM ``--ckpt-format torch`` checkpoint's shape: tracker, iter_0000002/mp_rank_00/."""
+    os.makedirs(os.path.join(checkpoint_dir(root, 2), "mp_rank_00"))
+    torch.save({"iteration": 2}, os.path.join(checkpoint_dir(root, 2), "mp_rank_00",
+                                               "model_optim_rng.pt"))
+    with open(os.path.join(root, TRACKER_FILENAME), "w") as tracker:
+        tracker.write("2")
+    return root
+
+
+def _cases(folder: str) -> dict[str, dict]:
+    """Saves at 2 and 4, the straight run, then the loads (in this order)."""
+    saved, untracked = os.path.join(folder, "saved"), os.path.join(folder, "untracked")
+    out = {"save": _losses_or_refusal(BASE + ["--save", saved, "--save-interval", "2"]),
+           "straight": _losses_or_refusal(BASE)}
+    shutil.copytree(checkpoint_dir(saved, 2), checkpoint_dir(untracked, 2))  # no tracker file
+    loads = {
+        "step_2": ["--load", saved, "--ckpt-step", "2"],
+        "latest": ["--load", saved],
+        "untracked_step_2": ["--load", untracked, "--ckpt-step", "2"],
+        "step_3": ["--load", saved, "--ckpt-step", "3"],
+        "legacy": ["--load", _legacy_folder(os.path.join(folder, "legacy"))],
+    }
+    out.update({name: _losses_or_refusal(BASE + argv) for name, argv in loads.items()})
+    return out
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict[str, dict]:
+    folder = str(tmp_path_factory.mktemp("ckpt_flags"))
+    return run_distributed(_cases, 1, args=(folder,), timeout_s=LAUNCH_TIMEOUT_S)[0]
+
+
+def test_ckpt_step_loads_that_iteration(cases):
+    straight = cases["straight"]["losses"]
+    assert cases["save"]["losses"] == straight
+    assert cases["step_2"]["losses"] == straight[2:], "iterations 3 and 4 from iteration 2"
+    assert cases["latest"]["losses"] == [], "without --ckpt-step the latest (4): nothing left"
+
+
+def test_ckpt_step_needs_no_tracker(cases):
+    assert cases["untracked_step_2"]["losses"] == cases["straight"]["losses"][2:]
+
+
+def test_ckpt_step_not_saved_is_one_line(cases):
+    refusal = cases["step_3"]["refusal"]
+    assert "--ckpt-step 3" in refusal and "it has 2, 4" in refusal, refusal
+    assert "\n" not in refusal
+
+
+def test_legacy_checkpoint_is_one_line(cases):
+    refusal = cases["legacy"]["refusal"]
+    assert "Megatron-LM's --ckpt-format torch (legacy per-rank folders such as mp_rank_00/)" \
+        in refusal, refusal
+    assert "\n" not in refusal
+
+
+def _config(folder, backend: str) -> None:
+    with open(os.path.join(folder, "metadata.json"), "w") as out:
+        json.dump({"sharded_backend": backend, "sharded_backend_version": 1}, out)
+
+
+def test_other_formats_are_named(tmp_path):
+    zarr = tmp_path / "zarr"
+    zarr.mkdir()
+    _config(zarr, "zarr")
+    with pytest.raises(CheckpointError, match=r"--ckpt-format zarr \(metadata.json names"):
+        check_saved_format(str(zarr))
+    dcp = tmp_path / "dcp"
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="--ckpt-format torch_dcp"):
+        check_saved_format(str(dcp))
+    megatron_lm = tmp_path / "megatron_lm"
+    megatron_lm.mkdir()
+    _config(megatron_lm, "torch_dist")
+    with pytest.raises(CheckpointError, match="saved by Megatron-LM or another tool"):
+        check_saved_format(str(megatron_lm))
+
+
+def test_own_incomplete_checkpoint_keeps_its_message(tmp_path):
+    """A torch_dist folder with this fork's run_args.json but no manifest: not another
+    format (the loader then says the manifest is missing)."""
+    _config(tmp_path, "torch_dist")
+    (tmp_path / "run_args.json").write_text("{}")
+    check_saved_format(str(tmp_path))
+
+
+ARGS = TINY_GPT_ARGS + ["--train-iters", "2"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--ckpt-format", "torch"], "--ckpt-format torch is not supported"),
+    (["--ckpt-format", "zarr"], "use --ckpt-format torch_dist"),
+    (["--async-save"], "remove --async-save"),
+    (["--non-persistent-save-interval", "5"], "use --save-interval instead"),
+    (["--non-persistent-ckpt-type", "local"], "--non-persistent-ckpt-type local"),
+    (["--use-checkpoint-args"], "run_args.json records them"),
+    (["--ckpt-step", "2"], "nothing to load (pass --load)"),
+])
+def test_unsupported_flags_are_one_line(extra, words):
+    with pytest.raises(ArgumentValidationError, match=None) as caught:
+        parse_run_config(ARGS + extra, world_size=1)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_accepted_flags(tmp_path):
+    run = parse_run_config(ARGS + ["--ckpt-format", "torch_dist", "--auto-detect-ckpt-format",
+                                   "--exit-on-missing-checkpoint", "--load", str(tmp_path),
+                                   "--ckpt-step", "0"], world_size=1)
+    assert run.checkpoint.ckpt_step == 0
