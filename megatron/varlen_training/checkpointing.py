@@ -356,8 +356,11 @@ def read_latest_iteration(root: str) -> int:
     """The iteration named by the tracker file; a one-line CheckpointError if it is unusable."""
     tracker = os.path.join(root, TRACKER_FILENAME)
     if not os.path.isfile(tracker):
+        saved = _saved_iterations(root)
+        named = (f"; it has iteration folders {', '.join(map(str, saved))}: pass --ckpt-step N "
+                 f"to load one" if saved else "")
         raise CheckpointError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is "
-                              f"missing)")
+                              f"missing{named})")
     with open(tracker, encoding="utf-8", errors="replace") as handle:
         text = handle.read().strip()
     if not text.isdigit():

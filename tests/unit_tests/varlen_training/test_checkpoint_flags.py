@@ -3,7 +3,8 @@ checkpoint in another format (checkpoint_format.py).
 
 - ``--ckpt-step N`` loads iteration N, not the latest: with checkpoints at 2 and 4, a load of 2
   trains iterations 3 and 4 as the straight run does (and as the latest, 4, would not: its run
-  is over); it needs no tracker file; an iteration not saved is one line listing those that are.
+  is over); it needs no tracker file (without it, a load names the iterations there and
+  --ckpt-step); an iteration not saved is one line listing those that are.
 - a folder in Megatron-LM's other formats (legacy ``torch``, ``zarr``, plain
   ``torch.distributed.checkpoint``) or a ``torch_dist`` one that Megatron-LM saved (no
   ``manifest.json``, no ``run_args.json``) is refused in one line naming the format, before
@@ -62,6 +63,7 @@ def _cases(folder: str) -> dict[str, dict]:
         "step_2": ["--load", saved, "--ckpt-step", "2"],
         "latest": ["--load", saved],
         "untracked_step_2": ["--load", untracked, "--ckpt-step", "2"],
+        "untracked": ["--load", untracked],
         "step_3": ["--load", saved, "--ckpt-step", "3"],
         "legacy": ["--load", _legacy_folder(os.path.join(folder, "legacy"))],
     }
@@ -84,6 +86,14 @@ def test_ckpt_step_loads_that_iteration(cases):
 
 def test_ckpt_step_needs_no_tracker(cases):
     assert cases["untracked_step_2"]["losses"] == cases["straight"]["losses"][2:]
+
+
+def test_untracked_folder_names_ckpt_step(cases):
+    """A --load whose tracker file is gone (copied without it) stops in one line that names
+    the iterations there and --ckpt-step."""
+    refusal = cases["untracked"]["refusal"]
+    assert "latest_checkpointed_iteration.txt is missing; it has iteration folders 2: pass " \
+        "--ckpt-step N" in refusal, refusal
 
 
 def test_ckpt_step_not_saved_is_one_line(cases):
