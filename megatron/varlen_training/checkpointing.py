@@ -14,8 +14,10 @@ anything: the tracker, the folder, that the manifest lists every file in it and 
 format needs, every file against the manifest, that ``.metadata`` holds only
 checkpoint-metadata classes and that the small files are well-formed
 (:mod:`~megatron.varlen_training.checkpoint_safe_load`), and that the run continues the saved one
-(:mod:`~megatron.varlen_training.resume_consistency`). Every problem is a one-line
-:class:`~megatron.varlen_training.errors.CheckpointError`.
+(:mod:`~megatron.varlen_training.resume_consistency`); a folder in another format is refused
+first (:mod:`~megatron.varlen_training.checkpoint_format`), and distributed-optimizer state that
+does not fit this run's gradient buckets when megatron-core reads it. Every problem is a
+one-line :class:`~megatron.varlen_training.errors.CheckpointError`.
 
 A save that fails for an operational reason stops the run with one line and leaves the previous
 checkpoint as the latest (its staging folder is removed; staging folders left by killed saves
@@ -43,6 +45,7 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from megatron.varlen_training import checkpoint_integrity as integrity
 from megatron.varlen_training import (
@@ -75,6 +78,10 @@ _REMEDY = {errno.ENOSPC: "free space where --save points", errno.EDQUOT: "raise 
            errno.EACCES: "make --save writable", errno.EROFS: "make --save writable",
            errno.EPERM: "make --save writable"}
 _DETAIL_CHARS = 160
+# megatron-core's key of a distributed-optimizer bucket's state (dp_reshardable), and the global
+# shape mismatch torch_dist reports when this run's bucket differs from the saved one.
+_OPTIMIZER_BUCKET_KEY = re.compile(r"optimizer\.distributed\.[^\n]*?bucket_idx_(\d+)")
+_SHAPE_MISMATCH = re.compile(r"loaded \(torch\.Size\(\[(\d+)\]\)\) and expected \(\((\d+),\)\)")
 
 
 class CheckpointSaveError(CheckpointError):
@@ -535,6 +542,37 @@ def _restore_rng(folder: str, parts: load_options.LoadParts) -> None:
                      f"layout): dropout will differ from an uninterrupted run")
 
 
+def _bucket_mismatch(err: BaseException) -> str | None:
+    """``err`` as one line if megatron-core refused the distributed optimizer's state because
+    this run's gradient buckets differ from the saved ones, else None."""
+    text = str(err)
+    bucket = _OPTIMIZER_BUCKET_KEY.search(text)
+    if bucket is None:
+        return None
+    shapes = _SHAPE_MISMATCH.search(text)
+    detail = (f"saved bucket {bucket.group(1)} holds {shapes.group(1)} parameters, this run's "
+              f"{shapes.group(2)}" if shapes else f"bucket {bucket.group(1)} does not match")
+    return (f"--load: the checkpoint's distributed optimizer state does not fit this run's "
+            f"gradient buckets ({detail}): megatron-core's dp_reshardable format stores it per "
+            f"DDP bucket, and the bucket size follows --overlap-grad-reduce (with it, buckets "
+            f"of max(40M, 1M x data-parallel size) parameters; without it, one per buffer); "
+            f"resume with the checkpoint's --overlap-grad-reduce setting and data-parallel "
+            f"size, or add --no-load-optim to load the weights only")
+
+
+def _load_state(template: dict, folder: str) -> dict:
+    """dist_checkpointing's load of ``template`` from ``folder``; a bucket layout the saved
+    distributed optimizer state does not fit is one line (megatron-core raises a traceback
+    of torch's CheckpointException, a BaseException, on every rank)."""
+    try:
+        return dist_checkpointing.load(template, folder)
+    except (CheckpointException, CheckpointingException, RuntimeError, KeyError) as err:
+        problem = _bucket_mismatch(err)
+        if problem is None:
+            raise
+        raise CheckpointError(problem) from None
+
+
 def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None,
                     parts: load_options.LoadParts = load_options.RESUME) -> int:
     """Restores the model and, as ``parts`` says (Megatron-LM's ``--finetune``,
@@ -548,7 +586,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
         _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
                                    with_optimizer=parts.optimizer)
-    state = dist_checkpointing.load(template, folder)
+    state = _load_state(template, folder)
     for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     if parts.optimizer:
