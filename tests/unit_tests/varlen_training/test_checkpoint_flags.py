@@ -5,6 +5,8 @@ checkpoint in another format (checkpoint_format.py).
   trains iterations 3 and 4 as the straight run does (and as the latest, 4, would not: its run
   is over); it needs no tracker file (without it, a load names the iterations there and
   --ckpt-step); an iteration not saved is one line listing those that are.
+- ``--save`` == ``--load`` at the iteration the folder holds saves that iteration again over
+  itself; the rewritten checkpoint resumes as the straight run continues.
 - a folder in Megatron-LM's other formats (legacy ``torch``, ``zarr``, plain
   ``torch.distributed.checkpoint``) or a ``torch_dist`` one that Megatron-LM saved (no
   ``manifest.json``, no ``run_args.json``) is refused in one line naming the format, before
@@ -68,6 +70,12 @@ def _cases(folder: str) -> dict[str, dict]:
         "legacy": ["--load", _legacy_folder(os.path.join(folder, "legacy"))],
     }
     out.update({name: _losses_or_refusal(BASE + argv) for name, argv in loads.items()})
+    # --save == --load at the iteration it holds: nothing to train, iteration 4 saved again
+    # over itself; a run resumed from the rewritten checkpoint continues as the straight run.
+    out["resave"] = _losses_or_refusal(BASE + ["--load", saved, "--save", saved])
+    five = ["--train-iters", "5"]
+    out["after_resave"] = _losses_or_refusal(BASE + five + ["--load", saved])
+    out["straight_5"] = _losses_or_refusal(BASE + five)
     return out
 
 
@@ -86,6 +94,11 @@ def test_ckpt_step_loads_that_iteration(cases):
 
 def test_ckpt_step_needs_no_tracker(cases):
     assert cases["untracked_step_2"]["losses"] == cases["straight"]["losses"][2:]
+
+
+def test_save_over_the_loaded_iteration_resumes(cases):
+    assert cases["resave"]["losses"] == []
+    assert cases["after_resave"]["losses"] == cases["straight_5"]["losses"][4:]
 
 
 def test_untracked_folder_names_ckpt_step(cases):
