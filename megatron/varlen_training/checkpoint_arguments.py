@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from megatron.varlen_training.checkpoint_format import OTHER_FORMATS, SUPPORTED_FORMAT
+from megatron.varlen_training.load_options import OTHER_FORMATS, SUPPORTED_FORMAT
 
 NON_PERSISTENT_TYPES = ("global", "local", "in_memory")  # Megatron-LM's choices
 

@@ -20,12 +20,10 @@ import os
 from megatron.varlen_training.checkpoint_integrity import MANIFEST_FILENAME
 from megatron.varlen_training.checkpoint_safe_load import CONFIG_FILENAME, METADATA_FILENAME
 from megatron.varlen_training.errors import CheckpointError
+from megatron.varlen_training.load_options import SUPPORTED_FORMAT
 from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME
 from megatron.varlen_training.rng_state import RNG_SUBDIR
 
-SUPPORTED_FORMAT = "torch_dist"
-# Megatron-LM's --ckpt-format choices (core_v0.16.1) that this fork does not write or read.
-OTHER_FORMATS = ("torch", "zarr", "torch_dcp", "fsdp_dtensor")
 _LEGACY_PREFIX = "mp_rank_"  # the legacy format's per-rank folders (mp_rank_00, mp_rank_00_001)
 _OWN_FILES = {RUN_ARGS_FILENAME, RNG_SUBDIR}  # only this fork's saves write them
 _BACKEND_KEY = "sharded_backend"  # megatron-core's metadata.json: the dist_checkpointing backend

@@ -17,6 +17,11 @@ from megatron.varlen_training.config.checkpoint import CheckpointConfig
 
 # The file whose presence makes a directory hold a checkpoint (checkpointing.py's tracker).
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+# The one --ckpt-format written and read, and Megatron-LM's others (core_v0.16.1's choices):
+# checkpoint_format.py tells a folder in another one; here for the flag layer, which must not
+# import torch.
+SUPPORTED_FORMAT = "torch_dist"
+OTHER_FORMATS = ("torch", "zarr", "torch_dcp", "fsdp_dtensor")
 
 
 @dataclass(frozen=True)
