@@ -322,7 +322,8 @@ def _validate_precision_and_data(args) -> None:
                 f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
     require(args.mock_data or args.data_path or args.train_data_path,
             "no training data: pass --mock-data, --data-path or --train-data-path")
-    load_problem = recipe_arguments.load_dir_problem(args.load, args.pretrained_checkpoint)
+    load_problem = recipe_arguments.load_dir_problem(args.load, args.pretrained_checkpoint,
+                                                     args.save, args.exit_on_missing_checkpoint)
     require(load_problem is None, load_problem)
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
     if args.ffn_hidden_size is None:

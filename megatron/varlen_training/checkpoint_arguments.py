@@ -6,8 +6,11 @@
   in another format is refused in one line naming it.
 - ``--ckpt-step N``: load iteration N from ``--load`` instead of the latest (the tracker file is
   then not read); a missing iteration is one line listing those saved.
-- ``--exit-on-missing-checkpoint``: accepted; a ``--load`` that holds no checkpoint always stops
-  the run here (in one line), it never starts silently from scratch.
+- ``--exit-on-missing-checkpoint``: a ``--load`` that holds no checkpoint stops the run (one
+  line) also when it is the ``--save`` folder. Without it, that one case (Megatron-LM's
+  restartable job, ``--save`` and ``--load`` the same folder, at its first launch) starts from
+  scratch with a line saying so (Megatron-LM's behaviour); a ``--load`` elsewhere that holds no
+  checkpoint always stops the run, so a mistyped source never trains from scratch.
 - Refused in one line, with the way out: ``--async-save`` (saves are synchronous: a save is
   published, verified and named latest before training goes on),
   ``--non-persistent-save-interval`` / ``--non-persistent-ckpt-type`` (every save is a
@@ -36,7 +39,9 @@ def add_checkpoint_args(parser) -> None:
                        help="Load this iteration from --load instead of the latest one (the "
                             "tracker file is not read).")
     group.add_argument("--exit-on-missing-checkpoint", action="store_true",
-                       help="Accepted: a --load that holds no checkpoint always stops the run.")
+                       help="Stop also when --load is the --save folder and holds no "
+                            "checkpoint yet (else that run starts from scratch; a --load "
+                            "elsewhere holding none always stops the run).")
     group.add_argument("--async-save", action="store_true",
                        help="Refused: saves are synchronous here.")
     group.add_argument("--non-persistent-save-interval", type=int, default=None,

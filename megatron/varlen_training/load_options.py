@@ -70,16 +70,36 @@ def holds_checkpoint(root: str | None, step: int | None = None) -> bool:
     return os.path.isfile(os.path.join(root, TRACKER_FILENAME))
 
 
+def _same_folder(first: str, second: str) -> bool:
+    return os.path.realpath(first) == os.path.realpath(second)
+
+
+def fresh_start_note(checkpoint: CheckpointConfig) -> str | None:
+    """Megatron-LM's restartable job, ``--save`` and ``--load`` the same folder: while it holds
+    no checkpoint yet (the job's first launch) the run starts from scratch, and this line says
+    so; None otherwise. Not with ``--exit-on-missing-checkpoint`` or ``--ckpt-step`` (a load
+    asked for explicitly), nor for a ``--load`` elsewhere: a source that holds nothing stops
+    the run, so a mistyped one never trains from scratch."""
+    load, save = checkpoint.load, checkpoint.save
+    if load is None or save is None or not _same_folder(load, save) \
+            or checkpoint.exit_on_missing_checkpoint or checkpoint.ckpt_step is not None \
+            or checkpoint.pretrained_checkpoint is not None or holds_checkpoint(load):
+        return None
+    return (f"--load {load!r} holds no checkpoint yet ({TRACKER_FILENAME} is missing) and is "
+            f"also --save: starting from scratch (a restartable job's first launch; "
+            f"--exit-on-missing-checkpoint stops instead)")
+
+
 def checkpoint_source(checkpoint: CheckpointConfig) -> tuple[str, LoadParts] | None:
     """Where the run starts from and what it loads there; None: from scratch.
 
     ``--load`` when it holds a checkpoint (or no ``--pretrained-checkpoint`` is given: a
-    missing checkpoint is then an error at load), else ``--pretrained-checkpoint`` as
-    ``--finetune``.
+    missing checkpoint is then an error at load, except for a restartable job's first launch:
+    :func:`fresh_start_note`), else ``--pretrained-checkpoint`` as ``--finetune``.
     """
     pretrained = checkpoint.pretrained_checkpoint
     if pretrained is not None and not holds_checkpoint(checkpoint.load, checkpoint.ckpt_step):
         return pretrained, replace(FINETUNE, step=checkpoint.ckpt_step)
-    if checkpoint.load is not None:
+    if checkpoint.load is not None and fresh_start_note(checkpoint) is None:
         return checkpoint.load, load_parts(checkpoint)
     return None

@@ -62,7 +62,6 @@ ACCEPTED: dict[str, str] = {
                      "tensorboard_queue_size", "timing_log_option", "timing_log_level",
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),
     **dict.fromkeys(("no_save_optim", "no_save_rng"), _CKPT_ALL),
-    "exit_on_missing_checkpoint": "this fork always stops when `load` holds no checkpoint",
     **dict.fromkeys(("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file"),
                     "megatron-wrap never builds Megatron-LM's tokenizer (the script tokenizes; "
                     "the model's vocabulary is vocab_size)"),

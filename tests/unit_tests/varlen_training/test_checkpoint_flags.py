@@ -5,6 +5,9 @@ checkpoint in another format (checkpoint_format.py).
   trains iterations 3 and 4 as the straight run does (and as the latest, 4, would not: its run
   is over); it needs no tracker file (without it, a load names the iterations there and
   --ckpt-step); an iteration not saved is one line listing those that are.
+- ``--save`` == ``--load`` holding nothing yet (a restartable job's first launch) starts from
+  scratch as Megatron-LM does, and the next launch resumes; with
+  ``--exit-on-missing-checkpoint``, or a ``--load`` elsewhere, an empty folder stops the run.
 - ``--save`` == ``--load`` at the iteration the folder holds saves that iteration again over
   itself; the rewritten checkpoint resumes as the straight run continues.
 - a folder in Megatron-LM's other formats (legacy ``torch``, ``zarr``, plain
@@ -76,7 +79,22 @@ def _cases(folder: str) -> dict[str, dict]:
     five = ["--train-iters", "5"]
     out["after_resave"] = _losses_or_refusal(BASE + five + ["--load", saved])
     out["straight_5"] = _losses_or_refusal(BASE + five)
+    out.update(_restartable_job(folder))
     return out
+
+
+def _restartable_job(folder: str) -> dict[str, dict]:
+    """--save and --load the same folder (Megatron-LM's restartable job): the first launch
+    finds nothing there and starts from scratch, the second resumes; an empty --load that is
+    not the --save folder, or any with --exit-on-missing-checkpoint, stops the run."""
+    job, empty = os.path.join(folder, "job"), os.path.join(folder, "empty")
+    os.makedirs(empty)
+    same = ["--save", job, "--load", job]
+    return {"job_first": _losses_or_refusal(BASE + same + ["--train-iters", "2"]),
+            "job_second": _losses_or_refusal(BASE + same),
+            "job_exit": _losses_or_refusal(BASE + ["--save", empty, "--load", empty,
+                                                   "--exit-on-missing-checkpoint"]),
+            "load_elsewhere": _losses_or_refusal(BASE + ["--save", job + "_2", "--load", empty])}
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +117,18 @@ def test_ckpt_step_needs_no_tracker(cases):
 def test_save_over_the_loaded_iteration_resumes(cases):
     assert cases["resave"]["losses"] == []
     assert cases["after_resave"]["losses"] == cases["straight_5"]["losses"][4:]
+
+
+def test_restartable_job_starts_then_resumes(cases):
+    straight = cases["straight"]["losses"]
+    assert cases["job_first"]["losses"] == straight[:2]
+    assert cases["job_second"]["losses"] == straight[2:]
+
+
+@pytest.mark.parametrize("case", ["job_exit", "load_elsewhere"])
+def test_empty_load_stops_the_run(cases, case):
+    assert "holds no checkpoint (latest_checkpointed_iteration.txt is missing)" in \
+        cases[case]["refusal"], cases[case]
 
 
 def test_untracked_folder_names_ckpt_step(cases):
@@ -169,6 +199,13 @@ def test_unsupported_flags_are_one_line(extra, words):
     with pytest.raises(ArgumentValidationError, match=None) as caught:
         parse_run_config(ARGS + extra, world_size=1)
     assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_restartable_job_load_may_not_exist_yet(tmp_path):
+    job = str(tmp_path / "not_yet")
+    parse_run_config(ARGS + ["--save", job, "--load", job], world_size=1)
+    with pytest.raises(ArgumentValidationError, match="does not exist"):
+        parse_run_config(ARGS + ["--load", str(tmp_path / "elsewhere")], world_size=1)
 
 
 def test_accepted_flags(tmp_path):
