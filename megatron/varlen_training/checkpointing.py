@@ -67,6 +67,7 @@ TRACKER_FILENAME = load_options.TRACKER_FILENAME  # latest_checkpointed_iteratio
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
 _RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
+_ITERATION_FOLDER = re.compile(r"iter_(\d{7,})")  # checkpoint_dir's names
 # torch.save to a path reports a failed write (disk full) as a RuntimeError from its C++ zip
 # writer, without the OSError; megatron-core writes common.pt that way.
 _TORCH_WRITER_FAILURE = "inline_container.cc"
@@ -366,6 +367,11 @@ def read_latest_iteration(root: str) -> int:
         saved = _saved_iterations(root)
         named = (f"; it has iteration folders {', '.join(map(str, saved))}: pass --ckpt-step N "
                  f"to load one" if saved else "")
+        own = re.fullmatch(_ITERATION_FOLDER, os.path.basename(os.path.normpath(root)))
+        if own:  # the iteration folder itself: --load names the folder above it
+            named = (f"; it is iteration folder {int(own.group(1))}: pass --load "
+                     f"{os.path.dirname(os.path.normpath(root))} --ckpt-step "
+                     f"{int(own.group(1))}")
         raise CheckpointError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is "
                               f"missing{named})")
     with open(tracker, encoding="utf-8", errors="replace") as handle:
@@ -444,8 +450,8 @@ def _check_format_files(folder: str) -> None:
 def _saved_iterations(root: str) -> list[int]:
     """The iterations with a folder under ``root`` (published ones: staging folders are hidden)."""
     names = os.listdir(root) if os.path.isdir(root) else []
-    return sorted(int(name[len("iter_"):]) for name in names
-                  if re.fullmatch(r"iter_\d{7,}", name))
+    return sorted(int(match.group(1)) for name in names
+                  if (match := re.fullmatch(_ITERATION_FOLDER, name)))
 
 
 def _check_step(root: str, step: int) -> int:

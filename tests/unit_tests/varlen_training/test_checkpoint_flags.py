@@ -69,10 +69,12 @@ def _cases(folder: str) -> dict[str, dict]:
         "latest": ["--load", saved],
         "untracked_step_2": ["--load", untracked, "--ckpt-step", "2"],
         "untracked": ["--load", untracked],
+        "iteration_folder": ["--load", checkpoint_dir(saved, 2)],
         "step_3": ["--load", saved, "--ckpt-step", "3"],
         "legacy": ["--load", _legacy_folder(os.path.join(folder, "legacy"))],
     }
     out.update({name: _losses_or_refusal(BASE + argv) for name, argv in loads.items()})
+    out["iteration_folder_root"] = checkpoint_dir(saved, 2)
     # --save == --load at the iteration it holds: nothing to train, iteration 4 saved again
     # over itself; a run resumed from the rewritten checkpoint continues as the straight run.
     out["resave"] = _losses_or_refusal(BASE + ["--load", saved, "--save", saved])
@@ -137,6 +139,15 @@ def test_untracked_folder_names_ckpt_step(cases):
     refusal = cases["untracked"]["refusal"]
     assert "latest_checkpointed_iteration.txt is missing; it has iteration folders 2: pass " \
         "--ckpt-step N" in refusal, refusal
+
+
+def test_iteration_folder_as_load_names_its_parent(cases):
+    """--load iter_0000002 itself (a common slip): the line names the --load and --ckpt-step
+    that load it."""
+    refusal = cases["iteration_folder"]["refusal"]
+    assert refusal.endswith("it is iteration folder 2: pass --load "
+                            f"{os.path.dirname(cases['iteration_folder_root'])} --ckpt-step 2)"), \
+        refusal
 
 
 def test_ckpt_step_not_saved_is_one_line(cases):
