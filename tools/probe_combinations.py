@@ -544,7 +544,7 @@ def table(done: dict) -> str:
             verdict = _verdict(record["gap"], feature, layout)
         counts[verdict] = counts.get(verdict, 0) + 1
         gap = record.get("gap")
-        detail = record.get("detail", "").replace("|", "/")[:DETAIL_CHARS]
+        detail = record.get("detail", "").replace("|", "/")[:DETAIL_CHARS].rstrip()
         rows.append(f"| {name} | {verdict} | {'' if gap is None else f'{gap:.1e}'} | {detail} |")
     summary = ", ".join(f"{count} {verdict}" for verdict, count in sorted(counts.items()))
     return f"{len(cells)} cells: {summary}\n\n" + "\n".join(rows)
