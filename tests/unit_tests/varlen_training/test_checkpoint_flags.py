@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from megatron.varlen_training.checkpoint_format import check_saved_format
+from megatron.varlen_training.checkpoint_integrity import staging_dir
 from megatron.varlen_training.checkpointing import TRACKER_FILENAME, checkpoint_dir
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
@@ -64,6 +65,8 @@ def _cases(folder: str) -> dict[str, dict]:
     out = {"save": _losses_or_refusal(BASE + ["--save", saved, "--save-interval", "2"]),
            "straight": _losses_or_refusal(BASE)}
     shutil.copytree(checkpoint_dir(saved, 2), checkpoint_dir(untracked, 2))  # no tracker file
+    # What a save killed before it was published leaves (its staging folder), complete-looking.
+    shutil.copytree(checkpoint_dir(saved, 2), staging_dir(checkpoint_dir(saved, 3)))
     loads = {
         "step_2": ["--load", saved, "--ckpt-step", "2"],
         "latest": ["--load", saved],
@@ -151,6 +154,7 @@ def test_iteration_folder_as_load_names_its_parent(cases):
 
 
 def test_ckpt_step_not_saved_is_one_line(cases):
+    """Iteration 3 has only a killed save's staging folder: never loaded as a checkpoint."""
     refusal = cases["step_3"]["refusal"]
     assert "--ckpt-step 3" in refusal and "it has 2, 4" in refusal, refusal
     assert "\n" not in refusal
