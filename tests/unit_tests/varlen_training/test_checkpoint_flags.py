@@ -50,7 +50,7 @@ def _losses_or_refusal(argv: list[str]) -> dict:
 
 
 def _legacy_folder(root) -> str:
-    """A Megatron-LM ``--ckpt-format torch`` checkpoint's shape: tracker, iter_0000002/mp_rank_00/."""
+    """A Megatron-LM ``--ckpt-format torch`` checkpoint: tracker, iter_0000002/mp_rank_00/."""
     os.makedirs(os.path.join(checkpoint_dir(root, 2), "mp_rank_00"))
     torch.save({"iteration": 2}, os.path.join(checkpoint_dir(root, 2), "mp_rank_00",
                                                "model_optim_rng.pt"))
