@@ -57,8 +57,9 @@ def saved_format(folder: str) -> tuple[str, str] | None:
     if backend is not None:
         return backend, f"{CONFIG_FILENAME} names backend {backend!r}, without {MANIFEST_FILENAME}"
     if METADATA_FILENAME in names:
-        return "torch_dcp", (f"torch.distributed.checkpoint files without megatron-core's "
-                             f"{CONFIG_FILENAME}")
+        # Both formats write plain torch.distributed.checkpoint files: the folder cannot tell.
+        return "torch_dcp or fsdp_dtensor", (f"torch.distributed.checkpoint files without "
+                                             f"megatron-core's {CONFIG_FILENAME}")
     return None
 
 

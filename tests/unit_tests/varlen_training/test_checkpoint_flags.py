@@ -181,7 +181,7 @@ def test_other_formats_are_named(tmp_path):
     dcp = tmp_path / "dcp"
     dcp.mkdir()
     (dcp / ".metadata").write_bytes(b"")
-    with pytest.raises(CheckpointError, match="--ckpt-format torch_dcp"):
+    with pytest.raises(CheckpointError, match="--ckpt-format torch_dcp or fsdp_dtensor"):
         check_saved_format(str(dcp))
     megatron_lm = tmp_path / "megatron_lm"
     megatron_lm.mkdir()
