@@ -2,6 +2,7 @@
 
     python tools/probe_combinations.py CELL [CELL ...] [--results results/tmp/combos.jsonl]
     python tools/probe_combinations.py --resume CELL ...     # half + save + load + half
+    python tools/probe_combinations.py --resume-on LAYOUT CELL ...  # ... the load on LAYOUT
     python tools/probe_combinations.py --eval CELL ...       # also validation and test losses
     python tools/probe_combinations.py --results A.jsonl --merge B.jsonl   # the table only
     python tools/probe_combinations.py --list | --argv CELL ...
@@ -287,6 +288,8 @@ EVAL = ["--eval-iters", "2", "--eval-interval", "2"]
 EVAL_SUFFIX = "+eval"
 END_OF_TRAINING_KEYS = ("end_validation_loss", "test_loss")
 RESUME_SUFFIX = "+resume"
+# The one-line errors a run refuses its input with (a bad flag; a checkpoint it cannot continue).
+REFUSALS = ("ArgumentValidationError", "CheckpointError")
 
 
 def parse_cell(cell: str) -> tuple[str, str, str]:
@@ -325,7 +328,7 @@ def launch(feature: str, layout: str, recompute: str, extra: tuple = ()) -> dict
     except DistributedTestError as err:
         text = str(err)
         for line in text.splitlines():
-            if "ArgumentValidationError: " in line:
+            if any(f"{kind}: " in line for kind in REFUSALS):
                 return {"status": "refused", "reason": line.split("Error: ", 1)[-1].strip()}
         last = [line for line in text.splitlines() if line.strip()]
         return {"status": "crashed", "reason": last[-1].strip() if last else text[:200],
@@ -334,19 +337,23 @@ def launch(feature: str, layout: str, recompute: str, extra: tuple = ()) -> dict
 
 
 def launch_resume(feature: str, layout: str, recompute: str, folder: str,
-                  extra: tuple = ()) -> dict:
+                  extra: tuple = (), resume_layout: str | None = None) -> dict:
     """The cell trained RESUME_ITERS straight, and half of them + save + load + the rest;
     {"status": "ran", "history": straight, "resumed": first half + resumed half} (or why not).
-    With :data:`EVAL` in ``extra`` the first half's end-of-training evaluations are dropped
-    (the straight run has none there): the in-loop ones must read the same batches."""
+    ``resume_layout``: the load and the rest run on that layout instead (the straight run and
+    the first half on the cell's). With :data:`EVAL` in ``extra`` the first half's
+    end-of-training evaluations are dropped (the straight run has none there): the in-loop
+    ones must read the same batches."""
     half = RESUME_ITERS // 2
     # the LR must not depend on the stop
     schedule = ["--lr-decay-iters", str(RESUME_ITERS), *extra]
     runs = {}
-    for name, extra in (("straight", ["--train-iters", str(RESUME_ITERS)]),
-                        ("first", ["--train-iters", str(half), "--save", folder]),
-                        ("resumed", ["--train-iters", str(RESUME_ITERS), "--load", folder])):
-        run = launch(feature, layout, recompute, schedule + extra)
+    for name, on, extra in (
+            ("straight", layout, ["--train-iters", str(RESUME_ITERS)]),
+            ("first", layout, ["--train-iters", str(half), "--save", folder]),
+            ("resumed", resume_layout or layout,
+             ["--train-iters", str(RESUME_ITERS), "--load", folder])):
+        run = launch(feature, on, recompute, schedule + extra)
         if run["status"] != "ran":
             return {**run, "reason": f"{name}: {run['reason']}"}
         runs[name] = run["history"]
@@ -466,17 +473,31 @@ def probe(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False
     return record
 
 
-def probe_resume(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False) -> dict:
-    """The cell's resume check: half + save + load + half == straight (no reference run);
-    ``evaluate``: both evaluate (:data:`EVAL`)."""
+def resume_name(cell: str, evaluate: bool = False, resume_layout: str | None = None) -> str:
+    """The recorded name of a resume check: ``CELL[+eval]+resume[@LAYOUT]``."""
     feature, layout, recompute = parse_cell(cell)
-    extra, suffix = (EVAL, EVAL_SUFFIX) if evaluate else ((), "")
-    name = f"{feature}/{layout}/{recompute}{suffix}{RESUME_SUFFIX}"
+    target = f"@{resume_layout}" if resume_layout else ""
+    return (f"{feature}/{layout}/{recompute}{EVAL_SUFFIX if evaluate else ''}{RESUME_SUFFIX}"
+            f"{target}")
+
+
+def probe_resume(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool = False,
+                 resume_layout: str | None = None) -> dict:
+    """The cell's resume check: half + save + load + half == straight (no reference run);
+    ``evaluate``: both evaluate (:data:`EVAL`); ``resume_layout``: the load and the second
+    half on that layout (a changed layout continues the straight run, or is refused)."""
+    feature, layout, recompute = parse_cell(cell)
+    if resume_layout is not None and resume_layout not in LAYOUTS:
+        raise SystemExit(f"--resume-on {resume_layout!r}: unknown (choose from "
+                         f"{sorted(LAYOUTS)})")
+    extra = EVAL if evaluate else ()
+    name = resume_name(cell, evaluate, resume_layout)
     if name in done and not rerun:
         return done[name]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="probe_resume_") as folder:
-        record = {"cell": name, **launch_resume(feature, layout, recompute, folder, extra)}
+        record = {"cell": name, **launch_resume(feature, layout, recompute, folder, extra,
+                                                resume_layout)}
     record["seconds"] = round(time.monotonic() - started, 1)
     if record["status"] == "ran":
         gap, where = compare(record["resumed"], record["history"])
@@ -489,15 +510,15 @@ def probe_resume(cell: str, done: dict, path: Path, rerun: bool, evaluate: bool 
 
 
 def _names(name: str) -> list[str]:
-    """A recorded cell's FEATURE, LAYOUT and RECOMPUTE (without its +resume / +eval)."""
-    return name.removesuffix(RESUME_SUFFIX).removesuffix(EVAL_SUFFIX).split("/")
+    """A recorded cell's FEATURE, LAYOUT and RECOMPUTE (without its +eval / +resume[@LAYOUT])."""
+    return name.split("+", 1)[0].split("/")
 
 
 def _order(name: str) -> tuple:
     """Sort key: feature, recomputation, layout in their tables' order (evaluating cells, then
     resume checks last)."""
     feature, layout, recompute = _names(name)
-    return (tuple(FEATURES).index(feature), name.endswith(RESUME_SUFFIX),
+    return (tuple(FEATURES).index(feature), RESUME_SUFFIX in name,
             EVAL_SUFFIX in name, tuple(RECOMPUTE).index(recompute),
             tuple(LAYOUTS).index(layout))
 
@@ -523,7 +544,7 @@ def table(done: dict) -> str:
             verdict = _verdict(record["gap"], feature, layout)
         counts[verdict] = counts.get(verdict, 0) + 1
         gap = record.get("gap")
-        detail = record.get("detail", "").replace("|", "/")[:DETAIL_CHARS]
+        detail = record.get("detail", "").replace("|", "/")[:DETAIL_CHARS].rstrip()
         rows.append(f"| {name} | {verdict} | {'' if gap is None else f'{gap:.1e}'} | {detail} |")
     summary = ", ".join(f"{count} {verdict}" for verdict, count in sorted(counts.items()))
     return f"{len(cells)} cells: {summary}\n\n" + "\n".join(rows)
@@ -549,6 +570,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true",
                         help=f"instead: {RESUME_ITERS} iterations straight vs half + save + "
                              f"load + half, same cell")
+    parser.add_argument("--resume-on", metavar="LAYOUT", choices=sorted(LAYOUTS),
+                        help="with --resume: the load and the second half on LAYOUT (a "
+                             "changed parallel layout; refused cells show the one line)")
     parser.add_argument("--eval", action="store_true",
                         help=f"both runs also evaluate ({' '.join(EVAL)}): validation and test "
                              f"losses compared too")
@@ -571,7 +595,8 @@ def main() -> None:
             done.update(load_results(more))
     for cell in args.cells:
         if args.resume:
-            record = probe_resume(cell, done, args.results, args.rerun, args.eval)
+            record = probe_resume(cell, done, args.results, args.rerun, args.eval,
+                                  args.resume_on)
         else:
             record = probe(cell, done, args.results, args.rerun, args.eval)
         print(f"{record['cell']}: {record.get('verdict')} {record.get('gap', '')} "

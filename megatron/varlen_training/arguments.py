@@ -18,10 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    data_arguments, document_arguments, flag_ranges, loss_scale_arguments, moe_arguments,
-    recipe_arguments,
-    recompute_arguments, reliability_arguments, run_description, schedule_arguments,
-    sft_arguments, varlen_arguments,
+    checkpoint_arguments, data_arguments, document_arguments, flag_ranges, loss_scale_arguments,
+    moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
+    run_description, schedule_arguments, sft_arguments, varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -257,6 +256,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     reliability_arguments.add_reliability_args(parser)
     recompute_arguments.add_recompute_args(parser)
     recipe_arguments.add_recipe_args(parser)
+    checkpoint_arguments.add_checkpoint_args(parser)
     moe_arguments.add_moe_args(parser)
     return parser
 
@@ -339,7 +339,8 @@ def _validate_precision_and_data(args) -> None:
                 f"--tokenizer-type NullTokenizer needs --vocab-size > 1 (got {args.vocab_size})")
     require(args.mock_data or args.data_path or args.train_data_path,
             "no training data: pass --mock-data, --data-path or --train-data-path")
-    load_problem = recipe_arguments.load_dir_problem(args.load, args.pretrained_checkpoint)
+    load_problem = recipe_arguments.load_dir_problem(args.load, args.pretrained_checkpoint,
+                                                     args.save, args.exit_on_missing_checkpoint)
     require(load_problem is None, load_problem)
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
     loss_scale_arguments.validate_loss_scale_args(args, require)
@@ -404,6 +405,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)
     recipe_arguments.validate_recipe_args(args, require)
+    checkpoint_arguments.validate_checkpoint_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).

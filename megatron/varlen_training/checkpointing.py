@@ -14,8 +14,10 @@ anything: the tracker, the folder, that the manifest lists every file in it and 
 format needs, every file against the manifest, that ``.metadata`` holds only
 checkpoint-metadata classes and that the small files are well-formed
 (:mod:`~megatron.varlen_training.checkpoint_safe_load`), and that the run continues the saved one
-(:mod:`~megatron.varlen_training.resume_consistency`). Every problem is a one-line
-:class:`~megatron.varlen_training.errors.CheckpointError`.
+(:mod:`~megatron.varlen_training.resume_consistency`); a folder in another format is refused
+first (:mod:`~megatron.varlen_training.checkpoint_format`), and distributed-optimizer state that
+does not fit this run's gradient buckets when megatron-core reads it. Every problem is a
+one-line :class:`~megatron.varlen_training.errors.CheckpointError`.
 
 A save that fails for an operational reason stops the run with one line and leaves the previous
 checkpoint as the latest (its staging folder is removed; staging folders left by killed saves
@@ -43,9 +45,12 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from megatron.varlen_training import checkpoint_integrity as integrity
-from megatron.varlen_training import load_options, resume_consistency, rng_state
+from megatron.varlen_training import (
+    checkpoint_format, load_options, resume_consistency, rng_state,
+)
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.checkpoint_safe_load import (
     COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
@@ -62,6 +67,7 @@ TRACKER_FILENAME = load_options.TRACKER_FILENAME  # latest_checkpointed_iteratio
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
 _RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
+_ITERATION_FOLDER = re.compile(r"iter_(\d{7,})")  # checkpoint_dir's names
 # torch.save to a path reports a failed write (disk full) as a RuntimeError from its C++ zip
 # writer, without the OSError; megatron-core writes common.pt that way.
 _TORCH_WRITER_FAILURE = "inline_container.cc"
@@ -73,6 +79,10 @@ _REMEDY = {errno.ENOSPC: "free space where --save points", errno.EDQUOT: "raise 
            errno.EACCES: "make --save writable", errno.EROFS: "make --save writable",
            errno.EPERM: "make --save writable"}
 _DETAIL_CHARS = 160
+# megatron-core's key of a distributed-optimizer bucket's state (dp_reshardable), and the global
+# shape mismatch torch_dist reports when this run's bucket differs from the saved one.
+_OPTIMIZER_BUCKET_KEY = re.compile(r"optimizer\.distributed\.[^\n]*?bucket_idx_(\d+)")
+_SHAPE_MISMATCH = re.compile(r"loaded \(torch\.Size\(\[(\d+)\]\)\) and expected \(\((\d+),\)\)")
 
 
 class CheckpointSaveError(CheckpointError):
@@ -115,8 +125,7 @@ def _stop_writers(before: set) -> None:
         child.join(timeout=_HELPER_EXIT_S)
 
 
-def checkpoint_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
+checkpoint_dir = load_options.iteration_folder  # root, iteration -> <root>/iter_0000003
 
 
 def model_keys(model) -> list[str]:
@@ -355,8 +364,16 @@ def read_latest_iteration(root: str) -> int:
     """The iteration named by the tracker file; a one-line CheckpointError if it is unusable."""
     tracker = os.path.join(root, TRACKER_FILENAME)
     if not os.path.isfile(tracker):
+        saved = _saved_iterations(root)
+        named = (f"; it has iteration folders {', '.join(map(str, saved))}: pass --ckpt-step N "
+                 f"to load one" if saved else "")
+        own = re.fullmatch(_ITERATION_FOLDER, os.path.basename(os.path.normpath(root)))
+        if own:  # the iteration folder itself: --load names the folder above it
+            named = (f"; it is iteration folder {int(own.group(1))}: pass --load "
+                     f"{os.path.dirname(os.path.normpath(root))} --ckpt-step "
+                     f"{int(own.group(1))}")
         raise CheckpointError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is "
-                              f"missing)")
+                              f"missing{named})")
     with open(tracker, encoding="utf-8", errors="replace") as handle:
         text = handle.read().strip()
     if not text.isdigit():
@@ -430,14 +447,37 @@ def _check_format_files(folder: str) -> None:
     check_common_is_safe(folder)
 
 
-def check_checkpoint(root: str) -> tuple[int, str]:
-    """The latest iteration and its folder, verified and safe to read, or a CheckpointError
-    raised on every rank."""
-    iteration = agree_on_errors(read_latest_iteration, root)
+def _saved_iterations(root: str) -> list[int]:
+    """The iterations with a folder under ``root`` (published ones: staging folders are hidden)."""
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return sorted(int(match.group(1)) for name in names
+                  if (match := re.fullmatch(_ITERATION_FOLDER, name)))
+
+
+def _check_step(root: str, step: int) -> int:
+    """``--ckpt-step``'s iteration, if ``root`` has its folder; else a one-line CheckpointError
+    listing the iterations it has."""
+    if os.path.isdir(checkpoint_dir(root, step)):
+        return step
+    saved = _saved_iterations(root)
+    have = f"it has {', '.join(map(str, saved))}" if saved else "it has none"
+    raise CheckpointError(f"--ckpt-step {step}: {root!r} holds no checkpoint of iteration "
+                          f"{step} ({have}); pass one of those, or leave --ckpt-step out to "
+                          f"load the latest")
+
+
+def check_checkpoint(root: str, step: int | None = None) -> tuple[int, str]:
+    """The latest iteration (``step``: that one, ``--ckpt-step``) and its folder, verified and
+    safe to read, or a CheckpointError raised on every rank."""
+    if step is None:
+        iteration = agree_on_errors(read_latest_iteration, root)
+    else:
+        iteration = agree_on_errors(_check_step, root, step)
     folder = checkpoint_dir(root, iteration)
     if not os.path.isdir(folder):
         raise CheckpointError(f"{TRACKER_FILENAME} in {root!r} names iteration {iteration} but "
                               f"{folder!r} is missing")
+    agree_on_errors(checkpoint_format.check_saved_format, folder)
     agree_on_errors(_verify_share, folder)  # every file verified before any is parsed
     agree_on_errors(_check_format_files, folder)
     return iteration, folder
@@ -508,20 +548,51 @@ def _restore_rng(folder: str, parts: load_options.LoadParts) -> None:
                      f"layout): dropout will differ from an uninterrupted run")
 
 
+def _bucket_mismatch(err: BaseException) -> str | None:
+    """``err`` as one line if megatron-core refused the distributed optimizer's state because
+    this run's gradient buckets differ from the saved ones, else None."""
+    text = str(err)
+    bucket = _OPTIMIZER_BUCKET_KEY.search(text)
+    if bucket is None:
+        return None
+    shapes = _SHAPE_MISMATCH.search(text)
+    detail = (f"saved bucket {bucket.group(1)} holds {shapes.group(1)} parameters, this run's "
+              f"{shapes.group(2)}" if shapes else f"bucket {bucket.group(1)} does not match")
+    return (f"--load: the checkpoint's distributed optimizer state does not fit this run's "
+            f"gradient buckets ({detail}): megatron-core's dp_reshardable format stores it per "
+            f"DDP bucket, and the bucket size follows --overlap-grad-reduce (with it, buckets "
+            f"of max(40M, 1M x data-parallel size) parameters; without it, one per buffer); "
+            f"resume with the checkpoint's --overlap-grad-reduce setting and data-parallel "
+            f"size, or add --no-load-optim to load the weights only")
+
+
+def _load_state(template: dict, folder: str) -> dict:
+    """dist_checkpointing's load of ``template`` from ``folder``; a bucket layout the saved
+    distributed optimizer state does not fit is one line (megatron-core raises a traceback
+    of torch's CheckpointException, a BaseException, on every rank)."""
+    try:
+        return dist_checkpointing.load(template, folder)
+    except (CheckpointException, CheckpointingException, RuntimeError, KeyError) as err:
+        problem = _bucket_mismatch(err)
+        if problem is None:
+            raise
+        raise CheckpointError(problem) from None
+
+
 def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None,
                     parts: load_options.LoadParts = load_options.RESUME) -> int:
     """Restores the model and, as ``parts`` says (Megatron-LM's ``--finetune``,
     ``--no-load-optim``, ``--no-load-rng``), the optimizer and LR scheduler and the RNG states;
     returns the iteration to continue from (0 for ``--finetune``). With ``run``, refuses a run
     that would not continue the saved one (``--finetune``: a model of another shape)."""
-    iteration, folder = check_checkpoint(root)
+    iteration, folder = check_checkpoint(root, parts.step)
     if run is not None:
         _check_run_args(folder, iteration, run, parts)
     if parts.optimizer:
         _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
                                    with_optimizer=parts.optimizer)
-    state = dist_checkpointing.load(template, folder)
+    state = _load_state(template, folder)
     for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     if parts.optimizer:

@@ -143,6 +143,8 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "eval_interval": COUNT,
     "eval_iters": NON_NEGATIVE_COUNT,
     "save_interval": COUNT,
+    "ckpt_step": NON_NEGATIVE_COUNT,  # an iteration (checkpoint_arguments.py)
+    "non_persistent_save_interval": COUNT,  # refused whatever its value; a count if given
     # indexed data's reader processes per rank (data_arguments.py); 0: none. Each is a forked
     # copy of the rank: far more than a node has cores only multiplies memory.
     "num_workers": FlagRange(0, MAX_NUM_WORKERS, why="DataLoader processes per rank"),

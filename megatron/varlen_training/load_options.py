@@ -3,18 +3,25 @@
 ``--finetune`` loads the model weights only and starts at iteration 0; ``--no-load-optim``
 skips the optimizer state and the LR/WD schedule; ``--no-load-rng`` skips the random states;
 ``--pretrained-checkpoint`` is the fallback source, loaded as ``--finetune``, while ``--load``
-holds no checkpoint (Megatron-LM's ``load_checkpoint``). recipe_arguments.py has the flags.
+holds no checkpoint (Megatron-LM's ``load_checkpoint``); ``--ckpt-step N`` loads iteration N
+instead of the one the tracker file names (the tracker is then not needed). recipe_arguments.py
+and checkpoint_arguments.py have the flags.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from megatron.varlen_training.config.checkpoint import CheckpointConfig
 
 # The file whose presence makes a directory hold a checkpoint (checkpointing.py's tracker).
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
+# The one --ckpt-format written and read, and Megatron-LM's others (core_v0.16.1's choices):
+# checkpoint_format.py tells a folder in another one; here for the flag layer, which must not
+# import torch.
+SUPPORTED_FORMAT = "torch_dist"
+OTHER_FORMATS = ("torch", "zarr", "torch_dcp", "fsdp_dtensor")
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,8 @@ class LoadParts:
     """Every rank's random states."""
     iteration: bool = True
     """The iteration (and so the samples consumed); False: start at 0 (``--finetune``)."""
+    step: int | None = None
+    """``--ckpt-step``: the saved iteration to load; None: the tracker file's (the latest)."""
 
     @property
     def finetune(self) -> bool:
@@ -41,25 +50,56 @@ FINETUNE = LoadParts(optimizer=False, rng=False, iteration=False)
 def load_parts(checkpoint: CheckpointConfig) -> LoadParts:
     """The parts ``--finetune``/``--no-load-optim``/``--no-load-rng`` leave to load."""
     if checkpoint.finetune:
-        return FINETUNE
-    return LoadParts(optimizer=not checkpoint.no_load_optim, rng=not checkpoint.no_load_rng)
+        return replace(FINETUNE, step=checkpoint.ckpt_step)
+    return LoadParts(optimizer=not checkpoint.no_load_optim, rng=not checkpoint.no_load_rng,
+                     step=checkpoint.ckpt_step)
 
 
-def holds_checkpoint(root: str | None) -> bool:
-    """Whether ``root`` holds a checkpoint (its tracker file), as Megatron-LM decides it."""
-    return root is not None and os.path.isfile(os.path.join(root, TRACKER_FILENAME))
+def iteration_folder(root: str, iteration: int) -> str:
+    """Where iteration ``iteration`` is saved under ``root`` (Megatron-LM's ``iter_0000003``)."""
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def holds_checkpoint(root: str | None, step: int | None = None) -> bool:
+    """Whether ``root`` holds a checkpoint, as Megatron-LM decides it: its tracker file, or
+    with ``--ckpt-step`` (``step``) that iteration's folder."""
+    if root is None:
+        return False
+    if step is not None:
+        return os.path.isdir(iteration_folder(root, step))
+    return os.path.isfile(os.path.join(root, TRACKER_FILENAME))
+
+
+def _same_folder(first: str, second: str) -> bool:
+    return os.path.realpath(first) == os.path.realpath(second)
+
+
+def fresh_start_note(checkpoint: CheckpointConfig) -> str | None:
+    """Megatron-LM's restartable job, ``--save`` and ``--load`` the same folder: while it holds
+    no checkpoint yet (the job's first launch) the run starts from scratch, and this line says
+    so; None otherwise. Not with ``--exit-on-missing-checkpoint`` or ``--ckpt-step`` (a load
+    asked for explicitly), nor for a ``--load`` elsewhere: a source that holds nothing stops
+    the run, so a mistyped one never trains from scratch."""
+    load, save = checkpoint.load, checkpoint.save
+    if load is None or save is None or not _same_folder(load, save) \
+            or checkpoint.exit_on_missing_checkpoint or checkpoint.ckpt_step is not None \
+            or checkpoint.pretrained_checkpoint is not None or holds_checkpoint(load):
+        return None
+    return (f"--load {load!r} holds no checkpoint yet ({TRACKER_FILENAME} is missing) and is "
+            f"also --save: starting from scratch (a restartable job's first launch; "
+            f"--exit-on-missing-checkpoint stops instead)")
 
 
 def checkpoint_source(checkpoint: CheckpointConfig) -> tuple[str, LoadParts] | None:
     """Where the run starts from and what it loads there; None: from scratch.
 
     ``--load`` when it holds a checkpoint (or no ``--pretrained-checkpoint`` is given: a
-    missing checkpoint is then an error at load), else ``--pretrained-checkpoint`` as
-    ``--finetune``.
+    missing checkpoint is then an error at load, except for a restartable job's first launch:
+    :func:`fresh_start_note`), else ``--pretrained-checkpoint`` as ``--finetune``.
     """
     pretrained = checkpoint.pretrained_checkpoint
-    if pretrained is not None and not holds_checkpoint(checkpoint.load):
-        return pretrained, FINETUNE
-    if checkpoint.load is not None:
+    if pretrained is not None and not holds_checkpoint(checkpoint.load, checkpoint.ckpt_step):
+        return pretrained, replace(FINETUNE, step=checkpoint.ckpt_step)
+    if checkpoint.load is not None and fresh_start_note(checkpoint) is None:
         return checkpoint.load, load_parts(checkpoint)
     return None

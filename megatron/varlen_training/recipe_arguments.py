@@ -65,9 +65,15 @@ def validate_recipe_args(args, require) -> None:
             "--overlap-param-gather needs --overlap-grad-reduce (as in Megatron-LM)")
 
 
-def load_dir_problem(load: str | None, pretrained: str | None) -> str | None:
+def load_dir_problem(load: str | None, pretrained: str | None, save: str | None = None,
+                     exit_on_missing: bool = False) -> str | None:
     """Why ``--load`` cannot be used, or None. With ``--pretrained-checkpoint`` it may be
-    missing or empty: the run then starts from the pretrained checkpoint."""
+    missing or empty: the run then starts from the pretrained checkpoint; so may it when it is
+    also ``--save`` (a restartable job's first launch, unless ``--exit-on-missing-checkpoint``:
+    load_options.fresh_start_note)."""
     if load is None or os.path.isdir(load) or pretrained is not None:
+        return None
+    if save is not None and not exit_on_missing \
+            and os.path.realpath(save) == os.path.realpath(load):
         return None
     return f"--load directory {load!r} does not exist"

@@ -29,7 +29,7 @@ from megatron.core.utils import get_attr_wrapped_model
 from megatron.varlen_training import checkpointing, log, optimizer_kernels
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
-from megatron.varlen_training.load_options import checkpoint_source
+from megatron.varlen_training.load_options import checkpoint_source, fresh_start_note
 from megatron.varlen_training.loop_steps import eval_mode
 from megatron.varlen_training.model import aligned_param_gather, params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
@@ -120,6 +120,8 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> Trai
     source = checkpoint_source(run.checkpoint)
     if source is not None:
         load_state(state, *source, run)
+    elif (note := fresh_start_note(run.checkpoint)) is not None:
+        log.print_rank_0(f" > {note}")
     return state
 
 

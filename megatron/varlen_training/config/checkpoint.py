@@ -24,6 +24,10 @@ class CheckpointConfig:
     no_load_optim: bool = False
     no_load_rng: bool = False
     pretrained_checkpoint: str | None = None
+    # Which saved iteration a load reads (checkpoint_arguments.py): None, the latest.
+    ckpt_step: int | None = None
+    # --save == --load holding nothing yet: stop instead of starting from scratch.
+    exit_on_missing_checkpoint: bool = False
 
     def __post_init__(self):
         check_ranges(self)

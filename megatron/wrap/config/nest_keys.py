@@ -64,7 +64,6 @@ ACCEPTED: dict[str, str] = {
     "log_interval": "megatron-wrap's log_last_metrics() logs at every call (Megatron-LM's "
                     "--log-interval spaced its own loop's lines, which megatron-wrap never ran)",
     **dict.fromkeys(("no_save_optim", "no_save_rng"), _CKPT_ALL),
-    "exit_on_missing_checkpoint": "this fork always stops when `load` holds no checkpoint",
     **dict.fromkeys(("tokenizer_type", "tokenizer_model", "vocab_file", "merge_file"),
                     "megatron-wrap never builds Megatron-LM's tokenizer (the script tokenizes; "
                     "the model's vocabulary is vocab_size)"),

@@ -89,6 +89,8 @@ VALID = {
     "eval_interval": HUGE,
     "eval_iters": ZERO_OR_HUGE,  # as train_iters
     "save_interval": HUGE,
+    "ckpt_step": NONE,  # the base commands load nothing: every --ckpt-step is refused
+    "non_persistent_save_interval": NONE,  # refused whatever its value
     "num_workers": ZERO,  # reads in the training process; a huge count would fork a host away
     "min_dynamic_context_parallel_size": NONE,
     "max_seqlen_per_dp_cp_rank": NONE,

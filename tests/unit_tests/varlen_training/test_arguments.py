@@ -49,6 +49,8 @@ EXPECTED_FLAGS = frozenset("""
 --recompute-activations
 --finetune --no-load-optim --no-load-rng --pretrained-checkpoint
 --overlap-grad-reduce --overlap-param-gather
+--ckpt-format --auto-detect-ckpt-format --ckpt-step --exit-on-missing-checkpoint --async-save
+--non-persistent-save-interval --non-persistent-ckpt-type --use-checkpoint-args
 --num-experts --moe-router-topk --moe-ffn-hidden-size --moe-shared-expert-intermediate-size
 --moe-layer-freq --expert-model-parallel-size --expert-tensor-parallel-size
 --moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff
