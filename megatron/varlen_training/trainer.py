@@ -112,7 +112,8 @@ class Trainer:
         # Data errors (bad file, line, bytes) are one line on every rank, never a traceback.
         data = self.run.data
         self.tokenizer = agree_on_errors(build_tokenizer, data.tokenizer_type,
-                                         self.run.model.vocab_size, data.tokenizer_model)
+                                         self.run.model.vocab_size, data.tokenizer_model,
+                                         data.vocab_file, data.merge_file)
         self.run = self.run.with_vocabulary(self.tokenizer.vocab_size)
         check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size)
         self.cp_group_lookup = create_dynamic_cp_groups(self.run)
