@@ -178,3 +178,17 @@ def test_pretrain_gpt_exits_2_with_one_line():
     lines = [line for line in result.stderr.splitlines() if "Llama2Tokenizer" in line]
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def test_pretrain_mamba_takes_the_files_and_refuses_alike(files, tokenizer):
+    from megatron.varlen_training.config.from_flags import parse_hybrid_run_config
+
+    hybrid = ["--hybrid-override-pattern", "M*", "--mamba-head-dim", "8",
+              "--mamba-num-groups", "2", "--train-iters", "1"]
+    run = parse_hybrid_run_config(
+        TINY_ARGS_NO_VOCAB + hybrid + ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+                                       str(files[0]), "--merge-file", str(files[1])])
+    assert (run.data.vocab_file, run.data.merge_file) == (str(files[0]), str(files[1]))
+    assert run.with_vocabulary(tokenizer.vocab_size).model.vocab_size == tokenizer.vocab_size
+    with pytest.raises(ArgumentValidationError, match="pip install sentencepiece|not supported"):
+        parse_hybrid_run_config(TINY_GPT_ARGS + hybrid + ["--tokenizer-type", "Llama2Tokenizer"])
