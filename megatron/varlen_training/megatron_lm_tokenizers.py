@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 
 GPT2_BPE_TYPE = "GPT2BPETokenizer"
 GPT2_EOD_TOKEN = "<|endoftext|>"  # GPT-2's end of text: Megatron-LM's eod
@@ -135,3 +137,28 @@ def gpt2_bpe_backend(vocab_file: str | None, merge_file: str | None):
     backend.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=GPT2_EOD_TOKEN,
                                    bos_token=GPT2_EOD_TOKEN, unk_token=GPT2_EOD_TOKEN)
+
+
+GPT2_HF_FILES = ("vocab.json", "merges.txt")  # GPT-2's own file names in a HF directory
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"
+HF_GPT2_CLASS = "GPT2Tokenizer"  # what transformers loads the directory with (as the hub's gpt2)
+
+
+def gpt2_eod_id(vocab_file: str | None) -> int:
+    """The eod id of ``--vocab-file`` (the id of ``<|endoftext|>``)."""
+    return read_vocab_file(vocab_file)[GPT2_EOD_TOKEN]
+
+
+def save_gpt2_bpe(vocab_file: str | None, merge_file: str | None, out_dir: str) -> None:
+    """Writes the tokenizer as a Hugging Face GPT-2 tokenizer directory: ``tokenizer.json``,
+    ``tokenizer_config.json`` naming GPT-2's class, and the two files under GPT-2's names, so
+    that ``AutoTokenizer.from_pretrained(out_dir)`` gives the ids training read."""
+    gpt2_bpe_backend(vocab_file, merge_file).save_pretrained(out_dir)
+    for source, name in zip((vocab_file, merge_file), GPT2_HF_FILES):
+        shutil.copyfile(source, os.path.join(out_dir, name))
+    config_path = os.path.join(out_dir, HF_TOKENIZER_CONFIG)
+    with open(config_path, encoding="utf-8") as file:
+        config = json.load(file)
+    config["tokenizer_class"] = HF_GPT2_CLASS  # not the generic fast class: what GPT-2 has
+    with open(config_path, "w", encoding="utf-8") as file:
+        json.dump(config, file, indent=2)
