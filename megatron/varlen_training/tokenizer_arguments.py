@@ -81,6 +81,9 @@ def validate_tokenizer_args(args: argparse.Namespace, require,
     reason = unavailable_reason(args.tokenizer_type)
     require(reason is None, reason)
     is_bpe = args.tokenizer_type == GPT2_BPE_TYPE
+    require(not (is_bpe and args.tokenizer_model),
+            f"--tokenizer-model {args.tokenizer_model!r} is not read by --tokenizer-type "
+            f"{GPT2_BPE_TYPE}, which is built from --vocab-file and --merge-file: drop it")
     for flag in ("--vocab-file", "--merge-file"):
         value = getattr(args, flag[2:].replace("-", "_"))
         require(value is not None or not is_bpe,

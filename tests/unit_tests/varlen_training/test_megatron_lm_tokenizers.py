@@ -126,6 +126,12 @@ def test_gpt2_bpe_needs_both_files(files, missing):
     assert missing in message and "GPT2BPETokenizer" in message
 
 
+def test_tokenizer_model_beside_gpt2_bpe_is_refused(files):
+    message = _refusal("--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(files[0]),
+                       "--merge-file", str(files[1]), "--tokenizer-model", "some/dir")
+    assert "--tokenizer-model 'some/dir'" in message
+
+
 def test_files_without_gpt2_bpe_are_refused(files):
     message = _refusal("--vocab-file", str(files[0]))  # TINY_GPT_ARGS: NullTokenizer
     assert "--vocab-file" in message and "NullTokenizer" in message
