@@ -198,3 +198,22 @@ def test_pretrain_mamba_takes_the_files_and_refuses_alike(files, tokenizer):
     assert run.with_vocabulary(tokenizer.vocab_size).model.vocab_size == tokenizer.vocab_size
     with pytest.raises(ArgumentValidationError, match="pip install sentencepiece|not supported"):
         parse_hybrid_run_config(TINY_GPT_ARGS + hybrid + ["--tokenizer-type", "Llama2Tokenizer"])
+
+
+@pytest.mark.parametrize("vocab, merges, needle", [
+    ('{"a": 0, "<|endoftext|>": 2}', "", "not 0..1"),
+    ('["a"]', "", "not a JSON object"),
+    ("{not json", "", "not a readable vocabulary JSON"),
+    (None, "", "No such file"),
+    ('{"a": 0, "b": 1, "<|endoftext|>": 2}', "#version: 0.2\na b c\n", "line 2 'a b c'"),
+    ('{"a": 0, "b": 1, "<|endoftext|>": 2}', "a x\n", "merges 'x'"),
+])
+def test_bad_files_are_one_line_naming_the_file(tmp_path, vocab, merges, needle):
+    vocab_file, merge_file = tmp_path / "v.json", tmp_path / "m.txt"
+    if vocab is not None:
+        vocab_file.write_text(vocab, encoding="utf-8")
+    merge_file.write_text(merges, encoding="utf-8")
+    with pytest.raises(ValueError) as err:
+        build_tokenizer("GPT2BPETokenizer", vocab_file=str(vocab_file), merge_file=str(merge_file))
+    message = str(err.value)
+    assert "\n" not in message and needle in message, message
