@@ -8,6 +8,8 @@ tiny vocabulary's <|endoftext|>)."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ pytestmark = needs_extra("hf")
 WORDS = ["hello", "world", "the", "cafe", "caf\u00e9", "in", "a", "12", "tea", "hell", "o"]
 DOCUMENTS = 80
 TRAIN_ITERS = 3
+DIVISIBLE_BY = 32  # --make-vocab-size-divisible-by (TP 1)
 
 
 def _texts() -> list[str]:
@@ -57,26 +60,45 @@ def test_documents_are_gpt2_ids_and_the_eod(gpt2_data):
     assert written == [reference_ids(text) + [eod] for text in _texts()]
 
 
-def _losses(folder: Path, tokenizer_flags: list[str], cache: str) -> list[float]:
+def train_recording_log(argv: list[str]) -> dict:
+    """train_on_this_rank, plus the messages logged under the "megatron" logger."""
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger("megatron").addHandler(handler)
+    try:
+        return {**train_on_this_rank(argv), "messages": messages}
+    finally:
+        logging.getLogger("megatron").removeHandler(handler)
+
+
+def _train(folder: Path, tokenizer_flags: list[str], cache: str) -> tuple[list[float], list]:
     argv = [
         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
-        "--lr", "2e-3", "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0",
+        "--lr", "2e-3", "--make-vocab-size-divisible-by", str(DIVISIBLE_BY), "--hidden-dropout", "0",
         "--attention-dropout", "0", "--log-interval", "1", "--eval-iters", "0", "--seed", "5",
         "--train-iters", str(TRAIN_ITERS), "--split", "100,0,0", "--num-workers", "0",
         "--eod-mask-loss", "--data-path", str(folder / "gpt2_text_document"),
         "--data-cache-path", str(folder / cache), *tokenizer_flags]
-    results = run_distributed(train_on_this_rank, 1, args=(argv,), timeout_s=240)
-    return [entry["lm_loss"] for entry in loss_owner_history(results)]
+    results = run_distributed(train_recording_log, 1, args=(argv,), timeout_s=240)
+    return [entry["lm_loss"] for entry in loss_owner_history(results)], results[0]["messages"]
 
 
 def test_trains_as_the_same_ids_under_null_tokenizer(gpt2_data):
     folder, files = gpt2_data
-    gpt2 = _losses(folder, ["--tokenizer-type", "GPT2BPETokenizer", *files], "cache_gpt2")
-    null = _losses(folder, ["--tokenizer-type", "NullTokenizer", "--vocab-size",
-                            str(len(vocabulary()))], "cache_null")
+    gpt2, messages = _train(folder, ["--tokenizer-type", "GPT2BPETokenizer", *files],
+                            "cache_gpt2")
+    null, _ = _train(folder, ["--tokenizer-type", "NullTokenizer", "--vocab-size",
+                              str(len(vocabulary()))], "cache_null")
     assert len(gpt2) == TRAIN_ITERS and all(np.isfinite(gpt2))
     assert gpt2 == null
+    # Megatron-LM's start-up lines; its padding: ceil(vocabulary / (divisible-by x TP))
+    vocab = len(vocabulary())
+    padded = math.ceil(vocab / DIVISIBLE_BY) * DIVISIBLE_BY
+    assert "> building GPT2BPETokenizer tokenizer ..." in messages
+    assert (f" > padded vocab (size: {vocab}) with {padded - vocab} dummy tokens "
+            f"(new size: {padded})") in messages
 
 
 @pytest.mark.parametrize("flags, needle", [
