@@ -45,7 +45,7 @@ REFUSED_FLAGS = {
                             + _HF_DIR_HINT),
     "--null-tokenizer-eod-id": ({}, None, "NullTokenizer's eod and pad are --vocab-size - 1 "
                                           "here; preprocess and train with that"),
-    "--null-tokenizer-pad-id": ({}, None, "NullTokenizer's eod and pad are --vocab-size - 1 "
+    "--null-tokenizer-pad-id": ({}, "-1", "NullTokenizer's eod and pad are --vocab-size - 1 "
                                           "here; preprocess and train with that"),
     "--chat-template": ({}, None, "SFT renders conversations with the --tokenizer-model "
                                   "directory's own chat template (its tokenizer_config.json); "

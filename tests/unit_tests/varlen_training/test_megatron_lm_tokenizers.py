@@ -163,7 +163,8 @@ def test_megatron_lm_tokenizer_flags_not_honoured_are_refused(flag):
 
 
 def test_megatron_lm_defaults_of_refused_flags_change_nothing():
-    _parse("--vocab-extra-ids", "0", "--tiktoken-num-special-tokens", "1000")
+    _parse("--vocab-extra-ids", "0", "--tiktoken-num-special-tokens", "1000",
+           "--null-tokenizer-pad-id", "-1")
 
 
 def test_build_tokenizer_refuses_in_one_line(files):
