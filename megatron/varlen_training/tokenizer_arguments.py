@@ -70,8 +70,9 @@ def add_tokenizer_file_args(parser, honoured: tuple[str, ...] = ()) -> None:
     for flag, (kwargs, neutral, why) in REFUSED_FLAGS.items():
         if flag not in honoured:
             neutral_note = "" if neutral is None else f" (but {neutral}, which changes nothing)"
-            group.add_argument(flag, default=None, help=f"Refused{neutral_note}: {why}.",
-                               **kwargs)
+            is_switch = kwargs.get("action") == "store_true"
+            group.add_argument(flag, default=False if is_switch else None,
+                               help=f"Refused{neutral_note}: {why}.", **kwargs)
 
 
 def validate_tokenizer_args(args: argparse.Namespace, require,

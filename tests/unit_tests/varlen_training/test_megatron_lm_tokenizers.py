@@ -218,3 +218,24 @@ def test_bad_files_are_one_line_naming_the_file(tmp_path, vocab, merges, needle)
         build_tokenizer("GPT2BPETokenizer", vocab_file=str(vocab_file), merge_file=str(merge_file))
     message = str(err.value)
     assert "\n" not in message and needle in message, message
+
+
+def test_config_values_take_the_files_and_megatron_lm_defaults(files):
+    """The facade's path (flag values as data, flag_values.py): Megatron-LM's defaults of the
+    refused flags, as a megatron-wrap config carries them, change nothing; other values are
+    refused naming the flag."""
+    from megatron.varlen_training.flag_values import parse_values
+
+    base = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 32,
+            "micro_batch_size": 2, "global_batch_size": 4, "lr": 1e-3, "mock_data": True,
+            "train_iters": 1, "tokenizer_type": "GPT2BPETokenizer",
+            "vocab_file": str(files[0]), "merge_file": str(files[1])}
+    defaults = {"vocab_extra_ids": 0, "tiktoken_num_special_tokens": 1000,
+                "null_tokenizer_pad_id": -1, "tokenizer_hf_no_use_fast": False,
+                "trust_remote_code": False, "legacy_tokenizer": False, "chat_template": None}
+    args = parse_values({**base, **defaults}, world_size=1)
+    assert (args.vocab_file, args.merge_file) == (str(files[0]), str(files[1]))
+    with pytest.raises(ArgumentValidationError, match="--vocab-extra-ids 100"):
+        parse_values({**base, "vocab_extra_ids": 100}, world_size=1)
+    with pytest.raises(ArgumentValidationError, match="--trust-remote-code"):
+        parse_values({**base, "trust_remote_code": True}, world_size=1)
