@@ -4,6 +4,7 @@ the independent GPT-2 BPE of gpt2_files.py), and config.json's bos/eos ids are t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -78,3 +79,21 @@ def test_export_writes_it_beside_the_model_and_drops_a_stale_tokenizer(tmp_path)
     assert names == ["config.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
                      "vocab.json"]
     _assert_loads_as_gpt2(out)
+
+
+def export_tool_vocabulary_on_this_rank(folder: str) -> tuple[int, int]:
+    from megatron.varlen_training.hf.export_tool import with_tokenizer_vocabulary
+
+    run = _run(Path(folder))  # the vocabulary unresolved, as the flags leave it
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=None))
+    model = with_tokenizer_vocabulary(run).model
+    return model.vocab_size, model.padded_vocab_size
+
+
+def test_export_tool_sizes_the_vocabulary_from_the_files(tmp_path):
+    """tools/export_hf.py resolves the vocabulary as training did: from --vocab-file."""
+    [(vocab, padded)] = run_distributed(export_tool_vocabulary_on_this_rank, 1,
+                                        args=(str(tmp_path / "files"),), timeout_s=120)
+    divisible_by = int(TINY_GPT_ARGS[TINY_GPT_ARGS.index("--make-vocab-size-divisible-by") + 1])
+    assert vocab == len(vocabulary())
+    assert padded == -(-vocab // divisible_by) * divisible_by
