@@ -326,8 +326,8 @@ def _export_tokenizer_on_rank_0(run: RunConfig, out_dir: str) -> None:
 
 def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
     """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
-    with the tokenizer's files (:func:`_export_tokenizer_on_rank_0`) and the source checkpoint's generation
-    config (:func:`source_generation_config`)."""
+    with the tokenizer's files (:func:`_export_tokenizer_on_rank_0`) and the source checkpoint's
+    generation config (:func:`source_generation_config`)."""
     out_dir = out_dir or run.checkpoint.save_hf
     config = export_config(run)
     path = export_hf([unwrap(chunk) for chunk in model], out_dir, config,

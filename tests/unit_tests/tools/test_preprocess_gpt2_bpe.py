@@ -76,7 +76,8 @@ def _train(folder: Path, tokenizer_flags: list[str], cache: str) -> tuple[list[f
     argv = [
         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
-        "--lr", "2e-3", "--make-vocab-size-divisible-by", str(DIVISIBLE_BY), "--hidden-dropout", "0",
+        "--lr", "2e-3", "--make-vocab-size-divisible-by", str(DIVISIBLE_BY),
+        "--hidden-dropout", "0",
         "--attention-dropout", "0", "--log-interval", "1", "--eval-iters", "0", "--seed", "5",
         "--train-iters", str(TRAIN_ITERS), "--split", "100,0,0", "--num-workers", "0",
         "--eod-mask-loss", "--data-path", str(folder / "gpt2_text_document"),
