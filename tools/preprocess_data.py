@@ -6,6 +6,9 @@ flags; the work is in megatron/varlen_training/datasets/preprocess.py, this is i
 
 writes ``data/docs_text_document.bin/.idx``, the files Megatron-LM's tools/preprocess_data.py
 writes for the same flags; train on them with ``--data-path data/docs_text_document``.
+Megatron-LM's GPT recipe, ``--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json
+--merge-file gpt2-merges.txt``, works as in pretrain_gpt.py; its tokenizer types and flags not
+honoured here are refused in one line (megatron/varlen_training/tokenizer_arguments.py).
 Megatron-LM's flags this tool does not do (``--split-sentences`` and its ``--keep-newlines``,
 ``--lang``; ``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``)
 are refused in one line saying what to do instead. Progress: a bar with documents/s on a
@@ -31,8 +34,11 @@ from megatron.varlen_training.datasets.preprocess import (  # noqa: E402
     PreprocessConfig, preprocess,
 )
 from megatron.varlen_training.errors import USAGE_EXIT_CODE, one_line  # noqa: E402
-from megatron.varlen_training.flag_errors import ArgumentValidationError  # noqa: E402
-from megatron.varlen_training.tokenizer import TOKENIZER_TYPES  # noqa: E402
+from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: E402
+from megatron.varlen_training.tokenizer import TOKENIZER_TYPE_CHOICES  # noqa: E402
+from megatron.varlen_training.tokenizer_arguments import (  # noqa: E402
+    add_tokenizer_file_args, validate_tokenizer_args,
+)
 
 PROG = "preprocess_data.py"
 DEFAULT_LOG_INTERVAL = 1000  # Megatron-LM's
@@ -60,6 +66,10 @@ _REFUSED_FLAGS = {
 }
 
 
+# Megatron-LM tokenizer flags the training layer refuses but this tool honours (its own group).
+_HONOURED_TOKENIZER_FLAGS = ("--tokenizer-hf-no-include-special-tokens",)
+
+
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 - argparse override
         raise ArgumentValidationError(message)
@@ -74,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--json-keys", nargs="+", default=["text"],
                        help="Keys whose text becomes documents (one dataset per key).")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES,
+    group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPE_CHOICES,
                        help="The tokenizer training will use (pretrain_gpt.py's flag).")
     group.add_argument("--tokenizer-model", default=None,
                        help="Local tokenizer directory (HuggingFaceTokenizer).")
@@ -87,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(no BOS); by default tokenizer(text).input_ids, as Megatron-LM.")
     group.add_argument("--tokenizer-hf-include-special-tokens", action="store_true",
                        help="Megatron-LM's older flag for the default (accepted, no effect).")
+    add_tokenizer_file_args(parser, honoured=_HONOURED_TOKENIZER_FLAGS)
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True,
                        help="Writes OUTPUT_PREFIX_{key}_document.bin/.idx.")
@@ -117,13 +128,15 @@ def _refuse_unsupported(args: argparse.Namespace) -> None:
 def parse_config(argv: list[str] | None = None) -> PreprocessConfig:
     args = build_parser().parse_args(argv)
     _refuse_unsupported(args)
+    validate_tokenizer_args(args, require, honoured=_HONOURED_TOKENIZER_FLAGS)
     return PreprocessConfig(
         input=args.input, json_keys=tuple(args.json_keys), tokenizer_type=args.tokenizer_type,
         output_prefix=args.output_prefix, tokenizer_model=args.tokenizer_model,
         vocab_size=args.vocab_size, append_eod=args.append_eod, workers=args.workers,
         log_interval=args.log_interval,
         include_special_tokens=not args.tokenizer_hf_no_include_special_tokens,
-        partitions=args.partitions, keep_sequential_samples=args.keep_sequential_samples)
+        partitions=args.partitions, keep_sequential_samples=args.keep_sequential_samples,
+        vocab_file=args.vocab_file, merge_file=args.merge_file)
 
 
 def main(argv: list[str] | None = None) -> int:

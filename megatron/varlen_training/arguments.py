@@ -20,11 +20,12 @@ from typing import Any
 from megatron.varlen_training import (
     checkpoint_arguments, data_arguments, document_arguments, flag_ranges, loss_scale_arguments,
     moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
-    run_description, schedule_arguments, sft_arguments, varlen_arguments,
+    run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
 from megatron.varlen_training.hf import arguments as hf_arguments
+from megatron.varlen_training.tokenizer import TOKENIZER_TYPE_CHOICES
 from megatron.varlen.scheduling import pad_multiple
 
 ERROR_EXIT_CODE = 2
@@ -179,9 +180,11 @@ def _add_data_args(parser):
                             "optionally weighted: '0.7 PREFIX_A 0.3 PREFIX_B'), split by "
                             "--split; with --sft a JSONL of chats or prompt/response.")
     group.add_argument("--tokenizer-type", default="NullTokenizer",
-                       choices=["NullTokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer"],
+                       choices=TOKENIZER_TYPE_CHOICES,
                        help="NullTokenizer (ids as text), ByteLevelTokenizer (UTF-8 bytes, no "
-                            "download) or a local HuggingFace tokenizer.")
+                            "download), a local HuggingFace tokenizer or GPT2BPETokenizer "
+                            "(--vocab-file, --merge-file); Megatron-LM's other types are "
+                            "refused with the reason.")
     group.add_argument("--tokenizer-model", default=None,
                        help="Local tokenizer directory (HuggingFaceTokenizer).")
     group.add_argument("--vocab-size", type=int, default=None,
@@ -250,6 +253,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     sft_arguments.add_sft_data_args(parser)
     _add_logging_checkpoint_args(parser)
     data_arguments.add_indexed_data_args(parser)
+    tokenizer_arguments.add_tokenizer_file_args(parser)
     varlen_arguments.add_varlen_args(parser)
     document_arguments.add_document_args(parser)
     hf_arguments.add_hf_args(parser)
@@ -395,6 +399,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     varlen_arguments.validate_varlen_args(args, require)
     sft_arguments.validate_sft_data_args(args, require)
     data_arguments.validate_indexed_data_args(args, require)
+    tokenizer_arguments.validate_tokenizer_args(args, require)
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
     moe_arguments.validate_moe_args(args, require)

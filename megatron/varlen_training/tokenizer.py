@@ -15,6 +15,12 @@ Every tokenizer offers the same small interface (:class:`Tokenizer`): ``vocab_si
   directory, loaded offline. With a chat template, SFT conversations are rendered by it
   (``encode_chat``, see ``megatron/varlen_training/hf/chat_template.py``); without one, turns open
   with ``<|role|>\n`` as text.
+- ``GPT2BPETokenizer`` (``--vocab-file F --merge-file F``): Megatron-LM's GPT-2 BPE, built from
+  the two files (``megatron/varlen_training/megatron_lm_tokenizers.py``), adapted like a
+  HuggingFace tokenizer; eod is ``<|endoftext|>``.
+
+Megatron-LM's other types are accepted by the flag parser and refused in one line
+(:func:`megatron.varlen_training.megatron_lm_tokenizers.unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -22,8 +28,16 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from megatron.varlen_training.megatron_lm_tokenizers import (
+    GPT2_BPE_TYPE, MEGATRON_LM_ONLY_TYPES, gpt2_bpe_backend, unavailable_reason,
+)
+
 HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
-TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", HF_TOKENIZER_TYPE)
+TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", HF_TOKENIZER_TYPE, GPT2_BPE_TYPE)
+# What --tokenizer-type accepts: the types built here and Megatron-LM's others, which are
+# refused in one line saying why (a missing package, a model family this fork does not train).
+TOKENIZER_TYPE_CHOICES = TOKENIZER_TYPES + tuple(
+    kind for kind in MEGATRON_LM_ONLY_TYPES if kind not in TOKENIZER_TYPES)
 CHAT_ROLES = ("system", "user", "assistant")
 TRAINED_ROLE = "assistant"  # the turns SFT trains on (the others are masked)
 
@@ -207,7 +221,8 @@ def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
 
 
 def build_tokenizer(
-    tokenizer_type: str, vocab_size: int | None = None, tokenizer_model: str | None = None
+    tokenizer_type: str, vocab_size: int | None = None, tokenizer_model: str | None = None,
+    vocab_file: str | None = None, merge_file: str | None = None,
 ) -> Tokenizer:
     """Builds the tokenizer named by ``--tokenizer-type``.
 
@@ -215,6 +230,8 @@ def build_tokenizer(
         tokenizer_type: One of :data:`TOKENIZER_TYPES`.
         vocab_size: ``--vocab-size``; required by ``NullTokenizer``, ignored otherwise.
         tokenizer_model: ``--tokenizer-model``; the local directory for ``HuggingFaceTokenizer``.
+        vocab_file: ``--vocab-file``; GPT-2's vocabulary JSON for ``GPT2BPETokenizer``.
+        merge_file: ``--merge-file``; GPT-2's merges file for ``GPT2BPETokenizer``.
 
     Returns:
         The tokenizer.
@@ -228,6 +245,11 @@ def build_tokenizer(
         return ByteLevelTokenizer()
     if tokenizer_type == "HuggingFaceTokenizer":
         return HuggingFaceTokenizer.from_pretrained(tokenizer_model)
+    if tokenizer_type == GPT2_BPE_TYPE:
+        return HuggingFaceTokenizer(gpt2_bpe_backend(vocab_file, merge_file))
+    reason = unavailable_reason(tokenizer_type)
+    if reason is not None:
+        raise ValueError(reason)
     raise ValueError(
         f"unknown --tokenizer-type {tokenizer_type!r}; choose one of {', '.join(TOKENIZER_TYPES)}"
     )

@@ -41,6 +41,13 @@ from megatron.varlen.platform import get_device, initialize_dynamic_cp_groups
 from megatron.varlen.scheduling import build_group_layout
 
 
+def _log_padded_vocabulary(run: RunConfig) -> None:
+    """Megatron-LM's start-up line for the vocabulary padding (its ``vocab_size_with_padding``)."""
+    vocab, padded = run.model.vocab_size, run.model.padded_vocab_size
+    log.print_rank_0(f" > padded vocab (size: {vocab}) with {padded - vocab} dummy tokens "
+                     f"(new size: {padded})")
+
+
 @dataclass(frozen=True)
 class StepReport:
     """One optimizer step: the reported loss (None off the last pipeline stage), the grad norm
@@ -112,10 +119,13 @@ class Trainer:
             log.print_rank_0(self.family.describe(self.run.model))
         # Data errors (bad file, line, bytes) are one line on every rank, never a traceback.
         data = self.run.data
+        log.print_rank_0(f"> building {data.tokenizer_type} tokenizer ...")  # Megatron-LM's
         self.tokenizer = agree_on_errors(build_tokenizer, data.tokenizer_type,
-                                         self.run.model.vocab_size, data.tokenizer_model)
+                                         self.run.model.vocab_size, data.tokenizer_model,
+                                         data.vocab_file, data.merge_file)
         self.run = self.run.with_vocabulary(self.tokenizer.vocab_size)
         check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size)
+        _log_padded_vocabulary(self.run)
         self.cp_group_lookup = create_dynamic_cp_groups(self.run)
         self.writers = _last_rank_writers(self.run, self.console)
         return self

@@ -44,6 +44,9 @@ class DataConfig:
     eod_mask_loss: bool = False
     packing_unit: str = "sample"
     test_samples: int = 0
+    # GPT2BPETokenizer's files (tokenizer_arguments.py): GPT-2's vocabulary JSON and merges.
+    vocab_file: str | None = None
+    merge_file: str | None = None
 
     @property
     def indexed(self) -> bool:

@@ -61,6 +61,8 @@ class PreprocessConfig:
             ``tokenizer(text)`` does (not ``--tokenizer-hf-no-include-special-tokens``).
         partitions: ``--partitions``: the documents in Megatron-LM's partition order.
         keep_sequential_samples: Partitions of consecutive lines (the input order).
+        vocab_file: GPT-2's vocabulary JSON (GPT2BPETokenizer's ``--vocab-file``).
+        merge_file: GPT-2's merges (GPT2BPETokenizer's ``--merge-file``).
     """
 
     input: str
@@ -75,6 +77,13 @@ class PreprocessConfig:
     include_special_tokens: bool = True
     partitions: int = 1
     keep_sequential_samples: bool = False
+    vocab_file: str | None = None
+    merge_file: str | None = None
+
+    def build_tokenizer(self) -> Tokenizer:
+        """The tokenizer these flags name, as the training layer builds it."""
+        return build_tokenizer(self.tokenizer_type, self.vocab_size, self.tokenizer_model,
+                               self.vocab_file, self.merge_file)
 
     @property
     def round_robin(self) -> bool:
@@ -118,8 +127,7 @@ class LineEncoder:
 
     def __init__(self, config: PreprocessConfig):
         self.config = config
-        self.tokenizer: Tokenizer = build_tokenizer(config.tokenizer_type, config.vocab_size,
-                                                    config.tokenizer_model)
+        self.tokenizer: Tokenizer = config.build_tokenizer()
 
     def encode(self, line_number: int, raw: bytes) -> dict[str, Document] | None:
         """``{key: document}`` of the line, None for a blank line.
@@ -275,7 +283,7 @@ def preprocess(config: PreprocessConfig, progress=None) -> PreprocessSummary:
         ValueError: one line naming the flag or ``file:line``.
     """
     check_config(config)
-    tokenizer = build_tokenizer(config.tokenizer_type, config.vocab_size, config.tokenizer_model)
+    tokenizer = config.build_tokenizer()
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
     prefixes = config.output_prefixes()
     os.makedirs(os.path.dirname(os.path.abspath(config.output_prefix)), exist_ok=True)

@@ -53,7 +53,7 @@ def with_tokenizer_vocabulary(run: RunConfig) -> RunConfig:
     without ``--vocab-size`` (and ``--hf-checkpoint``) the tokenizer's size decides it."""
     data = run.data
     tokenizer = agree_on_errors(build_tokenizer, data.tokenizer_type, run.model.vocab_size,
-                                data.tokenizer_model)
+                                data.tokenizer_model, data.vocab_file, data.merge_file)
     return run.with_vocabulary(tokenizer.vocab_size)
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 
 import torch
 
@@ -36,6 +37,9 @@ from megatron.varlen_training.layout_invariant_init import (
 )
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
+from megatron.varlen_training.megatron_lm_tokenizers import (
+    GPT2_BPE_TYPE, gpt2_eod_id, save_gpt2_bpe,
+)
 from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
@@ -234,6 +238,9 @@ def export_config(run: RunConfig) -> HFModelConfig:
                                    pad_token_id=source.pad_token_id)
     if run.data.tokenizer_type == HF_TOKENIZER_TYPE:
         return dataclasses.replace(config, **_tokenizer_token_ids(run.data.tokenizer_model))
+    if run.data.tokenizer_type == GPT2_BPE_TYPE:  # GPT-2's: bos = eos = <|endoftext|>, no pad
+        eod = gpt2_eod_id(run.data.vocab_file)
+        return dataclasses.replace(config, bos_token_id=eod, eos_token_id=eod, pad_token_id=None)
     return config
 
 
@@ -306,14 +313,25 @@ def _replace_tokenizer_on_rank_0(tokenizer_source: str | None, out_dir: str) -> 
         _on_disk(replace_tokenizer_files, out_dir, tokenizer_source, out_dir)
 
 
+def _export_tokenizer_on_rank_0(run: RunConfig, out_dir: str) -> None:
+    """The run's tokenizer next to the exported model: GPT2BPETokenizer's written as a Hugging
+    Face GPT-2 directory from --vocab-file/--merge-file, else :func:`export_tokenizer_dir`'s."""
+    if run.data.tokenizer_type != GPT2_BPE_TYPE:
+        _replace_tokenizer_on_rank_0(export_tokenizer_dir(run), out_dir)
+    elif torch.distributed.get_rank() == 0:
+        with tempfile.TemporaryDirectory() as folder:
+            save_gpt2_bpe(run.data.vocab_file, run.data.merge_file, folder)
+            _on_disk(replace_tokenizer_files, out_dir, folder, out_dir)
+
+
 def save_hf(run: RunConfig, model: list[torch.nn.Module], out_dir: str | None = None) -> str:
     """Exports a run's (DDP/Float16-wrapped) model chunks to ``out_dir`` (default --save-hf),
-    with the tokenizer's files (:func:`export_tokenizer_dir`) and the source checkpoint's generation
-    config (:func:`source_generation_config`)."""
+    with the tokenizer's files (:func:`_export_tokenizer_on_rank_0`) and the source checkpoint's
+    generation config (:func:`source_generation_config`)."""
     out_dir = out_dir or run.checkpoint.save_hf
     config = export_config(run)
     path = export_hf([unwrap(chunk) for chunk in model], out_dir, config,
                      source_generation_config(run))
-    agree_on_errors(_replace_tokenizer_on_rank_0, export_tokenizer_dir(run), out_dir)
+    agree_on_errors(_export_tokenizer_on_rank_0, run, out_dir)
     print_rank_0(f"> saved Hugging Face checkpoint ({config.architecture}) to {path}")
     return path

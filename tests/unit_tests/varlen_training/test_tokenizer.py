@@ -60,8 +60,8 @@ def test_byte_level_specials_are_distinct_and_in_vocab():
 
 def test_unknown_type_names_value_choices_and_flag():
     with pytest.raises(ValueError) as err:
-        build_tokenizer("GPT2BPETokenizer")
-    _assert_one_line(err, "'GPT2BPETokenizer'", "--tokenizer-type", "NullTokenizer", "ByteLevel")
+        build_tokenizer("NoSuchTokenizer")
+    _assert_one_line(err, "'NoSuchTokenizer'", "--tokenizer-type", "NullTokenizer", "ByteLevel")
 
 
 def test_huggingface_missing_path_names_path_and_flag(tmp_path):

@@ -1,0 +1,102 @@
+"""Megatron-LM's tokenizer-file flags (``--vocab-file``, ``--merge-file``) and its tokenizer
+flags this fork does not honour, for pretrain_gpt.py, pretrain_mamba.py and
+tools/preprocess_data.py.
+
+A flag that is not honoured is still registered, so that a Megatron-LM command line carrying it
+gets one line naming the flag and what to do instead (exit 2), never a silent no-op. Each keeps
+Megatron-LM's default as the value that changes nothing (e.g. ``--vocab-extra-ids 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from megatron.varlen_training.megatron_lm_tokenizers import GPT2_BPE_TYPE, unavailable_reason
+
+_HF_DIR_HINT = ("save the tokenizer you want with transformers' save_pretrained and give it as "
+                "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
+# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
+REFUSED_FLAGS = {
+    "--vocab-extra-ids": ({}, "0", "the <extra_id_N> sentinels are for T5 span corruption, "
+                                   "which this fork does not train"),
+    "--tokenizer-metadata": ({}, None, "megatron-core's tokenizer metadata files are not read "
+                                       "here; give the tokenizer by --tokenizer-type and its "
+                                       "files"),
+    "--tokenizer-special-tokens": ({"nargs": "+"}, None,
+                                   f"adding special tokens is not supported; {_HF_DIR_HINT}"),
+    "--special-tokens": ({"nargs": "+"}, None,
+                         f"adding special tokens is not supported; {_HF_DIR_HINT}"),
+    "--tiktoken-pattern": ({}, None, "it configures --tokenizer-type TikTokenizer, which is not "
+                                     "available here"),
+    "--tiktoken-num-special-tokens": ({}, "1000", "it configures --tokenizer-type TikTokenizer, "
+                                                  "which is not available here"),
+    "--tokenizer-sentencepiece-legacy": ({"action": "store_true"}, None,
+                                         "it configures the SentencePiece types, which are not "
+                                         "available here"),
+    "--tokenizer-hf-no-use-fast": ({"action": "store_true"}, None,
+                                   "Hugging Face tokenizers are always the fast (tokenizers) "
+                                   "implementation here; drop the flag"),
+    "--tokenizer-hf-no-include-special-tokens": (
+        {"action": "store_true"}, None,
+        "training reads ids, not text: pass it to tools/preprocess_data.py, which turns the text "
+        "into ids (SFT conversations render with the tokenizer's chat template)"),
+    "--trust-remote-code": ({"action": "store_true"}, None,
+                            "tokenizer code from the model directory is never run here; "
+                            + _HF_DIR_HINT),
+    "--null-tokenizer-eod-id": ({}, None, "NullTokenizer's eod and pad are --vocab-size - 1 "
+                                          "here; preprocess and train with that"),
+    "--null-tokenizer-pad-id": ({}, "-1", "NullTokenizer's eod and pad are --vocab-size - 1 "
+                                          "here; preprocess and train with that"),
+    "--chat-template": ({}, None, "SFT renders conversations with the --tokenizer-model "
+                                  "directory's own chat template (its tokenizer_config.json); "
+                                  "put the template there"),
+    "--use-gigatoken": ({"action": "store_true"}, None, "the gigatoken tokenizer backend is "
+                                                        "not available here; drop the flag"),
+    "--legacy-tokenizer": ({"action": "store_true"}, None,
+                           "this fork builds each tokenizer one way; drop the flag"),
+}
+
+
+def add_tokenizer_file_args(parser, honoured: tuple[str, ...] = ()) -> None:
+    """Registers ``--vocab-file``/``--merge-file`` and the refused Megatron-LM tokenizer flags
+    (but those in ``honoured``, which the caller registers itself) on ``parser``."""
+    group = parser.add_argument_group("tokenizer files (Megatron-LM's GPT2BPETokenizer)")
+    group.add_argument("--vocab-file", default=None,
+                       help=f"{GPT2_BPE_TYPE}: GPT-2's vocabulary JSON (e.g. gpt2-vocab.json); "
+                            "its <|endoftext|> is the eod.")
+    group.add_argument("--merge-file", default=None,
+                       help=f"{GPT2_BPE_TYPE}: GPT-2's BPE merges (e.g. gpt2-merges.txt).")
+    group = parser.add_argument_group("Megatron-LM tokenizer flags refused here")
+    for flag, (kwargs, neutral, why) in REFUSED_FLAGS.items():
+        if flag not in honoured:
+            neutral_note = "" if neutral is None else f" (but {neutral}, which changes nothing)"
+            is_switch = kwargs.get("action") == "store_true"
+            group.add_argument(flag, default=False if is_switch else None,
+                               help=f"Refused{neutral_note}: {why}.", **kwargs)
+
+
+def validate_tokenizer_args(args: argparse.Namespace, require,
+                            honoured: tuple[str, ...] = ()) -> None:
+    """The type can be built here, its files are given (and only for it), and no refused flag
+    carries a value that would change something."""
+    reason = unavailable_reason(args.tokenizer_type)
+    require(reason is None, reason)
+    is_bpe = args.tokenizer_type == GPT2_BPE_TYPE
+    require(not (is_bpe and args.tokenizer_model),
+            f"--tokenizer-model {args.tokenizer_model!r} is not read by --tokenizer-type "
+            f"{GPT2_BPE_TYPE}, which is built from --vocab-file and --merge-file: drop it")
+    for flag in ("--vocab-file", "--merge-file"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        require(value is not None or not is_bpe,
+                f"--tokenizer-type {GPT2_BPE_TYPE} needs {flag} (GPT-2's vocabulary JSON and "
+                "merges, e.g. --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt)")
+        require(value is None or is_bpe,
+                f"{flag} {value!r} is read by --tokenizer-type {GPT2_BPE_TYPE} only, but "
+                f"--tokenizer-type is {args.tokenizer_type}: drop {flag} or change the type")
+    for flag, (_, neutral, why) in REFUSED_FLAGS.items():
+        if flag in honoured:
+            continue
+        value = getattr(args, flag[2:].replace("-", "_"))
+        given = " ".join(value) if isinstance(value, list) else value
+        require(value in (None, False) or given == neutral,
+                f"{flag}{'' if value is True else f' {given}'}: {why}")
