@@ -27,6 +27,12 @@ DIFFERENT = {
     "no_load_rng": "False instead of None: the same (the RNG state is loaded)",
     "moe_token_dispatcher_type": "unset: alltoall with packing (allgather cannot pack), else "
                                  "Megatron-LM's allgather (moe_arguments.py)",
+    "async_save": "False instead of None: the same (a synchronous save; --async-save is "
+                  "refused)",
+    "vocab_extra_ids": "a refused flag, unset (None); Megatron-LM's 0 is accepted as the value "
+                       "that changes nothing (tokenizer_arguments.py)",
+    "tiktoken_num_special_tokens": "a refused flag, unset (None); Megatron-LM's 1000 is "
+                                   "accepted as the value that changes nothing",
 }
 
 
