@@ -317,6 +317,11 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
             raise HFConfigError(f"export to Hugging Face needs {flag} {value} (got "
                                 f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3 models "
                                 f"export")
+    if model.rotary_percent != 1.0 or model.rotary_seq_len_interpolation_factor is not None:
+        raise HFConfigError(f"Llama/Qwen rotate every channel at unscaled positions: export "
+                            f"to Hugging Face needs --rotary-percent 1.0 (got "
+                            f"{model.rotary_percent}) and no --rotary-seq-len-interpolation-"
+                            f"factor (got {model.rotary_seq_len_interpolation_factor})")
     if model.mtp_num_layers:
         raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
                                                    layers=model.mtp_num_layers))

@@ -49,8 +49,6 @@ ACCEPTED: dict[str, str] = {
                      "bias_gelu_fusion", "bias_dropout_fusion", "apply_rope_fusion",
                      "gradient_accumulation_fusion", "bias_activation_fusion",
                      "transformer_impl", "use_legacy_models"), _KERNEL),
-    "attention_softmax_in_fp32": "this fork's attention computes the softmax in fp32 for "
-                                 "bf16/fp16 inputs",
     **dict.fromkeys(("split", "num_workers", "dataloader_type", "data_sharding",
                      "create_attention_mask_in_dataloader", "num_dataset_builder_threads"),
                     _LOADER),

@@ -98,6 +98,12 @@ VALID = {
     "kv_channels": NONE,
     "norm_epsilon": HUGE,
     "rope_scaling_factor": HUGE,
+    # Megatron-LM's RoPE flags need --position-embedding-type rope (the bases use learned
+    # positions); the uneven-pipeline flags are refused whatever their value.
+    "rotary_percent": NONE,
+    "rotary_seq_len_interpolation_factor": NONE,
+    "decoder_first_pipeline_num_layers": NONE,
+    "decoder_last_pipeline_num_layers": NONE,
     "distributed_timeout_minutes": NONE,
     "exit_interval": HUGE,
     "exit_duration_in_mins": HUGE,

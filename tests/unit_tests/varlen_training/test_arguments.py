@@ -64,6 +64,14 @@ EXPECTED_FLAGS = frozenset("""
 --tokenizer-sentencepiece-legacy --tokenizer-hf-no-use-fast --trust-remote-code
 --null-tokenizer-eod-id --null-tokenizer-pad-id --chat-template --use-gigatoken
 --legacy-tokenizer --tokenizer-hf-no-include-special-tokens
+--rotary-percent --rotary-seq-len-interpolation-factor --attention-softmax-in-fp32
+--apply-query-key-layer-scaling --accumulate-allreduce-grads-in-fp32 --main-grads-dtype
+--main-params-dtype --exp-avg-dtype --exp-avg-sq-dtype --use-precision-aware-optimizer
+--apply-residual-connection-post-layernorm --apply-layernorm-1p
+--decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers
+--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
+--pipeline-model-parallel-layout --rotary-interleaved --squared-relu --quick-geglu
+--init-method-xavier-uniform --fp32-residual-connection --multi-latent-attention
 """.split())
 
 

@@ -1,0 +1,86 @@
+"""Under --bf16 the model's parameters, its main grads and the optimizer's master weights and
+Adam moments have Megatron-LM's dtypes, read off the built model and optimizer (one CPU rank).
+
+Reference (Megatron-LM core_v0.16.1 facts, not our code): ``validate_args`` sets
+``params_dtype = bfloat16`` and, for bf16, ``accumulate_allreduce_grads_in_fp32 = True``, which
+becomes DDP's ``grad_reduce_in_fp32`` (main grads in fp32); the optimizer without
+``--use-precision-aware-optimizer`` keeps fp32 master copies of the bf16 weights
+(``Float16OptimizerWithFloat16Params``, or the distributed optimizer's fp32 shards) and fp32 Adam
+moments. Without --bf16 everything is fp32 and no copy is made.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+ARGV = TINY_GPT_ARGS + ["--train-iters", "1"]
+VARIANTS = {
+    "fp32": [],
+    "bf16": ["--bf16"],
+    "bf16_distributed_optimizer": ["--bf16", "--use-distributed-optimizer"],
+}
+
+
+def _dtypes_of(extra: list[str]) -> dict:
+    """Dtypes of the model's weights, main grads, the optimizer's master weights (the params
+    its Adam steps) and Adam moments after one step."""
+    from megatron.core import parallel_state as ps
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
+    from megatron.varlen_training.model import build_model, build_transformer_config
+    from megatron.varlen_training.training import build_optimizer
+
+    run = parse_run_config(ARGV + extra, world_size=1)
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
+    try:
+        model = build_model(run, build_transformer_config(run))
+        optimizer = build_optimizer(run, model)
+        weights = [p for chunk in model for p in chunk.parameters()]
+        for param in weights:  # a gradient to step on
+            param.main_grad.fill_(1e-3)
+        optimizer.step()
+        adam = [inner for inner in optimizer.chained_optimizers]
+        stepped = [p for opt in adam for group in opt.optimizer.param_groups
+                   for p in group["params"]]
+        moments = [opt.optimizer.state[p][key] for opt in adam for p in stepped
+                   if p in opt.optimizer.state for key in ("exp_avg", "exp_avg_sq")]
+        return {
+            "weights": {p.dtype for p in weights},
+            "main_grads": {p.main_grad.dtype for p in weights},
+            "master": {p.dtype for p in stepped},
+            "moments": {m.dtype for m in moments},
+            "master_is_a_copy": not any(p is w for p in stepped for w in weights),
+        }
+    finally:
+        ps.destroy_model_parallel()
+
+
+def _all_variants() -> dict:
+    return {name: _dtypes_of(extra) for name, extra in VARIANTS.items()}
+
+
+@pytest.fixture(scope="module")
+def dtypes():
+    return run_distributed(_all_variants, 1, timeout_s=180)[0]
+
+
+def test_fp32_run_keeps_everything_in_fp32(dtypes):
+    got = dtypes["fp32"]
+    assert got["weights"] == got["main_grads"] == got["master"] == got["moments"] == {
+        torch.float32}
+    assert not got["master_is_a_copy"]  # Megatron-LM's FP32Optimizer steps the weights
+
+
+@pytest.mark.parametrize("variant", ["bf16", "bf16_distributed_optimizer"])
+def test_bf16_has_megatron_lms_dtypes(dtypes, variant):
+    got = dtypes[variant]
+    assert got["weights"] == {torch.bfloat16}
+    assert got["main_grads"] == {torch.float32}  # accumulate/all-reduce grads in fp32
+    assert got["master"] == {torch.float32}      # fp32 master weights ...
+    assert got["master_is_a_copy"]               # ... kept beside the bf16 weights
+    assert got["moments"] == {torch.float32}

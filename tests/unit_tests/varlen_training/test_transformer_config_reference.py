@@ -1,0 +1,285 @@
+"""The same command line builds the same megatron-core TransformerConfig as Megatron-LM's.
+
+Reference: :func:`megatron_lm_config`, written in this test from facts read off Megatron-LM
+core_v0.16.1 (``megatron/training/arguments.py``: the flag defaults, ``validate_args``'s
+derivations and ``core_transformer_config_from_args``, which copies every flag named like a
+TransformerConfig field and then sets ``pipeline_dtype``, the activation, ``num_query_groups``
+and ``num_moe_experts``). It never calls our flag layer. Fields where we differ on purpose are
+listed in :data:`DIFFERENT_ON_PURPOSE` with the reason: none of them changes the numbers.
+
+This caught --attention-softmax-in-fp32 (Megatron-LM's default False; megatron-core's field
+default True was left in place) and --apply-query-key-layer-scaling (unknown here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer import TransformerConfig
+
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.flag_errors import ArgumentValidationError
+from megatron.varlen_training.hybrid_arguments import build_hybrid_parser
+from megatron.varlen_training.model import build_transformer_config
+
+# Megatron-LM core_v0.16.1's defaults of the flags the command lines below set (argparse dests).
+MEGATRON_LM_DEFAULTS = {
+    "ffn_hidden_size": None, "group_query_attention": False, "num_query_groups": 1,
+    "kv_channels": None, "norm_epsilon": 1e-5, "add_qkv_bias": False, "qk_layernorm": False,
+    "hidden_dropout": 0.1, "attention_dropout": 0.1, "init_method_std": 0.02,
+    "normalization": "LayerNorm", "swiglu": False, "disable_bias_linear": False,
+    "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
+    "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1, "context_parallel_size": 1, "sequence_parallel": False,
+    "calculate_per_token_loss": False, "mtp_num_layers": None,
+    "num_experts": None, "moe_router_topk": 2, "moe_ffn_hidden_size": None,
+    "moe_shared_expert_intermediate_size": None, "moe_layer_freq": 1,
+    "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0,
+    "moe_z_loss_coeff": None, "moe_router_score_function": "softmax",
+    "moe_router_pre_softmax": False, "moe_router_topk_scaling_factor": None,
+    "moe_router_dtype": None, "moe_expert_capacity_factor": None,
+    "moe_token_drop_policy": "probs", "moe_pad_expert_input_to_capacity": False,
+    "moe_router_enable_expert_bias": False, "moe_router_bias_update_rate": 1e-3,
+    "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
+    "moe_router_num_groups": None, "moe_router_group_topk": None,
+    "moe_shared_expert_overlap": False,
+}
+# validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
+SWIGLU_ROUNDING = 64
+_MOE_FIELDS = ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq",
+               "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+               "moe_router_score_function", "moe_router_pre_softmax",
+               "moe_router_topk_scaling_factor", "moe_router_dtype",
+               "moe_expert_capacity_factor", "moe_token_drop_policy",
+               "moe_pad_expert_input_to_capacity", "moe_router_enable_expert_bias",
+               "moe_router_bias_update_rate", "expert_model_parallel_size",
+               "moe_router_num_groups", "moe_router_group_topk", "moe_shared_expert_overlap")
+_COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "qk_layernorm",
+           "hidden_dropout", "attention_dropout", "init_method_std", "normalization",
+           "apply_query_key_layer_scaling", "bf16", "fp16", "tensor_model_parallel_size",
+           "pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
+           "calculate_per_token_loss", "mtp_num_layers")
+
+
+def _default_ffn(flags: dict) -> int:
+    hidden = flags["hidden_size"]
+    if flags["swiglu"]:
+        return int((4 * hidden * 2 / 3) / SWIGLU_ROUNDING) * SWIGLU_ROUNDING
+    return 4 * hidden
+
+
+def megatron_lm_config(given: dict) -> dict:
+    """TransformerConfig field -> the value Megatron-LM builds for the flags ``given``."""
+    flags = {**MEGATRON_LM_DEFAULTS, **given}
+    ffn = flags["ffn_hidden_size"] or _default_ffn(flags)
+    dtype = (torch.bfloat16 if flags["bf16"] else torch.float16 if flags["fp16"]
+             else torch.float32)
+    expected = {name: flags[name] for name in _COPIED}
+    expected.update(
+        ffn_hidden_size=ffn,
+        # GQA: the flag's groups (default 1); without it None, which the config makes one
+        # group per head.
+        num_query_groups=(flags["num_query_groups"] if flags["group_query_attention"]
+                          else flags["num_attention_heads"]),
+        kv_channels=flags["kv_channels"] or flags["hidden_size"] // flags["num_attention_heads"],
+        layernorm_epsilon=flags["norm_epsilon"],
+        add_bias_linear=not flags["disable_bias_linear"],
+        gated_linear_unit=flags["swiglu"],
+        activation_func=F.silu if flags["swiglu"] else F.gelu,
+        # TransformerConfig turns it on with query-key layer scaling.
+        attention_softmax_in_fp32=(flags["attention_softmax_in_fp32"]
+                                   or flags["apply_query_key_layer_scaling"]),
+        params_dtype=dtype, pipeline_dtype=dtype,
+        # Refused here, so Megatron-LM's defaults: the same model.
+        layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
+        num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
+        account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False,
+        pipeline_model_parallel_layout=None, rotary_interleaved=False, fp32_residual_connection=False, multi_latent_attention=False,
+        num_moe_experts=flags["num_experts"],
+    )
+    if flags["num_experts"] is not None:
+        expected.update({name: flags[name] for name in _MOE_FIELDS})
+        expected["moe_ffn_hidden_size"] = flags["moe_ffn_hidden_size"] or ffn
+        expected["expert_tensor_parallel_size"] = (flags["expert_tensor_parallel_size"]
+                                                   or flags["tensor_model_parallel_size"])
+    return expected
+
+
+# Fields we set otherwise on purpose; none changes the numbers of a step.
+DIFFERENT_ON_PURPOSE = {
+    "batch_p2p_comm": "gloo sends p2p messages one at a time (batched ones gave wrong VPP "
+                      "gradients); Megatron-LM's comes from --no-overlap-p2p-communication",
+    "use_cpu_initialization": "weights are built on the host, layout-invariantly",
+    "gradient_accumulation_fusion": "needs APEX/TE's fused wgrad kernels",
+    "bias_dropout_fusion": "fused only where the kernel gives the unfused numbers (CUDA)",
+    "masked_softmax_fusion": "our core attentions do their own softmax",
+    "apply_rope_fusion": "needs Transformer Engine; the packed RoPE table is used instead",
+    "persist_layer_norm": "a fused-kernel option; the plain-torch norm has none",
+    "deallocate_pipeline_outputs": "megatron-core's default (False) is kept",
+    "bias_activation_fusion": "fused GELU/SwiGLU kernels are not used (plain torch)",
+    "variable_seq_lengths": "packed micro-batches vary in length",
+    "moe_token_dispatcher_type": "alltoall with packing (allgather cannot pack); the same "
+                                 "routed tokens",
+    "cp_comm_type": "all_gather, the only exchange implemented (others refused)",
+    "inference_sampling_seed": "inference only",
+}
+
+TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+BASE_ARGV = ["--seq-length", "32", "--lr", "1e-3", "--train-iters", "1", "--mock-data",
+             "--vocab-size", "128"]
+COMMAND_LINES = {
+    "dense": {},
+    "gqa_default_groups": {"group_query_attention": True},
+    "gqa_two_groups": {"group_query_attention": True, "num_query_groups": 2},
+    "swiglu_default_ffn": {"swiglu": True, "hidden_size": 96},
+    "llama_like": {"swiglu": True, "ffn_hidden_size": 160, "normalization": "RMSNorm",
+                   "disable_bias_linear": True, "norm_epsilon": 1e-6,
+                   "untie_embeddings_and_output_weights": True},
+    "qwen_like": {"add_qkv_bias": True, "kv_channels": 32, "qk_layernorm": False},
+    "qk_layernorm": {"qk_layernorm": True},
+    "dropout_init": {"hidden_dropout": 0.0, "attention_dropout": 0.25,
+                     "init_method_std": 0.006},
+    "bf16": {"bf16": True},
+    "bf16_softmax_fp32": {"bf16": True, "attention_softmax_in_fp32": True},
+    "qk_layer_scaling": {"apply_query_key_layer_scaling": True},
+    "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                 "pipeline_model_parallel_size": 2},
+    "per_token_loss_mtp": {"calculate_per_token_loss": True, "mtp_num_layers": 1},
+    "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True, "moe_aux_loss_coeff": 0.01,
+            "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+            "moe_shared_expert_intermediate_size": 32, "moe_token_dispatcher_type": "alltoall"},
+    "moe_own_ffn": {"num_experts": 4, "moe_ffn_hidden_size": 48, "disable_bias_linear": True,
+                    "moe_router_topk": 1, "moe_router_pre_softmax": True,
+                    "moe_z_loss_coeff": 0.001, "moe_token_dispatcher_type": "alltoall"},
+    "moe_grouped_routing": {"num_experts": 4, "disable_bias_linear": True,
+                            "moe_router_num_groups": 2, "moe_router_group_topk": 1,
+                            "moe_shared_expert_intermediate_size": 32,
+                            "moe_shared_expert_overlap": True,
+                            "moe_token_dispatcher_type": "alltoall"},
+}
+
+
+def _argv(flags: dict) -> list[str]:
+    argv = list(BASE_ARGV)
+    for dest, value in flags.items():
+        flag = "--" + dest.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _our_config(flags: dict) -> TransformerConfig:
+    flags = {**TINY, **flags}
+    world = flags.get("tensor_model_parallel_size", 1) * flags.get(
+        "pipeline_model_parallel_size", 1)
+    run = parse_run_config(_argv(flags), world_size=world)
+    return build_transformer_config(run)
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_LINES))
+def test_transformer_config_equals_megatron_lms(name):
+    flags = COMMAND_LINES[name]
+    ours = _our_config(flags)
+    expected = megatron_lm_config({**TINY, **flags})
+    differing = {field: (getattr(ours, field), value) for field, value in expected.items()
+                 if getattr(ours, field) != value}
+    assert not differing, f"{name}: field: (ours, Megatron-LM's) {differing}"
+
+
+def test_every_shared_flag_field_is_in_the_reference():
+    """A flag of ours named like a TransformerConfig field is one Megatron-LM copies into the
+    config: the reference must say what it builds (or the field be a listed difference)."""
+    fields = {field.name for field in dataclasses.fields(TransformerConfig)}
+    ours = {action.dest for action in build_hybrid_parser().flag_actions}
+    covered = set(megatron_lm_config({**TINY, "num_experts": 2}))
+    # Ours too, read elsewhere: hybrid sizes (hybrid_model.py), recomputation
+    # (recompute_arguments.py's own tests), the packing budget, the dynamic-CP switch, the
+    # attention backend (resolved per device, platform.py).
+    elsewhere = {"is_hybrid_model", "mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
+                 "mamba_num_heads", "recompute_granularity", "recompute_method",
+                 "recompute_num_layers", "recompute_modules", "max_seqlen_per_dp_cp_rank",
+                 "hybrid_context_parallel", "attention_backend"}
+    missing = (fields & ours) - covered - set(DIFFERENT_ON_PURPOSE) - elsewhere
+    assert not missing, sorted(missing)
+
+
+def test_rope_flags_reach_the_built_rotary_embedding():
+    """--rotary-percent / --rotary-seq-len-interpolation-factor are GPTModel arguments in
+    Megatron-LM (not config fields): the built model's RoPE frequencies must be those of a
+    head dimension share and positions divided by the factor (float64 reference)."""
+    from tests.harness.multirank import run_distributed
+
+    argv = _argv({**TINY, "position_embedding_type": "rope", "rotary_percent": 0.5,
+                  "rotary_seq_len_interpolation_factor": 4, "rotary_base": 500})
+    freqs = run_distributed(_built_rope_freqs, 1, args=(argv, 8), timeout_s=120)[0]
+    head_dim, rotated = 64 // 4, 8  # half of the 16 channels of a head
+    inv_freq = 1.0 / 500 ** (torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+    positions = torch.arange(8, dtype=torch.float64) / 4
+    angles = torch.outer(positions, inv_freq)
+    expected = torch.cat([angles, angles], dim=-1)  # megatron-core's non-interleaved layout
+    assert freqs.shape[-1] == rotated < head_dim
+    torch.testing.assert_close(freqs.reshape(8, rotated).double(), expected, rtol=1e-6,
+                               atol=1e-6)
+
+
+def _built_rope_freqs(argv: list[str], seq_len: int) -> torch.Tensor:
+    from megatron.core import parallel_state as ps
+    from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
+    from megatron.varlen_training.model import build_model, unwrap
+
+    run = parse_run_config(argv, world_size=1)
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
+    try:
+        gpt = unwrap(build_model(run, build_transformer_config(run))[0])
+        return gpt.rotary_pos_emb(seq_len).detach().cpu()
+    finally:
+        ps.destroy_model_parallel()
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--apply-layernorm-1p", None), ("--apply-residual-connection-post-layernorm", None),
+    ("--decoder-first-pipeline-num-layers", "1"), ("--account-for-loss-in-pipeline-split", None),
+    ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
+    ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"), ("--squared-relu", None),
+    ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
+])
+def test_model_flags_not_honoured_are_refused_in_one_line(flag, value):
+    argv = _argv(TINY) + [flag] + ([value] if value is not None else [])
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_run_config(argv, world_size=1)
+    message = str(err.value)
+    assert flag in message and "\n" not in message
+
+
+def test_rotary_flags_without_rope_are_refused():
+    with pytest.raises(ArgumentValidationError, match="--position-embedding-type rope"):
+        parse_run_config(_argv({**TINY, "rotary_percent": 0.5}), world_size=1)
+
+
+def test_save_hf_refuses_partial_rope():
+    from megatron.varlen_training.hf.config import HFConfigError, config_from_model
+
+    run = parse_run_config(_argv({**TINY, "position_embedding_type": "rope", "swiglu": True,
+                                  "ffn_hidden_size": 128, "normalization": "RMSNorm",
+                                  "disable_bias_linear": True, "rotary_percent": 0.5}),
+                           world_size=1)
+    with pytest.raises(HFConfigError, match="--rotary-percent"):
+        config_from_model(run.model)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], False),                                          # fp32: Megatron-LM's False
+    (["--bf16"], True),                                   # bf16: always fp32 (validate_args)
+    (["--fp16"], False),                                  # fp16: only with the flag
+    (["--fp16", "--accumulate-allreduce-grads-in-fp32"], True),
+])
+def test_gradient_reduction_dtype_is_megatron_lms(monkeypatch, flags, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --fp16 parses on CPU
+    run = parse_run_config(_argv(TINY) + flags, world_size=1)
+    assert run.model.accumulate_allreduce_grads_in_fp32 is expected
