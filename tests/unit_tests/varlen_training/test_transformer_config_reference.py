@@ -257,6 +257,14 @@ def test_model_flags_not_honoured_are_refused_in_one_line(flag, value):
     assert flag in message and "\n" not in message
 
 
+def test_query_key_layer_scaling_sets_softmax_in_fp32_in_the_run():
+    """Megatron-LM's validate_args turns --attention-softmax-in-fp32 on with
+    --apply-query-key-layer-scaling (its arguments dump shows it): so does the run's record."""
+    run = parse_run_config(_argv({**TINY, "apply_query_key_layer_scaling": True}), world_size=1)
+    assert run.model.attention_softmax_in_fp32 is True
+    assert parse_run_config(_argv(TINY), world_size=1).model.attention_softmax_in_fp32 is False
+
+
 def test_rotary_flags_without_rope_are_refused():
     with pytest.raises(ArgumentValidationError, match="--position-embedding-type rope"):
         parse_run_config(_argv({**TINY, "rotary_percent": 0.5}), world_size=1)
