@@ -162,6 +162,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # channels (0 rotates none) and divides positions by the interpolation factor.
     "rotary_percent": FlagRange(0.0, 1.0, low_open=True, why="a share of the head's channels"),
     "rotary_seq_len_interpolation_factor": FlagRange(1, why="positions are divided by it"),
+    "mtp_loss_scaling_factor": FlagRange(0.0, why="a weight of the MTP loss"),
     "decoder_first_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
     "decoder_last_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
     # reliability (reliability_arguments.py)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 FP32 = "fp32"
+MTP_LOSS_SCALING_DEFAULT = 0.1  # Megatron-LM's (and TransformerConfig's) --mtp-loss-scaling-factor
 # Megatron-LM's choices of --main-grads-dtype, --main-params-dtype and the Adam moments'.
 OPTIMIZER_DTYPE_CHOICES = ("fp32", "bf16", "fp16", "fp8")
 # flag -> the optimizer-state dtype flags of Megatron-LM's precision-aware optimizer.
@@ -69,6 +70,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rotary-seq-len-interpolation-factor", type=int, default=None,
                        help="RoPE positions divided by this factor (linear position "
                             "interpolation), as Megatron-LM's.")
+    group.add_argument("--mtp-loss-scaling-factor", type=float, default=MTP_LOSS_SCALING_DEFAULT,
+                       help="Weight of the multi-token-prediction loss (split over the "
+                            "--mtp-num-layers depths) added to the LM loss, as Megatron-LM's.")
     group.add_argument("--attention-softmax-in-fp32", action="store_true",
                        help="TransformerConfig.attention_softmax_in_fp32 (Megatron-LM's "
                             "default False). Our attentions (local, flash, TE) compute the "
@@ -112,6 +116,9 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
             f"--rotary-percent {args.rotary_percent} / --rotary-seq-len-interpolation-factor "
             f"{args.rotary_seq_len_interpolation_factor} need --position-embedding-type rope "
             f"(got {args.position_embedding_type})")
+    require(args.mtp_num_layers or args.mtp_loss_scaling_factor == MTP_LOSS_SCALING_DEFAULT,
+            f"--mtp-loss-scaling-factor {args.mtp_loss_scaling_factor} weights the "
+            f"multi-token-prediction loss, which needs --mtp-num-layers")
     if args.apply_query_key_layer_scaling:  # megatron-core's TransformerConfig does the same
         args.attention_softmax_in_fp32 = True
     if args.bf16:  # Megatron-LM: bfloat16 accumulates and all-reduces gradients in fp32

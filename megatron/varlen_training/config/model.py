@@ -86,6 +86,7 @@ class ModelConfig:
     moe: MoEConfig | None = None  # None: dense MLPs (no --num-experts)
     # Megatron-LM's model and precision flags (model_arguments.py resolved them).
     rotary_percent: float = 1.0
+    mtp_loss_scaling_factor: float = 0.1
     rotary_seq_len_interpolation_factor: int | None = None
     attention_softmax_in_fp32: bool = False
     apply_query_key_layer_scaling: bool = False

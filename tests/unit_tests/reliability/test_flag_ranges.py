@@ -101,6 +101,7 @@ VALID = {
     # Megatron-LM's RoPE flags need --position-embedding-type rope (the bases use learned
     # positions); the uneven-pipeline flags are refused whatever their value.
     "rotary_percent": NONE,
+    "mtp_loss_scaling_factor": NONE,  # needs --mtp-num-layers (the bases have none)
     "rotary_seq_len_interpolation_factor": NONE,
     "decoder_first_pipeline_num_layers": NONE,
     "decoder_last_pipeline_num_layers": NONE,

@@ -72,6 +72,7 @@ EXPECTED_FLAGS = frozenset("""
 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
 --pipeline-model-parallel-layout --rotary-interleaved --squared-relu --quick-geglu
 --init-method-xavier-uniform --fp32-residual-connection --multi-latent-attention
+--mtp-loss-scaling-factor
 """.split())
 
 

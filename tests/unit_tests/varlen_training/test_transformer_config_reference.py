@@ -34,7 +34,7 @@ MEGATRON_LM_DEFAULTS = {
     "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
     "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
     "pipeline_model_parallel_size": 1, "context_parallel_size": 1, "sequence_parallel": False,
-    "calculate_per_token_loss": False, "mtp_num_layers": None,
+    "calculate_per_token_loss": False, "mtp_num_layers": None, "mtp_loss_scaling_factor": 0.1,
     "num_experts": None, "moe_router_topk": 2, "moe_ffn_hidden_size": None,
     "moe_shared_expert_intermediate_size": None, "moe_layer_freq": 1,
     "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0,
@@ -61,7 +61,7 @@ _COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "
            "hidden_dropout", "attention_dropout", "init_method_std", "normalization",
            "apply_query_key_layer_scaling", "bf16", "fp16", "tensor_model_parallel_size",
            "pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
-           "calculate_per_token_loss", "mtp_num_layers")
+           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor")
 
 
 def _default_ffn(flags: dict) -> int:
@@ -148,6 +148,7 @@ COMMAND_LINES = {
     "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
                  "pipeline_model_parallel_size": 2},
     "per_token_loss_mtp": {"calculate_per_token_loss": True, "mtp_num_layers": 1},
+    "mtp_loss_weight": {"mtp_num_layers": 2, "mtp_loss_scaling_factor": 0.3},
     "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True, "moe_aux_loss_coeff": 0.01,
             "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
             "moe_shared_expert_intermediate_size": 32, "moe_token_dispatcher_type": "alltoall"},
