@@ -89,6 +89,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         mtp_num_layers=model.mtp_num_layers,
+        mtp_loss_scaling_factor=model.mtp_loss_scaling_factor,
         recompute_granularity=model.recompute_granularity,
         recompute_method=model.recompute_method,
         recompute_num_layers=model.recompute_num_layers,

@@ -28,6 +28,8 @@ _PRECISION_AWARE_WHY = ("Megatron-LM's precision-aware optimizer is Transformer 
 _UNEVEN_PIPELINE_WHY = ("pipeline stages here hold --num-layers / "
                         "--pipeline-model-parallel-size layers each (uneven stages are not "
                         "implemented); choose sizes that divide evenly")
+_WINDOW_WHY = "the THD attentions here attend to the whole causal context (no sliding window)"
+_LOW_BITS_WHY = "{bits} needs Transformer Engine's {bits} layers, which this fork does not build"
 _NORM_WHY = "the plain-torch norms here have no zero-centered gamma (weight + 1)"
 # flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
 REFUSED_FLAGS = {
@@ -58,6 +60,35 @@ REFUSED_FLAGS = {
                                    "residuals stay in the parameters' dtype here"),
     "--multi-latent-attention": ({"action": "store_true"}, None,
                                  "multi-latent attention (MLA) is not built by this fork"),
+    "--window-size": ({}, None, _WINDOW_WHY),
+    "--window-attn-skip-freq": ({}, None, _WINDOW_WHY),
+    "--softmax-type": ({"choices": ("vanilla", "off-by-one", "learnable")}, "vanilla",
+                       "the THD attentions here implement the vanilla softmax only"),
+    "--no-rope-freq": ({}, None, "every attention layer applies RoPE here"),
+    "--attention-output-gate": ({"action": "store_true"}, None,
+                                "gated attention outputs are not built here"),
+    "--qk-l2-norm": ({"action": "store_true"}, None,
+                     "queries and keys are not L2-normalised here (--qk-layernorm is)"),
+    "--qk-clip": ({"action": "store_true"}, None, "QK-clip is not implemented here"),
+    "--glu-linear-offset": ({"type": float}, "0.0", "the SwiGLU here has no linear offset"),
+    "--activation-func-clamp-value": ({"type": float}, None,
+                                      "the MLP activation here is not clamped"),
+    "--embedding-init-method-std": ({"type": float}, None,
+                                    "the word embedding initialises from --init-method-std "
+                                    "here (layout-invariant init)"),
+    "--fp8-format": ({"dest": "fp8"}, None, _LOW_BITS_WHY.format(bits="FP8")),
+    "--fp4-format": ({"dest": "fp4"}, None, _LOW_BITS_WHY.format(bits="FP4")),
+    "--moe-input-jitter-eps": ({"type": float}, None,
+                               "router input jitter draws noise per token, which packing and "
+                               "the CP layout would change"),
+    "--moe-router-force-load-balancing": ({"action": "store_true"}, None,
+                                          "a benchmarking mode that routes to random experts"),
+    "--moe-shared-expert-gate": ({"action": "store_true"}, None,
+                                 "the shared expert here is not gated"),
+    "--moe-apply-probs-on-input": ({"action": "store_true"}, None,
+                                   "the router's probabilities scale the experts' outputs "
+                                   "here"),
+    "--moe-latent-size": ({"type": int}, None, "latent MoE is not built here"),
 }
 
 
@@ -91,12 +122,17 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Megatron-LM model flags refused here")
     for flag, (kwargs, neutral, why) in REFUSED_FLAGS.items():
         is_switch = kwargs.get("action") == "store_true"
-        group.add_argument(flag, default=False if is_switch else None,
-                           help=f"Refused: {why}.", **kwargs)
+        # Megatron-LM's default: the value that changes nothing (a megatron-wrap view lists it)
+        default = False if is_switch else None if neutral is None else kwargs.get(
+            "type", str)(neutral)
+        neutral_note = "" if neutral is None else f" (but {neutral}, which changes nothing)"
+        group.add_argument(flag, default=default, help=f"Refused{neutral_note}: {why}.",
+                           **kwargs)
 
 
 def _dest(flag: str) -> str:
-    return flag[2:].replace("-", "_")
+    kwargs = REFUSED_FLAGS[flag][0] if flag in REFUSED_FLAGS else {}
+    return kwargs.get("dest") or flag[2:].replace("-", "_")
 
 
 def validate_model_args(args: argparse.Namespace, require) -> None:

@@ -72,7 +72,11 @@ EXPECTED_FLAGS = frozenset("""
 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
 --pipeline-model-parallel-layout --rotary-interleaved --squared-relu --quick-geglu
 --init-method-xavier-uniform --fp32-residual-connection --multi-latent-attention
---mtp-loss-scaling-factor
+--mtp-loss-scaling-factor --window-size --window-attn-skip-freq --softmax-type --no-rope-freq
+--attention-output-gate --qk-l2-norm --qk-clip --glu-linear-offset
+--activation-func-clamp-value --embedding-init-method-std --fp8-format --fp4-format
+--moe-input-jitter-eps --moe-router-force-load-balancing --moe-shared-expert-gate
+--moe-apply-probs-on-input --moe-latent-size
 """.split())
 
 

@@ -97,7 +97,15 @@ def megatron_lm_config(given: dict) -> dict:
         layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
         num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
         account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False,
-        pipeline_model_parallel_layout=None, rotary_interleaved=False, fp32_residual_connection=False, multi_latent_attention=False,
+        pipeline_model_parallel_layout=None, rotary_interleaved=False,
+        fp32_residual_connection=False, multi_latent_attention=False,
+        window_size=None, window_attn_skip_freq=None, softmax_type="vanilla",
+        no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
+        glu_linear_offset=0.0, activation_func_clamp_value=None, fp8=None, fp4=None,
+        # None in the flags; TransformerConfig then uses --init-method-std.
+        embedding_init_method_std=flags["init_method_std"],
+        moe_input_jitter_eps=None, moe_router_force_load_balancing=False,
+        moe_shared_expert_gate=False, moe_apply_probs_on_input=False, moe_latent_size=None,
         num_moe_experts=flags["num_experts"],
     )
     if flags["num_experts"] is not None:
@@ -149,7 +157,8 @@ COMMAND_LINES = {
                  "pipeline_model_parallel_size": 2},
     "per_token_loss_mtp": {"calculate_per_token_loss": True, "mtp_num_layers": 1},
     "mtp_loss_weight": {"mtp_num_layers": 2, "mtp_loss_scaling_factor": 0.3},
-    "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True, "moe_aux_loss_coeff": 0.01,
+    "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True,
+            "moe_aux_loss_coeff": 0.01,
             "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
             "moe_shared_expert_intermediate_size": 32, "moe_token_dispatcher_type": "alltoall"},
     "moe_own_ffn": {"num_experts": 4, "moe_ffn_hidden_size": 48, "disable_bias_linear": True,
@@ -249,6 +258,9 @@ def _built_rope_freqs(argv: list[str], seq_len: int) -> torch.Tensor:
     ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
     ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"), ("--squared-relu", None),
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
+    ("--softmax-type", "off-by-one"), ("--window-size", "(128,0)"),
+    ("--glu-linear-offset", "1.0"), ("--fp8-format", "hybrid"),
+    ("--embedding-init-method-std", "0.01"), ("--moe-input-jitter-eps", "0.01"),
 ])
 def test_model_flags_not_honoured_are_refused_in_one_line(flag, value):
     argv = _argv(TINY) + [flag] + ([value] if value is not None else [])
