@@ -89,6 +89,10 @@ REFUSED_FLAGS = {
                                    "the router's probabilities scale the experts' outputs "
                                    "here"),
     "--moe-latent-size": ({"type": int}, None, "latent MoE is not built here"),
+    "--fp16-lm-cross-entropy": ({"action": "store_true"}, None,
+                                "megatron-core 0.16.1's GPTModel keeps it but never reads "
+                                "it (its vocab-parallel cross entropy runs in fp32 either "
+                                "way): drop the flag"),
 }
 
 

@@ -76,7 +76,7 @@ EXPECTED_FLAGS = frozenset("""
 --attention-output-gate --qk-l2-norm --qk-clip --glu-linear-offset
 --activation-func-clamp-value --embedding-init-method-std --fp8-format --fp4-format
 --moe-input-jitter-eps --moe-router-force-load-balancing --moe-shared-expert-gate
---moe-apply-probs-on-input --moe-latent-size
+--moe-apply-probs-on-input --moe-latent-size --fp16-lm-cross-entropy
 """.split())
 
 
