@@ -304,3 +304,42 @@ def test_gradient_reduction_dtype_is_megatron_lms(monkeypatch, flags, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --fp16 parses on CPU
     run = parse_run_config(_argv(TINY) + flags, world_size=1)
     assert run.model.accumulate_allreduce_grads_in_fp32 is expected
+
+
+# pretrain_mamba.py: Megatron-LM's core_v0.16.1 defaults of the Mamba flags, and its mixer's
+# expansion (d_inner = 2 x hidden) that sets the head count when --mamba-num-heads is unset.
+MAMBA_DEFAULTS = {"mamba_state_dim": 128, "mamba_head_dim": 64, "mamba_num_groups": 8}
+MAMBA_EXPAND = 2
+HYBRID_LINES = {
+    "defaults": {"hidden_size": 256},  # 2 x 256 / 64 = 8 heads, the 8 default groups
+    "given": {"hidden_size": 64, "mamba_state_dim": 16, "mamba_head_dim": 16,
+              "mamba_num_groups": 2, "mamba_num_heads": 4, "swiglu": True,
+              "ffn_hidden_size": 96, "normalization": "RMSNorm",
+              "attention_softmax_in_fp32": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID_LINES))
+def test_hybrid_transformer_config_equals_megatron_lms(name):
+    """Megatron-LM's pretrain_mamba.py builds the same config function's output with
+    --is-hybrid-model and the Mamba flags copied by name. It leaves --mamba-num-heads None for
+    the mixer to derive (2 x hidden / head dim); ours holds the derived count: the same
+    mixer."""
+    from megatron.varlen_training.config.from_flags import parse_hybrid_run_config
+    from megatron.varlen_training.hybrid_model import build_hybrid_config
+
+    flags = {"num_layers": 4, "num_attention_heads": 4, **HYBRID_LINES[name]}
+    mamba = {**MAMBA_DEFAULTS, **{key: flags.pop(key) for key in list(flags)
+                                  if key in MAMBA_DEFAULTS or key == "mamba_num_heads"}}
+    argv = _argv(flags) + _argv(mamba)[len(BASE_ARGV):] + ["--hybrid-override-pattern",
+                                                            "M*M-"]
+    ours = build_hybrid_config(parse_hybrid_run_config(argv, world_size=1))
+    expected = {**megatron_lm_config(flags), **MAMBA_DEFAULTS, **mamba,
+                "is_hybrid_model": True}
+    expected.pop("mamba_num_heads", None)
+    heads = mamba.get("mamba_num_heads") or (
+        MAMBA_EXPAND * flags["hidden_size"] // expected["mamba_head_dim"])
+    expected["mamba_num_heads"] = heads
+    differing = {field: (getattr(ours, field), value) for field, value in expected.items()
+                 if getattr(ours, field) != value}
+    assert not differing, f"{name}: field: (ours, Megatron-LM's) {differing}"
