@@ -343,3 +343,30 @@ def test_hybrid_transformer_config_equals_megatron_lms(name):
     differing = {field: (getattr(ours, field), value) for field, value in expected.items()
                  if getattr(ours, field) != value}
     assert not differing, f"{name}: field: (ours, Megatron-LM's) {differing}"
+
+
+def test_resume_with_other_rope_share_is_refused(tmp_path):
+    """--rotary-percent / --rotary-seq-len-interpolation-factor change the model: run_args.json
+    records them, so a resume with other values is refused in one line; a checkpoint written
+    before they were recorded had full, uninterpolated RoPE."""
+    import json
+
+    from megatron.varlen_training.errors import CheckpointError
+    from megatron.varlen_training.resume_consistency import (
+        RUN_ARGS_FILENAME, check_run_args, save_run_args,
+    )
+
+    rope = {**TINY, "position_embedding_type": "rope"}
+    saved = parse_run_config(_argv({**rope, "rotary_percent": 0.5}), world_size=1)
+    save_run_args(str(tmp_path), saved)
+    assert check_run_args(str(tmp_path), saved, check_data=False) is None
+    with pytest.raises(CheckpointError, match="--rotary-percent 0.5, this run has 1.0"):
+        check_run_args(str(tmp_path), parse_run_config(_argv(rope), world_size=1),
+                       check_data=False)
+    path = tmp_path / RUN_ARGS_FILENAME
+    recorded = json.loads(path.read_text())
+    for key in ("rotary_percent", "rotary_seq_len_interpolation_factor"):
+        del recorded[key]
+    path.write_text(json.dumps(recorded))
+    assert check_run_args(str(tmp_path), parse_run_config(_argv(rope), world_size=1),
+                          check_data=False) is None
