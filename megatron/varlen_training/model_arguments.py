@@ -110,7 +110,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                             "--mtp-num-layers depths) added to the LM loss, as Megatron-LM's.")
     group.add_argument("--attention-softmax-in-fp32", action="store_true",
                        help="TransformerConfig.attention_softmax_in_fp32 (Megatron-LM's "
-                            "default False). Our attentions (local, flash, TE) compute the "
+                            "default False). Our local and flash attentions compute the "
                             "softmax in fp32 either way; megatron-core's DotProductAttention "
                             "(a --spec) reads it.")
     group.add_argument("--apply-query-key-layer-scaling", action="store_true",
