@@ -6,10 +6,16 @@ Reference (Megatron-LM core_v0.16.1 facts, not our code): ``validate_args`` sets
 becomes DDP's ``grad_reduce_in_fp32`` (main grads in fp32); the optimizer without
 ``--use-precision-aware-optimizer`` keeps fp32 master copies of the bf16 weights
 (``Float16OptimizerWithFloat16Params``, or the distributed optimizer's fp32 shards) and fp32 Adam
-moments. Without --bf16 everything is fp32 and no copy is made.
+moments. Without --bf16 everything is fp32 and no copy is made. With --fp16 the gradients stay
+fp16 unless --accumulate-allreduce-grads-in-fp32 (Megatron-LM's default for fp16 is off); fp16
+runs need CUDA, so here the flags are parsed as if a GPU were present and only the built model
+and one optimizer step are read.
 """
 
 from __future__ import annotations
+
+import contextlib
+from unittest import mock
 
 import pytest
 import torch
@@ -22,6 +28,8 @@ VARIANTS = {
     "fp32": [],
     "bf16": ["--bf16"],
     "bf16_distributed_optimizer": ["--bf16", "--use-distributed-optimizer"],
+    "fp16": ["--fp16"],
+    "fp16_grads_in_fp32": ["--fp16", "--accumulate-allreduce-grads-in-fp32"],
 }
 
 
@@ -34,7 +42,10 @@ def _dtypes_of(extra: list[str]) -> dict:
     from megatron.varlen_training.model import build_model, build_transformer_config
     from megatron.varlen_training.training import build_optimizer
 
-    run = parse_run_config(ARGV + extra, world_size=1)
+    pretend_gpu = (mock.patch.object(torch.cuda, "is_available", lambda: True)
+                   if "--fp16" in extra else contextlib.nullcontext())
+    with pretend_gpu:  # the parse only: the model is built and stepped on the CPU
+        run = parse_run_config(ARGV + extra, world_size=1)
     initialize_model_parallel(run.parallel)
     set_random_seeds(run.training.seed)
     try:
@@ -84,3 +95,13 @@ def test_bf16_has_megatron_lms_dtypes(dtypes, variant):
     assert got["master"] == {torch.float32}      # fp32 master weights ...
     assert got["master_is_a_copy"]               # ... kept beside the bf16 weights
     assert got["moments"] == {torch.float32}
+
+
+@pytest.mark.parametrize("variant, grads", [("fp16", torch.float16),
+                                            ("fp16_grads_in_fp32", torch.float32)])
+def test_fp16_has_megatron_lms_dtypes(dtypes, variant, grads):
+    got = dtypes[variant]
+    assert got["weights"] == {torch.float16}
+    assert got["main_grads"] == {grads}
+    assert got["master"] == got["moments"] == {torch.float32}
+    assert got["master_is_a_copy"]
