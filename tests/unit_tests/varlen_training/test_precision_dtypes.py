@@ -105,3 +105,13 @@ def test_fp16_has_megatron_lms_dtypes(dtypes, variant, grads):
     assert got["main_grads"] == {grads}
     assert got["master"] == got["moments"] == {torch.float32}
     assert got["master_is_a_copy"]
+
+
+def test_start_up_names_the_parameters_dtype_as_megatron_lm():
+    """Megatron-LM's validate_args prints 'using {params_dtype} for parameters ...'."""
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.initialize import parameters_dtype_line
+
+    for extra, dtype in (([], torch.float32), (["--bf16"], torch.bfloat16)):
+        model = parse_run_config(ARGV + extra, world_size=1).model
+        assert parameters_dtype_line(model) == "using {} for parameters ...".format(dtype)
