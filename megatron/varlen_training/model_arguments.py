@@ -14,6 +14,13 @@ and why (exit 2); each keeps Megatron-LM's default as the value that changes not
 from __future__ import annotations
 
 import argparse
+import os
+
+from megatron.varlen_training.varlen_arguments import attention_backend
+
+# Transformer Engine reads query-key layer scaling from this variable only; megatron-core's TE
+# attention refuses a config that disagrees with it (a traceback at model build).
+TE_QK_SCALING_VARIABLE = "NVTE_APPLY_QK_LAYER_SCALING"
 
 FP32 = "fp32"
 MTP_LOSS_SCALING_DEFAULT = 0.1  # Megatron-LM's (and TransformerConfig's) --mtp-loss-scaling-factor
@@ -159,7 +166,28 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
     require(args.mtp_num_layers or args.mtp_loss_scaling_factor == MTP_LOSS_SCALING_DEFAULT,
             f"--mtp-loss-scaling-factor {args.mtp_loss_scaling_factor} weights the "
             f"multi-token-prediction loss, which needs --mtp-num-layers")
+    _check_te_query_key_scaling(args, require)
     if args.apply_query_key_layer_scaling:  # megatron-core's TransformerConfig does the same
         args.attention_softmax_in_fp32 = True
     if args.bf16:  # Megatron-LM: bfloat16 accumulates and all-reduces gradients in fp32
         args.accumulate_allreduce_grads_in_fp32 = True
+
+
+def _check_te_query_key_scaling(args: argparse.Namespace, require) -> None:
+    """Transformer Engine's attention takes query-key layer scaling from
+    NVTE_APPLY_QK_LAYER_SCALING only, and megatron-core's refuses a config that disagrees with
+    it (a traceback at model build; Megatron-LM leaves the match to the user): one line now."""
+    wanted = args.apply_query_key_layer_scaling
+    scaling = os.environ.get(TE_QK_SCALING_VARIABLE, "0")
+    if wanted == (scaling not in ("", "0")):
+        return
+    try:
+        backend = attention_backend(args)
+    except ValueError:  # an impossible backend: varlen_arguments says so in its own line
+        return
+    require(backend != "te",
+            f"Transformer Engine's attention takes query-key layer scaling from "
+            f"{TE_QK_SCALING_VARIABLE} (it is {scaling!r}), which must agree with "
+            f"--apply-query-key-layer-scaling ({'given' if wanted else 'not given'}): set "
+            f"{TE_QK_SCALING_VARIABLE}={int(wanted)}, as in Megatron-LM, or use "
+            f"--attention-backend local/flash")

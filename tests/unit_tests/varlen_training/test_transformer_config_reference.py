@@ -278,6 +278,23 @@ def test_query_key_layer_scaling_sets_softmax_in_fp32_in_the_run():
     assert parse_run_config(_argv(TINY), world_size=1).model.attention_softmax_in_fp32 is False
 
 
+def test_query_key_layer_scaling_with_te_needs_its_variable(monkeypatch):
+    """megatron-core's TE attention refuses the config (a build traceback) unless
+    NVTE_APPLY_QK_LAYER_SCALING agrees with the flag, which Megatron-LM leaves to the user:
+    one line here, either way round."""
+    from megatron.varlen_training import model_arguments
+
+    monkeypatch.setattr(model_arguments, "attention_backend", lambda args: "te")
+    monkeypatch.delenv(model_arguments.TE_QK_SCALING_VARIABLE, raising=False)
+    argv = _argv({**TINY, "apply_query_key_layer_scaling": True})
+    with pytest.raises(ArgumentValidationError, match="NVTE_APPLY_QK_LAYER_SCALING=1"):
+        parse_run_config(argv, world_size=1)
+    monkeypatch.setenv(model_arguments.TE_QK_SCALING_VARIABLE, "1")
+    assert parse_run_config(argv, world_size=1).model.apply_query_key_layer_scaling
+    with pytest.raises(ArgumentValidationError, match="NVTE_APPLY_QK_LAYER_SCALING=0"):
+        parse_run_config(_argv(TINY), world_size=1)  # the variable without the flag
+
+
 def test_rotary_flags_without_rope_are_refused():
     with pytest.raises(ArgumentValidationError, match="--position-embedding-type rope"):
         parse_run_config(_argv({**TINY, "rotary_percent": 0.5}), world_size=1)
