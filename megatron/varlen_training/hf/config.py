@@ -281,6 +281,9 @@ def flag_values(config: HFModelConfig) -> dict:
         "rotary_base": config.rotary_base,
         "use_rope_scaling": config.rope_scaling_factor is not None,
         "rope_scaling_factor": config.rope_scaling_factor,
+        # Llama/Qwen rotate every channel of a head at unscaled positions.
+        "rotary_percent": 1.0,
+        "rotary_seq_len_interpolation_factor": None,
         "untie_embeddings_and_output_weights": not config.tied_embeddings,
         **_moe_flag_values(config.moe),
     }
