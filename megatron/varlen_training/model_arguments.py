@@ -45,7 +45,9 @@ REFUSED_FLAGS = {
         {"action": "store_true"}, None,
         "megatron-core's TransformerLayer does not implement it (Megatron-LM sets the config "
         "field and still builds pre-norm residuals): drop the flag"),
-    "--apply-layernorm-1p": ({"action": "store_true"}, None, _NORM_WHY),
+    # Megatron-LM's dest is the TransformerConfig field's name.
+    "--apply-layernorm-1p": ({"action": "store_true", "dest": "layernorm_zero_centered_gamma"},
+                             None, _NORM_WHY),
     "--decoder-first-pipeline-num-layers": ({"type": int}, None, _UNEVEN_PIPELINE_WHY),
     "--decoder-last-pipeline-num-layers": ({"type": int}, None, _UNEVEN_PIPELINE_WHY),
     "--account-for-embedding-in-pipeline-split": ({"action": "store_true"}, None,

@@ -387,3 +387,15 @@ def test_resume_with_other_rope_share_is_refused(tmp_path):
     path.write_text(json.dumps(recorded))
     assert check_run_args(str(tmp_path), parse_run_config(_argv(rope), world_size=1),
                           check_data=False) is None
+
+
+# Megatron-LM core_v0.16.1's argparse dests that are not the flag's name (TransformerConfig
+# field names): a namespace or a megatron-wrap view carries them under these keys.
+MEGATRON_LM_DESTS = {"--apply-layernorm-1p": "layernorm_zero_centered_gamma",
+                     "--fp8-format": "fp8", "--fp4-format": "fp4"}
+
+
+def test_model_flags_keep_megatron_lms_dests():
+    dests = {option: action.dest for action in build_hybrid_parser().flag_actions
+             for option in action.option_strings}
+    assert {flag: dests[flag] for flag in MEGATRON_LM_DESTS} == MEGATRON_LM_DESTS
