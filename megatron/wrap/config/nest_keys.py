@@ -96,6 +96,8 @@ ALIASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "use_rotary_position_embeddings": _rope,   # Megatron-LM: sets --position-embedding-type rope
     "add_bias_linear": _no_bias,               # Megatron-LM's dest of --disable-bias-linear
     "add_position_embedding": _position_embedding,  # --no-position-embedding: rope only
+    # Megatron-LM 0.16.1's dest of --norm-epsilon (the TransformerConfig field; 0.8.0's was ours)
+    "layernorm_epsilon": lambda value: {"norm_epsilon": value},
 }
 """Megatron-LM dests that this fork's parser spells differently: key -> value -> our keys."""
 
