@@ -218,26 +218,33 @@ def test_every_shared_flag_field_is_in_the_reference():
     assert not missing, sorted(missing)
 
 
-def test_rope_flags_reach_the_built_rotary_embedding():
-    """--rotary-percent / --rotary-seq-len-interpolation-factor are GPTModel arguments in
-    Megatron-LM (not config fields): the built model's RoPE frequencies must be those of a
-    head dimension share and positions divided by the factor (float64 reference)."""
+def test_gpt_model_arguments_equal_megatron_lms():
+    """The GPTModel arguments Megatron-LM's builder derives from flags (not config fields):
+    --rotary-percent / --rotary-seq-len-interpolation-factor / --rotary-base (RoPE frequencies
+    of a head-dimension share at positions divided by the factor: float64 reference),
+    --untie-embeddings-and-output-weights, --max-position-embeddings, the padded vocabulary."""
     from tests.harness.multirank import run_distributed
 
     argv = _argv({**TINY, "position_embedding_type": "rope", "rotary_percent": 0.5,
-                  "rotary_seq_len_interpolation_factor": 4, "rotary_base": 500})
-    freqs = run_distributed(_built_rope_freqs, 1, args=(argv, 8), timeout_s=120)[0]
+                  "rotary_seq_len_interpolation_factor": 4, "rotary_base": 500,
+                  "untie_embeddings_and_output_weights": True,
+                  "max_position_embeddings": 64, "vocab_size": 100})
+    built = run_distributed(_built_gpt_facts, 1, args=(argv, 8), timeout_s=120)[0]
+    assert built["share_embeddings_and_output_weights"] is False
+    assert built["max_sequence_length"] == 64
+    assert built["vocab_size"] == 128  # 100 padded to Megatron-LM's multiple of 128 x TP 1
     head_dim, rotated = 64 // 4, 8  # half of the 16 channels of a head
     inv_freq = 1.0 / 500 ** (torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
     positions = torch.arange(8, dtype=torch.float64) / 4
     angles = torch.outer(positions, inv_freq)
     expected = torch.cat([angles, angles], dim=-1)  # megatron-core's non-interleaved layout
+    freqs = built["freqs"]
     assert freqs.shape[-1] == rotated < head_dim
     torch.testing.assert_close(freqs.reshape(8, rotated).double(), expected, rtol=1e-6,
                                atol=1e-6)
 
 
-def _built_rope_freqs(argv: list[str], seq_len: int) -> torch.Tensor:
+def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
     from megatron.varlen_training.model import build_model, unwrap
@@ -247,7 +254,9 @@ def _built_rope_freqs(argv: list[str], seq_len: int) -> torch.Tensor:
     set_random_seeds(run.training.seed)
     try:
         gpt = unwrap(build_model(run, build_transformer_config(run))[0])
-        return gpt.rotary_pos_emb(seq_len).detach().cpu()
+        return {"freqs": gpt.rotary_pos_emb(seq_len).detach().cpu(),
+                "share_embeddings_and_output_weights": gpt.share_embeddings_and_output_weights,
+                "max_sequence_length": gpt.max_sequence_length, "vocab_size": gpt.vocab_size}
     finally:
         ps.destroy_model_parallel()
 
