@@ -26,7 +26,7 @@ FP32 = "fp32"
 MTP_LOSS_SCALING_DEFAULT = 0.1  # Megatron-LM's (and TransformerConfig's) --mtp-loss-scaling-factor
 # Megatron-LM's choices of --main-grads-dtype, --main-params-dtype and the Adam moments'.
 OPTIMIZER_DTYPE_CHOICES = ("fp32", "bf16", "fp16", "fp8")
-# flag -> the optimizer-state dtype flags of Megatron-LM's precision-aware optimizer.
+# The state dtypes of Megatron-LM's precision-aware optimizer (fp32 unless that optimizer is used).
 OPTIMIZER_DTYPE_FLAGS = ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype",
                          "--exp-avg-sq-dtype")
 _PRECISION_AWARE_WHY = ("Megatron-LM's precision-aware optimizer is Transformer Engine's "
@@ -153,7 +153,8 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
     validate_args does (``require(cond, message)``)."""
     for flag, (_, neutral, why) in REFUSED_FLAGS.items():
         value = getattr(args, _dest(flag))
-        require(value is None or value is False or str(value) == neutral,  # 0 is a value
+        # By identity: a given 0 equals False, and is a value that asks for something.
+        require(value is None or value is False or str(value) == neutral,
                 f"{flag}{'' if value is True else f' {value}'} is not supported: {why}")
     for flag in OPTIMIZER_DTYPE_FLAGS:
         value = getattr(args, _dest(flag))
