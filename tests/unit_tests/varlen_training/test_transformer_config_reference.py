@@ -135,6 +135,13 @@ DIFFERENT_ON_PURPOSE = {
     "inference_sampling_seed": "inference only",
 }
 
+# GPTModel arguments Megatron-LM's builder (core_v0.16.1 and main gpt_builders.py) leaves out,
+# which we pass: the flags then do what their help says (docs/MIGRATING.md).
+GPT_MODEL_ARGUMENTS_DIFFERENT = {
+    "seq_len_interpolation_factor": "--rotary-seq-len-interpolation-factor is dropped there",
+    "rope_scaling_factor": "--rope-scaling-factor is dropped there (GPTModel's 8.0 is used)",
+}
+
 TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
 BASE_ARGV = ["--seq-length", "32", "--lr", "1e-3", "--train-iters", "1", "--mock-data",
              "--vocab-size", "128"]
