@@ -6,7 +6,8 @@ resume_consistency.py writes for a run with a non-default architecture (the reco
 from the run the flags describe, not by the code under test):
 
 - the run parsed with ``--use-checkpoint-args`` and no model flags has the same model config,
-  field for field, as the run parsed with the flags;
+  field for field, as the run parsed with the flags (pretrain_gpt.py, pretrain_mamba.py's
+  hybrid shape, and megatron.wrap's config values);
 - which side wins, as in Megatron-LM: a size given on the command line stays (``Keeping``),
   another model flag is replaced by the checkpoint's with a line naming the flag it overrides;
 - the checkpoint read is the one loaded: ``--ckpt-step``'s iteration, and
@@ -35,9 +36,12 @@ from pathlib import Path
 import pytest
 
 from megatron.varlen_training.arguments import parse_args_or_exit
-from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.config.from_flags import (
+    parse_hybrid_run_config, parse_run_config, run_config,
+)
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.flag_errors import ArgumentValidationError
+from megatron.varlen_training.flag_values import parse_values
 from megatron.varlen_training.load_options import TRACKER_FILENAME, iteration_folder
 from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME, snapshot
 from tests.harness.extras import needs_extra
@@ -63,11 +67,12 @@ TRAINING = [
 USE = ["--use-checkpoint-args"]
 
 
-def _record(root: Path, iteration: int, argv: list[str], tracked: bool = True) -> Path:
+def _record(root: Path, iteration: int, argv: list[str], tracked: bool = True,
+            parse=parse_run_config) -> Path:
     """A checkpoint root whose iteration folder holds the run_args.json of ``argv``'s run."""
     folder = Path(iteration_folder(str(root), iteration))
     folder.mkdir(parents=True)
-    recorded = snapshot(parse_run_config(argv, world_size=1), with_data=False)
+    recorded = snapshot(parse(argv, world_size=1), with_data=False)
     (folder / RUN_ARGS_FILENAME).write_text(json.dumps(recorded))
     if tracked:
         (root / TRACKER_FILENAME).write_text(str(iteration))
@@ -89,6 +94,26 @@ def test_model_comes_from_the_checkpoint(recorded):
     given = parse_run_config(ARCHITECTURE + TRAINING, world_size=1)
     taken = parse_run_config(TRAINING + USE + ["--load", str(recorded)], world_size=1)
     assert _model_differences(given, taken) == {}
+
+
+def test_pretrain_mamba_takes_the_hybrid_shape(tmp_path):
+    hybrid = ["--num-layers", "3", "--hidden-size", "32", "--num-attention-heads", "4",
+              "--seq-length", "32", "--hybrid-override-pattern", "M*-", "--mamba-state-dim",
+              "16", "--mamba-head-dim", "8", "--mamba-num-groups", "2", "--vocab-size", "96",
+              "--make-vocab-size-divisible-by", "32"]
+    root = _record(tmp_path / "hybrid", 2, hybrid + TRAINING, parse=parse_hybrid_run_config)
+    given = parse_hybrid_run_config(hybrid + TRAINING, world_size=1)
+    taken = parse_hybrid_run_config(TRAINING + USE + ["--load", str(root)], world_size=1)
+    assert _model_differences(given, taken) == {}
+
+
+def test_facade_config_values_take_it_too(recorded):
+    """megatron.wrap's config path (flag_values.parse_values): the same model."""
+    values = {"micro_batch_size": 2, "global_batch_size": 4, "lr": 1e-3, "mock_data": True,
+              "train_iters": 4, "load": str(recorded), "use_checkpoint_args": True,
+              "hidden_dropout": 0.0, "attention_dropout": 0.0}  # not recorded, not taken
+    given = parse_run_config(ARCHITECTURE + TRAINING, world_size=1)
+    assert _model_differences(given, run_config(parse_values(values, world_size=1))) == {}
 
 
 def test_which_side_wins(recorded, capsys):
