@@ -72,7 +72,8 @@ class LoadFlags:
 class CheckpointFlags:
     """The flag values taken from a checkpoint (argparse dest -> value) and where from."""
 
-    folder: str
+    record: str
+    """The checkpoint's ``run_args.json``."""
     values: dict
     missing: tuple[str, ...]
     """Required flags the checkpoint does not record: the command line must give them."""
@@ -175,14 +176,18 @@ def read_checkpoint_flags(flags: LoadFlags | list[str]) -> CheckpointFlags | Non
         return None
     # Imported here: resume_consistency imports the run configs, which import this layer.
     from megatron.varlen_training.errors import CheckpointError
-    from megatron.varlen_training.resume_consistency import read_run_args
+    from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME, read_run_args
 
-    try:
+    record = os.path.join(folder, RUN_ARGS_FILENAME)
+    require(os.path.isfile(record),
+            f"{FLAG}: checkpoint {folder!r} has no {RUN_ARGS_FILENAME} to take the model flags "
+            f"from (not saved by this fork?); drop {FLAG} and pass the model flags")
+    try:  # a garbled record: read_run_args' one line
         saved = read_run_args(folder)
     except CheckpointError as err:
         raise ArgumentValidationError(f"{FLAG}: {err}") from None
     missing = tuple(key for key in REQUIRED_MODEL_FLAGS if saved.get(key) is None)
-    return CheckpointFlags(folder, flag_values(saved), missing)
+    return CheckpointFlags(record, flag_values(saved), missing)
 
 
 def apply_as_defaults(parser, taken: CheckpointFlags | None) -> None:
@@ -214,7 +219,7 @@ def override_command_line(args: argparse.Namespace, taken: CheckpointFlags | Non
         return
     absent = [key for key in taken.missing if getattr(args, key, None) is None]
     require(not absent,
-            f"{FLAG}: {os.path.join(taken.folder, 'run_args.json')} does not record "
+            f"{FLAG}: {taken.record} does not record "
             f"{', '.join(absent)} (saved before it did): pass "
             f"{', '.join(_flag(key) for key in absent)} on the command line")
     for dest, value in taken.values.items():

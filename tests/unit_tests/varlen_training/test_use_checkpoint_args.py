@@ -13,7 +13,8 @@ from the run the flags describe, not by the code under test):
 - the checkpoint read is the one loaded: ``--ckpt-step``'s iteration, and
   ``--pretrained-checkpoint`` while ``--load`` holds nothing;
 - refusals are one line (exit code 2 from an entry point): nothing to load, a ``--load``
-  holding no checkpoint, no ``run_args.json``, a required key the checkpoint does not record
+  holding no checkpoint (or not ``--ckpt-step``'s iteration), no or a garbled
+  ``run_args.json``, a required key the checkpoint does not record
   (named; given on the command line, the run parses). A restartable job's first launch
   (``--save`` == ``--load``, empty) uses the flags given, as Megatron-LM does.
 
@@ -171,7 +172,8 @@ def _without(root: Path, key: str | None) -> Path:
                 "but there is nothing to load (pass --load or --pretrained-checkpoint)"),
     ("empty_load", "holds no checkpoint to take the model flags from"),
     ("step_not_saved", "holds no checkpoint iteration 3 to take the model flags from"),
-    ("no_run_args", "has no run_args.json"),
+    ("no_run_args", "has no run_args.json to take the model flags from"),
+    ("garbled", "run_args.json' is unreadable (JSONDecodeError"),
     ("old_record", "run_args.json does not record seq_length (saved before it did): pass "
                    "--seq-length on the command line"),
 ])
@@ -182,6 +184,9 @@ def test_refusals_are_one_line(recorded, tmp_path, case, words):
         load = ["--load", str(tmp_path)]
     elif case == "step_not_saved":
         load = ["--load", str(recorded), "--ckpt-step", "3"]
+    elif case == "garbled":
+        (Path(iteration_folder(str(recorded), 2)) / RUN_ARGS_FILENAME).write_text("{not json")
+        load = ["--load", str(recorded)]
     else:
         load = ["--load", str(_without(recorded, "seq_length" if case == "old_record" else None))]
     with pytest.raises(ArgumentValidationError) as caught:
