@@ -3,8 +3,9 @@
 
 A run saves iterations 1 and 2 (2 is the latest). A fresh facade that loads iteration 1, given
 as its ``iter_0000001`` folder or as the root with ``step=1``, trains global batches 1 and 2
-with the losses of the straight run (three steps, no save); a ``step`` that disagrees with the
-``iter_*`` folder given, or one not saved, is one line.
+with the losses of the straight run (three steps, no save), and so does a facade configured
+with no model keys, ``load``, ``ckpt_step: 1`` and ``use_checkpoint_args``; a ``step`` that
+disagrees with the ``iter_*`` folder given, or one not saved, is one line.
 """
 
 import pytest
@@ -35,6 +36,18 @@ def _refusal(config: dict, path: str, step: int | None) -> str:
     return "loaded"
 
 
+def _started_from(config: dict, save_dir: str) -> dict:
+    """A facade with no model keys but the dropouts (not recorded), loading iteration 1 at
+    set-up with ``use_checkpoint_args``: the model comes from the checkpoint."""
+    model = {key: value for key, value in config["model"].items() if "dropout" in key}
+    checkpoint = {"load": save_dir, "ckpt_step": 1, "use_checkpoint_args": True}
+    with MegatronWrap({**config, "model": model, "checkpoint": checkpoint}) as wrap:
+        wrap.initialize().setup_model_and_optimizer()
+        loaded = wrap.state.iteration
+        return {"loaded": loaded, "losses": [m["loss"] for m in _train(wrap, range(loaded,
+                                                                                     NUM_STEPS))]}
+
+
 def rank_load_step(save_dir: str) -> dict:
     config = _config(checkpoint={"save": save_dir}, flow={"flow_name": "mock"})
     with MegatronWrap(config) as wrap:
@@ -47,6 +60,7 @@ def rank_load_step(save_dir: str) -> dict:
         _train(wrap, range(1, 2))
         latest = wrap.save()
     return {"straight": straight, "latest": latest,
+            "checkpoint_args": _started_from(config, save_dir),
             "by_folder": _resumed_losses(config, first, None),
             "by_step": _resumed_losses(config, save_dir, 1),
             "disagree": _refusal(config, latest, 1),
@@ -59,7 +73,7 @@ def got(tmp_path_factory) -> dict:
     return run_distributed(rank_load_step, 1, args=(save_dir,), timeout_s=240)[0]
 
 
-@pytest.mark.parametrize("how", ["by_folder", "by_step"])
+@pytest.mark.parametrize("how", ["by_folder", "by_step", "checkpoint_args"])
 def test_an_older_iteration_continues_as_the_straight_run(got, how):
     straight = got["straight"]
     assert len(set(straight)) == NUM_STEPS, straight  # the loss moves: a real comparison
