@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    checkpoint_arguments, data_arguments, document_arguments, flag_ranges, loss_scale_arguments,
+    checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
+    loss_scale_arguments,
     moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
@@ -428,7 +429,11 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None,
     argv = sys.argv[1:] if argv is None else argv
     try:  # --hf-checkpoint: the checkpoint's architecture as defaults, checked for conflicts
         fixed = hf_arguments.apply_checkpoint_defaults(parser, hf_arguments.checkpoint_dir(argv))
+        # --use-checkpoint-args: the loaded checkpoint's model flags (checkpoint_model_flags.py)
+        taken = checkpoint_model_flags.read_checkpoint_flags(argv)
+        checkpoint_model_flags.apply_as_defaults(parser, taken)
         args = parser.parse_args(argv)
+        checkpoint_model_flags.override_command_line(args, taken)
         hf_arguments.check_conflicts(parser, args, fixed)
     except ValueError as err:  # HFConfigError: one line, like every argument error
         raise ArgumentValidationError(str(err)) from err

@@ -18,7 +18,7 @@ records (:func:`iteration_metrics.to_json_record`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -239,10 +239,14 @@ class Trainer:
             return self.save()
         return None
 
-    def load(self, root: str) -> int:
-        """Restores the checkpoint under ``root`` (checked against this run); its iteration."""
-        # load_parts: --finetune, --no-load-optim, --no-load-rng
-        return training.load_state(self.state, root, load_parts(self.run.checkpoint), self.run)
+    def load(self, root: str, step: int | None = None) -> int:
+        """Restores the checkpoint under ``root`` (checked against this run); its iteration.
+        ``step``: that iteration (``--ckpt-step``; default the run's, else the latest)."""
+        # load_parts: --finetune, --no-load-optim, --no-load-rng, --ckpt-step
+        parts = load_parts(self.run.checkpoint)
+        if step is not None:
+            parts = replace(parts, step=step)
+        return training.load_state(self.state, root, parts, self.run)
 
     # --- close ------------------------------------------------------------------------------
 

@@ -326,15 +326,21 @@ class MegatronWrap(ParallelStateMixin):
         except HFConfigError as err:  # the same model on every rank: raised on every rank
             raise ConfigError(f"save_pretrained({str(out_dir)!r}): {err}") from None
 
-    def load(self, path: str | None = None) -> int:
+    def load(self, path: str | None = None, step: int | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its
-        iteration. ``path``: a checkpoint root or its latest ``iter_*`` folder; default the
-        config's ``load``, else ``save``."""
+        iteration. ``path``: a checkpoint root, or one of its ``iter_*`` folders (that
+        iteration, latest or not); default the config's ``load``, else ``save``. ``step``:
+        the iteration to load from the root (Megatron-LM's ``--ckpt-step``; default the one an
+        ``iter_*`` path names, else the config's ``ckpt_step``, else the latest)."""
         self._require(self.state, "setup_model_and_optimizer()")
         path = path or self.run.checkpoint.load or self.run.checkpoint.save
         if path is None:
             raise ConfigError("load() needs a path, or the config key 'load'")
-        iteration = self.trainer.load(runtime.checkpoint_root(path))
+        root, named = runtime.checkpoint_location(path)
+        if None not in (step, named) and step != named:
+            raise ConfigError(f"load({path!r}, step={step}): the path is iteration {named}; "
+                              f"pass its root to load step {step}, or drop step")
+        iteration = self.trainer.load(root, step if step is not None else named)
         self._saved = None  # other weights at a maybe-saved iteration: the next save writes
         log.print_rank_0("loaded iteration %d from %s", iteration, path)
         return iteration
