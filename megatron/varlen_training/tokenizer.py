@@ -38,6 +38,13 @@ TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", HF_TOKENIZER_TYPE, GPT
 # refused in one line saying why (a missing package, a model family this fork does not train).
 TOKENIZER_TYPE_CHOICES = TOKENIZER_TYPES + tuple(
     kind for kind in MEGATRON_LM_ONLY_TYPES if kind not in TOKENIZER_TYPES)
+# The flags that decide which ids a type gives: what to change when data and tokenizer disagree.
+TOKENIZER_TYPE_FLAGS = {
+    "NullTokenizer": ("--vocab-size",),
+    "ByteLevelTokenizer": (),
+    HF_TOKENIZER_TYPE: ("--tokenizer-model",),
+    GPT2_BPE_TYPE: ("--vocab-file", "--merge-file"),
+}
 CHAT_ROLES = ("system", "user", "assistant")
 TRAINED_ROLE = "assistant"  # the turns SFT trains on (the others are masked)
 
@@ -253,3 +260,10 @@ def build_tokenizer(
     raise ValueError(
         f"unknown --tokenizer-type {tokenizer_type!r}; choose one of {', '.join(TOKENIZER_TYPES)}"
     )
+
+
+def tokenizer_flags(tokenizer_type: str) -> str:
+    """The flags that chose this run's ids, e.g. ``--tokenizer-type GPT2BPETokenizer,
+    --vocab-file, --merge-file``: the hint of a refusal of data made with another tokenizer."""
+    flags = TOKENIZER_TYPE_FLAGS.get(tokenizer_type, ())
+    return ", ".join((f"--tokenizer-type {tokenizer_type}", *flags))
