@@ -5,6 +5,10 @@ layer and tools/preprocess_data.py (the facade: tests/unit_tests/wrap/test_wrap_
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
@@ -12,6 +16,8 @@ from tests.harness.training_runs import TINY_GPT_ARGS
 from tools.preprocess_data import main as preprocess_main
 
 IGNORING_TYPES = ("NullTokenizer", "ByteLevelTokenizer")  # ids from the text or the bytes
+REPO = Path(__file__).resolve().parents[3]
+ENTRY_POINT_TIMEOUT_S = 120
 
 
 def _parse(*flags: str):
@@ -50,3 +56,24 @@ def test_preprocess_data_refuses_it_in_one_line(tmp_path, capsys):
     assert "--tokenizer-model 'models/tok'" in lines[0]
     assert "--tokenizer-type is ByteLevelTokenizer" in lines[0]
     assert not list(tmp_path.glob("out_*")), "output written despite the refusal"
+
+
+def test_pretrain_mamba_refuses_it_alike():
+    from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
+
+    hybrid = ["--hybrid-override-pattern", "M*", "--mamba-head-dim", "8",
+              "--mamba-num-groups", "2", "--train-iters", "1"]
+    with pytest.raises(ArgumentValidationError, match="^--tokenizer-model 'models/tok' is read"):
+        parse_hybrid_args(TINY_GPT_ARGS + hybrid + ["--tokenizer-model", "models/tok"],
+                          world_size=1)
+
+
+def test_pretrain_gpt_exits_2_with_one_line():
+    result = subprocess.run(
+        [sys.executable, "pretrain_gpt.py", *TINY_GPT_ARGS, "--train-iters", "1",
+         "--tokenizer-type", "ByteLevelTokenizer", "--tokenizer-model", "models/tok"],
+        cwd=REPO, capture_output=True, text=True, timeout=ENTRY_POINT_TIMEOUT_S)
+    lines = [line for line in result.stderr.splitlines() if "--tokenizer-model" in line]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "--tokenizer-type is ByteLevelTokenizer" in lines[0]
