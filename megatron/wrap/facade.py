@@ -202,6 +202,9 @@ class MegatronWrap(ParallelStateMixin):
             ``tflops_per_device``, ``padding_ratio``, ``packing_efficiency``,
             ``schedule_imbalance``.
 
+        A step past ``train_iters`` runs (the loop is the caller's), with one warning the first
+        time (docs/WRAP.md section 1).
+
         Raises:
             ValueError: Empty batch or a bad sample (one line, the same on every rank).
             NonFiniteLossError: A NaN/Inf loss or grad norm; the step was not applied.

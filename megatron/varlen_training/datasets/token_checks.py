@@ -77,8 +77,8 @@ def check_token_ids(prefix: str, dataset: IndexedDataset, bounds: tuple[int, int
         raise ValueError(
             f"{flag}: {prefix}.bin holds token id {int(ids[offset])} (document {document}, "
             f"position {offset - int(starts[document])}) but the tokenizer has {vocab_size} ids "
-            f"({tokenizer_flags(tokenizer_type)}): the data was made with another tokenizer; preprocess it "
-            f"again with this one (tools/preprocess_data.py)")
+            f"({tokenizer_flags(tokenizer_type)}): the data was made with another tokenizer; "
+            f"preprocess it again with this one (tools/preprocess_data.py)")
 
 
 def first_document_ends(dataset: IndexedDataset) -> list[int]:

@@ -1,7 +1,8 @@
 """``--tokenizer-model`` is read by ``--tokenizer-type HuggingFaceTokenizer`` only: beside
 NullTokenizer or ByteLevelTokenizer it used to be ignored without a word (the run trained on
-that type's ids). Now it is one line naming both flags, exit code 2, in pretrain_gpt.py's flag
-layer and tools/preprocess_data.py (the facade: tests/unit_tests/wrap/test_wrap_tokenizer_model.py)."""
+that type's ids). Now it is one line naming both flags, exit code 2, in the flag layer of
+pretrain_gpt.py and pretrain_mamba.py and in tools/preprocess_data.py (the facade:
+tests/unit_tests/wrap/test_wrap_tokenizer_model.py)."""
 
 from __future__ import annotations
 
