@@ -43,6 +43,22 @@ def test_moe_mtp_layers_keep_the_refusal():
                          world_size=2)
 
 
+@pytest.mark.parametrize("freq, allowed", [
+    ("2", True),              # every 2nd layer from the first: layer 2 of 2 is dense
+    ("([1]*1+[0])", True),    # Megatron-LM's pattern form, last entry 0
+    ("1", False),             # every layer MoE, so the MTP layer too
+    ("[0,1]", False),
+])
+def test_the_refusal_follows_the_last_layer_of_moe_layer_freq(freq, allowed):
+    argv = GPT + MTP + ["--moe-layer-freq", freq] + UNPACKED + CP2
+    if allowed:
+        assert not parse_run_config(argv, world_size=2).model.moe.mtp_layers_are_moe(2)
+        return
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_run_config(argv, world_size=2)
+    assert f"which --moe-layer-freq {freq} makes MoE" in str(err.value)
+
+
 def test_unpacked_cp2_with_dense_mtp_equals_the_single_rank_run():
     reference = _history(MODEL, 1)
     got = _history(MODEL + CP2, 2)
