@@ -218,13 +218,14 @@ class HuggingFaceTokenizer(Tokenizer):
         return encode_chat(self._hf, turns)
 
 
-def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
-    """Every id the tokenizer returns must have a row in the model's vocabulary."""
+def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, tokenizer_type: str) -> None:
+    """Every id the tokenizer returns must have a row in the model's vocabulary; the refusal
+    names the flags that chose the tokenizer (``tokenizer_type``'s)."""
     if tokenizer.vocab_size > vocab_size:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
             f"{vocab_size} (--vocab-size, or the --hf-checkpoint's vocab_size): use a matching "
-            "--tokenizer-model")
+            f"tokenizer ({tokenizer_flags(tokenizer_type)})")
 
 
 def build_tokenizer(
