@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPE_CHOICES,
                        help="The tokenizer training will use (pretrain_gpt.py's flag).")
     group.add_argument("--tokenizer-model", default=None,
-                       help="Local tokenizer directory (HuggingFaceTokenizer).")
+                       help="Local tokenizer directory (HuggingFaceTokenizer only; refused "
+                            "beside another type).")
     group.add_argument("--vocab-size", type=int, default=None,
                        help="Vocabulary size (NullTokenizer).")
     group.add_argument("--append-eod", action="store_true",

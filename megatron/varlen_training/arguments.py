@@ -187,7 +187,8 @@ def _add_data_args(parser):
                             "(--vocab-file, --merge-file); Megatron-LM's other types are "
                             "refused with the reason.")
     group.add_argument("--tokenizer-model", default=None,
-                       help="Local tokenizer directory (HuggingFaceTokenizer).")
+                       help="Local tokenizer directory (HuggingFaceTokenizer only; refused "
+                            "beside another type).")
     group.add_argument("--vocab-size", type=int, default=None,
                        help="Vocabulary size (NullTokenizer); other tokenizers know their own.")
 

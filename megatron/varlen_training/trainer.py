@@ -124,7 +124,7 @@ class Trainer:
                                          self.run.model.vocab_size, data.tokenizer_model,
                                          data.vocab_file, data.merge_file)
         self.run = self.run.with_vocabulary(self.tokenizer.vocab_size)
-        check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size)
+        check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size, data.tokenizer_type)
         _log_padded_vocabulary(self.run)
         self.cp_group_lookup = create_dynamic_cp_groups(self.run)
         self.writers = _last_rank_writers(self.run, self.console)

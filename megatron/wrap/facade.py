@@ -89,6 +89,7 @@ class MegatronWrap(ParallelStateMixin):
         self._exit_stack = contextlib.ExitStack()
         self._owns_process_group = False
         self._saved: tuple | None = None  # _save_key of the last save
+        self._warned_past_train_iters = False
 
     @classmethod
     def from_pretrained(cls, hf_dir: str | Path, config: str | Path | Mapping | WrapConfig,
@@ -201,11 +202,15 @@ class MegatronWrap(ParallelStateMixin):
             ``tflops_per_device``, ``padding_ratio``, ``packing_efficiency``,
             ``schedule_imbalance``.
 
+        A step past ``train_iters`` runs (the loop is the caller's), with one warning the first
+        time (docs/WRAP.md section 1).
+
         Raises:
             ValueError: Empty batch or a bad sample (one line, the same on every rank).
             NonFiniteLossError: A NaN/Inf loss or grad norm; the step was not applied.
         """
         self._require(self.state, "setup_model_and_optimizer()")
+        self._warn_past_train_iters()
         start = time.perf_counter()
         samples = self._global_batch(batch, source, "train")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
@@ -224,6 +229,20 @@ class MegatronWrap(ParallelStateMixin):
             self._saved = self._save_key(self.run.checkpoint.save)
             log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return dict(self._last_metrics)
+
+    def _warn_past_train_iters(self) -> None:
+        """Megatron-LM's loop stops at train_iters; megatron-wrap's loop is the caller's, so a
+        step past it runs (an RL job is not killed at its last step), with one warning: the
+        LR schedule's lengths default to train_iters, past them the LR stays at min_lr."""
+        iteration, train_iters = self.state.iteration + 1, self.run.training.train_iters
+        if self._warned_past_train_iters or iteration <= train_iters:
+            return
+        self._warned_past_train_iters = True
+        log.warning_rank_0(
+            "train(): iteration %d is past train_iters %d, where Megatron-LM's loop stops; "
+            "the step runs (lr %.6E: past its decay the LR schedule stays at min_lr, and the "
+            "progress line stays full): raise training.train_iters to train longer "
+            "(warned once)", iteration, train_iters, self.state.optimizer.param_groups[0]["lr"])
 
     @torch.no_grad()
     def evaluate(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
