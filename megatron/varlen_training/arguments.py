@@ -403,9 +403,6 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
     moe_arguments.validate_moe_args(args, require)
-    require(not (args.log_params_norm and args.num_experts),
-            "--log-params-norm is not implemented with --num-experts (the experts' weights are "
-            "sharded and replicated in other groups): drop one of them")
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)
