@@ -148,6 +148,12 @@ def _add_learning_rate_args(parser):
                        help="Peak learning rate.")
     group.add_argument("--min-lr", type=float, default=0.0,
                        help="Learning rate at the end of decay.")
+    group.add_argument("--decoupled-lr", type=float, default=None,
+                       help="Peak learning rate of the input embedding and the output layer "
+                            "(their own schedule, same shape; default --lr).")
+    group.add_argument("--decoupled-min-lr", type=float, default=None,
+                       help="Their learning rate at the end of decay (default --min-lr; needs "
+                            "--decoupled-lr).")
     group.add_argument("--lr-decay-style", default="linear",
                        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
                        help="Learning-rate decay after warm-up.")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from megatron.varlen_training import checkpointing, log, moe_model, training
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data import build_packing_config
@@ -184,7 +185,8 @@ class Trainer:
         return IterationMetrics(
             iteration=state.iteration, train_iters=run.training.train_iters,
             consumed_samples=state.consumed_train_samples, step_time_s=step_time,
-            learning_rate=state.optimizer.param_groups[0]["lr"], global_batch_size=num_samples,
+            learning_rate=get_canonical_lr_for_logging(state.optimizer.param_groups),
+            global_batch_size=num_samples,
             lm_loss=loss, grad_norm=grad_norm, num_microbatches=batches.num_microbatches,
             tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
             seqlen_squared_sum=batches.seqlen_squared_sum,

@@ -21,7 +21,9 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.optimizer import OptimizerConfig as CoreOptimizerConfig
-from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer import (
+    ParamKey, get_megatron_optimizer, get_standard_config_overrides,
+)
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -37,6 +39,9 @@ from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen.platform import get_device, gloo_cuda
 
 LOSS_KEY = "lm loss"
+# megatron-core's mark of the weights --decoupled-lr applies to (the word embeddings on the
+# first stage, the output layer on the last; its LanguageModule sets it).
+DECOUPLED_LR_ATTRIBUTE = "is_embedding_or_output_parameter"
 
 
 @dataclass
@@ -74,14 +79,37 @@ def core_optimizer_config(run: RunConfig) -> CoreOptimizerConfig:
         loss_scale=adam.loss_scale, initial_loss_scale=adam.initial_loss_scale,
         min_loss_scale=adam.min_loss_scale, loss_scale_window=adam.loss_scale_window,
         hysteresis=adam.hysteresis,
+        # get_megatron_optimizer gives the embedding and output weights their own param group
+        # with these as its max_lr/min_lr, which the scheduler follows (None: the main ones).
+        decoupled_lr=adam.decoupled_lr, decoupled_min_lr=adam.decoupled_min_lr,
     )
+
+
+def param_group_overrides(config: CoreOptimizerConfig) -> dict:
+    """megatron-core's standard param groups (no weight decay on biases and 1-D weights; with
+    --decoupled-lr the embedding and output weights on their own max/min LR), the decoupled
+    group marked ``is_decoupled_lr``.
+
+    Why the mark: megatron-core 0.16.1 finds a checkpoint's param groups by (wd_mult, lr_mult,
+    is_expert_parallel, is_decoupled_lr) when it loads them, but leaves ``is_decoupled_lr``
+    False, so the decoupled group and the main one collide and every resume fails (measured:
+    ``loaded state dict contains a parameter group that doesn't match the size of optimizer's
+    group``). The mark is only a key here: the schedule reads ``max_lr``/``min_lr``.
+    """
+    overrides = get_standard_config_overrides(config)
+    if config.decoupled_lr is not None:
+        key = ParamKey(attr=DECOUPLED_LR_ATTRIBUTE)
+        overrides[key] = {**overrides[key], "is_decoupled_lr": True}
+    return overrides
 
 
 def build_optimizer(run: RunConfig, model):
     """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
     and, on CUDA, torch's fused AdamW."""
     optimizer_kernels.install()
-    optimizer = get_megatron_optimizer(core_optimizer_config(run), model)
+    config = core_optimizer_config(run)
+    optimizer = get_megatron_optimizer(config, model,
+                                       config_overrides=param_group_overrides(config))
     optimizer_kernels.use_fused_adam(optimizer)
     return optimizer
 
@@ -130,8 +158,11 @@ def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     optimizer, schedule, RNG) and the data positions the run continues from (training and
     validation samples consumed); its iteration. pretrain_gpt.py's start-up and the facade's
     ``Trainer.load`` both come here, so both build the same optimizer after a resume."""
+    bounds = _lr_bounds(state.optimizer)
     state.iteration = checkpointing.load_checkpoint(root, state.model, state.optimizer,
                                                     state.scheduler, run, parts)
+    if run.optimizer.override_opt_param_scheduler:
+        _set_lr_bounds(state.optimizer, bounds)
     # The loaded param groups bring the flags they were saved with: a checkpoint written by a
     # CPU run (or before fused Adam) would otherwise resume on torch's foreach kernel on CUDA.
     optimizer_kernels.use_fused_adam(state.optimizer)
@@ -139,6 +170,22 @@ def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
         root, state.iteration, run)
     return state.iteration
+
+
+def _lr_bounds(optimizer) -> list[tuple[float, float]]:
+    """Each param group's peak and final LR (``max_lr``, ``min_lr``: megatron-core's scheduler
+    reads them from the group, --decoupled-lr's group has its own)."""
+    return [(group.get("max_lr"), group.get("min_lr")) for group in optimizer.param_groups]
+
+
+def _set_lr_bounds(optimizer, bounds: list[tuple[float, float]]) -> None:
+    """--override-opt_param-scheduler: this run's LR bounds win. Loading the optimizer state
+    restores the checkpoint's param groups, bounds included (megatron-core orders them as this
+    run's), so without this the scheduler would follow the old --lr/--decoupled-lr while its
+    own state says the new ones."""
+    for group, (max_lr, min_lr) in zip(optimizer.param_groups, bounds, strict=True):
+        if max_lr is not None:
+            group["max_lr"], group["min_lr"] = max_lr, min_lr
 
 
 def _per_chunk(functions: list):

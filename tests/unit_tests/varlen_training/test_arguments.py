@@ -64,6 +64,7 @@ EXPECTED_FLAGS = frozenset("""
 --tokenizer-sentencepiece-legacy --tokenizer-hf-no-use-fast --trust-remote-code
 --null-tokenizer-eod-id --null-tokenizer-pad-id --chat-template --use-gigatoken
 --legacy-tokenizer --tokenizer-hf-no-include-special-tokens
+--decoupled-lr --decoupled-min-lr
 """.split())
 
 
