@@ -205,7 +205,8 @@ def _add_logging_checkpoint_args(parser):
                             "Megatron-LM.")
     group.add_argument("--log-throughput", action="store_true",
                        help="Megatron-LM prints 'throughput per GPU (TFLOP/s/GPU)' only with "
-                            "this flag; here the line and the metrics always carry it.")
+                            "this flag; here the line and the metrics always carry it (with "
+                            "--log-timers-to-tensorboard it adds the 'throughput' scalar).")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
     group.add_argument("--tensorboard-dir", default=None,
@@ -219,6 +220,15 @@ def _add_logging_checkpoint_args(parser):
                        help="Report the L2 norm of the model's weights after each step.")
     group.add_argument("--log-num-zeros-in-grad", action="store_true",
                        help="Report the number of zero entries in each step's gradients.")
+    group.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3),
+                       help="What Megatron-LM's timers measure: 0 the step time only, 1 also "
+                            "forward-backward, gradient reductions and optimizer phases, 2 also "
+                            "each micro-batch's compute and pipeline communication.")
+    group.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"],
+                       help="How the timers are printed every --log-interval: the max over "
+                            "ranks, min and max, or every rank's.")
+    group.add_argument("--log-timers-to-tensorboard", action="store_true",
+                       help="Write the timers (and iteration-time) to TensorBoard and wandb.")
     group.add_argument("--tensorboard-log-interval", type=int, default=1,
                        help="Write TensorBoard and wandb scalars every N iterations.")
     group.add_argument("--wandb-project", default=None,

@@ -142,6 +142,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
     "log_interval": COUNT,
     "tensorboard_log_interval": COUNT,
+    "timing_log_level": FlagRange(0, 2, why="Megatron-LM's timing levels 0, 1, 2"),
     "eval_interval": COUNT,
     "eval_iters": NON_NEGATIVE_COUNT,
     "save_interval": COUNT,

@@ -36,6 +36,9 @@ from megatron.varlen_training.loop_steps import eval_mode
 from megatron.varlen_training.model import aligned_param_gather, params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
+from megatron.varlen_training.step_timers import (
+    CLIP_MAIN_GRAD, COUNT_ZEROS, LEVEL_1, OPTIMIZER, timed,
+)
 from megatron.varlen.platform import get_device, gloo_cuda
 
 LOSS_KEY = "lm loss"
@@ -65,9 +68,10 @@ class TrainState:
     num_zeros_in_grad: int | None = None
 
 
-def core_optimizer_config(run: RunConfig) -> CoreOptimizerConfig:
+def core_optimizer_config(run: RunConfig, timers=None) -> CoreOptimizerConfig:
     """megatron-core's optimizer config of ``run``: Adam, clipping, precision, the fp16 loss
-    scaler, the zero count."""
+    scaler, the zero count; ``timers`` (--timing-log-level >= 1) times its phases, with a
+    barrier before each level-1 timer as Megatron-LM's default."""
     adam, precision = run.optimizer, run.model
     return CoreOptimizerConfig(
         optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
@@ -82,6 +86,7 @@ def core_optimizer_config(run: RunConfig) -> CoreOptimizerConfig:
         # get_megatron_optimizer gives the embedding and output weights their own param group
         # with these as its max_lr/min_lr, which the scheduler follows (None: the main ones).
         decoupled_lr=adam.decoupled_lr, decoupled_min_lr=adam.decoupled_min_lr,
+        timers=timers, barrier_with_L1_time=timers is not None,
     )
 
 
@@ -103,11 +108,11 @@ def param_group_overrides(config: CoreOptimizerConfig) -> dict:
     return overrides
 
 
-def build_optimizer(run: RunConfig, model):
+def build_optimizer(run: RunConfig, model, timers=None):
     """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
     and, on CUDA, torch's fused AdamW."""
     optimizer_kernels.install()
-    config = core_optimizer_config(run)
+    config = core_optimizer_config(run, timers)
     optimizer = get_megatron_optimizer(config, model,
                                        config_overrides=param_group_overrides(config))
     optimizer_kernels.use_fused_adam(optimizer)
@@ -133,12 +138,14 @@ def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     )
 
 
-def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> TrainState:
+def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT,
+                              timers=None) -> TrainState:
     """The model of ``family`` (its provider builds the chunks), optimizer and LR schedule;
-    resumes from ``--load``."""
+    resumes from ``--load``. ``timers``: megatron-core's (step_timers.py), or None."""
     config, model = family.model_provider(run)
+    config.timers = timers  # megatron-core's schedules and finalize_model_grads time with it
     gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
-    optimizer = build_optimizer(run, model)
+    optimizer = build_optimizer(run, model, timers)
     scheduler = build_scheduler(run, optimizer)
     config.finalize_model_grads_func = finalize_model_grads_on_device
     config.grad_scale_func = optimizer.scale_loss
@@ -352,8 +359,9 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
                                   forward_step_func=forward_step_func)
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
-    grad_norm, state.num_zeros_in_grad = optimizer_step(
-        state.optimizer, lambda norm: _guard(guard, state, loss, norm))
+    with timed(getattr(state.config, "timers", None), OPTIMIZER, LEVEL_1, barrier=True):
+        grad_norm, state.num_zeros_in_grad = optimizer_step(
+            state.optimizer, lambda norm: _guard(guard, state, loss, norm))
     if grad_norm is not None:
         # The step consumed its global batch's samples, however many micro-batches packing made
         # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the
@@ -416,13 +424,33 @@ def optimizer_step(optimizer, check=None) -> tuple[float | None, int | None]:
         if check is not None:
             check(None)  # every rank still joins the guard's all-reduce
         return None, None
-    grad_norm = optimizer.get_grad_norm()
-    if check is not None:
-        check(grad_norm)
-    _clip_grads(optimizer, grad_norm)
-    num_zeros = int(optimizer.count_zeros()) if optimizer.config.log_num_zeros_in_grad else None
+    timers = getattr(optimizer.config, "timers", None)
+    with timed(timers, CLIP_MAIN_GRAD, LEVEL_1, barrier=True):  # megatron-core's step does both
+        grad_norm = optimizer.get_grad_norm()
+        if check is not None:
+            check(grad_norm)
+        _clip_grads(optimizer, grad_norm)
+    num_zeros = None
+    if optimizer.config.log_num_zeros_in_grad:
+        with timed(timers, COUNT_ZEROS, LEVEL_1, barrier=True):
+            num_zeros = int(optimizer.count_zeros())
     optimizer.step_with_ready_grads()
     return grad_norm, num_zeros
+
+
+@contextmanager
+def _untimed(config):
+    """No timers during evaluation, as Megatron-LM's ``evaluate`` (its forward-only schedules
+    would otherwise add to the training interval's ``forward-backward``)."""
+    timers = getattr(config, "timers", None)
+    if timers is None:
+        yield
+        return
+    config.timers = None
+    try:
+        yield
+    finally:
+        config.timers = timers
 
 
 @torch.no_grad()
@@ -437,7 +465,7 @@ def evaluate(run: RunConfig, state: TrainState, provider, first_index: int,
     the progress lines of the end-of-training evaluations).
     """
     total = None
-    with params_gathered(state.model), eval_mode(state.model):
+    with params_gathered(state.model), eval_mode(state.model), _untimed(state.config):
         for offset in range(run.training.eval_iters):
             if on_batch is not None:
                 on_batch(offset + 1)

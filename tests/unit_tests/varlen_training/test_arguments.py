@@ -65,6 +65,7 @@ EXPECTED_FLAGS = frozenset("""
 --null-tokenizer-eod-id --null-tokenizer-pad-id --chat-template --use-gigatoken
 --legacy-tokenizer --tokenizer-hf-no-include-special-tokens
 --decoupled-lr --decoupled-min-lr
+--timing-log-level --timing-log-option --log-timers-to-tensorboard
 """.split())
 
 
