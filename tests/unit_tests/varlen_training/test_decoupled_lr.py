@@ -75,7 +75,7 @@ def _train(argv: list[str]) -> list[dict]:
         trainer.close()
 
 
-def _check_step(step: dict, main_lr: float, decoupled_lr: float) -> None:
+def _check_step(step: dict, main_lr: float, decoupled_lr: float, num_held: int = 2) -> None:
     assert step["logged"] == pytest.approx(main_lr, rel=1e-12)
     held = 0
     for lr, num_decoupled, num_other in step["groups"]:
@@ -85,7 +85,7 @@ def _check_step(step: dict, main_lr: float, decoupled_lr: float) -> None:
             assert lr == pytest.approx(decoupled_lr, rel=1e-12)
         elif num_other:
             assert lr == pytest.approx(main_lr, rel=1e-12)
-    assert held == 2  # the word embeddings and the untied output layer
+    assert held == num_held  # one rank: the word embeddings and the untied output layer
 
 
 def test_embedding_and_output_follow_the_decoupled_schedule():
@@ -96,6 +96,19 @@ def test_embedding_and_output_follow_the_decoupled_schedule():
     assert main != decoupled
     for step, main_lr, decoupled_lr in zip(run["steps"], main, decoupled):
         _check_step(step, main_lr, decoupled_lr)
+
+
+def test_tied_embeddings_on_two_stages_follow_the_decoupled_schedule():
+    """PP2 with tied embeddings: the first stage's word embeddings and the last stage's copy of
+    them (megatron-core's output weight there) are both on the decoupled schedule."""
+    tied = [flag for flag in SCHEDULE if flag != "--untie-embeddings-and-output-weights"]
+    argv = TINY_GPT_ARGS + tied + DECOUPLED + ["--pipeline-model-parallel-size", "2"]
+    runs = run_distributed(_train, 2, args=(argv,), timeout_s=240)
+    main, decoupled = _reference_lrs(LR, MIN_LR), _reference_lrs(DECOUPLED_LR, DECOUPLED_MIN_LR)
+    for run in runs:
+        assert run["num_decoupled"] == 1
+        for step, main_lr, decoupled_lr in zip(run["steps"], main, decoupled):
+            _check_step(step, main_lr, decoupled_lr, num_held=1)
 
 
 NEW_LR, NEW_DECOUPLED_LR = 2e-3, 1e-2
