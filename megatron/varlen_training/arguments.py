@@ -229,6 +229,10 @@ def _add_logging_checkpoint_args(parser):
                             "ranks, min and max, or every rank's.")
     group.add_argument("--log-timers-to-tensorboard", action="store_true",
                        help="Write the timers (and iteration-time) to TensorBoard and wandb.")
+    group.add_argument("--no-barrier-with-level-1-timing", action="store_false",
+                       dest="barrier_with_L1_time",
+                       help="Level-1 timers start without a barrier across ranks (their times "
+                            "then include waiting for other ranks).")
     group.add_argument("--tensorboard-log-interval", type=int, default=1,
                        help="Write TensorBoard and wandb scalars every N iterations.")
     group.add_argument("--wandb-project", default=None,

@@ -71,7 +71,7 @@ class TrainState:
 def core_optimizer_config(run: RunConfig, timers=None) -> CoreOptimizerConfig:
     """megatron-core's optimizer config of ``run``: Adam, clipping, precision, the fp16 loss
     scaler, the zero count; ``timers`` (--timing-log-level >= 1) times its phases, with a
-    barrier before each level-1 timer as Megatron-LM's default."""
+    barrier before each level-1 timer unless --no-barrier-with-level-1-timing."""
     adam, precision = run.optimizer, run.model
     return CoreOptimizerConfig(
         optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
@@ -86,7 +86,7 @@ def core_optimizer_config(run: RunConfig, timers=None) -> CoreOptimizerConfig:
         # get_megatron_optimizer gives the embedding and output weights their own param group
         # with these as its max_lr/min_lr, which the scheduler follows (None: the main ones).
         decoupled_lr=adam.decoupled_lr, decoupled_min_lr=adam.decoupled_min_lr,
-        timers=timers, barrier_with_L1_time=timers is not None,
+        timers=timers, barrier_with_L1_time=run.logging.barrier_with_L1_time,
     )
 
 
@@ -144,6 +144,7 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT,
     resumes from ``--load``. ``timers``: megatron-core's (step_timers.py), or None."""
     config, model = family.model_provider(run)
     config.timers = timers  # megatron-core's schedules and finalize_model_grads time with it
+    config.barrier_with_L1_time = run.logging.barrier_with_L1_time
     gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
     optimizer = build_optimizer(run, model, timers)
     scheduler = build_scheduler(run, optimizer)
@@ -359,7 +360,8 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
                                   forward_step_func=forward_step_func)
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
-    with timed(getattr(state.config, "timers", None), OPTIMIZER, LEVEL_1, barrier=True):
+    with timed(getattr(state.config, "timers", None), OPTIMIZER, LEVEL_1,
+               barrier=run.logging.barrier_with_L1_time):
         grad_norm, state.num_zeros_in_grad = optimizer_step(
             state.optimizer, lambda norm: _guard(guard, state, loss, norm))
     if grad_norm is not None:
@@ -425,14 +427,15 @@ def optimizer_step(optimizer, check=None) -> tuple[float | None, int | None]:
             check(None)  # every rank still joins the guard's all-reduce
         return None, None
     timers = getattr(optimizer.config, "timers", None)
-    with timed(timers, CLIP_MAIN_GRAD, LEVEL_1, barrier=True):  # megatron-core's step does both
+    barrier = getattr(optimizer.config, "barrier_with_L1_time", False)
+    with timed(timers, CLIP_MAIN_GRAD, LEVEL_1, barrier=barrier):  # megatron-core's step: both
         grad_norm = optimizer.get_grad_norm()
         if check is not None:
             check(grad_norm)
         _clip_grads(optimizer, grad_norm)
     num_zeros = None
     if optimizer.config.log_num_zeros_in_grad:
-        with timed(timers, COUNT_ZEROS, LEVEL_1, barrier=True):
+        with timed(timers, COUNT_ZEROS, LEVEL_1, barrier=barrier):
             num_zeros = int(optimizer.count_zeros())
     optimizer.step_with_ready_grads()
     return grad_norm, num_zeros

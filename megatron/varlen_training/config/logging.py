@@ -43,6 +43,9 @@ class LoggingConfig:
     timing_log_option: str = "minmax"
     log_timers_to_tensorboard: bool = False
     log_throughput: bool = False
+    # --no-barrier-with-level-1-timing clears it: level-1 timers start after a barrier
+    # (Megatron-LM's default), so they time the phase, not the wait for the slowest rank.
+    barrier_with_L1_time: bool = True
 
     def __post_init__(self):
         check_ranges(self)

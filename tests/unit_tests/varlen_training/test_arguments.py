@@ -66,6 +66,7 @@ EXPECTED_FLAGS = frozenset("""
 --legacy-tokenizer --tokenizer-hf-no-include-special-tokens
 --decoupled-lr --decoupled-min-lr
 --timing-log-level --timing-log-option --log-timers-to-tensorboard
+--no-barrier-with-level-1-timing
 """.split())
 
 

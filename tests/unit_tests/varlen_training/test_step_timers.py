@@ -8,8 +8,8 @@ micro-batches' compute, the pipeline's sends and receives, the gradient reductio
 optimizer's phases, the batch generator). Reference for the interval arithmetic: the JSONL
 records of the same run -- ``iteration-time`` is the mean of the interval's ``step_time_s``,
 ``throughput`` its FLOP-weighted TFLOP/s -- and ``forward-backward`` per iteration cannot
-exceed the iteration time (a total not divided by the interval's iterations would). A timer around a known
-sleep reads back at least the sleep, and megatron-core's printed block follows
+exceed the iteration time (a total not divided by the interval's iterations would). A timer
+around a known sleep reads back at least the sleep, and megatron-core's printed block follows
 ``--timing-log-option``.
 """
 
@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
@@ -143,4 +142,15 @@ def test_default_run_has_no_timers():
     run = parse_run_config(TINY_GPT_ARGS + ["--train-iters", "2"], world_size=1)
     assert run.logging.timing_log_level == 0
     assert core_optimizer_config(run).timers is None
-    assert torch.distributed.is_available()
+
+
+@pytest.mark.parametrize("extra, barrier", [([], True),
+                                            (["--no-barrier-with-level-1-timing"], False)])
+def test_level_1_barrier_flag_reaches_megatron_core(extra, barrier):
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.training import core_optimizer_config
+
+    run = parse_run_config(TINY_GPT_ARGS + ["--train-iters", "2", "--timing-log-level", "1"]
+                           + extra, world_size=1)
+    assert run.logging.barrier_with_L1_time is barrier
+    assert core_optimizer_config(run, timers=object()).barrier_with_L1_time is barrier
