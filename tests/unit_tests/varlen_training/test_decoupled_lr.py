@@ -8,7 +8,7 @@ after each, every optimizer param group holding the embedding or output weight m
 decoupled scheduler's LR, every other group the main one's, and the logged learning rate is the
 main one (Megatron-LM's ``get_canonical_lr_for_logging``).
 
-Resume: a checkpoint saved with the decoupled group resumes (megatron-core 0.16.1 alone cannot
+Resume (plain and distributed optimizer): a checkpoint saved with the decoupled group resumes (megatron-core 0.16.1 alone cannot
 tell that group from the main one when it loads them); with --override-opt_param-scheduler the
 new --lr and --decoupled-lr are the ones the next step applies (the loaded param groups would
 otherwise bring the old bounds back); turning it on or off, or another value without a flag
@@ -45,13 +45,27 @@ def _reference_lrs(max_lr: float, min_lr: float, steps: int = STEPS) -> list[flo
     return lrs
 
 
+def _model_params_by_group(optimizer) -> list[tuple[dict, list]]:
+    """(param group, the model weights it updates): the distributed optimizer's groups hold
+    shards of main params, its ``model_*_groups`` the model weights behind them."""
+    pairs = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        groups = inner.optimizer.param_groups
+        if hasattr(inner, "model_fp32_groups"):  # megatron-core's DistributedOptimizer
+            pairs += [(group, inner.model_float16_groups[i] + inner.model_fp32_groups[i])
+                      for i, group in enumerate(groups)]
+        else:
+            pairs += [(group, group["params"]) for group in groups]
+    return pairs
+
+
 def _group_lrs(state, iteration_report) -> dict:
     """The logged LR and, per param group, (lr, decoupled weights, other weights)."""
     decoupled_ids = {id(param) for chunk in state.model for param in chunk.parameters()
                      if getattr(param, "is_embedding_or_output_parameter", False)}
-    groups = [(group["lr"], sum(id(p) in decoupled_ids for p in group["params"]),
-               sum(id(p) not in decoupled_ids for p in group["params"]))
-              for group in state.optimizer.param_groups]
+    groups = [(group["lr"], sum(id(p) in decoupled_ids for p in params),
+               sum(id(p) not in decoupled_ids for p in params))
+              for group, params in _model_params_by_group(state.optimizer)]
     return {"logged": iteration_report.metrics.learning_rate, "groups": groups}
 
 
@@ -112,11 +126,14 @@ def test_tied_embeddings_on_two_stages_follow_the_decoupled_schedule():
 
 
 NEW_LR, NEW_DECOUPLED_LR = 2e-3, 1e-2
+OVERRIDE = ["--lr", str(NEW_LR), "--decoupled-lr", str(NEW_DECOUPLED_LR),
+            "--decoupled-min-lr", str(DECOUPLED_MIN_LR), "--override-opt_param-scheduler"]
+SHARDED = ["--use-distributed-optimizer"]
 RESUMES = {  # name: (first run's flags, resumed run's flags)
     "same": (DECOUPLED, DECOUPLED),
-    "override": (DECOUPLED, ["--lr", str(NEW_LR), "--decoupled-lr", str(NEW_DECOUPLED_LR),
-                             "--decoupled-min-lr", str(DECOUPLED_MIN_LR),
-                             "--override-opt_param-scheduler"]),
+    "same_sharded": (DECOUPLED + SHARDED, DECOUPLED + SHARDED),
+    "override": (DECOUPLED, OVERRIDE),
+    "override_sharded": (DECOUPLED + SHARDED, OVERRIDE + SHARDED),
     "changed": (DECOUPLED, ["--decoupled-lr", str(NEW_DECOUPLED_LR),
                             "--decoupled-min-lr", str(DECOUPLED_MIN_LR)]),
     "turned_on": ([], DECOUPLED),
@@ -163,10 +180,12 @@ def _resume_all(root: str) -> dict:
 def test_resume_keeps_or_refuses_the_decoupled_group(tmp_path):
     (runs,) = run_distributed(_resume_all, 1, args=(str(tmp_path),), timeout_s=300)
     third = 3
-    _check_step(runs["same"], _reference_lrs(LR, MIN_LR, third)[-1],
-                _reference_lrs(DECOUPLED_LR, DECOUPLED_MIN_LR, third)[-1])
-    _check_step(runs["override"], _reference_lrs(NEW_LR, MIN_LR, third)[-1],
-                _reference_lrs(NEW_DECOUPLED_LR, DECOUPLED_MIN_LR, third)[-1])
+    for name in ("same", "same_sharded"):
+        _check_step(runs[name], _reference_lrs(LR, MIN_LR, third)[-1],
+                    _reference_lrs(DECOUPLED_LR, DECOUPLED_MIN_LR, third)[-1])
+    for name in ("override", "override_sharded"):
+        _check_step(runs[name], _reference_lrs(NEW_LR, MIN_LR, third)[-1],
+                    _reference_lrs(NEW_DECOUPLED_LR, DECOUPLED_MIN_LR, third)[-1])
     assert runs["changed"].startswith("--load: the checkpoint's schedule has --decoupled-lr "
                                       "0.005, this run has 0.01; pass --override-opt_param")
     assert "saved without --decoupled-lr, this run has 0.005" in runs["turned_on"]
