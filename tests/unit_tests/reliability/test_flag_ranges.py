@@ -58,6 +58,10 @@ VALID = {
     "adam_eps": HUGE,
     "lr": ZERO_OR_HUGE,
     "min_lr": ZERO,
+    # Alone --decoupled-min-lr is refused (it needs --decoupled-lr) whatever its value.
+    "decoupled_lr": ZERO_OR_HUGE,
+    "decoupled_min_lr": NONE,
+    "timing_log_level": ZERO,
     "lr_decay_iters": HUGE,
     "lr_warmup_iters": ZERO,
     # The bases are iteration-based: the sample-based flags are refused there (one kind of
