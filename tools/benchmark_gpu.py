@@ -18,16 +18,16 @@ same token budget per micro-batch:
   greedily into the same budget.
 
 Both sides take the same optimizer step -- AdamW (torch's fused kernel: ours through
-megatron.varlen_training.optimizer_kernels), lr 1e-4, weight decay 0.01, gradients clipped at norm 1.0
--- read the loss and the grad norm back once per step (what a training loop logs), and time
+megatron.varlen_training.optimizer_kernels), lr 1e-4, weight decay 0.01, gradients clipped at norm
+1.0 -- read the loss and the grad norm back once per step (what a training loop logs), and time
 the same region: building the step's micro-batches, forward, backward, optimizer step.
 
-Reported per configuration: real tokens/s, TFLOP/s per GPU and MFU against the device's dense
-bf16 peak (FLOPs from the REAL lengths, one formula for all three: megatron/varlen_training/flops.py),
-synchronising calls per step (profiler events beyond an empty region's, forward+backward alone
-and the whole step, with the ``file:line`` of each: tools/sync_probe.py), and peak memory.
-Writes ``REPORT.md`` and ``results.json`` (device, torch version, date) to ``--out``
-(default results/gpu). Needs only torch, megatron-core and this repository.
+Reported per configuration: real tokens/s, TFLOP/s per GPU and MFU against the device's dense bf16
+peak (FLOPs from the REAL lengths, one formula for all three: megatron/varlen_training/flops.py),
+synchronising calls per step (profiler events beyond an empty region's, forward+backward alone and
+the whole step, with the ``file:line`` of each: tools/sync_probe.py), and peak memory. Writes
+``REPORT.md`` and ``results.json`` (device, torch version, date) to ``--out`` (default results/gpu).
+Needs only torch, megatron-core and this repository.
 """
 
 from __future__ import annotations
@@ -505,7 +505,8 @@ def run_worker(config: str, shape: Shape, iters: int, warmup: int, device: str) 
 
 def _launch(config: str, size: str, cli: argparse.Namespace, result_path: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", config,
-           *(["--tiny"] if cli.tiny else ["--sizes", size]), "--result", str(result_path), "--iters", str(cli.iters), "--warmup", str(cli.warmup),
+           *(["--tiny"] if cli.tiny else ["--sizes", size]), "--result", str(result_path),
+           "--iters", str(cli.iters), "--warmup", str(cli.warmup),
            "--device", cli.device, "--attention-backend", cli.attention_backend]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)}

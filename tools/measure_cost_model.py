@@ -221,7 +221,8 @@ def main(argv=None) -> int:
     print(f"attention {document['attention_flops_per_s'] / 1e12:.0f} TFLOP/s (analytic "
           f"{comparison['attention_flops_per_s'] / 1e12:.0f}); b/a = "
           f"{document['linear_to_attention_ratio']:.2f} h (analytic 6 h); fit R^2 "
-          f"{document['fit']['r2']:.4f}, max residual {document['fit']['max_relative_residual']:.1%};"
+          f"{document['fit']['r2']:.4f}, max residual "
+          f"{document['fit']['max_relative_residual']:.1%};"
           f" analytic model max error {comparison['max_relative_error']:.1%}; wrote {cli.out}")
     return 0
 

@@ -4,16 +4,16 @@ flags; the work is in megatron/varlen_training/datasets/preprocess.py, this is i
     python tools/preprocess_data.py --input docs.jsonl --json-keys text \\
         --tokenizer-type ByteLevelTokenizer --append-eod --output-prefix data/docs --workers 4
 
-writes ``data/docs_text_document.bin/.idx``, the files Megatron-LM's tools/preprocess_data.py
-writes for the same flags; train on them with ``--data-path data/docs_text_document``.
-Megatron-LM's GPT recipe, ``--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json
---merge-file gpt2-merges.txt``, works as in pretrain_gpt.py; its tokenizer types and flags not
-honoured here are refused in one line (megatron/varlen_training/tokenizer_arguments.py).
-Megatron-LM's flags this tool does not do (``--split-sentences`` and its ``--keep-newlines``,
-``--lang``; ``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``)
-are refused in one line saying what to do instead. Progress: a bar with documents/s on a
-terminal, and Megatron-LM's ``Processed N documents (D docs/s, M MB/s).`` line every
-``--log-interval`` documents and at the end. A bad flag or line is one line (``preprocess_data.py: error: FILE:LINE: ...``) and
+writes ``data/docs_text_document.bin/.idx``, the files Megatron-LM's tools/preprocess_data.py writes
+for the same flags; train on them with ``--data-path data/docs_text_document``. Megatron-LM's GPT
+recipe, ``--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file
+gpt2-merges.txt``, works as in pretrain_gpt.py; its tokenizer types and flags not honoured here are
+refused in one line (megatron/varlen_training/tokenizer_arguments.py). Megatron-LM's flags this tool
+does not do (``--split-sentences`` and its ``--keep-newlines``, ``--lang``;
+``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``) are refused in
+one line saying what to do instead. Progress: a bar with documents/s on a terminal, and
+Megatron-LM's ``Processed N documents (D docs/s, M MB/s).`` line every ``--log-interval`` documents
+and at the end. A bad flag or line is one line (``preprocess_data.py: error: FILE:LINE: ...``) and
 exit code 2. Imports only the installed package (no ``tools.*``), so it runs from the repository
 root in any environment where the package is installed.
 """
@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPE_CHOICES,
                        help="The tokenizer training will use (pretrain_gpt.py's flag).")
     group.add_argument("--tokenizer-model", default=None,
-                       help="Local tokenizer directory (HuggingFaceTokenizer).")
+                       help="Local tokenizer directory (HuggingFaceTokenizer only; refused "
+                            "beside another type).")
     group.add_argument("--vocab-size", type=int, default=None,
                        help="Vocabulary size (NullTokenizer).")
     group.add_argument("--append-eod", action="store_true",

@@ -7,12 +7,12 @@ dominates) runs forward + backward on packs of the same number of tokens cut int
 sequences, with RoPE from one table per micro-batch (``megatron/varlen/attention/packed_rope.py``)
 and with megatron-core 0.16.1's own THD RoPE (per layer, for q and k: the boundaries read with
 ``.tolist()``, a slice per sequence, a cat, cos and sin of the result). The two paths run in
-alternating rounds on one gloo rank with one intra-op thread; the medians of the rounds' times
-and of their ratios are reported. The flash core attention's one kernel call is replaced by a fixed-cost stand-in
-(``tests/harness/rope_paths.py``): on the GPU it is one call whatever the pack, while its CPU twin
-loops over sequences and would bury the difference. The aten ops one attention layer dispatches
-(forward + backward, after the micro-batch's first layer built its plan and table) are counted
-too. CPU times say nothing about a GPU step; they show how the host work scales.
+alternating rounds on one gloo rank with one intra-op thread; the medians of the rounds' times and
+of their ratios are reported. The flash core attention's one kernel call is replaced by a fixed-cost
+stand-in (``tests/harness/rope_paths.py``): on the GPU it is one call whatever the pack, while its
+CPU twin loops over sequences and would bury the difference. The aten ops one attention layer
+dispatches (forward + backward, after the micro-batch's first layer built its plan and table) are
+counted too. CPU times say nothing about a GPU step; they show how the host work scales.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    checkpoint_arguments, data_arguments, document_arguments, flag_ranges, loss_scale_arguments,
-    model_arguments, moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
+    checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
+    loss_scale_arguments, model_arguments,
+    moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
@@ -148,6 +149,12 @@ def _add_learning_rate_args(parser):
                        help="Peak learning rate.")
     group.add_argument("--min-lr", type=float, default=0.0,
                        help="Learning rate at the end of decay.")
+    group.add_argument("--decoupled-lr", type=float, default=None,
+                       help="Peak learning rate of the input embedding and the output layer "
+                            "(their own schedule, same shape; default --lr).")
+    group.add_argument("--decoupled-min-lr", type=float, default=None,
+                       help="Their learning rate at the end of decay (default --min-lr; needs "
+                            "--decoupled-lr).")
     group.add_argument("--lr-decay-style", default="linear",
                        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
                        help="Learning-rate decay after warm-up.")
@@ -186,7 +193,8 @@ def _add_data_args(parser):
                             "(--vocab-file, --merge-file); Megatron-LM's other types are "
                             "refused with the reason.")
     group.add_argument("--tokenizer-model", default=None,
-                       help="Local tokenizer directory (HuggingFaceTokenizer).")
+                       help="Local tokenizer directory (HuggingFaceTokenizer only; refused "
+                            "beside another type).")
     group.add_argument("--vocab-size", type=int, default=None,
                        help="Vocabulary size (NullTokenizer); other tokenizers know their own.")
 
@@ -199,7 +207,8 @@ def _add_logging_checkpoint_args(parser):
                             "Megatron-LM.")
     group.add_argument("--log-throughput", action="store_true",
                        help="Megatron-LM prints 'throughput per GPU (TFLOP/s/GPU)' only with "
-                            "this flag; here the line and the metrics always carry it.")
+                            "this flag; here the line and the metrics always carry it (with "
+                            "--log-timers-to-tensorboard it adds the 'throughput' scalar).")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")
     group.add_argument("--tensorboard-dir", default=None,
@@ -213,6 +222,19 @@ def _add_logging_checkpoint_args(parser):
                        help="Report the L2 norm of the model's weights after each step.")
     group.add_argument("--log-num-zeros-in-grad", action="store_true",
                        help="Report the number of zero entries in each step's gradients.")
+    group.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3),
+                       help="What Megatron-LM's timers measure: 0 the step time only, 1 also "
+                            "forward-backward, gradient reductions and optimizer phases, 2 also "
+                            "each micro-batch's compute and pipeline communication.")
+    group.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"],
+                       help="How the timers are printed every --log-interval: the max over "
+                            "ranks, min and max, or every rank's.")
+    group.add_argument("--log-timers-to-tensorboard", action="store_true",
+                       help="Write the timers (and iteration-time) to TensorBoard and wandb.")
+    group.add_argument("--no-barrier-with-level-1-timing", action="store_false",
+                       dest="barrier_with_L1_time",
+                       help="Level-1 timers start without a barrier across ranks (their times "
+                            "then include waiting for other ranks).")
     group.add_argument("--tensorboard-log-interval", type=int, default=1,
                        help="Write TensorBoard and wandb scalars every N iterations.")
     group.add_argument("--wandb-project", default=None,
@@ -405,9 +427,6 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
     moe_arguments.validate_moe_args(args, require)
-    require(not (args.log_params_norm and args.num_experts),
-            "--log-params-norm is not implemented with --num-experts (the experts' weights are "
-            "sharded and replicated in other groups): drop one of them")
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)
@@ -430,7 +449,11 @@ def parse_args(argv: list[str] | None = None, world_size: int | None = None,
     argv = sys.argv[1:] if argv is None else argv
     try:  # --hf-checkpoint: the checkpoint's architecture as defaults, checked for conflicts
         fixed = hf_arguments.apply_checkpoint_defaults(parser, hf_arguments.checkpoint_dir(argv))
+        # --use-checkpoint-args: the loaded checkpoint's model flags (checkpoint_model_flags.py)
+        taken = checkpoint_model_flags.read_checkpoint_flags(argv)
+        checkpoint_model_flags.apply_as_defaults(parser, taken)
         args = parser.parse_args(argv)
+        checkpoint_model_flags.override_command_line(args, taken)
         hf_arguments.check_conflicts(parser, args, fixed)
     except ValueError as err:  # HFConfigError: one line, like every argument error
         raise ArgumentValidationError(str(err)) from err

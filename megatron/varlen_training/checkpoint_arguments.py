@@ -14,9 +14,9 @@
 - Refused in one line, with the way out: ``--async-save`` (saves are synchronous: a save is
   published, verified and named latest before training goes on),
   ``--non-persistent-save-interval`` / ``--non-persistent-ckpt-type`` (every save is a
-  persistent checkpoint: use ``--save-interval``), ``--use-checkpoint-args`` (the model flags
-  come from the command line; the checkpoint's ``run_args.json`` records them and a resume
-  with other values is refused naming the flag).
+  persistent checkpoint: use ``--save-interval``).
+- ``--use-checkpoint-args``: the model flags come from the loaded checkpoint's ``run_args.json``
+  (:mod:`checkpoint_model_flags`, applied while the command line is parsed).
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ def add_checkpoint_args(parser) -> None:
     group.add_argument("--non-persistent-ckpt-type", default=None, choices=NON_PERSISTENT_TYPES,
                        help="Refused with --non-persistent-save-interval.")
     group.add_argument("--use-checkpoint-args", action="store_true",
-                       help="Refused: pass the model flags; a resume with other values than the "
-                            "checkpoint's is refused naming the flag.")
+                       help="Take the model flags from the checkpoint being loaded (--load, "
+                            "else --pretrained-checkpoint; --ckpt-step's iteration): its sizes "
+                            "are defaults the command line may set, its other model flags "
+                            "override the command line's, as in Megatron-LM.")
 
 
 def validate_checkpoint_args(args, require) -> None:
@@ -66,10 +68,6 @@ def validate_checkpoint_args(args, require) -> None:
         require(value is None,
                 f"{flag} {value} is not supported: every save here is a persistent "
                 f"checkpoint; use --save-interval instead")
-    require(not args.use_checkpoint_args,
-            "--use-checkpoint-args is not supported: pass the model flags the checkpoint was "
-            "trained with (its run_args.json records them; a resume with another value is "
-            "refused naming the flag)")
     require(args.ckpt_step is None or args.load is not None
             or args.pretrained_checkpoint is not None,
             f"--ckpt-step {args.ckpt_step} says which iteration to load, but there is nothing "

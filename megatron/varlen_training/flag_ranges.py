@@ -110,6 +110,8 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # learning rate
     "lr": NON_NEGATIVE_FLOAT,
     "min_lr": NON_NEGATIVE_FLOAT,
+    "decoupled_lr": NON_NEGATIVE_FLOAT,
+    "decoupled_min_lr": NON_NEGATIVE_FLOAT,
     "lr_decay_iters": COUNT,
     "lr_warmup_iters": NON_NEGATIVE_COUNT,
     # sample-based schedule (schedule_arguments.py)
@@ -140,6 +142,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
     "log_interval": COUNT,
     "tensorboard_log_interval": COUNT,
+    "timing_log_level": FlagRange(0, 2, why="Megatron-LM's timing levels 0, 1, 2"),
     "eval_interval": COUNT,
     "eval_iters": NON_NEGATIVE_COUNT,
     "save_interval": COUNT,
@@ -244,6 +247,29 @@ def learning_rate_problem(lr: float, min_lr: float) -> str | None:
             f"--min-lr; lower --min-lr or raise --lr)")
 
 
+def decoupled_learning_rate_problem(decoupled_lr: float | None, decoupled_min_lr: float | None,
+                                    min_lr: float) -> str | None:
+    """Why --decoupled-lr/--decoupled-min-lr do not make a decaying schedule for the embedding
+    and output layer, or None. megatron-core ignores --decoupled-min-lr without --decoupled-lr
+    (a silent no-op: refused)."""
+    if decoupled_lr is None:
+        if decoupled_min_lr is None:
+            return None
+        return (f"--decoupled-min-lr {decoupled_min_lr} needs --decoupled-lr (it is the final LR "
+                f"of the decoupled schedule; without it the embedding follows --lr and --min-lr)")
+    if decoupled_min_lr is None:
+        if min_lr <= decoupled_lr:
+            return None
+        return (f"--min-lr {min_lr} exceeds --decoupled-lr {decoupled_lr} (without "
+                f"--decoupled-min-lr the embedding's LR decays to --min-lr; set "
+                f"--decoupled-min-lr or raise --decoupled-lr)")
+    if decoupled_min_lr <= decoupled_lr:
+        return None
+    return (f"--decoupled-min-lr {decoupled_min_lr} exceeds --decoupled-lr {decoupled_lr} (the "
+            f"embedding's schedule decays from --decoupled-lr down to --decoupled-min-lr; lower "
+            f"--decoupled-min-lr or raise --decoupled-lr)")
+
+
 def head_split_problem(hidden_size: int, num_attention_heads: int,
                        kv_channels: int | None) -> str | None:
     """As Megatron-LM: without --kv-channels each head gets hidden / heads channels."""
@@ -273,6 +299,8 @@ def query_group_problem(num_attention_heads: int, num_query_groups: int | None,
 def validate_relations(args, require) -> None:
     """Numeric flags that constrain one another (after :func:`validate_ranges`)."""
     for problem in (learning_rate_problem(args.lr, args.min_lr),
+                    decoupled_learning_rate_problem(args.decoupled_lr, args.decoupled_min_lr,
+                                                    args.min_lr),
                     head_split_problem(args.hidden_size, args.num_attention_heads,
                                        args.kv_channels),
                     query_group_problem(args.num_attention_heads, args.num_query_groups,

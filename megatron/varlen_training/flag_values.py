@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from megatron.varlen_training import checkpoint_model_flags
 from megatron.varlen_training.arguments import build_parser, validate_args
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require
 from megatron.varlen_training.hf import arguments as hf_arguments
@@ -134,7 +135,11 @@ def parse_values(values: Mapping[str, Any], world_size: int | None = None,
     parser = build_parser(prog)
     try:  # --hf-checkpoint: the checkpoint's architecture as defaults, checked for conflicts
         fixed = hf_arguments.apply_checkpoint_defaults(parser, values.get("hf_checkpoint"))
+        taken = checkpoint_model_flags.read_checkpoint_flags(
+            checkpoint_model_flags.load_flags_of(values))  # use_checkpoint_args
+        checkpoint_model_flags.apply_as_defaults(parser, taken)
         args = _namespace(parser, values)
+        checkpoint_model_flags.override_command_line(args, taken)
         hf_arguments.check_conflicts(parser, args, fixed)
     except ArgumentValidationError:
         raise

@@ -17,8 +17,9 @@ not told about heads.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from megatron.varlen_training import flag_ranges
+from megatron.varlen_training import checkpoint_model_flags, flag_ranges
 from megatron.varlen_training.arguments import (
     build_parser, exit_on_flag_errors, require, validate_args,
 )
@@ -189,7 +190,13 @@ def hybrid_stack_parameters(args) -> int:
 
 def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = None):
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
-    args = build_hybrid_parser().parse_args(argv)
+    parser = build_hybrid_parser()
+    # --use-checkpoint-args: the loaded checkpoint's model flags (checkpoint_model_flags.py)
+    taken = checkpoint_model_flags.read_checkpoint_flags(list(sys.argv[1:] if argv is None
+                                                              else argv))
+    checkpoint_model_flags.apply_as_defaults(parser, taken)
+    args = parser.parse_args(argv)
+    checkpoint_model_flags.override_command_line(args, taken)
     args.world_size = world_size
     refuse_hugging_face_flags(args)
     args = validate_args(args, check_memory=False)  # checked below, for the hybrid stack

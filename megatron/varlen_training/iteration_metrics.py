@@ -24,6 +24,9 @@ SHARED_KEYS = (ITERATION_KEY, LOSS_KEY, "grad_norm", "loss_scale", SKIPPED_ITER_
 """The keys every record starts with, in this order (:func:`to_json_record`)."""
 NUM_ZEROS_KEY = "num_zeros_in_grad"  # only in records of --log-num-zeros-in-grad runs
 PARAMS_NORM_KEY = "params_norm"  # only in records of --log-params-norm runs
+# --log-timers-to-tensorboard (step_timers.py): Megatron-LM's timer scalars, "<timer>-time"
+# (megatron-core's Timers.write), the interval's "iteration-time" and "throughput".
+TIMER_SUFFIX, ITERATION_TIME_KEY, THROUGHPUT_KEY = "-time", "iteration-time", "throughput"
 # The console line's counts over its --log-interval (log_interval.py), not per-iteration keys.
 SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY = "skipped_iterations", "nan_iterations"
 INTERVAL_KEYS = (SKIPPED_ITERATIONS_KEY, NAN_ITERATIONS_KEY)
@@ -57,6 +60,7 @@ class IterationMetrics:
     params_norm: float | None = None  # --log-params-norm (None: not computed)
     extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
     losses: dict = field(default_factory=dict)  # LOSS_KEYS the step reported (MoE)
+    timers: dict = field(default_factory=dict)  # --log-timers-to-tensorboard, interval ends
 
     @property
     def tokens_per_s(self) -> float:
@@ -67,6 +71,12 @@ class IterationMetrics:
         if self.step_time_s <= 0:
             return 0.0
         return self.flops / (self.step_time_s * self.world_size * TERA)
+
+
+def is_timer_key(key: str) -> bool:
+    """A record key of the timers (step_timers.py): not on the iteration line, where Megatron-LM
+    never prints them (its timers have a block of their own)."""
+    return key.endswith(TIMER_SUFFIX) or key == THROUGHPUT_KEY
 
 
 def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
@@ -109,7 +119,7 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
     ]
     for key, value in record.items():
         if key not in SHARED_KEYS and key not in LOSS_KEYS and key not in INTERVAL_KEYS \
-                and key not in (NUM_ZEROS_KEY, PARAMS_NORM_KEY):
+                and key not in (NUM_ZEROS_KEY, PARAMS_NORM_KEY) and not is_timer_key(key):
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
@@ -154,6 +164,7 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
     if m.params_norm is not None:
         record[PARAMS_NORM_KEY] = m.params_norm
     record.update(m.losses)
+    record.update(m.timers)
     record.update(m.extra)
     record.update(extra_metrics or {})
     return record

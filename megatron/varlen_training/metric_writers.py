@@ -22,7 +22,9 @@ from typing import Any, Protocol
 
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.flag_ranges import is_importable
-from megatron.varlen_training.iteration_metrics import ITERATION_KEY, format_log_line, perplexity
+from megatron.varlen_training.iteration_metrics import (
+    ITERATION_KEY, format_log_line, is_timer_key, perplexity,
+)
 from megatron.varlen_training.log import info_all_ranks
 from megatron.varlen_training.log_interval import LogInterval
 
@@ -161,6 +163,12 @@ def _due(iteration: int, interval: int) -> bool:
     return iteration % interval == 0
 
 
+def _timer_values(record: Mapping[str, Any]) -> dict[str, float]:
+    """The record's timer scalars (--log-timers-to-tensorboard): Megatron-LM writes them every
+    --log-interval whatever --tensorboard-log-interval says."""
+    return {key: value for key, value in _numbers(record).items() if is_timer_key(key)}
+
+
 class TensorBoardMetricWriter:
     """Writes each metric as a scalar of a ``torch.utils.tensorboard.SummaryWriter``.
 
@@ -182,6 +190,8 @@ class TensorBoardMetricWriter:
         """The record's numbers under its own keys, then Megatron-LM's scalars (its names, per
         iteration and ``vs samples``)."""
         if not _due(iteration, self._interval):
+            for name, value in _timer_values(record).items():
+                self._writer.add_scalar(name, value, iteration)
             return
         for name, value in _numbers(record).items():
             self._writer.add_scalar(name, value, iteration)
@@ -243,6 +253,8 @@ class WandbMetricWriter:
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         """The record's numbers, Megatron-LM's names of them and its ``samples vs steps``."""
         if not _due(iteration, self._interval):
+            if timers := _timer_values(record):
+                self._run.log(timers, step=iteration)
             return
         values = {**_numbers(record), **megatron_lm_scalars(record)}
         if record.get("consumed_samples") is not None:

@@ -10,7 +10,9 @@ import argparse
 import ast
 import functools
 
-from megatron.varlen_training.config.moe import DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY
+from megatron.varlen_training.config.moe import (
+    DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY, moe_layer_flags,
+)
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 DISPATCHERS = ("alltoall", "allgather")
@@ -208,14 +210,33 @@ def _check_routing(args, require) -> None:
     for flag, given in capacity_only.items():
         require(not given or args.moe_expert_capacity_factor is not None,
                 f"{flag} applies to dropped tokens only: it needs --moe-expert-capacity-factor")
-    require(packing or not args.mtp_num_layers or args.context_parallel_size == 1,
-            f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
-            f"{args.context_parallel_size} needs --sequence-packing (unpacked CP splits each "
-            f"sample before the MTP layers' routers could drop its last positions)")
+    _check_mtp_routers(args, require)
     require(args.moe_router_topk > 1 or args.moe_router_score_function != "softmax"
             or args.moe_router_pre_softmax,
             "--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax (a softmax "
             "over one selected expert has zero gradient)")
+
+
+def _check_mtp_routers(args, require) -> None:
+    """MTP layers with MoE MLPs route a mask in which each sample's last ``depth`` positions
+    are padding (their rolled input is no token of the sample); unpacked CP splits the sample
+    first, so that mask cannot be built there. Dense MTP layers (the last decoder layer dense
+    in ``--moe-layer-freq``: Megatron-LM builds MTP layers like it) have no router to mask."""
+    if args.sequence_packing or not args.mtp_num_layers or args.context_parallel_size == 1:
+        return
+    freq = args.moe_layer_freq
+    require(not moe_layer_flags(freq, args.num_layers)[-1],
+            f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
+            f"{args.context_parallel_size} needs --sequence-packing when the MTP layers are MoE, "
+            f"as here (they are built like the last decoder layer, which --moe-layer-freq "
+            f"{_freq_text(freq)} makes MoE): unpacked CP splits each sample before the MTP "
+            f"layers' routers could drop its last positions; add --sequence-packing or make "
+            f"the last decoder layer dense (a --moe-layer-freq list ending in 0)")
+
+
+def _freq_text(freq) -> str:
+    """``--moe-layer-freq`` as given: an int, or the 0/1 list without spaces."""
+    return str(freq).replace(" ", "") if isinstance(freq, list) else str(freq)
 
 
 def _check_router_options(args, require) -> None:

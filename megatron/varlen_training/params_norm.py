@@ -1,13 +1,23 @@
 """``--log-params-norm`` (Megatron-LM's flag): the L2 norm of all the model's weights, whatever
-the layout.
+the layout, Mixture-of-Experts models included.
 
-Each rank holds a shard of the weights (TP, PP), replicated over data-parallel x context-parallel
-ranks. Every rank sums the squares of the weights it holds once in the model -- not a TP rank's
-copy of a weight every TP rank holds (layer norms, biases: megatron-core's
-``param_is_not_tensor_parallel_duplicate``), not the last stage's copy of the word embeddings
-(``param_is_not_shared``) -- in float64, divides by its DP x CP replication and one SUM
-all-reduce over the world adds the shards up. Mixture-of-Experts weights are replicated and
-sharded in other groups; their norm is not implemented (refused at start-up).
+Each rank holds a shard of the weights. Every rank sums, in float64, the squares of the weights
+it holds once in the model: not a TP rank's copy of a weight every TP rank holds (layer norms,
+biases, the router: megatron-core's ``param_is_not_tensor_parallel_duplicate``), not the last
+stage's copy of the word embeddings (``param_is_not_shared``). As Megatron-LM's
+``calc_params_l2_norm`` does, the two kinds of weights are then added up over the ranks that
+hold their different shards:
+
+- dense weights over the model-parallel group (TP x PP): its ranks hold disjoint shards, and
+  every data-parallel x context-parallel replica of the group holds the same ones;
+- expert weights of expert-parallel runs (megatron-core marks them ``allreduce = False``; with
+  one expert-parallel rank they are dense weights) over the expert-tensor x expert x pipeline
+  group: every rank of it holds other experts or another expert-TP shard, and the expert
+  data-parallel replicas of the group hold the same ones. An expert weight that every
+  expert-TP rank holds whole is counted on expert-TP rank 0 only.
+
+Every rank ends with the same norm. When the two groups are the same ranks the sums are added
+first and reduced once.
 """
 
 from __future__ import annotations
@@ -22,21 +32,53 @@ from megatron.core.transformer.module import param_is_not_shared
 from megatron.varlen.platform import get_device
 
 
-def _held_once(param: torch.Tensor) -> bool:
+def is_expert_parallel(param: torch.Tensor) -> bool:
+    """megatron-core's mark of an expert weight sharded over expert-parallel ranks (the optimizer
+    groups and the gradient reduction use the same attribute)."""
+    return not getattr(param, "allreduce", True)
+
+
+def _held_once(param: torch.Tensor, expert_tp_group) -> bool:
+    if is_expert_parallel(param):
+        return param_is_not_tensor_parallel_duplicate(param, tp_group=expert_tp_group)
     return param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param)
+
+
+def _local_squares(model_chunks, expert_tp_group) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dense, expert) sums of the squares this rank counts, float64."""
+    dense = torch.zeros(1, dtype=torch.float64, device=get_device())
+    expert = torch.zeros(1, dtype=torch.float64, device=get_device())
+    for chunk in model_chunks:
+        for param in chunk.parameters():
+            if _held_once(param, expert_tp_group):
+                target = expert if is_expert_parallel(param) else dense
+                target += param.detach().double().square().sum()
+    return dense, expert
+
+
+def _same_ranks(first, second) -> bool:
+    return (torch.distributed.get_process_group_ranks(first)
+            == torch.distributed.get_process_group_ranks(second))
 
 
 @torch.no_grad()
 def params_l2_norm(model_chunks) -> float:
     """The L2 norm of the whole model's weights; the same on every rank (a collective: every
     rank must call it)."""
-    squares = torch.zeros(1, dtype=torch.float64, device=get_device())
-    for chunk in model_chunks:
-        for param in chunk.parameters():
-            if _held_once(param):
-                squares += param.detach().double().square().sum()
-    replicas = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
-    squares /= replicas
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(squares)
-    return math.sqrt(squares.item())
+    if not torch.distributed.is_initialized():
+        dense, expert = _local_squares(model_chunks, None)
+        return math.sqrt((dense + expert).item())
+    dense, expert = _local_squares(model_chunks,
+                                   parallel_state.get_expert_tensor_parallel_group())
+    dense_group = parallel_state.get_model_parallel_group()
+    expert_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+    # Every rank joins both reductions, with or without expert weights of its own (a stage
+    # without MoE layers holds none): a rank that skipped one would hang the others.
+    if _same_ranks(dense_group, expert_group):
+        dense += expert
+        torch.distributed.all_reduce(dense, group=dense_group)
+    else:
+        torch.distributed.all_reduce(dense, group=dense_group)
+        torch.distributed.all_reduce(expert, group=expert_group)
+        dense += expert
+    return math.sqrt(dense.item())

@@ -14,6 +14,7 @@ from megatron.varlen_training.datasets.truncation_report import report_truncated
 from megatron.varlen_training.errors import agree_on_errors, exit_on_user_errors
 from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.read_agreement import reads_can_fail
+from megatron.varlen_training.step_timers import BATCH_GENERATOR, LEVEL_2
 from megatron.varlen_training.trainer import Trainer
 
 
@@ -82,8 +83,9 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
     history, train_iters, stop = [], trainer.run.training.train_iters, None
     while trainer.state.iteration < train_iters and stop is None:
         start = time.perf_counter()
-        report = trainer.step(train_provider.step_batches(trainer.state.iteration),
-                              started_at=start)
+        with trainer.step_timers.timed(BATCH_GENERATOR, LEVEL_2):
+            batches = train_provider.step_batches(trainer.state.iteration)
+        report = trainer.step(batches, started_at=start)
         trainer.write_metrics(trainer.record(report))
         history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
                         "validation_loss": evaluation.evaluate_in_loop(trainer, valid_provider),

@@ -122,6 +122,11 @@ SHARDED_OPTIMIZER_SIZES = {"tensor_model_parallel_size": "--tensor-model-paralle
                            EXPERT_PARALLEL_KEY: "--expert-model-parallel-size",
                            EXPERT_TENSOR_PARALLEL_KEY: "--expert-tensor-parallel-size",
                            VIRTUAL_PIPELINE_KEY: "--num-layers-per-virtual-pipeline-stage"}
+# --decoupled-lr gives the embedding and output weights an optimizer param group of their own:
+# with and without it the optimizer states differ in layout; the pair's values are the bounds
+# of that group's schedule, which its state carries (training.load_state). Checkpoints from
+# before these keys had no decoupled LR (the flag did not exist): missing means None.
+DECOUPLED_LR_FLAGS = {"decoupled_lr": "--decoupled-lr", "decoupled_min_lr": "--decoupled-min-lr"}
 DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data_fingerprint)
 # Recorded for messages, not compared: the padded vocabulary's inputs (it is derived, not a
 # flag), --seq-length (which --max-position-embeddings follows unless given) and --data-path
@@ -189,6 +194,7 @@ def _recorded_values(run: RunConfig) -> dict:
     values.update(
         tokenizer_type=data.tokenizer_type,
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
+        **{key: getattr(run.optimizer, key) for key in DECOUPLED_LR_FLAGS},
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
         split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
@@ -209,7 +215,7 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     values = _recorded_values(run)
     keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY,
                          PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY) + DATA_ORDER_KEYS \
-        + _CONTEXT_KEYS
+        + _CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS)
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
@@ -341,7 +347,8 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
             and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(_optimizer_layout_mismatch(bool(saved_layout)))
     if parts.optimizer and (problem := _expert_parallel_mismatch(saved, mine)
-                            or _sharded_optimizer_mismatch(saved, mine)):
+                            or _sharded_optimizer_mismatch(saved, mine)
+                            or _decoupled_lr_mismatch(saved, mine, run.optimizer)):
         raise CheckpointError(problem)
     if check_data and not parts.finetune and mine["data_entries"] is not None:
         return check_data_sources(saved, run) or note  # None: megatron.wrap's own batches
@@ -381,6 +388,29 @@ def _sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:
                     f"format (megatron-core's dp_reshardable) reshards over data-parallel ranks "
                     f"only (resume {_with_flag(flag, saved[key])}, or add --no-load-optim to "
                     f"load the weights only)")
+    return None
+
+
+def _decoupled_lr_mismatch(saved: dict, mine: dict, optimizer) -> str | None:
+    """Why the optimizer state cannot follow a --decoupled-lr change, or None: on or off
+    changes its param groups; another value is a schedule change, which needs the flag saying
+    which side wins, as --lr's does (resume_consistency.check_scheduler)."""
+    flag = DECOUPLED_LR_FLAGS["decoupled_lr"]
+    if (saved.get("decoupled_lr") is None) != (mine["decoupled_lr"] is None):
+        return (f"--load: the checkpoint's optimizer state was saved "
+                f"{_with_flag(flag, saved.get('decoupled_lr'))}, this run has "
+                f"{_value(mine['decoupled_lr'])}: the embedding and output layer then have a "
+                f"param group of their own, so the states differ in layout (resume "
+                f"{_with_flag(flag, saved.get('decoupled_lr'))}, or add --no-load-optim to load "
+                f"the weights only)")
+    if optimizer.override_opt_param_scheduler or optimizer.use_checkpoint_opt_param_scheduler:
+        return None
+    for key, name in DECOUPLED_LR_FLAGS.items():
+        if saved.get(key) != mine[key]:
+            return (f"--load: the checkpoint's schedule has {name} {_value(saved.get(key))}, "
+                    f"this run has {_value(mine[key])}; pass --override-opt_param-scheduler to "
+                    f"use this run's value or --use-checkpoint-opt_param-scheduler to keep the "
+                    f"checkpoint's")
     return None
 
 

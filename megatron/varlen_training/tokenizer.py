@@ -38,6 +38,13 @@ TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", HF_TOKENIZER_TYPE, GPT
 # refused in one line saying why (a missing package, a model family this fork does not train).
 TOKENIZER_TYPE_CHOICES = TOKENIZER_TYPES + tuple(
     kind for kind in MEGATRON_LM_ONLY_TYPES if kind not in TOKENIZER_TYPES)
+# The flags that decide which ids a type gives: what to change when data and tokenizer disagree.
+TOKENIZER_TYPE_FLAGS = {
+    "NullTokenizer": ("--vocab-size",),
+    "ByteLevelTokenizer": (),
+    HF_TOKENIZER_TYPE: ("--tokenizer-model",),
+    GPT2_BPE_TYPE: ("--vocab-file", "--merge-file"),
+}
 CHAT_ROLES = ("system", "user", "assistant")
 TRAINED_ROLE = "assistant"  # the turns SFT trains on (the others are masked)
 
@@ -211,13 +218,14 @@ class HuggingFaceTokenizer(Tokenizer):
         return encode_chat(self._hf, turns)
 
 
-def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
-    """Every id the tokenizer returns must have a row in the model's vocabulary."""
+def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, tokenizer_type: str) -> None:
+    """Every id the tokenizer returns must have a row in the model's vocabulary; the refusal
+    names the flags that chose the tokenizer (``tokenizer_type``'s)."""
     if tokenizer.vocab_size > vocab_size:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
             f"{vocab_size} (--vocab-size, or the --hf-checkpoint's vocab_size): use a matching "
-            "--tokenizer-model")
+            f"tokenizer ({tokenizer_flags(tokenizer_type)})")
 
 
 def build_tokenizer(
@@ -253,3 +261,10 @@ def build_tokenizer(
     raise ValueError(
         f"unknown --tokenizer-type {tokenizer_type!r}; choose one of {', '.join(TOKENIZER_TYPES)}"
     )
+
+
+def tokenizer_flags(tokenizer_type: str) -> str:
+    """The flags that chose this run's ids, e.g. ``--tokenizer-type GPT2BPETokenizer,
+    --vocab-file, --merge-file``: the hint of a refusal of data made with another tokenizer."""
+    flags = TOKENIZER_TYPE_FLAGS.get(tokenizer_type, ())
+    return ", ".join((f"--tokenizer-type {tokenizer_type}", *flags))

@@ -12,9 +12,16 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.megatron_lm_tokenizers import GPT2_BPE_TYPE, unavailable_reason
+from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE, TOKENIZER_TYPE_FLAGS
 
 _HF_DIR_HINT = ("save the tokenizer you want with transformers' save_pretrained and give it as "
                 "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
+# What the types that ignore --tokenizer-model build their ids from.
+_BUILT_FROM = {
+    "NullTokenizer": "which reads the ids written in the text (--vocab-size of them)",
+    "ByteLevelTokenizer": "which needs no file (UTF-8 bytes)",
+    GPT2_BPE_TYPE: "which is built from --vocab-file and --merge-file",
+}
 # flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
 REFUSED_FLAGS = {
     "--vocab-extra-ids": ({}, "0", "the <extra_id_N> sentinels are for T5 span corruption, "
@@ -57,6 +64,19 @@ REFUSED_FLAGS = {
 }
 
 
+def _refuse_unread_tokenizer_model(args: argparse.Namespace, require) -> None:
+    """``--tokenizer-model`` is read by ``HuggingFaceTokenizer`` only; beside another type it
+    would be ignored without a word (the run would train on that type's ids instead)."""
+    kind = args.tokenizer_type
+    if not args.tokenizer_model or "--tokenizer-model" in TOKENIZER_TYPE_FLAGS[kind]:
+        return
+    require(False,
+            f"--tokenizer-model {args.tokenizer_model!r} is read by --tokenizer-type "
+            f"{HF_TOKENIZER_TYPE} only, but --tokenizer-type is {kind}, {_BUILT_FROM[kind]}: "
+            f"drop --tokenizer-model, or give --tokenizer-type {HF_TOKENIZER_TYPE} to train "
+            f"with that tokenizer")
+
+
 def add_tokenizer_file_args(parser, honoured: tuple[str, ...] = ()) -> None:
     """Registers ``--vocab-file``/``--merge-file`` and the refused Megatron-LM tokenizer flags
     (but those in ``honoured``, which the caller registers itself) on ``parser``."""
@@ -81,10 +101,8 @@ def validate_tokenizer_args(args: argparse.Namespace, require,
     carries a value that would change something."""
     reason = unavailable_reason(args.tokenizer_type)
     require(reason is None, reason)
+    _refuse_unread_tokenizer_model(args, require)
     is_bpe = args.tokenizer_type == GPT2_BPE_TYPE
-    require(not (is_bpe and args.tokenizer_model),
-            f"--tokenizer-model {args.tokenizer_model!r} is not read by --tokenizer-type "
-            f"{GPT2_BPE_TYPE}, which is built from --vocab-file and --merge-file: drop it")
     for flag in ("--vocab-file", "--merge-file"):
         value = getattr(args, flag[2:].replace("-", "_"))
         require(value is not None or not is_bpe,

@@ -18,10 +18,11 @@ records (:func:`iteration_metrics.to_json_record`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from megatron.varlen_training import checkpointing, log, moe_model, training
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data import build_packing_config
@@ -35,6 +36,7 @@ from megatron.varlen_training.loop_steps import periodic_save_due
 from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.params_norm import params_l2_norm
+from megatron.varlen_training.step_timers import StepTimers
 from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
 from megatron.varlen.packing import GlobalBatchPacker, StepBatches
 from megatron.varlen.platform import get_device, initialize_dynamic_cp_groups
@@ -106,6 +108,7 @@ class Trainer:
         self.state: training.TrainState | None = None
         self.cp_group_lookup = None
         self.writers: list = []
+        self.step_timers: StepTimers | None = None
         self._owns_process_group = False
 
     # --- start ------------------------------------------------------------------------------
@@ -124,10 +127,11 @@ class Trainer:
                                          self.run.model.vocab_size, data.tokenizer_model,
                                          data.vocab_file, data.merge_file)
         self.run = self.run.with_vocabulary(self.tokenizer.vocab_size)
-        check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size)
+        check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size, data.tokenizer_type)
         _log_padded_vocabulary(self.run)
         self.cp_group_lookup = create_dynamic_cp_groups(self.run)
         self.writers = _last_rank_writers(self.run, self.console)
+        self.step_timers = StepTimers(self.run.logging, log.is_last_rank(), log.info_all_ranks)
         return self
 
     def packer(self, extra_token_fields: tuple[str, ...] = ()) -> GlobalBatchPacker:
@@ -140,7 +144,8 @@ class Trainer:
 
     def setup_model_and_optimizer(self) -> training.TrainState:
         """The family's model, the optimizer and LR schedule; resumes from ``--load``."""
-        self.state = training.setup_model_and_optimizer(self.run, self.family)
+        self.state = training.setup_model_and_optimizer(self.run, self.family,
+                                                        self.step_timers.core)
         return self.state
 
     # --- steps ------------------------------------------------------------------------------
@@ -166,6 +171,8 @@ class Trainer:
         metrics = self._metrics(batches, loss, grad_norm, time.perf_counter() - started_at,
                                 training.samples_in_step(self.run, num_samples))
         metrics.losses.update(self._moe_losses())
+        metrics.timers.update(self.step_timers.end_step(self.state.iteration, metrics.step_time_s,
+                                                        metrics.tflops_per_device))
         return StepReport(loss, grad_norm, metrics)
 
     def _moe_losses(self) -> dict[str, float]:
@@ -184,7 +191,8 @@ class Trainer:
         return IterationMetrics(
             iteration=state.iteration, train_iters=run.training.train_iters,
             consumed_samples=state.consumed_train_samples, step_time_s=step_time,
-            learning_rate=state.optimizer.param_groups[0]["lr"], global_batch_size=num_samples,
+            learning_rate=get_canonical_lr_for_logging(state.optimizer.param_groups),
+            global_batch_size=num_samples,
             lm_loss=loss, grad_norm=grad_norm, num_microbatches=batches.num_microbatches,
             tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
             seqlen_squared_sum=batches.seqlen_squared_sum,
@@ -239,10 +247,14 @@ class Trainer:
             return self.save()
         return None
 
-    def load(self, root: str) -> int:
-        """Restores the checkpoint under ``root`` (checked against this run); its iteration."""
-        # load_parts: --finetune, --no-load-optim, --no-load-rng
-        return training.load_state(self.state, root, load_parts(self.run.checkpoint), self.run)
+    def load(self, root: str, step: int | None = None) -> int:
+        """Restores the checkpoint under ``root`` (checked against this run); its iteration.
+        ``step``: that iteration (``--ckpt-step``; default the run's, else the latest)."""
+        # load_parts: --finetune, --no-load-optim, --no-load-rng, --ckpt-step
+        parts = load_parts(self.run.checkpoint)
+        if step is not None:
+            parts = replace(parts, step=step)
+        return training.load_state(self.state, root, parts, self.run)
 
     # --- close ------------------------------------------------------------------------------
 

@@ -21,7 +21,9 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.optimizer import OptimizerConfig as CoreOptimizerConfig
-from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer import (
+    ParamKey, get_megatron_optimizer, get_standard_config_overrides,
+)
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -34,9 +36,15 @@ from megatron.varlen_training.loop_steps import eval_mode
 from megatron.varlen_training.model import aligned_param_gather, params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
+from megatron.varlen_training.step_timers import (
+    CLIP_MAIN_GRAD, COUNT_ZEROS, LEVEL_1, OPTIMIZER, timed,
+)
 from megatron.varlen.platform import get_device, gloo_cuda
 
 LOSS_KEY = "lm loss"
+# megatron-core's mark of the weights --decoupled-lr applies to (the word embeddings on the
+# first stage, the output layer on the last; its LanguageModule sets it).
+DECOUPLED_LR_ATTRIBUTE = "is_embedding_or_output_parameter"
 
 
 @dataclass
@@ -60,9 +68,10 @@ class TrainState:
     num_zeros_in_grad: int | None = None
 
 
-def core_optimizer_config(run: RunConfig) -> CoreOptimizerConfig:
+def core_optimizer_config(run: RunConfig, timers=None) -> CoreOptimizerConfig:
     """megatron-core's optimizer config of ``run``: Adam, clipping, precision, the fp16 loss
-    scaler, the zero count."""
+    scaler, the zero count; ``timers`` (--timing-log-level >= 1) times its phases, with a
+    barrier before each level-1 timer unless --no-barrier-with-level-1-timing."""
     adam, precision = run.optimizer, run.model
     return CoreOptimizerConfig(
         optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
@@ -74,14 +83,38 @@ def core_optimizer_config(run: RunConfig) -> CoreOptimizerConfig:
         loss_scale=adam.loss_scale, initial_loss_scale=adam.initial_loss_scale,
         min_loss_scale=adam.min_loss_scale, loss_scale_window=adam.loss_scale_window,
         hysteresis=adam.hysteresis,
+        # get_megatron_optimizer gives the embedding and output weights their own param group
+        # with these as its max_lr/min_lr, which the scheduler follows (None: the main ones).
+        decoupled_lr=adam.decoupled_lr, decoupled_min_lr=adam.decoupled_min_lr,
+        timers=timers, barrier_with_L1_time=run.logging.barrier_with_L1_time,
     )
 
 
-def build_optimizer(run: RunConfig, model):
+def param_group_overrides(config: CoreOptimizerConfig) -> dict:
+    """megatron-core's standard param groups (no weight decay on biases and 1-D weights; with
+    --decoupled-lr the embedding and output weights on their own max/min LR), the decoupled
+    group marked ``is_decoupled_lr``.
+
+    Why the mark: megatron-core 0.16.1 finds a checkpoint's param groups by (wd_mult, lr_mult,
+    is_expert_parallel, is_decoupled_lr) when it loads them, but leaves ``is_decoupled_lr``
+    False, so the decoupled group and the main one collide and every resume fails (measured:
+    ``loaded state dict contains a parameter group that doesn't match the size of optimizer's
+    group``). The mark is only a key here: the schedule reads ``max_lr``/``min_lr``.
+    """
+    overrides = get_standard_config_overrides(config)
+    if config.decoupled_lr is not None:
+        key = ParamKey(attr=DECOUPLED_LR_ATTRIBUTE)
+        overrides[key] = {**overrides[key], "is_decoupled_lr": True}
+    return overrides
+
+
+def build_optimizer(run: RunConfig, model, timers=None):
     """megatron-core's optimizer, with device-side grad norm and copies (optimizer_kernels.py)
     and, on CUDA, torch's fused AdamW."""
     optimizer_kernels.install()
-    optimizer = get_megatron_optimizer(core_optimizer_config(run), model)
+    config = core_optimizer_config(run, timers)
+    optimizer = get_megatron_optimizer(config, model,
+                                       config_overrides=param_group_overrides(config))
     optimizer_kernels.use_fused_adam(optimizer)
     return optimizer
 
@@ -105,12 +138,15 @@ def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     )
 
 
-def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT) -> TrainState:
+def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT,
+                              timers=None) -> TrainState:
     """The model of ``family`` (its provider builds the chunks), optimizer and LR schedule;
-    resumes from ``--load``."""
+    resumes from ``--load``. ``timers``: megatron-core's (step_timers.py), or None."""
     config, model = family.model_provider(run)
+    config.timers = timers  # megatron-core's schedules and finalize_model_grads time with it
+    config.barrier_with_L1_time = run.logging.barrier_with_L1_time
     gloo_cuda.install()  # before the first gradient reduction (CUDA ranks over gloo)
-    optimizer = build_optimizer(run, model)
+    optimizer = build_optimizer(run, model, timers)
     scheduler = build_scheduler(run, optimizer)
     config.finalize_model_grads_func = finalize_model_grads_on_device
     config.grad_scale_func = optimizer.scale_loss
@@ -130,8 +166,11 @@ def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     optimizer, schedule, RNG) and the data positions the run continues from (training and
     validation samples consumed); its iteration. pretrain_gpt.py's start-up and the facade's
     ``Trainer.load`` both come here, so both build the same optimizer after a resume."""
+    bounds = _lr_bounds(state.optimizer)
     state.iteration = checkpointing.load_checkpoint(root, state.model, state.optimizer,
                                                     state.scheduler, run, parts)
+    if run.optimizer.override_opt_param_scheduler:
+        _set_lr_bounds(state.optimizer, bounds)
     # The loaded param groups bring the flags they were saved with: a checkpoint written by a
     # CPU run (or before fused Adam) would otherwise resume on torch's foreach kernel on CUDA.
     optimizer_kernels.use_fused_adam(state.optimizer)
@@ -139,6 +178,22 @@ def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
         root, state.iteration, run)
     return state.iteration
+
+
+def _lr_bounds(optimizer) -> list[tuple[float, float]]:
+    """Each param group's peak and final LR (``max_lr``, ``min_lr``: megatron-core's scheduler
+    reads them from the group, --decoupled-lr's group has its own)."""
+    return [(group.get("max_lr"), group.get("min_lr")) for group in optimizer.param_groups]
+
+
+def _set_lr_bounds(optimizer, bounds: list[tuple[float, float]]) -> None:
+    """--override-opt_param-scheduler: this run's LR bounds win. Loading the optimizer state
+    restores the checkpoint's param groups, bounds included (megatron-core orders them as this
+    run's), so without this the scheduler would follow the old --lr/--decoupled-lr while its
+    own state says the new ones."""
+    for group, (max_lr, min_lr) in zip(optimizer.param_groups, bounds, strict=True):
+        if max_lr is not None:
+            group["max_lr"], group["min_lr"] = max_lr, min_lr
 
 
 def _per_chunk(functions: list):
@@ -305,8 +360,10 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
                                   forward_step_func=forward_step_func)
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
-    grad_norm, state.num_zeros_in_grad = optimizer_step(
-        state.optimizer, lambda norm: _guard(guard, state, loss, norm))
+    with timed(getattr(state.config, "timers", None), OPTIMIZER, LEVEL_1,
+               barrier=run.logging.barrier_with_L1_time):
+        grad_norm, state.num_zeros_in_grad = optimizer_step(
+            state.optimizer, lambda norm: _guard(guard, state, loss, norm))
     if grad_norm is not None:
         # The step consumed its global batch's samples, however many micro-batches packing made
         # of them: megatron-core's scheduler counts samples (Megatron-LM's increment, the
@@ -369,13 +426,34 @@ def optimizer_step(optimizer, check=None) -> tuple[float | None, int | None]:
         if check is not None:
             check(None)  # every rank still joins the guard's all-reduce
         return None, None
-    grad_norm = optimizer.get_grad_norm()
-    if check is not None:
-        check(grad_norm)
-    _clip_grads(optimizer, grad_norm)
-    num_zeros = int(optimizer.count_zeros()) if optimizer.config.log_num_zeros_in_grad else None
+    timers = getattr(optimizer.config, "timers", None)
+    barrier = getattr(optimizer.config, "barrier_with_L1_time", False)
+    with timed(timers, CLIP_MAIN_GRAD, LEVEL_1, barrier=barrier):  # megatron-core's step: both
+        grad_norm = optimizer.get_grad_norm()
+        if check is not None:
+            check(grad_norm)
+        _clip_grads(optimizer, grad_norm)
+    num_zeros = None
+    if optimizer.config.log_num_zeros_in_grad:
+        with timed(timers, COUNT_ZEROS, LEVEL_1, barrier=barrier):
+            num_zeros = int(optimizer.count_zeros())
     optimizer.step_with_ready_grads()
     return grad_norm, num_zeros
+
+
+@contextmanager
+def _untimed(config):
+    """No timers during evaluation, as Megatron-LM's ``evaluate`` (its forward-only schedules
+    would otherwise add to the training interval's ``forward-backward``)."""
+    timers = getattr(config, "timers", None)
+    if timers is None:
+        yield
+        return
+    config.timers = None
+    try:
+        yield
+    finally:
+        config.timers = timers
 
 
 @torch.no_grad()
@@ -390,7 +468,7 @@ def evaluate(run: RunConfig, state: TrainState, provider, first_index: int,
     the progress lines of the end-of-training evaluations).
     """
     total = None
-    with params_gathered(state.model), eval_mode(state.model):
+    with params_gathered(state.model), eval_mode(state.model), _untimed(state.config):
         for offset in range(run.training.eval_iters):
             if on_batch is not None:
                 on_batch(offset + 1)

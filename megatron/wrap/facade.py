@@ -89,6 +89,7 @@ class MegatronWrap(ParallelStateMixin):
         self._exit_stack = contextlib.ExitStack()
         self._owns_process_group = False
         self._saved: tuple | None = None  # _save_key of the last save
+        self._warned_past_train_iters = False
 
     @classmethod
     def from_pretrained(cls, hf_dir: str | Path, config: str | Path | Mapping | WrapConfig,
@@ -201,11 +202,15 @@ class MegatronWrap(ParallelStateMixin):
             ``tflops_per_device``, ``padding_ratio``, ``packing_efficiency``,
             ``schedule_imbalance``.
 
+        A step past ``train_iters`` runs (the loop is the caller's), with one warning the first
+        time (docs/WRAP.md section 1).
+
         Raises:
             ValueError: Empty batch or a bad sample (one line, the same on every rank).
             NonFiniteLossError: A NaN/Inf loss or grad norm; the step was not applied.
         """
         self._require(self.state, "setup_model_and_optimizer()")
+        self._warn_past_train_iters()
         start = time.perf_counter()
         samples = self._global_batch(batch, source, "train")
         step = pack_step(self._packer, samples, self.flow.extra_fields())
@@ -224,6 +229,20 @@ class MegatronWrap(ParallelStateMixin):
             self._saved = self._save_key(self.run.checkpoint.save)
             log.print_rank_0("saved iteration %d to %s", self.state.iteration, folder)
         return dict(self._last_metrics)
+
+    def _warn_past_train_iters(self) -> None:
+        """Megatron-LM's loop stops at train_iters; megatron-wrap's loop is the caller's, so a
+        step past it runs (an RL job is not killed at its last step), with one warning: the
+        LR schedule's lengths default to train_iters, past them the LR stays at min_lr."""
+        iteration, train_iters = self.state.iteration + 1, self.run.training.train_iters
+        if self._warned_past_train_iters or iteration <= train_iters:
+            return
+        self._warned_past_train_iters = True
+        log.warning_rank_0(
+            "train(): iteration %d is past train_iters %d, where Megatron-LM's loop stops; "
+            "the step runs (lr %.6E: past its decay the LR schedule stays at min_lr, and the "
+            "progress line stays full): raise training.train_iters to train longer "
+            "(warned once)", iteration, train_iters, self.state.optimizer.param_groups[0]["lr"])
 
     @torch.no_grad()
     def evaluate(self, batch: Sequence[Mapping] | None, source: str | None = None) -> dict:
@@ -326,15 +345,21 @@ class MegatronWrap(ParallelStateMixin):
         except HFConfigError as err:  # the same model on every rank: raised on every rank
             raise ConfigError(f"save_pretrained({str(out_dir)!r}): {err}") from None
 
-    def load(self, path: str | None = None) -> int:
+    def load(self, path: str | None = None, step: int | None = None) -> int:
         """Restores a checkpoint saved by ``save()`` (or ``pretrain_gpt.py``); returns its
-        iteration. ``path``: a checkpoint root or its latest ``iter_*`` folder; default the
-        config's ``load``, else ``save``."""
+        iteration. ``path``: a checkpoint root, or one of its ``iter_*`` folders (that
+        iteration, latest or not); default the config's ``load``, else ``save``. ``step``:
+        the iteration to load from the root (Megatron-LM's ``--ckpt-step``; default the one an
+        ``iter_*`` path names, else the config's ``ckpt_step``, else the latest)."""
         self._require(self.state, "setup_model_and_optimizer()")
         path = path or self.run.checkpoint.load or self.run.checkpoint.save
         if path is None:
             raise ConfigError("load() needs a path, or the config key 'load'")
-        iteration = self.trainer.load(runtime.checkpoint_root(path))
+        root, named = runtime.checkpoint_location(path)
+        if None not in (step, named) and step != named:
+            raise ConfigError(f"load({path!r}, step={step}): the path is iteration {named}; "
+                              f"pass its root to load step {step}, or drop step")
+        iteration = self.trainer.load(root, step if step is not None else named)
         self._saved = None  # other weights at a maybe-saved iteration: the next save writes
         log.print_rank_0("loaded iteration %d from %s", iteration, path)
         return iteration

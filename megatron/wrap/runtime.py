@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from megatron.varlen_training import checkpointing, log
+from megatron.varlen_training import log
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.config.from_flags import run_config as run_config_from_flags
@@ -140,25 +140,22 @@ def check_device(device: str) -> None:
                          "CUDA_VISIBLE_DEVICES= to run on CPU, or use 'auto'")
 
 
-def checkpoint_root(path: str) -> str:
-    """The checkpoint root of ``path``: a root (``--save``/``--load`` dir) or its latest
-    ``iter_NNNNNNN`` folder (what ``save()`` returns).
+def checkpoint_location(path: str) -> tuple[str, int | None]:
+    """Where ``path`` points: its checkpoint root and the iteration it names. A root
+    (``--save``/``--load`` dir) names none (its latest, or ``step``, is loaded); an
+    ``iter_NNNNNNN`` folder (what ``save()`` returns) names its own, latest or not, as
+    ``pretrain_gpt.py --load ROOT --ckpt-step N`` loads it.
 
     Raises:
-        CheckpointError: ``path`` does not exist, or names an iteration that is not the latest.
+        CheckpointError: ``path`` does not exist.
     """
     path = os.path.normpath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint path {path!r} does not exist")
     match = _CHECKPOINT_DIR.search(os.path.basename(path))
     if match is None:
-        return path
-    root = os.path.dirname(path)
-    latest = checkpointing.read_latest_iteration(root)
-    if latest != int(match.group(1)):
-        raise CheckpointError(f"{path!r} is iteration {int(match.group(1))} but {root!r} records "
-                         f"iteration {latest} as its latest; only the latest can be loaded")
-    return root
+        return path, None
+    return os.path.dirname(path), int(match.group(1))
 
 
 WANDB_ENTITY_ENV = "WANDB_ENTITY"  # wandb.init reads the entity (team) from it

@@ -25,8 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 # Where a step may wait once its compute is done: the grad norm the optimizer returns, the loss.
 STEP_END_SITES = ("megatron/core/optimizer/clip_grads.py", "megatron/varlen_training/training.py")
 # Building the step's batches, before its compute: object and length collectives, reroute.
-BATCH_BUILDING_SITES = ("megatron/varlen/packing/data_schedule.py", "megatron/varlen/packing/reroute.py",
-                        "megatron/varlen/packing/thd_microbatch.py", "megatron/varlen_training/data.py")
+BATCH_BUILDING_SITES = ("megatron/varlen/packing/data_schedule.py",
+                        "megatron/varlen/packing/reroute.py",
+                        "megatron/varlen/packing/thd_microbatch.py",
+                        "megatron/varlen_training/data.py")
 
 
 @pytest.mark.timeout(300)  # three fresh processes, one step measured each

@@ -1,5 +1,5 @@
-"""Log state for tests of megatron/varlen_training/log.py and the facade's writers: a clean slate per
-test (no rank from the environment, INFO level, the default coordinates provider afterwards) and
+"""Log state for tests of megatron/varlen_training/log.py and the facade's writers: a clean slate
+per test (no rank from the environment, INFO level, the default coordinates provider afterwards) and
 a way to pose as any rank without a process group."""
 
 import pytest

@@ -128,7 +128,8 @@ def cover_letter_body(results: dict, source: str, base: str) -> str:
               f"microbatches of the slowest rank's estimated time, LB3 = a lower bound on it "
               f"(smaller is better everywhere; tok/budget = most padded tokens on a rank over "
               f"max_seqlen_per_dp_cp_rank).")
-    parts = [_wrap(SUMMARY), "", _wrap(method), "", *_comparison_table(results), "", *_headline(results),
+    parts = [_wrap(SUMMARY), "", _wrap(method), "", *_comparison_table(results), "",
+             *_headline(results),
              "", "Scheduler latency (64 samples per rank, one process, CPU):",
              *_latency_lines(results), "", _wrap(DESIGN), "", "Known differences:", ""]
     for item in DIFFERENCES:

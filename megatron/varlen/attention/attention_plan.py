@@ -5,8 +5,8 @@ padded, both of the WHOLE pack) and the CP size and rank, it lays out ONE variab
 kernel call (:mod:`megatron.varlen.attention.varlen_kernel`) that computes exactly what the
 reference attention computes:
 
-* The zigzag layout (:mod:`megatron.varlen.packing.cp_split`): every padded sequence of length P is cut
-  into 2c chunks of ``P/2c`` tokens; CP rank r holds chunks r and 2c-1-r, in that order.
+* The zigzag layout (:mod:`megatron.varlen.packing.cp_split`): every padded sequence of length P
+  is cut into 2c chunks of ``P/2c`` tokens; CP rank r holds chunks r and 2c-1-r, in that order.
 * A query chunk covering positions [a, b) of its sequence (real length L) becomes one kernel
   segment: its REAL rows [a, e), e = min(b, L), against the key PREFIX [0, e) of the same
   sequence (causal) or all real keys [0, L) (full attention). The kernel's causal mask is

@@ -1,7 +1,7 @@
 """Layout-invariant initial values of the Mamba mixer's parameters (Mamba-2's init rules).
 
-``training/layout_invariant_init.py`` draws every parameter as the FULL tensor from a generator keyed by
-``(seed, canonical name)`` and keeps this rank's TP shard. Mixer parameters need two things
+``training/layout_invariant_init.py`` draws every parameter as the FULL tensor from a generator
+keyed by ``(seed, canonical name)`` and keeps this rank's TP shard. Mixer parameters need two things
 more: Mamba's own rules (A = -uniform(1, 16) kept as log, dt_bias = softplus^-1 of a log-uniform
 step in [dt_min, dt_max], D = 1, conv taps kaiming-uniform) instead of N(0, std), and a
 SECTIONED TP shard -- the in-projection's rows are [z, x, B, C, dt] and the convolution's

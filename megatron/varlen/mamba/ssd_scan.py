@@ -54,7 +54,8 @@ def discretize_dt(dt: torch.Tensor, dt_bias: Optional[torch.Tensor], dt_softplus
 
 
 def segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
-    """``out[..., i, j] = sum(log_decay[..., j+1 : i+1])`` for ``i >= j``, ``-inf`` above the diagonal.
+    """``out[..., i, j] = sum(log_decay[..., j+1 : i+1])`` for ``i >= j``, ``-inf`` above the
+    diagonal.
 
     Built as a cumulative sum over a strictly-lower-triangular copy (no subtraction), so it is
     exact where entries are large and stays finite under autograd.

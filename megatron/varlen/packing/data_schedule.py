@@ -6,14 +6,14 @@
     wrapper = HybridCPDataLoaderWrapper(data_iterator, config)   # Megatron-LM's seed API
     samples_by_id, sample_id_groups = next(wrapper)
 
-``samples`` is the list of samples THIS DP replica loaded (dataset sample dicts; the seed
-API's iterator yields packed samples instead, see its class). Per global batch: gather real
-lengths over DP (every sample gets a global id: DP-rank-major order), run the pure scheduler
-(same answer on every rank), reroute real tokens to the DP x CP ranks that run them, pack each
-micro-batch (THD), split it for its CP group and build PackedSeqParams. Every TP rank and PP stage runs the same deterministic
-steps, so all stages agree on num_microbatches and every micro-batch's metadata by construction;
-:func:`_verify_model_parallel_agreement` checks that with one tiny all-reduce per step.
-Samples are never modified.
+``samples`` is the list of samples THIS DP replica loaded (dataset sample dicts; the seed API's
+iterator yields packed samples instead, see its class). Per global batch: gather real lengths over
+DP (every sample gets a global id: DP-rank-major order), run the pure scheduler (same answer on
+every rank), reroute real tokens to the DP x CP ranks that run them, pack each micro-batch (THD),
+split it for its CP group and build PackedSeqParams. Every TP rank and PP stage runs the same
+deterministic steps, so all stages agree on num_microbatches and every micro-batch's metadata by
+construction; :func:`_verify_model_parallel_agreement` checks that with one tiny all-reduce per
+step. Samples are never modified.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A micro-batch's boundaries as the packing layer knows them: on the device AND on the host.
 
-:class:`VarlenPackedSeqParams` is megatron-core's ``PackedSeqParams`` with two declared
-additions, set by the packing layer (:func:`megatron.varlen.packing.thd_microbatch.build_model_inputs`)
-where the boundaries are still host values the schedule made:
+:class:`VarlenPackedSeqParams` is megatron-core's ``PackedSeqParams`` with two declared additions,
+set by the packing layer (:func:`megatron.varlen.packing.thd_microbatch.build_model_inputs`) where
+the boundaries are still host values the schedule made:
 
 * ``host_cu_seqlens`` / ``host_cu_seqlens_padded``: [n+1] int32 CPU copies of the real and padded
   boundaries of the WHOLE pack;

@@ -1,6 +1,6 @@
 """One THD micro-batch: the pack of a rank's sequences, and its per-rank model inputs (CP split +
-VarlenPackedSeqParams). Not to be confused with ``scheduling/packing.py``, the scheduler's bin packer
-that decides which sequences share a micro-batch.
+VarlenPackedSeqParams). Not to be confused with ``scheduling/packing.py``, the scheduler's bin
+packer that decides which sequences share a micro-batch.
 
 A *pack* concatenates whole sequences: each sequence contributes its real tokens followed by
 padding up to the length the schedule gave it (a multiple of 2*c*tp_sp for its CP group size

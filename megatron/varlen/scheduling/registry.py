@@ -1,8 +1,8 @@
 """Scheduler registry: the one list of ``--sequence-packing-scheduler`` values and what each
 means; name -> pure function ``(ScheduleProblem) -> Schedule``.
 
-The flag's choices and help text (megatron/varlen_training/varlen_arguments.py) and the tools' choices
-are built from here.
+The flag's choices and help text (megatron/varlen_training/varlen_arguments.py) and the tools'
+choices are built from here.
 """
 
 from __future__ import annotations

@@ -35,6 +35,17 @@ class LoggingConfig:
     # --log-params-norm: each iteration reports the L2 norm of the weights after its update
     # (params_norm.py: one all-reduce and host read per step).
     log_params_norm: bool = False
+    # Megatron-LM's timers (step_timers.py): --timing-log-level 0/1/2 picks what is timed (0:
+    # the step time only), --timing-log-option how the last rank prints them every
+    # --log-interval, --log-timers-to-tensorboard adds them to the metrics record (TensorBoard,
+    # wandb, JSONL); --log-throughput adds Megatron-LM's "throughput" scalar there.
+    timing_log_level: int = 0
+    timing_log_option: str = "minmax"
+    log_timers_to_tensorboard: bool = False
+    log_throughput: bool = False
+    # --no-barrier-with-level-1-timing clears it: level-1 timers start after a barrier
+    # (Megatron-LM's default), so they time the phase, not the wait for the slowest rank.
+    barrier_with_L1_time: bool = True
 
     def __post_init__(self):
         check_ranges(self)

@@ -53,7 +53,13 @@ class OptimizerConfig:
     min_loss_scale: float = 1.0
     loss_scale_window: float = 1000.0
     hysteresis: int = 2
+    # --decoupled-lr / --decoupled-min-lr: the input embedding's and output layer's own peak and
+    # final LR (megatron-core's param group override; None: --lr / --min-lr).
+    decoupled_lr: float | None = None
+    decoupled_min_lr: float | None = None
 
     def __post_init__(self):
         check_ranges(self)
-        check_problems(flag_ranges.learning_rate_problem(self.lr, self.min_lr))
+        check_problems(flag_ranges.learning_rate_problem(self.lr, self.min_lr),
+                       flag_ranges.decoupled_learning_rate_problem(
+                           self.decoupled_lr, self.decoupled_min_lr, self.min_lr))

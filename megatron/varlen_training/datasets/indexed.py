@@ -126,7 +126,7 @@ def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[i
     sources = _sources(config, data, sizes)
     for prefix, flag, needed in sources:
         dataset = indexed_checks.open_checked(prefix, tokenizer.vocab_size,
-                                              config.mmap_bin_files, flag)
+                                              config.mmap_bin_files, flag, data.tokenizer_type)
         lengths = dataset.sequence_lengths
         ranges = (indexed_checks.split_ranges(len(lengths), config.split_matrix)
                   if config.blend is not None else [(0, len(lengths))] * len(Split))
@@ -138,7 +138,7 @@ def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[i
             where = f"--split {data.split!r}" if config.blend is not None else flag
             indexed_checks.check_split_not_empty(prefix, lengths, ranges[split], split, where)
             token_checks.check_token_ids(prefix, dataset, ranges[split], tokenizer.vocab_size,
-                                         flag, rank, world)
+                                         flag, rank, world, tokenizer_type=data.tokenizer_type)
         cache = config.path_to_cache or os.path.join(prefix, *DEFAULT_CACHE_PARTS)
         hint = ("choose a writable --data-cache-path" if config.path_to_cache
                 else "pass a writable --data-cache-path")

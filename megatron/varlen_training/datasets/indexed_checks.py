@@ -23,6 +23,8 @@ from megatron.core.datasets.indexed_dataset import (
     DType, IndexedDataset, get_bin_path, get_idx_path,
 )
 
+from megatron.varlen_training.tokenizer import tokenizer_flags
+
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, documents
@@ -90,28 +92,32 @@ def _missing_file(prefix: str, path: str, flag: str) -> str:
             f"tools/preprocess_data.py writes")
 
 
-def check_dtype_holds_vocabulary(prefix: str, dtype: type, vocab_size: int, flag: str) -> None:
-    """The token ids were written as ``dtype``: it must hold every id of the vocabulary."""
+def check_dtype_holds_vocabulary(prefix: str, dtype: type, vocab_size: int, flag: str,
+                                 tokenizer_type: str) -> None:
+    """The token ids were written as ``dtype``: it must hold every id of the vocabulary of the
+    run's ``tokenizer_type`` (the refusal names the flags that chose it)."""
     if not np.issubdtype(dtype, np.integer):
         raise ValueError(f"{flag}: {prefix} stores tokens as {np.dtype(dtype).name}, not as "
                          f"integer ids; rebuild it with tools/preprocess_data.py")
     largest = int(np.iinfo(dtype).max)
     if largest < vocab_size - 1:
         raise ValueError(f"{flag}: {prefix} stores token ids as {np.dtype(dtype).name} (at most "
-                         f"{largest}) but the tokenizer has {vocab_size} ids (--tokenizer-type, "
-                         f"--tokenizer-model, --vocab-size): it was made with another tokenizer; "
-                         f"preprocess it again with this one")
+                         f"{largest}) but the tokenizer has {vocab_size} ids "
+                         f"({tokenizer_flags(tokenizer_type)}): it was made with another "
+                         f"tokenizer; preprocess it again with this one")
 
 
-def open_checked(prefix: str, vocab_size: int, mmap: bool, flag: str) -> IndexedDataset:
+def open_checked(prefix: str, vocab_size: int, mmap: bool, flag: str,
+                 tokenizer_type: str) -> IndexedDataset:
     """megatron-core's ``IndexedDataset`` of ``prefix`` once the pair is known to belong
-    together: header, dtype, and both file sizes agree with the index.
+    together: header, dtype (holds the ids of ``tokenizer_type``, ``vocab_size`` of them), and
+    both file sizes agree with the index.
 
     Raises:
         ValueError: one line naming the prefix, the sizes and ``flag``.
     """
     header = read_index_header(prefix, flag)
-    check_dtype_holds_vocabulary(prefix, header.dtype, vocab_size, flag)
+    check_dtype_holds_vocabulary(prefix, header.dtype, vocab_size, flag, tokenizer_type)
     idx_bytes = os.path.getsize(get_idx_path(prefix))
     if idx_bytes != header.index_bytes:
         raise ValueError(f"{flag}: {get_idx_path(prefix)} has {idx_bytes} bytes, its header "

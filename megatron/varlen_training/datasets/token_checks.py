@@ -32,6 +32,7 @@ import numpy as np
 from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path
 
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.tokenizer import tokenizer_flags
 
 # tokenizer class -> (the document-end id of a tokenizer of the same name elsewhere, its name)
 FOREIGN_EODS = {"ByteLevelTokenizer": (0, "megatron-core's ByteLevelTokenizer (bytes 0-255, "
@@ -39,7 +40,6 @@ FOREIGN_EODS = {"ByteLevelTokenizer": (0, "megatron-core's ByteLevelTokenizer (b
 DOCUMENT_ENDS_LOOKED_AT = 16  # the first documents whose last id tells the eod apart
 SCAN_CHUNK_TOKENS = 1 << 24  # ids per numpy max over the memory-mapped .bin (32 MiB of uint16)
 SCAN_BUDGET_TOKENS = 1 << 26  # ids a rank scans at most (128 MiB of uint16: well under a second)
-TOKENIZER_FLAGS = "--tokenizer-type, --tokenizer-model, --vocab-size"
 
 
 def rank_share(bounds: tuple[int, int], rank: int, world: int) -> tuple[int, int]:
@@ -50,11 +50,14 @@ def rank_share(bounds: tuple[int, int], rank: int, world: int) -> tuple[int, int
 
 
 def check_token_ids(prefix: str, dataset: IndexedDataset, bounds: tuple[int, int],
-                    vocab_size: int, flag: str, rank: int = 0, world: int = 1) -> None:
-    """Every id in this rank's share of the documents ``bounds`` is below ``vocab_size``.
+                    vocab_size: int, flag: str, rank: int = 0, world: int = 1, *,
+                    tokenizer_type: str) -> None:
+    """Every id in this rank's share of the documents ``bounds`` is below ``vocab_size``, the
+    size of the run's ``tokenizer_type`` (``--tokenizer-type``).
 
     Raises:
-        ValueError: One line naming the id, its document, the vocabulary size and the flags.
+        ValueError: One line naming the id, its document, the vocabulary size and the flags
+            that chose that tokenizer.
     """
     begin, end = rank_share(bounds, rank, world)
     if end <= begin:
@@ -74,8 +77,8 @@ def check_token_ids(prefix: str, dataset: IndexedDataset, bounds: tuple[int, int
         raise ValueError(
             f"{flag}: {prefix}.bin holds token id {int(ids[offset])} (document {document}, "
             f"position {offset - int(starts[document])}) but the tokenizer has {vocab_size} ids "
-            f"({TOKENIZER_FLAGS}): the data was made with another tokenizer; preprocess it "
-            f"again with this one (tools/preprocess_data.py)")
+            f"({tokenizer_flags(tokenizer_type)}): the data was made with another tokenizer; "
+            f"preprocess it again with this one (tools/preprocess_data.py)")
 
 
 def first_document_ends(dataset: IndexedDataset) -> list[int]:

@@ -178,7 +178,7 @@ def build_whole_document_datasets(run, tokenizer, pad_to_multiple_of: int):
                              f"names {len(blend[0])} (blend them into one with "
                              f"tools/preprocess_data.py, or use --packing-unit sample)")
         core = indexed_checks.open_checked(blend[0][0], tokenizer.vocab_size,
-                                           config.mmap_bin_files, flag)
+                                           config.mmap_bin_files, flag, data.tokenizer_type)
         begin, end = ((0, len(core)) if config.blend is None else
                       indexed_checks.split_ranges(len(core), config.split_matrix)[split])
         return WholeDocumentDataset(core.__getitem__, core.sequence_lengths[begin:end],

@@ -2,10 +2,13 @@
 
     python tools/export_hf.py --load CKPT_ROOT --save-hf OUT_DIR --hf-checkpoint ORIGINAL_HF_DIR
     python tools/export_hf.py --load CKPT_ROOT --save-hf OUT_DIR <the model flags of the run>
+    python tools/export_hf.py --load CKPT_ROOT --save-hf OUT_DIR --use-checkpoint-args
 
-Takes pretrain_gpt.py's flags (the architecture from ``--hf-checkpoint`` or from the model
-flags; training-only flags may be left out). Runs as one process, or under torchrun in any
-TP/PP layout: dist_checkpointing reshards the weights on load. Only the model weights are read.
+Takes pretrain_gpt.py's flags (the architecture from ``--hf-checkpoint``, from the model
+flags, or with ``--use-checkpoint-args`` from the checkpoint's ``run_args.json``; training-only
+flags may be left out; ``--ckpt-step N`` exports iteration N instead of the latest). Runs as one
+process, or under torchrun in any TP/PP layout: dist_checkpointing reshards the weights on load.
+Only the model weights are read.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import torch
 
 from megatron.core import dist_checkpointing
+from megatron.varlen_training import checkpoint_model_flags
 from megatron.varlen_training.arguments import ERROR_EXIT_CODE
 from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
 from megatron.varlen_training.checkpointing import (
@@ -33,13 +37,22 @@ from megatron.varlen_training.tokenizer import build_tokenizer
 EXPORT_PROG = "export_hf.py"  # what usage lines and errors call this tool
 
 # Flags the parser requires that an export does not use; the caller's own values win.
-_UNUSED_REQUIRED_FLAGS = ["--train-iters", "1", "--lr", "0", "--mock-data", "--seq-length", "2"]
+_UNUSED_REQUIRED_FLAGS = ["--train-iters", "1", "--lr", "0", "--mock-data"]
+# Required too, unless --use-checkpoint-args takes it from the checkpoint (where a value given
+# here would count as the command line's and win over the checkpoint's).
+_UNUSED_SEQ_LENGTH = ["--seq-length", "2"]
 
 
-def load_model_weights(root: str, model: list[torch.nn.Module]) -> int:
-    """Loads only the model weights of the newest checkpoint under ``root``; its iteration."""
+def _unused_required_flags(argv: list[str]) -> list[str]:
+    taken = checkpoint_model_flags.load_flags(argv).use_checkpoint_args
+    return _UNUSED_REQUIRED_FLAGS + ([] if taken else _UNUSED_SEQ_LENGTH)
+
+
+def load_model_weights(root: str, model: list[torch.nn.Module], step: int | None = None) -> int:
+    """Loads only the model weights of the newest checkpoint under ``root`` (``step``:
+    ``--ckpt-step``'s iteration); its iteration."""
     # Verified (manifest) and vetted (restricted unpickling) exactly as --load does.
-    iteration, folder = check_checkpoint(root)
+    iteration, folder = check_checkpoint(root, step)
     keys = model_keys(model)
     template = {key: model_sharded_state_dict(chunk) for key, chunk in zip(keys, model)}
     state = dist_checkpointing.load(template, folder)
@@ -59,7 +72,7 @@ def with_tokenizer_vocabulary(run: RunConfig) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
-    run = parse_run_config_or_exit(_UNUSED_REQUIRED_FLAGS + argv, prog=EXPORT_PROG)
+    run = parse_run_config_or_exit(_unused_required_flags(argv) + argv, prog=EXPORT_PROG)
     checkpoint = run.checkpoint
     if not checkpoint.load or not checkpoint.save_hf:
         print_error_line("export_hf.py", "needs --load CKPT_ROOT and --save-hf OUT_DIR")
@@ -69,7 +82,7 @@ def main(argv: list[str] | None = None) -> str:
         with exit_on_user_errors("export_hf.py"):  # a bad or unsafe checkpoint: one line
             run = with_tokenizer_vocabulary(run)
             model = build_model(run, build_transformer_config(run))
-            iteration = load_model_weights(checkpoint.load, model)
+            iteration = load_model_weights(checkpoint.load, model, checkpoint.ckpt_step)
             print_rank_0(f"> loaded iteration {iteration} from {checkpoint.load}")
             return save_hf(run, model)
     finally:

@@ -58,6 +58,7 @@ ACCEPTED: dict[str, str] = {
                      "log_memory_to_tensorboard",
                      "log_world_size_to_tensorboard", "tensorboard_log_interval",
                      "tensorboard_queue_size", "timing_log_option", "timing_log_level",
+                     "barrier_with_L1_time",
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),
     "log_interval": "megatron-wrap's log_last_metrics() logs at every call (Megatron-LM's "
                     "--log-interval spaced its own loop's lines, which megatron-wrap never ran)",

@@ -1,4 +1,4 @@
-"""Issue 10, observations 4 and 5: corrupted, truncated, partial or crafted checkpoints are
+"""Corrupted, truncated, partial or crafted checkpoints are
 refused in one line before anything in them is used (or run); saves publish atomically."""
 
 import json
@@ -173,7 +173,7 @@ def test_getattr_reaches_nothing_but_enum_members(tmp_path, cls, name):
         _restricted_load(tmp_path, _PickledAs(getattr, cls, name))
 
 
-# --- Issue 21, observation 2: the manifest covers the whole checkpoint ---------------------
+# --- the manifest covers the whole checkpoint ---------------------
 
 
 def _edit_manifest(folder, edit) -> None:
@@ -253,7 +253,7 @@ def test_garbled_manifest_is_one_line(ckpt, text):
                               "unreadable"), message
 
 
-# --- Issue 21, observation 5: malformed small files are one line naming the file -----------
+# --- malformed small files are one line naming the file -----------
 
 
 @pytest.mark.parametrize("name, payload, needle", [

@@ -1,4 +1,4 @@
-"""Issue 21 (5): every numeric flag refuses 0, -1, NaN, infinity and a huge value in one line
+"""Every numeric flag refuses 0, -1, NaN, infinity and a huge value in one line
 (exit code 2) unless the value is valid for it -- on pretrain_gpt.py, pretrain_mamba.py and the
 MegatronWrap facade. The flags are enumerated from the parsers themselves, so a new numeric
 flag fails test_every_numeric_flag_is_classified until someone writes down its valid probes."""
@@ -58,6 +58,10 @@ VALID = {
     "adam_eps": HUGE,
     "lr": ZERO_OR_HUGE,
     "min_lr": ZERO,
+    # Alone --decoupled-min-lr is refused (it needs --decoupled-lr) whatever its value.
+    "decoupled_lr": ZERO_OR_HUGE,
+    "decoupled_min_lr": NONE,
+    "timing_log_level": ZERO,
     "lr_decay_iters": HUGE,
     "lr_warmup_iters": ZERO,
     # The bases are iteration-based: the sample-based flags are refused there (one kind of
@@ -238,7 +242,7 @@ def test_facade_numeric_flags(dest):
         _check(dest, probe, args, error)
 
 
-# --- the observations of issue 21 (5), each named -------------------------------------------
+# --- the values once accepted, each named ------------------------------------------------
 
 
 @pytest.mark.parametrize("extra, needle", [

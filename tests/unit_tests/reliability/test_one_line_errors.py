@@ -1,5 +1,5 @@
-"""Issue 10, observation 8: bad flags and bad data are one line (exit code 2), never a
-traceback wall, a ZeroDivisionError, or a failure found only after training."""
+"""Bad flags and bad data are one line (exit code 2), never a traceback wall, a ZeroDivisionError,
+or a failure found only after training."""
 
 import subprocess
 import sys
@@ -51,7 +51,7 @@ def _sft_args(path):
 
 
 GOOD = b'{"prompt": "hi", "response": "there"}\n'
-DEEP = 100_000  # issue 21: json recursed until RecursionError, a traceback on every rank
+DEEP = 100_000  # json recursed until RecursionError, a traceback on every rank
 
 
 @pytest.mark.parametrize("content, needle", [
@@ -123,7 +123,7 @@ def _metrics_dir_run(command: list[str], tmp_path, env_extra=None):
 
 
 def test_metrics_path_naming_a_directory_is_one_line_under_torchrun(tmp_path):
-    """Issue 21: --log-metrics-jsonl naming a directory failed on the last rank only, when it
+    """--log-metrics-jsonl naming a directory failed on the last rank only, when it
     opened the file after the first step (a traceback, and the other rank blamed "a lost
     peer"). Now it is refused while parsing: one line, exit code 2."""
     proc = _metrics_dir_run([str(Path(sys.executable).parent / "torchrun"), "--standalone",

@@ -1,4 +1,4 @@
-"""Issue 10, observations 2, 3 and 6: a resume continues the saved run exactly (dropout
+"""A resume continues the saved run exactly (dropout
 included), applies a changed schedule only when told which side wins, and refuses a layout
 change that would change the model."""
 
@@ -119,7 +119,7 @@ def test_resume_with_dropout_is_bit_exact(tmp_path):
     assert got == want, f"resumed {got} != straight {want}"
 
 
-# --- Issue 21, observation 5: optimizer-state layout changes are refused in one line -------
+# --- optimizer-state layout changes are refused in one line -------
 
 
 @pytest.mark.parametrize("saved_with, resumed_with, remedy", [
@@ -198,7 +198,7 @@ def test_virtual_pipeline_change_with_distributed_optimizer_is_one_line(tmp_path
         f"ranks only (resume without {flag}, or add --no-load-optim to load the weights only)")
 
 
-# --- Issue 21, observation 7: data identity is content, not spelling -----------------------
+# --- data identity is content, not spelling -----------------------
 
 SFT_SAMPLES = 24
 
@@ -281,7 +281,7 @@ def test_sft_checkpoint_from_before_split_was_honoured(sft_data):
     assert len(_run(_sft_args(data, "--train-iters", "3", "--load", str(root)))) == 1
 
 
-# --- Issue 21, observation 8: the refusal names the flag the user changed ------------------
+# --- the refusal names the flag the user changed ------------------
 
 
 def _with_value(argv, flag, value):

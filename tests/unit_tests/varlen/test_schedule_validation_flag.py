@@ -72,7 +72,8 @@ def test_flag_reaches_the_packing_config(flag):
     argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
             "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "4",
             "--mock-data", "--sequence-packing", "--tokenizer-type", "NullTokenizer",
-            "--vocab-size", "128", "--train-iters", "1", "--lr", "1e-3"] + (["--validate-packing-schedules"] if flag else [])
+            "--vocab-size", "128", "--train-iters", "1", "--lr", "1e-3"]
+    argv += ["--validate-packing-schedules"] if flag else []
     run = parse_run_config(argv, world_size=1)
     assert build_packing_config(run, pad_id=0).validate_schedules is flag
 

@@ -64,6 +64,9 @@ EXPECTED_FLAGS = frozenset("""
 --tokenizer-sentencepiece-legacy --tokenizer-hf-no-use-fast --trust-remote-code
 --null-tokenizer-eod-id --null-tokenizer-pad-id --chat-template --use-gigatoken
 --legacy-tokenizer --tokenizer-hf-no-include-special-tokens
+--decoupled-lr --decoupled-min-lr
+--timing-log-level --timing-log-option --log-timers-to-tensorboard
+--no-barrier-with-level-1-timing
 --rotary-percent --rotary-seq-len-interpolation-factor --attention-softmax-in-fp32
 --apply-query-key-layer-scaling --accumulate-allreduce-grads-in-fp32 --main-grads-dtype
 --main-params-dtype --exp-avg-dtype --exp-avg-sq-dtype --use-precision-aware-optimizer

@@ -14,8 +14,9 @@ checkpoint in another format (checkpoint_format.py).
   ``torch.distributed.checkpoint``) or a ``torch_dist`` one that Megatron-LM saved (no
   ``manifest.json``, no ``run_args.json``) is refused in one line naming the format, before
   anything in it is read; this fork's own incomplete checkpoint keeps its own message.
-- ``--ckpt-format`` other than torch_dist, ``--async-save``, ``--non-persistent-*`` and
-  ``--use-checkpoint-args`` are refused in one line naming the flag and the way out;
+- ``--ckpt-format`` other than torch_dist, ``--async-save`` and ``--non-persistent-*`` are
+  refused in one line naming the flag and the way out (``--use-checkpoint-args`` without a
+  checkpoint to load too; with one: test_use_checkpoint_args.py);
   ``--ckpt-format torch_dist``, ``--auto-detect-ckpt-format`` and ``--exit-on-missing-checkpoint``
   are accepted.
 
@@ -207,7 +208,7 @@ ARGS = TINY_GPT_ARGS + ["--train-iters", "2"]
     (["--async-save"], "remove --async-save"),
     (["--non-persistent-save-interval", "5"], "use --save-interval instead"),
     (["--non-persistent-ckpt-type", "local"], "--non-persistent-ckpt-type local"),
-    (["--use-checkpoint-args"], "run_args.json records them"),
+    (["--use-checkpoint-args"], "nothing to load (pass --load or --pretrained-checkpoint)"),
     (["--ckpt-step", "2"], "nothing to load (pass --load)"),
 ])
 def test_unsupported_flags_are_one_line(extra, words):

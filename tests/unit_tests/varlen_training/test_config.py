@@ -34,6 +34,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/recompute_arguments.py",
     "megatron/varlen_training/recipe_arguments.py",
     "megatron/varlen_training/checkpoint_arguments.py",
+    "megatron/varlen_training/checkpoint_model_flags.py",
     "megatron/varlen_training/document_arguments.py",
     "megatron/varlen_training/moe_arguments.py",
     "megatron/varlen_training/model_arguments.py",

@@ -1,4 +1,4 @@
-"""Multi-token prediction layers in the FLOPs (issue 25, item 5).
+"""Multi-token prediction layers in the FLOPs.
 
 Two independent references: Megatron-LM's own ``transformer_flops`` formula, written out here
 term by term in exact rationals (MTP depths are extra layers, plus 3h + 2h^2 per token for their

@@ -47,7 +47,7 @@ ITERATION = re.compile(
     rf"(?P<extra>( [a-z ]+: [\d.]+ \|)*)$")
 ARGUMENTS = ["------------------------ arguments ------------------------",
              "-------------------- end of arguments ---------------------"]
-ARGUMENT = re.compile(r"^  [a-z0-9_]+ \.+ \S.*$")
+ARGUMENT = re.compile(r"^  [A-Za-z0-9_]+ \.+ \S.*$")  # Megatron-LM dests: barrier_with_L1_time
 VALIDATION = re.compile(
     rf"^ validation loss at iteration (?P<iteration>\d+)(?P<where>( on (validation|test) set)?) "
     rf"\| lm loss value: (?P<loss>{FLOAT}) \| lm loss PPL: {FLOAT} \|$")

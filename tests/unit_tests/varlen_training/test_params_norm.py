@@ -6,8 +6,15 @@ parameter once). The TP2, PP2 and DP2 runs start from the same weights (their in
 does not depend on the layout) and train the same data, so after each step their reported norm
 equals the reference's within float32 rounding -- a norm that counted a TP-duplicated layer
 norm twice, the last stage's copy of the tied word embeddings, or a DP replica, would not.
+
+Mixture-of-Experts (4 experts, a shared expert): expert weights are sharded over expert-parallel
+ranks and replicated over expert data-parallel ones, in other groups than the dense weights.
+EP2, EP2 x expert-DP2, TP2 with expert TP2, TP2 with EP2 and expert TP1, and PP2 runs must each
+report the single-rank run's norm: a norm that missed the other expert-parallel ranks' experts,
+or counted an expert data-parallel replica twice, would not.
 """
 
+import functools
 import math
 
 import pytest
@@ -51,6 +58,24 @@ def rank_layouts() -> dict:
     return {name: _train(ARGS + extra) for name, extra in LAYOUTS.items()}
 
 
+MOE_ARGS = ARGS + ["--micro-batch-size", "1", "--num-experts", "4", "--moe-router-topk", "2",
+                   "--moe-ffn-hidden-size", "16", "--moe-shared-expert-intermediate-size", "16",
+                   "--disable-bias-linear"]
+TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+MOE_LAYOUTS = {  # world size: {name: layout flags}
+    2: {"ep2": ["--expert-model-parallel-size", "2"],
+        "tp2_etp2": TP2,
+        "pp2": ["--pipeline-model-parallel-size", "2"]},
+    4: {"ep2_expert_dp2": ["--expert-model-parallel-size", "2"],
+        "tp2_ep2_etp1": TP2 + ["--expert-model-parallel-size", "2",
+                               "--expert-tensor-parallel-size", "1"]},
+}
+
+
+def moe_rank_layouts(world: int) -> dict:
+    return {name: _train(MOE_ARGS + extra) for name, extra in MOE_LAYOUTS[world].items()}
+
+
 def test_params_norm_is_the_whole_models_on_every_layout():
     (reference,) = run_distributed(_train, 1, args=(ARGS,), timeout_s=240)
     assert reference["reported"] == pytest.approx(reference["direct"], rel=1e-12)
@@ -61,10 +86,18 @@ def test_params_norm_is_the_whole_models_on_every_layout():
             assert run["reported"] == pytest.approx(expected, rel=RTOL), name
 
 
-def test_refused_with_experts_in_one_line():
-    from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+@functools.cache
+def _moe_reference() -> list[float]:
+    """The single-rank MoE run's norms, computed directly from its weights."""
+    (reference,) = run_distributed(_train, 1, args=(MOE_ARGS,), timeout_s=240)
+    assert reference["reported"] == pytest.approx(reference["direct"], rel=1e-12)
+    return reference["direct"]
 
-    with pytest.raises(ArgumentValidationError) as err:
-        parse_args(ARGS + ["--num-experts", "2", "--disable-bias-linear"], world_size=1)
-    assert "--log-params-norm is not implemented with --num-experts" in str(err.value)
-    assert "\n" not in str(err.value)
+
+@pytest.mark.parametrize("world", sorted(MOE_LAYOUTS))
+def test_moe_params_norm_is_the_whole_models_on_every_layout(world):
+    expected = _moe_reference()
+    assert expected[0] != expected[1]
+    for rank in run_distributed(moe_rank_layouts, world, args=(world,), timeout_s=300):
+        for name, run in rank.items():
+            assert run["reported"] == pytest.approx(expected, rel=RTOL), name

@@ -216,11 +216,12 @@ def test_every_shared_flag_field_is_in_the_reference():
     covered = set(megatron_lm_config({**TINY, "num_experts": 2}))
     # Ours too, read elsewhere: hybrid sizes (hybrid_model.py), recomputation
     # (recompute_arguments.py's own tests), the packing budget, the dynamic-CP switch, the
-    # attention backend (resolved per device, platform.py).
+    # attention backend (resolved per device, platform.py), the level-1 timer barrier (a timing
+    # switch set on the config with the timers, training.py).
     elsewhere = {"is_hybrid_model", "mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
                  "mamba_num_heads", "recompute_granularity", "recompute_method",
                  "recompute_num_layers", "recompute_modules", "max_seqlen_per_dp_cp_rank",
-                 "hybrid_context_parallel", "attention_backend"}
+                 "hybrid_context_parallel", "attention_backend", "barrier_with_L1_time"}
     missing = (fields & ours) - covered - set(DIFFERENT_ON_PURPOSE) - elsewhere
     assert not missing, sorted(missing)
 
@@ -415,3 +416,16 @@ def test_model_flags_keep_megatron_lms_dests():
     dests = {option: action.dest for action in build_hybrid_parser().flag_actions
              for option in action.option_strings}
     assert {flag: dests[flag] for flag in MEGATRON_LM_DESTS} == MEGATRON_LM_DESTS
+
+
+def test_use_checkpoint_args_takes_the_rope_share(tmp_path):
+    """Megatron-LM's load_args_from_checkpoint forces rotary_percent from the checkpoint
+    (``_set_arg('rotary_percent', force=True)``): the checkpoint's value replaces the command
+    line's."""
+    from tests.unit_tests.varlen_training import test_use_checkpoint_args as ckptargs
+
+    root = ckptargs._record(tmp_path / "ckpt", 2, ckptargs.ARCHITECTURE + ckptargs.TRAINING
+                            + ["--rotary-percent", "0.5"])
+    run = parse_run_config(ckptargs.TRAINING + ckptargs.USE
+                           + ["--load", str(root), "--rotary-percent", "1.0"], world_size=1)
+    assert run.model.rotary_percent == 0.5

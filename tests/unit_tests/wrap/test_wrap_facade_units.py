@@ -149,7 +149,7 @@ def _entries_error(flow, raw) -> str:
 
 
 def test_per_token_fields_need_one_entry_per_token():
-    """Issue 21, observation 3: a field longer than the sample was cut to length silently."""
+    """A field longer than the sample was cut to length silently."""
     flow = _AdvantageFlow(_context())
     document = {"prompt_ids": [5, 6], "response_ids": [7, 8]}  # 4 ids: 3 tokens
     assert flow.build_sample({**document, "advantages": [1, 2, 3]}, 0)["advantages"].tolist() \

@@ -1,4 +1,4 @@
-"""Issue 25 item 8: a megatron-wrap-style script WITHOUT `if __name__ == "__main__":` saves
+"""A megatron-wrap-style script WITHOUT `if __name__ == "__main__":` saves
 under torchrun (2 CPU ranks) instead of hanging in megatron-core's checkpoint writer, whose
 'spawn' helper process would re-run the script. Like megatron-wrap's example it captures print
 and never calls close()."""

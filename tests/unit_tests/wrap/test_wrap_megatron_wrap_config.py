@@ -1,4 +1,4 @@
-"""megatron-wrap's config format (issue 25 item 9): a view over a nest, its two sections, its
+"""megatron-wrap's config format: a view over a nest, its two sections, its
 logger keys, both `__select__` forms, Megatron-LM keys sorted into supported / inert /
 unsupported (one error naming all), checked against the training layer's real parser."""
 

@@ -1,5 +1,5 @@
-"""megatron-wrap's call sequence on 2 gloo ranks with a config in its format (issue 25 items
-6, 7 and 9): its example script's flow of calls, its metric keys, its parallel-state
+"""megatron-wrap's call sequence on 2 gloo ranks with a config in its format: its
+example script's flow of calls, its metric keys, its parallel-state
 accessors, micro_batch_size honoured as a packing budget (same losses), the prompt of its SFT
 samples masked (the loss of the hand-masked data-path sample, not of the unmasked one)."""
 

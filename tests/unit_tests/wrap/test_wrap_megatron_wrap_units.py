@@ -1,4 +1,4 @@
-"""Single-process checks of megatron-wrap compatibility (issue 25 items 6-9): its SFT sample
+"""Single-process checks of megatron-wrap compatibility: its SFT sample
 form masks the prompt, its flow method names fail at construction in one line, its logger
 calls, the main-guard detection and micro_batch_size as a packing budget."""
 

@@ -76,7 +76,8 @@ def reference_conv(x, weight, bias, seq_idx=None, silu=True):
 def _inputs(b=2, length=11, h=4, p=3, g=2, n=5, seed=0):
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    return dict(x=r(b, length, h, p), dt=torch.rand(b, length, h, generator=gen, dtype=torch.float64),
+    return dict(x=r(b, length, h, p),
+                dt=torch.rand(b, length, h, generator=gen, dtype=torch.float64),
                 A=-torch.rand(h, generator=gen, dtype=torch.float64) * 2 - 0.1,
                 B=r(b, length, g, n), C=r(b, length, g, n))
 

@@ -176,8 +176,17 @@ def test_dtype_that_cannot_hold_the_vocabulary(tmp_path):
     write_documents(str(tmp_path / "bytes"), small, dtype=np.uint8)
     assert _check(tmp_path, [str(tmp_path / "bytes")]) == (
         f"--data-path: {tmp_path}/bytes stores token ids as uint8 (at most 255) but the "
-        f"tokenizer has 261 ids (--tokenizer-type, --tokenizer-model, --vocab-size): it was made "
-        f"with another tokenizer; preprocess it again with this one")
+        f"tokenizer has 261 ids (--tokenizer-type ByteLevelTokenizer): it was made with another "
+        f"tokenizer; preprocess it again with this one")
+
+
+def test_dtype_refusal_names_the_files_of_a_gpt2_bpe_run(tmp_path):
+    """The hint follows the run's --tokenizer-type (DataConfig), not a fixed list: a
+    GPT2BPETokenizer run is told about its --vocab-file and --merge-file."""
+    small = [doc % 200 for doc in random_documents(20, seed=4)]
+    write_documents(str(tmp_path / "bytes"), small, dtype=np.uint8)
+    message = _check(tmp_path, [str(tmp_path / "bytes")], tokenizer_type="GPT2BPETokenizer")
+    assert "(--tokenizer-type GPT2BPETokenizer, --vocab-file, --merge-file)" in message
 
 
 def test_empty_split_names_split(tmp_path):

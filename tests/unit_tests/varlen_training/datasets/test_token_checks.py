@@ -29,6 +29,7 @@ from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_docum
 
 TEXTS = [f"document {i}: " + "lorem ipsum dolor sit amet " * (1 + i % 5) for i in range(40)]
 BAD_ID, BAD_DOCUMENT = 300, 37  # the byte-level vocabulary has 261 ids
+BYTE_LEVEL = "ByteLevelTokenizer"
 
 
 def _data(tmp_path, prefix: str) -> DataConfig:
@@ -92,9 +93,27 @@ def test_id_outside_the_vocabulary_is_refused(tmp_path):
     prefix = _with_bad_id(tmp_path)
     assert _refusal(tmp_path, prefix) == (
         f"--data-path: {prefix}.bin holds token id {BAD_ID} (document {BAD_DOCUMENT}, position "
-        f"5) but the tokenizer has 261 ids (--tokenizer-type, --tokenizer-model, --vocab-size): "
+        f"5) but the tokenizer has 261 ids (--tokenizer-type ByteLevelTokenizer): "
         f"the data was made with another tokenizer; preprocess it again with this one "
         f"(tools/preprocess_data.py)")
+
+
+@pytest.mark.parametrize("tokenizer_type, flags", [
+    ("NullTokenizer", "--tokenizer-type NullTokenizer, --vocab-size"),
+    ("ByteLevelTokenizer", "--tokenizer-type ByteLevelTokenizer"),
+    ("HuggingFaceTokenizer", "--tokenizer-type HuggingFaceTokenizer, --tokenizer-model"),
+    ("GPT2BPETokenizer", "--tokenizer-type GPT2BPETokenizer, --vocab-file, --merge-file"),
+])
+def test_the_refusal_names_the_flags_of_the_runs_tokenizer_type(tmp_path, tokenizer_type,
+                                                                 flags):
+    """The flags to change are those that chose the run's ids: GPT2BPETokenizer's files, not
+    --tokenizer-model, which it does not read."""
+    prefix = _with_bad_id(tmp_path)
+    dataset = IndexedDataset(prefix, multimodal=False)
+    with pytest.raises(ValueError) as err:
+        token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), 261, "--data-path",
+                                     tokenizer_type=tokenizer_type)
+    assert f"but the tokenizer has 261 ids ({flags}): the data" in str(err.value)
 
 
 def test_the_scan_is_shared_and_chunked(tmp_path, monkeypatch):
@@ -104,10 +123,11 @@ def test_the_scan_is_shared_and_chunked(tmp_path, monkeypatch):
     monkeypatch.setattr(token_checks, "SCAN_CHUNK_TOKENS", 64)
     dataset = IndexedDataset(prefix, multimodal=False)
     vocab = ByteLevelTokenizer().vocab_size
-    token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path", 0, 2)
+    token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path", 0, 2,
+                                 tokenizer_type=BYTE_LEVEL)
     with pytest.raises(ValueError, match=f"token id {BAD_ID} .document {BAD_DOCUMENT},"):
         token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path",
-                                     1, 2)
+                                     1, 2, tokenizer_type=BYTE_LEVEL)
 
 
 def test_the_scan_stops_at_its_budget(tmp_path, monkeypatch):
@@ -119,10 +139,12 @@ def test_the_scan_stops_at_its_budget(tmp_path, monkeypatch):
     vocab = ByteLevelTokenizer().vocab_size
     monkeypatch.setattr(token_checks, "SCAN_CHUNK_TOKENS", 64)
     monkeypatch.setattr(token_checks, "SCAN_BUDGET_TOKENS", bad_offset)
-    token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path")
+    token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path",
+                                 tokenizer_type=BYTE_LEVEL)
     monkeypatch.setattr(token_checks, "SCAN_BUDGET_TOKENS", bad_offset + 1)
     with pytest.raises(ValueError, match=f"token id {BAD_ID} .document {BAD_DOCUMENT},"):
-        token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path")
+        token_checks.check_token_ids(prefix, dataset, (0, len(TEXTS)), vocab, "--data-path",
+                                 tokenizer_type=BYTE_LEVEL)
 
 
 def rank_check(tmp_path: str, prefix: str) -> str | None:

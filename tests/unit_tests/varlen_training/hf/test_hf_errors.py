@@ -88,7 +88,11 @@ def test_vocabulary_larger_than_the_flags_allow(llama):
     assert "--vocab-size 128 conflicts with the --hf-checkpoint" in message
     assert "value 256" in message
     with pytest.raises(ValueError, match="the tokenizer has 300 ids but the model's vocabulary"):
-        check_tokenizer_fits(NullTokenizer(300), 256)
+        check_tokenizer_fits(NullTokenizer(300), 256, "NullTokenizer")
+    # The hint names the flags of the run's type: a GPT-2 BPE run reads no --tokenizer-model.
+    with pytest.raises(ValueError, match=r"use a matching tokenizer \(--tokenizer-type "
+                                         r"GPT2BPETokenizer, --vocab-file, --merge-file\)$"):
+        check_tokenizer_fits(NullTokenizer(300), 256, "GPT2BPETokenizer")
 
 
 def test_conflicting_architecture_flag_names_both_values(llama):
