@@ -19,7 +19,7 @@ from typing import Any
 
 from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
-    loss_scale_arguments,
+    loss_scale_arguments, model_arguments,
     moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
@@ -284,6 +284,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     recipe_arguments.add_recipe_args(parser)
     checkpoint_arguments.add_checkpoint_args(parser)
     moe_arguments.add_moe_args(parser)
+    model_arguments.add_model_args(parser)
     return parser
 
 
@@ -418,6 +419,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_sequence_length(args)
     _validate_batch(args)
     _validate_precision_and_data(args)
+    model_arguments.validate_model_args(args, require)
     varlen_arguments.validate_varlen_args(args, require)
     sft_arguments.validate_sft_data_args(args, require)
     data_arguments.validate_indexed_data_args(args, require)

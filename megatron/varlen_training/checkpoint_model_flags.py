@@ -13,8 +13,8 @@ Which side wins when the command line gives a flag too follows Megatron-LM's
 - the sizes (:data:`COMMAND_LINE_WINS`: layers, hidden and FFN size, heads, sequence length,
   position table, head dimension, the vocabulary padding): the command line's value (a model
   size that differs from the checkpoint's is then refused at load, naming the flag);
-- the rest (:data:`CHECKPOINT_WINS`: query groups, position encoding, RoPE base, norm, SwiGLU,
-  biases, tied embeddings, MTP, MoE and Mamba shape, tokenizer type): the checkpoint's value
+- the rest (:data:`CHECKPOINT_WINS`: query groups, position encoding, RoPE base and share, norm,
+  SwiGLU, biases, tied embeddings, MTP, MoE and Mamba shape, tokenizer type): the checkpoint's value
   replaces the command line's, with a line naming the flag it overrides.
 
 Not taken, as in Megatron-LM: precision (``--bf16``/``--fp16``), the parallel layout and
@@ -46,7 +46,7 @@ COMMAND_LINE_WINS = ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length
                      "norm_epsilon", "qk_layernorm", "use_rope_scaling", "rope_scaling_factor")
 # Megatron-LM's ``_set_arg(name, force=True)``: the checkpoint's value replaces the command line's.
 CHECKPOINT_WINS = ("group_query_attention", "num_query_groups", "position_embedding_type",
-                   "rotary_base", "disable_bias_linear", "add_qkv_bias", "swiglu",
+                   "rotary_base", "rotary_percent", "disable_bias_linear", "add_qkv_bias", "swiglu",
                    "untie_embeddings_and_output_weights", "normalization", "mtp_num_layers",
                    "num_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_layer_freq",
                    "moe_shared_expert_intermediate_size", "tokenizer_type",

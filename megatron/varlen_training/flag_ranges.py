@@ -161,6 +161,19 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "norm_epsilon": FlagRange(0.0, low_open=True, why="norms divide by sqrt(var + eps)"),
     # Llama-3 RoPE scaling stretches the context by this factor (transformers requires >= 1).
     "rope_scaling_factor": FlagRange(1.0, why="a context stretch factor"),
+    # Megatron-LM's model flags (model_arguments.py): RoPE rotates a share of each head's
+    # channels (0 rotates none) and divides positions by the interpolation factor.
+    "rotary_percent": FlagRange(0.0, 1.0, low_open=True, why="a share of the head's channels"),
+    "rotary_seq_len_interpolation_factor": FlagRange(1, why="positions are divided by it"),
+    "mtp_loss_scaling_factor": FlagRange(0.0, why="a weight of the MTP loss"),
+    "glu_linear_offset": FlagRange(0.0, why="an offset added to the GLU's linear half"),
+    "activation_func_clamp_value": FlagRange(0.0, low_open=True, why="a clamp bound"),
+    "embedding_init_method_std": FlagRange(0.0, low_open=True,
+                                           why="std 0 starts every weight at 0"),
+    "moe_input_jitter_eps": FlagRange(0.0, why="a refused flag's noise scale"),
+    "moe_latent_size": FlagRange(1, why="a refused flag's size"),
+    "decoder_first_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
+    "decoder_last_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
     # reliability (reliability_arguments.py)
     "distributed_timeout_minutes": FlagRange(0.0, MAX_TIMEOUT_MINUTES, low_open=True,
                                              why="a longer wait is a hang"),

@@ -50,6 +50,8 @@ def build_hybrid_chunk(run: RunConfig, config: TransformerConfig, vp_stage) -> V
         share_embeddings_and_output_weights=model.tied_output,
         position_embedding_type=model.position_embedding_type,
         rotary_base=model.rotary_base,
+        rotary_percent=model.rotary_percent,
+        seq_len_interpolation_factor=model.rotary_seq_len_interpolation_factor,
     )
 
 

@@ -11,10 +11,11 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.varlen_training.arguments import format_arguments
-from megatron.varlen_training.config import MoEConfig, ParallelConfig, RunConfig
+from megatron.varlen_training.config import ModelConfig, MoEConfig, ParallelConfig, RunConfig
 from megatron.varlen_training.errors import UserInputError
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.process_group import initialize_distributed
+from megatron.varlen_training.varlen_arguments import precision_dtype
 from megatron.varlen.platform import destroy_dynamic_cp_groups, gloo_cuda
 
 
@@ -61,7 +62,13 @@ def initialize_megatron(run: RunConfig) -> None:
     check_gradient_overlap(run.parallel)
     initialize_model_parallel(run.parallel, run.model.moe)
     set_random_seeds(run.training.seed)
+    print_rank_0(parameters_dtype_line(run.model))
     print_rank_0(format_arguments(run.flag_values))  # Megatron-LM's start-up dump, once
+
+
+def parameters_dtype_line(model: ModelConfig) -> str:
+    """Megatron-LM's start-up line naming the parameters' dtype (its validate_args prints it)."""
+    return f"using {precision_dtype(model.bf16, model.fp16)} for parameters ..."
 
 
 def teardown_parallel_state() -> None:

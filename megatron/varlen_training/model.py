@@ -57,6 +57,8 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         qk_layernorm=model.qk_layernorm,
         hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
+        attention_softmax_in_fp32=model.attention_softmax_in_fp32,
+        apply_query_key_layer_scaling=model.apply_query_key_layer_scaling,
         init_method_std=model.init_method_std,
         normalization=model.normalization,
         gated_linear_unit=model.swiglu,
@@ -87,6 +89,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         mtp_num_layers=model.mtp_num_layers,
+        mtp_loss_scaling_factor=model.mtp_loss_scaling_factor,
         recompute_granularity=model.recompute_granularity,
         recompute_method=model.recompute_method,
         recompute_num_layers=model.recompute_num_layers,
@@ -131,6 +134,8 @@ def _build_chunk(run: RunConfig, config, vp_stage: int | None) -> VarlenGPTModel
         share_embeddings_and_output_weights=model.tied_output,
         position_embedding_type=model.position_embedding_type,
         rotary_base=model.rotary_base,
+        rotary_percent=model.rotary_percent,
+        seq_len_interpolation_factor=model.rotary_seq_len_interpolation_factor,
         rope_scaling=model.use_rope_scaling,
         rope_scaling_factor=model.rope_scaling_factor,
         vp_stage=vp_stage,
@@ -163,7 +168,8 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
         # convert inputs/outputs at the model boundary.
         chunks = [Float16Module(config, chunk) for chunk in chunks]
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        # Megatron-LM's: fp32 with --bf16 (always) or --accumulate-allreduce-grads-in-fp32.
+        grad_reduce_in_fp32=model.accumulate_allreduce_grads_in_fp32,
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
         overlap_grad_reduce=run.parallel.overlap_grad_reduce,
         overlap_param_gather=run.parallel.overlap_param_gather,

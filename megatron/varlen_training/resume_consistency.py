@@ -76,6 +76,8 @@ _HYBRID_KEYS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp
 # MoE model shape (moe_arguments.py): a dense run records None, so it never matches an MoE one.
 _MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
              "moe_shared_expert_intermediate_size", "moe_layer_freq")
+# Megatron-LM's partial / interpolated RoPE (model_arguments.py) and their values before.
+_ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None}
 MODEL_KEYS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
@@ -85,6 +87,8 @@ MODEL_KEYS = (
     # records None for the hybrid keys, so a GPT checkpoint never matches a hybrid run.
     "kv_channels", "norm_epsilon", "add_qkv_bias", "qk_layernorm", "use_rope_scaling",
     "rope_scaling_factor", *_HYBRID_KEYS, *_MOE_KEYS,
+    # Megatron-LM's RoPE flags (model_arguments.py).
+    *_ROPE_KEYS,
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
 # Where SFT records keep their text (the dataset and megatron.wrap's gpt_sft flow read them):
@@ -99,7 +103,7 @@ SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
                    INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
-RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS}
+RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **_ROPE_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 # Validation samples the run's evaluations had read (Megatron-LM's ``consumed_valid_samples``):
 # the resumed run's next evaluation continues the validation stream there.

@@ -84,6 +84,13 @@ class ModelConfig:
     recompute_num_layers: int | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
     moe: MoEConfig | None = None  # None: dense MLPs (no --num-experts)
+    # Megatron-LM's model and precision flags (model_arguments.py resolved them).
+    rotary_percent: float = 1.0
+    mtp_loss_scaling_factor: float = 0.1
+    rotary_seq_len_interpolation_factor: int | None = None
+    attention_softmax_in_fp32: bool = False
+    apply_query_key_layer_scaling: bool = False
+    accumulate_allreduce_grads_in_fp32: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -281,6 +281,9 @@ def flag_values(config: HFModelConfig) -> dict:
         "rotary_base": config.rotary_base,
         "use_rope_scaling": config.rope_scaling_factor is not None,
         "rope_scaling_factor": config.rope_scaling_factor,
+        # Llama/Qwen rotate every channel of a head at unscaled positions.
+        "rotary_percent": 1.0,
+        "rotary_seq_len_interpolation_factor": None,
         "untie_embeddings_and_output_weights": not config.tied_embeddings,
         **_moe_flag_values(config.moe),
     }
@@ -317,6 +320,11 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
             raise HFConfigError(f"export to Hugging Face needs {flag} {value} (got "
                                 f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3 models "
                                 f"export")
+    if model.rotary_percent != 1.0 or model.rotary_seq_len_interpolation_factor is not None:
+        raise HFConfigError(f"Llama/Qwen rotate every channel at unscaled positions: export "
+                            f"to Hugging Face needs --rotary-percent 1.0 (got "
+                            f"{model.rotary_percent}) and no --rotary-seq-len-interpolation-"
+                            f"factor (got {model.rotary_seq_len_interpolation_factor})")
     if model.mtp_num_layers:
         raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
                                                    layers=model.mtp_num_layers))

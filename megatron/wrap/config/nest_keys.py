@@ -49,8 +49,6 @@ ACCEPTED: dict[str, str] = {
                      "bias_gelu_fusion", "bias_dropout_fusion", "apply_rope_fusion",
                      "gradient_accumulation_fusion", "bias_activation_fusion",
                      "transformer_impl", "use_legacy_models"), _KERNEL),
-    "attention_softmax_in_fp32": "this fork's attention computes the softmax in fp32 for "
-                                 "bf16/fp16 inputs",
     **dict.fromkeys(("split", "num_workers", "dataloader_type", "data_sharding",
                      "create_attention_mask_in_dataloader", "num_dataset_builder_threads"),
                     _LOADER),
@@ -99,6 +97,8 @@ ALIASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "use_rotary_position_embeddings": _rope,   # Megatron-LM: sets --position-embedding-type rope
     "add_bias_linear": _no_bias,               # Megatron-LM's dest of --disable-bias-linear
     "add_position_embedding": _position_embedding,  # --no-position-embedding: rope only
+    # Megatron-LM 0.16.1's dest of --norm-epsilon (the TransformerConfig field; 0.8.0's was ours)
+    "layernorm_epsilon": lambda value: {"norm_epsilon": value},
 }
 """Megatron-LM dests that this fork's parser spells differently: key -> value -> our keys."""
 

@@ -102,6 +102,18 @@ VALID = {
     "kv_channels": NONE,
     "norm_epsilon": HUGE,
     "rope_scaling_factor": HUGE,
+    # Megatron-LM's RoPE flags need --position-embedding-type rope (the bases use learned
+    # positions); the uneven-pipeline flags are refused whatever their value.
+    "rotary_percent": NONE,
+    "mtp_loss_scaling_factor": NONE,  # needs --mtp-num-layers (the bases have none)
+    "rotary_seq_len_interpolation_factor": NONE,
+    "decoder_first_pipeline_num_layers": NONE,
+    "glu_linear_offset": ZERO,  # Megatron-LM's 0.0 changes nothing; every other value refused
+    "activation_func_clamp_value": NONE,
+    "embedding_init_method_std": NONE,
+    "moe_input_jitter_eps": NONE,
+    "moe_latent_size": NONE,
+    "decoder_last_pipeline_num_layers": NONE,
     "distributed_timeout_minutes": NONE,
     "exit_interval": HUGE,
     "exit_duration_in_mins": HUGE,

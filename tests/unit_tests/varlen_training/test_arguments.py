@@ -67,6 +67,19 @@ EXPECTED_FLAGS = frozenset("""
 --decoupled-lr --decoupled-min-lr
 --timing-log-level --timing-log-option --log-timers-to-tensorboard
 --no-barrier-with-level-1-timing
+--rotary-percent --rotary-seq-len-interpolation-factor --attention-softmax-in-fp32
+--apply-query-key-layer-scaling --accumulate-allreduce-grads-in-fp32 --main-grads-dtype
+--main-params-dtype --exp-avg-dtype --exp-avg-sq-dtype --use-precision-aware-optimizer
+--apply-residual-connection-post-layernorm --apply-layernorm-1p
+--decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers
+--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
+--pipeline-model-parallel-layout --rotary-interleaved --squared-relu --quick-geglu
+--init-method-xavier-uniform --fp32-residual-connection --multi-latent-attention
+--mtp-loss-scaling-factor --window-size --window-attn-skip-freq --softmax-type --no-rope-freq
+--attention-output-gate --qk-l2-norm --qk-clip --glu-linear-offset
+--activation-func-clamp-value --embedding-init-method-std --fp8-format --fp4-format
+--moe-input-jitter-eps --moe-router-force-load-balancing --moe-shared-expert-gate
+--moe-apply-probs-on-input --moe-latent-size --fp16-lm-cross-entropy
 """.split())
 
 

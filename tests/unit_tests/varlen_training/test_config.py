@@ -37,6 +37,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/checkpoint_model_flags.py",
     "megatron/varlen_training/document_arguments.py",
     "megatron/varlen_training/moe_arguments.py",
+    "megatron/varlen_training/model_arguments.py",
     "megatron/varlen_training/tokenizer_arguments.py",
 }
 CONFIG_BUILDERS = {

@@ -203,6 +203,13 @@ def test_alias_replaces_a_direct_key_at_its_default_in_any_order(tmp_path, first
     assert config.flat["position_embedding_type"] == "rope"
 
 
+def test_megatron_lm_0_16_norm_epsilon_dest_reaches_the_model(tmp_path):
+    """Megatron-LM 0.16.1 keeps --norm-epsilon under the TransformerConfig field's name."""
+    files = {"megatron_lm/misc/norm.yaml": "layernorm_epsilon: 1.0e-06\n"}
+    config = build_config(write_nest(tmp_path, files=files))
+    assert config.flat["norm_epsilon"] == 1e-6
+
+
 def test_alias_that_contradicts_an_explicit_key_is_one_line(tmp_path):
     files = {"megatron_lm/misc/pos.yaml": "position_embedding_type: none\n"}
     with pytest.raises(ConfigError, match="'position_embedding_type' is 'none'.*asks for 'rope'"):

@@ -75,6 +75,14 @@ def test_unsupported_architecture_or_field(tmp_path, llama, changes, needle):
     assert needle in _error(model_argv(_edited_config(tmp_path, llama, **changes)))
 
 
+@pytest.mark.parametrize("flag, value", [("--rotary-percent", "0.5"),
+                                         ("--rotary-seq-len-interpolation-factor", "2")])
+def test_partial_or_interpolated_rope_conflicts_with_the_checkpoint(llama, flag, value):
+    """Megatron-LM's RoPE flags would build another model than the checkpoint's."""
+    assert f"{flag} {value} conflicts with the --hf-checkpoint" in _error(
+        model_argv(llama, flag, value))
+
+
 def test_vocabulary_larger_than_the_flags_allow(llama):
     message = _error(model_argv(llama, "--vocab-size", "128"))
     assert "--vocab-size 128 conflicts with the --hf-checkpoint" in message

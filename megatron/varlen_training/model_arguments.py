@@ -1,0 +1,196 @@
+"""Megatron-LM's model and precision flags that its ``core_transformer_config_from_args`` maps to
+megatron-core's TransformerConfig (or its GPTModel / DDP), beyond the network-size group of
+arguments.py: honoured with Megatron-LM's defaults and semantics, or refused in one line.
+
+Megatron-LM copies every flag whose name is a TransformerConfig field into the config, so a flag
+this fork did not know built another model than Megatron-LM's for the same command line (or, as
+"unrecognized", gave no reason). The honoured flags below change the built model exactly as in
+Megatron-LM (tests/unit_tests/varlen_training/test_transformer_config_reference.py compares the
+config field by field with a reference written from Megatron-LM's facts). A refused flag is
+still registered, so that a Megatron-LM command line carrying it gets one line naming the flag
+and why (exit 2); each keeps Megatron-LM's default as the value that changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from megatron.varlen_training.varlen_arguments import attention_backend
+
+# Transformer Engine reads query-key layer scaling from this variable only; megatron-core's TE
+# attention refuses a config that disagrees with it (a traceback at model build).
+TE_QK_SCALING_VARIABLE = "NVTE_APPLY_QK_LAYER_SCALING"
+
+FP32 = "fp32"
+MTP_LOSS_SCALING_DEFAULT = 0.1  # Megatron-LM's (and TransformerConfig's) --mtp-loss-scaling-factor
+# Megatron-LM's choices of --main-grads-dtype, --main-params-dtype and the Adam moments'.
+OPTIMIZER_DTYPE_CHOICES = ("fp32", "bf16", "fp16", "fp8")
+# The state dtypes of Megatron-LM's precision-aware optimizer (fp32 unless that optimizer is used).
+OPTIMIZER_DTYPE_FLAGS = ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype",
+                         "--exp-avg-sq-dtype")
+_PRECISION_AWARE_WHY = ("Megatron-LM's precision-aware optimizer is Transformer Engine's "
+                        "FusedAdam, which this fork does not build: the optimizer keeps fp32 "
+                        "main grads, main params and Adam moments (Megatron-LM's default)")
+_UNEVEN_PIPELINE_WHY = ("pipeline stages here hold --num-layers / "
+                        "--pipeline-model-parallel-size layers each (uneven stages are not "
+                        "implemented); choose sizes that divide evenly")
+_WINDOW_WHY = "the THD attentions here attend to the whole causal context (no sliding window)"
+_LOW_BITS_WHY = "{bits} needs Transformer Engine's {bits} layers, which this fork does not build"
+_NORM_WHY = "the plain-torch norms here have no zero-centered gamma (weight + 1)"
+# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
+REFUSED_FLAGS = {
+    "--use-precision-aware-optimizer": ({"action": "store_true"}, None, _PRECISION_AWARE_WHY),
+    "--apply-residual-connection-post-layernorm": (
+        {"action": "store_true"}, None,
+        "megatron-core's TransformerLayer does not implement it (Megatron-LM sets the config "
+        "field and still builds pre-norm residuals): drop the flag"),
+    # Megatron-LM's dest is the TransformerConfig field's name.
+    "--apply-layernorm-1p": ({"action": "store_true", "dest": "layernorm_zero_centered_gamma"},
+                             None, _NORM_WHY),
+    "--decoder-first-pipeline-num-layers": ({"type": int}, None, _UNEVEN_PIPELINE_WHY),
+    "--decoder-last-pipeline-num-layers": ({"type": int}, None, _UNEVEN_PIPELINE_WHY),
+    "--account-for-embedding-in-pipeline-split": ({"action": "store_true"}, None,
+                                                  _UNEVEN_PIPELINE_WHY),
+    "--account-for-loss-in-pipeline-split": ({"action": "store_true"}, None,
+                                             _UNEVEN_PIPELINE_WHY),
+    "--pipeline-model-parallel-layout": ({}, None, _UNEVEN_PIPELINE_WHY),
+    "--rotary-interleaved": ({"action": "store_true"}, None,
+                             "the packed RoPE here rotates halves (megatron-core's default), "
+                             "not interleaved pairs"),
+    "--squared-relu": ({"action": "store_true"}, None,
+                       "the MLP activation here is GELU, or SiLU with --swiglu"),
+    "--quick-geglu": ({"action": "store_true"}, None,
+                      "the MLP activation here is GELU, or SiLU with --swiglu"),
+    "--init-method-xavier-uniform": ({"action": "store_true"}, None,
+                                     "weights are initialised from --init-method-std here "
+                                     "(normal, layout-invariant)"),
+    "--fp32-residual-connection": ({"action": "store_true"}, None,
+                                   "residuals stay in the parameters' dtype here"),
+    "--multi-latent-attention": ({"action": "store_true"}, None,
+                                 "multi-latent attention (MLA) is not built by this fork"),
+    "--window-size": ({}, None, _WINDOW_WHY),
+    "--window-attn-skip-freq": ({}, None, _WINDOW_WHY),
+    "--softmax-type": ({"choices": ("vanilla", "off-by-one", "learnable")}, "vanilla",
+                       "the THD attentions here implement the vanilla softmax only"),
+    "--no-rope-freq": ({}, None, "every attention layer applies RoPE here"),
+    "--attention-output-gate": ({"action": "store_true"}, None,
+                                "gated attention outputs are not built here"),
+    "--qk-l2-norm": ({"action": "store_true"}, None,
+                     "queries and keys are not L2-normalised here (--qk-layernorm is)"),
+    "--qk-clip": ({"action": "store_true"}, None, "QK-clip is not implemented here"),
+    "--glu-linear-offset": ({"type": float}, "0.0", "the SwiGLU here has no linear offset"),
+    "--activation-func-clamp-value": ({"type": float}, None,
+                                      "the MLP activation here is not clamped"),
+    "--embedding-init-method-std": ({"type": float}, None,
+                                    "the word embedding initialises from --init-method-std "
+                                    "here (layout-invariant init)"),
+    "--fp8-format": ({"dest": "fp8"}, None, _LOW_BITS_WHY.format(bits="FP8")),
+    "--fp4-format": ({"dest": "fp4"}, None, _LOW_BITS_WHY.format(bits="FP4")),
+    "--moe-input-jitter-eps": ({"type": float}, None,
+                               "router input jitter draws noise per token, which packing and "
+                               "the CP layout would change"),
+    "--moe-router-force-load-balancing": ({"action": "store_true"}, None,
+                                          "a benchmarking mode that routes to random experts"),
+    "--moe-shared-expert-gate": ({"action": "store_true"}, None,
+                                 "the shared expert here is not gated"),
+    "--moe-apply-probs-on-input": ({"action": "store_true"}, None,
+                                   "the router's probabilities scale the experts' outputs "
+                                   "here"),
+    "--moe-latent-size": ({"type": int}, None, "latent MoE is not built here"),
+    "--fp16-lm-cross-entropy": ({"action": "store_true"}, None,
+                                "megatron-core 0.16.1's GPTModel keeps it but never reads "
+                                "it (its vocab-parallel cross entropy runs in fp32 either "
+                                "way): drop the flag"),
+}
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Registers the honoured and the refused Megatron-LM model/precision flags."""
+    group = parser.add_argument_group("Megatron-LM model and precision flags")
+    group.add_argument("--rotary-percent", type=float, default=1.0,
+                       help="Share of each head's channels RoPE rotates (the rest pass through), "
+                            "as Megatron-LM's.")
+    group.add_argument("--rotary-seq-len-interpolation-factor", type=int, default=None,
+                       help="RoPE positions divided by this factor (linear position "
+                            "interpolation), as Megatron-LM's.")
+    group.add_argument("--mtp-loss-scaling-factor", type=float, default=MTP_LOSS_SCALING_DEFAULT,
+                       help="Weight of the multi-token-prediction loss (split over the "
+                            "--mtp-num-layers depths) added to the LM loss, as Megatron-LM's.")
+    group.add_argument("--attention-softmax-in-fp32", action="store_true",
+                       help="TransformerConfig.attention_softmax_in_fp32 (Megatron-LM's "
+                            "default False). Our local and flash attentions compute the "
+                            "softmax in fp32 either way; megatron-core's DotProductAttention "
+                            "(a --spec) reads it.")
+    group.add_argument("--apply-query-key-layer-scaling", action="store_true",
+                       help="Scale Q.K by 1/layer number inside the fp16 softmax (the same "
+                            "math; sets --attention-softmax-in-fp32, as Megatron-LM's).")
+    group.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                       help="Accumulate and all-reduce gradients in fp32 (always with --bf16, "
+                            "as Megatron-LM; with --fp16 only with this flag).")
+    for flag in OPTIMIZER_DTYPE_FLAGS:
+        group.add_argument(flag, default=FP32, choices=OPTIMIZER_DTYPE_CHOICES,
+                           help=f"Megatron-LM's precision-aware optimizer state dtype: only "
+                                f"{FP32} (its default) here.")
+    group = parser.add_argument_group("Megatron-LM model flags refused here")
+    for flag, (kwargs, neutral, why) in REFUSED_FLAGS.items():
+        is_switch = kwargs.get("action") == "store_true"
+        # Megatron-LM's default: the value that changes nothing (a megatron-wrap view lists it)
+        default = False if is_switch else None if neutral is None else kwargs.get(
+            "type", str)(neutral)
+        neutral_note = "" if neutral is None else f" (but {neutral}, which changes nothing)"
+        group.add_argument(flag, default=default, help=f"Refused{neutral_note}: {why}.",
+                           **kwargs)
+
+
+def _dest(flag: str) -> str:
+    kwargs = REFUSED_FLAGS[flag][0] if flag in REFUSED_FLAGS else {}
+    return kwargs.get("dest") or flag[2:].replace("-", "_")
+
+
+def validate_model_args(args: argparse.Namespace, require) -> None:
+    """Refuses what cannot be honoured; resolves the derived precision fields as Megatron-LM's
+    validate_args does (``require(cond, message)``)."""
+    for flag, (_, neutral, why) in REFUSED_FLAGS.items():
+        value = getattr(args, _dest(flag))
+        # By identity: a given 0 equals False, and is a value that asks for something.
+        require(value is None or value is False or str(value) == neutral,
+                f"{flag}{'' if value is True else f' {value}'} is not supported: {why}")
+    for flag in OPTIMIZER_DTYPE_FLAGS:
+        value = getattr(args, _dest(flag))
+        require(value == FP32, f"{flag} {value} is not supported (only {FP32}): "
+                               f"it needs --use-precision-aware-optimizer; "
+                               f"{_PRECISION_AWARE_WHY}")
+    require(args.position_embedding_type == "rope"
+            or (args.rotary_percent == 1.0 and args.rotary_seq_len_interpolation_factor is None),
+            f"--rotary-percent {args.rotary_percent} / --rotary-seq-len-interpolation-factor "
+            f"{args.rotary_seq_len_interpolation_factor} need --position-embedding-type rope "
+            f"(got {args.position_embedding_type})")
+    require(args.mtp_num_layers or args.mtp_loss_scaling_factor == MTP_LOSS_SCALING_DEFAULT,
+            f"--mtp-loss-scaling-factor {args.mtp_loss_scaling_factor} weights the "
+            f"multi-token-prediction loss, which needs --mtp-num-layers")
+    _check_te_query_key_scaling(args, require)
+    if args.apply_query_key_layer_scaling:  # megatron-core's TransformerConfig does the same
+        args.attention_softmax_in_fp32 = True
+    if args.bf16:  # Megatron-LM: bfloat16 accumulates and all-reduces gradients in fp32
+        args.accumulate_allreduce_grads_in_fp32 = True
+
+
+def _check_te_query_key_scaling(args: argparse.Namespace, require) -> None:
+    """Transformer Engine's attention takes query-key layer scaling from
+    NVTE_APPLY_QK_LAYER_SCALING only, and megatron-core's refuses a config that disagrees with
+    it (a traceback at model build; Megatron-LM leaves the match to the user): one line now."""
+    wanted = args.apply_query_key_layer_scaling
+    scaling = os.environ.get(TE_QK_SCALING_VARIABLE, "0")
+    if wanted == (scaling not in ("", "0")):
+        return
+    try:
+        backend = attention_backend(args)
+    except ValueError:  # an impossible backend: varlen_arguments says so in its own line
+        return
+    require(backend != "te",
+            f"Transformer Engine's attention takes query-key layer scaling from "
+            f"{TE_QK_SCALING_VARIABLE} (it is {scaling!r}), which must agree with "
+            f"--apply-query-key-layer-scaling ({'given' if wanted else 'not given'}): set "
+            f"{TE_QK_SCALING_VARIABLE}={int(wanted)}, as in Megatron-LM, or use "
+            f"--attention-backend local/flash")

@@ -1,0 +1,431 @@
+"""The same command line builds the same megatron-core TransformerConfig as Megatron-LM's.
+
+Reference: :func:`megatron_lm_config`, written in this test from facts read off Megatron-LM
+core_v0.16.1 (``megatron/training/arguments.py``: the flag defaults, ``validate_args``'s
+derivations and ``core_transformer_config_from_args``, which copies every flag named like a
+TransformerConfig field and then sets ``pipeline_dtype``, the activation, ``num_query_groups``
+and ``num_moe_experts``). It never calls our flag layer. Fields where we differ on purpose are
+listed in :data:`DIFFERENT_ON_PURPOSE` with the reason: none of them changes the numbers.
+
+This caught --attention-softmax-in-fp32 (Megatron-LM's default False; megatron-core's field
+default True was left in place) and --apply-query-key-layer-scaling (unknown here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer import TransformerConfig
+
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.flag_errors import ArgumentValidationError
+from megatron.varlen_training.hybrid_arguments import build_hybrid_parser
+from megatron.varlen_training.model import build_transformer_config
+
+# Megatron-LM core_v0.16.1's defaults of the flags the command lines below set (argparse dests).
+MEGATRON_LM_DEFAULTS = {
+    "ffn_hidden_size": None, "group_query_attention": False, "num_query_groups": 1,
+    "kv_channels": None, "norm_epsilon": 1e-5, "add_qkv_bias": False, "qk_layernorm": False,
+    "hidden_dropout": 0.1, "attention_dropout": 0.1, "init_method_std": 0.02,
+    "normalization": "LayerNorm", "swiglu": False, "disable_bias_linear": False,
+    "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
+    "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1, "context_parallel_size": 1, "sequence_parallel": False,
+    "calculate_per_token_loss": False, "mtp_num_layers": None, "mtp_loss_scaling_factor": 0.1,
+    "num_experts": None, "moe_router_topk": 2, "moe_ffn_hidden_size": None,
+    "moe_shared_expert_intermediate_size": None, "moe_layer_freq": 1,
+    "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0,
+    "moe_z_loss_coeff": None, "moe_router_score_function": "softmax",
+    "moe_router_pre_softmax": False, "moe_router_topk_scaling_factor": None,
+    "moe_router_dtype": None, "moe_expert_capacity_factor": None,
+    "moe_token_drop_policy": "probs", "moe_pad_expert_input_to_capacity": False,
+    "moe_router_enable_expert_bias": False, "moe_router_bias_update_rate": 1e-3,
+    "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
+    "moe_router_num_groups": None, "moe_router_group_topk": None,
+    "moe_shared_expert_overlap": False,
+}
+# validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
+SWIGLU_ROUNDING = 64
+_MOE_FIELDS = ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq",
+               "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+               "moe_router_score_function", "moe_router_pre_softmax",
+               "moe_router_topk_scaling_factor", "moe_router_dtype",
+               "moe_expert_capacity_factor", "moe_token_drop_policy",
+               "moe_pad_expert_input_to_capacity", "moe_router_enable_expert_bias",
+               "moe_router_bias_update_rate", "expert_model_parallel_size",
+               "moe_router_num_groups", "moe_router_group_topk", "moe_shared_expert_overlap")
+_COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "qk_layernorm",
+           "hidden_dropout", "attention_dropout", "init_method_std", "normalization",
+           "apply_query_key_layer_scaling", "bf16", "fp16", "tensor_model_parallel_size",
+           "pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
+           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor")
+
+
+def _default_ffn(flags: dict) -> int:
+    hidden = flags["hidden_size"]
+    if flags["swiglu"]:
+        return int((4 * hidden * 2 / 3) / SWIGLU_ROUNDING) * SWIGLU_ROUNDING
+    return 4 * hidden
+
+
+def megatron_lm_config(given: dict) -> dict:
+    """TransformerConfig field -> the value Megatron-LM builds for the flags ``given``."""
+    flags = {**MEGATRON_LM_DEFAULTS, **given}
+    ffn = flags["ffn_hidden_size"] or _default_ffn(flags)
+    dtype = (torch.bfloat16 if flags["bf16"] else torch.float16 if flags["fp16"]
+             else torch.float32)
+    expected = {name: flags[name] for name in _COPIED}
+    expected.update(
+        ffn_hidden_size=ffn,
+        # GQA: the flag's groups (default 1); without it None, which the config makes one
+        # group per head.
+        num_query_groups=(flags["num_query_groups"] if flags["group_query_attention"]
+                          else flags["num_attention_heads"]),
+        kv_channels=flags["kv_channels"] or flags["hidden_size"] // flags["num_attention_heads"],
+        layernorm_epsilon=flags["norm_epsilon"],
+        add_bias_linear=not flags["disable_bias_linear"],
+        gated_linear_unit=flags["swiglu"],
+        activation_func=F.silu if flags["swiglu"] else F.gelu,
+        # TransformerConfig turns it on with query-key layer scaling.
+        attention_softmax_in_fp32=(flags["attention_softmax_in_fp32"]
+                                   or flags["apply_query_key_layer_scaling"]),
+        params_dtype=dtype, pipeline_dtype=dtype,
+        # Refused here, so Megatron-LM's defaults: the same model.
+        layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
+        num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
+        account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False,
+        pipeline_model_parallel_layout=None, rotary_interleaved=False,
+        fp32_residual_connection=False, multi_latent_attention=False,
+        window_size=None, window_attn_skip_freq=None, softmax_type="vanilla",
+        no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
+        glu_linear_offset=0.0, activation_func_clamp_value=None, fp8=None, fp4=None,
+        # None in the flags; TransformerConfig then uses --init-method-std.
+        embedding_init_method_std=flags["init_method_std"],
+        moe_input_jitter_eps=None, moe_router_force_load_balancing=False,
+        moe_shared_expert_gate=False, moe_apply_probs_on_input=False, moe_latent_size=None,
+        num_moe_experts=flags["num_experts"],
+    )
+    if flags["num_experts"] is not None:
+        expected.update({name: flags[name] for name in _MOE_FIELDS})
+        expected["moe_ffn_hidden_size"] = flags["moe_ffn_hidden_size"] or ffn
+        expected["expert_tensor_parallel_size"] = (flags["expert_tensor_parallel_size"]
+                                                   or flags["tensor_model_parallel_size"])
+    return expected
+
+
+# Fields we set otherwise on purpose; none changes the numbers of a step.
+DIFFERENT_ON_PURPOSE = {
+    "batch_p2p_comm": "gloo sends p2p messages one at a time (batched ones gave wrong VPP "
+                      "gradients); Megatron-LM's comes from --no-overlap-p2p-communication",
+    "use_cpu_initialization": "weights are built on the host, layout-invariantly",
+    "gradient_accumulation_fusion": "needs APEX/TE's fused wgrad kernels",
+    "bias_dropout_fusion": "fused only where the kernel gives the unfused numbers (CUDA)",
+    "masked_softmax_fusion": "our core attentions do their own softmax",
+    "apply_rope_fusion": "needs Transformer Engine; the packed RoPE table is used instead",
+    "persist_layer_norm": "a fused-kernel option; the plain-torch norm has none",
+    "deallocate_pipeline_outputs": "megatron-core's default (False) is kept",
+    "bias_activation_fusion": "fused GELU/SwiGLU kernels are not used (plain torch)",
+    "variable_seq_lengths": "packed micro-batches vary in length",
+    "moe_token_dispatcher_type": "alltoall with packing (allgather cannot pack); the same "
+                                 "routed tokens",
+    "cp_comm_type": "all_gather, the only exchange implemented (others refused)",
+    "inference_sampling_seed": "inference only",
+}
+
+# GPTModel arguments Megatron-LM's builder (core_v0.16.1 and main gpt_builders.py) leaves out,
+# which we pass: the flags then do what their help says (docs/MIGRATING.md).
+GPT_MODEL_ARGUMENTS_DIFFERENT = {
+    "seq_len_interpolation_factor": "--rotary-seq-len-interpolation-factor is dropped there",
+    "rope_scaling_factor": "--rope-scaling-factor is dropped there (GPTModel's 8.0 is used)",
+}
+
+TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+BASE_ARGV = ["--seq-length", "32", "--lr", "1e-3", "--train-iters", "1", "--mock-data",
+             "--vocab-size", "128"]
+COMMAND_LINES = {
+    "dense": {},
+    "gqa_default_groups": {"group_query_attention": True},
+    "gqa_two_groups": {"group_query_attention": True, "num_query_groups": 2},
+    "swiglu_default_ffn": {"swiglu": True, "hidden_size": 96},
+    "llama_like": {"swiglu": True, "ffn_hidden_size": 160, "normalization": "RMSNorm",
+                   "disable_bias_linear": True, "norm_epsilon": 1e-6,
+                   "untie_embeddings_and_output_weights": True},
+    "qwen_like": {"add_qkv_bias": True, "kv_channels": 32, "qk_layernorm": False},
+    "qk_layernorm": {"qk_layernorm": True},
+    "dropout_init": {"hidden_dropout": 0.0, "attention_dropout": 0.25,
+                     "init_method_std": 0.006},
+    "bf16": {"bf16": True},
+    "bf16_softmax_fp32": {"bf16": True, "attention_softmax_in_fp32": True},
+    "qk_layer_scaling": {"apply_query_key_layer_scaling": True},
+    "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                 "pipeline_model_parallel_size": 2},
+    "per_token_loss_mtp": {"calculate_per_token_loss": True, "mtp_num_layers": 1},
+    "mtp_loss_weight": {"mtp_num_layers": 2, "mtp_loss_scaling_factor": 0.3},
+    "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True,
+            "moe_aux_loss_coeff": 0.01,
+            "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+            "moe_shared_expert_intermediate_size": 32, "moe_token_dispatcher_type": "alltoall"},
+    "moe_own_ffn": {"num_experts": 4, "moe_ffn_hidden_size": 48, "disable_bias_linear": True,
+                    "moe_router_topk": 1, "moe_router_pre_softmax": True,
+                    "moe_z_loss_coeff": 0.001, "moe_token_dispatcher_type": "alltoall"},
+    "moe_grouped_routing": {"num_experts": 4, "disable_bias_linear": True,
+                            "moe_router_num_groups": 2, "moe_router_group_topk": 1,
+                            "moe_shared_expert_intermediate_size": 32,
+                            "moe_shared_expert_overlap": True,
+                            "moe_token_dispatcher_type": "alltoall"},
+}
+
+
+def _argv(flags: dict) -> list[str]:
+    argv = list(BASE_ARGV)
+    for dest, value in flags.items():
+        flag = "--" + dest.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _our_config(flags: dict) -> TransformerConfig:
+    flags = {**TINY, **flags}
+    world = flags.get("tensor_model_parallel_size", 1) * flags.get(
+        "pipeline_model_parallel_size", 1)
+    run = parse_run_config(_argv(flags), world_size=world)
+    return build_transformer_config(run)
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_LINES))
+def test_transformer_config_equals_megatron_lms(name):
+    flags = COMMAND_LINES[name]
+    ours = _our_config(flags)
+    expected = megatron_lm_config({**TINY, **flags})
+    differing = {field: (getattr(ours, field), value) for field, value in expected.items()
+                 if getattr(ours, field) != value}
+    assert not differing, f"{name}: field: (ours, Megatron-LM's) {differing}"
+
+
+def test_every_shared_flag_field_is_in_the_reference():
+    """A flag of ours named like a TransformerConfig field is one Megatron-LM copies into the
+    config: the reference must say what it builds (or the field be a listed difference)."""
+    fields = {field.name for field in dataclasses.fields(TransformerConfig)}
+    ours = {action.dest for action in build_hybrid_parser().flag_actions}
+    covered = set(megatron_lm_config({**TINY, "num_experts": 2}))
+    # Ours too, read elsewhere: hybrid sizes (hybrid_model.py), recomputation
+    # (recompute_arguments.py's own tests), the packing budget, the dynamic-CP switch, the
+    # attention backend (resolved per device, platform.py), the level-1 timer barrier (a timing
+    # switch set on the config with the timers, training.py).
+    elsewhere = {"is_hybrid_model", "mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
+                 "mamba_num_heads", "recompute_granularity", "recompute_method",
+                 "recompute_num_layers", "recompute_modules", "max_seqlen_per_dp_cp_rank",
+                 "hybrid_context_parallel", "attention_backend", "barrier_with_L1_time"}
+    missing = (fields & ours) - covered - set(DIFFERENT_ON_PURPOSE) - elsewhere
+    assert not missing, sorted(missing)
+
+
+def test_gpt_model_arguments_equal_megatron_lms():
+    """The GPTModel arguments Megatron-LM's builder derives from flags (not config fields):
+    --rotary-percent / --rotary-seq-len-interpolation-factor / --rotary-base (RoPE frequencies
+    of a head-dimension share at positions divided by the factor: float64 reference),
+    --untie-embeddings-and-output-weights, --max-position-embeddings, the padded vocabulary."""
+    from tests.harness.multirank import run_distributed
+
+    argv = _argv({**TINY, "position_embedding_type": "rope", "rotary_percent": 0.5,
+                  "rotary_seq_len_interpolation_factor": 4, "rotary_base": 500,
+                  "untie_embeddings_and_output_weights": True,
+                  "max_position_embeddings": 64, "vocab_size": 100})
+    built = run_distributed(_built_gpt_facts, 1, args=(argv, 8), timeout_s=120)[0]
+    assert built["share_embeddings_and_output_weights"] is False
+    assert built["max_sequence_length"] == 64
+    assert built["vocab_size"] == 128  # 100 padded to Megatron-LM's multiple of 128 x TP 1
+    head_dim, rotated = 64 // 4, 8  # half of the 16 channels of a head
+    inv_freq = 1.0 / 500 ** (torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+    positions = torch.arange(8, dtype=torch.float64) / 4
+    angles = torch.outer(positions, inv_freq)
+    expected = torch.cat([angles, angles], dim=-1)  # megatron-core's non-interleaved layout
+    freqs = built["freqs"]
+    assert freqs.shape[-1] == rotated < head_dim
+    torch.testing.assert_close(freqs.reshape(8, rotated).double(), expected, rtol=1e-6,
+                               atol=1e-6)
+
+
+def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
+    from megatron.core import parallel_state as ps
+    from megatron.varlen_training.initialize import initialize_model_parallel, set_random_seeds
+    from megatron.varlen_training.model import build_model, unwrap
+
+    run = parse_run_config(argv, world_size=1)
+    initialize_model_parallel(run.parallel)
+    set_random_seeds(run.training.seed)
+    try:
+        gpt = unwrap(build_model(run, build_transformer_config(run))[0])
+        return {"freqs": gpt.rotary_pos_emb(seq_len).detach().cpu(),
+                "share_embeddings_and_output_weights": gpt.share_embeddings_and_output_weights,
+                "max_sequence_length": gpt.max_sequence_length, "vocab_size": gpt.vocab_size}
+    finally:
+        ps.destroy_model_parallel()
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--apply-layernorm-1p", None), ("--apply-residual-connection-post-layernorm", None),
+    ("--decoder-first-pipeline-num-layers", "1"), ("--account-for-loss-in-pipeline-split", None),
+    ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
+    ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"), ("--squared-relu", None),
+    ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
+    ("--softmax-type", "off-by-one"), ("--window-size", "(128,0)"),
+    ("--glu-linear-offset", "1.0"), ("--fp8-format", "hybrid"),
+    ("--embedding-init-method-std", "0.01"), ("--moe-input-jitter-eps", "0.01"),
+])
+def test_model_flags_not_honoured_are_refused_in_one_line(flag, value):
+    argv = _argv(TINY) + [flag] + ([value] if value is not None else [])
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_run_config(argv, world_size=1)
+    message = str(err.value)
+    assert flag in message and "\n" not in message
+
+
+def test_query_key_layer_scaling_sets_softmax_in_fp32_in_the_run():
+    """Megatron-LM's validate_args turns --attention-softmax-in-fp32 on with
+    --apply-query-key-layer-scaling (its arguments dump shows it): so does the run's record."""
+    run = parse_run_config(_argv({**TINY, "apply_query_key_layer_scaling": True}), world_size=1)
+    assert run.model.attention_softmax_in_fp32 is True
+    assert parse_run_config(_argv(TINY), world_size=1).model.attention_softmax_in_fp32 is False
+
+
+def test_query_key_layer_scaling_with_te_needs_its_variable(monkeypatch):
+    """megatron-core's TE attention refuses the config (a build traceback) unless
+    NVTE_APPLY_QK_LAYER_SCALING agrees with the flag, which Megatron-LM leaves to the user:
+    one line here, either way round."""
+    from megatron.varlen_training import model_arguments
+
+    monkeypatch.setattr(model_arguments, "attention_backend", lambda args: "te")
+    monkeypatch.delenv(model_arguments.TE_QK_SCALING_VARIABLE, raising=False)
+    argv = _argv({**TINY, "apply_query_key_layer_scaling": True})
+    with pytest.raises(ArgumentValidationError, match="NVTE_APPLY_QK_LAYER_SCALING=1"):
+        parse_run_config(argv, world_size=1)
+    monkeypatch.setenv(model_arguments.TE_QK_SCALING_VARIABLE, "1")
+    assert parse_run_config(argv, world_size=1).model.apply_query_key_layer_scaling
+    with pytest.raises(ArgumentValidationError, match="NVTE_APPLY_QK_LAYER_SCALING=0"):
+        parse_run_config(_argv(TINY), world_size=1)  # the variable without the flag
+
+
+def test_rotary_flags_without_rope_are_refused():
+    with pytest.raises(ArgumentValidationError, match="--position-embedding-type rope"):
+        parse_run_config(_argv({**TINY, "rotary_percent": 0.5}), world_size=1)
+
+
+def test_save_hf_refuses_partial_rope():
+    from megatron.varlen_training.hf.config import HFConfigError, config_from_model
+
+    run = parse_run_config(_argv({**TINY, "position_embedding_type": "rope", "swiglu": True,
+                                  "ffn_hidden_size": 128, "normalization": "RMSNorm",
+                                  "disable_bias_linear": True, "rotary_percent": 0.5}),
+                           world_size=1)
+    with pytest.raises(HFConfigError, match="--rotary-percent"):
+        config_from_model(run.model)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], False),                                          # fp32: Megatron-LM's False
+    (["--bf16"], True),                                   # bf16: always fp32 (validate_args)
+    (["--fp16"], False),                                  # fp16: only with the flag
+    (["--fp16", "--accumulate-allreduce-grads-in-fp32"], True),
+])
+def test_gradient_reduction_dtype_is_megatron_lms(monkeypatch, flags, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --fp16 parses on CPU
+    run = parse_run_config(_argv(TINY) + flags, world_size=1)
+    assert run.model.accumulate_allreduce_grads_in_fp32 is expected
+
+
+# pretrain_mamba.py: Megatron-LM's core_v0.16.1 defaults of the Mamba flags, and its mixer's
+# expansion (d_inner = 2 x hidden) that sets the head count when --mamba-num-heads is unset.
+MAMBA_DEFAULTS = {"mamba_state_dim": 128, "mamba_head_dim": 64, "mamba_num_groups": 8}
+MAMBA_EXPAND = 2
+HYBRID_LINES = {
+    "defaults": {"hidden_size": 256},  # 2 x 256 / 64 = 8 heads, the 8 default groups
+    "given": {"hidden_size": 64, "mamba_state_dim": 16, "mamba_head_dim": 16,
+              "mamba_num_groups": 2, "mamba_num_heads": 4, "swiglu": True,
+              "ffn_hidden_size": 96, "normalization": "RMSNorm",
+              "attention_softmax_in_fp32": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID_LINES))
+def test_hybrid_transformer_config_equals_megatron_lms(name):
+    """Megatron-LM's pretrain_mamba.py builds the same config function's output with
+    --is-hybrid-model and the Mamba flags copied by name. It leaves --mamba-num-heads None for
+    the mixer to derive (2 x hidden / head dim); ours holds the derived count: the same
+    mixer."""
+    from megatron.varlen_training.config.from_flags import parse_hybrid_run_config
+    from megatron.varlen_training.hybrid_model import build_hybrid_config
+
+    flags = {"num_layers": 4, "num_attention_heads": 4, **HYBRID_LINES[name]}
+    mamba = {**MAMBA_DEFAULTS, **{key: flags.pop(key) for key in list(flags)
+                                  if key in MAMBA_DEFAULTS or key == "mamba_num_heads"}}
+    argv = _argv(flags) + _argv(mamba)[len(BASE_ARGV):] + ["--hybrid-override-pattern",
+                                                            "M*M-"]
+    ours = build_hybrid_config(parse_hybrid_run_config(argv, world_size=1))
+    expected = {**megatron_lm_config(flags), **MAMBA_DEFAULTS, **mamba,
+                "is_hybrid_model": True}
+    expected.pop("mamba_num_heads", None)
+    heads = mamba.get("mamba_num_heads") or (
+        MAMBA_EXPAND * flags["hidden_size"] // expected["mamba_head_dim"])
+    expected["mamba_num_heads"] = heads
+    differing = {field: (getattr(ours, field), value) for field, value in expected.items()
+                 if getattr(ours, field) != value}
+    assert not differing, f"{name}: field: (ours, Megatron-LM's) {differing}"
+
+
+def test_resume_with_other_rope_share_is_refused(tmp_path):
+    """--rotary-percent / --rotary-seq-len-interpolation-factor change the model: run_args.json
+    records them, so a resume with other values is refused in one line; a checkpoint written
+    before they were recorded had full, uninterpolated RoPE."""
+    import json
+
+    from megatron.varlen_training.errors import CheckpointError
+    from megatron.varlen_training.resume_consistency import (
+        RUN_ARGS_FILENAME, check_run_args, save_run_args,
+    )
+
+    rope = {**TINY, "position_embedding_type": "rope"}
+    saved = parse_run_config(_argv({**rope, "rotary_percent": 0.5}), world_size=1)
+    save_run_args(str(tmp_path), saved)
+    assert check_run_args(str(tmp_path), saved, check_data=False) is None
+    with pytest.raises(CheckpointError, match="--rotary-percent 0.5, this run has 1.0"):
+        check_run_args(str(tmp_path), parse_run_config(_argv(rope), world_size=1),
+                       check_data=False)
+    path = tmp_path / RUN_ARGS_FILENAME
+    recorded = json.loads(path.read_text())
+    for key in ("rotary_percent", "rotary_seq_len_interpolation_factor"):
+        del recorded[key]
+    path.write_text(json.dumps(recorded))
+    assert check_run_args(str(tmp_path), parse_run_config(_argv(rope), world_size=1),
+                          check_data=False) is None
+
+
+# Megatron-LM core_v0.16.1's argparse dests that are not the flag's name (TransformerConfig
+# field names): a namespace or a megatron-wrap view carries them under these keys.
+MEGATRON_LM_DESTS = {"--apply-layernorm-1p": "layernorm_zero_centered_gamma",
+                     "--fp8-format": "fp8", "--fp4-format": "fp4"}
+
+
+def test_model_flags_keep_megatron_lms_dests():
+    dests = {option: action.dest for action in build_hybrid_parser().flag_actions
+             for option in action.option_strings}
+    assert {flag: dests[flag] for flag in MEGATRON_LM_DESTS} == MEGATRON_LM_DESTS
+
+
+def test_use_checkpoint_args_takes_the_rope_share(tmp_path):
+    """Megatron-LM's load_args_from_checkpoint forces rotary_percent from the checkpoint
+    (``_set_arg('rotary_percent', force=True)``): the checkpoint's value replaces the command
+    line's."""
+    from tests.unit_tests.varlen_training import test_use_checkpoint_args as ckptargs
+
+    root = ckptargs._record(tmp_path / "ckpt", 2, ckptargs.ARCHITECTURE + ckptargs.TRAINING
+                            + ["--rotary-percent", "0.5"])
+    run = parse_run_config(ckptargs.TRAINING + ckptargs.USE
+                           + ["--load", str(root), "--rotary-percent", "1.0"], world_size=1)
+    assert run.model.rotary_percent == 0.5
