@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from megatron.varlen_training.config.from_flags import parse_hybrid_run_config, parse_run_config
@@ -30,6 +33,23 @@ def tiny_packed_config(global_batch_size: int, train_iters: int) -> dict:
         "data": {"mock_data": True, "sft": True, "tokenizer_type": "NullTokenizer"},
         "parallel": {"sequence_packing": True},
     }
+
+
+@contextlib.contextmanager
+def stepping_trainer(argv: list[str]) -> Iterator[tuple]:
+    """``(trainer, state, provider)`` for pretrain_gpt.py's flags ``argv`` on this rank's process
+    group: started, model and optimizer built, the training data provider ready (step ``i`` is
+    ``trainer.step(provider.step_batches(i))``); closed on leaving. No console output."""
+    from megatron.varlen_training.pretrain import build_data_providers
+
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()),
+                      console=False)
+    try:
+        trainer.start()
+        provider = build_data_providers(trainer).train
+        yield trainer, trainer.setup_model_and_optimizer(), provider
+    finally:
+        trainer.close()
 
 
 def train_on_this_rank(argv: list[str]) -> dict:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS, stepping_trainer
 
 STEPS = 3
 LR, MIN_LR, DECOUPLED_LR, DECOUPLED_MIN_LR = 1e-3, 1e-4, 5e-3, 2e-4
@@ -69,24 +69,13 @@ def _group_lrs(state, iteration_report) -> dict:
     return {"logged": iteration_report.metrics.learning_rate, "groups": groups}
 
 
-def _train(argv: list[str]) -> list[dict]:
-    from megatron.varlen_training.config.from_flags import parse_run_config
-    from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.trainer import Trainer
-
-    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()),
-                      console=False)
-    try:
-        trainer.start()
-        provider = build_data_providers(trainer).train
-        state = trainer.setup_model_and_optimizer()
+def _train(argv: list[str]) -> dict:
+    with stepping_trainer(argv) as (trainer, state, provider):
         steps = [_group_lrs(state, trainer.step(provider.step_batches(iteration)))
                  for iteration in range(STEPS)]
         num_decoupled = sum(getattr(param, "is_embedding_or_output_parameter", False)
                             for chunk in state.model for param in chunk.parameters())
         return {"steps": steps, "num_decoupled": num_decoupled}
-    finally:
-        trainer.close()
 
 
 def _check_step(step: dict, main_lr: float, decoupled_lr: float, num_held: int = 2) -> None:

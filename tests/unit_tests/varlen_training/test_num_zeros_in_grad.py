@@ -7,10 +7,8 @@ distributed optimizer on the first step (each rank then counts its shard; megatr
 them over the world). Without the flag nothing is counted and the record has no such key.
 """
 
-import torch
-
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS, stepping_trainer
 
 WORLD = 2
 STEPS = 2
@@ -26,16 +24,7 @@ def _zeros_in_main_grads(model) -> int:
 
 
 def rank_counts(argv: list[str]) -> dict:
-    from megatron.varlen_training.config.from_flags import parse_run_config
-    from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.trainer import Trainer
-
-    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()),
-                      console=False)
-    try:
-        trainer.start()
-        provider = build_data_providers(trainer).train
-        state = trainer.setup_model_and_optimizer()
+    with stepping_trainer(argv) as (trainer, state, provider):
         reported, direct, records = [], [], []
         for iteration in range(STEPS):
             report = trainer.step(provider.step_batches(iteration))
@@ -43,8 +32,6 @@ def rank_counts(argv: list[str]) -> dict:
             records.append(trainer.record(report))
             direct.append(_zeros_in_main_grads(state.model))
         return {"reported": reported, "direct": direct, "records": records}
-    finally:
-        trainer.close()
 
 
 def _runs():

@@ -18,10 +18,9 @@ import functools
 import math
 
 import pytest
-import torch
 
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS, stepping_trainer
 
 STEPS = 2
 ARGS = TINY_GPT_ARGS + ["--train-iters", str(STEPS), "--global-batch-size", "4",
@@ -32,16 +31,7 @@ RTOL = 1e-5  # float32 rounding of the updates across layouts
 
 
 def _train(argv: list[str]) -> dict:
-    from megatron.varlen_training.config.from_flags import parse_run_config
-    from megatron.varlen_training.pretrain import build_data_providers
-    from megatron.varlen_training.trainer import Trainer
-
-    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()),
-                      console=False)
-    try:
-        trainer.start()
-        provider = build_data_providers(trainer).train
-        state = trainer.setup_model_and_optimizer()
+    with stepping_trainer(argv) as (trainer, state, provider):
         reported, direct = [], []
         for iteration in range(STEPS):
             report = trainer.step(provider.step_batches(iteration))
@@ -50,8 +40,6 @@ def _train(argv: list[str]) -> dict:
                                         for chunk in state.model
                                         for param in chunk.parameters())))
         return {"reported": reported, "direct": direct}
-    finally:
-        trainer.close()
 
 
 def rank_layouts() -> dict:
