@@ -35,6 +35,7 @@ from megatron.varlen_training.datasets.preprocess import (  # noqa: E402
 )
 from megatron.varlen_training.errors import USAGE_EXIT_CODE, one_line  # noqa: E402
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: E402
+from megatron.varlen_training.refused_flags import given_refused_flags  # noqa: E402
 from megatron.varlen_training.tokenizer import TOKENIZER_TYPE_CHOICES  # noqa: E402
 from megatron.varlen_training.tokenizer_arguments import (  # noqa: E402
     add_tokenizer_file_args, validate_tokenizer_args,
@@ -42,25 +43,26 @@ from megatron.varlen_training.tokenizer_arguments import (  # noqa: E402
 
 PROG = "preprocess_data.py"
 DEFAULT_LOG_INTERVAL = 1000  # Megatron-LM's
-# Megatron-LM's flags without an implementation here: flag -> (argparse kwargs, what to do).
+# Megatron-LM's flags without an implementation here: flag -> (argparse kwargs, no neutral
+# value, what to do) as refused_flags.py's tables.
 _SENTENCES_HINT = ("split the text into sentences beforehand and give each document as a JSON "
                    "list of its sentences (each becomes one sequence of the document)")
 _TUNING_HINT = "time a few --workers values on a sample of the input instead"
 _REFUSED_FLAGS = {
-    "--split-sentences": ({"action": "store_true"},
+    "--split-sentences": ({"action": "store_true"}, None,
                           f"nltk sentence splitting is not supported; {_SENTENCES_HINT}"),
-    "--keep-newlines": ({"action": "store_true"},
+    "--keep-newlines": ({"action": "store_true"}, None,
                         f"it only applies to --split-sentences, which is not supported; "
                         f"{_SENTENCES_HINT}"),
-    "--lang": ({"default": None},
+    "--lang": ({"default": None}, None,
                f"it only applies to --split-sentences, which is not supported; "
                f"{_SENTENCES_HINT}"),
-    "--find-optimal-num-workers": ({"action": "store_true"},
+    "--find-optimal-num-workers": ({"action": "store_true"}, None,
                                    f"the worker search is not supported; {_TUNING_HINT}"),
-    "--workers-to-check": ({"nargs": "+", "default": None},
+    "--workers-to-check": ({"nargs": "+", "default": None}, None,
                            f"it only applies to --find-optimal-num-workers, which is not "
                            f"supported; {_TUNING_HINT}"),
-    "--max-documents": ({"default": None},
+    "--max-documents": ({"default": None}, None,
                         f"it only applies to --find-optimal-num-workers, which is not "
                         f"supported; {_TUNING_HINT}"),
 }
@@ -114,16 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--keep-sequential-samples", action="store_true",
                        help="Partitions of consecutive lines: the input order.")
     group = parser.add_argument_group("Megatron-LM flags refused here")
-    for flag, (kwargs, _) in _REFUSED_FLAGS.items():
+    for flag, (kwargs, _, _) in _REFUSED_FLAGS.items():
         group.add_argument(flag, help=argparse.SUPPRESS, **kwargs)
     return parser
 
 
 def _refuse_unsupported(args: argparse.Namespace) -> None:
-    for flag, (_, why) in _REFUSED_FLAGS.items():
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value not in (None, False):
-            raise ArgumentValidationError(f"{flag}: {why}")
+    for flag, _, why in given_refused_flags(args, _REFUSED_FLAGS):
+        raise ArgumentValidationError(f"{flag}: {why}")
 
 
 def parse_config(argv: list[str] | None = None) -> PreprocessConfig:

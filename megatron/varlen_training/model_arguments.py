@@ -16,6 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from megatron.varlen_training.refused_flags import (
+    add_refused_flags, dest_of, given_refused_flags,
+)
 from megatron.varlen_training.varlen_arguments import attention_backend
 
 # Transformer Engine reads query-key layer scaling from this variable only; megatron-core's TE
@@ -132,32 +135,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, default=FP32, choices=OPTIMIZER_DTYPE_CHOICES,
                            help=f"Megatron-LM's precision-aware optimizer state dtype: only "
                                 f"{FP32} (its default) here.")
-    group = parser.add_argument_group("Megatron-LM model flags refused here")
-    for flag, (kwargs, neutral, why) in REFUSED_FLAGS.items():
-        is_switch = kwargs.get("action") == "store_true"
-        # Megatron-LM's default: the value that changes nothing (a megatron-wrap view lists it)
-        default = False if is_switch else None if neutral is None else kwargs.get(
-            "type", str)(neutral)
-        neutral_note = "" if neutral is None else f" (but {neutral}, which changes nothing)"
-        group.add_argument(flag, default=default, help=f"Refused{neutral_note}: {why}.",
-                           **kwargs)
-
-
-def _dest(flag: str) -> str:
-    kwargs = REFUSED_FLAGS[flag][0] if flag in REFUSED_FLAGS else {}
-    return kwargs.get("dest") or flag[2:].replace("-", "_")
+    # Megatron-LM's default: the value that changes nothing (a megatron-wrap view lists it)
+    add_refused_flags(parser.add_argument_group("Megatron-LM model flags refused here"),
+                      REFUSED_FLAGS, neutral_default=True)
 
 
 def validate_model_args(args: argparse.Namespace, require) -> None:
     """Refuses what cannot be honoured; resolves the derived precision fields as Megatron-LM's
     validate_args does (``require(cond, message)``)."""
-    for flag, (_, neutral, why) in REFUSED_FLAGS.items():
-        value = getattr(args, _dest(flag))
-        # By identity: a given 0 equals False, and is a value that asks for something.
-        require(value is None or value is False or str(value) == neutral,
-                f"{flag}{'' if value is True else f' {value}'} is not supported: {why}")
+    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
+        require(False, f"{flag}{given} is not supported: {why}")
     for flag in OPTIMIZER_DTYPE_FLAGS:
-        value = getattr(args, _dest(flag))
+        value = getattr(args, dest_of(flag, {}))
         require(value == FP32, f"{flag} {value} is not supported (only {FP32}): "
                                f"it needs --use-precision-aware-optimizer; "
                                f"{_PRECISION_AWARE_WHY}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.megatron_lm_tokenizers import GPT2_BPE_TYPE, unavailable_reason
+from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
 from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE, TOKENIZER_TYPE_FLAGS
 
 _HF_DIR_HINT = ("save the tokenizer you want with transformers' save_pretrained and give it as "
@@ -86,13 +87,8 @@ def add_tokenizer_file_args(parser, honoured: tuple[str, ...] = ()) -> None:
                             "its <|endoftext|> is the eod.")
     group.add_argument("--merge-file", default=None,
                        help=f"{GPT2_BPE_TYPE}: GPT-2's BPE merges (e.g. gpt2-merges.txt).")
-    group = parser.add_argument_group("Megatron-LM tokenizer flags refused here")
-    for flag, (kwargs, neutral, why) in REFUSED_FLAGS.items():
-        if flag not in honoured:
-            neutral_note = "" if neutral is None else f" (but {neutral}, which changes nothing)"
-            is_switch = kwargs.get("action") == "store_true"
-            group.add_argument(flag, default=False if is_switch else None,
-                               help=f"Refused{neutral_note}: {why}.", **kwargs)
+    add_refused_flags(parser.add_argument_group("Megatron-LM tokenizer flags refused here"),
+                      REFUSED_FLAGS, skip=honoured)
 
 
 def validate_tokenizer_args(args: argparse.Namespace, require,
@@ -111,10 +107,5 @@ def validate_tokenizer_args(args: argparse.Namespace, require,
         require(value is None or is_bpe,
                 f"{flag} {value!r} is read by --tokenizer-type {GPT2_BPE_TYPE} only, but "
                 f"--tokenizer-type is {args.tokenizer_type}: drop {flag} or change the type")
-    for flag, (_, neutral, why) in REFUSED_FLAGS.items():
-        if flag in honoured:
-            continue
-        value = getattr(args, flag[2:].replace("-", "_"))
-        given = " ".join(value) if isinstance(value, list) else value
-        require(value in (None, False) or given == neutral,
-                f"{flag}{'' if value is True else f' {given}'}: {why}")
+    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS, skip=honoured):
+        require(False, f"{flag}{given}: {why}")
