@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require
 from megatron.varlen_training.load_options import (
-    TRACKER_FILENAME, holds_checkpoint, iteration_folder,
+    TrackerError, holds_checkpoint, iteration_folder, read_latest_iteration,
 )
 from megatron.varlen_training.log import print_rank_0
 
@@ -105,12 +105,11 @@ def load_flags_of(values: dict) -> LoadFlags:
 def _iteration(root: str, step: int | None) -> int:
     if step is not None:
         return step
-    tracker = os.path.join(root, TRACKER_FILENAME)
-    with open(tracker, encoding="utf-8", errors="replace") as handle:
-        text = handle.read().strip()
-    require(text.isdigit(), f"{FLAG}: tracker file {tracker!r} is garbled (got {text[:40]!r}); "
-                            f"pass --ckpt-step N to choose the iteration to read")
-    return int(text)
+    try:
+        return read_latest_iteration(root)
+    except TrackerError as err:
+        raise ArgumentValidationError(f"{FLAG}: {err}; pass --ckpt-step N to choose the "
+                                      f"iteration to read") from None
 
 
 def _checkpoint_folder(flags: LoadFlags) -> str | None:

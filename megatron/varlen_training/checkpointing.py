@@ -67,7 +67,6 @@ TRACKER_FILENAME = load_options.TRACKER_FILENAME  # latest_checkpointed_iteratio
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
 _RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
-_ITERATION_FOLDER = re.compile(r"iter_(\d{7,})")  # checkpoint_dir's names
 # torch.save to a path reports a failed write (disk full) as a RuntimeError from its C++ zip
 # writer, without the OSError; megatron-core writes common.pt that way.
 _TORCH_WRITER_FAILURE = "inline_container.cc"
@@ -362,24 +361,10 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run:
 
 def read_latest_iteration(root: str) -> int:
     """The iteration named by the tracker file; a one-line CheckpointError if it is unusable."""
-    tracker = os.path.join(root, TRACKER_FILENAME)
-    if not os.path.isfile(tracker):
-        saved = _saved_iterations(root)
-        named = (f"; it has iteration folders {', '.join(map(str, saved))}: pass --ckpt-step N "
-                 f"to load one" if saved else "")
-        own = re.fullmatch(_ITERATION_FOLDER, os.path.basename(os.path.normpath(root)))
-        if own:  # the iteration folder itself: --load names the folder above it
-            named = (f"; it is iteration folder {int(own.group(1))}: pass --load "
-                     f"{os.path.dirname(os.path.normpath(root))} --ckpt-step "
-                     f"{int(own.group(1))}")
-        raise CheckpointError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is "
-                              f"missing{named})")
-    with open(tracker, encoding="utf-8", errors="replace") as handle:
-        text = handle.read().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"tracker file {tracker!r} is {'empty' if not text else 'garbled'} "
-                              f"(got {text[:40]!r}); it should hold the latest iteration number")
-    return int(text)
+    try:
+        return load_options.read_latest_iteration(root)
+    except load_options.TrackerError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _required_files(entries: dict[str, dict], world_size: int | None) -> dict[str, str]:
@@ -447,19 +432,12 @@ def _check_format_files(folder: str) -> None:
     check_common_is_safe(folder)
 
 
-def _saved_iterations(root: str) -> list[int]:
-    """The iterations with a folder under ``root`` (published ones: staging folders are hidden)."""
-    names = os.listdir(root) if os.path.isdir(root) else []
-    return sorted(int(match.group(1)) for name in names
-                  if (match := re.fullmatch(_ITERATION_FOLDER, name)))
-
-
 def _check_step(root: str, step: int) -> int:
     """``--ckpt-step``'s iteration, if ``root`` has its folder; else a one-line CheckpointError
     listing the iterations it has."""
     if os.path.isdir(checkpoint_dir(root, step)):
         return step
-    saved = _saved_iterations(root)
+    saved = load_options.saved_iterations(root)
     have = f"it has {', '.join(map(str, saved))}" if saved else "it has none"
     raise CheckpointError(f"--ckpt-step {step}: {root!r} holds no checkpoint of iteration "
                           f"{step} ({have}); pass one of those, or leave --ckpt-step out to "

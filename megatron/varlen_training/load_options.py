@@ -11,6 +11,7 @@ and checkpoint_arguments.py have the flags.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 
 from megatron.varlen_training.config.checkpoint import CheckpointConfig
@@ -21,6 +22,7 @@ TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 # checkpoint_format.py tells a folder in another one; here for the flag layer, which must not
 # import torch.
 SUPPORTED_FORMAT = "torch_dist"
+ITERATION_FOLDER = re.compile(r"iter_(\d{7,})")  # iteration_folder's names
 OTHER_FORMATS = ("torch", "zarr", "torch_dcp", "fsdp_dtensor")
 
 
@@ -68,6 +70,40 @@ def holds_checkpoint(root: str | None, step: int | None = None) -> bool:
     if step is not None:
         return os.path.isdir(iteration_folder(root, step))
     return os.path.isfile(os.path.join(root, TRACKER_FILENAME))
+
+
+class TrackerError(ValueError):
+    """The tracker file is missing or unusable; the message says what to pass instead. Callers
+    turn it into their own one-line error (the flag layer here must not import torch)."""
+
+
+def saved_iterations(root: str) -> list[int]:
+    """The iterations with a folder under ``root`` (published ones: staging folders are hidden)."""
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return sorted(int(match.group(1)) for name in names
+                  if (match := re.fullmatch(ITERATION_FOLDER, name)))
+
+
+def read_latest_iteration(root: str) -> int:
+    """The iteration named by ``root``'s tracker file; a TrackerError if it is unusable."""
+    tracker = os.path.join(root, TRACKER_FILENAME)
+    if not os.path.isfile(tracker):
+        saved = saved_iterations(root)
+        named = (f"; it has iteration folders {', '.join(map(str, saved))}: pass --ckpt-step N "
+                 f"to load one" if saved else "")
+        own = re.fullmatch(ITERATION_FOLDER, os.path.basename(os.path.normpath(root)))
+        if own:  # the iteration folder itself: --load names the folder above it
+            named = (f"; it is iteration folder {int(own.group(1))}: pass --load "
+                     f"{os.path.dirname(os.path.normpath(root))} --ckpt-step "
+                     f"{int(own.group(1))}")
+        raise TrackerError(f"--load {root!r} holds no checkpoint ({TRACKER_FILENAME} is "
+                           f"missing{named})")
+    with open(tracker, encoding="utf-8", errors="replace") as handle:
+        text = handle.read().strip()
+    if not text.isdigit():
+        raise TrackerError(f"tracker file {tracker!r} is {'empty' if not text else 'garbled'} "
+                           f"(got {text[:40]!r}); it should hold the latest iteration number")
+    return int(text)
 
 
 def _same_folder(first: str, second: str) -> bool:

@@ -174,6 +174,8 @@ def _without(root: Path, key: str | None) -> Path:
     ("step_not_saved", "holds no checkpoint iteration 3 to take the model flags from"),
     ("no_run_args", "has no run_args.json to take the model flags from"),
     ("garbled", "run_args.json' is unreadable (JSONDecodeError"),
+    ("garbled_tracker", "is garbled (got '2x'); it should hold the latest iteration number; "
+                        "pass --ckpt-step N to choose the iteration to read"),
     ("old_record", "run_args.json does not record seq_length (saved before it did): pass "
                    "--seq-length on the command line"),
 ])
@@ -186,6 +188,9 @@ def test_refusals_are_one_line(recorded, tmp_path, case, words):
         load = ["--load", str(recorded), "--ckpt-step", "3"]
     elif case == "garbled":
         (Path(iteration_folder(str(recorded), 2)) / RUN_ARGS_FILENAME).write_text("{not json")
+        load = ["--load", str(recorded)]
+    elif case == "garbled_tracker":
+        (recorded / TRACKER_FILENAME).write_text("2x")
         load = ["--load", str(recorded)]
     else:
         load = ["--load", str(_without(recorded, "seq_length" if case == "old_record" else None))]
