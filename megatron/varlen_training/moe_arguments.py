@@ -10,9 +10,8 @@ import argparse
 import ast
 import functools
 
-from megatron.varlen_training.config.moe import (
-    DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY, moe_layer_flags,
-)
+from megatron.varlen.model import moe_layer_pattern
+from megatron.varlen_training.config.moe import DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 DISPATCHERS = ("alltoall", "allgather")
@@ -225,7 +224,7 @@ def _check_mtp_routers(args, require) -> None:
     if args.sequence_packing or not args.mtp_num_layers or args.context_parallel_size == 1:
         return
     freq = args.moe_layer_freq
-    require(not moe_layer_flags(freq, args.num_layers)[-1],
+    require(not moe_layer_pattern(freq, args.num_layers)[-1],
             f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
             f"{args.context_parallel_size} needs --sequence-packing when the MTP layers are MoE, "
             f"as here (they are built like the last decoder layer, which --moe-layer-freq "

@@ -16,7 +16,7 @@ _EXPORTS = {
     "check_has_qk_layernorm": _SPEC_LOADING, "is_default_spec": _SPEC_LOADING,
     "VarlenTopKRouter": "megatron.varlen.model.packed_router",
     "get_varlen_moe_block_spec": _MOE_SPEC, "with_moe_mlp": _MOE_SPEC,
-    "moe_layer_pattern": _MOE_SPEC, "RoutesMicroBatch": _MOE_SPEC,
+    "moe_layer_pattern": "megatron.varlen.model.moe_layers", "RoutesMicroBatch": _MOE_SPEC,
     "moe_metrics": "megatron.varlen.model.moe_metrics",
 }
 __all__ = sorted(_EXPORTS)

@@ -28,6 +28,7 @@ from megatron.core.transformer.transformer_layer import (
     TransformerLayer, get_transformer_layer_offset,
 )
 
+from megatron.varlen.model.moe_layers import moe_layer_pattern
 from megatron.varlen.model.norms import VarlenNorm
 from megatron.varlen.model.packed_router import VarlenTopKRouter
 
@@ -80,15 +81,6 @@ def with_moe_mlp(layer_spec: ModuleSpec, layer_class: type = VarlenMoETransforme
         norm = VarlenNorm
     return dataclasses.replace(layer_spec, module=layer_class, submodules=dataclasses.replace(
         layer, mlp=varlen_moe_module_spec(), pre_mlp_layernorm=norm))
-
-
-def moe_layer_pattern(moe_layer_freq, num_layers: int) -> list[bool]:
-    """Which of ``num_layers`` decoder layers are MoE: every ``freq``-th from the first (an
-    int) or a 0/1 list (``--moe-layer-freq``, Megatron-LM's meaning)."""
-    if isinstance(moe_layer_freq, int):
-        return [index % moe_layer_freq == 0 for index in range(num_layers)]
-    assert len(moe_layer_freq) == num_layers, (moe_layer_freq, num_layers)
-    return [bool(flag) for flag in moe_layer_freq]
 
 
 def get_varlen_moe_block_spec(config, dense_layer_spec: ModuleSpec,

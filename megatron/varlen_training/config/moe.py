@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron.varlen.model import moe_layer_pattern
 from megatron.varlen_training.config.validation import check_ranges
 
 NO_LOAD_BALANCING = "none"
@@ -53,7 +54,7 @@ class MoEConfig:
 
     def is_moe_layer(self, num_layers: int) -> list[bool]:
         """Which of the ``num_layers`` decoder layers are MoE layers."""
-        return moe_layer_flags(self.layer_freq, num_layers)
+        return moe_layer_pattern(self.layer_freq, num_layers)
 
     def mtp_layers_are_moe(self, num_layers: int) -> bool:
         """Whether the MTP layers have MoE MLPs: Megatron-LM builds them from the last decoder
@@ -74,12 +75,3 @@ class MoEConfig:
         micro-batches so far (Megatron-LM's definition), so the pipeline's reordering must
         not apply to it."""
         return self.balancing_loss == GLOBAL_AUX_LOSS
-
-
-def moe_layer_flags(moe_layer_freq, num_layers: int) -> list[bool]:
-    """Which of ``num_layers`` decoder layers are MoE: every ``freq``-th from the first (an int)
-    or a 0/1 list (``--moe-layer-freq``, Megatron-LM's meaning). Torch-free, for the flag layer;
-    the model's spec applies the same rule (megatron.varlen.model.moe_spec)."""
-    if isinstance(moe_layer_freq, int):
-        return [index % moe_layer_freq == 0 for index in range(num_layers)]
-    return [bool(flag) for flag in moe_layer_freq]
