@@ -238,11 +238,25 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear",
        "--moe-token-dispatcher-type", "alltoall"]
 
 
-def _train_each(argvs: list[list[str]]) -> list[list[dict]]:
-    """Trains each command line in turn on this rank (one process start for all)."""
+def _train_each(argvs: list[list[str]]) -> list[tuple[list[dict], int]]:
+    """Trains each command line in turn on this rank (one process start for all): its history
+    and how many times megatron-core's fused cross entropy ran."""
+    from megatron.core.models.common.language_module import language_module
     from tests.harness.training_runs import train_on_this_rank
 
-    return [train_on_this_rank(argv)["history"] for argv in argvs]
+    fused = language_module.fused_vocab_parallel_cross_entropy
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    language_module.fused_vocab_parallel_cross_entropy = counted
+    runs = []
+    for argv in argvs:
+        calls.clear()
+        runs.append((train_on_this_rank(argv)["history"], len(calls)))
+    return runs
 
 
 def _losses(history: list[dict], key: str = "lm_loss") -> list[float]:
@@ -259,8 +273,9 @@ def test_no_op_flags_and_fused_cross_entropy_train_the_same_losses():
     dense = BASE + SWIGLU + ROPE
     runs = [dense, dense + NO_OP_RUN + ["--transformer-impl", "local"], BASE + MOE,
             BASE + MOE + ["--moe-grouped-gemm"], BASE, BASE + ["--cross-entropy-loss-fusion"]]
-    plain, no_ops, moe, grouped, unfused, fused = run_distributed(
-        _train_each, 1, args=(runs,), timeout_s=400)[0]
+    results = run_distributed(_train_each, 1, args=(runs,), timeout_s=400)[0]
+    plain, no_ops, moe, grouped, unfused, fused = (history for history, _ in results)
+    assert [calls > 0 for _, calls in results] == [False] * 5 + [True]
     for key in ("lm_loss", "grad_norm"):
         assert _losses(no_ops, key) == _losses(plain, key)
         assert _losses(grouped, key) == _losses(moe, key)
