@@ -282,3 +282,24 @@ def test_no_op_flags_and_fused_cross_entropy_train_the_same_losses():
     assert len(set(_losses(plain))) == 3  # it trains: the comparison is not of constants
     assert _losses(fused)[0] == pytest.approx(_losses(unfused)[0], rel=1e-6)
     assert _losses(fused) == pytest.approx(_losses(unfused), rel=1e-5)
+
+
+def test_checkpoints_record_the_pattern_whichever_name_gave_it(tmp_path):
+    """run_args.json records the given pattern under one key: a checkpoint written with the
+    old name is taken by --use-checkpoint-args and resumed with the new one (and back)."""
+    from tests.unit_tests.varlen_training import test_use_checkpoint_args as ckptargs
+    from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
+
+    train = ["--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
+             "--mock-data", "--train-iters", "4"]
+    shape = HYBRID[:8]  # layers, hidden size, heads, sequence length
+    mamba = HYBRID[-6:]
+    old = shape + mamba + ["--vocab-size", "128", "--hybrid-override-pattern", "M*M-"]
+    root = ckptargs._record(tmp_path / "old", 2, old + train, parse=parse_hybrid_run_config)
+    taken = parse_hybrid_run_config(train + ckptargs.USE + ["--load", str(root)], world_size=1)
+    new = parse_hybrid_run_config(shape + mamba + ["--vocab-size", "128",
+                                                   "--hybrid-layer-pattern", "M*M-"] + train,
+                                  world_size=1)
+    assert taken.model == new.model
+    save_run_args(str(tmp_path), parse_hybrid_run_config(old + train, world_size=1))
+    assert check_run_args(str(tmp_path), new, check_data=False) is None
