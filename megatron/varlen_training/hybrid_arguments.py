@@ -1,9 +1,9 @@
 """pretrain_mamba.py's command line: every pretrain_gpt.py flag plus Megatron-LM's hybrid flags.
 
-The hybrid group (``--hybrid-layer-pattern`` and its deprecated name ``--hybrid-override-pattern``,
-``--hybrid-attention-ratio``,
-``--hybrid-mlp-ratio``, ``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``,
-``--mamba-num-heads``, ``--is-hybrid-model``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
+The hybrid group (``--hybrid-layer-pattern`` and its deprecated name
+``--hybrid-override-pattern``, ``--hybrid-attention-ratio``, ``--hybrid-mlp-ratio``,
+``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``, ``--mamba-num-heads``,
+``--is-hybrid-model``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
 CLI is unchanged. Validation fills two derived fields, once, before anything reads them:
 ``hybrid_layer_pattern`` (the layer symbols, from the pattern or the ratios) and
 ``mamba_num_heads_resolved``; the config builders turn them into the run's ``HybridConfig``

@@ -188,6 +188,10 @@ def _add_deprecated_flags(group) -> None:
     for flag, impl in CUDA_GRAPH_ALIASES.items():
         group.add_argument(flag, action="store_true",
                            help=f"Deprecated: --cuda-graph-impl {impl} (refused like it).")
+    # Megatron-LM's switch off of a default-on FP8 field (its two names): the refused-flag
+    # table holds switches that turn something on, so this one is checked on its own.
+    group.add_argument("--no-fp8-wgrad", "--disable-fp8-wgrad", action="store_false",
+                       dest="fp8_wgrad", help=f"Refused: {_FP8_WHY}.")
 
 
 def validate_kernel_args(args: argparse.Namespace, require) -> None:
@@ -195,6 +199,7 @@ def validate_kernel_args(args: argparse.Namespace, require) -> None:
     be honoured (``require(cond, message)``). Runs before the position-embedding checks of the
     other flag groups, which then see the resolved type."""
     _resolve_cuda_graph_aliases(args, require)
+    require(args.fp8_wgrad, f"--no-fp8-wgrad / --disable-fp8-wgrad is not supported: {_FP8_WHY}")
     for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
         require(False, f"{flag}{given} is not supported: {why}")
     _resolve_position_embedding_aliases(args, require)

@@ -89,7 +89,7 @@ EXPECTED_FLAGS = frozenset("""
 --external-cuda-graph --use-legacy-models --fp8-recipe --fp8-margin --fp8-interval
 --fp8-amax-history-len --fp8-amax-compute-algo --fp8-param-gather --tp-comm-overlap
 --tp-comm-overlap-cfg --cuda-graph-impl --cuda-graph-scope --te-rng-tracker --batch-size --warmup
---model-parallel-size --checkpoint-activations
+--model-parallel-size --checkpoint-activations --no-fp8-wgrad --disable-fp8-wgrad
 """.split())
 
 

@@ -39,6 +39,8 @@ REFUSALS = {
     ("--fp8-amax-history-len", "1024"): "--fp8-format",
     ("--fp8-amax-compute-algo", "max"): "--fp8-format",
     ("--fp8-param-gather",): "--fp8-format",
+    ("--no-fp8-wgrad",): "--fp8-format",
+    ("--disable-fp8-wgrad",): "--fp8-format",
     ("--tp-comm-overlap",): "userbuffers",
     ("--tp-comm-overlap-cfg", "ub.yaml"): "--tp-comm-overlap",
     ("--cuda-graph-impl", "local"): "CUDA graphs",
@@ -84,6 +86,12 @@ def test_refused_flags_are_one_line(argv):
         _run(list(argv))
     message = str(err.value)
     assert argv[0] in message and REFUSALS[argv] in message and "\n" not in message, message
+
+
+def test_every_refused_flag_has_a_case():
+    """A flag added to the refused table (or an alias refused with it) gets a row above."""
+    refused = {*kernel_arguments.REFUSED_FLAGS, *kernel_arguments.CUDA_GRAPH_ALIASES}
+    assert refused <= {argv[0] for argv in REFUSALS}
 
 
 @pytest.mark.parametrize("argv", NEUTRAL, ids=" ".join)

@@ -136,7 +136,8 @@ def megatron_lm_config(given: dict) -> dict:
         # Kernel flags refused here (kernel_arguments.py): Megatron-LM's defaults; its
         # --cuda-graph-scope default [] is the list TransformerConfig makes of its own "full".
         fp8_recipe="delayed", fp8_margin=0, fp8_interval=1, fp8_amax_history_len=1,
-        fp8_amax_compute_algo="most_recent", fp8_param=False, tp_comm_overlap=False,
+        fp8_amax_compute_algo="most_recent", fp8_param=False, fp8_wgrad=True,
+        tp_comm_overlap=False,
         cuda_graph_impl="none", cuda_graph_scope=[], enable_cuda_graph=False,
         external_cuda_graph=False,
         num_moe_experts=flags["num_experts"],
