@@ -22,6 +22,12 @@ Facts from Megatron-LM core_v0.16.1 (our megatron-core's release) unless a flag 
   rope``), ``--no-position-embedding`` (Megatron-LM: only beside rope, where it changes nothing),
   ``--enable-cuda-graph`` / ``--external-cuda-graph`` (= ``--cuda-graph-impl local`` /
   ``transformer_engine``, refused like it).
+- Refused in one line (Megatron-LM's default, given, accepted): the FP8 settings (FP8 itself,
+  ``--fp8-format``, is refused in model_arguments.py; ``--fp8`` alone is no Megatron-LM flag),
+  TP communication overlap, CUDA graphs, Transformer Engine's RNG tracker, legacy models,
+  ``--transformer-impl inference_optimized``, ``--rope-type yarn``, and the flags Megatron-LM
+  removed and refuses itself (``--batch-size``, ``--warmup``, ``--model-parallel-size``,
+  ``--checkpoint-activations``), each naming its replacement.
 
 tests/unit_tests/varlen_training/test_kernel_arguments.py proves each claim (the config against
 a reference written from Megatron-LM's facts, equal losses with and without each no-op).
