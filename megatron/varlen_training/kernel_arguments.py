@@ -49,8 +49,8 @@ _TE_PACKAGE = "transformer_engine"
 
 _UNFUSED = ("this fork never runs that fused kernel (the config field is False either way), so "
             "the flag asks for what runs: accepted")
-_NO_OP_IN_MEGATRON_LM = ("accepted and ignored, as Megatron-LM's megatron-core models ignore it "
-                         "(nothing there reads it)")
+_NO_OP_IN_MEGATRON_LM = ("Accepted and ignored, as in Megatron-LM, whose megatron-core models "
+                         "never read it")
 _FP8_WHY = ("an FP8 setting, which only --fp8-format uses: FP8 needs Transformer Engine's FP8 "
             "layers, which this fork does not build")
 _CUDA_GRAPH_WHY = ("CUDA graphs replay fixed shapes, and packed THD micro-batches change length "
@@ -104,8 +104,12 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     _add_fusion_switches(parser.add_argument_group("Megatron-LM fusion switches"))
     _add_honoured_kernel_flags(parser.add_argument_group("Megatron-LM kernel flags"))
     _add_deprecated_flags(parser.add_argument_group("Megatron-LM deprecated aliases"))
-    add_refused_flags(parser.add_argument_group("Megatron-LM kernel flags refused here"),
-                      REFUSED_FLAGS, neutral_default=True)
+    refused = parser.add_argument_group("Megatron-LM kernel flags refused here")
+    add_refused_flags(refused, REFUSED_FLAGS, neutral_default=True)
+    # Megatron-LM's switch off of a default-on FP8 field (its two names): the refused-flag
+    # table holds switches that turn something on, so this one is checked on its own.
+    refused.add_argument("--no-fp8-wgrad", "--disable-fp8-wgrad", action="store_false",
+                         dest="fp8_wgrad", help=f"Refused: {_FP8_WHY}.")
 
 
 def _add_fusion_switches(group) -> None:
@@ -172,10 +176,10 @@ def _add_honoured_kernel_flags(group) -> None:
     group.add_argument("--use-flash-attn", action="store_true",
                        help=f"{_NO_OP_IN_MEGATRON_LM}; --attention-backend picks the attention.")
     group.add_argument("--openai-gelu", action="store_true",
-                       help=f"{_NO_OP_IN_MEGATRON_LM} (legacy models only).")
+                       help=f"{_NO_OP_IN_MEGATRON_LM} (its legacy models did).")
     # Megatron-LM's type=bool: any given text (even "False") reads True; nothing reads it.
     group.add_argument("--onnx-safe", type=bool, default=None,
-                       help=f"{_NO_OP_IN_MEGATRON_LM} (legacy models only).")
+                       help=f"{_NO_OP_IN_MEGATRON_LM} (its legacy models did).")
 
 
 def _add_deprecated_flags(group) -> None:
@@ -194,10 +198,6 @@ def _add_deprecated_flags(group) -> None:
     for flag, impl in CUDA_GRAPH_ALIASES.items():
         group.add_argument(flag, action="store_true",
                            help=f"Deprecated: --cuda-graph-impl {impl} (refused like it).")
-    # Megatron-LM's switch off of a default-on FP8 field (its two names): the refused-flag
-    # table holds switches that turn something on, so this one is checked on its own.
-    group.add_argument("--no-fp8-wgrad", "--disable-fp8-wgrad", action="store_false",
-                       dest="fp8_wgrad", help=f"Refused: {_FP8_WHY}.")
 
 
 def validate_kernel_args(args: argparse.Namespace, require) -> None:

@@ -311,3 +311,13 @@ def test_checkpoints_record_the_pattern_whichever_name_gave_it(tmp_path):
     assert taken.model == new.model
     save_run_args(str(tmp_path), parse_hybrid_run_config(old + train, world_size=1))
     assert check_run_args(str(tmp_path), new, check_data=False) is None
+
+
+def test_mixtral_recipe_kernel_flags_build_the_same_model():
+    """Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh carries these (main):
+    once "unrecognized arguments" here, now the same model as without them."""
+    recipe = ["--use-mcore-models", "--no-masked-softmax-fusion", "--no-position-embedding",
+              "--moe-grouped-gemm"]
+    base = BASE + MOE + ROPE
+    assert _run(recipe, base).model == _run([], base).model
+    assert _config_fields(recipe, base) == _config_fields([], base)
