@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
 
 ROPE = "rope"
@@ -228,9 +227,8 @@ def _resolve_cuda_graph_aliases(args, require) -> None:
 
 
 def _resolve_position_embedding_aliases(args, require) -> None:
-    if args.use_rotary_position_embeddings:  # Megatron-LM: sets rope (no warning of its own)
-        warning_rank_0("--use-rotary-position-embeddings is deprecated, use "
-                       "--position-embedding-type rope instead.")
+    # Megatron-LM sets rope without a word (megatron-wrap's views carry the key routinely)
+    if args.use_rotary_position_embeddings:
         args.position_embedding_type = ROPE
     # Megatron-LM's own words (a RuntimeError there)
     require(args.add_position_embedding or args.position_embedding_type == ROPE,
