@@ -51,7 +51,7 @@ HF_HUB_OFFLINE=1 .venv/bin/torchrun --nproc-per-node 2 "${MEET[@]}" \
 rm -rf "$HF_OUT"
 
 echo "== 6. Hybrid Mamba-Transformer (M*M-), packed SFT with dynamic CP (DP=2 x CP=2) =="
-"${TORCHRUN[@]}" pretrain_mamba.py "${TINY[@]}" --num-layers 4 --hybrid-override-pattern 'M*M-' \
+"${TORCHRUN[@]}" pretrain_mamba.py "${TINY[@]}" --num-layers 4 --hybrid-layer-pattern 'M*M-' \
   --mamba-head-dim 16 --mamba-num-groups 2 --mamba-state-dim 16 --seq-length 512 \
   --micro-batch-size 1 --global-batch-size 16 --train-iters 20 \
   --sft --data-path examples/data/sft_tiny.jsonl --tokenizer-type ByteLevelTokenizer \

@@ -19,7 +19,7 @@ from typing import Any
 
 from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
-    loss_scale_arguments, model_arguments,
+    kernel_arguments, loss_scale_arguments, model_arguments,
     moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
@@ -285,6 +285,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     checkpoint_arguments.add_checkpoint_args(parser)
     moe_arguments.add_moe_args(parser)
     model_arguments.add_model_args(parser)
+    kernel_arguments.add_kernel_args(parser)
     return parser
 
 
@@ -419,6 +420,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_sequence_length(args)
     _validate_batch(args)
     _validate_precision_and_data(args)
+    kernel_arguments.validate_kernel_args(args, require)  # first: resolves deprecated aliases
     model_arguments.validate_model_args(args, require)
     varlen_arguments.validate_varlen_args(args, require)
     sft_arguments.validate_sft_data_args(args, require)

@@ -174,6 +174,14 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "moe_latent_size": FlagRange(1, why="a refused flag's size"),
     "decoder_first_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
     "decoder_last_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
+    # Megatron-LM's FP8 settings and removed flags (kernel_arguments.py): refused but at the
+    # neutral value; a value out of range is wrong whatever happens to the flag.
+    "fp8_margin": FlagRange(0, why="a refused flag's FP8 scaling margin"),
+    "fp8_interval": FlagRange(1, why="a refused flag's FP8 scaling interval"),
+    "fp8_amax_history_len": FlagRange(1, why="a refused flag's FP8 amax history length"),
+    "batch_size": FlagRange(1, why="a removed flag's batch size"),
+    "warmup": FlagRange(0, why="a removed flag's warm-up iterations"),
+    "model_parallel_size": FlagRange(1, why="a removed flag's parallel size"),
     # reliability (reliability_arguments.py)
     "distributed_timeout_minutes": FlagRange(0.0, MAX_TIMEOUT_MINUTES, low_open=True,
                                              why="a longer wait is a hang"),

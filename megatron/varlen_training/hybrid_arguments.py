@@ -1,8 +1,9 @@
 """pretrain_mamba.py's command line: every pretrain_gpt.py flag plus Megatron-LM's hybrid flags.
 
-The hybrid group (``--hybrid-override-pattern``, ``--hybrid-attention-ratio``,
-``--hybrid-mlp-ratio``, ``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``,
-``--mamba-num-heads``, ``--is-hybrid-model``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
+The hybrid group (``--hybrid-layer-pattern`` and its deprecated name
+``--hybrid-override-pattern``, ``--hybrid-attention-ratio``, ``--hybrid-mlp-ratio``,
+``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``, ``--mamba-num-heads``,
+``--is-hybrid-model``) is added to the GPT parser only for this entry point, so pretrain_gpt.py's
 CLI is unchanged. Validation fills two derived fields, once, before anything reads them:
 ``hybrid_layer_pattern`` (the layer symbols, from the pattern or the ratios) and
 ``mamba_num_heads_resolved``; the config builders turn them into the run's ``HybridConfig``
@@ -24,6 +25,7 @@ from megatron.varlen_training.arguments import (
     build_parser, exit_on_flag_errors, require, validate_args,
 )
 from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE
+from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
@@ -34,8 +36,13 @@ MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden siz
 def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's hybrid-model flags (same names and defaults)."""
     group = parser.add_argument_group("hybrid Mamba model")
+    group.add_argument("--hybrid-layer-pattern", default=None,
+                       help="One symbol per layer: M Mamba, * attention, - MLP, E MoE (e.g. "
+                            "M*-M*E); Megatron-LM main's name (its --num-layers must match "
+                            "here).")
     group.add_argument("--hybrid-override-pattern", default=None,
-                       help="One symbol per layer: M Mamba, * attention, - MLP, E MoE (e.g. M*-M*E).")
+                       help="Deprecated: use --hybrid-layer-pattern (core_v0.16.1's name, "
+                            "forwarded to it as Megatron-LM main does).")
     group.add_argument("--hybrid-attention-ratio", type=float, default=0.0,
                        help="Fraction of attention layers when no pattern is given.")
     group.add_argument("--hybrid-mlp-ratio", type=float, default=0.0,
@@ -63,18 +70,31 @@ def build_hybrid_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _given_pattern(args) -> tuple[str | None, str]:
+    """(the pattern as given, the flag that gave it). --hybrid-override-pattern is Megatron-LM
+    main's deprecated name of --hybrid-layer-pattern: forwarded, with main's warning; it is
+    also the key checkpoints record the given pattern under (resume_consistency.py)."""
+    if args.hybrid_override_pattern is None:
+        args.hybrid_override_pattern = args.hybrid_layer_pattern
+        return args.hybrid_layer_pattern, "--hybrid-layer-pattern"
+    require(args.hybrid_layer_pattern in (None, args.hybrid_override_pattern),
+            "--hybrid-override-pattern and --hybrid-layer-pattern cannot both be specified. "
+            "--hybrid-override-pattern is deprecated; use --hybrid-layer-pattern instead.")
+    warning_rank_0("--hybrid-override-pattern is deprecated. Use --hybrid-layer-pattern instead.")
+    return args.hybrid_override_pattern, "--hybrid-override-pattern"
+
+
 def _layer_pattern(args) -> str:
-    pattern = args.hybrid_override_pattern
+    pattern, flag = _given_pattern(args)
     if pattern is not None:
         unknown = sorted(set(pattern) - set(SUPPORTED_SYMBOLS))
         require(not unknown,
-                f"--hybrid-override-pattern {pattern!r} has symbol(s) {unknown}; allowed: "
+                f"{flag} {pattern!r} has symbol(s) {unknown}; allowed: "
                 f"{' '.join(SUPPORTED_SYMBOLS)} (M Mamba, * attention, - MLP, {MOE} MoE)")
         require(MOE not in pattern or args.num_experts is not None,
-                f"--hybrid-override-pattern {pattern!r} has MoE layers ({MOE}): set "
-                f"--num-experts")
+                f"{flag} {pattern!r} has MoE layers ({MOE}): set --num-experts")
         require(len(pattern) == args.num_layers,
-                f"--hybrid-override-pattern {pattern!r} has {len(pattern)} layers but "
+                f"{flag} {pattern!r} has {len(pattern)} layers but "
                 f"--num-layers is {args.num_layers} (make them equal)")
     require(args.hybrid_attention_ratio + args.hybrid_mlp_ratio <= 1.0,
             f"--hybrid-attention-ratio {args.hybrid_attention_ratio} + --hybrid-mlp-ratio "
@@ -88,7 +108,7 @@ def _layer_pattern(args) -> str:
         return "".join(allocate_layers(args.num_layers, args.hybrid_attention_ratio,
                                        args.hybrid_mlp_ratio, pattern))
     except ValueError as err:  # megatron-core: pattern counts disagree with the ratios
-        require(False, f"--hybrid-override-pattern {pattern!r}: {err}")
+        require(False, f"{flag} {pattern!r}: {err}")
 
 
 def _mamba_heads(args) -> int:

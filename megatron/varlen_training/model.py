@@ -43,7 +43,7 @@ def attention_backend_line(model: ModelConfig) -> str:
 
 def build_transformer_config(run: RunConfig) -> TransformerConfig:
     """Maps the run's model and parallel layout to megatron-core's TransformerConfig."""
-    model, parallel = run.model, run.parallel
+    model, parallel, kernels = run.model, run.parallel, run.model.kernels
     dtype = params_dtype(model)
     return TransformerConfig(
         num_layers=model.num_layers,
@@ -82,12 +82,18 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         **moe_transformer_config(model.moe),
         gradient_accumulation_fusion=False,
         # CUDA only, only where there is something to fuse, and only where the compiled kernel
-        # gives the unfused numbers (probed).
-        bias_dropout_fusion=use_bias_dropout_add_fusion(model.hidden_dropout,
-                                                        not model.disable_bias_linear),
+        # gives the unfused numbers (probed); never with --no-bias-dropout-fusion.
+        bias_dropout_fusion=kernels.bias_dropout_fusion and use_bias_dropout_add_fusion(
+            model.hidden_dropout, not model.disable_bias_linear),
         apply_rope_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
+        cross_entropy_loss_fusion=kernels.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl=kernels.cross_entropy_fusion_impl,
+        disable_bf16_reduced_precision_matmul=kernels.disable_bf16_reduced_precision_matmul,
+        transformer_impl=kernels.transformer_impl,
+        moe_permute_fusion=kernels.moe_permute_fusion,
+        moe_router_fusion=kernels.moe_router_fusion,
         mtp_num_layers=model.mtp_num_layers,
         mtp_loss_scaling_factor=model.mtp_loss_scaling_factor,
         recompute_granularity=model.recompute_granularity,

@@ -70,6 +70,7 @@ LAUNCHER_FLAGS = {
 # Flags named in prose that are neither ours nor a tool's named in the same section.
 PROSE_FLAGS = {
     "--standalone": "torchrun's flag (how the torchrun tests start)",
+    "--fp8": "no flag of Megatron-LM either (README: unrecognized there too)",
     "--target": "pip's flag (a folder on PYTHONPATH the GPU tests miss)",
     "--fim-*": "Megatron-LM's FIM flags, listed as not supported (docs/DATA.md)",
     "--split-sentences": "Megatron-LM's preprocess_data.py flag, listed as not supported",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from megatron.varlen_training.arguments import exit_on_flag_errors, parse_args
 from megatron.varlen_training.config.checkpoint import CheckpointConfig
 from megatron.varlen_training.config.data import DataConfig
+from megatron.varlen_training.config.kernels import KernelConfig
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.config.model import HybridConfig, ModelConfig
 from megatron.varlen_training.config.moe import MoEConfig
@@ -33,8 +34,10 @@ def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
 
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
     spec = tuple(args.spec) if args.spec is not None else None
-    model = ModelConfig(**_values(args, ModelConfig, not_flags=("spec", "hybrid", "moe")),
-                        spec=spec, hybrid=hybrid, moe=moe_config(args))
+    model = ModelConfig(**_values(args, ModelConfig,
+                                  not_flags=("spec", "hybrid", "moe", "kernels")),
+                        spec=spec, hybrid=hybrid, moe=moe_config(args),
+                        kernels=KernelConfig(**_values(args, KernelConfig)))
     if args.save_hf:  # fail at start-up, not after training, if the model has no HF form
         try:
             config_from_model(model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron.varlen_training import flag_ranges
+from megatron.varlen_training.config.kernels import KernelConfig
 from megatron.varlen_training.config.moe import MoEConfig
 from megatron.varlen_training.config.validation import check_problems, check_ranges
 
@@ -91,6 +92,7 @@ class ModelConfig:
     attention_softmax_in_fp32: bool = False
     apply_query_key_layer_scaling: bool = False
     accumulate_allreduce_grads_in_fp32: bool = False
+    kernels: KernelConfig = KernelConfig()  # Megatron-LM's kernel flags (kernel_arguments.py)
 
     def __post_init__(self):
         check_ranges(self)

@@ -45,10 +45,11 @@ _LOGGING = "logging detail: the facade's metrics are fixed (docs/WRAP.md section
 _CKPT_ALL = "checkpoints always hold the optimizer and RNG state; load with no_load_optim / " \
             "no_load_rng to skip them"
 ACCEPTED: dict[str, str] = {
+    # transformer_impl and use_legacy_models are flags of the parser (kernel_arguments.py),
+    # which refuses the values that build another model (inference_optimized, legacy models).
     **dict.fromkeys(("masked_softmax_fusion", "use_flash_attn", "bias_swiglu_fusion",
                      "bias_gelu_fusion", "bias_dropout_fusion", "apply_rope_fusion",
-                     "gradient_accumulation_fusion", "bias_activation_fusion",
-                     "transformer_impl", "use_legacy_models"), _KERNEL),
+                     "gradient_accumulation_fusion", "bias_activation_fusion"), _KERNEL),
     **dict.fromkeys(("split", "num_workers", "dataloader_type", "data_sharding",
                      "create_attention_mask_in_dataloader", "num_dataset_builder_threads"),
                     _LOADER),

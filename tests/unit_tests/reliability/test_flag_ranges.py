@@ -113,6 +113,12 @@ VALID = {
     "embedding_init_method_std": NONE,
     "moe_input_jitter_eps": NONE,
     "moe_latent_size": NONE,
+    "fp8_margin": ZERO,  # Megatron-LM's 0 changes nothing; every other value refused
+    "fp8_interval": NONE,
+    "fp8_amax_history_len": NONE,
+    "batch_size": NONE,  # removed flags: Megatron-LM refuses any value
+    "warmup": NONE,
+    "model_parallel_size": NONE,
     "decoder_last_pipeline_num_layers": NONE,
     "distributed_timeout_minutes": NONE,
     "exit_interval": HUGE,

@@ -80,6 +80,16 @@ EXPECTED_FLAGS = frozenset("""
 --activation-func-clamp-value --embedding-init-method-std --fp8-format --fp4-format
 --moe-input-jitter-eps --moe-router-force-load-balancing --moe-shared-expert-gate
 --moe-apply-probs-on-input --moe-latent-size --fp16-lm-cross-entropy
+--no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-swiglu-fusion
+--no-bias-dropout-fusion --no-rope-fusion --no-gradient-accumulation-fusion
+--no-persist-layer-norm --cross-entropy-loss-fusion --cross-entropy-fusion-impl
+--disable-bf16-reduced-precision-matmul --transformer-impl --moe-grouped-gemm
+--moe-permute-fusion --moe-router-fusion --rope-type --use-flash-attn --openai-gelu --onnx-safe
+--use-mcore-models --use-rotary-position-embeddings --no-position-embedding --enable-cuda-graph
+--external-cuda-graph --use-legacy-models --fp8-recipe --fp8-margin --fp8-interval
+--fp8-amax-history-len --fp8-amax-compute-algo --fp8-param-gather --tp-comm-overlap
+--tp-comm-overlap-cfg --cuda-graph-impl --cuda-graph-scope --te-rng-tracker --batch-size --warmup
+--model-parallel-size --checkpoint-activations --no-fp8-wgrad --disable-fp8-wgrad
 """.split())
 
 

@@ -46,6 +46,14 @@ MEGATRON_LM_DEFAULTS = {
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
     "moe_router_num_groups": None, "moe_router_group_topk": None,
     "moe_shared_expert_overlap": False,
+    # Kernel flags (kernel_arguments.py): the --no-*-fusion switches' dests default on.
+    "position_embedding_type": "learned_absolute", "use_rotary_position_embeddings": False,
+    "masked_softmax_fusion": True, "bias_gelu_fusion": True, "bias_swiglu_fusion": True,
+    "bias_dropout_fusion": True, "apply_rope_fusion": True,
+    "gradient_accumulation_fusion": True, "no_persist_layer_norm": False,
+    "cross_entropy_loss_fusion": False, "cross_entropy_fusion_impl": "native",
+    "disable_bf16_reduced_precision_matmul": False, "transformer_impl": "transformer_engine",
+    "moe_grouped_gemm": False, "moe_permute_fusion": False, "moe_router_fusion": False,
 }
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
@@ -62,6 +70,11 @@ _COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "
            "apply_query_key_layer_scaling", "bf16", "fp16", "tensor_model_parallel_size",
            "pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
            "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor")
+# Kernel flags core_transformer_config_from_args copies by name (TransformerConfig fields).
+_KERNEL_COPIED = ("masked_softmax_fusion", "bias_dropout_fusion", "gradient_accumulation_fusion",
+                  "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+                  "disable_bf16_reduced_precision_matmul", "transformer_impl",
+                  "moe_grouped_gemm", "moe_permute_fusion", "moe_router_fusion")
 
 
 def _default_ffn(flags: dict) -> int:
@@ -69,6 +82,20 @@ def _default_ffn(flags: dict) -> int:
     if flags["swiglu"]:
         return int((4 * hidden * 2 / 3) / SWIGLU_ROUNDING) * SWIGLU_ROUNDING
     return 4 * hidden
+
+
+def _kernel_fields(flags: dict) -> dict:
+    """The fusion fields Megatron-LM builds: copied, and as validate_args and
+    core_transformer_config_from_args derive them."""
+    rope = flags["position_embedding_type"] == "rope" or flags["use_rotary_position_embeddings"]
+    gelu_fusion = flags["bias_gelu_fusion"] and not flags["disable_bias_linear"]
+    return {
+        **{name: flags[name] for name in _KERNEL_COPIED},
+        "bias_activation_fusion": (flags["bias_swiglu_fusion"] if flags["swiglu"]
+                                   else gelu_fusion),
+        "apply_rope_fusion": flags["apply_rope_fusion"] and rope,  # off without rope
+        "persist_layer_norm": not flags["no_persist_layer_norm"],
+    }
 
 
 def megatron_lm_config(given: dict) -> dict:
@@ -106,7 +133,15 @@ def megatron_lm_config(given: dict) -> dict:
         embedding_init_method_std=flags["init_method_std"],
         moe_input_jitter_eps=None, moe_router_force_load_balancing=False,
         moe_shared_expert_gate=False, moe_apply_probs_on_input=False, moe_latent_size=None,
+        # Kernel flags refused here (kernel_arguments.py): Megatron-LM's defaults; its
+        # --cuda-graph-scope default [] is the list TransformerConfig makes of its own "full".
+        fp8_recipe="delayed", fp8_margin=0, fp8_interval=1, fp8_amax_history_len=1,
+        fp8_amax_compute_algo="most_recent", fp8_param=False, fp8_wgrad=True,
+        tp_comm_overlap=False,
+        cuda_graph_impl="none", cuda_graph_scope=[], enable_cuda_graph=False,
+        external_cuda_graph=False,
         num_moe_experts=flags["num_experts"],
+        **_kernel_fields(flags),
     )
     if flags["num_experts"] is not None:
         expected.update({name: flags[name] for name in _MOE_FIELDS})
@@ -121,18 +156,27 @@ DIFFERENT_ON_PURPOSE = {
     "batch_p2p_comm": "gloo sends p2p messages one at a time (batched ones gave wrong VPP "
                       "gradients); Megatron-LM's comes from --no-overlap-p2p-communication",
     "use_cpu_initialization": "weights are built on the host, layout-invariantly",
-    "gradient_accumulation_fusion": "needs APEX/TE's fused wgrad kernels",
-    "bias_dropout_fusion": "fused only where the kernel gives the unfused numbers (CUDA)",
-    "masked_softmax_fusion": "our core attentions do their own softmax",
-    "apply_rope_fusion": "needs Transformer Engine; the packed RoPE table is used instead",
-    "persist_layer_norm": "a fused-kernel option; the plain-torch norm has none",
     "deallocate_pipeline_outputs": "megatron-core's default (False) is kept",
-    "bias_activation_fusion": "fused GELU/SwiGLU kernels are not used (plain torch)",
     "variable_seq_lengths": "packed micro-batches vary in length",
     "moe_token_dispatcher_type": "alltoall with packing (allgather cannot pack); the same "
                                  "routed tokens",
     "cp_comm_type": "all_gather, the only exchange implemented (others refused)",
     "inference_sampling_seed": "inference only",
+}
+
+# Fused kernels Megatron-LM turns on by default and this fork never runs: the field is False
+# here, so it is compared only where the command line turns the fusion off (then Megatron-LM's
+# is False too); the losses do not depend on it (test_kernel_arguments.py).
+UNFUSED_HERE = {
+    "gradient_accumulation_fusion": "needs APEX/TE's fused wgrad kernels",
+    "bias_dropout_fusion": "fused only where the kernel gives the unfused numbers (CUDA)",
+    "masked_softmax_fusion": "our core attentions do their own softmax",
+    "apply_rope_fusion": "needs Transformer Engine; the packed RoPE table is used instead",
+    "persist_layer_norm": "a fused-kernel option; the plain-torch norm has none",
+    "bias_activation_fusion": "fused GELU/SwiGLU kernels are not used (plain torch). NOT the "
+                              "same numbers for GELU with biases: Megatron-LM's fused bias-GELU "
+                              "is the tanh approximation, ours torch's exact GELU",
+    "moe_grouped_gemm": "the experts run as SequentialMLP (one GEMM per expert, the same math)",
 }
 
 # GPTModel arguments Megatron-LM's builder (core_v0.16.1 and main gpt_builders.py) leaves out,
@@ -176,14 +220,37 @@ COMMAND_LINES = {
                             "moe_shared_expert_intermediate_size": 32,
                             "moe_shared_expert_overlap": True,
                             "moe_token_dispatcher_type": "alltoall"},
+    # Kernel flags (kernel_arguments.py): every fusion turned off, Megatron-LM's way.
+    "fusions_off": {"masked_softmax_fusion": False, "bias_gelu_fusion": False,
+                    "bias_dropout_fusion": False, "apply_rope_fusion": False,
+                    "gradient_accumulation_fusion": False, "no_persist_layer_norm": True,
+                    "position_embedding_type": "rope"},
+    "swiglu_fusion_off": {"swiglu": True, "bias_swiglu_fusion": False,
+                          "cross_entropy_loss_fusion": True, "transformer_impl": "local"},
+    "gelu_without_bias": {"disable_bias_linear": True, "bf16": True,
+                          "disable_bf16_reduced_precision_matmul": True,
+                          "cross_entropy_loss_fusion": True,
+                          "cross_entropy_fusion_impl": "native"},
+    "rotary_alias": {"use_rotary_position_embeddings": True, "apply_rope_fusion": False},
+    "moe_grouped_gemm": {"num_experts": 4, "disable_bias_linear": True,
+                         "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"},
 }
+# Megatron-LM's switches that turn a default-on dest off (store_false): dest -> flag.
+OFF_SWITCHES = {"masked_softmax_fusion": "--no-masked-softmax-fusion",
+                "bias_gelu_fusion": "--no-bias-gelu-fusion",
+                "bias_swiglu_fusion": "--no-bias-swiglu-fusion",
+                "bias_dropout_fusion": "--no-bias-dropout-fusion",
+                "apply_rope_fusion": "--no-rope-fusion",
+                "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion"}
 
 
 def _argv(flags: dict) -> list[str]:
     argv = list(BASE_ARGV)
     for dest, value in flags.items():
         flag = "--" + dest.replace("_", "-")
-        if value is True:
+        if value is False and dest in OFF_SWITCHES:
+            argv.append(OFF_SWITCHES[dest])
+        elif value is True:
             argv.append(flag)
         elif value is not False:
             argv += [flag, str(value)]
@@ -203,9 +270,19 @@ def test_transformer_config_equals_megatron_lms(name):
     flags = COMMAND_LINES[name]
     ours = _our_config(flags)
     expected = megatron_lm_config({**TINY, **flags})
+    assert not _differing(ours, expected), f"{name}: field: (ours, Megatron-LM's) " \
+                                           f"{_differing(ours, expected)}"
+
+
+def _differing(ours: TransformerConfig, expected: dict) -> dict:
+    """field: (ours, Megatron-LM's) where they differ, but for a fusion Megatron-LM turns on
+    and this fork never runs (UNFUSED_HERE: the field must then be False here)."""
     differing = {field: (getattr(ours, field), value) for field, value in expected.items()
-                 if getattr(ours, field) != value}
-    assert not differing, f"{name}: field: (ours, Megatron-LM's) {differing}"
+                 if getattr(ours, field) != value
+                 and not (field in UNFUSED_HERE and value is True)}
+    differing.update({field: (True, expected.get(field)) for field in UNFUSED_HERE
+                      if getattr(ours, field)})
+    return differing
 
 
 def test_every_shared_flag_field_is_in_the_reference():
@@ -222,7 +299,8 @@ def test_every_shared_flag_field_is_in_the_reference():
                  "mamba_num_heads", "recompute_granularity", "recompute_method",
                  "recompute_num_layers", "recompute_modules", "max_seqlen_per_dp_cp_rank",
                  "hybrid_context_parallel", "attention_backend", "barrier_with_L1_time"}
-    missing = (fields & ours) - covered - set(DIFFERENT_ON_PURPOSE) - elsewhere
+    missing = (fields & ours) - covered - set(DIFFERENT_ON_PURPOSE) - set(UNFUSED_HERE) \
+        - elsewhere
     assert not missing, sorted(missing)
 
 
@@ -374,8 +452,7 @@ def test_hybrid_transformer_config_equals_megatron_lms(name):
     heads = mamba.get("mamba_num_heads") or (
         MAMBA_EXPAND * flags["hidden_size"] // expected["mamba_head_dim"])
     expected["mamba_num_heads"] = heads
-    differing = {field: (getattr(ours, field), value) for field, value in expected.items()
-                 if getattr(ours, field) != value}
+    differing = _differing(ours, expected)
     assert not differing, f"{name}: field: (ours, Megatron-LM's) {differing}"
 
 
