@@ -80,6 +80,13 @@ EXPECTED_FLAGS = frozenset("""
 --activation-func-clamp-value --embedding-init-method-std --fp8-format --fp4-format
 --moe-input-jitter-eps --moe-router-force-load-balancing --moe-shared-expert-gate
 --moe-apply-probs-on-input --moe-latent-size --fp16-lm-cross-entropy
+--tensorboard-queue-size --no-log-loss-scale-to-tensorboard
+--disable-log-loss-scale-to-tensorboard --log-world-size-to-tensorboard --wandb-entity
+--moe-per-layer-logging --log-memory-to-tensorboard --log-memory-interval
+--log-device-memory-used --log-progress --log-energy --log-max-attention-logit
+--moe-routing-trace-path --moe-routing-trace-max-training-iters
+--moe-routing-trace-capture-logits --moe-routing-trace-capture-hidden-states
+--moe-routing-trace-dump-weights --otel-enabled --otel-service-name --otel-span-groups
 """.split())
 
 
