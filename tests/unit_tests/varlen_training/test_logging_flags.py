@@ -207,3 +207,33 @@ def test_memory_lines_follow_megatron_lms_schedule(log_interval, memory_interval
     reports = device_memory.MemoryReports(log_interval, memory_interval, start)
     ours = [it for it in range(start + 1, start + 31) if reports.due(it)]
     assert ours == _megatron_lm_memory_iterations(log_interval, memory_interval, start, 30)
+
+
+def test_mtp_and_per_layer_losses_reach_tensorboard_and_wandb_by_name(monkeypatch, tmp_path):
+    """Megatron-LM writes ``mtp_1 loss`` (MTPLossLoggingHelper) and ``moe/<loss>_layer_<i>``
+    (track_moe_metrics) under those names; the values here are the record's."""
+    from megatron.varlen_training.metric_writers import (
+        TensorBoardMetricWriter, WandbMetricWriter,
+    )
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    record = dict(_record(1), **{"mtp_1 loss": 3.5, "moe/z_loss_layer_1": 0.25})
+    writers = [TensorBoardMetricWriter(tmp_path / "tb"),
+               WandbMetricWriter("p", save_dir=str(tmp_path / "wandb"))]
+    for writer in writers:
+        writer.write(1, record)
+        writer.close()
+    tb, wandb_rows = _scalars(tmp_path / "tb"), offline_history(str(tmp_path / "wandb"))
+    for name, value in (("mtp_1 loss", 3.5), ("moe/z_loss_layer_1", 0.25)):
+        assert tb[name] == [(1, value)] and wandb_rows[1][name] == value, name
+
+
+def test_the_line_averages_mtp_losses_over_the_applied_iterations():
+    """Megatron-LM's training_log divides each loss of its total_loss_dict (lm loss, the MoE
+    and MTP losses) by the interval's advanced iterations."""
+    from megatron.varlen_training.log_interval import LogInterval
+
+    interval = LogInterval()
+    for iteration, mtp, skipped in ((1, 3.0, False), (2, 100.0, True), (3, 5.0, False)):
+        interval.add(dict(_record(iteration), **{"mtp_1 loss": mtp, "skipped_iter": skipped}))
+    assert interval.summary(dict(_record(3), **{"mtp_1 loss": 5.0}))["mtp_1 loss"] == 4.0
