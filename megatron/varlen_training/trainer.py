@@ -203,7 +203,8 @@ class Trainer:
             flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
             world_size=torch.distributed.get_world_size(), loss_scale=self._loss_scale(),
             skipped=grad_norm is None, num_zeros_in_grad=state.num_zeros_in_grad,
-            params_norm=params_l2_norm(state.model) if run.logging.log_params_norm else None,
+            params_norm=params_l2_norm(state.model, main_params=run.model.bf16)
+            if run.logging.log_params_norm else None,
             extra=dict(batches.stats))
 
     def _loss_scale(self) -> float:
