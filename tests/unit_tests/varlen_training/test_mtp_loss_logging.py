@@ -6,8 +6,8 @@ logits (captured from its output layer, which megatron-core's ``_postprocess`` c
 MTP depth before the main head) and the micro-batch's labels and loss mask: at depth d, position
 t predicts ``labels[t + d]`` of its own sample, weighted by ``loss_mask[t + d]``, nothing past
 the sample's end. Unpacked mock SFT samples (variable lengths, padded: the loss mask is 0 on
-padding). The packed run of the same data, on one rank and split over 2 context-parallel ranks,
-must report the same values (packing and CP layout never change the numbers), and its line, JSONL record and TensorBoard scalars carry them by name.
+padding). The packed run of the same data, on one rank, split over 2 context-parallel ranks and
+on 2 tensor-parallel ranks, must report the same values (packing and CP layout never change the numbers), and its line, JSONL record and TensorBoard scalars carry them by name.
 """
 
 import json
@@ -33,8 +33,11 @@ ARGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"
         "--mtp-num-layers", str(DEPTHS)]
 UNPACKED = ["--micro-batch-size", "2"]
 PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
-# Each sequence split over 2 CP ranks: each holds part of every depth's tokens.
-CP2 = ["--context-parallel-size", "2"]
+# On 2 ranks, in one launch: each sequence split over 2 CP ranks (each holds part of every
+# depth's tokens: their sums must be added), and TP2 with sequence parallelism (both ranks
+# hold the whole loss: it must be counted once).
+TWO_RANK_LAYOUTS = {"cp2": ["--context-parallel-size", "2"],
+                    "tp2_sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"]}
 
 
 def _gpt_model(chunk) -> GPTModel:
@@ -88,12 +91,17 @@ def _train(argv: list[str], capture: bool) -> dict:
         return {"reported": reported, "reference": references, "records": records}
 
 
+def _train_two_rank_layouts() -> dict:
+    return {name: _train(ARGS + PACKED + extra, False)
+            for name, extra in TWO_RANK_LAYOUTS.items()}
+
+
 @pytest.fixture(scope="module")
 def runs():
     (unpacked,) = run_distributed(_train, 1, args=(ARGS + UNPACKED, True), timeout_s=300)
     (packed,) = run_distributed(_train, 1, args=(ARGS + PACKED, False), timeout_s=300)
-    cp2 = run_distributed(_train, 2, args=(ARGS + PACKED + CP2, False), timeout_s=300)
-    return unpacked, packed, cp2
+    two_ranks = run_distributed(_train_two_rank_layouts, 2, timeout_s=300)
+    return unpacked, packed, two_ranks
 
 
 def test_mtp_losses_are_the_heads_cross_entropy(runs):
@@ -103,10 +111,11 @@ def test_mtp_losses_are_the_heads_cross_entropy(runs):
     assert unpacked["reported"][0] != unpacked["reported"][1]  # the weights moved
 
 
-def test_packing_and_cp_do_not_change_the_mtp_losses(runs):
-    unpacked, packed, cp2 = runs
-    for layout, run in [("packed", packed), *((f"cp2 rank {rank}", run)
-                                               for rank, run in enumerate(cp2))]:
+def test_packing_cp_and_tp_do_not_change_the_mtp_losses(runs):
+    unpacked, packed, two_ranks = runs
+    for layout, run in [("packed", packed), *((f"{name} rank {rank}", run)
+                                               for rank, layouts in enumerate(two_ranks)
+                                               for name, run in layouts.items())]:
         for iteration, (ours, reference) in enumerate(zip(run["reported"],
                                                           unpacked["reported"]), start=1):
             assert ours == pytest.approx(reference, rel=RTOL), (layout, iteration)
