@@ -3,8 +3,9 @@
 Megatron-LM's ``training_log`` accumulates every iteration and prints, every ``--log-interval``
 iterations (and after the first iteration a process runs, without starting a new interval):
 
-- the losses (``lm loss``, the MoE losses, the MTP losses ``mtp_1 loss``, ...) summed over the interval's APPLIED iterations and
-  divided by their number: a step the fp16 loss scaler skipped adds no loss;
+- the losses (``lm loss``, the MoE losses, the MTP losses ``mtp_1 loss``, ...) summed over
+  the interval's APPLIED iterations and divided by their number: a step the fp16 loss scaler
+  skipped adds no loss;
 - the elapsed time per iteration: the interval's time over all its iterations, skipped ones
   included;
 - the number of skipped iterations in the interval, and of those the ones whose loss was not

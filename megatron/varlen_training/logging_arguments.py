@@ -73,11 +73,12 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
                        help="The wandb entity (team) of the run (with --wandb-project).")
     group.add_argument("--moe-per-layer-logging", action="store_true",
                        help="Also write each MoE loss per layer ('moe/<loss>_layer_<i>', i "
-                            "from 0 over decoder then MTP layers) to TensorBoard and wandb.")
+                            "from 0 over decoder then MTP layers) to TensorBoard, wandb and the "
+                            "JSONL record.")
     group.add_argument("--log-memory-to-tensorboard", action="store_true",
                        help="CUDA only: write the allocator's memory ('mem-reserved-bytes', "
                             "'mem-allocated-bytes', 'mem-max-allocated-bytes', "
-                            "'mem-allocated-count') to TensorBoard and wandb.")
+                            "'mem-allocated-count') to TensorBoard, wandb and the JSONL record.")
     group.add_argument("--log-memory-interval", type=int, default=None,
                        help="CUDA only: print Megatron-LM's '(after N iterations) memory "
                             "(MB)' line every N iterations.")

@@ -7,7 +7,8 @@ MTP depth before the main head) and the micro-batch's labels and loss mask: at d
 t predicts ``labels[t + d]`` of its own sample, weighted by ``loss_mask[t + d]``, nothing past
 the sample's end. Unpacked mock SFT samples (variable lengths, padded: the loss mask is 0 on
 padding). The packed run of the same data, on one rank, split over 2 context-parallel ranks and
-on 2 tensor-parallel ranks, must report the same values (packing and CP layout never change the numbers), and its line, JSONL record and TensorBoard scalars carry them by name.
+on 2 tensor-parallel ranks, must report the same values (packing and CP layout never change
+the numbers), and its line and JSONL record carry them by Megatron-LM's names.
 """
 
 import json
