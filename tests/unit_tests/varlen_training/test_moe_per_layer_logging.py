@@ -7,7 +7,7 @@ megatron-core's ``TopKRouter.routing`` on the same logits (detached, its output 
 saves each layer's ``seq_aux_loss`` into megatron-core's layer-wise tracker as Megatron-LM
 trains; Megatron-LM then logs ``values * 1 / num_microbatches``. Fixed-length mock samples (no
 padding) in equal micro-batches on one rank: there the token-weighted per-layer value the fork
-reports must equal megatron-core's.
+reports must equal megatron-core's. The same samples packed report the same per-layer values.
 """
 
 import pytest
@@ -32,6 +32,7 @@ ARGS = TINY_GPT_ARGS + [
     "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.1",
     "--moe-per-layer-logging"]
 RTOL = 1e-5
+PACKED = ["--micro-batch-size", "1", "--sequence-packing"]  # the same samples, packed
 
 
 def _with_megatron_core_tracking(routing):
@@ -67,11 +68,12 @@ def _train(argv: list[str], track: bool) -> dict:
 def runs():
     (tracked,) = run_distributed(_train, 1, args=(ARGS, True), timeout_s=300)
     (plain,) = run_distributed(_train, 1, args=(ARGS[:-1], False), timeout_s=300)
-    return tracked, plain
+    (packed,) = run_distributed(_train, 1, args=(ARGS + PACKED, False), timeout_s=300)
+    return tracked, plain, packed
 
 
 def test_per_layer_losses_equal_megatron_cores_tracker(runs):
-    tracked, _ = runs
+    tracked = runs[0]
     for ours, reference in zip(tracked["ours"], tracked["megatron_core"]):
         names = [f"moe/{LOSS}_layer_{index}" for index in range(len(LAYER_FREQ))]
         assert sorted(ours) == sorted(names)  # every layer, Megatron-LM's names, no other
@@ -82,10 +84,18 @@ def test_per_layer_losses_equal_megatron_cores_tracker(runs):
 def test_the_mean_over_moe_layers_is_the_reported_loss_and_not_on_the_line(runs):
     from megatron.varlen_training.iteration_metrics import format_log_line
 
-    tracked, plain = runs
+    tracked, plain, _ = runs
     for record in tracked["records"]:
         moe_layers = [record[f"moe/{LOSS}_layer_{i}"] for i, moe in enumerate(LAYER_FREQ) if moe]
         assert record[LOSS] == pytest.approx(sum(moe_layers) / len(moe_layers), rel=1e-6)
         assert "moe/" not in format_log_line(record, STEPS)
     for record in plain["records"]:  # without the flag: no per-layer key
         assert not any(key.startswith("moe/") for key in record) and LOSS in record
+
+
+def test_packing_does_not_change_the_per_layer_losses(runs):
+    tracked, _, packed = runs
+    for iteration, (ours, reference) in enumerate(zip(packed["ours"], tracked["ours"]), 1):
+        assert sorted(ours) == sorted(reference)
+        for name, value in reference.items():
+            assert ours[name] == pytest.approx(value, rel=RTOL, abs=1e-12), (iteration, name)
