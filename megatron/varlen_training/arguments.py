@@ -19,7 +19,7 @@ from typing import Any
 
 from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
-    kernel_arguments, loss_scale_arguments, model_arguments,
+    kernel_arguments, logging_arguments, loss_scale_arguments, model_arguments,
     moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
@@ -274,6 +274,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     _add_data_args(parser)
     sft_arguments.add_sft_data_args(parser)
     _add_logging_checkpoint_args(parser)
+    logging_arguments.add_logging_args(parser)
     data_arguments.add_indexed_data_args(parser)
     tokenizer_arguments.add_tokenizer_file_args(parser)
     varlen_arguments.add_varlen_args(parser)
@@ -436,6 +437,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     checkpoint_arguments.validate_checkpoint_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
+    logging_arguments.validate_logging_args(args, require)
     # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).
     vars(args).update(run_description.derive_run_values(args, args.vocab_size))
     if check_memory:

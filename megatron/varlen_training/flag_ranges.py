@@ -142,6 +142,11 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
     "log_interval": COUNT,
     "tensorboard_log_interval": COUNT,
+    # logging_arguments.py: events a TensorBoard writer queues (0 would flush on every add);
+    # the memory line's interval; a refused flag's iteration count
+    "tensorboard_queue_size": COUNT,
+    "log_memory_interval": COUNT,
+    "moe_routing_trace_max_training_iters": FlagRange(1, why="a refused flag's count"),
     "timing_log_level": FlagRange(0, 2, why="Megatron-LM's timing levels 0, 1, 2"),
     "eval_interval": COUNT,
     "eval_iters": NON_NEGATIVE_COUNT,

@@ -8,6 +8,7 @@ and hand it to the same metric writers (metric_writers.py): console, JSONL, Tens
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,14 @@ MAX_LOGGED_LOSS_FOR_PPL = 20.0  # as Megatron: exp() of a diverged loss would ov
 # Losses printed beside lm loss as Megatron-LM prints them (the MoE balancing losses).
 LOSS_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss",
              "z_loss")
+# Megatron-LM's name of the multi-token-prediction loss at each depth (MTPLossLoggingHelper),
+# printed after the MoE losses and averaged like them; a record key as it is.
+MTP_LOSS_NAME = "mtp_{depth} loss"
+_MTP_LOSS_PATTERN = re.compile(r"mtp_\d+ loss")
+# Keys of TensorBoard/wandb/JSONL values Megatron-LM never prints on the iteration line: the
+# per-layer MoE losses (--moe-per-layer-logging, "moe/<loss>_layer_<i>") and the device
+# memory (--log-memory-to-tensorboard, "mem-...-bytes").
+SCALAR_ONLY_PREFIXES = ("moe/", "mem-")
 
 
 @dataclass
@@ -59,7 +68,8 @@ class IterationMetrics:
     num_zeros_in_grad: int | None = None  # --log-num-zeros-in-grad (None: not counted)
     params_norm: float | None = None  # --log-params-norm (None: not computed)
     extra: dict = field(default_factory=dict)  # padding_ratio, schedule_imbalance, ...
-    losses: dict = field(default_factory=dict)  # LOSS_KEYS the step reported (MoE)
+    losses: dict = field(default_factory=dict)  # LOSS_KEYS (MoE), MTP losses of the step
+    scalars: dict = field(default_factory=dict)  # SCALAR_ONLY_PREFIXES keys (not on the line)
     timers: dict = field(default_factory=dict)  # --log-timers-to-tensorboard, interval ends
 
     @property
@@ -71,6 +81,26 @@ class IterationMetrics:
         if self.step_time_s <= 0:
             return 0.0
         return self.flops / (self.step_time_s * self.world_size * TERA)
+
+
+def mtp_loss_name(depth: int) -> str:
+    """Megatron-LM's name of the MTP loss at ``depth`` (1 = the first MTP layer)."""
+    return MTP_LOSS_NAME.format(depth=depth)
+
+
+def is_mtp_loss_key(key: str) -> bool:
+    return _MTP_LOSS_PATTERN.fullmatch(key) is not None
+
+
+def is_averaged_loss_key(key: str) -> bool:
+    """A loss the line averages over the interval's applied iterations: lm loss, the MoE
+    losses, the MTP losses."""
+    return key == LOSS_KEY or key in LOSS_KEYS or is_mtp_loss_key(key)
+
+
+def is_scalar_only_key(key: str) -> bool:
+    """A record key for TensorBoard, wandb and the JSONL only (:data:`SCALAR_ONLY_PREFIXES`)."""
+    return key.startswith(SCALAR_ONLY_PREFIXES)
 
 
 def is_timer_key(key: str) -> bool:
@@ -104,6 +134,7 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
         f"global batch size: {record['global_batch_size']:5d}",
         f"lm loss: {record['lm_loss']:.6E}",
         *(f"{key}: {record[key]:.6E}" for key in LOSS_KEYS if key in record),
+        *(f"{key}: {record[key]:.6E}" for key in record if is_mtp_loss_key(key)),
         f"loss scale: {record.get('loss_scale', 1.0):.1f}",
     ]
     if record["grad_norm"] is not None:
@@ -118,8 +149,9 @@ def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
         f"number of microbatches: {record['num_microbatches']}",
     ]
     for key, value in record.items():
-        if key not in SHARED_KEYS and key not in LOSS_KEYS and key not in INTERVAL_KEYS \
-                and key not in (NUM_ZEROS_KEY, PARAMS_NORM_KEY) and not is_timer_key(key):
+        if key not in SHARED_KEYS and key not in INTERVAL_KEYS \
+                and key not in (NUM_ZEROS_KEY, PARAMS_NORM_KEY) and not is_timer_key(key) \
+                and not is_averaged_loss_key(key) and not is_scalar_only_key(key):
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
     return " | ".join(parts) + " |"
@@ -164,6 +196,7 @@ def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | Non
     if m.params_norm is not None:
         record[PARAMS_NORM_KEY] = m.params_norm
     record.update(m.losses)
+    record.update(m.scalars)
     record.update(m.timers)
     record.update(m.extra)
     record.update(extra_metrics or {})

@@ -3,8 +3,9 @@
 Megatron-LM's ``training_log`` accumulates every iteration and prints, every ``--log-interval``
 iterations (and after the first iteration a process runs, without starting a new interval):
 
-- the losses (``lm loss``, the MoE losses) summed over the interval's APPLIED iterations and
-  divided by their number: a step the fp16 loss scaler skipped adds no loss;
+- the losses (``lm loss``, the MoE losses, the MTP losses ``mtp_1 loss``, ...) summed over
+  the interval's APPLIED iterations and divided by their number: a step the fp16 loss scaler
+  skipped adds no loss;
 - the elapsed time per iteration: the interval's time over all its iterations, skipped ones
   included;
 - the number of skipped iterations in the interval, and of those the ones whose loss was not
@@ -28,11 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron.varlen_training.iteration_metrics import (
-    LOSS_KEY, LOSS_KEYS, NAN_ITERATIONS_KEY, SKIPPED_ITER_KEY, SKIPPED_ITERATIONS_KEY,
+    LOSS_KEY, NAN_ITERATIONS_KEY, SKIPPED_ITER_KEY, SKIPPED_ITERATIONS_KEY, is_averaged_loss_key,
 )
-
-AVERAGED_LOSS_KEYS = (LOSS_KEY, *LOSS_KEYS)
-"""The record's losses the line averages over the interval's applied iterations."""
 
 
 def _is_finite(value: Any) -> bool:
@@ -61,17 +59,17 @@ class LogInterval:
             self.nan += int(not _is_finite(record.get(LOSS_KEY)))
             return
         self.applied += 1
-        for key in AVERAGED_LOSS_KEYS:
-            if record.get(key) is not None:
-                self.loss_sums[key] = self.loss_sums.get(key, 0.0) + record[key]
+        for key, value in record.items():
+            if is_averaged_loss_key(key) and value is not None:
+                self.loss_sums[key] = self.loss_sums.get(key, 0.0) + value
 
     def summary(self, record: Mapping[str, Any]) -> dict:
         """``record`` (the interval's last iteration) with the interval's averages and
         counts in place of its own values."""
         line = dict(record)
         iterations = self.applied + self.skipped
-        for key in AVERAGED_LOSS_KEYS:
-            if key in line:
+        for key in line:
+            if is_averaged_loss_key(key):
                 line[key] = self.loss_sums.get(key, 0.0) / max(1, self.applied)
         if iterations:
             line["step_time_s"] = self.step_time_s / iterations

@@ -17,6 +17,7 @@ import importlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,6 +42,22 @@ samples; wandb at the iteration, with ``samples vs steps``. The record's own key
 them (the JSONL names, and the values Megatron-LM has no key for)."""
 VS_SAMPLES = " vs samples"
 SAMPLES_VS_STEPS = "samples vs steps"  # Megatron-LM's wandb key of the consumed samples
+LOSS_SCALE_KEYS = ("loss_scale", "loss-scale")  # the record's and Megatron-LM's name
+WORLD_SIZE_NAME = "world-size"  # Megatron-LM's scalar of --log-world-size-to-tensorboard
+
+
+@dataclass(frozen=True)
+class ScalarOptions:
+    """Megatron-LM's switches of what TensorBoard and wandb get beside the record.
+
+    Args:
+        loss_scale: Write the loss scale (``--no-log-loss-scale-to-tensorboard`` clears it).
+        world_size: The run's world size, written as ``world-size`` (and ``world-size vs
+            samples``); None: not written (``--log-world-size-to-tensorboard`` sets it).
+    """
+
+    loss_scale: bool = True
+    world_size: int | None = None
 
 
 class MetricWriter(Protocol):
@@ -152,10 +169,25 @@ def _numbers(record: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
-def megatron_lm_scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """The record's values under Megatron-LM's TensorBoard/wandb names (MEGATRON_LM_KEYS)."""
+def megatron_lm_scalars(record: Mapping[str, Any],
+                        options: ScalarOptions = ScalarOptions()) -> dict[str, float]:
+    """The record's values under Megatron-LM's TensorBoard/wandb names (MEGATRON_LM_KEYS), as
+    ``options`` say (no ``loss-scale``, a ``world-size``)."""
     numbers = _numbers(record)
-    return {name: numbers[key] for key, name in MEGATRON_LM_KEYS.items() if key in numbers}
+    scalars = {name: numbers[key] for key, name in MEGATRON_LM_KEYS.items() if key in numbers}
+    if not options.loss_scale:
+        scalars.pop(MEGATRON_LM_KEYS["loss_scale"], None)
+    if options.world_size is not None:
+        scalars[WORLD_SIZE_NAME] = options.world_size
+    return scalars
+
+
+def _own_numbers(record: Mapping[str, Any], options: ScalarOptions) -> dict[str, float]:
+    """The record's numbers under its own keys (without the loss scale if ``options`` say)."""
+    numbers = _numbers(record)
+    if not options.loss_scale:
+        numbers = {key: value for key, value in numbers.items() if key not in LOSS_SCALE_KEYS}
+    return numbers
 
 
 def _due(iteration: int, interval: int) -> bool:
@@ -178,13 +210,18 @@ class TensorBoardMetricWriter:
             (``--log-validation-ppl-to-tensorboard``).
         interval: Write the iterations that are multiples of this
             (``--tensorboard-log-interval``).
+        queue_size: Events queued before the writer flushes them (``--tensorboard-queue-size``,
+            the SummaryWriter's ``max_queue``).
+        options: Megatron-LM's switches of the loss scale and world size scalars.
     """
 
-    def __init__(self, log_dir: str | Path, validation_ppl: bool = False, interval: int = 1):
+    def __init__(self, log_dir: str | Path, validation_ppl: bool = False, interval: int = 1,
+                 queue_size: int = 1000, options: ScalarOptions = ScalarOptions()):
         summary_writer_class = importlib.import_module("torch.utils.tensorboard").SummaryWriter
-        self._writer = summary_writer_class(log_dir=str(log_dir))
+        self._writer = summary_writer_class(log_dir=str(log_dir), max_queue=queue_size)
         self._validation_ppl = validation_ppl
         self._interval = interval
+        self._options = options
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         """The record's numbers under its own keys, then Megatron-LM's scalars (its names, per
@@ -193,10 +230,10 @@ class TensorBoardMetricWriter:
             for name, value in _timer_values(record).items():
                 self._writer.add_scalar(name, value, iteration)
             return
-        for name, value in _numbers(record).items():
+        for name, value in _own_numbers(record, self._options).items():
             self._writer.add_scalar(name, value, iteration)
         samples = record.get("consumed_samples")
-        for name, value in megatron_lm_scalars(record).items():
+        for name, value in megatron_lm_scalars(record, self._options).items():
             self._writer.add_scalar(name, value, iteration)
             if samples is not None:
                 self._writer.add_scalar(name + VS_SAMPLES, value, samples)
@@ -238,17 +275,21 @@ class WandbMetricWriter:
         config: Stored with the run (the run's flag values).
         interval: Log the iterations that are multiples of this
             (``--tensorboard-log-interval``, as Megatron-LM's wandb logging follows it).
+        entity: The run's wandb entity (``--wandb-entity``; None: wandb's default).
+        options: Megatron-LM's switches of the loss scale and world size scalars.
     """
 
     def __init__(self, project: str, name: str | None = None, save_dir: str | None = None,
                  mode: str = "auto", config: Mapping[str, Any] | None = None,
-                 interval: int = 1):
+                 interval: int = 1, entity: str | None = None,
+                 options: ScalarOptions = ScalarOptions()):
         wandb = importlib.import_module(WANDB_PACKAGE)
         if save_dir is not None:
             os.makedirs(save_dir, exist_ok=True)  # wandb writes below it, and wants it there
-        self._run = wandb.init(project=project, name=name, dir=save_dir,
+        self._run = wandb.init(project=project, name=name, dir=save_dir, entity=entity,
                                mode=resolve_wandb_mode(mode), config=dict(config or {}))
         self._interval = interval
+        self._options = options
 
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         """The record's numbers, Megatron-LM's names of them and its ``samples vs steps``."""
@@ -256,7 +297,8 @@ class WandbMetricWriter:
             if timers := _timer_values(record):
                 self._run.log(timers, step=iteration)
             return
-        values = {**_numbers(record), **megatron_lm_scalars(record)}
+        values = {**_own_numbers(record, self._options),
+                  **megatron_lm_scalars(record, self._options)}
         if record.get("consumed_samples") is not None:
             values[SAMPLES_VS_STEPS] = to_python(record["consumed_samples"])
         self._run.log(values, step=iteration)
@@ -276,11 +318,22 @@ def missing_packages(logging: LoggingConfig) -> list[str]:
     return [package for package in needed if not is_importable(package)]
 
 
+def scalar_options(logging: LoggingConfig, world_size: int | None) -> ScalarOptions:
+    """The run's :class:`ScalarOptions` (``world_size``: the run's, written only with
+    ``--log-world-size-to-tensorboard``)."""
+    return ScalarOptions(loss_scale=logging.log_loss_scale_to_tensorboard,
+                         world_size=world_size if logging.log_world_size_to_tensorboard
+                         else None)
+
+
 def build_metric_writers(logging: LoggingConfig, train_iters: int,
                          run_flags: Mapping[str, Any] | None = None,
-                         console: bool = True) -> list[MetricWriter]:
+                         console: bool = True, world_size: int | None = None
+                         ) -> list[MetricWriter]:
     """The writers ``logging`` turns on, in a fixed order: console (unless ``console`` is
-    False), JSONL, TensorBoard, wandb (with ``run_flags`` as its run's config)."""
+    False), JSONL, TensorBoard, wandb (with ``run_flags`` as its run's config; ``world_size``
+    for ``--log-world-size-to-tensorboard``)."""
+    options = scalar_options(logging, world_size)
     writers: list[MetricWriter] = []
     if console:
         writers.append(ConsoleMetricWriter(train_iters, logging.log_interval))
@@ -289,9 +342,11 @@ def build_metric_writers(logging: LoggingConfig, train_iters: int,
     if logging.tensorboard_dir:
         writers.append(TensorBoardMetricWriter(logging.tensorboard_dir,
                                                logging.log_validation_ppl_to_tensorboard,
-                                               logging.tensorboard_log_interval))
+                                               logging.tensorboard_log_interval,
+                                               logging.tensorboard_queue_size, options))
     if logging.wandb_project:
         writers.append(WandbMetricWriter(logging.wandb_project, logging.wandb_exp_name,
                                          logging.wandb_save_dir, logging.wandb_mode, run_flags,
-                                         logging.tensorboard_log_interval))
+                                         logging.tensorboard_log_interval,
+                                         logging.wandb_entity, options))
     return writers

@@ -58,12 +58,14 @@ def reported_losses(moe: MoEConfig | None) -> list[str]:
 
 
 def step_losses(moe: MoEConfig | None, num_layers: int, mtp_num_layers: int | None,
-                device) -> dict[str, float]:
-    """The step's balancing losses (every rank calls it: one all-reduce), then cleared."""
+                device, per_layer: bool = False) -> dict[str, float]:
+    """The step's balancing losses (every rank calls it: one all-reduce), then cleared;
+    ``per_layer`` (--moe-per-layer-logging): also each layer's (moe_metrics.PER_LAYER_NAME)."""
     names = reported_losses(moe)
     if not names:
         return {}
-    return moe_metrics.reduce_and_clear(names, num_layers + (mtp_num_layers or 0), device)
+    return moe_metrics.reduce_and_clear(names, num_layers + (mtp_num_layers or 0), device,
+                                        per_layer=per_layer)
 
 
 def reset_global_balancing(model_chunks) -> None:

@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
-from megatron.varlen_training import checkpointing, log, moe_model, training
+from megatron.varlen_training import checkpointing, device_memory, log, reported_losses, training
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data import build_packing_config
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
@@ -82,7 +83,8 @@ def _last_rank_writers(run: RunConfig, console: bool) -> list:
             return []
         try:
             return build_metric_writers(run.logging, run.training.train_iters, run.flag_values,
-                                        console=console)
+                                        console=console,
+                                        world_size=torch.distributed.get_world_size())
         except ImportError as err:  # start-up checked the packages; a broken install is left
             raise UserInputError(f"a metric writer cannot start: {err}") from err
     return agree_on_errors(build)
@@ -109,6 +111,7 @@ class Trainer:
         self.cp_group_lookup = None
         self.writers: list = []
         self.step_timers: StepTimers | None = None
+        self._memory_reports: device_memory.MemoryReports | None = None  # CUDA only
         self._owns_process_group = False
 
     # --- start ------------------------------------------------------------------------------
@@ -163,6 +166,10 @@ class Trainer:
                 every rank; the state stays the last good step's.
         """
         started_at = time.perf_counter() if started_at is None else started_at
+        if self._memory_reports is None and torch.cuda.is_available():
+            self._memory_reports = device_memory.MemoryReports(
+                self.run.logging.log_interval, self.run.logging.log_memory_interval,
+                self.state.iteration)
         loss, grad_norm = training.train_step(self.run, self.state, batches,
                                               forward_step_func=forward_step_func,
                                               num_samples=num_samples)
@@ -170,18 +177,15 @@ class Trainer:
         self.state.consumed_train_samples += training.samples_in_step(self.run, num_samples)
         metrics = self._metrics(batches, loss, grad_norm, time.perf_counter() - started_at,
                                 training.samples_in_step(self.run, num_samples))
-        metrics.losses.update(self._moe_losses())
+        line_losses, scalars = reported_losses.step_losses(self.run.model, self.run.logging,
+                                                           self.state.model, get_device())
+        metrics.losses.update(line_losses)
+        metrics.scalars.update(scalars)
+        if self.run.logging.log_memory_to_tensorboard:  # CUDA only (refused on CPU)
+            metrics.scalars.update(device_memory.memory_scalars())
         metrics.timers.update(self.step_timers.end_step(self.state.iteration, metrics.step_time_s,
                                                         metrics.tflops_per_device))
         return StepReport(loss, grad_norm, metrics)
-
-    def _moe_losses(self) -> dict[str, float]:
-        """The step's MoE balancing losses (Megatron-LM's names; every rank takes part)."""
-        model = self.run.model
-        losses = moe_model.step_losses(model.moe, model.num_layers, model.mtp_num_layers,
-                                       get_device())
-        moe_model.reset_global_balancing(self.state.model)
-        return losses
 
     def _metrics(self, batches: StepBatches, loss, grad_norm, step_time: float,
                  num_samples: int) -> IterationMetrics:
@@ -199,7 +203,8 @@ class Trainer:
             flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
             world_size=torch.distributed.get_world_size(), loss_scale=self._loss_scale(),
             skipped=grad_norm is None, num_zeros_in_grad=state.num_zeros_in_grad,
-            params_norm=params_l2_norm(state.model) if run.logging.log_params_norm else None,
+            params_norm=params_l2_norm(state.model, main_params=run.model.bf16)
+            if run.logging.log_params_norm else None,
             extra=dict(batches.stats))
 
     def _loss_scale(self) -> float:
@@ -218,6 +223,17 @@ class Trainer:
         """Hands ``record`` to the metric writers (they exist on the last rank only)."""
         for writer in self.writers:
             writer.write(record["iteration"], record)
+        self._print_memory_line(record["iteration"])
+
+    def _print_memory_line(self, iteration: int) -> None:
+        """Megatron-LM's memory line after the iteration line, on CUDA, on the ranks of
+        data-parallel rank 0 (device_memory.py)."""
+        if self._memory_reports is None or not self._memory_reports.due(iteration):
+            return
+        if parallel_state.get_data_parallel_rank() == 0:
+            log.info_all_ranks(device_memory.memory_line(
+                f"(after {iteration} iterations)", torch.distributed.get_rank(),
+                self.run.logging.log_device_memory_used))
 
     def write_evaluation(self, name: str, loss: float,
                          metrics: dict[str, float] | None = None) -> None:

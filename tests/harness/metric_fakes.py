@@ -25,8 +25,9 @@ def fake_metric_modules(tensorboard_calls: list, wandb_runs: list) -> dict:
     to ``tensorboard_calls``; ``wandb.init`` appends a FakeWandbRun to ``wandb_runs``."""
 
     class FakeSummaryWriter:
-        def __init__(self, log_dir):
+        def __init__(self, log_dir, max_queue=10):  # torch's default queue of 10 events
             tensorboard_calls.append(("init", log_dir))
+            self.max_queue = max_queue
 
         def add_scalar(self, name, value, step):
             tensorboard_calls.append((name, value, step))

@@ -84,7 +84,10 @@ PROSE_FLAGS = {
     "--full-validation": "Megatron-LM's evaluation flag, listed as not supported",
     "--distribute-saved-activations": "Megatron-LM's recompute flag, listed as not supported",
     "--moe-input-jitter-eps": "Megatron-LM's MoE flag, listed as not supported (docs/MOE.md)",
-    "--moe-per-layer-logging": "Megatron-LM's MoE flag, listed as not supported",
+    "--log-batch-size-to-tensorboard": "Megatron-LM's logging flag removed before core 0.9, "
+                                       "listed as not accepted",
+    "--no-log-learnig-rate-to-tensorboard": "Megatron-LM's (misspelt) logging flag removed "
+                                            "before core 0.9, listed as not accepted",
     "--x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
     "--no-x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
 }

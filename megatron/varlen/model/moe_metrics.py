@@ -16,6 +16,9 @@ import torch
 METRIC_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
                 "global_aux_loss": "global_load_balancing_loss"}
 Z_LOSS = "z_loss"
+# Megatron-LM's per-layer key (track_moe_metrics with --moe-per-layer-logging); ``index`` counts
+# from 0 over the decoder layers, then the MTP layers, dense ones included (they write 0).
+PER_LAYER_NAME = "moe/{name}_layer_{index}"
 
 _TRACKER: dict[str, dict[int, torch.Tensor]] = {}  # name -> layer number -> [weighted, weight]
 
@@ -34,11 +37,14 @@ def clear() -> None:
     _TRACKER.clear()
 
 
-def reduce_and_clear(names: list[str], num_layers: int, device) -> dict[str, float]:
+def reduce_and_clear(names: list[str], num_layers: int, device,
+                     per_layer: bool = False) -> dict[str, float]:
     """The step's value of each of ``names`` (every rank calls it: one all-reduce).
 
     ``num_layers`` bounds the layer numbers (decoder plus MTP layers). A name no MoE layer
-    recorded on any rank is left out.
+    recorded on any rank is left out. ``per_layer``: also each layer's value of each reported
+    name (:data:`PER_LAYER_NAME`), 0 for a layer that recorded none (a dense layer), as
+    Megatron-LM's tracker holds a zero for it.
     """
     table = torch.zeros(len(names), num_layers, 2, dtype=torch.float64, device=device)
     for row, name in enumerate(names):
@@ -52,5 +58,11 @@ def reduce_and_clear(names: list[str], num_layers: int, device) -> dict[str, flo
         weights = table[row, :, 1]
         layers = weights > 0
         if layers.any():
-            values[name] = (table[row, layers, 0] / weights[layers]).mean().item()
+            # A layer without weight divides by 1 (its sum is 0): 0, never 0 / 0.
+            per_layer_values = table[row, :, 0] / torch.where(layers, weights,
+                                                              torch.ones_like(weights))
+            values[name] = per_layer_values[layers].mean().item()
+            if per_layer:
+                values.update({PER_LAYER_NAME.format(name=name, index=index): value
+                               for index, value in enumerate(per_layer_values.tolist())})
     return values

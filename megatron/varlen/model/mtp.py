@@ -24,6 +24,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_group import resolve_cp_group, use_cp_group
 from megatron.varlen.model.moe_spec import RoutesMicroBatch
+from megatron.varlen.model.mtp_metrics import recording_mtp_losses
 from megatron.varlen.model.mtp_roll import rolling_within_sequences
 from megatron.varlen.packing.packed_seq import with_padded_as_real
 
@@ -136,10 +137,14 @@ class VarlenGPTModel(GPTModel):
 
     def _postprocess(self, *args, packed_seq_params=None, **kwargs):
         # With PP only the last stage holds the MTP block: the others just hand on hidden states.
-        if not self.mtp_process or packed_seq_params is None:
+        if not self.mtp_process:
             return super()._postprocess(*args, packed_seq_params=packed_seq_params, **kwargs)
+        if packed_seq_params is None:  # the MTP losses' sums and counts for the iteration's report
+            with recording_mtp_losses():
+                return super()._postprocess(*args, packed_seq_params=None, **kwargs)
         group = resolve_cp_group(packed_seq_params, self.cp_group)
-        with use_cp_group(self._mtp_modules(), group), rolling_within_sequences():
+        with use_cp_group(self._mtp_modules(), group), rolling_within_sequences(), \
+                recording_mtp_losses():
             # The copy carries host boundaries of its own (so the MTP layers' attention and
             # RoPE read nothing back); with our attentions its cu_seqlens ARE those host copies:
             # megatron-core's roll slices at every boundary, a device->host read per sequence on

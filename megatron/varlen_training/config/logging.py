@@ -46,6 +46,22 @@ class LoggingConfig:
     # --no-barrier-with-level-1-timing clears it: level-1 timers start after a barrier
     # (Megatron-LM's default), so they time the phase, not the wait for the slowest rank.
     barrier_with_L1_time: bool = True
+    # Megatron-LM's further logging flags (logging_arguments.py). The TensorBoard writer's
+    # event queue (--tensorboard-queue-size); the loss scale to TensorBoard and wandb unless
+    # --no-log-loss-scale-to-tensorboard; the world size with --log-world-size-to-tensorboard.
+    tensorboard_queue_size: int = 1000
+    log_loss_scale_to_tensorboard: bool = True
+    log_world_size_to_tensorboard: bool = False
+    # --wandb-entity: the wandb run's entity (team); None: wandb's own default.
+    wandb_entity: str | None = None
+    # --moe-per-layer-logging: each MoE loss also per layer ("moe/<loss>_layer_<i>").
+    moe_per_layer_logging: bool = False
+    # CUDA only (refused on CPU at start-up): the allocator's statistics as TensorBoard/wandb
+    # scalars, Megatron-LM's memory line every N iterations, the device's total memory used in
+    # that line (device_memory.py).
+    log_memory_to_tensorboard: bool = False
+    log_memory_interval: int | None = None
+    log_device_memory_used: bool = False
 
     def __post_init__(self):
         check_ranges(self)

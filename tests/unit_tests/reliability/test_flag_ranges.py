@@ -90,6 +90,9 @@ VALID = {
     "vocab_size": NONE,
     "log_interval": HUGE,
     "tensorboard_log_interval": HUGE,
+    "tensorboard_queue_size": HUGE,  # events held before a flush: a huge queue flushes at close
+    "log_memory_interval": NONE,  # CUDA only: refused on these CPU bases whatever its value
+    "moe_routing_trace_max_training_iters": NONE,  # a refused flag
     "eval_interval": HUGE,
     "eval_iters": ZERO_OR_HUGE,  # as train_iters
     "save_interval": HUGE,

@@ -90,6 +90,13 @@ EXPECTED_FLAGS = frozenset("""
 --fp8-amax-history-len --fp8-amax-compute-algo --fp8-param-gather --tp-comm-overlap
 --tp-comm-overlap-cfg --cuda-graph-impl --cuda-graph-scope --te-rng-tracker --batch-size --warmup
 --model-parallel-size --checkpoint-activations --no-fp8-wgrad --disable-fp8-wgrad
+--tensorboard-queue-size --no-log-loss-scale-to-tensorboard
+--disable-log-loss-scale-to-tensorboard --log-world-size-to-tensorboard --wandb-entity
+--moe-per-layer-logging --log-memory-to-tensorboard --log-memory-interval
+--log-device-memory-used --log-progress --log-energy --log-max-attention-logit
+--moe-routing-trace-path --moe-routing-trace-max-training-iters
+--moe-routing-trace-capture-logits --moe-routing-trace-capture-hidden-states
+--moe-routing-trace-dump-weights --otel-enabled --otel-service-name --otel-span-groups
 """.split())
 
 

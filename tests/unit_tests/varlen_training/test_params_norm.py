@@ -18,6 +18,7 @@ import functools
 import math
 
 import pytest
+import torch
 
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, stepping_trainer
@@ -89,3 +90,43 @@ def test_moe_params_norm_is_the_whole_models_on_every_layout(world):
     for rank in run_distributed(moe_rank_layouts, world, args=(world,), timeout_s=300):
         for name, run in rank.items():
             assert run["reported"] == pytest.approx(expected, rel=RTOL), name
+
+
+# --- bf16: the optimizer's fp32 main params, as Megatron-LM's calc_params_l2_norm ------------
+
+BF16_ARGS = ARGS + ["--bf16"]
+
+
+def _main_param_groups(optimizer) -> list:
+    """The optimizer's own fp32 copies of the bf16 weights: megatron-core's Float16Optimizer
+    keeps them in ``fp32_from_float16_groups``, the distributed optimizer its rank's shards in
+    ``shard_fp32_from_float16_groups`` (on one rank: all of them)."""
+    groups = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        groups += getattr(inner, "shard_fp32_from_float16_groups", None) \
+            or getattr(inner, "fp32_from_float16_groups")
+    return [param for group in groups for param in group]
+
+
+def _train_bf16(argv: list[str]) -> dict:
+    with stepping_trainer(argv) as (trainer, state, provider):
+        reported, main, weights = [], [], []
+        for iteration in range(STEPS):
+            report = trainer.step(provider.step_batches(iteration))
+            reported.append(report.metrics.params_norm)
+            main.append(math.sqrt(sum(float(param.detach().double().square().sum())
+                                      for param in _main_param_groups(state.optimizer))))
+            weights.append(math.sqrt(sum(float(param.detach().double().square().sum())
+                                         for chunk in state.model
+                                         for param in chunk.parameters())))
+        dtypes = {param.dtype for chunk in state.model for param in chunk.parameters()}
+        return {"reported": reported, "main": main, "weights": weights, "dtypes": dtypes}
+
+
+@pytest.mark.parametrize("optimizer", [[], ["--use-distributed-optimizer"]])
+def test_bf16_params_norm_is_the_fp32_main_params_norm(optimizer):
+    (run,) = run_distributed(_train_bf16, 1, args=(BF16_ARGS + optimizer,), timeout_s=240)
+    assert torch.bfloat16 in run["dtypes"]  # a bf16 model: its weights are rounded copies
+    assert run["reported"] == pytest.approx(run["main"], rel=1e-12)
+    # The bf16 weights' norm is another number: the test tells the two apart.
+    assert all(abs(w - m) > 1e-9 * m for w, m in zip(run["weights"], run["main"]))
