@@ -137,6 +137,10 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "tensor_model_parallel_size": COUNT,
     "pipeline_model_parallel_size": COUNT,
     "num_layers_per_virtual_pipeline_stage": COUNT,
+    # uneven pipeline stages (pipeline_arguments.py checks how they split --num-layers)
+    "decoder_first_pipeline_num_layers": FlagRange(1, why="a stage holds at least one layer"),
+    "decoder_last_pipeline_num_layers": FlagRange(1, why="a stage holds at least one layer"),
+    "num_virtual_stages_per_pipeline_rank": COUNT,
     "context_parallel_size": COUNT,
     # data, logging, checkpointing
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
@@ -172,8 +176,6 @@ FLAG_RANGES: dict[str, FlagRange] = {
                                            why="std 0 starts every weight at 0"),
     "moe_input_jitter_eps": FlagRange(0.0, why="a refused flag's noise scale"),
     "moe_latent_size": FlagRange(1, why="a refused flag's size"),
-    "decoder_first_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
-    "decoder_last_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
     # reliability (reliability_arguments.py)
     "distributed_timeout_minutes": FlagRange(0.0, MAX_TIMEOUT_MINUTES, low_open=True,
                                              why="a longer wait is a hang"),

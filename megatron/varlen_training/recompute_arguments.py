@@ -18,6 +18,8 @@ See docs/RECOMPUTE.md.
 
 from __future__ import annotations
 
+from megatron.varlen_training.pipeline_arguments import pipeline_split_of
+
 FULL, SELECTIVE = "full", "selective"
 UNIFORM, BLOCK = "uniform", "block"
 # megatron-core's recompute_modules that run through tensor_parallel.checkpoint on a dense
@@ -50,9 +52,16 @@ def add_recompute_args(parser) -> None:
 
 
 def layers_per_model_chunk(args) -> int:
-    """Layers in one model chunk: a pipeline stage, or a virtual stage with VPP."""
-    chunk = args.num_layers_per_virtual_pipeline_stage
-    return chunk if chunk is not None else args.num_layers // args.pipeline_model_parallel_size
+    """Layers in the smallest model chunk (a pipeline stage, or a virtual stage with VPP) that
+    has any: with uneven stages (pipeline_arguments.py) chunks differ, and a chunk left
+    without layers (the embedding or loss counted as one) recomputes nothing."""
+    return min(_chunk_sizes(args))
+
+
+def _chunk_sizes(args) -> set[int]:
+    """The distinct layer counts of the model chunks that hold layers (megatron-core's split)."""
+    chunks = pipeline_split_of(args).chunk_layers()
+    return {count for stage in chunks for count in stage if count > 0}
 
 
 def _validate_full(args, require) -> None:
@@ -64,10 +73,12 @@ def _validate_full(args, require) -> None:
             f"--recompute-granularity full needs --recompute-num-layers (1 to the {layers} "
             f"layers of each pipeline stage)")
     require(count <= layers,
-            f"--recompute-num-layers {count} exceeds the {layers} layers of each model chunk "
+            f"--recompute-num-layers {count} exceeds the {layers} layers of "
+            f"{'the smallest' if len(_chunk_sizes(args)) > 1 else 'each'} model chunk "
             f"(--num-layers / --pipeline-model-parallel-size, or "
-            f"--num-layers-per-virtual-pipeline-stage)")
+            f"--num-layers-per-virtual-pipeline-stage, or the uneven stage flags)")
     if args.recompute_method == UNIFORM:
+        layers = next((size for size in sorted(_chunk_sizes(args)) if size % count), layers)
         require(layers % count == 0,
                 f"--recompute-method uniform: --recompute-num-layers {count} does not divide the "
                 f"{layers} layers of each model chunk (choose a divisor, or --recompute-method "

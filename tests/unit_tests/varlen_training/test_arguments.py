@@ -80,6 +80,7 @@ EXPECTED_FLAGS = frozenset("""
 --activation-func-clamp-value --embedding-init-method-std --fp8-format --fp4-format
 --moe-input-jitter-eps --moe-router-force-load-balancing --moe-shared-expert-gate
 --moe-apply-probs-on-input --moe-latent-size --fp16-lm-cross-entropy
+--num-virtual-stages-per-pipeline-rank
 """.split())
 
 

@@ -45,7 +45,10 @@ MEGATRON_LM_DEFAULTS = {
     "moe_router_enable_expert_bias": False, "moe_router_bias_update_rate": 1e-3,
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
     "moe_router_num_groups": None, "moe_router_group_topk": None,
-    "moe_shared_expert_overlap": False,
+    "moe_shared_expert_overlap": False, "layernorm_zero_centered_gamma": False,
+    "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
+    "account_for_embedding_in_pipeline_split": False,
+    "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
 }
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
@@ -61,7 +64,10 @@ _COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "
            "hidden_dropout", "attention_dropout", "init_method_std", "normalization",
            "apply_query_key_layer_scaling", "bf16", "fp16", "tensor_model_parallel_size",
            "pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
-           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor")
+           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor",
+           # --apply-layernorm-1p's dest is the field; the account-for flags are named as theirs
+           "layernorm_zero_centered_gamma", "account_for_embedding_in_pipeline_split",
+           "account_for_loss_in_pipeline_split")
 
 
 def _default_ffn(flags: dict) -> int:
@@ -93,10 +99,15 @@ def megatron_lm_config(given: dict) -> dict:
         attention_softmax_in_fp32=(flags["attention_softmax_in_fp32"]
                                    or flags["apply_query_key_layer_scaling"]),
         params_dtype=dtype, pipeline_dtype=dtype,
+        # core_transformer_config_from_args sets these two from the decoder flags.
+        num_layers_in_first_pipeline_stage=flags["decoder_first_pipeline_num_layers"],
+        num_layers_in_last_pipeline_stage=flags["decoder_last_pipeline_num_layers"],
+        # validate_args: --num-virtual-stages-per-pipeline-rank, one stage meaning none.
+        virtual_pipeline_model_parallel_size=(
+            flags["num_virtual_stages_per_pipeline_rank"]
+            if flags["num_virtual_stages_per_pipeline_rank"] != 1 else None),
         # Refused here, so Megatron-LM's defaults: the same model.
-        layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
-        num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
-        account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False,
+        apply_residual_connection_post_layernorm=False,
         pipeline_model_parallel_layout=None, rotary_interleaved=False,
         fp32_residual_connection=False, multi_latent_attention=False,
         window_size=None, window_attn_skip_freq=None, softmax_type="vanilla",
@@ -171,6 +182,17 @@ COMMAND_LINES = {
     "moe_own_ffn": {"num_experts": 4, "moe_ffn_hidden_size": 48, "disable_bias_linear": True,
                     "moe_router_topk": 1, "moe_router_pre_softmax": True,
                     "moe_z_loss_coeff": 0.001, "moe_token_dispatcher_type": "alltoall"},
+    "layernorm_1p": {"layernorm_zero_centered_gamma": True},
+    "layernorm_1p_rmsnorm": {"layernorm_zero_centered_gamma": True, "normalization": "RMSNorm"},
+    "uneven_first_last": {"num_layers": 6, "pipeline_model_parallel_size": 4,
+                          "decoder_first_pipeline_num_layers": 1,
+                          "decoder_last_pipeline_num_layers": 1},
+    "uneven_first_vpp": {"num_layers": 6, "pipeline_model_parallel_size": 2,
+                         "decoder_first_pipeline_num_layers": 2,
+                         "num_virtual_stages_per_pipeline_rank": 2},
+    "embedding_and_loss_in_split": {"num_layers": 6, "pipeline_model_parallel_size": 4,
+                                    "account_for_embedding_in_pipeline_split": True,
+                                    "account_for_loss_in_pipeline_split": True},
     "moe_grouped_routing": {"num_experts": 4, "disable_bias_linear": True,
                             "moe_router_num_groups": 2, "moe_router_group_topk": 1,
                             "moe_shared_expert_intermediate_size": 32,
@@ -181,8 +203,9 @@ COMMAND_LINES = {
 
 def _argv(flags: dict) -> list[str]:
     argv = list(BASE_ARGV)
+    flag_of_dest = {dest: flag for flag, dest in MEGATRON_LM_DESTS.items()}
     for dest, value in flags.items():
-        flag = "--" + dest.replace("_", "-")
+        flag = flag_of_dest.get(dest, "--" + dest.replace("_", "-"))
         if value is True:
             argv.append(flag)
         elif value is not False:
@@ -270,8 +293,8 @@ def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
 
 
 @pytest.mark.parametrize("flag, value", [
-    ("--apply-layernorm-1p", None), ("--apply-residual-connection-post-layernorm", None),
-    ("--decoder-first-pipeline-num-layers", "1"), ("--account-for-loss-in-pipeline-split", None),
+    ("--apply-residual-connection-post-layernorm", None),
+    ("--pipeline-model-parallel-layout", "Et|tL"),
     ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
     ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"), ("--squared-relu", None),
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
