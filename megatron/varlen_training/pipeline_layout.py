@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.core.transformer.transformer_block import get_num_layers_to_build
-from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
 
 @dataclass(frozen=True)
 class PipelineSplit:
@@ -43,12 +40,18 @@ class PipelineSplit:
 
     def chunk_layers(self) -> list[list[int]]:
         """``[pp_rank][vp_stage]``: decoder layers of each model chunk (one chunk without VPP)."""
+        # megatron-core only when asked: the flag layer must not import it (a bad flag ends
+        # the run first, tests/unit_tests/test_entry_point_imports.py)
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
         return [[get_num_layers_to_build(self, vp_stage=vp, pp_rank=rank)
                  for vp in self._virtual_stages()]
                 for rank in range(self.pipeline_model_parallel_size)]
 
     def chunk_offsets(self) -> list[list[int]]:
         """``[pp_rank][vp_stage]``: global index of each chunk's first decoder layer."""
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
         return [[get_transformer_layer_offset(self, vp_stage=vp, pp_rank=rank)
                  for vp in self._virtual_stages()]
                 for rank in range(self.pipeline_model_parallel_size)]

@@ -222,3 +222,18 @@ def test_entry_point_prints_one_line_and_exits_2():
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert errors == ["pretrain_gpt.py: error: --decoder-first-pipeline-num-layers 2 needs "
                       "--pipeline-model-parallel-size > 1 (one stage holds every layer)"]
+
+
+def test_memory_check_counts_each_end_stage_its_own_layers():
+    """The start-up memory bound gives the first and the last stage their own layer counts
+    (2 and 3 of 5 here), not 5 / PP each: with uneven stages the average would overstate the
+    smaller stage and understate the larger one."""
+    from megatron.varlen_training import flag_ranges
+    from megatron.varlen_training.arguments import parse_args
+
+    args = parse_args(L5 + PP2 + ["--decoder-first-pipeline-num-layers", "2"], world_size=2)
+    stack = args.num_layers * flag_ranges.gpt_layer_parameters(args)
+    first, last = flag_ranges.stage_memory_parts(args, stack)
+    fp32_bytes = 4
+    assert first[0].nbytes == stack * 2 // 5 * fp32_bytes
+    assert last[0].nbytes == stack * 3 // 5 * fp32_bytes
