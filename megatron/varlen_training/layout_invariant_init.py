@@ -27,7 +27,9 @@ from megatron.varlen.mamba import mamba_parameter_shard
 
 _LAYER_INDEX = re.compile(r"(^|\.)layers\.(\d+)\.")
 _SCALED_OUTPUT_PROJECTIONS = ("linear_proj.weight", "linear_fc2.weight")
-_NORM_MARKERS = ("layernorm", "norm.weight", "norm.bias")
+# Transformer Engine's layer specs fuse the pre-attention/pre-MLP norm into the next linear
+# layer, whose norm parameters are ``layer_norm_weight`` / ``layer_norm_bias``.
+_NORM_MARKERS = ("layernorm", "norm.weight", "norm.bias", "layer_norm_weight")
 _WORD_EMBEDDING = "embedding.word_embeddings.weight"
 _TIED_OUTPUT = "output_layer.weight"
 _MTP_PREFIX = "mtp."

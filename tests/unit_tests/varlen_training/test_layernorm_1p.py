@@ -89,3 +89,19 @@ def test_zero_centered_norms_train_the_same_model(runs, feature):
 def test_packed_equals_unpacked_with_zero_centered_norms(runs, feature):
     _assert_same_history(runs[f"{feature} p_single 1p"]["history"],
                          runs[f"{feature} u_single 1p"]["history"], f"{feature} packed 1p")
+
+
+@pytest.mark.parametrize("name", ["decoder.layers.3.input_layernorm.weight",
+                                  "decoder.final_layernorm.weight",
+                                  "decoder.layers.0.self_attention.q_layernorm.weight",
+                                  # Transformer Engine's fused norm + linear (GPU layer specs)
+                                  "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+                                  "decoder.layers.1.mlp.linear_fc1.layer_norm_weight"])
+def test_layout_invariant_init_starts_every_norm_at_gamma_one(name):
+    """Plain norms start at 1, zero-centered ones (stored gamma - 1) at 0: the same norm."""
+    from megatron.varlen_training.layout_invariant_init import _draw
+
+    shape = [8]
+    assert torch.equal(_draw(name, shape, seed=1, std=0.02, output_std=0.01), torch.ones(shape))
+    assert torch.equal(_draw(name, shape, seed=1, std=0.02, output_std=0.01,
+                             zero_centered=True), torch.zeros(shape))

@@ -237,3 +237,25 @@ def test_memory_check_counts_each_end_stage_its_own_layers():
     fp32_bytes = 4
     assert first[0].nbytes == stack * 2 // 5 * fp32_bytes
     assert last[0].nbytes == stack * 3 // 5 * fp32_bytes
+
+
+@pytest.mark.parametrize("recompute, needle", [
+    (["uniform", "2"], "--recompute-num-layers 2 does not divide the 3 layers of a model chunk"),
+    (["uniform", "1"], None),
+    (["block", "3"], None),  # two layers of the first stage, three of the last recomputed
+    (["block", "4"], "--recompute-num-layers 4 exceeds the 3 layers of the largest model chunk"),
+])
+def test_full_recomputation_is_checked_against_every_stage(recompute, needle):
+    """megatron-core recomputes each chunk's own layers: "uniform" groups must divide every
+    chunk (it would index past a chunk they do not divide), "block" may exceed the smaller."""
+    from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+
+    argv = L5 + PP2 + ["--decoder-first-pipeline-num-layers", "2", "--recompute-granularity",
+                       "full", "--recompute-method", recompute[0], "--recompute-num-layers",
+                       recompute[1]]
+    if needle is None:
+        assert parse_args(argv, world_size=2).recompute_num_layers == int(recompute[1])
+        return
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(argv, world_size=2)
+    assert needle in str(err.value)
