@@ -1,6 +1,7 @@
 """Uneven pipeline stages train the same model as one rank: PP2 with fixed first/last stage
 sizes, with the embedding or the loss counted as a layer, with virtual stages
-(--num-virtual-stages-per-pipeline-rank), with MTP, MoE, and the hybrid Mamba stack.
+(--num-virtual-stages-per-pipeline-rank; also a chunk left with the embedding alone), with MTP,
+MoE, and the hybrid Mamba stack.
 
 Reference: the single-rank unpacked run of the same flags (no split), a separate launch. Every
 iteration's lm loss and grad norm, and the last step's gradient of every parameter (named by
@@ -27,6 +28,8 @@ ROPE = ["--position-embedding-type", "rope"]
 L5 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "5"] + ROPE
 L6 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "6",
                       "--global-batch-size", "8"] + ROPE
+L3 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "3",
+                      "--global-batch-size", "8"] + ROPE
 MTP = ["--mtp-num-layers", "1"]
 MOE = ["--num-experts", "2", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
        "--disable-bias-linear"]
@@ -47,11 +50,16 @@ CASES = {
     "first 2 of 6, VPP 2": ("l6", L6 + PP2 + ["--decoder-first-pipeline-num-layers", "2",
                                               "--num-virtual-stages-per-pipeline-rank", "2"],
                             False),
+    # 3 layers + the embedding over 2 stages x 2 virtual stages: the first chunk holds only
+    # the embedding (no decoder layer), as megatron-core places it
+    "embedding counted, VPP 2": ("l3", L3 + PP2 + ["--account-for-embedding-in-pipeline-split",
+                                                   "--num-virtual-stages-per-pipeline-rank",
+                                                   "2"], False),
     "hybrid first 1 of 4": ("hybrid", HYBRID + PP2 + ["--decoder-first-pipeline-num-layers", "1"],
                             True),
 }
 REFERENCES = {"l5": (L5, False), "l5 mtp": (L5 + MTP, False), "l5 moe": (L5 + MOE, False),
-              "l6": (L6, False), "hybrid": (HYBRID, True)}
+              "l6": (L6, False), "l3": (L3, False), "hybrid": (HYBRID, True)}
 
 
 def _train(argv: list[str], hybrid: bool) -> dict:
