@@ -79,6 +79,8 @@ _MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
 # Megatron-LM's partial / interpolated RoPE (model_arguments.py) and their values before.
 _ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None}
 _NORM_KEYS = {"layernorm_zero_centered_gamma": False}
+# Keys recorded under a dest that is not their flag's name (Megatron-LM's dests).
+_FLAG_OF_KEY = {"layernorm_zero_centered_gamma": "--apply-layernorm-1p"}
 MODEL_KEYS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
@@ -165,7 +167,7 @@ SAMPLE_BASED_FLAGS = {
 
 
 def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
+    return _FLAG_OF_KEY.get(key, "--" + key.replace("_", "-"))
 
 
 def data_entries(run: RunConfig) -> list[str] | None:

@@ -105,3 +105,47 @@ def test_layout_invariant_init_starts_every_norm_at_gamma_one(name):
     assert torch.equal(_draw(name, shape, seed=1, std=0.02, output_std=0.01), torch.ones(shape))
     assert torch.equal(_draw(name, shape, seed=1, std=0.02, output_std=0.01,
                              zero_centered=True), torch.zeros(shape))
+
+
+def test_use_checkpoint_args_takes_zero_centered_norms(tmp_path):
+    """Megatron-LM's load_args_from_checkpoint forces apply_layernorm_1p from the checkpoint
+    (``_set_arg(..., force=True)``): its value replaces the command line's either way."""
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from tests.unit_tests.varlen_training import test_use_checkpoint_args as ckptargs
+
+    centered = ckptargs._record(tmp_path / "centered", 2,
+                                ckptargs.ARCHITECTURE + ckptargs.TRAINING + [FLAG])
+    run = parse_run_config(ckptargs.TRAINING + ckptargs.USE + ["--load", str(centered)],
+                           world_size=1)
+    assert run.model.layernorm_zero_centered_gamma is True
+    plain = ckptargs._record(tmp_path / "plain", 2, ckptargs.ARCHITECTURE + ckptargs.TRAINING)
+    run = parse_run_config(ckptargs.TRAINING + ckptargs.USE + ["--load", str(plain), FLAG],
+                           world_size=1)
+    assert run.model.layernorm_zero_centered_gamma is False
+
+
+def test_resume_with_the_other_norm_parameterisation_is_refused(tmp_path):
+    """The stored norm weights mean gamma - 1 with the flag and gamma without: run_args.json
+    records it, a resume with the other setting is one line; a checkpoint from before the key
+    was recorded had plain norms (the flag was refused then)."""
+    import json
+
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.errors import CheckpointError
+    from megatron.varlen_training.resume_consistency import (
+        RUN_ARGS_FILENAME, check_run_args, save_run_args,
+    )
+
+    argv, _, _ = cell_argv("dense", "u_single", "none")
+    plain, centered = (parse_run_config(argv + extra, world_size=1) for extra in ([], [FLAG]))
+    save_run_args(str(tmp_path), centered)
+    assert check_run_args(str(tmp_path), centered, check_data=False) is None
+    with pytest.raises(CheckpointError, match="--apply-layernorm-1p True, this run has False"
+                       ) as err:
+        check_run_args(str(tmp_path), plain, check_data=False)
+    assert "\n" not in str(err.value)
+    path = tmp_path / RUN_ARGS_FILENAME
+    recorded = json.loads(path.read_text())
+    del recorded["layernorm_zero_centered_gamma"]
+    path.write_text(json.dumps(recorded))
+    assert check_run_args(str(tmp_path), plain, check_data=False) is None
