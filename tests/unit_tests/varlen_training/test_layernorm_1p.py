@@ -2,10 +2,11 @@
 the layout-invariant start (stored 0, plain 1) is the same function, Adam moves both
 parameterisations alike (norm weights have no weight decay in megatron-core), and after three
 steps each plain norm weight equals the zero-centered one's stored weight + 1 (float32
-rounding), with the same losses and grad norms. LayerNorm (the "dense" probe cell) and RMSNorm
-with QK norms ("swiglu_rms_qkln"); packed runs equal unpacked ones with the flag too.
+rounding), with the same losses and grad norms. LayerNorm (the "dense" probe cell), RMSNorm
+with QK norms ("swiglu_rms_qkln") and the hybrid Mamba stack ("hybrid": the mixer's gated norm
+is not zero-centered, as in megatron-core); packed runs equal unpacked ones with the flag too.
 
-One single-rank launch running the six trainings in sequence.
+One single-rank launch running the nine trainings in sequence.
 """
 
 import pytest
@@ -18,49 +19,55 @@ RTOL = 1e-5
 WEIGHT_ATOL = 1e-6  # stored + 1 vs plain after three Adam steps of lr 1e-3, float32
 LAUNCH_TIMEOUT_S = 300
 FLAG = "--apply-layernorm-1p"
-FEATURES = ("dense", "swiglu_rms_qkln")  # LayerNorm; RMSNorm with q/k layernorms
+# LayerNorm; RMSNorm with q/k layernorms; the hybrid Mamba stack (its layers' and final norms
+# zero-centered, the mixer's gated norm not, as in megatron-core)
+FEATURES = ("dense", "swiglu_rms_qkln", "hybrid")
 RUNS = {f"{feature} {layout}{' 1p' if one_p else ''}": (feature, layout, one_p)
         for feature in FEATURES
         for layout, one_p in (("u_single", False), ("u_single", True), ("p_single", True))}
 
 
-def _train(argv: list[str]) -> dict:
-    from megatron.varlen_training.config.from_flags import parse_run_config
+def _train(argv: list[str], hybrid: bool) -> dict:
+    from megatron.varlen_training.config.from_flags import (
+        parse_hybrid_run_config, parse_run_config,
+    )
+    from megatron.varlen_training.hybrid_model import HYBRID
     from megatron.varlen_training.layout_invariant_init import canonical_parameter_name
     from megatron.varlen_training.model import unwrap
+    from megatron.varlen_training.model_family import GPT
     from megatron.varlen_training.pretrain import pretrain
     from megatron.varlen_training.trainer import Trainer
 
-    run = parse_run_config(argv, world_size=1)
-    trainer = Trainer(run, console=False)
+    run = (parse_hybrid_run_config if hybrid else parse_run_config)(argv, world_size=1)
+    trainer = Trainer(run, HYBRID if hybrid else GPT, console=False)
     try:
         history = pretrain(trainer)
-        norms, centered = {}, 0
+        norms, offsets = {}, {}  # weight; what it adds to be gamma (1 zero-centered, else 0)
         for chunk in trainer.state.model:
             module = unwrap(chunk)
-            centered += sum(bool(getattr(m, "zero_centered_gamma", False))
-                            for m in module.modules())
             for name, param in module.named_parameters():
                 if name.endswith("norm.weight"):
                     key = canonical_parameter_name(module, name, run.model.tied_output)
                     norms[key] = param.detach().clone()
+                    owner = module.get_submodule(name.rpartition(".")[0])
+                    offsets[key] = float(getattr(owner, "zero_centered_gamma", False))
         return {"history": [{k: step[k] for k in ("lm_loss", "grad_norm")} for step in history],
-                "norms": norms, "zero_centered_modules": centered}
+                "norms": norms, "offsets": offsets}
     finally:
         trainer.close()
 
 
 def _train_all(plan: dict) -> dict:
-    return {name: _train(argv) for name, argv in plan.items()}
+    return {name: _train(argv, hybrid) for name, (argv, hybrid) in plan.items()}
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
     plan = {}
     for name, (feature, layout, one_p) in RUNS.items():
-        argv, world, _ = cell_argv(feature, layout, "none")
+        argv, world, hybrid = cell_argv(feature, layout, "none")
         assert world == 1
-        plan[name] = argv + ([FLAG] if one_p else [])
+        plan[name] = (argv + ([FLAG] if one_p else []), hybrid)
     return run_distributed(_train_all, 1, args=(plan,), timeout_s=LAUNCH_TIMEOUT_S)[0]
 
 
@@ -74,15 +81,19 @@ def _assert_same_history(got: list[dict], want: list[dict], what: str) -> None:
 @pytest.mark.parametrize("feature", FEATURES)
 def test_zero_centered_norms_train_the_same_model(runs, feature):
     plain, centered = runs[f"{feature} u_single"], runs[f"{feature} u_single 1p"]
-    assert plain["zero_centered_modules"] == 0
-    # the decoder's two norms per layer, the final norm (and the QK norms of the RMSNorm cell)
-    assert centered["zero_centered_modules"] >= 2 * 4 + 1
+    assert set(plain["offsets"].values()) == {0.0}
+    # every layer's norm(s) and the final norm (the QK norms of the RMSNorm cell too); the
+    # Mamba mixers' gated norms alone keep gamma
+    gated = {name for name in centered["offsets"] if ".mixer." in name}
+    assert {name for name, offset in centered["offsets"].items() if not offset} == gated
+    assert len(centered["offsets"]) - len(gated) >= 4 + 1
     _assert_same_history(centered["history"], plain["history"], f"{feature} 1p vs plain")
     assert centered["norms"].keys() == plain["norms"].keys()
     for name, weight in plain["norms"].items():
         assert not torch.allclose(weight, torch.ones_like(weight)), f"{name} never trained"
-        torch.testing.assert_close(centered["norms"][name] + 1, weight, rtol=0,
-                                   atol=WEIGHT_ATOL, msg=lambda m, n=name: f"{feature} {n}: {m}")
+        torch.testing.assert_close(centered["norms"][name] + centered["offsets"][name], weight,
+                                   rtol=0, atol=WEIGHT_ATOL,
+                                   msg=lambda m, n=name: f"{feature} {n}: {m}")
 
 
 @pytest.mark.parametrize("feature", FEATURES)
