@@ -49,6 +49,7 @@ MEGATRON_LM_DEFAULTS = {
     "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
     "account_for_embedding_in_pipeline_split": False,
     "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
+    "num_layers_per_virtual_pipeline_stage": None,
 }
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
@@ -77,6 +78,22 @@ def _default_ffn(flags: dict) -> int:
     return 4 * hidden
 
 
+def _virtual_pipeline_size(flags: dict) -> int | None:
+    """validate_args: --num-virtual-stages-per-pipeline-rank as given, or the layers of a stage
+    (the embedding and the loss counted when asked) over --num-layers-per-virtual-pipeline-stage;
+    one virtual stage means none."""
+    if flags["num_virtual_stages_per_pipeline_rank"] is not None:
+        size = flags["num_virtual_stages_per_pipeline_rank"]
+    elif flags["num_layers_per_virtual_pipeline_stage"] is not None:
+        layers = (flags["num_layers"] + flags["account_for_embedding_in_pipeline_split"]
+                  + flags["account_for_loss_in_pipeline_split"])
+        size = (layers // flags["pipeline_model_parallel_size"]
+                // flags["num_layers_per_virtual_pipeline_stage"])
+    else:
+        return None
+    return None if size == 1 else size
+
+
 def megatron_lm_config(given: dict) -> dict:
     """TransformerConfig field -> the value Megatron-LM builds for the flags ``given``."""
     flags = {**MEGATRON_LM_DEFAULTS, **given}
@@ -102,10 +119,7 @@ def megatron_lm_config(given: dict) -> dict:
         # core_transformer_config_from_args sets these two from the decoder flags.
         num_layers_in_first_pipeline_stage=flags["decoder_first_pipeline_num_layers"],
         num_layers_in_last_pipeline_stage=flags["decoder_last_pipeline_num_layers"],
-        # validate_args: --num-virtual-stages-per-pipeline-rank, one stage meaning none.
-        virtual_pipeline_model_parallel_size=(
-            flags["num_virtual_stages_per_pipeline_rank"]
-            if flags["num_virtual_stages_per_pipeline_rank"] != 1 else None),
+        virtual_pipeline_model_parallel_size=_virtual_pipeline_size(flags),
         # Refused here, so Megatron-LM's defaults: the same model.
         apply_residual_connection_post_layernorm=False,
         pipeline_model_parallel_layout=None, rotary_interleaved=False,
@@ -190,6 +204,9 @@ COMMAND_LINES = {
     "uneven_first_vpp": {"num_layers": 6, "pipeline_model_parallel_size": 2,
                          "decoder_first_pipeline_num_layers": 2,
                          "num_virtual_stages_per_pipeline_rank": 2},
+    "embedding_in_split_vpp": {"num_layers": 7, "pipeline_model_parallel_size": 2,
+                               "account_for_embedding_in_pipeline_split": True,
+                               "num_layers_per_virtual_pipeline_stage": 2},
     "embedding_and_loss_in_split": {"num_layers": 6, "pipeline_model_parallel_size": 4,
                                     "account_for_embedding_in_pipeline_split": True,
                                     "account_for_loss_in_pipeline_split": True},
