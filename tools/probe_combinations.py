@@ -183,6 +183,8 @@ PP2 = ["--pipeline-model-parallel-size", "2"]
 VPP2 = PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]
 CP2 = ["--context-parallel-size", "2"]
 EP2 = ["--expert-model-parallel-size", "2"]
+# Uneven stages: the first stage holds one layer, the last the rest (every feature has >= 2).
+PP2_UNEVEN = PP2 + ["--decoder-first-pipeline-num-layers", "1"]
 # name: (flags, world size); u_ = unpacked, p_ = packed (static CP), d_ = dynamic CP.
 LAYOUTS = {
     "u_single": (UNPACKED, 1),
@@ -190,6 +192,7 @@ LAYOUTS = {
     "u_tp2": (UNPACKED + ["--tensor-model-parallel-size", "2"], 2),
     "u_tp2_sp": (UNPACKED + TP2_SP, 2),
     "u_pp2": (UNPACKED + PP2, 2),
+    "u_pp2_uneven": (UNPACKED + PP2_UNEVEN, 2),
     "u_vpp2": (UNPACKED + VPP2, 2),
     "u_cp2": (UNPACKED + CP2, 2),
     "u_dp2_cp2": (UNPACKED + CP2, 4),
@@ -198,6 +201,7 @@ LAYOUTS = {
     "p_dp2": (PACKED, 2),
     "p_tp2_sp": (PACKED + TP2_SP, 2),
     "p_pp2": (PACKED + PP2, 2),
+    "p_pp2_uneven": (PACKED + PP2_UNEVEN, 2),
     "p_vpp2": (PACKED + VPP2, 2),
     "p_cp2": (PACKED + CP2, 2),
     "p_dp2_cp2": (PACKED + CP2, 4),
@@ -209,6 +213,7 @@ LAYOUTS = {
     "d_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 2),
     "d_dp2_cp2": (DYNAMIC + CP2 + ["--max-seqlen-per-dp-cp-rank", "16"], 4),
     "d_pp2_dp2": (DYNAMIC + PP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
+    "d_pp2_uneven_dp2": (DYNAMIC + PP2_UNEVEN + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
     "d_vpp2_dp2": (DYNAMIC + VPP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
     "d_tp2_sp_cp2": (DYNAMIC + TP2_SP + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
     "d_pp2_cp2": (DYNAMIC + PP2 + CP2 + ["--max-seqlen-per-dp-cp-rank", "32"], 4),
@@ -273,11 +278,11 @@ BY_DEFINITION = {
 # micro-batches; static CP packs up to the CP size x --max-seqlen-per-dp-cp-rank; the dynamic
 # CP scheduler weighs lengths padded for sequence parallelism, so TP + SP changes its packs.)
 SAME_MICROBATCHES = {
-    "u_pp2": "u_single", "u_tp2_sp": "u_single", "u_cp2": "u_single", "u_ep2": "u_dp2",
+    "u_pp2": "u_single", "u_pp2_uneven": "u_single", "u_tp2_sp": "u_single", "u_cp2": "u_single", "u_ep2": "u_dp2",
     "u_dp2_cp2": "u_dp2",
-    "p_pp2": "p_single", "p_tp2_sp": "p_single", "p_ep2": "p_dp2", "p_tp2_ep2": "p_dp2",
+    "p_pp2": "p_single", "p_pp2_uneven": "p_single", "p_tp2_sp": "p_single", "p_ep2": "p_dp2", "p_tp2_ep2": "p_dp2",
     "p_tp2_ep2_etp1": "p_dp2",
-    "d_pp2_dp2": "d_dp2", "d_pp2_cp2": "d_cp2", "d_ep2_cp2": "d_cp2",
+    "d_pp2_dp2": "d_dp2", "d_pp2_uneven_dp2": "d_dp2", "d_pp2_cp2": "d_cp2", "d_ep2_cp2": "d_cp2",
 }
 COMPARED_LOSSES = ("lm_loss", "seq_load_balancing_loss", "load_balancing_loss",
                    "global_load_balancing_loss", "z_loss",

@@ -19,8 +19,8 @@ from typing import Any
 
 from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
-    kernel_arguments, logging_arguments, loss_scale_arguments, model_arguments,
-    moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
+    kernel_arguments, logging_arguments, loss_scale_arguments, model_arguments, moe_arguments,
+    pipeline_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
@@ -287,6 +287,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     moe_arguments.add_moe_args(parser)
     model_arguments.add_model_args(parser)
     kernel_arguments.add_kernel_args(parser)
+    pipeline_arguments.add_pipeline_split_args(parser)
     return parser
 
 
@@ -308,26 +309,8 @@ def _validate_parallel_sizes(args) -> None:
     require(args.num_attention_heads % args.tensor_model_parallel_size == 0,
             f"--num-attention-heads {args.num_attention_heads} is not divisible by "
             f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
-    require(args.num_layers % args.pipeline_model_parallel_size == 0,
-            f"--num-layers {args.num_layers} is not divisible by "
-            f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}")
     require(not args.sequence_parallel or args.tensor_model_parallel_size > 1,
             "--sequence-parallel needs --tensor-model-parallel-size > 1")
-
-
-def _validate_virtual_pipeline(args) -> None:
-    args.virtual_pipeline_model_parallel_size = None
-    per_stage = args.num_layers_per_virtual_pipeline_stage
-    if per_stage is None:
-        return
-    pp = args.pipeline_model_parallel_size
-    require(pp > 1, "--num-layers-per-virtual-pipeline-stage needs "
-                    "--pipeline-model-parallel-size > 1")
-    layers_per_stage = args.num_layers // pp
-    require(layers_per_stage % per_stage == 0,
-            f"--num-layers-per-virtual-pipeline-stage {per_stage} does not divide the "
-            f"{layers_per_stage} layers of each pipeline stage (--num-layers {args.num_layers})")
-    args.virtual_pipeline_model_parallel_size = layers_per_stage // per_stage
 
 
 def _validate_sequence_length(args) -> None:
@@ -417,7 +400,8 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     flag_ranges.validate_ranges(args, require)  # first: later checks divide by these
     flag_ranges.validate_relations(args, require)
     _validate_parallel_sizes(args)
-    _validate_virtual_pipeline(args)
+    # the split of --num-layers over the stages; resolves the virtual pipeline size
+    pipeline_arguments.validate_pipeline_split(args, require)
     _validate_sequence_length(args)
     _validate_batch(args)
     _validate_precision_and_data(args)

@@ -48,6 +48,8 @@ COMMAND_LINE_WINS = ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length
 CHECKPOINT_WINS = ("group_query_attention", "num_query_groups", "position_embedding_type",
                    "rotary_base", "rotary_percent", "disable_bias_linear", "add_qkv_bias", "swiglu",
                    "untie_embeddings_and_output_weights", "normalization", "mtp_num_layers",
+                   # Megatron-LM's apply_layernorm_1p, under its 0.16.1 dest (the config field)
+                   "layernorm_zero_centered_gamma",
                    "num_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_layer_freq",
                    "moe_shared_expert_intermediate_size", "tokenizer_type",
                    "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",

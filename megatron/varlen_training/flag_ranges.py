@@ -18,6 +18,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from megatron.varlen_training.pipeline_arguments import pipeline_split_of
+
 # Token counts of one sequence live in int32 cu_seqlens (megatron-core's and FlashAttention's
 # THD format), so no sequence, position table or per-rank budget can be longer than this.
 MAX_TOKENS = 2**31 - 1
@@ -137,6 +139,10 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "tensor_model_parallel_size": COUNT,
     "pipeline_model_parallel_size": COUNT,
     "num_layers_per_virtual_pipeline_stage": COUNT,
+    # uneven pipeline stages (pipeline_arguments.py checks how they split --num-layers)
+    "decoder_first_pipeline_num_layers": FlagRange(1, why="a stage holds at least one layer"),
+    "decoder_last_pipeline_num_layers": FlagRange(1, why="a stage holds at least one layer"),
+    "num_virtual_stages_per_pipeline_rank": COUNT,
     "context_parallel_size": COUNT,
     # data, logging, checkpointing
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
@@ -177,8 +183,6 @@ FLAG_RANGES: dict[str, FlagRange] = {
                                            why="std 0 starts every weight at 0"),
     "moe_input_jitter_eps": FlagRange(0.0, why="a refused flag's noise scale"),
     "moe_latent_size": FlagRange(1, why="a refused flag's size"),
-    "decoder_first_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
-    "decoder_last_pipeline_num_layers": FlagRange(0, why="a refused flag's layer count"),
     # Megatron-LM's FP8 settings and removed flags (kernel_arguments.py): refused but at the
     # neutral value; a value out of range is wrong whatever happens to the flag.
     "fp8_margin": FlagRange(0, why="a refused flag's FP8 scaling margin"),
@@ -360,6 +364,13 @@ def gpt_layer_parameters(args) -> int:
             + mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu))
 
 
+def _stage_layers_part(args, nbytes: int) -> MemoryPart:
+    return MemoryPart("the layers of one pipeline stage", nbytes,
+                      f"--num-layers {args.num_layers} x --hidden-size {args.hidden_size}",
+                      "lower --num-layers or the layer widths, or split them with "
+                      "--tensor-model-parallel-size/--pipeline-model-parallel-size")
+
+
 def stage_memory_parts(args, layer_parameters: int) -> list[list[MemoryPart]]:
     """Lower bounds of the weights on a rank of the first and of the last pipeline stage (one
     list when there is one stage). ``layer_parameters``: the whole stack's, before TP/PP split
@@ -367,11 +378,10 @@ def stage_memory_parts(args, layer_parameters: int) -> list[list[MemoryPart]]:
     refused here can never train on this machine."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     hidden, size = args.hidden_size, (2 if (args.bf16 or args.fp16) else 4)  # weight bytes
-    layers = MemoryPart("the layers of one pipeline stage", layer_parameters // pp // tp * size,
-                        f"--num-layers {args.num_layers} x --hidden-size {hidden}",
-                        "lower --num-layers or the layer widths, or split them with "
-                        "--tensor-model-parallel-size/--pipeline-model-parallel-size")
-    first, last = [layers], [layers]
+    # each end stage's share of the stack: its layers (uneven stages: pipeline_arguments.py)
+    stages = pipeline_split_of(args).stage_layers()
+    first, last = ([_stage_layers_part(args, layer_parameters * layers // args.num_layers
+                                       // tp * size)] for layers in (stages[0], stages[-1]))
     if args.padded_vocab_size is not None:
         embedding = MemoryPart(
             "the word embedding", args.padded_vocab_size // tp * hidden * size,

@@ -153,8 +153,17 @@ def refuse_hugging_face_flags(args) -> None:
 def validate_hybrid_args(args) -> None:
     """Checks the hybrid flags after the GPT ones; fills the derived hybrid fields."""
     require(args.virtual_pipeline_model_parallel_size is None,
-            "--num-layers-per-virtual-pipeline-stage: megatron-core's hybrid stack has no "
-            "virtual pipeline stages")
+            "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank: "
+            "megatron-core's hybrid stack has no virtual pipeline stages")
+    for flag, given in (("--account-for-embedding-in-pipeline-split",
+                         args.account_for_embedding_in_pipeline_split),
+                        ("--account-for-loss-in-pipeline-split",
+                         args.account_for_loss_in_pipeline_split)):
+        # megatron-core's hybrid stack splits its pattern without them (Megatron-LM refuses
+        # them with a hybrid pattern); uneven first/last stages it does split.
+        require(not given, f"{flag}: megatron-core's hybrid stack does not count the embedding "
+                           f"or loss as a layer; use --decoder-first-pipeline-num-layers / "
+                           f"--decoder-last-pipeline-num-layers")
     require(not args.mtp_num_layers, "--mtp-num-layers is not supported by pretrain_mamba.py")
     require(args.spec is None, "--spec: pretrain_mamba.py builds its own hybrid stack spec")
     pattern = _layer_pattern(args)

@@ -10,7 +10,8 @@ pipeline stage is drawn as the word embedding it mirrors.
 Rules (Megatron's defaults): matrices ~ N(0, std), output projections of each layer
 (``linear_proj``, ``linear_fc2``, Mamba's ``out_proj``) ~ N(0, std / sqrt(m * num_layers)) with
 megatron-core's multiplier m (``TransformerConfig.output_layer_init_method``): 2, or 1 in a
-hybrid model (``is_hybrid_model``); norm weights 1; biases 0.
+hybrid model (``is_hybrid_model``); norm weights 1, or 0 in a norm that stores gamma - 1
+(``zero_centered_gamma``, --apply-layernorm-1p); biases 0.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from megatron.varlen.mamba import mamba_parameter_shard
 
 _LAYER_INDEX = re.compile(r"(^|\.)layers\.(\d+)\.")
 _SCALED_OUTPUT_PROJECTIONS = ("linear_proj.weight", "linear_fc2.weight")
-_NORM_MARKERS = ("layernorm", "norm.weight", "norm.bias")
+# Transformer Engine's layer specs fuse the pre-attention/pre-MLP norm into the next linear
+# layer, whose norm parameters are ``layer_norm_weight`` / ``layer_norm_bias``.
+_NORM_MARKERS = ("layernorm", "norm.weight", "norm.bias", "layer_norm_weight")
 _WORD_EMBEDDING = "embedding.word_embeddings.weight"
 _TIED_OUTPUT = "output_layer.weight"
 _MTP_PREFIX = "mtp."
@@ -86,12 +89,12 @@ def _full_shape(param: torch.Tensor, tp_size: int) -> tuple[list[int], int | Non
     return shape, dim
 
 
-def _draw(name: str, shape: list[int], seed: int, std: float, output_std: float
-          ) -> torch.Tensor:
+def _draw(name: str, shape: list[int], seed: int, std: float, output_std: float,
+          zero_centered: bool = False) -> torch.Tensor:
     if name.endswith(".bias") or name.endswith("_bias"):
         return torch.zeros(shape)
     if any(marker in name for marker in _NORM_MARKERS) and len(shape) == 1:
-        return torch.ones(shape)
+        return torch.zeros(shape) if zero_centered else torch.ones(shape)
     if name.endswith(_SCALED_OUTPUT_PROJECTIONS):
         std = output_std
     generator = torch.Generator().manual_seed(_name_seed(seed, name))
@@ -125,6 +128,14 @@ def output_layer_std(std: float, num_layers: int, hybrid: bool) -> float:
     return std / math.sqrt(multiplier * num_layers)
 
 
+def stores_gamma_minus_one(chunk: torch.nn.Module, name: str) -> bool:
+    """Whether the module owning parameter ``name`` is a norm storing gamma - 1 (ours, and
+    megatron-core's / Transformer Engine's norms, name the attribute ``zero_centered_gamma``;
+    the Mamba mixer's gated norm has none: its weight stays gamma)."""
+    owner = chunk.get_submodule(name.rpartition(".")[0])
+    return bool(getattr(owner, "zero_centered_gamma", False))
+
+
 @torch.no_grad()
 def initialize_layout_invariant(chunks: list[torch.nn.Module], seed: int, std: float,
                                 num_layers: int, tied_output: bool, gated_mlp: bool,
@@ -143,6 +154,7 @@ def initialize_layout_invariant(chunks: list[torch.nn.Module], seed: int, std: f
                 param.copy_(mamba.to(param.dtype))
                 continue
             shape, dim = _full_shape(param, tp_size)
-            full = _draw(canonical, shape, seed, std, output_std)
+            full = _draw(canonical, shape, seed, std, output_std, stores_gamma_minus_one(
+                chunk, name))
             gated = gated_mlp and "linear_fc1" in canonical
             param.copy_(_shard(full, dim, tp_size, tp_rank, gated).to(param.dtype))

@@ -35,12 +35,12 @@ OPTIMIZER_DTYPE_FLAGS = ("--main-grads-dtype", "--main-params-dtype", "--exp-avg
 _PRECISION_AWARE_WHY = ("Megatron-LM's precision-aware optimizer is Transformer Engine's "
                         "FusedAdam, which this fork does not build: the optimizer keeps fp32 "
                         "main grads, main params and Adam moments (Megatron-LM's default)")
-_UNEVEN_PIPELINE_WHY = ("pipeline stages here hold --num-layers / "
-                        "--pipeline-model-parallel-size layers each (uneven stages are not "
-                        "implemented); choose sizes that divide evenly")
+_LAYOUT_WHY = ("the stages' layers are split by --num-layers and the uneven-stage flags "
+               "(--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers, "
+               "--account-for-embedding-in-pipeline-split, "
+               "--account-for-loss-in-pipeline-split); no free-form layout string")
 _WINDOW_WHY = "the THD attentions here attend to the whole causal context (no sliding window)"
 _LOW_BITS_WHY = "{bits} needs Transformer Engine's {bits} layers, which this fork does not build"
-_NORM_WHY = "the plain-torch norms here have no zero-centered gamma (weight + 1)"
 # flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
 REFUSED_FLAGS = {
     "--use-precision-aware-optimizer": ({"action": "store_true"}, None, _PRECISION_AWARE_WHY),
@@ -48,16 +48,7 @@ REFUSED_FLAGS = {
         {"action": "store_true"}, None,
         "megatron-core's TransformerLayer does not implement it (Megatron-LM sets the config "
         "field and still builds pre-norm residuals): drop the flag"),
-    # Megatron-LM's dest is the TransformerConfig field's name.
-    "--apply-layernorm-1p": ({"action": "store_true", "dest": "layernorm_zero_centered_gamma"},
-                             None, _NORM_WHY),
-    "--decoder-first-pipeline-num-layers": ({"type": int}, None, _UNEVEN_PIPELINE_WHY),
-    "--decoder-last-pipeline-num-layers": ({"type": int}, None, _UNEVEN_PIPELINE_WHY),
-    "--account-for-embedding-in-pipeline-split": ({"action": "store_true"}, None,
-                                                  _UNEVEN_PIPELINE_WHY),
-    "--account-for-loss-in-pipeline-split": ({"action": "store_true"}, None,
-                                             _UNEVEN_PIPELINE_WHY),
-    "--pipeline-model-parallel-layout": ({}, None, _UNEVEN_PIPELINE_WHY),
+    "--pipeline-model-parallel-layout": ({}, None, _LAYOUT_WHY),
     "--rotary-interleaved": ({"action": "store_true"}, None,
                              "the packed RoPE here rotates halves (megatron-core's default), "
                              "not interleaved pairs"),
@@ -128,6 +119,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--apply-query-key-layer-scaling", action="store_true",
                        help="Scale Q.K by 1/layer number inside the fp16 softmax (the same "
                             "math; sets --attention-softmax-in-fp32, as Megatron-LM's).")
+    # Megatron-LM's dest is the TransformerConfig field's name.
+    group.add_argument("--apply-layernorm-1p", action="store_true",
+                       dest="layernorm_zero_centered_gamma",
+                       help="Zero-centered norm weights: every LayerNorm/RMSNorm stores "
+                            "gamma - 1 (initialised to 0) and scales by stored + 1, as "
+                            "Megatron-LM's.")
     group.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
                        help="Accumulate and all-reduce gradients in fp32 (always with --bf16, "
                             "as Megatron-LM; with --fp16 only with this flag).")

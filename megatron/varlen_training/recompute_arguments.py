@@ -18,6 +18,8 @@ See docs/RECOMPUTE.md.
 
 from __future__ import annotations
 
+from megatron.varlen_training.pipeline_arguments import pipeline_split_of
+
 FULL, SELECTIVE = "full", "selective"
 UNIFORM, BLOCK = "uniform", "block"
 # megatron-core's recompute_modules that run through tensor_parallel.checkpoint on a dense
@@ -49,29 +51,34 @@ def add_recompute_args(parser) -> None:
                        help="Shorthand for --recompute-granularity selective.")
 
 
-def layers_per_model_chunk(args) -> int:
-    """Layers in one model chunk: a pipeline stage, or a virtual stage with VPP."""
-    chunk = args.num_layers_per_virtual_pipeline_stage
-    return chunk if chunk is not None else args.num_layers // args.pipeline_model_parallel_size
+def _chunk_sizes(args) -> list[int]:
+    """The distinct layer counts of the model chunks that hold layers (megatron-core's split;
+    a chunk left without layers, the embedding or loss counted as one, recomputes nothing)."""
+    chunks = pipeline_split_of(args).chunk_layers()
+    return sorted({count for stage in chunks for count in stage if count > 0})
 
 
 def _validate_full(args, require) -> None:
     require(args.recompute_method is not None,
             "--recompute-granularity full needs --recompute-method (uniform or block)")
-    layers = layers_per_model_chunk(args)
+    sizes = _chunk_sizes(args)
+    layers, which = max(sizes), "each" if len(sizes) == 1 else "the largest"
     count = args.recompute_num_layers
     require(count is not None,
             f"--recompute-granularity full needs --recompute-num-layers (1 to the {layers} "
-            f"layers of each pipeline stage)")
+            f"layers of {which} pipeline stage)")
     require(count <= layers,
-            f"--recompute-num-layers {count} exceeds the {layers} layers of each model chunk "
+            f"--recompute-num-layers {count} exceeds the {layers} layers of {which} model chunk "
             f"(--num-layers / --pipeline-model-parallel-size, or "
-            f"--num-layers-per-virtual-pipeline-stage)")
+            f"--num-layers-per-virtual-pipeline-stage, or the uneven stage flags)")
     if args.recompute_method == UNIFORM:
+        # megatron-core checkpoints groups of `count` layers from each chunk's first and
+        # indexes past a chunk whose size it does not divide
+        layers = next((size for size in sizes if size % count), layers)
         require(layers % count == 0,
                 f"--recompute-method uniform: --recompute-num-layers {count} does not divide the "
-                f"{layers} layers of each model chunk (choose a divisor, or --recompute-method "
-                f"block)")
+                f"{layers} layers of {'each' if len(sizes) == 1 else 'a'} model chunk (choose "
+                f"a divisor, or --recompute-method block)")
         if args.mtp_num_layers:
             _validate_mtp_uniform(args, require, count)
 

@@ -78,6 +78,9 @@ _MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
              "moe_shared_expert_intermediate_size", "moe_layer_freq")
 # Megatron-LM's partial / interpolated RoPE (model_arguments.py) and their values before.
 _ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None}
+_NORM_KEYS = {"layernorm_zero_centered_gamma": False}
+# Keys recorded under a dest that is not their flag's name (Megatron-LM's dests).
+_FLAG_OF_KEY = {"layernorm_zero_centered_gamma": "--apply-layernorm-1p"}
 MODEL_KEYS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "max_position_embeddings", "position_embedding_type", "rotary_base", "normalization",
@@ -89,6 +92,8 @@ MODEL_KEYS = (
     "rope_scaling_factor", *_HYBRID_KEYS, *_MOE_KEYS,
     # Megatron-LM's RoPE flags (model_arguments.py).
     *_ROPE_KEYS,
+    # --apply-layernorm-1p: the norm weights mean gamma - 1 instead of gamma.
+    *_NORM_KEYS,
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
 # Where SFT records keep their text (the dataset and megatron.wrap's gpt_sft flow read them):
@@ -103,7 +108,7 @@ SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
                    INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
-RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **_ROPE_KEYS}
+RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **_ROPE_KEYS, **_NORM_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 # Validation samples the run's evaluations had read (Megatron-LM's ``consumed_valid_samples``):
 # the resumed run's next evaluation continues the validation stream there.
@@ -115,13 +120,18 @@ EXPERT_PARALLEL_KEY = "expert_model_parallel_size"
 EXPERT_TENSOR_PARALLEL_KEY = "expert_tensor_parallel_size"  # None: a dense model (no experts)
 PIPELINE_PARALLEL_KEY = "pipeline_model_parallel_size"
 VIRTUAL_PIPELINE_KEY = "num_layers_per_virtual_pipeline_stage"  # None: no virtual stages
+# Megatron-LM's pipeline split flags (pipeline_arguments.py): which layers each stage holds.
+PIPELINE_SPLIT_KEYS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                       "account_for_embedding_in_pipeline_split",
+                       "account_for_loss_in_pipeline_split", "num_virtual_stages_per_pipeline_rank")
 # The sizes --use-distributed-optimizer's state (megatron-core's dp_reshardable format: one shard
 # per data-parallel group of buffers) cannot change: only data parallelism reshards it.
 SHARDED_OPTIMIZER_SIZES = {"tensor_model_parallel_size": "--tensor-model-parallel-size",
                            PIPELINE_PARALLEL_KEY: "--pipeline-model-parallel-size",
                            EXPERT_PARALLEL_KEY: "--expert-model-parallel-size",
                            EXPERT_TENSOR_PARALLEL_KEY: "--expert-tensor-parallel-size",
-                           VIRTUAL_PIPELINE_KEY: "--num-layers-per-virtual-pipeline-stage"}
+                           VIRTUAL_PIPELINE_KEY: "--num-layers-per-virtual-pipeline-stage",
+                           **{key: "--" + key.replace("_", "-") for key in PIPELINE_SPLIT_KEYS}}
 # --decoupled-lr gives the embedding and output weights an optimizer param group of their own:
 # with and without it the optimizer states differ in layout; the pair's values are the bounds
 # of that group's schedule, which its state carries (training.load_state). Checkpoints from
@@ -157,7 +167,7 @@ SAMPLE_BASED_FLAGS = {
 
 
 def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
+    return _FLAG_OF_KEY.get(key, "--" + key.replace("_", "-"))
 
 
 def data_entries(run: RunConfig) -> list[str] | None:
@@ -205,6 +215,7 @@ def _recorded_values(run: RunConfig) -> dict:
         tensor_model_parallel_size=run.parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=run.parallel.pipeline_model_parallel_size,
         num_layers_per_virtual_pipeline_stage=run.parallel.num_layers_per_virtual_pipeline_stage,
+        **{key: getattr(run.parallel, key) for key in PIPELINE_SPLIT_KEYS},
         seq_length=model.seq_length,
         data_path=list(data.data_path) if data.data_path is not None else None)
     return values
@@ -214,7 +225,8 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
     values = _recorded_values(run)
     keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY,
-                         PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY) + DATA_ORDER_KEYS \
+                         PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY) + PIPELINE_SPLIT_KEYS \
+        + DATA_ORDER_KEYS \
         + _CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS)
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:

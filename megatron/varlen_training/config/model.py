@@ -93,6 +93,8 @@ class ModelConfig:
     apply_query_key_layer_scaling: bool = False
     accumulate_allreduce_grads_in_fp32: bool = False
     kernels: KernelConfig = KernelConfig()  # Megatron-LM's kernel flags (kernel_arguments.py)
+    # --apply-layernorm-1p: every norm stores gamma - 1 (megatron-core's field name).
+    layernorm_zero_centered_gamma: bool = False
 
     def __post_init__(self):
         check_ranges(self)

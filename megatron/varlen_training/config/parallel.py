@@ -21,6 +21,13 @@ class ParallelConfig:
     data_parallel_size: int
     sequence_parallel: bool
     distributed_timeout_minutes: float
+    # Megatron-LM's pipeline split (pipeline_arguments.py checked it; megatron-core places the
+    # layers): fixed first/last stage sizes, or the embedding / loss counted as a layer.
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    num_virtual_stages_per_pipeline_rank: int | None = None
     # megatron-core's DDP / distributed optimizer overlap (recipe_arguments.py).
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False

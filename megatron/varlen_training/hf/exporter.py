@@ -33,7 +33,7 @@ from megatron.varlen_training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, stale_weight_files, write_index, write_shard,
 )
 from megatron.varlen_training.layout_invariant_init import (
-    canonical_parameter_name, is_expert_parameter,
+    canonical_parameter_name, is_expert_parameter, stores_gamma_minus_one,
 )
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
@@ -128,7 +128,8 @@ def stage_tensors(chunks: list[torch.nn.Module], config: HFModelConfig) -> dict[
                 continue
             rule, names = weights.match(canonical)
             shards = [s.detach().cpu() for s in _gather(param.detach(), tp_group)]
-            tensors.update(weights.hf_tensors(rule, names, shards, config))
+            tensors.update(weights.hf_tensors(rule, names, shards, config,
+                                              stores_gamma_minus_one(chunk, name)))
     return tensors
 
 

@@ -14,7 +14,7 @@ from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import HFConfigError, HFModelConfig, load_hf_config
 from megatron.varlen_training.hf.safetensors_io import SafetensorsReader
 from megatron.varlen_training.layout_invariant_init import (
-    canonical_parameter_name, tensor_parallel_shard,
+    canonical_parameter_name, stores_gamma_minus_one, tensor_parallel_shard,
 )
 
 
@@ -55,7 +55,7 @@ def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, tied_output: boo
             rule, names = weights.match(canonical)
             _check_shapes(reader, names, rule, config, tp_size, param.shape)
             shard = weights.local_shard(rule, names, reader.read, tuple(param.shape), config,
-                                        tp_size, tp_rank)
+                                        tp_size, tp_rank, stores_gamma_minus_one(chunk, name))
             if tuple(shard.shape) != tuple(param.shape):
                 raise HFConfigError(
                     f"{', '.join(names)} gives shape {tuple(shard.shape)} for {canonical} but "

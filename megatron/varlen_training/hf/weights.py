@@ -4,7 +4,9 @@ A parameter is named by its layout-free (canonical) name (``layout_invariant_ini
 global layer numbers, a tied output layer named as the word embedding). Each name matches one
 :class:`Rule`, whose ``kind`` says how the HF tensors combine and split over TP ranks:
 
-- ``replicated``: norms; every rank holds the whole HF tensor.
+- ``replicated``: every rank holds the whole HF tensor (the MoE router).
+- ``norm``: a norm's weight, replicated; a norm that stores gamma - 1 (``--apply-layernorm-1p``)
+  holds the HF weight minus 1, so import subtracts 1 and export adds it back.
 - ``vocab``: embedding / output layer, rows split over TP; megatron's padded rows (beyond the
   HF vocabulary) are zero on import and dropped on export.
 - ``row``: a row-parallel linear layer (o_proj, down_proj), split by input columns.
@@ -34,6 +36,7 @@ _LAYER = r"decoder\.layers\.(\d+)\."
 _HF_LAYER = "model.layers.{}."
 _EXPERT = r"mlp\.experts\.local_experts\.(\d+)\."
 _HF_EXPERT = _HF_LAYER + "mlp.experts.{}."
+ZERO_CENTERED_OFFSET = 1.0  # a zero-centered norm scales by its stored weight + 1
 
 
 @dataclass(frozen=True)
@@ -50,20 +53,20 @@ def _rule(pattern: str, kind: str, *hf_names: str) -> Rule:
 RULES = (
     _rule(r"embedding\.word_embeddings\.weight", "vocab", "model.embed_tokens.weight"),
     _rule(r"output_layer\.weight", "vocab", "lm_head.weight"),
-    _rule(r"decoder\.final_layernorm\.weight", "replicated", "model.norm.weight"),
-    _rule(_LAYER + r"input_layernorm\.weight", "replicated",
+    _rule(r"decoder\.final_layernorm\.weight", "norm", "model.norm.weight"),
+    _rule(_LAYER + r"input_layernorm\.weight", "norm",
           _HF_LAYER + "input_layernorm.weight"),
     _rule(_LAYER + r"self_attention\.linear_qkv\.weight", "qkv",
           *(_HF_LAYER + f"self_attn.{p}_proj.weight" for p in "qkv")),
     _rule(_LAYER + r"self_attention\.linear_qkv\.bias", "qkv",
           *(_HF_LAYER + f"self_attn.{p}_proj.bias" for p in "qkv")),
-    _rule(_LAYER + r"self_attention\.q_layernorm\.weight", "replicated",
+    _rule(_LAYER + r"self_attention\.q_layernorm\.weight", "norm",
           _HF_LAYER + "self_attn.q_norm.weight"),
-    _rule(_LAYER + r"self_attention\.k_layernorm\.weight", "replicated",
+    _rule(_LAYER + r"self_attention\.k_layernorm\.weight", "norm",
           _HF_LAYER + "self_attn.k_norm.weight"),
     _rule(_LAYER + r"self_attention\.linear_proj\.weight", "row",
           _HF_LAYER + "self_attn.o_proj.weight"),
-    _rule(_LAYER + r"pre_mlp_layernorm\.weight", "replicated",
+    _rule(_LAYER + r"pre_mlp_layernorm\.weight", "norm",
           _HF_LAYER + "post_attention_layernorm.weight"),
     _rule(_LAYER + r"mlp\.linear_fc1\.weight", "gated",
           _HF_LAYER + "mlp.gate_proj.weight", _HF_LAYER + "mlp.up_proj.weight"),
@@ -76,9 +79,9 @@ RULES = (
     _rule(_LAYER + _EXPERT + r"linear_fc2\.weight", "row", _HF_EXPERT + "down_proj.weight"),
     # Transformer Engine layer specs (GPU) fuse the pre-attention/pre-MLP norms into the next
     # linear layer; same HF tensors. Untested here: no GPU was available to this project.
-    _rule(_LAYER + r"self_attention\.linear_qkv\.layer_norm_weight", "replicated",
+    _rule(_LAYER + r"self_attention\.linear_qkv\.layer_norm_weight", "norm",
           _HF_LAYER + "input_layernorm.weight"),
-    _rule(_LAYER + r"mlp\.linear_fc1\.layer_norm_weight", "replicated",
+    _rule(_LAYER + r"mlp\.linear_fc1\.layer_norm_weight", "norm",
           _HF_LAYER + "post_attention_layernorm.weight"),
 )
 
@@ -114,8 +117,13 @@ def _qkv_shard(read: Reader, names: list[str], config: HFModelConfig, tp_size: i
 
 
 def local_shard(rule: Rule, names: list[str], read: Reader, shape: tuple[int, ...],
-                config: HFModelConfig, tp_size: int, tp_rank: int) -> torch.Tensor:
-    """The tensor TP rank ``tp_rank`` holds for a parameter of local shape ``shape``."""
+                config: HFModelConfig, tp_size: int, tp_rank: int,
+                zero_centered: bool = False) -> torch.Tensor:
+    """The tensor TP rank ``tp_rank`` holds for a parameter of local shape ``shape``;
+    ``zero_centered``: the parameter is a norm weight stored as gamma - 1."""
+    if rule.kind == "norm":
+        weight = read(names[0], None, None)
+        return weight - ZERO_CENTERED_OFFSET if zero_centered else weight
     if rule.kind == "replicated":
         return read(names[0], None, None)
     if rule.kind == "vocab":
@@ -137,8 +145,11 @@ def local_shard(rule: Rule, names: list[str], read: Reader, shape: tuple[int, ..
 
 
 def hf_tensors(rule: Rule, names: list[str], shards: list[torch.Tensor],
-               config: HFModelConfig) -> dict[str, torch.Tensor]:
-    """HF tensors from the TP shards (in TP rank order) of one megatron parameter."""
+               config: HFModelConfig, zero_centered: bool = False) -> dict[str, torch.Tensor]:
+    """HF tensors from the TP shards (in TP rank order) of one megatron parameter;
+    ``zero_centered``: the parameter is a norm weight stored as gamma - 1."""
+    if rule.kind == "norm":
+        return {names[0]: shards[0] + ZERO_CENTERED_OFFSET if zero_centered else shards[0]}
     if rule.kind == "replicated":
         return {names[0]: shards[0]}
     if rule.kind == "vocab":

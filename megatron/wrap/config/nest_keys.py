@@ -100,6 +100,8 @@ ALIASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "add_position_embedding": _position_embedding,  # --no-position-embedding: rope only
     # Megatron-LM 0.16.1's dest of --norm-epsilon (the TransformerConfig field; 0.8.0's was ours)
     "layernorm_epsilon": lambda value: {"norm_epsilon": value},
+    # core 0.8.0's dest of --apply-layernorm-1p (0.16.1's and ours: the TransformerConfig field)
+    "apply_layernorm_1p": lambda value: {"layernorm_zero_centered_gamma": value},
 }
 """Megatron-LM dests that this fork's parser spells differently: key -> value -> our keys."""
 

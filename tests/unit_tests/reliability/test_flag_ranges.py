@@ -106,7 +106,8 @@ VALID = {
     "norm_epsilon": HUGE,
     "rope_scaling_factor": HUGE,
     # Megatron-LM's RoPE flags need --position-embedding-type rope (the bases use learned
-    # positions); the uneven-pipeline flags are refused whatever their value.
+    # positions); the uneven-pipeline and virtual-stage flags need
+    # --pipeline-model-parallel-size > 1 (the bases have one stage).
     "rotary_percent": NONE,
     "mtp_loss_scaling_factor": NONE,  # needs --mtp-num-layers (the bases have none)
     "rotary_seq_len_interpolation_factor": NONE,
@@ -123,6 +124,7 @@ VALID = {
     "warmup": NONE,
     "model_parallel_size": NONE,
     "decoder_last_pipeline_num_layers": NONE,
+    "num_virtual_stages_per_pipeline_rank": NONE,
     "distributed_timeout_minutes": NONE,
     "exit_interval": HUGE,
     "exit_duration_in_mins": HUGE,

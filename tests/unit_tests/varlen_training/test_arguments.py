@@ -97,6 +97,7 @@ EXPECTED_FLAGS = frozenset("""
 --moe-routing-trace-path --moe-routing-trace-max-training-iters
 --moe-routing-trace-capture-logits --moe-routing-trace-capture-hidden-states
 --moe-routing-trace-dump-weights --otel-enabled --otel-service-name --otel-span-groups
+--num-virtual-stages-per-pipeline-rank
 """.split())
 
 

@@ -6,7 +6,9 @@ rounding; the 4th iteration's numbers depend on the Adam moments loaded, not onl
 Layout changes covered (the probe's cells, tools/probe_combinations.py ``--resume-on``, which
 ran a wider matrix: docs/ARCHITECTURE.md "Checkpoints"):
 
-- Adam: DP 2 -> 1, DP 2 -> TP 2, TP 2 -> PP 2, TP 2 -> packed dynamic CP 2;
+- Adam: DP 2 -> 1, DP 2 -> TP 2, TP 2 -> PP 2, TP 2 -> packed dynamic CP 2, even PP 2 ->
+  uneven PP 2 (one layer on the first stage, three on the last: every layer moves stage or
+  index);
 - ``--use-distributed-optimizer`` (dp_reshardable state): DP 2 -> 1 and DP 1 -> 2.
 
 Three launches (2 ranks, 1 rank, 2 ranks: saves, then the loads of each), about a minute on 2
@@ -46,6 +48,7 @@ def _plans(folder: str) -> list[tuple[int, dict[str, list[str]]]]:
     return [
         (2, {"save dense u_dp2": _saved("dense", "u_dp2", folder),
              "save dense u_tp2": _saved("dense", "u_tp2", folder),
+             "save dense u_pp2": _saved("dense", "u_pp2", folder),
              "save dist_opt u_dp2": _saved("dist_opt", "u_dp2", folder)}),
         (1, {"straight dense": _argv("dense", "u_single", RESUME_ITERS),
              "straight dist_opt": _argv("dist_opt", "u_single", RESUME_ITERS),
@@ -55,6 +58,7 @@ def _plans(folder: str) -> list[tuple[int, dict[str, list[str]]]]:
         (2, {"dense u_dp2 -> u_tp2": _resumed("dense", "u_tp2", folder, "u_dp2"),
              "dense u_tp2 -> u_pp2": _resumed("dense", "u_pp2", folder, "u_tp2"),
              "dense u_tp2 -> d_cp2": _resumed("dense", "d_cp2", folder, "u_tp2"),
+             "dense u_pp2 -> u_pp2_uneven": _resumed("dense", "u_pp2_uneven", folder, "u_pp2"),
              "dist_opt u_single -> u_dp2": _resumed("dist_opt", "u_dp2", folder, "u_single")}),
     ]
 
@@ -86,6 +90,7 @@ def histories(tmp_path_factory) -> dict[str, list[dict]]:
     ("dense u_dp2 -> u_tp2", "save dense u_dp2"),
     ("dense u_tp2 -> u_pp2", "save dense u_tp2"),
     ("dense u_tp2 -> d_cp2", "save dense u_tp2"),
+    ("dense u_pp2 -> u_pp2_uneven", "save dense u_pp2"),
     ("dist_opt u_dp2 -> u_single", "save dist_opt u_dp2"),
     ("dist_opt u_single -> u_dp2", "save dist_opt u_single"),
 ])

@@ -54,6 +54,11 @@ MEGATRON_LM_DEFAULTS = {
     "cross_entropy_loss_fusion": False, "cross_entropy_fusion_impl": "native",
     "disable_bf16_reduced_precision_matmul": False, "transformer_impl": "transformer_engine",
     "moe_grouped_gemm": False, "moe_permute_fusion": False, "moe_router_fusion": False,
+    "moe_shared_expert_overlap": False, "layernorm_zero_centered_gamma": False,
+    "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
+    "account_for_embedding_in_pipeline_split": False,
+    "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
+    "num_layers_per_virtual_pipeline_stage": None,
 }
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
@@ -69,7 +74,10 @@ _COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "
            "hidden_dropout", "attention_dropout", "init_method_std", "normalization",
            "apply_query_key_layer_scaling", "bf16", "fp16", "tensor_model_parallel_size",
            "pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
-           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor")
+           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor",
+           # --apply-layernorm-1p's dest is the field; the account-for flags are named as theirs
+           "layernorm_zero_centered_gamma", "account_for_embedding_in_pipeline_split",
+           "account_for_loss_in_pipeline_split")
 # Kernel flags core_transformer_config_from_args copies by name (TransformerConfig fields).
 _KERNEL_COPIED = ("masked_softmax_fusion", "bias_dropout_fusion", "gradient_accumulation_fusion",
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
@@ -98,6 +106,22 @@ def _kernel_fields(flags: dict) -> dict:
     }
 
 
+def _virtual_pipeline_size(flags: dict) -> int | None:
+    """validate_args: --num-virtual-stages-per-pipeline-rank as given, or the layers of a stage
+    (the embedding and the loss counted when asked) over --num-layers-per-virtual-pipeline-stage;
+    one virtual stage means none."""
+    if flags["num_virtual_stages_per_pipeline_rank"] is not None:
+        size = flags["num_virtual_stages_per_pipeline_rank"]
+    elif flags["num_layers_per_virtual_pipeline_stage"] is not None:
+        layers = (flags["num_layers"] + flags["account_for_embedding_in_pipeline_split"]
+                  + flags["account_for_loss_in_pipeline_split"])
+        size = (layers // flags["pipeline_model_parallel_size"]
+                // flags["num_layers_per_virtual_pipeline_stage"])
+    else:
+        return None
+    return None if size == 1 else size
+
+
 def megatron_lm_config(given: dict) -> dict:
     """TransformerConfig field -> the value Megatron-LM builds for the flags ``given``."""
     flags = {**MEGATRON_LM_DEFAULTS, **given}
@@ -120,10 +144,12 @@ def megatron_lm_config(given: dict) -> dict:
         attention_softmax_in_fp32=(flags["attention_softmax_in_fp32"]
                                    or flags["apply_query_key_layer_scaling"]),
         params_dtype=dtype, pipeline_dtype=dtype,
+        # core_transformer_config_from_args sets these two from the decoder flags.
+        num_layers_in_first_pipeline_stage=flags["decoder_first_pipeline_num_layers"],
+        num_layers_in_last_pipeline_stage=flags["decoder_last_pipeline_num_layers"],
+        virtual_pipeline_model_parallel_size=_virtual_pipeline_size(flags),
         # Refused here, so Megatron-LM's defaults: the same model.
-        layernorm_zero_centered_gamma=False, apply_residual_connection_post_layernorm=False,
-        num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
-        account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False,
+        apply_residual_connection_post_layernorm=False,
         pipeline_model_parallel_layout=None, rotary_interleaved=False,
         fp32_residual_connection=False, multi_latent_attention=False,
         window_size=None, window_attn_skip_freq=None, softmax_type="vanilla",
@@ -215,6 +241,20 @@ COMMAND_LINES = {
     "moe_own_ffn": {"num_experts": 4, "moe_ffn_hidden_size": 48, "disable_bias_linear": True,
                     "moe_router_topk": 1, "moe_router_pre_softmax": True,
                     "moe_z_loss_coeff": 0.001, "moe_token_dispatcher_type": "alltoall"},
+    "layernorm_1p": {"layernorm_zero_centered_gamma": True},
+    "layernorm_1p_rmsnorm": {"layernorm_zero_centered_gamma": True, "normalization": "RMSNorm"},
+    "uneven_first_last": {"num_layers": 6, "pipeline_model_parallel_size": 4,
+                          "decoder_first_pipeline_num_layers": 1,
+                          "decoder_last_pipeline_num_layers": 1},
+    "uneven_first_vpp": {"num_layers": 6, "pipeline_model_parallel_size": 2,
+                         "decoder_first_pipeline_num_layers": 2,
+                         "num_virtual_stages_per_pipeline_rank": 2},
+    "embedding_in_split_vpp": {"num_layers": 7, "pipeline_model_parallel_size": 2,
+                               "account_for_embedding_in_pipeline_split": True,
+                               "num_layers_per_virtual_pipeline_stage": 2},
+    "embedding_and_loss_in_split": {"num_layers": 6, "pipeline_model_parallel_size": 4,
+                                    "account_for_embedding_in_pipeline_split": True,
+                                    "account_for_loss_in_pipeline_split": True},
     "moe_grouped_routing": {"num_experts": 4, "disable_bias_linear": True,
                             "moe_router_num_groups": 2, "moe_router_group_topk": 1,
                             "moe_shared_expert_intermediate_size": 32,
@@ -246,8 +286,9 @@ OFF_SWITCHES = {"masked_softmax_fusion": "--no-masked-softmax-fusion",
 
 def _argv(flags: dict) -> list[str]:
     argv = list(BASE_ARGV)
+    flag_of_dest = {dest: flag for flag, dest in MEGATRON_LM_DESTS.items()}
     for dest, value in flags.items():
-        flag = "--" + dest.replace("_", "-")
+        flag = flag_of_dest.get(dest, "--" + dest.replace("_", "-"))
         if value is False and dest in OFF_SWITCHES:
             argv.append(OFF_SWITCHES[dest])
         elif value is True:
@@ -294,11 +335,14 @@ def test_every_shared_flag_field_is_in_the_reference():
     # Ours too, read elsewhere: hybrid sizes (hybrid_model.py), recomputation
     # (recompute_arguments.py's own tests), the packing budget, the dynamic-CP switch, the
     # attention backend (resolved per device, platform.py), the level-1 timer barrier (a timing
-    # switch set on the config with the timers, training.py).
+    # switch set on the config with the timers, training.py), the logging switches
+    # (logging_arguments.py: megatron-core 0.16.1's model reads neither field; the per-layer
+    # MoE losses are written by reported_losses.py, the attention-logit one is refused).
     elsewhere = {"is_hybrid_model", "mamba_state_dim", "mamba_head_dim", "mamba_num_groups",
                  "mamba_num_heads", "recompute_granularity", "recompute_method",
                  "recompute_num_layers", "recompute_modules", "max_seqlen_per_dp_cp_rank",
-                 "hybrid_context_parallel", "attention_backend", "barrier_with_L1_time"}
+                 "hybrid_context_parallel", "attention_backend", "barrier_with_L1_time",
+                 "moe_per_layer_logging", "log_max_attention_logit"}
     missing = (fields & ours) - covered - set(DIFFERENT_ON_PURPOSE) - set(UNFUSED_HERE) \
         - elsewhere
     assert not missing, sorted(missing)
@@ -348,8 +392,8 @@ def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
 
 
 @pytest.mark.parametrize("flag, value", [
-    ("--apply-layernorm-1p", None), ("--apply-residual-connection-post-layernorm", None),
-    ("--decoder-first-pipeline-num-layers", "1"), ("--account-for-loss-in-pipeline-split", None),
+    ("--apply-residual-connection-post-layernorm", None),
+    ("--pipeline-model-parallel-layout", "Et|tL"),
     ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
     ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"), ("--squared-relu", None),
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),

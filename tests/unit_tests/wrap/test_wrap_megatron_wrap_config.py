@@ -212,6 +212,14 @@ def test_megatron_lm_0_16_norm_epsilon_dest_reaches_the_model(tmp_path):
     assert config.flat["norm_epsilon"] == 1e-6
 
 
+@pytest.mark.parametrize("key", ["apply_layernorm_1p", "layernorm_zero_centered_gamma"])
+def test_megatron_lm_layernorm_1p_dests_reach_the_model(tmp_path, key):
+    """--apply-layernorm-1p: core 0.8.0's dest (megatron-wrap's nests) and 0.16.1's."""
+    files = {"megatron_lm/misc/norm.yaml": f"{key}: true\n"}
+    config = build_config(write_nest(tmp_path, files=files))
+    assert config.flat["layernorm_zero_centered_gamma"] is True
+
+
 def test_alias_that_contradicts_an_explicit_key_is_one_line(tmp_path):
     files = {"megatron_lm/misc/pos.yaml": "position_embedding_type: none\n"}
     with pytest.raises(ConfigError, match="'position_embedding_type' is 'none'.*asks for 'rope'"):

@@ -1,15 +1,16 @@
 """Export is layout-free: whatever the parallel layout a model lives on, its Hugging Face export
 holds the same tensors.
 
-- Import -> export with no training between, on every 2-rank layout (TP2, PP2, PP2 + VPP, DP2;
+- Import -> export with no training between, on every 2-rank layout (TP2, PP2, uneven PP2,
+  PP2 + VPP, DP2;
   Qwen3-MoE on EP2, TP2 + EP2 with expert TP 1, PP2 + VPP; a vocabulary padded for TP2): bit
   for bit the tensors of the checkpoint transformers saved, under the same names, and a
   ``config.json`` transformers reads as the source's. No arithmetic happens on the way, so
   nothing may differ at all. An earlier export in another layout in the same directory is
   replaced, not left for transformers to load.
 - Training on layout X, then ``--save-hf``: the export equals the export of the same training on
-  one rank (fp32 rounding), for tied embeddings on PP2 (the first stage writes the embedding the
-  last stage's output layer mirrors), DP2 with the distributed optimizer (also with its
+  one rank (fp32 rounding), for tied embeddings on PP2, even and uneven (the first stage writes
+  the embedding the last stage's output layer mirrors), DP2 with the distributed optimizer (also with its
   parameter all-gather overlapped), a packed SFT run with dynamic CP, and Qwen3-MoE on EP2;
   ``tools/export_hf.py`` on the distributed optimizer's Megatron checkpoint writes exactly the
   ``--save-hf`` tensors.
@@ -37,11 +38,14 @@ REPO = Path(__file__).resolve().parents[4]
 TP2 = ["--tensor-model-parallel-size", "2"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 VPP = PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]
+PP2_UNEVEN = PP2 + ["--decoder-first-pipeline-num-layers", "1"]
 EP2 = ["--expert-model-parallel-size", "2"]
 # (source, layout flags): Qwen2 is tied with QKV bias and GQA, Llama untied with Llama-3 RoPE.
 IMPORT_EXPORT = {
     "qwen2_tp2": ("qwen2", TP2), "qwen2_pp2": ("qwen2", PP2), "qwen2_vpp": ("qwen2", VPP),
     "qwen2_dp2": ("qwen2", []), "llama_vpp": ("llama", VPP), "qwen3_pp2": ("qwen3", PP2),
+    # uneven stages (one layer first, three last): the even split's tensors, bit for bit
+    "qwen2_pp2_uneven": ("qwen2", PP2_UNEVEN),
     "moe_ep2": ("moe", EP2), "moe_vpp": ("moe", VPP),
     "moe_tp2_ep2": ("moe", TP2 + EP2 + ["--expert-tensor-parallel-size", "1",
                                         "--sequence-parallel"]),
@@ -56,6 +60,7 @@ TRAINING = ["--train-iters", "3", "--lr", "1e-1", "--adam-eps", "1.0", "--weight
 # run: (source, reference run on one rank, layout flags)
 TRAINED = {
     "tied_pp2": ("qwen2", "tied", PP2),
+    "tied_pp2_uneven": ("qwen2", "tied", PP2_UNEVEN),
     "distopt_dp2": ("qwen2", "tied", ["--use-distributed-optimizer"]),
     # the last step's parameter all-gather is deferred to the next forward: --save-hf gathers
     "overlap_param_gather_dp2": ("qwen2", "tied", ["--use-distributed-optimizer",

@@ -1,0 +1,62 @@
+"""How many decoder layers each pipeline stage (and virtual stage) builds, and where they start.
+
+The arithmetic is megatron-core's own (``get_num_layers_to_build`` and
+``get_transformer_layer_offset``, which the model build calls on every rank): this module only
+asks it about every stage at once, from the flags, before any process group exists. Flag
+validation (pipeline_arguments.py) uses it for the per-chunk checks (recomputation, stages left
+without layers); tests use it as the layout the model must build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """The TransformerConfig fields megatron-core's layer placement reads (same names)."""
+
+    num_layers: int
+    pipeline_model_parallel_size: int
+    virtual_pipeline_model_parallel_size: int | None = None
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    # No --pipeline-model-parallel-layout here (refused): megatron-core reads the attribute.
+    pipeline_model_parallel_layout: None = None
+
+    @property
+    def uneven(self) -> bool:
+        """Whether stages hold other layer counts than --num-layers / PP."""
+        return (self.num_layers_in_first_pipeline_stage is not None
+                or self.num_layers_in_last_pipeline_stage is not None
+                or self.account_for_embedding_in_pipeline_split
+                or self.account_for_loss_in_pipeline_split)
+
+    def _virtual_stages(self) -> list[int | None]:
+        size = self.virtual_pipeline_model_parallel_size
+        return [None] if size is None else list(range(size))
+
+    def chunk_layers(self) -> list[list[int]]:
+        """``[pp_rank][vp_stage]``: decoder layers of each model chunk (one chunk without VPP)."""
+        # megatron-core only when asked: the flag layer must not import it (a bad flag ends
+        # the run first, tests/unit_tests/test_entry_point_imports.py)
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+        return [[get_num_layers_to_build(self, vp_stage=vp, pp_rank=rank)
+                 for vp in self._virtual_stages()]
+                for rank in range(self.pipeline_model_parallel_size)]
+
+    def chunk_offsets(self) -> list[list[int]]:
+        """``[pp_rank][vp_stage]``: global index of each chunk's first decoder layer."""
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        return [[get_transformer_layer_offset(self, vp_stage=vp, pp_rank=rank)
+                 for vp in self._virtual_stages()]
+                for rank in range(self.pipeline_model_parallel_size)]
+
+    def stage_layers(self) -> list[int]:
+        """Decoder layers of each pipeline stage (all its virtual stages)."""
+        return [sum(chunks) for chunks in self.chunk_layers()]
+
