@@ -99,6 +99,9 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         transformer_impl=kernels.transformer_impl,
         moe_permute_fusion=kernels.moe_permute_fusion,
         moe_router_fusion=kernels.moe_router_fusion,
+        # Megatron-LM's [] (no CUDA graphs here): megatron-core's default "full" ends as []
+        # too, after a deprecation warning on every build.
+        cuda_graph_scope=[],
         mtp_num_layers=model.mtp_num_layers,
         mtp_loss_scaling_factor=model.mtp_loss_scaling_factor,
         recompute_granularity=model.recompute_granularity,
