@@ -18,6 +18,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_SPECIAL_TOKENS
+
 # Token counts of one sequence live in int32 cu_seqlens (megatron-core's and FlashAttention's
 # THD format), so no sequence, position table or per-rank budget can be longer than this.
 MAX_TOKENS = 2**31 - 1
@@ -140,6 +142,9 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "context_parallel_size": COUNT,
     # data, logging, checkpointing
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
+    "tiktoken_num_special_tokens": FlagRange(
+        len(TIKTOKEN_SPECIAL_TOKENS), why="TikTokenizer's ids start with its special tokens "
+                                          f"{' '.join(TIKTOKEN_SPECIAL_TOKENS)}"),
     "log_interval": COUNT,
     "tensorboard_log_interval": COUNT,
     "timing_log_level": FlagRange(0, 2, why="Megatron-LM's timing levels 0, 1, 2"),

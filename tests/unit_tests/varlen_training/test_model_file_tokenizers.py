@@ -1,0 +1,321 @@
+"""Megatron-LM's SentencePiece types (SentencePieceTokenizer, GPTSentencePieceTokenizer,
+Llama2Tokenizer) and TikTokenizer, from ``--tokenizer-model FILE``: ids equal to the packages'
+own encoding of tiny models made here (the sentencepiece processor over the same model; a
+``tiktoken.Encoding`` built from the same ranks with Megatron-LM's layout), Megatron-LM's
+eod/pad/special-token ids and padded vocabulary, its flags, and one-line refusals of bad
+values and files. Megatron-LM's facts (its default, megatron-core's tokenizer libraries): the
+three SentencePiece types encode with the model alone (no BOS), eod = the model's eos; the
+TikToken special tokens are ``<unk> <s> </s> <mask> <pad> <cls> <sep>`` then ``<SPECIAL_i>``
+fillers, ids 0.., eod ``</s>``, pad ``<pad>``, the vocabulary ``--vocab-size`` (2^17 unset)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.tokenizer import build_tokenizer
+from megatron.varlen_training.model_file_tokenizers import TiktokenOptions
+from tests.harness.extras import needs_extra
+from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.unit_tests.varlen_training.model_files import (
+    TEXTS, tiktoken_ranks, tiktoken_reference, train_sentencepiece, write_tiktoken_vocab,
+)
+
+pytestmark = needs_extra("tokenizers")
+SENTENCEPIECE_TYPES = ["SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"]
+SPECIAL = ["<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>"]  # Megatron-LM's, in order
+EOS, PAD = SPECIAL.index("</s>"), SPECIAL.index("<pad>")
+NUM_SPECIAL = 10  # --tiktoken-num-special-tokens of the tiny vocabulary: 3 fillers
+_AT = TINY_GPT_ARGS.index("--vocab-size")
+TINY_ARGS_NO_VOCAB = TINY_GPT_ARGS[:_AT] + TINY_GPT_ARGS[_AT + 2:]  # the tokenizer sizes it
+
+
+def _fillers(count: int, first: int) -> list[str]:
+    return [f"<SPECIAL_{i}>" for i in range(first, count)]
+
+
+def _full_vocab() -> int:
+    return NUM_SPECIAL + len(tiktoken_ranks())
+
+
+def _pattern(name: str) -> str:
+    """Megatron-LM's pre-tokenizer regexes (facts, as megatron-core ships them)."""
+    from megatron.core.tokenizers.text.libraries import tiktoken_tokenizer
+
+    return {"v1": tiktoken_tokenizer._PATTERN_TIKTOKEN_V1,
+            "v2": tiktoken_tokenizer._PATTERN_TIKTOKEN_V2}[name]
+
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory):
+    return train_sentencepiece(tmp_path_factory.mktemp("spm"))
+
+
+@pytest.fixture(scope="module")
+def processor(spm):
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=str(spm))
+
+
+@pytest.fixture(scope="module")
+def vocab_json(tmp_path_factory):
+    return write_tiktoken_vocab(tmp_path_factory.mktemp("tiktoken"))
+
+
+def _tiktoken(vocab_json, pattern=None, special=None, vocab_size=None,
+              num_special=NUM_SPECIAL):
+    return build_tokenizer("TikTokenizer", vocab_size or _full_vocab(), str(vocab_json),
+                           tiktoken=TiktokenOptions(pattern, num_special, special))
+
+
+# --- SentencePiece types --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", SENTENCEPIECE_TYPES)
+@pytest.mark.parametrize("text", TEXTS)
+def test_sentencepiece_ids_are_the_models_own_encoding(spm, processor, kind, text):
+    tokenizer = build_tokenizer(kind, tokenizer_model=str(spm))
+    ids = tokenizer.tokenize(text)
+    assert ids == processor.encode(text)  # no BOS added (Megatron-LM's default, all three)
+    assert tokenizer.detokenize(ids) == processor.decode(ids)
+
+
+@pytest.mark.parametrize("kind", SENTENCEPIECE_TYPES)
+def test_sentencepiece_eod_pad_and_vocabulary(spm, processor, kind):
+    tokenizer = build_tokenizer(kind, tokenizer_model=str(spm))
+    assert tokenizer.vocab_size == processor.get_piece_size()
+    assert tokenizer.eod == processor.eos_id() != processor.bos_id()
+    assert processor.pad_id() == -1 and tokenizer.pad == tokenizer.eod  # no pad piece: eod
+
+
+def test_sentencepiece_pad_piece_is_the_pad(tmp_path):
+    import sentencepiece
+
+    model = train_sentencepiece(tmp_path, pad_id=3)
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
+    tokenizer = build_tokenizer("Llama2Tokenizer", tokenizer_model=str(model))
+    assert tokenizer.pad == processor.pad_id() == 3
+    assert tokenizer.eod == processor.eos_id()
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"eos_id": -1}, "no end-of-sentence piece"),
+])
+def test_sentencepiece_model_without_eos_is_one_line(tmp_path, options, needle):
+    model = train_sentencepiece(tmp_path, **options)
+    with pytest.raises(ValueError, match=needle) as err:
+        build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=str(model))
+    assert "\n" not in str(err.value) and str(model) in str(err.value)
+
+
+def test_bad_sentencepiece_files_are_one_line(tmp_path):
+    garbage = tmp_path / "garbage.model"
+    garbage.write_bytes(b"\x00not a model\xff" * 10)
+    for path, needle in [(garbage, "is not a SentencePiece model"),
+                         (tmp_path / "missing.model", "is not a file")]:
+        with pytest.raises(ValueError, match=needle) as err:
+            build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(path))
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+# --- TikTokenizer ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", [None, "v1", "v2"])
+@pytest.mark.parametrize("text", TEXTS)
+def test_tiktoken_ids_are_tiktokens_own_encoding(vocab_json, pattern, text):
+    tokenizer = _tiktoken(vocab_json, pattern)
+    special = SPECIAL + _fillers(NUM_SPECIAL, len(SPECIAL))
+    reference = tiktoken_reference(_pattern(pattern or "v2"), special, _full_vocab())
+    ids = tokenizer.tokenize(text)
+    assert ids == reference.encode(text, allowed_special="all")  # specials in text: their ids
+    assert tokenizer.detokenize(ids) == reference.decode(ids)
+
+
+def test_the_two_patterns_split_differently(vocab_json):
+    """The pattern reaches tiktoken: v1 keeps "HelloWorld" one piece, merging "oW"."""
+    text = "HelloWorld"
+    assert _tiktoken(vocab_json, "v1").tokenize(text) != _tiktoken(vocab_json, "v2").tokenize(text)
+
+
+def test_tiktoken_special_ids_and_vocabulary(vocab_json):
+    tokenizer = _tiktoken(vocab_json)
+    assert (tokenizer.eod, tokenizer.pad, tokenizer.vocab_size) == (EOS, PAD, _full_vocab())
+    assert tokenizer.tokenize("<SPECIAL_9><s></s>") == [9, SPECIAL.index("<s>"), EOS]
+    assert tokenizer.tokenize("\x00") == [NUM_SPECIAL]  # the first rank follows the specials
+
+
+def test_tiktoken_custom_special_tokens_set_the_ids(vocab_json):
+    special = ["<pad>", "<extra>", *reversed(SPECIAL[:4]), "<cls>", "<sep>"]  # 8 of 10
+    tokenizer = _tiktoken(vocab_json, special=tuple(special))
+    assert (tokenizer.eod, tokenizer.pad) == (special.index("</s>"), 0)
+    assert tokenizer.tokenize("<extra><SPECIAL_9>") == [1, 9]
+    reference = tiktoken_reference(_pattern("v2"), special + _fillers(NUM_SPECIAL, 8),
+                                   _full_vocab())
+    assert tokenizer.tokenize(TEXTS[3]) == reference.encode(TEXTS[3], allowed_special="all")
+
+
+def test_tiktoken_vocabulary_cuts_the_ranks(vocab_json):
+    """--vocab-size below the file's: Megatron-LM keeps the first ranks only."""
+    size = NUM_SPECIAL + 256 + 2  # the bytes and the first two merges ("he", "ll")
+    tokenizer = _tiktoken(vocab_json, vocab_size=size)
+    reference = tiktoken_reference(_pattern("v2"), SPECIAL + _fillers(NUM_SPECIAL, 7), size)
+    assert tokenizer.vocab_size == size
+    assert tokenizer.tokenize("hello world") == reference.encode("hello world")
+    assert max(tokenizer.tokenize(" ".join(TEXTS))) < size
+
+
+def test_tiktoken_never_reaches_the_network(vocab_json, monkeypatch):
+    """No named encoding is fetched: building and encoding work with sockets refused."""
+    import tiktoken
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(tiktoken, "get_encoding", refuse)
+    assert _tiktoken(vocab_json).tokenize("hello world")
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda entries: entries[:100], "has 100 ranks but the vocabulary needs"),
+    (lambda entries: [{**e, "rank": e["rank"] + 1} for e in entries], "entry 0 is not"),
+    (lambda entries: entries[1:], "entry 0 is not"),
+    (lambda entries: {"not": "a list"}, "not a JSON list"),
+    (lambda entries: [{**e, "token_bytes": "!!"} for e in entries], "not base64"),
+])
+def test_bad_tiktoken_vocabularies_are_one_line(vocab_json, tmp_path, edit, needle):
+    import json
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(edit(json.loads(vocab_json.read_text()))), encoding="utf-8")
+    with pytest.raises(ValueError, match=needle) as err:
+        _tiktoken(bad)
+    assert "\n" not in str(err.value) and str(bad) in str(err.value)
+
+
+def test_tiktoken_needs_a_json_file(tmp_path):
+    other = tmp_path / "tokenizer.model"
+    other.write_text("[]", encoding="utf-8")
+    with pytest.raises(ValueError, match="vocabulary JSON"):
+        _tiktoken(other)
+
+
+# --- flags ----------------------------------------------------------------------------------
+
+def _parse(*flags: str):
+    return parse_args(TINY_ARGS_NO_VOCAB + ["--train-iters", "1", *flags], world_size=1)
+
+
+def _refusal(*flags: str) -> str:
+    with pytest.raises(ArgumentValidationError) as err:
+        _parse(*flags)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("kind", [*SENTENCEPIECE_TYPES, "TikTokenizer"])
+@pytest.mark.parametrize("divisible_by, tp", [(128, 1), (7, 2)])
+def test_padded_vocabulary_as_megatron_lm(spm, vocab_json, kind, divisible_by, tp):
+    model = vocab_json if kind == "TikTokenizer" else spm
+    sizes = ["--vocab-size", str(_full_vocab()), "--tiktoken-num-special-tokens",
+             str(NUM_SPECIAL)] if kind == "TikTokenizer" else []
+    run = parse_run_config(
+        TINY_ARGS_NO_VOCAB + ["--train-iters", "1", "--tokenizer-type", kind, "--tokenizer-model",
+                              str(model), "--make-vocab-size-divisible-by", str(divisible_by),
+                              "--tensor-model-parallel-size", str(tp), *sizes], world_size=tp)
+    from megatron.varlen_training.tokenizer import build_run_tokenizer
+
+    tokenizer = build_run_tokenizer(run.data, run.model.vocab_size)
+    model_config = run.with_vocabulary(tokenizer.vocab_size).model
+    multiple = divisible_by * tp
+    padded = -(-tokenizer.vocab_size // multiple) * multiple  # Megatron-LM: ceil to a multiple
+    assert (model_config.vocab_size, model_config.padded_vocab_size) == \
+        (tokenizer.vocab_size, padded)
+
+
+def test_run_config_carries_the_tiktoken_flags(vocab_json):
+    run = parse_run_config(
+        TINY_ARGS_NO_VOCAB + ["--train-iters", "1", "--tokenizer-type", "TikTokenizer",
+                              "--tokenizer-model", str(vocab_json), "--vocab-size",
+                              str(_full_vocab()), "--tiktoken-pattern", "v1",
+                              "--tiktoken-num-special-tokens", "9",
+                              "--tiktoken-special-tokens", *SPECIAL, "<x>"])
+    data = run.data
+    assert (data.tiktoken_pattern, data.tiktoken_num_special_tokens) == ("v1", 9)
+    assert data.tokenizer_special_tokens == (*SPECIAL, "<x>")  # the older flag's value
+
+
+def test_megatron_lms_unset_tiktoken_values_are_megatron_cores_defaults():
+    args = _parse("--tokenizer-type", "ByteLevelTokenizer")
+    assert (args.tiktoken_pattern, args.tiktoken_num_special_tokens,
+            args.tokenizer_special_tokens) == (None, 1000, None)
+    from megatron.core.tokenizers.text.libraries import tiktoken_tokenizer
+
+    assert tiktoken_tokenizer.SPECIAL_TOKENS == SPECIAL
+    assert tiktoken_tokenizer.DEFAULT_TIKTOKEN_MAX_VOCAB == 2**17
+
+
+@pytest.mark.parametrize("kind", [*SENTENCEPIECE_TYPES, "TikTokenizer"])
+def test_the_types_need_their_model_file(kind):
+    message = _refusal("--tokenizer-type", kind)
+    assert f"--tokenizer-type {kind} needs --tokenizer-model" in message
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--tiktoken-pattern", "v1"], "--tiktoken-pattern v1 configures --tokenizer-type "
+                                   "TikTokenizer, but --tokenizer-type is Llama2Tokenizer"),
+    (["--tiktoken-num-special-tokens", "20"], "--tiktoken-num-special-tokens 20 configures"),
+    (["--tokenizer-special-tokens", "<a>"], "--tokenizer-special-tokens <a>: special tokens "
+                                            "are added for --tokenizer-type TikTokenizer only"),
+    (["--tiktoken-special-tokens", "<a>"], "--tokenizer-special-tokens <a>"),
+    (["--tokenizer-sentencepiece-legacy"], "--tokenizer-sentencepiece-legacy"),
+])
+def test_tiktoken_flags_beside_another_type_are_refused(spm, flags, needle):
+    message = _refusal("--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", str(spm),
+                       *flags)
+    assert needle in message
+
+
+def test_megatron_lms_defaults_beside_another_type_change_nothing(spm):
+    _parse("--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", str(spm),
+           "--tiktoken-num-special-tokens", "1000")
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--tokenizer-special-tokens", "<unk>", "<s>"], "lacks </s> <mask> <pad> <cls> <sep>"),
+    (["--tokenizer-special-tokens", *SPECIAL, "<s>"], "a token is given twice"),
+    (["--tiktoken-num-special-tokens", "6"], "--tiktoken-num-special-tokens must be >= 7 "
+                                             "(got 6)"),
+    (["--tiktoken-num-special-tokens", "8", "--tokenizer-special-tokens", *SPECIAL, "<a>",
+      "<b>"], "--tiktoken-num-special-tokens 8 must be at least the 9 special tokens"),
+    (["--vocab-size", "100", "--tiktoken-num-special-tokens", "100"],
+     "below the vocabulary, --vocab-size 100"),
+    (["--tokenizer-special-tokens", *SPECIAL, "--tiktoken-special-tokens", *SPECIAL[:6], "<x>"],
+     "differ: give --tokenizer-special-tokens only"),
+])
+def test_bad_tiktoken_values_are_refused_in_one_line(vocab_json, flags, needle):
+    message = _refusal("--tokenizer-type", "TikTokenizer", "--tokenizer-model", str(vocab_json),
+                       *flags)
+    assert needle in message, message
+
+
+def test_bad_pattern_is_refused_naming_the_choices(vocab_json):
+    with pytest.raises(ArgumentValidationError, match="'v1', 'v2'"):
+        _parse("--tokenizer-type", "TikTokenizer", "--tokenizer-model", str(vocab_json),
+               "--tiktoken-pattern", "v3")
+
+
+def test_the_flag_layer_imports_neither_megatron_core_nor_the_packages():
+    import subprocess
+
+    probe = ("import sys; from megatron.varlen_training import arguments, hybrid_arguments; "
+             "print(sorted(m for m in ('megatron.core', 'sentencepiece', 'tiktoken') "
+             "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
