@@ -35,6 +35,7 @@ NEEDING_AN_EXTRA = [
     "tests/unit_tests/varlen_training/test_trainer.py::"
     "test_real_tensorboard_events_and_offline_wandb_run",
     "tests/unit_tests/varlen_training/test_model_file_tokenizers.py",
+    "tests/unit_tests/tools/test_preprocess_model_file_tokenizers.py",
 ]
 # Of those, the ones that need no extra at all (their own tests run).
 NEEDING_NONE = ["tests/unit_tests/varlen_training/hf/test_hf_config.py"]
