@@ -39,6 +39,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/moe_arguments.py",
     "megatron/varlen_training/model_arguments.py",
     "megatron/varlen_training/tokenizer_arguments.py",
+    "megatron/varlen_training/model_file_tokenizer_arguments.py",
     "megatron/varlen_training/refused_flags.py",
 }
 CONFIG_BUILDERS = {
