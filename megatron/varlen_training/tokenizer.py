@@ -262,6 +262,13 @@ class LibraryTokenizer(Tokenizer):
     def role_marker(self, role: str) -> list[int]:
         return self.tokenize(HF_ROLE_MARKER_FORMAT.format(role=role))
 
+    def hf_token_ids(self) -> dict[str, int | None]:
+        """The model's own bos/eos/pad ids for an exported ``config.json`` (None where it has
+        none: a SentencePiece model without a pad piece has no pad, not the eod)."""
+        ids = (self._library.bos_id, self._library.eos_id, self._library.pad_id)
+        return {name: None if int(i) == NO_ID else int(i)
+                for name, i in zip(("bos_token_id", "eos_token_id", "pad_token_id"), ids)}
+
 
 def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, tokenizer_type: str) -> None:
     """Every id the tokenizer returns must have a row in the model's vocabulary; the refusal

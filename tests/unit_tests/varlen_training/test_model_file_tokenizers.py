@@ -319,3 +319,61 @@ def test_the_flag_layer_imports_neither_megatron_core_nor_the_packages():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             timeout=120, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+# --- export (--save-hf, tools/export_hf.py) -------------------------------------------------
+
+# what config_from_model needs for a Llama-style export
+EXPORTABLE = ["--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+              "--position-embedding-type", "rope", "--train-iters", "1"]
+
+
+def _model_file_flags(kind: str, model) -> list[str]:
+    flags = ["--tokenizer-type", kind, "--tokenizer-model", str(model)]
+    if kind == "TikTokenizer":
+        flags += ["--vocab-size", str(_full_vocab()), "--tiktoken-num-special-tokens",
+                  str(NUM_SPECIAL)]
+    return flags
+
+
+@pytest.mark.parametrize("kind", ["Llama2Tokenizer", "TikTokenizer"])
+def test_export_config_has_the_models_own_special_ids(spm, processor, vocab_json, kind):
+    """config.json's bos/eos/pad ids: the SentencePiece model's (no pad piece: no pad), or
+    TikToken's <s>, </s>, <pad>."""
+    from megatron.varlen_training.hf.exporter import export_config
+
+    model = vocab_json if kind == "TikTokenizer" else spm
+    run = parse_run_config(TINY_ARGS_NO_VOCAB + EXPORTABLE + _model_file_flags(kind, model),
+                           world_size=1)
+    vocab = _full_vocab() if kind == "TikTokenizer" else processor.get_piece_size()
+    config = export_config(run.with_vocabulary(vocab))
+    expected = (SPECIAL.index("<s>"), EOS, PAD) if kind == "TikTokenizer" else \
+        (processor.bos_id(), processor.eos_id(), None)
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == expected
+
+
+def export_tool_vocabulary_on_this_rank(flags: list[str]) -> tuple[int, int]:
+    import dataclasses
+
+    from megatron.varlen_training.hf.export_tool import with_tokenizer_vocabulary
+
+    run = parse_run_config(TINY_ARGS_NO_VOCAB + EXPORTABLE + flags, world_size=1)
+    if "--vocab-size" not in flags:  # the vocabulary unresolved, as the flags leave it
+        run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=None))
+    model = with_tokenizer_vocabulary(run).model
+    return model.vocab_size, model.padded_vocab_size
+
+
+@pytest.mark.parametrize("kind", ["Llama2Tokenizer", "TikTokenizer"])
+def test_export_tool_sizes_the_vocabulary_as_training(spm, processor, vocab_json, kind):
+    """tools/export_hf.py builds the run's tokenizer as training does: the SentencePiece
+    model's size; TikTokenizer's --tiktoken-num-special-tokens reaching it (with Megatron-LM's
+    1000 the tiny vocabulary would be refused)."""
+    from tests.harness.multirank import run_distributed
+
+    model = vocab_json if kind == "TikTokenizer" else spm
+    [(vocab, padded)] = run_distributed(export_tool_vocabulary_on_this_rank, 1,
+                                        args=(_model_file_flags(kind, model),), timeout_s=120)
+    expected = _full_vocab() if kind == "TikTokenizer" else processor.get_piece_size()
+    divisible_by = int(TINY_GPT_ARGS[TINY_GPT_ARGS.index("--make-vocab-size-divisible-by") + 1])
+    assert (vocab, padded) == (expected, -(-expected // divisible_by) * divisible_by)
