@@ -377,3 +377,36 @@ def test_export_tool_sizes_the_vocabulary_as_training(spm, processor, vocab_json
     expected = _full_vocab() if kind == "TikTokenizer" else processor.get_piece_size()
     divisible_by = int(TINY_GPT_ARGS[TINY_GPT_ARGS.index("--make-vocab-size-divisible-by") + 1])
     assert (vocab, padded) == (expected, -(-expected // divisible_by) * divisible_by)
+
+
+# --- entry points ---------------------------------------------------------------------------
+
+def test_pretrain_mamba_takes_the_types_alike(spm, vocab_json):
+    from megatron.varlen_training.config.from_flags import parse_hybrid_run_config
+
+    hybrid = ["--hybrid-override-pattern", "M*", "--mamba-head-dim", "8",
+              "--mamba-num-groups", "2", "--train-iters", "1"]
+    run = parse_hybrid_run_config(TINY_ARGS_NO_VOCAB + hybrid + _model_file_flags(
+        "TikTokenizer", vocab_json) + ["--tiktoken-pattern", "v1"])
+    assert (run.data.tokenizer_model, run.data.tiktoken_pattern) == (str(vocab_json), "v1")
+    assert run.data.tiktoken_num_special_tokens == NUM_SPECIAL
+    run = parse_hybrid_run_config(TINY_ARGS_NO_VOCAB + hybrid + _model_file_flags(
+        "GPTSentencePieceTokenizer", spm))
+    assert run.data.tokenizer_model == str(spm)
+
+
+def test_pretrain_gpt_exits_2_with_one_line_for_a_bad_model_file(vocab_json):
+    """A file the flags cannot judge (too few ranks for --vocab-size) is found when the
+    tokenizer is built at start-up: one line, exit code 2, no traceback."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    result = subprocess.run(
+        [sys.executable, "pretrain_gpt.py", *TINY_ARGS_NO_VOCAB, "--train-iters", "1",
+         "--tokenizer-type", "TikTokenizer", "--tokenizer-model", str(vocab_json),
+         "--vocab-size", "5000", "--tiktoken-num-special-tokens", str(NUM_SPECIAL)],
+        cwd=repo, capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if "ranks but the vocabulary" in line]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
