@@ -122,6 +122,31 @@ def test_bad_sentencepiece_files_are_one_line(tmp_path):
         assert "\n" not in str(err.value) and str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["Llama2Tokenizer", "TikTokenizer"])
+def test_sft_turns_open_with_text_markers(spm, processor, vocab_json, kind):
+    """--sft with these types: each turn is the text ``<|role|>\\n`` (as a Hugging Face
+    tokenizer without a chat template), its content's ids and the eod; the loss on the
+    assistant's content and eod only."""
+    from megatron.varlen_training.datasets.sft import encode_turns
+
+    if kind == "TikTokenizer":
+        tokenizer = _tiktoken(vocab_json)
+        encode = tiktoken_reference(_pattern("v2"), SPECIAL + _fillers(NUM_SPECIAL, 7),
+                                    _full_vocab()).encode
+        eod = EOS
+    else:
+        tokenizer = build_tokenizer(kind, tokenizer_model=str(spm))
+        encode, eod = processor.encode, processor.eos_id()
+    turns = [("user", "hello world"), ("assistant", "the cafe")]
+    ids, is_target = encode_turns(turns, tokenizer)
+    expected, target = [], []
+    for role, content in turns:
+        marker, body = encode(f"<|{role}|>\n"), encode(content) + [eod]
+        expected += marker + body
+        target += [False] * len(marker) + [role == "assistant"] * len(body)
+    assert ids.tolist() == expected and is_target.tolist() == target
+
+
 # --- TikTokenizer ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pattern", [None, "v1", "v2"])
