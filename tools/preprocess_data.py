@@ -36,7 +36,7 @@ from megatron.varlen_training.datasets.preprocess import (  # noqa: E402
 )
 from megatron.varlen_training.errors import USAGE_EXIT_CODE, one_line  # noqa: E402
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: E402
-from megatron.varlen_training.model_file_tokenizers import TiktokenOptions  # noqa: E402
+from megatron.varlen_training.model_file_tokenizers import ModelFileOptions  # noqa: E402
 from megatron.varlen_training.refused_flags import given_refused_flags  # noqa: E402
 from megatron.varlen_training.tokenizer import TOKENIZER_TYPE_CHOICES  # noqa: E402
 from megatron.varlen_training.tokenizer_arguments import (  # noqa: E402
@@ -140,13 +140,15 @@ def parse_config(argv: list[str] | None = None) -> PreprocessConfig:
         log_interval=args.log_interval,
         include_special_tokens=not args.tokenizer_hf_no_include_special_tokens,
         partitions=args.partitions, keep_sequential_samples=args.keep_sequential_samples,
-        vocab_file=args.vocab_file, merge_file=args.merge_file, tiktoken=_tiktoken_options(args))
+        vocab_file=args.vocab_file, merge_file=args.merge_file,
+        model_file_options=_model_file_options(args))
 
 
-def _tiktoken_options(args: argparse.Namespace) -> TiktokenOptions:
+def _model_file_options(args: argparse.Namespace) -> ModelFileOptions:
     special = args.tokenizer_special_tokens
-    return TiktokenOptions(args.tiktoken_pattern, args.tiktoken_num_special_tokens,
-                           tuple(special) if special is not None else None)
+    return ModelFileOptions(args.tiktoken_pattern, args.tiktoken_num_special_tokens,
+                            tuple(special) if special is not None else None,
+                            args.tokenizer_sentencepiece_ignore_extra_whitespaces)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,9 @@ the SentencePiece types and TikTokenizer), for pretrain_gpt.py, pretrain_mamba.p
 tools/preprocess_data.py: Megatron-LM's names, defaults and meaning.
 
 - ``--tokenizer-model F`` is required by these types (the flag itself is the entry points').
+- ``--no-tokenizer-sentencepiece-ignore-extra-whitespaces`` (or ``--disable-...``, Megatron-LM's
+  two names) keeps runs of spaces that a SentencePiece model collapses (megatron-core's
+  placeholder pieces); refused beside another type.
 - ``--tiktoken-pattern`` (v1/v2, unset: megatron-core's v2), ``--tiktoken-num-special-tokens``
   (1000) and ``--tokenizer-special-tokens`` configure TikTokenizer; ``--tiktoken-special-tokens``
   is Megatron-LM's older name of ``--tokenizer-special-tokens``, taken when that is unset.
@@ -17,13 +20,15 @@ import argparse
 
 from megatron.varlen_training.model_file_tokenizers import (
     MODEL_FILE_TYPES, SENTENCEPIECE_TYPES, TIKTOKEN_DEFAULT_NUM_SPECIAL_TOKENS, TIKTOKEN_PATTERNS,
-    TIKTOKEN_SPECIAL_TOKENS, TIKTOKEN_TYPE, TiktokenOptions, tiktoken_options_problem,
+    TIKTOKEN_SPECIAL_TOKENS, TIKTOKEN_TYPE, ModelFileOptions, tiktoken_options_problem,
 )
 
 _WHAT_MODEL = {**dict.fromkeys(SENTENCEPIECE_TYPES, "the SentencePiece model, e.g. "
                                                     "tokenizer.model"),
                TIKTOKEN_TYPE: "the tiktoken vocabulary JSON, e.g. tokenizer.json"}
 _OLD_SPECIAL_TOKENS_FLAG = "--tiktoken-special-tokens"
+_KEEP_WHITESPACE_FLAGS = ("--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+                          "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces")
 _HF_DIR_HINT = ("save the tokenizer you want with transformers' save_pretrained and give it as "
                 "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
 
@@ -44,6 +49,12 @@ def add_model_file_tokenizer_args(parser) -> None:
     group.add_argument(_OLD_SPECIAL_TOKENS_FLAG, nargs="+", default=None,
                        help="Megatron-LM's older name of --tokenizer-special-tokens (used when "
                             "that is unset).")
+    group = parser.add_argument_group("SentencePiece types (Megatron-LM's)")
+    group.add_argument(*_KEEP_WHITESPACE_FLAGS, action="store_false",
+                       dest="tokenizer_sentencepiece_ignore_extra_whitespaces",
+                       help="SentencePiece types: keep runs of spaces the model collapses "
+                            "(megatron-core's placeholder pieces between them); by default the "
+                            "model's own encoding.")
 
 
 def _take_old_special_tokens(args: argparse.Namespace, require) -> None:
@@ -76,10 +87,13 @@ def validate_model_file_tokenizer_args(args: argparse.Namespace, require) -> Non
         require(args.tokenizer_model is not None,
                 f"--tokenizer-type {kind} needs --tokenizer-model ({_WHAT_MODEL[kind]})")
     _take_old_special_tokens(args, require)
+    require(args.tokenizer_sentencepiece_ignore_extra_whitespaces or kind in SENTENCEPIECE_TYPES,
+            f"{_KEEP_WHITESPACE_FLAGS[0]} configures the SentencePiece types, but "
+            f"--tokenizer-type is {kind}: drop the flag or change the type")
     special = args.tokenizer_special_tokens
     if kind == TIKTOKEN_TYPE:
-        options = TiktokenOptions(args.tiktoken_pattern, args.tiktoken_num_special_tokens,
-                                  tuple(special) if special is not None else None)
+        options = ModelFileOptions(args.tiktoken_pattern, args.tiktoken_num_special_tokens,
+                                   tuple(special) if special is not None else None)
         problem = tiktoken_options_problem(options, args.vocab_size)
         require(problem is None, problem)
         return

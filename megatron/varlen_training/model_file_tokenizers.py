@@ -53,14 +53,26 @@ NO_ID = -1  # what sentencepiece returns for a special piece the model does not 
 
 
 @dataclass(frozen=True)
-class TiktokenOptions:
-    """TikTokenizer's flags: ``--tiktoken-pattern`` (None: megatron-core's v2),
-    ``--tiktoken-num-special-tokens`` and ``--tokenizer-special-tokens`` (None: megatron-core's
-    seven). Its vocabulary is ``--vocab-size`` (build_tokenizer's ``vocab_size``)."""
+class ModelFileOptions:
+    """The flags of these types besides ``--tokenizer-model``: TikTokenizer's
+    ``--tiktoken-pattern`` (None: megatron-core's v2), ``--tiktoken-num-special-tokens`` and
+    ``--tokenizer-special-tokens`` (None: megatron-core's seven); its vocabulary is
+    ``--vocab-size`` (build_tokenizer's ``vocab_size``). The SentencePiece types'
+    ``ignore_extra_whitespaces`` (False: ``--no-tokenizer-sentencepiece-ignore-extra-whitespaces``,
+    runs of spaces kept by megatron-core's placeholder pieces where the model collapses them)."""
 
     pattern: str | None = None
     num_special_tokens: int = TIKTOKEN_DEFAULT_NUM_SPECIAL_TOKENS
     special_tokens: tuple[str, ...] | None = None
+    ignore_extra_whitespaces: bool = True
+
+    @classmethod
+    def of(cls, data) -> ModelFileOptions:
+        """The options a run's DataConfig (config/data.py) carries."""
+        special = data.tokenizer_special_tokens
+        return cls(data.tiktoken_pattern, data.tiktoken_num_special_tokens,
+                   tuple(special) if special is not None else None,
+                   data.tokenizer_sentencepiece_ignore_extra_whitespaces)
 
 
 def missing_package(tokenizer_type: str) -> str | None:
@@ -73,7 +85,7 @@ def missing_package(tokenizer_type: str) -> str | None:
             f"installed: pip install {package} (or this package's [{PIP_EXTRA}] extra)")
 
 
-def tiktoken_options_problem(options: TiktokenOptions, vocab_size: int | None) -> str | None:
+def tiktoken_options_problem(options: ModelFileOptions, vocab_size: int | None) -> str | None:
     """Why megatron-core would refuse these TikTokenizer values (its asserts), in one line
     naming the flags, or None."""
     tokens = list(options.special_tokens or TIKTOKEN_SPECIAL_TOKENS)
@@ -105,7 +117,8 @@ def _require_package(tokenizer_type: str) -> None:
         raise ValueError(problem)
 
 
-def sentencepiece_library(tokenizer_type: str, model_file: str | None):
+def sentencepiece_library(tokenizer_type: str, model_file: str | None,
+                          ignore_extra_whitespaces: bool = True):
     """megatron-core's SentencePiece tokenizer over ``model_file``, as Megatron-LM builds it for
     each of the three SentencePiece types."""
     _require_package(tokenizer_type)
@@ -115,7 +128,8 @@ def sentencepiece_library(tokenizer_type: str, model_file: str | None):
     )
 
     try:
-        library = SentencePieceTokenizer(model_file)
+        library = SentencePieceTokenizer(model_file,
+                                         ignore_extra_whitespaces=ignore_extra_whitespaces)
     except (RuntimeError, OSError) as err:  # sentencepiece's error for a file it cannot parse
         raise ValueError(f"--tokenizer-model {model_file!r} is not a SentencePiece model: "
                          f"{str(err).splitlines()[0]}") from None
@@ -159,7 +173,7 @@ def check_tiktoken_vocabulary(path: str, needed: int) -> None:
                          "lower --vocab-size")
 
 
-def tiktoken_library(model_file: str | None, vocab_size: int | None, options: TiktokenOptions):
+def tiktoken_library(model_file: str | None, vocab_size: int | None, options: ModelFileOptions):
     """megatron-core's TikToken tokenizer over the vocabulary JSON ``model_file``, with
     Megatron-LM's flag values (never a named tiktoken encoding: nothing is downloaded)."""
     _require_package(TIKTOKEN_TYPE)

@@ -37,7 +37,7 @@ from megatron.varlen_training.megatron_lm_tokenizers import (
     GPT2_BPE_TYPE, MEGATRON_LM_ONLY_TYPES, gpt2_bpe_backend, unavailable_reason,
 )
 from megatron.varlen_training.model_file_tokenizers import (
-    MODEL_FILE_TYPES, SENTENCEPIECE_TYPES, TIKTOKEN_TYPE, NO_ID, TiktokenOptions,
+    MODEL_FILE_TYPES, SENTENCEPIECE_TYPES, TIKTOKEN_TYPE, NO_ID, ModelFileOptions,
     sentencepiece_library, tiktoken_library,
 )
 
@@ -283,7 +283,7 @@ def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, tokenizer_type: 
 def build_tokenizer(
     tokenizer_type: str, vocab_size: int | None = None, tokenizer_model: str | None = None,
     vocab_file: str | None = None, merge_file: str | None = None,
-    tiktoken: TiktokenOptions = TiktokenOptions(),
+    options: ModelFileOptions = ModelFileOptions(),
 ) -> Tokenizer:
     """Builds the tokenizer named by ``--tokenizer-type``.
 
@@ -295,7 +295,8 @@ def build_tokenizer(
             the model file of the SentencePiece types and ``TikTokenizer``.
         vocab_file: ``--vocab-file``; GPT-2's vocabulary JSON for ``GPT2BPETokenizer``.
         merge_file: ``--merge-file``; GPT-2's merges file for ``GPT2BPETokenizer``.
-        tiktoken: ``TikTokenizer``'s ``--tiktoken-*`` / ``--tokenizer-special-tokens`` values.
+        options: the flags of the SentencePiece types and ``TikTokenizer`` besides
+            ``--tokenizer-model`` (``--tiktoken-*``, ``--tokenizer-special-tokens``, ...).
 
     Returns:
         The tokenizer.
@@ -312,9 +313,10 @@ def build_tokenizer(
     if tokenizer_type == GPT2_BPE_TYPE:
         return HuggingFaceTokenizer(gpt2_bpe_backend(vocab_file, merge_file))
     if tokenizer_type in SENTENCEPIECE_TYPES:
-        return LibraryTokenizer(sentencepiece_library(tokenizer_type, tokenizer_model))
+        return LibraryTokenizer(sentencepiece_library(tokenizer_type, tokenizer_model,
+                                                      options.ignore_extra_whitespaces))
     if tokenizer_type == TIKTOKEN_TYPE:
-        library = tiktoken_library(tokenizer_model, vocab_size, tiktoken)
+        library = tiktoken_library(tokenizer_model, vocab_size, options)
         # tiktoken's own decode: megatron-core's ids_to_text decodes each token alone, which
         # garbles a character whose bytes two tokens share.
         return LibraryTokenizer(library, decode=library.tokenizer.decode)
@@ -336,8 +338,5 @@ def tokenizer_flags(tokenizer_type: str) -> str:
 def build_run_tokenizer(data, vocab_size: int | None) -> Tokenizer:
     """The tokenizer of a run's :class:`~megatron.varlen_training.config.data.DataConfig`
     (``vocab_size``: the model's ``--vocab-size``, or the ``--hf-checkpoint``'s)."""
-    special = data.tokenizer_special_tokens
-    tiktoken = TiktokenOptions(data.tiktoken_pattern, data.tiktoken_num_special_tokens,
-                               tuple(special) if special is not None else None)
     return build_tokenizer(data.tokenizer_type, vocab_size, data.tokenizer_model,
-                           data.vocab_file, data.merge_file, tiktoken)
+                           data.vocab_file, data.merge_file, ModelFileOptions.of(data))

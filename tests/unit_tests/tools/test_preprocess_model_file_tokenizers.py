@@ -142,3 +142,21 @@ def test_text_with_the_special_tokens_is_their_ids(tmp_path, models):
     dataset = IndexedDataset(str(tik))  # kept: its arrays view the memory-mapped file
     ids = np.array(dataset[0]).tolist()
     assert ids == [NUM_SPECIAL + ord("a"), SPECIAL.index("</s>"), NUM_SPECIAL + ord("b")]
+
+
+def test_kept_whitespace_reaches_preprocessing(tmp_path, models):
+    """--no-tokenizer-sentencepiece-ignore-extra-whitespaces: the documents are megatron-core's
+    placeholder encoding of the runs of spaces, as training would read them."""
+    from megatron.core.tokenizers.text.libraries.sentencepiece_tokenizer import (
+        SentencePieceTokenizer,
+    )
+
+    records = [{"text": "a   b  two  spaces"}, {"text": ["one  two", "x"]}]
+    corpus = _write_jsonl(tmp_path / "docs.jsonl", records)
+    ours = _run(corpus, tmp_path / "ours", *_flags("Llama2Tokenizer", models), "--append-eod",
+                "--no-tokenizer-sentencepiece-ignore-extra-whitespaces", "--workers", "1")
+    library = SentencePieceTokenizer(str(models[0]), ignore_extra_whitespaces=False)
+    _, eod, vocab = _reference_ids("Llama2Tokenizer", models)
+    reference = _reference_files(tmp_path / "reference", records, library.text_to_ids, eod,
+                                 vocab)
+    _assert_same_files(ours, reference)

@@ -18,7 +18,7 @@ import pytest
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.tokenizer import build_tokenizer
-from megatron.varlen_training.model_file_tokenizers import TiktokenOptions
+from megatron.varlen_training.model_file_tokenizers import ModelFileOptions
 from tests.harness.extras import needs_extra
 from tests.harness.training_runs import TINY_GPT_ARGS
 from tests.unit_tests.varlen_training.model_files import (
@@ -70,7 +70,7 @@ def vocab_json(tmp_path_factory):
 def _tiktoken(vocab_json, pattern=None, special=None, vocab_size=None,
               num_special=NUM_SPECIAL):
     return build_tokenizer("TikTokenizer", vocab_size or _full_vocab(), str(vocab_json),
-                           tiktoken=TiktokenOptions(pattern, num_special, special))
+                           options=ModelFileOptions(pattern, num_special, special))
 
 
 # --- SentencePiece types --------------------------------------------------------------------
@@ -110,6 +110,35 @@ def test_sentencepiece_model_without_eos_is_one_line(tmp_path, options, needle):
     with pytest.raises(ValueError, match=needle) as err:
         build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=str(model))
     assert "\n" not in str(err.value) and str(model) in str(err.value)
+
+
+@pytest.mark.parametrize("flag", ["--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+                                  "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces"])
+def test_keeping_extra_whitespace_is_megatron_cores_placeholder_encoding(spm, processor, flag):
+    """Megatron-LM's flag reaches megatron-core's SentencePiece library (its meaning: runs of
+    spaces the model collapses kept as pieces); by default the model's own encoding."""
+    from megatron.core.tokenizers.text.libraries.sentencepiece_tokenizer import (
+        SentencePieceTokenizer,
+    )
+
+    from megatron.varlen_training.tokenizer import build_run_tokenizer
+
+    run = parse_run_config(TINY_ARGS_NO_VOCAB + ["--train-iters", "1", "--tokenizer-type",
+                                                 "Llama2Tokenizer", "--tokenizer-model",
+                                                 str(spm), flag])
+    assert run.data.tokenizer_sentencepiece_ignore_extra_whitespaces is False
+    tokenizer = build_run_tokenizer(run.data, run.model.vocab_size)
+    library = SentencePieceTokenizer(str(spm), ignore_extra_whitespaces=False)
+    text = "a   b  two  spaces"
+    assert processor.decode(processor.encode(text)) != text  # the model collapses them
+    assert tokenizer.tokenize(text) == library.text_to_ids(text) != processor.encode(text)
+    assert tokenizer.detokenize(tokenizer.tokenize(text)) == text
+
+
+def test_keeping_extra_whitespace_beside_another_type_is_refused(vocab_json):
+    message = _refusal("--tokenizer-type", "TikTokenizer", "--tokenizer-model", str(vocab_json),
+                       "--no-tokenizer-sentencepiece-ignore-extra-whitespaces")
+    assert "configures the SentencePiece types, but --tokenizer-type is TikTokenizer" in message
 
 
 def test_bad_sentencepiece_files_are_one_line(tmp_path):
