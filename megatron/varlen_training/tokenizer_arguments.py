@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.megatron_lm_tokenizers import GPT2_BPE_TYPE, unavailable_reason
+from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_TYPE
 from megatron.varlen_training.model_file_tokenizer_arguments import (
     add_model_file_tokenizer_args, validate_model_file_tokenizer_args,
 )
@@ -68,14 +69,16 @@ REFUSED_FLAGS = {
 
 
 def _refuse_unread_tokenizer_model(args: argparse.Namespace, require) -> None:
-    """``--tokenizer-model`` is read by ``HuggingFaceTokenizer`` only; beside another type it
-    would be ignored without a word (the run would train on that type's ids instead)."""
+    """``--tokenizer-model`` is read by ``HuggingFaceTokenizer``, the SentencePiece types and
+    TikTokenizer only; beside another type it would be ignored without a word (the run would
+    train on that type's ids instead)."""
     kind = args.tokenizer_type
     if not args.tokenizer_model or "--tokenizer-model" in TOKENIZER_TYPE_FLAGS[kind]:
         return
     require(False,
             f"--tokenizer-model {args.tokenizer_model!r} is read by --tokenizer-type "
-            f"{HF_TOKENIZER_TYPE} only, but --tokenizer-type is {kind}, {_BUILT_FROM[kind]}: "
+            f"{HF_TOKENIZER_TYPE}, the SentencePiece types and {TIKTOKEN_TYPE} only, but "
+            f"--tokenizer-type is {kind}, {_BUILT_FROM[kind]}: "
             f"drop --tokenizer-model, or give --tokenizer-type {HF_TOKENIZER_TYPE} to train "
             f"with that tokenizer")
 
