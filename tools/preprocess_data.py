@@ -9,8 +9,8 @@ for the same flags; train on them with ``--data-path data/docs_text_document``. 
 recipe, ``--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file
 gpt2-merges.txt``, works as in pretrain_gpt.py, and so do its SentencePiece types and TikTokenizer
 (``--tokenizer-model FILE``, ids without a BOS as Megatron-LM's); its tokenizer types and flags
-not honoured here are refused in one line (megatron/varlen_training/tokenizer_arguments.py). Megatron-LM's flags this tool
-does not do (``--split-sentences`` and its ``--keep-newlines``, ``--lang``;
+not honoured here are refused in one line (megatron/varlen_training/tokenizer_arguments.py).
+Megatron-LM's flags this tool does not do (``--split-sentences`` and its ``--keep-newlines``, ``--lang``;
 ``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``) are refused in
 one line saying what to do instead. Progress: a bar with documents/s on a terminal, and
 Megatron-LM's ``Processed N documents (D docs/s, M MB/s).`` line every ``--log-interval`` documents
