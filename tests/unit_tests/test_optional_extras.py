@@ -1,7 +1,7 @@
 """Without an optional extra ([data], [metrics], [hf], [tokenizers] of pyproject.toml) the suite
 neither errors at collection nor fails: a test that needs one skips, naming it
-(tests/harness/extras.py). The
-machines without them: a user's plain ``pip install .``, the GPU image (no datasets, no wandb).
+(tests/harness/extras.py). The machines without them: a user's plain ``pip install .``, the GPU
+image (no datasets, no wandb).
 
 The end-to-end tests run pytest in a subprocess where the extras' modules cannot be imported
 (a plugin puts None in ``sys.modules`` for each, as if they were not installed)."""
