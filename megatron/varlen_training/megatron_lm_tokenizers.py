@@ -24,7 +24,6 @@ naming what to use instead, or names the package to install.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
