@@ -26,6 +26,6 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install --quiet -e ".[test,plots,hf,metrics,data]"
+"$VENV/bin/python" -m pip install --quiet -e ".[test,plots,hf,metrics,data,tokenizers]"
 write_repo_root_pth
 echo "$want" > "$STAMP"

@@ -7,9 +7,10 @@ flags; the work is in megatron/varlen_training/datasets/preprocess.py, this is i
 writes ``data/docs_text_document.bin/.idx``, the files Megatron-LM's tools/preprocess_data.py writes
 for the same flags; train on them with ``--data-path data/docs_text_document``. Megatron-LM's GPT
 recipe, ``--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file
-gpt2-merges.txt``, works as in pretrain_gpt.py; its tokenizer types and flags not honoured here are
-refused in one line (megatron/varlen_training/tokenizer_arguments.py). Megatron-LM's flags this tool
-does not do (``--split-sentences`` and its ``--keep-newlines``, ``--lang``;
+gpt2-merges.txt``, works as in pretrain_gpt.py, and so do its SentencePiece types and TikTokenizer
+(``--tokenizer-model FILE``, ids without a BOS as Megatron-LM's); its tokenizer types and flags
+not honoured here are refused in one line (megatron/varlen_training/tokenizer_arguments.py).
+Megatron-LM's flags this tool does not do (``--split-sentences`` and its ``--keep-newlines``, ``--lang``;
 ``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``) are refused in
 one line saying what to do instead. Progress: a bar with documents/s on a terminal, and
 Megatron-LM's ``Processed N documents (D docs/s, M MB/s).`` line every ``--log-interval`` documents
@@ -35,6 +36,7 @@ from megatron.varlen_training.datasets.preprocess import (  # noqa: E402
 )
 from megatron.varlen_training.errors import USAGE_EXIT_CODE, one_line  # noqa: E402
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: E402
+from megatron.varlen_training.model_file_tokenizers import ModelFileOptions  # noqa: E402
 from megatron.varlen_training.refused_flags import given_refused_flags  # noqa: E402
 from megatron.varlen_training.tokenizer import TOKENIZER_TYPE_CHOICES  # noqa: E402
 from megatron.varlen_training.tokenizer_arguments import (  # noqa: E402
@@ -89,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPE_CHOICES,
                        help="The tokenizer training will use (pretrain_gpt.py's flag).")
     group.add_argument("--tokenizer-model", default=None,
-                       help="Local tokenizer directory (HuggingFaceTokenizer only; refused "
+                       help="HuggingFaceTokenizer: a local tokenizer directory; SentencePiece "
+                            "types: the .model file; TikTokenizer: the vocabulary JSON (refused "
                             "beside another type).")
     group.add_argument("--vocab-size", type=int, default=None,
                        help="Vocabulary size (NullTokenizer).")
@@ -137,7 +140,15 @@ def parse_config(argv: list[str] | None = None) -> PreprocessConfig:
         log_interval=args.log_interval,
         include_special_tokens=not args.tokenizer_hf_no_include_special_tokens,
         partitions=args.partitions, keep_sequential_samples=args.keep_sequential_samples,
-        vocab_file=args.vocab_file, merge_file=args.merge_file)
+        vocab_file=args.vocab_file, merge_file=args.merge_file,
+        model_file_options=_model_file_options(args))
+
+
+def _model_file_options(args: argparse.Namespace) -> ModelFileOptions:
+    special = args.tokenizer_special_tokens
+    return ModelFileOptions(args.tiktoken_pattern, args.tiktoken_num_special_tokens,
+                            tuple(special) if special is not None else None,
+                            args.tokenizer_sentencepiece_ignore_extra_whitespaces)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,14 +189,17 @@ def _add_data_args(parser):
     group.add_argument("--tokenizer-type", default="NullTokenizer",
                        choices=TOKENIZER_TYPE_CHOICES,
                        help="NullTokenizer (ids as text), ByteLevelTokenizer (UTF-8 bytes, no "
-                            "download), a local HuggingFace tokenizer or GPT2BPETokenizer "
-                            "(--vocab-file, --merge-file); Megatron-LM's other types are "
-                            "refused with the reason.")
+                            "download), a local HuggingFace tokenizer, GPT2BPETokenizer "
+                            "(--vocab-file, --merge-file), the SentencePiece types and "
+                            "TikTokenizer (--tokenizer-model FILE); Megatron-LM's other types "
+                            "are refused with the reason.")
     group.add_argument("--tokenizer-model", default=None,
-                       help="Local tokenizer directory (HuggingFaceTokenizer only; refused "
-                            "beside another type).")
+                       help="HuggingFaceTokenizer: a local tokenizer directory; SentencePiece "
+                            "types: the .model file; TikTokenizer: the vocabulary JSON "
+                            "(refused beside another type).")
     group.add_argument("--vocab-size", type=int, default=None,
-                       help="Vocabulary size (NullTokenizer); other tokenizers know their own.")
+                       help="Vocabulary size (NullTokenizer; TikTokenizer's, default 2^17); "
+                            "other tokenizers know their own.")
 
 
 def _add_logging_checkpoint_args(parser):

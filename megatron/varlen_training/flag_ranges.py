@@ -18,6 +18,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_SPECIAL_TOKENS
 from megatron.varlen_training.pipeline_arguments import pipeline_split_of
 
 # Token counts of one sequence live in int32 cu_seqlens (megatron-core's and FlashAttention's
@@ -146,6 +147,9 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "context_parallel_size": COUNT,
     # data, logging, checkpointing
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
+    "tiktoken_num_special_tokens": FlagRange(
+        len(TIKTOKEN_SPECIAL_TOKENS), why="TikTokenizer's ids start with its special tokens "
+                                          f"{' '.join(TIKTOKEN_SPECIAL_TOKENS)}"),
     "log_interval": COUNT,
     "tensorboard_log_interval": COUNT,
     # logging_arguments.py: events a TensorBoard writer queues (0 would flush on every add);

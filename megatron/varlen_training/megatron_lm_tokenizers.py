@@ -16,17 +16,21 @@ files directly because megatron-core's ``MegatronHFTokenizer`` asks the Hugging 
 - text becomes ids without a BOS or an eod (``--append-eod`` adds the eod in preprocessing);
   ``<|endoftext|>`` written in the text is the eod id, as in megatron-core's library.
 
-The other types of Megatron-LM either need a package that is not installed (sentencepiece,
-tiktoken) or train models this fork does not (BERT, multimodal); :func:`unavailable_reason`
-says so in one line, naming what to install or to use instead.
+The SentencePiece types and TikTokenizer are built in model_file_tokenizers.py when their
+package is installed (sentencepiece, tiktoken: the ``[tokenizers]`` extra). The others train
+models this fork does not (BERT, multimodal); :func:`unavailable_reason` says so in one line,
+naming what to use instead, or names the package to install.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
+
+from megatron.varlen_training.model_file_tokenizers import (
+    MODEL_FILE_TYPES, missing_package,
+)
 
 GPT2_BPE_TYPE = "GPT2BPETokenizer"
 GPT2_EOD_TOKEN = "<|endoftext|>"  # GPT-2's end of text: Megatron-LM's eod
@@ -34,13 +38,6 @@ MERGES_HEADER = "#version"  # the first line of GPT-2's merges file, not a merge
 
 _HF_HINT = ("convert the model's tokenizer to a Hugging Face tokenizer directory and give it as "
             "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
-# type -> the package it needs (SentencePiece and tiktoken models)
-_PACKAGE_TYPES = {
-    "SentencePieceTokenizer": "sentencepiece",
-    "GPTSentencePieceTokenizer": "sentencepiece",
-    "Llama2Tokenizer": "sentencepiece",
-    "TikTokenizer": "tiktoken",
-}
 # type -> why it is not built here and what to use instead
 _REFUSED_TYPES = {
     "BertWordPieceLowerCase": "BERT's WordPiece vocabulary is for BERT/T5 models, which this "
@@ -53,7 +50,7 @@ _REFUSED_TYPES = {
     "SFTTokenizer": "SFT here renders conversations with the tokenizer's own chat template: "
                     "use --sft --tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR",
 }
-MEGATRON_LM_ONLY_TYPES = (GPT2_BPE_TYPE, *_PACKAGE_TYPES, *_REFUSED_TYPES)
+MEGATRON_LM_ONLY_TYPES = (GPT2_BPE_TYPE, *MODEL_FILE_TYPES, *_REFUSED_TYPES)
 
 
 def unavailable_reason(tokenizer_type: str) -> str | None:
@@ -62,15 +59,7 @@ def unavailable_reason(tokenizer_type: str) -> str | None:
     flag = f"--tokenizer-type {tokenizer_type}"
     if tokenizer_type in _REFUSED_TYPES:
         return f"{flag} is not supported: {_REFUSED_TYPES[tokenizer_type]}"
-    package = _PACKAGE_TYPES.get(tokenizer_type)
-    if package is None:
-        return None
-    if importlib.util.find_spec(package) is None:
-        return (f"{flag} needs the {package} package, which is not installed (pip install "
-                f"{package}), and this fork reads {package} models through Hugging Face only: "
-                f"{_HF_HINT}")
-    return f"{flag} is not supported: this fork reads {package} models through Hugging Face " \
-           f"only: {_HF_HINT}"
+    return missing_package(tokenizer_type)
 
 
 def read_vocab_file(path: str | None) -> dict[str, int]:

@@ -18,9 +18,14 @@ Every tokenizer offers the same small interface (:class:`Tokenizer`): ``vocab_si
 - ``GPT2BPETokenizer`` (``--vocab-file F --merge-file F``): Megatron-LM's GPT-2 BPE, built from
   the two files (``megatron/varlen_training/megatron_lm_tokenizers.py``), adapted like a
   HuggingFace tokenizer; eod is ``<|endoftext|>``.
+- ``SentencePieceTokenizer``, ``GPTSentencePieceTokenizer``, ``Llama2Tokenizer``
+  (``--tokenizer-model F.model``) and ``TikTokenizer`` (``--tokenizer-model F.json``, the
+  ``--tiktoken-*`` flags): Megatron-LM's, megatron-core's tokenizer libraries adapted by
+  :class:`LibraryTokenizer` (``megatron/varlen_training/model_file_tokenizers.py``); they need
+  the sentencepiece / tiktoken package.
 
-Megatron-LM's other types are accepted by the flag parser and refused in one line
-(:func:`megatron.varlen_training.megatron_lm_tokenizers.unavailable_reason`).
+Megatron-LM's other types, and these without their package, are accepted by the flag parser and
+refused in one line (:func:`megatron.varlen_training.megatron_lm_tokenizers.unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,14 @@ from typing import Sequence
 from megatron.varlen_training.megatron_lm_tokenizers import (
     GPT2_BPE_TYPE, MEGATRON_LM_ONLY_TYPES, gpt2_bpe_backend, unavailable_reason,
 )
+from megatron.varlen_training.model_file_tokenizers import (
+    MODEL_FILE_TYPES, SENTENCEPIECE_TYPES, TIKTOKEN_TYPE, NO_ID, ModelFileOptions,
+    sentencepiece_library, tiktoken_library,
+)
 
 HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
-TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", HF_TOKENIZER_TYPE, GPT2_BPE_TYPE)
+TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", HF_TOKENIZER_TYPE, GPT2_BPE_TYPE,
+                   *MODEL_FILE_TYPES)
 # What --tokenizer-type accepts: the types built here and Megatron-LM's others, which are
 # refused in one line saying why (a missing package, a model family this fork does not train).
 TOKENIZER_TYPE_CHOICES = TOKENIZER_TYPES + tuple(
@@ -44,6 +54,9 @@ TOKENIZER_TYPE_FLAGS = {
     "ByteLevelTokenizer": (),
     HF_TOKENIZER_TYPE: ("--tokenizer-model",),
     GPT2_BPE_TYPE: ("--vocab-file", "--merge-file"),
+    **dict.fromkeys(SENTENCEPIECE_TYPES, ("--tokenizer-model",)),
+    TIKTOKEN_TYPE: ("--tokenizer-model", "--vocab-size", "--tiktoken-pattern",
+                    "--tiktoken-num-special-tokens", "--tokenizer-special-tokens"),
 }
 CHAT_ROLES = ("system", "user", "assistant")
 TRAINED_ROLE = "assistant"  # the turns SFT trains on (the others are masked)
@@ -218,6 +231,45 @@ class HuggingFaceTokenizer(Tokenizer):
         return encode_chat(self._hf, turns)
 
 
+class LibraryTokenizer(Tokenizer):
+    """Adapter around a megatron-core text tokenizer library object (its SentencePiece and
+    TikToken tokenizers): ids are its ``text_to_ids``, as Megatron-LM's ``tokenize``;
+    ``eod`` its eod; ``pad`` its pad id, or eod when it has none (-1); ``vocab_size`` its own.
+    A chat turn opens with the text ``<|role|>\\n``, as for Hugging Face tokenizers without a
+    chat template.
+
+    Args:
+        library: Object with ``text_to_ids``, ``ids_to_text``, ``vocab_size``, ``eod`` and
+            ``pad_id`` (``megatron.core.tokenizers.text.libraries``).
+        decode: ids -> text, where the library's ``ids_to_text`` will not do (None: it).
+    """
+
+    def __init__(self, library, decode=None):
+        self._library = library
+        self._decode = decode or library.ids_to_text
+        self.vocab_size = int(library.vocab_size)
+        self.eod = int(library.eod)
+        pad = int(library.pad_id)
+        self.pad = self.eod if pad == NO_ID else pad
+        assert 0 <= self.eod < self.vocab_size and 0 <= self.pad < self.vocab_size
+
+    def tokenize(self, text: str) -> list[int]:
+        return [int(i) for i in self._library.text_to_ids(text)]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._decode([int(i) for i in ids])
+
+    def role_marker(self, role: str) -> list[int]:
+        return self.tokenize(HF_ROLE_MARKER_FORMAT.format(role=role))
+
+    def hf_token_ids(self) -> dict[str, int | None]:
+        """The model's own bos/eos/pad ids for an exported ``config.json`` (None where it has
+        none: a SentencePiece model without a pad piece has no pad, not the eod)."""
+        ids = (self._library.bos_id, self._library.eos_id, self._library.pad_id)
+        return {name: None if int(i) == NO_ID else int(i)
+                for name, i in zip(("bos_token_id", "eos_token_id", "pad_token_id"), ids)}
+
+
 def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, tokenizer_type: str) -> None:
     """Every id the tokenizer returns must have a row in the model's vocabulary; the refusal
     names the flags that chose the tokenizer (``tokenizer_type``'s)."""
@@ -231,15 +283,20 @@ def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, tokenizer_type: 
 def build_tokenizer(
     tokenizer_type: str, vocab_size: int | None = None, tokenizer_model: str | None = None,
     vocab_file: str | None = None, merge_file: str | None = None,
+    options: ModelFileOptions = ModelFileOptions(),
 ) -> Tokenizer:
     """Builds the tokenizer named by ``--tokenizer-type``.
 
     Args:
         tokenizer_type: One of :data:`TOKENIZER_TYPES`.
-        vocab_size: ``--vocab-size``; required by ``NullTokenizer``, ignored otherwise.
-        tokenizer_model: ``--tokenizer-model``; the local directory for ``HuggingFaceTokenizer``.
+        vocab_size: ``--vocab-size``; required by ``NullTokenizer``, the vocabulary of
+            ``TikTokenizer`` (None: 2^17), ignored otherwise.
+        tokenizer_model: ``--tokenizer-model``; the local directory for ``HuggingFaceTokenizer``,
+            the model file of the SentencePiece types and ``TikTokenizer``.
         vocab_file: ``--vocab-file``; GPT-2's vocabulary JSON for ``GPT2BPETokenizer``.
         merge_file: ``--merge-file``; GPT-2's merges file for ``GPT2BPETokenizer``.
+        options: the flags of the SentencePiece types and ``TikTokenizer`` besides
+            ``--tokenizer-model`` (``--tiktoken-*``, ``--tokenizer-special-tokens``, ...).
 
     Returns:
         The tokenizer.
@@ -255,6 +312,14 @@ def build_tokenizer(
         return HuggingFaceTokenizer.from_pretrained(tokenizer_model)
     if tokenizer_type == GPT2_BPE_TYPE:
         return HuggingFaceTokenizer(gpt2_bpe_backend(vocab_file, merge_file))
+    if tokenizer_type in SENTENCEPIECE_TYPES:
+        return LibraryTokenizer(sentencepiece_library(tokenizer_type, tokenizer_model,
+                                                      options.ignore_extra_whitespaces))
+    if tokenizer_type == TIKTOKEN_TYPE:
+        library = tiktoken_library(tokenizer_model, vocab_size, options)
+        # tiktoken's own decode: megatron-core's ids_to_text decodes each token alone, which
+        # garbles a character whose bytes two tokens share.
+        return LibraryTokenizer(library, decode=library.tokenizer.decode)
     reason = unavailable_reason(tokenizer_type)
     if reason is not None:
         raise ValueError(reason)
@@ -268,3 +333,10 @@ def tokenizer_flags(tokenizer_type: str) -> str:
     --vocab-file, --merge-file``: the hint of a refusal of data made with another tokenizer."""
     flags = TOKENIZER_TYPE_FLAGS.get(tokenizer_type, ())
     return ", ".join((f"--tokenizer-type {tokenizer_type}", *flags))
+
+
+def build_run_tokenizer(data, vocab_size: int | None) -> Tokenizer:
+    """The tokenizer of a run's :class:`~megatron.varlen_training.config.data.DataConfig`
+    (``vocab_size``: the model's ``--vocab-size``, or the ``--hf-checkpoint``'s)."""
+    return build_tokenizer(data.tokenizer_type, vocab_size, data.tokenizer_model,
+                           data.vocab_file, data.merge_file, ModelFileOptions.of(data))

@@ -1,6 +1,6 @@
-"""Megatron-LM's tokenizer-file flags (``--vocab-file``, ``--merge-file``) and its tokenizer
-flags this fork does not honour, for pretrain_gpt.py, pretrain_mamba.py and
-tools/preprocess_data.py.
+"""Megatron-LM's tokenizer-file flags (``--vocab-file``, ``--merge-file``; TikTokenizer's in
+model_file_tokenizer_arguments.py) and its tokenizer flags this fork does not honour, for
+pretrain_gpt.py, pretrain_mamba.py and tools/preprocess_data.py.
 
 A flag that is not honoured is still registered, so that a Megatron-LM command line carrying it
 gets one line naming the flag and what to do instead (exit 2), never a silent no-op. Each keeps
@@ -12,6 +12,10 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.megatron_lm_tokenizers import GPT2_BPE_TYPE, unavailable_reason
+from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_TYPE
+from megatron.varlen_training.model_file_tokenizer_arguments import (
+    add_model_file_tokenizer_args, validate_model_file_tokenizer_args,
+)
 from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
 from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE, TOKENIZER_TYPE_FLAGS
 
@@ -30,17 +34,13 @@ REFUSED_FLAGS = {
     "--tokenizer-metadata": ({}, None, "megatron-core's tokenizer metadata files are not read "
                                        "here; give the tokenizer by --tokenizer-type and its "
                                        "files"),
-    "--tokenizer-special-tokens": ({"nargs": "+"}, None,
-                                   f"adding special tokens is not supported; {_HF_DIR_HINT}"),
     "--special-tokens": ({"nargs": "+"}, None,
                          f"adding special tokens is not supported; {_HF_DIR_HINT}"),
-    "--tiktoken-pattern": ({}, None, "it configures --tokenizer-type TikTokenizer, which is not "
-                                     "available here"),
-    "--tiktoken-num-special-tokens": ({}, "1000", "it configures --tokenizer-type TikTokenizer, "
-                                                  "which is not available here"),
     "--tokenizer-sentencepiece-legacy": ({"action": "store_true"}, None,
-                                         "it configures the SentencePiece types, which are not "
-                                         "available here"),
+                                         "megatron-core's legacy SentencePiece wrapper (special "
+                                         "tokens added by --tokenizer-special-tokens) is not "
+                                         "built here; the SentencePiece types encode with the "
+                                         "model alone, Megatron-LM's default: drop the flag"),
     "--tokenizer-hf-no-use-fast": ({"action": "store_true"}, None,
                                    "Hugging Face tokenizers are always the fast (tokenizers) "
                                    "implementation here; drop the flag"),
@@ -61,19 +61,24 @@ REFUSED_FLAGS = {
     "--use-gigatoken": ({"action": "store_true"}, None, "the gigatoken tokenizer backend is "
                                                         "not available here; drop the flag"),
     "--legacy-tokenizer": ({"action": "store_true"}, None,
-                           "this fork builds each tokenizer one way; drop the flag"),
+                           "this fork builds each tokenizer one way, as Megatron-LM's default "
+                           "(megatron-core's tokenizer libraries; e.g. its legacy "
+                           "Llama2Tokenizer prepended a BOS, the default does not); drop the "
+                           "flag"),
 }
 
 
 def _refuse_unread_tokenizer_model(args: argparse.Namespace, require) -> None:
-    """``--tokenizer-model`` is read by ``HuggingFaceTokenizer`` only; beside another type it
-    would be ignored without a word (the run would train on that type's ids instead)."""
+    """``--tokenizer-model`` is read by ``HuggingFaceTokenizer``, the SentencePiece types and
+    TikTokenizer only; beside another type it would be ignored without a word (the run would
+    train on that type's ids instead)."""
     kind = args.tokenizer_type
     if not args.tokenizer_model or "--tokenizer-model" in TOKENIZER_TYPE_FLAGS[kind]:
         return
     require(False,
             f"--tokenizer-model {args.tokenizer_model!r} is read by --tokenizer-type "
-            f"{HF_TOKENIZER_TYPE} only, but --tokenizer-type is {kind}, {_BUILT_FROM[kind]}: "
+            f"{HF_TOKENIZER_TYPE}, the SentencePiece types and {TIKTOKEN_TYPE} only, but "
+            f"--tokenizer-type is {kind}, {_BUILT_FROM[kind]}: "
             f"drop --tokenizer-model, or give --tokenizer-type {HF_TOKENIZER_TYPE} to train "
             f"with that tokenizer")
 
@@ -87,6 +92,7 @@ def add_tokenizer_file_args(parser, honoured: tuple[str, ...] = ()) -> None:
                             "its <|endoftext|> is the eod.")
     group.add_argument("--merge-file", default=None,
                        help=f"{GPT2_BPE_TYPE}: GPT-2's BPE merges (e.g. gpt2-merges.txt).")
+    add_model_file_tokenizer_args(parser)
     add_refused_flags(parser.add_argument_group("Megatron-LM tokenizer flags refused here"),
                       REFUSED_FLAGS, skip=honoured)
 
@@ -98,6 +104,7 @@ def validate_tokenizer_args(args: argparse.Namespace, require,
     reason = unavailable_reason(args.tokenizer_type)
     require(reason is None, reason)
     _refuse_unread_tokenizer_model(args, require)
+    validate_model_file_tokenizer_args(args, require)
     is_bpe = args.tokenizer_type == GPT2_BPE_TYPE
     for flag in ("--vocab-file", "--merge-file"):
         value = getattr(args, flag[2:].replace("-", "_"))

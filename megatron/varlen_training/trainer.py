@@ -38,7 +38,7 @@ from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.params_norm import params_l2_norm
 from megatron.varlen_training.step_timers import StepTimers
-from megatron.varlen_training.tokenizer import build_tokenizer, check_tokenizer_fits
+from megatron.varlen_training.tokenizer import build_run_tokenizer, check_tokenizer_fits
 from megatron.varlen.packing import GlobalBatchPacker, StepBatches
 from megatron.varlen.platform import get_device, initialize_dynamic_cp_groups
 from megatron.varlen.scheduling import build_group_layout
@@ -126,9 +126,7 @@ class Trainer:
         # Data errors (bad file, line, bytes) are one line on every rank, never a traceback.
         data = self.run.data
         log.print_rank_0(f"> building {data.tokenizer_type} tokenizer ...")  # Megatron-LM's
-        self.tokenizer = agree_on_errors(build_tokenizer, data.tokenizer_type,
-                                         self.run.model.vocab_size, data.tokenizer_model,
-                                         data.vocab_file, data.merge_file)
+        self.tokenizer = agree_on_errors(build_run_tokenizer, data, self.run.model.vocab_size)
         self.run = self.run.with_vocabulary(self.tokenizer.vocab_size)
         check_tokenizer_fits(self.tokenizer, self.run.model.vocab_size, data.tokenizer_type)
         _log_padded_vocabulary(self.run)

@@ -1,7 +1,8 @@
-"""The optional extras of pyproject.toml (``[data]``, ``[metrics]``, ``[hf]``): a test that needs
-one skips, naming the extra, where it is not installed -- a user's plain ``pip install .``, or
-the GPU machine's image, which lacks datasets and wandb unless their wheels travel along
-(README "GPU"). Never a collection error, never a failure for a package the user did not ask for.
+"""The optional extras of pyproject.toml (``[data]``, ``[metrics]``, ``[hf]``, ``[tokenizers]``): a
+test that needs one skips, naming the extra, where it is not installed -- a user's plain
+``pip install .``, or the GPU machine's image, which lacks datasets and wandb unless their
+wheels travel along (README "GPU"). Never a collection error, never a failure for a package the
+user did not ask for.
 
     from tests.harness.extras import needs_extra, require_extra
 
@@ -21,6 +22,7 @@ EXTRA_MODULES = {
     "data": ("datasets", "pyarrow"),
     "metrics": ("tensorboard", "wandb"),
     "hf": ("transformers", "safetensors", "tokenizers", "jinja2"),
+    "tokenizers": ("sentencepiece", "tiktoken"),
 }
 
 

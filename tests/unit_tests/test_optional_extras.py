@@ -1,6 +1,7 @@
-"""Without an optional extra ([data], [metrics], [hf] of pyproject.toml) the suite neither errors
-at collection nor fails: a test that needs one skips, naming it (tests/harness/extras.py). The
-machines without them: a user's plain ``pip install .``, the GPU image (no datasets, no wandb).
+"""Without an optional extra ([data], [metrics], [hf], [tokenizers] of pyproject.toml) the suite
+neither errors at collection nor fails: a test that needs one skips, naming it
+(tests/harness/extras.py). The machines without them: a user's plain ``pip install .``, the GPU
+image (no datasets, no wandb).
 
 The end-to-end tests run pytest in a subprocess where the extras' modules cannot be imported
 (a plugin puts None in ``sys.modules`` for each, as if they were not installed)."""
@@ -34,6 +35,8 @@ NEEDING_AN_EXTRA = [
     "test_hugging_face_ids_as_megatron_lm",
     "tests/unit_tests/varlen_training/test_trainer.py::"
     "test_real_tensorboard_events_and_offline_wandb_run",
+    "tests/unit_tests/varlen_training/test_model_file_tokenizers.py",
+    "tests/unit_tests/tools/test_preprocess_model_file_tokenizers.py",
 ]
 # Of those, the ones that need no extra at all (their own tests run).
 NEEDING_NONE = ["tests/unit_tests/varlen_training/hf/test_hf_config.py"]
@@ -114,4 +117,4 @@ def test_tests_needing_an_extra_skip_naming_it(suite_without_extras):
     assert reasons and all("needs the '" in line and "' extra" in line for line in reasons), \
         reasons
     assert {extra for extra in extras.EXTRA_MODULES if f"'{extra}' extra" in proc.stdout} == {
-        "data", "hf", "metrics"}
+        "data", "hf", "metrics", "tokenizers"}

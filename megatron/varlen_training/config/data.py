@@ -47,6 +47,12 @@ class DataConfig:
     # GPT2BPETokenizer's files (tokenizer_arguments.py): GPT-2's vocabulary JSON and merges.
     vocab_file: str | None = None
     merge_file: str | None = None
+    # TikTokenizer's and the SentencePiece types' values (model_file_tokenizer_arguments.py);
+    # the defaults: Megatron-LM's.
+    tiktoken_pattern: str | None = None
+    tiktoken_num_special_tokens: int = 1000
+    tokenizer_special_tokens: tuple[str, ...] | None = None
+    tokenizer_sentencepiece_ignore_extra_whitespaces: bool = True
 
     @property
     def indexed(self) -> bool:

@@ -62,11 +62,12 @@ def hybrid_config(args) -> HybridConfig:
 
 
 _PATH_LIST_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+_TOKEN_LIST_FIELDS = ("tokenizer_special_tokens",)
 
 
 def data_config(args) -> DataConfig:
     values = _values(args, DataConfig)
-    for name in _PATH_LIST_FIELDS:  # lists of prefixes/files, frozen as tuples
+    for name in (*_PATH_LIST_FIELDS, *_TOKEN_LIST_FIELDS):  # lists, frozen as tuples
         values[name] = tuple(values[name]) if values[name] is not None else None
     return DataConfig(**values)
 

@@ -35,6 +35,7 @@ import numpy as np
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
 from megatron.varlen_training.datasets.jsonl_lines import decode_line
+from megatron.varlen_training.model_file_tokenizers import ModelFileOptions
 from megatron.varlen_training.tokenizer import HuggingFaceTokenizer, Tokenizer, build_tokenizer
 
 DOCUMENT_LEVEL = "document"  # Megatron-LM's suffix without --split-sentences
@@ -63,6 +64,8 @@ class PreprocessConfig:
         keep_sequential_samples: Partitions of consecutive lines (the input order).
         vocab_file: GPT-2's vocabulary JSON (GPT2BPETokenizer's ``--vocab-file``).
         merge_file: GPT-2's merges (GPT2BPETokenizer's ``--merge-file``).
+        model_file_options: the SentencePiece types' and TikTokenizer's flags besides
+            ``--tokenizer-model``.
     """
 
     input: str
@@ -79,11 +82,12 @@ class PreprocessConfig:
     keep_sequential_samples: bool = False
     vocab_file: str | None = None
     merge_file: str | None = None
+    model_file_options: ModelFileOptions = ModelFileOptions()
 
     def build_tokenizer(self) -> Tokenizer:
         """The tokenizer these flags name, as the training layer builds it."""
         return build_tokenizer(self.tokenizer_type, self.vocab_size, self.tokenizer_model,
-                               self.vocab_file, self.merge_file)
+                               self.vocab_file, self.merge_file, self.model_file_options)
 
     @property
     def round_robin(self) -> bool:

@@ -32,7 +32,7 @@ from megatron.varlen_training.hf.exporter import save_hf
 from megatron.varlen_training.initialize import initialize_megatron, shutdown
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import build_model, build_transformer_config, unwrap
-from megatron.varlen_training.tokenizer import build_tokenizer
+from megatron.varlen_training.tokenizer import build_run_tokenizer
 
 EXPORT_PROG = "export_hf.py"  # what usage lines and errors call this tool
 
@@ -65,8 +65,7 @@ def with_tokenizer_vocabulary(run: RunConfig) -> RunConfig:
     """The run with its vocabulary resolved as training resolved it (the Trainer's start):
     without ``--vocab-size`` (and ``--hf-checkpoint``) the tokenizer's size decides it."""
     data = run.data
-    tokenizer = agree_on_errors(build_tokenizer, data.tokenizer_type, run.model.vocab_size,
-                                data.tokenizer_model, data.vocab_file, data.merge_file)
+    tokenizer = agree_on_errors(build_run_tokenizer, data, run.model.vocab_size)
     return run.with_vocabulary(tokenizer.vocab_size)
 
 

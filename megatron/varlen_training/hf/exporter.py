@@ -40,7 +40,8 @@ from megatron.varlen_training.model import unwrap
 from megatron.varlen_training.megatron_lm_tokenizers import (
     GPT2_BPE_TYPE, gpt2_eod_id, save_gpt2_bpe,
 )
-from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE
+from megatron.varlen_training.model_file_tokenizers import MODEL_FILE_TYPES
+from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE, build_run_tokenizer
 
 GENERATION_CONFIG_FILENAME = "generation_config.json"
 # A Hugging Face tokenizer directory's files (fast and slow tokenizers, chat template).
@@ -229,8 +230,9 @@ def export_hf(chunks: list[torch.nn.Module], out_dir: str, config: HFModelConfig
 
 def export_config(run: RunConfig) -> HFModelConfig:
     """The architecture to export for a run, with the special token ids of the checkpoint it
-    started from (``--hf-checkpoint``), else of its Hugging Face tokenizer: without them
-    ``generate`` would never stop at the end of a turn."""
+    started from (``--hf-checkpoint``), else of its tokenizer (Hugging Face, GPT-2 BPE, a
+    SentencePiece or TikToken model): without them ``generate`` would never stop at the end of
+    a turn."""
     config = config_from_model(run.model)
     if run.checkpoint.hf_checkpoint:
         source = load_hf_config(run.checkpoint.hf_checkpoint)
@@ -242,6 +244,9 @@ def export_config(run: RunConfig) -> HFModelConfig:
     if run.data.tokenizer_type == GPT2_BPE_TYPE:  # GPT-2's: bos = eos = <|endoftext|>, no pad
         eod = gpt2_eod_id(run.data.vocab_file)
         return dataclasses.replace(config, bos_token_id=eod, eos_token_id=eod, pad_token_id=None)
+    if run.data.tokenizer_type in MODEL_FILE_TYPES:  # the SentencePiece / TikToken model's own
+        tokenizer = build_run_tokenizer(run.data, run.model.vocab_size)
+        return dataclasses.replace(config, **tokenizer.hf_token_ids())
     return config
 
 

@@ -60,7 +60,9 @@ EXPECTED_FLAGS = frozenset("""
 --moe-router-group-topk --moe-shared-expert-overlap --moe-token-drop-policy
 --moe-pad-expert-input-to-capacity
 --vocab-file --merge-file --vocab-extra-ids --tokenizer-metadata --tokenizer-special-tokens
---special-tokens --tiktoken-pattern --tiktoken-num-special-tokens
+--special-tokens --tiktoken-pattern --tiktoken-num-special-tokens --tiktoken-special-tokens
+--no-tokenizer-sentencepiece-ignore-extra-whitespaces
+--disable-tokenizer-sentencepiece-ignore-extra-whitespaces
 --tokenizer-sentencepiece-legacy --tokenizer-hf-no-use-fast --trust-remote-code
 --null-tokenizer-eod-id --null-tokenizer-pad-id --chat-template --use-gigatoken
 --legacy-tokenizer --tokenizer-hf-no-include-special-tokens

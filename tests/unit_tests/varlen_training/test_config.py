@@ -41,6 +41,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/kernel_arguments.py",
     "megatron/varlen_training/pipeline_arguments.py",
     "megatron/varlen_training/tokenizer_arguments.py",
+    "megatron/varlen_training/model_file_tokenizer_arguments.py",
     "megatron/varlen_training/refused_flags.py",
     "megatron/varlen_training/logging_arguments.py",
 }

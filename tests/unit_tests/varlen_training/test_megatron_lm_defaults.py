@@ -31,8 +31,6 @@ DIFFERENT = {
                   "refused)",
     "vocab_extra_ids": "a refused flag, unset (None); Megatron-LM's 0 is accepted as the value "
                        "that changes nothing (tokenizer_arguments.py)",
-    "tiktoken_num_special_tokens": "a refused flag, unset (None); Megatron-LM's 1000 is "
-                                   "accepted as the value that changes nothing",
     "cuda_graph_scope": "a refused flag, unset (None) instead of Megatron-LM's [] (an empty "
                         "list is not a value a command line can give; kernel_arguments.py)",
 }

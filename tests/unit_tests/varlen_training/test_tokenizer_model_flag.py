@@ -1,4 +1,5 @@
-"""``--tokenizer-model`` is read by ``--tokenizer-type HuggingFaceTokenizer`` only: beside
+"""``--tokenizer-model`` is read by ``--tokenizer-type HuggingFaceTokenizer`` (and the
+SentencePiece / TikToken types: test_model_file_tokenizers.py) only: beside
 NullTokenizer or ByteLevelTokenizer it used to be ignored without a word (the run trained on
 that type's ids). Now it is one line naming both flags, exit code 2, in the flag layer of
 pretrain_gpt.py and pretrain_mamba.py and in tools/preprocess_data.py (the facade:
@@ -32,7 +33,8 @@ def test_tokenizer_model_beside_a_type_that_ignores_it_is_one_line(kind):
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("--tokenizer-model 'models/tok' is read by --tokenizer-type "
-                              f"HuggingFaceTokenizer only, but --tokenizer-type is {kind}")
+                              "HuggingFaceTokenizer, the SentencePiece types and TikTokenizer "
+                              f"only, but --tokenizer-type is {kind}")
     assert "drop --tokenizer-model" in message
 
 

@@ -24,8 +24,8 @@ def test_facade_native_config_refuses_it_in_one_line():
     })
     with pytest.raises(ArgumentValidationError,
                        match=r"^--tokenizer-model 'models/tok' is read by --tokenizer-type "
-                             r"HuggingFaceTokenizer only, but --tokenizer-type is "
-                             r"NullTokenizer"):
+                             r"HuggingFaceTokenizer, the SentencePiece types and TikTokenizer "
+                             r"only, but --tokenizer-type is NullTokenizer"):
         run_config_of(config, world_size=1)
 
 
