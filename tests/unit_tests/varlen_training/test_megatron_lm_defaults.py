@@ -31,6 +31,8 @@ DIFFERENT = {
                   "refused)",
     "vocab_extra_ids": "a refused flag, unset (None); Megatron-LM's 0 is accepted as the value "
                        "that changes nothing (tokenizer_arguments.py)",
+    "distributed_backend": "unset (None): the device's, nccl on CUDA and gloo on CPU "
+                           "(runtime_arguments.py); Megatron-LM's nccl is accepted on CUDA",
     "tiktoken_num_special_tokens": "a refused flag, unset (None); Megatron-LM's 1000 is "
                                    "accepted as the value that changes nothing",
 }

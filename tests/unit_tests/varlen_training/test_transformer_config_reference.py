@@ -45,7 +45,7 @@ MEGATRON_LM_DEFAULTS = {
     "moe_router_enable_expert_bias": False, "moe_router_bias_update_rate": 1e-3,
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
     "moe_router_num_groups": None, "moe_router_group_topk": None,
-    "moe_shared_expert_overlap": False,
+    "moe_shared_expert_overlap": False, "deterministic_mode": False,
 }
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
@@ -61,7 +61,8 @@ _COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "
            "hidden_dropout", "attention_dropout", "init_method_std", "normalization",
            "apply_query_key_layer_scaling", "bf16", "fp16", "tensor_model_parallel_size",
            "pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
-           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor")
+           "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor",
+           "deterministic_mode")
 
 
 def _default_ffn(flags: dict) -> int:
@@ -155,6 +156,7 @@ COMMAND_LINES = {
                    "untie_embeddings_and_output_weights": True},
     "qwen_like": {"add_qkv_bias": True, "kv_channels": 32, "qk_layernorm": False},
     "qk_layernorm": {"qk_layernorm": True},
+    "deterministic": {"deterministic_mode": True},
     "dropout_init": {"hidden_dropout": 0.0, "attention_dropout": 0.25,
                      "init_method_std": 0.006},
     "bf16": {"bf16": True},
