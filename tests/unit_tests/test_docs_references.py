@@ -84,6 +84,8 @@ PROSE_FLAGS = {
     "--distribute-saved-activations": "Megatron-LM's recompute flag, listed as not supported",
     "--moe-input-jitter-eps": "Megatron-LM's MoE flag, listed as not supported (docs/MOE.md)",
     "--moe-per-layer-logging": "Megatron-LM's MoE flag, listed as not supported",
+    "--capture-range": "nsys's flag (how --profile's capture range is opened, README.md)",
+    "--inprocess-*": "Megatron-LM's in-process restart flags, each refused in one line",
     "--x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
     "--no-x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
 }
