@@ -45,6 +45,8 @@ def _inprocess_seconds(neutral: float) -> tuple[dict, str, str]:
     return {"type": float}, str(float(neutral)), _INPROCESS_WHY
 
 
+# Megatron-LM's default is $WORLD_SIZE, the one value that keeps no warm reserve: accepted.
+_ACTIVE_WORLD = "--inprocess-active-world-size"
 # flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
 REFUSED_FLAGS = {
     "--log-straggler": ({"action": "store_true"}, None, _STRAGGLER_WHY),
@@ -76,8 +78,7 @@ REFUSED_FLAGS = {
     "--inprocess-last-call-wait": _inprocess_seconds(1),
     "--inprocess-termination-grace-time": _inprocess_seconds(1),
     "--inprocess-granularity": ({"choices": ("node", "rank")}, "node", _INPROCESS_WHY),
-    # Megatron-LM's default is $WORLD_SIZE: any given value asks for a warm reserve.
-    "--inprocess-active-world-size": ({"type": int}, None, _INPROCESS_WHY),
+    _ACTIVE_WORLD: ({"type": int}, None, _INPROCESS_WHY),  # checked against the world size
     "--inprocess-empty-cuda-cache": ({"action": "store_true"}, None, _INPROCESS_WHY),
 }
 
@@ -166,8 +167,11 @@ def _add_process_args(group) -> None:
 def validate_runtime_args(args: argparse.Namespace, require) -> None:
     """Refuses what cannot run here and the settings that would silently do nothing
     (``require(cond, message)``)."""
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
+    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS, skip=(_ACTIVE_WORLD,)):
         require(False, f"{flag}{given} is not supported: {why}")
+    active = args.inprocess_active_world_size  # Megatron-LM's default: the job's world size
+    require(active is None or active == args.world_size,
+            f"{_ACTIVE_WORLD} {active} is not supported: {_INPROCESS_WHY}")
     require(args.manual_gc or args.manual_gc_interval == 0,
             f"--manual-gc-interval {args.manual_gc_interval} needs --manual-gc (without it "
             f"Python's own collector runs and the interval is never used)")

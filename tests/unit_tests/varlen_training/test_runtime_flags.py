@@ -359,7 +359,7 @@ ASKING = {"--straggler-ctrlr-port": "1234", "--straggler-minmax-count": "16",
           "--ft-num-warmup-iters": "0", "--one-logger-project": "mine",
           "--one-logger-run-name": "run", "--app-tag-run-name": "app",
           "--app-tag-run-version": "1.0", "--inprocess-max-iterations": "3",
-          "--inprocess-granularity": "rank", "--inprocess-active-world-size": "1"}
+          "--inprocess-granularity": "rank", "--inprocess-active-world-size": "2"}
 
 
 def _asking_value(flag: str) -> list[str]:
@@ -378,6 +378,12 @@ def test_refused_runtime_flags_are_one_line_and_neutral_values_pass(flag):
     assert "\n" not in message
     if NEUTRAL[flag] is not None:  # Megatron-LM's default as given on its command line
         _parse(flag, NEUTRAL[flag])
+
+
+def test_in_process_active_world_size_of_the_whole_job_passes():
+    """Megatron-LM's default for it is $WORLD_SIZE (no warm reserve): that value asks for
+    nothing (a megatron-wrap view lists it)."""
+    _parse("--inprocess-active-world-size", "2", world=2)
 
 
 def test_recipe_refusal_is_one_line_and_exit_code_2():
