@@ -4,7 +4,9 @@ points its ``train`` / ``train_step`` / ``evaluate`` do it:
 - ``--manual-gc``: the automatic collector is off from the first step; a full collection then,
   after every ``--manual-gc-interval``-th iteration, and around each in-loop evaluation (full
   before, young generation after) unless ``--no-manual-gc-eval``. Every rank collects at the same
-  iterations, so no rank stalls its peers with a collection of its own.
+  iterations, so no rank stalls its peers with a collection of its own. The interval's
+  collection ends the step (the facade's steps too), so it comes before that iteration's
+  evaluation, where Megatron-LM's comes after it: the same collections, in another order.
 - ``--empty-unused-memory-level``: :func:`empty_unused_memory` at training.py's points.
 - ``--profile``: torch.profiler over iterations [start, end) (``--use-pytorch-profiler``), or
   nsys's capture range over (start, end], on ``--profile-ranks``.

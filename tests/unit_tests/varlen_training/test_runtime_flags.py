@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from megatron.varlen_training import log, process_settings, runtime_arguments, runtime_hooks
-from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.arguments import ArgumentValidationError
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.config.runtime import RuntimeConfig
 from tests.harness.multirank import run_distributed
