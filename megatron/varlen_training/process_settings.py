@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from megatron.varlen.platform import cpu_device
 from megatron.varlen_training import log
 from megatron.varlen_training.config.runtime import RuntimeConfig
 
@@ -63,3 +64,10 @@ def apply_process_settings(runtime: RuntimeConfig) -> None:
         apply_logging_level(level)
     if runtime.deterministic_mode:
         apply_deterministic_mode()
+
+
+def joinable_backend(requested: str | None) -> str | None:
+    """``--distributed-backend`` for a join made before the flags are checked (the facade's):
+    on CPU gloo is the only backend, so the device's is used there and the flag check that
+    follows refuses nccl in one line instead of init_process_group failing in a traceback."""
+    return None if cpu_device.use_cpu() else requested

@@ -396,3 +396,61 @@ def test_recipe_refusal_is_one_line_and_exit_code_2():
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("pretrain_gpt.py: error: --log-straggler is not supported")
+
+
+# --- the facade --------------------------------------------------------------------------
+
+FACADE_CONFIG = {"model": {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
+                           "seq_length": 32, "vocab_size": 64, "make_vocab_size_divisible_by": 32},
+                 "training": {"micro_batch_size": 1, "global_batch_size": 2, "train_iters": 2,
+                              "lr": 1e-3, "seed": 3, "eval_iters": 0},
+                 "data": {"tokenizer_type": "NullTokenizer"},
+                 "logging": {"metric_writers": [], "progress_bar": False}}
+
+
+FACADE_SCRIPT = """
+import json, sys
+import torch
+from megatron.varlen_training.flag_errors import ArgumentValidationError
+from megatron.wrap import MegatronWrap
+
+config = json.loads(sys.argv[1])
+with MegatronWrap(config) as wrap:
+    try:
+        wrap.initialize()
+        print(json.dumps([torch.distributed.get_backend(), wrap.run.parallel.distributed_backend]))
+    except ArgumentValidationError as err:
+        print(json.dumps(str(err)))
+"""
+
+
+def _facade_outcome(backend: str):
+    """MegatronWrap.initialize() in a fresh process (the facade joins its own group) with
+    ``backend`` in its config: [group's backend, run's], or the one-line refusal."""
+    training = {**FACADE_CONFIG["training"], "distributed_backend": backend}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-c", FACADE_SCRIPT,
+                           json.dumps({**FACADE_CONFIG, "training": training})],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="nccl is refused on CPU only")
+def test_facade_takes_the_backend_and_refuses_nccl_on_cpu_in_one_line():
+    """The facade joins before it checks its flags: nccl on CPU must still end in the flag's
+    one line, not in init_process_group's traceback."""
+    assert _facade_outcome("gloo") == ["gloo", "gloo"]
+    refusal = _facade_outcome("nccl")
+    assert refusal.startswith("--distributed-backend nccl needs CUDA devices"), refusal
+
+
+def test_a_join_before_the_flag_check_uses_gloo_on_cpu(monkeypatch):
+    from megatron.varlen.platform import cpu_device
+
+    monkeypatch.setattr(cpu_device, "use_cpu", lambda: True)
+    assert process_settings.joinable_backend("nccl") is None  # the device's: gloo
+    monkeypatch.setattr(cpu_device, "use_cpu", lambda: False)
+    assert process_settings.joinable_backend("gloo") == "gloo"
