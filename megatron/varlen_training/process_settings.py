@@ -6,17 +6,14 @@ the facade)."""
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
 
 from megatron.varlen.platform import cpu_device
 from megatron.varlen_training import log
-from megatron.varlen_training.config.runtime import RuntimeConfig
+from megatron.varlen_training.config.runtime import LOGGING_LEVEL_VARIABLE, RuntimeConfig
 
-# Megatron-LM's fallback for --logging-level (its initialize.py).
-LOGGING_LEVEL_VARIABLE = "MEGATRON_LOGGING_LEVEL"
 # Megatron-LM main's --deterministic-mode values (megatron/training/determinism.py), set where
 # the environment leaves them unset (runtime_arguments refused contrary values at start-up):
 # ring all-reduces sum in a fixed order, TE's attention uses deterministic kernels, cuBLAS a
@@ -38,13 +35,8 @@ def resolved_logging_level(flag_level: int | None, env=os.environ) -> int | None
 
 
 def apply_logging_level(level: int) -> None:
-    """Megatron-LM sets the root logger's level, which every library logger (megatron-core's
-    included) follows. Here megatron-core's logger has a level of its own (log.ENGINE_LOG_LEVEL),
-    so it is set too; the training log's own lines -- Megatron-LM prints them, whatever the
-    level -- keep INFO unless the level asks for more detail."""
-    logging.getLogger().setLevel(level)
-    logging.getLogger(log.ENGINE_LOGGER_NAME).setLevel(level)
-    log.set_log_level(min(level, logging.INFO))
+    """Megatron-LM's --logging-level (:func:`log.set_process_log_level`), and its line."""
+    log.set_process_log_level(level)
     log.print_rank_0(f"Setting logging level to {level}")  # Megatron-LM's line
 
 

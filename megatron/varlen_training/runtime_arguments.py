@@ -16,7 +16,7 @@ import os
 
 from megatron.varlen.platform import cpu_device
 from megatron.varlen_training.config.runtime import (
-    MEMORY_SNAPSHOT_PATH, PROFILE_RANKS, PROFILE_STEP_END, PROFILE_STEP_START,
+    LOGGING_LEVEL_VARIABLE, MEMORY_SNAPSHOT_PATH, PROFILE_RANKS, PROFILE_STEP_END, PROFILE_STEP_START,
 )
 from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
 
@@ -210,6 +210,10 @@ def _validate_profiling(args: argparse.Namespace, require) -> None:
 
 
 def _validate_process_settings(args: argparse.Namespace, require) -> None:
+    from_env = os.environ.get(LOGGING_LEVEL_VARIABLE)
+    require(args.logging_level is not None or not from_env or from_env.isdigit(),
+            f"${LOGGING_LEVEL_VARIABLE}={from_env!r} is not a Python logging level (an integer "
+            f">= 0: 10 DEBUG ... 50 CRITICAL): fix it, or give --logging-level")
     require(not (args.distributed_backend == "nccl" and cpu_device.use_cpu()),
             "--distributed-backend nccl needs CUDA devices, and none is visible: use gloo or "
             "leave the flag out (the device's backend)")

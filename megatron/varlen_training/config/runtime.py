@@ -14,6 +14,8 @@ PROFILE_STEP_START = 10
 PROFILE_STEP_END = 12
 PROFILE_RANKS = (0,)
 MEMORY_SNAPSHOT_PATH = "snapshot.pickle"
+# Megatron-LM's fallback for --logging-level (its initialize.py): an integer level.
+LOGGING_LEVEL_VARIABLE = "MEGATRON_LOGGING_LEVEL"
 
 
 @dataclass(frozen=True)

@@ -307,6 +307,13 @@ def test_logging_level_is_applied_as_megatron_lm(monkeypatch, restored_log_level
     assert logging.getLogger(log.LOGGER_NAME).level == training_log
 
 
+def test_a_logging_level_variable_that_is_no_level_is_one_line(monkeypatch):
+    monkeypatch.setenv(process_settings.LOGGING_LEVEL_VARIABLE, "DEBUG")
+    with pytest.raises(ArgumentValidationError, match="MEGATRON_LOGGING_LEVEL='DEBUG' is not"):
+        _parse()
+    _parse("--logging-level", "10")  # the flag wins: the variable is not read
+
+
 def test_no_logging_level_leaves_the_levels(monkeypatch, restored_log_levels):
     monkeypatch.delenv(process_settings.LOGGING_LEVEL_VARIABLE, raising=False)
     before = logging.getLogger().level, logging.getLogger(log.LOGGER_NAME).level
