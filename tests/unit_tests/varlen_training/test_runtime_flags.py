@@ -241,9 +241,29 @@ def test_what_needs_cuda_is_refused_on_cpu(extra, needle):
         _parse(*extra)
 
 
-def test_memory_snapshot_names_are_per_rank():
-    history = runtime_hooks.MemoryHistory("out/snap.pickle", rank=3, log_interval=10)
-    assert history.path == "out/snap_3.pickle"  # Megatron-LM main's <stem>_<rank><suffix>
+def test_memory_history_records_from_start_and_dumps_at_megatron_lms_points(monkeypatch):
+    """Recording on the profiled ranks only, from start-up; a snapshot after the first step and
+    every --log-interval (Megatron-LM main), named per rank; recording off at the end. CUDA's
+    allocator calls are stand-ins here (CPU refuses the flag)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled="all", **kwargs: calls.append(("record", enabled)))
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot",
+                        lambda path: calls.append(("dump", path)))
+    runtime = RuntimeConfig(record_memory_history=True, profile_ranks=(1,),
+                            memory_snapshot_path="out/snap.pickle")
+    for rank in (0, 1):
+        hooks = runtime_hooks.StepHooks(runtime, rank, log_interval=3, tensorboard_dir=None)
+        hooks.start()
+        for completed in range(7):
+            hooks.before_step(completed)
+            calls.append(("step", rank, completed + 1))
+            hooks.after_step(completed + 1)
+        hooks.close()
+    dump = ("dump", "out/snap_1.pickle")  # Megatron-LM main's <stem>_<rank><suffix>
+    assert calls == [("step", 0, n) for n in range(1, 8)] + [
+        ("record", "all"), ("step", 1, 1), dump, ("step", 1, 2), ("step", 1, 3), dump,
+        ("step", 1, 4), ("step", 1, 5), ("step", 1, 6), dump, ("step", 1, 7), ("record", None)]
 
 
 # --- process group backend, logging level, deterministic mode ------------------------------
@@ -391,6 +411,19 @@ def test_in_process_active_world_size_of_the_whole_job_passes():
     """Megatron-LM's default for it is $WORLD_SIZE (no warm reserve): that value asks for
     nothing (a megatron-wrap view lists it)."""
     _parse("--inprocess-active-world-size", "2", world=2)
+
+
+def test_entry_point_applies_the_logging_level_and_keeps_the_iteration_lines():
+    """pretrain_gpt.py --logging-level 30: Megatron-LM's line saying so, and the iteration
+    line (a print in Megatron-LM) still there."""
+    env = {"WORLD_SIZE": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "pretrain_gpt.py"), *TINY_GPT_ARGS, "--train-iters", "1",
+         "--logging-level", "30"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+        cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "Setting logging level to 30" in proc.stdout
+    assert "iteration        1/       1 |" in proc.stdout, proc.stdout
 
 
 def test_recipe_refusal_is_one_line_and_exit_code_2():
