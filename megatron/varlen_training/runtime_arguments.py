@@ -80,6 +80,12 @@ REFUSED_FLAGS = {
     "--inprocess-granularity": ({"choices": ("node", "rank")}, "node", _INPROCESS_WHY),
     _ACTIVE_WORLD: ({"type": int}, None, _INPROCESS_WHY),  # checked against the world size
     "--inprocess-empty-cuda-cache": ({"action": "store_true"}, None, _INPROCESS_WHY),
+    # Megatron-LM main's profiling additions (newer than core_v0.16.1)
+    "--pytorch-profiler-collect-chakra": ({"action": "store_true"}, None,
+                                          "Chakra execution traces are not collected here "
+                                          "(the torch profiler's trace is)"),
+    "--nvtx-ranges": ({"action": "store_true"}, None,
+                      "this fork emits no NVTX ranges of its own (nsys still sees CUDA's)"),
 }
 
 
@@ -134,6 +140,10 @@ def _add_profiling_args(group) -> None:
     group.add_argument("--profile-ranks", type=int, nargs="+", default=list(PROFILE_RANKS),
                        help="Global ranks that profile and record memory history (default 0, "
                             "Megatron-LM core_v0.16.1's; main's default profiles every rank).")
+    for what in ("shapes", "callstack"):  # Megatron-LM main's switches for what 0.16.1 always did
+        group.add_argument(f"--pytorch-profiler-collect-{what}", action="store_true",
+                           help=f"Accepted (Megatron-LM main's flag): the torch profiler always "
+                                f"collects {what} here, as Megatron-LM core_v0.16.1.")
     group.add_argument("--record-memory-history", action="store_true",
                        help="Record the CUDA caching allocator's history from start-up on "
                             "--profile-ranks and dump a snapshot every --log-interval "

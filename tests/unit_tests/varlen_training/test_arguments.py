@@ -93,6 +93,8 @@ EXPECTED_FLAGS = frozenset("""
 --inprocess-hard-timeout --inprocess-heartbeat-timeout --inprocess-barrier-timeout
 --inprocess-completion-timeout --inprocess-last-call-wait --inprocess-termination-grace-time
 --inprocess-granularity --inprocess-active-world-size --inprocess-empty-cuda-cache
+--pytorch-profiler-collect-shapes --pytorch-profiler-collect-callstack
+--pytorch-profiler-collect-chakra --nvtx-ranges
 """.split())
 
 
