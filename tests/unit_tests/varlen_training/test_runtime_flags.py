@@ -375,8 +375,9 @@ def test_deterministic_mode_refuses_a_nondeterministic_environment(monkeypatch, 
 # --- accepted as they are, and refused families --------------------------------------------
 
 
-def test_use_cpu_initialization_and_no_one_logger_are_accepted():
-    run = _parse("--use-cpu-initialization", "--no-one-logger")
+def test_flags_that_ask_for_what_happens_anyway_are_accepted():
+    run = _parse("--use-cpu-initialization", "--no-one-logger",
+                 "--pytorch-profiler-collect-shapes", "--pytorch-profiler-collect-callstack")
     assert run.flag_values["use_cpu_initialization"] is True
     assert run.flag_values["enable_one_logger"] is False
 
