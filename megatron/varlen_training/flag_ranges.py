@@ -210,6 +210,8 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "straggler_ctrlr_port": FlagRange(0, 65535, why="a TCP port"),
     "straggler_minmax_count": COUNT,
     "ft_num_warmup_iters": NON_NEGATIVE_COUNT,
+    "error_injection_rate": NON_NEGATIVE_COUNT,
+    "check_weight_hash_across_dp_replicas_interval": COUNT,
     "inprocess_max_iterations": COUNT,
     "inprocess_active_world_size": COUNT,
     **dict.fromkeys(("inprocess_monitor_thread_interval", "inprocess_monitor_process_interval",

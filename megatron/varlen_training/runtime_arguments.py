@@ -2,8 +2,9 @@
 memory history, the log level, the process group's backend, deterministic mode -- honoured with
 Megatron-LM's names, defaults and semantics (config/runtime.py, runtime_hooks.py,
 process_settings.py) -- and the fault-tolerance families this fork does not run (straggler
-detector, NVIDIA's fault-tolerance package, in-process restart, one-logger, the large-gradient
-check), registered only to be refused in one line (Megatron-LM's neutral values accepted).
+detector, NVIDIA's fault-tolerance package, in-process restart, one-logger, the rerun state
+machine and its checks, the DP weight-hash check), registered only to be refused in one line
+(Megatron-LM's neutral values accepted).
 
 Defaults are core_v0.16.1's (our megatron-core pin); where Megatron-LM main differs the help
 says so (``--profile-ranks``: main profiles every rank by default).
@@ -39,6 +40,12 @@ _INPROCESS_WHY = ("in-process restart (nvidia-resiliency-ext) is not integrated 
 _ONE_LOGGER_WHY = ("one-logger (NVIDIA's internal progress tracker) is not available here; "
                    "the run's metrics go to --tensorboard-dir, --wandb-project and "
                    "--log-metrics-jsonl")
+
+
+_RERUN_WHY = ("Megatron-LM's rerun state machine is not used here: a NaN/Inf loss or grad norm "
+              "stops the run at that iteration (--check-for-nan-in-loss-and-grad)")
+_RERUN_MODE = "--rerun-mode"
+RERUN_MODES = ("disabled", "validate_results", "report_stats")
 
 
 def _inprocess_seconds(neutral: float) -> tuple[dict, str, str]:
@@ -80,6 +87,18 @@ REFUSED_FLAGS = {
     "--inprocess-granularity": ({"choices": ("node", "rank")}, "node", _INPROCESS_WHY),
     _ACTIVE_WORLD: ({"type": int}, None, _INPROCESS_WHY),  # checked against the world size
     "--inprocess-empty-cuda-cache": ({"action": "store_true"}, None, _INPROCESS_WHY),
+    # Megatron-LM's rerun state machine (re-runs an iteration to tell a transient fault from a
+    # bug); its default mode and no injected errors ask for nothing, "disabled" neither
+    # (validate_runtime_args), as --check-for-nan-in-loss-and-grad stops the run here.
+    _RERUN_MODE: ({"choices": RERUN_MODES}, "validate_results", _RERUN_WHY),
+    "--error-injection-rate": ({"type": int}, "0", _RERUN_WHY),
+    "--error-injection-type": ({"choices": ("correct_result", "transient_error",
+                                            "persistent_error")}, "transient_error", _RERUN_WHY),
+    "--check-for-spiky-loss": ({"action": "store_true"}, None, _RERUN_WHY),
+    "--result-rejected-tracker-filename": ({}, None, _RERUN_WHY),
+    "--check-weight-hash-across-dp-replicas-interval": (
+        {"type": int}, None, "the weights' hashes are not compared across data-parallel "
+                             "replicas here"),
     # Megatron-LM main's profiling additions (newer than core_v0.16.1)
     "--pytorch-profiler-collect-chakra": ({"action": "store_true"}, None,
                                           "Chakra execution traces are not collected here "
@@ -178,7 +197,8 @@ def validate_runtime_args(args: argparse.Namespace, require) -> None:
     """Refuses what cannot run here and the settings that would silently do nothing
     (``require(cond, message)``)."""
     for flag, given, why in given_refused_flags(args, REFUSED_FLAGS, skip=(_ACTIVE_WORLD,)):
-        require(False, f"{flag}{given} is not supported: {why}")
+        require(flag == _RERUN_MODE and given == " disabled",  # re-runs nothing, as here
+                f"{flag}{given} is not supported: {why}")
     active = args.inprocess_active_world_size  # Megatron-LM's default: the job's world size
     require(active is None or active == args.world_size,
             f"{_ACTIVE_WORLD} {active} is not supported: {_INPROCESS_WHY}")

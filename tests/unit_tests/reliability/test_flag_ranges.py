@@ -153,6 +153,8 @@ VALID = {
     "straggler_ctrlr_port": NONE,
     "straggler_minmax_count": NONE,
     "ft_num_warmup_iters": NONE,
+    "error_injection_rate": ZERO,  # Megatron-LM's 0 injects nothing; every other rate refused
+    "check_weight_hash_across_dp_replicas_interval": NONE,
     "inprocess_max_iterations": NONE,
     "inprocess_active_world_size": NONE,
     **dict.fromkeys(("inprocess_monitor_thread_interval", "inprocess_monitor_process_interval",

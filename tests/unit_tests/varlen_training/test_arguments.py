@@ -95,6 +95,8 @@ EXPECTED_FLAGS = frozenset("""
 --inprocess-granularity --inprocess-active-world-size --inprocess-empty-cuda-cache
 --pytorch-profiler-collect-shapes --pytorch-profiler-collect-callstack
 --pytorch-profiler-collect-chakra --nvtx-ranges
+--rerun-mode --error-injection-rate --error-injection-type --check-for-spiky-loss
+--result-rejected-tracker-filename --check-weight-hash-across-dp-replicas-interval
 """.split())
 
 

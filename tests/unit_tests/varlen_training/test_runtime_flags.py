@@ -387,7 +387,11 @@ ASKING = {"--straggler-ctrlr-port": "1234", "--straggler-minmax-count": "16",
           "--ft-num-warmup-iters": "0", "--one-logger-project": "mine",
           "--one-logger-run-name": "run", "--app-tag-run-name": "app",
           "--app-tag-run-version": "1.0", "--inprocess-max-iterations": "3",
-          "--inprocess-granularity": "rank", "--inprocess-active-world-size": "2"}
+          "--inprocess-granularity": "rank", "--inprocess-active-world-size": "2",
+          "--rerun-mode": "report_stats", "--error-injection-rate": "1000",
+          "--error-injection-type": "persistent_error",
+          "--result-rejected-tracker-filename": "rejected.txt",
+          "--check-weight-hash-across-dp-replicas-interval": "10"}
 
 
 def _asking_value(flag: str) -> list[str]:
@@ -406,6 +410,11 @@ def test_refused_runtime_flags_are_one_line_and_neutral_values_pass(flag):
     assert "\n" not in message
     if NEUTRAL[flag] is not None:  # Megatron-LM's default as given on its command line
         _parse(flag, NEUTRAL[flag])
+
+
+def test_rerun_mode_disabled_passes():
+    """It re-runs nothing, which is what happens here (a NaN stops the run)."""
+    _parse("--rerun-mode", "disabled")
 
 
 def test_in_process_active_world_size_of_the_whole_job_passes():
