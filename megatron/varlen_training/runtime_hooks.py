@@ -29,6 +29,8 @@ import torch
 from megatron.varlen_training import log
 from megatron.varlen_training.config.runtime import RuntimeConfig
 
+# The profiler's states in which stopping writes a trace (the window's steps).
+_RECORDING = (torch.profiler.ProfilerAction.RECORD, torch.profiler.ProfilerAction.RECORD_AND_SAVE)
 # Megatron-LM main's memory-history depth: the last 100k allocations and frees.
 MEMORY_HISTORY_ENTRIES = 100_000
 YOUNGEST_GENERATION = 0
@@ -117,10 +119,14 @@ class TorchProfilerWindow:
             self.close()  # stopping in the window's last step writes the trace
 
     def close(self) -> None:
+        """Stops the profiler: within the window its trace is written (a run stopped early
+        writes what it recorded); before it, nothing is."""
         if self._profiler is not None:
+            recorded = self._profiler.current_action in _RECORDING
             self._profiler.stop()
-            log.info_all_ranks(f"> profiling: torch.profiler trace written under "
-                               f"{self.trace_dir}")
+            log.info_all_ranks(f"> profiling: torch.profiler trace written under {self.trace_dir}"
+                               if recorded else f"> profiling: the run ended before iteration "
+                                                f"{self.start}; no trace written")
         self._profiler, self._done = None, True
 
 

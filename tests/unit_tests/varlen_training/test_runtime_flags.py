@@ -183,12 +183,14 @@ def _drive(hook, completed_before: int, iterations: int) -> None:
     hook.close()
 
 
-@pytest.mark.parametrize("resumed_after, expected", [(0, {2, 3, 4}), (3, {4}), (5, set())])
-def test_torch_profiler_window_is_by_iteration_number(tmp_path, resumed_after, expected):
-    """[2, 5) from a fresh run, from a run resumed after iteration 3 (what is left), and from
-    one resumed past the window (no trace)."""
+@pytest.mark.parametrize("resumed_after, steps, expected", [
+    (0, 4, {2, 3, 4}), (3, 4, {4}), (5, 4, set()), (0, 3, {2, 3}), (0, 1, set())])
+def test_torch_profiler_window_is_by_iteration_number(tmp_path, resumed_after, steps, expected):
+    """[2, 5) from a fresh run, from a run resumed after iteration 3 (what is left), from one
+    resumed past the window (no trace), and from runs stopped early: inside the window (what
+    was recorded) and before it (no trace)."""
     window = runtime_hooks.TorchProfilerWindow(2, 5, str(tmp_path), rank=0)
-    _drive(window, resumed_after, 4)
+    _drive(window, resumed_after, steps)
     traces = list(tmp_path.glob("rank0.*.pt.trace.json"))
     assert len(traces) == (1 if expected else 0)
     if expected:
