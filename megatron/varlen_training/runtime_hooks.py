@@ -4,9 +4,7 @@ points its ``train`` / ``train_step`` / ``evaluate`` do it:
 - ``--manual-gc``: the automatic collector is off from the first step; a full collection then,
   after every ``--manual-gc-interval``-th iteration, and around each in-loop evaluation (full
   before, young generation after) unless ``--no-manual-gc-eval``. Every rank collects at the same
-  iterations, so no rank stalls its peers with a collection of its own. The interval's
-  collection ends the step (the facade's steps too), so it comes before that iteration's
-  evaluation, where Megatron-LM's comes after it: the same collections, in another order.
+  iterations, so no rank stalls its peers with a collection of its own.
 - ``--empty-unused-memory-level``: :func:`empty_unused_memory` at training.py's points.
 - ``--profile``: torch.profiler over iterations [start, end) (``--use-pytorch-profiler``), or
   nsys's capture range over (start, end], on ``--profile-ranks``.
@@ -185,7 +183,11 @@ class StepHooks:
     """The runtime flags' work around a run's steps, for the Trainer: :meth:`start` once before
     the model is built, :meth:`before_step` / :meth:`after_step` around each step (given the
     iterations completed), :meth:`around_evaluation` around each in-loop evaluation,
-    :meth:`close` at the end."""
+    :meth:`end_iteration` where Megatron-LM's loop ends an iteration (its
+    ``post_training_step_callbacks``: after the iteration's evaluation, before its checkpoint;
+    the profiler's stop and the interval's collection happen there), :meth:`close` at the end.
+    An iteration the caller does not end (the facade's steps) ends before the next step or at
+    :meth:`close`."""
 
     def __init__(self, runtime: RuntimeConfig, rank: int, log_interval: int,
                  tensorboard_dir: str | None):
@@ -195,26 +197,36 @@ class StepHooks:
         self.profiler = _profiler(runtime, rank, tensorboard_dir) if profiled else None
         self.memory = (MemoryHistory(runtime.memory_snapshot_path, rank, log_interval)
                        if profiled and runtime.record_memory_history else None)
+        self._unended: int | None = None  # the iteration stepped but not ended yet
 
     def start(self) -> None:
         if self.memory is not None:
             self.memory.start()
 
     def before_step(self, completed: int) -> None:
+        self.end_iteration()
         self.gc.start()  # once: Megatron-LM turns the collector off as its loop begins
         if self.profiler is not None:
             self.profiler.step(completed)
 
     def after_step(self, completed: int) -> None:
-        for hook in (self.profiler, self.memory):
-            if hook is not None:
-                hook.after_step(completed)
-        self.gc.after_step(completed)
+        if self.memory is not None:  # Megatron-LM dumps while it logs the iteration
+            self.memory.after_step(completed)
+        self._unended = completed
 
     def around_evaluation(self):
         return self.gc.around_evaluation()
 
+    def end_iteration(self) -> None:
+        completed, self._unended = self._unended, None
+        if completed is None:
+            return
+        if self.profiler is not None:
+            self.profiler.after_step(completed)
+        self.gc.after_step(completed)
+
     def close(self) -> None:
+        self.end_iteration()
         for hook in (self.profiler, self.memory, self.gc):
             if hook is not None:
                 hook.close()

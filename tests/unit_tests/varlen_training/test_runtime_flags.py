@@ -40,6 +40,9 @@ def _parse(*extra: str, world: int = 1):
 # --- manual garbage collection ------------------------------------------------------------
 
 
+FULL, YOUNG, STEP, SAVE = ("collect", 2), ("collect", 0), ("step",), ("save",)
+
+
 class _RecordingGC:
     """Python's gc for runtime_hooks, recording each collection (and each training step, put
     in the same list by :func:`_gc_events`) in the order they happen."""
@@ -59,20 +62,28 @@ def _gc_events(argv: list[str]) -> dict:
     """Trains ``argv`` through pretrain(); the collections and steps in order, whether the
     automatic collector was on during each step, and after the run."""
     from megatron.varlen_training import training
+    from megatron.varlen_training.trainer import Trainer
 
     events, enabled_in_steps = [], []
     original_gc, original_step = runtime_hooks.gc, training.train_step
+    original_save = Trainer.save_if_due
 
     def step(*args, **kwargs):
-        events.append(("step",))
+        events.append(STEP)
         enabled_in_steps.append(gc.isenabled())
         return original_step(*args, **kwargs)
 
+    def save_if_due(trainer):  # where the loop checkpoints (each iteration, if due)
+        events.append(SAVE)
+        return original_save(trainer)
+
     runtime_hooks.gc, training.train_step = _RecordingGC(events), step
+    Trainer.save_if_due = save_if_due
     try:
         train_on_this_rank(argv)
     finally:
         runtime_hooks.gc, training.train_step = original_gc, original_step
+        Trainer.save_if_due = original_save
     return {"events": events, "enabled_in_steps": enabled_in_steps,
             "enabled_after": gc.isenabled()}
 
@@ -86,19 +97,18 @@ def _gc_runs(_unused=None) -> list[dict]:
     )]
 
 
-FULL, YOUNG, STEP = ("collect", 2), ("collect", 0), ("step",)
-
-
 def test_manual_gc_collects_at_megatron_lms_points_only():
     """Megatron-LM: gc.disable() and a full collection as the loop starts; a full collection
-    after every --manual-gc-interval-th iteration; around each in-loop evaluation a full one
-    before and a young-generation one after (not with --no-manual-gc-eval)."""
+    at the end of every --manual-gc-interval-th iteration (after its evaluation, before its
+    checkpoint: post_training_step_callbacks); around each in-loop evaluation a full one before
+    and a young-generation one after (not with --no-manual-gc-eval)."""
     interval_2, no_eval, automatic = run_distributed(_gc_runs, 1, timeout_s=TIMEOUT_S)[0]
     evaluation = [FULL, YOUNG]  # after iterations 3 and 6 (--eval-interval 3)
     assert interval_2["events"] == [
-        FULL, STEP, STEP, FULL, STEP, *evaluation, STEP, FULL, STEP, STEP, FULL, *evaluation]
-    assert no_eval["events"] == [FULL] + [STEP] * 6
-    assert automatic["events"] == [STEP] * 6
+        FULL, STEP, SAVE, STEP, FULL, SAVE, STEP, *evaluation, SAVE, STEP, FULL, SAVE,
+        STEP, SAVE, STEP, *evaluation, FULL, SAVE]
+    assert no_eval["events"] == [FULL] + [STEP, SAVE] * 6
+    assert automatic["events"] == [STEP, SAVE] * 6
     for run in (interval_2, no_eval):
         assert run["enabled_in_steps"] == [False] * 6 and run["enabled_after"]
     assert automatic["enabled_in_steps"] == [True] * 6
