@@ -2,8 +2,9 @@
 points its ``train`` / ``train_step`` / ``evaluate`` do it:
 
 - ``--manual-gc``: the automatic collector is off from the first step; a full collection then,
-  after every ``--manual-gc-interval``-th iteration, and around each in-loop evaluation (full
-  before, young generation after) unless ``--no-manual-gc-eval``. Every rank collects at the same
+  at the end of every ``--manual-gc-interval``-th iteration (after its evaluation, before its
+  checkpoint), and around each in-loop evaluation (full before, young generation after) unless
+  ``--no-manual-gc-eval``. Every rank collects at the same
   iterations, so no rank stalls its peers with a collection of its own.
 - ``--empty-unused-memory-level``: :func:`empty_unused_memory` at training.py's points.
 - ``--profile``: torch.profiler over iterations [start, end) (``--use-pytorch-profiler``), or
