@@ -21,7 +21,8 @@ from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
     kernel_arguments, logging_arguments, loss_scale_arguments, model_arguments, moe_arguments,
     pipeline_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
-    run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
+    run_description, runtime_arguments, schedule_arguments, sft_arguments, tokenizer_arguments,
+    varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -291,6 +292,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     model_arguments.add_model_args(parser)
     kernel_arguments.add_kernel_args(parser)
     pipeline_arguments.add_pipeline_split_args(parser)
+    runtime_arguments.add_runtime_args(parser)
     return parser
 
 
@@ -422,6 +424,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     recompute_arguments.validate_recompute_args(args, require)
     recipe_arguments.validate_recipe_args(args, require)
     checkpoint_arguments.validate_checkpoint_args(args, require)
+    runtime_arguments.validate_runtime_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     logging_arguments.validate_logging_args(args, require)

@@ -97,8 +97,9 @@ def evaluate_in_loop(trainer, valid_provider) -> float | None:
     training_config, iteration = trainer.run.training, trainer.state.iteration
     if valid_provider is None or not in_loop_evaluation_due(training_config, iteration):
         return None
-    return _evaluate(trainer, valid_provider, _next_validation_batch(trainer), VALIDATION, "",
-                     verbose=False)
+    with trainer.hooks.around_evaluation():  # --manual-gc collects around it (Megatron-LM)
+        return _evaluate(trainer, valid_provider, _next_validation_batch(trainer), VALIDATION,
+                         "", verbose=False)
 
 
 def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:

@@ -219,6 +219,28 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "moe_router_bias_update_rate": NON_NEGATIVE_FLOAT,
     "moe_router_num_groups": COUNT,
     "moe_router_group_topk": COUNT,
+    # runtime (runtime_arguments.py): 0 is "never" for the GC interval; a profiled window
+    # needs start < end (checked there, with --profile); a rank is a global rank
+    "manual_gc_interval": NON_NEGATIVE_COUNT,
+    "empty_unused_memory_level": FlagRange(0, 2, why="Megatron-LM's levels 0, 1, 2"),
+    "profile_step_start": NON_NEGATIVE_COUNT,
+    "profile_step_end": COUNT,
+    "profile_ranks": FlagRange(0, why="a global rank"),
+    "logging_level": FlagRange(0, why="a Python logging level (10 DEBUG ... 50 CRITICAL)"),
+    # refused runtime families (runtime_arguments.py): in range, only the neutral value passes
+    "straggler_ctrlr_port": FlagRange(0, 65535, why="a TCP port"),
+    "straggler_minmax_count": COUNT,
+    "ft_num_warmup_iters": NON_NEGATIVE_COUNT,
+    "error_injection_rate": NON_NEGATIVE_COUNT,
+    "check_weight_hash_across_dp_replicas_interval": COUNT,
+    "inprocess_max_iterations": COUNT,
+    "inprocess_active_world_size": COUNT,
+    **dict.fromkeys(("inprocess_monitor_thread_interval", "inprocess_monitor_process_interval",
+                     "inprocess_progress_watchdog_interval", "inprocess_heartbeat_interval",
+                     "inprocess_soft_timeout", "inprocess_hard_timeout",
+                     "inprocess_heartbeat_timeout", "inprocess_barrier_timeout",
+                     "inprocess_completion_timeout", "inprocess_last_call_wait",
+                     "inprocess_termination_grace_time"), POSITIVE_FLOAT),
     # hybrid Mamba models (hybrid_arguments.py, pretrain_mamba.py only)
     "hybrid_attention_ratio": FRACTION,
     "hybrid_mlp_ratio": FRACTION,
@@ -236,6 +258,8 @@ def flag_name(dest: str) -> str:
 
 def range_problem(dest: str, value) -> str | None:
     """The one-line complaint about ``value`` for flag ``dest``, or None if it is in range."""
+    if isinstance(value, (list, tuple)):  # a flag of several values (--profile-ranks): each
+        return next(filter(None, (range_problem(dest, each) for each in value)), None)
     allowed = FLAG_RANGES[dest]
     if value is None or allowed.contains(value):
         return None

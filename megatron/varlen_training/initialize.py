@@ -58,7 +58,8 @@ def set_random_seeds(seed: int) -> None:
 
 def initialize_megatron(run: RunConfig) -> None:
     """Everything a training process needs before the model is built."""
-    initialize_distributed(run.parallel.distributed_timeout_minutes)
+    initialize_distributed(run.parallel.distributed_timeout_minutes,
+                           backend=run.parallel.distributed_backend)
     check_gradient_overlap(run.parallel)
     initialize_model_parallel(run.parallel, run.model.moe)
     set_random_seeds(run.training.seed)

@@ -177,6 +177,16 @@ def set_log_level(level: str | int) -> None:
     get_logger().setLevel(level.upper() if isinstance(level, str) else level)
 
 
+def set_process_log_level(level: int) -> None:
+    """Megatron-LM's ``--logging-level``: the root logger's level, which library loggers follow.
+    megatron-core's logger has a level of its own here (:data:`ENGINE_LOG_LEVEL`), so it is set
+    too; the training log's own lines -- Megatron-LM prints them, whatever the level -- keep
+    INFO unless the level asks for more detail."""
+    logging.getLogger().setLevel(level)
+    logging.getLogger(ENGINE_LOGGER_NAME).setLevel(level)
+    set_log_level(min(level, logging.INFO))
+
+
 def _log(level: int, message: object, values: tuple,
          only_rank: Callable[[], bool] | None) -> None:
     """Logs ``message % values`` (as the stdlib does) if ``only_rank`` allows this rank; values

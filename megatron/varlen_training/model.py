@@ -79,6 +79,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         bf16=model.bf16,
         fp16=model.fp16,
         calculate_per_token_loss=run.training.calculate_per_token_loss,
+        deterministic_mode=run.runtime.deterministic_mode,
         use_cpu_initialization=True,
         # gloo: batched isend/irecv gave silently wrong gradients with VPP (found while
         # building the VPP path), so CPU runs send p2p messages one at a time.

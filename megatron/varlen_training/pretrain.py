@@ -90,6 +90,7 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
         history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
                         "validation_loss": evaluation.evaluate_in_loop(trainer, valid_provider),
                         **report.metrics.losses})
+        trainer.hooks.end_iteration()  # Megatron-LM's: after the evaluation, before the save
         trainer.save_if_due()
         stop = exits.reason(trainer.state.iteration)  # every rank, every iteration: it agrees
     if stop is not None and trainer.state.iteration < train_iters:

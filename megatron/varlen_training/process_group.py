@@ -44,8 +44,10 @@ INTERRUPT_POLL_SECONDS = 0.2
 
 
 def initialize_distributed(timeout_minutes: float | None = None,
-                           start_up_error: Exception | None = None) -> None:
-    """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*), gloo on CPU.
+                           start_up_error: Exception | None = None,
+                           backend: str | None = None) -> None:
+    """Joins the process group torchrun set up (RANK/WORLD_SIZE/MASTER_*) over ``backend``
+    (``--distributed-backend``; default the device's: nccl on CUDA, gloo on CPU).
 
     Without RANK (a plain ``python pretrain_gpt.py``) the run is a 1-rank job whose group
     meets at a store it hosts on a port the OS picks (the store torchrun would give it, minus a
@@ -57,10 +59,11 @@ def initialize_distributed(timeout_minutes: float | None = None,
     the first collective (module docstring); any rank's is raised on every rank.
     """
     cpu_device.activate()
-    _join(timeout_minutes, start_up_error)
+    _join(timeout_minutes, start_up_error, backend)
 
 
-def _join(timeout_minutes: float | None, start_up_error: Exception | None) -> None:
+def _join(timeout_minutes: float | None, start_up_error: Exception | None,
+          backend: str | None = None) -> None:
     """:func:`initialize_distributed` without the CPU device layer (megatron-core needs it, the
     process group does not: joining before megatron-core is imported leaves its import as it
     was)."""
@@ -68,16 +71,17 @@ def _join(timeout_minutes: float | None, start_up_error: Exception | None) -> No
         return
     _use_local_device()
     timeout = DISTRIBUTED_TIMEOUT if timeout_minutes is None else timedelta(minutes=timeout_minutes)
+    backend = backend or cpu_device.get_backend()
     if "RANK" in os.environ:  # torchrun (or a launcher like it): env://
-        _wait_for_peers(timeout)
+        _wait_for_peers(timeout, backend)
         agree_on_errors(_raise, start_up_error)  # every joining rank's first collective
         return
     # RANK stays unset (every reader defaults to rank 0 of 1): a later initialisation in this
     # process, after a teardown, is a 1-rank job again with a store of its own.
     store = torch.distributed.TCPStore(LOOPBACK, ANY_PORT, world_size=1, is_master=True,
                                        timeout=timeout)  # the process group keeps it alive
-    torch.distributed.init_process_group(backend=cpu_device.get_backend(), store=store, rank=0,
-                                         world_size=1, timeout=timeout)
+    torch.distributed.init_process_group(backend=backend, store=store, rank=0, world_size=1,
+                                         timeout=timeout)
     _raise(start_up_error)
 
 
@@ -88,7 +92,7 @@ def _use_local_device() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def _wait_for_peers(timeout: timedelta) -> None:
+def _wait_for_peers(timeout: timedelta, backend: str) -> None:
     """``init_process_group`` over env:// in a thread, the main thread waiting on it so that
     Ctrl-C ends the wait at once: a KeyboardInterrupt whose message says what was interrupted
     (:func:`errors.exit_on_user_errors` prints it). The join's own errors are raised here."""
@@ -97,8 +101,7 @@ def _wait_for_peers(timeout: timedelta) -> None:
     def join() -> None:
         try:
             _use_local_device()
-            torch.distributed.init_process_group(backend=cpu_device.get_backend(),
-                                                 timeout=timeout)
+            torch.distributed.init_process_group(backend=backend, timeout=timeout)
         except BaseException as err:  # noqa: BLE001 -- handed to the main thread as it is
             outcome.append(err)
 
@@ -130,7 +133,8 @@ def has_peers_waiting() -> bool:
 
 
 @contextlib.contextmanager
-def peers_joined_at_start_up(prog: str, timeout_minutes: float | None):
+def peers_joined_at_start_up(prog: str, timeout_minutes: float | None,
+                             backend: str | None = None):
     """For entry points, once their flags are parsed and before they import megatron-core
     (seconds per rank): with peers waiting, joins the process group and agrees on start-up
     errors on entering. A peer whose flags failed has joined to report them
@@ -138,7 +142,8 @@ def peers_joined_at_start_up(prog: str, timeout_minutes: float | None):
     code 2, instead of after this rank's imports. The group joined here is released on leaving
     (the trainer releases only a group it created); without peers waiting (a 1-rank run, or a
     group that already exists) nothing happens. ``timeout_minutes``:
-    ``--distributed-timeout-minutes``, as in :func:`initialize_distributed`.
+    ``--distributed-timeout-minutes`` and ``backend`` ``--distributed-backend``, as in
+    :func:`initialize_distributed`.
     """
     if not has_peers_waiting():
         yield
@@ -146,7 +151,7 @@ def peers_joined_at_start_up(prog: str, timeout_minutes: float | None):
     # As when the trainer joined: a peer's start-up error, a lost peer or Ctrl-C while waiting
     # for the others end in one line.
     with exit_on_user_errors(prog):
-        _join(timeout_minutes, start_up_error=None)
+        _join(timeout_minutes, start_up_error=None, backend=backend)
     try:
         yield
     finally:

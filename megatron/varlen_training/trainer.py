@@ -37,6 +37,8 @@ from megatron.varlen_training.loop_steps import periodic_save_due
 from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.params_norm import params_l2_norm
+from megatron.varlen_training.process_settings import apply_process_settings
+from megatron.varlen_training.runtime_hooks import StepHooks
 from megatron.varlen_training.step_timers import StepTimers
 from megatron.varlen_training.tokenizer import build_run_tokenizer, check_tokenizer_fits
 from megatron.varlen.packing import GlobalBatchPacker, StepBatches
@@ -112,15 +114,21 @@ class Trainer:
         self.writers: list = []
         self.step_timers: StepTimers | None = None
         self._memory_reports: device_memory.MemoryReports | None = None  # CUDA only
+        self.hooks: StepHooks | None = None  # the runtime flags' work around steps
         self._owns_process_group = False
 
     # --- start ------------------------------------------------------------------------------
 
     def start(self) -> Trainer:
         """Device, process group, parallel state, seeds (and the arguments dump), tokenizer and
-        the run's vocabulary, dynamic CP groups, metric writers."""
+        the run's vocabulary, dynamic CP groups, metric writers; the runtime flags' process
+        settings (logging level, deterministic mode) before all that, memory history after."""
         self._owns_process_group = not torch.distributed.is_initialized()
+        apply_process_settings(self.run.runtime)
         initialize_megatron(self.run)
+        self.hooks = StepHooks(self.run.runtime, torch.distributed.get_rank(),
+                               self.run.logging.log_interval, self.run.logging.tensorboard_dir)
+        self.hooks.start()  # before the model is built: its allocations are recorded
         if self.family.describe is not None:
             log.print_rank_0(self.family.describe(self.run.model))
         # Data errors (bad file, line, bytes) are one line on every rank, never a traceback.
@@ -168,10 +176,14 @@ class Trainer:
             self._memory_reports = device_memory.MemoryReports(
                 self.run.logging.log_interval, self.run.logging.log_memory_interval,
                 self.state.iteration)
+        if self.hooks is not None:
+            self.hooks.before_step(self.state.iteration)
         loss, grad_norm = training.train_step(self.run, self.state, batches,
                                               forward_step_func=forward_step_func,
                                               num_samples=num_samples)
         self.state.iteration += 1
+        if self.hooks is not None:
+            self.hooks.after_step(self.state.iteration)
         self.state.consumed_train_samples += training.samples_in_step(self.run, num_samples)
         metrics = self._metrics(batches, loss, grad_norm, time.perf_counter() - started_at,
                                 training.samples_in_step(self.run, num_samples))
@@ -278,6 +290,9 @@ class Trainer:
         for writer in self.writers:
             writer.close()
         self.writers = []
+        if self.hooks is not None:  # a profiler window cut short still writes its trace
+            self.hooks.close()
+            self.hooks = None
         if self._owns_process_group:
             shutdown()
         else:

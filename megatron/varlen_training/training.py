@@ -36,6 +36,7 @@ from megatron.varlen_training.loop_steps import eval_mode
 from megatron.varlen_training.model import aligned_param_gather, params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
+from megatron.varlen_training.runtime_hooks import empty_unused_memory
 from megatron.varlen_training.step_timers import (
     CLIP_MAIN_GRAD, COUNT_ZEROS, LEVEL_1, OPTIMIZER, timed,
 )
@@ -358,6 +359,7 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
     state.optimizer.zero_grad()
     losses = run_forward_backward(run, state, step, forward_only=False,
                                   forward_step_func=forward_step_func)
+    empty_unused_memory(run.runtime, level=1)  # --empty-unused-memory-level, Megatron-LM's points
     loss = reduce_reported_loss(losses)
     guard = run.training.check_for_nan_in_loss_and_grad
     with timed(getattr(state.config, "timers", None), OPTIMIZER, LEVEL_1,
@@ -371,6 +373,7 @@ def train_step(run: RunConfig, state: TrainState, step, forward_step_func=forwar
         # applied update advances it: a step the fp16 loss scaler skipped (no grad norm) keeps
         # the learning rate and weight decay of the step it replaces.
         state.scheduler.step(increment=samples_in_step(run, num_samples))
+    empty_unused_memory(run.runtime, level=2)
     return loss, grad_norm
 
 
@@ -474,6 +477,7 @@ def evaluate(run: RunConfig, state: TrainState, provider, first_index: int,
                 on_batch(offset + 1)
             step = provider.step_batches(first_index + offset)
             totals = reported_totals(run_forward_backward(run, state, step, forward_only=True))
+            empty_unused_memory(run.runtime, level=1)
             if totals is not None:
                 total = totals if total is None else total + totals
     return None if total is None else _per_token_mean(total)

@@ -39,6 +39,7 @@ from megatron.varlen_training.hf.config import HFConfigError
 from megatron.varlen_training.initialize import initialize_distributed
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
+from megatron.varlen_training.process_settings import apply_deterministic_mode, joinable_backend
 from megatron.varlen_training.trainer import Trainer
 from megatron.varlen_training.training import (
     TrainState, params_gathered, reduce_reported_loss, run_forward_backward,
@@ -139,7 +140,11 @@ class MegatronWrap(ParallelStateMixin):
         runtime.check_device(facade["device"])
         runtime.apply_wandb_entity(facade)
         self._owns_process_group = not dist.is_initialized()
-        initialize_distributed(dict(self.config.flat).get("distributed_timeout_minutes"))
+        flat = dict(self.config.flat)
+        if flat.get("deterministic_mode"):  # its variables before NCCL starts, as the CLI's
+            apply_deterministic_mode()
+        initialize_distributed(flat.get("distributed_timeout_minutes"),
+                               backend=joinable_backend(flat.get("distributed_backend")))
         script_errors.install_excepthook()  # outside torch's, which init_process_group added
         # A flag check can fail on one rank only (a --save directory its node cannot write):
         # the ranks agree before any of them goes on to the next collective.

@@ -88,6 +88,8 @@ PROSE_FLAGS = {
                                        "listed as not accepted",
     "--no-log-learnig-rate-to-tensorboard": "Megatron-LM's (misspelt) logging flag removed "
                                             "before core 0.9, listed as not accepted",
+    "--capture-range": "nsys's flag (how --profile's capture range is opened, README.md)",
+    "--inprocess-*": "Megatron-LM's in-process restart flags, each refused in one line",
     "--x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
     "--no-x": "placeholder flag in docs/WRAP_CONFIG.md's table of how config values become argv",
 }

@@ -9,8 +9,9 @@ from megatron.varlen_training.config.optimizer import OptimizerConfig
 from megatron.varlen_training.config.packing import SequencePackingConfig
 from megatron.varlen_training.config.parallel import ParallelConfig
 from megatron.varlen_training.config.run import RunConfig
+from megatron.varlen_training.config.runtime import RuntimeConfig
 from megatron.varlen_training.config.training import TrainingConfig
 
 __all__ = ["CheckpointConfig", "DataConfig", "HybridConfig", "LoggingConfig", "ModelConfig", "MoEConfig",
-           "OptimizerConfig", "ParallelConfig", "RunConfig", "SequencePackingConfig",
+           "OptimizerConfig", "ParallelConfig", "RunConfig", "RuntimeConfig", "SequencePackingConfig",
            "TrainingConfig"]

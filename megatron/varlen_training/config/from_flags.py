@@ -19,6 +19,7 @@ from megatron.varlen_training.config.optimizer import OptimizerConfig
 from megatron.varlen_training.config.packing import SequencePackingConfig
 from megatron.varlen_training.config.parallel import ParallelConfig
 from megatron.varlen_training.config.run import RunConfig
+from megatron.varlen_training.config.runtime import RuntimeConfig
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.flag_errors import require
 from megatron.varlen_training.hf.config import HFConfigError, config_from_model
@@ -72,6 +73,12 @@ def data_config(args) -> DataConfig:
     return DataConfig(**values)
 
 
+def runtime_config(args) -> RuntimeConfig:
+    """Megatron-LM's runtime flags (runtime_arguments.py validated them)."""
+    values = _values(args, RuntimeConfig, not_flags=("profile_ranks",))
+    return RuntimeConfig(**values, profile_ranks=tuple(args.profile_ranks))
+
+
 def run_config(args, hybrid: HybridConfig | None = None) -> RunConfig:
     """The run pretrain_gpt.py's validated flags describe (``hybrid``: pretrain_mamba.py's)."""
     return RunConfig(
@@ -84,6 +91,7 @@ def run_config(args, hybrid: HybridConfig | None = None) -> RunConfig:
         logging=LoggingConfig(**_values(args, LoggingConfig, not_flags=("wandb_mode",))),
         data=data_config(args),
         training=TrainingConfig(**_values(args, TrainingConfig, not_flags=("runtime_batches",))),
+        runtime=runtime_config(args),
         flags=tuple(vars(args).items()),
     )
 

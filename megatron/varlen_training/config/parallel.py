@@ -31,6 +31,8 @@ class ParallelConfig:
     # megatron-core's DDP / distributed optimizer overlap (recipe_arguments.py).
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    # --distributed-backend (runtime_arguments.py); None: the device's (nccl on CUDA, else gloo).
+    distributed_backend: str | None = None
 
     def __post_init__(self):
         check_ranges(self)

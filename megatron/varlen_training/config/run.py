@@ -19,6 +19,7 @@ from megatron.varlen_training.config.model import ModelConfig
 from megatron.varlen_training.config.optimizer import OptimizerConfig
 from megatron.varlen_training.config.packing import SequencePackingConfig
 from megatron.varlen_training.config.parallel import ParallelConfig
+from megatron.varlen_training.config.runtime import RuntimeConfig
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.run_description import padded_vocab_size
 
@@ -42,6 +43,7 @@ class RunConfig:
     logging: LoggingConfig
     data: DataConfig
     training: TrainingConfig
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     flags: tuple[tuple[str, Any], ...] = dataclasses.field(default=(), compare=False,
                                                             repr=False)
 

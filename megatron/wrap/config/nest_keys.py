@@ -61,6 +61,9 @@ ACCEPTED: dict[str, str] = {
                      "tensorboard_queue_size", "timing_log_option", "timing_log_level",
                      "barrier_with_L1_time",
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),
+    # Megatron-LM's default is nccl, which a CPU process group cannot use.
+    "distributed_backend": "the facade joins its process group with the device's backend "
+                           "(nccl on CUDA, gloo on CPU)",
     "log_interval": "megatron-wrap's log_last_metrics() logs at every call (Megatron-LM's "
                     "--log-interval spaced its own loop's lines, which megatron-wrap never ran)",
     **dict.fromkeys(("no_save_optim", "no_save_rng"), _CKPT_ALL),

@@ -152,6 +152,29 @@ VALID = {
     "moe_router_bias_update_rate": NONE,  # 0 differs from its default 1e-3
     "moe_router_num_groups": NONE,
     "moe_router_group_topk": NONE,
+    # runtime (runtime_arguments.py): 0 never collects; a huge interval is never reached. The
+    # profile window needs --profile to be checked (the bases profile nothing); a profiled rank
+    # must be one of the job's (the bases have one rank); any logging level is Python's.
+    "manual_gc_interval": ZERO,  # needs --manual-gc (the bases have none) unless 0
+    "empty_unused_memory_level": ZERO,
+    "profile_step_start": ZERO_OR_HUGE,
+    "profile_step_end": HUGE,
+    "profile_ranks": ZERO,
+    "logging_level": ZERO_OR_HUGE,
+    # refused families: only the neutral value passes (none of the probes is one)
+    "straggler_ctrlr_port": NONE,
+    "straggler_minmax_count": NONE,
+    "ft_num_warmup_iters": NONE,
+    "error_injection_rate": ZERO,  # Megatron-LM's 0 injects nothing; every other rate refused
+    "check_weight_hash_across_dp_replicas_interval": NONE,
+    "inprocess_max_iterations": NONE,
+    "inprocess_active_world_size": NONE,
+    **dict.fromkeys(("inprocess_monitor_thread_interval", "inprocess_monitor_process_interval",
+                     "inprocess_progress_watchdog_interval", "inprocess_heartbeat_interval",
+                     "inprocess_soft_timeout", "inprocess_hard_timeout",
+                     "inprocess_heartbeat_timeout", "inprocess_barrier_timeout",
+                     "inprocess_completion_timeout", "inprocess_last_call_wait",
+                     "inprocess_termination_grace_time"), NONE),
 }
 
 GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]

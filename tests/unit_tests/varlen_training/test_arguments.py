@@ -100,6 +100,23 @@ EXPECTED_FLAGS = frozenset("""
 --moe-routing-trace-capture-logits --moe-routing-trace-capture-hidden-states
 --moe-routing-trace-dump-weights --otel-enabled --otel-service-name --otel-span-groups
 --num-virtual-stages-per-pipeline-rank
+--manual-gc --manual-gc-interval --no-manual-gc-eval --disable-manual-gc-eval
+--empty-unused-memory-level --profile --use-pytorch-profiler --profile-step-start
+--profile-step-end --profile-ranks --record-memory-history --memory-snapshot-path
+--logging-level --distributed-backend --deterministic-mode --use-cpu-initialization
+--no-one-logger --log-straggler --disable-straggler-on-startup --straggler-ctrlr-port
+--straggler-minmax-count --check-for-large-grads --enable-ft-package --calc-ft-timeouts
+--ft-num-warmup-iters --one-logger-project --one-logger-run-name --one-logger-async
+--app-tag-run-name --app-tag-run-version --inprocess-restart --inprocess-max-iterations
+--inprocess-monitor-thread-interval --inprocess-monitor-process-interval
+--inprocess-progress-watchdog-interval --inprocess-heartbeat-interval --inprocess-soft-timeout
+--inprocess-hard-timeout --inprocess-heartbeat-timeout --inprocess-barrier-timeout
+--inprocess-completion-timeout --inprocess-last-call-wait --inprocess-termination-grace-time
+--inprocess-granularity --inprocess-active-world-size --inprocess-empty-cuda-cache
+--pytorch-profiler-collect-shapes --pytorch-profiler-collect-callstack
+--pytorch-profiler-collect-chakra --nvtx-ranges
+--rerun-mode --error-injection-rate --error-injection-type --check-for-spiky-loss
+--result-rejected-tracker-filename --check-weight-hash-across-dp-replicas-interval
 """.split())
 
 

@@ -44,11 +44,12 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/model_file_tokenizer_arguments.py",
     "megatron/varlen_training/refused_flags.py",
     "megatron/varlen_training/logging_arguments.py",
+    "megatron/varlen_training/runtime_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
         "_values", "model_config", "hybrid_config", "data_config", "run_config",
-        "hybrid_run_config", "moe_config"},
+        "hybrid_run_config", "moe_config", "runtime_config"},
 }
 
 

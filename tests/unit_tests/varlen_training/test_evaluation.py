@@ -35,6 +35,7 @@ import torch
 
 from megatron.varlen_training import checkpointing, evaluation, metric_writers, training
 from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.config.runtime import RuntimeConfig
 from megatron.varlen_training.datasets.builder import build_split_datasets
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
@@ -43,6 +44,7 @@ from megatron.varlen_training.pretrain import pretrain
 from megatron.varlen_training.resume_consistency import recorded_valid_samples, save_run_args
 from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
+from megatron.varlen_training.runtime_hooks import StepHooks
 from tests.harness.extras import needs_extra
 from tests.harness.metric_fakes import fake_metric_modules
 from tests.harness.multirank import run_distributed
@@ -93,7 +95,7 @@ def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int 
     trainer = SimpleNamespace(run=SimpleNamespace(training=config),
                               state=training.TrainState(None, None, None, None, start,
                                                         consumed_valid_samples=consumed_valid),
-                              writers=[])
+                              writers=[], hooks=StepHooks(RuntimeConfig(), 0, 1, None))
     original, training.evaluate = training.evaluate, fake_evaluate
     try:
         for iteration in range(start + 1, (stop or train_iters) + 1):

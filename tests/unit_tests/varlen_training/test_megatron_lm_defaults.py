@@ -33,6 +33,8 @@ DIFFERENT = {
                        "that changes nothing (tokenizer_arguments.py)",
     "cuda_graph_scope": "a refused flag, unset (None) instead of Megatron-LM's [] (an empty "
                         "list is not a value a command line can give; kernel_arguments.py)",
+    "distributed_backend": "unset (None): the device's, nccl on CUDA and gloo on CPU "
+                           "(runtime_arguments.py); Megatron-LM's nccl is accepted on CUDA",
 }
 
 

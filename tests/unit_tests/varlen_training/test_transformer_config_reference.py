@@ -54,7 +54,7 @@ MEGATRON_LM_DEFAULTS = {
     "cross_entropy_loss_fusion": False, "cross_entropy_fusion_impl": "native",
     "disable_bf16_reduced_precision_matmul": False, "transformer_impl": "transformer_engine",
     "moe_grouped_gemm": False, "moe_permute_fusion": False, "moe_router_fusion": False,
-    "moe_shared_expert_overlap": False, "layernorm_zero_centered_gamma": False,
+    "layernorm_zero_centered_gamma": False, "deterministic_mode": False,
     "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
     "account_for_embedding_in_pipeline_split": False,
     "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
@@ -77,7 +77,7 @@ _COPIED = ("num_layers", "hidden_size", "num_attention_heads", "add_qkv_bias", "
            "calculate_per_token_loss", "mtp_num_layers", "mtp_loss_scaling_factor",
            # --apply-layernorm-1p's dest is the field; the account-for flags are named as theirs
            "layernorm_zero_centered_gamma", "account_for_embedding_in_pipeline_split",
-           "account_for_loss_in_pipeline_split")
+           "account_for_loss_in_pipeline_split", "deterministic_mode")
 # Kernel flags core_transformer_config_from_args copies by name (TransformerConfig fields).
 _KERNEL_COPIED = ("masked_softmax_fusion", "bias_dropout_fusion", "gradient_accumulation_fusion",
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
@@ -225,6 +225,7 @@ COMMAND_LINES = {
                    "untie_embeddings_and_output_weights": True},
     "qwen_like": {"add_qkv_bias": True, "kv_channels": 32, "qk_layernorm": False},
     "qk_layernorm": {"qk_layernorm": True},
+    "deterministic": {"deterministic_mode": True},
     "dropout_init": {"hidden_dropout": 0.0, "attention_dropout": 0.25,
                      "init_method_std": 0.006},
     "bf16": {"bf16": True},

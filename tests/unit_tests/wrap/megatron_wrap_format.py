@@ -44,6 +44,16 @@ NEST_FILES = {
         "tokenizer_type: GPTSentencePieceTokenizer\ntokenizer_model: null\n"
         "log_interval: 1\n"  # a repeated key with the same value, as megatron-wrap's nest has
     ),
+    # Megatron-LM's runtime flags at its defaults, as a nest of its whole namespace lists them
+    "megatron_lm/misc/runtime.yaml": (
+        "distributed_backend: nccl\nmanual_gc: false\nmanual_gc_interval: 0\n"
+        "manual_gc_eval: true\nempty_unused_memory_level: 0\nprofile: false\n"
+        "profile_step_start: 10\nprofile_step_end: 12\nprofile_ranks: [0]\n"
+        "logging_level: null\ndeterministic_mode: false\nuse_cpu_initialization: null\n"
+        "log_straggler: false\nstraggler_ctrlr_port: 65535\nstraggler_minmax_count: 1\n"
+        "enable_one_logger: true\none_logger_project: megatron-lm\n"
+        "app_tag_run_version: 0.0.0\nenable_ft_package: false\nft_num_warmup_iters: 5\n"
+    ),
     "megatron_wrap/flow/__confignest_manifest__": "selection_mode: one\n",
     "megatron_wrap/flow/gpt_sft.yaml": (
         "flow_key: gpt_sft\nflow_type: training\ncompatiable_model_type: GPT\n"

@@ -185,6 +185,9 @@ def test_view_builds_a_valid_run(tmp_path):
     run, _ = run_config_of(build_config(write_nest(tmp_path)), world_size=2)
     assert run.model.num_layers == 2 and run.training.global_batch_size == 4
     assert run.packing.max_seqlen_per_dp_cp_rank == 2 * 32  # micro_batch_size 2
+    # Megatron-LM's runtime flags at their defaults (its nccl included, on CPU too) ask nothing
+    from megatron.varlen_training.config.runtime import RuntimeConfig
+    assert run.runtime == RuntimeConfig() and run.parallel.distributed_backend is None
 
 
 def test_native_config_names_all_unknown_keys_at_once():
