@@ -250,6 +250,11 @@ def _validate_process_settings(args: argparse.Namespace, require) -> None:
     if args.deterministic_mode:
         problem = deterministic_environment_problem(os.environ)
         require(problem is None, problem)
+        # Megatron-LM main's ARG_VALUES_REQUIRED_FOR_DETERMINISM (--tp-comm-overlap, its other
+        # entry, is refused here whatever the mode: kernel_arguments.py).
+        require(not args.cross_entropy_loss_fusion,
+                "--deterministic-mode with --cross-entropy-loss-fusion: the fused cross entropy "
+                "is not deterministic (Megatron-LM refuses the pair too): drop one of them")
 
 
 def deterministic_environment_problem(env) -> str | None:

@@ -384,6 +384,15 @@ def test_deterministic_mode_refuses_a_nondeterministic_environment(monkeypatch, 
     _parse()  # without the flag the environment is the user's business
 
 
+def test_deterministic_mode_refuses_the_fused_cross_entropy():
+    """Megatron-LM main's --deterministic-mode requires cross_entropy_loss_fusion=False."""
+    with pytest.raises(ArgumentValidationError) as err:
+        _parse("--deterministic-mode", "--cross-entropy-loss-fusion")
+    assert "--deterministic-mode with --cross-entropy-loss-fusion" in str(err.value)
+    assert "\n" not in str(err.value)
+    _parse("--cross-entropy-loss-fusion")  # each alone is fine
+
+
 # --- accepted as they are, and refused families --------------------------------------------
 
 
