@@ -24,6 +24,7 @@ from megatron.varlen_training import (
     run_description, runtime_arguments, schedule_arguments, sft_arguments, tokenizer_arguments,
     varlen_arguments,
 )
+from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
 from megatron.varlen_training.hf import arguments as hf_arguments
@@ -33,6 +34,8 @@ from megatron.varlen.scheduling import pad_multiple
 ERROR_EXIT_CODE = 2
 # --group-query-attention without --num-query-groups: Megatron-LM's default of the latter.
 MEGATRON_LM_NUM_QUERY_GROUPS = 1
+# Megatron-LM's warning when --sequence-parallel meets one tensor-parallel rank.
+SEQUENCE_PARALLEL_OFF = "Disabling sequence parallelism because tensor model parallelism is disabled"
 
 
 class MegatronArgumentParser(argparse.ArgumentParser):
@@ -314,8 +317,11 @@ def _validate_parallel_sizes(args) -> None:
     require(args.num_attention_heads % args.tensor_model_parallel_size == 0,
             f"--num-attention-heads {args.num_attention_heads} is not divisible by "
             f"--tensor-model-parallel-size {args.tensor_model_parallel_size}")
-    require(not args.sequence_parallel or args.tensor_model_parallel_size > 1,
-            "--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+        # Megatron-LM's validate_args: recipes pass --sequence-parallel whatever their TP size
+        # (its Mixtral example with TP 1), and the flag then changes nothing.
+        warning_rank_0(SEQUENCE_PARALLEL_OFF)
+        args.sequence_parallel = False
 
 
 def _validate_sequence_length(args) -> None:

@@ -33,6 +33,14 @@ SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP, MOE)
 MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden size
 
 
+# Megatron-LM's recipes name megatron-core's stock hybrid stack (core 0.16.1's name, then main's
+# after the rename); pretrain_mamba.py builds that stack's layers in varlen form, so naming it
+# asks for the default.
+MEGATRON_CORE_HYBRID_STACK_SPECS = (
+    ("megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"),
+    ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"),
+)
+
 def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's hybrid-model flags (same names and defaults)."""
     group = parser.add_argument_group("hybrid Mamba model")
@@ -165,7 +173,6 @@ def validate_hybrid_args(args) -> None:
                            f"or loss as a layer; use --decoder-first-pipeline-num-layers / "
                            f"--decoder-last-pipeline-num-layers")
     require(not args.mtp_num_layers, "--mtp-num-layers is not supported by pretrain_mamba.py")
-    require(args.spec is None, "--spec: pretrain_mamba.py builds its own hybrid stack spec")
     pattern = _layer_pattern(args)
     heads = _mamba_heads(args)
     if MAMBA in pattern:
@@ -217,6 +224,16 @@ def hybrid_stack_parameters(args) -> int:
     return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)
 
 
+def _check_spec(args) -> None:
+    """--spec may only name megatron-core's stock hybrid stack, which is the default here;
+    cleared before GPT's validation, which would load it as a GPT layer spec."""
+    require(args.spec is None or tuple(args.spec) in MEGATRON_CORE_HYBRID_STACK_SPECS,
+            f"--spec {' '.join(args.spec or ())}: pretrain_mamba.py builds its own hybrid stack "
+            f"spec (megatron-core's stock stack, {' '.join(MEGATRON_CORE_HYBRID_STACK_SPECS[0])}, "
+            f"in varlen form); drop the flag")
+    args.spec = None  # the stock stack named is the default one
+
+
 def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = None):
     """Parses and validates; raises ArgumentValidationError with a one-line message."""
     parser = build_hybrid_parser()
@@ -228,6 +245,7 @@ def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = No
     checkpoint_model_flags.override_command_line(args, taken)
     args.world_size = world_size
     refuse_hugging_face_flags(args)
+    _check_spec(args)
     args = validate_args(args, check_memory=False)  # checked below, for the hybrid stack
     validate_hybrid_args(args)
     return args

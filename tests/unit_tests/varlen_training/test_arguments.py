@@ -139,6 +139,18 @@ def test_derived_fields():
     assert args.lr_decay_iters == 3
 
 
+def test_sequence_parallel_without_tensor_parallelism_is_turned_off(capsys):
+    """Megatron-LM's validate_args: with one TP rank --sequence-parallel is dropped with its
+    warning (its Mixtral recipe passes it at TP 1), not refused; with TP 2 it stays."""
+    args = parse_args(TINY_GPT_ARGS + ["--train-iters", "3", "--sequence-parallel"], world_size=1)
+    assert args.sequence_parallel is False
+    assert "Disabling sequence parallelism because tensor model parallelism is disabled" in \
+        capsys.readouterr().out
+    args = parse_args(TINY_GPT_ARGS + ["--train-iters", "3", "--sequence-parallel",
+                                       "--tensor-model-parallel-size", "2"], world_size=2)
+    assert args.sequence_parallel is True
+
+
 @pytest.mark.parametrize("extra, groups", [
     ([], 4),  # no grouped-query attention: one group per head
     (["--group-query-attention"], 1),  # Megatron-LM's --num-query-groups default: 1 (MQA)
@@ -155,7 +167,6 @@ def test_query_groups_follow_megatron_lm(extra, groups):
     (["--global-batch-size", "3"], 2, "--global-batch-size 3"),
     (["--load", "/nonexistent/ckpt"], 1, "--load directory '/nonexistent/ckpt'"),
     (["--num-layers-per-virtual-pipeline-stage", "1"], 1, "--pipeline-model-parallel-size > 1"),
-    (["--sequence-parallel"], 1, "--sequence-parallel needs"),
     (["--no-such-flag"], 1, "unrecognized arguments: --no-such-flag"),
     (["--attention-backend", "flash", "--attention-dropout", "0.1"], 1,
      "--attention-backend flash has no attention dropout (got --attention-dropout 0.1)"),

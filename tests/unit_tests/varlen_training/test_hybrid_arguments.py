@@ -122,3 +122,16 @@ def test_hugging_face_flags_are_refused(flag, tmp_path):
 
     assert HYBRID.hf is None and GPT.hf is not None  # the adapter the flags stand for
 
+
+
+@pytest.mark.parametrize("spec", [
+    ["megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"],  # core 0.16.1
+    ["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"],  # main's rename
+])
+def test_megatron_cores_stock_stack_spec_is_the_default(spec):
+    """Megatron-LM's mamba recipe names megatron-core's stock hybrid stack: the same run as
+    without --spec; any other spec is one line."""
+    pattern = ["--hybrid-override-pattern", "M*-"]
+    assert vars(parse_hybrid_args(BASE + pattern + ["--spec", *spec])) == \
+        vars(parse_hybrid_args(BASE + pattern))
+    assert "drop the flag" in _error(pattern + ["--spec", "my.module", "my_stack_spec"])
