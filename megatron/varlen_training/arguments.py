@@ -20,7 +20,8 @@ from typing import Any
 from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
     loss_scale_arguments, model_arguments,
-    moe_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
+    moe_arguments, optimizer_arguments, ddp_arguments, checkpoint_save_arguments,
+    dataloader_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
@@ -285,6 +286,10 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     checkpoint_arguments.add_checkpoint_args(parser)
     moe_arguments.add_moe_args(parser)
     model_arguments.add_model_args(parser)
+    optimizer_arguments.add_optimizer_args(parser)
+    ddp_arguments.add_ddp_args(parser)
+    checkpoint_save_arguments.add_checkpoint_save_args(parser)
+    dataloader_arguments.add_dataloader_args(parser)
     return parser
 
 
@@ -432,6 +437,10 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     recompute_arguments.validate_recompute_args(args, require)
     recipe_arguments.validate_recipe_args(args, require)
     checkpoint_arguments.validate_checkpoint_args(args, require)
+    optimizer_arguments.validate_optimizer_args(args, require)
+    ddp_arguments.validate_ddp_args(args, require)
+    checkpoint_save_arguments.validate_checkpoint_save_args(args, require)
+    dataloader_arguments.validate_dataloader_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).

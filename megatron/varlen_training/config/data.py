@@ -47,6 +47,10 @@ class DataConfig:
     # GPT2BPETokenizer's files (tokenizer_arguments.py): GPT-2's vocabulary JSON and merges.
     vocab_file: str | None = None
     merge_file: str | None = None
+    # megatron-core's dataset-builder fields (dataloader_arguments.py).
+    num_dataset_builder_threads: int = 1
+    mid_level_dataset_surplus: float = 0.005
+    allow_ambiguous_pad_tokens: bool = False
 
     @property
     def indexed(self) -> bool:

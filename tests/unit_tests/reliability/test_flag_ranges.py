@@ -140,6 +140,36 @@ VALID = {
     "moe_router_bias_update_rate": NONE,  # 0 differs from its default 1e-3
     "moe_router_num_groups": NONE,
     "moe_router_group_topk": NONE,
+    # optimizer choice (optimizer_arguments.py): SGD's momentum is any non-negative factor; the
+    # Muon/Lion/offload tuning flags are read only by refused optimizers, typed sensibly.
+    "sgd_momentum": ZERO_OR_HUGE,
+    "muon_momentum": ZERO_OR_HUGE,
+    "muon_num_ns_steps": HUGE,
+    "muon_extra_scale_factor": ZERO_OR_HUGE,
+    "lion_beta1": ZERO,
+    "lion_beta2": ZERO,
+    "optimizer_offload_fraction": ZERO,
+    # DDP (ddp_arguments.py): bucket sizes apply with --overlap-grad-reduce only; one
+    # distributed-optimizer instance only; the FSDP-only unit size is read by refused FSDP.
+    "ddp_bucket_size": HUGE,
+    "ddp_num_buckets": HUGE,
+    "num_distributed_optimizer_instances": NONE,
+    "suggested_communication_unit_size": HUGE,
+    "megatron_fsdp_version": NONE,
+    # checkpoint flags refused whatever their value (checkpoint_save_arguments.py)
+    "replication_jump": NONE,
+    "replication_factor": NONE,
+    "save_retain_interval": NONE,
+    "save_wgrads_interval": NONE,
+    "save_dgrads_interval": NONE,
+    "dist_ckpt_workers": NONE,
+    "override_ckpt_iteration": NONE,
+    # dataset builder (dataloader_arguments.py); the FIM rates are read only by refused FIM.
+    "num_dataset_builder_threads": HUGE,
+    "mid_level_dataset_surplus": ZERO,
+    "fim_rate": ZERO,
+    "fim_spm_rate": ZERO,
+    "fim_fragment_rate": ZERO,
 }
 
 GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]

@@ -40,6 +40,10 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/model_arguments.py",
     "megatron/varlen_training/tokenizer_arguments.py",
     "megatron/varlen_training/refused_flags.py",
+    "megatron/varlen_training/optimizer_arguments.py",
+    "megatron/varlen_training/ddp_arguments.py",
+    "megatron/varlen_training/checkpoint_save_arguments.py",
+    "megatron/varlen_training/dataloader_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
