@@ -80,6 +80,8 @@ _REMEDY = {errno.ENOSPC: "free space where --save points", errno.EDQUOT: "raise 
            errno.EACCES: "make --save writable", errno.EROFS: "make --save writable",
            errno.EPERM: "make --save writable"}
 _DETAIL_CHARS = 160
+# megatron-core's report of mismatching keys under a raising --dist-ckpt-strictness.
+_STRICT_MISMATCH_MARKS = ("Missing keys", "Unexpected keys")
 # megatron-core's key of a distributed-optimizer bucket's state (dp_reshardable), and the global
 # shape mismatch torch_dist reports when this run's bucket differs from the saved one.
 _OPTIMIZER_BUCKET_KEY = re.compile(r"optimizer\.distributed\.[^\n]*?bucket_idx_(\d+)")
@@ -595,10 +597,21 @@ def _load_state(template: dict, folder: str, run: RunConfig | None = None) -> di
     try:
         return dist_checkpointing.load(template, folder, **options)
     except (CheckpointException, CheckpointingException, RuntimeError, KeyError) as err:
-        problem = _bucket_mismatch(err)
+        problem = _bucket_mismatch(err) or _strict_mismatch(err, run)
         if problem is None:
             raise
         raise CheckpointError(problem) from None
+
+
+def _strict_mismatch(err: BaseException, run: RunConfig | None) -> str | None:
+    """``err`` as one line if it is megatron-core's report of keys the checkpoint and the
+    loaded state do not share, raised as --dist-ckpt-strictness asked, else None."""
+    if run is None or not isinstance(err, CheckpointingException) \
+            or not any(mark in str(err) for mark in _STRICT_MISMATCH_MARKS):
+        return None
+    strictness = run.checkpoint.dist_ckpt_strictness
+    return (f"--load: --dist-ckpt-strictness {strictness} stops on keys the checkpoint and this "
+            f"run do not share: {one_line(err)[:_DETAIL_CHARS * 2]}")
 
 
 def _parts_held(folder: str, parts: load_options.LoadParts) -> load_options.LoadParts:
