@@ -170,7 +170,9 @@ def _losses_and_buckets(argv: list[str]) -> dict:
         reports = [trainer.step(provider.step_batches(i)) for i in range(2)]
         losses = [value for report in reports for value in (report.loss, report.grad_norm)]
         buckets = [len(buffer.buckets) for chunk in state.model for buffer in chunk.buffers]
-        return {"losses": losses, "buckets": buckets}
+        # Megatron-LM's aligned reduction: the schedule starts it (grad_sync_func).
+        return {"losses": losses, "buckets": buckets,
+                "schedule_starts_reduction": state.config.grad_sync_func is not None}
 
 
 def _bucket_runs() -> dict:
@@ -191,6 +193,12 @@ def test_num_buckets_splits_the_gradient_buffer(bucket_runs):
     # num_parameters // 3 per bucket; megatron-core closes a bucket at a parameter boundary
     # once it holds that many, so the buffer has about 3 (not fewer than 2, not more than 4).
     assert 2 <= bucket_runs["buckets"]["buckets"][0] <= 4, bucket_runs["buckets"]
+
+
+def test_no_align_grad_reduce_leaves_the_reduction_to_ddp(bucket_runs):
+    assert bucket_runs["buckets"]["schedule_starts_reduction"]
+    assert not bucket_runs["unaligned"]["schedule_starts_reduction"]
+    assert not bucket_runs["plain"]["schedule_starts_reduction"]  # no overlap: finalize does
 
 
 @pytest.mark.parametrize("case", ["buckets", "unaligned"])
