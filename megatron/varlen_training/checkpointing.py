@@ -387,13 +387,17 @@ def read_latest_iteration(root: str) -> int:
     return int(text)
 
 
-def _held_parts(folder: str) -> dict[str, bool]:
-    """The parts the checkpoint in ``folder`` says it holds (--no-save-optim/--no-save-rng);
-    all of them when its run_args.json is missing or unreadable (other checks say so)."""
+def _saved_run_args(folder: str) -> dict:
+    """The checkpoint's run_args.json; empty when missing or unreadable (other checks say so)."""
     try:
-        return checkpoint_parts.recorded_parts(resume_consistency.read_run_args(folder))
+        return resume_consistency.read_run_args(folder)
     except CheckpointError:
-        return checkpoint_parts.recorded_parts({})
+        return {}
+
+
+def _held_parts(folder: str) -> dict[str, bool]:
+    """The parts the checkpoint in ``folder`` says it holds (--no-save-optim/--no-save-rng)."""
+    return checkpoint_parts.recorded_parts(_saved_run_args(folder))
 
 
 def _required_files(entries: dict[str, dict], world_size: int | None,
@@ -614,11 +618,16 @@ def _strict_mismatch(err: BaseException, run: RunConfig | None) -> str | None:
             f"run do not share: {one_line(err)[:_DETAIL_CHARS * 2]}")
 
 
-def _parts_held(folder: str, parts: load_options.LoadParts) -> load_options.LoadParts:
+def _parts_held(folder: str, parts: load_options.LoadParts,
+                run: RunConfig | None) -> load_options.LoadParts:
     """``parts`` narrowed to what the checkpoint holds, as Megatron-LM's load: no optimizer
-    state to restore is one line on every rank; no random states, a note."""
-    held = agree_on_errors(_held_parts, folder)
-    return agree_on_errors(checkpoint_parts.parts_to_load, folder, held, parts)
+    state to restore (or another --optimizer's) is one line on every rank; no random states,
+    none restored."""
+    saved = agree_on_errors(_saved_run_args, folder)
+    return agree_on_errors(
+        checkpoint_parts.parts_to_load, folder, checkpoint_parts.recorded_parts(saved), parts,
+        checkpoint_parts.recorded_optimizer(saved),
+        None if run is None else run.optimizer.optimizer)
 
 
 def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None,
@@ -628,7 +637,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     returns the iteration to continue from (0 for ``--finetune``). With ``run``, refuses a run
     that would not continue the saved one (``--finetune``: a model of another shape)."""
     iteration, folder = check_checkpoint(root, parts.step)
-    parts = _parts_held(folder, parts)
+    parts = _parts_held(folder, parts, run)
     if run is not None:
         _check_run_args(folder, iteration, run, parts)
     if parts.optimizer:

@@ -7,11 +7,16 @@
 - ``--apply-wd-to-qk-layernorm`` (and ``--no-weight-decay-cond-type apply_wd_to_qk_layernorm``):
   the same computation with weight decay on the q/k layernorm weights, the other 1-D weights
   still without.
+- An SGD run saved at iteration 2 resumes as the straight run continues (its momentum buffers
+  restored: megatron-core 0.16.1 alone cannot build their loading template, sgd_state.py);
+  a checkpoint of the other optimizer is one line naming --no-load-optim, which then loads it.
 - Megatron-LM's other optimizers, SGD with the distributed optimizer and CPU offload are one
   line each; the Muon/Lion/offload tuning flags are accepted (no effect without those).
 
-One 1-rank launch trains the runs (a few seconds).
+Two 1-rank launches train the runs (a few seconds each).
 """
+
+import os
 
 import pytest
 import torch
@@ -19,7 +24,8 @@ import torch
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
 from megatron.varlen_training.config.from_flags import parse_run_config
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import TINY_GPT_ARGS, stepping_trainer
+from megatron.varlen_training.errors import CheckpointError
+from tests.harness.training_runs import TINY_GPT_ARGS, stepping_trainer, train_on_this_rank
 
 STEPS = 3
 LR, WEIGHT_DECAY, MOMENTUM = 0.05, 0.1, 0.7
@@ -142,3 +148,46 @@ def test_tuning_flags_of_refused_optimizers_are_accepted():
         "--muon-tp-mode", "duplicated", "--lion-beta1", "0.9", "--optimizer-offload-fraction",
         "0.5", "--no-pin-cpu-grads", "--use-torch-optimizer-for-cpu-offload"], world_size=1)
     assert args.optimizer == "adam" and args.muon_split_qkv is False
+
+
+RESUMED = ["--train-iters", "4", "--lr-decay-iters", "4"]
+ADAM = TINY_GPT_ARGS + RESUMED
+
+
+def _losses_or_refusal(argv: list[str]) -> dict:
+    try:
+        return {"losses": [step["lm_loss"] for step in train_on_this_rank(argv)["history"]]}
+    except CheckpointError as err:
+        return {"refusal": str(err)}
+
+
+def _resume_cases(folder: str) -> dict:
+    sgd = SGD + RESUMED
+    sgd_saved, adam_saved = os.path.join(folder, "sgd"), os.path.join(folder, "adam")
+    _losses_or_refusal(sgd + ["--train-iters", "2", "--save", sgd_saved])
+    _losses_or_refusal(ADAM + ["--train-iters", "2", "--save", adam_saved])
+    return {"straight": _losses_or_refusal(sgd),
+            "resume": _losses_or_refusal(sgd + ["--load", sgd_saved]),
+            "adam_into_sgd": _losses_or_refusal(sgd + ["--load", adam_saved]),
+            "sgd_into_adam": _losses_or_refusal(ADAM + ["--load", sgd_saved]),
+            "sgd_into_adam_weights": _losses_or_refusal(ADAM + ["--load", sgd_saved,
+                                                                "--no-load-optim"])}
+
+
+@pytest.fixture(scope="module")
+def resumes(tmp_path_factory) -> dict:
+    folder = str(tmp_path_factory.mktemp("sgd_resume"))
+    return run_distributed(_resume_cases, 1, args=(folder,), timeout_s=LAUNCH_TIMEOUT_S)[0]
+
+
+def test_sgd_resume_continues_the_straight_run(resumes):
+    assert resumes["resume"]["losses"] == resumes["straight"]["losses"][2:]
+
+
+@pytest.mark.parametrize("case, saved, mine", [("adam_into_sgd", "adam", "sgd"),
+                                               ("sgd_into_adam", "sgd", "adam")])
+def test_other_optimizers_state_is_one_line(resumes, case, saved, mine):
+    refusal = resumes[case]["refusal"]
+    assert f"holds --optimizer {saved} state, this run is --optimizer {mine}: add " \
+        f"--no-load-optim" in refusal and "\n" not in refusal
+    assert len(resumes["sgd_into_adam_weights"]["losses"]) == 2
