@@ -17,6 +17,8 @@ from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.load_options import LoadParts
 
 SAVED_PARTS_KEY = "saved_parts"  # run_args.json: {"optimizer": bool, "rng": bool}
+OPTIMIZER_KEY = "optimizer"  # run_args.json: --optimizer of the run that saved
+DEFAULT_OPTIMIZER = "adam"  # what checkpoints without the record were trained with
 _ALL_PARTS = {"optimizer": True, "rng": True}  # what checkpoints without the record hold
 
 
@@ -33,10 +35,24 @@ def recorded_parts(run_args: dict) -> dict[str, bool]:
     return {part: recorded.get(part, True) is not False for part in _ALL_PARTS}
 
 
-def parts_to_load(folder: str, held: dict[str, bool], parts: LoadParts) -> LoadParts:
+def recorded_optimizer(run_args: dict) -> str:
+    """The --optimizer whose state a checkpoint's ``run_args.json`` says it holds."""
+    return str(run_args.get(OPTIMIZER_KEY, DEFAULT_OPTIMIZER))
+
+
+def parts_to_load(folder: str, held: dict[str, bool], parts: LoadParts,
+                  saved_optimizer: str = DEFAULT_OPTIMIZER,
+                  optimizer: str | None = None) -> LoadParts:
     """``parts`` narrowed to what the checkpoint in ``folder`` holds (``held``), as
     Megatron-LM's load does: missing optimizer state that the load would restore is a one-line
-    CheckpointError; missing random states are skipped."""
+    CheckpointError; missing random states are skipped. With ``optimizer`` (this run's
+    --optimizer), state of another optimizer (``saved_optimizer``) is one line too."""
+    if parts.optimizer and optimizer is not None and held["optimizer"] \
+            and saved_optimizer != optimizer:
+        raise CheckpointError(
+            f"checkpoint {folder!r} holds --optimizer {saved_optimizer} state, this run is "
+            f"--optimizer {optimizer}: add --no-load-optim to start {optimizer} from its "
+            f"weights, or resume with --optimizer {saved_optimizer}")
     if parts.optimizer and not held["optimizer"]:
         raise CheckpointError(
             f"checkpoint {folder!r} holds no optimizer state (saved with --no-save-optim): add "
