@@ -37,6 +37,7 @@ from megatron.varlen_training.ddp_settings import aligned_param_gather
 from megatron.varlen_training.model import params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
+from megatron.varlen_training.sgd_state import install_sgd_state_init
 from megatron.varlen_training.step_timers import (
     CLIP_MAIN_GRAD, COUNT_ZEROS, LEVEL_1, OPTIMIZER, timed,
 )
@@ -118,6 +119,7 @@ def build_optimizer(run: RunConfig, model, timers=None):
     optimizer = get_megatron_optimizer(config, model,
                                        config_overrides=param_group_overrides(config))
     optimizer_kernels.use_fused_adam(optimizer)
+    install_sgd_state_init(optimizer)  # so that an SGD run resumes (sgd_state.py)
     return optimizer
 
 
