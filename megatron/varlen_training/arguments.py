@@ -420,6 +420,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     flag_ranges.validate_ranges(args, require)  # first: later checks divide by these
     flag_ranges.validate_relations(args, require)
     _validate_parallel_sizes(args)
+    ddp_arguments.resolve_virtual_stages(args, require)  # --num-virtual-stages-per-pipeline-rank
     _validate_virtual_pipeline(args)
     _validate_sequence_length(args)
     _validate_batch(args)

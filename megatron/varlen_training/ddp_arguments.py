@@ -31,6 +31,7 @@ here.
 from __future__ import annotations
 
 import argparse
+import os
 
 from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
 
@@ -64,6 +65,8 @@ REFUSED_FLAGS = {
                              "runs need a real process group (gloo on CPU)"),
     "--use-nccl-ub": ({"action": "store_true", "dest": "nccl_ub"}, None,
                       "NCCL user-buffer registration is not set up here"),
+    "--lazy-mpu-init": ({"type": bool}, None,
+                        "model-parallel state is always initialised at start-up here"),
 }
 # Read by Megatron-LM only with --use-megatron-fsdp / --use-torch-fsdp2 (refused here): without
 # FSDP Megatron-LM ignores them too. (flag, argparse keywords, Megatron-LM's default)
@@ -117,6 +120,16 @@ def add_ddp_args(parser: argparse.ArgumentParser) -> None:
                        dest="overlap_p2p_comm",
                        help="Megatron-LM's older spelling of the default (overlap under VPP).")
     group.set_defaults(overlap_p2p_comm=True)
+    group.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None,
+                       help="Virtual pipeline stages per pipeline rank (instead of "
+                            "--num-layers-per-virtual-pipeline-stage; stages hold equal layer "
+                            "counts here).")
+    group.add_argument("--local-rank", type=int, default=None,
+                       help="Accepted from launchers that pass it when it agrees with "
+                            "$LOCAL_RANK, which picks the rank's device here.")
+    group.add_argument("--no-scatter-gather-tensors-in-pipeline", action="store_false",
+                       dest="scatter_gather_tensors_in_pipeline",
+                       help="Accepted, no effect: Megatron-LM core_v0.16.1 no longer reads it.")
     for flag, kwargs, default in _FSDP_ONLY_FLAGS:
         group.add_argument(flag, default=default,
                            help="Accepted, no effect: Megatron-LM reads it only with "
@@ -126,6 +139,29 @@ def add_ddp_args(parser: argparse.ArgumentParser) -> None:
                       REFUSED_FLAGS, neutral_default=True)
 
 
+def resolve_virtual_stages(args: argparse.Namespace, require) -> None:
+    """``--num-virtual-stages-per-pipeline-rank N`` as ``--num-layers-per-virtual-pipeline-stage``
+    (the same model split: stages hold equal layer counts here); N = 1 is no VPP, as
+    Megatron-LM. Runs before arguments.py resolves the virtual pipeline size."""
+    stages = args.num_virtual_stages_per_pipeline_rank
+    if stages is None:
+        return
+    require(args.num_layers_per_virtual_pipeline_stage is None,
+            f"--num-virtual-stages-per-pipeline-rank {stages} and "
+            f"--num-layers-per-virtual-pipeline-stage "
+            f"{args.num_layers_per_virtual_pipeline_stage} both set the virtual pipeline: "
+            f"give one (as in Megatron-LM)")
+    if stages == 1:
+        return
+    layers = args.num_layers // args.pipeline_model_parallel_size
+    require(args.pipeline_model_parallel_size > 1 and layers % stages == 0,
+            f"--num-virtual-stages-per-pipeline-rank {stages} needs "
+            f"--pipeline-model-parallel-size > 1 and must divide the {layers} layers of each "
+            f"pipeline stage (--num-layers {args.num_layers} / --pipeline-model-parallel-size "
+            f"{args.pipeline_model_parallel_size})")
+    args.num_layers_per_virtual_pipeline_stage = layers // stages
+
+
 def validate_ddp_args(args: argparse.Namespace, require) -> None:
     """Refuses what megatron-core cannot do here; resolves the pipeline-communication flags
     as Megatron-LM's validate_args does (``require(cond, message)``)."""
@@ -133,6 +169,10 @@ def validate_ddp_args(args: argparse.Namespace, require) -> None:
 
     for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
         require(False, f"{flag}{given} is not supported: {why}")
+    launcher_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    require(args.local_rank is None or args.local_rank == launcher_rank,
+            f"--local-rank {args.local_rank} disagrees with $LOCAL_RANK {launcher_rank}, which "
+            f"picks this rank's device here: launch with torchrun (or drop --local-rank)")
     require(args.ddp_bucket_size is None or args.ddp_num_buckets is None,
             f"--ddp-bucket-size {args.ddp_bucket_size} and --ddp-num-buckets "
             f"{args.ddp_num_buckets} both set the gradient bucket size: give one")

@@ -220,6 +220,8 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "num_distributed_optimizer_instances": COUNT,
     "suggested_communication_unit_size": COUNT,
     "megatron_fsdp_version": FlagRange(1, 2, why="Megatron FSDP's versions 1 and 2"),
+    "num_virtual_stages_per_pipeline_rank": COUNT,
+    "local_rank": NON_NEGATIVE_COUNT,  # must also equal $LOCAL_RANK (ddp_arguments.py)
     # checkpoint flags refused whatever their value (checkpoint_save_arguments.py)
     "replication_jump": COUNT,
     "replication_factor": COUNT,

@@ -156,6 +156,8 @@ VALID = {
     "num_distributed_optimizer_instances": NONE,
     "suggested_communication_unit_size": HUGE,
     "megatron_fsdp_version": NONE,
+    "num_virtual_stages_per_pipeline_rank": NONE,  # no base has pipeline stages
+    "local_rank": ZERO,  # $LOCAL_RANK is 0 (unset) in these tests
     # checkpoint flags refused whatever their value (checkpoint_save_arguments.py)
     "replication_jump": NONE,
     "replication_factor": NONE,

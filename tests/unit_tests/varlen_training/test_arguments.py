@@ -98,7 +98,8 @@ EXPECTED_FLAGS = frozenset("""
 --overlap-param-gather-with-optimizer-step --ddp-reduce-scatter-with-fp32-accumulation
 --ddp-param-name-patterns-for-fp32-local-accumulation --create-all-gather-group --use-sharp
 --sharp-enabled-group --nccl-communicator-config-path --use-tp-pp-dp-mapping
---fake-process-group --use-nccl-ub
+--fake-process-group --use-nccl-ub --lazy-mpu-init --num-virtual-stages-per-pipeline-rank
+--local-rank --no-scatter-gather-tensors-in-pipeline
 --no-save-optim --no-save-rng --no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save
 --ckpt-fully-parallel-save --ckpt-fully-parallel-load --dist-ckpt-strictness
 --persistent-save-interval --use-dist-ckpt --dist-ckpt-format --ckpt-assume-constant-structure

@@ -131,6 +131,15 @@ def test_pipeline_p2p_is_megatron_lms(extra):
     (["--ddp-num-buckets", "0"], 1, "--ddp-num-buckets"),
     (["--ddp-average-in-collective", "--calculate-per-token-loss"], 1,
      "--ddp-average-in-collective cannot be used with --calculate-per-token-loss"),
+    (["--local-rank", "3"], 1, "--local-rank 3 disagrees with $LOCAL_RANK 0"),
+    (VPP + ["--num-virtual-stages-per-pipeline-rank", "2"], 2,
+     "--num-virtual-stages-per-pipeline-rank 2 and --num-layers-per-virtual-pipeline-stage 1 "
+     "both set the virtual pipeline"),
+    (["--num-layers", "4", "--pipeline-model-parallel-size", "2",
+      "--num-virtual-stages-per-pipeline-rank", "3"], 2,
+     "--num-virtual-stages-per-pipeline-rank 3 needs --pipeline-model-parallel-size > 1 and "
+     "must divide the 2 layers"),
+    (["--lazy-mpu-init", "True"], 1, "--lazy-mpu-init is not supported"),
     (VPP + ["--no-overlap-p2p-communication"], 2,
      "--no-overlap-p2p-communication with virtual pipeline stages needs "
      "--pipeline-model-parallel-size > 2 (got 2)"),
@@ -153,6 +162,21 @@ def test_neutral_and_fsdp_only_values_are_accepted():
                               "--no-gradient-reduce-div-fusion", "--megatron-fsdp-version", "2"],
                       world_size=1)
     assert args.num_distributed_optimizer_instances == 1
+
+
+@pytest.mark.parametrize("stages, per_stage, vpp", [("2", 1, 2), ("1", None, None)])
+def test_virtual_stages_per_rank_is_the_same_split(stages, per_stage, vpp):
+    """Megatron-LM: N virtual stages per rank; 1 means no virtual pipeline."""
+    args = parse_args(BASE + ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                              "--num-virtual-stages-per-pipeline-rank", stages], world_size=2)
+    assert (args.num_layers_per_virtual_pipeline_stage,
+            args.virtual_pipeline_model_parallel_size) == (per_stage, vpp)
+
+
+def test_launcher_flags_are_accepted():
+    args = parse_args(BASE + ["--local-rank", "0", "--no-scatter-gather-tensors-in-pipeline"],
+                      world_size=1)
+    assert args.local_rank == 0
 
 
 def test_entry_point_refusal_exits_2():
