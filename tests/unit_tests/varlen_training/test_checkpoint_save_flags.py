@@ -19,6 +19,7 @@ checkpoint_parts.py, checkpoint_strategies.py), on 2 data-parallel gloo ranks.
 import json
 import logging
 import os
+import re
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
@@ -70,7 +71,7 @@ def _cases(folder: str) -> dict:
     }
     out.update({name: _losses_or_refusal(BASE + argv) for name, argv in loads.items()})
     out["folders"] = {"full": checkpoint_dir(full, 2), "no_optim": checkpoint_dir(no_optim, 2),
-                      "no_rng": checkpoint_dir(no_rng, 2)}
+                      "no_rng": checkpoint_dir(no_rng, 2), "serial": checkpoint_dir(serial, 2)}
     return out
 
 
@@ -126,6 +127,26 @@ def test_no_save_rng_checkpoint_resumes_without_random_states(cases):
                                   "serial_parallel_load", "strict_full"])
 def test_save_and_load_strategies_resume_the_straight_run(cases, case):
     assert cases[case]["losses"] == cases["straight"]["losses"][2:], cases[case]
+
+
+def _bytes_by_writer(folder: str) -> dict[int, int]:
+    """Bytes of torch_dist data files per writing rank (``__<rank>_<n>.distcp``)."""
+    written = {}
+    for name in os.listdir(folder):
+        match = re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+        if match:
+            rank = int(match.group(1))
+            written[rank] = written.get(rank, 0) + os.path.getsize(os.path.join(folder, name))
+    return written
+
+
+def test_fully_parallel_save_spreads_the_writes(cases):
+    """Pure data parallelism replicates every tensor: megatron-core's default strategy has the
+    first replica (rank 0) write them all; the fully parallel one shares them out."""
+    spread, serial = (_bytes_by_writer(cases["folders"][name]) for name in ("full", "serial"))
+    assert sum(spread.values()) == pytest.approx(sum(serial.values()), rel=0.05)
+    assert serial.get(1, 0) < 0.05 * serial[0], serial
+    assert min(spread.get(0, 0), spread.get(1, 0)) > 0.2 * sum(spread.values()), spread
 
 
 def test_strictness_reaches_the_load(cases):
