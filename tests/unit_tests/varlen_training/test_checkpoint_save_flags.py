@@ -194,3 +194,26 @@ def test_neutral_values_are_accepted():
                        "--non-persistent-local-ckpt-algo", "fully_parallel",
                        "--ckpt-assume-constant-structure", "--no-strict-fsdp-dtensor-load"],
                world_size=1)
+
+
+@pytest.mark.parametrize("extra, save_wrapped, load_wrapped", [
+    ([], True, False),
+    (["--no-ckpt-fully-parallel-save", "--ckpt-fully-parallel-load"], False, True),
+])
+def test_strategies_follow_the_flags(monkeypatch, tmp_path, extra, save_wrapped, load_wrapped):
+    """Megatron-LM wraps megatron-core's default strategies in its fully parallel ones over the
+    data-parallel group (the group itself: the 2-rank runs above)."""
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelLoadStrategyWrapper, FullyParallelSaveStrategyWrapper,
+    )
+    from megatron.varlen_training import checkpoint_strategies
+    from megatron.varlen_training.config.from_flags import parse_run_config
+
+    monkeypatch.setattr(checkpoint_strategies, "_data_parallel_group", lambda: None)
+    monkeypatch.setattr(checkpoint_strategies, "get_default_load_sharded_strategy",
+                        lambda folder: object())
+    checkpoint = parse_run_config(BASE + extra, world_size=1).checkpoint
+    saving = checkpoint_strategies.save_strategy(checkpoint)
+    loading = checkpoint_strategies.load_strategy(checkpoint, str(tmp_path))
+    assert isinstance(saving, FullyParallelSaveStrategyWrapper) == save_wrapped
+    assert isinstance(loading, FullyParallelLoadStrategyWrapper) == load_wrapped
