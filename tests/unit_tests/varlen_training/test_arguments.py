@@ -100,6 +100,7 @@ EXPECTED_FLAGS = frozenset("""
 --sharp-enabled-group --nccl-communicator-config-path --use-tp-pp-dp-mapping
 --fake-process-group --use-nccl-ub --lazy-mpu-init --num-virtual-stages-per-pipeline-rank
 --local-rank --no-scatter-gather-tensors-in-pipeline
+--override-opt-param-scheduler --use-checkpoint-opt-param-scheduler
 --no-save-optim --no-save-rng --no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save
 --ckpt-fully-parallel-save --ckpt-fully-parallel-load --dist-ckpt-strictness
 --persistent-save-interval --use-dist-ckpt --dist-ckpt-format --ckpt-assume-constant-structure

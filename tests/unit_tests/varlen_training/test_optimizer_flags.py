@@ -191,3 +191,13 @@ def test_other_optimizers_state_is_one_line(resumes, case, saved, mine):
     assert f"holds --optimizer {saved} state, this run is --optimizer {mine}: add " \
         f"--no-load-optim" in refusal and "\n" not in refusal
     assert len(resumes["sgd_into_adam_weights"]["losses"]) == 2
+
+
+@pytest.mark.parametrize("spelling, dest", [
+    ("--override-opt-param-scheduler", "override_opt_param_scheduler"),
+    ("--use-checkpoint-opt-param-scheduler", "use_checkpoint_opt_param_scheduler"),
+])
+def test_all_dash_scheduler_spellings(spelling, dest):
+    """Megatron-LM core_v0.16.1 accepts both spellings of the two scheduler flags."""
+    assert getattr(parse_args(TINY_GPT_ARGS + ["--train-iters", "1", spelling],
+                              world_size=1), dest) is True
