@@ -21,7 +21,7 @@ from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
     loss_scale_arguments, model_arguments,
     moe_arguments, optimizer_arguments, ddp_arguments, checkpoint_save_arguments,
-    dataloader_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
+    dataloader_arguments, training_loop_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, schedule_arguments, sft_arguments, tokenizer_arguments, varlen_arguments,
 )
 from megatron.varlen_training.process_group import report_start_up_error
@@ -290,6 +290,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     ddp_arguments.add_ddp_args(parser)
     checkpoint_save_arguments.add_checkpoint_save_args(parser)
     dataloader_arguments.add_dataloader_args(parser)
+    training_loop_arguments.add_training_loop_args(parser)
     return parser
 
 
@@ -442,6 +443,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     ddp_arguments.validate_ddp_args(args, require)
     checkpoint_save_arguments.validate_checkpoint_save_args(args, require)
     dataloader_arguments.validate_dataloader_args(args, require)
+    training_loop_arguments.validate_training_loop_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     # Derived once here (vocabulary from a tokenizer: RunConfig.with_vocabulary).

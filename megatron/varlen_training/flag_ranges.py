@@ -230,6 +230,9 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "save_dgrads_interval": COUNT,
     "dist_ckpt_workers": COUNT,
     "override_ckpt_iteration": NON_NEGATIVE_COUNT,
+    # training-loop flags refused whatever their value (training_loop_arguments.py)
+    "train_sync_interval": COUNT,
+    "check_weight_hash_across_dp_replicas_interval": COUNT,
     # dataset builder (dataloader_arguments.py)
     "num_dataset_builder_threads": COUNT,
     # A share of extra samples per blended dataset (megatron-core's default 0.005): beyond

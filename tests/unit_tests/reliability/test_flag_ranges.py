@@ -166,6 +166,9 @@ VALID = {
     "save_dgrads_interval": NONE,
     "dist_ckpt_workers": NONE,
     "override_ckpt_iteration": NONE,
+    # training-loop flags refused whatever their value (training_loop_arguments.py)
+    "train_sync_interval": NONE,
+    "check_weight_hash_across_dp_replicas_interval": NONE,
     # dataset builder (dataloader_arguments.py); the FIM rates are read only by refused FIM.
     "num_dataset_builder_threads": HUGE,
     "mid_level_dataset_surplus": ZERO,

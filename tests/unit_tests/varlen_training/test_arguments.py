@@ -101,6 +101,9 @@ EXPECTED_FLAGS = frozenset("""
 --fake-process-group --use-nccl-ub --lazy-mpu-init --num-virtual-stages-per-pipeline-rank
 --local-rank --no-scatter-gather-tensors-in-pipeline
 --override-opt-param-scheduler --use-checkpoint-opt-param-scheduler
+--iterations-to-skip --train-sync-interval --decrease-batch-size-if-needed
+--check-weight-hash-across-dp-replicas-interval --result-rejected-tracker-filename
+--high-priority-stream-groups --disable-gloo-process-groups
 --no-save-optim --no-save-rng --no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save
 --ckpt-fully-parallel-save --ckpt-fully-parallel-load --dist-ckpt-strictness
 --persistent-save-interval --use-dist-ckpt --dist-ckpt-format --ckpt-assume-constant-structure

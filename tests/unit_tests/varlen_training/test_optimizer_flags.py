@@ -201,3 +201,22 @@ def test_all_dash_scheduler_spellings(spelling, dest):
     """Megatron-LM core_v0.16.1 accepts both spellings of the two scheduler flags."""
     assert getattr(parse_args(TINY_GPT_ARGS + ["--train-iters", "1", spelling],
                               world_size=1), dest) is True
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--iterations-to-skip", "3", "5"], "--iterations-to-skip 3 5 is not supported"),
+    (["--train-sync-interval", "10"], "--train-sync-interval 10 is not supported"),
+    (["--decrease-batch-size-if-needed"], "--decrease-batch-size-if-needed is not supported"),
+    (["--disable-gloo-process-groups"], "--disable-gloo-process-groups is not supported"),
+    (["--high-priority-stream-groups", "dp"], "--high-priority-stream-groups dp is not"),
+])
+def test_training_loop_refusals_are_one_line(extra, needle):
+    """training_loop_arguments.py: Megatron-LM loop features not implemented here."""
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(TINY_GPT_ARGS + ["--train-iters", "1"] + extra, world_size=1)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_training_loop_neutral_values_are_accepted():
+    parse_args(TINY_GPT_ARGS + ["--train-iters", "1", "--high-priority-stream-groups"],
+               world_size=1)
