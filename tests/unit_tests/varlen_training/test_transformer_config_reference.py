@@ -46,6 +46,7 @@ MEGATRON_LM_DEFAULTS = {
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None,
     "moe_router_num_groups": None, "moe_router_group_topk": None,
     "moe_shared_expert_overlap": False,
+    "num_layers_per_virtual_pipeline_stage": None, "overlap_p2p_comm": True,
 }
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
@@ -107,6 +108,9 @@ def megatron_lm_config(given: dict) -> dict:
         moe_input_jitter_eps=None, moe_router_force_load_balancing=False,
         moe_shared_expert_gate=False, moe_apply_probs_on_input=False, moe_latent_size=None,
         num_moe_experts=flags["num_experts"],
+        # validate_args: p2p overlaps compute under VPP only (--no-overlap-p2p-communication).
+        overlap_p2p_comm=(flags["overlap_p2p_comm"]
+                          and flags["num_layers_per_virtual_pipeline_stage"] is not None),
     )
     if flags["num_experts"] is not None:
         expected.update({name: flags[name] for name in _MOE_FIELDS})
@@ -119,7 +123,8 @@ def megatron_lm_config(given: dict) -> dict:
 # Fields we set otherwise on purpose; none changes the numbers of a step.
 DIFFERENT_ON_PURPOSE = {
     "batch_p2p_comm": "gloo sends p2p messages one at a time (batched ones gave wrong VPP "
-                      "gradients); Megatron-LM's comes from --no-overlap-p2p-communication",
+                      "gradients); on CUDA Megatron-LM's (not overlap_p2p_comm), "
+                      "test_ddp_flags.py",
     "use_cpu_initialization": "weights are built on the host, layout-invariantly",
     "gradient_accumulation_fusion": "needs APEX/TE's fused wgrad kernels",
     "bias_dropout_fusion": "fused only where the kernel gives the unfused numbers (CUDA)",
@@ -162,6 +167,8 @@ COMMAND_LINES = {
     "qk_layer_scaling": {"apply_query_key_layer_scaling": True},
     "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
                  "pipeline_model_parallel_size": 2},
+    "virtual_pipeline": {"num_layers": 4, "pipeline_model_parallel_size": 2,
+                         "num_layers_per_virtual_pipeline_stage": 1},
     "per_token_loss_mtp": {"calculate_per_token_loss": True, "mtp_num_layers": 1},
     "mtp_loss_weight": {"mtp_num_layers": 2, "mtp_loss_scaling_factor": 0.3},
     "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True,
