@@ -7,7 +7,8 @@ Optimizer state uses megatron-core's ``dp_reshardable`` distributed-optimizer fo
 
 Besides megatron-core's files, each checkpoint holds ``manifest.json`` (size and SHA-256 of
 every file), ``run_args.json`` (what shapes the model, data order and schedule) and
-``rng/rank_NNNNN.pt`` (each rank's generator states). Saving writes a hidden staging folder and
+``rng/rank_NNNNN.pt`` (each rank's generator states;
+not with ``--no-save-rng``: checkpoint_parts.py). Saving writes a hidden staging folder and
 publishes it with one rename, then replaces the tracker atomically
 (:mod:`~megatron.varlen_training.checkpoint_integrity`). Loading checks, before megatron-core reads
 anything: the tracker, the folder, that the manifest lists every file in it and every file the
