@@ -103,7 +103,7 @@ EXPECTED_FLAGS = frozenset("""
 --override-opt-param-scheduler --use-checkpoint-opt-param-scheduler
 --iterations-to-skip --train-sync-interval --decrease-batch-size-if-needed
 --check-weight-hash-across-dp-replicas-interval --result-rejected-tracker-filename
---high-priority-stream-groups --disable-gloo-process-groups
+--high-priority-stream-groups --disable-gloo-process-groups --moe-layer-recompute
 --no-save-optim --no-save-rng --no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save
 --ckpt-fully-parallel-save --ckpt-fully-parallel-load --dist-ckpt-strictness
 --persistent-save-interval --use-dist-ckpt --dist-ckpt-format --ckpt-assume-constant-structure

@@ -107,6 +107,7 @@ def megatron_lm_config(given: dict) -> dict:
         embedding_init_method_std=flags["init_method_std"],
         moe_input_jitter_eps=None, moe_router_force_load_balancing=False,
         moe_shared_expert_gate=False, moe_apply_probs_on_input=False, moe_latent_size=None,
+        moe_layer_recompute=False,
         num_moe_experts=flags["num_experts"],
         # validate_args: p2p overlaps compute under VPP only (--no-overlap-p2p-communication).
         overlap_p2p_comm=(flags["overlap_p2p_comm"]
