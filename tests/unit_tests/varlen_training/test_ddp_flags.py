@@ -196,7 +196,9 @@ def _losses_and_buckets(argv: list[str]) -> dict:
         buckets = [len(buffer.buckets) for chunk in state.model for buffer in chunk.buffers]
         # Megatron-LM's aligned reduction: the schedule starts it (grad_sync_func).
         return {"losses": losses, "buckets": buckets,
-                "schedule_starts_reduction": state.config.grad_sync_func is not None}
+                "schedule_starts_reduction": state.config.grad_sync_func is not None,
+                "grad_dtypes": {str(buffer.grad_dtype) for chunk in state.model
+                                for buffer in chunk.buffers}}
 
 
 def _bucket_runs() -> dict:
@@ -204,7 +206,9 @@ def _bucket_runs() -> dict:
     return {"plain": _losses_and_buckets(BASE),
             "buckets": _losses_and_buckets(BASE + overlap + ["--ddp-num-buckets", "3"]),
             "unaligned": _losses_and_buckets(BASE + overlap + ["--ddp-num-buckets", "3",
-                                                               "--no-align-grad-reduce"])}
+                                                               "--no-align-grad-reduce"]),
+            "bf16": _losses_and_buckets(BASE + ["--bf16"]),
+            "bf16_reduce": _losses_and_buckets(BASE + ["--bf16", "--grad-reduce-in-bf16"])}
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +221,13 @@ def test_num_buckets_splits_the_gradient_buffer(bucket_runs):
     # num_parameters // 3 per bucket; megatron-core closes a bucket at a parameter boundary
     # once it holds that many, so the buffer has about 3 (not fewer than 2, not more than 4).
     assert 2 <= bucket_runs["buckets"]["buckets"][0] <= 4, bucket_runs["buckets"]
+
+
+def test_grad_reduce_in_bf16_keeps_bf16_gradient_buffers(bucket_runs):
+    """Megatron-LM: bf16 accumulates and reduces gradients in fp32, unless this flag."""
+    assert bucket_runs["bf16"]["grad_dtypes"] == {"torch.float32"}
+    assert bucket_runs["bf16_reduce"]["grad_dtypes"] == {"torch.bfloat16"}
+    assert all(value == value for value in bucket_runs["bf16_reduce"]["losses"])  # trains
 
 
 def test_no_align_grad_reduce_leaves_the_reduction_to_ddp(bucket_runs):
