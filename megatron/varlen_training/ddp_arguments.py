@@ -65,6 +65,9 @@ REFUSED_FLAGS = {
                              "runs need a real process group (gloo on CPU)"),
     "--use-nccl-ub": ({"action": "store_true", "dest": "nccl_ub"}, None,
                       "NCCL user-buffer registration is not set up here"),
+    "--distributed-timeout-seconds-after-init": (
+        {"type": int}, None,
+        "the process groups keep --distributed-timeout-minutes for the whole run here"),
     "--lazy-mpu-init": ({"type": bool}, None,
                         "model-parallel state is always initialised at start-up here"),
 }

@@ -221,6 +221,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "suggested_communication_unit_size": COUNT,
     "megatron_fsdp_version": FlagRange(1, 2, why="Megatron FSDP's versions 1 and 2"),
     "num_virtual_stages_per_pipeline_rank": COUNT,
+    "distributed_timeout_seconds_after_init": COUNT,  # refused whatever its value
     "local_rank": NON_NEGATIVE_COUNT,  # must also equal $LOCAL_RANK (ddp_arguments.py)
     # checkpoint flags refused whatever their value (checkpoint_save_arguments.py)
     "replication_jump": COUNT,

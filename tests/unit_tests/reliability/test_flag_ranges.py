@@ -157,6 +157,7 @@ VALID = {
     "suggested_communication_unit_size": HUGE,
     "megatron_fsdp_version": NONE,
     "num_virtual_stages_per_pipeline_rank": NONE,  # no base has pipeline stages
+    "distributed_timeout_seconds_after_init": NONE,
     "local_rank": ZERO,  # $LOCAL_RANK is 0 (unset) in these tests
     # checkpoint flags refused whatever their value (checkpoint_save_arguments.py)
     "replication_jump": NONE,

@@ -99,7 +99,7 @@ EXPECTED_FLAGS = frozenset("""
 --ddp-param-name-patterns-for-fp32-local-accumulation --create-all-gather-group --use-sharp
 --sharp-enabled-group --nccl-communicator-config-path --use-tp-pp-dp-mapping
 --fake-process-group --use-nccl-ub --lazy-mpu-init --num-virtual-stages-per-pipeline-rank
---local-rank --no-scatter-gather-tensors-in-pipeline
+--local-rank --no-scatter-gather-tensors-in-pipeline --distributed-timeout-seconds-after-init
 --override-opt-param-scheduler --use-checkpoint-opt-param-scheduler
 --iterations-to-skip --train-sync-interval --decrease-batch-size-if-needed
 --check-weight-hash-across-dp-replicas-interval --result-rejected-tracker-filename

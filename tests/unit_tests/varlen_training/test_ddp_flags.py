@@ -140,6 +140,8 @@ def test_pipeline_p2p_is_megatron_lms(extra):
      "--num-virtual-stages-per-pipeline-rank 3 needs --pipeline-model-parallel-size > 1 and "
      "must divide the 2 layers"),
     (["--lazy-mpu-init", "True"], 1, "--lazy-mpu-init is not supported"),
+    (["--distributed-timeout-seconds-after-init", "60"], 1,
+     "--distributed-timeout-seconds-after-init 60 is not supported"),
     (VPP + ["--no-overlap-p2p-communication"], 2,
      "--no-overlap-p2p-communication with virtual pipeline stages needs "
      "--pipeline-model-parallel-size > 2 (got 2)"),
