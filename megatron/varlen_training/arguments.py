@@ -18,11 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    checkpoint_arguments, checkpoint_model_flags, data_arguments, document_arguments, flag_ranges,
-    kernel_arguments, logging_arguments, loss_scale_arguments, model_arguments, moe_arguments,
+    checkpoint_arguments, checkpoint_model_flags, checkpoint_save_arguments, data_arguments,
+    dataloader_arguments, ddp_arguments, document_arguments, flag_ranges, kernel_arguments,
+    logging_arguments, loss_scale_arguments, model_arguments, moe_arguments, optimizer_arguments,
     pipeline_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, runtime_arguments, schedule_arguments, sft_arguments, tokenizer_arguments,
-    varlen_arguments,
+    training_loop_arguments, varlen_arguments,
 )
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.process_group import report_start_up_error
@@ -296,6 +297,11 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     kernel_arguments.add_kernel_args(parser)
     pipeline_arguments.add_pipeline_split_args(parser)
     runtime_arguments.add_runtime_args(parser)
+    optimizer_arguments.add_optimizer_args(parser)
+    ddp_arguments.add_ddp_args(parser)
+    checkpoint_save_arguments.add_checkpoint_save_args(parser)
+    dataloader_arguments.add_dataloader_args(parser)
+    training_loop_arguments.add_training_loop_args(parser)
     return parser
 
 
@@ -431,6 +437,11 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     recipe_arguments.validate_recipe_args(args, require)
     checkpoint_arguments.validate_checkpoint_args(args, require)
     runtime_arguments.validate_runtime_args(args, require)
+    optimizer_arguments.validate_optimizer_args(args, require)
+    ddp_arguments.validate_ddp_args(args, require)
+    checkpoint_save_arguments.validate_checkpoint_save_args(args, require)
+    dataloader_arguments.validate_dataloader_args(args, require)
+    training_loop_arguments.validate_training_loop_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     logging_arguments.validate_logging_args(args, require)

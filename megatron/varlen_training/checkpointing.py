@@ -7,7 +7,8 @@ Optimizer state uses megatron-core's ``dp_reshardable`` distributed-optimizer fo
 
 Besides megatron-core's files, each checkpoint holds ``manifest.json`` (size and SHA-256 of
 every file), ``run_args.json`` (what shapes the model, data order and schedule) and
-``rng/rank_NNNNN.pt`` (each rank's generator states). Saving writes a hidden staging folder and
+``rng/rank_NNNNN.pt`` (each rank's generator states;
+not with ``--no-save-rng``: checkpoint_parts.py). Saving writes a hidden staging folder and
 publishes it with one rename, then replaces the tracker atomically
 (:mod:`~megatron.varlen_training.checkpoint_integrity`). Loading checks, before megatron-core reads
 anything: the tracker, the folder, that the manifest lists every file in it and every file the
@@ -49,7 +50,8 @@ from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from megatron.varlen_training import checkpoint_integrity as integrity
 from megatron.varlen_training import (
-    checkpoint_format, load_options, resume_consistency, rng_state,
+    checkpoint_format, checkpoint_parts, checkpoint_strategies, load_options,
+    resume_consistency, rng_state,
 )
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.checkpoint_safe_load import (
@@ -78,6 +80,8 @@ _REMEDY = {errno.ENOSPC: "free space where --save points", errno.EDQUOT: "raise 
            errno.EACCES: "make --save writable", errno.EROFS: "make --save writable",
            errno.EPERM: "make --save writable"}
 _DETAIL_CHARS = 160
+# megatron-core's report of mismatching keys under a raising --dist-ckpt-strictness.
+_STRICT_MISMATCH_MARKS = ("Missing keys", "Unexpected keys")
 # megatron-core's key of a distributed-optimizer bucket's state (dp_reshardable), and the global
 # shape mismatch torch_dist reports when this run's bucket differs from the saved one.
 _OPTIMIZER_BUCKET_KEY = re.compile(r"optimizer\.distributed\.[^\n]*?bucket_idx_(\d+)")
@@ -243,7 +247,8 @@ def _write_own_files(staging: str, run: RunConfig, extra_files: dict[str, str] |
                      iteration: int, positions: tuple[int | None, int | None]) -> None:
     """This rank's RNG states; rank 0 also the run description (with the data positions:
     training and validation samples consumed) and the caller's files."""
-    rng_state.save(staging)
+    if not run.checkpoint.no_save_rng:
+        rng_state.save(staging)
     if torch.distributed.get_rank() == 0:
         resume_consistency.save_run_args(staging, run, iteration, *positions)
         for name, text in (extra_files or {}).items():
@@ -285,9 +290,10 @@ def _publish(root: str, iteration: int, staging: str, path: str, entries: dict) 
 def _write_and_publish(root: str, iteration: int, staging: str, path: str, model, optimizer,
                        scheduler, run: RunConfig, extra_files, positions) -> None:
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
-    state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False)
+    state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False,
+                                with_optimizer=not run.checkpoint.no_save_optim)
     # megatron-core gathers its writers' failures and raises them on every rank.
-    dist_checkpointing.save(state, staging)
+    dist_checkpointing.save(state, staging, checkpoint_strategies.save_strategy(run.checkpoint))
     _agree_on_save(_write_own_files, staging, run, extra_files, iteration, positions)
     entries = _digest_own_files(staging)
     _agree_on_save(_on_rank_0, _publish, root, iteration, staging, path, entries)
@@ -367,11 +373,28 @@ def read_latest_iteration(root: str) -> int:
         raise CheckpointError(str(err)) from None
 
 
-def _required_files(entries: dict[str, dict], world_size: int | None) -> dict[str, str]:
+def _saved_run_args(folder: str) -> dict:
+    """The checkpoint's run_args.json; empty when missing or unreadable (other checks say so)."""
+    try:
+        return resume_consistency.read_run_args(folder)
+    except CheckpointError:
+        return {}
+
+
+def _held_parts(folder: str) -> dict[str, bool]:
+    """The parts the checkpoint in ``folder`` says it holds (--no-save-optim/--no-save-rng)."""
+    return checkpoint_parts.recorded_parts(_saved_run_args(folder))
+
+
+def _required_files(entries: dict[str, dict], world_size: int | None,
+                    with_rng: bool = True) -> dict[str, str]:
     """The files (name -> why) every checkpoint of this format has, besides the shards
-    ``.metadata`` names: megatron-core's and ours, and one RNG file per saving rank."""
+    ``.metadata`` names: megatron-core's and ours, and (``with_rng``: not saved with
+    --no-save-rng) one RNG file per saving rank."""
     required = {name: "every checkpoint has one" for name in (
         METADATA_FILENAME, CONFIG_FILENAME, COMMON_FILENAME, resume_consistency.RUN_ARGS_FILENAME)}
+    if not with_rng:
+        return required
     if world_size is None:  # manifests written before the world size: the RNG files listed
         world_size = sum(1 for name in entries if name.startswith(rng_state.RNG_SUBDIR + "/"))
     required.update({rng_state.rng_filename(rank): f"the random states of rank {rank} of "
@@ -383,7 +406,8 @@ def _verify_share(folder: str) -> None:
     """Checks that the manifest covers the checkpoint, then this rank's 1/world share of its
     files (all ranks together check every file)."""
     entries, world_size = integrity.read_manifest(folder)
-    integrity.check_complete(folder, entries, _required_files(entries, world_size))
+    integrity.check_complete(folder, entries, _required_files(
+        entries, world_size, with_rng=_held_parts(folder)["rng"]))
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     integrity.verify_files(folder, entries, sorted(entries)[rank::world])
 
@@ -519,7 +543,8 @@ def _restore_optimizer(state: dict, optimizer, scheduler, run: RunConfig | None)
 
 def _restore_rng(folder: str, parts: load_options.LoadParts) -> None:
     if not parts.rng:
-        print_rank_0(f" > {folder}: random states not loaded (--no-load-rng or --finetune)")
+        print_rank_0(f" > {folder}: random states not loaded (--no-load-rng, --finetune, or "
+                     f"saved with --no-save-rng)")
         return
     if not agree_on_errors(rng_state.load, folder):  # a bad file on one rank stops all
         print_rank_0(f" > {folder}: random states not restored (saved on another parallel "
@@ -544,17 +569,44 @@ def _bucket_mismatch(err: BaseException) -> str | None:
             f"size, or add --no-load-optim to load the weights only")
 
 
-def _load_state(template: dict, folder: str) -> dict:
-    """dist_checkpointing's load of ``template`` from ``folder``; a bucket layout the saved
+def _load_state(template: dict, folder: str, run: RunConfig | None = None) -> dict:
+    """dist_checkpointing's load of ``template`` from ``folder`` (with ``run``: its
+    --ckpt-fully-parallel-load and --dist-ckpt-strictness); a bucket layout the saved
     distributed optimizer state does not fit is one line (megatron-core raises a traceback
     of torch's CheckpointException, a BaseException, on every rank)."""
+    options = {} if run is None else {
+        "sharded_strategy": checkpoint_strategies.load_strategy(run.checkpoint, folder),
+        "strict": run.checkpoint.dist_ckpt_strictness}
     try:
-        return dist_checkpointing.load(template, folder)
+        return dist_checkpointing.load(template, folder, **options)
     except (CheckpointException, CheckpointingException, RuntimeError, KeyError) as err:
-        problem = _bucket_mismatch(err)
+        problem = _bucket_mismatch(err) or _strict_mismatch(err, run)
         if problem is None:
             raise
         raise CheckpointError(problem) from None
+
+
+def _strict_mismatch(err: BaseException, run: RunConfig | None) -> str | None:
+    """``err`` as one line if it is megatron-core's report of keys the checkpoint and the
+    loaded state do not share, raised as --dist-ckpt-strictness asked, else None."""
+    if run is None or not isinstance(err, CheckpointingException) \
+            or not any(mark in str(err) for mark in _STRICT_MISMATCH_MARKS):
+        return None
+    strictness = run.checkpoint.dist_ckpt_strictness
+    return (f"--load: --dist-ckpt-strictness {strictness} stops on keys the checkpoint and this "
+            f"run do not share: {one_line(err)[:_DETAIL_CHARS * 2]}")
+
+
+def _parts_held(folder: str, parts: load_options.LoadParts,
+                run: RunConfig | None) -> load_options.LoadParts:
+    """``parts`` narrowed to what the checkpoint holds, as Megatron-LM's load: no optimizer
+    state to restore (or another --optimizer's) is one line on every rank; no random states,
+    none restored."""
+    saved = agree_on_errors(_saved_run_args, folder)
+    return agree_on_errors(
+        checkpoint_parts.parts_to_load, folder, checkpoint_parts.recorded_parts(saved), parts,
+        checkpoint_parts.recorded_optimizer(saved),
+        None if run is None else run.optimizer.optimizer)
 
 
 def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None,
@@ -564,13 +616,14 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     returns the iteration to continue from (0 for ``--finetune``). With ``run``, refuses a run
     that would not continue the saved one (``--finetune``: a model of another shape)."""
     iteration, folder = check_checkpoint(root, parts.step)
+    parts = _parts_held(folder, parts, run)
     if run is not None:
         _check_run_args(folder, iteration, run, parts)
     if parts.optimizer:
         _materialize_optimizer_state(optimizer)
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
                                    with_optimizer=parts.optimizer)
-    state = _load_state(template, folder)
+    state = _load_state(template, folder, run)
     for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     if parts.optimizer:

@@ -248,6 +248,43 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "mamba_head_dim": COUNT,
     "mamba_num_groups": COUNT,
     "mamba_num_heads": COUNT,
+    # optimizer choice (optimizer_arguments.py); torch's SGD refuses a negative momentum. The
+    # Muon/Lion/offload tuning values are read only by refused optimizers: kept finite.
+    "sgd_momentum": NON_NEGATIVE_FLOAT,
+    "muon_momentum": NON_NEGATIVE_FLOAT,
+    "muon_num_ns_steps": COUNT,
+    "muon_extra_scale_factor": NON_NEGATIVE_FLOAT,
+    "lion_beta1": ADAM_BETA,
+    "lion_beta2": ADAM_BETA,
+    "optimizer_offload_fraction": FlagRange(0.0, 1.0, why="a share of the optimizer state"),
+    # DDP buckets (ddp_arguments.py); refused flags' values still typed sensibly.
+    "ddp_bucket_size": COUNT,
+    "ddp_num_buckets": COUNT,
+    "num_distributed_optimizer_instances": COUNT,
+    "suggested_communication_unit_size": COUNT,
+    "megatron_fsdp_version": FlagRange(1, 2, why="Megatron FSDP's versions 1 and 2"),
+    "num_virtual_stages_per_pipeline_rank": COUNT,
+    "distributed_timeout_seconds_after_init": COUNT,  # refused whatever its value
+    "local_rank": NON_NEGATIVE_COUNT,  # must also equal $LOCAL_RANK (ddp_arguments.py)
+    # checkpoint flags refused whatever their value (checkpoint_save_arguments.py)
+    "replication_jump": COUNT,
+    "replication_factor": COUNT,
+    "save_retain_interval": COUNT,
+    "save_wgrads_interval": COUNT,
+    "save_dgrads_interval": COUNT,
+    "dist_ckpt_workers": COUNT,
+    "override_ckpt_iteration": NON_NEGATIVE_COUNT,
+    # training-loop flags refused whatever their value (training_loop_arguments.py)
+    "train_sync_interval": COUNT,
+    "check_weight_hash_across_dp_replicas_interval": COUNT,
+    # dataset builder (dataloader_arguments.py)
+    "num_dataset_builder_threads": COUNT,
+    # A share of extra samples per blended dataset (megatron-core's default 0.005): beyond
+    # doubling, the sample counts it multiplies only grow without use.
+    "mid_level_dataset_surplus": FlagRange(0.0, 1.0, why="a share of extra samples"),
+    "fim_rate": FRACTION,
+    "fim_spm_rate": FRACTION,
+    "fim_fragment_rate": FRACTION,
 }
 
 

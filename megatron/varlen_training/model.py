@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed import DistributedDataParallel
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 from megatron.varlen_training.config import ModelConfig, RunConfig
+from megatron.varlen_training.ddp_settings import core_ddp_config
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.layout_invariant_init import initialize_layout_invariant
 from megatron.varlen_training.log import print_rank_0
@@ -81,9 +82,12 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         calculate_per_token_loss=run.training.calculate_per_token_loss,
         deterministic_mode=run.runtime.deterministic_mode,
         use_cpu_initialization=True,
-        # gloo: batched isend/irecv gave silently wrong gradients with VPP (found while
-        # building the VPP path), so CPU runs send p2p messages one at a time.
-        batch_p2p_comm=not use_cpu(),
+        # Megatron-LM: under VPP p2p overlaps compute (--no-overlap-p2p-communication: batched
+        # instead); overlap_p2p_comm is resolved False without VPP. gloo: batched
+        # isend/irecv gave silently wrong gradients with VPP (found while building the VPP
+        # path), so CPU runs send p2p messages one at a time.
+        overlap_p2p_comm=parallel.overlap_p2p_comm,
+        batch_p2p_comm=not (parallel.overlap_p2p_comm or use_cpu()),
         variable_seq_lengths=run.packing.variable_seq_lengths,
         **moe_transformer_config(model.moe),
         gradient_accumulation_fusion=False,
@@ -112,10 +116,6 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
     )
 
 
-def aligned_param_gather(run: RunConfig) -> bool:
-    """Megatron-LM aligns the distributed optimizer's parameter all-gathers across pipeline
-    stages under VPP only (the schedule then starts them; 1F1B without VPP cannot)."""
-    return run.parallel.virtual_pipeline_model_parallel_size is not None
 def _decoder_specs(run: RunConfig, config, vp_stage: int | None):
     """(decoder block spec, MTP block spec or None) of this stage: MoE layers where
     --moe-layer-freq says; an MTP layer is built like the LAST decoder layer (Megatron-LM's
@@ -182,14 +182,9 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
         # As Megatron-LM: cast every module (our plain-torch norms too) to the half dtype and
         # convert inputs/outputs at the model boundary.
         chunks = [Float16Module(config, chunk) for chunk in chunks]
-    ddp_config = DistributedDataParallelConfig(
-        # Megatron-LM's: fp32 with --bf16 (always) or --accumulate-allreduce-grads-in-fp32.
-        grad_reduce_in_fp32=model.accumulate_allreduce_grads_in_fp32,
-        use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
-        overlap_grad_reduce=run.parallel.overlap_grad_reduce,
-        overlap_param_gather=run.parallel.overlap_param_gather,
-        align_param_gather=aligned_param_gather(run),
-    )
+    # Megatron-LM sizes --ddp-num-buckets by the rank's parameters over all its chunks.
+    num_parameters = sum(p.nelement() for chunk in chunks for p in chunk.parameters())
+    ddp_config = core_ddp_config(run, num_parameters)
     return [
         DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0)
         for index, chunk in enumerate(chunks)

@@ -158,8 +158,9 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
     _check_te_query_key_scaling(args, require)
     if args.apply_query_key_layer_scaling:  # megatron-core's TransformerConfig does the same
         args.attention_softmax_in_fp32 = True
-    if args.bf16:  # Megatron-LM: bfloat16 accumulates and all-reduces gradients in fp32
-        args.accumulate_allreduce_grads_in_fp32 = True
+    if args.bf16:  # Megatron-LM: bfloat16 accumulates and all-reduces gradients in fp32,
+        # unless --grad-reduce-in-bf16 (ddp_arguments.py), which wins over the fp32 flag too
+        args.accumulate_allreduce_grads_in_fp32 = not args.grad_reduce_in_bf16
 
 
 def _check_te_query_key_scaling(args: argparse.Namespace, require) -> None:

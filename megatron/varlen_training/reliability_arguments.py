@@ -28,10 +28,13 @@ def add_reliability_args(parser) -> None:
     group.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
                        help="How long a collective waits for an unresponsive peer before the "
                             "run fails (a peer that died is reported at once).")
-    group.add_argument("--override-opt_param-scheduler", action="store_true",
+    # Megatron-LM core_v0.16.1 accepts the all-dash spellings too (from its SchedulerConfig).
+    group.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                       action="store_true",
                        help="On --load, use this run's LR/WD schedule flags instead of the "
                             "checkpoint's (the schedule's progress is kept).")
-    group.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+    group.add_argument("--use-checkpoint-opt_param-scheduler",
+                       "--use-checkpoint-opt-param-scheduler", action="store_true",
                        help="On --load, keep the checkpoint's LR/WD schedule even where this "
                             "run's flags differ.")
     # Resume identity of the data (see megatron.varlen_training.resume_consistency).

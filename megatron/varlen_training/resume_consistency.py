@@ -63,6 +63,7 @@ import json
 import os
 
 from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text
+from megatron.varlen_training.checkpoint_parts import OPTIMIZER_KEY, SAVED_PARTS_KEY, saved_parts
 from megatron.varlen_training.data_fingerprints import changed_file, data_fingerprint
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, one_line
@@ -243,6 +244,8 @@ def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
     iteration of pretrain_gpt.py's loop reads one global batch), and the validation samples
     read so far, ``consumed_valid_samples`` (not recorded when None)."""
     recorded = snapshot(run)
+    recorded[SAVED_PARTS_KEY] = saved_parts(run.checkpoint)  # --no-save-optim / --no-save-rng
+    recorded[OPTIMIZER_KEY] = run.optimizer.optimizer  # whose state it is (checkpoint_parts.py)
     if iteration is not None:
         recorded[DATA_POSITION_KEY] = consumed_samples if consumed_samples is not None \
             else iteration * run.training.global_batch_size

@@ -33,10 +33,12 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.load_options import checkpoint_source, fresh_start_note
 from megatron.varlen_training.loop_steps import eval_mode
-from megatron.varlen_training.model import aligned_param_gather, params_dtype
+from megatron.varlen_training.ddp_settings import aligned_param_gather
+from megatron.varlen_training.model import params_dtype
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen_training.runtime_hooks import empty_unused_memory
+from megatron.varlen_training.sgd_state import install_sgd_state_init
 from megatron.varlen_training.step_timers import (
     CLIP_MAIN_GRAD, COUNT_ZEROS, LEVEL_1, OPTIMIZER, timed,
 )
@@ -75,7 +77,8 @@ def core_optimizer_config(run: RunConfig, timers=None) -> CoreOptimizerConfig:
     barrier before each level-1 timer unless --no-barrier-with-level-1-timing."""
     adam, precision = run.optimizer, run.model
     return CoreOptimizerConfig(
-        optimizer="adam", lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
+        optimizer=adam.optimizer, sgd_momentum=adam.sgd_momentum,
+        apply_wd_to_qk_layernorm=adam.apply_wd_to_qk_layernorm, lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
         adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
         clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
         params_dtype=params_dtype(precision),  # the model's (float16 with --fp16)
@@ -117,6 +120,7 @@ def build_optimizer(run: RunConfig, model, timers=None):
     optimizer = get_megatron_optimizer(config, model,
                                        config_overrides=param_group_overrides(config))
     optimizer_kernels.use_fused_adam(optimizer)
+    install_sgd_state_init(optimizer)  # so that an SGD run resumes (sgd_state.py)
     return optimizer
 
 
@@ -210,7 +214,7 @@ def set_overlap_hooks(run: RunConfig, config, model) -> None:
     (``param_sync_func``, aligned across stages). Without VPP DDP's forward pre-hooks gather on
     demand. Without overlap every reduction runs in ``finalize_model_grads``."""
     parallel = run.parallel
-    if parallel.overlap_grad_reduce:
+    if parallel.overlap_grad_reduce and parallel.align_grad_reduce:
         config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in model])
     if parallel.overlap_param_gather and aligned_param_gather(run):
         config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])

@@ -28,6 +28,12 @@ class CheckpointConfig:
     ckpt_step: int | None = None
     # --save == --load holding nothing yet: stop instead of starting from scratch.
     exit_on_missing_checkpoint: bool = False
+    # What a save writes and how saves and loads run (checkpoint_save_arguments.py).
+    no_save_optim: bool = False
+    no_save_rng: bool = False
+    ckpt_fully_parallel_save: bool = True
+    ckpt_fully_parallel_load: bool = False
+    dist_ckpt_strictness: str = "assume_ok_unexpected"
 
     def __post_init__(self):
         check_ranges(self)

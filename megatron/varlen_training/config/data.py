@@ -53,6 +53,10 @@ class DataConfig:
     tiktoken_num_special_tokens: int = 1000
     tokenizer_special_tokens: tuple[str, ...] | None = None
     tokenizer_sentencepiece_ignore_extra_whitespaces: bool = True
+    # megatron-core's dataset-builder fields (dataloader_arguments.py).
+    num_dataset_builder_threads: int = 1
+    mid_level_dataset_surplus: float = 0.005
+    allow_ambiguous_pad_tokens: bool = False
 
     @property
     def indexed(self) -> bool:

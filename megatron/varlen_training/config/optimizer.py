@@ -57,6 +57,11 @@ class OptimizerConfig:
     # final LR (megatron-core's param group override; None: --lr / --min-lr).
     decoupled_lr: float | None = None
     decoupled_min_lr: float | None = None
+    # --optimizer adam|sgd, SGD's momentum and weight decay on the q/k layernorms
+    # (optimizer_arguments.py; megatron-core's OptimizerConfig fields of the same names).
+    optimizer: str = "adam"
+    sgd_momentum: float = 0.9
+    apply_wd_to_qk_layernorm: bool = False
 
     def __post_init__(self):
         check_ranges(self)

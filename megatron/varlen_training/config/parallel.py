@@ -33,6 +33,16 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     # --distributed-backend (runtime_arguments.py); None: the device's (nccl on CUDA, else gloo).
     distributed_backend: str | None = None
+    # megatron-core's DDP buckets and collectives (ddp_arguments.py; ddp_settings.py maps them).
+    ddp_bucket_size: int | None = None
+    ddp_num_buckets: int | None = None
+    ddp_average_in_collective: bool = False
+    ddp_pad_buckets_for_high_nccl_busbw: bool = False
+    # Which overlapped collectives the pipeline schedule starts for all stages together, and
+    # whether VPP's p2p overlaps compute (resolved: False without VPP, as Megatron-LM).
+    align_param_gather: bool = True
+    align_grad_reduce: bool = True
+    overlap_p2p_comm: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -90,6 +90,9 @@ def gpt_dataset_config(data: DataConfig, seq_length: int, seed: int,
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,  # attention is causal per sequence; no dense mask
+        num_dataset_builder_threads=data.num_dataset_builder_threads,
+        mid_level_dataset_surplus=data.mid_level_dataset_surplus,
+        allow_ambiguous_pad_tokens=data.allow_ambiguous_pad_tokens,
     )
 
 

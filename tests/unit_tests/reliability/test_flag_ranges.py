@@ -175,6 +175,40 @@ VALID = {
                      "inprocess_heartbeat_timeout", "inprocess_barrier_timeout",
                      "inprocess_completion_timeout", "inprocess_last_call_wait",
                      "inprocess_termination_grace_time"), NONE),
+    # optimizer choice (optimizer_arguments.py): SGD's momentum is any non-negative factor; the
+    # Muon/Lion/offload tuning flags are read only by refused optimizers, typed sensibly.
+    "sgd_momentum": ZERO_OR_HUGE,
+    "muon_momentum": ZERO_OR_HUGE,
+    "muon_num_ns_steps": HUGE,
+    "muon_extra_scale_factor": ZERO_OR_HUGE,
+    "lion_beta1": ZERO,
+    "lion_beta2": ZERO,
+    "optimizer_offload_fraction": ZERO,
+    # DDP (ddp_arguments.py): bucket sizes apply with --overlap-grad-reduce only; one
+    # distributed-optimizer instance only; the FSDP-only unit size is read by refused FSDP.
+    "ddp_bucket_size": HUGE,
+    "ddp_num_buckets": HUGE,
+    "num_distributed_optimizer_instances": NONE,
+    "suggested_communication_unit_size": HUGE,
+    "megatron_fsdp_version": NONE,
+    "distributed_timeout_seconds_after_init": NONE,
+    "local_rank": ZERO,  # $LOCAL_RANK is 0 (unset) in these tests
+    # checkpoint flags refused whatever their value (checkpoint_save_arguments.py)
+    "replication_jump": NONE,
+    "replication_factor": NONE,
+    "save_retain_interval": NONE,
+    "save_wgrads_interval": NONE,
+    "save_dgrads_interval": NONE,
+    "dist_ckpt_workers": NONE,
+    "override_ckpt_iteration": NONE,
+    # training-loop flags refused whatever their value (training_loop_arguments.py)
+    "train_sync_interval": NONE,
+    # dataset builder (dataloader_arguments.py); the FIM rates are read only by refused FIM.
+    "num_dataset_builder_threads": HUGE,
+    "mid_level_dataset_surplus": ZERO,
+    "fim_rate": ZERO,
+    "fim_spm_rate": ZERO,
+    "fim_fragment_rate": ZERO,
 }
 
 GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]

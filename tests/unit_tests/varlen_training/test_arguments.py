@@ -117,6 +117,50 @@ EXPECTED_FLAGS = frozenset("""
 --pytorch-profiler-collect-chakra --nvtx-ranges
 --rerun-mode --error-injection-rate --error-injection-type --check-for-spiky-loss
 --result-rejected-tracker-filename --check-weight-hash-across-dp-replicas-interval
+--optimizer --sgd-momentum --apply-wd-to-qk-layernorm --no-weight-decay-cond-type
+--optimizer-cpu-offload --optimizer-cuda-graph --dump-param-to-param-group-map
+--freeze-all-layers --muon-momentum --muon-no-split-qkv --muon-use-nesterov --muon-nesterov
+--muon-scale-mode --muon-fp32-matmul-prec --muon-num-ns-steps --muon-tp-mode
+--muon-extra-scale-factor --muon-coefficient-type --muon-use-syrk --muon-scalar-optimizer
+--lion-beta1 --lion-beta2 --optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload
+--overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads --no-pin-cpu-params
+--ddp-bucket-size --ddp-num-buckets --ddp-average-in-collective
+--ddp-pad-buckets-for-high-nccl-busbw --grad-reduce-in-bf16 --no-align-param-gather
+--no-align-grad-reduce --no-overlap-p2p-communication --overlap-p2p-communication
+--data-parallel-sharding-strategy --outer-dp-sharding-strategy
+--torch-fsdp2-no-reshard-after-forward --no-gradient-reduce-div-fusion --fsdp-double-buffer
+--suggested-communication-unit-size --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp
+--disable-symmetric-registration --fsdp-manual-registration --megatron-fsdp-version
+--use-torch-fsdp2 --use-megatron-fsdp --num-distributed-optimizer-instances
+--overlap-param-gather-with-optimizer-step --ddp-reduce-scatter-with-fp32-accumulation
+--ddp-param-name-patterns-for-fp32-local-accumulation --create-all-gather-group --use-sharp
+--sharp-enabled-group --nccl-communicator-config-path --use-tp-pp-dp-mapping
+--fake-process-group --use-nccl-ub --lazy-mpu-init --num-virtual-stages-per-pipeline-rank
+--local-rank --no-scatter-gather-tensors-in-pipeline --distributed-timeout-seconds-after-init
+--override-opt-param-scheduler --use-checkpoint-opt-param-scheduler
+--iterations-to-skip --train-sync-interval --decrease-batch-size-if-needed
+--check-weight-hash-across-dp-replicas-interval --result-rejected-tracker-filename
+--high-priority-stream-groups --disable-gloo-process-groups --moe-layer-recompute
+--no-save-optim --no-save-rng --no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save
+--ckpt-fully-parallel-save --ckpt-fully-parallel-load --dist-ckpt-strictness
+--persistent-save-interval --use-dist-ckpt --dist-ckpt-format --ckpt-assume-constant-structure
+--no-strict-fsdp-dtensor-load --disable-strict-fsdp-dtensor-load
+--dist-ckpt-optim-fully-reshardable --distrib-optim-fully-reshardable-mem-efficient
+--ckpt-convert-format --ckpt-convert-save --ckpt-convert-update-legacy-dist-opt-format
+--non-persistent-global-ckpt-dir --non-persistent-local-ckpt-dir
+--non-persistent-local-ckpt-algo --replication --replication-jump --replication-factor
+--use-persistent-ckpt-worker --save-retain-interval --save-wgrads-interval
+--save-dgrads-interval --load-main-params-from-ckpt --dist-ckpt-save-pre-mcore-014
+--use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args
+--disable-use-tokenizer-model-from-checkpoint-args --dist-ckpt-workers
+--ckpt-drop-redundant-extra-state --override-ckpt-iteration
+--dataloader-type --num-dataset-builder-threads --mid-level-dataset-surplus
+--allow-ambiguous-pad-tokens --no-create-attention-mask-in-dataloader --fim-rate
+--fim-spm-rate --fim-split-sample --fim-fragment-rate --fim-no-prefix --fim-prefix-token
+--fim-middle-token --fim-suffix-token --fim-pad-token --fim-eod-token --data-args-path
+--per-split-data-args-path --per-dataset-sequences-path --object-storage-cache-path
+--phase-transition-iterations --dataloader-fast-cache-load --dataloader-defer-npy-index-mmap
+--fim-data
 """.split())
 
 

@@ -45,6 +45,11 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/refused_flags.py",
     "megatron/varlen_training/logging_arguments.py",
     "megatron/varlen_training/runtime_arguments.py",
+    "megatron/varlen_training/optimizer_arguments.py",
+    "megatron/varlen_training/ddp_arguments.py",
+    "megatron/varlen_training/checkpoint_save_arguments.py",
+    "megatron/varlen_training/dataloader_arguments.py",
+    "megatron/varlen_training/training_loop_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {

@@ -25,6 +25,10 @@ DIFFERENT = {
     "cp_comm_type": "unset means all_gather, the only one implemented (p2p is refused)",
     "no_load_optim": "False instead of None: the same (the optimizer state is loaded)",
     "no_load_rng": "False instead of None: the same (the RNG state is loaded)",
+    "no_save_optim": "False instead of None: the same (the optimizer state is saved)",
+    "no_save_rng": "False instead of None: the same (the RNG state is saved)",
+    "high_priority_stream_groups": "a refused flag, unset (None); Megatron-LM's empty list is "
+                                   "accepted as the value that changes nothing",
     "moe_token_dispatcher_type": "unset: alltoall with packing (allgather cannot pack), else "
                                  "Megatron-LM's allgather (moe_arguments.py)",
     "async_save": "False instead of None: the same (a synchronous save; --async-save is "

@@ -58,7 +58,7 @@ MEGATRON_LM_DEFAULTS = {
     "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None,
     "account_for_embedding_in_pipeline_split": False,
     "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
-    "num_layers_per_virtual_pipeline_stage": None,
+    "num_layers_per_virtual_pipeline_stage": None, "overlap_p2p_comm": True,
 }
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
@@ -168,6 +168,9 @@ def megatron_lm_config(given: dict) -> dict:
         external_cuda_graph=False,
         num_moe_experts=flags["num_experts"],
         **_kernel_fields(flags),
+        moe_layer_recompute=False,
+        # validate_args: p2p overlaps compute under VPP only (--no-overlap-p2p-communication).
+        overlap_p2p_comm=flags["overlap_p2p_comm"] and _virtual_pipeline_size(flags) is not None,
     )
     if flags["num_experts"] is not None:
         expected.update({name: flags[name] for name in _MOE_FIELDS})
@@ -180,7 +183,8 @@ def megatron_lm_config(given: dict) -> dict:
 # Fields we set otherwise on purpose; none changes the numbers of a step.
 DIFFERENT_ON_PURPOSE = {
     "batch_p2p_comm": "gloo sends p2p messages one at a time (batched ones gave wrong VPP "
-                      "gradients); Megatron-LM's comes from --no-overlap-p2p-communication",
+                      "gradients); on CUDA Megatron-LM's (not overlap_p2p_comm), "
+                      "test_ddp_flags.py",
     "use_cpu_initialization": "weights are built on the host, layout-invariantly",
     "deallocate_pipeline_outputs": "megatron-core's default (False) is kept",
     "variable_seq_lengths": "packed micro-batches vary in length",
@@ -233,6 +237,8 @@ COMMAND_LINES = {
     "qk_layer_scaling": {"apply_query_key_layer_scaling": True},
     "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
                  "pipeline_model_parallel_size": 2},
+    "virtual_pipeline": {"num_layers": 4, "pipeline_model_parallel_size": 2,
+                         "num_layers_per_virtual_pipeline_stage": 1},
     "per_token_loss_mtp": {"calculate_per_token_loss": True, "mtp_num_layers": 1},
     "mtp_loss_weight": {"mtp_num_layers": 2, "mtp_loss_scaling_factor": 0.3},
     "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True,

@@ -1,0 +1,46 @@
+"""Megatron-LM's training-loop flags of its ``_add_training_args`` (core_v0.16.1's
+TrainingConfig) that this fork's loop does not implement: registered so that a Megatron-LM
+command line carrying one gets a line naming the flag and why (exit 2) instead of argparse's
+"unrecognized arguments"; their defaults (not given, or an empty list) are accepted.
+(The runtime, kernel and logging flags of the same group live in their own modules.) Also
+``--moe-layer-recompute``, which megatron-core 0.16.1 deprecates for ``--recompute-modules
+moe_layer``, a module recompute_arguments.py does not offer."""
+
+from __future__ import annotations
+
+import argparse
+
+from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+
+_NOT_IMPLEMENTED = "this fork's training loop does not implement it"
+REFUSED_FLAGS = {
+    # Iteration numbers, refused whatever they are: kept as text (no range to check).
+    "--iterations-to-skip": ({"nargs": "+"}, None,
+                             "every iteration trains here (no iteration is skipped)"),
+    "--train-sync-interval": ({"type": int}, None, _NOT_IMPLEMENTED),
+    "--decrease-batch-size-if-needed": ({"action": "store_true"}, None,
+                                        "--global-batch-size must divide evenly here (the "
+                                        "batch is never shrunk)"),
+    # --check-weight-hash-across-dp-replicas-interval and --result-rejected-tracker-filename:
+    # refused with the rerun / fault-tolerance families (runtime_arguments.py).
+    "--high-priority-stream-groups": ({"nargs": "*"}, "",
+                                      "communication runs on megatron-core's default streams "
+                                      "here"),
+    "--disable-gloo-process-groups": ({"action": "store_true"}, None,
+                                      "megatron-core's process groups are created as it "
+                                      "defaults here"),
+    "--moe-layer-recompute": ({"action": "store_true"}, None,
+                              "megatron-core 0.16.1 deprecates it for --recompute-modules "
+                              "moe_layer, and the modules recomputed here are core_attn and "
+                              "mlp (or whole layers with --recompute-granularity full)"),
+}
+
+
+def add_training_loop_args(parser: argparse.ArgumentParser) -> None:
+    add_refused_flags(parser.add_argument_group("Megatron-LM training-loop flags refused here"),
+                      REFUSED_FLAGS)
+
+
+def validate_training_loop_args(args: argparse.Namespace, require) -> None:
+    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
+        require(False, f"{flag}{given} is not supported: {why}")
