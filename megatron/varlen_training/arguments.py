@@ -2,8 +2,8 @@
 
 ``parse_args(argv)`` parses and validates; every user error leaves as one line
 (``pretrain_gpt.py: error: ...``) naming the flag, the value and the limit, with exit code 2.
-The flag set is pinned by tests/unit_tests/varlen_training/test_arguments.py: a new flag is a reviewed
-diff there. Groups mirror Megatron-LM's ``_add_*_args`` functions; the packing and dynamic-CP
+The flag set is pinned by tests/unit_tests/varlen_training/test_arguments.py: a new flag is a
+reviewed diff there. Groups mirror Megatron-LM's ``_add_*_args`` functions; the packing and dynamic-CP
 flags of this fork live in :mod:`megatron.varlen_training.varlen_arguments`.
 """
 
@@ -36,7 +36,8 @@ ERROR_EXIT_CODE = 2
 # --group-query-attention without --num-query-groups: Megatron-LM's default of the latter.
 MEGATRON_LM_NUM_QUERY_GROUPS = 1
 # Megatron-LM's warning when --sequence-parallel meets one tensor-parallel rank.
-SEQUENCE_PARALLEL_OFF = "Disabling sequence parallelism because tensor model parallelism is disabled"
+SEQUENCE_PARALLEL_OFF = (
+    "Disabling sequence parallelism because tensor model parallelism is disabled")
 
 
 class MegatronArgumentParser(argparse.ArgumentParser):

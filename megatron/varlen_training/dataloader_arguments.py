@@ -26,7 +26,8 @@ SINGLE = "single"  # the one --dataloader-type this fork's loader implements
 DATALOADER_TYPES = (SINGLE, "cyclic", "external")
 BUILDER_THREADS_DEFAULT = 1  # Megatron-LM's and megatron-core's
 MID_LEVEL_SURPLUS_DEFAULT = 0.005  # Megatron-LM's and megatron-core's
-_PATHS_WHY = "give the data with --data-path or --train-data-path / --valid-data-path / --test-data-path"
+_PATHS_WHY = ("give the data with --data-path or --train-data-path / --valid-data-path / "
+              "--test-data-path")
 _CACHE_WHY = ("megatron-core's index caches are built (or found and checked) at start-up "
               "here, rank by rank; the pre-built-cache fast paths are not wired")
 REFUSED_FLAGS = {
