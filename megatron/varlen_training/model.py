@@ -7,6 +7,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 from megatron.varlen_training.config import ModelConfig, RunConfig
 from megatron.varlen_training.ddp_settings import core_ddp_config
@@ -20,8 +21,8 @@ from megatron.varlen.model import (
 )
 from megatron.varlen_training.moe_model import moe_transformer_config
 from megatron.varlen.platform import (
-    describe_attention_backend, get_device, resolve_attention_backend, use_bias_dropout_add_fusion,
-    use_cpu,
+    TE_KERNELS, describe_attention_backend, get_device, resolve_attention_backend,
+    use_bias_dropout_add_fusion, use_cpu,
 )
 
 
@@ -107,6 +108,10 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         # Megatron-LM's [] (no CUDA graphs here): megatron-core's default "full" ends as []
         # too, after a deprecation warning on every build.
         cuda_graph_scope=[],
+        # Megatron-LM's fused / unfused hold TE to that kernel (megatron-core's LanguageModule
+        # sets NVTE_*_ATTN from this field); any other choice leaves TE its own pick.
+        attention_backend=(AttnBackend[model.attention_backend]
+                           if model.attention_backend in TE_KERNELS else AttnBackend.auto),
         mtp_num_layers=model.mtp_num_layers,
         mtp_loss_scaling_factor=model.mtp_loss_scaling_factor,
         recompute_granularity=model.recompute_granularity,

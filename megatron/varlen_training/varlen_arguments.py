@@ -60,8 +60,9 @@ def add_varlen_args(parser) -> None:
                        help="Core attention (Megatron-LM's flag): local = plain-torch reference; "
                             "flash = torch's FlashAttention varlen kernel (CUDA, bf16/fp16, no "
                             "attention dropout; on CPU its plain-torch twin); te = Transformer "
-                            "Engine; auto = te if it imports, else flash on CUDA for bf16/fp16 "
-                            "without attention dropout, else local.")
+                            "Engine (Megatron-LM's fused / unfused: te held to TE's cuDNN or "
+                            "unfused kernel); auto = te if it imports, else flash on CUDA for "
+                            "bf16/fp16 without attention dropout, else local.")
     group.add_argument("--sft", action="store_true",
                        help="Supervised fine-tuning data: one variable-length sample per sequence "
                             "(--mock-data --sft gives the mock SFT dataset).")

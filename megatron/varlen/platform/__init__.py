@@ -14,7 +14,7 @@ _CPU_DEVICE = "megatron.varlen.platform.cpu_device"
 _GROUPS = "megatron.varlen.platform.dynamic_cp_groups"
 _EXPORTS = {
     "ATTENTION_BACKENDS": _ACCELERATOR, "AUTO": _ACCELERATOR, "LOCAL": _ACCELERATOR,
-    "TE": _ACCELERATOR,
+    "TE": _ACCELERATOR, "TE_KERNELS": _ACCELERATOR,
     "describe_attention_backend": _ACCELERATOR, "resolve_attention_backend": _ACCELERATOR,
     "torch_varlen_attn": _ACCELERATOR, "use_bias_dropout_add_fusion": _ACCELERATOR,
     "cpu_device": _CPU_DEVICE, "get_device": _CPU_DEVICE, "use_cpu": _CPU_DEVICE,

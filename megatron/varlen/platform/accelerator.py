@@ -24,7 +24,11 @@ import torch
 from megatron.varlen.platform import cpu_device
 
 AUTO, FLASH, TE, LOCAL = "auto", "flash", "te", "local"
-ATTENTION_BACKENDS = (AUTO, FLASH, TE, LOCAL)
+# Megatron-LM's names for Transformer Engine's own kernels (its recipes pass them): run as te,
+# with TE held to that kernel (megatron-core sets NVTE_*_ATTN from the config's choice).
+FUSED, UNFUSED = "fused", "unfused"
+TE_KERNELS = (FUSED, UNFUSED)
+ATTENTION_BACKENDS = (AUTO, FLASH, TE, LOCAL, *TE_KERNELS)
 _TE_PACKAGE = "transformer_engine"
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -66,7 +70,8 @@ def flash_varlen_available() -> bool:
 
 def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
                               attention_dropout: float) -> str:
-    """The backend a run uses ("flash", "te" or "local") for the requested one.
+    """The backend a run uses ("flash", "te" or "local") for the requested one (Megatron-LM's
+    "fused" and "unfused" are TE's kernels: "te").
 
     Raises:
         ValueError: one line naming the value and the flag, when the requested backend cannot
@@ -81,9 +86,11 @@ def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
         if flash_varlen_available() and half and attention_dropout == 0:
             return FLASH
         return LOCAL
-    if requested == TE and not te_available():
-        raise ValueError("--attention-backend te needs Transformer Engine and a CUDA device "
-                         "(use --attention-backend flash or local)")
+    if requested in (TE, *TE_KERNELS):
+        if not te_available():
+            raise ValueError(f"--attention-backend {requested} needs Transformer Engine and a "
+                             f"CUDA device (use --attention-backend flash or local)")
+        return TE
     if requested == FLASH:
         if attention_dropout > 0:
             raise ValueError(f"--attention-backend flash has no attention dropout (got "

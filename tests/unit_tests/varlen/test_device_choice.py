@@ -138,3 +138,13 @@ def test_flash_on_cpu_runs_the_kernel_twin_in_any_dtype():
     assert accelerator.resolve_attention_backend("flash", torch.float32, 0.0) == "flash"
     assert not accelerator.flash_varlen_available()
     assert not accelerator.bias_dropout_add_fusion_keeps_numbers()  # CPU: nothing fused
+
+
+@pytest.mark.parametrize("requested", ["fused", "unfused"])
+def test_megatron_lms_te_kernel_names_run_as_te(gpu_with_flash, monkeypatch, requested):
+    """Megatron-LM's recipes pass --attention-backend fused (TE's cuDNN kernel): te here, and
+    the same one-line refusal as te where Transformer Engine cannot run."""
+    with pytest.raises(ValueError, match=f"--attention-backend {requested} needs Transformer"):
+        accelerator.resolve_attention_backend(requested, torch.bfloat16, 0.0)
+    monkeypatch.setattr(accelerator, "te_available", lambda: True)
+    assert accelerator.resolve_attention_backend(requested, torch.bfloat16, 0.0) == "te"

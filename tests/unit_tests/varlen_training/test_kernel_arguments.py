@@ -340,3 +340,18 @@ def test_megatron_wrap_views_meet_the_same_flags(tmp_path, key, value, accepted)
     else:
         with pytest.raises(ArgumentValidationError, match=f"--{key.replace('_', '-')}"):
             parse_values(values, world_size=1)
+
+
+def test_attention_kernel_names_reach_the_config():
+    """Megatron-LM's --attention-backend fused / unfused hold TE to that kernel through
+    TransformerConfig.attention_backend (megatron-core sets NVTE_*_ATTN from it); the other
+    choices leave TE its own pick (megatron-core's auto)."""
+    from dataclasses import replace
+
+    from megatron.core.transformer.enums import AttnBackend
+    run = _run([])
+    for name, expected in (("fused", AttnBackend.fused), ("unfused", AttnBackend.unfused),
+                           ("te", AttnBackend.auto), ("local", AttnBackend.auto),
+                           ("flash", AttnBackend.auto), ("auto", AttnBackend.auto)):
+        model = replace(run.model, attention_backend=name)
+        assert build_transformer_config(replace(run, model=model)).attention_backend == expected
