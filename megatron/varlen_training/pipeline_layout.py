@@ -58,5 +58,11 @@ class PipelineSplit:
 
     def stage_layers(self) -> list[int]:
         """Decoder layers of each pipeline stage (all its virtual stages)."""
+        if not self.uneven:
+            # --num-layers / PP each (validation checked it divides): the even split needs no
+            # megatron-core, whose import would come before the entry points join their peers
+            # (tests/unit_tests/reliability/test_start_up_without_agent.py)
+            stages = self.pipeline_model_parallel_size
+            return [self.num_layers // stages] * stages
         return [sum(chunks) for chunks in self.chunk_layers()]
 

@@ -40,8 +40,8 @@ def main() -> None:
 
         class _Saver:
             @staticmethod
-            def save(state, path):
-                real_save(state, path)
+            def save(state, path, *strategies):
+                real_save(state, path, *strategies)
                 if state["iteration"] == iteration:
                     _die()
 

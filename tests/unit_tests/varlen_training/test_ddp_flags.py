@@ -133,12 +133,12 @@ def test_pipeline_p2p_is_megatron_lms(extra):
      "--ddp-average-in-collective cannot be used with --calculate-per-token-loss"),
     (["--local-rank", "3"], 1, "--local-rank 3 disagrees with $LOCAL_RANK 0"),
     (VPP + ["--num-virtual-stages-per-pipeline-rank", "2"], 2,
-     "--num-virtual-stages-per-pipeline-rank 2 and --num-layers-per-virtual-pipeline-stage 1 "
-     "both set the virtual pipeline"),
+     "--num-layers-per-virtual-pipeline-stage 1 and --num-virtual-stages-per-pipeline-rank 2 "
+     "both set the virtual pipeline size"),
     (["--num-layers", "4", "--pipeline-model-parallel-size", "2",
       "--num-virtual-stages-per-pipeline-rank", "3"], 2,
-     "--num-virtual-stages-per-pipeline-rank 3 needs --pipeline-model-parallel-size > 1 and "
-     "must divide the 2 layers"),
+     "the 2 layers of each pipeline stage (--num-layers 4) are not divisible by "
+     "--num-virtual-stages-per-pipeline-rank 3"),
     (["--lazy-mpu-init", "True"], 1, "--lazy-mpu-init is not supported"),
     (["--distributed-timeout-seconds-after-init", "60"], 1,
      "--distributed-timeout-seconds-after-init 60 is not supported"),
@@ -166,9 +166,10 @@ def test_neutral_and_fsdp_only_values_are_accepted():
     assert args.num_distributed_optimizer_instances == 1
 
 
-@pytest.mark.parametrize("stages, per_stage, vpp", [("2", 1, 2), ("1", None, None)])
+@pytest.mark.parametrize("stages, per_stage, vpp", [("2", None, 2), ("1", None, None)])
 def test_virtual_stages_per_rank_is_the_same_split(stages, per_stage, vpp):
-    """Megatron-LM: N virtual stages per rank; 1 means no virtual pipeline."""
+    """Megatron-LM: N virtual stages per rank (the layers-per-stage flag stays unset); 1 means
+    no virtual pipeline."""
     args = parse_args(BASE + ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
                               "--num-virtual-stages-per-pipeline-rank", stages], world_size=2)
     assert (args.num_layers_per_virtual_pipeline_stage,

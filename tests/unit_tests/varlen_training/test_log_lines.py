@@ -47,7 +47,9 @@ ITERATION = re.compile(
     rf"(?P<extra>( [a-z ]+: [\d.]+ \|)*)$")
 ARGUMENTS = ["------------------------ arguments ------------------------",
              "-------------------- end of arguments ---------------------"]
-ARGUMENT = re.compile(r"^  [A-Za-z0-9_]+ \.+ \S.*$")  # Megatron-LM dests: barrier_with_L1_time
+# Megatron-LM dests (barrier_with_L1_time); a name of 48 characters or more gets no dots, as in
+# Megatron-LM's '.' * (48 - len(name)).
+ARGUMENT = re.compile(r"^  [A-Za-z0-9_]+ \.* \S.*$")
 VALIDATION = re.compile(
     rf"^ validation loss at iteration (?P<iteration>\d+)(?P<where>( on (validation|test) set)?) "
     rf"\| lm loss value: (?P<loss>{FLOAT}) \| lm loss PPL: {FLOAT} \|$")
