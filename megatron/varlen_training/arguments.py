@@ -3,8 +3,8 @@
 ``parse_args(argv)`` parses and validates; every user error leaves as one line
 (``pretrain_gpt.py: error: ...``) naming the flag, the value and the limit, with exit code 2.
 The flag set is pinned by tests/unit_tests/varlen_training/test_arguments.py: a new flag is a
-reviewed diff there. Groups mirror Megatron-LM's ``_add_*_args`` functions; the packing and dynamic-CP
-flags of this fork live in :mod:`megatron.varlen_training.varlen_arguments`.
+reviewed diff there. Groups mirror Megatron-LM's ``_add_*_args`` functions; the packing and
+dynamic-CP flags of this fork live in :mod:`megatron.varlen_training.varlen_arguments`.
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ def _add_parallel_args(parser):
     group.add_argument("--context-parallel-size", type=int, default=1,
                        help="Static CP size (sequences split into 2 x CP chunks).")
     group.add_argument("--sequence-parallel", action="store_true",
-                       help="Sequence parallelism inside TP regions (needs TP > 1).")
+                       help="Sequence parallelism inside TP regions (with TP 1 turned off with "
+                            "Megatron-LM's warning).")
 
 
 def _add_data_args(parser):
