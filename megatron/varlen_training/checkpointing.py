@@ -564,9 +564,10 @@ def _bucket_mismatch(err: BaseException) -> str | None:
     return (f"--load: the checkpoint's distributed optimizer state does not fit this run's "
             f"gradient buckets ({detail}): megatron-core's dp_reshardable format stores it per "
             f"DDP bucket, and the bucket size follows --overlap-grad-reduce (with it, buckets "
-            f"of max(40M, 1M x data-parallel size) parameters; without it, one per buffer); "
-            f"resume with the checkpoint's --overlap-grad-reduce setting and data-parallel "
-            f"size, or add --no-load-optim to load the weights only")
+            f"of max(40M, 1M x data-parallel size) parameters, or --ddp-bucket-size / "
+            f"--ddp-num-buckets; without it, one per buffer); resume with the checkpoint's "
+            f"--overlap-grad-reduce and bucket flags and data-parallel size, or add "
+            f"--no-load-optim to load the weights only")
 
 
 def _load_state(template: dict, folder: str, run: RunConfig | None = None) -> dict:

@@ -54,6 +54,7 @@ def test_toggled_overlap_is_one_line(cases):
     assert refusal.startswith("--load: the checkpoint's distributed optimizer state does not "
                               "fit this run's gradient buckets (saved bucket 0 holds "), refusal
     assert "--overlap-grad-reduce" in refusal and "--no-load-optim" in refusal
+    assert "--ddp-bucket-size" in refusal and "--ddp-num-buckets" in refusal  # also size them
     assert "\n" not in refusal
 
 
