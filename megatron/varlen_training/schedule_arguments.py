@@ -31,7 +31,8 @@ computes the curves):
   ``--start-weight-decay`` to ``--end-weight-decay`` over the run (``--train-iters`` or
   ``--train-samples``); ``constant`` (the default) keeps ``--weight-decay`` and takes neither.
 
-Megatron-LM's ``--rampup-batch-size`` is refused in one line: every step trains one global batch
+Megatron-LM's ``--rampup-batch-size`` (and main's ``--step-batch-size-schedule``) is refused in
+one line: every step trains one global batch
 of ``--global-batch-size`` samples (the data providers, the packing balance and the resume
 checks count in it), so a growing batch would not be the run asked for.
 """
@@ -77,6 +78,9 @@ def _add_shape_args(parser) -> None:
                        metavar=("START", "INCREMENT", "SAMPLES"),
                        help="Megatron-LM's batch-size ramp-up: not supported (refused; the "
                             "global batch size is fixed).")
+    group.add_argument("--step-batch-size-schedule", default=None, metavar="SCHEDULE",
+                       help="Megatron-LM main's batch size by tokens seen ('0:16 2.4B:320 ...'): "
+                            "not supported (refused; the global batch size is fixed).")
     group.add_argument("--weight-decay-incr-style", default="constant",
                        choices=WEIGHT_DECAY_INCR_STYLES,
                        help="Weight decay over the run: constant (--weight-decay), or from "
@@ -88,6 +92,10 @@ def validate_schedule(args, require) -> None:
     the scheduler's lengths in samples; needs the resolved ``global_batch_size``."""
     require(args.rampup_batch_size is None,
             f"--rampup-batch-size {' '.join(args.rampup_batch_size or ())} is not supported: "
+            f"every step trains one global batch of --global-batch-size "
+            f"{args.global_batch_size} samples (drop the flag)")
+    require(args.step_batch_size_schedule is None,
+            f"--step-batch-size-schedule {args.step_batch_size_schedule!r} is not supported: "
             f"every step trains one global batch of --global-batch-size "
             f"{args.global_batch_size} samples (drop the flag)")
     require(args.train_iters is not None or args.train_samples is not None,

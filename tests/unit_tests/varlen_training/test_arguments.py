@@ -99,7 +99,7 @@ EXPECTED_FLAGS = frozenset("""
 --moe-routing-trace-path --moe-routing-trace-max-training-iters
 --moe-routing-trace-capture-logits --moe-routing-trace-capture-hidden-states
 --moe-routing-trace-dump-weights --otel-enabled --otel-service-name --otel-span-groups
---num-virtual-stages-per-pipeline-rank
+--num-virtual-stages-per-pipeline-rank --step-batch-size-schedule
 --manual-gc --manual-gc-interval --no-manual-gc-eval --disable-manual-gc-eval
 --empty-unused-memory-level --profile --use-pytorch-profiler --profile-step-start
 --profile-step-end --profile-ranks --record-memory-history --memory-snapshot-path

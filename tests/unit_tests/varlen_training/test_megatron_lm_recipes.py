@@ -33,6 +33,7 @@ def _gpt3_175b(tmp: str) -> list[str]:
         "--num-layers", "16", "--hidden-size", "64", "--num-attention-heads", "8",
         "--seq-length", "64", "--max-position-embeddings", "64", "--attention-backend", "auto",
         "--micro-batch-size", "1", "--global-batch-size", "16",
+        "--step-batch-size-schedule", "0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536",
         "--train-iters", "500000", "--weight-decay", "0.1", "--adam-beta1", "0.9",
         "--adam-beta2", "0.95", "--init-method-std", "0.006", "--clip-grad", "1.0", "--fp16",
         "--lr", "6.0e-5", "--lr-decay-style", "cosine", "--min-lr", "6.0e-6",
@@ -135,7 +136,9 @@ def _mamba(tmp: str) -> list[str]:
 _FP8 = "FP8 needs Transformer Engine's FP8 layers, not built here"
 # recipe -> (its command line, world size for the parse, the flags refused here and why)
 RECIPES = {
-    "gpt3_175b": (_gpt3_175b, 128, {"--fp16": "the fp16 loss scaler is CUDA-only"}),
+    "gpt3_175b": (_gpt3_175b, 128, {
+        "--fp16": "the fp16 loss scaler is CUDA-only",
+        "--step-batch-size-schedule": "main's batch-size schedule: the global batch is fixed"}),
     "llama3_8b": (_llama3_8b, 8, {
         "--attention-backend": "fused is Transformer Engine's cuDNN kernel (te here): needs TE",
         "--fp8-format": _FP8, "--fp8-amax-history-len": _FP8, "--fp8-amax-compute-algo": _FP8,
