@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import (
+    add_refused_flags, add_unread_flags, given_refused_flags,
+)
 
 SINGLE = "single"  # the one --dataloader-type this fork's loader implements
 DATALOADER_TYPES = (SINGLE, "cyclic", "external")
@@ -77,10 +79,7 @@ def add_dataloader_args(parser: argparse.ArgumentParser) -> None:
                        dest="create_attention_mask_in_dataloader",
                        help="Accepted, no effect: the data here never carries a dense causal "
                             "mask (refused with --reset-attention-mask unpacked).")
-    for flag, kwargs, default in _FIM_TUNING_FLAGS:
-        group.add_argument(flag, default=default,
-                           help="Accepted, no effect: Megatron-LM reads it only with "
-                                "--fim-data, refused here.", **kwargs)
+    add_unread_flags(group, _FIM_TUNING_FLAGS, "--fim-data")
     add_refused_flags(parser.add_argument_group("Megatron-LM data flags refused here"),
                       REFUSED_FLAGS)
 

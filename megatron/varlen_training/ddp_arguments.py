@@ -33,7 +33,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import (
+    add_refused_flags, add_unread_flags, given_refused_flags,
+)
 
 _FSDP_WHY = ("this fork wraps the model in megatron-core's DistributedDataParallel (with "
              "--use-distributed-optimizer for sharded optimizer state); FSDP is not built")
@@ -129,11 +131,7 @@ def add_ddp_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-scatter-gather-tensors-in-pipeline", action="store_false",
                        dest="scatter_gather_tensors_in_pipeline",
                        help="Accepted, no effect: Megatron-LM core_v0.16.1 no longer reads it.")
-    for flag, kwargs, default in _FSDP_ONLY_FLAGS:
-        group.add_argument(flag, default=default,
-                           help="Accepted, no effect: Megatron-LM reads it only with "
-                                "--use-megatron-fsdp / --use-torch-fsdp2, refused here.",
-                           **kwargs)
+    add_unread_flags(group, _FSDP_ONLY_FLAGS, "--use-megatron-fsdp / --use-torch-fsdp2")
     add_refused_flags(parser.add_argument_group("Megatron-LM distributed flags refused here"),
                       REFUSED_FLAGS, neutral_default=True)
 

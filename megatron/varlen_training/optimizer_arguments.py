@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import (
+    add_refused_flags, add_unread_flags, given_refused_flags,
+)
 
 OPTIMIZERS = ("adam", "sgd")  # what megatron-core 0.16.1 builds here
 # Megatron-LM's other --optimizer choices (core_v0.16.1: muon, dist_muon; main adds the rest).
@@ -83,11 +85,8 @@ def add_optimizer_args(parser: argparse.ArgumentParser) -> None:
                        choices=(QK_LAYERNORM_WD_COND,),
                        help="Megatron-LM's older spelling: apply_wd_to_qk_layernorm sets "
                             "--apply-wd-to-qk-layernorm.")
-    for flag, kwargs, default in _UNREAD_TUNING_FLAGS:
-        group.add_argument(flag, default=default,
-                           help="Accepted, no effect: Megatron-LM reads it only with "
-                                "--optimizer muon/dist_muon/lion or --optimizer-cpu-offload, "
-                                "which are refused here.", **kwargs)
+    add_unread_flags(group, _UNREAD_TUNING_FLAGS,
+                     "--optimizer muon/dist_muon/lion or --optimizer-cpu-offload")
     add_refused_flags(parser.add_argument_group("Megatron-LM optimizer flags refused here"),
                       REFUSED_FLAGS)
 

@@ -11,6 +11,8 @@ import argparse
 from collections.abc import Iterator, Mapping
 
 RefusedFlags = Mapping[str, tuple[dict, "str | None", str]]
+# (flag, argparse keywords, Megatron-LM's default): tuning flags of a refused feature.
+UnreadFlags = tuple[tuple[str, dict, object], ...]
 
 
 def dest_of(flag: str, kwargs: dict) -> str:
@@ -36,6 +38,16 @@ def add_refused_flags(group, table: RefusedFlags, skip: tuple[str, ...] = (),
         neutral_note = "" if neutral is None else f" (but {neutral}, which changes nothing)"
         group.add_argument(flag, default=default, help=f"Refused{neutral_note}: {why}.",
                            **kwargs)
+
+
+def add_unread_flags(group, flags: UnreadFlags, read_only_with: str) -> None:
+    """Registers ``flags`` with Megatron-LM's defaults as accepted and without effect: Megatron-LM
+    reads them only with ``read_only_with``, a feature refused here, so without it they change
+    nothing there either (a recipe may carry them at any value)."""
+    for flag, kwargs, default in flags:
+        group.add_argument(flag, default=default,
+                           help=f"Accepted, no effect: Megatron-LM reads it only with "
+                                f"{read_only_with}, refused here.", **kwargs)
 
 
 def given_refused_flags(args: argparse.Namespace, table: RefusedFlags,
