@@ -24,11 +24,11 @@ PROG = "pretrain_gpt.py"
 def main(argv=None) -> None:
     from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
     from megatron.varlen_training.process_group import peers_joined_at_start_up
-    from megatron.varlen_training.process_settings import apply_process_settings
+    from megatron.varlen_training.process_settings import apply_before_join
 
     # The flags before megatron-core is imported: a bad one is reported seconds sooner.
     run = parse_run_config_or_exit(argv, prog=PROG)
-    apply_process_settings(run.runtime)  # --deterministic-mode's variables before NCCL starts
+    apply_before_join(run.runtime)  # --deterministic-mode's variables before NCCL starts
     # A launcher's other ranks meet here, before that import too: a bad start-up on any rank
     # ends every rank at once, in its one line.
     with peers_joined_at_start_up(PROG, run.parallel.distributed_timeout_minutes,

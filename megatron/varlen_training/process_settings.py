@@ -1,8 +1,8 @@
 """Process-wide settings of Megatron-LM's runtime flags (config/runtime.py): the Python logging
-level and deterministic mode. Applied once per process before its process group is joined: NCCL,
-cuBLAS and Transformer Engine read their deterministic settings from the environment when they
-start (the entry points apply them right after parsing; the Trainer again, idempotently, for
-the facade)."""
+level and deterministic mode, applied by the Trainer when it starts. Deterministic mode's library
+settings must also precede the entry points' process-group join (NCCL, cuBLAS and Transformer
+Engine read them from the environment when they start): the entry points apply them right after
+parsing, and the Trainer's second application changes nothing."""
 
 from __future__ import annotations
 
@@ -49,13 +49,20 @@ def apply_deterministic_mode() -> None:
     torch.use_deterministic_algorithms(True)
 
 
+def apply_before_join(runtime: RuntimeConfig) -> None:
+    """What must precede the entry points' process-group join: deterministic mode's library
+    settings (idempotent and silent; the Trainer applies the rest once)."""
+    if runtime.deterministic_mode:
+        apply_deterministic_mode()
+
+
 def apply_process_settings(runtime: RuntimeConfig) -> None:
-    """The run's logging level and deterministic mode, for this process (idempotent)."""
+    """The run's logging level (its line printed once, here) and deterministic mode, for this
+    process."""
     level = resolved_logging_level(runtime.logging_level)
     if level is not None:
         apply_logging_level(level)
-    if runtime.deterministic_mode:
-        apply_deterministic_mode()
+    apply_before_join(runtime)
 
 
 def joinable_backend(requested: str | None) -> str | None:

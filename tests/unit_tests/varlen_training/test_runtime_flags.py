@@ -453,7 +453,7 @@ def test_entry_point_applies_the_logging_level_and_keeps_the_iteration_lines():
          "--logging-level", "30"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
         cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    assert "Setting logging level to 30" in proc.stdout
+    assert proc.stdout.count("Setting logging level to 30") == 1, proc.stdout  # once
     assert "iteration        1/       1 |" in proc.stdout, proc.stdout
 
 
