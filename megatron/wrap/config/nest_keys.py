@@ -250,8 +250,9 @@ SEQUENCE_PARALLEL_WITHOUT_TP = "Megatron-LM turns sequence parallelism off when 
 
 def _sequence_parallel_off_without_tp(flat: dict[str, Leaf], ignored: dict[str, str]) -> None:
     """Megatron-LM's rule (a warning, then off), which megatron-wrap's nest relies on: its
-    parallel file sets sequence_parallel: true for any TP size. This fork's parser refuses the
-    combination, so the key is dropped here, where Megatron-LM's rule applies."""
+    parallel file sets sequence_parallel: true for any TP size. This fork's parser applies the
+    same rule with the same warning; the view drops the key before it, so that the view's
+    ignored keys say why (every rank's config lists them, the warning is rank 0's line)."""
     tp = getattr(flat.get("tensor_model_parallel_size"), "value", None)
     if tp in (None, 1) and getattr(flat.get("sequence_parallel"), "value", None):
         del flat["sequence_parallel"]
