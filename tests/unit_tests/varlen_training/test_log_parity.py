@@ -185,3 +185,57 @@ def test_footprint_follows_the_first_memory_reports(log_interval, memory_interva
     ours = [it for it in range(start + 1, start + 21)
             if reports.due(it) and reports.with_footprint]
     assert ours == _megatron_lm_footprint_iterations(log_interval, start, start + 20)
+
+
+# --- the facade follows the parser's logging flags ------------------------------------------
+
+# Megatron-LM core_v0.16.1's LoggerConfig flags that its parser builds (training_config.py,
+# read as facts) and their defaults.
+CORE_016_LOGGER_DEFAULTS = {"wandb_entity": None, "log_memory_interval": None,
+                            "log_energy": False, "log_device_memory_used": False,
+                            "log_max_attention_logit": False}
+
+
+def test_defaults_table_has_core_016_logger_flags():
+    from megatron.wrap.config.nest_keys import megatron_lm_defaults
+
+    table = megatron_lm_defaults()
+    for key, default in CORE_016_LOGGER_DEFAULTS.items():
+        assert default in table[key], key
+
+
+def _view_run(tmp_path, log_lines: str, runtime: dict[str, str] | None = None):
+    from megatron.wrap.config import build_config
+    from megatron.wrap.runtime import run_config_of
+    from tests.unit_tests.wrap.megatron_wrap_format import NEST_FILES as FILES, write_nest
+
+    files = {"megatron_lm/misc/log.yaml": FILES["megatron_lm/misc/log.yaml"] + log_lines}
+    for old, new in (runtime or {}).items():
+        name = "megatron_lm/misc/runtime.yaml"
+        files[name] = files.get(name, FILES[name]).replace(old, new)
+    config = build_config(write_nest(tmp_path, files=files))
+    return config, run_config_of(config, world_size=2)[0]
+
+
+def test_a_views_logging_flags_reach_the_facades_writers(tmp_path):
+    """Keys the parser honours are no longer accepted-and-ignored in a megatron-wrap view: the
+    run's LoggingConfig (what the facade's writers write) has them."""
+    config, run = _view_run(tmp_path, "log_params_norm: true\nlog_num_zeros_in_grad: true\n"
+                                      "tensorboard_queue_size: 7\ntensorboard_log_interval: 3\n"
+                                      "log_world_size_to_tensorboard: true\n"
+                                      "log_loss_scale_to_tensorboard: false\n")
+    logging = run.logging
+    assert (logging.log_params_norm, logging.log_num_zeros_in_grad) == (True, True)
+    assert (logging.tensorboard_queue_size, logging.tensorboard_log_interval) == (7, 3)
+    assert logging.log_world_size_to_tensorboard and not logging.log_loss_scale_to_tensorboard
+    assert logging.log_throughput  # the nest's log_throughput: true
+    assert "tensorboard_queue_size" not in config.ignored
+
+
+@pytest.mark.parametrize("backend, expected", [("nccl", None), ("gloo", "gloo")])
+def test_a_views_distributed_backend_is_dropped_only_at_megatron_lms_default(
+        tmp_path, backend, expected):
+    config, run = _view_run(tmp_path, "", {"distributed_backend: nccl":
+                                           f"distributed_backend: {backend}"})
+    assert run.parallel.distributed_backend == expected
+    assert ("distributed_backend" in config.ignored) == (expected is None)
