@@ -2,10 +2,11 @@
 
 - The line (Megatron-LM's ``report_memory``), on every rank of data-parallel rank 0::
 
-      [Rank 0] (after 1 iterations) memory (MB) | allocated: 812.41 | max allocated: ... |
-      reserved: ... | max reserved: ... |
+      [Rank 0] (after 1 iterations) memory (MB) | allocated: 812.41 | max allocated: ...
+      | reserved: ... | max reserved: ...
 
-  (with ``--log-device-memory-used`` also ``total device memory used``), printed when
+  (one line without a closing ``|``, as Megatron-LM's; with ``--log-device-memory-used`` also
+  ``total device memory used``), printed when
   Megatron-LM's ``training_log`` prints it: with the iteration lines until one comes after the
   run's second iteration, and with ``--log-memory-interval N`` on the iteration lines of
   multiples of N (:class:`MemoryReports`).
