@@ -239,3 +239,13 @@ def test_a_views_distributed_backend_is_dropped_only_at_megatron_lms_default(
                                            f"distributed_backend: {backend}"})
     assert run.parallel.distributed_backend == expected
     assert ("distributed_backend" in config.ignored) == (expected is None)
+
+
+def test_hybrid_models_get_megatron_lms_not_supported_line():
+    from megatron.varlen_training.config.from_flags import parse_hybrid_run_config
+
+    run = parse_hybrid_run_config(TINY_GPT_ARGS + [
+        "--hybrid-override-pattern", "M*", "--mamba-head-dim", "8", "--mamba-num-groups", "2",
+        "--train-iters", "1"], world_size=1)
+    assert theoretical_memory.theoretical_memory_lines(run) == [
+        "Theoretical memory footprints not yet supported for hybrid Mamba-Transformer models."]
