@@ -6,6 +6,9 @@ iteration) prints the parameter counts, which activation formula it uses, and::
 
     Theoretical memory footprints: weight and optimizer=12.34 MB, activation=5.67 MB, total=18.01 MB
 
+(each line through the rank-prefixed log; Megatron-LM's ``print`` of the last one adds an empty
+line, left out here).
+
 The same formulas here (written from its facts, not its code), in float64 as Python computes
 them:
 
