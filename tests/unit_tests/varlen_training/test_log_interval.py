@@ -195,7 +195,8 @@ def test_pretrain_gpts_line_averages_its_per_iteration_records(tmp_path):
     (result,) = run_distributed(rank_console_and_records, 1, args=(argv, {3}), timeout_s=240)
     records = {record["iteration"]: record for record in result["records"]}
     assert [i for i, r in records.items() if r["skipped_iter"]] == [3]
-    assert records[3]["grad_norm"] is None
+    # A skipped step has no grad norm and, as in Megatron-LM, no scheduler step: its LR stays.
+    assert records[3]["grad_norm"] is None and records[3]["lr"] == records[2]["lr"]
     lines = [parse_iteration_line(line) for line in result["lines"]]
     assert [line.iteration for line in lines] == [1, 2, 4], result["lines"]
     for line, applied, skipped in zip(lines, ([1], [1, 2], [4]), (0, 0, 1)):
