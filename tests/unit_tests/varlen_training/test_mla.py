@@ -1,0 +1,222 @@
+"""--multi-latent-attention: megatron-core's MLASelfAttention with this fork's THD core attention.
+
+* One MLA layer (packed THD input, four sequences, padded) equals a float64 re-computation from
+  its own weights (tests/unit_tests/varlen/attention/mla_reference.py: down/up projections,
+  latent norms, the plain/rotated split, YaRN or RoPE, the mscale'd softmax scale), with and
+  without query compression.
+* Tiny MLA GPTs train the same losses and grad norms packed as unpacked (float32 rounding):
+  YaRN without query compression; RoPE with query compression and latent norms; MoE + MLA;
+  the flash backend (its kernel takes one head width: the values are zero-padded).
+* The flags: Megatron-LM's refusals and this fork's (context parallelism) in one line.
+
+One single-rank launch runs the layer checks and the trainings.
+"""
+
+import pytest
+import torch
+
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.unit_tests.varlen.attention import mla_reference
+from tools.probe_combinations import cell_argv
+
+RTOL = 1e-5  # packed vs unpacked, float32 training
+LAYER_RTOL = 1e-6  # float64 layer vs float64 reference (megatron-core's RoPE table is float32)
+LAUNCH_TIMEOUT_S = 300
+REAL_LENGTHS, PAD_MULTIPLE = [7, 16, 33, 1], 4
+HIDDEN, HEADS = 32, 4
+# Small, all different: a mix-up of any two widths breaks a shape or the numbers.
+SHAPE = dict(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=6)
+YARN_FACTOR, MSCALE, MSCALE_ALL_DIM = 4.0, 1.0, 0.5
+MLA = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8",
+       "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6"]
+YARN = ["--rotary-scaling-factor", str(YARN_FACTOR), "--mscale-all-dim", str(MSCALE_ALL_DIM)]
+Q_LORA = ["--q-lora-rank", "12", "--rope-type", "rope", "--qk-layernorm",
+          "--normalization", "RMSNorm"]
+FLASH = ["--attention-backend", "flash"]
+# name: (feature of tools/probe_combinations.py, extra flags); each trained unpacked and packed
+RUNS = {
+    "yarn": ("dense", MLA + YARN),
+    "q_lora": ("dense", MLA + Q_LORA),
+    "moe": ("moe", MLA + YARN),
+    "flash": ("dense", MLA + YARN + FLASH),
+}
+
+
+# ---------------------------------------------------------------- the layer vs float64
+
+
+def _layer_config(q_lora_rank, rope_type):
+    from megatron.core.transformer import MLATransformerConfig
+
+    return MLATransformerConfig(
+        num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, q_lora_rank=q_lora_rank,
+        rope_type=rope_type, rotary_scaling_factor=YARN_FACTOR, mscale=MSCALE,
+        mscale_all_dim=MSCALE_ALL_DIM, params_dtype=torch.float64, use_cpu_initialization=True,
+        normalization="RMSNorm", attention_dropout=0.0, hidden_dropout=0.0,
+        add_bias_linear=False, **SHAPE)
+
+
+def _weights(attention) -> dict:
+    weights = {"kv_down": attention.linear_kv_down_proj.weight,
+               "kv_norm": attention.kv_layernorm.weight,
+               "kv_up": attention.linear_kv_up_proj.weight,
+               "proj": attention.linear_proj.weight}
+    if attention.config.q_lora_rank is None:
+        weights["q"] = attention.linear_q_proj.weight
+    else:
+        weights.update(q_down=attention.linear_q_down_proj.weight,
+                       q_up=attention.linear_q_up_proj.weight,
+                       q_norm=attention.q_layernorm.weight)
+    return {name: weight.detach() for name, weight in weights.items()}
+
+
+def _reference_shape(config) -> dict:
+    dim = config.qk_pos_emb_head_dim
+    if config.rope_type == "yarn":
+        inv_freq = mla_reference.yarn_inverse_frequencies(
+            dim, config.rotary_base, YARN_FACTOR, config.original_max_position_embeddings,
+            config.beta_fast, config.beta_slow)
+        rope_scale = (mla_reference.yarn_get_mscale(YARN_FACTOR, MSCALE)
+                      / mla_reference.yarn_get_mscale(YARN_FACTOR, MSCALE_ALL_DIM))
+    else:
+        inv_freq, rope_scale = mla_reference.rope_inverse_frequencies(dim, config.rotary_base), 1.0
+    # megatron-core's MLA scales the softmax by YaRN's mscale(factor, mscale_all_dim)^2 with
+    # either rope type (DeepSeek's code does where its config has rope scaling)
+    attention_scale = mla_reference.yarn_get_mscale(YARN_FACTOR, MSCALE_ALL_DIM) ** 2
+    return dict(heads=HEADS, eps=config.layernorm_epsilon, inv_freq=inv_freq,
+                rope_scale=rope_scale,
+                softmax_scale=attention_scale / (config.qk_head_dim + dim) ** 0.5, **SHAPE)
+
+
+def _packed_params():
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    padded = [-(-length // PAD_MULTIPLE) * PAD_MULTIPLE for length in REAL_LENGTHS]
+    bounds = lambda lengths: torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                                          dtype=torch.int32)
+    # local_cp_size 1, as the packing layer sets it: MLA must take it (megatron-core asserts
+    # None, its refusal of dynamic CP).
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds(REAL_LENGTHS),
+                           cu_seqlens_kv=bounds(REAL_LENGTHS), cu_seqlens_q_padded=bounds(padded),
+                           cu_seqlens_kv_padded=bounds(padded), max_seqlen_q=max(padded),
+                           max_seqlen_kv=max(padded), local_cp_size=1), padded
+
+
+def _layer_error(q_lora_rank, rope_type) -> float:
+    """Max relative error of the packed layer's real rows against the float64 reference."""
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.varlen.model.spec import get_varlen_gpt_layer_spec
+
+    config = _layer_config(q_lora_rank, rope_type)
+    spec = get_varlen_gpt_layer_spec(normalization="RMSNorm", attention_backend="local",
+                                     qk_layernorm=True, multi_latent_attention=True)
+    torch.manual_seed(3)
+    attention = build_module(spec.submodules.self_attention, config=config,
+                             layer_number=1).double()
+    for name, param in attention.named_parameters():  # latent norms off 1: they count too
+        if "layernorm" in name:
+            torch.nn.init.uniform_(param, 0.5, 1.5)
+    params, padded = _packed_params()
+    hidden = torch.randn(sum(padded), 1, HIDDEN, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        out, _ = attention(hidden, attention_mask=None, packed_seq_params=params)
+    real_rows = torch.cat([torch.arange(start, start + real) for start, real in
+                           zip(params.cu_seqlens_q_padded[:-1].tolist(), REAL_LENGTHS)])
+    want = mla_reference.mla_layer_reference(hidden[:, 0], _weights(attention),
+                                             _reference_shape(config), REAL_LENGTHS, padded)
+    got = out[real_rows, 0]
+    return float(((got - want).abs().max() / want.abs().max()))
+
+
+def _layer_errors() -> dict:
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel()
+    try:
+        return {"yarn": _layer_error(None, "yarn"), "q_lora": _layer_error(12, "rope")}
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+# ---------------------------------------------------------------- trainings
+
+
+def _train(argv: list[str]) -> list[dict]:
+    from tests.harness.training_runs import train_on_this_rank
+
+    history = train_on_this_rank(argv)["history"]
+    return [{key: step[key] for key in ("lm_loss", "grad_norm")} for step in history]
+
+
+def _launch(plan: dict) -> dict:
+    return {"layer": _layer_errors(), **{name: _train(argv) for name, argv in plan.items()}}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    plan = {}
+    for name, (feature, extra) in RUNS.items():
+        for layout in ("u_single", "p_single"):
+            argv, world, _ = cell_argv(feature, layout, "none")
+            assert world == 1
+            plan[f"{name} {layout}"] = argv + extra
+    return run_distributed(_launch, 1, args=(plan,), timeout_s=LAUNCH_TIMEOUT_S)[0]
+
+
+@pytest.mark.parametrize("case", ["yarn", "q_lora"])
+def test_mla_layer_equals_a_float64_recomputation(results, case):
+    assert results["layer"][case] < LAYER_RTOL, results["layer"]
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_packed_mla_trains_like_unpacked(results, name):
+    packed, unpacked = results[f"{name} p_single"], results[f"{name} u_single"]
+    assert len(packed) == len(unpacked) == 3
+    for it, (mine, theirs) in enumerate(zip(packed, unpacked), start=1):
+        for key in ("lm_loss", "grad_norm"):
+            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (name, it, key)
+
+
+def test_the_mla_runs_differ_from_one_another(results):
+    """Each flag set builds another model (a flag that changed nothing would pass the
+    equivalence above vacuously)."""
+    losses = {name: results[f"{name} u_single"][0]["lm_loss"] for name in RUNS
+              if name != "flash"}
+    assert len(set(losses.values())) == len(losses), losses
+
+
+# ---------------------------------------------------------------- flags
+
+BASE = TINY_GPT_ARGS + ["--train-iters", "2"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (MLA + ["--context-parallel-size", "2"],
+     "--multi-latent-attention with --context-parallel-size 2 is not supported"),
+    (MLA + ["--micro-batch-size", "1", "--sequence-packing", "--dynamic-context-parallel",
+            "--max-seqlen-per-dp-cp-rank", "32"],
+     "--multi-latent-attention with --dynamic-context-parallel is not supported"),
+    (MLA + ["--group-query-attention"], "mutually exclusive"),
+    (MLA + ["--qk-pos-emb-head-dim", "3"], "--qk-pos-emb-head-dim 3 must be even"),
+    (["--q-lora-rank", "8"], "--q-lora-rank 8 needs --multi-latent-attention"),
+    (["--rope-type", "yarn"], "--rope-type yarn is not supported"),
+    (MLA + ["--cache-mla-latents"], "--cache-mla-latents is not supported"),
+    (MLA + ["--mla-down-proj-fusion"], "--mla-down-proj-fusion is not supported"),
+    (["--yarn-beta-fast", "16"], "--yarn-beta-fast 16.0 is not supported"),
+    (["--no-yarn-correction-range-round-to-int"],
+     "--no-yarn-correction-range-round-to-int is not supported"),
+])
+def test_mla_flag_refusals_are_one_line(extra, needle):
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(BASE + extra, world_size=2)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_rope_type_defaults_to_yarn_with_mla():
+    """Megatron-LM leaves an unset --rope-type to MLATransformerConfig: yarn."""
+    assert parse_args(BASE + MLA, world_size=1).rope_type == "yarn"
+    assert parse_args(BASE + MLA + ["--rope-type", "rope"], world_size=1).rope_type == "rope"
+    assert parse_args(BASE, world_size=1).rope_type is None
