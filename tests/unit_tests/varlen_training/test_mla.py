@@ -220,3 +220,26 @@ def test_rope_type_defaults_to_yarn_with_mla():
     assert parse_args(BASE + MLA, world_size=1).rope_type == "yarn"
     assert parse_args(BASE + MLA + ["--rope-type", "rope"], world_size=1).rope_type == "rope"
     assert parse_args(BASE, world_size=1).rope_type is None
+
+
+# ---------------------------------------------------------------- the scheduler's cost model
+
+
+def test_scheduler_cost_model_weighs_mla_widths():
+    """The packing scheduler's quadratic coefficient follows MLA's core attention (per pair:
+    n (d + r) for QK^T plus n e for AV, against a standard layer's 2 h), its linear one MLA's
+    projections against a standard layer's 4 h^2 (+ the same MLP), counted here by hand for
+    the shape of :data:`MLA` (h 32, n 4, d 8, r 4, e 6, c 16, MLP 4h, no q compression)."""
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.data import build_packing_config
+
+    packed = ["--micro-batch-size", "1", "--sequence-packing"]
+    costs = {name: build_packing_config(parse_run_config(BASE + packed + extra,
+                                                         world_size=1), pad_id=0).cost
+             for name, extra in (("standard", []), ("mla", MLA))}
+    assert costs["standard"].a == 1.0
+    assert costs["mla"].a == pytest.approx((4 * (8 + 4) + 4 * 6) / (2 * 32))
+    h, mlp = 32, 2 * 32 * 128
+    mla_projections = h * 4 * 12 + 16 * (h + 4 * (8 + 6) + 1) + h * 4 + 4 * 6 * h
+    assert costs["mla"].b / costs["standard"].b == pytest.approx(
+        (mla_projections + mlp) / (4 * h * h + mlp))
