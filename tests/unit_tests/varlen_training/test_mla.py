@@ -24,6 +24,7 @@ from tools.probe_combinations import cell_argv
 RTOL = 1e-5  # packed vs unpacked, float32 training
 LAYER_RTOL = 1e-6  # float64 layer vs float64 reference (megatron-core's RoPE table is float32)
 LAUNCH_TIMEOUT_S = 300
+RESUME_ITERS = 4
 REAL_LENGTHS, PAD_MULTIPLE = [7, 16, 33, 1], 4
 HIDDEN, HEADS = 32, 4
 # Small, all different: a mix-up of any two widths breaks a shape or the numbers.
@@ -155,14 +156,25 @@ def _launch(plan: dict) -> dict:
     return {"layer": _layer_errors(), **{name: _train(argv) for name, argv in plan.items()}}
 
 
+def _resume_plan(folder: str) -> dict:
+    """RESUME_ITERS straight vs half + a dist_checkpointing save + load + the rest (packed,
+    query compression, latent norms): the run order of the launch is the plan's."""
+    argv, _, _ = cell_argv("dense", "p_single", "none")
+    argv = argv + MLA + Q_LORA + ["--lr-decay-iters", str(RESUME_ITERS)]  # LR not by the stop
+    return {"resume straight": argv + ["--train-iters", str(RESUME_ITERS)],
+            "resume first": argv + ["--train-iters", str(RESUME_ITERS // 2), "--save", folder],
+            "resume rest": argv + ["--train-iters", str(RESUME_ITERS), "--load", folder]}
+
+
 @pytest.fixture(scope="module")
-def results() -> dict:
+def results(tmp_path_factory) -> dict:
     plan = {}
     for name, (feature, extra) in RUNS.items():
         for layout in ("u_single", "p_single"):
             argv, world, _ = cell_argv(feature, layout, "none")
             assert world == 1
             plan[f"{name} {layout}"] = argv + extra
+    plan.update(_resume_plan(str(tmp_path_factory.mktemp("mla_checkpoint"))))
     return run_distributed(_launch, 1, args=(plan,), timeout_s=LAUNCH_TIMEOUT_S)[0]
 
 
@@ -178,6 +190,46 @@ def test_packed_mla_trains_like_unpacked(results, name):
     for it, (mine, theirs) in enumerate(zip(packed, unpacked), start=1):
         for key in ("lm_loss", "grad_norm"):
             assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (name, it, key)
+
+
+def test_mla_checkpoint_resumes_the_same_training(results):
+    """An MLA model (its latent projections and norms) saved with dist_checkpointing at
+    iteration 2 and loaded trains iterations 3 and 4 as the straight run does."""
+    straight = results["resume straight"]
+    resumed = results["resume first"] + results["resume rest"]
+    assert len(straight) == len(resumed) == RESUME_ITERS
+    for it, (mine, theirs) in enumerate(zip(resumed, straight), start=1):
+        for key in ("lm_loss", "grad_norm"):
+            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (it, key)
+
+
+def test_resume_with_another_mla_shape_is_refused(tmp_path):
+    """run_args.json records the MLA shape: a resume that changes it (or turns MLA off) is one
+    line; a checkpoint from before the keys were recorded had no MLA."""
+    import json
+
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.errors import CheckpointError
+    from megatron.varlen_training.resume_consistency import (
+        RUN_ARGS_FILENAME, check_run_args, save_run_args,
+    )
+
+    run = lambda extra: parse_run_config(BASE + extra, world_size=1)
+    save_run_args(str(tmp_path), run(MLA))
+    assert check_run_args(str(tmp_path), run(MLA), check_data=False) is None
+    for extra, needle in ((MLA + ["--v-head-dim", "8"], "--v-head-dim 6, this run has 8"),
+                          (MLA + ["--q-lora-rank", "4"], "--q-lora-rank None, this run has 4"),
+                          ([], "--multi-latent-attention True, this run has False")):
+        with pytest.raises(CheckpointError, match=needle) as err:
+            check_run_args(str(tmp_path), run(extra), check_data=False)
+        assert "\n" not in str(err.value)
+    path = tmp_path / RUN_ARGS_FILENAME
+    recorded = {key: value for key, value in json.loads(path.read_text()).items()
+                if key not in ("multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+                               "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type",
+                               "rotary_scaling_factor", "mscale", "mscale_all_dim")}
+    path.write_text(json.dumps(recorded))
+    assert check_run_args(str(tmp_path), run([]), check_data=False) is None
 
 
 def test_the_mla_runs_differ_from_one_another(results):
