@@ -4,12 +4,15 @@
   its own weights (tests/unit_tests/varlen/attention/mla_reference.py: down/up projections,
   latent norms, the plain/rotated split, YaRN or RoPE, the mscale'd softmax scale), with and
   without query compression.
-* Tiny MLA GPTs train the same losses and grad norms packed as unpacked (float32 rounding):
+* Tiny MLA GPTs train the same losses and grad norms packed as unpacked (float32 rounding, DP 2):
   YaRN without query compression; RoPE with query compression and latent norms; MoE + MLA;
   the flash backend (its kernel takes one head width: the values are zero-padded).
 * The flags: Megatron-LM's refusals and this fork's (context parallelism) in one line.
 
-One single-rank launch runs the layer checks and the trainings.
+* TP 2 (sequence parallel) trains like TP 1; an MLA checkpoint (dist_checkpointing) resumes the
+  straight run; run_args.json refuses a resume with another MLA shape.
+
+One two-rank launch runs the layer checks and the trainings (data parallel 2 throughout).
 """
 
 import pytest
@@ -17,14 +20,14 @@ import torch
 
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history
 from tests.unit_tests.varlen.attention import mla_reference
 from tools.probe_combinations import cell_argv
 
 RTOL = 1e-5  # packed vs unpacked, float32 training
 LAYER_RTOL = 1e-6  # float64 layer vs float64 reference (megatron-core's RoPE table is float32)
 LAUNCH_TIMEOUT_S = 300
-RESUME_ITERS = 4
+SAVED_AT = 1  # the resume check saves after this iteration of the three
 REAL_LENGTHS, PAD_MULTIPLE = [7, 16, 33, 1], 4
 HIDDEN, HEADS = 32, 4
 # Small, all different: a mix-up of any two widths breaks a shape or the numbers.
@@ -36,12 +39,13 @@ YARN = ["--rotary-scaling-factor", str(YARN_FACTOR), "--mscale-all-dim", str(MSC
 Q_LORA = ["--q-lora-rank", "12", "--rope-type", "rope", "--qk-layernorm",
           "--normalization", "RMSNorm"]
 FLASH = ["--attention-backend", "flash"]
+SGD = ["--optimizer", "sgd", "--lr", "0.5"]
+WORLD = 2  # data parallel 2 everywhere, tensor parallel 2 for the TP check
 # name: (feature of tools/probe_combinations.py, extra flags); each trained unpacked and packed
 RUNS = {
     "yarn": ("dense", MLA + YARN),
     "q_lora": ("dense", MLA + Q_LORA),
     "moe": ("moe", MLA + YARN),
-    "flash": ("dense", MLA + YARN + FLASH),
 }
 
 
@@ -145,11 +149,13 @@ def _layer_errors() -> dict:
 # ---------------------------------------------------------------- trainings
 
 
-def _train(argv: list[str]) -> list[dict]:
+def _train(argv: list[str]) -> dict:
     from tests.harness.training_runs import train_on_this_rank
 
-    history = train_on_this_rank(argv)["history"]
-    return [{key: step[key] for key in ("lm_loss", "grad_norm")} for step in history]
+    result = train_on_this_rank(argv)
+    history = [{key: step[key] for key in ("lm_loss", "grad_norm")}
+               for step in result["history"]]
+    return {**result, "history": history}
 
 
 def _launch(plan: dict) -> dict:
@@ -157,25 +163,32 @@ def _launch(plan: dict) -> dict:
 
 
 def _resume_plan(folder: str) -> dict:
-    """RESUME_ITERS straight vs half + a dist_checkpointing save + load + the rest (packed,
-    query compression, latent norms): the run order of the launch is the plan's."""
-    argv, _, _ = cell_argv("dense", "p_single", "none")
-    argv = argv + MLA + Q_LORA + ["--lr-decay-iters", str(RESUME_ITERS)]  # LR not by the stop
-    return {"resume straight": argv + ["--train-iters", str(RESUME_ITERS)],
-            "resume first": argv + ["--train-iters", str(RESUME_ITERS // 2), "--save", folder],
-            "resume rest": argv + ["--train-iters", str(RESUME_ITERS), "--load", folder]}
+    """The packed "q_lora" run's three iterations as SAVED_AT + a dist_checkpointing save +
+    load + the rest (the plan's order is the launch's: after the straight run)."""
+    argv = _argv("dense", "p_dp2") + MLA + Q_LORA + ["--lr-decay-iters", "3"]  # not by the stop
+    return {"resume first": argv + ["--train-iters", str(SAVED_AT), "--save", folder],
+            "resume rest": argv + ["--load", folder]}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     plan = {}
     for name, (feature, extra) in RUNS.items():
-        for layout in ("u_single", "p_single"):
-            argv, world, _ = cell_argv(feature, layout, "none")
-            assert world == 1
-            plan[f"{name} {layout}"] = argv + extra
+        for layout in ("u_dp2", "p_dp2"):
+            plan[f"{name} {layout}"] = _argv(feature, layout) + extra
+    plan["flash p_dp2"] = _argv("dense", "p_dp2") + MLA + YARN + FLASH
+    for layout in ("p_dp2", "p_tp2_sp"):
+        plan[f"tp {layout}"] = _argv("dense", layout) + MLA + Q_LORA + SGD
     plan.update(_resume_plan(str(tmp_path_factory.mktemp("mla_checkpoint"))))
-    return run_distributed(_launch, 1, args=(plan,), timeout_s=LAUNCH_TIMEOUT_S)[0]
+    ranks = run_distributed(_launch, WORLD, args=(plan,), timeout_s=LAUNCH_TIMEOUT_S)
+    return {"layer": ranks[0]["layer"],
+            **{name: loss_owner_history([rank[name] for rank in ranks]) for name in plan}}
+
+
+def _argv(feature: str, layout: str) -> list[str]:
+    argv, world, _ = cell_argv(feature, layout, "none")
+    assert world == WORLD
+    return argv
 
 
 @pytest.mark.parametrize("case", ["yarn", "q_lora"])
@@ -183,24 +196,38 @@ def test_mla_layer_equals_a_float64_recomputation(results, case):
     assert results["layer"][case] < LAYER_RTOL, results["layer"]
 
 
+def _assert_same_history(got: list[dict], want: list[dict], what: str) -> None:
+    assert len(got) == len(want) == 3
+    for it, (mine, theirs) in enumerate(zip(got, want), start=1):
+        for key in ("lm_loss", "grad_norm"):
+            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (what, it, key)
+
+
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_packed_mla_trains_like_unpacked(results, name):
-    packed, unpacked = results[f"{name} p_single"], results[f"{name} u_single"]
-    assert len(packed) == len(unpacked) == 3
-    for it, (mine, theirs) in enumerate(zip(packed, unpacked), start=1):
-        for key in ("lm_loss", "grad_norm"):
-            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (name, it, key)
+    _assert_same_history(results[f"{name} p_dp2"], results[f"{name} u_dp2"], name)
+
+
+def test_flash_backend_trains_mla_like_the_local_one(results):
+    """The flash backend's kernel takes one head width: MLA's narrower values are zero-padded
+    to the query/key width and the output sliced (flash_attention.py)."""
+    _assert_same_history(results["flash p_dp2"], results["yarn p_dp2"], "flash")
+
+
+def test_tensor_parallel_mla_trains_like_data_parallel(results):
+    """TP 2 with sequence parallelism (MLA's down-projections column-parallel, gathered, the
+    latents re-scattered) == TP 1, on the query-compressed model with latent norms. SGD: Adam's
+    first steps turn float32 noise in near-zero gradients (the first layer's norm weight here)
+    into steps of the full learning rate, which would test Adam, not the layout."""
+    _assert_same_history(results["tp p_tp2_sp"], results["tp p_dp2"], "TP 2")
 
 
 def test_mla_checkpoint_resumes_the_same_training(results):
-    """An MLA model (its latent projections and norms) saved with dist_checkpointing at
-    iteration 2 and loaded trains iterations 3 and 4 as the straight run does."""
-    straight = results["resume straight"]
-    resumed = results["resume first"] + results["resume rest"]
-    assert len(straight) == len(resumed) == RESUME_ITERS
-    for it, (mine, theirs) in enumerate(zip(resumed, straight), start=1):
-        for key in ("lm_loss", "grad_norm"):
-            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (it, key)
+    """An MLA model (its latent projections and norms) saved with dist_checkpointing after
+    iteration 1 and loaded trains iterations 2 and 3 as the straight run does."""
+    first, rest = results["resume first"], results["resume rest"]
+    assert (len(first), len(rest)) == (SAVED_AT, 3 - SAVED_AT)
+    _assert_same_history(first + rest, results["q_lora p_dp2"], "resumed")
 
 
 def test_resume_with_another_mla_shape_is_refused(tmp_path):
@@ -235,8 +262,7 @@ def test_resume_with_another_mla_shape_is_refused(tmp_path):
 def test_the_mla_runs_differ_from_one_another(results):
     """Each flag set builds another model (a flag that changed nothing would pass the
     equivalence above vacuously)."""
-    losses = {name: results[f"{name} u_single"][0]["lm_loss"] for name in RUNS
-              if name != "flash"}
+    losses = {name: results[f"{name} u_dp2"][0]["lm_loss"] for name in RUNS}
     assert len(set(losses.values())) == len(losses), losses
 
 
