@@ -9,7 +9,7 @@
   the flash backend (its kernel takes one head width: the values are zero-padded).
 * The flags: Megatron-LM's refusals and this fork's (context parallelism) in one line.
 
-* TP 2 (sequence parallel) trains like TP 1; an MLA checkpoint (dist_checkpointing) resumes the
+* TP 2 (sequence parallel) and PP 2 train like DP 2; MTP with MLA packed like unpacked; an MLA checkpoint (dist_checkpointing) resumes the
   straight run; run_args.json refuses a resume with another MLA shape.
 
 One two-rank launch runs the layer checks and the trainings (data parallel 2 throughout).
@@ -46,6 +46,7 @@ RUNS = {
     "yarn": ("dense", MLA + YARN),
     "q_lora": ("dense", MLA + Q_LORA),
     "moe": ("moe", MLA + YARN),
+    "mtp": ("mtp1", MLA + Q_LORA),  # the MTP depth's layer is an MLA layer too
 }
 
 
@@ -177,6 +178,7 @@ def results(tmp_path_factory) -> dict:
         for layout in ("u_dp2", "p_dp2"):
             plan[f"{name} {layout}"] = _argv(feature, layout) + extra
     plan["flash p_dp2"] = _argv("dense", "p_dp2") + MLA + YARN + FLASH
+    plan["q_lora p_pp2"] = _argv("dense", "p_pp2") + MLA + Q_LORA
     for layout in ("p_dp2", "p_tp2_sp"):
         plan[f"tp {layout}"] = _argv("dense", layout) + MLA + Q_LORA + SGD
     plan.update(_resume_plan(str(tmp_path_factory.mktemp("mla_checkpoint"))))
@@ -206,6 +208,10 @@ def _assert_same_history(got: list[dict], want: list[dict], what: str) -> None:
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_packed_mla_trains_like_unpacked(results, name):
     _assert_same_history(results[f"{name} p_dp2"], results[f"{name} u_dp2"], name)
+
+
+def test_pipeline_parallel_mla_trains_like_data_parallel(results):
+    _assert_same_history(results["q_lora p_pp2"], results["q_lora p_dp2"], "PP 2")
 
 
 def test_flash_backend_trains_mla_like_the_local_one(results):
@@ -262,8 +268,8 @@ def test_resume_with_another_mla_shape_is_refused(tmp_path):
 def test_the_mla_runs_differ_from_one_another(results):
     """Each flag set builds another model (a flag that changed nothing would pass the
     equivalence above vacuously)."""
-    losses = {name: results[f"{name} u_dp2"][0]["lm_loss"] for name in RUNS}
-    assert len(set(losses.values())) == len(losses), losses
+    first = {name: tuple(results[f"{name} u_dp2"][0].values()) for name in RUNS}
+    assert len(set(first.values())) == len(first), first
 
 
 # ---------------------------------------------------------------- flags
