@@ -9,10 +9,10 @@ Megatron-LM's non-MLA ``--position-embedding-type yarn`` only (MLA's YaRN keeps 
 ``original_max_position_embeddings``, ``beta_fast`` and ``beta_slow``): that position embedding
 is not built here, so they are refused.
 
-Refused with MLA (one line each, exit 2): context parallelism, static or dynamic. megatron-core
-0.16.1's MLA asserts ``local_cp_size is None`` (its dynamic-CP assert), and its RoPE picks each
-sequence's CP chunks from the layer's static CP group, not the micro-batch's: see
-docs/ATTENTION.md.
+Refused with MLA (one line, exit 2): dynamic context parallelism. megatron-core 0.16.1's MLA
+asserts ``local_cp_size is None`` (its dynamic-CP assert), and its RoPE picks each sequence's CP
+chunks from the layer's static CP group, not the micro-batch's; static
+``--context-parallel-size`` runs (see docs/ATTENTION.md).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def add_mla_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(MLA_FLAG, action="store_true",
                        help="DeepSeek-V2/V3 multi-latent attention (megatron-core's "
                             "MLASelfAttention with this fork's THD core attention), as "
-                            "Megatron-LM; no context parallelism.")
+                            "Megatron-LM; static context parallelism, not dynamic.")
     group.add_argument("--q-lora-rank", type=int, default=None,
                        help="Rank of the queries' low-rank projection (unset: queries are "
                             "projected from the hidden states directly), as Megatron-LM.")
@@ -110,10 +110,6 @@ def validate_mla_args(args: argparse.Namespace, require) -> None:
     require(not args.group_query_attention,
             f"{MLA_FLAG} and --group-query-attention are mutually exclusive (as in "
             f"Megatron-LM): MLA shares one latent key/value projection across heads")
-    require(args.context_parallel_size == 1,
-            f"{MLA_FLAG} with --context-parallel-size {args.context_parallel_size} is not "
-            f"supported: megatron-core 0.16.1's MLA RoPE uses the static CP group, not each "
-            f"micro-batch's; set --context-parallel-size 1")
     require(not args.dynamic_context_parallel,
             f"{MLA_FLAG} with --dynamic-context-parallel is not supported: megatron-core "
             f"0.16.1's MLA refuses per-micro-batch CP groups (local_cp_size); drop "

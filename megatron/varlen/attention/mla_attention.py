@@ -10,9 +10,10 @@ What the subclass changes is the micro-batch's ``PackedSeqParams`` it hands to t
 
 * ``local_cp_size`` and ``cp_group`` are cleared: the packing layer always sets them (1 without
   CP), and megatron-core's MLA asserts ``local_cp_size is None`` (its refusal of dynamic CP).
-  That is only right while the layer's CP group has one rank, which start-up guarantees
-  (mla_arguments.py refuses MLA with CP, static or dynamic) and :meth:`forward` checks: MLA's
-  RoPE picks each sequence's CP chunks from the layer's static group, never the micro-batch's.
+  That is only right while the micro-batch runs on the layer's static CP group (static
+  --context-parallel-size: the same size and ranks), which start-up guarantees (mla_arguments.py
+  refuses MLA with --dynamic-context-parallel) and :meth:`forward` checks: MLA's RoPE picks each
+  sequence's CP chunks from the layer's static group, never the micro-batch's.
 * for our plain-torch core attentions, the boundaries are the host copies (as in
   :class:`~megatron.varlen.attention.cp_switching.CPSwitchingSelfAttention`): megatron-core's
   THD RoPE then reads no device tensor back in every layer.
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+
+import torch
 
 from megatron.core.transformer import multi_latent_attention
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
@@ -56,6 +59,19 @@ def _te_linear_stand_in() -> list:
     return [(multi_latent_attention, "TELinear", _NoTELinear)]
 
 
+def _ranks(group) -> list[int]:
+    return torch.distributed.get_process_group_ranks(group)
+
+
+def _is_static_group(params, static) -> bool:
+    """Whether the micro-batch runs on the layer's static CP group (its size, and with CP its
+    ranks): then clearing the micro-batch's own group changes nothing."""
+    size, group = int(params.local_cp_size or 1), params.cp_group
+    if size != static.size():
+        return False
+    return size == 1 or group is None or _ranks(group) == _ranks(static)
+
+
 def _static_cp_view(params):
     """``params`` with ``local_cp_size`` and ``cp_group`` cleared (one copy per micro-batch when
     it carries a cache)."""
@@ -78,15 +94,13 @@ class VarlenMLASelfAttention(MLASelfAttention):
             return None
         if isinstance(self.core_attention, VarlenCoreAttention):
             params = with_host_boundaries(params)
-        local_cp_size = params.local_cp_size
-        group = params.cp_group
-        sizes = {self.pg_collection.cp.size(), int(local_cp_size or 1),
-                 group.size() if group is not None else 1}
-        if sizes != {1}:
+        static = self.pg_collection.cp
+        if not _is_static_group(params, static):
             raise ValueError(
-                f"multi-latent attention runs without context parallelism here (CP sizes "
-                f"{sorted(sizes)}): megatron-core 0.16.1's MLA RoPE uses the static CP group; "
-                f"set --context-parallel-size 1 and drop --dynamic-context-parallel")
+                f"multi-latent attention runs on the static CP group only (size "
+                f"{static.size()}; this micro-batch's: {int(params.local_cp_size or 1)}): "
+                f"megatron-core 0.16.1's MLA RoPE uses the static group; drop "
+                f"--dynamic-context-parallel")
         return _static_cp_view(params)
 
     def forward(self, *args, **kwargs):

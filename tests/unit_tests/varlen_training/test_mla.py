@@ -6,11 +6,12 @@
   without query compression.
 * Tiny MLA GPTs train the same losses and grad norms packed as unpacked (float32 rounding, DP 2):
   YaRN without query compression; RoPE with query compression and latent norms; MoE + MLA;
-  the flash backend (its kernel takes one head width: the values are zero-padded).
-* The flags: Megatron-LM's refusals and this fork's (context parallelism) in one line.
-
-* TP 2 (sequence parallel) and PP 2 train like DP 2; MTP with MLA packed like unpacked; an MLA checkpoint (dist_checkpointing) resumes the
-  straight run; run_args.json refuses a resume with another MLA shape.
+  MTP with MLA. The flash backend (its kernel takes one head width: the values are zero-padded)
+  trains like the local one; TP 2 (sequence parallel), PP 2 and static CP 2 (unpacked and
+  packed) like DP 2.
+* An MLA checkpoint (dist_checkpointing) resumes the straight run; run_args.json refuses a
+  resume with another MLA shape.
+* The flags: Megatron-LM's refusals and this fork's (dynamic CP) in one line.
 
 One two-rank launch runs the layer checks and the trainings (data parallel 2 throughout).
 """
@@ -179,6 +180,8 @@ def results(tmp_path_factory) -> dict:
             plan[f"{name} {layout}"] = _argv(feature, layout) + extra
     plan["flash p_dp2"] = _argv("dense", "p_dp2") + MLA + YARN + FLASH
     plan["q_lora p_pp2"] = _argv("dense", "p_pp2") + MLA + Q_LORA
+    for layout in ("u_cp2", "p_cp2"):  # static CP: MLA's RoPE on the layer's CP group
+        plan[f"q_lora {layout}"] = _argv("dense", layout) + MLA + Q_LORA
     for layout in ("p_dp2", "p_tp2_sp"):
         plan[f"tp {layout}"] = _argv("dense", layout) + MLA + Q_LORA + SGD
     plan.update(_resume_plan(str(tmp_path_factory.mktemp("mla_checkpoint"))))
@@ -210,8 +213,11 @@ def test_packed_mla_trains_like_unpacked(results, name):
     _assert_same_history(results[f"{name} p_dp2"], results[f"{name} u_dp2"], name)
 
 
-def test_pipeline_parallel_mla_trains_like_data_parallel(results):
-    _assert_same_history(results["q_lora p_pp2"], results["q_lora p_dp2"], "PP 2")
+@pytest.mark.parametrize("layout", ["p_pp2", "u_cp2", "p_cp2"])
+def test_pipeline_and_context_parallel_mla_train_like_data_parallel(results, layout):
+    """PP 2, and static CP 2 unpacked and packed (each sequence split in 2 x 2 chunks, MLA's
+    RoPE at the chunks' global positions, keys and values all-gathered) == DP 2."""
+    _assert_same_history(results[f"q_lora {layout}"], results["q_lora p_dp2"], layout)
 
 
 def test_flash_backend_trains_mla_like_the_local_one(results):
@@ -278,8 +284,6 @@ BASE = TINY_GPT_ARGS + ["--train-iters", "2"]
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (MLA + ["--context-parallel-size", "2"],
-     "--multi-latent-attention with --context-parallel-size 2 is not supported"),
     (MLA + ["--micro-batch-size", "1", "--sequence-packing", "--dynamic-context-parallel",
             "--max-seqlen-per-dp-cp-rank", "32"],
      "--multi-latent-attention with --dynamic-context-parallel is not supported"),
