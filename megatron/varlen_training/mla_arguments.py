@@ -9,10 +9,9 @@ Megatron-LM's non-MLA ``--position-embedding-type yarn`` only (MLA's YaRN keeps 
 ``original_max_position_embeddings``, ``beta_fast`` and ``beta_slow``): that position embedding
 is not built here, so they are refused.
 
-Refused with MLA (one line, exit 2): dynamic context parallelism. megatron-core 0.16.1's MLA
-asserts ``local_cp_size is None`` (its dynamic-CP assert), and its RoPE picks each sequence's CP
-chunks from the layer's static CP group, not the micro-batch's; static
-``--context-parallel-size`` runs (see docs/ATTENTION.md).
+Static and dynamic context parallelism run (megatron.varlen.attention.mla_attention moves MLA's
+RoPE and the core attention to each micro-batch's CP group); with Transformer Engine's attention
+only static CP (one line otherwise).
 """
 
 from __future__ import annotations
@@ -20,8 +19,10 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.varlen_arguments import attention_backend
 
 MLA_FLAG = "--multi-latent-attention"
+TE_BACKEND = "te"  # --attention-backend's Transformer Engine choice
 ROPE, YARN = "rope", "yarn"
 # MLATransformerConfig's rope_type when --rope-type is not given (Megatron-LM leaves it unset).
 MLA_DEFAULT_ROPE_TYPE = YARN
@@ -60,7 +61,7 @@ def add_mla_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(MLA_FLAG, action="store_true",
                        help="DeepSeek-V2/V3 multi-latent attention (megatron-core's "
                             "MLASelfAttention with this fork's THD core attention), as "
-                            "Megatron-LM; static context parallelism, not dynamic.")
+                            "Megatron-LM; packing, static and dynamic context parallelism.")
     group.add_argument("--q-lora-rank", type=int, default=None,
                        help="Rank of the queries' low-rank projection (unset: queries are "
                             "projected from the hidden states directly), as Megatron-LM.")
@@ -110,10 +111,12 @@ def validate_mla_args(args: argparse.Namespace, require) -> None:
     require(not args.group_query_attention,
             f"{MLA_FLAG} and --group-query-attention are mutually exclusive (as in "
             f"Megatron-LM): MLA shares one latent key/value projection across heads")
-    require(not args.dynamic_context_parallel,
-            f"{MLA_FLAG} with --dynamic-context-parallel is not supported: megatron-core "
-            f"0.16.1's MLA refuses per-micro-batch CP groups (local_cp_size); drop "
-            f"--dynamic-context-parallel")
+    # Dynamic CP moves MLA's RoPE and our core attention to each micro-batch's group; TE's
+    # attention takes its group from the micro-batch's params, which MLA must not carry.
+    require(not (args.dynamic_context_parallel and attention_backend(args) == TE_BACKEND),
+            f"{MLA_FLAG} with --dynamic-context-parallel needs --attention-backend local or "
+            f"flash (Transformer Engine's attention, {TE_BACKEND}, runs MLA on the static CP "
+            f"group only)")
     if args.rope_type is None:
         args.rope_type = MLA_DEFAULT_ROPE_TYPE
 

@@ -10,10 +10,13 @@ What the subclass changes is the micro-batch's ``PackedSeqParams`` it hands to t
 
 * ``local_cp_size`` and ``cp_group`` are cleared: the packing layer always sets them (1 without
   CP), and megatron-core's MLA asserts ``local_cp_size is None`` (its refusal of dynamic CP).
-  That is only right while the micro-batch runs on the layer's static CP group (static
-  --context-parallel-size: the same size and ranks), which start-up guarantees (mla_arguments.py
-  refuses MLA with --dynamic-context-parallel) and :meth:`forward` checks: MLA's RoPE picks each
-  sequence's CP chunks from the layer's static group, never the micro-batch's.
+  Its RoPE places each sequence's CP chunks by the layer's ``pg_collection.cp`` instead, so
+  under dynamic CP :meth:`forward` points that (a copy of the collection), our core attention's
+  ``cp_group`` and the config's ``context_parallel_size`` at the micro-batch's group for the
+  call (megatron-core's MLA keeps a packed micro-batch's whole RoPE table only when that size
+  is above 1) and restores them in a ``finally``. Static CP needs no swap: the micro-batch's
+  group is the static one. TE's core attention takes its group from the params: static CP only
+  (start-up refuses it with dynamic CP).
 * for our plain-torch core attentions, the boundaries are the host copies (as in
   :class:`~megatron.varlen.attention.cp_switching.CPSwitchingSelfAttention`): megatron-core's
   THD RoPE then reads no device tensor back in every layer.
@@ -31,6 +34,7 @@ sequence of the pack, as the packing layer sets it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 
@@ -40,7 +44,9 @@ from megatron.core.transformer import multi_latent_attention
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
-from megatron.varlen.attention.cp_group import swap_attributes
+from megatron.varlen.attention.cp_group import (
+    cp_assignments, resolve_cp_group, swap_attributes,
+)
 from megatron.varlen.packing.packed_seq import has_host_boundaries, with_host_boundaries
 
 _PACKED_SEQ_PARAMS = "packed_seq_params"
@@ -89,24 +95,39 @@ class VarlenMLASelfAttention(MLASelfAttention):
         with swap_attributes(_te_linear_stand_in()):
             super().__init__(*args, **kwargs)
 
-    def _micro_batch_params(self, params):
-        if params is None:
-            return None
-        if isinstance(self.core_attention, VarlenCoreAttention):
-            params = with_host_boundaries(params)
+    def _micro_batch_group(self, params):
+        """The CP group this call runs on: the micro-batch's (dynamic CP), else the static one.
+        TE's core attention takes its group from ``packed_seq_params``, which MLA must not
+        carry: it runs on the static group only."""
         static = self.pg_collection.cp
-        if not _is_static_group(params, static):
+        if params is None or _is_static_group(params, static):
+            return static
+        if not isinstance(self.core_attention, VarlenCoreAttention):
             raise ValueError(
-                f"multi-latent attention runs on the static CP group only (size "
-                f"{static.size()}; this micro-batch's: {int(params.local_cp_size or 1)}): "
-                f"megatron-core 0.16.1's MLA RoPE uses the static group; drop "
-                f"--dynamic-context-parallel")
-        return _static_cp_view(params)
+                "multi-latent attention with Transformer Engine's attention runs on the static "
+                "CP group only: drop --dynamic-context-parallel or use --attention-backend "
+                "local/flash")
+        return resolve_cp_group(params, static)
+
+    def _on_group(self, group):
+        """Context: RoPE (``pg_collection.cp``), our core attention and the config's CP size
+        (megatron-core's MLA keeps the whole RoPE table of a packed micro-batch only when that
+        size is above 1) follow ``group``; all restored afterwards."""
+        if group is self.pg_collection.cp:
+            return contextlib.nullcontext()
+        consumers = [self, self.core_attention]
+        assignments = [a for module in consumers for a in cp_assignments(module, group)]
+        assignments.append((self.config, "context_parallel_size", group.size()))
+        return swap_attributes(assignments)
 
     def forward(self, *args, **kwargs):
         """``MLASelfAttention.forward`` with the micro-batch's params made MLA's (see above)."""
         bound = _FORWARD_SIGNATURE.bind_partial(self, *args, **kwargs)
-        if _PACKED_SEQ_PARAMS in bound.arguments:
-            bound.arguments[_PACKED_SEQ_PARAMS] = self._micro_batch_params(
-                bound.arguments[_PACKED_SEQ_PARAMS])
-        return super().forward(*bound.args[1:], **bound.kwargs)
+        params = bound.arguments.get(_PACKED_SEQ_PARAMS)
+        group = self._micro_batch_group(params)
+        if params is not None:
+            if isinstance(self.core_attention, VarlenCoreAttention):
+                params = with_host_boundaries(params)
+            bound.arguments[_PACKED_SEQ_PARAMS] = _static_cp_view(params)
+        with self._on_group(group):
+            return super().forward(*bound.args[1:], **bound.kwargs)

@@ -7,11 +7,11 @@
 * Tiny MLA GPTs train the same losses and grad norms packed as unpacked (float32 rounding, DP 2):
   YaRN without query compression; RoPE with query compression and latent norms; MoE + MLA;
   MTP with MLA. The flash backend (its kernel takes one head width: the values are zero-padded)
-  trains like the local one; TP 2 (sequence parallel), PP 2 and static CP 2 (unpacked and
-  packed) like DP 2.
+  trains like the local one; TP 2 (sequence parallel), PP 2, static CP 2 and dynamic CP like
+  DP 2.
 * An MLA checkpoint (dist_checkpointing) resumes the straight run; run_args.json refuses a
   resume with another MLA shape.
-* The flags: Megatron-LM's refusals and this fork's (dynamic CP) in one line.
+* The flags: Megatron-LM's refusals in one line.
 
 One two-rank launch runs the layer checks and the trainings (data parallel 2 throughout).
 """
@@ -180,7 +180,7 @@ def results(tmp_path_factory) -> dict:
             plan[f"{name} {layout}"] = _argv(feature, layout) + extra
     plan["flash p_dp2"] = _argv("dense", "p_dp2") + MLA + YARN + FLASH
     plan["q_lora p_pp2"] = _argv("dense", "p_pp2") + MLA + Q_LORA
-    for layout in ("u_cp2", "p_cp2"):  # static CP: MLA's RoPE on the layer's CP group
+    for layout in ("p_cp2", "d_dp2"):  # static CP 2; dynamic CP (groups of 1 and 2 ranks)
         plan[f"q_lora {layout}"] = _argv("dense", layout) + MLA + Q_LORA
     for layout in ("p_dp2", "p_tp2_sp"):
         plan[f"tp {layout}"] = _argv("dense", layout) + MLA + Q_LORA + SGD
@@ -213,10 +213,11 @@ def test_packed_mla_trains_like_unpacked(results, name):
     _assert_same_history(results[f"{name} p_dp2"], results[f"{name} u_dp2"], name)
 
 
-@pytest.mark.parametrize("layout", ["p_pp2", "u_cp2", "p_cp2"])
+@pytest.mark.parametrize("layout", ["p_pp2", "p_cp2", "d_dp2"])
 def test_pipeline_and_context_parallel_mla_train_like_data_parallel(results, layout):
-    """PP 2, and static CP 2 unpacked and packed (each sequence split in 2 x 2 chunks, MLA's
-    RoPE at the chunks' global positions, keys and values all-gathered) == DP 2."""
+    """PP 2, static CP 2 and dynamic CP (each long sequence split in 2 x 2 chunks over its
+    micro-batch's group, MLA's RoPE at the chunks' global positions on that group, keys and
+    values all-gathered over it) == DP 2."""
     _assert_same_history(results[f"q_lora {layout}"], results["q_lora p_dp2"], layout)
 
 
@@ -284,9 +285,6 @@ BASE = TINY_GPT_ARGS + ["--train-iters", "2"]
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (MLA + ["--micro-batch-size", "1", "--sequence-packing", "--dynamic-context-parallel",
-            "--max-seqlen-per-dp-cp-rank", "32"],
-     "--multi-latent-attention with --dynamic-context-parallel is not supported"),
     (MLA + ["--group-query-attention"], "mutually exclusive"),
     (MLA + ["--qk-pos-emb-head-dim", "3"], "--qk-pos-emb-head-dim 3 must be even"),
     (["--q-lora-rank", "8"], "--q-lora-rank 8 needs --multi-latent-attention"),
@@ -331,3 +329,25 @@ def test_scheduler_cost_model_weighs_mla_widths():
     mla_projections = h * 4 * 12 + 16 * (h + 4 * (8 + 6) + 1) + h * 4 + 4 * 6 * h
     assert costs["mla"].b / costs["standard"].b == pytest.approx(
         (mla_projections + mlp) / (4 * h * h + mlp))
+
+
+def test_dynamic_cp_with_transformer_engine_attention_is_refused(monkeypatch):
+    """TE's attention takes its CP group from the micro-batch's params, which MLA must not
+    carry: with TE (resolved as the backend, stood in for here: no TE on CPU) dynamic CP is
+    one line, static CP runs."""
+    from megatron.varlen_training import mla_arguments
+
+    monkeypatch.setattr(mla_arguments, "attention_backend", lambda args: "te")
+    dynamic = BASE + MLA + ["--micro-batch-size", "1", "--sequence-packing",
+                            "--dynamic-context-parallel", "--max-seqlen-per-dp-cp-rank", "32",
+                            "--calculate-per-token-loss"]
+    with pytest.raises(ArgumentValidationError, match="needs --attention-backend local or flash"):
+        mla_arguments.validate_mla_args(parse_args(dynamic, world_size=2),
+                                        _raise_argument_error)
+    static = parse_args(BASE + MLA + ["--context-parallel-size", "2"], world_size=2)
+    mla_arguments.validate_mla_args(static, _raise_argument_error)
+
+
+def _raise_argument_error(condition: bool, message: str) -> None:
+    if not condition:
+        raise ArgumentValidationError(message)
