@@ -351,3 +351,20 @@ def test_dynamic_cp_with_transformer_engine_attention_is_refused(monkeypatch):
 def _raise_argument_error(condition: bool, message: str) -> None:
     if not condition:
         raise ArgumentValidationError(message)
+
+
+def test_mla_is_refused_where_it_is_not_built():
+    """pretrain_mamba.py's attention layers and the Hugging Face export are standard
+    attention: MLA there is one line, never a silently standard model."""
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
+
+    hybrid = BASE + ["--num-layers", "3", "--hybrid-override-pattern", "M*-",
+                     "--mamba-head-dim", "8", "--mamba-num-groups", "2",
+                     "--mamba-state-dim", "8"]
+    with pytest.raises(ArgumentValidationError, match="not supported by pretrain_mamba.py"):
+        parse_hybrid_args(hybrid + MLA, world_size=1)
+    llama = ["--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
+             "--disable-bias-linear", "--save-hf", "/nonexistent/out"]
+    with pytest.raises(ArgumentValidationError, match="does not support --multi-latent-attention"):
+        parse_run_config(BASE + llama + MLA, world_size=1)
