@@ -5,7 +5,7 @@
   latent norms, the plain/rotated split, YaRN or RoPE, the mscale'd softmax scale), with and
   without query compression.
 * Tiny MLA GPTs train the same losses and grad norms packed as unpacked (float32 rounding, DP 2):
-  YaRN without query compression; RoPE with query compression and latent norms; MoE + MLA;
+  RoPE with query compression and latent norms; MoE + MLA with YaRN and no query compression;
   MTP with MLA. The flash backend (its kernel takes one head width: the values are zero-padded)
   trains like the local one; TP 2 (sequence parallel), PP 2, static CP 2 and dynamic CP like
   DP 2.
@@ -44,9 +44,8 @@ SGD = ["--optimizer", "sgd", "--lr", "0.5"]
 WORLD = 2  # data parallel 2 everywhere, tensor parallel 2 for the TP check
 # name: (feature of tools/probe_combinations.py, extra flags); each trained unpacked and packed
 RUNS = {
-    "yarn": ("dense", MLA + YARN),
     "q_lora": ("dense", MLA + Q_LORA),
-    "moe": ("moe", MLA + YARN),
+    "moe": ("moe", MLA + YARN),  # YaRN (no query compression) with MoE layers
     "mtp": ("mtp1", MLA + Q_LORA),  # the MTP depth's layer is an MLA layer too
 }
 
@@ -178,7 +177,7 @@ def results(tmp_path_factory) -> dict:
     for name, (feature, extra) in RUNS.items():
         for layout in ("u_dp2", "p_dp2"):
             plan[f"{name} {layout}"] = _argv(feature, layout) + extra
-    plan["flash p_dp2"] = _argv("dense", "p_dp2") + MLA + YARN + FLASH
+    plan["flash p_dp2"] = _argv("dense", "p_dp2") + MLA + Q_LORA + FLASH
     plan["q_lora p_pp2"] = _argv("dense", "p_pp2") + MLA + Q_LORA
     for layout in ("p_cp2", "d_dp2"):  # static CP 2; dynamic CP (groups of 1 and 2 ranks)
         plan[f"q_lora {layout}"] = _argv("dense", layout) + MLA + Q_LORA
@@ -224,7 +223,7 @@ def test_pipeline_and_context_parallel_mla_train_like_data_parallel(results, lay
 def test_flash_backend_trains_mla_like_the_local_one(results):
     """The flash backend's kernel takes one head width: MLA's narrower values are zero-padded
     to the query/key width and the output sliced (flash_attention.py)."""
-    _assert_same_history(results["flash p_dp2"], results["yarn p_dp2"], "flash")
+    _assert_same_history(results["flash p_dp2"], results["q_lora p_dp2"], "flash")
 
 
 def test_tensor_parallel_mla_trains_like_data_parallel(results):
