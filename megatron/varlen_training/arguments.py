@@ -20,7 +20,8 @@ from typing import Any
 from megatron.varlen_training import (
     checkpoint_arguments, checkpoint_model_flags, checkpoint_save_arguments, data_arguments,
     dataloader_arguments, ddp_arguments, document_arguments, flag_ranges, kernel_arguments,
-    logging_arguments, loss_scale_arguments, model_arguments, moe_arguments, optimizer_arguments,
+    logging_arguments, loss_scale_arguments, mla_arguments, model_arguments, moe_arguments,
+    optimizer_arguments,
     pipeline_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, runtime_arguments, schedule_arguments, sft_arguments, tokenizer_arguments,
     training_loop_arguments, varlen_arguments,
@@ -296,6 +297,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     checkpoint_arguments.add_checkpoint_args(parser)
     moe_arguments.add_moe_args(parser)
     model_arguments.add_model_args(parser)
+    mla_arguments.add_mla_args(parser)
     kernel_arguments.add_kernel_args(parser)
     pipeline_arguments.add_pipeline_split_args(parser)
     runtime_arguments.add_runtime_args(parser)
@@ -433,6 +435,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     document_arguments.validate_document_args(args, require,
                                               varlen_arguments.attention_backend(args))
     moe_arguments.validate_moe_args(args, require)
+    mla_arguments.validate_mla_args(args, require)
     hf_arguments.validate_hf_args(args, require)
     reliability_arguments.validate_reliability_args(args, require)
     recompute_arguments.validate_recompute_args(args, require)

@@ -18,6 +18,7 @@ from megatron.core import parallel_state
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
 from megatron.varlen_training.datasets.sample_reader import SampleReader
+from megatron.varlen_training.mla_flops import attention_cost_scale
 from megatron.varlen_training.moe_flops import linear_cost_scale
 from megatron.varlen_training.read_agreement import read_agreed
 from megatron.varlen.packing import (
@@ -174,8 +175,10 @@ def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
 def _cost_model(run: RunConfig, attention_fraction: float | None) -> CostModel:
     """The scheduler's cost model of the run's model: the profile's coefficients, attention
     weighted by the quadratic layers' share, the linear term by MoE's activated experts."""
-    cost = CostModel.for_model(run.model.hidden_size, run.packing.hardware_profile,
-                               a=attention_fraction)
+    # MLA's core attention is wider or narrower than a standard layer's (mla_flops.py)
+    a = (1.0 if attention_fraction is None else attention_fraction) * attention_cost_scale(
+        run.model)
+    cost = CostModel.for_model(run.model.hidden_size, run.packing.hardware_profile, a=a)
     scale = linear_cost_scale(run.model)
     return cost if scale == 1.0 else dataclasses.replace(cost, b=cost.b * scale)
 

@@ -18,6 +18,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from megatron.varlen_training.mla_arguments import mla_attention_parameters
 from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_SPECIAL_TOKENS
 from megatron.varlen_training.pipeline_arguments import pipeline_split_of
 
@@ -187,6 +188,19 @@ FLAG_RANGES: dict[str, FlagRange] = {
                                            why="std 0 starts every weight at 0"),
     "moe_input_jitter_eps": FlagRange(0.0, why="a refused flag's noise scale"),
     "moe_latent_size": FlagRange(1, why="a refused flag's size"),
+    # multi-latent attention (mla_arguments.py): widths and ranks; YaRN's stretch factor (below
+    # 1 it changes nothing) and its attention scales; the refused non-MLA YaRN corrections.
+    "q_lora_rank": COUNT,
+    "kv_lora_rank": COUNT,
+    "qk_head_dim": COUNT,
+    "qk_pos_emb_head_dim": COUNT,
+    "v_head_dim": COUNT,
+    "rotary_scaling_factor": FlagRange(1.0, why="a context stretch factor"),
+    "mscale": FlagRange(0.0, why="a scale of YaRN's attention"),
+    "mscale_all_dim": FlagRange(0.0, why="a scale of YaRN's attention"),
+    "yarn_original_max_position_embeddings": FlagRange(1, why="a refused flag's length"),
+    "yarn_beta_fast": FlagRange(0.0, why="a refused flag's YaRN bound"),
+    "yarn_beta_slow": FlagRange(0.0, why="a refused flag's YaRN bound"),
     # Megatron-LM's FP8 settings and removed flags (kernel_arguments.py): refused but at the
     # neutral value; a value out of range is wrong whatever happens to the flag.
     "fp8_margin": FlagRange(0, why="a refused flag's FP8 scaling margin"),
@@ -424,9 +438,13 @@ def mlp_parameters(hidden: int, ffn_hidden: int, gated: bool) -> int:
 def gpt_layer_parameters(args) -> int:
     """Weights of one GPT transformer layer (attention + MLP), whole (before TP splits it)."""
     kv_channels = args.kv_channels or args.hidden_size // args.num_attention_heads
-    return (attention_parameters(args.hidden_size, args.num_attention_heads,
-                                 args.num_query_groups, kv_channels)
-            + mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu))
+    attention = attention_parameters(args.hidden_size, args.num_attention_heads,
+                                     args.num_query_groups, kv_channels)
+    if getattr(args, "multi_latent_attention", False):
+        attention = mla_attention_parameters(
+            args.hidden_size, args.num_attention_heads, args.q_lora_rank, args.kv_lora_rank,
+            args.qk_head_dim, args.qk_pos_emb_head_dim, args.v_head_dim)
+    return attention + mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu)
 
 
 def _stage_layers_part(args, nbytes: int) -> MemoryPart:

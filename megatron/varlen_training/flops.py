@@ -11,6 +11,8 @@ Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), outpu
 2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h (an MoE layer: router and the ACTIVATED experts,
 moe_flops.py). Per sequence of length L, causal attention forward:
 QK^T and AV over the lower triangle, 2 * 2*q*L^2/2 = 2*q*L^2. Logits: 2*h*V per token.
+Multi-latent attention (--multi-latent-attention): its projections and its query/key and value
+widths instead, as Megatron-LM's MLA branch counts them (mla_flops.py).
 Multi-token prediction (--mtp-num-layers D), counted as Megatron-LM counts it: each depth is one
 more transformer layer (its linear and causal-attention terms) plus, per token, its eh
 projection 2*2h*h, its norms 2*3h and the output layer again 2*h*V.
@@ -20,6 +22,7 @@ Training = forward + backward = 3x forward.
 from __future__ import annotations
 
 from megatron.varlen_training.config import ModelConfig
+from megatron.varlen_training.mla_flops import core_attention_flops_per_squared_token
 from megatron.varlen_training.moe_flops import (
     attention_linear_macs_per_token, decoder_mlp_macs_per_token, dense_mlp_macs_per_token,
     moe_mlp_macs_per_token,
@@ -54,8 +57,8 @@ def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,
                                   seqlen_squared_sum: int) -> int:
     """Training FLOPs of one global batch of a GPT model with the given sum(L) and sum(L^2)
     (hybrid models: hybrid_flops.py; the model family picks, model_family.py)."""
-    q_dim = model.num_attention_heads * model.head_dim  # --kv-channels where given
     attention_layers = model.num_layers + (model.mtp_num_layers or 0)  # each MTP depth attends
-    attention = MULTIPLY_ADD * q_dim * seqlen_squared_sum * attention_layers
+    attention = (core_attention_flops_per_squared_token(model) * seqlen_squared_sum
+                 * attention_layers)
     linear = _linear_flops_per_token(model) * seqlen_sum
     return FORWARD_AND_BACKWARD * (linear + attention)

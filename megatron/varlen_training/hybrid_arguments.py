@@ -173,6 +173,10 @@ def validate_hybrid_args(args) -> None:
                            f"or loss as a layer; use --decoder-first-pipeline-num-layers / "
                            f"--decoder-last-pipeline-num-layers")
     require(not args.mtp_num_layers, "--mtp-num-layers is not supported by pretrain_mamba.py")
+    # The hybrid stack's attention layers are megatron-core's standard self-attention here.
+    require(not args.multi_latent_attention,
+            "--multi-latent-attention is not supported by pretrain_mamba.py: its attention "
+            "layers are standard self-attention (MLA: pretrain_gpt.py)")
     pattern = _layer_pattern(args)
     heads = _mamba_heads(args)
     if MAMBA in pattern:

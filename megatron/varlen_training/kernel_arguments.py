@@ -171,8 +171,8 @@ def _add_honoured_kernel_flags(group) -> None:
                             "Transformer Engine).")
     group.add_argument("--rope-type", default=None, choices=(ROPE, "yarn"),
                        help="rope (changes nothing: the RoPE of --position-embedding-type rope); "
-                            "yarn is multi-latent attention's and refused, as Megatron-LM "
-                            "refuses it for standard attention.")
+                            "yarn with --multi-latent-attention only (MLA's default when "
+                            "unset), as Megatron-LM refuses it for standard attention.")
     group.add_argument("--use-flash-attn", action="store_true",
                        help=f"{_NO_OP_IN_MEGATRON_LM}; --attention-backend picks the attention.")
     group.add_argument("--openai-gelu", action="store_true",
@@ -209,9 +209,9 @@ def validate_kernel_args(args: argparse.Namespace, require) -> None:
     for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
         require(False, f"{flag}{given} is not supported: {why}")
     _resolve_position_embedding_aliases(args, require)
-    require(args.rope_type in (None, ROPE),
+    require(args.rope_type in (None, ROPE) or args.multi_latent_attention,
             f"--rope-type {args.rope_type} is not supported: standard attention takes rope "
-            f"only (yarn is multi-latent attention's, which this fork does not build)")
+            f"only (yarn needs --multi-latent-attention)")
     require(args.transformer_impl != INFERENCE_OPTIMIZED,
             f"--transformer-impl {INFERENCE_OPTIMIZED} is not supported: it builds inference "
             f"layers; use {TRANSFORMER_ENGINE} (the default) or {LOCAL_IMPL}")

@@ -19,6 +19,7 @@ from megatron.varlen.model import (
     VarlenGPTModel, get_varlen_decoder_block_spec, get_varlen_moe_block_spec,
     get_varlen_mtp_block_spec, load_layer_spec, with_moe_mlp,
 )
+from megatron.varlen_training.mla_model import mla_transformer_config, transformer_config_class
 from megatron.varlen_training.moe_model import moe_transformer_config
 from megatron.varlen.platform import (
     TE_KERNELS, describe_attention_backend, get_device, resolve_attention_backend,
@@ -47,7 +48,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
     """Maps the run's model and parallel layout to megatron-core's TransformerConfig."""
     model, parallel, kernels = run.model, run.parallel, run.model.kernels
     dtype = params_dtype(model)
-    return TransformerConfig(
+    return transformer_config_class(model.mla)(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
         ffn_hidden_size=model.ffn_hidden_size,
@@ -91,6 +92,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         batch_p2p_comm=not (parallel.overlap_p2p_comm or use_cpu()),
         variable_seq_lengths=run.packing.variable_seq_lengths,
         **moe_transformer_config(model.moe),
+        **mla_transformer_config(model.mla, model.rotary_base, model.rotary_percent),
         gradient_accumulation_fusion=False,
         # CUDA only, only where there is something to fuse, and only where the compiled kernel
         # gives the unfused numbers (probed); never with --no-bias-dropout-fusion.
@@ -127,7 +129,8 @@ def _decoder_specs(run: RunConfig, config, vp_stage: int | None):
     gpt_builders), so it is dense when --moe-layer-freq makes that layer dense."""
     model = run.model
     layer_spec = load_layer_spec(model.spec, model.normalization, attention_backend(model),
-                                 qk_layernorm=model.qk_layernorm)
+                                 qk_layernorm=model.qk_layernorm,
+                                 multi_latent_attention=model.mla is not None)
     if model.moe is None:
         block = get_varlen_decoder_block_spec(config, layer_spec, vp_stage)
     else:

@@ -61,8 +61,6 @@ REFUSED_FLAGS = {
                                      "(normal, layout-invariant)"),
     "--fp32-residual-connection": ({"action": "store_true"}, None,
                                    "residuals stay in the parameters' dtype here"),
-    "--multi-latent-attention": ({"action": "store_true"}, None,
-                                 "multi-latent attention (MLA) is not built by this fork"),
     "--window-size": ({}, None, _WINDOW_WHY),
     "--window-attn-skip-freq": ({}, None, _WINDOW_WHY),
     "--softmax-type": ({"choices": ("vanilla", "off-by-one", "learnable")}, "vanilla",

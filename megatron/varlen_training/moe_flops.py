@@ -10,6 +10,7 @@ in the tokens: it enters the FLOPs through sum(L) like every other token-linear 
 from __future__ import annotations
 
 from megatron.varlen_training.config import ModelConfig
+from megatron.varlen_training.mla_flops import mla_linear_macs_per_token
 
 
 def mlp_macs(hidden: int, ffn: int, gated: bool) -> int:
@@ -40,7 +41,10 @@ def decoder_mlp_macs_per_token(model: ModelConfig) -> int:
 
 
 def attention_linear_macs_per_token(model: ModelConfig) -> int:
-    """QKV and output projections of one attention layer per token (forward)."""
+    """QKV and output projections of one attention layer per token (forward); multi-latent
+    attention's projections with --multi-latent-attention (mla_flops.py)."""
+    if model.mla is not None:
+        return mla_linear_macs_per_token(model)
     q_dim = model.num_attention_heads * model.head_dim  # --kv-channels where given
     kv_dim = model.num_query_groups * model.head_dim
     return model.hidden_size * (q_dim + 2 * kv_dim) + q_dim * model.hidden_size
@@ -51,10 +55,20 @@ def linear_cost_scale(model: ModelConfig) -> float:
     layer with a dense MLP: the packing scheduler's linear coefficient ``b`` is scaled by it
     (1.0 for a dense model, whose ``b`` is unchanged). Activated experts only: routed tokens
     reach k experts, whatever the CP group their sequence runs on."""
-    if model.moe is None or model.hybrid is not None:
+    if (model.moe is None and model.mla is None) or model.hybrid is not None:
         # Hybrid stacks keep the dense coefficient: their Mamba layers' linear work is not in
         # the b = 6h convention either (docs/MOE.md).
         return 1.0
-    attention = attention_linear_macs_per_token(model)
-    dense = model.num_layers * (attention + dense_mlp_macs_per_token(model))
-    return (model.num_layers * attention + decoder_mlp_macs_per_token(model)) / dense
+    # The b = 6h convention is a standard layer's: MLA's projections are measured against the
+    # standard attention of the same heads (so a dense non-MLA model keeps 1.0).
+    standard = _standard_attention_macs_per_token(model)
+    dense = model.num_layers * (standard + dense_mlp_macs_per_token(model))
+    return (model.num_layers * attention_linear_macs_per_token(model)
+            + decoder_mlp_macs_per_token(model)) / dense
+
+
+def _standard_attention_macs_per_token(model: ModelConfig) -> int:
+    """QKV and output projections of a standard (non-MLA) layer of the model's heads."""
+    q_dim = model.num_attention_heads * model.head_dim
+    kv_dim = model.num_query_groups * model.head_dim
+    return model.hidden_size * (q_dim + 2 * kv_dim) + q_dim * model.hidden_size

@@ -80,6 +80,11 @@ _MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
 # Megatron-LM's partial / interpolated RoPE (model_arguments.py) and their values before.
 _ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None}
 _NORM_KEYS = {"layernorm_zero_centered_gamma": False}
+# Multi-latent attention's shape and RoPE (mla_arguments.py); checkpoints from before had none.
+_MLA_KEYS = {"multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": None,
+             "qk_head_dim": None, "qk_pos_emb_head_dim": None, "v_head_dim": None,
+             "rope_type": None, "rotary_scaling_factor": None, "mscale": None,
+             "mscale_all_dim": None}
 # Keys recorded under a dest that is not their flag's name (Megatron-LM's dests).
 _FLAG_OF_KEY = {"layernorm_zero_centered_gamma": "--apply-layernorm-1p"}
 MODEL_KEYS = (
@@ -95,6 +100,8 @@ MODEL_KEYS = (
     *_ROPE_KEYS,
     # --apply-layernorm-1p: the norm weights mean gamma - 1 instead of gamma.
     *_NORM_KEYS,
+    # --multi-latent-attention: a standard run records False and None for the rest.
+    *_MLA_KEYS,
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
 # Where SFT records keep their text (the dataset and megatron.wrap's gpt_sft flow read them):
@@ -109,7 +116,8 @@ SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
                    INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
-RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **_ROPE_KEYS, **_NORM_KEYS}
+RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **_ROPE_KEYS, **_NORM_KEYS,
+                   **_MLA_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 # Validation samples the run's evaluations had read (Megatron-LM's ``consumed_valid_samples``):
 # the resumed run's next evaluation continues the validation stream there.
@@ -194,7 +202,9 @@ def _recorded_values(run: RunConfig) -> dict:
     """The run's value of every key ``run_args.json`` records, from the config holding it."""
     model, hybrid, data = run.model, run.model.hybrid, run.data
     values = {key: getattr(model, key) for key in MODEL_KEYS
-              if key not in _HYBRID_KEYS + _MOE_KEYS and key != "tokenizer_type"}
+              if key not in _HYBRID_KEYS + _MOE_KEYS + tuple(_MLA_KEYS)
+              and key != "tokenizer_type"}
+    values.update(_mla_values(model.mla))
     values.update({key: getattr(hybrid, key) if hybrid is not None else None
                    for key in _HYBRID_KEYS})
     moe = model.moe
@@ -220,6 +230,14 @@ def _recorded_values(run: RunConfig) -> dict:
         seq_length=model.seq_length,
         data_path=list(data.data_path) if data.data_path is not None else None)
     return values
+
+
+def _mla_values(mla) -> dict:
+    """The MLA keys' values: the shape of an MLA run, :data:`_MLA_KEYS` (no MLA) otherwise."""
+    if mla is None:
+        return dict(_MLA_KEYS)
+    return {"multi_latent_attention": True,
+            **{key: getattr(mla, key) for key in _MLA_KEYS if key != "multi_latent_attention"}}
 
 
 def snapshot(run: RunConfig, with_data: bool = True) -> dict:

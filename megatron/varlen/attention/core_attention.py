@@ -268,7 +268,7 @@ class VarlenCoreAttention(MegatronModule):
         attn_mask_type: causal/padding_causal (causal) or no_mask/padding (full attention).
         attention_type: "self" (cross attention with a different KV layout is not supported).
         attention_dropout: overrides ``config.attention_dropout``.
-        softmax_scale: overrides the default ``1/sqrt(kv_channels)``. With
+        softmax_scale: overrides the default ``1/sqrt(k_channels)``. With
             ``config.apply_query_key_layer_scaling`` megatron divides the scale by the layer
             number and multiplies the scores back inside its softmax: the same math, so here it
             changes nothing (it only matters for fp16 overflow in megatron's kernels).
@@ -276,6 +276,9 @@ class VarlenCoreAttention(MegatronModule):
             over the CP group); megatron-core's other values (``p2p``, ``a2a``, ``a2a+p2p``)
             are refused in one line rather than silently run as an all-gather.
         pg_collection: process groups; ``cp`` is the static CP group. Defaults to parallel_state.
+        k_channels, v_channels: channels of a query/key head and of a value head (default
+            ``kv_channels``); they differ under multi-latent attention, which passes both. The
+            output has ``v_channels`` per head.
     """
 
     def __init__(
@@ -288,6 +291,8 @@ class VarlenCoreAttention(MegatronModule):
         softmax_scale: Optional[float] = None,
         cp_comm_type: Optional[str] = None,
         pg_collection: Optional[ProcessGroupCollection] = None,
+        k_channels: Optional[int] = None,
+        v_channels: Optional[int] = None,
     ):
         super().__init__(config=config)
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
@@ -308,7 +313,10 @@ class VarlenCoreAttention(MegatronModule):
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.pg_collection = pg_collection
         self.cp_group = pg_collection.cp
-        default_scale = 1.0 / math.sqrt(config.kv_channels)
+        # The kernels read head widths off the tensors; only the default scale needs k's.
+        self.k_channels = k_channels or config.kv_channels
+        self.v_channels = v_channels or config.kv_channels
+        default_scale = 1.0 / math.sqrt(self.k_channels)
         self.softmax_scale = default_scale if softmax_scale is None else softmax_scale
         dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.attention_dropout = torch.nn.Dropout(dropout_p)

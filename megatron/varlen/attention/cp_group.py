@@ -103,7 +103,9 @@ def swap_attributes(assignments: Sequence[tuple[Any, str, Any]]) -> Iterator[Non
             setattr(owner, name, old)
 
 
-def _cp_assignments(module: Any, group: Any) -> list[tuple[Any, str, Any]]:
+def cp_assignments(module: Any, group: Any) -> list[tuple[Any, str, Any]]:
+    """The attribute swaps that point ``module``'s CP group at ``group`` (see
+    :func:`use_cp_group`)."""
     assignments = []
     pg_collection = getattr(module, PG_COLLECTION_ATTR, None)
     if pg_collection is not None and hasattr(pg_collection, "cp"):
@@ -124,6 +126,6 @@ def use_cp_group(modules: Iterable[Any], group: Any) -> Iterator[None]:
     shallow copy whose ``cp`` is ``group``, and a ``cp_group`` attribute (if any) is set to
     ``group``. Only the listed modules change; children are not walked.
     """
-    assignments = [a for module in modules for a in _cp_assignments(module, group)]
+    assignments = [a for module in modules for a in cp_assignments(module, group)]
     with swap_attributes(assignments):
         yield

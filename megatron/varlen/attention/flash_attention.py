@@ -54,6 +54,20 @@ def flash_varlen_attention(
     return attend_planned(q_TrND, kv[..., :head_dim], kv[..., head_dim:], plan, scale, kernel)
 
 
+def _equal_head_dims(q, k, v):
+    """q, k, v with one head width: the narrower side zero-padded (multi-latent attention's
+    values are narrower than its queries/keys; FlashAttention takes one width). Zero value
+    channels add zero output channels, sliced off after the call; zero query/key channels add
+    nothing to the scores (the scale is passed explicitly)."""
+    qk_dim, value_dim = q.size(-1), v.size(-1)
+    if qk_dim == value_dim:
+        return q, k, v
+    if value_dim < qk_dim:
+        return q, k, torch.nn.functional.pad(v, (0, qk_dim - value_dim))
+    pad = (0, value_dim - qk_dim)
+    return torch.nn.functional.pad(q, pad), torch.nn.functional.pad(k, pad), v
+
+
 def attend_planned(
     q_TrND: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, plan: AttentionPlan,
     scale: float, kernel: Optional[VarlenKernel] = None,
@@ -71,9 +85,10 @@ def attend_planned(
         k_rows = k_rows.index_select(0, plan.key_index)
         v_rows = v_rows.index_select(0, plan.key_index)
     q = q_TrND if plan.query_index is None else q_TrND.index_select(0, plan.query_index)
+    q, k_rows, v_rows = _equal_head_dims(q, k_rows, v_rows)
     out = call_varlen_kernel(kernel, q.contiguous(), k_rows.contiguous(), v_rows.contiguous(),
                              plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, scale,
-                             plan.causal, bottom_right=plan.cp_size > 1)
+                             plan.causal, bottom_right=plan.cp_size > 1)[..., :value_dim]
     if plan.query_index is None:
         return out
     return out.new_zeros(plan.local_tokens, num_heads, value_dim).index_copy(
@@ -101,9 +116,10 @@ class FlashVarlenCoreAttention(VarlenCoreAttention):
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type="self",
                  attention_dropout=None, softmax_scale=None, cp_comm_type=None,
-                 pg_collection=None):
+                 pg_collection=None, k_channels=None, v_channels=None):
         super().__init__(config, layer_number, attn_mask_type, attention_type,
-                         attention_dropout, softmax_scale, cp_comm_type, pg_collection)
+                         attention_dropout, softmax_scale, cp_comm_type, pg_collection,
+                         k_channels, v_channels)
         self.kernel: Optional[VarlenKernel] = None
         if self.attention_dropout.p > 0:
             raise ValueError(

@@ -1,9 +1,10 @@
 """Layer specs for variable-length training: megatron-core's GPT specs with two swaps.
 
-Only ``self_attention.module`` (-> :class:`CPSwitchingSelfAttention`) and
-``self_attention.submodules.core_attention`` (-> :class:`VarlenCoreAttention`, the flash
-backend's :class:`FlashVarlenCoreAttention`, or TE's ``TEDotProductAttention``) change; every
-other slot is exactly what megatron-core's own spec function returns. Loadable with Megatron's
+Only ``self_attention.module`` (-> :class:`CPSwitchingSelfAttention`, or with multi-latent
+attention :class:`VarlenMLASelfAttention`) and ``self_attention.submodules.core_attention``
+(-> :class:`VarlenCoreAttention`, the flash backend's :class:`FlashVarlenCoreAttention`, or TE's
+``TEDotProductAttention``) change; every other slot is exactly what megatron-core's own spec
+function returns (its MLA spec under ``multi_latent_attention``). Loadable with Megatron's
 ``--spec megatron.varlen.model.spec get_varlen_gpt_layer_spec``.
 """
 
@@ -19,6 +20,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules, get_num_layers_to_build,
 )
@@ -30,12 +32,16 @@ from megatron.varlen.platform import accelerator
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
 from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
 from megatron.varlen.attention.flash_attention import FlashVarlenCoreAttention
+from megatron.varlen.attention.mla_attention import VarlenMLASelfAttention
 from megatron.varlen.attention.te_adapter import get_te_core_attention
 from megatron.varlen.model.norms import VarlenNorm
 
 # Norm slots of a local-spec layer: megatron-core's torch norm there refuses sequence parallel.
 _LAYER_NORM_SLOTS = ("input_layernorm", "pre_mlp_layernorm")
-_ATTENTION_NORM_SLOTS = ("q_layernorm", "k_layernorm")
+_ATTENTION_NORM_SLOTS = ("q_layernorm", "k_layernorm", "kv_layernorm")  # kv: MLA's latent norm
+# megatron-core's attention class -> ours (the same constructor and forward).
+_VARLEN_ATTENTION = {SelfAttention: CPSwitchingSelfAttention,
+                     MLASelfAttention: VarlenMLASelfAttention}
 _MTP_NORM_SLOTS = ("enorm", "hnorm", "layer_norm")
 
 
@@ -56,10 +62,10 @@ def _with_sp_capable_norms(layer_spec: ModuleSpec) -> ModuleSpec:
 def _with_varlen_attention(layer_spec: ModuleSpec, core_attention: type) -> ModuleSpec:
     """A copy of ``layer_spec`` with the self-attention class and core attention swapped."""
     attention = layer_spec.submodules.self_attention
-    assert attention.module is SelfAttention, f"expected SelfAttention, got {attention.module}"
+    assert attention.module in _VARLEN_ATTENTION, f"unexpected attention {attention.module}"
     switched = dataclasses.replace(
         attention,
-        module=CPSwitchingSelfAttention,
+        module=_VARLEN_ATTENTION[attention.module],
         submodules=dataclasses.replace(attention.submodules, core_attention=core_attention),
     )
     return dataclasses.replace(
@@ -73,6 +79,7 @@ def get_varlen_gpt_layer_spec(
     normalization: Optional[str] = None,
     use_te: Optional[bool] = None,
     attention_backend: Optional[str] = None,
+    multi_latent_attention: bool = False,
 ) -> ModuleSpec:
     """GPT decoder layer spec with THD/CP core attention and per-micro-batch CP switching.
 
@@ -87,13 +94,17 @@ def get_varlen_gpt_layer_spec(
             CUDA, else local; an fp32 run on CUDA must ask for "local": FlashAttention takes
             half precision). The training path passes the backend it resolved with
             :func:`megatron.varlen.platform.accelerator.resolve_attention_backend`.
+        multi_latent_attention: megatron-core's MLA layer (``--multi-latent-attention``; the
+            config must be an ``MLATransformerConfig``) instead of standard self-attention.
 
     Raises:
         ValueError: ``use_te=True`` or ``attention_backend="te"`` without Transformer Engine
             and CUDA.
     """
+    mla = {"multi_latent_attention": multi_latent_attention}
     if attention_backend is not None:
-        return _spec_for_backend(attention_backend, num_experts, qk_layernorm, normalization)
+        return _spec_for_backend(attention_backend, num_experts, qk_layernorm, normalization,
+                                 multi_latent_attention)
     te_attention = get_te_core_attention() if use_te is not False else None
     if use_te and te_attention is None:
         raise ValueError(
@@ -101,27 +112,30 @@ def get_varlen_gpt_layer_spec(
         )
     if te_attention is not None:
         base = get_gpt_layer_with_transformer_engine_spec(
-            num_experts=num_experts, qk_layernorm=qk_layernorm
+            num_experts=num_experts, qk_layernorm=qk_layernorm, **mla
         )
         return _with_varlen_attention(base, te_attention)
     base = get_gpt_layer_local_spec(
-        num_experts=num_experts, qk_layernorm=qk_layernorm, normalization=normalization
+        num_experts=num_experts, qk_layernorm=qk_layernorm, normalization=normalization, **mla
     )
     return _with_sp_capable_norms(_with_varlen_attention(base, VarlenCoreAttention))
 
 
-def _spec_for_backend(backend, num_experts, qk_layernorm, normalization) -> ModuleSpec:
+def _spec_for_backend(backend, num_experts, qk_layernorm, normalization,
+                      multi_latent_attention) -> ModuleSpec:
     if backend == accelerator.AUTO:
         backend = (accelerator.TE if accelerator.te_available() else
                    accelerator.FLASH if accelerator.flash_varlen_available() else accelerator.LOCAL)
     if backend == accelerator.TE:
-        return get_varlen_gpt_layer_spec(num_experts, qk_layernorm, normalization, use_te=True)
+        return get_varlen_gpt_layer_spec(num_experts, qk_layernorm, normalization, use_te=True,
+                                         multi_latent_attention=multi_latent_attention)
     if backend not in (accelerator.FLASH, accelerator.LOCAL):
         raise ValueError(f"attention_backend {backend!r}: choose from "
                          f"{accelerator.ATTENTION_BACKENDS}")
     core = FlashVarlenCoreAttention if backend == accelerator.FLASH else VarlenCoreAttention
     base = get_gpt_layer_local_spec(
-        num_experts=num_experts, qk_layernorm=qk_layernorm, normalization=normalization
+        num_experts=num_experts, qk_layernorm=qk_layernorm, normalization=normalization,
+        multi_latent_attention=multi_latent_attention
     )
     return _with_sp_capable_norms(_with_varlen_attention(base, core))
 

@@ -25,10 +25,12 @@ def is_default_spec(spec: tuple[str, str] | list[str] | None) -> bool:
 
 
 def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str,
-                    attention_backend: str | None = None, qk_layernorm: bool = False):
+                    attention_backend: str | None = None, qk_layernorm: bool = False,
+                    multi_latent_attention: bool = False):
     """The decoder layer ModuleSpec: ours by default (with ``attention_backend``, a resolved
-    --attention-backend, and ``qk_layernorm``), else the user's spec function, called without
-    arguments as Megatron-LM calls it (the spec then decides normalization and QK norms)."""
+    --attention-backend, ``qk_layernorm`` and ``multi_latent_attention``), else the user's spec
+    function, called without arguments as Megatron-LM calls it (the spec then decides
+    normalization, QK norms and the attention class)."""
     module_name, function_name = spec or DEFAULT_SPEC
     try:
         function = getattr(import_module(module_name), function_name)
@@ -37,7 +39,7 @@ def load_layer_spec(spec: tuple[str, str] | list[str] | None, normalization: str
     if not is_default_spec(spec):
         return function()
     return function(normalization=normalization, attention_backend=attention_backend,
-                    qk_layernorm=qk_layernorm)
+                    qk_layernorm=qk_layernorm, multi_latent_attention=multi_latent_attention)
 
 
 def core_attention_name(layer_spec) -> str:

@@ -13,6 +13,7 @@ from megatron.varlen_training.config.checkpoint import CheckpointConfig
 from megatron.varlen_training.config.data import DataConfig
 from megatron.varlen_training.config.kernels import KernelConfig
 from megatron.varlen_training.config.logging import LoggingConfig
+from megatron.varlen_training.config.mla import MLAConfig
 from megatron.varlen_training.config.model import HybridConfig, ModelConfig
 from megatron.varlen_training.config.moe import MoEConfig
 from megatron.varlen_training.config.optimizer import OptimizerConfig
@@ -36,8 +37,8 @@ def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
     spec = tuple(args.spec) if args.spec is not None else None
     model = ModelConfig(**_values(args, ModelConfig,
-                                  not_flags=("spec", "hybrid", "moe", "kernels")),
-                        spec=spec, hybrid=hybrid, moe=moe_config(args),
+                                  not_flags=("spec", "hybrid", "moe", "kernels", "mla")),
+                        spec=spec, hybrid=hybrid, moe=moe_config(args), mla=mla_config(args),
                         kernels=KernelConfig(**_values(args, KernelConfig)))
     if args.save_hf:  # fail at start-up, not after training, if the model has no HF form
         try:
@@ -55,6 +56,12 @@ def moe_config(args) -> MoEConfig | None:
     if isinstance(values["moe_layer_freq"], list):
         values["moe_layer_freq"] = tuple(values["moe_layer_freq"])
     return MoEConfig(**values)
+
+
+def mla_config(args) -> MLAConfig | None:
+    """Multi-latent attention's shape (mla_arguments.py validated it), or None without
+    --multi-latent-attention."""
+    return MLAConfig(**_values(args, MLAConfig)) if args.multi_latent_attention else None
 
 
 def hybrid_config(args) -> HybridConfig:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from megatron.varlen_training import flag_ranges
 from megatron.varlen_training.config.kernels import KernelConfig
+from megatron.varlen_training.config.mla import MLAConfig
 from megatron.varlen_training.config.moe import MoEConfig
 from megatron.varlen_training.config.validation import check_problems, check_ranges
 
@@ -95,6 +96,7 @@ class ModelConfig:
     kernels: KernelConfig = KernelConfig()  # Megatron-LM's kernel flags (kernel_arguments.py)
     # --apply-layernorm-1p: every norm stores gamma - 1 (megatron-core's field name).
     layernorm_zero_centered_gamma: bool = False
+    mla: MLAConfig | None = None  # None: standard attention (no --multi-latent-attention)
 
     def __post_init__(self):
         check_ranges(self)

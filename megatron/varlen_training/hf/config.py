@@ -325,6 +325,9 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
                             f"to Hugging Face needs --rotary-percent 1.0 (got "
                             f"{model.rotary_percent}) and no --rotary-seq-len-interpolation-"
                             f"factor (got {model.rotary_seq_len_interpolation_factor})")
+    if model.mla is not None:
+        raise HFConfigError("export to Hugging Face does not support --multi-latent-attention "
+                            "(DeepSeek-V3 checkpoints are not written here; Llama/Qwen only)")
     if model.mtp_num_layers:
         raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
                                                    layers=model.mtp_num_layers))

@@ -118,6 +118,19 @@ VALID = {
     "embedding_init_method_std": NONE,
     "moe_input_jitter_eps": NONE,
     "moe_latent_size": NONE,
+    # the MLA shape flags need --multi-latent-attention (the bases have none): only
+    # Megatron-LM's defaults pass (mscale_all_dim's is 0); the --yarn-* flags are refused
+    "q_lora_rank": NONE,
+    "kv_lora_rank": NONE,
+    "qk_head_dim": NONE,
+    "qk_pos_emb_head_dim": NONE,
+    "v_head_dim": NONE,
+    "rotary_scaling_factor": NONE,
+    "mscale": NONE,
+    "mscale_all_dim": ZERO,
+    "yarn_original_max_position_embeddings": NONE,
+    "yarn_beta_fast": NONE,
+    "yarn_beta_slow": NONE,
     "fp8_margin": ZERO,  # Megatron-LM's 0 changes nothing; every other value refused
     "fp8_interval": NONE,
     "fp8_amax_history_len": NONE,

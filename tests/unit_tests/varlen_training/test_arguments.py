@@ -118,6 +118,10 @@ EXPECTED_FLAGS = frozenset("""
 --rerun-mode --error-injection-rate --error-injection-type --check-for-spiky-loss
 --result-rejected-tracker-filename --check-weight-hash-across-dp-replicas-interval
 --optimizer --sgd-momentum --apply-wd-to-qk-layernorm --no-weight-decay-cond-type
+--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
+--rotary-scaling-factor --mscale --mscale-all-dim --cache-mla-latents --mla-down-proj-fusion
+--yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow
+--yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int
 --optimizer-cpu-offload --optimizer-cuda-graph --dump-param-to-param-group-map
 --freeze-all-layers --muon-momentum --muon-no-split-qkv --muon-use-nesterov --muon-nesterov
 --muon-scale-mode --muon-fp32-matmul-prec --muon-num-ns-steps --muon-tp-mode

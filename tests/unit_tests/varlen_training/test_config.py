@@ -37,6 +37,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/checkpoint_model_flags.py",
     "megatron/varlen_training/document_arguments.py",
     "megatron/varlen_training/moe_arguments.py",
+    "megatron/varlen_training/mla_arguments.py",
     "megatron/varlen_training/model_arguments.py",
     "megatron/varlen_training/kernel_arguments.py",
     "megatron/varlen_training/pipeline_arguments.py",
@@ -54,7 +55,7 @@ FLAG_LAYER_MODULES = {
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {
         "_values", "model_config", "hybrid_config", "data_config", "run_config",
-        "hybrid_run_config", "moe_config", "runtime_config"},
+        "hybrid_run_config", "moe_config", "mla_config", "runtime_config"},
 }
 
 

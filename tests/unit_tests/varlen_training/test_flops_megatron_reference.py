@@ -194,3 +194,65 @@ def test_hybrid_equals_megatron_lm_except_the_mamba_estimate(pattern, extra):
         router = _router_flops(model, pattern.count("E"), tokens) if model.moe else 0
         assert ours - upstream == FWD_BWD * pattern.count("M") * per_token * tokens + router, \
             pattern
+
+
+# Multi-latent attention: Megatron-LM's MLA branch of ``transformer_flops`` (main; THD batches
+# count the core attention over sum L^2 of the real sequences). Per token: queries h n (d + r)
+# directly, or q_rank (h + n (d + r) + 1) through the latent (+1: its norm); the key/value
+# latent c (h + n (d + e) + 1) + h r; the output n e h. Core attention per L^2: (n (d + r) / 2
+# + n e / 2), times 3 x 2 like every term. Everything else (MLP, MoE, MTP, logits) as above.
+MLA = ["--multi-latent-attention", "--kv-lora-rank", "12", "--qk-head-dim", "10",
+       "--qk-pos-emb-head-dim", "6", "--v-head-dim", "14"]
+REAL_LENGTHS = [1, 7, 32, 19, 5, 1000, 333]  # one packed global batch's real sequences
+
+
+def _megatron_lm_mla_flops(a: dict, m: dict, lengths: list[int]) -> Fraction:
+    """Megatron-LM's training FLOPs of a global batch of sequences ``lengths`` (MLA model)."""
+    h, n = a["hidden_size"], a["num_attention_heads"]
+    q_head = m["qk_head_dim"] + m["qk_pos_emb_head_dim"]
+    q_term = (h * n * q_head if m["q_lora_rank"] is None
+              else m["q_lora_rank"] * (h + n * q_head + 1))
+    attention_linear = FWD_BWD * FMA * (
+        q_term + m["kv_lora_rank"] * (h + n * (m["qk_head_dim"] + m["v_head_dim"]) + 1)
+        + h * m["qk_pos_emb_head_dim"] + n * m["v_head_dim"] * h)
+    attention_core = FWD_BWD * FMA * (Fraction(n * q_head, 2) + Fraction(n * m["v_head_dim"], 2))
+    layers = a["num_layers"] + a["mtp_num_layers"]
+    # the rest of the formula: the standard attention terms of a model without attention
+    rest = dict(a, hidden_size=h)
+    tokens, squares = sum(lengths), sum(length * length for length in lengths)
+    no_attention = _megatron_lm_flops(rest, 1, 1) - _standard_attention_flops(rest, 1, 1)
+    return (no_attention * tokens + attention_linear * layers * tokens
+            + attention_core * layers * squares)
+
+
+def _standard_attention_flops(a: dict, batch: int, seq: int) -> Fraction:
+    """The attention terms (linear and core) of :func:`_megatron_lm_flops`."""
+    h, heads = a["hidden_size"], a["num_attention_heads"]
+    groups = a["num_query_groups"] if a["group_query_attention"] else heads
+    kv_channels = a["kv_channels"] or Fraction(h, heads)
+    query, kv = kv_channels * heads, kv_channels * groups
+    layers = a["num_layers"] + a["mtp_num_layers"]
+    linear = FWD_BWD * FMA * (h * (query + 2 * kv) + query * h)
+    return (batch * seq * linear + batch * seq * seq * FWD_BWD * FMA * query) * layers
+
+
+def _mla_values(model) -> dict:
+    mla = model.mla
+    return dict(q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+                qk_head_dim=mla.qk_head_dim, qk_pos_emb_head_dim=mla.qk_pos_emb_head_dim,
+                v_head_dim=mla.v_head_dim)
+
+
+@pytest.mark.parametrize("extra,num_moe_layers", [
+    (MLA, 0),
+    (MLA + ["--q-lora-rank", "20", "--swiglu"], 0),
+    (MLA + ["--q-lora-rank", "20", "--mtp-num-layers", "1"], 0),
+    (MLA + MOE + ["--moe-layer-freq", "[0,1]"], 1),
+])
+def test_mla_gpt_equals_megatron_lm_on_real_lengths(extra, num_moe_layers):
+    model = _model(extra)
+    tokens, squares = sum(REAL_LENGTHS), sum(length * length for length in REAL_LENGTHS)
+    ours = num_floating_point_operations(model, tokens, squares)
+    upstream = _megatron_lm_mla_flops(_flag_values(model), _mla_values(model), REAL_LENGTHS)
+    router = _router_flops(model, num_moe_layers, tokens) if model.moe else 0
+    assert ours - upstream == router, extra

@@ -30,7 +30,7 @@ def _args(pattern, **overrides):
                   swiglu=False, padded_vocab_size=128, num_layers=len(pattern),
                   hybrid_layer_pattern=pattern, mamba_state_dim=8, mamba_head_dim=4,
                   mamba_num_groups=2, mamba_num_heads_resolved=12, mtp_num_layers=None,
-                  moe=None)
+                  moe=None, mla=None)
     values.update(overrides)
     values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
     hybrid = {name: values.pop(name) for name in HYBRID_FIELDS}

@@ -59,7 +59,20 @@ MEGATRON_LM_DEFAULTS = {
     "account_for_embedding_in_pipeline_split": False,
     "account_for_loss_in_pipeline_split": False, "num_virtual_stages_per_pipeline_rank": None,
     "num_layers_per_virtual_pipeline_stage": None, "overlap_p2p_comm": True,
+    # The mla group (and --rope-type, --rotary-base, --rotary-percent, which MLA's config reads).
+    "multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": 32,
+    "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+    "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0, "rope_type": None,
+    "rotary_base": 10000, "rotary_percent": 1.0,
 }
+# MLATransformerConfig fields core_transformer_config_from_args copies from same-named flags.
+_MLA_COPIED = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+               "v_head_dim", "rotary_scaling_factor", "mscale", "mscale_all_dim", "rotary_base",
+               "rotary_percent")
+# MLATransformerConfig's defaults where no flag of that name exists (YaRN's correction range;
+# Megatron-LM's --yarn-* flags feed its non-MLA YaRN only) or the flag is unset (rope_type).
+MLA_CLASS_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32,
+                      "beta_slow": 1, "rope_type": "yarn", "cache_mla_latents": False}
 # validate_args: the SwiGLU default MLP is 2/3 of 4h, rounded down to this multiple.
 SWIGLU_ROUNDING = 64
 _MOE_FIELDS = ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq",
@@ -151,7 +164,7 @@ def megatron_lm_config(given: dict) -> dict:
         # Refused here, so Megatron-LM's defaults: the same model.
         apply_residual_connection_post_layernorm=False,
         pipeline_model_parallel_layout=None, rotary_interleaved=False,
-        fp32_residual_connection=False, multi_latent_attention=False,
+        fp32_residual_connection=False, multi_latent_attention=flags["multi_latent_attention"],
         window_size=None, window_attn_skip_freq=None, softmax_type="vanilla",
         no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
         glu_linear_offset=0.0, activation_func_clamp_value=None, fp8=None, fp4=None,
@@ -172,6 +185,11 @@ def megatron_lm_config(given: dict) -> dict:
         # validate_args: p2p overlaps compute under VPP only (--no-overlap-p2p-communication).
         overlap_p2p_comm=flags["overlap_p2p_comm"] and _virtual_pipeline_size(flags) is not None,
     )
+    if flags["multi_latent_attention"]:  # config_class = MLATransformerConfig
+        expected.update(MLA_CLASS_DEFAULTS)
+        expected.update({name: flags[name] for name in _MLA_COPIED})
+        if flags["rope_type"] is not None:  # else popped: the class's default
+            expected["rope_type"] = flags["rope_type"]
     if flags["num_experts"] is not None:
         expected.update({name: flags[name] for name in _MOE_FIELDS})
         expected["moe_ffn_hidden_size"] = flags["moe_ffn_hidden_size"] or ffn
@@ -281,6 +299,18 @@ COMMAND_LINES = {
     "rotary_alias": {"use_rotary_position_embeddings": True, "apply_rope_fusion": False},
     "moe_grouped_gemm": {"num_experts": 4, "disable_bias_linear": True,
                          "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"},
+    # Multi-latent attention (mla_arguments.py): Megatron-LM's defaults (rope_type yarn),
+    # then a DeepSeek-V3-like shape with query compression and YaRN's scales.
+    "mla_defaults": {"multi_latent_attention": True, "position_embedding_type": "rope"},
+    "mla_rope": {"multi_latent_attention": True, "kv_lora_rank": 16, "qk_head_dim": 16,
+                 "qk_pos_emb_head_dim": 8, "v_head_dim": 12, "rope_type": "rope",
+                 "rotary_base": 50000, "position_embedding_type": "rope"},
+    "mla_q_lora_yarn": {"multi_latent_attention": True, "q_lora_rank": 24, "kv_lora_rank": 16,
+                        "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16,
+                        "rope_type": "yarn", "rotary_scaling_factor": 40.0, "mscale": 0.707,
+                        "mscale_all_dim": 0.707, "normalization": "RMSNorm",
+                        "qk_layernorm": True, "swiglu": True, "disable_bias_linear": True,
+                        "position_embedding_type": "rope"},
 }
 # Megatron-LM's switches that turn a default-on dest off (store_false): dest -> flag.
 OFF_SWITCHES = {"masked_softmax_fusion": "--no-masked-softmax-fusion",
@@ -320,6 +350,15 @@ def test_transformer_config_equals_megatron_lms(name):
     expected = megatron_lm_config({**TINY, **flags})
     assert not _differing(ours, expected), f"{name}: field: (ours, Megatron-LM's) " \
                                            f"{_differing(ours, expected)}"
+
+
+def test_mla_builds_megatron_lms_config_class():
+    """core_transformer_config_from_args: MLATransformerConfig under --multi-latent-attention
+    (its own defaults then apply), TransformerConfig otherwise."""
+    from megatron.core.transformer import MLATransformerConfig
+
+    assert type(_our_config(COMMAND_LINES["mla_defaults"])) is MLATransformerConfig
+    assert type(_our_config(COMMAND_LINES["dense"])) is TransformerConfig
 
 
 def _differing(ours: TransformerConfig, expected: dict) -> dict:
