@@ -29,9 +29,10 @@ For packed micro-batches: the activation part is Megatron-LM's for ``--seq-lengt
 ``--micro-batch-size`` tokens per micro-batch, context parallelism not counted (as there). A
 packed micro-batch here holds up to ``--max-seqlen-per-dp-cp-rank`` tokens per rank, however
 many sequences, so the figure is a planning number for a full fixed-length micro-batch, not a
-bound on a packed one. Hybrid (Mamba) models print Megatron-LM's "not yet supported" line. The
-weight part does not include multi-latent attention (Megatron-LM's MLA term); Megatron-LM main
-has since changed the formula (latent MoE, active parameters): this follows core_v0.16.1.
+bound on a packed one. Hybrid (Mamba) models print Megatron-LM's "not yet supported" line. With
+``--multi-latent-attention`` the attention term is Megatron-LM's MLA one (query and key/value
+latents with their norms, the shared rotated key, the output projection). Megatron-LM main has
+since changed the rest of the formula (latent MoE, active parameters): this follows core_v0.16.1.
 """
 
 from __future__ import annotations
@@ -89,13 +90,26 @@ def _moe_layer_pattern(model: ModelConfig) -> list[int]:
     return list(freq)
 
 
+def _attention_parameters(model: ModelConfig, norms: int) -> float:
+    """One layer's attention: Megatron-LM's MLA term (latent projections with their norms, the
+    shared rotated key, the output projection) or ``2 h^2 (1 + groups / heads) (q width / h)``."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    mla = model.mla
+    if mla is not None:
+        query = (h * heads * mla.q_head_dim if mla.q_lora_rank is None else
+                 mla.q_lora_rank * (h + heads * mla.q_head_dim + norms))
+        latent = mla.kv_lora_rank * (h + heads * (mla.qk_head_dim + mla.v_head_dim) + norms)
+        return query + latent + h * mla.qk_pos_emb_head_dim + heads * mla.v_head_dim * h
+    groups = model.num_query_groups if model.group_query_attention else heads
+    query_ratio = model.head_dim * heads / h
+    return 2 * h * h * (1 + groups / heads) * query_ratio
+
+
 def _layer_parameters(model: ModelConfig) -> tuple[float, float]:
     """(a dense layer's, an MoE layer's) counted parameters."""
     h = model.hidden_size
     norms = 1 if model.normalization == "RMSNorm" else 2
-    groups = model.num_query_groups if model.group_query_attention else model.num_attention_heads
-    query_ratio = model.head_dim * model.num_attention_heads / h
-    attention = 2 * h * h * (1 + groups / model.num_attention_heads) * query_ratio
+    attention = _attention_parameters(model, norms)
     glu = SWIGLU_MULTIPLIER if model.swiglu else 1
     dense = 2 * h * (model.ffn_hidden_size * glu + norms) + attention
     if model.moe is None:

@@ -249,3 +249,25 @@ def test_hybrid_models_get_megatron_lms_not_supported_line():
         "--train-iters", "1"], world_size=1)
     assert theoretical_memory.theoretical_memory_lines(run) == [
         "Theoretical memory footprints not yet supported for hybrid Mamba-Transformer models."]
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 16])
+def test_multi_latent_attention_counts_its_projections(q_lora_rank):
+    """MLA's attention, counted module by module (megatron-core's MLASelfAttention without
+    biases, RMSNorm latent norms: one weight per channel)."""
+    heads, kv_rank, qk, pos, v = 4, 8, 8, 4, 8
+    flags = ["--multi-latent-attention", "--kv-lora-rank", str(kv_rank), "--qk-head-dim",
+             str(qk), "--qk-pos-emb-head-dim", str(pos), "--v-head-dim", str(v),
+             "--normalization", "RMSNorm", "--disable-bias-linear"]
+    if q_lora_rank is None:
+        query = H * heads * (qk + pos)  # linear_q_proj
+    else:
+        flags += ["--q-lora-rank", str(q_lora_rank)]
+        query = (H * q_lora_rank + q_lora_rank  # linear_q_down_proj, q_layernorm
+                 + q_lora_rank * heads * (qk + pos))  # linear_q_up_proj
+    key_value = (H * (kv_rank + pos) + kv_rank  # linear_kv_down_proj (+ the rotated key), norm
+                 + kv_rank * heads * (qk + v))  # linear_kv_up_proj
+    attention = query + key_value + heads * v * H  # + linear_proj
+    layer = attention + 2 * H * (FFN + 1)  # the MLP and two RMSNorm weights
+    weights, _, _ = _bytes(_run(flags))
+    assert weights == (LAYERS * layer + H + EMBEDDING) * 18
