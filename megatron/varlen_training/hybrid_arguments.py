@@ -21,6 +21,9 @@ import argparse
 import sys
 
 from megatron.varlen_training import checkpoint_model_flags, flag_ranges
+from megatron.varlen_training.megatron_lm_census_flags import (
+    add_hybrid_census_flags, validate_hybrid_census_flags,
+)
 from megatron.varlen_training.arguments import (
     build_parser, exit_on_flag_errors, require, validate_args,
 )
@@ -75,6 +78,7 @@ def build_hybrid_parser() -> argparse.ArgumentParser:
     parser.prog = PROG
     parser.description = "Megatron hybrid Mamba-Transformer training (varlen fork)"
     add_hybrid_args(parser)
+    add_hybrid_census_flags(parser)
     return parser
 
 
@@ -173,6 +177,7 @@ def validate_hybrid_args(args) -> None:
                            f"or loss as a layer; use --decoder-first-pipeline-num-layers / "
                            f"--decoder-last-pipeline-num-layers")
     require(not args.mtp_num_layers, "--mtp-num-layers is not supported by pretrain_mamba.py")
+    validate_hybrid_census_flags(args, require)
     pattern = _layer_pattern(args)
     heads = _mamba_heads(args)
     if MAMBA in pattern:

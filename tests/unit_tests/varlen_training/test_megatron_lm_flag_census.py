@@ -1,0 +1,233 @@
+"""The census: every flag of Megatron-LM's training parser has an answer here.
+
+tests/unit_tests/data/megatron_lm_flags.txt lists Megatron-LM's option strings, read off its
+parser by tools/megatron_lm_flags.py. Each one is known to pretrain_gpt.py's parser (honoured,
+accepted as a proven no-op, a deprecated alias, or refused in one line with Megatron-LM's
+default accepted), or to pretrain_mamba.py's for the hybrid ones; or it belongs to a workload
+this fork does not run (OUT_OF_SCOPE below, answered by one line naming the workload), or
+another branch is registering it (BEING_IMPLEMENTED, empty once merged). Parse-only: cheap.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron.varlen_training import megatron_lm_census_flags as census
+from megatron.varlen_training import out_of_scope_flags
+from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
+from megatron.varlen_training.config.from_flags import run_config
+from megatron.varlen_training.hybrid_arguments import build_hybrid_parser, parse_hybrid_args
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+REPO = Path(__file__).resolve().parents[3]
+FLAGS_FILE = REPO / "tests" / "unit_tests" / "data" / "megatron_lm_flags.txt"
+DEFAULTS_FILE = REPO / "megatron" / "wrap" / "config" / "megatron_lm_defaults.json"
+BASE = TINY_GPT_ARGS + ["--train-iters", "3"]
+MAMBA_BASE = BASE + ["--num-layers", "3", "--hybrid-layer-pattern", "M*-", "--mamba-head-dim",
+                     "8", "--mamba-num-groups", "2", "--mamba-state-dim", "8"]
+
+# Megatron-LM's workloads this fork does not run, one reason each: their flags are not
+# registered; given, they stop the run in one line naming the workload (out_of_scope_flags.py).
+OUT_OF_SCOPE = {
+    "an inference / dynamic-batching / text-generation-server flag":
+        "serving and generation: this fork trains",
+    "an RL / GRPO flag": "reinforcement learning needs the inference engine and rollouts",
+    "a vision (ViT / DINO / Swin) flag": "image models and datasets",
+    "a BERT / T5 / biencoder / retriever / ICT flag": "encoder and retrieval models",
+    "a logits-distillation flag": "teacher logits are neither saved nor loaded here",
+    "a workload-inspector flag": "NVIDIA's on-demand profiling server",
+    "a kitchen (NVIDIA's quantization extension) flag": "a closed extension of Transformer "
+                                                         "Engine",
+    "a fault-injector flag": "a resilience test tool of NVIDIA's clusters",
+    "a Multi-Storage Client (MSC) flag": "object storage; the data and checkpoints here are "
+                                         "files (--disable-msc is accepted)",
+}
+# Registered by other branches in parallel (the lead empties this set once they are merged).
+BEING_IMPLEMENTED = frozenset("""
+--full-validation --multiple-validation-sets --validation-set-names --skip-train
+--eval-micro-batch-size --eval-global-batch-size --start-eval-at-iter --exit-signal
+--exit-signal-handler-for-dataloader --exit-signal-handler-for-training
+--data-parallel-random-init --encoder-seq-length --decoder-seq-length
+--microbatch-group-size-per-virtual-pipeline-stage --mtp-standalone --mtp-hybrid-override-pattern
+--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
+--rotary-scaling-factor --mscale --mscale-all-dim --cache-mla-latents --mla-down-proj-fusion
+--yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow
+--yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int
+--async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority --async-ckpt-use-cpu-shm
+--ckpt-fully-parallel-load-exchange-algo --ckpt-fully-parallel-load-per-rank-objects
+--ckpt-fully-parallel-save-process-group --ckpt-fully-parallel-load-process-group
+--ckpt-pg-tensors-cache-path --ckpt-pg-tensors-cache-create
+--no-ckpt-load-validate-sharding-integrity --disable-ckpt-load-validate-sharding-integrity
+--verify-integrity --no-save-tokenizer-assets --disable-save-tokenizer-assets
+""".split())
+
+
+def _megatron_lm_flags() -> list[str]:
+    return [line for line in FLAGS_FILE.read_text().splitlines()
+            if line and not line.startswith("#")]
+
+
+def _options(parser) -> set[str]:
+    return {option for action in parser.flag_actions for option in action.option_strings}
+
+
+MEGATRON_LM = _megatron_lm_flags()
+GPT_PARSER = build_parser()
+GPT = _options(GPT_PARSER)
+HYBRID = _options(build_hybrid_parser())
+OWNED = {flag: out_of_scope_flags.family_of(flag) for flag in MEGATRON_LM}
+
+
+def test_the_flag_list_is_megatron_lms():
+    assert len(MEGATRON_LM) > 800 and len(set(MEGATRON_LM)) == len(MEGATRON_LM)
+    assert {"--num-layers", "--micro-batch-size", "--grpo-group-size"} <= set(MEGATRON_LM)
+
+
+def test_every_megatron_lm_flag_has_an_answer():
+    unanswered = [flag for flag in MEGATRON_LM if flag not in GPT | HYBRID
+                  and OWNED[flag] is None and flag not in BEING_IMPLEMENTED]
+    assert unanswered == [], f"{len(unanswered)} Megatron-LM flags unknown here: {unanswered}"
+
+
+def test_the_being_implemented_set_is_still_unregistered():
+    assert BEING_IMPLEMENTED <= set(MEGATRON_LM)
+    registered = sorted(BEING_IMPLEMENTED & (GPT | HYBRID))
+    assert registered == [], f"registered now: drop them from BEING_IMPLEMENTED: {registered}"
+
+
+def test_out_of_scope_families_are_the_listed_ones_and_disjoint_from_the_parsers():
+    families = out_of_scope_flags.OUT_OF_SCOPE_FAMILIES
+    assert sorted(family.what for family in families) == sorted(OUT_OF_SCOPE)
+    for family in families:  # no dead family, and none claims a flag answered otherwise
+        assert any(owner is family for owner in OWNED.values()), family.what
+    assert sorted(flag for flag, owner in OWNED.items() if owner and flag in GPT | HYBRID) == []
+
+
+def _error(parse, argv) -> str:
+    with pytest.raises(ArgumentValidationError) as err:
+        parse(argv)
+    message = str(err.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_an_out_of_scope_flag_is_one_line_naming_its_workload():
+    for flag, family in OWNED.items():
+        if family is None:
+            continue
+        message = _error(GPT_PARSER.parse_args, BASE + [f"{flag}=1"])
+        assert message.startswith(f"{flag} is Megatron-LM's {family.what}: not in this fork"), \
+            message
+    # An unknown flag before it keeps argparse's message (it names every unknown token).
+    assert _error(GPT_PARSER.parse_args, BASE + ["--no-such-flag", "--grpo-group-size", "2"]) \
+        == "unrecognized arguments: --no-such-flag --grpo-group-size 2"
+
+
+def test_a_hybrid_flag_given_to_pretrain_gpt_points_at_pretrain_mamba():
+    hybrid_only = sorted(HYBRID - GPT)
+    assert "--mamba-state-dim" in hybrid_only
+    for flag in hybrid_only:
+        assert out_of_scope_flags.HYBRID_FAMILY.owns(flag), flag
+        argv = BASE + [flag] if flag in ("--is-hybrid-model", "--disable-mamba-mem-eff-path") \
+            else BASE + [flag, "8"]
+        assert _error(GPT_PARSER.parse_args, argv) == (
+            f"{flag} is Megatron-LM's a hybrid-model flag: run pretrain_mamba.py, whose parser "
+            f"takes it")
+
+
+def _rows(table):
+    return [(why, row) for why, rows in table.items() for row in rows]
+
+
+def _non_default(kwargs, default) -> list[str]:
+    """A command-line value asking for something: the switch itself, another choice, or 7."""
+    if kwargs.get("action"):
+        return []
+    if kwargs.get("choices"):
+        return [next(choice for choice in kwargs["choices"] if choice != default)]
+    return ["7"]
+
+
+@pytest.mark.parametrize("why, row", _rows(census.REFUSED), ids=lambda v: str(v)[:40])
+def test_a_refused_flag_is_one_line_and_its_default_is_accepted(why, row):
+    names, kwargs, default = row
+    for name in names:
+        args = GPT_PARSER.parse_args(BASE + [name, *_non_default(kwargs, default)])
+        with pytest.raises(ArgumentValidationError) as err:
+            census.validate_census_flags(args, _require)
+        assert str(err.value).startswith(f"{names[0]}") and why in str(err.value)
+    if default not in (None, False, True, []):  # Megatron-LM's default, given, changes nothing
+        census.validate_census_flags(GPT_PARSER.parse_args(BASE + [names[0], str(default)]),
+                                     _require)
+
+
+def _require(condition, message):
+    if not condition:
+        raise ArgumentValidationError(message)
+
+
+def test_refusals_run_in_validation():
+    assert "--moe-enable-deepep is not supported: DeepEP" in _error(
+        lambda argv: parse_args(argv, world_size=1), BASE + ["--moe-enable-deepep"])
+    assert _error(lambda argv: parse_args(argv, world_size=1),
+                  BASE + ["--cpu-offloading-num-layers", "2"]).startswith(
+        "--cpu-offloading-num-layers 2 is not supported: activation offloading")
+    parse_args(BASE + ["--cpu-offloading-num-layers", "0", "--config-logger-dir", ""],
+               world_size=1)
+
+
+def _every_accepted_flag_at_another_value() -> list[str]:
+    argv = []
+    for table in (census.UNREAD, census.ACCEPTED):
+        for _, (names, kwargs, default) in _rows(table):
+            argv += [names[-1], *_non_default(kwargs, default)]
+    return argv
+
+
+def test_unread_and_accepted_flags_change_nothing():
+    """The run built with every accepted flag at another value than Megatron-LM's default is
+    the run built without them (the typed config compares every field)."""
+    plain = run_config(parse_args(BASE, world_size=1))
+    carried = run_config(parse_args(BASE + _every_accepted_flag_at_another_value(),
+                                    world_size=1))
+    assert carried == plain
+
+
+def test_record_shapes_with_the_torch_profiler_only(tmp_path):
+    profile = ["--profile", "--profile-step-start", "1", "--profile-step-end", "2"]
+    parse_args(BASE + ["--record-shapes"], world_size=1)  # without --profile: nothing to record
+    parse_args(BASE + profile + ["--use-pytorch-profiler", "--tensorboard-dir", str(tmp_path),
+                                 "--record-shapes"], world_size=1)
+    # nsys's --profile needs CUDA (refused before on CPU): the census check on its own
+    nsys = GPT_PARSER.parse_args(BASE + profile + ["--record-shapes"])
+    with pytest.raises(ArgumentValidationError, match="^--record-shapes with nsys's --profile"):
+        census.validate_census_flags(nsys, _require)
+
+
+def test_disable_align_grad_reduce_is_no_align_grad_reduce():
+    assert GPT_PARSER.parse_args(BASE + ["--disable-align-grad-reduce"]).align_grad_reduce is False
+    assert GPT_PARSER.parse_args(BASE + ["--no-align-grad-reduce"]).align_grad_reduce is False
+    assert GPT_PARSER.parse_args(BASE).align_grad_reduce is True
+
+
+def test_refused_mamba_flags_of_pretrain_mamba():
+    def parse(argv):
+        return parse_hybrid_args(argv, world_size=1)
+    assert _error(parse, MAMBA_BASE + ["--disable-mamba-mem-eff-path"]).startswith(
+        "--disable-mamba-mem-eff-path is not supported: the Mamba training path here")
+    assert _error(parse, MAMBA_BASE + ["--mamba-training-ssm-states-dtype", "fp32"]).startswith(
+        "--mamba-training-ssm-states-dtype fp32 is not supported")
+    parse(MAMBA_BASE)
+
+
+def test_main_only_flags_say_so():
+    """A flag core_r0.16 lacks (its dest is not among Megatron-LM core_v0.8.0 / core_v0.16.1's
+    defaults, megatron/wrap/config/megatron_lm_defaults.json) says it is Megatron-LM main's."""
+    released = set(json.loads(DEFAULTS_FILE.read_text()))
+    for action in GPT_PARSER.flag_actions:
+        if action.option_strings[0] in census.IN_CORE_R016 or \
+                census.MAIN_ONLY_NOTE.strip() in (action.help or ""):
+            main_only = action.dest not in released
+            assert (census.MAIN_ONLY_NOTE.strip() in action.help) == main_only, \
+                action.option_strings
