@@ -22,7 +22,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class FlagFamily:
     """Flags of one workload: those starting with a prefix in ``prefixes`` or named in
-    ``names``; ``what`` names the workload in the error line."""
+    ``names``; ``what`` names the workload in the error line ("a Megatron-LM {what} flag")."""
 
     what: str
     prefixes: tuple[str, ...] = ()
@@ -34,21 +34,21 @@ class FlagFamily:
 
 # Megatron-LM's workloads whose flags a GPT/hybrid pretraining run never takes.
 OUT_OF_SCOPE_FAMILIES = (
-    FlagFamily("an inference / dynamic-batching / text-generation-server flag",
+    FlagFamily("inference / dynamic-batching / text-generation-server",
                ("--inference-", "--no-inference-", "--mamba-inference-"),
                frozenset({"--decode-only-cuda-graphs", "--enable-chunked-prefill",
                           "--num-speculative-tokens", "--flash-decode", "--max-tokens-to-oom",
                           "--use-legacy-static-engine", "--mlp-chunks-for-prefill",
                           "--nccl-all-reduce-for-prefill", "--symmetric-ar-type",
                           "--moe-pad-experts-for-cuda-graph-inference"})),
-    FlagFamily("an RL / GRPO flag", ("--rl-", "--no-rl-", "--grpo-"),
+    FlagFamily("RL / GRPO", ("--rl-", "--no-rl-", "--grpo-"),
                frozenset({"--perform-rl-step", "--langrl-env-config", "--refit-method"})),
-    FlagFamily("a vision (ViT / DINO / Swin) flag", ("--dino-", "--vision-"),
+    FlagFamily("vision (ViT / DINO / Swin)", ("--dino-", "--vision-"),
                frozenset({"--img-h", "--img-w", "--num-channels", "--patch-dim",
                           "--num-classes", "--classes-fraction", "--data-per-class-fraction",
                           "--swin-backbone-type", "--mask-type", "--mask-factor",
                           "--iter-per-epoch", "--mrope-section"})),
-    FlagFamily("a BERT / T5 / biencoder / retriever / ICT flag",
+    FlagFamily("BERT / T5 / biencoder / retriever / ICT",
                ("--bert-", "--biencoder-", "--ict-", "--retriever-", "--indexer-"),
                frozenset({"--titles-data-path", "--query-in-block-prob", "--use-one-sent-docs",
                           "--evidence-data-path", "--block-data-path", "--embedding-path",
@@ -56,16 +56,16 @@ OUT_OF_SCOPE_FAMILIES = (
                           "--encoder-num-layers", "--decoder-num-layers",
                           "--relative-attention-num-buckets",
                           "--relative-attention-max-distance", "--sample-rate"})),
-    FlagFamily("a logits-distillation flag", ("--logits-save-", "--logits-load-")),
-    FlagFamily("a workload-inspector flag", (),
+    FlagFamily("logits-distillation", ("--logits-save-", "--logits-load-")),
+    FlagFamily("workload-inspector", (),
                frozenset({"--run-workload-inspector-server"})),
-    FlagFamily("a kitchen (NVIDIA's quantization extension) flag", ("--kitchen-",),
+    FlagFamily("kitchen (NVIDIA's quantization extension)", ("--kitchen-",),
                frozenset({"--use-kitchen-attention"})),
-    FlagFamily("a fault-injector flag", ("--fault-injector-",)),
-    FlagFamily("a Multi-Storage Client (MSC) flag", (), frozenset({"--enable-msc"})),
+    FlagFamily("fault-injector", ("--fault-injector-",)),
+    FlagFamily("Multi-Storage Client (MSC)", (), frozenset({"--enable-msc"})),
 )
 # Megatron-LM's hybrid-model flags: pretrain_mamba.py's parser knows them, pretrain_gpt.py's not.
-HYBRID_FAMILY = FlagFamily("a hybrid-model flag", ("--mamba-", "--hybrid-"),
+HYBRID_FAMILY = FlagFamily("hybrid-model", ("--mamba-", "--hybrid-"),
                            frozenset({"--is-hybrid-model", "--disable-mamba-mem-eff-path"}))
 NOT_IN_THIS_FORK = "not in this fork, which trains GPT and hybrid models only"
 RUN_THE_HYBRID_ENTRY_POINT = "run pretrain_mamba.py, whose parser takes it"
@@ -89,7 +89,8 @@ def unrecognized_message(extras: list[str]) -> str:
         first = flags[0]
         family = family_of(first)
         if family is not None:
-            return f"{first} is Megatron-LM's {family.what}: {NOT_IN_THIS_FORK}"
+            return f"{first} is a Megatron-LM {family.what} flag: {NOT_IN_THIS_FORK}"
         if HYBRID_FAMILY.owns(first):
-            return f"{first} is Megatron-LM's {HYBRID_FAMILY.what}: {RUN_THE_HYBRID_ENTRY_POINT}"
+            return (f"{first} is a Megatron-LM {HYBRID_FAMILY.what} flag: "
+                    f"{RUN_THE_HYBRID_ENTRY_POINT}")
     return f"unrecognized arguments: {' '.join(extras)}"

@@ -295,6 +295,9 @@ def test_bad_combinations_raise_one_line(extra, world, needle):
     (["--tensor-model-parallel-size", "2"], "3", "world size 3 is not divisible"),
     (["--load", "/nonexistent/ckpt"], "1", "/nonexistent/ckpt"),
     (["--bogus"], "1", "unrecognized arguments: --bogus"),
+    # a hybrid flag: one line pointing at the hybrid entry point (megatron_lm_census_flags.py)
+    (["--mamba-state-dim", "64"], "1", "--mamba-state-dim is a Megatron-LM hybrid-model flag: "
+                                       "run pretrain_mamba.py"),
     (["--context-parallel-size", "2", "--seq-length", "30"], "2", "--seq-length 30"),
 ])
 def test_entry_point_exits_with_one_line(extra, env_world, needle):

@@ -30,18 +30,17 @@ MAMBA_BASE = BASE + ["--num-layers", "3", "--hybrid-layer-pattern", "M*-", "--ma
 # Megatron-LM's workloads this fork does not run, one reason each: their flags are not
 # registered; given, they stop the run in one line naming the workload (out_of_scope_flags.py).
 OUT_OF_SCOPE = {
-    "an inference / dynamic-batching / text-generation-server flag":
+    "inference / dynamic-batching / text-generation-server":
         "serving and generation: this fork trains",
-    "an RL / GRPO flag": "reinforcement learning needs the inference engine and rollouts",
-    "a vision (ViT / DINO / Swin) flag": "image models and datasets",
-    "a BERT / T5 / biencoder / retriever / ICT flag": "encoder and retrieval models",
-    "a logits-distillation flag": "teacher logits are neither saved nor loaded here",
-    "a workload-inspector flag": "NVIDIA's on-demand profiling server",
-    "a kitchen (NVIDIA's quantization extension) flag": "a closed extension of Transformer "
-                                                         "Engine",
-    "a fault-injector flag": "a resilience test tool of NVIDIA's clusters",
-    "a Multi-Storage Client (MSC) flag": "object storage; the data and checkpoints here are "
-                                         "files (--disable-msc is accepted)",
+    "RL / GRPO": "reinforcement learning needs the inference engine and rollouts",
+    "vision (ViT / DINO / Swin)": "image models and datasets",
+    "BERT / T5 / biencoder / retriever / ICT": "encoder and retrieval models",
+    "logits-distillation": "teacher logits are neither saved nor loaded here",
+    "workload-inspector": "NVIDIA's on-demand profiling server",
+    "kitchen (NVIDIA's quantization extension)": "a closed extension of Transformer Engine",
+    "fault-injector": "a resilience test tool of NVIDIA's clusters",
+    "Multi-Storage Client (MSC)": "object storage; the data and checkpoints here are files "
+                                  "(--disable-msc is accepted)",
 }
 # Registered by other branches in parallel (the lead empties this set once they are merged).
 BEING_IMPLEMENTED = frozenset("""
@@ -117,7 +116,8 @@ def test_an_out_of_scope_flag_is_one_line_naming_its_workload():
         if family is None:
             continue
         message = _error(GPT_PARSER.parse_args, BASE + [f"{flag}=1"])
-        assert message.startswith(f"{flag} is Megatron-LM's {family.what}: not in this fork"), \
+        assert message.startswith(f"{flag} is a Megatron-LM {family.what} flag: not in this "
+                                  f"fork"), \
             message
     # An unknown flag before it keeps argparse's message (it names every unknown token).
     assert _error(GPT_PARSER.parse_args, BASE + ["--no-such-flag", "--grpo-group-size", "2"]) \
@@ -132,7 +132,7 @@ def test_a_hybrid_flag_given_to_pretrain_gpt_points_at_pretrain_mamba():
         argv = BASE + [flag] if flag in ("--is-hybrid-model", "--disable-mamba-mem-eff-path") \
             else BASE + [flag, "8"]
         assert _error(GPT_PARSER.parse_args, argv) == (
-            f"{flag} is Megatron-LM's a hybrid-model flag: run pretrain_mamba.py, whose parser "
+            f"{flag} is a Megatron-LM hybrid-model flag: run pretrain_mamba.py, whose parser "
             f"takes it")
 
 
