@@ -371,7 +371,9 @@ def add_census_flags(parser: argparse.ArgumentParser) -> None:
     refused = parser.add_argument_group("Megatron-LM feature flags refused here")
     for why, rows in REFUSED.items():
         for names, kwargs, default in rows:
-            neutral = "" if kwargs.get("action") else f" (but {default!r}, Megatron-LM's default)"
+            given_neutral = not kwargs.get("action") and default is not None
+            shown = repr(default) if isinstance(default, str) else default  # '' stays visible
+            neutral = f" (but {shown}, which changes nothing)" if given_neutral else ""
             _add_rows(refused, ((names, kwargs, default),), f"Refused{neutral}: {why}.")
     unread = parser.add_argument_group("Megatron-LM tuning flags of refused features")
     for feature, rows in UNREAD.items():
