@@ -9,7 +9,9 @@ unknown flag: each is registered here, in a table by its answer and reason.
   it they change nothing there either: accepted at any value, without effect.
 - ``ACCEPTED``: flags that change nothing in a training run of Megatron-LM itself or here, each
   with the reason (a switch asking for what runs here, a flag Megatron-LM reads nowhere).
-- ``--disable-align-grad-reduce``: Megatron-LM main's second name of ``--no-align-grad-reduce``.
+- Honoured: ``--disable-jit-fuser`` (process_settings.py runs megatron-core's jit-fused
+  functions eagerly) and ``--disable-align-grad-reduce`` (Megatron-LM main's second name of
+  ``--no-align-grad-reduce``).
 
 Numeric flags here are registered without a ``type`` (their value is compared as given with
 Megatron-LM's default): refused at any other value, or read by nothing, they have no range to
@@ -120,8 +122,9 @@ REFUSED: dict[str, tuple[Row, ...]] = {
     ),
     "the MLP runs on the whole sequence here (no chunking)": (
         (("--mlp-chunks-for-training",), {}, 1),),
-    "the recompute here keeps each checkpointed input whole on every tensor-parallel rank "
-    "(distributing it is not wired)": (
+    "megatron-core 0.16.1 gathers the distributed activations on torch.cuda.current_device() "
+    "(no CPU path, so this fork's CPU suite cannot prove it): each recomputed layer keeps its "
+    "input whole on every tensor-parallel rank here": (
         (("--distribute-saved-activations",), SWITCH, False),),
     "the embedding keeps megatron-core's default here (its sequence-parallel output cloned)": (
         (("--no-clone-scatter-output-in-embedding", "--disable-clone-scatter-output-in-embedding"),
@@ -142,9 +145,6 @@ REFUSED: dict[str, tuple[Row, ...]] = {
     "documents are separated by --reset-attention-mask / --reset-position-ids here (the "
     "packed THD format)": (
         (("--dataloader-inter-document-masking",), SWITCH, False),),
-    "the disable-JIT switch is not wired: megatron-core's jit_fuser stays torch.compile "
-    "(use --no-bias-dropout-fusion for the fusion this fork runs on CUDA)": (
-        (("--disable-jit-fuser",), SWITCH, False),),
     _DEBUG_DUMP: (
         (("--save-params-interval",), {}, None),
         (("--save-activations-interval",), {}, None),
@@ -386,7 +386,13 @@ def add_census_flags(parser: argparse.ArgumentParser) -> None:
                           help="With --profile --use-pytorch-profiler accepted (the profiler "
                                "records shapes always); refused with nsys's --profile (its "
                                "NVTX shapes are not recorded here)." + MAIN_ONLY_NOTE)
-    accepted.add_argument("--disable-align-grad-reduce", action="store_false",
+    honoured = parser.add_argument_group("Megatron-LM switches honoured here")
+    honoured.add_argument("--disable-jit-fuser", action="store_true",
+                          help="megatron-core's jit_fuser functions (torch.compile: the MoE "
+                               "router's, bias-GELU/SwiGLU's, ...) run eagerly. Megatron-LM "
+                               "rebinds megatron.core.jit.jit_fuser, which misses functions "
+                               "decorated at import; torch's dynamo switch is turned off too.")
+    honoured.add_argument("--disable-align-grad-reduce", action="store_false",
                           dest="align_grad_reduce",
                           help="Megatron-LM main's second name of --no-align-grad-reduce.")
 

@@ -231,3 +231,29 @@ def test_main_only_flags_say_so():
             main_only = action.dest not in released
             assert (census.MAIN_ONLY_NOTE.strip() in action.help) == main_only, \
                 action.option_strings
+
+
+def test_disable_jit_fuser_runs_megatron_cores_jit_functions_eagerly(monkeypatch):
+    """megatron-core's bias-GELU is torch.compile-wrapped at import (its jit_fuser); with the
+    flag applied, calling it reaches no dynamo frame (counted by torch itself) and gives the
+    plain formula's numbers; the functions decorated later get megatron-core's no-op decorator."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from megatron.core import jit
+    from megatron.core.fusions.fused_bias_gelu import bias_gelu
+    from megatron.varlen_training.process_settings import apply_before_join
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)  # restored after the test
+    monkeypatch.setattr(jit, "jit_fuser", jit.jit_fuser)
+    assert hasattr(bias_gelu, "_torchdynamo_orig_callable")  # compiled, as megatron-core made it
+    assert not run_config(parse_args(BASE, world_size=1)).runtime.disable_jit_fuser
+    runtime = run_config(parse_args(BASE + ["--disable-jit-fuser"], world_size=1)).runtime
+    apply_before_join(runtime)
+    assert jit.jit_fuser is jit.noop_decorator
+    counters.clear()
+    bias, y = torch.zeros(8, dtype=torch.float64), torch.linspace(-3, 3, 8, dtype=torch.float64)
+    tanh_gelu = 0.5 * y * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (y + 0.044715 * y ** 3)))
+    torch.testing.assert_close(bias_gelu(bias, y), tanh_gelu, rtol=1e-6, atol=1e-7)
+    assert counters["frames"]["total"] == 0, dict(counters["frames"])
