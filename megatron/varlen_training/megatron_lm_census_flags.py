@@ -43,9 +43,9 @@ _MTP = "the multi-token-prediction layers here are megatron-core 0.16.1's (one p
 _DEBUG_DUMP = "Megatron-LM's tensor dumps for debugging are not written here"
 _FLIGHT_RECORDER = ("NCCL's flight recorder is not configured by the flags here: set its "
                     "TORCH_NCCL_* / TORCH_FR_* variables in the environment")
-_VOCAB = ("the padded vocabulary is always the tokenizer's (or --vocab-size's) padded to a "
-          "multiple of --make-vocab-size-divisible-by x TP here (--make-vocab-size-divisible-by 1 "
-          "at TP 1 pads nothing)")
+_VOCAB = ("without --padded-vocab-size the vocabulary is always padded here, to a multiple of "
+          "--make-vocab-size-divisible-by x TP (--make-vocab-size-divisible-by 1 at TP 1 pads "
+          "nothing; --padded-vocab-size N sets the size exactly)")
 
 # why -> rows: refused unless at Megatron-LM's default.
 REFUSED: dict[str, tuple[Row, ...]] = {
@@ -60,6 +60,8 @@ REFUSED: dict[str, tuple[Row, ...]] = {
         (("--output-logit-dtype",), {"choices": ("bf16", "fp32")}, None),
         (("--batch-invariant-mode",), SWITCH, False),
         (("--flash-attention-version",), {"choices": ("2", "3", "4")}, None),
+        (("--symmetric-ar-type",), {"choices": ("two_shot", "one_shot", "multimem_all_reduce")},
+         None),
         (("--moe-router-padding-for-quantization",), SWITCH, False),
         (("--moe-router-padding-for-fp8",), SWITCH, False),
     ),
@@ -138,7 +140,6 @@ REFUSED: dict[str, tuple[Row, ...]] = {
     "Megatron-LM": (
         (("--init-model-with-meta-device",), SWITCH, False),),
     _VOCAB: (
-        (("--padded-vocab-size",), {}, None),
         (("--no-pad-vocab-size", "--disable-pad-vocab-size"),
          {"action": "store_false", "dest": "pad_vocab_size"}, True),
     ),
@@ -334,6 +335,7 @@ ACCEPTED: dict[str, tuple[Row, ...]] = {
          {"action": "store_false", "dest": "flight_recorder_extra_dump_on_exec"}, True),
     ),
 }
+PADDED_VOCAB_SIZE = "--padded-vocab-size"
 # --record-shapes: Megatron-LM main records shapes in the NVTX ranges of an nsys --profile
 # window; with --use-pytorch-profiler the torch profiler here records shapes always.
 RECORD_SHAPES = "--record-shapes"
@@ -392,6 +394,11 @@ def add_census_flags(parser: argparse.ArgumentParser) -> None:
                                "router's, bias-GELU/SwiGLU's, ...) run eagerly. Megatron-LM "
                                "rebinds megatron.core.jit.jit_fuser, which misses functions "
                                "decorated at import; torch's dynamo switch is turned off too.")
+    honoured.add_argument(PADDED_VOCAB_SIZE, type=int, default=None,
+                          help="The model's vocabulary rows, exactly (no padding; at least the "
+                               "tokenizer's vocabulary, divisible by TP), as Megatron-LM. "
+                               "Default: the vocabulary padded to a multiple of "
+                               "--make-vocab-size-divisible-by x TP.")
     honoured.add_argument("--disable-align-grad-reduce", action="store_false",
                           dest="align_grad_reduce",
                           help="Megatron-LM main's second name of --no-align-grad-reduce.")
@@ -429,6 +436,7 @@ def validate_census_flags(args: argparse.Namespace, require) -> None:
     and --record-shapes in an nsys profile."""
     for flag, shown, why in given_refusals(args):
         require(False, f"{flag}{shown} is not supported: {why}")
+    _validate_padded_vocab_size(args, require)
     require(not (args.record_shapes and args.profile and not args.use_pytorch_profiler),
             f"{RECORD_SHAPES} with nsys's --profile is not supported: the NVTX ranges here "
             f"carry no shapes; add --use-pytorch-profiler (its trace records shapes)")
@@ -459,3 +467,16 @@ def validate_hybrid_census_flags(args: argparse.Namespace, require) -> None:
             value = getattr(args, _dest(names, kwargs))
             shown = "" if kwargs.get("action") else f" {value}"
             require(is_default(value, default), f"{names[0]}{shown} is not supported: {why}")
+
+
+def _validate_padded_vocab_size(args: argparse.Namespace, require) -> None:
+    """--padded-vocab-size: the vocabulary-parallel embedding splits its rows evenly over TP,
+    and every token id needs a row (a vocabulary known now; config/run.py checks a tokenizer's)."""
+    padded, tp = args.padded_vocab_size, args.tensor_model_parallel_size
+    if padded is None:
+        return
+    require(padded % tp == 0, f"{PADDED_VOCAB_SIZE} {padded} is not divisible by "
+                              f"--tensor-model-parallel-size {tp} (the embedding splits its rows)")
+    require(args.vocab_size is None or padded >= args.vocab_size,
+            f"{PADDED_VOCAB_SIZE} {padded} is smaller than --vocab-size {args.vocab_size}: every "
+            f"token id needs a row")

@@ -39,7 +39,7 @@ OUT_OF_SCOPE_FAMILIES = (
                frozenset({"--decode-only-cuda-graphs", "--enable-chunked-prefill",
                           "--num-speculative-tokens", "--flash-decode", "--max-tokens-to-oom",
                           "--use-legacy-static-engine", "--mlp-chunks-for-prefill",
-                          "--nccl-all-reduce-for-prefill", "--symmetric-ar-type",
+                          "--nccl-all-reduce-for-prefill",
                           "--moe-pad-experts-for-cuda-graph-inference"})),
     FlagFamily("RL / GRPO", ("--rl-", "--no-rl-", "--grpo-"),
                frozenset({"--perform-rl-step", "--langrl-env-config", "--refit-method"})),

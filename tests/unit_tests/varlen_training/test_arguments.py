@@ -160,7 +160,7 @@ EXPECTED_FLAGS = frozenset("""
 --fim-middle-token --fim-suffix-token --fim-pad-token --fim-eod-token --data-args-path
 --per-split-data-args-path --per-dataset-sequences-path --object-storage-cache-path
 --phase-transition-iterations --dataloader-fast-cache-load --dataloader-defer-npy-index-mmap
---fim-data
+--fim-data --symmetric-ar-type
 --activation-offload-fraction --adlr-autoresume --adlr-autoresume-interval
 --batch-invariant-backend --batch-invariant-mode --config-logger-dir --cpu-offloading-num-layers
 --cpu-offloading-retain-pinned-cpu-buffers --cuda-graph-modules --cuda-graph-warmup-steps

@@ -8,6 +8,7 @@ this fork does not run (OUT_OF_SCOPE below, answered by one line naming the work
 another branch is registering it (BEING_IMPLEMENTED, empty once merged). Parse-only: cheap.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -257,3 +258,36 @@ def test_disable_jit_fuser_runs_megatron_cores_jit_functions_eagerly(monkeypatch
     tanh_gelu = 0.5 * y * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (y + 0.044715 * y ** 3)))
     torch.testing.assert_close(bias_gelu(bias, y), tanh_gelu, rtol=1e-6, atol=1e-7)
     assert counters["frames"]["total"] == 0, dict(counters["frames"])
+
+
+def _vocabulary_rows(extra: list[str]) -> int:
+    """The model's vocabulary rows once the tokenizer (here: --vocab-size's) is known."""
+    run = run_config(parse_args(BASE + extra, world_size=1))
+    return run.with_vocabulary(run.model.vocab_size).model.padded_vocab_size
+
+
+def test_padded_vocab_size_is_the_models_vocabulary_exactly():
+    """Megatron-LM: --padded-vocab-size N builds N rows, no padding rule; without it the
+    vocabulary is padded up to a multiple of --make-vocab-size-divisible-by x TP (the base's
+    32 x 1: 128 stays 128, 150 becomes ceil(150 / 32) x 32 = 160)."""
+    assert _vocabulary_rows([]) == 128
+    assert _vocabulary_rows(["--vocab-size", "150"]) == 160
+    assert _vocabulary_rows(["--vocab-size", "150", "--padded-vocab-size", "150"]) == 150
+    assert _vocabulary_rows(["--padded-vocab-size", "200"]) == 200
+
+
+@pytest.mark.parametrize("extra, world, needle", [
+    (["--padded-vocab-size", "100"], 1, "--padded-vocab-size 100 is smaller than --vocab-size 128"),
+    (["--padded-vocab-size", "201", "--tensor-model-parallel-size", "2"], 2,
+     "--padded-vocab-size 201 is not divisible by --tensor-model-parallel-size 2"),
+])
+def test_an_impossible_padded_vocab_size_is_one_line(extra, world, needle):
+    assert needle in _error(lambda argv: parse_args(argv, world_size=world), BASE + extra)
+
+
+def test_a_tokenizer_larger_than_the_padded_vocab_size_is_one_line():
+    run = run_config(parse_args(BASE + ["--padded-vocab-size", "128"], world_size=1))
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=None))
+    with pytest.raises(ArgumentValidationError, match="^--padded-vocab-size 128 is smaller than "
+                                                      "the tokenizer's vocabulary \\(300\\)"):
+        run.with_vocabulary(300)
