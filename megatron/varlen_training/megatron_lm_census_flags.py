@@ -319,8 +319,9 @@ UNREAD: dict[str, tuple[Row, ...]] = {
 ACCEPTED: dict[str, tuple[Row, ...]] = {
     "Megatron-LM registers it but reads it nowhere": (
         (("--head-lr-mult",), {}, 1.0),),
-    "Megatron-LM reads it only when sampling at inference (its default: on)": (
-        (("--use-same-sampling-seed-across-dp-ranks",), SWITCH, True),),
+    "Megatron-LM reads it only in its inference engine (the sampling seed per DP rank)": (
+        (("--use-same-sampling-seed-across-dp-ranks",),
+         {"action": "store_false", "dest": "offset_sampling_seed_by_dp_rank"}, True),),
     "the Multi-Storage Client is never used here, which the flag asks for (a no-op in "
     "Megatron-LM too)": (
         (("--disable-msc",), SWITCH, False),),
