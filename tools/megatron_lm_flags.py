@@ -105,10 +105,11 @@ def main() -> None:
     cli.add_argument("--output", type=Path, default=OUTPUT)
     options = cli.parse_args()
     flags = megatron_lm_option_strings(options.megatron_lm.resolve())
+    source = f" from {options.commit_note}" if options.commit_note else ""
     header = ["# Megatron-LM's training flags (every option string of megatron.training."
               "arguments' parser),",
-              f"# written by tools/megatron_lm_flags.py{' from ' + options.commit_note if options.commit_note else ''}; "
-              "read by test_megatron_lm_flag_census.py."]
+              f"# written by tools/megatron_lm_flags.py{source}; read by "
+              f"test_megatron_lm_flag_census.py."]
     options.output.write_text("\n".join(header + flags) + "\n")
     print(f"{len(flags)} flags -> {options.output}")
 

@@ -57,7 +57,7 @@ REFUSED: dict[str, tuple[Row, ...]] = {
         (("--use-transformer-engine-op-fuser",), SWITCH, False),
         (("--fused-residual-rmsnorm",), SWITCH, False),
         (("--use-fused-weighted-squared-relu",), SWITCH, False),
-        (("--output-logit-dtype",), {"choices": ("bf16", "fp32")}, None),
+        (("--output-logit-dtype",), {"choices": ("bf16", "fp32"), "dest": "logit_dtype"}, None),
         (("--batch-invariant-mode",), SWITCH, False),
         (("--flash-attention-version",), {"choices": ("2", "3", "4")}, None),
         (("--symmetric-ar-type",), {"choices": ("two_shot", "one_shot", "multimem_all_reduce")},
@@ -79,7 +79,8 @@ REFUSED: dict[str, tuple[Row, ...]] = {
         (("--overlap-moe-expert-parallel-comm",), SWITCH, False),
         (("--delay-wgrad-compute",), SWITCH, False),
         (("--defer-embedding-wgrad-compute",), SWITCH, False),
-        (("--overlap-p2p-communication-warmup-flush",), SWITCH, False),
+        (("--overlap-p2p-communication-warmup-flush",),
+         {"action": "store_true", "dest": "overlap_p2p_comm_warmup_flush"}, False),
         (("--use-ring-exchange-p2p",), SWITCH, False),
     ),
     "the pipeline sends use torch.distributed's default backend here": (
@@ -208,7 +209,7 @@ UNREAD: dict[str, tuple[Row, ...]] = {
     ),
     "--defer-embedding-wgrad-compute": ((("--wgrad-deferral-limit",), {}, 0),),
     "--cuda-graph-impl": (
-        (("--cuda-graph-modules",), {"nargs": "*"}, []),
+        (("--cuda-graph-modules",), {"nargs": "+"}, []),
         (("--cuda-graph-warmup-steps",), {}, 3),
     ),
     "--moe-token-dispatcher-type flex": (
@@ -229,7 +230,7 @@ UNREAD: dict[str, tuple[Row, ...]] = {
     "--cpu-offloading-num-layers": (
         (("--cpu-offloading-retain-pinned-cpu-buffers",), SWITCH, False),),
     "--fine-grained-activation-offloading": (
-        (("--offload-modules",), {"nargs": "*"}, []),
+        (("--offload-modules",), {"nargs": "+"}, []),
         (("--min-offloaded-tensor-size",), {}, 1048576),
         (("--delay-offload-until-cuda-graph",), SWITCH, False),
         (("--delta-offload-bytes-across-pp-ranks",), {}, 0),
@@ -277,7 +278,7 @@ UNREAD: dict[str, tuple[Row, ...]] = {
         (("--mup-attn-scale-power",), {}, 1.0),
     ),
     "--tensor-parallel-num-weight-shards": (
-        (("--gtp-remat-opt-in-modules",), {"nargs": "*"}, []),
+        (("--gtp-remat-opt-in-modules",), {"nargs": "+"}, []),
         (("--gtp-remat-nccl-ub",), SWITCH, False),
         (("--gtp-expert-remat-nccl-ub",), SWITCH, False),
         (("--gtp-remat-reduce-scatter-with-fp32-accumulation",), SWITCH, False),
@@ -324,7 +325,7 @@ ACCEPTED: dict[str, tuple[Row, ...]] = {
          {"action": "store_false", "dest": "offset_sampling_seed_by_dp_rank"}, True),),
     "the Multi-Storage Client is never used here, which the flag asks for (a no-op in "
     "Megatron-LM too)": (
-        (("--disable-msc",), SWITCH, False),),
+        (("--disable-msc",), {"action": "store_true", "dest": "disable_msc_deprecated"}, False),),
     "NCCL's flight recorder is not configured here, which the flag asks for": (
         (("--no-flight-recorder-dump-on-timeout", "--disable-flight-recorder-dump-on-timeout"),
          {"action": "store_false", "dest": "flight_recorder_dump_on_timeout"}, True),
