@@ -291,3 +291,11 @@ def test_a_tokenizer_larger_than_the_padded_vocab_size_is_one_line():
     with pytest.raises(ArgumentValidationError, match="^--padded-vocab-size 128 is smaller than "
                                                       "the tokenizer's vocabulary \\(300\\)"):
         run.with_vocabulary(300)
+
+
+@pytest.mark.parametrize("spelling", [["--lazy-mpu-init"], ["--lazy-mpu-init", "True"]])
+def test_lazy_mpu_init_in_both_megatron_lm_spellings_is_one_line(spelling):
+    """Main's bare switch and core_v0.16.1's value both reach the refusal (not argparse's
+    'expected one argument')."""
+    assert _error(lambda argv: parse_args(argv, world_size=1), BASE + spelling).startswith(
+        "--lazy-mpu-init is not supported: model-parallel state")
