@@ -10,8 +10,10 @@ unknown flag: each is registered here, in a table by its answer and reason.
 - ``ACCEPTED``: flags that change nothing in a training run of Megatron-LM itself or here, each
   with the reason (a switch asking for what runs here, a flag Megatron-LM reads nowhere).
 - Honoured: ``--disable-jit-fuser`` (process_settings.py runs megatron-core's jit-fused
-  functions eagerly) and ``--disable-align-grad-reduce`` (Megatron-LM main's second name of
-  ``--no-align-grad-reduce``).
+  functions eagerly), ``--padded-vocab-size`` (the model's vocabulary rows exactly:
+  run_description.py, config/run.py), ``--record-shapes`` (with the torch profiler, which
+  records shapes; refused with nsys's) and ``--disable-align-grad-reduce`` (Megatron-LM main's
+  second name of ``--no-align-grad-reduce``).
 
 Numeric flags here are registered without a ``type`` (their value is compared as given with
 Megatron-LM's default): refused at any other value, or read by nothing, they have no range to
@@ -28,7 +30,6 @@ import argparse
 # A table row: (the flag's option strings, argparse keywords, Megatron-LM's default).
 Row = tuple[tuple[str, ...], dict, object]
 SWITCH = {"action": "store_true"}
-SWITCH_OFF = {"action": "store_false"}
 
 _TE = "needs Transformer Engine's {what}, which this fork does not build"
 _TE_KERNEL = _TE.format(what="fused kernels")
@@ -386,11 +387,16 @@ def add_census_flags(parser: argparse.ArgumentParser) -> None:
     accepted = parser.add_argument_group("Megatron-LM flags that change nothing here")
     for why, rows in ACCEPTED.items():
         _add_rows(accepted, rows, f"Accepted, no effect: {why}.")
+    _add_honoured_flags(accepted, parser.add_argument_group("Megatron-LM switches honoured here"))
+
+
+def _add_honoured_flags(accepted, honoured) -> None:
+    """--record-shapes (with the accepted flags: it changes nothing where it is accepted) and
+    the flags this module honours."""
     accepted.add_argument(RECORD_SHAPES, action="store_true",
                           help="With --profile --use-pytorch-profiler accepted (the profiler "
                                "records shapes always); refused with nsys's --profile (its "
                                "NVTX shapes are not recorded here)." + MAIN_ONLY_NOTE)
-    honoured = parser.add_argument_group("Megatron-LM switches honoured here")
     honoured.add_argument("--disable-jit-fuser", action="store_true",
                           help="megatron-core's jit_fuser functions (torch.compile: the MoE "
                                "router's, bias-GELU/SwiGLU's, ...) run eagerly. Megatron-LM "
