@@ -226,8 +226,8 @@ def _add_logging_checkpoint_args(parser):
                             "first), loss, time and throughput averaged over them, as "
                             "Megatron-LM.")
     group.add_argument("--log-throughput", action="store_true",
-                       help="Megatron-LM prints 'throughput per GPU (TFLOP/s/GPU)' only with "
-                            "this flag; here the line and the metrics always carry it (with "
+                       help="Print 'throughput per GPU (TFLOP/s/GPU)' on the iteration line, "
+                            "as Megatron-LM (the JSONL record always carries it; with "
                             "--log-timers-to-tensorboard it adds the 'throughput' scalar).")
     group.add_argument("--log-metrics-jsonl", default=None,
                        help="Write one JSON object per iteration to this path.")

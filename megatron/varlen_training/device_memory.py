@@ -2,10 +2,11 @@
 
 - The line (Megatron-LM's ``report_memory``), on every rank of data-parallel rank 0::
 
-      [Rank 0] (after 1 iterations) memory (MB) | allocated: 812.41 | max allocated: ... |
-      reserved: ... | max reserved: ... |
+      [Rank 0] (after 1 iterations) memory (MB) | allocated: 812.41 | max allocated: ...
+      | reserved: ... | max reserved: ...
 
-  (with ``--log-device-memory-used`` also ``total device memory used``), printed when
+  (one line without a closing ``|``, as Megatron-LM's; with ``--log-device-memory-used`` also
+  ``total device memory used``), printed when
   Megatron-LM's ``training_log`` prints it: with the iteration lines until one comes after the
   run's second iteration, and with ``--log-memory-interval N`` on the iteration lines of
   multiples of N (:class:`MemoryReports`).
@@ -64,15 +65,20 @@ class MemoryReports:
         self.start_iteration = start_iteration
         self._first_lines = True  # Megatron-LM's report_memory_flag
         self._first_iteration = True
+        # The last due() was one of the first reports, which Megatron-LM's theoretical memory
+        # footprint lines accompany (theoretical_memory.py; on any device).
+        self.with_footprint = False
 
     def due(self, iteration: int) -> bool:
         """Whether the memory line follows ``iteration``'s (call once per iteration)."""
         first, self._first_iteration = self._first_iteration, False
+        self.with_footprint = False
         if not (first or iteration % self.log_interval == 0):
             return False  # no iteration line, no memory line
         if self._first_lines:
             # Megatron-LM reports until a line after the run's second iteration, so that one
             # report includes the optimizer state the first update allocated.
             self._first_lines = iteration <= self.start_iteration + 1
+            self.with_footprint = True
             return True
         return self.memory_interval is not None and iteration % self.memory_interval == 0

@@ -11,9 +11,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 TERA = 1e12
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # the iteration line's " [...]" (Megatron-LM's)
 ITERATION_KEY = "iteration"  # the first key of every JSONL record
 LOSS_KEY = "lm_loss"
 # 1 when the fp16 loss scaler skipped the step's update (Megatron-LM's ``skipped_iter``).
@@ -109,52 +111,81 @@ def is_timer_key(key: str) -> bool:
     return key.endswith(TIMER_SUFFIX) or key == THROUGHPUT_KEY
 
 
-def format_log_line(record: Mapping[str, Any], train_iters: int) -> str:
+def format_log_line(record: Mapping[str, Any], train_iters: int, log_throughput: bool = False,
+                    now: datetime | None = None) -> str:
     """Megatron-LM's iteration line from a JSONL record (:func:`to_json_record`), so both entry
     points print the same line from the same numbers (the console writer hands it the record
     averaged over the --log-interval: log_interval.py)::
 
-         iteration        3/      10 | consumed samples:           48 | ... | lm loss: 4.1E+00 |
+         [2026-11-27 02:42:07.123456] iteration        3/      10 | consumed samples: ...
 
-    Megatron-LM's fields in its order; ``throughput per GPU`` and ``tokens per second`` always
-    (Megatron-LM: the first with ``--log-throughput``). The counts of skipped and NaN
-    iterations are the record's own (one iteration) unless it carries the interval's.
-    Keys beyond the shared schema (the schedule's stats, a facade flow's metrics) follow in
-    record order, ``padding_ratio`` as ``padding ratio: 0.0085``.
+    Megatron-LM's (core_v0.16.1 ``training_log``) fields in its order and number formats, from
+    the timestamp (``now``, default the local time, as its ``datetime.now()``) to ``number of
+    nan iterations``: ``throughput per GPU`` only with ``log_throughput`` (--log-throughput); a
+    loss only when its average is above zero, as there (an interval of skipped iterations
+    prints no ``lm loss``). The counts of skipped and NaN iterations are the record's own (one
+    iteration) unless it carries the interval's. This fork's additions follow Megatron-LM's
+    last field, so a parser of its line reads ours: ``tokens per second``, ``number of
+    microbatches``, then the keys beyond the shared schema (the schedule's stats, a facade
+    flow's metrics) in record order, ``padding_ratio`` as ``padding ratio: 0.0085``.
     """
-    skipped = record.get(SKIPPED_ITER_KEY) or 0
-    nan = int(bool(skipped) and not math.isfinite(record[LOSS_KEY] or 0.0))
-    parts = [
-        f" iteration {record[ITERATION_KEY]:8d}/{train_iters:8d}",
-        f"consumed samples: {record['consumed_samples']:12d}",
-        f"elapsed time per iteration (ms): {record['step_time_s'] * 1000.0:.1f}",
-        f"throughput per GPU (TFLOP/s/GPU): {record['tflops_per_device']:.4f}",
-        f"tokens per second: {record['tokens_per_s']:.1f}",
-        f"learning rate: {record['lr']:.6E}",
-        f"global batch size: {record['global_batch_size']:5d}",
-        f"lm loss: {record['lm_loss']:.6E}",
-        *(f"{key}: {record[key]:.6E}" for key in LOSS_KEYS if key in record),
-        *(f"{key}: {record[key]:.6E}" for key in record if is_mtp_loss_key(key)),
-        f"loss scale: {record.get('loss_scale', 1.0):.1f}",
-    ]
+    stamp = (now or datetime.now()).strftime(TIMESTAMP_FORMAT)
+    parts = [f" [{stamp}] iteration {record[ITERATION_KEY]:8d}/{train_iters:8d}",
+             f"consumed samples: {record['consumed_samples']:12d}",
+             f"elapsed time per iteration (ms): {record['step_time_s'] * 1000.0:.1f}"]
+    if log_throughput:
+        parts.append(f"throughput per GPU (TFLOP/s/GPU): {record['tflops_per_device']:.1f}")
+    parts += [f"learning rate: {record['lr']:.6E}",
+              f"global batch size: {record['global_batch_size']:5d}"]
+    parts += [f"{_line_name(key)}: {record[key]:.6E}" for key in _line_losses(record)
+              if record[key] is not None and record[key] > 0.0]
+    parts += _norm_fields(record)
+    parts += _count_fields(record)
+    parts += _fork_fields(record)
+    return " | ".join(parts) + " |"
+
+
+def _line_name(key: str) -> str:
+    return "lm loss" if key == LOSS_KEY else key
+
+
+def _line_losses(record: Mapping[str, Any]) -> list[str]:
+    """The record's losses in Megatron-LM's order: lm loss, the MoE losses, the MTP losses."""
+    return ([LOSS_KEY] + [key for key in LOSS_KEYS if key in record]
+            + [key for key in record if is_mtp_loss_key(key)])
+
+
+def _norm_fields(record: Mapping[str, Any]) -> list[str]:
+    """``loss scale`` and, where the record has them, the grad norm, zeros and params norm."""
+    parts = [f"loss scale: {record.get('loss_scale', 1.0):.1f}"]
     if record["grad_norm"] is not None:
         parts.append(f"grad norm: {record['grad_norm']:.3f}")
     if record.get(NUM_ZEROS_KEY) is not None:
         parts.append(f"num zeros: {record[NUM_ZEROS_KEY]}")
     if record.get(PARAMS_NORM_KEY) is not None:
         parts.append(f"params norm: {record[PARAMS_NORM_KEY]:.3f}")
-    parts += [
-        f"number of skipped iterations: {record.get(SKIPPED_ITERATIONS_KEY, skipped):3d}",
-        f"number of nan iterations: {record.get(NAN_ITERATIONS_KEY, nan):3d}",
-        f"number of microbatches: {record['num_microbatches']}",
-    ]
+    return parts
+
+
+def _count_fields(record: Mapping[str, Any]) -> list[str]:
+    """Megatron-LM's last two fields: the skipped and the NaN iterations."""
+    skipped = record.get(SKIPPED_ITER_KEY) or 0
+    nan = int(bool(skipped) and not math.isfinite(record[LOSS_KEY] or 0.0))
+    return [f"number of skipped iterations: {record.get(SKIPPED_ITERATIONS_KEY, skipped):3d}",
+            f"number of nan iterations: {record.get(NAN_ITERATIONS_KEY, nan):3d}"]
+
+
+def _fork_fields(record: Mapping[str, Any]) -> list[str]:
+    """This fork's fields after Megatron-LM's: tokens per second, micro-batches, the rest."""
+    parts = [f"tokens per second: {record['tokens_per_s']:.1f}",
+             f"number of microbatches: {record['num_microbatches']}"]
     for key, value in record.items():
         if key not in SHARED_KEYS and key not in INTERVAL_KEYS \
                 and key not in (NUM_ZEROS_KEY, PARAMS_NORM_KEY) and not is_timer_key(key) \
                 and not is_averaged_loss_key(key) and not is_scalar_only_key(key):
             parts.append(f"{key.replace('_', ' ')}: {value:.4f}" if isinstance(value, float)
                          else f"{key.replace('_', ' ')}: {value}")
-    return " | ".join(parts) + " |"
+    return parts
 
 
 def perplexity(loss: float) -> float:
@@ -166,9 +197,10 @@ def perplexity(loss: float) -> float:
 def format_validation_line(iteration: int, loss: float, where: str = "") -> str:
     """Megatron-LM's validation line: `` validation loss at iteration 4 | lm loss value: ...``;
     ``where`` follows the iteration (`` on validation set`` / `` on test set`` at the end of
-    training), as in Megatron-LM, whose test-split line also starts `` validation loss``."""
+    training), as in Megatron-LM, whose test-split line also starts `` validation loss``. Each
+    field ends in ``| `` there, so the line ends in a space, kept here character for character."""
     return (f" validation loss at iteration {iteration}{where} | lm loss value: {loss:.6E} | "
-            f"lm loss PPL: {perplexity(loss):.6E} |")
+            f"lm loss PPL: {perplexity(loss):.6E} | ")
 
 
 def to_json_record(m: IterationMetrics, extra_metrics: Mapping[str, float] | None = None) -> dict:

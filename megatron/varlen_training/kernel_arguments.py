@@ -36,8 +36,8 @@ a reference written from Megatron-LM's facts, equal losses with and without each
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
+from megatron.varlen_training.flag_ranges import is_importable
 from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
 
 ROPE = "rope"
@@ -94,8 +94,9 @@ CUDA_GRAPH_ALIASES = {"--enable-cuda-graph": "local",
 
 def transformer_engine_installed() -> bool:
     """Whether Transformer Engine is importable (found without importing it or megatron.core:
-    the flag layer stays light)."""
-    return importlib.util.find_spec(_TE_PACKAGE) is not None
+    the flag layer stays light; the model side asks ``accelerator.te_available``, which also
+    needs CUDA and imports TE's attention)."""
+    return is_importable(_TE_PACKAGE)
 
 
 def add_kernel_args(parser: argparse.ArgumentParser) -> None:

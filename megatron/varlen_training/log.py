@@ -3,13 +3,13 @@
 Every line is ``<prefix> <LEVEL> <message>``, the prefix naming the rank and its parallel
 coordinates::
 
-    [rank 3 | tp 1 pp 0 dp 1 cp 0] INFO  iteration        2/       3 | consumed samples: ...
+    [rank 3 | tp 1 pp 0 dp 1 cp 0] INFO  [2026-11-27 02:42:07.123456] iteration        2/ ...
 
 The message after the level is Megatron-LM's own line, character for character (its iteration
-line, its validation line), so what users grep for is unchanged. Lines go through the stdlib
-logger hierarchy under ``"megatron"`` (``logging.getLogger("megatron")`` sets the level of all
-of them; ``get_logger(__name__)`` gives a module its child logger with the same format) to the
-current ``sys.stdout``.
+line with its timestamp, its validation line), so what users grep for is unchanged. Lines go
+through the stdlib logger hierarchy under ``"megatron"`` (``logging.getLogger("megatron")`` sets
+the level of all of them; ``get_logger(__name__)`` gives a module its child logger with the same
+format) to the current ``sys.stdout``.
 
 Which rank speaks follows Megatron-LM: ``print_rank_0`` (start-up facts, global rank 0),
 ``print_rank_last`` (the iteration and validation lines: the last rank owns the loss), the

@@ -3,9 +3,11 @@
 Megatron-LM's ``training_log`` accumulates every iteration and prints, every ``--log-interval``
 iterations (and after the first iteration a process runs, without starting a new interval):
 
-- the losses (``lm loss``, the MoE losses, the MTP losses ``mtp_1 loss``, ...) summed over
-  the interval's APPLIED iterations and divided by their number: a step the fp16 loss scaler
-  skipped adds no loss;
+- the losses (``lm loss``, the MoE losses, the MTP losses ``mtp_1 loss``, ...) summed and
+  divided by the number of the interval's APPLIED (advanced) iterations. A step the fp16 loss
+  scaler skipped adds no ``lm loss``; its MoE and MTP losses are added all the same, as
+  megatron-core's ``track_moe_metrics`` and ``MTPLossLoggingHelper.track_mtp_metrics`` add them
+  to the interval's totals every iteration, skipped or not (core_v0.16.1 ``training_log``);
 - the elapsed time per iteration: the interval's time over all its iterations, skipped ones
   included;
 - the number of skipped iterations in the interval, and of those the ones whose loss was not
@@ -54,13 +56,16 @@ class LogInterval:
         self.step_time_s += record["step_time_s"]
         self.tokens += record["tokens"]
         self.device_tflop += record["tflops_per_device"] * record["step_time_s"]
-        if record.get(SKIPPED_ITER_KEY):
+        skipped = bool(record.get(SKIPPED_ITER_KEY))
+        if skipped:
             self.skipped += 1
             self.nan += int(not _is_finite(record.get(LOSS_KEY)))
-            return
-        self.applied += 1
+        else:
+            self.applied += 1
         for key, value in record.items():
-            if is_averaged_loss_key(key) and value is not None:
+            # A skipped step's lm loss stays out; its MoE and MTP losses do not (docstring).
+            if is_averaged_loss_key(key) and value is not None \
+                    and not (skipped and key == LOSS_KEY):
                 self.loss_sums[key] = self.loss_sums.get(key, 0.0) + value
 
     def summary(self, record: Mapping[str, Any]) -> dict:

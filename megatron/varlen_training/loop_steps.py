@@ -42,7 +42,7 @@ def log_validation_loss(iteration: int, loss: float | None, where: str = "") -> 
     the loss; None: no line); ``where``: :func:`format_validation_line`'s."""
     if loss is not None:
         line = format_validation_line(iteration, loss, where)
-        rule = "-" * (len(line) + 1)  # Megatron-LM's length: its line ends in one more space
+        rule = "-" * (len(line) + 1)  # Megatron-LM's length: one more than the line's
         print_rank_last(rule)
         print_rank_last(line)
         print_rank_last(rule)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from megatron.varlen_training.config.logging import LoggingConfig
 from megatron.varlen_training.flag_ranges import is_importable
 from megatron.varlen_training.iteration_metrics import (
-    ITERATION_KEY, format_log_line, is_timer_key, perplexity,
+    ITERATION_KEY, LOSS_KEY, format_log_line, is_averaged_loss_key, is_timer_key, perplexity,
 )
 from megatron.varlen_training.log import info_all_ranks
 from megatron.varlen_training.log_interval import LogInterval
@@ -44,6 +44,7 @@ VS_SAMPLES = " vs samples"
 SAMPLES_VS_STEPS = "samples vs steps"  # Megatron-LM's wandb key of the consumed samples
 LOSS_SCALE_KEYS = ("loss_scale", "loss-scale")  # the record's and Megatron-LM's name
 WORLD_SIZE_NAME = "world-size"  # Megatron-LM's scalar of --log-world-size-to-tensorboard
+MOE_PER_LAYER_PREFIX = "moe/"  # --moe-per-layer-logging's "moe/<loss>_layer_<i>" scalars
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,13 @@ class ConsoleMetricWriter:
     Args:
         train_iters: The ``M`` of ``iteration N/ M``.
         interval: Print iterations that are multiples of this (``--log-interval``).
+        log_throughput: Print ``throughput per GPU (TFLOP/s/GPU)`` (``--log-throughput``).
     """
 
-    def __init__(self, train_iters: int, interval: int = 1):
+    def __init__(self, train_iters: int, interval: int = 1, log_throughput: bool = False):
         self.train_iters = train_iters
         self.interval = interval
+        self.log_throughput = log_throughput
         self._since_last_line = LogInterval()
         self._first = True
 
@@ -123,7 +126,7 @@ class ConsoleMetricWriter:
         interval_ends = iteration % self.interval == 0
         if interval_ends or first:
             info_all_ranks(format_log_line(self._since_last_line.summary(line),
-                                           self.train_iters))
+                                           self.train_iters, self.log_throughput))
         # Megatron-LM never starts a new interval after its first line, even when the first
         # iteration ends one (it then counts that iteration in two lines); here it does.
         if interval_ends:
@@ -195,10 +198,20 @@ def _due(iteration: int, interval: int) -> bool:
     return iteration % interval == 0
 
 
-def _timer_values(record: Mapping[str, Any]) -> dict[str, float]:
-    """The record's timer scalars (--log-timers-to-tensorboard): Megatron-LM writes them every
-    --log-interval whatever --tensorboard-log-interval says."""
-    return {key: value for key, value in _numbers(record).items() if is_timer_key(key)}
+def _is_every_iteration_key(key: str) -> bool:
+    """Values Megatron-LM writes whatever --tensorboard-log-interval says: the timers
+    (--log-timers-to-tensorboard, every --log-interval: the record has them then) and the MoE
+    and MTP losses, per layer too (megatron-core's ``track_moe_metrics`` and
+    ``MTPLossLoggingHelper.track_mtp_metrics``, which ``training_log`` calls every iteration
+    with its TensorBoard and wandb writers)."""
+    return (is_timer_key(key) or key.startswith(MOE_PER_LAYER_PREFIX)
+            or (is_averaged_loss_key(key) and key != LOSS_KEY))
+
+
+def _every_iteration_values(record: Mapping[str, Any]) -> dict[str, float]:
+    """The record's values written at every iteration (:func:`_is_every_iteration_key`)."""
+    return {key: value for key, value in _numbers(record).items()
+            if _is_every_iteration_key(key)}
 
 
 class TensorBoardMetricWriter:
@@ -209,7 +222,8 @@ class TensorBoardMetricWriter:
         validation_ppl: Also write each evaluation's perplexity
             (``--log-validation-ppl-to-tensorboard``).
         interval: Write the iterations that are multiples of this
-            (``--tensorboard-log-interval``).
+            (``--tensorboard-log-interval``); the MoE and MTP losses and the timers are
+            written at every iteration the record has them, as in Megatron-LM.
         queue_size: Events queued before the writer flushes them (``--tensorboard-queue-size``,
             the SummaryWriter's ``max_queue``).
         options: Megatron-LM's switches of the loss scale and world size scalars.
@@ -227,7 +241,7 @@ class TensorBoardMetricWriter:
         """The record's numbers under its own keys, then Megatron-LM's scalars (its names, per
         iteration and ``vs samples``)."""
         if not _due(iteration, self._interval):
-            for name, value in _timer_values(record).items():
+            for name, value in _every_iteration_values(record).items():
                 self._writer.add_scalar(name, value, iteration)
             return
         for name, value in _own_numbers(record, self._options).items():
@@ -274,7 +288,8 @@ class WandbMetricWriter:
         mode: ``auto`` (:func:`resolve_wandb_mode`), ``online``, ``offline`` or ``disabled``.
         config: Stored with the run (the run's flag values).
         interval: Log the iterations that are multiples of this
-            (``--tensorboard-log-interval``, as Megatron-LM's wandb logging follows it).
+            (``--tensorboard-log-interval``, as Megatron-LM's wandb logging follows it); the
+            MoE and MTP losses and the timers at every iteration the record has them, as there.
         entity: The run's wandb entity (``--wandb-entity``; None: wandb's default).
         options: Megatron-LM's switches of the loss scale and world size scalars.
     """
@@ -294,8 +309,8 @@ class WandbMetricWriter:
     def write(self, iteration: int, record: Mapping[str, Any]) -> None:
         """The record's numbers, Megatron-LM's names of them and its ``samples vs steps``."""
         if not _due(iteration, self._interval):
-            if timers := _timer_values(record):
-                self._run.log(timers, step=iteration)
+            if values := _every_iteration_values(record):
+                self._run.log(values, step=iteration)
             return
         values = {**_own_numbers(record, self._options),
                   **megatron_lm_scalars(record, self._options)}
@@ -336,7 +351,8 @@ def build_metric_writers(logging: LoggingConfig, train_iters: int,
     options = scalar_options(logging, world_size)
     writers: list[MetricWriter] = []
     if console:
-        writers.append(ConsoleMetricWriter(train_iters, logging.log_interval))
+        writers.append(ConsoleMetricWriter(train_iters, logging.log_interval,
+                                           logging.log_throughput))
     if logging.log_metrics_jsonl:
         writers.append(JsonlMetricWriter(logging.log_metrics_jsonl))
     if logging.tensorboard_dir:

@@ -25,6 +25,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from megatron.varlen_training import checkpointing, device_memory, log, reported_losses, training
+from megatron.varlen_training import theoretical_memory
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data import build_packing_config
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
@@ -113,7 +114,8 @@ class Trainer:
         self.cp_group_lookup = None
         self.writers: list = []
         self.step_timers: StepTimers | None = None
-        self._memory_reports: device_memory.MemoryReports | None = None  # CUDA only
+        # When Megatron-LM reports memory: its footprint lines anywhere, the memory line on CUDA.
+        self._memory_reports: device_memory.MemoryReports | None = None
         self.hooks: StepHooks | None = None  # the runtime flags' work around steps
         self._owns_process_group = False
 
@@ -172,7 +174,7 @@ class Trainer:
                 every rank; the state stays the last good step's.
         """
         started_at = time.perf_counter() if started_at is None else started_at
-        if self._memory_reports is None and torch.cuda.is_available():
+        if self._memory_reports is None:
             self._memory_reports = device_memory.MemoryReports(
                 self.run.logging.log_interval, self.run.logging.log_memory_interval,
                 self.state.iteration)
@@ -236,11 +238,14 @@ class Trainer:
         self._print_memory_line(record["iteration"])
 
     def _print_memory_line(self, iteration: int) -> None:
-        """Megatron-LM's memory line after the iteration line, on CUDA, on the ranks of
-        data-parallel rank 0 (device_memory.py)."""
+        """Megatron-LM's memory reports after the iteration line: with the first ones its
+        theoretical footprint (global rank 0, theoretical_memory.py); the memory line on CUDA,
+        on the ranks of data-parallel rank 0 (device_memory.py)."""
         if self._memory_reports is None or not self._memory_reports.due(iteration):
             return
-        if parallel_state.get_data_parallel_rank() == 0:
+        if self._memory_reports.with_footprint:
+            theoretical_memory.report_theoretical_memory(self.run)
+        if torch.cuda.is_available() and parallel_state.get_data_parallel_rank() == 0:
             log.info_all_ranks(device_memory.memory_line(
                 f"(after {iteration} iterations)", torch.distributed.get_rank(),
                 self.run.logging.log_device_memory_used))

@@ -16,6 +16,9 @@ KNOWN_NOISE = (
     # --recompute-granularity selective (core_attn): addressed to Transformer Engine's fused
     # attention; our core attentions keep what the recomputation saves (docs/RECOMPUTE.md).
     r".*no need to set 'core_attn' to recompute.*",
+    # torch 2.13 deprecates the collective megatron-core 0.16.1 gathers with (MoE token
+    # dispatch, the distributed optimizer); this fork does not call it.
+    r".*`torch.distributed.all_gather_into_tensor` is deprecated.*",
 )
 
 

@@ -69,9 +69,19 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
     interval = FACADE_LOG_INTERVAL if flat.get("log_interval") is None \
         else run.logging.log_interval
     logging = dataclasses.replace(logging, log_interval=interval,
-                                  log_validation_ppl_to_tensorboard=(
-                                      run.logging.log_validation_ppl_to_tensorboard))
+                                  **{name: getattr(run.logging, name)
+                                     for name in FLAG_LOGGING_FIELDS})
     return dataclasses.replace(run, logging=logging, training=training), console
+
+
+FLAG_LOGGING_FIELDS = (
+    "log_validation_ppl_to_tensorboard", "tensorboard_log_interval", "log_num_zeros_in_grad",
+    "log_params_norm", "timing_log_level", "timing_log_option", "log_timers_to_tensorboard",
+    "log_throughput", "barrier_with_L1_time", "tensorboard_queue_size",
+    "log_loss_scale_to_tensorboard", "log_world_size_to_tensorboard", "moe_per_layer_logging",
+    "log_memory_to_tensorboard", "log_memory_interval", "log_device_memory_used")
+"""LoggingConfig fields of Megatron-LM's logging flags: the facade's run takes them from the
+parsed flags (what its writers write), its own keys pick the writers and where they write."""
 
 
 def micro_batch_as_budget(flat: dict) -> int:

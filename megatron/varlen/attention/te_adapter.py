@@ -9,20 +9,15 @@ project's CPU machines it always returns None; the GPU branch is not exercised b
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
-import torch
-
-_TE_PACKAGE = "transformer_engine"
+from megatron.varlen.platform import accelerator
 
 
 def get_te_core_attention() -> Optional[type]:
-    """``TEDotProductAttention`` if Transformer Engine imports and CUDA is available, else None."""
-    if not torch.cuda.is_available() or importlib.util.find_spec(_TE_PACKAGE) is None:
+    """``TEDotProductAttention`` if Transformer Engine imports and CUDA is this process's device
+    (the one TE check of the model side: :func:`accelerator.te_available`), else None."""
+    if not accelerator.te_available():
         return None
-    try:
-        from megatron.core.extensions.transformer_engine import TEDotProductAttention
-    except ImportError:
-        return None
+    from megatron.core.extensions.transformer_engine import TEDotProductAttention
     return TEDotProductAttention

@@ -27,7 +27,8 @@ class LoggingConfig:
     # perplexity (Megatron-LM's flag; without a TensorBoard writer it writes nothing, as there).
     log_validation_ppl_to_tensorboard: bool = False
     # --tensorboard-log-interval: TensorBoard and wandb get the iterations that are its
-    # multiples (Megatron-LM's flag and default); the console and JSONL are not affected.
+    # multiples (Megatron-LM's flag and default); the console and JSONL are not affected, nor
+    # the MoE and MTP losses, which Megatron-LM writes every iteration (metric_writers.py).
     tensorboard_log_interval: int = 1
     # --log-num-zeros-in-grad: each iteration reports the zero entries of its clipped main
     # grads (megatron-core's count: one more all-reduce and host read per step).

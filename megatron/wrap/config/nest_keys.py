@@ -41,7 +41,8 @@ WRAP_SECTION = "megatron_wrap"
 _KERNEL = "kernel choice: this fork picks its attention and fusion kernels itself " \
           "(docs/ATTENTION.md); the numbers do not depend on it"
 _LOADER = "data loader setting: the facade's samples come from your train() calls"
-_LOGGING = "logging detail: the facade's metrics are fixed (docs/WRAP.md section 4)"
+_LOGGING = "logging detail Megatron-LM no longer has (it always writes the batch size and the " \
+           "learning rate) or one-logger telemetry, which this fork has not"
 _CKPT_ALL = "checkpoints always hold the optimizer and RNG state; load with no_load_optim / " \
             "no_load_rng to skip them"
 ACCEPTED: dict[str, str] = {
@@ -53,17 +54,10 @@ ACCEPTED: dict[str, str] = {
     **dict.fromkeys(("split", "num_workers", "dataloader_type", "data_sharding",
                      "create_attention_mask_in_dataloader", "num_dataset_builder_threads"),
                     _LOADER),
-    **dict.fromkeys(("log_params_norm", "log_num_zeros_in_grad", "log_throughput",
-                     "log_timers_to_tensorboard", "log_batch_size_to_tensorboard",
-                     "log_learning_rate_to_tensorboard", "log_loss_scale_to_tensorboard",
-                     "log_memory_to_tensorboard",
-                     "log_world_size_to_tensorboard", "tensorboard_log_interval",
-                     "tensorboard_queue_size", "timing_log_option", "timing_log_level",
-                     "barrier_with_L1_time",
+    # The logging flags the parser honours (log_params_norm, tensorboard_queue_size, ...) are
+    # not here: they reach the parser and the facade's writers follow them (wrap/runtime.py).
+    **dict.fromkeys(("log_batch_size_to_tensorboard", "log_learning_rate_to_tensorboard",
                      "enable_one_logger", "one_logger_project", "one_logger_async"), _LOGGING),
-    # Megatron-LM's default is nccl, which a CPU process group cannot use.
-    "distributed_backend": "the facade joins its process group with the device's backend "
-                           "(nccl on CUDA, gloo on CPU)",
     "log_interval": "megatron-wrap's log_last_metrics() logs at every call (Megatron-LM's "
                     "--log-interval spaced its own loop's lines, which megatron-wrap never ran)",
     **dict.fromkeys(("no_save_optim", "no_save_rng"), _CKPT_ALL),
@@ -72,6 +66,15 @@ ACCEPTED: dict[str, str] = {
                     "the model's vocabulary is vocab_size)"),
 }
 """Megatron-LM keys accepted with any value, and why the value changes nothing here."""
+
+DROPPED_AT_DEFAULT: dict[str, str] = {
+    # Megatron-LM's default is nccl, which a CPU process group cannot use; a nest lists it.
+    "distributed_backend": "at Megatron-LM's default (nccl) the facade joins its process group "
+                           "with the device's backend (nccl on CUDA, gloo on CPU); another "
+                           "value is --distributed-backend",
+}
+"""Keys of the parser dropped (with the reason) while at Megatron-LM's default: a view lists
+every key, and the default asks for nothing the device does not decide better."""
 
 RUNTIME_ATTRIBUTES = ("rank", "local_rank", "world_size", "data_parallel_size",
                       "consumed_train_samples", "consumed_valid_samples", "params_dtype",
@@ -227,7 +230,9 @@ def _sort_megatron_lm_keys(flat: dict[str, Leaf], known_keys: Mapping[str, Any],
     unsupported: list[str] = []
     _sequence_parallel_off_without_tp(flat, ignored)
     for key, leaf in flat.items():
-        if key in known_keys and key not in ACCEPTED:
+        if key in DROPPED_AT_DEFAULT and _at_megatron_lm_default(key, leaf.value):
+            ignored[key] = DROPPED_AT_DEFAULT[key]
+        elif key in known_keys and key not in ACCEPTED:
             cli[key] = leaf
         elif key in ALIASES:
             continue  # after every direct key, which an alias may replace
@@ -273,6 +278,10 @@ def _inert(key: str, value: Any, flat: Mapping[str, Leaf]) -> bool:
         return True
     if key.startswith(FP8_PREFIX) and getattr(flat.get("fp8"), "value", None) is None:
         return True
+    return any(_same(value, default) for default in megatron_lm_defaults().get(key, ()))
+
+
+def _at_megatron_lm_default(key: str, value: Any) -> bool:
     return any(_same(value, default) for default in megatron_lm_defaults().get(key, ()))
 
 

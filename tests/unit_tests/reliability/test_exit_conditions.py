@@ -46,7 +46,7 @@ SIGNAL_AFTER_ITERATION = 2
 LAUNCH_DEADLINE_S = 180.0
 EXIT_DEADLINE_S = 60.0
 POLL_S = 0.05
-STEP_LINE = re.compile(r"INFO  iteration +(\d+)/")
+STEP_LINE = re.compile(r"INFO  \[[^\]]+\] iteration +(\d+)/")  # after the timestamp
 
 
 def _losses(argv, world=WORLD) -> list[float]:

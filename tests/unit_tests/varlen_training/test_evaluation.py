@@ -516,6 +516,8 @@ def test_validation_lines_are_megatron_lms(capsys, monkeypatch):
     printed = []
     monkeypatch.setattr("megatron.varlen_training.loop_steps.print_rank_last", printed.append)
     log_validation_loss(4, 2.0, evaluation.END_OF_TRAINING["test"])
+    # Megatron-LM's evaluate_and_print_results: each field ends in '| ' (so does the line) and
+    # each rule of dashes is one longer than the line.
     line = " validation loss at iteration 4 on test set | lm loss value: 2.000000E+00 | " \
-           "lm loss PPL: 7.389056E+00 |"
+           "lm loss PPL: 7.389056E+00 | "
     assert printed == ["-" * (len(line) + 1), line, "-" * (len(line) + 1)]

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from megatron.varlen_training.arguments import build_parser
+from tests.harness.megatron_lm_line import parse_iteration_line
 from tests.harness.training_runs import tiny_packed_config, train_on_this_rank
 from tests.harness.multirank import run_distributed
 from megatron.wrap import MegatronWrap
@@ -30,21 +31,17 @@ CONFIG = tiny_packed_config(global_batch_size=4, train_iters=STEPS)
 # pretrain_gpt.py validates at iteration STEPS (an --eval-interval multiple), then, as the end of
 # training, on the validation split again (the next batch) and on the mock data's test split.
 EVAL_FLAGS = ["--eval-iters", "1", "--eval-interval", str(STEPS)]
+LOG_FLAGS = ["--log-throughput"]  # pretrain_gpt.py's line has Megatron-LM's throughput field
+THROUGHPUT = "throughput per GPU (TFLOP/s/GPU)"
+FOOTPRINT = "Theoretical memory footprints: weight and optimizer="
 BATCH = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 12, 3)]
 
 # Written from Megatron-LM's line format, not from our formatter.
 LINE = re.compile(r"^\[rank (?P<rank>\d+)(?P<coords> \| tp \d+ pp \d+ dp \d+ cp \d+)?\] "
                   r"(?P<level>DEBUG|INFO|WARNING|ERROR) (?P<message>.*)$")
 FLOAT = r"\d\.\d{6}E[+-]\d{2}"
-ITERATION = re.compile(
-    rf"^ iteration +(?P<iteration>\d+)/ +(?P<train_iters>\d+) \| "
-    rf"consumed samples: +(?P<consumed>\d+) \| elapsed time per iteration \(ms\): [\d.]+ \| "
-    rf"throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| tokens per second: [\d.]+ \| "
-    rf"learning rate: {FLOAT} \| global batch size: +(?P<gbs>\d+) \| "
-    rf"lm loss: (?P<loss>{FLOAT}) \| loss scale: 1\.0 \| grad norm: [\d.]+ \| "
-    rf"number of skipped iterations: +0 \| number of nan iterations: +0 \| "
-    rf"number of microbatches: \d+ \|"
-    rf"(?P<extra>( [a-z ]+: [\d.]+ \|)*)$")
+# The iteration line: tests/harness/megatron_lm_line.py (Megatron-LM's format strings).
+ITERATION = re.compile(r"^ \[[^\]]+\] iteration ")
 ARGUMENTS = ["------------------------ arguments ------------------------",
              "-------------------- end of arguments ---------------------"]
 # Megatron-LM dests (barrier_with_L1_time); a name of 48 characters or more gets no dots, as in
@@ -52,7 +49,7 @@ ARGUMENTS = ["------------------------ arguments ------------------------",
 ARGUMENT = re.compile(r"^  [A-Za-z0-9_]+ \.* \S.*$")
 VALIDATION = re.compile(
     rf"^ validation loss at iteration (?P<iteration>\d+)(?P<where>( on (validation|test) set)?) "
-    rf"\| lm loss value: (?P<loss>{FLOAT}) \| lm loss PPL: {FLOAT} \|$")
+    rf"\| lm loss value: (?P<loss>{FLOAT}) \| lm loss PPL: {FLOAT} \| $")
 RULE = re.compile(r"^-+$")  # Megatron-LM's dashes above and below each validation line
 
 
@@ -69,7 +66,7 @@ def _read_jsonl(path: str) -> list[dict]:
 
 
 def _pretrain(jsonl_path: str) -> dict:
-    argv = build_config(CONFIG).to_argv(build_parser()) + EVAL_FLAGS
+    argv = build_config(CONFIG).to_argv(build_parser()) + EVAL_FLAGS + LOG_FLAGS
     return train_on_this_rank(argv + ["--log-metrics-jsonl", jsonl_path])  # the dump included
 
 
@@ -114,9 +111,9 @@ def _parse(text: str) -> list[re.Match]:
     return lines
 
 
-def _loss_lines(lines: list[re.Match]) -> tuple[list[re.Match], list[re.Match], list[str]]:
+def _loss_lines(lines: list[re.Match]) -> tuple[list, list[re.Match], list[str]]:
     messages = [line["message"] for line in lines]
-    return ([m for m in map(ITERATION.match, messages) if m],
+    return ([parse_iteration_line(m) for m in messages if ITERATION.match(m)],
             [m for m in map(VALIDATION.match, messages) if m],
             [m for m in messages if RULE.match(m)])
 
@@ -138,20 +135,33 @@ def test_both_entry_points_log_one_style_and_only_the_last_rank_prints_losses(re
         assert len(iterations) + len(validations) + len(rules) == len(last), said
         assert len(rules) == 2 * len(validations), said
         _, losses, validation_losses = results[-1][entry]
-        assert [int(m["iteration"]) for m in iterations] == list(range(1, STEPS + 1)), said
-        assert all(int(m["train_iters"]) == STEPS and int(m["gbs"]) == 4 for m in iterations)
-        assert all(_close(m["loss"], loss) for m, loss in zip(iterations, losses)), (said, losses)
+        assert [m.iteration for m in iterations] == list(range(1, STEPS + 1)), said
+        assert all(m.train_iters == STEPS and m.number("global batch size") == 4
+                   for m in iterations)
+        assert all(_close(m.losses["lm loss"], loss) for m, loss in zip(iterations, losses)), \
+            (said, losses)
+        assert all(m.number("number of skipped iterations") == 0 for m in iterations)
+        # Megatron-LM prints the throughput only with --log-throughput (given to pretrain_gpt).
+        assert all((THROUGHPUT in m.fields) == (entry == "pretrain") for m in iterations)
         wheres = {"pretrain": ["", " on validation set", " on test set"], "facade": [""]}
         assert [m["where"] for m in validations] == wheres[entry], said
         for validation, loss in zip(validations, validation_losses, strict=True):
             assert int(validation["iteration"]) == STEPS
             assert _close(validation["loss"], loss), (said, validation_losses)
         assert all(line["coords"] and line["level"] == "INFO" for line in last)
-        extras[entry] = [re.findall(r" ([a-z ]+):", m["extra"]) for m in iterations]
+        extras[entry] = [list(m.extras) for m in iterations]
     assert extras["pretrain"] == extras["facade"], "the schedule's stats differ between entries"
     assert extras["pretrain"][0], "the packed run's stats (padding ratio, ...) are in the line"
     for entry in ("pretrain", "facade"):
         _check_arguments_dump([line["message"] for line in _parse(results[0][entry][0])])
+
+
+def test_rank_0_prints_the_theoretical_footprint_with_the_first_two_lines(results):
+    """Megatron-LM's report_memory_flag: the footprint follows the iteration lines until one
+    after the run's second iteration (--log-interval 1: iterations 1 and 2), on rank 0 only."""
+    for entry in ("pretrain", "facade"):
+        first, last = (results[rank][entry][0] for rank in (0, -1))
+        assert first.count(FOOTPRINT) == STEPS and FOOTPRINT not in last, entry
 
 
 def _check_arguments_dump(messages: list[str]) -> None:

@@ -230,10 +230,13 @@ def test_mtp_and_per_layer_losses_reach_tensorboard_and_wandb_by_name(monkeypatc
 
 def test_the_line_averages_mtp_losses_over_the_applied_iterations():
     """Megatron-LM's training_log divides each loss of its total_loss_dict (lm loss, the MoE
-    and MTP losses) by the interval's advanced iterations."""
+    and MTP losses) by the interval's advanced iterations; megatron-core's
+    MTPLossLoggingHelper.track_mtp_metrics adds the MTP losses to it every iteration, a
+    skipped one's too (training_log leaves out only a skipped step's lm loss)."""
     from megatron.varlen_training.log_interval import LogInterval
 
     interval = LogInterval()
     for iteration, mtp, skipped in ((1, 3.0, False), (2, 100.0, True), (3, 5.0, False)):
         interval.add(dict(_record(iteration), **{"mtp_1 loss": mtp, "skipped_iter": skipped}))
-    assert interval.summary(dict(_record(3), **{"mtp_1 loss": 5.0}))["mtp_1 loss"] == 4.0
+    assert interval.summary(dict(_record(3), **{"mtp_1 loss": 5.0}))["mtp_1 loss"] == \
+        (3.0 + 100.0 + 5.0) / 2

@@ -31,7 +31,8 @@ BASE = {
              "tokenizer_type": "NullTokenizer"},
     "logging": {"metric_writers": ["console"], "progress_bar": False},
 }
-STEP_LINE = re.compile(r"INFO  iteration +(\d+)/ +\d+ \| consumed samples: ")  # pretrain_gpt's
+# pretrain_gpt's line, after Megatron-LM's timestamp
+STEP_LINE = re.compile(r"INFO  \[[^\]]+\] iteration +(\d+)/ +\d+ \| consumed samples: ")
 
 
 @register_flow("test_mock_nll", replace=True)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.harness.log_state import clean_log_state, use_rank  # noqa: F401 (a fixture)
+from tests.harness.megatron_lm_line import parse_iteration_line
 from tests.harness.metric_fakes import fake_metric_modules
 from megatron.varlen_training.iteration_metrics import IterationMetrics, to_json_record
 from megatron.wrap.config import ConfigError, facade_defaults
@@ -68,14 +69,21 @@ def test_console_writer_prints_pretrain_gpts_iteration_line_on_the_calling_rank(
         seqlen_sum=100, seqlen_squared_sum=5000, flops=10**12, world_size=1,
         extra={"padding_ratio": 0.25})
     writer.write(5, to_json_record(measured, {"nll": _Scalar()}))  # a flow metric, a tensor
-    assert capsys.readouterr().out == (
-        "[rank 3] INFO  iteration        5/      10 | consumed samples:           20 | "
-        "elapsed time per iteration (ms): 500.0 | throughput per GPU (TFLOP/s/GPU): 2.0000 | "
-        "tokens per second: 200.0 | learning rate: 1.000000E-03 | global batch size:     4 | "
-        "lm loss: 4.000000E+00 | loss scale: 1.0 | grad norm: 1.500 | "
-        "number of skipped iterations:   0 | number of nan iterations:   0 | "
-        "number of microbatches: 2 | "
-        "padding ratio: 0.2500 | nll: 0.2500 |\n")
+    out = capsys.readouterr().out
+    prefix = "[rank 3] INFO "
+    assert out.startswith(prefix) and out.count("\n") == 1, out
+    # Megatron-LM's line (its format strings: tests/harness/megatron_lm_line.py; no throughput
+    # without --log-throughput), then the fork's fields and the flow's metric.
+    line = parse_iteration_line(out[len(prefix):-1])
+    assert (line.iteration, line.train_iters) == (5, 10)
+    assert {label: value.strip() for label, value in line.fields.items()} == {
+        "consumed samples": "20", "elapsed time per iteration (ms)": "500.0",
+        "learning rate": "1.000000E-03", "global batch size": "4", "loss scale": "1.0",
+        "grad norm": "1.500", "number of skipped iterations": "0",
+        "number of nan iterations": "0"}
+    assert line.losses == {"lm loss": 4.0}
+    assert line.extras == {"tokens per second": "200.0", "number of microbatches": "2",
+                           "padding ratio": "0.2500", "nll": "0.2500"}
 
 
 @pytest.mark.parametrize(
