@@ -40,7 +40,8 @@ _OVERLAP = ("overlaps communication with compute on CUDA streams, which this for
 _OFFLOAD = "activation offloading to the host is not built here (use --recompute-activations)"
 _EXPERIMENTAL_ATTENTION = ("the attention variants DSA and gated delta net are not built here: "
                            "every attention layer is softmax attention")
-_MTP = "the multi-token-prediction layers here are megatron-core 0.16.1's (one per depth)"
+_MTP = ("the multi-token-prediction layers here are megatron-core 0.16.1's (one per depth, on "
+        "the last pipeline stage)")
 _DEBUG_DUMP = "Megatron-LM's tensor dumps for debugging are not written here"
 _FLIGHT_RECORDER = ("NCCL's flight recorder is not configured by the flags here: set its "
                     "TORCH_NCCL_* / TORCH_FR_* variables in the environment")
@@ -119,7 +120,17 @@ REFUSED: dict[str, tuple[Row, ...]] = {
         (("--mtp-detach-heads",), SWITCH, False),
         (("--mtp-hsm",), SWITCH, False),
         (("--mtp-use-repeated-layer",), SWITCH, False),
+        (("--mtp-standalone",), SWITCH, False),
     ),
+    "multi-token prediction in hybrid models is not built here (pretrain_mamba.py refuses "
+    "--mtp-num-layers)": (
+        (("--mtp-hybrid-override-pattern",), {}, None),),
+    "checkpoint files are not hashed here (megatron-core's dist_checkpointing checks the "
+    "sharding of what it loads)": (
+        (("--verify-integrity",), SWITCH, False),),
+    "SIGINT / SIGTERM end the run with --exit-signal-handler here (the iteration finished, a "
+    "checkpoint saved, exit 0); Megatron-LM main's shutdown without a save is not built": (
+        (("--exit-signal-handler-for-training",), SWITCH, False),),
     "heterogeneous (per-layer) architectures are not built here": (
         (("--heterogeneous-layers-config-path",), {}, None),
         (("--heterogeneous-layers-config-encoded-json",), {}, None),
@@ -327,6 +338,9 @@ ACCEPTED: dict[str, tuple[Row, ...]] = {
     "the Multi-Storage Client is never used here, which the flag asks for (a no-op in "
     "Megatron-LM too)": (
         (("--disable-msc",), {"action": "store_true", "dest": "disable_msc_deprecated"}, False),),
+    "the tokenizer's files are never copied into checkpoints here, which the flag asks for": (
+        (("--no-save-tokenizer-assets", "--disable-save-tokenizer-assets"),
+         {"action": "store_false", "dest": "save_tokenizer_assets"}, True),),
     "NCCL's flight recorder is not configured here, which the flag asks for": (
         (("--no-flight-recorder-dump-on-timeout", "--disable-flight-recorder-dump-on-timeout"),
          {"action": "store_false", "dest": "flight_recorder_dump_on_timeout"}, True),

@@ -221,7 +221,9 @@ EXPECTED_FLAGS = frozenset("""
 --tp-comm-overlap-rs-dgrad --use-fused-weighted-squared-relu --use-grouped-gemm-for-dense-mlp
 --use-grouped-gemm-for-shared-expert --use-mup --use-ring-exchange-p2p
 --use-same-sampling-seed-across-dp-ranks --use-te-activation-func --use-transformer-engine-op-fuser
---wgrad-deferral-limit --yaml-cfg
+--wgrad-deferral-limit --yaml-cfg --mtp-standalone --mtp-hybrid-override-pattern
+--verify-integrity --exit-signal-handler-for-training --no-save-tokenizer-assets
+--disable-save-tokenizer-assets
 """.split())
 
 
