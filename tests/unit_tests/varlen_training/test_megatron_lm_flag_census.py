@@ -186,9 +186,24 @@ def _every_accepted_flag_at_another_value() -> list[str]:
     return argv
 
 
+def test_census_flags_own_their_dests():
+    """No census flag writes another flag's value (an accepted flag aliasing a real dest would
+    change the run); the one intended alias is --disable-align-grad-reduce."""
+    census_options = {name for table in (census.REFUSED, census.UNREAD, census.ACCEPTED)
+                      for _, (names, _, _) in _rows(table) for name in names}
+    dests = {}
+    for action in GPT_PARSER.flag_actions:
+        dests.setdefault(action.dest, set()).update(action.option_strings)
+    shared = {dest: sorted(options) for dest, options in dests.items()
+              if options & census_options and not options <= census_options}
+    assert shared == {}, shared
+    assert dests["align_grad_reduce"] == {"--no-align-grad-reduce", "--disable-align-grad-reduce"}
+
+
 def test_unread_and_accepted_flags_change_nothing():
     """The run built with every accepted flag at another value than Megatron-LM's default is
-    the run built without them (the typed config compares every field)."""
+    the run built without them (the typed config compares every field; nothing below the flag
+    layer reads the namespace, test_config.py's rule, so the config is all a flag can change)."""
     plain = run_config(parse_args(BASE, world_size=1))
     carried = run_config(parse_args(BASE + _every_accepted_flag_at_another_value(),
                                     world_size=1))
