@@ -1,5 +1,6 @@
-"""Writes tests/unit_tests/data/megatron_lm_flags.txt: every option string of Megatron-LM's
-training parser, read by running that parser from a Megatron-LM checkout.
+"""Writes tests/unit_tests/data/megatron_lm_flags.txt (every option string of Megatron-LM's
+training parser) and megatron_lm_switches.txt (those that take no value), read by running that
+parser from a Megatron-LM checkout.
 
     python tools/megatron_lm_flags.py --megatron-lm /path/to/Megatron-LM [--commit-note TEXT]
 
@@ -28,6 +29,7 @@ from unittest import mock
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "tests" / "unit_tests" / "data" / "megatron_lm_flags.txt"
+SWITCHES_OUTPUT = OUTPUT.with_name("megatron_lm_switches.txt")
 STAND_IN_PACKAGES = ("triton",)  # imported by megatron.core at import time, never run here
 # What the stand-in answers for ``__version__``: megatron.core compares Triton's version.
 STAND_IN_VERSION = "3.6.0"
@@ -66,8 +68,8 @@ class _Stop(Exception):
     """Raised from the patched parse: the parser is built, nothing else is wanted."""
 
 
-def megatron_lm_option_strings(checkout: Path) -> list[str]:
-    """The sorted option strings of ``checkout``'s training parser."""
+def megatron_lm_parser(checkout: Path) -> argparse.ArgumentParser:
+    """``checkout``'s training parser, as its parse_args builds it."""
     sys.path.insert(0, str(checkout))
     if any(importlib.util.find_spec(name) is None for name in STAND_IN_PACKAGES):
         sys.meta_path.insert(0, _StandInFinder())
@@ -91,9 +93,23 @@ def megatron_lm_option_strings(checkout: Path) -> list[str]:
         pass
     finally:
         sys.argv = argv
-    parser = built["parser"]
+    return built["parser"]
+
+
+def option_strings(parser: argparse.ArgumentParser, switches_only: bool = False) -> list[str]:
+    """The sorted ``--`` option strings of ``parser`` (with ``switches_only``: of the actions
+    that take no value)."""
     return sorted({option for action in parser._actions  # argparse keeps them private
+                   if not switches_only or action.nargs == 0
                    for option in action.option_strings if option.startswith("--")})
+
+
+def _write(path: Path, what: str, source: str, flags: list[str]) -> None:
+    header = [f"# Megatron-LM's {what} (megatron.training.arguments' parser),",
+              f"# written by tools/megatron_lm_flags.py{source}; read by "
+              f"test_megatron_lm_flag_census.py."]
+    path.write_text("\n".join(header + flags) + "\n")
+    print(f"{len(flags)} flags -> {path}")
 
 
 def main() -> None:
@@ -103,15 +119,14 @@ def main() -> None:
     cli.add_argument("--commit-note", default="",
                      help="what the header says about the checkout (e.g. its commit)")
     cli.add_argument("--output", type=Path, default=OUTPUT)
+    cli.add_argument("--switches-output", type=Path, default=SWITCHES_OUTPUT)
     options = cli.parse_args()
-    flags = megatron_lm_option_strings(options.megatron_lm.resolve())
+    parser = megatron_lm_parser(options.megatron_lm.resolve())
     source = f" from {options.commit_note}" if options.commit_note else ""
-    header = ["# Megatron-LM's training flags (every option string of megatron.training."
-              "arguments' parser),",
-              f"# written by tools/megatron_lm_flags.py{source}; read by "
-              f"test_megatron_lm_flag_census.py."]
-    options.output.write_text("\n".join(header + flags) + "\n")
-    print(f"{len(flags)} flags -> {options.output}")
+    _write(options.output, "training flags (every option string)", source,
+           option_strings(parser))
+    _write(options.switches_output, "switches (the flags that take no value)", source,
+           option_strings(parser, switches_only=True))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from tests.harness.training_runs import TINY_GPT_ARGS
 
 REPO = Path(__file__).resolve().parents[3]
 FLAGS_FILE = REPO / "tests" / "unit_tests" / "data" / "megatron_lm_flags.txt"
+SWITCHES_FILE = FLAGS_FILE.with_name("megatron_lm_switches.txt")  # those taking no value
 DEFAULTS_FILE = REPO / "megatron" / "wrap" / "config" / "megatron_lm_defaults.json"
 BASE = TINY_GPT_ARGS + ["--train-iters", "3"]
 MAMBA_BASE = BASE + ["--num-layers", "3", "--hybrid-layer-pattern", "M*-", "--mamba-head-dim",
@@ -63,16 +64,16 @@ BEING_IMPLEMENTED = frozenset("""
 """.split())
 
 
-def _megatron_lm_flags() -> list[str]:
-    return [line for line in FLAGS_FILE.read_text().splitlines()
-            if line and not line.startswith("#")]
+def _names(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
 
 
 def _options(parser) -> set[str]:
     return {option for action in parser.flag_actions for option in action.option_strings}
 
 
-MEGATRON_LM = _megatron_lm_flags()
+MEGATRON_LM = _names(FLAGS_FILE)
+MEGATRON_LM_SWITCHES = set(_names(SWITCHES_FILE))
 GPT_PARSER = build_parser()
 GPT = _options(GPT_PARSER)
 HYBRID = _options(build_hybrid_parser())
@@ -88,6 +89,20 @@ def test_every_megatron_lm_flag_has_an_answer():
     unanswered = [flag for flag in MEGATRON_LM if flag not in GPT | HYBRID
                   and OWNED[flag] is None and flag not in BEING_IMPLEMENTED]
     assert unanswered == [], f"{len(unanswered)} Megatron-LM flags unknown here: {unanswered}"
+
+
+def test_a_known_megatron_lm_flag_takes_a_value_where_megatron_lm_does():
+    """A Megatron-LM command line parses here: its switches are switches (or take an optional
+    value), its other flags take values."""
+    assert MEGATRON_LM_SWITCHES < set(MEGATRON_LM) and "--bf16" in MEGATRON_LM_SWITCHES
+    wrong = []
+    for action in build_hybrid_parser().flag_actions:
+        for option in set(action.option_strings) & set(MEGATRON_LM) - {"--help"}:
+            switch_there = option in MEGATRON_LM_SWITCHES
+            parses = action.nargs in (0, "?") if switch_there else action.nargs != 0
+            if not parses:
+                wrong.append((option, action.nargs, "switch" if switch_there else "value"))
+    assert wrong == [], wrong
 
 
 def test_the_being_implemented_set_is_still_unregistered():
