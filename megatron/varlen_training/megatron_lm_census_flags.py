@@ -149,8 +149,9 @@ REFUSED: dict[str, tuple[Row, ...]] = {
     "weights are always initialised here (layout-invariant; --load then overwrites them)": (
         (("--no-initialization",), {"action": "store_false", "dest": "perform_initialization"},
          True),),
-    "meta-device initialisation needs Megatron-FSDP / torch FSDP2 (refused here), as in "
-    "Megatron-LM": (
+    "weights are always built and initialised on the host here (layout-invariant init); "
+    "Megatron-LM builds them on the meta device for its FSDP, and without FSDP leaves them "
+    "uninitialised (to_empty) until a checkpoint loads": (
         (("--init-model-with-meta-device",), SWITCH, False),),
     _VOCAB: (
         (("--no-pad-vocab-size", "--disable-pad-vocab-size"),
