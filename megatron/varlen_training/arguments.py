@@ -26,6 +26,8 @@ from megatron.varlen_training import (
     run_description, runtime_arguments, schedule_arguments, sft_arguments, tokenizer_arguments,
     training_loop_arguments, varlen_arguments,
 )
+# Every other Megatron-LM flag: registered (census) or named with its workload (out of scope).
+from megatron.varlen_training import megatron_lm_census_flags, out_of_scope_flags
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
@@ -69,6 +71,14 @@ class MegatronArgumentParser(argparse.ArgumentParser):
 
         group.add_argument = add_argument  # the group's flags are recorded like the parser's
         return group
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but a flag of a workload this fork does not run (out_of_scope_flags.py)
+        is named with its family instead of "unrecognized arguments"."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(out_of_scope_flags.unrecognized_message(extras))
+        return parsed
 
     def error(self, message: str):  # noqa: D401 - argparse override
         raise ArgumentValidationError(message)
@@ -306,6 +316,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     checkpoint_save_arguments.add_checkpoint_save_args(parser)
     dataloader_arguments.add_dataloader_args(parser)
     training_loop_arguments.add_training_loop_args(parser)
+    megatron_lm_census_flags.add_census_flags(parser)
     return parser
 
 
@@ -447,6 +458,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     checkpoint_save_arguments.validate_checkpoint_save_args(args, require)
     dataloader_arguments.validate_dataloader_args(args, require)
     training_loop_arguments.validate_training_loop_args(args, require)
+    megatron_lm_census_flags.validate_census_flags(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     logging_arguments.validate_logging_args(args, require)

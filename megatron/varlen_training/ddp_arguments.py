@@ -70,7 +70,8 @@ REFUSED_FLAGS = {
     "--distributed-timeout-seconds-after-init": (
         {"type": int}, None,
         "the process groups keep --distributed-timeout-minutes for the whole run here"),
-    "--lazy-mpu-init": ({"type": bool}, None,
+    # core_v0.16.1 takes a value (type=bool), main a bare switch: both spellings parse.
+    "--lazy-mpu-init": ({"type": bool, "nargs": "?", "const": True}, None,
                         "model-parallel state is always initialised at start-up here"),
 }
 # Read by Megatron-LM only with --use-megatron-fsdp / --use-torch-fsdp2 (refused here): without

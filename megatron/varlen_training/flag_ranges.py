@@ -97,6 +97,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "rotary_base": FlagRange(2, why="RoPE frequencies base**(-2i/d) must decrease"),
     "mtp_num_layers": FlagRange(1, why="leave the flag out for no multi-token prediction"),
     "make_vocab_size_divisible_by": COUNT,
+    "padded_vocab_size": COUNT,  # Megatron-LM's --padded-vocab-size (megatron_lm_census_flags.py)
     "init_method_std": FlagRange(0.0, low_open=True, why="std 0 starts every weight at 0"),
     "hidden_dropout": PROBABILITY,
     "attention_dropout": PROBABILITY,

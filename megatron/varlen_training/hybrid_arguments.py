@@ -21,6 +21,9 @@ import argparse
 import sys
 
 from megatron.varlen_training import checkpoint_model_flags, flag_ranges
+from megatron.varlen_training.megatron_lm_census_flags import (
+    add_hybrid_census_flags, validate_hybrid_census_flags,
+)
 from megatron.varlen_training.arguments import (
     build_parser, exit_on_flag_errors, require, validate_args,
 )
@@ -75,6 +78,7 @@ def build_hybrid_parser() -> argparse.ArgumentParser:
     parser.prog = PROG
     parser.description = "Megatron hybrid Mamba-Transformer training (varlen fork)"
     add_hybrid_args(parser)
+    add_hybrid_census_flags(parser)
     return parser
 
 
@@ -177,6 +181,7 @@ def validate_hybrid_args(args) -> None:
     require(not args.multi_latent_attention,
             "--multi-latent-attention is not supported by pretrain_mamba.py: its attention "
             "layers are standard self-attention (MLA: pretrain_gpt.py)")
+    validate_hybrid_census_flags(args, require)
     pattern = _layer_pattern(args)
     heads = _mamba_heads(args)
     if MAMBA in pattern:

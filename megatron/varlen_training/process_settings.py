@@ -1,5 +1,5 @@
 """Process-wide settings of Megatron-LM's runtime flags (config/runtime.py): the Python logging
-level and deterministic mode, applied by the Trainer when it starts. Deterministic mode's library
+level, deterministic mode and --disable-jit-fuser, applied by the Trainer when it starts. Deterministic mode's library
 settings must also precede the entry points' process-group join (NCCL, cuBLAS and Transformer
 Engine read them from the environment when they start): the entry points apply them right after
 parsing, and the Trainer's second application changes nothing."""
@@ -49,11 +49,27 @@ def apply_deterministic_mode() -> None:
     torch.use_deterministic_algorithms(True)
 
 
+def disable_jit_fusion() -> None:
+    """--disable-jit-fuser: megatron-core's jit-fused functions run eagerly. Megatron-LM rebinds
+    ``megatron.core.jit.jit_fuser``, which reaches only functions decorated afterwards; importing
+    megatron.core has already wrapped the MoE router's, bias-GELU's, ... in torch.compile, so
+    dynamo's switch turns those off too (they then run their plain Python bodies)."""
+    import torch._dynamo
+
+    from megatron.core import jit
+
+    jit.disable_jit_fuser()
+    torch._dynamo.config.disable = True
+
+
 def apply_before_join(runtime: RuntimeConfig) -> None:
-    """What must precede the entry points' process-group join: deterministic mode's library
-    settings (idempotent and silent; the Trainer applies the rest once)."""
+    """What must precede the entry points' process-group join and the model's first step:
+    deterministic mode's library settings and --disable-jit-fuser (idempotent and silent; the
+    Trainer applies them again with the rest)."""
     if runtime.deterministic_mode:
         apply_deterministic_mode()
+    if runtime.disable_jit_fuser:
+        disable_jit_fusion()
 
 
 def apply_process_settings(runtime: RuntimeConfig) -> None:

@@ -32,12 +32,15 @@ def test_sample_count(args) -> int:
 
 
 def derive_run_values(args, vocab_size: int | None) -> dict:
-    """The derived fields; ``padded_vocab_size`` is None while the vocabulary is unknown.
+    """The derived fields; ``padded_vocab_size`` is ``--padded-vocab-size``, else None while the
+    vocabulary is unknown.
     Reads ``args`` only: validation stores them in its own copy of the namespace
     (``arguments.validate_args``), never in the one it was given."""
     train_samples, eval_samples = sample_counts(args)
-    padded = None if vocab_size is None else padded_vocab_size(
-        vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    padded = args.padded_vocab_size  # --padded-vocab-size: the size exactly, as Megatron-LM
+    if padded is None and vocab_size is not None:
+        padded = padded_vocab_size(
+            vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     return {"vocab_size": vocab_size, "padded_vocab_size": padded,
             "train_samples": train_samples, "eval_samples": eval_samples,
             "test_samples": test_sample_count(args)}

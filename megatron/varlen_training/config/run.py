@@ -21,6 +21,7 @@ from megatron.varlen_training.config.packing import SequencePackingConfig
 from megatron.varlen_training.config.parallel import ParallelConfig
 from megatron.varlen_training.config.runtime import RuntimeConfig
 from megatron.varlen_training.config.training import TrainingConfig
+from megatron.varlen_training.flag_errors import require
 from megatron.varlen_training.run_description import padded_vocab_size
 
 
@@ -54,10 +55,15 @@ class RunConfig:
 
     def with_vocabulary(self, tokenizer_vocab_size: int) -> RunConfig:
         """The run once its tokenizer is known: ``--vocab-size`` wins over the tokenizer's
-        size, and the padded vocabulary follows (Megatron's rule, run_description.py)."""
+        size, and the padded vocabulary follows (Megatron's rule, run_description.py) unless
+        ``--padded-vocab-size`` gave it."""
         model = self.model
         vocab = model.vocab_size if model.vocab_size is not None else tokenizer_vocab_size
-        padded = padded_vocab_size(vocab, model.make_vocab_size_divisible_by,
-                                   self.parallel.tensor_model_parallel_size)
+        padded = model.padded_vocab_size  # --padded-vocab-size, or already derived from vocab
+        if padded is None:
+            padded = padded_vocab_size(vocab, model.make_vocab_size_divisible_by,
+                                       self.parallel.tensor_model_parallel_size)
+        require(padded >= vocab, f"--padded-vocab-size {padded} is smaller than the "
+                                 f"tokenizer's vocabulary ({vocab}): every token id needs a row")
         return dataclasses.replace(
             self, model=dataclasses.replace(model, vocab_size=vocab, padded_vocab_size=padded))

@@ -44,6 +44,7 @@ class RuntimeConfig:
             ``MEGATRON_LOGGING_LEVEL`` environment variable, else unchanged.
         deterministic_mode: ``torch.use_deterministic_algorithms(True)`` and Megatron-LM's
             deterministic library settings (NCCL, cuBLAS, Transformer Engine).
+        disable_jit_fuser: megatron-core's jit_fuser functions (torch.compile) run eagerly.
     """
 
     manual_gc: bool = False
@@ -59,6 +60,7 @@ class RuntimeConfig:
     memory_snapshot_path: str = MEMORY_SNAPSHOT_PATH
     logging_level: int | None = None
     deterministic_mode: bool = False
+    disable_jit_fuser: bool = False
 
     def __post_init__(self):
         check_ranges(self)

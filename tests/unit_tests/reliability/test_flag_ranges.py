@@ -88,6 +88,7 @@ VALID = {
     "num_layers_per_virtual_pipeline_stage": NONE,
     "context_parallel_size": NONE,
     "vocab_size": NONE,
+    "padded_vocab_size": NONE,  # below the base's --vocab-size 128, or beyond the memory limit
     "tiktoken_num_special_tokens": NONE,  # >= 7, and refused beside another type than TikToken
     "log_interval": HUGE,
     "tensorboard_log_interval": HUGE,

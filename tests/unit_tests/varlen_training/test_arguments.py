@@ -164,7 +164,70 @@ EXPECTED_FLAGS = frozenset("""
 --fim-middle-token --fim-suffix-token --fim-pad-token --fim-eod-token --data-args-path
 --per-split-data-args-path --per-dataset-sequences-path --object-storage-cache-path
 --phase-transition-iterations --dataloader-fast-cache-load --dataloader-defer-npy-index-mmap
---fim-data
+--fim-data --symmetric-ar-type
+--activation-offload-fraction --adlr-autoresume --adlr-autoresume-interval
+--batch-invariant-backend --batch-invariant-mode --config-logger-dir --cpu-offloading-num-layers
+--cpu-offloading-retain-pinned-cpu-buffers --cuda-graph-modules --cuda-graph-warmup-steps
+--dataloader-inter-document-masking --defer-embedding-wgrad-compute
+--delay-offload-until-cuda-graph --delay-wgrad-compute --delta-offload-bytes-across-pp-ranks
+--disable-align-grad-reduce --disable-clone-scatter-output-in-embedding
+--disable-dsa-indexer-rotate-activation --disable-dsa-indexer-scoring-relu
+--disable-flight-recorder-dump-on-timeout --disable-flight-recorder-extra-dump-on-exec
+--disable-flight-recorder-include-only-active --disable-jit-fuser --disable-msc
+--disable-pad-vocab-size --disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad
+--disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs --disable-tp-comm-split-ag
+--disable-tp-comm-split-rs --distribute-saved-activations --dsa-indexer-head-dim
+--dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 --dsa-indexer-loss-coeff
+--dsa-indexer-n-heads --dsa-indexer-rope-interleaved --dsa-indexer-skip-topk-offset
+--dsa-indexer-topk --dsa-indexer-topk-freq --dsa-indexer-use-sparse-loss --dsa-kernel-backend
+--enable-experimental --enable-mhc-connections --ep-overlap-early-attn-memory-release
+--experimental-attention-variant --expert-tensor-parallel-num-weight-shards
+--fine-grained-activation-offloading --fine-grained-offloading-max-inflight-offloads
+--first-last-layers-bf16 --flash-attention-version --flight-recorder-dump-path
+--flight-recorder-include-stack-trace --flight-recorder-trace-buffer-size --fp4-param-gather
+--fp4-quantizer-factory --fp4-recipe --fp8-output-proj --fp8-quantizer-factory
+--fsdp-db-use-persist-buf-on-alloc-fail --fused-residual-rmsnorm --gdp-cutedsl-kernel
+--gdp-num-chunk-states-to-recompute --gdp-num-householder --gpu-sniff-test-interval
+--gtp-expert-remat-nccl-ub --gtp-remat-nccl-ub --gtp-remat-opt-in-modules
+--gtp-remat-reduce-scatter-with-fp32-accumulation --head-lr-mult
+--heterogeneous-layers-config-encoded-json --heterogeneous-layers-config-path
+--hierarchical-context-parallel-sizes --high-priority-a2a-comm-stream --init-model-with-meta-device
+--linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim --linear-num-key-heads
+--linear-num-value-heads --linear-value-head-dim --megatron-fsdp-enable-fine-grained-param-gather
+--megatron-fsdp-grad-comm-dtype --megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype
+--megatron-fsdp-max-pool-double-buffer --mhc-init-gating-factor --mhc-num-residual-streams
+--mhc-recompute-layer-num --mhc-sinkhorn-iterations --min-offloaded-tensor-size
+--mlp-chunks-for-training --moe-combine-bwd-dtype --moe-deepep-num-sms --moe-dispatch-fwd-dtype
+--moe-enable-deepep --moe-enable-routing-replay --moe-expert-rank-capacity-factor
+--moe-flex-dispatcher-backend --moe-flex-dispatcher-num-sms --moe-hybridep-num-blocks-permute
+--moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms --moe-hybridep-num-sms-preprocessing
+--moe-hybridep-pad-uneven-dispatch-inputs --moe-mlp-glu-interleave-size --moe-ncclep-zero-copy
+--moe-paged-stash --moe-paged-stash-buffer-size-factor-cpu
+--moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-page-size
+--moe-permute-fusion-into-hybridep --moe-router-force-biased --moe-router-padding-for-fp8
+--moe-router-padding-for-quantization --moe-router-quantile-balancing-ema
+--moe-shared-expert-glu-interleave-size --moe-single-grouped-bias --moe-single-grouped-weight
+--moe-upcycling-granularity --moe-use-grouped-tensor --moe-use-upcycling --mtp-detach-heads
+--mtp-hsm --mtp-use-repeated-layer --mup-attn-scale-power --mup-base-head-dim
+--mup-base-hidden-size --mup-embedding-mult --mup-output-mult --mup-width-mult
+--no-clone-scatter-output-in-embedding --no-data-sharding --no-dsa-indexer-rotate-activation
+--no-dsa-indexer-scoring-relu --no-flight-recorder-dump-on-timeout
+--no-flight-recorder-extra-dump-on-exec --no-flight-recorder-include-only-active
+--no-initialization --no-pad-vocab-size --no-tp-comm-bulk-dgrad --no-tp-comm-bulk-wgrad
+--no-tp-comm-overlap-ag --no-tp-comm-overlap-rs --no-tp-comm-split-ag --no-tp-comm-split-rs
+--no-use-layer-wise-param-layout --num-layers-at-end-in-bf16 --num-layers-at-start-in-bf16
+--offload-modules --output-logit-dtype --overlap-dispatch-backward-with-experts-wgrad
+--overlap-moe-expert-parallel-comm --overlap-p2p-communication-warmup-flush --padded-vocab-size
+--pipeline-model-parallel-comm-backend --qk-clip-alpha --qk-clip-threshold --record-shapes
+--reuse-grad-buf-for-mxfp8-param-ag --save-activations-interval --save-params-interval
+--save-tokens-per-expert-interval --sft-tokenizer-prompt-format --te-precision-config-file
+--tensor-parallel-num-weight-shards --test-mode --tp-comm-bootstrap-backend
+--tp-comm-overlap-rs-dgrad --use-fused-weighted-squared-relu --use-grouped-gemm-for-dense-mlp
+--use-grouped-gemm-for-shared-expert --use-mup --use-ring-exchange-p2p
+--use-same-sampling-seed-across-dp-ranks --use-te-activation-func --use-transformer-engine-op-fuser
+--wgrad-deferral-limit --yaml-cfg --mtp-standalone --mtp-hybrid-override-pattern
+--verify-integrity --exit-signal-handler-for-training --no-save-tokenizer-assets
+--disable-save-tokenizer-assets
 """.split())
 
 
@@ -238,6 +301,9 @@ def test_bad_combinations_raise_one_line(extra, world, needle):
     (["--tensor-model-parallel-size", "2"], "3", "world size 3 is not divisible"),
     (["--load", "/nonexistent/ckpt"], "1", "/nonexistent/ckpt"),
     (["--bogus"], "1", "unrecognized arguments: --bogus"),
+    # a hybrid flag: one line pointing at the hybrid entry point (megatron_lm_census_flags.py)
+    (["--mamba-state-dim", "64"], "1", "--mamba-state-dim is a Megatron-LM hybrid-model flag: "
+                                       "run pretrain_mamba.py"),
     (["--context-parallel-size", "2", "--seq-length", "30"], "2", "--seq-length 30"),
 ])
 def test_entry_point_exits_with_one_line(extra, env_world, needle):

@@ -69,7 +69,8 @@ def test_gpt_cli_has_no_hybrid_flags():
     hybrid = {opt for action in build_hybrid_parser().flag_actions for opt in action.option_strings}
     added = hybrid - gpt
     assert gpt < hybrid and "--hybrid-override-pattern" in added and "--mamba-state-dim" in added
-    assert all(flag.startswith(("--hybrid-", "--mamba-", "--is-hybrid-")) for flag in added), added
+    assert all(flag.startswith(("--hybrid-", "--mamba-", "--is-hybrid-", "--disable-mamba-"))
+               for flag in added), added
 
 
 def test_is_hybrid_model_is_accepted_and_changes_nothing():
