@@ -160,6 +160,10 @@ def refuse_hugging_face_flags(args) -> None:
 
 def validate_hybrid_args(args) -> None:
     """Checks the hybrid flags after the GPT ones; fills the derived hybrid fields."""
+    require(args.pipeline_model_parallel_layout is None,
+            "--pipeline-model-parallel-layout is for GPT models: megatron-core's hybrid stack "
+            "splits its layer pattern by --decoder-first-pipeline-num-layers / "
+            "--decoder-last-pipeline-num-layers (Megatron-LM refuses it with a hybrid pattern)")
     require(args.virtual_pipeline_model_parallel_size is None,
             "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank: "
             "megatron-core's hybrid stack has no virtual pipeline stages")

@@ -1,7 +1,8 @@
 """Uneven pipeline stages train the same model as one rank: PP2 with fixed first/last stage
 sizes, with the embedding or the loss counted as a layer, with virtual stages
 (--num-virtual-stages-per-pipeline-rank; also a chunk left with the embedding alone), with MTP,
-MoE, and the hybrid Mamba stack.
+MoE, the hybrid Mamba stack, and placed by --pipeline-model-parallel-layout (also with MTP, and
+with virtual stages run in a non-default --microbatch-group-size-per-virtual-pipeline-stage).
 
 Reference: the single-rank unpacked run of the same flags (no split), a separate launch. Every
 iteration's lm loss and grad norm, and the last step's gradient of every parameter (named by
@@ -31,6 +32,8 @@ L6 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "6",
 L3 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "3",
                       "--global-batch-size", "8"] + ROPE
 MTP = ["--mtp-num-layers", "1"]
+LAYOUT = "--pipeline-model-parallel-layout"
+MICROBATCH_GROUP = "--microbatch-group-size-per-virtual-pipeline-stage"
 MOE = ["--num-experts", "2", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
        "--disable-bias-linear"]
 HYBRID = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "4",
@@ -57,6 +60,13 @@ CASES = {
                                                    "2"], False),
     "hybrid first 1 of 4": ("hybrid", HYBRID + PP2 + ["--decoder-first-pipeline-num-layers", "1"],
                             True),
+    # --pipeline-model-parallel-layout: megatron-core's layout string places the layers
+    "layout 1 | 4": ("l5", L5 + PP2 + [LAYOUT, "Et|ttttL"], False),
+    "layout 3 | 2, MTP": ("l5 mtp", L5 + MTP + PP2 + [LAYOUT, "E,t*3|ttmL"], False),
+    # 4 virtual stages in schedule order (rank 0: E, tt; rank 1: ttt, tL), a non-default
+    # micro-batch group (4 of the step's 4 micro-batches; default: PP = 2)
+    "layout VPP 2, group 4": ("l6", L6 + PP2 + [LAYOUT, "E|ttt|tt|tL", MICROBATCH_GROUP, "4"],
+                              False),
 }
 REFERENCES = {"l5": (L5, False), "l5 mtp": (L5 + MTP, False), "l5 moe": (L5 + MOE, False),
               "l6": (L6, False), "l3": (L3, False), "hybrid": (HYBRID, True)}
@@ -125,7 +135,8 @@ def _expected_layers(argv: list[str], hybrid: bool) -> list[list[list[int]]]:
         num_layers_in_first_pipeline_stage=parallel.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=parallel.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=parallel.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=parallel.account_for_loss_in_pipeline_split)
+        account_for_loss_in_pipeline_split=parallel.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=parallel.pipeline_model_parallel_layout)
     return [[list(range(offset + 1, offset + count + 1)) for offset, count in zip(offs, counts)]
             for offs, counts in zip(split.chunk_offsets(), split.chunk_layers())]
 
