@@ -31,6 +31,7 @@ from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 PROG = "pretrain_mamba.py"
 SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP, MOE)
 MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden size
+PIPE = "|"  # Megatron-LM main's pipeline-stage separator in a hybrid pattern
 
 
 # Megatron-LM's recipes name megatron-core's stock hybrid stack (core 0.16.1's name, then main's
@@ -46,8 +47,8 @@ def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hybrid Mamba model")
     group.add_argument("--hybrid-layer-pattern", default=None,
                        help="One symbol per layer: M Mamba, * attention, - MLP, E MoE (e.g. "
-                            "M*-M*E); Megatron-LM main's name (its --num-layers must match "
-                            "here).")
+                            "M*-M*E), | between pipeline stages; Megatron-LM main's name. "
+                            "--num-layers defaults to its layer count (given, it must match).")
     group.add_argument("--hybrid-override-pattern", default=None,
                        help="Deprecated: use --hybrid-layer-pattern (core_v0.16.1's name, "
                             "forwarded to it as Megatron-LM main does).")
@@ -73,6 +74,9 @@ def build_hybrid_parser() -> argparse.ArgumentParser:
     """pretrain_gpt.py's parser plus the hybrid group, named pretrain_mamba.py."""
     parser = build_parser()
     parser.prog = PROG
+    # Megatron-LM main: a --hybrid-layer-pattern gives the layer count (apply_pattern_stages)
+    next(action for action in parser.flag_actions
+         if "--num-layers" in action.option_strings).required = False
     parser.description = "Megatron hybrid Mamba-Transformer training (varlen fork)"
     add_hybrid_args(parser)
     return parser
@@ -95,6 +99,7 @@ def _given_pattern(args) -> tuple[str | None, str]:
 def _layer_pattern(args) -> str:
     pattern, flag = _given_pattern(args)
     if pattern is not None:
+        pattern = pattern.replace(PIPE, "")  # the stages: applied by apply_pattern_stages
         unknown = sorted(set(pattern) - set(SUPPORTED_SYMBOLS))
         require(not unknown,
                 f"{flag} {pattern!r} has symbol(s) {unknown}; allowed: "
@@ -117,6 +122,60 @@ def _layer_pattern(args) -> str:
                                        args.hybrid_mlp_ratio, pattern))
     except ValueError as err:  # megatron-core: pattern counts disagree with the ratios
         require(False, f"{flag} {pattern!r}: {err}")
+
+
+def _pattern_as_given(args) -> tuple[str | None, str]:
+    """(pattern, flag) before validation resolves the two names (checked there)."""
+    if args.hybrid_layer_pattern is not None:
+        return args.hybrid_layer_pattern, "--hybrid-layer-pattern"
+    return args.hybrid_override_pattern, "--hybrid-override-pattern"
+
+
+def apply_pattern_stages(args) -> None:
+    """Megatron-LM main: --num-layers is the pattern's layer count when omitted, and ``|`` in
+    the pattern separates pipeline stages. megatron-core 0.16.1's hybrid stack places layers by
+    --decoder-first/last-pipeline-num-layers (a first stage, a last stage, equal middle ones)
+    and builds no virtual stages: ``|`` stages of that shape become those two flags, others
+    are refused in one line. Runs before the GPT checks, which read both flags."""
+    pattern, flag = _pattern_as_given(args)
+    if pattern is None:
+        require(args.num_layers is not None,
+                "--num-layers is required (or give --hybrid-layer-pattern: its layer count)")
+        return
+    segments = pattern.split(PIPE)
+    layers = sum(map(len, segments))
+    if args.num_layers is None:
+        args.num_layers = layers
+    # Megatron-LM main warns and takes the pattern's count; a disagreement is refused here
+    require(args.num_layers == layers, f"{flag} {pattern!r} has {layers} layers but --num-layers "
+                                       f"is {args.num_layers} (make them equal, or omit "
+                                       f"--num-layers)")
+    if len(segments) > 1:
+        _set_stage_sizes(args, f"{flag} {pattern!r}", [len(part) for part in segments])
+
+
+def _set_stage_sizes(args, named: str, sizes: list[int]) -> None:
+    pp = args.pipeline_model_parallel_size
+    require(args.decoder_first_pipeline_num_layers is None
+            and args.decoder_last_pipeline_num_layers is None,
+            f"{named} gives the pipeline stages with '{PIPE}': drop "
+            f"--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers (as "
+            f"Megatron-LM)")
+    require(len(sizes) == pp,
+            f"{named} has {len(sizes)} pipeline segments for --pipeline-model-parallel-size "
+            f"{pp}: one per stage (more would be virtual pipeline stages, which megatron-core "
+            f"0.16.1's hybrid stack does not build)")
+    require(all(sizes), f"{named} leaves a pipeline stage without layers")
+    middle = set(sizes[1:-1])
+    require(len(middle) <= 1,
+            f"{named} has stages of {sizes} layers: megatron-core 0.16.1's hybrid stack places "
+            f"a first stage, a last stage and middle stages of one size; make the middle ones "
+            f"equal")
+    if len(set(sizes)) == 1:
+        return  # the even split
+    size_of_middle = middle.pop() if middle else None
+    args.decoder_first_pipeline_num_layers = sizes[0] if sizes[0] != size_of_middle else None
+    args.decoder_last_pipeline_num_layers = sizes[-1] if sizes[-1] != size_of_middle else None
 
 
 def _mamba_heads(args) -> int:
@@ -250,6 +309,7 @@ def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = No
     args.world_size = world_size
     refuse_hugging_face_flags(args)
     _check_spec(args)
+    apply_pattern_stages(args)  # --num-layers and the stage sizes the GPT checks read
     args = validate_args(args, check_memory=False)  # checked below, for the hybrid stack
     validate_hybrid_args(args)
     return args

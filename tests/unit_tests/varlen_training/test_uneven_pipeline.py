@@ -1,8 +1,9 @@
 """Uneven pipeline stages train the same model as one rank: PP2 with fixed first/last stage
 sizes, with the embedding or the loss counted as a layer, with virtual stages
 (--num-virtual-stages-per-pipeline-rank; also a chunk left with the embedding alone), with MTP,
-MoE, the hybrid Mamba stack, and placed by --pipeline-model-parallel-layout (also with MTP, and
-with virtual stages run in a non-default --microbatch-group-size-per-virtual-pipeline-stage).
+MoE, the hybrid Mamba stack (also split by | in its pattern), and placed by
+--pipeline-model-parallel-layout (also with MTP, and with virtual stages run in a non-default
+--microbatch-group-size-per-virtual-pipeline-stage).
 
 Reference: the single-rank unpacked run of the same flags (no split), a separate launch. Every
 iteration's lm loss and grad norm, and the last step's gradient of every parameter (named by
@@ -39,6 +40,13 @@ MOE = ["--num-experts", "2", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
 HYBRID = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "4",
                           "--hybrid-override-pattern", "M*M*", "--mamba-head-dim", "4",
                           "--mamba-num-groups", "2", "--mamba-state-dim", "8"] + ROPE
+# The same hybrid model, its stages given by | in the pattern and --num-layers left to it
+# (Megatron-LM main): TINY_GPT_ARGS without its --num-layers
+_TINY_WITHOUT_DEPTH = [arg for index, arg in enumerate(TINY_GPT_ARGS)
+                       if "--num-layers" not in TINY_GPT_ARGS[max(index - 1, 0):index + 1]]
+HYBRID_PIPES = _TINY_WITHOUT_DEPTH + ["--train-iters", str(NUM_ITERS),
+                                      "--hybrid-layer-pattern", "M|*M*", "--mamba-head-dim", "4",
+                                      "--mamba-num-groups", "2", "--mamba-state-dim", "8"] + ROPE
 
 # name -> (reference name, uneven argv, hybrid)
 CASES = {
@@ -60,6 +68,7 @@ CASES = {
                                                    "2"], False),
     "hybrid first 1 of 4": ("hybrid", HYBRID + PP2 + ["--decoder-first-pipeline-num-layers", "1"],
                             True),
+    "hybrid pattern stages 1 | 3": ("hybrid", HYBRID_PIPES + PP2, True),
     # --pipeline-model-parallel-layout: megatron-core's layout string places the layers
     "layout 1 | 4": ("l5", L5 + PP2 + [LAYOUT, "Et|ttttL"], False),
     "layout 3 | 2, MTP": ("l5 mtp", L5 + MTP + PP2 + [LAYOUT, "E,t*3|ttmL"], False),
