@@ -180,7 +180,8 @@ def _check_layout_layers(args, require) -> None:
     except (AssertionError, NotImplementedError) as err:
         require(False, _layout_error(args, err))
     # megatron-core's standalone MTP stage (MTP layers away from the output layer) needs the
-    # embedding and output weights there too; the GPT chunks here keep MTP beside the loss.
+    # embedding and output weights there too; the GPT chunks here keep MTP beside the loss (a
+    # 2-rank run of "Ett|tttt|m|L" hung in the pipeline schedule when this was let through).
     require(not standalone, f"{LAYOUT} {layout!r} puts the MTP layers (m) on another stage than "
                             f"the loss (L): standalone MTP stages are not built here; place m "
                             f"in the loss's stage")
