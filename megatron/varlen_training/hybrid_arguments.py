@@ -99,7 +99,6 @@ def _given_pattern(args) -> tuple[str | None, str]:
 def _layer_pattern(args) -> str:
     pattern, flag = _given_pattern(args)
     if pattern is not None:
-        pattern = pattern.replace(PIPE, "")  # the stages: applied by apply_pattern_stages
         unknown = sorted(set(pattern) - set(SUPPORTED_SYMBOLS))
         require(not unknown,
                 f"{flag} {pattern!r} has symbol(s) {unknown}; allowed: "
@@ -152,6 +151,11 @@ def apply_pattern_stages(args) -> None:
                                        f"--num-layers)")
     if len(segments) > 1:
         _set_stage_sizes(args, f"{flag} {pattern!r}", [len(part) for part in segments])
+    # The layers are the model (checkpoints record them); the stages live in the two flags,
+    # so a resume may move the | as it may change those flags.
+    for dest in ("hybrid_layer_pattern", "hybrid_override_pattern"):
+        if getattr(args, dest) is not None:
+            setattr(args, dest, getattr(args, dest).replace(PIPE, ""))
 
 
 def _set_stage_sizes(args, named: str, sizes: list[int]) -> None:

@@ -179,3 +179,19 @@ def test_pattern_stages_megatron_core_cannot_place_are_one_line_errors(extra, wo
     with pytest.raises(ArgumentValidationError) as info:
         parse_hybrid_args(NO_NUM_LAYERS + extra + pp, world_size=world)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_checkpoints_record_the_layers_not_the_stage_separators(tmp_path):
+    """The | split is recorded as the first/last stage sizes (like those flags), the pattern
+    without it: moving a | resumes as a split change does, not as another model."""
+    from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
+
+    def run(pattern: str, flag: str = "--hybrid-layer-pattern"):
+        argv = NO_NUM_LAYERS + [flag, pattern, "--pipeline-model-parallel-size", "2"]
+        return hybrid_run_config(parse_hybrid_args(argv, world_size=2))
+
+    for flag in ("--hybrid-layer-pattern", "--hybrid-override-pattern"):  # the recorded key's
+        saved = run("M|*-M", flag)
+        assert saved.model.hybrid.hybrid_override_pattern == "M*-M"
+        save_run_args(str(tmp_path), saved)
+        assert check_run_args(str(tmp_path), run("M*|-M"), check_data=False) is None

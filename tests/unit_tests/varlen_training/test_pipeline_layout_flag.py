@@ -143,6 +143,21 @@ def test_layout_sets_the_virtual_pipeline_size_as_megatron_lm():
     whole_stage = ["--num-layers-per-virtual-pipeline-stage", "2"]
     assert parse_args(L4 + PP2 + whole_stage, world_size=2) \
         .virtual_pipeline_model_parallel_size is None
+    assert parse_args(L4 + [LAYOUT, "EttttL"], world_size=1) \
+        .virtual_pipeline_model_parallel_size is None  # one stage at PP 1: the plain model
+
+
+@pytest.mark.parametrize("recompute, needle", [
+    (["uniform", "3"], "--recompute-num-layers 3 does not divide the 1 layers of a model chunk"),
+    (["block", "4"], "--recompute-num-layers 4 exceeds the 3 layers of the largest model chunk"),
+])
+def test_full_recomputation_is_checked_against_the_layouts_chunks(recompute, needle):
+    """The per-chunk recomputation checks read the layout's chunks (1 and 3 layers here)."""
+    argv = L4 + PP2 + [LAYOUT, "Et|tttL", "--recompute-granularity", "full",
+                       "--recompute-method", recompute[0], "--recompute-num-layers", recompute[1]]
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_args(argv, world_size=2)
+    assert needle in str(err.value)
 
 
 VPP = [LAYOUT, "Et|t|t|tL"]
