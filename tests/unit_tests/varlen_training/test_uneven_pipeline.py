@@ -3,7 +3,8 @@ sizes, with the embedding or the loss counted as a layer, with virtual stages
 (--num-virtual-stages-per-pipeline-rank; also a chunk left with the embedding alone), with MTP,
 MoE, the hybrid Mamba stack (also split by | in its pattern), and placed by
 --pipeline-model-parallel-layout (also with MTP, and with virtual stages run in a non-default
---microbatch-group-size-per-virtual-pipeline-stage).
+--microbatch-group-size-per-virtual-pipeline-stage, unpacked and packed: the packed step's
+micro-batch counts are multiples of the group).
 
 Reference: the single-rank unpacked run of the same flags (no split), a separate launch. Every
 iteration's lm loss and grad norm, and the last step's gradient of every parameter (named by
@@ -34,6 +35,8 @@ L3 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "3",
                       "--global-batch-size", "8"] + ROPE
 MTP = ["--mtp-num-layers", "1"]
 LAYOUT = "--pipeline-model-parallel-layout"
+PER_TOKEN = ["--calculate-per-token-loss"]  # the loss packing leaves unchanged
+PACKED = ["--sequence-packing", "--micro-batch-size", "1"]
 MICROBATCH_GROUP = "--microbatch-group-size-per-virtual-pipeline-stage"
 MOE = ["--num-experts", "2", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
        "--disable-bias-linear"]
@@ -76,9 +79,14 @@ CASES = {
     # micro-batch group (4 of the step's 4 micro-batches; default: PP = 2)
     "layout VPP 2, group 4": ("l6", L6 + PP2 + [LAYOUT, "E|ttt|tt|tL", MICROBATCH_GROUP, "4"],
                               False),
+    # packed: the packer rounds each step's micro-batch count up to a multiple of the group
+    # (3 is none of PP 2's multiples: the default group would not pass the count check)
+    "layout VPP 2, group 3, packed": ("l6 per token", L6 + PER_TOKEN + PACKED + PP2 + [
+        LAYOUT, "E|ttt|tt|tL", MICROBATCH_GROUP, "3"], False),
 }
 REFERENCES = {"l5": (L5, False), "l5 mtp": (L5 + MTP, False), "l5 moe": (L5 + MOE, False),
-              "l6": (L6, False), "l3": (L3, False), "hybrid": (HYBRID, True)}
+              "l6": (L6, False), "l6 per token": (L6 + PER_TOKEN, False), "l3": (L3, False),
+              "hybrid": (HYBRID, True)}
 
 
 def _train(argv: list[str], hybrid: bool) -> dict:
@@ -97,6 +105,13 @@ def _train(argv: list[str], hybrid: bool) -> dict:
     parse = parse_hybrid_run_config if hybrid else parse_run_config
     run = parse(argv, world_size=torch.distributed.get_world_size())
     trainer = Trainer(run, HYBRID_FAMILY if hybrid else GPT, console=False)
+    counts, step = [], trainer.step  # each step's micro-batch count, as the schedule ran it
+
+    def counting_step(batches, **kwargs):
+        counts.append(batches.num_microbatches)
+        return step(batches, **kwargs)
+
+    trainer.step = counting_step
     try:
         history = pretrain(trainer)
         grads, layers = {}, []
@@ -108,6 +123,7 @@ def _train(argv: list[str], hybrid: bool) -> dict:
                 key = canonical_parameter_name(module, name, run.model.tied_output)
                 grads[key] = param.main_grad.detach().clone()
         return {"history": [{k: step[k] for k in ("lm_loss", "grad_norm")} for step in history],
+                "num_microbatches": counts,
                 "owns_loss": bool(history) and history[0]["lm_loss"] is not None,
                 "grads": grads, "layers": layers}
     finally:
@@ -125,6 +141,10 @@ def runs() -> dict:
     plan = {name: (argv, hybrid) for name, (_, argv, hybrid) in CASES.items()}
     ranks = run_distributed(_train_all, 2, args=(plan,), timeout_s=LAUNCH_TIMEOUT_S)
     return {"references": references, "ranks": ranks}
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
 
 
 def _expected_layers(argv: list[str], hybrid: bool) -> list[list[list[int]]]:
@@ -160,6 +180,10 @@ def test_uneven_stages_train_as_one_rank(runs, case):
     assert len(set(stage_sizes)) > 1, f"{case}: stages {stage_sizes} are even"
     history = [rank for rank in ranks if rank["owns_loss"]][-1]["history"]
     assert len(history) == NUM_ITERS
+    group = _flag_value(argv, MICROBATCH_GROUP)
+    if group is not None:  # the schedule ran groups of that many micro-batches
+        counts = ranks[0]["num_microbatches"]
+        assert all(count % int(group) == 0 for count in counts), (case, counts)
     for it, (got, want) in enumerate(zip(history, reference["history"]), start=1):
         for key in ("lm_loss", "grad_norm"):
             assert got[key] == pytest.approx(want[key], rel=RTOL), (case, it, key)
