@@ -63,7 +63,8 @@ def add_pipeline_split_args(parser: argparse.ArgumentParser) -> None:
                        dest="microbatch_group_size_per_vp_stage",
                        help="Micro-batches each virtual pipeline stage runs in a row (forward "
                             "and backward) in the interleaved schedule (default: the PP size, "
-                            "depth-first).")
+                            "depth-first); Megatron-LM main's flag, megatron-core 0.16.1's "
+                            "field.")
 
 
 def pipeline_split_of(args) -> PipelineSplit:
