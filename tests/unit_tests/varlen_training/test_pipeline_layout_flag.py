@@ -232,4 +232,3 @@ def test_hybrid_refuses_the_layout():
     with pytest.raises(ArgumentValidationError) as err:
         parse_hybrid_args(argv + PP2 + [LAYOUT, "Et|tL"], world_size=2)
     assert LAYOUT in str(err.value) and "\n" not in str(err.value)
-
