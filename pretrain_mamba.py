@@ -1,6 +1,6 @@
 """Pretrain (or fine-tune) a hybrid Mamba-Transformer with Megatron's flags, GPU/NCCL or CPU/gloo.
 
-    torchrun --nproc-per-node 4 pretrain_mamba.py --num-layers 6 --hybrid-layer-pattern M*-M*- \
+    torchrun --nproc-per-node 4 pretrain_mamba.py --hybrid-layer-pattern M*-M*- \
         --hidden-size 64 --num-attention-heads 4 --mamba-head-dim 16 --mamba-num-groups 2 ...
 
 The same Trainer, loop, data path, packing, schedulers, checkpointing and metrics as

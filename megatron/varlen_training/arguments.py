@@ -440,6 +440,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     kernel_arguments.validate_kernel_args(args, require)  # first: resolves deprecated aliases
     model_arguments.validate_model_args(args, require)
     varlen_arguments.validate_varlen_args(args, require)
+    pipeline_arguments.validate_microbatch_group(args, require)  # after the micro-batch count
     sft_arguments.validate_sft_data_args(args, require)
     data_arguments.validate_indexed_data_args(args, require)
     tokenizer_arguments.validate_tokenizer_args(args, require)

@@ -204,7 +204,9 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
         pad_id=pad_id,
         sp_factor=parallel.sp_factor,
         min_cp_size=packing.min_dynamic_context_parallel_size,
-        vpp_group_size=pp if parallel.virtual_pipeline_model_parallel_size else 1,
+        # the interleaved schedule runs micro-batches in groups (megatron-core's default: PP)
+        vpp_group_size=(parallel.microbatch_group_size_per_vp_stage or pp
+                        if parallel.virtual_pipeline_model_parallel_size else 1),
         min_num_microbatches=pp,
         pipeline_stages=1 if _keeps_microbatch_order(run) else pp,
         cost=_cost_model(run, attention_fraction),

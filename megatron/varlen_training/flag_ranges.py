@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from megatron.varlen_training.mla_arguments import mla_attention_parameters
 from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_SPECIAL_TOKENS
-from megatron.varlen_training.pipeline_arguments import pipeline_split_of
+from megatron.varlen_training.pipeline_arguments import MICROBATCH_GROUP, pipeline_split_of
 
 # Token counts of one sequence live in int32 cu_seqlens (megatron-core's and FlashAttention's
 # THD format), so no sequence, position table or per-rank budget can be longer than this.
@@ -146,6 +146,8 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "decoder_first_pipeline_num_layers": FlagRange(1, why="a stage holds at least one layer"),
     "decoder_last_pipeline_num_layers": FlagRange(1, why="a stage holds at least one layer"),
     "num_virtual_stages_per_pipeline_rank": COUNT,
+    # the interleaved schedule's micro-batch group (pipeline_arguments.py: >= PP under VPP)
+    "microbatch_group_size_per_vp_stage": COUNT,
     "context_parallel_size": COUNT,
     # data, logging, checkpointing
     "vocab_size": FlagRange(MIN_VOCAB_SIZE, why="one content id plus end-of-document"),
@@ -303,9 +305,14 @@ FLAG_RANGES: dict[str, FlagRange] = {
 }
 
 
+# Numeric flags whose dest is not their name (Megatron-LM's: a megatron-core config field's).
+_FLAGS_OF_RENAMED_DESTS = {"microbatch_group_size_per_vp_stage": MICROBATCH_GROUP}
+
+
 def flag_name(dest: str) -> str:
-    """``--dest-with-dashes``: the flag of an argparse dest (every numeric flag is spelt so)."""
-    return "--" + dest.replace("_", "-")
+    """``--dest-with-dashes``: the flag of an argparse dest (every numeric flag is spelt so, but
+    for the few renamed ones)."""
+    return _FLAGS_OF_RENAMED_DESTS.get(dest, "--" + dest.replace("_", "-"))
 
 
 def range_problem(dest: str, value) -> str | None:

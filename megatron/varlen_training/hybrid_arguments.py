@@ -34,6 +34,7 @@ from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 PROG = "pretrain_mamba.py"
 SUPPORTED_SYMBOLS = (MAMBA, ATTENTION, MLP, MOE)
 MAMBA_EXPAND = 2  # megatron-core's MambaMixer default: d_inner = 2 * hidden size
+PIPE = "|"  # Megatron-LM main's pipeline-stage separator in a hybrid pattern
 
 
 # Megatron-LM's recipes name megatron-core's stock hybrid stack (core 0.16.1's name, then main's
@@ -49,8 +50,8 @@ def add_hybrid_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hybrid Mamba model")
     group.add_argument("--hybrid-layer-pattern", default=None,
                        help="One symbol per layer: M Mamba, * attention, - MLP, E MoE (e.g. "
-                            "M*-M*E); Megatron-LM main's name (its --num-layers must match "
-                            "here).")
+                            "M*-M*E), | between pipeline stages; Megatron-LM main's name. "
+                            "--num-layers defaults to its layer count (given, it must match).")
     group.add_argument("--hybrid-override-pattern", default=None,
                        help="Deprecated: use --hybrid-layer-pattern (core_v0.16.1's name, "
                             "forwarded to it as Megatron-LM main does).")
@@ -76,6 +77,9 @@ def build_hybrid_parser() -> argparse.ArgumentParser:
     """pretrain_gpt.py's parser plus the hybrid group, named pretrain_mamba.py."""
     parser = build_parser()
     parser.prog = PROG
+    # Megatron-LM main: a --hybrid-layer-pattern gives the layer count (apply_pattern_stages)
+    next(action for action in parser.flag_actions
+         if "--num-layers" in action.option_strings).required = False
     parser.description = "Megatron hybrid Mamba-Transformer training (varlen fork)"
     add_hybrid_args(parser)
     add_hybrid_census_flags(parser)
@@ -123,6 +127,65 @@ def _layer_pattern(args) -> str:
         require(False, f"{flag} {pattern!r}: {err}")
 
 
+def _pattern_as_given(args) -> tuple[str | None, str]:
+    """(pattern, flag) before validation resolves the two names (checked there)."""
+    if args.hybrid_layer_pattern is not None:
+        return args.hybrid_layer_pattern, "--hybrid-layer-pattern"
+    return args.hybrid_override_pattern, "--hybrid-override-pattern"
+
+
+def apply_pattern_stages(args) -> None:
+    """Megatron-LM main: --num-layers is the pattern's layer count when omitted, and ``|`` in
+    the pattern separates pipeline stages. megatron-core 0.16.1's hybrid stack places layers by
+    --decoder-first/last-pipeline-num-layers (a first stage, a last stage, equal middle ones)
+    and builds no virtual stages: ``|`` stages of that shape become those two flags, others
+    are refused in one line. Runs before the GPT checks, which read both flags."""
+    pattern, flag = _pattern_as_given(args)
+    if pattern is None:
+        require(args.num_layers is not None,
+                "--num-layers is required (or give --hybrid-layer-pattern: its layer count)")
+        return
+    segments = pattern.split(PIPE)
+    layers = sum(map(len, segments))
+    if args.num_layers is None:
+        args.num_layers = layers
+    # Megatron-LM main warns and takes the pattern's count; a disagreement is refused here
+    require(args.num_layers == layers, f"{flag} {pattern!r} has {layers} layers but --num-layers "
+                                       f"is {args.num_layers} (make them equal, or omit "
+                                       f"--num-layers)")
+    if len(segments) > 1:
+        _set_stage_sizes(args, f"{flag} {pattern!r}", [len(part) for part in segments])
+    # The layers are the model (checkpoints record them); the stages live in the two flags,
+    # so a resume may move the | as it may change those flags.
+    for dest in ("hybrid_layer_pattern", "hybrid_override_pattern"):
+        if getattr(args, dest) is not None:
+            setattr(args, dest, getattr(args, dest).replace(PIPE, ""))
+
+
+def _set_stage_sizes(args, named: str, sizes: list[int]) -> None:
+    pp = args.pipeline_model_parallel_size
+    require(args.decoder_first_pipeline_num_layers is None
+            and args.decoder_last_pipeline_num_layers is None,
+            f"{named} gives the pipeline stages with '{PIPE}': drop "
+            f"--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers (as "
+            f"Megatron-LM)")
+    require(len(sizes) == pp,
+            f"{named} has {len(sizes)} pipeline segments for --pipeline-model-parallel-size "
+            f"{pp}: one per stage (more would be virtual pipeline stages, which megatron-core "
+            f"0.16.1's hybrid stack does not build)")
+    require(all(sizes), f"{named} leaves a pipeline stage without layers")
+    middle = set(sizes[1:-1])
+    require(len(middle) <= 1,
+            f"{named} has stages of {sizes} layers: megatron-core 0.16.1's hybrid stack places "
+            f"a first stage, a last stage and middle stages of one size; make the middle ones "
+            f"equal")
+    if len(set(sizes)) == 1:
+        return  # the even split
+    size_of_middle = middle.pop() if middle else None
+    args.decoder_first_pipeline_num_layers = sizes[0] if sizes[0] != size_of_middle else None
+    args.decoder_last_pipeline_num_layers = sizes[-1] if sizes[-1] != size_of_middle else None
+
+
 def _mamba_heads(args) -> int:
     d_inner = MAMBA_EXPAND * args.hidden_size
     if args.mamba_num_heads is not None:
@@ -164,6 +227,10 @@ def refuse_hugging_face_flags(args) -> None:
 
 def validate_hybrid_args(args) -> None:
     """Checks the hybrid flags after the GPT ones; fills the derived hybrid fields."""
+    require(args.pipeline_model_parallel_layout is None,
+            "--pipeline-model-parallel-layout is for GPT models: megatron-core's hybrid stack "
+            "splits its layer pattern by --decoder-first-pipeline-num-layers / "
+            "--decoder-last-pipeline-num-layers (Megatron-LM refuses it with a hybrid pattern)")
     require(args.virtual_pipeline_model_parallel_size is None,
             "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank: "
             "megatron-core's hybrid stack has no virtual pipeline stages")
@@ -255,6 +322,7 @@ def parse_hybrid_args(argv: list[str] | None = None, world_size: int | None = No
     args.world_size = world_size
     refuse_hugging_face_flags(args)
     _check_spec(args)
+    apply_pattern_stages(args)  # --num-layers and the stage sizes the GPT checks read
     args = validate_args(args, check_memory=False)  # checked below, for the hybrid stack
     validate_hybrid_args(args)
     return args

@@ -75,6 +75,8 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         num_layers_in_last_pipeline_stage=parallel.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=parallel.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=parallel.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=parallel.pipeline_model_parallel_layout,
+        microbatch_group_size_per_vp_stage=parallel.microbatch_group_size_per_vp_stage,
         context_parallel_size=parallel.context_parallel_size,
         sequence_parallel=parallel.sequence_parallel,
         params_dtype=dtype,

@@ -35,10 +35,6 @@ OPTIMIZER_DTYPE_FLAGS = ("--main-grads-dtype", "--main-params-dtype", "--exp-avg
 _PRECISION_AWARE_WHY = ("Megatron-LM's precision-aware optimizer is Transformer Engine's "
                         "FusedAdam, which this fork does not build: the optimizer keeps fp32 "
                         "main grads, main params and Adam moments (Megatron-LM's default)")
-_LAYOUT_WHY = ("the stages' layers are split by --num-layers and the uneven-stage flags "
-               "(--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers, "
-               "--account-for-embedding-in-pipeline-split, "
-               "--account-for-loss-in-pipeline-split); no free-form layout string")
 _WINDOW_WHY = "the THD attentions here attend to the whole causal context (no sliding window)"
 _LOW_BITS_WHY = "{bits} needs Transformer Engine's {bits} layers, which this fork does not build"
 # flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
@@ -48,7 +44,6 @@ REFUSED_FLAGS = {
         {"action": "store_true"}, None,
         "megatron-core's TransformerLayer does not implement it (Megatron-LM sets the config "
         "field and still builds pre-norm residuals): drop the flag"),
-    "--pipeline-model-parallel-layout": ({}, None, _LAYOUT_WHY),
     "--rotary-interleaved": ({"action": "store_true"}, None,
                              "the packed RoPE here rotates halves (megatron-core's default), "
                              "not interleaved pairs"),

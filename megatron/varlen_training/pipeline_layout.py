@@ -5,11 +5,54 @@ The arithmetic is megatron-core's own (``get_num_layers_to_build`` and
 asks it about every stage at once, from the flags, before any process group exists. Flag
 validation (pipeline_arguments.py) uses it for the per-chunk checks (recomputation, stages left
 without layers); tests use it as the layout the model must build.
+
+A ``--pipeline-model-parallel-layout`` string is parsed by megatron-core's own
+``PipelineParallelLayerLayout`` (its grammar: E embedding, t decoder layer, m MTP layer, L loss,
+``|`` between stages, ``(...)*N`` / ``x*N`` repeats, cosmetic commas). Its chunk matrix is read
+here directly: the class's own per-stage queries ask parallel_state for the virtual pipeline
+size, which does not exist before the process groups do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+
+@lru_cache(maxsize=None)
+def parse_layout(layout: str, pipeline_model_parallel_size: int):
+    """megatron-core's ``PipelineParallelLayerLayout`` of a layout string; its stage count
+    must be a multiple of the PP size (megatron-core asserts; pipeline_arguments.py checks
+    first). ``layout.layout[pp_rank][vp_stage]`` lists each chunk's layer types."""
+    # megatron-core only when the flag is used: the flag layer must not import it otherwise
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    return PipelineParallelLayerLayout(layout, pipeline_model_parallel_size)
+
+
+def layout_chunk_counts(layout: str, pipeline_model_parallel_size: int,
+                        layer_type: str = "decoder") -> list[list[int]]:
+    """``[pp_rank][vp_stage]``: layers of ``layer_type`` (a megatron-core ``LayerType`` name:
+    decoder, mtp, embedding, loss) in each chunk of the layout."""
+    from megatron.core.transformer.enums import LayerType
+
+    wanted = LayerType[layer_type]
+    return [[chunk.count(wanted) for chunk in rank]
+            for rank in parse_layout(layout, pipeline_model_parallel_size).layout]
+
+
+def layout_chunk_offsets(counts: list[list[int]]) -> list[list[int]]:
+    """``[pp_rank][vp_stage]``: index of each chunk's first layer, counting in megatron-core's
+    order (every rank's chunk 0, then every rank's chunk 1, ...)."""
+    offsets = [[0] * len(rank) for rank in counts]
+    seen = 0
+    for vp in range(len(counts[0])):
+        for rank, rank_counts in enumerate(counts):
+            offsets[rank][vp] = seen
+            seen += rank_counts[vp]
+    return offsets
 
 
 @dataclass(frozen=True)
@@ -23,8 +66,8 @@ class PipelineSplit:
     num_layers_in_last_pipeline_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
-    # No --pipeline-model-parallel-layout here (refused): megatron-core reads the attribute.
-    pipeline_model_parallel_layout: None = None
+    # --pipeline-model-parallel-layout: megatron-core's layout string (None: the flags' split)
+    pipeline_model_parallel_layout: str | None = None
 
     @property
     def uneven(self) -> bool:
@@ -32,7 +75,8 @@ class PipelineSplit:
         return (self.num_layers_in_first_pipeline_stage is not None
                 or self.num_layers_in_last_pipeline_stage is not None
                 or self.account_for_embedding_in_pipeline_split
-                or self.account_for_loss_in_pipeline_split)
+                or self.account_for_loss_in_pipeline_split
+                or self.pipeline_model_parallel_layout is not None)
 
     def _virtual_stages(self) -> list[int | None]:
         size = self.virtual_pipeline_model_parallel_size
@@ -40,6 +84,9 @@ class PipelineSplit:
 
     def chunk_layers(self) -> list[list[int]]:
         """``[pp_rank][vp_stage]``: decoder layers of each model chunk (one chunk without VPP)."""
+        if self.pipeline_model_parallel_layout is not None:
+            return layout_chunk_counts(self.pipeline_model_parallel_layout,
+                                       self.pipeline_model_parallel_size)
         # megatron-core only when asked: the flag layer must not import it (a bad flag ends
         # the run first, tests/unit_tests/test_entry_point_imports.py)
         from megatron.core.transformer.transformer_block import get_num_layers_to_build
@@ -50,6 +97,8 @@ class PipelineSplit:
 
     def chunk_offsets(self) -> list[list[int]]:
         """``[pp_rank][vp_stage]``: global index of each chunk's first decoder layer."""
+        if self.pipeline_model_parallel_layout is not None:
+            return layout_chunk_offsets(self.chunk_layers())
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
         return [[get_transformer_layer_offset(self, vp_stage=vp, pp_rank=rank)

@@ -132,7 +132,8 @@ VIRTUAL_PIPELINE_KEY = "num_layers_per_virtual_pipeline_stage"  # None: no virtu
 # Megatron-LM's pipeline split flags (pipeline_arguments.py): which layers each stage holds.
 PIPELINE_SPLIT_KEYS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                        "account_for_embedding_in_pipeline_split",
-                       "account_for_loss_in_pipeline_split", "num_virtual_stages_per_pipeline_rank")
+                       "account_for_loss_in_pipeline_split", "num_virtual_stages_per_pipeline_rank",
+                       "pipeline_model_parallel_layout")
 # The sizes --use-distributed-optimizer's state (megatron-core's dp_reshardable format: one shard
 # per data-parallel group of buffers) cannot change: only data parallelism reshards it.
 SHARDED_OPTIMIZER_SIZES = {"tensor_model_parallel_size": "--tensor-model-parallel-size",

@@ -118,7 +118,8 @@ def _check_sizes(problem: ScheduleProblem) -> None:
         ("cp_size", problem.cp_size, "--context-parallel-size"),
         ("max_seqlen_per_rank", problem.max_seqlen_per_rank, BUDGET_FLAG),
         ("sp_factor", problem.sp_factor, "--tensor-model-parallel-size"),
-        ("vpp_group_size", problem.vpp_group_size, "--microbatch-group-size-per-virtual-stage"),
+        ("vpp_group_size", problem.vpp_group_size,
+         "--microbatch-group-size-per-virtual-pipeline-stage"),
         ("min_num_microbatches", problem.min_num_microbatches, "--pipeline-model-parallel-size"),
         ("min_cp_size", problem.min_cp_size, MIN_CP_FLAG),
     )

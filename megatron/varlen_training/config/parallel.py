@@ -28,6 +28,10 @@ class ParallelConfig:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     num_virtual_stages_per_pipeline_rank: int | None = None
+    # --pipeline-model-parallel-layout (megatron-core's layout string, which places every layer)
+    pipeline_model_parallel_layout: str | None = None
+    # the interleaved schedule's micro-batch group; None: megatron-core's default, the PP size
+    microbatch_group_size_per_vp_stage: int | None = None
     # megatron-core's DDP / distributed optimizer overlap (recipe_arguments.py).
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False

@@ -140,6 +140,9 @@ VALID = {
     "model_parallel_size": NONE,
     "decoder_last_pipeline_num_layers": NONE,
     "num_virtual_stages_per_pipeline_rank": NONE,
+    # read by the interleaved schedule only: without virtual stages any group is unused
+    # (Megatron-LM too); with them pipeline_arguments.py bounds it by PP and the step
+    "microbatch_group_size_per_vp_stage": HUGE,
     "distributed_timeout_minutes": NONE,
     "exit_interval": HUGE,
     "exit_duration_in_mins": HUGE,
@@ -246,7 +249,7 @@ def _value(kind, probe: str):
 
 
 def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
+    return flag_ranges.flag_name(dest)  # the dest spelt with dashes, but for renamed dests
 
 
 def _cli_outcome(parse, base: list[str], dest: str, value):

@@ -75,7 +75,8 @@ EXPECTED_FLAGS = frozenset("""
 --apply-residual-connection-post-layernorm --apply-layernorm-1p
 --decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers
 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
---pipeline-model-parallel-layout --rotary-interleaved --squared-relu --quick-geglu
+--pipeline-model-parallel-layout --microbatch-group-size-per-virtual-pipeline-stage
+--rotary-interleaved --squared-relu --quick-geglu
 --init-method-xavier-uniform --fp32-residual-connection --multi-latent-attention
 --mtp-loss-scaling-factor --window-size --window-attn-skip-freq --softmax-type --no-rope-freq
 --attention-output-gate --qk-l2-norm --qk-clip --glu-linear-offset

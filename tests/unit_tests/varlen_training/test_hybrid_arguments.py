@@ -136,3 +136,63 @@ def test_megatron_cores_stock_stack_spec_is_the_default(spec):
     assert vars(parse_hybrid_args(BASE + pattern + ["--spec", *spec])) == \
         vars(parse_hybrid_args(BASE + pattern))
     assert "drop the flag" in _error(pattern + ["--spec", "my.module", "my_stack_spec"])
+
+
+NO_NUM_LAYERS = BASE[2:]  # BASE without --num-layers 3
+
+
+@pytest.mark.parametrize("pattern, pp, first, last", [
+    ("M*-M", 1, None, None),      # --num-layers omitted: the pattern's 4 layers
+    ("M*|-M", 2, None, None),     # | at the even split: no uneven flag
+    ("M|*-M", 2, 1, 3),
+    ("M|*-|M-", 3, 1, None),      # first 1, middle 2, last 2: only the first is uneven
+    ("M*|-|M", 3, 2, None),       # first 2, middle 1, last 1
+    ("M|*-|M-*", 3, 1, 3),        # first 1, middle 2, last 3
+])
+def test_pattern_gives_the_layer_count_and_the_stages(pattern, pp, first, last):
+    """Megatron-LM main: --num-layers from the pattern, | between pipeline stages; here the
+    stages become megatron-core 0.16.1's first/last stage sizes (its hybrid stack's split)."""
+    pp_flags = ["--pipeline-model-parallel-size", str(pp)] if pp > 1 else []
+    args = parse_hybrid_args(NO_NUM_LAYERS + ["--hybrid-layer-pattern", pattern] + pp_flags,
+                             world_size=pp)
+    assert args.num_layers == len(pattern.replace("|", ""))
+    assert args.hybrid_layer_pattern == pattern.replace("|", "")
+    assert (args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers) \
+        == (first, last)
+    from megatron.varlen_training.pipeline_arguments import pipeline_split_of
+
+    assert pipeline_split_of(args).stage_layers() == [len(s) for s in pattern.split("|")]
+
+
+@pytest.mark.parametrize("extra, world, needle", [
+    (["--hybrid-layer-pattern", "M|*-|M"], 2, "has 3 pipeline segments for "
+                                              "--pipeline-model-parallel-size 2"),
+    (["--hybrid-layer-pattern", "M*-M|"], 2, "leaves a pipeline stage without layers"),
+    (["--hybrid-layer-pattern", "M|*-M-|M*|-"], 4, "middle stages of one size"),
+    (["--hybrid-layer-pattern", "M|*-M", "--decoder-first-pipeline-num-layers", "1"], 2,
+     "drop --decoder-first-pipeline-num-layers"),
+    (["--hybrid-layer-pattern", "M|*-M", "--num-layers", "3"], 2,
+     "has 4 layers but --num-layers is 3"),
+    (["--hybrid-attention-ratio", "0.5"], 1, "--num-layers is required"),
+])
+def test_pattern_stages_megatron_core_cannot_place_are_one_line_errors(extra, world, needle):
+    pp = ["--pipeline-model-parallel-size", str(world)] if world > 1 else []
+    with pytest.raises(ArgumentValidationError) as info:
+        parse_hybrid_args(NO_NUM_LAYERS + extra + pp, world_size=world)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_checkpoints_record_the_layers_not_the_stage_separators(tmp_path):
+    """The | split is recorded as the first/last stage sizes (like those flags), the pattern
+    without it: moving a | resumes as a split change does, not as another model."""
+    from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
+
+    def run(pattern: str, flag: str = "--hybrid-layer-pattern"):
+        argv = NO_NUM_LAYERS + [flag, pattern, "--pipeline-model-parallel-size", "2"]
+        return hybrid_run_config(parse_hybrid_args(argv, world_size=2))
+
+    for flag in ("--hybrid-layer-pattern", "--hybrid-override-pattern"):  # the recorded key's
+        saved = run("M|*-M", flag)
+        assert saved.model.hybrid.hybrid_override_pattern == "M*-M"
+        save_run_args(str(tmp_path), saved)
+        assert check_run_args(str(tmp_path), run("M*|-M"), check_data=False) is None

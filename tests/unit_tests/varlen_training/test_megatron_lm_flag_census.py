@@ -51,7 +51,7 @@ BEING_IMPLEMENTED = frozenset("""
 --full-validation --multiple-validation-sets --validation-set-names --skip-train
 --eval-micro-batch-size --eval-global-batch-size --start-eval-at-iter --exit-signal
 --exit-signal-handler-for-dataloader --data-parallel-random-init --encoder-seq-length
---decoder-seq-length --microbatch-group-size-per-virtual-pipeline-stage --async-strategy
+--decoder-seq-length --async-strategy
 --async-ckpt-cpu-priority --async-ckpt-io-priority --async-ckpt-use-cpu-shm
 --ckpt-fully-parallel-load-exchange-algo --ckpt-fully-parallel-load-per-rank-objects
 --ckpt-fully-parallel-save-process-group --ckpt-fully-parallel-load-process-group

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.flag_errors import ArgumentValidationError
@@ -64,6 +65,7 @@ MEGATRON_LM_DEFAULTS = {
     "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
     "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0, "rope_type": None,
     "rotary_base": 10000, "rotary_percent": 1.0,
+    "pipeline_model_parallel_layout": None, "microbatch_group_size_per_vp_stage": None,
 }
 # MLATransformerConfig fields core_transformer_config_from_args copies from same-named flags.
 _MLA_COPIED = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
@@ -120,10 +122,13 @@ def _kernel_fields(flags: dict) -> dict:
 
 
 def _virtual_pipeline_size(flags: dict) -> int | None:
-    """validate_args: --num-virtual-stages-per-pipeline-rank as given, or the layers of a stage
-    (the embedding and the loss counted when asked) over --num-layers-per-virtual-pipeline-stage;
-    one virtual stage means none."""
-    if flags["num_virtual_stages_per_pipeline_rank"] is not None:
+    """validate_args: the layout's stages over the PP size, --num-virtual-stages-per-pipeline-rank
+    as given, or the layers of a stage (the embedding and the loss counted when asked) over
+    --num-layers-per-virtual-pipeline-stage; one virtual stage means none."""
+    if flags["pipeline_model_parallel_layout"] is not None:  # its stages over the PP size
+        size = (PipelineParallelLayerLayout.get_num_stages_from_str(
+            flags["pipeline_model_parallel_layout"]) // flags["pipeline_model_parallel_size"])
+    elif flags["num_virtual_stages_per_pipeline_rank"] is not None:
         size = flags["num_virtual_stages_per_pipeline_rank"]
     elif flags["num_layers_per_virtual_pipeline_stage"] is not None:
         layers = (flags["num_layers"] + flags["account_for_embedding_in_pipeline_split"]
@@ -161,9 +166,17 @@ def megatron_lm_config(given: dict) -> dict:
         num_layers_in_first_pipeline_stage=flags["decoder_first_pipeline_num_layers"],
         num_layers_in_last_pipeline_stage=flags["decoder_last_pipeline_num_layers"],
         virtual_pipeline_model_parallel_size=_virtual_pipeline_size(flags),
+        # TransformerConfig parses the layout string (megatron-core caches the parse per
+        # string and PP size: the same object) and defaults the micro-batch group to the PP size
+        pipeline_model_parallel_layout=(
+            None if flags["pipeline_model_parallel_layout"] is None
+            else PipelineParallelLayerLayout.from_str(flags["pipeline_model_parallel_layout"],
+                                                      flags["pipeline_model_parallel_size"])),
+        microbatch_group_size_per_vp_stage=(flags["microbatch_group_size_per_vp_stage"]
+                                            or flags["pipeline_model_parallel_size"]),
         # Refused here, so Megatron-LM's defaults: the same model.
         apply_residual_connection_post_layernorm=False,
-        pipeline_model_parallel_layout=None, rotary_interleaved=False,
+        rotary_interleaved=False,
         fp32_residual_connection=False, multi_latent_attention=flags["multi_latent_attention"],
         window_size=None, window_attn_skip_freq=None, softmax_type="vanilla",
         no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
@@ -257,6 +270,14 @@ COMMAND_LINES = {
                  "pipeline_model_parallel_size": 2},
     "virtual_pipeline": {"num_layers": 4, "pipeline_model_parallel_size": 2,
                          "num_layers_per_virtual_pipeline_stage": 1},
+    # one virtual stage per rank is none (Megatron-LM), not a virtual pipeline of size 1
+    "virtual_pipeline_one_per_stage": {"num_layers": 4, "pipeline_model_parallel_size": 2,
+                                       "num_layers_per_virtual_pipeline_stage": 2},
+    "layout_vpp_group": {"num_layers": 6, "pipeline_model_parallel_size": 2,
+                         "pipeline_model_parallel_layout": "E|ttt|tt|tL",
+                         "microbatch_group_size_per_vp_stage": 4, "global_batch_size": 8},
+    "layout_mtp": {"num_layers": 4, "pipeline_model_parallel_size": 2, "mtp_num_layers": 1,
+                   "pipeline_model_parallel_layout": "Et*3|tmL"},
     "per_token_loss_mtp": {"calculate_per_token_loss": True, "mtp_num_layers": 1},
     "mtp_loss_weight": {"mtp_num_layers": 2, "mtp_loss_scaling_factor": 0.3},
     "moe": {"num_experts": 4, "moe_router_topk": 2, "disable_bias_linear": True,
@@ -361,15 +382,31 @@ def test_mla_builds_megatron_lms_config_class():
     assert type(_our_config(COMMAND_LINES["dense"])) is TransformerConfig
 
 
+def _comparable(value):
+    """A parsed pipeline layout compares by its chunks' layer types (it has no ``==``)."""
+    return value.layout if isinstance(value, PipelineParallelLayerLayout) else value
+
+
 def _differing(ours: TransformerConfig, expected: dict) -> dict:
     """field: (ours, Megatron-LM's) where they differ, but for a fusion Megatron-LM turns on
     and this fork never runs (UNFUSED_HERE: the field must then be False here)."""
     differing = {field: (getattr(ours, field), value) for field, value in expected.items()
-                 if getattr(ours, field) != value
+                 if _comparable(getattr(ours, field)) != _comparable(value)
                  and not (field in UNFUSED_HERE and value is True)}
     differing.update({field: (True, expected.get(field)) for field in UNFUSED_HERE
                       if getattr(ours, field)})
     return differing
+
+
+def _census_table_dests() -> set[str]:
+    """The census's refused / unread / no-op flags (megatron_lm_census_flags.py): refused at any
+    value but Megatron-LM's default, or changing nothing, so the config keeps megatron-core's
+    default for them, as Megatron-LM's does at that value (test_megatron_lm_flag_census.py)."""
+    from megatron.varlen_training import megatron_lm_census_flags as census
+
+    tables = (census.REFUSED, census.UNREAD, census.ACCEPTED, census.HYBRID_REFUSED)
+    return {census._dest(names, kwargs)
+            for table in tables for rows in table.values() for names, kwargs, _ in rows}
 
 
 def test_every_shared_flag_field_is_in_the_reference():
@@ -390,7 +427,7 @@ def test_every_shared_flag_field_is_in_the_reference():
                  "hybrid_context_parallel", "attention_backend", "barrier_with_L1_time",
                  "moe_per_layer_logging", "log_max_attention_logit"}
     missing = (fields & ours) - covered - set(DIFFERENT_ON_PURPOSE) - set(UNFUSED_HERE) \
-        - elsewhere
+        - elsewhere - _census_table_dests()
     assert not missing, sorted(missing)
 
 
@@ -439,7 +476,6 @@ def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
 
 @pytest.mark.parametrize("flag, value", [
     ("--apply-residual-connection-post-layernorm", None),
-    ("--pipeline-model-parallel-layout", "Et|tL"),
     ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
     ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"), ("--squared-relu", None),
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
@@ -576,7 +612,10 @@ def test_resume_with_other_rope_share_is_refused(tmp_path):
 # Megatron-LM core_v0.16.1's argparse dests that are not the flag's name (TransformerConfig
 # field names): a namespace or a megatron-wrap view carries them under these keys.
 MEGATRON_LM_DESTS = {"--apply-layernorm-1p": "layernorm_zero_centered_gamma",
-                     "--fp8-format": "fp8", "--fp4-format": "fp4"}
+                     "--fp8-format": "fp8", "--fp4-format": "fp4",
+                     # ModelParallelConfig's field (Megatron-LM generates the flag from it)
+                     "--microbatch-group-size-per-virtual-pipeline-stage":
+                         "microbatch_group_size_per_vp_stage"}
 
 
 def test_model_flags_keep_megatron_lms_dests():

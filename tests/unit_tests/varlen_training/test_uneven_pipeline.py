@@ -1,7 +1,10 @@
 """Uneven pipeline stages train the same model as one rank: PP2 with fixed first/last stage
 sizes, with the embedding or the loss counted as a layer, with virtual stages
 (--num-virtual-stages-per-pipeline-rank; also a chunk left with the embedding alone), with MTP,
-MoE, and the hybrid Mamba stack.
+MoE, the hybrid Mamba stack (also split by | in its pattern), and placed by
+--pipeline-model-parallel-layout (also with MTP, and with virtual stages run in a non-default
+--microbatch-group-size-per-virtual-pipeline-stage, unpacked and packed: the packed step's
+micro-batch counts are multiples of the group).
 
 Reference: the single-rank unpacked run of the same flags (no split), a separate launch. Every
 iteration's lm loss and grad norm, and the last step's gradient of every parameter (named by
@@ -31,11 +34,22 @@ L6 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "6",
 L3 = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "3",
                       "--global-batch-size", "8"] + ROPE
 MTP = ["--mtp-num-layers", "1"]
+LAYOUT = "--pipeline-model-parallel-layout"
+PER_TOKEN = ["--calculate-per-token-loss"]  # the loss packing leaves unchanged
+PACKED = ["--sequence-packing", "--micro-batch-size", "1"]
+MICROBATCH_GROUP = "--microbatch-group-size-per-virtual-pipeline-stage"
 MOE = ["--num-experts", "2", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
        "--disable-bias-linear"]
 HYBRID = TINY_GPT_ARGS + ["--train-iters", str(NUM_ITERS), "--num-layers", "4",
                           "--hybrid-override-pattern", "M*M*", "--mamba-head-dim", "4",
                           "--mamba-num-groups", "2", "--mamba-state-dim", "8"] + ROPE
+# The same hybrid model, its stages given by | in the pattern and --num-layers left to it
+# (Megatron-LM main): TINY_GPT_ARGS without its --num-layers
+_TINY_WITHOUT_DEPTH = [arg for index, arg in enumerate(TINY_GPT_ARGS)
+                       if "--num-layers" not in TINY_GPT_ARGS[max(index - 1, 0):index + 1]]
+HYBRID_PIPES = _TINY_WITHOUT_DEPTH + ["--train-iters", str(NUM_ITERS),
+                                      "--hybrid-layer-pattern", "M|*M*", "--mamba-head-dim", "4",
+                                      "--mamba-num-groups", "2", "--mamba-state-dim", "8"] + ROPE
 
 # name -> (reference name, uneven argv, hybrid)
 CASES = {
@@ -57,9 +71,22 @@ CASES = {
                                                    "2"], False),
     "hybrid first 1 of 4": ("hybrid", HYBRID + PP2 + ["--decoder-first-pipeline-num-layers", "1"],
                             True),
+    "hybrid pattern stages 1 | 3": ("hybrid", HYBRID_PIPES + PP2, True),
+    # --pipeline-model-parallel-layout: megatron-core's layout string places the layers
+    "layout 1 | 4": ("l5", L5 + PP2 + [LAYOUT, "Et|ttttL"], False),
+    "layout 3 | 2, MTP": ("l5 mtp", L5 + MTP + PP2 + [LAYOUT, "E,t*3|ttmL"], False),
+    # 4 virtual stages in schedule order (rank 0: E, tt; rank 1: ttt, tL), a non-default
+    # micro-batch group (4 of the step's 4 micro-batches; default: PP = 2)
+    "layout VPP 2, group 4": ("l6", L6 + PP2 + [LAYOUT, "E|ttt|tt|tL", MICROBATCH_GROUP, "4"],
+                              False),
+    # packed: the packer rounds each step's micro-batch count up to a multiple of the group
+    # (3 is none of PP 2's multiples: the default group would not pass the count check)
+    "layout VPP 2, group 3, packed": ("l6 per token", L6 + PER_TOKEN + PACKED + PP2 + [
+        LAYOUT, "E|ttt|tt|tL", MICROBATCH_GROUP, "3"], False),
 }
 REFERENCES = {"l5": (L5, False), "l5 mtp": (L5 + MTP, False), "l5 moe": (L5 + MOE, False),
-              "l6": (L6, False), "l3": (L3, False), "hybrid": (HYBRID, True)}
+              "l6": (L6, False), "l6 per token": (L6 + PER_TOKEN, False), "l3": (L3, False),
+              "hybrid": (HYBRID, True)}
 
 
 def _train(argv: list[str], hybrid: bool) -> dict:
@@ -78,6 +105,13 @@ def _train(argv: list[str], hybrid: bool) -> dict:
     parse = parse_hybrid_run_config if hybrid else parse_run_config
     run = parse(argv, world_size=torch.distributed.get_world_size())
     trainer = Trainer(run, HYBRID_FAMILY if hybrid else GPT, console=False)
+    counts, step = [], trainer.step  # each step's micro-batch count, as the schedule ran it
+
+    def counting_step(batches, **kwargs):
+        counts.append(batches.num_microbatches)
+        return step(batches, **kwargs)
+
+    trainer.step = counting_step
     try:
         history = pretrain(trainer)
         grads, layers = {}, []
@@ -89,6 +123,7 @@ def _train(argv: list[str], hybrid: bool) -> dict:
                 key = canonical_parameter_name(module, name, run.model.tied_output)
                 grads[key] = param.main_grad.detach().clone()
         return {"history": [{k: step[k] for k in ("lm_loss", "grad_norm")} for step in history],
+                "num_microbatches": counts,
                 "owns_loss": bool(history) and history[0]["lm_loss"] is not None,
                 "grads": grads, "layers": layers}
     finally:
@@ -108,6 +143,10 @@ def runs() -> dict:
     return {"references": references, "ranks": ranks}
 
 
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
 def _expected_layers(argv: list[str], hybrid: bool) -> list[list[list[int]]]:
     """megatron-core's placement of the flags' split: 1-based global layer numbers per rank
     and chunk."""
@@ -125,7 +164,8 @@ def _expected_layers(argv: list[str], hybrid: bool) -> list[list[list[int]]]:
         num_layers_in_first_pipeline_stage=parallel.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=parallel.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=parallel.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=parallel.account_for_loss_in_pipeline_split)
+        account_for_loss_in_pipeline_split=parallel.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=parallel.pipeline_model_parallel_layout)
     return [[list(range(offset + 1, offset + count + 1)) for offset, count in zip(offs, counts)]
             for offs, counts in zip(split.chunk_offsets(), split.chunk_layers())]
 
@@ -140,6 +180,10 @@ def test_uneven_stages_train_as_one_rank(runs, case):
     assert len(set(stage_sizes)) > 1, f"{case}: stages {stage_sizes} are even"
     history = [rank for rank in ranks if rank["owns_loss"]][-1]["history"]
     assert len(history) == NUM_ITERS
+    group = _flag_value(argv, MICROBATCH_GROUP)
+    if group is not None:  # the schedule ran groups of that many micro-batches
+        counts = ranks[0]["num_microbatches"]
+        assert all(count % int(group) == 0 for count in counts), (case, counts)
     for it, (got, want) in enumerate(zip(history, reference["history"]), start=1):
         for key in ("lm_loss", "grad_norm"):
             assert got[key] == pytest.approx(want[key], rel=RTOL), (case, it, key)

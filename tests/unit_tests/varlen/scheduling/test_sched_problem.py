@@ -31,7 +31,7 @@ def test_min_size_above_ranks_names_flag():
 @pytest.mark.parametrize("field, value, flag", [
     ("dp_size", 0, "--data-parallel-size"), ("cp_size", -1, "--context-parallel-size"),
     ("max_seqlen_per_rank", 0, "--max-seqlen-per-dp-cp-rank"),
-    ("vpp_group_size", 0, "--microbatch-group-size-per-virtual-stage"),
+    ("vpp_group_size", 0, "--microbatch-group-size-per-virtual-pipeline-stage"),
 ])
 def test_bad_sizes(field, value, flag):
     kwargs = dict(lengths=(10,), dp_size=2, cp_size=2, max_seqlen_per_rank=100)
