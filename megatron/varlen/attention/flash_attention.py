@@ -80,7 +80,7 @@ def attend_planned(
     kernel = kernel_for(q_TrND.device) if kernel is None else kernel
     num_heads, value_dim = q_TrND.size(1), v_rows.size(-1)
     if plan.num_segments == 0:  # nothing but padding here: zeros, still part of the graph
-        return q_TrND[..., :value_dim] * 0
+        return q_TrND.new_zeros(plan.local_tokens, num_heads, value_dim) + q_TrND[..., :1] * 0
     if plan.key_index is not None:
         k_rows = k_rows.index_select(0, plan.key_index)
         v_rows = v_rows.index_select(0, plan.key_index)

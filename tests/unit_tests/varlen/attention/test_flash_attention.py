@@ -19,7 +19,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 
 from megatron.varlen.attention import LOCAL_ONLY_CP_GROUP, varlen_attention
-from megatron.varlen.attention.attention_plan import build_attention_plan
+from megatron.varlen.attention.attention_plan import AttentionPlan, build_attention_plan
 from megatron.varlen.attention.flash_attention import (
     FlashVarlenCoreAttention, attend_planned, flash_varlen_attention,
 )
@@ -277,3 +277,21 @@ def test_rope_and_core_attention_see_host_boundaries():
     assert view.cu_seqlens_q is params.host_cu_seqlens
     assert view.derived is params.derived  # plans shared across layers
     assert view_of(params) is view  # one view per micro-batch and CP group, not one per layer
+
+
+@pytest.mark.parametrize("value_dim", [4, 8, 12])
+def test_padding_only_shard_returns_value_width_zeros_in_the_graph(value_dim):
+    """A rank holding only padding (no segment) returns zeros as wide as the values (MLA's
+    values may be narrower or wider than its queries/keys), and gradients still reach q."""
+    tokens, heads, qk_dim = 3, 2, 8
+    plan = AttentionPlan(cp_size=1, cp_rank=0, causal=True, local_tokens=tokens,
+                         query_index=None, key_index=None,
+                         cu_seq_q=torch.zeros(1, dtype=torch.int32),
+                         cu_seq_k=torch.zeros(1, dtype=torch.int32), max_q=0, max_k=0,
+                         num_segments=0)
+    q = torch.randn(tokens, heads, qk_dim, requires_grad=True)
+    k, v = torch.randn(tokens, heads, qk_dim), torch.randn(tokens, heads, value_dim)
+    out = attend_planned(q, k, v, plan, scale=1.0, kernel=lambda *a, **kw: None)
+    assert out.shape == (tokens, heads, value_dim) and not out.any()
+    out.sum().backward()
+    assert q.grad is not None and not q.grad.any()
