@@ -23,7 +23,7 @@ from megatron.varlen_training import (
     logging_arguments, loss_scale_arguments, model_arguments, moe_arguments, optimizer_arguments,
     pipeline_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, runtime_arguments, schedule_arguments, sft_arguments, tokenizer_arguments,
-    training_loop_arguments, varlen_arguments,
+    training_loop_arguments, validation_arguments, varlen_arguments,
 )
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.process_group import report_start_up_error
@@ -89,8 +89,10 @@ def _add_network_size_args(parser):
     group.add_argument("--num-query-groups", type=int, default=None,
                        help="Key/value head groups under --group-query-attention (default 1, "
                             "as Megatron-LM's).")
-    group.add_argument("--seq-length", type=int, required=True,
-                       help="Maximum tokens of one sample (longer samples are clipped/truncated).")
+    group.add_argument("--seq-length", "--encoder-seq-length", type=int, required=True,
+                       action=validation_arguments.SeqLengthSpellings,
+                       help="Maximum tokens of one sample (longer samples are clipped/truncated; "
+                            "--encoder-seq-length: Megatron-LM's old spelling).")
     group.add_argument("--max-position-embeddings", type=int, default=None,
                        help="Position table size. Default: --seq-length; must be at least "
                             "--seq-length (padding slots of packed sequences use position 0).")
@@ -304,6 +306,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     checkpoint_save_arguments.add_checkpoint_save_args(parser)
     dataloader_arguments.add_dataloader_args(parser)
     training_loop_arguments.add_training_loop_args(parser)
+    validation_arguments.add_validation_args(parser)
     return parser
 
 
@@ -444,6 +447,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     checkpoint_save_arguments.validate_checkpoint_save_args(args, require)
     dataloader_arguments.validate_dataloader_args(args, require)
     training_loop_arguments.validate_training_loop_args(args, require)
+    validation_arguments.validate_validation_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     logging_arguments.validate_logging_args(args, require)

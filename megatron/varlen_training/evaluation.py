@@ -5,6 +5,8 @@ schedule (its ``training.py``).
 - At the end of training (not after an exit condition stopped the run): once more on the
   validation split (also when the last iteration just evaluated), then ``--eval-iters`` global
   batches of the test split when the run has one (:mod:`.datasets.builder`).
+- With ``--skip-train``, only those two, of the model as loaded (``--load``), on the first
+  ``--eval-iters`` batches of each split, and the run exits (:func:`evaluate_only`).
 
 Megatron-LM reads its validation samples through one iterator: each evaluation continues where
 the previous one stopped, and a resumed run restarts it after the checkpoint's
@@ -68,8 +70,9 @@ def check_resumed_validation(training_config: TrainingConfig, iteration: int,
 
 
 def _evaluate(trainer, provider, first_index: int, name: str, where: str,
-              verbose: bool) -> float | None:
-    """One evaluation: its loss (None off the loss-owning ranks), logged and written."""
+              verbose: bool, write: bool = True) -> float | None:
+    """One evaluation: its loss (None off the loss-owning ranks), logged, and written to the
+    metric writers unless not ``write``."""
     run, state = trainer.run, trainer.state
     on_batch = None
     if verbose:  # Megatron-LM's progress lines for its end-of-training evaluations
@@ -80,7 +83,7 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
     if name == VALIDATION:  # Megatron-LM's consumed_valid_samples: the stream moves on
         state.consumed_valid_samples += run.training.eval_iters * run.training.global_batch_size
     loop_steps.log_validation_loss(state.iteration, loss, where)
-    if loss is not None:
+    if loss is not None and write:
         trainer.write_evaluation(name, loss)
     return loss
 
@@ -116,4 +119,29 @@ def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
     if test_provider is not None:
         losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
                                         True)
+    return losses
+
+
+SKIPPING_TRAINING = "skipping training (--skip-train is on) ..."  # Megatron-LM's line
+
+
+def evaluate_only(trainer, valid_provider, test_provider) -> dict:
+    """``--skip-train``: the end-of-training evaluations of the model as loaded, without a
+    step: {"end_validation_loss", "test_loss"} as :func:`evaluate_at_end`'s.
+
+    As Megatron-LM: the validation split is read from its first batch (its ``--skip-train``
+    loader starts at sample 0, whatever the checkpoint consumed), the lines name the loaded
+    iteration, and nothing goes to TensorBoard or wandb (Megatron-LM passes
+    ``write_to_tensorboard=False``). A training run's validation at that iteration read the same
+    batches when it was the run's first evaluation.
+    """
+    log.print_rank_0(SKIPPING_TRAINING)
+    losses = {"end_validation_loss": None, "test_loss": None}
+    if trainer.run.training.eval_iters <= 0:
+        return losses
+    for key, provider, name in (("end_validation_loss", valid_provider, VALIDATION),
+                                ("test_loss", test_provider, TEST)):
+        if provider is not None:
+            losses[key] = _evaluate(trainer, provider, 0, name, END_OF_TRAINING[name],
+                                    verbose=True, write=False)
     return losses

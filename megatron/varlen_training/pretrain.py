@@ -108,7 +108,9 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
 
 def pretrain(trainer: Trainer) -> list[dict]:
     """Starts ``trainer`` and trains as its run says; returns {"lm_loss", "grad_norm",
-    "validation_loss"} per iteration. The caller closes the trainer (after reporting an error).
+    "validation_loss"} per iteration (with --skip-train one entry without a step: its
+    "end_validation_loss" and "test_loss"). The caller closes the trainer (after reporting an
+    error).
 
     The clock of --exit-duration-in-mins and the signal handling of --exit-signal-handler start
     here, before set-up: a job's wall-clock limit counts set-up too, and a SIGTERM during it
@@ -119,6 +121,9 @@ def pretrain(trainer: Trainer) -> list[dict]:
         providers = build_data_providers(trainer)
         try:
             state = trainer.setup_model_and_optimizer()
+            if trainer.run.training.skip_train:  # evaluate the loaded model, save nothing
+                return [{"lm_loss": None, "grad_norm": None, "validation_loss": None,
+                         **evaluation.evaluate_only(trainer, providers.valid, providers.test)}]
             if providers.valid is not None and state.iteration > 0:
                 evaluation.check_resumed_validation(trainer.run.training, state.iteration,
                                                     state.consumed_valid_samples,

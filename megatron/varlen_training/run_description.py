@@ -17,11 +17,13 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
 
 
 def sample_counts(args) -> tuple[int, int]:
-    """(train, eval) samples the datasets must provide (eval: every evaluation point); train is
-    ``--train-samples`` when given, as in Megatron-LM (a last partial batch is never read)."""
+    """(train, eval) samples the datasets must provide (eval: every evaluation point, or the one
+    of ``--skip-train``); train is ``--train-samples`` when given, as in Megatron-LM (a last
+    partial batch is never read)."""
     train = args.train_samples if args.train_samples is not None \
         else args.train_iters * args.global_batch_size
-    num_evals = args.train_iters // max(args.eval_interval, 1) + 1
+    num_evals = 1 if getattr(args, "skip_train", False) \
+        else args.train_iters // max(args.eval_interval, 1) + 1
     return train, num_evals * max(args.eval_iters, 0) * args.global_batch_size
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from megatron.varlen_training.config.validation import check_ranges
@@ -24,6 +25,10 @@ class TrainingConfig:
     exit_signal_handler: bool
     exit_interval: int | None
     exit_duration_in_mins: float | None
+    exit_signal: signal.Signals = signal.SIGTERM
+    """``--exit-signal``: the signal ``--exit-signal-handler`` catches (SIGINT too)."""
+    skip_train: bool = False
+    """``--skip-train``: evaluate (validation, test) and exit; no step, nothing saved."""
     runtime_batches: bool = False
     """The caller hands each step its global batch (megatron.wrap), which may hold another
     number of samples than ``global_batch_size``: the LR schedule and the consumed samples

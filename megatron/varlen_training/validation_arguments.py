@@ -1,0 +1,142 @@
+"""Megatron-LM's evaluation, exit-signal and initialisation flags beyond the loop's own
+(``--eval-interval`` / ``--eval-iters`` in arguments.py, the exit conditions in
+reliability_arguments.py): honoured, accepted where Megatron-LM reads them nowhere, or refused
+in one line with the reason.
+
+Honoured:
+
+- ``--skip-train``: no training step; the model (from ``--load``, else as initialised) is
+  evaluated on the validation and test splits, as Megatron-LM's end-of-training evaluations,
+  and the run exits with code 0, writing nothing (:mod:`.evaluation`). As Megatron-LM,
+  ``--no-load-optim`` is turned on with its warning.
+- ``--exit-signal SIG``: the signal ``--exit-signal-handler`` catches instead of SIGTERM
+  (SIGINT, Ctrl-C, is caught as well, as always here; :mod:`.exit_conditions`).
+- ``--encoder-seq-length N``: Megatron-LM's old spelling of ``--seq-length`` (its
+  validate_args copies one into the other); both at different values are refused.
+
+Accepted, no effect: ``--exit-signal-handler-for-dataloader`` (a field of Megatron-LM's
+TrainingConfig that its code reads nowhere: its loader workers follow
+``--exit-signal-handler``, as ours do, :mod:`.datasets.sample_reader`).
+
+Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`): the whole-split and
+per-set validations, other evaluation batch sizes, ``--start-eval-at-iter``,
+``--decoder-seq-length`` and ``--data-parallel-random-init`` (each with its reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+
+# Megatron-LM's validate_args turns --no-load-optim on under --skip-train, with this warning.
+NO_LOAD_OPTIM_WARNING = "enabling --no-load-optim when skipping training."
+DEFAULT_EXIT_SIGNAL = signal.SIGTERM  # Megatron-LM's --exit-signal default
+# Python cannot install a handler for these (the kernel never delivers them to the process).
+UNCATCHABLE_SIGNALS = (signal.SIGKILL, signal.SIGSTOP)
+
+# Megatron-LM draws DP rank r's weights from seed + 10 r and then broadcasts DP rank 0's, so
+# the flag leaves each DP rank its own random stream (dropout) only.
+_RANDOM_INIT_WHY = (
+    "here weights are drawn per parameter name (layout_invariant_init.py) and the random "
+    "streams do not depend on the data-parallel rank, which keeps DP, packed and dynamic-CP "
+    "runs equal to the one-rank run; Megatron-LM's flag would give each DP rank its own "
+    "dropout stream")
+_WHOLE_SPLIT_WHY = ("each evaluation reads --eval-iters global batches of the validation split "
+                    "here; set --eval-iters to cover the split")
+REFUSED_FLAGS = {
+    "--full-validation": ({"action": "store_true"}, None, _WHOLE_SPLIT_WHY),
+    "--multiple-validation-sets": ({"action": "store_true"}, None,
+                                   "the --valid-data-path entries form one validation blend "
+                                   "here; evaluate each set in a run of its own"),
+    "--validation-set-names": ({"nargs": "+"}, None,
+                               "names of --multiple-validation-sets (refused here); "
+                               "Megatron-LM main only"),
+    "--start-eval-at-iter": ({"type": int}, None,
+                             "evaluation starts at the first --eval-interval multiple here "
+                             "(Megatron-LM main only)"),
+    "--decoder-seq-length": ({"type": int}, None,
+                             "the decoder length of Megatron-LM's encoder-decoder models; a "
+                             "GPT's length is --seq-length"),
+    "--data-parallel-random-init": ({"action": "store_true"}, None, _RANDOM_INIT_WHY),
+}
+# Megatron-LM main only: the evaluation's own batch sizes. Accepted at the training values
+# (their Megatron-LM default); other values are refused (see validate_validation_args).
+EVAL_BATCH_FLAGS = {"--eval-micro-batch-size": "micro_batch_size",
+                    "--eval-global-batch-size": "global_batch_size"}
+
+
+def signal_by_name(name: str) -> signal.Signals:
+    """``--exit-signal``'s type: a signal name as Megatron-LM spells its choices (SIGUSR1)."""
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
+
+
+SPELLINGS_GIVEN = "_seq_length_spellings"  # parse-time record, dropped by validation
+
+
+class SeqLengthSpellings(argparse.Action):
+    """``--seq-length`` and its old spelling ``--encoder-seq-length`` (one dest): both given at
+    different values is an error, where Megatron-LM's validate_args asserts."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = vars(namespace).setdefault(SPELLINGS_GIVEN, {})
+        seen[option_string] = values
+        if len(set(seen.values())) > 1:
+            parser.error(" and ".join(f"{flag} {value}" for flag, value in seen.items())
+                         + " contradict each other: --encoder-seq-length is Megatron-LM's old "
+                           "spelling of --seq-length; give one")
+        setattr(namespace, self.dest, values)
+
+
+def add_validation_args(parser: argparse.ArgumentParser) -> None:
+    """Registers the flags of the module docstring."""
+    group = parser.add_argument_group("evaluation only, exit signal")
+    group.add_argument("--skip-train", action="store_true",
+                       help="No training: evaluate the model (from --load) on the validation "
+                            "and test splits, as at the end of training, and exit; nothing is "
+                            "saved (turns --no-load-optim on).")
+    group.add_argument("--exit-signal", type=signal_by_name, default=DEFAULT_EXIT_SIGNAL,
+                       metavar="SIGNAL",
+                       help="The signal --exit-signal-handler catches (a name: SIGTERM, "
+                            "SIGUSR1, ...); SIGINT is caught as well.")
+    group.add_argument("--exit-signal-handler-for-dataloader", action="store_true",
+                       help="Accepted, no effect: Megatron-LM reads it nowhere (its loader "
+                            "workers, like ours, follow --exit-signal-handler).")
+    for flag, train_dest in EVAL_BATCH_FLAGS.items():
+        group.add_argument(flag, type=int, default=None,
+                           help=f"Accepted at --{train_dest.replace('_', '-')} (the default); "
+                                f"other values refused: the evaluation batches are the "
+                                f"training ones here.")
+    add_refused_flags(parser.add_argument_group("Megatron-LM evaluation and init flags refused "
+                                                "here"), REFUSED_FLAGS)
+
+
+def validate_validation_args(args: argparse.Namespace, require) -> None:
+    """Refuses what this run cannot do (``require(cond, message)``); resolves --skip-train's
+    --no-load-optim and the evaluation batch sizes as Megatron-LM does."""
+    vars(args).pop(SPELLINGS_GIVEN, None)
+    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
+        require(False, f"{flag}{given} is not supported: {why}")
+    for flag, train_dest in EVAL_BATCH_FLAGS.items():
+        dest, train_value = flag[2:].replace("-", "_"), getattr(args, train_dest)
+        given = getattr(args, dest)
+        require(given is None or given == train_value,
+                f"{flag} {given} differs from --{train_dest.replace('_', '-')} {train_value}: "
+                f"evaluation reads the training batches here; drop {flag} (Megatron-LM main "
+                f"only)")
+        setattr(args, dest, train_value)  # Megatron-LM's default: the training value
+    require(args.exit_signal not in UNCATCHABLE_SIGNALS,
+            f"--exit-signal {args.exit_signal.name} cannot be caught by a process; choose "
+            f"another (SIGTERM, SIGUSR1, ...)")
+    require(args.exit_signal == DEFAULT_EXIT_SIGNAL or args.exit_signal_handler,
+            f"--exit-signal {args.exit_signal.name} is read only with --exit-signal-handler; "
+            f"add it")
+    if args.skip_train and not args.no_load_optim:
+        args.no_load_optim = True
+        warning_rank_0(NO_LOAD_OPTIM_WARNING)

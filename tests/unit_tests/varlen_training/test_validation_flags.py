@@ -1,0 +1,218 @@
+"""Megatron-LM's evaluation, exit-signal and init flags (validation_arguments.py) against
+independent references:
+
+- ``--skip-train --load``: the validation and test losses of a checkpoint equal the lines the
+  training run itself reported at that iteration (its first validation, its end-of-training
+  test), no step runs and nothing is written into the checkpoint folder; Megatron-LM's log
+  lines; no optimizer state is loaded (Megatron-LM's --no-load-optim);
+- ``--exit-signal``: the chosen signal is caught by ``--exit-signal-handler``, and SIGTERM then
+  keeps its own handling (a handler installed before the run sees it);
+- ``--encoder-seq-length`` is ``--seq-length`` (the same run config), refused beside a
+  different ``--seq-length``; the evaluation batch sizes accepted at the training ones;
+- every refused flag is one line naming the flag (exit code 2 through the parser).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+
+import pytest
+import torch
+
+from megatron.varlen_training import validation_arguments
+from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.evaluation import SKIPPING_TRAINING
+from megatron.varlen_training.exit_conditions import ExitConditions
+from megatron.varlen_training.flag_errors import ArgumentValidationError
+from megatron.varlen_training.log import get_logger
+from megatron.varlen_training.model_family import GPT
+from megatron.varlen_training.pretrain import pretrain
+from megatron.varlen_training.trainer import Trainer
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+TIMEOUT_S = 120
+RTOL = 1e-6
+BASE = [*TINY_GPT_ARGS, "--train-iters", "2"]
+
+
+# ---------------------------------------------------------------- --skip-train
+
+
+SAVE_AT = 2
+# Packed mock SFT on DP2: the first validation (iteration 2) reads validation batches 0-1, the
+# batches a --skip-train evaluation reads; the test split is read from 0 by both.
+TRAINED = [*TINY_GPT_ARGS, "--train-iters", str(SAVE_AT), "--eval-interval", str(SAVE_AT),
+           "--eval-iters", "2", "--save-interval", str(SAVE_AT), "--sft", "--micro-batch-size",
+           "1", "--sequence-packing", "--calculate-per-token-loss"]
+
+
+ITERATION_LINE = re.compile(r"iteration +\d+/ *\d+ \|")  # Megatron-LM's iteration line
+
+
+class _Lines(logging.Handler):
+    """Collects the log lines of this process."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _files(folder: str) -> dict[str, float]:
+    return {os.path.join(root, name): os.path.getmtime(os.path.join(root, name))
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def _pretrain(argv: list[str]) -> tuple[list[dict], list[str]]:
+    lines, logger = _Lines(), get_logger()
+    logger.addHandler(lines)
+    trainer = Trainer(parse_run_config(argv, world_size=torch.distributed.get_world_size()), GPT)
+    try:
+        return pretrain(trainer), lines.lines
+    finally:
+        trainer.close()
+        logger.removeHandler(lines)
+
+
+def _train_then_skip_train(folder: str) -> dict:
+    trained, trained_lines = _pretrain([*TRAINED, "--save", folder])
+    torch.distributed.barrier()
+    before = _files(folder)
+    torch.distributed.barrier()
+    evaluated, lines = _pretrain([*TRAINED, "--load", folder, "--skip-train"])
+    torch.distributed.barrier()
+    return {"trained": trained, "evaluated": evaluated, "lines": lines,
+            "trained_lines": trained_lines,
+            "unchanged": _files(folder) == before, "rank": torch.distributed.get_rank()}
+
+
+@pytest.fixture(scope="module")
+def skip_train_run(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("skip_train"))
+    results = run_distributed(_train_then_skip_train, 2, args=(folder,), timeout_s=TIMEOUT_S)
+    # the last rank owns the loss (and prints its lines); rank 0 prints the others
+    return {**results[-1], **{key: [line for result in results for line in result[key]]
+                              for key in ("lines", "trained_lines")},
+            "unchanged": all(result["unchanged"] for result in results)}
+
+
+def test_skip_train_reports_the_training_runs_losses_at_the_checkpoint(skip_train_run):
+    trained, evaluated = skip_train_run["trained"], skip_train_run["evaluated"]
+    assert len(trained) == SAVE_AT and len(evaluated) == 1
+    reference = {"end_validation_loss": trained[SAVE_AT - 1]["validation_loss"],
+                 "test_loss": trained[-1]["test_loss"]}
+    assert evaluated[0]["lm_loss"] is None and evaluated[0]["grad_norm"] is None  # no step
+    for key, expected in reference.items():
+        assert expected is not None, (key, trained)
+        assert abs(evaluated[0][key] - expected) <= RTOL * abs(expected), (key, evaluated, trained)
+    # the end-of-training validation read other batches: a loss equal to it would not do
+    assert trained[-1]["end_validation_loss"] != reference["end_validation_loss"]
+
+
+def test_skip_train_writes_nothing_and_logs_megatron_lms_lines(skip_train_run):
+    assert skip_train_run["unchanged"]
+    lines = skip_train_run["lines"]
+    assert SKIPPING_TRAINING in lines and validation_arguments.NO_LOAD_OPTIM_WARNING in lines
+    assert any(f"validation loss at iteration {SAVE_AT} on validation set" in line
+               for line in lines), lines
+    assert any(f"validation loss at iteration {SAVE_AT} on test set" in line for line in lines)
+    def iteration_lines(lines):
+        return [line for line in lines if ITERATION_LINE.search(line)]
+
+    assert iteration_lines(skip_train_run["trained_lines"])  # the pattern finds them
+    assert not iteration_lines(lines)  # no step ran
+
+
+def test_skip_train_builds_the_validation_split_for_one_evaluation():
+    args = parse_args([*BASE, "--eval-iters", "3", "--eval-interval", "1", "--skip-train"],
+                      world_size=1)
+    assert args.eval_samples == 3 * args.global_batch_size and args.no_load_optim
+    assert parse_run_config([*BASE, "--skip-train"], world_size=1).training.skip_train
+
+
+# ---------------------------------------------------------------- --exit-signal
+
+
+class _Seen:
+    def __init__(self):
+        self.signals: list[int] = []
+
+    def __call__(self, signum, frame):
+        del frame
+        self.signals.append(signum)
+
+
+@pytest.mark.parametrize("chosen", ["SIGUSR1", "SIGTERM"])
+def test_the_exit_signal_is_caught_and_sigterm_otherwise_left_alone(chosen):
+    training = parse_run_config([*BASE, "--exit-signal-handler", "--exit-signal", chosen],
+                                world_size=1).training
+    before = _Seen()
+    previous = {sig: signal.signal(sig, before) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with ExitConditions.of(training) as exits:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            caught = exits.catcher.received
+        assert caught == signal.Signals[chosen]
+        other = signal.SIGTERM if chosen == "SIGUSR1" else signal.SIGUSR1
+        assert before.signals == [other]  # the other signal kept the handler it had
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def test_sigint_is_caught_whatever_the_exit_signal():
+    training = parse_run_config([*BASE, "--exit-signal-handler", "--exit-signal", "SIGUSR2"],
+                                world_size=1).training
+    with ExitConditions.of(training) as exits:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert exits.catcher.received == signal.SIGINT
+
+
+# ---------------------------------------------------------------- accepted and refused
+
+
+def test_encoder_seq_length_is_seq_length():
+    spelled = [flag if flag != "--seq-length" else "--encoder-seq-length" for flag in BASE]
+    assert parse_run_config(spelled, world_size=1) == parse_run_config(BASE, world_size=1)
+    assert "_seq_length_spellings" not in vars(parse_args(spelled, world_size=1))
+    with pytest.raises(ArgumentValidationError, match="--encoder-seq-length 32 and "
+                                                      "--seq-length 64 contradict"):
+        parse_args([*spelled, "--seq-length", "64"], world_size=1)
+    parse_args([*spelled, "--seq-length", "32"], world_size=1)  # no contradiction
+    parse_args([*BASE, "--seq-length", "64"], world_size=1)  # argparse's last one wins
+
+
+def test_eval_batch_sizes_are_accepted_at_the_training_ones():
+    same = parse_run_config([*BASE, "--eval-micro-batch-size", "2", "--eval-global-batch-size",
+                             "4"], world_size=1)
+    assert same == parse_run_config(BASE, world_size=1)
+    for flag, value in (("--eval-micro-batch-size", "1"), ("--eval-global-batch-size", "8")):
+        with pytest.raises(ArgumentValidationError, match=f"^{flag} {value} differs"):
+            parse_args([*BASE, flag, value], world_size=1)
+
+
+REFUSED = [["--full-validation"], ["--multiple-validation-sets"],
+           ["--validation-set-names", "a", "b"], ["--start-eval-at-iter", "4"],
+           ["--decoder-seq-length", "32"], ["--data-parallel-random-init"],
+           ["--exit-signal", "SIGUSR1"], ["--exit-signal-handler", "--exit-signal", "SIGKILL"]]
+
+
+@pytest.mark.parametrize("given", REFUSED, ids=lambda given: " ".join(given))
+def test_refused_flags_are_one_line_naming_the_flag(given):
+    with pytest.raises(ArgumentValidationError) as refused:
+        parse_args([*BASE, *given], world_size=1)
+    message = str(refused.value)
+    assert "\n" not in message and given[-1 if given[-1].startswith("SIG") else 0] in message
+
+
+def test_the_dataloader_signal_flag_changes_nothing():
+    assert parse_run_config([*BASE, "--exit-signal-handler-for-dataloader"], world_size=1) \
+        == parse_run_config(BASE, world_size=1)
