@@ -209,6 +209,12 @@ VALID = {
     "fim_rate": ZERO,
     "fim_spm_rate": ZERO,
     "fim_fragment_rate": ZERO,
+    # evaluation flags (validation_arguments.py): accepted only at the training batch sizes
+    # (none of the probes), the others refused whatever their value
+    "eval_micro_batch_size": NONE,
+    "eval_global_batch_size": NONE,
+    "start_eval_at_iter": NONE,
+    "decoder_seq_length": NONE,
 }
 
 GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]

@@ -161,6 +161,9 @@ EXPECTED_FLAGS = frozenset("""
 --per-split-data-args-path --per-dataset-sequences-path --object-storage-cache-path
 --phase-transition-iterations --dataloader-fast-cache-load --dataloader-defer-npy-index-mmap
 --fim-data
+--skip-train --exit-signal --exit-signal-handler-for-dataloader --eval-micro-batch-size
+--eval-global-batch-size --encoder-seq-length --full-validation --multiple-validation-sets
+--validation-set-names --start-eval-at-iter --decoder-seq-length --data-parallel-random-init
 """.split())
 
 
