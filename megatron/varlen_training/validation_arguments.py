@@ -15,8 +15,10 @@ Honoured:
   validate_args copies one into the other); both at different values are refused.
 
 Accepted, no effect: ``--exit-signal-handler-for-dataloader`` (a field of Megatron-LM's
-TrainingConfig that its code reads nowhere: its loader workers follow
-``--exit-signal-handler``, as ours do, :mod:`.datasets.sample_reader`).
+TrainingConfig that its code reads nowhere: its loader workers install the handler under
+``--exit-signal-handler``; ours, the ``--num-workers`` readers of
+:mod:`.datasets.sample_reader`, fork from the process that installed it and keep it, so the
+exit signal sent to every process of a job leaves them reading).
 
 Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`): the whole-split and
 per-set validations, other evaluation batch sizes, ``--start-eval-at-iter``,

@@ -216,3 +216,46 @@ def test_refused_flags_are_one_line_naming_the_flag(given):
 def test_the_dataloader_signal_flag_changes_nothing():
     assert parse_run_config([*BASE, "--exit-signal-handler-for-dataloader"], world_size=1) \
         == parse_run_config(BASE, world_size=1)
+
+
+# ---------------------------------------------------------------- loader workers
+
+
+class _Numbers(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int) -> dict:
+        return {"index": index}
+
+
+def _read_after_signalling_the_worker(signal_handler: bool) -> list[int]:
+    """Starts a --num-workers reader (as the loop does: inside the exit conditions), sends the
+    exit signal to its worker process, and reads on past what the worker had read ahead."""
+    import psutil
+
+    from megatron.varlen_training.datasets.sample_reader import SampleReader
+
+    with ExitConditions(signal_handler=signal_handler, exit_signal=signal.SIGUSR1):
+        reader = SampleReader(_Numbers(), lambda i: [i], len(_Numbers()), num_workers=1)
+        try:
+            read = [sample["index"] for sample in reader.read(0)]
+            for worker in psutil.Process().children():
+                os.kill(worker.pid, signal.SIGUSR1)
+            psutil.wait_procs(psutil.Process().children(), timeout=1)
+            for iteration in range(1, 20):  # more than the worker read ahead
+                read += [sample["index"] for sample in reader.read(iteration)]
+            return read
+        finally:
+            reader.close()
+
+
+def test_loader_workers_keep_reading_through_the_exit_signal():
+    """Megatron-LM installs its signal handler in each loader worker under
+    --exit-signal-handler (its --exit-signal-handler-for-dataloader is read nowhere). Here the
+    workers fork from a process whose handler is already installed, and keep it: a scheduler's
+    signal to every process of the job leaves them reading. Without the handler the signal
+    kills the worker, and the read fails: the check sees a worker's death."""
+    assert _read_after_signalling_the_worker(signal_handler=True) == list(range(20))
+    with pytest.raises(RuntimeError, match="worker"):
+        _read_after_signalling_the_worker(signal_handler=False)
