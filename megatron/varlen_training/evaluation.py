@@ -5,6 +5,10 @@ schedule (its ``training.py``).
 - At the end of training (not after an exit condition stopped the run): once more on the
   validation split (also when the last iteration just evaluated), then ``--eval-iters`` global
   batches of the test split when the run has one (:mod:`.datasets.builder`).
+- With ``--full-validation``, every validation reads the whole validation split, from its
+  first sample, the last global batch partial (``PackedBatchProvider.whole_split``); nothing
+  is counted in ``consumed_valid_samples`` (Megatron-LM's cyclic validation iterator
+  restarts too), and a resume needs no check of its reads.
 - With ``--skip-train``, only those two, of the model as loaded (``--load``), on the first
   ``--eval-iters`` batches of each split, and the run exits (:func:`evaluate_only`).
 
@@ -74,13 +78,16 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
     """One evaluation: its loss (None off the loss-owning ranks), logged, and written to the
     metric writers unless not ``write``."""
     run, state = trainer.run, trainer.state
+    whole = getattr(provider, "whole_split", False)  # --full-validation: the split to its end
+    num_batches = provider.num_batches() if whole else run.training.eval_iters
+    first_index = 0 if whole else first_index  # from its first sample, every time
     on_batch = None
     if verbose:  # Megatron-LM's progress lines for its end-of-training evaluations
-        eval_iters = run.training.eval_iters
-        log.print_rank_0(f"Evaluating on {eval_iters * run.training.global_batch_size} samples")
-        on_batch = lambda i: log.print_rank_0(f"Evaluating iter {i}/{eval_iters}")  # noqa: E731
-    loss = training.evaluate(run, state, provider, first_index, on_batch)
-    if name == VALIDATION:  # Megatron-LM's consumed_valid_samples: the stream moves on
+        samples = len(provider.dataset) if whole else num_batches * run.training.global_batch_size
+        log.print_rank_0(f"Evaluating on {samples} samples")
+        on_batch = lambda i: log.print_rank_0(f"Evaluating iter {i}/{num_batches}")  # noqa: E731
+    loss = training.evaluate(run, state, provider, first_index, on_batch, num_batches)
+    if name == VALIDATION and not whole:  # Megatron-LM's consumed_valid_samples: it moves on
         state.consumed_valid_samples += run.training.eval_iters * run.training.global_batch_size
     loop_steps.log_validation_loss(state.iteration, loss, where)
     if loss is not None and write:

@@ -41,8 +41,9 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
         # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
+        whole = run.data.full_validation  # only the validation split is built whole
         make = lambda ds, n: PackedBatchProvider(  # noqa: E731
-            ds, gbs, trainer.packer(), n, split, agree)
+            ds, gbs, trainer.packer(), n, split, agree, whole_split=whole and ds is valid_ds)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
@@ -124,7 +125,8 @@ def pretrain(trainer: Trainer) -> list[dict]:
             if trainer.run.training.skip_train:  # evaluate the loaded model, save nothing
                 return [{"lm_loss": None, "grad_norm": None, "validation_loss": None,
                          **evaluation.evaluate_only(trainer, providers.valid, providers.test)}]
-            if providers.valid is not None and state.iteration > 0:
+            if providers.valid is not None and state.iteration > 0 \
+                    and not trainer.run.data.full_validation:  # it reads from 0 each time
                 evaluation.check_resumed_validation(trainer.run.training, state.iteration,
                                                     state.consumed_valid_samples,
                                                     trainer.run.data.eval_samples)

@@ -9,6 +9,10 @@ Honoured:
   evaluated on the validation and test splits, as Megatron-LM's end-of-training evaluations,
   and the run exits with code 0, writing nothing (:mod:`.evaluation`). As Megatron-LM,
   ``--no-load-optim`` is turned on with its warning.
+- ``--full-validation``: each validation reads the whole validation split (one pass, from its
+  first sample, the last global batch partial), not ``--eval-iters`` batches; packed runs on
+  SFT files or indexed data (mock data has no split of its own). The test split keeps
+  ``--eval-iters`` batches, as in Megatron-LM.
 - ``--exit-signal SIG``: the signal ``--exit-signal-handler`` catches instead of SIGTERM
   (SIGINT, Ctrl-C, is caught as well, as always here; :mod:`.exit_conditions`).
 - ``--encoder-seq-length N``: Megatron-LM's old spelling of ``--seq-length`` (its
@@ -20,8 +24,8 @@ TrainingConfig that its code reads nowhere: its loader workers install the handl
 :mod:`.datasets.sample_reader`, fork from the process that installed it and keep it, so the
 exit signal sent to every process of a job leaves them reading).
 
-Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`): the whole-split and
-per-set validations, other evaluation batch sizes, ``--start-eval-at-iter``,
+Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`): the per-set
+validations, other evaluation batch sizes, ``--start-eval-at-iter``,
 ``--decoder-seq-length`` and ``--data-parallel-random-init`` (each with its reason).
 """
 
@@ -46,10 +50,7 @@ _RANDOM_INIT_WHY = (
     "streams do not depend on the data-parallel rank, which keeps DP, packed and dynamic-CP "
     "runs equal to the one-rank run; Megatron-LM's flag would give each DP rank its own "
     "dropout stream")
-_WHOLE_SPLIT_WHY = ("each evaluation reads --eval-iters global batches of the validation split "
-                    "here; set --eval-iters to cover the split")
 REFUSED_FLAGS = {
-    "--full-validation": ({"action": "store_true"}, None, _WHOLE_SPLIT_WHY),
     "--multiple-validation-sets": ({"action": "store_true"}, None,
                                    "the --valid-data-path entries form one validation blend "
                                    "here; evaluate each set in a run of its own"),
@@ -103,6 +104,10 @@ def add_validation_args(parser: argparse.ArgumentParser) -> None:
                        help="No training: evaluate the model (from --load) on the validation "
                             "and test splits, as at the end of training, and exit; nothing is "
                             "saved (turns --no-load-optim on).")
+    group.add_argument("--full-validation", action="store_true",
+                       help="Each validation covers the whole validation split (with "
+                            "--sequence-packing, on SFT files or indexed data), not --eval-iters "
+                            "batches; the test split keeps --eval-iters.")
     group.add_argument("--exit-signal", type=signal_by_name, default=DEFAULT_EXIT_SIGNAL,
                        metavar="SIGNAL",
                        help="The signal --exit-signal-handler catches (a name: SIGTERM, "
@@ -139,6 +144,26 @@ def validate_validation_args(args: argparse.Namespace, require) -> None:
     require(args.exit_signal == DEFAULT_EXIT_SIGNAL or args.exit_signal_handler,
             f"--exit-signal {args.exit_signal.name} is read only with --exit-signal-handler; "
             f"add it")
+    _validate_full_validation(args, require)
     if args.skip_train and not args.no_load_optim:
         args.no_load_optim = True
         warning_rank_0(NO_LOAD_OPTIM_WARNING)
+
+
+def _validate_full_validation(args: argparse.Namespace, require) -> None:
+    """--full-validation's data: a validation split of its own, packed (a last, partial
+    global batch is split unevenly over DP, which only the packing path schedules)."""
+    if not args.full_validation:
+        return
+    require(args.eval_iters > 0,
+            "--full-validation with --eval-iters 0: --eval-iters 0 turns evaluation off here; "
+            "give --eval-iters K (the test split's batches)")
+    require(args.sequence_packing,
+            "--full-validation needs --sequence-packing: the whole validation split ends in a "
+            "partial global batch, which only the packing path spreads over DP ranks")
+    require(not args.mock_data,
+            "--full-validation with --mock-data: mock data has no validation split of its own "
+            "to cover; use --eval-iters, or real data")
+    require(args.packing_unit != "document",
+            "--full-validation with --packing-unit document: its datasets have no validation "
+            "split; drop one of them")

@@ -57,6 +57,9 @@ class DataConfig:
     num_dataset_builder_threads: int = 1
     mid_level_dataset_surplus: float = 0.005
     allow_ambiguous_pad_tokens: bool = False
+    full_validation: bool = False
+    """``--full-validation``: the validation split is built as one whole pass, and every
+    validation reads all of it (validation_arguments.py)."""
 
     @property
     def indexed(self) -> bool:

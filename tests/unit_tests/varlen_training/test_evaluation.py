@@ -86,7 +86,7 @@ def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int 
     split); and the validation samples read when it stops (what a checkpoint records)."""
     reads = []
 
-    def fake_evaluate(run, state, provider, first_index, on_batch=None):
+    def fake_evaluate(run, state, provider, first_index, on_batch=None, num_batches=None):
         reads.append((state.iteration, first_index, provider))
         return None
 
@@ -317,9 +317,9 @@ def _validation_reads(argv: list[str]) -> list[tuple[int, int]]:
     recorded, as (iteration, first batch)."""
     reads, original = [], training.evaluate
 
-    def recording(run, state, provider, first_index, on_batch=None):
+    def recording(run, state, provider, first_index, on_batch=None, num_batches=None):
         reads.append((state.iteration, first_index))
-        return original(run, state, provider, first_index, on_batch)
+        return original(run, state, provider, first_index, on_batch, num_batches)
 
     training.evaluate = recording
     try:

@@ -25,6 +25,7 @@ import torch
 from megatron.varlen_training import validation_arguments
 from megatron.varlen_training.arguments import parse_args
 from megatron.varlen_training.config.from_flags import parse_run_config
+from megatron.varlen_training.datasets.builder import build_split_datasets
 from megatron.varlen_training.evaluation import SKIPPING_TRAINING
 from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.flag_errors import ArgumentValidationError
@@ -33,7 +34,8 @@ from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.pretrain import pretrain
 from megatron.varlen_training.trainer import Trainer
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.harness.training_runs import TINY_GPT_ARGS, tiny_packed_config
+from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 
 TIMEOUT_S = 120
 RTOL = 1e-6
@@ -199,7 +201,7 @@ def test_eval_batch_sizes_are_accepted_at_the_training_ones():
             parse_args([*BASE, flag, value], world_size=1)
 
 
-REFUSED = [["--full-validation"], ["--multiple-validation-sets"],
+REFUSED = [["--multiple-validation-sets"],
            ["--validation-set-names", "a", "b"], ["--start-eval-at-iter", "4"],
            ["--decoder-seq-length", "32"], ["--data-parallel-random-init"],
            ["--exit-signal", "SIGUSR1"], ["--exit-signal-handler", "--exit-signal", "SIGKILL"]]
@@ -236,13 +238,17 @@ def _read_after_signalling_the_worker(signal_handler: bool) -> list[int]:
 
     from megatron.varlen_training.datasets.sample_reader import SampleReader
 
+    this = psutil.Process()
+    others = {child.pid for child in this.children()}  # e.g. the test harness's fork server
     with ExitConditions(signal_handler=signal_handler, exit_signal=signal.SIGUSR1):
         reader = SampleReader(_Numbers(), lambda i: [i], len(_Numbers()), num_workers=1)
         try:
             read = [sample["index"] for sample in reader.read(0)]
-            for worker in psutil.Process().children():
-                os.kill(worker.pid, signal.SIGUSR1)
-            psutil.wait_procs(psutil.Process().children(), timeout=1)
+            workers = [child for child in this.children() if child.pid not in others
+                       and "multiprocessing" not in " ".join(child.cmdline())]
+            assert len(workers) == 1, workers  # the reader's one worker, nothing else
+            os.kill(workers[0].pid, signal.SIGUSR1)
+            psutil.wait_procs(workers, timeout=1)
             for iteration in range(1, 20):  # more than the worker read ahead
                 read += [sample["index"] for sample in reader.read(iteration)]
             return read
@@ -259,3 +265,97 @@ def test_loader_workers_keep_reading_through_the_exit_signal():
     assert _read_after_signalling_the_worker(signal_handler=True) == list(range(20))
     with pytest.raises(RuntimeError, match="worker"):
         _read_after_signalling_the_worker(signal_handler=False)
+
+
+# ---------------------------------------------------------------- --full-validation
+
+
+FULL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--seq-length", "32", "--global-batch-size", "4", "--micro-batch-size", "1",
+        "--lr", "1e-3", "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0",
+        "--attention-dropout", "0", "--seed", "7", "--log-interval", "1",
+        "--tokenizer-type", "ByteLevelTokenizer", "--split", "80,10,10",
+        "--train-iters", "2", "--eval-interval", "2", "--eval-iters", "1",
+        "--sequence-packing", "--calculate-per-token-loss", "--full-validation"]
+FULL_DOCS = 66  # a validation split whose sample count is no multiple of 4 (checked below)
+
+
+def _full_validation_and_direct_loss(argv: list[str]) -> dict:
+    """pretrain() with --full-validation, then the float64 per-token mean over every sample of
+    the validation split, each alone through the trained model unpacked."""
+    from tests.unit_tests.varlen_training.test_evaluation import _direct_loss
+
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    trainer = Trainer(run, GPT)
+    try:
+        history = pretrain(trainer)
+        _, valid, _ = build_split_datasets(run, trainer.tokenizer)
+        return {"history": history, "num_valid": len(valid),
+                "direct": _direct_loss(trainer.state.model[0], valid, range(len(valid)))}
+    finally:
+        trainer.close()
+
+
+def test_full_validation_is_the_mean_over_every_validation_sample(tmp_path):
+    """DP2, packed: the in-loop and the end-of-training validation (same model, iteration 2)
+    both read the whole validation split, its last global batch partial and split unevenly
+    over the two DP ranks; the loss equals the one-sample-at-a-time float64 reference."""
+    write_corpus(str(tmp_path / "docs"), FULL_DOCS, seed=3)
+    argv = [*FULL, "--data-path", str(tmp_path / "docs"), "--data-cache-path",
+            str(tmp_path / "cache")]
+    result = run_distributed(_full_validation_and_direct_loss, 2, args=(argv,),
+                             timeout_s=TIMEOUT_S)[-1]
+    gbs = 4
+    assert result["num_valid"] > gbs and result["num_valid"] % gbs, result["num_valid"]
+    last = result["history"][-1]
+    for key in ("validation_loss", "end_validation_loss"):
+        assert abs(last[key] - result["direct"]) <= 1e-5 * abs(result["direct"]), (key, result)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--mock-data"], "--mock-data"),
+    (["--eval-iters", "0"], "--eval-iters 0"),
+])
+def test_full_validation_refuses_what_has_no_whole_split(extra, needle):
+    evaluating = [*BASE, "--eval-iters", "1", "--full-validation"]  # BASE has mock data
+    with pytest.raises(ArgumentValidationError, match=needle):
+        parse_args([*evaluating, "--sequence-packing", "--micro-batch-size", "1", *extra],
+                   world_size=1)
+    with pytest.raises(ArgumentValidationError, match="needs --sequence-packing"):
+        parse_args(evaluating, world_size=1)
+
+
+@pytest.mark.parametrize("key", ["skip_train", "full_validation"])
+def test_megatron_wrap_refuses_the_loops_evaluation_keys(key):
+    """The facade's loop is the caller's: pretrain_gpt.py's evaluation flags would do nothing."""
+    from megatron.wrap.config import ConfigError, build_config
+    from megatron.wrap.runtime import run_config_of
+
+    config = tiny_packed_config(global_batch_size=4, train_iters=3)
+    config["training"][key] = True
+    with pytest.raises(ConfigError, match=f"'{key}'.*megatron.wrap"):
+        run_config_of(build_config(config), world_size=1)
+    config["training"][key] = False
+    run_config_of(build_config(config), world_size=1)
+
+
+@pytest.mark.parametrize("per_split", [False, True])
+def test_full_validation_refuses_a_weighted_blend(per_split):
+    """megatron-core samples a weighted blend by weight to the requested count: no whole split;
+    an unweighted one is one epoch of each dataset, which one requested sample builds."""
+    from types import SimpleNamespace
+
+    from megatron.varlen_training.datasets.indexed import whole_split_request
+
+    def config(blend):
+        return SimpleNamespace(blend=None, blend_per_split=[None, blend, None]) if per_split \
+            else SimpleNamespace(blend=blend, blend_per_split=None)
+
+    with pytest.raises(ValueError, match="weighted --(valid-)?data-path blend"):
+        whole_split_request(config((["a", "b"], [0.3, 0.7])))
+    assert whole_split_request(config((["a", "b"], None))) == 1
+    if per_split:  # megatron-core builds one --valid-data-path dataset plainly, weight or not
+        assert whole_split_request(config((["a"], [1.0]))) == 1
+    else:  # but blends a weighted --data-path, one dataset included
+        with pytest.raises(ValueError, match="weighted --data-path blend"):
+            whole_split_request(config((["a"], [1.0])))
