@@ -1,7 +1,8 @@
 """When ``pretrain_gpt.py`` / ``pretrain_mamba.py`` evaluate, and on which samples: Megatron-LM's
 schedule (its ``training.py``).
 
-- Every ``--eval-interval`` iterations: ``--eval-iters`` global batches of the validation split.
+- Every ``--eval-interval`` iterations (from ``--start-eval-at-iter`` on): ``--eval-iters``
+  global batches of the validation split.
 - At the end of training (not after an exit condition stopped the run): once more on the
   validation split (also when the last iteration just evaluated), then ``--eval-iters`` global
   batches of the test split when the run has one (:mod:`.datasets.builder`).
@@ -35,6 +36,7 @@ from __future__ import annotations
 from megatron.varlen_training import log, loop_steps, training
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.errors import CheckpointError
+from megatron.varlen_training.run_description import in_loop_evaluations
 
 VALIDATION, TEST = "validation", "test"
 # How the end-of-training lines name their split (Megatron-LM's prefixes).
@@ -42,15 +44,19 @@ END_OF_TRAINING = {VALIDATION: " on validation set", TEST: " on test set"}
 
 
 def in_loop_evaluation_due(training_config: TrainingConfig, iteration: int) -> bool:
-    """Whether the loop evaluates after ``iteration`` (every ``--eval-interval``-th)."""
-    return training_config.eval_iters > 0 and iteration % training_config.eval_interval == 0
+    """Whether the loop evaluates after ``iteration`` (every ``--eval-interval``-th, from
+    ``--start-eval-at-iter`` on)."""
+    start = training_config.start_eval_at_iter
+    return (training_config.eval_iters > 0 and iteration % training_config.eval_interval == 0
+            and (start is None or iteration >= start))
 
 
 def evaluations_left(training_config: TrainingConfig, iteration: int) -> int:
     """The validation evaluations a run at ``iteration`` still runs until --train-iters: the
     in-loop ones after it, and the end-of-training one."""
-    interval = training_config.eval_interval
-    return training_config.train_iters // interval - iteration // interval + 1
+    interval, start = training_config.eval_interval, training_config.start_eval_at_iter
+    return (in_loop_evaluations(training_config.train_iters, interval, start)
+            - in_loop_evaluations(iteration, interval, start) + 1)
 
 
 def check_resumed_validation(training_config: TrainingConfig, iteration: int,

@@ -286,7 +286,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "fim_spm_rate": FRACTION,
     "fim_fragment_rate": FRACTION,
     # evaluation flags (validation_arguments.py): the batch sizes are accepted only at the
-    # training ones, the others refused whatever their value; a count or size if given
+    # training ones, --decoder-seq-length refused whatever its value; a count or size if given
     "eval_micro_batch_size": COUNT,
     "eval_global_batch_size": COUNT,
     "start_eval_at_iter": NON_NEGATIVE_COUNT,

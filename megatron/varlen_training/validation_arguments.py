@@ -13,6 +13,8 @@ Honoured:
   first sample, the last global batch partial), not ``--eval-iters`` batches; packed runs on
   SFT files or indexed data (mock data has no split of its own). The test split keeps
   ``--eval-iters`` batches, as in Megatron-LM.
+- ``--start-eval-at-iter N`` (Megatron-LM main): in-loop evaluations only from iteration N on;
+  the validation split is built for the evaluations left (:mod:`.run_description`).
 - ``--exit-signal SIG``: the signal ``--exit-signal-handler`` catches instead of SIGTERM
   (SIGINT, Ctrl-C, is caught as well, as always here; :mod:`.exit_conditions`).
 - ``--encoder-seq-length N``: Megatron-LM's old spelling of ``--seq-length`` (its
@@ -25,7 +27,7 @@ TrainingConfig that its code reads nowhere: its loader workers install the handl
 exit signal sent to every process of a job leaves them reading).
 
 Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`): the per-set
-validations, other evaluation batch sizes, ``--start-eval-at-iter``,
+validations, other evaluation batch sizes,
 ``--decoder-seq-length`` and ``--data-parallel-random-init`` (each with its reason).
 """
 
@@ -57,9 +59,6 @@ REFUSED_FLAGS = {
     "--validation-set-names": ({"nargs": "+"}, None,
                                "names of --multiple-validation-sets (refused here); "
                                "Megatron-LM main only"),
-    "--start-eval-at-iter": ({"type": int}, None,
-                             "evaluation starts at the first --eval-interval multiple here "
-                             "(Megatron-LM main only)"),
     "--decoder-seq-length": ({"type": int}, None,
                              "the decoder length of Megatron-LM's encoder-decoder models; a "
                              "GPT's length is --seq-length"),
@@ -108,6 +107,9 @@ def add_validation_args(parser: argparse.ArgumentParser) -> None:
                        help="Each validation covers the whole validation split (with "
                             "--sequence-packing, on SFT files or indexed data), not --eval-iters "
                             "batches; the test split keeps --eval-iters.")
+    group.add_argument("--start-eval-at-iter", type=int, default=None,
+                       help="No in-loop evaluation before this iteration (the end-of-training "
+                            "ones stay); Megatron-LM main's.")
     group.add_argument("--exit-signal", type=signal_by_name, default=DEFAULT_EXIT_SIGNAL,
                        metavar="SIGNAL",
                        help="The signal --exit-signal-handler catches (a name: SIGTERM, "

@@ -27,6 +27,8 @@ class TrainingConfig:
     exit_duration_in_mins: float | None
     exit_signal: signal.Signals = signal.SIGTERM
     """``--exit-signal``: the signal ``--exit-signal-handler`` catches (SIGINT too)."""
+    start_eval_at_iter: int | None = None
+    """``--start-eval-at-iter``: no in-loop evaluation before this iteration."""
     skip_train: bool = False
     """``--skip-train``: evaluate (validation, test) and exit; no step, nothing saved."""
     runtime_batches: bool = False

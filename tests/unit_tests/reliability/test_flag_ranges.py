@@ -209,11 +209,11 @@ VALID = {
     "fim_rate": ZERO,
     "fim_spm_rate": ZERO,
     "fim_fragment_rate": ZERO,
-    # evaluation flags (validation_arguments.py): accepted only at the training batch sizes
-    # (none of the probes), the others refused whatever their value
+    # evaluation flags (validation_arguments.py): the batch sizes accepted only at the training
+    # ones (none of the probes), --decoder-seq-length refused whatever its value
     "eval_micro_batch_size": NONE,
     "eval_global_batch_size": NONE,
-    "start_eval_at_iter": NONE,
+    "start_eval_at_iter": ZERO_OR_HUGE,  # 0 changes nothing; a huge one never evaluates
     "decoder_seq_length": NONE,
 }
 

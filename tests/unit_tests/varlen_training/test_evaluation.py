@@ -79,7 +79,8 @@ GBS = 4
 
 
 def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int = 0,
-              consumed_valid: int = 0, stop: int | None = None):
+              consumed_valid: int = 0, stop: int | None = None,
+              start_eval_at_iter: int | None = None):
     """The first validation batch of each evaluation evaluation.py runs from iteration
     ``start`` (a resume, ``consumed_valid`` validation samples read before it) to ``stop``
     (default the end, with the end-of-training evaluations), as (iteration, first batch,
@@ -91,7 +92,8 @@ def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int 
         return None
 
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=eval_interval,
-                             global_batch_size=GBS, train_iters=train_iters)
+                             global_batch_size=GBS, train_iters=train_iters,
+                             start_eval_at_iter=start_eval_at_iter)
     trainer = SimpleNamespace(run=SimpleNamespace(training=config),
                               state=training.TrainState(None, None, None, None, start,
                                                         consumed_valid_samples=consumed_valid),
@@ -183,7 +185,8 @@ def test_resumed_evaluations_fit_the_validation_split_or_are_refused(
                            eval_iters=eval_iters, global_batch_size=GBS)
     eval_samples = sample_counts(args)[1]
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=after,
-                             global_batch_size=GBS, train_iters=train_iters)
+                             global_batch_size=GBS, train_iters=train_iters,
+                             start_eval_at_iter=None)
     fits = reference.next_batch * GBS <= eval_samples
     assert fits == ((before, after, eval_iters, resume_at, train_iters) not in REFUSED)
     if fits:

@@ -202,7 +202,7 @@ def test_eval_batch_sizes_are_accepted_at_the_training_ones():
 
 
 REFUSED = [["--multiple-validation-sets"],
-           ["--validation-set-names", "a", "b"], ["--start-eval-at-iter", "4"],
+           ["--validation-set-names", "a", "b"],
            ["--decoder-seq-length", "32"], ["--data-parallel-random-init"],
            ["--exit-signal", "SIGUSR1"], ["--exit-signal-handler", "--exit-signal", "SIGKILL"]]
 
@@ -359,3 +359,49 @@ def test_full_validation_refuses_a_weighted_blend(per_split):
     else:  # but blends a weighted --data-path, one dataset included
         with pytest.raises(ValueError, match="weighted --data-path blend"):
             whole_split_request(config((["a"], [1.0])))
+
+
+# ---------------------------------------------------------------- --start-eval-at-iter
+
+
+class _MegatronLMEvaluations:
+    """The reference: Megatron-LM's loop, evaluating after each --eval-interval multiple from
+    --start-eval-at-iter on and once at the end, each the next --eval-iters validation
+    batches."""
+
+    def __init__(self, train_iters: int, interval: int, eval_iters: int, start: int):
+        evaluated_after = [iteration for iteration in range(1, train_iters + 1)
+                           if iteration % interval == 0 and iteration >= start]
+        evaluated_after.append(train_iters)  # the end of training, after the in-loop one too
+        self.reads = [(iteration, k * eval_iters) for k, iteration in enumerate(evaluated_after)]
+        self.batches_read = len(evaluated_after) * eval_iters
+
+
+@pytest.mark.parametrize("train_iters, interval, eval_iters, start", [
+    (7, 2, 3, 3), (7, 2, 3, 4), (6, 2, 1, 100), (5, 1, 2, 0), (8, 3, 2, 6)])
+def test_start_eval_at_iter_skips_the_early_evaluations(train_iters, interval, eval_iters, start):
+    from tests.unit_tests.varlen_training.test_evaluation import GBS, _schedule, _valid_reads
+
+    reference = _MegatronLMEvaluations(train_iters, interval, eval_iters, start)
+    reads, consumed = _schedule(train_iters, interval, eval_iters, start_eval_at_iter=start)
+    assert _valid_reads(reads) == reference.reads
+    assert consumed == reference.batches_read * GBS
+    args = parse_args([*BASE[:-1], str(train_iters), "--eval-interval", str(interval),
+                       "--eval-iters", str(eval_iters), "--global-batch-size", str(GBS),
+                       "--start-eval-at-iter", str(start)], world_size=1)
+    assert args.eval_samples == reference.batches_read * GBS  # built for exactly these reads
+
+
+@pytest.mark.parametrize("resume_at", [2, 4, 5])
+def test_a_resume_with_start_eval_at_iter_reads_what_a_straight_run_reads(resume_at):
+    """Also from a checkpoint that records no count: the count derived from its iteration is
+    the one the straight run had read (Megatron-LM's derivation subtracts one evaluation too
+    many when the start is an --eval-interval multiple)."""
+    from megatron.varlen_training.run_description import in_loop_evaluations
+    from tests.unit_tests.varlen_training.test_evaluation import GBS, _schedule
+
+    straight, _ = _schedule(7, 2, 3, start_eval_at_iter=4)
+    first, stored = _schedule(7, 2, 3, stop=resume_at, start_eval_at_iter=4)
+    assert stored == in_loop_evaluations(resume_at, 2, 4) * 3 * GBS
+    rest, _ = _schedule(7, 2, 3, start=resume_at, consumed_valid=stored, start_eval_at_iter=4)
+    assert first + rest == straight
