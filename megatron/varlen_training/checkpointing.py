@@ -438,12 +438,12 @@ def consumed_valid_samples_at(root: str, iteration: int, run: RunConfig) -> int:
     training = run.training
     derived = in_loop_evaluations(iteration, training.eval_interval,
                                   training.start_eval_at_iter) \
-        * training.eval_iters * training.global_batch_size
+        * training.eval_iters * training.eval_batch_size
     print_rank_0(f" > {folder} records no {resume_consistency.VALID_POSITION_KEY} (saved before "
                  f"it was recorded): validation continues after {derived} samples, derived from "
                  f"iteration {iteration} (// --eval-interval {training.eval_interval} x "
-                 f"--eval-iters {training.eval_iters} x --global-batch-size "
-                 f"{training.global_batch_size})")
+                 f"--eval-iters {training.eval_iters} x --eval-global-batch-size "
+                 f"{training.eval_batch_size})")
     return derived
 
 

@@ -67,7 +67,7 @@ def check_resumed_validation(training_config: TrainingConfig, iteration: int,
     than the run that read them (Megatron-LM's iterator can run dry mid-run there)."""
     if training_config.eval_iters <= 0 or eval_samples <= 0:
         return
-    batch = training_config.eval_iters * training_config.global_batch_size
+    batch = training_config.eval_iters * training_config.eval_batch_size
     needed = consumed_valid_samples + evaluations_left(training_config, iteration) * batch
     if needed > eval_samples:
         raise CheckpointError(
@@ -89,12 +89,12 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
     first_index = 0 if whole else first_index  # from its first sample, every time
     on_batch = None
     if verbose:  # Megatron-LM's progress lines for its end-of-training evaluations
-        samples = len(provider.dataset) if whole else num_batches * run.training.global_batch_size
+        samples = len(provider.dataset) if whole else num_batches * run.training.eval_batch_size
         log.print_rank_0(f"Evaluating on {samples} samples")
         on_batch = lambda i: log.print_rank_0(f"Evaluating iter {i}/{num_batches}")  # noqa: E731
     loss = training.evaluate(run, state, provider, first_index, on_batch, num_batches)
     if name == VALIDATION and not whole:  # Megatron-LM's consumed_valid_samples: it moves on
-        state.consumed_valid_samples += run.training.eval_iters * run.training.global_batch_size
+        state.consumed_valid_samples += run.training.eval_iters * run.training.eval_batch_size
     loop_steps.log_validation_loss(state.iteration, loss, where)
     if loss is not None and write:
         trainer.write_evaluation(name, loss)
@@ -104,7 +104,7 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
 def _next_validation_batch(trainer) -> int:
     """The first validation global batch the next evaluation reads: the ones read so far are
     skipped (module docstring)."""
-    return trainer.state.consumed_valid_samples // trainer.run.training.global_batch_size
+    return trainer.state.consumed_valid_samples // trainer.run.training.eval_batch_size
 
 
 def evaluate_in_loop(trainer, valid_provider) -> float | None:

@@ -31,7 +31,7 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
     started (tokenizer, dynamic CP groups)."""
     run = trainer.run
     train_ds, valid_ds, test_ds = agree_on_errors(build_split_datasets, run, trainer.tokenizer)
-    gbs = run.training.global_batch_size
+    gbs, eval_gbs = run.training.global_batch_size, run.training.eval_batch_size
     # --num-workers reads indexed data (files) ahead; mock and SFT samples are in memory, and
     # evaluation jumps between iterations (each jump would restart the workers).
     workers = run.data.num_workers if run.data.indexed else 0
@@ -43,10 +43,12 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
             resets, eod, trainer.tokenizer.pad)
         whole = run.data.full_validation  # only the validation split is built whole
         make = lambda ds, n: PackedBatchProvider(  # noqa: E731
-            ds, gbs, trainer.packer(), n, split, agree, whole_split=whole and ds is valid_ds)
+            ds, gbs if ds is train_ds else eval_gbs, trainer.packer(), n, split, agree,
+            whole_split=whole and ds is valid_ds)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
-            ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
+            ds, gbs if ds is train_ds else eval_gbs, run.training.micro_batch_size,
+            run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
             agree)
     return DataProviders(*(make(ds, workers if ds is train_ds else 0) if ds is not None else None

@@ -35,13 +35,18 @@ def sample_counts(args) -> tuple[int, int]:
         else args.train_iters * args.global_batch_size
     num_evals = 1 if getattr(args, "skip_train", False) else in_loop_evaluations(
         args.train_iters, max(args.eval_interval, 1), getattr(args, "start_eval_at_iter", None)) + 1
-    return train, num_evals * max(args.eval_iters, 0) * args.global_batch_size
+    return train, num_evals * max(args.eval_iters, 0) * _eval_batch_size(args)
 
 
 def test_sample_count(args) -> int:
     """Samples of the test split: one evaluation of --eval-iters global batches at the end of
     training (Megatron-LM's ``test_samples``)."""
-    return max(args.eval_iters, 0) * args.global_batch_size
+    return max(args.eval_iters, 0) * _eval_batch_size(args)
+
+
+def _eval_batch_size(args) -> int:
+    """--eval-global-batch-size, default --global-batch-size (Megatron-LM main's)."""
+    return getattr(args, "eval_global_batch_size", None) or args.global_batch_size
 
 
 def derive_run_values(args, vocab_size: int | None) -> dict:

@@ -19,6 +19,9 @@ Honoured:
   (SIGINT, Ctrl-C, is caught as well, as always here; :mod:`.exit_conditions`).
 - ``--encoder-seq-length N``: Megatron-LM's old spelling of ``--seq-length`` (its
   validate_args copies one into the other); both at different values are refused.
+- ``--eval-global-batch-size`` (Megatron-LM main): the samples of one evaluation batch (the
+  validation and test splits are built for it); ``--eval-micro-batch-size`` only at
+  ``--micro-batch-size`` (with packing a micro-batch is one pack).
 
 Accepted, no effect: ``--exit-signal-handler-for-dataloader`` (a field of Megatron-LM's
 TrainingConfig that its code reads nowhere: its loader workers install the handler under
@@ -27,8 +30,8 @@ TrainingConfig that its code reads nowhere: its loader workers install the handl
 exit signal sent to every process of a job leaves them reading).
 
 Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`): the per-set
-validations, other evaluation batch sizes,
-``--decoder-seq-length`` and ``--data-parallel-random-init`` (each with its reason).
+validations, ``--decoder-seq-length`` and ``--data-parallel-random-init`` (each with its
+reason).
 """
 
 from __future__ import annotations
@@ -64,10 +67,6 @@ REFUSED_FLAGS = {
                              "GPT's length is --seq-length"),
     "--data-parallel-random-init": ({"action": "store_true"}, None, _RANDOM_INIT_WHY),
 }
-# Megatron-LM main only: the evaluation's own batch sizes. Accepted at the training values
-# (their Megatron-LM default); other values are refused (see validate_validation_args).
-EVAL_BATCH_FLAGS = {"--eval-micro-batch-size": "micro_batch_size",
-                    "--eval-global-batch-size": "global_batch_size"}
 
 
 def signal_by_name(name: str) -> signal.Signals:
@@ -117,11 +116,14 @@ def add_validation_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--exit-signal-handler-for-dataloader", action="store_true",
                        help="Accepted, no effect: Megatron-LM reads it nowhere (its loader "
                             "workers, like ours, follow --exit-signal-handler).")
-    for flag, train_dest in EVAL_BATCH_FLAGS.items():
-        group.add_argument(flag, type=int, default=None,
-                           help=f"Accepted at --{train_dest.replace('_', '-')} (the default); "
-                                f"other values refused: the evaluation batches are the "
-                                f"training ones here.")
+    group.add_argument("--eval-global-batch-size", type=int, default=None,
+                       help="Samples of one evaluation batch, validation and test (default "
+                            "--global-batch-size); the loss is the per-token mean over the "
+                            "samples read, whatever their batches.")
+    group.add_argument("--eval-micro-batch-size", type=int, default=None,
+                       help="Accepted at --micro-batch-size (the default; with "
+                            "--sequence-packing a micro-batch is one pack); other values "
+                            "refused.")
     add_refused_flags(parser.add_argument_group("Megatron-LM evaluation and init flags refused "
                                                 "here"), REFUSED_FLAGS)
 
@@ -132,14 +134,7 @@ def validate_validation_args(args: argparse.Namespace, require) -> None:
     vars(args).pop(SPELLINGS_GIVEN, None)
     for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
         require(False, f"{flag}{given} is not supported: {why}")
-    for flag, train_dest in EVAL_BATCH_FLAGS.items():
-        dest, train_value = flag[2:].replace("-", "_"), getattr(args, train_dest)
-        given = getattr(args, dest)
-        require(given is None or given == train_value,
-                f"{flag} {given} differs from --{train_dest.replace('_', '-')} {train_value}: "
-                f"evaluation reads the training batches here; drop {flag} (Megatron-LM main "
-                f"only)")
-        setattr(args, dest, train_value)  # Megatron-LM's default: the training value
+    _validate_eval_batch_sizes(args, require)
     require(args.exit_signal not in UNCATCHABLE_SIGNALS,
             f"--exit-signal {args.exit_signal.name} cannot be caught by a process; choose "
             f"another (SIGTERM, SIGUSR1, ...)")
@@ -169,3 +164,22 @@ def _validate_full_validation(args: argparse.Namespace, require) -> None:
     require(args.packing_unit != "document",
             "--full-validation with --packing-unit document: its datasets have no validation "
             "split; drop one of them")
+
+
+def _validate_eval_batch_sizes(args: argparse.Namespace, require) -> None:
+    """--eval-global-batch-size / --eval-micro-batch-size, default the training values
+    (Megatron-LM main's). The evaluation's micro-batches are the training ones: with packing one
+    pack each, unpacked the size the pipeline's p2p shapes are built for."""
+    given = args.eval_micro_batch_size
+    require(given is None or given == args.micro_batch_size,
+            f"--eval-micro-batch-size {given} differs from --micro-batch-size "
+            f"{args.micro_batch_size}: evaluation runs the training micro-batches here (with "
+            f"--sequence-packing one pack each); drop --eval-micro-batch-size")
+    args.eval_micro_batch_size = args.micro_batch_size
+    if args.eval_global_batch_size is None:
+        args.eval_global_batch_size = args.global_batch_size
+    micro_times_dp = args.micro_batch_size * args.data_parallel_size
+    require(args.eval_global_batch_size % micro_times_dp == 0,
+            f"--eval-global-batch-size {args.eval_global_batch_size} is not divisible by "
+            f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+            f"{args.data_parallel_size}")

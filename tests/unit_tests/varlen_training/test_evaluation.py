@@ -93,7 +93,7 @@ def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int 
 
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=eval_interval,
                              global_batch_size=GBS, train_iters=train_iters,
-                             start_eval_at_iter=start_eval_at_iter)
+                             start_eval_at_iter=start_eval_at_iter, eval_batch_size=GBS)
     trainer = SimpleNamespace(run=SimpleNamespace(training=config),
                               state=training.TrainState(None, None, None, None, start,
                                                         consumed_valid_samples=consumed_valid),
@@ -186,7 +186,7 @@ def test_resumed_evaluations_fit_the_validation_split_or_are_refused(
     eval_samples = sample_counts(args)[1]
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=after,
                              global_batch_size=GBS, train_iters=train_iters,
-                             start_eval_at_iter=None)
+                             start_eval_at_iter=None, eval_batch_size=GBS)
     fits = reference.next_batch * GBS <= eval_samples
     assert fits == ((before, after, eval_iters, resume_at, train_iters) not in REFUSED)
     if fits:

@@ -192,13 +192,35 @@ def test_encoder_seq_length_is_seq_length():
     parse_args([*BASE, "--seq-length", "64"], world_size=1)  # argparse's last one wins
 
 
-def test_eval_batch_sizes_are_accepted_at_the_training_ones():
+def test_eval_batch_sizes_default_to_the_training_ones():
     same = parse_run_config([*BASE, "--eval-micro-batch-size", "2", "--eval-global-batch-size",
                              "4"], world_size=1)
     assert same == parse_run_config(BASE, world_size=1)
-    for flag, value in (("--eval-micro-batch-size", "1"), ("--eval-global-batch-size", "8")):
-        with pytest.raises(ArgumentValidationError, match=f"^{flag} {value} differs"):
-            parse_args([*BASE, flag, value], world_size=1)
+    assert same.training.eval_batch_size == 4
+    with pytest.raises(ArgumentValidationError, match="^--eval-micro-batch-size 1 differs"):
+        parse_args([*BASE, "--eval-micro-batch-size", "1"], world_size=1)
+    with pytest.raises(ArgumentValidationError, match="^--eval-global-batch-size 5 is not "
+                                                      "divisible by --micro-batch-size 2"):
+        parse_args([*BASE, "--eval-global-batch-size", "5"], world_size=1)
+    args = parse_args([*BASE, "--eval-global-batch-size", "8", "--eval-iters", "3"],
+                      world_size=1)  # the splits are built for 8-sample batches
+    assert args.test_samples == 3 * 8 and args.eval_samples == (2 // 1000 + 1) * 3 * 8
+
+
+def test_an_eval_global_batch_size_evaluates_the_samples_it_covers():
+    """Packed DP2: --eval-global-batch-size 8 with --eval-iters 1 reads the samples that batches
+    of 4 with --eval-iters 2 read (0-7 and 8-15 of the validation split, 0-7 of the test
+    split); each loss equals the per-sample float64 mean over them (test_evaluation.py's)."""
+    from tests.unit_tests.varlen_training.test_evaluation import (
+        EVALUATED, _run_and_direct_losses,
+    )
+
+    argv = [*EVALUATED, "--eval-global-batch-size", "8", "--eval-iters", "1"]
+    results = run_distributed(_run_and_direct_losses, 2, args=(argv,), timeout_s=TIMEOUT_S)
+    owner = [result for result in results if result["owns_loss"]][-1]
+    reported, direct = owner["history"][-1], owner["direct"]
+    for key in ("validation_loss", "end_validation_loss", "test_loss"):
+        assert abs(reported[key] - direct[key]) <= 1e-5 * abs(direct[key]), (key, reported)
 
 
 REFUSED = [["--multiple-validation-sets"],
