@@ -37,6 +37,7 @@ from megatron.varlen_training import log, loop_steps, training
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.run_description import in_loop_evaluations
+from megatron.varlen_training.validation_sets import each_validation_set
 
 VALIDATION, TEST = "validation", "test"
 # How the end-of-training lines name their split (Megatron-LM's prefixes).
@@ -95,7 +96,8 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
     loss = training.evaluate(run, state, provider, first_index, on_batch, num_batches)
     if name == VALIDATION and not whole:  # Megatron-LM's consumed_valid_samples: it moves on
         state.consumed_valid_samples += run.training.eval_iters * run.training.eval_batch_size
-    loop_steps.log_validation_loss(state.iteration, loss, where)
+    loop_steps.log_validation_loss(state.iteration, loss, where, name if name != TEST
+                                   else VALIDATION)  # Megatron-LM's test line too
     if loss is not None and write:
         trainer.write_evaluation(name, loss)
     return loss
@@ -107,15 +109,26 @@ def _next_validation_batch(trainer) -> int:
     return trainer.state.consumed_valid_samples // trainer.run.training.eval_batch_size
 
 
-def evaluate_in_loop(trainer, valid_provider) -> float | None:
+def _validate(trainer, valid, where: str, verbose: bool, write: bool = True,
+              first_index: int | None = None):
+    """Each validation set's evaluation: its loss, or {suffix: loss} with
+    --multiple-validation-sets (:mod:`.validation_sets`)."""
+    losses = {}
+    for suffix, provider in each_validation_set(valid):
+        first = _next_validation_batch(trainer) if first_index is None else first_index
+        losses[suffix] = _evaluate(trainer, provider, first, VALIDATION + suffix, where,
+                                   verbose, write)
+    return losses[""] if list(losses) == [""] else losses
+
+
+def evaluate_in_loop(trainer, valid_provider):
     """The validation loss after this iteration if it is an ``--eval-interval`` multiple (and
-    the run has validation data), else None."""
+    the run has validation data), else None; {suffix: loss} with --multiple-validation-sets."""
     training_config, iteration = trainer.run.training, trainer.state.iteration
     if valid_provider is None or not in_loop_evaluation_due(training_config, iteration):
         return None
     with trainer.hooks.around_evaluation():  # --manual-gc collects around it (Megatron-LM)
-        return _evaluate(trainer, valid_provider, _next_validation_batch(trainer), VALIDATION,
-                         "", verbose=False)
+        return _validate(trainer, valid_provider, "", verbose=False)
 
 
 def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
@@ -126,9 +139,8 @@ def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
     if training_config.eval_iters <= 0:
         return losses
     if valid_provider is not None:
-        losses["end_validation_loss"] = _evaluate(
-            trainer, valid_provider, _next_validation_batch(trainer), VALIDATION,
-            END_OF_TRAINING[VALIDATION], True)
+        losses["end_validation_loss"] = _validate(trainer, valid_provider,
+                                                  END_OF_TRAINING[VALIDATION], True)
     if test_provider is not None:
         losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
                                         True)
@@ -152,9 +164,11 @@ def evaluate_only(trainer, valid_provider, test_provider) -> dict:
     losses = {"end_validation_loss": None, "test_loss": None}
     if trainer.run.training.eval_iters <= 0:
         return losses
-    for key, provider, name in (("end_validation_loss", valid_provider, VALIDATION),
-                                ("test_loss", test_provider, TEST)):
-        if provider is not None:
-            losses[key] = _evaluate(trainer, provider, 0, name, END_OF_TRAINING[name],
-                                    verbose=True, write=False)
+    if valid_provider is not None:
+        losses["end_validation_loss"] = _validate(trainer, valid_provider,
+                                                  END_OF_TRAINING[VALIDATION], True,
+                                                  write=False, first_index=0)
+    if test_provider is not None:
+        losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
+                                        verbose=True, write=False)
     return losses

@@ -16,6 +16,7 @@ from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.read_agreement import reads_can_fail
 from megatron.varlen_training.step_timers import BATCH_GENERATOR, LEVEL_2
 from megatron.varlen_training.trainer import Trainer
+from megatron.varlen_training.validation_sets import build_validation_sets, datasets_of
 
 
 class DataProviders(NamedTuple):
@@ -42,17 +43,25 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
         whole = run.data.full_validation  # only the validation split is built whole
+        # --full-validation: the validation splits are built whole (the training and test
+        # splits not); --multiple-validation-sets builds one per set
         make = lambda ds, n: PackedBatchProvider(  # noqa: E731
             ds, gbs if ds is train_ds else eval_gbs, trainer.packer(), n, split, agree,
-            whole_split=whole and ds is valid_ds)
+            whole_split=whole and ds is not train_ds and ds is not test_ds)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs if ds is train_ds else eval_gbs, run.training.micro_batch_size,
             run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
             agree)
-    return DataProviders(*(make(ds, workers if ds is train_ds else 0) if ds is not None else None
-                           for ds in (train_ds, valid_ds, test_ds)))
+    providers = DataProviders(*(make(ds, workers if ds is train_ds else 0)
+                                if ds is not None else None
+                                for ds in (train_ds, valid_ds, test_ds)))
+    if not run.data.multiple_validation_sets:
+        return providers
+    if providers.valid is not None:  # the blend of every set: not evaluated
+        providers.valid.close()
+    return providers._replace(valid=build_validation_sets(trainer, lambda ds: make(ds, 0)))
 
 
 def _save_at_end(trainer: Trainer) -> str | None:
@@ -134,7 +143,8 @@ def pretrain(trainer: Trainer) -> list[dict]:
                                                     trainer.run.data.eval_samples)
             history = train(trainer, providers.train, providers.valid, exits, providers.test)
             # Parquet/Arrow rows are tokenized when read: their truncations are counted then.
-            report_truncated_rows(p.dataset for p in providers if p is not None)
+            report_truncated_rows(dataset for p in providers if p is not None
+                                  for dataset in datasets_of(p))
             return history
         finally:  # --num-workers readers stop with the run, not at interpreter exit
             for provider in providers:

@@ -13,6 +13,8 @@ Honoured:
   first sample, the last global batch partial), not ``--eval-iters`` batches; packed runs on
   SFT files or indexed data (mock data has no split of its own). The test split keeps
   ``--eval-iters`` batches, as in Megatron-LM.
+- ``--multiple-validation-sets`` (with ``--validation-set-names``, Megatron-LM main): each
+  ``--valid-data-path`` entry evaluated alone, read whole (:mod:`.validation_sets`).
 - ``--start-eval-at-iter N`` (Megatron-LM main): in-loop evaluations only from iteration N on;
   the validation split is built for the evaluations left (:mod:`.run_description`).
 - ``--exit-signal SIG``: the signal ``--exit-signal-handler`` catches instead of SIGTERM
@@ -29,9 +31,8 @@ TrainingConfig that its code reads nowhere: its loader workers install the handl
 :mod:`.datasets.sample_reader`, fork from the process that installed it and keep it, so the
 exit signal sent to every process of a job leaves them reading).
 
-Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`): the per-set
-validations, ``--decoder-seq-length`` and ``--data-parallel-random-init`` (each with its
-reason).
+Refused unless at Megatron-LM's neutral value (:data:`REFUSED_FLAGS`):
+``--decoder-seq-length`` and ``--data-parallel-random-init`` (each with its reason).
 """
 
 from __future__ import annotations
@@ -56,12 +57,6 @@ _RANDOM_INIT_WHY = (
     "runs equal to the one-rank run; Megatron-LM's flag would give each DP rank its own "
     "dropout stream")
 REFUSED_FLAGS = {
-    "--multiple-validation-sets": ({"action": "store_true"}, None,
-                                   "the --valid-data-path entries form one validation blend "
-                                   "here; evaluate each set in a run of its own"),
-    "--validation-set-names": ({"nargs": "+"}, None,
-                               "names of --multiple-validation-sets (refused here); "
-                               "Megatron-LM main only"),
     "--decoder-seq-length": ({"type": int}, None,
                              "the decoder length of Megatron-LM's encoder-decoder models; a "
                              "GPT's length is --seq-length"),
@@ -106,6 +101,11 @@ def add_validation_args(parser: argparse.ArgumentParser) -> None:
                        help="Each validation covers the whole validation split (with "
                             "--sequence-packing, on SFT files or indexed data), not --eval-iters "
                             "batches; the test split keeps --eval-iters.")
+    group.add_argument("--multiple-validation-sets", action="store_true",
+                       help="Evaluate each --valid-data-path entry alone (no weights), with its "
+                            "own lines and keys (needs --full-validation, as Megatron-LM).")
+    group.add_argument("--validation-set-names", nargs="+", default=None, metavar="NAME",
+                       help="The sets' names in their lines and keys (default their index).")
     group.add_argument("--start-eval-at-iter", type=int, default=None,
                        help="No in-loop evaluation before this iteration (the end-of-training "
                             "ones stay); Megatron-LM main's.")
@@ -142,6 +142,7 @@ def validate_validation_args(args: argparse.Namespace, require) -> None:
             f"--exit-signal {args.exit_signal.name} is read only with --exit-signal-handler; "
             f"add it")
     _validate_full_validation(args, require)
+    _validate_validation_sets(args, require)
     if args.skip_train and not args.no_load_optim:
         args.no_load_optim = True
         warning_rank_0(NO_LOAD_OPTIM_WARNING)
@@ -183,3 +184,34 @@ def _validate_eval_batch_sizes(args: argparse.Namespace, require) -> None:
             f"--eval-global-batch-size {args.eval_global_batch_size} is not divisible by "
             f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
             f"{args.data_parallel_size}")
+
+
+def _is_weight(entry: str) -> bool:
+    try:
+        float(entry)
+    except ValueError:
+        return False
+    return True
+
+
+def _validate_validation_sets(args: argparse.Namespace, require) -> None:
+    """--multiple-validation-sets: Megatron-LM main's rules (each set whole, no weights, one
+    name per set)."""
+    names, paths = args.validation_set_names, args.valid_data_path
+    require(names is None or args.multiple_validation_sets,
+            "--validation-set-names needs --multiple-validation-sets")
+    if not args.multiple_validation_sets:
+        return
+    require(args.full_validation,
+            "--multiple-validation-sets needs --full-validation: each set is read whole, as "
+            "Megatron-LM requires")
+    require(bool(paths), "--multiple-validation-sets needs --valid-data-path PREFIX [PREFIX "
+                         "...]: one validation set per entry")
+    require(not any(_is_weight(entry) for entry in paths),
+            f"--multiple-validation-sets with a weighted --valid-data-path "
+            f"{' '.join(paths)}: each set is evaluated alone; list the prefixes without weights")
+    require(names is None or len(names) == len(paths),
+            f"--validation-set-names gives {len(names or ())} names for {len(paths)} "
+            f"--valid-data-path sets; give one per set")
+    if names is not None:
+        args.validation_set_names = tuple(names)

@@ -22,7 +22,7 @@ _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
 LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins")
 # pretrain_gpt.py's flags for what ITS loop evaluates: the facade's evaluate() gets the caller's
 # batches, so a config setting one would be ignored without a word: refused too.
-LOOP_EVALUATION_KEYS = ("skip_train", "full_validation")
+LOOP_EVALUATION_KEYS = ("skip_train", "full_validation", "multiple_validation_sets")
 # pretrain_gpt.py's flags for the documents inside its pretraining samples: the facade's
 # samples come from the caller (a flow decides their loss mask), so these are refused too.
 DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")

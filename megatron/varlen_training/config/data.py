@@ -60,6 +60,10 @@ class DataConfig:
     full_validation: bool = False
     """``--full-validation``: the validation split is built as one whole pass, and every
     validation reads all of it (validation_arguments.py)."""
+    multiple_validation_sets: bool = False
+    """``--multiple-validation-sets``: each ``valid_data_path`` entry evaluated alone."""
+    validation_set_names: tuple[str, ...] | None = None
+    """``--validation-set-names``: the sets' names in their lines and keys."""
 
     @property
     def indexed(self) -> bool:

@@ -223,9 +223,7 @@ def test_an_eval_global_batch_size_evaluates_the_samples_it_covers():
         assert abs(reported[key] - direct[key]) <= 1e-5 * abs(direct[key]), (key, reported)
 
 
-REFUSED = [["--multiple-validation-sets"],
-           ["--validation-set-names", "a", "b"],
-           ["--decoder-seq-length", "32"], ["--data-parallel-random-init"],
+REFUSED = [["--decoder-seq-length", "32"], ["--data-parallel-random-init"],
            ["--exit-signal", "SIGUSR1"], ["--exit-signal-handler", "--exit-signal", "SIGKILL"]]
 
 
@@ -347,7 +345,7 @@ def test_full_validation_refuses_what_has_no_whole_split(extra, needle):
         parse_args(evaluating, world_size=1)
 
 
-@pytest.mark.parametrize("key", ["skip_train", "full_validation"])
+@pytest.mark.parametrize("key", ["skip_train", "full_validation", "multiple_validation_sets"])
 def test_megatron_wrap_refuses_the_loops_evaluation_keys(key):
     """The facade's loop is the caller's: pretrain_gpt.py's evaluation flags would do nothing."""
     from megatron.wrap.config import ConfigError, build_config
@@ -427,3 +425,71 @@ def test_a_resume_with_start_eval_at_iter_reads_what_a_straight_run_reads(resume
     assert stored == in_loop_evaluations(resume_at, 2, 4) * 3 * GBS
     rest, _ = _schedule(7, 2, 3, start=resume_at, consumed_valid=stored, start_eval_at_iter=4)
     assert first + rest == straight
+
+
+# ---------------------------------------------------------------- --multiple-validation-sets
+
+
+def _sets_and_direct_losses(argv: list[str], prefixes: list[str]) -> dict:
+    """pretrain() with each prefix a validation set, then each set's float64 per-sample mean
+    over the whole validation split a run with that prefix alone builds."""
+    from tests.unit_tests.varlen_training.test_evaluation import _direct_loss
+
+    run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+    trainer = Trainer(run, GPT)
+    lines, logger = _Lines(), get_logger()
+    logger.addHandler(lines)
+    try:
+        history = pretrain(trainer)
+        direct = {}
+        for name, prefix in zip(("wiki", "code"), prefixes):
+            base = [flag for flag in argv[:argv.index("--valid-data-path")]
+                    if flag not in ("--multiple-validation-sets", "--validation-set-names",
+                                    "wiki", "code")]
+            alone = parse_run_config([*base, "--valid-data-path", prefix],
+                                     world_size=torch.distributed.get_world_size())
+            _, valid, _ = build_split_datasets(alone, trainer.tokenizer)
+            direct[f"-{name}"] = _direct_loss(trainer.state.model[0], valid, range(len(valid)))
+        return {"history": history, "direct": direct, "lines": lines.lines}
+    finally:
+        logger.removeHandler(lines)
+        trainer.close()
+
+
+def test_each_validation_set_is_evaluated_alone(tmp_path):
+    """Two --valid-data-path sets (different corpora): each set's loss, in the loop and at the
+    end, equals the whole-split float64 reference of a run with that set alone; the lines
+    carry the names, as Megatron-LM's."""
+    prefixes = []
+    for name, seed in (("train", 3), ("wiki", 5), ("code", 9)):
+        write_corpus(str(tmp_path / name), 40 if name != "train" else 60, seed=seed)
+        prefixes.append(str(tmp_path / name))
+    argv = [flag for flag in FULL if flag not in ("--split", "80,10,10")]
+    argv += ["--data-cache-path", str(tmp_path / "cache"), "--train-data-path", prefixes[0],
+             "--multiple-validation-sets", "--validation-set-names", "wiki", "code",
+             "--valid-data-path", *prefixes[1:]]
+    result = run_distributed(_sets_and_direct_losses, 1, args=(argv, prefixes[1:]),
+                             timeout_s=TIMEOUT_S)[0]
+    last, direct = result["history"][-1], result["direct"]
+    assert direct["-wiki"] != direct["-code"]
+    for key in ("validation_loss", "end_validation_loss"):
+        assert set(last[key]) == {"-wiki", "-code"}, last
+        for suffix, expected in direct.items():
+            assert abs(last[key][suffix] - expected) <= 1e-5 * abs(expected), (key, suffix)
+    for name in ("wiki", "code"):
+        assert any(line.startswith(f" validation-{name} loss at iteration 2 on validation set")
+                   for line in result["lines"]), result["lines"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--validation-set-names", "a"], "needs --multiple-validation-sets"),
+    (["--multiple-validation-sets"], "needs --full-validation"),
+    (["--multiple-validation-sets", "--full-validation", "--valid-data-path", "0.5", "a", "0.5",
+      "b"], "weighted --valid-data-path 0.5 a 0.5 b"),
+    (["--multiple-validation-sets", "--full-validation", "--valid-data-path", "a", "b",
+      "--validation-set-names", "x"], "gives 1 names for 2"),
+])
+def test_validation_sets_refuse_what_megatron_lm_refuses(extra, needle):
+    indexed = [flag for flag in FULL if flag not in ("--split", "80,10,10", "--full-validation")]
+    with pytest.raises(ArgumentValidationError, match=needle):
+        parse_args([*indexed, "--train-data-path", "t", *extra], world_size=1)
