@@ -208,7 +208,7 @@ def test_eval_batch_sizes_default_to_the_training_ones():
 
 
 def test_an_eval_global_batch_size_evaluates_the_samples_it_covers():
-    """Packed DP2: --eval-global-batch-size 8 with --eval-iters 1 reads the samples that batches
+    """Packed: --eval-global-batch-size 8 with --eval-iters 1 reads the samples that batches
     of 4 with --eval-iters 2 read (0-7 and 8-15 of the validation split, 0-7 of the test
     split); each loss equals the per-sample float64 mean over them (test_evaluation.py's)."""
     from tests.unit_tests.varlen_training.test_evaluation import (
@@ -216,7 +216,7 @@ def test_an_eval_global_batch_size_evaluates_the_samples_it_covers():
     )
 
     argv = [*EVALUATED, "--eval-global-batch-size", "8", "--eval-iters", "1"]
-    results = run_distributed(_run_and_direct_losses, 2, args=(argv,), timeout_s=TIMEOUT_S)
+    results = run_distributed(_run_and_direct_losses, 1, args=(argv,), timeout_s=TIMEOUT_S)
     owner = [result for result in results if result["owns_loss"]][-1]
     reported, direct = owner["history"][-1], owner["direct"]
     for key in ("validation_loss", "end_validation_loss", "test_loss"):
