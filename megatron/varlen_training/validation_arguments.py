@@ -143,6 +143,9 @@ def validate_validation_args(args: argparse.Namespace, require) -> None:
             f"add it")
     _validate_full_validation(args, require)
     _validate_validation_sets(args, require)
+    require(not (args.skip_train and args.save_hf),
+            "--skip-train writes nothing (as Megatron-LM's), so --save-hf would export nothing; "
+            "drop one of them")
     if args.skip_train and not args.no_load_optim:
         args.no_load_optim = True
         warning_rank_0(NO_LOAD_OPTIM_WARNING)
