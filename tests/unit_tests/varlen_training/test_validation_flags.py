@@ -14,6 +14,7 @@ independent references:
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -456,16 +457,29 @@ def _sets_and_direct_losses(argv: list[str], prefixes: list[str]) -> dict:
         trainer.close()
 
 
+def _tensorboard_scalars(folder: str) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(folder)
+    events.Reload()
+    return {tag: [event.value for event in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
 def test_each_validation_set_is_evaluated_alone(tmp_path):
     """Two --valid-data-path sets (different corpora): each set's loss, in the loop and at the
-    end, equals the whole-split float64 reference of a run with that set alone; the lines
-    carry the names, as Megatron-LM's."""
+    end, equals the whole-split float64 reference of a run with that set alone; the lines and
+    TensorBoard tags carry the names, as Megatron-LM's."""
     prefixes = []
     for name, seed in (("train", 3), ("wiki", 5), ("code", 9)):
         write_corpus(str(tmp_path / name), 40 if name != "train" else 60, seed=seed)
         prefixes.append(str(tmp_path / name))
     argv = [flag for flag in FULL if flag not in ("--split", "80,10,10")]
-    argv += ["--data-cache-path", str(tmp_path / "cache"), "--train-data-path", prefixes[0],
+    # the TensorBoard keys too where the [metrics] extra is installed
+    tensorboard = ["--tensorboard-dir", str(tmp_path / "tb")] \
+        if importlib.util.find_spec("tensorboard") else []
+    argv += [*tensorboard, "--data-cache-path", str(tmp_path / "cache"),
+             "--train-data-path", prefixes[0],
              "--multiple-validation-sets", "--validation-set-names", "wiki", "code",
              "--valid-data-path", *prefixes[1:]]
     result = run_distributed(_sets_and_direct_losses, 1, args=(argv, prefixes[1:]),
@@ -479,6 +493,13 @@ def test_each_validation_set_is_evaluated_alone(tmp_path):
     for name in ("wiki", "code"):
         assert any(line.startswith(f" validation-{name} loss at iteration 2 on validation set")
                    for line in result["lines"]), result["lines"]
+    if not tensorboard:
+        return
+    scalars = _tensorboard_scalars(str(tmp_path / "tb"))
+    for name in ("wiki", "code"):
+        for tag in (f"lm loss validation-{name}", f"lm loss validation-{name} vs samples"):
+            assert len(scalars[tag]) == 2, scalars  # in the loop and at the end
+    assert "lm loss validation" not in scalars  # no blend of the sets is evaluated
 
 
 @pytest.mark.parametrize("extra, needle", [
