@@ -92,7 +92,7 @@ class SeqLengthSpellings(argparse.Action):
 
 def add_validation_args(parser: argparse.ArgumentParser) -> None:
     """Registers the flags of the module docstring."""
-    group = parser.add_argument_group("evaluation only, exit signal")
+    group = parser.add_argument_group("evaluation and exit signal (Megatron-LM)")
     group.add_argument("--skip-train", action="store_true",
                        help="No training: evaluate the model (from --load) on the validation "
                             "and test splits, as at the end of training, and exit; nothing is "
