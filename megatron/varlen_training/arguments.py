@@ -24,7 +24,7 @@ from megatron.varlen_training import (
     optimizer_arguments,
     pipeline_arguments, recipe_arguments, recompute_arguments, reliability_arguments,
     run_description, runtime_arguments, schedule_arguments, sft_arguments, tokenizer_arguments,
-    training_loop_arguments, varlen_arguments,
+    training_loop_arguments, validation_arguments, varlen_arguments,
 )
 # Every other Megatron-LM flag: registered (census) or named with its workload (out of scope).
 from megatron.varlen_training import megatron_lm_census_flags, out_of_scope_flags
@@ -100,8 +100,10 @@ def _add_network_size_args(parser):
     group.add_argument("--num-query-groups", type=int, default=None,
                        help="Key/value head groups under --group-query-attention (default 1, "
                             "as Megatron-LM's).")
-    group.add_argument("--seq-length", type=int, required=True,
-                       help="Maximum tokens of one sample (longer samples are clipped/truncated).")
+    group.add_argument("--seq-length", "--encoder-seq-length", type=int, required=True,
+                       action=validation_arguments.SeqLengthSpellings,
+                       help="Maximum tokens of one sample (longer samples are clipped/truncated; "
+                            "--encoder-seq-length: Megatron-LM's old spelling).")
     group.add_argument("--max-position-embeddings", type=int, default=None,
                        help="Position table size. Default: --seq-length; must be at least "
                             "--seq-length (padding slots of packed sequences use position 0).")
@@ -317,6 +319,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     dataloader_arguments.add_dataloader_args(parser)
     training_loop_arguments.add_training_loop_args(parser)
     megatron_lm_census_flags.add_census_flags(parser)
+    validation_arguments.add_validation_args(parser)
     return parser
 
 
@@ -460,6 +463,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     dataloader_arguments.validate_dataloader_args(args, require)
     training_loop_arguments.validate_training_loop_args(args, require)
     megatron_lm_census_flags.validate_census_flags(args, require)
+    validation_arguments.validate_validation_args(args, require)
     flag_ranges.validate_metrics_path(args, require)
     flag_ranges.validate_metric_writers(args, require)
     logging_arguments.validate_logging_args(args, require)

@@ -63,6 +63,7 @@ from megatron.varlen_training.errors import (
     agree_and_gather, agree_on_errors, one_line, share_result,
 )
 from megatron.varlen_training.log import print_rank_0
+from megatron.varlen_training.run_description import in_loop_evaluations
 from megatron.varlen_training.model import unwrap
 
 TRACKER_FILENAME = load_options.TRACKER_FILENAME  # latest_checkpointed_iteration.txt
@@ -435,13 +436,14 @@ def consumed_valid_samples_at(root: str, iteration: int, run: RunConfig) -> int:
     if recorded is not None:
         return recorded
     training = run.training
-    derived = iteration // training.eval_interval * training.eval_iters \
-        * training.global_batch_size
+    derived = in_loop_evaluations(iteration, training.eval_interval,
+                                  training.start_eval_at_iter) \
+        * training.eval_iters * training.eval_batch_size
     print_rank_0(f" > {folder} records no {resume_consistency.VALID_POSITION_KEY} (saved before "
                  f"it was recorded): validation continues after {derived} samples, derived from "
                  f"iteration {iteration} (// --eval-interval {training.eval_interval} x "
-                 f"--eval-iters {training.eval_iters} x --global-batch-size "
-                 f"{training.global_batch_size})")
+                 f"--eval-iters {training.eval_iters} x --eval-global-batch-size "
+                 f"{training.eval_batch_size})")
     return derived
 
 

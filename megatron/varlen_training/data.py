@@ -34,10 +34,13 @@ _MASK_KEY, _MASK_QUERY_DIM = "attention_mask", 2
 SampleTransform = Callable[[dict], dict]
 
 
-def global_batch_indices(iteration: int, global_batch_size: int) -> range:
-    """Dataset indices of global batch ``iteration`` (0-based), in order."""
+def global_batch_indices(iteration: int, global_batch_size: int,
+                         num_samples: int | None = None) -> range:
+    """Dataset indices of global batch ``iteration`` (0-based), in order; with
+    ``num_samples``, none past it (a last, partial batch)."""
     start = iteration * global_batch_size
-    return range(start, start + global_batch_size)
+    stop = start + global_batch_size
+    return range(start, stop if num_samples is None else min(stop, num_samples))
 
 
 def dp_microbatch_indices(indices: range, micro_batch_size: int, dp_size: int, dp_rank: int):
@@ -226,20 +229,28 @@ class PackedBatchProvider:
     ``split``: turns every sample read into the sequences that are packed (pretraining data
     with --reset-attention-mask: its document pieces, ``datasets/documents.py``); None packs
     each sample whole. ``agree_on_reads``: as :class:`UnpackedBatchProvider`'s.
+    ``whole_split``: the dataset is read to its end, its last global batch partial
+    (--full-validation; :meth:`num_batches`); else every batch is whole.
     """
 
     def __init__(self, dataset, global_batch_size: int, packer: GlobalBatchPacker,
                  num_workers: int = 0, split: Callable[[dict], list[dict]] | None = None,
-                 agree_on_reads: bool = True):
+                 agree_on_reads: bool = True, whole_split: bool = False):
         self.dataset = dataset
+        self.whole_split = whole_split
         self.agree_on_reads = agree_on_reads
         self.global_batch_size = global_batch_size
         self.packer = packer
         self.split = split
         self.reader = _sample_reader(dataset, global_batch_size, self._my_indices, num_workers)
 
+    def num_batches(self) -> int:
+        """Global batches of one pass over the dataset, the last one partial."""
+        return -(-len(self.dataset) // self.global_batch_size)
+
     def _my_indices(self, iteration: int) -> Sequence[int]:
-        return replica_block(global_batch_indices(iteration, self.global_batch_size),
+        last = len(self.dataset) if self.whole_split else None
+        return replica_block(global_batch_indices(iteration, self.global_batch_size, last),
                              parallel_state.get_data_parallel_world_size(),
                              parallel_state.get_data_parallel_rank())
 

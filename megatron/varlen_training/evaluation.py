@@ -1,10 +1,17 @@
 """When ``pretrain_gpt.py`` / ``pretrain_mamba.py`` evaluate, and on which samples: Megatron-LM's
 schedule (its ``training.py``).
 
-- Every ``--eval-interval`` iterations: ``--eval-iters`` global batches of the validation split.
+- Every ``--eval-interval`` iterations (from ``--start-eval-at-iter`` on): ``--eval-iters``
+  global batches of the validation split.
 - At the end of training (not after an exit condition stopped the run): once more on the
   validation split (also when the last iteration just evaluated), then ``--eval-iters`` global
   batches of the test split when the run has one (:mod:`.datasets.builder`).
+- With ``--full-validation``, every validation reads the whole validation split, from its
+  first sample, the last global batch partial (``PackedBatchProvider.whole_split``); nothing
+  is counted in ``consumed_valid_samples`` (Megatron-LM's cyclic validation iterator
+  restarts too), and a resume needs no check of its reads.
+- With ``--skip-train``, only those two, of the model as loaded (``--load``), on the first
+  ``--eval-iters`` batches of each split, and the run exits (:func:`evaluate_only`).
 
 Megatron-LM reads its validation samples through one iterator: each evaluation continues where
 the previous one stopped, and a resumed run restarts it after the checkpoint's
@@ -29,6 +36,8 @@ from __future__ import annotations
 from megatron.varlen_training import log, loop_steps, training
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.errors import CheckpointError
+from megatron.varlen_training.run_description import in_loop_evaluations
+from megatron.varlen_training.validation_sets import each_validation_set
 
 VALIDATION, TEST = "validation", "test"
 # How the end-of-training lines name their split (Megatron-LM's prefixes).
@@ -36,15 +45,19 @@ END_OF_TRAINING = {VALIDATION: " on validation set", TEST: " on test set"}
 
 
 def in_loop_evaluation_due(training_config: TrainingConfig, iteration: int) -> bool:
-    """Whether the loop evaluates after ``iteration`` (every ``--eval-interval``-th)."""
-    return training_config.eval_iters > 0 and iteration % training_config.eval_interval == 0
+    """Whether the loop evaluates after ``iteration`` (every ``--eval-interval``-th, from
+    ``--start-eval-at-iter`` on)."""
+    start = training_config.start_eval_at_iter
+    return (training_config.eval_iters > 0 and iteration % training_config.eval_interval == 0
+            and (start is None or iteration >= start))
 
 
 def evaluations_left(training_config: TrainingConfig, iteration: int) -> int:
     """The validation evaluations a run at ``iteration`` still runs until --train-iters: the
     in-loop ones after it, and the end-of-training one."""
-    interval = training_config.eval_interval
-    return training_config.train_iters // interval - iteration // interval + 1
+    interval, start = training_config.eval_interval, training_config.start_eval_at_iter
+    return (in_loop_evaluations(training_config.train_iters, interval, start)
+            - in_loop_evaluations(iteration, interval, start) + 1)
 
 
 def check_resumed_validation(training_config: TrainingConfig, iteration: int,
@@ -55,7 +68,7 @@ def check_resumed_validation(training_config: TrainingConfig, iteration: int,
     than the run that read them (Megatron-LM's iterator can run dry mid-run there)."""
     if training_config.eval_iters <= 0 or eval_samples <= 0:
         return
-    batch = training_config.eval_iters * training_config.global_batch_size
+    batch = training_config.eval_iters * training_config.eval_batch_size
     needed = consumed_valid_samples + evaluations_left(training_config, iteration) * batch
     if needed > eval_samples:
         raise CheckpointError(
@@ -68,19 +81,24 @@ def check_resumed_validation(training_config: TrainingConfig, iteration: int,
 
 
 def _evaluate(trainer, provider, first_index: int, name: str, where: str,
-              verbose: bool) -> float | None:
-    """One evaluation: its loss (None off the loss-owning ranks), logged and written."""
+              verbose: bool, write: bool = True) -> float | None:
+    """One evaluation: its loss (None off the loss-owning ranks), logged, and written to the
+    metric writers unless not ``write``."""
     run, state = trainer.run, trainer.state
+    whole = getattr(provider, "whole_split", False)  # --full-validation: the split to its end
+    num_batches = provider.num_batches() if whole else run.training.eval_iters
+    first_index = 0 if whole else first_index  # from its first sample, every time
     on_batch = None
     if verbose:  # Megatron-LM's progress lines for its end-of-training evaluations
-        eval_iters = run.training.eval_iters
-        log.print_rank_0(f"Evaluating on {eval_iters * run.training.global_batch_size} samples")
-        on_batch = lambda i: log.print_rank_0(f"Evaluating iter {i}/{eval_iters}")  # noqa: E731
-    loss = training.evaluate(run, state, provider, first_index, on_batch)
-    if name == VALIDATION:  # Megatron-LM's consumed_valid_samples: the stream moves on
-        state.consumed_valid_samples += run.training.eval_iters * run.training.global_batch_size
-    loop_steps.log_validation_loss(state.iteration, loss, where)
-    if loss is not None:
+        samples = len(provider.dataset) if whole else num_batches * run.training.eval_batch_size
+        log.print_rank_0(f"Evaluating on {samples} samples")
+        on_batch = lambda i: log.print_rank_0(f"Evaluating iter {i}/{num_batches}")  # noqa: E731
+    loss = training.evaluate(run, state, provider, first_index, on_batch, num_batches)
+    if name == VALIDATION and not whole:  # Megatron-LM's consumed_valid_samples: it moves on
+        state.consumed_valid_samples += run.training.eval_iters * run.training.eval_batch_size
+    loop_steps.log_validation_loss(state.iteration, loss, where, name if name != TEST
+                                   else VALIDATION)  # Megatron-LM's test line too
+    if loss is not None and write:
         trainer.write_evaluation(name, loss)
     return loss
 
@@ -88,18 +106,29 @@ def _evaluate(trainer, provider, first_index: int, name: str, where: str,
 def _next_validation_batch(trainer) -> int:
     """The first validation global batch the next evaluation reads: the ones read so far are
     skipped (module docstring)."""
-    return trainer.state.consumed_valid_samples // trainer.run.training.global_batch_size
+    return trainer.state.consumed_valid_samples // trainer.run.training.eval_batch_size
 
 
-def evaluate_in_loop(trainer, valid_provider) -> float | None:
+def _validate(trainer, valid, where: str, verbose: bool, write: bool = True,
+              first_index: int | None = None):
+    """Each validation set's evaluation: its loss, or {suffix: loss} with
+    --multiple-validation-sets (:mod:`.validation_sets`)."""
+    losses = {}
+    for suffix, provider in each_validation_set(valid):
+        first = _next_validation_batch(trainer) if first_index is None else first_index
+        losses[suffix] = _evaluate(trainer, provider, first, VALIDATION + suffix, where,
+                                   verbose, write)
+    return losses[""] if list(losses) == [""] else losses
+
+
+def evaluate_in_loop(trainer, valid_provider):
     """The validation loss after this iteration if it is an ``--eval-interval`` multiple (and
-    the run has validation data), else None."""
+    the run has validation data), else None; {suffix: loss} with --multiple-validation-sets."""
     training_config, iteration = trainer.run.training, trainer.state.iteration
     if valid_provider is None or not in_loop_evaluation_due(training_config, iteration):
         return None
     with trainer.hooks.around_evaluation():  # --manual-gc collects around it (Megatron-LM)
-        return _evaluate(trainer, valid_provider, _next_validation_batch(trainer), VALIDATION,
-                         "", verbose=False)
+        return _validate(trainer, valid_provider, "", verbose=False)
 
 
 def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
@@ -110,10 +139,36 @@ def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
     if training_config.eval_iters <= 0:
         return losses
     if valid_provider is not None:
-        losses["end_validation_loss"] = _evaluate(
-            trainer, valid_provider, _next_validation_batch(trainer), VALIDATION,
-            END_OF_TRAINING[VALIDATION], True)
+        losses["end_validation_loss"] = _validate(trainer, valid_provider,
+                                                  END_OF_TRAINING[VALIDATION], True)
     if test_provider is not None:
         losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
                                         True)
+    return losses
+
+
+SKIPPING_TRAINING = "skipping training (--skip-train is on) ..."  # Megatron-LM's line
+
+
+def evaluate_only(trainer, valid_provider, test_provider) -> dict:
+    """``--skip-train``: the end-of-training evaluations of the model as loaded, without a
+    step: {"end_validation_loss", "test_loss"} as :func:`evaluate_at_end`'s.
+
+    As Megatron-LM: the validation split is read from its first batch (its ``--skip-train``
+    loader starts at sample 0, whatever the checkpoint consumed), the lines name the loaded
+    iteration, and nothing goes to TensorBoard or wandb (Megatron-LM passes
+    ``write_to_tensorboard=False``). A training run's validation at that iteration read the same
+    batches when it was the run's first evaluation.
+    """
+    log.print_rank_0(SKIPPING_TRAINING)
+    losses = {"end_validation_loss": None, "test_loss": None}
+    if trainer.run.training.eval_iters <= 0:
+        return losses
+    if valid_provider is not None:
+        losses["end_validation_loss"] = _validate(trainer, valid_provider,
+                                                  END_OF_TRAINING[VALIDATION], True,
+                                                  write=False, first_index=0)
+    if test_provider is not None:
+        losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
+                                        verbose=True, write=False)
     return losses

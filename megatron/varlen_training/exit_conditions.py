@@ -1,10 +1,11 @@
-"""Stopping a run early and cleanly: ``--exit-signal-handler``, ``--exit-interval``,
-``--exit-duration-in-mins`` (Megatron-LM's flags).
+"""Stopping a run early and cleanly: ``--exit-signal-handler`` (with ``--exit-signal``),
+``--exit-interval``, ``--exit-duration-in-mins`` (Megatron-LM's flags).
 
 Cluster schedulers send SIGTERM some time before they kill a job (preemption, the end of the
-wall-clock allocation), and people press Ctrl-C (SIGINT). With ``--exit-signal-handler`` such a
-signal no longer kills the process: the current iteration finishes, a checkpoint is saved
-(with ``--save``) and the run exits with code 0, to be resumed with ``--load``.
+wall-clock allocation; some send another signal, named by ``--exit-signal``), and people press
+Ctrl-C (SIGINT). With ``--exit-signal-handler`` such a signal no longer kills the process: the
+current iteration finishes, a checkpoint is saved (with ``--save``) and the run exits with code
+0, to be resumed with ``--load``.
 ``--exit-interval N`` stops after every iteration that is a multiple of N, and
 ``--exit-duration-in-mins M`` once M minutes have passed since the run started (set-up
 included: the scheduler's clock counts it too).
@@ -31,13 +32,21 @@ from megatron.varlen_training.errors import UserInputError
 from megatron.varlen.platform import get_device
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Caught beside --exit-signal: Ctrl-C on an interactive run stops it cleanly too.
+ALWAYS_CAUGHT = signal.SIGINT
+
+
+def exit_signals(exit_signal: signal.Signals = signal.SIGTERM) -> tuple[signal.Signals, ...]:
+    """The signals ``--exit-signal-handler`` catches: ``--exit-signal`` (Megatron-LM's choice,
+    SIGTERM by default) and SIGINT; another signal keeps its own handling."""
+    return tuple(dict.fromkeys((signal.Signals(exit_signal), ALWAYS_CAUGHT)))
 SECONDS_PER_MINUTE = 60.0
 _NO_SIGNAL = 0
 _SIGNAL, _TIME_UP = 0, 1
 
 
 class SignalCatcher:
-    """Catches SIGTERM/SIGINT while active: the first one is remembered (:attr:`received`)
+    """Catches ``signals`` (SIGTERM/SIGINT unless told) while active: the first one is remembered (:attr:`received`)
     instead of ending the process; the previous handlers come back on exit.
 
     A second signal restores the previous handlers and delivers itself again: the process then
@@ -86,21 +95,23 @@ class ExitConditions:
         interval: ``--exit-interval`` (None: unset).
         duration_mins: ``--exit-duration-in-mins`` (None: unset).
         signal_handler: ``--exit-signal-handler``.
+        exit_signal: ``--exit-signal``: what the handler catches beside SIGINT.
         started_at: ``time.monotonic()`` when the run started (default: now).
     """
 
     def __init__(self, interval: int | None = None, duration_mins: float | None = None,
-                 signal_handler: bool = False, started_at: float | None = None):
+                 signal_handler: bool = False, started_at: float | None = None,
+                 exit_signal: signal.Signals = signal.SIGTERM):
         self.started_at = time.monotonic() if started_at is None else started_at
         self.interval = interval
         self.duration_mins = duration_mins
-        self.catcher = SignalCatcher() if signal_handler else None
+        self.catcher = SignalCatcher(exit_signals(exit_signal)) if signal_handler else None
 
     @classmethod
     def of(cls, training: TrainingConfig) -> ExitConditions:
         """The exit conditions a run's training config sets, its clock starting now."""
         return cls(training.exit_interval, training.exit_duration_in_mins,
-                   training.exit_signal_handler)
+                   training.exit_signal_handler, exit_signal=training.exit_signal)
 
     def __enter__(self) -> ExitConditions:
         if self.catcher is not None:

@@ -302,6 +302,12 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "fim_rate": FRACTION,
     "fim_spm_rate": FRACTION,
     "fim_fragment_rate": FRACTION,
+    # evaluation flags (validation_arguments.py): --eval-micro-batch-size is accepted only at
+    # the training one, --decoder-seq-length refused whatever its value; a count if given
+    "eval_micro_batch_size": COUNT,
+    "eval_global_batch_size": COUNT,
+    "start_eval_at_iter": NON_NEGATIVE_COUNT,
+    "decoder_seq_length": COUNT,
 }
 
 
@@ -499,13 +505,23 @@ def batch_memory_part(args) -> MemoryPart:
     """A step's samples on one data-parallel replica: the global batch's share, each sample at
     least one token (exactly --seq-length when every sample is that long: unpacked runs pad to
     it, and plain mock data is made of it)."""
-    per_replica = args.global_batch_size // args.data_parallel_size
+    flag, batch = _largest_batch(args)
+    per_replica = batch // args.data_parallel_size
     every_sample_full = not args.sequence_packing or (args.mock_data and not args.sft)
     tokens = args.seq_length if every_sample_full else 1
-    sized_by = f"--global-batch-size {args.global_batch_size}" + (
+    sized_by = f"{flag} {batch}" + (
         f" x --seq-length {args.seq_length}" if every_sample_full else "")
     return MemoryPart("one step's samples", per_replica * tokens * BATCH_BYTES_PER_TOKEN,
-                      sized_by, "lower --global-batch-size, or add data-parallel ranks")
+                      sized_by, f"lower {flag}, or add data-parallel ranks")
+
+
+def _largest_batch(args) -> tuple[str, int]:
+    """(flag, samples) of the largest batch a step holds: the training one, or an evaluation's
+    (--eval-global-batch-size, when the run evaluates)."""
+    evaluated = getattr(args, "eval_global_batch_size", None) if args.eval_iters > 0 else None
+    if evaluated is not None and evaluated > args.global_batch_size:
+        return "--eval-global-batch-size", evaluated
+    return "--global-batch-size", args.global_batch_size
 
 
 def validate_memory(args, require, layer_parameters: int) -> None:

@@ -194,12 +194,14 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, MAX_LOGGED_LOSS_FOR_PPL))
 
 
-def format_validation_line(iteration: int, loss: float, where: str = "") -> str:
+def format_validation_line(iteration: int, loss: float, where: str = "",
+                           name: str = "validation") -> str:
     """Megatron-LM's validation line: `` validation loss at iteration 4 | lm loss value: ...``;
     ``where`` follows the iteration (`` on validation set`` / `` on test set`` at the end of
-    training), as in Megatron-LM, whose test-split line also starts `` validation loss``. Each
-    field ends in ``| `` there, so the line ends in a space, kept here character for character."""
-    return (f" validation loss at iteration {iteration}{where} | lm loss value: {loss:.6E} | "
+    training), as in Megatron-LM, whose test-split line also starts `` validation loss``;
+    ``name``: ``validation-wiki`` for one of --multiple-validation-sets. Each field ends in
+    ``| `` there, so the line ends in a space, kept here character for character."""
+    return (f" {name} loss at iteration {iteration}{where} | lm loss value: {loss:.6E} | "
             f"lm loss PPL: {perplexity(loss):.6E} | ")
 
 

@@ -37,11 +37,12 @@ def final_save_due(checkpoint: CheckpointConfig, iteration: int) -> bool:
     return bool(checkpoint.save) and not periodic_save_due(checkpoint, iteration)
 
 
-def log_validation_loss(iteration: int, loss: float | None, where: str = "") -> None:
+def log_validation_loss(iteration: int, loss: float | None, where: str = "",
+                        name: str = "validation") -> None:
     """Megatron-LM's validation line between its two rules of dashes, on the last rank (it owns
-    the loss; None: no line); ``where``: :func:`format_validation_line`'s."""
+    the loss; None: no line); ``where``, ``name``: :func:`format_validation_line`'s."""
     if loss is not None:
-        line = format_validation_line(iteration, loss, where)
+        line = format_validation_line(iteration, loss, where, name)
         rule = "-" * (len(line) + 1)  # Megatron-LM's length: one more than the line's
         print_rank_last(rule)
         print_rank_last(line)

@@ -16,6 +16,7 @@ from megatron.varlen_training.exit_conditions import ExitConditions
 from megatron.varlen_training.read_agreement import reads_can_fail
 from megatron.varlen_training.step_timers import BATCH_GENERATOR, LEVEL_2
 from megatron.varlen_training.trainer import Trainer
+from megatron.varlen_training.validation_sets import build_validation_sets, datasets_of
 
 
 class DataProviders(NamedTuple):
@@ -31,7 +32,7 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
     started (tokenizer, dynamic CP groups)."""
     run = trainer.run
     train_ds, valid_ds, test_ds = agree_on_errors(build_split_datasets, run, trainer.tokenizer)
-    gbs = run.training.global_batch_size
+    gbs, eval_gbs = run.training.global_batch_size, run.training.eval_batch_size
     # --num-workers reads indexed data (files) ahead; mock and SFT samples are in memory, and
     # evaluation jumps between iterations (each jump would restart the workers).
     workers = run.data.num_workers if run.data.indexed else 0
@@ -41,15 +42,26 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
         # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
+        whole = run.data.full_validation  # only the validation split is built whole
+        # --full-validation: the validation splits are built whole (the training and test
+        # splits not); --multiple-validation-sets builds one per set
         make = lambda ds, n: PackedBatchProvider(  # noqa: E731
-            ds, gbs, trainer.packer(), n, split, agree)
+            ds, gbs if ds is train_ds else eval_gbs, trainer.packer(), n, split, agree,
+            whole_split=whole and ds is not train_ds and ds is not test_ds)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
-            ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
+            ds, gbs if ds is train_ds else eval_gbs, run.training.micro_batch_size,
+            run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
             agree)
-    return DataProviders(*(make(ds, workers if ds is train_ds else 0) if ds is not None else None
-                           for ds in (train_ds, valid_ds, test_ds)))
+    providers = DataProviders(*(make(ds, workers if ds is train_ds else 0)
+                                if ds is not None else None
+                                for ds in (train_ds, valid_ds, test_ds)))
+    if not run.data.multiple_validation_sets:
+        return providers
+    if providers.valid is not None:  # the blend of every set: not evaluated
+        providers.valid.close()
+    return providers._replace(valid=build_validation_sets(trainer, lambda ds: make(ds, 0)))
 
 
 def _save_at_end(trainer: Trainer) -> str | None:
@@ -108,7 +120,9 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
 
 def pretrain(trainer: Trainer) -> list[dict]:
     """Starts ``trainer`` and trains as its run says; returns {"lm_loss", "grad_norm",
-    "validation_loss"} per iteration. The caller closes the trainer (after reporting an error).
+    "validation_loss"} per iteration (with --skip-train one entry without a step: its
+    "end_validation_loss" and "test_loss"). The caller closes the trainer (after reporting an
+    error).
 
     The clock of --exit-duration-in-mins and the signal handling of --exit-signal-handler start
     here, before set-up: a job's wall-clock limit counts set-up too, and a SIGTERM during it
@@ -119,13 +133,18 @@ def pretrain(trainer: Trainer) -> list[dict]:
         providers = build_data_providers(trainer)
         try:
             state = trainer.setup_model_and_optimizer()
-            if providers.valid is not None and state.iteration > 0:
+            if trainer.run.training.skip_train:  # evaluate the loaded model, save nothing
+                return [{"lm_loss": None, "grad_norm": None, "validation_loss": None,
+                         **evaluation.evaluate_only(trainer, providers.valid, providers.test)}]
+            if providers.valid is not None and state.iteration > 0 \
+                    and not trainer.run.data.full_validation:  # it reads from 0 each time
                 evaluation.check_resumed_validation(trainer.run.training, state.iteration,
                                                     state.consumed_valid_samples,
                                                     trainer.run.data.eval_samples)
             history = train(trainer, providers.train, providers.valid, exits, providers.test)
             # Parquet/Arrow rows are tokenized when read: their truncations are counted then.
-            report_truncated_rows(p.dataset for p in providers if p is not None)
+            report_truncated_rows(dataset for p in providers if p is not None
+                                  for dataset in datasets_of(p))
             return history
         finally:  # --num-workers readers stop with the run, not at interpreter exit
             for provider in providers:

@@ -51,9 +51,9 @@ def add_reliability_args(parser) -> None:
 def add_exit_condition_args(parser) -> None:
     group = parser.add_argument_group("exit conditions")
     group.add_argument("--exit-signal-handler", action="store_true",
-                       help="On SIGTERM or SIGINT (on any rank), finish the current iteration, "
-                            "save a checkpoint (with --save) and exit with code 0; a second "
-                            "signal ends the process at once.")
+                       help="On SIGTERM (or --exit-signal) or SIGINT (on any rank), finish "
+                            "the current iteration, save a checkpoint (with --save) and exit "
+                            "with code 0; a second signal ends the process at once.")
     group.add_argument("--exit-interval", type=int, default=None,
                        help="Save (with --save) and exit with code 0 after the first "
                             "iteration that is a multiple of this number.")

@@ -16,19 +16,37 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+def in_loop_evaluations(iteration: int, eval_interval: int,
+                        start_eval_at_iter: int | None = None) -> int:
+    """The in-loop evaluations up to ``iteration``: the --eval-interval multiples, those below
+    --start-eval-at-iter skipped (Megatron-LM main's flag; it subtracts
+    ``start // interval``, one too many when the start is itself a multiple)."""
+    done = iteration // eval_interval
+    if start_eval_at_iter is None:
+        return done
+    return max(0, done - max(start_eval_at_iter - 1, 0) // eval_interval)
+
+
 def sample_counts(args) -> tuple[int, int]:
-    """(train, eval) samples the datasets must provide (eval: every evaluation point); train is
-    ``--train-samples`` when given, as in Megatron-LM (a last partial batch is never read)."""
+    """(train, eval) samples the datasets must provide (eval: every evaluation point, or the one
+    of ``--skip-train``); train is ``--train-samples`` when given, as in Megatron-LM (a last
+    partial batch is never read)."""
     train = args.train_samples if args.train_samples is not None \
         else args.train_iters * args.global_batch_size
-    num_evals = args.train_iters // max(args.eval_interval, 1) + 1
-    return train, num_evals * max(args.eval_iters, 0) * args.global_batch_size
+    num_evals = 1 if getattr(args, "skip_train", False) else in_loop_evaluations(
+        args.train_iters, max(args.eval_interval, 1), getattr(args, "start_eval_at_iter", None)) + 1
+    return train, num_evals * max(args.eval_iters, 0) * _eval_batch_size(args)
 
 
 def test_sample_count(args) -> int:
     """Samples of the test split: one evaluation of --eval-iters global batches at the end of
     training (Megatron-LM's ``test_samples``)."""
-    return max(args.eval_iters, 0) * args.global_batch_size
+    return max(args.eval_iters, 0) * _eval_batch_size(args)
+
+
+def _eval_batch_size(args) -> int:
+    """--eval-global-batch-size, default --global-batch-size (Megatron-LM main's)."""
+    return getattr(args, "eval_global_batch_size", None) or args.global_batch_size
 
 
 def derive_run_values(args, vocab_size: int | None) -> dict:

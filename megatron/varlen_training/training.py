@@ -465,9 +465,10 @@ def _untimed(config):
 
 @torch.no_grad()
 def evaluate(run: RunConfig, state: TrainState, provider, first_index: int,
-             on_batch=None) -> float | None:
-    """The loss over --eval-iters global batches of ``provider`` from ``first_index`` on,
-    forward only, the model in eval mode; None off the last pipeline stage.
+             on_batch=None, num_batches: int | None = None) -> float | None:
+    """The loss over ``num_batches`` (default --eval-iters) global batches of ``provider``
+    from ``first_index`` on, forward only, the model in eval mode; None off the last pipeline
+    stage.
 
     As Megatron-LM's ``evaluate``: the token losses and the loss tokens of all the batches are
     summed first and divided once (not a mean of the batches' means, which would weigh a token
@@ -476,7 +477,7 @@ def evaluate(run: RunConfig, state: TrainState, provider, first_index: int,
     """
     total = None
     with params_gathered(state.model), eval_mode(state.model), _untimed(state.config):
-        for offset in range(run.training.eval_iters):
+        for offset in range(run.training.eval_iters if num_batches is None else num_batches):
             if on_batch is not None:
                 on_batch(offset + 1)
             step = provider.step_batches(first_index + offset)

@@ -20,6 +20,9 @@ _CHECKPOINT_DIR = re.compile(r"iter_(\d{7})$")
 # pretrain_gpt.py's flags for when ITS loop stops. The facade has no loop (the caller's loop
 # calls train()), so a config setting one would be ignored without a word: it is refused.
 LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins")
+# pretrain_gpt.py's flags for what ITS loop evaluates: the facade's evaluate() gets the caller's
+# batches, so a config setting one would be ignored without a word: refused too.
+LOOP_EVALUATION_KEYS = ("skip_train", "full_validation", "multiple_validation_sets")
 # pretrain_gpt.py's flags for the documents inside its pretraining samples: the facade's
 # samples come from the caller (a flow decides their loss mask), so these are refused too.
 DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
@@ -41,11 +44,13 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
 
     Raises:
         ArgumentValidationError: A bad flag value or combination (a one-line ValueError).
-        ConfigError: A loop-exit key (see :data:`LOOP_EXIT_KEYS`).
+        ConfigError: A loop-exit or loop-evaluation key (:data:`LOOP_EXIT_KEYS`,
+            :data:`LOOP_EVALUATION_KEYS`).
         ValueError, ImportError: A metric writer without its setting or package.
     """
     flat = dict(config.flat)
     refuse_loop_exit_keys(flat)
+    refuse_loop_evaluation_keys(flat)
     refuse_document_keys(flat)
     refuse_writer_flags(flat)
     flat["sequence_packing"] = True
@@ -116,6 +121,16 @@ def refuse_loop_exit_keys(flat: dict) -> None:
                 f"config key {key!r} ({flat[key]!r}) is pretrain_gpt.py's loop flag and has no "
                 f"effect in megatron.wrap, whose loop is yours: remove it, and stop your loop "
                 f"(then call save()) where the run should stop")
+
+
+def refuse_loop_evaluation_keys(flat: dict) -> None:
+    """A config key of :data:`LOOP_EVALUATION_KEYS` set: a one-line ConfigError."""
+    for key in LOOP_EVALUATION_KEYS:
+        if flat.get(key):
+            raise ConfigError(
+                f"config key {key!r} ({flat[key]!r}) is pretrain_gpt.py's evaluation flag and "
+                f"has no effect in megatron.wrap, whose loop is yours: remove it, and call "
+                f"evaluate() on the batches to evaluate")
 
 
 def refuse_writer_flags(flat: dict) -> None:

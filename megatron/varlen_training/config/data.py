@@ -57,6 +57,13 @@ class DataConfig:
     num_dataset_builder_threads: int = 1
     mid_level_dataset_surplus: float = 0.005
     allow_ambiguous_pad_tokens: bool = False
+    full_validation: bool = False
+    """``--full-validation``: the validation split is built as one whole pass, and every
+    validation reads all of it (validation_arguments.py)."""
+    multiple_validation_sets: bool = False
+    """``--multiple-validation-sets``: each ``valid_data_path`` entry evaluated alone."""
+    validation_set_names: tuple[str, ...] | None = None
+    """``--validation-set-names``: the sets' names in their lines and keys."""
 
     @property
     def indexed(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from megatron.varlen_training.config.validation import check_ranges
@@ -24,6 +25,15 @@ class TrainingConfig:
     exit_signal_handler: bool
     exit_interval: int | None
     exit_duration_in_mins: float | None
+    exit_signal: signal.Signals = signal.SIGTERM
+    """``--exit-signal``: the signal ``--exit-signal-handler`` catches (SIGINT too)."""
+    eval_global_batch_size: int | None = None
+    """``--eval-global-batch-size``: samples per evaluation batch (None: ``global_batch_size``,
+    see :attr:`eval_batch_size`)."""
+    start_eval_at_iter: int | None = None
+    """``--start-eval-at-iter``: no in-loop evaluation before this iteration."""
+    skip_train: bool = False
+    """``--skip-train``: evaluate (validation, test) and exit; no step, nothing saved."""
     runtime_batches: bool = False
     """The caller hands each step its global batch (megatron.wrap), which may hold another
     number of samples than ``global_batch_size``: the LR schedule and the consumed samples
@@ -31,3 +41,8 @@ class TrainingConfig:
 
     def __post_init__(self):
         check_ranges(self)
+
+    @property
+    def eval_batch_size(self) -> int:
+        """The samples of one evaluation batch (Megatron-LM's default: the training ones)."""
+        return self.eval_global_batch_size or self.global_batch_size

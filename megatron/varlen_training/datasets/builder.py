@@ -259,8 +259,10 @@ def _build_sft(run: RunConfig, tokenizer: Tokenizer, multiple: int, pad_to_seq_l
     train_ids, valid_ids, test_ids = sft_split(
         data.data_path[0], len(full), data.split, data.eval_samples > 0, data.test_samples > 0)
     train = EpochDataset(full, train_ids, data.train_samples, run.training.seed, True)
-    valid = None if valid_ids is None else EpochDataset(full, valid_ids, data.eval_samples, 0,
-                                                        False)
+    # --full-validation: one pass over the validation documents, each once
+    valid_samples = len(valid_ids) if data.full_validation and valid_ids is not None \
+        else data.eval_samples
+    valid = None if valid_ids is None else EpochDataset(full, valid_ids, valid_samples, 0, False)
     test = None if test_ids is None else EpochDataset(full, test_ids, data.test_samples, 0, False)
     return train, valid, test
 

@@ -263,6 +263,8 @@ def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokeniz
     """
     config = gpt_dataset_config(data, seq_length, seed, tokenizer)
     sizes = split_sizes(data, config)
+    if data.full_validation and sizes[Split.valid.value]:
+        sizes[Split.valid.value] = whole_split_request(config)
     agree_on_errors(check_indexed_data, config, data, sizes)
     skip_unread_splits(config, sizes)
     print_rank_0(" > datasets target sizes (minimum size):\n    train:      %d\n    "
@@ -280,5 +282,29 @@ def build_indexed_datasets(data: DataConfig, seq_length: int, seed: int, tokeniz
         return IndexedGPTSamples(core, num_samples, tokenizer.pad, pad_to_multiple_of,
                                  padded_length)
 
+    if data.full_validation and valid is not None:  # all the samples of its one epoch
+        sizes[Split.valid.value] = len(valid)
     return tuple(wrap(core, size) if core is not None and size else None
                  for core, size in ((train, sizes[0]), (valid, sizes[1]), (test, sizes[2])))
+
+
+# megatron-core builds one epoch of a GPT dataset (and of each dataset of an unweighted blend)
+# for any request up to it: one sample asks for that epoch, whatever its size.
+_ONE_EPOCH_REQUEST = 1
+
+
+def whole_split_request(config: GPTDatasetConfig) -> int:
+    """The validation sample count that makes megatron-core build the whole validation split
+    once (--full-validation); a weighted blend, which megatron-core samples to the requested
+    count by weight, has no whole split: refused in one line."""
+    blend = config.blend if config.blend_per_split is None \
+        else config.blend_per_split[Split.valid.value]
+    flag = "--data-path" if config.blend_per_split is None else "--valid-data-path"
+    # megatron-core builds one weighted --valid-data-path dataset plainly, but blends any
+    # weighted --data-path (one dataset included)
+    one_plain = config.blend_per_split is not None and blend is not None and len(blend[0]) == 1
+    if blend is not None and blend[1] is not None and not one_plain:
+        raise ValueError(f"--full-validation with a weighted {flag} blend: megatron-core "
+                         f"samples a weighted blend by weight, so it has no whole split to "
+                         f"cover; list the datasets without weights or use --eval-iters")
+    return _ONE_EPOCH_REQUEST

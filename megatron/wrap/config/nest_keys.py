@@ -108,6 +108,8 @@ ALIASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "layernorm_epsilon": lambda value: {"norm_epsilon": value},
     # core 0.8.0's dest of --apply-layernorm-1p (0.16.1's and ours: the TransformerConfig field)
     "apply_layernorm_1p": lambda value: {"layernorm_zero_centered_gamma": value},
+    # Megatron-LM's validate_args copies seq_length here: a dumped namespace carries both
+    "encoder_seq_length": lambda value: {"seq_length": value},
 }
 """Megatron-LM dests that this fork's parser spells differently: key -> value -> our keys."""
 

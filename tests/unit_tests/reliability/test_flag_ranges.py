@@ -226,6 +226,12 @@ VALID = {
     "fim_rate": ZERO,
     "fim_spm_rate": ZERO,
     "fim_fragment_rate": ZERO,
+    # evaluation flags (validation_arguments.py): --eval-micro-batch-size accepted only at the
+    # training one (none of the probes), --decoder-seq-length refused whatever its value
+    "eval_micro_batch_size": NONE,
+    "eval_global_batch_size": HUGE,  # read by no evaluation at the base's --eval-iters 0
+    "start_eval_at_iter": ZERO_OR_HUGE,  # 0 changes nothing; a huge one never evaluates
+    "decoder_seq_length": NONE,
 }
 
 GPT_BASE = TINY_GPT_ARGS + ["--train-iters", "3"]

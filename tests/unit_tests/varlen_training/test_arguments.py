@@ -229,6 +229,9 @@ EXPECTED_FLAGS = frozenset("""
 --wgrad-deferral-limit --yaml-cfg --mtp-standalone --mtp-hybrid-override-pattern
 --verify-integrity --exit-signal-handler-for-training --no-save-tokenizer-assets
 --disable-save-tokenizer-assets
+--skip-train --exit-signal --exit-signal-handler-for-dataloader --eval-micro-batch-size
+--eval-global-batch-size --encoder-seq-length --full-validation --multiple-validation-sets
+--validation-set-names --start-eval-at-iter --decoder-seq-length --data-parallel-random-init
 """.split())
 
 

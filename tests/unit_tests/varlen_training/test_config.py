@@ -52,6 +52,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/checkpoint_save_arguments.py",
     "megatron/varlen_training/dataloader_arguments.py",
     "megatron/varlen_training/training_loop_arguments.py",
+    "megatron/varlen_training/validation_arguments.py",
 }
 CONFIG_BUILDERS = {
     "megatron/varlen_training/config/from_flags.py": {

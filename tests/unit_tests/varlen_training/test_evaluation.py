@@ -79,19 +79,21 @@ GBS = 4
 
 
 def _schedule(train_iters: int, eval_interval: int, eval_iters: int, start: int = 0,
-              consumed_valid: int = 0, stop: int | None = None):
+              consumed_valid: int = 0, stop: int | None = None,
+              start_eval_at_iter: int | None = None):
     """The first validation batch of each evaluation evaluation.py runs from iteration
     ``start`` (a resume, ``consumed_valid`` validation samples read before it) to ``stop``
     (default the end, with the end-of-training evaluations), as (iteration, first batch,
     split); and the validation samples read when it stops (what a checkpoint records)."""
     reads = []
 
-    def fake_evaluate(run, state, provider, first_index, on_batch=None):
+    def fake_evaluate(run, state, provider, first_index, on_batch=None, num_batches=None):
         reads.append((state.iteration, first_index, provider))
         return None
 
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=eval_interval,
-                             global_batch_size=GBS, train_iters=train_iters)
+                             global_batch_size=GBS, train_iters=train_iters,
+                             start_eval_at_iter=start_eval_at_iter, eval_batch_size=GBS)
     trainer = SimpleNamespace(run=SimpleNamespace(training=config),
                               state=training.TrainState(None, None, None, None, start,
                                                         consumed_valid_samples=consumed_valid),
@@ -183,7 +185,8 @@ def test_resumed_evaluations_fit_the_validation_split_or_are_refused(
                            eval_iters=eval_iters, global_batch_size=GBS)
     eval_samples = sample_counts(args)[1]
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=after,
-                             global_batch_size=GBS, train_iters=train_iters)
+                             global_batch_size=GBS, train_iters=train_iters,
+                             start_eval_at_iter=None, eval_batch_size=GBS)
     fits = reference.next_batch * GBS <= eval_samples
     assert fits == ((before, after, eval_iters, resume_at, train_iters) not in REFUSED)
     if fits:
@@ -317,9 +320,9 @@ def _validation_reads(argv: list[str]) -> list[tuple[int, int]]:
     recorded, as (iteration, first batch)."""
     reads, original = [], training.evaluate
 
-    def recording(run, state, provider, first_index, on_batch=None):
+    def recording(run, state, provider, first_index, on_batch=None, num_batches=None):
         reads.append((state.iteration, first_index))
-        return original(run, state, provider, first_index, on_batch)
+        return original(run, state, provider, first_index, on_batch, num_batches)
 
     training.evaluate = recording
     try:

@@ -46,7 +46,9 @@ ARGUMENTS = ["------------------------ arguments ------------------------",
              "-------------------- end of arguments ---------------------"]
 # Megatron-LM dests (barrier_with_L1_time); a name of 48 characters or more gets no dots, as in
 # Megatron-LM's '.' * (48 - len(name)).
-ARGUMENT = re.compile(r"^  [A-Za-z0-9_]+ \.* \S.*$")
+# An empty string value (e.g. --config-logger-dir's default) leaves the line ending in a space,
+# as Megatron-LM's dump prints it.
+ARGUMENT = re.compile(r"^  [A-Za-z0-9_]+ \.* (\S.*)?$")
 VALIDATION = re.compile(
     rf"^ validation loss at iteration (?P<iteration>\d+)(?P<where>( on (validation|test) set)?) "
     rf"\| lm loss value: (?P<loss>{FLOAT}) \| lm loss PPL: {FLOAT} \| $")

@@ -48,11 +48,7 @@ OUT_OF_SCOPE = {
 # validation / exit / init (valflags), the VPP group size (pplayout), MLA and YaRN (mla), the
 # --async-* / --ckpt-* checkpoint flags (left to the checkpoint work).
 BEING_IMPLEMENTED = frozenset("""
---full-validation --multiple-validation-sets --validation-set-names --skip-train
---eval-micro-batch-size --eval-global-batch-size --start-eval-at-iter --exit-signal
---exit-signal-handler-for-dataloader --data-parallel-random-init --encoder-seq-length
---decoder-seq-length --async-strategy
---async-ckpt-cpu-priority --async-ckpt-io-priority --async-ckpt-use-cpu-shm
+--async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority --async-ckpt-use-cpu-shm
 --ckpt-fully-parallel-load-exchange-algo --ckpt-fully-parallel-load-per-rank-objects
 --ckpt-fully-parallel-save-process-group --ckpt-fully-parallel-load-process-group
 --ckpt-pg-tensors-cache-path --ckpt-pg-tensors-cache-create

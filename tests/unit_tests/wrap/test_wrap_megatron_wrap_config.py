@@ -223,6 +223,18 @@ def test_megatron_lm_layernorm_1p_dests_reach_the_model(tmp_path, key):
     assert config.flat["layernorm_zero_centered_gamma"] is True
 
 
+@pytest.mark.parametrize("value", [32, 64])
+def test_megatron_lm_encoder_seq_length_is_the_seq_length(tmp_path, value):
+    """Megatron-LM's validate_args copies --seq-length into encoder_seq_length: a namespace
+    dumped after it carries both (the nest's seq_length is 32); another value is one line."""
+    files = {"megatron_lm/misc/enc.yaml": f"encoder_seq_length: {value}\n"}
+    if value != 32:
+        with pytest.raises(ConfigError, match="'seq_length' is 32.*asks for 64"):
+            build_config(write_nest(tmp_path, files=files))
+        return
+    assert build_config(write_nest(tmp_path, files=files)).flat["seq_length"] == 32
+
+
 def test_alias_that_contradicts_an_explicit_key_is_one_line(tmp_path):
     files = {"megatron_lm/misc/pos.yaml": "position_embedding_type: none\n"}
     with pytest.raises(ConfigError, match="'position_embedding_type' is 'none'.*asks for 'rope'"):

@@ -60,7 +60,8 @@ def _run(args):
             train_samples=args.train_samples, eval_samples=args.eval_samples,
             test_samples=args.test_samples, split=args.split,
             sft_messages_key="messages", sft_prompt_key="prompt", sft_response_key="response",
-            indexed=bool(args.data_path) and not args.mock_data and not args.sft),
+            indexed=bool(args.data_path) and not args.mock_data and not args.sft,
+            full_validation=getattr(args, "full_validation", False)),
         training=SimpleNamespace(seed=args.seed),
         parallel=SimpleNamespace(context_parallel_size=args.context_parallel_size,
                                  tensor_model_parallel_size=args.tensor_model_parallel_size,
@@ -247,3 +248,16 @@ def test_sft_split_that_leaves_a_read_split_empty_is_one_line(tmp_path, split, e
     train, valid = _build(_args(**{**vars(args), "eval_samples": 0, "split": "99,1,0"}),
                           ByteLevelTokenizer())
     assert valid is None and len(train) == args.train_samples
+
+
+def test_full_validation_builds_every_sft_validation_document_once(tmp_path):
+    """--full-validation: the validation split of an SFT file is its validation documents,
+    each once, in order, whatever --eval-iters asks for (megatron-core's ranges: 80,15,5 of 40
+    documents keeps documents 32-37 for validation)."""
+    args = _args(mock_data=False, sft=True, data_path=[_sft_file(tmp_path, 40)], vocab_size=None,
+                 train_samples=32, eval_samples=2, test_samples=0, split="80,15,5",
+                 full_validation=True)
+    tok = ByteLevelTokenizer()
+    _, valid, _ = build_split_datasets(_run(args), tok)
+    assert _docs_read(valid, SFTDataset(args.data_path[0], tok, args.seq_length)) \
+        == list(range(32, 38))

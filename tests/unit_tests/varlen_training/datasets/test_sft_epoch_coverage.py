@@ -27,7 +27,7 @@ def _train_dataset(tmp_path, num_samples: int):
                              sft_mock_dataset_config_json=None, train_samples=num_samples,
                              eval_samples=0, test_samples=0, sft_messages_key="messages",
                              sft_prompt_key="prompt", sft_response_key="response",
-                             indexed=False),
+                             indexed=False, full_validation=False),
         training=SimpleNamespace(seed=11),
         parallel=SimpleNamespace(context_parallel_size=1, tensor_model_parallel_size=1,
                                  sequence_parallel=False),
