@@ -3,7 +3,9 @@
 Layout (Megatron-LM's): ``<dir>/iter_0000003/`` holds one checkpoint and
 ``<dir>/latest_checkpointed_iteration.txt`` names the newest. The iteration in the directory
 name is the number of iterations completed, i.e. the one the last log line printed.
-Optimizer state uses megatron-core's ``dp_reshardable`` distributed-optimizer format.
+The optimizer state's layout (the distributed optimizer's ``dp_reshardable`` or, with
+``--dist-ckpt-optim-fully-reshardable``, ``fully_reshardable`` format) is stored as
+megatron-core's content metadata and a load reads it back (:mod:`checkpoint_sharding`).
 
 Besides megatron-core's files, each checkpoint holds ``manifest.json`` (size and SHA-256 of
 every file), ``run_args.json`` (what shapes the model, data order and schedule) and
@@ -50,9 +52,10 @@ from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from megatron.varlen_training import checkpoint_integrity as integrity
 from megatron.varlen_training import (
-    checkpoint_format, checkpoint_parts, checkpoint_strategies, load_options,
-    resume_consistency, rng_state,
+    checkpoint_format, checkpoint_parts, checkpoint_sharding, checkpoint_strategies,
+    load_options, resume_consistency, rng_state,
 )
+from megatron.varlen_training import checkpoint_optimizer_state as optimizer_state
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.checkpoint_safe_load import (
     COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
@@ -66,7 +69,6 @@ from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
 
 TRACKER_FILENAME = load_options.TRACKER_FILENAME  # latest_checkpointed_iteration.txt
-_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
 _RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
 # torch.save to a path reports a failed write (disk full) as a RuntimeError from its C++ zip
@@ -145,9 +147,10 @@ def model_sharded_state_dict(chunk) -> dict:
 
 
 def _sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading: bool,
-                        with_optimizer: bool = True) -> dict:
+                        metadata: dict, with_optimizer: bool = True) -> dict:
     """The model chunks' state, the iteration and (``with_optimizer``) the optimizer state and
-    LR/WD schedule, as dist_checkpointing saves them or fills them on load."""
+    LR/WD schedule, as dist_checkpointing saves them or fills them on load; ``metadata``: how
+    the optimizer state is laid out (:mod:`checkpoint_sharding`)."""
     state = {key: model_sharded_state_dict(chunk)
              for key, chunk in zip(model_keys(model), model)}
     if with_optimizer:
@@ -157,7 +160,7 @@ def _sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading:
         model_state = state["model"] if len(model) == 1 else {
             key: state[key] for key in model_keys(model)}
         state["optimizer"] = optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
+            model_state, is_loading=is_loading, metadata=metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
     return state
@@ -290,10 +293,12 @@ def _publish(root: str, iteration: int, staging: str, path: str, entries: dict) 
 def _write_and_publish(root: str, iteration: int, staging: str, path: str, model, optimizer,
                        scheduler, run: RunConfig, extra_files, positions) -> None:
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
+    metadata = checkpoint_sharding.save_metadata(run)
     state = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False,
-                                with_optimizer=not run.checkpoint.no_save_optim)
+                                metadata=metadata, with_optimizer=not run.checkpoint.no_save_optim)
     # megatron-core gathers its writers' failures and raises them on every rank.
-    dist_checkpointing.save(state, staging, checkpoint_strategies.save_strategy(run.checkpoint))
+    dist_checkpointing.save(state, staging, checkpoint_strategies.save_strategy(run.checkpoint),
+                            content_metadata=metadata)
     _agree_on_save(_write_own_files, staging, run, extra_files, iteration, positions)
     entries = _digest_own_files(staging)
     _agree_on_save(_on_rank_0, _publish, root, iteration, staging, path, entries)
@@ -498,46 +503,11 @@ def _check_run_args(folder: str, iteration: int, run: RunConfig,
         print_rank_0(f" > {position}")
 
 
-def _materialize_optimizer_state(optimizer) -> None:
-    """Gives a fresh optimizer the state entries a checkpoint will fill.
-
-    megatron-core's DistributedOptimizer builds its loading template from its current state,
-    and without Apex/TE it expects torch Adam's ``step`` entry in it; a fresh optimizer has no
-    state at all, and ``init_state_fn`` creates the moments but not ``step``. The values
-    written here are placeholders: the load overwrites every one of them.
-    """
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if getattr(opt, "init_state_fn", None) is None or opt.optimizer is None:
-            continue
-        opt.init_state_fn(opt.optimizer, opt.config)
-        for state in opt.optimizer.state.values():
-            state.setdefault("step", torch.zeros((), dtype=torch.float32))
-
-
-def _restore_adam_steps(optimizer) -> None:
-    """Per-parameter Adam ``step`` from the restored param groups, one tensor per parameter.
-
-    Without Apex/TE, megatron-core's DistributedOptimizer restores the iteration count into its
-    param groups (``group["step"]``) but not into the per-parameter state torch Adam reads, and
-    where it does set per-parameter steps it shares ONE tensor among them, which torch Adam
-    increments in place once per parameter. Both skew bias correction after a resume.
-    """
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = getattr(opt, "optimizer", None)
-        for group in (inner.param_groups if inner is not None else ()):
-            if "step" not in group:
-                continue
-            for param in group["params"]:
-                inner.state[param]["step"] = torch.tensor(float(group["step"]))
-
-
 def _restore_optimizer(state: dict, optimizer, scheduler, run: RunConfig | None) -> None:
     """The loaded optimizer state and LR/WD schedule into ``optimizer`` and ``scheduler``."""
     if run is not None:
         resume_consistency.check_scheduler(state["opt_param_scheduler"], scheduler, run)
-    with torch.no_grad():  # megatron-core copies into main-param views of leaves needing grad
-        optimizer.load_state_dict(state["optimizer"])
-    _restore_adam_steps(optimizer)
+    optimizer_state.load(optimizer, state["optimizer"])
     scheduler.load_state_dict(state["opt_param_scheduler"])
 
 
@@ -621,9 +591,11 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     if run is not None:
         _check_run_args(folder, iteration, run, parts)
     if parts.optimizer:
-        _materialize_optimizer_state(optimizer)
+        optimizer_state.materialize(optimizer)
+    metadata = checkpoint_sharding.load_metadata(
+        agree_on_errors(dist_checkpointing.load_content_metadata, folder))
     template = _sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
-                                   with_optimizer=parts.optimizer)
+                                   metadata=metadata, with_optimizer=parts.optimizer)
     state = _load_state(template, folder, run)
     for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])

@@ -40,9 +40,11 @@ the LR/WD schedule. On ``--load``:
   resumes (the experts' state is resharded by their global index), and so does a changed
   expert tensor parallelism (``--expert-tensor-parallel-size``, ETP 1 <-> 2: the experts'
   weights and state are resharded like TP's). ``--use-distributed-optimizer`` state reshards
-  over data-parallel ranks only: a changed TP, PP, EP, ETP or virtual pipeline
-  (``--num-layers-per-virtual-pipeline-stage``) layout is refused with it
-  (the weights still reshard: ``--no-load-optim`` loads them alone).
+  over data-parallel ranks only in megatron-core's default ``dp_reshardable`` format: a
+  changed TP, PP, EP, ETP or virtual pipeline (``--num-layers-per-virtual-pipeline-stage``)
+  layout is refused with it (the weights still reshard: ``--no-load-optim`` loads them
+  alone). A checkpoint saved with ``--dist-ckpt-optim-fully-reshardable`` records the
+  ``fully_reshardable`` format (``distrib_optim_sharding_type``) and follows those changes.
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
   flags win; the number of samples already consumed is kept) or
@@ -64,6 +66,9 @@ import os
 
 from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text
 from megatron.varlen_training.checkpoint_parts import OPTIMIZER_KEY, SAVED_PARTS_KEY, saved_parts
+from megatron.varlen_training.checkpoint_sharding import (
+    DP_RESHARDABLE, FULLY_RESHARDABLE, SHARDING_TYPE_KEY, optimizer_sharding_type,
+)
 from megatron.varlen_training.data_fingerprints import changed_file, data_fingerprint
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, one_line
@@ -246,6 +251,8 @@ def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
     recorded = snapshot(run)
     recorded[SAVED_PARTS_KEY] = saved_parts(run.checkpoint)  # --no-save-optim / --no-save-rng
     recorded[OPTIMIZER_KEY] = run.optimizer.optimizer  # whose state it is (checkpoint_parts.py)
+    # The distributed optimizer's format (None: the plain optimizer): which layouts it follows.
+    recorded[SHARDING_TYPE_KEY] = optimizer_sharding_type(run)
     if iteration is not None:
         recorded[DATA_POSITION_KEY] = consumed_samples if consumed_samples is not None \
             else iteration * run.training.global_batch_size
@@ -389,20 +396,25 @@ def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
 
 def _sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:
     """Why --use-distributed-optimizer's state cannot follow a model-parallel size change, or
-    None (:data:`SHARDED_OPTIMIZER_SIZES`; unchecked, megatron-core stops every rank with a
+    None (:data:`SHARDED_OPTIMIZER_SIZES`). A checkpoint saved in megatron-core's
+    ``fully_reshardable`` format (``--dist-ckpt-optim-fully-reshardable``) follows every one of
+    them; the ``dp_reshardable`` one (the default, and every checkpoint saved before the format
+    was recorded) only data parallelism: unchecked, megatron-core stops every rank with a
     KeyError for the state of data-parallel groups the checkpoint does not have, or, for a
-    virtual pipeline or expert tensor parallel change, a global-shape CheckpointingException).
+    virtual pipeline or expert tensor parallel change, a global-shape CheckpointingException.
     Checkpoints saved before a size was recorded are not checked for it (their run_args.json
     lacks the key; RECORDED_BEFORE has no value for it, since an old run's ETP is unknown)."""
-    if not mine[OPTIMIZER_LAYOUT_KEY]:
+    if not mine[OPTIMIZER_LAYOUT_KEY] \
+            or saved.get(SHARDING_TYPE_KEY, DP_RESHARDABLE) == FULLY_RESHARDABLE:
         return None
     for key, flag in SHARDED_OPTIMIZER_SIZES.items():
         if key in saved and saved[key] != mine[key]:
             return (f"--load: the checkpoint's distributed optimizer state was saved "
                     f"{_with_flag(flag, saved[key])}, this run has {_value(mine[key])}: its "
-                    f"format (megatron-core's dp_reshardable) reshards over data-parallel ranks "
-                    f"only (resume {_with_flag(flag, saved[key])}, or add --no-load-optim to "
-                    f"load the weights only)")
+                    f"format (megatron-core's {DP_RESHARDABLE}) reshards over data-parallel "
+                    f"ranks only (resume {_with_flag(flag, saved[key])}, or add --no-load-optim "
+                    f"to load the weights only; a save with "
+                    f"--dist-ckpt-optim-fully-reshardable is resumable at another layout)")
     return None
 
 

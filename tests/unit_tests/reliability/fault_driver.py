@@ -40,8 +40,8 @@ def main() -> None:
 
         class _Saver:
             @staticmethod
-            def save(state, path, *strategies):
-                real_save(state, path, *strategies)
+            def save(state, path, *strategies, **options):
+                real_save(state, path, *strategies, **options)
                 if state["iteration"] == iteration:
                     _die()
 

@@ -113,8 +113,8 @@ def _after_megatron_core(iteration: int, action) -> None:
 
     class _Saver:
         @staticmethod
-        def save(state, path, *strategies):
-            real_save(state, path, *strategies)
+        def save(state, path, *strategies, **options):
+            real_save(state, path, *strategies, **options)
             if state["iteration"] == iteration:
                 action()
 
