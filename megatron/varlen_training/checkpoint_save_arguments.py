@@ -79,14 +79,6 @@ REFUSED_FLAGS = {
     "--use-mp-args-from-checkpoint-args": ({"action": "store_true"}, None,
                                            "--use-checkpoint-args takes the model flags; the "
                                            "parallel sizes come from the command line here"),
-    "--no-use-tokenizer-model-from-checkpoint-args": (
-        {"action": "store_true"}, None,
-        "--use-checkpoint-args takes no tokenizer from the checkpoint here (the command "
-        "line's is used): drop the flag"),
-    "--disable-use-tokenizer-model-from-checkpoint-args": (
-        {"action": "store_true"}, None,
-        "--use-checkpoint-args takes no tokenizer from the checkpoint here (the command "
-        "line's is used): drop the flag"),
     "--dist-ckpt-workers": ({"type": int}, "1", "megatron-core 0.16.1 saves with one writer "
                                                 "process per rank (Megatron-LM main only)"),
     "--ckpt-drop-redundant-extra-state": ({"action": "store_true"}, None,

@@ -149,6 +149,13 @@ DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data
 # as spelled (the fingerprints are compared).
 _CONTEXT_KEYS = ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "seq_length",
                  "data_path", "data_entries")
+# Recorded for --use-checkpoint-args (checkpoint_model_flags.py: what Megatron-LM's
+# load_args_from_checkpoint takes besides the model shape), not compared: a resume may change
+# the dropouts or the tokenizer file's location. MoE router keys are None for a dense run.
+CHECKPOINT_ARGS_KEYS = ("hidden_dropout", "attention_dropout", "apply_query_key_layer_scaling",
+                        "tokenizer_model", "tiktoken_pattern")
+MOE_ROUTER_KEYS = ("moe_router_pre_softmax", "moe_router_score_function",
+                   "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor")
 _SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
 # megatron-core scheduler state key -> (this run's flag, scheduler attribute, samples per unit)
 SCHEDULER_KEYS = {
@@ -227,13 +234,24 @@ def _recorded_values(run: RunConfig) -> dict:
     return values
 
 
+def _checkpoint_args_values(run: RunConfig) -> dict:
+    """The run's value of each :data:`CHECKPOINT_ARGS_KEYS` and :data:`MOE_ROUTER_KEYS` key."""
+    model, data, moe = run.model, run.data, run.model.moe
+    values = {key: getattr(model, key) for key in CHECKPOINT_ARGS_KEYS if hasattr(model, key)}
+    values.update({key: getattr(data, key) for key in CHECKPOINT_ARGS_KEYS
+                   if hasattr(data, key)})
+    values.update({key: getattr(moe, key) if moe is not None else None
+                   for key in MOE_ROUTER_KEYS})
+    return values
+
+
 def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
-    values = _recorded_values(run)
+    values = {**_recorded_values(run), **_checkpoint_args_values(run)}
     keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY,
                          PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY) + PIPELINE_SPLIT_KEYS \
         + DATA_ORDER_KEYS \
-        + _CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS)
+        + _CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS) + CHECKPOINT_ARGS_KEYS + MOE_ROUTER_KEYS
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
