@@ -54,7 +54,9 @@ def _per_optimizer_states(optimizer, state: dict) -> list[tuple[object, dict]]:
     optimizers = _each_optimizer(optimizer)
     if len(optimizers) == 1:
         return [(optimizers[0], state)]
-    return list(zip(optimizers, (state[key] for key in sorted(state))))
+    if set(state) != set(range(len(optimizers))):
+        return []  # another nesting (EP 1 <-> > 1): megatron-core's load says so
+    return [(opt, state[index]) for index, opt in enumerate(optimizers)]
 
 
 def _set_aside_fully_reshardable(pairs) -> list[tuple[object, object]]:

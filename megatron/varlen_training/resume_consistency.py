@@ -50,6 +50,11 @@ the LR/WD schedule. On ``--load``:
   flags win; the number of samples already consumed is kept) or
   ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's schedule wins) says which side wins.
 
+Recorded for ``--use-checkpoint-args`` only, not compared (:data:`CHECKPOINT_ARGS_KEYS`,
+:data:`MOE_ROUTER_KEYS`): the dropouts, query-key layer scaling, ``--tokenizer-model``,
+``--tiktoken-pattern`` and the MoE router's flags, which Megatron-LM's
+``load_args_from_checkpoint`` takes too.
+
 ``--finetune`` starts a new run from the weights: only the model shape is compared (the
 position-table size only with learned absolute positions), so fine-tuning on other data, with
 another batch size, seed, schedule or optimizer layout is not refused. Without the optimizer
@@ -400,6 +405,9 @@ def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
     keeps the experts' state in an optimizer of its own only with expert parallelism, whose
     checkpoint nests the two optimizers' states under their indices with ``chained_<i>.`` key
     prefixes (EP 1: one flat state), so neither loads the other's (docs/MOE.md, Checkpoints).
+    The fully reshardable format does not help: its tensors match by parameter, but the
+    common state (param groups) keeps the saved nesting, and megatron-core's
+    ChainedOptimizer.load_state_dict (Megatron-LM main's too) needs one entry per optimizer.
     Between sizes > 1 the plain optimizer's state is resharded by global expert index; the
     weights reshard across any change (``--no-load-optim``)."""
     saved_ep, ep = saved.get(EXPERT_PARALLEL_KEY) or 1, mine[EXPERT_PARALLEL_KEY]

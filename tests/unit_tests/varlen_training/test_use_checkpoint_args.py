@@ -212,7 +212,8 @@ BEYOND_SHAPE = ["--hidden-dropout", "0.05", "--attention-dropout", "0.2",
                 "--apply-query-key-layer-scaling"]
 TIKTOKEN = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", "/elsewhere/tok.json",
             "--vocab-size", "1200", "--tiktoken-pattern", "v1"]
-MOE_ROUTER = ["--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "16", "--moe-router-topk", "2",
+MOE_ROUTER = ["--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "16",
+              "--moe-router-topk", "2",
               "--moe-router-pre-softmax", "--moe-router-score-function", "sigmoid",
               "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor", "2.0"]
 SHAPE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
