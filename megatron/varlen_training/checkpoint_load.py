@@ -197,7 +197,8 @@ def _bucket_mismatch(err: BaseException) -> str | None:
             f"of max(40M, 1M x data-parallel size) parameters, or --ddp-bucket-size / "
             f"--ddp-num-buckets; without it, one per buffer); resume with the checkpoint's "
             f"--overlap-grad-reduce and bucket flags and data-parallel size, or add "
-            f"--no-load-optim to load the weights only")
+            f"--no-load-optim to load the weights only (a save with "
+            f"--dist-ckpt-optim-fully-reshardable does not depend on the buckets)")
 
 
 def _load_state(template: dict, folder: str, run: RunConfig | None = None) -> dict:

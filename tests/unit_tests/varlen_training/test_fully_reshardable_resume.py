@@ -5,8 +5,10 @@ layout B (lm loss and grad norm, balancing losses for MoE, 1e-5 relative: float3
 iteration 4's numbers follow the Adam moments loaded, not only the weights; every layout starts
 from the same weights: layout-invariant initialisation):
 
-- dense, A = DP 4 (TP 1, PP 1) -> B = TP 2 x DP 2, and -> B = PP 2 with two virtual stages
-  per rank x DP 2 (the pipeline and the virtual pipeline change at once);
+- dense, A = DP 4 (TP 1, PP 1, one gradient bucket) -> B = TP 2 x DP 2 with small gradient
+  buckets (``--overlap-grad-reduce --ddp-bucket-size``: the ``dp_reshardable`` state is stored
+  per bucket, this one is not), and -> B = PP 2 with two virtual stages per rank x DP 2 (the
+  pipeline and the virtual pipeline change at once);
 - MoE, A = EP 4 x expert-TP 1 (saved with ``--distrib-optim-fully-reshardable-mem-efficient``:
   gathered over gloo to data-parallel rank 0) -> B = EP 2 x expert-TP 2.
 
@@ -33,6 +35,8 @@ RESHARDABLE = ["--dist-ckpt-optim-fully-reshardable"]
 MEM_EFFICIENT = ["--distrib-optim-fully-reshardable-mem-efficient"]
 ETP1 = ["--expert-tensor-parallel-size", "1"]
 ETP2 = ["--expert-tensor-parallel-size", "2"]
+# Buckets of at most 2000 parameters instead of one per buffer (the tiny model has ~40k).
+SMALL_BUCKETS = ["--overlap-grad-reduce", "--ddp-bucket-size", "2000"]
 DENSE_METRICS = ("lm_loss", "grad_norm")
 MOE_METRICS = ("lm_loss", "seq_load_balancing_loss", "z_loss", "grad_norm")
 
@@ -52,10 +56,10 @@ def _planned_runs(folder) -> dict[str, list[str]]:
         "save_dense_dp4": _dense("u_single") + _save_at_2(dense),
         "save_moe_ep4": MOE_BASE + DISTRIBUTED + RESHARDABLE + MEM_EFFICIENT + EP4 + ETP1
         + _save_at_2(moe),
-        "straight_dense_tp2": _dense("u_tp2"),
+        "straight_dense_tp2": _dense("u_tp2") + SMALL_BUCKETS,
         "straight_dense_vpp2": _dense("u_vpp2"),
         "straight_moe_ep2_etp2": moe_b,
-        "dense_dp4_to_tp2": _dense("u_tp2") + ["--load", str(dense)],
+        "dense_dp4_to_tp2": _dense("u_tp2") + SMALL_BUCKETS + ["--load", str(dense)],
         "dense_dp4_to_vpp2": _dense("u_vpp2") + ["--load", str(dense)],
         "moe_ep4_to_ep2_etp2": moe_b + ["--load", str(moe)],
     }
