@@ -15,18 +15,25 @@ from the same weights: layout-invariant initialisation):
 The same resumes from the default ``dp_reshardable`` format stay refused in one line naming
 the flag (test_moe_checkpoint.py, test_moe_etp_resume.py, test_resume_consistency.py).
 
+Saves now set Megatron-LM's ``chained_optim_avoid_prefix``, which changes the keys of an EP > 1
+plain-optimizer checkpoint; one saved as before (no stored metadata, ``chained_<i>.`` keys)
+still resumes: EP 2 x expert-TP 1 -> EP 2 x expert-TP 2 == the straight run there.
+
 One 4-rank launch (every run in the same processes).
 """
 
+import contextlib
 import json
 
 import pytest
+from torch.distributed.checkpoint import FileSystemReader
 
+from megatron.varlen_training import checkpoint_save, checkpoint_sharding
 from megatron.varlen_training.checkpoint_sharding import FULLY_RESHARDABLE, SHARDING_TYPE_KEY
 from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.test_moe_checkpoint import (
-    BASE as MOE_BASE, DISTRIBUTED, EP2, EP4, RTOL, WORLD, _runs_on_this_rank, _save_at_2,
+    BASE as MOE_BASE, DISTRIBUTED, EP2, EP4, RTOL, WORLD, _metrics_or_refusal, _save_at_2,
 )
 from tools.probe_combinations import LAYOUTS, RESUME_ITERS, cell_argv
 
@@ -48,11 +55,44 @@ def _dense(layout: str) -> list[str]:
         "--train-iters", str(RESUME_ITERS), "--lr-decay-iters", str(RESUME_ITERS)]
 
 
+@contextlib.contextmanager
+def _saved_as_before():
+    """Saves as this fork did before the metadata was stored: every save built the optimizer
+    state with the dp_reshardable type (chained_<i>. keys with EP > 1) and stored none."""
+    real_metadata = checkpoint_sharding.save_metadata
+    real_module = checkpoint_save.dist_checkpointing
+
+    class _OldSaver:
+        @staticmethod
+        def save(state, path, *strategies, content_metadata=None, **options):
+            real_module.save(state, path, *strategies, **options)
+
+        def __getattr__(self, name):
+            return getattr(real_module, name)
+
+    checkpoint_sharding.save_metadata = lambda run: dict(checkpoint_sharding.LEGACY_METADATA)
+    checkpoint_save.dist_checkpointing = _OldSaver()
+    try:
+        yield
+    finally:
+        checkpoint_sharding.save_metadata = real_metadata
+        checkpoint_save.dist_checkpointing = real_module
+
+
+def _runs_on_this_rank(runs: dict[str, list[str]]) -> dict[str, dict]:
+    out = {}
+    for name, argv in runs.items():  # in order
+        with _saved_as_before() if name.startswith("save_old") else contextlib.nullcontext():
+            out[name] = _metrics_or_refusal(argv)
+    return out
+
+
 def _planned_runs(folder) -> dict[str, list[str]]:
     """Saves at iteration 2, the straight runs, then the loads of those saves (in this order)."""
-    dense, moe = folder / "dense_dp4", folder / "moe_ep4"
+    dense, moe, old = folder / "dense_dp4", folder / "moe_ep4", folder / "old_moe_ep2"
     moe_b = MOE_BASE + DISTRIBUTED + RESHARDABLE + EP2 + ETP2
     return {
+        "save_old_moe_ep2": MOE_BASE + EP2 + ETP1 + _save_at_2(old),  # the plain optimizer
         "save_dense_dp4": _dense("u_single") + _save_at_2(dense),
         "save_moe_ep4": MOE_BASE + DISTRIBUTED + RESHARDABLE + MEM_EFFICIENT + EP4 + ETP1
         + _save_at_2(moe),
@@ -62,6 +102,7 @@ def _planned_runs(folder) -> dict[str, list[str]]:
         "dense_dp4_to_tp2": _dense("u_tp2") + SMALL_BUCKETS + ["--load", str(dense)],
         "dense_dp4_to_vpp2": _dense("u_vpp2") + ["--load", str(dense)],
         "moe_ep4_to_ep2_etp2": moe_b + ["--load", str(moe)],
+        "old_moe_ep2_to_etp2": MOE_BASE + EP2 + ETP2 + ["--load", str(old)],
     }
 
 
@@ -82,6 +123,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     ("save_dense_dp4", "dense_dp4_to_tp2", "straight_dense_tp2", DENSE_METRICS),
     ("save_dense_dp4", "dense_dp4_to_vpp2", "straight_dense_vpp2", DENSE_METRICS),
     ("save_moe_ep4", "moe_ep4_to_ep2_etp2", "straight_moe_ep2_etp2", MOE_METRICS),
+    # The plain optimizer's numbers are the distributed one's (float32 Adam either way).
+    ("save_old_moe_ep2", "old_moe_ep2_to_etp2", "straight_moe_ep2_etp2", MOE_METRICS),
 ])
 def test_fully_reshardable_resume_at_another_layout_equals_the_straight_run(
         runs, saved, resumed, straight, metrics):
@@ -100,3 +143,14 @@ def test_run_args_record_the_format(runs):
         recorded = json.loads((runs["folder"] / name / "iter_0000002" /
                                RUN_ARGS_FILENAME).read_text())
         assert recorded[SHARDING_TYPE_KEY] == FULLY_RESHARDABLE, name
+
+
+def test_the_old_checkpoint_is_saved_as_before(runs):
+    """The compatibility case is real: its expert optimizer's keys carry the chained prefix, and
+    it stores no metadata (the load falls back to LEGACY_METADATA)."""
+    folder = str(runs["folder"] / "old_moe_ep2" / "iter_0000002")
+    keys = FileSystemReader(folder).read_metadata().state_dict_metadata
+    assert any(key.startswith("chained_1.optimizer.state.exp_avg.") for key in keys)
+    new_keys = FileSystemReader(str(runs["folder"] / "moe_ep4" / "iter_0000002")
+                                ).read_metadata().state_dict_metadata
+    assert not any(key.startswith("chained_") for key in new_keys)
