@@ -97,3 +97,30 @@ def test_plain_optimizer_records_no_format(tmp_path):
     _saved(tmp_path)
     assert json.loads((tmp_path / RUN_ARGS_FILENAME).read_text())[
         "distrib_optim_sharding_type"] is None
+
+
+MOE = ["--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "16"]
+
+
+@pytest.mark.parametrize("saved_ep, resumed_ep", [("1", "2"), ("2", "1")])
+def test_fully_reshardable_state_still_refuses_ep_1_to_more(tmp_path, saved_ep, resumed_ep):
+    """EP 1 <-> > 1 keeps its refusal with the fully reshardable format: the tensors would match
+    by parameter, the chained optimizers' common state does not (docs/MOE.md, Checkpoints)."""
+    folder = _saved(tmp_path, *MOE, *DISTRIBUTED, *RESHARDABLE,
+                    "--expert-model-parallel-size", saved_ep)
+    with pytest.raises(CheckpointError) as err:
+        check_run_args(folder, _run(*MOE, *DISTRIBUTED, *RESHARDABLE,
+                                    "--expert-model-parallel-size", resumed_ep),
+                       check_data=False)
+    assert str(err.value).startswith(
+        f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, this "
+        f"run has {resumed_ep}: megatron-core keeps a separate expert optimizer only with "
+        f"expert parallelism")
+
+
+def test_fully_reshardable_state_follows_ep_and_etp_between_sizes_above_1(tmp_path):
+    folder = _saved(tmp_path, *MOE, *DISTRIBUTED, *RESHARDABLE,
+                    "--expert-model-parallel-size", "4")
+    resumed = _run(*MOE, *DISTRIBUTED, "--expert-model-parallel-size", "2",
+                   "--expert-tensor-parallel-size", "2")
+    assert check_run_args(folder, resumed, check_data=False) is None
