@@ -37,7 +37,7 @@ from tests.unit_tests.varlen_training.test_moe_checkpoint import (
 )
 from tools.probe_combinations import LAYOUTS, RESUME_ITERS, cell_argv
 
-LAUNCH_TIMEOUT_S = 420  # eight tiny runs; 4 ranks share 2 cores on the CI machine
+LAUNCH_TIMEOUT_S = 420  # ten tiny runs; 4 ranks share 2 cores on the CI machine
 RESHARDABLE = ["--dist-ckpt-optim-fully-reshardable"]
 MEM_EFFICIENT = ["--distrib-optim-fully-reshardable-mem-efficient"]
 ETP1 = ["--expert-tensor-parallel-size", "1"]
