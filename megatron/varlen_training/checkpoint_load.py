@@ -253,8 +253,9 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
         _check_run_args(folder, iteration, run, parts)
     if parts.optimizer:
         optimizer_state.materialize(optimizer)
-    metadata = checkpoint_sharding.load_metadata(
-        agree_on_errors(dist_checkpointing.load_content_metadata, folder))
+    stored = agree_on_errors(dist_checkpointing.load_content_metadata, folder)
+    print_rank_0(f"sharded_state_dict metadata loaded from the checkpoint: {stored}")  # Megatron-LM
+    metadata = checkpoint_sharding.load_metadata(stored)
     template = sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
                                   metadata=metadata, with_optimizer=parts.optimizer)
     state = _load_state(template, folder, run)

@@ -221,6 +221,9 @@ def _write_and_publish(root: str, iteration: int, staging: str, path: str, model
                        scheduler, run: RunConfig, extra_files, positions) -> None:
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
     metadata = checkpoint_sharding.save_metadata(run)
+    sharding_type = metadata.get(checkpoint_sharding.SHARDING_TYPE_KEY)
+    if sharding_type is not None:  # Megatron-LM's line
+        print_rank_0(f"Storing distributed optimizer sharded state of type {sharding_type}")
     state = sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False,
                                metadata=metadata, with_optimizer=not run.checkpoint.no_save_optim)
     # megatron-core gathers its writers' failures and raises them on every rank.

@@ -24,12 +24,14 @@ One 4-rank launch (every run in the same processes).
 
 import contextlib
 import json
+import logging
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
 from megatron.varlen_training import checkpoint_save, checkpoint_sharding
 from megatron.varlen_training.checkpoint_sharding import FULLY_RESHARDABLE, SHARDING_TYPE_KEY
+from megatron.varlen_training.log import get_logger
 from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.test_moe_checkpoint import (
@@ -79,11 +81,27 @@ def _saved_as_before():
         checkpoint_save.dist_checkpointing = real_module
 
 
+class _Lines(logging.Handler):
+    """The lines this fork logs (Megatron-LM's, e.g. at a save and a load)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 def _runs_on_this_rank(runs: dict[str, list[str]]) -> dict[str, dict]:
-    out = {}
-    for name, argv in runs.items():  # in order
-        with _saved_as_before() if name.startswith("save_old") else contextlib.nullcontext():
-            out[name] = _metrics_or_refusal(argv)
+    out, lines = {}, _Lines()
+    get_logger().addHandler(lines)
+    try:
+        for name, argv in runs.items():  # in order
+            with _saved_as_before() if name.startswith("save_old") else contextlib.nullcontext():
+                out[name] = _metrics_or_refusal(argv)
+    finally:
+        get_logger().removeHandler(lines)
+    out["lines"] = lines.lines
     return out
 
 
@@ -116,6 +134,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     results = {name: next((ranks[name] for ranks in reversed(per_rank)
                            if ranks[name]["owns_loss"]), per_rank[0][name]) for name in planned}
     results["folder"] = folder
+    results["rank 0 lines"] = per_rank[0]["lines"]
     return results
 
 
@@ -154,3 +173,14 @@ def test_the_old_checkpoint_is_saved_as_before(runs):
     new_keys = FileSystemReader(str(runs["folder"] / "moe_ep4" / "iter_0000002")
                                 ).read_metadata().state_dict_metadata
     assert not any(key.startswith("chained_") for key in new_keys)
+
+
+def test_megatron_lms_lines_name_the_format(runs):
+    """Megatron-LM's lines at a distributed-optimizer save and at a load (the stored metadata;
+    None for a checkpoint saved before it was stored)."""
+    lines = runs["rank 0 lines"]
+    assert "Storing distributed optimizer sharded state of type fully_reshardable" in lines
+    loaded = [line for line in lines
+              if line.startswith("sharded_state_dict metadata loaded from the checkpoint: ")]
+    assert "sharded_state_dict metadata loaded from the checkpoint: None" in loaded
+    assert any("'distrib_optim_sharding_type': 'fully_reshardable'" in line for line in loaded)
