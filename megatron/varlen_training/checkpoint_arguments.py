@@ -16,7 +16,8 @@
   ``--non-persistent-save-interval`` / ``--non-persistent-ckpt-type`` (every save is a
   persistent checkpoint: use ``--save-interval``).
 - ``--use-checkpoint-args``: the model flags come from the loaded checkpoint's ``run_args.json``
-  (:mod:`checkpoint_model_flags`, applied while the command line is parsed).
+  (:mod:`checkpoint_model_flags`, applied while the command line is parsed), the tokenizer
+  too unless ``--no-use-tokenizer-model-from-checkpoint-args``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def add_checkpoint_args(parser) -> None:
                             "else --pretrained-checkpoint; --ckpt-step's iteration): its sizes "
                             "are defaults the command line may set, its other model flags "
                             "override the command line's, as in Megatron-LM.")
+    group.add_argument("--no-use-tokenizer-model-from-checkpoint-args",
+                       "--disable-use-tokenizer-model-from-checkpoint-args",
+                       action="store_false", dest="use_tokenizer_model_from_checkpoint_args",
+                       help="With --use-checkpoint-args: keep the command line's "
+                            "--tokenizer-type and --tokenizer-model instead of the "
+                            "checkpoint's (its tokenizer file may lie elsewhere here).")
 
 
 def validate_checkpoint_args(args, require) -> None:

@@ -14,15 +14,22 @@ Which side wins when the command line gives a flag too follows Megatron-LM's
   position table, head dimension, the vocabulary padding): the command line's value (a model
   size that differs from the checkpoint's is then refused at load, naming the flag);
 - the rest (:data:`CHECKPOINT_WINS`: query groups, position encoding, RoPE base and share, norm,
-  SwiGLU, biases, tied embeddings, MTP, MoE and Mamba shape, tokenizer type): the checkpoint's value
-  replaces the command line's, with a line naming the flag it overrides.
+  SwiGLU, biases, tied embeddings, MTP, MoE and Mamba shape, the MoE router's pre-softmax,
+  score function, expert bias and top-k scaling, the dropouts, query-key layer scaling,
+  ``--tiktoken-pattern``): the checkpoint's value replaces the command line's, with a line
+  naming the flag it overrides;
+- the tokenizer (:data:`TOKENIZER_KEYS`: ``--tokenizer-type`` and ``--tokenizer-model``): the
+  checkpoint's, as the rest, unless ``--no-use-tokenizer-model-from-checkpoint-args`` (Megatron-LM's
+  flag; the tokenizer file may lie elsewhere on this cluster) keeps the command line's. A
+  TikTokenizer's ``--vocab-size`` (it sizes that tokenizer) is a default like the sizes; other
+  file tokenizers know their vocabulary again.
 
 Not taken, as in Megatron-LM: precision (``--bf16``/``--fp16``), the parallel layout and
-training settings. Megatron-LM also takes the dropouts, ``--tokenizer-model`` and a few flags
-this fork does not have; ``run_args.json`` records none of those, so they stay the command
-line's. Keys a checkpoint does not record (saved before they were) are left to the command
-line (``Checkpoint did not provide arguments <name>``); a required flag that neither gives is
-one line naming it.
+training settings. Megatron-LM also takes a few flags this fork does not have (``--spec`` and
+MoE kernels) and ``--moe-token-dispatcher-type`` (recorded here as resolved, after packing chose
+it, so not taken). Keys a checkpoint does not record (saved before they were) are left to the
+command line (``Checkpoint did not provide arguments <name>``); a required flag that neither
+gives is one line naming it.
 """
 
 from __future__ import annotations
@@ -51,12 +58,21 @@ CHECKPOINT_WINS = ("group_query_attention", "num_query_groups", "position_embedd
                    # Megatron-LM's apply_layernorm_1p, under its 0.16.1 dest (the config field)
                    "layernorm_zero_centered_gamma",
                    "num_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_layer_freq",
-                   "moe_shared_expert_intermediate_size", "tokenizer_type",
+                   "moe_shared_expert_intermediate_size",
                    "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
-                   "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+                   "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+                   "moe_router_pre_softmax", "moe_router_score_function",
+                   "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor",
+                   "hidden_dropout", "attention_dropout", "apply_query_key_layer_scaling",
+                   "tiktoken_pattern")
+# Megatron-LM's forced tokenizer flags, taken only with use_tokenizer_model_from_checkpoint_args.
+TOKENIZER_KEYS = ("tokenizer_type", "tokenizer_model")
+NO_TOKENIZER_FLAGS = ("--no-use-tokenizer-model-from-checkpoint-args",
+                      "--disable-use-tokenizer-model-from-checkpoint-args")
 # Required on the command line unless the checkpoint supplies them (arguments.py).
 REQUIRED_MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
-NULL_TOKENIZER = "NullTokenizer"  # the one tokenizer whose vocabulary is --vocab-size
+# The tokenizers --vocab-size sizes (the others read their vocabulary from their files).
+SIZED_TOKENIZERS = ("NullTokenizer", "TikTokenizer")
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,7 @@ class LoadFlags:
     pretrained_checkpoint: str | None = None
     ckpt_step: int | None = None
     save: str | None = None
+    use_tokenizer_model_from_checkpoint_args: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,20 +105,23 @@ def load_flags(argv: list[str]) -> LoadFlags:
     for name in ("--load", "--pretrained-checkpoint", "--save"):
         peek.add_argument(name, default=None)
     peek.add_argument("--ckpt-step", default=None)
+    peek.add_argument(*NO_TOKENIZER_FLAGS, action="store_false",
+                      dest="use_tokenizer_model_from_checkpoint_args")
     try:
         known, _ = peek.parse_known_args(argv)
         step = None if known.ckpt_step is None else int(known.ckpt_step)
     except (SystemExit, ValueError):  # the full parser names the bad value in one line
         return LoadFlags()
     return LoadFlags(known.use_checkpoint_args, known.load, known.pretrained_checkpoint, step,
-                     known.save)
+                     known.save, known.use_tokenizer_model_from_checkpoint_args)
 
 
 def load_flags_of(values: dict) -> LoadFlags:
     """The load flags of a facade config's values (argparse dest -> value)."""
     return LoadFlags(bool(values.get("use_checkpoint_args")), values.get("load"),
                      values.get("pretrained_checkpoint"), values.get("ckpt_step"),
-                     values.get("save"))
+                     values.get("save"),
+                     values.get("use_tokenizer_model_from_checkpoint_args", True))
 
 
 def _iteration(root: str, step: int | None) -> int:
@@ -138,17 +158,19 @@ def _no_checkpoint_message(flags: LoadFlags) -> str:
             f"--load at a checkpoint, or drop {FLAG} and pass the model flags")
 
 
-def flag_values(saved: dict) -> dict:
+def flag_values(saved: dict, with_tokenizer: bool = True) -> dict:
     """``run_args.json``'s model keys as the flag values that build that model (dest -> value);
-    keys it does not record are left out, recorded Nones stay None."""
-    values = {key: saved[key] for key in COMMAND_LINE_WINS + CHECKPOINT_WINS if key in saved}
+    keys it does not record are left out, recorded Nones stay None. ``with_tokenizer``: the
+    tokenizer's too (:data:`TOKENIZER_KEYS`)."""
+    keys = COMMAND_LINE_WINS + CHECKPOINT_WINS + (TOKENIZER_KEYS if with_tokenizer else ())
+    values = {key: saved[key] for key in keys if key in saved}
     if "num_query_groups" in saved and "num_attention_heads" in saved:
         # Recorded resolved: as many groups as heads is plain multi-head attention.
         grouped = saved["num_query_groups"] != saved["num_attention_heads"]
         values["group_query_attention"] = grouped
         if not grouped:  # --num-query-groups does nothing without --group-query-attention
             values.pop("num_query_groups")
-    if saved.get("tokenizer_type", NULL_TOKENIZER) != NULL_TOKENIZER:
+    if saved.get("tokenizer_type", SIZED_TOKENIZERS[0]) not in SIZED_TOKENIZERS:
         values.pop("vocab_size", None)  # recorded from the tokenizer, which knows it again
     if isinstance(values.get("moe_layer_freq"), list):
         values["moe_layer_freq"] = list(values["moe_layer_freq"])
@@ -188,7 +210,8 @@ def read_checkpoint_flags(flags: LoadFlags | list[str]) -> CheckpointFlags | Non
     except CheckpointError as err:
         raise ArgumentValidationError(f"{FLAG}: {err}") from None
     missing = tuple(key for key in REQUIRED_MODEL_FLAGS if saved.get(key) is None)
-    return CheckpointFlags(record, flag_values(saved), missing)
+    with_tokenizer = flags.use_tokenizer_model_from_checkpoint_args
+    return CheckpointFlags(record, flag_values(saved, with_tokenizer), missing)
 
 
 def apply_as_defaults(parser, taken: CheckpointFlags | None) -> None:
@@ -232,7 +255,7 @@ def override_command_line(args: argparse.Namespace, taken: CheckpointFlags | Non
         given = getattr(args, dest)
         if given == value:
             print_rank_0(f"Setting {dest} to {value} from checkpoint")
-        elif dest in CHECKPOINT_WINS:
+        elif dest in CHECKPOINT_WINS + TOKENIZER_KEYS:
             setattr(args, dest, value)
             print_rank_0(f"Setting {dest} to {value} from checkpoint (overrides {_flag(dest)} "
                          f"{given} on the command line)")

@@ -16,6 +16,14 @@ Honoured:
   share (megatron-core's StrictHandling; the ``return_*`` modes, which only hand the keys to a
   caller, are refused).
 - ``--persistent-save-interval``: Megatron-LM's other name of ``--save-interval``.
+- ``--dist-ckpt-optim-fully-reshardable``: the distributed optimizer's state is saved in
+  megatron-core's ``fully_reshardable`` format (gathered to the parameters' shapes, keyed like
+  the weights), so a resume may change TP, PP, EP, expert TP and the virtual pipeline as well
+  as data parallelism; without it, ``dp_reshardable`` (data parallelism only).
+  ``--distrib-optim-fully-reshardable-mem-efficient`` gathers that state over gloo to
+  data-parallel rank 0 alone (less memory, no parallel save; the same content); as in
+  Megatron-LM it has no effect without ``--dist-ckpt-optim-fully-reshardable``
+  (checkpoint_sharding.py).
 
 Accepted, as Megatron-LM core_v0.16.1 accepts them: ``--use-dist-ckpt`` and
 ``--dist-ckpt-format`` (deprecated, "no effect": ``--ckpt-format`` selects the format; the same
@@ -42,14 +50,9 @@ DEPRECATED_FLAG_NOTE = ("{flag} is deprecated and has no effect. Use --ckpt-form
                         "the checkpoint format.")
 FULLY_PARALLEL_SAVE_NOTE = ("--ckpt-fully-parallel-save flag is deprecated and has no effect. "
                             "Use --no-ckpt-fully-parallel-save to disable parallel save.")
-_FORMAT_WHY = ("the distributed optimizer's state is saved in megatron-core's dp_reshardable "
-               "form here (resumable at another data-parallel size)")
 _LOCAL_WHY = "every save is a persistent torch_dist checkpoint here; use --save-interval"
 _CONVERT_WHY = "this fork does not convert checkpoints between formats"
 REFUSED_FLAGS = {
-    "--dist-ckpt-optim-fully-reshardable": ({"action": "store_true"}, None, _FORMAT_WHY),
-    "--distrib-optim-fully-reshardable-mem-efficient": ({"action": "store_true"}, None,
-                                                        _FORMAT_WHY),
     "--ckpt-convert-format": ({"choices": ("torch", "torch_dist", "zarr")}, None,
                               _CONVERT_WHY),
     "--ckpt-convert-save": ({}, None, _CONVERT_WHY),
@@ -76,14 +79,6 @@ REFUSED_FLAGS = {
     "--use-mp-args-from-checkpoint-args": ({"action": "store_true"}, None,
                                            "--use-checkpoint-args takes the model flags; the "
                                            "parallel sizes come from the command line here"),
-    "--no-use-tokenizer-model-from-checkpoint-args": (
-        {"action": "store_true"}, None,
-        "--use-checkpoint-args takes no tokenizer from the checkpoint here (the command "
-        "line's is used): drop the flag"),
-    "--disable-use-tokenizer-model-from-checkpoint-args": (
-        {"action": "store_true"}, None,
-        "--use-checkpoint-args takes no tokenizer from the checkpoint here (the command "
-        "line's is used): drop the flag"),
     "--dist-ckpt-workers": ({"type": int}, "1", "megatron-core 0.16.1 saves with one writer "
                                                 "process per rank (Megatron-LM main only)"),
     "--ckpt-drop-redundant-extra-state": ({"action": "store_true"}, None,
@@ -120,6 +115,15 @@ def add_checkpoint_save_args(parser: argparse.ArgumentParser) -> None:
                             "share (megatron-core's StrictHandling; return_* refused).")
     group.add_argument("--persistent-save-interval", type=int, dest="save_interval",
                        default=None, help="Megatron-LM's other name of --save-interval.")
+    group.add_argument("--dist-ckpt-optim-fully-reshardable", action="store_true",
+                       help="Save the distributed optimizer's state fully reshardable "
+                            "(megatron-core's fully_reshardable: a resume may change TP, PP, "
+                            "EP, expert TP and the virtual pipeline) instead of resharding "
+                            "over data-parallel ranks only (dp_reshardable).")
+    group.add_argument("--distrib-optim-fully-reshardable-mem-efficient", action="store_true",
+                       help="With --dist-ckpt-optim-fully-reshardable: gather the state over "
+                            "gloo to data-parallel rank 0 alone (less memory, no parallel "
+                            "save; the same checkpoint content).")
     group.add_argument("--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated",
                        help="Deprecated, no effect (as in Megatron-LM): --ckpt-format selects "
                             "the format.")

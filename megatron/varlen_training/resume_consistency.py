@@ -40,13 +40,20 @@ the LR/WD schedule. On ``--load``:
   resumes (the experts' state is resharded by their global index), and so does a changed
   expert tensor parallelism (``--expert-tensor-parallel-size``, ETP 1 <-> 2: the experts'
   weights and state are resharded like TP's). ``--use-distributed-optimizer`` state reshards
-  over data-parallel ranks only: a changed TP, PP, EP, ETP or virtual pipeline
-  (``--num-layers-per-virtual-pipeline-stage``) layout is refused with it
-  (the weights still reshard: ``--no-load-optim`` loads them alone).
+  over data-parallel ranks only in megatron-core's default ``dp_reshardable`` format: a
+  changed TP, PP, EP, ETP or virtual pipeline (``--num-layers-per-virtual-pipeline-stage``)
+  layout is refused with it (the weights still reshard: ``--no-load-optim`` loads them
+  alone). A checkpoint saved with ``--dist-ckpt-optim-fully-reshardable`` records the
+  ``fully_reshardable`` format (``distrib_optim_sharding_type``) and follows those changes.
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
   flags win; the number of samples already consumed is kept) or
   ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's schedule wins) says which side wins.
+
+Recorded for ``--use-checkpoint-args`` only, not compared (:data:`CHECKPOINT_ARGS_KEYS`,
+:data:`MOE_ROUTER_KEYS`): the dropouts, query-key layer scaling, ``--tokenizer-model``,
+``--tiktoken-pattern`` and the MoE router's flags, which Megatron-LM's
+``load_args_from_checkpoint`` takes too.
 
 ``--finetune`` starts a new run from the weights: only the model shape is compared (the
 position-table size only with learned absolute positions), so fine-tuning on other data, with
@@ -64,6 +71,9 @@ import os
 
 from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text
 from megatron.varlen_training.checkpoint_parts import OPTIMIZER_KEY, SAVED_PARTS_KEY, saved_parts
+from megatron.varlen_training.checkpoint_sharding import (
+    DP_RESHARDABLE, FULLY_RESHARDABLE, SHARDING_TYPE_KEY, optimizer_sharding_type,
+)
 from megatron.varlen_training.data_fingerprints import changed_file, data_fingerprint
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, one_line
@@ -153,6 +163,13 @@ DATA_SOURCES_KEY = "data_sources"  # one fingerprint per --data-path entry (data
 # as spelled (the fingerprints are compared).
 _CONTEXT_KEYS = ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "seq_length",
                  "data_path", "data_entries")
+# Recorded for --use-checkpoint-args (checkpoint_model_flags.py: what Megatron-LM's
+# load_args_from_checkpoint takes besides the model shape), not compared: a resume may change
+# the dropouts or the tokenizer file's location. MoE router keys are None for a dense run.
+CHECKPOINT_ARGS_KEYS = ("hidden_dropout", "attention_dropout", "apply_query_key_layer_scaling",
+                        "tokenizer_model", "tiktoken_pattern")
+MOE_ROUTER_KEYS = ("moe_router_pre_softmax", "moe_router_score_function",
+                   "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor")
 _SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
 # megatron-core scheduler state key -> (this run's flag, scheduler attribute, samples per unit)
 SCHEDULER_KEYS = {
@@ -241,13 +258,24 @@ def _mla_values(mla) -> dict:
             **{key: getattr(mla, key) for key in _MLA_KEYS if key != "multi_latent_attention"}}
 
 
+def _checkpoint_args_values(run: RunConfig) -> dict:
+    """The run's value of each :data:`CHECKPOINT_ARGS_KEYS` and :data:`MOE_ROUTER_KEYS` key."""
+    model, data, moe = run.model, run.data, run.model.moe
+    values = {key: getattr(model, key) for key in CHECKPOINT_ARGS_KEYS if hasattr(model, key)}
+    values.update({key: getattr(data, key) for key in CHECKPOINT_ARGS_KEYS
+                   if hasattr(data, key)})
+    values.update({key: getattr(moe, key) if moe is not None else None
+                   for key in MOE_ROUTER_KEYS})
+    return values
+
+
 def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
-    values = _recorded_values(run)
+    values = {**_recorded_values(run), **_checkpoint_args_values(run)}
     keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY,
                          PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY) + PIPELINE_SPLIT_KEYS \
         + DATA_ORDER_KEYS \
-        + _CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS)
+        + _CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS) + CHECKPOINT_ARGS_KEYS + MOE_ROUTER_KEYS
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
@@ -265,6 +293,8 @@ def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
     recorded = snapshot(run)
     recorded[SAVED_PARTS_KEY] = saved_parts(run.checkpoint)  # --no-save-optim / --no-save-rng
     recorded[OPTIMIZER_KEY] = run.optimizer.optimizer  # whose state it is (checkpoint_parts.py)
+    # The distributed optimizer's format (None: the plain optimizer): which layouts it follows.
+    recorded[SHARDING_TYPE_KEY] = optimizer_sharding_type(run)
     if iteration is not None:
         recorded[DATA_POSITION_KEY] = consumed_samples if consumed_samples is not None \
             else iteration * run.training.global_batch_size
@@ -394,6 +424,9 @@ def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
     keeps the experts' state in an optimizer of its own only with expert parallelism, whose
     checkpoint nests the two optimizers' states under their indices with ``chained_<i>.`` key
     prefixes (EP 1: one flat state), so neither loads the other's (docs/MOE.md, Checkpoints).
+    The fully reshardable format does not help: its tensors match by parameter, but the
+    common state (param groups) keeps the saved nesting, and megatron-core's
+    ChainedOptimizer.load_state_dict (Megatron-LM main's too) needs one entry per optimizer.
     Between sizes > 1 the plain optimizer's state is resharded by global expert index; the
     weights reshard across any change (``--no-load-optim``)."""
     saved_ep, ep = saved.get(EXPERT_PARALLEL_KEY) or 1, mine[EXPERT_PARALLEL_KEY]
@@ -408,20 +441,25 @@ def _expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
 
 def _sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:
     """Why --use-distributed-optimizer's state cannot follow a model-parallel size change, or
-    None (:data:`SHARDED_OPTIMIZER_SIZES`; unchecked, megatron-core stops every rank with a
+    None (:data:`SHARDED_OPTIMIZER_SIZES`). A checkpoint saved in megatron-core's
+    ``fully_reshardable`` format (``--dist-ckpt-optim-fully-reshardable``) follows every one of
+    them; the ``dp_reshardable`` one (the default, and every checkpoint saved before the format
+    was recorded) only data parallelism: unchecked, megatron-core stops every rank with a
     KeyError for the state of data-parallel groups the checkpoint does not have, or, for a
-    virtual pipeline or expert tensor parallel change, a global-shape CheckpointingException).
+    virtual pipeline or expert tensor parallel change, a global-shape CheckpointingException.
     Checkpoints saved before a size was recorded are not checked for it (their run_args.json
     lacks the key; RECORDED_BEFORE has no value for it, since an old run's ETP is unknown)."""
-    if not mine[OPTIMIZER_LAYOUT_KEY]:
+    if not mine[OPTIMIZER_LAYOUT_KEY] \
+            or saved.get(SHARDING_TYPE_KEY, DP_RESHARDABLE) == FULLY_RESHARDABLE:
         return None
     for key, flag in SHARDED_OPTIMIZER_SIZES.items():
         if key in saved and saved[key] != mine[key]:
             return (f"--load: the checkpoint's distributed optimizer state was saved "
                     f"{_with_flag(flag, saved[key])}, this run has {_value(mine[key])}: its "
-                    f"format (megatron-core's dp_reshardable) reshards over data-parallel ranks "
-                    f"only (resume {_with_flag(flag, saved[key])}, or add --no-load-optim to "
-                    f"load the weights only)")
+                    f"format (megatron-core's {DP_RESHARDABLE}) reshards over data-parallel "
+                    f"ranks only (resume {_with_flag(flag, saved[key])}, or add --no-load-optim "
+                    f"to load the weights only; a save with "
+                    f"--dist-ckpt-optim-fully-reshardable is resumable at another layout)")
     return None
 
 

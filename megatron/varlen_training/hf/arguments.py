@@ -14,6 +14,7 @@ import argparse
 from megatron.varlen_training.hf.config import (
     HFConfigError, MTP_EXPORT_HINT, flag_values, load_hf_config, overridable_defaults,
 )
+from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_TYPE
 
 HF_CHECKPOINT_FLAG = "--hf-checkpoint"
 
@@ -95,6 +96,13 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
     require(not (args.save_hf and args.mtp_num_layers), MTP_EXPORT_HINT.format(
         what="--save-hf", layers=args.mtp_num_layers))
     _validate_spec(args, require)
+    require(not (args.hf_checkpoint and args.tokenizer_type == TIKTOKEN_TYPE),
+            f"--hf-checkpoint with --tokenizer-type {TIKTOKEN_TYPE} is not supported: the "
+            f"checkpoint's config.json vocab_size counts its embedding rows, while "
+            f"{TIKTOKEN_TYPE} is sized by --vocab-size and numbers its tokens after its "
+            f"--tiktoken-num-special-tokens special ids, so its ids would not index that "
+            f"embedding; use --tokenizer-type HuggingFaceTokenizer --tokenizer-model "
+            f"{args.hf_checkpoint}")
     if args.hf_checkpoint:
         # Imported here: the parser itself stays free of torch (wrap configs build without it).
         from megatron.varlen_training.hf.safetensors_io import CheckpointFileError, SafetensorsReader

@@ -23,7 +23,7 @@ def main() -> None:
     argv = sys.argv[sys.argv.index("--") + 1:]
     # Here, not at the top, as in pretrain_gpt.py: the first save's 'spawn' helper runs this
     # file again (tests/unit_tests/test_entry_point_imports.py).
-    from megatron.varlen_training import checkpointing, training
+    from megatron.varlen_training import checkpoint_save, training
 
     mine = int(os.environ["RANK"]) == rank
     if kind == "step" and mine:
@@ -36,20 +36,20 @@ def main() -> None:
 
         training.train_step = train_step
     if kind == "save" and mine:
-        real_save = checkpointing.dist_checkpointing.save
+        real_save = checkpoint_save.dist_checkpointing.save
 
         class _Saver:
             @staticmethod
-            def save(state, path, *strategies):
-                real_save(state, path, *strategies)
+            def save(state, path, *strategies, **options):
+                real_save(state, path, *strategies, **options)
                 if state["iteration"] == iteration:
                     _die()
 
             def __getattr__(self, name):
                 return getattr(real_save_module, name)
 
-        real_save_module = checkpointing.dist_checkpointing
-        checkpointing.dist_checkpointing = _Saver()
+        real_save_module = checkpoint_save.dist_checkpointing
+        checkpoint_save.dist_checkpointing = _Saver()
     pretrain_gpt.main(argv)
 
 

@@ -107,22 +107,22 @@ def _in_writers(iteration: int, action) -> None:
 
 
 def _after_megatron_core(iteration: int, action) -> None:
-    from megatron.varlen_training import checkpointing
+    from megatron.varlen_training import checkpoint_save
 
-    real_save = checkpointing.dist_checkpointing.save
+    real_save = checkpoint_save.dist_checkpointing.save
 
     class _Saver:
         @staticmethod
-        def save(state, path, *strategies):
-            real_save(state, path, *strategies)
+        def save(state, path, *strategies, **options):
+            real_save(state, path, *strategies, **options)
             if state["iteration"] == iteration:
                 action()
 
         def __getattr__(self, name):
             return getattr(real_module, name)
 
-    real_module = checkpointing.dist_checkpointing
-    checkpointing.dist_checkpointing = _Saver()
+    real_module = checkpoint_save.dist_checkpointing
+    checkpoint_save.dist_checkpointing = _Saver()
 
 
 def _at_publish(iteration: int, action) -> None:

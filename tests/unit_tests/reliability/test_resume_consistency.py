@@ -11,6 +11,10 @@ from megatron.varlen_training.errors import CheckpointError
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 
+# The last remedy of a dp_reshardable refusal: how to save a checkpoint that follows the change.
+FULLY_RESHARDABLE_REMEDY = ("a save with --dist-ckpt-optim-fully-reshardable is resumable at "
+                            "another layout")
+
 
 def _run(argv, world=1):
     return loss_owner_history(run_distributed(train_on_this_rank, world, args=(argv,),
@@ -169,7 +173,7 @@ def test_model_parallel_change_with_distributed_optimizer_is_one_line(tmp_path):
             f"--load: the checkpoint's distributed optimizer state was saved with {flag} 1, "
             f"this run has 2: its format (megatron-core's dp_reshardable) reshards over "
             f"data-parallel ranks only (resume with {flag} 1, or add --no-load-optim to load "
-            f"the weights only)")
+            f"the weights only; {FULLY_RESHARDABLE_REMEDY})")
     assert weights_only[0] == pytest.approx(straight[2], rel=1e-5)
 
 
@@ -191,11 +195,13 @@ def test_virtual_pipeline_change_with_distributed_optimizer_is_one_line(tmp_path
     assert rank0[2] == (
         f"--load: the checkpoint's distributed optimizer state was saved with {flag} 1, this "
         f"run has none: its format (megatron-core's dp_reshardable) reshards over data-parallel "
-        f"ranks only (resume with {flag} 1, or add --no-load-optim to load the weights only)")
+        f"ranks only (resume with {flag} 1, or add --no-load-optim to load the weights only; "
+        f"{FULLY_RESHARDABLE_REMEDY})")
     assert rank0[3] == (
         f"--load: the checkpoint's distributed optimizer state was saved without {flag}, this "
         f"run has 1: its format (megatron-core's dp_reshardable) reshards over data-parallel "
-        f"ranks only (resume without {flag}, or add --no-load-optim to load the weights only)")
+        f"ranks only (resume without {flag}, or add --no-load-optim to load the weights only; "
+        f"{FULLY_RESHARDABLE_REMEDY})")
 
 
 # --- data identity is content, not spelling -----------------------

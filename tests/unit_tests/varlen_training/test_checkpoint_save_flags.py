@@ -175,8 +175,6 @@ def test_persistent_save_interval_is_save_interval():
 @pytest.mark.parametrize("extra, needle", [
     (["--dist-ckpt-strictness", "return_all"], "--dist-ckpt-strictness return_all is not "
                                                "supported"),
-    (["--dist-ckpt-optim-fully-reshardable"], "--dist-ckpt-optim-fully-reshardable is not "
-                                              "supported"),
     (["--save-retain-interval", "2"], "--save-retain-interval 2 is not supported"),
     (["--non-persistent-local-ckpt-dir", "/tmp/x"], "--non-persistent-local-ckpt-dir /tmp/x"),
     (["--override-ckpt-iteration", "3"], "--override-ckpt-iteration 3 is not supported"),

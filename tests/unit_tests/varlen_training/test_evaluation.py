@@ -33,7 +33,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.varlen_training import checkpointing, evaluation, metric_writers, training
+from megatron.varlen_training import (
+    checkpoint_load, checkpointing, evaluation, metric_writers, training,
+)
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.config.runtime import RuntimeConfig
 from megatron.varlen_training.datasets.builder import build_split_datasets
@@ -351,11 +353,11 @@ def _resumes_with_other_eval_intervals(folder: str) -> dict:
     os.makedirs(f"{folder}/old/iter_0000007")
     save_run_args(f"{folder}/old/iter_0000007", old, iteration=7)  # no validation count
     notes = []
-    original, checkpointing.print_rank_0 = checkpointing.print_rank_0, notes.append
+    original, checkpoint_load.print_rank_0 = checkpoint_load.print_rank_0, notes.append
     try:
         results["derived"] = checkpointing.consumed_valid_samples_at(f"{folder}/old", 7, old)
     finally:
-        checkpointing.print_rank_0 = original
+        checkpoint_load.print_rank_0 = original
     results["notes"] = notes
     return results
 

@@ -27,6 +27,9 @@ EP1 = ["--expert-model-parallel-size", "1"]
 EP2 = ["--expert-model-parallel-size", "2"]
 EP4 = ["--expert-model-parallel-size", "4"]
 DISTRIBUTED = ["--use-distributed-optimizer"]
+# The last remedy of a dp_reshardable refusal: how to save a checkpoint that follows the change.
+FULLY_RESHARDABLE_REMEDY = ("a save with --dist-ckpt-optim-fully-reshardable is resumable at "
+                            "another layout")
 # Aux-loss-free balancing: a rate at which the bias changes the routing within the 4 iterations
 # (a resume that lost the bias differs at iteration 3).
 BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
@@ -138,7 +141,8 @@ def test_expert_parallel_change_with_distributed_optimizer_is_one_line(runs):
         "--load: the checkpoint's distributed optimizer state was saved with "
         "--expert-model-parallel-size 2, this run has 4: its format (megatron-core's "
         "dp_reshardable) reshards over data-parallel ranks only (resume with "
-        "--expert-model-parallel-size 2, or add --no-load-optim to load the weights only)")
+        "--expert-model-parallel-size 2, or add --no-load-optim to load the weights only; "
+        f"{FULLY_RESHARDABLE_REMEDY})")
 
 
 def test_expert_parallel_change_with_distributed_optimizer_keeps_the_weights(runs):

@@ -27,6 +27,7 @@ from tests.unit_tests.varlen_training.test_moe_checkpoint import (
     BASE,
     DISTRIBUTED,
     EP2,
+    FULLY_RESHARDABLE_REMEDY,
     METRICS,
     RTOL,
     WORLD,
@@ -104,7 +105,8 @@ def test_distributed_optimizer_etp_change_is_one_line(runs):
         "--load: the checkpoint's distributed optimizer state was saved with "
         "--expert-tensor-parallel-size 2, this run has 1: its format (megatron-core's "
         "dp_reshardable) reshards over data-parallel ranks only (resume with "
-        "--expert-tensor-parallel-size 2, or add --no-load-optim to load the weights only)")
+        "--expert-tensor-parallel-size 2, or add --no-load-optim to load the weights only; "
+        f"{FULLY_RESHARDABLE_REMEDY})")
 
 
 def test_distributed_optimizer_etp_change_keeps_the_weights(runs):

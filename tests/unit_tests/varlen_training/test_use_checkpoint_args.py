@@ -112,7 +112,7 @@ def test_facade_config_values_take_it_too(recorded):
     """megatron.wrap's config path (flag_values.parse_values): the same model."""
     values = {"micro_batch_size": 2, "global_batch_size": 4, "lr": 1e-3, "mock_data": True,
               "train_iters": 4, "load": str(recorded), "use_checkpoint_args": True,
-              "hidden_dropout": 0.0, "attention_dropout": 0.0}  # not recorded, not taken
+              "hidden_dropout": 0.0, "attention_dropout": 0.0}
     given = parse_run_config(ARCHITECTURE + TRAINING, world_size=1)
     assert _model_differences(given, run_config(parse_values(values, world_size=1))) == {}
 
@@ -203,6 +203,60 @@ def test_missing_key_given_on_the_command_line(recorded):
     run = parse_run_config(TRAINING + USE + ["--load", str(_without(recorded, "seq_length")),
                                              "--seq-length", "32"], world_size=1)
     assert run.model.seq_length == 32 and run.model.hidden_size == 48
+
+
+# What Megatron-LM's load_args_from_checkpoint takes beyond the model shape, away from the
+# defaults: the dropouts, query-key layer scaling, a TikTokenizer (its file, its --vocab-size,
+# its pattern) and, for MoE, the router's flags.
+BEYOND_SHAPE = ["--hidden-dropout", "0.05", "--attention-dropout", "0.2",
+                "--apply-query-key-layer-scaling"]
+TIKTOKEN = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", "/elsewhere/tok.json",
+            "--vocab-size", "1200", "--tiktoken-pattern", "v1"]
+MOE_ROUTER = ["--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "16",
+              "--moe-router-topk", "2",
+              "--moe-router-pre-softmax", "--moe-router-score-function", "sigmoid",
+              "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor", "2.0"]
+SHAPE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+         "--seq-length", "32", "--make-vocab-size-divisible-by", "32"]
+_DROPOUTS = ("--hidden-dropout", "--attention-dropout")
+# The run flags with the dropouts left out (each flag's value follows it).
+MINIMAL = [value for index, value in enumerate(TRAINING)
+           if value not in _DROPOUTS and (index == 0 or TRAINING[index - 1] not in _DROPOUTS)]
+
+
+@pytest.mark.parametrize("extra", [TIKTOKEN, MOE_ROUTER + ["--vocab-size", "96"]],
+                         ids=["tiktoken", "moe_router"])
+def test_minimal_resume_flags_record_the_original_run_args(tmp_path, extra):
+    """A resume given only the run flags and --use-checkpoint-args records the run_args.json
+    the original run did (the record is what describes a run)."""
+    original = SHAPE + BEYOND_SHAPE + extra + MINIMAL
+    root = _record(tmp_path / "ckpt", 2, original)
+    resumed = parse_run_config(MINIMAL + USE + ["--load", str(root)], world_size=1)
+    want = snapshot(parse_run_config(original, world_size=1), with_data=False)
+    assert snapshot(resumed, with_data=False) == want
+    # Not vacuous: the minimal command line alone describes another run.
+    alone = snapshot(parse_run_config(MINIMAL + SHAPE + ["--vocab-size", "96"], world_size=1),
+                     with_data=False)
+    assert {key for key in want if alone[key] != want[key]} >= {
+        "hidden_dropout", "attention_dropout", "apply_query_key_layer_scaling"}
+
+
+def test_no_use_tokenizer_model_keeps_the_command_lines_tokenizer(tmp_path, capsys):
+    """Megatron-LM's --no-use-tokenizer-model-from-checkpoint-args: the tokenizer type and
+    file stay the command line's (the checkpoint's file may lie elsewhere); the rest is taken."""
+    root = _record(tmp_path / "ckpt", 2, SHAPE + BEYOND_SHAPE + TIKTOKEN + MINIMAL)
+    here = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", "/here/tok.json",
+            "--vocab-size", "1200"]
+    for flag in ("--no-use-tokenizer-model-from-checkpoint-args",
+                 "--disable-use-tokenizer-model-from-checkpoint-args"):
+        run = parse_run_config(MINIMAL + USE + here + [flag, "--load", str(root)],
+                               world_size=1)
+        assert run.data.tokenizer_model == "/here/tok.json"
+        assert run.data.tiktoken_pattern == "v1" and run.model.hidden_dropout == 0.05
+    taken = parse_run_config(MINIMAL + USE + here + ["--load", str(root)], world_size=1)
+    assert taken.data.tokenizer_model == "/elsewhere/tok.json"
+    assert "Setting tokenizer_model to /elsewhere/tok.json from checkpoint (overrides " \
+        "--tokenizer-model /here/tok.json on the command line)" in capsys.readouterr().out
 
 
 def test_entry_point_exits_2_with_one_line(recorded, capsys):

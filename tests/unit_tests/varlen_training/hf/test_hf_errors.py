@@ -145,3 +145,17 @@ def test_a_tensor_missing_from_the_weights_is_one_line_at_import(tmp_path, llama
     assert proc.returncode == 2 and lines == [
         f"pretrain_gpt.py: error: Hugging Face checkpoint '{damaged}' has no tensor "
         f"'model.norm.weight'"], proc.stderr[-3000:]
+
+
+def test_tiktokenizer_is_refused(llama):
+    """The checkpoint's config.json vocab_size counts embedding rows; a TikTokenizer sized by
+    it (and numbering its tokens after its special ids) would not index that embedding."""
+    message = _error(model_argv(llama) + ["--tokenizer-type", "TikTokenizer",
+                                          "--tokenizer-model", str(llama / "tok.json"),
+                                          "--tiktoken-num-special-tokens", "10"])
+    assert message == (
+        f"--hf-checkpoint with --tokenizer-type TikTokenizer is not supported: the "
+        f"checkpoint's config.json vocab_size counts its embedding rows, while TikTokenizer is "
+        f"sized by --vocab-size and numbers its tokens after its --tiktoken-num-special-tokens "
+        f"special ids, so its ids would not index that embedding; use --tokenizer-type "
+        f"HuggingFaceTokenizer --tokenizer-model {llama}")
