@@ -45,6 +45,10 @@ _MTP = ("the multi-token-prediction layers here are megatron-core 0.16.1's (one 
 _DEBUG_DUMP = "Megatron-LM's tensor dumps for debugging are not written here"
 _FLIGHT_RECORDER = ("NCCL's flight recorder is not configured by the flags here: set its "
                     "TORCH_NCCL_* / TORCH_FR_* variables in the environment")
+_CHECKPOINT_TUNING = ("megatron-core 0.16.1's fully parallel checkpoint strategies run here with "
+                      "their defaults: shards spread over the data-parallel group, loaded ones "
+                      "exchanged by broadcast, no distribution cache, every shard's access "
+                      "validated")
 _VOCAB = ("without --padded-vocab-size the vocabulary is always padded here, to a multiple of "
           "--make-vocab-size-divisible-by x TP (--make-vocab-size-divisible-by 1 at TP 1 pads "
           "nothing; --padded-vocab-size N sets the size exactly)")
@@ -160,6 +164,18 @@ REFUSED: dict[str, tuple[Row, ...]] = {
     "documents are separated by --reset-attention-mask / --reset-position-ids here (the "
     "packed THD format)": (
         (("--dataloader-inter-document-masking",), SWITCH, False),),
+    _CHECKPOINT_TUNING: (
+        (("--ckpt-fully-parallel-load-exchange-algo",),
+         {"choices": ("broadcast", "gather_rounds", "gather_object")}, "broadcast"),
+        (("--ckpt-fully-parallel-load-per-rank-objects",), SWITCH, False),
+        (("--ckpt-fully-parallel-save-process-group",), {"choices": ("dp", "ep_dp")}, "dp"),
+        (("--ckpt-fully-parallel-load-process-group",), {"choices": ("dp", "ep_dp")}, "dp"),
+        (("--ckpt-pg-tensors-cache-path",), {}, None),
+        (("--ckpt-pg-tensors-cache-create",), SWITCH, False),
+        (("--no-ckpt-load-validate-sharding-integrity",
+          "--disable-ckpt-load-validate-sharding-integrity"),
+         {"action": "store_false", "dest": "ckpt_load_validate_sharding_integrity"}, True),
+    ),
     _DEBUG_DUMP: (
         (("--save-params-interval",), {}, None),
         (("--save-activations-interval",), {}, None),
@@ -185,6 +201,12 @@ REFUSED: dict[str, tuple[Row, ...]] = {
 
 # read_only_with -> rows: accepted at any value, no effect (Megatron-LM ignores them too without).
 UNREAD: dict[str, tuple[Row, ...]] = {
+    "--async-save": (
+        (("--async-strategy",), {"choices": ("nvrx", "mcore")}, "nvrx"),
+        (("--async-ckpt-cpu-priority",), {}, 10),
+        (("--async-ckpt-io-priority",), {}, 3),
+        (("--async-ckpt-use-cpu-shm",), SWITCH, False),
+    ),
     "--fp4-format": (
         (("--fp4-recipe",), {"choices": ("nvfp4", "custom")}, "nvfp4"),
         (("--fp4-quantizer-factory",), {}, None),

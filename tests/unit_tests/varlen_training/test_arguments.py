@@ -229,6 +229,11 @@ EXPECTED_FLAGS = frozenset("""
 --wgrad-deferral-limit --yaml-cfg --mtp-standalone --mtp-hybrid-override-pattern
 --verify-integrity --exit-signal-handler-for-training --no-save-tokenizer-assets
 --disable-save-tokenizer-assets
+--async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority --async-ckpt-use-cpu-shm
+--ckpt-fully-parallel-load-exchange-algo --ckpt-fully-parallel-load-per-rank-objects
+--ckpt-fully-parallel-save-process-group --ckpt-fully-parallel-load-process-group
+--ckpt-pg-tensors-cache-path --ckpt-pg-tensors-cache-create
+--no-ckpt-load-validate-sharding-integrity --disable-ckpt-load-validate-sharding-integrity
 --skip-train --exit-signal --exit-signal-handler-for-dataloader --eval-micro-batch-size
 --eval-global-batch-size --encoder-seq-length --full-validation --multiple-validation-sets
 --validation-set-names --start-eval-at-iter --decoder-seq-length --data-parallel-random-init

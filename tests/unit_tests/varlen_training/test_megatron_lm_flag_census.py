@@ -47,13 +47,7 @@ OUT_OF_SCOPE = {
 # Registered by other branches in parallel (the lead empties this set once they are merged):
 # validation / exit / init (valflags), the VPP group size (pplayout), MLA and YaRN (mla), the
 # --async-* / --ckpt-* checkpoint flags (left to the checkpoint work).
-BEING_IMPLEMENTED = frozenset("""
---async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority --async-ckpt-use-cpu-shm
---ckpt-fully-parallel-load-exchange-algo --ckpt-fully-parallel-load-per-rank-objects
---ckpt-fully-parallel-save-process-group --ckpt-fully-parallel-load-process-group
---ckpt-pg-tensors-cache-path --ckpt-pg-tensors-cache-create
---no-ckpt-load-validate-sharding-integrity --disable-ckpt-load-validate-sharding-integrity
-""".split())
+BEING_IMPLEMENTED: frozenset[str] = frozenset()
 
 
 def _names(path: Path) -> list[str]:
