@@ -24,10 +24,16 @@ class TrainingConfig:
     exit_signal_handler: bool
     exit_interval: int | None
     exit_duration_in_mins: float | None
+    rampup_batch_size: tuple[int, int, int] | None = None
+    """--rampup-batch-size START INCREMENT SAMPLES (batch_rampup.py); None: every step trains
+    ``global_batch_size`` samples."""
+    decrease_batch_size_if_needed: bool = False
     runtime_batches: bool = False
     """The caller hands each step its global batch (megatron.wrap), which may hold another
     number of samples than ``global_batch_size``: the LR schedule and the consumed samples
     follow the samples trained; no flag sets it."""
 
     def __post_init__(self):
+        if self.rampup_batch_size is not None:  # the flag's list, hashable like the rest
+            object.__setattr__(self, "rampup_batch_size", tuple(self.rampup_batch_size))
         check_ranges(self)

@@ -1,0 +1,96 @@
+"""--rampup-batch-size's batch of every iteration (batch_rampup.py) against megatron-core's own
+``RampupBatchsizeNumMicroBatchesCalculator`` driven as Megatron-LM's loop drives it (the batch
+size from the samples consumed so far), the iteration count of a --train-samples run against a
+hand count, and what the flags resolve to. The training runs are in
+test_batch_rampup_training.py."""
+
+import itertools
+
+import pytest
+from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+
+from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, Rampup
+from megatron.varlen_training.config.from_flags import run_config
+from tests.harness.training_runs import TINY_GPT_ARGS
+
+# (global batch, micro batch, DP, decrease if needed, START, INCREMENT, SAMPLES)
+SETTINGS = [
+    (64, 2, 4, False, 16, 16, 200),
+    (48, 4, 1, True, 6, 6, 100),  # 6, 12, 18, ... rounded down to multiples of 4
+    (32, 1, 2, False, 2, 2, 7),  # more increments than ramp-up samples: sizes are skipped
+    (1536, 1, 16, False, 16, 16, 5_859_375),  # Megatron-LM's GPT-3 175B recipe, DP 16
+]
+
+
+def _core_sizes(settings, num_steps: int) -> list[int]:
+    """The running global batch size of each step from megatron-core's calculator, updated
+    with the samples consumed before the step (Megatron-LM's train loop)."""
+    gbs, mbs, dp, decrease, start, increment, samples = settings
+    calculator = RampupBatchsizeNumMicroBatchesCalculator(
+        gbs, mbs, dp, decrease, 0, start, increment, samples)
+    sizes, consumed = [], 0
+    for _ in range(num_steps):
+        calculator.update(consumed, consistency_check=True)
+        sizes.append(calculator.get_current_running_global_batch_size())
+        consumed += sizes[-1]
+    return sizes
+
+
+def _schedule(settings) -> GlobalBatchSchedule:
+    gbs, mbs, dp, decrease, start, increment, samples = settings
+    return GlobalBatchSchedule(gbs, mbs * dp, Rampup(start, increment, samples), decrease)
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(map(str, s)))
+def test_batch_sizes_equal_megatron_core_calculator(settings):
+    schedule = _schedule(settings)
+    ramp_steps = schedule.iterations_within(settings[-1]) + 1
+    num_steps = ramp_steps + 5  # past the ramp-up: whole --global-batch-size batches
+    want = _core_sizes(settings, num_steps)
+    assert [schedule.size(i) for i in range(num_steps)] == want
+    assert want[0] < want[-1] == settings[0]  # the batch did grow to --global-batch-size
+    starts = [0, *itertools.accumulate(want)]  # batches follow each other
+    assert [schedule.first_sample(i) for i in range(num_steps + 1)] == starts
+    assert [schedule.indices(i) for i in range(num_steps)] == [
+        range(starts[i], starts[i + 1]) for i in range(num_steps)]
+    assert [schedule.iteration_at(s) for s in starts] == list(range(num_steps + 1))
+    assert schedule.iteration_at(starts[1] + 1) is None  # inside batch 1 (>= 2 samples each)
+
+
+def test_train_iters_count_the_ramp_up_as_megatron_lm():
+    """64 = --global-batch-size, ramp 16 16 200 (increments of 200 / 3 samples): steps start
+    at 0, 16, 32, 48, 64 (16 each), 80, 112 (32 each), 144, 192 (48 each), then 240 > 200 ends
+    the ramp-up after 9 steps; the 260 samples left of 500 are 4 whole batches of 64."""
+    schedule = _schedule((64, 2, 4, False, 16, 16, 200))
+    assert schedule.train_iters(500) == 13
+    assert schedule.first_sample(13) == 240 + 4 * 64
+    # --train-samples inside the ramp-up: steps start while consumed <= --train-samples (the
+    # last one, at 48, ends past 50: Megatron-LM's count).
+    assert schedule.train_iters(50) == 4
+    assert schedule.first_sample(4) == 64
+
+
+def test_without_rampup_every_batch_is_the_global_batch():
+    schedule = GlobalBatchSchedule(8, 2)
+    assert [schedule.indices(i) for i in range(3)] == [range(0, 8), range(8, 16), range(16, 24)]
+    assert schedule.train_iters(43) == 5 and schedule.iterations_within(43) == 5
+
+
+def _run(*extra):
+    return run_config(parse_args(TINY_GPT_ARGS + list(extra), world_size=1))
+
+
+def test_flags_resolve_the_run():
+    """The same run through the flags: --train-iters from the ramp-up's count, the datasets
+    sized to what the loop reads, the ramp-up in the typed config."""
+    run = _run("--train-samples", "500", "--global-batch-size", "64", "--rampup-batch-size",
+               "16", "16", "200")
+    assert run.training.train_iters == 13
+    assert run.training.rampup_batch_size == (16, 16, 200)
+    assert run.data.train_samples == 500
+    assert GlobalBatchSchedule.of(run.training) == _schedule((64, 2, 1, False, 16, 16, 200))
+    # the last ramp-up step ends past --train-samples: the datasets hold what it reads
+    short = _run("--train-samples", "50", "--global-batch-size", "64", "--rampup-batch-size",
+                 "16", "16", "200")
+    assert (short.training.train_iters, short.data.train_samples) == (4, 64)
