@@ -7,6 +7,7 @@ import time
 from typing import NamedTuple
 
 from megatron.varlen_training import checkpointing, evaluation, log, loop_steps, training
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_split_datasets
@@ -37,19 +38,22 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
     workers = run.data.num_workers if run.data.indexed else 0
     eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
     agree = reads_can_fail(run.data)  # the same flags on every rank: all agree, or none
+    # --rampup-batch-size grows the training batches; evaluation reads whole global batches.
+    train_schedule = GlobalBatchSchedule.of(run.training)
     if run.packing.sequence_packing:
         # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
             resets, eod, trainer.tokenizer.pad)
-        make = lambda ds, n: PackedBatchProvider(  # noqa: E731
-            ds, gbs, trainer.packer(), n, split, agree)
+        make = lambda ds, n, schedule: PackedBatchProvider(  # noqa: E731
+            ds, gbs, trainer.packer(), n, split, agree, schedule)
     else:
-        make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
+        make = lambda ds, n, schedule: UnpackedBatchProvider(  # noqa: E731
             ds, gbs, run.training.micro_batch_size, run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
-            agree)
-    return DataProviders(*(make(ds, workers if ds is train_ds else 0) if ds is not None else None
-                           for ds in (train_ds, valid_ds, test_ds)))
+            agree, schedule)
+    return DataProviders(*(
+        (make(ds, workers, train_schedule) if ds is train_ds else make(ds, 0, None))
+        if ds is not None else None for ds in (train_ds, valid_ds, test_ds)))
 
 
 def _save_at_end(trainer: Trainer) -> str | None:
@@ -85,7 +89,8 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
         start = time.perf_counter()
         with trainer.step_timers.timed(BATCH_GENERATOR, LEVEL_2):
             batches = train_provider.step_batches(trainer.state.iteration)
-        report = trainer.step(batches, started_at=start)
+        report = trainer.step(batches, started_at=start,
+                              num_samples=train_provider.schedule.size(trainer.state.iteration))
         trainer.write_metrics(trainer.record(report))
         history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
                         "validation_loss": evaluation.evaluate_in_loop(trainer, valid_provider),
