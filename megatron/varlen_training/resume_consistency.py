@@ -212,7 +212,7 @@ def _recorded_values(run: RunConfig) -> dict:
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
         **{key: getattr(run.optimizer, key) for key in DECOUPLED_LR_FLAGS},
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
-        **{key: getattr(run.training, key) for key in _RAMPUP_KEYS},
+        **{key: _normalise(getattr(run.training, key)) for key in _RAMPUP_KEYS},
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
         split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
         sft_split_rule=_sft_split_rule(data),

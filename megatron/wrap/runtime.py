@@ -147,7 +147,7 @@ def refuse_document_keys(flat: dict) -> None:
 def refuse_batch_rampup_keys(flat: dict) -> None:
     """A config key of :data:`BATCH_RAMPUP_KEYS` set: a one-line ConfigError."""
     for key in BATCH_RAMPUP_KEYS:
-        if flat.get(key) not in (None, False):
+        if flat.get(key) is not None and flat.get(key) is not False:  # 0 is a value too
             raise ConfigError(
                 f"config key {key!r} ({flat[key]!r}) sizes pretrain_gpt.py's global batches and "
                 f"has no effect in megatron.wrap, whose batches are yours: remove it, and hand "

@@ -5,6 +5,7 @@ hand count, and what the flags resolve to. The training runs are in
 test_batch_rampup_training.py."""
 
 import itertools
+import json
 
 import pytest
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
@@ -12,7 +13,9 @@ from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBat
 from megatron.varlen_training.arguments import parse_args
 from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, Rampup
 from megatron.varlen_training.config.from_flags import run_config
-from tests.harness.training_runs import TINY_GPT_ARGS
+from megatron.varlen_training.errors import CheckpointError
+from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
+from tests.harness.training_runs import TINY_GPT_ARGS, tiny_packed_config
 
 # (global batch, micro batch, DP, decrease if needed, START, INCREMENT, SAMPLES)
 SETTINGS = [
@@ -94,3 +97,40 @@ def test_flags_resolve_the_run():
     short = _run("--train-samples", "50", "--global-batch-size", "64", "--rampup-batch-size",
                  "16", "16", "200")
     assert (short.training.train_iters, short.data.train_samples) == (4, 64)
+
+
+RAMPED = ("--train-samples", "500", "--global-batch-size", "64", "--rampup-batch-size", "16",
+          "16", "200")
+
+
+def test_resume_must_keep_the_rampup(tmp_path):
+    """The ramp-up decides which samples each iteration reads: a checkpoint records it (and
+    the position its iteration reached), and a resume with another ramp-up, or none, is refused
+    in one line."""
+    run = _run(*RAMPED)
+    save_run_args(str(tmp_path), run, iteration=9)
+    assert json.loads((tmp_path / "run_args.json").read_text())["consumed_train_samples"] == 240
+    assert check_run_args(str(tmp_path), run) is None
+    for other, shown in [(RAMPED[:-1] + ("100",), "[16, 16, 100]"), (RAMPED[:4], "None")]:
+        with pytest.raises(CheckpointError) as err:
+            check_run_args(str(tmp_path), _run(*other))
+        assert str(err.value).startswith(
+            f"--load: the checkpoint was trained with --rampup-batch-size [16, 16, 200], this "
+            f"run has {shown}: that would change the data order"), str(err.value)
+
+
+@pytest.mark.parametrize("key, value", [("rampup_batch_size", [2, 2, 8]),
+                                        ("rampup_batch_size", 0),
+                                        ("decrease_batch_size_if_needed", True)])
+def test_facade_refuses_the_rampup_in_one_line(key, value):
+    """MegatronWrap's caller hands each step its batch: there is no batch for it to grow."""
+    from megatron.wrap import runtime
+    from megatron.wrap.config import ConfigError, build_config
+
+    config = tiny_packed_config(global_batch_size=4, train_iters=3)
+    config["training"][key] = value
+    with pytest.raises(ConfigError) as err:
+        runtime.run_config_of(build_config(config), world_size=1)
+    assert str(err.value).startswith(f"config key {key!r} ({value!r}) sizes pretrain_gpt.py's "
+                                     f"global batches and has no effect in megatron.wrap")
+    assert "\n" not in str(err.value)
