@@ -10,7 +10,7 @@ import json
 import pytest
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 
-from megatron.varlen_training.arguments import parse_args
+from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
 from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, Rampup
 from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.errors import CheckpointError
@@ -134,3 +134,29 @@ def test_facade_refuses_the_rampup_in_one_line(key, value):
     assert str(err.value).startswith(f"config key {key!r} ({value!r}) sizes pretrain_gpt.py's "
                                      f"global batches and has no effect in megatron.wrap")
     assert "\n" not in str(err.value)
+
+
+GPT3_RAMPUP = ["--micro-batch-size", "1", "--global-batch-size", "1536",
+               "--rampup-batch-size", "16", "16", "5859375"]  # Megatron-LM core_v0.16.1's
+
+
+def test_gpt3_175b_recipe_rampup():
+    """examples/gpt3/train_gpt3_175b_distributed.sh (core_v0.16.1) pairs its ramp-up with
+    --train-iters 500000, which Megatron-LM's own validation refuses: so is it here, in one
+    line naming the fix; with --train-samples the ramp-up runs, counted as Megatron-LM counts
+    it (megatron-core's calculator walks the reference)."""
+    with pytest.raises(ArgumentValidationError) as err:
+        _run(*GPT3_RAMPUP, "--train-iters", "500000")
+    assert str(err.value).startswith("--rampup-batch-size 16 16 5859375 needs sample-based "
+                                     "training: give --train-samples instead of --train-iters "
+                                     "500000"), str(err.value)
+    train_samples = 10_000_000
+    run = _run(*GPT3_RAMPUP, "--train-samples", str(train_samples))
+    calculator = RampupBatchsizeNumMicroBatchesCalculator(1536, 1, 1, False, 0, 16, 16,
+                                                          5_859_375)
+    iterations = consumed = 0
+    while consumed <= 5_859_375:  # the ramp-up's steps (all within --train-samples)
+        calculator.update(consumed, consistency_check=True)
+        consumed += calculator.get_current_global_batch_size()
+        iterations += 1
+    assert run.training.train_iters == iterations + (train_samples - consumed) // 1536
