@@ -17,6 +17,8 @@ size, Megatron-LM's training loop walks it), as :class:`GlobalBatchSchedule` com
 - ``--train-samples`` gives the iterations as Megatron-LM's ``update_train_iters`` counts them:
   ramp-up steps while ``c <= SAMPLES`` and ``c <= --train-samples`` (with the sizes before any
   rounding down), then whole ``--global-batch-size`` batches of the samples left.
+- With ``--save``, a checkpoint is saved before the first step of a larger batch (Megatron-LM
+  does; pretrain.py).
 
 Pure Python (the flag layer uses it); tests check it against megatron-core's calculator.
 """

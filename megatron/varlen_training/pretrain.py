@@ -73,6 +73,14 @@ def _exit_early(trainer: Trainer, reason: str) -> None:
                      f"{trainer.run.training.train_iters}: {reason}; {saved}")
 
 
+def _save_when_batch_grows(trainer: Trainer) -> None:
+    """--rampup-batch-size: Megatron-LM saves (with --save) before the first step of a larger
+    batch; not twice at one iteration (the periodic save may just have written it)."""
+    checkpoint = trainer.run.checkpoint
+    if checkpoint.save and not loop_steps.periodic_save_due(checkpoint, trainer.state.iteration):
+        trainer.save()
+
+
 def train(trainer: Trainer, train_provider, valid_provider, exits: ExitConditions,
           test_provider=None) -> list[dict]:
     """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
@@ -84,13 +92,16 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
     None at iterations without evaluation.
     """
-    history, train_iters, stop = [], trainer.run.training.train_iters, None
+    history, train_iters, stop, last_size = [], trainer.run.training.train_iters, None, None
     while trainer.state.iteration < train_iters and stop is None:
         start = time.perf_counter()
+        size = train_provider.schedule.size(trainer.state.iteration)
+        if last_size is not None and size != last_size:
+            _save_when_batch_grows(trainer)
+        last_size = size
         with trainer.step_timers.timed(BATCH_GENERATOR, LEVEL_2):
             batches = train_provider.step_batches(trainer.state.iteration)
-        report = trainer.step(batches, started_at=start,
-                              num_samples=train_provider.schedule.size(trainer.state.iteration))
+        report = trainer.step(batches, started_at=start, num_samples=size)
         trainer.write_metrics(trainer.record(report))
         history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
                         "validation_loss": evaluation.evaluate_in_loop(trainer, valid_provider),

@@ -12,6 +12,7 @@ decides them in the reference).
 """
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -89,10 +90,12 @@ def _all_runs(root: str) -> dict:
         return _records(pathlib.Path(path))
 
     ckpt = f"{root}/ckpt"
-    return {"reference": _reference(),
-            "unpacked": run("unpacked", "--save", ckpt, "--save-interval", str(RESUME_AT)),
-            "packed": run("packed", "--sequence-packing"),
-            "resumed": run("resumed", "--load", ckpt, "--ckpt-step", str(RESUME_AT))}
+    runs = {"reference": _reference(),
+            "unpacked": run("unpacked", "--save", ckpt, "--save-interval", str(RESUME_AT))}
+    runs["saved"] = sorted(os.listdir(ckpt))
+    runs.update(packed=run("packed", "--sequence-packing"),
+                resumed=run("resumed", "--load", ckpt, "--ckpt-step", str(RESUME_AT)))
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +134,10 @@ def test_resumed_mid_ramp_equals_the_uninterrupted_run(runs):
     assert not isinstance(runs["resumed"], str), runs["resumed"]
     assert runs["resumed"][0]["iteration"] == RESUME_AT + 1
     assert runs["resumed"] == runs["unpacked"][RESUME_AT:]  # bit for bit, same layout
+
+
+def test_a_checkpoint_is_saved_when_the_batch_grows(runs):
+    """Megatron-LM saves before the first step of a larger batch: at iterations 2 (2 -> 4) and
+    3 (4 -> 6, also --save-interval 3's), then 6 (--save-interval)."""
+    assert runs["saved"] == ["iter_0000002", "iter_0000003", "iter_0000006",
+                             "latest_checkpointed_iteration.txt"]
