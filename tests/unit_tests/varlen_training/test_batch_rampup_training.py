@@ -2,8 +2,9 @@
 runs): each step's ``global batch size``, consumed samples and learning rate, and its loss,
 equal a plain unpacked reference that trains the same samples in the same order with
 megatron-core's calculator's batch sizes, one fixed-size global batch per step (no ramp-up
-code); the packed run equals it too; a run stopped and resumed in the middle of the ramp-up
-equals the uninterrupted one.
+code); the packed run equals it too, on one rank and on two data-parallel ranks (one small
+gloo run); a run resumed in the middle of the ramp-up equals the uninterrupted one; a
+checkpoint is saved whenever the batch grows.
 
 Mock SFT samples of varied lengths, so packing makes other micro-batches than the unpacked
 path (every run counts the loss per token, as packing does). Ramp-up 2 2 8 to
@@ -141,3 +142,14 @@ def test_a_checkpoint_is_saved_when_the_batch_grows(runs):
     3 (4 -> 6, also --save-interval 3's), then 6 (--save-interval)."""
     assert runs["saved"] == ["iter_0000002", "iter_0000003", "iter_0000006",
                              "latest_checkpointed_iteration.txt"]
+
+
+def _packed_on_two_ranks(path: str) -> None:
+    train_on_this_rank(BASE + RAMPUP + ["--sequence-packing", "--log-metrics-jsonl", path])
+
+
+def test_packed_rampup_on_two_data_parallel_ranks_equals_the_reference(runs, tmp_path):
+    """DP 2: each step's smaller batch is split between the replicas and packed per step."""
+    path = tmp_path / "dp2.jsonl"
+    run_distributed(_packed_on_two_ranks, 2, args=(str(path),), timeout_s=300)
+    _assert_close(_records(path), runs["reference"])
