@@ -141,3 +141,42 @@ class GlobalBatchSchedule:
         only; for the divisibility check)."""
         ramp_iters = min(len(self._ramp_starts) - 1, train_iters)
         return sorted({self.nominal_size(self._ramp_starts[i]) for i in range(ramp_iters)})
+
+
+class RampupMessages:
+    """Megatron-LM's lines about the ramp-up (megatron-core's calculator logs them on rank 0):
+    the plan and the initial size at start, then a line whenever the size changes, and with
+    ``--decrease-batch-size-if-needed`` the size a changed one was rounded down to."""
+
+    def __init__(self, schedule: GlobalBatchSchedule, micro_batch_size: int):
+        self._schedule, self._micro_batch_size = schedule, micro_batch_size
+        self._size: int | None = None
+
+    def at(self, consumed: int) -> list[str]:
+        """The lines due before the step after ``consumed`` samples (none without ramp-up)."""
+        schedule, ramp = self._schedule, self._schedule.rampup
+        if ramp is None:
+            return []
+        lines = []
+        if self._size is None:
+            # "batchsize": megatron-core's line as it prints it (its f-strings join there)
+            lines.append(f"will use batch size rampup starting from global batch size "
+                         f"{ramp.start} to global batch size {schedule.global_batch_size} with "
+                         f"batchsize increments {ramp.increment} over {ramp.samples} samples.")
+            self._size = schedule.nominal_size(0)
+            lines += [f"setting initial batch size to {self._size}", *self._decreased(0)]
+        size = schedule.nominal_size(consumed)
+        if size != self._size:
+            lines += [f"ramping up batch size from {self._size} to {size}",
+                      *self._decreased(consumed)]
+            self._size = size
+        return lines
+
+    def _decreased(self, consumed: int) -> list[str]:
+        size, running = (self._schedule.nominal_size(consumed),
+                         self._schedule.running_size(consumed))
+        if size == running:
+            return []
+        dp = self._schedule.micro_batch_times_dp // self._micro_batch_size
+        return [f"decreasing batch size from {size} to {running} to keep divisiblity by "
+                f"micro_batch_size={self._micro_batch_size} * data_parallel_size={dp}"]

@@ -7,7 +7,7 @@ import time
 from typing import NamedTuple
 
 from megatron.varlen_training import checkpointing, evaluation, log, loop_steps, training
-from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, RampupMessages
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_split_datasets
@@ -73,12 +73,19 @@ def _exit_early(trainer: Trainer, reason: str) -> None:
                      f"{trainer.run.training.train_iters}: {reason}; {saved}")
 
 
-def _save_when_batch_grows(trainer: Trainer) -> None:
-    """--rampup-batch-size: Megatron-LM saves (with --save) before the first step of a larger
-    batch; not twice at one iteration (the periodic save may just have written it)."""
+def _next_batch_size(trainer: Trainer, schedule: GlobalBatchSchedule,
+                     messages: RampupMessages, last_size: int | None) -> int:
+    """The samples of the next step. With --rampup-batch-size, Megatron-LM's lines about the
+    size first, and (with --save) its checkpoint before the first step of a larger batch (not
+    twice at one iteration: the periodic save may just have written it)."""
+    for line in messages.at(trainer.state.consumed_train_samples):
+        log.print_rank_0(line)
+    size = schedule.size(trainer.state.iteration)
     checkpoint = trainer.run.checkpoint
-    if checkpoint.save and not loop_steps.periodic_save_due(checkpoint, trainer.state.iteration):
+    if last_size is not None and size != last_size and checkpoint.save \
+            and not loop_steps.periodic_save_due(checkpoint, trainer.state.iteration):
         trainer.save()
+    return size
 
 
 def train(trainer: Trainer, train_provider, valid_provider, exits: ExitConditions,
@@ -93,11 +100,11 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
     None at iterations without evaluation.
     """
     history, train_iters, stop, last_size = [], trainer.run.training.train_iters, None, None
+    rampup_messages = RampupMessages(train_provider.schedule,
+                                     trainer.run.training.micro_batch_size)
     while trainer.state.iteration < train_iters and stop is None:
         start = time.perf_counter()
-        size = train_provider.schedule.size(trainer.state.iteration)
-        if last_size is not None and size != last_size:
-            _save_when_batch_grows(trainer)
+        size = _next_batch_size(trainer, train_provider.schedule, rampup_messages, last_size)
         last_size = size
         with trainer.step_timers.timed(BATCH_GENERATOR, LEVEL_2):
             batches = train_provider.step_batches(trainer.state.iteration)

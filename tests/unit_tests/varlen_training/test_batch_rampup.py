@@ -6,12 +6,14 @@ test_batch_rampup_training.py."""
 
 import itertools
 import json
+import logging
 
 import pytest
+from megatron.core import num_microbatches_calculator as core_calculator
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
-from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, Rampup
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, Rampup, RampupMessages
 from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
@@ -160,3 +162,24 @@ def test_gpt3_175b_recipe_rampup():
         consumed += calculator.get_current_global_batch_size()
         iterations += 1
     assert run.training.train_iters == iterations + (train_samples - consumed) // 1536
+
+
+
+@pytest.mark.parametrize("settings", SETTINGS[:3], ids=lambda s: "-".join(map(str, s)))
+def test_console_lines_are_megatron_cores(settings, caplog):
+    """The lines the loop prints before each step equal what megatron-core's calculator logs
+    (rank 0, verbose) when Megatron-LM's loop updates it with the consumed samples."""
+    gbs, mbs, dp, decrease, *ramp = settings
+    schedule, messages = _schedule(settings), RampupMessages(_schedule(settings), mbs)
+    starts = [schedule.first_sample(i) for i in range(schedule.iterations_within(ramp[2]) + 3)]
+    caplog.set_level(logging.INFO, logger=core_calculator.__name__)
+    try:
+        core_calculator.init_num_microbatches_calculator(0, ramp, gbs, mbs, dp, decrease)
+        for consumed in starts:
+            core_calculator.update_num_microbatches(consumed, consistency_check=True,
+                                                    verbose=True)
+    finally:
+        core_calculator.destroy_num_microbatches_calculator()
+    want = [r.getMessage() for r in caplog.records if r.name == core_calculator.__name__]
+    assert len(want) > 3
+    assert [line for consumed in starts for line in messages.at(consumed)] == want

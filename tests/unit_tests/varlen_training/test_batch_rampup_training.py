@@ -1,8 +1,8 @@
 """--rampup-batch-size through pretrain_gpt.py's loop, on one gloo rank (one process for all
 runs): each step's ``global batch size``, consumed samples and learning rate, and its loss,
 equal a plain unpacked reference that trains the same samples in the same order with
-megatron-core's calculator's batch sizes, one fixed-size global batch per step (no ramp-up
-code); the packed run equals it too, on one rank and on two data-parallel ranks (one small
+megatron-core's calculator's batch sizes, one fixed-size global batch per step (the dataset
+cut to the step's samples, no ramp-up); the packed run equals it too, on one rank and on two data-parallel ranks (one small
 gloo run); a run resumed in the middle of the ramp-up equals the uninterrupted one; a
 checkpoint is saved whenever the batch grows.
 
@@ -12,6 +12,8 @@ path (every run counts the loss per token, as packing does). Ramp-up 2 2 8 to
 decides them in the reference).
 """
 
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -84,14 +86,19 @@ def _all_runs(root: str) -> dict:
     fails gives its error (text), so the other runs are still compared."""
     def run(name: str, *extra: str) -> list[dict] | str:
         path = f"{root}/{name}.jsonl"
+        console = io.StringIO()
         try:
-            train_on_this_rank(BASE + RAMPUP + list(extra) + ["--log-metrics-jsonl", path])
+            with contextlib.redirect_stdout(console):
+                train_on_this_rank(BASE + RAMPUP + list(extra) + ["--log-metrics-jsonl", path])
         except Exception as err:  # noqa: BLE001 -- reported by the test that reads the run
             return f"{type(err).__name__}: {err}"
+        lines[name] = [line.split(" INFO ", 1)[1].strip() for line in
+                       console.getvalue().splitlines() if "batch size" in line
+                       and "iteration" not in line]
         return _records(pathlib.Path(path))
 
-    ckpt = f"{root}/ckpt"
-    runs = {"reference": _reference(),
+    ckpt, lines = f"{root}/ckpt", {}
+    runs = {"lines": lines, "reference": _reference(),
             "unpacked": run("unpacked", "--save", ckpt, "--save-interval", str(RESUME_AT))}
     runs["saved"] = sorted(os.listdir(ckpt))
     runs.update(packed=run("packed", "--sequence-packing"),
@@ -153,3 +160,17 @@ def test_packed_rampup_on_two_data_parallel_ranks_equals_the_reference(runs, tmp
     path = tmp_path / "dp2.jsonl"
     run_distributed(_packed_on_two_ranks, 2, args=(str(path),), timeout_s=300)
     _assert_close(_records(path), runs["reference"])
+
+
+PLAN = ("will use batch size rampup starting from global batch size 2 to global batch size 6 "
+        "with batchsize increments 2 over 8 samples.")
+
+
+def test_the_console_says_how_the_batch_ramps_up(runs):
+    """Megatron-LM's lines (megatron-core's calculator's, verbose): the plan and the initial
+    size at start, one line per change; a resumed run jumps to its size at the checkpoint."""
+    assert runs["lines"]["unpacked"] == [
+        PLAN, "setting initial batch size to 2", "ramping up batch size from 2 to 4",
+        "ramping up batch size from 4 to 6"]
+    assert runs["lines"]["resumed"] == [
+        PLAN, "setting initial batch size to 2", "ramping up batch size from 2 to 6"]
