@@ -30,6 +30,11 @@ import functools
 from dataclasses import dataclass
 
 
+# The ramp-up is walked step by step (Megatron-LM's loop counts it so): ten million steps take
+# seconds at start-up; more is refused rather than a start-up that seems to hang.
+MAX_RAMPUP_STEPS = 10**7
+
+
 @dataclass(frozen=True)
 class Rampup:
     """``--rampup-batch-size START INCREMENT SAMPLES`` (validated: START < the global batch

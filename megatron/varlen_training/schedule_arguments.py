@@ -42,7 +42,7 @@ refused in one line.
 
 from __future__ import annotations
 
-from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, Rampup
+from megatron.varlen_training.batch_rampup import MAX_RAMPUP_STEPS, GlobalBatchSchedule, Rampup
 
 WSD = "WSD"
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
@@ -261,6 +261,11 @@ def _validate_rampup(args, require) -> None:
     require(not args.decrease_batch_size_if_needed or start >= _micro_times_dp(args),
             f"{text}: START {start} rounds down to no samples with "
             f"--decrease-batch-size-if-needed (it must be at least {_multiple(args)})")
+    smallest = start // _micro_times_dp(args) * _micro_times_dp(args) \
+        if args.decrease_batch_size_if_needed else start
+    require(args.rampup_batch_size[2] // smallest <= MAX_RAMPUP_STEPS,
+            f"{text}: up to {args.rampup_batch_size[2] // smallest} ramp-up steps of at least "
+            f"{smallest} samples, more than {MAX_RAMPUP_STEPS} (raise START or lower SAMPLES)")
 
 
 def _micro_times_dp(args) -> int:

@@ -139,6 +139,9 @@ def test_warmup_samples_follow_the_hand_computed_curve():
      "--decrease-batch-size-if-needed needs --rampup-batch-size"),
     (["--train-samples", "64", "--rampup-batch-size", "2", "0", "16"],
      "--rampup-batch-size must be >= 1"),
+    (["--train-samples", "64", "--rampup-batch-size", "2", "2", "20000002"],
+     "--rampup-batch-size 2 2 20000002: up to 10000001 ramp-up steps of at least 2 samples, "
+     "more than 10000000"),
     (["--train-iters", "8", "--weight-decay-incr-style", "cosine", "--start-weight-decay",
       "0.2", "--end-weight-decay", "0.1"], "--start-weight-decay 0.2 exceeds --end-weight-decay"),
 ])
