@@ -1,8 +1,11 @@
 """--rampup-batch-size's batch of every iteration (batch_rampup.py) against megatron-core's own
 ``RampupBatchsizeNumMicroBatchesCalculator`` driven as Megatron-LM's loop drives it (the batch
-size from the samples consumed so far), the iteration count of a --train-samples run against a
-hand count, and what the flags resolve to. The training runs are in
-test_batch_rampup_training.py."""
+size from the samples consumed so far), and its log lines against the calculator's; the
+iteration count of a --train-samples run against a hand count; what the flags resolve to
+(Megatron-LM's GPT-3 175B recipe included); the checkpoint's record of the ramp-up; the
+facade's refusal. The training runs are in test_batch_rampup_training.py; the one-line flag
+errors in test_schedule_arguments.py.
+"""
 
 import itertools
 import json
