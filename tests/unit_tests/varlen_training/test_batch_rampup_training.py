@@ -2,8 +2,8 @@
 runs): each step's ``global batch size``, consumed samples and learning rate, and its loss,
 equal a plain unpacked reference that trains the same samples in the same order with
 megatron-core's calculator's batch sizes, one fixed-size global batch per step (the dataset
-cut to the step's samples, no ramp-up); the packed run equals it too, on one rank and on two
-data-parallel ranks (one small gloo run); a run resumed in the middle of the ramp-up equals
+cut to the step's samples, no ramp-up); the packed run equals it too, on one rank and with
+dynamic context parallelism on two ranks (one small gloo run); a run resumed in the middle of the ramp-up equals
 the uninterrupted one; a checkpoint is saved whenever the batch grows; the console says how
 the batch ramps up.
 
@@ -152,14 +152,20 @@ def test_a_checkpoint_is_saved_when_the_batch_grows(runs):
                              "latest_checkpointed_iteration.txt"]
 
 
-def _packed_on_two_ranks(path: str) -> None:
-    train_on_this_rank(BASE + RAMPUP + ["--sequence-packing", "--log-metrics-jsonl", path])
+# Two ranks of dynamic context parallelism: a sample of up to 32 tokens trains on one rank, a
+# longer one is split over both (CP 2).
+DYNAMIC_CP = ["--sequence-packing", "--dynamic-context-parallel", "--context-parallel-size", "2",
+              "--max-seqlen-per-dp-cp-rank", str(SEQ // 2)]
 
 
-def test_packed_rampup_on_two_data_parallel_ranks_equals_the_reference(runs, tmp_path):
-    """DP 2: each step's smaller batch is split between the replicas and packed per step."""
-    path = tmp_path / "dp2.jsonl"
-    run_distributed(_packed_on_two_ranks, 2, args=(str(path),), timeout_s=300)
+def _dynamic_cp_on_two_ranks(path: str) -> None:
+    train_on_this_rank(BASE + RAMPUP + DYNAMIC_CP + ["--log-metrics-jsonl", path])
+
+
+def test_dynamic_cp_rampup_on_two_ranks_equals_the_reference(runs, tmp_path):
+    """Each step's batch, small or not, is balanced over the DP x CP ranks of that step."""
+    path = tmp_path / "dynamic_cp.jsonl"
+    run_distributed(_dynamic_cp_on_two_ranks, 2, args=(str(path),), timeout_s=300)
     _assert_close(_records(path), runs["reference"])
 
 
