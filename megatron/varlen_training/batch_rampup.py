@@ -123,12 +123,6 @@ class GlobalBatchSchedule:
             return bisect.bisect_right(starts, num_samples) - 1
         return len(starts) - 1 + (num_samples - starts[-1]) // self.global_batch_size
 
-    def iteration_at(self, consumed: int) -> int | None:
-        """The iteration whose batch starts after ``consumed`` samples; None if none does (a
-        position between two batches' starts)."""
-        iteration = self.iterations_within(consumed)
-        return iteration if self.first_sample(iteration) == consumed else None
-
     def train_iters(self, train_samples: int) -> int:
         """Iterations of a ``--train-samples`` run (Megatron-LM's ``update_train_iters``: it
         walks the ramp-up with the sizes before rounding down; the partial last batch is

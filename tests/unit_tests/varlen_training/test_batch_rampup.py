@@ -62,8 +62,8 @@ def test_batch_sizes_equal_megatron_core_calculator(settings):
     assert [schedule.first_sample(i) for i in range(num_steps + 1)] == starts
     assert [schedule.indices(i) for i in range(num_steps)] == [
         range(starts[i], starts[i + 1]) for i in range(num_steps)]
-    assert [schedule.iteration_at(s) for s in starts] == list(range(num_steps + 1))
-    assert schedule.iteration_at(starts[1] + 1) is None  # inside batch 1 (>= 2 samples each)
+    assert [schedule.iterations_within(s) for s in starts] == list(range(num_steps + 1))
+    assert schedule.iterations_within(starts[2] - 1) == 1  # batch 2 is not whole yet
 
 
 def test_train_iters_count_the_ramp_up_as_megatron_lm():
