@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from megatron.core import parallel_state
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets import collate_padded
 from megatron.varlen_training.datasets.sample_reader import SampleReader
@@ -72,8 +73,17 @@ def _read_step(read: Callable[[], list[dict]], agree: bool) -> list[dict]:
     return read_agreed(read) if agree else read()
 
 
-def _sample_reader(dataset, global_batch_size: int, indices_of, num_workers: int):
-    return SampleReader(dataset, indices_of, len(dataset) // global_batch_size, num_workers)
+def _batch_schedule(global_batch_size: int, schedule: GlobalBatchSchedule | None
+                    ) -> GlobalBatchSchedule:
+    """``schedule`` (--rampup-batch-size), else every batch ``global_batch_size`` samples."""
+    if schedule is not None:
+        return schedule
+    return GlobalBatchSchedule(global_batch_size, micro_batch_times_dp=global_batch_size)
+
+
+def _sample_reader(dataset, schedule: GlobalBatchSchedule, indices_of, num_workers: int):
+    return SampleReader(dataset, indices_of, schedule.iterations_within(len(dataset)),
+                        num_workers)
 
 
 def _with_padding_mask(samples: list[dict]) -> dict:
@@ -95,25 +105,27 @@ class UnpackedBatchProvider:
     replica's samples for FLOPs (default: the samples' real lengths; per document when the
     documents of a sample do not attend to each other); ``agree_on_reads``: whether every
     rank agrees on each step's reads (``read_agreement.reads_can_fail`` of the data; the same
-    on every rank).
+    on every rank); ``schedule``: each iteration's global batch (--rampup-batch-size; default
+    ``global_batch_size`` samples each).
     """
 
     def __init__(self, dataset, global_batch_size: int, micro_batch_size: int, seq_length: int,
                  num_workers: int = 0, transform: SampleTransform | None = None,
                  length_sums: Callable[[list[dict]], tuple[int, int]] | None = None,
-                 agree_on_reads: bool = True):
+                 agree_on_reads: bool = True, schedule: GlobalBatchSchedule | None = None):
         self.dataset = dataset
         self.agree_on_reads = agree_on_reads
         self.global_batch_size = global_batch_size
+        self.schedule = _batch_schedule(global_batch_size, schedule)
         self.micro_batch_size = micro_batch_size
         self.seq_length = seq_length
-        self.reader = _sample_reader(dataset, global_batch_size, self._my_indices, num_workers)
+        self.reader = _sample_reader(dataset, self.schedule, self._my_indices, num_workers)
         self.transform = transform
         self.length_sums = length_sums or _real_length_sums
 
     def _my_microbatches(self, iteration: int) -> list[list[int]]:
         return dp_microbatch_indices(
-            global_batch_indices(iteration, self.global_batch_size), self.micro_batch_size,
+            self.schedule.indices(iteration), self.micro_batch_size,
             parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank())
 
     def _my_indices(self, iteration: int) -> list[int]:
@@ -128,7 +140,7 @@ class UnpackedBatchProvider:
         return samples if self.transform is None else [self.transform(s) for s in samples]
 
     def step_batches(self, iteration: int) -> StepBatches:
-        indices = global_batch_indices(iteration, self.global_batch_size)
+        indices = self.schedule.indices(iteration)
         # A sample that fails to read on one rank stops every rank (read_agreement.py).
         read = iter(_read_step(functools.partial(self._read, iteration), self.agree_on_reads))
         samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
@@ -228,29 +240,33 @@ class PackedBatchProvider:
 
     ``split``: turns every sample read into the sequences that are packed (pretraining data
     with --reset-attention-mask: its document pieces, ``datasets/documents.py``); None packs
-    each sample whole. ``agree_on_reads``: as :class:`UnpackedBatchProvider`'s.
-    ``whole_split``: the dataset is read to its end, its last global batch partial
-    (--full-validation; :meth:`num_batches`); else every batch is whole.
+    each sample whole. ``agree_on_reads``, ``schedule``: as :class:`UnpackedBatchProvider`'s (a
+    smaller global batch simply packs fewer samples). ``whole_split``: the dataset is read to
+    its end, its last global batch partial (--full-validation; :meth:`num_batches`); else every
+    batch is whole.
     """
 
     def __init__(self, dataset, global_batch_size: int, packer: GlobalBatchPacker,
                  num_workers: int = 0, split: Callable[[dict], list[dict]] | None = None,
-                 agree_on_reads: bool = True, whole_split: bool = False):
+                 agree_on_reads: bool = True, schedule: GlobalBatchSchedule | None = None,
+                 whole_split: bool = False):
         self.dataset = dataset
         self.whole_split = whole_split
         self.agree_on_reads = agree_on_reads
         self.global_batch_size = global_batch_size
+        self.schedule = _batch_schedule(global_batch_size, schedule)
         self.packer = packer
         self.split = split
-        self.reader = _sample_reader(dataset, global_batch_size, self._my_indices, num_workers)
+        self.reader = _sample_reader(dataset, self.schedule, self._my_indices, num_workers)
 
     def num_batches(self) -> int:
         """Global batches of one pass over the dataset, the last one partial."""
         return -(-len(self.dataset) // self.global_batch_size)
 
     def _my_indices(self, iteration: int) -> Sequence[int]:
-        last = len(self.dataset) if self.whole_split else None
-        return replica_block(global_batch_indices(iteration, self.global_batch_size, last),
+        indices = (global_batch_indices(iteration, self.global_batch_size, len(self.dataset))
+                   if self.whole_split else self.schedule.indices(iteration))
+        return replica_block(indices,
                              parallel_state.get_data_parallel_world_size(),
                              parallel_state.get_data_parallel_rank())
 

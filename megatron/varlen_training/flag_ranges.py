@@ -121,6 +121,9 @@ FLAG_RANGES: dict[str, FlagRange] = {
     "lr_warmup_iters": NON_NEGATIVE_COUNT,
     # sample-based schedule (schedule_arguments.py)
     "train_samples": COUNT,
+    # --rampup-batch-size START INCREMENT SAMPLES: megatron-core divides by INCREMENT and by
+    # SAMPLES / the number of increments, and a batch of 0 samples trains nothing.
+    "rampup_batch_size": COUNT,
     "lr_decay_samples": COUNT,
     "lr_warmup_samples": NON_NEGATIVE_COUNT,
     # megatron-core's scheduler requires the warm-up to end before the decay does.

@@ -7,6 +7,7 @@ import time
 from typing import NamedTuple
 
 from megatron.varlen_training import checkpointing, evaluation, log, loop_steps, training
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, RampupMessages
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
 from megatron.varlen_training.datasets.builder import build_split_datasets
@@ -38,6 +39,8 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
     workers = run.data.num_workers if run.data.indexed else 0
     eod, resets = trainer.tokenizer.eod, documents.document_resets(run.data)
     agree = reads_can_fail(run.data)  # the same flags on every rank: all agree, or none
+    # --rampup-batch-size grows the training batches; evaluation reads whole global batches.
+    train_schedule = GlobalBatchSchedule.of(run.training)
     if run.packing.sequence_packing:
         # --reset-attention-mask: a pretraining sample's documents are packed one by one.
         split = None if run.data.sft else documents.packed_document_split(
@@ -47,13 +50,14 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
         # splits not); --multiple-validation-sets builds one per set
         make = lambda ds, n: PackedBatchProvider(  # noqa: E731
             ds, gbs if ds is train_ds else eval_gbs, trainer.packer(), n, split, agree,
+            schedule=train_schedule if ds is train_ds else None,
             whole_split=whole and ds is not train_ds and ds is not test_ds)
     else:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs if ds is train_ds else eval_gbs, run.training.micro_batch_size,
             run.model.seq_length, n,
             documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
-            agree)
+            agree, train_schedule if ds is train_ds else None)
     providers = DataProviders(*(make(ds, workers if ds is train_ds else 0)
                                 if ds is not None else None
                                 for ds in (train_ds, valid_ds, test_ds)))
@@ -81,6 +85,21 @@ def _exit_early(trainer: Trainer, reason: str) -> None:
                      f"{trainer.run.training.train_iters}: {reason}; {saved}")
 
 
+def _next_batch_size(trainer: Trainer, schedule: GlobalBatchSchedule,
+                     messages: RampupMessages, last_size: int | None) -> int:
+    """The samples of the next step. With --rampup-batch-size, Megatron-LM's lines about the
+    size first, and (with --save) its checkpoint before the first step of a larger batch (not
+    twice at one iteration: the periodic save may just have written it)."""
+    for line in messages.at(trainer.state.consumed_train_samples):
+        log.print_rank_0(line)
+    size = schedule.size(trainer.state.iteration)
+    checkpoint = trainer.run.checkpoint
+    if last_size is not None and size != last_size and checkpoint.save \
+            and not loop_steps.periodic_save_due(checkpoint, trainer.state.iteration):
+        trainer.save()
+    return size
+
+
 def train(trainer: Trainer, train_provider, valid_provider, exits: ExitConditions,
           test_provider=None) -> list[dict]:
     """Runs until --train-iters, or until an exit condition (--exit-signal-handler,
@@ -92,12 +111,16 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
     None at iterations without evaluation.
     """
-    history, train_iters, stop = [], trainer.run.training.train_iters, None
+    history, train_iters, stop, last_size = [], trainer.run.training.train_iters, None, None
+    rampup_messages = RampupMessages(train_provider.schedule,
+                                     trainer.run.training.micro_batch_size)
     while trainer.state.iteration < train_iters and stop is None:
         start = time.perf_counter()
+        size = _next_batch_size(trainer, train_provider.schedule, rampup_messages, last_size)
+        last_size = size
         with trainer.step_timers.timed(BATCH_GENERATOR, LEVEL_2):
             batches = train_provider.step_batches(trainer.state.iteration)
-        report = trainer.step(batches, started_at=start)
+        report = trainer.step(batches, started_at=start, num_samples=size)
         trainer.write_metrics(trainer.record(report))
         history.append({"lm_loss": report.loss, "grad_norm": report.grad_norm,
                         "validation_loss": evaluation.evaluate_in_loop(trainer, valid_provider),

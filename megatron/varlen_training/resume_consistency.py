@@ -69,6 +69,7 @@ from __future__ import annotations
 import json
 import os
 
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
 from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, atomic_write_text
 from megatron.varlen_training.checkpoint_parts import OPTIMIZER_KEY, SAVED_PARTS_KEY, saved_parts
 from megatron.varlen_training.checkpoint_sharding import (
@@ -123,11 +124,14 @@ SFT_KEYS = {"sft_messages_key": "messages", "sft_prompt_key": "prompt",
 # this key that trained on an SFT file used it, whatever --split it recorded). None: no SFT file.
 SFT_SPLIT_RULE_KEY = "sft_split_rule"
 SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
+# --rampup-batch-size and its rounding decide which samples each iteration reads.
+_RAMPUP_KEYS = {"rampup_batch_size": None, "decrease_batch_size_if_needed": False}
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
-                   INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY)
+                   INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY,
+                   *_RAMPUP_KEYS)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
 RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **_ROPE_KEYS, **_NORM_KEYS,
-                   **_MLA_KEYS}
+                   **_MLA_KEYS, **_RAMPUP_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 # Validation samples the run's evaluations had read (Megatron-LM's ``consumed_valid_samples``):
 # the resumed run's next evaluation continues the validation stream there.
@@ -235,6 +239,7 @@ def _recorded_values(run: RunConfig) -> dict:
         use_distributed_optimizer=run.optimizer.use_distributed_optimizer,
         **{key: getattr(run.optimizer, key) for key in DECOUPLED_LR_FLAGS},
         seed=run.training.seed, global_batch_size=run.training.global_batch_size,
+        **{key: _normalise(getattr(run.training, key)) for key in _RAMPUP_KEYS},
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
         split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
         sft_split_rule=_sft_split_rule(data),
@@ -287,8 +292,9 @@ def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
                   consumed_samples: int | None = None,
                   consumed_valid_samples: int | None = None) -> str:
     """Writes ``run_args.json``; with ``iteration``, also the data position: the training
-    samples consumed so far, ``consumed_samples`` (default iteration x global batch: every
-    iteration of pretrain_gpt.py's loop reads one global batch), and the validation samples
+    samples consumed so far, ``consumed_samples`` (default: the global batches of the
+    iterations before, batch_rampup.py: every iteration of pretrain_gpt.py's loop reads one),
+    and the validation samples
     read so far, ``consumed_valid_samples`` (not recorded when None)."""
     recorded = snapshot(run)
     recorded[SAVED_PARTS_KEY] = saved_parts(run.checkpoint)  # --no-save-optim / --no-save-rng
@@ -297,7 +303,7 @@ def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
     recorded[SHARDING_TYPE_KEY] = optimizer_sharding_type(run)
     if iteration is not None:
         recorded[DATA_POSITION_KEY] = consumed_samples if consumed_samples is not None \
-            else iteration * run.training.global_batch_size
+            else GlobalBatchSchedule.of(run.training).first_sample(iteration)
         if consumed_valid_samples is not None:
             recorded[VALID_POSITION_KEY] = consumed_valid_samples
     atomic_write_text(os.path.join(folder, RUN_ARGS_FILENAME),
@@ -308,7 +314,8 @@ def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
 def consumed_samples(folder: str, iteration: int, run: RunConfig) -> int:
     """The training samples the checkpoint in ``folder`` had consumed (module docstring)."""
     saved = read_run_args(folder).get(DATA_POSITION_KEY)
-    return iteration * run.training.global_batch_size if saved is None else int(saved)
+    return GlobalBatchSchedule.of(run.training).first_sample(iteration) if saved is None \
+        else int(saved)
 
 
 def recorded_valid_samples(folder: str) -> int | None:
@@ -332,17 +339,27 @@ def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:
     if run.training.runtime_batches:  # the caller's loop brings the data: any count is a count
         return (f"resuming after {consumed_samples(folder, iteration, run)} consumed training "
                 f"samples (iteration {iteration})")
-    position = iteration * run.training.global_batch_size
+    position = GlobalBatchSchedule.of(run.training).first_sample(iteration)
     saved = read_run_args(folder).get(DATA_POSITION_KEY)
+    batches = _batches_text(run.training, iteration)
     if saved is not None and saved != position:
         raise CheckpointError(
-            f"--load: {folder} records {saved} consumed training samples but iteration "
-            f"{iteration} x --global-batch-size {run.training.global_batch_size} is {position}: "
-            f"it was trained on batches of other sizes (megatron.wrap) or its files do not "
-            f"belong together; load another checkpoint, or pass --finetune to start from its "
-            f"weights")
-    return (f"resuming the training data at sample {position} (iteration {iteration} x "
-            f"global batch {run.training.global_batch_size})")
+            f"--load: {folder} records {saved} consumed training samples but {batches} is "
+            f"{position}: it was trained on batches of other sizes (megatron.wrap) or its "
+            f"files do not belong together; load another checkpoint, or pass --finetune to "
+            f"start from its weights")
+    return (f"resuming the training data at sample {position} "
+            f"({_batches_text(run.training, iteration, note=True)})")
+
+
+def _batches_text(training, iteration: int, note: bool = False) -> str:
+    """How the samples before ``iteration`` are counted, for the messages (``note``: the
+    resume note's wording)."""
+    if training.rampup_batch_size is not None:
+        ramp = " ".join(str(value) for value in training.rampup_batch_size)
+        return f"iteration {iteration} of --rampup-batch-size {ramp}"
+    flag = "global batch" if note else "--global-batch-size"
+    return f"iteration {iteration} x {flag} {training.global_batch_size}"
 
 
 def _normalise(value):

@@ -9,6 +9,8 @@ vocabulary size. Everything after validation reads them from the frozen run conf
 
 from __future__ import annotations
 
+from megatron.varlen_training.schedule_arguments import batch_schedule
+
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
     """Megatron's rule: pad the vocabulary to a multiple of divisible_by * tp."""
@@ -31,8 +33,9 @@ def sample_counts(args) -> tuple[int, int]:
     """(train, eval) samples the datasets must provide (eval: every evaluation point, or the one
     of ``--skip-train``); train is ``--train-samples`` when given, as in Megatron-LM (a last
     partial batch is never read)."""
-    train = args.train_samples if args.train_samples is not None \
-        else args.train_iters * args.global_batch_size
+    # A ramp-up step that starts within --train-samples may end past it (Megatron-LM's count).
+    train = max(args.train_samples, batch_schedule(args).first_sample(args.train_iters)) \
+        if args.train_samples is not None else args.train_iters * args.global_batch_size
     num_evals = 1 if getattr(args, "skip_train", False) else in_loop_evaluations(
         args.train_iters, max(args.eval_interval, 1), getattr(args, "start_eval_at_iter", None)) + 1
     return train, num_evals * max(args.eval_iters, 0) * _eval_batch_size(args)

@@ -31,13 +31,18 @@ computes the curves):
   ``--start-weight-decay`` to ``--end-weight-decay`` over the run (``--train-iters`` or
   ``--train-samples``); ``constant`` (the default) keeps ``--weight-decay`` and takes neither.
 
-Megatron-LM's ``--rampup-batch-size`` (and main's ``--step-batch-size-schedule``) is refused in
-one line: every step trains one global batch
-of ``--global-batch-size`` samples (the data providers, the packing balance and the resume
-checks count in it), so a growing batch would not be the run asked for.
+Megatron-LM's ``--rampup-batch-size START INCREMENT SAMPLES`` (sample-based runs only) grows
+the global batch from START to ``--global-batch-size`` in steps of INCREMENT over the first
+SAMPLES samples, with ``--decrease-batch-size-if-needed`` rounding a size down to a multiple of
+``--micro-batch-size`` x DP (batch_rampup.py has the rules); ``--train-iters`` follows
+Megatron-LM's count of the ramp's steps. Every step's LR increment, consumed samples and logged
+``global batch size`` are its own batch's samples. Main's ``--step-batch-size-schedule`` is
+refused in one line.
 """
 
 from __future__ import annotations
+
+from megatron.varlen_training.batch_rampup import MAX_RAMPUP_STEPS, GlobalBatchSchedule, Rampup
 
 WSD = "WSD"
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
@@ -74,10 +79,15 @@ def _add_shape_args(parser) -> None:
                        help="Weight decay at the start (--weight-decay-incr-style linear/cosine).")
     group.add_argument("--end-weight-decay", type=float, default=None,
                        help="Weight decay at the end (--weight-decay-incr-style linear/cosine).")
-    group.add_argument("--rampup-batch-size", nargs=3, default=None,
+    group.add_argument("--rampup-batch-size", nargs=3, type=int, default=None,
                        metavar=("START", "INCREMENT", "SAMPLES"),
-                       help="Megatron-LM's batch-size ramp-up: not supported (refused; the "
-                            "global batch size is fixed).")
+                       help="Grow the global batch from START to --global-batch-size in "
+                            "steps of INCREMENT over the first SAMPLES samples (with "
+                            "--train-samples).")
+    group.add_argument("--decrease-batch-size-if-needed", action="store_true",
+                       help="With --rampup-batch-size: round a ramp-up batch size down to a "
+                            "multiple of --micro-batch-size x data-parallel size instead of "
+                            "refusing it.")
     group.add_argument("--step-batch-size-schedule", default=None, metavar="SCHEDULE",
                        help="Megatron-LM main's batch size by tokens seen ('0:16 2.4B:320 ...'): "
                             "not supported (refused; the global batch size is fixed).")
@@ -90,10 +100,6 @@ def _add_shape_args(parser) -> None:
 def validate_schedule(args, require) -> None:
     """Checks the schedule flags (Megatron-LM's exclusions) and resolves ``train_iters`` and
     the scheduler's lengths in samples; needs the resolved ``global_batch_size``."""
-    require(args.rampup_batch_size is None,
-            f"--rampup-batch-size {' '.join(args.rampup_batch_size or ())} is not supported: "
-            f"every step trains one global batch of --global-batch-size "
-            f"{args.global_batch_size} samples (drop the flag)")
     require(args.step_batch_size_schedule is None,
             f"--step-batch-size-schedule {args.step_batch_size_schedule!r} is not supported: "
             f"every step trains one global batch of --global-batch-size "
@@ -103,10 +109,12 @@ def validate_schedule(args, require) -> None:
     require(args.train_iters is None or args.train_samples is None,
             f"give only one of --train-iters {args.train_iters} and --train-samples "
             f"{args.train_samples} (iteration- or sample-based training)")
+    _validate_rampup(args, require)
     if args.train_samples is not None:
         _resolve_sample_based(args, require)
     else:
         _resolve_iteration_based(args, require)
+    _validate_rampup_sizes(args, require)
     _resolve_wsd(args, require)
     _resolve_weight_decay(args, require)
     require(args.lr_warmup_init <= args.lr,
@@ -191,10 +199,12 @@ def _resolve_sample_based(args, require) -> None:
         "--lr-decay-iters": args.lr_decay_iters is not None,
         "--lr-warmup-iters": args.lr_warmup_iters != 0})
     gbs = args.global_batch_size
-    require(args.train_samples >= gbs,
+    # (a ramp-up's first step starts at sample 0 whatever --train-samples is)
+    require(args.train_samples >= gbs or args.rampup_batch_size is not None,
             f"--train-samples {args.train_samples} is less than one global batch "
             f"(--global-batch-size {gbs}): no step would run (raise --train-samples)")
-    args.train_iters = args.train_samples // gbs  # Megatron-LM: the partial batch is dropped
+    # Megatron-LM: the partial last batch is dropped; the ramp-up's steps counted its way.
+    args.train_iters = batch_schedule(args).train_iters(args.train_samples)
     if args.lr_decay_samples is None:
         args.lr_decay_samples = args.train_samples
     args.lr_decay_steps = args.lr_decay_samples
@@ -214,3 +224,67 @@ def _resolve_iteration_based(args, require) -> None:
     args.wd_incr_steps = args.train_iters * gbs
     _resolve_warmup(args, require, args.lr_warmup_iters, gbs,
                     ("--lr-warmup-iters", "--lr-decay-iters, default --train-iters"))
+
+
+def _rampup_text(args) -> str:
+    return "--rampup-batch-size " + " ".join(str(v) for v in args.rampup_batch_size)
+
+
+def batch_schedule(args) -> GlobalBatchSchedule:
+    ramp = args.rampup_batch_size
+    return GlobalBatchSchedule(args.global_batch_size,
+                               args.micro_batch_size * args.data_parallel_size,
+                               Rampup(*ramp) if ramp is not None else None,
+                               args.decrease_batch_size_if_needed)
+
+
+def _validate_rampup(args, require) -> None:
+    """Megatron-LM's ramp-up rules (its assertions and megatron-core's), each a one-line
+    refusal; every size the run reaches is checked now, not when the loop gets there."""
+    if args.rampup_batch_size is None:
+        require(not args.decrease_batch_size_if_needed,
+                "--decrease-batch-size-if-needed needs --rampup-batch-size (here "
+                "--global-batch-size itself must be divisible by --micro-batch-size x "
+                "data-parallel size; drop the flag)")
+        return
+    text, gbs = _rampup_text(args), args.global_batch_size
+    start, increment, _ = args.rampup_batch_size  # each >= 1 (flag_ranges.py)
+    require(args.train_samples is not None,
+            f"{text} needs sample-based training: give --train-samples instead of "
+            f"--train-iters {args.train_iters} (Megatron-LM: no batch-size ramp-up for "
+            f"iteration-based training)")
+    require(start < gbs, f"{text}: START {start} must be less than --global-batch-size {gbs} "
+                         f"(the size it ramps up to; lower START or drop the flag)")
+    require((gbs - start) % increment == 0,
+            f"{text}: --global-batch-size {gbs} - START {start} = {gbs - start} is not "
+            f"divisible by INCREMENT {increment} (change INCREMENT or START)")
+    require(not args.decrease_batch_size_if_needed or start >= _micro_times_dp(args),
+            f"{text}: START {start} rounds down to no samples with "
+            f"--decrease-batch-size-if-needed (it must be at least {_multiple(args)})")
+    smallest = start // _micro_times_dp(args) * _micro_times_dp(args) \
+        if args.decrease_batch_size_if_needed else start
+    require(args.rampup_batch_size[2] // smallest <= MAX_RAMPUP_STEPS,
+            f"{text}: up to {args.rampup_batch_size[2] // smallest} ramp-up steps of at least "
+            f"{smallest} samples, more than {MAX_RAMPUP_STEPS} (raise START or lower SAMPLES)")
+
+
+def _micro_times_dp(args) -> int:
+    return args.micro_batch_size * args.data_parallel_size
+
+
+def _multiple(args) -> str:
+    return (f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+            f"{args.data_parallel_size} = {_micro_times_dp(args)}")
+
+
+def _validate_rampup_sizes(args, require) -> None:
+    """Without --decrease-batch-size-if-needed every ramp-up size the run trains splits into
+    whole micro-batches on every DP rank (megatron-core asserts it when the loop gets there)."""
+    if args.rampup_batch_size is None or args.decrease_batch_size_if_needed:
+        return
+    text, micro_times_dp = _rampup_text(args), _micro_times_dp(args)
+    for size in batch_schedule(args).ramp_sizes(args.train_iters):
+        require(size % micro_times_dp == 0,
+                f"{text}: the ramp-up's global batch size {size} is not divisible by "
+                f"{_multiple(args)} (change START/INCREMENT or pass "
+                f"--decrease-batch-size-if-needed)")

@@ -18,9 +18,8 @@ REFUSED_FLAGS = {
     "--iterations-to-skip": ({"nargs": "+"}, None,
                              "every iteration trains here (no iteration is skipped)"),
     "--train-sync-interval": ({"type": int}, None, _NOT_IMPLEMENTED),
-    "--decrease-batch-size-if-needed": ({"action": "store_true"}, None,
-                                        "--global-batch-size must divide evenly here (the "
-                                        "batch is never shrunk)"),
+    # --decrease-batch-size-if-needed: honoured with --rampup-batch-size
+    # (schedule_arguments.py).
     # --check-weight-hash-across-dp-replicas-interval and --result-rejected-tracker-filename:
     # refused with the rerun / fault-tolerance families (runtime_arguments.py).
     "--high-priority-stream-groups": ({"nargs": "*"}, "",

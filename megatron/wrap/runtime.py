@@ -30,6 +30,9 @@ DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
 # from its logging keys, so the flag would be dropped without a word.
 WRITER_FLAGS = {"log_metrics_jsonl": "set logging.metrics_jsonl_path and add 'jsonl' to "
                                      "logging.metric_writers"}
+# pretrain_gpt.py's batch-size ramp-up: the facade's global batches come from the caller, so
+# it would have nothing to size.
+BATCH_RAMPUP_KEYS = ("rampup_batch_size", "decrease_batch_size_if_needed")
 FACADE_LOG_INTERVAL = 1  # without log_interval in the config: the line at every call
 
 
@@ -53,6 +56,7 @@ def run_config_of(config: WrapConfig, world_size: int) -> tuple[RunConfig, bool]
     refuse_loop_evaluation_keys(flat)
     refuse_document_keys(flat)
     refuse_writer_flags(flat)
+    refuse_batch_rampup_keys(flat)
     flat["sequence_packing"] = True
     if not flat.get("mock_data") and not flat.get("data_path"):
         flat["mock_data"] = True
@@ -153,6 +157,17 @@ def refuse_document_keys(flat: dict) -> None:
                 f"samples and has no effect in megatron.wrap, whose samples are yours: remove "
                 f"it, and give your samples the loss mask you want (each sample is packed as "
                 f"one sequence)")
+
+
+def refuse_batch_rampup_keys(flat: dict) -> None:
+    """A config key of :data:`BATCH_RAMPUP_KEYS` set: a one-line ConfigError."""
+    for key in BATCH_RAMPUP_KEYS:
+        if flat.get(key) is not None and flat.get(key) is not False:  # 0 is a value too
+            raise ConfigError(
+                f"config key {key!r} ({flat[key]!r}) sizes pretrain_gpt.py's global batches and "
+                f"has no effect in megatron.wrap, whose batches are yours: remove it, and hand "
+                f"train() the batch of each step at the size you want (the LR schedule and the "
+                f"consumed samples follow each batch's samples)")
 
 
 def check_device(device: str) -> None:

@@ -34,12 +34,18 @@ class TrainingConfig:
     """``--start-eval-at-iter``: no in-loop evaluation before this iteration."""
     skip_train: bool = False
     """``--skip-train``: evaluate (validation, test) and exit; no step, nothing saved."""
+    rampup_batch_size: tuple[int, int, int] | None = None
+    """--rampup-batch-size START INCREMENT SAMPLES (batch_rampup.py); None: every step trains
+    ``global_batch_size`` samples."""
+    decrease_batch_size_if_needed: bool = False
     runtime_batches: bool = False
     """The caller hands each step its global batch (megatron.wrap), which may hold another
     number of samples than ``global_batch_size``: the LR schedule and the consumed samples
     follow the samples trained; no flag sets it."""
 
     def __post_init__(self):
+        if self.rampup_batch_size is not None:  # the flag's list, hashable like the rest
+            object.__setattr__(self, "rampup_batch_size", tuple(self.rampup_batch_size))
         check_ranges(self)
 
     @property

@@ -220,6 +220,9 @@ VALID = {
     "override_ckpt_iteration": NONE,
     # training-loop flags refused whatever their value (training_loop_arguments.py)
     "train_sync_interval": NONE,
+    # --rampup-batch-size takes three values (one is an argparse error) and needs
+    # --train-samples (the bases are iteration-based): test_batch_rampup.py has its ranges.
+    "rampup_batch_size": NONE,
     # dataset builder (dataloader_arguments.py); the FIM rates are read only by refused FIM.
     "num_dataset_builder_threads": HUGE,
     "mid_level_dataset_surplus": ZERO,
@@ -318,7 +321,8 @@ def _facade_config(dest: str, value) -> dict:
 
 # pretrain_gpt.py's loop flags: the facade's loop is the caller's, so it refuses them in one line
 # (tests/unit_tests/reliability/test_exit_conditions.py).
-FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins"})
+FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins",
+                            "rampup_batch_size"})  # the facade's batches are the caller's
 
 
 @pytest.mark.parametrize("dest", sorted(set(GPT_FLAGS) - FACADE_REFUSED))

@@ -206,7 +206,9 @@ def test_all_dash_scheduler_spellings(spelling, dest):
 @pytest.mark.parametrize("extra, needle", [
     (["--iterations-to-skip", "3", "5"], "--iterations-to-skip 3 5 is not supported"),
     (["--train-sync-interval", "10"], "--train-sync-interval 10 is not supported"),
-    (["--decrease-batch-size-if-needed"], "--decrease-batch-size-if-needed is not supported"),
+    # honoured with --rampup-batch-size only (test_batch_rampup.py)
+    (["--decrease-batch-size-if-needed"], "--decrease-batch-size-if-needed needs "
+                                          "--rampup-batch-size"),
     (["--disable-gloo-process-groups"], "--disable-gloo-process-groups is not supported"),
     (["--high-priority-stream-groups", "dp"], "--high-priority-stream-groups dp is not"),
     (["--moe-layer-recompute"], "--moe-layer-recompute is not supported: megatron-core 0.16.1 "

@@ -118,9 +118,30 @@ def test_warmup_samples_follow_the_hand_computed_curve():
      "--start-weight-decay 0.1 needs --weight-decay-incr-style linear or cosine"),
     (["--train-iters", "8", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0"],
      "--weight-decay-incr-style linear needs --end-weight-decay"),
+    # Megatron-LM's batch-size ramp-up rules (schedule_arguments.py, batch_rampup.py);
+    # TINY_GPT_ARGS: --micro-batch-size 2 on one rank, --global-batch-size 4.
     (["--train-iters", "8", "--rampup-batch-size", "2", "2", "100"],
-     "--rampup-batch-size 2 2 100 is not supported: every step trains one global batch of "
-     "--global-batch-size 4 samples"),
+     "--rampup-batch-size 2 2 100 needs sample-based training: give --train-samples instead "
+     "of --train-iters 8"),
+    (["--train-samples", "64", "--rampup-batch-size", "4", "2", "16"],
+     "--rampup-batch-size 4 2 16: START 4 must be less than --global-batch-size 4"),
+    (["--train-samples", "64", "--rampup-batch-size", "1", "2", "16"],
+     "--rampup-batch-size 1 2 16: --global-batch-size 4 - START 1 = 3 is not divisible by "
+     "INCREMENT 2"),
+    (["--train-samples", "64", "--rampup-batch-size", "1", "3", "16"],
+     "--rampup-batch-size 1 3 16: the ramp-up's global batch size 1 is not divisible by "
+     "--micro-batch-size 2 x data-parallel size 1 = 2"),
+    (["--train-samples", "64", "--rampup-batch-size", "1", "3", "16",
+      "--decrease-batch-size-if-needed"],
+     "--rampup-batch-size 1 3 16: START 1 rounds down to no samples with "
+     "--decrease-batch-size-if-needed"),
+    (["--train-samples", "64", "--decrease-batch-size-if-needed"],
+     "--decrease-batch-size-if-needed needs --rampup-batch-size"),
+    (["--train-samples", "64", "--rampup-batch-size", "2", "0", "16"],
+     "--rampup-batch-size must be >= 1"),
+    (["--train-samples", "64", "--rampup-batch-size", "2", "2", "20000002"],
+     "--rampup-batch-size 2 2 20000002: up to 10000001 ramp-up steps of at least 2 samples, "
+     "more than 10000000"),
     (["--train-iters", "8", "--weight-decay-incr-style", "cosine", "--start-weight-decay",
       "0.2", "--end-weight-decay", "0.1"], "--start-weight-decay 0.2 exceeds --end-weight-decay"),
 ])
