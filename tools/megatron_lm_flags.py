@@ -70,6 +70,7 @@ class _Stop(Exception):
 
 def megatron_lm_parser(checkout: Path) -> argparse.ArgumentParser:
     """``checkout``'s training parser, as its parse_args builds it."""
+    # The checkout's megatron package first: its megatron.training beside its own megatron.core.
     sys.path.insert(0, str(checkout))
     if any(importlib.util.find_spec(name) is None for name in STAND_IN_PACKAGES):
         sys.meta_path.insert(0, _StandInFinder())
