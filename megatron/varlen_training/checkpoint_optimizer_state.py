@@ -19,16 +19,13 @@ from __future__ import annotations
 import torch
 
 from megatron.varlen_training.checkpoint_sharding import FULLY_RESHARDABLE
+from megatron.varlen_training.optimizer_kernels import chained_optimizers
 
 # megatron-core's keys in a distributed optimizer's state dict (DistributedOptimizer.
 # sharded_state_dict): the per-parameter state and the format it was saved in.
 _PARAM_STATE_KEY = "param_state"
 _SHARDING_TYPE_KEY = "param_state_sharding_type"
 _STEP = "step"  # torch Adam's per-parameter iteration count
-
-
-def _each_optimizer(optimizer) -> list:
-    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
 def materialize(optimizer) -> None:
@@ -39,7 +36,7 @@ def materialize(optimizer) -> None:
     state at all, and ``init_state_fn`` creates the moments but not ``step``. The values
     written here are placeholders: the load overwrites every one of them.
     """
-    for opt in _each_optimizer(optimizer):
+    for opt in chained_optimizers(optimizer):
         if getattr(opt, "init_state_fn", None) is None or opt.optimizer is None:
             continue
         opt.init_state_fn(opt.optimizer, opt.config)
@@ -51,7 +48,7 @@ def _per_optimizer_states(optimizer, state: dict) -> list[tuple[object, dict]]:
     """(optimizer, its state dict) for each optimizer of a chain, as megatron-core's
     ChainedOptimizer pairs them: one optimizer reads the whole dict, several read one entry
     each, in index order."""
-    optimizers = _each_optimizer(optimizer)
+    optimizers = chained_optimizers(optimizer)
     if len(optimizers) == 1:
         return [(optimizers[0], state)]
     if set(state) != set(range(len(optimizers))):
@@ -89,7 +86,7 @@ def _restore_adam_steps(optimizer) -> None:
     where it does set per-parameter steps it shares ONE tensor among them, which torch Adam
     increments in place once per parameter. Both skew bias correction after a resume.
     """
-    for opt in _each_optimizer(optimizer):
+    for opt in chained_optimizers(optimizer):
         inner = getattr(opt, "optimizer", None)
         for group in (inner.param_groups if inner is not None else ()):
             if _STEP not in group:

@@ -66,9 +66,15 @@ def install() -> bool:
     return replaced
 
 
+def chained_optimizers(megatron_optimizer) -> list:
+    """The optimizers inside a megatron-core ChainedOptimizer (with expert parallelism the
+    dense and the expert one), or the optimizer itself."""
+    return list(getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer]))
+
+
 def torch_adam_optimizers(megatron_optimizer):
     """The torch Adam/AdamW instances inside a megatron-core optimizer (chained or not)."""
-    for opt in getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer]):
+    for opt in chained_optimizers(megatron_optimizer):
         inner = getattr(opt, "optimizer", None)
         if isinstance(inner, _ADAM_CLASSES):
             yield inner

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from megatron.varlen_training.optimizer_kernels import chained_optimizers
+
 
 def _init_sgd_state(optimizer: torch.optim.SGD, config=None) -> None:
     del config  # megatron-core's signature
@@ -25,7 +27,7 @@ def install_sgd_state_init(megatron_optimizer) -> int:
     """Sets the state initialiser of every torch SGD inside ``megatron_optimizer`` (chained
     or not) that has none; returns how many were set."""
     installed = 0
-    for opt in getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer]):
+    for opt in chained_optimizers(megatron_optimizer):
         if isinstance(getattr(opt, "optimizer", None), torch.optim.SGD) \
                 and getattr(opt, "init_state_fn", None) is None:
             opt.init_state_fn = _init_sgd_state

@@ -393,15 +393,10 @@ def _guard(enabled: bool, state: TrainState, loss: float | None,
         check_finite(state.iteration + 1, loss, grad_norm)
 
 
-def _chained(optimizer) -> list:
-    """The optimizers inside a megatron-core ChainedOptimizer (or the optimizer itself)."""
-    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
-
-
 def _clip_grads(optimizer, grad_norm: float) -> None:
     """Clips each inner optimizer's main grads by the total norm, as ChainedOptimizer.step does
     (each with its own --clip-grad; stub optimizers and ones without parameters skipped)."""
-    for inner in _chained(optimizer):
+    for inner in optimizer_kernels.chained_optimizers(optimizer):
         if getattr(inner, "is_stub_optimizer", False) or inner.config.clip_grad <= 0.0:
             continue
         params = inner.get_parameters()
