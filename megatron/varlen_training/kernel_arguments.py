@@ -38,7 +38,9 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.flag_ranges import is_importable
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import (
+    add_refused_flags, dest_of, given_refused_flags,
+)
 
 ROPE = "rope"
 NATIVE, TE_IMPL = "native", "te"  # --cross-entropy-fusion-impl
@@ -222,7 +224,7 @@ def _resolve_cuda_graph_aliases(args, require) -> None:
     """Megatron-LM: each alias stands for a --cuda-graph-impl (never given beside it), refused
     here like it: one line naming both."""
     for flag, impl in CUDA_GRAPH_ALIASES.items():
-        if getattr(args, _dest(flag)):
+        if getattr(args, dest_of(flag, {})):
             require(False, f"{flag} (deprecated, use --cuda-graph-impl={impl} instead) is not "
                            f"supported: {_CUDA_GRAPH_WHY}")
 
@@ -249,7 +251,3 @@ def _require_transformer_engine(args, require) -> None:
         require(not wanted or transformer_engine_installed(),
                 f"{flag} is not supported: its kernel is Transformer Engine's, which is not "
                 f"installed")
-
-
-def _dest(flag: str) -> str:
-    return flag[2:].replace("-", "_")

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 
+from megatron.varlen_training.refused_flags import dest_of
+
 # A table row: (the flag's option strings, argparse keywords, Megatron-LM's default).
 Row = tuple[tuple[str, ...], dict, object]
 SWITCH = {"action": "store_true"}
@@ -449,10 +451,6 @@ def _add_honoured_flags(accepted, honoured) -> None:
                           help="Megatron-LM main's second name of --no-align-grad-reduce.")
 
 
-def _dest(names: tuple[str, ...], kwargs: dict) -> str:
-    return kwargs.get("dest") or names[0][2:].replace("-", "_")
-
-
 def is_default(value, default) -> bool:
     """Whether ``value`` (as parsed: a string when given) is Megatron-LM's ``default``; numbers
     compare by value (``--cpu-offloading-num-layers 0`` is the default 0)."""
@@ -469,7 +467,7 @@ def given_refusals(args: argparse.Namespace):
     Megatron-LM's default."""
     for why, rows in REFUSED.items():
         for names, kwargs, default in rows:
-            value = getattr(args, _dest(names, kwargs))
+            value = getattr(args, dest_of(names[0], kwargs))
             if not is_default(value, default):
                 shown = "" if kwargs.get("action") else " " + (
                     " ".join(value) if isinstance(value, list) else str(value))
@@ -509,7 +507,7 @@ def validate_hybrid_census_flags(args: argparse.Namespace, require) -> None:
     """Refuses a refused Mamba flag given at another value than Megatron-LM's default."""
     for why, rows in HYBRID_REFUSED.items():
         for names, kwargs, default in rows:
-            value = getattr(args, _dest(names, kwargs))
+            value = getattr(args, dest_of(names[0], kwargs))
             shown = "" if kwargs.get("action") else f" {value}"
             require(is_default(value, default), f"{names[0]}{shown} is not supported: {why}")
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import (
+    add_refused_flags, dest_of, given_refused_flags,
+)
 from megatron.varlen_training.varlen_arguments import attention_backend
 
 MLA_FLAG = "--multi-latent-attention"
@@ -127,7 +129,7 @@ def require_mla_for_shape_flags(args: argparse.Namespace, require) -> None:
     if args.multi_latent_attention:
         return
     for flag, default in SHAPE_FLAG_DEFAULTS.items():
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(args, dest_of(flag, {}))
         require(value == default,
                 f"{flag} {value} needs {MLA_FLAG} (it shapes multi-latent attention only)")
 
