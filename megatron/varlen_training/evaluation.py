@@ -36,7 +36,7 @@ from __future__ import annotations
 from megatron.varlen_training import log, loop_steps, training
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.run_description import in_loop_evaluations
+from megatron.varlen_training.run_description import evaluates_after, in_loop_evaluations
 from megatron.varlen_training.validation_sets import each_validation_set
 
 VALIDATION, TEST = "validation", "test"
@@ -46,10 +46,9 @@ END_OF_TRAINING = {VALIDATION: " on validation set", TEST: " on test set"}
 
 def in_loop_evaluation_due(training_config: TrainingConfig, iteration: int) -> bool:
     """Whether the loop evaluates after ``iteration`` (every ``--eval-interval``-th, from
-    ``--start-eval-at-iter`` on)."""
-    start = training_config.start_eval_at_iter
-    return (training_config.eval_iters > 0 and iteration % training_config.eval_interval == 0
-            and (start is None or iteration >= start))
+    ``--start-eval-at-iter`` on: :func:`.run_description.evaluates_after`)."""
+    return training_config.eval_iters > 0 and evaluates_after(
+        iteration, training_config.eval_interval, training_config.start_eval_at_iter)
 
 
 def evaluations_left(training_config: TrainingConfig, iteration: int) -> int:
