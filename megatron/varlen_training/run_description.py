@@ -9,7 +9,7 @@ vocabulary size. Everything after validation reads them from the frozen run conf
 
 from __future__ import annotations
 
-from megatron.varlen_training.schedule_arguments import batch_schedule
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
@@ -48,7 +48,7 @@ def sample_counts(args) -> tuple[int, int]:
     of ``--skip-train``); train is ``--train-samples`` when given, as in Megatron-LM (a last
     partial batch is never read)."""
     # A ramp-up step that starts within --train-samples may end past it (Megatron-LM's count).
-    train = max(args.train_samples, batch_schedule(args).first_sample(args.train_iters)) \
+    train = max(args.train_samples, GlobalBatchSchedule.of(args).first_sample(args.train_iters)) \
         if args.train_samples is not None else args.train_iters * args.global_batch_size
     num_evals = 1 if getattr(args, "skip_train", False) else in_loop_evaluations(
         args.train_iters, max(args.eval_interval, 1), getattr(args, "start_eval_at_iter", None)) + 1
