@@ -510,10 +510,11 @@ def test_each_validation_set_is_evaluated_alone(tmp_path):
                              timeout_s=TIMEOUT_S)[0]
     last, direct = result["history"][-1], result["direct"]
     assert direct["-wiki"] != direct["-code"]
-    for key in ("validation_loss", "end_validation_loss"):
-        assert set(last[key]) == {"-wiki", "-code"}, last
+    for key in ("validation_loss", "end_validation_loss"):  # keyed by Megatron-LM's set names
+        assert set(last[key]) == {"validation-wiki", "validation-code"}, last
         for suffix, expected in direct.items():
-            assert abs(last[key][suffix] - expected) <= 1e-5 * abs(expected), (key, suffix)
+            assert abs(last[key][f"validation{suffix}"] - expected) <= 1e-5 * abs(expected), \
+                (key, suffix)
     for name in ("wiki", "code"):
         assert any(line.startswith(f" validation-{name} loss at iteration 2 on validation set")
                    for line in result["lines"]), result["lines"]
