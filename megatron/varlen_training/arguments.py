@@ -31,11 +31,15 @@ from megatron.varlen_training import megatron_lm_census_flags, out_of_scope_flag
 from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.process_group import report_start_up_error
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: F401
+from megatron.varlen_training.refused_choices import (
+    megatron_lm_choices, refused_help, validate_refused_choices,
+)
 from megatron.varlen_training.hf import arguments as hf_arguments
 from megatron.varlen_training.tokenizer import TOKENIZER_TYPE_CHOICES
 from megatron.varlen.scheduling import pad_multiple
 
 ERROR_EXIT_CODE = 2
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")  # the ones built here
 # --group-query-attention without --num-query-groups: Megatron-LM's default of the latter.
 MEGATRON_LM_NUM_QUERY_GROUPS = 1
 # Megatron-LM's warning when --sequence-parallel meets one tensor-parallel rank.
@@ -108,7 +112,10 @@ def _add_network_size_args(parser):
                        help="Position table size. Default: --seq-length; must be at least "
                             "--seq-length (padding slots of packed sequences use position 0).")
     group.add_argument("--position-embedding-type", default="learned_absolute",
-                       choices=["learned_absolute", "rope", "none"], help="Position encoding.")
+                       choices=megatron_lm_choices("--position-embedding-type",
+                                                   POSITION_EMBEDDING_TYPES),
+                       help="Position encoding."
+                            + refused_help("--position-embedding-type"))
     group.add_argument("--rotary-base", type=int, default=10000,
                        help="RoPE base.")
     group.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"],
@@ -432,6 +439,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     """
     args = copy.deepcopy(args)
     args.world_size = getattr(args, "world_size", None) or _world_size()
+    validate_refused_choices(args, require)  # first: every later check reads built values
     flag_ranges.validate_ranges(args, require)  # first: later checks divide by these
     flag_ranges.validate_relations(args, require)
     _validate_parallel_sizes(args)

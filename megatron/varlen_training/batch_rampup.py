@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 # The ramp-up is walked step by step (Megatron-LM's loop counts it so): ten million steps take
@@ -48,6 +50,16 @@ class Rampup:
         return (global_batch_size - self.start) // self.increment
 
 
+class BatchFlags(Protocol):
+    """The batch flags a schedule is built from, as their dests name them: the validated
+    namespace (``num_microbatches`` derived there) and ``TrainingConfig`` both have them."""
+
+    global_batch_size: int
+    num_microbatches: int  # per DP rank: --global-batch-size // (--micro-batch-size x DP)
+    rampup_batch_size: Sequence[int] | None
+    decrease_batch_size_if_needed: bool
+
+
 @dataclass(frozen=True)
 class GlobalBatchSchedule:
     """The global batch of every iteration. ``micro_batch_times_dp``: ``--micro-batch-size``
@@ -60,13 +72,14 @@ class GlobalBatchSchedule:
     decrease_if_needed: bool = False
 
     @classmethod
-    def of(cls, training) -> GlobalBatchSchedule:
-        """The schedule of a ``TrainingConfig`` (or anything with its batch fields)."""
-        ramp = training.rampup_batch_size
-        return cls(training.global_batch_size,
-                   training.global_batch_size // training.num_microbatches,
+    def of(cls, batch: BatchFlags) -> GlobalBatchSchedule:
+        """The one way from flags to a schedule: the validated namespace's batch fields (the
+        flag layer, before any config exists) or a ``TrainingConfig``'s, named alike."""
+        ramp = batch.rampup_batch_size
+        return cls(batch.global_batch_size,
+                   batch.global_batch_size // batch.num_microbatches,  # = mbs x DP, validated
                    Rampup(*ramp) if ramp is not None else None,
-                   training.decrease_batch_size_if_needed)
+                   batch.decrease_batch_size_if_needed)
 
     # --- sizes by consumed samples (megatron-core's calculator) -----------------------------
 

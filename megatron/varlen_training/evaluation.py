@@ -36,20 +36,19 @@ from __future__ import annotations
 from megatron.varlen_training import log, loop_steps, training
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.run_description import in_loop_evaluations
-from megatron.varlen_training.validation_sets import each_validation_set
+from megatron.varlen_training.run_description import evaluates_after, in_loop_evaluations
+from megatron.varlen_training.validation_sets import VALIDATION, each_validation_set
 
-VALIDATION, TEST = "validation", "test"
+TEST = "test"
 # How the end-of-training lines name their split (Megatron-LM's prefixes).
 END_OF_TRAINING = {VALIDATION: " on validation set", TEST: " on test set"}
 
 
 def in_loop_evaluation_due(training_config: TrainingConfig, iteration: int) -> bool:
     """Whether the loop evaluates after ``iteration`` (every ``--eval-interval``-th, from
-    ``--start-eval-at-iter`` on)."""
-    start = training_config.start_eval_at_iter
-    return (training_config.eval_iters > 0 and iteration % training_config.eval_interval == 0
-            and (start is None or iteration >= start))
+    ``--start-eval-at-iter`` on: :func:`.run_description.evaluates_after`)."""
+    return training_config.eval_iters > 0 and evaluates_after(
+        iteration, training_config.eval_interval, training_config.start_eval_at_iter)
 
 
 def evaluations_left(training_config: TrainingConfig, iteration: int) -> int:
@@ -110,41 +109,55 @@ def _next_validation_batch(trainer) -> int:
 
 
 def _validate(trainer, valid, where: str, verbose: bool, write: bool = True,
-              first_index: int | None = None):
-    """Each validation set's evaluation: its loss, or {suffix: loss} with
-    --multiple-validation-sets (:mod:`.validation_sets`)."""
+              first_index: int | None = None) -> dict[str, float | None]:
+    """Each validation set's evaluation: {set name: loss}, named as Megatron-LM's lines and
+    TensorBoard keys name it (``validation``; ``validation-wiki``, ... with
+    --multiple-validation-sets: :mod:`.validation_sets`)."""
     losses = {}
-    for suffix, provider in each_validation_set(valid):
+    for name, provider in each_validation_set(valid):
         first = _next_validation_batch(trainer) if first_index is None else first_index
-        losses[suffix] = _evaluate(trainer, provider, first, VALIDATION + suffix, where,
-                                   verbose, write)
-    return losses[""] if list(losses) == [""] else losses
+        losses[name] = _evaluate(trainer, provider, first, name, where, verbose, write)
+    return losses
+
+
+def _history_value(losses: dict[str, float | None]) -> float | None | dict[str, float | None]:
+    """A validation as pretrain()'s history reports it: the validation split's loss, or with
+    --multiple-validation-sets the {set name: loss} mapping itself."""
+    return losses[VALIDATION] if VALIDATION in losses else losses
 
 
 def evaluate_in_loop(trainer, valid_provider):
     """The validation loss after this iteration if it is an ``--eval-interval`` multiple (and
-    the run has validation data), else None; {suffix: loss} with --multiple-validation-sets."""
+    the run has validation data), else None; {set name: loss} with --multiple-validation-sets."""
     training_config, iteration = trainer.run.training, trainer.state.iteration
     if valid_provider is None or not in_loop_evaluation_due(training_config, iteration):
         return None
     with trainer.hooks.around_evaluation():  # --manual-gc collects around it (Megatron-LM)
-        return _validate(trainer, valid_provider, "", verbose=False)
+        return _history_value(_validate(trainer, valid_provider, "", verbose=False))
+
+
+def _evaluate_end_of_training(trainer, valid_provider, test_provider, write: bool,
+                              first_valid: int | None) -> dict:
+    """The validation split (from ``first_valid``, None: the next batches), then the test
+    split: {"end_validation_loss", "test_loss"}, None where the split is missing,
+    --eval-iters is 0, or off the loss-owning ranks."""
+    losses = {"end_validation_loss": None, "test_loss": None}
+    if trainer.run.training.eval_iters <= 0:
+        return losses
+    if valid_provider is not None:
+        losses["end_validation_loss"] = _history_value(_validate(
+            trainer, valid_provider, END_OF_TRAINING[VALIDATION], True, write, first_valid))
+    if test_provider is not None:
+        losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
+                                        True, write)
+    return losses
 
 
 def evaluate_at_end(trainer, valid_provider, test_provider) -> dict:
-    """The end-of-training evaluations: {"end_validation_loss", "test_loss"} (None where the
-    split is missing, --eval-iters is 0, or off the loss-owning ranks)."""
-    training_config, iteration = trainer.run.training, trainer.state.iteration
-    losses = {"end_validation_loss": None, "test_loss": None}
-    if training_config.eval_iters <= 0:
-        return losses
-    if valid_provider is not None:
-        losses["end_validation_loss"] = _validate(trainer, valid_provider,
-                                                  END_OF_TRAINING[VALIDATION], True)
-    if test_provider is not None:
-        losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
-                                        True)
-    return losses
+    """The end-of-training evaluations: {"end_validation_loss", "test_loss"}
+    (:func:`_evaluate_end_of_training`)."""
+    return _evaluate_end_of_training(trainer, valid_provider, test_provider, write=True,
+                                     first_valid=None)
 
 
 SKIPPING_TRAINING = "skipping training (--skip-train is on) ..."  # Megatron-LM's line
@@ -161,14 +174,5 @@ def evaluate_only(trainer, valid_provider, test_provider) -> dict:
     batches when it was the run's first evaluation.
     """
     log.print_rank_0(SKIPPING_TRAINING)
-    losses = {"end_validation_loss": None, "test_loss": None}
-    if trainer.run.training.eval_iters <= 0:
-        return losses
-    if valid_provider is not None:
-        losses["end_validation_loss"] = _validate(trainer, valid_provider,
-                                                  END_OF_TRAINING[VALIDATION], True,
-                                                  write=False, first_index=0)
-    if test_provider is not None:
-        losses["test_loss"] = _evaluate(trainer, test_provider, 0, TEST, END_OF_TRAINING[TEST],
-                                        verbose=True, write=False)
-    return losses
+    return _evaluate_end_of_training(trainer, valid_provider, test_provider, write=False,
+                                     first_valid=0)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.flag_ranges import is_importable
+from megatron.varlen_training.refused_choices import megatron_lm_choices
 from megatron.varlen_training.refused_flags import (
     add_refused_flags, dest_of, given_refused_flags,
 )
@@ -73,8 +74,8 @@ REFUSED_FLAGS = {
                           "overlapping tensor-parallel communication with GEMMs needs "
                           "Transformer Engine's userbuffers, which this fork does not build"),
     "--tp-comm-overlap-cfg": ({}, None, "it configures --tp-comm-overlap, which is refused"),
-    "--cuda-graph-impl": ({"choices": ("none", "local", TRANSFORMER_ENGINE)}, "none",
-                          _CUDA_GRAPH_WHY),
+    "--cuda-graph-impl": ({"choices": megatron_lm_choices(
+        "--cuda-graph-impl", ("none", "local", TRANSFORMER_ENGINE))}, "none", _CUDA_GRAPH_WHY),
     "--cuda-graph-scope": ({"nargs": "+"}, None, _CUDA_GRAPH_WHY),
     "--te-rng-tracker": ({"action": "store_true"}, None,
                          "dropout draws from this fork's own RNG tracker (the same masks on "

@@ -12,6 +12,7 @@ import functools
 
 from megatron.varlen.model import moe_layer_pattern
 from megatron.varlen_training.config.moe import DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY
+from megatron.varlen_training.refused_choices import megatron_lm_choices, refused_help
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 DISPATCHERS = ("alltoall", "allgather")
@@ -90,23 +91,30 @@ def add_moe_args(parser) -> None:
     group.add_argument("--expert-tensor-parallel-size", type=int, default=None,
                        help="TP size inside each expert (default --tensor-model-parallel-size).")
     group.add_argument("--moe-router-load-balancing-type", default="aux_loss",
-                       choices=LOAD_BALANCING_TYPES,
+                       choices=megatron_lm_choices("--moe-router-load-balancing-type",
+                                                   LOAD_BALANCING_TYPES),
                        help="aux_loss: per micro-batch; seq_aux_loss: per real sequence; "
-                            "global_aux_loss: over the whole TP x DP x CP domain; none.")
+                            "global_aux_loss: over the whole TP x DP x CP domain; none."
+                            + refused_help("--moe-router-load-balancing-type"))
     group.add_argument("--moe-aux-loss-coeff", type=float, default=0.0,
                        help="Weight of the load-balancing loss (0: off).")
     group.add_argument("--moe-z-loss-coeff", type=float, default=None,
                        help="Weight of the router z-loss (None: off).")
-    group.add_argument("--moe-router-score-function", default="softmax", choices=SCORE_FUNCTIONS,
-                       help="Router score function.")
+    group.add_argument("--moe-router-score-function", default="softmax",
+                       choices=megatron_lm_choices("--moe-router-score-function",
+                                                   SCORE_FUNCTIONS),
+                       help="Router score function."
+                            + refused_help("--moe-router-score-function"))
     group.add_argument("--moe-router-pre-softmax", action="store_true",
                        help="Softmax before the top-k (needed for top-1 with softmax).")
     group.add_argument("--moe-router-topk-scaling-factor", type=float, default=None,
                        help="Multiplies the top-k routing weights.")
-    group.add_argument("--moe-token-dispatcher-type", default=None, choices=DISPATCHERS,
+    group.add_argument("--moe-token-dispatcher-type", default=None,
+                       choices=megatron_lm_choices("--moe-token-dispatcher-type", DISPATCHERS),
                        help="How tokens reach their experts' ranks. Default: alltoall with "
                             "--sequence-packing (allgather needs equal token counts on every "
-                            "rank), else allgather (Megatron-LM's default).")
+                            "rank), else allgather (Megatron-LM's default)."
+                            + refused_help("--moe-token-dispatcher-type"))
     group.add_argument("--moe-router-dtype", default=None, choices=ROUTER_DTYPES,
                        help="Router computation dtype (None: the model's).")
     group.add_argument("--moe-expert-capacity-factor", type=float, default=None,

@@ -109,7 +109,8 @@ def train(trainer: Trainer, train_provider, valid_provider, exits: ExitCondition
     run (evaluation.py says when and on which samples each evaluation runs).
 
     Losses are None off the last pipeline stage (only that stage has them); validation_loss is
-    None at iterations without evaluation.
+    None at iterations without evaluation; with --multiple-validation-sets the validation
+    losses are {set name: loss} ("validation-wiki", ...).
     """
     history, train_iters, stop, last_size = [], trainer.run.training.train_iters, None, None
     rampup_messages = RampupMessages(train_provider.schedule,

@@ -9,7 +9,7 @@ vocabulary size. Everything after validation reads them from the frozen run conf
 
 from __future__ import annotations
 
-from megatron.varlen_training.schedule_arguments import batch_schedule
+from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
@@ -18,15 +18,29 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+def first_in_loop_evaluation(eval_interval: int, start_eval_at_iter: int | None = None) -> int:
+    """The first iteration the loop evaluates after: the first --eval-interval multiple at or
+    after --start-eval-at-iter (Megatron-LM main's flag). The one statement of the rule: the
+    predicate and the count below both read it."""
+    start = max(start_eval_at_iter or 1, 1)  # iterations count from 1
+    return -(-start // eval_interval) * eval_interval
+
+
+def evaluates_after(iteration: int, eval_interval: int,
+                    start_eval_at_iter: int | None = None) -> bool:
+    """Whether the loop evaluates after ``iteration`` (given validation batches): every
+    --eval-interval-th iteration from :func:`first_in_loop_evaluation` on."""
+    return (iteration % eval_interval == 0
+            and iteration >= first_in_loop_evaluation(eval_interval, start_eval_at_iter))
+
+
 def in_loop_evaluations(iteration: int, eval_interval: int,
                         start_eval_at_iter: int | None = None) -> int:
-    """The in-loop evaluations up to ``iteration``: the --eval-interval multiples, those below
-    --start-eval-at-iter skipped (Megatron-LM main's flag; it subtracts
-    ``start // interval``, one too many when the start is itself a multiple)."""
-    done = iteration // eval_interval
-    if start_eval_at_iter is None:
-        return done
-    return max(0, done - max(start_eval_at_iter - 1, 0) // eval_interval)
+    """The in-loop evaluations up to ``iteration``: how many of 1..``iteration``
+    :func:`evaluates_after` holds for (Megatron-LM main subtracts ``start // interval``
+    instead, one evaluation too many when the start is itself a multiple)."""
+    first = first_in_loop_evaluation(eval_interval, start_eval_at_iter)
+    return 0 if iteration < first else (iteration - first) // eval_interval + 1
 
 
 def sample_counts(args) -> tuple[int, int]:
@@ -34,7 +48,7 @@ def sample_counts(args) -> tuple[int, int]:
     of ``--skip-train``); train is ``--train-samples`` when given, as in Megatron-LM (a last
     partial batch is never read)."""
     # A ramp-up step that starts within --train-samples may end past it (Megatron-LM's count).
-    train = max(args.train_samples, batch_schedule(args).first_sample(args.train_iters)) \
+    train = max(args.train_samples, GlobalBatchSchedule.of(args).first_sample(args.train_iters)) \
         if args.train_samples is not None else args.train_iters * args.global_batch_size
     num_evals = 1 if getattr(args, "skip_train", False) else in_loop_evaluations(
         args.train_iters, max(args.eval_interval, 1), getattr(args, "start_eval_at_iter", None)) + 1

@@ -42,7 +42,7 @@ refused in one line.
 
 from __future__ import annotations
 
-from megatron.varlen_training.batch_rampup import MAX_RAMPUP_STEPS, GlobalBatchSchedule, Rampup
+from megatron.varlen_training.batch_rampup import MAX_RAMPUP_STEPS, GlobalBatchSchedule
 
 WSD = "WSD"
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
@@ -204,7 +204,7 @@ def _resolve_sample_based(args, require) -> None:
             f"--train-samples {args.train_samples} is less than one global batch "
             f"(--global-batch-size {gbs}): no step would run (raise --train-samples)")
     # Megatron-LM: the partial last batch is dropped; the ramp-up's steps counted its way.
-    args.train_iters = batch_schedule(args).train_iters(args.train_samples)
+    args.train_iters = GlobalBatchSchedule.of(args).train_iters(args.train_samples)
     if args.lr_decay_samples is None:
         args.lr_decay_samples = args.train_samples
     args.lr_decay_steps = args.lr_decay_samples
@@ -228,14 +228,6 @@ def _resolve_iteration_based(args, require) -> None:
 
 def _rampup_text(args) -> str:
     return "--rampup-batch-size " + " ".join(str(v) for v in args.rampup_batch_size)
-
-
-def batch_schedule(args) -> GlobalBatchSchedule:
-    ramp = args.rampup_batch_size
-    return GlobalBatchSchedule(args.global_batch_size,
-                               args.micro_batch_size * args.data_parallel_size,
-                               Rampup(*ramp) if ramp is not None else None,
-                               args.decrease_batch_size_if_needed)
 
 
 def _validate_rampup(args, require) -> None:
@@ -283,7 +275,7 @@ def _validate_rampup_sizes(args, require) -> None:
     if args.rampup_batch_size is None or args.decrease_batch_size_if_needed:
         return
     text, micro_times_dp = _rampup_text(args), _micro_times_dp(args)
-    for size in batch_schedule(args).ramp_sizes(args.train_iters):
+    for size in GlobalBatchSchedule.of(args).ramp_sizes(args.train_iters):
         require(size % micro_times_dp == 0,
                 f"{text}: the ramp-up's global batch size {size} is not divisible by "
                 f"{_multiple(args)} (change START/INCREMENT or pass "

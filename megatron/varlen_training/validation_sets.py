@@ -13,6 +13,8 @@ from collections.abc import Callable
 from megatron.varlen_training.datasets.builder import build_split_datasets
 from megatron.varlen_training.errors import agree_on_errors
 
+VALIDATION = "validation"  # Megatron-LM's name of the validation split (its lines and keys)
+
 
 @dataclasses.dataclass(frozen=True)
 class ValidationSets:
@@ -56,6 +58,8 @@ def datasets_of(provider) -> list:
 
 
 def each_validation_set(valid) -> list[tuple[str, object]]:
-    """``(suffix, provider)`` of every validation set: one without a suffix unless
-    --multiple-validation-sets."""
-    return list(valid.sets) if isinstance(valid, ValidationSets) else [("", valid)]
+    """``(name, provider)`` of every validation set, named as Megatron-LM's lines and keys name
+    it: ``validation`` alone, ``validation-wiki``, ... with --multiple-validation-sets."""
+    if isinstance(valid, ValidationSets):
+        return [(VALIDATION + suffix, provider) for suffix, provider in valid.sets]
+    return [(VALIDATION, valid)]

@@ -104,6 +104,19 @@ def test_flags_resolve_the_run():
     assert (short.training.train_iters, short.data.train_samples) == (4, 64)
 
 
+@pytest.mark.parametrize("dp, decrease", [(1, False), (2, False), (4, True)])
+def test_the_flag_layer_and_the_config_build_one_schedule(dp, decrease):
+    """The validated flags (before any config) and the run's TrainingConfig give the schedule
+    written from the flags by hand: --micro-batch-size 2 x DP, the ramp-up's triple."""
+    extra = ["--decrease-batch-size-if-needed"] if decrease else []
+    args = parse_args(TINY_GPT_ARGS + ["--train-samples", "500", "--global-batch-size", "64",
+                                       "--rampup-batch-size", "16", "16", "200", *extra],
+                      world_size=dp)
+    by_hand = _schedule((64, 2, dp, decrease, 16, 16, 200))
+    assert GlobalBatchSchedule.of(args) == GlobalBatchSchedule.of(run_config(args).training) \
+        == by_hand
+
+
 RAMPED = ("--train-samples", "500", "--global-batch-size", "64", "--rampup-batch-size", "16",
           "16", "200")
 

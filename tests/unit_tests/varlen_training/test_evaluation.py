@@ -526,3 +526,27 @@ def test_validation_lines_are_megatron_lms(capsys, monkeypatch):
     line = " validation loss at iteration 4 on test set | lm loss value: 2.000000E+00 | " \
            "lm loss PPL: 7.389056E+00 | "
     assert printed == ["-" * (len(line) + 1), line, "-" * (len(line) + 1)]
+
+
+def test_a_validation_is_one_mapping_named_as_megatron_lms_lines(monkeypatch):
+    """One split or several sets alike: {set name: loss}, each name the one its line and its
+    metric writers' key carry (Megatron-LM's ``validation``, ``validation-wiki``)."""
+    from megatron.varlen_training.validation_sets import ValidationSets
+
+    printed, written = [], []
+    monkeypatch.setattr("megatron.varlen_training.loop_steps.print_rank_last", printed.append)
+    monkeypatch.setattr(training, "evaluate", lambda run, state, provider, *rest: provider.loss)
+    config = SimpleNamespace(eval_iters=1, eval_batch_size=GBS)
+    trainer = SimpleNamespace(run=SimpleNamespace(training=config),
+                              state=training.TrainState(None, None, None, None, 2),
+                              write_evaluation=lambda name, loss: written.append((name, loss)))
+    split = SimpleNamespace(loss=1.5)
+    assert evaluation._validate(trainer, split, "", verbose=False) == {"validation": 1.5}
+    sets = ValidationSets(tuple(
+        (suffix, SimpleNamespace(loss=loss, whole_split=True, num_batches=lambda: 1))
+        for suffix, loss in (("-wiki", 2.0), ("-code", 3.0))))
+    assert evaluation._validate(trainer, sets, "", verbose=False) == {
+        "validation-wiki": 2.0, "validation-code": 3.0}
+    assert written == [("validation", 1.5), ("validation-wiki", 2.0), ("validation-code", 3.0)]
+    names = [line.split(" loss at ")[0].strip() for line in printed if " loss at " in line]
+    assert names == ["validation", "validation-wiki", "validation-code"]

@@ -413,6 +413,30 @@ def test_start_eval_at_iter_skips_the_early_evaluations(train_iters, interval, e
     assert args.eval_samples == reference.batches_read * GBS  # built for exactly these reads
 
 
+def _megatron_lm_evaluates_after(iteration: int, interval: int, start: int | None) -> bool:
+    """Megatron-LM main's loop condition (training.py), given validation data."""
+    return iteration % interval == 0 and (start is None or iteration >= start)
+
+
+def test_the_evaluation_count_counts_the_evaluated_iterations():
+    """The predicate is Megatron-LM's condition, and the count of evaluations up to an
+    iteration is the predicate's, enumerated over every iteration before it."""
+    from megatron.varlen_training.evaluation import in_loop_evaluation_due
+    from megatron.varlen_training.run_description import evaluates_after, in_loop_evaluations
+
+    last = 30
+    for interval in range(1, 6):
+        for start in (None, *range(0, 13)):
+            due = [evaluates_after(i, interval, start) for i in range(1, last + 1)]
+            assert due == [_megatron_lm_evaluates_after(i, interval, start)
+                           for i in range(1, last + 1)], (interval, start)
+            counts = [in_loop_evaluations(i, interval, start) for i in range(last + 1)]
+            assert counts == [sum(due[:i]) for i in range(last + 1)], (interval, start)
+    config = parse_run_config([*BASE, "--eval-interval", "2", "--eval-iters", "1",
+                               "--start-eval-at-iter", "3"], world_size=1).training
+    assert [i for i in range(1, 9) if in_loop_evaluation_due(config, i)] == [4, 6, 8]
+
+
 @pytest.mark.parametrize("resume_at", [2, 4, 5])
 def test_a_resume_with_start_eval_at_iter_reads_what_a_straight_run_reads(resume_at):
     """Also from a checkpoint that records no count: the count derived from its iteration is
@@ -486,10 +510,11 @@ def test_each_validation_set_is_evaluated_alone(tmp_path):
                              timeout_s=TIMEOUT_S)[0]
     last, direct = result["history"][-1], result["direct"]
     assert direct["-wiki"] != direct["-code"]
-    for key in ("validation_loss", "end_validation_loss"):
-        assert set(last[key]) == {"-wiki", "-code"}, last
+    for key in ("validation_loss", "end_validation_loss"):  # keyed by Megatron-LM's set names
+        assert set(last[key]) == {"validation-wiki", "validation-code"}, last
         for suffix, expected in direct.items():
-            assert abs(last[key][suffix] - expected) <= 1e-5 * abs(expected), (key, suffix)
+            assert abs(last[key][f"validation{suffix}"] - expected) <= 1e-5 * abs(expected), \
+                (key, suffix)
     for name in ("wiki", "code"):
         assert any(line.startswith(f" validation-{name} loss at iteration 2 on validation set")
                    for line in result["lines"]), result["lines"]
