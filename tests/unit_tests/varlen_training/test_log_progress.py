@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 import pytest
 import torch
 
-from megatron.varlen_training import checkpointing
+from megatron.varlen_training import checkpointing, progress_log
 from megatron.varlen_training.arguments import parse_args
 from megatron.varlen_training.config.from_flags import run_config
-from megatron.varlen_training.progress_log import job_start_in_log, throughputs
+from megatron.varlen_training.progress_log import PROGRESS_FILENAME, job_start_in_log, throughputs
 from tests.harness.megatron_lm_progress import (
     SAVED_CHECKPOINT, STARTING_JOB, parse_progress_file,
 )
@@ -172,3 +172,24 @@ def test_log_progress_is_accepted_with_and_without_save(save):
     args = parse_args(TINY_GPT_ARGS + ["--train-iters", "2", "--log-progress"] + save,
                       world_size=1)
     assert run_config(args).logging.log_progress
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_only_global_rank_0_writes_and_names_the_world_size(monkeypatch, tmp_path, rank):
+    """Every rank calls the log (one exchange agrees on errors); rank 0 alone appends."""
+    monkeypatch.setattr(progress_log, "agree_on_errors", lambda step, *args: step(*args))
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: rank)
+    monkeypatch.setenv("SLURM_JOB_ID", JOB_ID)
+    log = progress_log.ProgressLog(str(tmp_path / "new"), world_size=16, started_at=0.0,
+                                   seq_length=SEQ)
+    log.job_started()
+    log.checkpoint_saved(3, flops_so_far=5 * 10 ** 18, flops_at_start=10 ** 18,
+                         consumed_samples=10 ** 6)
+    if rank != 0:
+        assert not (tmp_path / "new").exists()
+        return
+    lines = parse_progress_file((tmp_path / "new" / PROGRESS_FILENAME).read_text())
+    assert [(line.event, line.job_id, line.num_gpus) for line in lines] == [
+        (STARTING_JOB, JOB_ID, 16), (SAVED_CHECKPOINT, JOB_ID, 16)]
+    assert lines[1].values["Floating-point operations"] == 5e18
+    assert lines[1].values["Tokens (in billions)"] == round(10 ** 6 * SEQ / 10 ** 9, 2)
