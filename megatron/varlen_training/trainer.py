@@ -282,13 +282,19 @@ class Trainer:
                 consumed_samples=state.consumed_train_samples,
                 consumed_valid_samples=state.consumed_valid_samples,
                 num_floating_point_operations_so_far=state.num_floating_point_operations_so_far)
-        if self.progress is not None and os.path.abspath(root) == \
-                os.path.abspath(self.progress.folder):
-            self.progress.checkpoint_saved(state.iteration,
-                                           state.num_floating_point_operations_so_far,
-                                           state.num_floating_point_operations_at_load,
-                                           state.consumed_train_samples)
+        self._log_progress_of_save(root)
         return folder
+
+    def _log_progress_of_save(self, root: str) -> None:
+        """--log-progress: Megatron-LM's progress.txt line of a checkpoint saved under --save
+        (the facade's ``save(path)`` elsewhere adds none)."""
+        if self.progress is None or \
+                os.path.abspath(root) != os.path.abspath(self.progress.folder):
+            return
+        state = self.state
+        self.progress.checkpoint_saved(state.iteration, state.num_floating_point_operations_so_far,
+                                       state.num_floating_point_operations_at_load,
+                                       state.consumed_train_samples)
 
     def save_if_due(self) -> str | None:
         """``--save-interval``: saves after every multiple; the folder, or None."""
