@@ -12,6 +12,9 @@ from megatron.varlen_training.model import unwrap
 
 TRACKER_FILENAME = load_options.TRACKER_FILENAME  # latest_checkpointed_iteration.txt
 checkpoint_dir = load_options.iteration_folder  # root, iteration -> <root>/iter_0000003
+# Megatron-LM's key of the floating-point operations trained so far, beside the iteration in
+# the checkpoint's common state (megatron-core's common.pt); a checkpoint without it counts 0.
+FLOPS_SO_FAR_KEY = "num_floating_point_operations_so_far"
 
 
 def model_keys(model) -> list[str]:

@@ -18,7 +18,8 @@ from megatron.varlen_training import (
 )
 from megatron.varlen_training import checkpoint_optimizer_state as optimizer_state
 from megatron.varlen_training.checkpoint_layout import (
-    TRACKER_FILENAME, checkpoint_dir, model_keys, read_latest_iteration, sharded_state_dict,
+    FLOPS_SO_FAR_KEY, TRACKER_FILENAME, checkpoint_dir, model_keys, read_latest_iteration,
+    sharded_state_dict,
 )
 from megatron.varlen_training.checkpoint_safe_load import (
     COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
@@ -243,12 +244,23 @@ def _parts_held(folder: str, parts: load_options.LoadParts,
         None if run is None else run.optimizer.optimizer)
 
 
+def _flops_so_far(state: dict, folder: str) -> int:
+    """The floating-point operations the checkpoint records (Megatron-LM's key); 0, said, for
+    one saved before they were recorded (Megatron-LM's default)."""
+    if FLOPS_SO_FAR_KEY not in state:
+        print_rank_0(f" > {folder} records no {FLOPS_SO_FAR_KEY} (saved before it was "
+                     f"recorded): the floating-point operations count from 0")
+    return int(state.get(FLOPS_SO_FAR_KEY, 0))
+
+
 def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | None = None,
-                    parts: load_options.LoadParts = load_options.RESUME) -> int:
+                    parts: load_options.LoadParts = load_options.RESUME) -> tuple[int, int]:
     """Restores the model and, as ``parts`` says (Megatron-LM's ``--finetune``,
     ``--no-load-optim``, ``--no-load-rng``), the optimizer and LR scheduler and the RNG states;
-    returns the iteration to continue from (0 for ``--finetune``). With ``run``, refuses a run
-    that would not continue the saved one (``--finetune``: a model of another shape)."""
+    returns the iteration to continue from (0 for ``--finetune``) and the floating-point
+    operations trained so far, as Megatron-LM's ``load_checkpoint`` (kept with ``--finetune``
+    too, as there). With ``run``, refuses a run that would not continue the saved one
+    (``--finetune``: a model of another shape)."""
     iteration, folder = check_checkpoint(root, parts.step)
     parts = _parts_held(folder, parts, run)
     if run is not None:
@@ -268,7 +280,8 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     else:  # the optimizer's fp32 main copy of half-precision weights follows the loaded weights
         optimizer.reload_model_params()
     _restore_rng(folder, parts)
+    flops = _flops_so_far(state, folder)
     if parts.finetune:
         print_rank_0(f" > fine-tuning from {folder}: model weights only, starting at iteration 0")
-        return 0
-    return int(state["iteration"])
+        return 0, flops
+    return int(state["iteration"]), flops

@@ -29,7 +29,7 @@ from megatron.varlen_training import (
     checkpoint_sharding, checkpoint_strategies, resume_consistency, rng_state,
 )
 from megatron.varlen_training.checkpoint_layout import (
-    TRACKER_FILENAME, checkpoint_dir, read_latest_iteration, sharded_state_dict,
+    FLOPS_SO_FAR_KEY, TRACKER_FILENAME, checkpoint_dir, read_latest_iteration, sharded_state_dict,
 )
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import (
@@ -218,7 +218,9 @@ def _publish(root: str, iteration: int, staging: str, path: str, entries: dict) 
 
 
 def _write_and_publish(root: str, iteration: int, staging: str, path: str, model, optimizer,
-                       scheduler, run: RunConfig, extra_files, positions) -> None:
+                       scheduler, run: RunConfig, extra_files, positions, common: dict) -> None:
+    """The save's steps; ``common``: values saved beside the iteration (megatron-core's
+    common.pt)."""
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
     metadata = checkpoint_sharding.save_metadata(run)
     sharding_type = metadata.get(checkpoint_sharding.SHARDING_TYPE_KEY)
@@ -226,6 +228,7 @@ def _write_and_publish(root: str, iteration: int, staging: str, path: str, model
         print_rank_0(f"Storing distributed optimizer sharded state of type {sharding_type}")
     state = sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False,
                                metadata=metadata, with_optimizer=not run.checkpoint.no_save_optim)
+    state.update(common)
     # megatron-core gathers its writers' failures and raises them on every rank.
     dist_checkpointing.save(state, staging, checkpoint_strategies.save_strategy(run.checkpoint),
                             content_metadata=metadata)
@@ -261,13 +264,16 @@ def _discard(staging: str) -> None:
 def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run: RunConfig,
                     extra_files: dict[str, str] | None = None,
                     consumed_samples: int | None = None,
-                    consumed_valid_samples: int | None = None) -> str:
+                    consumed_valid_samples: int | None = None,
+                    num_floating_point_operations_so_far: int | None = None) -> str:
     """Writes iteration ``iteration`` under ``root``, publishes it atomically and updates the
     tracker file (module docstring). ``run``: the run, recorded for resume checks;
     ``extra_files``: ``{name: text}`` written by rank 0 into the checkpoint (and its manifest);
     ``consumed_samples``: the training samples trained so far (default iteration x
     --global-batch-size); ``consumed_valid_samples``: the validation samples read so far
-    (Megatron-LM's ``consumed_valid_samples``; not recorded when None).
+    (Megatron-LM's ``consumed_valid_samples``; not recorded when None);
+    ``num_floating_point_operations_so_far``: the floating-point operations trained so far,
+    under Megatron-LM's key (not recorded when None).
 
     Raises:
         CheckpointSaveError: disk full, unwritable or an I/O error on any rank (every rank).
@@ -279,8 +285,10 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run:
     helpers_before = set(multiprocessing.active_children())
     _save_in_progress = True
     try:
+        common = {} if num_floating_point_operations_so_far is None \
+            else {FLOPS_SO_FAR_KEY: num_floating_point_operations_so_far}
         _write_and_publish(root, iteration, staging, path, model, optimizer, scheduler, run,
-                           extra_files, (consumed_samples, consumed_valid_samples))
+                           extra_files, (consumed_samples, consumed_valid_samples), common)
     except KeyboardInterrupt:
         _stop_writers(helpers_before)
         _discard(staging)

@@ -14,6 +14,9 @@ Device memory (``--log-memory-to-tensorboard``, ``--log-memory-interval``,
 ``--log-device-memory-used``) is CUDA's allocator statistics in Megatron-LM; a CPU run has no
 such counters, so there they are refused in one line rather than written as a made-up number
 (device_memory.py honours them on CUDA).
+
+``--log-progress`` appends Megatron-LM's lines to ``progress.txt`` in the ``--save`` folder
+(progress_log.py); the floating-point operations it reports are kept in the checkpoints.
 """
 
 from __future__ import annotations
@@ -32,11 +35,6 @@ _TRACE_WHY = f"{_NEWER}: MoE router decision traces are not recorded here"
 _OTEL_WHY = f"{_NEWER}: no OpenTelemetry instrumentation here"
 # flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
 REFUSED_FLAGS = {
-    "--log-progress": (
-        {"action": "store_true"}, None,
-        "Megatron-LM's progress.txt needs the floating-point operations done so far, which "
-        "checkpoints here do not record; the JSONL record (--log-metrics-jsonl) has each "
-        "iteration's tokens and TFLOP/s"),
     "--log-energy": (
         {"action": "store_true"}, None,
         "energy counters are NVML's (GPU only) and this fork has no energy monitor"),
@@ -75,6 +73,14 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
                        help="Also write each MoE loss per layer ('moe/<loss>_layer_<i>', i "
                             "from 0 over decoder then MTP layers) to TensorBoard, wandb and the "
                             "JSONL record.")
+    group.add_argument("--log-progress", action="store_true",
+                       help="Append Megatron-LM's progress lines to progress.txt in the --save "
+                            "folder (rank 0): 'Starting job' at each start, and after each "
+                            "checkpoint its iteration, the job's and the cumulative TFLOP/s "
+                            "per GPU, the floating-point operations so far (from the real "
+                            "sample lengths, kept in the checkpoints) and Megatron-LM's tokens "
+                            "(consumed samples x --seq-length). Without --save nothing is "
+                            "written, as in Megatron-LM.")
     group.add_argument("--log-memory-to-tensorboard", action="store_true",
                        help="CUDA only: write the allocator's memory ('mem-reserved-bytes', "
                             "'mem-allocated-bytes', 'mem-max-allocated-bytes', "

@@ -17,6 +17,7 @@ records (:func:`iteration_metrics.to_json_record`).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 
@@ -39,6 +40,7 @@ from megatron.varlen_training.metric_writers import build_metric_writers
 from megatron.varlen_training.model_family import GPT, ModelFamily
 from megatron.varlen_training.params_norm import params_l2_norm
 from megatron.varlen_training.process_settings import apply_process_settings
+from megatron.varlen_training.progress_log import ProgressLog
 from megatron.varlen_training.runtime_hooks import StepHooks
 from megatron.varlen_training.step_timers import StepTimers
 from megatron.varlen_training.tokenizer import build_run_tokenizer, check_tokenizer_fits
@@ -117,6 +119,7 @@ class Trainer:
         # When Megatron-LM reports memory: its footprint lines anywhere, the memory line on CUDA.
         self._memory_reports: device_memory.MemoryReports | None = None
         self.hooks: StepHooks | None = None  # the runtime flags' work around steps
+        self.progress: ProgressLog | None = None  # --log-progress with --save
         self._owns_process_group = False
 
     # --- start ------------------------------------------------------------------------------
@@ -125,9 +128,13 @@ class Trainer:
         """Device, process group, parallel state, seeds (and the arguments dump), tokenizer and
         the run's vocabulary, dynamic CP groups, metric writers; the runtime flags' process
         settings (logging level, deterministic mode) before all that, memory history after."""
+        started_at = time.time()  # the job's clock of --log-progress's job throughput
         self._owns_process_group = not torch.distributed.is_initialized()
         apply_process_settings(self.run.runtime)
         initialize_megatron(self.run)
+        self.progress = ProgressLog.of(self.run, torch.distributed.get_world_size(), started_at)
+        if self.progress is not None:  # where Megatron-LM writes it: after initialisation
+            self.progress.job_started()
         self.hooks = StepHooks(self.run.runtime, torch.distributed.get_rank(),
                                self.run.logging.log_interval, self.run.logging.tensorboard_dir)
         self.hooks.start()  # before the model is built: its allocations are recorded
@@ -189,6 +196,8 @@ class Trainer:
         self.state.consumed_train_samples += training.samples_in_step(self.run, num_samples)
         metrics = self._metrics(batches, loss, grad_norm, time.perf_counter() - started_at,
                                 training.samples_in_step(self.run, num_samples))
+        # Every step's work counts, a step the fp16 scaler skipped too (as in Megatron-LM).
+        self.state.num_floating_point_operations_so_far += metrics.flops
         line_losses, scalars = reported_losses.step_losses(self.run.model, self.run.logging,
                                                            self.state.model, get_device())
         metrics.losses.update(line_losses)
@@ -263,14 +272,29 @@ class Trainer:
     # --- checkpoints ------------------------------------------------------------------------
 
     def save(self, root: str | None = None) -> str:
-        """Saves the state under ``root`` (default ``--save``); returns the checkpoint folder."""
-        state = self.state
+        """Saves the state under ``root`` (default ``--save``); returns the checkpoint folder.
+        With ``--log-progress``, a save under ``--save`` adds its line to progress.txt."""
+        state, root = self.state, root or self.run.checkpoint.save
         with training.params_gathered(state.model):  # --overlap-param-gather: current weights
-            return checkpointing.save_checkpoint(
-                root or self.run.checkpoint.save, state.iteration, state.model, state.optimizer,
+            folder = checkpointing.save_checkpoint(
+                root, state.iteration, state.model, state.optimizer,
                 state.scheduler, self.run, extra_files=self.checkpoint_files,
                 consumed_samples=state.consumed_train_samples,
-                consumed_valid_samples=state.consumed_valid_samples)
+                consumed_valid_samples=state.consumed_valid_samples,
+                num_floating_point_operations_so_far=state.num_floating_point_operations_so_far)
+        self._log_progress_of_save(root)
+        return folder
+
+    def _log_progress_of_save(self, root: str) -> None:
+        """--log-progress: Megatron-LM's progress.txt line of a checkpoint saved under --save
+        (the facade's ``save(path)`` elsewhere adds none)."""
+        if self.progress is None or \
+                os.path.abspath(root) != os.path.abspath(self.progress.folder):
+            return
+        state = self.state
+        self.progress.checkpoint_saved(state.iteration, state.num_floating_point_operations_so_far,
+                                       state.num_floating_point_operations_at_load,
+                                       state.consumed_train_samples)
 
     def save_if_due(self) -> str | None:
         """``--save-interval``: saves after every multiple; the folder, or None."""

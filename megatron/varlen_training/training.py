@@ -66,6 +66,11 @@ class TrainState:
     # Validation samples the evaluations so far read (Megatron-LM's ``consumed_valid_samples``,
     # checkpointed in run_args.json): the next evaluation continues the stream there.
     consumed_valid_samples: int = 0
+    # The floating-point operations of the steps so far, from their real sample lengths
+    # (Megatron-LM's ``num_floating_point_operations_so_far``, checkpointed under its key), and
+    # those the run had when it was loaded (a job's own are the difference: --log-progress).
+    num_floating_point_operations_so_far: int = 0
+    num_floating_point_operations_at_load: int = 0
     # --log-num-zeros-in-grad: the zero entries of the last step's clipped main grads (None
     # without the flag, or when the fp16 loss scaler skipped the step).
     num_zeros_in_grad: int | None = None
@@ -169,11 +174,14 @@ def setup_model_and_optimizer(run: RunConfig, family: ModelFamily = GPT,
 def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     """Restores the checkpoint under ``root`` into ``state`` (what ``parts`` names: weights,
     optimizer, schedule, RNG) and the data positions the run continues from (training and
-    validation samples consumed); its iteration. pretrain_gpt.py's start-up and the facade's
-    ``Trainer.load`` both come here, so both build the same optimizer after a resume."""
+    validation samples consumed) and floating-point operations; its iteration.
+    pretrain_gpt.py's start-up and the facade's ``Trainer.load`` both come here, so both build
+    the same optimizer after a resume."""
     bounds = _lr_bounds(state.optimizer)
-    state.iteration = checkpointing.load_checkpoint(root, state.model, state.optimizer,
-                                                    state.scheduler, run, parts)
+    state.iteration, flops = checkpointing.load_checkpoint(root, state.model, state.optimizer,
+                                                           state.scheduler, run, parts)
+    state.num_floating_point_operations_so_far = flops
+    state.num_floating_point_operations_at_load = flops
     if run.optimizer.override_opt_param_scheduler:
         _set_lr_bounds(state.optimizer, bounds)
     # The loaded param groups bring the flags they were saved with: a checkpoint written by a

@@ -88,7 +88,7 @@ FLAG_LOGGING_FIELDS = (
     "log_params_norm", "timing_log_level", "timing_log_option", "log_timers_to_tensorboard",
     "log_throughput", "barrier_with_L1_time", "tensorboard_queue_size",
     "log_loss_scale_to_tensorboard", "log_world_size_to_tensorboard", "moe_per_layer_logging",
-    "log_memory_to_tensorboard", "log_memory_interval", "log_device_memory_used")
+    "log_memory_to_tensorboard", "log_memory_interval", "log_device_memory_used", "log_progress")
 """LoggingConfig fields of Megatron-LM's logging flags: the facade's run takes them from the
 parsed flags (what its writers write), its own keys pick the writers and where they write."""
 

@@ -63,6 +63,9 @@ class LoggingConfig:
     log_memory_to_tensorboard: bool = False
     log_memory_interval: int | None = None
     log_device_memory_used: bool = False
+    # --log-progress: Megatron-LM's progress.txt in the --save folder (progress_log.py);
+    # nothing is written without --save, as in Megatron-LM.
+    log_progress: bool = False
 
     def __post_init__(self):
         check_ranges(self)

@@ -223,8 +223,10 @@ def test_a_views_logging_flags_reach_the_facades_writers(tmp_path):
     config, run = _view_run(tmp_path, "log_params_norm: true\nlog_num_zeros_in_grad: true\n"
                                       "tensorboard_queue_size: 7\ntensorboard_log_interval: 3\n"
                                       "log_world_size_to_tensorboard: true\n"
-                                      "log_loss_scale_to_tensorboard: false\n")
+                                      "log_loss_scale_to_tensorboard: false\n"
+                                      "log_progress: true\n")
     logging = run.logging
+    assert logging.log_progress  # progress.txt in the facade's save folder
     assert (logging.log_params_norm, logging.log_num_zeros_in_grad) == (True, True)
     assert (logging.tensorboard_queue_size, logging.tensorboard_log_interval) == (7, 3)
     assert logging.log_world_size_to_tensorboard and not logging.log_loss_scale_to_tensorboard

@@ -102,7 +102,7 @@ def test_world_size_queue_size_and_entity(monkeypatch, tmp_path):
     assert offline_run_entity(save_dir) == "team"
 
 
-REFUSED = ["--log-progress", "--log-energy", "--log-max-attention-logit",
+REFUSED = ["--log-energy", "--log-max-attention-logit",
            "--moe-routing-trace-path=/tmp/t", "--moe-routing-trace-max-training-iters=3",
            "--moe-routing-trace-capture-logits", "--moe-routing-trace-capture-hidden-states",
            "--moe-routing-trace-dump-weights", "--otel-enabled", "--otel-service-name=s",
