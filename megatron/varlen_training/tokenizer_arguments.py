@@ -16,7 +16,9 @@ from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_TYPE
 from megatron.varlen_training.model_file_tokenizer_arguments import (
     add_model_file_tokenizer_args, validate_model_file_tokenizer_args,
 )
-from megatron.varlen_training.refused_flags import SWITCH, FlagRow, add_flag_rows, refuse_given
+from megatron.varlen_training.refused_flags import (
+    SWITCH, FlagRow, add_flag_rows, dest_of, refuse_given,
+)
 from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE, TOKENIZER_TYPE_FLAGS
 
 _HF_DIR_HINT = ("save the tokenizer you want with transformers' save_pretrained and give it as "
@@ -103,7 +105,7 @@ def validate_tokenizer_args(args: argparse.Namespace, require,
     validate_model_file_tokenizer_args(args, require)
     is_bpe = args.tokenizer_type == GPT2_BPE_TYPE
     for flag in ("--vocab-file", "--merge-file"):
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(args, dest_of(flag, {}))
         require(value is not None or not is_bpe,
                 f"--tokenizer-type {GPT2_BPE_TYPE} needs {flag} (GPT-2's vocabulary JSON and "
                 "merges, e.g. --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt)")
