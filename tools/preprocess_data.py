@@ -37,7 +37,9 @@ from megatron.varlen_training.datasets.preprocess import (  # noqa: E402
 from megatron.varlen_training.errors import USAGE_EXIT_CODE, one_line  # noqa: E402
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require  # noqa: E402
 from megatron.varlen_training.model_file_tokenizers import ModelFileOptions  # noqa: E402
-from megatron.varlen_training.refused_flags import given_refused_flags  # noqa: E402
+from megatron.varlen_training.refused_flags import (  # noqa: E402
+    SWITCH, FlagRow, add_flag_rows, refuse_given,
+)
 from megatron.varlen_training.tokenizer import TOKENIZER_TYPE_CHOICES  # noqa: E402
 from megatron.varlen_training.tokenizer_arguments import (  # noqa: E402
     add_tokenizer_file_args, validate_tokenizer_args,
@@ -45,29 +47,24 @@ from megatron.varlen_training.tokenizer_arguments import (  # noqa: E402
 
 PROG = "preprocess_data.py"
 DEFAULT_LOG_INTERVAL = 1000  # Megatron-LM's
-# Megatron-LM's flags without an implementation here: flag -> (argparse kwargs, no neutral
-# value, what to do) as refused_flags.py's tables.
+# Megatron-LM's flags without an implementation here (no value of them changes nothing).
 _SENTENCES_HINT = ("split the text into sentences beforehand and give each document as a JSON "
                    "list of its sentences (each becomes one sequence of the document)")
 _TUNING_HINT = "time a few --workers values on a sample of the input instead"
-_REFUSED_FLAGS = {
-    "--split-sentences": ({"action": "store_true"}, None,
-                          f"nltk sentence splitting is not supported; {_SENTENCES_HINT}"),
-    "--keep-newlines": ({"action": "store_true"}, None,
-                        f"it only applies to --split-sentences, which is not supported; "
-                        f"{_SENTENCES_HINT}"),
-    "--lang": ({"default": None}, None,
-               f"it only applies to --split-sentences, which is not supported; "
-               f"{_SENTENCES_HINT}"),
-    "--find-optimal-num-workers": ({"action": "store_true"}, None,
-                                   f"the worker search is not supported; {_TUNING_HINT}"),
-    "--workers-to-check": ({"nargs": "+", "default": None}, None,
-                           f"it only applies to --find-optimal-num-workers, which is not "
-                           f"supported; {_TUNING_HINT}"),
-    "--max-documents": ({"default": None}, None,
-                        f"it only applies to --find-optimal-num-workers, which is not "
-                        f"supported; {_TUNING_HINT}"),
-}
+_SENTENCES_ONLY = ("it only applies to --split-sentences, which is not supported; "
+                   + _SENTENCES_HINT)
+_SEARCH_ONLY = ("it only applies to --find-optimal-num-workers, which is not supported; "
+                + _TUNING_HINT)
+_REFUSED_FLAGS = (
+    FlagRow(("--split-sentences",), SWITCH, False,
+            f"nltk sentence splitting is not built here; {_SENTENCES_HINT}"),
+    FlagRow(("--keep-newlines",), SWITCH, False, _SENTENCES_ONLY),
+    FlagRow(("--lang",), {}, None, _SENTENCES_ONLY),
+    FlagRow(("--find-optimal-num-workers",), SWITCH, False,
+            f"the worker search is not built here; {_TUNING_HINT}"),
+    FlagRow(("--workers-to-check",), {"nargs": "+"}, None, _SEARCH_ONLY),
+    FlagRow(("--max-documents",), {}, None, _SEARCH_ONLY),
+)
 
 
 # Megatron-LM tokenizer flags the training layer refuses but this tool honours (its own group).
@@ -118,20 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "Megatron-LM merges); --workers must be a multiple of it.")
     group.add_argument("--keep-sequential-samples", action="store_true",
                        help="Partitions of consecutive lines: the input order.")
-    group = parser.add_argument_group("Megatron-LM flags refused here")
-    for flag, (kwargs, _, _) in _REFUSED_FLAGS.items():
-        group.add_argument(flag, help=argparse.SUPPRESS, **kwargs)
+    add_flag_rows(parser.add_argument_group("Megatron-LM flags refused here"), _REFUSED_FLAGS)
     return parser
-
-
-def _refuse_unsupported(args: argparse.Namespace) -> None:
-    for flag, _, why in given_refused_flags(args, _REFUSED_FLAGS):
-        raise ArgumentValidationError(f"{flag}: {why}")
 
 
 def parse_config(argv: list[str] | None = None) -> PreprocessConfig:
     args = build_parser().parse_args(argv)
-    _refuse_unsupported(args)
+    refuse_given(args, _REFUSED_FLAGS, require)
     validate_tokenizer_args(args, require, honoured=_HONOURED_TOKENIZER_FLAGS)
     return PreprocessConfig(
         input=args.input, json_keys=tuple(args.json_keys), tokenizer_type=args.tokenizer_type,

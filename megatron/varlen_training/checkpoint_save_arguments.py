@@ -37,7 +37,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.log import warning_rank_0
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import SWITCH, FlagRow, add_flag_rows, refuse_given
 
 # megatron-core's StrictHandling values (dist_checkpointing/validation.py), as Megatron-LM
 # offers them; the return_* ones change what the load returns, for callers that want the keys.
@@ -52,42 +52,41 @@ FULLY_PARALLEL_SAVE_NOTE = ("--ckpt-fully-parallel-save flag is deprecated and h
                             "Use --no-ckpt-fully-parallel-save to disable parallel save.")
 _LOCAL_WHY = "every save is a persistent torch_dist checkpoint here; use --save-interval"
 _CONVERT_WHY = "this fork does not convert checkpoints between formats"
-REFUSED_FLAGS = {
-    "--ckpt-convert-format": ({"choices": ("torch", "torch_dist", "zarr")}, None,
-                              _CONVERT_WHY),
-    "--ckpt-convert-save": ({}, None, _CONVERT_WHY),
-    "--ckpt-convert-update-legacy-dist-opt-format": ({"action": "store_true"}, None,
-                                                     _CONVERT_WHY),
-    "--non-persistent-global-ckpt-dir": ({}, None, _LOCAL_WHY),
-    "--non-persistent-local-ckpt-dir": ({}, None, _LOCAL_WHY),
-    "--non-persistent-local-ckpt-algo": ({"choices": ("fully_parallel", "atomic")},
-                                         "fully_parallel", _LOCAL_WHY),
-    "--replication": ({"action": "store_true"}, None, _LOCAL_WHY),
-    "--replication-jump": ({"type": int}, None, _LOCAL_WHY),
-    "--replication-factor": ({"type": int}, "2", _LOCAL_WHY),
-    "--use-persistent-ckpt-worker": ({"action": "store_true"}, None,
-                                     "saves are synchronous here (no async checkpoint worker)"),
-    "--save-retain-interval": ({"type": int}, None,
-                               "every saved checkpoint is kept here (none is deleted)"),
-    "--save-wgrads-interval": ({"type": int}, None, "gradients are not saved here"),
-    "--save-dgrads-interval": ({"type": int}, None, "gradients are not saved here"),
-    "--load-main-params-from-ckpt": ({"action": "store_true"}, None,
-                                     "the optimizer's fp32 main parameters follow the loaded "
-                                     "weights here (megatron-core's reload_model_params)"),
-    "--dist-ckpt-save-pre-mcore-014": ({"action": "store_true"}, None,
-                                       "checkpoints are saved in megatron-core 0.16.1's layout"),
-    "--use-mp-args-from-checkpoint-args": ({"action": "store_true"}, None,
-                                           "--use-checkpoint-args takes the model flags; the "
-                                           "parallel sizes come from the command line here"),
-    "--dist-ckpt-workers": ({"type": int}, "1", "megatron-core 0.16.1 saves with one writer "
-                                                "process per rank (Megatron-LM main only)"),
-    "--ckpt-drop-redundant-extra-state": ({"action": "store_true"}, None,
-                                          "Megatron-LM main only: Transformer Engine's extra "
-                                          "state is saved as megatron-core 0.16.1 does"),
-    "--override-ckpt-iteration": ({"type": int}, None,
-                                  "Megatron-LM main only; a resume continues the saved "
-                                  "iteration here (--ckpt-step picks which)"),
-}
+REFUSED_FLAGS = (
+    FlagRow(("--ckpt-convert-format",), {"choices": ("torch", "torch_dist", "zarr")}, None,
+            _CONVERT_WHY),
+    FlagRow(("--ckpt-convert-save",), {}, None, _CONVERT_WHY),
+    FlagRow(("--ckpt-convert-update-legacy-dist-opt-format",), SWITCH, False, _CONVERT_WHY),
+    FlagRow(("--non-persistent-global-ckpt-dir",), {}, None, _LOCAL_WHY),
+    FlagRow(("--non-persistent-local-ckpt-dir",), {}, None, _LOCAL_WHY),
+    FlagRow(("--non-persistent-local-ckpt-algo",), {"choices": ("fully_parallel", "atomic")},
+            "fully_parallel", _LOCAL_WHY),
+    FlagRow(("--replication",), SWITCH, False, _LOCAL_WHY),
+    FlagRow(("--replication-jump",), {"type": int}, None, _LOCAL_WHY),
+    FlagRow(("--replication-factor",), {"type": int}, 2, _LOCAL_WHY),
+    FlagRow(("--use-persistent-ckpt-worker",), SWITCH, False,
+            "saves are synchronous here (no async checkpoint worker)"),
+    FlagRow(("--save-retain-interval",), {"type": int}, None,
+            "every saved checkpoint is kept here (none is deleted)"),
+    FlagRow(("--save-wgrads-interval",), {"type": int}, None, "gradients are not saved here"),
+    FlagRow(("--save-dgrads-interval",), {"type": int}, None, "gradients are not saved here"),
+    FlagRow(("--load-main-params-from-ckpt",), SWITCH, False,
+            "the optimizer's fp32 main parameters follow the loaded weights here (megatron-core's "
+            "reload_model_params)"),
+    FlagRow(("--dist-ckpt-save-pre-mcore-014",), SWITCH, False,
+            "checkpoints are saved in megatron-core 0.16.1's layout"),
+    FlagRow(("--use-mp-args-from-checkpoint-args",), SWITCH, False,
+            "--use-checkpoint-args takes the model flags; the parallel sizes come from the "
+            "command line here"),
+    FlagRow(("--dist-ckpt-workers",), {"type": int}, 1,
+            "megatron-core 0.16.1 saves with one writer process per rank (Megatron-LM main only)"),
+    FlagRow(("--ckpt-drop-redundant-extra-state",), SWITCH, False,
+            "Megatron-LM main only: Transformer Engine's extra state is saved as megatron-core "
+            "0.16.1 does"),
+    FlagRow(("--override-ckpt-iteration",), {"type": int}, None,
+            "Megatron-LM main only; a resume continues the saved iteration here (--ckpt-step "
+            "picks which)"),
+)
 
 
 def add_checkpoint_save_args(parser: argparse.ArgumentParser) -> None:
@@ -137,8 +136,8 @@ def add_checkpoint_save_args(parser: argparse.ArgumentParser) -> None:
                        action="store_false", dest="strict_fsdp_dtensor_load",
                        help="Accepted, no effect: read only for fsdp_dtensor checkpoints, "
                             "which are refused here.")
-    add_refused_flags(parser.add_argument_group("Megatron-LM checkpoint flags refused here"),
-                      REFUSED_FLAGS, neutral_default=True)
+    add_flag_rows(parser.add_argument_group("Megatron-LM checkpoint flags refused here"),
+                  REFUSED_FLAGS)
 
 
 def deprecation_notes(args: argparse.Namespace) -> list[str]:
@@ -153,8 +152,7 @@ def deprecation_notes(args: argparse.Namespace) -> list[str]:
 
 def validate_checkpoint_save_args(args: argparse.Namespace, require) -> None:
     """Refuses what cannot be honoured (``require(cond, message)``)."""
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     require(args.dist_ckpt_strictness not in _RETURNING_STRICTNESS,
             f"--dist-ckpt-strictness {args.dist_ckpt_strictness} is not supported: it only "
             f"hands the mismatching keys to a caller; use raise_all to stop on them or "

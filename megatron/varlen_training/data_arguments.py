@@ -17,6 +17,7 @@ import os
 import re
 
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.refused_flags import dest_of
 
 # Megatron-LM's "legacy default" when --data-path comes without --split (train, valid, test).
 DEFAULT_SPLIT = "969, 30, 1"
@@ -136,7 +137,7 @@ def uses_indexed_data(args) -> bool:
 
 def validate_indexed_data_args(args, require) -> None:
     """Checks the blends and the split; resolves ``--split``'s default (Megatron-LM's)."""
-    per_split = [getattr(args, flag[2:].replace("-", "_")) for flag in PER_SPLIT_FLAGS]
+    per_split = [getattr(args, dest_of(flag, {})) for flag in PER_SPLIT_FLAGS]
     _refuse_paths_with_mock_data(args, per_split, require)
     if not uses_indexed_data(args):
         require(all(paths is None for paths in per_split),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.refused_flags import (
-    add_refused_flags, add_unread_flags, given_refused_flags,
+    SWITCH, FlagRow, accepted_rows, add_flag_rows, read_only_with, refuse_given,
 )
 
 SINGLE = "single"  # the one --dataloader-type this fork's loader implements
@@ -32,30 +32,31 @@ _PATHS_WHY = ("give the data with --data-path or --train-data-path / --valid-dat
               "--test-data-path")
 _CACHE_WHY = ("megatron-core's index caches are built (or found and checked) at start-up "
               "here, rank by rank; the pre-built-cache fast paths are not wired")
-REFUSED_FLAGS = {
-    "--data-args-path": ({}, None, _PATHS_WHY),
-    "--per-split-data-args-path": ({}, None, _PATHS_WHY),
-    "--per-dataset-sequences-path": ({}, None, "dataset sizes are read from the .idx files"),
-    "--object-storage-cache-path": ({}, None, "data is read from local files only"),
-    "--phase-transition-iterations": ({}, None,
-                                      "one data blend per run here (Megatron-LM main only)"),
-    "--dataloader-fast-cache-load": ({"action": "store_true"}, None, _CACHE_WHY),
-    "--dataloader-defer-npy-index-mmap": ({"action": "store_true"}, None, _CACHE_WHY),
-    "--fim-data": ({"action": "store_true"}, None,
-                   "fill-in-the-middle samples are not built here"),
-}
-# Read by Megatron-LM only with --fim-data (refused): (flag, argparse keywords, its default).
-_FIM_TUNING_FLAGS = (
-    ("--fim-rate", {"type": float}, 0.5),
-    ("--fim-spm-rate", {"type": float}, 0.5),
-    ("--fim-split-sample", {}, None),
-    ("--fim-fragment-rate", {"type": float}, None),
-    ("--fim-no-prefix", {}, None),
-    ("--fim-prefix-token", {}, "<fim_prefix>"),
-    ("--fim-middle-token", {}, "<fim_middle>"),
-    ("--fim-suffix-token", {}, "<fim_suffix>"),
-    ("--fim-pad-token", {}, "<fim_pad>"),
-    ("--fim-eod-token", {}, "<|endoftext|>"),
+REFUSED_FLAGS = (
+    FlagRow(("--data-args-path",), {}, None, _PATHS_WHY),
+    FlagRow(("--per-split-data-args-path",), {}, None, _PATHS_WHY),
+    FlagRow(("--per-dataset-sequences-path",), {}, None,
+            "dataset sizes are read from the .idx files"),
+    FlagRow(("--object-storage-cache-path",), {}, None, "data is read from local files only"),
+    FlagRow(("--phase-transition-iterations",), {}, None,
+            "one data blend per run here (Megatron-LM main only)"),
+    FlagRow(("--dataloader-fast-cache-load",), SWITCH, False, _CACHE_WHY),
+    FlagRow(("--dataloader-defer-npy-index-mmap",), SWITCH, False, _CACHE_WHY),
+    FlagRow(("--fim-data",), SWITCH, False, "fill-in-the-middle samples are not built here"),
+)
+# Read by Megatron-LM only with --fim-data (refused).
+_UNREAD = read_only_with("--fim-data")
+_FIM_TUNING_FLAGS = accepted_rows(
+    FlagRow(("--fim-rate",), {"type": float}, 0.5, _UNREAD),
+    FlagRow(("--fim-spm-rate",), {"type": float}, 0.5, _UNREAD),
+    FlagRow(("--fim-split-sample",), {}, None, _UNREAD),
+    FlagRow(("--fim-fragment-rate",), {"type": float}, None, _UNREAD),
+    FlagRow(("--fim-no-prefix",), {}, None, _UNREAD),
+    FlagRow(("--fim-prefix-token",), {}, "<fim_prefix>", _UNREAD),
+    FlagRow(("--fim-middle-token",), {}, "<fim_middle>", _UNREAD),
+    FlagRow(("--fim-suffix-token",), {}, "<fim_suffix>", _UNREAD),
+    FlagRow(("--fim-pad-token",), {}, "<fim_pad>", _UNREAD),
+    FlagRow(("--fim-eod-token",), {}, "<|endoftext|>", _UNREAD),
 )
 
 
@@ -79,16 +80,15 @@ def add_dataloader_args(parser: argparse.ArgumentParser) -> None:
                        dest="create_attention_mask_in_dataloader",
                        help="Accepted, no effect: the data here never carries a dense causal "
                             "mask (refused with --reset-attention-mask unpacked).")
-    add_unread_flags(group, _FIM_TUNING_FLAGS, "--fim-data")
-    add_refused_flags(parser.add_argument_group("Megatron-LM data flags refused here"),
-                      REFUSED_FLAGS)
+    add_flag_rows(group, _FIM_TUNING_FLAGS)
+    add_flag_rows(parser.add_argument_group("Megatron-LM data flags refused here"),
+                  REFUSED_FLAGS)
 
 
 def validate_dataloader_args(args: argparse.Namespace, require) -> None:
     """Refuses what this data path cannot do; resolves --dataloader-type as Megatron-LM does
     (``require(cond, message)``)."""
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     if args.dataloader_type is None:
         args.dataloader_type = SINGLE
     require(args.dataloader_type == SINGLE,

@@ -34,63 +34,61 @@ import argparse
 import os
 
 from megatron.varlen_training.refused_flags import (
-    add_refused_flags, add_unread_flags, given_refused_flags,
+    SWITCH, FlagRow, accepted_rows, add_flag_rows, read_only_with, refuse_given,
 )
 
 _FSDP_WHY = ("this fork wraps the model in megatron-core's DistributedDataParallel (with "
              "--use-distributed-optimizer for sharded optimizer state); FSDP is not built")
 _GROUPS_WHY = "this fork creates megatron-core's standard process groups only"
-REFUSED_FLAGS = {
-    "--use-torch-fsdp2": ({"action": "store_true"}, None, _FSDP_WHY),
-    "--use-megatron-fsdp": ({"action": "store_true"}, None, _FSDP_WHY),
-    "--num-distributed-optimizer-instances": (
-        {"type": int}, "1",
-        "the distributed optimizer shards over the whole data-parallel group here (one "
-        "instance; megatron-core would need its intra/inter-instance groups)"),
-    "--overlap-param-gather-with-optimizer-step": (
-        {"action": "store_true"}, None,
-        "Megatron-LM refuses it with distributed checkpointing (torch_dist), the one "
-        "checkpoint format here; use --overlap-param-gather"),
-    "--ddp-reduce-scatter-with-fp32-accumulation": (
-        {"action": "store_true"}, None,
-        "megatron-core 0.16.1's DistributedDataParallelConfig has no such field"),
-    "--ddp-param-name-patterns-for-fp32-local-accumulation": (
-        {"nargs": "+"}, None, "Megatron-LM main only; not in megatron-core 0.16.1"),
-    "--create-all-gather-group": ({"action": "store_true"}, None, _GROUPS_WHY),
-    "--use-sharp": ({"action": "store_true"}, None, _GROUPS_WHY),
-    "--sharp-enabled-group": ({}, None, _GROUPS_WHY),
-    "--nccl-communicator-config-path": ({}, None, _GROUPS_WHY),
-    "--use-tp-pp-dp-mapping": ({"action": "store_true"}, None,
-                               "ranks are ordered tensor-context-data-pipeline here "
-                               "(megatron-core's default order)"),
-    "--fake-process-group": ({"action": "store_true"}, None,
-                             "runs need a real process group (gloo on CPU)"),
-    "--use-nccl-ub": ({"action": "store_true", "dest": "nccl_ub"}, None,
-                      "NCCL user-buffer registration is not set up here"),
-    "--distributed-timeout-seconds-after-init": (
-        {"type": int}, None,
-        "the process groups keep --distributed-timeout-minutes for the whole run here"),
+REFUSED_FLAGS = (
+    FlagRow(("--use-torch-fsdp2",), SWITCH, False, _FSDP_WHY),
+    FlagRow(("--use-megatron-fsdp",), SWITCH, False, _FSDP_WHY),
+    FlagRow(("--num-distributed-optimizer-instances",), {"type": int}, 1,
+            "the distributed optimizer shards over the whole data-parallel group here (one "
+            "instance; megatron-core would need its intra/inter-instance groups)"),
+    FlagRow(("--overlap-param-gather-with-optimizer-step",), SWITCH, False,
+            "Megatron-LM refuses it with distributed checkpointing (torch_dist), the one "
+            "checkpoint format here; use --overlap-param-gather"),
+    FlagRow(("--ddp-reduce-scatter-with-fp32-accumulation",), SWITCH, False,
+            "megatron-core 0.16.1's DistributedDataParallelConfig has no such field"),
+    FlagRow(("--ddp-param-name-patterns-for-fp32-local-accumulation",), {"nargs": "+"}, None,
+            "Megatron-LM main only; not in megatron-core 0.16.1"),
+    FlagRow(("--create-all-gather-group",), SWITCH, False, _GROUPS_WHY),
+    FlagRow(("--use-sharp",), SWITCH, False, _GROUPS_WHY),
+    FlagRow(("--sharp-enabled-group",), {}, None, _GROUPS_WHY),
+    FlagRow(("--nccl-communicator-config-path",), {}, None, _GROUPS_WHY),
+    FlagRow(("--use-tp-pp-dp-mapping",), SWITCH, False,
+            "ranks are ordered tensor-context-data-pipeline here (megatron-core's default order)"),
+    FlagRow(("--fake-process-group",), SWITCH, False,
+            "runs need a real process group (gloo on CPU)"),
+    FlagRow(("--use-nccl-ub",), {"action": "store_true", "dest": "nccl_ub"}, False,
+            "NCCL user-buffer registration is not set up here"),
+    FlagRow(("--distributed-timeout-seconds-after-init",), {"type": int}, None,
+            "the process groups keep --distributed-timeout-minutes for the whole run here"),
     # core_v0.16.1 takes a value (type=bool), main a bare switch: both spellings parse.
-    "--lazy-mpu-init": ({"type": bool, "nargs": "?", "const": True}, None,
-                        "model-parallel state is always initialised at start-up here"),
-}
+    FlagRow(("--lazy-mpu-init",), {"type": bool, "nargs": "?", "const": True}, None,
+            "model-parallel state is always initialised at start-up here"),
+)
 # Read by Megatron-LM only with --use-megatron-fsdp / --use-torch-fsdp2 (refused here): without
-# FSDP Megatron-LM ignores them too. (flag, argparse keywords, Megatron-LM's default)
-_FSDP_ONLY_FLAGS = (
-    ("--data-parallel-sharding-strategy",
-     {"choices": ("no_shard", "optim", "optim_grads", "optim_grads_params")}, "no_shard"),
-    ("--outer-dp-sharding-strategy", {"choices": ("no_shard", "optim")}, "no_shard"),
-    ("--torch-fsdp2-no-reshard-after-forward",
-     {"action": "store_false", "dest": "torch_fsdp2_reshard_after_forward"}, True),
-    ("--no-gradient-reduce-div-fusion",
-     {"action": "store_false", "dest": "gradient_reduce_div_fusion"}, True),
-    ("--fsdp-double-buffer", {"action": "store_true"}, False),
-    ("--suggested-communication-unit-size", {"type": int}, None),
-    ("--keep-fp8-transpose-cache", {"action": "store_true"}, False),
-    ("--enable-full-sharding-in-hsdp", {"action": "store_true"}, False),
-    ("--disable-symmetric-registration", {"action": "store_true"}, False),
-    ("--fsdp-manual-registration", {"action": "store_true"}, False),
-    ("--megatron-fsdp-version", {"type": int, "choices": (1, 2)}, 1),
+# FSDP Megatron-LM ignores them too.
+_UNREAD = read_only_with("--use-megatron-fsdp / --use-torch-fsdp2")
+_FSDP_ONLY_FLAGS = accepted_rows(
+    FlagRow(("--data-parallel-sharding-strategy",),
+            {"choices": ("no_shard", "optim", "optim_grads", "optim_grads_params")}, "no_shard",
+            _UNREAD),
+    FlagRow(("--outer-dp-sharding-strategy",), {"choices": ("no_shard", "optim")}, "no_shard",
+            _UNREAD),
+    FlagRow(("--torch-fsdp2-no-reshard-after-forward",),
+            {"action": "store_false", "dest": "torch_fsdp2_reshard_after_forward"}, True, _UNREAD),
+    FlagRow(("--no-gradient-reduce-div-fusion",),
+            {"action": "store_false", "dest": "gradient_reduce_div_fusion"}, True, _UNREAD),
+    FlagRow(("--fsdp-double-buffer",), SWITCH, False, _UNREAD),
+    FlagRow(("--suggested-communication-unit-size",), {"type": int}, None, _UNREAD),
+    FlagRow(("--keep-fp8-transpose-cache",), SWITCH, False, _UNREAD),
+    FlagRow(("--enable-full-sharding-in-hsdp",), SWITCH, False, _UNREAD),
+    FlagRow(("--disable-symmetric-registration",), SWITCH, False, _UNREAD),
+    FlagRow(("--fsdp-manual-registration",), SWITCH, False, _UNREAD),
+    FlagRow(("--megatron-fsdp-version",), {"type": int, "choices": (1, 2)}, 1, _UNREAD),
 )
 
 
@@ -132,9 +130,9 @@ def add_ddp_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-scatter-gather-tensors-in-pipeline", action="store_false",
                        dest="scatter_gather_tensors_in_pipeline",
                        help="Accepted, no effect: Megatron-LM core_v0.16.1 no longer reads it.")
-    add_unread_flags(group, _FSDP_ONLY_FLAGS, "--use-megatron-fsdp / --use-torch-fsdp2")
-    add_refused_flags(parser.add_argument_group("Megatron-LM distributed flags refused here"),
-                      REFUSED_FLAGS, neutral_default=True)
+    add_flag_rows(group, _FSDP_ONLY_FLAGS)
+    add_flag_rows(parser.add_argument_group("Megatron-LM distributed flags refused here"),
+                  REFUSED_FLAGS)
 
 
 def validate_ddp_args(args: argparse.Namespace, require) -> None:
@@ -142,8 +140,7 @@ def validate_ddp_args(args: argparse.Namespace, require) -> None:
     as Megatron-LM's validate_args does (``require(cond, message)``)."""
     import torch  # the flag layer imports torch only here, as arguments.py does
 
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     launcher_rank = int(os.environ.get("LOCAL_RANK", "0"))
     require(args.local_rank is None or args.local_rank == launcher_rank,
             f"--local-rank {args.local_rank} disagrees with $LOCAL_RANK {launcher_rank}, which "

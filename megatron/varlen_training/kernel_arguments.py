@@ -40,7 +40,7 @@ import argparse
 from megatron.varlen_training.flag_ranges import is_importable
 from megatron.varlen_training.refused_choices import megatron_lm_choices
 from megatron.varlen_training.refused_flags import (
-    add_refused_flags, dest_of, given_refused_flags,
+    SWITCH, FlagRow, add_flag_rows, dest_of, refuse_given,
 )
 
 ROPE = "rope"
@@ -58,38 +58,40 @@ _FP8_WHY = ("an FP8 setting, which only --fp8-format uses: FP8 needs Transformer
 _CUDA_GRAPH_WHY = ("CUDA graphs replay fixed shapes, and packed THD micro-batches change length "
                    "every step: not built here")
 _REMOVED_WHY = "Megatron-LM removed it and refuses it too: {instead}"
-# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
-REFUSED_FLAGS = {
-    "--use-legacy-models": ({"action": "store_true"}, None,
-                            "Megatron-LM's legacy (non-megatron-core) models are not built here "
-                            "(Megatron-LM main removed them too)"),
-    "--fp8-recipe": ({"choices": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")},
-                     "delayed", _FP8_WHY),
-    "--fp8-margin": ({"type": int}, "0", _FP8_WHY),
-    "--fp8-interval": ({"type": int}, "1", _FP8_WHY),
-    "--fp8-amax-history-len": ({"type": int}, "1", _FP8_WHY),
-    "--fp8-amax-compute-algo": ({"choices": ("most_recent", "max")}, "most_recent", _FP8_WHY),
-    "--fp8-param-gather": ({"action": "store_true"}, None, _FP8_WHY),
-    "--tp-comm-overlap": ({"action": "store_true"}, None,
-                          "overlapping tensor-parallel communication with GEMMs needs "
-                          "Transformer Engine's userbuffers, which this fork does not build"),
-    "--tp-comm-overlap-cfg": ({}, None, "it configures --tp-comm-overlap, which is refused"),
-    "--cuda-graph-impl": ({"choices": megatron_lm_choices(
+REFUSED_FLAGS = (
+    FlagRow(("--use-legacy-models",), SWITCH, False,
+            "Megatron-LM's legacy (non-megatron-core) models are not built here (Megatron-LM main "
+            "removed them too)"),
+    FlagRow(("--fp8-recipe",),
+            {"choices": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")}, "delayed",
+            _FP8_WHY),
+    FlagRow(("--fp8-margin",), {"type": int}, 0, _FP8_WHY),
+    FlagRow(("--fp8-interval",), {"type": int}, 1, _FP8_WHY),
+    FlagRow(("--fp8-amax-history-len",), {"type": int}, 1, _FP8_WHY),
+    FlagRow(("--fp8-amax-compute-algo",), {"choices": ("most_recent", "max")}, "most_recent",
+            _FP8_WHY),
+    FlagRow(("--fp8-param-gather",), SWITCH, False, _FP8_WHY),
+    FlagRow(("--tp-comm-overlap",), SWITCH, False,
+            "overlapping tensor-parallel communication with GEMMs needs Transformer Engine's "
+            "userbuffers, which this fork does not build"),
+    FlagRow(("--tp-comm-overlap-cfg",), {}, None, "it configures --tp-comm-overlap, which is "
+                                                   "refused"),
+    FlagRow(("--cuda-graph-impl",), {"choices": megatron_lm_choices(
         "--cuda-graph-impl", ("none", "local", TRANSFORMER_ENGINE))}, "none", _CUDA_GRAPH_WHY),
-    "--cuda-graph-scope": ({"nargs": "+"}, None, _CUDA_GRAPH_WHY),
-    "--te-rng-tracker": ({"action": "store_true"}, None,
-                         "dropout draws from this fork's own RNG tracker (the same masks on "
-                         "any parallel layout); Transformer Engine's tracker is not used"),
-    "--batch-size": ({"type": int}, None,
-                     _REMOVED_WHY.format(instead="use --micro-batch-size instead")),
-    "--warmup": ({"type": int}, None,
-                 _REMOVED_WHY.format(instead="use one of the --lr-warmup-* flags instead")),
-    "--model-parallel-size": ({"type": int}, None, _REMOVED_WHY.format(
-        instead="use --tensor-model-parallel-size instead")),
-    "--checkpoint-activations": ({"action": "store_true"}, None, _REMOVED_WHY.format(
-        instead="use --recompute-activations, or, for more control, --recompute-granularity "
-                "and --recompute-method")),
-}
+    FlagRow(("--cuda-graph-scope",), {"nargs": "+"}, None, _CUDA_GRAPH_WHY),
+    FlagRow(("--te-rng-tracker",), SWITCH, False,
+            "dropout draws from this fork's own RNG tracker (the same masks on any parallel "
+            "layout); Transformer Engine's tracker is not used"),
+    FlagRow(("--batch-size",), {"type": int}, None,
+            _REMOVED_WHY.format(instead="use --micro-batch-size instead")),
+    FlagRow(("--warmup",), {"type": int}, None,
+            _REMOVED_WHY.format(instead="use one of the --lr-warmup-* flags instead")),
+    FlagRow(("--model-parallel-size",), {"type": int}, None,
+            _REMOVED_WHY.format(instead="use --tensor-model-parallel-size instead")),
+    FlagRow(("--checkpoint-activations",), SWITCH, False,
+            _REMOVED_WHY.format(instead="use --recompute-activations, or, for more control, "
+                                        "--recompute-granularity and --recompute-method")),
+)
 # Deprecated aliases of --cuda-graph-impl (Megatron-LM's warning names the replacement).
 CUDA_GRAPH_ALIASES = {"--enable-cuda-graph": "local",
                       "--external-cuda-graph": TRANSFORMER_ENGINE}
@@ -108,9 +110,9 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     _add_honoured_kernel_flags(parser.add_argument_group("Megatron-LM kernel flags"))
     _add_deprecated_flags(parser.add_argument_group("Megatron-LM deprecated aliases"))
     refused = parser.add_argument_group("Megatron-LM kernel flags refused here")
-    add_refused_flags(refused, REFUSED_FLAGS, neutral_default=True)
-    # Megatron-LM's switch off of a default-on FP8 field (its two names): the refused-flag
-    # table holds switches that turn something on, so this one is checked on its own.
+    add_flag_rows(refused, REFUSED_FLAGS)
+    # Megatron-LM's switch off of a default-on FP8 field, checked on its own: its line names
+    # both its spellings.
     refused.add_argument("--no-fp8-wgrad", "--disable-fp8-wgrad", action="store_false",
                          dest="fp8_wgrad", help=f"Refused: {_FP8_WHY}.")
 
@@ -209,8 +211,7 @@ def validate_kernel_args(args: argparse.Namespace, require) -> None:
     other flag groups, which then see the resolved type."""
     _resolve_cuda_graph_aliases(args, require)
     require(args.fp8_wgrad, f"--no-fp8-wgrad / --disable-fp8-wgrad is not supported: {_FP8_WHY}")
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     _resolve_position_embedding_aliases(args, require)
     require(args.rope_type in (None, ROPE) or args.multi_latent_attention,
             f"--rope-type {args.rope_type} is not supported: standard attention takes rope "

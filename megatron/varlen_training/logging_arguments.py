@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import SWITCH, FlagRow, add_flag_rows, refuse_given
 
 TENSORBOARD_QUEUE_SIZE = 1000  # Megatron-LM's default --tensorboard-queue-size
 # Flags read only on CUDA: the allocator's statistics (torch.cuda.memory_stats).
@@ -33,24 +33,21 @@ CUDA_MEMORY_FLAGS = {"--log-memory-to-tensorboard": "log_memory_to_tensorboard",
 _NEWER = "a Megatron-LM main flag (newer than the core 0.16.1 this fork follows)"
 _TRACE_WHY = f"{_NEWER}: MoE router decision traces are not recorded here"
 _OTEL_WHY = f"{_NEWER}: no OpenTelemetry instrumentation here"
-# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
-REFUSED_FLAGS = {
-    "--log-energy": (
-        {"action": "store_true"}, None,
-        "energy counters are NVML's (GPU only) and this fork has no energy monitor"),
-    "--log-max-attention-logit": (
-        {"action": "store_true"}, None,
-        "the THD core attentions here do not record the max attention logit (megatron-core's "
-        "DotProductAttention and Transformer Engine's do)"),
-    "--moe-routing-trace-path": ({}, None, _TRACE_WHY),
-    "--moe-routing-trace-max-training-iters": ({"type": int}, None, _TRACE_WHY),
-    "--moe-routing-trace-capture-logits": ({"action": "store_true"}, None, _TRACE_WHY),
-    "--moe-routing-trace-capture-hidden-states": ({"action": "store_true"}, None, _TRACE_WHY),
-    "--moe-routing-trace-dump-weights": ({"action": "store_true"}, None, _TRACE_WHY),
-    "--otel-enabled": ({"action": "store_true"}, None, _OTEL_WHY),
-    "--otel-service-name": ({}, None, _OTEL_WHY),
-    "--otel-span-groups": ({}, None, _OTEL_WHY),
-}
+REFUSED_FLAGS = (
+    FlagRow(("--log-energy",), SWITCH, False,
+            "energy counters are NVML's (GPU only) and this fork has no energy monitor"),
+    FlagRow(("--log-max-attention-logit",), SWITCH, False,
+            "the THD core attentions here do not record the max attention logit (megatron-core's "
+            "DotProductAttention and Transformer Engine's do)"),
+    FlagRow(("--moe-routing-trace-path",), {}, None, _TRACE_WHY),
+    FlagRow(("--moe-routing-trace-max-training-iters",), {"type": int}, None, _TRACE_WHY),
+    FlagRow(("--moe-routing-trace-capture-logits",), SWITCH, False, _TRACE_WHY),
+    FlagRow(("--moe-routing-trace-capture-hidden-states",), SWITCH, False, _TRACE_WHY),
+    FlagRow(("--moe-routing-trace-dump-weights",), SWITCH, False, _TRACE_WHY),
+    FlagRow(("--otel-enabled",), SWITCH, False, _OTEL_WHY),
+    FlagRow(("--otel-service-name",), {}, None, _OTEL_WHY),
+    FlagRow(("--otel-span-groups",), {}, None, _OTEL_WHY),
+)
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
@@ -91,8 +88,8 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-device-memory-used", action="store_true",
                        help="CUDA only: the memory line adds the device's total memory used "
                             "(torch.cuda.device_memory_used, NVML's count).")
-    add_refused_flags(parser.add_argument_group("Megatron-LM logging flags refused here"),
-                      REFUSED_FLAGS)
+    add_flag_rows(parser.add_argument_group("Megatron-LM logging flags refused here"),
+                  REFUSED_FLAGS)
 
 
 def validate_logging_args(args: argparse.Namespace, require) -> None:
@@ -101,8 +98,7 @@ def validate_logging_args(args: argparse.Namespace, require) -> None:
     import torch
 
     cuda_available = torch.cuda.is_available()
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     for flag, dest in CUDA_MEMORY_FLAGS.items():
         value = getattr(args, dest)
         require(cuda_available or value in (None, False),

@@ -1,5 +1,5 @@
 """The rest of Megatron-LM's training flags, so that no Megatron-LM command line fails on an
-unknown flag: each is registered here, in a table by its answer and reason.
+unknown flag: each is registered here, a row (refused_flags.FlagRow) of a table by its answer.
 
 - ``REFUSED``: a feature this fork does not build (a GPU kernel, a communication overlap,
   FP4/FP8 extras, DeepEP/HybridEP, offloading, mHC, DSA/GDN, muP, GTP, paged stash, ...). Given,
@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen_training.refused_flags import dest_of
-
-# A table row: (the flag's option strings, argparse keywords, Megatron-LM's default).
-Row = tuple[tuple[str, ...], dict, object]
-SWITCH = {"action": "store_true"}
+from megatron.varlen_training.refused_flags import (
+    SWITCH, FlagRow, accepted_rows, add_flag_rows, read_only_with, refuse_given, with_notes,
+)
 
 _TE = "needs Transformer Engine's {what}, which this fork does not build"
 _TE_KERNEL = _TE.format(what="fused kernels")
@@ -54,329 +52,330 @@ _CHECKPOINT_TUNING = ("megatron-core 0.16.1's fully parallel checkpoint strategi
 _VOCAB = ("without --padded-vocab-size the vocabulary is always padded here, to a multiple of "
           "--make-vocab-size-divisible-by x TP (--make-vocab-size-divisible-by 1 at TP 1 pads "
           "nothing; --padded-vocab-size N sets the size exactly)")
+_GTP = "GTP weight rematerialisation is not built here (weights are split by TP / ETP only)"
+_HETEROGENEOUS = "heterogeneous (per-layer) architectures are not built here"
+_FLIGHT_RECORDER_OFF = "NCCL's flight recorder is not configured here, which the flag asks for"
 
-# why -> rows: refused unless at Megatron-LM's default.
-REFUSED: dict[str, tuple[Row, ...]] = {
-    _TE.format(what="FP4 layers"): (
-        (("--fp4-param-gather",), SWITCH, False),),
-    _TE_KERNEL: (
-        (("--te-precision-config-file",), {}, None),
-        (("--use-te-activation-func",), SWITCH, False),
-        (("--use-transformer-engine-op-fuser",), SWITCH, False),
-        (("--fused-residual-rmsnorm",), SWITCH, False),
-        (("--use-fused-weighted-squared-relu",), SWITCH, False),
-        (("--output-logit-dtype",), {"choices": ("bf16", "fp32"), "dest": "logit_dtype"}, None),
-        (("--batch-invariant-mode",), SWITCH, False),
-        (("--flash-attention-version",), {"choices": ("2", "3", "4")}, None),
-        (("--symmetric-ar-type",), {"choices": ("two_shot", "one_shot", "multimem_all_reduce")},
-         None),
-        (("--moe-router-padding-for-quantization",), SWITCH, False),
-        (("--moe-router-padding-for-fp8",), SWITCH, False),
-    ),
-    _GROUPED: (
-        (("--use-grouped-gemm-for-dense-mlp",), SWITCH, False),
-        (("--use-grouped-gemm-for-shared-expert",), SWITCH, False),
-        (("--moe-use-grouped-tensor",), SWITCH, False),
-        (("--moe-single-grouped-weight",), SWITCH, False),
-        (("--moe-single-grouped-bias",), SWITCH, False),
-        (("--moe-mlp-glu-interleave-size",), {}, None),
-        (("--moe-shared-expert-glu-interleave-size",), {}, None),
-    ),
-    _OVERLAP: (
-        (("--tp-comm-overlap-rs-dgrad",), SWITCH, False),
-        (("--overlap-moe-expert-parallel-comm",), SWITCH, False),
-        (("--delay-wgrad-compute",), SWITCH, False),
-        (("--defer-embedding-wgrad-compute",), SWITCH, False),
-        (("--overlap-p2p-communication-warmup-flush",),
-         {"action": "store_true", "dest": "overlap_p2p_comm_warmup_flush"}, False),
-        (("--use-ring-exchange-p2p",), SWITCH, False),
-    ),
-    "the pipeline sends use torch.distributed's default backend here": (
-        (("--pipeline-model-parallel-comm-backend",), {"choices": ("nccl", "ucc")}, None),),
-    "hierarchical context parallelism (--cp-comm-type a2a+p2p) is not built here": (
-        (("--hierarchical-context-parallel-sizes",), {"nargs": "+"}, None),),
-    "DeepEP's token dispatcher is not built here (--moe-token-dispatcher-type alltoall)": (
-        (("--moe-enable-deepep",), SWITCH, False),),
-    _OFFLOAD: (
-        (("--cpu-offloading-num-layers",), {}, 0),
-        (("--fine-grained-activation-offloading",), SWITCH, False),
-    ),
-    "manifold-constrained hyper-connections (mHC) are not built here": (
-        (("--enable-mhc-connections",), SWITCH, False),),
-    _EXPERIMENTAL_ATTENTION: (
-        (("--experimental-attention-variant",),
-         {"choices": ("gdn", "gdn2", "dsa", "gated_delta_net")}, None),),
-    "the Maximal Update Parameterization (muP) is not built here": (
-        (("--use-mup",), SWITCH, False),),
-    "GTP weight rematerialisation is not built here (weights are split by TP / ETP only)": (
-        (("--tensor-parallel-num-weight-shards",), {}, None),
-        (("--expert-tensor-parallel-num-weight-shards",), {}, None),
-    ),
-    "the paged stash of expert activations is not built here": (
-        (("--moe-paged-stash",), SWITCH, False),),
-    "routing replay is not built here (the router routes every step)": (
-        (("--moe-enable-routing-replay",), SWITCH, False),),
-    "random router biases would differ from Megatron-LM's draws here (a benchmarking mode)": (
-        (("--moe-router-force-biased",), {}, None),),
-    "experts here drop no tokens per rank (--moe-expert-capacity-factor is per expert)": (
-        (("--moe-expert-rank-capacity-factor",), {}, None),),
-    "upcycling a dense checkpoint into MoE is not built here": (
-        (("--moe-use-upcycling",), SWITCH, False),),
-    _MTP: (
-        (("--mtp-detach-heads",), SWITCH, False),
-        (("--mtp-hsm",), SWITCH, False),
-        (("--mtp-use-repeated-layer",), SWITCH, False),
-        (("--mtp-standalone",), SWITCH, False),
-    ),
-    "multi-token prediction in hybrid models is not built here (pretrain_mamba.py refuses "
-    "--mtp-num-layers)": (
-        (("--mtp-hybrid-override-pattern",), {}, None),),
-    "checkpoint files are not hashed here (megatron-core's dist_checkpointing checks the "
-    "sharding of what it loads)": (
-        (("--verify-integrity",), SWITCH, False),),
-    "SIGINT / SIGTERM end the run with --exit-signal-handler here (the iteration finished, a "
-    "checkpoint saved, exit 0); Megatron-LM main's shutdown without a save is not built": (
-        (("--exit-signal-handler-for-training",), SWITCH, False),),
-    "heterogeneous (per-layer) architectures are not built here": (
-        (("--heterogeneous-layers-config-path",), {}, None),
-        (("--heterogeneous-layers-config-encoded-json",), {}, None),
-    ),
-    "the MLP runs on the whole sequence here (no chunking)": (
-        (("--mlp-chunks-for-training",), {}, 1),),
-    "megatron-core 0.16.1 gathers the distributed activations on torch.cuda.current_device() "
-    "(no CPU path, so this fork's CPU suite cannot prove it): each recomputed layer keeps its "
-    "input whole on every tensor-parallel rank here": (
-        (("--distribute-saved-activations",), SWITCH, False),),
-    "the embedding keeps megatron-core's default here (its sequence-parallel output cloned)": (
-        (("--no-clone-scatter-output-in-embedding", "--disable-clone-scatter-output-in-embedding"),
-         {"action": "store_false", "dest": "clone_scatter_output_in_embedding"}, True),),
-    "megatron-core's test mode is not used here": (
-        (("--test-mode",), SWITCH, False),),
-    "weights are always initialised here (layout-invariant; --load then overwrites them)": (
-        (("--no-initialization",), {"action": "store_false", "dest": "perform_initialization"},
-         True),),
-    "weights are always built and initialised on the host here (layout-invariant init); "
-    "Megatron-LM builds them on the meta device for its FSDP, and without FSDP leaves them "
-    "uninitialised (to_empty) until a checkpoint loads": (
-        (("--init-model-with-meta-device",), SWITCH, False),),
-    _VOCAB: (
-        (("--no-pad-vocab-size", "--disable-pad-vocab-size"),
-         {"action": "store_false", "dest": "pad_vocab_size"}, True),
-    ),
-    "documents are separated by --reset-attention-mask / --reset-position-ids here (the "
-    "packed THD format)": (
-        (("--dataloader-inter-document-masking",), SWITCH, False),),
-    _CHECKPOINT_TUNING: (
-        (("--ckpt-fully-parallel-load-exchange-algo",),
-         {"choices": ("broadcast", "gather_rounds", "gather_object")}, "broadcast"),
-        (("--ckpt-fully-parallel-load-per-rank-objects",), SWITCH, False),
-        (("--ckpt-fully-parallel-save-process-group",), {"choices": ("dp", "ep_dp")}, "dp"),
-        (("--ckpt-fully-parallel-load-process-group",), {"choices": ("dp", "ep_dp")}, "dp"),
-        (("--ckpt-pg-tensors-cache-path",), {}, None),
-        (("--ckpt-pg-tensors-cache-create",), SWITCH, False),
-        (("--no-ckpt-load-validate-sharding-integrity",
-          "--disable-ckpt-load-validate-sharding-integrity"),
-         {"action": "store_false", "dest": "ckpt_load_validate_sharding_integrity"}, True),
-    ),
-    _DEBUG_DUMP: (
-        (("--save-params-interval",), {}, None),
-        (("--save-activations-interval",), {}, None),
-        (("--save-tokens-per-expert-interval",), {}, None),
-    ),
-    "the GPU sniff tests (GEMM / all-to-all throughput checks) are not run here": (
-        (("--gpu-sniff-test-interval",), {}, None),),
-    "megatron-core's config logger is not used here (the arguments dump prints every flag)": (
-        (("--config-logger-dir",), {}, ""),),
-    "Megatron-LM's YAML config is not read here: pass the flags, or use megatron.wrap's config "
-    "file": (
-        (("--yaml-cfg",), {}, None),),
-    "megatron-core's experimental features are not used here": (
-        (("--enable-experimental",), SWITCH, False),),
-    "ADLR's cluster autoresume is not built here": (
-        (("--adlr-autoresume",), SWITCH, False),),
-    _FLIGHT_RECORDER: (
-        (("--flight-recorder-dump-path",), {}, None),
-        (("--flight-recorder-trace-buffer-size",), {}, 2000),
-        (("--flight-recorder-include-stack-trace",), SWITCH, False),
-    ),
-}
+# Refused unless at Megatron-LM's default.
+REFUSED = (
+    FlagRow(("--fp4-param-gather",), SWITCH, False, _TE.format(what="FP4 layers")),
+    FlagRow(("--te-precision-config-file",), {}, None, _TE_KERNEL),
+    FlagRow(("--use-te-activation-func",), SWITCH, False, _TE_KERNEL),
+    FlagRow(("--use-transformer-engine-op-fuser",), SWITCH, False, _TE_KERNEL),
+    FlagRow(("--fused-residual-rmsnorm",), SWITCH, False, _TE_KERNEL),
+    FlagRow(("--use-fused-weighted-squared-relu",), SWITCH, False, _TE_KERNEL),
+    FlagRow(("--output-logit-dtype",), {"choices": ("bf16", "fp32"), "dest": "logit_dtype"}, None,
+            _TE_KERNEL),
+    FlagRow(("--batch-invariant-mode",), SWITCH, False, _TE_KERNEL),
+    FlagRow(("--flash-attention-version",), {"choices": ("2", "3", "4")}, None, _TE_KERNEL),
+    FlagRow(("--symmetric-ar-type",),
+            {"choices": ("two_shot", "one_shot", "multimem_all_reduce")}, None,
+            _TE_KERNEL),
+    FlagRow(("--moe-router-padding-for-quantization",), SWITCH, False, _TE_KERNEL),
+    FlagRow(("--moe-router-padding-for-fp8",), SWITCH, False, _TE_KERNEL),
+    FlagRow(("--use-grouped-gemm-for-dense-mlp",), SWITCH, False, _GROUPED),
+    FlagRow(("--use-grouped-gemm-for-shared-expert",), SWITCH, False, _GROUPED),
+    FlagRow(("--moe-use-grouped-tensor",), SWITCH, False, _GROUPED),
+    FlagRow(("--moe-single-grouped-weight",), SWITCH, False, _GROUPED),
+    FlagRow(("--moe-single-grouped-bias",), SWITCH, False, _GROUPED),
+    FlagRow(("--moe-mlp-glu-interleave-size",), {}, None, _GROUPED),
+    FlagRow(("--moe-shared-expert-glu-interleave-size",), {}, None, _GROUPED),
+    FlagRow(("--tp-comm-overlap-rs-dgrad",), SWITCH, False, _OVERLAP),
+    FlagRow(("--overlap-moe-expert-parallel-comm",), SWITCH, False, _OVERLAP),
+    FlagRow(("--delay-wgrad-compute",), SWITCH, False, _OVERLAP),
+    FlagRow(("--defer-embedding-wgrad-compute",), SWITCH, False, _OVERLAP),
+    FlagRow(("--overlap-p2p-communication-warmup-flush",),
+            {"action": "store_true", "dest": "overlap_p2p_comm_warmup_flush"}, False,
+            _OVERLAP),
+    FlagRow(("--use-ring-exchange-p2p",), SWITCH, False, _OVERLAP),
+    FlagRow(("--pipeline-model-parallel-comm-backend",), {"choices": ("nccl", "ucc")}, None,
+            "the pipeline sends use torch.distributed's default backend here"),
+    FlagRow(("--hierarchical-context-parallel-sizes",), {"nargs": "+"}, None,
+            "hierarchical context parallelism (--cp-comm-type a2a+p2p) is not built here"),
+    FlagRow(("--moe-enable-deepep",), SWITCH, False,
+            "DeepEP's token dispatcher is not built here (--moe-token-dispatcher-type alltoall)"),
+    FlagRow(("--cpu-offloading-num-layers",), {}, 0, _OFFLOAD),
+    FlagRow(("--fine-grained-activation-offloading",), SWITCH, False, _OFFLOAD),
+    FlagRow(("--enable-mhc-connections",), SWITCH, False,
+            "manifold-constrained hyper-connections (mHC) are not built here"),
+    FlagRow(("--experimental-attention-variant",),
+            {"choices": ("gdn", "gdn2", "dsa", "gated_delta_net")}, None,
+            _EXPERIMENTAL_ATTENTION),
+    FlagRow(("--use-mup",), SWITCH, False,
+            "the Maximal Update Parameterization (muP) is not built here"),
+    FlagRow(("--tensor-parallel-num-weight-shards",), {}, None, _GTP),
+    FlagRow(("--expert-tensor-parallel-num-weight-shards",), {}, None, _GTP),
+    FlagRow(("--moe-paged-stash",), SWITCH, False,
+            "the paged stash of expert activations is not built here"),
+    FlagRow(("--moe-enable-routing-replay",), SWITCH, False,
+            "routing replay is not built here (the router routes every step)"),
+    FlagRow(("--moe-router-force-biased",), {}, None,
+            "random router biases would differ from Megatron-LM's draws here (a benchmarking "
+            "mode)"),
+    FlagRow(("--moe-expert-rank-capacity-factor",), {}, None,
+            "experts here drop no tokens per rank (--moe-expert-capacity-factor is per expert)"),
+    FlagRow(("--moe-use-upcycling",), SWITCH, False,
+            "upcycling a dense checkpoint into MoE is not built here"),
+    FlagRow(("--mtp-detach-heads",), SWITCH, False, _MTP),
+    FlagRow(("--mtp-hsm",), SWITCH, False, _MTP),
+    FlagRow(("--mtp-use-repeated-layer",), SWITCH, False, _MTP),
+    FlagRow(("--mtp-standalone",), SWITCH, False, _MTP),
+    FlagRow(("--mtp-hybrid-override-pattern",), {}, None,
+            "multi-token prediction in hybrid models is not built here (pretrain_mamba.py "
+            "refuses --mtp-num-layers)"),
+    FlagRow(("--verify-integrity",), SWITCH, False,
+            "checkpoint files are not hashed here (megatron-core's dist_checkpointing checks the "
+            "sharding of what it loads)"),
+    FlagRow(("--exit-signal-handler-for-training",), SWITCH, False,
+            "SIGINT / SIGTERM end the run with --exit-signal-handler here (the iteration "
+            "finished, a checkpoint saved, exit 0); Megatron-LM main's shutdown without a save "
+            "is not built"),
+    FlagRow(("--heterogeneous-layers-config-path",), {}, None, _HETEROGENEOUS),
+    FlagRow(("--heterogeneous-layers-config-encoded-json",), {}, None, _HETEROGENEOUS),
+    FlagRow(("--mlp-chunks-for-training",), {}, 1,
+            "the MLP runs on the whole sequence here (no chunking)"),
+    FlagRow(("--distribute-saved-activations",), SWITCH, False,
+            "megatron-core 0.16.1 gathers the distributed activations on "
+            "torch.cuda.current_device() (no CPU path, so this fork's CPU suite cannot prove "
+            "it): each recomputed layer keeps its input whole on every tensor-parallel rank here"),
+    FlagRow(("--no-clone-scatter-output-in-embedding",
+             "--disable-clone-scatter-output-in-embedding"),
+            {"action": "store_false", "dest": "clone_scatter_output_in_embedding"}, True,
+            "the embedding keeps megatron-core's default here (its sequence-parallel output "
+            "cloned)"),
+    FlagRow(("--test-mode",), SWITCH, False, "megatron-core's test mode is not used here"),
+    FlagRow(("--no-initialization",),
+            {"action": "store_false", "dest": "perform_initialization"}, True,
+            "weights are always initialised here (layout-invariant; --load then overwrites them)"),
+    FlagRow(("--init-model-with-meta-device",), SWITCH, False,
+            "weights are always built and initialised on the host here (layout-invariant init); "
+            "Megatron-LM builds them on the meta device for its FSDP, and without FSDP leaves "
+            "them uninitialised (to_empty) until a checkpoint loads"),
+    FlagRow(("--no-pad-vocab-size", "--disable-pad-vocab-size"),
+            {"action": "store_false", "dest": "pad_vocab_size"}, True,
+            _VOCAB),
+    FlagRow(("--dataloader-inter-document-masking",), SWITCH, False,
+            "documents are separated by --reset-attention-mask / --reset-position-ids here (the "
+            "packed THD format)"),
+    FlagRow(("--ckpt-fully-parallel-load-exchange-algo",),
+            {"choices": ("broadcast", "gather_rounds", "gather_object")}, "broadcast",
+            _CHECKPOINT_TUNING),
+    FlagRow(("--ckpt-fully-parallel-load-per-rank-objects",), SWITCH, False, _CHECKPOINT_TUNING),
+    FlagRow(("--ckpt-fully-parallel-save-process-group",), {"choices": ("dp", "ep_dp")}, "dp",
+            _CHECKPOINT_TUNING),
+    FlagRow(("--ckpt-fully-parallel-load-process-group",), {"choices": ("dp", "ep_dp")}, "dp",
+            _CHECKPOINT_TUNING),
+    FlagRow(("--ckpt-pg-tensors-cache-path",), {}, None, _CHECKPOINT_TUNING),
+    FlagRow(("--ckpt-pg-tensors-cache-create",), SWITCH, False, _CHECKPOINT_TUNING),
+    FlagRow(("--no-ckpt-load-validate-sharding-integrity",
+             "--disable-ckpt-load-validate-sharding-integrity"),
+            {"action": "store_false", "dest": "ckpt_load_validate_sharding_integrity"}, True,
+            _CHECKPOINT_TUNING),
+    FlagRow(("--save-params-interval",), {}, None, _DEBUG_DUMP),
+    FlagRow(("--save-activations-interval",), {}, None, _DEBUG_DUMP),
+    FlagRow(("--save-tokens-per-expert-interval",), {}, None, _DEBUG_DUMP),
+    FlagRow(("--gpu-sniff-test-interval",), {}, None,
+            "the GPU sniff tests (GEMM / all-to-all throughput checks) are not run here"),
+    FlagRow(("--config-logger-dir",), {}, "",
+            "megatron-core's config logger is not used here (the arguments dump prints every "
+            "flag)"),
+    FlagRow(("--yaml-cfg",), {}, None,
+            "Megatron-LM's YAML config is not read here: pass the flags, or use megatron.wrap's "
+            "config file"),
+    FlagRow(("--enable-experimental",), SWITCH, False,
+            "megatron-core's experimental features are not used here"),
+    FlagRow(("--adlr-autoresume",), SWITCH, False, "ADLR's cluster autoresume is not built here"),
+    FlagRow(("--flight-recorder-dump-path",), {}, None, _FLIGHT_RECORDER),
+    FlagRow(("--flight-recorder-trace-buffer-size",), {}, 2000, _FLIGHT_RECORDER),
+    FlagRow(("--flight-recorder-include-stack-trace",), SWITCH, False, _FLIGHT_RECORDER),
+)
 
-# read_only_with -> rows: accepted at any value, no effect (Megatron-LM ignores them too without).
-UNREAD: dict[str, tuple[Row, ...]] = {
-    "--async-save": (
-        (("--async-strategy",), {"choices": ("nvrx", "mcore")}, "nvrx"),
-        (("--async-ckpt-cpu-priority",), {}, 10),
-        (("--async-ckpt-io-priority",), {}, 3),
-        (("--async-ckpt-use-cpu-shm",), SWITCH, False),
-    ),
-    "--fp4-format": (
-        (("--fp4-recipe",), {"choices": ("nvfp4", "custom")}, "nvfp4"),
-        (("--fp4-quantizer-factory",), {}, None),
-    ),
-    "--fp8-format": (
-        (("--fp8-quantizer-factory",), {}, None),
-        (("--fp8-output-proj",), SWITCH, False),
-        (("--first-last-layers-bf16",), SWITCH, False),
-        (("--num-layers-at-start-in-bf16",), {}, 1),
-        (("--num-layers-at-end-in-bf16",), {}, 1),
-        (("--reuse-grad-buf-for-mxfp8-param-ag",), SWITCH, False),
-    ),
-    "--batch-invariant-mode": (
-        (("--batch-invariant-backend",), {"choices": ("te_native", "deepgemm", "triton")},
-         "te_native"),),
-    "--tp-comm-overlap": (
-        (("--no-tp-comm-bulk-wgrad", "--disable-tp-comm-bulk-wgrad"),
-         {"action": "store_false", "dest": "tp_comm_bulk_wgrad"}, True),
-        (("--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-dgrad"),
-         {"action": "store_false", "dest": "tp_comm_bulk_dgrad"}, True),
-        (("--no-tp-comm-overlap-ag", "--disable-tp-comm-overlap-ag"),
-         {"action": "store_false", "dest": "tp_comm_overlap_ag"}, True),
-        (("--no-tp-comm-overlap-rs", "--disable-tp-comm-overlap-rs"),
-         {"action": "store_false", "dest": "tp_comm_overlap_rs"}, True),
-        (("--no-tp-comm-split-ag", "--disable-tp-comm-split-ag"),
-         {"action": "store_false", "dest": "tp_comm_split_ag"}, True),
-        (("--no-tp-comm-split-rs", "--disable-tp-comm-split-rs"),
-         {"action": "store_false", "dest": "tp_comm_split_rs"}, True),
-        (("--tp-comm-bootstrap-backend",), {"choices": ("nccl", "mpi", "gloo")}, "nccl"),
-    ),
-    "--overlap-moe-expert-parallel-comm": (
-        (("--overlap-dispatch-backward-with-experts-wgrad",), SWITCH, False),
-        (("--ep-overlap-early-attn-memory-release",), SWITCH, False),
-        (("--high-priority-a2a-comm-stream",), SWITCH, False),
-    ),
-    "--defer-embedding-wgrad-compute": ((("--wgrad-deferral-limit",), {}, 0),),
-    "--cuda-graph-impl": (
-        (("--cuda-graph-modules",), {"nargs": "+"}, []),
-        (("--cuda-graph-warmup-steps",), {}, 3),
-    ),
-    "--moe-token-dispatcher-type flex": (
-        (("--moe-flex-dispatcher-backend",), {"choices": ("deepep", "hybridep", "ncclep")},
-         "deepep"),
-        (("--moe-flex-dispatcher-num-sms",), {}, None),
-        (("--moe-deepep-num-sms",), {}, None),
-        (("--moe-hybridep-num-sms",), {}, None),
-        (("--moe-hybridep-num-blocks-permute",), {}, None),
-        (("--moe-hybridep-num-blocks-unpermute",), {}, None),
-        (("--moe-hybridep-num-sms-preprocessing",), {}, 108),
-        (("--moe-hybridep-pad-uneven-dispatch-inputs",), SWITCH, False),
-        (("--moe-permute-fusion-into-hybridep",), SWITCH, False),
-        (("--moe-ncclep-zero-copy",), SWITCH, False),
-        (("--moe-dispatch-fwd-dtype",), {"choices": ("bf16", "mxfp8")}, "bf16"),
-        (("--moe-combine-bwd-dtype",), {"choices": ("bf16", "mxfp8")}, "bf16"),
-    ),
-    "--cpu-offloading-num-layers": (
-        (("--cpu-offloading-retain-pinned-cpu-buffers",), SWITCH, False),),
-    "--fine-grained-activation-offloading": (
-        (("--offload-modules",), {"nargs": "+"}, []),
-        (("--min-offloaded-tensor-size",), {}, 1048576),
-        (("--delay-offload-until-cuda-graph",), SWITCH, False),
-        (("--delta-offload-bytes-across-pp-ranks",), {}, 0),
-        (("--activation-offload-fraction",), {}, 1.0),
-        (("--fine-grained-offloading-max-inflight-offloads",), {}, None),
-    ),
-    "--enable-mhc-connections": (
-        (("--mhc-num-residual-streams",), {}, 4),
-        (("--mhc-sinkhorn-iterations",), {}, 20),
-        (("--mhc-init-gating-factor",), {}, 0.01),
-        (("--mhc-recompute-layer-num",), {}, None),
-    ),
-    "--experimental-attention-variant": (
-        (("--dsa-indexer-n-heads",), {}, None),
-        (("--dsa-indexer-head-dim",), {}, None),
-        (("--dsa-indexer-topk",), {}, None),
-        (("--dsa-indexer-topk-freq",), {}, 1),
-        (("--dsa-indexer-skip-topk-offset",), {}, 0),
-        (("--dsa-indexer-loss-coeff",), {}, None),
-        (("--dsa-indexer-use-sparse-loss",), SWITCH, False),
-        (("--dsa-kernel-backend",), {"choices": ("none", "tilelang", "cudnn")}, "none"),
-        (("--dsa-indexer-rope-interleaved",), SWITCH, False),
-        (("--no-dsa-indexer-rotate-activation", "--disable-dsa-indexer-rotate-activation"),
-         {"action": "store_false", "dest": "dsa_indexer_rotate_activation"}, True),
-        (("--no-dsa-indexer-scoring-relu", "--disable-dsa-indexer-scoring-relu"),
-         {"action": "store_false", "dest": "dsa_indexer_scoring_relu"}, True),
-        (("--dsa-indexer-k-norm-epsilon",), {}, None),
-        (("--dsa-indexer-k-norm-fp32",), SWITCH, False),
-        (("--linear-attention-freq",), {}, None),
-        (("--linear-conv-kernel-dim",), {}, 4),
-        (("--linear-key-head-dim",), {}, 128),
-        (("--linear-value-head-dim",), {}, 128),
-        (("--linear-num-key-heads",), {}, 16),
-        (("--linear-num-value-heads",), {}, 32),
-        (("--gdp-num-householder",), {}, 3),
-        (("--gdp-cutedsl-kernel",), SWITCH, False),
-        (("--gdp-num-chunk-states-to-recompute",), {}, 2),
-    ),
-    "--use-mup": (
-        (("--mup-width-mult",), {}, 1.0),
-        (("--mup-base-hidden-size",), {}, None),
-        (("--mup-embedding-mult",), {}, 1.0),
-        (("--mup-output-mult",), {}, 1.0),
-        (("--mup-base-head-dim",), {}, None),
-        (("--mup-attn-scale-power",), {}, 1.0),
-    ),
-    "--tensor-parallel-num-weight-shards": (
-        (("--gtp-remat-opt-in-modules",), {"nargs": "+"}, []),
-        (("--gtp-remat-nccl-ub",), SWITCH, False),
-        (("--gtp-expert-remat-nccl-ub",), SWITCH, False),
-        (("--gtp-remat-reduce-scatter-with-fp32-accumulation",), SWITCH, False),
-    ),
-    "--use-megatron-fsdp": (
-        (("--megatron-fsdp-main-params-dtype",), {"choices": ("fp32", "bf16", "fp16", "auto")},
-         "fp32"),
-        (("--megatron-fsdp-main-grads-dtype",), {"choices": ("fp32", "bf16", "fp16", "auto")},
-         "auto"),
-        (("--megatron-fsdp-grad-comm-dtype",), {"choices": ("fp32", "fp16", "bf16", "auto")},
-         "auto"),
-        (("--megatron-fsdp-enable-fine-grained-param-gather",), SWITCH, False),
-        (("--megatron-fsdp-max-pool-double-buffer",), SWITCH, False),
-        (("--fsdp-db-use-persist-buf-on-alloc-fail",), SWITCH, False),
-    ),
-    "--moe-paged-stash": (
-        (("--moe-paged-stash-page-size",), {}, 64),
-        (("--moe-paged-stash-buffer-size-factor-cuda",), {}, 1.1),
-        (("--moe-paged-stash-buffer-size-factor-cpu",), {}, 0.0),
-    ),
-    "--moe-router-load-balancing-type quantile_balancing": (
-        (("--moe-router-quantile-balancing-ema",), {}, 0.0),),
-    "--moe-use-upcycling": ((("--moe-upcycling-granularity",), {}, 1),),
-    "--qk-clip": (
-        (("--qk-clip-alpha",), {}, 0.5),
-        (("--qk-clip-threshold",), {}, 100),
-    ),
-    "--adlr-autoresume": ((("--adlr-autoresume-interval",), {}, 1000),),
-    "--optimizer muon / dist_muon (the LayerWise layout)": (
-        (("--no-use-layer-wise-param-layout",),
-         {"action": "store_false", "dest": "use_layer_wise_param_layout"}, True),),
-    "--dataloader-type cyclic": (
-        (("--no-data-sharding",), {"action": "store_false", "dest": "data_sharding"}, True),),
-    "--tokenizer-type SFTTokenizer": (
-        (("--sft-tokenizer-prompt-format",), {}, "nemotron-h-aligned"),),
-}
+# Accepted at any value, no effect (Megatron-LM ignores them too without the feature).
+_WITH_ASYNC_SAVE = read_only_with("--async-save")
+_WITH_FP4_FORMAT = read_only_with("--fp4-format")
+_WITH_FP8_FORMAT = read_only_with("--fp8-format")
+_WITH_BATCH_INVARIANT = read_only_with("--batch-invariant-mode")
+_WITH_TP_COMM_OVERLAP = read_only_with("--tp-comm-overlap")
+_WITH_EP_OVERLAP = read_only_with("--overlap-moe-expert-parallel-comm")
+_WITH_WGRAD_DEFERRAL = read_only_with("--defer-embedding-wgrad-compute")
+_WITH_CUDA_GRAPH_IMPL = read_only_with("--cuda-graph-impl")
+_WITH_FLEX_DISPATCHER = read_only_with("--moe-token-dispatcher-type flex")
+_WITH_CPU_OFFLOADING = read_only_with("--cpu-offloading-num-layers")
+_WITH_FINE_GRAINED_OFFLOADING = read_only_with("--fine-grained-activation-offloading")
+_WITH_MHC = read_only_with("--enable-mhc-connections")
+_WITH_EXPERIMENTAL_ATTENTION = read_only_with("--experimental-attention-variant")
+_WITH_USE_MUP = read_only_with("--use-mup")
+_WITH_GTP = read_only_with("--tensor-parallel-num-weight-shards")
+_WITH_MEGATRON_FSDP = read_only_with("--use-megatron-fsdp")
+_WITH_PAGED_STASH = read_only_with("--moe-paged-stash")
+_WITH_QUANTILE_BALANCING = read_only_with("--moe-router-load-balancing-type quantile_balancing")
+_WITH_UPCYCLING = read_only_with("--moe-use-upcycling")
+_WITH_QK_CLIP = read_only_with("--qk-clip")
+_WITH_ADLR_AUTORESUME = read_only_with("--adlr-autoresume")
+_WITH_MUON_LAYOUT = read_only_with("--optimizer muon / dist_muon (the LayerWise layout)")
+_WITH_CYCLIC_LOADER = read_only_with("--dataloader-type cyclic")
+_WITH_SFT_TOKENIZER = read_only_with("--tokenizer-type SFTTokenizer")
+UNREAD = accepted_rows(
+    FlagRow(("--async-strategy",), {"choices": ("nvrx", "mcore")}, "nvrx", _WITH_ASYNC_SAVE),
+    FlagRow(("--async-ckpt-cpu-priority",), {}, 10, _WITH_ASYNC_SAVE),
+    FlagRow(("--async-ckpt-io-priority",), {}, 3, _WITH_ASYNC_SAVE),
+    FlagRow(("--async-ckpt-use-cpu-shm",), SWITCH, False, _WITH_ASYNC_SAVE),
+    FlagRow(("--fp4-recipe",), {"choices": ("nvfp4", "custom")}, "nvfp4", _WITH_FP4_FORMAT),
+    FlagRow(("--fp4-quantizer-factory",), {}, None, _WITH_FP4_FORMAT),
+    FlagRow(("--fp8-quantizer-factory",), {}, None, _WITH_FP8_FORMAT),
+    FlagRow(("--fp8-output-proj",), SWITCH, False, _WITH_FP8_FORMAT),
+    FlagRow(("--first-last-layers-bf16",), SWITCH, False, _WITH_FP8_FORMAT),
+    FlagRow(("--num-layers-at-start-in-bf16",), {}, 1, _WITH_FP8_FORMAT),
+    FlagRow(("--num-layers-at-end-in-bf16",), {}, 1, _WITH_FP8_FORMAT),
+    FlagRow(("--reuse-grad-buf-for-mxfp8-param-ag",), SWITCH, False, _WITH_FP8_FORMAT),
+    FlagRow(("--batch-invariant-backend",),
+            {"choices": ("te_native", "deepgemm", "triton")}, "te_native",
+            _WITH_BATCH_INVARIANT),
+    FlagRow(("--no-tp-comm-bulk-wgrad", "--disable-tp-comm-bulk-wgrad"),
+            {"action": "store_false", "dest": "tp_comm_bulk_wgrad"}, True,
+            _WITH_TP_COMM_OVERLAP),
+    FlagRow(("--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-dgrad"),
+            {"action": "store_false", "dest": "tp_comm_bulk_dgrad"}, True,
+            _WITH_TP_COMM_OVERLAP),
+    FlagRow(("--no-tp-comm-overlap-ag", "--disable-tp-comm-overlap-ag"),
+            {"action": "store_false", "dest": "tp_comm_overlap_ag"}, True,
+            _WITH_TP_COMM_OVERLAP),
+    FlagRow(("--no-tp-comm-overlap-rs", "--disable-tp-comm-overlap-rs"),
+            {"action": "store_false", "dest": "tp_comm_overlap_rs"}, True,
+            _WITH_TP_COMM_OVERLAP),
+    FlagRow(("--no-tp-comm-split-ag", "--disable-tp-comm-split-ag"),
+            {"action": "store_false", "dest": "tp_comm_split_ag"}, True,
+            _WITH_TP_COMM_OVERLAP),
+    FlagRow(("--no-tp-comm-split-rs", "--disable-tp-comm-split-rs"),
+            {"action": "store_false", "dest": "tp_comm_split_rs"}, True,
+            _WITH_TP_COMM_OVERLAP),
+    FlagRow(("--tp-comm-bootstrap-backend",), {"choices": ("nccl", "mpi", "gloo")}, "nccl",
+            _WITH_TP_COMM_OVERLAP),
+    FlagRow(("--overlap-dispatch-backward-with-experts-wgrad",), SWITCH, False, _WITH_EP_OVERLAP),
+    FlagRow(("--ep-overlap-early-attn-memory-release",), SWITCH, False, _WITH_EP_OVERLAP),
+    FlagRow(("--high-priority-a2a-comm-stream",), SWITCH, False, _WITH_EP_OVERLAP),
+    FlagRow(("--wgrad-deferral-limit",), {}, 0, _WITH_WGRAD_DEFERRAL),
+    FlagRow(("--cuda-graph-modules",), {"nargs": "+"}, [], _WITH_CUDA_GRAPH_IMPL),
+    FlagRow(("--cuda-graph-warmup-steps",), {}, 3, _WITH_CUDA_GRAPH_IMPL),
+    FlagRow(("--moe-flex-dispatcher-backend",),
+            {"choices": ("deepep", "hybridep", "ncclep")}, "deepep",
+            _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-flex-dispatcher-num-sms",), {}, None, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-deepep-num-sms",), {}, None, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-hybridep-num-sms",), {}, None, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-hybridep-num-blocks-permute",), {}, None, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-hybridep-num-blocks-unpermute",), {}, None, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-hybridep-num-sms-preprocessing",), {}, 108, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-hybridep-pad-uneven-dispatch-inputs",), SWITCH, False, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-permute-fusion-into-hybridep",), SWITCH, False, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-ncclep-zero-copy",), SWITCH, False, _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-dispatch-fwd-dtype",), {"choices": ("bf16", "mxfp8")}, "bf16",
+            _WITH_FLEX_DISPATCHER),
+    FlagRow(("--moe-combine-bwd-dtype",), {"choices": ("bf16", "mxfp8")}, "bf16",
+            _WITH_FLEX_DISPATCHER),
+    FlagRow(("--cpu-offloading-retain-pinned-cpu-buffers",), SWITCH, False, _WITH_CPU_OFFLOADING),
+    FlagRow(("--offload-modules",), {"nargs": "+"}, [], _WITH_FINE_GRAINED_OFFLOADING),
+    FlagRow(("--min-offloaded-tensor-size",), {}, 1048576, _WITH_FINE_GRAINED_OFFLOADING),
+    FlagRow(("--delay-offload-until-cuda-graph",), SWITCH, False, _WITH_FINE_GRAINED_OFFLOADING),
+    FlagRow(("--delta-offload-bytes-across-pp-ranks",), {}, 0, _WITH_FINE_GRAINED_OFFLOADING),
+    FlagRow(("--activation-offload-fraction",), {}, 1.0, _WITH_FINE_GRAINED_OFFLOADING),
+    FlagRow(("--fine-grained-offloading-max-inflight-offloads",), {}, None,
+            _WITH_FINE_GRAINED_OFFLOADING),
+    FlagRow(("--mhc-num-residual-streams",), {}, 4, _WITH_MHC),
+    FlagRow(("--mhc-sinkhorn-iterations",), {}, 20, _WITH_MHC),
+    FlagRow(("--mhc-init-gating-factor",), {}, 0.01, _WITH_MHC),
+    FlagRow(("--mhc-recompute-layer-num",), {}, None, _WITH_MHC),
+    FlagRow(("--dsa-indexer-n-heads",), {}, None, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-head-dim",), {}, None, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-topk",), {}, None, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-topk-freq",), {}, 1, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-skip-topk-offset",), {}, 0, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-loss-coeff",), {}, None, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-use-sparse-loss",), SWITCH, False, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-kernel-backend",), {"choices": ("none", "tilelang", "cudnn")}, "none",
+            _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-rope-interleaved",), SWITCH, False, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--no-dsa-indexer-rotate-activation", "--disable-dsa-indexer-rotate-activation"),
+            {"action": "store_false", "dest": "dsa_indexer_rotate_activation"}, True,
+            _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--no-dsa-indexer-scoring-relu", "--disable-dsa-indexer-scoring-relu"),
+            {"action": "store_false", "dest": "dsa_indexer_scoring_relu"}, True,
+            _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-k-norm-epsilon",), {}, None, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--dsa-indexer-k-norm-fp32",), SWITCH, False, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--linear-attention-freq",), {}, None, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--linear-conv-kernel-dim",), {}, 4, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--linear-key-head-dim",), {}, 128, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--linear-value-head-dim",), {}, 128, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--linear-num-key-heads",), {}, 16, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--linear-num-value-heads",), {}, 32, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--gdp-num-householder",), {}, 3, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--gdp-cutedsl-kernel",), SWITCH, False, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--gdp-num-chunk-states-to-recompute",), {}, 2, _WITH_EXPERIMENTAL_ATTENTION),
+    FlagRow(("--mup-width-mult",), {}, 1.0, _WITH_USE_MUP),
+    FlagRow(("--mup-base-hidden-size",), {}, None, _WITH_USE_MUP),
+    FlagRow(("--mup-embedding-mult",), {}, 1.0, _WITH_USE_MUP),
+    FlagRow(("--mup-output-mult",), {}, 1.0, _WITH_USE_MUP),
+    FlagRow(("--mup-base-head-dim",), {}, None, _WITH_USE_MUP),
+    FlagRow(("--mup-attn-scale-power",), {}, 1.0, _WITH_USE_MUP),
+    FlagRow(("--gtp-remat-opt-in-modules",), {"nargs": "+"}, [], _WITH_GTP),
+    FlagRow(("--gtp-remat-nccl-ub",), SWITCH, False, _WITH_GTP),
+    FlagRow(("--gtp-expert-remat-nccl-ub",), SWITCH, False, _WITH_GTP),
+    FlagRow(("--gtp-remat-reduce-scatter-with-fp32-accumulation",), SWITCH, False, _WITH_GTP),
+    FlagRow(("--megatron-fsdp-main-params-dtype",),
+            {"choices": ("fp32", "bf16", "fp16", "auto")}, "fp32",
+            _WITH_MEGATRON_FSDP),
+    FlagRow(("--megatron-fsdp-main-grads-dtype",),
+            {"choices": ("fp32", "bf16", "fp16", "auto")}, "auto",
+            _WITH_MEGATRON_FSDP),
+    FlagRow(("--megatron-fsdp-grad-comm-dtype",),
+            {"choices": ("fp32", "fp16", "bf16", "auto")}, "auto",
+            _WITH_MEGATRON_FSDP),
+    FlagRow(("--megatron-fsdp-enable-fine-grained-param-gather",), SWITCH, False,
+            _WITH_MEGATRON_FSDP),
+    FlagRow(("--megatron-fsdp-max-pool-double-buffer",), SWITCH, False, _WITH_MEGATRON_FSDP),
+    FlagRow(("--fsdp-db-use-persist-buf-on-alloc-fail",), SWITCH, False, _WITH_MEGATRON_FSDP),
+    FlagRow(("--moe-paged-stash-page-size",), {}, 64, _WITH_PAGED_STASH),
+    FlagRow(("--moe-paged-stash-buffer-size-factor-cuda",), {}, 1.1, _WITH_PAGED_STASH),
+    FlagRow(("--moe-paged-stash-buffer-size-factor-cpu",), {}, 0.0, _WITH_PAGED_STASH),
+    FlagRow(("--moe-router-quantile-balancing-ema",), {}, 0.0, _WITH_QUANTILE_BALANCING),
+    FlagRow(("--moe-upcycling-granularity",), {}, 1, _WITH_UPCYCLING),
+    FlagRow(("--qk-clip-alpha",), {}, 0.5, _WITH_QK_CLIP),
+    FlagRow(("--qk-clip-threshold",), {}, 100, _WITH_QK_CLIP),
+    FlagRow(("--adlr-autoresume-interval",), {}, 1000, _WITH_ADLR_AUTORESUME),
+    FlagRow(("--no-use-layer-wise-param-layout",),
+            {"action": "store_false", "dest": "use_layer_wise_param_layout"}, True,
+            _WITH_MUON_LAYOUT),
+    FlagRow(("--no-data-sharding",), {"action": "store_false", "dest": "data_sharding"}, True,
+            _WITH_CYCLIC_LOADER),
+    FlagRow(("--sft-tokenizer-prompt-format",), {}, "nemotron-h-aligned", _WITH_SFT_TOKENIZER),
+)
 
-# why -> rows: accepted and changing nothing, in Megatron-LM's training and here.
-ACCEPTED: dict[str, tuple[Row, ...]] = {
-    "Megatron-LM registers it but reads it nowhere": (
-        (("--head-lr-mult",), {}, 1.0),),
-    "Megatron-LM reads it only in its inference engine (the sampling seed per DP rank)": (
-        (("--use-same-sampling-seed-across-dp-ranks",),
-         {"action": "store_false", "dest": "offset_sampling_seed_by_dp_rank"}, True),),
-    "the Multi-Storage Client is never used here, which the flag asks for (a no-op in "
-    "Megatron-LM too)": (
-        (("--disable-msc",), {"action": "store_true", "dest": "disable_msc_deprecated"}, False),),
-    "the tokenizer's files are never copied into checkpoints here, which the flag asks for": (
-        (("--no-save-tokenizer-assets", "--disable-save-tokenizer-assets"),
-         {"action": "store_false", "dest": "save_tokenizer_assets"}, True),),
-    "NCCL's flight recorder is not configured here, which the flag asks for": (
-        (("--no-flight-recorder-dump-on-timeout", "--disable-flight-recorder-dump-on-timeout"),
-         {"action": "store_false", "dest": "flight_recorder_dump_on_timeout"}, True),
-        (("--no-flight-recorder-include-only-active",
-          "--disable-flight-recorder-include-only-active"),
-         {"action": "store_false", "dest": "flight_recorder_include_only_active"}, True),
-        (("--no-flight-recorder-extra-dump-on-exec",
-          "--disable-flight-recorder-extra-dump-on-exec"),
-         {"action": "store_false", "dest": "flight_recorder_extra_dump_on_exec"}, True),
-    ),
-}
+# Accepted and changing nothing, in Megatron-LM's training and here.
+ACCEPTED = accepted_rows(
+    FlagRow(("--head-lr-mult",), {}, 1.0, "Megatron-LM registers it but reads it nowhere"),
+    FlagRow(("--use-same-sampling-seed-across-dp-ranks",),
+            {"action": "store_false", "dest": "offset_sampling_seed_by_dp_rank"}, True,
+            "Megatron-LM reads it only in its inference engine (the sampling seed per DP rank)"),
+    FlagRow(("--disable-msc",), {"action": "store_true", "dest": "disable_msc_deprecated"}, False,
+            "the Multi-Storage Client is never used here, which the flag asks for (a no-op in "
+            "Megatron-LM too)"),
+    FlagRow(("--no-save-tokenizer-assets", "--disable-save-tokenizer-assets"),
+            {"action": "store_false", "dest": "save_tokenizer_assets"}, True,
+            "the tokenizer's files are never copied into checkpoints here, which the flag asks "
+            "for"),
+    FlagRow(("--no-flight-recorder-dump-on-timeout", "--disable-flight-recorder-dump-on-timeout"),
+            {"action": "store_false", "dest": "flight_recorder_dump_on_timeout"}, True,
+            _FLIGHT_RECORDER_OFF),
+    FlagRow(("--no-flight-recorder-include-only-active",
+             "--disable-flight-recorder-include-only-active"),
+            {"action": "store_false", "dest": "flight_recorder_include_only_active"}, True,
+            _FLIGHT_RECORDER_OFF),
+    FlagRow(("--no-flight-recorder-extra-dump-on-exec",
+             "--disable-flight-recorder-extra-dump-on-exec"),
+            {"action": "store_false", "dest": "flight_recorder_extra_dump_on_exec"}, True,
+            _FLIGHT_RECORDER_OFF),
+)
 PADDED_VOCAB_SIZE = "--padded-vocab-size"
 # --record-shapes: Megatron-LM main records shapes in the NVTX ranges of an nsys --profile
 # window; with --use-pytorch-profiler the torch profiler here records shapes always.
@@ -400,32 +399,18 @@ IN_CORE_R016 = frozenset({
 MAIN_ONLY_NOTE = " Megatron-LM main's flag (newer than core_r0.16)."
 
 
-def _main_note(names: tuple[str, ...]) -> str:
-    return "" if names[0] in IN_CORE_R016 else MAIN_ONLY_NOTE
-
-
-def _add_rows(group, rows: tuple[Row, ...], help_text: str) -> None:
-    for names, kwargs, default in rows:
-        group.add_argument(*names, default=default, help=help_text + _main_note(names),
-                           **kwargs)
+def _main_note(row: FlagRow) -> str:
+    return "" if row.flag in IN_CORE_R016 else MAIN_ONLY_NOTE
 
 
 def add_census_flags(parser: argparse.ArgumentParser) -> None:
     """Registers the tables (each a group of the flag reference)."""
-    refused = parser.add_argument_group("Megatron-LM feature flags refused here")
-    for why, rows in REFUSED.items():
-        for names, kwargs, default in rows:
-            given_neutral = not kwargs.get("action") and default is not None
-            shown = repr(default) if isinstance(default, str) else default  # '' stays visible
-            neutral = f" (but {shown}, which changes nothing)" if given_neutral else ""
-            _add_rows(refused, ((names, kwargs, default),), f"Refused{neutral}: {why}.")
-    unread = parser.add_argument_group("Megatron-LM tuning flags of refused features")
-    for feature, rows in UNREAD.items():
-        _add_rows(unread, rows, f"Accepted, no effect: Megatron-LM reads it only with "
-                                f"{feature}, refused here.")
+    add_flag_rows(parser.add_argument_group("Megatron-LM feature flags refused here"),
+                  with_notes(REFUSED, _main_note))
+    add_flag_rows(parser.add_argument_group("Megatron-LM tuning flags of refused features"),
+                  with_notes(UNREAD, _main_note))
     accepted = parser.add_argument_group("Megatron-LM flags that change nothing here")
-    for why, rows in ACCEPTED.items():
-        _add_rows(accepted, rows, f"Accepted, no effect: {why}.")
+    add_flag_rows(accepted, with_notes(ACCEPTED, _main_note))
     _add_honoured_flags(accepted, parser.add_argument_group("Megatron-LM switches honoured here"))
 
 
@@ -451,34 +436,10 @@ def _add_honoured_flags(accepted, honoured) -> None:
                           help="Megatron-LM main's second name of --no-align-grad-reduce.")
 
 
-def is_default(value, default) -> bool:
-    """Whether ``value`` (as parsed: a string when given) is Megatron-LM's ``default``; numbers
-    compare by value (``--cpu-offloading-num-layers 0`` is the default 0)."""
-    if value is None or value == default:
-        return True
-    try:
-        return float(value) == float(default)
-    except (TypeError, ValueError):
-        return False
-
-
-def given_refusals(args: argparse.Namespace):
-    """``(flag, shown value, why)`` of each refused flag given at another value than
-    Megatron-LM's default."""
-    for why, rows in REFUSED.items():
-        for names, kwargs, default in rows:
-            value = getattr(args, dest_of(names[0], kwargs))
-            if not is_default(value, default):
-                shown = "" if kwargs.get("action") else " " + (
-                    " ".join(value) if isinstance(value, list) else str(value))
-                yield names[0], shown, why
-
-
 def validate_census_flags(args: argparse.Namespace, require) -> None:
     """Refuses, in one line, a refused flag given at another value than Megatron-LM's default,
     and --record-shapes in an nsys profile."""
-    for flag, shown, why in given_refusals(args):
-        require(False, f"{flag}{shown} is not supported: {why}")
+    refuse_given(args, REFUSED, require)
     _validate_padded_vocab_size(args, require)
     require(not (args.record_shapes and args.profile and not args.use_pytorch_profiler),
             f"{RECORD_SHAPES} with nsys's --profile is not supported: the NVTX ranges here "
@@ -486,30 +447,25 @@ def validate_census_flags(args: argparse.Namespace, require) -> None:
 
 
 # pretrain_mamba.py only: Megatron-LM's Mamba training flags (hybrid_arguments.py adds them).
-HYBRID_REFUSED: dict[str, tuple[Row, ...]] = {
-    "the Mamba training path here is megatron-core's default memory-efficient one (the fused "
-    "split-conv-scan, as plain-torch twins on CPU); the unfused path is not wired": (
-        (("--disable-mamba-mem-eff-path",),
-         {"action": "store_false", "dest": "use_mamba_mem_eff_path"}, True),),
-    "the inter-chunk SSM states keep the parameters' dtype here (megatron-core's default)": (
-        (("--mamba-training-ssm-states-dtype",), {"choices": ("fp32", "bf16")}, None),),
-}
+HYBRID_REFUSED = (
+    FlagRow(("--disable-mamba-mem-eff-path",),
+            {"action": "store_false", "dest": "use_mamba_mem_eff_path"}, True,
+            "the Mamba training path here is megatron-core's default memory-efficient one (the "
+            "fused split-conv-scan, as plain-torch twins on CPU); the unfused path is not wired"),
+    FlagRow(("--mamba-training-ssm-states-dtype",), {"choices": ("fp32", "bf16")}, None,
+            "the inter-chunk SSM states keep the parameters' dtype here (megatron-core's default)"),
+)
 
 
 def add_hybrid_census_flags(parser: argparse.ArgumentParser) -> None:
     """Registers pretrain_mamba.py's refused Mamba flags."""
-    group = parser.add_argument_group("Megatron-LM Mamba flags refused here")
-    for why, rows in HYBRID_REFUSED.items():
-        _add_rows(group, rows, f"Refused: {why}.")
+    add_flag_rows(parser.add_argument_group("Megatron-LM Mamba flags refused here"),
+                  with_notes(HYBRID_REFUSED, _main_note))
 
 
 def validate_hybrid_census_flags(args: argparse.Namespace, require) -> None:
     """Refuses a refused Mamba flag given at another value than Megatron-LM's default."""
-    for why, rows in HYBRID_REFUSED.items():
-        for names, kwargs, default in rows:
-            value = getattr(args, dest_of(names[0], kwargs))
-            shown = "" if kwargs.get("action") else f" {value}"
-            require(is_default(value, default), f"{names[0]}{shown} is not supported: {why}")
+    refuse_given(args, HYBRID_REFUSED, require)
 
 
 def _validate_padded_vocab_size(args: argparse.Namespace, require) -> None:

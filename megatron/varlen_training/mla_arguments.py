@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.refused_flags import (
-    add_refused_flags, dest_of, given_refused_flags,
+    SWITCH, FlagRow, add_flag_rows, dest_of, refuse_given,
 )
 from megatron.varlen_training.varlen_arguments import attention_backend
 
@@ -40,19 +40,17 @@ ROTARY_SCALING_FACTOR_DEFAULT = 1.0
 _YARN_WHY = ("Megatron-LM reads it only for --position-embedding-type yarn (YaRN on standard "
              "attention), not built here; multi-latent attention's YaRN keeps megatron-core's "
              "MLATransformerConfig defaults, as in Megatron-LM")
-# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
-REFUSED_FLAGS = {
-    "--cache-mla-latents": ({"action": "store_true"}, None,
-                            "it caches MLA's latents for megatron-core's dynamic inference "
-                            "engine (FlashMLA decode); this fork trains"),
-    "--mla-down-proj-fusion": ({"action": "store_true"}, None,
-                               "it fuses the q/kv down-projections with the input norm in a "
-                               "Megatron-LM main layer that megatron-core 0.16.1 does not have; "
-                               "the unfused MLA here is the same math"),
-    "--yarn-original-max-position-embeddings": ({"type": int}, None, _YARN_WHY),
-    "--yarn-beta-fast": ({"type": float}, None, _YARN_WHY),
-    "--yarn-beta-slow": ({"type": float}, None, _YARN_WHY),
-}
+REFUSED_FLAGS = (
+    FlagRow(("--cache-mla-latents",), SWITCH, False,
+            "it caches MLA's latents for megatron-core's dynamic inference engine (FlashMLA "
+            "decode); this fork trains"),
+    FlagRow(("--mla-down-proj-fusion",), SWITCH, False,
+            "it fuses the q/kv down-projections with the input norm in a Megatron-LM main layer "
+            "that megatron-core 0.16.1 does not have; the unfused MLA here is the same math"),
+    FlagRow(("--yarn-original-max-position-embeddings",), {"type": int}, None, _YARN_WHY),
+    FlagRow(("--yarn-beta-fast",), {"type": float}, None, _YARN_WHY),
+    FlagRow(("--yarn-beta-slow",), {"type": float}, None, _YARN_WHY),
+)
 YARN_ROUNDING_FLAGS = ("--yarn-correction-range-round-to-int",
                        "--no-yarn-correction-range-round-to-int")
 
@@ -85,7 +83,7 @@ def add_mla_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mscale-all-dim", type=float, default=MSCALE_ALL_DIM_DEFAULT,
                        help="YaRN's mscale of the softmax scale (MLA: the scale is "
                             "mscale(factor, this)^2 / sqrt(q head dim)).")
-    add_refused_flags(group, REFUSED_FLAGS)
+    add_flag_rows(group, REFUSED_FLAGS)
     # Megatron-LM's pair sharing one dest, unset (None) unless either is given.
     for flag, action in zip(YARN_ROUNDING_FLAGS, ("store_true", "store_false")):
         group.add_argument(flag, action=action, default=None,
@@ -96,8 +94,7 @@ def add_mla_args(parser: argparse.ArgumentParser) -> None:
 def validate_mla_args(args: argparse.Namespace, require) -> None:
     """Refuses what MLA cannot do here; resolves ``rope_type`` (yarn unless given) as
     Megatron-LM's config does (``require(cond, message)``)."""
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     rounding = args.yarn_correction_range_round_to_int
     require(rounding is None, f"{YARN_ROUNDING_FLAGS[0 if rounding else 1]} is not supported: "
                               f"{_YARN_WHY}")

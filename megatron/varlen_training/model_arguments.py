@@ -17,7 +17,7 @@ import argparse
 import os
 
 from megatron.varlen_training.refused_flags import (
-    add_refused_flags, dest_of, given_refused_flags,
+    SWITCH, FlagRow, add_flag_rows, dest_of, refuse_given,
 )
 from megatron.varlen_training.varlen_arguments import attention_backend
 
@@ -37,59 +37,51 @@ _PRECISION_AWARE_WHY = ("Megatron-LM's precision-aware optimizer is Transformer 
                         "main grads, main params and Adam moments (Megatron-LM's default)")
 _WINDOW_WHY = "the THD attentions here attend to the whole causal context (no sliding window)"
 _LOW_BITS_WHY = "{bits} needs Transformer Engine's {bits} layers, which this fork does not build"
-# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
-REFUSED_FLAGS = {
-    "--use-precision-aware-optimizer": ({"action": "store_true"}, None, _PRECISION_AWARE_WHY),
-    "--apply-residual-connection-post-layernorm": (
-        {"action": "store_true"}, None,
-        "megatron-core's TransformerLayer does not implement it (Megatron-LM sets the config "
-        "field and still builds pre-norm residuals): drop the flag"),
-    "--rotary-interleaved": ({"action": "store_true"}, None,
-                             "the packed RoPE here rotates halves (megatron-core's default), "
-                             "not interleaved pairs"),
-    "--squared-relu": ({"action": "store_true"}, None,
-                       "the MLP activation here is GELU, or SiLU with --swiglu"),
-    "--quick-geglu": ({"action": "store_true"}, None,
-                      "the MLP activation here is GELU, or SiLU with --swiglu"),
-    "--init-method-xavier-uniform": ({"action": "store_true"}, None,
-                                     "weights are initialised from --init-method-std here "
-                                     "(normal, layout-invariant)"),
-    "--fp32-residual-connection": ({"action": "store_true"}, None,
-                                   "residuals stay in the parameters' dtype here"),
-    "--window-size": ({}, None, _WINDOW_WHY),
-    "--window-attn-skip-freq": ({}, None, _WINDOW_WHY),
-    "--softmax-type": ({"choices": ("vanilla", "off-by-one", "learnable")}, "vanilla",
-                       "the THD attentions here implement the vanilla softmax only"),
-    "--no-rope-freq": ({}, None, "every attention layer applies RoPE here"),
-    "--attention-output-gate": ({"action": "store_true"}, None,
-                                "gated attention outputs are not built here"),
-    "--qk-l2-norm": ({"action": "store_true"}, None,
-                     "queries and keys are not L2-normalised here (--qk-layernorm is)"),
-    "--qk-clip": ({"action": "store_true"}, None, "QK-clip is not implemented here"),
-    "--glu-linear-offset": ({"type": float}, "0.0", "the SwiGLU here has no linear offset"),
-    "--activation-func-clamp-value": ({"type": float}, None,
-                                      "the MLP activation here is not clamped"),
-    "--embedding-init-method-std": ({"type": float}, None,
-                                    "the word embedding initialises from --init-method-std "
-                                    "here (layout-invariant init)"),
-    "--fp8-format": ({"dest": "fp8"}, None, _LOW_BITS_WHY.format(bits="FP8")),
-    "--fp4-format": ({"dest": "fp4"}, None, _LOW_BITS_WHY.format(bits="FP4")),
-    "--moe-input-jitter-eps": ({"type": float}, None,
-                               "router input jitter draws noise per token, which packing and "
-                               "the CP layout would change"),
-    "--moe-router-force-load-balancing": ({"action": "store_true"}, None,
-                                          "a benchmarking mode that routes to random experts"),
-    "--moe-shared-expert-gate": ({"action": "store_true"}, None,
-                                 "the shared expert here is not gated"),
-    "--moe-apply-probs-on-input": ({"action": "store_true"}, None,
-                                   "the router's probabilities scale the experts' outputs "
-                                   "here"),
-    "--moe-latent-size": ({"type": int}, None, "latent MoE is not built here"),
-    "--fp16-lm-cross-entropy": ({"action": "store_true"}, None,
-                                "megatron-core 0.16.1's GPTModel keeps it but never reads "
-                                "it (its vocab-parallel cross entropy runs in fp32 either "
-                                "way): drop the flag"),
-}
+REFUSED_FLAGS = (
+    FlagRow(("--use-precision-aware-optimizer",), SWITCH, False, _PRECISION_AWARE_WHY),
+    FlagRow(("--apply-residual-connection-post-layernorm",), SWITCH, False,
+            "megatron-core's TransformerLayer does not implement it (Megatron-LM sets the config "
+            "field and still builds pre-norm residuals): drop the flag"),
+    FlagRow(("--rotary-interleaved",), SWITCH, False,
+            "the packed RoPE here rotates halves (megatron-core's default), not interleaved pairs"),
+    FlagRow(("--squared-relu",), SWITCH, False,
+            "the MLP activation here is GELU, or SiLU with --swiglu"),
+    FlagRow(("--quick-geglu",), SWITCH, False,
+            "the MLP activation here is GELU, or SiLU with --swiglu"),
+    FlagRow(("--init-method-xavier-uniform",), SWITCH, False,
+            "weights are initialised from --init-method-std here (normal, layout-invariant)"),
+    FlagRow(("--fp32-residual-connection",), SWITCH, False,
+            "residuals stay in the parameters' dtype here"),
+    FlagRow(("--window-size",), {}, None, _WINDOW_WHY),
+    FlagRow(("--window-attn-skip-freq",), {}, None, _WINDOW_WHY),
+    FlagRow(("--softmax-type",), {"choices": ("vanilla", "off-by-one", "learnable")}, "vanilla",
+            "the THD attentions here implement the vanilla softmax only"),
+    FlagRow(("--no-rope-freq",), {}, None, "every attention layer applies RoPE here"),
+    FlagRow(("--attention-output-gate",), SWITCH, False,
+            "gated attention outputs are not built here"),
+    FlagRow(("--qk-l2-norm",), SWITCH, False,
+            "queries and keys are not L2-normalised here (--qk-layernorm is)"),
+    FlagRow(("--qk-clip",), SWITCH, False, "QK-clip is not implemented here"),
+    FlagRow(("--glu-linear-offset",), {"type": float}, 0.0, "the SwiGLU here has no linear offset"),
+    FlagRow(("--activation-func-clamp-value",), {"type": float}, None,
+            "the MLP activation here is not clamped"),
+    FlagRow(("--embedding-init-method-std",), {"type": float}, None,
+            "the word embedding initialises from --init-method-std here (layout-invariant init)"),
+    FlagRow(("--fp8-format",), {"dest": "fp8"}, None, _LOW_BITS_WHY.format(bits="FP8")),
+    FlagRow(("--fp4-format",), {"dest": "fp4"}, None, _LOW_BITS_WHY.format(bits="FP4")),
+    FlagRow(("--moe-input-jitter-eps",), {"type": float}, None,
+            "router input jitter draws noise per token, which packing and the CP layout would "
+            "change"),
+    FlagRow(("--moe-router-force-load-balancing",), SWITCH, False,
+            "a benchmarking mode that routes to random experts"),
+    FlagRow(("--moe-shared-expert-gate",), SWITCH, False, "the shared expert here is not gated"),
+    FlagRow(("--moe-apply-probs-on-input",), SWITCH, False,
+            "the router's probabilities scale the experts' outputs here"),
+    FlagRow(("--moe-latent-size",), {"type": int}, None, "latent MoE is not built here"),
+    FlagRow(("--fp16-lm-cross-entropy",), SWITCH, False,
+            "megatron-core 0.16.1's GPTModel keeps it but never reads it (its vocab-parallel "
+            "cross entropy runs in fp32 either way): drop the flag"),
+)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -126,15 +118,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                            help=f"Megatron-LM's precision-aware optimizer state dtype: only "
                                 f"{FP32} (its default) here.")
     # Megatron-LM's default: the value that changes nothing (a megatron-wrap view lists it)
-    add_refused_flags(parser.add_argument_group("Megatron-LM model flags refused here"),
-                      REFUSED_FLAGS, neutral_default=True)
+    add_flag_rows(parser.add_argument_group("Megatron-LM model flags refused here"),
+                  REFUSED_FLAGS)
 
 
 def validate_model_args(args: argparse.Namespace, require) -> None:
     """Refuses what cannot be honoured; resolves the derived precision fields as Megatron-LM's
     validate_args does (``require(cond, message)``)."""
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     for flag in OPTIMIZER_DTYPE_FLAGS:
         value = getattr(args, dest_of(flag, {}))
         require(value == FP32, f"{flag} {value} is not supported (only {FP32}): "

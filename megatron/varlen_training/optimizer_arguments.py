@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from megatron.varlen_training.refused_flags import (
-    add_refused_flags, add_unread_flags, given_refused_flags,
+    SWITCH, FlagRow, accepted_rows, add_flag_rows, read_only_with, refuse_given,
 )
 
 OPTIMIZERS = ("adam", "sgd")  # what megatron-core 0.16.1 builds here
@@ -31,39 +31,44 @@ SGD_MOMENTUM_DEFAULT = 0.9  # Megatron-LM's (and megatron-core's SGD config's)
 QK_LAYERNORM_WD_COND = "apply_wd_to_qk_layernorm"  # --no-weight-decay-cond-type's one choice
 _OFFLOAD_WHY = ("megatron-core's CPU-offloading HybridDeviceOptimizer is not built here: "
                 "the optimizer state stays on the training device")
-REFUSED_FLAGS = {
-    "--optimizer-cpu-offload": ({"action": "store_true"}, None, _OFFLOAD_WHY),
-    "--optimizer-cuda-graph": ({"action": "store_true"}, None,
-                               "the optimizer step is not captured in a CUDA graph here "
-                               "(Megatron-LM main only)"),
-    "--dump-param-to-param-group-map": ({}, None,
-                                        "this fork writes no parameter-to-group map"),
-    "--freeze-all-layers": ({"action": "store_true"}, None,
-                            "every parameter trains here (Megatron-LM main only)"),
-}
+REFUSED_FLAGS = (
+    FlagRow(("--optimizer-cpu-offload",), SWITCH, False, _OFFLOAD_WHY),
+    FlagRow(("--optimizer-cuda-graph",), SWITCH, False,
+            "the optimizer step is not captured in a CUDA graph here (Megatron-LM main only)"),
+    FlagRow(("--dump-param-to-param-group-map",), {}, None,
+            "this fork writes no parameter-to-group map"),
+    FlagRow(("--freeze-all-layers",), SWITCH, False,
+            "every parameter trains here (Megatron-LM main only)"),
+)
 # Read by Megatron-LM only with --optimizer muon/dist_muon/lion or --optimizer-cpu-offload
-# (refused here); without those Megatron-LM ignores them too. (flag, argparse keywords, default)
-_UNREAD_TUNING_FLAGS = (
-    ("--muon-momentum", {"type": float}, 0.9),
-    ("--muon-no-split-qkv", {"action": "store_false", "dest": "muon_split_qkv"}, True),
-    ("--muon-use-nesterov", {"action": "store_true"}, False),
-    ("--muon-nesterov", {"action": "store_true"}, False),  # main's spelling
-    ("--muon-scale-mode", {"choices": ("spectral", "unit_rms_norm", "shape_scaling")},
-     "spectral"),
-    ("--muon-fp32-matmul-prec", {"choices": ("low", "medium", "high")}, "medium"),
-    ("--muon-num-ns-steps", {"type": int}, 5),
-    ("--muon-tp-mode", {"choices": ("blockwise", "duplicated", "distributed")}, "blockwise"),
-    ("--muon-extra-scale-factor", {"type": float}, 1.0),
-    ("--muon-coefficient-type", {}, "quintic"),
-    ("--muon-use-syrk", {"action": "store_true"}, False),
-    ("--muon-scalar-optimizer", {"choices": ("adam", "lion")}, "adam"),
-    ("--lion-beta1", {"type": float}, 0.95),
-    ("--lion-beta2", {"type": float}, 0.98),
-    ("--optimizer-offload-fraction", {"type": float}, 1.0),
-    ("--use-torch-optimizer-for-cpu-offload", {"action": "store_true"}, False),
-    ("--overlap-cpu-optimizer-d2h-h2d", {"action": "store_true"}, False),
-    ("--no-pin-cpu-grads", {"action": "store_false", "dest": "pin_cpu_grads"}, True),
-    ("--no-pin-cpu-params", {"action": "store_false", "dest": "pin_cpu_params"}, True),
+# (refused here); without those Megatron-LM ignores them too.
+_UNREAD = read_only_with("--optimizer muon/dist_muon/lion or --optimizer-cpu-offload")
+_UNREAD_TUNING_FLAGS = accepted_rows(
+    FlagRow(("--muon-momentum",), {"type": float}, 0.9, _UNREAD),
+    FlagRow(("--muon-no-split-qkv",), {"action": "store_false", "dest": "muon_split_qkv"},
+            True, _UNREAD),
+    FlagRow(("--muon-use-nesterov",), SWITCH, False, _UNREAD),
+    FlagRow(("--muon-nesterov",), SWITCH, False, _UNREAD),  # main's spelling
+    FlagRow(("--muon-scale-mode",), {"choices": ("spectral", "unit_rms_norm", "shape_scaling")},
+            "spectral", _UNREAD),
+    FlagRow(("--muon-fp32-matmul-prec",), {"choices": ("low", "medium", "high")},
+            "medium", _UNREAD),
+    FlagRow(("--muon-num-ns-steps",), {"type": int}, 5, _UNREAD),
+    FlagRow(("--muon-tp-mode",), {"choices": ("blockwise", "duplicated", "distributed")},
+            "blockwise", _UNREAD),
+    FlagRow(("--muon-extra-scale-factor",), {"type": float}, 1.0, _UNREAD),
+    FlagRow(("--muon-coefficient-type",), {}, "quintic", _UNREAD),
+    FlagRow(("--muon-use-syrk",), SWITCH, False, _UNREAD),
+    FlagRow(("--muon-scalar-optimizer",), {"choices": ("adam", "lion")}, "adam", _UNREAD),
+    FlagRow(("--lion-beta1",), {"type": float}, 0.95, _UNREAD),
+    FlagRow(("--lion-beta2",), {"type": float}, 0.98, _UNREAD),
+    FlagRow(("--optimizer-offload-fraction",), {"type": float}, 1.0, _UNREAD),
+    FlagRow(("--use-torch-optimizer-for-cpu-offload",), SWITCH, False, _UNREAD),
+    FlagRow(("--overlap-cpu-optimizer-d2h-h2d",), SWITCH, False, _UNREAD),
+    FlagRow(("--no-pin-cpu-grads",), {"action": "store_false", "dest": "pin_cpu_grads"},
+            True, _UNREAD),
+    FlagRow(("--no-pin-cpu-params",), {"action": "store_false", "dest": "pin_cpu_params"},
+            True, _UNREAD),
 )
 
 
@@ -85,17 +90,15 @@ def add_optimizer_args(parser: argparse.ArgumentParser) -> None:
                        choices=(QK_LAYERNORM_WD_COND,),
                        help="Megatron-LM's older spelling: apply_wd_to_qk_layernorm sets "
                             "--apply-wd-to-qk-layernorm.")
-    add_unread_flags(group, _UNREAD_TUNING_FLAGS,
-                     "--optimizer muon/dist_muon/lion or --optimizer-cpu-offload")
-    add_refused_flags(parser.add_argument_group("Megatron-LM optimizer flags refused here"),
-                      REFUSED_FLAGS)
+    add_flag_rows(group, _UNREAD_TUNING_FLAGS)
+    add_flag_rows(parser.add_argument_group("Megatron-LM optimizer flags refused here"),
+                  REFUSED_FLAGS)
 
 
 def validate_optimizer_args(args: argparse.Namespace, require) -> None:
     """Refuses what megatron-core cannot build here; resolves --no-weight-decay-cond-type as
     Megatron-LM does (``require(cond, message)``)."""
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     require(args.optimizer in OPTIMIZERS,
             f"--optimizer {args.optimizer} is not supported: megatron-core 0.16.1 builds "
             f"{' and '.join(OPTIMIZERS)} here; use --optimizer adam or sgd")

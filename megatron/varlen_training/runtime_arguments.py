@@ -19,7 +19,7 @@ from megatron.varlen.platform import cpu_device
 from megatron.varlen_training.config.runtime import (
     LOGGING_LEVEL_VARIABLE, MEMORY_SNAPSHOT_PATH, PROFILE_RANKS, PROFILE_STEP_END, PROFILE_STEP_START,
 )
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import SWITCH, FlagRow, add_flag_rows, refuse_given
 
 BACKENDS = ("nccl", "gloo")
 EMPTY_CACHE_LEVELS = (0, 1, 2)
@@ -48,64 +48,63 @@ _RERUN_MODE = "--rerun-mode"
 RERUN_MODES = ("disabled", "validate_results", "report_stats")
 
 
-def _inprocess_seconds(neutral: float) -> tuple[dict, str, str]:
-    return {"type": float}, str(float(neutral)), _INPROCESS_WHY
+def _inprocess_seconds(flag: str, default: float) -> FlagRow:
+    return FlagRow((flag,), {"type": float}, float(default), _INPROCESS_WHY)
 
 
 # Megatron-LM's default is $WORLD_SIZE, the one value that keeps no warm reserve: accepted.
 _ACTIVE_WORLD = "--inprocess-active-world-size"
-# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
-REFUSED_FLAGS = {
-    "--log-straggler": ({"action": "store_true"}, None, _STRAGGLER_WHY),
-    "--disable-straggler-on-startup": ({"action": "store_true"}, None, _STRAGGLER_WHY),
-    "--straggler-ctrlr-port": ({"type": int}, "65535", _STRAGGLER_WHY),
-    "--straggler-minmax-count": ({"type": int}, "1", _STRAGGLER_WHY),
-    "--check-for-large-grads": ({"action": "store_true"}, None,
-                                "Megatron-LM's rerun state machine, which runs that check, is "
-                                "not used here (--check-for-nan-in-loss-and-grad is honoured)"),
-    "--enable-ft-package": ({"action": "store_true"}, None, _FT_WHY),
-    "--calc-ft-timeouts": ({"action": "store_true"}, None, _FT_WHY),
-    "--ft-num-warmup-iters": ({"type": int}, "5", _FT_WHY),
-    "--one-logger-project": ({}, "megatron-lm", _ONE_LOGGER_WHY),
-    "--one-logger-run-name": ({}, None, _ONE_LOGGER_WHY),
-    "--one-logger-async": ({"action": "store_true"}, None, _ONE_LOGGER_WHY),
-    "--app-tag-run-name": ({}, None, _ONE_LOGGER_WHY),
-    "--app-tag-run-version": ({}, "0.0.0", _ONE_LOGGER_WHY),
-    "--inprocess-restart": ({"action": "store_true"}, None, _INPROCESS_WHY),
-    "--inprocess-max-iterations": ({"type": int}, None, _INPROCESS_WHY),
-    "--inprocess-monitor-thread-interval": _inprocess_seconds(1),
-    "--inprocess-monitor-process-interval": _inprocess_seconds(1),
-    "--inprocess-progress-watchdog-interval": _inprocess_seconds(1),
-    "--inprocess-heartbeat-interval": _inprocess_seconds(30),
-    "--inprocess-soft-timeout": _inprocess_seconds(60),
-    "--inprocess-hard-timeout": _inprocess_seconds(90),
-    "--inprocess-heartbeat-timeout": _inprocess_seconds(60),
-    "--inprocess-barrier-timeout": _inprocess_seconds(120),
-    "--inprocess-completion-timeout": _inprocess_seconds(120),
-    "--inprocess-last-call-wait": _inprocess_seconds(1),
-    "--inprocess-termination-grace-time": _inprocess_seconds(1),
-    "--inprocess-granularity": ({"choices": ("node", "rank")}, "node", _INPROCESS_WHY),
-    _ACTIVE_WORLD: ({"type": int}, None, _INPROCESS_WHY),  # checked against the world size
-    "--inprocess-empty-cuda-cache": ({"action": "store_true"}, None, _INPROCESS_WHY),
+REFUSED_FLAGS = (
+    FlagRow(("--log-straggler",), SWITCH, False, _STRAGGLER_WHY),
+    FlagRow(("--disable-straggler-on-startup",), SWITCH, False, _STRAGGLER_WHY),
+    FlagRow(("--straggler-ctrlr-port",), {"type": int}, 65535, _STRAGGLER_WHY),
+    FlagRow(("--straggler-minmax-count",), {"type": int}, 1, _STRAGGLER_WHY),
+    FlagRow(("--check-for-large-grads",), SWITCH, False,
+            "Megatron-LM's rerun state machine, which runs that check, is not used here "
+            "(--check-for-nan-in-loss-and-grad is honoured)"),
+    FlagRow(("--enable-ft-package",), SWITCH, False, _FT_WHY),
+    FlagRow(("--calc-ft-timeouts",), SWITCH, False, _FT_WHY),
+    FlagRow(("--ft-num-warmup-iters",), {"type": int}, 5, _FT_WHY),
+    FlagRow(("--one-logger-project",), {}, "megatron-lm", _ONE_LOGGER_WHY),
+    FlagRow(("--one-logger-run-name",), {}, None, _ONE_LOGGER_WHY),
+    FlagRow(("--one-logger-async",), SWITCH, False, _ONE_LOGGER_WHY),
+    FlagRow(("--app-tag-run-name",), {}, None, _ONE_LOGGER_WHY),
+    FlagRow(("--app-tag-run-version",), {}, "0.0.0", _ONE_LOGGER_WHY),
+    FlagRow(("--inprocess-restart",), SWITCH, False, _INPROCESS_WHY),
+    FlagRow(("--inprocess-max-iterations",), {"type": int}, None, _INPROCESS_WHY),
+    _inprocess_seconds("--inprocess-monitor-thread-interval", 1),
+    _inprocess_seconds("--inprocess-monitor-process-interval", 1),
+    _inprocess_seconds("--inprocess-progress-watchdog-interval", 1),
+    _inprocess_seconds("--inprocess-heartbeat-interval", 30),
+    _inprocess_seconds("--inprocess-soft-timeout", 60),
+    _inprocess_seconds("--inprocess-hard-timeout", 90),
+    _inprocess_seconds("--inprocess-heartbeat-timeout", 60),
+    _inprocess_seconds("--inprocess-barrier-timeout", 120),
+    _inprocess_seconds("--inprocess-completion-timeout", 120),
+    _inprocess_seconds("--inprocess-last-call-wait", 1),
+    _inprocess_seconds("--inprocess-termination-grace-time", 1),
+    FlagRow(("--inprocess-granularity",), {"choices": ("node", "rank")}, "node", _INPROCESS_WHY),
+    FlagRow((_ACTIVE_WORLD,), {"type": int}, None, _INPROCESS_WHY),
+    FlagRow(("--inprocess-empty-cuda-cache",), SWITCH, False, _INPROCESS_WHY),
     # Megatron-LM's rerun state machine (re-runs an iteration to tell a transient fault from a
-    # bug); its default mode and no injected errors ask for nothing, "disabled" neither
-    # (validate_runtime_args), as --check-for-nan-in-loss-and-grad stops the run here.
-    _RERUN_MODE: ({"choices": RERUN_MODES}, "validate_results", _RERUN_WHY),
-    "--error-injection-rate": ({"type": int}, "0", _RERUN_WHY),
-    "--error-injection-type": ({"choices": ("correct_result", "transient_error",
-                                            "persistent_error")}, "transient_error", _RERUN_WHY),
-    "--check-for-spiky-loss": ({"action": "store_true"}, None, _RERUN_WHY),
-    "--result-rejected-tracker-filename": ({}, None, _RERUN_WHY),
-    "--check-weight-hash-across-dp-replicas-interval": (
-        {"type": int}, None, "the weights' hashes are not compared across data-parallel "
-                             "replicas here"),
+    # bug); its default mode and no injected errors ask for nothing, "disabled" neither (it
+    # re-runs nothing, as here: --check-for-nan-in-loss-and-grad stops the run).
+    FlagRow((_RERUN_MODE,), {"choices": RERUN_MODES}, "validate_results", _RERUN_WHY,
+            accepts=("disabled",)),
+    FlagRow(("--error-injection-rate",), {"type": int}, 0, _RERUN_WHY),
+    FlagRow(("--error-injection-type",),
+            {"choices": ("correct_result", "transient_error", "persistent_error")},
+            "transient_error", _RERUN_WHY),
+    FlagRow(("--check-for-spiky-loss",), SWITCH, False, _RERUN_WHY),
+    FlagRow(("--result-rejected-tracker-filename",), {}, None, _RERUN_WHY),
+    FlagRow(("--check-weight-hash-across-dp-replicas-interval",), {"type": int}, None,
+            "the weights' hashes are not compared across data-parallel replicas here"),
     # Megatron-LM main's profiling additions (newer than core_v0.16.1)
-    "--pytorch-profiler-collect-chakra": ({"action": "store_true"}, None,
-                                          "Chakra execution traces are not collected here "
-                                          "(the torch profiler's trace is)"),
-    "--nvtx-ranges": ({"action": "store_true"}, None,
-                      "this fork emits no NVTX ranges of its own (nsys still sees CUDA's)"),
-}
+    FlagRow(("--pytorch-profiler-collect-chakra",), SWITCH, False,
+            "Chakra execution traces are not collected here (the torch profiler's trace is)"),
+    FlagRow(("--nvtx-ranges",), SWITCH, False,
+            "this fork emits no NVTX ranges of its own (nsys still sees CUDA's)"),
+)
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +117,7 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     refused.add_argument("--no-one-logger", action="store_false", dest="enable_one_logger",
                          help="Accepted: one-logger is not available here, so it never tracks "
                               "the run (the other one-logger flags are refused).")
-    add_refused_flags(refused, REFUSED_FLAGS, neutral_default=True)
+    add_flag_rows(refused, REFUSED_FLAGS)
 
 
 def _add_memory_args(group) -> None:
@@ -196,9 +195,7 @@ def _add_process_args(group) -> None:
 def validate_runtime_args(args: argparse.Namespace, require) -> None:
     """Refuses what cannot run here and the settings that would silently do nothing
     (``require(cond, message)``)."""
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS, skip=(_ACTIVE_WORLD,)):
-        require(flag == _RERUN_MODE and given == " disabled",  # re-runs nothing, as here
-                f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require, skip=(_ACTIVE_WORLD,))
     active = args.inprocess_active_world_size  # Megatron-LM's default: the job's world size
     require(active is None or active == args.world_size,
             f"{_ACTIVE_WORLD} {active} is not supported: {_INPROCESS_WHY}")

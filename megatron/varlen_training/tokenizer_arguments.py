@@ -16,56 +16,54 @@ from megatron.varlen_training.model_file_tokenizers import TIKTOKEN_TYPE
 from megatron.varlen_training.model_file_tokenizer_arguments import (
     add_model_file_tokenizer_args, validate_model_file_tokenizer_args,
 )
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import (
+    SWITCH, FlagRow, add_flag_rows, dest_of, refuse_given,
+)
 from megatron.varlen_training.tokenizer import HF_TOKENIZER_TYPE, TOKENIZER_TYPE_FLAGS
 
 _HF_DIR_HINT = ("save the tokenizer you want with transformers' save_pretrained and give it as "
                 "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
+_NULL_IDS_WHY = ("NullTokenizer's eod and pad are --vocab-size - 1 here; preprocess and train "
+                 "with that")
 # What the types that ignore --tokenizer-model build their ids from.
 _BUILT_FROM = {
     "NullTokenizer": "which reads the ids written in the text (--vocab-size of them)",
     "ByteLevelTokenizer": "which needs no file (UTF-8 bytes)",
     GPT2_BPE_TYPE: "which is built from --vocab-file and --merge-file",
 }
-# flag -> (argparse keywords, Megatron-LM's value that changes nothing or None, why refused)
-REFUSED_FLAGS = {
-    "--vocab-extra-ids": ({}, "0", "the <extra_id_N> sentinels are for T5 span corruption, "
-                                   "which this fork does not train"),
-    "--tokenizer-metadata": ({}, None, "megatron-core's tokenizer metadata files are not read "
-                                       "here; give the tokenizer by --tokenizer-type and its "
-                                       "files"),
-    "--special-tokens": ({"nargs": "+"}, None,
-                         f"adding special tokens is not supported; {_HF_DIR_HINT}"),
-    "--tokenizer-sentencepiece-legacy": ({"action": "store_true"}, None,
-                                         "megatron-core's legacy SentencePiece wrapper (special "
-                                         "tokens added by --tokenizer-special-tokens) is not "
-                                         "built here; the SentencePiece types encode with the "
-                                         "model alone, Megatron-LM's default: drop the flag"),
-    "--tokenizer-hf-no-use-fast": ({"action": "store_true"}, None,
-                                   "Hugging Face tokenizers are always the fast (tokenizers) "
-                                   "implementation here; drop the flag"),
-    "--tokenizer-hf-no-include-special-tokens": (
-        {"action": "store_true"}, None,
-        "training reads ids, not text: pass it to tools/preprocess_data.py, which turns the text "
-        "into ids (SFT conversations render with the tokenizer's chat template)"),
-    "--trust-remote-code": ({"action": "store_true"}, None,
-                            "tokenizer code from the model directory is never run here; "
-                            + _HF_DIR_HINT),
-    "--null-tokenizer-eod-id": ({}, None, "NullTokenizer's eod and pad are --vocab-size - 1 "
-                                          "here; preprocess and train with that"),
-    "--null-tokenizer-pad-id": ({}, "-1", "NullTokenizer's eod and pad are --vocab-size - 1 "
-                                          "here; preprocess and train with that"),
-    "--chat-template": ({}, None, "SFT renders conversations with the --tokenizer-model "
-                                  "directory's own chat template (its tokenizer_config.json); "
-                                  "put the template there"),
-    "--use-gigatoken": ({"action": "store_true"}, None, "the gigatoken tokenizer backend is "
-                                                        "not available here; drop the flag"),
-    "--legacy-tokenizer": ({"action": "store_true"}, None,
-                           "this fork builds each tokenizer one way, as Megatron-LM's default "
-                           "(megatron-core's tokenizer libraries; e.g. its legacy "
-                           "Llama2Tokenizer prepended a BOS, the default does not); drop the "
-                           "flag"),
-}
+REFUSED_FLAGS = (
+    FlagRow(("--vocab-extra-ids",), {}, None,
+            "the <extra_id_N> sentinels are for T5 span corruption, which this fork does not "
+            "train", accepts=("0",)),
+    FlagRow(("--tokenizer-metadata",), {}, None,
+            "megatron-core's tokenizer metadata files are not read here; give the tokenizer by "
+            "--tokenizer-type and its files"),
+    FlagRow(("--special-tokens",), {"nargs": "+"}, None,
+            f"special tokens are not added here; {_HF_DIR_HINT}"),
+    FlagRow(("--tokenizer-sentencepiece-legacy",), SWITCH, False,
+            "megatron-core's legacy SentencePiece wrapper (special tokens added by "
+            "--tokenizer-special-tokens) is not built here; the SentencePiece types encode with "
+            "the model alone, Megatron-LM's default: drop the flag"),
+    FlagRow(("--tokenizer-hf-no-use-fast",), SWITCH, False,
+            "Hugging Face tokenizers are always the fast (tokenizers) implementation here; drop "
+            "the flag"),
+    FlagRow(("--tokenizer-hf-no-include-special-tokens",), SWITCH, False,
+            "training reads ids, not text: pass it to tools/preprocess_data.py, which turns the "
+            "text into ids (SFT conversations render with the tokenizer's chat template)"),
+    FlagRow(("--trust-remote-code",), SWITCH, False,
+            f"tokenizer code from the model directory is never run here; {_HF_DIR_HINT}"),
+    FlagRow(("--null-tokenizer-eod-id",), {}, None, _NULL_IDS_WHY),
+    FlagRow(("--null-tokenizer-pad-id",), {}, None, _NULL_IDS_WHY, accepts=("-1",)),
+    FlagRow(("--chat-template",), {}, None,
+            "SFT renders conversations with the --tokenizer-model directory's own chat template "
+            "(its tokenizer_config.json); put the template there"),
+    FlagRow(("--use-gigatoken",), SWITCH, False,
+            "the gigatoken tokenizer backend is not available here; drop the flag"),
+    FlagRow(("--legacy-tokenizer",), SWITCH, False,
+            "this fork builds each tokenizer one way, as Megatron-LM's default (megatron-core's "
+            "tokenizer libraries; e.g. its legacy Llama2Tokenizer prepended a BOS, the default "
+            "does not); drop the flag"),
+)
 
 
 def _refuse_unread_tokenizer_model(args: argparse.Namespace, require) -> None:
@@ -93,8 +91,8 @@ def add_tokenizer_file_args(parser, honoured: tuple[str, ...] = ()) -> None:
     group.add_argument("--merge-file", default=None,
                        help=f"{GPT2_BPE_TYPE}: GPT-2's BPE merges (e.g. gpt2-merges.txt).")
     add_model_file_tokenizer_args(parser)
-    add_refused_flags(parser.add_argument_group("Megatron-LM tokenizer flags refused here"),
-                      REFUSED_FLAGS, skip=honoured)
+    add_flag_rows(parser.add_argument_group("Megatron-LM tokenizer flags refused here"),
+                  REFUSED_FLAGS, skip=honoured)
 
 
 def validate_tokenizer_args(args: argparse.Namespace, require,
@@ -107,12 +105,11 @@ def validate_tokenizer_args(args: argparse.Namespace, require,
     validate_model_file_tokenizer_args(args, require)
     is_bpe = args.tokenizer_type == GPT2_BPE_TYPE
     for flag in ("--vocab-file", "--merge-file"):
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(args, dest_of(flag, {}))
         require(value is not None or not is_bpe,
                 f"--tokenizer-type {GPT2_BPE_TYPE} needs {flag} (GPT-2's vocabulary JSON and "
                 "merges, e.g. --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt)")
         require(value is None or is_bpe,
                 f"{flag} {value!r} is read by --tokenizer-type {GPT2_BPE_TYPE} only, but "
                 f"--tokenizer-type is {args.tokenizer_type}: drop {flag} or change the type")
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS, skip=honoured):
-        require(False, f"{flag}{given}: {why}")
+    refuse_given(args, REFUSED_FLAGS, require, skip=honoured)

@@ -10,36 +10,33 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import SWITCH, FlagRow, add_flag_rows, refuse_given
 
 _NOT_IMPLEMENTED = "this fork's training loop does not implement it"
-REFUSED_FLAGS = {
+REFUSED_FLAGS = (
     # Iteration numbers, refused whatever they are: kept as text (no range to check).
-    "--iterations-to-skip": ({"nargs": "+"}, None,
-                             "every iteration trains here (no iteration is skipped)"),
-    "--train-sync-interval": ({"type": int}, None, _NOT_IMPLEMENTED),
+    FlagRow(("--iterations-to-skip",), {"nargs": "+"}, None,
+            "every iteration trains here (no iteration is skipped)"),
+    FlagRow(("--train-sync-interval",), {"type": int}, None, _NOT_IMPLEMENTED),
     # --decrease-batch-size-if-needed: honoured with --rampup-batch-size
     # (schedule_arguments.py).
     # --check-weight-hash-across-dp-replicas-interval and --result-rejected-tracker-filename:
     # refused with the rerun / fault-tolerance families (runtime_arguments.py).
-    "--high-priority-stream-groups": ({"nargs": "*"}, "",
-                                      "communication runs on megatron-core's default streams "
-                                      "here"),
-    "--disable-gloo-process-groups": ({"action": "store_true"}, None,
-                                      "megatron-core's process groups are created as it "
-                                      "defaults here"),
-    "--moe-layer-recompute": ({"action": "store_true"}, None,
-                              "megatron-core 0.16.1 deprecates it for --recompute-modules "
-                              "moe_layer, and the modules recomputed here are core_attn and "
-                              "mlp (or whole layers with --recompute-granularity full)"),
-}
+    FlagRow(("--high-priority-stream-groups",), {"nargs": "*"}, None,
+            "communication runs on megatron-core's default streams here", accepts=("",)),
+    FlagRow(("--disable-gloo-process-groups",), SWITCH, False,
+            "megatron-core's process groups are created as it defaults here"),
+    FlagRow(("--moe-layer-recompute",), SWITCH, False,
+            "megatron-core 0.16.1 deprecates it for --recompute-modules moe_layer, and the "
+            "modules recomputed here are core_attn and mlp (or whole layers with "
+            "--recompute-granularity full)"),
+)
 
 
 def add_training_loop_args(parser: argparse.ArgumentParser) -> None:
-    add_refused_flags(parser.add_argument_group("Megatron-LM training-loop flags refused here"),
-                      REFUSED_FLAGS)
+    add_flag_rows(parser.add_argument_group("Megatron-LM training-loop flags refused here"),
+                  REFUSED_FLAGS)
 
 
 def validate_training_loop_args(args: argparse.Namespace, require) -> None:
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)

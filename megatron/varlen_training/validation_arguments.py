@@ -41,7 +41,7 @@ import argparse
 import signal
 
 from megatron.varlen_training.log import warning_rank_0
-from megatron.varlen_training.refused_flags import add_refused_flags, given_refused_flags
+from megatron.varlen_training.refused_flags import SWITCH, FlagRow, add_flag_rows, refuse_given
 
 # Megatron-LM's validate_args turns --no-load-optim on under --skip-train, with this warning.
 NO_LOAD_OPTIM_WARNING = "enabling --no-load-optim when skipping training."
@@ -56,12 +56,12 @@ _RANDOM_INIT_WHY = (
     "streams do not depend on the data-parallel rank, which keeps DP, packed and dynamic-CP "
     "runs equal to the one-rank run; Megatron-LM's flag would give each DP rank its own "
     "dropout stream")
-REFUSED_FLAGS = {
-    "--decoder-seq-length": ({"type": int}, None,
-                             "the decoder length of Megatron-LM's encoder-decoder models; a "
-                             "GPT's length is --seq-length"),
-    "--data-parallel-random-init": ({"action": "store_true"}, None, _RANDOM_INIT_WHY),
-}
+REFUSED_FLAGS = (
+    FlagRow(("--decoder-seq-length",), {"type": int}, None,
+            "the decoder length of Megatron-LM's encoder-decoder models; a GPT's length is "
+            "--seq-length"),
+    FlagRow(("--data-parallel-random-init",), SWITCH, False, _RANDOM_INIT_WHY),
+)
 
 
 def signal_by_name(name: str) -> signal.Signals:
@@ -124,16 +124,15 @@ def add_validation_args(parser: argparse.ArgumentParser) -> None:
                        help="Accepted at --micro-batch-size (the default; with "
                             "--sequence-packing a micro-batch is one pack); other values "
                             "refused.")
-    add_refused_flags(parser.add_argument_group("Megatron-LM evaluation and init flags refused "
-                                                "here"), REFUSED_FLAGS)
+    add_flag_rows(parser.add_argument_group("Megatron-LM evaluation and init flags refused "
+                                            "here"), REFUSED_FLAGS)
 
 
 def validate_validation_args(args: argparse.Namespace, require) -> None:
     """Refuses what this run cannot do (``require(cond, message)``); resolves --skip-train's
     --no-load-optim and the evaluation batch sizes as Megatron-LM does."""
     vars(args).pop(SPELLINGS_GIVEN, None)
-    for flag, given, why in given_refused_flags(args, REFUSED_FLAGS):
-        require(False, f"{flag}{given} is not supported: {why}")
+    refuse_given(args, REFUSED_FLAGS, require)
     _validate_eval_batch_sizes(args, require)
     require(args.exit_signal not in UNCATCHABLE_SIGNALS,
             f"--exit-signal {args.exit_signal.name} cannot be caught by a process; choose "

@@ -173,12 +173,12 @@ def test_hugging_face_ids_as_megatron_lm(tmp_path, special_tokens, flags):
 
 
 @pytest.mark.parametrize("flags, needle", [
-    (["--split-sentences"], "--split-sentences: nltk sentence splitting is not supported; "),
-    (["--keep-newlines"], "--keep-newlines: it only applies to --split-sentences"),
-    (["--lang", "german"], "--lang: it only applies to --split-sentences"),
-    (["--find-optimal-num-workers"], "--find-optimal-num-workers: the worker search is not "),
-    (["--workers-to-check", "4", "8"], "--workers-to-check: it only applies to "),
-    (["--max-documents", "10"], "--max-documents: it only applies to "),
+    (["--split-sentences"], "--split-sentences is not supported: nltk sentence splitting is "),
+    (["--keep-newlines"], "--keep-newlines is not supported: it only applies to --split-sent"),
+    (["--lang", "german"], "--lang german is not supported: it only applies to --split-sent"),
+    (["--find-optimal-num-workers"], "--find-optimal-num-workers is not supported: the worker "),
+    (["--workers-to-check", "4", "8"], "--workers-to-check 4 8 is not supported: it only "),
+    (["--max-documents", "10"], "--max-documents 10 is not supported: it only applies to "),
     (["--partitions", "2"], "--workers 1 must be a multiple of --partitions 2 (>= 1), as in "
                             "Megatron-LM"),
 ])

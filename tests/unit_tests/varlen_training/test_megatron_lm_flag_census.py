@@ -138,32 +138,6 @@ def test_a_hybrid_flag_given_to_pretrain_gpt_points_at_pretrain_mamba():
             f"takes it")
 
 
-def _rows(table):
-    return [(why, row) for why, rows in table.items() for row in rows]
-
-
-def _non_default(kwargs, default) -> list[str]:
-    """A command-line value asking for something: the switch itself, another choice, or 7."""
-    if kwargs.get("action"):
-        return []
-    if kwargs.get("choices"):
-        return [next(choice for choice in kwargs["choices"] if choice != default)]
-    return ["7"]
-
-
-@pytest.mark.parametrize("why, row", _rows(census.REFUSED), ids=lambda v: str(v)[:40])
-def test_a_refused_flag_is_one_line_and_its_default_is_accepted(why, row):
-    names, kwargs, default = row
-    for name in names:
-        args = GPT_PARSER.parse_args(BASE + [name, *_non_default(kwargs, default)])
-        with pytest.raises(ArgumentValidationError) as err:
-            census.validate_census_flags(args, _require)
-        assert str(err.value).startswith(f"{names[0]}") and why in str(err.value)
-    if default not in (None, False, True, []):  # Megatron-LM's default, given, changes nothing
-        census.validate_census_flags(GPT_PARSER.parse_args(BASE + [names[0], str(default)]),
-                                     _require)
-
-
 def _require(condition, message):
     if not condition:
         raise ArgumentValidationError(message)
@@ -179,19 +153,11 @@ def test_refusals_run_in_validation():
                world_size=1)
 
 
-def _every_accepted_flag_at_another_value() -> list[str]:
-    argv = []
-    for table in (census.UNREAD, census.ACCEPTED):
-        for _, (names, kwargs, default) in _rows(table):
-            argv += [names[-1], *_non_default(kwargs, default)]
-    return argv
-
-
 def test_census_flags_own_their_dests():
     """No census flag writes another flag's value (an accepted flag aliasing a real dest would
     change the run); the one intended alias is --disable-align-grad-reduce."""
-    census_options = {name for table in (census.REFUSED, census.UNREAD, census.ACCEPTED)
-                      for _, (names, _, _) in _rows(table) for name in names}
+    census_options = {name for row in (*census.REFUSED, *census.UNREAD, *census.ACCEPTED)
+                      for name in row.names}
     dests = {}
     for action in GPT_PARSER.flag_actions:
         dests.setdefault(action.dest, set()).update(action.option_strings)
@@ -199,16 +165,6 @@ def test_census_flags_own_their_dests():
               if options & census_options and not options <= census_options}
     assert shared == {}, shared
     assert dests["align_grad_reduce"] == {"--no-align-grad-reduce", "--disable-align-grad-reduce"}
-
-
-def test_unread_and_accepted_flags_change_nothing():
-    """The run built with every accepted flag at another value than Megatron-LM's default is
-    the run built without them (the typed config compares every field; nothing below the flag
-    layer reads the namespace, test_config.py's rule, so the config is all a flag can change)."""
-    plain = run_config(parse_args(BASE, world_size=1))
-    carried = run_config(parse_args(BASE + _every_accepted_flag_at_another_value(),
-                                    world_size=1))
-    assert carried == plain
 
 
 def test_record_shapes_with_the_torch_profiler_only(tmp_path):

@@ -158,11 +158,10 @@ def test_types_of_other_model_families_are_refused_with_what_to_use(kind):
     assert kind in message and message.count("--tokenizer-type") == 2  # and what to use
 
 
-@pytest.mark.parametrize("flag", sorted(REFUSED_FLAGS))
-def test_megatron_lm_tokenizer_flags_not_honoured_are_refused(flag):
-    kwargs = REFUSED_FLAGS[flag][0]
-    value = [] if kwargs.get("action") == "store_true" else ["17"]
-    assert flag in _refusal(flag, *value)
+@pytest.mark.parametrize("row", REFUSED_FLAGS, ids=lambda row: row.flag)
+def test_megatron_lm_tokenizer_flags_not_honoured_are_refused(row):
+    value = [] if row.kwargs.get("action") == "store_true" else ["17"]
+    assert row.flag in _refusal(row.flag, *value)
 
 
 def test_megatron_lm_defaults_of_refused_flags_change_nothing():

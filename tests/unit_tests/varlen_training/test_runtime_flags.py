@@ -403,7 +403,7 @@ def test_flags_that_ask_for_what_happens_anyway_are_accepted():
     assert run.flag_values["enable_one_logger"] is False
 
 
-NEUTRAL = {flag: neutral for flag, (_, neutral, _) in runtime_arguments.REFUSED_FLAGS.items()}
+REFUSED_ROWS = {row.flag: row for row in runtime_arguments.REFUSED_FLAGS}
 ASKING = {"--straggler-ctrlr-port": "1234", "--straggler-minmax-count": "16",
           "--ft-num-warmup-iters": "0", "--one-logger-project": "mine",
           "--one-logger-run-name": "run", "--app-tag-run-name": "app",
@@ -416,21 +416,20 @@ ASKING = {"--straggler-ctrlr-port": "1234", "--straggler-minmax-count": "16",
 
 
 def _asking_value(flag: str) -> list[str]:
-    kwargs = runtime_arguments.REFUSED_FLAGS[flag][0]
-    if kwargs.get("action") == "store_true":
+    if REFUSED_ROWS[flag].kwargs.get("action") == "store_true":
         return [flag]
     return [flag, ASKING.get(flag, "7.5")]  # the in-process timeouts: any non-default time
 
 
-@pytest.mark.parametrize("flag", sorted(runtime_arguments.REFUSED_FLAGS))
+@pytest.mark.parametrize("flag", sorted(REFUSED_ROWS))
 def test_refused_runtime_flags_are_one_line_and_neutral_values_pass(flag):
     with pytest.raises(ArgumentValidationError) as err:
         _parse(*_asking_value(flag))
     message = str(err.value)
     assert message.startswith(f"{flag}") and "is not supported" in message
     assert "\n" not in message
-    if NEUTRAL[flag] is not None:  # Megatron-LM's default as given on its command line
-        _parse(flag, NEUTRAL[flag])
+    for neutral in REFUSED_ROWS[flag].neutral_values():  # Megatron-LM's default, given
+        _parse(flag, str(neutral))
 
 
 def test_rerun_mode_disabled_passes():

@@ -403,11 +403,9 @@ def _census_table_dests() -> set[str]:
     value but Megatron-LM's default, or changing nothing, so the config keeps megatron-core's
     default for them, as Megatron-LM's does at that value (test_megatron_lm_flag_census.py)."""
     from megatron.varlen_training import megatron_lm_census_flags as census
-    from megatron.varlen_training.refused_flags import dest_of
 
     tables = (census.REFUSED, census.UNREAD, census.ACCEPTED, census.HYBRID_REFUSED)
-    return {dest_of(names[0], kwargs)
-            for table in tables for rows in table.values() for names, kwargs, _ in rows}
+    return {row.dest for table in tables for row in table}
 
 
 def test_every_shared_flag_field_is_in_the_reference():
