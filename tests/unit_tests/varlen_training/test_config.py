@@ -43,6 +43,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/pipeline_arguments.py",
     "megatron/varlen_training/tokenizer_arguments.py",
     "megatron/varlen_training/model_file_tokenizer_arguments.py",
+    "megatron/varlen_training/refused_choices.py",
     "megatron/varlen_training/refused_flags.py",
     "megatron/varlen_training/megatron_lm_census_flags.py",
     "megatron/varlen_training/logging_arguments.py",
