@@ -44,7 +44,8 @@ from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.varlen_training.flag_values import parse_values
 from megatron.varlen_training.load_options import TRACKER_FILENAME, iteration_folder
-from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME, snapshot
+from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
+from megatron.varlen_training.run_args_record import snapshot
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank
