@@ -12,8 +12,10 @@ from megatron.varlen_training.checkpoint_sharding import (
     DP_RESHARDABLE, FULLY_RESHARDABLE, SHARDING_TYPE_KEY,
 )
 from megatron.varlen_training.run_args_keys import (
-    DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, OPTIMIZER_LAYOUT_KEY, SHARDED_OPTIMIZER_SIZES,
+    DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, OPTIMIZER_LAYOUT_KEY, PIPELINE_CHUNKS_KEY,
+    PIPELINE_LAYOUT_FLAG_KEYS, SHARDED_OPTIMIZER_SIZES,
 )
+from megatron.varlen_training.run_args_record import pipeline_chunks
 
 def expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
     """Why the optimizer state cannot follow an EP 1 <-> > 1 change, or None: megatron-core
@@ -43,20 +45,41 @@ def sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:
     was recorded) only data parallelism: unchecked, megatron-core stops every rank with a
     KeyError for the state of data-parallel groups the checkpoint does not have, or, for a
     virtual pipeline or expert tensor parallel change, a global-shape CheckpointingException.
+    The pipeline split is compared as the layout it gives (:func:`_pipeline_layout_mismatch`).
     Checkpoints saved before a size was recorded are not checked for it (their run_args.json
     lacks the key; RECORDED_BEFORE has no value for it, since an old run's ETP is unknown)."""
     if not mine[OPTIMIZER_LAYOUT_KEY] \
             or saved.get(SHARDING_TYPE_KEY, DP_RESHARDABLE) == FULLY_RESHARDABLE:
         return None
     for key, flag in SHARDED_OPTIMIZER_SIZES.items():
-        if key in saved and saved[key] != mine[key]:
-            return (f"--load: the checkpoint's distributed optimizer state was saved "
-                    f"{_with_flag(flag, saved[key])}, this run has {_value(mine[key])}: its "
-                    f"format (megatron-core's {DP_RESHARDABLE}) reshards over data-parallel "
-                    f"ranks only (resume {_with_flag(flag, saved[key])}, or add --no-load-optim "
-                    f"to load the weights only; a save with "
-                    f"--dist-ckpt-optim-fully-reshardable is resumable at another layout)")
-    return None
+        if key not in PIPELINE_LAYOUT_FLAG_KEYS and key in saved and saved[key] != mine[key]:
+            return _sharded_message(flag, saved[key], mine[key])
+    return _pipeline_layout_mismatch(saved, mine)
+
+
+def _pipeline_layout_mismatch(saved: dict, mine: dict) -> str | None:
+    """Why the state cannot follow another placement of the layers over the pipeline (virtual)
+    stages, or None where each model chunk holds the same layers however the flags spelled it
+    (``--num-layers-per-virtual-pipeline-stage`` or ``--num-virtual-stages-per-pipeline-rank``;
+    neither for one virtual stage per rank; a layout string or first/last stage sizes): the
+    buffers are the chunks'. Named by the first of the flags that differs."""
+    saved_chunks = pipeline_chunks(saved)
+    if saved_chunks is None or saved_chunks == mine[PIPELINE_CHUNKS_KEY]:
+        return None
+    for key in PIPELINE_LAYOUT_FLAG_KEYS:
+        if saved.get(key, mine[key]) != mine[key]:
+            return _sharded_message(SHARDED_OPTIMIZER_SIZES[key], saved[key], mine[key])
+    return _sharded_message("decoder layers per pipeline chunk", saved_chunks,
+                            mine[PIPELINE_CHUNKS_KEY])
+
+
+def _sharded_message(flag: str, saved, mine) -> str:
+    return (f"--load: the checkpoint's distributed optimizer state was saved "
+            f"{_with_flag(flag, saved)}, this run has {_value(mine)}: its "
+            f"format (megatron-core's {DP_RESHARDABLE}) reshards over data-parallel "
+            f"ranks only (resume {_with_flag(flag, saved)}, or add --no-load-optim "
+            f"to load the weights only; a save with "
+            f"--dist-ckpt-optim-fully-reshardable is resumable at another layout)")
 
 
 def decoupled_lr_mismatch(saved: dict, mine: dict, optimizer) -> str | None:

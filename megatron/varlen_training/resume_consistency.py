@@ -41,9 +41,12 @@ the LR/WD schedule. On ``--load``:
   expert tensor parallelism (``--expert-tensor-parallel-size``, ETP 1 <-> 2: the experts'
   weights and state are resharded like TP's). ``--use-distributed-optimizer`` state reshards
   over data-parallel ranks only in megatron-core's default ``dp_reshardable`` format: a
-  changed TP, PP, EP, ETP or virtual pipeline (``--num-layers-per-virtual-pipeline-stage``)
-  layout is refused with it (the weights still reshard: ``--no-load-optim`` loads them
-  alone). A checkpoint saved with ``--dist-ckpt-optim-fully-reshardable`` records the
+  changed TP, PP, EP or ETP size, or another placement of the layers over the pipeline
+  chunks, is refused with it (the weights still reshard: ``--no-load-optim`` loads them
+  alone). The placement is compared as the decoder layers of each chunk (and the virtual
+  pipeline size) the split flags give, so equivalent spellings resume:
+  ``--num-layers-per-virtual-pipeline-stage`` or ``--num-virtual-stages-per-pipeline-rank``,
+  neither for one virtual stage per rank, a layout string or first/last stage sizes. A checkpoint saved with ``--dist-ckpt-optim-fully-reshardable`` records the
   ``fully_reshardable`` format (``distrib_optim_sharding_type``) and follows those changes.
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's

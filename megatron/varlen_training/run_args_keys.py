@@ -78,6 +78,15 @@ PIPELINE_SPLIT_KEYS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeli
                        "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split", "num_virtual_stages_per_pipeline_rank",
                        "pipeline_model_parallel_layout")
+# The layout the flags above resolve to (pipeline_layout.py: megatron-core's placement), which the
+# distributed optimizer's buffers follow: ``[pp_rank][vp_stage]`` decoder layers of each model
+# chunk, and the virtual pipeline size (None: one chunk per rank). Equivalent spellings (the two
+# virtual pipeline flags, none for one virtual stage per rank, a layout string or first/last
+# sizes) record the same; a checkpoint saved before the key gets it from its recorded flags.
+PIPELINE_CHUNKS_KEY = "pipeline_chunk_layers"
+VIRTUAL_PIPELINE_SIZE_KEY = "virtual_pipeline_model_parallel_size"
+# The flags that give that layout (with --num-layers and the PP size): named in messages.
+PIPELINE_LAYOUT_FLAG_KEYS = (VIRTUAL_PIPELINE_KEY, *PIPELINE_SPLIT_KEYS)
 # The sizes --use-distributed-optimizer's state (megatron-core's dp_reshardable format: one shard
 # per data-parallel group of buffers) cannot change: only data parallelism reshards it.
 SHARDED_OPTIMIZER_SIZES = {"tensor_model_parallel_size": "--tensor-model-parallel-size",

@@ -8,6 +8,7 @@ missing or garbled file.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -18,13 +19,24 @@ from megatron.varlen_training.checkpoint_sharding import SHARDING_TYPE_KEY, opti
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data_fingerprints import data_fingerprint
 from megatron.varlen_training.errors import CheckpointError, one_line
+from megatron.varlen_training.flag_errors import ArgumentValidationError, require
+from megatron.varlen_training.pipeline_arguments import (
+    pipeline_split_of, validate_pipeline_split,
+)
 from megatron.varlen_training.run_args_keys import (
     CHECKPOINT_ARGS_KEYS, CONTEXT_KEYS, DATA_ORDER_KEYS, DATA_POSITION_KEY, DATA_SOURCES_KEY,
     DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY, HYBRID_KEYS,
     INDEXED_SAMPLES_KEY, MLA_KEYS, MODEL_KEYS, MOE_KEYS, MOE_ROUTER_KEYS, OPTIMIZER_LAYOUT_KEY,
-    PIPELINE_PARALLEL_KEY, PIPELINE_SPLIT_KEYS, RAMPUP_KEYS, RUN_ARGS_FILENAME, SFT_KEYS,
-    SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL, VALID_POSITION_KEY, VIRTUAL_PIPELINE_KEY,
+    PIPELINE_CHUNKS_KEY, PIPELINE_LAYOUT_FLAG_KEYS, PIPELINE_PARALLEL_KEY, PIPELINE_SPLIT_KEYS,
+    RAMPUP_KEYS, RUN_ARGS_FILENAME, SFT_KEYS, SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL,
+    VALID_POSITION_KEY, VIRTUAL_PIPELINE_KEY, VIRTUAL_PIPELINE_SIZE_KEY,
 )
+
+# The flags the pipeline split reads, as a record from before one was recorded had them
+# (the flag did not exist: its default).
+_SPLIT_DEFAULTS = {key: False if key.startswith("account_for") else None
+                   for key in PIPELINE_LAYOUT_FLAG_KEYS + ("mtp_num_layers",)}
+
 
 def data_entries(run: RunConfig) -> list[str] | None:
     """Every data path entry the run reads, as spelled: ``--data-path``, else the per-split
@@ -75,9 +87,32 @@ def _recorded_values(run: RunConfig) -> dict:
         pipeline_model_parallel_size=run.parallel.pipeline_model_parallel_size,
         num_layers_per_virtual_pipeline_stage=run.parallel.num_layers_per_virtual_pipeline_stage,
         **{key: getattr(run.parallel, key) for key in PIPELINE_SPLIT_KEYS},
+        **{VIRTUAL_PIPELINE_SIZE_KEY: run.parallel.virtual_pipeline_model_parallel_size},
         seq_length=model.seq_length,
         data_path=list(data.data_path) if data.data_path is not None else None)
+    values[PIPELINE_CHUNKS_KEY] = pipeline_chunks(values)
     return values
+
+
+def pipeline_chunks(record: dict) -> list[list[int]] | None:
+    """``[pp_rank][vp_stage]``: the decoder layers of each model chunk, as recorded or, for a
+    checkpoint saved before they were, as its recorded flags place them (pipeline_arguments'
+    rules, megatron-core's arithmetic); None for a record from before the virtual pipeline flag
+    was (its layout is unknown, so not checked)."""
+    if PIPELINE_CHUNKS_KEY in record:
+        return record[PIPELINE_CHUNKS_KEY]
+    if VIRTUAL_PIPELINE_KEY not in record or record.get(PIPELINE_PARALLEL_KEY) is None:
+        return None
+    args = argparse.Namespace(num_layers=record["num_layers"],
+                              pipeline_model_parallel_size=record[PIPELINE_PARALLEL_KEY],
+                              **{key: record.get(key, default)
+                                 for key, default in _SPLIT_DEFAULTS.items()})
+    try:
+        validate_pipeline_split(args, require)
+    except ArgumentValidationError as err:  # a hand-edited record: say which file
+        raise CheckpointError(f"{RUN_ARGS_FILENAME} records a pipeline split that does not "
+                              f"validate ({err}); load another checkpoint") from None
+    return pipeline_split_of(args).chunk_layers()
 
 
 def _mla_values(mla) -> dict:
@@ -103,7 +138,8 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
     """What ``run_args.json`` records; ``with_data``: fingerprint the data files (reads them)."""
     values = {**_recorded_values(run), **_checkpoint_args_values(run)}
     keys = MODEL_KEYS + (OPTIMIZER_LAYOUT_KEY, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY,
-                         PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY) + PIPELINE_SPLIT_KEYS \
+                         PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY, VIRTUAL_PIPELINE_SIZE_KEY,
+                         PIPELINE_CHUNKS_KEY) + PIPELINE_SPLIT_KEYS \
         + DATA_ORDER_KEYS \
         + CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS) + CHECKPOINT_ARGS_KEYS + MOE_ROUTER_KEYS
     recorded = {key: values[key] for key in keys}
