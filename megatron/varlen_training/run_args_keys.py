@@ -109,7 +109,14 @@ CONTEXT_KEYS = ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "s
 # Recorded for --use-checkpoint-args (checkpoint_model_flags.py: what Megatron-LM's
 # load_args_from_checkpoint takes besides the model shape), not compared: a resume may change
 # the dropouts or the tokenizer file's location. MoE router keys are None for a dense run.
+# --tiktoken-num-special-tokens (which Megatron-LM does not take) goes with --tiktoken-pattern:
+# both decide which id a TikTokenizer gives each token.
 CHECKPOINT_ARGS_KEYS = ("hidden_dropout", "attention_dropout", "apply_query_key_layer_scaling",
-                        "tokenizer_model", "tiktoken_pattern")
+                        "tokenizer_model", "tiktoken_pattern", "tiktoken_num_special_tokens",
+                        "spec")
 MOE_ROUTER_KEYS = ("moe_router_pre_softmax", "moe_router_score_function",
                    "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor")
+# --moe-token-dispatcher-type as the run chose it: None where it was left to the default
+# (moe_arguments.default_dispatcher), so that another run's packing picks its own; None for
+# a dense run.
+MOE_DISPATCHER_KEY = "moe_token_dispatcher_type"

@@ -20,16 +20,17 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data_fingerprints import data_fingerprint
 from megatron.varlen_training.errors import CheckpointError, one_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require
+from megatron.varlen_training.moe_arguments import default_dispatcher
 from megatron.varlen_training.pipeline_arguments import (
     pipeline_split_of, validate_pipeline_split,
 )
 from megatron.varlen_training.run_args_keys import (
     CHECKPOINT_ARGS_KEYS, CONTEXT_KEYS, DATA_ORDER_KEYS, DATA_POSITION_KEY, DATA_SOURCES_KEY,
     DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY, HYBRID_KEYS,
-    INDEXED_SAMPLES_KEY, MLA_KEYS, MODEL_KEYS, MOE_KEYS, MOE_ROUTER_KEYS, OPTIMIZER_LAYOUT_KEY,
-    PIPELINE_CHUNKS_KEY, PIPELINE_LAYOUT_FLAG_KEYS, PIPELINE_PARALLEL_KEY, PIPELINE_SPLIT_KEYS,
-    RAMPUP_KEYS, RUN_ARGS_FILENAME, SFT_KEYS, SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL,
-    VALID_POSITION_KEY, VIRTUAL_PIPELINE_KEY, VIRTUAL_PIPELINE_SIZE_KEY,
+    INDEXED_SAMPLES_KEY, MLA_KEYS, MODEL_KEYS, MOE_DISPATCHER_KEY, MOE_KEYS, MOE_ROUTER_KEYS,
+    OPTIMIZER_LAYOUT_KEY, PIPELINE_CHUNKS_KEY, PIPELINE_LAYOUT_FLAG_KEYS, PIPELINE_PARALLEL_KEY,
+    PIPELINE_SPLIT_KEYS, RAMPUP_KEYS, RUN_ARGS_FILENAME, SFT_KEYS, SFT_SPLIT_BY_SHARES,
+    SFT_SPLIT_TAIL, VALID_POSITION_KEY, VIRTUAL_PIPELINE_KEY, VIRTUAL_PIPELINE_SIZE_KEY,
 )
 
 # The flags the pipeline split reads, as a record from before one was recorded had them
@@ -124,13 +125,18 @@ def _mla_values(mla) -> dict:
 
 
 def _checkpoint_args_values(run: RunConfig) -> dict:
-    """The run's value of each :data:`CHECKPOINT_ARGS_KEYS` and :data:`MOE_ROUTER_KEYS` key."""
+    """The run's value of each :data:`CHECKPOINT_ARGS_KEYS` and :data:`MOE_ROUTER_KEYS` key,
+    and of :data:`MOE_DISPATCHER_KEY`."""
     model, data, moe = run.model, run.data, run.model.moe
-    values = {key: getattr(model, key) for key in CHECKPOINT_ARGS_KEYS if hasattr(model, key)}
+    values = {key: normalise(getattr(model, key)) for key in CHECKPOINT_ARGS_KEYS
+              if hasattr(model, key)}
     values.update({key: getattr(data, key) for key in CHECKPOINT_ARGS_KEYS
                    if hasattr(data, key)})
     values.update({key: getattr(moe, key) if moe is not None else None
                    for key in MOE_ROUTER_KEYS})
+    chosen = moe.moe_token_dispatcher_type if moe is not None else None
+    values[MOE_DISPATCHER_KEY] = None if chosen == default_dispatcher(
+        run.packing.sequence_packing) else chosen
     return values
 
 
@@ -141,7 +147,8 @@ def snapshot(run: RunConfig, with_data: bool = True) -> dict:
                          PIPELINE_PARALLEL_KEY, VIRTUAL_PIPELINE_KEY, VIRTUAL_PIPELINE_SIZE_KEY,
                          PIPELINE_CHUNKS_KEY) + PIPELINE_SPLIT_KEYS \
         + DATA_ORDER_KEYS \
-        + CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS) + CHECKPOINT_ARGS_KEYS + MOE_ROUTER_KEYS
+        + CONTEXT_KEYS + tuple(DECOUPLED_LR_FLAGS) + CHECKPOINT_ARGS_KEYS + MOE_ROUTER_KEYS \
+        + (MOE_DISPATCHER_KEY,)
     recorded = {key: values[key] for key in keys}
     if with_data and recorded["data_entries"] is not None:
         recorded[DATA_SOURCES_KEY] = [data_fingerprint(entry)
