@@ -27,12 +27,12 @@ Which side wins when the command line gives a flag too follows Megatron-LM's
   TikTokenizer's ``--vocab-size`` (it sizes that tokenizer) is a default like the sizes; other
   file tokenizers know their vocabulary again.
 
-Not taken, as in Megatron-LM: precision (``--bf16``/``--fp16``), the parallel layout and
-training settings. Megatron-LM also takes a few flags this fork does not build (MoE kernels,
-latent MoE, heterogeneous layers) or derives (``--add-position-embedding``, ``--is-hybrid-model``
-from the entry point, the padded vocabulary from its flags). Keys a checkpoint does not record (saved before they were) are left to the
-command line (``Checkpoint did not provide arguments <name>``); a required flag that neither
-gives is one line naming it.
+Not taken, as in Megatron-LM: precision (``--bf16``/``--fp16``), the parallel layout and training
+settings. Megatron-LM also takes a few flags this fork does not build (MoE kernels, latent MoE,
+heterogeneous layers) or derives (``--add-position-embedding``, ``--is-hybrid-model`` from the
+entry point, the padded vocabulary from its flags). Keys a checkpoint does not record (saved before
+they were) are left to the command line (``Checkpoint did not provide arguments <name>``); a
+required flag that neither gives is one line naming it.
 """
 
 from __future__ import annotations
