@@ -16,6 +16,7 @@ from megatron.varlen_training.run_args_keys import DATA_SOURCES_KEY
 
 _SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
 
+
 def _describe_source(spelled: str, source: dict) -> str:
     if HASH_ALGORITHM not in source:
         return repr(spelled)

@@ -17,6 +17,7 @@ from megatron.varlen_training.run_args_keys import (
 )
 from megatron.varlen_training.run_args_record import pipeline_chunks
 
+
 def expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
     """Why the optimizer state cannot follow an EP 1 <-> > 1 change, or None: megatron-core
     keeps the experts' state in an optimizer of its own only with expert parallelism, whose

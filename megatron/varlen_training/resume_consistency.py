@@ -92,6 +92,7 @@ from megatron.varlen_training.run_args_record import (
     consumed_samples, normalise, read_run_args, snapshot,
 )
 
+
 def _compared_keys(saved: dict, mine: dict, parts: LoadParts) -> tuple[str, ...]:
     """The keys that must match. A resume: model shape and data order. ``--finetune`` (a new
     run from the weights): the model shape only, and the position-table size only where both
@@ -137,6 +138,7 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     if check_data and not parts.finetune and mine["data_entries"] is not None:
         return check_data_sources(saved, run) or note  # None: megatron.wrap's own batches
     return note
+
 
 def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:
     """Where the resumed run continues its training samples; a one-line CheckpointError when

@@ -11,10 +11,14 @@ from megatron.varlen_training.run_args_keys import (
     FLAG_OF_KEY, INDEXED_SAMPLES_KEY, MODEL_KEYS, SFT_KEYS, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
 
+
 def _flag(key: str) -> str:
     return FLAG_OF_KEY.get(key, "--" + key.replace("_", "-"))
 
+
 def recorded_key_mismatch(key: str, saved: dict, mine: dict) -> str:
+    """The refusal of a resume whose ``key`` (a model-shape or data-order key) differs from the
+    checkpoint's record ``saved``: the flag to change and both values."""
     if key == "padded_vocab_size":
         def why(side):
             return (f"{side['padded_vocab_size']} (vocab {side['vocab_size']} padded to "

@@ -199,8 +199,11 @@ def recorded_valid_samples(folder: str) -> int | None:
                               f"another checkpoint")
     return saved
 
+
 def normalise(value):
+    """A value as JSON gives it back (a tuple is a list), so a record compares with the run."""
     return list(value) if isinstance(value, tuple) else value
+
 
 def read_run_args(folder: str) -> dict:
     """The checkpoint's ``run_args.json``, or a one-line CheckpointError naming it."""

@@ -31,7 +31,6 @@ SAMPLE_BASED_FLAGS = {
 }
 
 
-
 def check_scheduler(state: dict, scheduler, run: RunConfig) -> None:
     """Refuses a schedule difference unless a flag says which side wins (module docstring;
     --decoupled-lr's bounds: optimizer_layout_check.decoupled_lr_mismatch)."""
