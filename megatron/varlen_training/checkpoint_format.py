@@ -21,7 +21,7 @@ from megatron.varlen_training.checkpoint_integrity import MANIFEST_FILENAME
 from megatron.varlen_training.checkpoint_safe_load import CONFIG_FILENAME, METADATA_FILENAME
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.load_options import SUPPORTED_FORMAT
-from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME
+from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
 from megatron.varlen_training.rng_state import RNG_SUBDIR
 
 _LEGACY_PREFIX = "mp_rank_"  # the legacy format's per-rank folders (mp_rank_00, mp_rank_00_001)

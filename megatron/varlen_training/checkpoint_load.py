@@ -14,7 +14,7 @@ from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.varlen_training import checkpoint_integrity as integrity
 from megatron.varlen_training import (
     checkpoint_format, checkpoint_parts, checkpoint_sharding, checkpoint_strategies,
-    load_options, resume_consistency, rng_state,
+    load_options, resume_consistency, rng_state, run_args_record, schedule_check,
 )
 from megatron.varlen_training import checkpoint_optimizer_state as optimizer_state
 from megatron.varlen_training.checkpoint_layout import (
@@ -43,7 +43,7 @@ _SHAPE_MISMATCH = re.compile(r"loaded \(torch\.Size\(\[(\d+)\]\)\) and expected 
 def _saved_run_args(folder: str) -> dict:
     """The checkpoint's run_args.json; empty when missing or unreadable (other checks say so)."""
     try:
-        return resume_consistency.read_run_args(folder)
+        return run_args_record.read_run_args(folder)
     except CheckpointError:
         return {}
 
@@ -59,7 +59,7 @@ def _required_files(entries: dict[str, dict], world_size: int | None,
     ``.metadata`` names: megatron-core's and ours, and (``with_rng``: not saved with
     --no-save-rng) one RNG file per saving rank."""
     required = {name: "every checkpoint has one" for name in (
-        METADATA_FILENAME, CONFIG_FILENAME, COMMON_FILENAME, resume_consistency.RUN_ARGS_FILENAME)}
+        METADATA_FILENAME, CONFIG_FILENAME, COMMON_FILENAME, run_args_record.RUN_ARGS_FILENAME)}
     if not with_rng:
         return required
     if world_size is None:  # manifests written before the world size: the RNG files listed
@@ -85,7 +85,7 @@ def consumed_samples_at(root: str, iteration: int, run: RunConfig) -> int:
     before they were recorded); 0 at iteration 0 (``--finetune`` starts a new run)."""
     if iteration == 0:
         return 0
-    return resume_consistency.consumed_samples(checkpoint_dir(root, iteration), iteration, run)
+    return run_args_record.consumed_samples(checkpoint_dir(root, iteration), iteration, run)
 
 
 def consumed_valid_samples_at(root: str, iteration: int, run: RunConfig) -> int:
@@ -98,14 +98,14 @@ def consumed_valid_samples_at(root: str, iteration: int, run: RunConfig) -> int:
     if iteration == 0:
         return 0
     folder = checkpoint_dir(root, iteration)
-    recorded = agree_on_errors(resume_consistency.recorded_valid_samples, folder)
+    recorded = agree_on_errors(run_args_record.recorded_valid_samples, folder)
     if recorded is not None:
         return recorded
     training = run.training
     derived = in_loop_evaluations(iteration, training.eval_interval,
                                   training.start_eval_at_iter) \
         * training.eval_iters * training.eval_batch_size
-    print_rank_0(f" > {folder} records no {resume_consistency.VALID_POSITION_KEY} (saved before "
+    print_rank_0(f" > {folder} records no {run_args_record.VALID_POSITION_KEY} (saved before "
                  f"it was recorded): validation continues after {derived} samples, derived from "
                  f"iteration {iteration} (// --eval-interval {training.eval_interval} x "
                  f"--eval-iters {training.eval_iters} x --eval-global-batch-size "
@@ -169,7 +169,7 @@ def _check_run_args(folder: str, iteration: int, run: RunConfig,
 def _restore_optimizer(state: dict, optimizer, scheduler, run: RunConfig | None) -> None:
     """The loaded optimizer state and LR/WD schedule into ``optimizer`` and ``scheduler``."""
     if run is not None:
-        resume_consistency.check_scheduler(state["opt_param_scheduler"], scheduler, run)
+        schedule_check.check_scheduler(state["opt_param_scheduler"], scheduler, run)
     optimizer_state.load(optimizer, state["optimizer"])
     scheduler.load_state_dict(state["opt_param_scheduler"])
 

@@ -2,7 +2,7 @@
 
 The checkpoint is the one the run loads (:func:`load_options.checkpoint_source`'s choice):
 ``--load`` when it holds one, else ``--pretrained-checkpoint``; at ``--ckpt-step`` when given,
-else the iteration its tracker file names. Its ``run_args.json`` (resume_consistency.py) records
+else the iteration its tracker file names. Its ``run_args.json`` (run_args_record.py) records
 the model flags; before the command line is parsed they become the parser's defaults (so
 ``--num-layers``, ``--hidden-size``, ``--num-attention-heads`` and ``--seq-length`` are no
 longer required), each logged as Megatron-LM's ``Setting <name> to <value> from checkpoint``.
@@ -11,25 +11,28 @@ Which side wins when the command line gives a flag too follows Megatron-LM's
 ``load_args_from_checkpoint``:
 
 - the sizes (:data:`COMMAND_LINE_WINS`: layers, hidden and FFN size, heads, sequence length,
-  position table, head dimension, the vocabulary padding): the command line's value (a model
-  size that differs from the checkpoint's is then refused at load, naming the flag);
+  position table, head dimension, the vocabulary padding) and ``--moe-token-dispatcher-type``
+  (Megatron-LM's ``_set_arg`` without ``force``; recorded only where the run chose another
+  than the default, which otherwise follows this run's packing): the command line's value (a
+  model size that differs from the checkpoint's is then refused at load, naming the flag);
 - the rest (:data:`CHECKPOINT_WINS`: query groups, position encoding, RoPE base and share, norm,
   SwiGLU, biases, tied embeddings, MTP, MoE and Mamba shape, the MoE router's pre-softmax,
   score function, expert bias and top-k scaling, the dropouts, query-key layer scaling,
-  ``--tiktoken-pattern``): the checkpoint's value replaces the command line's, with a line
-  naming the flag it overrides;
+  ``--spec``, ``--tiktoken-pattern`` and ``--tiktoken-num-special-tokens`` (not in Megatron-LM's
+  list; taken like the pattern: both decide a TikTokenizer's ids)): the checkpoint's value
+  replaces the command line's, with a line naming the flag it overrides;
 - the tokenizer (:data:`TOKENIZER_KEYS`: ``--tokenizer-type`` and ``--tokenizer-model``): the
   checkpoint's, as the rest, unless ``--no-use-tokenizer-model-from-checkpoint-args`` (Megatron-LM's
   flag; the tokenizer file may lie elsewhere on this cluster) keeps the command line's. A
   TikTokenizer's ``--vocab-size`` (it sizes that tokenizer) is a default like the sizes; other
   file tokenizers know their vocabulary again.
 
-Not taken, as in Megatron-LM: precision (``--bf16``/``--fp16``), the parallel layout and
-training settings. Megatron-LM also takes a few flags this fork does not have (``--spec`` and
-MoE kernels) and ``--moe-token-dispatcher-type`` (recorded here as resolved, after packing chose
-it, so not taken). Keys a checkpoint does not record (saved before they were) are left to the
-command line (``Checkpoint did not provide arguments <name>``); a required flag that neither
-gives is one line naming it.
+Not taken, as in Megatron-LM: precision (``--bf16``/``--fp16``), the parallel layout and training
+settings. Megatron-LM also takes a few flags this fork does not build (MoE kernels, latent MoE,
+heterogeneous layers) or derives (``--add-position-embedding``, ``--is-hybrid-model`` from the
+entry point, the padded vocabulary from its flags). Keys a checkpoint does not record (saved before
+they were) are left to the command line (``Checkpoint did not provide arguments <name>``); a
+required flag that neither gives is one line naming it.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ FLAG = "--use-checkpoint-args"
 # Megatron-LM's ``_set_arg(name)`` without ``force``: the checkpoint's value is a default only.
 COMMAND_LINE_WINS = ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length",
                      "num_attention_heads", "kv_channels", "max_position_embeddings",
-                     "make_vocab_size_divisible_by", "vocab_size",
+                     "make_vocab_size_divisible_by", "vocab_size", "moe_token_dispatcher_type",
                      # Not in Megatron-LM's list (it has no such flags): taken as defaults too.
                      "norm_epsilon", "qk_layernorm", "use_rope_scaling", "rope_scaling_factor")
 # Megatron-LM's ``_set_arg(name, force=True)``: the checkpoint's value replaces the command line's.
@@ -64,7 +67,7 @@ CHECKPOINT_WINS = ("group_query_attention", "num_query_groups", "position_embedd
                    "moe_router_pre_softmax", "moe_router_score_function",
                    "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor",
                    "hidden_dropout", "attention_dropout", "apply_query_key_layer_scaling",
-                   "tiktoken_pattern")
+                   "spec", "tiktoken_pattern", "tiktoken_num_special_tokens")
 # Megatron-LM's forced tokenizer flags, taken only with use_tokenizer_model_from_checkpoint_args.
 TOKENIZER_KEYS = ("tokenizer_type", "tokenizer_model")
 NO_TOKENIZER_FLAGS = ("--no-use-tokenizer-model-from-checkpoint-args",
@@ -197,9 +200,9 @@ def read_checkpoint_flags(flags: LoadFlags | list[str]) -> CheckpointFlags | Non
         require(_restartable_first_launch(flags), _no_checkpoint_message(flags))
         print_rank_0("Checkpoint not found to provide arguments, using provided arguments.")
         return None
-    # Imported here: resume_consistency imports the run configs, which import this layer.
+    # Imported here: run_args_record imports the run configs, which import this layer.
     from megatron.varlen_training.errors import CheckpointError
-    from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME, read_run_args
+    from megatron.varlen_training.run_args_record import RUN_ARGS_FILENAME, read_run_args
 
     record = os.path.join(folder, RUN_ARGS_FILENAME)
     require(os.path.isfile(record),

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint import CheckpointException
 from megatron.core import dist_checkpointing
 from megatron.varlen_training import checkpoint_integrity as integrity
 from megatron.varlen_training import (
-    checkpoint_sharding, checkpoint_strategies, resume_consistency, rng_state,
+    checkpoint_sharding, checkpoint_strategies, rng_state, run_args_record,
 )
 from megatron.varlen_training.checkpoint_layout import (
     FLOPS_SO_FAR_KEY, TRACKER_FILENAME, checkpoint_dir, read_latest_iteration, sharded_state_dict,
@@ -180,7 +180,7 @@ def _write_own_files(staging: str, run: RunConfig, extra_files: dict[str, str] |
     if not run.checkpoint.no_save_rng:
         rng_state.save(staging)
     if torch.distributed.get_rank() == 0:
-        resume_consistency.save_run_args(staging, run, iteration, *positions)
+        run_args_record.save_run_args(staging, run, iteration, *positions)
         for name, text in (extra_files or {}).items():
             integrity.atomic_write_text(os.path.join(staging, name), text)
 

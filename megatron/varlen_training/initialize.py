@@ -63,8 +63,16 @@ def initialize_megatron(run: RunConfig) -> None:
     check_gradient_overlap(run.parallel)
     initialize_model_parallel(run.parallel, run.model.moe)
     set_random_seeds(run.training.seed)
+    print_rank_0(virtual_stages_line(run.parallel))  # in Megatron-LM's order
     print_rank_0(parameters_dtype_line(run.model))
     print_rank_0(format_arguments(run.flag_values))  # Megatron-LM's start-up dump, once
+
+
+def virtual_stages_line(parallel: ParallelConfig) -> str:
+    """Megatron-LM's start-up line naming the virtual pipeline size, whatever flag gave it (its
+    validate_args prints it on every run: None without a virtual pipeline)."""
+    size = parallel.virtual_pipeline_model_parallel_size
+    return f"Number of virtual stages per pipeline stage: {size}"
 
 
 def parameters_dtype_line(model: ModelConfig) -> str:

@@ -297,12 +297,18 @@ def _moe_defaults() -> dict:
     return {dest: defaults[dest] for dest in MOE_DESTS}
 
 
+def default_dispatcher(sequence_packing: bool) -> str:
+    """``--moe-token-dispatcher-type`` left unset: alltoall with packing (allgather needs equal
+    token counts on every rank), else Megatron-LM's default, allgather."""
+    return ALLTOALL if sequence_packing else ALLGATHER
+
+
 def validate_moe_args(args, require) -> None:
     """Resolves the MoE defaults and refuses what cannot run, in one line each."""
     if args.num_experts is None:
         _check_no_moe_flags(args, _moe_defaults(), require)
     if args.moe_token_dispatcher_type is None:
-        args.moe_token_dispatcher_type = ALLTOALL if args.sequence_packing else ALLGATHER
+        args.moe_token_dispatcher_type = default_dispatcher(args.sequence_packing)
     if args.expert_tensor_parallel_size is None:
         args.expert_tensor_parallel_size = args.tensor_model_parallel_size
     if args.num_experts is None:

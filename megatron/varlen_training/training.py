@@ -142,7 +142,7 @@ def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
         lr_decay_style=schedule.lr_decay_style, start_wd=schedule.start_wd,
         end_wd=schedule.end_wd, wd_incr_steps=schedule.wd_incr_steps, wd_incr_style=schedule.weight_decay_incr_style,
         wsd_decay_steps=schedule.wsd_decay_steps, lr_wsd_decay_style=schedule.lr_wsd_decay_style,
-        # Mismatches were already refused in one line (resume_consistency.check_scheduler).
+        # Mismatches were already refused in one line (schedule_check.check_scheduler).
         override_opt_param_scheduler=schedule.override_opt_param_scheduler,
         use_checkpoint_opt_param_scheduler=not schedule.override_opt_param_scheduler,
     )

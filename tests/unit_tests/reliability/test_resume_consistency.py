@@ -180,7 +180,9 @@ def test_model_parallel_change_with_distributed_optimizer_is_one_line(tmp_path):
 def test_virtual_pipeline_change_with_distributed_optimizer_is_one_line(tmp_path):
     """Virtual pipeline stages change the distributed optimizer's buffers too: megatron-core
     stopped every rank with a global-shape CheckpointingException traceback. Refused in one line,
-    both ways (saved with VPP, resumed without; and the reverse). One 2-rank launch."""
+    both ways (saved with VPP, resumed without; and the reverse). The same virtual stages spelled
+    with --num-virtual-stages-per-pipeline-rank resume, optimizer state and all, as the straight
+    run (iteration 3's loss follows the Adam moments loaded). One 2-rank launch."""
     args = ["--num-layers", "4"] + TINY_GPT_ARGS[2:] + [
         "--lr-decay-iters", "4", "--use-distributed-optimizer", "--pipeline-model-parallel-size",
         "2"]
@@ -189,9 +191,15 @@ def test_virtual_pipeline_change_with_distributed_optimizer_is_one_line(tmp_path
     runs = [args + vpp + ["--train-iters", "1", "--save", str(with_vpp)],
             args + ["--train-iters", "1", "--save", str(without_vpp)],
             args + ["--train-iters", "2", "--load", str(with_vpp)],
-            args + vpp + ["--train-iters", "2", "--load", str(without_vpp)]]
+            args + vpp + ["--train-iters", "2", "--load", str(without_vpp)],
+            args + vpp + ["--train-iters", "3"],
+            args + ["--num-virtual-stages-per-pipeline-rank", "2", "--train-iters", "3",
+                    "--load", str(with_vpp)]]
     flag = "--num-layers-per-virtual-pipeline-stage"
-    rank0 = run_distributed(_losses_or_refusals, 2, args=(runs,), timeout_s=240)[0]
+    per_rank = run_distributed(_losses_or_refusals, 2, args=(runs,), timeout_s=240)
+    rank0, straight, respelled = per_rank[0], per_rank[-1][4], per_rank[-1][5]  # last: the loss
+    assert isinstance(respelled, list), respelled
+    assert respelled == pytest.approx(straight[1:], rel=1e-5)
     assert rank0[2] == (
         f"--load: the checkpoint's distributed optimizer state was saved with {flag} 1, this "
         f"run has none: its format (megatron-core's dp_reshardable) reshards over data-parallel "

@@ -43,7 +43,7 @@ from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.pretrain import pretrain
-from megatron.varlen_training.resume_consistency import recorded_valid_samples, save_run_args
+from megatron.varlen_training.run_args_record import recorded_valid_samples, save_run_args
 from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
 from megatron.varlen_training.runtime_hooks import StepHooks

@@ -166,6 +166,15 @@ def test_rank_0_prints_the_theoretical_footprint_with_the_first_two_lines(result
         assert first.count(FOOTPRINT) == STEPS and FOOTPRINT not in last, entry
 
 
+def test_rank_0_names_the_virtual_pipeline_size_once(results):
+    """Megatron-LM's start-up line (its validate_args prints it on every run), on rank 0."""
+    line = "Number of virtual stages per pipeline stage: None"
+    for entry in ("pretrain", "facade"):
+        first, last = ([m["message"] for m in _parse(r[entry][0])] for r in (results[0],
+                                                                              results[-1]))
+        assert first.count(line) == 1 and line not in last, entry
+
+
 def _check_arguments_dump(messages: list[str]) -> None:
     """Megatron-LM's dump, once, on rank 0: header, one ``  name ..... value`` line per flag."""
     start, end = (messages.index(marker) for marker in ARGUMENTS)

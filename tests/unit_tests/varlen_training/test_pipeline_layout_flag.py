@@ -207,7 +207,8 @@ def test_resume_refuses_another_layout_with_the_distributed_optimizer(tmp_path):
     from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.errors import CheckpointError
     from megatron.varlen_training.load_options import LoadParts
-    from megatron.varlen_training.resume_consistency import check_run_args, save_run_args
+    from megatron.varlen_training.resume_consistency import check_run_args
+    from megatron.varlen_training.run_args_record import save_run_args
 
     def run(layout: str):
         argv = L4 + PP2 + ["--use-distributed-optimizer", LAYOUT, layout]
@@ -232,3 +233,21 @@ def test_hybrid_refuses_the_layout():
     with pytest.raises(ArgumentValidationError) as err:
         parse_hybrid_args(argv + PP2 + [LAYOUT, "Et|tL"], world_size=2)
     assert LAYOUT in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("pipeline, size", [
+    (["--num-layers-per-virtual-pipeline-stage", "1"], 2),
+    (["--num-virtual-stages-per-pipeline-rank", "2"], 2),
+    ([LAYOUT, "Et|t|t|tL"], 2),
+    (["--num-layers-per-virtual-pipeline-stage", "2"], None),  # one virtual stage per rank
+    ([], None),
+])
+def test_start_up_names_the_virtual_pipeline_size_as_megatron_lm(pipeline, size):
+    """Megatron-LM core_v0.16.1's validate_args prints 'Number of virtual stages per pipeline
+    stage: {args.virtual_pipeline_model_parallel_size}' on every run, whichever flag gave it."""
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from megatron.varlen_training.initialize import virtual_stages_line
+
+    run = parse_run_config(L4 + PP2 + pipeline, world_size=2)
+    assert virtual_stages_line(run.parallel) == \
+        f"Number of virtual stages per pipeline stage: {size}"

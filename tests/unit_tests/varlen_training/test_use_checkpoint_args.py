@@ -2,7 +2,7 @@
 loaded, as Megatron-LM's ``load_args_from_checkpoint`` takes them.
 
 Parsing (fast, no training): a checkpoint folder holding only the ``run_args.json`` that
-resume_consistency.py writes for a run with a non-default architecture (the record is built
+run_args_record.py writes for a run with a non-default architecture (the record is built
 from the run the flags describe, not by the code under test):
 
 - the run parsed with ``--use-checkpoint-args`` and no model flags has the same model config,
@@ -36,7 +36,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron.varlen_training.arguments import parse_args_or_exit
+from megatron.varlen_training.arguments import build_parser, parse_args_or_exit
+from megatron.varlen_training.checkpoint_model_flags import (
+    apply_as_defaults, override_command_line, read_checkpoint_flags,
+)
 from megatron.varlen_training.config.from_flags import (
     parse_hybrid_run_config, parse_run_config, run_config,
 )
@@ -44,7 +47,8 @@ from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.varlen_training.flag_values import parse_values
 from megatron.varlen_training.load_options import TRACKER_FILENAME, iteration_folder
-from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME, snapshot
+from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
+from megatron.varlen_training.run_args_record import snapshot
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank
@@ -257,6 +261,82 @@ def test_no_use_tokenizer_model_keeps_the_command_lines_tokenizer(tmp_path, caps
     assert taken.data.tokenizer_model == "/elsewhere/tok.json"
     assert "Setting tokenizer_model to /elsewhere/tok.json from checkpoint (overrides " \
         "--tokenizer-model /here/tok.json on the command line)" in capsys.readouterr().out
+
+
+# Megatron-LM's load_args_from_checkpoint also takes --spec (forced) and
+# --moe-token-dispatcher-type (a default only); --tiktoken-num-special-tokens goes with
+# --tiktoken-pattern (forced). Each away from its default, and its value written by hand.
+SPEC = ["megatron.varlen.model.spec", "get_varlen_gpt_layer_spec"]
+TIKTOKEN_SPECIALS = TIKTOKEN + ["--tiktoken-num-special-tokens", "500"]
+ALLTOALL = MOE_ROUTER + ["--vocab-size", "96", "--moe-token-dispatcher-type", "alltoall"]
+
+
+@pytest.mark.parametrize("extra, key, value", [
+    (TIKTOKEN_SPECIALS, "tiktoken_num_special_tokens", 500),
+    (["--vocab-size", "96", "--spec", *SPEC], "spec", SPEC),
+    (ALLTOALL, "moe_token_dispatcher_type", "alltoall"),
+], ids=["tiktoken_num_special_tokens", "spec", "moe_token_dispatcher_type"])
+def test_keys_beyond_the_shape_are_recorded_and_taken(tmp_path, extra, key, value):
+    """Saved in run_args.json as given; a resume with --use-checkpoint-args and only the run
+    flags builds the original run (its record is the original's)."""
+    original = SHAPE + extra + MINIMAL
+    root = _record(tmp_path / "ckpt", 2, original)
+    recorded = json.loads((Path(iteration_folder(str(root), 2)) / RUN_ARGS_FILENAME).read_text())
+    assert recorded[key] == value
+    resumed = parse_run_config(MINIMAL + USE + ["--load", str(root)], world_size=1)
+    want = snapshot(parse_run_config(original, world_size=1), with_data=False)
+    assert snapshot(resumed, with_data=False) == want
+    alone = parse_run_config(MINIMAL + SHAPE + ["--vocab-size", "96"], world_size=1)
+    assert snapshot(alone, with_data=False)[key] != value  # not vacuous
+
+
+@pytest.mark.parametrize("extra", [[], ["--moe-token-dispatcher-type", "allgather"],
+                                   ["--sequence-packing", "--micro-batch-size", "1"]],
+                         ids=["unset", "given_as_the_default", "packed"])
+def test_a_dispatcher_left_to_the_default_is_not_recorded(tmp_path, extra):
+    """The default follows packing (alltoall packed, else allgather): a checkpoint records a
+    dispatcher only where the run chose another, so a packed resume of an unpacked run picks
+    its own."""
+    run = parse_run_config(SHAPE + MOE_ROUTER + ["--vocab-size", "96"] + MINIMAL + extra,
+                           world_size=1)
+    assert snapshot(run, with_data=False)["moe_token_dispatcher_type"] is None
+
+
+def _namespace(argv: list[str]):
+    """The parsed flags with the checkpoint's taken, before validation (parse_args' order)."""
+    parser = build_parser()
+    taken = read_checkpoint_flags(argv)
+    apply_as_defaults(parser, taken)
+    args = parser.parse_args(argv)
+    override_command_line(args, taken)
+    return args
+
+
+def test_which_side_wins_beyond_the_shape(tmp_path, capsys):
+    """--spec and --tiktoken-num-special-tokens: the checkpoint's replaces the command line's,
+    with the line naming the flag; --moe-token-dispatcher-type: the command line's stays."""
+    original = SHAPE + TIKTOKEN_SPECIALS + MOE_ROUTER + ["--spec", *SPEC,
+                                                         "--moe-token-dispatcher-type",
+                                                         "alltoall"] + MINIMAL
+    root = _record(tmp_path / "ckpt", 2, original)
+    args = _namespace(MINIMAL + USE + ["--load", str(root), "--spec", "my.module", "my_spec",
+                                       "--tiktoken-num-special-tokens", "20",
+                                       "--moe-token-dispatcher-type", "allgather"])
+    assert (args.spec, args.tiktoken_num_special_tokens) == (SPEC, 500)
+    assert args.moe_token_dispatcher_type == "allgather"
+    out = capsys.readouterr().out
+    for line in (f"Setting spec to {SPEC} from checkpoint (overrides --spec "
+                 f"{['my.module', 'my_spec']} on the command line)",
+                 "Setting tiktoken_num_special_tokens to 500 from checkpoint (overrides "
+                 "--tiktoken-num-special-tokens 20 on the command line)",
+                 "Keeping --moe-token-dispatcher-type allgather from the command line (the "
+                 "checkpoint has alltoall)"):
+        assert line in out, out
+    args = _namespace(MINIMAL + USE + ["--load", str(_record(tmp_path / "moe", 2,
+                                                             SHAPE + ALLTOALL + MINIMAL))])
+    assert args.moe_token_dispatcher_type == "alltoall"
+    assert "Setting moe_token_dispatcher_type to alltoall from checkpoint" in \
+        capsys.readouterr().out
 
 
 def test_entry_point_exits_2_with_one_line(recorded, capsys):

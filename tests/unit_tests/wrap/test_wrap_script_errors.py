@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 from megatron.varlen_training import checkpointing
-from megatron.varlen_training.resume_consistency import RUN_ARGS_FILENAME, VALID_POSITION_KEY
+from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME, VALID_POSITION_KEY
 from megatron.wrap import MegatronWrap
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.wrap.test_wrap_main_guard import _kill_tree
