@@ -25,6 +25,7 @@ from megatron.varlen.platform import (
     TE_KERNELS, describe_attention_backend, get_device, resolve_attention_backend,
     use_bias_dropout_add_fusion, use_cpu,
 )
+from megatron.varlen.platform import te_checkpoint_stand_in
 
 
 def params_dtype(model: ModelConfig) -> torch.dtype:
@@ -177,6 +178,7 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
     """
     build_chunk = build_chunk or _build_chunk
     model = run.model
+    te_checkpoint_stand_in.install()  # --recompute-modules layernorm without TE
     stages = run.parallel.virtual_pipeline_model_parallel_size
     print_rank_0(f"> attention backend: {attention_backend_line(model)}; on {get_device().type}")
     chunks = [build_chunk(run, config, vp) for vp in (range(stages) if stages else [None])]

@@ -6,9 +6,12 @@
   divide the layers of each model chunk), ``block`` recomputes the first N layers of each chunk
   and keeps the rest.
 - ``--recompute-granularity selective``: only the modules ``--recompute-modules`` names, in every
-  layer (default ``core_attn``: the attention core, whose saved probabilities grow with the
-  square of the sequence in the reference backend; ``mlp``: the dense MLP). No method, no count.
+  layer: megatron-core 0.16.1's whole list (:data:`RECOMPUTE_MODULES`; default ``core_attn``).
+  Each module is checked against the model here, as megatron-core checks its config, so that a
+  module that cannot run, or would recompute nothing, is refused in one line.
 - ``--recompute-activations``: Megatron-LM's shorthand for ``--recompute-granularity selective``.
+- ``--moe-layer-recompute``: megatron-core's deprecated form of ``--recompute-modules moe``
+  (selective, ``moe`` added to the modules; not with ``full``).
 
 Recomputation never changes the numbers: the recomputed forward gets the micro-batch's own
 ``packed_seq_params`` (so its CP group, attention plan and boundaries) through megatron-core's
@@ -18,14 +21,16 @@ See docs/RECOMPUTE.md.
 
 from __future__ import annotations
 
+from megatron.varlen_training.log import warning_rank_0
 from megatron.varlen_training.pipeline_arguments import pipeline_split_of
 
 FULL, SELECTIVE = "full", "selective"
 UNIFORM, BLOCK = "uniform", "block"
-# megatron-core's recompute_modules that run through tensor_parallel.checkpoint on a dense
-# model; the output-discarding ones (layernorm, moe_act) and MLA/MoE modules are not offered.
-RECOMPUTE_MODULES = ("core_attn", "mlp")
-DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+CORE_ATTN, MOE_ACT, LAYERNORM, MLA_UP_PROJ = "core_attn", "moe_act", "layernorm", "mla_up_proj"
+MLP, MOE, SHARED_EXPERTS = "mlp", "moe", "shared_experts"
+# megatron-core 0.16.1's TransformerConfig.recompute_modules choices, in its order.
+RECOMPUTE_MODULES = (CORE_ATTN, MOE_ACT, LAYERNORM, MLA_UP_PROJ, MLP, MOE, SHARED_EXPERTS)
+DEFAULT_RECOMPUTE_MODULES = (CORE_ATTN,)
 # megatron-core's MTP block checkpoints one MTP layer at a time under "uniform".
 MTP_UNIFORM_LAYERS = 1
 
@@ -46,9 +51,16 @@ def add_recompute_args(parser) -> None:
     group.add_argument("--recompute-modules", nargs="+", default=None,
                        choices=list(RECOMPUTE_MODULES),
                        help="With --recompute-granularity selective: the submodules to "
-                            "recompute (default core_attn).")
+                            "recompute in every layer (default core_attn). core_attn: the "
+                            "attention core; mlp: the dense MLP; moe: the MoE layer; "
+                            "shared_experts: the MoE layer's shared experts; layernorm: the "
+                            "input and pre-MLP norms; mla_up_proj: MLA's up projections and "
+                            "RoPE; moe_act: refused here (grouped-GEMM experts only).")
     group.add_argument("--recompute-activations", action="store_true",
                        help="Shorthand for --recompute-granularity selective.")
+    group.add_argument("--moe-layer-recompute", action="store_true",
+                       help="Deprecated (megatron-core): --recompute-granularity selective "
+                            "with moe added to --recompute-modules.")
 
 
 def _chunk_sizes(args) -> list[int]:
@@ -117,13 +129,73 @@ def _validate_selective(args, require) -> None:
             f"full (selective recomputes --recompute-modules in every layer)")
 
 
-def _validate_modules(args, require) -> None:
+# Why each module cannot run on this model (None: it can), megatron-core 0.16.1's own checks
+# first. A module that would recompute nothing is refused too: the flag would silently do nothing.
+def _mlp_problem(args) -> str | None:
     # megatron-core 0.16.1 checkpoints the MLP's (output, output bias) pair: the bias is a
     # parameter, and returning it from the checkpoint gives the parameter itself a grad_fn
     # (backward then recurses without end). Without biases there is no such output.
-    require("mlp" not in args.recompute_modules or args.disable_bias_linear,
-            "--recompute-modules mlp needs --disable-bias-linear (megatron-core 0.16.1 returns "
-            "the MLP's bias parameter from its checkpoint, which breaks backward)")
+    if not args.disable_bias_linear:
+        return ("needs --disable-bias-linear (megatron-core 0.16.1 returns the MLP's bias "
+                "parameter from its checkpoint, which breaks backward)")
+    return None
+
+
+def _moe_problem(args) -> str | None:
+    if args.num_experts is None:
+        return ("recomputes MoE layers and this model has none (--num-experts); use mlp for "
+                "the dense MLP")
+    return None
+
+
+def _shared_experts_problem(args) -> str | None:
+    if args.num_experts is None or args.moe_shared_expert_intermediate_size is None:
+        return ("recomputes the MoE layers' shared experts and this model has none "
+                "(--num-experts with --moe-shared-expert-intermediate-size); use moe or mlp")
+    if args.moe_shared_expert_overlap:
+        return ("cannot work with --moe-shared-expert-overlap (megatron-core 0.16.1: the "
+                "overlapped shared experts run inside the token dispatcher); drop one")
+    return None
+
+
+def _moe_act_problem(args) -> str | None:
+    # megatron-core recomputes the expert activation only in its grouped-GEMM experts (TE or
+    # the grouped_gemm package); the experts here are its SequentialMLP, whatever
+    # --moe-grouped-gemm says (kernel_arguments.py).
+    return ("recomputes the activation of grouped-GEMM experts only (megatron-core 0.16.1), and "
+            "the experts here run as megatron-core's SequentialMLP; use moe (the whole MoE "
+            "layer, activations included)")
+
+
+def _mla_up_proj_problem(args) -> str | None:
+    if not args.multi_latent_attention:
+        return ("is only supported with --multi-latent-attention (megatron-core 0.16.1); use "
+                "core_attn")
+    return None
+
+
+MODULE_PROBLEMS = {MLP: _mlp_problem, MOE: _moe_problem, SHARED_EXPERTS: _shared_experts_problem,
+                   MOE_ACT: _moe_act_problem, MLA_UP_PROJ: _mla_up_proj_problem}
+
+
+def _validate_modules(args, require) -> None:
+    for module in args.recompute_modules:
+        problem = MODULE_PROBLEMS.get(module, lambda _: None)(args)
+        require(problem is None, f"--recompute-modules {module} {problem}")
+
+
+def _resolve_moe_layer_recompute(args, require) -> None:
+    """megatron-core 0.16.1's ``moe_layer_recompute``: selective, ``moe`` added to the modules
+    (its deprecation warning, with the module name it means)."""
+    require(args.recompute_granularity != FULL,
+            "Do not set --moe-layer-recompute with full recompute granularity "
+            "(--recompute-granularity full recomputes whole layers, MoE included)")
+    require(args.num_experts is not None,
+            "--moe-layer-recompute recomputes MoE layers and this model has none (--num-experts)")
+    warning_rank_0("--moe-layer-recompute is deprecated. Use --recompute-granularity selective "
+                   "--recompute-modules moe instead.")
+    args.recompute_granularity = SELECTIVE
+    args.recompute_modules = [*(args.recompute_modules or DEFAULT_RECOMPUTE_MODULES), MOE]
 
 
 def validate_recompute_args(args, require) -> None:
@@ -133,6 +205,8 @@ def validate_recompute_args(args, require) -> None:
                 f"--recompute-activations means --recompute-granularity selective, but "
                 f"--recompute-granularity {args.recompute_granularity} was given")
         args.recompute_granularity = SELECTIVE
+    if args.moe_layer_recompute:
+        _resolve_moe_layer_recompute(args, require)
     granularity = args.recompute_granularity
     if granularity == FULL:
         _validate_full(args, require)

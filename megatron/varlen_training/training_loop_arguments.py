@@ -2,9 +2,8 @@
 TrainingConfig) that this fork's loop does not implement: registered so that a Megatron-LM
 command line carrying one gets a line naming the flag and why (exit 2) instead of argparse's
 "unrecognized arguments"; their defaults (not given, or an empty list) are accepted.
-(The runtime, kernel and logging flags of the same group live in their own modules.) Also
-``--moe-layer-recompute``, which megatron-core 0.16.1 deprecates for ``--recompute-modules
-moe_layer``, a module recompute_arguments.py does not offer."""
+(The runtime, kernel and logging flags of the same group live in their own modules;
+``--moe-layer-recompute`` is honoured in recompute_arguments.py.)"""
 
 from __future__ import annotations
 
@@ -26,10 +25,6 @@ REFUSED_FLAGS = (
             "communication runs on megatron-core's default streams here", accepts=("",)),
     FlagRow(("--disable-gloo-process-groups",), SWITCH, False,
             "megatron-core's process groups are created as it defaults here"),
-    FlagRow(("--moe-layer-recompute",), SWITCH, False,
-            "megatron-core 0.16.1 deprecates it for --recompute-modules moe_layer, and the "
-            "modules recomputed here are core_attn and mlp (or whole layers with "
-            "--recompute-granularity full)"),
 )
 
 

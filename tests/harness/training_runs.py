@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator
 
@@ -96,15 +97,17 @@ def _grad_buffers(model) -> list[torch.Tensor]:
 
 def train_with_grads_on_this_rank(argv: list[str], hybrid: bool = False) -> dict:
     """:func:`train_on_this_rank` (or the hybrid path) that also returns this rank's last-step
-    gradient buffers and how many times ``tensor_parallel.checkpoint`` ran (activation
-    recomputation actually on, or off)."""
+    gradient buffers, how many times ``tensor_parallel.checkpoint`` ran (activation
+    recomputation actually on, or off) and how many times each module's forward ran
+    (``forward_calls``, by qualified name ``<chunk>.<name>``: a module recomputed in backward
+    runs twice per micro-batch, whichever checkpoint recomputes it)."""
     from megatron.core import tensor_parallel
 
     from megatron.varlen_training.hybrid_model import HYBRID
 
     parse = parse_hybrid_run_config if hybrid else parse_run_config
     run = parse(argv, world_size=torch.distributed.get_world_size())
-    calls = []
+    calls, forwards = [], collections.Counter()
     original = tensor_parallel.checkpoint
 
     def counting_checkpoint(*args, **kwargs):
@@ -112,12 +115,30 @@ def train_with_grads_on_this_rank(argv: list[str], hybrid: bool = False) -> dict
         return original(*args, **kwargs)
 
     tensor_parallel.checkpoint = counting_checkpoint
+    counting = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, *_: forwards.update([id(module)]))
     trainer = Trainer(run, HYBRID if hybrid else GPT)
     try:
         history = pretrain(trainer)
         return {"history": history, "rank": torch.distributed.get_rank(),
                 "owns_loss": history[0]["lm_loss"] is not None if history else False,
-                "grads": _grad_buffers(trainer.state.model), "checkpoint_calls": len(calls)}
+                "grads": _grad_buffers(trainer.state.model), "checkpoint_calls": len(calls),
+                "forward_calls": _by_name(forwards, trainer.state.model)}
     finally:
+        counting.remove()
         tensor_parallel.checkpoint = original
         trainer.close()
+
+
+def _by_name(counts: collections.Counter, chunks) -> dict[str, int]:
+    """``counts`` keyed by module id -> by ``<chunk index>.<qualified name>`` (every module of
+    the chunks, 0 for one never called)."""
+    return {f"{index}.{name}": counts[id(module)] for index, chunk in enumerate(chunks)
+            for name, module in chunk.named_modules()}
+
+
+def train_runs_with_grads_on_this_rank(argvs: list[list[str]], hybrid: bool = False
+                                       ) -> list[dict]:
+    """:func:`train_with_grads_on_this_rank` for each of ``argvs`` in turn, on one launch's
+    process group (one start-up for several runs)."""
+    return [train_with_grads_on_this_rank(argv, hybrid) for argv in argvs]

@@ -27,6 +27,12 @@ and still sets its ``HAVE_TE``; ``MultiLatentAttention.__init__`` then calls
 layer with a class nothing is an instance of in that slot (:func:`_te_linear_stand_in`), only
 when the imported ``TELinear`` is not a class.
 
+``--recompute-modules mla_up_proj``: megatron-core recomputes the up projections and RoPE in
+backward (an output-discarding checkpoint taken in ``get_query_key_value_tensors``), after
+:meth:`forward` has restored the static group; RoPE there reads ``pg_collection.cp`` and the
+config's CP size at call time. :meth:`get_query_key_value_tensors` binds the call's group into
+the checkpointed function, so the recomputation runs on the micro-batch's group again.
+
 RoPE on THD runs in megatron-core: ``apply_rotary_pos_emb`` walks the padded boundaries, so
 every packed sequence starts at position 0 (the table has ``max_seqlen`` rows, the longest
 sequence of the pack, as the packing layer sets it).
@@ -119,6 +125,26 @@ class VarlenMLASelfAttention(MLASelfAttention):
         assignments = [a for module in consumers for a in cp_assignments(module, group)]
         assignments.append((self.config, "context_parallel_size", group.size()))
         return swap_attributes(assignments)
+
+    def get_query_key_value_tensors(self, *args, **kwargs):
+        """megatron-core's; a ``mla_up_proj`` checkpoint it took recomputes on this call's CP
+        group (module docstring)."""
+        result = super().get_query_key_value_tensors(*args, **kwargs)
+        if self.qkv_up_checkpoint is not None:
+            checkpoint = self.qkv_up_checkpoint
+            checkpoint.run_function = self._on_this_group(checkpoint.run_function)
+        return result
+
+    def _on_this_group(self, function):
+        """``function`` run on the CP group of the running call (the one :meth:`forward`
+        swapped in), whenever it is called."""
+        group = self.pg_collection.cp
+
+        def on_group(*inputs):
+            with self._on_group(group):
+                return function(*inputs)
+
+        return on_group
 
     def forward(self, *args, **kwargs):
         """``MLASelfAttention.forward`` with the micro-batch's params made MLA's (see above)."""

@@ -6,6 +6,9 @@ experts, our router, and a layer that hands the router its micro-batch.
 * shared experts: megatron-core's ``SharedExpertMLP`` (``--moe-shared-expert-intermediate-size``);
 * router: :class:`VarlenTopKRouter` (balancing losses per real sequence, on the micro-batch's
   CP group);
+* MoE layer: megatron-core's ``MoELayer``, adopted by the layer as a
+  :class:`~megatron.varlen.model.routed_moe_layer.VarlenMoELayer` (its ``--recompute-modules
+  moe`` recomputation routes in its call's micro-batch);
 * layer: :class:`VarlenMoETransformerLayer`, megatron-core's ``TransformerLayer`` that routes
   each call with the call's ``packed_seq_params`` (megatron-core 0.16.1 gives the MoE layer only
   a padding mask).
@@ -31,6 +34,7 @@ from megatron.core.transformer.transformer_layer import (
 from megatron.varlen.model.moe_layers import moe_layer_pattern
 from megatron.varlen.model.norms import VarlenNorm
 from megatron.varlen.model.packed_router import VarlenTopKRouter
+from megatron.varlen.model.routed_moe_layer import VarlenMoELayer
 
 
 class RoutesMicroBatch:
@@ -51,6 +55,10 @@ class RoutesMicroBatch:
     # k for the layer of MTP depth k: its input at position t is token t + k, so only the first
     # L - k positions of a sequence of L tokens hold real tokens (0: a decoder layer).
     mtp_depth = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        VarlenMoELayer.adopt(self.mlp)
 
     def forward(self, *args, **kwargs):
         if kwargs.get("padding_mask") is None and self.default_padding_mask is not None:

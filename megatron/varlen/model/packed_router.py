@@ -44,7 +44,6 @@ class VarlenTopKRouter(TopKRouter):
     # (packed_seq_params or None, MTP shift, unpacked micro-batch's cache or None)
     _micro_batch = (None, 0, None)
 
-    @contextlib.contextmanager
     def micro_batch(self, packed_seq_params, shift: int = 0, padding_mask=None):
         """Routes the calls inside the block for this micro-batch (None: unpacked [s, b]);
         ``shift``: the MTP depth of the layer (the last ``shift`` positions of each packed
@@ -52,7 +51,17 @@ class VarlenTopKRouter(TopKRouter):
         ``padding_mask``: the layer's [b, s] mask of an unpacked micro-batch, beside which its
         sequence map is kept for the other layers."""
         cache = None if packed_seq_params is not None else unpacked_micro_batch_cache(padding_mask)
-        previous, self._micro_batch = self._micro_batch, (packed_seq_params, shift, cache)
+        return self.in_micro_batch((packed_seq_params, shift, cache))
+
+    def current_micro_batch(self) -> tuple:
+        """The micro-batch the router routes now, for :meth:`in_micro_batch` to route a
+        recomputation of the same call with (``--recompute-modules moe``)."""
+        return self._micro_batch
+
+    @contextlib.contextmanager
+    def in_micro_batch(self, micro_batch: tuple):
+        """Routes the calls inside the block for ``micro_batch`` (:meth:`current_micro_batch`)."""
+        previous, self._micro_batch = self._micro_batch, micro_batch
         try:
             yield
         finally:

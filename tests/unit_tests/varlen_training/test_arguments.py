@@ -46,7 +46,7 @@ EXPECTED_FLAGS = frozenset("""
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path
 --mmap-bin-files --no-mmap-bin-files --num-workers
 --recompute-granularity --recompute-method --recompute-num-layers --recompute-modules
---recompute-activations
+--recompute-activations --moe-layer-recompute
 --finetune --no-load-optim --no-load-rng --pretrained-checkpoint
 --overlap-grad-reduce --overlap-param-gather
 --ckpt-format --auto-detect-ckpt-format --ckpt-step --exit-on-missing-checkpoint --async-save
@@ -145,7 +145,7 @@ EXPECTED_FLAGS = frozenset("""
 --override-opt-param-scheduler --use-checkpoint-opt-param-scheduler
 --iterations-to-skip --train-sync-interval --decrease-batch-size-if-needed
 --check-weight-hash-across-dp-replicas-interval --result-rejected-tracker-filename
---high-priority-stream-groups --disable-gloo-process-groups --moe-layer-recompute
+--high-priority-stream-groups --disable-gloo-process-groups
 --no-save-optim --no-save-rng --no-ckpt-fully-parallel-save --disable-ckpt-fully-parallel-save
 --ckpt-fully-parallel-save --ckpt-fully-parallel-load --dist-ckpt-strictness
 --persistent-save-interval --use-dist-ckpt --dist-ckpt-format --ckpt-assume-constant-structure

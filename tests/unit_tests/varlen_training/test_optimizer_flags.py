@@ -211,8 +211,6 @@ def test_all_dash_scheduler_spellings(spelling, dest):
                                           "--rampup-batch-size"),
     (["--disable-gloo-process-groups"], "--disable-gloo-process-groups is not supported"),
     (["--high-priority-stream-groups", "dp"], "--high-priority-stream-groups dp is not"),
-    (["--moe-layer-recompute"], "--moe-layer-recompute is not supported: megatron-core 0.16.1 "
-                                "deprecates it"),
 ])
 def test_training_loop_refusals_are_one_line(extra, needle):
     """training_loop_arguments.py: Megatron-LM loop features not implemented here."""

@@ -10,11 +10,17 @@ from megatron.varlen_training.load_options import (
     FINETUNE, RESUME, LoadParts, TRACKER_FILENAME, checkpoint_source, load_parts,
 )
 from megatron.varlen.mamba.layer_recompute import recomputed_groups
+from megatron.varlen_training.recompute_arguments import RECOMPUTE_MODULES
 
 BASE = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "32", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
 FULL = ["--recompute-granularity", "full"]
+SELECTIVE = ["--recompute-granularity", "selective", "--recompute-modules"]
+MOE = ["--num-experts", "4", "--disable-bias-linear"]
+SHARED_EXPERTS = MOE + ["--moe-shared-expert-intermediate-size", "16"]
+MLA = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8",
+       "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6"]
 
 
 def _run(extra, world=1):
@@ -42,6 +48,24 @@ def test_recompute_activations_means_selective():
         "mlp", "core_attn")
 
 
+def test_every_megatron_core_module_is_a_choice():
+    # megatron-core 0.16.1's own list (TransformerConfig.__post_init__'s allowed modules)
+    assert set(RECOMPUTE_MODULES) == {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
+                                      "moe", "shared_experts"}
+    modules = ["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+    run = _run(SHARED_EXPERTS + MLA + SELECTIVE + modules)
+    assert run.model.recompute_modules == tuple(modules)
+
+
+def test_moe_layer_recompute_means_selective_moe():
+    # megatron-core 0.16.1: selective, "moe" appended to the modules (default core_attn)
+    run = _run(MOE + ["--moe-layer-recompute"])
+    assert run.model.recompute_granularity == "selective"
+    assert run.model.recompute_modules == ("core_attn", "moe")
+    assert _run(MOE + SELECTIVE + ["moe", "--moe-layer-recompute"]).model.recompute_modules == (
+        "moe",)
+
+
 @pytest.mark.parametrize("extra,needle", [
     (FULL, "--recompute-granularity full needs --recompute-method"),
     (FULL + ["--recompute-method", "uniform"], "needs --recompute-num-layers"),
@@ -67,6 +91,20 @@ def test_recompute_activations_means_selective():
     (FULL + ["--recompute-method", "uniform", "--recompute-num-layers", "1",
              "--mtp-num-layers", "1", "--num-experts", "4", "--disable-bias-linear"],
      "--mtp-num-layers and --num-experts 4 without --sequence-packing"),
+    (SELECTIVE + ["moe"], "--recompute-modules moe recomputes MoE layers and this model has "
+     "none (--num-experts)"),
+    (MOE + SELECTIVE + ["shared_experts"], "--recompute-modules shared_experts recomputes the "
+     "MoE layers' shared experts and this model has none"),
+    (SHARED_EXPERTS + ["--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall"]
+     + SELECTIVE + ["shared_experts"], "cannot work with --moe-shared-expert-overlap"),
+    (MOE + ["--moe-grouped-gemm"] + SELECTIVE + ["moe_act"],
+     "--recompute-modules moe_act recomputes the activation of grouped-GEMM experts only"),
+    (SELECTIVE + ["mla_up_proj"],
+     "--recompute-modules mla_up_proj is only supported with --multi-latent-attention"),
+    (MOE + FULL + ["--recompute-method", "block", "--recompute-num-layers", "1",
+                   "--moe-layer-recompute"], "Do not set --moe-layer-recompute with full"),
+    (["--moe-layer-recompute"], "--moe-layer-recompute recomputes MoE layers and this model has "
+     "none (--num-experts)"),
     (["--finetune"], "--finetune says what to load"),
     (["--no-load-optim"], "--no-load-optim says what to load"),
     (["--pretrained-checkpoint", "/no/such/dir"], "--pretrained-checkpoint directory"),

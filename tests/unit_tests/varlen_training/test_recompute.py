@@ -9,6 +9,12 @@ with MTP.
 GPT (megatron-core's TransformerBlock recomputation; selective = core attention and MLP) and
 the hybrid Mamba-Transformer stack (our full recomputation, layer_recompute.py). Every "on" run
 must actually call ``tensor_parallel.checkpoint`` and every "off" run must not.
+
+The rest of megatron-core's ``--recompute-modules`` (moe, shared_experts, layernorm,
+mla_up_proj) on an MoE model with shared experts and multi-latent attention, under dynamic CP
+(every micro-batch's router and MLA RoPE need its own boundaries and CP group when backward
+recomputes them): the same numbers, and exactly the named modules run their forward twice per
+micro-batch, every other module once (counted against the run without recomputation).
 """
 
 import json
@@ -17,7 +23,9 @@ import pytest
 import torch
 
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import train_with_grads_on_this_rank
+from tests.harness.training_runs import (
+    train_runs_with_grads_on_this_rank, train_with_grads_on_this_rank,
+)
 
 LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
                       "max_seq_len": 64, "mean_seq_len": 20, "lognormal_sigma": 1.0})
@@ -65,6 +73,30 @@ CASES = {
                                {"full_uniform2": full("uniform", 2), "selective": SELECTIVE}),
     "hybrid_dynamic_pp2_dp2": (HYBRID, DYNAMIC_PP2, 4, True, {"full_block": full("block", 1)}),
 }
+MOE_MLA = SHARED + [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2",
+    "--moe-ffn-hidden-size", "16", "--moe-shared-expert-intermediate-size", "16",
+    "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.1",
+    "--moe-z-loss-coeff", "0.01", "--multi-latent-attention", "--kv-lora-rank", "16",
+    "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6", "--rope-type", "rope",
+]
+# One DP rank, CP groups of 1 and 2: sequences over 32 tokens run on both ranks.
+DYNAMIC_CP2_ONLY = ["--dynamic-context-parallel", "--context-parallel-size", "2",
+                    "--max-seqlen-per-dp-cp-rank", "32"]
+# variant: (--recompute-modules, the modules they recompute: forwards of these and everything
+# under them run twice; a name ending in "." is only what is under it: megatron-core re-runs the
+# MoE layer's forward directly, not through the module call). Without --q-lora-rank MLA's query
+# projection is linear_q_proj.
+MODULE_VARIANTS = {
+    "moe_mla_up_proj": (["moe", "mla_up_proj"],
+                        (".mlp.", ".self_attention.linear_q_proj",
+                         ".self_attention.linear_kv_up_proj")),
+    "shared_experts_layernorm": (["shared_experts", "layernorm"],
+                                 (".mlp.shared_experts", ".input_layernorm",
+                                  ".pre_mlp_layernorm")),
+}
+MODULES_WORLD = 2
 # The machine running the suite may be busy: a launch of 4 ranks gets this long.
 TIMEOUT_S = 600
 _RUNS = {}
@@ -102,3 +134,43 @@ def test_recompute_matches_no_recompute(case, variant):
     losses = [h["lm_loss"] for rank in off if rank["owns_loss"] for h in rank["history"]]
     assert len(set(losses)) > 1, "the losses must move for the comparison to mean something"
     _assert_identical(f"{case}/{variant}", off, on)
+
+
+def _module_argv(variant: str | None) -> list[str]:
+    modules = [] if variant is None else (
+        SELECTIVE + ["--recompute-modules", *MODULE_VARIANTS[variant][0]])
+    return MOE_MLA + DYNAMIC_CP2_ONLY + modules
+
+
+def _run_module_variants() -> None:
+    """The run without recomputation and every module variant, in one launch (cached)."""
+    argvs = [_module_argv(None)] + [_module_argv(variant) for variant in MODULE_VARIANTS]
+    if (tuple(argvs[0]), MODULES_WORLD, False) in _RUNS:
+        return
+    ranks = run_distributed(train_runs_with_grads_on_this_rank, MODULES_WORLD,
+                            args=(argvs, False), timeout_s=TIMEOUT_S)
+    for index, argv in enumerate(argvs):
+        _RUNS[(tuple(argv), MODULES_WORLD, False)] = [runs[index] for runs in ranks]
+
+
+def _is_under(name: str, roots: tuple[str, ...]) -> bool:
+    return any(root in name if root.endswith(".") else
+               name.endswith(root) or f"{root}." in name for root in roots)
+
+
+@pytest.mark.parametrize("variant", list(MODULE_VARIANTS))
+def test_recompute_modules_match_no_recompute(variant):
+    _run_module_variants()
+    off = _run(_module_argv(None), MODULES_WORLD, False)
+    on = _run(_module_argv(variant), MODULES_WORLD, False)
+    roots = MODULE_VARIANTS[variant][1]
+    for rank_off, rank_on in zip(off, on):
+        calls_off, calls_on = rank_off["forward_calls"], rank_on["forward_calls"]
+        assert calls_on.keys() == calls_off.keys()
+        for root in roots:
+            assert any(_is_under(name, (root,)) and calls_off[name] for name in calls_off), (
+                f"{variant}: no module {root} ran")
+        wrong = {name: (calls_off[name], calls_on[name]) for name in calls_off
+                 if calls_on[name] != calls_off[name] * (2 if _is_under(name, roots) else 1)}
+        assert not wrong, f"{variant}: forward calls (off, on) not as recomputed: {wrong}"
+    _assert_identical(variant, off, on)
