@@ -83,7 +83,8 @@ def _assert_close(ours, reference, what):
 
 @pytest.fixture(scope="module")
 def round_trips(tmp_path_factory):
-    """Per shape: (checkpoint, export, sequences, our packed logits); one single-rank launch."""
+    """Per shape: (checkpoint, export, sequences, our packed logits, transformers' logits of
+    each sequence alone); one single-rank launch for both shapes."""
     root = tmp_path_factory.mktemp("deepseek")
     generator = torch.Generator().manual_seed(1)
     sequences = [torch.randint(0, BASE["vocab_size"], (n,), generator=generator)
@@ -92,19 +93,19 @@ def round_trips(tmp_path_factory):
     jobs = [(model_argv(paths[name], "--moe-token-dispatcher-type", "alltoall"), sequences,
              str(root / f"{name}_export")) for name in SHAPES]
     logits = run_distributed(rank_packed_logits_export, 1, args=(jobs,), timeout_s=240)[0]
-    return {name: (paths[name], job[2], sequences, ours)
+    return {name: (paths[name], job[2], sequences, ours, _hf_logits(paths[name], sequences))
             for name, job, ours in zip(SHAPES, jobs, logits)}
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_packed_logits_match_transformers_per_sequence(round_trips, shape):
-    path, _, sequences, ours = round_trips[shape]
-    _assert_close(ours, _hf_logits(path, sequences), shape)
+    _, _, _, ours, reference = round_trips[shape]
+    _assert_close(ours, reference, shape)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_export_holds_the_checkpoint_tensors_and_loads_in_transformers(round_trips, shape):
-    path, exported, sequences, _ = round_trips[shape]
+    path, exported, sequences, _, reference = round_trips[shape]
     original, written = _tensors(path), _tensors(exported)
     assert sorted(written) == sorted(original)
     assert [k for k in original if not torch.equal(original[k], written[k])] == []
@@ -113,4 +114,4 @@ def test_export_holds_the_checkpoint_tensors_and_loads_in_transformers(round_tri
     for key, value in SHAPES[shape].items():
         if key != "rope_parameters":
             assert config[key] == value, key
-    _assert_close(_hf_logits(exported, sequences), _hf_logits(path, sequences), "export")
+    _assert_close(_hf_logits(exported, sequences), reference, "export")
