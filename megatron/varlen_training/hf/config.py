@@ -85,10 +85,12 @@ _MAPPED_KEYS = frozenset({
     "sliding_window", "layer_types",  # sliding_window is read only with use_sliding_window
 })
 _FULL_ATTENTION = "full_attention"
-# The main model of an MTP run is a Llama/Qwen model; its MTP layers have no Hugging Face form.
-MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (Llama/Qwen checkpoints "
-                   "have no MTP layers); to export the model without them, --save a checkpoint "
-                   "and run tools/export_hf.py on it without --mtp-num-layers")
+# Our MTP layers are not written (Llama/Qwen have none; DeepSeek-V3's are not mapped, and
+# transformers does not load them either): an export leaves them out, knowingly.
+MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (MTP layers are not "
+                   "exported: Llama/Qwen have none, transformers' DeepSeek-V3 does not load "
+                   "them); to export the model without them, --save a checkpoint and run "
+                   "tools/export_hf.py on it without --mtp-num-layers")
 
 
 @dataclass(frozen=True)
