@@ -9,6 +9,9 @@ layers (the first dense, then MoE with shared experts), sigmoid routing with a n
 mappings that differ: query compression, interleaved rotated channels, plain RoPE and
 group-limited routing; then queries without compression, rotated channels stored as halves
 (``rope_interleave`` False, permuted on import and export) and YaRN with DeepSeek-V3's scales.
+The first checkpoint also holds an MTP layer's tensors, as DeepSeek-V3's release does
+(``model.layers.<num_hidden_layers>.*``): transformers skips them, so must the import, and the
+export (which has no MTP layer) holds every other tensor.
 """
 
 import json
@@ -43,11 +46,29 @@ SHAPES = {
 }
 
 
-def _save_deepseek(path, shape: dict) -> str:
+WITH_MTP = "q_lora_grouped"  # its checkpoint also holds an MTP layer
+MTP_PREFIX = f"model.layers.{BASE['num_hidden_layers']}."
+
+
+def _add_mtp_layer(path) -> None:
+    """An MTP layer's tensors after the last layer (the last layer's, renamed, plus its
+    projection), as in DeepSeek-V3's release checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(f"{path}/model.safetensors")
+    last, mtp = f"model.layers.{BASE['num_hidden_layers'] - 1}.", MTP_PREFIX
+    tensors.update({name.replace(last, mtp): t.clone() for name, t in tensors.items()
+                    if name.startswith(last)})
+    tensors[mtp + "eh_proj.weight"] = torch.randn(BASE["hidden_size"], 2 * BASE["hidden_size"])
+    save_file(tensors, f"{path}/model.safetensors", metadata={"format": "pt"})
+
+
+def _save_deepseek(path, shape: str) -> str:
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**BASE, **shape))
+    config = transformers.DeepseekV3Config(**BASE, **SHAPES[shape])
+    model = transformers.DeepseekV3ForCausalLM(config)
     with torch.no_grad():
         for name, param in model.float().named_parameters():
             if "norm" in name:  # non-trivial norm weights catch a missed or swapped norm
@@ -57,6 +78,8 @@ def _save_deepseek(path, shape: dict) -> str:
         for layer in model.model.layers[BASE["first_k_dense_replace"]:]:
             layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
     model.save_pretrained(path)
+    if shape == WITH_MTP:
+        _add_mtp_layer(path)
     return str(path)
 
 
@@ -89,7 +112,7 @@ def round_trips(tmp_path_factory):
     generator = torch.Generator().manual_seed(1)
     sequences = [torch.randint(0, BASE["vocab_size"], (n,), generator=generator)
                  for n in LENGTHS]
-    paths = {name: _save_deepseek(root / name, shape) for name, shape in SHAPES.items()}
+    paths = {name: _save_deepseek(root / name, name) for name in SHAPES}
     jobs = [(model_argv(paths[name], "--moe-token-dispatcher-type", "alltoall"), sequences,
              str(root / f"{name}_export")) for name in SHAPES]
     logits = run_distributed(rank_packed_logits_export, 1, args=(jobs,), timeout_s=240)[0]
@@ -107,6 +130,9 @@ def test_packed_logits_match_transformers_per_sequence(round_trips, shape):
 def test_export_holds_the_checkpoint_tensors_and_loads_in_transformers(round_trips, shape):
     path, exported, sequences, _, reference = round_trips[shape]
     original, written = _tensors(path), _tensors(exported)
+    mtp = [name for name in original if name.startswith(MTP_PREFIX)]
+    assert bool(mtp) == (shape == WITH_MTP)
+    original = {name: t for name, t in original.items() if name not in mtp}
     assert sorted(written) == sorted(original)
     assert [k for k in original if not torch.equal(original[k], written[k])] == []
     with open(f"{exported}/config.json", encoding="utf-8") as handle:
