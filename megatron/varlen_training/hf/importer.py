@@ -72,7 +72,7 @@ def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, tied_output: boo
                     f"the model expects {tuple(param.shape)}: the flags and config.json differ")
             param.copy_(shard.to(param.dtype))
             loaded += 1
-    _log_skipped_layers(reader, config, hf_dir)
+    log_skipped_layers(reader.names(), config.num_layers, hf_dir)
     return loaded
 
 
@@ -84,12 +84,14 @@ def mapped_tensors(chunk: torch.nn.Module):
             yield name, buffer
 
 
-def _log_skipped_layers(reader: SafetensorsReader, config: HFModelConfig, hf_dir: str) -> None:
-    """Says which tensors of layers beyond ``num_hidden_layers`` (MTP layers) were skipped."""
-    skipped = [name for name in reader.names() if (found := _HF_LAYER_INDEX.match(name))
-               and int(found.group(1)) >= config.num_layers]
-    if skipped:
-        layers = sorted({int(_HF_LAYER_INDEX.match(name).group(1)) for name in skipped})
-        print_rank_0(f"> skipped {len(skipped)} tensors of layers {layers} of {hf_dir} (MTP "
+def log_skipped_layers(names, num_layers: int, hf_dir: str) -> list[int]:
+    """Says (on rank 0) how many tensors of layers past ``num_layers`` (DeepSeek-V3's MTP
+    layers) the import skipped; returns those layers' indices."""
+    indices = [int(found.group(1)) for name in names
+               if (found := _HF_LAYER_INDEX.match(name)) and int(found.group(1)) >= num_layers]
+    if indices:
+        layers = sorted(set(indices))
+        print_rank_0(f"> skipped {len(indices)} tensors of layers {layers} of {hf_dir} (MTP "
                      f"layers: transformers does not load them either; --mtp-num-layers is "
                      f"not initialised from them)")
+    return sorted(set(indices))

@@ -82,6 +82,20 @@ def test_unsupported_configs_are_one_line(change, needle):
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
+def test_mtp_layers_are_skipped_with_a_log_line(monkeypatch):
+    """The release's MTP layer is layer 61 of 61 decoder layers: skipped, and said so."""
+    from megatron.varlen_training.hf import importer
+
+    logged = []
+    monkeypatch.setattr(importer, "print_rank_0", logged.append)
+    names = ["model.layers.60.mlp.gate.weight", "model.layers.61.eh_proj.weight",
+             "model.layers.61.mlp.gate.weight", "model.norm.weight"]
+    assert importer.log_skipped_layers(names, 61, "DIR") == [61]
+    assert logged == ["> skipped 2 tensors of layers [61] of DIR (MTP layers: transformers does "
+                      "not load them either; --mtp-num-layers is not initialised from them)"]
+    assert importer.log_skipped_layers(names[:1], 61, "DIR") == [] and len(logged) == 1
+
+
 MLA_MOE = ["--multi-latent-attention", "--q-lora-rank", "12", "--kv-lora-rank", "16",
            "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6",
            "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
