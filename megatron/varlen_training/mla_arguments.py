@@ -104,9 +104,6 @@ def validate_mla_args(args: argparse.Namespace, require) -> None:
     require(args.qk_pos_emb_head_dim % 2 == 0,
             f"--qk-pos-emb-head-dim {args.qk_pos_emb_head_dim} must be even: RoPE rotates "
             f"channel pairs")
-    require(args.hf_checkpoint is None,
-            f"{MLA_FLAG} with --hf-checkpoint is not supported: the checkpoints read here are "
-            f"Llama/Qwen models (standard attention; DeepSeek-V3 import is not built)")
     require(not args.group_query_attention,
             f"{MLA_FLAG} and --group-query-attention are mutually exclusive (as in "
             f"Megatron-LM): MLA shares one latent key/value projection across heads")

@@ -23,7 +23,8 @@ def add_hf_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Hugging Face checkpoints and Llama/Qwen model features")
     group.add_argument(HF_CHECKPOINT_FLAG, default=None, metavar="DIR",
                        help="Initialise from this local Hugging Face checkpoint (Llama, Qwen2, "
-                            "Qwen3); its config.json supplies the architecture flags.")
+                            "Qwen3, Qwen3-MoE, DeepSeek-V3); its config.json supplies the "
+                            "architecture flags.")
     group.add_argument("--save-hf", default=None, metavar="DIR",
                        help="Write the trained model as a Hugging Face checkpoint at the end.")
     group.add_argument("--kv-channels", type=int, default=None,
@@ -91,8 +92,9 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
     require(args.kv_channels is None or args.kv_channels > 0,
             f"--kv-channels must be positive (got {args.kv_channels})")
     require(not (args.hf_checkpoint and args.mtp_num_layers),
-            f"--hf-checkpoint does not support --mtp-num-layers {args.mtp_num_layers} (no "
-            "Llama/Qwen checkpoint has MTP layers)")
+            f"--hf-checkpoint does not support --mtp-num-layers {args.mtp_num_layers} (MTP "
+            "layers are not imported: Llama/Qwen have none, DeepSeek-V3's are skipped as "
+            "transformers skips them)")
     require(not (args.save_hf and args.mtp_num_layers), MTP_EXPORT_HINT.format(
         what="--save-hf", layers=args.mtp_num_layers))
     _validate_spec(args, require)

@@ -1,11 +1,14 @@
 """A Hugging Face ``config.json`` <-> our model flags, in one place.
 
-Supported: ``LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE with optional Llama-3 scaling, GQA, tied or
-untied embeddings), ``Qwen2ForCausalLM`` (+ QKV bias), ``Qwen3ForCausalLM`` (+ QK RMSNorm, an
-explicit ``head_dim``) and ``Qwen3MoeForCausalLM`` (Qwen3 with sparse MoE MLPs: experts, top-k,
-expert width, sparse layers, top-k renormalisation). Every key of ``config.json`` is either mapped onto a flag, known to have
-no effect on the forward pass, or pinned to the one value we support; anything else is refused
-with one line naming the key, so a checkpoint is never silently loaded into the wrong model.
+Supported: ``LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE with optional Llama-3 scaling, GQA, tied
+or untied embeddings), ``Qwen2ForCausalLM`` (+ QKV bias), ``Qwen3ForCausalLM`` (+ QK RMSNorm, an
+explicit ``head_dim``), ``Qwen3MoeForCausalLM`` (Qwen3 with sparse MoE MLPs: experts, top-k,
+expert width, sparse layers, top-k renormalisation) and ``DeepseekV3ForCausalLM`` (multi-latent
+attention, MoE with shared experts, sigmoid routing with an expert bias, group-limited routing,
+dense layers first; its keys are mapped in :mod:`.deepseek`). Every key of ``config.json`` is
+either mapped onto a flag, known to have no effect on the forward pass, or pinned to the one
+value we support; anything else is refused with one line naming the key, so a checkpoint is
+never silently loaded into the wrong model.
 
 Both the ``transformers`` 4.x keys (``rope_theta``, ``rope_scaling``) and the 5.x key
 (``rope_parameters``) are read; the export writes both forms.
@@ -36,7 +39,10 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True, qk_layernorm=False),
     "Qwen3ForCausalLM": Family("qwen3", qkv_bias=False, qk_layernorm=True),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qkv_bias=False, qk_layernorm=True),
+    # MLA: --qk-layernorm builds the latent norms (q_a_layernorm, kv_a_layernorm).
+    "DeepseekV3ForCausalLM": Family("deepseek_v3", qkv_bias=False, qk_layernorm=True),
 }
+DEEPSEEK_ARCHITECTURE = "DeepseekV3ForCausalLM"
 MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
 # Qwen3-MoE's MoE keys (transformers 5.x names the expert count num_local_experts, 4.x
 # num_experts); the router's own loss settings only matter to transformers' training.
@@ -57,7 +63,7 @@ MCORE_LLAMA3_ROPE_CONSTANTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 8192}
 
 # Keys that do not change the forward pass (metadata, generation and runtime settings).
-_IGNORED_KEYS = frozenset({
+IGNORED_KEYS = frozenset({
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "_name_or_path",
     "max_window_layers", "output_attentions", "output_hidden_states", "return_dict",
@@ -65,7 +71,7 @@ _IGNORED_KEYS = frozenset({
     "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder",
 })
 # Keys whose only supported value is given (None = the key may be absent or null).
-_PINNED_VALUES = {
+PINNED_VALUES = {
     "hidden_act": SUPPORTED_ACTIVATION,
     "pretraining_tp": 1,
     "mlp_bias": False,
@@ -79,10 +85,12 @@ _MAPPED_KEYS = frozenset({
     "sliding_window", "layer_types",  # sliding_window is read only with use_sliding_window
 })
 _FULL_ATTENTION = "full_attention"
-# The main model of an MTP run is a Llama/Qwen model; its MTP layers have no Hugging Face form.
-MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (Llama/Qwen checkpoints "
-                   "have no MTP layers); to export the model without them, --save a checkpoint "
-                   "and run tools/export_hf.py on it without --mtp-num-layers")
+# Our MTP layers are not written (Llama/Qwen have none; DeepSeek-V3's are not mapped, and
+# transformers does not load them either): an export leaves them out, knowingly.
+MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (MTP layers are not "
+                   "exported: Llama/Qwen have none, transformers' DeepSeek-V3 does not load "
+                   "them); to export the model without them, --save a checkpoint and run "
+                   "tools/export_hf.py on it without --mtp-num-layers")
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,28 @@ class HFMoEConfig:
     ffn_hidden_size: int
     layer_freq: tuple[int, ...]
     norm_topk_prob: bool
+    # DeepSeek-V3's router and shared experts; the defaults are Qwen3-MoE's (none of them).
+    shared_ffn_hidden_size: int | None = None  # all shared experts together (megatron: one)
+    score_function: str = "softmax"
+    expert_bias: bool = False  # e_score_correction_bias: top-k choice only
+    num_groups: int | None = None  # group-limited routing (None: any expert)
+    group_topk: int | None = None
+    topk_scaling_factor: float | None = None  # routed_scaling_factor
+
+
+@dataclass(frozen=True)
+class HFMLAConfig:
+    """DeepSeek-V3's multi-latent attention, in megatron-core's terms (hf/deepseek.py)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_head_dim: int  # qk_nope_head_dim
+    qk_pos_emb_head_dim: int  # qk_rope_head_dim
+    v_head_dim: int
+    # The checkpoint stores the rotated channels as interleaved pairs (megatron-core's MLA
+    # layout, no permutation) or as two halves (permuted on import and export).
+    rope_interleave: bool = True
+    yarn: "tuple[float, float, float] | None" = None  # (factor, mscale, mscale_all_dim)
 
 
 class HFConfigError(ValueError):
@@ -123,6 +153,7 @@ class HFModelConfig:
     eos_token_id: int | list | None = None
     pad_token_id: int | None = None
     moe: "HFMoEConfig | None" = None  # Qwen3-MoE's experts, None for dense models
+    mla: "HFMLAConfig | None" = None  # DeepSeek-V3's attention, None for standard attention
 
     @property
     def qkv_bias(self) -> bool:
@@ -183,11 +214,11 @@ def _check_keys(raw: dict, where: str, architecture: str) -> None:
     for key, value in raw.items():
         if key in moe_keys:
             continue
-        if key in _PINNED_VALUES:
-            if value is not None and value != _PINNED_VALUES[key]:
+        if key in PINNED_VALUES:
+            if value is not None and value != PINNED_VALUES[key]:
                 raise HFConfigError(f"{where}: unsupported value {key}={value!r} (supported: "
-                                    f"{_PINNED_VALUES[key]!r})")
-        elif key not in _IGNORED_KEYS and key not in _MAPPED_KEYS:
+                                    f"{PINNED_VALUES[key]!r})")
+        elif key not in IGNORED_KEYS and key not in _MAPPED_KEYS:
             raise HFConfigError(f"{where}: unsupported config field {key!r}={value!r}")
     # QKV bias is implied by the architecture; an explicit attention_bias must agree with it
     # (Llama's attention_bias would also put a bias on o_proj, which megatron cannot hold).
@@ -227,6 +258,10 @@ def _rope(raw: dict, where: str) -> tuple[int, float | None]:
 def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
     """Validates a ``config.json`` dict and returns its architecture as explicit values."""
     architecture = _architecture(raw, where)
+    if architecture == DEEPSEEK_ARCHITECTURE:
+        from megatron.varlen_training.hf.deepseek import parse_deepseek  # builds on this module
+
+        return parse_deepseek(raw, where)
     _check_keys(raw, where, architecture)
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size",
                 "num_attention_heads", "vocab_size"):
@@ -262,6 +297,8 @@ def load_hf_config(hf_dir: str) -> HFModelConfig:
 
 def flag_values(config: HFModelConfig) -> dict:
     """Our flags (argparse dests) that this architecture fixes: name -> value."""
+    from megatron.varlen_training.hf.deepseek import mla_flag_values  # builds on this module
+
     return {
         "num_layers": config.num_layers,
         "hidden_size": config.hidden_size,
@@ -286,6 +323,7 @@ def flag_values(config: HFModelConfig) -> dict:
         "rotary_seq_len_interpolation_factor": None,
         "untie_embeddings_and_output_weights": not config.tied_embeddings,
         **_moe_flag_values(config.moe),
+        **mla_flag_values(config.mla),  # after kv_channels: MLA leaves it unset
     }
 
 
@@ -294,7 +332,13 @@ def _moe_flag_values(moe: HFMoEConfig | None) -> dict:
         return {}
     return {"num_experts": moe.num_experts, "moe_router_topk": moe.topk,
             "moe_ffn_hidden_size": moe.ffn_hidden_size, "moe_layer_freq": list(moe.layer_freq),
-            "moe_router_pre_softmax": not moe.norm_topk_prob}
+            # softmax: renormalised top-k = softmax over the top-k logits (no pre-softmax)
+            "moe_router_pre_softmax": moe.score_function == "softmax" and not moe.norm_topk_prob,
+            "moe_shared_expert_intermediate_size": moe.shared_ffn_hidden_size,
+            "moe_router_score_function": moe.score_function,
+            "moe_router_enable_expert_bias": moe.expert_bias,
+            "moe_router_num_groups": moe.num_groups, "moe_router_group_topk": moe.group_topk,
+            "moe_router_topk_scaling_factor": moe.topk_scaling_factor}
 
 
 # Defaults that follow the checkpoint but that a fine-tuning run may change freely.
@@ -302,11 +346,13 @@ def overridable_defaults(config: HFModelConfig) -> dict:
     return {
         "max_position_embeddings": config.max_position_embeddings,
         "hidden_dropout": 0.0,      # Llama/Qwen have no hidden dropout
-        "attention_dropout": 0.0,   # pinned to 0 in the config (see _PINNED_VALUES)
+        "attention_dropout": 0.0,   # pinned to 0 in the config (see PINNED_VALUES)
         # Megatron pads the vocabulary to a multiple of 128 x TP; padded rows add logits of 0
         # to the softmax. Padding only to TP keeps the loss identical to transformers' whenever
         # TP divides the vocabulary (true for Llama/Qwen vocabularies and usual TP sizes).
         "make_vocab_size_divisible_by": 1,
+        # transformers keeps DeepSeek-V3's router in float32 (_keep_in_fp32_modules_strict)
+        **({"moe_router_dtype": "fp32"} if config.mla is not None else {}),
     }
 
 
@@ -325,28 +371,33 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
                             f"to Hugging Face needs --rotary-percent 1.0 (got "
                             f"{model.rotary_percent}) and no --rotary-seq-len-interpolation-"
                             f"factor (got {model.rotary_seq_len_interpolation_factor})")
-    if model.mla is not None:
-        raise HFConfigError("export to Hugging Face does not support --multi-latent-attention "
-                            "(DeepSeek-V3 checkpoints are not written here; Llama/Qwen only)")
     if model.mtp_num_layers:
         raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
                                                    layers=model.mtp_num_layers))
     if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
+    if model.mla is not None:
+        from megatron.varlen_training.hf.deepseek import deepseek_from_model  # builds on this
+
+        return deepseek_from_model(model, **_common_fields(model))
     moe = _export_moe(model)
     architecture = ("Qwen2ForCausalLM" if model.add_qkv_bias else
                     MOE_ARCHITECTURE if moe is not None else
                     "Qwen3ForCausalLM" if model.qk_layernorm else "LlamaForCausalLM")
-    return HFModelConfig(
-        architecture=architecture, num_layers=model.num_layers, hidden_size=model.hidden_size,
+    return HFModelConfig(architecture=architecture, moe=moe, **_common_fields(model))
+
+
+def _common_fields(model: ModelConfig) -> dict:
+    """The HFModelConfig fields every architecture takes from the run's model."""
+    return dict(
+        num_layers=model.num_layers, hidden_size=model.hidden_size,
         ffn_hidden_size=model.ffn_hidden_size, num_attention_heads=model.num_attention_heads,
         num_query_groups=model.num_query_groups, kv_channels=model.head_dim,
         vocab_size=model.vocab_size, max_position_embeddings=model.max_position_embeddings,
         norm_epsilon=model.norm_epsilon, rotary_base=model.rotary_base,
         rope_scaling_factor=model.rope_scaling_factor if model.use_rope_scaling else None,
-        tied_embeddings=model.tied_output, moe=moe,
-    )
+        tied_embeddings=model.tied_output)
 
 
 def _export_moe(model: ModelConfig) -> HFMoEConfig | None:
@@ -380,7 +431,11 @@ def _moe_config_json(moe: HFMoEConfig) -> dict:
 
 
 def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
-    """A ``config.json`` dict that ``transformers`` 4.x and 5.x both read."""
+    """A ``config.json`` dict that ``transformers`` 4.x and 5.x both read (DeepSeek-V3: 5.x)."""
+    if config.mla is not None:
+        from megatron.varlen_training.hf.deepseek import deepseek_config_json  # builds on this
+
+        return {**deepseek_config_json(config, torch_dtype), **token_ids(config)}
     rope = {"rope_type": DEFAULT_ROPE_TYPE, "rope_theta": float(config.rotary_base)}
     if config.rope_scaling_factor is not None:
         rope.update(rope_type=LLAMA3_ROPE_TYPE, factor=config.rope_scaling_factor,

@@ -29,6 +29,7 @@ from megatron.varlen_training.hf import weights
 from megatron.varlen_training.hf.config import (
     HFModelConfig, config_from_model, load_hf_config, to_config_json, token_ids,
 )
+from megatron.varlen_training.hf.importer import mapped_tensors
 from megatron.varlen_training.hf.safetensors_io import (
     INDEX_FILE, SHARD_FORMAT, SINGLE_FILE, stale_weight_files, write_index, write_shard,
 )
@@ -59,25 +60,42 @@ def expected_hf_names(config: HFModelConfig) -> set[str]:
     if not config.tied_embeddings:
         names.add("lm_head.weight")
     per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight",
-                 "self_attn.o_proj.weight"]
-    per_layer += [f"self_attn.{p}_proj.weight" for p in "qkv"]
-    if config.qkv_bias:
-        per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
-    if config.qk_layernorm:
-        per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+                 "self_attn.o_proj.weight"] + _attention_names(config)
     for layer in range(config.num_layers):
         names.update(f"model.layers.{layer}.{suffix}" for suffix in per_layer + _mlp_names(
             config, layer))
     return names
 
 
+def _attention_names(config: HFModelConfig) -> list[str]:
+    """The attention tensors of one layer besides o_proj: fused-QKV families, or MLA's."""
+    if config.mla is not None:
+        names = ["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight"]
+        names += (["q_proj.weight"] if config.mla.q_lora_rank is None else
+                  ["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"])
+        return [f"self_attn.{name}" for name in names]
+    names = [f"self_attn.{p}_proj.weight" for p in "qkv"]
+    if config.qkv_bias:
+        names += [f"self_attn.{p}_proj.bias" for p in "qkv"]
+    if config.qk_layernorm:
+        names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    return names
+
+
 def _mlp_names(config: HFModelConfig, layer: int) -> list[str]:
-    """The MLP tensors of one layer: dense, or Qwen3-MoE's router and experts."""
-    if config.moe is None or not config.moe.layer_freq[layer]:
-        return ["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
-    return ["mlp.gate.weight"] + [f"mlp.experts.{e}.{p}_proj.weight"
-                                  for e in range(config.moe.num_experts)
-                                  for p in ("gate", "up", "down")]
+    """The MLP tensors of one layer: dense, or the router and experts (DeepSeek-V3: also the
+    router's bias and the shared experts)."""
+    dense = ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
+    moe = config.moe
+    if moe is None or not moe.layer_freq[layer]:
+        return [f"mlp.{name}" for name in dense]
+    names = ["mlp.gate.weight"] + [f"mlp.experts.{e}.{name}" for e in range(moe.num_experts)
+                                   for name in dense]
+    if moe.expert_bias:
+        names.append("mlp.gate.e_score_correction_bias")
+    if moe.shared_ffn_hidden_size:
+        names += [f"mlp.shared_experts.{name}" for name in dense]
+    return names
 
 
 def _gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
@@ -101,7 +119,8 @@ def _expert_tensors(canonical: str, param: torch.Tensor, config: HFModelConfig) 
     local = config.moe.num_experts // ep_size
     tensors = {}
     for rank in range(ep_size):
-        rule, names = weights.match(_shift_expert(canonical, (rank - ep_rank) * local))
+        rule, names = weights.match(_shift_expert(canonical, (rank - ep_rank) * local),
+                                    mla=config.mla is not None)
         tensors.update(weights.hf_tensors(
             rule, names, [ranks[rank].detach().cpu() for ranks in per_rank], config))
     return tensors
@@ -120,14 +139,14 @@ def stage_tensors(chunks: list[torch.nn.Module], config: HFModelConfig) -> dict[
     tensors: dict[str, torch.Tensor] = {}
     tp_group = parallel_state.get_tensor_model_parallel_group()
     for chunk in chunks:
-        for name, param in chunk.named_parameters():
+        for name, param in mapped_tensors(chunk):
             if config.tied_embeddings and name == _TIED_OUTPUT:
                 continue  # the first stage writes the word embedding it mirrors
             canonical = canonical_parameter_name(chunk, name, config.tied_embeddings)
             if is_expert_parameter(name):
                 tensors.update(_expert_tensors(canonical, param.detach(), config))
                 continue
-            rule, names = weights.match(canonical)
+            rule, names = weights.match(canonical, mla=config.mla is not None)
             shards = [s.detach().cpu() for s in _gather(param.detach(), tp_group)]
             tensors.update(weights.hf_tensors(rule, names, shards, config,
                                               stores_gamma_minus_one(chunk, name)))
@@ -232,10 +251,14 @@ def export_config(run: RunConfig) -> HFModelConfig:
     """The architecture to export for a run, with the special token ids of the checkpoint it
     started from (``--hf-checkpoint``), else of its tokenizer (Hugging Face, GPT-2 BPE, a
     SentencePiece or TikToken model): without them ``generate`` would never stop at the end of
-    a turn."""
+    a turn. A DeepSeek-V3 run keeps its checkpoint's layout of the rotated channels
+    (``rope_interleave``), so an export holds the tensors it was imported from."""
     config = config_from_model(run.model)
     if run.checkpoint.hf_checkpoint:
         source = load_hf_config(run.checkpoint.hf_checkpoint)
+        if config.mla is not None and source.mla is not None:
+            config = dataclasses.replace(config, mla=dataclasses.replace(
+                config.mla, rope_interleave=source.mla.rope_interleave))
         return dataclasses.replace(config, bos_token_id=source.bos_token_id,
                                    eos_token_id=source.eos_token_id,
                                    pad_token_id=source.pad_token_id)

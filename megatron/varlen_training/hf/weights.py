@@ -13,6 +13,18 @@ global layer numbers, a tied output layer named as the word embedding). Each nam
 - ``qkv``: megatron fuses q, k, v per query group, ``[q heads of group g..., k_g, v_g]`` for each
   group g, and TP ranks hold whole groups (megatron-core's ``get_query_key_value_tensors``).
 - ``gated``: the SwiGLU fc1 holds ``[gate_r; up_r]`` on TP rank r (each half split over TP).
+- ``column``: a column-parallel linear layer (DeepSeek-V3's MLA projections), split by output
+  rows. Its ``rope`` rows are the rotated channels (``per_head``: the last
+  ``qk_pos_emb_head_dim`` rows of each head's query; ``tail``: the last rows of
+  ``kv_a_proj_with_mqa``, the shared rotated key after the latent). megatron-core's MLA reads
+  them as interleaved pairs ``(x0, y0, x1, y1, ...)``; a checkpoint with ``rope_interleave``
+  False stores them as halves ``(x0, x1, ..., y0, y1, ...)``, permuted here in both directions.
+
+Layout notes for DeepSeek-V3 (MLA): megatron's ``linear_kv_down_proj`` is
+``kv_a_proj_with_mqa`` as it is (``[latent; rotated key]``, split by megatron-core at
+``kv_lora_rank``), ``linear_kv_up_proj`` is ``kv_b_proj`` (per head ``[key; value]``), the
+latent norms ``q_layernorm`` / ``kv_layernorm`` are ``q_a_layernorm`` / ``kv_a_layernorm``, and
+the router's ``expert_bias`` (a buffer, not a parameter) is ``e_score_correction_bias``.
 
 ``local_shard`` reads only the rows/columns one TP rank needs (through a ``read(name, rows,
 cols)`` callable, e.g. a safetensors slice); ``hf_tensors`` turns full (TP-gathered) megatron
@@ -39,16 +51,57 @@ _HF_EXPERT = _HF_LAYER + "mlp.experts.{}."
 ZERO_CENTERED_OFFSET = 1.0  # a zero-centered norm scales by its stored weight + 1
 
 
+PER_HEAD, TAIL = "per_head", "tail"  # where a ``column`` rule's rotated rows are
+
+
 @dataclass(frozen=True)
 class Rule:
     pattern: re.Pattern
     kind: str
     hf_names: tuple[str, ...]  # format strings taking the global layer (and expert) index
+    rope: str | None = None  # column rules: where the rotated rows are (PER_HEAD, TAIL)
 
 
-def _rule(pattern: str, kind: str, *hf_names: str) -> Rule:
-    return Rule(re.compile(pattern + "$"), kind, hf_names)
+def _rule(pattern: str, kind: str, *hf_names: str, rope: str | None = None) -> Rule:
+    return Rule(re.compile(pattern + "$"), kind, hf_names, rope)
 
+
+_ATTN = _LAYER + r"self_attention\."
+_HF_ATTN = _HF_LAYER + "self_attn."
+# Standard attention (Llama/Qwen): fused QKV, Qwen3's per-head norms.
+GQA_RULES = (
+    _rule(_ATTN + r"linear_qkv\.weight", "qkv", *(_HF_ATTN + f"{p}_proj.weight" for p in "qkv")),
+    _rule(_ATTN + r"linear_qkv\.bias", "qkv", *(_HF_ATTN + f"{p}_proj.bias" for p in "qkv")),
+    _rule(_ATTN + r"q_layernorm\.weight", "norm", _HF_ATTN + "q_norm.weight"),
+    _rule(_ATTN + r"k_layernorm\.weight", "norm", _HF_ATTN + "k_norm.weight"),
+)
+# DeepSeek-V3's multi-latent attention (module docstring: layout notes).
+MLA_RULES = (
+    _rule(_ATTN + r"linear_q_proj\.weight", "column", _HF_ATTN + "q_proj.weight",
+          rope=PER_HEAD),
+    _rule(_ATTN + r"linear_q_down_proj\.weight", "column", _HF_ATTN + "q_a_proj.weight"),
+    _rule(_ATTN + r"linear_q_up_proj\.weight", "column", _HF_ATTN + "q_b_proj.weight",
+          rope=PER_HEAD),
+    _rule(_ATTN + r"linear_kv_down_proj\.weight", "column",
+          _HF_ATTN + "kv_a_proj_with_mqa.weight", rope=TAIL),
+    _rule(_ATTN + r"linear_kv_up_proj\.weight", "column", _HF_ATTN + "kv_b_proj.weight"),
+    _rule(_ATTN + r"q_layernorm\.weight", "norm", _HF_ATTN + "q_a_layernorm.weight"),
+    _rule(_ATTN + r"kv_layernorm\.weight", "norm", _HF_ATTN + "kv_a_layernorm.weight"),
+    _rule(_LAYER + r"mlp\.router\.expert_bias", "replicated",
+          _HF_LAYER + "mlp.gate.e_score_correction_bias"),
+    _rule(_LAYER + r"mlp\.shared_experts\.linear_fc1\.weight", "gated",
+          _HF_LAYER + "mlp.shared_experts.gate_proj.weight",
+          _HF_LAYER + "mlp.shared_experts.up_proj.weight"),
+    _rule(_LAYER + r"mlp\.shared_experts\.linear_fc2\.weight", "row",
+          _HF_LAYER + "mlp.shared_experts.down_proj.weight"),
+    # Transformer Engine specs fuse the latent norms into the up-projections (untested here).
+    _rule(_ATTN + r"linear_q_up_proj\.layer_norm_weight", "norm",
+          _HF_ATTN + "q_a_layernorm.weight"),
+    _rule(_ATTN + r"linear_kv_up_proj\.layer_norm_weight", "norm",
+          _HF_ATTN + "kv_a_layernorm.weight"),
+)
+# The router's buffers that a checkpoint holds (every other buffer is runtime state).
+MAPPED_BUFFER_SUFFIXES = ("mlp.router.expert_bias",)
 
 RULES = (
     _rule(r"embedding\.word_embeddings\.weight", "vocab", "model.embed_tokens.weight"),
@@ -56,14 +109,6 @@ RULES = (
     _rule(r"decoder\.final_layernorm\.weight", "norm", "model.norm.weight"),
     _rule(_LAYER + r"input_layernorm\.weight", "norm",
           _HF_LAYER + "input_layernorm.weight"),
-    _rule(_LAYER + r"self_attention\.linear_qkv\.weight", "qkv",
-          *(_HF_LAYER + f"self_attn.{p}_proj.weight" for p in "qkv")),
-    _rule(_LAYER + r"self_attention\.linear_qkv\.bias", "qkv",
-          *(_HF_LAYER + f"self_attn.{p}_proj.bias" for p in "qkv")),
-    _rule(_LAYER + r"self_attention\.q_layernorm\.weight", "norm",
-          _HF_LAYER + "self_attn.q_norm.weight"),
-    _rule(_LAYER + r"self_attention\.k_layernorm\.weight", "norm",
-          _HF_LAYER + "self_attn.k_norm.weight"),
     _rule(_LAYER + r"self_attention\.linear_proj\.weight", "row",
           _HF_LAYER + "self_attn.o_proj.weight"),
     _rule(_LAYER + r"pre_mlp_layernorm\.weight", "norm",
@@ -90,15 +135,16 @@ class UnmappedParameterError(ValueError):
     """A megatron parameter without a Hugging Face counterpart."""
 
 
-def match(canonical_name: str) -> tuple[Rule, list[str]]:
-    """The rule for a canonical parameter name and its HF tensor names."""
-    for rule in RULES:
+def match(canonical_name: str, mla: bool = False) -> tuple[Rule, list[str]]:
+    """The rule for a canonical parameter (or mapped buffer) name and its HF tensor names;
+    ``mla``: the model has DeepSeek-V3's attention (its norms have other HF names)."""
+    for rule in (MLA_RULES if mla else GQA_RULES) + RULES:
         found = rule.pattern.match(canonical_name)
         if found:
             return rule, [name.format(*found.groups()) for name in rule.hf_names]
     raise UnmappedParameterError(
         f"parameter {canonical_name!r} has no Hugging Face counterpart (only Llama/Qwen2/Qwen3/"
-        "Qwen3-MoE layers map)")
+        "Qwen3-MoE/DeepSeek-V3 layers map)")
 
 
 def _qkv_shard(read: Reader, names: list[str], config: HFModelConfig, tp_size: int,
@@ -114,6 +160,43 @@ def _qkv_shard(read: Reader, names: list[str], config: HFModelConfig, tp_size: i
     fused = torch.cat([q.reshape(groups, q_per_group * d, *rest),
                        k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)], dim=1)
     return fused.reshape(groups * (q_per_group + 2) * d, *rest)
+
+
+def _interleaved_source(rope_dim: int) -> torch.Tensor:
+    """For each rotated channel in megatron-core's interleaved order ``(x0, y0, x1, y1, ...)``,
+    its row in the halves order ``(x0, x1, ..., y0, y1, ...)``."""
+    channel = torch.arange(rope_dim)
+    return (channel % 2) * (rope_dim // 2) + channel // 2
+
+
+def rope_source_rows(rule: Rule, config: HFModelConfig, num_rows: int) -> torch.Tensor | None:
+    """Row i of the megatron parameter is row ``source[i]`` of the HF tensor (None: the
+    identity, a checkpoint with interleaved rotated channels or no rotated rows)."""
+    mla = config.mla
+    if rule.rope is None or mla is None or mla.rope_interleave:
+        return None
+    rope = mla.qk_pos_emb_head_dim
+    source = torch.arange(num_rows)
+    if rule.rope == PER_HEAD:  # each head: qk_head_dim plain rows, then the rotated ones
+        heads = source.view(-1, mla.qk_head_dim + rope)
+        heads[:, mla.qk_head_dim:] = heads[:, mla.qk_head_dim:][:, _interleaved_source(rope)]
+    else:  # TAIL: the latent, then the shared rotated key
+        source[-rope:] = source[-rope:][_interleaved_source(rope)]
+    return source
+
+
+def _column_shard(rule: Rule, name: str, read: Reader, shape: tuple[int, ...],
+                  config: HFModelConfig, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """TP rank ``tp_rank``'s rows of a column-parallel weight, reading only the rows it needs
+    (with a rope permutation, the span of their source rows: within its heads, or up to the
+    rotated tail)."""
+    start, stop = tp_rank * shape[0], (tp_rank + 1) * shape[0]
+    source = rope_source_rows(rule, config, shape[0] * tp_size)
+    if source is None:
+        return read(name, (start, stop), None)
+    rows = source[start:stop]
+    low, high = int(rows.min()), int(rows.max()) + 1
+    return read(name, (low, high), None)[rows - low]
 
 
 def local_shard(rule: Rule, names: list[str], read: Reader, shape: tuple[int, ...],
@@ -141,6 +224,8 @@ def local_shard(rule: Rule, names: list[str], read: Reader, shape: tuple[int, ..
         return torch.cat([read(names[0], rows, None), read(names[1], rows, None)])
     if rule.kind == "qkv":
         return _qkv_shard(read, names, config, tp_size, tp_rank)
+    if rule.kind == "column":
+        return _column_shard(rule, names[0], read, shape, config, tp_size, tp_rank)
     raise AssertionError(f"unknown rule kind {rule.kind}")
 
 
@@ -156,6 +241,14 @@ def hf_tensors(rule: Rule, names: list[str], shards: list[torch.Tensor],
         return {names[0]: torch.cat(shards)[: config.vocab_size]}
     if rule.kind == "row":
         return {names[0]: torch.cat(shards, dim=1)}
+    if rule.kind == "column":
+        full = torch.cat(shards)
+        source = rope_source_rows(rule, config, full.shape[0])
+        if source is None:
+            return {names[0]: full}
+        hf = torch.empty_like(full)
+        hf[source] = full  # the inverse of the import's full[i] = hf[source[i]]
+        return {names[0]: hf}
     if rule.kind == "gated":
         halves = [shard.chunk(2) for shard in shards]
         return {names[0]: torch.cat([h[0] for h in halves]),

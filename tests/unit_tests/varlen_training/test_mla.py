@@ -353,8 +353,9 @@ def _raise_argument_error(condition: bool, message: str) -> None:
 
 
 def test_mla_is_refused_where_it_is_not_built():
-    """pretrain_mamba.py's attention layers and the Hugging Face export are standard
-    attention: MLA there is one line, never a silently standard model."""
+    """pretrain_mamba.py's attention layers are standard attention, and the Hugging Face export
+    writes MLA only as DeepSeek-V3 (MoE layers needed): one line, never a silently standard
+    model."""
     from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.hybrid_arguments import parse_hybrid_args
 
@@ -365,5 +366,6 @@ def test_mla_is_refused_where_it_is_not_built():
         parse_hybrid_args(hybrid + MLA, world_size=1)
     llama = ["--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
              "--disable-bias-linear", "--save-hf", "/nonexistent/out"]
-    with pytest.raises(ArgumentValidationError, match="does not support --multi-latent-attention"):
+    with pytest.raises(ArgumentValidationError,
+                       match=r"--multi-latent-attention to Hugging Face \(DeepSeek-V3\) needs MoE"):
         parse_run_config(BASE + llama + MLA, world_size=1)

@@ -259,3 +259,37 @@ def rank_export_checkpoint(argv: list[str], out_dir: str) -> None:
         save_hf(run, model, out_dir)
     finally:
         ps.destroy_model_parallel()
+
+
+def _packed_params(lengths: list[int]):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                           cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
+                           max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+
+
+def rank_packed_logits_export(jobs: list[tuple[list[str], list[torch.Tensor], str]]) -> list:
+    """For each ``(argv, sequences, out_dir)`` on one rank: the model initialised from the
+    argv's --hf-checkpoint runs the sequences packed into one THD micro-batch (its logits
+    [tokens, V_padded] come back), then is exported untouched to ``out_dir``."""
+    from megatron.varlen_training.hf.exporter import save_hf
+
+    out = []
+    for argv, sequences, out_dir in jobs:
+        run = parse_run_config(argv, world_size=torch.distributed.get_world_size())
+        initialize_model_parallel(run.parallel, run.model.moe)
+        set_random_seeds(run.training.seed)
+        try:
+            model = GPT.model_provider(run)[1]
+            tokens = torch.cat(sequences)[None]
+            positions = torch.cat([torch.arange(len(s)) for s in sequences])[None]
+            params = _packed_params([len(s) for s in sequences])
+            with torch.no_grad():
+                logits = unwrap(model[0])(tokens, positions, None, packed_seq_params=params)
+            out.append(logits[0].clone())
+            save_hf(run, model, out_dir)
+        finally:
+            ps.destroy_model_parallel()
+    return out

@@ -44,6 +44,12 @@ def _error(argv, world=1) -> str:
     return message
 
 
+def test_standard_attention_checkpoint_with_mla_flag(llama):
+    """Only a DeepSeek-V3 checkpoint has multi-latent attention: the flag is a conflict."""
+    message = _error(model_argv(llama, "--multi-latent-attention"))
+    assert "--multi-latent-attention True conflicts with the --hf-checkpoint" in message
+
+
 def test_directory_without_config_json(tmp_path):
     assert "has no config.json" in _error(model_argv(tmp_path))
 

@@ -3,9 +3,11 @@ holds the same tensors.
 
 - Import -> export with no training between, on every 2-rank layout (TP2, PP2, uneven PP2,
   PP2 + VPP, DP2;
-  Qwen3-MoE on EP2, TP2 + EP2 with expert TP 1, PP2 + VPP; a vocabulary padded for TP2): bit
+  Qwen3-MoE on EP2, TP2 + EP2 with expert TP 1, PP2 + VPP; DeepSeek-V3 with its rotated
+  channels stored as halves on TP2 + SP and EP2; a vocabulary padded for TP2): bit
   for bit the tensors of the checkpoint transformers saved, under the same names, and a
-  ``config.json`` transformers reads as the source's. No arithmetic happens on the way, so
+  ``config.json`` transformers reads as the source's (DeepSeek-V3's but for
+  ``num_nextn_predict_layers``: the export writes no MTP layer). No arithmetic happens on the way, so
   nothing may differ at all. An earlier export in another layout in the same directory is
   replaced, not left for transformers to load.
 - Training on layout X, then ``--save-hf``: the export equals the export of the same training on
@@ -27,6 +29,7 @@ import torch
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.hf.ranks import rank_import_exports, rank_train
+from tests.unit_tests.varlen_training.hf.test_hf_deepseek import _save_deepseek
 from tests.unit_tests.varlen_training.hf.test_hf_moe import _save_qwen3_moe
 from tests.unit_tests.varlen_training.hf.tiny_models import (
     DYNAMIC_CP, PACKED_SFT, model_argv, save_hf_model,
@@ -49,6 +52,10 @@ IMPORT_EXPORT = {
     "moe_ep2": ("moe", EP2), "moe_vpp": ("moe", VPP),
     "moe_tp2_ep2": ("moe", TP2 + EP2 + ["--expert-tensor-parallel-size", "1",
                                         "--sequence-parallel"]),
+    # MLA's column-parallel projections with the rotated rows permuted, the router's bias and
+    # the shared experts split over TP; routed experts and their bias over EP
+    "deepseek_tp2_sp": ("deepseek", TP2 + ["--sequence-parallel"]),
+    "deepseek_ep2": ("deepseek", EP2),
     # 250 ids padded to 256 rows for TP2: the padded rows are not exported
     "padded_tp2": ("padded", TP2 + ["--make-vocab-size-divisible-by", "8"]),
 }
@@ -95,6 +102,7 @@ def sources(tmp_path_factory):
     paths = {family: save_hf_model(family, root / family) for family in ("llama", "qwen2",
                                                                          "qwen3")}
     paths["moe"] = _save_qwen3_moe(root / "moe")
+    paths["deepseek"] = _save_deepseek(root / "deepseek", "no_q_lora_halves_yarn")
     paths["padded"] = save_hf_model("llama", root / "padded", vocab_size=PADDED_VOCAB)
     return root, paths
 
@@ -145,8 +153,9 @@ def test_import_then_export_is_the_source_bit_for_bit(sources, untouched_exports
     assert [k for k in original if not torch.equal(exported[k], original[k])] == []
     theirs = AutoConfig.from_pretrained(source).to_dict()
     ours = AutoConfig.from_pretrained(untouched_exports[name]).to_dict()
+    not_exported = {"_name_or_path", "num_nextn_predict_layers"}  # no MTP layer is written
     differ = {k: (v, ours.get(k)) for k, v in theirs.items()
-              if k != "_name_or_path" and ours.get(k) != v}
+              if k not in not_exported and ours.get(k) != v}
     assert differ == {}
 
 
