@@ -18,32 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from megatron.varlen_training.config import ModelConfig
+from megatron.varlen_training.hf.config_schema import (
+    ARCHITECTURES, DEEPSEEK_ARCHITECTURE, IGNORED_KEYS, MOE_ARCHITECTURE, PINNED_VALUES,
+    SUPPORTED_ACTIVATION, HFConfigError, HFModelConfig, HFMoEConfig,
+)
+from megatron.varlen_training.hf.deepseek import (
+    deepseek_config_json, deepseek_from_model, mla_flag_values, parse_deepseek,
+)
 
 CONFIG_FILENAME = "config.json"
-
-
-class Family(NamedTuple):
-    """What an architecture adds to the Llama layer."""
-
-    model_type: str
-    qkv_bias: bool
-    qk_layernorm: bool
-
-
-ARCHITECTURES = {
-    "LlamaForCausalLM": Family("llama", qkv_bias=False, qk_layernorm=False),
-    "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True, qk_layernorm=False),
-    "Qwen3ForCausalLM": Family("qwen3", qkv_bias=False, qk_layernorm=True),
-    "Qwen3MoeForCausalLM": Family("qwen3_moe", qkv_bias=False, qk_layernorm=True),
-    # MLA: --qk-layernorm builds the latent norms (q_a_layernorm, kv_a_layernorm).
-    "DeepseekV3ForCausalLM": Family("deepseek_v3", qkv_bias=False, qk_layernorm=True),
-}
-DEEPSEEK_ARCHITECTURE = "DeepseekV3ForCausalLM"
-MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
 # Qwen3-MoE's MoE keys (transformers 5.x names the expert count num_local_experts, 4.x
 # num_experts); the router's own loss settings only matter to transformers' training.
 _MOE_KEYS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok",
@@ -54,7 +39,6 @@ _MOE_TRAINING_KEYS = frozenset({"router_aux_loss_coef", "output_router_logits"})
 HF_DEFAULT_MAX_POSITIONS = 2048
 HF_DEFAULT_RMS_NORM_EPS = 1e-6
 HF_DEFAULT_ROPE_THETA = 10000.0
-SUPPORTED_ACTIVATION = "silu"
 LLAMA3_ROPE_TYPE = "llama3"
 DEFAULT_ROPE_TYPE = "default"
 # megatron-core 0.16.1's RotaryEmbedding applies Llama-3 scaling with these constants fixed;
@@ -62,22 +46,6 @@ DEFAULT_ROPE_TYPE = "default"
 MCORE_LLAMA3_ROPE_CONSTANTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 8192}
 
-# Keys that do not change the forward pass (metadata, generation and runtime settings).
-IGNORED_KEYS = frozenset({
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "_name_or_path",
-    "max_window_layers", "output_attentions", "output_hidden_states", "return_dict",
-    "tokenizer_class", "sep_token_id", "decoder_start_token_id", "id2label", "label2id",
-    "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder",
-})
-# Keys whose only supported value is given (None = the key may be absent or null).
-PINNED_VALUES = {
-    "hidden_act": SUPPORTED_ACTIVATION,
-    "pretraining_tp": 1,
-    "mlp_bias": False,
-    "use_sliding_window": False,
-    "attention_dropout": 0.0,
-}
 _MAPPED_KEYS = frozenset({
     "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
     "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
@@ -92,76 +60,6 @@ MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (MTP layer
                    "them); to export the model without them, --save a checkpoint and run "
                    "tools/export_hf.py on it without --mtp-num-layers")
 
-
-@dataclass(frozen=True)
-class HFMoEConfig:
-    """Qwen3-MoE's sparse MLP: experts, top-k, expert width, which layers are sparse, and
-    whether the top-k weights are renormalised (megatron: softmax over the top-k logits) or not
-    (megatron: --moe-router-pre-softmax)."""
-
-    num_experts: int
-    topk: int
-    ffn_hidden_size: int
-    layer_freq: tuple[int, ...]
-    norm_topk_prob: bool
-    # DeepSeek-V3's router and shared experts; the defaults are Qwen3-MoE's (none of them).
-    shared_ffn_hidden_size: int | None = None  # all shared experts together (megatron: one)
-    score_function: str = "softmax"
-    expert_bias: bool = False  # e_score_correction_bias: top-k choice only
-    num_groups: int | None = None  # group-limited routing (None: any expert)
-    group_topk: int | None = None
-    topk_scaling_factor: float | None = None  # routed_scaling_factor
-
-
-@dataclass(frozen=True)
-class HFMLAConfig:
-    """DeepSeek-V3's multi-latent attention, in megatron-core's terms (hf/deepseek.py)."""
-
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    qk_head_dim: int  # qk_nope_head_dim
-    qk_pos_emb_head_dim: int  # qk_rope_head_dim
-    v_head_dim: int
-    # The checkpoint stores the rotated channels as interleaved pairs (megatron-core's MLA
-    # layout, no permutation) or as two halves (permuted on import and export).
-    rope_interleave: bool = True
-    yarn: "tuple[float, float, float] | None" = None  # (factor, mscale, mscale_all_dim)
-
-
-class HFConfigError(ValueError):
-    """A checkpoint directory or config we cannot use; the message is one line."""
-
-
-@dataclass(frozen=True)
-class HFModelConfig:
-    """The architecture of a supported Hugging Face causal LM, as explicit values."""
-
-    architecture: str
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    kv_channels: int
-    vocab_size: int
-    max_position_embeddings: int
-    norm_epsilon: float
-    rotary_base: int
-    rope_scaling_factor: float | None  # Llama-3 scaling factor, None without scaling
-    tied_embeddings: bool
-    bos_token_id: int | None = None
-    eos_token_id: int | list | None = None
-    pad_token_id: int | None = None
-    moe: "HFMoEConfig | None" = None  # Qwen3-MoE's experts, None for dense models
-    mla: "HFMLAConfig | None" = None  # DeepSeek-V3's attention, None for standard attention
-
-    @property
-    def qkv_bias(self) -> bool:
-        return ARCHITECTURES[self.architecture].qkv_bias
-
-    @property
-    def qk_layernorm(self) -> bool:
-        return ARCHITECTURES[self.architecture].qk_layernorm
 
 
 def read_config_json(hf_dir: str) -> dict:
@@ -259,8 +157,6 @@ def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
     """Validates a ``config.json`` dict and returns its architecture as explicit values."""
     architecture = _architecture(raw, where)
     if architecture == DEEPSEEK_ARCHITECTURE:
-        from megatron.varlen_training.hf.deepseek import parse_deepseek  # builds on this module
-
         return parse_deepseek(raw, where)
     _check_keys(raw, where, architecture)
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size",
@@ -297,8 +193,6 @@ def load_hf_config(hf_dir: str) -> HFModelConfig:
 
 def flag_values(config: HFModelConfig) -> dict:
     """Our flags (argparse dests) that this architecture fixes: name -> value."""
-    from megatron.varlen_training.hf.deepseek import mla_flag_values  # builds on this module
-
     return {
         "num_layers": config.num_layers,
         "hidden_size": config.hidden_size,
@@ -378,8 +272,6 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
     if model.mla is not None:
-        from megatron.varlen_training.hf.deepseek import deepseek_from_model  # builds on this
-
         return deepseek_from_model(model, **_common_fields(model))
     moe = _export_moe(model)
     architecture = ("Qwen2ForCausalLM" if model.add_qkv_bias else
@@ -433,8 +325,6 @@ def _moe_config_json(moe: HFMoEConfig) -> dict:
 def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
     """A ``config.json`` dict that ``transformers`` 4.x and 5.x both read (DeepSeek-V3: 5.x)."""
     if config.mla is not None:
-        from megatron.varlen_training.hf.deepseek import deepseek_config_json  # builds on this
-
         return {**deepseek_config_json(config, torch_dtype), **token_ids(config)}
     rope = {"rope_type": DEFAULT_ROPE_TYPE, "rope_theta": float(config.rotary_base)}
     if config.rope_scaling_factor is not None:

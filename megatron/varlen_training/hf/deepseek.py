@@ -26,7 +26,7 @@ Reference: ``transformers`` 5.x ``DeepseekV3Config`` / ``DeepseekV3ForCausalLM``
 from __future__ import annotations
 
 from megatron.varlen_training.config import ModelConfig
-from megatron.varlen_training.hf.config import (
+from megatron.varlen_training.hf.config_schema import (
     DEEPSEEK_ARCHITECTURE, IGNORED_KEYS, PINNED_VALUES, SUPPORTED_ACTIVATION, HFConfigError,
     HFMLAConfig, HFModelConfig, HFMoEConfig,
 )
