@@ -10,9 +10,9 @@ recipe, ``--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge
 gpt2-merges.txt``, works as in pretrain_gpt.py, and so do its SentencePiece types and TikTokenizer
 (``--tokenizer-model FILE``, ids without a BOS as Megatron-LM's); its tokenizer types and flags
 not honoured here are refused in one line (megatron/varlen_training/tokenizer_arguments.py).
-Megatron-LM's flags this tool does not do (``--split-sentences`` and its ``--keep-newlines``, ``--lang``;
-``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``) are refused in
-one line saying what to do instead. Progress: a bar with documents/s on a terminal, and
+Megatron-LM's flags this tool does not do (``--split-sentences`` and its ``--keep-newlines``,
+``--lang``; ``--find-optimal-num-workers`` and its ``--workers-to-check``, ``--max-documents``) are
+refused in one line saying what to do instead. Progress: a bar with documents/s on a terminal, and
 Megatron-LM's ``Processed N documents (D docs/s, M MB/s).`` line every ``--log-interval`` documents
 and at the end. A bad flag or line is one line (``preprocess_data.py: error: FILE:LINE: ...``) and
 exit code 2. Imports only the installed package (no ``tools.*``), so it runs from the repository

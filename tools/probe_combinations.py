@@ -278,9 +278,11 @@ BY_DEFINITION = {
 # micro-batches; static CP packs up to the CP size x --max-seqlen-per-dp-cp-rank; the dynamic
 # CP scheduler weighs lengths padded for sequence parallelism, so TP + SP changes its packs.)
 SAME_MICROBATCHES = {
-    "u_pp2": "u_single", "u_pp2_uneven": "u_single", "u_tp2_sp": "u_single", "u_cp2": "u_single", "u_ep2": "u_dp2",
+    "u_pp2": "u_single", "u_pp2_uneven": "u_single", "u_tp2_sp": "u_single", "u_cp2": "u_single",
+    "u_ep2": "u_dp2",
     "u_dp2_cp2": "u_dp2",
-    "p_pp2": "p_single", "p_pp2_uneven": "p_single", "p_tp2_sp": "p_single", "p_ep2": "p_dp2", "p_tp2_ep2": "p_dp2",
+    "p_pp2": "p_single", "p_pp2_uneven": "p_single", "p_tp2_sp": "p_single", "p_ep2": "p_dp2",
+    "p_tp2_ep2": "p_dp2",
     "p_tp2_ep2_etp1": "p_dp2",
     "d_pp2_dp2": "d_dp2", "d_pp2_uneven_dp2": "d_dp2", "d_pp2_cp2": "d_cp2", "d_ep2_cp2": "d_cp2",
 }

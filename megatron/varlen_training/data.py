@@ -2,8 +2,8 @@
 
 Sample ``i`` of the dataset is read by index, so every rank that needs a micro-batch (all TP
 ranks and PP stages of one DP replica) reads the same samples deterministically. The packed
-path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.packing.data_schedule`) returns the same
-``StepBatches``.
+path (:class:`PackedBatchProvider` over :mod:`megatron.varlen.packing.data_schedule`) returns the
+same ``StepBatches``.
 """
 
 from __future__ import annotations

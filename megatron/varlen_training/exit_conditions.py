@@ -46,8 +46,8 @@ _SIGNAL, _TIME_UP = 0, 1
 
 
 class SignalCatcher:
-    """Catches ``signals`` (SIGTERM/SIGINT unless told) while active: the first one is remembered (:attr:`received`)
-    instead of ending the process; the previous handlers come back on exit.
+    """Catches ``signals`` (SIGTERM/SIGINT unless told) while active: the first one is remembered
+    (:attr:`received`) instead of ending the process; the previous handlers come back on exit.
 
     A second signal restores the previous handlers and delivers itself again: the process then
     ends as it would have without the flag. Someone who insists (a second Ctrl-C, a scheduler's

@@ -7,7 +7,8 @@ later checks may divide by sizes and compare numbers without meeting 0, NaN or i
 :func:`validate_relations` checks what one flag alone cannot say (``--min-lr <= --lr``, heads
 dividing the hidden size, ...). :func:`validate_memory` refuses sizes whose weights or batches
 can never fit the machine (a 10^9-token vocabulary), :func:`validate_metrics_path` the
-``--log-metrics-jsonl`` path and :func:`validate_metric_writers` the TensorBoard/wandb flags. All run on every rank, so every rank fails alike, in one line.
+``--log-metrics-jsonl`` path and :func:`validate_metric_writers` the TensorBoard/wandb flags. All
+run on every rank, so every rank fails alike, in one line.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ def check_gradient_overlap(parallel: ParallelConfig) -> None:
 def set_random_seeds(seed: int) -> None:
     """Python, numpy, torch and megatron's tracked RNG streams (CPU tracker on CPU).
 
-    Weights do not depend on these streams (see layout_invariant_init.py); dropout does, and the tracked
-    streams keep it reproducible and distinct across TP ranks as Megatron intends.
+    Weights do not depend on these streams (see layout_invariant_init.py); dropout does, and the
+    tracked streams keep it reproducible and distinct across TP ranks as Megatron intends.
     """
     random.seed(seed)
     np.random.seed(seed)

@@ -1,8 +1,8 @@
 """Process-wide settings of Megatron-LM's runtime flags (config/runtime.py): the Python logging
-level, deterministic mode and --disable-jit-fuser, applied by the Trainer when it starts. Deterministic mode's library
-settings must also precede the entry points' process-group join (NCCL, cuBLAS and Transformer
-Engine read them from the environment when they start): the entry points apply them right after
-parsing, and the Trainer's second application changes nothing."""
+level, deterministic mode and --disable-jit-fuser, applied by the Trainer when it starts.
+Deterministic mode's library settings must also precede the entry points' process-group join (NCCL,
+cuBLAS and Transformer Engine read them from the environment when they start): the entry points
+apply them right after parsing, and the Trainer's second application changes nothing."""
 
 from __future__ import annotations
 

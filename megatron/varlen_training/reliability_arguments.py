@@ -44,7 +44,7 @@ def add_reliability_args(parser) -> None:
     add_exit_condition_args(parser)
 
 
-# --- exit conditions (megatron/varlen_training/exit_conditions.py) ---------------------------------
+# --- exit conditions (megatron/varlen_training/exit_conditions.py) ------------------------------
 # Megatron-LM's names; their ranges are in flag_ranges.py with every other numeric flag.
 
 

@@ -3,17 +3,17 @@
 Every checkpoint holds ``run_args.json``: the settings that shape the model, the data order and
 the LR/WD schedule. On ``--load``:
 
-- model shape (layers, sizes, heads, vocabulary and tokenizer, padded vocabulary, ...) must match: a change
-  would load weights into a different model. The parallel layout may change (dist_checkpointing
-  reshards), except where it changes the model: the padded vocabulary depends on
-  ``--make-vocab-size-divisible-by`` x TP.
+- model shape (layers, sizes, heads, vocabulary and tokenizer, padded vocabulary, ...) must match: a
+  change would load weights into a different model. The parallel layout may change
+  (dist_checkpointing reshards), except where it changes the model: the padded vocabulary depends
+  on ``--make-vocab-size-divisible-by`` x TP.
 - data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``, the
   SFT record keys ``--sft-messages-key``/``--sft-prompt-key``/``--sft-response-key``, and how
   an SFT file was split: a checkpoint from before ``--sft`` honoured ``--split`` used the 5%
-  tail) must match: the resumed run would otherwise read other samples than the run it continues. With
-  Megatron indexed data also the number of training samples the datasets are built for
-  (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as
-  that count needs, so another count is another sample order (refused unless
+  tail) must match: the resumed run would otherwise read other samples than the run it continues.
+  With Megatron indexed data also the number of training samples the datasets are built for
+  (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as that
+  count needs, so another count is another sample order (refused unless
   ``--override-data-fingerprint``).
 - data position: a checkpoint records the samples consumed (``consumed_train_samples``:
   iteration x global batch in pretrain_gpt.py's loop, the samples of the caller's batches in
@@ -46,8 +46,9 @@ the LR/WD schedule. On ``--load``:
   alone). The placement is compared as the decoder layers of each chunk (and the virtual
   pipeline size) the split flags give, so equivalent spellings resume:
   ``--num-layers-per-virtual-pipeline-stage`` or ``--num-virtual-stages-per-pipeline-rank``,
-  neither for one virtual stage per rank, a layout string or first/last stage sizes. A checkpoint saved with ``--dist-ckpt-optim-fully-reshardable`` records the
-  ``fully_reshardable`` format (``distrib_optim_sharding_type``) and follows those changes.
+  neither for one virtual stage per rank, a layout string or first/last stage sizes. A checkpoint
+  saved with ``--dist-ckpt-optim-fully-reshardable`` records the ``fully_reshardable`` format
+  (``distrib_optim_sharding_type``) and follows those changes.
 - the LR/WD schedule follows Megatron-LM: a difference between this run's flags and the
   checkpoint's scheduler is refused unless ``--override-opt_param-scheduler`` (this run's
   flags win; the number of samples already consumed is kept) or

@@ -4,11 +4,11 @@ uninterrupted run would have drawn (bit-exact resume with dropout).
 Saved per rank (``rng/rank_NNNNN.pt`` in the checkpoint): Python's ``random``, numpy's global
 generator, torch's CPU generator, the current CUDA generator when CUDA is present, and megatron's
 tracked streams (``get_cuda_rng_tracker()``: the CUDA tracker on GPU, the CPU tracker of
-:mod:`megatron.varlen.platform.cpu_device` on CPU), together with the parallel layout they belong to.
-They are restored only on the same layout (same rank count and TP/PP/CP sizes); on another
-layout each rank keeps its freshly seeded streams and rank 0 says so once.
-Files hold tensors and plain containers only and are read with ``torch.load(weights_only=True)``;
-a file that does not unpickle that way, or does not hold this module's states, is a one-line
+:mod:`megatron.varlen.platform.cpu_device` on CPU), together with the parallel layout they belong
+to. They are restored only on the same layout (same rank count and TP/PP/CP sizes); on another
+layout each rank keeps its freshly seeded streams and rank 0 says so once. Files hold tensors and
+plain containers only and are read with ``torch.load(weights_only=True)``; a file that does not
+unpickle that way, or does not hold this module's states, is a one-line
 :class:`~megatron.varlen_training.errors.CheckpointError` naming it.
 """
 

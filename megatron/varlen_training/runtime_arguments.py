@@ -17,7 +17,8 @@ import os
 
 from megatron.varlen.platform import cpu_device
 from megatron.varlen_training.config.runtime import (
-    LOGGING_LEVEL_VARIABLE, MEMORY_SNAPSHOT_PATH, PROFILE_RANKS, PROFILE_STEP_END, PROFILE_STEP_START,
+    LOGGING_LEVEL_VARIABLE, MEMORY_SNAPSHOT_PATH, PROFILE_RANKS, PROFILE_STEP_END,
+    PROFILE_STEP_START,
 )
 from megatron.varlen_training.refused_flags import SWITCH, FlagRow, add_flag_rows, refuse_given
 

@@ -83,7 +83,8 @@ def core_optimizer_config(run: RunConfig, timers=None) -> CoreOptimizerConfig:
     adam, precision = run.optimizer, run.model
     return CoreOptimizerConfig(
         optimizer=adam.optimizer, sgd_momentum=adam.sgd_momentum,
-        apply_wd_to_qk_layernorm=adam.apply_wd_to_qk_layernorm, lr=adam.lr, min_lr=adam.min_lr, weight_decay=adam.weight_decay,
+        apply_wd_to_qk_layernorm=adam.apply_wd_to_qk_layernorm, lr=adam.lr, min_lr=adam.min_lr,
+        weight_decay=adam.weight_decay,
         adam_beta1=adam.adam_beta1, adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps,
         clip_grad=adam.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
         params_dtype=params_dtype(precision),  # the model's (float16 with --fp16)
@@ -140,7 +141,8 @@ def build_scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
         optimizer, init_lr=schedule.lr_warmup_init, max_lr=schedule.lr, min_lr=schedule.min_lr,
         lr_warmup_steps=schedule.lr_warmup_steps, lr_decay_steps=schedule.lr_decay_steps,
         lr_decay_style=schedule.lr_decay_style, start_wd=schedule.start_wd,
-        end_wd=schedule.end_wd, wd_incr_steps=schedule.wd_incr_steps, wd_incr_style=schedule.weight_decay_incr_style,
+        end_wd=schedule.end_wd, wd_incr_steps=schedule.wd_incr_steps,
+        wd_incr_style=schedule.weight_decay_incr_style,
         wsd_decay_steps=schedule.wsd_decay_steps, lr_wsd_decay_style=schedule.lr_wsd_decay_style,
         # Mismatches were already refused in one line (schedule_check.check_scheduler).
         override_opt_param_scheduler=schedule.override_opt_param_scheduler,

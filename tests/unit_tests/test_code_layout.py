@@ -200,3 +200,29 @@ def test_the_module_scan_sees_lazy_imports_and_lazy_exports(tmp_path):
     package = tmp_path / "__init__.py"
     package.write_text('_EXPORTS = {"flops": "megatron.varlen_training.flops"}\n')
     assert _imports_of("p", package, known) == {"megatron.varlen_training.flops"}
+
+
+
+# The line width the code keeps (docs/ARCHITECTURE.md "Tests"); tests/ is not held to it
+# yet (some long test lines remain).
+MAX_COLUMNS = 100
+
+
+def _long_lines(paths) -> list[str]:
+    return [f"{path}:{number}: {len(line)} columns"
+            for path in paths
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if len(line) > MAX_COLUMNS]
+
+
+def test_library_and_tools_lines_fit_the_width():
+    paths = [*(REPO / "megatron").rglob("*.py"), *(REPO / "tools").rglob("*.py"),
+             *REPO.glob("*.py")]
+    assert len(paths) > 200
+    assert _long_lines(sorted(paths)) == []
+
+
+def test_the_width_check_sees_a_long_line(tmp_path):
+    wide = tmp_path / "wide.py"
+    wide.write_text("x = 1\n" + "#" * MAX_COLUMNS + "\n" + "#" * (MAX_COLUMNS + 1) + "\n")
+    assert _long_lines([wide]) == [f"{wide}:3: {MAX_COLUMNS + 1} columns"]

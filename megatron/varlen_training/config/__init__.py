@@ -15,5 +15,6 @@ from megatron.varlen_training.config.training import TrainingConfig
 
 __all__ = ["CheckpointConfig", "DataConfig", "HybridConfig", "LoggingConfig", "MLAConfig",
            "ModelConfig", "MoEConfig",
-           "OptimizerConfig", "ParallelConfig", "RunConfig", "RuntimeConfig", "SequencePackingConfig",
+           "OptimizerConfig", "ParallelConfig", "RunConfig", "RuntimeConfig",
+           "SequencePackingConfig",
            "TrainingConfig"]

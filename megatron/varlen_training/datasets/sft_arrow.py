@@ -4,11 +4,12 @@
 order, as ``datasets.load_dataset("parquet", data_dir=...)`` and ``pyarrow.dataset`` read a
 folder: ``part-10`` before ``part-2`` unless the numbers are zero-padded; the order is logged,
 and a warning names shards whose numbers sort otherwise), a folder written by
-``datasets.Dataset.save_to_disk`` or one ``.arrow`` file of such a folder; all local. Hugging Face ``datasets`` reads them (the optional ``[data]`` extra:
-``datasets`` and ``pyarrow``): Arrow files are memory-mapped; Parquet is converted once into
-``datasets``' Arrow cache (``$HF_DATASETS_CACHE``, reused by later runs and by the other ranks)
-and memory-mapped from there. Only the conversation's columns are read; a column of
-pre-tokenised data beside them is refused rather than ignored (``sft_unread``).
+``datasets.Dataset.save_to_disk`` or one ``.arrow`` file of such a folder; all local. Hugging Face
+``datasets`` reads them (the optional ``[data]`` extra: ``datasets`` and ``pyarrow``): Arrow files
+are memory-mapped; Parquet is converted once into ``datasets``' Arrow cache (``$HF_DATASETS_CACHE``,
+reused by later runs and by the other ranks) and memory-mapped from there. Only the conversation's
+columns are read; a column of pre-tokenised data beside them is refused rather than ignored
+(``sft_unread``).
 
 Rows are the records of the JSONL format (:mod:`megatron.varlen_training.datasets.sft`), with
 the same keys (``--sft-messages-key``, or ``--sft-prompt-key`` and ``--sft-response-key``), the

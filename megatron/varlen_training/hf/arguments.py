@@ -107,7 +107,9 @@ def validate_hf_args(args: argparse.Namespace, require) -> None:
             f"{args.hf_checkpoint}")
     if args.hf_checkpoint:
         # Imported here: the parser itself stays free of torch (wrap configs build without it).
-        from megatron.varlen_training.hf.safetensors_io import CheckpointFileError, SafetensorsReader
+        from megatron.varlen_training.hf.safetensors_io import (
+            CheckpointFileError, SafetensorsReader,
+        )
 
         try:  # the index names only existing shards (a missing one fails here, not mid-load)
             SafetensorsReader(args.hf_checkpoint)

@@ -1,8 +1,9 @@
 """Which Hugging Face tensors make each megatron-core parameter, and how TP shards them.
 
-A parameter is named by its layout-free (canonical) name (``layout_invariant_init.canonical_parameter_name``:
-global layer numbers, a tied output layer named as the word embedding). Each name matches one
-:class:`Rule`, whose ``kind`` says how the HF tensors combine and split over TP ranks:
+A parameter is named by its layout-free (canonical) name
+(``layout_invariant_init.canonical_parameter_name``: global layer numbers, a tied output layer named
+as the word embedding). Each name matches one :class:`Rule`, whose ``kind`` says how the HF tensors
+combine and split over TP ranks:
 
 - ``replicated``: every rank holds the whole HF tensor (the MoE router).
 - ``norm``: a norm's weight, replicated; a norm that stores gamma - 1 (``--apply-layernorm-1p``)

@@ -1,9 +1,10 @@
 """Checks and conversions of the fields of user samples, with one-line errors.
 
-Every error is a :class:`BatchError` (a ``ValueError``) that names the sample index, the field, the bad value and the
-limit, e.g. ``sample 3, field 'tokens': id 130 at position 5 is not below the vocabulary size
-128 (config key 'vocab_size')``. The checks are pure functions of the sample, so every rank
-that checks the same batch raises the same error (no rank is left waiting in a collective).
+Every error is a :class:`BatchError` (a ``ValueError``) that names the sample index, the field, the
+bad value and the limit, e.g. ``sample 3, field 'tokens': id 130 at position 5 is not below the
+vocabulary size 128 (config key 'vocab_size')``. The checks are pure functions of the sample, so
+every rank that checks the same batch raises the same error (no rank is left waiting in a
+collective).
 """
 
 from __future__ import annotations
