@@ -70,10 +70,20 @@ def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, tied_output: boo
                 raise HFConfigError(
                     f"{', '.join(names)} gives shape {tuple(shard.shape)} for {canonical} but "
                     f"the model expects {tuple(param.shape)}: the flags and config.json differ")
-            param.copy_(shard.to(param.dtype))
+            target = float32_expert_bias(name, param)
+            target.copy_(shard.to(target.dtype))
             loaded += 1
     log_skipped_layers(reader.names(), config.num_layers, hf_dir)
     return loaded
+
+
+def float32_expert_bias(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, switched to float32 first if it is the router's expert bias: megatron-core keeps
+    that buffer in float32 (its router switches it back after Float16Module's cast, before loading
+    its own state dict and at each forward), so an imported bias is not rounded to bf16 either."""
+    if name.endswith(weights.MAPPED_BUFFER_SUFFIXES) and tensor.dtype != torch.float32:
+        tensor.data = tensor.data.float()
+    return tensor
 
 
 def mapped_tensors(chunk: torch.nn.Module):

@@ -120,3 +120,20 @@ def test_mla_export_needs_a_deepseek_v3_model(change, needle):
     with pytest.raises(ArgumentValidationError) as err:
         parse_run_config(argv, world_size=1)
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_an_imported_expert_bias_keeps_float32_digits_under_bf16():
+    """Float16Module casts the router's expert_bias buffer to bf16; megatron-core switches it back
+    to float32 itself, and so must the import, or the checkpoint's bias is rounded (1 + 2^-12 has
+    no bf16 value). Other tensors keep the model's dtype."""
+    import torch
+
+    from megatron.varlen_training.hf.importer import float32_expert_bias
+
+    value = torch.tensor([1 + 2 ** -12, -3e-4])
+    bias = torch.zeros(2, dtype=torch.bfloat16)
+    target = float32_expert_bias("decoder.layers.1.mlp.router.expert_bias", bias)
+    target.copy_(value)
+    assert bias.dtype == torch.float32 and torch.equal(bias, value)
+    weight = torch.zeros(2, dtype=torch.bfloat16)
+    assert float32_expert_bias("decoder.layers.1.mlp.router.weight", weight).dtype == torch.bfloat16
