@@ -58,6 +58,18 @@ _PRELOAD = [
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.optimizer",
     "megatron.core.distributed",
+    # What nearly every rank imports next, when it unpickles its test function (the test module
+    # imports pytest and tests/harness/training_runs.py): the training layer is ~200 modules,
+    # about 3 s of CPU per rank (each rank compiling the same sources where no .pyc is
+    # written), which made most of a tiny training launch. Imported here once, a fork inherits
+    # them. They are imported before the rank activates its device layer either way. Not the
+    # hybrid (Mamba) model: it installs a triton stand-in where triton is missing.
+    "pytest",
+    "megatron.varlen.platform.cpu_device",
+    "megatron.varlen_training.pretrain",
+    "megatron.varlen_training.trainer",
+    "megatron.varlen_training.config.from_flags",
+    "megatron.varlen_training.model_family",
 ]
 _CONTEXT = None
 CPU, CUDA = "cpu", "cuda"

@@ -61,6 +61,13 @@ def train_on_this_rank(argv: list[str]) -> dict:
     return _train(parse_run_config(argv, world_size=torch.distributed.get_world_size()))
 
 
+def train_each_on_this_rank(argvs: dict[str, list[str]]) -> dict[str, dict]:
+    """:func:`train_on_this_rank` for each named flag list, one after another on the same
+    process group: one launch for several runs of one world size (a launch costs more than a
+    tiny run). Returns each run's result under its name."""
+    return {name: train_on_this_rank(argv) for name, argv in argvs.items()}
+
+
 def train_hybrid_on_this_rank(argv: list[str]) -> dict:
     """pretrain_mamba.py's path (hybrid flags and model) on an initialised process group."""
     from megatron.varlen_training.hybrid_model import HYBRID

@@ -8,7 +8,8 @@ The data is megatron-core's own ``GPTDataset`` over a tiny .bin/.idx written her
 ``IndexedDatasetBuilder``: documents of 1 to 70 ids (eod-terminated) concatenated and cut into
 ``--seq-length`` samples, so most samples hold several documents and many documents are cut at
 a sample boundary. The reference is one unpacked rank; learned absolute positions make the
-position reset count (RoPE would hide it: it only sees relative positions).
+position reset count (RoPE would hide it: it only sees relative positions). The runs of each
+world size share one launch, one trainer after another (a launch costs more than a run).
 """
 
 from __future__ import annotations
@@ -100,16 +101,48 @@ def train_on_corpus(argv: list[str], prefix: str) -> dict:
 
     # The name pretrain.py calls: a stale name here would train every run on mock data alike
     # (test_without_the_flags_packed_samples_stay_whole guards that the corpus is read).
-    assert hasattr(pretrain_module, "build_split_datasets")
+    original = pretrain_module.build_split_datasets
     pretrain_module.build_split_datasets = build_split_datasets
-    return train_on_this_rank(argv)
+    try:
+        return train_on_this_rank(argv)
+    finally:  # the next run of the same launch may read --data-path itself
+        pretrain_module.build_split_datasets = original
 
 
-def _history(argv, world, prefix):
-    history = loss_owner_history(run_distributed(train_on_corpus, world, args=(argv, prefix),
-                                                 timeout_s=300))
-    assert len(history) == NUM_ITERS
-    return [(h["lm_loss"], h["grad_norm"]) for h in history]
+def train_runs(runs: dict[str, tuple[list[str], bool]], prefix: str) -> dict[str, dict]:
+    """Each named run in turn on this launch's process group: ``(flags, on_corpus)``, where
+    ``on_corpus`` trains on megatron-core's GPTDataset of ``prefix`` (:func:`train_on_corpus`)
+    and otherwise the run reads its data itself (``--data-path``)."""
+    return {name: train_on_corpus(argv, prefix) if on_corpus else train_on_this_rank(argv)
+            for name, (argv, on_corpus) in runs.items()}
+
+
+# Runs that write --log-metrics-jsonl (test_flops_count_documents_not_samples reads them).
+METRICS_RUNS = ("unpacked", "dynamic_cp_4_ranks")
+DATA_PATH_WITHOUT_MOCK = [flag for flag in COMMON if flag != "--mock-data"]
+UNPACKED_FLAGS = RESETS + ["--micro-batch-size", "2", "--attention-backend", "local"]
+
+
+def _runs(prefix: str, metrics_dir) -> dict[int, dict[str, tuple[list[str], bool]]]:
+    """Every run of this file by world size (each world's runs share one launch)."""
+    data = DATA_PATH_WITHOUT_MOCK + ["--data-path", prefix, "--split", "100,0,0"]
+    runs = {  # name: (flags, world, on_corpus); --data-path's first: no corpus patch before
+        "data_path_reference": (data + UNPACKED_FLAGS, 1, False),
+        "data_path_dynamic_cp": (data + RESETS + ["--micro-batch-size", "1",
+                                                  "--sequence-packing"]
+                                 + LAYOUTS["dynamic_cp_4_ranks"][0], 4, False),
+        "unpacked": (UNPACKED, 1, True),
+        **{layout: (PACKED + extra, world, True) for layout, (extra, world) in LAYOUTS.items()},
+        "unpacked_cp2": (UNPACKED + ["--context-parallel-size", "2"], 2, True),
+        "plain": (COMMON + ["--micro-batch-size", "2"], 1, True),
+        "packed_whole": (COMMON + ["--micro-batch-size", "1", "--sequence-packing"], 2, True),
+    }
+    by_world: dict[int, dict] = {}
+    for name, (argv, world, on_corpus) in runs.items():
+        if name in METRICS_RUNS:
+            argv = argv + ["--log-metrics-jsonl", str(metrics_dir / f"{name}.jsonl")]
+        by_world.setdefault(world, {})[name] = (argv, on_corpus)
+    return by_world
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +153,26 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def unpacked(corpus):
-    return _history(UNPACKED, 1, corpus)
+def metrics_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("document_metrics")
+
+
+@pytest.fixture(scope="module")
+def histories(corpus, metrics_dir) -> dict[str, list[tuple[float, float]]]:
+    """{run name: (loss, grad norm) of iterations 1-5}, one launch per world size."""
+    out = {}
+    for world, runs in sorted(_runs(corpus, metrics_dir).items()):
+        per_rank = run_distributed(train_runs, world, args=(runs, corpus), timeout_s=300)
+        for name in runs:
+            history = loss_owner_history([rank[name] for rank in per_rank])
+            assert len(history) == NUM_ITERS, name
+            out[name] = [(h["lm_loss"], h["grad_norm"]) for h in history]
+    return out
+
+
+@pytest.fixture(scope="module")
+def unpacked(histories):
+    return histories["unpacked"]
 
 
 def _assert_close(got, ref, what):
@@ -131,16 +182,14 @@ def _assert_close(got, ref, what):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_packed_documents_match_the_unpacked_reset_mask_run(corpus, unpacked, layout):
-    extra, world = LAYOUTS[layout]
-    _assert_close(_history(PACKED + extra, world, corpus), unpacked, layout)
+def test_packed_documents_match_the_unpacked_reset_mask_run(histories, unpacked, layout):
+    _assert_close(histories[layout], unpacked, layout)
 
 
-def test_dense_mask_is_split_for_context_parallelism(corpus, unpacked):
+def test_dense_mask_is_split_for_context_parallelism(histories, unpacked):
     """The unpacked reference itself on CP2: the mask's query rows follow the tokens' CP split,
     its key columns stay whole (K and V are all-gathered)."""
-    _assert_close(_history(UNPACKED + ["--context-parallel-size", "2"], 2, corpus), unpacked,
-                  "unpacked cp2")
+    _assert_close(histories["unpacked_cp2"], unpacked, "unpacked cp2")
 
 
 def test_the_samples_hold_several_documents(corpus):
@@ -152,14 +201,12 @@ def test_the_samples_hold_several_documents(corpus):
     assert min(pieces) >= 2 and sum(pieces) > 2.5 * 40, pieces
 
 
-def test_without_the_flags_packed_samples_stay_whole(corpus, unpacked):
+def test_without_the_flags_packed_samples_stay_whole(histories, unpacked):
     """The flags matter (a plain causal run trains something else), and without them packing
     keeps each sample one sequence: packed == the plain unpacked run."""
-    plain = _history(COMMON + ["--micro-batch-size", "2"], 1, corpus)
+    plain = histories["plain"]
     assert plain[0][0] != pytest.approx(unpacked[0][0], rel=100 * RTOL)
-    packed_whole = _history(COMMON + ["--micro-batch-size", "1", "--sequence-packing"], 2,
-                            corpus)
-    _assert_close(packed_whole, plain, "packed without the flags")
+    _assert_close(histories["packed_whole"], plain, "packed without the flags")
 
 
 def _document_lengths(corpus: str, iteration: int, global_batch_size: int = 8) -> np.ndarray:
@@ -173,7 +220,7 @@ def _document_lengths(corpus: str, iteration: int, global_batch_size: int = 8) -
     return np.array(lengths, dtype=np.float64)
 
 
-def test_flops_count_documents_not_samples(corpus, tmp_path):
+def test_flops_count_documents_not_samples(corpus, histories, metrics_dir):
     """sum L and sum L^2 (hence model FLOPs) are over documents on both paths, == float64 sums
     over the documents of megatron-core's samples; attention FLOPs per document, not per
     --seq-length sample."""
@@ -182,18 +229,18 @@ def test_flops_count_documents_not_samples(corpus, tmp_path):
     from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.flops import num_floating_point_operations
 
-    def records(argv, world, name):
-        path = tmp_path / f"{name}.jsonl"
-        argv = argv + ["--train-iters", "2", "--log-metrics-jsonl", str(path)]
-        run_distributed(train_on_corpus, world, args=(argv, corpus), timeout_s=300)
-        return [json.loads(line) for line in path.read_text().splitlines()]
+    def records(name):
+        assert histories[name], name  # the run behind the file has finished
+        path = metrics_dir / f"{name}.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(lines) == NUM_ITERS, name
+        return lines
 
     model = parse_run_config(UNPACKED, world_size=1).model
     per_token = float(num_floating_point_operations(model, 1, 0))
     per_square = float(num_floating_point_operations(model, 0, 1))
-    for argv, world, name in ((UNPACKED, 1, "unpacked"),
-                              (PACKED + LAYOUTS["dynamic_cp_4_ranks"][0], 4, "dynamic")):
-        for it, record in enumerate(records(argv, world, name)):
+    for name in METRICS_RUNS:
+        for it, record in enumerate(records(name)):
             lengths = _document_lengths(corpus, it)
             assert record["seqlen_sum"] == lengths.sum() == 8 * SEQ_LENGTH
             assert record["seqlen_squared_sum"] == (lengths ** 2).sum() < 8 * SEQ_LENGTH ** 2
@@ -203,20 +250,8 @@ def test_flops_count_documents_not_samples(corpus, tmp_path):
             assert flops == pytest.approx(expected, rel=1e-12), name
 
 
-def test_through_data_path(corpus):
+def test_through_data_path(histories):
     """The same comparison through --data-path (the run builds megatron-core's datasets):
     dynamic CP on 4 ranks == one unpacked rank with the three flags."""
-    data = ["--data-path", corpus, "--split", "100,0,0"]
-    without_mock = [flag for flag in COMMON if flag != "--mock-data"]
-
-    def history(argv, world):
-        results = run_distributed(train_on_this_rank, world, args=(argv,), timeout_s=300)
-        return [(h["lm_loss"], h["grad_norm"]) for h in loss_owner_history(results)]
-
-    unpacked_flags = RESETS + ["--micro-batch-size", "2", "--attention-backend", "local"]
-    reference = history(without_mock + data + unpacked_flags, 1)
-    packed = history(without_mock + data + RESETS + ["--micro-batch-size", "1",
-                                                     "--sequence-packing"]
-                     + LAYOUTS["dynamic_cp_4_ranks"][0], 4)
-    assert len(reference) == NUM_ITERS
-    _assert_close(packed, reference, "--data-path")
+    _assert_close(histories["data_path_dynamic_cp"], histories["data_path_reference"],
+                  "--data-path")

@@ -3,7 +3,8 @@
 Same mock SFT data (lognormal lengths, odd ones included) and seed, fp32, dropout 0. The
 unpacked run pads every sample to --seq-length and uses per-sample causal attention; the packed
 runs schedule, reroute, pack and (with CP) split sequences per rank. Reference: one unpacked
-launch (layouts are proven equal to a single rank in test_layout_equivalence.py).
+run (layouts are proven equal to a single rank in test_layout_equivalence.py). The runs of each
+world size share one launch, one trainer after another (a launch costs more than a run).
 """
 
 import json
@@ -11,7 +12,7 @@ import json
 import pytest
 
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import loss_owner_history, train_on_this_rank
+from tests.harness.training_runs import loss_owner_history, train_each_on_this_rank
 
 RTOL = 1e-5
 NUM_ITERS = 5
@@ -34,23 +35,59 @@ LAYOUTS = {
     "tp2_dp2": (["--tensor-model-parallel-size", "2"], 4),
     "pp2_dp2": (["--pipeline-model-parallel-size", "2"], 4),
 }
+EVALUATION = ["--eval-iters", "2", "--eval-interval", "2", "--train-iters", "2"]
+DYNAMIC_CP = ["--dynamic-context-parallel", "--context-parallel-size", "2",
+              "--max-seqlen-per-dp-cp-rank", "16"]
+# Runs that write --log-metrics-jsonl (the token counts below read it back).
+METRICS_RUNS = ("unpacked", "dp2_cp2")
+WORLDS = (2, 4)
 
 
-def _losses(argv, world):
-    history = loss_owner_history(run_distributed(train_on_this_rank, world, args=(argv,),
-                                                 timeout_s=300))
+def _runs(metrics_dir) -> dict[int, dict[str, list[str]]]:
+    """Every run of this file by world size: each world's runs share one launch."""
+    runs = {
+        "unpacked": (UNPACKED, 2),
+        **{layout: (PACKED + extra, world) for layout, (extra, world) in LAYOUTS.items()},
+        "validation_unpacked": (UNPACKED + EVALUATION, 2),
+        "validation_dynamic_cp": (PACKED + DYNAMIC_CP + EVALUATION, 4),
+    }
+    by_world = {world: {} for world in WORLDS}
+    for name, (argv, world) in runs.items():
+        if name in METRICS_RUNS:
+            argv = argv + ["--log-metrics-jsonl", str(metrics_dir / f"{name}.jsonl")]
+        by_world[world][name] = argv
+    return by_world
+
+
+@pytest.fixture(scope="module")
+def metrics_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("packing_metrics")
+
+
+@pytest.fixture(scope="module")
+def histories(metrics_dir) -> dict[str, list[dict]]:
+    """{run name: the loss owner's history}, from one launch per world size."""
+    out = {}
+    for world, argvs in _runs(metrics_dir).items():
+        per_rank = run_distributed(train_each_on_this_rank, world, args=(argvs,),
+                                   timeout_s=300)
+        for name in argvs:
+            out[name] = loss_owner_history([rank[name] for rank in per_rank])
+    return out
+
+
+def _losses(history):
     return [h["lm_loss"] for h in history]
 
 
 @pytest.fixture(scope="module")
-def unpacked():
-    return _losses(UNPACKED, 2)
+def unpacked(histories):
+    return _losses(histories["unpacked"])
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_packed_matches_unpacked(unpacked, layout):
-    extra, world = LAYOUTS[layout]
-    packed = _losses(PACKED + extra, world)
+def test_packed_matches_unpacked(histories, unpacked, layout):
+    packed = _losses(histories[layout])
     assert len(packed) == NUM_ITERS
     for it, (got, ref) in enumerate(zip(packed, unpacked), start=1):
         assert abs(got - ref) <= RTOL * abs(ref), (
@@ -61,26 +98,16 @@ def test_losses_move(unpacked):
     assert len(set(unpacked)) == NUM_ITERS, unpacked  # a frozen run would compare trivially
 
 
-def test_validation_loss_packed_matches_unpacked():
-    evaluation = ["--eval-iters", "2", "--eval-interval", "2", "--train-iters", "2"]
-
-    def validation(argv, world):
-        results = run_distributed(train_on_this_rank, world, args=(argv + evaluation,),
-                                  timeout_s=300)
-        return loss_owner_history(results)[-1]["validation_loss"]
-
-    unpacked = validation(UNPACKED, 2)
-    packed = validation(PACKED + ["--dynamic-context-parallel", "--context-parallel-size", "2",
-                                  "--max-seqlen-per-dp-cp-rank", "16"], 4)
+def test_validation_loss_packed_matches_unpacked(histories):
+    unpacked = histories["validation_unpacked"][-1]["validation_loss"]
+    packed = histories["validation_dynamic_cp"][-1]["validation_loss"]
     assert unpacked is not None and abs(packed - unpacked) <= RTOL * unpacked, (packed, unpacked)
 
 
-def test_token_counts_agree_with_the_dataset(tmp_path):
+def test_token_counts_agree_with_the_dataset(histories, metrics_dir):
     """sum(L) and sum(L^2) per iteration: unpacked DP2 (all-reduced), packed DP2xCP2 (gathered)
     and a direct read of the dataset in this process must all agree, exactly; the throughput
     per GPU divides the global batch's FLOPs by all ranks, as Megatron-LM's world size."""
-    import json
-
     from megatron.varlen_training.flops import num_floating_point_operations
 
     from megatron.varlen_training.config.from_flags import parse_run_config
@@ -88,9 +115,8 @@ def test_token_counts_agree_with_the_dataset(tmp_path):
     from megatron.varlen_training.tokenizer import build_tokenizer
 
     def sums(argv, world, name):
-        path = tmp_path / f"{name}.jsonl"
-        run_distributed(train_on_this_rank, world, args=(argv + ["--log-metrics-jsonl",
-                                                                 str(path)],), timeout_s=300)
+        assert histories[name], name  # the run behind the file has finished
+        path = metrics_dir / f"{name}.jsonl"
         records = [json.loads(line) for line in path.read_text().splitlines()]
         model = parse_run_config(argv, world_size=world).model
         for r in records:  # per GPU: the global batch's FLOPs over time x EVERY rank (CP too)
@@ -109,4 +135,4 @@ def test_token_counts_agree_with_the_dataset(tmp_path):
         lengths = [dataset[i]["length"] for i in range(it * gbs, (it + 1) * gbs)]
         expected.append((sum(lengths), sum(n * n for n in lengths)))
     assert sums(UNPACKED, 2, "unpacked") == expected
-    assert sums(PACKED + ["--context-parallel-size", "2"], 4, "packed") == expected
+    assert sums(PACKED + LAYOUTS["dp2_cp2"][0], 4, "dp2_cp2") == expected
