@@ -97,8 +97,8 @@ MTP = ["--mtp-num-layers", "1"]
 # The router's state that recomputation must not count twice: the expert bias's token counts
 # (sigmoid scores, megatron-core's condition) and global_aux_loss's running counts. The count
 # is a torch.compile'd function in megatron-core: eager here, a cold compile costs ~8 s on a
-# busy CPU (compiled, the same comparison holds: a probe run, docs/RECOMPUTE.md). The flag
-# turns dynamo off for the rest of the rank process, so the case runs last.
+# busy CPU (without the flag, compiled, the case passes too). The flag turns dynamo off for
+# the rest of the rank process, so the case runs last.
 EXPERT_BIAS = ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid",
                "--moe-router-bias-update-rate", "0.1", "--disable-jit-fuser"]
 GLOBAL_AUX = ["--moe-router-load-balancing-type", "global_aux_loss"]
