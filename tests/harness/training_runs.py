@@ -105,9 +105,14 @@ def _grad_buffers(model) -> list[torch.Tensor]:
 def train_with_grads_on_this_rank(argv: list[str], hybrid: bool = False) -> dict:
     """:func:`train_on_this_rank` (or the hybrid path) that also returns this rank's last-step
     gradient buffers, how many times ``tensor_parallel.checkpoint`` ran (activation
-    recomputation actually on, or off) and how many times each module's forward ran
+    recomputation actually on, or off), how many times each module's forward ran
     (``forward_calls``, by qualified name ``<chunk>.<name>``: a module recomputed in backward
-    runs twice per micro-batch, whichever checkpoint recomputes it)."""
+    runs twice per micro-batch, whichever checkpoint recomputes it) and, per step, the routed
+    token counts the expert bias is updated from (``expert_bias_tokens``: this rank's
+    ``[MoE layers, experts]`` before megatron-core's all-reduce; empty without
+    ``--moe-router-enable-expert-bias``)."""
+    import importlib
+
     from megatron.core import tensor_parallel
 
     from megatron.varlen_training.hybrid_model import HYBRID
@@ -121,7 +126,17 @@ def train_with_grads_on_this_rank(argv: list[str], hybrid: bool = False) -> dict
         calls.append(1)
         return original(*args, **kwargs)
 
+    # megatron.core.distributed.finalize_model_grads is the function of that name: the module
+    # (which looks up get_updated_expert_bias when it runs) comes from importlib.
+    finalize = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    bias_tokens, original_bias_update = [], finalize.get_updated_expert_bias
+
+    def recording_bias_update(tokens_per_expert, expert_bias, update_rate):
+        bias_tokens.append(tokens_per_expert.detach().clone())
+        return original_bias_update(tokens_per_expert, expert_bias, update_rate)
+
     tensor_parallel.checkpoint = counting_checkpoint
+    finalize.get_updated_expert_bias = recording_bias_update
     counting = torch.nn.modules.module.register_module_forward_hook(
         lambda module, *_: forwards.update([id(module)]))
     trainer = Trainer(run, HYBRID if hybrid else GPT)
@@ -130,10 +145,12 @@ def train_with_grads_on_this_rank(argv: list[str], hybrid: bool = False) -> dict
         return {"history": history, "rank": torch.distributed.get_rank(),
                 "owns_loss": history[0]["lm_loss"] is not None if history else False,
                 "grads": _grad_buffers(trainer.state.model), "checkpoint_calls": len(calls),
-                "forward_calls": _by_name(forwards, trainer.state.model)}
+                "forward_calls": _by_name(forwards, trainer.state.model),
+                "expert_bias_tokens": bias_tokens}
     finally:
         counting.remove()
         tensor_parallel.checkpoint = original
+        finalize.get_updated_expert_bias = original_bias_update
         trainer.close()
 
 
@@ -144,8 +161,11 @@ def _by_name(counts: collections.Counter, chunks) -> dict[str, int]:
             for name, module in chunk.named_modules()}
 
 
-def train_runs_with_grads_on_this_rank(argvs: list[list[str]], hybrid: bool = False
-                                       ) -> list[dict]:
+def train_runs_with_grads_on_this_rank(argvs: list[list[str]],
+                                       hybrid: bool | list[bool] = False) -> list[dict]:
     """:func:`train_with_grads_on_this_rank` for each of ``argvs`` in turn, on one launch's
-    process group (one start-up for several runs)."""
-    return [train_with_grads_on_this_rank(argv, hybrid) for argv in argvs]
+    process group (one start-up for several runs); ``hybrid``: for all runs, or one per run."""
+    per_run = hybrid if isinstance(hybrid, list) else [hybrid] * len(argvs)
+    assert len(per_run) == len(argvs), (len(per_run), len(argvs))
+    return [train_with_grads_on_this_rank(argv, is_hybrid)
+            for argv, is_hybrid in zip(argvs, per_run)]

@@ -9,8 +9,9 @@ that forward has returned: the router would see no micro-batch and build the wro
 map (probed: gradients 4e-3 off). This layer checkpoints itself instead, binding the router's
 micro-batch of the call into the checkpointed function; everything else is megatron-core's
 forward, under megatron-core's ``tensor_parallel.checkpoint`` (RNG states restored, inputs
-saved, the forward run without grad so the balancing losses attach once, in the
-recomputation). FP8 (megatron-core's TE checkpoint there) is refused at start-up.
+saved, the forward run without grad: the balancing losses attach, global_aux_loss's running
+counts and megatron-core's expert-bias token counts grow once, in the recomputation). FP8
+(megatron-core's TE checkpoint there) is refused at start-up.
 
 The layer spec keeps megatron-core's ``MoELayer``: megatron-core 0.16.1's ``TransformerLayer``
 hands its process groups only to the MLP classes it names (any other gets the global defaults,
@@ -43,6 +44,8 @@ class VarlenMoELayer(MoELayer):
     def forward(self, hidden_states, intermediate_tensors=None, padding_mask=None):
         if not self.recompute_in_micro_batch:
             return super().forward(hidden_states, intermediate_tensors, padding_mask)
+        # Bound now, not read in backward: a pipeline schedule recomputes this micro-batch
+        # after the forwards of later ones.
         micro_batch = self.router.current_micro_batch()
 
         def routed_forward(hidden_states, intermediate_tensors, padding_mask):
