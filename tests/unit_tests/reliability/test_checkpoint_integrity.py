@@ -11,13 +11,13 @@ import torch
 from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 from torch.distributed.checkpoint.planner import WriteItemType
 
-from megatron.varlen_training.checkpoint_integrity import MANIFEST_FILENAME, file_digest
-from megatron.varlen_training.checkpoint_safe_load import (
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME, checkpoint_dir
+from megatron.varlen_training.checkpoint.integrity import MANIFEST_FILENAME, file_digest
+from megatron.varlen_training.checkpoint.safe_load import (
     METADATA_FILENAME,
     RestrictedUnpickler,
     check_metadata_is_safe,
 )
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME, checkpoint_dir
 from megatron.varlen_training.errors import CheckpointError
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
