@@ -1,7 +1,7 @@
 """Megatron-LM's checkpoint-format and save-mode flags: what this fork does with each.
 
 - ``--ckpt-format``: ``torch_dist`` (Megatron-LM's default) is the one format written and read;
-  Megatron-LM's others are refused in one line (:mod:`checkpoint_format`).
+  Megatron-LM's others are refused in one line (:mod:`.checkpoint.format`).
 - ``--auto-detect-ckpt-format``: accepted; a load always detects the folder's format, and one
   in another format is refused in one line naming it.
 - ``--ckpt-step N``: load iteration N from ``--load`` instead of the latest (the tracker file is

@@ -2,7 +2,7 @@
 
 The checkpoint is the one the run loads (:func:`load_options.checkpoint_source`'s choice):
 ``--load`` when it holds one, else ``--pretrained-checkpoint``; at ``--ckpt-step`` when given,
-else the iteration its tracker file names. Its ``run_args.json`` (run_args_record.py) records
+else the iteration its tracker file names. Its ``run_args.json`` (resume/run_args_record.py) records
 the model flags; before the command line is parsed they become the parser's defaults (so
 ``--num-layers``, ``--hidden-size``, ``--num-attention-heads`` and ``--seq-length`` are no
 longer required), each logged as Megatron-LM's ``Setting <name> to <value> from checkpoint``.
@@ -202,7 +202,7 @@ def read_checkpoint_flags(flags: LoadFlags | list[str]) -> CheckpointFlags | Non
         return None
     # Imported here: run_args_record imports the run configs, which import this layer.
     from megatron.varlen_training.errors import CheckpointError
-    from megatron.varlen_training.run_args_record import RUN_ARGS_FILENAME, read_run_args
+    from megatron.varlen_training.resume.run_args_record import RUN_ARGS_FILENAME, read_run_args
 
     record = os.path.join(folder, RUN_ARGS_FILENAME)
     require(os.path.isfile(record),

@@ -5,7 +5,7 @@ accepts them, or refused in one line.
 Honoured:
 
 - ``--no-save-optim`` / ``--no-save-rng``: the checkpoint holds no optimizer state and LR/WD
-  schedule / no random states (checkpoint_parts.py). As in Megatron-LM, a resume from a
+  schedule / no random states (checkpoint/parts.py). As in Megatron-LM, a resume from a
   checkpoint without optimizer state stops in one line unless ``--no-load-optim`` (or
   ``--finetune``) says not to load it; one without random states resumes without them.
 - ``--ckpt-fully-parallel-save`` (default; ``--no-ckpt-fully-parallel-save`` /
@@ -23,7 +23,7 @@ Honoured:
   ``--distrib-optim-fully-reshardable-mem-efficient`` gathers that state over gloo to
   data-parallel rank 0 alone (less memory, no parallel save; the same content); as in
   Megatron-LM it has no effect without ``--dist-ckpt-optim-fully-reshardable``
-  (checkpoint_sharding.py).
+  (checkpoint/sharding.py).
 
 Accepted, as Megatron-LM core_v0.16.1 accepts them: ``--use-dist-ckpt`` and
 ``--dist-ckpt-format`` (deprecated, "no effect": ``--ckpt-format`` selects the format; the same

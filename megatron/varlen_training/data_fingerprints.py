@@ -1,5 +1,5 @@
 """What identifies a ``--data-path`` entry's content, for the resume checks
-(:mod:`~megatron.varlen_training.resume_consistency`).
+(:mod:`~megatron.varlen_training.resume.consistency`).
 
 - a file (JSONL, one ``.parquet`` or ``.arrow`` file): its size and SHA-256, streamed;
 - a folder (Parquet shards, a ``datasets.save_to_disk`` folder): the same per file, for every
@@ -8,7 +8,7 @@
   changed, added, removed or renamed shard changes it; the per-file entries name the shard that
   changed;
 - an indexed dataset prefix: its ``.idx`` file's SHA-256 and its ``.bin`` file's size (module
-  docstring of resume_consistency.py: a corpus of terabytes is not hashed at every start);
+  docstring of resume/consistency.py: a corpus of terabytes is not hashed at every start);
 - anything else (a blend weight): the entry as spelled.
 
 A file is hashed once per process: the fingerprint is kept under (resolved path, size, mtime),
@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM, file_digest
+from megatron.varlen_training.checkpoint.integrity import HASH_ALGORITHM, file_digest
 from megatron.varlen_training.datasets.sft_arrow import (
     ARROW_SUFFIX,
     PARQUET_SUFFIX,

@@ -21,7 +21,7 @@ each validation), the checkpoint records them (``run_args.json``) and a resumed 
 from them, whatever ``--eval-interval`` / ``--eval-iters`` it resumes with; a checkpoint saved
 before they were recorded derives them from its iteration, as Megatron-LM does for its older
 checkpoints (``iteration // eval_interval x eval_iters`` global batches;
-:func:`.checkpointing.consumed_valid_samples_at`). The validation split is built for the
+:func:`.checkpoint.consumed_valid_samples_at`). The validation split is built for the
 evaluations of an uninterrupted run (``--eval-iters`` x (``--train-iters // --eval-interval``
 + 1) global batches): a resume whose flags would read past it is refused at start-up in one
 line (:func:`check_resumed_validation`). The test split is read from its first batch, once.

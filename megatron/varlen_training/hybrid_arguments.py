@@ -89,7 +89,7 @@ def build_hybrid_parser() -> argparse.ArgumentParser:
 def _given_pattern(args) -> tuple[str | None, str]:
     """(the pattern as given, the flag that gave it). --hybrid-override-pattern is Megatron-LM
     main's deprecated name of --hybrid-layer-pattern: forwarded, with main's warning; it is
-    also the key checkpoints record the given pattern under (resume_consistency.py)."""
+    also the key checkpoints record the given pattern under (resume/consistency.py)."""
     if args.hybrid_override_pattern is None:
         args.hybrid_override_pattern = args.hybrid_layer_pattern
         return args.hybrid_layer_pattern, "--hybrid-layer-pattern"

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 
 from megatron.varlen_training.config.checkpoint import CheckpointConfig
 
-# The file whose presence makes a directory hold a checkpoint (checkpointing.py's tracker).
+# The file whose presence makes a directory hold a checkpoint (the checkpoint package's tracker).
 TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 # The one --ckpt-format written and read, and Megatron-LM's others (core_v0.16.1's choices):
-# checkpoint_format.py tells a folder in another one; here for the flag layer, which must not
+# checkpoint/format.py tells a folder in another one; here for the flag layer, which must not
 # import torch.
 SUPPORTED_FORMAT = "torch_dist"
 ITERATION_FOLDER = re.compile(r"iter_(\d{7,})")  # iteration_folder's names

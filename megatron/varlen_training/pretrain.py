@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from megatron.varlen_training import checkpointing, evaluation, log, loop_steps, training
+from megatron.varlen_training import checkpoint, evaluation, log, loop_steps, training
 from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, RampupMessages
 from megatron.varlen_training.data import PackedBatchProvider, UnpackedBatchProvider
 from megatron.varlen_training.datasets import documents
@@ -72,7 +72,7 @@ def _save_at_end(trainer: Trainer) -> str | None:
     """The end-of-run save (unless the periodic save just wrote this iteration); its folder."""
     root, iteration = trainer.run.checkpoint.save, trainer.state.iteration
     if not loop_steps.final_save_due(trainer.run.checkpoint, iteration):
-        return checkpointing.checkpoint_dir(root, iteration) if root else None
+        return checkpoint.checkpoint_dir(root, iteration) if root else None
     return trainer.save()
 
 
@@ -93,9 +93,9 @@ def _next_batch_size(trainer: Trainer, schedule: GlobalBatchSchedule,
     for line in messages.at(trainer.state.consumed_train_samples):
         log.print_rank_0(line)
     size = schedule.size(trainer.state.iteration)
-    checkpoint = trainer.run.checkpoint
-    if last_size is not None and size != last_size and checkpoint.save \
-            and not loop_steps.periodic_save_due(checkpoint, trainer.state.iteration):
+    saving = trainer.run.checkpoint  # the config (the name ``checkpoint`` is the package)
+    if last_size is not None and size != last_size and saving.save \
+            and not loop_steps.periodic_save_due(saving, trainer.state.iteration):
         trainer.save()
     return size
 

@@ -4,7 +4,7 @@
   NaN/Inf loss or gradient norm (see :mod:`megatron.varlen_training.nonfinite`).
 - ``--override-opt_param-scheduler`` / ``--use-checkpoint-opt_param-scheduler`` (Megatron-LM's
   names): which side wins when a resumed run's LR/WD schedule differs from the checkpoint's
-  (see :mod:`megatron.varlen_training.resume_consistency`).
+  (see :mod:`megatron.varlen_training.resume.consistency`).
 - ``--distributed-timeout-minutes`` (Megatron-LM's name): the collective timeout.
 - ``--save`` must be writable before any work. Every numeric flag's range (sizes, counts and
   intervals >= 1, the timeout, ...) is checked in :mod:`megatron.varlen_training.flag_ranges`.
@@ -37,7 +37,7 @@ def add_reliability_args(parser) -> None:
                        "--use-checkpoint-opt-param-scheduler", action="store_true",
                        help="On --load, keep the checkpoint's LR/WD schedule even where this "
                             "run's flags differ.")
-    # Resume identity of the data (see megatron.varlen_training.resume_consistency).
+    # Resume identity of the data (see megatron.varlen_training.resume.consistency).
     group.add_argument("--override-data-fingerprint", action="store_true",
                        help="On --load, train on --data-path files whose content (size and "
                             "SHA-256) differs from the checkpoint's, from the saved position.")

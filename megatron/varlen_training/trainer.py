@@ -25,7 +25,7 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
-from megatron.varlen_training import checkpointing, device_memory, log, reported_losses, training
+from megatron.varlen_training import checkpoint, device_memory, log, reported_losses, training
 from megatron.varlen_training import theoretical_memory
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data import build_packing_config
@@ -276,7 +276,7 @@ class Trainer:
         With ``--log-progress``, a save under ``--save`` adds its line to progress.txt."""
         state, root = self.state, root or self.run.checkpoint.save
         with training.params_gathered(state.model):  # --overlap-param-gather: current weights
-            folder = checkpointing.save_checkpoint(
+            folder = checkpoint.save_checkpoint(
                 root, state.iteration, state.model, state.optimizer,
                 state.scheduler, self.run, extra_files=self.checkpoint_files,
                 consumed_samples=state.consumed_train_samples,

@@ -28,7 +28,7 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_attr_wrapped_model
-from megatron.varlen_training import checkpointing, log, optimizer_kernels
+from megatron.varlen_training import checkpoint, log, optimizer_kernels
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.grad_finalize import finalize_model_grads_on_device
 from megatron.varlen_training.load_options import checkpoint_source, fresh_start_note
@@ -180,8 +180,8 @@ def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     pretrain_gpt.py's start-up and the facade's ``Trainer.load`` both come here, so both build
     the same optimizer after a resume."""
     bounds = _lr_bounds(state.optimizer)
-    state.iteration, flops = checkpointing.load_checkpoint(root, state.model, state.optimizer,
-                                                           state.scheduler, run, parts)
+    state.iteration, flops = checkpoint.load_checkpoint(root, state.model, state.optimizer,
+                                                        state.scheduler, run, parts)
     state.num_floating_point_operations_so_far = flops
     state.num_floating_point_operations_at_load = flops
     if run.optimizer.override_opt_param_scheduler:
@@ -189,8 +189,8 @@ def load_state(state: TrainState, root: str, parts, run: RunConfig) -> int:
     # The loaded param groups bring the flags they were saved with: a checkpoint written by a
     # CPU run (or before fused Adam) would otherwise resume on torch's foreach kernel on CUDA.
     optimizer_kernels.use_fused_adam(state.optimizer)
-    state.consumed_train_samples = checkpointing.consumed_samples_at(root, state.iteration, run)
-    state.consumed_valid_samples = checkpointing.consumed_valid_samples_at(
+    state.consumed_train_samples = checkpoint.consumed_samples_at(root, state.iteration, run)
+    state.consumed_valid_samples = checkpoint.consumed_valid_samples_at(
         root, state.iteration, run)
     return state.iteration
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron.varlen_training import checkpointing, log
+from megatron.varlen_training import checkpoint, log
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import agree_and_gather, share_nothing
 from megatron.varlen_training.evaluation import VALIDATION
@@ -324,7 +324,7 @@ class MegatronWrap(ParallelStateMixin):
             raise ConfigError("save() needs a path, or the config key 'save'")
         saved = self._save_key(root)
         if self._saved == saved:
-            folder = checkpointing.checkpoint_dir(root, self.state.iteration)
+            folder = checkpoint.checkpoint_dir(root, self.state.iteration)
             log.print_rank_0("iteration %d is already saved in %s", self.state.iteration, folder)
             return folder
         folder = self.trainer.save(root)

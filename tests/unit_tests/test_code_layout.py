@@ -203,6 +203,54 @@ def test_the_module_scan_sees_lazy_imports_and_lazy_exports(tmp_path):
 
 
 
+def _import_time_imports(name: str, path: Path, known) -> set[str]:
+    """The library modules Python runs while it imports ``name``: its top-level import
+    statements (not those inside functions, nor names a package exports lazily) and, for each
+    module they name, the packages above it, whose ``__init__`` runs first (not ``name``'s own
+    packages: they are already being imported)."""
+    is_package = path.name == "__init__.py"
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    named = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            named |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                      for alias in node.names}
+        elif isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+    parts = name.split(".")
+    own_packages = {".".join(parts[:i]) for i in range(1, len(parts))}
+    with_packages = {".".join(module.split(".")[:i]) for module in named
+                     for i in range(1, module.count(".") + 2)}
+    return {module for module in with_packages
+            if module in known and module != name and module not in own_packages}
+
+
+def test_no_import_time_cycle_through_a_package_init():
+    """A package whose modules import one another's (checkpoint/ and resume/) must not import
+    its modules eagerly from its __init__: importing a resume module first would run
+    checkpoint/__init__, the load path, and back into the half-imported resume module
+    (ImportError). Lazy exports (lazy_exports.py) keep such an __init__ import-free."""
+    known = _library_modules()
+    graph = {name: _import_time_imports(name, path, known) for name, path in known.items()}
+    assert "megatron.varlen_training.checkpoint" in graph[
+        "megatron.varlen_training.resume.run_args_record"], "the scan adds the package step"
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_import_time_scan_sees_a_package_init(tmp_path):
+    init = tmp_path / "__init__.py"
+    init.write_text("from p.a import f\n")
+    module = tmp_path / "b.py"
+    module.write_text("from q.c import g\ndef h():\n    from p.a import f\n")
+    known = {"p", "p.a", "p.b", "q", "q.c"}
+    assert _import_time_imports("p", init, known) == {"p.a"}
+    assert _import_time_imports("p.b", module, known) == {"q", "q.c"}  # not p, not p.a
+
+
 # The line width the code keeps (docs/ARCHITECTURE.md "Tests"); tests/ is not held to it
 # yet (some long test lines remain).
 MAX_COLUMNS = 100

@@ -34,7 +34,7 @@ class CheckpointConfig:
     ckpt_fully_parallel_save: bool = True
     ckpt_fully_parallel_load: bool = False
     dist_ckpt_strictness: str = "assume_ok_unexpected"
-    # The distributed optimizer's checkpoint format (checkpoint_sharding.py): fully_reshardable
+    # The distributed optimizer's checkpoint format (checkpoint/sharding.py): fully_reshardable
     # instead of dp_reshardable, and gathered over gloo to one rank.
     dist_ckpt_optim_fully_reshardable: bool = False
     distrib_optim_fully_reshardable_mem_efficient: bool = False

@@ -21,7 +21,7 @@ from megatron.core import dist_checkpointing
 from megatron.varlen_training import checkpoint_model_flags
 from megatron.varlen_training.arguments import ERROR_EXIT_CODE
 from megatron.varlen_training.config.from_flags import parse_run_config_or_exit
-from megatron.varlen_training.checkpointing import (
+from megatron.varlen_training.checkpoint import (
     check_checkpoint, model_keys, model_sharded_state_dict,
 )
 from megatron.varlen_training.config import RunConfig

@@ -23,7 +23,8 @@ def main() -> None:
     argv = sys.argv[sys.argv.index("--") + 1:]
     # Here, not at the top, as in pretrain_gpt.py: the first save's 'spawn' helper runs this
     # file again (tests/unit_tests/test_entry_point_imports.py).
-    from megatron.varlen_training import checkpoint_save, training
+    from megatron.varlen_training import training
+    from megatron.varlen_training.checkpoint import save as checkpoint_save
 
     mine = int(os.environ["RANK"]) == rank
     if kind == "step" and mine:

@@ -107,7 +107,7 @@ def _in_writers(iteration: int, action) -> None:
 
 
 def _after_megatron_core(iteration: int, action) -> None:
-    from megatron.varlen_training import checkpoint_save
+    from megatron.varlen_training.checkpoint import save as checkpoint_save
 
     real_save = checkpoint_save.dist_checkpointing.save
 
@@ -126,7 +126,7 @@ def _after_megatron_core(iteration: int, action) -> None:
 
 
 def _at_publish(iteration: int, action) -> None:
-    from megatron.varlen_training import checkpoint_integrity
+    from megatron.varlen_training.checkpoint import integrity as checkpoint_integrity
 
     real_publish = checkpoint_integrity.publish
 

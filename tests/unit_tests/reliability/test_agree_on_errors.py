@@ -89,7 +89,7 @@ def test_a_user_error_is_what_the_other_ranks_report_beside_a_bug(tmp_path):
 
 
 class _ShardWriteError(CheckpointError):
-    """A one-line error's subclass (as checkpointing's CheckpointSaveError)."""
+    """A one-line error's subclass (as the checkpoint package's CheckpointSaveError)."""
 
 
 def test_user_errors_and_success_are_unchanged(tmp_path):

@@ -11,14 +11,15 @@ import torch
 from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 from torch.distributed.checkpoint.planner import WriteItemType
 
-from megatron.varlen_training.checkpoint_integrity import MANIFEST_FILENAME, file_digest
-from megatron.varlen_training.checkpoint_safe_load import (
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME, checkpoint_dir
+from megatron.varlen_training.checkpoint.integrity import MANIFEST_FILENAME, file_digest
+from megatron.varlen_training.checkpoint.safe_load import (
     METADATA_FILENAME,
     RestrictedUnpickler,
     check_metadata_is_safe,
 )
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME, checkpoint_dir
 from megatron.varlen_training.errors import CheckpointError
+from megatron.varlen_training.load_options import LoadParts
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
@@ -136,6 +137,31 @@ def test_crafted_pickle_does_not_run(ckpt, tmp_path, name, needle):
     assert not marker.exists(), "the crafted checkpoint ran code"
     assert message.startswith(f"refusing to load '{folder / name}{needle}"), message
     assert "\n" not in message
+
+
+# A pickled reference to a module of this repository (an object of one of our classes) would
+# tie every checkpoint to today's module layout: after a module moved, the checkpoints saved
+# before could not be unpickled. torch's and megatron-core's classes are all a checkpoint holds;
+# run_args.json and the other JSON files are read as text, not unpickled.
+OUR_PACKAGES = (b"megatron.varlen", b"megatron.wrap")  # the first covers varlen_training
+
+
+def _names_of_ours(root) -> list[str]:
+    """The files under ``root`` (JSON aside) whose bytes name one of :data:`OUR_PACKAGES`
+    (pickles and torch's zip files store module names as plain text)."""
+    return [f"{path.relative_to(root)}: {package.decode()}"
+            for path in sorted(root.rglob("*")) if path.is_file() and path.suffix != ".json"
+            for package in OUR_PACKAGES if package in path.read_bytes()]
+
+
+def test_no_checkpoint_file_pickles_a_class_of_ours(saved):
+    assert len([path for path in saved.rglob("*") if path.is_file()]) > 5  # the scan saw files
+    assert _names_of_ours(saved) == []
+
+
+def test_the_module_name_scan_can_fail(tmp_path):
+    torch.save({"parts": LoadParts()}, tmp_path / "common.pt")
+    assert _names_of_ours(tmp_path) == ["common.pt: megatron.varlen"]
 
 
 class _PickledAs:

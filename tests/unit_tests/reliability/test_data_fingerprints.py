@@ -18,8 +18,8 @@ import pytest
 from megatron.varlen_training import data_fingerprints
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.resume_consistency import check_run_args
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.consistency import check_run_args
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME
 from megatron.varlen_training.errors import INTERRUPTED_EXIT_CODE
 from megatron.varlen_training.exit_conditions import SignalCatcher
 from megatron.varlen_training import training

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megatron.varlen_training import training
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME
 from megatron.varlen_training.errors import NonFiniteLossError
 from megatron.varlen_training.nonfinite import check_finite
 from megatron.varlen_training.optimizer_kernels import torch_adam_optimizers

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from megatron.varlen_training.checkpoint_integrity import MANIFEST_FILENAME, file_digest
+from megatron.varlen_training.checkpoint.integrity import MANIFEST_FILENAME, file_digest
 from megatron.varlen_training.errors import CheckpointError
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank

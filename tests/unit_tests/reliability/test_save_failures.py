@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.harness.rendezvous import hosted_store
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank

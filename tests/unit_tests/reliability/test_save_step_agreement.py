@@ -1,4 +1,4 @@
-"""The steps of a save agree across ranks through errors.agree_and_gather (checkpoint_save.py's
+"""The steps of a save agree across ranks through errors.agree_and_gather (checkpoint/save.py's
 ``_agree_on_save``): an I/O failure on one rank is the same one-line failure on every rank (the
 save turns it into CheckpointSaveError); a bug on one rank keeps its traceback there and stops
 the others promptly in one line (it used to re-raise before the exchange: a hang)."""
@@ -27,7 +27,7 @@ def _write_shard(error: Exception | None) -> str:
 
 
 def _save_step(error: Exception | None, release: str):
-    from megatron.varlen_training.checkpoint_save import _agree_on_save, _IOFailure
+    from megatron.varlen_training.checkpoint.save import _agree_on_save, _IOFailure
 
     try:
         return ("saved", _agree_on_save(_write_shard, error))

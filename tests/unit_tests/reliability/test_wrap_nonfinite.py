@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME
 from megatron.varlen_training.errors import NonFiniteLossError
 from megatron.wrap import GPTSFTFlow, MegatronWrap, register_flow
 from tests.harness.multirank import run_distributed

@@ -197,7 +197,7 @@ def _scheduler_state(argv: list[str]) -> tuple:
 ])
 def test_a_resume_with_another_weight_decay_ramp_is_refused(saved, resumed, needle):
     from megatron.varlen_training.errors import CheckpointError
-    from megatron.varlen_training.schedule_check import check_scheduler
+    from megatron.varlen_training.resume.schedule_check import check_scheduler
 
     _, before = _scheduler_state(["--train-iters", "8"] + saved)
     run, after = _scheduler_state((["--train-iters", "8"] if "--train-iters" not in resumed
@@ -210,7 +210,7 @@ def test_a_resume_with_another_weight_decay_ramp_is_refused(saved, resumed, need
 def test_a_longer_run_with_constant_weight_decay_resumes():
     """--train-iters raised on resume (the decay length kept): the constant weight decay's
     ramp length changes, which nothing reads, so it is no reason to refuse."""
-    from megatron.varlen_training.schedule_check import check_scheduler
+    from megatron.varlen_training.resume.schedule_check import check_scheduler
 
     _, before = _scheduler_state(["--train-iters", "8"])
     run, after = _scheduler_state(["--train-iters", "12", "--lr-decay-iters", "8"])

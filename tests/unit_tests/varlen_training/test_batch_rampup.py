@@ -19,8 +19,8 @@ from megatron.varlen_training.arguments import ArgumentValidationError, parse_ar
 from megatron.varlen_training.batch_rampup import GlobalBatchSchedule, Rampup, RampupMessages
 from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.resume_consistency import check_run_args
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.consistency import check_run_args
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from tests.harness.training_runs import TINY_GPT_ARGS, tiny_packed_config
 
 # (global batch, micro batch, DP, decrease if needed, START, INCREMENT, SAMPLES)

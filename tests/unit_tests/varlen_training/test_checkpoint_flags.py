@@ -1,5 +1,5 @@
 """Megatron-LM's checkpoint-format and save-mode flags (checkpoint_arguments.py) and the load of a
-checkpoint in another format (checkpoint_format.py).
+checkpoint in another format (checkpoint/format.py).
 
 - ``--ckpt-step N`` loads iteration N, not the latest: with checkpoints at 2 and 4, a load of 2
   trains iterations 3 and 4 as the straight run does (and as the latest, 4, would not: its run
@@ -30,9 +30,9 @@ import shutil
 import pytest
 import torch
 
-from megatron.varlen_training.checkpoint_format import check_saved_format
-from megatron.varlen_training.checkpoint_integrity import staging_dir
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME, checkpoint_dir
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME, checkpoint_dir
+from megatron.varlen_training.checkpoint.format import check_saved_format
+from megatron.varlen_training.checkpoint.integrity import staging_dir
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.flag_errors import ArgumentValidationError

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME, checkpoint_dir
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME, checkpoint_dir
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
 

@@ -1,5 +1,5 @@
 """Megatron-LM's checkpoint-content and strategy flags (checkpoint_save_arguments.py,
-checkpoint_parts.py, checkpoint_strategies.py), on 2 data-parallel gloo ranks.
+checkpoint/parts.py, checkpoint/strategies.py), on 2 data-parallel gloo ranks.
 
 - ``--no-save-optim``: the checkpoint's metadata holds no optimizer or schedule key; resuming
   from it without ``--no-load-optim`` stops in one line naming ``--no-load-optim`` (Megatron-LM's
@@ -25,10 +25,10 @@ import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
 from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
-from megatron.varlen_training.checkpoint_parts import SAVED_PARTS_KEY
-from megatron.varlen_training.checkpointing import checkpoint_dir
+from megatron.varlen_training.checkpoint import checkpoint_dir
+from megatron.varlen_training.checkpoint.parts import SAVED_PARTS_KEY
+from megatron.varlen_training.checkpoint.rng_state import RNG_SUBDIR
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.rng_state import RNG_SUBDIR
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
 
@@ -204,7 +204,7 @@ def test_strategies_follow_the_flags(monkeypatch, tmp_path, extra, save_wrapped,
     from megatron.core.dist_checkpointing.strategies.fully_parallel import (
         FullyParallelLoadStrategyWrapper, FullyParallelSaveStrategyWrapper,
     )
-    from megatron.varlen_training import checkpoint_strategies
+    from megatron.varlen_training.checkpoint import strategies as checkpoint_strategies
     from megatron.varlen_training.config.from_flags import parse_run_config
 
     monkeypatch.setattr(checkpoint_strategies, "_data_parallel_group", lambda: None)

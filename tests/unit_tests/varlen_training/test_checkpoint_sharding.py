@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from megatron.varlen_training.checkpoint_sharding import load_metadata, save_metadata
+from megatron.varlen_training.checkpoint.sharding import load_metadata, save_metadata
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.resume_consistency import check_run_args
-from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.consistency import check_run_args
+from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from tests.harness.training_runs import TINY_GPT_ARGS
 
 WORLD = 4

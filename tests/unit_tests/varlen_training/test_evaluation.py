@@ -33,9 +33,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.varlen_training import (
-    checkpoint_load, checkpointing, evaluation, metric_writers, training,
-)
+from megatron.varlen_training import checkpoint, evaluation, metric_writers, training
+from megatron.varlen_training.checkpoint import load as checkpoint_load
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.config.runtime import RuntimeConfig
 from megatron.varlen_training.datasets.builder import build_split_datasets
@@ -43,7 +42,7 @@ from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.loop_steps import eval_mode, log_validation_loss
 from megatron.varlen_training.model_family import GPT
 from megatron.varlen_training.pretrain import pretrain
-from megatron.varlen_training.run_args_record import recorded_valid_samples, save_run_args
+from megatron.varlen_training.resume.run_args_record import recorded_valid_samples, save_run_args
 from megatron.varlen_training.run_description import sample_counts
 from megatron.varlen_training.trainer import Trainer
 from megatron.varlen_training.runtime_hooks import StepHooks
@@ -355,7 +354,7 @@ def _resumes_with_other_eval_intervals(folder: str) -> dict:
     notes = []
     original, checkpoint_load.print_rank_0 = checkpoint_load.print_rank_0, notes.append
     try:
-        results["derived"] = checkpointing.consumed_valid_samples_at(f"{folder}/old", 7, old)
+        results["derived"] = checkpoint.consumed_valid_samples_at(f"{folder}/old", 7, old)
     finally:
         checkpoint_load.print_rank_0 = original
     results["notes"] = notes

@@ -29,10 +29,11 @@ import logging
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from megatron.varlen_training import checkpoint_save, checkpoint_sharding
-from megatron.varlen_training.checkpoint_sharding import FULLY_RESHARDABLE, SHARDING_TYPE_KEY
+from megatron.varlen_training.checkpoint import save as checkpoint_save
+from megatron.varlen_training.checkpoint import sharding as checkpoint_sharding
+from megatron.varlen_training.checkpoint.sharding import FULLY_RESHARDABLE, SHARDING_TYPE_KEY
 from megatron.varlen_training.log import get_logger
-from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
+from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.test_moe_checkpoint import (
     BASE as MOE_BASE, DISTRIBUTED, EP2, EP4, RTOL, WORLD, _metrics_or_refusal, _save_at_2,

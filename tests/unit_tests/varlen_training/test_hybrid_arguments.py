@@ -185,8 +185,8 @@ def test_pattern_stages_megatron_core_cannot_place_are_one_line_errors(extra, wo
 def test_checkpoints_record_the_layers_not_the_stage_separators(tmp_path):
     """The | split is recorded as the first/last stage sizes (like those flags), the pattern
     without it: moving a | resumes as a split change does, not as another model."""
-    from megatron.varlen_training.resume_consistency import check_run_args
-    from megatron.varlen_training.run_args_record import save_run_args
+    from megatron.varlen_training.resume.consistency import check_run_args
+    from megatron.varlen_training.resume.run_args_record import save_run_args
 
     def run(pattern: str, flag: str = "--hybrid-layer-pattern"):
         argv = NO_NUM_LAYERS + [flag, pattern, "--pipeline-model-parallel-size", "2"]

@@ -4,7 +4,7 @@ and 4) == loading the iteration-2 checkpoint and running 2 more, exactly."""
 
 import os
 
-from megatron.varlen_training.checkpointing import TRACKER_FILENAME, checkpoint_dir
+from megatron.varlen_training.checkpoint import TRACKER_FILENAME, checkpoint_dir
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import loss_owner_history, train_hybrid_on_this_rank
 from tests.unit_tests.varlen_training.test_hybrid_equivalence import PACKED

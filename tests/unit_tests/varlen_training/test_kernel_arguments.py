@@ -296,8 +296,8 @@ def test_checkpoints_record_the_pattern_whichever_name_gave_it(tmp_path):
     """run_args.json records the given pattern under one key: a checkpoint written with the
     old name is taken by --use-checkpoint-args and resumed with the new one (and back)."""
     from tests.unit_tests.varlen_training import test_use_checkpoint_args as ckptargs
-    from megatron.varlen_training.resume_consistency import check_run_args
-    from megatron.varlen_training.run_args_record import save_run_args
+    from megatron.varlen_training.resume.consistency import check_run_args
+    from megatron.varlen_training.resume.run_args_record import save_run_args
 
     train = ["--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
              "--mock-data", "--train-iters", "4"]

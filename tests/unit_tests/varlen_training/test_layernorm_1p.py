@@ -143,9 +143,9 @@ def test_resume_with_the_other_norm_parameterisation_is_refused(tmp_path):
 
     from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.errors import CheckpointError
-    from megatron.varlen_training.resume_consistency import check_run_args
-    from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
-    from megatron.varlen_training.run_args_record import save_run_args
+    from megatron.varlen_training.resume.consistency import check_run_args
+    from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
+    from megatron.varlen_training.resume.run_args_record import save_run_args
 
     argv, _, _ = cell_argv("dense", "u_single", "none")
     plain, centered = (parse_run_config(argv + extra, world_size=1) for extra in ([], [FLAG]))

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 import pytest
 import torch
 
-from megatron.varlen_training import checkpointing, progress_log
+from megatron.varlen_training import checkpoint, progress_log
 from megatron.varlen_training.arguments import parse_args
 from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.progress_log import PROGRESS_FILENAME, job_start_in_log, throughputs
@@ -75,7 +75,7 @@ def _resave_without_flops(argv: list[str], source: str, root: str) -> None:
     """Loads ``source``'s iteration 2 and saves it under ``root`` the way a checkpoint written
     before the operations were recorded is: without Megatron-LM's key."""
     with stepping_trainer(argv + ["--load", source, "--ckpt-step", "2"]) as (trainer, state, _):
-        checkpointing.save_checkpoint(root, state.iteration, state.model, state.optimizer,
+        checkpoint.save_checkpoint(root, state.iteration, state.model, state.optimizer,
                                       state.scheduler, trainer.run)
 
 

@@ -249,9 +249,9 @@ def test_resume_with_another_mla_shape_is_refused(tmp_path):
 
     from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.errors import CheckpointError
-    from megatron.varlen_training.resume_consistency import check_run_args
-    from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
-    from megatron.varlen_training.run_args_record import save_run_args
+    from megatron.varlen_training.resume.consistency import check_run_args
+    from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
+    from megatron.varlen_training.resume.run_args_record import save_run_args
 
     run = lambda extra: parse_run_config(BASE + extra, world_size=1)
     save_run_args(str(tmp_path), run(MLA))

@@ -16,9 +16,11 @@ import json
 import pytest
 
 from megatron.varlen_training.config.from_flags import parse_run_config
-from megatron.varlen_training.resume_consistency import check_run_args
-from megatron.varlen_training.run_args_keys import EXPERT_TENSOR_PARALLEL_KEY, RUN_ARGS_FILENAME
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.consistency import check_run_args
+from megatron.varlen_training.resume.run_args_keys import (
+    EXPERT_TENSOR_PARALLEL_KEY, RUN_ARGS_FILENAME,
+)
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.test_moe_checkpoint import (
     BASE,

@@ -207,8 +207,8 @@ def test_resume_refuses_another_layout_with_the_distributed_optimizer(tmp_path):
     from megatron.varlen_training.config.from_flags import parse_run_config
     from megatron.varlen_training.errors import CheckpointError
     from megatron.varlen_training.load_options import LoadParts
-    from megatron.varlen_training.resume_consistency import check_run_args
-    from megatron.varlen_training.run_args_record import save_run_args
+    from megatron.varlen_training.resume.consistency import check_run_args
+    from megatron.varlen_training.resume.run_args_record import save_run_args
 
     def run(layout: str):
         argv = L4 + PP2 + ["--use-distributed-optimizer", LAYOUT, layout]

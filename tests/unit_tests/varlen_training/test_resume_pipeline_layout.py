@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from megatron.varlen_training.checkpoint_sharding import FULLY_RESHARDABLE, SHARDING_TYPE_KEY
+from megatron.varlen_training.checkpoint.sharding import FULLY_RESHARDABLE, SHARDING_TYPE_KEY
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.load_options import LoadParts
-from megatron.varlen_training.resume_consistency import check_run_args
-from megatron.varlen_training.run_args_keys import (
+from megatron.varlen_training.resume.consistency import check_run_args
+from megatron.varlen_training.resume.run_args_keys import (
     PIPELINE_CHUNKS_KEY, RUN_ARGS_FILENAME, VIRTUAL_PIPELINE_SIZE_KEY,
 )
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from tests.harness.training_runs import TINY_GPT_ARGS
 
 PER_STAGE = "--num-layers-per-virtual-pipeline-stage"

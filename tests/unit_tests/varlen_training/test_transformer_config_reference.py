@@ -588,9 +588,9 @@ def test_resume_with_other_rope_share_is_refused(tmp_path):
     import json
 
     from megatron.varlen_training.errors import CheckpointError
-    from megatron.varlen_training.resume_consistency import check_run_args
-    from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
-    from megatron.varlen_training.run_args_record import save_run_args
+    from megatron.varlen_training.resume.consistency import check_run_args
+    from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
+    from megatron.varlen_training.resume.run_args_record import save_run_args
 
     rope = {**TINY, "position_embedding_type": "rope"}
     saved = parse_run_config(_argv({**rope, "rotary_percent": 0.5}), world_size=1)

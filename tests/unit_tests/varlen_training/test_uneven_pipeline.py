@@ -207,8 +207,8 @@ def test_distributed_optimizer_state_does_not_follow_a_split_change(tmp_path):
     test_resume_layout_change.py)."""
     from megatron.varlen_training.errors import CheckpointError
     from megatron.varlen_training.load_options import LoadParts
-    from megatron.varlen_training.resume_consistency import check_run_args
-    from megatron.varlen_training.run_args_record import save_run_args
+    from megatron.varlen_training.resume.consistency import check_run_args
+    from megatron.varlen_training.resume.run_args_record import save_run_args
 
     dist_opt = ["--use-distributed-optimizer"]
     save_run_args(str(tmp_path), _run_config(dist_opt + ["--decoder-first-pipeline-num-layers",

@@ -2,7 +2,7 @@
 loaded, as Megatron-LM's ``load_args_from_checkpoint`` takes them.
 
 Parsing (fast, no training): a checkpoint folder holding only the ``run_args.json`` that
-run_args_record.py writes for a run with a non-default architecture (the record is built
+resume/run_args_record.py writes for a run with a non-default architecture (the record is built
 from the run the flags describe, not by the code under test):
 
 - the run parsed with ``--use-checkpoint-args`` and no model flags has the same model config,
@@ -47,8 +47,8 @@ from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.varlen_training.flag_values import parse_values
 from megatron.varlen_training.load_options import TRACKER_FILENAME, iteration_folder
-from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
-from megatron.varlen_training.run_args_record import snapshot
+from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
+from megatron.varlen_training.resume.run_args_record import snapshot
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank

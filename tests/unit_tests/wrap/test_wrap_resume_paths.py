@@ -20,7 +20,7 @@ import os
 
 from megatron.varlen_training import optimizer_kernels
 from megatron.varlen_training.arguments import build_parser
-from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME, VALID_POSITION_KEY
+from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME, VALID_POSITION_KEY
 from megatron.wrap import MegatronWrap
 from megatron.wrap.config import build_config
 from tests.harness.multirank import run_distributed

@@ -16,9 +16,9 @@ import pytest
 
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.resume_consistency import data_position_note
-from megatron.varlen_training.run_args_keys import DATA_POSITION_KEY, RUN_ARGS_FILENAME
-from megatron.varlen_training.run_args_record import consumed_samples, save_run_args
+from megatron.varlen_training.resume.consistency import data_position_note
+from megatron.varlen_training.resume.run_args_keys import DATA_POSITION_KEY, RUN_ARGS_FILENAME
+from megatron.varlen_training.resume.run_args_record import consumed_samples, save_run_args
 from megatron.wrap import MegatronWrap
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import TINY_GPT_ARGS

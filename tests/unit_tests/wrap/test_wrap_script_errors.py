@@ -18,8 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from megatron.varlen_training import checkpointing
-from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME, VALID_POSITION_KEY
+from megatron.varlen_training import checkpoint
+from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME, VALID_POSITION_KEY
 from megatron.wrap import MegatronWrap
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.wrap.test_wrap_main_guard import _kill_tree
@@ -160,13 +160,13 @@ def test_resume_with_another_sft_key_is_one_line_exit_2(tmp_path):
 
 def rank_save_twice(save_dir: str) -> dict:
     calls = []
-    real = checkpointing.save_checkpoint
+    real = checkpoint.save_checkpoint
 
     def counting(root, iteration, *args, **kwargs):
         calls.append(iteration)
         return real(root, iteration, *args, **kwargs)
 
-    checkpointing.save_checkpoint = counting
+    checkpoint.save_checkpoint = counting
     config = {"model": {"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
                         "seq_length": 32, "vocab_size": 64},
               "training": {"global_batch_size": 2, "train_iters": 4, "lr": 1e-3,

@@ -17,8 +17,8 @@ import torch
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.datasets.sft import SFTDataset, sft_keys
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.resume_consistency import check_run_args
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.consistency import check_run_args
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from megatron.varlen_training.tokenizer import build_tokenizer
 from megatron.wrap import FlowContext, GPTSFTFlow, MegatronWrap
 from megatron.wrap.batch import length_limit

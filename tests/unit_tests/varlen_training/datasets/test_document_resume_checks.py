@@ -1,5 +1,5 @@
 """A resume keeps the packing unit: whole documents and --seq-length samples are different
-streams, so --packing-unit is a data-order key of run_args.json (resume_consistency.py);
+streams, so --packing-unit is a data-order key of run_args.json (resume/consistency.py);
 checkpoints written before the key existed were --packing-unit sample runs."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.resume_consistency import check_run_args
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.consistency import check_run_args
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 
 PACKED = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",

@@ -1,6 +1,6 @@
 """A resume on indexed data continues the saved stream or is refused in one line: the data
 position is in the checkpoint; split, sample count (megatron-core's shuffle), blend weights and
-the datasets' content are checked (resume_consistency.py). The end-to-end resume (4 + 4 == 8
+the datasets' content are checked (resume/consistency.py). The end-to-end resume (4 + 4 == 8
 losses) is in test_indexed_training.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from megatron.varlen_training.config.from_flags import parse_run_config
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.resume_consistency import check_run_args, data_position_note
-from megatron.varlen_training.run_args_record import save_run_args
+from megatron.varlen_training.resume.consistency import check_run_args, data_position_note
+from megatron.varlen_training.resume.run_args_record import save_run_args
 from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
 
 BASE = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",

@@ -7,7 +7,7 @@ count indexed data was built for, the SFT split rule), the message names the fla
 
 from __future__ import annotations
 
-from megatron.varlen_training.run_args_keys import (
+from megatron.varlen_training.resume.run_args_keys import (
     FLAG_OF_KEY, INDEXED_SAMPLES_KEY, MODEL_KEYS, SFT_KEYS, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
 

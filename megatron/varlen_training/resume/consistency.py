@@ -64,10 +64,10 @@ position-table size only with learned absolute positions), so fine-tuning on oth
 another batch size, seed, schedule or optimizer layout is not refused. Without the optimizer
 state (``--no-load-optim``) the optimizer layout may change.
 
-Where it lives: the recorded keys in :mod:`run_args_keys`, writing and reading the record in
-:mod:`run_args_record`, the model/data messages in :mod:`resume_messages`, the optimizer layout
-in :mod:`optimizer_layout_check`, the data files in :mod:`data_source_check`, the LR/WD
-schedule in :mod:`schedule_check`; this module compares a resume against the record.
+Where it lives: the recorded keys in :mod:`.run_args_keys`, writing and reading the record in
+:mod:`.run_args_record`, the model/data messages in :mod:`.messages`, the optimizer layout in
+:mod:`.optimizer_layout_check`, the data files in :mod:`.data_source_check`, the LR/WD schedule
+in :mod:`.schedule_check`; this module compares a resume against the record.
 
 Every refusal is a one-line :class:`CheckpointError` naming the flag and both values; a
 garbled ``run_args.json`` is one too.
@@ -77,19 +77,19 @@ from __future__ import annotations
 
 from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
 from megatron.varlen_training.config import RunConfig
-from megatron.varlen_training.data_source_check import check_data_sources
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.load_options import RESUME, LoadParts
-from megatron.varlen_training.optimizer_layout_check import (
+from megatron.varlen_training.resume.data_source_check import check_data_sources
+from megatron.varlen_training.resume.messages import recorded_key_mismatch
+from megatron.varlen_training.resume.optimizer_layout_check import (
     decoupled_lr_mismatch, expert_parallel_mismatch, optimizer_layout_mismatch,
     sharded_optimizer_mismatch,
 )
-from megatron.varlen_training.resume_messages import recorded_key_mismatch
-from megatron.varlen_training.run_args_keys import (
+from megatron.varlen_training.resume.run_args_keys import (
     DATA_ORDER_KEYS, DATA_POSITION_KEY, INDEXED_SAMPLES_KEY, LEARNED_POSITIONS, MODEL_KEYS,
     OPTIMIZER_LAYOUT_KEY, RECORDED_BEFORE, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
-from megatron.varlen_training.run_args_record import (
+from megatron.varlen_training.resume.run_args_record import (
     consumed_samples, normalise, read_run_args, snapshot,
 )
 

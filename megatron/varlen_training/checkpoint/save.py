@@ -1,5 +1,5 @@
 """The save path: a checkpoint written into a staging folder, published with one rename, and
-named latest (checkpointing.py describes the whole; :mod:`checkpoint_integrity` the files).
+named latest (the package docstring describes the whole; :mod:`.integrity` the files).
 
 A save that fails for an operational reason stops the run with one line and leaves the previous
 checkpoint as the latest: disk full, unwritable or I/O errors on any rank are
@@ -24,11 +24,8 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from megatron.core import dist_checkpointing
-from megatron.varlen_training import checkpoint_integrity as integrity
-from megatron.varlen_training import (
-    checkpoint_sharding, checkpoint_strategies, rng_state, run_args_record,
-)
-from megatron.varlen_training.checkpoint_layout import (
+from megatron.varlen_training.checkpoint import integrity, rng_state, sharding, strategies
+from megatron.varlen_training.checkpoint.layout import (
     FLOPS_SO_FAR_KEY, TRACKER_FILENAME, checkpoint_dir, read_latest_iteration, sharded_state_dict,
 )
 from megatron.varlen_training.config import RunConfig
@@ -37,6 +34,7 @@ from megatron.varlen_training.errors import (
     agree_and_gather, one_line, share_result,
 )
 from megatron.varlen_training.log import print_rank_0
+from megatron.varlen_training.resume import run_args_record
 
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist data files, named by writer rank
 _RNG_FILE = re.compile(r"rank_(\d+)\.pt$")
@@ -222,15 +220,15 @@ def _write_and_publish(root: str, iteration: int, staging: str, path: str, model
     """The save's steps; ``common``: values saved beside the iteration (megatron-core's
     common.pt)."""
     _agree_on_save(_on_rank_0, _prepare_staging, root, staging)
-    metadata = checkpoint_sharding.save_metadata(run)
-    sharding_type = metadata.get(checkpoint_sharding.SHARDING_TYPE_KEY)
+    metadata = sharding.save_metadata(run)
+    sharding_type = metadata.get(sharding.SHARDING_TYPE_KEY)
     if sharding_type is not None:  # Megatron-LM's line
         print_rank_0(f"Storing distributed optimizer sharded state of type {sharding_type}")
     state = sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=False,
                                metadata=metadata, with_optimizer=not run.checkpoint.no_save_optim)
     state.update(common)
     # megatron-core gathers its writers' failures and raises them on every rank.
-    dist_checkpointing.save(state, staging, checkpoint_strategies.save_strategy(run.checkpoint),
+    dist_checkpointing.save(state, staging, strategies.save_strategy(run.checkpoint),
                             content_metadata=metadata)
     _agree_on_save(_write_own_files, staging, run, extra_files, iteration, positions)
     entries = _digest_own_files(staging)

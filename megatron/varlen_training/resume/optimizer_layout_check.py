@@ -3,19 +3,19 @@
 Toggling ``--use-distributed-optimizer``, expert parallelism 1 <-> > 1 and ``--decoupled-lr``
 on <-> off change the state's layout; the distributed optimizer's default ``dp_reshardable``
 format also cannot follow a model-parallel change (the module docstring of
-:mod:`~megatron.varlen_training.resume_consistency` has the rules).
+:mod:`~megatron.varlen_training.resume.consistency` has the rules).
 """
 
 from __future__ import annotations
 
-from megatron.varlen_training.checkpoint_sharding import (
+from megatron.varlen_training.checkpoint.sharding import (
     DP_RESHARDABLE, FULLY_RESHARDABLE, SHARDING_TYPE_KEY,
 )
-from megatron.varlen_training.run_args_keys import (
+from megatron.varlen_training.resume.run_args_keys import (
     DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, OPTIMIZER_LAYOUT_KEY, PIPELINE_CHUNKS_KEY,
     PIPELINE_LAYOUT_FLAG_KEYS, SHARDED_OPTIMIZER_SIZES,
 )
-from megatron.varlen_training.run_args_record import pipeline_chunks
+from megatron.varlen_training.resume.run_args_record import pipeline_chunks
 
 
 def expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:

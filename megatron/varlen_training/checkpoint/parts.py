@@ -1,5 +1,5 @@
 """What a checkpoint holds besides the model weights: Megatron-LM's ``--no-save-optim`` /
-``--no-save-rng`` (checkpoint_save_arguments.py). No megatron-core here: resume_consistency.py
+``--no-save-rng`` (checkpoint_save_arguments.py). No megatron-core here: resume/consistency.py
 records the parts, and the flag layer reads that module.
 
 A checkpoint records in ``run_args.json`` which parts it holds (:data:`SAVED_PARTS_KEY`;

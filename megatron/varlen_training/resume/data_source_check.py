@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 
-from megatron.varlen_training.checkpoint_integrity import HASH_ALGORITHM
+from megatron.varlen_training.checkpoint.integrity import HASH_ALGORITHM
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data_fingerprints import changed_file, data_fingerprint
 from megatron.varlen_training.errors import CheckpointError
-from megatron.varlen_training.run_args_record import data_entries
-from megatron.varlen_training.run_args_keys import DATA_SOURCES_KEY
+from megatron.varlen_training.resume.run_args_keys import DATA_SOURCES_KEY
+from megatron.varlen_training.resume.run_args_record import data_entries
 
 _SHORT_HASH = 12  # hex digits of a data fingerprint shown in messages
 

@@ -1,4 +1,4 @@
-"""Writes and reads a checkpoint's ``run_args.json`` (the keys: :mod:`run_args_keys`).
+"""Writes and reads a checkpoint's ``run_args.json`` (the keys: :mod:`.run_args_keys`).
 
 The record is the run's value of each key, taken from the config holding it, plus the data
 files' fingerprints, the saved parts, the optimizer's state format and the data position
@@ -13,9 +13,9 @@ import json
 import os
 
 from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
-from megatron.varlen_training.checkpoint_integrity import atomic_write_text
-from megatron.varlen_training.checkpoint_parts import OPTIMIZER_KEY, SAVED_PARTS_KEY, saved_parts
-from megatron.varlen_training.checkpoint_sharding import SHARDING_TYPE_KEY, optimizer_sharding_type
+from megatron.varlen_training.checkpoint.integrity import atomic_write_text
+from megatron.varlen_training.checkpoint.parts import OPTIMIZER_KEY, SAVED_PARTS_KEY, saved_parts
+from megatron.varlen_training.checkpoint.sharding import SHARDING_TYPE_KEY, optimizer_sharding_type
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data_fingerprints import data_fingerprint
 from megatron.varlen_training.errors import CheckpointError, one_line
@@ -24,7 +24,7 @@ from megatron.varlen_training.moe_arguments import default_dispatcher
 from megatron.varlen_training.pipeline_arguments import (
     pipeline_split_of, validate_pipeline_split,
 )
-from megatron.varlen_training.run_args_keys import (
+from megatron.varlen_training.resume.run_args_keys import (
     CHECKPOINT_ARGS_KEYS, CONTEXT_KEYS, DATA_ORDER_KEYS, DATA_POSITION_KEY, DATA_SOURCES_KEY,
     DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY, HYBRID_KEYS,
     INDEXED_SAMPLES_KEY, MLA_KEYS, MODEL_KEYS, MOE_DISPATCHER_KEY, MOE_KEYS, MOE_ROUTER_KEYS,
@@ -166,7 +166,7 @@ def save_run_args(folder: str, run: RunConfig, iteration: int | None = None,
     read so far, ``consumed_valid_samples`` (not recorded when None)."""
     recorded = snapshot(run)
     recorded[SAVED_PARTS_KEY] = saved_parts(run.checkpoint)  # --no-save-optim / --no-save-rng
-    recorded[OPTIMIZER_KEY] = run.optimizer.optimizer  # whose state it is (checkpoint_parts.py)
+    recorded[OPTIMIZER_KEY] = run.optimizer.optimizer  # whose state it is (checkpoint/parts.py)
     # The distributed optimizer's format (None: the plain optimizer): which layouts it follows.
     recorded[SHARDING_TYPE_KEY] = optimizer_sharding_type(run)
     if iteration is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.varlen_training.checkpoint_sharding import FULLY_RESHARDABLE
+from megatron.varlen_training.checkpoint.sharding import FULLY_RESHARDABLE
 from megatron.varlen_training.optimizer_kernels import chained_optimizers
 
 # megatron-core's keys in a distributed optimizer's state dict (DistributedOptimizer.

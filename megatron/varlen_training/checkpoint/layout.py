@@ -1,7 +1,7 @@
 """What a checkpoint is, for the save and the load paths alike: Megatron-LM's folder layout
 (``<root>/iter_0000003/``, the tracker file naming the latest) and the sharded state dict
 megatron-core saves and fills: each model chunk's, the iteration, and the optimizer state and
-LR/WD schedule laid out as :mod:`checkpoint_sharding`'s metadata says."""
+LR/WD schedule laid out as :mod:`.sharding`'s metadata says."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def sharded_state_dict(model, optimizer, scheduler, iteration: int, is_loading: 
                        metadata: dict, with_optimizer: bool = True) -> dict:
     """The model chunks' state, the iteration and (``with_optimizer``) the optimizer state and
     LR/WD schedule, as dist_checkpointing saves them or fills them on load; ``metadata``: how
-    the optimizer state is laid out (:mod:`checkpoint_sharding`)."""
+    the optimizer state is laid out (:mod:`.sharding`)."""
     state = {key: model_sharded_state_dict(chunk)
              for key, chunk in zip(model_keys(model), model)}
     if with_optimizer:

@@ -1,5 +1,5 @@
 """The load path: a checkpoint verified and checked against this run before megatron-core reads
-it, then restored as the load options say (checkpointing.py describes the whole)."""
+it, then restored as the load options say (the package docstring describes the whole)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,19 @@ from torch.distributed.checkpoint import CheckpointException
 
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.core import CheckpointingException
-from megatron.varlen_training import checkpoint_integrity as integrity
-from megatron.varlen_training import (
-    checkpoint_format, checkpoint_parts, checkpoint_sharding, checkpoint_strategies,
-    load_options, resume_consistency, rng_state, run_args_record, schedule_check,
+from megatron.varlen_training import load_options
+from megatron.varlen_training.checkpoint import (
+    integrity, optimizer_state, rng_state, sharding, strategies,
 )
-from megatron.varlen_training import checkpoint_optimizer_state as optimizer_state
-from megatron.varlen_training.checkpoint_layout import (
+from megatron.varlen_training.checkpoint.format import check_saved_format
+from megatron.varlen_training.checkpoint.layout import (
     FLOPS_SO_FAR_KEY, TRACKER_FILENAME, checkpoint_dir, model_keys, read_latest_iteration,
     sharded_state_dict,
 )
-from megatron.varlen_training.checkpoint_safe_load import (
+from megatron.varlen_training.checkpoint.parts import (
+    parts_to_load, recorded_optimizer, recorded_parts,
+)
+from megatron.varlen_training.checkpoint.safe_load import (
     COMMON_FILENAME, CONFIG_FILENAME, METADATA_FILENAME, check_common_is_safe, check_config,
     check_metadata_is_safe, shard_files,
 )
@@ -29,6 +31,7 @@ from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.errors import CheckpointError, agree_on_errors, one_line
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
+from megatron.varlen_training.resume import consistency, run_args_record, schedule_check
 from megatron.varlen_training.run_description import in_loop_evaluations
 
 _DETAIL_CHARS = 160
@@ -50,7 +53,7 @@ def _saved_run_args(folder: str) -> dict:
 
 def _held_parts(folder: str) -> dict[str, bool]:
     """The parts the checkpoint in ``folder`` says it holds (--no-save-optim/--no-save-rng)."""
-    return checkpoint_parts.recorded_parts(_saved_run_args(folder))
+    return recorded_parts(_saved_run_args(folder))
 
 
 def _required_files(entries: dict[str, dict], world_size: int | None,
@@ -147,7 +150,7 @@ def check_checkpoint(root: str, step: int | None = None) -> tuple[int, str]:
     if not os.path.isdir(folder):
         raise CheckpointError(f"{TRACKER_FILENAME} in {root!r} names iteration {iteration} but "
                               f"{folder!r} is missing")
-    agree_on_errors(checkpoint_format.check_saved_format, folder)
+    agree_on_errors(check_saved_format, folder)
     agree_on_errors(_verify_share, folder)  # every file verified before any is parsed
     agree_on_errors(_check_format_files, folder)
     return iteration, folder
@@ -157,12 +160,12 @@ def _check_run_args(folder: str, iteration: int, run: RunConfig,
                     parts: load_options.LoadParts) -> None:
     """Refuses a run that would not continue the saved one (``--finetune``: a model of another
     shape), on every rank; rank 0 alone reads the data files for their fingerprints."""
-    note = agree_on_errors(resume_consistency.check_run_args, folder, run,
+    note = agree_on_errors(consistency.check_run_args, folder, run,
                            torch.distributed.get_rank() == 0, parts)
     if note is not None:
         print_rank_0(f" > {note}")
     if not parts.finetune:  # a fine-tuning run starts its own data stream at sample 0
-        position = agree_on_errors(resume_consistency.data_position_note, folder, iteration, run)
+        position = agree_on_errors(consistency.data_position_note, folder, iteration, run)
         print_rank_0(f" > {position}")
 
 
@@ -210,7 +213,7 @@ def _load_state(template: dict, folder: str, run: RunConfig | None = None) -> di
     distributed optimizer state does not fit is one line (megatron-core raises a traceback
     of torch's CheckpointException, a BaseException, on every rank)."""
     options = {} if run is None else {
-        "sharded_strategy": checkpoint_strategies.load_strategy(run.checkpoint, folder),
+        "sharded_strategy": strategies.load_strategy(run.checkpoint, folder),
         "strict": run.checkpoint.dist_ckpt_strictness}
     try:
         return dist_checkpointing.load(template, folder, **options)
@@ -239,8 +242,8 @@ def _parts_held(folder: str, parts: load_options.LoadParts,
     none restored."""
     saved = agree_on_errors(_saved_run_args, folder)
     return agree_on_errors(
-        checkpoint_parts.parts_to_load, folder, checkpoint_parts.recorded_parts(saved), parts,
-        checkpoint_parts.recorded_optimizer(saved),
+        parts_to_load, folder, recorded_parts(saved), parts,
+        recorded_optimizer(saved),
         None if run is None else run.optimizer.optimizer)
 
 
@@ -269,7 +272,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
         optimizer_state.materialize(optimizer)
     stored = agree_on_errors(dist_checkpointing.load_content_metadata, folder)
     print_rank_0(f"sharded_state_dict metadata loaded from the checkpoint: {stored}")  # Megatron-LM
-    metadata = checkpoint_sharding.load_metadata(stored)
+    metadata = sharding.load_metadata(stored)
     template = sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
                                   metadata=metadata, with_optimizer=parts.optimizer)
     state = _load_state(template, folder, run)

@@ -7,7 +7,7 @@ dist_checkpointing with the PyTorch distributed backend: ``.metadata``, ``*.dist
 in megatron-core), ``torch_dcp`` and ``fsdp_dtensor`` (plain ``torch.distributed.checkpoint``:
 ``.metadata`` and shards, without megatron-core's ``metadata.json``). This fork writes and reads
 ``torch_dist`` only, with its own files beside megatron-core's (``manifest.json``,
-``run_args.json``, the RNG files: checkpointing.py), so a folder without ``manifest.json`` was
+``run_args.json``, the RNG files: the package docstring), so a folder without ``manifest.json`` was
 not saved by it. Such a folder is refused in one line naming the format it is in, before
 anything in it is parsed.
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 
-from megatron.varlen_training.checkpoint_integrity import MANIFEST_FILENAME
-from megatron.varlen_training.checkpoint_safe_load import CONFIG_FILENAME, METADATA_FILENAME
+from megatron.varlen_training.checkpoint.integrity import MANIFEST_FILENAME
+from megatron.varlen_training.checkpoint.rng_state import RNG_SUBDIR
+from megatron.varlen_training.checkpoint.safe_load import CONFIG_FILENAME, METADATA_FILENAME
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.load_options import SUPPORTED_FORMAT
-from megatron.varlen_training.run_args_keys import RUN_ARGS_FILENAME
-from megatron.varlen_training.rng_state import RNG_SUBDIR
+from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
 
 _LEGACY_PREFIX = "mp_rank_"  # the legacy format's per-rank folders (mp_rank_00, mp_rank_00_001)
 _OWN_FILES = {RUN_ARGS_FILENAME, RNG_SUBDIR}  # only this fork's saves write them

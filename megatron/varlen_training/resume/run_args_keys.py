@@ -1,8 +1,8 @@
 """The keys a checkpoint's ``run_args.json`` records, grouped by what a resume does with them.
 
-Model shape and data order must match (:mod:`~megatron.varlen_training.resume_consistency`);
+Model shape and data order must match (:mod:`~megatron.varlen_training.resume.consistency`);
 the optimizer layout keys say which layouts the optimizer state follows
-(:mod:`~megatron.varlen_training.optimizer_layout_check`); the context keys only serve the
+(:mod:`~megatron.varlen_training.resume.optimizer_layout_check`); the context keys only serve the
 messages; the ``--use-checkpoint-args`` keys are taken, not compared
 (:mod:`~megatron.varlen_training.checkpoint_model_flags`). Keys are the flags' dests, which are
 also the names of the config fields recorded. No megatron-core and no run config here.
