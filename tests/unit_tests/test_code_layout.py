@@ -162,6 +162,16 @@ def _library_modules() -> dict[str, Path]:
     return found
 
 
+def _from_import_targets(node: ast.ImportFrom, package: list[str], known) -> set[str]:
+    """The modules a ``from ... import`` names: ``base.name`` where that is a known module,
+    else ``base`` (relative imports resolved against ``package``)."""
+    base = node.module or ""
+    if node.level:
+        base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+    return {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+            for alias in node.names}
+
+
 def _imports_of(name: str, path: Path, known) -> set[str]:
     """The library modules ``name`` imports anywhere in its file: ``from pkg import sub`` names
     the submodule when there is one, else the package; relative imports are resolved. A package
@@ -173,11 +183,7 @@ def _imports_of(name: str, path: Path, known) -> set[str]:
         if is_package and isinstance(node, ast.Constant) and node.value in known:
             found.add(node.value)  # a lazily exported module
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
-            found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
-                      for alias in node.names}
+            found |= _from_import_targets(node, package, known)
         elif isinstance(node, (ast.Import, ast.Call)):  # import x; importlib.import_module("x")
             found |= set(_imported_modules(node))
     return {module for module in found if module in known and module != name}
@@ -213,11 +219,7 @@ def _import_time_imports(name: str, path: Path, known) -> set[str]:
     named = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
-            named |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
-                      for alias in node.names}
+            named |= _from_import_targets(node, package, known)
         elif isinstance(node, ast.Import):
             named |= {alias.name for alias in node.names}
     parts = name.split(".")
