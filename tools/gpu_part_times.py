@@ -88,7 +88,8 @@ SUITE_SUBSET_S = 65.0
 # workers on 16 cores (run5_suite_all_timeout.log): ~540 s in all at that rate, over one 600 s
 # device command with the wheel install and a margin. So it runs in two halves by folder
 # (gpu_check.SUITE_HALVES), estimated by their test counts at that rate (20 s of worker start
-# each): the first (1,805 tests, before the cut in collection order) ~235 s, the second (2,412) ~310 s.
+# each): the first (1,805 tests, before the cut in collection order) ~235 s, the second
+# (2,412) ~310 s.
 # Workers: 8 of 16 cores, since 72% of the suite's time is in tests that start 2-4 ranks or
 # subprocesses (one torch thread each): more workers would oversubscribe the cores there, and
 # ranks that wait on each other slow down most under load.
