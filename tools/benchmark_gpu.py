@@ -5,9 +5,10 @@
     python tools/benchmark_gpu.py --sizes 184m,1.3b,2.8b
     python tools/benchmark_gpu.py --device cpu --tiny --iters 2 --warmup 1   # smoke run, CPU
 
-One process per configuration and size (a fresh CUDA context and allocator each), the same GPU,
-the same sample lengths (mock SFT, lognormal 128-4096, mean 1024, sigma 1.1, seed 1234) and the
-same token budget per micro-batch:
+One process per configuration and size (a fresh CUDA context and allocator each, its own
+``--timeout``; run packed, reference, padded, whatever order ``--configs`` names them, so the
+packed / reference ratio comes first), the same GPU, the same sample lengths (mock SFT,
+lognormal 128-4096, mean 1024, sigma 1.1, seed 1234) and the same token budget per micro-batch:
 
 * ``packed``: ``pretrain_gpt.py``'s path with ``--sequence-packing`` (THD micro-batches of up to
   ``--max-seqlen-per-dp-cp-rank`` tokens), ``--attention-backend auto``;
@@ -26,7 +27,8 @@ Reported per configuration: real tokens/s, TFLOP/s per GPU and MFU against the d
 peak (FLOPs from the REAL lengths, one formula for all three: megatron/varlen_training/flops.py),
 synchronising calls per step (profiler events beyond an empty region's, forward+backward alone and
 the whole step, with the ``file:line`` of each: tools/sync_probe.py), and peak memory. Writes
-``REPORT.md`` and ``results.json`` (device, torch version, date) to ``--out`` (default results/gpu).
+``REPORT.md`` and ``results.json`` (device, torch version, date) to ``--out`` (default results/gpu),
+rewritten as each configuration ends.
 Needs only torch, megatron-core and this repository.
 """
 
@@ -49,7 +51,9 @@ from pathlib import Path
 from tools.sync_probe import count_sync_events, profiled_sync_events, sync_sites
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = ("packed", "padded", "reference")
+# In the order they run, whatever order --configs names them: the packed / reference ratio is
+# what a session most needs, so the reference runs right after packed, and padded (slowest) last.
+CONFIGS = ("packed", "reference", "padded")
 DEFAULT_OUT = REPO / "results" / "gpu"
 # One configuration of one size must fit one GPU command (10 minutes) with the others.
 WORKER_TIMEOUT_S = 300
@@ -510,12 +514,11 @@ def _launch(config: str, size: str, cli: argparse.Namespace, result_path: Path) 
            "--device", cli.device, "--attention-backend", cli.attention_backend]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)}
-    started = time.perf_counter()
+    started, timeout = time.perf_counter(), cli.timeouts[config]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=cli.timeout)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {cli.timeout} s"}
+        return {"error": f"timed out after {timeout} s"}
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         return {"error": f"exit {proc.returncode}: {tail[:200]}"}
@@ -544,8 +547,10 @@ def _parse(argv):
                         choices=("auto", "flash", "te", "local"),
                         help="our configurations' --attention-backend (ablations)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--timeout", type=int, default=WORKER_TIMEOUT_S,
-                        help="seconds per configuration and size")
+    parser.add_argument("--timeout", default=str(WORKER_TIMEOUT_S),
+                        help="seconds per configuration and size: one number for all, or "
+                             "CONFIG=SECONDS,... (unnamed configurations: "
+                             f"{WORKER_TIMEOUT_S})")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     cli = parser.parse_args(argv)
@@ -558,40 +563,70 @@ def _parse(argv):
         unknown = sorted(set(x for x in chosen.split(",") if x) - set(known))
         if unknown:
             parser.error(f"{option} {','.join(unknown)}: choose from {','.join(known)}")
+    try:
+        cli.timeouts = parse_timeouts(cli.timeout)
+    except ValueError as error:
+        parser.error(str(error))
     return cli
 
 
-def main(argv=None) -> int:
+def parse_timeouts(text: str) -> dict[str, int]:
+    """``--timeout``: "90" for every configuration, or "packed=55,padded=91" (the rest get
+    WORKER_TIMEOUT_S)."""
+    if "=" not in text:
+        pairs = [(config, text) for config in CONFIGS]
+    else:
+        pairs = [tuple(item.split("=", 1)) for item in text.split(",") if item]
+    timeouts = dict.fromkeys(CONFIGS, WORKER_TIMEOUT_S)
+    for config, seconds in pairs:
+        if config not in CONFIGS or not seconds.isdigit() or int(seconds) < 1:
+            raise ValueError(f"--timeout {text}: give whole seconds >= 1, for all or as "
+                             f"CONFIG=SECONDS with CONFIG from {','.join(CONFIGS)}")
+        timeouts[config] = int(seconds)
+    return timeouts
+
+
+def run_order(configs: str) -> list[str]:
+    """The configurations named in ``--configs``, each once, in CONFIGS' order."""
+    named = set(configs.split(","))
+    return [config for config in CONFIGS if config in named]
+
+
+def write_reports(out: Path, report: dict, command: str, device: str) -> None:
+    """results.json and REPORT.md of the configurations done so far (rewritten after each one:
+    a run cut short keeps what ended)."""
     import torch
 
+    device = next((r["device"] for _, rs in report.values() for r in rs.values()
+                   if "device" in r), device)
+    meta = {"device": device, "torch": torch.__version__,
+            "date": datetime.date.today().isoformat()}
+    (out / "results.json").write_text(json.dumps(
+        {**meta, "command": command,
+         "sizes": {size: {"shape": dataclasses.asdict(shape), "results": results}
+                   for size, (shape, results) in report.items()}}, indent=2))
+    (out / "REPORT.md").write_text(render_report(meta, report, command))
+
+
+def main(argv=None) -> int:
     cli = _parse(argv)
     sizes = ["tiny"] if cli.tiny else [s for s in cli.sizes.split(",") if s]
     if cli.worker:
         result = run_worker(cli.worker, _shape(cli, sizes[0]), cli.iters, cli.warmup, cli.device)
         cli.result.write_text(json.dumps(result))
         return 0
-    configs = [c for c in cli.configs.split(",") if c]
+    command = "python tools/benchmark_gpu.py " + " ".join(argv if argv is not None
+                                                          else sys.argv[1:])
     cli.out.mkdir(parents=True, exist_ok=True)
     report, ok = {}, True
     for size in sizes:
-        results = {}
-        for config in configs:
+        results = report.setdefault(size, (_shape(cli, size), {}))[1]
+        for config in run_order(cli.configs):
             results[config] = _launch(config, size, cli, cli.out / f".{config}.json")
             (cli.out / f".{config}.json").unlink(missing_ok=True)
             ok = ok and not results[config].get("error")
             print(f"{size} {config}: {json.dumps(results[config])}", flush=True)
-        report[size] = (_shape(cli, size), results)
-    device = next((r["device"] for _, rs in report.values() for r in rs.values()
-                   if "device" in r), cli.device)
-    meta = {"device": device, "torch": torch.__version__,
-            "date": datetime.date.today().isoformat()}
-    command = "python tools/benchmark_gpu.py " + " ".join(argv if argv is not None
-                                                          else sys.argv[1:])
-    (cli.out / "results.json").write_text(json.dumps(
-        {**meta, "command": command.strip(),
-         "sizes": {size: {"shape": dataclasses.asdict(shape), "results": results}
-                   for size, (shape, results) in report.items()}}, indent=2))
-    (cli.out / "REPORT.md").write_text(render_report(meta, report, command.strip()))
+            write_reports(cli.out, report, command.strip(), cli.device)
     return 0 if ok else 1
 
 

@@ -4,6 +4,8 @@ The measurements themselves need a GPU (`python tools/benchmark_gpu.py`); a CPU 
 the whole tool is `python tools/benchmark_gpu.py --device cpu --tiny --iters 2 --warmup 1`.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -96,3 +98,32 @@ def test_missing_dependencies_are_named():
     assert bench.missing_modules() == []
     assert bench.missing_modules(("numpy", "no_such_module_xyz", "no_such_pkg.sub")) == [
         "no_such_module_xyz", "no_such_pkg.sub"]
+
+
+def test_configurations_run_packed_then_reference_then_padded_each_with_its_timeout(
+        tmp_path, monkeypatch):
+    """Whatever order --configs names them; results.json already holds the packed / reference
+    ratio while padded runs (a run cut there keeps it)."""
+    launched = []
+
+    def fake_launch(config, size, cli, result_path):
+        if config == "padded":
+            saved = json.loads((tmp_path / "results.json").read_text())
+            assert set(saved["sizes"]["tiny"]["results"]) == {"packed", "reference"}
+        launched.append((config, cli.timeouts[config]))
+        return {"tokens_per_s": 1.0, "tflops_per_gpu": 1.0, "mfu": None, "peak_memory_gib": 1.0,
+                "syncs_forward_backward": 0, "syncs_step": 2}
+
+    monkeypatch.setattr(bench, "_launch", fake_launch)
+    assert bench.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--configs",
+                       "padded,packed,reference,packed", "--timeout", "padded=91,packed=55"]) == 0
+    assert launched == [("packed", 55), ("reference", bench.WORKER_TIMEOUT_S), ("padded", 91)]
+    assert "| packed / plain-PyTorch reference | 1.00x |" in (tmp_path / "REPORT.md").read_text()
+
+
+def test_timeouts_are_one_number_or_one_per_configuration():
+    assert bench.parse_timeouts("90") == dict.fromkeys(bench.CONFIGS, 90)
+    assert bench.parse_timeouts("reference=41")["reference"] == 41
+    for bad in ("packd=3", "packed=0", "packed=1.5", "-4"):
+        with pytest.raises(ValueError, match=f"--timeout {bad}: give whole seconds"):
+            bench.parse_timeouts(bad)
