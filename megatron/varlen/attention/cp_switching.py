@@ -60,6 +60,9 @@ _PACKED_SEQ_PARAMS = "packed_seq_params"
 _ROTARY_POS_EMB = "rotary_pos_emb"
 _INFERENCE_ARGS = ("inference_context", "inference_params")
 _FORWARD_SIGNATURE = inspect.signature(SelfAttention.forward)
+# megatron-core's TransformerLayer passes hidden_states (and attention_mask) by position and
+# every other argument by keyword: such a call is read without binding the signature.
+_LEADING_POSITIONAL = 2
 _PENDING_ROPE_ATTR = "_pending_packed_rope"
 _FREQS_DIMS = 4  # RotaryEmbedding's table: [S, 1, 1, R]
 
@@ -70,6 +73,20 @@ def _one_table(rotary_pos_emb: Any) -> Optional[torch.Tensor]:
         q_freqs, k_freqs = rotary_pos_emb
         return q_freqs if q_freqs is k_freqs else None
     return rotary_pos_emb
+
+
+def call_arguments(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(positional, keywords)`` for ``SelfAttention.forward`` that make the same call as
+    ``module.forward(*args, **kwargs)``, with every argument the forward reads
+    (``packed_seq_params``, ``rotary_pos_emb``, the inference ones) among the keywords, where it
+    may be changed. Binding the signature took tens of microseconds per layer and micro-batch
+    (the host's work every step), so a call of TransformerLayer's form keeps its keywords as
+    they are; any other is bound, and then passed by keyword."""
+    if len(args) <= _LEADING_POSITIONAL:
+        return args, dict(kwargs)
+    keywords = dict(_FORWARD_SIGNATURE.bind_partial(module, *args, **kwargs).arguments)
+    del keywords["self"]
+    return (), keywords
 
 
 class CPSwitchingSelfAttention(SelfAttention):
@@ -146,17 +163,17 @@ class CPSwitchingSelfAttention(SelfAttention):
     def forward(self, *args, **kwargs):
         """``SelfAttention.forward`` on the micro-batch's CP group (restored afterwards), with
         THD RoPE from the micro-batch's table where supported."""
-        bound = _FORWARD_SIGNATURE.bind_partial(self, *args, **kwargs)
-        self._with_host_boundaries(bound.arguments)
-        packed_seq_params = bound.arguments.get(_PACKED_SEQ_PARAMS)
-        freqs = self._packed_rope_freqs(bound.arguments)
+        args, arguments = call_arguments(self, args, kwargs)
+        self._with_host_boundaries(arguments)
+        packed_seq_params = arguments.get(_PACKED_SEQ_PARAMS)
+        freqs = self._packed_rope_freqs(arguments)
         pending = None
         if freqs is not None:
-            bound.arguments[_ROTARY_POS_EMB] = None  # the parent applies no RoPE of its own
+            arguments[_ROTARY_POS_EMB] = None  # the parent applies no RoPE of its own
             pending = (packed_seq_params, freqs)
         with swap_attributes([(self, _PENDING_ROPE_ATTR, pending)]):
             if not carries_cp_group(packed_seq_params):
-                return super().forward(*bound.args[1:], **bound.kwargs)
+                return super().forward(*args, **arguments)
             group = resolve_cp_group(packed_seq_params, self.pg_collection.cp)
             with self.use_cp_group(group):
-                return super().forward(*bound.args[1:], **bound.kwargs)
+                return super().forward(*args, **arguments)

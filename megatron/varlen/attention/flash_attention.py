@@ -88,7 +88,9 @@ def attend_planned(
     q, k_rows, v_rows = _equal_head_dims(q, k_rows, v_rows)
     out = call_varlen_kernel(kernel, q.contiguous(), k_rows.contiguous(), v_rows.contiguous(),
                              plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, scale,
-                             plan.causal, bottom_right=plan.cp_size > 1)[..., :value_dim]
+                             plan.causal, bottom_right=plan.cp_size > 1)
+    if out.size(-1) != value_dim:  # zero value channels _equal_head_dims added (MLA)
+        out = out[..., :value_dim]  # only then: a no-op slice still costs a call per layer
     if plan.query_index is None:
         return out
     return out.new_zeros(plan.local_tokens, num_heads, value_dim).index_copy(

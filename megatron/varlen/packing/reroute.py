@@ -78,8 +78,16 @@ def transfer_lists(microbatches, owners, cp_size, num_ranks, me):
     return send, recv
 
 
+def _real_entries(value: torch.Tensor, size: int) -> torch.Tensor:
+    """The first ``size`` entries of a per-token ``value``, flat. A 1-D value of exactly that
+    size is returned as it is: this runs for every sample and field of a step, and a reshape or
+    slice that changes nothing still costs an operator call on the host."""
+    flat = value if value.dim() == 1 else value.reshape(-1)
+    return flat if flat.numel() == size else flat[:size]
+
+
 def _payload(samples: Mapping[int, dict], ids: list[int], fields, sizes, dtype) -> torch.Tensor:
-    parts = [samples[sid][field].reshape(-1)[: sizes[sid]].to(dtype)
+    parts = [_real_entries(samples[sid][field], sizes[sid]).to(dtype)
              for sid in ids for field in fields]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
 
@@ -98,13 +106,14 @@ def exchange(send_lists, recv_lists, samples, sizes, fields, dtype, group, devic
 
 
 def unpack(buffer: torch.Tensor, recv_lists, sizes, fields, into: dict) -> None:
-    """Splits an :func:`exchange` buffer into ``into[id][field]`` (copies)."""
-    offset = 0
-    for ids in recv_lists:
-        for sid in ids:
-            for field in fields:
-                into.setdefault(sid, {})[field] = buffer[offset: offset + sizes[sid]].clone()
-                offset += sizes[sid]
+    """Splits an :func:`exchange` buffer into ``into[id][field]``: disjoint views of
+    ``buffer``, which the exchange allocated for this step alone. One ``split`` for all the
+    samples, so the step's operator calls here do not grow with its sequences (a slice and a
+    copy per sample and field did)."""
+    order = [(sid, field) for ids in recv_lists for sid in ids for field in fields]
+    pieces = buffer.split([sizes[sid] for sid, _ in order]) if order else ()
+    for (sid, field), piece in zip(order, pieces, strict=True):
+        into.setdefault(sid, {})[field] = piece
 
 
 def reroute_samples(local_samples: Mapping[int, dict], microbatches, owners: Sequence[int],

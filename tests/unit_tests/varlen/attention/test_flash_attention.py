@@ -27,6 +27,7 @@ from megatron.varlen.attention.varlen_kernel import (
     call_varlen_kernel, emulated_varlen_attn, takes_enable_gqa,
 )
 from megatron.varlen.packing.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
+from megatron.varlen.platform.host_syncs import count_dispatches
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM, NUM_GROUPS, NUM_HEADS, build, cu, make_config, reference_attention,
@@ -295,3 +296,39 @@ def test_padding_only_shard_returns_value_width_zeros_in_the_graph(value_dim):
     assert out.shape == (tokens, heads, value_dim) and not out.any()
     out.sum().backward()
     assert q.grad is not None and not q.grad.any()
+
+
+def _causal_float64(q, k, v, scale):
+    """Each sequence's real rows attending causally to its own real rows (float64), zeros on
+    padding: written per sequence, independently of the plan and the kernel."""
+    out = torch.zeros(q.size(0), q.size(1), v.size(-1), dtype=torch.float64)
+    start = 0
+    for real, padded in zip(REAL, PADDED):
+        rows = slice(start, start + real)
+        scores = torch.einsum("qhd,khd->hqk", q[rows].double(), k[rows].double()) * scale
+        scores = scores.masked_fill(torch.ones(real, real).triu(1).bool(), float("-inf"))
+        out[rows] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[rows].double())
+        start += padded
+    return out
+
+
+@pytest.mark.parametrize("value_dim", [4, 8, 12])
+def test_values_narrower_or_wider_than_queries_equal_the_float64_attention(value_dim):
+    """MLA's widths (values zero-padded to the query width or queries/keys to the value width
+    for the kernel, the output cut back to the value width) against a per-sequence float64
+    softmax. The kernel's output is cut only where it is wider than the values (narrower
+    values were zero-padded): no slice or alias of it otherwise, once per layer."""
+    gen = torch.Generator().manual_seed(value_dim)
+    tokens, heads, qk_dim = sum(PADDED), 2, 8
+    q, k = (torch.randn(tokens, heads, qk_dim, generator=gen, dtype=torch.float64)
+            for _ in range(2))
+    v = torch.randn(tokens, heads, value_dim, generator=gen, dtype=torch.float64)
+    plan = build_attention_plan(cu(REAL), cu(PADDED), cp_size=1, cp_rank=0)
+    with count_dispatches() as counts:
+        out = attend_planned(q, k, v, plan, scale=0.5, kernel=emulated_varlen_attn)
+    assert out.shape == (tokens, heads, value_dim)
+    torch.testing.assert_close(out, _causal_float64(q, k, v, 0.5), rtol=0, atol=TOLERANCE)
+    cuts = {op for (op, site), n in counts.items()
+            if site.startswith("megatron/varlen/attention/flash_attention.py")
+            and op in ("slice", "alias")}
+    assert (cuts != set()) == (value_dim < qk_dim), cuts
