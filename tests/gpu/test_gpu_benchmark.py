@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.harness.child_env import gpu_child_env
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -36,7 +38,8 @@ def test_tiny_benchmark_runs_all_three_configurations(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "tools" / "benchmark_gpu.py"), "--tiny", "--iters", "1",
          "--warmup", "1", "--out", str(tmp_path), "--timeout", "90"],
-        capture_output=True, text=True, timeout=280, cwd=REPO)
+        capture_output=True, text=True, timeout=280, cwd=REPO,
+        env=gpu_child_env())  # the suite's children run on CPU unless asked (tests/conftest.py)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["device"] == torch.cuda.get_device_name()

@@ -12,7 +12,9 @@ The device is an explicit argument, never an accident of the machine: ``device="
 default) runs CPU ranks with the CPU device layer forced on, even when a GPU is visible (CUDA
 is never initialised, GPUs are hidden from the ranks' own children); ``device="cuda"`` runs
 the ranks on the visible GPUs (round-robin, so several ranks may share one GPU) over gloo with
-CUDA tensors, from freshly spawned interpreters (a CUDA context cannot cross a fork).
+CUDA tensors, from freshly spawned interpreters (a CUDA context cannot cross a fork) that see
+the launcher's GPUs also under pytest, where the suite hides them from every other child
+(tests/harness/child_env.py).
 
 The call returns the per-rank return values in rank order, or raises
 :class:`DistributedTestError` carrying every failing rank's traceback. Children are always
@@ -40,6 +42,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
+from tests.harness.child_env import GPU_VISIBILITY, HIDDEN, gpus_visible_to_children
 from tests.harness.rendezvous import hosted_store
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -80,7 +83,7 @@ CHILD_START_METHOD = "fork"  # Linux's default, what a rank under torchrun uses
 # at a time (megatron/varlen/platform/gloo_cuda.py); it has no send/recv for CUDA tensors (no PP
 # here).
 RANK_BACKEND = "gloo"
-_HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
+_HIDE_GPUS = {GPU_VISIBILITY: HIDDEN}
 
 
 class DistributedTestError(RuntimeError):
@@ -198,6 +201,18 @@ def _rank_main(fn, rank, world_size, meeting, args, kwargs, results, timeout_s, 
         os._exit(0)  # skip atexit handlers that may wait on peers that are gone
 
 
+def _start(procs, device: str) -> None:
+    if device == CPU:
+        for proc in procs:
+            proc.start()
+        return
+    # Spawned CUDA ranks start from this environment, where the suite hides the GPUs from
+    # children (tests/harness/child_env.py): give them the launcher's own.
+    with gpus_visible_to_children():
+        for proc in procs:
+            proc.start()
+
+
 def _collect(procs, results, world_size, timeout_s) -> dict[int, tuple[bool, Any]]:
     deadline = time.monotonic() + timeout_s
     collected: dict[int, tuple[bool, Any]] = {}
@@ -259,8 +274,7 @@ def run_distributed(
             for rank in range(world_size)
         ]
         try:
-            for proc in procs:
-                proc.start()
+            _start(procs, device)
             collected = _collect(procs, results, world_size, timeout_s)
         finally:
             _reap(procs)

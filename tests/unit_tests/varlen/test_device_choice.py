@@ -13,6 +13,7 @@ import torch
 
 from megatron.varlen.platform import cpu_device
 from tests.harness import multirank
+from tests.harness.child_env import gpu_child_env
 from tests.harness.multirank import run_distributed
 
 
@@ -83,7 +84,8 @@ def test_forkserver_preload_does_not_initialise_cuda():
     code = ("import importlib, torch; from tests.harness import multirank; "
             "[importlib.import_module(m) for m in multirank._PRELOAD]; "
             "print(torch.cuda.is_initialized())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=gpu_child_env())  # the child must see the GPU for this to mean much
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
