@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from megatron.varlen_training.config.from_flags import run_config
-from megatron.varlen_training.arguments import ArgumentValidationError, parse_args
+from megatron.varlen_training.arguments import (
+    ArgumentValidationError, build_parser, parse_args, validate_args,
+)
 from megatron.varlen_training.data import build_packing_config
 from megatron.varlen.packing import thd_microbatch
 from megatron.varlen.scheduling import ScheduleProblem, get_scheduler
@@ -118,6 +120,23 @@ def _parse(argv, world):
         return None, str(err)
 
 
+# The fuzz's ~1,700 parses share one parser: parse_args builds a fresh one per call (~700
+# flags; most of the fuzz's time) so that --hf-checkpoint and --use-checkpoint-args can set
+# its defaults, which no argv here gives. validate_args copies the namespace it is given, so
+# the shared parser's defaults stay as built (test_the_fuzz_parses_as_parse_args).
+_FUZZ_PARSER = build_parser()
+
+
+def _fuzz_parse(argv, world):
+    """:func:`_parse` on :data:`_FUZZ_PARSER`."""
+    try:
+        args = _FUZZ_PARSER.parse_args(argv)
+        args.world_size = world
+        return validate_args(args), None
+    except ArgumentValidationError as err:
+        return None, str(err)
+
+
 def _assert_fits(args, rng, seq: int) -> int:
     longest = 0
     for _ in range(BATCHES_PER_CASE):
@@ -152,7 +171,7 @@ def test_every_accepted_layout_fits_its_position_table(few_torch_threads):
         world = cp * dp * tp * (2 if vpp else 1)
         short_table = seq - 1 if rng.random() < 0.2 else None  # one row short of a sample
         argv = _argv(seq, (cp, dp), (tp, sp), vpp, dynamic, budget, position, short_table)
-        args, error = _parse(argv, world)
+        args, error = _fuzz_parse(argv, world)
         if args is not None:
             assert short_table is None, argv
             outcomes["accepted_learned" if position == "learned_absolute" else
@@ -166,6 +185,24 @@ def test_every_accepted_layout_fits_its_position_table(few_torch_threads):
             outcomes["refused_for_positions"] += 1
     # Not vacuous: each side of the rule was exercised.
     assert min(outcomes.values()) > 0, outcomes
+
+
+# The fuzz's first cases: layouts of every kind, accepted and refused ones.
+EQUIVALENCE_CASES = 40
+
+
+def test_the_fuzz_parses_as_parse_args():
+    """The shared parser accepts and refuses as parse_args does, with the same namespace (or
+    error), also after it has parsed the command lines before: a parse leaves nothing behind."""
+    outcomes = set()
+    for seq, (cp, dp), tp_sp, vpp, dynamic, budget, position in _cases()[:EQUIVALENCE_CASES]:
+        world = cp * dp * tp_sp[0] * (2 if vpp else 1)
+        for short_table in (None, seq - 1):
+            argv = _argv(seq, (cp, dp), tp_sp, vpp, dynamic, budget, position, short_table)
+            fresh = _parse(argv, world)
+            assert _fuzz_parse(argv, world) == fresh, argv
+            outcomes.add(fresh[0] is None)
+    assert outcomes == {True, False}  # accepted and refused ones compared
 
 
 @pytest.mark.parametrize("world, seq, budget", [
