@@ -4,6 +4,7 @@ MegatronWrap facade. The flags are enumerated from the parsers themselves, so a 
 flag fails test_every_numeric_flag_is_classified until someone writes down its valid probes."""
 
 import copy
+import functools
 import math
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.varlen_training import flag_ranges
+from megatron.varlen_training import arguments, flag_ranges, flag_values, hybrid_arguments
 from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
 from megatron.varlen_training.config.from_flags import run_config
 from megatron.varlen_training.datasets.builder import build_datasets
@@ -295,8 +296,25 @@ def _accepted_then_data_is_one_line_or_builds(args) -> None:
         assert "\n" not in str(err)
 
 
+# The sweeps' ~2,500 parses share one parser per entry point: each parse builds a fresh
+# ~700-flag parser (so that --hf-checkpoint and --use-checkpoint-args can set its defaults,
+# which no probe here gives), most of the sweeps' time. The entry points' own code runs
+# otherwise unchanged; test_shared_parsers_parse_as_fresh_ones holds them to fresh parsers.
+_SHARED_BUILDERS = ((arguments, "build_parser"), (flag_values, "build_parser"),
+                    (hybrid_arguments, "build_hybrid_parser"))
+_SHARED = {(module, name): functools.lru_cache(maxsize=None)(getattr(module, name))
+           for module, name in _SHARED_BUILDERS}
+
+
+@pytest.fixture
+def shared_parsers(monkeypatch):
+    """parse_args, parse_hybrid_args and the facade's parse_values each reuse one parser."""
+    for (module, name), shared in _SHARED.items():
+        monkeypatch.setattr(module, name, shared)
+
+
 @pytest.mark.parametrize("dest", sorted(GPT_FLAGS))
-def test_pretrain_gpt_numeric_flags(dest):
+def test_pretrain_gpt_numeric_flags(dest, shared_parsers):
     for probe in PROBES:
         args, error = _cli_outcome(parse_args, GPT_BASE, dest, _value(GPT_FLAGS[dest], probe))
         _check(dest, probe, args, error)
@@ -305,7 +323,7 @@ def test_pretrain_gpt_numeric_flags(dest):
 
 
 @pytest.mark.parametrize("dest", sorted(MAMBA_FLAGS))
-def test_pretrain_mamba_numeric_flags(dest):
+def test_pretrain_mamba_numeric_flags(dest, shared_parsers):
     for probe in PROBES:
         args, error = _cli_outcome(parse_hybrid_args, MAMBA_BASE, dest,
                                    _value(MAMBA_FLAGS[dest], probe))
@@ -326,16 +344,52 @@ FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins",
 
 
 @pytest.mark.parametrize("dest", sorted(set(GPT_FLAGS) - FACADE_REFUSED))
-def test_facade_numeric_flags(dest):
+def test_facade_numeric_flags(dest, shared_parsers):
     """MegatronWrap builds its run from the config tree with the same flag checks and
     validation: the same table holds (its base always packs)."""
     for probe in PROBES:
-        config = build_config(_facade_config(dest, _value(GPT_FLAGS[dest], probe)))
-        try:
-            args, error = runtime.run_config_of(config, world_size=1), None
-        except ArgumentValidationError as err:
-            args, error = None, str(err)
+        args, error = _facade_outcome(dest, probe)
         _check(dest, probe, args, error)
+
+
+def _facade_outcome(dest: str, probe: str):
+    config = build_config(_facade_config(dest, _value(GPT_FLAGS[dest], probe)))
+    try:
+        return runtime.run_config_of(config, world_size=1), None
+    except ArgumentValidationError as err:
+        return None, str(err)
+
+
+def _outcomes(dests: list[str]) -> list:
+    """Every probe of ``dests`` on the three entry points, as the sweeps parse them."""
+    outcomes = []
+    for dest in dests:
+        for probe in PROBES:
+            outcomes.append(_cli_outcome(parse_args, GPT_BASE, dest,
+                                         _value(GPT_FLAGS[dest], probe)))
+            if dest in MAMBA_FLAGS:
+                outcomes.append(_cli_outcome(parse_hybrid_args, MAMBA_BASE, dest,
+                                             _value(MAMBA_FLAGS[dest], probe)))
+            if dest not in FACADE_REFUSED:
+                outcomes.append(_facade_outcome(dest, probe))
+    return outcomes
+
+
+# Every EQUIVALENCE_STRIDE-th numeric flag, and of those with a valid probe, in the sweeps'
+# order: accepted and refused probes.
+EQUIVALENCE_STRIDE = 30
+
+
+def test_shared_parsers_parse_as_fresh_ones(monkeypatch):
+    """The shared parsers accept and refuse as fresh ones do, with the same namespace, run
+    config or error, also after the parses before them: a parse leaves nothing behind."""
+    dests = (sorted(GPT_FLAGS)[::EQUIVALENCE_STRIDE]
+             + [dest for dest in sorted(GPT_FLAGS) if VALID[dest]][::EQUIVALENCE_STRIDE])
+    fresh = _outcomes(dests)
+    for (module, name), shared in _SHARED.items():
+        monkeypatch.setattr(module, name, shared)
+    assert _outcomes(dests) == fresh
+    assert {args is None for args, _ in fresh} == {True, False}
 
 
 # --- the values once accepted, each named ------------------------------------------------
