@@ -117,10 +117,11 @@ def _namespace(parser, values: Mapping[str, Any]) -> argparse.Namespace:
     missing = [_flag(action) for action in parser.flag_actions
                if action.required and values.get(action.dest) is None]
     require(not missing, f"the following arguments are required: {', '.join(missing)}")
-    args = argparse.Namespace(**{dest: parser.get_default(dest) for dest in actions})
+    defaults = parser.defaults()
+    args = argparse.Namespace(**{dest: defaults.get(dest) for dest in actions})
     for dest, value in values.items():
         if value is not None:
-            setattr(args, dest, _stored(dest, value, actions[dest], parser.get_default(dest)))
+            setattr(args, dest, _stored(dest, value, actions[dest], defaults.get(dest)))
     return args
 
 

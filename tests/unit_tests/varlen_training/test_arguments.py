@@ -340,3 +340,23 @@ def test_default_ffn_hidden_size_is_megatron_lms(hidden, swiglu, ffn):
     argv = TINY_GPT_ARGS + ["--train-iters", "3", "--hidden-size", str(hidden)]
     args = parse_args(argv + (["--swiglu"] if swiglu else []), world_size=1)
     assert args.ffn_hidden_size == ffn
+
+
+@pytest.mark.parametrize("which", ["pretrain_gpt", "pretrain_mamba", "set_defaults"])
+def test_parser_defaults_are_argparses_get_default(which):
+    """``defaults()`` (one pass, what the facade's namespace reads) against argparse's own
+    ``get_default`` for every dest, also after ``set_defaults`` (--hf-checkpoint's path) of a
+    flag with a default, a flag defaulting to None and a dest no flag has, and for two flags
+    of one dest with different defaults."""
+    from megatron.varlen_training.hybrid_arguments import build_hybrid_parser
+
+    parser = build_hybrid_parser() if which == "pretrain_mamba" else build_parser()
+    if which == "set_defaults":
+        parser.set_defaults(num_layers=7, load="/ckpt", not_a_flag="x")
+        parser.add_argument("--pair-on", dest="pair", action="store_true")  # first: False
+        parser.add_argument("--pair-off", dest="pair", action="store_false")
+    dests = {action.dest for action in parser.flag_actions} | {"not_a_flag"}
+    defaults = parser.defaults()
+    assert any(parser.get_default(dest) is None for dest in dests)
+    for dest in dests:
+        assert defaults.get(dest) is parser.get_default(dest), dest
