@@ -129,7 +129,7 @@ def _wrap_popen() -> None:
 
     @functools.wraps(real_init)
     def init_on_cpu(self, *args, **kwargs):
-        if len(args) < _POPEN_PARAMS_BEFORE_ENV:
+        if len(args) <= _POPEN_PARAMS_BEFORE_ENV:  # env not among them: by keyword or absent
             kwargs["env"] = cpu_default(kwargs.get("env"))
         return real_init(self, *args, **kwargs)
 
