@@ -29,6 +29,7 @@ from megatron.varlen_training.arguments import (
 )
 from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.recompute_arguments import refuse_modules_without_layers
 from megatron.varlen_training.varlen_arguments import possible_cp_sizes
 
 PROG = "pretrain_mamba.py"
@@ -258,6 +259,8 @@ def validate_hybrid_args(args) -> None:
         require(not (args.reset_attention_mask and not args.sequence_packing),
                 "--reset-attention-mask without --sequence-packing: Mamba layers would still "
                 "carry state across the documents of a sample; pack them (--sequence-packing)")
+    refuse_modules_without_layers(args, require, pattern, "--hybrid-override-pattern "
+                                  f"{pattern!r}")
     args.hybrid_layer_pattern = pattern
     args.mamba_num_heads_resolved = heads
     flag_ranges.validate_memory(args, require, hybrid_stack_parameters(args))

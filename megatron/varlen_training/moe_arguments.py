@@ -236,12 +236,12 @@ def _check_mtp_routers(args, require) -> None:
             f"MoE with --mtp-num-layers {args.mtp_num_layers} and --context-parallel-size "
             f"{args.context_parallel_size} needs --sequence-packing when the MTP layers are MoE, "
             f"as here (they are built like the last decoder layer, which --moe-layer-freq "
-            f"{_freq_text(freq)} makes MoE): unpacked CP splits each sample before the MTP "
-            f"layers' routers could drop its last positions; add --sequence-packing or make "
+            f"{moe_layer_freq_text(freq)} makes MoE): unpacked CP splits each sample before the "
+            f"MTP layers' routers could drop its last positions; add --sequence-packing or make "
             f"the last decoder layer dense (a --moe-layer-freq list ending in 0)")
 
 
-def _freq_text(freq) -> str:
+def moe_layer_freq_text(freq) -> str:
     """``--moe-layer-freq`` as given: an int, or the 0/1 list without spaces."""
     return str(freq).replace(" ", "") if isinstance(freq, list) else str(freq)
 

@@ -21,7 +21,10 @@ See docs/RECOMPUTE.md.
 
 from __future__ import annotations
 
+from megatron.varlen.model import moe_layer_pattern
+from megatron.varlen_training.config import model as layer_symbols
 from megatron.varlen_training.log import warning_rank_0
+from megatron.varlen_training.moe_arguments import moe_layer_freq_text
 from megatron.varlen_training.pipeline_arguments import pipeline_split_of
 
 FULL, SELECTIVE = "full", "selective"
@@ -177,6 +180,46 @@ def _mla_up_proj_problem(args) -> str | None:
 MODULE_PROBLEMS = {MLP: _mlp_problem, MOE: _moe_problem, SHARED_EXPERTS: _shared_experts_problem,
                    MOE_ACT: _moe_act_problem, MLA_UP_PROJ: _mla_up_proj_problem}
 
+# The decoder layers (hybrid pattern symbols) each module recomputes something in, and what it
+# is there; Mamba layers have no selective recomputation (megatron-core 0.16.1).
+MODULE_LAYERS = {
+    CORE_ATTN: (layer_symbols.ATTENTION, "attention layers"),
+    MLP: (layer_symbols.MLP, "dense MLP layers"),
+    MOE: (layer_symbols.MOE, "MoE layers"),
+    SHARED_EXPERTS: (layer_symbols.MOE, "MoE layers"),
+    MOE_ACT: (layer_symbols.MOE, "MoE layers"),
+    LAYERNORM: (layer_symbols.ATTENTION + layer_symbols.MLP + layer_symbols.MOE,
+                "attention, MLP or MoE layers"),
+    MLA_UP_PROJ: (layer_symbols.ATTENTION, "attention layers"),
+}
+ALTERNATIVES = {layer_symbols.MLP: MLP, layer_symbols.MOE: MOE}
+
+
+def gpt_layer_kinds(args) -> str:
+    """The hybrid pattern symbols of a GPT model's decoder layers: attention in every layer, a
+    dense MLP or MoE by ``--moe-layer-freq`` (MTP layers are built like the last layer)."""
+    if args.num_experts is None:
+        return layer_symbols.ATTENTION + layer_symbols.MLP
+    moe = moe_layer_pattern(args.moe_layer_freq, args.num_layers)
+    return (layer_symbols.ATTENTION + (layer_symbols.MOE if any(moe) else "")
+            + (layer_symbols.MLP if not all(moe) else ""))
+
+
+def refuse_modules_without_layers(args, require, layer_kinds: str, layers_flag: str) -> None:
+    """Selective recomputation of a module none of the model's layers has would recompute
+    nothing (megatron-core skips it silently): refused in one line naming what the layers
+    have. ``layer_kinds``: the pattern symbols present; ``layers_flag``: the flag saying so."""
+    if args.recompute_granularity != SELECTIVE:
+        return
+    for module in args.recompute_modules:
+        symbols, what = MODULE_LAYERS[module]
+        if any(symbol in layer_kinds for symbol in symbols):
+            continue
+        instead = dict.fromkeys(ALTERNATIVES[kind] for kind in layer_kinds if kind in ALTERNATIVES)
+        hint = f"; use {' or '.join(instead)}" if instead else ""
+        require(False, f"--recompute-modules {module} recomputes {what} and {layers_flag} "
+                       f"gives this model none{hint}")
+
 
 def _validate_modules(args, require) -> None:
     for module in args.recompute_modules:
@@ -222,3 +265,12 @@ def validate_recompute_args(args, require) -> None:
     args.recompute_modules = tuple(dict.fromkeys(modules))  # given order, no repeats
     if granularity == SELECTIVE:
         _validate_modules(args, require)
+        if not is_hybrid(args):  # pretrain_mamba.py checks against its pattern once resolved
+            refuse_modules_without_layers(
+                args, require, gpt_layer_kinds(args),
+                f"--moe-layer-freq {moe_layer_freq_text(args.moe_layer_freq)}")
+
+
+def is_hybrid(args) -> bool:
+    """Whether the flags are pretrain_mamba.py's (its parser adds the hybrid pattern)."""
+    return hasattr(args, "hybrid_override_pattern")

@@ -33,6 +33,29 @@ def test_moe_symbol_is_refused():
     assert "MoE" in _error(["--hybrid-override-pattern", "ME*"])
 
 
+@pytest.mark.parametrize("pattern,modules,expected", [
+    ("M*M", ["mlp"], "--recompute-modules mlp recomputes dense MLP layers and "
+                     "--hybrid-override-pattern 'M*M' gives this model none"),
+    ("M-M", ["core_attn"], "--recompute-modules core_attn recomputes attention layers and "
+                           "--hybrid-override-pattern 'M-M' gives this model none; use mlp"),
+    ("MMM", ["layernorm"], "--recompute-modules layernorm recomputes attention, MLP or MoE "
+                           "layers and --hybrid-override-pattern 'MMM' gives this model none"),
+])
+def test_recompute_modules_need_layers_of_their_kind(pattern, modules, expected):
+    # megatron-core recomputes nothing then (Mamba layers have no selective recomputation)
+    flags = ["--hybrid-override-pattern", pattern, "--disable-bias-linear",
+             "--recompute-granularity", "selective", "--recompute-modules", *modules]
+    assert expected in _error(flags)
+
+
+def test_recompute_modules_with_layers_of_their_kind_pass():
+    args = parse_hybrid_args(BASE + ["--hybrid-override-pattern", "M*-", "--disable-bias-linear",
+                                     "--recompute-granularity", "selective",
+                                     "--recompute-modules", "core_attn", "mlp", "layernorm"],
+                             world_size=1)
+    assert args.recompute_modules == ("core_attn", "mlp", "layernorm")
+
+
 def test_pattern_length_must_match_num_layers():
     message = _error(["--hybrid-override-pattern", "M*-M"])
     assert "4 layers" in message and "--num-layers is 3" in message

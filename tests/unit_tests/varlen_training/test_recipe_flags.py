@@ -53,7 +53,8 @@ def test_every_megatron_core_module_is_a_choice():
     assert set(RECOMPUTE_MODULES) == {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
                                       "moe", "shared_experts"}
     modules = ["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
-    run = _run(SHARED_EXPERTS + MLA + SELECTIVE + modules)
+    # layers 0 and 2 MoE, 1 and 3 dense: every module has layers to recompute
+    run = _run(SHARED_EXPERTS + MLA + ["--moe-layer-freq", "2"] + SELECTIVE + modules)
     assert run.model.recompute_modules == tuple(modules)
 
 
@@ -99,6 +100,13 @@ def test_moe_layer_recompute_means_selective_moe():
      + SELECTIVE + ["shared_experts"], "cannot work with --moe-shared-expert-overlap"),
     (MOE + ["--moe-grouped-gemm"] + SELECTIVE + ["moe_act"],
      "--recompute-modules moe_act recomputes the activation of grouped-GEMM experts only"),
+    # megatron-core would recompute nothing: no dense MLP, or no MoE layer, in the model
+    (MOE + SELECTIVE + ["core_attn", "mlp"], "--recompute-modules mlp recomputes dense MLP "
+     "layers and --moe-layer-freq 1 gives this model none; use moe"),
+    (MOE + ["--moe-layer-freq", "[1,1,1,1]"] + SELECTIVE + ["mlp"],
+     "--moe-layer-freq [1,1,1,1] gives this model none; use moe"),
+    (MOE + ["--moe-layer-freq", "[0,0,0,0]"] + SELECTIVE + ["moe"], "--recompute-modules moe "
+     "recomputes MoE layers and --moe-layer-freq [0,0,0,0] gives this model none; use mlp"),
     (SELECTIVE + ["mla_up_proj"],
      "--recompute-modules mla_up_proj is only supported with --multi-latent-attention"),
     (MOE + FULL + ["--recompute-method", "block", "--recompute-num-layers", "1",
