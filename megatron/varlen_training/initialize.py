@@ -22,8 +22,7 @@ from megatron.varlen.platform import destroy_dynamic_cp_groups, gloo_cuda
 def initialize_model_parallel(parallel: ParallelConfig, moe: MoEConfig | None = None) -> None:
     """Creates megatron-core's TP/PP/CP/DP groups for the run's parallel sizes (and the expert
     groups of ``moe``: EP, expert TP, expert DP)."""
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+    destroy_megatron_core_state()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
@@ -81,11 +80,29 @@ def parameters_dtype_line(model: ModelConfig) -> str:
 
 
 def teardown_parallel_state() -> None:
-    """Destroys the dynamic CP groups and megatron-core's parallel state (the process group,
-    which the caller may own, stays)."""
+    """Destroys the dynamic CP groups and megatron-core's parallel state with its process groups
+    (the default process group, which the caller may own, stays)."""
     destroy_dynamic_cp_groups()
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+    destroy_megatron_core_state()
+
+
+def destroy_megatron_core_state() -> None:
+    """megatron-core's parallel state and the process groups it made for it.
+
+    megatron-core 0.16.1's ``destroy_model_parallel`` forgets its groups without destroying
+    them (all but its gloo copies), so every run in a long-lived process (a script making
+    several ``MegatronWrap``s, the test harness's launches) would leave its ~20-50 groups per
+    rank alive, each with gloo's threads or an NCCL communicator. megatron-core records the
+    groups this rank is in, as it makes them, in ``_global_process_group_list`` (its list for
+    ``update_pg_timeout``; ``None`` there is the default group): those are destroyed first, and
+    ``destroy_model_parallel`` skips a gloo copy that is gone already. A release without the
+    list gets the old behaviour (nothing breaks, the groups stay)."""
+    if not parallel_state.model_parallel_is_initialized():
+        return
+    made = getattr(parallel_state, "_global_process_group_list", None) or []
+    for group in {id(group): group for group in made if group is not None}.values():
+        torch.distributed.destroy_process_group(group)
+    parallel_state.destroy_model_parallel()
 
 
 def shutdown() -> None:

@@ -1,0 +1,42 @@
+"""A run's teardown destroys the process groups megatron-core made for it: a long-lived process
+(several ``MegatronWrap``s in one script, the harness's multi-run launches) keeps no group and no
+gloo thread of an earlier run (megatron-core 0.16.1's ``destroy_model_parallel`` alone leaves
+them: ~25 more threads per rank and run here)."""
+
+import os
+
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from megatron.varlen_training.initialize import teardown_parallel_state
+from tests.harness.multirank import run_distributed
+
+RUNS = 3
+# Every kind of group megatron-core makes: TP, CP, DP (+ gloo copies), EP and expert DP.
+SIZES = {"tensor_model_parallel_size": 1, "context_parallel_size": 2,
+         "expert_model_parallel_size": 2}
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))  # the OS's own count: C++ threads included
+
+
+def _groups_alive() -> int:
+    # torch's registry of process groups not yet destroyed (the default group included)
+    return len(dist.distributed_c10d._world.pg_map)
+
+
+def _runs_one_after_another() -> list[tuple[int, int]]:
+    after = []
+    for _ in range(RUNS):
+        parallel_state.initialize_model_parallel(**SIZES)
+        assert _groups_alive() > 1
+        teardown_parallel_state()
+        after.append((_threads(), _groups_alive()))
+    return after
+
+
+def test_teardown_leaves_no_group_or_thread_of_the_run():
+    for after in run_distributed(_runs_one_after_another, world_size=2, timeout_s=120):
+        assert [groups for _, groups in after] == [1] * RUNS  # the default group alone
+        assert len({threads for threads, _ in after}) == 1, after  # no growth run to run
