@@ -33,8 +33,9 @@ FULLY_RESHARDABLE_REMEDY = ("a save with --dist-ckpt-optim-fully-reshardable is 
 # Aux-loss-free balancing: a rate at which the bias changes the routing within the 4 iterations
 # (a resume that lost the bias differs at iteration 3). The bias's token count is a
 # torch.compile'd function in megatron-core: eager here (its cold compile on 4 ranks sharing 2
-# cores took ~25 s of the launch; what is saved and restored is the same). The flag turns dynamo
-# off for the rest of the rank process, so these runs end the launch (_planned_runs).
+# cores took ~25 s of the launch; what is saved and restored is the same; the compiled count
+# stays in test_combination_equivalence's moe_expert_bias cell). The flag turns dynamo off for
+# the rest of the rank process, so these runs end the launch (_planned_runs).
 BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
         "--moe-router-bias-update-rate", "0.01", "--disable-jit-fuser"]
 BASE = GPT + PACKED + ["--train-iters", "4", "--lr-decay-iters", "4"]
