@@ -29,12 +29,16 @@ import ast
 import hashlib
 import json
 import os
+import re
 import sys
 import sysconfig
 
 DEFAULT_NUM_MODULES = 48
 MODULE, DEFINITION = "module", "definition"
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# A line as the parser counts them (ast.get_source_segment's split): ended by \r\n, \r or \n
+# only (not by the form feeds and other breaks str.splitlines also splits on), its end kept.
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
 def stdlib_modules(stdlib_dir: str | None = None) -> list[str]:
@@ -51,6 +55,17 @@ def select_evenly(paths: list[str], count: int) -> list[str]:
     return [paths[i * len(paths) // count] for i in range(count)]
 
 
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """``ast.get_source_segment(source, node)`` given ``source``'s lines: that function splits
+    the whole source again for every node, which made a module's definitions quadratic in its
+    length (5 s for the default corpus, now 0.3 s). Columns are UTF-8 byte offsets."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+    return "".join([lines[first].encode()[node.col_offset:].decode(), *lines[first + 1:last],
+                    lines[last].encode()[:node.end_col_offset].decode()])
+
+
 def _definitions(name: str, source: str) -> list[dict]:
     """Each top-level function and class of a module, in file order (none if it does not
     parse with this Python)."""
@@ -58,7 +73,8 @@ def _definitions(name: str, source: str) -> list[dict]:
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    return [{"name": f"{name}:{node.name}", "text": ast.get_source_segment(source, node)}
+    lines = _LINE.findall(source)
+    return [{"name": f"{name}:{node.name}", "text": _segment(lines, node)}
             for node in tree.body if isinstance(node, _DEFINITIONS)]
 
 

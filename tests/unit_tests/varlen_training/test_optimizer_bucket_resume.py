@@ -5,9 +5,10 @@ stopped every rank with a torch CheckpointException traceback (a BaseException: 
 mismatch ... bucket_idx_0"); now it is one line naming the flag and --no-load-optim, and
 --no-load-optim resumes with the weights.
 
-The model has 4 layers of hidden size 1024 (about 50M parameters: two buckets with the flag,
-one without; a 41M-parameter embedding alone would fill one bucket either way); one 1-rank
-launch, about a minute.
+The bucket size is what matters, not the model's: every run here sets ``--ddp-bucket-size``
+below the tiny model's size (about 64k parameters: many buckets with the flag, one without, as
+a model above 40M parameters at the default size), so only the flag is toggled. One 1-rank
+launch.
 """
 
 import pytest
@@ -17,13 +18,14 @@ from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import train_on_this_rank
 
 LAUNCH_TIMEOUT_S = 300
+# --ddp-bucket-size applies with --overlap-grad-reduce only (Megatron-LM's DDP).
 ABOVE_ONE_BUCKET = [
-    "--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "8",
+    "--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "4",
     "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "1",
     "--lr", "1e-4", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
     "--make-vocab-size-divisible-by", "128", "--hidden-dropout", "0", "--attention-dropout", "0",
     "--log-interval", "1", "--eval-iters", "0", "--seed", "7", "--lr-decay-iters", "2",
-    "--use-distributed-optimizer",
+    "--use-distributed-optimizer", "--ddp-bucket-size", "4000",
 ]
 
 

@@ -478,43 +478,52 @@ FACADE_CONFIG = {"model": {"num_layers": 1, "hidden_size": 16, "num_attention_he
                  "logging": {"metric_writers": [], "progress_bar": False}}
 
 
-FACADE_SCRIPT = """
+# One process for every config, one after the other (a process start is most of the cost):
+# each MegatronWrap joins its own group in initialize() and leaves none behind at its exit.
+FACADE_OUTCOME = "facade outcome:"  # marks the script's own lines among the facade's logs
+FACADE_SCRIPT = f"""
 import json, sys
 import torch
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.wrap import MegatronWrap
 
-config = json.loads(sys.argv[1])
-with MegatronWrap(config) as wrap:
-    try:
-        wrap.initialize()
-        print(json.dumps([torch.distributed.get_backend(), wrap.run.parallel.distributed_backend]))
-    except ArgumentValidationError as err:
-        print(json.dumps(str(err)))
+for config in json.loads(sys.argv[1]):
+    assert not torch.distributed.is_initialized()
+    with MegatronWrap(config) as wrap:
+        try:
+            wrap.initialize()
+            outcome = [torch.distributed.get_backend(), wrap.run.parallel.distributed_backend]
+        except ArgumentValidationError as err:
+            outcome = str(err)
+    print({FACADE_OUTCOME!r}, json.dumps(outcome), flush=True)
 """
 
 
-def _facade_outcome(backend: str):
+def _facade_outcomes(*backends: str) -> list:
     """MegatronWrap.initialize() in a fresh process (the facade joins its own group) with
-    ``backend`` in its config: [group's backend, run's], or the one-line refusal."""
-    training = {**FACADE_CONFIG["training"], "distributed_backend": backend}
+    each of ``backends`` in its config, in turn: [group's backend, run's], or the one-line
+    refusal, for each."""
+    configs = [{**FACADE_CONFIG, "training": {**FACADE_CONFIG["training"],
+                                              "distributed_backend": backend}}
+               for backend in backends]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-c", FACADE_SCRIPT,
-                           json.dumps({**FACADE_CONFIG, "training": training})],
+    proc = subprocess.run([sys.executable, "-c", FACADE_SCRIPT, json.dumps(configs)],
                           capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return [json.loads(line[len(FACADE_OUTCOME):]) for line in proc.stdout.splitlines()
+            if line.startswith(FACADE_OUTCOME)]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="nccl is refused on CPU only")
 def test_facade_takes_the_backend_and_refuses_nccl_on_cpu_in_one_line():
     """The facade joins before it checks its flags: nccl on CPU must still end in the flag's
-    one line, not in init_process_group's traceback."""
-    assert _facade_outcome("gloo") == ["gloo", "gloo"]
-    refusal = _facade_outcome("nccl")
+    one line, not in init_process_group's traceback. nccl first: its join is the process's
+    first, as in a script; gloo's then joins after the refused run left no group behind."""
+    refusal, joined = _facade_outcomes("nccl", "gloo")
     assert refusal.startswith("--distributed-backend nccl needs CUDA devices"), refusal
+    assert joined == ["gloo", "gloo"]
 
 
 def test_a_join_before_the_flag_check_uses_gloo_on_cpu(monkeypatch):

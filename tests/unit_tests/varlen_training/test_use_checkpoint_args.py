@@ -392,21 +392,34 @@ def test_a_size_given_on_the_command_line_is_refused_at_load(trained):
     assert "\n" not in refusal
 
 
-def _export(checkpoint: str, out: Path, *flags: str) -> dict[str, bytes]:
+# tools/export_hf.py run as a script (its __main__ guard, with tools/ first on sys.path as
+# ``python tools/export_hf.py`` has it) once per argv, in one process: a start-up and the
+# imports are most of an export's cost, and each export tears down its own process group.
+EXPORTS_SCRIPT = """
+import json, runpy, sys
+sys.path.insert(0, "tools")
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["tools/export_hf.py", *argv]
+    runpy.run_path("tools/export_hf.py", run_name="__main__")
+"""
+
+
+def _exports(checkpoint: str, outs: dict[Path, list[str]]) -> list[dict[str, bytes]]:
+    """Each out folder's files after an export of ``checkpoint`` with its flags."""
+    argvs = [["--load", checkpoint, "--save-hf", str(out), *flags] for out, flags in outs.items()]
     done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "export_hf.py"), "--load", checkpoint,
-         "--save-hf", str(out), *flags],
+        [sys.executable, "-c", EXPORTS_SCRIPT, json.dumps(argvs)],
         capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-2000:]
-    return {path.name: path.read_bytes() for path in sorted(out.iterdir())}
+    return [{path.name: path.read_bytes() for path in sorted(out.iterdir())} for out in outs]
 
 
 @needs_extra("hf")
 def test_export_with_checkpoint_args_writes_the_same_files(trained, tmp_path):
     checkpoint, _ = trained
-    with_flags = _export(checkpoint, tmp_path / "flags", *ARCHITECTURE)
-    with_checkpoint_args = _export(checkpoint, tmp_path / "ckpt_args", *USE)
+    with_flags, with_checkpoint_args = _exports(checkpoint, {tmp_path / "flags": ARCHITECTURE,
+                                                             tmp_path / "ckpt_args": USE})
     assert "config.json" in with_flags and any(name.endswith(".safetensors")
                                                for name in with_flags)
     assert with_checkpoint_args == with_flags
