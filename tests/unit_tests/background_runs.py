@@ -7,9 +7,11 @@ stops. A module whose tests each launch such a run starts them all at once (a mo
 fixture), and each test waits for its own run and asserts on it as before: the same processes,
 flags and checks, in about half the serial time.
 
-Output goes to files (a pipe that nobody reads while the run goes on would block a verbose run);
-every run has a deadline counted from its own start; whatever still runs when the module ends is
-killed with all its descendants (torchrun's workers, the checkpoint writer's helpers).
+Output goes to files (a pipe that nobody reads while the run goes on would block a verbose run).
+Runs that share the cores take longer than one alone, so no run is given less time than the
+serial order gave it: each may take the sum of the deadlines of the runs started with it (up to
+:data:`MAX_WAIT_S`), counted from when the first started. Whatever still runs when the module
+ends is killed with all its descendants (torchrun's workers, the checkpoint writer's helpers).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KILL_WAIT_S = 30
+# Under pyproject.toml's per-test pytest timeout (600 s), so that a run past its deadline is
+# reported here, with its output.
+MAX_WAIT_S = 540.0
 
 
 @dataclass
@@ -32,7 +37,7 @@ class BackgroundRun:
     name: str
     folder: Path
     proc: subprocess.Popen
-    deadline: float
+    group: BackgroundRuns  # the runs started with it, which share its deadline
     stdout_path: Path
     stderr_path: Path | None  # None: stderr went to the stdout file
     new_session: bool = False  # the process leads its own session and process group
@@ -42,7 +47,7 @@ class BackgroundRun:
         """Waits for the run (until its deadline); its exit code, stdout and stderr text."""
         if self._done is None:
             try:
-                self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+                self.proc.wait(timeout=max(0.0, self.group.deadline() - time.monotonic()))
             except subprocess.TimeoutExpired:
                 kill_tree(self.proc, self.new_session)
                 raise AssertionError(f"{self.name} ran past its deadline; output tail:\n"
@@ -64,11 +69,18 @@ class BackgroundRuns:
     def __init__(self, root: Path):
         self.root = root
         self._runs: dict[str, BackgroundRun] = {}
+        self._first_start: float | None = None
+        self._budget_s = 0.0
+
+    def deadline(self) -> float:
+        """When every run of the group must have ended (module docstring)."""
+        return self._first_start + min(self._budget_s, MAX_WAIT_S)
 
     def start(self, name: str, argv: list[str], *, env: dict, timeout_s: float,
               cwd: Path | None = None, merge_stderr: bool = False,
               new_session: bool = False) -> BackgroundRun:
-        """Starts ``argv`` now in ``cwd`` (default: the run's own folder, ``root/name``)."""
+        """Starts ``argv`` now in ``cwd`` (default: the run's own folder, ``root/name``);
+        ``timeout_s`` is what the run alone would be given."""
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
         stdout_path = folder / "stdout.txt"
@@ -78,8 +90,10 @@ class BackgroundRuns:
             proc = subprocess.Popen(argv, cwd=cwd or folder, env=env, stdout=out,
                                     stderr=subprocess.STDOUT if merge_stderr else err,
                                     stdin=subprocess.DEVNULL, start_new_session=new_session)
-        run = BackgroundRun(name, folder, proc, time.monotonic() + timeout_s, stdout_path,
-                            stderr_path, new_session)
+        if self._first_start is None:
+            self._first_start = time.monotonic()
+        self._budget_s += timeout_s
+        run = BackgroundRun(name, folder, proc, self, stdout_path, stderr_path, new_session)
         self._runs[name] = run
         return run
 

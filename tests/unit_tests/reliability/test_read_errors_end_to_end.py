@@ -7,10 +7,13 @@ with a row the tokenizer refuses (NullTokenizer: text that is not ids below --vo
 Before, the reading rank printed a traceback wall and exited 1; its peer ended with "lost a peer
 rank" (exit 1) when gloo saw the closed socket, or waited for --distributed-timeout-minutes where
 the dead peer's connection is not seen closed.
+
+The three runs start together, each test checking its own (tests/unit_tests/background_runs.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.unit_tests.background_runs import BackgroundRuns, kill_tree
 from tests.unit_tests.varlen_training.hf.tiny_models import TOKENIZER_STYLES, save_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -66,43 +70,88 @@ def _chats(path: Path, good: dict, bad: dict) -> int:
     return bad_row
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free now (probed side by side: the runs start together)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
 
 
-def _run_without_agent(argv: list[str]) -> list[subprocess.CompletedProcess]:
-    port = _free_port()
-    procs = []
+BASE_ENV = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
+            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _start_without_agent(runs: BackgroundRuns, case: str, argv: list[str], port: int) -> None:
+    """Ranks ``{case}-rank{r}``: plain processes meeting at MASTER_ADDR:MASTER_PORT."""
     for rank in range(WORLD):
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
-               "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "HF_DATASETS_OFFLINE": "1"}
-        procs.append(subprocess.Popen([sys.executable, "pretrain_gpt.py", *argv], cwd=REPO,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        env = {**BASE_ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        runs.start(f"{case}-rank{rank}", [sys.executable, "pretrain_gpt.py", *argv], cwd=REPO,
+                   env=env, timeout_s=RUN_DEADLINE_S)
+
+
+def _ranks(runs: BackgroundRuns, case: str) -> list[subprocess.CompletedProcess]:
     try:
-        outputs = [proc.communicate(timeout=RUN_DEADLINE_S) for proc in procs]
+        return [runs[f"{case}-rank{rank}"].result() for rank in range(WORLD)]
     finally:
-        for proc in procs:
-            proc.kill()  # a rank still waiting for its peer (the failure this test catches)
-            proc.wait()
-    return [subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-            for proc, (out, err) in zip(procs, outputs)]
+        for rank in range(WORLD):  # a rank still waiting for its peer (what this test catches)
+            kill_tree(runs[f"{case}-rank{rank}"].proc)
 
 
-@pytest.mark.parametrize("packing", [[], ["--sequence-packing"]], ids=["unpacked", "packed"])
-def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(tmp_path, packing):
-    tokenizer = _refusing_tokenizer(tmp_path / "tokenizer")
-    data = tmp_path / "chats.parquet"
+PACKINGS = {"unpacked": [], "packed": ["--sequence-packing"]}
+
+
+def _start_refused_template_run(runs: BackgroundRuns, case: str, port: int) -> tuple[Path, int]:
+    """The chat-template case with packing ``case`` (its own tokenizer and data files);
+    returns the data path and the bad row."""
+    folder = runs.root / f"{case}-files"
+    tokenizer = _refusing_tokenizer(folder / "tokenizer")
+    data = folder / "chats.parquet"
     bad_row = _chats(data, {"prompt": "what is {i} plus one", "response": "it is {i}"},
                      {"prompt": f"say {REFUSED}", "response": "no"})
-    ranks = _run_without_agent([*MODEL_ARGS, "--sft", "--data-path", str(data),
-                                "--tokenizer-type", "HuggingFaceTokenizer",
-                                "--tokenizer-model", tokenizer,
-                                "--distributed-timeout-minutes", PEER_TIMEOUT_MINUTES, *packing])
+    _start_without_agent(runs, case, [
+        *MODEL_ARGS, "--sft", "--data-path", str(data), "--tokenizer-type",
+        "HuggingFaceTokenizer", "--tokenizer-model", tokenizer,
+        "--distributed-timeout-minutes", PEER_TIMEOUT_MINUTES, *PACKINGS[case]], port)
+    return data, bad_row
+
+
+def _start_torchrun(runs: BackgroundRuns, port: int) -> tuple[Path, int]:
+    data = runs.root / "ids.parquet"
+    bad_row = _chats(data, {"prompt": "1 2 {i}", "response": "4 5 6"},
+                     {"prompt": "1 2 3", "response": f"4 {NULL_VOCAB}"})
+    runs.start("torchrun", [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+        "--master-port", str(port), "pretrain_gpt.py", *MODEL_ARGS, "--sft",
+        "--data-path", str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size",
+        str(NULL_VOCAB), "--sequence-packing", "--dynamic-context-parallel",
+        "--max-seqlen-per-dp-cp-rank", "32", "--distributed-timeout-minutes",
+        PEER_TIMEOUT_MINUTES], cwd=REPO, env=BASE_ENV, timeout_s=RUN_DEADLINE_S)
+    return data, bad_row
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The module's three 2-rank runs, started together (tests/unit_tests/background_runs.py);
+    yields the runs and each case's (data path, bad row)."""
+    runs = BackgroundRuns(tmp_path_factory.mktemp("runs"))
+    ports = _free_ports(len(PACKINGS) + 1)
+    try:
+        cases = {case: _start_refused_template_run(runs, case, port)
+                 for case, port in zip(PACKINGS, ports)}
+        cases["torchrun"] = _start_torchrun(runs, ports[-1])
+        yield runs, cases
+    finally:
+        runs.kill_all()
+
+
+@pytest.mark.parametrize("case", list(PACKINGS))
+def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(launched, case):
+    runs, cases = launched
+    data, bad_row = cases[case]
+    ranks = _ranks(runs, case)
     stderrs = [rank.stderr for rank in ranks]
     assert [rank.returncode for rank in ranks] == [2] * WORLD, stderrs
     line = (f"pretrain_gpt.py: error: {data} row {bad_row}: the tokenizer's chat template "
@@ -113,23 +162,12 @@ def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(tmp_path, packing):
     assert "iteration        2/" not in "".join(rank.stdout for rank in ranks)
 
 
-def test_a_row_the_tokenizer_refuses_under_torchrun_is_one_line(tmp_path):
+def test_a_row_the_tokenizer_refuses_under_torchrun_is_one_line(launched):
     """Packed with dynamic CP; torchrun's agent stops the other rank once one exits and adds
     its own failure summary (its exit code is 1), as for a bad flag."""
-    data = tmp_path / "ids.parquet"
-    bad_row = _chats(data, {"prompt": "1 2 {i}", "response": "4 5 6"},
-                     {"prompt": "1 2 3", "response": f"4 {NULL_VOCAB}"})
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-         "--master-port", str(_free_port()), "pretrain_gpt.py", *MODEL_ARGS, "--sft",
-         "--data-path", str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size",
-         str(NULL_VOCAB), "--sequence-packing", "--dynamic-context-parallel",
-         "--max-seqlen-per-dp-cp-rank", "32", "--distributed-timeout-minutes",
-         PEER_TIMEOUT_MINUTES],
-        cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
-                       "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
-                       "CUDA_VISIBLE_DEVICES": "", "HF_DATASETS_OFFLINE": "1"},
-        capture_output=True, text=True, timeout=RUN_DEADLINE_S)
+    runs, cases = launched
+    data, bad_row = cases["torchrun"]
+    proc = runs["torchrun"].result()
     line = (f"pretrain_gpt.py: error: {data} row {bad_row}: NullTokenizer: '{NULL_VOCAB}' is "
             f"not an id in [0, {NULL_VOCAB}) (--vocab-size)")
     output = proc.stdout + proc.stderr
