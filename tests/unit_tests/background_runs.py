@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,19 @@ class BackgroundRun:
     stdout_path: Path
     stderr_path: Path | None  # None: stderr went to the stdout file
     new_session: bool = False  # the process leads its own session and process group
+    ended_at: float | None = None  # time.monotonic() when it exited, noted by a watcher thread
     _done: subprocess.CompletedProcess | None = field(default=None, repr=False)
+    _watcher: threading.Thread | None = field(default=None, repr=False)
+
+    def watch(self) -> None:
+        """Notes :attr:`ended_at` as the process exits (it reaps the process)."""
+        def note_the_end() -> None:
+            self.proc.wait()
+            self.ended_at = time.monotonic()
+
+        self._watcher = threading.Thread(target=note_the_end, name=f"watch {self.name}",
+                                         daemon=True)
+        self._watcher.start()
 
     def result(self) -> subprocess.CompletedProcess:
         """Waits for the run (until its deadline); its exit code, stdout and stderr text."""
@@ -53,6 +66,7 @@ class BackgroundRun:
                 raise AssertionError(f"{self.name} ran past its deadline; output tail:\n"
                                      f"{self._read(self.stdout_path)[-3000:]}\n"
                                      f"{self._read(self.stderr_path)[-3000:]}") from None
+            self._watcher.join()  # the process ended: its watcher is done or about to be
             self._done = subprocess.CompletedProcess(
                 self.proc.args, self.proc.returncode, self._read(self.stdout_path),
                 self._read(self.stderr_path))
@@ -94,6 +108,7 @@ class BackgroundRuns:
             self._first_start = time.monotonic()
         self._budget_s += timeout_s
         run = BackgroundRun(name, folder, proc, self, stdout_path, stderr_path, new_session)
+        run.watch()
         self._runs[name] = run
         return run
 
