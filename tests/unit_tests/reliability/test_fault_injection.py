@@ -6,14 +6,13 @@ reproduce the uninterrupted run bit for bit (dropout 0.1 included).
 Ranks are plain processes (RANK/WORLD_SIZE env, no torchrun, whose agent would kill the
 survivor itself and hide a hang). Each rank leads its own session, so the checkpoint writer
 helpers it spawned are reaped with it. ``FAULT_INJECTION_REPEATS=3`` runs every case 3 times.
-A repeat's cases start together, each test checking its own (tests/unit_tests/background_runs.py;
-each rank's exit time is noted as it happens).
 """
 
-import contextlib
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from megatron.varlen_training.checkpoint import TRACKER_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.harness.rendezvous import hosted_store
 from tests.harness.training_runs import TINY_GPT_ARGS, loss_owner_history, train_on_this_rank
-from tests.unit_tests.background_runs import BackgroundRuns, kill_tree
 
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("fault_driver.py")
@@ -50,70 +48,51 @@ def straight():
     return [h["lm_loss"] for h in loss_owner_history(runs)]
 
 
-def _case_id(case, repeat: int) -> str:
-    kind, rank, iteration, _ = case
-    return f"kill_rank{rank}_{kind}_{iteration}-{repeat}"
-
-
-def _launch(runs: BackgroundRuns, case, repeat: int, meeting: dict) -> None:
-    """Ranks ``{case id}-rank{r}`` of one case, saving to ``runs.root/{case id}/ckpt``."""
-    kind, rank, iteration, _ = case
-    folder = runs.root / _case_id(case, repeat)
-    argv = ARGS + ["--train-iters", str(ITERS), "--save", str(folder / "ckpt"),
-                   "--save-interval", "2"]
+def _launch(kind, rank, iteration, argv, logs: Path, meeting: dict):
+    procs = []
     for r in range(WORLD):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(r),
                    **meeting, PYTHONWARNINGS="ignore",
                    OMP_NUM_THREADS="1")
-        runs.start(f"{_case_id(case, repeat)}-rank{r}", [
-            sys.executable, str(DRIVER), kind, str(rank), str(iteration), "--", *argv],
-            env=env, cwd=REPO, timeout_s=LAUNCH_DEADLINE_S, merge_stderr=True,
-            new_session=True)
+        with open(logs / f"rank{r}.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(DRIVER), kind, str(rank), str(iteration), "--", *argv],
+                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True))
+    return procs
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """Every case's ranks, one repeat's cases started together when the first test of that
-    repeat asks (tests/unit_tests/background_runs.py); the ranks meet at stores the test
-    hosts, as under torchrun. Returns ``runs(repeat)``."""
-    groups: dict[int, BackgroundRuns] = {}
-    with contextlib.ExitStack() as stores:
-        def runs(repeat: int) -> BackgroundRuns:
-            if repeat not in groups:
-                groups[repeat] = BackgroundRuns(tmp_path_factory.mktemp(f"repeat{repeat}"))
-                for case in CASES:
-                    _launch(groups[repeat], case, repeat, stores.enter_context(hosted_store()))
-            return groups[repeat]
-
-        try:
-            yield runs
-        finally:
-            for group in groups.values():
-                group.kill_all()
-
-
-def _wait(runs: BackgroundRuns, case_id: str, killed: int):
-    """Each rank's log, and the seconds the survivors took to exit after the killed rank died
-    (every rank and its helpers are killed after)."""
-    ranks = [runs[f"{case_id}-rank{r}"] for r in range(WORLD)]
+def _wait(procs, killed: int) -> float:
+    """Seconds the survivors took to exit after the killed rank died (all reaped after)."""
+    deadline = time.monotonic() + LAUNCH_DEADLINE_S
+    died_at = None
     try:
-        logs = {r: rank.result().stdout for r, rank in enumerate(ranks)}
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if died_at is None and procs[killed].poll() is not None:
+                died_at = time.monotonic()
+            time.sleep(0.05)
+        if died_at is None and procs[killed].poll() is not None:
+            died_at = time.monotonic()
+        return (time.monotonic() - died_at) if died_at is not None else float("inf")
     finally:
-        for rank in ranks:
-            kill_tree(rank.proc, new_session=True)
-    survivors_ended = max(rank.ended_at for r, rank in enumerate(ranks) if r != killed)
-    return logs, survivors_ended - ranks[killed].ended_at
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the rank and any helper it spawned
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
 
 
 @pytest.mark.parametrize("repeat", range(REPEATS))
 @pytest.mark.parametrize("kind, rank, iteration, latest", CASES,
                          ids=[f"kill_rank{c[1]}_{c[0]}_{c[2]}" for c in CASES])
-def test_kill_one_rank(launched, straight, kind, rank, iteration, latest, repeat):
-    runs = launched(repeat)
-    case_id = _case_id((kind, rank, iteration, latest), repeat)
-    root = runs.root / case_id / "ckpt"
-    logs, waited = _wait(runs, case_id, rank)
-    procs = [runs[f"{case_id}-rank{r}"].proc for r in range(WORLD)]
+def test_kill_one_rank(tmp_path, straight, kind, rank, iteration, latest, repeat):
+    root = tmp_path / "ckpt"
+    argv = ARGS + ["--train-iters", str(ITERS), "--save", str(root), "--save-interval", "2"]
+    with hosted_store() as meeting:  # the ranks meet at the test's store, as under torchrun
+        procs = _launch(kind, rank, iteration, argv, tmp_path, meeting)
+        waited = _wait(procs, rank)
+    logs = {r: (tmp_path / f"rank{r}.log").read_text() for r in range(WORLD)}
     assert procs[rank].returncode == -signal.SIGKILL, logs[rank][-2000:]
     survivor = 1 - rank
     assert waited < SURVIVOR_EXIT_S, f"rank {survivor} still running {waited:.1f} s after"

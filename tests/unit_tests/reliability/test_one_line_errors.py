@@ -2,6 +2,7 @@
 or a failure found only after training. The subprocess runs start together, each test
 checking its own (tests/unit_tests/background_runs.py)."""
 
+import functools
 import sys
 from pathlib import Path
 
@@ -95,9 +96,7 @@ def _metrics_dir_argv(folder: Path) -> list[str]:
             "--log-metrics-jsonl", str(folder)]
 
 
-def _start_all(runs: BackgroundRuns) -> None:
-    """The module's subprocess runs: the data error and the metrics directory under torchrun,
-    the flag error and the metrics directory as each of 2 ranks."""
+def _start_data_error(runs: BackgroundRuns) -> None:
     path = runs.root / "bad.jsonl"
     path.write_bytes(GOOD + b'{"prompt": oops\n')
     runs.start("data_error", [
@@ -105,15 +104,34 @@ def _start_all(runs: BackgroundRuns) -> None:
         "--num-attention-heads", "2", "--seq-length", "32", "--lr", "1e-3", "--train-iters",
         "2", "--eval-iters", "0", "--sft", "--data-path", str(path),
         "--tokenizer-type", "ByteLevelTokenizer"], cwd=REPO, env=RUN_ENV, timeout_s=RUN_LIMIT_S)
+
+
+def _start_metrics_dir(runs: BackgroundRuns) -> None:
     runs.start("metrics_dir", [*TORCHRUN, *_metrics_dir_argv(runs.root / "metrics_dir")],
                cwd=REPO, env=RUN_ENV, timeout_s=RUN_LIMIT_S)
+
+
+def _start_flag_error(runs: BackgroundRuns, rank: str) -> None:
+    runs.start(f"flag_error_rank{rank}", [sys.executable, "-c", FLAG_ERROR_CODE], cwd=REPO,
+               env={"PATH": "/usr/bin:/bin", "RANK": rank, "WORLD_SIZE": "2"},
+               timeout_s=RUN_LIMIT_S)
+
+
+def _start_metrics_dir_as(runs: BackgroundRuns, rank: str) -> None:
+    runs.start(f"metrics_dir_rank{rank}", [
+        sys.executable, *_metrics_dir_argv(runs.root / f"metrics_dir_rank{rank}")],
+        cwd=REPO, env={**RUN_ENV, "RANK": rank, "WORLD_SIZE": "2"}, timeout_s=RUN_LIMIT_S)
+
+
+def _add_all(runs: BackgroundRuns) -> None:
+    """The module's subprocess runs, each a case of its own name: the data error and the
+    metrics directory under torchrun, the flag error and the metrics directory as each of 2
+    ranks."""
+    runs.add("data_error", _start_data_error)
+    runs.add("metrics_dir", _start_metrics_dir)
     for rank in RANKS:
-        ranked = {"RANK": rank, "WORLD_SIZE": "2"}
-        runs.start(f"flag_error_rank{rank}", [sys.executable, "-c", FLAG_ERROR_CODE], cwd=REPO,
-                   env={"PATH": "/usr/bin:/bin", **ranked}, timeout_s=RUN_LIMIT_S)
-        runs.start(f"metrics_dir_rank{rank}", [
-            sys.executable, *_metrics_dir_argv(runs.root / f"metrics_dir_rank{rank}")],
-            cwd=REPO, env={**RUN_ENV, **ranked}, timeout_s=RUN_LIMIT_S)
+        runs.add(f"flag_error_rank{rank}", functools.partial(_start_flag_error, rank=rank))
+        runs.add(f"metrics_dir_rank{rank}", functools.partial(_start_metrics_dir_as, rank=rank))
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +140,15 @@ def launched(tmp_path_factory):
     (tests/unit_tests/background_runs.py)."""
     runs = BackgroundRuns(tmp_path_factory.mktemp("runs"))
     try:
-        _start_all(runs)
+        _add_all(runs)
         yield runs
     finally:
         runs.kill_all()
 
 
 def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(launched):
-    path = launched.root / "bad.jsonl"
     proc = launched["data_error"].result()
+    path = launched.root / "bad.jsonl"
     ours = [line for line in proc.stderr.splitlines() if line.startswith("pretrain_gpt.py: error")]
     assert ours == [f"pretrain_gpt.py: error: {path}:2: invalid JSON: Expecting value "
                     "(column 12)"], proc.stderr

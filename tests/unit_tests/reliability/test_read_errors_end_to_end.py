@@ -14,10 +14,12 @@ The three runs start together, each test checking its own (tests/unit_tests/back
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -103,7 +105,8 @@ def _ranks(runs: BackgroundRuns, case: str) -> list[subprocess.CompletedProcess]
 PACKINGS = {"unpacked": [], "packed": ["--sequence-packing"]}
 
 
-def _start_refused_template_run(runs: BackgroundRuns, case: str, port: int) -> tuple[Path, int]:
+def _start_refused_template_run(runs: BackgroundRuns, case: str,
+                                next_port: Callable[[], int]) -> tuple[Path, int]:
     """The chat-template case with packing ``case`` (its own tokenizer and data files);
     returns the data path and the bad row."""
     folder = runs.root / f"{case}-files"
@@ -114,17 +117,17 @@ def _start_refused_template_run(runs: BackgroundRuns, case: str, port: int) -> t
     _start_without_agent(runs, case, [
         *MODEL_ARGS, "--sft", "--data-path", str(data), "--tokenizer-type",
         "HuggingFaceTokenizer", "--tokenizer-model", tokenizer,
-        "--distributed-timeout-minutes", PEER_TIMEOUT_MINUTES, *PACKINGS[case]], port)
+        "--distributed-timeout-minutes", PEER_TIMEOUT_MINUTES, *PACKINGS[case]], next_port())
     return data, bad_row
 
 
-def _start_torchrun(runs: BackgroundRuns, port: int) -> tuple[Path, int]:
+def _start_torchrun(runs: BackgroundRuns, next_port: Callable[[], int]) -> tuple[Path, int]:
     data = runs.root / "ids.parquet"
     bad_row = _chats(data, {"prompt": "1 2 {i}", "response": "4 5 6"},
                      {"prompt": "1 2 3", "response": f"4 {NULL_VOCAB}"})
     runs.start("torchrun", [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-        "--master-port", str(port), "pretrain_gpt.py", *MODEL_ARGS, "--sft",
+        "--master-port", str(next_port()), "pretrain_gpt.py", *MODEL_ARGS, "--sft",
         "--data-path", str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size",
         str(NULL_VOCAB), "--sequence-packing", "--dynamic-context-parallel",
         "--max-seqlen-per-dp-cp-rank", "32", "--distributed-timeout-minutes",
@@ -135,23 +138,25 @@ def _start_torchrun(runs: BackgroundRuns, port: int) -> tuple[Path, int]:
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """The module's three 2-rank runs, started together (tests/unit_tests/background_runs.py);
-    yields the runs and each case's (data path, bad row)."""
+    ``launched.begin(case)`` gives the case's (data path, bad row)."""
     runs = BackgroundRuns(tmp_path_factory.mktemp("runs"))
-    ports = _free_ports(len(PACKINGS) + 1)
+    # Started together, the runs take ports probed side by side; one at a time, when it starts.
+    together = iter(_free_ports(len(PACKINGS) + 1)) if runs.together else None
+    next_port = functools.partial(next, together) if together else lambda: _free_ports(1)[0]
     try:
-        cases = {case: _start_refused_template_run(runs, case, port)
-                 for case, port in zip(PACKINGS, ports)}
-        cases["torchrun"] = _start_torchrun(runs, ports[-1])
-        yield runs, cases
+        for case in PACKINGS:
+            runs.add(case, functools.partial(_start_refused_template_run, case=case,
+                                             next_port=next_port))
+        runs.add("torchrun", functools.partial(_start_torchrun, next_port=next_port))
+        yield runs
     finally:
         runs.kill_all()
 
 
 @pytest.mark.parametrize("case", list(PACKINGS))
 def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(launched, case):
-    runs, cases = launched
-    data, bad_row = cases[case]
-    ranks = _ranks(runs, case)
+    data, bad_row = launched.begin(case)
+    ranks = _ranks(launched, case)
     stderrs = [rank.stderr for rank in ranks]
     assert [rank.returncode for rank in ranks] == [2] * WORLD, stderrs
     line = (f"pretrain_gpt.py: error: {data} row {bad_row}: the tokenizer's chat template "
@@ -165,9 +170,8 @@ def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(launched, case):
 def test_a_row_the_tokenizer_refuses_under_torchrun_is_one_line(launched):
     """Packed with dynamic CP; torchrun's agent stops the other rank once one exits and adds
     its own failure summary (its exit code is 1), as for a bad flag."""
-    runs, cases = launched
-    data, bad_row = cases["torchrun"]
-    proc = runs["torchrun"].result()
+    data, bad_row = launched.begin("torchrun")
+    proc = launched["torchrun"].result()
     line = (f"pretrain_gpt.py: error: {data} row {bad_row}: NullTokenizer: '{NULL_VOCAB}' is "
             f"not an id in [0, {NULL_VOCAB}) (--vocab-size)")
     output = proc.stdout + proc.stderr

@@ -11,6 +11,7 @@ The runs whose fault is not timed start together, each test checking its own
 """
 
 import contextlib
+import functools
 import os
 import sys
 from pathlib import Path
@@ -60,6 +61,7 @@ def _start_driver(runs: BackgroundRuns, meeting: dict, kind: str, rank: int, wor
 def _driver_results(runs: BackgroundRuns, kind: str, world: int):
     """(exit codes, stdout+stderr per rank, checkpoint root) once every rank ended; each rank
     and any helper it spawned is killed after (none may outlive the test)."""
+    runs.begin(kind)
     names = [f"{kind}-rank{r}" for r in range(world)]
     try:
         done = [runs[name].result() for name in names]
@@ -75,10 +77,13 @@ def faults(tmp_path_factory):
     the ranks meet at stores the test hosts, as under torchrun."""
     runs = BackgroundRuns(tmp_path_factory.mktemp("faults"))
     with contextlib.ExitStack() as stores:
+        def start(runs: BackgroundRuns, kind: str) -> None:
+            rank, world, extra = {**FULL_DISK, **PUBLISH}[kind]
+            _start_driver(runs, stores.enter_context(hosted_store()), kind, rank, world, extra)
+
         try:
-            for kind, (rank, world, extra) in {**FULL_DISK, **PUBLISH}.items():
-                _start_driver(runs, stores.enter_context(hosted_store()), kind, rank, world,
-                              extra)
+            for kind in {**FULL_DISK, **PUBLISH}:
+                runs.add(kind, functools.partial(start, kind=kind))
             yield runs
         finally:
             runs.kill_all()
@@ -110,7 +115,8 @@ def test_ctrl_c_during_a_save_is_one_line(tmp_path):
     (save_fault_driver.py), a margin that more processes on the cores would shrink."""
     runs = BackgroundRuns(tmp_path)
     with hosted_store() as meeting:
-        _start_driver(runs, meeting, "sigint-shards", rank=0, world=1)
+        runs.add("sigint-shards", lambda runs: _start_driver(runs, meeting, "sigint-shards",
+                                                             rank=0, world=1))
         codes, outputs, root = _driver_results(runs, "sigint-shards", world=1)
     assert codes == [130], outputs
     assert "Traceback" not in outputs[0] and "KeyboardInterrupt" not in outputs[0], outputs[0]

@@ -14,6 +14,7 @@ The scripts start together, each test checking its own (tests/unit_tests/backgro
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import textwrap
@@ -73,7 +74,7 @@ SCRIPTS = {
 SCRIPT_ARGS = {"layernorm_export.py": ["{folder}/hf"]}  # {folder}: the script's own folder
 
 
-def _start(runs: BackgroundRuns, name: str, *args: str) -> None:
+def _start(runs: BackgroundRuns, name: str) -> None:
     """Starts script ``name`` in its own folder (``runs[name].folder``)."""
     folder = runs.root / name
     folder.mkdir()
@@ -84,8 +85,8 @@ def _start(runs: BackgroundRuns, name: str, *args: str) -> None:
                       + textwrap.indent(textwrap.dedent(SCRIPTS[name]), "    "))
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    runs.start(name, [sys.executable, str(script), *[arg.format(folder=folder) for arg in args]],
-               env=env, timeout_s=RUN_LIMIT_S)
+    args = [arg.format(folder=folder) for arg in SCRIPT_ARGS.get(name, ())]
+    runs.start(name, [sys.executable, str(script), *args], env=env, timeout_s=RUN_LIMIT_S)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def scripts(tmp_path_factory):
     runs = BackgroundRuns(tmp_path_factory.mktemp("scripts"))
     try:
         for name in SCRIPTS:
-            _start(runs, name, *SCRIPT_ARGS.get(name, ()))
+            runs.add(name, functools.partial(_start, name=name))
         yield runs
     finally:
         runs.kill_all()

@@ -5,14 +5,15 @@ writes nothing twice.
 - one process: a bad config key (ConfigError) -> ``<script>: error: ...``, exit 2, no
   traceback; a bug in the script (ZeroDivisionError) keeps its traceback and exit code 1;
 - torchrun, 2 CPU ranks: a bad sample in ``train()`` (an id outside the vocabulary, a field
-  the flow does not read) -> one error line over both ranks, each rank exits 2; a resume with another ``--sft-prompt-key`` -> the resume check's one line,
-  exit 2;
+  the flow does not read) -> one error line over both ranks, each rank exits 2; a resume with
+  another ``--sft-prompt-key`` -> the resume check's one line, exit 2;
 - ``save_interval: 2``, two steps, then ``save()``: megatron-core's save runs once; after an
   ``evaluate()`` a ``save()`` of the same iteration writes again (its validation position).
 
 The scripts start together, each test checking its own (tests/unit_tests/background_runs.py).
 """
 
+import functools
 import json
 import os
 import sys
@@ -106,7 +107,7 @@ def scripts(tmp_path_factory):
     runs = BackgroundRuns(tmp_path_factory.mktemp("scripts"))
     try:
         for name in LAUNCHES:
-            _start(runs, name)
+            runs.add(name, functools.partial(_start, name=name))
         yield runs
     finally:
         runs.kill_all()
