@@ -7,24 +7,18 @@ with a row the tokenizer refuses (NullTokenizer: text that is not ids below --vo
 Before, the reading rank printed a traceback wall and exited 1; its peer ended with "lost a peer
 rank" (exit 1) when gloo saw the closed socket, or waited for --distributed-timeout-minutes where
 the dead peer's connection is not seen closed.
-
-The three runs start together, each test checking its own (tests/unit_tests/background_runs.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
 
-from tests.unit_tests.background_runs import BackgroundRuns, kill_tree
 from tests.unit_tests.varlen_training.hf.tiny_models import TOKENIZER_STYLES, save_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,91 +66,43 @@ def _chats(path: Path, good: dict, bad: dict) -> int:
     return bad_row
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free now (probed side by side: the runs start together)."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
-BASE_ENV = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
-            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_DATASETS_OFFLINE": "1"}
-
-
-def _start_without_agent(runs: BackgroundRuns, case: str, argv: list[str], port: int) -> None:
-    """Ranks ``{case}-rank{r}``: plain processes meeting at MASTER_ADDR:MASTER_PORT."""
+def _run_without_agent(argv: list[str]) -> list[subprocess.CompletedProcess]:
+    port = _free_port()
+    procs = []
     for rank in range(WORLD):
-        env = {**BASE_ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        runs.start(f"{case}-rank{rank}", [sys.executable, "pretrain_gpt.py", *argv], cwd=REPO,
-                   env=env, timeout_s=RUN_DEADLINE_S)
-
-
-def _ranks(runs: BackgroundRuns, case: str) -> list[subprocess.CompletedProcess]:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
+               "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "HF_DATASETS_OFFLINE": "1"}
+        procs.append(subprocess.Popen([sys.executable, "pretrain_gpt.py", *argv], cwd=REPO,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
     try:
-        return [runs[f"{case}-rank{rank}"].result() for rank in range(WORLD)]
+        outputs = [proc.communicate(timeout=RUN_DEADLINE_S) for proc in procs]
     finally:
-        for rank in range(WORLD):  # a rank still waiting for its peer (what this test catches)
-            kill_tree(runs[f"{case}-rank{rank}"].proc)
+        for proc in procs:
+            proc.kill()  # a rank still waiting for its peer (the failure this test catches)
+            proc.wait()
+    return [subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+            for proc, (out, err) in zip(procs, outputs)]
 
 
-PACKINGS = {"unpacked": [], "packed": ["--sequence-packing"]}
-
-
-def _start_refused_template_run(runs: BackgroundRuns, case: str,
-                                next_port: Callable[[], int]) -> tuple[Path, int]:
-    """The chat-template case with packing ``case`` (its own tokenizer and data files);
-    returns the data path and the bad row."""
-    folder = runs.root / f"{case}-files"
-    tokenizer = _refusing_tokenizer(folder / "tokenizer")
-    data = folder / "chats.parquet"
+@pytest.mark.parametrize("packing", [[], ["--sequence-packing"]], ids=["unpacked", "packed"])
+def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(tmp_path, packing):
+    tokenizer = _refusing_tokenizer(tmp_path / "tokenizer")
+    data = tmp_path / "chats.parquet"
     bad_row = _chats(data, {"prompt": "what is {i} plus one", "response": "it is {i}"},
                      {"prompt": f"say {REFUSED}", "response": "no"})
-    _start_without_agent(runs, case, [
-        *MODEL_ARGS, "--sft", "--data-path", str(data), "--tokenizer-type",
-        "HuggingFaceTokenizer", "--tokenizer-model", tokenizer,
-        "--distributed-timeout-minutes", PEER_TIMEOUT_MINUTES, *PACKINGS[case]], next_port())
-    return data, bad_row
-
-
-def _start_torchrun(runs: BackgroundRuns, next_port: Callable[[], int]) -> tuple[Path, int]:
-    data = runs.root / "ids.parquet"
-    bad_row = _chats(data, {"prompt": "1 2 {i}", "response": "4 5 6"},
-                     {"prompt": "1 2 3", "response": f"4 {NULL_VOCAB}"})
-    runs.start("torchrun", [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-        "--master-port", str(next_port()), "pretrain_gpt.py", *MODEL_ARGS, "--sft",
-        "--data-path", str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size",
-        str(NULL_VOCAB), "--sequence-packing", "--dynamic-context-parallel",
-        "--max-seqlen-per-dp-cp-rank", "32", "--distributed-timeout-minutes",
-        PEER_TIMEOUT_MINUTES], cwd=REPO, env=BASE_ENV, timeout_s=RUN_DEADLINE_S)
-    return data, bad_row
-
-
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """The module's three 2-rank runs, started together (tests/unit_tests/background_runs.py);
-    ``launched.begin(case)`` gives the case's (data path, bad row)."""
-    runs = BackgroundRuns(tmp_path_factory.mktemp("runs"))
-    # Started together, the runs take ports probed side by side; one at a time, when it starts.
-    together = iter(_free_ports(len(PACKINGS) + 1)) if runs.together else None
-    next_port = functools.partial(next, together) if together else lambda: _free_ports(1)[0]
-    try:
-        for case in PACKINGS:
-            runs.add(case, functools.partial(_start_refused_template_run, case=case,
-                                             next_port=next_port))
-        runs.add("torchrun", functools.partial(_start_torchrun, next_port=next_port))
-        yield runs
-    finally:
-        runs.kill_all()
-
-
-@pytest.mark.parametrize("case", list(PACKINGS))
-def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(launched, case):
-    data, bad_row = launched.begin(case)
-    ranks = _ranks(launched, case)
+    ranks = _run_without_agent([*MODEL_ARGS, "--sft", "--data-path", str(data),
+                                "--tokenizer-type", "HuggingFaceTokenizer",
+                                "--tokenizer-model", tokenizer,
+                                "--distributed-timeout-minutes", PEER_TIMEOUT_MINUTES, *packing])
     stderrs = [rank.stderr for rank in ranks]
     assert [rank.returncode for rank in ranks] == [2] * WORLD, stderrs
     line = (f"pretrain_gpt.py: error: {data} row {bad_row}: the tokenizer's chat template "
@@ -167,11 +113,23 @@ def test_a_row_refused_mid_run_ends_both_ranks_in_one_line(launched, case):
     assert "iteration        2/" not in "".join(rank.stdout for rank in ranks)
 
 
-def test_a_row_the_tokenizer_refuses_under_torchrun_is_one_line(launched):
+def test_a_row_the_tokenizer_refuses_under_torchrun_is_one_line(tmp_path):
     """Packed with dynamic CP; torchrun's agent stops the other rank once one exits and adds
     its own failure summary (its exit code is 1), as for a bad flag."""
-    data, bad_row = launched.begin("torchrun")
-    proc = launched["torchrun"].result()
+    data = tmp_path / "ids.parquet"
+    bad_row = _chats(data, {"prompt": "1 2 {i}", "response": "4 5 6"},
+                     {"prompt": "1 2 3", "response": f"4 {NULL_VOCAB}"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+         "--master-port", str(_free_port()), "pretrain_gpt.py", *MODEL_ARGS, "--sft",
+         "--data-path", str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size",
+         str(NULL_VOCAB), "--sequence-packing", "--dynamic-context-parallel",
+         "--max-seqlen-per-dp-cp-rank", "32", "--distributed-timeout-minutes",
+         PEER_TIMEOUT_MINUTES],
+        cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                       "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+                       "CUDA_VISIBLE_DEVICES": "", "HF_DATASETS_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=RUN_DEADLINE_S)
     line = (f"pretrain_gpt.py: error: {data} row {bad_row}: NullTokenizer: '{NULL_VOCAB}' is "
             f"not an id in [0, {NULL_VOCAB}) (--vocab-size)")
     output = proc.stdout + proc.stderr
