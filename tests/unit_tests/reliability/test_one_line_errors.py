@@ -1,7 +1,8 @@
 """Bad flags and bad data are one line (exit code 2), never a traceback wall, a ZeroDivisionError,
-or a failure found only after training."""
+or a failure found only after training. The subprocess runs start together, each test
+checking its own (tests/unit_tests/background_runs.py)."""
 
-import subprocess
+import functools
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
 from megatron.varlen_training.tokenizer import build_tokenizer
 from tests.harness.training_runs import TINY_GPT_ARGS
+from tests.unit_tests.background_runs import BackgroundRuns
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -79,17 +81,74 @@ def test_bad_sft_data_is_one_line(tmp_path, content, needle):
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
-def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(tmp_path):
-    path = tmp_path / "bad.jsonl"
+TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node",
+            "2"]
+RUN_ENV = {"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+RUN_LIMIT_S = 120
+RANKS = {"0": 1, "1": 0}  # RANK: error lines it prints (rank 0 only)
+FLAG_ERROR_CODE = ("from megatron.varlen_training.arguments import parse_args_or_exit; "
+                   "parse_args_or_exit(['--num-layers', '0'])")
+
+
+def _metrics_dir_argv(folder: Path) -> list[str]:
+    """pretrain_gpt.py with --log-metrics-jsonl naming a directory (``folder``)."""
+    return ["pretrain_gpt.py", *TINY_GPT_ARGS, "--train-iters", "2",
+            "--log-metrics-jsonl", str(folder)]
+
+
+def _start_data_error(runs: BackgroundRuns) -> None:
+    path = runs.root / "bad.jsonl"
     path.write_bytes(GOOD + b'{"prompt": oops\n')
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
-         "pretrain_gpt.py", "--num-layers", "1", "--hidden-size", "16",
-         "--num-attention-heads", "2", "--seq-length", "32", "--lr", "1e-3", "--train-iters",
-         "2", "--eval-iters", "0", "--sft", "--data-path", str(path),
-         "--tokenizer-type", "ByteLevelTokenizer"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    runs.start("data_error", [
+        *TORCHRUN, "pretrain_gpt.py", "--num-layers", "1", "--hidden-size", "16",
+        "--num-attention-heads", "2", "--seq-length", "32", "--lr", "1e-3", "--train-iters",
+        "2", "--eval-iters", "0", "--sft", "--data-path", str(path),
+        "--tokenizer-type", "ByteLevelTokenizer"], cwd=REPO, env=RUN_ENV, timeout_s=RUN_LIMIT_S)
+
+
+def _start_metrics_dir(runs: BackgroundRuns) -> None:
+    runs.start("metrics_dir", [*TORCHRUN, *_metrics_dir_argv(runs.root / "metrics_dir")],
+               cwd=REPO, env=RUN_ENV, timeout_s=RUN_LIMIT_S)
+
+
+def _start_flag_error(runs: BackgroundRuns, rank: str) -> None:
+    runs.start(f"flag_error_rank{rank}", [sys.executable, "-c", FLAG_ERROR_CODE], cwd=REPO,
+               env={"PATH": "/usr/bin:/bin", "RANK": rank, "WORLD_SIZE": "2"},
+               timeout_s=RUN_LIMIT_S)
+
+
+def _start_metrics_dir_as(runs: BackgroundRuns, rank: str) -> None:
+    runs.start(f"metrics_dir_rank{rank}", [
+        sys.executable, *_metrics_dir_argv(runs.root / f"metrics_dir_rank{rank}")],
+        cwd=REPO, env={**RUN_ENV, "RANK": rank, "WORLD_SIZE": "2"}, timeout_s=RUN_LIMIT_S)
+
+
+def _add_all(runs: BackgroundRuns) -> None:
+    """The module's subprocess runs, each a case of its own name: the data error and the
+    metrics directory under torchrun, the flag error and the metrics directory as each of 2
+    ranks."""
+    runs.add("data_error", _start_data_error)
+    runs.add("metrics_dir", _start_metrics_dir)
+    for rank in RANKS:
+        runs.add(f"flag_error_rank{rank}", functools.partial(_start_flag_error, rank=rank))
+        runs.add(f"metrics_dir_rank{rank}", functools.partial(_start_metrics_dir_as, rank=rank))
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every subprocess run of the module, started together
+    (tests/unit_tests/background_runs.py)."""
+    runs = BackgroundRuns(tmp_path_factory.mktemp("runs"))
+    try:
+        _add_all(runs)
+        yield runs
+    finally:
+        runs.kill_all()
+
+
+def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(launched):
+    proc = launched["data_error"].result()
+    path = launched.root / "bad.jsonl"
     ours = [line for line in proc.stderr.splitlines() if line.startswith("pretrain_gpt.py: error")]
     assert ours == [f"pretrain_gpt.py: error: {path}:2: invalid JSON: Expecting value "
                     "(column 12)"], proc.stderr
@@ -100,44 +159,30 @@ def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(tmp_path):
     assert 'pretrain_gpt.py", line' not in proc.stderr and "megatron/" not in proc.stderr
 
 
-@pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])
-def test_flag_error_is_printed_by_rank_0_only(rank, printed):
+@pytest.mark.parametrize("rank, printed", RANKS.items())
+def test_flag_error_is_printed_by_rank_0_only(launched, rank, printed):
     """Under torchrun every rank parses the same flags: one line in all, exit 2 on each."""
-    code = ("from megatron.varlen_training.arguments import parse_args_or_exit; "
-            "parse_args_or_exit(['--num-layers', '0'])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env={"PATH": "/usr/bin:/bin", "RANK": rank,
-                                                      "WORLD_SIZE": "2"})
+    proc = launched[f"flag_error_rank{rank}"].result()
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == printed, proc.stderr
 
 
-
-def _metrics_dir_run(command: list[str], tmp_path, env_extra=None):
-    return subprocess.run(
-        [*command, "pretrain_gpt.py", *TINY_GPT_ARGS, "--train-iters", "2",
-         "--log-metrics-jsonl", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
-             **(env_extra or {})})
-
-
-def test_metrics_path_naming_a_directory_is_one_line_under_torchrun(tmp_path):
+def test_metrics_path_naming_a_directory_is_one_line_under_torchrun(launched):
     """--log-metrics-jsonl naming a directory failed on the last rank only, when it
     opened the file after the first step (a traceback, and the other rank blamed "a lost
     peer"). Now it is refused while parsing: one line, exit code 2."""
-    proc = _metrics_dir_run([str(Path(sys.executable).parent / "torchrun"), "--standalone",
-                             "--nproc-per-node", "2"], tmp_path)
+    folder = launched.root / "metrics_dir"
+    proc = launched["metrics_dir"].result()
     ours = [line for line in proc.stderr.splitlines() if line.startswith("pretrain_gpt.py: error")]
-    assert ours == [f"pretrain_gpt.py: error: --log-metrics-jsonl {str(tmp_path)!r} is a "
+    assert ours == [f"pretrain_gpt.py: error: --log-metrics-jsonl {str(folder)!r} is a "
                     "directory; name a file in it"], proc.stderr
     assert "exitcode  : 2" in proc.stderr or "exitcode: 2" in proc.stderr, proc.stderr
     assert "lost a peer" not in proc.stderr and "megatron/" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("rank, printed", [("0", 1), ("1", 0)])
-def test_metrics_path_is_checked_on_every_rank(tmp_path, rank, printed):
+@pytest.mark.parametrize("rank, printed", RANKS.items())
+def test_metrics_path_is_checked_on_every_rank(launched, rank, printed):
     """Not only the rank that writes the file: each rank exits 2 before any collective."""
-    proc = _metrics_dir_run([sys.executable], tmp_path, {"RANK": rank, "WORLD_SIZE": "2"})
+    proc = launched[f"metrics_dir_rank{rank}"].result()
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == printed, proc.stderr

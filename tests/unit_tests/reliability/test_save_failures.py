@@ -6,13 +6,14 @@ staging folders of killed saves are removed at the next save.
 The faults are injected into the real entry point (save_fault_driver.py): writes raise ENOSPC
 the way the kernel reports a full disk (in megatron-core's writer processes, or in this repo's
 own writes), and the Ctrl-C is a real SIGINT to the process group, as a terminal sends it.
+The runs whose fault is not timed start together, each test checking its own
+(tests/unit_tests/background_runs.py).
 """
 
+import contextlib
+import functools
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from megatron.varlen_training.checkpoint import TRACKER_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.harness.rendezvous import hosted_store
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
+from tests.unit_tests.background_runs import BackgroundRuns, kill_tree
 
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("save_fault_driver.py")
@@ -31,40 +33,60 @@ BASE_ARGS = TINY_GPT_ARGS + ["--lr-decay-iters", str(ITERS)]
 ARGS = BASE_ARGS + ["--train-iters", str(ITERS), "--save-interval", "2"]
 
 
-def _run_driver(tmp_path, kind: str, rank: int, world: int, extra=()):
-    """Runs the driver on ``world`` plain rank processes (each its own session, as under a
-    terminal's process group per rank); returns (exit codes, stdout+stderr per rank, root)."""
-    root = tmp_path / "ckpt"
-    with hosted_store() as meeting:  # the ranks meet at the test's store, as under torchrun
-        return _run_ranks(kind, rank, world, extra, root, meeting)
+# kind: (the rank the fault hits, ranks, extra flags). Rank 1 writes shards of its own only with
+# the distributed optimizer (its half of the optimizer state); without it, rank 0 writes every
+# replicated tensor.
+FULL_DISK = {"full-disk-shards": (1, 2, ["--use-distributed-optimizer"]),
+             "full-disk-after": (1, 2, [])}
+PUBLISH = {"sigint-publish": (0, 1, [])}
 
 
-def _run_ranks(kind: str, rank: int, world: int, extra, root, meeting):
-    tmp_path = root.parent
-    procs, logs = [], [tmp_path / f"rank{r}.log" for r in range(world)]
+def _start_driver(runs: BackgroundRuns, meeting: dict, kind: str, rank: int, world: int,
+                  extra=()) -> None:
+    """The driver on ``world`` plain rank processes ``{kind}-rank{r}`` (each its own session,
+    as under a terminal's process group per rank), saving to ``runs.root/kind/ckpt``."""
+    folder = runs.root / kind
+    folder.mkdir()
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                    **meeting, PYTHONWARNINGS="ignore",
-                   OMP_NUM_THREADS="1", SAVE_FAULT_NOTES=str(tmp_path / "notes.txt"),
+                   OMP_NUM_THREADS="1", SAVE_FAULT_NOTES=str(folder / "notes.txt"),
                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-        with open(logs[r], "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, str(DRIVER), kind, str(rank), str(ITERS), "--", *ARGS,
-                 *extra, "--save", str(root)],
-                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True))
-    deadline = time.monotonic() + RUN_DEADLINE_S
+        runs.start(f"{kind}-rank{r}", [
+            sys.executable, str(DRIVER), kind, str(rank), str(ITERS), "--", *ARGS, *extra,
+            "--save", str(folder / "ckpt")], env=env, cwd=REPO, timeout_s=RUN_DEADLINE_S,
+            merge_stderr=True, new_session=True)
+
+
+def _driver_results(runs: BackgroundRuns, kind: str, world: int):
+    """(exit codes, stdout+stderr per rank, checkpoint root) once every rank ended; each rank
+    and any helper it spawned is killed after (none may outlive the test)."""
+    runs.begin(kind)
+    names = [f"{kind}-rank{r}" for r in range(world)]
     try:
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        done = [runs[name].result() for name in names]
     finally:
-        for proc in procs:  # the rank and any helper it spawned; none may outlive the test
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-    return [p.returncode for p in procs], [log.read_text() for log in logs], root
+        for name in names:
+            kill_tree(runs[name].proc, new_session=True)
+    return [d.returncode for d in done], [d.stdout for d in done], runs.root / kind / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    """The runs without a timed signal, started together (tests/unit_tests/background_runs.py);
+    the ranks meet at stores the test hosts, as under torchrun."""
+    runs = BackgroundRuns(tmp_path_factory.mktemp("faults"))
+    with contextlib.ExitStack() as stores:
+        def start(runs: BackgroundRuns, kind: str) -> None:
+            rank, world, extra = {**FULL_DISK, **PUBLISH}[kind]
+            _start_driver(runs, stores.enter_context(hosted_store()), kind, rank, world, extra)
+
+        try:
+            for kind in {**FULL_DISK, **PUBLISH}:
+                runs.add(kind, functools.partial(start, kind=kind))
+            yield runs
+        finally:
+            runs.kill_all()
 
 
 def _error_lines(outputs) -> list[str]:
@@ -76,12 +98,9 @@ def _assert_previous_checkpoint_is_latest(root):
     assert sorted(os.listdir(root)) == ["iter_0000002", TRACKER_FILENAME]  # no staging left
 
 
-# Rank 1 writes shards of its own only with the distributed optimizer (its half of the
-# optimizer state); without it, rank 0 writes every replicated tensor.
-@pytest.mark.parametrize("kind, extra", [("full-disk-shards", ["--use-distributed-optimizer"]),
-                                         ("full-disk-after", [])])
-def test_full_disk_on_one_rank_is_one_line(tmp_path, kind, extra):
-    codes, outputs, root = _run_driver(tmp_path, kind, rank=1, world=2, extra=extra)
+@pytest.mark.parametrize("kind", list(FULL_DISK))
+def test_full_disk_on_one_rank_is_one_line(faults, kind):
+    codes, outputs, root = _driver_results(faults, kind, world=2)
     assert codes == [1, 1], outputs
     assert not any("Traceback" in out for out in outputs), outputs
     assert _error_lines(outputs) == [
@@ -92,19 +111,25 @@ def test_full_disk_on_one_rank_is_one_line(tmp_path, kind, extra):
 
 
 def test_ctrl_c_during_a_save_is_one_line(tmp_path):
-    codes, outputs, root = _run_driver(tmp_path, "sigint-shards", rank=0, world=1)
+    """Alone, not with the other runs: its Ctrl-C comes CTRL_C_DELAY_S after the writers start
+    (save_fault_driver.py), a margin that more processes on the cores would shrink."""
+    runs = BackgroundRuns(tmp_path)
+    with hosted_store() as meeting:
+        runs.add("sigint-shards", lambda runs: _start_driver(runs, meeting, "sigint-shards",
+                                                             rank=0, world=1))
+        codes, outputs, root = _driver_results(runs, "sigint-shards", world=1)
     assert codes == [130], outputs
     assert "Traceback" not in outputs[0] and "KeyboardInterrupt" not in outputs[0], outputs[0]
-    assert (tmp_path / "notes.txt").read_text() == "ignored"  # the main process reports it
+    assert (root.parent / "notes.txt").read_text() == "ignored"  # the main process reports it
     assert _error_lines(outputs) == [
         f"{PROG}checkpoint iteration 4 was not saved to '{root}': interrupted by Ctrl-C "
         f"(SIGINT); the latest checkpoint is still iteration 2; resume with --load {root}"]
     _assert_previous_checkpoint_is_latest(root)
 
 
-def test_ctrl_c_while_publishing_completes_the_publication(tmp_path):
+def test_ctrl_c_while_publishing_completes_the_publication(faults):
     """Between the renames of the folder and the tracker, a Ctrl-C waits until both are done."""
-    codes, outputs, root = _run_driver(tmp_path, "sigint-publish", rank=0, world=1)
+    codes, outputs, root = _driver_results(faults, "sigint-publish", world=1)
     assert codes == [130], outputs
     assert "Traceback" not in outputs[0], outputs[0]
     assert _error_lines(outputs) == [

@@ -8,18 +8,23 @@ raises is the user's bug and keeps its traceback.
 - ``save_pretrained()`` of a model Hugging Face has no form for (HFConfigError);
 - ``save_pretrained()`` into a directory that cannot be created (rank 0's OSError, which left
   the other ranks at the exporter's barrier): one line on every rank, also on 2 ranks.
+
+The scripts start together, each test checking its own (tests/unit_tests/background_runs.py).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from megatron.varlen_training.errors import UserInputError
 from tests.harness.multirank import run_distributed
+from tests.unit_tests.background_runs import BackgroundRuns
 
 REPO = Path(__file__).resolve().parents[3]
 RUN_LIMIT_S = 180
@@ -66,56 +71,73 @@ SCRIPTS = {
         MegatronWrap(config).initialize().setup_model_and_optimizer().train([{"x": 1}] * 2)
     """,
 }
+SCRIPT_ARGS = {"layernorm_export.py": ["{folder}/hf"]}  # {folder}: the script's own folder
 
 
-def _run(tmp_path, name: str, *args: str) -> subprocess.CompletedProcess:
-    script = tmp_path / name
+def _start(runs: BackgroundRuns, name: str) -> None:
+    """Starts script ``name`` in its own folder (``runs[name].folder``)."""
+    folder = runs.root / name
+    folder.mkdir()
+    script = folder / name
     script.write_text(f"import sys\nfrom megatron.wrap import MegatronWrap\nCONFIG = {CONFIG}\n"
                       f"EXPORTABLE = {EXPORTABLE}\nNOT_CREATABLE = {NOT_CREATABLE!r}\n"
                       f"if __name__ == '__main__':\n"
                       + textwrap.indent(textwrap.dedent(SCRIPTS[name]), "    "))
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    args = [arg.format(folder=folder) for arg in SCRIPT_ARGS.get(name, ())]
+    runs.start(name, [sys.executable, str(script), *args], env=env, timeout_s=RUN_LIMIT_S)
 
 
-def _one_line(proc, name: str) -> str:
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    """Every script of the module, started together (tests/unit_tests/background_runs.py)."""
+    runs = BackgroundRuns(tmp_path_factory.mktemp("scripts"))
+    try:
+        for name in SCRIPTS:
+            runs.add(name, functools.partial(_start, name=name))
+        yield runs
+    finally:
+        runs.kill_all()
+
+
+def _one_line(scripts: BackgroundRuns, name: str) -> str:
     """The only stderr line, after checking it is the error line and the exit code is 2."""
+    proc = scripts[name].result()
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"{name}: error: "), lines[0]
     return lines[0].removeprefix(f"{name}: error: ")
 
 
-def test_a_token_id_beyond_int64_is_one_line(tmp_path):
-    assert _one_line(_run(tmp_path, "huge_id.py"), "huge_id.py") == (
+def test_a_token_id_beyond_int64_is_one_line(scripts):
+    assert _one_line(scripts, "huge_id.py") == (
         "sample 0, field 'input_ids': item 1 is 1180591620717411303424, outside the int64 "
         "range [-2**63, 2**63)")
 
 
-def test_a_config_of_the_wrong_type_is_one_line(tmp_path):
-    assert _one_line(_run(tmp_path, "config_int.py"), "config_int.py") == (
+def test_a_config_of_the_wrong_type_is_one_line(scripts):
+    assert _one_line(scripts, "config_int.py") == (
         "a config is a YAML file path or a mapping of sections, got int 3")
 
 
-def test_exporting_a_model_hugging_face_cannot_hold_is_one_line(tmp_path):
-    out = str(tmp_path / "hf")
-    assert _one_line(_run(tmp_path, "layernorm_export.py", out), "layernorm_export.py") == (
+def test_exporting_a_model_hugging_face_cannot_hold_is_one_line(scripts):
+    out = str(scripts["layernorm_export.py"].folder / "hf")
+    assert _one_line(scripts, "layernorm_export.py") == (
         f"save_pretrained({out!r}): export to Hugging Face needs --normalization RMSNorm (got "
         f"'LayerNorm'); only Llama/Qwen2/Qwen3 models export")
     assert not os.path.exists(out)
 
 
-def test_exporting_into_a_directory_that_cannot_be_made_is_one_line(tmp_path):
-    line = _one_line(_run(tmp_path, "unwritable_export.py"), "unwritable_export.py")
+def test_exporting_into_a_directory_that_cannot_be_made_is_one_line(scripts):
+    line = _one_line(scripts, "unwritable_export.py")
     assert line == (f"cannot write the Hugging Face checkpoint to {NOT_CREATABLE!r}: [Errno 2] "
                     f"No such file or directory: {NOT_CREATABLE!r} (choose a writable "
                     f"directory: --save-hf, or MegatronWrap.save_pretrained's out_dir)")
 
 
-def test_a_value_error_of_the_users_own_flow_keeps_its_traceback(tmp_path):
-    proc = _run(tmp_path, "flow_bug.py")
+def test_a_value_error_of_the_users_own_flow_keeps_its_traceback(scripts):
+    proc = scripts["flow_bug.py"].result()
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback (most recent call last)" in proc.stderr
     assert "in build_samples" in proc.stderr

@@ -5,24 +5,28 @@ writes nothing twice.
 - one process: a bad config key (ConfigError) -> ``<script>: error: ...``, exit 2, no
   traceback; a bug in the script (ZeroDivisionError) keeps its traceback and exit code 1;
 - torchrun, 2 CPU ranks: a bad sample in ``train()`` (an id outside the vocabulary, a field
-  the flow does not read) -> one error line over both ranks, each rank exits 2; a resume with another ``--sft-prompt-key`` -> the resume check's one line,
-  exit 2;
+  the flow does not read) -> one error line over both ranks, each rank exits 2; a resume with
+  another ``--sft-prompt-key`` -> the resume check's one line, exit 2;
 - ``save_interval: 2``, two steps, then ``save()``: megatron-core's save runs once; after an
   ``evaluate()`` a ``save()`` of the same iteration writes again (its validation position).
+
+The scripts start together, each test checking its own (tests/unit_tests/background_runs.py).
 """
 
+import functools
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from megatron.varlen_training import checkpoint
 from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME, VALID_POSITION_KEY
 from megatron.wrap import MegatronWrap
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.wrap.test_wrap_main_guard import _kill_tree
+from tests.unit_tests.background_runs import BackgroundRuns
 
 REPO = Path(__file__).resolve().parents[3]
 RUN_LIMIT_S = 180
@@ -75,44 +79,54 @@ SCRIPTS = {
 }
 
 
-def _script(tmp_path, name: str) -> Path:
-    path = tmp_path / name
-    path.write_text(f"CONFIG = {CONFIG}\n" + textwrap.dedent(SCRIPTS[name]))
-    return path
+# Ranks per script: None runs it as `python script.py`, a number under torchrun.
+LAUNCHES = {"bad_key.py": None, "bug.py": None, "bad_sample.py": 2, "unread_field.py": 2,
+            "other_key.py": 2}
+SCRIPT_ARGS = {"other_key.py": ["{folder}/ckpt"]}  # {folder}: the script's own folder
 
 
-def _run(tmp_path, name: str, ranks: int | None = None, *args: str):
+def _start(runs: BackgroundRuns, name: str) -> None:
+    folder = runs.root / name
+    folder.mkdir()
+    script = folder / name
+    script.write_text(f"CONFIG = {CONFIG}\n" + textwrap.dedent(SCRIPTS[name]))
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    ranks = LAUNCHES[name]
     launcher = [sys.executable] if ranks is None else [
         # --standalone: torchrun holds a rendezvous port of the OS's choosing (no port race)
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
         str(ranks)]
-    proc = subprocess.Popen([*launcher, str(_script(tmp_path, name)), *args], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [arg.format(folder=folder) for arg in SCRIPT_ARGS.get(name, ())]
+    runs.start(name, [*launcher, str(script), *args], env=env, timeout_s=RUN_LIMIT_S)
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    """Every script of the module, started together (tests/unit_tests/background_runs.py)."""
+    runs = BackgroundRuns(tmp_path_factory.mktemp("scripts"))
     try:
-        stdout, stderr = proc.communicate(timeout=RUN_LIMIT_S)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)  # torchrun's workers too
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"{name} ran over {RUN_LIMIT_S} s; stderr tail:\n{stderr[-3000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        for name in LAUNCHES:
+            runs.add(name, functools.partial(_start, name=name))
+        yield runs
+    finally:
+        runs.kill_all()
 
 
 def _error_lines(proc, name: str) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith(f"{name}: error: ")]
 
 
-def test_config_error_is_one_line_and_exit_2(tmp_path):
-    proc = _run(tmp_path, "bad_key.py")
+def test_config_error_is_one_line_and_exit_2(scripts):
+    proc = scripts["bad_key.py"].result()
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("bad_key.py: error: "), proc.stderr
     assert "train_itres" in lines[0] and "train_iters" in lines[0], lines[0]
 
 
-def test_a_bug_keeps_its_traceback(tmp_path):
-    proc = _run(tmp_path, "bug.py")
+def test_a_bug_keeps_its_traceback(scripts):
+    proc = scripts["bug.py"].result()
     assert proc.returncode == 1
     assert "Traceback (most recent call last)" in proc.stderr
     assert proc.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
@@ -128,17 +142,17 @@ def _assert_one_line_on_two_ranks(proc, name: str) -> str:
     return lines[0]
 
 
-def test_bad_sample_under_torchrun_is_one_line_exit_2(tmp_path):
-    proc = _run(tmp_path, "bad_sample.py", 2)
+def test_bad_sample_under_torchrun_is_one_line_exit_2(scripts):
+    proc = scripts["bad_sample.py"].result()
     line = _assert_one_line_on_two_ranks(proc, "bad_sample.py")
     assert line == ("bad_sample.py: error: sample 1, field 'input_ids': id 99 at position 1 "
                     "is outside [0, 64) (the vocabulary size, config key 'vocab_size')"), line
 
 
-def test_unread_sample_field_under_torchrun_is_one_line_exit_2(tmp_path):
+def test_unread_sample_field_under_torchrun_is_one_line_exit_2(scripts):
     """A key the flow does not read is refused, not dropped; flow.ignored_fields's metadata
     trains (docs/WRAP.md section 3)."""
-    proc = _run(tmp_path, "unread_field.py", 2)
+    proc = scripts["unread_field.py"].result()
     line = _assert_one_line_on_two_ranks(proc, "unread_field.py")
     assert line == ("unread_field.py: error: sample 1, field 'advantages': flow 'gpt_sft' does "
                     "not read it (it reads input_ids, context_token_length from a sample of this "
@@ -148,8 +162,8 @@ def test_unread_sample_field_under_torchrun_is_one_line_exit_2(tmp_path):
     assert proc.stdout.count("trained with ignored metadata") == 2, proc.stdout[-2000:]
 
 
-def test_resume_with_another_sft_key_is_one_line_exit_2(tmp_path):
-    proc = _run(tmp_path, "other_key.py", 2, str(tmp_path / "ckpt"))
+def test_resume_with_another_sft_key_is_one_line_exit_2(scripts):
+    proc = scripts["other_key.py"].result()
     line = _assert_one_line_on_two_ranks(proc, "other_key.py")
     assert line == ("other_key.py: error: --load: the checkpoint was trained with "
                     "--sft-prompt-key prompt, this run has question: that would change the "
