@@ -96,12 +96,15 @@ def destroy_megatron_core_state() -> None:
     groups this rank is in, as it makes them, in ``_global_process_group_list`` (its list for
     ``update_pg_timeout``; ``None`` there is the default group): those are destroyed first, and
     ``destroy_model_parallel`` skips a gloo copy that is gone already. A release without the
-    list gets the old behaviour (nothing breaks, the groups stay)."""
+    list gets the old behaviour (nothing breaks, the groups stay). Where the process group has
+    ended already (a user error ends it first: ``errors.release_process_group``), every group
+    went with it."""
     if not parallel_state.model_parallel_is_initialized():
         return
     made = getattr(parallel_state, "_global_process_group_list", None) or []
-    for group in {id(group): group for group in made if group is not None}.values():
-        torch.distributed.destroy_process_group(group)
+    if torch.distributed.is_initialized():
+        for group in {id(group): group for group in made if group is not None}.values():
+            torch.distributed.destroy_process_group(group)
     parallel_state.destroy_model_parallel()
 
 

@@ -36,7 +36,21 @@ def _runs_one_after_another() -> list[tuple[int, int]]:
     return after
 
 
+def _process_group_ended_first() -> bool:
+    """A user error ends the process group before the trainer closes (errors.py): its groups
+    went with it, and the teardown must still end the parallel state without an error."""
+    parallel_state.initialize_model_parallel(**SIZES)
+    dist.destroy_process_group()
+    teardown_parallel_state()
+    return parallel_state.model_parallel_is_initialized()
+
+
+def _both_cases() -> tuple[list[tuple[int, int]], bool]:
+    return _runs_one_after_another(), _process_group_ended_first()
+
+
 def test_teardown_leaves_no_group_or_thread_of_the_run():
-    for after in run_distributed(_runs_one_after_another, world_size=2, timeout_s=120):
+    for after, still_initialized in run_distributed(_both_cases, world_size=2, timeout_s=120):
         assert [groups for _, groups in after] == [1] * RUNS  # the default group alone
         assert len({threads for threads, _ in after}) == 1, after  # no growth run to run
+        assert not still_initialized
