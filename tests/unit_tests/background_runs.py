@@ -23,13 +23,14 @@ checkpoint writer's helpers).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 KILL_WAIT_S = 30
 # Under pyproject.toml's per-test pytest timeout (600 s), so that a run past its deadline is
@@ -137,6 +138,20 @@ class BackgroundRuns:
     def kill_all(self) -> None:
         for run in self._runs.values():
             kill_tree(run.proc, run.new_session)
+
+
+@contextlib.contextmanager
+def started_together(root: Path, names: Iterable[str],
+                     start: Callable[..., object]) -> Iterator[BackgroundRuns]:
+    """A module's runs: one case per name, ``start(runs, name=name)``; every run still going
+    is killed when the block ends (a module-scoped fixture yields from inside it)."""
+    runs = BackgroundRuns(root)
+    try:
+        for name in names:
+            runs.add(name, functools.partial(start, name=name))
+        yield runs
+    finally:
+        runs.kill_all()
 
 
 def kill_tree(proc: subprocess.Popen, new_session: bool = False) -> None:

@@ -14,7 +14,6 @@ The scripts start together, each test checking its own (tests/unit_tests/backgro
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import textwrap
@@ -24,7 +23,7 @@ import pytest
 
 from megatron.varlen_training.errors import UserInputError
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.background_runs import BackgroundRuns
+from tests.unit_tests.background_runs import BackgroundRuns, started_together
 
 REPO = Path(__file__).resolve().parents[3]
 RUN_LIMIT_S = 180
@@ -92,13 +91,8 @@ def _start(runs: BackgroundRuns, name: str) -> None:
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     """Every script of the module, started together (tests/unit_tests/background_runs.py)."""
-    runs = BackgroundRuns(tmp_path_factory.mktemp("scripts"))
-    try:
-        for name in SCRIPTS:
-            runs.add(name, functools.partial(_start, name=name))
+    with started_together(tmp_path_factory.mktemp("scripts"), SCRIPTS, _start) as runs:
         yield runs
-    finally:
-        runs.kill_all()
 
 
 def _one_line(scripts: BackgroundRuns, name: str) -> str:

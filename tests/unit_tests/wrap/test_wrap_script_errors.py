@@ -13,7 +13,6 @@ writes nothing twice.
 The scripts start together, each test checking its own (tests/unit_tests/background_runs.py).
 """
 
-import functools
 import json
 import os
 import sys
@@ -26,7 +25,7 @@ from megatron.varlen_training import checkpoint
 from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME, VALID_POSITION_KEY
 from megatron.wrap import MegatronWrap
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.background_runs import BackgroundRuns
+from tests.unit_tests.background_runs import BackgroundRuns, started_together
 
 REPO = Path(__file__).resolve().parents[3]
 RUN_LIMIT_S = 180
@@ -104,13 +103,8 @@ def _start(runs: BackgroundRuns, name: str) -> None:
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     """Every script of the module, started together (tests/unit_tests/background_runs.py)."""
-    runs = BackgroundRuns(tmp_path_factory.mktemp("scripts"))
-    try:
-        for name in LAUNCHES:
-            runs.add(name, functools.partial(_start, name=name))
+    with started_together(tmp_path_factory.mktemp("scripts"), LAUNCHES, _start) as runs:
         yield runs
-    finally:
-        runs.kill_all()
 
 
 def _error_lines(proc, name: str) -> list[str]:
