@@ -1,7 +1,7 @@
 """A run's teardown destroys the process groups megatron-core made for it: a long-lived process
 (several ``MegatronWrap``s in one script, the harness's multi-run launches) keeps no group and no
 gloo thread of an earlier run (megatron-core 0.16.1's ``destroy_model_parallel`` alone leaves
-them: ~25 more threads per rank and run here)."""
+them: 17 more groups per rank and run here, each with its gloo threads)."""
 
 import os
 
