@@ -23,14 +23,13 @@ checkpoint writer's helpers).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator, Mapping
 
 KILL_WAIT_S = 30
 # Under pyproject.toml's per-test pytest timeout (600 s), so that a run past its deadline is
@@ -141,14 +140,15 @@ class BackgroundRuns:
 
 
 @contextlib.contextmanager
-def started_together(root: Path, names: Iterable[str],
-                     start: Callable[..., object]) -> Iterator[BackgroundRuns]:
-    """A module's runs: one case per name, ``start(runs, name=name)``; every run still going
-    is killed when the block ends (a module-scoped fixture yields from inside it)."""
+def started_together(root: Path, cases: Mapping[str, Callable[[BackgroundRuns], object]]
+                     ) -> Iterator[BackgroundRuns]:
+    """A module's runs: ``cases`` (name: the function starting its runs) added in order; every
+    run still going is killed when the block ends (a module-scoped fixture yields from inside
+    it)."""
     runs = BackgroundRuns(root)
     try:
-        for name in names:
-            runs.add(name, functools.partial(start, name=name))
+        for case, start in cases.items():
+            runs.add(case, start)
         yield runs
     finally:
         runs.kill_all()

@@ -14,7 +14,7 @@ from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.errors import UserInputError, agree_on_errors
 from megatron.varlen_training.tokenizer import build_tokenizer
 from tests.harness.training_runs import TINY_GPT_ARGS
-from tests.unit_tests.background_runs import BackgroundRuns
+from tests.unit_tests.background_runs import BackgroundRuns, started_together
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -123,27 +123,23 @@ def _start_metrics_dir_as(runs: BackgroundRuns, rank: str) -> None:
         cwd=REPO, env={**RUN_ENV, "RANK": rank, "WORLD_SIZE": "2"}, timeout_s=RUN_LIMIT_S)
 
 
-def _add_all(runs: BackgroundRuns) -> None:
+def _cases() -> dict:
     """The module's subprocess runs, each a case of its own name: the data error and the
     metrics directory under torchrun, the flag error and the metrics directory as each of 2
     ranks."""
-    runs.add("data_error", _start_data_error)
-    runs.add("metrics_dir", _start_metrics_dir)
+    cases = {"data_error": _start_data_error, "metrics_dir": _start_metrics_dir}
     for rank in RANKS:
-        runs.add(f"flag_error_rank{rank}", functools.partial(_start_flag_error, rank=rank))
-        runs.add(f"metrics_dir_rank{rank}", functools.partial(_start_metrics_dir_as, rank=rank))
+        cases[f"flag_error_rank{rank}"] = functools.partial(_start_flag_error, rank=rank)
+        cases[f"metrics_dir_rank{rank}"] = functools.partial(_start_metrics_dir_as, rank=rank)
+    return cases
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """Every subprocess run of the module, started together
     (tests/unit_tests/background_runs.py)."""
-    runs = BackgroundRuns(tmp_path_factory.mktemp("runs"))
-    try:
-        _add_all(runs)
+    with started_together(tmp_path_factory.mktemp("runs"), _cases()) as runs:
         yield runs
-    finally:
-        runs.kill_all()
 
 
 def test_data_error_under_torchrun_prints_once_and_every_rank_exits_2(launched):

@@ -22,7 +22,7 @@ from megatron.varlen_training.checkpoint import TRACKER_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.harness.rendezvous import hosted_store
 from tests.harness.training_runs import TINY_GPT_ARGS, train_on_this_rank
-from tests.unit_tests.background_runs import BackgroundRuns, kill_tree
+from tests.unit_tests.background_runs import BackgroundRuns, kill_tree, started_together
 
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("save_fault_driver.py")
@@ -75,18 +75,14 @@ def _driver_results(runs: BackgroundRuns, kind: str, world: int):
 def faults(tmp_path_factory):
     """The runs without a timed signal, started together (tests/unit_tests/background_runs.py);
     the ranks meet at stores the test hosts, as under torchrun."""
-    runs = BackgroundRuns(tmp_path_factory.mktemp("faults"))
     with contextlib.ExitStack() as stores:
         def start(runs: BackgroundRuns, kind: str) -> None:
             rank, world, extra = {**FULL_DISK, **PUBLISH}[kind]
             _start_driver(runs, stores.enter_context(hosted_store()), kind, rank, world, extra)
 
-        try:
-            for kind in {**FULL_DISK, **PUBLISH}:
-                runs.add(kind, functools.partial(start, kind=kind))
+        cases = {kind: functools.partial(start, kind=kind) for kind in {**FULL_DISK, **PUBLISH}}
+        with started_together(tmp_path_factory.mktemp("faults"), cases) as runs:
             yield runs
-        finally:
-            runs.kill_all()
 
 
 def _error_lines(outputs) -> list[str]:

@@ -14,6 +14,7 @@ The scripts start together, each test checking its own (tests/unit_tests/backgro
 """
 
 import json
+import functools
 import os
 import sys
 import textwrap
@@ -103,7 +104,8 @@ def _start(runs: BackgroundRuns, name: str) -> None:
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     """Every script of the module, started together (tests/unit_tests/background_runs.py)."""
-    with started_together(tmp_path_factory.mktemp("scripts"), LAUNCHES, _start) as runs:
+    cases = {name: functools.partial(_start, name=name) for name in LAUNCHES}
+    with started_together(tmp_path_factory.mktemp("scripts"), cases) as runs:
         yield runs
 
 
