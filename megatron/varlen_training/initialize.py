@@ -89,16 +89,16 @@ def teardown_parallel_state() -> None:
 def destroy_megatron_core_state() -> None:
     """megatron-core's parallel state and the process groups it made for it.
 
-    megatron-core 0.16.1's ``destroy_model_parallel`` forgets its groups without destroying
-    them (all but its gloo copies), so every run in a long-lived process (a script making
-    several ``MegatronWrap``s, the test harness's launches) would leave its ~20-50 groups per
-    rank alive, each with gloo's threads or an NCCL communicator. megatron-core records the
-    groups this rank is in, as it makes them, in ``_global_process_group_list`` (its list for
-    ``update_pg_timeout``; ``None`` there is the default group): those are destroyed first, and
-    ``destroy_model_parallel`` skips a gloo copy that is gone already. A release without the
-    list gets the old behaviour (nothing breaks, the groups stay). Where the process group has
-    ended already (a user error ends it first: ``errors.release_process_group``), every group
-    went with it."""
+    megatron-core 0.16.1's ``destroy_model_parallel`` forgets its groups without destroying them
+    (all but its gloo copies), so every run in a long-lived process (a script making several
+    ``MegatronWrap``s, the test harness's launches) would leave its groups alive (17 per rank at
+    CP 2 x EP 2 on 2 ranks), each with gloo's threads or an NCCL communicator. megatron-core
+    records the groups this rank is in, as it makes them, in ``_global_process_group_list`` (its
+    list for ``update_pg_timeout``; ``None`` there is the default group): those are destroyed
+    first, and ``destroy_model_parallel`` skips a gloo copy that is gone already. A release
+    without the list gets the old behaviour (nothing breaks, the groups stay). Where the process
+    group has ended already (a user error ends it first: ``errors.release_process_group``),
+    every group went with it."""
     if not parallel_state.model_parallel_is_initialized():
         return
     made = getattr(parallel_state, "_global_process_group_list", None) or []

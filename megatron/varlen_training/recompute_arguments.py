@@ -211,14 +211,13 @@ def refuse_modules_without_layers(args, require, layer_kinds: str, layers_flag: 
     have. ``layer_kinds``: the pattern symbols present; ``layers_flag``: the flag saying so."""
     if args.recompute_granularity != SELECTIVE:
         return
+    instead = dict.fromkeys(ALTERNATIVES[kind] for kind in layer_kinds if kind in ALTERNATIVES)
+    hint = f"; use {' or '.join(instead)}" if instead else ""
     for module in args.recompute_modules:
         symbols, what = MODULE_LAYERS[module]
-        if any(symbol in layer_kinds for symbol in symbols):
-            continue
-        instead = dict.fromkeys(ALTERNATIVES[kind] for kind in layer_kinds if kind in ALTERNATIVES)
-        hint = f"; use {' or '.join(instead)}" if instead else ""
-        require(False, f"--recompute-modules {module} recomputes {what} and {layers_flag} "
-                       f"gives this model none{hint}")
+        require(any(symbol in layer_kinds for symbol in symbols),
+                f"--recompute-modules {module} recomputes {what} and {layers_flag} gives this "
+                f"model none{hint}")
 
 
 def _validate_modules(args, require) -> None:
