@@ -69,9 +69,10 @@ class _CountingReads:
 
 
 def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
-    """For each named argv: logits of the model initialised from its --hf-checkpoint, the RoPE
-    inverse frequencies (None off the last stage), and the elements this rank read from the
-    checkpoint next to the elements its parameters hold."""
+    """For each named argv: logits of the model initialised from its --hf-checkpoint (None off
+    the last stage), the model's RoPE inverse frequencies (None for MLA, whose layers hold
+    their own), and the elements this rank read from the checkpoint next to the elements its
+    parameters hold."""
     out = {}
     for name, argv in runs.items():
         reads = _CountingReads()
@@ -83,7 +84,8 @@ def rank_import_logits(runs: dict, tokens: torch.Tensor) -> dict:
             reads.close()
             held = sum(p.numel() for chunk in model for p in unwrap(chunk).parameters())
             logits = forward_logits(run, model, tokens)
-            inv_freq = unwrap(model[0]).rotary_pos_emb.inv_freq.clone()
+            rope = getattr(unwrap(model[0]), "rotary_pos_emb", None)  # MLA: in its layers
+            inv_freq = None if rope is None else rope.inv_freq.clone()
             out[name] = {"logits": logits, "inv_freq": inv_freq, "read": reads.elements,
                          "held": held}
         finally:

@@ -1,7 +1,11 @@
 """DeepSeek-V3 (MLA + MoE) from and to Hugging Face: after import, our logits on a packed THD
 micro-batch of two sequences equal transformers' DeepseekV3ForCausalLM run on each sequence
 alone (float32, 1e-5 relative), and the export holds exactly the tensors of the checkpoint it
-came from, under a config.json that transformers loads into the same model.
+came from, under a config.json that transformers loads into the same model. Imported on two
+ranks (TP2 with sequence parallelism, EP2, PP2 with the dense layer alone on the first stage),
+the model gives transformers' logits too: each layout splits other projections (MLA's
+low-rank and up projections over TP, the routed experts and their bias over EP, the layers'
+global indices over the stages) and must still read every tensor into its own place.
 
 Reference: transformers' own DeepseekV3ForCausalLM on random tiny checkpoints it saved: three
 layers (the first dense, then MoE with shared experts), sigmoid routing with a non-zero
@@ -21,8 +25,10 @@ import torch
 
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.varlen_training.hf.ranks import rank_packed_logits_export
-from tests.unit_tests.varlen_training.hf.tiny_models import model_argv
+from tests.unit_tests.varlen_training.hf.ranks import (
+    rank_import_logits, rank_packed_logits_export,
+)
+from tests.unit_tests.varlen_training.hf.tiny_models import hf_logits, model_argv, sample_tokens
 
 pytestmark = needs_extra("hf")
 
@@ -45,6 +51,19 @@ SHAPES = {
                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
 }
 
+
+# Two-rank layouts: (shape, flags). PP2 splits the 3 layers 1 + 2, so the first stage holds the
+# dense layer and the second the MoE ones (their global indices 1 and 2).
+LAYOUTS = {
+    "q_lora_grouped_tp2_sp": ("q_lora_grouped", ["--tensor-model-parallel-size", "2",
+                                                 "--sequence-parallel"]),
+    "q_lora_grouped_ep2": ("q_lora_grouped", ["--expert-model-parallel-size", "2"]),
+    "q_lora_grouped_pp2": ("q_lora_grouped", ["--pipeline-model-parallel-size", "2",
+                                              "--decoder-first-pipeline-num-layers", "1"]),
+    "no_q_lora_halves_yarn_tp2_sp": ("no_q_lora_halves_yarn", [
+        "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+}
+DISPATCHER = ["--moe-token-dispatcher-type", "alltoall"]
 
 WITH_MTP = "q_lora_grouped"  # its checkpoint also holds an MTP layer
 MTP_PREFIX = f"model.layers.{BASE['num_hidden_layers']}."
@@ -113,7 +132,7 @@ def round_trips(tmp_path_factory):
     sequences = [torch.randint(0, BASE["vocab_size"], (n,), generator=generator)
                  for n in LENGTHS]
     paths = {name: _save_deepseek(root / name, name) for name in SHAPES}
-    jobs = [(model_argv(paths[name], "--moe-token-dispatcher-type", "alltoall"), sequences,
+    jobs = [(model_argv(paths[name], *DISPATCHER), sequences,
              str(root / f"{name}_export")) for name in SHAPES]
     logits = run_distributed(rank_packed_logits_export, 1, args=(jobs,), timeout_s=240)[0]
     return {name: (paths[name], job[2], sequences, ours, _hf_logits(paths[name], sequences))
@@ -141,3 +160,23 @@ def test_export_holds_the_checkpoint_tensors_and_loads_in_transformers(round_tri
         if key != "rope_parameters":
             assert config[key] == value, key
     _assert_close(_hf_logits(exported, sequences), reference, "export")
+
+
+@pytest.fixture(scope="module")
+def layout_logits(round_trips):
+    """Per layout: (our logits of a [b, s] batch from the last stage, transformers'); one
+    two-rank launch for every layout."""
+    tokens = sample_tokens()
+    runs = {name: model_argv(round_trips[shape][0], *DISPATCHER, *flags)
+            for name, (shape, flags) in LAYOUTS.items()}
+    per_rank = run_distributed(rank_import_logits, 2, args=(runs, tokens), timeout_s=240)
+    references = {shape: hf_logits(round_trips[shape][0], tokens) for shape in SHAPES}
+    return {name: ([r[name]["logits"] for r in per_rank if r[name]["logits"] is not None][-1],
+                   references[shape]) for name, (shape, _) in LAYOUTS.items()}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_logits_on_two_ranks_match_transformers(layout_logits, layout):
+    ours, reference = layout_logits[layout]
+    _assert_close(ours.reshape(-1, ours.shape[-1]), reference.reshape(-1, reference.shape[-1]),
+                  layout)

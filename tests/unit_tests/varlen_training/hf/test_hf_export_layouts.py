@@ -2,18 +2,18 @@
 holds the same tensors.
 
 - Import -> export with no training between, on every 2-rank layout (TP2, PP2, uneven PP2,
-  PP2 + VPP, DP2;
-  Qwen3-MoE on EP2, TP2 + EP2 with expert TP 1, PP2 + VPP; DeepSeek-V3 with its rotated
-  channels stored as halves on TP2 + SP and EP2; a vocabulary padded for TP2): bit
-  for bit the tensors of the checkpoint transformers saved, under the same names, and a
-  ``config.json`` transformers reads as the source's (DeepSeek-V3's but for
-  ``num_nextn_predict_layers``: the export writes no MTP layer). No arithmetic happens on the way, so
-  nothing may differ at all. An earlier export in another layout in the same directory is
-  replaced, not left for transformers to load.
+  PP2 + VPP, DP2; Qwen3-MoE on EP2, TP2 + EP2 with expert TP 1, PP2 + VPP; DeepSeek-V3 with
+  its rotated channels stored as halves on TP2 + SP, EP2 and uneven PP2; a vocabulary padded
+  for TP2): bit for bit the tensors of the checkpoint transformers saved, under the same
+  names, and a ``config.json`` transformers reads as the source's (DeepSeek-V3's but for
+  ``num_nextn_predict_layers``: the export writes no MTP layer). No arithmetic happens on the
+  way, so nothing may differ at all. An earlier export in another layout in the same
+  directory is replaced, not left for transformers to load.
 - Training on layout X, then ``--save-hf``: the export equals the export of the same training on
   one rank (fp32 rounding), for tied embeddings on PP2, even and uneven (the first stage writes
-  the embedding the last stage's output layer mirrors), DP2 with the distributed optimizer (also with its
-  parameter all-gather overlapped), a packed SFT run with dynamic CP, and Qwen3-MoE on EP2;
+  the embedding the last stage's output layer mirrors), DP2 with the distributed optimizer
+  (also with its parameter all-gather overlapped), a packed SFT run with dynamic CP, and
+  Qwen3-MoE on EP2;
   ``tools/export_hf.py`` on the distributed optimizer's Megatron checkpoint writes exactly the
   ``--save-hf`` tensors.
 """
@@ -56,6 +56,8 @@ IMPORT_EXPORT = {
     # the shared experts split over TP; routed experts and their bias over EP
     "deepseek_tp2_sp": ("deepseek", TP2 + ["--sequence-parallel"]),
     "deepseek_ep2": ("deepseek", EP2),
+    # its dense layer on the first stage, the MoE layers (global indices 1, 2) on the second
+    "deepseek_pp2_uneven": ("deepseek", PP2_UNEVEN),
     # 250 ids padded to 256 rows for TP2: the padded rows are not exported
     "padded_tp2": ("padded", TP2 + ["--make-vocab-size-divisible-by", "8"]),
 }
