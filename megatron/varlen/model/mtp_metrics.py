@@ -12,6 +12,8 @@ so the stand-in roll remembers the last count it returned. At the end of a step 
 all-reduce over the data-parallel x context-parallel group gives each depth's loss per real
 MTP token of the global batch: Megatron-LM's value whenever every micro-batch holds as many loss
 tokens (unpacked equal-length samples). megatron-core's own tracker still receives its values.
+The count megatron-core divides by is at least 1 (:class:`_LastCountRoll`): a micro-batch
+without MTP loss tokens adds no MTP loss instead of a NaN.
 """
 
 from __future__ import annotations
@@ -55,7 +57,13 @@ def reduce_and_clear(num_depths: int, device, group=None) -> list[float | None]:
 
 
 class _LastCountRoll:
-    """Calls ``roll`` and keeps the count (the rolled tensor's sum) it returned last."""
+    """Calls ``roll`` and keeps the count (the rolled tensor's sum) it returned last.
+
+    megatron-core divides by the count it gets (the MTP loss without
+    ``--calculate-per-token-loss``, and its logged mean), so it gets at least 1: a micro-batch
+    without MTP loss tokens (unpacked one-token samples) then adds its masked loss sum, 0,
+    instead of 0 / 0 = NaN, which stopped the run at the grad norm. Any other count goes
+    through unchanged; the kept count stays the true one (the report counts 0 tokens)."""
 
     def __init__(self, roll):
         self.roll = roll
@@ -64,7 +72,7 @@ class _LastCountRoll:
     def __call__(self, *args, **kwargs):
         rolled, count = self.roll(*args, **kwargs)
         self.count = count
-        return rolled, count
+        return rolled, count.clamp(min=1)  # on the device: no host read
 
 
 @contextlib.contextmanager

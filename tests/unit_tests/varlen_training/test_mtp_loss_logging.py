@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from megatron.core.models.gpt import GPTModel
+from megatron.varlen_training.errors import NonFiniteLossError
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import stepping_trainer
+from tests.harness.training_runs import stepping_trainer, train_on_this_rank
 
 STEPS = 2
 DEPTHS = 2
@@ -39,6 +40,23 @@ PACKED = ["--micro-batch-size", "1", "--sequence-packing"]
 # hold the whole loss: it must be counted once).
 TWO_RANK_LAYOUTS = {"cp2": ["--context-parallel-size", "2"],
                     "tp2_sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"]}
+
+
+# Samples of one token: position 0's MTP target would be the sample's second label, which it
+# does not have, so no micro-batch holds an MTP loss token. Unpacked, without per-token loss,
+# megatron-core divides each micro-batch's MTP loss by that count.
+ONE_TOKEN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+             "--seq-length", "8", "--micro-batch-size", "1", "--global-batch-size", "2",
+             "--train-iters", "2", "--lr", "2e-3", "--mock-data", "--sft",
+             "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+             "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0",
+             "--attention-dropout", "0", "--log-interval", "1", "--eval-iters", "0",
+             "--seed", "5"]
+
+
+def _one_token_runs(lengths_file: str) -> dict[str, list[str]]:
+    data = ["--sft-mock-dataset-config-json", json.dumps({"mode": "file", "path": lengths_file})]
+    return {"mtp": ONE_TOKEN + data + ["--mtp-num-layers", "1"], "no_mtp": ONE_TOKEN + data}
 
 
 def _gpt_model(chunk) -> GPTModel:
@@ -97,12 +115,30 @@ def _train_two_rank_layouts() -> dict:
             for name, extra in TWO_RANK_LAYOUTS.items()}
 
 
+def _history_or_stop(argv: list[str]) -> dict:
+    """One run's history, or the one line it stopped with on a NaN (so that only the test of
+    that run fails)."""
+    try:
+        return {"history": train_on_this_rank(argv)["history"]}
+    except NonFiniteLossError as err:
+        return {"stopped": str(err)}
+
+
+def _train_one_rank_runs(one_token_runs: dict[str, list[str]]) -> tuple:
+    """The unpacked run (captured for the reference), the packed one and the one-token runs,
+    in one process."""
+    return (_train(ARGS + UNPACKED, True), _train(ARGS + PACKED, False),
+            {name: _history_or_stop(argv) for name, argv in one_token_runs.items()})
+
+
 @pytest.fixture(scope="module")
-def runs():
-    (unpacked,) = run_distributed(_train, 1, args=(ARGS + UNPACKED, True), timeout_s=300)
-    (packed,) = run_distributed(_train, 1, args=(ARGS + PACKED, False), timeout_s=300)
+def runs(tmp_path_factory):
+    lengths = tmp_path_factory.mktemp("one_token") / "lengths.txt"
+    lengths.write_text("1\n")
+    (unpacked, packed, one_token), = run_distributed(
+        _train_one_rank_runs, 1, args=(_one_token_runs(str(lengths)),), timeout_s=300)
     two_ranks = run_distributed(_train_two_rank_layouts, 2, timeout_s=300)
-    return unpacked, packed, two_ranks
+    return unpacked, packed, two_ranks, one_token
 
 
 def test_mtp_losses_are_the_heads_cross_entropy(runs):
@@ -113,7 +149,7 @@ def test_mtp_losses_are_the_heads_cross_entropy(runs):
 
 
 def test_packing_cp_and_tp_do_not_change_the_mtp_losses(runs):
-    unpacked, packed, two_ranks = runs
+    unpacked, packed, two_ranks, _ = runs
     for layout, run in [("packed", packed), *((f"{name} rank {rank}", run)
                                                for rank, layouts in enumerate(two_ranks)
                                                for name, run in layouts.items())]:
@@ -130,3 +166,17 @@ def test_the_line_and_the_record_carry_megatron_lms_names(runs):
     line = format_log_line(record, STEPS)
     assert f"| lm loss: {record['lm_loss']:.6E} | mtp_1 loss: {record['mtp_1 loss']:.6E} | " \
            f"mtp_2 loss: {record['mtp_2 loss']:.6E} | loss scale: 1.0 |" in line, line
+
+
+def test_micro_batches_without_mtp_tokens_train_as_without_mtp(runs):
+    """Unpacked, without --calculate-per-token-loss, a micro-batch without MTP loss tokens adds
+    no MTP loss (megatron-core alone divides 0 by 0: NaN, and the run stops): its MTP layer gets
+    no gradient, so the main model trains exactly as the same run without MTP (same weights:
+    each parameter is drawn by its name), and the step reports no MTP loss."""
+    assert [run.get("stopped") for run in runs[3].values()] == [None, None]
+    with_mtp, without = (runs[3][name]["history"] for name in ("mtp", "no_mtp"))
+    assert len(with_mtp) == len(without) == 2
+    for iteration, (ours, reference) in enumerate(zip(with_mtp, without), start=1):
+        for key in ("lm_loss", "grad_norm"):
+            assert ours[key] == pytest.approx(reference[key], rel=RTOL), (iteration, key)
+        assert "mtp_1 loss" not in ours, iteration  # no MTP token: nothing to report
