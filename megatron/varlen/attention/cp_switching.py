@@ -75,16 +75,19 @@ def _one_table(rotary_pos_emb: Any) -> Optional[torch.Tensor]:
     return rotary_pos_emb
 
 
-def call_arguments(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """``(positional, keywords)`` for ``SelfAttention.forward`` that make the same call as
-    ``module.forward(*args, **kwargs)``, with every argument the forward reads
-    (``packed_seq_params``, ``rotary_pos_emb``, the inference ones) among the keywords, where it
-    may be changed. Binding the signature took tens of microseconds per layer and micro-batch
-    (the host's work every step), so a call of TransformerLayer's form keeps its keywords as
-    they are; any other is bound, and then passed by keyword."""
+def call_arguments(module: Any, args: tuple, kwargs: dict,
+                   signature: inspect.Signature | None = None) -> tuple[tuple, dict]:
+    """``(positional, keywords)`` for ``SelfAttention.forward`` (or the forward whose
+    ``signature`` is given: MLA's) that make the same call as ``module.forward(*args,
+    **kwargs)``, with every argument the forward reads (``packed_seq_params``,
+    ``rotary_pos_emb``, the inference ones) among the keywords, where it may be changed.
+    Binding the signature took tens of microseconds per layer and micro-batch (the host's work
+    every step), so a call of TransformerLayer's form keeps its keywords as they are; any other
+    is bound, and then passed by keyword."""
     if len(args) <= _LEADING_POSITIONAL:
         return args, dict(kwargs)
-    keywords = dict(_FORWARD_SIGNATURE.bind_partial(module, *args, **kwargs).arguments)
+    bound = (signature or _FORWARD_SIGNATURE).bind_partial(module, *args, **kwargs)
+    keywords = dict(bound.arguments)
     del keywords["self"]
     return (), keywords
 

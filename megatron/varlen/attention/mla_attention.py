@@ -50,13 +50,14 @@ from megatron.core.transformer import multi_latent_attention
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
 from megatron.varlen.attention.core_attention import VarlenCoreAttention
+from megatron.varlen.attention.cp_switching import call_arguments
 from megatron.varlen.attention.cp_group import (
     cp_assignments, resolve_cp_group, swap_attributes,
 )
 from megatron.varlen.packing.packed_seq import has_host_boundaries, with_host_boundaries
 
 _PACKED_SEQ_PARAMS = "packed_seq_params"
-_FORWARD_SIGNATURE = inspect.signature(MLASelfAttention.forward)
+_FORWARD_SIGNATURE = inspect.signature(MLASelfAttention.forward)  # bound only for unusual calls
 _MLA_VIEW = "mla-view"  # kind of the micro-batch cache's entry
 
 
@@ -148,12 +149,12 @@ class VarlenMLASelfAttention(MLASelfAttention):
 
     def forward(self, *args, **kwargs):
         """``MLASelfAttention.forward`` with the micro-batch's params made MLA's (see above)."""
-        bound = _FORWARD_SIGNATURE.bind_partial(self, *args, **kwargs)
-        params = bound.arguments.get(_PACKED_SEQ_PARAMS)
+        args, keywords = call_arguments(self, args, kwargs, _FORWARD_SIGNATURE)
+        params = keywords.get(_PACKED_SEQ_PARAMS)
         group = self._micro_batch_group(params)
         if params is not None:
             if isinstance(self.core_attention, VarlenCoreAttention):
                 params = with_host_boundaries(params)
-            bound.arguments[_PACKED_SEQ_PARAMS] = _static_cp_view(params)
+            keywords[_PACKED_SEQ_PARAMS] = _static_cp_view(params)
         with self._on_group(group):
-            return super().forward(*bound.args[1:], **bound.kwargs)
+            return super().forward(*args, **keywords)
