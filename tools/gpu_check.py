@@ -2,7 +2,7 @@
 """The GPU check: everything a GPU session should learn, in one command within one deadline.
 
     make gpu-check                                  # = python3 tools/gpu_check.py, 480 s
-    python3 tools/gpu_check.py --parts suite --suite all1 --budget-s 330   # README "GPU"
+    python3 tools/gpu_check.py --parts suite --suite all1,all2 --budget-s 330   # README "GPU"
     python3 tools/gpu_check.py --device cpu --out /tmp/gpu_check   # the CPU dry run (tiny)
 
 Made for a lent GPU machine (Python 3.12, a CUDA torch, no network; README "GPU"): it first
@@ -17,6 +17,7 @@ benchmark  tools/benchmark_gpu.py at ``--sizes`` / ``--configs``: packed, refere
 cost       tools/measure_cost_model.py at ``--cost-size``: the measured hardware profile
 gpu_tests  ``pytest -m gpu tests/gpu`` (parallel workers when pytest-xdist is there)
 suite      the suite with CUDA visible: a CUDA-sensitive subset, or ``--suite all1`` / ``all2``
+           (``--suite all1,all2``: both halves, one after the other, into one ``suite.log``)
 =========  ==================================================================================
 
 Timing parts first, on a quiet machine. Each part's cap is its expected time on the slowest H100
@@ -95,6 +96,7 @@ SUITE_HALVES = {
     "all2": SECOND_HALF,
     "all": ("tests", "--ignore=tests/gpu"),
 }
+SUBSET = "subset"  # --suite's default: CUDA_SENSITIVE_TESTS
 # The CPU dry run's suite part: one quick file, through pytest-xdist as on the GPU.
 DRY_RUN_TESTS = ("tests/unit_tests/tools/test_gpu_wheels.py",)
 DRY_RUN_WORKERS = 2
@@ -116,6 +118,11 @@ class Part:
     keep: tuple[tuple[str, str], ...] = ()  # (file it writes, name to keep it under in out)
     expected_s: float = 0.0  # on one H100 (tools/gpu_part_times.py)
     env: tuple[tuple[str, str], ...] = ()  # set for this part only
+    log: str = ""  # its log's name in ``--out`` (without .log); default: the part's name
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.log or self.name}.log"
 
 
 @dataclasses.dataclass
@@ -210,12 +217,12 @@ def cost_part(cli: argparse.Namespace, scratch: Path) -> Part:
     return Part("cost", _cap(expected), command, keep=keep, expected_s=expected)
 
 
-def suite_part(cli: argparse.Namespace) -> Part:
+def suite_part(cli: argparse.Namespace, suite: str = SUBSET, name: str = "suite") -> Part:
     """The suite with CUDA visible: all of tests/ but tests/gpu (its own part), or one of its
     halves, or the CUDA-sensitive subset; the CPU dry run runs one small file the same way."""
-    if cli.suite in SUITE_HALVES:
-        selection = SUITE_HALVES[cli.suite]
-        expected = times.suite_seconds(times.SUITE_TESTS[cli.suite])
+    if suite in SUITE_HALVES:
+        selection = SUITE_HALVES[suite]
+        expected = times.suite_seconds(times.SUITE_TESTS[suite])
         workers = cli.workers or times.SUITE_ALL_WORKERS
     elif cli.device == "cpu":
         selection, expected, workers = DRY_RUN_TESTS, 0.0, cli.workers or DRY_RUN_WORKERS
@@ -224,8 +231,20 @@ def suite_part(cli: argparse.Namespace) -> Part:
         workers = cli.workers or times.SUITE_SUBSET_WORKERS
     command = _pytest(*selection, *_workers(workers), "--timeout", str(TEST_TIMEOUT_S),
                       "--durations", str(SLOWEST_TESTS_SHOWN))
-    return Part("suite", _cap(expected), command, expected_s=expected,
-                env=_threads_env(SUITE_THREADS))
+    return Part(name, _cap(expected), command, expected_s=expected,
+                env=_threads_env(SUITE_THREADS), log="suite")
+
+
+def suite_parts(cli: argparse.Namespace) -> list[Part]:
+    """One part per ``--suite`` selection, in the order named: ``suite`` for one,
+    ``suite_<selection>`` for each of several (``all1,all2``: the second half starts when the
+    first ends and takes what is left of the budget, so a half cut at the deadline still
+    leaves the first one whole). They write one ``suite.log``: the files that come back from
+    a device command stay at most 8."""
+    suites = cli.suite.split(",")
+    if len(suites) == 1:
+        return [suite_part(cli, suites[0])]
+    return [suite_part(cli, suite, f"suite_{suite}") for suite in suites]
 
 
 def plan_parts(cli: argparse.Namespace, scratch: Path) -> list[Part]:
@@ -243,7 +262,7 @@ def plan_parts(cli: argparse.Namespace, scratch: Path) -> list[Part]:
         cost_part(cli, scratch),
         Part("gpu_tests", _cap(times.GPU_TESTS_S), gpu_tests, expected_s=times.GPU_TESTS_S,
              env=_threads_env(_cores_per(gpu_workers))),
-        suite_part(cli),
+        *suite_parts(cli),
     ]
     if cpu:
         return [dataclasses.replace(p, cap_s=cli.budget_s, expected_s=0.0) for p in parts]
@@ -271,16 +290,20 @@ def _last_line(text: str) -> str:
     return lines[-1][:160] if lines else ""
 
 
-def run_part(part: Part, deadline: float, out: Path, env: dict) -> Outcome:
-    """Runs ``part`` with min(its cap, the time left); its output goes to ``<out>/<name>.log``."""
+def run_part(part: Part, deadline: float, out: Path, env: dict, append: bool = False) -> Outcome:
+    """Runs ``part`` with min(its cap, the time left); its output goes to its log in ``out``
+    (``append``: after what an earlier part of this check wrote there)."""
     left = deadline - time.monotonic()
     if left < min(MIN_PART_S, part.cap_s):
         return Outcome(part.name, "skipped", 0.0,
                        f"not started: {max(left, 0):.0f} s left of the budget", part.cap_s)
     cap = min(part.cap_s, left)
     print(f"=== {part.name} (cap {cap:.0f} s): {' '.join(part.command)}", flush=True)
-    start, log = time.monotonic(), out / f"{part.name}.log"
-    with open(log, "w", encoding="utf-8") as handle:
+    start, log = time.monotonic(), out / part.log_name
+    with open(log, "a" if append else "w", encoding="utf-8") as handle:
+        if append:
+            handle.write(f"\n=== {part.name}\n")
+            handle.flush()
         proc = subprocess.Popen(part.command, cwd=REPO, env={**env, **dict(part.env)},
                                 stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -339,16 +362,18 @@ def _parse(argv) -> argparse.Namespace:
     parser.add_argument("--cost-size", default="184m", choices=sorted(SIZES),
                         help="the model the cost model is measured on")
     parser.add_argument("--cost-reps", type=int, default=5, help="cost model repetitions")
-    parser.add_argument("--suite", choices=("subset", *SUITE_HALVES), default="subset",
+    parser.add_argument("--suite", default=SUBSET,
                         help="the CUDA-sensitive subset, the whole suite's first or second half "
-                             "(all1, all2: one 600 s device command each), or all of it")
+                             "(all1, all2: one 600 s device command each), or all of it; several "
+                             "comma-separated run one after the other (all1,all2)")
     parser.add_argument("--workers", type=int, default=0,
                         help="pytest-xdist workers of the suite (0: the planned default)")
     cli = parser.parse_args(argv)
     if cli.budget_s < MIN_PART_S:
         parser.error(f"--budget-s {cli.budget_s} is below the {MIN_PART_S} s a part needs")
     for option, chosen, known in (("--sizes", cli.sizes, SIZES), ("--configs", cli.configs,
-                                                                  CONFIGS)):
+                                                                  CONFIGS),
+                                  ("--suite", cli.suite, (SUBSET, *SUITE_HALVES))):
         unknown = sorted(set(chosen.split(",")) - set(known))
         if unknown:
             parser.error(f"{option} {','.join(unknown)}: choose from {','.join(known)}")
@@ -356,15 +381,18 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _select(parts: list[Part], wanted: str | None) -> list[Part]:
-    """The parts named by --parts, in the order named (all of them without --parts)."""
+    """The parts named by --parts, in the order named (all of them without --parts); ``suite``
+    names every suite part (``--suite all1,all2`` makes two)."""
     if not wanted:
         return parts
-    by_name = {p.name: p for p in parts}
+    by_name: dict[str, list[Part]] = {}
+    for part in parts:
+        by_name.setdefault("suite" if part.log == "suite" else part.name, []).append(part)
     unknown = [name for name in wanted.split(",") if name not in by_name]
     if unknown:
         raise SystemExit(f"gpu_check.py: error: --parts {','.join(unknown)}: choose from "
                          f"{','.join(by_name)}")
-    return [by_name[name] for name in wanted.split(",")]
+    return [part for name in wanted.split(",") for part in by_name[name]]
 
 
 def main(argv=None) -> int:
@@ -377,7 +405,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
         parts = _select(plan_parts(cli, Path(scratch)), cli.parts)
         print("\n".join(plan_lines(parts, cli.budget_s)), flush=True)
-        outcomes = [run_part(part, deadline, cli.out, env) for part in parts]
+        outcomes, written = [], set()
+        for part in parts:
+            outcomes.append(run_part(part, deadline, cli.out, env,
+                                     append=part.log_name in written))
+            written.add(part.log_name)
     table = summary_table(outcomes)
     (cli.out / "summary.txt").write_text(table + "\n", encoding="utf-8")
     print("=== summary\n" + table, flush=True)

@@ -251,6 +251,33 @@ def test_the_whole_suite_runs_in_two_halves_that_each_fit_one_device_command(wit
     assert [arg for arg in whole.command if arg.startswith("--ignore=")] == ["--ignore=tests/gpu"]
 
 
+def test_both_halves_run_one_after_the_other_into_one_log(with_xdist):
+    """``--suite all1,all2``: the two halves' own commands, in that order, under ``--parts
+    suite``, writing one suite.log (the files back from a device command stay <= 8)."""
+    halves = _plan("--parts", "suite", "--suite", "all1,all2")
+    alone = [_plan("--parts", "suite", "--suite", half)[0] for half in ("all1", "all2")]
+    assert [p.name for p in halves] == ["suite_all1", "suite_all2"]
+    assert [p.command for p in halves] == [p.command for p in alone]
+    assert [p.cap_s for p in halves] == [p.cap_s for p in alone]
+    assert {p.log_name for p in halves} == {"suite.log"} == {alone[0].log_name}
+    every = _plan("--suite", "all1,all2")
+    assert len({p.log_name for p in every}) + len(
+        [name for p in every for _, name in p.keep]) + 1 <= MAX_FILES_BACK  # + summary.txt
+    with pytest.raises(SystemExit):
+        _plan("--suite", "all1,half3")
+
+
+def test_an_appended_log_keeps_the_earlier_parts_output(tmp_path):
+    first, second = (gpu_check.Part(name, 10, [sys.executable, "-c", f"print({name!r})"],
+                                    log="suite") for name in ("suite_all1", "suite_all2"))
+    deadline = time.monotonic() + 30
+    gpu_check.run_part(first, deadline, tmp_path, gpu_check._env())
+    outcome = gpu_check.run_part(second, deadline, tmp_path, gpu_check._env(), append=True)
+    assert outcome.status == "ok" and outcome.detail == "suite_all2"
+    assert (tmp_path / "suite.log").read_text().split() == [
+        "suite_all1", "===", "suite_all2", "suite_all2"]
+
+
 def test_the_exit_code_counts_every_part_that_did_not_pass():
     outcome = lambda status: gpu_check.Outcome("p", status, 1.0, "", 10)  # noqa: E731
     assert gpu_check.exit_code([outcome("ok"), outcome("ok")]) == 0
