@@ -187,3 +187,12 @@ def test_blend_refusals_that_still_apply(corpora):
     with pytest.raises(ValueError, match=f"--split '99,1,0' leaves the validation split of "
                                          f"{a} empty"):
         _build(["--data-path", "0.5", a, "0.5", b, "--split", "99,1,0"], 100)
+
+
+def test_a_longer_run_reads_the_same_first_samples(corpora, weighted):
+    """Sample i depends on (--seed, i) only: a run of fewer samples reads the same first ones
+    (what a resumed run continues)."""
+    names = list(CORPORA)
+    flags = ["--data-path"] + [e for n in names for e in (str(WEIGHTS[n]), corpora[n][0])]
+    train, _ = _build(flags + ["--split", "90,10,0"], 500)
+    assert [_read(sample) for sample in train] == weighted[0][:500]
