@@ -78,21 +78,33 @@ class WholeDocumentBlend(torch.utils.data.Dataset):
     def __init__(self, datasets: Sequence[WholeDocumentDataset],
                  token_weights: Sequence[float] | None, num_samples: int, pad_id: int,
                  pad_to_multiple_of: int = 1, names: Sequence[str] | None = None):
-        if token_weights is None:
-            token_weights = [dataset.tokens_per_epoch for dataset in datasets]
-        means = [dataset.tokens_per_epoch / dataset.pieces_per_epoch for dataset in datasets]
-        weights = sample_weights(token_weights, means)
         self._datasets = list(datasets)
-        self._dataset_index, self._sample_index = blending_indices(weights, num_samples)
+        self._num_samples = num_samples
         self._pad_id, self._multiple = pad_id, pad_to_multiple_of
-        _log_blend(np.asarray(token_weights, dtype=np.float64), means, weights,
-                   names or [str(d) for d in range(len(datasets))])
+        # One dataset: sample i is its read i (what megatron-core's blending gives a single
+        # weight), without the 10 bytes per sample of the indices.
+        self._dataset_index = self._sample_index = None
+        if len(self._datasets) > 1:
+            self._dataset_index, self._sample_index = self._blend(
+                token_weights, names or [str(d) for d in range(len(datasets))])
+
+    def _blend(self, token_weights: Sequence[float] | None,
+               names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if token_weights is None:
+            token_weights = [dataset.tokens_per_epoch for dataset in self._datasets]
+        means = [dataset.tokens_per_epoch / dataset.pieces_per_epoch
+                 for dataset in self._datasets]
+        weights = sample_weights(token_weights, means)
+        _log_blend(np.asarray(token_weights, dtype=np.float64), means, weights, names)
+        return blending_indices(weights, self._num_samples)
 
     def __len__(self) -> int:
-        return len(self._dataset_index)
+        return self._num_samples
 
     def source(self, idx: int) -> tuple[int, int]:
         """``(dataset, its sample index)`` read at ``idx``."""
+        if self._dataset_index is None:
+            return 0, idx
         return int(self._dataset_index[idx]), int(self._sample_index[idx])
 
     def __getitem__(self, idx: int) -> dict:
