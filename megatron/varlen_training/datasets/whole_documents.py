@@ -109,9 +109,10 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
                  num_samples: int, max_length: int, seed: int, pad_id: int,
                  pad_to_multiple_of: int = 1, *, stream: int = 0, name: str | None = None):
         document, self._offset, self._length = piece_table(num_ids, max_length)
+        of = f" of {name}" if name else ""
         if len(document) == 0:
             raise ValueError(f"--packing-unit document: none of the split's {len(doc_ids)} "
-                             f"documents has a token to train on (each needs >= 2 ids)")
+                             f"documents{of} has a token to train on (each needs >= 2 ids)")
         self._document = np.asarray(doc_ids, dtype=np.int64)[document]
         self._read = read_document
         self._num_samples, self._seed, self._stream = num_samples, seed, stream
@@ -119,7 +120,6 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
         self._cached_epoch, self._cached_order = -1, None
         num_cut = int(np.count_nonzero(np.asarray(num_ids) - 1 > max_length))
         num_skipped = int(np.count_nonzero(np.asarray(num_ids) < 2))
-        of = f" of {name}" if name else ""
         print_rank_0(f"> whole documents{of}: {len(self._document)} pieces per epoch from "
                      f"{len(doc_ids)} documents ({num_cut} longer than the layout's longest "
                      f"sequence of {max_length} tokens cut, {num_skipped} without a training "

@@ -20,7 +20,9 @@ from megatron.varlen_training.datasets.builder import build_datasets
 from megatron.varlen_training.datasets.whole_documents import WholeDocumentDataset
 from megatron.varlen_training.flag_errors import ArgumentValidationError
 from megatron.varlen_training.tokenizer import BYTE_EOD, BYTE_PAD, ByteLevelTokenizer
-from tests.unit_tests.varlen_training.datasets.indexed_corpus import write_corpus
+from tests.unit_tests.varlen_training.datasets.indexed_corpus import (
+    write_corpus, write_documents,
+)
 
 BUDGET = 24  # the longest piece: one rank, no CP, --seq-length (the position table) as long
 SEED = 7
@@ -177,7 +179,7 @@ def test_one_dataset_reads_what_it_read_before_blends(corpora, data_flags):
                     ours[key] == value, (i, key)
 
 
-def test_blend_refusals_that_still_apply(corpora):
+def test_blend_refusals_that_still_apply(corpora, tmp_path):
     a, b = corpora["short"][0], corpora["long"][0]
     with pytest.raises(ArgumentValidationError,
                        match=f"--data-path: entry 3 gives '{b}' a weight of 0"):
@@ -187,6 +189,11 @@ def test_blend_refusals_that_still_apply(corpora):
     with pytest.raises(ValueError, match=f"--split '99,1,0' leaves the validation split of "
                                          f"{a} empty"):
         _build(["--data-path", "0.5", a, "0.5", b, "--split", "99,1,0"], 100)
+    # documents of one id each: tokens to read, none to train on; the message names the dataset
+    ones = write_documents(str(tmp_path / "ones"), [np.array([5])] * 10)
+    with pytest.raises(ValueError, match=f"none of the split's 9 documents of {ones} has a "
+                                         f"token to train on"):
+        _build(["--data-path", "0.5", a, "0.5", ones, "--split", "90,10,0"], 100)
 
 
 def test_a_longer_run_reads_the_same_first_samples(corpora, weighted):
