@@ -100,8 +100,8 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
         seed: seed of the per-epoch permutations.
         pad_id: padding id; pieces are padded to ``pad_to_multiple_of``.
         stream: the dataset's place in a blend, part of the permutations' seed material so that
-            each dataset of a blend has an order of its own; 0 (a run with one dataset) keeps
-            the material ``(seed, epoch)``, the stream runs without blends read.
+            each dataset of a blend has an order of its own; 0 (a run on one dataset, or a
+            blend's first) keeps ``(seed, epoch)``, the order runs read before blends existed.
         name: what the start-up line calls the dataset (its prefix), if anything.
     """
 
