@@ -7,7 +7,8 @@
   ``datasets.save_to_disk`` folder); :func:`open_sft_data` tells them apart.
 - ``--data-path [WEIGHT] PREFIX ...`` (or ``--train-data-path`` ...): Megatron indexed datasets
   through megatron-core's builder (:mod:`.indexed`, which says what a sample is there); with
-  ``--packing-unit document`` whole documents instead (:mod:`.whole_documents`).
+  ``--packing-unit document`` whole documents instead (:mod:`.whole_documents`,
+  blended by :mod:`.whole_document_blend`).
 
 Mock validation and test sets are the same kind of dataset with the seeds
 ``--seed + VALID_SEED_OFFSET`` and ``--seed + TEST_SEED_OFFSET`` (Megatron-LM's mock data has a
@@ -39,7 +40,7 @@ from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDatase
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset, sft_keys
 from megatron.varlen_training.datasets.sft_arrow import ArrowSFTDataset, is_arrow_source
-from megatron.varlen_training.datasets.whole_documents import build_whole_document_datasets
+from megatron.varlen_training.datasets.whole_document_blend import build_whole_document_datasets
 from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
 from megatron.varlen_training.flag_ranges import GIB, host_memory_bytes
 from megatron.varlen_training.log import warning_rank_0

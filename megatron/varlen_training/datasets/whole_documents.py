@@ -21,7 +21,8 @@ Definitions (docs/PACKING.md):
   epoch.
 
 Sample ``i`` is a pure function of ``(seed, i)``: any rank reads any index, and a resumed run
-continues the same stream from its iteration.
+continues the same stream from its iteration. A blend of several datasets reads each through
+its own :class:`WholeDocumentDataset` (:mod:`.whole_document_blend`).
 """
 
 from __future__ import annotations
@@ -98,23 +99,28 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
         max_length: longest piece, in training tokens (:func:`longest_sequence`).
         seed: seed of the per-epoch permutations.
         pad_id: padding id; pieces are padded to ``pad_to_multiple_of``.
+        stream: the dataset's place in a blend, part of the permutations' seed material so that
+            each dataset of a blend has an order of its own; 0 (a run on one dataset, or a
+            blend's first) keeps ``(seed, epoch)``, the order runs read before blends existed.
+        name: what the start-up line calls the dataset (its prefix), if anything.
     """
 
     def __init__(self, read_document: ReadDocument, num_ids: np.ndarray, doc_ids: np.ndarray,
                  num_samples: int, max_length: int, seed: int, pad_id: int,
-                 pad_to_multiple_of: int = 1):
+                 pad_to_multiple_of: int = 1, *, stream: int = 0, name: str | None = None):
         document, self._offset, self._length = piece_table(num_ids, max_length)
+        of = f" of {name}" if name else ""
         if len(document) == 0:
             raise ValueError(f"--packing-unit document: none of the split's {len(doc_ids)} "
-                             f"documents has a token to train on (each needs >= 2 ids)")
+                             f"documents{of} has a token to train on (each needs >= 2 ids)")
         self._document = np.asarray(doc_ids, dtype=np.int64)[document]
         self._read = read_document
-        self._num_samples, self._seed = num_samples, seed
+        self._num_samples, self._seed, self._stream = num_samples, seed, stream
         self._pad_id, self._multiple = pad_id, pad_to_multiple_of
         self._cached_epoch, self._cached_order = -1, None
         num_cut = int(np.count_nonzero(np.asarray(num_ids) - 1 > max_length))
         num_skipped = int(np.count_nonzero(np.asarray(num_ids) < 2))
-        print_rank_0(f"> whole documents: {len(self._document)} pieces per epoch from "
+        print_rank_0(f"> whole documents{of}: {len(self._document)} pieces per epoch from "
                      f"{len(doc_ids)} documents ({num_cut} longer than the layout's longest "
                      f"sequence of {max_length} tokens cut, {num_skipped} without a training "
                      f"token skipped)")
@@ -123,12 +129,18 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
     def pieces_per_epoch(self) -> int:
         return len(self._document)
 
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Training tokens of one epoch: every piece's length once."""
+        return int(self._length.sum())
+
     def __len__(self) -> int:
         return self._num_samples
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch != self._cached_epoch:
-            rng = np.random.default_rng([self._seed, epoch])
+            material = [self._seed, epoch] + ([self._stream] if self._stream else [])
+            rng = np.random.default_rng(material)
             self._cached_order = rng.permutation(len(self._document))
             self._cached_epoch = epoch
         return self._cached_order
@@ -143,46 +155,10 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
         idx = operator.index(idx)
         if not 0 <= idx < len(self):
             raise IndexError(f"sample {idx} out of range [0, {len(self)})")
+        return make_sample(self.piece_ids(idx), None, idx, self._pad_id, self._multiple)
+
+    def piece_ids(self, idx: int) -> np.ndarray:
+        """The ids (int64) of the piece read at ``idx``: its tokens and the label after them."""
         document, offset, length = self.piece(idx)
         ids = np.asarray(self._read(document))[offset: offset + length + 1]
-        return make_sample(ids.astype(np.int64), None, idx, self._pad_id, self._multiple)
-
-
-def build_whole_document_datasets(run, tokenizer, pad_to_multiple_of: int):
-    """``(train, validation or None)`` of ``--packing-unit document`` over the run's indexed
-    data: each split's documents as megatron-core's builder assigns them (``--split`` shares of
-    one dataset, or the per-split paths), read with megatron-core's ``IndexedDataset``.
-
-    Raises:
-        ValueError: one line: a blend of several datasets (whole documents read one dataset per
-            split), a split without documents, or what the indexed-data checks refuse.
-    """
-    from megatron.varlen_training.datasets import indexed, indexed_checks
-    from megatron.varlen_training.errors import agree_on_errors
-
-    data, seed = run.data, run.training.seed
-    config = indexed.gpt_dataset_config(data, run.model.seq_length, seed, tokenizer)
-    sizes = indexed.split_sizes(data)
-    agree_on_errors(indexed.check_indexed_data, config, data, sizes)
-    max_length = run_longest_sequence(run)
-
-    def build(split: int) -> WholeDocumentDataset | None:
-        if not sizes[split]:
-            return None
-        blend = config.blend if config.blend is not None else config.blend_per_split[split]
-        if blend is None:
-            return None
-        flag = "--data-path" if config.blend is not None else indexed.PER_SPLIT_FLAGS[split]
-        if len(blend[0]) != 1:
-            raise ValueError(f"--packing-unit document reads one dataset per split, but {flag} "
-                             f"names {len(blend[0])} (blend them into one with "
-                             f"tools/preprocess_data.py, or use --packing-unit sample)")
-        core = indexed_checks.open_checked(blend[0][0], tokenizer.vocab_size,
-                                           config.mmap_bin_files, flag, data.tokenizer_type)
-        begin, end = ((0, len(core)) if config.blend is None else
-                      indexed_checks.split_ranges(len(core), config.split_matrix)[split])
-        return WholeDocumentDataset(core.__getitem__, core.sequence_lengths[begin:end],
-                                    np.arange(begin, end), sizes[split], max_length, seed,
-                                    tokenizer.pad, pad_to_multiple_of)
-
-    return build(0), build(1)
+        return ids.astype(np.int64)

@@ -17,11 +17,13 @@ MIN_DOC_TOKENS, MAX_DOC_TOKENS = 2, 90
 
 
 def random_documents(num_documents: int, seed: int,
-                     id_range: tuple[int, int] = (0, NUM_BYTES)) -> list[np.ndarray]:
-    """Ids drawn from ``id_range`` then eod; lengths spread over [MIN_DOC_TOKENS,
-    MAX_DOC_TOKENS] + 1. Disjoint ranges tell a sample's source dataset by its ids alone."""
+                     id_range: tuple[int, int] = (0, NUM_BYTES),
+                     tokens: tuple[int, int] = (MIN_DOC_TOKENS, MAX_DOC_TOKENS)
+                     ) -> list[np.ndarray]:
+    """Ids drawn from ``id_range`` then eod; lengths spread over ``tokens`` (both ends
+    included) + 1. Disjoint ranges tell a sample's source dataset by its ids alone."""
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(MIN_DOC_TOKENS, MAX_DOC_TOKENS + 1, size=num_documents)
+    lengths = rng.integers(tokens[0], tokens[1] + 1, size=num_documents)
     return [np.append(rng.integers(*id_range, size=int(n)), BYTE_EOD) for n in lengths]
 
 
@@ -34,8 +36,9 @@ def write_documents(prefix: str, documents: list[np.ndarray], dtype=np.uint16) -
 
 
 def write_corpus(prefix: str, num_documents: int, seed: int, dtype=np.uint16,
-                 id_range: tuple[int, int] = (0, NUM_BYTES)):
+                 id_range: tuple[int, int] = (0, NUM_BYTES),
+                 tokens: tuple[int, int] = (MIN_DOC_TOKENS, MAX_DOC_TOKENS)):
     """Writes PREFIX.bin/.idx; returns the documents written (numpy id arrays)."""
-    documents = random_documents(num_documents, seed, id_range)
+    documents = random_documents(num_documents, seed, id_range, tokens)
     write_documents(prefix, documents, dtype)
     return documents

@@ -1,6 +1,7 @@
 """A resume keeps the packing unit: whole documents and --seq-length samples are different
 streams, so --packing-unit is a data-order key of run_args.json (resume/consistency.py);
-checkpoints written before the key existed were --packing-unit sample runs."""
+checkpoints written before the key existed were --packing-unit sample runs. A blend's weights
+and datasets are checked as those of a --packing-unit sample blend."""
 
 from __future__ import annotations
 
@@ -57,3 +58,30 @@ def test_checkpoints_from_before_the_key_were_sample_runs(tmp_path, prefix):
     assert check_run_args(folder, _run(prefix, "sample")) is None
     with pytest.raises(CheckpointError, match="--packing-unit sample, this run has document"):
         check_run_args(folder, _run(prefix, "document"))
+
+
+@pytest.fixture
+def blend(tmp_path):
+    """A checkpoint folder of a --packing-unit document run on a 0.7/0.3 blend, and its flags."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_corpus(a, 30, seed=1)
+    write_corpus(b, 30, seed=2)
+    flags = PACKED + ["--packing-unit", "document", "--data-path", "0.7", a, "0.3", b]
+    folder = str(tmp_path / "ckpt")
+    os.makedirs(folder)
+    save_run_args(folder, parse_run_config(flags, world_size=1), iteration=2)
+    return folder, flags, b
+
+
+def test_a_blend_resumes_only_on_its_weights_and_datasets(blend):
+    """As --packing-unit sample blends (test_indexed_resume_checks.py): the weights are
+    compared as spelled, the datasets by content."""
+    folder, flags, b = blend
+    assert check_run_args(folder, parse_run_config(flags, world_size=1)) is None
+    other_weights = [{"0.7": "0.6", "0.3": "0.4"}.get(flag, flag) for flag in flags]
+    with pytest.raises(CheckpointError, match="^--load: --data-path entry 1 is '0.6', the "
+                                              "checkpoint was trained on '0.7'"):
+        check_run_args(folder, parse_run_config(other_weights, world_size=1))
+    write_corpus(b, 30, seed=9)  # same prefix, other documents
+    with pytest.raises(CheckpointError, match=f"^--load: --data-path entry 4 is '{b}' "):
+        check_run_args(folder, parse_run_config(flags, world_size=1))

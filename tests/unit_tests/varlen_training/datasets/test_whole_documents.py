@@ -71,6 +71,28 @@ def test_same_stream_on_every_read_order():
     assert all(a[i]["tokens"].tolist() == backwards[i] for i in range(25))
 
 
+@pytest.mark.parametrize("stream", [0, 1, 2])
+def test_epoch_order_is_the_seeded_permutation_of_the_pieces(stream):
+    """Stream 0 (a run with one dataset, the first of a blend) permutes epoch e with
+    numpy's generator seeded (seed, e), the order checkpoints of such runs were trained on;
+    stream k > 0 adds k to the seed material: an order of its own."""
+    docs = _corpus(seed=2, num_docs=12, longest=20)
+    num_ids = np.array([len(d) for d in docs])
+    pieces = list(zip(*(column.tolist() for column in piece_table(num_ids, 6))))
+    dataset = WholeDocumentDataset(docs.__getitem__, num_ids, np.arange(12), 3 * len(pieces), 6,
+                                   11, PAD, stream=stream)
+    for epoch in range(3):
+        material = [11, epoch] + ([stream] if stream else [])
+        order = np.random.default_rng(material).permutation(len(pieces))
+        reads = [dataset.piece(epoch * len(pieces) + k) for k in range(len(pieces))]
+        assert reads == [pieces[k] for k in order]
+    if stream:
+        alone = WholeDocumentDataset(docs.__getitem__, num_ids, np.arange(12), len(pieces), 6, 11,
+                                     PAD)
+        assert [alone.piece(k) for k in range(len(pieces))] != \
+            [dataset.piece(k) for k in range(len(pieces))]
+
+
 @pytest.mark.parametrize("budget,cp_sizes,sp", [(16, [1], 1), (16, [1, 2, 4], 1),
                                                  (10, [3], 2), (7, [1, 2], 2)])
 def test_longest_sequence_fits_its_largest_group(budget, cp_sizes, sp):
