@@ -82,8 +82,7 @@ from megatron.varlen_training.load_options import RESUME, LoadParts
 from megatron.varlen_training.resume.data_source_check import check_data_sources
 from megatron.varlen_training.resume.messages import recorded_key_mismatch
 from megatron.varlen_training.resume.optimizer_layout_check import (
-    decoupled_lr_mismatch, expert_parallel_mismatch, optimizer_layout_mismatch,
-    sharded_optimizer_mismatch,
+    decoupled_lr_mismatch, optimizer_layout_mismatch, sharded_optimizer_mismatch,
 )
 from megatron.varlen_training.resume.run_args_keys import (
     DATA_ORDER_KEYS, DATA_POSITION_KEY, INDEXED_SAMPLES_KEY, LEARNED_POSITIONS, MODEL_KEYS,
@@ -132,8 +131,7 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     if parts.optimizer and saved_layout is not None \
             and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(optimizer_layout_mismatch(bool(saved_layout)))
-    if parts.optimizer and (problem := expert_parallel_mismatch(saved, mine)
-                            or sharded_optimizer_mismatch(saved, mine)
+    if parts.optimizer and (problem := sharded_optimizer_mismatch(saved, mine)
                             or decoupled_lr_mismatch(saved, mine, run.optimizer)):
         raise CheckpointError(problem)
     if check_data and not parts.finetune and mine["data_entries"] is not None:
