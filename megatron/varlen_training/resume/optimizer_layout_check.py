@@ -1,9 +1,11 @@
 """Whether the saved optimizer state can follow this run's layout, or why not in one line.
 
-Toggling ``--use-distributed-optimizer``, expert parallelism 1 <-> > 1 and ``--decoupled-lr``
-on <-> off change the state's layout; the distributed optimizer's default ``dp_reshardable``
-format also cannot follow a model-parallel change (the module docstring of
-:mod:`~megatron.varlen_training.resume.consistency` has the rules).
+Toggling ``--use-distributed-optimizer`` and ``--decoupled-lr`` on <-> off change the state's
+layout; the distributed optimizer's default ``dp_reshardable`` format also cannot follow a
+model-parallel change, expert parallelism 1 <-> > 1 included (the module docstring of
+:mod:`~megatron.varlen_training.resume.consistency` has the rules). Expert parallelism 1 <-> > 1
+otherwise changes only how the common state is nested, which the load converts
+(:mod:`~megatron.varlen_training.checkpoint.optimizer_nesting`).
 """
 
 from __future__ import annotations
