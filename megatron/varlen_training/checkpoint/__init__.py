@@ -1,7 +1,8 @@
 """Save and resume with megatron-core dist_checkpointing (torch_dist format): this package's
 names below are the API the trainer, the facade and the tools use. The work is split by
 responsibility: what a checkpoint is (:mod:`.layout`), the save path (:mod:`.save`), the load
-path (:mod:`.load`), the optimizer state's format (:mod:`.sharding`) and its restore
+path (:mod:`.load`), the optimizer state's format (:mod:`.sharding`), its common state
+converted between expert parallelism 1 and > 1 (:mod:`.optimizer_nesting`) and its restore
 (:mod:`.optimizer_state`); whether the run continues the saved one is
 :mod:`megatron.varlen_training.resume`'s.
 

@@ -13,7 +13,7 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.varlen_training import load_options
 from megatron.varlen_training.checkpoint import (
-    integrity, optimizer_state, rng_state, sharding, strategies,
+    integrity, optimizer_nesting, optimizer_state, rng_state, sharding, strategies,
 )
 from megatron.varlen_training.checkpoint.format import check_saved_format
 from megatron.varlen_training.checkpoint.layout import (
@@ -207,14 +207,18 @@ def _bucket_mismatch(err: BaseException) -> str | None:
             f"--dist-ckpt-optim-fully-reshardable does not depend on the buckets)")
 
 
-def _load_state(template: dict, folder: str, run: RunConfig | None = None) -> dict:
+def _load_state(template: dict, folder: str, run: RunConfig | None = None,
+                common_strategy=None) -> dict:
     """dist_checkpointing's load of ``template`` from ``folder`` (with ``run``: its
-    --ckpt-fully-parallel-load and --dist-ckpt-strictness); a bucket layout the saved
-    distributed optimizer state does not fit is one line (megatron-core raises a traceback
-    of torch's CheckpointException, a BaseException, on every rank)."""
+    --ckpt-fully-parallel-load and --dist-ckpt-strictness; ``common_strategy``: the common
+    state's, None for megatron-core's); a bucket layout the saved distributed optimizer state
+    does not fit is one line (megatron-core raises a traceback of torch's CheckpointException,
+    a BaseException, on every rank)."""
     options = {} if run is None else {
         "sharded_strategy": strategies.load_strategy(run.checkpoint, folder),
         "strict": run.checkpoint.dist_ckpt_strictness}
+    if common_strategy is not None:
+        options["common_strategy"] = common_strategy
     try:
         return dist_checkpointing.load(template, folder, **options)
     except (CheckpointException, CheckpointingException, RuntimeError, KeyError) as err:
@@ -275,7 +279,14 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     metadata = sharding.load_metadata(stored)
     template = sharded_state_dict(model, optimizer, scheduler, iteration, is_loading=True,
                                   metadata=metadata, with_optimizer=parts.optimizer)
-    state = _load_state(template, folder, run)
+    # EP 1 <-> > 1: the saved common optimizer state in this run's nesting (one optimizer or
+    # the dense and expert chain), before megatron-core merges the loaded tensors into it.
+    common = agree_on_errors(optimizer_nesting.converting_strategy, folder, optimizer,
+                             metadata) if parts.optimizer else None
+    if common is not None:
+        print_rank_0(f" > {folder}: optimizer state saved at another expert parallelism "
+                     f"(1 <-> > 1): its param groups converted to this run's optimizers")
+    state = _load_state(template, folder, run, common)
     for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     if parts.optimizer:

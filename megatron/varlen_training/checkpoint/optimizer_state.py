@@ -52,7 +52,9 @@ def _per_optimizer_states(optimizer, state: dict) -> list[tuple[object, dict]]:
     if len(optimizers) == 1:
         return [(optimizers[0], state)]
     if set(state) != set(range(len(optimizers))):
-        return []  # another nesting (EP 1 <-> > 1): megatron-core's load says so
+        # Another nesting (EP 1 <-> > 1): optimizer_nesting converted it before the load where
+        # it can, so megatron-core's load_state_dict raises on what is left.
+        return []
     return [(opt, state[index]) for index, opt in enumerate(optimizers)]
 
 

@@ -36,15 +36,19 @@ the LR/WD schedule. On ``--load``:
 - optimizer layout: the state of ``--use-distributed-optimizer`` (sharded over data-parallel
   ranks) and of the plain optimizer (per parameter) are stored differently and not converted:
   toggling the flag on resume is refused. Expert parallelism: megatron-core keeps the experts'
-  state in an optimizer of its own only with EP > 1, so EP 1 <-> > 1 is refused; EP 2 <-> 4
+  state in an optimizer of its own only with EP > 1, so EP 1 <-> > 1 changes the nesting of
+  the optimizer's common state, which the load converts (not a check here:
+  :mod:`~megatron.varlen_training.checkpoint.optimizer_nesting`, which refuses what cannot
+  convert: a checkpoint saved before its optimizer format was stored); EP 2 <-> 4
   resumes (the experts' state is resharded by their global index), and so does a changed
   expert tensor parallelism (``--expert-tensor-parallel-size``, ETP 1 <-> 2: the experts'
   weights and state are resharded like TP's). ``--use-distributed-optimizer`` state reshards
   over data-parallel ranks only in megatron-core's default ``dp_reshardable`` format: a
-  changed TP, PP, EP or ETP size, or another placement of the layers over the pipeline
-  chunks, is refused with it (the weights still reshard: ``--no-load-optim`` loads them
-  alone). The placement is compared as the decoder layers of each chunk (and the virtual
-  pipeline size) the split flags give, so equivalent spellings resume:
+  changed TP, PP, EP (1 <-> > 1 too, refused here before the load would convert anything) or
+  ETP size, or another placement of the layers over the pipeline chunks, is refused with it
+  (the weights still reshard: ``--no-load-optim`` loads them alone). The placement is
+  compared as the decoder layers of each chunk (and the virtual pipeline size) the split flags
+  give, so equivalent spellings resume:
   ``--num-layers-per-virtual-pipeline-stage`` or ``--num-virtual-stages-per-pipeline-rank``,
   neither for one virtual stage per rank, a layout string or first/last stage sizes. A checkpoint
   saved with ``--dist-ckpt-optim-fully-reshardable`` records the ``fully_reshardable`` format
@@ -82,8 +86,7 @@ from megatron.varlen_training.load_options import RESUME, LoadParts
 from megatron.varlen_training.resume.data_source_check import check_data_sources
 from megatron.varlen_training.resume.messages import recorded_key_mismatch
 from megatron.varlen_training.resume.optimizer_layout_check import (
-    decoupled_lr_mismatch, expert_parallel_mismatch, optimizer_layout_mismatch,
-    sharded_optimizer_mismatch,
+    decoupled_lr_mismatch, optimizer_layout_mismatch, sharded_optimizer_mismatch,
 )
 from megatron.varlen_training.resume.run_args_keys import (
     DATA_ORDER_KEYS, DATA_POSITION_KEY, INDEXED_SAMPLES_KEY, LEARNED_POSITIONS, MODEL_KEYS,
@@ -132,8 +135,7 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     if parts.optimizer and saved_layout is not None \
             and bool(saved_layout) != bool(mine[OPTIMIZER_LAYOUT_KEY]):
         raise CheckpointError(optimizer_layout_mismatch(bool(saved_layout)))
-    if parts.optimizer and (problem := expert_parallel_mismatch(saved, mine)
-                            or sharded_optimizer_mismatch(saved, mine)
+    if parts.optimizer and (problem := sharded_optimizer_mismatch(saved, mine)
                             or decoupled_lr_mismatch(saved, mine, run.optimizer)):
         raise CheckpointError(problem)
     if check_data and not parts.finetune and mine["data_entries"] is not None:

@@ -1,9 +1,11 @@
 """Whether the saved optimizer state can follow this run's layout, or why not in one line.
 
-Toggling ``--use-distributed-optimizer``, expert parallelism 1 <-> > 1 and ``--decoupled-lr``
-on <-> off change the state's layout; the distributed optimizer's default ``dp_reshardable``
-format also cannot follow a model-parallel change (the module docstring of
-:mod:`~megatron.varlen_training.resume.consistency` has the rules).
+Toggling ``--use-distributed-optimizer`` and ``--decoupled-lr`` on <-> off change the state's
+layout; the distributed optimizer's default ``dp_reshardable`` format also cannot follow a
+model-parallel change, expert parallelism 1 <-> > 1 included (the module docstring of
+:mod:`~megatron.varlen_training.resume.consistency` has the rules). Expert parallelism 1 <-> > 1
+otherwise changes only how the common state is nested, which the load converts
+(:mod:`~megatron.varlen_training.checkpoint.optimizer_nesting`).
 """
 
 from __future__ import annotations
@@ -12,30 +14,10 @@ from megatron.varlen_training.checkpoint.sharding import (
     DP_RESHARDABLE, FULLY_RESHARDABLE, SHARDING_TYPE_KEY,
 )
 from megatron.varlen_training.resume.run_args_keys import (
-    DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, OPTIMIZER_LAYOUT_KEY, PIPELINE_CHUNKS_KEY,
+    DECOUPLED_LR_FLAGS, OPTIMIZER_LAYOUT_KEY, PIPELINE_CHUNKS_KEY,
     PIPELINE_LAYOUT_FLAG_KEYS, SHARDED_OPTIMIZER_SIZES,
 )
 from megatron.varlen_training.resume.run_args_record import pipeline_chunks
-
-
-def expert_parallel_mismatch(saved: dict, mine: dict) -> str | None:
-    """Why the optimizer state cannot follow an EP 1 <-> > 1 change, or None: megatron-core
-    keeps the experts' state in an optimizer of its own only with expert parallelism, whose
-    checkpoint nests the two optimizers' states under their indices with ``chained_<i>.`` key
-    prefixes (EP 1: one flat state), so neither loads the other's (docs/MOE.md, Checkpoints).
-    The fully reshardable format does not help: its tensors match by parameter, but the
-    common state (param groups) keeps the saved nesting, and megatron-core's
-    ChainedOptimizer.load_state_dict (Megatron-LM main's too) needs one entry per optimizer.
-    Between sizes > 1 the plain optimizer's state is resharded by global expert index; the
-    weights reshard across any change (``--no-load-optim``)."""
-    saved_ep, ep = saved.get(EXPERT_PARALLEL_KEY) or 1, mine[EXPERT_PARALLEL_KEY]
-    if (saved_ep > 1) == (ep > 1):
-        return None
-    return (f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, "
-            f"this run has {ep}: megatron-core keeps a separate expert optimizer only with "
-            f"expert parallelism, so the optimizer states do not convert between 1 and > 1 "
-            f"(resume with {'> 1' if saved_ep > 1 else '1'}, or add --no-load-optim to load the "
-            f"weights only)")
 
 
 def sharded_optimizer_mismatch(saved: dict, mine: dict) -> str | None:

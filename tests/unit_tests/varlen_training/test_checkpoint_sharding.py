@@ -103,19 +103,31 @@ MOE = ["--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "
 
 
 @pytest.mark.parametrize("saved_ep, resumed_ep", [("1", "2"), ("2", "1")])
-def test_fully_reshardable_state_still_refuses_ep_1_to_more(tmp_path, saved_ep, resumed_ep):
-    """EP 1 <-> > 1 keeps its refusal with the fully reshardable format: the tensors would match
-    by parameter, the chained optimizers' common state does not (docs/MOE.md, Checkpoints)."""
-    folder = _saved(tmp_path, *MOE, *DISTRIBUTED, *RESHARDABLE,
-                    "--expert-model-parallel-size", saved_ep)
+def test_ep_1_to_more_passes_the_check_where_the_state_converts(tmp_path, saved_ep, resumed_ep):
+    """EP 1 <-> > 1 with the plain optimizer or the fully reshardable format: the tensors match
+    by parameter and the load converts the common state (checkpoint/optimizer_nesting.py)."""
+    for extra in ([], DISTRIBUTED + RESHARDABLE):
+        (tmp_path / str(len(extra))).mkdir()
+        folder = _saved(tmp_path / str(len(extra)), *MOE, *extra,
+                        "--expert-model-parallel-size", saved_ep)
+        resumed = _run(*MOE, *extra, "--expert-model-parallel-size", resumed_ep)
+        assert check_run_args(folder, resumed, check_data=False) is None, extra
+
+
+@pytest.mark.parametrize("saved_ep, resumed_ep", [("1", "2"), ("2", "1")])
+def test_dp_reshardable_state_still_refuses_ep_1_to_more(tmp_path, saved_ep, resumed_ep):
+    """The dp_reshardable format cannot follow any EP change: its refusal comes first."""
+    folder = _saved(tmp_path, *MOE, *DISTRIBUTED, "--expert-model-parallel-size", saved_ep)
     with pytest.raises(CheckpointError) as err:
-        check_run_args(folder, _run(*MOE, *DISTRIBUTED, *RESHARDABLE,
+        check_run_args(folder, _run(*MOE, *DISTRIBUTED,
                                     "--expert-model-parallel-size", resumed_ep),
                        check_data=False)
-    assert str(err.value).startswith(
-        f"--load: the checkpoint was saved with --expert-model-parallel-size {saved_ep}, this "
-        f"run has {resumed_ep}: megatron-core keeps a separate expert optimizer only with "
-        f"expert parallelism")
+    assert str(err.value) == (
+        f"--load: the checkpoint's distributed optimizer state was saved with "
+        f"--expert-model-parallel-size {saved_ep}, this run has {resumed_ep}: its format "
+        f"(megatron-core's dp_reshardable) reshards over data-parallel ranks only (resume with "
+        f"--expert-model-parallel-size {saved_ep}, or add --no-load-optim to load the weights "
+        f"only; a save with --dist-ckpt-optim-fully-reshardable is resumable at another layout)")
 
 
 def test_fully_reshardable_state_follows_ep_and_etp_between_sizes_above_1(tmp_path):

@@ -17,7 +17,8 @@ the flag (test_moe_checkpoint.py, test_moe_etp_resume.py, test_resume_consistenc
 
 Saves now set Megatron-LM's ``chained_optim_avoid_prefix``, which changes the keys of an EP > 1
 plain-optimizer checkpoint; one saved as before (no stored metadata, ``chained_<i>.`` keys)
-still resumes: EP 2 x expert-TP 1 -> EP 2 x expert-TP 2 == the straight run there.
+still resumes: EP 2 x expert-TP 1 -> EP 2 x expert-TP 2 == the straight run there; at EP 1
+(one optimizer, no prefixes) its optimizer state is refused in one line.
 
 One 4-rank launch (every run in the same processes).
 """
@@ -36,11 +37,12 @@ from megatron.varlen_training.log import get_logger
 from megatron.varlen_training.resume.run_args_keys import RUN_ARGS_FILENAME
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen_training.test_moe_checkpoint import (
-    BASE as MOE_BASE, DISTRIBUTED, EP2, EP4, RTOL, WORLD, _metrics_or_refusal, _save_at_2,
+    BASE as MOE_BASE, DISTRIBUTED, EP1, EP2, EP4, RTOL, WORLD, _metrics_or_refusal, _save_at_2,
+    freeze_what_is_alive,
 )
 from tools.probe_combinations import LAYOUTS, RESUME_ITERS, cell_argv
 
-LAUNCH_TIMEOUT_S = 420  # ten tiny runs; 4 ranks share 2 cores on the CI machine
+LAUNCH_TIMEOUT_S = 420  # eleven tiny runs; 4 ranks share 2 cores on the CI machine
 RESHARDABLE = ["--dist-ckpt-optim-fully-reshardable"]
 MEM_EFFICIENT = ["--distrib-optim-fully-reshardable-mem-efficient"]
 ETP1 = ["--expert-tensor-parallel-size", "1"]
@@ -94,6 +96,7 @@ class _Lines(logging.Handler):
 
 
 def _runs_on_this_rank(runs: dict[str, list[str]]) -> dict[str, dict]:
+    freeze_what_is_alive()
     out, lines = {}, _Lines()
     get_logger().addHandler(lines)
     try:
@@ -122,6 +125,7 @@ def _planned_runs(folder) -> dict[str, list[str]]:
         "dense_dp4_to_vpp2": _dense("u_vpp2") + ["--load", str(dense)],
         "moe_ep4_to_ep2_etp2": moe_b + ["--load", str(moe)],
         "old_moe_ep2_to_etp2": MOE_BASE + EP2 + ETP2 + ["--load", str(old)],
+        "old_moe_ep2_to_ep1": MOE_BASE + EP1 + ["--load", str(old)],
     }
 
 
@@ -174,6 +178,18 @@ def test_the_old_checkpoint_is_saved_as_before(runs):
     new_keys = FileSystemReader(str(runs["folder"] / "moe_ep4" / "iter_0000002")
                                 ).read_metadata().state_dict_metadata
     assert not any(key.startswith("chained_") for key in new_keys)
+
+
+def test_the_old_checkpoint_does_not_follow_ep_2_to_1(runs):
+    """Its chained_<i>. keys name the expert optimizer, which EP 1 does not have: one line
+    before megatron-core reads a tensor (it would miss every chained key)."""
+    assert runs["old_moe_ep2_to_ep1"]["refusal"] == (
+        "--load: the checkpoint was saved before its optimizer format was stored, when the "
+        "tensors of chained optimizers (EP > 1) were keyed with megatron-core's chained_<i>. "
+        "prefixes and a single optimizer's (EP 1) were not, so its optimizer state does not "
+        "follow a change of --expert-model-parallel-size between 1 and > 1 (resume with the "
+        "saved size and save again, then change it; or add --no-load-optim to load the "
+        "weights only)")
 
 
 def test_megatron_lms_lines_name_the_format(runs):
