@@ -89,7 +89,8 @@ from megatron.varlen_training.resume.optimizer_layout_check import (
     decoupled_lr_mismatch, optimizer_layout_mismatch, sharded_optimizer_mismatch,
 )
 from megatron.varlen_training.resume.run_args_keys import (
-    DATA_ORDER_KEYS, DATA_POSITION_KEY, INDEXED_SAMPLES_KEY, LEARNED_POSITIONS, MODEL_KEYS,
+    CHECKED_WHEN_RECORDED, DATA_ORDER_KEYS, DATA_POSITION_KEY, LEARNED_POSITIONS, MODEL_KEYS,
+    OVERRIDABLE_DATA_KEYS,
     OPTIMIZER_LAYOUT_KEY, RECORDED_BEFORE, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
 from megatron.varlen_training.resume.run_args_record import (
@@ -116,7 +117,8 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     optimizer state: its layout may differ). ``check_data``: compare the data files'
     fingerprints (reads every file: one rank does it). Returns a note to print when a flag
     accepted a difference."""
-    saved = {**RECORDED_BEFORE, **read_run_args(folder)}
+    recorded = read_run_args(folder)
+    saved = {**RECORDED_BEFORE, **recorded}
     mine = snapshot(run, with_data=False)
     # A checkpoint from before the key: an SFT file was split by the tail rule, other data by
     # none (the key's comment).
@@ -124,9 +126,10 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
                      else SFT_SPLIT_TAIL)
     note = None
     for key in _compared_keys(saved, mine, parts):
-        if normalise(saved.get(key)) == normalise(mine[key]):
+        if normalise(saved.get(key)) == normalise(mine[key]) \
+                or (key in CHECKED_WHEN_RECORDED and key not in recorded):
             continue
-        if key == INDEXED_SAMPLES_KEY and None not in (saved.get(key), mine[key]) \
+        if key in OVERRIDABLE_DATA_KEYS and None not in (saved.get(key), mine[key]) \
                 and run.checkpoint.override_data_fingerprint:
             note = f"--override-data-fingerprint: {recorded_key_mismatch(key, saved, mine)}"
             continue

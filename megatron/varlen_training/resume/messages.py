@@ -8,7 +8,8 @@ count indexed data was built for, the SFT split rule), the message names the fla
 from __future__ import annotations
 
 from megatron.varlen_training.resume.run_args_keys import (
-    FLAG_OF_KEY, INDEXED_SAMPLES_KEY, MODEL_KEYS, SFT_KEYS, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
+    DOCUMENT_PIECE_KEY, FLAG_OF_KEY, INDEXED_SAMPLES_KEY, MODEL_KEYS, SFT_KEYS,
+    SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
 
 
@@ -36,6 +37,14 @@ def recorded_key_mismatch(key: str, saved: dict, mine: dict) -> str:
                 f"table has --seq-length entries); use the checkpoint's value")
     if key == INDEXED_SAMPLES_KEY:
         return _indexed_samples_mismatch(saved.get(key), mine[key])
+    if key == DOCUMENT_PIECE_KEY and None not in (saved.get(key), mine[key]):
+        return (f"--load: the checkpoint's --packing-unit document run cut documents into "
+                f"pieces of at most {saved[key]} tokens (the longest sequence its layout ran: "
+                f"--max-seqlen-per-dp-cp-rank x its largest CP group), this run's layout cuts "
+                f"at {mine[key]}: other pieces, so another document order; resume on a layout "
+                f"whose longest sequence is {saved[key]} tokens, or pass "
+                f"--override-data-fingerprint to continue from the saved position with this "
+                f"run's pieces")
     if key == SFT_SPLIT_RULE_KEY and saved.get(key) == SFT_SPLIT_TAIL:
         return (f"--load: the checkpoint's SFT run held out the last 5% of its file for "
                 f"validation and trained on the rest (before --sft honoured --split, its "

@@ -56,9 +56,19 @@ SFT_SPLIT_RULE_KEY = "sft_split_rule"
 SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
 # --rampup-batch-size and its rounding decide which samples each iteration reads.
 RAMPUP_KEYS = {"rampup_batch_size": None, "decrease_batch_size_if_needed": False}
+# --packing-unit document: the longest piece a document was cut into (the longest sequence the
+# layout runs: --max-seqlen-per-dp-cp-rank x the largest CP group, learned positions' table).
+# Another layout cuts other pieces, and so permutes and reads another stream. None: other data.
+DOCUMENT_PIECE_KEY = "document_piece_length"
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
                    INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY,
-                   *RAMPUP_KEYS)
+                   *RAMPUP_KEYS, DOCUMENT_PIECE_KEY)
+# Data-order keys compared only where the checkpoint recorded them: a document run saved before
+# the key's pieces are unknown (they followed that run's layout).
+CHECKED_WHEN_RECORDED = (DOCUMENT_PIECE_KEY,)
+# A data-order change --override-data-fingerprint accepts (the stream continues, changed, from
+# the saved position) where both sides have a value.
+OVERRIDABLE_DATA_KEYS = (INDEXED_SAMPLES_KEY, DOCUMENT_PIECE_KEY)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
 RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **ROPE_KEYS, **NORM_KEYS,
                    **MLA_KEYS, **RAMPUP_KEYS}

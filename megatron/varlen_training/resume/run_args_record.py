@@ -18,6 +18,7 @@ from megatron.varlen_training.checkpoint.parts import OPTIMIZER_KEY, SAVED_PARTS
 from megatron.varlen_training.checkpoint.sharding import SHARDING_TYPE_KEY, optimizer_sharding_type
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.data_fingerprints import data_fingerprint
+from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
 from megatron.varlen_training.errors import CheckpointError, one_line
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require
 from megatron.varlen_training.moe_arguments import default_dispatcher
@@ -25,7 +26,7 @@ from megatron.varlen_training.pipeline_arguments import (
     pipeline_split_of, validate_pipeline_split,
 )
 from megatron.varlen_training.resume.run_args_keys import (
-    CHECKPOINT_ARGS_KEYS, CONTEXT_KEYS, DATA_ORDER_KEYS, DATA_POSITION_KEY, DATA_SOURCES_KEY,
+    CHECKPOINT_ARGS_KEYS, CONTEXT_KEYS, DATA_ORDER_KEYS, DATA_POSITION_KEY, DATA_SOURCES_KEY, DOCUMENT_PIECE_KEY,
     DECOUPLED_LR_FLAGS, EXPERT_PARALLEL_KEY, EXPERT_TENSOR_PARALLEL_KEY, HYBRID_KEYS,
     INDEXED_SAMPLES_KEY, MLA_KEYS, MODEL_KEYS, MOE_DISPATCHER_KEY, MOE_KEYS, MOE_ROUTER_KEYS,
     OPTIMIZER_LAYOUT_KEY, PIPELINE_CHUNKS_KEY, PIPELINE_LAYOUT_FLAG_KEYS, PIPELINE_PARALLEL_KEY,
@@ -80,6 +81,7 @@ def _recorded_values(run: RunConfig) -> dict:
         **{key: normalise(getattr(run.training, key)) for key in RAMPUP_KEYS},
         sft_mock_dataset_config_json=data.sft_mock_dataset_config_json,
         split=data.split, data_entries=data_entries(run), packing_unit=data.packing_unit,
+        **{DOCUMENT_PIECE_KEY: _document_piece_length(run)},
         sft_split_rule=_sft_split_rule(data),
         **{key: getattr(data, key) for key in SFT_KEYS},
         **{INDEXED_SAMPLES_KEY: data.train_samples if data.indexed else None},
@@ -93,6 +95,16 @@ def _recorded_values(run: RunConfig) -> dict:
         data_path=list(data.data_path) if data.data_path is not None else None)
     values[PIPELINE_CHUNKS_KEY] = pipeline_chunks(values)
     return values
+
+
+def _document_piece_length(run: RunConfig) -> int | None:
+    """With --packing-unit document, the longest piece documents are cut into (the layout's
+    longest sequence: whole_documents.run_longest_sequence); None for other data."""
+    if not run.data.indexed or run.data.packing_unit != PACKING_UNIT_DOCUMENT:
+        return None
+    from megatron.varlen_training.datasets.whole_documents import run_longest_sequence
+
+    return run_longest_sequence(run)
 
 
 def pipeline_chunks(record: dict) -> list[list[int]] | None:

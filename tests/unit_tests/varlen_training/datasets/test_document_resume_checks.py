@@ -85,3 +85,52 @@ def test_a_blend_resumes_only_on_its_weights_and_datasets(blend):
     write_corpus(b, 30, seed=9)  # same prefix, other documents
     with pytest.raises(CheckpointError, match=f"^--load: --data-path entry 4 is '{b}' "):
         check_run_args(folder, parse_run_config(flags, world_size=1))
+
+
+def _budget(prefix: str, unit: str, budget: int, *extra: str):
+    """RoPE: no position table bounds the pieces (learned positions would: --seq-length 32)."""
+    return parse_run_config(PACKED + ["--data-path", prefix, "--packing-unit", unit,
+                                      "--max-seqlen-per-dp-cp-rank", str(budget),
+                                      "--position-embedding-type", "rope", *extra],
+                            world_size=1)
+
+
+def _saved_at(tmp_path, run) -> str:
+    folder = str(tmp_path / "ckpt")
+    os.makedirs(folder, exist_ok=True)
+    save_run_args(folder, run, iteration=2)
+    return folder
+
+
+def test_documents_resume_only_on_the_pieces_they_were_cut_into(tmp_path, prefix):
+    """--packing-unit document cuts a document only beyond the layout's longest sequence (one
+    rank, CP 1: the budget itself), so another budget cuts other pieces: their epoch
+    permutation, and so the whole stream, differ. Refused in one line; accepted with
+    --override-data-fingerprint (a note); --packing-unit sample runs are not concerned."""
+    folder = _saved_at(tmp_path, _budget(prefix, "document", 64))
+    assert json.loads(open(os.path.join(folder, "run_args.json")).read())[
+        "document_piece_length"] == 64
+    assert check_run_args(folder, _budget(prefix, "document", 64)) is None
+    with pytest.raises(CheckpointError) as err:
+        check_run_args(folder, _budget(prefix, "document", 48))
+    assert str(err.value) == (
+        "--load: the checkpoint's --packing-unit document run cut documents into pieces of at "
+        "most 64 tokens (the longest sequence its layout ran: --max-seqlen-per-dp-cp-rank x its "
+        "largest CP group), this run's layout cuts at 48: other pieces, so another document "
+        "order; resume on a layout whose longest sequence is 64 tokens, or pass "
+        "--override-data-fingerprint to continue from the saved position with this run's "
+        "pieces")
+    note = check_run_args(folder, _budget(prefix, "document", 48, "--override-data-fingerprint"))
+    assert note.startswith("--override-data-fingerprint: --load: the checkpoint's --packing-unit")
+    sample_folder = _saved_at(tmp_path / "sample", _budget(prefix, "sample", 64))
+    assert check_run_args(sample_folder, _budget(prefix, "sample", 48)) is None
+
+
+def test_document_checkpoints_from_before_the_key_are_not_checked_for_it(tmp_path, prefix):
+    folder = _saved_at(tmp_path, _budget(prefix, "document", 64))
+    path = os.path.join(folder, "run_args.json")
+    recorded = json.loads(open(path).read())
+    del recorded["document_piece_length"]
+    with open(path, "w") as handle:
+        json.dump(recorded, handle)
+    assert check_run_args(folder, _budget(prefix, "document", 48)) is None
