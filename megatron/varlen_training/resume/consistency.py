@@ -81,6 +81,7 @@ from __future__ import annotations
 
 from megatron.varlen_training.batch_rampup import GlobalBatchSchedule
 from megatron.varlen_training.config import RunConfig
+from megatron.varlen_training.document_arguments import PACKING_UNIT_DOCUMENT
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.load_options import RESUME, LoadParts
 from megatron.varlen_training.resume.data_source_check import check_data_sources
@@ -89,9 +90,9 @@ from megatron.varlen_training.resume.optimizer_layout_check import (
     decoupled_lr_mismatch, optimizer_layout_mismatch, sharded_optimizer_mismatch,
 )
 from megatron.varlen_training.resume.run_args_keys import (
-    CHECKED_WHEN_RECORDED, DATA_ORDER_KEYS, DATA_POSITION_KEY, LEARNED_POSITIONS, MODEL_KEYS,
-    OVERRIDABLE_DATA_KEYS,
-    OPTIMIZER_LAYOUT_KEY, RECORDED_BEFORE, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
+    CHECKED_WHEN_RECORDED, DATA_ORDER_KEYS, DATA_POSITION_KEY, INDEXED_SAMPLES_KEY,
+    LEARNED_POSITIONS, MODEL_KEYS, OPTIMIZER_LAYOUT_KEY, OVERRIDABLE_DATA_KEYS, RECORDED_BEFORE,
+    SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
 from megatron.varlen_training.resume.run_args_record import (
     consumed_samples, normalise, read_run_args, snapshot,
@@ -108,6 +109,14 @@ def _compared_keys(saved: dict, mine: dict, parts: LoadParts) -> tuple[str, ...]
     if tables == {LEARNED_POSITIONS}:
         return MODEL_KEYS
     return tuple(key for key in MODEL_KEYS if key != "max_position_embeddings")
+
+
+def _whole_documents(saved: dict, mine: dict) -> bool:
+    """Both runs read whole documents of indexed data: sample i depends only on (--seed, i)
+    (one dataset's epoch permutations, a blend's prefix-stable blending), not on how many
+    samples the run reads, so a longer or shorter run resumes on the same stream."""
+    return (saved.get("packing_unit") == mine["packing_unit"] == PACKING_UNIT_DOCUMENT
+            and None not in (saved.get(INDEXED_SAMPLES_KEY), mine[INDEXED_SAMPLES_KEY]))
 
 
 def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
@@ -127,7 +136,8 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     note = None
     for key in _compared_keys(saved, mine, parts):
         if normalise(saved.get(key)) == normalise(mine[key]) \
-                or (key in CHECKED_WHEN_RECORDED and key not in recorded):
+                or (key in CHECKED_WHEN_RECORDED and key not in recorded) \
+                or (key == INDEXED_SAMPLES_KEY and _whole_documents(saved, mine)):
             continue
         if key in OVERRIDABLE_DATA_KEYS and None not in (saved.get(key), mine[key]) \
                 and run.checkpoint.override_data_fingerprint:

@@ -134,3 +134,16 @@ def test_document_checkpoints_from_before_the_key_are_not_checked_for_it(tmp_pat
     with open(path, "w") as handle:
         json.dump(recorded, handle)
     assert check_run_args(folder, _budget(prefix, "document", 48)) is None
+
+
+def test_a_document_run_resumes_with_more_iterations(tmp_path, prefix):
+    """Whole documents: sample i depends only on (--seed, i) (test_whole_documents.py,
+    test_whole_document_blend.py: a shorter run reads the same first samples), so a resume
+    may train longer; indexed --seq-length samples may not (megatron-core shuffles over the
+    epochs the sample count needs)."""
+    longer = ["--train-iters", "8"]
+    folder = _saved_at(tmp_path, _budget(prefix, "document", 64))
+    assert check_run_args(folder, _budget(prefix, "document", 64, *longer)) is None
+    sample_folder = _saved_at(tmp_path / "sample", _budget(prefix, "sample", 64))
+    with pytest.raises(CheckpointError, match="indexed data was built for 16 training samples"):
+        check_run_args(sample_folder, _budget(prefix, "sample", 64, *longer))
