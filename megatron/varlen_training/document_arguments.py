@@ -32,7 +32,8 @@ def add_document_args(parser) -> None:
                             "--seq-length samples, each cut at its end-of-document tokens into "
                             "documents (one THD sequence each); document = whole documents, "
                             "never cut at --seq-length, up to the longest sequence the layout "
-                            "runs (longer ones are cut there).")
+                            "runs (longer ones are cut there); a blend's weights are then "
+                            "shares of training tokens.")
 
 
 def validate_document_args(args, require, attention_backend: str) -> None:
