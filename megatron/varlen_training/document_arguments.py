@@ -1,12 +1,16 @@
 """Flags for the documents inside pretraining samples: Megatron-LM's ``--reset-position-ids``,
 ``--reset-attention-mask`` and ``--eod-mask-loss`` (same names and semantics), and this fork's
-``--packing-unit`` (how ``--sequence-packing`` cuts pretraining data). How they work:
-``megatron/varlen_training/datasets/documents.py`` and docs/PACKING.md.
+``--packing-unit`` (how ``--sequence-packing`` cuts pretraining data) and
+``--document-piece-length`` (where whole documents are cut). How they work:
+``megatron/varlen_training/datasets/documents.py``, ``datasets/whole_documents.py`` and
+docs/PACKING.md.
 """
 
 from __future__ import annotations
 
 from megatron.varlen.platform import LOCAL
+from megatron.varlen_training.datasets.whole_documents import longest_sequence
+from megatron.varlen_training.varlen_arguments import possible_cp_sizes, sp_factor
 
 PACKING_UNIT_SAMPLE = "sample"
 PACKING_UNIT_DOCUMENT = "document"
@@ -34,6 +38,12 @@ def add_document_args(parser) -> None:
                             "never cut at --seq-length, up to the longest sequence the layout "
                             "runs (longer ones are cut there); a blend's weights are then "
                             "shares of training tokens.")
+    group.add_argument("--document-piece-length", type=int, default=None, metavar="N",
+                       help="With --packing-unit document: cut documents into pieces of at "
+                            "most N training tokens (default: the longest sequence the layout "
+                            "runs, which is also the most N may be). A resume keeps the "
+                            "checkpoint's pieces on a layout that runs longer sequences with "
+                            "the checkpoint's value.")
 
 
 def validate_document_args(args, require, attention_backend: str) -> None:
@@ -49,6 +59,10 @@ def validate_document_args(args, require, attention_backend: str) -> None:
                 "--packing-unit document packs whole documents of indexed pretraining data: "
                 "it needs --sequence-packing (or --dynamic-context-parallel), --data-path "
                 "PREFIX and neither --sft nor --mock-data")
+        _validate_piece_length(args, require)
+    else:
+        require(args.document_piece_length is None,
+                "--document-piece-length cuts whole documents: it needs --packing-unit document")
     if args.sequence_packing and not args.sft:
         _validate_packed_positions(args, require)
     if args.reset_attention_mask and not args.sequence_packing:
@@ -57,6 +71,23 @@ def validate_document_args(args, require, attention_backend: str) -> None:
                 f"mask, which only --attention-backend local applies (this run resolves to "
                 f"{attention_backend}): pack the documents (--sequence-packing) or pass "
                 f"--attention-backend local")
+
+
+def _validate_piece_length(args, require) -> None:
+    """A piece must run as one sequence: at most the layout's longest (its budget on its
+    largest CP group, learned positions' table)."""
+    if args.document_piece_length is None:
+        return
+    learned = args.position_embedding_type == "learned_absolute"
+    longest = longest_sequence(args.max_seqlen_per_dp_cp_rank, possible_cp_sizes(args),
+                               sp_factor(args),
+                               args.max_position_embeddings if learned else None)
+    require(args.document_piece_length <= longest,
+            f"--document-piece-length {args.document_piece_length} is longer than the longest "
+            f"sequence this layout runs ({longest} tokens: --max-seqlen-per-dp-cp-rank "
+            f"{args.max_seqlen_per_dp_cp_rank} on its largest CP group"
+            f"{', at most --max-position-embeddings' if learned else ''}): lower it, or raise "
+            f"--max-seqlen-per-dp-cp-rank or the CP size")
 
 
 def _validate_packed_positions(args, require) -> None:

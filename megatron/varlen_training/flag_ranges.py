@@ -177,6 +177,7 @@ FLAG_RANGES: dict[str, FlagRange] = {
     # packing and dynamic CP (varlen_arguments.py)
     "min_dynamic_context_parallel_size": COUNT,
     "max_seqlen_per_dp_cp_rank": TOKENS,
+    "document_piece_length": TOKENS,  # --packing-unit document (document_arguments.py)
     "thd_max_packed_sequences": COUNT,
     # Hugging Face model features (hf/arguments.py)
     "kv_channels": COUNT,

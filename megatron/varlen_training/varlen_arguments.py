@@ -82,7 +82,8 @@ def possible_cp_sizes(args) -> list[int]:
     return sorted(layout.sequence_sizes)
 
 
-def _sp_factor(args) -> int:
+def sp_factor(args) -> int:
+    """What sequence parallelism multiplies the padding divisor by (TP, or 1 without)."""
     return args.tensor_model_parallel_size if args.sequence_parallel else 1
 
 
@@ -166,7 +167,7 @@ def _validate_capacity(args, require) -> None:
         ranks, what = args.data_parallel_size * args.context_parallel_size, "DP x CP"
     else:
         ranks, what = args.context_parallel_size, "CP"
-    per_rank = padded_length(args.seq_length, ranks, _sp_factor(args)) // ranks
+    per_rank = padded_length(args.seq_length, ranks, sp_factor(args)) // ranks
     require(per_rank <= args.max_seqlen_per_dp_cp_rank,
             f"--seq-length {args.seq_length} (padded for {what} = {ranks} ranks: {per_rank} "
             f"tokens per rank) exceeds --max-seqlen-per-dp-cp-rank "
@@ -176,7 +177,7 @@ def _validate_capacity(args, require) -> None:
 
 def _default_budget(args) -> int:
     per_rank = -(-args.seq_length // args.context_parallel_size)
-    return padded_length(per_rank, args.context_parallel_size, _sp_factor(args))
+    return padded_length(per_rank, args.context_parallel_size, sp_factor(args))
 
 
 def _validate_packing(args, require) -> None:
@@ -189,12 +190,12 @@ def _validate_packing(args, require) -> None:
     if args.max_seqlen_per_dp_cp_rank is None:
         args.max_seqlen_per_dp_cp_rank = _default_budget(args)
     _validate_capacity(args, require)
-    sp_factor = _sp_factor(args)
+    multiple = 2 * sp_factor(args)
     if args.virtual_pipeline_model_parallel_size:
-        require(args.max_seqlen_per_dp_cp_rank % (2 * sp_factor) == 0,
+        require(args.max_seqlen_per_dp_cp_rank % multiple == 0,
                 f"with virtual pipeline stages every pack is padded to "
                 f"--max-seqlen-per-dp-cp-rank tokens per rank, which must then be a multiple of "
-                f"{2 * sp_factor} (got {args.max_seqlen_per_dp_cp_rank})")
+                f"{multiple} (got {args.max_seqlen_per_dp_cp_rank})")
     # Only the global per-token mean is invariant to packing: a per-micro-batch mean weighs
     # tokens by how the samples happened to be packed.
     args.calculate_per_token_loss = True

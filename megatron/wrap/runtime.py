@@ -25,7 +25,8 @@ LOOP_EXIT_KEYS = ("exit_signal_handler", "exit_interval", "exit_duration_in_mins
 LOOP_EVALUATION_KEYS = ("skip_train", "full_validation", "multiple_validation_sets")
 # pretrain_gpt.py's flags for the documents inside its pretraining samples: the facade's
 # samples come from the caller (a flow decides their loss mask), so these are refused too.
-DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
+DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss",
+                 "document_piece_length")
 # pretrain_gpt.py's writer flag whose facade twin has another name: the facade's writers come
 # from its logging keys, so the flag would be dropped without a word.
 WRITER_FLAGS = {"log_metrics_jsonl": "set logging.metrics_jsonl_path and add 'jsonl' to "

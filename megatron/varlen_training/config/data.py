@@ -43,6 +43,9 @@ class DataConfig:
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
     packing_unit: str = "sample"
+    # --packing-unit document: the longest piece a document is cut into (None: the layout's
+    # longest sequence; datasets/whole_documents.document_piece_length).
+    document_piece_length: int | None = None
     test_samples: int = 0
     # GPT2BPETokenizer's files (tokenizer_arguments.py): GPT-2's vocabulary JSON and merges.
     vocab_file: str | None = None

@@ -32,7 +32,7 @@ from megatron.varlen_training.datasets import indexed, indexed_checks
 from megatron.varlen_training.datasets.sample import make_sample
 from megatron.varlen_training.datasets.whole_documents import (
     WholeDocumentDataset,
-    run_longest_sequence,
+    document_piece_length,
 )
 from megatron.varlen_training.errors import agree_on_errors
 from megatron.varlen_training.log import print_rank_0
@@ -141,7 +141,7 @@ def build_whole_document_datasets(run, tokenizer, pad_to_multiple_of: int):
     config = indexed.gpt_dataset_config(data, run.model.seq_length, seed, tokenizer)
     sizes = indexed.split_sizes(data)
     agree_on_errors(indexed.check_indexed_data, config, data, sizes)
-    max_length = run_longest_sequence(run)
+    max_length = document_piece_length(run)
 
     def build(split: int) -> WholeDocumentBlend | None:
         blend = config.blend if config.blend is not None else config.blend_per_split[split]

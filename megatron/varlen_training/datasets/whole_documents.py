@@ -5,7 +5,8 @@ cut at arbitrary sample boundaries and its second part starts without its contex
 training wants documents whole: here a sample is ONE document (its ids, eod included, as the
 preprocessing wrote them), packed as its own THD sequence, never cut at ``--seq-length``. Only a
 document longer than the longest sequence the layout can run (:func:`longest_sequence`) is cut,
-into consecutive pieces of at most that many tokens.
+into consecutive pieces of at most that many tokens (or of ``--document-piece-length``, at most
+that: :func:`document_piece_length`).
 
 Definitions (docs/PACKING.md):
 
@@ -66,6 +67,14 @@ def run_longest_sequence(run) -> int:
                             model.max_position_embeddings if learned else None)
 
 
+def document_piece_length(run) -> int:
+    """The most training tokens a piece of a ``RunConfig``'s documents has:
+    ``--document-piece-length`` (a resume on a layout that runs longer sequences keeps its
+    checkpoint's pieces with it; argument checks hold it to the layout's longest), else the
+    layout's longest sequence."""
+    return run.data.document_piece_length or run_longest_sequence(run)
+
+
 def piece_table(num_ids: np.ndarray, max_length: int) -> tuple[np.ndarray, np.ndarray,
                                                                np.ndarray]:
     """``(document, offset, length)`` of every piece, in document order.
@@ -121,9 +130,9 @@ class WholeDocumentDataset(torch.utils.data.Dataset):
         num_cut = int(np.count_nonzero(np.asarray(num_ids) - 1 > max_length))
         num_skipped = int(np.count_nonzero(np.asarray(num_ids) < 2))
         print_rank_0(f"> whole documents{of}: {len(self._document)} pieces per epoch from "
-                     f"{len(doc_ids)} documents ({num_cut} longer than the layout's longest "
-                     f"sequence of {max_length} tokens cut, {num_skipped} without a training "
-                     f"token skipped)")
+                     f"{len(doc_ids)} documents ({num_cut} longer than the longest piece, "
+                     f"{max_length} tokens, cut; {num_skipped} without a training token "
+                     f"skipped)")
 
     @property
     def pieces_per_epoch(self) -> int:

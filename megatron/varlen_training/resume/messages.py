@@ -39,12 +39,12 @@ def recorded_key_mismatch(key: str, saved: dict, mine: dict) -> str:
         return _indexed_samples_mismatch(saved.get(key), mine[key])
     if key == DOCUMENT_PIECE_KEY and None not in (saved.get(key), mine[key]):
         return (f"--load: the checkpoint's --packing-unit document run cut documents into "
-                f"pieces of at most {saved[key]} tokens (the longest sequence its layout ran: "
-                f"--max-seqlen-per-dp-cp-rank x its largest CP group), this run's layout cuts "
-                f"at {mine[key]}: other pieces, so another document order; resume on a layout "
-                f"whose longest sequence is {saved[key]} tokens, or pass "
-                f"--override-data-fingerprint to continue from the saved position with this "
-                f"run's pieces")
+                f"pieces of at most {saved[key]} tokens, this run cuts at {mine[key]} "
+                f"(--document-piece-length, else the longest sequence the layout runs: "
+                f"--max-seqlen-per-dp-cp-rank x its largest CP group): other pieces, so another "
+                f"document order; pass --document-piece-length {saved[key]} (on a layout whose "
+                f"longest sequence is at least that), or --override-data-fingerprint to "
+                f"continue from the saved position with this run's pieces")
     if key == SFT_SPLIT_RULE_KEY and saved.get(key) == SFT_SPLIT_TAIL:
         return (f"--load: the checkpoint's SFT run held out the last 5% of its file for "
                 f"validation and trained on the rest (before --sft honoured --split, its "

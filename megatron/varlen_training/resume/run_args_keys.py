@@ -56,9 +56,10 @@ SFT_SPLIT_RULE_KEY = "sft_split_rule"
 SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
 # --rampup-batch-size and its rounding decide which samples each iteration reads.
 RAMPUP_KEYS = {"rampup_batch_size": None, "decrease_batch_size_if_needed": False}
-# --packing-unit document: the longest piece a document was cut into (the longest sequence the
-# layout runs: --max-seqlen-per-dp-cp-rank x the largest CP group, learned positions' table).
-# Another layout cuts other pieces, and so permutes and reads another stream. None: other data.
+# --packing-unit document: the longest piece a document was cut into (--document-piece-length,
+# else the longest sequence the layout runs: --max-seqlen-per-dp-cp-rank x the largest CP group,
+# learned positions' table). Other pieces are permuted and read as another stream. None: other
+# data.
 DOCUMENT_PIECE_KEY = "document_piece_length"
 DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
                    INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY,

@@ -99,13 +99,14 @@ def _recorded_values(run: RunConfig) -> dict:
 
 
 def _document_piece_length(run: RunConfig) -> int | None:
-    """With --packing-unit document, the longest piece documents are cut into (the layout's
-    longest sequence: whole_documents.run_longest_sequence); None for other data."""
+    """With --packing-unit document, the longest piece documents are cut into
+    (whole_documents.document_piece_length: --document-piece-length, else the layout's longest
+    sequence); None for other data."""
     if not run.data.indexed or run.data.packing_unit != PACKING_UNIT_DOCUMENT:
         return None
-    from megatron.varlen_training.datasets.whole_documents import run_longest_sequence
+    from megatron.varlen_training.datasets.whole_documents import document_piece_length
 
-    return run_longest_sequence(run)
+    return document_piece_length(run)
 
 
 def pipeline_chunks(record: dict) -> list[list[int]] | None:

@@ -105,6 +105,7 @@ VALID = {
     "min_dynamic_context_parallel_size": NONE,
     "max_seqlen_per_dp_cp_rank": NONE,
     "thd_max_packed_sequences": NONE,  # huge: above what a pack can hold (and needs packing)
+    "document_piece_length": NONE,  # needs --packing-unit document, at most the longest sequence
     "kv_channels": NONE,
     "norm_epsilon": HUGE,
     "rope_scaling_factor": HUGE,

@@ -42,7 +42,7 @@ EXPECTED_FLAGS = frozenset("""
 --lr-warmup-init --lr-wsd-decay-style --lr-wsd-decay-iters --lr-wsd-decay-samples
 --start-weight-decay --end-weight-decay --weight-decay-incr-style --rampup-batch-size
 --sft-messages-key --sft-prompt-key --sft-response-key
---reset-position-ids --reset-attention-mask --eod-mask-loss --packing-unit
+--reset-position-ids --reset-attention-mask --eod-mask-loss --packing-unit --document-piece-length
 --split --train-data-path --valid-data-path --test-data-path --data-cache-path
 --mmap-bin-files --no-mmap-bin-files --num-workers
 --recompute-granularity --recompute-method --recompute-num-layers --recompute-modules

@@ -79,7 +79,8 @@ def test_facade_refuses_the_document_keys():
     from megatron.wrap.config.errors import ConfigError
     from megatron.wrap.runtime import refuse_document_keys
 
-    for key, value in (("eod_mask_loss", True), ("packing_unit", "document")):
+    for key, value in (("eod_mask_loss", True), ("packing_unit", "document"),
+                       ("document_piece_length", 64)):
         config = build_config({"data": {key: value}})
         with pytest.raises(ConfigError, match=rf"^config key '{key}' \({value!r}\) acts on "):
             refuse_document_keys(dict(config.flat))

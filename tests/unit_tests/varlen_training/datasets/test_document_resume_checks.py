@@ -106,7 +106,9 @@ def test_documents_resume_only_on_the_pieces_they_were_cut_into(tmp_path, prefix
     """--packing-unit document cuts a document only beyond the layout's longest sequence (one
     rank, CP 1: the budget itself), so another budget cuts other pieces: their epoch
     permutation, and so the whole stream, differ. Refused in one line; accepted with
-    --override-data-fingerprint (a note); --packing-unit sample runs are not concerned."""
+    --override-data-fingerprint (a note); --packing-unit sample runs are not concerned. (A
+    layout that runs longer sequences keeps the pieces with --document-piece-length:
+    test_document_piece_length.py.)"""
     folder = _saved_at(tmp_path, _budget(prefix, "document", 64))
     assert json.loads(open(os.path.join(folder, "run_args.json")).read())[
         "document_piece_length"] == 64
@@ -115,11 +117,11 @@ def test_documents_resume_only_on_the_pieces_they_were_cut_into(tmp_path, prefix
         check_run_args(folder, _budget(prefix, "document", 48))
     assert str(err.value) == (
         "--load: the checkpoint's --packing-unit document run cut documents into pieces of at "
-        "most 64 tokens (the longest sequence its layout ran: --max-seqlen-per-dp-cp-rank x its "
-        "largest CP group), this run's layout cuts at 48: other pieces, so another document "
-        "order; resume on a layout whose longest sequence is 64 tokens, or pass "
-        "--override-data-fingerprint to continue from the saved position with this run's "
-        "pieces")
+        "most 64 tokens, this run cuts at 48 (--document-piece-length, else the longest "
+        "sequence the layout runs: --max-seqlen-per-dp-cp-rank x its largest CP group): other "
+        "pieces, so another document order; pass --document-piece-length 64 (on a layout whose "
+        "longest sequence is at least that), or --override-data-fingerprint to continue from "
+        "the saved position with this run's pieces")
     note = check_run_args(folder, _budget(prefix, "document", 48, "--override-data-fingerprint"))
     assert note.startswith("--override-data-fingerprint: --load: the checkpoint's --packing-unit")
     sample_folder = _saved_at(tmp_path / "sample", _budget(prefix, "sample", 64))
