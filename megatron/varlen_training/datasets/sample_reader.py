@@ -11,10 +11,16 @@ semaphores, which a process leaving without finalizers (``os._exit``, as test ra
 A user error raised by a read in a worker (a row the chat template refuses) comes back as the
 same one-line exception, not as DataLoader's re-raise, which writes the worker's traceback into
 the message.
+
+The workers are forked from the rank: they inherit its uncollected garbage too, and a collection
+in a worker would finalize it there, in a process without the rank's threads (a forked
+distributed process group torn down in a worker crashed it with a segmentation fault). So the
+rank collects its garbage before forking them: a worker only ever collects its own.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -103,6 +109,7 @@ class SampleReader:
 
     def _start(self, iteration: int) -> Iterator[dict]:
         self._stream = None  # the previous workers stop before new ones start
+        gc.collect()  # before the fork: no worker finalizes the rank's garbage (docstring)
         loader = torch.utils.data.DataLoader(
             _ErrorsAsSamples(self.dataset), batch_size=None, collate_fn=_each_sample,
             sampler=_IterationSampler(self._indices_of, iteration, self._num_iterations),

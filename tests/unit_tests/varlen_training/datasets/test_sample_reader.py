@@ -4,6 +4,7 @@ order, that reading in the training process gives, across iterations and after a
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -46,6 +47,46 @@ def test_workers_read_the_same_samples_in_the_same_order():
         assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(mine, theirs))
     assert {s["pid"] for batch in ahead for s in batch}.isdisjoint({os.getpid()})
     assert [s["sample_id"] for s in ahead[3]] == _indices_of(5)
+
+
+# --- the workers never finalize the rank's garbage ------------------------------------------
+
+class _Finalized:
+    """Cyclic garbage (only a collection frees it) that notes which process finalizes it."""
+
+    def __init__(self, path: Path):
+        self.path, self.me = path, self
+
+    def __del__(self):
+        with open(self.path, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+
+
+class _Collecting(_Squares):
+    """Each read collects the worker's garbage, as a worker's allocations may at any time."""
+
+    def __getitem__(self, idx):
+        gc.collect()
+        return super().__getitem__(idx)
+
+
+def test_workers_never_finalize_the_ranks_garbage(tmp_path):
+    """A rank's garbage from before the workers fork (in a run: a torn-down process group
+    crashed a worker) is finalized in the rank, never in a worker."""
+    finalized = tmp_path / "finalized"
+    was_enabled = gc.isenabled()
+    gc.disable()  # the garbage outlives the fork unless the reader collects it
+    try:
+        _Finalized(finalized)
+        reader = SampleReader(_Collecting(), _indices_of, len(_Squares()) // BATCH, 2)
+        workers = {s["pid"] for s in reader.read(0)}
+        reader.close()
+    finally:
+        if was_enabled:
+            gc.enable()
+    gc.collect()
+    assert workers and os.getpid() not in workers
+    assert finalized.read_text().split() == [str(os.getpid())]
 
 
 # --- the workers stop when the run ends ----------------------------------------------------
