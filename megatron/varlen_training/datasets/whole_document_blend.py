@@ -27,8 +27,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from megatron.core.datasets import helpers_cpp
+from megatron.core.datasets.utils import Split
 
 from megatron.varlen_training.datasets import indexed, indexed_checks
+from megatron.varlen_training.datasets.blending_cache import cached_blending_indices
 from megatron.varlen_training.datasets.sample import make_sample
 from megatron.varlen_training.datasets.whole_documents import (
     WholeDocumentDataset,
@@ -73,11 +75,15 @@ class WholeDocumentBlend(torch.utils.data.Dataset):
         num_samples: samples of the split.
         pad_id, pad_to_multiple_of: as :class:`WholeDocumentDataset`'s.
         names: what the start-up lines call the datasets (their prefixes).
+        cache_dir: ``--data-cache-path``: where the sample-to-dataset table is saved once and
+            memory-mapped from (:mod:`.blending_cache`); None: built in memory on every rank.
+        split: the split's name, in the cache's file names.
     """
 
     def __init__(self, datasets: Sequence[WholeDocumentDataset],
                  token_weights: Sequence[float] | None, num_samples: int, pad_id: int,
-                 pad_to_multiple_of: int = 1, names: Sequence[str] | None = None):
+                 pad_to_multiple_of: int = 1, names: Sequence[str] | None = None, *,
+                 cache_dir: str | None = None, split: str = "train"):
         self._datasets = list(datasets)
         self._num_samples = num_samples
         self._pad_id, self._multiple = pad_id, pad_to_multiple_of
@@ -86,17 +92,19 @@ class WholeDocumentBlend(torch.utils.data.Dataset):
         self._dataset_index = self._sample_index = None
         if len(self._datasets) > 1:
             self._dataset_index, self._sample_index = self._blend(
-                token_weights, names or [str(d) for d in range(len(datasets))])
+                token_weights, names or [str(d) for d in range(len(datasets))], cache_dir,
+                split)
 
-    def _blend(self, token_weights: Sequence[float] | None,
-               names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _blend(self, token_weights: Sequence[float] | None, names: Sequence[str],
+               cache_dir: str | None, split: str) -> tuple[np.ndarray, np.ndarray]:
         if token_weights is None:
             token_weights = [dataset.tokens_per_epoch for dataset in self._datasets]
         means = [dataset.tokens_per_epoch / dataset.pieces_per_epoch
                  for dataset in self._datasets]
         weights = sample_weights(token_weights, means)
         _log_blend(np.asarray(token_weights, dtype=np.float64), means, weights, names)
-        return blending_indices(weights, self._num_samples)
+        return cached_blending_indices(blending_indices, weights, self._num_samples,
+                                       cache_dir, split)
 
     def __len__(self) -> int:
         return self._num_samples
@@ -152,7 +160,8 @@ def build_whole_document_datasets(run, tokenizer, pad_to_multiple_of: int):
                                      sizes[split], pad_to_multiple_of)
                     for place, prefix in enumerate(prefixes)]
         return WholeDocumentBlend(datasets, weights, sizes[split], tokenizer.pad,
-                                  pad_to_multiple_of, prefixes)
+                                  pad_to_multiple_of, prefixes, cache_dir=data.data_cache_path,
+                                  split=Split(split).name)
 
     return build(0), build(1)
 

@@ -1,7 +1,8 @@
 """--packing-unit document through the whole training path: every token of every document of
 the split trains exactly once per epoch, counted in the run's own metrics (sum L and sum L^2 of
 the sequences it scheduled) against the corpus's document lengths; on one dataset, and on a
-blend of two whose weights make every global batch one epoch of each (one launch, two runs)."""
+blend of two whose weights make every global batch one epoch of each (one launch, two runs;
+the blend's sample table saved under --data-cache-path by rank 0 and memory-mapped by all)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def test_every_token_trains_once_per_epoch(tmp_path):
     _write(other, OTHER_DOC_IDS, seed=1)
     runs = {"one": (_argv([prefix], len(PIECES), tmp_path / "one.jsonl"), PIECES),
             "blend": (_argv([str(TOKENS), prefix, str(OTHER_TOKENS), other], blend_batch,
-                            tmp_path / "blend.jsonl"), PIECES + OTHER_PIECES)}
+                            tmp_path / "blend.jsonl")
+                      + ["--data-cache-path", str(tmp_path / "cache")], PIECES + OTHER_PIECES)}
     run_distributed(train_each_on_this_rank, DP_CP,
                     args=({name: argv for name, (argv, _) in runs.items()},), timeout_s=300)
     for name, (argv, pieces) in runs.items():
@@ -93,3 +95,4 @@ def test_every_token_trains_once_per_epoch(tmp_path):
             assert record["seqlen_sum"] == sum(pieces), name
             assert record["seqlen_squared_sum"] == sum(n * n for n in pieces), name
             assert record["consumed_samples"] % len(pieces) == 0, name
+    assert len(list((tmp_path / "cache").glob("*-WholeDocumentBlend-train-*.npy"))) == 2

@@ -203,3 +203,16 @@ def test_a_longer_run_reads_the_same_first_samples(corpora, weighted):
     flags = ["--data-path"] + [e for n in names for e in (str(WEIGHTS[n]), corpora[n][0])]
     train, _ = _build(flags + ["--split", "90,10,0"], 500)
     assert [_read(sample) for sample in train] == weighted[0][:500]
+
+
+def test_the_cached_table_reads_the_same_samples(corpora, weighted, tmp_path):
+    """--data-cache-path: the sample table saved by the first build and memory-mapped by both
+    (blending_cache.py) gives what the in-memory table gave."""
+    names = list(CORPORA)
+    flags = ["--data-path"] + [e for n in names for e in (str(WEIGHTS[n]), corpora[n][0])]
+    flags += ["--split", "90,10,0", "--data-cache-path", str(tmp_path)]
+    for _ in range(2):  # saved, then read back
+        train, valid = _build(flags, NUM_SAMPLES)
+        assert ([_read(train[i]) for i in range(len(train))],
+                [_read(s) for s in valid]) == weighted
+    assert len(list(tmp_path.glob("*-WholeDocumentBlend-*.npy"))) == 4  # train and valid
