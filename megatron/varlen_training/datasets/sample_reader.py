@@ -15,7 +15,9 @@ the message.
 The workers are forked from the rank: they inherit its uncollected garbage too, and a collection
 in a worker would finalize it there, in a process without the rank's threads (a forked
 distributed process group torn down in a worker crashed it with a segmentation fault). So the
-rank collects its garbage before forking them: a worker only ever collects its own.
+rank freezes its objects while it forks them (``gc.freeze``, Python's advice for fork without
+exec; O(1), unlike a collection): a worker only ever collects what it made itself, and the
+rank collects its garbage as before.
 """
 
 from __future__ import annotations
@@ -109,9 +111,16 @@ class SampleReader:
 
     def _start(self, iteration: int) -> Iterator[dict]:
         self._stream = None  # the previous workers stop before new ones start
-        gc.collect()  # before the fork: no worker finalizes the rank's garbage (docstring)
         loader = torch.utils.data.DataLoader(
             _ErrorsAsSamples(self.dataset), batch_size=None, collate_fn=_each_sample,
             sampler=_IterationSampler(self._indices_of, iteration, self._num_iterations),
             num_workers=self._num_workers)
-        return iter(loader)
+        # The workers fork here: none collects what the rank holds (docstring). Objects someone
+        # else froze (megatron-core's CUDA graphs) stay frozen.
+        frozen_before = gc.get_freeze_count()
+        gc.freeze()
+        try:
+            return iter(loader)
+        finally:
+            if not frozen_before:
+                gc.unfreeze()
