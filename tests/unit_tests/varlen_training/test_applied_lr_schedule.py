@@ -186,7 +186,8 @@ def _scheduler_state(argv: list[str]) -> tuple:
 @pytest.mark.parametrize("saved, resumed, needle", [
     (["--weight-decay-incr-style", "linear", "--start-weight-decay", "0", "--end-weight-decay",
       "0.1"], ["--weight-decay-incr-style", "cosine", "--start-weight-decay", "0",
-               "--end-weight-decay", "0.1"], "--weight-decay-incr-style linear, this run has cosine"),
+               "--end-weight-decay", "0.1"],
+     "--weight-decay-incr-style linear, this run has cosine"),
     (["--weight-decay-incr-style", "linear", "--start-weight-decay", "0", "--end-weight-decay",
       "0.1"], ["--weight-decay-incr-style", "linear", "--start-weight-decay", "0.05",
                "--end-weight-decay", "0.1"], "--start-weight-decay) 0.0, this run has 0.05"),

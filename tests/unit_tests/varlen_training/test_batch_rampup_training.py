@@ -3,9 +3,9 @@ runs): each step's ``global batch size``, consumed samples and learning rate, an
 equal a plain unpacked reference that trains the same samples in the same order with
 megatron-core's calculator's batch sizes, one fixed-size global batch per step (the dataset
 cut to the step's samples, no ramp-up); the packed run equals it too, on one rank and with
-dynamic context parallelism on two ranks (one small gloo run); a run resumed in the middle of the ramp-up equals
-the uninterrupted one; a checkpoint is saved whenever the batch grows; the console says how
-the batch ramps up.
+dynamic context parallelism on two ranks (one small gloo run); a run resumed in the middle of
+the ramp-up equals the uninterrupted one; a checkpoint is saved whenever the batch grows; the
+console says how the batch ramps up.
 
 Mock SFT samples of varied lengths, so packing makes other micro-batches than the unpacked
 path (every run counts the loss per token, as packing does). Ramp-up 2 2 8 to

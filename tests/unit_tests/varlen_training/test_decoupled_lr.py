@@ -8,11 +8,11 @@ after each, every optimizer param group holding the embedding or output weight m
 decoupled scheduler's LR, every other group the main one's, and the logged learning rate is the
 main one (Megatron-LM's ``get_canonical_lr_for_logging``).
 
-Resume (plain and distributed optimizer): a checkpoint saved with the decoupled group resumes (megatron-core 0.16.1 alone cannot
-tell that group from the main one when it loads them); with --override-opt_param-scheduler the
-new --lr and --decoupled-lr are the ones the next step applies (the loaded param groups would
-otherwise bring the old bounds back); turning it on or off, or another value without a flag
-saying which side wins, is one line.
+Resume (plain and distributed optimizer): a checkpoint saved with the decoupled group resumes
+(megatron-core 0.16.1 alone cannot tell that group from the main one when it loads them); with
+--override-opt_param-scheduler the new --lr and --decoupled-lr are the ones the next step
+applies (the loaded param groups would otherwise bring the old bounds back); turning it on or
+off, or another value without a flag saying which side wins, is one line.
 """
 
 import pytest

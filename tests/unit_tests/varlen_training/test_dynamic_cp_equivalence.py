@@ -10,7 +10,9 @@ import pytest
 
 from tests.harness.multirank import run_distributed
 from tests.harness.training_runs import loss_owner_history, train_on_this_rank
-from tests.unit_tests.varlen_training.test_packing_equivalence import NUM_ITERS, PACKED, RTOL, UNPACKED
+from tests.unit_tests.varlen_training.test_packing_equivalence import (
+    NUM_ITERS, PACKED, RTOL, UNPACKED,
+)
 
 DYNAMIC = PACKED + ["--dynamic-context-parallel"]
 FOUR_LAYERS = ["--num-layers", "4"]

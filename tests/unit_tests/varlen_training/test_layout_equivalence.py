@@ -1,8 +1,8 @@
 """Every parallel layout trains the same model on the same data to the same numbers.
 
 Reference: an independent single-rank launch. Each layout is a separate launch with the same
---seed; weights are layout-invariant by construction (layout_invariant_init.py), fp32, dropout 0. The
-loss of iterations 1-3 and the grad norm of iteration 1 must agree within 1e-5 relative.
+--seed; weights are layout-invariant by construction (layout_invariant_init.py), fp32, dropout
+0. The loss of iterations 1-3 and the grad norm of iteration 1 must agree within 1e-5 relative.
 """
 
 import pytest

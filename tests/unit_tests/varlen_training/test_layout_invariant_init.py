@@ -32,7 +32,8 @@ def _shards(argv):
             module = unwrap(chunk)
             for name, param in module.named_parameters():
                 key = canonical_parameter_name(module, name, tied_output=True)
-                dim = param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+                split = getattr(param, "tensor_model_parallel", False)
+                dim = param.partition_dim if split else None
                 out[key] = (ps.get_tensor_model_parallel_rank(), dim, param.detach().clone())
         return out
     finally:

@@ -252,7 +252,8 @@ def test_no_module_under_megatron_prints_or_builds_its_own_logger():
             if (prints and name not in MAY_PRINT) or \
                     (own_logger and name not in MAY_CONFIGURE_LOGGERS):
                 offenders.append(f"megatron/{name}:{lineno}: {func}()")
-    assert not offenders, "log through megatron.varlen_training.log instead:\n" + "\n".join(offenders)
+    assert not offenders, ("log through megatron.varlen_training.log instead:\n"
+                           + "\n".join(offenders))
 
 
 def test_the_static_check_sees_a_bare_print(tmp_path):

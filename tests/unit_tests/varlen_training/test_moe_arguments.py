@@ -109,7 +109,8 @@ def test_dense_run_has_no_moe_config():
 
 
 @pytest.mark.parametrize("extra, world, needle", [
-    (["--expert-model-parallel-size", "2"], 2, "--expert-model-parallel-size 2 needs --num-experts"),
+    (["--expert-model-parallel-size", "2"], 2,
+     "--expert-model-parallel-size 2 needs --num-experts"),
     (["--moe-router-topk", "4"], 1, "--moe-router-topk 4 needs --num-experts"),
     (MOE + ["--moe-router-topk", "5"], 1, "--moe-router-topk 5 must be in [1, --num-experts 4]"),
     (["--num-experts", "3", "--expert-model-parallel-size", "2"], 2,

@@ -224,8 +224,9 @@ def test_an_eval_global_batch_size_evaluates_the_samples_it_covers():
         assert abs(reported[key] - direct[key]) <= 1e-5 * abs(direct[key]), (key, reported)
 
 
-REFUSED = [["--skip-train", "--save-hf", "/tmp/hf"], ["--decoder-seq-length", "32"], ["--data-parallel-random-init"],
-           ["--exit-signal", "SIGUSR1"], ["--exit-signal-handler", "--exit-signal", "SIGKILL"]]
+REFUSED = [["--skip-train", "--save-hf", "/tmp/hf"], ["--decoder-seq-length", "32"],
+           ["--data-parallel-random-init"], ["--exit-signal", "SIGUSR1"],
+           ["--exit-signal-handler", "--exit-signal", "SIGKILL"]]
 
 
 @pytest.mark.parametrize("given", REFUSED, ids=lambda given: " ".join(given))

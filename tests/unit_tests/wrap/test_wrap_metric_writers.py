@@ -1,5 +1,6 @@
 """The facade's progress line and metric writers (megatron/wrap/metric_writers.py); the log
-lines themselves are megatron/varlen_training/log.py's (tests/unit_tests/varlen_training/test_log.py)."""
+lines themselves are megatron/varlen_training/log.py's
+(tests/unit_tests/varlen_training/test_log.py)."""
 
 import json
 import sys

@@ -1,4 +1,5 @@
-"""Tests for megatron/varlen_training/datasets/sample.py: padding multiple, sample layout, collation."""
+"""Tests for megatron/varlen_training/datasets/sample.py: padding multiple, sample layout,
+collation."""
 
 import numpy as np
 import pytest

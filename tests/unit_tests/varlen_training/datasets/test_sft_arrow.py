@@ -1,7 +1,8 @@
 """SFT from Parquet/Arrow (``--sft --data-path`` a .parquet file, a folder of shards, a
-datasets.save_to_disk folder or one of its .arrow files) gives the datasets JSONL gives for the same conversations, sample
-for sample; rows are tokenized only when read; bad columns and rows are one line naming the
-row or column and the flag. The training runs are in test_sft_arrow_training.py."""
+datasets.save_to_disk folder or one of its .arrow files) gives the datasets JSONL gives for the
+same conversations, sample for sample; rows are tokenized only when read; bad columns and rows
+are one line naming the row or column and the flag. The training runs are in
+test_sft_arrow_training.py."""
 
 import builtins
 from pathlib import Path
