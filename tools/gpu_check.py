@@ -381,13 +381,13 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _select(parts: list[Part], wanted: str | None) -> list[Part]:
-    """The parts named by --parts, in the order named (all of them without --parts); ``suite``
-    names every suite part (``--suite all1,all2`` makes two)."""
+    """The parts named by --parts, in the order named (all of them without --parts); parts
+    that share a log go by its name (``suite`` names both of ``--suite all1,all2``)."""
     if not wanted:
         return parts
     by_name: dict[str, list[Part]] = {}
     for part in parts:
-        by_name.setdefault("suite" if part.log == "suite" else part.name, []).append(part)
+        by_name.setdefault(part.log or part.name, []).append(part)
     unknown = [name for name in wanted.split(",") if name not in by_name]
     if unknown:
         raise SystemExit(f"gpu_check.py: error: --parts {','.join(unknown)}: choose from "
