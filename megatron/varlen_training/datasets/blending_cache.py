@@ -6,7 +6,8 @@ memory, as megatron-core's ``BlendedDataset`` does without ``path_to_cache``; wi
 rank 0 builds it once and saves it, and every rank memory-maps the saved arrays (a node's ranks
 then share one copy in the page cache, and only the pages a rank reads are loaded). Files are
 named by a hash of what they hold, so another blend never reads a stale table; they are written
-under a temporary name and renamed, so a reader never sees half a file.
+under a temporary name and renamed, so a reader never sees half a file. A rank that cannot find
+them (several nodes, a cache folder on each node's own disk) stops every rank in one line.
 """
 
 from __future__ import annotations
@@ -45,7 +46,17 @@ def cached_blending_indices(build: BuildIndices, weights: np.ndarray, num_sample
         return build(weights, num_samples)
     paths = cache_paths(cache_dir, weights, num_samples, split)
     agree_on_errors(_save_once, build, weights, num_samples, paths)
-    return tuple(np.load(path, mmap_mode="r") for path in paths)
+    return agree_on_errors(_mapped, paths)
+
+
+def _mapped(paths: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """The saved table, memory-mapped; missing where rank 0 saved it (another node's disk)."""
+    try:
+        return tuple(np.load(path, mmap_mode="r") for path in paths)
+    except FileNotFoundError as err:
+        raise OSError(f"--data-cache-path: the whole-document blend's sample table that rank 0 "
+                      f"saved is not at {err.filename} on this rank: with several nodes, "
+                      f"--data-cache-path must be a folder every node sees") from None
 
 
 def _save_once(build: BuildIndices, weights: np.ndarray, num_samples: int,

@@ -75,3 +75,17 @@ def test_an_unwritable_cache_is_one_line(tmp_path):
     assert "\n" not in message and message.startswith(
         "--data-cache-path: cannot save the whole-document blend's sample table (2000 bytes) as ")
     assert message.endswith("choose a writable --data-cache-path with room for it")
+
+
+def test_a_table_missing_on_a_rank_is_one_line(tmp_path, monkeypatch):
+    """A rank on another node than rank 0, with the cache on its own disk, finds no table."""
+    from megatron.varlen_training.datasets import blending_cache
+
+    monkeypatch.setattr(blending_cache, "_save_once", lambda *args: None)  # rank 0 elsewhere
+    with pytest.raises(UserInputError) as err:
+        cached_blending_indices(_megatron_core, WEIGHTS, SAMPLES, str(tmp_path), "train")
+    path = cache_paths(str(tmp_path), WEIGHTS, SAMPLES, "train")[0]
+    assert str(err.value) == (
+        f"--data-cache-path: the whole-document blend's sample table that rank 0 saved is not "
+        f"at {path} on this rank: with several nodes, --data-cache-path must be a folder every "
+        f"node sees")
