@@ -15,7 +15,11 @@ time each step spends launching them. Last, for one more step, the torch calls m
 counted by call site (``file:line`` of the innermost frame outside torch): where the host's
 operator calls come from. ``--megatron-core-rope`` runs our layers with megatron-core's own
 THD RoPE instead of one table per micro-batch (megatron/varlen/attention/packed_rope.py), for a
-side-by-side profile of the two.
+side-by-side profile of the two. ``--mm-shapes`` also records input shapes and prints the
+matrix multiplications by shape: calls per step, host (self CPU) and device time per call. On
+an H100 our ``aten::mm`` took 93 us of host time per call against the reference's 56 us over
+the same shapes per pack (results/gpu/REPORT.md): per shape, equal costs point at the shape
+mix, unequal ones at what surrounds the call.
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ def _kernel_events(prof):
     return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
-def profile_config(config: str, shape, steps: int, device: str) -> None:
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def profile_config(config: str, shape, steps: int, device: str, mm_shapes: bool = False) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -66,7 +73,7 @@ def profile_config(config: str, shape, steps: int, device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=mm_shapes) as prof:
         for it in range(WARMUP_STEPS, WARMUP_STEPS + steps):
             step(it)
         if device == "cuda":
@@ -81,11 +88,26 @@ def profile_config(config: str, shape, steps: int, device: str) -> None:
     if device == "cuda":
         print(_table(table, ("self_device_time_total", "self_cuda_time_total")))
     print(_table(table, ("self_cpu_time_total",)), flush=True)
+    if mm_shapes:
+        print("\n".join(matmuls_by_shape(config, prof, steps)), flush=True)
     counts = call_sites(step, WARMUP_STEPS + steps)
     print(f"--- {config}: {sum(counts.values())} torch calls from Python in one step; the most "
           f"frequent call sites:")
     for (name, where), count in counts.most_common(TOP_ROWS):
         print(f"{count:>8}  {name:<28} {where}")
+
+
+def matmuls_by_shape(config: str, prof, steps: int) -> list[str]:
+    """``--mm-shapes``: the matrix multiplications grouped by operator and input shapes, the
+    most host time first."""
+    rows = [e for e in prof.key_averages(group_by_input_shape=True) if e.key in MATMULS]
+    rows.sort(key=lambda e: -e.self_cpu_time_total)
+    lines = [f"--- {config}: matrix multiplications by input shape (per step: calls; per call: "
+             f"host us (self CPU), device us)"]
+    for e in rows[:TOP_ROWS]:
+        lines.append(f"{e.count / steps:>8.0f}  {e.self_cpu_time_total / e.count:>9.1f}  "
+                     f"{_device_us(e) / e.count:>9.1f}  {e.key:<12} {e.input_shapes}")
+    return lines
 
 
 def call_sites(step, iteration: int) -> collections.Counter:
@@ -135,6 +157,8 @@ def main(argv=None) -> int:
     parser.add_argument("--megatron-core-rope", action="store_true",
                         help="megatron-core's per-sequence THD RoPE instead of one table per "
                              "micro-batch (the comparison for the RoPE change)")
+    parser.add_argument("--mm-shapes", action="store_true",
+                        help="record input shapes; print the matrix multiplications by shape")
     cli = parser.parse_args(argv)
     if cli.megatron_core_rope:  # the layers' default, read when each layer runs
         from megatron.varlen.attention.cp_switching import CPSwitchingSelfAttention
@@ -146,7 +170,7 @@ def main(argv=None) -> int:
     if cli.device != "cuda":
         shape = dataclasses.replace(shape, attention_backend="local")
     for config in cli.configs.split(","):  # ours first: one process, one megatron set-up
-        profile_config(config, shape, cli.steps, cli.device)
+        profile_config(config, shape, cli.steps, cli.device, cli.mm_shapes)
     return 0
 
 

@@ -1,7 +1,7 @@
 """tools/profile_step.py runs end to end on CPU (tiny shape): the step summary, the operator
 table and the call-site counts; its GPU numbers come from a GPU session (results/gpu).
 
-Two runs: the smoke run (packed and reference) and the packed step with
+Two runs: the smoke run (packed and reference, with ``--mm-shapes``) and the packed step with
 ``--megatron-core-rope``; the smoke run's packed section is the switch's other side (it was a
 third run of its own)."""
 
@@ -19,7 +19,7 @@ TINY_CPU = [sys.executable, str(REPO / "tools" / "profile_step.py"), "--device",
 # The tiny shape's operations are too small to share out: on torch's default of every core a
 # run took 11-17 s on the loaded 2-core machine, 7-8 s on one thread, side by side.
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
-RUNS = {"smoke": ["--configs", "packed,reference"],
+RUNS = {"smoke": ["--configs", "packed,reference", "--mm-shapes"],
         "megatron_core_rope": ["--configs", "packed", "--megatron-core-rope"]}
 
 
@@ -47,6 +47,17 @@ def test_profile_step_smoke_run_on_cpu(outputs):
         section = _section(outputs["smoke"], config)
         assert "ms per step" in section and f"--- {config}: " in section
     assert "megatron/" in outputs["smoke"]  # call sites are named by repository path
+
+
+def test_matmuls_by_shape(outputs):
+    """``--mm-shapes``: both sides' matrix multiplications by input shape; the tiny model's
+    linear layers multiply [tokens, 64] activations by 64-wide weights."""
+    for config in ("packed", "reference"):
+        section = _section(outputs["smoke"], config)
+        table = section[section.index(f"--- {config}: matrix multiplications by input shape"):]
+        rows = [line for line in table.splitlines()[1:] if "aten::" in line]
+        assert rows and any(", 64]" in row for row in rows), table
+    assert "matrix multiplications" not in outputs["megatron_core_rope"]
 
 
 def test_megatron_core_rope_switch(outputs):
