@@ -338,10 +338,11 @@ def _facade_config(dest: str, value) -> dict:
     return config
 
 
-# pretrain_gpt.py's loop flags: the facade's loop is the caller's, so it refuses them in one line
-# (tests/unit_tests/reliability/test_exit_conditions.py).
-FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins",
-                            "rampup_batch_size"})  # the facade's batches are the caller's
+# pretrain_gpt.py's loop, ramp-up and document flags: the facade's loop, batches and samples are
+# the caller's, so it refuses them in one line (tests/unit_tests/reliability/
+# test_exit_conditions.py, varlen_training/test_document_arguments.py).
+FACADE_REFUSED = frozenset({"exit_interval", "exit_duration_in_mins", "rampup_batch_size",
+                            "document_piece_length"})
 
 
 @pytest.mark.parametrize("dest", sorted(set(GPT_FLAGS) - FACADE_REFUSED))
