@@ -123,7 +123,9 @@ def skip_unread_splits(config: GPTDatasetConfig, sizes: list[int]) -> None:
 
 def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[int]) -> None:
     """Every file, dtype, split, token id and cache problem as a one-line ValueError
-    (indexed_checks, token_checks); each rank scans its share of the ids."""
+    (indexed_checks, token_checks); each rank scans its share of the ids. Whole documents
+    (``--packing-unit document``) write nothing to megatron-core's cache, so a read-only data
+    folder is no problem for them (a blend's table reports its own: blending_cache.py)."""
     tokenizer = config.tokenizer
     rank, world = _rank_and_world()
     sources = _sources(config, data, sizes)
@@ -142,10 +144,11 @@ def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[i
             indexed_checks.check_split_not_empty(prefix, lengths, ranges[split], split, where)
             token_checks.check_token_ids(prefix, dataset, ranges[split], tokenizer.vocab_size,
                                          flag, rank, world, tokenizer_type=data.tokenizer_type)
-        cache = config.path_to_cache or os.path.join(prefix, *DEFAULT_CACHE_PARTS)
-        hint = ("choose a writable --data-cache-path" if config.path_to_cache
-                else "pass a writable --data-cache-path")
-        indexed_checks.check_cache_writable(cache, hint)
+        if data.packing_unit != PACKING_UNIT_DOCUMENT:  # whole documents build no GPTDataset
+            cache = config.path_to_cache or os.path.join(prefix, *DEFAULT_CACHE_PARTS)
+            hint = ("choose a writable --data-cache-path" if config.path_to_cache
+                    else "pass a writable --data-cache-path")
+            indexed_checks.check_cache_writable(cache, hint)
 
 
 def _reset_flags(data: DataConfig) -> list[str]:

@@ -215,6 +215,21 @@ def test_unwritable_cache(tmp_path, prefix):
     assert message.endswith("is not a writable directory; choose a writable --data-cache-path")
 
 
+def test_whole_documents_need_no_writable_cache(tmp_path, prefix):
+    """--packing-unit document builds no megatron-core GPTDataset, so nothing is written to its
+    cache (the data folder's, by default): an unwritable one is no refusal there."""
+    (tmp_path / "a_file").write_text("")
+    values = dict(mock_data=False, sft=False, sft_mock_dataset_config_json=None,
+                  tokenizer_type="ByteLevelTokenizer", tokenizer_model=None, train_samples=8,
+                  eval_samples=4, split="90,10,0", data_path=(prefix,),
+                  sft_messages_key="messages", sft_prompt_key="prompt",
+                  sft_response_key="response", packing_unit="document",
+                  data_cache_path=str(tmp_path / "a_file" / "cache"))
+    config = DataConfig(**values)
+    core = gpt_dataset_config(config, 32, 1, ByteLevelTokenizer())
+    check_indexed_data(core, config, split_sizes(config, core))
+
+
 def test_entry_point_prints_one_line_and_exits_2(tmp_path):
     proc = subprocess.run(
         [sys.executable, "pretrain_gpt.py", *BASE, "--data-path", str(tmp_path / "missing")],
