@@ -13,8 +13,9 @@ same one-line exception, not as DataLoader's re-raise, which writes the worker's
 the message.
 
 The workers are forked from the rank: they inherit its uncollected garbage too, and a collection
-in a worker would finalize it there, in a process without the rank's threads (a forked
-distributed process group torn down in a worker crashed it with a segmentation fault). So the
+in a worker would finalize it there, in a process without the rank's threads (seen: a worker's
+segmentation fault while collecting, in a 4-rank test whose earlier run had left its model's
+objects as garbage). So the
 rank freezes its objects while it forks them (``gc.freeze``, Python's advice for fork without
 exec; O(1), unlike a collection): a worker only ever collects what it made itself, and the
 rank collects its garbage as before.
