@@ -74,12 +74,20 @@ def add_varlen_args(parser) -> None:
 
 def possible_cp_sizes(args) -> list[int]:
     """Every CP group size a micro-batch can run on (static, or the dynamic layout's sizes)."""
-    if not args.dynamic_context_parallel:
-        return [args.context_parallel_size]
-    layout = build_group_layout(args.data_parallel_size * args.context_parallel_size,
-                                args.min_dynamic_context_parallel_size,
-                                args.context_parallel_size)
-    return sorted(layout.sequence_sizes)
+    return sequence_cp_sizes(args.data_parallel_size * args.context_parallel_size,
+                             args.context_parallel_size, args.min_dynamic_context_parallel_size,
+                             args.dynamic_context_parallel)
+
+
+def sequence_cp_sizes(num_ranks: int, cp_size: int, min_cp_size: int,
+                      dynamic: bool) -> list[int]:
+    """Every CP group size a sequence may run on, ascending: ``cp_size`` alone for static CP,
+    else the sizes of the dynamic layout over ``num_ranks`` = DP x CP ranks (from the smallest
+    chain size >= ``min_cp_size``: :func:`build_group_layout`). From plain values, for the
+    flags (:func:`possible_cp_sizes`) and a ``RunConfig`` alike."""
+    if not dynamic:
+        return [cp_size]
+    return sorted(build_group_layout(num_ranks, min_cp_size, cp_size).sequence_sizes)
 
 
 def sp_factor(args) -> int:

@@ -36,7 +36,8 @@ import torch
 
 from megatron.varlen_training.datasets.sample import make_sample
 from megatron.varlen_training.log import print_rank_0
-from megatron.varlen.scheduling import build_group_layout, pad_multiple
+from megatron.varlen_training.varlen_arguments import sequence_cp_sizes
+from megatron.varlen.scheduling import pad_multiple
 
 ReadDocument = Callable[[int], np.ndarray]
 
@@ -56,12 +57,9 @@ def longest_sequence(budget: int, cp_sizes: list[int], sp_factor: int,
 def run_longest_sequence(run) -> int:
     """:func:`longest_sequence` of a ``RunConfig`` (its budget, CP group sizes, positions)."""
     packing, parallel, model = run.packing, run.parallel, run.model
-    if packing.dynamic_context_parallel:
-        cp_sizes = sorted(build_group_layout(parallel.dp_cp_size,
-                                             packing.min_dynamic_context_parallel_size,
-                                             parallel.context_parallel_size).sequence_sizes)
-    else:
-        cp_sizes = [parallel.context_parallel_size]
+    cp_sizes = sequence_cp_sizes(parallel.dp_cp_size, parallel.context_parallel_size,
+                                 packing.min_dynamic_context_parallel_size,
+                                 packing.dynamic_context_parallel)
     learned = model.position_embedding_type == "learned_absolute"
     return longest_sequence(packing.max_seqlen_per_dp_cp_rank, cp_sizes, parallel.sp_factor,
                             model.max_position_embeddings if learned else None)

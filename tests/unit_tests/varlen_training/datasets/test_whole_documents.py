@@ -12,6 +12,7 @@ from megatron.varlen.scheduling import padded_length
 from megatron.varlen_training.datasets.whole_documents import (
     WholeDocumentDataset, longest_sequence, piece_table,
 )
+from megatron.varlen_training.varlen_arguments import sequence_cp_sizes
 
 EOD, PAD = 99, 98
 
@@ -100,3 +101,12 @@ def test_longest_sequence_fits_its_largest_group(budget, cp_sizes, sp):
     fits = lambda n: any(padded_length(n, c, sp) // c <= budget for c in cp_sizes)  # noqa: E731
     assert fits(longest) and not fits(longest + 1)
     assert longest_sequence(budget, cp_sizes, sp, max_positions=5) == min(longest, 5)
+
+
+def test_sequence_cp_sizes_static_and_dynamic():
+    """The CP sizes the longest piece is derived from, by hand: static CP runs every sequence
+    on its one size; dynamic CP on the chain from the minimum up (min 3 -> the next size, 4)."""
+    assert sequence_cp_sizes(8, cp_size=2, min_cp_size=1, dynamic=False) == [2]
+    assert sequence_cp_sizes(8, cp_size=1, min_cp_size=1, dynamic=True) == [1, 2, 4, 8]
+    assert sequence_cp_sizes(8, cp_size=1, min_cp_size=3, dynamic=True) == [4, 8]
+    assert sequence_cp_sizes(12, cp_size=3, min_cp_size=1, dynamic=True) == [1, 3, 6, 12]
