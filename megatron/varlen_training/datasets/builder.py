@@ -35,7 +35,9 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
 from megatron.varlen.packing import parse_length_config
 from megatron.varlen_training.config import RunConfig
 from megatron.varlen_training.datasets.indexed import build_indexed_datasets
-from megatron.varlen_training.datasets.indexed_checks import EMPTY_SPLIT_FIXES, split_ranges
+from megatron.varlen_training.datasets.indexed_checks import (
+    SPLIT_NAMES, TEST, TRAIN, VALID, empty_split_fix, split_ranges,
+)
 from megatron.varlen_training.datasets.mock import MockGPTDataset, MockSFTDataset
 from megatron.varlen_training.datasets.sample import get_pad_multiple
 from megatron.varlen_training.datasets.sft import SFTDataset, sft_keys
@@ -290,19 +292,18 @@ def sft_split(path: str, num_docs: int, split: str | None, validate: bool, test:
             parse_and_normalize_split(split)))
     train, valid = ranges[0], ranges[1] if validate else None
     test_range = ranges[2] if test else None
-    _require_samples(train, "training", path, split, num_docs)
-    if validate:
-        _require_samples(valid, "validation", path, split, num_docs)
-    if test_range is not None:
-        _require_samples(test_range, "test", path, split, num_docs)
+    read = [TRAIN] + ([VALID] if validate else []) + ([TEST] if test_range is not None else [])
+    for split_index in read:
+        _require_samples(ranges[split_index], split_index, path, split, num_docs, read)
     return tuple(None if bounds is None else np.arange(*bounds)
                  for bounds in (train, valid, test_range))
 
 
-def _require_samples(bounds: tuple[int, int] | None, name: str, path: str, split: str,
-                     num_docs: int) -> None:
+def _require_samples(bounds: tuple[int, int] | None, split_index: int, path: str, split: str,
+                     num_docs: int, read: list[int]) -> None:
     if bounds is not None and bounds[1] > bounds[0]:
         return
-    raise ValueError(f"--split {split!r} leaves the {name} split of {path} empty ({num_docs} "
-                     f"samples in all): give it a larger share"
-                     + EMPTY_SPLIT_FIXES.get(name, ""))
+    raise ValueError(f"--split {split!r} leaves the {SPLIT_NAMES[split_index]} split of {path} "
+                     f"empty ({num_docs} samples in all): "
+                     + empty_split_fix(split, np.ones(num_docs, dtype=np.int64), split_index,
+                                       read, unit="samples"))

@@ -140,8 +140,9 @@ def check_indexed_data(config: GPTDatasetConfig, data: DataConfig, sizes: list[i
             token_checks.check_documents_marked(prefix, dataset, tokenizer.eod,
                                                 _reset_flags(data), flag)
         for split in needed:
-            where = f"--split {data.split!r}" if config.blend is not None else flag
-            indexed_checks.check_split_not_empty(prefix, lengths, ranges[split], split, where)
+            if config.blend is not None:  # a dataset of its own split holds tokens (.bin)
+                indexed_checks.check_split_not_empty(prefix, lengths, ranges[split], split,
+                                                     data.split, needed)
             token_checks.check_token_ids(prefix, dataset, ranges[split], tokenizer.vocab_size,
                                          flag, rank, world, tokenizer_type=data.tokenizer_type)
         if data.packing_unit != PACKING_UNIT_DOCUMENT:  # whole documents build no GPTDataset

@@ -19,6 +19,9 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+from megatron.core.datasets.blended_megatron_dataset_config import (
+    convert_split_vector_to_split_matrix, parse_and_normalize_split,
+)
 from megatron.core.datasets.indexed_dataset import (
     DType, IndexedDataset, get_bin_path, get_idx_path,
 )
@@ -30,7 +33,8 @@ INDEX_VERSION = 1
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, documents
 LENGTH_BYTES, POINTER_BYTES, DOCUMENT_BYTES = 4, 8, 8  # int32, int64, int64
 SPLIT_NAMES = ("training", "validation", "test")
-SPLIT_HINT = "e.g. --split 90,10,0"
+TRAIN, VALID, TEST = range(len(SPLIT_NAMES))
+SPLIT_HINT = "e.g. --split 90,10,0"  # for a split given no share at all
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,10 @@ def open_checked(prefix: str, vocab_size: int, mmap: bool, flag: str,
                          f"({header.num_sequences} sequences, {header.num_documents} document "
                          f"boundaries) needs {header.index_bytes}: the file is truncated or "
                          f"damaged; rebuild it with tools/preprocess_data.py")
+    if os.path.getsize(get_bin_path(prefix)) == 0:  # megatron-core: "cannot mmap an empty file"
+        raise ValueError(f"{flag}: {get_bin_path(prefix)} is empty ({header.num_sequences} "
+                         f"sequences, none with a token): a dataset needs tokens; check the "
+                         f"input given to tools/preprocess_data.py")
     dataset = IndexedDataset(prefix, multimodal=False, mmap=mmap)
     lengths, pointers = dataset.sequence_lengths, dataset.index.sequence_pointers
     itemsize = np.dtype(header.dtype).itemsize
@@ -145,29 +153,79 @@ def split_ranges(num_documents: int, split_matrix) -> list[tuple[int, int] | Non
             for bounds in split_matrix]
 
 
-# A larger share for an empty split that is read, and what else fixes it (the test split is
-# read at the end of training).
-_SHARE_HINTS = {"test": "e.g. --split 90,5,5"}
-EMPTY_SPLIT_FIXES = {"validation": " or set --eval-iters 0",
-                "test": " or none (e.g. --split 98,2,0: no test evaluation) or set --eval-iters 0"}
+PERCENT = 100  # a suggested --split is written in whole percents
+
+
+def _empty_splits(percents, lengths: np.ndarray, needed) -> list[int]:
+    """The splits of ``needed`` that ``percents`` leaves without a token (documents of
+    ``lengths`` tokens, split by megatron-core's arithmetic: :func:`split_ranges`)."""
+    ranges = split_ranges(len(lengths), convert_split_vector_to_split_matrix(
+        parse_and_normalize_split(_split_flag(percents))))  # as a run given it parses it
+    return [i for i in needed if ranges[i] is None or int(lengths[slice(*ranges[i])].sum()) == 0]
+
+
+def split_that_fills(split: str, lengths: np.ndarray, needed) -> str | None:
+    """The ``--split`` in whole percents nearest ``split`` (least squared change of the shares)
+    under which every split index in ``needed`` holds a token of the documents of ``lengths``
+    tokens, a split without a share that is not read keeping none; None if none does (too few
+    documents). Every split of three shares is tried (~5k; ~0.1 s, on an error path only)."""
+    wanted = [PERCENT * share for share in parse_and_normalize_split(split)]
+    unshared = [i for i, share in enumerate(wanted) if share == 0 and i not in needed]
+    candidates = [(train, valid, PERCENT - train - valid) for train in range(PERCENT + 1)
+                  for valid in range(PERCENT + 1 - train)]
+    fitting = [c for c in candidates if not any(c[i] for i in unshared)
+               and not _empty_splits(c, lengths, needed)]
+    best = min(fitting, key=lambda c: sum((a - b) ** 2 for a, b in zip(c, wanted)), default=None)
+    return None if best is None else _split_flag(best)
+
+
+def _split_flag(percents) -> str:
+    return ",".join(map(str, percents))
+
+
+def empty_split_fix(split: str, lengths: np.ndarray, split_index: int, needed,
+                    unit: str = "documents") -> str:
+    """What gives the empty split ``split_index`` (read, so in ``needed``) a document: a larger
+    share (a ``--split`` checked to fill every read split), else more documents; then the ways
+    out that read it no more (the test split is read at the end of training). ``unit``: what
+    the message calls the documents (an SFT file's samples)."""
+    name = SPLIT_NAMES[split_index]
+    better = split_that_fills(split, lengths, needed)
+    fix = (f"give the {name} split a larger share (e.g. --split {better})" if better else
+           f"{len(lengths)} {unit} are too few to give each split that is read one: "
+           f"add {unit}")
+    if split_index == VALID:
+        return fix + " or set --eval-iters 0"
+    if split_index == TEST:
+        without_test = split_that_fills(_without_test_share(split), lengths,
+                                        [i for i in needed if i != TEST])
+        if without_test:
+            fix += f" or none (e.g. --split {without_test}: no test evaluation)"
+        return fix + " or set --eval-iters 0"
+    return fix
+
+
+def _without_test_share(split: str) -> str:
+    train, valid, _ = parse_and_normalize_split(split)
+    return f"{train},{valid},0"
 
 
 def check_split_not_empty(prefix: str, lengths: np.ndarray, bounds: tuple[int, int],
-                          split_index: int, where: str) -> None:
+                          split_index: int, split: str, needed) -> None:
     """A split that is read must hold at least one token (megatron-core would loop forever
     looking for its first sample otherwise).
 
     Args:
-        where: How the split was made, for the message (``--split '...'`` or the flag).
+        split: The ``--split`` value that made it.
+        needed: Every split index the run reads (a suggested ``--split`` must fill them all).
     """
     begin, end = bounds
-    if end > begin and int(lengths[begin:end].sum()) > 0:
+    tokens = int(lengths[begin:end].sum())
+    if end > begin and tokens > 0:
         return
-    name = SPLIT_NAMES[split_index]
-    raise ValueError(f"{where} leaves the {name} split of {prefix} empty ({end - begin} of its "
-                     f"{len(lengths)} documents, {int(lengths[begin:end].sum())} tokens): give "
-                     f"the {name} split a larger share ({_SHARE_HINTS.get(name, SPLIT_HINT)})"
-                     + EMPTY_SPLIT_FIXES.get(name, ""))
+    raise ValueError(f"--split {split!r} leaves the {SPLIT_NAMES[split_index]} split of {prefix} "
+                     f"empty ({end - begin} of its {len(lengths)} documents, {tokens} tokens): "
+                     + empty_split_fix(split, lengths, split_index, needed))
 
 
 def check_cache_writable(cache_dir: str, flag_hint: str) -> None:

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -245,6 +246,11 @@ def test_sft_split_that_leaves_a_read_split_empty_is_one_line(tmp_path, split, e
     with pytest.raises(ValueError) as err:
         _build(args, ByteLevelTokenizer())
     assert needle in str(err.value) and "\n" not in str(err.value)
+    # The --split the message suggests gives every split that is read its samples.
+    suggested = re.search(r"e\.g\. --split ([0-9,]+)\)", str(err.value)).group(1)
+    splits = build_split_datasets(_run(_args(**{**vars(args), "split": suggested})),
+                                  ByteLevelTokenizer())
+    assert len(splits[0]) > 0 and len(splits[1]) > 0  # a test split only where it has a share
     train, valid = _build(_args(**{**vars(args), "eval_samples": 0, "split": "99,1,0"}),
                           ByteLevelTokenizer())
     assert valid is None and len(train) == args.train_samples

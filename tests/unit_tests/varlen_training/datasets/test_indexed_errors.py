@@ -18,6 +18,7 @@ from megatron.varlen_training.data_arguments import parse_blend, parse_split
 from megatron.varlen_training.datasets.indexed import (
     check_indexed_data, gpt_dataset_config, split_sizes,
 )
+from megatron.varlen_training.datasets.indexed_checks import split_that_fills
 from megatron.varlen_training.tokenizer import ByteLevelTokenizer
 from tests.unit_tests.varlen_training.datasets.indexed_corpus import (
     random_documents, write_corpus, write_documents,
@@ -110,7 +111,8 @@ def test_flag_layer_refuses_bad_blends_and_mixed_sources():
 def _check(tmp_path, data_path, split="90,10,0", vocab_tokenizer=None, **data):
     values = dict(mock_data=False, sft=False, sft_mock_dataset_config_json=None,
                   tokenizer_type="ByteLevelTokenizer", tokenizer_model=None, train_samples=8,
-                  eval_samples=4, split=split, data_path=tuple(data_path),
+                  eval_samples=4, split=split,
+                  data_path=None if data_path is None else tuple(data_path),
                   sft_messages_key="messages", sft_prompt_key="prompt",
                   sft_response_key="response",
                   data_cache_path=str(tmp_path / "cache"))
@@ -189,24 +191,97 @@ def test_dtype_refusal_names_the_files_of_a_gpt2_bpe_run(tmp_path):
     assert "(--tokenizer-type GPT2BPETokenizer, --vocab-file, --merge-file)" in message
 
 
+def _passes(tmp_path, data_path, split, **data) -> None:
+    """The checks accept ``split`` (what a refusal suggested)."""
+    values = dict(mock_data=False, sft=False, sft_mock_dataset_config_json=None,
+                  tokenizer_type="ByteLevelTokenizer", tokenizer_model=None, train_samples=8,
+                  eval_samples=4, split=split, data_path=tuple(data_path),
+                  sft_messages_key="messages", sft_prompt_key="prompt",
+                  sft_response_key="response", data_cache_path=str(tmp_path / "cache"))
+    config = DataConfig(**{**values, **data})
+    core = gpt_dataset_config(config, 32, 1, ByteLevelTokenizer())
+    check_indexed_data(core, config, split_sizes(config, core))
+
+
 def test_empty_split_names_split(tmp_path):
-    write_corpus(str(tmp_path / "tiny"), 10, seed=5)  # 3% of 10 documents: none
+    """10 documents, 3% for validation: none. The suggested split is the nearest in whole
+    percents that gives validation a document (round(0.94 x 10) = 9, round(0.98 x 10) = 10),
+    and the checks accept it."""
+    write_corpus(str(tmp_path / "tiny"), 10, seed=5)
     message = _check(tmp_path, [str(tmp_path / "tiny")], split="969, 30, 1")
     assert message == (
         f"--split '969, 30, 1' leaves the validation split of {tmp_path}/tiny empty (0 of its "
         f"10 documents, 0 tokens): give the validation split a larger share (e.g. --split "
-        f"90,10,0) or set --eval-iters 0")
+        f"94,4,2) or set --eval-iters 0")
+    _passes(tmp_path, [str(tmp_path / "tiny")], "94,4,2")
 
 
 def test_empty_test_split_names_its_fixes(tmp_path):
     """The test split is read at the end of training (as in Megatron-LM): an empty one is
-    refused in one line (megatron-core would search it forever), naming the ways out."""
+    refused in one line (megatron-core would search it forever), naming the ways out, each
+    checked to work for these 10 documents (a fixed 90,5,5 gives the test split none:
+    round(9.5) = 10 = round(10.0))."""
     write_corpus(str(tmp_path / "tiny"), 10, seed=5)
     message = _check(tmp_path, [str(tmp_path / "tiny")], split="90,9,1", test_samples=4)
     assert message == (
         f"--split '90,9,1' leaves the test split of {tmp_path}/tiny empty (0 of its 10 "
-        f"documents, 0 tokens): give the test split a larger share (e.g. --split 90,5,5) or "
-        f"none (e.g. --split 98,2,0: no test evaluation) or set --eval-iters 0")
+        f"documents, 0 tokens): give the test split a larger share (e.g. --split 85,9,6) or "
+        f"none (e.g. --split 91,9,0: no test evaluation) or set --eval-iters 0")
+    _passes(tmp_path, [str(tmp_path / "tiny")], "85,9,6", test_samples=4)
+    _passes(tmp_path, [str(tmp_path / "tiny")], "91,9,0", test_samples=4)
+
+
+def test_too_few_documents_for_the_splits_read(tmp_path):
+    """Two documents cannot feed three splits: no share helps, the message says so."""
+    write_corpus(str(tmp_path / "two"), 2, seed=5)
+    message = _check(tmp_path, [str(tmp_path / "two")], split="98,1,1", test_samples=4)
+    assert "2 documents are too few to give each split that is read one: add documents" \
+        in message
+
+
+def test_a_dataset_without_tokens_is_named(tmp_path, prefix):
+    """Documents without a token (an empty .bin): megatron-core cannot memory-map the file;
+    read without mmap, no --split helps. Either way one line names the flag and the dataset."""
+    empties = write_documents(str(tmp_path / "empties"), [np.array([], dtype=np.int64)] * 3)
+    message = _check(tmp_path, None, split=None, train_data_path=(prefix,),
+                     valid_data_path=(empties,))
+    assert message == (f"--valid-data-path: {empties}.bin is empty (3 sequences, none with a "
+                       f"token): a dataset needs tokens; check the input given to "
+                       f"tools/preprocess_data.py")
+
+
+def _hand_ranges(percents, num_documents):
+    """Each split's documents as megatron-core cuts them, written out by hand."""
+    ends = [0, percents[0], percents[0] + percents[1], 100]
+    return [range(round(ends[i] / 100 * num_documents), round(ends[i + 1] / 100 * num_documents))
+            for i in range(3)]
+
+
+@pytest.mark.parametrize("split, num_documents, needed", [
+    ("90,10,0", 4, [0, 1]), ("969,30,1", 10, [0, 1]), ("90,9,1", 10, [0, 1, 2]),
+    ("99,1,0", 40, [0, 1]), ("0,1,0", 40, [0, 1]), ("1,1,1", 3, [0, 1, 2]),
+])
+def test_the_suggested_split_is_the_nearest_that_fills(split, num_documents, needed):
+    """Against a brute force over every split in whole percents, cut by hand: the suggestion
+    gives each split read a document, and no split nearer the given one (squared change of
+    the shares) does."""
+    suggested = split_that_fills(split, np.ones(num_documents, dtype=np.int64), needed)
+    given = [100 * float(w) / sum(map(float, split.split(","))) for w in split.split(",")]
+
+    def fills(percents):
+        return all(len(_hand_ranges(percents, num_documents)[i]) for i in needed)
+
+    def distance(percents):
+        return sum((a - b) ** 2 for a, b in zip(percents, given))
+
+    def keeps_unread_unshared(percents):  # a split nobody reads gets no share it lacked
+        return all(percents[i] == 0 for i in range(3) if given[i] == 0 and i not in needed)
+
+    best = [int(p) for p in suggested.split(",")]
+    assert sum(best) == 100 and fills(best) and keeps_unread_unshared(best)
+    nearer = [(a, b, 100 - a - b) for a in range(101) for b in range(101 - a)
+              if distance((a, b, 100 - a - b)) < distance(best) - 1e-9]
+    assert not any(fills(p) and keeps_unread_unshared(p) for p in nearer)
 
 
 def test_unwritable_cache(tmp_path, prefix):
