@@ -108,7 +108,8 @@ def test_flag_layer_refuses_bad_blends_and_mixed_sources():
     assert args.split == "969, 30, 1"  # Megatron-LM's legacy default
 
 
-def _check(tmp_path, data_path, split="90,10,0", vocab_tokenizer=None, **data):
+def _run_checks(tmp_path, data_path, split="90,10,0", vocab_tokenizer=None, **data) -> None:
+    """check_indexed_data on a DataConfig of these values (the rest: a small byte-level run)."""
     values = dict(mock_data=False, sft=False, sft_mock_dataset_config_json=None,
                   tokenizer_type="ByteLevelTokenizer", tokenizer_model=None, train_samples=8,
                   eval_samples=4, split=split,
@@ -118,10 +119,14 @@ def _check(tmp_path, data_path, split="90,10,0", vocab_tokenizer=None, **data):
                   data_cache_path=str(tmp_path / "cache"))
     values.update(data)
     config = DataConfig(**values)
-    tokenizer = vocab_tokenizer or ByteLevelTokenizer()
-    core = gpt_dataset_config(config, 32, 1, tokenizer)
+    core = gpt_dataset_config(config, 32, 1, vocab_tokenizer or ByteLevelTokenizer())
+    check_indexed_data(core, config, split_sizes(config, core))
+
+
+def _check(tmp_path, data_path, split="90,10,0", vocab_tokenizer=None, **data):
+    """The one-line refusal of these values."""
     with pytest.raises(ValueError) as err:
-        check_indexed_data(core, config, split_sizes(config, core))
+        _run_checks(tmp_path, data_path, split, vocab_tokenizer, **data)
     message = str(err.value)
     assert "\n" not in message
     return message
@@ -191,18 +196,6 @@ def test_dtype_refusal_names_the_files_of_a_gpt2_bpe_run(tmp_path):
     assert "(--tokenizer-type GPT2BPETokenizer, --vocab-file, --merge-file)" in message
 
 
-def _passes(tmp_path, data_path, split, **data) -> None:
-    """The checks accept ``split`` (what a refusal suggested)."""
-    values = dict(mock_data=False, sft=False, sft_mock_dataset_config_json=None,
-                  tokenizer_type="ByteLevelTokenizer", tokenizer_model=None, train_samples=8,
-                  eval_samples=4, split=split, data_path=tuple(data_path),
-                  sft_messages_key="messages", sft_prompt_key="prompt",
-                  sft_response_key="response", data_cache_path=str(tmp_path / "cache"))
-    config = DataConfig(**{**values, **data})
-    core = gpt_dataset_config(config, 32, 1, ByteLevelTokenizer())
-    check_indexed_data(core, config, split_sizes(config, core))
-
-
 def test_empty_split_names_split(tmp_path):
     """10 documents, 3% for validation: none. The suggested split is the nearest in whole
     percents that gives validation a document (round(0.94 x 10) = 9, round(0.98 x 10) = 10),
@@ -213,7 +206,7 @@ def test_empty_split_names_split(tmp_path):
         f"--split '969, 30, 1' leaves the validation split of {tmp_path}/tiny empty (0 of its "
         f"10 documents, 0 tokens): give the validation split a larger share (e.g. --split "
         f"94,4,2) or set --eval-iters 0")
-    _passes(tmp_path, [str(tmp_path / "tiny")], "94,4,2")
+    _run_checks(tmp_path, [str(tmp_path / "tiny")], "94,4,2")
 
 
 def test_empty_test_split_names_its_fixes(tmp_path):
@@ -227,8 +220,8 @@ def test_empty_test_split_names_its_fixes(tmp_path):
         f"--split '90,9,1' leaves the test split of {tmp_path}/tiny empty (0 of its 10 "
         f"documents, 0 tokens): give the test split a larger share (e.g. --split 85,9,6) or "
         f"none (e.g. --split 91,9,0: no test evaluation) or set --eval-iters 0")
-    _passes(tmp_path, [str(tmp_path / "tiny")], "85,9,6", test_samples=4)
-    _passes(tmp_path, [str(tmp_path / "tiny")], "91,9,0", test_samples=4)
+    _run_checks(tmp_path, [str(tmp_path / "tiny")], "85,9,6", test_samples=4)
+    _run_checks(tmp_path, [str(tmp_path / "tiny")], "91,9,0", test_samples=4)
 
 
 def test_too_few_documents_for_the_splits_read(tmp_path):
@@ -240,8 +233,8 @@ def test_too_few_documents_for_the_splits_read(tmp_path):
 
 
 def test_a_dataset_without_tokens_is_named(tmp_path, prefix):
-    """Documents without a token (an empty .bin): megatron-core cannot memory-map the file;
-    read without mmap, no --split helps. Either way one line names the flag and the dataset."""
+    """Documents without a token (an empty .bin, e.g. an empty JSONL preprocessed), where
+    megatron-core cannot memory-map the file: one line names the flag and the file."""
     empties = write_documents(str(tmp_path / "empties"), [np.array([], dtype=np.int64)] * 3)
     message = _check(tmp_path, None, split=None, train_data_path=(prefix,),
                      valid_data_path=(empties,))
