@@ -90,6 +90,9 @@ H100_LOGS = sorted(H100.glob("run*_benchmark_*.json"))
 # The slow host's make gpu-check (2026-11-27): its part times and its benchmark log.
 SLOW_HOST_SUMMARY = H100 / "run4_gpu_check_summary.txt"
 SLOW_HOST_BENCHMARK_LOG = H100 / "run4_benchmark_184m.log"
+# The benchmark JSON files the slower hosts wrote (REPORT.md: their reference steps took
+# 0.225 s and more against 0.191-0.199 s on the faster host).
+SLOW_HOST_RUNS = ("run2_", "run6_")
 
 
 def _plan(*argv: str) -> list:
@@ -136,7 +139,7 @@ def test_a_plan_over_its_budget_says_so_before_it_starts():
 
 
 def test_the_benchmark_estimate_agrees_with_the_logged_h100_processes():
-    """The logged H100 benchmark processes (results/gpu/h100, the faster host's commands 1 and
+    """The faster host's logged H100 benchmark processes (results/gpu/h100, its commands 1 and
     3) against the table's start-up + steps for the same iterations: within 15% each."""
     checked = 0
     for log in H100_LOGS:
@@ -148,7 +151,7 @@ def test_the_benchmark_estimate_agrees_with_the_logged_h100_processes():
             for config, result in entry["results"].items():
                 estimate = gpu_check.times.BENCHMARK_PROCESS[size, config]
                 assert estimate.measured
-                if "run2" in log.name:  # the slower host (REPORT.md, "H100"): the next test
+                if log.name.startswith(SLOW_HOST_RUNS):  # slower hosts: the next test
                     continue
                 ratio = result["process_s"] / estimate.seconds(steps)
                 assert 0.85 <= ratio <= 1.15, (log.name, config, ratio)

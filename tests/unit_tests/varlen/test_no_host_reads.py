@@ -78,7 +78,7 @@ class _PlainRngTracker:
     """Stands in for megatron's TP RNG tracker where no TP group is initialised."""
 
     def fork(self):
-        return torch.random.fork_rng()
+        return torch.random.fork_rng(devices=[])  # the CPU generator only, whatever device_count says
 
 
 # --- local attention, one process -------------------------------------------------------------

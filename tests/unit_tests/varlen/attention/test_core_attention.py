@@ -121,7 +121,7 @@ def test_dropout_uses_the_tensor_parallel_rng_fork(monkeypatch):
     class _Tracker:
         def fork(self):
             forks.append(1)
-            return torch.random.fork_rng()
+            return torch.random.fork_rng(devices=[])  # the CPU generator only, whatever device_count says
 
     monkeypatch.setattr(mcore_random, "get_cuda_rng_tracker", lambda *a, **k: _Tracker())
     q, k, v, params, _ = packed_inputs()
