@@ -18,7 +18,7 @@ segmentation fault while collecting, in a 4-rank test whose earlier run had left
 objects as garbage). So the
 rank freezes its objects while it forks them (``gc.freeze``, Python's advice for fork without
 exec; O(1), unlike a collection): a worker only ever collects what it made itself, and the
-rank collects its garbage as before.
+rank, which unfreezes everything after the fork, collects its garbage as before.
 """
 
 from __future__ import annotations
@@ -116,12 +116,13 @@ class SampleReader:
             _ErrorsAsSamples(self.dataset), batch_size=None, collate_fn=_each_sample,
             sampler=_IterationSampler(self._indices_of, iteration, self._num_iterations),
             num_workers=self._num_workers)
-        # The workers fork here: none collects what the rank holds (docstring). Objects someone
-        # else froze (megatron-core's CUDA graphs) stay frozen.
-        frozen_before = gc.get_freeze_count()
+        # The workers fork here: none collects what the rank holds (docstring). Everything is
+        # unfrozen after, also what was frozen before: Python 3.12 starts with a frozen
+        # generation (gc.get_freeze_count() > 0), so "unfreeze only if nothing was frozen"
+        # left the rank's garbage frozen for good there (H100 run 6). A freeze only ever saves
+        # collection time (megatron-core's CUDA graphs unfreeze unconditionally too).
         gc.freeze()
         try:
             return iter(loader)
         finally:
-            if not frozen_before:
-                gc.unfreeze()
+            gc.unfreeze()

@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from megatron.varlen_training.datasets.sample_reader import SampleReader
@@ -70,13 +71,17 @@ class _Collecting(_Squares):
         return super().__getitem__(idx)
 
 
-def test_workers_never_finalize_the_ranks_garbage(tmp_path):
+@pytest.mark.parametrize("frozen_before", [False, True], ids=["nothing_frozen", "some_frozen"])
+def test_workers_never_finalize_the_ranks_garbage(tmp_path, frozen_before):
     """A rank's garbage from before the workers fork (in a run: a torn-down process group
-    crashed a worker) is finalized in the rank, never in a worker."""
+    crashed a worker) is finalized in the rank, never in a worker; also where objects were
+    frozen before (Python 3.12 starts so; so does a program that freezes after its imports)."""
     finalized = tmp_path / "finalized"
     was_enabled = gc.isenabled()
     gc.disable()  # the garbage outlives the fork unless the reader collects it
     try:
+        if frozen_before:
+            gc.freeze()
         _Finalized(finalized)
         reader = SampleReader(_Collecting(), _indices_of, len(_Squares()) // BATCH, 2)
         workers = {s["pid"] for s in reader.read(0)}
