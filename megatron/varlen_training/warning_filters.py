@@ -3,8 +3,14 @@
 On a CPU machine megatron-core announces at import time that Apex and Transformer Engine are
 missing, and warns about settings we do not use (CUDA graph scope, CUDA_DEVICE_MAX_CONNECTIONS).
 They are expected here and bury the training log; any other warning still shows.
+
+torch's CUDA build also logs one line (not a warning) when ``torch.utils.cpp_extension`` is
+imported where CUDA is installed but no GPU is visible (``CUDA_VISIBLE_DEVICES=""``, a CPU run on
+a GPU machine): it would stand before a bad input's one-line error (H100 run 6). That line is
+dropped by a filter on its logger; the logger's other lines still show.
 """
 
+import logging
 import warnings
 
 KNOWN_NOISE = (
@@ -22,6 +28,18 @@ KNOWN_NOISE = (
 )
 
 
+# torch/utils/cpp_extension.py's _find_cuda_home(), at import time on torch's CUDA build.
+NO_CUDA_RUNTIME_LOGGER = "torch.utils.cpp_extension"
+NO_CUDA_RUNTIME_LINE = "No CUDA runtime is found"
+
+
+def _not_the_no_cuda_runtime_line(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(NO_CUDA_RUNTIME_LINE)
+
+
 def silence_known_warnings() -> None:
     for pattern in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=pattern)
+    logger = logging.getLogger(NO_CUDA_RUNTIME_LOGGER)  # the same object when torch makes it
+    if _not_the_no_cuda_runtime_line not in logger.filters:
+        logger.addFilter(_not_the_no_cuda_runtime_line)

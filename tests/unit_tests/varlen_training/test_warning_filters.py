@@ -2,8 +2,12 @@
 warnings the installed torch raises (not a copy of their text)."""
 
 import os
+import subprocess
+import sys
 import tempfile
 import warnings
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,3 +53,33 @@ def test_other_warnings_still_show():
         warnings.warn("something the user must see", UserWarning)
 
     assert _warnings_of(unrelated, silenced=True) == ["something the user must see"]
+
+
+REPO = Path(__file__).resolve().parents[3]
+# A fresh interpreter as an entry point starts: the filter first (or not), then megatron-core
+# and torch's logging set-up, then torch's own CUDA_HOME lookup, which logs where CUDA_HOME
+# exists and no GPU is visible (on torch's CUDA build at import; called here by hand, since
+# the CPU build skips it at import).
+LOOKUP = """
+import sys
+if sys.argv[1] == "silenced":
+    from megatron.varlen_training.warning_filters import silence_known_warnings
+    silence_known_warnings()
+import logging, megatron.core, torch._dynamo, torch.utils.cpp_extension as cpp
+assert not torch.cuda.is_available()
+cpp._find_cuda_home()
+logging.getLogger(cpp.__name__).warning("another line of the same logger")
+"""
+
+
+@pytest.mark.parametrize("silenced", [False, True])
+def test_torchs_no_cuda_runtime_line_is_dropped(tmp_path, silenced):
+    proc = subprocess.run([sys.executable, "-c", LOOKUP, "silenced" if silenced else "raw"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "CUDA_HOME": str(tmp_path),
+                               "PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert any(line.endswith("another line of the same logger") for line in lines), lines
+    no_runtime = [line for line in lines if "No CUDA runtime is found" in line]
+    assert len(no_runtime) == (0 if silenced else 1), lines
