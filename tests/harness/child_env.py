@@ -106,14 +106,17 @@ def cpu_default(env: Mapping[str, str] | None) -> Mapping[str, str] | None:
 
 
 def _fix_own_cuda_view() -> None:
-    # torch.cuda.init() initialises the driver (which reads CUDA_VISIBLE_DEVICES then) and makes
-    # torch cache its device count, which it otherwise re-reads from the environment (NVML).
+    # torch.cuda.init() initialises the driver (which reads CUDA_VISIBLE_DEVICES then). torch
+    # caches its device count only when asked after that, and until then re-reads the
+    # environment (NVML): asked first after the hiding, it would answer 0 here too (H100 run 6,
+    # "Invalid device id" in a tests/gpu worker). So the count is asked now, before hiding.
     if "torch" not in sys.modules and not os.path.exists(NVIDIA_CONTROL_DEVICE):
         return
     import torch
 
     if torch.cuda.is_available():
         torch.cuda.init()
+        torch.cuda.device_count()
 
 
 def _set_visibility(env: dict | os._Environ, value: str | None) -> None:

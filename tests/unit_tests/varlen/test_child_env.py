@@ -94,3 +94,19 @@ def test_this_session_hides_gpus_from_children():
     assert os.environ[child_env.GPU_VISIBILITY] == child_env.HIDDEN
     assert child_env.cpu_default({"PATH": "/bin"}) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": ""}
     assert child_env.cpu_default(None) is None
+
+
+def test_own_view_keeps_its_device_count(monkeypatch):
+    """torch caches the device count only when it is asked after CUDA initialised, and reads
+    the environment until then: the session's own view must ask before the environment hides
+    the GPUs (a fake torch.cuda that answers by the environment, as NVML does)."""
+    import torch
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "init", lambda: asked.append("init"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: asked.append(
+        os.environ.get(child_env.GPU_VISIBILITY, UNSET)) or 1)
+    monkeypatch.setenv(child_env.GPU_VISIBILITY, "0,1")
+    child_env._fix_own_cuda_view()
+    assert asked == ["init", "0,1"]
