@@ -95,6 +95,19 @@ def profile_config(config: str, shape, steps: int, device: str, mm_shapes: bool 
           f"frequent call sites:")
     for (name, where), count in counts.most_common(TOP_ROWS):
         print(f"{count:>8}  {name:<28} {where}")
+    # By file too: one module's calls spread over many sites (a RoPE, an optimizer loop), and
+    # which sites lead the list above shifts with the torch version.
+    print(f"--- {config}: the files making the most torch calls:")
+    for path, count in calls_by_file(counts).most_common(TOP_ROWS):
+        print(f"{count:>8}  {path}")
+
+
+def calls_by_file(counts: collections.Counter) -> collections.Counter:
+    """:func:`call_sites`'s counts summed by file (``path:line`` cut at the line)."""
+    files: collections.Counter = collections.Counter()
+    for (_, where), count in counts.items():
+        files[where.rsplit(":", 1)[0]] += count
+    return files
 
 
 def matmuls_by_shape(config: str, prof, steps: int) -> list[str]:

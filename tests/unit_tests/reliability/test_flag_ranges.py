@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from megatron.varlen_training import arguments, flag_ranges, flag_values, hybrid_arguments
 from megatron.varlen_training.arguments import ArgumentValidationError, build_parser, parse_args
@@ -94,7 +95,8 @@ VALID = {
     "log_interval": HUGE,
     "tensorboard_log_interval": HUGE,
     "tensorboard_queue_size": HUGE,  # events held before a flush: a huge queue flushes at close
-    "log_memory_interval": NONE,  # CUDA only: refused on these CPU bases whatever its value
+    # CUDA only: refused without CUDA whatever its value; with it an interval like the others
+    "log_memory_interval": HUGE if torch.cuda.is_available() else NONE,
     "moe_routing_trace_max_training_iters": NONE,  # a refused flag
     "eval_interval": HUGE,
     "eval_iters": ZERO_OR_HUGE,  # as train_iters

@@ -5,6 +5,7 @@ Two runs: the smoke run (packed and reference, with ``--mm-shapes``) and the pac
 ``--megatron-core-rope``; the smoke run's packed section is the switch's other side (it was a
 third run of its own)."""
 
+import collections
 import os
 import subprocess
 import sys
@@ -61,7 +62,16 @@ def test_matmuls_by_shape(outputs):
 
 
 def test_megatron_core_rope_switch(outputs):
-    """``--megatron-core-rope``: the packed step's RoPE is megatron-core's (its call sites show
-    up); without it, one table per micro-batch (none of megatron-core's RoPE call sites)."""
+    """``--megatron-core-rope``: the packed step's RoPE is megatron-core's (its file shows up
+    among the files making the most calls, whichever sites lead); without it, one table per
+    micro-batch (none of megatron-core's RoPE calls)."""
     assert "rope_utils.py" in _section(outputs["megatron_core_rope"], "packed")
     assert "rope_utils.py" not in _section(outputs["smoke"], "packed")
+
+
+def test_calls_are_summed_by_file():
+    from tools.profile_step import calls_by_file
+
+    counts = collections.Counter({("add", "a/b.py:3"): 2, ("mul", "a/b.py:9"): 5,
+                                  ("add", "c.py:3"): 4, ("cat", "?"): 1})
+    assert calls_by_file(counts) == {"a/b.py": 7, "c.py": 4, "?": 1}

@@ -29,11 +29,13 @@ def test_megatron_flags_parse_on_both_paths():
 
 
 def test_dense_mask_needs_the_local_backend():
-    message = _refusal(BASE + ["--reset-attention-mask", "--attention-backend", "flash"])
+    # --bf16: FlashAttention on CUDA also needs half precision (refused first in fp32).
+    flash = ["--attention-backend", "flash", "--bf16"]
+    message = _refusal(BASE + ["--reset-attention-mask", *flash])
     assert message.startswith("--reset-attention-mask without --sequence-packing")
     assert "--attention-backend local" in message
     parse_args(BASE + ["--micro-batch-size", "1", "--sequence-packing", "--reset-position-ids",
-                       "--reset-attention-mask", "--attention-backend", "flash"], world_size=1)
+                       "--reset-attention-mask", *flash], world_size=1)
 
 
 PACKED = BASE + ["--micro-batch-size", "1", "--sequence-packing"]
