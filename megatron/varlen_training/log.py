@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -185,6 +186,23 @@ def set_process_log_level(level: int) -> None:
     logging.getLogger().setLevel(level)
     logging.getLogger(ENGINE_LOGGER_NAME).setLevel(level)
     set_log_level(min(level, logging.INFO))
+
+
+@dataclasses.dataclass(frozen=True)
+class _DropLinesStartingWith:
+    """A logging filter; equal filters are one (``Logger.addFilter`` adds a filter once)."""
+
+    prefix: str
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def drop_foreign_log_lines(logger_name: str, prefix: str) -> None:
+    """Drops another library's log lines whose message (before formatting) starts with
+    ``prefix`` from its logger ``logger_name``; its other lines still show. Works before the
+    library creates the logger (it gets the same object); idempotent."""
+    logging.getLogger(logger_name).addFilter(_DropLinesStartingWith(prefix))
 
 
 def _log(level: int, message: object, values: tuple,

@@ -10,8 +10,9 @@ a GPU machine): it would stand before a bad input's one-line error (H100 run 6).
 dropped by a filter on its logger; the logger's other lines still show.
 """
 
-import logging
 import warnings
+
+from megatron.varlen_training.log import drop_foreign_log_lines
 
 KNOWN_NOISE = (
     r".*Apex is not installed.*",
@@ -33,13 +34,7 @@ NO_CUDA_RUNTIME_LOGGER = "torch.utils.cpp_extension"
 NO_CUDA_RUNTIME_LINE = "No CUDA runtime is found"
 
 
-def _not_the_no_cuda_runtime_line(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(NO_CUDA_RUNTIME_LINE)
-
-
 def silence_known_warnings() -> None:
     for pattern in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=pattern)
-    logger = logging.getLogger(NO_CUDA_RUNTIME_LOGGER)  # the same object when torch makes it
-    if _not_the_no_cuda_runtime_line not in logger.filters:
-        logger.addFilter(_not_the_no_cuda_runtime_line)
+    drop_foreign_log_lines(NO_CUDA_RUNTIME_LOGGER, NO_CUDA_RUNTIME_LINE)

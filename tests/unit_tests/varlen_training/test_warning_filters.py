@@ -58,8 +58,9 @@ def test_other_warnings_still_show():
 REPO = Path(__file__).resolve().parents[3]
 # A fresh interpreter as an entry point starts: the filter first (or not), then megatron-core
 # and torch's logging set-up, then torch's own CUDA_HOME lookup, which logs where CUDA_HOME
-# exists and no GPU is visible (on torch's CUDA build at import; called here by hand, since
-# the CPU build skips it at import).
+# exists and no GPU is visible (on torch's CUDA build at import, which a Python 3.12 venv with
+# torch's CUDA build and no GPU showed; called here by hand too, since the CPU build skips it
+# at import).
 LOOKUP = """
 import sys
 if sys.argv[1] == "silenced":
@@ -82,4 +83,5 @@ def test_torchs_no_cuda_runtime_line_is_dropped(tmp_path, silenced):
     lines = proc.stderr.strip().splitlines()
     assert any(line.endswith("another line of the same logger") for line in lines), lines
     no_runtime = [line for line in lines if "No CUDA runtime is found" in line]
-    assert len(no_runtime) == (0 if silenced else 1), lines
+    # Unfiltered: once from the lookup here, once more from the import on torch's CUDA build.
+    assert (not no_runtime) if silenced else (1 <= len(no_runtime) <= 2), lines
