@@ -11,7 +11,7 @@ env:
 demo: env
 	@bash scripts/demo.sh
 
-# Two pytest-xdist workers: ~14 instead of ~20 minutes on 2 cores for the same CPU time (the
+# Two pytest-xdist workers: about 0.7x the serial suite's time on 2 cores, same CPU time (the
 # serial suite waits much of its time). Each test file stays on one worker, in order, so a
 # module's shared launches run once (--dist loadfile). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
