@@ -107,9 +107,10 @@ def cpu_default(env: Mapping[str, str] | None) -> Mapping[str, str] | None:
 
 def _fix_own_cuda_view() -> None:
     # torch.cuda.init() initialises the driver (which reads CUDA_VISIBLE_DEVICES then). torch
-    # caches its device count only when asked after that, and until then re-reads the
-    # environment (NVML): asked first after the hiding, it would answer 0 here too (H100 run 6,
-    # "Invalid device id" in a tests/gpu worker). So the count is asked now, before hiding.
+    # caches its device count only when asked after that, and torch 2.11 (the GPU machine's)
+    # counts through NVML, which reads the environment, until it is cached: asked first after
+    # the hiding, it answered 0 here too (H100 run 6, "Invalid device id" in a tests/gpu
+    # worker; torch 2.13 asks the driver once initialised). So the count is asked now.
     if "torch" not in sys.modules and not os.path.exists(NVIDIA_CONTROL_DEVICE):
         return
     import torch
