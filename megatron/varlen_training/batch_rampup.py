@@ -19,6 +19,10 @@ size, Megatron-LM's training loop walks it), as :class:`GlobalBatchSchedule` com
   rounding down), then whole ``--global-batch-size`` batches of the samples left.
 - With ``--save``, a checkpoint is saved before the first step of a larger batch (Megatron-LM
   does; pretrain.py).
+- Without ramp-up a resumed run continues at the samples its checkpoint consumed, as
+  Megatron-LM's sampler does, also with another ``--global-batch-size``: :class:`BatchAnchor`
+  is that (iteration, consumed samples), and the batches from it on are of this run's size
+  (resumed_batch_anchor.py finds it).
 
 Pure Python (the flag layer uses it); tests check it against megatron-core's calculator.
 """
@@ -50,6 +54,17 @@ class Rampup:
         return (global_batch_size - self.start) // self.increment
 
 
+@dataclass(frozen=True)
+class BatchAnchor:
+    """Where the batches of the current ``--global-batch-size`` begin: global batch
+    ``iteration`` (0-based, the first after the resumed checkpoint) starts at sample
+    ``first_sample``. Iterations before it trained batches of another size (the checkpoint it
+    resumed holds what they consumed)."""
+
+    iteration: int
+    first_sample: int
+
+
 class BatchFlags(Protocol):
     """The batch flags a schedule is built from, as their dests name them: the validated
     namespace (``num_microbatches`` derived there) and ``TrainingConfig`` both have them."""
@@ -58,28 +73,36 @@ class BatchFlags(Protocol):
     num_microbatches: int  # per DP rank: --global-batch-size // (--micro-batch-size x DP)
     rampup_batch_size: Sequence[int] | None
     decrease_batch_size_if_needed: bool
+    global_batch_anchor: Sequence[int] | None  # (iteration, first sample); None: (0, 0)
 
 
 @dataclass(frozen=True)
 class GlobalBatchSchedule:
     """The global batch of every iteration. ``micro_batch_times_dp``: ``--micro-batch-size``
     x the data-parallel size (a running batch size is a multiple of it); ``rampup`` None: every
-    batch is ``global_batch_size`` samples."""
+    batch is ``global_batch_size`` samples; ``anchor``: where those batches begin (a resume
+    with another batch size; never with a ramp-up)."""
 
     global_batch_size: int
     micro_batch_times_dp: int
     rampup: Rampup | None = None
     decrease_if_needed: bool = False
+    anchor: BatchAnchor = BatchAnchor(0, 0)
+
+    def __post_init__(self):
+        if self.rampup is not None and self.anchor != BatchAnchor(0, 0):
+            raise ValueError("a ramp-up starts at sample 0: it has no anchor")
 
     @classmethod
     def of(cls, batch: BatchFlags) -> GlobalBatchSchedule:
         """The one way from flags to a schedule: the validated namespace's batch fields (the
         flag layer, before any config exists) or a ``TrainingConfig``'s, named alike."""
-        ramp = batch.rampup_batch_size
+        ramp, anchor = batch.rampup_batch_size, batch.global_batch_anchor
         return cls(batch.global_batch_size,
                    batch.global_batch_size // batch.num_microbatches,  # = mbs x DP, validated
                    Rampup(*ramp) if ramp is not None else None,
-                   batch.decrease_batch_size_if_needed)
+                   batch.decrease_batch_size_if_needed,
+                   BatchAnchor(*anchor) if anchor is not None else BatchAnchor(0, 0))
 
     # --- sizes by consumed samples (megatron-core's calculator) -----------------------------
 
@@ -114,7 +137,13 @@ class GlobalBatchSchedule:
         return starts
 
     def first_sample(self, iteration: int) -> int:
-        """Samples consumed before ``iteration`` (0-based): where its global batch starts."""
+        """Samples consumed before ``iteration`` (0-based): where its global batch starts
+        (before the anchor: counted back in batches of the current size, never below 0; the
+        loop reads none of those)."""
+        if self.rampup is None:
+            anchor = self.anchor
+            return max(anchor.first_sample
+                       + (iteration - anchor.iteration) * self.global_batch_size, 0)
         starts = self._ramp_starts
         ramp_iters = len(starts) - 1
         if iteration <= ramp_iters:
@@ -130,7 +159,10 @@ class GlobalBatchSchedule:
         return range(self.first_sample(iteration), self.first_sample(iteration + 1))
 
     def iterations_within(self, num_samples: int) -> int:
-        """Whole global batches among the first ``num_samples`` samples."""
+        """The iterations whose global batches lie within the first ``num_samples`` samples."""
+        if self.rampup is None:
+            anchor = self.anchor
+            return anchor.iteration + (num_samples - anchor.first_sample) // self.global_batch_size
         starts = self._ramp_starts
         if num_samples <= starts[-1]:
             return bisect.bisect_right(starts, num_samples) - 1
@@ -140,8 +172,8 @@ class GlobalBatchSchedule:
         """Iterations of a ``--train-samples`` run (Megatron-LM's ``update_train_iters``: it
         walks the ramp-up with the sizes before rounding down; the partial last batch is
         dropped)."""
-        if self.rampup is None:
-            return train_samples // self.global_batch_size
+        if self.rampup is None:  # (resumed with another batch size: from the anchor on)
+            return max(self.iterations_within(train_samples), self.anchor.iteration)
         iterations = consumed = 0
         while consumed <= self.rampup.samples and consumed <= train_samples:
             consumed += self.nominal_size(consumed)

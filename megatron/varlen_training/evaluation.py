@@ -75,8 +75,9 @@ def check_resumed_validation(training_config: TrainingConfig, iteration: int,
             f"samples; the evaluations left until --train-iters {training_config.train_iters} "
             f"(every --eval-interval {training_config.eval_interval}, --eval-iters "
             f"{training_config.eval_iters}) would read up to sample {needed}, past the "
-            f"{eval_samples} the validation split holds: resume with a smaller --eval-interval "
-            f"or more --eval-iters (the saved run's values fit)")
+            f"{eval_samples} the validation split holds: resume with a smaller --eval-interval, "
+            f"more --eval-iters or a larger --eval-global-batch-size (the saved run's values "
+            f"fit)")
 
 
 def _evaluate(trainer, provider, first_index: int, name: str, where: str,

@@ -47,9 +47,10 @@ def sample_counts(args) -> tuple[int, int]:
     """(train, eval) samples the datasets must provide (eval: every evaluation point, or the one
     of ``--skip-train``); train is ``--train-samples`` when given, as in Megatron-LM (a last
     partial batch is never read)."""
-    # A ramp-up step that starts within --train-samples may end past it (Megatron-LM's count).
-    train = max(args.train_samples, GlobalBatchSchedule.of(args).first_sample(args.train_iters)) \
-        if args.train_samples is not None else args.train_iters * args.global_batch_size
+    # A ramp-up step that starts within --train-samples may end past it (Megatron-LM's count);
+    # a run resumed with another batch size reads from its anchor on (batch_rampup.py).
+    last = GlobalBatchSchedule.of(args).first_sample(args.train_iters)
+    train = max(args.train_samples, last) if args.train_samples is not None else last
     num_evals = 1 if getattr(args, "skip_train", False) else in_loop_evaluations(
         args.train_iters, max(args.eval_interval, 1), getattr(args, "start_eval_at_iter", None)) + 1
     return train, num_evals * max(args.eval_iters, 0) * _eval_batch_size(args)

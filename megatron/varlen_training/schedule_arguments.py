@@ -43,6 +43,7 @@ refused in one line.
 from __future__ import annotations
 
 from megatron.varlen_training.batch_rampup import MAX_RAMPUP_STEPS, GlobalBatchSchedule
+from megatron.varlen_training.resumed_batch_anchor import resumed_batch_anchor
 
 WSD = "WSD"
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
@@ -110,6 +111,9 @@ def validate_schedule(args, require) -> None:
             f"give only one of --train-iters {args.train_iters} and --train-samples "
             f"{args.train_samples} (iteration- or sample-based training)")
     _validate_rampup(args, require)
+    # A resume with another --global-batch-size continues at the checkpoint's samples: the
+    # iteration count and the datasets' sample counts follow (resumed_batch_anchor.py).
+    args.global_batch_anchor = resumed_batch_anchor(args)
     if args.train_samples is not None:
         _resolve_sample_based(args, require)
     else:

@@ -32,6 +32,7 @@ from megatron.varlen_training.errors import CheckpointError, agree_on_errors, on
 from megatron.varlen_training.log import print_rank_0
 from megatron.varlen_training.model import unwrap
 from megatron.varlen_training.resume import consistency, run_args_record, schedule_check
+from megatron.varlen_training.resume.run_args_keys import GLOBAL_BATCH_KEY
 from megatron.varlen_training.run_description import in_loop_evaluations
 
 _DETAIL_CHARS = 160
@@ -169,10 +170,13 @@ def _check_run_args(folder: str, iteration: int, run: RunConfig,
         print_rank_0(f" > {position}")
 
 
-def _restore_optimizer(state: dict, optimizer, scheduler, run: RunConfig | None) -> None:
+def _restore_optimizer(state: dict, optimizer, scheduler, run: RunConfig | None,
+                       folder: str) -> None:
     """The loaded optimizer state and LR/WD schedule into ``optimizer`` and ``scheduler``."""
     if run is not None:
-        schedule_check.check_scheduler(state["opt_param_scheduler"], scheduler, run)
+        saved_batch_size = _saved_run_args(folder).get(GLOBAL_BATCH_KEY)
+        schedule_check.check_scheduler(state["opt_param_scheduler"], scheduler, run,
+                                       saved_batch_size)
     optimizer_state.load(optimizer, state["optimizer"])
     scheduler.load_state_dict(state["opt_param_scheduler"])
 
@@ -290,7 +294,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     if parts.optimizer:
-        _restore_optimizer(state, optimizer, scheduler, run)
+        _restore_optimizer(state, optimizer, scheduler, run, folder)
     else:  # the optimizer's fp32 main copy of half-precision weights follows the loaded weights
         optimizer.reload_model_params()
     _restore_rng(folder, parts)

@@ -38,6 +38,10 @@ class TrainingConfig:
     """--rampup-batch-size START INCREMENT SAMPLES (batch_rampup.py); None: every step trains
     ``global_batch_size`` samples."""
     decrease_batch_size_if_needed: bool = False
+    global_batch_anchor: tuple[int, int] | None = None
+    """(iteration, first sample) where the ``global_batch_size`` batches begin: a resumed
+    run's checkpoint iteration and consumed samples (resumed_batch_anchor.py; its batch size
+    may differ); None: iteration 0, sample 0. No flag sets it."""
     runtime_batches: bool = False
     """The caller hands each step its global batch (megatron.wrap), which may hold another
     number of samples than ``global_batch_size``: the LR schedule and the consumed samples
@@ -46,6 +50,8 @@ class TrainingConfig:
     def __post_init__(self):
         if self.rampup_batch_size is not None:  # the flag's list, hashable like the rest
             object.__setattr__(self, "rampup_batch_size", tuple(self.rampup_batch_size))
+        if self.global_batch_anchor is not None:
+            object.__setattr__(self, "global_batch_anchor", tuple(self.global_batch_anchor))
         check_ranges(self)
 
     @property

@@ -7,19 +7,22 @@ the LR/WD schedule. On ``--load``:
   change would load weights into a different model. The parallel layout may change
   (dist_checkpointing reshards), except where it changes the model: the padded vocabulary depends
   on ``--make-vocab-size-divisible-by`` x TP.
-- data order (``--seed``, ``--global-batch-size``, the mock length config, ``--split``, the
-  SFT record keys ``--sft-messages-key``/``--sft-prompt-key``/``--sft-response-key``, and how
-  an SFT file was split: a checkpoint from before ``--sft`` honoured ``--split`` used the 5%
-  tail) must match: the resumed run would otherwise read other samples than the run it continues.
-  With Megatron indexed data also the number of training samples the datasets are built for
-  (``--train-iters`` x ``--global-batch-size``): megatron-core shuffles over as many epochs as that
-  count needs, so another count is another sample order (refused unless
-  ``--override-data-fingerprint``).
+- data order (``--seed``, the mock length config, ``--split``, the SFT record keys
+  ``--sft-messages-key``/``--sft-prompt-key``/``--sft-response-key``, how an SFT file was
+  split: a checkpoint from before ``--sft`` honoured ``--split`` used the 5% tail, and with
+  ``--rampup-batch-size`` the ramp and ``--global-batch-size``, which sizes it) must match: the
+  resumed run would otherwise read other samples than the run it continues. With Megatron
+  indexed data also the number of training samples the datasets are built for
+  (``--train-iters`` x ``--global-batch-size``, or ``--train-samples``): megatron-core shuffles
+  over as many epochs as that count needs, so another count is another sample order (refused
+  unless ``--override-data-fingerprint``).
 - data position: a checkpoint records the samples consumed (``consumed_train_samples``:
   iteration x global batch in pretrain_gpt.py's loop, the samples of the caller's batches in
   megatron.wrap's); the resumed run continues the stream at that sample, and its LR schedule
-  and consumed-samples count from there. pretrain_gpt.py refuses a checkpoint whose count is
-  not iteration x global batch (its loop reads global batch i at iteration i). It also records
+  and consumed-samples count from there. Without a ramp-up its batches begin there whatever
+  their size (``--global-batch-size`` may change; resumed_batch_anchor.py); with one,
+  pretrain_gpt.py refuses a checkpoint whose count is not the ramp's at its iteration (its loop
+  reads global batch i at iteration i). It also records
   the validation samples its evaluations read (``consumed_valid_samples``, Megatron-LM's), where
   the resumed run's validation continues (:mod:`~megatron.varlen_training.evaluation`).
 - data content: each ``--data-path`` file (and each per-split path) is identified by its
@@ -90,9 +93,9 @@ from megatron.varlen_training.resume.optimizer_layout_check import (
     decoupled_lr_mismatch, optimizer_layout_mismatch, sharded_optimizer_mismatch,
 )
 from megatron.varlen_training.resume.run_args_keys import (
-    CHECKED_WHEN_RECORDED, DATA_ORDER_KEYS, DATA_POSITION_KEY, INDEXED_SAMPLES_KEY,
-    LEARNED_POSITIONS, MODEL_KEYS, OPTIMIZER_LAYOUT_KEY, OVERRIDABLE_DATA_KEYS, RECORDED_BEFORE,
-    SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
+    CHECKED_WHEN_RECORDED, DATA_ORDER_KEYS, DATA_POSITION_KEY, GLOBAL_BATCH_KEY,
+    INDEXED_SAMPLES_KEY, LEARNED_POSITIONS, MODEL_KEYS, OPTIMIZER_LAYOUT_KEY,
+    OVERRIDABLE_DATA_KEYS, RECORDED_BEFORE, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
 from megatron.varlen_training.resume.run_args_record import (
     consumed_samples, normalise, read_run_args, snapshot,
@@ -109,6 +112,13 @@ def _compared_keys(saved: dict, mine: dict, parts: LoadParts) -> tuple[str, ...]
     if tables == {LEARNED_POSITIONS}:
         return MODEL_KEYS
     return tuple(key for key in MODEL_KEYS if key != "max_position_embeddings")
+
+
+def _batch_size_may_change(saved: dict, mine: dict) -> bool:
+    """Neither run ramps its batch up: the resumed run's batches of its own size start at the
+    checkpoint's consumed samples (resumed_batch_anchor.py; :func:`data_position_note` checks
+    that they do). A ramp's sizes depend on --global-batch-size: with one, it must match."""
+    return saved.get("rampup_batch_size") is None and mine["rampup_batch_size"] is None
 
 
 def _whole_documents(saved: dict, mine: dict) -> bool:
@@ -137,7 +147,8 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
     for key in _compared_keys(saved, mine, parts):
         if normalise(saved.get(key)) == normalise(mine[key]) \
                 or (key in CHECKED_WHEN_RECORDED and key not in recorded) \
-                or (key == INDEXED_SAMPLES_KEY and _whole_documents(saved, mine)):
+                or (key == INDEXED_SAMPLES_KEY and _whole_documents(saved, mine)) \
+                or (key == GLOBAL_BATCH_KEY and _batch_size_may_change(saved, mine)):
             continue
         if key in OVERRIDABLE_DATA_KEYS and None not in (saved.get(key), mine[key]) \
                 and run.checkpoint.override_data_fingerprint:
@@ -158,13 +169,14 @@ def check_run_args(folder: str, run: RunConfig, check_data: bool = True,
 
 def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:
     """Where the resumed run continues its training samples; a one-line CheckpointError when
-    the checkpoint's recorded position disagrees with its iteration in a run whose loop reads
-    global batch i at iteration i (a mixed-up folder, or megatron.wrap's runtime batches)."""
+    the checkpoint's recorded position is not where this run's loop reads global batch
+    ``iteration`` (a ramp-up's position, or a record the flag layer could not anchor at)."""
     if run.training.runtime_batches:  # the caller's loop brings the data: any count is a count
         return (f"resuming after {consumed_samples(folder, iteration, run)} consumed training "
                 f"samples (iteration {iteration})")
     position = GlobalBatchSchedule.of(run.training).first_sample(iteration)
-    saved = read_run_args(folder).get(DATA_POSITION_KEY)
+    record = read_run_args(folder)
+    saved = record.get(DATA_POSITION_KEY)
     batches = _batches_text(run.training, iteration)
     if saved is not None and saved != position:
         raise CheckpointError(
@@ -172,6 +184,14 @@ def data_position_note(folder: str, iteration: int, run: RunConfig) -> str:
             f"{position}: it was trained on batches of other sizes (megatron.wrap) or its "
             f"files do not belong together; load another checkpoint, or pass --finetune to "
             f"start from its weights")
+    gbs, saved_gbs = run.training.global_batch_size, record.get(GLOBAL_BATCH_KEY)
+    if saved_gbs is not None and saved_gbs != gbs:
+        return (f"resuming the training data at sample {position}, the checkpoint's consumed "
+                f"samples, with --global-batch-size {gbs} (the checkpoint's run trained "
+                f"{saved_gbs})")
+    if run.training.rampup_batch_size is None and position != iteration * gbs:
+        return (f"resuming the training data at sample {position}, the checkpoint's consumed "
+                f"samples (its run trained batches of other sizes before)")
     return (f"resuming the training data at sample {position} "
             f"({_batches_text(run.training, iteration, note=True)})")
 

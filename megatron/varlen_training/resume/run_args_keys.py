@@ -61,7 +61,10 @@ RAMPUP_KEYS = {"rampup_batch_size": None, "decrease_batch_size_if_needed": False
 # learned positions' table). Other pieces are permuted and read as another stream. None: other
 # data.
 DOCUMENT_PIECE_KEY = "document_piece_length"
-DATA_ORDER_KEYS = ("seed", "global_batch_size", "sft_mock_dataset_config_json", "split",
+# --global-batch-size: compared only with a ramp-up (whose sizes it sets); without, a resume
+# may change it and continues at the checkpoint's samples (resumed_batch_anchor.py).
+GLOBAL_BATCH_KEY = "global_batch_size"
+DATA_ORDER_KEYS = ("seed", GLOBAL_BATCH_KEY, "sft_mock_dataset_config_json", "split",
                    INDEXED_SAMPLES_KEY, "packing_unit", *SFT_KEYS, SFT_SPLIT_RULE_KEY,
                    *RAMPUP_KEYS, DOCUMENT_PIECE_KEY)
 # Data-order keys compared only where the checkpoint recorded them: a document run saved before

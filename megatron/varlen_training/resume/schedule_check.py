@@ -31,13 +31,17 @@ SAMPLE_BASED_FLAGS = {
 }
 
 
-def check_scheduler(state: dict, scheduler, run: RunConfig) -> None:
+def check_scheduler(state: dict, scheduler, run: RunConfig,
+                    saved_batch_size: int | None = None) -> None:
     """Refuses a schedule difference unless a flag says which side wins (module docstring;
-    --decoupled-lr's bounds: optimizer_layout_check.decoupled_lr_mismatch)."""
+    --decoupled-lr's bounds: optimizer_layout_check.decoupled_lr_mismatch).
+    ``saved_batch_size``: the checkpoint's --global-batch-size (None: this run's), which its
+    iteration-based lengths were counted in."""
     optimizer = run.optimizer
     if optimizer.override_opt_param_scheduler or optimizer.use_checkpoint_opt_param_scheduler:
         return
     samples_per_iter = run.training.global_batch_size
+    saved_per_iter = saved_batch_size or samples_per_iter
     sample_based = optimizer.lr_decay_iters is None  # --train-samples (schedule_arguments.py)
     for key, (flag, attribute, in_samples) in SCHEDULER_KEYS.items():
         saved, mine = state.get(key), getattr(scheduler, attribute)
@@ -48,7 +52,10 @@ def check_scheduler(state: dict, scheduler, run: RunConfig) -> None:
         if in_samples and sample_based:
             flag, saved, mine = SAMPLE_BASED_FLAGS[key], f"{saved:g}", f"{mine:g}"
         elif in_samples:  # megatron-core counts in samples; users set iterations
-            saved, mine = f"{saved / samples_per_iter:g}", f"{mine / samples_per_iter:g}"
+            saved, mine = f"{saved / saved_per_iter:g}", f"{mine / samples_per_iter:g}"
+            if saved_per_iter != samples_per_iter:  # a resume with another batch size
+                saved += f" x --global-batch-size {saved_per_iter}"
+                mine += f" x {samples_per_iter}"
         raise CheckpointError(
             f"--load: the checkpoint's schedule has {flag} {saved}, this run has {mine}; pass "
             f"--override-opt_param-scheduler to use this run's value or "

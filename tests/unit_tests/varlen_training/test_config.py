@@ -35,6 +35,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/recipe_arguments.py",
     "megatron/varlen_training/checkpoint_arguments.py",
     "megatron/varlen_training/checkpoint_model_flags.py",
+    "megatron/varlen_training/resumed_batch_anchor.py",
     "megatron/varlen_training/document_arguments.py",
     "megatron/varlen_training/moe_arguments.py",
     "megatron/varlen_training/mla_arguments.py",

@@ -127,9 +127,17 @@ def test_evaluations_read_the_next_validation_batches(train_iters, interval, eva
         [(train_iters, 0)]
     assert consumed_valid == reference.next_batch * GBS  # the test split is not counted
     # The validation set is built for exactly these reads (Megatron-LM's eval sample count).
-    args = SimpleNamespace(train_samples=None, train_iters=train_iters, eval_interval=interval,
-                           eval_iters=eval_iters, global_batch_size=GBS)
+    args = _schedule_flags(train_iters, interval, eval_iters)
     assert reference.next_batch * args.global_batch_size == sample_counts(args)[1]
+
+
+def _schedule_flags(train_iters: int, eval_interval: int, eval_iters: int) -> SimpleNamespace:
+    """The validated flags run_description.sample_counts reads: an iteration-based run of
+    global batches of GBS from sample 0, one micro-batch each."""
+    return SimpleNamespace(train_samples=None, train_iters=train_iters,
+                           eval_interval=eval_interval, eval_iters=eval_iters,
+                           global_batch_size=GBS, num_microbatches=1, rampup_batch_size=None,
+                           decrease_batch_size_if_needed=False, global_batch_anchor=None)
 
 
 @pytest.mark.parametrize("resume_at", [2, 3, 4])
@@ -182,8 +190,7 @@ def test_resumed_evaluations_fit_the_validation_split_or_are_refused(
         if it % after == 0:
             reference.take()
     reference.take()  # the end of training
-    args = SimpleNamespace(train_samples=None, train_iters=train_iters, eval_interval=after,
-                           eval_iters=eval_iters, global_batch_size=GBS)
+    args = _schedule_flags(train_iters, after, eval_iters)
     eval_samples = sample_counts(args)[1]
     config = SimpleNamespace(eval_iters=eval_iters, eval_interval=after,
                              global_batch_size=GBS, train_iters=train_iters,

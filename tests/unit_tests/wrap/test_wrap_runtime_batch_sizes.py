@@ -112,16 +112,27 @@ def _run_config(runtime_batches: bool):
         run, training=dataclasses.replace(run.training, runtime_batches=runtime_batches))
 
 
-def test_facade_checkpoint_is_resumed_by_the_facade_only(tmp_path):
-    """10 samples in 3 steps of a --global-batch-size 4 run: the facade continues after 10;
-    pretrain_gpt.py's loop, which reads global batch i at iteration i, refuses in one line."""
-    save_run_args(str(tmp_path), _run_config(True), iteration=3, consumed_samples=10)
-    assert consumed_samples(str(tmp_path), 3, _run_config(True)) == 10
-    assert data_position_note(str(tmp_path), 3, _run_config(True)) == (
+def test_pretrain_gpt_continues_a_facade_checkpoint_at_its_samples(tmp_path):
+    """10 samples in 3 steps of a --global-batch-size 4 run: the facade continues after 10,
+    and so does pretrain_gpt.py's loop (its batches begin at the checkpoint's consumed samples,
+    resumed_batch_anchor.py), not at 3 x 4 = 12; without that anchor (a record the flag layer
+    could not read) the position check refuses in one line."""
+    folder = os.path.join(str(tmp_path), "iter_0000003")
+    os.makedirs(folder)
+    save_run_args(folder, _run_config(True), iteration=3, consumed_samples=10)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    assert consumed_samples(folder, 3, _run_config(True)) == 10
+    assert data_position_note(folder, 3, _run_config(True)) == (
         "resuming after 10 consumed training samples (iteration 3)")
+    resumed = parse_run_config(TINY_GPT_ARGS + ["--train-iters", "8", "--load", str(tmp_path)],
+                               world_size=1)
+    assert resumed.training.global_batch_anchor == (3, 10)
+    assert data_position_note(folder, 3, resumed) == (
+        "resuming the training data at sample 10, the checkpoint's consumed samples (its run "
+        "trained batches of other sizes before)")
     with pytest.raises(CheckpointError) as err:
-        data_position_note(str(tmp_path), 3, _run_config(False))
+        data_position_note(folder, 3, _run_config(False))
     assert str(err.value).startswith(
-        f"--load: {tmp_path} records 10 consumed training samples but iteration 3 x "
+        f"--load: {folder} records 10 consumed training samples but iteration 3 x "
         f"--global-batch-size 4 is 12: it was trained on batches of other sizes")
     assert "\n" not in str(err.value)

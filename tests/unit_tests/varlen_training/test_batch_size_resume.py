@@ -1,0 +1,140 @@
+"""A run resumed with another --global-batch-size continues at the samples its checkpoint
+consumed (Megatron-LM's sampler does), through pretrain_gpt.py's loop on one gloo rank (one
+process for all runs).
+
+4 samples per step for 2 iterations (saved, --exit-interval), resumed with 8 for 2 more
+(saved), resumed again with 8 to the end of --train-samples 40: every step's batch size,
+consumed samples, learning rate and loss equal a plain unpacked reference stepped by hand on
+the same samples in the same order (batches [0, 4), [4, 8), [8, 16), ..., the dataset cut to
+each step's samples), which knows nothing of anchors; the packed path resumed from the same
+checkpoint equals it too; the second resume continues at its checkpoint's 24 samples, not at
+4 x 8. The schedule arithmetic and the flag layer's anchor are in
+test_batch_size_anchor.py.
+"""
+
+import contextlib
+import io
+import json
+import pathlib
+
+import pytest
+import torch
+
+from megatron.varlen_training.data import UnpackedBatchProvider
+from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import stepping_trainer, train_on_this_rank
+
+SEQ, TRAIN_SAMPLES, SMALL, LARGE = 64, 40, 4, 8
+RTOL = 1e-5  # float32 rounding (packed and unpacked sum the same terms in other orders)
+# (first sample, size) of every step: 2 steps of 4, then steps of 8 to --train-samples 40.
+BATCHES = [(0, 4), (4, 4), (8, 8), (16, 8), (24, 8), (32, 8)]
+LENGTHS = json.dumps({"mode": "distribution", "type": "lognormal", "min_seq_len": 1,
+                      "max_seq_len": SEQ, "mean_seq_len": 20, "lognormal_sigma": 1.0})
+BASE = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", str(SEQ), "--micro-batch-size", "1",
+    "--lr", "2e-3", "--lr-warmup-samples", "10", "--lr-decay-style", "cosine",
+    "--train-samples", str(TRAIN_SAMPLES),
+    "--mock-data", "--sft", "--sft-mock-dataset-config-json", LENGTHS,
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+    "--make-vocab-size-divisible-by", "32", "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--position-embedding-type", "rope", "--log-interval", "1", "--eval-iters", "0",
+    "--seed", "11", "--calculate-per-token-loss",
+]
+KEYS = ("iteration", "global_batch_size", "consumed_samples", "lr", "lm_loss")
+
+
+def _gbs(size: int) -> list[str]:
+    return ["--global-batch-size", str(size)]
+
+
+def _records(path) -> list[dict]:
+    return [{key: json.loads(line)[key] for key in KEYS}
+            for line in path.read_text().splitlines()]
+
+
+def _reference() -> list[dict]:
+    """Step k trains BATCHES[k] as one fixed-size global batch of the unpacked provider."""
+    records = []
+    with stepping_trainer(BASE + _gbs(SMALL)) as (trainer, _, provider):
+        for iteration, (first, size) in enumerate(BATCHES, start=1):
+            samples = torch.utils.data.Subset(provider.dataset, range(first, first + size))
+            step = UnpackedBatchProvider(samples, size, 1, SEQ, transform=provider.transform,
+                                         length_sums=provider.length_sums).step_batches(0)
+            report = trainer.step(step, num_samples=size)
+            records.append({"iteration": iteration, "global_batch_size": size,
+                            "consumed_samples": first + size,
+                            "lr": report.metrics.learning_rate, "lm_loss": report.loss})
+    return records
+
+
+def _all_runs(root: str) -> dict:
+    """Every run on this rank; a run that fails gives its error (text), so the others are
+    still compared; ``notes``: each run's console lines about where its data resumes."""
+    def run(name: str, *extra: str) -> list[dict] | str:
+        path = f"{root}/{name}.jsonl"
+        console = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(console):
+                train_on_this_rank(BASE + list(extra) + ["--log-metrics-jsonl", path])
+        except Exception as err:  # noqa: BLE001 -- reported by the test that reads the run
+            return f"{type(err).__name__}: {err}"
+        finally:
+            notes[name] = [line.split(" INFO ", 1)[-1].strip() for line in
+                           console.getvalue().splitlines() if "resuming the training" in line]
+        return _records(pathlib.Path(path))
+
+    ckpt, notes = f"{root}/ckpt", {}
+    saving = ["--save", ckpt]
+    return {"reference": _reference(), "notes": notes,
+            "small": run("small", *_gbs(SMALL), *saving, "--exit-interval", "2"),
+            "packed": run("packed", *_gbs(LARGE), "--sequence-packing", "--load", ckpt),
+            "large": run("large", *_gbs(LARGE), *saving, "--load", ckpt, "--exit-interval", "4"),
+            "again": run("again", *_gbs(LARGE), "--load", ckpt)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("batch_size_resume"))
+    (result,) = run_distributed(_all_runs, 1, args=(root,), timeout_s=300)
+    return result
+
+
+def _assert_close(run: list[dict] | str, reference: list[dict]) -> None:
+    assert not isinstance(run, str), run
+    exact = [{k: r[k] for k in ("iteration", "global_batch_size", "consumed_samples")}
+             for r in run]
+    assert exact == [{k: r[k] for k in exact[0]} for r in reference]
+    assert [r["lr"] for r in run] == pytest.approx([r["lr"] for r in reference], rel=1e-12)
+    assert [r["lm_loss"] for r in run] == pytest.approx([r["lm_loss"] for r in reference],
+                                                        rel=RTOL)
+
+
+def test_the_reference_moves():
+    assert [size for _, size in BATCHES] == [4, 4, 8, 8, 8, 8]
+    assert sum(size for _, size in BATCHES) == TRAIN_SAMPLES
+
+
+def test_a_larger_batch_continues_at_the_checkpoints_samples(runs):
+    assert len({r["lm_loss"] for r in runs["reference"]}) > 1  # the losses move
+    _assert_close(runs["small"], runs["reference"][:2])
+    _assert_close(runs["large"], runs["reference"][2:4])
+
+
+def test_the_packed_path_resumes_the_same_way(runs):
+    _assert_close(runs["packed"], runs["reference"][2:])
+
+
+def test_a_second_resume_continues_at_its_checkpoints_samples(runs):
+    """Resumed at iteration 4 with the same size: batch 4 starts at sample 24 (8 samples by
+    iteration 2, then 2 x 8), not at 4 x 8 = 32."""
+    _assert_close(runs["again"], runs["reference"][4:])
+
+
+def test_the_console_says_where_the_data_resumes(runs):
+    assert runs["notes"]["large"] == [
+        "> resuming the training data at sample 8, the checkpoint's consumed samples, with "
+        "--global-batch-size 8 (the checkpoint's run trained 4)"]
+    assert runs["notes"]["again"] == [
+        "> resuming the training data at sample 24, the checkpoint's consumed samples (its run "
+        "trained batches of other sizes before)"]
