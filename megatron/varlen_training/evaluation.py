@@ -18,7 +18,8 @@ the previous one stopped, and a resumed run restarts it after the checkpoint's
 ``consumed_valid_samples``. Here the run state counts them the same way
 (``TrainState.consumed_valid_samples``: ``--eval-iters`` x ``--global-batch-size`` more after
 each validation), the checkpoint records them (``run_args.json``) and a resumed run continues
-from them, whatever ``--eval-interval`` / ``--eval-iters`` it resumes with; a checkpoint saved
+from exactly them, whatever ``--eval-interval`` / ``--eval-iters`` / evaluation batch size it
+resumes with (:func:`continue_validation`); a checkpoint saved
 before they were recorded derives them from its iteration, as Megatron-LM does for its older
 checkpoints (``iteration // eval_interval x eval_iters`` global batches;
 :func:`.checkpoint.consumed_valid_samples_at`). The validation split is built for the
@@ -34,6 +35,7 @@ wandb, :func:`.metric_writers.evaluation_key`).
 from __future__ import annotations
 
 from megatron.varlen_training import log, loop_steps, training
+from megatron.varlen_training.batch_rampup import BatchAnchor, GlobalBatchSchedule
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.run_description import evaluates_after, in_loop_evaluations
@@ -78,6 +80,20 @@ def check_resumed_validation(training_config: TrainingConfig, iteration: int,
             f"{eval_samples} the validation split holds: resume with a smaller --eval-interval, "
             f"more --eval-iters or a larger --eval-global-batch-size (the saved run's values "
             f"fit)")
+
+
+def continue_validation(valid_provider, training_config: TrainingConfig,
+                        consumed_valid_samples: int) -> None:
+    """A resumed run's evaluations read on from exactly the validation samples its checkpoint
+    consumed, as Megatron-LM's sampler does, also where the evaluation batch does not divide
+    them (a resume with another --global-batch-size or --eval-global-batch-size): each
+    validation set's batches are anchored there; the next evaluation reads batch
+    ``consumed // size`` (:func:`_next_validation_batch`), which then starts at ``consumed``.
+    Not for --full-validation, which reads each split from its first sample."""
+    size = training_config.eval_batch_size
+    anchor = BatchAnchor(consumed_valid_samples // size, consumed_valid_samples)
+    for _, provider in each_validation_set(valid_provider):
+        provider.schedule = GlobalBatchSchedule(size, size, anchor=anchor)
 
 
 def _evaluate(trainer, provider, first_index: int, name: str, where: str,
