@@ -4,11 +4,9 @@ fields, and the balancing losses an iteration reports (Megatron-LM's names)."""
 from __future__ import annotations
 
 from megatron.varlen_training.config import MoEConfig
-from megatron.varlen_training.config.moe import GLOBAL_AUX_LOSS
 from megatron.varlen_training.iteration_metrics import LOSS_KEYS
 from megatron.varlen_training.moe_arguments import ALLTOALL
 from megatron.varlen.model import moe_metrics
-
 
 
 def moe_transformer_config(moe: MoEConfig | None) -> dict:
@@ -67,20 +65,3 @@ def step_losses(moe: MoEConfig | None, num_layers: int, mtp_num_layers: int | No
         return {}
     return moe_metrics.reduce_and_clear(names, num_layers + (mtp_num_layers or 0), device,
                                         per_layer=per_layer)
-
-
-def reset_global_balancing(moe: MoEConfig | None, model_chunks) -> None:
-    """Starts a new step for global_aux_loss: its running token counts cover one step.
-
-    Only routers of a ``global_aux_loss`` run hold such counts (megatron-core's TopKRouter
-    registers them for that type alone and resets them under the same condition in its
-    ``finalize_model_grads``), so every other run skips the walk: a ``getattr`` on every module
-    of the model, every step, that found nothing to reset.
-    """
-    if moe is None or moe.moe_router_load_balancing_type != GLOBAL_AUX_LOSS:
-        return
-    for chunk in model_chunks:
-        for module in chunk.modules():
-            reset = getattr(module, "reset_global_aux_loss_tracker", None)
-            if reset is not None:
-                reset()

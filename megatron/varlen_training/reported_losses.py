@@ -29,13 +29,12 @@ def mtp_step_losses(mtp_num_layers: int | None, device) -> dict[str, float]:
             if value is not None}
 
 
-def step_losses(model: ModelConfig, logging: LoggingConfig, model_chunks,
+def step_losses(model: ModelConfig, logging: LoggingConfig,
                 device) -> tuple[dict[str, float], dict[str, float]]:
     """``(line losses, scalar-only values)`` of the step: the MoE and MTP losses the iteration
     line prints, and the per-layer MoE losses only TensorBoard, wandb and the JSONL get."""
     moe = moe_model.step_losses(model.moe, model.num_layers, model.mtp_num_layers, device,
                                 per_layer=logging.moe_per_layer_logging)
-    moe_model.reset_global_balancing(model.moe, model_chunks)
     line = {key: value for key, value in moe.items() if not is_scalar_only_key(key)}
     scalars = {key: value for key, value in moe.items() if is_scalar_only_key(key)}
     line.update(mtp_step_losses(model.mtp_num_layers, device))

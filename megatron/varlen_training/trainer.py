@@ -199,7 +199,7 @@ class Trainer:
         # Every step's work counts, a step the fp16 scaler skipped too (as in Megatron-LM).
         self.state.num_floating_point_operations_so_far += metrics.flops
         line_losses, scalars = reported_losses.step_losses(self.run.model, self.run.logging,
-                                                           self.state.model, get_device())
+                                                           get_device())
         metrics.losses.update(line_losses)
         metrics.scalars.update(scalars)
         if self.run.logging.log_memory_to_tensorboard:  # CUDA only (refused on CPU)
