@@ -134,6 +134,9 @@ def _add_network_size_args(parser):
                        help="Norm layer.")
     group.add_argument("--swiglu", action="store_true",
                        help="SwiGLU MLP (gated, SiLU).")
+    group.add_argument("--squared-relu", action="store_true",
+                       help="Squared-ReLU MLP activation, relu(x)^2 (Megatron-LM's; the "
+                            "Nemotron-H recipes'); not with --swiglu.")
     group.add_argument("--disable-bias-linear", action="store_true",
                        help="No biases in linear layers.")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true",
@@ -410,6 +413,9 @@ def _validate_precision_and_data(args) -> None:
     require(load_problem is None, load_problem)
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
     loss_scale_arguments.validate_loss_scale_args(args, require)
+    require(not (args.squared_relu and args.swiglu),
+            "--squared-relu and --swiglu are two MLP activations: give one (Megatron-LM "
+            "asserts the same)")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size, args.swiglu)
     if not args.group_query_attention:

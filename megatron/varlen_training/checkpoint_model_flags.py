@@ -16,10 +16,10 @@ Which side wins when the command line gives a flag too follows Megatron-LM's
   than the default, which otherwise follows this run's packing): the command line's value (a
   model size that differs from the checkpoint's is then refused at load, naming the flag);
 - the rest (:data:`CHECKPOINT_WINS`: query groups, position encoding, RoPE base and share, norm,
-  SwiGLU, biases, tied embeddings, MTP, MoE and Mamba shape, the MoE router's pre-softmax,
-  score function, expert bias and top-k scaling, the dropouts, query-key layer scaling,
-  ``--spec``, ``--tiktoken-pattern`` and ``--tiktoken-num-special-tokens`` (not in Megatron-LM's
-  list; taken like the pattern: both decide a TikTokenizer's ids)): the checkpoint's value
+  SwiGLU, squared ReLU, biases, tied embeddings, MTP, MoE and Mamba shape, the MoE router's
+  pre-softmax, score function, expert bias and top-k scaling, the dropouts, query-key layer
+  scaling, ``--spec``, ``--tiktoken-pattern`` and ``--tiktoken-num-special-tokens`` (not in
+  Megatron-LM's list; taken like the pattern: both decide a TikTokenizer's ids)): the checkpoint's value
   replaces the command line's, with a line naming the flag it overrides;
 - the tokenizer (:data:`TOKENIZER_KEYS`: ``--tokenizer-type`` and ``--tokenizer-model``): the
   checkpoint's, as the rest, unless ``--no-use-tokenizer-model-from-checkpoint-args`` (Megatron-LM's
@@ -57,7 +57,8 @@ COMMAND_LINE_WINS = ("num_layers", "hidden_size", "ffn_hidden_size", "seq_length
 # Megatron-LM's ``_set_arg(name, force=True)``: the checkpoint's value replaces the command line's.
 CHECKPOINT_WINS = ("group_query_attention", "num_query_groups", "position_embedding_type",
                    "rotary_base", "rotary_percent", "disable_bias_linear", "add_qkv_bias", "swiglu",
-                   "untie_embeddings_and_output_weights", "normalization", "mtp_num_layers",
+                   "squared_relu", "untie_embeddings_and_output_weights", "normalization",
+                   "mtp_num_layers",
                    # Megatron-LM's apply_layernorm_1p, under its 0.16.1 dest (the config field)
                    "layernorm_zero_centered_gamma",
                    "num_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_layer_freq",

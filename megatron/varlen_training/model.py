@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from megatron.core import parallel_state
+from megatron.core.activations import squared_relu
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
@@ -45,6 +46,14 @@ def attention_backend_line(model: ModelConfig) -> str:
                                       model.attention_dropout)
 
 
+def mlp_activation(model: ModelConfig):
+    """The MLP activation, as Megatron-LM's core_transformer_config_from_args picks it: SiLU
+    (gated) with --swiglu, megatron-core's squared_relu with --squared-relu, else GELU."""
+    if model.swiglu:
+        return torch.nn.functional.silu
+    return squared_relu if model.squared_relu else torch.nn.functional.gelu
+
+
 def build_transformer_config(run: RunConfig) -> TransformerConfig:
     """Maps the run's model and parallel layout to megatron-core's TransformerConfig."""
     model, parallel, kernels = run.model, run.parallel, run.model.kernels
@@ -67,7 +76,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         init_method_std=model.init_method_std,
         normalization=model.normalization,
         gated_linear_unit=model.swiglu,
-        activation_func=torch.nn.functional.silu if model.swiglu else torch.nn.functional.gelu,
+        activation_func=mlp_activation(model),
         add_bias_linear=not model.disable_bias_linear,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,

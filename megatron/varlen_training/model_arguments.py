@@ -44,10 +44,9 @@ REFUSED_FLAGS = (
             "field and still builds pre-norm residuals): drop the flag"),
     FlagRow(("--rotary-interleaved",), SWITCH, False,
             "the packed RoPE here rotates halves (megatron-core's default), not interleaved pairs"),
-    FlagRow(("--squared-relu",), SWITCH, False,
-            "the MLP activation here is GELU, or SiLU with --swiglu"),
     FlagRow(("--quick-geglu",), SWITCH, False,
-            "the MLP activation here is GELU, or SiLU with --swiglu"),
+            "the MLP activation here is GELU, SiLU with --swiglu, or squared ReLU with "
+            "--squared-relu"),
     FlagRow(("--init-method-xavier-uniform",), SWITCH, False,
             "weights are initialised from --init-method-std here (normal, layout-invariant)"),
     FlagRow(("--fp32-residual-connection",), SWITCH, False,

@@ -96,6 +96,8 @@ class ModelConfig:
     kernels: KernelConfig = KernelConfig()  # Megatron-LM's kernel flags (kernel_arguments.py)
     # --apply-layernorm-1p: every norm stores gamma - 1 (megatron-core's field name).
     layernorm_zero_centered_gamma: bool = False
+    # --squared-relu: the MLP activation is relu(x)^2 (megatron-core's squared_relu), not GELU.
+    squared_relu: bool = False
     mla: MLAConfig | None = None  # None: standard attention (no --multi-latent-attention)
 
     def __post_init__(self):

@@ -21,6 +21,7 @@ MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
 # Megatron-LM's partial / interpolated RoPE (model_arguments.py) and their values before.
 ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None}
 NORM_KEYS = {"layernorm_zero_centered_gamma": False}
+ACTIVATION_KEYS = {"squared_relu": False}  # --squared-relu (recorded since it was honoured)
 # Multi-latent attention's shape and RoPE (mla_arguments.py); checkpoints from before had none.
 MLA_KEYS = {"multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": None,
              "qk_head_dim": None, "qk_pos_emb_head_dim": None, "v_head_dim": None,
@@ -41,6 +42,8 @@ MODEL_KEYS = (
     *ROPE_KEYS,
     # --apply-layernorm-1p: the norm weights mean gamma - 1 instead of gamma.
     *NORM_KEYS,
+    # --squared-relu: another MLP activation, the same weights.
+    *ACTIVATION_KEYS,
     # --multi-latent-attention: a standard run records False and None for the rest.
     *MLA_KEYS,
 )
@@ -75,7 +78,7 @@ CHECKED_WHEN_RECORDED = (DOCUMENT_PIECE_KEY,)
 OVERRIDABLE_DATA_KEYS = (INDEXED_SAMPLES_KEY, DOCUMENT_PIECE_KEY)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
 RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **ROPE_KEYS, **NORM_KEYS,
-                   **MLA_KEYS, **RAMPUP_KEYS}
+                   **ACTIVATION_KEYS, **MLA_KEYS, **RAMPUP_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 # Validation samples the run's evaluations had read (Megatron-LM's ``consumed_valid_samples``):
 # the resumed run's next evaluation continues the validation stream there.

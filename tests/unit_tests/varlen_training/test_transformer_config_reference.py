@@ -18,6 +18,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from megatron.core.activations import squared_relu
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 
@@ -31,7 +32,8 @@ MEGATRON_LM_DEFAULTS = {
     "ffn_hidden_size": None, "group_query_attention": False, "num_query_groups": 1,
     "kv_channels": None, "norm_epsilon": 1e-5, "add_qkv_bias": False, "qk_layernorm": False,
     "hidden_dropout": 0.1, "attention_dropout": 0.1, "init_method_std": 0.02,
-    "normalization": "LayerNorm", "swiglu": False, "disable_bias_linear": False,
+    "normalization": "LayerNorm", "swiglu": False, "squared_relu": False,
+    "disable_bias_linear": False,
     "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
     "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
     "pipeline_model_parallel_size": 1, "context_parallel_size": 1, "sequence_parallel": False,
@@ -157,7 +159,9 @@ def megatron_lm_config(given: dict) -> dict:
         layernorm_epsilon=flags["norm_epsilon"],
         add_bias_linear=not flags["disable_bias_linear"],
         gated_linear_unit=flags["swiglu"],
-        activation_func=F.silu if flags["swiglu"] else F.gelu,
+        # --squared-relu replaces the activation after --swiglu's (which it excludes)
+        activation_func=(squared_relu if flags["squared_relu"] else
+                         F.silu if flags["swiglu"] else F.gelu),
         # TransformerConfig turns it on with query-key layer scaling.
         attention_softmax_in_fp32=(flags["attention_softmax_in_fp32"]
                                    or flags["apply_query_key_layer_scaling"]),
@@ -318,6 +322,10 @@ COMMAND_LINES = {
                           "cross_entropy_loss_fusion": True,
                           "cross_entropy_fusion_impl": "native"},
     "rotary_alias": {"use_rotary_position_embeddings": True, "apply_rope_fusion": False},
+    # Nemotron-H's MLP (without biases: Megatron-LM's default bias-GELU fusion would make
+    # megatron-core refuse squared ReLU with them; here nothing is fused, so both build).
+    "squared_relu": {"squared_relu": True, "disable_bias_linear": True,
+                     "normalization": "RMSNorm"},
     "moe_grouped_gemm": {"num_experts": 4, "disable_bias_linear": True,
                          "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"},
     # Multi-latent attention (mla_arguments.py): Megatron-LM's defaults (rope_type yarn),
@@ -476,7 +484,7 @@ def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
 @pytest.mark.parametrize("flag, value", [
     ("--apply-residual-connection-post-layernorm", None),
     ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
-    ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"), ("--squared-relu", None),
+    ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"),
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
     ("--softmax-type", "off-by-one"), ("--window-size", "(128,0)"),
     ("--glu-linear-offset", "1.0"), ("--fp8-format", "hybrid"),
@@ -553,6 +561,14 @@ HYBRID_LINES = {
               "mamba_num_groups": 2, "mamba_num_heads": 4, "swiglu": True,
               "ffn_hidden_size": 96, "normalization": "RMSNorm",
               "attention_softmax_in_fp32": True},
+    # Nemotron-H's flags (Megatron-LM's examples/post_training/.../Nemotron-H-8B-Base-8K.sh)
+    "nemotron_h_like": {"hidden_size": 64, "mamba_state_dim": 16, "mamba_head_dim": 16,
+                        "mamba_num_groups": 2, "mamba_num_heads": 8, "squared_relu": True,
+                        "disable_bias_linear": True, "normalization": "RMSNorm",
+                        "group_query_attention": True, "num_query_groups": 2,
+                        "untie_embeddings_and_output_weights": True,
+                        "position_embedding_type": "rope", "rotary_percent": 0.5,
+                        "rotary_base": 500000},
 }
 
 
