@@ -19,8 +19,8 @@ Which side wins when the command line gives a flag too follows Megatron-LM's
   SwiGLU, squared ReLU, biases, tied embeddings, MTP, MoE and Mamba shape, the MoE router's
   pre-softmax, score function, expert bias and top-k scaling, the dropouts, query-key layer
   scaling, ``--spec``, ``--tiktoken-pattern`` and ``--tiktoken-num-special-tokens`` (not in
-  Megatron-LM's list; taken like the pattern: both decide a TikTokenizer's ids)): the checkpoint's value
-  replaces the command line's, with a line naming the flag it overrides;
+  Megatron-LM's list; taken like the pattern: both decide a TikTokenizer's ids)): the
+  checkpoint's value replaces the command line's, with a line naming the flag it overrides;
 - the tokenizer (:data:`TOKENIZER_KEYS`: ``--tokenizer-type`` and ``--tokenizer-model``): the
   checkpoint's, as the rest, unless ``--no-use-tokenizer-model-from-checkpoint-args`` (Megatron-LM's
   flag; the tokenizer file may lie elsewhere on this cluster) keeps the command line's. A
