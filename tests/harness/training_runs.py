@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
+import pathlib
 from collections.abc import Iterator
 
+import pytest
 import torch
 
 from megatron.varlen_training.config.from_flags import parse_hybrid_run_config, parse_run_config
@@ -88,6 +91,66 @@ def _train(run, family=GPT) -> dict:
         }
     finally:
         trainer.close()  # parallel state and dynamic CP groups; not the process group
+
+
+def train_and_inspect(argv: list[str], hybrid: bool, inspect) -> dict:
+    """pretrain_gpt.py's path (pretrain_mamba.py's with ``hybrid``) on this rank's process
+    group, quietly, then ``inspect(trainer)`` on the trained model before the trainer closes:
+    ``{"history": [{"lm_loss", "grad_norm"} per iteration], "inspected": its value}``."""
+    from megatron.varlen_training.hybrid_model import HYBRID
+
+    run = (parse_hybrid_run_config if hybrid else parse_run_config)(
+        argv, world_size=torch.distributed.get_world_size())
+    trainer = Trainer(run, HYBRID if hybrid else GPT, console=False)
+    try:
+        history = pretrain(trainer)
+        return {"history": [{k: step[k] for k in ("lm_loss", "grad_norm")} for step in history],
+                "inspected": inspect(trainer)}
+    finally:
+        trainer.close()
+
+
+def assert_same_history(got: list[dict], want: list[dict], rtol: float, what: str) -> None:
+    """Two :func:`train_and_inspect` histories of the same length: every iteration's loss and
+    grad norm equal to ``rtol`` (``what`` names the comparison in a failure)."""
+    assert len(got) == len(want) > 0, what
+    for it, (mine, theirs) in enumerate(zip(got, want), start=1):
+        for key in ("lm_loss", "grad_norm"):
+            assert mine[key] == pytest.approx(theirs[key], rel=rtol), (what, it, key)
+
+
+# --- step records: each iteration's metrics against a reference stepped by hand ---------------
+
+STEP_KEYS = ("iteration", "global_batch_size", "consumed_samples", "lr", "lm_loss")
+
+
+def step_records(path) -> list[dict]:
+    """The :data:`STEP_KEYS` of every line of a run's ``--log-metrics-jsonl`` file."""
+    return [{key: json.loads(line)[key] for key in STEP_KEYS}
+            for line in pathlib.Path(path).read_text().splitlines()]
+
+
+def assert_steps_close(run: list[dict] | str, reference: list[dict], rtol: float) -> None:
+    """``run``'s records (or its error text) equal ``reference``'s: iteration, batch size and
+    consumed samples exactly, the learning rate to 1e-12, the loss to ``rtol``."""
+    assert not isinstance(run, str), run
+    exact = [{k: r[k] for k in ("iteration", "global_batch_size", "consumed_samples")}
+             for r in run]
+    assert exact == [{k: r[k] for k in exact[0]} for r in reference]
+    assert [r["lr"] for r in run] == pytest.approx([r["lr"] for r in reference], rel=1e-12)
+    assert [r["lm_loss"] for r in run] == pytest.approx([r["lm_loss"] for r in reference],
+                                                        rel=rtol)
+
+
+def one_batch_of(provider, first: int, end: int, seq_length: int):
+    """An unpacked provider whose global batch 0 is ``provider``'s samples [first, end) (one
+    sample per micro-batch; the provider's transform and FLOP length sums)."""
+    from megatron.varlen_training.data import UnpackedBatchProvider
+
+    samples = torch.utils.data.Subset(provider.dataset, range(first, end))
+    return UnpackedBatchProvider(samples, end - first, 1, seq_length,
+                                 transform=provider.transform,
+                                 length_sums=provider.length_sums)
 
 
 def loss_owner_history(results: list[dict]) -> list[dict]:

@@ -17,15 +17,14 @@ import contextlib
 import io
 import json
 import os
-import pathlib
 
 import pytest
-import torch
 from megatron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 
-from megatron.varlen_training.data import UnpackedBatchProvider
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import stepping_trainer, train_on_this_rank
+from tests.harness.training_runs import (
+    assert_steps_close, one_batch_of, step_records, stepping_trainer, train_on_this_rank,
+)
 
 GBS, SEQ, TRAIN_SAMPLES, RAMP = 6, 64, 26, (2, 2, 8)
 RTOL = 1e-5  # float32 rounding (packed and unpacked sum the same terms in other orders)
@@ -43,7 +42,6 @@ BASE = [
     "--seed", "11", "--calculate-per-token-loss",
 ]
 RAMPUP = ["--rampup-batch-size", *map(str, RAMP)]
-KEYS = ("iteration", "global_batch_size", "consumed_samples", "lr", "lm_loss")
 
 
 def _core_batches() -> list[tuple[int, int]]:
@@ -60,20 +58,13 @@ def _core_batches() -> list[tuple[int, int]]:
     return batches
 
 
-def _records(path) -> list[dict]:
-    return [{key: json.loads(line)[key] for key in KEYS}
-            for line in path.read_text().splitlines()]
-
-
 def _reference() -> list[dict]:
     """A run without ramp-up stepped by hand: step k trains its samples as one fixed-size
     global batch of the unpacked provider (the dataset cut to those samples)."""
     records = []
     with stepping_trainer(BASE) as (trainer, _, provider):
         for iteration, (first, size) in enumerate(_core_batches(), start=1):
-            samples = torch.utils.data.Subset(provider.dataset, range(first, first + size))
-            step = UnpackedBatchProvider(samples, size, 1, SEQ, transform=provider.transform,
-                                         length_sums=provider.length_sums).step_batches(0)
+            step = one_batch_of(provider, first, first + size, SEQ).step_batches(0)
             report = trainer.step(step, num_samples=size)
             metrics = report.metrics
             records.append({"iteration": iteration, "global_batch_size": size,
@@ -96,7 +87,7 @@ def _all_runs(root: str) -> dict:
         lines[name] = [line.split(" INFO ", 1)[1].strip() for line in
                        console.getvalue().splitlines() if "batch size" in line
                        and "iteration" not in line]
-        return _records(pathlib.Path(path))
+        return step_records(path)
 
     ckpt, lines = f"{root}/ckpt", {}
     runs = {"lines": lines, "reference": _reference(),
@@ -114,16 +105,6 @@ def runs(tmp_path_factory):
     return result
 
 
-def _assert_close(run: list[dict] | str, reference: list[dict]) -> None:
-    assert not isinstance(run, str), run
-    exact = [{k: r[k] for k in ("iteration", "global_batch_size", "consumed_samples")}
-             for r in run]
-    assert exact == [{k: r[k] for k in exact[0]} for r in reference]
-    assert [r["lr"] for r in run] == pytest.approx([r["lr"] for r in reference], rel=1e-12)
-    assert [r["lm_loss"] for r in run] == pytest.approx([r["lm_loss"] for r in reference],
-                                                        rel=RTOL)
-
-
 def test_reference_ramps_up():
     sizes = [size for _, size in _core_batches()]
     assert sizes == [2, 2, 4, 6, 6, 6]  # 26 samples
@@ -131,11 +112,11 @@ def test_reference_ramps_up():
 
 def test_rampup_run_equals_the_fixed_batch_reference(runs):
     assert len({r["lm_loss"] for r in runs["reference"]}) > 1  # the losses move
-    _assert_close(runs["unpacked"], runs["reference"])
+    assert_steps_close(runs["unpacked"], runs["reference"], RTOL)
 
 
 def test_packed_rampup_run_equals_the_reference(runs):
-    _assert_close(runs["packed"], runs["reference"])
+    assert_steps_close(runs["packed"], runs["reference"], RTOL)
 
 
 def test_resumed_mid_ramp_equals_the_uninterrupted_run(runs):
@@ -166,7 +147,7 @@ def test_dynamic_cp_rampup_on_two_ranks_equals_the_reference(runs, tmp_path):
     """Each step's batch, small or not, is balanced over the DP x CP ranks of that step."""
     path = tmp_path / "dynamic_cp.jsonl"
     run_distributed(_dynamic_cp_on_two_ranks, 2, args=(str(path),), timeout_s=300)
-    _assert_close(_records(path), runs["reference"])
+    assert_steps_close(step_records(path), runs["reference"], RTOL)
 
 
 PLAN = ("will use batch size rampup starting from global batch size 2 to global batch size 6 "

@@ -17,17 +17,16 @@ anchor are in test_batch_size_anchor.py.
 import contextlib
 import io
 import json
-import pathlib
 
 import pytest
-import torch
 
 from megatron.varlen_training import training
 from megatron.varlen_training.config.from_flags import parse_run_config
-from megatron.varlen_training.data import UnpackedBatchProvider
 from megatron.varlen_training.trainer import Trainer
 from tests.harness.multirank import run_distributed
-from tests.harness.training_runs import train_on_this_rank
+from tests.harness.training_runs import (
+    assert_steps_close, one_batch_of, step_records, train_on_this_rank,
+)
 
 SEQ, TRAIN_SAMPLES, SMALL, LARGE = 64, 40, 4, 8
 RTOL = 1e-5  # float32 rounding (packed and unpacked sum the same terms in other orders)
@@ -49,23 +48,10 @@ BASE = [
     "--eval-interval", "2",
     "--seed", "11", "--calculate-per-token-loss",
 ]
-KEYS = ("iteration", "global_batch_size", "consumed_samples", "lr", "lm_loss")
 
 
 def _gbs(size: int) -> list[str]:
     return ["--global-batch-size", str(size)]
-
-
-def _records(path) -> list[dict]:
-    return [{key: json.loads(line)[key] for key in KEYS}
-            for line in path.read_text().splitlines()]
-
-
-def _cut(provider, first: int, end: int) -> UnpackedBatchProvider:
-    """One global batch of ``provider``'s samples [first, end), unpacked."""
-    samples = torch.utils.data.Subset(provider.dataset, range(first, end))
-    return UnpackedBatchProvider(samples, end - first, 1, SEQ, transform=provider.transform,
-                                 length_sums=provider.length_sums)
 
 
 def _reference() -> tuple[list[dict], dict]:
@@ -83,10 +69,11 @@ def _reference() -> tuple[list[dict], dict]:
         providers = build_data_providers(trainer)
         state = trainer.setup_model_and_optimizer()
         evaluate = lambda when: training.evaluate(  # noqa: E731
-            trainer.run, state, _cut(providers.valid, *VALIDATIONS[when]), 0, num_batches=1)
+            trainer.run, state, one_batch_of(providers.valid, *VALIDATIONS[when], SEQ), 0,
+            num_batches=1)
         for iteration, (first, size) in enumerate(BATCHES, start=1):
-            report = trainer.step(_cut(providers.train, first, first + size).step_batches(0),
-                                  num_samples=size)
+            batch = one_batch_of(providers.train, first, first + size, SEQ).step_batches(0)
+            report = trainer.step(batch, num_samples=size)
             records.append({"iteration": iteration, "global_batch_size": size,
                             "consumed_samples": first + size,
                             "lr": report.metrics.learning_rate, "lm_loss": report.loss})
@@ -114,7 +101,7 @@ def _all_runs(root: str) -> dict:
         finally:
             notes[name] = [line.split(" INFO ", 1)[-1].strip() for line in
                            console.getvalue().splitlines() if "resuming the training" in line]
-        records = _records(pathlib.Path(path))
+        records = step_records(path)
         validations[name] = {
             **{r["iteration"]: h["validation_loss"] for r, h in zip(records, history)
                if h["validation_loss"] is not None},
@@ -140,16 +127,6 @@ def runs(tmp_path_factory):
     return result
 
 
-def _assert_close(run: list[dict] | str, reference: list[dict]) -> None:
-    assert not isinstance(run, str), run
-    exact = [{k: r[k] for k in ("iteration", "global_batch_size", "consumed_samples")}
-             for r in run]
-    assert exact == [{k: r[k] for k in exact[0]} for r in reference]
-    assert [r["lr"] for r in run] == pytest.approx([r["lr"] for r in reference], rel=1e-12)
-    assert [r["lm_loss"] for r in run] == pytest.approx([r["lm_loss"] for r in reference],
-                                                        rel=RTOL)
-
-
 def test_the_reference_moves():
     assert [size for _, size in BATCHES] == [4, 4, 8, 8, 8, 8]
     assert sum(size for _, size in BATCHES) == TRAIN_SAMPLES
@@ -157,18 +134,18 @@ def test_the_reference_moves():
 
 def test_a_larger_batch_continues_at_the_checkpoints_samples(runs):
     assert len({r["lm_loss"] for r in runs["reference"]}) > 1  # the losses move
-    _assert_close(runs["small"], runs["reference"][:2])
-    _assert_close(runs["large"], runs["reference"][2:4])
+    assert_steps_close(runs["small"], runs["reference"][:2], RTOL)
+    assert_steps_close(runs["large"], runs["reference"][2:4], RTOL)
 
 
 def test_the_packed_path_resumes_the_same_way(runs):
-    _assert_close(runs["packed"], runs["reference"][2:])
+    assert_steps_close(runs["packed"], runs["reference"][2:], RTOL)
 
 
 def test_a_second_resume_continues_at_its_checkpoints_samples(runs):
     """Resumed at iteration 4 with the same size: batch 4 starts at sample 24 (8 samples by
     iteration 2, then 2 x 8), not at 4 x 8 = 32."""
-    _assert_close(runs["again"], runs["reference"][4:])
+    assert_steps_close(runs["again"], runs["reference"][4:], RTOL)
 
 
 def test_the_console_says_where_the_data_resumes(runs):

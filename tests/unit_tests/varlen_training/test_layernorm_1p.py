@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import assert_same_history, train_and_inspect
 from tools.probe_combinations import cell_argv
 
 RTOL = 1e-5
@@ -27,38 +28,29 @@ RUNS = {f"{feature} {layout}{' 1p' if one_p else ''}": (feature, layout, one_p)
         for layout, one_p in (("u_single", False), ("u_single", True), ("p_single", True))}
 
 
-def _train(argv: list[str], hybrid: bool) -> dict:
-    from megatron.varlen_training.config.from_flags import (
-        parse_hybrid_run_config, parse_run_config,
-    )
-    from megatron.varlen_training.hybrid_model import HYBRID
+def _norms(trainer) -> dict:
+    """Every norm weight of the trained model by canonical name, and what it adds to be gamma
+    (1 for a zero-centered norm, else 0)."""
     from megatron.varlen_training.layout_invariant_init import canonical_parameter_name
     from megatron.varlen_training.model import unwrap
-    from megatron.varlen_training.model_family import GPT
-    from megatron.varlen_training.pretrain import pretrain
-    from megatron.varlen_training.trainer import Trainer
 
-    run = (parse_hybrid_run_config if hybrid else parse_run_config)(argv, world_size=1)
-    trainer = Trainer(run, HYBRID if hybrid else GPT, console=False)
-    try:
-        history = pretrain(trainer)
-        norms, offsets = {}, {}  # weight; what it adds to be gamma (1 zero-centered, else 0)
-        for chunk in trainer.state.model:
-            module = unwrap(chunk)
-            for name, param in module.named_parameters():
-                if name.endswith("norm.weight"):
-                    key = canonical_parameter_name(module, name, run.model.tied_output)
-                    norms[key] = param.detach().clone()
-                    owner = module.get_submodule(name.rpartition(".")[0])
-                    offsets[key] = float(getattr(owner, "zero_centered_gamma", False))
-        return {"history": [{k: step[k] for k in ("lm_loss", "grad_norm")} for step in history],
-                "norms": norms, "offsets": offsets}
-    finally:
-        trainer.close()
+    norms, offsets = {}, {}
+    for chunk in trainer.state.model:
+        module = unwrap(chunk)
+        for name, param in module.named_parameters():
+            if name.endswith("norm.weight"):
+                key = canonical_parameter_name(module, name, trainer.run.model.tied_output)
+                norms[key] = param.detach().clone()
+                owner = module.get_submodule(name.rpartition(".")[0])
+                offsets[key] = float(getattr(owner, "zero_centered_gamma", False))
+    return {"norms": norms, "offsets": offsets}
 
 
 def _train_all(plan: dict) -> dict:
-    return {name: _train(argv, hybrid) for name, (argv, hybrid) in plan.items()}
+    trained = {name: train_and_inspect(argv, hybrid, _norms)
+               for name, (argv, hybrid) in plan.items()}
+    return {name: {"history": run["history"], **run["inspected"]}
+            for name, run in trained.items()}
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +63,6 @@ def runs() -> dict:
     return run_distributed(_train_all, 1, args=(plan,), timeout_s=LAUNCH_TIMEOUT_S)[0]
 
 
-def _assert_same_history(got: list[dict], want: list[dict], what: str) -> None:
-    assert len(got) == len(want) == 3
-    for it, (mine, theirs) in enumerate(zip(got, want), start=1):
-        for key in ("lm_loss", "grad_norm"):
-            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (what, it, key)
-
-
 @pytest.mark.parametrize("feature", FEATURES)
 def test_zero_centered_norms_train_the_same_model(runs, feature):
     plain, centered = runs[f"{feature} u_single"], runs[f"{feature} u_single 1p"]
@@ -87,7 +72,8 @@ def test_zero_centered_norms_train_the_same_model(runs, feature):
     gated = {name for name in centered["offsets"] if ".mixer." in name}
     assert {name for name, offset in centered["offsets"].items() if not offset} == gated
     assert len(centered["offsets"]) - len(gated) >= 4 + 1
-    _assert_same_history(centered["history"], plain["history"], f"{feature} 1p vs plain")
+    assert len(plain["history"]) == 3
+    assert_same_history(centered["history"], plain["history"], RTOL, f"{feature} 1p vs plain")
     assert centered["norms"].keys() == plain["norms"].keys()
     for name, weight in plain["norms"].items():
         assert not torch.allclose(weight, torch.ones_like(weight)), f"{name} never trained"
@@ -98,8 +84,8 @@ def test_zero_centered_norms_train_the_same_model(runs, feature):
 
 @pytest.mark.parametrize("feature", FEATURES)
 def test_packed_equals_unpacked_with_zero_centered_norms(runs, feature):
-    _assert_same_history(runs[f"{feature} p_single 1p"]["history"],
-                         runs[f"{feature} u_single 1p"]["history"], f"{feature} packed 1p")
+    assert_same_history(runs[f"{feature} p_single 1p"]["history"],
+                        runs[f"{feature} u_single 1p"]["history"], RTOL, f"{feature} packed 1p")
 
 
 @pytest.mark.parametrize("name", ["decoder.layers.3.input_layernorm.weight",

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.harness.multirank import run_distributed
+from tests.harness.training_runs import assert_same_history, train_and_inspect
 from tools.probe_combinations import cell_argv
 
 RTOL = 1e-5
@@ -49,27 +50,10 @@ def _mlp_outputs(mlp: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torc
                 reference(torch.nn.functional.gelu))
 
 
-def _train(argv: list[str], hybrid: bool) -> dict:
-    from megatron.varlen_training.config.from_flags import (
-        parse_hybrid_run_config, parse_run_config,
-    )
-    from megatron.varlen_training.hybrid_model import HYBRID
-    from megatron.varlen_training.model_family import GPT
-    from megatron.varlen_training.pretrain import pretrain
-    from megatron.varlen_training.trainer import Trainer
-
-    run = (parse_hybrid_run_config if hybrid else parse_run_config)(argv, world_size=1)
-    trainer = Trainer(run, HYBRID if hybrid else GPT, console=False)
-    try:
-        history = pretrain(trainer)
-        return {"history": [{k: step[k] for k in ("lm_loss", "grad_norm")} for step in history],
-                "mlp": _mlp_outputs(_first_mlp(trainer.state.model))}
-    finally:
-        trainer.close()
-
-
 def _train_all(plan: dict) -> dict:
-    return {name: _train(argv, hybrid) for name, (argv, hybrid) in plan.items()}
+    return {name: train_and_inspect(argv, hybrid,
+                                    lambda trainer: _mlp_outputs(_first_mlp(trainer.state.model)))
+            for name, (argv, hybrid) in plan.items()}
 
 
 @pytest.fixture(scope="module")
@@ -84,24 +68,22 @@ def runs() -> dict:
 
 @pytest.mark.parametrize("name", ["dense unpacked", "hybrid unpacked"])
 def test_the_mlp_computes_squared_relu(runs, name):
-    out, squared, gelu = runs[name]["mlp"]
+    out, squared, gelu = runs[name]["inspected"]
     assert torch.allclose(out, squared, rtol=RTOL, atol=1e-6)
     assert not torch.allclose(out, gelu, rtol=1e-2, atol=1e-3)  # the check can fail
 
 
 def test_without_the_flag_the_mlp_is_gelu(runs):
-    out, squared, gelu = runs["dense gelu"]["mlp"]
+    out, squared, gelu = runs["dense gelu"]["inspected"]
     assert torch.allclose(out, gelu, rtol=RTOL, atol=1e-6)
     assert not torch.allclose(out, squared, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("feature", ["dense", "hybrid"])
 def test_packed_training_equals_unpacked(runs, feature):
-    got, want = runs[f"{feature} packed"]["history"], runs[f"{feature} unpacked"]["history"]
-    assert len(got) == len(want) == 3
-    for it, (mine, theirs) in enumerate(zip(got, want), start=1):
-        for key in ("lm_loss", "grad_norm"):
-            assert mine[key] == pytest.approx(theirs[key], rel=RTOL), (feature, it, key)
+    assert len(runs[f"{feature} packed"]["history"]) == 3
+    assert_same_history(runs[f"{feature} packed"]["history"],
+                        runs[f"{feature} unpacked"]["history"], RTOL, f"{feature} packed")
 
 
 def test_a_resume_or_fine_tune_keeps_the_activation(tmp_path):
@@ -120,6 +102,24 @@ def test_a_resume_or_fine_tune_keeps_the_activation(tmp_path):
         with pytest.raises(CheckpointError) as err:
             check_run_args(str(tmp_path), squared, check_data=False, **parts)
         assert "--squared-relu" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_use_checkpoint_args_takes_the_activation(tmp_path):
+    """Megatron-LM's load_args_from_checkpoint forces squared_relu from the checkpoint
+    (``_set_arg(..., force=True)``): its value replaces the command line's either way."""
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from tests.unit_tests.varlen_training import test_use_checkpoint_args as ckptargs
+
+    architecture = [arg for arg in ckptargs.ARCHITECTURE if arg != "--swiglu"]  # one activation
+    squared = ckptargs._record(tmp_path / "squared", 2,
+                               architecture + ckptargs.TRAINING + [FLAG])
+    run = parse_run_config(ckptargs.TRAINING + ckptargs.USE + ["--load", str(squared)],
+                           world_size=1)
+    assert run.model.squared_relu is True
+    gelu = ckptargs._record(tmp_path / "gelu", 2, architecture + ckptargs.TRAINING)
+    run = parse_run_config(ckptargs.TRAINING + ckptargs.USE + ["--load", str(gelu), FLAG],
+                           world_size=1)
+    assert run.model.squared_relu is False
 
 
 def test_it_is_another_model_than_gelus(runs):
