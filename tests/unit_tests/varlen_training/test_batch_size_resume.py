@@ -7,7 +7,7 @@ loop on one gloo rank (one process for all runs).
 consumed samples, learning rate and loss equal a plain unpacked reference stepped by hand on
 the same samples in the same order (batches [0, 4), [4, 8), [8, 16), ..., the dataset cut to
 each step's samples), which knows nothing of anchors; the packed path resumed from the same
-checkpoint equals it too; the second resume continues at its checkpoint's 24 samples, not at
+checkpoint equals it too, on one rank and with dynamic context parallelism on two; the second resume continues at its checkpoint's 24 samples, not at
 4 x 8. Every second iteration evaluates one validation batch of the run's size: the resumed
 runs read on from the 4 validation samples the first run read ([4, 12), then [12, 20), and
 [20, 28) at the end), which 8 does not divide. The schedule arithmetic and the flag layer's
@@ -113,7 +113,7 @@ def _all_runs(root: str) -> dict:
     saving = ["--save", ckpt]
     reference, reference_validations = _reference()
     return {"reference": reference, "notes": notes, "validations": validations,
-            "reference_validations": reference_validations,
+            "reference_validations": reference_validations, "checkpoints": ckpt,
             "small": run("small", *_gbs(SMALL), *saving, "--exit-interval", "2"),
             "packed": run("packed", *_gbs(LARGE), "--sequence-packing", "--load", ckpt),
             "large": run("large", *_gbs(LARGE), *saving, "--load", ckpt, "--exit-interval", "4"),
@@ -146,6 +146,24 @@ def test_a_second_resume_continues_at_its_checkpoints_samples(runs):
     """Resumed at iteration 4 with the same size: batch 4 starts at sample 24 (8 samples by
     iteration 2, then 2 x 8), not at 4 x 8 = 32."""
     assert_steps_close(runs["again"], runs["reference"][4:], RTOL)
+
+
+# Two ranks of dynamic context parallelism, resumed from the one-rank checkpoint of iteration 2:
+# a sample of up to 32 tokens trains on one rank, a longer one is split over both (CP 2).
+DYNAMIC_CP = ["--sequence-packing", "--dynamic-context-parallel", "--context-parallel-size", "2",
+              "--max-seqlen-per-dp-cp-rank", str(SEQ // 2)]
+
+
+def _dynamic_cp_resumed(checkpoints: str, path: str) -> None:
+    train_on_this_rank(BASE + _gbs(LARGE) + DYNAMIC_CP + [
+        "--load", checkpoints, "--ckpt-step", "2", "--log-metrics-jsonl", path])
+
+
+def test_dynamic_cp_on_two_ranks_resumes_the_same_way(runs, tmp_path):
+    path = tmp_path / "dynamic_cp.jsonl"
+    run_distributed(_dynamic_cp_resumed, 2, args=(runs["checkpoints"], str(path)),
+                    timeout_s=300)
+    assert_steps_close(step_records(path), runs["reference"][2:], RTOL)
 
 
 def test_the_console_says_where_the_data_resumes(runs):
