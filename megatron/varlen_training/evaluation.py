@@ -34,8 +34,10 @@ wandb, :func:`.metric_writers.evaluation_key`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from megatron.varlen_training import log, loop_steps, training
-from megatron.varlen_training.batch_rampup import BatchAnchor, GlobalBatchSchedule
+from megatron.varlen_training.batch_rampup import BatchAnchor
 from megatron.varlen_training.config.training import TrainingConfig
 from megatron.varlen_training.errors import CheckpointError
 from megatron.varlen_training.run_description import evaluates_after, in_loop_evaluations
@@ -82,18 +84,18 @@ def check_resumed_validation(training_config: TrainingConfig, iteration: int,
             f"fit)")
 
 
-def continue_validation(valid_provider, training_config: TrainingConfig,
-                        consumed_valid_samples: int) -> None:
+def continue_validation(valid_provider, consumed_valid_samples: int) -> None:
     """A resumed run's evaluations read on from exactly the validation samples its checkpoint
     consumed, as Megatron-LM's sampler does, also where the evaluation batch does not divide
     them (a resume with another --global-batch-size or --eval-global-batch-size): each
-    validation set's batches are anchored there; the next evaluation reads batch
+    validation set's batch schedule is anchored there; the next evaluation reads batch
     ``consumed // size`` (:func:`_next_validation_batch`), which then starts at ``consumed``.
     Not for --full-validation, which reads each split from its first sample."""
-    size = training_config.eval_batch_size
-    anchor = BatchAnchor(consumed_valid_samples // size, consumed_valid_samples)
     for _, provider in each_validation_set(valid_provider):
-        provider.schedule = GlobalBatchSchedule(size, size, anchor=anchor)
+        schedule = provider.schedule
+        anchor = BatchAnchor(consumed_valid_samples // schedule.global_batch_size,
+                             consumed_valid_samples)
+        provider.schedule = dataclasses.replace(schedule, anchor=anchor)
 
 
 def _evaluate(trainer, provider, first_index: int, name: str, where: str,

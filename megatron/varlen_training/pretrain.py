@@ -165,8 +165,7 @@ def pretrain(trainer: Trainer) -> list[dict]:
                 evaluation.check_resumed_validation(trainer.run.training, state.iteration,
                                                     state.consumed_valid_samples,
                                                     trainer.run.data.eval_samples)
-                evaluation.continue_validation(providers.valid, trainer.run.training,
-                                               state.consumed_valid_samples)
+                evaluation.continue_validation(providers.valid, state.consumed_valid_samples)
             history = train(trainer, providers.train, providers.valid, exits, providers.test)
             # Parquet/Arrow rows are tokenized when read: their truncations are counted then.
             report_truncated_rows(dataset for p in providers if p is not None

@@ -33,10 +33,8 @@ from megatron.varlen_training.load_options import (
     TrackerError, holds_checkpoint, iteration_folder, read_latest_iteration,
 )
 from megatron.varlen_training.resume.run_args_keys import (
-    DATA_POSITION_KEY, GLOBAL_BATCH_KEY, RUN_ARGS_FILENAME,
+    DATA_POSITION_KEY, GLOBAL_BATCH_KEY, RAMPUP_KEY, RUN_ARGS_FILENAME,
 )
-
-RAMPUP_KEY = "rampup_batch_size"  # run_args_keys.RAMPUP_KEYS' ramp (None: no ramp-up)
 
 
 def resumed_batch_anchor(args) -> tuple[int, int] | None:

@@ -171,10 +171,10 @@ def _check_run_args(folder: str, iteration: int, run: RunConfig,
 
 
 def _restore_optimizer(state: dict, optimizer, scheduler, run: RunConfig | None,
-                       folder: str) -> None:
-    """The loaded optimizer state and LR/WD schedule into ``optimizer`` and ``scheduler``."""
+                       saved_batch_size: int | None) -> None:
+    """The loaded optimizer state and LR/WD schedule into ``optimizer`` and ``scheduler``;
+    ``saved_batch_size``: the checkpoint's --global-batch-size (its run_args.json's)."""
     if run is not None:
-        saved_batch_size = _saved_run_args(folder).get(GLOBAL_BATCH_KEY)
         schedule_check.check_scheduler(state["opt_param_scheduler"], scheduler, run,
                                        saved_batch_size)
     optimizer_state.load(optimizer, state["optimizer"])
@@ -243,12 +243,11 @@ def _strict_mismatch(err: BaseException, run: RunConfig | None) -> str | None:
             f"run do not share: {one_line(err)[:_DETAIL_CHARS * 2]}")
 
 
-def _parts_held(folder: str, parts: load_options.LoadParts,
+def _parts_held(folder: str, saved: dict, parts: load_options.LoadParts,
                 run: RunConfig | None) -> load_options.LoadParts:
-    """``parts`` narrowed to what the checkpoint holds, as Megatron-LM's load: no optimizer
-    state to restore (or another --optimizer's) is one line on every rank; no random states,
-    none restored."""
-    saved = agree_on_errors(_saved_run_args, folder)
+    """``parts`` narrowed to what the checkpoint in ``folder`` holds (``saved``: its
+    run_args.json), as Megatron-LM's load: no optimizer state to restore (or another
+    --optimizer's) is one line on every rank; no random states, none restored."""
     return agree_on_errors(
         parts_to_load, folder, recorded_parts(saved), parts,
         recorded_optimizer(saved),
@@ -273,7 +272,8 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     too, as there). With ``run``, refuses a run that would not continue the saved one
     (``--finetune``: a model of another shape)."""
     iteration, folder = check_checkpoint(root, parts.step)
-    parts = _parts_held(folder, parts, run)
+    saved = agree_on_errors(_saved_run_args, folder)
+    parts = _parts_held(folder, saved, parts, run)
     if run is not None:
         _check_run_args(folder, iteration, run, parts)
     if parts.optimizer:
@@ -294,7 +294,7 @@ def load_checkpoint(root: str, model, optimizer, scheduler, run: RunConfig | Non
     for key, chunk in zip(model_keys(model), model):
         unwrap(chunk).load_state_dict(state[key])
     if parts.optimizer:
-        _restore_optimizer(state, optimizer, scheduler, run, folder)
+        _restore_optimizer(state, optimizer, scheduler, run, saved.get(GLOBAL_BATCH_KEY))
     else:  # the optimizer's fp32 main copy of half-precision weights follows the loaded weights
         optimizer.reload_model_params()
     _restore_rng(folder, parts)

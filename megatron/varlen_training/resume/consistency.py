@@ -95,7 +95,7 @@ from megatron.varlen_training.resume.optimizer_layout_check import (
 from megatron.varlen_training.resume.run_args_keys import (
     CHECKED_WHEN_RECORDED, DATA_ORDER_KEYS, DATA_POSITION_KEY, GLOBAL_BATCH_KEY,
     INDEXED_SAMPLES_KEY, LEARNED_POSITIONS, MODEL_KEYS, OPTIMIZER_LAYOUT_KEY,
-    OVERRIDABLE_DATA_KEYS, RECORDED_BEFORE, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
+    OVERRIDABLE_DATA_KEYS, RAMPUP_KEY, RECORDED_BEFORE, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
 )
 from megatron.varlen_training.resume.run_args_record import (
     consumed_samples, normalise, read_run_args, snapshot,
@@ -118,7 +118,7 @@ def _batch_size_may_change(saved: dict, mine: dict) -> bool:
     """Neither run ramps its batch up: the resumed run's batches of its own size start at the
     checkpoint's consumed samples (resumed_batch_anchor.py; :func:`data_position_note` checks
     that they do). A ramp's sizes depend on --global-batch-size: with one, it must match."""
-    return saved.get("rampup_batch_size") is None and mine["rampup_batch_size"] is None
+    return saved.get(RAMPUP_KEY) is None and mine[RAMPUP_KEY] is None
 
 
 def _whole_documents(saved: dict, mine: dict) -> bool:

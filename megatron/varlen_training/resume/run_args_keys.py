@@ -58,7 +58,8 @@ SFT_KEYS = {"sft_messages_key": "messages", "sft_prompt_key": "prompt",
 SFT_SPLIT_RULE_KEY = "sft_split_rule"
 SFT_SPLIT_BY_SHARES, SFT_SPLIT_TAIL = "split", "tail"
 # --rampup-batch-size and its rounding decide which samples each iteration reads.
-RAMPUP_KEYS = {"rampup_batch_size": None, "decrease_batch_size_if_needed": False}
+RAMPUP_KEY = "rampup_batch_size"  # the ramp itself (None: no ramp-up)
+RAMPUP_KEYS = {RAMPUP_KEY: None, "decrease_batch_size_if_needed": False}
 # --packing-unit document: the longest piece a document was cut into (--document-piece-length,
 # else the longest sequence the layout runs: --max-seqlen-per-dp-cp-rank x the largest CP group,
 # learned positions' table). Other pieces are permuted and read as another stream. None: other
