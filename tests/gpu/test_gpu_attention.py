@@ -48,7 +48,7 @@ def _grads(fn, q, k, v, weight, dtype):
     return [t.float() for t in (out.detach(), q.grad, k.grad, v.grad)]
 
 
-def _flash_cp(cp):
+def _flash_cp(cp, window=None):
     padded = _cu(PADDED)
 
     def run(q, k, v):
@@ -56,7 +56,8 @@ def _flash_cp(cp):
         k_rows = torch.cat([split(k, r) for r in range(cp)])
         v_rows = torch.cat([split(v, r) for r in range(cp)])
         shards = [attend_planned(split(q, r), k_rows, v_rows,
-                                 build_attention_plan(_cu(REAL), padded, cp, r).to(q.device),
+                                 build_attention_plan(_cu(REAL), padded, cp, r, True,
+                                                      window).to(q.device),
                                  SCALE) for r in range(cp)]
         return restore_thd_from_cp_shards(shards, padded, seq_dim=0)
 
@@ -74,6 +75,21 @@ def test_flash_equals_reference_attention(cp, groups):
     for name, g, e in zip(["out", "dq", "dk", "dv"], got, expected):
         error = float((g - e).abs().max())
         assert error < ATOL * max(1.0, float(e.abs().max())), (name, cp, groups, error)
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_flash_sliding_window_equals_reference_attention(cp):
+    """torch's kernel with the plan's bottom-right window (W, 0) == the local attention's
+    windowed mask (itself == a float64 windowed softmax on CPU, test_sliding_window.py)."""
+    window = 5
+    q, k, v, weight = _inputs(2, seed=20 + cp)
+    reference = lambda q, k, v: varlen_attention(  # noqa: E731
+        q, k, v, _cu(PADDED), _cu(REAL), LOCAL_ONLY_CP_GROUP, True, SCALE, window_left=window)
+    expected = _grads(reference, q, k, v, weight, torch.float32)
+    got = _grads(_flash_cp(cp, window), q, k, v, weight, torch.bfloat16)
+    for name, g, e in zip(["out", "dq", "dk", "dv"], got, expected):
+        error = float((g - e).abs().max())
+        assert error < ATOL * max(1.0, float(e.abs().max())), (name, cp, error)
 
 
 def test_flash_forward_backward_makes_no_synchronising_copy():

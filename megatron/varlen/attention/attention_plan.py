@@ -13,6 +13,10 @@ reference attention computes:
   bottom-right aligned, so row j of the segment sees keys 0 .. a + j: exactly the causal mask
   at global positions. A chunk with no real row (a >= L) is no segment: its rows stay zero,
   as the reference returns for padding rows.
+* A causal sliding window of ``w`` earlier keys (:mod:`megatron.varlen.attention.sliding_window`)
+  trims the prefix to [max(0, a - w), e): no row of the chunk sees a key before a - w, and the
+  kernel's bottom-right window ``(w, 0)`` then gives row j keys a + j - w .. a + j, again the
+  global positions.
 * Keys come from the all-gathered K/V of the CP group (rank-ordered shards), picked with one
   index (``key_index``) into that concatenation; queries are picked from the local shard with
   ``query_index`` and the kernel's output is scattered back to those rows.
@@ -51,6 +55,7 @@ class AttentionPlan:
     max_q: int
     max_k: int
     num_segments: int
+    window_left: Optional[int] = None  # a causal sliding window's earlier keys; None: all
 
     def to(self, device: torch.device) -> "AttentionPlan":
         """The same plan with its tensors on ``device`` (pinned, asynchronous copies on CUDA)."""
@@ -60,7 +65,7 @@ class AttentionPlan:
             local_tokens=self.local_tokens, query_index=move(self.query_index),
             key_index=move(self.key_index), cu_seq_q=move(self.cu_seq_q),
             cu_seq_k=move(self.cu_seq_k), max_q=self.max_q, max_k=self.max_k,
-            num_segments=self.num_segments)
+            num_segments=self.num_segments, window_left=self.window_left)
 
 
 def _ranges(starts: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
@@ -137,7 +142,7 @@ def _key_rows(start_pos: int, count: int, padded_starts, padded_lens, seq, cp_si
 
 def build_attention_plan(
     cu_seqlens: Sequence[int], cu_seqlens_padded: Sequence[int], cp_size: int, cp_rank: int,
-    causal: bool = True,
+    causal: bool = True, window_left: Optional[int] = None,
 ) -> AttentionPlan:
     """The kernel call for ``cp_rank``'s tokens (see the module docstring). Host only.
 
@@ -146,11 +151,16 @@ def build_attention_plan(
         cu_seqlens_padded: [n+1] cumulative PADDED lengths of the whole pack.
         cp_size, cp_rank: the micro-batch's CP group size and this rank's place in it.
         causal: causal within each sequence (else full attention over its real tokens).
+        window_left: a causal sliding window: each query sees this many earlier keys (None:
+            all of them).
 
     Raises:
         ValueError: malformed boundaries (a padded length below its real length, or not
-            divisible by 2*cp_size when cp_size > 1).
+            divisible by 2*cp_size when cp_size > 1); a window without causal attention.
     """
+    if window_left is not None and (not causal or window_left < 0):
+        raise ValueError(f"a sliding window of {window_left} earlier keys needs causal "
+                         f"attention and a width >= 0")
     real = [int(x) for x in cu_seqlens]
     padded = [int(x) for x in cu_seqlens_padded]
     if len(real) != len(padded) or len(padded) < 1:
@@ -170,11 +180,12 @@ def build_attention_plan(
         for slot, (a, b) in enumerate(local_chunks(p, cp_size, cp_rank)):
             end = min(b, length)
             if end > a:
-                key_len = end if causal else length
+                key_from = 0 if window_left is None else max(0, a - window_left)
+                key_len = (end if causal else length) - key_from
                 q_starts.append(local_offset + slot * (b - a))  # chunks sit back to back
                 q_lens.append(end - a)
-                starts, lengths = _key_rows(padded[seq], key_len, padded, padded_lens, seq,
-                                            cp_size)
+                starts, lengths = _key_rows(padded[seq] + key_from, key_len, padded,
+                                            padded_lens, seq, cp_size)
                 k_starts += starts
                 k_lens += lengths
                 seg_q.append(end - a)
@@ -182,7 +193,8 @@ def build_attention_plan(
         local_offset += p // cp_size
     local_tokens = padded[-1] // cp_size
     return AttentionPlan(
-        cp_size=cp_size, cp_rank=cp_rank, causal=causal, local_tokens=local_tokens,
+        cp_size=cp_size, cp_rank=cp_rank, causal=causal, window_left=window_left,
+        local_tokens=local_tokens,
         query_index=_index_or_none(q_starts, q_lens, local_tokens),
         key_index=_index_or_none(k_starts, k_lens, padded[-1]),
         cu_seq_q=_cumulative(seg_q), cu_seq_k=_cumulative(seg_k),
@@ -192,13 +204,13 @@ def build_attention_plan(
 _ATTENTION_PLAN = "attention-plan"  # kind of the micro-batch cache's entry
 
 
-def attention_plan(params, cp_size: int, cp_rank: int, causal: bool,
-                   device: torch.device) -> AttentionPlan:
-    """The plan of ``params``' micro-batch for one CP place and device: built from its host
-    boundaries on first use, then reused by every layer (the micro-batch cache,
-    :class:`~megatron.varlen.packing.packed_seq.MicroBatchCache`)."""
+def attention_plan(params, cp_size: int, cp_rank: int, causal: bool, device: torch.device,
+                   window_left: Optional[int] = None) -> AttentionPlan:
+    """The plan of ``params``' micro-batch for one CP place, window and device: built from its
+    host boundaries on first use, then reused by every layer with that window (the
+    micro-batch cache, :class:`~megatron.varlen.packing.packed_seq.MicroBatchCache`)."""
     host = host_boundaries(params)
     return host.cache.get(
-        (_ATTENTION_PLAN, cp_size, cp_rank, causal, str(device)),
+        (_ATTENTION_PLAN, cp_size, cp_rank, causal, window_left, str(device)),
         lambda: build_attention_plan(host.cu_seqlens.tolist(), host.cu_seqlens_padded.tolist(),
-                                     cp_size, cp_rank, causal).to(device))
+                                     cp_size, cp_rank, causal, window_left).to(device))

@@ -1,8 +1,9 @@
 """Plain-torch core attention for packed (THD) and plain (SBHD) batches, with context parallelism.
 
 Used as the ``core_attention`` of megatron-core's ``SelfAttention`` on CPU (and anywhere Transformer
-Engine is absent). Causal (or full) attention, GQA, padding slots masked, no attention across packed
-sequences, and CP: each rank holds, per sequence, chunks r and 2cp-1-r of the padded sequence (see
+Engine is absent). Causal (or full) attention, a causal sliding window (``--window-size``), GQA,
+padding slots masked, no attention across packed sequences, and CP: each rank holds, per
+sequence, chunks r and 2cp-1-r of the padded sequence (see
 :mod:`megatron.varlen.packing.cp_split`); K and V are all-gathered over the CP group with a
 differentiable collective and local queries attend at their GLOBAL positions. A reference
 implementation: it materialises one [heads, sq, sk] score matrix per sequence, which is fine for
@@ -37,6 +38,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.varlen.attention.collectives import all_gather_dim0
 from megatron.varlen.attention.cp_group import resolve_cp_group
+from megatron.varlen.attention.sliding_window import layer_window
 from megatron.varlen.packing.cp_split import get_thd_partition_indices, get_thd_restore_order
 from megatron.varlen.packing.packed_seq import (
     HostBoundaries, MicroBatchCache, has_host_boundaries, host_boundaries, host_to_device, on_host,
@@ -69,11 +71,12 @@ def _expand_kv_heads(x_TGD: torch.Tensor, num_heads: int) -> torch.Tensor:
 def _attend_one_sequence(
     q_qND: torch.Tensor, k_kND: torch.Tensor, v_kND: torch.Tensor, q_pos: torch.Tensor,
     real_len: int, causal: bool, scale: float, dropout: Optional[DropoutFn],
-    blocked_qk: Optional[torch.Tensor] = None,
+    blocked_qk: Optional[torch.Tensor] = None, window_left: Optional[int] = None,
 ) -> torch.Tensor:
     """Attention of one sequence's local query rows (at positions ``q_pos``) over all its keys.
 
     Keys at or beyond ``real_len`` (padding) are masked; query rows in padding return zeros.
+    ``window_left``: a query sees no key more than that many positions before it.
     ``blocked_qk`` (bool [sq, sk], True = masked, Megatron's convention) masks more: the
     unpacked path's per-sample mask (``--reset-attention-mask``).
     """
@@ -83,6 +86,8 @@ def _attend_one_sequence(
     allowed_qk = (k_pos[None, :] < real_len) & (q_pos[:, None] < real_len)
     if causal:
         allowed_qk = allowed_qk & (k_pos[None, :] <= q_pos[:, None])
+    if window_left is not None:
+        allowed_qk = allowed_qk & (k_pos[None, :] >= q_pos[:, None] - window_left)
     if blocked_qk is not None:
         allowed_qk = allowed_qk & ~blocked_qk
     # A finite fill (not -inf) keeps fully masked rows NaN-free; they are zeroed just below.
@@ -146,7 +151,7 @@ def _gather_full_kv(
 def varlen_attention(
     q_TrND: torch.Tensor, k_TrGD: torch.Tensor, v_TrGD: torch.Tensor,
     cu_seqlens_padded: torch.Tensor, cu_seqlens: torch.Tensor, cp_group, causal: bool,
-    scale: float, dropout: Optional[DropoutFn] = None,
+    scale: float, dropout: Optional[DropoutFn] = None, window_left: Optional[int] = None,
 ) -> torch.Tensor:
     """Packed attention of this CP rank's tokens; returns [T_r, N, D].
 
@@ -161,20 +166,25 @@ def varlen_attention(
         causal: causal within each sequence (always block-diagonal across sequences).
         scale: softmax scale.
         dropout: applied to the attention probabilities when given.
+        window_left: a causal sliding window: each query sees this many earlier keys (None:
+            all of them).
     """
     layout = build_local_layout(cu_seqlens_padded.detach().cpu(), cu_seqlens.detach().cpu(),
                                 cp_group.size(), cp_group.rank(), q_TrND.device)
-    return attend_with_layout(q_TrND, k_TrGD, v_TrGD, layout, cp_group, causal, scale, dropout)
+    return attend_with_layout(q_TrND, k_TrGD, v_TrGD, layout, cp_group, causal, scale, dropout,
+                              window_left=window_left)
 
 
 def attend_with_layout(
     q_TrND: torch.Tensor, k_TrGD: torch.Tensor, v_TrGD: torch.Tensor, layout: LocalLayout,
     cp_group, causal: bool, scale: float, dropout: Optional[DropoutFn] = None,
-    blocked_nqk: Optional[torch.Tensor] = None,
+    blocked_nqk: Optional[torch.Tensor] = None, window_left: Optional[int] = None,
 ) -> torch.Tensor:
     """:func:`varlen_attention` with a prebuilt ``layout`` (for ``cp_group``'s size and rank
     and the tensors' device): no device->host read. ``blocked_nqk``: per sequence, its local
     query rows x all its keys, True = masked (the SBHD path's dense mask; None: none)."""
+    if window_left is not None and not causal:
+        raise ValueError("a sliding window (--window-size) needs causal attention")
     if q_TrND.size(0) != layout.local_tokens or cp_group.size() != layout.cp_size:
         raise ValueError(
             f"query holds {q_TrND.size(0)} tokens on a CP group of {cp_group.size()}, but "
@@ -195,7 +205,7 @@ def attend_with_layout(
         outputs.append(_attend_one_sequence(
             q_TrND[lo:hi], k_TND[start:end], v_TND[start:end], layout.q_pos[lo:hi],
             real_len, causal, scale, dropout,
-            None if blocked_nqk is None else blocked_nqk[i],
+            None if blocked_nqk is None else blocked_nqk[i], window_left,
         ))
     if not outputs:
         return q_TrND.new_zeros(0, q_TrND.size(1), v_TrGD.size(-1))
@@ -263,8 +273,9 @@ class VarlenCoreAttention(MegatronModule):
 
     Args:
         config: the transformer config (reads kv_channels, attention_dropout, softmax_scale,
-            softmax_type, window_size, sequence_parallel).
-        layer_number: 1-based layer index (kept for megatron's bookkeeping).
+            softmax_type, window_size, window_attn_skip_freq, sequence_parallel).
+        layer_number: 1-based layer index: whether ``window_size`` applies to this layer
+            (``window_attn_skip_freq``), and megatron's bookkeeping.
         attn_mask_type: causal/padding_causal (causal) or no_mask/padding (full attention).
         attention_type: "self" (cross attention with a different KV layout is not supported).
         attention_dropout: overrides ``config.attention_dropout``.
@@ -298,14 +309,16 @@ class VarlenCoreAttention(MegatronModule):
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
             raise ValueError(f"VarlenCoreAttention supports softmax_type='vanilla' only, got "
                              f"{config.softmax_type!r}")
-        if getattr(config, "window_size", None) is not None:
-            raise ValueError("VarlenCoreAttention does not support window_size (sliding window)")
         if cp_comm_type not in SUPPORTED_CP_COMM_TYPES:
             raise ValueError(
                 f"cp_comm_type {cp_comm_type!r} is not implemented by {type(self).__name__}: it "
                 f"all-gathers K and V over the CP group (supported: all_gather; "
                 f"TransformerConfig.cp_comm_type, flag --cp-comm-type)")
         self.layer_number = max(1, layer_number)
+        # megatron-core's choice of the windowed layers (is_layer_window_attention), as TE's
+        self.window_left = layer_window(getattr(config, "window_size", None),
+                                        getattr(config, "window_attn_skip_freq", None),
+                                        layer_number)
         self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
         self.cp_comm_type = cp_comm_type
@@ -380,7 +393,8 @@ class VarlenCoreAttention(MegatronModule):
             query, key, value = (x.squeeze(1) for x in (query, key, value))
         layout = thd_layout(params, cp_group.size(), cp_group.rank(), query.device)
         out_TrND = attend_with_layout(query, key, value, layout, cp_group, causal,
-                                      self.softmax_scale, self._dropout_fn())
+                                      self.softmax_scale, self._dropout_fn(),
+                                      window_left=self.window_left)
         out = out_TrND.reshape(out_TrND.size(0), -1)
         return out.unsqueeze(1) if has_batch_dim else out
 
@@ -393,5 +407,5 @@ class VarlenCoreAttention(MegatronModule):
                               str(query.device))
         out_TND = attend_with_layout(to_packed(query), to_packed(key), to_packed(value), layout,
                                      cp_group, causal, self.softmax_scale, self._dropout_fn(),
-                                     blocked_bqk)
+                                     blocked_bqk, self.window_left)
         return out_TND.reshape(b, s, -1).transpose(0, 1).contiguous()

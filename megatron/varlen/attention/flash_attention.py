@@ -88,7 +88,8 @@ def attend_planned(
     q, k_rows, v_rows = _equal_head_dims(q, k_rows, v_rows)
     out = call_varlen_kernel(kernel, q.contiguous(), k_rows.contiguous(), v_rows.contiguous(),
                              plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, scale,
-                             plan.causal, bottom_right=plan.cp_size > 1)
+                             plan.causal, bottom_right=plan.cp_size > 1,
+                             window_left=plan.window_left)
     if out.size(-1) != value_dim:  # zero value channels _equal_head_dims added (MLA)
         out = out[..., :value_dim]  # only then: a no-op slice still costs a call per layer
     if plan.query_index is None:
@@ -99,10 +100,11 @@ def attend_planned(
 
 @functools.lru_cache(maxsize=_SBHD_PLAN_CACHE_SIZE)
 def _sbhd_plan(batch: int, seq_len: int, cp_size: int, cp_rank: int, causal: bool,
-               device: str) -> AttentionPlan:
+               window_left: Optional[int], device: str) -> AttentionPlan:
     """Each batch row is one sequence of (global) length ``seq_len``, no padding."""
     cu = [row * seq_len for row in range(batch + 1)]
-    return build_attention_plan(cu, cu, cp_size, cp_rank, causal).to(torch.device(device))
+    return build_attention_plan(cu, cu, cp_size, cp_rank, causal,
+                                window_left).to(torch.device(device))
 
 
 class FlashVarlenCoreAttention(VarlenCoreAttention):
@@ -133,7 +135,8 @@ class FlashVarlenCoreAttention(VarlenCoreAttention):
         has_batch_dim = query.dim() == 4  # [T_r, 1, N, D] instead of [T_r, N, D]
         if has_batch_dim:
             query, key, value = (x.squeeze(1) for x in (query, key, value))
-        plan = attention_plan(params, cp_group.size(), cp_group.rank(), causal, query.device)
+        plan = attention_plan(params, cp_group.size(), cp_group.rank(), causal, query.device,
+                              self.window_left)
         out_TrND = flash_varlen_attention(query, key, value, plan, cp_group,
                                           self.softmax_scale, self.kernel)
         out = out_TrND.reshape(out_TrND.size(0), -1)
@@ -147,7 +150,7 @@ class FlashVarlenCoreAttention(VarlenCoreAttention):
         s, b = query.shape[:2]
         to_packed = lambda x: x.transpose(0, 1).reshape(b * s, *x.shape[2:])
         plan = _sbhd_plan(b, s * cp_group.size(), cp_group.size(), cp_group.rank(), causal,
-                          str(query.device))
+                          self.window_left, str(query.device))
         out_TND = flash_varlen_attention(to_packed(query), to_packed(key), to_packed(value),
                                          plan, cp_group, self.softmax_scale, self.kernel)
         return out_TND.reshape(b, s, -1).transpose(0, 1).contiguous()

@@ -42,19 +42,21 @@ def emulated_varlen_attn(
     """``varlen_attn``'s semantics in plain torch: [T_q, H, D] from [T_q, H, D], [T_k, G, D].
 
     Segment by segment (reads the boundaries on the host: a test twin, not a fast path).
-    Causal is bottom-right aligned; a query row with no visible key returns zeros. Scores are
-    computed in fp32 for half inputs, as the kernel accumulates in fp32.
+    ``window_size=(left, right)`` is aligned BOTTOM-RIGHT, as FlashAttention's: with ``Lq``
+    queries and ``Lk`` keys, row j sees keys ``j + Lk - Lq - left .. j + Lk - Lq + right``
+    (-1: unbounded on that side), so (-1, 0) is causal and (-1, -1) full attention. A query row
+    with no visible key returns zeros. Scores are computed in fp32 for half inputs, as the
+    kernel accumulates in fp32.
     """
-    if window_size not in (CAUSAL_WINDOW, FULL_WINDOW):
-        raise ValueError(f"emulated_varlen_attn supports windows {CAUSAL_WINDOW} and "
-                         f"{FULL_WINDOW}, got {window_size}")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size {window_size}: each side must be >= -1")
     heads, groups = query.size(1), key.size(1)
     if groups != heads and not enable_gqa:
         raise ValueError(f"{groups} key/value heads for {heads} query heads needs enable_gqa")
     if heads % groups:
         raise ValueError(f"{heads} query heads are not a multiple of {groups} key/value heads")
     scale = query.size(-1) ** -0.5 if scale is None else scale
-    causal = window_size == CAUSAL_WINDOW
     bounds_q, bounds_k = cu_seq_q.tolist(), cu_seq_k.tolist()
     if len(bounds_q) != len(bounds_k):
         raise ValueError("cu_seq_q and cu_seq_k must have the same number of entries")
@@ -72,10 +74,15 @@ def emulated_varlen_attn(
             raise ValueError(f"segment {i}: {len_q} queries / {len_k} keys exceed max_q "
                              f"{max_q} / max_k {max_k}")
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        if causal:
-            rows = torch.arange(len_q, device=q.device)[:, None]
-            cols = torch.arange(len_k, device=q.device)[None, :]
-            visible = cols <= rows + (len_k - len_q)
+        if window_size != FULL_WINDOW:
+            # offset of each key from its query's bottom-right-aligned diagonal
+            offset = (torch.arange(len_k, device=q.device)[None, :]
+                      - torch.arange(len_q, device=q.device)[:, None] - (len_k - len_q))
+            visible = torch.ones_like(offset, dtype=torch.bool)
+            if right != -1:
+                visible &= offset <= right
+            if left != -1:
+                visible &= offset >= -left
             scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no key: zeros
         pieces.append(torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype))
@@ -98,17 +105,25 @@ def takes_enable_gqa(kernel: VarlenKernel) -> bool:
 
 
 def kernel_keywords(kernel: VarlenKernel, scale: float, head_dim: int, causal: bool,
-                    bottom_right: bool, gqa: bool) -> dict:
+                    bottom_right: bool, gqa: bool, window_left: Optional[int] = None) -> dict:
     """The keyword arguments this ``kernel``'s signature takes for one call.
 
-    torch 2.9/2.10's ``varlen_attn`` had ``is_causal`` and no ``scale``/``window_size``; the
-    plan's non-square causal segments (CP > 1) need the bottom-right ``window_size`` form, and
-    a non-default scale needs ``scale``: refused in one line where the kernel lacks them.
+    ``window_left``: a causal sliding window, each query sees that many earlier keys (None:
+    all of them). torch 2.9/2.10's ``varlen_attn`` had ``is_causal`` and no
+    ``scale``/``window_size``; the plan's non-square causal segments (CP > 1) and a sliding
+    window need the bottom-right ``window_size`` form, and a non-default scale needs ``scale``:
+    refused in one line where the kernel lacks them.
     """
     names = _keywords(kernel)
     kwargs = {}
+    if window_left is not None and not causal:
+        raise ValueError("a sliding window needs causal attention here (window_size right 0)")
     if "window_size" in names:
-        kwargs["window_size"] = CAUSAL_WINDOW if causal else FULL_WINDOW
+        kwargs["window_size"] = ((-1 if window_left is None else window_left, 0) if causal
+                                 else FULL_WINDOW)
+    elif window_left is not None:
+        raise RuntimeError(f"this torch's varlen_attn ({torch.__version__}) has no window_size: "
+                           f"--window-size needs torch >= 2.11 (or --attention-backend local)")
     elif "is_causal" in names and not (causal and bottom_right):
         kwargs["is_causal"] = causal
     elif causal:
@@ -128,15 +143,16 @@ def kernel_keywords(kernel: VarlenKernel, scale: float, head_dim: int, causal: b
 def call_varlen_kernel(
     kernel: VarlenKernel, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, max_q: int, max_k: int,
-    scale: float, causal: bool, bottom_right: bool = True,
+    scale: float, causal: bool, bottom_right: bool = True, window_left: Optional[int] = None,
 ) -> torch.Tensor:
     """One kernel call with the keywords this torch's ``varlen_attn`` wants.
 
     ``bottom_right``: some segment has fewer query rows than keys and relies on the bottom-right
-    causal alignment (False when every segment is square, as with CP 1).
+    causal alignment (False when every segment is square, as with CP 1). ``window_left``: see
+    :func:`kernel_keywords`.
     """
     kwargs = kernel_keywords(kernel, scale, query.size(-1), causal, bottom_right,
-                             gqa=key.size(1) != query.size(1))
+                             gqa=key.size(1) != query.size(1), window_left=window_left)
     return kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs)
 
 

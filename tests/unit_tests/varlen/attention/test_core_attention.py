@@ -109,8 +109,8 @@ def test_user_errors_raise_value_error():
         module(q[:-4], k[:-4], v[:-4], None, packed_seq_params=params)
     with pytest.raises(ValueError, match="attn_mask_type"):
         module(q, k, v, None, attn_mask_type=AttnMaskType.arbitrary, packed_seq_params=params)
-    with pytest.raises(ValueError, match="window_size"):
-        build(make_config(window_size=(4, 0)))
+    with pytest.raises(ValueError, match="window_size right 2 must be 0"):
+        build(make_config(window_size=(4, 2)))
 
 
 def test_dropout_uses_the_tensor_parallel_rng_fork(monkeypatch):
