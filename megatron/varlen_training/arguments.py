@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron.varlen_training import (
-    checkpoint_arguments, checkpoint_model_flags, checkpoint_save_arguments, data_arguments,
+    attention_window_arguments, checkpoint_arguments, checkpoint_model_flags,
+    checkpoint_save_arguments, data_arguments,
     dataloader_arguments, ddp_arguments, document_arguments, flag_ranges, kernel_arguments,
     logging_arguments, loss_scale_arguments, mla_arguments, model_arguments, moe_arguments,
     optimizer_arguments,
@@ -331,6 +332,7 @@ def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
     checkpoint_arguments.add_checkpoint_args(parser)
     moe_arguments.add_moe_args(parser)
     model_arguments.add_model_args(parser)
+    attention_window_arguments.add_window_args(parser)
     mla_arguments.add_mla_args(parser)
     kernel_arguments.add_kernel_args(parser)
     pipeline_arguments.add_pipeline_split_args(parser)
@@ -468,6 +470,7 @@ def validate_args(args: argparse.Namespace, check_memory: bool = True) -> argpar
     _validate_precision_and_data(args)
     kernel_arguments.validate_kernel_args(args, require)  # first: resolves deprecated aliases
     model_arguments.validate_model_args(args, require)
+    attention_window_arguments.validate_window_args(args, require)
     varlen_arguments.validate_varlen_args(args, require)
     pipeline_arguments.validate_microbatch_group(args, require)  # after the micro-batch count
     sft_arguments.validate_sft_data_args(args, require)

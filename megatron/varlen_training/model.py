@@ -54,6 +54,12 @@ def mlp_activation(model: ModelConfig):
     return squared_relu if model.squared_relu else torch.nn.functional.gelu
 
 
+def window_layer_choice(skip_freq):
+    """``--window-attn-skip-freq`` as megatron-core reads it: an int, or a LIST (a tuple is
+    refused by its ``is_layer_window_attention``)."""
+    return list(skip_freq) if isinstance(skip_freq, tuple) else skip_freq
+
+
 def build_transformer_config(run: RunConfig) -> TransformerConfig:
     """Maps the run's model and parallel layout to megatron-core's TransformerConfig."""
     model, parallel, kernels = run.model, run.parallel, run.model.kernels
@@ -77,6 +83,8 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         normalization=model.normalization,
         gated_linear_unit=model.swiglu,
         activation_func=mlp_activation(model),
+        window_size=model.window_size,
+        window_attn_skip_freq=window_layer_choice(model.window_attn_skip_freq),
         add_bias_linear=not model.disable_bias_linear,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,

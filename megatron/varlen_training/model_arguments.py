@@ -35,7 +35,6 @@ OPTIMIZER_DTYPE_FLAGS = ("--main-grads-dtype", "--main-params-dtype", "--exp-avg
 _PRECISION_AWARE_WHY = ("Megatron-LM's precision-aware optimizer is Transformer Engine's "
                         "FusedAdam, which this fork does not build: the optimizer keeps fp32 "
                         "main grads, main params and Adam moments (Megatron-LM's default)")
-_WINDOW_WHY = "the THD attentions here attend to the whole causal context (no sliding window)"
 _LOW_BITS_WHY = "{bits} needs Transformer Engine's {bits} layers, which this fork does not build"
 REFUSED_FLAGS = (
     FlagRow(("--use-precision-aware-optimizer",), SWITCH, False, _PRECISION_AWARE_WHY),
@@ -51,8 +50,6 @@ REFUSED_FLAGS = (
             "weights are initialised from --init-method-std here (normal, layout-invariant)"),
     FlagRow(("--fp32-residual-connection",), SWITCH, False,
             "residuals stay in the parameters' dtype here"),
-    FlagRow(("--window-size",), {}, None, _WINDOW_WHY),
-    FlagRow(("--window-attn-skip-freq",), {}, None, _WINDOW_WHY),
     FlagRow(("--softmax-type",), {"choices": ("vanilla", "off-by-one", "learnable")}, "vanilla",
             "the THD attentions here implement the vanilla softmax only"),
     FlagRow(("--no-rope-freq",), {}, None, "every attention layer applies RoPE here"),

@@ -38,11 +38,12 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def parse_layer_freq(text: str):
+def parse_layer_freq(text: str, flag: str = "--moe-layer-freq"):
     """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE), a Python list
     of 0/1 per layer, e.g. ``[1,0,1,0]``, or Megatron-LM's pattern expression of such lists,
     ``+`` and ``* int``, e.g. ``([0]*1+[1]*3)`` (first layer dense). Evaluated by walking the
-    syntax tree: nothing but those lists, sums and repetitions is accepted."""
+    syntax tree: nothing but those lists, sums and repetitions is accepted. Megatron-LM parses
+    ``--window-attn-skip-freq`` (``flag``) the same way."""
     try:
         value = _layer_pattern(ast.parse(text.strip(), mode="eval").body)
     except (ValueError, SyntaxError):
@@ -51,8 +52,8 @@ def parse_layer_freq(text: str):
         return value
     if isinstance(value, list) and value and all(flag in (0, 1) for flag in value):
         return [int(flag) for flag in value]
-    raise ValueError(f"--moe-layer-freq {text!r}: give an int >= 1, a list of 0/1 per layer or "
-                     f"a pattern such as ([0]*1+[1]*3)")
+    raise ValueError(f"{flag} {text!r}: give an int >= 1, a list of 0/1 per layer or a "
+                     f"pattern such as ([0]*1+[1]*3)")
 
 
 def _layer_pattern(node: ast.AST):

@@ -36,9 +36,13 @@ def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
 
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
     spec = tuple(args.spec) if args.spec is not None else None
+    skip_freq = args.window_attn_skip_freq  # a per-layer list, frozen as a tuple
     model = ModelConfig(**_values(args, ModelConfig,
-                                  not_flags=("spec", "hybrid", "moe", "kernels", "mla")),
+                                  not_flags=("spec", "hybrid", "moe", "kernels", "mla",
+                                             "window_attn_skip_freq")),
                         spec=spec, hybrid=hybrid, moe=moe_config(args), mla=mla_config(args),
+                        window_attn_skip_freq=(tuple(skip_freq) if isinstance(skip_freq, list)
+                                               else skip_freq),
                         kernels=KernelConfig(**_values(args, KernelConfig)))
     if args.save_hf:  # fail at start-up, not after training, if the model has no HF form
         try:

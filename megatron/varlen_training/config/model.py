@@ -14,6 +14,14 @@ from megatron.varlen_training.config.validation import check_problems, check_ran
 MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"  # the layer symbols of a hybrid pattern
 
 
+def window_layers_problem(skip_freq, num_layers: int) -> str | None:
+    """A per-layer ``--window-attn-skip-freq`` list must have one entry per layer."""
+    if isinstance(skip_freq, tuple) and len(skip_freq) != num_layers:
+        return (f"--window-attn-skip-freq has {len(skip_freq)} entries for --num-layers "
+                f"{num_layers}")
+    return None
+
+
 @dataclass(frozen=True)
 class HybridConfig:
     """The hybrid stack: flags as given (recorded with checkpoints) and what validation
@@ -98,6 +106,10 @@ class ModelConfig:
     layernorm_zero_centered_gamma: bool = False
     # --squared-relu: the MLP activation is relu(x)^2 (megatron-core's squared_relu), not GELU.
     squared_relu: bool = False
+    # --window-size / --window-attn-skip-freq: a causal sliding window (LEFT, 0) and the layers
+    # it applies to (an int N: all but every N-th; a 0/1 tuple per layer); None: no window.
+    window_size: tuple[int, int] | None = None
+    window_attn_skip_freq: int | tuple[int, ...] | None = None
     mla: MLAConfig | None = None  # None: standard attention (no --multi-latent-attention)
 
     def __post_init__(self):
@@ -106,7 +118,8 @@ class ModelConfig:
             flag_ranges.head_split_problem(self.hidden_size, self.num_attention_heads,
                                            self.kv_channels),
             flag_ranges.query_group_problem(self.num_attention_heads, self.num_query_groups,
-                                            self.group_query_attention))
+                                            self.group_query_attention),
+            window_layers_problem(self.window_attn_skip_freq, self.num_layers))
 
     @property
     def head_dim(self) -> int:

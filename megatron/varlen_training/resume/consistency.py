@@ -96,6 +96,7 @@ from megatron.varlen_training.resume.run_args_keys import (
     CHECKED_WHEN_RECORDED, DATA_ORDER_KEYS, DATA_POSITION_KEY, GLOBAL_BATCH_KEY,
     INDEXED_SAMPLES_KEY, LEARNED_POSITIONS, MODEL_KEYS, OPTIMIZER_LAYOUT_KEY,
     OVERRIDABLE_DATA_KEYS, RAMPUP_KEY, RECORDED_BEFORE, SFT_SPLIT_RULE_KEY, SFT_SPLIT_TAIL,
+    WINDOW_KEYS,
 )
 from megatron.varlen_training.resume.run_args_record import (
     consumed_samples, normalise, read_run_args, snapshot,
@@ -105,13 +106,13 @@ from megatron.varlen_training.resume.run_args_record import (
 def _compared_keys(saved: dict, mine: dict, parts: LoadParts) -> tuple[str, ...]:
     """The keys that must match. A resume: model shape and data order. ``--finetune`` (a new
     run from the weights): the model shape only, and the position-table size only where both
-    have a table (learned absolute positions): RoPE fine-tunes at any --seq-length."""
+    have a table (learned absolute positions): RoPE fine-tunes at any --seq-length, and with
+    any sliding window (the weights are the same)."""
     if not parts.finetune:
         return MODEL_KEYS + DATA_ORDER_KEYS
     tables = {side.get("position_embedding_type") for side in (saved, mine)}
-    if tables == {LEARNED_POSITIONS}:
-        return MODEL_KEYS
-    return tuple(key for key in MODEL_KEYS if key != "max_position_embeddings")
+    free = (*WINDOW_KEYS, *(() if tables == {LEARNED_POSITIONS} else ("max_position_embeddings",)))
+    return tuple(key for key in MODEL_KEYS if key not in free)
 
 
 def _batch_size_may_change(saved: dict, mine: dict) -> bool:

@@ -40,6 +40,7 @@ FLAG_LAYER_MODULES = {
     "megatron/varlen_training/moe_arguments.py",
     "megatron/varlen_training/mla_arguments.py",
     "megatron/varlen_training/model_arguments.py",
+    "megatron/varlen_training/attention_window_arguments.py",
     "megatron/varlen_training/kernel_arguments.py",
     "megatron/varlen_training/pipeline_arguments.py",
     "megatron/varlen_training/tokenizer_arguments.py",

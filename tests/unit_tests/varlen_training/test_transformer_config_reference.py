@@ -33,6 +33,7 @@ MEGATRON_LM_DEFAULTS = {
     "kv_channels": None, "norm_epsilon": 1e-5, "add_qkv_bias": False, "qk_layernorm": False,
     "hidden_dropout": 0.1, "attention_dropout": 0.1, "init_method_std": 0.02,
     "normalization": "LayerNorm", "swiglu": False, "squared_relu": False,
+    "window_size": None, "window_attn_skip_freq": None,
     "disable_bias_linear": False,
     "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
     "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
@@ -182,7 +183,14 @@ def megatron_lm_config(given: dict) -> dict:
         apply_residual_connection_post_layernorm=False,
         rotary_interleaved=False,
         fp32_residual_connection=False, multi_latent_attention=flags["multi_latent_attention"],
-        window_size=None, window_attn_skip_freq=None, softmax_type="vanilla",
+        # --window-size: Megatron-LM's tuple_type; --window-attn-skip-freq: its moe_freq_type
+        # (an int, or the list a pattern string evaluates to)
+        window_size=(None if flags["window_size"] is None else
+                     tuple(int(side) for side in flags["window_size"].strip("()").split(","))),
+        window_attn_skip_freq=(eval(flags["window_attn_skip_freq"])  # noqa: S307 (a test)
+                               if isinstance(flags["window_attn_skip_freq"], str)
+                               else flags["window_attn_skip_freq"]),
+        softmax_type="vanilla",
         no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
         glu_linear_offset=0.0, activation_func_clamp_value=None, fp8=None, fp4=None,
         # None in the flags; TransformerConfig then uses --init-method-std.
@@ -326,6 +334,11 @@ COMMAND_LINES = {
     # megatron-core refuse squared ReLU with them; here nothing is fused, so both build).
     "squared_relu": {"squared_relu": True, "disable_bias_linear": True,
                      "normalization": "RMSNorm"},
+    # gpt-oss's sliding window: every other layer windowed (128 earlier keys), then a
+    # per-layer pattern (layer 1 full, layer 2 windowed).
+    "sliding_window": {"window_size": "(128,0)", "window_attn_skip_freq": 2,
+                       "position_embedding_type": "rope"},
+    "sliding_window_pattern": {"window_size": "64,0", "window_attn_skip_freq": "([0]+[1])*1"},
     "moe_grouped_gemm": {"num_experts": 4, "disable_bias_linear": True,
                          "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"},
     # Multi-latent attention (mla_arguments.py): Megatron-LM's defaults (rope_type yarn),
@@ -486,7 +499,8 @@ def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
     ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
     ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"),
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
-    ("--softmax-type", "off-by-one"), ("--window-size", "(128,0)"),
+    ("--softmax-type", "off-by-one"), ("--window-size", "(128,4)"),
+    ("--window-attn-skip-freq", "2"),
     ("--glu-linear-offset", "1.0"), ("--fp8-format", "hybrid"),
     ("--embedding-init-method-std", "0.01"), ("--moe-input-jitter-eps", "0.01"),
 ])
