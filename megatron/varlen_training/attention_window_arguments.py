@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen.attention import check_window_size
 from megatron.varlen_training.moe_arguments import parse_layer_freq
 
 WINDOW_FLAG = "--window-size"
 SKIP_FREQ_FLAG = "--window-attn-skip-freq"
+UNBOUNDED = -1  # Megatron-LM's "no limit on this side"
 
 
 def parse_window_size(text: str) -> tuple[int, ...]:
@@ -54,8 +54,13 @@ def validate_window_args(args: argparse.Namespace, require) -> None:
     """One line for a window the attentions cannot run, or a layer choice that does not fit
     the model (``require(cond, message)``)."""
     window, freq = args.window_size, args.window_attn_skip_freq
-    problem = check_window_size(window)
-    require(problem is None, f"{WINDOW_FLAG} {_text(window)}: {problem}")
+    if window is not None:  # the library checks the same (sliding_window.py) for its callers
+        require(len(window) == 2, f"{WINDOW_FLAG} {_text(window)}: give two ints LEFT,RIGHT")
+        require(window[0] >= UNBOUNDED,
+                f"{WINDOW_FLAG} {_text(window)}: left {window[0]} must be >= 0 (or -1: "
+                f"unbounded)")
+        require(window[1] == 0, f"{WINDOW_FLAG} {_text(window)}: right {window[1]} must be 0 "
+                                f"(the attention is causal: a query sees no later key)")
     require(freq is None or window is not None,
             f"{SKIP_FREQ_FLAG} picks the layers of a sliding window: it needs {WINDOW_FLAG}")
     if isinstance(freq, int):
