@@ -138,6 +138,10 @@ def _add_network_size_args(parser):
     group.add_argument("--squared-relu", action="store_true",
                        help="Squared-ReLU MLP activation, relu(x)^2 (Megatron-LM's; the "
                             "Nemotron-H recipes'); not with --swiglu.")
+    group.add_argument("--quick-geglu", action="store_true",
+                       help="Gated MLP with quick-GELU, x*sigmoid(1.702x), on the gate half "
+                            "(Megatron-LM's; gpt-oss recipes); not with --swiglu or "
+                            "--squared-relu.")
     group.add_argument("--disable-bias-linear", action="store_true",
                        help="No biases in linear layers.")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true",
@@ -415,9 +419,12 @@ def _validate_precision_and_data(args) -> None:
     require(load_problem is None, load_problem)
     schedule_arguments.validate_schedule(args, require)  # --train-iters or --train-samples
     loss_scale_arguments.validate_loss_scale_args(args, require)
-    require(not (args.squared_relu and args.swiglu),
-            "--squared-relu and --swiglu are two MLP activations: give one (Megatron-LM "
-            "asserts the same)")
+    activations = [flag for flag, given in (("--swiglu", args.swiglu),
+                                            ("--squared-relu", args.squared_relu),
+                                            ("--quick-geglu", args.quick_geglu)) if given]
+    require(len(activations) <= 1,
+            f"{' and '.join(activations)} are MLP activations: give one (Megatron-LM asserts "
+            f"the same)")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size, args.swiglu)
     if not args.group_query_attention:

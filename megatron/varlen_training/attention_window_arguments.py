@@ -21,10 +21,15 @@ SKIP_FREQ_FLAG = "--window-attn-skip-freq"
 UNBOUNDED = -1  # Megatron-LM's "no limit on this side"
 
 
-def parse_window_size(text: str) -> tuple[int, ...]:
-    """``W,0`` or ``(W,0)`` -> (W, 0), as Megatron-LM's ``tuple_type`` reads it."""
+def parse_window_size(text) -> tuple[int, ...]:
+    """``W,0`` or ``(W,0)`` -> (W, 0), as Megatron-LM's ``tuple_type`` reads it; a config tree
+    (megatron.wrap) may give the list ``[W, 0]`` (or its JSON text)."""
+    if isinstance(text, (list, tuple)):
+        if all(type(side) is int for side in text):
+            return tuple(text)
+        text = ",".join(map(str, text))
     try:
-        return tuple(int(part) for part in text.strip().strip("()").split(","))
+        return tuple(int(part) for part in str(text).strip().strip("()[]").split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{WINDOW_FLAG} {text!r}: give two ints LEFT,RIGHT, e.g. 4096,0") from None

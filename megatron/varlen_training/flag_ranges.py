@@ -449,6 +449,11 @@ def attention_parameters(hidden: int, heads: int, query_groups: int, kv_channels
     return hidden * kv_channels * (2 * heads + 2 * query_groups)
 
 
+def gated_mlp(args) -> bool:
+    """Whether the MLP is gated (fc1 twice as wide): --swiglu or --quick-geglu."""
+    return bool(args.swiglu or args.quick_geglu)
+
+
 def mlp_parameters(hidden: int, ffn_hidden: int, gated: bool) -> int:
     """Weights of one MLP: up (twice when gated) and down projections."""
     return hidden * ffn_hidden * (3 if gated else 2)
@@ -463,7 +468,7 @@ def gpt_layer_parameters(args) -> int:
         attention = mla_attention_parameters(
             args.hidden_size, args.num_attention_heads, args.q_lora_rank, args.kv_lora_rank,
             args.qk_head_dim, args.qk_pos_emb_head_dim, args.v_head_dim)
-    return attention + mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu)
+    return attention + mlp_parameters(args.hidden_size, args.ffn_hidden_size, gated_mlp(args))
 
 
 def _stage_layers_part(args, nbytes: int) -> MemoryPart:

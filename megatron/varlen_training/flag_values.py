@@ -23,6 +23,9 @@ from megatron.varlen_training.flag_errors import ArgumentValidationError, requir
 from megatron.varlen_training.hf import arguments as hf_arguments
 
 MANY_VALUES = ("+", "*")  # argparse's nargs for a list of values
+# One-value flags whose value Megatron-LM's YAML configs give as a list (a 0/1 per layer, a
+# window's two sides); their type functions read the list itself.
+LIST_VALUED = ("moe_layer_freq", "window_size", "window_attn_skip_freq")
 
 
 def _actions_by_dest(parser) -> dict[str, list[argparse.Action]]:
@@ -74,6 +77,8 @@ def _converted(dest: str, value: Any, kind) -> Any:
         require(isinstance(value, (int, float, str)), where)
     try:
         return kind(value)
+    except argparse.ArgumentTypeError as err:  # a type function's own one-line message
+        raise ArgumentValidationError(f"{err} (config key {dest!r})") from None
     except (TypeError, ValueError):
         raise ArgumentValidationError(where) from None
 
@@ -103,7 +108,7 @@ def _stored(dest: str, value: Any, actions: list[argparse.Action], default: Any)
         require(count_ok, f"argument {_flag(action)}: expected {action.nargs} value(s), got "
                           f"{len(items)} (config key {dest!r})")
         return [_typed(dest, item, action) for item in items]
-    require(not isinstance(value, (list, tuple)),
+    require(not isinstance(value, (list, tuple)) or dest in LIST_VALUED,
             f"argument {_flag(action)}: takes one value, got the list {value!r} "
             f"(config key {dest!r})")
     return _typed(dest, value, action)

@@ -281,9 +281,10 @@ def moe_layer_parameters(args) -> int:
         return 0
     expert = flag_ranges.mlp_parameters(args.hidden_size,
                                         args.moe_ffn_hidden_size or args.ffn_hidden_size,
-                                        args.swiglu)
+                                        flag_ranges.gated_mlp(args))
     shared = (flag_ranges.mlp_parameters(args.hidden_size,
-                                         args.moe_shared_expert_intermediate_size, args.swiglu)
+                                         args.moe_shared_expert_intermediate_size,
+                                         flag_ranges.gated_mlp(args))
               if args.moe_shared_expert_intermediate_size else 0)
     return args.num_experts // args.expert_model_parallel_size * expert + shared
 
@@ -297,7 +298,8 @@ def hybrid_stack_parameters(args) -> int:
                                       args.mamba_state_dim),
         ATTENTION: flag_ranges.attention_parameters(args.hidden_size, args.num_attention_heads,
                                                     args.num_query_groups, kv_channels),
-        MLP: flag_ranges.mlp_parameters(args.hidden_size, args.ffn_hidden_size, args.swiglu),
+        MLP: flag_ranges.mlp_parameters(args.hidden_size, args.ffn_hidden_size,
+                                        flag_ranges.gated_mlp(args)),
         MOE: moe_layer_parameters(args),
     }
     return sum(per_layer[symbol] for symbol in args.hybrid_layer_pattern)

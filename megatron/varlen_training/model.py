@@ -6,6 +6,8 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.activations import squared_relu
+# Megatron-LM's (and megatron-core's MLP checks compare against this one, not activations')
+from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
@@ -48,9 +50,12 @@ def attention_backend_line(model: ModelConfig) -> str:
 
 def mlp_activation(model: ModelConfig):
     """The MLP activation, as Megatron-LM's core_transformer_config_from_args picks it: SiLU
-    (gated) with --swiglu, megatron-core's squared_relu with --squared-relu, else GELU."""
+    (gated) with --swiglu, megatron-core's squared_relu with --squared-relu, its quick_gelu
+    (gated) with --quick-geglu, else GELU."""
     if model.swiglu:
         return torch.nn.functional.silu
+    if model.quick_geglu:
+        return quick_gelu
     return squared_relu if model.squared_relu else torch.nn.functional.gelu
 
 
@@ -81,8 +86,10 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         apply_query_key_layer_scaling=model.apply_query_key_layer_scaling,
         init_method_std=model.init_method_std,
         normalization=model.normalization,
-        gated_linear_unit=model.swiglu,
+        gated_linear_unit=model.gated_mlp,
         activation_func=mlp_activation(model),
+        glu_linear_offset=model.glu_linear_offset,
+        activation_func_clamp_value=model.activation_func_clamp_value,
         window_size=model.window_size,
         window_attn_skip_freq=window_layer_choice(model.window_attn_skip_freq),
         add_bias_linear=not model.disable_bias_linear,
@@ -201,7 +208,7 @@ def build_model(run: RunConfig, config: TransformerConfig, build_chunk=None,
     chunks = [build_chunk(run, config, vp) for vp in (range(stages) if stages else [None])]
     initialize_layout_invariant(
         chunks, seed=run.training.seed, std=model.init_method_std, num_layers=model.num_layers,
-        tied_output=model.tied_output, gated_mlp=model.swiglu, hybrid=config.is_hybrid_model)
+        tied_output=model.tied_output, gated_mlp=model.gated_mlp, hybrid=config.is_hybrid_model)
     if import_weights is not None:  # a rank's slice may be missing or misshapen: agree
         agree_on_errors(import_weights, chunks)
     # Built and initialised on the host (use_cpu_initialization: the same weights on any

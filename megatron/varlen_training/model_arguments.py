@@ -43,9 +43,6 @@ REFUSED_FLAGS = (
             "field and still builds pre-norm residuals): drop the flag"),
     FlagRow(("--rotary-interleaved",), SWITCH, False,
             "the packed RoPE here rotates halves (megatron-core's default), not interleaved pairs"),
-    FlagRow(("--quick-geglu",), SWITCH, False,
-            "the MLP activation here is GELU, SiLU with --swiglu, or squared ReLU with "
-            "--squared-relu"),
     FlagRow(("--init-method-xavier-uniform",), SWITCH, False,
             "weights are initialised from --init-method-std here (normal, layout-invariant)"),
     FlagRow(("--fp32-residual-connection",), SWITCH, False,
@@ -58,9 +55,6 @@ REFUSED_FLAGS = (
     FlagRow(("--qk-l2-norm",), SWITCH, False,
             "queries and keys are not L2-normalised here (--qk-layernorm is)"),
     FlagRow(("--qk-clip",), SWITCH, False, "QK-clip is not implemented here"),
-    FlagRow(("--glu-linear-offset",), {"type": float}, 0.0, "the SwiGLU here has no linear offset"),
-    FlagRow(("--activation-func-clamp-value",), {"type": float}, None,
-            "the MLP activation here is not clamped"),
     FlagRow(("--embedding-init-method-std",), {"type": float}, None,
             "the word embedding initialises from --init-method-std here (layout-invariant init)"),
     FlagRow(("--fp8-format",), {"dest": "fp8"}, None, _LOW_BITS_WHY.format(bits="FP8")),
@@ -109,6 +103,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
                        help="Accumulate and all-reduce gradients in fp32 (always with --bf16, "
                             "as Megatron-LM; with --fp16 only with this flag).")
+    group.add_argument("--glu-linear-offset", type=float, default=0.0,
+                       help="A gated MLP computes act(gate) * (linear + this) (Megatron-LM's "
+                            "TransformerConfig field; gpt-oss uses 1).")
+    group.add_argument("--activation-func-clamp-value", type=float, default=None,
+                       help="A gated MLP clamps its gate half to at most this and its linear "
+                            "half to [-this, this] before the activation (Megatron-LM's "
+                            "TransformerConfig field; gpt-oss uses 7). Default: no clamp.")
     for flag in OPTIMIZER_DTYPE_FLAGS:
         group.add_argument(flag, default=FP32, choices=OPTIMIZER_DTYPE_CHOICES,
                            help=f"Megatron-LM's precision-aware optimizer state dtype: only "
@@ -132,6 +133,12 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
             f"--rotary-percent {args.rotary_percent} / --rotary-seq-len-interpolation-factor "
             f"{args.rotary_seq_len_interpolation_factor} need --position-embedding-type rope "
             f"(got {args.position_embedding_type})")
+    for flag, value, unset in (("--glu-linear-offset", args.glu_linear_offset, 0.0),
+                               ("--activation-func-clamp-value",
+                                args.activation_func_clamp_value, None)):
+        # megatron-core reads both in its gated MLP only: elsewhere they would do nothing
+        require(value == unset or args.swiglu or args.quick_geglu,
+                f"{flag} {value} acts on a gated MLP: it needs --swiglu or --quick-geglu")
     require(args.mtp_num_layers or args.mtp_loss_scaling_factor == MTP_LOSS_SCALING_DEFAULT,
             f"--mtp-loss-scaling-factor {args.mtp_loss_scaling_factor} weights the "
             f"multi-token-prediction loss, which needs --mtp-num-layers")

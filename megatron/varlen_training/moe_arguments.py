@@ -38,20 +38,25 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def parse_layer_freq(text: str, flag: str = "--moe-layer-freq"):
+def parse_layer_freq(text, flag: str = "--moe-layer-freq"):
     """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE), a Python list
     of 0/1 per layer, e.g. ``[1,0,1,0]``, or Megatron-LM's pattern expression of such lists,
     ``+`` and ``* int``, e.g. ``([0]*1+[1]*3)`` (first layer dense). Evaluated by walking the
     syntax tree: nothing but those lists, sums and repetitions is accepted. Megatron-LM parses
-    ``--window-attn-skip-freq`` (``flag``) the same way."""
-    try:
-        value = _layer_pattern(ast.parse(text.strip(), mode="eval").body)
-    except (ValueError, SyntaxError):
-        value = None
+    ``--window-attn-skip-freq`` (``flag``) the same way. A config tree (megatron.wrap) may give
+    the int or the list itself."""
+    if isinstance(text, (int, list, tuple)) and not isinstance(text, bool):
+        value = list(text) if isinstance(text, tuple) else text
+    else:
+        try:
+            value = _layer_pattern(ast.parse(str(text).strip(), mode="eval").body)
+        except (ValueError, SyntaxError):
+            value = None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, list) and value and all(flag in (0, 1) for flag in value):
-        return [int(flag) for flag in value]
+    if isinstance(value, list) and value and all(
+            type(entry) is int and entry in (0, 1) for entry in value):
+        return list(value)
     raise ValueError(f"{flag} {text!r}: give an int >= 1, a list of 0/1 per layer or a "
                      f"pattern such as ([0]*1+[1]*3)")
 

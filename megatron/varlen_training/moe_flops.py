@@ -19,16 +19,16 @@ def mlp_macs(hidden: int, ffn: int, gated: bool) -> int:
 
 
 def dense_mlp_macs_per_token(model: ModelConfig) -> int:
-    return mlp_macs(model.hidden_size, model.ffn_hidden_size, model.swiglu)
+    return mlp_macs(model.hidden_size, model.ffn_hidden_size, model.gated_mlp)
 
 
 def moe_mlp_macs_per_token(model: ModelConfig) -> int:
     """Router + top-k routed experts + the shared expert, per token (forward)."""
     moe, h = model.moe, model.hidden_size
-    expert = mlp_macs(h, moe.moe_ffn_hidden_size or model.ffn_hidden_size, model.swiglu)
+    expert = mlp_macs(h, moe.moe_ffn_hidden_size or model.ffn_hidden_size, model.gated_mlp)
     shared = moe.moe_shared_expert_intermediate_size
     return (h * moe.num_experts + moe.moe_router_topk * expert
-            + (mlp_macs(h, shared, model.swiglu) if shared else 0))
+            + (mlp_macs(h, shared, model.gated_mlp) if shared else 0))
 
 
 def decoder_mlp_macs_per_token(model: ModelConfig) -> int:

@@ -110,7 +110,7 @@ def _layer_parameters(model: ModelConfig) -> tuple[float, float]:
     h = model.hidden_size
     norms = 1 if model.normalization == "RMSNorm" else 2
     attention = _attention_parameters(model, norms)
-    glu = SWIGLU_MULTIPLIER if model.swiglu else 1
+    glu = SWIGLU_MULTIPLIER if model.gated_mlp else 1
     dense = 2 * h * (model.ffn_hidden_size * glu + norms) + attention
     if model.moe is None:
         return dense, 2 * h * norms + attention

@@ -106,6 +106,12 @@ class ModelConfig:
     layernorm_zero_centered_gamma: bool = False
     # --squared-relu: the MLP activation is relu(x)^2 (megatron-core's squared_relu), not GELU.
     squared_relu: bool = False
+    # --quick-geglu: a gated MLP with megatron-core's quick_gelu on the gate half (gpt-oss);
+    # --glu-linear-offset / --activation-func-clamp-value: act(min(g, c)) * (clamp(l, -c, c) +
+    # offset) in a gated MLP (megatron-core's unfused GLU).
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    activation_func_clamp_value: float | None = None
     # --window-size / --window-attn-skip-freq: a causal sliding window (LEFT, 0) and the layers
     # it applies to (an int N: all but every N-th; a 0/1 tuple per layer); None: no window.
     window_size: tuple[int, int] | None = None
@@ -125,6 +131,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Channels per attention head (``--kv-channels``, else hidden size / heads)."""
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether each MLP is gated (fc1 twice as wide): SwiGLU or quick-GEGLU."""
+        return self.swiglu or self.quick_geglu
 
     @property
     def tied_output(self) -> bool:

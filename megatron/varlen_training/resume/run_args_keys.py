@@ -21,7 +21,9 @@ MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
 # Megatron-LM's partial / interpolated RoPE (model_arguments.py) and their values before.
 ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None}
 NORM_KEYS = {"layernorm_zero_centered_gamma": False}
-ACTIVATION_KEYS = {"squared_relu": False}  # --squared-relu (recorded since it was honoured)
+# The MLP's activation flags (recorded since each was honoured; the value checkpoints had before).
+ACTIVATION_KEYS = {"squared_relu": False, "quick_geglu": False, "glu_linear_offset": 0.0,
+                   "activation_func_clamp_value": None}
 # --window-size / --window-attn-skip-freq (recorded since they were honoured): a resume keeps
 # them; --finetune may change them (the weights do not depend on the window).
 WINDOW_KEYS = {"window_size": None, "window_attn_skip_freq": None}
@@ -45,7 +47,7 @@ MODEL_KEYS = (
     *ROPE_KEYS,
     # --apply-layernorm-1p: the norm weights mean gamma - 1 instead of gamma.
     *NORM_KEYS,
-    # --squared-relu: another MLP activation, the same weights.
+    # --squared-relu, --quick-geglu and the gated MLP's offset and clamp: the MLP's activation.
     *ACTIVATION_KEYS,
     # --multi-latent-attention: a standard run records False and None for the rest.
     *MLA_KEYS,

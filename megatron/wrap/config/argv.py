@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from megatron.varlen_training.flag_values import LIST_VALUED
 from megatron.wrap.config.errors import ConfigError, did_you_mean
 
 
@@ -64,7 +65,7 @@ def _flags_for(key: str, value: Any, actions: list[argparse.Action], default: An
         return [f"{option}={_format(item)}" for item in _as_list(value)]
     if action.nargs in ("+", "*") or isinstance(action.nargs, int):
         return [option, *(_format(item) for item in _as_list(value))]
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)) and key not in LIST_VALUED:
         raise ConfigError(f"'{key}' takes one value, got the list {value!r}")
     return [f"{option}={_format(value)}"]
 

@@ -95,3 +95,40 @@ def test_checkpoints_from_before_had_no_window(tmp_path):
     with open(path, "w") as handle:
         json.dump(recorded, handle)
     check_run_args(str(tmp_path), _run(), check_data=False)
+
+
+# A megatron.wrap config tree gives values as YAML data: Megatron-LM's YAML configs write the
+# window and the per-layer patterns as lists, and an int frequency as an int.
+TREE = dict(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=64,
+            micro_batch_size=1, global_batch_size=2, train_iters=1, lr=1e-3, mock_data=True,
+            tokenizer_type="NullTokenizer", vocab_size=128)
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"window_size": [8, 0], "window_attn_skip_freq": [1, 0, 1, 0]},
+     ((8, 0), [1, 0, 1, 0], 1)),
+    ({"window_size": "(8,0)", "window_attn_skip_freq": 2}, ((8, 0), 2, 1)),
+    ({"num_experts": 4, "disable_bias_linear": True, "moe_layer_freq": 2}, (None, None, 2)),
+    ({"num_experts": 4, "disable_bias_linear": True, "moe_layer_freq": [0, 1, 1, 1]},
+     (None, None, [0, 1, 1, 1])),
+])
+def test_config_tree_values_equal_their_command_line(values, expected):
+    """The facade's values and the command line megatron.wrap renders from them parse alike
+    (an int frequency used to end in an AttributeError, a list was refused)."""
+    from megatron.varlen_training.arguments import build_parser, parse_args
+    from megatron.varlen_training.flag_values import parse_values
+    from megatron.wrap.config.argv import flat_config_to_argv
+
+    tree = {**TREE, **values}
+    for args in (parse_values(tree, world_size=1),
+                 parse_args(flat_config_to_argv(tree, build_parser("pretrain_gpt.py")))):
+        assert (args.window_size, args.window_attn_skip_freq, args.moe_layer_freq) == expected
+
+
+def test_a_bad_list_in_a_config_tree_is_one_line():
+    from megatron.varlen_training.flag_values import parse_values
+
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_values({**TREE, "window_size": [8, 0], "window_attn_skip_freq": [2, 0, 1, 0]},
+                     world_size=1)
+    assert "--window-attn-skip-freq" in str(err.value) and "\n" not in str(err.value)

@@ -27,7 +27,8 @@ def _args(pattern, **overrides):
     """A stand-in model config (the fields the FLOPs formulas read); hybrid_layer_pattern=None:
     a GPT model."""
     values = dict(hidden_size=24, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
-                  swiglu=False, padded_vocab_size=128, num_layers=len(pattern),
+                  swiglu=False, gated_mlp=False, padded_vocab_size=128,
+                  num_layers=len(pattern),
                   hybrid_layer_pattern=pattern, mamba_state_dim=8, mamba_head_dim=4,
                   mamba_num_groups=2, mamba_num_heads_resolved=12, mtp_num_layers=None,
                   moe=None, mla=None)

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from megatron.core.activations import squared_relu
+from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 
@@ -34,6 +35,7 @@ MEGATRON_LM_DEFAULTS = {
     "hidden_dropout": 0.1, "attention_dropout": 0.1, "init_method_std": 0.02,
     "normalization": "LayerNorm", "swiglu": False, "squared_relu": False,
     "window_size": None, "window_attn_skip_freq": None,
+    "quick_geglu": False, "glu_linear_offset": 0.0, "activation_func_clamp_value": None,
     "disable_bias_linear": False,
     "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
     "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
@@ -159,10 +161,15 @@ def megatron_lm_config(given: dict) -> dict:
         kv_channels=flags["kv_channels"] or flags["hidden_size"] // flags["num_attention_heads"],
         layernorm_epsilon=flags["norm_epsilon"],
         add_bias_linear=not flags["disable_bias_linear"],
-        gated_linear_unit=flags["swiglu"],
-        # --squared-relu replaces the activation after --swiglu's (which it excludes)
+        gated_linear_unit=flags["swiglu"] or flags["quick_geglu"],
+        # --squared-relu, then --quick-geglu replace the activation after --swiglu's (which
+        # both exclude)
         activation_func=(squared_relu if flags["squared_relu"] else
+                         quick_gelu if flags["quick_geglu"] else
                          F.silu if flags["swiglu"] else F.gelu),
+        # TransformerConfig fields Megatron-LM's parser exposes as flags
+        glu_linear_offset=flags["glu_linear_offset"],
+        activation_func_clamp_value=flags["activation_func_clamp_value"],
         # TransformerConfig turns it on with query-key layer scaling.
         attention_softmax_in_fp32=(flags["attention_softmax_in_fp32"]
                                    or flags["apply_query_key_layer_scaling"]),
@@ -192,7 +199,7 @@ def megatron_lm_config(given: dict) -> dict:
                                else flags["window_attn_skip_freq"]),
         softmax_type="vanilla",
         no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
-        glu_linear_offset=0.0, activation_func_clamp_value=None, fp8=None, fp4=None,
+        fp8=None, fp4=None,
         # None in the flags; TransformerConfig then uses --init-method-std.
         embedding_init_method_std=flags["init_method_std"],
         moe_input_jitter_eps=None, moe_router_force_load_balancing=False,
@@ -339,6 +346,10 @@ COMMAND_LINES = {
     "sliding_window": {"window_size": "(128,0)", "window_attn_skip_freq": 2,
                        "position_embedding_type": "rope"},
     "sliding_window_pattern": {"window_size": "64,0", "window_attn_skip_freq": "([0]+[1])*1"},
+    # gpt-oss's MLP: quick-GEGLU with a linear offset and a clamp, in the experts
+    "quick_geglu": {"quick_geglu": True, "glu_linear_offset": 1.0,
+                    "activation_func_clamp_value": 7.0, "num_experts": 4,
+                    "disable_bias_linear": True, "bias_gelu_fusion": False},
     "moe_grouped_gemm": {"num_experts": 4, "disable_bias_linear": True,
                          "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"},
     # Multi-latent attention (mla_arguments.py): Megatron-LM's defaults (rope_type yarn),
@@ -501,7 +512,8 @@ def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
     ("--softmax-type", "off-by-one"), ("--window-size", "(128,4)"),
     ("--window-attn-skip-freq", "2"),
-    ("--glu-linear-offset", "1.0"), ("--fp8-format", "hybrid"),
+    ("--glu-linear-offset", "1.0"), ("--activation-func-clamp-value", "7"),
+    ("--fp8-format", "hybrid"),
     ("--embedding-init-method-std", "0.01"), ("--moe-input-jitter-eps", "0.01"),
 ])
 def test_model_flags_not_honoured_are_refused_in_one_line(flag, value):
