@@ -36,16 +36,16 @@ def params_dtype(model: ModelConfig) -> torch.dtype:
 
 
 def attention_backend(model: ModelConfig) -> str:
-    """The core attention the run uses: --attention-backend resolved for its dtype and dropout
-    (validation resolved it once already, so it raises nothing here)."""
+    """The core attention the run uses: --attention-backend resolved for its dtype, dropout and
+    softmax (validation resolved it once already, so it raises nothing here)."""
     return resolve_attention_backend(model.attention_backend, params_dtype(model),
-                                     model.attention_dropout)
+                                     model.attention_dropout, model.softmax_type)
 
 
 def attention_backend_line(model: ModelConfig) -> str:
     """Start-up log text: the backend, the flag, and (auto) why flash was passed over."""
     return describe_attention_backend(model.attention_backend, params_dtype(model),
-                                      model.attention_dropout)
+                                      model.attention_dropout, model.softmax_type)
 
 
 def mlp_activation(model: ModelConfig):
@@ -91,6 +91,7 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         glu_linear_offset=model.glu_linear_offset,
         activation_func_clamp_value=model.activation_func_clamp_value,
         window_size=model.window_size,
+        softmax_type=model.softmax_type,
         window_attn_skip_freq=window_layer_choice(model.window_attn_skip_freq),
         add_bias_linear=not model.disable_bias_linear,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,

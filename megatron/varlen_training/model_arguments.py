@@ -26,6 +26,8 @@ from megatron.varlen_training.varlen_arguments import attention_backend
 TE_QK_SCALING_VARIABLE = "NVTE_APPLY_QK_LAYER_SCALING"
 
 FP32 = "fp32"
+# megatron-core's softmax_type choices: no sink, a zero sink logit, a learned one per head.
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 MTP_LOSS_SCALING_DEFAULT = 0.1  # Megatron-LM's (and TransformerConfig's) --mtp-loss-scaling-factor
 # Megatron-LM's choices of --main-grads-dtype, --main-params-dtype and the Adam moments'.
 OPTIMIZER_DTYPE_CHOICES = ("fp32", "bf16", "fp16", "fp8")
@@ -47,8 +49,6 @@ REFUSED_FLAGS = (
             "weights are initialised from --init-method-std here (normal, layout-invariant)"),
     FlagRow(("--fp32-residual-connection",), SWITCH, False,
             "residuals stay in the parameters' dtype here"),
-    FlagRow(("--softmax-type",), {"choices": ("vanilla", "off-by-one", "learnable")}, "vanilla",
-            "the THD attentions here implement the vanilla softmax only"),
     FlagRow(("--no-rope-freq",), {}, None, "every attention layer applies RoPE here"),
     FlagRow(("--attention-output-gate",), SWITCH, False,
             "gated attention outputs are not built here"),
@@ -103,6 +103,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
                        help="Accumulate and all-reduce gradients in fp32 (always with --bf16, "
                             "as Megatron-LM; with --fp16 only with this flag).")
+    group.add_argument("--softmax-type", choices=SOFTMAX_TYPES, default=SOFTMAX_TYPES[0],
+                       help="Attention softmax: vanilla, off-by-one (a zero logit joins every "
+                            "row: exp(s)/(1 + sum exp)) or learnable (one learned sink logit "
+                            "per head, gpt-oss's), as megatron-core's. Not with --attention-"
+                            "backend flash (auto picks local).")
     group.add_argument("--glu-linear-offset", type=float, default=0.0,
                        help="A gated MLP computes act(gate) * (linear + this) (Megatron-LM's "
                             "TransformerConfig field; gpt-oss uses 1).")

@@ -101,14 +101,15 @@ def precision_dtype(bf16: bool, fp16: bool) -> torch.dtype:
 
 
 def attention_backend(args) -> str:
-    """The core attention the flags ask for: --attention-backend resolved for their dtype and
-    dropout (model.py resolves the run's the same way).
+    """The core attention the flags ask for: --attention-backend resolved for their dtype,
+    dropout and softmax (model.py resolves the run's the same way).
 
     Raises:
         ValueError: one line, when the requested backend cannot run this configuration.
     """
     return resolve_attention_backend(args.attention_backend,
-                                     precision_dtype(args.bf16, args.fp16), args.attention_dropout)
+                                     precision_dtype(args.bf16, args.fp16), args.attention_dropout,
+                                     args.softmax_type)
 
 
 def validate_varlen_args(args, require) -> None:

@@ -1,10 +1,10 @@
 """Plain-torch core attention for packed (THD) and plain (SBHD) batches, with context parallelism.
 
 Used as the ``core_attention`` of megatron-core's ``SelfAttention`` on CPU (and anywhere Transformer
-Engine is absent). Causal (or full) attention, a causal sliding window (``--window-size``), GQA,
-padding slots masked, no attention across packed sequences, and CP: each rank holds, per
-sequence, chunks r and 2cp-1-r of the padded sequence (see
-:mod:`megatron.varlen.packing.cp_split`); K and V are all-gathered over the CP group with a
+Engine is absent). Causal (or full) attention, a causal sliding window (``--window-size``), an
+attention sink (``--softmax-type off-by-one/learnable``), GQA, padding slots masked, no attention
+across packed sequences, and CP: each rank holds, per sequence, chunks r and 2cp-1-r of the
+padded sequence (see :mod:`megatron.varlen.packing.cp_split`); K and V are all-gathered over the CP group with a
 differentiable collective and local queries attend at their GLOBAL positions. A reference
 implementation: it materialises one [heads, sq, sk] score matrix per sequence, which is fine for
 tests and CPU runs, not for long-context GPU training (use TE there). Its index layout
@@ -32,9 +32,13 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel import random as tp_random
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.utils import (
+    ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint,
+)
 
 from megatron.varlen.attention.collectives import all_gather_dim0
 from megatron.varlen.attention.cp_group import resolve_cp_group
@@ -51,6 +55,9 @@ CAUSAL_MASK_TYPES = (
 FULL_MASK_TYPES = (AttnMaskType.no_mask, AttnMaskType.padding)
 # The CP exchange this module implements; megatron-core passes None when CP is off or unset.
 SUPPORTED_CP_COMM_TYPES = (None, "all_gather")
+# megatron-core's softmax_type: no sink, a zero sink logit per row, a learned one per head
+VANILLA, OFF_BY_ONE, LEARNABLE = "vanilla", "off-by-one", "learnable"
+SINK_PARAMETER = "softmax_offset"  # megatron-core's name (DotProductAttention, checkpoints)
 THD_FORMAT = "thd"
 SBHD_FORMAT = "sbhd"
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -72,11 +79,14 @@ def _attend_one_sequence(
     q_qND: torch.Tensor, k_kND: torch.Tensor, v_kND: torch.Tensor, q_pos: torch.Tensor,
     real_len: int, causal: bool, scale: float, dropout: Optional[DropoutFn],
     blocked_qk: Optional[torch.Tensor] = None, window_left: Optional[int] = None,
+    sink_N: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention of one sequence's local query rows (at positions ``q_pos``) over all its keys.
 
     Keys at or beyond ``real_len`` (padding) are masked; query rows in padding return zeros.
-    ``window_left``: a query sees no key more than that many positions before it.
+    ``window_left``: a query sees no key more than that many positions before it. ``sink_N``:
+    per head, a logit (in scaled-score units, as megatron-core's) that joins every row's
+    softmax without a value: the row's weights then sum to less than one.
     ``blocked_qk`` (bool [sq, sk], True = masked, Megatron's convention) masks more: the
     unpacked path's per-sample mask (``--reset-attention-mask``).
     """
@@ -92,7 +102,12 @@ def _attend_one_sequence(
         allowed_qk = allowed_qk & ~blocked_qk
     # A finite fill (not -inf) keeps fully masked rows NaN-free; they are zeroed just below.
     scores_Nqk = (scores_Nqk * scale).masked_fill(~allowed_qk, torch.finfo(compute_dtype).min)
-    probs_Nqk = torch.softmax(scores_Nqk, dim=-1) * allowed_qk.any(dim=-1)[:, None]
+    if sink_N is None:
+        probs_Nqk = torch.softmax(scores_Nqk, dim=-1)
+    else:  # one more column per row, dropped after the softmax
+        sink_Nq1 = sink_N.to(compute_dtype)[:, None, None].expand(-1, scores_Nqk.size(1), 1)
+        probs_Nqk = torch.softmax(torch.cat([scores_Nqk, sink_Nq1], dim=-1), dim=-1)[..., :-1]
+    probs_Nqk = probs_Nqk * allowed_qk.any(dim=-1)[:, None]
     if dropout is not None:
         probs_Nqk = dropout(probs_Nqk)
     return torch.einsum("nqk,knd->qnd", probs_Nqk.to(v_kND.dtype), v_kND)
@@ -152,6 +167,7 @@ def varlen_attention(
     q_TrND: torch.Tensor, k_TrGD: torch.Tensor, v_TrGD: torch.Tensor,
     cu_seqlens_padded: torch.Tensor, cu_seqlens: torch.Tensor, cp_group, causal: bool,
     scale: float, dropout: Optional[DropoutFn] = None, window_left: Optional[int] = None,
+    sink_N: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Packed attention of this CP rank's tokens; returns [T_r, N, D].
 
@@ -168,17 +184,19 @@ def varlen_attention(
         dropout: applied to the attention probabilities when given.
         window_left: a causal sliding window: each query sees this many earlier keys (None:
             all of them).
+        sink_N: an attention sink logit per query head (None: the plain softmax).
     """
     layout = build_local_layout(cu_seqlens_padded.detach().cpu(), cu_seqlens.detach().cpu(),
                                 cp_group.size(), cp_group.rank(), q_TrND.device)
     return attend_with_layout(q_TrND, k_TrGD, v_TrGD, layout, cp_group, causal, scale, dropout,
-                              window_left=window_left)
+                              window_left=window_left, sink_N=sink_N)
 
 
 def attend_with_layout(
     q_TrND: torch.Tensor, k_TrGD: torch.Tensor, v_TrGD: torch.Tensor, layout: LocalLayout,
     cp_group, causal: bool, scale: float, dropout: Optional[DropoutFn] = None,
     blocked_nqk: Optional[torch.Tensor] = None, window_left: Optional[int] = None,
+    sink_N: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """:func:`varlen_attention` with a prebuilt ``layout`` (for ``cp_group``'s size and rank
     and the tensors' device): no device->host read. ``blocked_nqk``: per sequence, its local
@@ -205,7 +223,7 @@ def attend_with_layout(
         outputs.append(_attend_one_sequence(
             q_TrND[lo:hi], k_TND[start:end], v_TND[start:end], layout.q_pos[lo:hi],
             real_len, causal, scale, dropout,
-            None if blocked_nqk is None else blocked_nqk[i], window_left,
+            None if blocked_nqk is None else blocked_nqk[i], window_left, sink_N,
         ))
     if not outputs:
         return q_TrND.new_zeros(0, q_TrND.size(1), v_TrGD.size(-1))
@@ -273,7 +291,8 @@ class VarlenCoreAttention(MegatronModule):
 
     Args:
         config: the transformer config (reads kv_channels, attention_dropout, softmax_scale,
-            softmax_type, window_size, window_attn_skip_freq, sequence_parallel).
+            softmax_type, window_size, window_attn_skip_freq, sequence_parallel; with
+            softmax_type learnable also num_attention_heads, params_dtype, init_method).
         layer_number: 1-based layer index: whether ``window_size`` applies to this layer
             (``window_attn_skip_freq``), and megatron's bookkeeping.
         attn_mask_type: causal/padding_causal (causal) or no_mask/padding (full attention).
@@ -306,9 +325,6 @@ class VarlenCoreAttention(MegatronModule):
         v_channels: Optional[int] = None,
     ):
         super().__init__(config=config)
-        if getattr(config, "softmax_type", "vanilla") != "vanilla":
-            raise ValueError(f"VarlenCoreAttention supports softmax_type='vanilla' only, got "
-                             f"{config.softmax_type!r}")
         if cp_comm_type not in SUPPORTED_CP_COMM_TYPES:
             raise ValueError(
                 f"cp_comm_type {cp_comm_type!r} is not implemented by {type(self).__name__}: it "
@@ -326,6 +342,8 @@ class VarlenCoreAttention(MegatronModule):
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.pg_collection = pg_collection
         self.cp_group = pg_collection.cp
+        self.softmax_type = getattr(config, "softmax_type", VANILLA)
+        self.softmax_offset = self._sink_parameter(config, pg_collection.tp.size())
         # The kernels read head widths off the tensors; only the default scale needs k's.
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
@@ -333,6 +351,41 @@ class VarlenCoreAttention(MegatronModule):
         self.softmax_scale = default_scale if softmax_scale is None else softmax_scale
         dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.attention_dropout = torch.nn.Dropout(dropout_p)
+
+    def _sink_parameter(self, config, tp_size: int) -> Optional[torch.nn.Parameter]:
+        """``learnable``: one sink logit per query head of this TP rank, split over TP like the
+        heads (megatron-core's ``softmax_offset``, initialised by ``config.init_method``)."""
+        if self.softmax_type not in (VANILLA, OFF_BY_ONE, LEARNABLE):
+            raise ValueError(f"softmax_type {self.softmax_type!r}: choose {VANILLA}, "
+                             f"{OFF_BY_ONE} or {LEARNABLE} (--softmax-type)")
+        if self.softmax_type != LEARNABLE:
+            return None
+        sink = torch.nn.Parameter(torch.empty(config.num_attention_heads // tp_size,
+                                              dtype=config.params_dtype))
+        set_tensor_model_parallel_attributes(sink, is_parallel=True, dim=0, stride=1)
+        if config.perform_initialization:
+            config.init_method(sink.data)
+        return sink
+
+    def _sink_logits(self, query: torch.Tensor) -> Optional[torch.Tensor]:
+        """The per-head sink logits of this call (None without a sink)."""
+        if self.softmax_type == LEARNABLE:
+            return self.softmax_offset
+        if self.softmax_type == OFF_BY_ONE:  # exp(0) = 1 joins every row's denominator
+            return query.new_zeros(query.size(-2))
+        return None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
+                           metadata: Optional[dict] = None):
+        """A learnable sink is split over TP along its heads (as megatron-core's
+        DotProductAttention saves it); nothing else here holds state."""
+        if self.softmax_offset is None:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        return make_sharded_tensors_for_checkpoint(
+            self.state_dict(prefix="", keep_vars=True), prefix, {SINK_PARAMETER: 0},
+            sharded_offsets, tp_group=self.pg_collection.tp,
+            dp_cp_group=metadata["dp_cp_group"])
 
     def _dropout_fn(self) -> Optional[DropoutFn]:
         if not self.training or self.attention_dropout.p == 0.0:
@@ -394,7 +447,8 @@ class VarlenCoreAttention(MegatronModule):
         layout = thd_layout(params, cp_group.size(), cp_group.rank(), query.device)
         out_TrND = attend_with_layout(query, key, value, layout, cp_group, causal,
                                       self.softmax_scale, self._dropout_fn(),
-                                      window_left=self.window_left)
+                                      window_left=self.window_left,
+                                      sink_N=self._sink_logits(query))
         out = out_TrND.reshape(out_TrND.size(0), -1)
         return out.unsqueeze(1) if has_batch_dim else out
 
@@ -407,5 +461,5 @@ class VarlenCoreAttention(MegatronModule):
                               str(query.device))
         out_TND = attend_with_layout(to_packed(query), to_packed(key), to_packed(value), layout,
                                      cp_group, causal, self.softmax_scale, self._dropout_fn(),
-                                     blocked_bqk, self.window_left)
+                                     blocked_bqk, self.window_left, self._sink_logits(query))
         return out_TND.reshape(b, s, -1).transpose(0, 1).contiguous()

@@ -125,6 +125,10 @@ class FlashVarlenCoreAttention(VarlenCoreAttention):
                          attention_dropout, softmax_scale, cp_comm_type, pg_collection,
                          k_channels, v_channels)
         self.kernel: Optional[VarlenKernel] = None
+        if self.softmax_type != "vanilla":
+            raise ValueError(f"--attention-backend flash has no attention sink (--softmax-type "
+                             f"{self.softmax_type}: torch's varlen_attn has none); use "
+                             f"--attention-backend local")
         if self.attention_dropout.p > 0:
             raise ValueError(
                 f"--attention-backend flash has no attention dropout (got --attention-dropout "

@@ -24,6 +24,7 @@ import torch
 from megatron.varlen.platform import cpu_device
 
 AUTO, FLASH, TE, LOCAL = "auto", "flash", "te", "local"
+VANILLA = "vanilla"  # megatron-core's softmax_type without an attention sink
 # Megatron-LM's names for Transformer Engine's own kernels (its recipes pass them): run as te,
 # with TE held to that kernel (megatron-core sets NVTE_*_ATTN from the config's choice).
 FUSED, UNFUSED = "fused", "unfused"
@@ -69,7 +70,7 @@ def flash_varlen_available() -> bool:
 
 
 def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
-                              attention_dropout: float) -> str:
+                              attention_dropout: float, softmax_type: str = VANILLA) -> str:
     """The backend a run uses ("flash", "te" or "local") for the requested one (Megatron-LM's
     "fused" and "unfused" are TE's kernels: "te").
 
@@ -83,7 +84,7 @@ def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
     if requested == AUTO:
         if te_available():
             return TE
-        if flash_varlen_available() and half and attention_dropout == 0:
+        if why_not_flash(params_dtype, attention_dropout, softmax_type) is None:
             return FLASH
         return LOCAL
     if requested in (TE, *TE_KERNELS):
@@ -92,6 +93,10 @@ def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
                              f"CUDA device (use --attention-backend flash or local)")
         return TE
     if requested == FLASH:
+        if softmax_type != VANILLA:
+            raise ValueError(f"--attention-backend flash has no attention sink (--softmax-type "
+                             f"{softmax_type}: torch's varlen_attn has none); use "
+                             f"--attention-backend local")
         if attention_dropout > 0:
             raise ValueError(f"--attention-backend flash has no attention dropout (got "
                              f"--attention-dropout {attention_dropout}); set it to 0 or use "
@@ -106,10 +111,13 @@ def resolve_attention_backend(requested: str, params_dtype: torch.dtype,
     return requested
 
 
-def why_not_flash(params_dtype: torch.dtype, attention_dropout: float) -> str | None:
+def why_not_flash(params_dtype: torch.dtype, attention_dropout: float,
+                  softmax_type: str = VANILLA) -> str | None:
     """Why ``auto`` passes over the flash backend on this run (None when it does not)."""
     if not flash_varlen_available():
         return "no CUDA varlen_attn here"
+    if softmax_type != VANILLA:
+        return f"--softmax-type {softmax_type} (flash has no attention sink)"
     if params_dtype not in _HALF_DTYPES:
         return f"params are {params_dtype} (flash needs --bf16 or --fp16)"
     if attention_dropout > 0:
@@ -118,12 +126,12 @@ def why_not_flash(params_dtype: torch.dtype, attention_dropout: float) -> str | 
 
 
 def describe_attention_backend(requested: str, params_dtype: torch.dtype,
-                               attention_dropout: float) -> str:
+                               attention_dropout: float, softmax_type: str = VANILLA) -> str:
     """The start-up line's text: the backend used, what was asked, and why auto chose it."""
-    chosen = resolve_attention_backend(requested, params_dtype, attention_dropout)
+    chosen = resolve_attention_backend(requested, params_dtype, attention_dropout, softmax_type)
     text = f"{chosen} (--attention-backend {requested})"
     if requested == AUTO and chosen == LOCAL:
-        text += f"; not flash: {why_not_flash(params_dtype, attention_dropout)}"
+        text += f"; not flash: {why_not_flash(params_dtype, attention_dropout, softmax_type)}"
     return text
 
 

@@ -114,6 +114,8 @@ class ModelConfig:
     activation_func_clamp_value: float | None = None
     # --window-size / --window-attn-skip-freq: a causal sliding window (LEFT, 0) and the layers
     # it applies to (an int N: all but every N-th; a 0/1 tuple per layer); None: no window.
+    # --softmax-type: vanilla, off-by-one (a zero sink logit) or learnable (a sink per head)
+    softmax_type: str = "vanilla"
     window_size: tuple[int, int] | None = None
     window_attn_skip_freq: int | tuple[int, ...] | None = None
     mla: MLAConfig | None = None  # None: standard attention (no --multi-latent-attention)

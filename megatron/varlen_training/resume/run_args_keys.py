@@ -27,6 +27,8 @@ ACTIVATION_KEYS = {"squared_relu": False, "quick_geglu": False, "glu_linear_offs
 # --window-size / --window-attn-skip-freq (recorded since they were honoured): a resume keeps
 # them; --finetune may change them (the weights do not depend on the window).
 WINDOW_KEYS = {"window_size": None, "window_attn_skip_freq": None}
+# --softmax-type: an attention sink per row (learnable: a parameter of each attention layer).
+SOFTMAX_KEYS = {"softmax_type": "vanilla"}
 # Multi-latent attention's shape and RoPE (mla_arguments.py); checkpoints from before had none.
 MLA_KEYS = {"multi_latent_attention": False, "q_lora_rank": None, "kv_lora_rank": None,
              "qk_head_dim": None, "qk_pos_emb_head_dim": None, "v_head_dim": None,
@@ -53,6 +55,7 @@ MODEL_KEYS = (
     *MLA_KEYS,
     # sliding-window attention: which keys each layer's queries see.
     *WINDOW_KEYS,
+    *SOFTMAX_KEYS,
 )
 INDEXED_SAMPLES_KEY = "indexed_train_samples"  # training samples indexed data was built for
 # Where SFT records keep their text (the dataset and megatron.wrap's gpt_sft flow read them):
@@ -86,7 +89,8 @@ CHECKED_WHEN_RECORDED = (DOCUMENT_PIECE_KEY,)
 OVERRIDABLE_DATA_KEYS = (INDEXED_SAMPLES_KEY, DOCUMENT_PIECE_KEY)
 # Keys added after checkpoints were written without them: the value those checkpoints had.
 RECORDED_BEFORE = {"packing_unit": "sample", **SFT_KEYS, **ROPE_KEYS, **NORM_KEYS,
-                   **ACTIVATION_KEYS, **MLA_KEYS, **RAMPUP_KEYS, **WINDOW_KEYS}
+                   **ACTIVATION_KEYS, **MLA_KEYS, **RAMPUP_KEYS, **WINDOW_KEYS,
+                   **SOFTMAX_KEYS}
 DATA_POSITION_KEY = "consumed_train_samples"  # samples read when the checkpoint was saved
 # Validation samples the run's evaluations had read (Megatron-LM's ``consumed_valid_samples``):
 # the resumed run's next evaluation continues the validation stream there.

@@ -127,6 +127,17 @@ def test_startup_line_says_why_auto_passed_over_flash(gpu_with_flash):
         "flash (--attention-backend auto)"
 
 
+@pytest.mark.parametrize("softmax_type", ["off-by-one", "learnable"])
+def test_an_attention_sink_keeps_auto_on_local_and_refuses_flash(gpu_with_flash, softmax_type):
+    """torch's varlen_attn has no sink: auto takes the local attention and says why."""
+    assert accelerator.describe_attention_backend("auto", torch.bfloat16, 0.0, softmax_type) == (
+        f"local (--attention-backend auto); not flash: --softmax-type {softmax_type} (flash "
+        f"has no attention sink)")
+    with pytest.raises(ValueError, match=f"--softmax-type {softmax_type}.*--attention-backend "
+                                         f"local"):
+        accelerator.resolve_attention_backend("flash", torch.bfloat16, 0.0, softmax_type)
+
+
 def test_explicit_flash_errors_name_the_flag(gpu_with_flash):
     with pytest.raises(ValueError, match="--attention-backend flash on CUDA needs --bf16"):
         accelerator.resolve_attention_backend("flash", torch.float32, 0.0)

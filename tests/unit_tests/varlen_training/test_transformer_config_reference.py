@@ -36,6 +36,7 @@ MEGATRON_LM_DEFAULTS = {
     "normalization": "LayerNorm", "swiglu": False, "squared_relu": False,
     "window_size": None, "window_attn_skip_freq": None,
     "quick_geglu": False, "glu_linear_offset": 0.0, "activation_func_clamp_value": None,
+    "softmax_type": "vanilla",
     "disable_bias_linear": False,
     "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
     "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
@@ -197,7 +198,7 @@ def megatron_lm_config(given: dict) -> dict:
         window_attn_skip_freq=(eval(flags["window_attn_skip_freq"])  # noqa: S307 (a test)
                                if isinstance(flags["window_attn_skip_freq"], str)
                                else flags["window_attn_skip_freq"]),
-        softmax_type="vanilla",
+        softmax_type=flags["softmax_type"],
         no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
         fp8=None, fp4=None,
         # None in the flags; TransformerConfig then uses --init-method-std.
@@ -345,6 +346,9 @@ COMMAND_LINES = {
     # per-layer pattern (layer 1 full, layer 2 windowed).
     "sliding_window": {"window_size": "(128,0)", "window_attn_skip_freq": 2,
                        "position_embedding_type": "rope"},
+    # gpt-oss's attention: a learned sink per head (the local attention takes it)
+    "softmax_learnable": {"softmax_type": "learnable", "attention_dropout": 0.0},
+    "softmax_off_by_one": {"softmax_type": "off-by-one"},
     "sliding_window_pattern": {"window_size": "64,0", "window_attn_skip_freq": "([0]+[1])*1"},
     # gpt-oss's MLP: quick-GEGLU with a linear offset and a clamp, in the experts
     "quick_geglu": {"quick_geglu": True, "glu_linear_offset": 1.0,
@@ -510,7 +514,7 @@ def _built_gpt_facts(argv: list[str], seq_len: int) -> dict:
     ("--use-precision-aware-optimizer", None), ("--main-grads-dtype", "bf16"),
     ("--main-params-dtype", "fp16"), ("--exp-avg-dtype", "bf16"),
     ("--rotary-interleaved", None), ("--init-method-xavier-uniform", None),
-    ("--softmax-type", "off-by-one"), ("--window-size", "(128,4)"),
+    ("--window-size", "(128,4)"),
     ("--window-attn-skip-freq", "2"),
     ("--glu-linear-offset", "1.0"), ("--activation-func-clamp-value", "7"),
     ("--fp8-format", "hybrid"),
