@@ -2,10 +2,11 @@
 
 Used as the ``core_attention`` of megatron-core's ``SelfAttention`` on CPU (and anywhere Transformer
 Engine is absent). Causal (or full) attention, a causal sliding window (``--window-size``), an
-attention sink (``--softmax-type off-by-one/learnable``), GQA, padding slots masked, no attention
-across packed sequences, and CP: each rank holds, per sequence, chunks r and 2cp-1-r of the
-padded sequence (see :mod:`megatron.varlen.packing.cp_split`); K and V are all-gathered over the CP group with a
-differentiable collective and local queries attend at their GLOBAL positions. A reference
+attention sink (``--softmax-type off-by-one/learnable``), GQA, padding slots masked, no
+attention across packed sequences, and CP: each rank holds, per sequence, chunks r and 2cp-1-r
+of the padded sequence (see :mod:`megatron.varlen.packing.cp_split`); K and V are all-gathered
+over the CP group with a differentiable collective and local queries attend at their GLOBAL
+positions. A reference
 implementation: it materialises one [heads, sq, sk] score matrix per sequence, which is fine for
 tests and CPU runs, not for long-context GPU training (use TE there). Its index layout
 (:class:`LocalLayout`) comes from the host boundaries the data path attaches, built once per
