@@ -5,7 +5,7 @@ or untied embeddings), ``MistralForCausalLM`` (Llama's layer with a sliding wind
 layer), ``Qwen2ForCausalLM`` (+ QKV bias), ``Qwen3ForCausalLM`` (+ QK RMSNorm, an explicit
 ``head_dim``; both with a sliding window on the layers ``layer_types`` names),
 ``Qwen3MoeForCausalLM`` (Qwen3 with sparse MoE MLPs: experts, top-k, expert width, sparse
-layers, top-k renormalisation; no window) and ``DeepseekV3ForCausalLM`` (multi-latent
+layers, top-k renormalisation; a window on every layer) and ``DeepseekV3ForCausalLM`` (multi-latent
 attention, MoE with shared experts, sigmoid routing with an expert bias, group-limited routing,
 dense layers first; its keys are mapped in :mod:`.deepseek`). Every key of ``config.json`` is
 either mapped onto a flag, known to have no effect on the forward pass, or pinned to the one
@@ -30,7 +30,7 @@ from megatron.varlen_training.hf.deepseek import (
     deepseek_config_json, deepseek_from_model, mla_flag_values, parse_deepseek,
 )
 from megatron.varlen_training.hf.sliding_window import (
-    EVERY_LAYER_ARCHITECTURE, model_window, parse_window, window_config_json,
+    model_window, parse_window, window_config_json, windowed_architecture,
 )
 
 CONFIG_FILENAME = "config.json"
@@ -278,34 +278,18 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
     if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
-    window_size, skip_freq = model_window(model.window_size, model.window_attn_skip_freq,
-                                          model.num_layers)
+    window = model_window(model.window_size, model.window_attn_skip_freq, model.num_layers)
+    skip_flag = _shown(model.window_attn_skip_freq)
     if model.mla is not None:
-        _refuse_window(window_size, "DeepSeek-V3")
+        windowed_architecture(DEEPSEEK_ARCHITECTURE, window, skip_flag)  # refuses a window
         return deepseek_from_model(model, **_common_fields(model))
     moe = _export_moe(model)
-    if moe is not None:
-        _refuse_window(window_size, "Qwen3-MoE")
     architecture = ("Qwen2ForCausalLM" if model.add_qkv_bias else
                     MOE_ARCHITECTURE if moe is not None else
                     "Qwen3ForCausalLM" if model.qk_layernorm else "LlamaForCausalLM")
-    if architecture == "LlamaForCausalLM" and window_size is not None:
-        if skip_freq is not None:
-            raise HFConfigError(
-                f"export to Hugging Face: a Llama-layer model with a window on some layers only "
-                f"(--window-attn-skip-freq {_shown(model.window_attn_skip_freq)}) has no "
-                f"transformers architecture (Mistral windows every layer; Qwen2/Qwen3 need "
-                f"--add-qkv-bias or --qk-layernorm)")
-        architecture = EVERY_LAYER_ARCHITECTURE
-    return HFModelConfig(architecture=architecture, moe=moe, window_size=window_size,
-                         window_attn_skip_freq=skip_freq, **_common_fields(model))
-
-
-def _refuse_window(window_size, family: str) -> None:
-    if window_size is not None:
-        raise HFConfigError(f"export to Hugging Face: --window-size {window_size[0]},0 is not "
-                            f"mapped onto {family} (no sliding window there); drop --window-size "
-                            f"or export another family")
+    return HFModelConfig(architecture=windowed_architecture(architecture, window, skip_flag),
+                         moe=moe, window_size=window[0], window_attn_skip_freq=window[1],
+                         **_common_fields(model))
 
 
 def _shown(skip_freq) -> str:
@@ -381,8 +365,9 @@ def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
     }
     if config.moe is not None:
         raw.update(_moe_config_json(config.moe))
-    raw.update(window_config_json(config.architecture, config.window_size,
-                                  config.window_attn_skip_freq, config.num_layers))
+    raw.update(window_config_json(
+        config.architecture, (config.window_size, config.window_attn_skip_freq),
+        config.num_layers))
     raw.update(token_ids(config))
     return raw
 

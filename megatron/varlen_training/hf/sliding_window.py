@@ -9,58 +9,65 @@ Which layers use it, as transformers reads ``config.json``:
 * Qwen2/Qwen3: only with ``use_sliding_window`` true; ``layer_types`` names each layer
   (``sliding_attention`` / ``full_attention``), and without it the layers from
   ``max_window_layers`` on are windowed.
+* Qwen3-MoE: with ``use_sliding_window`` true, every layer.
 * Mistral: ``sliding_window`` alone, on every layer (null: none).
-* Llama, DeepSeek-V3 have no window; Qwen3-MoE's (every layer) is not mapped here.
+* Llama and DeepSeek-V3 have no window.
 
-This module stays free of megatron-core: the flag layer imports it (via hf/config.py).
+This module stays free of megatron-core at import: the flag layer imports it (hf/config.py).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from megatron.varlen_training.hf.config_schema import HFConfigError
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
-# What transformers assumes when config.json omits the key (Qwen2Config / MistralConfig).
+# What transformers assumes when config.json omits the key (Qwen2Config, MistralConfig, ...).
 HF_DEFAULT_SLIDING_WINDOW = 4096
 HF_DEFAULT_MAX_WINDOW_LAYERS = 28
-# How each architecture expresses its window.
-PER_LAYER_STYLE = "per_layer"  # use_sliding_window + layer_types (Qwen2, Qwen3)
-EVERY_LAYER_STYLE = "every_layer"  # sliding_window on every layer (Mistral)
-PER_LAYER_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-EVERY_LAYER_ARCHITECTURE = "MistralForCausalLM"
+MISTRAL_ARCHITECTURE = "MistralForCausalLM"
+
+
+class WindowStyle(NamedTuple):
+    """How an architecture's config.json says its window."""
+
+    switched: bool  # use_sliding_window turns it on (else sliding_window alone)
+    per_layer: bool  # layer_types / max_window_layers pick the layers (else every layer)
+
+
+WINDOW_STYLES = {
+    "Qwen2ForCausalLM": WindowStyle(switched=True, per_layer=True),
+    "Qwen3ForCausalLM": WindowStyle(switched=True, per_layer=True),
+    "Qwen3MoeForCausalLM": WindowStyle(switched=True, per_layer=False),
+    MISTRAL_ARCHITECTURE: WindowStyle(switched=False, per_layer=False),
+}
 
 Window = tuple  # (window_size (LEFT, 0) or None, window_attn_skip_freq: 0/1 tuple or None)
-
-
-def window_style(architecture: str) -> str | None:
-    if architecture in PER_LAYER_ARCHITECTURES:
-        return PER_LAYER_STYLE
-    return EVERY_LAYER_STYLE if architecture == EVERY_LAYER_ARCHITECTURE else None
 
 
 def parse_window(raw: dict, architecture: str, where: str) -> Window:
     """``(window_size, window_attn_skip_freq)`` of a ``config.json``: ``(None, None)`` without
     a window, ``window_attn_skip_freq`` None when every layer is windowed."""
-    style = window_style(architecture)
+    style = WINDOW_STYLES.get(architecture)
     layers = raw["num_hidden_layers"]
-    if style == EVERY_LAYER_STYLE:
-        width = raw.get("sliding_window", HF_DEFAULT_SLIDING_WINDOW)
-        kinds = [SLIDING] * layers
-        _check_kinds(raw.get("layer_types") or [FULL] * layers, layers, where,
-                     allowed=(FULL,))  # transformers' Mistral ignores layer_types
-    else:
-        used = bool(raw.get("use_sliding_window", False))
-        if used and style is None:
-            raise HFConfigError(f"{where}: unsupported value use_sliding_window=True for "
-                                f"{architecture} (transformers' {architecture} has no window)")
-        width = raw.get("sliding_window", HF_DEFAULT_SLIDING_WINDOW) if used else None
+    used = bool(raw.get("use_sliding_window", False)) if style is None or style.switched \
+        else True
+    if used and style is None:
+        raise HFConfigError(f"{where}: unsupported value use_sliding_window=True for "
+                            f"{architecture} (transformers' {architecture} has no window)")
+    width = raw.get("sliding_window", HF_DEFAULT_SLIDING_WINDOW) if used else None
+    if style is not None and style.per_layer:
         kinds = raw.get("layer_types") or _derived_kinds(raw, width, layers)
-        _check_kinds(kinds, layers, where, allowed=(FULL, SLIDING) if style else (FULL,))
-    if width is None:
-        if SLIDING in kinds and style != EVERY_LAYER_STYLE:
+        _check_kinds(kinds, layers, where, allowed=(FULL, SLIDING))
+        if width is None and SLIDING in kinds:
             raise HFConfigError(f"{where}: layer_types names {SLIDING!r} layers but no "
                                 f"window is set (use_sliding_window / sliding_window)")
+    else:  # the window, if any, is on every layer; transformers ignores layer_types here
+        _check_kinds(raw.get("layer_types") or [FULL] * layers, layers, where, allowed=(FULL,))
+        kinds = [SLIDING] * layers
+    if width is None:
         return None, None
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise HFConfigError(f"{where}: sliding_window {width!r} must be a positive integer")
@@ -95,17 +102,44 @@ def model_window(window_size, skip_freq, num_layers: int) -> Window:
     return (window_size[0], 0), (None if all(windowed) else tuple(map(int, windowed)))
 
 
-def window_config_json(architecture: str, window_size, skip_freq, num_layers: int) -> dict:
+def windowed_architecture(architecture: str, window: Window, skip_flag: str) -> str:
+    """The architecture that exports a run's ``window`` (``architecture`` itself, or Mistral
+    for Llama's layer windowed everywhere); HFConfigError where none holds it.
+    ``skip_flag``: the run's --window-attn-skip-freq as the command line gives it."""
+    window_size, skip_freq = window
+    if window_size is None:
+        return architecture
+    if architecture == "LlamaForCausalLM":
+        architecture = MISTRAL_ARCHITECTURE
+    style = WINDOW_STYLES.get(architecture)
+    family = architecture.removesuffix("ForCausalLM")
+    if style is None:
+        raise HFConfigError(f"export to Hugging Face: --window-size {window_size[0]},0 is not "
+                            f"held by {family} (it has no sliding window); drop --window-size")
+    if skip_freq is not None and not style.per_layer:
+        raise HFConfigError(
+            f"export to Hugging Face: {family} windows every layer or none, not some layers "
+            f"only (--window-attn-skip-freq {skip_flag}); Qwen2/Qwen3 (--add-qkv-bias or "
+            f"--qk-layernorm without experts) hold a window per layer")
+    return architecture
+
+
+def window_config_json(architecture: str, window: Window, num_layers: int) -> dict:
     """The ``config.json`` keys that give transformers this window ({} without one)."""
+    window_size, skip_freq = window
+    style = WINDOW_STYLES.get(architecture)
     width = None if window_size is None else window_size[0] + 1
-    if window_style(architecture) == EVERY_LAYER_STYLE:
+    if style is None:
+        return {}
+    if not style.switched:
         return {"sliding_window": width}  # null, not absent: absent is transformers' 4096
     if width is None:
         return {}
-    windowed = skip_freq or (1,) * num_layers
-    kinds = [SLIDING if flag else FULL for flag in windowed]
-    keys = {"use_sliding_window": True, "sliding_window": width, "layer_types": kinds}
-    leading_full = kinds.index(SLIDING)
-    if all(kind == SLIDING for kind in kinds[leading_full:]):
-        keys["max_window_layers"] = leading_full  # what readers without layer_types use
+    keys = {"use_sliding_window": True, "sliding_window": width}
+    if style.per_layer:
+        kinds = [SLIDING if flag else FULL for flag in skip_freq or (1,) * num_layers]
+        keys["layer_types"] = kinds
+        leading_full = kinds.index(SLIDING)
+        if all(kind == SLIDING for kind in kinds[leading_full:]):
+            keys["max_window_layers"] = leading_full  # what readers without layer_types use
     return keys

@@ -3,10 +3,11 @@ micro-batch of three sequences equal transformers' run on each sequence alone (f
 relative), and the export (untouched weights) loads in transformers as the same model: the
 same tensors, the same windowed layers, the same logits.
 
-Reference: transformers' own Qwen2/Qwen3/Mistral on tiny random checkpoints it saved, with a
-window of 4-5 keys on sequences of up to 16 tokens, and some layers full (Qwen2: layer_types
-from max_window_layers; Qwen3: an explicit, non-contiguous layer_types; Mistral: every layer).
-One single-rank launch for all three. The config-level mapping: test_hf_sliding_window_config.
+Reference: transformers' own Qwen2/Qwen3/Mistral/Qwen3-MoE on tiny random checkpoints it
+saved, with a window of 4-5 keys on sequences of up to 16 tokens, and some layers full (Qwen2:
+layer_types from max_window_layers; Qwen3: an explicit, non-contiguous layer_types; Mistral and
+Qwen3-MoE: every layer). One single-rank launch for all four. The config-level mapping:
+test_hf_sliding_window_config.py.
 """
 
 import json
@@ -29,8 +30,10 @@ CHECKPOINTS = {  # name: (family, window keys)
                             layer_types=["sliding_attention", "full_attention",
                                          "sliding_attention", "sliding_attention"])),
     "mistral": ("mistral", dict(sliding_window=4)),
+    "qwen3_moe": ("qwen3_moe", dict(use_sliding_window=True, sliding_window=5)),
 }
-WINDOW_KEYS = ("sliding_window", "layer_types")
+WINDOW_KEYS = ("use_sliding_window", "sliding_window", "layer_types")
+DISPATCHER = ["--moe-token-dispatcher-type", "alltoall"]  # as test_hf_deepseek (MoE on one rank)
 
 
 @torch.no_grad()
@@ -58,8 +61,8 @@ def round_trips(tmp_path_factory):
     sequences = [torch.randint(0, VOCAB, (n,), generator=generator) for n in LENGTHS]
     paths = {name: save_hf_model(family, root / name, **window)
              for name, (family, window) in CHECKPOINTS.items()}
-    jobs = [(model_argv(paths[name]), sequences, str(root / f"{name}_export"))
-            for name in CHECKPOINTS]
+    jobs = [(model_argv(paths[name], *(DISPATCHER if name == "qwen3_moe" else [])), sequences,
+             str(root / f"{name}_export")) for name in CHECKPOINTS]
     logits = run_distributed(rank_packed_logits_export, 1, args=(jobs,), timeout_s=240)[0]
     return {name: (paths[name], job[2], sequences, ours, _hf_logits(paths[name], sequences))
             for name, job, ours in zip(CHECKPOINTS, jobs, logits)}
@@ -72,8 +75,9 @@ def test_packed_logits_match_transformers_per_sequence(round_trips, name):
     # The window matters here: the same weights with full attention give other logits.
     import transformers
 
-    no_window = dict(sliding_window=None) if name == "mistral" else dict(
-        use_sliding_window=False, layer_types=["full_attention"] * _num_layers(path))
+    # (from_pretrained's keywords land after the config's own post-init: set the result)
+    no_window = (dict(sliding_window=None) if name in ("mistral", "qwen3_moe") else
+                 dict(layer_types=["full_attention"] * _num_layers(path)))
     full = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                              **no_window).eval()
     with torch.no_grad():

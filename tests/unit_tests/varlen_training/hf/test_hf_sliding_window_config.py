@@ -22,6 +22,7 @@ from tests.unit_tests.varlen_training.hf.tiny_models import SIZES, model_argv
 pytestmark = needs_extra("hf")
 
 LAYERS = SIZES["num_hidden_layers"]
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
 
 
 def _hf_config(config_name: str, **window):
@@ -66,22 +67,28 @@ def test_left_counts_the_keys_transformers_mask_shows_a_query(width):
         assert seen == list(range(max(0, query - left), query + 1)), (query, seen)
 
 
-CASES = {  # name: (transformers config class, its window keys, keys config.json leaves out)
+# name: (transformers config class, its window keys, keys config.json leaves out, keys it
+# holds as released checkpoints write them: Qwen2.5's say sliding_window 32768 with the switch
+# off, which transformers' own to_json would write as null)
+CASES = {
     "qwen2_from_max_window_layers": ("Qwen2Config", dict(
-        use_sliding_window=True, sliding_window=4, max_window_layers=1), ("layer_types",)),
+        use_sliding_window=True, sliding_window=4, max_window_layers=1), ("layer_types",), {}),
     "qwen3_layer_types": ("Qwen3Config", dict(use_sliding_window=True, sliding_window=5,
                                               layer_types=["sliding_attention", "full_attention",
                                                            "sliding_attention",
-                                                           "sliding_attention"]), ()),
+                                                           "sliding_attention"]), (), {}),
     "qwen3_every_layer": ("Qwen3Config", dict(use_sliding_window=True, sliding_window=3,
-                                              max_window_layers=0), ()),
-    "qwen2_unused_window": ("Qwen2Config", dict(use_sliding_window=False, sliding_window=4,
-                                                max_window_layers=0), ()),
+                                              max_window_layers=0), (), {}),
+    "qwen2_unused_window": ("Qwen2Config", dict(use_sliding_window=False, max_window_layers=0),
+                            ("layer_types",), dict(sliding_window=32768)),
     "qwen2_no_sliding_layer": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=4,
-                                                   max_window_layers=LAYERS), ()),
-    "mistral": ("MistralConfig", dict(sliding_window=6), ()),
-    "mistral_no_window": ("MistralConfig", dict(sliding_window=None), ()),
-    "mistral_default": ("MistralConfig", {}, ("sliding_window",)),
+                                                   max_window_layers=LAYERS), (), {}),
+    "mistral": ("MistralConfig", dict(sliding_window=6), (), {}),
+    "mistral_no_window": ("MistralConfig", dict(sliding_window=None), (), {}),
+    "mistral_default": ("MistralConfig", {}, ("sliding_window",), {}),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(use_sliding_window=True, sliding_window=4, **MOE), (),
+                  {}),
+    "qwen3_moe_unused_window": ("Qwen3MoeConfig", dict(**MOE), (), dict(sliding_window=4)),
 }
 
 
@@ -89,9 +96,10 @@ CASES = {  # name: (transformers config class, its window keys, keys config.json
 def test_windowed_layers_and_round_trip_match_transformers(case):
     import transformers
 
-    config_name, window, dropped = CASES[case]
-    reference = _hf_config(config_name, **window)
-    parsed = parse_hf_config(_raw(reference, drop=dropped))
+    config_name, window, dropped, released = CASES[case]
+    raw = {**_raw(_hf_config(config_name, **window), drop=dropped), **released}
+    reference = getattr(transformers, config_name)(**raw)  # what transformers reads from it
+    parsed = parse_hf_config(raw)
     assert _ours_windowed(parsed) == _hf_windowed(reference)
     if parsed.window_size is not None:
         assert parsed.window_size == (reference.sliding_window - 1, 0)
@@ -126,6 +134,7 @@ def _model(*flags: str) -> ModelConfig:
      ["sliding_attention", "full_attention"] * 2),
     (["--qk-layernorm"], "Qwen3ForCausalLM", ["sliding_attention"] * LAYERS),
     ([], "MistralForCausalLM", None),
+    (["--num-experts", "4", "--qk-layernorm"], "Qwen3MoeForCausalLM", None),
 ])
 def test_export_picks_the_architecture_that_holds_the_window(flags, architecture, kinds):
     raw = to_config_json(config_from_model(_model("--window-size", "7,0", *flags)), "float32")
@@ -140,10 +149,14 @@ def test_export_without_a_bounded_window_is_plain_llama(flags):
 
 
 @pytest.mark.parametrize("extra, expected", [
-    (["--num-experts", "4", "--qk-layernorm"], "--window-size 3,0 is not mapped onto Qwen3-MoE"),
-    (["--window-attn-skip-freq", "2"], "a Llama-layer model with a window on some layers only "
-                                       "(--window-attn-skip-freq 2)"),
+    (["--num-experts", "4", "--qk-layernorm", "--window-attn-skip-freq", "2"],
+     "Qwen3Moe windows every layer or none, not some layers only (--window-attn-skip-freq 2)"),
+    (["--window-attn-skip-freq", "2"], "Mistral windows every layer or none, not some layers "
+                                       "only (--window-attn-skip-freq 2)"),
     (["--window-attn-skip-freq", "[1,0,1,1]"], "(--window-attn-skip-freq [1,0,1,1])"),
+    (["--multi-latent-attention", "--num-experts", "4", "--moe-router-score-function",
+      "sigmoid", "--moe-router-enable-expert-bias", "--qk-layernorm"],
+     "--window-size 3,0 is not held by DeepseekV3 (it has no sliding window)"),
 ])
 def test_save_hf_refuses_at_start_up_in_one_line(tmp_path, extra, expected):
     flags = ["--window-size", "3,0", "--save-hf", str(tmp_path / "out"), *extra]
@@ -157,9 +170,9 @@ def test_save_hf_refuses_at_start_up_in_one_line(tmp_path, extra, expected):
 @pytest.mark.parametrize("changes, expected", [
     (dict(architectures=["LlamaForCausalLM"], model_type="llama", use_sliding_window=True),
      "unsupported value use_sliding_window=True for LlamaForCausalLM"),
-    (dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4,
-          num_experts_per_tok=2, moe_intermediate_size=8, use_sliding_window=True),
-     "unsupported value use_sliding_window=True for Qwen3MoeForCausalLM"),
+    (dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", **MOE,
+          use_sliding_window=True, layer_types=["sliding_attention"] * LAYERS),
+     "unsupported layer_types"),
     (dict(use_sliding_window=True, sliding_window=0), "sliding_window 0 must be a positive"),
     (dict(use_sliding_window=True, layer_types=["sliding_attention"] * 3),
      "unsupported layer_types"),

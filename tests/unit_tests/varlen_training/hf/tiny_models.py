@@ -33,6 +33,9 @@ FAMILIES = {
 # Built on request only (FAMILIES is what every import/export layout test runs).
 OTHER_FAMILIES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        tie_word_embeddings=False, head_dim=24, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=True)),
 }
 
 
