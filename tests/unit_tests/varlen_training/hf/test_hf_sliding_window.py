@@ -96,3 +96,18 @@ def test_export_is_the_same_windowed_model_in_transformers(round_trips, name):
     for key in WINDOW_KEYS:
         assert config.get(key) == source.get(key), key
     _assert_close(_hf_logits(exported, sequences), reference, f"{name} export")
+
+
+def test_window_flags_follow_the_checkpoint(round_trips):
+    """The checkpoint fixes the window as it fixes the other architecture flags: the same
+    values may be given, others are a one-line conflict naming both."""
+    from megatron.varlen_training.arguments import ArgumentValidationError
+    from megatron.varlen_training.config.from_flags import parse_run_config
+
+    qwen2 = round_trips["qwen2"][0]
+    model = parse_run_config(model_argv(qwen2, "--window-size", "3,0", "--window-attn-skip-freq",
+                                        "[0,1,1,1]"), world_size=1).model
+    assert (model.window_size, model.window_attn_skip_freq) == ((3, 0), (0, 1, 1, 1))
+    with pytest.raises(ArgumentValidationError, match=r"--window-size \(4, 0\) conflicts with "
+                       r"the --hf-checkpoint .* config.json value \(3, 0\)"):
+        parse_run_config(model_argv(qwen2, "--window-size", "4,0"), world_size=1)

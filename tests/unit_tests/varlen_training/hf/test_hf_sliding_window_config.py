@@ -184,3 +184,16 @@ def test_import_refuses_a_window_it_cannot_map(changes, expected):
     with pytest.raises(HFConfigError, match=expected) as err:
         parse_hf_config(raw)
     assert "\n" not in str(err.value)
+
+
+def test_export_tool_refuses_at_start_up_in_one_line(tmp_path, capsys):
+    """tools/export_hf.py parses the run's flags first: the refusal comes before any model or
+    checkpoint is read (--load is an empty directory here), one line and exit code 2."""
+    from megatron.varlen_training.hf.export_tool import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(LLAMA_LAYER + ["--load", str(tmp_path), "--save-hf", str(tmp_path / "out"),
+                            "--window-size", "3,0", "--window-attn-skip-freq", "2"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(lines) == 1, lines
+    assert "Mistral windows every layer or none" in lines[0] and "export_hf.py" in lines[0]
