@@ -6,8 +6,8 @@ same tensors, the same windowed layers, the same logits.
 Reference: transformers' own Qwen2/Qwen3/Mistral/Qwen3-MoE on tiny random checkpoints it
 saved, with a window of 4-5 keys on sequences of up to 16 tokens, and some layers full (Qwen2:
 layer_types from max_window_layers; Qwen3: an explicit, non-contiguous layer_types; Mistral and
-Qwen3-MoE: every layer). One single-rank launch for all four. The config-level mapping:
-test_hf_sliding_window_config.py.
+Qwen3-MoE: every layer). One single-rank launch for all four; the [b, s] path (no packing)
+for two of them. The config-level mapping: test_hf_sliding_window_config.py.
 """
 
 import json
@@ -17,9 +17,11 @@ import torch
 
 from tests.harness.extras import needs_extra
 from tests.harness.multirank import run_distributed
-from tests.unit_tests.varlen_training.hf.ranks import rank_packed_logits_export
+from tests.unit_tests.varlen_training.hf.ranks import rank_import_logits, rank_packed_logits_export
 from tests.unit_tests.varlen_training.hf.test_hf_deepseek import _assert_close, _tensors
-from tests.unit_tests.varlen_training.hf.tiny_models import VOCAB, model_argv, save_hf_model
+from tests.unit_tests.varlen_training.hf.tiny_models import (
+    VOCAB, hf_logits, model_argv, sample_tokens, save_hf_model,
+)
 
 pytestmark = needs_extra("hf")
 
@@ -111,3 +113,14 @@ def test_window_flags_follow_the_checkpoint(round_trips):
     with pytest.raises(ArgumentValidationError, match=r"--window-size \(4, 0\) conflicts with "
                        r"the --hf-checkpoint .* config.json value \(3, 0\)"):
         parse_run_config(model_argv(qwen2, "--window-size", "4,0"), world_size=1)
+
+
+def test_unpacked_batch_logits_match_transformers(round_trips):
+    """The [b, s] path (no packing) windows the same layers: 4 sequences of 16 tokens."""
+    tokens = sample_tokens()
+    runs = {name: model_argv(round_trips[name][0]) for name in ("qwen3", "mistral")}
+    ours = run_distributed(rank_import_logits, 1, args=(runs, tokens), timeout_s=240)[0]
+    for name in runs:
+        logits, reference = ours[name]["logits"], hf_logits(round_trips[name][0], tokens)
+        _assert_close(logits.reshape(-1, logits.shape[-1]),
+                      reference.reshape(-1, reference.shape[-1]), f"{name} [b, s]")
