@@ -22,9 +22,9 @@ HF_CHECKPOINT_FLAG = "--hf-checkpoint"
 def add_hf_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Hugging Face checkpoints and Llama/Qwen model features")
     group.add_argument(HF_CHECKPOINT_FLAG, default=None, metavar="DIR",
-                       help="Initialise from this local Hugging Face checkpoint (Llama, Qwen2, "
-                            "Qwen3, Qwen3-MoE, DeepSeek-V3); its config.json supplies the "
-                            "architecture flags.")
+                       help="Initialise from this local Hugging Face checkpoint (Llama, Mistral, "
+                            "Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3); its config.json supplies "
+                            "the architecture flags.")
     group.add_argument("--save-hf", default=None, metavar="DIR",
                        help="Write the trained model as a Hugging Face checkpoint at the end.")
     group.add_argument("--kv-channels", type=int, default=None,

@@ -1,9 +1,11 @@
 """A Hugging Face ``config.json`` <-> our model flags, in one place.
 
 Supported: ``LlamaForCausalLM`` (RMSNorm, SwiGLU, RoPE with optional Llama-3 scaling, GQA, tied
-or untied embeddings), ``Qwen2ForCausalLM`` (+ QKV bias), ``Qwen3ForCausalLM`` (+ QK RMSNorm, an
-explicit ``head_dim``), ``Qwen3MoeForCausalLM`` (Qwen3 with sparse MoE MLPs: experts, top-k,
-expert width, sparse layers, top-k renormalisation) and ``DeepseekV3ForCausalLM`` (multi-latent
+or untied embeddings), ``MistralForCausalLM`` (Llama's layer with a sliding window on every
+layer), ``Qwen2ForCausalLM`` (+ QKV bias), ``Qwen3ForCausalLM`` (+ QK RMSNorm, an explicit
+``head_dim``; both with a sliding window on the layers ``layer_types`` names),
+``Qwen3MoeForCausalLM`` (Qwen3 with sparse MoE MLPs: experts, top-k, expert width, sparse
+layers, top-k renormalisation; a window on every layer) and ``DeepseekV3ForCausalLM`` (multi-latent
 attention, MoE with shared experts, sigmoid routing with an expert bias, group-limited routing,
 dense layers first; its keys are mapped in :mod:`.deepseek`). Every key of ``config.json`` is
 either mapped onto a flag, known to have no effect on the forward pass, or pinned to the one
@@ -26,6 +28,9 @@ from megatron.varlen_training.hf.config_schema import (
 )
 from megatron.varlen_training.hf.deepseek import (
     deepseek_config_json, deepseek_from_model, mla_flag_values, parse_deepseek,
+)
+from megatron.varlen_training.hf.sliding_window import (
+    model_window, parse_window, window_config_json, windowed_architecture,
 )
 
 CONFIG_FILENAME = "config.json"
@@ -50,9 +55,10 @@ _MAPPED_KEYS = frozenset({
     "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
     "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
     "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias",
-    "sliding_window", "layer_types",  # sliding_window is read only with use_sliding_window
 })
-_FULL_ATTENTION = "full_attention"
+# The window's keys: hf/sliding_window.py reads them as each architecture does.
+_WINDOW_KEYS = frozenset({"use_sliding_window", "sliding_window", "layer_types",
+                          "max_window_layers"})
 # Our MTP layers are not written (Llama/Qwen have none; DeepSeek-V3's are not mapped, and
 # transformers does not load them either): an export leaves them out, knowingly.
 MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (MTP layers are not "
@@ -110,7 +116,7 @@ def _moe_config(raw: dict, where: str) -> HFMoEConfig:
 def _check_keys(raw: dict, where: str, architecture: str) -> None:
     moe_keys = _MOE_KEYS | _MOE_TRAINING_KEYS if architecture == MOE_ARCHITECTURE else set()
     for key, value in raw.items():
-        if key in moe_keys:
+        if key in moe_keys or key in _WINDOW_KEYS:
             continue
         if key in PINNED_VALUES:
             if value is not None and value != PINNED_VALUES[key]:
@@ -124,10 +130,6 @@ def _check_keys(raw: dict, where: str, architecture: str) -> None:
     if bias is not None and bias != ARCHITECTURES[architecture].qkv_bias:
         raise HFConfigError(f"{where}: unsupported value attention_bias={bias!r} for "
                             f"{architecture}")
-    layer_types = raw.get("layer_types") or []
-    if any(kind != _FULL_ATTENTION for kind in layer_types):
-        raise HFConfigError(f"{where}: unsupported layer_types {sorted(set(layer_types))} "
-                            f"(only {_FULL_ATTENTION!r})")
 
 
 def _rope(raw: dict, where: str) -> tuple[int, float | None]:
@@ -165,6 +167,7 @@ def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
             raise HFConfigError(f"{where}: missing or non-integer {key!r}")
     heads = raw["num_attention_heads"]
     rotary_base, factor = _rope(raw, where)
+    window_size, skip_freq = parse_window(raw, architecture, where)
     return HFModelConfig(
         architecture=architecture,
         num_layers=raw["num_hidden_layers"],
@@ -183,6 +186,7 @@ def parse_hf_config(raw: dict, where: str = CONFIG_FILENAME) -> HFModelConfig:
         eos_token_id=raw.get("eos_token_id"),
         pad_token_id=raw.get("pad_token_id"),
         moe=_moe_config(raw, where) if architecture == MOE_ARCHITECTURE else None,
+        window_size=window_size, window_attn_skip_freq=skip_freq,
     )
 
 
@@ -216,6 +220,9 @@ def flag_values(config: HFModelConfig) -> dict:
         "rotary_percent": 1.0,
         "rotary_seq_len_interpolation_factor": None,
         "untie_embeddings_and_output_weights": not config.tied_embeddings,
+        "window_size": config.window_size,
+        "window_attn_skip_freq": (list(config.window_attn_skip_freq)  # as the flag parses it
+                                  if config.window_attn_skip_freq is not None else None),
         **_moe_flag_values(config.moe),
         **mla_flag_values(config.mla),  # after kv_channels: MLA leaves it unset
     }
@@ -271,13 +278,24 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
     if model.add_qkv_bias and model.qk_layernorm:
         raise HFConfigError("no supported Hugging Face architecture has both --add-qkv-bias "
                             "and --qk-layernorm")
+    window = model_window(model.window_size, model.window_attn_skip_freq, model.num_layers)
+    skip_flag = _shown(model.window_attn_skip_freq)
     if model.mla is not None:
+        windowed_architecture(DEEPSEEK_ARCHITECTURE, window, skip_flag)  # refuses a window
         return deepseek_from_model(model, **_common_fields(model))
     moe = _export_moe(model)
     architecture = ("Qwen2ForCausalLM" if model.add_qkv_bias else
                     MOE_ARCHITECTURE if moe is not None else
                     "Qwen3ForCausalLM" if model.qk_layernorm else "LlamaForCausalLM")
-    return HFModelConfig(architecture=architecture, moe=moe, **_common_fields(model))
+    return HFModelConfig(architecture=windowed_architecture(architecture, window, skip_flag),
+                         moe=moe, window_size=window[0], window_attn_skip_freq=window[1],
+                         **_common_fields(model))
+
+
+def _shown(skip_freq) -> str:
+    """A --window-attn-skip-freq value as the command line gives it."""
+    return (str(skip_freq) if not isinstance(skip_freq, tuple) else
+            "[" + ",".join(map(str, skip_freq)) + "]")
 
 
 def _common_fields(model: ModelConfig) -> dict:
@@ -347,6 +365,9 @@ def to_config_json(config: HFModelConfig, torch_dtype: str) -> dict:
     }
     if config.moe is not None:
         raw.update(_moe_config_json(config.moe))
+    raw.update(window_config_json(
+        config.architecture, (config.window_size, config.window_attn_skip_freq),
+        config.num_layers))
     raw.update(token_ids(config))
     return raw
 

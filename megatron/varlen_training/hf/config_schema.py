@@ -18,6 +18,8 @@ class Family(NamedTuple):
 
 ARCHITECTURES = {
     "LlamaForCausalLM": Family("llama", qkv_bias=False, qk_layernorm=False),
+    # Llama's layer with a sliding window on every layer (hf/sliding_window.py).
+    "MistralForCausalLM": Family("mistral", qkv_bias=False, qk_layernorm=False),
     "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True, qk_layernorm=False),
     "Qwen3ForCausalLM": Family("qwen3", qkv_bias=False, qk_layernorm=True),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", qkv_bias=False, qk_layernorm=True),
@@ -36,7 +38,8 @@ IGNORED_KEYS = frozenset({
     "tokenizer_class", "sep_token_id", "decoder_start_token_id", "id2label", "label2id",
     "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder",
 })
-# Keys whose only supported value is given (None = the key may be absent or null).
+# Keys whose only supported value is given (None = the key may be absent or null). The
+# Llama/Qwen/Mistral parser reads the window keys itself (hf/sliding_window.py).
 PINNED_VALUES = {
     "hidden_act": SUPPORTED_ACTIVATION,
     "pretraining_tp": 1,
@@ -107,6 +110,10 @@ class HFModelConfig:
     pad_token_id: int | None = None
     moe: "HFMoEConfig | None" = None  # Qwen3-MoE's experts, None for dense models
     mla: "HFMLAConfig | None" = None  # DeepSeek-V3's attention, None for standard attention
+    # The sliding window in our flags' terms: (LEFT, 0), and a 0/1 per layer where only some
+    # layers use it (None: every layer); both None without a window.
+    window_size: "tuple[int, int] | None" = None
+    window_attn_skip_freq: "tuple[int, ...] | None" = None
 
     @property
     def qkv_bias(self) -> bool:

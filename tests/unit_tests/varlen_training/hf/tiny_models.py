@@ -30,13 +30,20 @@ FAMILIES = {
                                                       rope_theta=1000000.0)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=False, head_dim=24)),
 }
+# Built on request only (FAMILIES is what every import/export layout test runs).
+OTHER_FAMILIES = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        tie_word_embeddings=False, head_dim=24, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=True)),
+}
 
 
 def build_hf_model(family: str, seed: int = 0, **overrides):
     """A random ``transformers`` model of ``family`` (weights ~ N(0, 0.2) so logits vary)."""
     import transformers
 
-    config_name, model_name, extra = FAMILIES[family]
+    config_name, model_name, extra = {**FAMILIES, **OTHER_FAMILIES}[family]
     config = getattr(transformers, config_name)(**{**SIZES, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).float().eval()
