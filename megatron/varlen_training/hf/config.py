@@ -61,6 +61,11 @@ _WINDOW_KEYS = frozenset({"use_sliding_window", "sliding_window", "layer_types",
                           "max_window_layers"})
 # Our MTP layers are not written (Llama/Qwen have none; DeepSeek-V3's are not mapped, and
 # transformers does not load them either): an export leaves them out, knowingly.
+# Model flags (dests) no architecture read or written here has beyond their plain value: an
+# attention sink and gpt-oss's GLU offset and clamp. An import fixes them at that value; an
+# export of another value is refused rather than written without them.
+NOT_EXPORTED = {"softmax_type": "vanilla", "glu_linear_offset": 0.0,
+                "activation_func_clamp_value": None}
 MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (MTP layers are not "
                    "exported: Llama/Qwen have none, transformers' DeepSeek-V3 does not load "
                    "them); to export the model without them, --save a checkpoint and run "
@@ -220,6 +225,7 @@ def flag_values(config: HFModelConfig) -> dict:
         "rotary_percent": 1.0,
         "rotary_seq_len_interpolation_factor": None,
         "untie_embeddings_and_output_weights": not config.tied_embeddings,
+        **NOT_EXPORTED,  # an imported model has none of these
         "window_size": config.window_size,
         "window_attn_skip_freq": (list(config.window_attn_skip_freq)  # as the flag parses it
                                   if config.window_attn_skip_freq is not None else None),
@@ -272,6 +278,12 @@ def config_from_model(model: ModelConfig) -> HFModelConfig:
                             f"to Hugging Face needs --rotary-percent 1.0 (got "
                             f"{model.rotary_percent}) and no --rotary-seq-len-interpolation-"
                             f"factor (got {model.rotary_seq_len_interpolation_factor})")
+    for dest, plain in NOT_EXPORTED.items():
+        if getattr(model, dest) != plain:
+            flag = "--" + dest.replace("_", "-")
+            raise HFConfigError(f"export to Hugging Face needs {flag} {plain} (got "
+                                f"{getattr(model, dest)!r}): no architecture exported here has "
+                                f"it")
     if model.mtp_num_layers:
         raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
                                                    layers=model.mtp_num_layers))

@@ -165,3 +165,24 @@ def test_tiktokenizer_is_refused(llama):
         f"sized by --vocab-size and numbers its tokens after its --tiktoken-num-special-tokens "
         f"special ids, so its ids would not index that embedding; use --tokenizer-type "
         f"HuggingFaceTokenizer --tokenizer-model {llama}")
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--softmax-type", "learnable"], "--softmax-type"),
+    (["--glu-linear-offset", "1"], "--glu-linear-offset"),
+    (["--activation-func-clamp-value", "7"], "--activation-func-clamp-value"),
+])
+def test_what_no_exported_architecture_holds_is_refused(llama, flags, flag, tmp_path):
+    """An attention sink and gpt-oss's GLU offset/clamp: --save-hf refuses them at start-up
+    (an export would silently drop them), --hf-checkpoint takes none (a conflict)."""
+    from megatron.varlen_training.config.from_flags import parse_run_config
+    from tests.harness.training_runs import TINY_GPT_ARGS
+
+    export = TINY_GPT_ARGS + ["--train-iters", "1", "--normalization", "RMSNorm", "--swiglu",
+                              "--disable-bias-linear", "--position-embedding-type", "rope",
+                              "--save-hf", str(tmp_path / "out"), *flags]
+    with pytest.raises(ArgumentValidationError) as err:
+        parse_run_config(export, world_size=1)
+    assert str(err.value).startswith("--save-hf: export to Hugging Face needs " + flag)
+    assert flag in _error(model_argv(llama, *flags)) and "conflicts" in _error(
+        model_argv(llama, *flags))
