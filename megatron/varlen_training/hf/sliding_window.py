@@ -93,7 +93,7 @@ def model_window(window_size, skip_freq, num_layers: int) -> Window:
     """A run's window as :func:`parse_window` gives it: ``(None, None)`` where no layer attends
     through a bounded window, a 0/1 tuple only where some layer does not."""
     # Imported here: the flag layer imports this module and stays free of megatron-core.
-    from megatron.varlen.attention.sliding_window import windowed_layers
+    from megatron.varlen.attention import windowed_layers
 
     choice = list(skip_freq) if isinstance(skip_freq, tuple) else skip_freq  # mcore: a list
     windowed = windowed_layers(window_size, choice, num_layers)
