@@ -22,11 +22,12 @@ from megatron.varlen_training.datasets.sample_reader import SampleReader
 from megatron.varlen_training.mla_flops import attention_cost_scale
 from megatron.varlen_training.moe_flops import linear_cost_scale
 from megatron.varlen_training.read_agreement import read_agreed
+from megatron.varlen_training.window_layers import counted_window
 from megatron.varlen.packing import (
     GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
 )
 from megatron.varlen.platform import get_device
-from megatron.varlen.scheduling import CostModel
+from megatron.varlen.scheduling import CostModel, length_sums
 
 _SEQ_DIM = 1  # batches are [b, s]
 # The dense per-sample mask of --reset-attention-mask is [b, 1, s, S]: its query rows (dim 2)
@@ -101,9 +102,11 @@ class UnpackedBatchProvider:
     ``num_workers`` processes read ahead (--num-workers).
 
     ``transform``: applied to every sample read (Megatron-LM's document flags,
-    ``datasets/documents.py``); ``length_sums``: ``(samples) -> (sum L, sum L^2)`` of one DP
-    replica's samples for FLOPs (default: the samples' real lengths; per document when the
-    documents of a sample do not attend to each other); ``agree_on_reads``: whether every
+    ``datasets/documents.py``); ``attention_lengths``: ``(samples) -> lengths`` of what attends
+    as one in one DP replica's samples, for FLOPs (default: the samples' real lengths; its
+    documents when the documents of a sample do not attend to each other); ``attention_window``:
+    --window-size's LEFT where layers attend through it (FLOPs' windowed sum), else None;
+    ``agree_on_reads``: whether every
     rank agrees on each step's reads (``read_agreement.reads_can_fail`` of the data; the same
     on every rank); ``schedule``: each iteration's global batch (--rampup-batch-size; default
     ``global_batch_size`` samples each).
@@ -111,8 +114,9 @@ class UnpackedBatchProvider:
 
     def __init__(self, dataset, global_batch_size: int, micro_batch_size: int, seq_length: int,
                  num_workers: int = 0, transform: SampleTransform | None = None,
-                 length_sums: Callable[[list[dict]], tuple[int, int]] | None = None,
-                 agree_on_reads: bool = True, schedule: GlobalBatchSchedule | None = None):
+                 attention_lengths: Callable[[list[dict]], list[int]] | None = None,
+                 agree_on_reads: bool = True, schedule: GlobalBatchSchedule | None = None,
+                 attention_window: int | None = None):
         self.dataset = dataset
         self.agree_on_reads = agree_on_reads
         self.global_batch_size = global_batch_size
@@ -121,7 +125,8 @@ class UnpackedBatchProvider:
         self.seq_length = seq_length
         self.reader = _sample_reader(dataset, self.schedule, self._my_indices, num_workers)
         self.transform = transform
-        self.length_sums = length_sums or _real_length_sums
+        self.attention_lengths = attention_lengths or _real_lengths
+        self.attention_window = attention_window
 
     def _my_microbatches(self, iteration: int) -> list[list[int]]:
         return dp_microbatch_indices(
@@ -146,8 +151,9 @@ class UnpackedBatchProvider:
         samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
         microbatches = [_to_device(_slice_for_context_parallel(_with_padding_mask(mb)))
                         for mb in samples]
-        seqlen_sum, seqlen_squared_sum = _global_length_sums(
-            self.length_sums([sample for mb in samples for sample in mb]))
+        seqlen_sum, seqlen_squared_sum, windowed_sum = _global_length_sums(
+            self.attention_lengths([sample for mb in samples for sample in mb]),
+            self.attention_window)
         slots = len(indices) * self.seq_length
         return StepBatches(
             microbatches=microbatches,
@@ -155,23 +161,26 @@ class UnpackedBatchProvider:
             seqlen_sum=seqlen_sum,
             seqlen_squared_sum=seqlen_squared_sum,
             stats={"real_tokens": seqlen_sum, "padding_ratio": 1.0 - seqlen_sum / slots},
+            seqlen_windowed_squared_sum=windowed_sum,
         )
 
 
-def _real_length_sums(samples: list[dict]) -> tuple[int, int]:
-    lengths = [sample["length"] for sample in samples]
-    return sum(lengths), sum(n * n for n in lengths)
+def _real_lengths(samples: list[dict]) -> list[int]:
+    return [sample["length"] for sample in samples]
 
 
-def _global_length_sums(local_sums: tuple[int, int]) -> tuple[int, int]:
-    """Exact sum(L) and sum(L^2) over the global batch from each DP replica's own sums.
+def _global_length_sums(local_lengths: list[int], window: int | None
+                        ) -> tuple[int, int, int | None]:
+    """Exact sum(L), sum(L^2) and, with a window, the windowed sum (attention_area.py) over the
+    global batch from each DP replica's own lengths.
 
     int64 all-reduce over DP (CP ranks of a replica hold the same samples): exact, unlike the
     float32 sums upstream broadcasts, and no rank reads samples it does not train on.
     """
-    sums = torch.tensor(list(local_sums), dtype=torch.int64, device=get_device())
+    local = [value for value in length_sums(local_lengths, window) if value is not None]
+    sums = torch.tensor(local, dtype=torch.int64, device=get_device())
     torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
-    return int(sums[0]), int(sums[1])
+    return int(sums[0]), int(sums[1]), None if window is None else int(sums[2])
 
 
 def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
@@ -231,6 +240,7 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
         pad_packed_seq_alignment=packing.pad_packed_seq_alignment,
         thd_max_packed_sequences=packing.thd_max_packed_sequences,
         thd_tail_padding_policy=packing.thd_tail_padding_policy,
+        attention_window=counted_window(run.model),
     )
 
 

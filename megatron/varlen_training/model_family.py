@@ -39,7 +39,8 @@ class ModelFamily:
     Attributes:
         name: How messages name the family.
         model_provider: ``(run) -> (TransformerConfig, DDP-wrapped chunks of this rank)``.
-        flops: ``(model config, sum L, sum L^2) -> training FLOPs`` of one global batch.
+        flops: ``(model config, sum L, sum L^2, windowed sum or None) -> training FLOPs`` of
+            one global batch (the windowed sum: window_layers.py).
         attention_fraction: ``(model config) -> share of layers whose cost is quadratic`` for
             the packing scheduler's cost model (None: every layer is an attention layer).
         hf: Its Hugging Face checkpoint adapter, or None (no such checkpoints).

@@ -221,7 +221,8 @@ class Trainer:
             lm_loss=loss, grad_norm=grad_norm, num_microbatches=batches.num_microbatches,
             tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
             seqlen_squared_sum=batches.seqlen_squared_sum,
-            flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
+            flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum,
+                                    batches.seqlen_windowed_squared_sum),
             world_size=torch.distributed.get_world_size(), loss_scale=self._loss_scale(),
             skipped=grad_norm is None, num_zeros_in_grad=state.num_zeros_in_grad,
             params_norm=params_l2_norm(state.model, main_params=run.model.bf16)

@@ -150,7 +150,8 @@ def one_batch_of(provider, first: int, end: int, seq_length: int):
     samples = torch.utils.data.Subset(provider.dataset, range(first, end))
     return UnpackedBatchProvider(samples, end - first, 1, seq_length,
                                  transform=provider.transform,
-                                 length_sums=provider.length_sums)
+                                 attention_lengths=provider.attention_lengths,
+                                 attention_window=provider.attention_window)
 
 
 def loss_owner_history(results: list[dict]) -> list[dict]:
