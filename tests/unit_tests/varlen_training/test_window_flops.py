@@ -1,5 +1,5 @@
-"""Model FLOPs under --window-size: a windowed layer counts m*(2L - m), m = min(L, LEFT + 1),
-where a full one counts L^2 (attention_area.py).
+"""Model FLOPs and the scheduler's cost model under --window-size: a windowed layer counts
+m*(2L - m), m = min(L, LEFT + 1), where a full one counts L^2 (attention_area.py).
 
 References, none taken from the code under test: the query-key pairs a boolean mask allows,
 counted by brute force (squared tokens = 2*pairs - m, the convention that makes full causal
@@ -14,11 +14,21 @@ import pytest
 
 from megatron.varlen.scheduling import attention_area, length_sums
 from megatron.varlen_training.config.from_flags import parse_hybrid_run_config, parse_run_config
+from megatron.varlen_training.data import build_packing_config
 from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, num_floating_point_operations
 from megatron.varlen_training.hybrid_model import HYBRID
+from megatron.varlen_training.model_family import GPT
 from tests.harness.training_runs import TINY_GPT_ARGS
 
 LENGTHS = (1, 2, 5, 6, 7, 13, 40, 64)
+# M*M*- : attention at positions 2 and 4; the list windows position 4 only
+HYBRID_ARGV = [
+    "--num-layers", "5", "--hybrid-override-pattern", "M*M*-", "--hidden-size", "32",
+    "--num-attention-heads", "4", "--seq-length", "64", "--max-position-embeddings", "64",
+    "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "1",
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", "127", "--mock-data", "--lr", "1e-3",
+    "--mamba-num-groups", "1", "--window-size", "4,0", "--window-attn-skip-freq", "[0,0,0,1,0]",
+]
 WINDOWS = (0, 1, 4, 5, 6, 30, 100)
 
 
@@ -91,14 +101,8 @@ def test_windowed_layers_without_the_windowed_sum_are_refused():
 
 
 def test_hybrid_attention_layers_are_windowed_by_their_pattern_position():
-    """M*M*- : attention at positions 2 and 4; the list windows position 4 only."""
-    argv = ["--num-layers", "5", "--hybrid-override-pattern", "M*M*-", "--hidden-size", "32",
-            "--num-attention-heads", "4", "--seq-length", "64", "--max-position-embeddings",
-            "64", "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "1",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "127", "--mock-data",
-            "--lr", "1e-3", "--mamba-num-groups", "1",
-            "--window-size", "4,0", "--window-attn-skip-freq", "[0,0,0,1,0]"]
-    windowed = parse_hybrid_run_config(argv, world_size=1).model
+    """Only the attention layer at pattern position 4 is windowed."""
+    windowed = parse_hybrid_run_config(HYBRID_ARGV, world_size=1).model
     full = dataclasses.replace(windowed, window_size=None, window_attn_skip_freq=None)
     lengths = (2, 11, 30)
     total, squares = sum(lengths), sum(n * n for n in lengths)
@@ -111,3 +115,31 @@ def test_hybrid_attention_layers_are_windowed_by_their_pattern_position():
     attention = FORWARD_AND_BACKWARD * 2 * q * (squares + window_sum)
     assert HYBRID.flops(windowed, total, squares, window_sum) == \
         HYBRID.flops(windowed, total, 0, 0) + attention
+
+
+def _scheduler_cost(model_run, family):
+    config = build_packing_config(model_run, 0, family.attention_fraction(model_run.model), (),
+                                  family.attention_layers(model_run.model))
+    return config.cost
+
+
+def test_the_scheduler_prices_the_windowed_share_of_attention_layers():
+    """GPT: layers 1 and 3 of 4 windowed; hybrid M*M*-: 2 attention layers of 5, one windowed.
+    A length's price is the full model's less, per windowed layer share, P^2 - the window's
+    squared tokens (counted from the mask)."""
+    gpt = parse_run_config(TINY_GPT_ARGS + ["--train-iters", "1", "--num-layers", "4",
+                                            "--sequence-packing", "--micro-batch-size", "1",
+                                            "--window-size", "5,0",
+                                            "--window-attn-skip-freq", "2"], world_size=1)
+    hybrid = parse_hybrid_run_config(HYBRID_ARGV + ["--sequence-packing"], world_size=1)
+    for run, family, share in ((gpt, GPT, 2 / 4), (hybrid, HYBRID, 1 / 5)):
+        window = run.model.window_size[0]
+        cost = _scheduler_cost(run, family)
+        plain = dataclasses.replace(run, model=dataclasses.replace(
+            run.model, window_size=None, window_attn_skip_freq=None))
+        full = _scheduler_cost(plain, family)
+        assert full.a_window == 0.0
+        for length in (1, 6, 7, 50, 300):
+            saved = share * (length ** 2 - _windowed_sum([length], window))
+            assert cost.time(length, 1) == pytest.approx(full.time(length, 1) - saved,
+                                                         rel=1e-12)

@@ -21,7 +21,7 @@ SCHEDULING_PACKAGES = {"megatron.varlen.scheduling": PACKAGE, "tools.scheduling"
 COEFFICIENTS = {"a", "b", "g", "d"}
 # 2,400 until the sliding window: its squared tokens (attention_area.py) and their price
 # (CostModel.window) added the lines above it.
-LINE_BUDGET = 2460
+LINE_BUDGET = 2470
 HEAP_USERS = {"cover.py"}  # slowest block first, for growth: not a placement
 
 
