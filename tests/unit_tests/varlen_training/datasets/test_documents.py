@@ -212,6 +212,10 @@ def test_document_lengths_count_documents_in_float64():
     lengths = np.array([b - a for s in samples
                         for a, b in document_spans(s["tokens"], s["length"], EOD)],
                        dtype=np.float64)
-    total, squares, _ = length_sums(document_lengths(samples, EOD))
+    window = 3  # a sliding window counts each document's own band: 2 * pairs - min(L, w + 1)
+    total, squares, windowed = length_sums(document_lengths(samples, EOD), window)
     assert float(total) == lengths.sum() == 6 * 40
     assert float(squares) == (lengths ** 2).sum()
+    band = np.minimum(lengths, window + 1)
+    pairs = sum(np.tril(np.triu(np.ones((int(n), int(n))), -window)).sum() for n in lengths)
+    assert float(windowed) == 2 * pairs - band.sum() < squares
