@@ -374,7 +374,8 @@ def megatron_training(config: str, shape: Shape, steps: int, device: str):
     def step(it):
         batches = provider.step_batches(it)
         loss, grad_norm = train_step(run, state, batches)
-        return batches.seqlen_sum, batches.seqlen_squared_sum, loss, grad_norm
+        return (batches.seqlen_sum, batches.seqlen_squared_sum, loss, grad_norm,
+                batches.seqlen_windowed_squared_sum)
 
     return step, run, state, provider
 
@@ -394,7 +395,8 @@ def _run_megatron(config: str, shape: Shape, iters: int, warmup: int, device: st
     fused = [group["fused"] for adam in torch_adam_optimizers(state.optimizer)
              for group in adam.param_groups]
     return {"times": times, "tokens": [s[0] for s in measured],
-            "flops": [num_floating_point_operations(run.model, s[0], s[1]) for s in measured],
+            "flops": [num_floating_point_operations(run.model, s[0], s[1], s[4])
+                      for s in measured],
             "losses": [s[2] for s in measured], "fused_adam": bool(fused) and all(fused),
             **syncs}
 

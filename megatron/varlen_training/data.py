@@ -22,11 +22,14 @@ from megatron.varlen_training.datasets.sample_reader import SampleReader
 from megatron.varlen_training.mla_flops import attention_cost_scale
 from megatron.varlen_training.moe_flops import linear_cost_scale
 from megatron.varlen_training.read_agreement import read_agreed
+from megatron.varlen_training.window_layers import (
+    counted_window, gpt_attention_layers, windowed_layer_count,
+)
 from megatron.varlen.packing import (
     GlobalBatchPacker, PackingConfig, StepBatches, host_to_device, split_sbhd_for_cp,
 )
 from megatron.varlen.platform import get_device
-from megatron.varlen.scheduling import CostModel
+from megatron.varlen.scheduling import CostModel, length_sums
 
 _SEQ_DIM = 1  # batches are [b, s]
 # The dense per-sample mask of --reset-attention-mask is [b, 1, s, S]: its query rows (dim 2)
@@ -101,9 +104,11 @@ class UnpackedBatchProvider:
     ``num_workers`` processes read ahead (--num-workers).
 
     ``transform``: applied to every sample read (Megatron-LM's document flags,
-    ``datasets/documents.py``); ``length_sums``: ``(samples) -> (sum L, sum L^2)`` of one DP
-    replica's samples for FLOPs (default: the samples' real lengths; per document when the
-    documents of a sample do not attend to each other); ``agree_on_reads``: whether every
+    ``datasets/documents.py``); ``attention_lengths``: ``(samples) -> lengths`` of what attends
+    as one in one DP replica's samples, for FLOPs (default: the samples' real lengths; its
+    documents when the documents of a sample do not attend to each other); ``attention_window``:
+    --window-size's LEFT where layers attend through it (FLOPs' windowed sum), else None;
+    ``agree_on_reads``: whether every
     rank agrees on each step's reads (``read_agreement.reads_can_fail`` of the data; the same
     on every rank); ``schedule``: each iteration's global batch (--rampup-batch-size; default
     ``global_batch_size`` samples each).
@@ -111,8 +116,9 @@ class UnpackedBatchProvider:
 
     def __init__(self, dataset, global_batch_size: int, micro_batch_size: int, seq_length: int,
                  num_workers: int = 0, transform: SampleTransform | None = None,
-                 length_sums: Callable[[list[dict]], tuple[int, int]] | None = None,
-                 agree_on_reads: bool = True, schedule: GlobalBatchSchedule | None = None):
+                 attention_lengths: Callable[[list[dict]], list[int]] | None = None,
+                 agree_on_reads: bool = True, schedule: GlobalBatchSchedule | None = None,
+                 attention_window: int | None = None):
         self.dataset = dataset
         self.agree_on_reads = agree_on_reads
         self.global_batch_size = global_batch_size
@@ -121,7 +127,8 @@ class UnpackedBatchProvider:
         self.seq_length = seq_length
         self.reader = _sample_reader(dataset, self.schedule, self._my_indices, num_workers)
         self.transform = transform
-        self.length_sums = length_sums or _real_length_sums
+        self.attention_lengths = attention_lengths or _real_lengths
+        self.attention_window = attention_window
 
     def _my_microbatches(self, iteration: int) -> list[list[int]]:
         return dp_microbatch_indices(
@@ -146,8 +153,9 @@ class UnpackedBatchProvider:
         samples = [[next(read) for _ in mb] for mb in self._my_microbatches(iteration)]
         microbatches = [_to_device(_slice_for_context_parallel(_with_padding_mask(mb)))
                         for mb in samples]
-        seqlen_sum, seqlen_squared_sum = _global_length_sums(
-            self.length_sums([sample for mb in samples for sample in mb]))
+        seqlen_sum, seqlen_squared_sum, windowed_sum = _global_length_sums(
+            self.attention_lengths([sample for mb in samples for sample in mb]),
+            self.attention_window)
         slots = len(indices) * self.seq_length
         return StepBatches(
             microbatches=microbatches,
@@ -155,23 +163,26 @@ class UnpackedBatchProvider:
             seqlen_sum=seqlen_sum,
             seqlen_squared_sum=seqlen_squared_sum,
             stats={"real_tokens": seqlen_sum, "padding_ratio": 1.0 - seqlen_sum / slots},
+            seqlen_windowed_squared_sum=windowed_sum,
         )
 
 
-def _real_length_sums(samples: list[dict]) -> tuple[int, int]:
-    lengths = [sample["length"] for sample in samples]
-    return sum(lengths), sum(n * n for n in lengths)
+def _real_lengths(samples: list[dict]) -> list[int]:
+    return [sample["length"] for sample in samples]
 
 
-def _global_length_sums(local_sums: tuple[int, int]) -> tuple[int, int]:
-    """Exact sum(L) and sum(L^2) over the global batch from each DP replica's own sums.
+def _global_length_sums(local_lengths: list[int], window: int | None
+                        ) -> tuple[int, int, int | None]:
+    """Exact sum(L), sum(L^2) and, with a window, the windowed sum (attention_area.py) over the
+    global batch from each DP replica's own lengths.
 
     int64 all-reduce over DP (CP ranks of a replica hold the same samples): exact, unlike the
     float32 sums upstream broadcasts, and no rank reads samples it does not train on.
     """
-    sums = torch.tensor(list(local_sums), dtype=torch.int64, device=get_device())
+    local = [value for value in length_sums(local_lengths, window) if value is not None]
+    sums = torch.tensor(local, dtype=torch.int64, device=get_device())
     torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
-    return int(sums[0]), int(sums[1])
+    return int(sums[0]), int(sums[1]), None if window is None else int(sums[2])
 
 
 def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
@@ -187,14 +198,23 @@ def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
     return items[start: start + base + (1 if dp_rank < extra else 0)]
 
 
-def _cost_model(run: RunConfig, attention_fraction: float | None) -> CostModel:
+def _cost_model(run: RunConfig, attention_fraction: float | None,
+                attention_layers: Sequence[int] | None = None) -> CostModel:
     """The scheduler's cost model of the run's model: the profile's coefficients, attention
-    weighted by the quadratic layers' share, the linear term by MoE's activated experts."""
+    weighted by the quadratic layers' share (the share of them --window-size windows priced on
+    the window's squared tokens: a_window), the linear term by MoE's activated experts."""
+    model = run.model
     # MLA's core attention is wider or narrower than a standard layer's (mla_flops.py)
-    a = (1.0 if attention_fraction is None else attention_fraction) * attention_cost_scale(
-        run.model)
-    cost = CostModel.for_model(run.model.hidden_size, run.packing.hardware_profile, a=a)
-    scale = linear_cost_scale(run.model)
+    quadratic = (1.0 if attention_fraction is None else attention_fraction) * \
+        attention_cost_scale(model)
+    layers = gpt_attention_layers(model) if attention_layers is None else attention_layers
+    windowed = windowed_layer_count(model, layers) / len(layers) if layers else 0.0
+    cost = CostModel.for_model(model.hidden_size, run.packing.hardware_profile,
+                               a=quadratic * (1.0 - windowed))
+    if windowed:
+        cost = dataclasses.replace(cost, a_window=quadratic * windowed,
+                                   window=counted_window(model))
+    scale = linear_cost_scale(model)
     return cost if scale == 1.0 else dataclasses.replace(cost, b=cost.b * scale)
 
 
@@ -206,10 +226,12 @@ def _keeps_microbatch_order(run: RunConfig) -> bool:
 
 
 def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float | None = None,
-                         extra_token_fields: tuple[str, ...] = ()) -> PackingConfig:
+                         extra_token_fields: tuple[str, ...] = (),
+                         attention_layers: Sequence[int] | None = None) -> PackingConfig:
     """The packing path's settings for a run; ``attention_fraction``: the share of layers that
     are quadratic (the model family's; None: all of them); ``extra_token_fields``: per-token
-    fields packed like ``loss_mask`` (a facade flow's)."""
+    fields packed like ``loss_mask`` (a facade flow's); ``attention_layers``: the attention
+    layers' numbers (the family's; None: every decoder layer), for a sliding window's price."""
     packing, parallel = run.packing, run.parallel
     pp = parallel.pipeline_model_parallel_size
     budget = packing.max_seqlen_per_dp_cp_rank
@@ -224,13 +246,14 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
                         if parallel.virtual_pipeline_model_parallel_size else 1),
         min_num_microbatches=pp,
         pipeline_stages=1 if _keeps_microbatch_order(run) else pp,
-        cost=_cost_model(run, attention_fraction),
+        cost=_cost_model(run, attention_fraction, attention_layers),
         fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
         extra_token_fields=tuple(extra_token_fields),
         validate_schedules=packing.validate_packing_schedules,
         pad_packed_seq_alignment=packing.pad_packed_seq_alignment,
         thd_max_packed_sequences=packing.thd_max_packed_sequences,
         thd_tail_padding_policy=packing.thd_tail_padding_policy,
+        attention_window=counted_window(run.model),
     )
 
 

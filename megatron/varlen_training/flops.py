@@ -10,7 +10,9 @@ inside pretraining samples each document (packed pieces, or the unpacked path's
 Per layer and token (forward, multiply-add = 2 FLOPs): QKV 2*h*(q + 2*kv), output projection
 2*q*h, MLP 2*h*f*(2 if gated else 1) + 2*f*h (an MoE layer: router and the ACTIVATED experts,
 moe_flops.py). Per sequence of length L, causal attention forward:
-QK^T and AV over the lower triangle, 2 * 2*q*L^2/2 = 2*q*L^2. Logits: 2*h*V per token.
+QK^T and AV over the lower triangle, 2 * 2*q*L^2/2 = 2*q*L^2; a layer that attends through
+--window-size's window LEFT = w: 2*q*m*(2L - m), m = min(L, w + 1), the work it does (its
+windowed sum, window_layers.py; Megatron-LM counts full attention). Logits: 2*h*V per token.
 Multi-latent attention (--multi-latent-attention): its projections and its query/key and value
 widths instead, as Megatron-LM's MLA branch counts them (mla_flops.py).
 Multi-token prediction (--mtp-num-layers D), counted as Megatron-LM counts it: each depth is one
@@ -27,6 +29,7 @@ from megatron.varlen_training.moe_flops import (
     attention_linear_macs_per_token, decoder_mlp_macs_per_token, dense_mlp_macs_per_token,
     moe_mlp_macs_per_token,
 )
+from megatron.varlen_training.window_layers import attention_squared_tokens
 
 FORWARD_AND_BACKWARD = 3
 MULTIPLY_ADD = 2
@@ -53,12 +56,14 @@ def _linear_flops_per_token(model: ModelConfig) -> int:
                            + logits + _mtp_macs_per_token(model, attention + mtp_mlp))
 
 
-def num_floating_point_operations(model: ModelConfig, seqlen_sum: int,
-                                  seqlen_squared_sum: int) -> int:
-    """Training FLOPs of one global batch of a GPT model with the given sum(L) and sum(L^2)
-    (hybrid models: hybrid_flops.py; the model family picks, model_family.py)."""
-    attention_layers = model.num_layers + (model.mtp_num_layers or 0)  # each MTP depth attends
-    attention = (core_attention_flops_per_squared_token(model) * seqlen_squared_sum
-                 * attention_layers)
+def num_floating_point_operations(model: ModelConfig, seqlen_sum: int, seqlen_squared_sum: int,
+                                  windowed_squared_sum: int | None = None) -> int:
+    """Training FLOPs of one global batch of a GPT model with the given sum(L) and sum(L^2),
+    and the windowed layers' sum of m*(2L - m) with a window (hybrid models: hybrid_flops.py;
+    the model family picks, model_family.py)."""
+    # each MTP depth attends, as layer num_layers + depth
+    layers = range(1, model.num_layers + (model.mtp_num_layers or 0) + 1)
+    attention = core_attention_flops_per_squared_token(model) * attention_squared_tokens(
+        model, layers, seqlen_squared_sum, windowed_squared_sum)
     linear = _linear_flops_per_token(model) * seqlen_sum
     return FORWARD_AND_BACKWARD * (linear + attention)

@@ -3,7 +3,8 @@
 Per layer and token (forward, multiply-add = 2 FLOPs), by pattern symbol:
 
 * ``*`` attention: QKV 2*h*(q + 2*kv) + output projection 2*q*h, plus causal attention
-  2*q*L^2 per sequence of length L (the only quadratic term, as in flops.py);
+  2*q*L^2 per sequence of length L (the only quadratic term, as in flops.py), 2*q*m*(2L - m)
+  on a layer --window-size windows (by its pattern position; window_layers.py);
 * ``-`` MLP: 2*h*f*(2 if gated else 1) + 2*f*h;
 * ``E`` MoE: the router and the activated experts (top-k routed + shared), moe_flops.py;
 * ``M`` Mamba-2: in-projection 2*h*(2*d_inner + 2*g*n + H), depthwise causal conv
@@ -21,6 +22,9 @@ from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE, Mo
 from megatron.varlen_training.flops import FORWARD_AND_BACKWARD, MULTIPLY_ADD
 from megatron.varlen_training.moe_flops import (
     attention_linear_macs_per_token, dense_mlp_macs_per_token, moe_mlp_macs_per_token,
+)
+from megatron.varlen_training.window_layers import (
+    attention_squared_tokens, hybrid_attention_layers,
 )
 
 MAMBA_CONV_WIDTH = 4  # megatron-core's MambaMixer d_conv default
@@ -47,8 +51,10 @@ def mamba_macs_per_token(model: ModelConfig) -> int:
 
 
 def hybrid_floating_point_operations(model: ModelConfig, seqlen_sum: int,
-                                     seqlen_squared_sum: int) -> int:
-    """Training FLOPs of one global batch of a hybrid model with the given sum(L), sum(L^2)."""
+                                     seqlen_squared_sum: int,
+                                     windowed_squared_sum: int | None = None) -> int:
+    """Training FLOPs of one global batch of a hybrid model with the given sum(L), sum(L^2)
+    and, with a window, the windowed layers' sum of m*(2L - m)."""
     pattern = model.hybrid.hybrid_layer_pattern
     per_token = {ATTENTION: attention_linear_macs_per_token(model),
                  MLP: dense_mlp_macs_per_token(model),
@@ -58,5 +64,6 @@ def hybrid_floating_point_operations(model: ModelConfig, seqlen_sum: int,
     linear = (sum(per_token[symbol] for symbol in pattern)
               + model.hidden_size * model.padded_vocab_size)
     q_dim = model.num_attention_heads * model.head_dim  # --kv-channels where given
-    attention = q_dim * seqlen_squared_sum * pattern.count(ATTENTION)
+    attention = q_dim * attention_squared_tokens(model, hybrid_attention_layers(model),
+                                                 seqlen_squared_sum, windowed_squared_sum)
     return FORWARD_AND_BACKWARD * MULTIPLY_ADD * (linear * seqlen_sum + attention)

@@ -16,6 +16,7 @@ from megatron.varlen_training.config.model import ATTENTION, MAMBA, MLP, MOE
 from megatron.varlen_training.hybrid_flops import hybrid_floating_point_operations
 from megatron.varlen_training.model import build_model, build_transformer_config
 from megatron.varlen_training.model_family import ModelFamily
+from megatron.varlen_training.window_layers import hybrid_attention_layers
 from megatron.varlen.mamba import VarlenMambaModel, get_varlen_hybrid_stack_spec
 
 
@@ -76,4 +77,5 @@ def hybrid_model_provider(run: RunConfig):
 HYBRID = ModelFamily(name="hybrid Mamba-Transformer", model_provider=hybrid_model_provider,
                      flops=hybrid_floating_point_operations,
                      attention_fraction=lambda model: model.hybrid.attention_fraction,
+                     attention_layers=hybrid_attention_layers,
                      describe=lambda model: describe_hybrid_model(model.hybrid))

@@ -17,6 +17,7 @@ from megatron.varlen_training.flops import num_floating_point_operations
 from megatron.varlen_training.hf.exporter import save_hf
 from megatron.varlen_training.hf.importer import load_hf_weights
 from megatron.varlen_training.model import build_model, build_transformer_config
+from megatron.varlen_training.window_layers import gpt_attention_layers
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,12 @@ class ModelFamily:
     Attributes:
         name: How messages name the family.
         model_provider: ``(run) -> (TransformerConfig, DDP-wrapped chunks of this rank)``.
-        flops: ``(model config, sum L, sum L^2) -> training FLOPs`` of one global batch.
+        flops: ``(model config, sum L, sum L^2, windowed sum or None) -> training FLOPs`` of
+            one global batch (the windowed sum: window_layers.py).
         attention_fraction: ``(model config) -> share of layers whose cost is quadratic`` for
             the packing scheduler's cost model (None: every layer is an attention layer).
+        attention_layers: ``(model config) -> 1-based layer numbers of its attention layers``
+            (the cost model prices those --window-size windows on the window's work).
         hf: Its Hugging Face checkpoint adapter, or None (no such checkpoints).
         describe: ``(model config) -> the start-up line`` naming the model, or None for none.
     """
@@ -50,6 +54,7 @@ class ModelFamily:
     model_provider: Callable
     flops: Callable
     attention_fraction: Callable
+    attention_layers: Callable = gpt_attention_layers
     hf: HFAdapter | None = None
     describe: Callable | None = None
 

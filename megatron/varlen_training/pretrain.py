@@ -18,6 +18,7 @@ from megatron.varlen_training.read_agreement import reads_can_fail
 from megatron.varlen_training.step_timers import BATCH_GENERATOR, LEVEL_2
 from megatron.varlen_training.trainer import Trainer
 from megatron.varlen_training.validation_sets import build_validation_sets, datasets_of
+from megatron.varlen_training.window_layers import counted_window
 
 
 class DataProviders(NamedTuple):
@@ -56,8 +57,10 @@ def build_data_providers(trainer: Trainer) -> DataProviders:
         make = lambda ds, n: UnpackedBatchProvider(  # noqa: E731
             ds, gbs if ds is train_ds else eval_gbs, run.training.micro_batch_size,
             run.model.seq_length, n,
-            documents.unpacked_transform(resets, eod), documents.unpacked_length_sums(resets, eod),
-            agree, train_schedule if ds is train_ds else None)
+            documents.unpacked_transform(resets, eod),
+            documents.unpacked_attention_lengths(resets, eod), agree,
+            train_schedule if ds is train_ds else None,
+            attention_window=counted_window(run.model))
     providers = DataProviders(*(make(ds, workers if ds is train_ds else 0)
                                 if ds is not None else None
                                 for ds in (train_ds, valid_ds, test_ds)))

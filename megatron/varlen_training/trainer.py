@@ -155,9 +155,10 @@ class Trainer:
     def packer(self, extra_token_fields: tuple[str, ...] = ()) -> GlobalBatchPacker:
         """The packing service for this run's global batches; ``extra_token_fields`` travel
         like ``loss_mask`` (a facade flow's per-token fields)."""
+        model = self.run.model
         config = build_packing_config(self.run, self.tokenizer.pad,
-                                      self.family.attention_fraction(self.run.model),
-                                      extra_token_fields)
+                                      self.family.attention_fraction(model), extra_token_fields,
+                                      self.family.attention_layers(model))
         return GlobalBatchPacker(config, group_lookup=self.cp_group_lookup)
 
     def setup_model_and_optimizer(self) -> training.TrainState:
@@ -221,7 +222,8 @@ class Trainer:
             lm_loss=loss, grad_norm=grad_norm, num_microbatches=batches.num_microbatches,
             tokens=batches.seqlen_sum, seqlen_sum=batches.seqlen_sum,
             seqlen_squared_sum=batches.seqlen_squared_sum,
-            flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum),
+            flops=self.family.flops(run.model, batches.seqlen_sum, batches.seqlen_squared_sum,
+                                    batches.seqlen_windowed_squared_sum),
             world_size=torch.distributed.get_world_size(), loss_scale=self._loss_scale(),
             skipped=grad_norm is None, num_zeros_in_grad=state.num_zeros_in_grad,
             params_norm=params_l2_norm(state.model, main_params=run.model.bf16)

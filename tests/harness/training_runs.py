@@ -144,13 +144,14 @@ def assert_steps_close(run: list[dict] | str, reference: list[dict], rtol: float
 
 def one_batch_of(provider, first: int, end: int, seq_length: int):
     """An unpacked provider whose global batch 0 is ``provider``'s samples [first, end) (one
-    sample per micro-batch; the provider's transform and FLOP length sums)."""
+    sample per micro-batch; the provider's transform, FLOP attention lengths and window)."""
     from megatron.varlen_training.data import UnpackedBatchProvider
 
     samples = torch.utils.data.Subset(provider.dataset, range(first, end))
     return UnpackedBatchProvider(samples, end - first, 1, seq_length,
                                  transform=provider.transform,
-                                 length_sums=provider.length_sums)
+                                 attention_lengths=provider.attention_lengths,
+                                 attention_window=provider.attention_window)
 
 
 def loss_owner_history(results: list[dict]) -> list[dict]:

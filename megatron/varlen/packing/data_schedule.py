@@ -31,6 +31,7 @@ from megatron.varlen.packing.schedule_check import check_schedule
 from megatron.varlen.packing.sequence_cap import cap_sequences_per_rank
 from megatron.varlen.packing.thd_shapes import ALIGN_TO_BUDGET, APPEND_DUMMY_SEQ, ThdShape
 from megatron.varlen.platform.cpu_device import get_device
+from megatron.varlen.scheduling.attention_area import length_sums
 from megatron.varlen.scheduling.cost_model import CostModel
 from megatron.varlen.scheduling.pipeline_order import order_for_pipeline
 from megatron.varlen.scheduling.problem import Schedule, ScheduleProblem
@@ -71,6 +72,9 @@ class PackingConfig:
     pad_packed_seq_alignment: int | str | None = None
     thd_max_packed_sequences: int | None = None
     thd_tail_padding_policy: str | None = None
+    # --window-size's LEFT where some layer attends through the window: StepBatches then
+    # carries the windowed length sum model FLOPs count (attention_area.py). None: no window.
+    attention_window: int | None = None
 
     def __post_init__(self):
         self.thd_shape  # noqa: B018 - builds (so checks) the fixed-shape fields once, up front
@@ -96,6 +100,8 @@ class StepBatches:
     seqlen_sum: int
     seqlen_squared_sum: int
     stats: dict = field(default_factory=dict)
+    # With a window: sum of m*(2L - m), m = min(L, LEFT + 1) (attention_area.py); else None.
+    seqlen_windowed_squared_sum: int | None = None
 
 
 @dataclass(frozen=True)
@@ -228,11 +234,12 @@ class GlobalBatchPacker:
         microbatches = [self._microbatch_inputs(schedule, m, mine)
                         for m in range(schedule.num_microbatches())]
         _verify_model_parallel_agreement(schedule, self.groups.model_parallel)
-        lengths = gathered.lengths
+        seqlen_sum, squared_sum, windowed_sum = length_sums(gathered.lengths,
+                                                            self.config.attention_window)
         return StepBatches(
             microbatches=microbatches, num_microbatches=schedule.num_microbatches(),
-            seqlen_sum=sum(lengths), seqlen_squared_sum=sum(n * n for n in lengths),
-            stats=dict(planned.stats),
+            seqlen_sum=seqlen_sum, seqlen_squared_sum=squared_sum,
+            stats=dict(planned.stats), seqlen_windowed_squared_sum=windowed_sum,
         )
 
     def _microbatch_inputs(self, schedule, microbatch: int, mine: dict) -> dict:

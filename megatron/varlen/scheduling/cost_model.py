@@ -2,10 +2,13 @@
 
 Per-rank time of one sequence of padded length L on a CP group of size c::
 
-    t(L, c) = (a*L^2 + b*L) / c  +  [c > 1] * g * L * (c - 1) / c
+    t(L, c) = (a*L^2 + a_w*m*(2L - m) + b*L) / c  +  [c > 1] * g * L * (c - 1) / c
 
 and, once per micro-batch, every rank of a group of size c > 1 pays ``d * (c - 1)`` (the fixed
-latency of the group's ring steps, shared by every sequence packed into that group).
+latency of the group's ring steps, shared by every sequence packed into that group). The
+``a_w`` term prices the layers that attend through a sliding window of ``window`` earlier keys:
+m = min(L, window + 1), the squared tokens of attention_area.py (L^2 up to window + 1 tokens,
+linear in L beyond); without a window a_w = 0 and the term is absent.
 
 Only :class:`CostModel` knows this formula: everything else asks it for ``time``, ``tokens``,
 ``group_latency`` and best fit's inverse ``longest_fitting`` (another model: the same methods).
@@ -23,6 +26,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+
+from megatron.varlen.scheduling.attention_area import attention_area
 
 # Attention FLOPs per token pair per layer (fwd+bwd) per unit of hidden size, under the
 # convention that makes b/a = 6*h: linear 72*h^2*L FLOPs vs attention 12*h*L^2 FLOPs.
@@ -149,20 +154,28 @@ class CostModel:
         b: Linear (dense layers) coefficient; 6*hidden_size unless measured.
         g: Per-token ring communication cost, paid on (c-1)/c of the tokens.
         d: Fixed per-micro-batch latency per ring step of a CP group.
+        a_window: The windowed layers' share of the quadratic coefficient, priced on the
+            sliding window's squared tokens (0: no window).
+        window: The sliding window's LEFT (--window-size); needed when a_window > 0.
     """
 
     a: float = 1.0
     b: float = LINEAR_TO_ATTENTION_RATIO * DEFAULT_HIDDEN_SIZE
     g: float = _DEFAULT_G
     d: float = _DEFAULT_D
+    a_window: float = 0.0
+    window: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("a", "b", "g", "d"):
+        for name in ("a", "b", "g", "d", "a_window"):
             value = getattr(self, name)
             if not 0.0 <= value < math.inf:  # also rejects NaN
                 raise ValueError(f"cost coefficient {name}={value} must be >= 0 and finite "
                                  f"(check --cost-{name})")
-        if self.a == 0.0 and self.b == 0.0:
+        if self.a_window and (self.window is None or self.window < 0):
+            raise ValueError(f"cost coefficient a_window={self.a_window} prices a sliding "
+                             f"window, but window={self.window} (check --window-size)")
+        if self.a == 0.0 and self.b == 0.0 and self.a_window == 0.0:
             raise ValueError("cost coefficients a and b are both 0: every sequence would be free "
                              "(check --cost-a/--cost-b)")
 
@@ -197,8 +210,12 @@ class CostModel:
     def time(self, padded, cp_size):
         """Per-rank time t(P, c) of padded length P on c ranks (without the group latency), for
         numbers or numpy arrays. On one rank the ring term is exactly 0.0, so one expression
-        serves every size; P is squared as an integer (exact), then scaled by a."""
-        return ((self.a * (padded * padded) + self.b * padded) / cp_size
+        serves every size; P is squared as an integer (exact), then scaled by a (the windowed
+        layers' squared tokens too, by a_window)."""
+        attention = self.a * (padded * padded)
+        if self.a_window:
+            attention = attention + self.a_window * attention_area(padded, self.window)
+        return ((attention + self.b * padded) / cp_size
                 + self.g * padded * (cp_size - 1) / cp_size)
 
     @staticmethod
@@ -213,15 +230,26 @@ class CostModel:
     def longest_fitting(self, time_room: float, token_room: int, cp_size: int) -> float:
         """The largest padded length P (a multiple of c) with time(P, c) <= time_room and
         tokens(P, c) <= token_room, as a real number (best fit rounds it down to the padding
-        multiple): the positive root of c t = a P^2 + (b + g (c - 1)) P, or a line's."""
+        multiple): the positive root of c t = a P^2 + (b + g (c - 1)) P, or a line's; with a
+        window, of (a + a_w) P^2 + ... up to the window's m = window + 1 tokens, and beyond of
+        a P^2 + (b + g (c - 1) + 2 a_w m) P - a_w m^2 (time grows with P on both pieces)."""
         linear = self.b + self.g * (cp_size - 1)
         scaled = cp_size * time_room
-        if self.a > 0.0:
-            by_time = (math.sqrt(linear * linear + 4.0 * self.a * scaled) - linear) / (2.0 * self.a)
-        else:
-            by_time = scaled / linear
+        by_time = _positive_root(self.a + self.a_window, linear, scaled)
+        if self.a_window and by_time > self.window + 1:
+            band = self.window + 1
+            by_time = _positive_root(self.a, linear + 2.0 * self.a_window * band,
+                                     scaled + self.a_window * band * band)
         return min(by_time, token_room * cp_size)
 
     def as_dict(self) -> dict[str, float]:
-        """The coefficients as a plain dict (for JSON output)."""
-        return {"a": self.a, "b": self.b, "g": self.g, "d": self.d}
+        """The coefficients as a plain dict (for JSON output); the window's only with one."""
+        window = {"a_window": self.a_window, "window": self.window} if self.a_window else {}
+        return {"a": self.a, "b": self.b, "g": self.g, "d": self.d, **window}
+
+
+def _positive_root(quadratic: float, linear: float, value: float) -> float:
+    """The P >= 0 with quadratic P^2 + linear P = value (a line's root when quadratic is 0)."""
+    if quadratic > 0.0:
+        return (math.sqrt(linear * linear + 4.0 * quadratic * value) - linear) / (2.0 * quadratic)
+    return value / linear

@@ -143,12 +143,11 @@ def _padded(values: torch.Tensor, length: int, fill) -> torch.Tensor:
     return out
 
 
-def document_length_sums(samples: list[dict], eod: int) -> tuple[int, int]:
-    """Exact ``(sum L, sum L^2)`` over the document pieces of ``samples`` (model FLOPs count
-    attention per document when documents do not attend to each other)."""
-    lengths = [end - start for sample in samples
-               for start, end in document_spans(sample["tokens"], sample["length"], eod)]
-    return sum(lengths), sum(n * n for n in lengths)
+def document_lengths(samples: list[dict], eod: int) -> list[int]:
+    """Lengths of the document pieces of ``samples`` (model FLOPs count attention per document
+    when documents do not attend to each other)."""
+    return [end - start for sample in samples
+            for start, end in document_spans(sample["tokens"], sample["length"], eod)]
 
 
 def document_resets(data) -> DocumentResets:
@@ -163,12 +162,12 @@ def unpacked_transform(resets: DocumentResets, eod: int):
     return lambda sample: apply_document_resets(sample, eod, resets)
 
 
-def unpacked_length_sums(resets: DocumentResets, eod: int):
-    """FLOPs' ``(sum L, sum L^2)`` of the unpacked path: per document when documents do not
-    attend to each other (``--reset-attention-mask``), else None (per sample)."""
+def unpacked_attention_lengths(resets: DocumentResets, eod: int):
+    """The lengths FLOPs count attention over on the unpacked path: the documents' when they
+    do not attend to each other (``--reset-attention-mask``), else None (the samples')."""
     if not resets.reset_attention_mask:
         return None
-    return lambda samples: document_length_sums(samples, eod)
+    return lambda samples: document_lengths(samples, eod)
 
 
 def packed_document_split(resets: DocumentResets, eod: int, pad_id: int):

@@ -31,7 +31,7 @@ def _args(pattern, **overrides):
                   num_layers=len(pattern),
                   hybrid_layer_pattern=pattern, mamba_state_dim=8, mamba_head_dim=4,
                   mamba_num_groups=2, mamba_num_heads_resolved=12, mtp_num_layers=None,
-                  moe=None, mla=None)
+                  moe=None, mla=None, window_size=None, window_attn_skip_freq=None)
     values.update(overrides)
     values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
     hybrid = {name: values.pop(name) for name in HYBRID_FIELDS}

@@ -22,8 +22,9 @@ from megatron.core.datasets.utils import Split
 from megatron.varlen.attention.core_attention import (
     _sbhd_layout, attend_with_layout, build_local_layout,
 )
+from megatron.varlen.scheduling import length_sums
 from megatron.varlen_training.datasets.documents import (
-    DocumentResets, apply_document_resets, document_length_sums, document_spans,
+    DocumentResets, apply_document_resets, document_lengths, document_spans,
     packed_document_split, split_documents,
 )
 from megatron.varlen_training.datasets.sample import collate_padded, make_sample
@@ -205,12 +206,16 @@ def test_dense_mask_and_thd_pieces_attend_like_each_document_alone():
     torch.testing.assert_close(thd, expected, rtol=1e-12, atol=1e-12)
 
 
-def test_document_length_sums_count_documents_in_float64():
+def test_document_lengths_count_documents_in_float64():
     rng = np.random.default_rng(5)
     samples = [_sample(_random_tokens(rng, 40, 0.1)) for _ in range(6)]
     lengths = np.array([b - a for s in samples
                         for a, b in document_spans(s["tokens"], s["length"], EOD)],
                        dtype=np.float64)
-    total, squares = document_length_sums(samples, EOD)
+    window = 3  # a sliding window counts each document's own band: 2 * pairs - min(L, w + 1)
+    total, squares, windowed = length_sums(document_lengths(samples, EOD), window)
     assert float(total) == lengths.sum() == 6 * 40
     assert float(squares) == (lengths ** 2).sum()
+    band = np.minimum(lengths, window + 1)
+    pairs = sum(np.tril(np.triu(np.ones((int(n), int(n))), -window)).sum() for n in lengths)
+    assert float(windowed) == 2 * pairs - band.sum() < squares
