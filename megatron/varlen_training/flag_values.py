@@ -21,11 +21,9 @@ from megatron.varlen_training import checkpoint_model_flags
 from megatron.varlen_training.arguments import build_parser, validate_args
 from megatron.varlen_training.flag_errors import ArgumentValidationError, require
 from megatron.varlen_training.hf import arguments as hf_arguments
+from megatron.varlen_training.list_valued_flags import LIST_VALUED
 
 MANY_VALUES = ("+", "*")  # argparse's nargs for a list of values
-# One-value flags whose value Megatron-LM's YAML configs give as a list (a 0/1 per layer, a
-# window's two sides); their type functions read the list itself.
-LIST_VALUED = ("moe_layer_freq", "window_size", "window_attn_skip_freq")
 
 
 def _actions_by_dest(parser) -> dict[str, list[argparse.Action]]:

@@ -344,7 +344,7 @@ class VarlenCoreAttention(MegatronModule):
         self.pg_collection = pg_collection
         self.cp_group = pg_collection.cp
         self.softmax_type = getattr(config, "softmax_type", VANILLA)
-        self.softmax_offset = self._sink_parameter(config, pg_collection.tp.size())
+        self.softmax_offset = self._sink_parameter(config, pg_collection)
         # The kernels read head widths off the tensors; only the default scale needs k's.
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
@@ -353,7 +353,7 @@ class VarlenCoreAttention(MegatronModule):
         dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.attention_dropout = torch.nn.Dropout(dropout_p)
 
-    def _sink_parameter(self, config, tp_size: int) -> Optional[torch.nn.Parameter]:
+    def _sink_parameter(self, config, pg_collection) -> Optional[torch.nn.Parameter]:
         """``learnable``: one sink logit per query head of this TP rank, split over TP like the
         heads (megatron-core's ``softmax_offset``, initialised by ``config.init_method``)."""
         if self.softmax_type not in (VANILLA, OFF_BY_ONE, LEARNABLE):
@@ -361,8 +361,8 @@ class VarlenCoreAttention(MegatronModule):
                              f"{OFF_BY_ONE} or {LEARNABLE} (--softmax-type)")
         if self.softmax_type != LEARNABLE:
             return None
-        sink = torch.nn.Parameter(torch.empty(config.num_attention_heads // tp_size,
-                                              dtype=config.params_dtype))
+        heads = config.num_attention_heads // pg_collection.tp.size()
+        sink = torch.nn.Parameter(torch.empty(heads, dtype=config.params_dtype))
         set_tensor_model_parallel_attributes(sink, is_parallel=True, dim=0, stride=1)
         if config.perform_initialization:
             config.init_method(sink.data)

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from megatron.varlen_training.flag_values import LIST_VALUED
+from megatron.varlen_training.list_valued_flags import LIST_VALUED
 from megatron.wrap.config.errors import ConfigError, did_you_mean
 
 
