@@ -266,24 +266,18 @@ def overridable_defaults(config: HFModelConfig) -> dict:
 def config_from_model(model: ModelConfig) -> HFModelConfig:
     """The Hugging Face architecture a run's model is (for export); HFConfigError if none."""
     needed = {"normalization": "RMSNorm", "swiglu": True, "disable_bias_linear": True,
-              "position_embedding_type": "rope"}
+              "position_embedding_type": "rope", **NOT_EXPORTED}
     for dest, value in needed.items():
         if getattr(model, dest) != value:
             flag = "--" + dest.replace("_", "-")
             raise HFConfigError(f"export to Hugging Face needs {flag} {value} (got "
-                                f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3 models "
-                                f"export")
+                                f"{getattr(model, dest)!r}); only Llama/Qwen2/Qwen3/Mistral "
+                                f"layers export")
     if model.rotary_percent != 1.0 or model.rotary_seq_len_interpolation_factor is not None:
         raise HFConfigError(f"Llama/Qwen rotate every channel at unscaled positions: export "
                             f"to Hugging Face needs --rotary-percent 1.0 (got "
                             f"{model.rotary_percent}) and no --rotary-seq-len-interpolation-"
                             f"factor (got {model.rotary_seq_len_interpolation_factor})")
-    for dest, plain in NOT_EXPORTED.items():
-        if getattr(model, dest) != plain:
-            flag = "--" + dest.replace("_", "-")
-            raise HFConfigError(f"export to Hugging Face needs {flag} {plain} (got "
-                                f"{getattr(model, dest)!r}): no architecture exported here has "
-                                f"it")
     if model.mtp_num_layers:
         raise HFConfigError(MTP_EXPORT_HINT.format(what="export to Hugging Face",
                                                    layers=model.mtp_num_layers))

@@ -63,8 +63,9 @@ def _reference(q, k, v, causal):
     return varlen_attention(q, k, v, cu(PADDED), cu(REAL), LOCAL_ONLY_CP_GROUP, causal, SCALE)
 
 
-def _emulated_cp(cp, causal):
-    """Every rank's planned kernel call on its shard; outputs restored to stream order."""
+def emulated_cp(cp, causal, window=None):
+    """Every rank's planned kernel call on its shard (with a causal sliding window of
+    ``window`` earlier keys, if given); outputs restored to stream order."""
     padded = cu(PADDED)
 
     def run(q, k, v):
@@ -72,8 +73,8 @@ def _emulated_cp(cp, causal):
         k_rows = torch.cat([split(k, r) for r in range(cp)])  # the all-gather's rank order
         v_rows = torch.cat([split(v, r) for r in range(cp)])
         shards = [attend_planned(split(q, r), k_rows, v_rows,
-                                 build_attention_plan(cu(REAL), padded, cp, r, causal), SCALE,
-                                 emulated_varlen_attn)
+                                 build_attention_plan(cu(REAL), padded, cp, r, causal, window),
+                                 SCALE, emulated_varlen_attn)
                   for r in range(cp)]
         return restore_thd_from_cp_shards(shards, padded, seq_dim=0)
 
@@ -86,7 +87,7 @@ def _emulated_cp(cp, causal):
 def test_planned_kernel_equals_reference(cp, groups, causal):
     inputs = _inputs(seed=cp, groups=groups)
     expected = _out_and_grads(lambda q, k, v: _reference(q, k, v, causal), *inputs)
-    got = _out_and_grads(_emulated_cp(cp, causal), *inputs)
+    got = _out_and_grads(emulated_cp(cp, causal), *inputs)
     for name, g, e in zip(["out", "dq", "dk", "dv"], got, expected):
         assert float((g - e).abs().max()) < TOLERANCE, (name, cp, groups, causal)
     assert float(expected[0].abs().sum()) > 0 and float(expected[2].abs().sum()) > 0
@@ -96,7 +97,7 @@ def test_padding_rows_are_zero_and_plan_skips_pure_padding_chunks():
     # Sequence 5 (3 real of 24 padded) has whole chunks of padding on every CP-4 rank but 0.
     plan = build_attention_plan(cu(REAL), cu(PADDED), cp_size=4, cp_rank=3)
     assert plan.num_segments < 2 * len(REAL)
-    out = _emulated_cp(4, True)(*_inputs(seed=3)[:3])
+    out = emulated_cp(4, True)(*_inputs(seed=3)[:3])
     start = sum(PADDED[:5])
     assert torch.equal(out[start + REAL[5]:], torch.zeros_like(out[start + REAL[5]:]))
 

@@ -10,8 +10,6 @@ layer choice (``--window-attn-skip-freq``) and the kernel's keywords.
 Shape legend: T = packed padded tokens, N = query heads, G = kv groups, D = head dim.
 """
 
-import math
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,21 +19,22 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.varlen.attention import LOCAL_ONLY_CP_GROUP, VarlenCoreAttention, varlen_attention
 from megatron.varlen.attention.attention_plan import build_attention_plan
 from megatron.varlen.attention.flash_attention import (
-    FlashVarlenCoreAttention, attend_planned, flash_varlen_attention,
+    FlashVarlenCoreAttention, flash_varlen_attention,
 )
 from megatron.varlen.attention.sliding_window import layer_window, windowed_layers
 from megatron.varlen.attention.varlen_kernel import emulated_varlen_attn, kernel_keywords
-from megatron.varlen.packing.cp_split import restore_thd_from_cp_shards, split_thd_for_cp
+from megatron.varlen.packing.cp_split import split_thd_for_cp
 from tests.harness.multirank import run_distributed
 from tests.unit_tests.varlen.attention._reference import (
     HEAD_DIM, NUM_GROUPS, NUM_HEADS, build, cu, make_config,
 )
+# The flash tests' pack (odd lengths, a length-1 sequence, one padded by whole CP-4 chunks) and
+# their CP emulation: every rank's plan on its shard, K/V in the all-gather's rank order.
+from tests.unit_tests.varlen.attention.test_flash_attention import (
+    PADDED, REAL, SCALE, emulated_cp,
+)
 
 TOLERANCE = 1e-10
-# Odd lengths, a length-1 sequence, a sequence padded by whole CP-4 chunks; padding multiple 8.
-REAL = [7, 16, 33, 1, 2, 3]
-PADDED = [8, 16, 40, 8, 8, 24]
-SCALE = 1.0 / math.sqrt(HEAD_DIM)
 # 0: only itself; 1, 3, 5: narrower than most sequences, crossing CP chunk edges; 40: wider
 # than every sequence (the same as no window).
 WINDOWS = [0, 1, 3, 5, 40]
@@ -82,23 +81,6 @@ def _assert_close(got, expected, what):
         assert float((g - e).abs().max()) < TOLERANCE, (name, what)
 
 
-def _planned_cp(cp, window):
-    """Every CP rank's planned kernel call on its shard; outputs restored to stream order."""
-    padded = cu(PADDED)
-
-    def run(q, k, v):
-        split = lambda x, r: split_thd_for_cp(x, padded, cp, r, seq_dim=0)
-        k_rows = torch.cat([split(k, r) for r in range(cp)])  # the all-gather's rank order
-        v_rows = torch.cat([split(v, r) for r in range(cp)])
-        shards = [attend_planned(split(q, r), k_rows, v_rows,
-                                 build_attention_plan(cu(REAL), padded, cp, r, True, window),
-                                 SCALE, emulated_varlen_attn)
-                  for r in range(cp)]
-        return restore_thd_from_cp_shards(shards, padded, seq_dim=0)
-
-    return run
-
-
 @pytest.mark.parametrize("window", WINDOWS)
 def test_local_attention_equals_the_windowed_reference(window):
     inputs = _inputs(seed=window)
@@ -114,7 +96,7 @@ def test_local_attention_equals_the_windowed_reference(window):
 def test_planned_kernel_equals_the_windowed_reference(cp, window):
     inputs = _inputs(seed=10 * cp + window)
     expected = _out_and_grads(lambda q, k, v: _windowed_reference(q, k, v, window), *inputs)
-    _assert_close(_out_and_grads(_planned_cp(cp, window), *inputs), expected, (cp, window))
+    _assert_close(_out_and_grads(emulated_cp(cp, True, window), *inputs), expected, (cp, window))
 
 
 def test_a_narrow_window_changes_the_output_and_a_wide_one_does_not():
