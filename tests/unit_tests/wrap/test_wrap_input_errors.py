@@ -121,7 +121,7 @@ def test_exporting_a_model_hugging_face_cannot_hold_is_one_line(scripts):
     out = str(scripts["layernorm_export.py"].folder / "hf")
     assert _one_line(scripts, "layernorm_export.py") == (
         f"save_pretrained({out!r}): export to Hugging Face needs --normalization RMSNorm (got "
-        f"'LayerNorm'); only Llama/Qwen2/Qwen3 models export")
+        f"'LayerNorm'); only Llama/Qwen2/Qwen3/Mistral layers export")
     assert not os.path.exists(out)
 
 
