@@ -59,9 +59,9 @@ def mlp_activation(model: ModelConfig):
     return squared_relu if model.squared_relu else torch.nn.functional.gelu
 
 
-def window_layer_choice(skip_freq):
-    """``--window-attn-skip-freq`` as megatron-core reads it: an int, or a LIST (a tuple is
-    refused by its ``is_layer_window_attention``)."""
+def per_layer_choice(skip_freq):
+    """A per-layer choice (``--window-attn-skip-freq``, ``--no-rope-freq``) as megatron-core
+    reads it: an int, or a LIST (a tuple is refused by its ``is_layer_window_attention``)."""
     return list(skip_freq) if isinstance(skip_freq, tuple) else skip_freq
 
 
@@ -92,7 +92,8 @@ def build_transformer_config(run: RunConfig) -> TransformerConfig:
         activation_func_clamp_value=model.activation_func_clamp_value,
         window_size=model.window_size,
         softmax_type=model.softmax_type,
-        window_attn_skip_freq=window_layer_choice(model.window_attn_skip_freq),
+        no_rope_freq=per_layer_choice(model.no_rope_freq),
+        window_attn_skip_freq=per_layer_choice(model.window_attn_skip_freq),
         add_bias_linear=not model.disable_bias_linear,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from megatron.varlen_training.moe_arguments import parse_layer_freq
 from megatron.varlen_training.refused_flags import (
     SWITCH, FlagRow, add_flag_rows, dest_of, refuse_given,
 )
@@ -26,6 +27,7 @@ from megatron.varlen_training.varlen_arguments import attention_backend
 TE_QK_SCALING_VARIABLE = "NVTE_APPLY_QK_LAYER_SCALING"
 
 FP32 = "fp32"
+NO_ROPE_FLAG = "--no-rope-freq"
 # megatron-core's softmax_type choices: no sink, a zero sink logit, a learned one per head.
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 MTP_LOSS_SCALING_DEFAULT = 0.1  # Megatron-LM's (and TransformerConfig's) --mtp-loss-scaling-factor
@@ -49,7 +51,6 @@ REFUSED_FLAGS = (
             "weights are initialised from --init-method-std here (normal, layout-invariant)"),
     FlagRow(("--fp32-residual-connection",), SWITCH, False,
             "residuals stay in the parameters' dtype here"),
-    FlagRow(("--no-rope-freq",), {}, None, "every attention layer applies RoPE here"),
     FlagRow(("--attention-output-gate",), SWITCH, False,
             "gated attention outputs are not built here"),
     FlagRow(("--qk-l2-norm",), SWITCH, False,
@@ -108,6 +109,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                             "row: exp(s)/(1 + sum exp)) or learnable (one learned sink logit "
                             "per head, gpt-oss's), as megatron-core's. Not with --attention-"
                             "backend flash (auto picks local).")
+    group.add_argument("--no-rope-freq", type=_no_rope_freq, default=None,
+                       help="Layers that skip RoPE (Llama-4's NoPE layers), as Megatron-LM's: "
+                            "an int N skips it on every N-th layer (N divides --num-layers), a "
+                            "0/1 list or pattern such as ([0]*3+[1]*1)*2 marks them with 1.")
     group.add_argument("--glu-linear-offset", type=float, default=0.0,
                        help="A gated MLP computes act(gate) * (linear + this) (Megatron-LM's "
                             "TransformerConfig field; gpt-oss uses 1).")
@@ -147,12 +152,45 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
     require(args.mtp_num_layers or args.mtp_loss_scaling_factor == MTP_LOSS_SCALING_DEFAULT,
             f"--mtp-loss-scaling-factor {args.mtp_loss_scaling_factor} weights the "
             f"multi-token-prediction loss, which needs --mtp-num-layers")
+    _check_no_rope_layers(args, require)
     _check_te_query_key_scaling(args, require)
     if args.apply_query_key_layer_scaling:  # megatron-core's TransformerConfig does the same
         args.attention_softmax_in_fp32 = True
     if args.bf16:  # Megatron-LM: bfloat16 accumulates and all-reduces gradients in fp32,
         # unless --grad-reduce-in-bf16 (ddp_arguments.py), which wins over the fp32 flag too
         args.accumulate_allreduce_grads_in_fp32 = not args.grad_reduce_in_bf16
+
+
+def _no_rope_freq(text):
+    try:
+        return parse_layer_freq(text, NO_ROPE_FLAG)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _check_no_rope_layers(args: argparse.Namespace, require) -> None:
+    """--no-rope-freq as megatron-core can run it: RoPE to skip, a pattern of the layers'
+    length, no layer megatron-core numbers past it (MTP), and not MLA's own RoPE (its
+    attention never reads the field: the flag would do nothing)."""
+    freq = args.no_rope_freq
+    if freq is None:
+        return
+    require(args.position_embedding_type == "rope",
+            f"{NO_ROPE_FLAG} skips RoPE on some layers: it needs --position-embedding-type rope "
+            f"(got {args.position_embedding_type})")
+    layers = args.num_layers  # None until a hybrid pattern resolves it (ModelConfig checks)
+    if isinstance(freq, int):
+        require(freq >= 1 and (layers is None or layers % freq == 0),
+                f"{NO_ROPE_FLAG} {freq} must be >= 1 and divide --num-layers {layers}")
+    else:
+        require(layers is None or len(freq) == layers,
+                f"{NO_ROPE_FLAG} has {len(freq)} entries for --num-layers {layers}")
+    require(not args.mtp_num_layers,
+            f"{NO_ROPE_FLAG} has no entry for the --mtp-num-layers {args.mtp_num_layers} layers "
+            f"(megatron-core numbers them after the decoder's: an IndexError there); drop one")
+    require(not getattr(args, "multi_latent_attention", False),
+            f"{NO_ROPE_FLAG} is not read by multi-latent attention (its RoPE would run on "
+            f"every layer): drop it or --multi-latent-attention")
 
 
 def _check_te_query_key_scaling(args: argparse.Namespace, require) -> None:

@@ -36,13 +36,14 @@ def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
 
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
     spec = tuple(args.spec) if args.spec is not None else None
-    skip_freq = args.window_attn_skip_freq  # a per-layer list, frozen as a tuple
+    frozen = {name: tuple(value) if isinstance(value, list) else value  # per-layer lists
+              for name in ("window_attn_skip_freq", "no_rope_freq")
+              for value in (getattr(args, name),)}
     model = ModelConfig(**_values(args, ModelConfig,
                                   not_flags=("spec", "hybrid", "moe", "kernels", "mla",
-                                             "window_attn_skip_freq")),
+                                             *frozen)),
                         spec=spec, hybrid=hybrid, moe=moe_config(args), mla=mla_config(args),
-                        window_attn_skip_freq=(tuple(skip_freq) if isinstance(skip_freq, list)
-                                               else skip_freq),
+                        **frozen,
                         kernels=KernelConfig(**_values(args, KernelConfig)))
     if args.save_hf:  # fail at start-up, not after training, if the model has no HF form
         try:

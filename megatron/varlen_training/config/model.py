@@ -114,6 +114,8 @@ class ModelConfig:
     activation_func_clamp_value: float | None = None
     # --window-size / --window-attn-skip-freq: a causal sliding window (LEFT, 0) and the layers
     # it applies to (an int N: all but every N-th; a 0/1 tuple per layer); None: no window.
+    # --no-rope-freq: layers that skip RoPE (an int N: every N-th; a 0/1 tuple); None: none.
+    no_rope_freq: int | tuple[int, ...] | None = None
     # --softmax-type: vanilla, off-by-one (a zero sink logit) or learnable (a sink per head)
     softmax_type: str = "vanilla"
     window_size: tuple[int, int] | None = None

@@ -59,13 +59,13 @@ _MAPPED_KEYS = frozenset({
 # The window's keys: hf/sliding_window.py reads them as each architecture does.
 _WINDOW_KEYS = frozenset({"use_sliding_window", "sliding_window", "layer_types",
                           "max_window_layers"})
+# Model flags (dests) no architecture read or written here has beyond their plain value: an
+# attention sink, gpt-oss's GLU offset and clamp, layers without RoPE. An import fixes them at
+# that value; an export of another value is refused rather than written without them.
+NOT_EXPORTED = {"softmax_type": "vanilla", "glu_linear_offset": 0.0,
+                "activation_func_clamp_value": None, "no_rope_freq": None}
 # Our MTP layers are not written (Llama/Qwen have none; DeepSeek-V3's are not mapped, and
 # transformers does not load them either): an export leaves them out, knowingly.
-# Model flags (dests) no architecture read or written here has beyond their plain value: an
-# attention sink and gpt-oss's GLU offset and clamp. An import fixes them at that value; an
-# export of another value is refused rather than written without them.
-NOT_EXPORTED = {"softmax_type": "vanilla", "glu_linear_offset": 0.0,
-                "activation_func_clamp_value": None}
 MTP_EXPORT_HINT = ("{what} does not support --mtp-num-layers {layers} (MTP layers are not "
                    "exported: Llama/Qwen have none, transformers' DeepSeek-V3 does not load "
                    "them); to export the model without them, --save a checkpoint and run "

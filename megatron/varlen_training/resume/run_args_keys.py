@@ -19,7 +19,8 @@ HYBRID_KEYS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_
 MOE_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
              "moe_shared_expert_intermediate_size", "moe_layer_freq")
 # Megatron-LM's partial / interpolated RoPE (model_arguments.py) and their values before.
-ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None}
+ROPE_KEYS = {"rotary_percent": 1.0, "rotary_seq_len_interpolation_factor": None,
+             "no_rope_freq": None}
 NORM_KEYS = {"layernorm_zero_centered_gamma": False}
 # The MLP's activation flags (recorded since each was honoured; the value checkpoints had before).
 ACTIVATION_KEYS = {"squared_relu": False, "quick_geglu": False, "glu_linear_offset": 0.0,

@@ -79,7 +79,8 @@ def test_the_rows_are_every_refused_and_accepted_flag_of_both_parsers():
     assert len(flags) == len(set(flags)) > 350
     assert {"--fp8-margin", "--log-straggler", "--muon-momentum", "--use-torch-fsdp2",
             "--fim-rate", "--ckpt-convert-save", "--cache-mla-latents", "--log-energy",
-            "--no-rope-freq", "--vocab-extra-ids", "--iterations-to-skip", "--decoder-seq-length",
+            "--attention-output-gate", "--vocab-extra-ids", "--iterations-to-skip",
+            "--decoder-seq-length",
             "--optimizer-cpu-offload", "--moe-enable-deepep", "--async-strategy",
             "--head-lr-mult"} <= set(flags)
     assert [row.flag for row in HYBRID_ONLY_ROWS] == ["--disable-mamba-mem-eff-path",

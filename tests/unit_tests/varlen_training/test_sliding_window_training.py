@@ -1,10 +1,11 @@
 """Training with a sliding window (``--window-size 5,0 --window-attn-skip-freq 2``: layers 1
-and 3 windowed, 2 and 4 full; the hybrid's one attention layer by a per-layer list) gives the same losses and grad norms on every layout: packed,
-dynamically CP-split over 2 ranks (local and flash attention), and a hybrid Mamba model packed,
-each against the plain unpacked single-rank run with the same flags (3 steps, float32
-rounding); so do an MTP model (its depth is windowed too) and multi-latent attention,
-dynamically CP-split. The window is narrower than most samples, so it changes the model: the unpacked
-run without it has other losses (the comparison can fail). The attention math itself is
+and 3 windowed, 2 and 4 full; the hybrid's one attention layer by a per-layer list) gives the
+same losses and grad norms on every layout: packed, dynamically CP-split over 2 ranks (local
+and flash attention), and a hybrid Mamba model packed, each against the plain unpacked
+single-rank run with the same flags (3 steps, float32 rounding); so do an MTP model (its depth
+is windowed too) and multi-latent attention, dynamically CP-split. The window is narrower than
+most samples, so it changes the model: the unpacked run without it has other losses (the
+comparison can fail). The attention math itself is
 checked against a float64 windowed softmax in tests/unit_tests/varlen/attention/
 test_sliding_window.py. Four runs (dense packed, hybrid unpacked, MTP and MLA dynamically
 CP-split) also log their metrics: each step's FLOPs must count the windowed layers' work,

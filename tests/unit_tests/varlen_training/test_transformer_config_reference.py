@@ -36,7 +36,7 @@ MEGATRON_LM_DEFAULTS = {
     "normalization": "LayerNorm", "swiglu": False, "squared_relu": False,
     "window_size": None, "window_attn_skip_freq": None,
     "quick_geglu": False, "glu_linear_offset": 0.0, "activation_func_clamp_value": None,
-    "softmax_type": "vanilla",
+    "softmax_type": "vanilla", "no_rope_freq": None,
     "disable_bias_linear": False,
     "attention_softmax_in_fp32": False, "apply_query_key_layer_scaling": False,
     "bf16": False, "fp16": False, "tensor_model_parallel_size": 1,
@@ -127,6 +127,15 @@ def _kernel_fields(flags: dict) -> dict:
     }
 
 
+def _expanded_no_rope(flags: dict):
+    value = flags["no_rope_freq"]
+    if isinstance(value, str):
+        return eval(value)  # noqa: S307 (a test: Megatron-LM evaluates the pattern)
+    if isinstance(value, int):
+        return ([0] * (value - 1) + [1]) * (flags["num_layers"] // value)
+    return value
+
+
 def _virtual_pipeline_size(flags: dict) -> int | None:
     """validate_args: the layout's stages over the PP size, --num-virtual-stages-per-pipeline-rank
     as given, or the layers of a stage (the embedding and the loss counted when asked) over
@@ -199,7 +208,10 @@ def megatron_lm_config(given: dict) -> dict:
                                if isinstance(flags["window_attn_skip_freq"], str)
                                else flags["window_attn_skip_freq"]),
         softmax_type=flags["softmax_type"],
-        no_rope_freq=None, attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
+        # --no-rope-freq: Megatron-LM's no_rope_freq_type (an int, or a pattern's list);
+        # TransformerConfig then expands an int into the per-layer list
+        no_rope_freq=_expanded_no_rope(flags),
+        attention_output_gate=False, qk_l2_norm=False, qk_clip=False,
         fp8=None, fp4=None,
         # None in the flags; TransformerConfig then uses --init-method-std.
         embedding_init_method_std=flags["init_method_std"],
@@ -349,6 +361,9 @@ COMMAND_LINES = {
     # gpt-oss's attention: a learned sink per head (the local attention takes it)
     "softmax_learnable": {"softmax_type": "learnable", "attention_dropout": 0.0},
     "softmax_off_by_one": {"softmax_type": "off-by-one"},
+    # Llama-4's NoPE layers: every other layer skips RoPE (an int, then the pattern)
+    "no_rope_every_other": {"no_rope_freq": 2, "position_embedding_type": "rope"},
+    "no_rope_pattern": {"no_rope_freq": "([1]+[0])*1", "position_embedding_type": "rope"},
     "sliding_window_pattern": {"window_size": "64,0", "window_attn_skip_freq": "([0]+[1])*1"},
     # gpt-oss's MLP: quick-GEGLU with a linear offset and a clamp, in the experts
     "quick_geglu": {"quick_geglu": True, "glu_linear_offset": 1.0,

@@ -171,10 +171,11 @@ def test_tiktokenizer_is_refused(llama):
     (["--softmax-type", "learnable"], "--softmax-type"),
     (["--glu-linear-offset", "1"], "--glu-linear-offset"),
     (["--activation-func-clamp-value", "7"], "--activation-func-clamp-value"),
+    (["--no-rope-freq", "2"], "--no-rope-freq"),
 ])
 def test_what_no_exported_architecture_holds_is_refused(llama, flags, flag, tmp_path):
-    """An attention sink and gpt-oss's GLU offset/clamp: --save-hf refuses them at start-up
-    (an export would silently drop them), --hf-checkpoint takes none (a conflict)."""
+    """An attention sink, gpt-oss's GLU offset/clamp, NoPE layers: --save-hf refuses them at
+    start-up (an export would silently drop them), --hf-checkpoint takes none (a conflict)."""
     from megatron.varlen_training.config.from_flags import parse_run_config
     from tests.harness.training_runs import TINY_GPT_ARGS
 
