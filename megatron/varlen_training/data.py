@@ -198,16 +198,15 @@ def replica_block(items: Sequence, dp_size: int, dp_rank: int) -> Sequence:
     return items[start: start + base + (1 if dp_rank < extra else 0)]
 
 
-def _cost_model(run: RunConfig, attention_fraction: float | None,
-                attention_layers: Sequence[int] | None = None) -> CostModel:
+def _cost_model(run: RunConfig, attention_layers: Sequence[int] | None = None) -> CostModel:
     """The scheduler's cost model of the run's model: the profile's coefficients, attention
-    weighted by the quadratic layers' share (the share of them --window-size windows priced on
-    the window's squared tokens: a_window), the linear term by MoE's activated experts."""
+    weighted by the attention layers' share of the layers (the share of them --window-size
+    windows priced on the window's squared tokens: a_window), the linear term by MoE's
+    activated experts."""
     model = run.model
-    # MLA's core attention is wider or narrower than a standard layer's (mla_flops.py)
-    quadratic = (1.0 if attention_fraction is None else attention_fraction) * \
-        attention_cost_scale(model)
     layers = gpt_attention_layers(model) if attention_layers is None else attention_layers
+    # MLA's core attention is wider or narrower than a standard layer's (mla_flops.py)
+    quadratic = len(layers) / model.num_layers * attention_cost_scale(model)
     windowed = windowed_layer_count(model, layers) / len(layers) if layers else 0.0
     cost = CostModel.for_model(model.hidden_size, run.packing.hardware_profile,
                                a=quadratic * (1.0 - windowed))
@@ -225,13 +224,14 @@ def _keeps_microbatch_order(run: RunConfig) -> bool:
     return moe is not None and moe.depends_on_microbatch_order
 
 
-def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float | None = None,
-                         extra_token_fields: tuple[str, ...] = (),
-                         attention_layers: Sequence[int] | None = None) -> PackingConfig:
-    """The packing path's settings for a run; ``attention_fraction``: the share of layers that
-    are quadratic (the model family's; None: all of them); ``extra_token_fields``: per-token
-    fields packed like ``loss_mask`` (a facade flow's); ``attention_layers``: the attention
-    layers' numbers (the family's; None: every decoder layer), for a sliding window's price."""
+def build_packing_config(run: RunConfig, pad_id: int,
+                         attention_layers: Sequence[int] | None = None,
+                         extra_token_fields: tuple[str, ...] = ()) -> PackingConfig:
+    """The packing path's settings for a run; ``attention_layers``: the 1-based numbers of the
+    layers whose cost is quadratic (the model family's; None: every decoder layer), their
+    share weighting attention in the cost model and those a sliding window windows priced on
+    its work; ``extra_token_fields``: per-token fields packed like ``loss_mask`` (a facade
+    flow's)."""
     packing, parallel = run.packing, run.parallel
     pp = parallel.pipeline_model_parallel_size
     budget = packing.max_seqlen_per_dp_cp_rank
@@ -246,7 +246,7 @@ def build_packing_config(run: RunConfig, pad_id: int, attention_fraction: float 
                         if parallel.virtual_pipeline_model_parallel_size else 1),
         min_num_microbatches=pp,
         pipeline_stages=1 if _keeps_microbatch_order(run) else pp,
-        cost=_cost_model(run, attention_fraction, attention_layers),
+        cost=_cost_model(run, attention_layers),
         fixed_tokens_per_rank=None if packing.variable_seq_lengths else budget,
         extra_token_fields=tuple(extra_token_fields),
         validate_schedules=packing.validate_packing_schedules,

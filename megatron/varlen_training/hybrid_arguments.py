@@ -7,7 +7,7 @@ The hybrid group (``--hybrid-layer-pattern`` and its deprecated name
 CLI is unchanged. Validation fills two derived fields, once, before anything reads them:
 ``hybrid_layer_pattern`` (the layer symbols, from the pattern or the ratios) and
 ``mamba_num_heads_resolved``; the config builders turn them into the run's ``HybridConfig``
-(whose ``attention_fraction`` is the scheduler's cost weight).
+(whose attention layers weight the scheduler's quadratic cost term).
 
 Mamba heads must split over every CP group size a micro-batch can get (the static
 ``--context-parallel-size`` and, under dynamic CP, every size of the group layout): start-up

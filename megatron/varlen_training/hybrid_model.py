@@ -76,6 +76,5 @@ def hybrid_model_provider(run: RunConfig):
 # Only the attention layers are quadratic: the cost model weighs them by their share.
 HYBRID = ModelFamily(name="hybrid Mamba-Transformer", model_provider=hybrid_model_provider,
                      flops=hybrid_floating_point_operations,
-                     attention_fraction=lambda model: model.hybrid.attention_fraction,
                      attention_layers=hybrid_attention_layers,
                      describe=lambda model: describe_hybrid_model(model.hybrid))

@@ -42,10 +42,10 @@ class ModelFamily:
         model_provider: ``(run) -> (TransformerConfig, DDP-wrapped chunks of this rank)``.
         flops: ``(model config, sum L, sum L^2, windowed sum or None) -> training FLOPs`` of
             one global batch (the windowed sum: window_layers.py).
-        attention_fraction: ``(model config) -> share of layers whose cost is quadratic`` for
-            the packing scheduler's cost model (None: every layer is an attention layer).
-        attention_layers: ``(model config) -> 1-based layer numbers of its attention layers``
-            (the cost model prices those --window-size windows on the window's work).
+        attention_layers: ``(model config) -> 1-based layer numbers of its attention layers``,
+            the layers whose cost is quadratic: the packing scheduler's cost model weights
+            attention by their share and prices those --window-size windows on the window's
+            work.
         hf: Its Hugging Face checkpoint adapter, or None (no such checkpoints).
         describe: ``(model config) -> the start-up line`` naming the model, or None for none.
     """
@@ -53,7 +53,6 @@ class ModelFamily:
     name: str
     model_provider: Callable
     flops: Callable
-    attention_fraction: Callable
     attention_layers: Callable = gpt_attention_layers
     hf: HFAdapter | None = None
     describe: Callable | None = None
@@ -73,5 +72,4 @@ def gpt_model_provider(run: RunConfig):
 
 
 GPT = ModelFamily(name="GPT", model_provider=gpt_model_provider,
-                  flops=num_floating_point_operations,
-                  attention_fraction=lambda model: None, hf=GPT_HF)
+                  flops=num_floating_point_operations, hf=GPT_HF)

@@ -155,10 +155,9 @@ class Trainer:
     def packer(self, extra_token_fields: tuple[str, ...] = ()) -> GlobalBatchPacker:
         """The packing service for this run's global batches; ``extra_token_fields`` travel
         like ``loss_mask`` (a facade flow's per-token fields)."""
-        model = self.run.model
         config = build_packing_config(self.run, self.tokenizer.pad,
-                                      self.family.attention_fraction(model), extra_token_fields,
-                                      self.family.attention_layers(model))
+                                      self.family.attention_layers(self.run.model),
+                                      extra_token_fields)
         return GlobalBatchPacker(config, group_lookup=self.cp_group_lookup)
 
     def setup_model_and_optimizer(self) -> training.TrainState:

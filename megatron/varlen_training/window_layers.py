@@ -27,9 +27,7 @@ def windowed_layer_count(model: ModelConfig, layer_numbers: Sequence[int]) -> in
     """How many of the attention layers ``layer_numbers`` (1-based) are windowed."""
     if counted_window(model) is None:
         return 0
-    skip = model.window_attn_skip_freq  # megatron-core reads a per-layer choice as a list
-    choice = list(skip) if isinstance(skip, tuple) else skip
-    return sum(layer_window(model.window_size, choice, number) is not None
+    return sum(layer_window(model.window_size, model.window_attn_skip_freq, number) is not None
                for number in layer_numbers)
 
 

@@ -42,6 +42,7 @@ def layer_window(window_size: Optional[Sequence[int]], skip_freq, layer_number: 
                  ) -> Optional[int]:
     """The left window of layer ``layer_number`` (1-based), or None where it attends to its
     whole causal context (no window, a skipped layer, or an unbounded left side).
+    ``skip_freq`` may be the run config's frozen 0/1 tuple (megatron-core takes a list).
 
     Raises:
         ValueError: an unusable window (:func:`check_window_size`).
@@ -49,8 +50,8 @@ def layer_window(window_size: Optional[Sequence[int]], skip_freq, layer_number: 
     problem = check_window_size(window_size)
     if problem is not None:
         raise ValueError(problem)
-    if not is_layer_window_attention(window_size and tuple(window_size), skip_freq,
-                                     layer_number):
+    choice = list(skip_freq) if isinstance(skip_freq, tuple) else skip_freq
+    if not is_layer_window_attention(window_size and tuple(window_size), choice, layer_number):
         return None
     left = window_size[0]
     return None if left == UNBOUNDED else left

@@ -40,11 +40,6 @@ class HybridConfig:
     def __post_init__(self):
         check_ranges(self)
 
-    @property
-    def attention_fraction(self) -> float:
-        """Share of attention layers: the scheduler's weight of the quadratic term."""
-        return self.hybrid_layer_pattern.count(ATTENTION) / len(self.hybrid_layer_pattern)
-
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -95,8 +95,7 @@ def model_window(window_size, skip_freq, num_layers: int) -> Window:
     # Imported here: the flag layer imports this module and stays free of megatron-core.
     from megatron.varlen.attention import windowed_layers
 
-    choice = list(skip_freq) if isinstance(skip_freq, tuple) else skip_freq  # mcore: a list
-    windowed = windowed_layers(window_size, choice, num_layers)
+    windowed = windowed_layers(window_size, skip_freq, num_layers)
     if not any(windowed):
         return None, None
     return (window_size[0], 0), (None if all(windowed) else tuple(map(int, windowed)))

@@ -81,8 +81,11 @@ def test_ratios_fill_the_pattern_and_cost_weight():
                              world_size=1)
     assert args.hybrid_layer_pattern.count("*") == 1 and len(args.hybrid_layer_pattern) == 4
     assert args.mamba_num_heads_resolved == 12  # 2 * 24 / 4
-    hybrid = hybrid_run_config(args).model.hybrid
-    assert hybrid.attention_fraction == 0.25
+    from megatron.varlen_training.hybrid_model import HYBRID
+
+    model = hybrid_run_config(args).model
+    hybrid = model.hybrid
+    assert len(HYBRID.attention_layers(model)) / len(hybrid.hybrid_layer_pattern) == 0.25
     assert describe_hybrid_model(hybrid).startswith(
         f"> hybrid layer pattern {args.hybrid_layer_pattern}: 3 Mamba, 1 attention, 0 MLP")
 
@@ -121,7 +124,7 @@ def test_scheduler_weighs_attention_by_its_layer_fraction():
 
     def cost(args, family):
         run = hybrid_run_config(args) if family is HYBRID else run_config(args)
-        return build_packing_config(run, 0, family.attention_fraction(run.model)).cost
+        return build_packing_config(run, 0, family.attention_layers(run.model)).cost
 
     packed = ["--sequence-packing", "--micro-batch-size", "1"]
     hybrid = parse_hybrid_args(BASE + packed + ["--num-layers", "4",

@@ -118,8 +118,7 @@ def test_hybrid_attention_layers_are_windowed_by_their_pattern_position():
 
 
 def _scheduler_cost(model_run, family):
-    config = build_packing_config(model_run, 0, family.attention_fraction(model_run.model), (),
-                                  family.attention_layers(model_run.model))
+    config = build_packing_config(model_run, 0, family.attention_layers(model_run.model))
     return config.cost
 
 
