@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.varlen_training.moe_arguments import parse_layer_freq
+from megatron.varlen_training.flag_ranges import layer_pattern_problem
+from megatron.varlen_training.moe_arguments import layer_freq_type
 
 WINDOW_FLAG = "--window-size"
 SKIP_FREQ_FLAG = "--window-attn-skip-freq"
@@ -35,13 +36,6 @@ def parse_window_size(text) -> tuple[int, ...]:
             f"{WINDOW_FLAG} {text!r}: give two ints LEFT,RIGHT, e.g. 4096,0") from None
 
 
-def _parse_skip_freq(text: str):
-    try:
-        return parse_layer_freq(text, SKIP_FREQ_FLAG)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
 def add_window_args(parser: argparse.ArgumentParser) -> None:
     """Registers Megatron-LM's two sliding-window flags."""
     group = parser.add_argument_group("Sliding-window attention (Megatron-LM's flags)")
@@ -49,7 +43,7 @@ def add_window_args(parser: argparse.ArgumentParser) -> None:
                        help="Sliding-window attention LEFT,0: a query sees the LEFT keys before "
                             "it and itself (Hugging Face's sliding_window is LEFT + 1); the "
                             "right side must be 0 (causal). Default: the whole causal context.")
-    group.add_argument(SKIP_FREQ_FLAG, type=_parse_skip_freq, default=None,
+    group.add_argument(SKIP_FREQ_FLAG, type=layer_freq_type(SKIP_FREQ_FLAG), default=None,
                        help="Which layers use the window: an int N leaves every N-th layer on "
                             "full attention; a 0/1 list or pattern such as ([1]*3+[0]*1)*2 "
                             "marks windowed layers with 1. Default: every layer.")
@@ -71,8 +65,8 @@ def validate_window_args(args: argparse.Namespace, require) -> None:
     if isinstance(freq, int):
         require(freq >= 1, f"{SKIP_FREQ_FLAG} {freq} must be >= 1")
     elif freq is not None:
-        require(args.num_layers is None or len(freq) == args.num_layers,
-                f"{SKIP_FREQ_FLAG} has {len(freq)} entries for --num-layers {args.num_layers}")
+        problem = layer_pattern_problem(SKIP_FREQ_FLAG, freq, args.num_layers)
+        require(problem is None, problem)
         # megatron-core numbers an MTP depth's layer num_layers + depth: a per-layer list has
         # no entry for it (an IndexError inside megatron-core's attention).
         require(not args.mtp_num_layers,

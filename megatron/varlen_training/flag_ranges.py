@@ -395,6 +395,14 @@ def head_split_problem(hidden_size: int, num_attention_heads: int,
             f"them or set --kv-channels)")
 
 
+def layer_pattern_problem(flag: str, pattern, num_layers: int) -> str | None:
+    """A per-layer 0/1 pattern (--moe-layer-freq, --window-attn-skip-freq, --no-rope-freq; a
+    list, or a run config's tuple) needs one entry per layer; an int or None has no length."""
+    if isinstance(pattern, (list, tuple)) and len(pattern) != num_layers:
+        return f"{flag} has {len(pattern)} entries for --num-layers {num_layers}"
+    return None
+
+
 def query_group_problem(num_attention_heads: int, num_query_groups: int | None,
                         group_query_attention: bool) -> str | None:
     """Why the key/value groups cannot serve the query heads, or None (None groups: unset)."""

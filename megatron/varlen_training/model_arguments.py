@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from megatron.varlen_training.moe_arguments import parse_layer_freq
+from megatron.varlen_training.flag_ranges import gated_mlp, layer_pattern_problem
+from megatron.varlen_training.moe_arguments import layer_freq_type
 from megatron.varlen_training.refused_flags import (
     SWITCH, FlagRow, add_flag_rows, dest_of, refuse_given,
 )
@@ -109,7 +110,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                             "row: exp(s)/(1 + sum exp)) or learnable (one learned sink logit "
                             "per head, gpt-oss's), as megatron-core's. Not with --attention-"
                             "backend flash (auto picks local).")
-    group.add_argument("--no-rope-freq", type=_no_rope_freq, default=None,
+    group.add_argument("--no-rope-freq", type=layer_freq_type(NO_ROPE_FLAG), default=None,
                        help="Layers that skip RoPE (Llama-4's NoPE layers), as Megatron-LM's: "
                             "an int N skips it on every N-th layer (N divides --num-layers), a "
                             "0/1 list or pattern such as ([0]*3+[1]*1)*2 marks them with 1.")
@@ -147,7 +148,7 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
                                ("--activation-func-clamp-value",
                                 args.activation_func_clamp_value, None)):
         # megatron-core reads both in its gated MLP only: elsewhere they would do nothing
-        require(value == unset or args.swiglu or args.quick_geglu,
+        require(value == unset or gated_mlp(args),
                 f"{flag} {value} acts on a gated MLP: it needs --swiglu or --quick-geglu")
     require(args.mtp_num_layers or args.mtp_loss_scaling_factor == MTP_LOSS_SCALING_DEFAULT,
             f"--mtp-loss-scaling-factor {args.mtp_loss_scaling_factor} weights the "
@@ -161,13 +162,6 @@ def validate_model_args(args: argparse.Namespace, require) -> None:
         args.accumulate_allreduce_grads_in_fp32 = not args.grad_reduce_in_bf16
 
 
-def _no_rope_freq(text):
-    try:
-        return parse_layer_freq(text, NO_ROPE_FLAG)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
 def _check_no_rope_layers(args: argparse.Namespace, require) -> None:
     """--no-rope-freq as megatron-core can run it: RoPE to skip, a pattern of the layers'
     length, no layer megatron-core numbers past it (MTP), and not MLA's own RoPE (its
@@ -178,13 +172,12 @@ def _check_no_rope_layers(args: argparse.Namespace, require) -> None:
     require(args.position_embedding_type == "rope",
             f"{NO_ROPE_FLAG} skips RoPE on some layers: it needs --position-embedding-type rope "
             f"(got {args.position_embedding_type})")
-    layers = args.num_layers  # None until a hybrid pattern resolves it (ModelConfig checks)
+    layers = args.num_layers  # a hybrid pattern's count by now (apply_pattern_stages)
     if isinstance(freq, int):
-        require(freq >= 1 and (layers is None or layers % freq == 0),
+        require(freq >= 1 and layers % freq == 0,
                 f"{NO_ROPE_FLAG} {freq} must be >= 1 and divide --num-layers {layers}")
-    else:
-        require(layers is None or len(freq) == layers,
-                f"{NO_ROPE_FLAG} has {len(freq)} entries for --num-layers {layers}")
+    problem = layer_pattern_problem(NO_ROPE_FLAG, freq, layers)
+    require(problem is None, problem)
     require(not args.mtp_num_layers,
             f"{NO_ROPE_FLAG} has no entry for the --mtp-num-layers {args.mtp_num_layers} layers "
             f"(megatron-core numbers them after the decoder's: an IndexError there); drop one")

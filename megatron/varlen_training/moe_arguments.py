@@ -12,6 +12,7 @@ import functools
 
 from megatron.varlen.model import moe_layer_pattern
 from megatron.varlen_training.config.moe import DEFAULT_BIAS_UPDATE_RATE, DEFAULT_DROP_POLICY
+from megatron.varlen_training.flag_ranges import layer_pattern_problem
 from megatron.varlen_training.refused_choices import megatron_lm_choices, refused_help
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
@@ -38,13 +39,13 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def parse_layer_freq(text, flag: str = "--moe-layer-freq"):
+def parse_layer_freq(text, flag: str):
     """``--moe-layer-freq``: an int N (every N-th layer, from the first, is MoE), a Python list
     of 0/1 per layer, e.g. ``[1,0,1,0]``, or Megatron-LM's pattern expression of such lists,
     ``+`` and ``* int``, e.g. ``([0]*1+[1]*3)`` (first layer dense). Evaluated by walking the
     syntax tree: nothing but those lists, sums and repetitions is accepted. Megatron-LM parses
-    ``--window-attn-skip-freq`` (``flag``) the same way. A config tree (megatron.wrap) may give
-    the int or the list itself."""
+    ``--window-attn-skip-freq`` and ``--no-rope-freq`` the same way; ``flag`` is the one errors
+    name. A config tree (megatron.wrap) may give the int or the list itself."""
     if isinstance(text, (int, list, tuple)) and not isinstance(text, bool):
         value = list(text) if isinstance(text, tuple) else text
     else:
@@ -89,7 +90,7 @@ def add_moe_args(parser) -> None:
     group.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None,
                        help="Hidden size of the shared expert every token also goes through "
                             "(None: no shared expert).")
-    group.add_argument("--moe-layer-freq", type=_layer_freq, default=1,
+    group.add_argument("--moe-layer-freq", type=layer_freq_type("--moe-layer-freq"), default=1,
                        help="Which layers are MoE: every N-th (an int), a 0/1 list per layer or a "
                             "pattern such as ([0]*1+[1]*3) (the first layer dense).")
     group.add_argument("--expert-model-parallel-size", type=int, default=1,
@@ -155,11 +156,15 @@ def _add_router_options(group) -> None:
                             "(a side stream; speed only; the alltoall dispatcher).")
 
 
-def _layer_freq(text: str):
-    try:
-        return parse_layer_freq(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
+def layer_freq_type(flag: str):
+    """The argparse ``type`` of a per-layer pattern flag (--moe-layer-freq,
+    --window-attn-skip-freq, --no-rope-freq): :func:`parse_layer_freq` naming ``flag``."""
+    def parse(text):
+        try:
+            return parse_layer_freq(text, flag)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from err
+    return parse
 
 
 def _check_sizes(args, require) -> None:
@@ -190,11 +195,9 @@ def _check_sizes(args, require) -> None:
             f"MoE with --tensor-model-parallel-size {args.tensor_model_parallel_size} needs "
             f"--sequence-parallel (megatron-core's MoE layer refuses TP without it)")
     freq = args.moe_layer_freq
-    if isinstance(freq, list):
-        require(len(freq) == args.num_layers, f"--moe-layer-freq has {len(freq)} entries for "
-                                              f"--num-layers {args.num_layers}")
-    else:
-        require(freq >= 1, f"--moe-layer-freq {freq} must be >= 1")
+    problem = layer_pattern_problem("--moe-layer-freq", freq, args.num_layers)
+    require(problem is None, problem)
+    require(isinstance(freq, list) or freq >= 1, f"--moe-layer-freq {freq} must be >= 1")
 
 
 def _check_routing(args, require) -> None:

@@ -14,14 +14,6 @@ from megatron.varlen_training.config.validation import check_problems, check_ran
 MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"  # the layer symbols of a hybrid pattern
 
 
-def window_layers_problem(skip_freq, num_layers: int) -> str | None:
-    """A per-layer ``--window-attn-skip-freq`` list must have one entry per layer."""
-    if isinstance(skip_freq, tuple) and len(skip_freq) != num_layers:
-        return (f"--window-attn-skip-freq has {len(skip_freq)} entries for --num-layers "
-                f"{num_layers}")
-    return None
-
-
 @dataclass(frozen=True)
 class HybridConfig:
     """The hybrid stack: flags as given (recorded with checkpoints) and what validation
@@ -124,7 +116,10 @@ class ModelConfig:
                                            self.kv_channels),
             flag_ranges.query_group_problem(self.num_attention_heads, self.num_query_groups,
                                             self.group_query_attention),
-            window_layers_problem(self.window_attn_skip_freq, self.num_layers))
+            flag_ranges.layer_pattern_problem("--window-attn-skip-freq",
+                                              self.window_attn_skip_freq, self.num_layers),
+            flag_ranges.layer_pattern_problem("--no-rope-freq", self.no_rope_freq,
+                                              self.num_layers))
 
     @property
     def head_dim(self) -> int:
