@@ -28,7 +28,7 @@ from megatron.varlen.attention.attention_plan import (
     AttentionPlan, attention_plan, build_attention_plan,
 )
 from megatron.varlen.attention.collectives import all_gather_dim0
-from megatron.varlen.attention.core_attention import VarlenCoreAttention
+from megatron.varlen.attention.core_attention import VANILLA, VarlenCoreAttention
 from megatron.varlen.attention.varlen_kernel import VarlenKernel, call_varlen_kernel, kernel_for
 
 # Distinct SBHD shapes whose plans are kept (a run has one or two).
@@ -125,7 +125,7 @@ class FlashVarlenCoreAttention(VarlenCoreAttention):
                          attention_dropout, softmax_scale, cp_comm_type, pg_collection,
                          k_channels, v_channels)
         self.kernel: Optional[VarlenKernel] = None
-        if self.softmax_type != "vanilla":
+        if self.softmax_type != VANILLA:
             raise ValueError(f"--attention-backend flash has no attention sink (--softmax-type "
                              f"{self.softmax_type}: torch's varlen_attn has none); use "
                              f"--attention-backend local")

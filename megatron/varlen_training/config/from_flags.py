@@ -34,11 +34,18 @@ def _values(args, cls, not_flags: tuple[str, ...] = ()) -> dict:
             if name not in not_flags}
 
 
+# Per-layer 0/1 patterns (or an int) of the model: a list is frozen as a tuple (so is
+# --moe-layer-freq's, in moe_config).
+_PER_LAYER_FIELDS = ("window_attn_skip_freq", "no_rope_freq")
+
+
+def _frozen(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
 def model_config(args, hybrid: HybridConfig | None = None) -> ModelConfig:
     spec = tuple(args.spec) if args.spec is not None else None
-    frozen = {name: tuple(value) if isinstance(value, list) else value  # per-layer lists
-              for name in ("window_attn_skip_freq", "no_rope_freq")
-              for value in (getattr(args, name),)}
+    frozen = {name: _frozen(getattr(args, name)) for name in _PER_LAYER_FIELDS}
     model = ModelConfig(**_values(args, ModelConfig,
                                   not_flags=("spec", "hybrid", "moe", "kernels", "mla",
                                              *frozen)),
@@ -58,8 +65,7 @@ def moe_config(args) -> MoEConfig | None:
     if args.num_experts is None:
         return None
     values = _values(args, MoEConfig)
-    if isinstance(values["moe_layer_freq"], list):
-        values["moe_layer_freq"] = tuple(values["moe_layer_freq"])
+    values["moe_layer_freq"] = _frozen(values["moe_layer_freq"])
     return MoEConfig(**values)
 
 
